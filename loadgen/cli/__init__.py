@@ -1,0 +1,57 @@
+"""The ``loadgen`` command: parse arguments, call one library function, print, exit.
+
+Each area registers its subcommands from its own module (``loadgen/cli/<area>_cmd.py`` with a
+``register(subparsers)`` function), so the CLI stays thin and areas do not collide.
+LoadgenError → one line on stderr and exit 2; Ctrl-C → exit 130; anything else keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .. import __version__
+from ..errors import LoadgenError
+
+__all__ = ["main", "build_parser"]
+
+#: Areas in the order their commands are listed by --help.
+COMMAND_MODULES = (
+    "bench", "scenario", "trace", "ledger", "sim", "run", "analyze", "import",
+    "vllm", "plan", "compare", "practice", "contract", "handoff",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="loadgen", description="Workload-specific capacity evidence for LLM serving.")
+    parser.add_argument("--version", action="version", version=f"loadgen {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        module_name = f"loadgen.cli.{name}_cmd"
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        rc = args.func(args)
+    except LoadgenError as exc:
+        print(f"loadgen: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("loadgen: interrupted", file=sys.stderr)
+        return 130
+    return int(rc or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,315 @@
+"""Scenario schema and validation: three request classes, arrivals, budgets, cache/privacy, errors.
+
+A scenario is a TOML file (see ``scenarios/canonical.toml``). It names request classes with token
+distributions, shares, streaming and budgets, and named traces (arrival settings). Loading validates
+everything and turns any problem into one ``ScenarioError`` line: ``file: field = value: expected ...``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import ScenarioError
+
+__all__ = [
+    "CLASS_NAMES",
+    "Distribution",
+    "Budget",
+    "Budgets",
+    "RequestClass",
+    "TraceSettings",
+    "PrefixGroup",
+    "Scenario",
+    "load_scenario",
+    "parse_scenario",
+    "format_validation_error",
+]
+
+#: The three canonical request classes (a scenario may define any subset, at least one).
+CLASS_NAMES = ("short-message", "long-thread", "burst")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Fixed(_Model):
+    dist: Literal["fixed"]
+    value: float = Field(ge=0)
+    min: float | None = Field(default=None, ge=0)
+    max: float | None = Field(default=None, ge=0)
+
+
+class Uniform(_Model):
+    dist: Literal["uniform"]
+    low: float = Field(ge=0)
+    high: float = Field(ge=0)
+    min: float | None = Field(default=None, ge=0)
+    max: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _order(self) -> "Uniform":
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
+        return self
+
+
+class Normal(_Model):
+    dist: Literal["normal"]
+    mean: float = Field(ge=0)
+    std: float = Field(ge=0)
+    min: float | None = Field(default=None, ge=0)
+    max: float | None = Field(default=None, ge=0)
+
+
+class LogNormal(_Model):
+    """Log-normal with the given arithmetic ``mean`` and log-space ``sigma``."""
+
+    dist: Literal["lognormal"]
+    mean: float = Field(gt=0)
+    sigma: float = Field(gt=0, le=5)
+    min: float | None = Field(default=None, ge=0)
+    max: float | None = Field(default=None, ge=0)
+
+
+class Empirical(_Model):
+    """Values drawn uniformly from a file (one number per line, or a CSV ``column``), path relative to the scenario."""
+
+    dist: Literal["empirical"]
+    file: str
+    column: str | None = None
+    min: float | None = Field(default=None, ge=0)
+    max: float | None = Field(default=None, ge=0)
+
+
+Distribution = Annotated[Union[Fixed, Uniform, Normal, LogNormal, Empirical], Field(discriminator="dist")]
+
+
+class Budget(_Model):
+    """Limits in ms at p50/p95/p99 (any subset); ``hard`` budgets reject, soft ones only warn."""
+
+    p50: float | None = Field(default=None, gt=0)
+    p95: float | None = Field(default=None, gt=0)
+    p99: float | None = Field(default=None, gt=0)
+    hard: bool = True
+
+    def limits(self) -> dict[str, float]:
+        return {q: v for q, v in (("p50", self.p50), ("p95", self.p95), ("p99", self.p99)) if v is not None}
+
+
+class Budgets(_Model):
+    ttft_ms: Budget | None = None
+    itl_ms: Budget | None = None
+    e2e_ms: Budget | None = None
+
+
+class Cancellation(_Model):
+    """A share of requests the client abandons after N received tokens, as users do."""
+
+    share: float = Field(ge=0, le=1)
+    after_tokens: Distribution
+
+
+class Thread(_Model):
+    """long-thread conversations: number of turns and think time between a reply and the next turn."""
+
+    turns: Distribution
+    think_time_s: Distribution
+
+
+class RequestClass(_Model):
+    share: float = Field(ge=0, le=1)
+    stream: bool = True
+    input_tokens: Distribution
+    output_tokens: Distribution
+    budgets: Budgets = Budgets()
+    cancel: Cancellation | None = None
+    thread: Thread | None = None  # required for long-thread
+    ttft_timeout_s: float | None = Field(default=None, gt=0)
+    total_timeout_s: float | None = Field(default=None, gt=0)
+
+
+class TraceSettings(_Model):
+    """One named arrival setting; ``process`` picks which fields apply."""
+
+    process: Literal["poisson", "gamma", "onoff", "closed"]
+    duration_s: float = Field(gt=0, le=7 * 86400)
+    rate_rps: float | None = Field(default=None, gt=0)  # poisson, gamma
+    cv: float | None = Field(default=None, gt=0)  # gamma burstiness (coefficient of variation of gaps)
+    quiet_rate_rps: float | None = Field(default=None, ge=0)  # onoff
+    burst_rate_rps: float | None = Field(default=None, gt=0)  # onoff
+    burst_s: float | None = Field(default=None, gt=0)  # onoff: length of each burst
+    gap_s: float | None = Field(default=None, gt=0)  # onoff: quiet time between bursts
+    concurrency: int | None = Field(default=None, ge=1)  # closed loop
+    requests: int | None = Field(default=None, ge=1)  # closed loop: how many requests in total
+    max_in_flight: int | None = Field(default=None, ge=1)
+    shares: dict[str, float] | None = None  # override class shares for this trace
+    burst_shares: dict[str, float] | None = None  # onoff: class shares of arrivals inside bursts
+
+    @model_validator(mode="after")
+    def _fields_for_process(self) -> "TraceSettings":
+        need = {
+            "poisson": ("rate_rps",),
+            "gamma": ("rate_rps", "cv"),
+            "onoff": ("quiet_rate_rps", "burst_rate_rps", "burst_s", "gap_s"),
+            "closed": ("concurrency", "requests"),
+        }[self.process]
+        for name in need:
+            if getattr(self, name) is None:
+                raise ValueError(f"process {self.process!r} needs {name}")
+        return self
+
+
+class PrefixGroup(_Model):
+    """A shared prefix (system prompt, document) reused by a share of a class's requests."""
+
+    name: str = Field(min_length=1)
+    share: float = Field(ge=0, le=1)
+    prefix_tokens: int = Field(ge=1)
+    classes: list[str] | None = None  # default: every class
+
+
+class Cache(_Model):
+    prefix_groups: list[PrefixGroup] = []
+
+
+class Privacy(_Model):
+    retain_prompt_text: bool = False
+    retain_completion_text: bool = False
+
+
+class Errors(_Model):
+    ttft_timeout_s: float = Field(default=60.0, gt=0)
+    total_timeout_s: float = Field(default=600.0, gt=0)
+    error_rate_limit: float = Field(default=0.01, ge=0, le=1)  # above this share a run is marked errored
+
+
+class Behavior(_Model):
+    """References to frozen behaviour cases (``file`` or ``file#case``), relative to the scenario."""
+
+    cases: list[str] = []
+    under_load_share: float = Field(default=0.0, ge=0, le=1)
+
+
+class Scenario(_Model):
+    name: str = Field(min_length=1)
+    description: str = ""
+    seed: int = Field(ge=0)
+    model: str | None = None  # served model name to request, when the scenario pins one
+    endpoint: Literal["completions", "chat"] = "completions"
+    classes: dict[str, RequestClass]
+    traces: dict[str, TraceSettings]
+    cache: Cache = Cache()
+    privacy: Privacy = Privacy()
+    errors: Errors = Errors()
+    behavior: Behavior = Behavior()
+    # set by load_scenario, not by the file
+    source_path: str | None = Field(default=None, exclude=True)
+    sha256: str | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "Scenario":
+        if not self.classes:
+            raise ValueError("classes: at least one request class is required")
+        for name in self.classes:
+            if name not in CLASS_NAMES:
+                raise ValueError(f"classes.{name}: unknown class; expected one of {', '.join(CLASS_NAMES)}")
+        if "long-thread" in self.classes and self.classes["long-thread"].thread is None:
+            raise ValueError("classes.long-thread.thread: missing; expected turns and think_time_s")
+        total = sum(c.share for c in self.classes.values())
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(f"classes.*.share: shares sum to {total:g}; expected 1")
+        if not self.traces:
+            raise ValueError("traces: at least one named trace is required")
+        for tname, trace in self.traces.items():
+            for label, shares in (("shares", trace.shares), ("burst_shares", trace.burst_shares)):
+                if shares is None:
+                    continue
+                for cname in shares:
+                    if cname not in self.classes:
+                        raise ValueError(f"traces.{tname}.{label}.{cname}: not a class of this scenario")
+                s = sum(shares.values())
+                if abs(s - 1.0) > 1e-6:
+                    raise ValueError(f"traces.{tname}.{label}: shares sum to {s:g}; expected 1")
+        for group in self.cache.prefix_groups:
+            for cname in group.classes or []:
+                if cname not in self.classes:
+                    raise ValueError(f"cache.prefix_groups.{group.name}.classes: {cname!r} is not a class of this scenario")
+        return self
+
+    def class_shares(self, trace: str, in_burst: bool = False) -> dict[str, float]:
+        settings = self.traces[trace]
+        if in_burst and settings.burst_shares is not None:
+            return dict(settings.burst_shares)
+        if settings.shares is not None:
+            return dict(settings.shares)
+        return {name: cls.share for name, cls in self.classes.items()}
+
+    def base_dir(self) -> Path:
+        return Path(self.source_path).parent if self.source_path else Path.cwd()
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif item in ("fixed", "uniform", "normal", "lognormal", "empirical", "function-after"):
+            continue  # discriminator tags and validator names are not fields
+        elif isinstance(item, str) and item.startswith("function-"):
+            continue
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts)
+
+
+def format_validation_error(source: str, exc: ValidationError) -> str:
+    """One line: ``source: field = value: expected ...`` for the first problem (+N more)."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    field = _field_path(tuple(first["loc"]))
+    msg = first["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    value = first.get("input")
+    shown = "" if isinstance(value, dict) or first["type"] == "missing" else f" = {value!r}"
+    if first["type"] == "missing":
+        msg = "missing; required"
+    elif first["type"] == "extra_forbidden":
+        msg = "unknown field"
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    where = f"{field}{shown}: " if field else ""
+    expected = msg if msg.startswith(("expected", "missing", "unknown")) else f"expected {msg[0].lower()}{msg[1:]}"
+    if field == "" and ":" in msg:
+        expected = msg
+    return f"{source}: {where}{expected}{more}"
+
+
+def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario:
+    """Validate a scenario mapping; raise ScenarioError with one line on the first problem."""
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(format_validation_error(source, exc)) from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario TOML file; its sha256 and path are kept for the manifest."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ScenarioError(f"{path}: no such file: expected a scenario TOML file") from None
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"{path}: invalid TOML ({exc}): expected a scenario file") from None
+    scenario = parse_scenario(data, str(path))
+    return scenario.model_copy(update={"source_path": str(path), "sha256": hashlib.sha256(raw).hexdigest()})
