@@ -28,6 +28,8 @@ __all__ = [
     "load_scenario",
     "parse_scenario",
     "format_validation_error",
+    "scenario_manifest",
+    "scenario_from_manifest",
 ]
 
 #: The three canonical request classes (a scenario may define any subset, at least one).
@@ -313,3 +315,22 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ScenarioError(f"{path}: invalid TOML ({exc}): expected a scenario file") from None
     scenario = parse_scenario(data, str(path))
     return scenario.model_copy(update={"source_path": str(path), "sha256": hashlib.sha256(raw).hexdigest()})
+
+
+def scenario_manifest(scenario: Scenario) -> dict[str, Any]:
+    """What a manifest records about a scenario: name, path, sha256 and the full validated content."""
+    return {
+        "name": scenario.name,
+        "path": scenario.source_path,
+        "sha256": scenario.sha256,
+        "content": scenario.model_dump(mode="json"),
+    }
+
+
+def scenario_from_manifest(manifest: dict[str, Any]) -> Scenario | None:
+    """Rebuild the scenario a run was made with from its manifest (None when the run had none)."""
+    entry = manifest.get("scenario")
+    if not entry or not entry.get("content"):
+        return None
+    scenario = parse_scenario(entry["content"], f"manifest scenario {entry.get('name')!r}")
+    return scenario.model_copy(update={"source_path": entry.get("path"), "sha256": entry.get("sha256")})
