@@ -1,0 +1,69 @@
+"""``loadgen trace generate|import|stats``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("trace", help="generate, import and inspect traces")
+    s = p.add_subparsers(dest="trace_command", required=True)
+
+    gen = s.add_parser("generate", help="deterministic synthetic trace from a scenario")
+    gen.add_argument("scenario", help="scenario TOML file")
+    gen.add_argument("--trace", required=True, help="name of a [traces.NAME] section")
+    gen.add_argument("--seed", type=int, default=None, help="seed (default: the scenario's)")
+    gen.add_argument("--out", required=True, help="output .parquet file")
+    gen.set_defaults(func=_generate)
+
+    imp = s.add_parser("import", help="import a public trace (azure CSV, mooncake JSONL)")
+    imp.add_argument("kind", choices=["azure", "mooncake"])
+    imp.add_argument("file")
+    imp.add_argument("--out", required=True)
+    imp.add_argument("--time-scale", type=float, default=1.0, help="multiply gaps (0.5 = twice the rate)")
+    imp.add_argument("--start-s", type=float, default=0.0, help="window start, seconds after the first request")
+    imp.add_argument("--duration-s", type=float, default=None, help="window length in seconds")
+    imp.add_argument("--max-requests", type=int, default=None)
+    imp.add_argument("--request-class", default="short-message", help="class given to every imported request")
+    imp.set_defaults(func=_import)
+
+    st = s.add_parser("stats", help="duration, rates, burstiness and token tails of a trace")
+    st.add_argument("file")
+    st.add_argument("--json", action="store_true", help="print JSON")
+    st.set_defaults(func=_stats)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from ..scenario import load_scenario
+    from ..trace.generate import generate_trace_file
+    from ..trace.io import read_trace
+
+    path = generate_trace_file(load_scenario(args.scenario), args.trace, args.out, args.seed)
+    table, meta = read_trace(path)
+    print(f"{path}: {table.num_rows} requests, trace {meta['trace_name']!r}, seed {meta['seed']}, mode {meta['mode']}")
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    from ..trace.importers import import_trace
+
+    path = import_trace(
+        args.kind, args.file, args.out, time_scale=args.time_scale, start_s=args.start_s,
+        duration_s=args.duration_s, max_requests=args.max_requests, request_class=args.request_class,
+    )
+    print(f"{path}: imported from {args.file}")
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from ..trace.io import read_trace
+    from ..trace.stats import format_stats, trace_stats
+
+    table, meta = read_trace(args.file)
+    stats = trace_stats(table)
+    if args.json:
+        print(json.dumps({"metadata": meta, "stats": stats.to_dict()}, indent=2, default=str))
+    else:
+        print(format_stats(stats, meta))
+    return 0

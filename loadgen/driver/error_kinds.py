@@ -1,0 +1,141 @@
+"""One boundary where foreign failures become a request's (status, error_kind, message).
+
+A failed request is a row, not an exception: the client catches whatever httpx, anyio or the SSE
+parser raised and asks ``classify_exception`` what to record. HTTP error statuses go through
+``classify_http_status``. Messages are one line and pass through ``redact`` so no secret is stored.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import re
+import time
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from ..records import STATUS_CANCELLED, STATUS_ERROR, STATUS_TIMEOUT
+from .sse import SSEProtocolError
+
+__all__ = [
+    "Phase",
+    "TTFTTimeout",
+    "TotalTimeout",
+    "StreamTruncated",
+    "classify_exception",
+    "classify_http_status",
+    "parse_retry_after",
+    "redact",
+    "redact_url",
+]
+
+
+class Phase:
+    """Where a request was when it failed (decides e.g. connect vs reset_mid_stream)."""
+
+    BEFORE_RESPONSE = 0  # connecting / sending / waiting for headers
+    STREAMING = 1  # headers received, reading the body
+
+
+class TTFTTimeout(Exception):
+    """No first token within the TTFT timeout."""
+
+
+class TotalTimeout(Exception):
+    """The request did not finish within the total timeout."""
+
+
+class StreamTruncated(Exception):
+    """The body ended without ``[DONE]`` or a finish_reason."""
+
+
+_SECRET_QUERY = re.compile(r"(?i)([?&](?:api[-_]?key|key|token|access_token|sig|signature|secret)=)[^&\s]+")
+_BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+")
+_USERINFO = re.compile(r"(//)[^/@\s]+@")
+
+
+def redact_url(url: str) -> str:
+    """A URL without userinfo and without query secrets (safe to record)."""
+    parts = urlsplit(url)
+    netloc = parts.hostname or ""
+    if parts.port:
+        netloc = f"{netloc}:{parts.port}"
+    query = _SECRET_QUERY.sub(r"\1REDACTED", "?" + parts.query)[1:] if parts.query else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def redact(message: str, secrets: tuple[str, ...] = ()) -> str:
+    """One line, with known secrets, bearer tokens, URL userinfo and query secrets replaced."""
+    for secret in secrets:
+        if secret:
+            message = message.replace(secret, "REDACTED")
+    message = _BEARER.sub(r"\1REDACTED", message)
+    message = _USERINFO.sub(r"\1", message)
+    message = _SECRET_QUERY.sub(r"\1REDACTED", message)
+    return " ".join(message.split())[:500]
+
+
+def parse_retry_after(value: str | None, now_s: float | None = None) -> float | None:
+    """Retry-After in seconds: delta-seconds or an HTTP date; None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now_s is None else now_s))
+
+
+def classify_http_status(code: int) -> tuple[str, str]:
+    """(status, error_kind) for an HTTP error response."""
+    if code == 429:
+        return STATUS_ERROR, "http_429"
+    if 400 <= code < 500:
+        return STATUS_ERROR, "http_4xx"
+    if code >= 500:
+        return STATUS_ERROR, "http_5xx"
+    return STATUS_ERROR, "client"  # 1xx/3xx where a stream was expected
+
+
+def classify_exception(exc: BaseException, phase: int, secrets: tuple[str, ...] = ()) -> tuple[str, str, str]:
+    """(status, error_kind, one-line message) for an exception that ended a request.
+
+    Run-level cancellation is not handled here (the caller records ``run_interrupted``).
+    """
+    name = type(exc).__name__
+    text = str(exc) or name
+    if isinstance(exc, TTFTTimeout):
+        return STATUS_TIMEOUT, "ttft_timeout", redact(text, secrets)
+    if isinstance(exc, TotalTimeout):
+        return STATUS_TIMEOUT, "total_timeout", redact(text, secrets)
+    if isinstance(exc, SSEProtocolError):
+        return STATUS_ERROR, "malformed_sse", redact(text, secrets)
+    if isinstance(exc, StreamTruncated):
+        return STATUS_ERROR, "truncated", redact(text, secrets)
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol)):
+        return STATUS_ERROR, "connect", redact(f"{name}: {text}", secrets)
+    if isinstance(exc, httpx.TimeoutException):  # read/write/pool timeouts (only when httpx timeouts are set)
+        return STATUS_TIMEOUT, "total_timeout", redact(f"{name}: {text}", secrets)
+    if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.CloseError)):
+        if phase == Phase.STREAMING:
+            return STATUS_ERROR, "reset_mid_stream", redact(f"{name}: {text}", secrets)
+        return STATUS_ERROR, "connect", redact(f"{name} before the response: {text}", secrets)
+    if isinstance(exc, httpx.DecodingError):
+        return STATUS_ERROR, "malformed_sse", redact(f"{name}: {text}", secrets)
+    if isinstance(exc, (ConnectionError, OSError)):
+        kind = "reset_mid_stream" if phase == Phase.STREAMING else "connect"
+        return STATUS_ERROR, kind, redact(f"{name}: {text}", secrets)
+    if isinstance(exc, UnicodeDecodeError):
+        return STATUS_ERROR, "malformed_sse", redact(f"{name}: {text}", secrets)
+    return STATUS_ERROR, "client", redact(f"{name}: {text}", secrets)
+
+
+#: Status for a request a run-level stop (Ctrl-C, deadline, crash) cut short while it was in flight.
+INTERRUPTED_STATUS = STATUS_CANCELLED

@@ -1,0 +1,79 @@
+"""Open-loop timing: fixed deadlines on the monotonic clock, precise waits, send-lag statistics.
+
+Every request's deadline is ``anchor + offset`` (never "sleep since the previous send"), so a late
+send does not push later ones back. ``sleep_until`` sleeps to ~1 ms before the deadline with the
+event loop's timer (whose resolution is about 1 ms) and then yields in a short spin, which keeps
+the send lag in the tens of microseconds when the loop is not saturated.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import anyio
+import numpy as np
+
+__all__ = ["sleep_until", "RateGate", "LagStats", "SPIN_NS"]
+
+#: How long before a deadline the coarse sleep hands over to the yielding spin.
+SPIN_NS = 1_200_000
+
+_now = time.perf_counter_ns
+
+
+async def sleep_until(deadline_ns: int) -> None:
+    """Wait until ``perf_counter_ns() >= deadline_ns`` (absolute, same clock); returns at once if past."""
+    remaining = deadline_ns - _now()
+    if remaining > SPIN_NS:
+        await anyio.sleep((remaining - SPIN_NS) / 1e9)
+    while _now() < deadline_ns:
+        await anyio.sleep(0)
+
+
+class RateGate:
+    """Client-side requests-per-second cap (to stay under a declared quota).
+
+    Permits are spaced ``1/rate`` apart in arrival order; the wait is client queue time, recorded
+    by the caller. ``None`` rate means no cap.
+    """
+
+    def __init__(self, rate_rps: float | None) -> None:
+        self.interval_ns = int(1e9 / rate_rps) if rate_rps else 0
+        self._next_ns = 0
+        self.waited = 0  # requests that had to wait
+
+    async def wait(self) -> bool:
+        """Wait for the next permit; True when the caller had to wait."""
+        if not self.interval_ns:
+            return False
+        now = _now()
+        permit = max(now, self._next_ns)
+        self._next_ns = permit + self.interval_ns
+        if permit > now:
+            self.waited += 1
+            await sleep_until(permit)
+            return True
+        return False
+
+
+@dataclass
+class LagStats:
+    """Send lag (sent − scheduled, ns) of requests that never waited for a slot or the rate gate."""
+
+    values: list[int] = field(default_factory=list)
+
+    def add(self, lag_ns: int) -> None:
+        self.values.append(lag_ns)
+
+    def summary(self) -> dict[str, int | None]:
+        """{p50, p99, max, n} in ns (nearest-rank percentiles); None values when empty."""
+        if not self.values:
+            return {"p50": None, "p99": None, "max": None, "n": 0}
+        arr = np.sort(np.asarray(self.values, dtype=np.int64))
+        n = len(arr)
+
+        def rank(q: float) -> int:
+            return int(arr[max(0, int(np.ceil(q * n)) - 1)])
+
+        return {"p50": rank(0.50), "p99": rank(0.99), "max": int(arr[-1]), "n": n}

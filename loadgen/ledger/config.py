@@ -1,0 +1,232 @@
+"""Reading a Hugging Face ``config.json`` into the few numbers the memory ledger needs.
+
+Covers Llama/Qwen2/Mistral-style GQA and MQA, sliding-window layers (Mistral's model-wide
+``sliding_window``, Qwen2's ``use_sliding_window`` + ``max_window_layers``, explicit ``layer_types``,
+Gemma-2/3 alternation), DeepSeek-style MLA (``kv_lora_rank`` + ``qk_rope_head_dim``) and MoE
+parameter counts. Anything missing or malformed is one LedgerError line: file, field, value, expected.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import LedgerError
+
+__all__ = ["ModelConfig", "read_model_config", "parse_model_config", "DTYPE_BYTES", "dtype_bytes"]
+
+#: Bytes per element for the dtypes the ledger understands (names as HF/vLLM spell them).
+DTYPE_BYTES: dict[str, float] = {
+    "float32": 4, "fp32": 4, "float": 4,
+    "bfloat16": 2, "bf16": 2,
+    "float16": 2, "fp16": 2, "half": 2,
+    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "float8": 1, "int8": 1,
+    "int4": 0.5,
+}
+
+
+def dtype_bytes(name: str, where: str = "dtype") -> float:
+    """Bytes per element of a dtype name; LedgerError on an unknown name."""
+    key = str(name).lower().replace("torch.", "")
+    if key not in DTYPE_BYTES:
+        raise LedgerError(f"{where} = {name!r}: expected one of {', '.join(sorted(DTYPE_BYTES))}")
+    return DTYPE_BYTES[key]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture facts the ledger uses; ``layer_kinds[i]`` is "full" or "sliding" per layer."""
+
+    source: str
+    architecture: str
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    intermediate_size: int
+    tie_word_embeddings: bool
+    torch_dtype: str
+    max_position_embeddings: int | None
+    attention_bias: bool
+    sliding_window: int | None
+    layer_kinds: tuple[str, ...]
+    # MLA (DeepSeek-V2/V3): one latent of kv_lora_rank + qk_rope_head_dim per token per layer
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    qk_nope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    q_lora_rank: int | None = None
+    # MoE
+    num_experts: int | None = None
+    num_experts_per_tok: int | None = None
+    moe_intermediate_size: int | None = None
+    shared_expert_intermediate_size: int | None = None  # total width of shared experts
+    moe_layers: tuple[int, ...] = field(default_factory=tuple)  # indices of MoE layers
+    shared_expert_gate: bool = False
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.num_experts) and bool(self.moe_layers)
+
+    @property
+    def kv_head_dim(self) -> int:
+        """Elements stored per KV head per token for K (and again for V unless MLA)."""
+        if self.is_mla:
+            return int(self.kv_lora_rank) + int(self.qk_rope_head_dim or 0)
+        return self.head_dim
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["layer_kinds"] = list(self.layer_kinds)
+        d["moe_layers"] = list(self.moe_layers)
+        return d
+
+
+def _get(cfg: dict[str, Any], src: str, name: str, *, required: bool = True, default: Any = None, positive: bool = True) -> Any:
+    value = cfg.get(name, default)
+    if value is None:
+        if required:
+            raise LedgerError(f"{src}: {name}: missing; expected a positive integer")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise LedgerError(f"{src}: {name} = {value!r}: expected an integer")
+    if positive and value <= 0:
+        raise LedgerError(f"{src}: {name} = {value!r}: expected a positive integer")
+    return value
+
+
+def _layer_kinds(cfg: dict[str, Any], src: str, model_type: str, num_layers: int, sliding_window: int | None) -> tuple[str, ...]:
+    """Which layers use sliding-window attention, mirroring how HF configs (and vLLM) decide."""
+    layer_types = cfg.get("layer_types")
+    if layer_types is not None:
+        if not isinstance(layer_types, list) or len(layer_types) != num_layers:
+            raise LedgerError(f"{src}: layer_types = {layer_types!r}: expected a list of {num_layers} entries")
+        kinds = []
+        for i, t in enumerate(layer_types):
+            if t in ("full_attention", "full"):
+                kinds.append("full")
+            elif t in ("sliding_attention", "sliding"):
+                if sliding_window is None:
+                    raise LedgerError(f"{src}: layer_types[{i}] = {t!r}: expected sliding_window to be set")
+                kinds.append("sliding")
+            else:
+                raise LedgerError(f"{src}: layer_types[{i}] = {t!r}: expected 'full_attention' or 'sliding_attention'")
+        return tuple(kinds)
+    if sliding_window is None:
+        return ("full",) * num_layers
+    if model_type == "gemma2":  # alternating, even layers slide
+        return tuple("sliding" if i % 2 == 0 else "full" for i in range(num_layers))
+    if model_type in ("gemma3", "gemma3_text"):
+        pattern = int(cfg.get("sliding_window_pattern", 6))
+        return tuple("full" if (i + 1) % pattern == 0 else "sliding" for i in range(num_layers))
+    if model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
+        first = int(cfg.get("max_window_layers", num_layers))
+        return tuple("sliding" if i >= first else "full" for i in range(num_layers))
+    return ("sliding",) * num_layers  # Mistral-style: one window for every layer
+
+
+def parse_model_config(cfg: dict[str, Any], source: str = "<config>") -> ModelConfig:
+    """Validate a config.json mapping (``text_config`` is used when present) into a ModelConfig."""
+    if not isinstance(cfg, dict):
+        raise LedgerError(f"{source}: top level = {type(cfg).__name__}: expected a JSON object")
+    if isinstance(cfg.get("text_config"), dict):
+        cfg = {**cfg, **cfg["text_config"]}
+    src = source
+    archs = cfg.get("architectures") or []
+    architecture = archs[0] if isinstance(archs, list) and archs else str(cfg.get("model_type", "unknown"))
+    model_type = str(cfg.get("model_type", "")).lower()
+    hidden = _get(cfg, src, "hidden_size")
+    layers = _get(cfg, src, "num_hidden_layers")
+    heads = _get(cfg, src, "num_attention_heads")
+    kv_heads = _get(cfg, src, "num_key_value_heads", required=False) or heads
+    if kv_heads > heads or heads % kv_heads:
+        raise LedgerError(f"{src}: num_key_value_heads = {kv_heads}: expected a divisor of num_attention_heads ({heads})")
+    head_dim = _get(cfg, src, "head_dim", required=False)
+    if head_dim is None:
+        if hidden % heads:
+            raise LedgerError(f"{src}: hidden_size = {hidden}: expected a multiple of num_attention_heads ({heads}) or an explicit head_dim")
+        head_dim = hidden // heads
+    vocab = _get(cfg, src, "vocab_size")
+    inter = _get(cfg, src, "intermediate_size")
+    torch_dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
+    dtype_bytes(torch_dtype, f"{src}: torch_dtype")
+
+    sliding = cfg.get("sliding_window")
+    if sliding is not None and (isinstance(sliding, bool) or not isinstance(sliding, int) or sliding < 0):
+        raise LedgerError(f"{src}: sliding_window = {sliding!r}: expected a positive integer or null")
+    if sliding == 0:
+        sliding = None  # some checkpoints use 0 for "disabled" (vLLM does the same)
+    if model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and not cfg.get("use_sliding_window", False):
+        sliding = None  # Qwen configs carry sliding_window but only use it with use_sliding_window
+    kinds = _layer_kinds(cfg, src, model_type, layers, sliding)
+    if "sliding" not in kinds:
+        sliding = None
+
+    kv_lora = _get(cfg, src, "kv_lora_rank", required=False)
+    rope = _get(cfg, src, "qk_rope_head_dim", required=False) if kv_lora else None
+    if kv_lora and rope is None:
+        raise LedgerError(f"{src}: qk_rope_head_dim: missing; expected a positive integer with kv_lora_rank (MLA)")
+    nope = _get(cfg, src, "qk_nope_head_dim", required=False) if kv_lora else None
+    v_head = _get(cfg, src, "v_head_dim", required=False) if kv_lora else None
+    q_lora = _get(cfg, src, "q_lora_rank", required=False) if kv_lora else None
+
+    n_experts = None
+    for key in ("n_routed_experts", "num_local_experts", "num_experts"):
+        if cfg.get(key):
+            n_experts = _get(cfg, src, key)
+            break
+    moe_layers: tuple[int, ...] = ()
+    moe_inter = shared_inter = top_k = None
+    shared_gate = False
+    if n_experts:
+        top_k = _get(cfg, src, "num_experts_per_tok", required=False)
+        moe_inter = _get(cfg, src, "moe_intermediate_size", required=False) or inter  # Mixtral: experts use intermediate_size
+        first_dense = int(cfg.get("first_k_dense_replace") or 0)
+        freq = int(cfg.get("moe_layer_freq") or cfg.get("decoder_sparse_step") or 1)
+        mlp_only = set(cfg.get("mlp_only_layers") or [])
+        moe_layers = tuple(i for i in range(layers) if i >= first_dense and (i % freq == 0 if "moe_layer_freq" in cfg else (i + 1) % freq == 0) and i not in mlp_only)
+        if cfg.get("n_shared_experts"):
+            shared_inter = int(cfg["n_shared_experts"]) * moe_inter
+        elif cfg.get("shared_expert_intermediate_size"):
+            shared_inter = _get(cfg, src, "shared_expert_intermediate_size")
+            shared_gate = True  # Qwen2-MoE gates its shared expert
+    bias = bool(cfg.get("attention_bias", model_type in ("qwen2", "qwen2_moe")))
+    max_pos = cfg.get("max_position_embeddings")
+    return ModelConfig(
+        source=src, architecture=architecture, model_type=model_type, hidden_size=hidden, num_layers=layers,
+        num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, vocab_size=vocab,
+        intermediate_size=inter, tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        torch_dtype=str(torch_dtype).replace("torch.", ""),
+        max_position_embeddings=int(max_pos) if isinstance(max_pos, int) else None,
+        attention_bias=bias, sliding_window=sliding, layer_kinds=kinds,
+        kv_lora_rank=kv_lora, qk_rope_head_dim=rope, qk_nope_head_dim=nope, v_head_dim=v_head, q_lora_rank=q_lora,
+        num_experts=n_experts, num_experts_per_tok=top_k, moe_intermediate_size=moe_inter,
+        shared_expert_intermediate_size=shared_inter, moe_layers=moe_layers, shared_expert_gate=shared_gate,
+    )
+
+
+def read_model_config(path: str | Path) -> ModelConfig:
+    """Read a Hugging Face config.json (or a model directory containing one)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise LedgerError(f"{p}: no such file: expected a Hugging Face config.json") from None
+    except OSError as exc:
+        raise LedgerError(f"{p}: cannot read ({exc.strerror}): expected a Hugging Face config.json") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise LedgerError(f"{p}: invalid JSON at line {exc.lineno} column {exc.colno}: expected a Hugging Face config.json") from None
+    return parse_model_config(data, str(p))

@@ -1,0 +1,224 @@
+"""Deterministic synthetic traces: a pure function of (scenario, trace name, seed).
+
+Arrivals come from the named trace's process (Poisson, gamma with a CV, on/off bursts, or closed
+loop); each arrival gets a class by share (burst shares inside bursts), token lengths from the class
+distributions, an optional shared-prefix group (its tokens are prepended to the sampled input), an
+optional cancel-after-tokens, and long-thread arrivals expand into conversations whose turns carry
+the growing context (prompt of turn k = all earlier turns' input and output + turn k's input).
+Turn k is scheduled one think time after turn k-1 was scheduled (open loop cannot wait for replies).
+"""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .. import __version__
+from ..distributions import mean, sample, sample_tokens
+from ..errors import TraceError
+from ..records import TRACE_SCHEMA
+from ..scenario import Scenario, TraceSettings
+from .io import write_trace
+
+__all__ = ["GENERATOR_VERSION", "generate_trace", "generate_trace_file", "arrival_times"]
+
+GENERATOR_VERSION = "1"
+_NS = 1_000_000_000
+
+
+def _poisson_times(rng: np.random.Generator, rate: float, start: float, end: float) -> np.ndarray:
+    count = rng.poisson(rate * (end - start))
+    return np.sort(rng.uniform(start, end, count))
+
+
+def arrival_times(
+    settings: TraceSettings, rng: np.random.Generator, scale: float = 1.0, burst_scale: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Arrival times in seconds within [0, duration) and a per-arrival 'inside a burst' flag.
+
+    ``scale``/``burst_scale`` multiply the rates (sessions per request, see generate_trace).
+    """
+    duration = settings.duration_s
+    if settings.process == "closed":
+        n = int(np.ceil(int(settings.requests or 0) * scale)) + 16
+        return np.zeros(n), np.zeros(n, dtype=bool)
+    if settings.process in ("poisson", "gamma"):
+        rate = float(settings.rate_rps or 0) * scale
+        times: list[np.ndarray] = []
+        t0 = 0.0
+        while t0 < duration:
+            n = int(rate * duration * 1.2) + 64
+            if settings.process == "poisson":
+                gaps = rng.exponential(1.0 / rate, n)
+            else:
+                shape = 1.0 / float(settings.cv) ** 2
+                gaps = rng.gamma(shape, 1.0 / (rate * shape), n)
+            cum = t0 + np.cumsum(gaps)
+            times.append(cum[cum < duration])
+            t0 = float(cum[-1])
+        out = np.concatenate(times) if times else np.zeros(0)
+        return out, np.zeros(len(out), dtype=bool)
+    # on/off: quiet for gap_s, then a burst of burst_s, repeated
+    quiet, burst = float(settings.quiet_rate_rps or 0) * scale, float(settings.burst_rate_rps or 0) * burst_scale
+    gap_s, burst_s = float(settings.gap_s or 0), float(settings.burst_s or 0)
+    parts, flags = [], []
+    t = 0.0
+    while t < duration:
+        q_end = min(t + gap_s, duration)
+        if quiet > 0:
+            qt = _poisson_times(rng, quiet, t, q_end)
+            parts.append(qt)
+            flags.append(np.zeros(len(qt), dtype=bool))
+        b_end = min(q_end + burst_s, duration)
+        if b_end > q_end:
+            bt = _poisson_times(rng, burst, q_end, b_end)
+            parts.append(bt)
+            flags.append(np.ones(len(bt), dtype=bool))
+        t = b_end
+    if not parts:
+        return np.zeros(0), np.zeros(0, dtype=bool)
+    return np.concatenate(parts), np.concatenate(flags)
+
+
+def _rng_streams(seed: int, trace_name: str, n: int) -> list[np.random.Generator]:
+    root = np.random.SeedSequence([seed, zlib.crc32(trace_name.encode())])
+    return [np.random.default_rng(s) for s in root.spawn(n)]
+
+
+def generate_trace(scenario: Scenario, trace_name: str, seed: int | None = None) -> tuple[pa.Table, dict[str, Any]]:
+    """Build the trace table and its metadata; same inputs give the same table."""
+    if trace_name not in scenario.traces:
+        raise TraceError(
+            f"{scenario.source_path or scenario.name}: traces.{trace_name}: no such trace; expected one of {', '.join(scenario.traces)}"
+        )
+    seed = scenario.seed if seed is None else seed
+    settings = scenario.traces[trace_name]
+    base_dir = scenario.base_dir()
+    rng_arrival, rng_class, rng_group = _rng_streams(seed, trace_name, 3)
+    names = list(scenario.classes)
+    # Rates and shares are per *request*; a long-thread arrival opens a conversation of E[turns]
+    # requests, so sessions are drawn with weights share/E[turns] at rate x Z, Z = sum(share/E[turns]).
+    turns_mean = np.array(
+        [mean(c.thread.turns, base_dir) if c.thread else 1.0 for c in scenario.classes.values()]
+    )
+
+    def session_weights(shares: dict[str, float]) -> tuple[np.ndarray, float]:
+        w = np.array([shares.get(n, 0.0) for n in names]) / turns_mean
+        return w / w.sum(), float(w.sum())
+
+    normal_p, z_normal = session_weights(scenario.class_shares(trace_name))
+    burst_p, z_burst = session_weights(scenario.class_shares(trace_name, in_burst=True))
+    times_s, in_burst = arrival_times(settings, rng_arrival, z_normal, z_burst)
+    u = rng_class.random(len(times_s))
+    cls_normal = np.searchsorted(np.cumsum(normal_p), u, side="right").clip(max=len(names) - 1)
+    cls_burst = np.searchsorted(np.cumsum(burst_p), u, side="right").clip(max=len(names) - 1)
+    class_idx = np.where(in_burst, cls_burst, cls_normal)
+
+    closed = settings.process == "closed"
+    rows: list[tuple] = []  # (offset_ns, arrival order, turn, fields...)
+    conversation_counter = 0
+    group_u = rng_group.random(len(times_s))
+    for ci, cname in enumerate(names):
+        cls = scenario.classes[cname]
+        idx = np.flatnonzero(class_idx == ci)
+        if len(idx) == 0:
+            continue
+        streams = _rng_streams(seed, f"{trace_name}/{cname}", 6)
+        rng_in, rng_out, rng_cancel, rng_turns, rng_think, rng_cancel_n = streams
+        groups = [g for g in scenario.cache.prefix_groups if g.classes is None or cname in g.classes]
+        is_thread = cls.thread is not None
+        turns = sample_tokens(cls.thread.turns, rng_turns, len(idx), base_dir) if is_thread else np.ones(len(idx), np.int64)
+        total_turns = int(turns.sum())
+        new_in = sample_tokens(cls.input_tokens, rng_in, total_turns, base_dir)
+        outs = sample_tokens(cls.output_tokens, rng_out, total_turns, base_dir)
+        think_s = sample(cls.thread.think_time_s, rng_think, total_turns, base_dir) if is_thread else np.zeros(total_turns)
+        cancel_u = rng_cancel.random(total_turns)
+        cancel_n = (
+            sample_tokens(cls.cancel.after_tokens, rng_cancel_n, total_turns, base_dir) if cls.cancel else np.zeros(total_turns, np.int64)
+        )
+        k = 0
+        for j, arrival in enumerate(idx):
+            group_name, group_tokens = None, 0
+            acc = 0.0
+            for g in groups:
+                acc += g.share
+                if group_u[arrival] < acc:
+                    group_name, group_tokens = g.name, g.prefix_tokens
+                    break
+            conv_id = None
+            if is_thread:
+                conversation_counter += 1
+                conv_id = f"c{conversation_counter:06d}"
+            context = group_tokens
+            t = float(times_s[arrival])
+            for turn in range(int(turns[j])):
+                if turn > 0:
+                    t += float(think_s[k])
+                    if not closed and t >= settings.duration_s:
+                        k += int(turns[j]) - turn
+                        break
+                prompt = context + int(new_in[k])
+                out = int(outs[k])
+                cancel = None
+                if cls.cancel and cancel_u[k] < cls.cancel.share and int(cancel_n[k]) < out:
+                    cancel = int(cancel_n[k])
+                rows.append(
+                    (
+                        int(round(t * _NS)) if not closed else 0,
+                        int(arrival),
+                        turn,
+                        cname,
+                        prompt,
+                        out,
+                        group_name,
+                        group_tokens if group_name else None,
+                        conv_id,
+                        turn if is_thread else None,
+                        cancel,
+                    )
+                )
+                context = prompt + out
+                k += 1
+    rows.sort(key=lambda r: (r[0], r[1], r[2]))
+    if closed:
+        rows = rows[: int(settings.requests or 0)]
+    width = max(6, len(str(len(rows))))
+    columns = {
+        "request_id": [f"r{i:0{width}d}" for i in range(len(rows))],
+        "request_class": [r[3] for r in rows],
+        "scheduled_offset_ns": [r[0] for r in rows],
+        "prompt_tokens": [r[4] for r in rows],
+        "output_tokens": [r[5] for r in rows],
+        "prefix_group": [r[6] for r in rows],
+        "prefix_tokens": [r[7] for r in rows],
+        "conversation_id": [r[8] for r in rows],
+        "turn_index": [r[9] for r in rows],
+        "cancel_after_tokens": [r[10] for r in rows],
+    }
+    table = pa.Table.from_pydict(columns, schema=TRACE_SCHEMA)
+    metadata = {
+        "generator": "loadgen.trace.generate",
+        "generator_version": GENERATOR_VERSION,
+        "loadgen_version": __version__,
+        "scenario_name": scenario.name,
+        "scenario_sha256": scenario.sha256,
+        "trace_name": trace_name,
+        "seed": seed,
+        "mode": "closed" if closed else "open",
+        "concurrency": settings.concurrency if closed else None,
+        "max_in_flight": settings.max_in_flight,
+        "duration_s": settings.duration_s,
+        "settings": settings.model_dump(mode="json"),
+        "requests": len(rows),
+    }
+    return table, metadata
+
+
+def generate_trace_file(scenario: Scenario, trace_name: str, out: str | Path, seed: int | None = None) -> Path:
+    """Generate and write a trace; returns the path."""
+    table, metadata = generate_trace(scenario, trace_name, seed)
+    return write_trace(table, out, metadata)

@@ -1,0 +1,215 @@
+"""Importers for public traces: Azure LLM inference 2023 (CSV) and Mooncake FAST'25 (JSONL).
+
+Both become ordinary loadgen traces (TRACE_SCHEMA), optionally cut to a window and time-scaled,
+so they replay exactly like generated ones. Imported requests get one class (``request_class``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .. import __version__
+from ..errors import TraceError
+from ..identity import sha256_file
+from ..records import TRACE_SCHEMA
+from .io import write_trace
+
+__all__ = ["import_azure", "import_mooncake", "import_trace", "MOONCAKE_BLOCK_TOKENS"]
+
+#: Mooncake hash_ids each stand for one 512-token block of the prompt.
+MOONCAKE_BLOCK_TOKENS = 512
+_NS = 1_000_000_000
+
+
+def _parse_azure_time(value: str, path: Path, row: int) -> int:
+    """'2023-11-16 18:17:03.9799600' (7 fractional digits) → ns since the epoch (naive, exact)."""
+    try:
+        whole, _, frac = value.strip().partition(".")
+        base = datetime.strptime(whole, "%Y-%m-%d %H:%M:%S")
+        frac_ns = int((frac + "000000000")[:9]) if frac else 0
+    except ValueError:
+        raise TraceError(f"{path}: row {row}: TIMESTAMP = {value!r}: expected 'YYYY-MM-DD HH:MM:SS[.fffffff]'") from None
+    days = (base - datetime(1970, 1, 1)).days
+    secs = days * 86400 + base.hour * 3600 + base.minute * 60 + base.second
+    return secs * _NS + frac_ns
+
+
+def _read_azure(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]]:
+    try:
+        with open(path, encoding="utf-8", newline="") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read ({exc.strerror})") from None
+    reader = csv.reader(io.StringIO(text))  # handles CRLF and a missing final newline
+    header = next(reader, None)
+    expected = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
+    if header is None or [h.strip() for h in header] != expected:
+        raise TraceError(f"{path}: header = {header!r}: expected {','.join(expected)} (Azure LLM inference trace 2023)")
+    times, prompts, outputs = [], [], []
+    for row_no, row in enumerate(reader, start=2):
+        if not row:
+            continue
+        if len(row) != 3:
+            raise TraceError(f"{path}: row {row_no}: {len(row)} fields: expected 3")
+        times.append(_parse_azure_time(row[0], path, row_no))
+        for column, value, sink in (("ContextTokens", row[1], prompts), ("GeneratedTokens", row[2], outputs)):
+            try:
+                sink.append(int(value))
+            except ValueError:
+                raise TraceError(f"{path}: row {row_no}: {column} = {value!r}: expected an integer") from None
+    return np.asarray(times, np.int64), np.asarray(prompts, np.int64), np.asarray(outputs, np.int64), [None] * len(times)
+
+
+def _read_mooncake(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]]:
+    times, prompts, outputs, hashes = [], [], [], []
+    try:
+        handle = open(path, encoding="utf-8")
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read ({exc.strerror})") from None
+    with handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                times.append(int(round(float(rec["timestamp"]) * 1_000_000)))  # ms → ns
+                prompts.append(int(rec["input_length"]))
+                outputs.append(int(rec["output_length"]))
+                hashes.append(tuple(int(h) for h in rec.get("hash_ids", [])))
+            except json.JSONDecodeError:
+                raise TraceError(f"{path}: line {line_no}: invalid JSON: expected a Mooncake record") from None
+            except KeyError as exc:
+                raise TraceError(f"{path}: line {line_no}: missing field {exc.args[0]!r}: expected timestamp, input_length, output_length") from None
+            except (TypeError, ValueError):
+                raise TraceError(f"{path}: line {line_no}: non-numeric field: expected numbers") from None
+    return np.asarray(times, np.int64), np.asarray(prompts, np.int64), np.asarray(outputs, np.int64), hashes
+
+
+def _mooncake_prefixes(hashes: list[tuple[int, ...]], prompts: np.ndarray) -> tuple[list[str | None], list[int | None]]:
+    """Shared prefix per request: leading hash blocks that some other request also starts with.
+
+    The group is named by the first block; its length is the number of leading blocks shared with at
+    least one other request, × 512 tokens, capped below the prompt length.
+    """
+    counts: dict[tuple[int, ...], int] = {}
+    for h in hashes:
+        for k in range(1, len(h) + 1):
+            key = h[:k]
+            counts[key] = counts.get(key, 0) + 1
+    groups: list[str | None] = []
+    lengths: list[int | None] = []
+    for h, prompt in zip(hashes, prompts):
+        shared = 0
+        for k in range(1, len(h) + 1):
+            if counts[h[:k]] >= 2:
+                shared = k
+            else:
+                break
+        tokens = min(shared * MOONCAKE_BLOCK_TOKENS, int(prompt) - 1)
+        if shared and tokens > 0:
+            groups.append(f"mc{h[0]}")
+            lengths.append(tokens)
+        else:
+            groups.append(None)
+            lengths.append(None)
+    return groups, lengths
+
+
+def import_trace(
+    kind: str,
+    path: str | Path,
+    out: str | Path,
+    *,
+    time_scale: float = 1.0,
+    start_s: float = 0.0,
+    duration_s: float | None = None,
+    max_requests: int | None = None,
+    request_class: str = "short-message",
+) -> Path:
+    """Import a public trace into a loadgen trace file.
+
+    ``start_s``/``duration_s`` cut a window (seconds from the first request, before scaling);
+    ``time_scale`` multiplies the gaps (0.5 = twice the rate).
+    """
+    path = Path(path)
+    if time_scale <= 0:
+        raise TraceError(f"--time-scale = {time_scale}: expected > 0")
+    if kind == "azure":
+        times, prompts, outputs, hashes = _read_azure(path)
+    elif kind == "mooncake":
+        times, prompts, outputs, hashes = _read_mooncake(path)
+    else:
+        raise TraceError(f"importer {kind!r}: unknown; expected azure or mooncake")
+    if len(times) == 0:
+        raise TraceError(f"{path}: no requests: expected at least one row")
+    order = np.argsort(times, kind="stable")
+    times, prompts, outputs = times[order], prompts[order], outputs[order]
+    hashes = [hashes[i] for i in order]
+    rel = times - times[0]
+    keep = rel >= int(start_s * _NS)
+    if duration_s is not None:
+        keep &= rel < int((start_s + duration_s) * _NS)
+    idx = np.flatnonzero(keep)
+    if max_requests is not None:
+        idx = idx[:max_requests]
+    if len(idx) == 0:
+        raise TraceError(f"{path}: window start {start_s} s, duration {duration_s} s holds no requests")
+    rel = rel[idx] - rel[idx[0]]
+    offsets = np.rint(rel * time_scale).astype(np.int64)
+    prompts, outputs = np.maximum(prompts[idx], 1), np.maximum(outputs[idx], 1)
+    hashes = [hashes[i] for i in idx]
+    if kind == "mooncake":
+        groups, lengths = _mooncake_prefixes(hashes, prompts)
+    else:
+        groups, lengths = [None] * len(idx), [None] * len(idx)
+    n = len(idx)
+    width = max(6, len(str(n)))
+    table = pa.Table.from_pydict(
+        {
+            "request_id": [f"r{i:0{width}d}" for i in range(n)],
+            "request_class": [request_class] * n,
+            "scheduled_offset_ns": offsets,
+            "prompt_tokens": prompts.astype(np.int32),
+            "output_tokens": outputs.astype(np.int32),
+            "prefix_group": groups,
+            "prefix_tokens": lengths,
+            "conversation_id": [None] * n,
+            "turn_index": [None] * n,
+            "cancel_after_tokens": [None] * n,
+        },
+        schema=TRACE_SCHEMA,
+    )
+    metadata = {
+        "generator": f"loadgen.trace.importers.{kind}",
+        "loadgen_version": __version__,
+        "source": str(path),
+        "source_sha256": sha256_file(path),
+        "trace_name": path.stem,
+        "seed": None,
+        "mode": "open",
+        "max_in_flight": None,
+        "time_scale": time_scale,
+        "window_start_s": start_s,
+        "window_duration_s": duration_s,
+        "max_requests": max_requests,
+        "request_class": request_class,
+        "requests": n,
+        "duration_s": float(offsets[-1]) / _NS,
+    }
+    return write_trace(table, out, metadata)
+
+
+def import_azure(path: str | Path, out: str | Path, **options: Any) -> Path:
+    return import_trace("azure", path, out, **options)
+
+
+def import_mooncake(path: str | Path, out: str | Path, **options: Any) -> Path:
+    return import_trace("mooncake", path, out, **options)

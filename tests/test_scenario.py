@@ -1,0 +1,82 @@
+"""Scenario validation: the shipped scenario loads; bad files give one-line errors naming the field."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loadgen.errors import ScenarioError
+from loadgen.scenario import load_scenario, scenario_from_manifest, scenario_manifest
+
+REPO = Path(__file__).resolve().parents[1]
+CANONICAL = REPO / "scenarios" / "canonical.toml"
+
+
+def test_canonical_scenario_loads_with_three_classes_and_traces():
+    s = load_scenario(CANONICAL)
+    assert set(s.classes) == {"short-message", "long-thread", "burst"}
+    assert {"steady", "burst"} <= set(s.traces)
+    assert s.classes["short-message"].budgets.ttft_ms.hard is True
+    assert len(s.sha256) == 64
+    assert s.privacy.retain_prompt_text is False
+
+
+def test_manifest_roundtrip_rebuilds_the_same_scenario():
+    s = load_scenario(CANONICAL)
+    again = scenario_from_manifest({"scenario": scenario_manifest(s)})
+    assert again == s
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    return path
+
+
+BASE = CANONICAL.read_text()
+
+
+@pytest.mark.parametrize(
+    "old,new,expected",
+    [
+        ("ttft_ms = { p50 = 300, p99 = 1500, hard = true }", "ttft_ms = { p50 = -5, p99 = 1500, hard = true }",
+         "classes.short-message.budgets.ttft_ms.p50 = -5: expected"),
+        ("share = 0.6", "share = 0.7", "shares sum to 1.1; expected 1"),
+        ('process = "poisson"', 'process = "weibull"', "traces.steady.process = 'weibull'"),
+        ("rate_rps = 4.0\nduration_s = 60\nmax_in_flight = 256\n\n[traces.burst]", "duration_s = 60\nmax_in_flight = 256\n\n[traces.burst]",
+         "process 'poisson' needs rate_rps"),
+        ('input_tokens = { dist = "uniform", low = 256, high = 1024 }', 'input_tokens = { dist = "uniform", low = 256, high = 10 }',
+         "high (10.0) must be >= low (256.0)"),
+        ("[classes.burst", "[classes.bursty", "classes.bursty: unknown class"),
+        ("seed = 20261129", "seed = 20261129\ncolour = 'red'", "colour = 'red': unknown field"),
+    ],
+)
+def test_bad_scenarios_give_one_line_errors(tmp_path, old, new, expected):
+    assert old in BASE
+    path = _write(tmp_path, BASE.replace(old, new))
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(str(path))
+    assert expected in message, message
+
+
+def test_invalid_toml_and_missing_file(tmp_path):
+    with pytest.raises(ScenarioError, match="invalid TOML"):
+        load_scenario(_write(tmp_path, "name = "))
+    with pytest.raises(ScenarioError, match="no such file"):
+        load_scenario(tmp_path / "absent.toml")
+
+
+def test_cli_scenario_check_reports_ok_and_errors(tmp_path):
+    ok = subprocess.run([sys.executable, "-m", "loadgen", "scenario", "check", str(CANONICAL)], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "ok: scenario 'canonical'" in ok.stdout
+    bad = _write(tmp_path, BASE.replace("share = 0.6", "share = 0.6x"))
+    res = subprocess.run([sys.executable, "-m", "loadgen", "scenario", "check", str(bad)], capture_output=True, text=True)
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1 and "invalid TOML" in res.stderr
