@@ -19,7 +19,7 @@ __all__ = ["main", "build_parser"]
 #: Areas in the order their commands are listed by --help.
 COMMAND_MODULES = (
     "bench", "scenario", "trace", "ledger", "sim", "run", "analyze", "import",
-    "vllm", "plan", "compare", "practice", "contract", "handoff",
+    "vllm", "plan", "compare", "practice", "contract", "handoff", "managed",
 )
 
 

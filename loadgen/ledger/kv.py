@@ -23,7 +23,6 @@ block_size 128; the GPU build uses total × gpu_memory_utilization − profiled 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from ..errors import LedgerError
@@ -179,5 +178,3 @@ def vllm_kv_capacity(spec: KVSpec, num_blocks: int, max_model_len: int) -> tuple
 def bytes_to_gib(n: float) -> float:
     return n / GIB
 
-
-_ = math  # kept for callers doing floor/ceil on reported figures

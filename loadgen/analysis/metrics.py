@@ -1,0 +1,189 @@
+"""Every metric formula of DESIGN.md, once, as pure functions.
+
+Instants are int64 ns on the run clock; durations come out in ms, rates in 1/s. Each function takes
+scalars (``None`` = never observed → result ``None``) or numpy arrays (float with NaN for never
+observed → NaN), so the single-request known-answer tests and the vectorised analyzer run the same
+code. Undefined cases (no tokens, one token, empty window) give None/NaN, never 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "NS_PER_MS",
+    "NS_PER_S",
+    "ttft_ms",
+    "client_queue_ms",
+    "server_ttft_ms",
+    "e2e_ms",
+    "tpot_ms",
+    "token_gaps_ms",
+    "itl_gaps_ms",
+    "inter_chunk_gaps_ms",
+    "rate_per_s",
+    "offered_rps",
+    "send_rps",
+    "completed_rps",
+    "tokens_per_s",
+    "goodput_rps",
+    "attainment",
+    "error_share",
+    "time_average_in_system",
+    "littles_law_rhs",
+]
+
+NS_PER_MS = 1_000_000.0
+NS_PER_S = 1_000_000_000.0
+
+
+def _span_ms(start: Any, end: Any) -> Any:
+    """(end − start) / 1e6 for scalars (None-safe) or arrays (NaN-propagating)."""
+    if isinstance(start, np.ndarray) or isinstance(end, np.ndarray):
+        return (np.asarray(end, dtype=np.float64) - np.asarray(start, dtype=np.float64)) / NS_PER_MS
+    if start is None or end is None:
+        return None
+    return (int(end) - int(start)) / NS_PER_MS
+
+
+def ttft_ms(scheduled_ns: Any, first_token_ns: Any) -> Any:
+    """TTFT = first_token − scheduled, in ms (client queue + network + server queue + prefill)."""
+    return _span_ms(scheduled_ns, first_token_ns)
+
+
+def client_queue_ms(scheduled_ns: Any, sent_ns: Any) -> Any:
+    """Client queue = sent − scheduled, in ms (time waiting for a concurrency slot / the event loop)."""
+    return _span_ms(scheduled_ns, sent_ns)
+
+
+def server_ttft_ms(sent_ns: Any, first_token_ns: Any) -> Any:
+    """Server-side TTFT = first_token − sent, in ms (network + server queue + prefill)."""
+    return _span_ms(sent_ns, first_token_ns)
+
+
+def e2e_ms(scheduled_ns: Any, done_ns: Any) -> Any:
+    """E2E = done − scheduled, in ms."""
+    return _span_ms(scheduled_ns, done_ns)
+
+
+def tpot_ms(first_token_ns: Any, last_token_ns: Any, output_tokens: Any) -> Any:
+    """TPOT = (last_token − first_token) / (output_tokens − 1), in ms; None/NaN for ≤ 1 token."""
+    if isinstance(output_tokens, np.ndarray) or isinstance(first_token_ns, np.ndarray):
+        n = np.asarray(output_tokens, dtype=np.float64)
+        span = _span_ms(np.asarray(first_token_ns, dtype=np.float64), np.asarray(last_token_ns, dtype=np.float64))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(n > 1, span / (n - 1), np.nan)
+    span = _span_ms(first_token_ns, last_token_ns)
+    if span is None or output_tokens is None or output_tokens <= 1:
+        return None
+    return span / (output_tokens - 1)
+
+
+def token_gaps_ms(delta_ns: np.ndarray, tokens: np.ndarray, is_first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-token ITL of content chunks as (value_ms, weight): the distribution repeats value weight times.
+
+    A chunk carrying k tokens that arrives Δ after the previous content chunk contributes k gaps of
+    Δ/k. The first content chunk has no previous chunk: its first token starts the clock and its
+    other k−1 tokens arrived with it, so it contributes k−1 gaps of 0. A request with N tokens thus
+    has N−1 gaps that sum to last_token − first_token, and their mean is TPOT.
+    ``delta_ns`` is ignored where ``is_first``.
+    """
+    k = np.asarray(tokens, dtype=np.int64)
+    first = np.asarray(is_first, dtype=bool)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = np.where(first, 0.0, np.asarray(delta_ns, dtype=np.float64) / NS_PER_MS / np.maximum(k, 1))
+    weight = np.where(first, k - 1, k)
+    return value, weight
+
+
+def _content(arrival_ns: list[int], tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    arr = np.asarray(arrival_ns, dtype=np.int64)
+    tok = np.asarray(tokens, dtype=np.int64)
+    keep = tok > 0  # usage-only / empty chunks carry no content
+    return arr[keep], tok[keep]
+
+
+def itl_gaps_ms(arrival_ns: list[int], tokens: list[int]) -> list[float]:
+    """Per-token inter-token gaps (ms) of one request's chunks in order; see ``token_gaps_ms``."""
+    arr, tok = _content(arrival_ns, tokens)
+    if len(arr) == 0:
+        return []
+    delta = np.diff(arr, prepend=arr[0])
+    first = np.zeros(len(arr), dtype=bool)
+    first[0] = True
+    value, weight = token_gaps_ms(delta, tok, first)
+    return [float(v) for v in np.repeat(value, weight)]
+
+
+def inter_chunk_gaps_ms(arrival_ns: list[int], tokens: list[int]) -> list[float]:
+    """Raw gaps (ms) between consecutive content chunks of one request: the stalls a user sees."""
+    arr, _ = _content(arrival_ns, tokens)
+    return [float(v) for v in np.diff(arr) / NS_PER_MS]
+
+
+def rate_per_s(count: float, window_s: float | None) -> float | None:
+    """count / window_s; None for an empty or missing window."""
+    if window_s is None or window_s <= 0:
+        return None
+    return float(count) / float(window_s)
+
+
+def offered_rps(n_scheduled: int, window_s: float | None) -> float | None:
+    """Offered load = requests scheduled in the window / window length (req/s)."""
+    return rate_per_s(n_scheduled, window_s)
+
+
+def send_rps(n_sent: int, window_s: float | None) -> float | None:
+    """Achieved send rate = requests sent (bytes on the socket) in the window / window length (req/s)."""
+    return rate_per_s(n_sent, window_s)
+
+
+def completed_rps(n_completed: int, window_s: float | None) -> float | None:
+    """Completed throughput = requests finishing ``ok`` in the window / window length (req/s)."""
+    return rate_per_s(n_completed, window_s)
+
+
+def tokens_per_s(tokens: float, window_s: float | None) -> float | None:
+    """Token throughput = tokens of requests completed in the window / window length (tok/s)."""
+    return rate_per_s(tokens, window_s)
+
+
+def goodput_rps(n_good: int, window_s: float | None) -> float | None:
+    """Goodput = completed requests meeting every hard budget / window length (req/s)."""
+    return rate_per_s(n_good, window_s)
+
+
+def attainment(n_good: int, n_eligible: int) -> float | None:
+    """Attainment = good requests / requests that count (a share 0..1); None when none count."""
+    if n_eligible <= 0:
+        return None
+    return n_good / n_eligible
+
+
+def error_share(n_failed: int, n_scheduled: int) -> float | None:
+    """Share of scheduled requests that failed (error, timeout, not_sent, unplanned cancel)."""
+    if n_scheduled <= 0:
+        return None
+    return n_failed / n_scheduled
+
+
+def time_average_in_system(start_ns: np.ndarray, end_ns: np.ndarray, lo_ns: int, hi_ns: int) -> float | None:
+    """L: time-average number of requests in the system over [lo, hi) = Σ overlap / (hi − lo).
+
+    A request is in the system from scheduled to done; ``end_ns`` NaN (never done) counts up to hi.
+    """
+    if hi_ns <= lo_ns:
+        return None
+    start = np.asarray(start_ns, dtype=np.float64)
+    end = np.where(np.isnan(end_ns), float(hi_ns), np.asarray(end_ns, dtype=np.float64))
+    overlap = np.clip(np.minimum(end, hi_ns) - np.maximum(start, lo_ns), 0.0, None)
+    return float(overlap.sum() / (hi_ns - lo_ns))
+
+
+def littles_law_rhs(arrival_rate_per_s: float | None, mean_time_in_system_s: float | None) -> float | None:
+    """λ·W: arrival rate (1/s) × mean time in system (s) — equals L over a stable interval."""
+    if arrival_rate_per_s is None or mean_time_in_system_s is None:
+        return None
+    return arrival_rate_per_s * mean_time_in_system_s

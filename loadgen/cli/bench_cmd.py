@@ -1,0 +1,39 @@
+"""``loadgen bench``: the canonical trace against a target (default: the embedded simulated engine)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from ..bench import DEFAULT_SCENARIO
+
+    p = sub.add_parser("bench", help="replay the canonical trace and print where the run stands against the budgets")
+    p.add_argument("--scenario", type=Path, default=DEFAULT_SCENARIO)
+    p.add_argument("--trace", default="steady", help="named trace of the scenario (steady, burst, ...)")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--target", default=None, help="OpenAI-compatible base URL (default: launch the simulated engine)")
+    p.add_argument("--model", default=None)
+    p.add_argument("--engine", default="interactive-small-batch", help="simulated engine preset or TOML (no --target)")
+    p.add_argument("--api-key-env", default=None, help="name of the environment variable holding the API key")
+    p.add_argument("--endpoint", choices=["completions", "chat"], default=None)
+    p.add_argument("--out", type=Path, default=None, help="output directory (default runs/bench-<utc>)")
+    p.add_argument("--html", type=Path, default=None, help="also write the HTML report here")
+    p.set_defaults(func=_bench)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from ..analysis import render_console, write_html
+    from ..bench import run_bench
+
+    result = run_bench(
+        scenario_path=args.scenario, trace_name=args.trace, seed=args.seed, target_url=args.target, model=args.model,
+        engine=args.engine, out_dir=args.out, api_key_env=args.api_key_env, endpoint=args.endpoint,
+    )
+    render_console(result.analysis)
+    if args.html:
+        write_html(result.analysis, args.html)
+        print(f"HTML report: {args.html}")
+    print(f"run directory: {result.run_dir}")
+    return 0

@@ -1,0 +1,158 @@
+"""Prometheus text-format scraping of a target's ``/metrics`` into server_metrics columns.
+
+``parse_prometheus_text`` is pure (text in, samples out) and handles the exposition format vLLM and
+the simulated engine emit: comments, optional labels with escaped values, optional timestamps,
+``NaN``/``+Inf``. ``MetricsScraper`` polls on an interval on the run clock; any other layer that
+needs samples (the plan, the vLLM launcher) can reuse both.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any, Iterator
+
+import anyio
+import httpx
+
+__all__ = ["parse_prometheus_text", "samples_to_columns", "MetricsScraper"]
+
+
+def _parse_labels(text: str, start: int) -> tuple[dict[str, str], int]:
+    """Labels from ``{`` at ``start``; returns (labels, index after ``}``)."""
+    labels: dict[str, str] = {}
+    i = start + 1
+    n = len(text)
+    while i < n:
+        while i < n and text[i] in " ,":
+            i += 1
+        if i < n and text[i] == "}":
+            return labels, i + 1
+        eq = text.index("=", i)
+        key = text[i:eq].strip()
+        i = eq + 1
+        while text[i] == " ":
+            i += 1
+        if text[i] != '"':
+            raise ValueError(f"label {key}: value not quoted")
+        i += 1
+        out = []
+        while True:
+            c = text[i]
+            if c == "\\":
+                nxt = text[i + 1]
+                out.append("\n" if nxt == "n" else nxt)
+                i += 2
+            elif c == '"':
+                i += 1
+                break
+            else:
+                out.append(c)
+                i += 1
+        labels[key] = "".join(out)
+    raise ValueError("unterminated label set")
+
+
+def _parse_value(token: str) -> float:
+    low = token.lower()
+    if low in ("+inf", "inf"):
+        return math.inf
+    if low == "-inf":
+        return -math.inf
+    if low == "nan":
+        return math.nan
+    return float(token)
+
+
+def parse_prometheus_text(text: str) -> Iterator[tuple[str, dict[str, str], float]]:
+    """Yield (name, labels, value) for every sample line; malformed lines are skipped."""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] == "#":
+            continue
+        try:
+            brace = line.find("{")
+            space = line.find(" ")
+            if brace != -1 and (space == -1 or brace < space):
+                name = line[:brace]
+                labels, end = _parse_labels(line, brace)
+                rest = line[end:].split()
+            else:
+                name, *rest = line.split()
+                labels = {}
+            if not rest:
+                continue
+            yield name, labels, _parse_value(rest[0])
+        except (ValueError, IndexError):
+            continue
+
+
+def samples_to_columns(samples, time_ns: int, prefixes: tuple[str, ...] | None = None) -> dict[str, list[Any]]:
+    """server_metrics columns for one scrape at ``time_ns``; ``prefixes`` keeps only matching names."""
+    cols: dict[str, list[Any]] = {"time_ns": [], "name": [], "labels": [], "value": []}
+    for name, labels, value in samples:
+        if prefixes and not name.startswith(prefixes):
+            continue
+        cols["time_ns"].append(time_ns)
+        cols["name"].append(name)
+        cols["labels"].append(json.dumps(labels, sort_keys=True) if labels else "{}")
+        cols["value"].append(value)
+    return cols
+
+
+class MetricsScraper:
+    """Polls GET /metrics every ``interval_s`` and hands columns to ``sink`` (on the run clock).
+
+    A sample's time is the midpoint between sending the scrape and receiving its body, relative to
+    ``anchor_ns``. Failed scrapes are counted, never raised.
+    """
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        url: str,
+        anchor_ns: int,
+        sink,
+        interval_s: float = 1.0,
+        prefixes: tuple[str, ...] | None = None,
+    ) -> None:
+        self.client = client
+        self.url = url
+        self.anchor_ns = anchor_ns
+        self.sink = sink
+        self.interval_s = interval_s
+        self.prefixes = prefixes
+        self.scrapes = 0
+        self.failures = 0
+
+    async def scrape_once(self) -> None:
+        t0 = time.perf_counter_ns()
+        try:
+            response = await self.client.get(self.url)
+            body = response.text if response.status_code == 200 else None
+        except httpx.HTTPError:
+            body = None
+        t1 = time.perf_counter_ns()
+        if body is None:
+            self.failures += 1
+            return
+        self.scrapes += 1
+        cols = samples_to_columns(parse_prometheus_text(body), (t0 + t1) // 2 - self.anchor_ns, self.prefixes)
+        if cols["name"]:
+            self.sink(cols)
+
+    async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        """Scrape now, then on a fixed-interval grid until cancelled."""
+        await self.scrape_once()
+        task_status.started()
+        start = time.perf_counter_ns()
+        k = 1
+        interval_ns = int(self.interval_s * 1e9)
+        while True:
+            target = start + k * interval_ns
+            delay = (target - time.perf_counter_ns()) / 1e9
+            if delay > 0:
+                await anyio.sleep(delay)
+            await self.scrape_once()
+            k = max(k + 1, (time.perf_counter_ns() - start) // interval_ns + 1)

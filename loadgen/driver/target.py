@@ -1,0 +1,116 @@
+"""What the target is: /version, served model, /metrics, and its kind (sim, vLLM, managed, other).
+
+Probed once before the run, over the same base URL. The simulated engine announces itself in its
+``/version`` body (``"engine": "loadgen-sim"``) or an ``x-loadgen-sim`` / ``server`` header; vLLM
+answers ``/version`` with ``{"version": ...}`` and its ``/v1/models`` entries are ``owned_by: vllm``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from ..errors import TargetError
+from .error_kinds import redact, redact_url
+from .metrics_scrape import parse_prometheus_text
+
+__all__ = ["TargetInfo", "probe_target", "MANAGED_HOSTS"]
+
+#: Hosts of managed APIs (no /metrics, quotas, Retry-After).
+MANAGED_HOSTS = ("api.openai.com", "openai.azure.com", "api.together.xyz", "api.fireworks.ai",
+                 "api.groq.com", "api.mistral.ai", "api.deepseek.com", "openrouter.ai", "generativelanguage.googleapis.com")
+
+
+@dataclass
+class TargetInfo:
+    kind: str  # sim | vllm | managed | openai-compatible | unknown
+    base_url: str  # redacted, safe to record
+    model: str | None
+    version: Any  # GET /version body (JSON or text), or None
+    models: list[str] = field(default_factory=list)
+    has_metrics: bool = False
+    has_tokenize: bool | None = None
+    engine: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def manifest(self) -> dict[str, Any]:
+        return {"kind": self.kind, "base_url": self.base_url, "model": self.model, "version": self.version,
+                "engine": self.engine, "served_models": self.models}
+
+
+async def _get(client: httpx.AsyncClient, path: str) -> httpx.Response | None:
+    try:
+        return await client.get(path)
+    except httpx.HTTPError:
+        return None
+
+
+def _is_sim(response: httpx.Response | None, body: Any) -> bool:
+    if response is None:
+        return False
+    if "x-loadgen-sim" in response.headers or "loadgen-sim" in response.headers.get("server", ""):
+        return True
+    return isinstance(body, dict) and ("loadgen-sim" in str(body.get("engine", "")) or "loadgen-sim" in str(body.get("name", "")))
+
+
+async def probe_target(
+    client: httpx.AsyncClient,
+    base_url: str,
+    model: str | None,
+    *,
+    secrets: tuple[str, ...] = (),
+    check_metrics: bool = True,
+) -> TargetInfo:
+    """Probe ``base_url`` (the client's base); raise TargetError when it cannot serve a run at all."""
+    safe_url = redact_url(base_url)
+    version_resp = await _get(client, "/version")
+    version: Any = None
+    if version_resp is not None and version_resp.status_code == 200:
+        try:
+            version = version_resp.json()
+        except ValueError:
+            version = version_resp.text.strip()[:500] or None
+    models_resp = await _get(client, "/v1/models")
+    if version_resp is None and models_resp is None:
+        raise TargetError(f"target {safe_url}: not reachable (GET /version and /v1/models failed): expected an OpenAI-compatible server")
+    models: list[str] = []
+    owners: set[str] = set()
+    if models_resp is not None and models_resp.status_code == 200:
+        try:
+            for entry in models_resp.json().get("data", []):
+                if isinstance(entry, dict) and entry.get("id"):
+                    models.append(str(entry["id"]))
+                    owners.add(str(entry.get("owned_by", "")))
+        except (ValueError, AttributeError):
+            pass
+    elif models_resp is not None and models_resp.status_code in (401, 403):
+        raise TargetError(
+            f"target {safe_url}: GET /v1/models answered HTTP {models_resp.status_code}: expected a valid API key (--api-key-env)"
+        )
+    if model is None:
+        if not models:
+            raise TargetError(f"target {safe_url}: no model given and /v1/models lists none: expected --model NAME")
+        model = models[0]
+    host = (urlsplit(base_url).hostname or "").lower()
+    info = TargetInfo(kind="unknown", base_url=safe_url, model=model, version=version, models=models)
+    if _is_sim(version_resp, version):
+        info.kind = "sim"
+        info.engine = {"name": "loadgen-sim", "version": version.get("version") if isinstance(version, dict) else None,
+                       "config": version.get("config") if isinstance(version, dict) else None}
+    elif any(host == h or host.endswith("." + h) for h in MANAGED_HOSTS):
+        info.kind = "managed"
+    elif "vllm" in owners or (isinstance(version, dict) and set(version) == {"version"}):
+        info.kind = "vllm"
+        info.engine = {"name": "vllm", "version": version.get("version") if isinstance(version, dict) else None, "config": None}
+    elif models:
+        info.kind = "openai-compatible"
+    if check_metrics and info.kind != "managed":
+        metrics = await _get(client, "/metrics")
+        if metrics is not None and metrics.status_code == 200:
+            info.has_metrics = next(iter(parse_prometheus_text(metrics.text[:65536])), None) is not None
+    if info.kind == "unknown":
+        info.notes.append(redact(f"target kind unknown (version={version!r}, models={models})", secrets))
+    return info

@@ -1,0 +1,351 @@
+"""The memory ledger: weights, KV cache, activations, workspaces, fragmentation, graph/comm buffers,
+adapters and safety margin, each with its bytes and the formula that produced them (factors filled in).
+
+Weights and KV are exact arithmetic on the config; activations, workspaces, fragmentation, graph and
+communication buffers are labelled estimates (their factors are printed so they can be argued with).
+Figures are per device (per tensor-parallel rank).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import LedgerError
+from .config import ModelConfig, dtype_bytes
+from .kv import KVSpec, blocks_for_sequence, kv_spec, vllm_kv_capacity
+from .settings import GIB, QUANT_WEIGHT_BITS, EngineSettings
+
+__all__ = ["LedgerLine", "Ledger", "ClassConcurrency", "compute_ledger", "count_parameters", "LINE_NAMES"]
+
+#: Ledger line names, in the order they are printed.
+LINE_NAMES = ("weights", "kv_cache", "activations", "workspaces", "fragmentation", "graph_comm_buffers", "adapters", "safety_margin")
+
+
+@dataclass(frozen=True)
+class LedgerLine:
+    name: str
+    bytes: int
+    formula: str  # with the factors filled in
+    factors: dict[str, Any]
+    kind: str = "exact"  # "exact" | "estimate" | "budget"
+
+    @property
+    def gib(self) -> float:
+        return self.bytes / GIB
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "bytes": int(self.bytes), "gib": round(self.gib, 6), "formula": self.formula, "factors": self.factors, "kind": self.kind}
+
+
+@dataclass(frozen=True)
+class ClassConcurrency:
+    """How many sequences of a class fit in the KV pool at its p50 and p99 lengths."""
+
+    name: str
+    samples: int
+    total_p50: float
+    total_p99: float
+    blocks_p50: int
+    blocks_p99: int
+    max_seqs_p50: int  # KV-limited
+    max_seqs_p99: int
+    max_seqs_p50_prefix_shared: int  # with the class's shared prefix stored once (whole blocks)
+    engine_limit: int  # max_num_seqs
+    limit_p99: int  # min(KV-limited at p99, engine limit)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Ledger:
+    model: ModelConfig
+    engine: EngineSettings
+    kv: KVSpec
+    lines: list[LedgerLine]
+    max_model_len: int
+    kv_budget_bytes: int | None
+    kv_cache_blocks: int | None
+    kv_cache_tokens: int | None  # blocks × block_size (token slots)
+    vllm_kv_cache_size_tokens: int | None  # what vLLM logs: int(concurrency × max_model_len)
+    max_concurrency_at_max_len: float | None
+    blocks_per_max_len_request: int
+    parameters: dict[str, int]
+    classes: list[ClassConcurrency] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.kv.bytes_per_token
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(line.bytes for line in self.lines)
+
+    def line(self, name: str) -> LedgerLine:
+        for line in self.lines:
+            if line.name == name:
+                return line
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": {"source": self.model.source, "architecture": self.model.architecture, "attention": self.kv.attention,
+                      "num_layers": self.model.num_layers, "sliding_window": self.model.sliding_window,
+                      "full_layers": self.kv.full_layers, "sliding_layers": self.kv.sliding_layers},
+            "engine": self.engine.to_dict(),
+            "max_model_len": self.max_model_len,
+            "parameters": self.parameters,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "kv_formula": self.kv.formula(),
+            "kv_page_bytes_per_layer": self.kv.page_bytes,
+            "kv_bytes_per_block": self.kv.bytes_per_block,
+            "kv_groups": [{"kind": g.kind, "layers": g.layers} for g in self.kv.groups],
+            "kv_budget_bytes": self.kv_budget_bytes,
+            "kv_cache_blocks": self.kv_cache_blocks,
+            "kv_cache_tokens": self.kv_cache_tokens,
+            "vllm_kv_cache_size_tokens": self.vllm_kv_cache_size_tokens,
+            "max_concurrency_at_max_len": self.max_concurrency_at_max_len,
+            "blocks_per_max_len_request": self.blocks_per_max_len_request,
+            "total_bytes": self.total_bytes,
+            "total_gib": round(self.total_bytes / GIB, 6),
+            "lines": [line.to_dict() for line in self.lines],
+            "classes": [c.to_dict() for c in self.classes],
+            "notes": list(self.notes),
+        }
+
+
+def _linear_dims(m: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(in, out) of each attention/MLP projection of a dense layer (for LoRA sizing)."""
+    q = m.num_attention_heads * m.head_dim
+    kv = m.num_kv_heads * m.head_dim
+    return {
+        "q_proj": (m.hidden_size, q), "k_proj": (m.hidden_size, kv), "v_proj": (m.hidden_size, kv), "o_proj": (q, m.hidden_size),
+        "gate_proj": (m.hidden_size, m.intermediate_size), "up_proj": (m.hidden_size, m.intermediate_size),
+        "down_proj": (m.intermediate_size, m.hidden_size),
+    }
+
+
+def count_parameters(m: ModelConfig) -> dict[str, int]:
+    """Parameter counts by part: embed, lm_head, attention (linear), mlp (linear), router, norms, bias."""
+    h, L = m.hidden_size, m.num_layers
+    embed = m.vocab_size * h
+    lm_head = 0 if m.tie_word_embeddings else m.vocab_size * h
+    norms = 2 * h * L + h
+    bias = 0
+    if m.is_mla:
+        nope, rope, v = int(m.qk_nope_head_dim or 0), int(m.qk_rope_head_dim or 0), int(m.v_head_dim or m.head_dim)
+        qk = m.num_attention_heads * (nope + rope)
+        q = h * qk if not m.q_lora_rank else h * m.q_lora_rank + m.q_lora_rank * qk
+        norms += L * (int(m.kv_lora_rank) + int(m.q_lora_rank or 0))
+        attn = q + h * (int(m.kv_lora_rank) + rope) + int(m.kv_lora_rank) * m.num_attention_heads * (nope + v) + m.num_attention_heads * v * h
+    else:
+        qd, kvd = m.num_attention_heads * m.head_dim, m.num_kv_heads * m.head_dim
+        attn = h * qd + 2 * h * kvd + qd * h
+        if m.attention_bias:
+            bias = L * (qd + 2 * kvd)
+    attention = attn * L
+    moe = set(m.moe_layers) if m.is_moe else set()
+    dense_layers = L - len(moe)
+    mlp = dense_layers * 3 * h * m.intermediate_size
+    router = 0
+    if moe:
+        per = int(m.num_experts) * 3 * h * int(m.moe_intermediate_size) + 3 * h * int(m.shared_expert_intermediate_size or 0)
+        mlp += len(moe) * per
+        router = len(moe) * (h * int(m.num_experts) + (h if m.shared_expert_gate else 0))
+    total = embed + lm_head + attention + mlp + router + norms + bias
+    active = total
+    if moe:
+        inactive = len(moe) * (int(m.num_experts) - int(m.num_experts_per_tok or m.num_experts)) * 3 * h * int(m.moe_intermediate_size)
+        active = total - inactive
+    return {"embed": embed, "lm_head": lm_head, "attention": attention, "mlp": mlp, "router": router, "norms": norms,
+            "bias": bias, "total": total, "active_per_token": active}
+
+
+def _weights_line(m: ModelConfig, e: EngineSettings, params: dict[str, int]) -> LedgerLine:
+    tp = e.tensor_parallel_size
+    wdtype = m.torch_dtype if e.dtype == "auto" else e.dtype
+    wb = dtype_bytes(wdtype, "dtype")
+    linear = params["attention"] + params["mlp"]
+    other = params["embed"] + params["lm_head"] + params["router"] + params["bias"]
+    bits, group = QUANT_WEIGHT_BITS[e.quantization]
+    if bits:
+        lin_bytes = linear * bits / 8
+        scales = (linear / group) * 2.5 if group else 0.0  # fp16 scale + packed 4-bit zero per group
+        lin_formula = f"linear {linear:,} × {bits / 8:g} B ({e.quantization})" + (f" + linear/{group} × 2.5 B scales" if group else "")
+    else:
+        lin_bytes, scales = linear * wb, 0.0
+        lin_formula = f"linear {linear:,} × {wb:g} B"
+    sharded = lin_bytes + scales + other * wb
+    total = int(math.ceil(sharded / tp + params["norms"] * wb))
+    formula = (f"({lin_formula} + embed/lm_head/router/bias {other:,} × {wb:g} B) / tp {tp}"
+               f" + norms {params['norms']:,} × {wb:g} B")
+    factors = {"parameters": params["total"], "linear_parameters": linear, "other_parameters": other, "norm_parameters": params["norms"],
+               "weight_dtype": wdtype, "weight_bytes": wb, "quantization": e.quantization, "quant_bits": bits or None,
+               "quant_group_size": group, "tensor_parallel_size": tp}
+    return LedgerLine("weights", total, formula, factors, "exact")
+
+
+def _activation_lines(m: ModelConfig, e: EngineSettings, act_b: float) -> tuple[LedgerLine, LedgerLine]:
+    tp = e.tensor_parallel_size
+    T = e.max_num_batched_tokens
+    if m.is_moe:
+        mlp_w = max(m.intermediate_size, int(m.num_experts_per_tok or 1) * int(m.moe_intermediate_size) + int(m.shared_expert_intermediate_size or 0))
+    else:
+        mlp_w = m.intermediate_size
+    qkv = (m.num_attention_heads + 2 * m.num_kv_heads) * m.head_dim
+    width = 4 * m.hidden_size + (qkv + 2 * mlp_w) // tp
+    act = int(T * width * act_b)
+    act_line = LedgerLine(
+        "activations", act,
+        f"max_num_batched_tokens {T} × (4 × hidden {m.hidden_size} + (qkv {qkv} + 2 × mlp {mlp_w}) / tp {tp}) × {act_b:g} B",
+        {"max_num_batched_tokens": T, "hidden_size": m.hidden_size, "qkv_width": qkv, "mlp_width": mlp_w, "bytes": act_b, "tensor_parallel_size": tp},
+        "estimate",
+    )
+    S, V = e.max_num_seqs, m.vocab_size
+    ws = S * V * 4 * 2
+    ws_line = LedgerLine(
+        "workspaces", ws, f"sampler: max_num_seqs {S} × vocab {V} × 4 B (fp32) × 2 (logits + probs)",
+        {"max_num_seqs": S, "vocab_size": V, "bytes": 4, "copies": 2}, "estimate",
+    )
+    return act_line, ws_line
+
+
+def _adapter_line(m: ModelConfig, e: EngineSettings, wb: float) -> LedgerLine:
+    lora = e.lora
+    if lora.count <= 0:
+        return LedgerLine("adapters", 0, "no LoRA adapters", {"count": 0}, "exact")
+    dims = _linear_dims(m)
+    unknown = [t for t in lora.targets if t not in dims]
+    if unknown:
+        raise LedgerError(f"lora targets = {','.join(unknown)}: expected any of {', '.join(dims)}")
+    per_layer = sum(lora.rank * (dims[t][0] + dims[t][1]) for t in lora.targets)
+    total = int(lora.count * m.num_layers * per_layer * wb / e.tensor_parallel_size)
+    return LedgerLine(
+        "adapters", total,
+        f"count {lora.count} × layers {m.num_layers} × Σ rank {lora.rank} × (in + out) over {','.join(lora.targets)} = {per_layer:,} × {wb:g} B / tp {e.tensor_parallel_size}",
+        {"count": lora.count, "rank": lora.rank, "targets": list(lora.targets), "elements_per_layer": per_layer, "bytes": wb}, "exact",
+    )
+
+
+def compute_ledger(model: ModelConfig, engine: EngineSettings, workload: Any = None) -> "Ledger":
+    """Every ledger line for ``model`` under ``engine``; per-class concurrency when ``workload`` (a Scenario) is given."""
+    m, e = model, engine
+    mml = e.max_model_len or m.max_position_embeddings
+    if not mml:
+        raise LedgerError(f"{m.source}: max_position_embeddings: missing; expected it, or pass max_model_len")
+    spec = kv_spec(m, e)
+    params = count_parameters(m)
+    weights = _weights_line(m, e, params)
+    wdtype = m.torch_dtype if e.dtype == "auto" else e.dtype
+    wb = dtype_bytes(wdtype, "dtype")
+    act_b = 2.0 if wb < 2 else wb
+    act, ws = _activation_lines(m, e, act_b)
+    frag = LedgerLine(
+        "fragmentation", int((act.bytes + ws.bytes) * e.fragmentation_fraction),
+        f"{e.fragmentation_fraction:g} × (activations + workspaces) {act.bytes + ws.bytes:,} B",
+        {"fraction": e.fragmentation_fraction}, "estimate",
+    )
+    graph_gib = e.graph_buffer_gib if e.graph_buffer_gib is not None else (0.5 if e.device == "cuda" else 0.0)
+    comm = 0
+    if e.tensor_parallel_size > 1:
+        comm = int(2 * e.max_num_batched_tokens * m.hidden_size * act_b)
+    graph = LedgerLine(
+        "graph_comm_buffers", int(graph_gib * GIB) + comm,
+        f"graph pool {graph_gib:g} GiB ({e.device}) + all-reduce staging 2 × {e.max_num_batched_tokens} × hidden {m.hidden_size} × {act_b:g} B × (tp>1: {int(e.tensor_parallel_size > 1)})",
+        {"graph_pool_gib": graph_gib, "allreduce_bytes": comm, "device": e.device}, "estimate",
+    )
+    adapters = _adapter_line(m, e, act_b)
+    non_kv = weights.bytes + act.bytes + ws.bytes + frag.bytes + graph.bytes + adapters.bytes
+    notes: list[str] = []
+    block = spec.block_size
+    per_req = blocks_for_sequence(spec, mml, mml)
+    if e.kv_cache_gib is not None:
+        budget = int(e.kv_cache_gib * GIB)
+        budget_formula = f"kv_cache_gib {e.kv_cache_gib:g} × 2^30"
+    elif e.device_memory_gib is not None:
+        requested = int(e.device_memory_gib * GIB * e.gpu_memory_utilization)
+        budget = requested - non_kv
+        budget_formula = f"device {e.device_memory_gib:g} GiB × utilization {e.gpu_memory_utilization:g} − non-KV lines {non_kv:,} B"
+        if budget <= 0:
+            notes.append(f"non-KV memory {non_kv / GIB:.2f} GiB exceeds device × utilization {requested / GIB:.2f} GiB: no KV cache fits")
+            budget = 0
+    else:
+        budget = None
+        budget_formula = ""
+    if budget is not None:
+        blocks = budget // spec.bytes_per_block
+        kv_bytes = blocks * spec.bytes_per_block
+        vllm_tokens, concurrency, per_req_v = vllm_kv_capacity(spec, blocks, mml)
+        tokens = blocks * block
+        groups = " + ".join(f"{g.layers} {g.kind}" for g in spec.groups)
+        kv_line = LedgerLine(
+            "kv_cache", kv_bytes,
+            f"blocks {blocks:,} × block bytes {spec.bytes_per_block:,} (page {spec.page_bytes:,} = block {block} × {spec.bytes_per_token_per_layer:,} B/token/layer; × layers [{groups}]); blocks = budget {budget:,} // block bytes; budget = {budget_formula}",
+            {"budget_bytes": budget, "blocks": blocks, "block_size": block, "page_bytes": spec.page_bytes,
+             "bytes_per_block": spec.bytes_per_block, "kv_bytes_per_token": spec.bytes_per_token, "tokens": tokens,
+             "element_bytes": spec.element_bytes, "kv_heads": spec.kv_heads, "head_dim": spec.head_dim, "kv_factor": spec.kv_factor},
+            "budget",
+        )
+        if blocks and per_req_v > blocks:
+            notes.append(f"one max_model_len {mml} request needs {per_req_v} blocks but only {blocks} fit: vLLM would refuse to start")
+    else:
+        blocks = tokens = vllm_tokens = None
+        concurrency = None
+        kv_bytes = e.max_num_seqs * per_req * spec.page_bytes * max(g.layers for g in spec.groups)
+        kv_line = LedgerLine(
+            "kv_cache", kv_bytes,
+            f"max_num_seqs {e.max_num_seqs} × blocks/seq {per_req} (cdiv(max_model_len {mml}, block {block}), window-capped) × block bytes {spec.bytes_per_block:,}",
+            {"max_num_seqs": e.max_num_seqs, "blocks_per_sequence": per_req, "bytes_per_block": spec.bytes_per_block,
+             "kv_bytes_per_token": spec.bytes_per_token, "block_size": block, "element_bytes": spec.element_bytes,
+             "kv_heads": spec.kv_heads, "head_dim": spec.head_dim, "kv_factor": spec.kv_factor},
+            "exact",
+        )
+        notes.append("no memory budget given: the KV line is what max_num_seqs full-length sequences need")
+    if e.device_memory_gib is not None:
+        margin = int(e.device_memory_gib * GIB) - int(e.device_memory_gib * GIB * e.gpu_memory_utilization)
+        margin_line = LedgerLine("safety_margin", margin, f"device {e.device_memory_gib:g} GiB × (1 − utilization {e.gpu_memory_utilization:g})",
+                                 {"device_memory_gib": e.device_memory_gib, "gpu_memory_utilization": e.gpu_memory_utilization}, "budget")
+    else:
+        margin = int((non_kv + kv_bytes) * e.safety_margin_fraction)
+        margin_line = LedgerLine("safety_margin", margin, f"{e.safety_margin_fraction:g} × accounted {non_kv + kv_bytes:,} B",
+                                 {"fraction": e.safety_margin_fraction}, "estimate")
+    lines = [weights, kv_line, act, ws, frag, graph, adapters, margin_line]
+    ledger = Ledger(
+        model=m, engine=e, kv=spec, lines=lines, max_model_len=int(mml), kv_budget_bytes=budget,
+        kv_cache_blocks=blocks, kv_cache_tokens=tokens, vllm_kv_cache_size_tokens=vllm_tokens,
+        max_concurrency_at_max_len=concurrency, blocks_per_max_len_request=per_req, parameters=params, notes=notes,
+    )
+    if workload is not None:
+        ledger.classes = _class_concurrency(ledger, workload)
+    return ledger
+
+
+def _class_concurrency(ledger: Ledger, scenario: Any) -> list[ClassConcurrency]:
+    from .workload import class_lengths
+
+    spec, mml = ledger.kv, ledger.max_model_len
+    pool = ledger.kv_cache_blocks
+    if pool is None:  # no budget: what max_num_seqs × max_model_len would occupy
+        pool = ledger.engine.max_num_seqs * ledger.blocks_per_max_len_request
+    out = []
+    for c in class_lengths(scenario):
+        b50 = blocks_for_sequence(spec, min(int(math.ceil(c.total_p50)), mml), mml)
+        b99 = blocks_for_sequence(spec, min(int(math.ceil(c.total_p99)), mml), mml)
+        n50 = pool // b50 if b50 else 0
+        n99 = pool // b99 if b99 else 0
+        shared_blocks = (c.prefix_tokens // spec.block_size) * len(spec.groups)  # whole blocks only are shared
+        if shared_blocks and c.prefix_share > 0:
+            own = b50 - c.prefix_share * shared_blocks
+            n_shared = int((pool - shared_blocks) // own) if own > 0 else n50
+        else:
+            n_shared = n50
+        out.append(ClassConcurrency(
+            name=c.name, samples=c.samples, total_p50=c.total_p50, total_p99=c.total_p99, blocks_p50=b50, blocks_p99=b99,
+            max_seqs_p50=int(n50), max_seqs_p99=int(n99), max_seqs_p50_prefix_shared=int(max(n_shared, n50)),
+            engine_limit=ledger.engine.max_num_seqs, limit_p99=int(min(n99, ledger.engine.max_num_seqs)),
+        ))
+    return out
+

@@ -1,0 +1,241 @@
+"""Engine configuration for the simulated engine: scheduler, KV cache, cost model, batching, faults.
+
+An engine config is a TOML file (see ``scenarios/engines/*.toml``, where every parameter is
+documented) or a preset name (a file stem under ``scenarios/engines/``). Loading validates it and
+turns any problem into one ``ScenarioError`` line naming file, field, value and expectation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..errors import ScenarioError
+from ..scenario import format_validation_error
+
+__all__ = [
+    "EngineConfig",
+    "SchedulerConfig",
+    "KVConfig",
+    "CostModel",
+    "BatchingConfig",
+    "StreamConfig",
+    "FaultConfig",
+    "ManagedConfig",
+    "PRESETS_DIR",
+    "list_presets",
+    "load_engine_config",
+    "parse_engine_config",
+]
+
+#: Where preset engine configs live (``scenarios/engines/<name>.toml`` in the source tree).
+PRESETS_DIR = Path(__file__).resolve().parents[2] / "scenarios" / "engines"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SchedulerConfig(_Model):
+    """The continuous-batching scheduler (vLLM v1 semantics)."""
+
+    max_num_seqs: int = Field(default=64, ge=1)  # cap on running sequences
+    max_num_batched_tokens: int = Field(default=2048, ge=1)  # token budget per step
+    chunked_prefill: bool = True  # split long prefills across steps (else a prompt must fit the budget)
+    long_prefill_token_threshold: int = Field(default=0, ge=0)  # per-request prefill cap per step; 0 = none
+    policy: Literal["fcfs", "priority"] = "fcfs"
+    decode_tokens_per_step: int = Field(default=1, ge=1, le=64)  # >1: speculative decoding, all accepted
+    max_model_len: int = Field(default=8192, ge=2)
+
+
+class KVConfig(_Model):
+    """Paged KV cache: give ``num_kv_blocks`` directly, or a model config.json + KV budget (ledger)."""
+
+    block_size: int = Field(default=16, ge=1)
+    num_kv_blocks: int | None = Field(default=None, ge=1)
+    model_config_path: str | None = Field(default=None, alias="model_config")
+    kv_cache_gib: float | None = Field(default=None, gt=0)
+    kv_cache_dtype: str | None = None
+    enable_prefix_caching: bool = True
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=())
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "KVConfig":
+        if self.num_kv_blocks is None and (self.model_config_path is None or self.kv_cache_gib is None):
+            raise ValueError("expected num_kv_blocks, or model_config and kv_cache_gib")
+        return self
+
+
+class CostModel(_Model):
+    """Step time = fixed + per prefill token + per decode sequence + per KV token read, in ms."""
+
+    fixed_ms: float = Field(default=5.0, ge=0)
+    per_prefill_token_ms: float = Field(default=0.05, ge=0)
+    per_decode_seq_ms: float = Field(default=0.2, ge=0)
+    per_kv_token_ms: float = Field(default=0.0, ge=0)
+    noise_sigma: float = Field(default=0.0, ge=0, le=2)  # log-normal multiplicative noise, seeded
+
+
+class BatchingConfig(_Model):
+    """Hold new work up to ``window_ms`` or until ``min_waiting`` requests wait (0 = no window)."""
+
+    window_ms: float = Field(default=0.0, ge=0)
+    min_waiting: int = Field(default=1, ge=1)
+
+
+class StreamConfig(_Model):
+    """How the live server streams: chunk coalescing under load."""
+
+    coalesce: bool = False  # one SSE event per step's worth of tokens (several tokens per chunk)
+    chat_tokens_per_message: int = Field(default=0, ge=0)  # chat template overhead per message
+
+
+class FaultConfig(_Model):
+    """Seeded fault injection rates (each a probability per request) and their parameters."""
+
+    seed: int = Field(default=0, ge=0)
+    error_rate: float = Field(default=0.0, ge=0, le=1)
+    error_statuses: list[int] = [500, 503]
+    rate_limit_rate: float = Field(default=0.0, ge=0, le=1)
+    retry_after_s: float = Field(default=1.0, ge=0)
+    stall_rate: float = Field(default=0.0, ge=0, le=1)
+    stall_s: float = Field(default=2.0, ge=0)
+    stall_after_tokens: int = Field(default=1, ge=0)
+    disconnect_rate: float = Field(default=0.0, ge=0, le=1)
+    disconnect_after_tokens: int = Field(default=1, ge=0)
+    malformed_rate: float = Field(default=0.0, ge=0, le=1)
+    malformed_after_tokens: int = Field(default=1, ge=0)
+    slow_start_rate: float = Field(default=0.0, ge=0, le=1)
+    slow_start_s: float = Field(default=2.0, ge=0)
+
+    @model_validator(mode="after")
+    def _statuses(self) -> "FaultConfig":
+        for status in self.error_statuses:
+            if not 400 <= status <= 599:
+                raise ValueError(f"error_statuses: {status} is not an HTTP error status (400-599)")
+        return self
+
+
+class ManagedConfig(_Model):
+    """Managed-API behaviour: request quota, model id / fingerprint drift, API key check."""
+
+    enabled: bool = True
+    requests_per_minute: int = Field(default=0, ge=0)  # 0 = no quota
+    response_models: list[str] = []  # model ids answered with, in turn; [] = the served model name
+    system_fingerprints: list[str] = []  # fingerprints answered with, in turn; [] = none
+    change_after_requests: int = Field(default=0, ge=0)  # move to the next id/fingerprint after N; 0 = never
+    api_key_env: str | None = None  # env var holding the key expected as "Authorization: Bearer KEY"
+
+
+class EngineConfig(_Model):
+    """A whole engine config; ``name`` identifies it in manifests and ``/version``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    model: str = "loadgen-sim"  # served model name
+    tokenizer: str = "cl100k_base"
+    scheduler: SchedulerConfig = SchedulerConfig()
+    kv: KVConfig = KVConfig(num_kv_blocks=4096)
+    cost: CostModel = CostModel()
+    batching: BatchingConfig = BatchingConfig()
+    stream: StreamConfig = StreamConfig()
+    faults: FaultConfig = FaultConfig()
+    managed: ManagedConfig | None = None
+    # set by load_engine_config, not by the file
+    source_path: str | None = Field(default=None, exclude=True)
+    sha256: str | None = Field(default=None, exclude=True)
+    resolved_kv_blocks: int | None = Field(default=None, exclude=True)
+
+    @property
+    def num_kv_blocks(self) -> int:
+        """Total KV blocks (given directly, or resolved from the memory ledger at load time)."""
+        if self.kv.num_kv_blocks is not None:
+            return self.kv.num_kv_blocks
+        assert self.resolved_kv_blocks is not None, "load the config with load_engine_config()"
+        return self.resolved_kv_blocks
+
+    def manifest(self) -> dict[str, Any]:
+        """What a manifest records: name, path, sha256, resolved KV blocks and the full config."""
+        return {
+            "name": self.name,
+            "path": self.source_path,
+            "sha256": self.sha256,
+            "num_kv_blocks": self.num_kv_blocks,
+            "config": self.model_dump(mode="json", by_alias=True),
+        }
+
+
+def list_presets() -> list[str]:
+    """Names of the shipped engine presets."""
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
+
+
+def _kv_blocks_from_ledger(cfg: EngineConfig, source: str) -> int:
+    """Total KV blocks for a model config.json + KV budget, computed by the memory ledger."""
+    try:
+        from .. import ledger
+    except ImportError as exc:  # pragma: no cover - the ledger is part of the package
+        raise ScenarioError(f"{source}: kv.model_config: memory ledger unavailable ({exc})") from None
+    fn = getattr(ledger, "kv_blocks_for_budget", None)
+    if fn is None:
+        raise ScenarioError(
+            f"{source}: kv.model_config: this loadgen's ledger cannot size KV blocks from a budget; "
+            "expected kv.num_kv_blocks"
+        )
+    path = Path(cfg.kv.model_config_path or "")
+    if not path.is_absolute() and cfg.source_path:
+        path = Path(cfg.source_path).parent / path
+    return int(
+        fn(
+            path,
+            kv_cache_gib=cfg.kv.kv_cache_gib,
+            block_size=cfg.kv.block_size,
+            kv_cache_dtype=cfg.kv.kv_cache_dtype,
+        )
+    )
+
+
+def parse_engine_config(data: dict[str, Any], source: str = "<engine>") -> EngineConfig:
+    """Validate an engine-config mapping; raise ScenarioError with one line on the first problem."""
+    try:
+        cfg = EngineConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(format_validation_error(source, exc)) from None
+    return cfg
+
+
+def load_engine_config(path_or_preset: str | Path) -> EngineConfig:
+    """Read an engine TOML file, or a preset by name (``interactive-small-batch``, ...)."""
+    if isinstance(path_or_preset, EngineConfig):
+        return path_or_preset
+    text = str(path_or_preset)
+    path = Path(text)
+    if not path.suffix and not path.exists():
+        preset = PRESETS_DIR / f"{text}.toml"
+        if not preset.is_file():
+            raise ScenarioError(
+                f"engine {text!r}: no such preset or file: expected a TOML path or one of {', '.join(list_presets())}"
+            )
+        path = preset
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ScenarioError(f"{path}: no such file: expected an engine config TOML") from None
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"{path}: invalid TOML ({exc}): expected an engine config") from None
+    cfg = parse_engine_config(data, str(path))
+    cfg = cfg.model_copy(update={"source_path": str(path), "sha256": hashlib.sha256(raw).hexdigest()})
+    if cfg.kv.num_kv_blocks is None:
+        cfg = cfg.model_copy(update={"resolved_kv_blocks": _kv_blocks_from_ledger(cfg, str(path))})
+    return cfg

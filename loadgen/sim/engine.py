@@ -1,0 +1,459 @@
+"""The engine model: one step loop of a continuous-batching server (vLLM v1 scheduler semantics).
+
+State: a waiting queue (FCFS or priority), running sequences under a cap, a token budget per step,
+chunked prefill mixed with decodes, paged KV blocks counted per sequence, a prefix cache of whole
+blocks keyed by shared-prefix group or conversation, preemption by recompute (newest first) when a
+running sequence cannot get a block, and an optional batching window. ``Engine.step(now_ns)``
+schedules one step, applies it and returns its duration from the cost model; the caller (worksheet
+or live server) owns the clock. Blocks are counts, not ids: only how many are held matters here.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .config import EngineConfig
+
+__all__ = ["Seq", "Engine", "StepResult"]
+
+
+class Seq:
+    """One request inside the engine. Token counts only; no per-token objects."""
+
+    __slots__ = (
+        "idx", "prompt", "max_out", "priority", "arrival_ns", "key", "cache_limit", "output",
+        "computed", "private", "shared", "entry", "prompt_done", "preemptions", "state",
+        "emitted", "first_token_ns", "cached_tokens", "ctx",
+    )
+
+    def __init__(
+        self,
+        idx: int,
+        prompt_tokens: int,
+        max_tokens: int,
+        arrival_ns: int,
+        *,
+        priority: int = 0,
+        cache_key: str | None = None,
+        cache_limit_tokens: int | None = None,
+        ctx: Any = None,
+    ) -> None:
+        self.idx = idx
+        self.prompt = prompt_tokens
+        self.max_out = max_tokens
+        self.priority = priority
+        self.arrival_ns = arrival_ns
+        self.key = cache_key  # prefix-cache key: conversation id or prefix group
+        self.cache_limit = cache_limit_tokens  # tokens of the shareable prefix; None = whole context
+        self.output = 0  # tokens generated
+        self.computed = 0  # tokens whose KV is computed (vLLM num_computed_tokens)
+        self.private = 0  # KV blocks held privately
+        self.shared = 0  # KV blocks referenced in the prefix-cache entry
+        self.entry: _Entry | None = None
+        self.prompt_done = False
+        self.preemptions = 0
+        self.state = "new"  # new | waiting | running | finished | aborted
+        self.emitted = 0  # tokens emitted by the last step
+        self.first_token_ns: int | None = None
+        self.cached_tokens = 0  # prefix-cache hit tokens at (last) admission
+        self.ctx = ctx  # the face's per-request object
+
+
+class _Entry:
+    __slots__ = ("key", "blocks", "refs")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.blocks = 0
+        self.refs = 0
+
+
+@dataclass
+class StepResult:
+    """One engine step: its duration and what it did (seqs that emitted tokens this step)."""
+
+    duration_ns: int
+    emitted: list[Seq]
+    finished: list[Seq]
+    prefill_tokens: int
+    decode_seqs: int
+    kv_tokens_read: int
+    preempted: int
+
+
+class Engine:
+    """The scheduler + KV cache + cost model; deterministic for a given config, seed and input."""
+
+    def __init__(self, config: EngineConfig, seed: int = 0) -> None:
+        self.config = config
+        s = config.scheduler
+        self.block_size = config.kv.block_size
+        self.total_blocks = config.num_kv_blocks
+        self.max_num_seqs = s.max_num_seqs
+        self.max_batched = s.max_num_batched_tokens
+        self.chunked = s.chunked_prefill
+        self.long_prefill = s.long_prefill_token_threshold or 0
+        self.priority_policy = s.policy == "priority"
+        self.spec = s.decode_tokens_per_step
+        self.prefix_caching = config.kv.enable_prefix_caching
+        c = config.cost
+        self._fixed_ns = c.fixed_ms * 1e6
+        self._prefill_ns = c.per_prefill_token_ms * 1e6
+        self._decode_ns = c.per_decode_seq_ms * 1e6
+        self._kv_ns = c.per_kv_token_ms * 1e6
+        self._sigma = c.noise_sigma
+        self._rng = np.random.default_rng(seed)
+        self._noise: list[float] = []
+        self.window_ns = int(config.batching.window_ms * 1e6)
+        self.min_waiting = config.batching.min_waiting
+
+        self.waiting: deque[Seq] = deque()
+        self._waiting_keys: list[tuple[int, int, int]] = []  # priority policy: sorted (prio, arrival, idx)
+        self.running: list[Seq] = []
+        self.cache: dict[str, _Entry] = {}
+        self.evictable: OrderedDict[str, _Entry] = OrderedDict()
+        self.used_private = 0
+        self.cached_total = 0
+        self.cached_pinned = 0
+        self.evictable_total = 0
+        # cumulative counters (vLLM metric names in metrics.py)
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.num_preemptions = 0
+        self.prompt_tokens_total = 0  # prefill tokens computed (incl. recompute)
+        self.generation_tokens_total = 0
+        self.steps = 0
+        self.busy_ns = 0
+        self.finished_total = 0
+        self.aborted_total = 0
+
+    # -- queue -----------------------------------------------------------------------------------
+    def add(self, seq: Seq) -> None:
+        """Put a new request in the waiting queue (its arrival_ns is the caller's clock)."""
+        seq.state = "waiting"
+        self._enqueue(seq, front=False)
+
+    def _enqueue(self, seq: Seq, front: bool) -> None:
+        if self.priority_policy:
+            key = (seq.priority, seq.arrival_ns, seq.idx)
+            pos = bisect.bisect_left(self._waiting_keys, key)
+            self._waiting_keys.insert(pos, key)
+            self.waiting.insert(pos, seq)
+        elif front:
+            self.waiting.appendleft(seq)
+        else:
+            self.waiting.append(seq)
+
+    def _pop_waiting(self) -> Seq:
+        if self.priority_policy:
+            self._waiting_keys.pop(0)
+        return self.waiting.popleft()
+
+    def abort(self, seq: Seq) -> bool:
+        """Cancel a request wherever it is and free its KV blocks; False if it already ended."""
+        if seq.state == "running":
+            self.running.remove(seq)
+            self._release(seq)
+        elif seq.state == "waiting":
+            i = self.waiting.index(seq)
+            del self.waiting[i]
+            if self.priority_policy:
+                del self._waiting_keys[i]
+        else:
+            return False
+        seq.state = "aborted"
+        self.aborted_total += 1
+        return True
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def hold_until_ns(self, now_ns: int) -> int | None:
+        """When the batching window holds every runnable request: the time it opens; else None."""
+        if self.running or not self.waiting or not self.window_ns:
+            return None
+        head = self.waiting[0]
+        if head.preemptions or len(self.waiting) >= self.min_waiting:
+            return None
+        opens = self.waiting[0].arrival_ns + self.window_ns
+        return opens if opens > now_ns else None
+
+    def _window_open(self, now_ns: int) -> bool:
+        if not self.window_ns or len(self.waiting) >= self.min_waiting:
+            return True
+        oldest = min(s.arrival_ns for s in self.waiting) if self.priority_policy else self.waiting[0].arrival_ns
+        return now_ns - oldest >= self.window_ns
+
+    # -- KV blocks ---------------------------------------------------------------------------------
+    @property
+    def free_blocks(self) -> int:
+        """Blocks not held by a running sequence (truly free + evictable cached), as vLLM counts."""
+        return self.total_blocks - self.used_private - self.cached_pinned
+
+    @property
+    def kv_usage(self) -> float:
+        """vllm:kv_cache_usage_perc: share of blocks held by running sequences (0..1)."""
+        return (self.used_private + self.cached_pinned) / self.total_blocks
+
+    def _alloc(self, n: int) -> bool:
+        free = self.total_blocks - self.used_private - self.cached_total
+        if n <= free:
+            self.used_private += n
+            return True
+        need = n - free
+        if need > self.evictable_total:
+            return False
+        evictable = self.evictable
+        while need > 0:
+            key, entry = next(iter(evictable.items()))
+            take = entry.blocks if entry.blocks <= need else need
+            entry.blocks -= take
+            self.cached_total -= take
+            self.evictable_total -= take
+            need -= take
+            if entry.blocks == 0:
+                del evictable[key]
+                del self.cache[key]
+        self.used_private += n
+        return True
+
+    def _pin(self, entry: _Entry) -> None:
+        if entry.refs == 0 and entry.blocks:
+            del self.evictable[entry.key]
+            self.evictable_total -= entry.blocks
+            self.cached_pinned += entry.blocks
+        entry.refs += 1
+
+    def _unpin(self, entry: _Entry) -> None:
+        entry.refs -= 1
+        if entry.refs == 0:
+            if entry.blocks:
+                self.cached_pinned -= entry.blocks
+                self.evictable[entry.key] = entry
+                self.evictable_total += entry.blocks
+            else:
+                self.cache.pop(entry.key, None)
+
+    def _promote(self, seq: Seq, blocks: int) -> None:
+        """Make the seq's first ``blocks`` full blocks shareable in its prefix-cache entry."""
+        entry = seq.entry
+        if entry is None or blocks <= entry.blocks:
+            return
+        extra = blocks - entry.blocks
+        if extra > seq.private:  # cannot happen when accounting is right; stay safe
+            extra = seq.private
+        entry.blocks += extra
+        seq.private -= extra
+        seq.shared += extra
+        self.used_private -= extra
+        self.cached_total += extra
+        self.cached_pinned += extra  # entry.refs >= 1: this seq references it
+
+    def _release(self, seq: Seq) -> None:
+        self.used_private -= seq.private
+        seq.private = 0
+        seq.shared = 0
+        if seq.entry is not None:
+            self._unpin(seq.entry)
+            seq.entry = None
+
+    def _preempt(self, seq: Seq) -> None:
+        """Preempt by recompute: free every block, computed = 0, back to the front of the queue."""
+        self._release(seq)
+        seq.computed = 0
+        seq.prompt_done = False
+        seq.preemptions += 1
+        seq.state = "waiting"
+        self.num_preemptions += 1
+        self._enqueue(seq, front=True)
+
+    # -- the step ----------------------------------------------------------------------------------
+    def _noise_factor(self) -> float:
+        if not self._noise:
+            sigma = self._sigma
+            z = self._rng.standard_normal(4096)
+            self._noise = np.exp(sigma * z - 0.5 * sigma * sigma).tolist()
+        return self._noise.pop()
+
+    def step(self, now_ns: int) -> StepResult:
+        """Schedule and apply one step at ``now_ns``; tokens it emits are due at now + duration."""
+        bs = self.block_size
+        budget = self.max_batched
+        running = self.running
+        scheduled: list[tuple[Seq, int]] = []
+        preempted = 0
+        long_prefill = self.long_prefill
+        spec = self.spec
+
+        # 1. running sequences first, in order (decodes and unfinished chunked prefills)
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            num_tokens = seq.prompt + seq.output
+            n = num_tokens - seq.computed
+            if n <= 1:
+                n = seq.max_out - seq.output
+                if n > spec:
+                    n = spec
+            elif long_prefill and n > long_prefill:
+                n = long_prefill
+            if n > budget:
+                n = budget
+            need = -(-(seq.computed + n) // bs) - seq.private - seq.shared
+            if need > 0 and not self._alloc(need):
+                victim_is_self = False
+                while True:
+                    if self.priority_policy:
+                        victim = max(running, key=lambda r: (r.priority, r.arrival_ns, r.idx))
+                        vi = running.index(victim)
+                        del running[vi]
+                        if vi < i:
+                            i -= 1
+                        for j, (sj, nj) in enumerate(scheduled):
+                            if sj is victim:
+                                del scheduled[j]
+                                budget += nj
+                                break
+                    else:
+                        victim = running.pop()
+                    self._preempt(victim)
+                    preempted += 1
+                    if victim is seq:
+                        victim_is_self = True
+                        break
+                    if self._alloc(need):
+                        break
+                if victim_is_self:
+                    continue  # seq left the running list; running[i] is the next one
+            scheduled.append((seq, n))
+            budget -= n
+            i += 1
+
+        # 2. waiting requests, only when nothing was preempted this step
+        if not preempted and self.waiting and budget > 0 and len(running) < self.max_num_seqs:
+            window_open = self._window_open(now_ns)
+            waiting = self.waiting
+            while waiting and budget > 0 and len(running) < self.max_num_seqs:
+                seq = waiting[0]
+                if not window_open and not seq.preemptions:
+                    break
+                num_tokens = seq.prompt + seq.output
+                entry = None
+                hit = 0
+                if seq.key is not None and self.prefix_caching:
+                    entry = self.cache.get(seq.key)
+                    if entry is None:
+                        entry = self.cache[seq.key] = _Entry(seq.key)
+                    self._pin(entry)
+                    hit = entry.blocks
+                    limit = (num_tokens - 1) // bs
+                    if seq.cache_limit is not None and seq.cache_limit // bs < limit:
+                        limit = seq.cache_limit // bs
+                    if hit > limit:
+                        hit = limit
+                n = num_tokens - hit * bs
+                if long_prefill and n > long_prefill:
+                    n = long_prefill
+                if n > budget:
+                    if not self.chunked:
+                        if entry is not None:
+                            self._unpin(entry)
+                        break
+                    n = budget
+                need = -(-(hit * bs + n) // bs) - hit
+                if not self._alloc(need):
+                    if entry is not None:
+                        self._unpin(entry)
+                    break
+                self._pop_waiting()
+                seq.entry = entry
+                seq.shared = hit
+                seq.private = need
+                seq.computed = hit * bs
+                seq.cached_tokens = hit * bs
+                seq.state = "running"
+                self.prefix_queries += num_tokens
+                self.prefix_hits += hit * bs
+                running.append(seq)
+                scheduled.append((seq, n))
+                budget -= n
+
+        # 3. cost model
+        prefill_tokens = 0
+        decode_seqs = 0
+        kv_read = 0
+        for seq, n in scheduled:
+            if seq.computed + 1 >= seq.prompt + seq.output:
+                decode_seqs += 1
+            else:
+                prefill_tokens += n
+            kv_read += seq.computed + n
+        duration = self._fixed_ns + self._prefill_ns * prefill_tokens + self._decode_ns * decode_seqs
+        duration += self._kv_ns * kv_read
+        if self._sigma and scheduled:
+            duration *= self._noise_factor()
+        duration_ns = int(duration) if scheduled else 0
+
+        # 4. apply: advance computed tokens, emit, finish
+        emitted: list[Seq] = []
+        finished: list[Seq] = []
+        gen = 0
+        for seq, n in scheduled:
+            before = seq.prompt + seq.output
+            seq.computed += n
+            if seq.computed >= before:
+                k = seq.computed - before + 1
+                seq.output += k
+                seq.emitted = k
+                gen += k
+                emitted.append(seq)
+                if not seq.prompt_done:
+                    seq.prompt_done = True
+                    if seq.entry is not None:
+                        limit = seq.prompt if seq.cache_limit is None else min(seq.cache_limit, seq.prompt)
+                        self._promote(seq, limit // bs)
+                if seq.output >= seq.max_out:
+                    finished.append(seq)
+            else:
+                seq.emitted = 0
+        self.prompt_tokens_total += prefill_tokens
+        self.generation_tokens_total += gen
+        if finished:
+            for seq in finished:
+                if seq.entry is not None and seq.cache_limit is None:
+                    self._promote(seq, seq.computed // bs)  # a conversation keeps its whole context
+                self._release(seq)
+                seq.state = "finished"
+            done = set(id(s) for s in finished)
+            self.running = [s for s in running if id(s) not in done]
+            self.finished_total += len(finished)
+        if scheduled:
+            self.steps += 1
+            self.busy_ns += duration_ns
+        return StepResult(duration_ns, emitted, finished, prefill_tokens, decode_seqs, kv_read, preempted)
+
+    def state(self) -> dict[str, float]:
+        """Current per-step state (what /metrics and the worksheet expose)."""
+        return {
+            "running": len(self.running),
+            "waiting": len(self.waiting),
+            "kv_blocks_used": self.used_private + self.cached_pinned,
+            "kv_cache_usage": self.kv_usage,
+            "prefix_cache_queries": self.prefix_queries,
+            "prefix_cache_hits": self.prefix_hits,
+            "preemptions": self.num_preemptions,
+        }
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+_ = math  # keep math import for readers extending the cost model
