@@ -31,6 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loadgen.records import CHUNKS_FILE, CHUNKS_SCHEMA, REQUESTS_FILE, REQUESTS_SCHEMA  # noqa: E402
 from loadgen.rundir import write_manifest  # noqa: E402
+from loadgen.scenario import load_scenario, scenario_manifest  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
 
 CLASSES = np.array(["short-message", "long-thread", "burst"])
 ID_WIDTH = 8  # "r" + 7 digits
@@ -141,7 +144,7 @@ def generate_run(run_dir: Path, n_requests: int, n_chunks: int, seed: int = 7) -
     manifest = {
         "run_kind": "simulated",
         "target": {"kind": "sim", "base_url": None, "model": "synthetic", "version": None, "engine": None},
-        "scenario": None,
+        "scenario": scenario_manifest(load_scenario(REPO / "scenarios" / "canonical.toml")),
         "warm_state": {"state": "warm", "actions": []},
         "benchmark": "bench_analyze synthetic run",
         "status_counts": {},

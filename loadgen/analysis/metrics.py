@@ -21,6 +21,7 @@ __all__ = [
     "e2e_ms",
     "tpot_ms",
     "token_gaps_ms",
+    "expand_weighted",
     "itl_gaps_ms",
     "inter_chunk_gaps_ms",
     "rate_per_s",
@@ -90,12 +91,29 @@ def token_gaps_ms(delta_ns: np.ndarray, tokens: np.ndarray, is_first: np.ndarray
     has N−1 gaps that sum to last_token − first_token, and their mean is TPOT.
     ``delta_ns`` is ignored where ``is_first``.
     """
-    k = np.asarray(tokens, dtype=np.int64)
+    k = np.asarray(tokens)
     first = np.asarray(is_first, dtype=bool)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        value = np.where(first, 0.0, np.asarray(delta_ns, dtype=np.float64) / NS_PER_MS / np.maximum(k, 1))
-    weight = np.where(first, k - 1, k)
+    value = np.asarray(delta_ns).astype(np.float64)
+    value /= NS_PER_MS
+    multi = k > 1
+    if multi.any():
+        value[multi] /= k[multi]
+    value[first] = 0.0
+    weight = k - first.astype(k.dtype)
     return value, weight
+
+
+def expand_weighted(value: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """``np.repeat(value, weight)`` as a multiset (order not kept), cheap when most weights are 0 or 1."""
+    out = [value[weight >= 1]]
+    more = weight >= 2
+    if more.any():
+        v, w, j = value[more], weight[more], 2
+        while len(v):
+            out.append(v)
+            keep = w > j
+            v, w, j = v[keep], w[keep], j + 1
+    return out[0] if len(out) == 1 else np.concatenate(out)
 
 
 def _content(arrival_ns: list[int], tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -26,6 +26,7 @@ from .error_kinds import (
     redact,
 )
 from .jobs import Job
+from .transport import RawHTTP11Transport, RawResponse
 from .schedule import LagStats, RateGate
 from .sse import DONE, SSEDecoder, parse_chunk
 
@@ -38,8 +39,8 @@ _now = time.perf_counter_ns
 class RunContext:
     """Everything a request task shares with the run (one per run)."""
 
-    client: httpx.AsyncClient
-    path: str  # /v1/completions or /v1/chat/completions
+    transport: RawHTTP11Transport
+    origin: tuple[bytes, str, int]  # connection key of the target
     anchor_ns: int  # perf_counter_ns of the run's start instant
     limiter: anyio.CapacityLimiter
     rate_gate: RateGate
@@ -47,10 +48,10 @@ class RunContext:
     sink: Callable[[dict[str, Any], dict[str, list[Any]] | None], None]  # recorder.submit
     ttft_timeout_ns: int | None
     total_timeout_ns: int | None
-    headers: dict[str, str] = field(default_factory=dict)
     secrets: tuple[str, ...] = ()
     retain_completion_text: bool = False
     warm_state: str = "unknown"  # warm | cold | unknown
+    timeouts: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)  # class -> (ttft, total) ns
     lag: LagStats = field(default_factory=LagStats)
     # live counters (progress display, manifest)
     sent: int = 0
@@ -59,6 +60,7 @@ class RunContext:
     errors: int = 0
     slot_waits: int = 0
     first_ok_done_ns: int | None = None
+    cpu_start_s: float = 0.0
     recent_ttft_ns: list[int] = field(default_factory=list)
     _token_cache: dict[str, int] = field(default_factory=dict)
 
@@ -114,10 +116,10 @@ def request_row(job: Job, scheduled_ns: int, status: str = STATUS_NOT_SENT, erro
     }
 
 
-async def _read_error_body(response: httpx.Response) -> str:
+async def _read_error_body(response: RawResponse) -> str:
     try:
         with anyio.move_on_after(2):
-            body = await response.aread()
+            body = await response.read(4096)
             return body[:400].decode("utf-8", "replace")
     except httpx.HTTPError:
         pass
@@ -142,9 +144,10 @@ async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int) -> None:
     end_abs: int | None = None
     holding_slot = False
     sent = False
-    response: httpx.Response | None = None
-    total_deadline = scheduled_abs_ns + ctx.total_timeout_ns if ctx.total_timeout_ns else None
-    ttft_deadline = scheduled_abs_ns + ctx.ttft_timeout_ns if ctx.ttft_timeout_ns else None
+    response: RawResponse | None = None
+    ttft_ns, total_ns = ctx.timeouts.get(job.request_class, (ctx.ttft_timeout_ns, ctx.total_timeout_ns))
+    total_deadline = scheduled_abs_ns + total_ns if total_ns else None
+    ttft_deadline = scheduled_abs_ns + ttft_ns if ttft_ns else None
     if ttft_deadline is not None and total_deadline is not None:
         ttft_deadline = min(ttft_deadline, total_deadline)
     try:
@@ -163,7 +166,6 @@ async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int) -> None:
                 holding_slot = True
                 slot_ns = _now()
                 row["slot_acquired_ns"] = slot_ns - anchor
-                request = ctx.client.build_request("POST", ctx.path, content=job.body, headers=ctx.headers)
                 sent_abs = _now()
                 sent = True
                 row["sent_ns"] = sent_abs - anchor
@@ -171,81 +173,83 @@ async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int) -> None:
                     ctx.lag.add(sent_abs - scheduled_abs_ns)
                 ctx.sent += 1
                 ctx.in_flight += 1
-                response = await ctx.client.send(request, stream=True)
+                response = await ctx.transport.open(ctx.origin, job.payload)
                 row["first_byte_ns"] = _now() - anchor
-                row["http_status"] = response.status_code
+                row["http_status"] = response.status
                 phase = Phase.STREAMING
-                if response.status_code != 200:
-                    status, error_kind = classify_http_status(response.status_code)
-                    retry = parse_retry_after(response.headers.get("retry-after"))
-                    row["retry_after_s"] = retry
+                if response.status != 200:
+                    status, error_kind = classify_http_status(response.status)
+                    row["retry_after_s"] = parse_retry_after(response.header(b"retry-after"))
                     body = await _read_error_body(response)
-                    error_message = redact(f"HTTP {response.status_code}: {body}", ctx.secrets)
+                    error_message = redact(f"HTTP {response.status}: {body}", ctx.secrets)
                 else:
                     decoder = SSEDecoder()
                     done_seen = False
                     cancel_after = job.cancel_after_tokens
                     prev_usage = 0
-                    with anyio.CancelScope() as drain_scope:  # after [DONE]: let the body end (keep-alive), briefly
-                        async for data in response.aiter_raw():
-                            if done_seen:
-                                continue
-                            t = _now() - anchor
-                            events = decoder.feed(data)
-                            if not events:
-                                continue
-                            event_sizes = decoder.sizes
-                            for k, payload in enumerate(events):
-                                if payload == DONE:
-                                    done_seen = True
-                                    end_abs = _now()
-                                    drain_scope.deadline = anyio.current_time() + 0.5
-                                    break
-                                chunk = parse_chunk(payload)
-                                if chunk.error is not None:
-                                    code = chunk.error_code
-                                    status = STATUS_ERROR
-                                    error_kind = "http_4xx" if code is not None and 400 <= code < 500 else "http_5xx"
-                                    error_message = redact(f"in-stream error: {chunk.error}", ctx.secrets)
-                                    break
-                                n = 0
-                                if chunk.pieces:
-                                    if chunk.completion_tokens is not None:
-                                        n = chunk.completion_tokens - prev_usage
-                                        if n < 0:
-                                            n = 0
-                                    else:
-                                        n = ctx.tokens_in(chunk.text)
-                                    if texts is not None:
-                                        texts.append(chunk.text)
-                                if chunk.completion_tokens is not None:
-                                    prev_usage = chunk.completion_tokens
-                                    server_output = chunk.completion_tokens
-                                if chunk.prompt_tokens is not None:
-                                    server_prompt = chunk.prompt_tokens
-                                if chunk.finish_reason is not None:
-                                    finish_reason = chunk.finish_reason
-                                if response_model is None:
-                                    response_model = chunk.model
-                                if fingerprint is None and chunk.system_fingerprint is not None:
-                                    fingerprint = chunk.system_fingerprint
-                                arrivals.append(t)
-                                tokens.append(n)
-                                sizes.append(event_sizes[k])
-                                if n:
-                                    if first_token is None:
-                                        first_token = t
-                                        if total_deadline is not None:
-                                            scope.deadline = ctx.anyio_deadline(total_deadline)
-                                        elif ttft_deadline is not None:
-                                            scope.deadline = float("inf")
-                                    last_token = t
-                                    client_tokens += n
-                                    if cancel_after is not None and client_tokens >= cancel_after:
-                                        status = STATUS_CANCELLED
-                                        break
-                            if status is not None:
+                    body_iter = response.body.__aiter__()
+                    async for data in body_iter:
+                        t = _now() - anchor
+                        events = decoder.feed(data)
+                        if not events:
+                            continue
+                        event_sizes = decoder.sizes
+                        for k, payload in enumerate(events):
+                            if payload == DONE:
+                                done_seen = True
+                                end_abs = _now()
                                 break
+                            chunk = parse_chunk(payload)
+                            if chunk.error is not None:
+                                code = chunk.error_code
+                                status = STATUS_ERROR
+                                error_kind = "http_4xx" if code is not None and 400 <= code < 500 else "http_5xx"
+                                error_message = redact(f"in-stream error: {chunk.error}", ctx.secrets)
+                                break
+                            n = 0
+                            if chunk.pieces:
+                                if chunk.completion_tokens is not None:
+                                    n = chunk.completion_tokens - prev_usage
+                                    if n < 0:
+                                        n = 0
+                                else:
+                                    n = ctx.tokens_in(chunk.text)
+                                if texts is not None:
+                                    texts.append(chunk.text)
+                            if chunk.completion_tokens is not None:
+                                prev_usage = chunk.completion_tokens
+                                server_output = chunk.completion_tokens
+                            if chunk.prompt_tokens is not None:
+                                server_prompt = chunk.prompt_tokens
+                            if chunk.finish_reason is not None:
+                                finish_reason = chunk.finish_reason
+                            if response_model is None:
+                                response_model = chunk.model
+                            if fingerprint is None and chunk.system_fingerprint is not None:
+                                fingerprint = chunk.system_fingerprint
+                            arrivals.append(t)
+                            tokens.append(n)
+                            sizes.append(event_sizes[k])
+                            if n:
+                                if first_token is None:
+                                    first_token = t
+                                    if total_deadline is not None:
+                                        scope.deadline = ctx.anyio_deadline(total_deadline)
+                                    elif ttft_deadline is not None:
+                                        scope.deadline = float("inf")
+                                last_token = t
+                                client_tokens += n
+                                if cancel_after is not None and client_tokens >= cancel_after:
+                                    status = STATUS_CANCELLED
+                                    break
+                        if status is not None or done_seen:
+                            break
+                    if done_seen and not response.body.complete:
+                        # the body's end (chunked terminator) may come in a later packet: wait for it
+                        # briefly so the keep-alive connection can be reused
+                        with anyio.move_on_after(0.5):
+                            async for _ in body_iter:
+                                pass
                     if status is None:
                         if done_seen or finish_reason is not None:
                             if client_tokens == 0 and not server_output:
@@ -266,10 +270,10 @@ async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int) -> None:
             status = STATUS_TIMEOUT
             if first_token is None:
                 error_kind = "ttft_timeout"
-                error_message = f"no first token within {ctx.ttft_timeout_ns / 1e9:g} s of scheduling" if ctx.ttft_timeout_ns else "timeout"
+                error_message = f"no first token within {ttft_ns / 1e9:g} s of scheduling" if ttft_ns else "timeout"
             else:
                 error_kind = "total_timeout"
-                error_message = f"not done within {ctx.total_timeout_ns / 1e9:g} s of scheduling"
+                error_message = f"not done within {total_ns / 1e9:g} s of scheduling" if total_ns else "timeout"
     except anyio.get_cancelled_exc_class():
         if status is None:
             status = STATUS_CANCELLED if sent else STATUS_NOT_SENT
@@ -278,10 +282,9 @@ async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int) -> None:
         raise
     finally:
         done_abs = end_abs if end_abs is not None else _now()
-        if response is not None:
+        if response is not None and not response.body.release_nowait():
             with anyio.CancelScope(shield=True):
-                with anyio.move_on_after(1):
-                    await response.aclose()
+                await response.body.aclose()
         if holding_slot:
             ctx.limiter.release()
         if sent:

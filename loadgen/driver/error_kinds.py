@@ -119,7 +119,9 @@ def classify_exception(exc: BaseException, phase: int, secrets: tuple[str, ...] 
         return STATUS_ERROR, "malformed_sse", redact(text, secrets)
     if isinstance(exc, StreamTruncated):
         return STATUS_ERROR, "truncated", redact(text, secrets)
-    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol)):
+    if isinstance(exc, httpx.LocalProtocolError):  # we produced invalid HTTP: a client bug, not the server
+        return STATUS_ERROR, "client", redact(f"{name}: {text}", secrets)
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol, httpx.ProxyError)):
         return STATUS_ERROR, "connect", redact(f"{name}: {text}", secrets)
     if isinstance(exc, httpx.TimeoutException):  # read/write/pool timeouts (only when httpx timeouts are set)
         return STATUS_TIMEOUT, "total_timeout", redact(f"{name}: {text}", secrets)
@@ -127,6 +129,9 @@ def classify_exception(exc: BaseException, phase: int, secrets: tuple[str, ...] 
         if phase == Phase.STREAMING:
             return STATUS_ERROR, "reset_mid_stream", redact(f"{name}: {text}", secrets)
         return STATUS_ERROR, "connect", redact(f"{name} before the response: {text}", secrets)
+    if isinstance(exc, httpx.TransportError):
+        kind = "reset_mid_stream" if phase == Phase.STREAMING else "connect"
+        return STATUS_ERROR, kind, redact(f"{name}: {text}", secrets)
     if isinstance(exc, httpx.DecodingError):
         return STATUS_ERROR, "malformed_sse", redact(f"{name}: {text}", secrets)
     if isinstance(exc, (ConnectionError, OSError)):

@@ -95,6 +95,7 @@ class Job:
     prompt_sha256: str
     client_prompt_tokens: int | None
     prompt_text: str | None
+    payload: bytes = b""  # the whole HTTP request (head + body), set by the run just before it starts
 
 
 def _split_turn(delta: int, prev_output: int) -> tuple[int, int]:

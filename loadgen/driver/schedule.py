@@ -1,9 +1,11 @@
 """Open-loop timing: fixed deadlines on the monotonic clock, precise waits, send-lag statistics.
 
 Every request's deadline is ``anchor + offset`` (never "sleep since the previous send"), so a late
-send does not push later ones back. ``sleep_until`` sleeps to ~1 ms before the deadline with the
-event loop's timer (whose resolution is about 1 ms) and then yields in a short spin, which keeps
-the send lag in the tens of microseconds when the loop is not saturated.
+send does not push later ones back. The event loop's timers wake up to 1 ms late (epoll counts in
+whole milliseconds, rounding up), so ``sleep_until`` sleeps on the loop to a few ms before the
+deadline and then waits the rest in a worker thread with ``time.sleep`` (clock_nanosleep, ~50 µs
+timer slack), which wakes the loop at the deadline without burning CPU in a spin; only the last
+``SPIN_NS`` are a yielding spin.
 """
 
 from __future__ import annotations
@@ -14,19 +16,30 @@ from dataclasses import dataclass, field
 import anyio
 import numpy as np
 
-__all__ = ["sleep_until", "RateGate", "LagStats", "SPIN_NS"]
+__all__ = ["sleep_until", "RateGate", "LagStats", "SPIN_NS", "THREAD_NS"]
 
-#: How long before a deadline the coarse sleep hands over to the yielding spin.
-SPIN_NS = 1_200_000
+#: Below this much remaining time the wait is a yielding spin (cheaper than a thread round trip).
+SPIN_NS = 150_000
+#: Below this much remaining time the wait moves to a worker thread's precise sleep.
+THREAD_NS = 3_000_000
 
 _now = time.perf_counter_ns
+
+
+def _thread_sleep_until(deadline_ns: int) -> None:
+    remaining = deadline_ns - _now()
+    if remaining > 0:
+        time.sleep(remaining / 1e9)
 
 
 async def sleep_until(deadline_ns: int) -> None:
     """Wait until ``perf_counter_ns() >= deadline_ns`` (absolute, same clock); returns at once if past."""
     remaining = deadline_ns - _now()
+    if remaining > THREAD_NS:
+        await anyio.sleep((remaining - THREAD_NS + 1_000_000) / 1e9)  # coarse: may wake up to 1 ms late
+        remaining = deadline_ns - _now()
     if remaining > SPIN_NS:
-        await anyio.sleep((remaining - SPIN_NS) / 1e9)
+        await anyio.to_thread.run_sync(_thread_sleep_until, deadline_ns - SPIN_NS // 2)
     while _now() < deadline_ns:
         await anyio.sleep(0)
 

@@ -99,7 +99,7 @@ async def probe_target(
     if _is_sim(version_resp, version):
         info.kind = "sim"
         info.engine = {"name": "loadgen-sim", "version": version.get("version") if isinstance(version, dict) else None,
-                       "config": version.get("config") if isinstance(version, dict) else None}
+                       "config": {"name": version.get("engine_config")} if isinstance(version, dict) and version.get("engine_config") else None}
     elif any(host == h or host.endswith("." + h) for h in MANAGED_HOSTS):
         info.kind = "managed"
     elif "vllm" in owners or (isinstance(version, dict) and set(version) == {"version"}):

@@ -14,20 +14,21 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["parse_vllm_log", "parse_vllm_log_file", "find_vllm_log"]
+__all__ = ["parse_vllm_log", "parse_vllm_log_file", "find_vllm_log", "behavior_relevant"]
 
 _NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
 
 # (key, regex, converter per group)
 _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
-    ("kv_cache", re.compile(r"\b(CPU|GPU|XPU|TPU|HPU)(?: \+ host)? KV cache size: " + _NUM + r" tokens, Maximum concurrency for " + _NUM + r" tokens per request: " + _NUM + r"x")),
+    ("kv_cache", re.compile(r"\b(CPU|GPU|XPU|TPU|HPU)(?: \+ host)? KV cache size: " + _NUM + r" tokens")),
+    ("max_concurrency", re.compile(r"Maximum concurrency for " + _NUM + r" tokens per request: " + _NUM + r"x")),
     ("kv_cache_explicit_gib", re.compile(r"Explicitly set \(" + _NUM + r"/" + _NUM + r"\) GiB for KV cache")),
     ("kv_cache_available_gib", re.compile(r"Available KV cache memory: " + _NUM + r" ?GiB")),
     ("model_loading", re.compile(r"Model loading took " + _NUM + r" ?GiB(?: memory)? and " + _NUM + r" seconds")),
     ("weights_loading_s", re.compile(r"Loading weights took " + _NUM + r" seconds")),
     ("model_init_s", re.compile(r"Initializing model took " + _NUM + r" seconds")),
     ("init_engine", re.compile(r"init engine \(profile, create kv cache, warmup model\) took " + _NUM + r" s(?: \(compilation: " + _NUM + r" s)?")),
-    ("torch_compile_s", re.compile(r"torch\.compile (?:and initial profiling/warmup run together )?took " + _NUM + r" s in total")),
+    ("torch_compile_s", re.compile(r"torch\.compile (?:and initial profiling/warmup run together )?(?:took|takes) " + _NUM + r" s in total")),
     ("dynamo_transform_s", re.compile(r"Dynamo bytecode transform time: " + _NUM + r" s")),
     ("warmup_run_s", re.compile(r"Initial profiling/warmup run took " + _NUM + r" s")),
     ("graph_capture", re.compile(r"Graph capturing finished in " + _NUM + r" secs, took " + _NUM + r" GiB")),
@@ -35,16 +36,31 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("max_num_batched_tokens", re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=" + _NUM)),
     ("max_model_len", re.compile(r"Using max model len " + _NUM)),
     ("architecture", re.compile(r"Resolved architecture: (\S+)")),
-    ("version", re.compile(r"(?:Initializing a V1 LLM engine \(v|vLLM API server version |\bversion )(\d+\.\d+\.\d+\S*)")),
+    ("version", re.compile(r"(?:Initializing a V1 LLM engine \(v|vLLM API server version |\bversion )(\d+\.\d+\.\d+[\w.+-]*)")),
     ("kv_cache_layout", re.compile(r"Using (\w+) KV cache layout")),
     ("block_size_override", re.compile(r"block_size=(\d+)\b.*(?:overrid|requires)")),
 ]
+#: Simple key=value fields of the "Initializing a V1 LLM engine ... with config:" line that change behaviour.
+_ENGINE_KEYS = ("speculative_config", "dtype", "max_seq_len", "load_format", "tensor_parallel_size", "pipeline_parallel_size",
+                "quantization", "enforce_eager", "kv_cache_dtype", "device_config", "seed", "enable_prefix_caching",
+                "enable_chunked_prefill")
+_ENGINE_KV = re.compile(r"\b(" + "|".join(_ENGINE_KEYS) + r")=([^,\s]+)")
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")
 _TS = re.compile(r"(?:INFO|WARNING|DEBUG|ERROR) (\d\d-\d\d \d\d:\d\d:\d\d)")
 
 
 def _f(s: str) -> float:
     return float(s.replace(",", ""))
+
+
+def _scalar(v: str) -> Any:
+    v = v.strip("'")
+    if v in ("None", "True", "False"):
+        return {"None": None, "True": True, "False": False}[v]
+    try:
+        return int(v)
+    except ValueError:
+        return v.replace("torch.", "")
 
 
 def _ts(line: str) -> datetime | None:
@@ -71,6 +87,8 @@ def parse_vllm_log(text: str) -> dict[str, Any]:
             warm_end = ts
         if ("Starting vLLM" in line and "server on" in line) or "Application startup complete" in line:
             ready_ts = ready_ts or ts
+        if "engine_config" not in notes and "with config:" in line:
+            notes["engine_config"] = {k: _scalar(v) for k, v in _ENGINE_KV.findall(line.split("with config:", 1)[1])}
         if "non_default_args" not in notes:
             m = _NON_DEFAULT.search(line)
             if m:
@@ -79,7 +97,7 @@ def parse_vllm_log(text: str) -> dict[str, Any]:
                 except (ValueError, SyntaxError):
                     notes["non_default_args"] = m.group(1)
         for key, pattern in _PATTERNS:
-            if key in notes or (key == "kv_cache" and "kv_cache_size_tokens" in notes):
+            if key in notes or (key == "kv_cache" and "kv_cache_size_tokens" in notes) or (key == "max_concurrency" and "kv_cache_max_model_len" in notes):
                 continue
             m = pattern.search(line)
             if not m:
@@ -88,8 +106,9 @@ def parse_vllm_log(text: str) -> dict[str, Any]:
             if key == "kv_cache":
                 notes["kv_cache_device"] = g[0]
                 notes["kv_cache_size_tokens"] = int(_f(g[1]))
-                notes["kv_cache_max_model_len"] = int(_f(g[2]))
-                notes["max_concurrency"] = _f(g[3])
+            elif key == "max_concurrency":
+                notes["kv_cache_max_model_len"] = int(_f(g[0]))
+                notes["max_concurrency"] = _f(g[1])
             elif key == "kv_cache_explicit_gib":
                 notes["kv_cache_memory_gib"] = _f(g[0])
                 notes["host_memory_gib"] = _f(g[1])
@@ -152,3 +171,17 @@ def find_vllm_log(path: str | Path) -> Path:
 def parse_vllm_log_file(path: str | Path) -> dict[str, Any]:
     p = find_vllm_log(path)
     return parse_vllm_log(p.read_text(errors="replace"))
+
+
+def behavior_relevant(notes: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's ``behavior_relevant`` entries a vLLM log reveals (prefix caching, quantization, ...)."""
+    cfg = notes.get("engine_config") or {}
+    out = {k: cfg[k] for k in ("enable_prefix_caching", "quantization", "kv_cache_dtype", "speculative_config",
+                               "enable_chunked_prefill", "dtype") if k in cfg}
+    if "enable_prefix_caching" in out:
+        out["prefix_caching"] = out.pop("enable_prefix_caching")
+    if "speculative_config" in out:
+        out["speculative_decoding"] = out.pop("speculative_config")
+    if "max_seq_len" in cfg:
+        out["truncation"] = f"prompts + output limited to max_model_len {cfg['max_seq_len']}"
+    return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 from .compute import LINE_NAMES, ClassConcurrency, Ledger, LedgerLine, compute_ledger, count_parameters
 from .config import ModelConfig, dtype_bytes, parse_model_config, read_model_config
 from .kv import KVSpec, blocks_for_sequence, kv_blocks_for_budget, kv_spec, vllm_kv_capacity
+from .reconcile import Reconciliation, ReconcileRow, engine_report, reconcile
 from .render import format_ledger
 from .settings import GIB, EngineSettings, LoraSettings
 
@@ -19,5 +20,5 @@ __all__ = [
     "EngineSettings", "LoraSettings", "GIB",
     "KVSpec", "kv_spec", "kv_blocks_for_budget", "blocks_for_sequence", "vllm_kv_capacity",
     "Ledger", "LedgerLine", "ClassConcurrency", "compute_ledger", "count_parameters", "LINE_NAMES",
-    "format_ledger",
+    "format_ledger", "reconcile", "Reconciliation", "ReconcileRow", "engine_report",
 ]

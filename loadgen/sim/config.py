@@ -52,6 +52,10 @@ class SchedulerConfig(_Model):
     max_model_len: int = Field(default=8192, ge=2)
 
 
+#: KV blocks when a config gives neither num_kv_blocks nor model_config + kv_cache_gib.
+DEFAULT_KV_BLOCKS = 4096
+
+
 class KVConfig(_Model):
     """Paged KV cache: give ``num_kv_blocks`` directly, or a model config.json + KV budget (ledger)."""
 
@@ -63,6 +67,13 @@ class KVConfig(_Model):
     enable_prefix_caching: bool = True
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=())
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_blocks(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not any(k in data for k in ("num_kv_blocks", "model_config", "model_config_path", "kv_cache_gib")):
+            data = {**data, "num_kv_blocks": DEFAULT_KV_BLOCKS}
+        return data
 
     @model_validator(mode="after")
     def _one_source(self) -> "KVConfig":
@@ -178,28 +189,27 @@ def list_presets() -> list[str]:
 
 
 def _kv_blocks_from_ledger(cfg: EngineConfig, source: str) -> int:
-    """Total KV blocks for a model config.json + KV budget, computed by the memory ledger."""
-    try:
-        from .. import ledger
-    except ImportError as exc:  # pragma: no cover - the ledger is part of the package
-        raise ScenarioError(f"{source}: kv.model_config: memory ledger unavailable ({exc})") from None
-    fn = getattr(ledger, "kv_blocks_for_budget", None)
-    if fn is None:
-        raise ScenarioError(
-            f"{source}: kv.model_config: this loadgen's ledger cannot size KV blocks from a budget; "
-            "expected kv.num_kv_blocks"
-        )
+    """Total KV blocks for a model config.json + KV budget, computed by the memory ledger (issue 2)."""
+    from ..errors import LedgerError
+    from ..ledger import EngineSettings, kv_blocks_for_budget
+
     path = Path(cfg.kv.model_config_path or "")
     if not path.is_absolute() and cfg.source_path:
         path = Path(cfg.source_path).parent / path
-    return int(
-        fn(
-            path,
-            kv_cache_gib=cfg.kv.kv_cache_gib,
+    try:
+        settings = EngineSettings(
             block_size=cfg.kv.block_size,
-            kv_cache_dtype=cfg.kv.kv_cache_dtype,
+            kv_cache_dtype=cfg.kv.kv_cache_dtype or "auto",
+            max_num_seqs=cfg.scheduler.max_num_seqs,
+            max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
+            max_model_len=cfg.scheduler.max_model_len,
         )
-    )
+        blocks = kv_blocks_for_budget(path, settings, kv_cache_gib=cfg.kv.kv_cache_gib)
+    except LedgerError as exc:
+        raise ScenarioError(f"{source}: kv.model_config = {str(path)!r}: {exc}") from None
+    if blocks < 1:
+        raise ScenarioError(f"{source}: kv.kv_cache_gib = {cfg.kv.kv_cache_gib}: holds no KV block of this model")
+    return int(blocks)
 
 
 def parse_engine_config(data: dict[str, Any], source: str = "<engine>") -> EngineConfig:

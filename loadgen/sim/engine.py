@@ -11,7 +11,6 @@ or live server) owns the clock. Blocks are counts, not ids: only how many are he
 from __future__ import annotations
 
 import bisect
-import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +28,7 @@ class Seq:
     __slots__ = (
         "idx", "prompt", "max_out", "priority", "arrival_ns", "key", "cache_limit", "output",
         "computed", "private", "shared", "entry", "prompt_done", "preemptions", "state",
-        "emitted", "first_token_ns", "cached_tokens", "ctx",
+        "emitted", "first_token_ns", "cached_tokens", "ctx", "chain", "stop_after",
     )
 
     def __init__(
@@ -42,6 +41,7 @@ class Seq:
         priority: int = 0,
         cache_key: str | None = None,
         cache_limit_tokens: int | None = None,
+        chain: list[int] | None = None,
         ctx: Any = None,
     ) -> None:
         self.idx = idx
@@ -63,15 +63,26 @@ class Seq:
         self.first_token_ns: int | None = None
         self.cached_tokens = 0  # prefix-cache hit tokens at (last) admission
         self.ctx = ctx  # the face's per-request object
+        self.chain = chain  # block hashes of the prompt's full blocks (live server); None = trust the key
+        self.stop_after: int | None = None  # the client stops reading after this many tokens (worksheet)
 
 
 class _Entry:
-    __slots__ = ("key", "blocks", "refs")
+    __slots__ = ("key", "blocks", "refs", "chain")
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: Any) -> None:
         self.key = key
         self.blocks = 0
         self.refs = 0
+        self.chain: list[int] = []  # block hashes of the cached blocks, when requests carry them
+
+
+def _common_blocks(a: list[int], b: list[int], limit: int) -> int:
+    n = min(len(a), len(b), limit)
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 @dataclass
@@ -246,6 +257,14 @@ class Engine:
         entry = seq.entry
         if entry is None or blocks <= entry.blocks:
             return
+        if seq.chain is not None:
+            if blocks > len(seq.chain):
+                blocks = len(seq.chain)
+                if blocks <= entry.blocks:
+                    return
+            if _common_blocks(entry.chain, seq.chain, entry.blocks) < entry.blocks:
+                return  # this prompt diverges inside the cached chain: its blocks stay private
+            entry.chain = seq.chain[:blocks]
         extra = blocks - entry.blocks
         if extra > seq.private:  # cannot happen when accounting is right; stay safe
             extra = seq.private
@@ -293,12 +312,16 @@ class Engine:
         spec = self.spec
 
         # 1. running sequences first, in order (decodes and unfinished chunked prefills)
+        prefill_tokens = 0
+        decode_seqs = 0
+        kv_read = 0
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
-            num_tokens = seq.prompt + seq.output
-            n = num_tokens - seq.computed
-            if n <= 1:
+            computed = seq.computed
+            n = seq.prompt + seq.output - computed
+            decode = n <= 1
+            if decode:
                 n = seq.max_out - seq.output
                 if n > spec:
                     n = spec
@@ -306,34 +329,46 @@ class Engine:
                 n = long_prefill
             if n > budget:
                 n = budget
-            need = -(-(seq.computed + n) // bs) - seq.private - seq.shared
-            if need > 0 and not self._alloc(need):
-                victim_is_self = False
-                while True:
-                    if self.priority_policy:
-                        victim = max(running, key=lambda r: (r.priority, r.arrival_ns, r.idx))
-                        vi = running.index(victim)
-                        del running[vi]
-                        if vi < i:
-                            i -= 1
-                        for j, (sj, nj) in enumerate(scheduled):
-                            if sj is victim:
-                                del scheduled[j]
-                                budget += nj
-                                break
-                    else:
-                        victim = running.pop()
-                    self._preempt(victim)
-                    preempted += 1
-                    if victim is seq:
-                        victim_is_self = True
-                        break
-                    if self._alloc(need):
-                        break
-                if victim_is_self:
-                    continue  # seq left the running list; running[i] is the next one
+            need = -(-(computed + n) // bs) - seq.private - seq.shared
+            if need > 0:
+                if not self._alloc(need):
+                    victim_is_self = False
+                    while True:
+                        if self.priority_policy:
+                            victim = max(running, key=lambda r: (r.priority, r.arrival_ns, r.idx))
+                            vi = running.index(victim)
+                            del running[vi]
+                            if vi < i:
+                                i -= 1
+                            for j, (sj, nj) in enumerate(scheduled):
+                                if sj is victim:
+                                    del scheduled[j]
+                                    budget += nj
+                                    kv_read -= sj.computed + nj
+                                    if sj.computed + 1 >= sj.prompt + sj.output:
+                                        decode_seqs -= 1
+                                    else:
+                                        prefill_tokens -= nj
+                                    break
+                        else:
+                            victim = running.pop()
+                        self._preempt(victim)
+                        preempted += 1
+                        if victim is seq:
+                            victim_is_self = True
+                            break
+                        if self._alloc(need):
+                            break
+                    if victim_is_self:
+                        continue  # seq left the running list; running[i] is the next one
+                seq.private += need
             scheduled.append((seq, n))
             budget -= n
+            kv_read += computed + n
+            if decode:
+                decode_seqs += 1
+            else:
+                prefill_tokens += n
             i += 1
 
         # 2. waiting requests, only when nothing was preempted this step
@@ -353,6 +388,8 @@ class Engine:
                         entry = self.cache[seq.key] = _Entry(seq.key)
                     self._pin(entry)
                     hit = entry.blocks
+                    if seq.chain is not None:
+                        hit = _common_blocks(entry.chain, seq.chain, hit)
                     limit = (num_tokens - 1) // bs
                     if seq.cache_limit is not None and seq.cache_limit // bs < limit:
                         limit = seq.cache_limit // bs
@@ -384,17 +421,13 @@ class Engine:
                 running.append(seq)
                 scheduled.append((seq, n))
                 budget -= n
+                kv_read += hit * bs + n
+                if hit * bs + 1 >= num_tokens:
+                    decode_seqs += 1
+                else:
+                    prefill_tokens += n
 
         # 3. cost model
-        prefill_tokens = 0
-        decode_seqs = 0
-        kv_read = 0
-        for seq, n in scheduled:
-            if seq.computed + 1 >= seq.prompt + seq.output:
-                decode_seqs += 1
-            else:
-                prefill_tokens += n
-            kv_read += seq.computed + n
         duration = self._fixed_ns + self._prefill_ns * prefill_tokens + self._decode_ns * decode_seqs
         duration += self._kv_ns * kv_read
         if self._sigma and scheduled:
@@ -407,10 +440,10 @@ class Engine:
         gen = 0
         for seq, n in scheduled:
             before = seq.prompt + seq.output
-            seq.computed += n
-            if seq.computed >= before:
-                k = seq.computed - before + 1
-                seq.output += k
+            computed = seq.computed = seq.computed + n
+            if computed >= before:
+                k = computed - before + 1
+                out = seq.output = seq.output + k
                 seq.emitted = k
                 gen += k
                 emitted.append(seq)
@@ -419,7 +452,7 @@ class Engine:
                     if seq.entry is not None:
                         limit = seq.prompt if seq.cache_limit is None else min(seq.cache_limit, seq.prompt)
                         self._promote(seq, limit // bs)
-                if seq.output >= seq.max_out:
+                if out >= seq.max_out or (seq.stop_after is not None and out >= seq.stop_after):
                     finished.append(seq)
             else:
                 seq.emitted = 0
@@ -451,9 +484,3 @@ class Engine:
             "preemptions": self.num_preemptions,
         }
 
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-_ = math  # keep math import for readers extending the cost model

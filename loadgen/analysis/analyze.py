@@ -1,0 +1,602 @@
+"""``analyze_run``: a run directory (measured, simulated or imported) → an ``Analysis``.
+
+Requests are read whole (one row per scheduled request, a few columns); chunks are streamed
+(``chunks.read_chunk_gaps``); every formula comes from ``metrics``, every quantile from
+``percentiles``, every budget rule from ``budgets``. The measurement window selects requests by
+their scheduled instant; rates divide counts inside it by its length.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ..errors import RunDirError
+from ..records import CHUNKS_FILE, REQUESTS_FILE, REQUESTS_SCHEMA, SERVER_METRICS_FILE, SERVER_METRICS_SCHEMA, STATUSES
+from . import metrics as M
+from .budgets import BUDGET_METRICS, FAILURE_POLICY, Check, budget_checks, request_limit
+from .chunks import ChunkGaps, read_chunk_gaps
+from .model import METRICS, Analysis, GroupSummary
+from .percentiles import PERCENTILE_RULE, SortedParts, summarize_parts, summarize_sorted
+from .server import summarize_server_metrics
+from .stability import assess_stability, in_system_at
+
+__all__ = ["analyze_run", "parse_window", "DEFINITIONS"]
+
+_REQ_COLUMNS = [
+    "request_id", "request_class", "warm", "scheduled_ns", "slot_acquired_ns", "sent_ns", "first_token_ns",
+    "last_token_ns", "done_ns", "target_prompt_tokens", "target_output_tokens", "client_prompt_tokens",
+    "server_prompt_tokens", "server_output_tokens", "client_output_tokens", "cancel_after_tokens",
+    "status", "error_kind", "http_status", "chunk_count",
+]
+_INSTANTS = ("scheduled_ns", "slot_acquired_ns", "sent_ns", "first_token_ns", "last_token_ns", "done_ns")
+_CDF_POINTS = 400
+
+DEFINITIONS = {
+    "ttft_ms": "first_token - scheduled (client queue + network + server queue + prefill)",
+    "client_queue_ms": "sent - scheduled",
+    "server_ttft_ms": "first_token - sent",
+    "itl_ms": ("per-token gaps: a content chunk of k tokens arriving D after the previous content chunk gives k "
+               "gaps of D/k; the first content chunk gives k-1 gaps of 0; a request's gaps sum to last - first token"),
+    "inter_chunk_ms": "raw gaps between consecutive content chunks (user-visible stalls)",
+    "tpot_ms": "(last_token - first_token) / (output_tokens - 1); none for one token",
+    "e2e_ms": "done - scheduled",
+    "samples": ("latency tables: ok and planned-abandoned requests (E2E: ok only); failures are counted by status "
+                "and enter budget checks as +inf"),
+    "offered_rps": "requests scheduled in the window / window length",
+    "send_rps": "requests sent in the window / window length",
+    "completed_rps": "ok requests done in the window / window length (tokens: of those requests)",
+    "window": ("default: first scheduled instant to one mean inter-arrival gap after the last, so N arrivals at a "
+               "constant gap g give offered load 1/g; requests belong to the window by scheduled instant"),
+    "percentiles": PERCENTILE_RULE + "; p99 from fewer than 100 samples is flagged",
+    "budgets": FAILURE_POLICY,
+    "goodput_rps": "ok requests meeting every hard budget (see budgets) / window length; attainment = good / counted",
+}
+
+
+def parse_window(text: str | None) -> tuple[float | None, float | None] | None:
+    """``"start:end"`` in seconds on the run clock (either side may be empty) → (start_s, end_s)."""
+    if text is None or text == "":
+        return None
+    if ":" not in text:
+        raise RunDirError(f"--window {text!r}: expected start:end in seconds on the run clock (e.g. 10:70)")
+    a, b = text.split(":", 1)
+    try:
+        lo = float(a) if a.strip() else None
+        hi = float(b) if b.strip() else None
+    except ValueError:
+        raise RunDirError(f"--window {text!r}: expected numbers, start:end in seconds") from None
+    if lo is not None and hi is not None and hi <= lo:
+        raise RunDirError(f"--window {text!r}: end must be after start")
+    return lo, hi
+
+
+def _load_requests(run_dir: Path) -> tuple[pa.Array, dict[str, np.ndarray]]:
+    path = run_dir / REQUESTS_FILE
+    if not path.exists():
+        raise RunDirError(f"{run_dir}: no {REQUESTS_FILE}: expected a loadgen run directory")
+    try:
+        schema = pq.read_schema(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise RunDirError(f"{path}: unreadable Parquet ({exc}): expected a file written by loadgen") from None
+    missing = [c for c in _REQ_COLUMNS if c not in schema.names]
+    if missing:
+        raise RunDirError(f"{path}: missing column(s) {missing}: expected the loadgen requests schema")
+    table = pq.read_table(path, columns=_REQ_COLUMNS)
+    cols: dict[str, np.ndarray] = {}
+    for name in _REQ_COLUMNS:
+        col = table.column(name)
+        target = REQUESTS_SCHEMA.field(name).type
+        if col.type != target:
+            col = col.cast(target)
+        if name in ("request_id",):
+            continue
+        if pa.types.is_string(target):
+            cols[name] = np.asarray(col.to_numpy(zero_copy_only=False), dtype=object)
+        elif pa.types.is_boolean(target):
+            cols[name] = col.cast(pa.float64()).to_numpy(zero_copy_only=False)  # 1/0/NaN
+        else:
+            cols[name] = col.cast(pa.float64()).to_numpy(zero_copy_only=False)
+    ids = table.column("request_id").combine_chunks()
+    if ids.type != pa.string():
+        ids = ids.cast(pa.string())
+    bad = set(np.unique(cols["status"]).tolist()) - set(STATUSES)
+    if bad:
+        raise RunDirError(f"{path}: status value(s) {sorted(bad)}: expected one of {', '.join(STATUSES)}")
+    return ids, cols
+
+
+def _default_window(sched: np.ndarray, done: np.ndarray) -> tuple[float, float]:
+    if len(sched) == 0:
+        return 0.0, 0.0
+    lo, last = float(sched.min()), float(sched.max())
+    n = len(sched)
+    if n >= 2 and last > lo:
+        return lo, last + (last - lo) / (n - 1)
+    end = np.nanmax(done) if np.isfinite(done).any() else last
+    return lo, max(float(end), lo + 1.0)
+
+
+def _sorted(values: np.ndarray) -> np.ndarray:
+    v = values[~np.isnan(values)]
+    v.sort()
+    return v
+
+
+def _cdf(sorted_values: np.ndarray) -> dict[str, list[float]] | None:
+    n = len(sorted_values)
+    if n == 0:
+        return None
+    finite = sorted_values[np.isfinite(sorted_values)]
+    if len(finite) == 0:
+        return None
+    idx = np.unique(np.linspace(0, len(finite) - 1, min(_CDF_POINTS, len(finite))).astype(np.int64))
+    return {"x": finite[idx].tolist(), "y": ((idx + 1) / n).tolist()}
+
+
+def _nice_bin(span_s: float) -> float:
+    raw = max(span_s / 100.0, 1e-3)
+    exp = 10 ** math.floor(math.log10(raw))
+    for m in (1, 2, 5, 10):
+        if m * exp >= raw:
+            return m * exp
+    return 10 * exp
+
+
+def _counts(values: np.ndarray, labels: tuple[str, ...] | None = None) -> dict[str, int]:
+    keys, counts = np.unique(values.astype(str), return_counts=True) if len(values) else ([], [])
+    out = {str(k): int(c) for k, c in zip(keys, counts)}
+    if labels is not None:
+        out = {k: out.get(k, 0) for k in labels} | {k: v for k, v in out.items() if k not in labels}
+    return out
+
+
+class _Grow:
+    """An append-only numpy buffer (grows by half when full)."""
+
+    def __init__(self, dtype: Any, capacity: int) -> None:
+        self.a = np.empty(max(int(capacity), 16), dtype=dtype)
+        self.n = 0
+
+    def add(self, x: np.ndarray) -> None:
+        need = self.n + len(x)
+        if need > len(self.a):
+            new = np.empty(max(need, len(self.a) + len(self.a) // 2), dtype=self.a.dtype)
+            new[: self.n] = self.a[: self.n]
+            self.a = new
+        self.a[self.n:need] = x
+        self.n = need
+
+    def sorted(self) -> np.ndarray:
+        v = self.a[: self.n]
+        v.sort()
+        self.a = None  # type: ignore[assignment]
+        return v
+
+
+class _GapSink:
+    """Per class: per-token gaps of counted requests (ok + abandoned) and of failed ones, raw
+    inter-chunk gaps (ns); per request: gaps and gaps above the class's hard ITL limit (goodput)."""
+
+    def __init__(self, run: "_Run") -> None:
+        self.run = run
+        n_cls = len(run.class_names)
+        self.req_code = (run.cls.astype(np.int32) * 4 + run.scope * 2 + (run.ok | run.abandoned)).astype(np.int32)
+        self.code_dtype = np.uint8 if n_cls * 4 <= 255 else (np.uint16 if n_cls * 4 <= 65535 else np.int64)
+        self.lim = np.full(n_cls, np.inf)
+        self.itl_q = np.full(run.n, np.nan)
+        for c, name in enumerate(run.class_names):
+            limit = run.itl_limit(name)
+            if limit is not None:
+                self.lim[c] = limit[1]
+                self.itl_q[run.cls == c] = limit[0]
+        counts = run.c["chunk_count"]
+        self.est = [int(np.nansum(counts[run.cls == c])) + 1024 for c in range(n_cls)]
+        self.reset()
+
+    def reset(self) -> None:
+        n_cls = len(self.run.class_names)
+        self.desc = [_Grow(np.float64, self.est[c]) for c in range(n_cls)]
+        self.inter = [_Grow(np.int64, self.est[c]) for c in range(n_cls)]
+        self.fail = [_Grow(np.float64, 1024) for _ in range(n_cls)]
+        self.n_gaps = np.zeros(self.run.n)
+        self.n_over = np.zeros(self.run.n)
+
+    def add(self, req_idx: np.ndarray, delta_ns: np.ndarray, tokens: np.ndarray) -> None:
+        code = self.req_code[req_idx]
+        first = delta_ns < 0
+        value, weight = M.token_gaps_ms(delta_ns, tokens, first)
+        if np.isfinite(self.lim).any():
+            w_desc = np.where((code & 3) == 3, weight, 0)
+            over = np.where(value > self.lim[code >> 2], w_desc, 0)
+            starts = np.flatnonzero(np.concatenate(([True], req_idx[1:] != req_idx[:-1])))
+            np.add.at(self.n_gaps, req_idx[starts], np.add.reduceat(w_desc, starts))
+            np.add.at(self.n_over, req_idx[starts], np.add.reduceat(over, starts))
+        # partition rows by code with a radix (stable) sort of a small int: each (class, kind) is a slice
+        order = np.argsort(code.astype(self.code_dtype), kind="stable")
+        code, value, weight, delta_ns = code[order], value[order], weight[order], delta_ns[order]
+        bounds = np.searchsorted(code, np.arange(len(self.desc) * 4 + 1))
+        for c in range(len(self.desc)):
+            a, b = bounds[c * 4 + 3], bounds[c * 4 + 4]
+            if b > a:
+                self.desc[c].add(M.expand_weighted(value[a:b], weight[a:b]))
+                d = delta_ns[a:b]
+                self.inter[c].add(d[d >= 0])
+            a, b = bounds[c * 4 + 2], bounds[c * 4 + 3]
+            if b > a:
+                self.fail[c].add(M.expand_weighted(value[a:b], weight[a:b]))
+
+    def finish(self) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+        return ([g.sorted() for g in self.desc], [g.sorted() for g in self.fail], [g.sorted() for g in self.inter])
+
+
+class _Run:
+    """Arrays of one run plus the masks every group summary slices with."""
+
+    def __init__(self, run_dir: Path, manifest: dict[str, Any], scenario: Any, window: Any, include_cold: bool):
+        self.run_dir = run_dir
+        self.manifest = manifest
+        self.scenario = scenario
+        self.notes: list[str] = []
+        self.ids, c = _load_requests(run_dir)
+        self.c = c
+        self.n = len(c["status"])
+        sched, done = c["scheduled_ns"], c["done_ns"]
+        dlo, dhi = _default_window(sched, done)
+        if isinstance(window, str):
+            window = parse_window(window)
+        lo_s, hi_s = window if window else (None, None)
+        self.lo = float(lo_s * M.NS_PER_S) if lo_s is not None else dlo
+        self.hi = float(hi_s * M.NS_PER_S) if hi_s is not None else max(dhi, self.lo)
+        self.window_s = (self.hi - self.lo) / M.NS_PER_S
+        self.window_default = window is None or window == (None, None)
+        st = c["status"]
+        self.ok = st == "ok"
+        self.abandoned = ((st == "cancelled") & ~np.isnan(c["cancel_after_tokens"]) & ~np.isnan(c["first_token_ns"])
+                          & (c["error_kind"] != "run_interrupted"))
+        self.failed = ~self.ok & ~self.abandoned
+        self.in_window = (sched >= self.lo) & (sched < self.hi)
+        self.cold, self.cold_rule = self._cold()
+        self.scope = self.in_window & (~self.cold if not include_cold else True)
+        self.include_cold = include_cold
+        names, codes = np.unique(c["request_class"].astype(str), return_inverse=True) if self.n else ([], np.empty(0, int))
+        self.class_names = [str(x) for x in names]
+        self.cls = codes.astype(np.int32)
+        out_client, out_server = c["client_output_tokens"], c["server_output_tokens"]
+        self.out_tokens = np.where(np.isnan(out_client), out_server, out_client)
+        self.out_best = np.where(np.isnan(out_server), out_client, out_server)
+        pr = c["server_prompt_tokens"]
+        pr = np.where(np.isnan(pr), c["client_prompt_tokens"], pr)
+        self.prompt_best = np.where(np.isnan(pr), c["target_prompt_tokens"], pr)
+        self.values = {
+            "ttft_ms": M.ttft_ms(sched, c["first_token_ns"]),
+            "client_queue_ms": M.client_queue_ms(sched, c["sent_ns"]),
+            "server_ttft_ms": M.server_ttft_ms(c["sent_ns"], c["first_token_ns"]),
+            "tpot_ms": M.tpot_ms(c["first_token_ns"], c["last_token_ns"], self.out_tokens),
+            "e2e_ms": M.e2e_ms(sched, done),
+        }
+        self.gap_sink = _GapSink(self)
+        self.gaps: ChunkGaps = read_chunk_gaps(run_dir / CHUNKS_FILE, self.ids, self.gap_sink)
+        self.notes += self.gaps.notes
+        if self.gaps.orphan_rows:
+            self.notes.append(f"{self.gaps.orphan_rows} chunk row(s) name no request of requests.parquet; ignored")
+        self.itl_desc, self.itl_fail, self.inter_ns = self.gap_sink.finish()
+        self.n_gaps, self.n_over, self.itl_q = self.gap_sink.n_gaps, self.gap_sink.n_over, self.gap_sink.itl_q
+
+    def itl_limit(self, cname: str) -> tuple[float, float] | None:
+        cls = self.scenario.classes.get(cname) if self.scenario is not None else None
+        budget = cls.budgets.itl_ms if cls is not None else None
+        return request_limit(budget) if budget is not None and budget.hard else None
+
+    def _cold(self) -> tuple[np.ndarray, str]:
+        warm = self.c["warm"]
+        explicit = warm == 0.0
+        state = (self.manifest.get("warm_state") or {}).get("state", "unknown")
+        if explicit.any():
+            return explicit, "requests flagged warm=false by the run"
+        if state == "cold" and self.n:
+            first_ok = np.nanmin(np.where(self.ok, self.c["done_ns"], np.nan)) if self.ok.any() else np.inf
+            cold = self.c["scheduled_ns"] < first_ok
+            return cold, "run began cold: requests scheduled before the first successful completion"
+        return np.zeros(self.n, dtype=bool), "none (run not cold)"
+
+    def group(self, name: str, class_idx: list[int], plot: dict[str, Any]) -> GroupSummary:
+        sel = np.isin(self.cls, class_idx) if len(class_idx) != len(self.class_names) else np.ones(self.n, bool)
+        c = self.c
+        scope = self.scope & sel
+        desc = scope & (self.ok | self.abandoned)
+        metrics: dict[str, dict[str, Any]] = {}
+        cdfs: dict[str, Any] = {}
+        for metric in ("ttft_ms", "client_queue_ms", "server_ttft_ms", "tpot_ms", "e2e_ms"):
+            mask = scope & self.ok if metric == "e2e_ms" else desc
+            s = _sorted(self.values[metric][mask])
+            metrics[metric] = summarize_sorted(s)
+            if metric in ("ttft_ms", "e2e_ms"):
+                cdfs[metric] = _cdf(s)
+        metrics["itl_ms"] = summarize_parts([self.itl_desc[c] for c in class_idx])
+        metrics["inter_chunk_ms"] = summarize_parts([self.inter_ns[c] for c in class_idx], 1.0 / M.NS_PER_MS)
+        if len(class_idx) == 1:
+            cdfs["itl_ms"] = _cdf(self.itl_desc[class_idx[0]])
+        metrics = {m: metrics[m] for m in METRICS}
+        plot.setdefault("cdf", {})[name] = cdfs
+        win = self.in_window & sel
+        done_in = (c["done_ns"] >= self.lo) & (c["done_ns"] < self.hi) & sel & self.ok
+        sent_in = (c["sent_ns"] >= self.lo) & (c["sent_ns"] < self.hi) & sel
+        st = c["status"][scope]
+        failed_kinds = np.where(pd_isnull(c["error_kind"][scope & self.failed]),
+                                c["status"][scope & self.failed], c["error_kind"][scope & self.failed])
+        w = self.window_s
+        return GroupSummary(
+            name=name,
+            n_scheduled=int(scope.sum()),
+            status_counts=_counts(st, STATUSES),
+            error_kinds=_counts(failed_kinds),
+            abandoned=int((scope & self.abandoned).sum()),
+            metrics=metrics,
+            offered_rps=M.offered_rps(int(win.sum()), w),
+            send_rps=M.send_rps(int(sent_in.sum()), w),
+            completed_rps=M.completed_rps(int(done_in.sum()), w),
+            prompt_tok_s=M.tokens_per_s(float(np.nansum(self.prompt_best[done_in])), w),
+            output_tok_s=M.tokens_per_s(float(np.nansum(self.out_best[done_in])), w),
+            tokens=self._tokens(scope & self.ok),
+        )
+
+    def _tokens(self, mask: np.ndarray) -> dict[str, Any]:
+        c = self.c
+        out: dict[str, Any] = {"n_requests": int(mask.sum())}
+        for kind in ("prompt", "output"):
+            target = c[f"target_{kind}_tokens"][mask]
+            client = c[f"client_{kind}_tokens"][mask]
+            server = c[f"server_{kind}_tokens"][mask]
+            both = ~np.isnan(client) & ~np.isnan(server)
+
+            def total(a: np.ndarray) -> float | None:
+                return float(np.nansum(a)) if (~np.isnan(a)).any() else None
+
+            def diff(a: np.ndarray, b: np.ndarray) -> float | None:
+                m = ~np.isnan(a) & ~np.isnan(b)
+                return float((a[m] - b[m]).sum()) if m.any() else None
+
+            out[kind] = {
+                "target": total(target), "client": total(client), "server": total(server),
+                "server_minus_client": diff(server, client),
+                "server_minus_target": diff(server, target),
+                "client_minus_target": diff(client, target),
+                "n_server_missing": int(np.isnan(server).sum()),
+                "n_client_missing": int(np.isnan(client).sum()),
+                "n_server_client_mismatch": int((server[both] != client[both]).sum()),
+                "n_server_target_mismatch": int(((server != target) & ~np.isnan(server)).sum()),
+            }
+        return out
+
+
+def pd_isnull(values: np.ndarray) -> np.ndarray:
+    """Null test for object arrays of strings/None."""
+    return np.array([v is None or (isinstance(v, float) and math.isnan(v)) for v in values], dtype=bool) \
+        if values.dtype == object else np.isnan(values)
+
+
+def _budgets_and_goodput(run: _Run, groups: dict[str, GroupSummary], overall: GroupSummary) -> list[Check]:
+    scenario = run.scenario
+    checks: list[Check] = []
+    n = run.n
+    good_ttft = np.ones(n, dtype=bool)
+    good_e2e = np.ones(n, dtype=bool)
+    for ci, cname in enumerate(run.class_names):
+        cls = scenario.classes.get(cname)
+        if cls is None:
+            continue
+        for metric in ("ttft_ms", "e2e_ms"):
+            budget = getattr(cls.budgets, metric)
+            rl = request_limit(budget) if budget is not None and budget.hard else None
+            if rl is not None:
+                sel = run.cls == ci
+                ok_v = np.nan_to_num(run.values[metric], nan=np.inf)
+                bad = sel & ~(ok_v <= rl[1])
+                (good_ttft if metric == "ttft_ms" else good_e2e)[bad] = False
+    allowed = np.floor((1.0 - np.nan_to_num(run.itl_q, nan=1.0)) * run.n_gaps + 1e-9)
+    good_itl = run.n_over <= allowed
+    good = run.ok & good_ttft & good_e2e & good_itl
+    eligible = run.scope & ~run.abandoned
+    for ci, cname in enumerate(run.class_names):
+        g = groups[cname]
+        sel = eligible & (run.cls == ci)
+        if cname in scenario.classes:
+            g.n_good = int((good & sel).sum())
+            g.n_eligible = int(sel.sum())
+            g.goodput_rps = M.goodput_rps(g.n_good, run.window_s)
+            g.attainment = M.attainment(g.n_good, g.n_eligible)
+    sel = eligible & np.isin(run.cls, [i for i, c in enumerate(run.class_names) if c in scenario.classes])
+    overall.n_good = int((good & sel).sum())
+    overall.n_eligible = int(sel.sum())
+    overall.goodput_rps = M.goodput_rps(overall.n_good, run.window_s)
+    overall.attainment = M.attainment(overall.n_good, overall.n_eligible)
+    # percentile checks
+    for cname, cls in scenario.classes.items():
+        ci = run.class_names.index(cname) if cname in run.class_names else -1
+        sel = run.scope & (run.cls == ci) if ci >= 0 else np.zeros(n, dtype=bool)
+        n_fail = int((sel & run.failed).sum())
+        for metric in BUDGET_METRICS:
+            budget = getattr(cls.budgets, metric)
+            if budget is None or not budget.limits():
+                continue
+            if metric == "itl_ms":
+                sample = SortedParts([run.itl_desc[ci], run.itl_fail[ci]] if ci >= 0 else [])
+                n_inf = 0
+            else:
+                keep = sel & (run.ok | run.abandoned) if metric == "ttft_ms" else sel & run.ok
+                vals = run.values[metric][keep]
+                vals = np.nan_to_num(vals, nan=np.inf)  # an ok row missing an instant is not good either
+                sample = np.concatenate([vals, np.full(n_fail, np.inf)])
+                sample.sort()
+                n_inf = n_fail
+            checks.extend(budget_checks(cname, metric, budget, sample, n_inf))
+    return checks
+
+
+def _timeseries(run: _Run, plot: dict[str, Any]) -> dict[str, Any]:
+    c = run.c
+    sched, done, sent = c["scheduled_ns"], c["done_ns"], c["sent_ns"]
+    if run.n == 0:
+        return {}
+    t0 = float(sched.min())
+    t1 = float(np.nanmax(np.concatenate([sched, done[~np.isnan(done)]])))
+    bin_s = _nice_bin((t1 - t0) / M.NS_PER_S)
+    edges = np.arange(t0, t1 + bin_s * M.NS_PER_S, bin_s * M.NS_PER_S)
+    if len(edges) < 2:
+        edges = np.array([t0, t0 + bin_s * M.NS_PER_S])
+
+    def rate(values: np.ndarray, weights: np.ndarray | None = None) -> list[float]:
+        v = ~np.isnan(values)
+        h, _ = np.histogram(values[v], bins=edges, weights=None if weights is None else weights[v])
+        return (h / bin_s).tolist()
+
+    ok_done = np.where(run.ok, done, np.nan)
+    fail_done = np.where(run.failed, np.where(np.isnan(done), sched, done), np.nan)
+    mids = (edges[:-1] + edges[1:]) / 2
+    ts = {
+        "bin_s": bin_s,
+        "t_s": (edges[:-1] / M.NS_PER_S).tolist(),
+        "offered_rps": rate(sched),
+        "send_rps": rate(sent),
+        "completed_rps": rate(ok_done),
+        "failed_rps": rate(fail_done),
+        "output_tok_s": rate(ok_done, np.nan_to_num(run.out_best)),
+        "in_flight": in_system_at(sched, done, mids).tolist(),
+    }
+    # TTFT scatter (at most ~4000 points, evenly strided), failures marked
+    idx = np.flatnonzero(run.in_window | True)
+    stride = max(1, len(idx) // 4000)
+    idx = idx[::stride]
+    plot["scatter"] = {
+        "t_s": (sched[idx] / M.NS_PER_S).tolist(),
+        "ttft_ms": [None if math.isnan(v) else float(v) for v in run.values["ttft_ms"][idx]],
+        "failed": run.failed[idx].tolist(),
+        "class": [run.class_names[i] for i in run.cls[idx]],
+    }
+    return ts
+
+
+def _run_info(run: _Run) -> dict[str, Any]:
+    m = run.manifest
+    target = m.get("target") or {}
+    scen = m.get("scenario") or {}
+    trace = m.get("trace") or {}
+    harness = m.get("harness") or {}
+    return {
+        "run_kind": m.get("run_kind"),
+        "state": m.get("state"),
+        "scenario": scen.get("name") if isinstance(scen, dict) else None,
+        "trace": trace.get("name") if isinstance(trace, dict) else None,
+        "target": {k: target.get(k) for k in ("kind", "base_url", "model", "version")} if isinstance(target, dict) else None,
+        "engine": (target.get("engine") or {}).get("name") if isinstance(target, dict) else None,
+        "started_utc": m.get("started_utc"),
+        "duration_s": m.get("duration_s"),
+        "harness_version": harness.get("version") if isinstance(harness, dict) else None,
+        "modelExecuted": m.get("modelExecuted"),
+        "benchmarkExecuted": m.get("benchmarkExecuted"),
+        "synthesized": m.get("synthesized"),
+        "source": m.get("source"),
+        "requests": run.n,
+        "chunk_rows": run.gaps.rows,
+    }
+
+
+def _warm_cold(run: _Run) -> dict[str, Any]:
+    m = run.manifest
+    ws = m.get("warm_state") or {}
+    notes = m.get("engine_notes") or {}
+    out: dict[str, Any] = {
+        "state": ws.get("state", "unknown"),
+        "actions": ws.get("actions", []),
+        "engine_notes": {k: v for k, v in notes.items() if any(w in k for w in ("load", "compile", "cache", "alloc", "graph", "kv"))}
+        if isinstance(notes, dict) else {},
+        "cold_rule": run.cold_rule,
+        "n_cold": int((run.cold & run.in_window).sum()),
+        "cold_in_tables": run.include_cold,
+    }
+    for label, mask in (("cold", run.cold & run.in_window), ("warm", ~run.cold & run.in_window)):
+        desc = mask & (run.ok | run.abandoned)
+        out[label] = {
+            "n": int(mask.sum()),
+            "status_counts": _counts(run.c["status"][mask], STATUSES),
+            "ttft_ms": summarize_sorted(_sorted(run.values["ttft_ms"][desc])),
+            "e2e_ms": summarize_sorted(_sorted(run.values["e2e_ms"][mask & run.ok])),
+        }
+    return out
+
+
+def analyze_run(run_dir: Path | str, *, scenario: Any = None, window: Any = None, include_cold: bool = False) -> Analysis:
+    """Analyse a run directory. ``scenario`` (a ``loadgen.scenario.Scenario``) supplies budgets; by
+    default it is rebuilt from the manifest; with none, every number but no verdicts. ``window`` is
+    ``(start_s, end_s)`` or ``"start:end"`` on the run clock. Cold-start requests are reported apart
+    and left out of the tables and budgets unless ``include_cold``."""
+    from ..rundir import read_manifest
+    from ..scenario import scenario_from_manifest
+
+    run_dir = Path(run_dir)
+    manifest = read_manifest(run_dir)
+    if scenario is None:
+        scenario = scenario_from_manifest(manifest)
+    run = _Run(run_dir, manifest, scenario, window, include_cold)
+    synth = manifest.get("synthesized") or {}
+    rates_meaningful = not synth.get("timing", False)
+    if not rates_meaningful:
+        run.notes.append("instants were synthesized by the importer (" + str(synth.get("method", "")) +
+                         "): rates, client queue, time series and stability are not measurements")
+    plot: dict[str, Any] = {}
+    groups = {name: run.group(name, [i], plot) for i, name in enumerate(run.class_names)}
+    overall = run.group("overall", list(range(len(run.class_names))), plot)
+    failed_in = int((run.in_window & run.failed).sum())
+    share = M.error_share(failed_in, int(run.in_window.sum()))
+    limit = float(scenario.errors.error_rate_limit) if scenario is not None else 0.01
+    errored = share is not None and share > limit
+    checks: list[Check] = []
+    if scenario is not None:
+        checks = _budgets_and_goodput(run, groups, overall)
+        n_win = int(run.in_window.sum())
+        checks.append(Check("overall", "error_share", None, share, limit, n_win, True, not errored,
+                            f"error share {share if share is not None else 0:.2%} "
+                            f"{'>' if errored else '<='} {limit:.2%} ({failed_in} of {n_win} failed)",
+                            evaluated=share is not None))
+        verdict = "fail" if any(c.hard and c.evaluated and not c.passed for c in checks) else "pass"
+    else:
+        verdict = "no budgets"
+        run.notes.append("no scenario: numbers only, no budget verdicts")
+    if run.cold.any() and not include_cold:
+        run.notes.append(f"{int((run.cold & run.in_window).sum())} cold-start request(s) reported apart "
+                         f"({run.cold_rule}); not in the tables or budgets")
+    refuse = None if rates_meaningful else "instants synthesized by the importer: not a measured timeline"
+    stability = assess_stability(run.c["scheduled_ns"], run.c["done_ns"], run.lo, run.hi, refuse=refuse)
+    timeseries = _timeseries(run, plot)
+    server_table = None
+    sm_path = run_dir / SERVER_METRICS_FILE
+    if sm_path.exists():
+        server_table = pq.read_table(sm_path).select(SERVER_METRICS_SCHEMA.names)
+    server = summarize_server_metrics(server_table, run.lo, max(run.hi, float(np.nanmax(run.c["done_ns"])) if
+                                      np.isfinite(run.c["done_ns"]).any() else run.hi))
+    full = summarize_server_metrics(server_table, -np.inf, np.inf) if server_table is not None else None
+    if server is not None and full is not None and "timeseries" in full:
+        server["timeseries"] = full["timeseries"]
+    plot["tokens"] = {
+        name: {"prompt": run.prompt_best[run.scope & run.ok & (run.cls == i)].tolist(),
+               "output": run.out_best[run.scope & run.ok & (run.cls == i)].tolist()}
+        for i, name in enumerate(run.class_names)
+    }
+    if scenario is not None:
+        plot["budgets"] = {name: {m: getattr(cls.budgets, m).limits() if getattr(cls.budgets, m) else {}
+                                  for m in BUDGET_METRICS} for name, cls in scenario.classes.items()}
+    window_info = {"start_s": run.lo / M.NS_PER_S, "end_s": run.hi / M.NS_PER_S, "duration_s": run.window_s,
+                   "default": run.window_default}
+    return Analysis(
+        run_dir=run_dir, run=_run_info(run), window=window_info, classes=groups, overall=overall, checks=checks,
+        verdict=verdict, errored=errored, error_share=share, error_rate_limit=limit,
+        rates_meaningful=rates_meaningful, stability=stability, warm_cold=_warm_cold(run), server=server,
+        timeseries=timeseries, definitions=dict(DEFINITIONS), notes=run.notes, plot_data=plot,
+    )

@@ -1,0 +1,138 @@
+"""The result of analysing one run: plain dataclasses the plan/compare layer reads directly.
+
+``Analysis.to_dict()`` is the ``--json`` document (``schema_version`` ``ANALYSIS_SCHEMA_VERSION``);
+in it a non-finite number (a failure counted as +inf) is written as the string ``"inf"`` so the
+file is strict JSON. In the Python objects it stays ``math.inf``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .budgets import Check
+
+__all__ = ["ANALYSIS_SCHEMA_VERSION", "METRICS", "GroupSummary", "Analysis", "json_ready"]
+
+ANALYSIS_SCHEMA_VERSION = "1"
+
+#: Latency metrics of every group, in report order (all in ms).
+METRICS = ("ttft_ms", "client_queue_ms", "server_ttft_ms", "itl_ms", "inter_chunk_ms", "tpot_ms", "e2e_ms")
+
+
+def json_ready(value: Any) -> Any:
+    """Recursively turn numpy scalars, Paths and non-finite floats into strict-JSON values."""
+    if isinstance(value, dict):
+        return {str(k): json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+@dataclass
+class GroupSummary:
+    """One workload class (or ``overall``) over the measurement window."""
+
+    name: str
+    n_scheduled: int
+    status_counts: dict[str, int]
+    error_kinds: dict[str, int]
+    abandoned: int
+    metrics: dict[str, dict[str, Any]]
+    offered_rps: float | None
+    send_rps: float | None
+    completed_rps: float | None
+    prompt_tok_s: float | None
+    output_tok_s: float | None
+    goodput_rps: float | None = None
+    attainment: float | None = None
+    n_good: int | None = None
+    n_eligible: int | None = None
+    tokens: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Analysis:
+    """Every number of one analysed run; see ``to_dict`` for the JSON layout."""
+
+    run_dir: Path
+    run: dict[str, Any]
+    window: dict[str, Any]
+    classes: dict[str, GroupSummary]
+    overall: GroupSummary
+    checks: list[Check]
+    verdict: str  # "pass" | "fail" | "no budgets"
+    errored: bool
+    error_share: float | None
+    error_rate_limit: float
+    rates_meaningful: bool
+    stability: dict[str, Any]
+    warm_cold: dict[str, Any]
+    server: dict[str, Any] | None
+    timeseries: dict[str, Any]
+    definitions: dict[str, str]
+    notes: list[str] = field(default_factory=list)
+    plot_data: dict[str, Any] = field(default_factory=dict, repr=False)  # CDF points etc., not in JSON
+    schema_version: str = ANALYSIS_SCHEMA_VERSION
+
+    @property
+    def failed_checks(self) -> list[Check]:
+        return [c for c in self.checks if c.evaluated and not c.passed]
+
+    @property
+    def hard_failures(self) -> list[Check]:
+        return [c for c in self.failed_checks if c.hard]
+
+    @property
+    def soft_failures(self) -> list[Check]:
+        return [c for c in self.failed_checks if not c.hard]
+
+    @property
+    def passed(self) -> bool | None:
+        """True when every hard check passed; None when there were no budgets to check."""
+        if self.verdict == "no budgets":
+            return None
+        return not self.hard_failures
+
+    def group(self, name: str) -> GroupSummary:
+        """A class summary by name, or ``overall``."""
+        return self.overall if name == "overall" else self.classes[name]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document (strict JSON after ``json_ready``), with ``schema_version``."""
+        return json_ready({
+            "schema_version": self.schema_version,
+            "run_dir": str(self.run_dir),
+            "run": self.run,
+            "window": self.window,
+            "verdict": {
+                "status": self.verdict,
+                "passed": self.passed,
+                "errored": self.errored,
+                "error_share": self.error_share,
+                "error_rate_limit": self.error_rate_limit,
+                "hard_failures": [c.reason for c in self.hard_failures],
+                "soft_failures": [c.reason for c in self.soft_failures],
+            },
+            "checks": [c.to_dict() for c in self.checks],
+            "overall": self.overall.to_dict(),
+            "classes": {name: g.to_dict() for name, g in self.classes.items()},
+            "rates_meaningful": self.rates_meaningful,
+            "stability": self.stability,
+            "warm_cold": self.warm_cold,
+            "server": self.server,
+            "timeseries": self.timeseries,
+            "definitions": self.definitions,
+            "notes": self.notes,
+        })

@@ -1,0 +1,150 @@
+"""Console report: the verdict first, then one compact table per class (rich)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .model import METRICS, Analysis, GroupSummary
+
+__all__ = ["render_console", "fmt_ms"]
+
+
+def fmt_ms(value: float | None) -> str:
+    """A latency in ms for tables: None → '—', +inf → 'inf'."""
+    if value is None:
+        return "—"
+    if math.isinf(value):
+        return "inf"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def _rate(value: float | None, unit: str) -> str:
+    return "—" if value is None else f"{value:,.2f} {unit}"
+
+
+def _verdict_text(a: Analysis) -> tuple[str, str]:
+    if a.verdict == "no budgets":
+        head, style = "NO BUDGETS (numbers only)", "bold yellow"
+    elif a.verdict == "pass":
+        head, style = "PASS: every hard budget met", "bold green"
+    else:
+        head, style = f"FAIL: {len(a.hard_failures)} hard check(s) failed", "bold red"
+    if a.errored:
+        head += f"  [ERRORED RUN: error share {a.error_share:.1%} > {a.error_rate_limit:.1%}]"
+        style = "bold red"
+    return head, style
+
+
+def _budget_cell(a: Analysis, cname: str, metric: str) -> str:
+    parts = []
+    for c in a.checks:
+        if c.class_name == cname and c.metric == metric:
+            mark = "ok" if c.passed else ("FAIL" if c.hard else "warn")
+            if not c.evaluated:
+                mark = "n/a"
+            parts.append(f"{c.percentile}≤{c.limit:g} {mark}")
+    return ", ".join(parts)
+
+
+def _class_table(a: Analysis, g: GroupSummary) -> Any:
+    from rich.table import Table
+
+    title = (f"{g.name}: {g.n_scheduled} scheduled · " +
+             " ".join(f"{k} {v}" for k, v in g.status_counts.items() if v) +
+             (f" (abandoned {g.abandoned})" if g.abandoned else ""))
+    t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    for col in ("metric (ms)", "n", "p50", "p95", "p99", "mean", "max", "budget"):
+        t.add_column(col, justify="left" if col in ("metric (ms)", "budget") else "right")
+    for metric in METRICS:
+        s = g.metrics[metric]
+        p99 = fmt_ms(s["p99"]) + ("*" if s["n"] and s["p99_low_sample"] else "")
+        t.add_row(metric.removesuffix("_ms"), str(s["n"]), fmt_ms(s["p50"]), fmt_ms(s["p95"]), p99,
+                  fmt_ms(s["mean"]), fmt_ms(s["max"]), _budget_cell(a, g.name, metric))
+    return t
+
+
+def render_console(analysis: Analysis, console: Any = None) -> None:
+    """Print the report to ``console`` (a ``rich.console.Console``; stdout by default)."""
+    from rich.console import Console
+    from rich.panel import Panel
+
+    a = analysis
+    console = console or Console()
+    head, style = _verdict_text(a)
+    lines = [f"[{style}]{head}[/{style}]"]
+    for c in a.hard_failures:
+        lines.append(f"  [red]✗[/red] {c.reason}")
+    for c in a.soft_failures:
+        lines.append(f"  [yellow]![/yellow] {c.reason} (soft)")
+    console.print(Panel("\n".join(lines), title="verdict", expand=False))
+    run = a.run
+    target = run.get("target") or {}
+    console.print(f"run {a.run_dir} · {run.get('run_kind')} · scenario {run.get('scenario')} · "
+                  f"model {target.get('model')} · {run.get('requests')} requests, {run.get('chunk_rows')} chunk rows")
+    w = a.window
+    console.print(f"window {w['start_s']:.3f}–{w['end_s']:.3f} s ({w['duration_s']:.3f} s"
+                  f"{', default' if w['default'] else ''})")
+    o = a.overall
+    note = "" if a.rates_meaningful else "  [yellow](instants synthesized: rates not measured)[/yellow]"
+    console.print(f"offered {_rate(o.offered_rps, 'req/s')} · sent {_rate(o.send_rps, 'req/s')} · completed "
+                  f"{_rate(o.completed_rps, 'req/s')} · prompt {_rate(o.prompt_tok_s, 'tok/s')} · output "
+                  f"{_rate(o.output_tok_s, 'tok/s')}{note}")
+    if o.goodput_rps is not None:
+        att = "—" if o.attainment is None else f"{o.attainment:.1%}"
+        console.print(f"goodput {_rate(o.goodput_rps, 'req/s')} · attainment {att} ({o.n_good}/{o.n_eligible})")
+    groups = list(a.classes.values())
+    if len(groups) != 1:
+        groups.append(a.overall)
+    for g in groups:
+        console.print()
+        console.print(_class_table(a, g))
+        extra = []
+        if g.error_kinds:
+            extra.append("failures: " + ", ".join(f"{k} {v}" for k, v in g.error_kinds.items()))
+        if g.goodput_rps is not None and g is not a.overall:
+            att = "—" if g.attainment is None else f"{g.attainment:.1%}"
+            extra.append(f"goodput {_rate(g.goodput_rps, 'req/s')}, attainment {att}")
+        if extra:
+            console.print("  " + " · ".join(extra))
+    console.print("  * p99 from fewer than 100 samples", style="dim")
+    s = a.stability
+    console.print()
+    if s.get("applied"):
+        console.print(f"stable over {s['interval_s'][0]:.1f}–{s['interval_s'][1]:.1f} s: Little's Law L = "
+                      f"{s['L']:.2f} in system vs λ·W = {s['lambda_rps']:.3f}/s × {s['W_s']:.3f} s = "
+                      f"{s['lambda_W']:.2f} ({s['relative_difference']:.1%} apart)")
+    else:
+        console.print(f"Little's Law not applied: {s.get('reason')}")
+    wc = a.warm_cold
+    console.print(f"warm state: {wc['state']}" + (f" ({'; '.join(wc['actions'])})" if wc.get("actions") else "") +
+                  (f" · {wc['n_cold']} cold request(s) apart, cold TTFT p50 {fmt_ms(wc['cold']['ttft_ms']['p50'])} ms"
+                   if wc.get("n_cold") else ""))
+    if wc.get("engine_notes"):
+        console.print("engine: " + "; ".join(f"{k}={v}" for k, v in wc["engine_notes"].items()))
+    if a.server:
+        sv = a.server
+        bits = []
+        if "kv_cache_usage" in sv:
+            bits.append(f"KV peak {sv['kv_cache_usage']['peak']:.1%}")
+        for key in ("running", "waiting"):
+            if key in sv:
+                bits.append(f"{key} max {sv[key]['max']:g}")
+        if "preemptions" in sv:
+            bits.append(f"preemptions {sv['preemptions']['increase']:g}")
+        if sv.get("prefix_cache", {}).get("hit_rate") is not None:
+            bits.append(f"prefix hit {sv['prefix_cache']['hit_rate']:.1%}")
+        if "batch_tokens_per_step" in sv and sv["batch_tokens_per_step"]["mean"] is not None:
+            bits.append(f"tokens/step {sv['batch_tokens_per_step']['mean']:.1f}")
+        console.print("server: " + (" · ".join(bits) if bits else f"{sv.get('samples', 0)} samples"))
+    tok = a.overall.tokens.get("output", {})
+    if tok:
+        console.print(f"output tokens (ok requests): target {tok['target']}, client {tok['client']}, server "
+                      f"{tok['server']}; server−client {tok['server_minus_client']}, server−target "
+                      f"{tok['server_minus_target']}")
+    for note in a.notes:
+        console.print(f"note: {note}", style="dim")

@@ -1,0 +1,45 @@
+"""``loadgen analyze RUN_DIR``: per-class tails, rates, budget verdicts, stability; console/JSON/HTML."""
+
+from __future__ import annotations
+
+import argparse
+
+#: Exit code of ``--fail-on-budget`` when a hard budget (or the error-share limit) failed.
+EXIT_BUDGET_FAILED = 3
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("analyze", help="analyse a run directory: per-class tails, budgets, stability, reports")
+    p.add_argument("run_dir", help="run directory (measured, simulated or imported)")
+    p.add_argument("--scenario", help="scenario TOML with the budgets (default: the one in the manifest)")
+    p.add_argument("--json", metavar="FILE", help="write every number as JSON (with schema_version)")
+    p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report with plots")
+    p.add_argument("--window", metavar="START:END", help="measurement window in seconds on the run clock")
+    p.add_argument("--include-cold", action="store_true", help="keep cold-start requests in the tables and budgets")
+    p.add_argument("--fail-on-budget", action="store_true",
+                   help=f"exit {EXIT_BUDGET_FAILED} when a hard budget fails (default: exit 0 and print the verdict)")
+    p.add_argument("--quiet", action="store_true", help="no console report (files only)")
+    p.set_defaults(func=_analyze)
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from ..analysis import analyze_run, parse_window, render_console, write_html
+    from ..scenario import load_scenario
+
+    scenario = load_scenario(args.scenario) if args.scenario else None
+    analysis = analyze_run(Path(args.run_dir), scenario=scenario, window=parse_window(args.window),
+                           include_cold=args.include_cold)
+    if not args.quiet:
+        render_console(analysis)
+    if args.json:
+        Path(args.json).write_text(json.dumps(analysis.to_dict(), indent=1) + "\n")
+        print(f"wrote {args.json}")
+    if args.html:
+        write_html(analysis, args.html)
+        print(f"wrote {args.html}")
+    if args.fail_on_budget and analysis.passed is False:
+        return EXIT_BUDGET_FAILED
+    return 0

@@ -1,0 +1,32 @@
+"""``loadgen compare RUN_DIR_OR_PLAN_DIR ... [--route interactive] [--variable NAME] [--prices FILE]``."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="judge serving candidates: hard budgets, then behaviour, then throughput and cost")
+    p.add_argument("candidates", nargs="+", help="run directories or plan directories (two or more)")
+    p.add_argument("--route", default="interactive", help="interactive (streaming classes), all, or class names (comma list)")
+    p.add_argument("--variable", help="the one manifest key allowed to differ (default: target.engine)")
+    p.add_argument("--prices", help="price table TOML (see scenarios/prices.toml, an example)")
+    p.add_argument("--allow-differences", action="store_true", help="compare even when more than the variable differs")
+    p.add_argument("--json", action="store_true", help="print the comparison JSON")
+    p.add_argument("--out", help="also write the comparison JSON to this file")
+    p.set_defaults(func=_compare)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from ..plan import compare_candidates, format_comparison
+
+    comp = compare_candidates(args.candidates, route=args.route, variable=args.variable, prices=args.prices,
+                              allow_differences=args.allow_differences)
+    data = comp.to_dict()
+    if args.out:
+        Path(args.out).write_text(json.dumps(data, indent=2, default=str) + "\n")
+    print(json.dumps(data, indent=2, default=str) if args.json else format_comparison(comp))
+    return 0 if comp.decision["chosen"] else 4

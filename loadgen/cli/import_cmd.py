@@ -1,0 +1,41 @@
+"""``loadgen import llmperf|vllm FILE --out RUN_DIR``: other tools' per-request results → a run directory."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("import", help="import another tool's per-request results as a run directory")
+    s = p.add_subparsers(dest="import_kind", required=True)
+    llm = s.add_parser("llmperf", help="LLMPerf individual/*.json (instants synthesized from durations)")
+    llm.add_argument("file")
+    llm.add_argument("--out", required=True, help="new run directory")
+    llm.add_argument("--concurrency", type=int, default=None,
+                     help="slots for placing requests (default: the matching summary's num_concurrent_requests, else 1)")
+    llm.add_argument("--summary", default=None, help="LLMPerf summary JSON (default: ../summary/<same name>)")
+    llm.add_argument("--class", dest="request_class", default="imported", help="request class to record")
+    llm.set_defaults(func=_llmperf)
+    vl = s.add_parser("vllm", help="vLLM bench serve result saved with --save-detailed")
+    vl.add_argument("file")
+    vl.add_argument("--out", required=True, help="new run directory")
+    vl.add_argument("--concurrency", type=int, default=None, help="slots when the file has no start_times")
+    vl.add_argument("--class", dest="request_class", default="imported", help="request class to record")
+    vl.set_defaults(func=_vllm)
+
+
+def _llmperf(args: argparse.Namespace) -> int:
+    from ..results_import import import_llmperf
+
+    out = import_llmperf(args.file, args.out, concurrency=args.concurrency, request_class=args.request_class,
+                         summary=args.summary)
+    print(f"imported {args.file} → {out} (instants synthesized; see manifest 'synthesized')")
+    return 0
+
+
+def _vllm(args: argparse.Namespace) -> int:
+    from ..results_import import import_vllm_bench
+
+    out = import_vllm_bench(args.file, args.out, request_class=args.request_class, concurrency=args.concurrency)
+    print(f"imported {args.file} → {out}")
+    return 0

@@ -1,0 +1,40 @@
+"""``loadgen plan PLAN.toml --target URL | --sim ENGINE | --sim-worksheet ENGINE --out PLAN_DIR``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="run (or resume) a load plan and write the capacity region")
+    p.add_argument("plan", help="plan TOML file (see scenarios/plans/)")
+    p.add_argument("--out", required=True, help="plan directory; rerunning the same command resumes it")
+    p.add_argument("--target", help="OpenAI-compatible base URL (cold cells are not achievable: loadgen did not launch it)")
+    p.add_argument("--model", help="served model name for --target")
+    p.add_argument("--api-key-env", help="NAME of the env var holding the API key for --target (never recorded)")
+    p.add_argument("--sim", metavar="ENGINE", help="launch the simulated engine (preset or TOML) on loopback; cold = restart it")
+    p.add_argument("--sim-worksheet", metavar="ENGINE", help="the simulated engine in virtual time (fast, deterministic)")
+    p.add_argument("--time-budget-s", type=float, help="override the plan's total time budget (e.g. to extend it on resume)")
+    p.add_argument("--max-runs", type=int, help="start at most N runs in this invocation (the rest resumes later)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--json", action="store_true", help="print region.json instead of the tables")
+    p.set_defaults(func=_plan)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    import json
+
+    from ..plan import format_region, run_plan_file
+
+    result = run_plan_file(
+        args.plan, args.out, target_url=args.target, model=args.model, sim=args.sim, sim_worksheet=args.sim_worksheet,
+        api_key_env=args.api_key_env, max_new_runs=args.max_runs, time_budget_s=args.time_budget_s,
+        log=None if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True)),
+    )
+    if args.json:
+        print(json.dumps(result.region, indent=2, default=str))
+    else:
+        print(format_region(result.region))
+        print(f"\nplan directory: {result.plan_dir} (region.json, region.md, region-*.png)")
+    return 0 if result.state.get("status") == "complete" else 3

@@ -1,0 +1,71 @@
+"""``loadgen run TRACE --target URL --out RUN_DIR``: replay a trace open-loop and record a run directory."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="replay a trace against an OpenAI-compatible endpoint and record a run directory")
+    p.add_argument("trace", help="trace Parquet file (loadgen trace generate/import)")
+    p.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)")
+    p.add_argument("--out", required=True, help="new run directory")
+    p.add_argument("--model", help="served model name (default: scenario model, else the first of /v1/models)")
+    p.add_argument("--scenario", help="scenario TOML: timeouts, privacy, endpoint, budgets")
+    p.add_argument("--endpoint", choices=("completions", "chat"), help="default: the scenario's, else completions")
+    p.add_argument("--max-concurrency", type=int, help="bound on requests in flight (default: the trace's max_in_flight)")
+    p.add_argument("--tokenizer", default="cl100k_base", help="cl100k_base | hf:PATH/tokenizer.json | chars:N | server (the target's /tokenize)")
+    p.add_argument("--api-key-env", help="NAME of the environment variable holding the API key (never recorded)")
+    p.add_argument("--ttft-timeout-s", type=float, help="override the scenario's TTFT timeout")
+    p.add_argument("--total-timeout-s", type=float, help="override the scenario's total timeout")
+    p.add_argument("--scrape-metrics", choices=("auto", "on", "off"), default="auto")
+    p.add_argument("--scrape-interval-s", type=float, default=1.0)
+    p.add_argument("--warm-state", choices=("warm", "cold", "unknown"), default="unknown")
+    p.add_argument("--warm-action", action="append", default=[], help="what was done to reach the warm state (repeatable)")
+    p.add_argument("--order-index", type=int)
+    p.add_argument("--repeat", type=int)
+    p.add_argument("--progress", choices=("auto", "on", "off"), default="auto")
+    p.add_argument("--deadline-s", type=float, help="stop after N seconds; requests not yet sent are recorded not_sent")
+    p.add_argument("--rate-limit-rps", type=float, help="client-side requests/s cap (the wait counts as client queue)")
+    p.add_argument("--vllm-extensions", choices=("auto", "on", "off"), default="auto",
+                   help="send ignore_eos and continuous_usage_stats (auto: not to managed APIs)")
+    p.add_argument("--max-tokens-field", choices=("max_tokens", "max_completion_tokens"), default="max_tokens")
+    p.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="extra request header (value not recorded)")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from ..driver import RunOptions, run_trace_sync
+    from ..errors import LoadgenError
+    from ..rundir import read_manifest
+    from ..scenario import format_validation_error
+
+    headers = {}
+    for item in args.header:
+        name, sep, value = item.partition(":")
+        if not sep or not name.strip():
+            raise LoadgenError(f"--header {item.split(':')[0]!r}: expected NAME:VALUE")
+        headers[name.strip()] = value.strip()
+    try:
+        options = RunOptions(
+            trace_path=args.trace, target_url=args.target, out_dir=args.out, model=args.model,
+            scenario_path=args.scenario, endpoint=args.endpoint, max_concurrency=args.max_concurrency,
+            tokenizer=args.tokenizer, api_key_env=args.api_key_env, ttft_timeout_s=args.ttft_timeout_s,
+            total_timeout_s=args.total_timeout_s, scrape_metrics=args.scrape_metrics,
+            scrape_interval_s=args.scrape_interval_s, warm_state=args.warm_state, warm_actions=args.warm_action,
+            order_index=args.order_index, repeat=args.repeat, progress=args.progress, deadline_s=args.deadline_s,
+            rate_limit_rps=args.rate_limit_rps, vllm_extensions=args.vllm_extensions,
+            max_tokens_field=args.max_tokens_field, headers=headers,
+        )
+    except ValidationError as exc:
+        raise LoadgenError(format_validation_error("loadgen run", exc)) from None
+    run_dir = run_trace_sync(options)
+    manifest = read_manifest(run_dir)
+    counts = ", ".join(f"{k} {v}" for k, v in manifest.get("status_counts", {}).items() if v)
+    lag = manifest.get("send_lag_ns") or {}
+    lag_text = (f"send lag p50 {lag['p50'] / 1e3:.0f} µs, p99 {lag['p99'] / 1e3:.0f} µs" if lag.get("p99") is not None else "send lag n/a")
+    print(f"{run_dir}: {manifest.get('scheduled_requests')} scheduled: {counts}; {lag_text}; "
+          f"{manifest.get('chunks_recorded')} chunks in {manifest.get('duration_s', 0):.1f} s")
+    return 0

@@ -1,0 +1,59 @@
+"""``loadgen sim run|serve|presets``: the simulated engine's two faces."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sim", help="simulated engine: virtual-time worksheet or live OpenAI-compatible server")
+    s = p.add_subparsers(dest="sim_command", required=True)
+
+    run = s.add_parser("run", help="replay a trace in virtual time and write a run directory")
+    run.add_argument("trace", help="trace .parquet file")
+    run.add_argument("--engine", required=True, help="engine TOML file or preset name (loadgen sim presets)")
+    run.add_argument("--out", required=True, help="run directory to create")
+    run.add_argument("--seed", type=int, default=0, help="seed for step-time noise and faults (default 0)")
+    run.add_argument("--scenario", default=None, help="scenario TOML the trace came from (recorded in the manifest)")
+    run.set_defaults(func=_run)
+
+    srv = s.add_parser("serve", help="live OpenAI-compatible server on loopback, engine in real time")
+    srv.add_argument("--engine", required=True, help="engine TOML file or preset name")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8000, help="port (0 = any free port)")
+    srv.add_argument("--tokenizer", default=None, help="tokenizer spec for prompt counting (default: the engine's)")
+    srv.add_argument("--fault-log", default=None, help="append injected faults to this JSONL file")
+    srv.add_argument("--seed", type=int, default=0, help="seed for step-time noise and faults (default 0)")
+    srv.set_defaults(func=_serve)
+
+    pre = s.add_parser("presets", help="list the shipped engine presets")
+    pre.set_defaults(func=_presets)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ..sim.worksheet import run_worksheet
+    from ..rundir import read_manifest
+
+    out = run_worksheet(args.trace, args.engine, args.out, seed=args.seed, scenario=args.scenario)
+    notes = read_manifest(out).get("engine_notes", {})
+    rate = notes.get("output_tokens_per_busy_s")
+    print(
+        f"{out}: simulated {notes.get('virtual_duration_s', 0):.1f} s, {notes.get('steps', 0)} steps, "
+        f"busy {notes.get('busy_s', 0):.1f} s, output {notes.get('output_tokens', 0)} tokens"
+        + (f" ({rate:.0f} tok/s busy)" if rate else "")
+    )
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from ..sim.server import serve
+
+    return serve(args.engine, args.host, args.port, tokenizer=args.tokenizer, fault_log=args.fault_log, seed=args.seed)
+
+
+def _presets(args: argparse.Namespace) -> int:
+    from ..sim.config import list_presets, load_engine_config
+
+    for name in list_presets():
+        print(f"{name:28s} {load_engine_config(name).description}")
+    return 0

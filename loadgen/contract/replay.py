@@ -1,0 +1,542 @@
+"""Replay frozen cases against a serving candidate, alone or under load, and diff against a reference.
+
+Each case is sent once (non-streaming by default; ``stream=True`` reads SSE with the usage chunk)
+with its deterministic settings (temperature 0, seed, max_tokens, stop), the ``X-Loadgen-Case``
+header (ignored by real engines; the simulated engine's responder uses it) and the API key from an
+environment variable (never recorded). 429 answers are retried after their Retry-After, and recorded. The result keeps, per case, every check's
+expected vs got, the settings and the answer text (contract prompts are frozen test material, not
+user data).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+import anyio
+import httpx
+
+from ..errors import TargetError
+from ..identity import utc_now_iso
+from .cases import Case, CaseSet
+from .checks import CheckOutcome, Observed, run_checks
+from .responder import CASE_HEADER
+
+__all__ = [
+    "CaseResult",
+    "ContractResult",
+    "CaseDiff",
+    "ContractDiff",
+    "CONTRACT_FILE",
+    "replay_cases",
+    "replay_cases_sync",
+    "replay_under_load",
+    "diff",
+    "render_messages_as_prompt",
+    "write_contract",
+    "read_contract",
+]
+
+#: File name of a contract result inside a run directory.
+CONTRACT_FILE = "contract.json"
+_MAX_TEXT = 4000
+
+
+def _redact(message: str, secrets: tuple[str, ...]) -> str:
+    from ..driver.error_kinds import redact
+
+    return redact(message, secrets)
+
+
+def _redact_url(url: str) -> str:
+    from ..driver.error_kinds import redact_url
+
+    return redact_url(url)
+
+
+@dataclass
+class CaseResult:
+    case_id: str
+    passed: bool
+    checks: list[CheckOutcome]
+    settings: dict[str, Any]
+    observed: Observed
+    attempts: int = 1
+    retry_after_s: list[float] = field(default_factory=list)
+    elapsed_ms: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        obs = asdict(self.observed)
+        if obs["text"] is not None and len(obs["text"]) > _MAX_TEXT:
+            obs["text"] = obs["text"][:_MAX_TEXT]
+            obs["text_truncated"] = True
+        return {
+            "case_id": self.case_id,
+            "passed": self.passed,
+            "checks": [c.to_dict() for c in self.checks],
+            "settings": self.settings,
+            "observed": obs,
+            "attempts": self.attempts,
+            "retry_after_s": self.retry_after_s,
+            "elapsed_ms": self.elapsed_ms,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CaseResult":
+        obs = dict(data["observed"])
+        obs.pop("text_truncated", None)
+        return cls(
+            case_id=data["case_id"], passed=data["passed"],
+            checks=[CheckOutcome(**c) for c in data["checks"]], settings=data["settings"],
+            observed=Observed(**obs), attempts=data.get("attempts", 1),
+            retry_after_s=list(data.get("retry_after_s", [])), elapsed_ms=data.get("elapsed_ms"),
+        )
+
+
+@dataclass
+class CaseDiff:
+    """One case compared with the reference candidate.
+
+    status: ``same_pass``, ``same_fail`` (same checks fail), ``regressed`` (reference passed,
+    candidate fails), ``fixed`` (reference failed, candidate passes), ``changed_checks`` (both fail,
+    different checks), ``missing`` (not replayed on the candidate), ``extra`` (not in the reference).
+    """
+
+    case_id: str
+    status: str
+    reference_failed: list[str]
+    candidate_failed: list[str]
+    output_changed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ContractDiff:
+    cases: list[CaseDiff]
+
+    @property
+    def regressions(self) -> list[str]:
+        return [c.case_id for c in self.cases if c.status in ("regressed", "changed_checks", "missing")]
+
+    @property
+    def changed(self) -> bool:
+        """Any case whose pass/fail pattern differs from the reference (improvements included)."""
+        return any(c.status not in ("same_pass", "same_fail") for c in self.cases)
+
+    @property
+    def rejects(self) -> bool:
+        """The candidate changes contract behaviour for the worse: reject before any cost comparison."""
+        return bool(self.regressions)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rejects": self.rejects,
+            "changed": self.changed,
+            "regressions": self.regressions,
+            "outputs_changed": [c.case_id for c in self.cases if c.output_changed],
+            "cases": [c.to_dict() for c in self.cases],
+        }
+
+
+@dataclass
+class ContractResult:
+    """Per-case pass/fail for one candidate; ``passed`` only when every case passed."""
+
+    cases: list[CaseResult]
+    target: dict[str, Any]
+    mode: str = "alone"  # alone | under_load
+    sources: list[dict[str, str]] = field(default_factory=list)
+    started_utc: str | None = None
+    ended_utc: str | None = None
+    notes: list[str] = field(default_factory=list)
+    reference_diff: ContractDiff | None = None
+    run_dir: str | None = None  # under_load: the run it was mixed into
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.cases) and all(c.passed for c in self.cases)
+
+    @property
+    def failures(self) -> list[dict[str, Any]]:
+        """Every failed check: case id, check kind, expected, got."""
+        return [
+            {"case_id": c.case_id, "kind": o.kind, "expected": o.expected, "got": o.got}
+            for c in self.cases for o in c.checks if not o.passed
+        ]
+
+    def by_id(self) -> dict[str, CaseResult]:
+        return {c.case_id: c for c in self.cases}
+
+    def summary(self) -> str:
+        n_ok = sum(c.passed for c in self.cases)
+        line = f"contract {'PASSED' if self.passed else 'FAILED'}: {n_ok}/{len(self.cases)} cases passed ({self.mode})"
+        if self.reference_diff is not None:
+            line += f"; vs reference: {'REJECT (behaviour changed: ' + ', '.join(self.reference_diff.regressions) + ')' if self.reference_diff.rejects else 'no regression'}"
+        return line
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "loadgen.contract_result",
+            "version": 1,
+            "passed": self.passed,
+            "mode": self.mode,
+            "n_cases": len(self.cases),
+            "n_passed": sum(c.passed for c in self.cases),
+            "target": self.target,
+            "sources": self.sources,
+            "started_utc": self.started_utc,
+            "ended_utc": self.ended_utc,
+            "run_dir": self.run_dir,
+            "notes": self.notes,
+            "failures": self.failures,
+            "response_models": sorted({c.observed.response_model for c in self.cases if c.observed.response_model}),
+            "system_fingerprints": sorted({c.observed.system_fingerprint for c in self.cases if c.observed.system_fingerprint}),
+            "reference_diff": self.reference_diff.to_dict() if self.reference_diff else None,
+            "cases": [c.to_dict() for c in self.cases],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ContractResult":
+        ref = data.get("reference_diff")
+        return cls(
+            cases=[CaseResult.from_dict(c) for c in data["cases"]], target=data.get("target", {}),
+            mode=data.get("mode", "alone"), sources=data.get("sources", []),
+            started_utc=data.get("started_utc"), ended_utc=data.get("ended_utc"), notes=data.get("notes", []),
+            reference_diff=ContractDiff([CaseDiff(**c) for c in ref["cases"]]) if ref else None,
+            run_dir=data.get("run_dir"),
+        )
+
+
+def write_contract(result: ContractResult, path: str | Path) -> Path:
+    """Write a result as JSON (``contract.json`` inside a run directory)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_contract(path: str | Path) -> ContractResult:
+    """Read a result written by :func:`write_contract` (a run directory is accepted)."""
+    from ..errors import RunDirError
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / CONTRACT_FILE
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RunDirError(f"{path}: no such file: expected a contract result (contract.json)") from None
+    except json.JSONDecodeError as exc:
+        raise RunDirError(f"{path}: invalid JSON at line {exc.lineno}: expected a contract result") from None
+    if data.get("kind") != "loadgen.contract_result":
+        raise RunDirError(f"{path}: kind = {data.get('kind')!r}: expected 'loadgen.contract_result'")
+    return ContractResult.from_dict(data)
+
+
+def diff(result: ContractResult, reference_result: ContractResult) -> ContractDiff:
+    """Compare a candidate's result with the reference candidate's, case by case."""
+    ref = reference_result.by_id()
+    cand = result.by_id()
+    out: list[CaseDiff] = []
+    for case_id in list(ref) + [i for i in cand if i not in ref]:
+        r, c = ref.get(case_id), cand.get(case_id)
+        r_failed = [o.kind for o in r.checks if not o.passed] if r else []
+        c_failed = [o.kind for o in c.checks if not o.passed] if c else []
+        if c is None:
+            status = "missing"
+        elif r is None:
+            status = "extra"
+        elif r.passed and c.passed:
+            status = "same_pass"
+        elif r.passed:
+            status = "regressed"
+        elif c.passed:
+            status = "fixed"
+        else:
+            status = "same_fail" if sorted(r_failed) == sorted(c_failed) else "changed_checks"
+        changed = bool(r and c and (r.observed.text or "").strip() != (c.observed.text or "").strip())
+        out.append(CaseDiff(case_id, status, r_failed, c_failed, changed))
+    return ContractDiff(out)
+
+
+def render_messages_as_prompt(case: Case) -> str:
+    """A completions-endpoint prompt for a chat case: ``Role: content`` blocks, then ``Assistant:``."""
+    if case.request.prompt is not None:
+        return case.request.prompt
+    blocks = [f"{m.role.capitalize()}: {m.content}" for m in case.request.messages or []]
+    return "\n\n".join(blocks) + "\n\nAssistant:"
+
+
+def _body(case: Case, model: str, endpoint: str, stream: bool = False) -> dict[str, Any]:
+    req = case.request
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": req.max_tokens,
+        "temperature": req.temperature,
+        "stream": stream,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    if req.seed is not None:
+        body["seed"] = req.seed
+    if req.stop:
+        body["stop"] = list(req.stop)
+    if endpoint == "chat":
+        if req.messages is not None:
+            body["messages"] = [m.model_dump() for m in req.messages]
+        else:
+            body["messages"] = [{"role": "user", "content": req.prompt}]
+        if req.response_format is not None:
+            body["response_format"] = dict(req.response_format)
+    else:
+        body["prompt"] = render_messages_as_prompt(case)
+    return body
+
+
+def _parse_response(data: Any, endpoint: str) -> Observed:
+    if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
+        return Observed(None, error=f"unexpected response body: {str(data)[:200]}")
+    choice = data["choices"][0] or {}
+    if endpoint == "chat":
+        text = (choice.get("message") or {}).get("content")
+    else:
+        text = choice.get("text")
+    usage = data.get("usage") or {}
+    return Observed(
+        text=text if isinstance(text, str) else ("" if text is None else str(text)),
+        finish_reason=choice.get("finish_reason"),
+        completion_tokens=usage.get("completion_tokens"),
+        prompt_tokens=usage.get("prompt_tokens"),
+        response_model=data.get("model"),
+        system_fingerprint=data.get("system_fingerprint"),
+        http_status=200,
+    )
+
+
+def _parse_stream(raw: str, endpoint: str) -> Observed:
+    """An SSE body read whole: content deltas joined, the last finish_reason, usage from the usage chunk."""
+    parts: list[str] = []
+    finish = model = fingerprint = None
+    usage: dict[str, Any] = {}
+    for line in raw.splitlines():
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            break
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            return Observed(None, http_status=200, error=f"malformed SSE event: {payload[:120]}")
+        model = chunk.get("model") or model
+        fingerprint = chunk.get("system_fingerprint") or fingerprint
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices") or []:
+            piece = (choice.get("delta") or {}).get("content") if endpoint == "chat" else choice.get("text")
+            if piece:
+                parts.append(piece)
+            finish = choice.get("finish_reason") or finish
+    return Observed("".join(parts), finish, usage.get("completion_tokens"), usage.get("prompt_tokens"),
+                    model, fingerprint, 200)
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    from ..driver.error_kinds import parse_retry_after
+
+    return parse_retry_after(response.headers.get("retry-after"))
+
+
+async def _replay_one(
+    client: httpx.AsyncClient, case: Case, model: str, endpoint: str, path: str,
+    secrets: tuple[str, ...], max_retries: int, max_retry_wait_s: float, stream: bool = False,
+) -> CaseResult:
+    body = _body(case, model, endpoint, stream)
+    settings = {**case.request.settings(), "endpoint": endpoint, "stream": stream}
+    if endpoint == "completions" and case.request.messages is not None:
+        settings["prompt_template"] = "role-blocks"
+    retry_waits: list[float] = []
+    attempts = 0
+    start = time.perf_counter()
+    obs: Observed
+    while True:
+        attempts += 1
+        try:
+            response = await client.post(path, json=body, headers={CASE_HEADER: case.id})
+        except httpx.HTTPError as exc:
+            obs = Observed(None, error=_redact(f"{exc.__class__.__name__}: {exc}", secrets))
+            break
+        if response.status_code == 429 and attempts <= max_retries:
+            wait = _retry_after(response)
+            retry_waits.append(wait if wait is not None else -1.0)
+            await anyio.sleep(min(max(wait or 1.0, 0.0), max_retry_wait_s))
+            continue
+        if response.status_code != 200:
+            obs = Observed(None, http_status=response.status_code,
+                           error=_redact(f"HTTP {response.status_code}: {response.text[:200]}", secrets))
+            break
+        if stream:
+            obs = _parse_stream(response.text, endpoint)
+            break
+        try:
+            data = response.json()
+        except ValueError:
+            obs = Observed(None, http_status=200, error="response is not JSON")
+            break
+        obs = _parse_response(data, endpoint)
+        break
+    outcomes = run_checks(case, obs)
+    return CaseResult(
+        case_id=case.id, passed=all(o.passed for o in outcomes), checks=outcomes, settings=settings,
+        observed=obs, attempts=attempts, retry_after_s=retry_waits,
+        elapsed_ms=round((time.perf_counter() - start) * 1000, 3),
+    )
+
+
+def _api_key(api_key_env: str | None) -> str | None:
+    if api_key_env is None:
+        return None
+    key = os.environ.get(api_key_env)
+    if not key:
+        raise TargetError(f"--api-key-env {api_key_env}: environment variable is unset or empty: expected the API key in it")
+    return key
+
+
+async def replay_cases(
+    cases: CaseSet | Iterable[Case],
+    target_url: str,
+    model: str | None,
+    *,
+    api_key_env: str | None = None,
+    endpoint: Literal["chat", "completions"] = "chat",
+    reference: ContractResult | None = None,
+    mode: str = "alone",
+    concurrency: int = 1,
+    timeout_s: float = 120.0,
+    max_retries: int = 3,
+    max_retry_wait_s: float = 60.0,
+    stream: bool = False,
+) -> ContractResult:
+    """Replay every case against ``target_url`` (OpenAI-compatible base URL) and check the answers.
+
+    ``model`` None or empty: the first model ``GET /v1/models`` lists.
+    With ``reference`` (the reference candidate's result), the result carries ``reference_diff``.
+    """
+    if endpoint not in ("chat", "completions"):
+        raise TargetError(f"endpoint = {endpoint!r}: expected 'chat' or 'completions'")
+    case_list = list(cases)
+    sources = list(cases.sources) if isinstance(cases, CaseSet) else sorted(
+        {c.source for c in case_list if c.source}, key=str)
+    if sources and isinstance(sources[0], str):
+        sources = [{"path": s} for s in sources]
+    key = _api_key(api_key_env)
+    secrets = (key,) if key else ()
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    if not model:
+        model = await _first_served_model(target_url, api_key_env)
+    base = target_url.rstrip("/")
+    if base.endswith("/v1"):
+        base = base[: -len("/v1")]
+    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+    started = utc_now_iso()
+    results: dict[str, CaseResult] = {}
+    limiter = anyio.CapacityLimiter(max(1, concurrency))
+    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=httpx.Timeout(timeout_s)) as client:
+
+        async def one(case: Case) -> None:
+            async with limiter:
+                results[case.id] = await _replay_one(client, case, model, endpoint, path, secrets,
+                                                     max_retries, max_retry_wait_s, stream)
+
+        async with anyio.create_task_group() as tg:
+            for case in case_list:
+                tg.start_soon(one, case)
+    result = ContractResult(
+        cases=[results[c.id] for c in case_list],
+        target={"base_url": _redact_url(base), "model": model, "endpoint": endpoint,
+                "api_key_env": api_key_env},
+        mode=mode, sources=sources, started_utc=started, ended_utc=utc_now_iso(),
+    )
+    if any(c.observed.http_status is None and c.observed.text is None for c in result.cases):
+        result.notes.append("some cases got no response (connection errors): they count as failures")
+    if reference is not None:
+        result.reference_diff = diff(result, reference)
+    return result
+
+
+def replay_cases_sync(*args: Any, **kwargs: Any) -> ContractResult:
+    """:func:`replay_cases` from synchronous code."""
+    return anyio.run(lambda: replay_cases(*args, **kwargs))
+
+
+async def _first_served_model(target_url: str, api_key_env: str | None) -> str:
+    """The first model ``GET /v1/models`` lists (what the driver also defaults to)."""
+    key = _api_key(api_key_env)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    base = target_url.rstrip("/").removesuffix("/v1")
+    try:
+        async with httpx.AsyncClient(base_url=base, headers=headers, timeout=30) as client:
+            data = (await client.get("/v1/models")).json()
+        return str(data["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        raise TargetError(f"target {_redact_url(base)}: no model given and GET /v1/models lists none: expected a model") from None
+
+
+async def replay_under_load(
+    cases: CaseSet | Iterable[Case],
+    run_options: Any,
+    *,
+    delay_s: float = 1.0,
+    reference: ContractResult | None = None,
+    endpoint: Literal["chat", "completions"] | None = None,
+    **replay_kwargs: Any,
+) -> tuple[Path, ContractResult]:
+    """Run a trace with the driver and, while it runs, replay the cases against the same target.
+
+    The cases start ``delay_s`` after the run starts (so they meet a loaded server) and the result is
+    written into the run directory as ``contract.json`` with ``mode: under_load``. Returns
+    ``(run_dir, result)``. ``run_options`` is a ``loadgen.driver.RunOptions``.
+    """
+    from ..driver import run_trace
+
+    target_url = str(run_options.target_url)
+    api_key_env = run_options.api_key_env
+    scenario = None
+    if run_options.scenario_path is not None:
+        from ..scenario import load_scenario
+
+        scenario = load_scenario(run_options.scenario_path)
+    model = run_options.model or (scenario.model if scenario is not None else None)
+    if model is None:
+        model = await _first_served_model(target_url, api_key_env)
+    if endpoint is None:
+        ep = run_options.endpoint or (scenario.endpoint if scenario is not None else None)
+        endpoint = "completions" if ep == "completions" else "chat"
+    holder: dict[str, Any] = {}
+
+    async def run() -> None:
+        holder["run_dir"] = await run_trace(run_options)
+
+    async def replay() -> None:
+        await anyio.sleep(delay_s)
+        holder["result"] = await replay_cases(
+            cases, target_url, model, api_key_env=api_key_env, endpoint=endpoint,
+            reference=reference, mode="under_load", **replay_kwargs)
+        holder["replay_done_perf_ns"] = time.perf_counter_ns()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        tg.start_soon(replay)
+    run_dir = Path(holder["run_dir"])
+    result: ContractResult = holder["result"]
+    result.run_dir = str(run_dir)
+    result.notes.append(f"replayed concurrently with the run's trace, starting {delay_s:g} s after the run started")
+    write_contract(result, run_dir / CONTRACT_FILE)
+    return run_dir, result

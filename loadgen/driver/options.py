@@ -1,0 +1,71 @@
+"""RunOptions: every knob of one replay, validated once (pydantic, extra fields forbidden)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["RunOptions"]
+
+
+class RunOptions(BaseModel):
+    """Options of ``run_trace``. None means "take it from the scenario / trace / target"."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trace_path: Path
+    target_url: str = Field(min_length=1)
+    out_dir: Path
+    model: str | None = None  # default: scenario.model, else the first of GET /v1/models
+    scenario_path: Path | None = None  # budgets, timeouts, privacy, endpoint
+    endpoint: Literal["completions", "chat"] | None = None  # default: scenario.endpoint, else completions
+    max_concurrency: int | None = Field(default=None, ge=1)  # default: trace max_in_flight / closed concurrency
+    tokenizer: str = "cl100k_base"  # cl100k_base | hf:PATH/tokenizer.json | chars:N | server
+    api_key_env: str | None = None  # NAME of the env var holding the key; the key is never recorded
+    ttft_timeout_s: float | None = Field(default=None, gt=0)
+    total_timeout_s: float | None = Field(default=None, gt=0)
+    scrape_metrics: Literal["auto", "on", "off"] = "auto"  # auto: when GET /metrics answers
+    scrape_interval_s: float = Field(default=1.0, gt=0)
+    metrics_prefixes: list[str] | None = None  # keep only these metric-name prefixes
+    warm_state: Literal["warm", "cold", "unknown"] = "unknown"
+    warm_actions: list[str] = []
+    order_index: int | None = None
+    repeat: int | None = None
+    plan_cell: dict[str, Any] | None = None
+    extra_manifest: dict[str, Any] = {}  # merged into the manifest (one level deep) by plan/vLLM layers
+    progress: Literal["auto", "on", "off"] = "auto"  # auto: only on a TTY
+    deadline_s: float | None = Field(default=None, gt=0)  # stop after N s; unsent become not_sent
+    rate_limit_rps: float | None = Field(default=None, gt=0)  # client-side cap; the wait is client queue
+    vllm_extensions: Literal["auto", "on", "off"] = "auto"  # ignore_eos + continuous_usage_stats; auto: off for managed APIs
+    max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
+    extra_body: dict[str, Any] = {}  # merged into every request body (e.g. temperature)
+    headers: dict[str, str] = {}  # extra headers on every request (names recorded, values not)
+    request_headers: dict[str, dict[str, str]] = {}  # per request_id headers (e.g. X-Loadgen-Fault in tests)
+    run_kind: Literal["measured", "simulated"] = "measured"
+    flush_interval_s: float = Field(default=2.0, gt=0)
+
+    @field_validator("target_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"{value!r}: expected an http:// or https:// URL")
+        return value.rstrip("/")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        if value is not None and (not value or not value.replace("_", "a").isalnum()):
+            raise ValueError(f"{value!r}: expected the NAME of an environment variable, not a key")
+        return value
+
+    def manifest(self) -> dict[str, Any]:
+        """The options as recorded: URL without credentials, header values dropped."""
+        from .error_kinds import redact_url
+
+        data = self.model_dump(mode="json")
+        data["target_url"] = redact_url(self.target_url)
+        data["headers"] = sorted(self.headers)
+        data["request_headers"] = {rid: sorted(h) for rid, h in self.request_headers.items()}
+        return data

@@ -1,0 +1,360 @@
+"""run_trace: replay one trace against one target and write one run directory.
+
+One task group per run: the recorder (files open before the first send), the optional metrics
+scraper and progress display, and inside one deadline scope the request tasks started by the
+open-loop (or closed-loop) scheduler. Whatever ends the run (last request, deadline, Ctrl-C, a dead
+server, a bug), the ``finally`` block records every scheduled request that has no row yet as
+``not_sent`` and closes the run directory, so the accounting is always exact.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+import httpx
+
+from ..errors import TargetError, TraceError
+from ..identity import harness_identity, host_identity, sha256_file, utc_now_iso
+from ..prompts import get_tokenizer
+from ..records import STATUS_NOT_SENT, STATUS_OK
+from ..rundir import RunWriter  # noqa: F401  (ArrowRunWriter extends it)
+from .client import RunContext, execute, request_row
+from .jobs import ServerTokenizer, build_jobs, resolve_tokenizer
+from .metrics_scrape import MetricsScraper
+from .options import RunOptions
+from .progress import Progress
+from .recorder import ArrowRunWriter, Recorder, warm_up_arrow
+from .schedule import RateGate, sleep_until
+from .target import probe_target
+from .transport import RawHTTP11Transport
+
+__all__ = ["run_trace", "run_trace_sync", "SEND_LAG_WARN_NS"]
+
+#: Warn when the send-lag p99 exceeds this (ns).
+SEND_LAG_WARN_NS = 1_000_000
+#: Start instant is this far after setup ends, so task-group start-up is not counted as lag.
+LEAD_NS = 50_000_000
+REAL_ENGINES = ("vllm", "managed", "openai-compatible")
+
+
+def _split_base(url: str) -> tuple[str, str]:
+    """(server root for /version and /metrics, API prefix) from a target URL with or without /v1."""
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    prefix = "/v1"
+    if path.endswith("/v1"):
+        path = path[: -len("/v1")]
+    root = urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+    return root, prefix
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            base[key] = {**base[key], **value}
+        else:
+            base[key] = value
+    return base
+
+
+def _timeouts(options: RunOptions, scenario, classes: set[str]) -> dict[str, tuple[int | None, int | None]]:
+    """Per class (ttft_ns, total_ns): option override > class setting > scenario errors > none."""
+    out = {}
+    for name in classes:
+        cls = scenario.classes.get(name) if scenario else None
+        ttft = options.ttft_timeout_s or (cls.ttft_timeout_s if cls else None) or (scenario.errors.ttft_timeout_s if scenario else None)
+        total = options.total_timeout_s or (cls.total_timeout_s if cls else None) or (scenario.errors.total_timeout_s if scenario else None)
+        out[name] = (int(ttft * 1e9) if ttft else None, int(total * 1e9) if total else None)
+    return out
+
+
+async def run_trace(options: RunOptions) -> Path:
+    """Replay ``options.trace_path`` against ``options.target_url``; returns the run directory."""
+    from ..scenario import load_scenario, scenario_manifest
+    from ..trace.io import read_trace
+
+    scenario = load_scenario(options.scenario_path) if options.scenario_path else None
+    table, trace_meta = read_trace(options.trace_path)
+    if table.num_rows == 0:
+        raise TraceError(f"{options.trace_path}: trace has no requests: expected at least one row")
+    warnings: list[str] = []
+    if scenario and trace_meta.get("scenario_sha256") and scenario.sha256 and trace_meta["scenario_sha256"] != scenario.sha256:
+        warnings.append(f"trace was generated from scenario sha256 {trace_meta['scenario_sha256'][:12]}, "
+                        f"not {options.scenario_path} ({scenario.sha256[:12]})")
+
+    secrets: tuple[str, ...] = ()
+    headers = {"accept": "text/event-stream", "accept-encoding": "identity", **options.headers}
+    if options.api_key_env:
+        key = os.environ.get(options.api_key_env, "")
+        if not key:
+            raise TargetError(f"--api-key-env {options.api_key_env}: variable unset or empty: expected the API key in it")
+        secrets = (key,)
+        headers["authorization"] = f"Bearer {key}"
+    parts = urlsplit(options.target_url)
+    if parts.password:
+        secrets += (parts.password,)
+    if parts.username and "authorization" not in headers:  # what httpx does with URL userinfo
+        import base64
+
+        token = base64.b64encode(f"{parts.username}:{parts.password or ''}".encode()).decode()
+        headers["authorization"] = f"Basic {token}"
+        secrets += (token,)
+    secrets += tuple(v for v in options.headers.values() if len(v) >= 8)
+
+    endpoint = options.endpoint or (scenario.endpoint if scenario else "completions")
+    mode = trace_meta.get("mode", "open")
+    if mode == "closed":
+        concurrency = options.max_concurrency or trace_meta.get("concurrency") or 1
+    else:
+        concurrency = options.max_concurrency or trace_meta.get("max_in_flight")
+        if concurrency is None and scenario and trace_meta.get("trace_name") in scenario.traces:
+            concurrency = scenario.traces[trace_meta["trace_name"]].max_in_flight
+    limit_connections = int(concurrency) if concurrency else None
+
+    root, prefix = _split_base(options.target_url)
+    path = prefix + ("/chat/completions" if endpoint == "chat" else "/completions")
+    ttft_cap = options.ttft_timeout_s or (scenario.errors.ttft_timeout_s if scenario else 60.0)
+    transport = RawHTTP11Transport(keepalive_expiry_s=30.0, max_idle=limit_connections or 4096,
+                                   connect_timeout_s=min(30.0, ttft_cap))
+    client = httpx.AsyncClient(
+        base_url=root,
+        headers=headers,
+        timeout=httpx.Timeout(None, connect=min(30.0, ttft_cap)),
+        transport=transport,
+        trust_env=False,
+    )
+    async with client:
+        info = await probe_target(client, root, options.model or (scenario.model if scenario else None), secrets=secrets)
+        model = info.model
+        extensions = options.vllm_extensions == "on" or (options.vllm_extensions == "auto" and info.kind != "managed")
+        retain_prompt = bool(scenario and scenario.privacy.retain_prompt_text)
+        retain_completion = bool(scenario and scenario.privacy.retain_completion_text)
+
+        t_build = time.perf_counter()
+        tokenizer = resolve_tokenizer(options.tokenizer, root, model, {k: v for k, v in headers.items() if k == "authorization"})
+        try:
+            jobs = await anyio.to_thread.run_sync(
+                lambda: build_jobs(
+                    table, model=model, endpoint=endpoint, tokenizer=tokenizer, retain_prompt_text=retain_prompt,
+                    vllm_extensions=extensions, max_tokens_field=options.max_tokens_field, extra_body=options.extra_body,
+                )
+            )
+        finally:
+            if isinstance(tokenizer, ServerTokenizer):
+                tokenizer.close()
+        endpoint_url = client.base_url.join(path)
+        base_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in client.headers.items()]
+        base_headers = [(k, v) for k, v in base_headers if k.lower() not in (b"content-length", b"host")]
+        base_headers.insert(0, (b"host", endpoint_url.netloc))
+        base_headers.append((b"content-type", b"application/json"))
+        for job in jobs:  # the whole request, ready to write: the send path only copies bytes
+            extra = options.request_headers.get(job.request_id)
+            hdrs = base_headers + [(k.encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()] if extra else base_headers
+            job.payload = transport.encode_request("POST", endpoint_url, hdrs, job.body)
+            job.body = b""
+        build_s = time.perf_counter() - t_build
+        counter = get_tokenizer("cl100k_base") if isinstance(tokenizer, ServerTokenizer) else tokenizer
+
+        classes = {job.request_class for job in jobs}
+        timeouts = _timeouts(options, scenario, classes)
+        scrape = options.scrape_metrics == "on" or (options.scrape_metrics == "auto" and info.has_metrics)
+
+        manifest: dict[str, Any] = {
+            "run_kind": options.run_kind,
+            "harness": harness_identity(),
+            "host": host_identity(),
+            "target": info.manifest(),
+            "scenario": scenario_manifest(scenario) if scenario else None,
+            "trace": {
+                "path": str(options.trace_path),
+                "sha256": sha256_file(options.trace_path),
+                "name": trace_meta.get("trace_name"),
+                "seed": trace_meta.get("seed"),
+                "metadata": trace_meta,
+            },
+            "options": options.manifest(),
+            "warm_state": {"state": options.warm_state, "actions": list(options.warm_actions)},
+            "order_index": options.order_index,
+            "repeat": options.repeat,
+            "plan_cell": options.plan_cell,
+            "modelExecuted": False,
+            "benchmarkExecuted": False,
+            "engine_notes": {},
+            "behavior_relevant": {},
+            "driver": {
+                "mode": mode,
+                "endpoint": endpoint,
+                "path": path,
+                "concurrency": concurrency,
+                "tokenizer": options.tokenizer,
+                "token_counter": getattr(counter, "name", str(counter)),
+                "vllm_extensions": extensions,
+                "timeouts_s": {c: [t / 1e9 if t else None for t in v] for c, v in sorted(timeouts.items())},
+                "prompt_build_s": round(build_s, 3),
+                "scrape_metrics": scrape,
+                "timeout_origin": "scheduled",
+            },
+            "warnings": warnings,
+        }
+        _merge(manifest, options.extra_manifest)
+        if info.notes:
+            manifest["driver"]["target_notes"] = info.notes
+
+        # everything slow (SSL contexts, files) happens before the anchor is taken
+        scraper_client = httpx.AsyncClient(base_url=root, headers={k: v for k, v in headers.items() if k == "authorization"},
+                                           timeout=10.0, trust_env=False) if scrape else None
+        await anyio.to_thread.run_sync(warm_up_arrow)
+        await _warm_up(counter)
+        writer = ArrowRunWriter(options.out_dir, manifest, flush_rows=1 << 60)
+        recorder = Recorder(writer, flush_interval_s=options.flush_interval_s)
+        limiter = anyio.CapacityLimiter(concurrency if concurrency else math.inf)
+        anchor_ns = time.perf_counter_ns() + LEAD_NS
+        anchor_utc = datetime.now(timezone.utc) + timedelta(microseconds=LEAD_NS / 1000)
+        writer.manifest["started_utc"] = anchor_utc.isoformat(timespec="milliseconds")
+        writer.manifest["anchor"] = {"perf_counter_ns": anchor_ns, "utc": anchor_utc.isoformat(timespec="microseconds")}
+        ctx = RunContext(
+            transport=transport, origin=transport.origin(endpoint_url), anchor_ns=anchor_ns, limiter=limiter,
+            rate_gate=RateGate(options.rate_limit_rps), count_tokens=counter.count, sink=recorder.submit,
+            ttft_timeout_ns=None, total_timeout_ns=None, secrets=secrets, retain_completion_text=retain_completion,
+            warm_state=options.warm_state, timeouts=timeouts,
+        )
+        show_progress = options.progress == "on" or (options.progress == "auto" and sys.stderr.isatty())
+        progress = Progress(ctx, len(jobs)) if show_progress else None
+        scraper = (MetricsScraper(scraper_client, "/metrics", anchor_ns, recorder.submit_metrics, options.scrape_interval_s,
+                                  tuple(options.metrics_prefixes) if options.metrics_prefixes else None) if scrape else None)
+        old_switch = sys.getswitchinterval()
+        sys.setswitchinterval(min(old_switch, 0.0005))  # a flushing thread must not hold the GIL for 5 ms
+        state, interrupted_by, deadline_hit = "complete", None, False
+        ctx.cpu_start_s = time.process_time()
+        try:
+            async with anyio.create_task_group() as outer:
+                await outer.start(recorder.run)
+                if scraper is not None:
+                    await outer.start(scraper.run)
+                if progress is not None:
+                    outer.start_soon(progress.run)
+                with anyio.move_on_after(options.deadline_s if options.deadline_s else math.inf) as run_scope:
+                    async with anyio.create_task_group() as requests:
+                        if mode == "closed":
+                            await _schedule_closed(ctx, jobs, int(concurrency or 1), requests)
+                        else:
+                            await _schedule_open(ctx, jobs, requests)
+                deadline_hit = run_scope.cancelled_caught
+                if scraper is not None:
+                    await scraper.scrape_once()
+                outer.cancel_scope.cancel()
+        except anyio.get_cancelled_exc_class():
+            state, interrupted_by = "interrupted", "cancelled"
+            raise
+        except KeyboardInterrupt:
+            state, interrupted_by = "interrupted", "KeyboardInterrupt"
+            raise
+        except BaseException as exc:
+            state, interrupted_by = "failed", type(exc).__name__
+            raise
+        finally:
+            sys.setswitchinterval(old_switch)
+            if progress is not None:
+                progress.close()
+            if scraper_client is not None:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                    await scraper_client.aclose()
+            _finish(writer, recorder, ctx, jobs, info, state, interrupted_by, deadline_hit, warnings, transport)
+    return Path(options.out_dir)
+
+
+async def _warm_up(counter) -> None:
+    """One-time costs (regex compiles, first thread, first JSON parse) paid before the anchor."""
+    from .sse import parse_chunk
+
+    counter.count("warm up the tokenizer")
+    parse_chunk(b'{"choices":[{"index":0,"text":" the"}],"usage":null}')
+    await anyio.to_thread.run_sync(lambda: None)
+
+
+async def _schedule_open(ctx: RunContext, jobs, requests) -> None:
+    """Start each request at its fixed deadline (anchor + offset), whether or not earlier ones finished."""
+    anchor = ctx.anchor_ns
+    now = time.perf_counter_ns
+    start = requests.start_soon
+    for job in jobs:
+        deadline = anchor + job.offset_ns
+        if deadline > now():
+            await sleep_until(deadline)  # one precise waiter for the whole run, not one per request
+        start(execute, ctx, job, deadline)
+
+
+async def _schedule_closed(ctx: RunContext, jobs, concurrency: int, requests) -> None:
+    """Keep ``concurrency`` requests in flight; each is scheduled the moment a worker becomes free."""
+    iterator = iter(jobs)
+    await sleep_until(ctx.anchor_ns)
+
+    async def worker() -> None:
+        for job in iterator:
+            await execute(ctx, job, time.perf_counter_ns())
+
+    for _ in range(concurrency):
+        requests.start_soon(worker)
+
+
+def _finish(writer: ArrowRunWriter, recorder: Recorder, ctx: RunContext, jobs, info, state, interrupted_by, deadline_hit,
+            warnings, transport) -> None:
+    """Record unsent requests, close the run directory with the final manifest (synchronous).
+
+    Runs in ``finally``: whatever ended the run, every scheduled request gets exactly one row and
+    the files are closed; an error while writing is re-raised only after the close.
+    """
+    end_ns = time.perf_counter_ns()
+    cpu_s = time.process_time() - ctx.cpu_start_s
+    interrupted = state != "complete" or deadline_hit
+    write_error: BaseException | None = None
+    try:
+        recorder.convert()
+        for job in jobs:
+            if job.request_id not in recorder.recorded_ids:
+                # never started: the run stopped first (or, if it did not stop, a bug: say so)
+                recorder.submit(request_row(job, job.offset_ns, STATUS_NOT_SENT, "run_interrupted" if interrupted else "client"), None)
+        recorder.finish()
+    except BaseException as exc:  # keep closing: a readable partial run beats none
+        write_error = exc
+        state = "failed"
+        interrupted_by = interrupted_by or type(exc).__name__
+    lag = ctx.lag.summary()
+    if lag["p99"] is not None and lag["p99"] > SEND_LAG_WARN_NS:
+        message = f"send lag p99 {lag['p99'] / 1e6:.2f} ms exceeds 1 ms: the client could not keep the schedule"
+        warnings.append(message)
+        print(f"loadgen: warning: {message}", file=sys.stderr)
+    executed = info.kind in REAL_ENGINES and writer.status_counts.get(STATUS_OK, 0) > 0
+    updates: dict[str, Any] = {
+        "state": state,
+        "ended_utc": utc_now_iso(),
+        "duration_s": round((end_ns - ctx.anchor_ns) / 1e9, 6),
+        "modelExecuted": executed,
+        "benchmarkExecuted": executed,
+        "send_lag_ns": lag,
+        "warnings": warnings,
+        "stopped_by_deadline": deadline_hit,
+        "scheduled_requests": len(jobs),
+        "driver": {
+            **writer.manifest.get("driver", {}),
+            "slot_waits": ctx.slot_waits,
+            "rate_limited": ctx.rate_gate.waited,
+            "process_cpu_s": round(cpu_s, 4),
+            "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "connections_opened": getattr(transport, "opened", None),
+        },
+    }
+    if interrupted_by:
+        updates["interrupted_by"] = interrupted_by
+    writer.close(**updates)
+    if write_error is not None:
+        raise write_error

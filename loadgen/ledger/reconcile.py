@@ -1,0 +1,187 @@
+"""Compare the ledger's KV capacity with what a running vLLM reported, line by line.
+
+Sources, in a run dir or as a bare log file: the vLLM startup log ("KV cache size: N tokens, Maximum
+concurrency ..."), the manifest's ``engine_notes``, and ``server_metrics.parquet``'s
+``vllm:cache_config_info`` labels (num_gpu_blocks, block_size, kv_cache_size_tokens,
+kv_cache_memory_bytes). Settings the engine reports (block size, max_model_len, KV budget) are adopted
+unless the caller fixed them, so the comparison is for the same configuration.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import LedgerError
+from .compute import Ledger, compute_ledger
+from .config import ModelConfig
+from .settings import GIB, EngineSettings
+
+__all__ = ["ReconcileRow", "Reconciliation", "reconcile", "engine_report"]
+
+
+@dataclass(frozen=True)
+class ReconcileRow:
+    quantity: str
+    ledger: float | int | None
+    engine: float | int | None
+    source: str
+    exact: bool  # an exact match is required for this quantity
+
+    @property
+    def match(self) -> bool | None:
+        if self.ledger is None or self.engine is None:
+            return None
+        if self.exact:
+            return int(self.ledger) == int(self.engine)
+        return abs(float(self.ledger) - float(self.engine)) <= max(0.01 * abs(float(self.engine)), 0.01)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"quantity": self.quantity, "ledger": self.ledger, "engine": self.engine, "source": self.source,
+                "exact": self.exact, "match": self.match}
+
+
+@dataclass
+class Reconciliation:
+    ledger: Ledger
+    report: dict[str, Any]
+    rows: list[ReconcileRow] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        compared = [r.match for r in self.rows if r.match is not None]
+        return bool(compared) and all(compared)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "rows": [r.to_dict() for r in self.rows], "engine_report": self.report,
+                "ledger": {"kv_cache_blocks": self.ledger.kv_cache_blocks, "kv_cache_tokens": self.ledger.kv_cache_tokens,
+                           "vllm_kv_cache_size_tokens": self.ledger.vllm_kv_cache_size_tokens,
+                           "kv_bytes_per_token": self.ledger.kv_bytes_per_token, "engine": self.ledger.engine.to_dict()}}
+
+    def format(self) -> str:
+        out = [f"{'quantity':<28} {'ledger':>16} {'vLLM':>16}  {'match':<6} source"]
+        for r in self.rows:
+            mark = {True: "yes", False: "NO", None: "-"}[r.match]
+            out.append(f"{r.quantity:<28} {_fmt(r.ledger):>16} {_fmt(r.engine):>16}  {mark:<6} {r.source}")
+        out.append("reconciled: " + ("yes, every compared quantity matches" if self.ok else "NO"))
+        return "\n".join(out)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float) and not v.is_integer():
+        return f"{v:,.2f}"
+    return f"{int(v):,}"
+
+
+def _metrics_cache_info(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "server_metrics.parquet"
+    if not path.is_file():
+        return {}
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path, columns=["name", "labels"])
+    rows = table.filter(pc.equal(table["name"], "vllm:cache_config_info"))
+    if rows.num_rows == 0:
+        return {}
+    return json.loads(rows["labels"][rows.num_rows - 1].as_py())
+
+
+def engine_report(source: str | Path) -> dict[str, Any]:
+    """What the engine reported about its KV cache: merged from log, manifest engine_notes and /metrics."""
+    from ..engines.vllm_log import parse_vllm_log
+
+    p = Path(source)
+    report: dict[str, Any] = {"sources": []}
+    if p.is_file():
+        report.update(parse_vllm_log(p.read_text(errors="replace")))
+        report["sources"].append(str(p))
+        return report
+    if not p.is_dir():
+        raise LedgerError(f"{p}: no such file or directory: expected a vLLM log or a run dir")
+    manifest = p / "manifest.json"
+    if manifest.is_file():
+        notes = (json.loads(manifest.read_text()).get("engine_notes") or {})
+        notes = notes.get("log", notes) if isinstance(notes, dict) else {}
+        for k, v in notes.items():
+            report.setdefault(k, v)
+        report["sources"].append(str(manifest))
+    for name in ("vllm.log", "engine.log", "server.log"):
+        if (p / name).is_file():
+            for k, v in parse_vllm_log((p / name).read_text(errors="replace")).items():
+                report.setdefault(k, v)
+            report["sources"].append(str(p / name))
+            break
+    info = _metrics_cache_info(p)
+    if info:
+        report["cache_config_info"] = info
+        report["sources"].append(str(p / "server_metrics.parquet"))
+    if len(report["sources"]) == 0:
+        raise LedgerError(f"{p}: no vLLM log, engine_notes or server metrics: expected a vLLM run dir")
+    return report
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return int(float(v))
+    except (TypeError, ValueError):
+        return None
+
+
+def reconcile(model: ModelConfig, engine: EngineSettings | None, source: str | Path, *, fixed: set[str] | None = None) -> Reconciliation:
+    """Ledger vs engine report for the same config; settings not in ``fixed`` are taken from the engine."""
+    fixed = fixed or set()
+    engine = engine or EngineSettings()
+    report = engine_report(source)
+    info = report.get("cache_config_info", {})
+    changes: dict[str, Any] = {}
+    block = _int(info.get("block_size"))
+    if block is None and report.get("kv_cache_device") == "CPU":
+        block = 128  # vLLM CPU default (vllm/platforms/cpu.py) unless overridden
+    if "block_size" not in fixed and block:
+        changes["block_size"] = block
+    mml = report.get("kv_cache_max_model_len") or report.get("max_model_len")
+    if "max_model_len" not in fixed and mml:
+        changes["max_model_len"] = int(mml)
+    if "max_num_batched_tokens" not in fixed and report.get("max_num_batched_tokens"):
+        changes["max_num_batched_tokens"] = int(report["max_num_batched_tokens"])
+    kv_bytes = _int(info.get("kv_cache_memory_bytes"))
+    if "kv_cache_gib" not in fixed:
+        if kv_bytes:
+            changes["kv_cache_gib"] = kv_bytes / GIB
+        elif report.get("kv_cache_memory_gib"):
+            changes["kv_cache_gib"] = float(report["kv_cache_memory_gib"])
+        if "kv_cache_gib" in changes:
+            changes["device_memory_gib"] = None
+    if report.get("kv_cache_device") == "CPU" and "device" not in fixed:
+        changes["device"] = "cpu"
+    if info.get("cache_dtype") and "kv_cache_dtype" not in fixed and info["cache_dtype"] in ("auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2"):
+        changes["kv_cache_dtype"] = info["cache_dtype"]
+    engine = engine.with_(**changes)
+    if engine.kv_cache_gib is None and engine.device_memory_gib is None:
+        raise LedgerError(f"{source}: KV budget: not reported by the engine; expected --kv-cache-gib or --device-memory-gib")
+    ledger = compute_ledger(model, engine)
+    rows: list[ReconcileRow] = []
+    budget_exact = kv_bytes is not None or report.get("kv_cache_device") == "CPU" or "kv_cache_gib" in fixed
+    if "kv_cache_size_tokens" in report:
+        rows.append(ReconcileRow("kv_cache_size_tokens", ledger.vllm_kv_cache_size_tokens, int(report["kv_cache_size_tokens"]), "log: KV cache size", budget_exact))
+    if info.get("kv_cache_size_tokens") not in (None, "None"):
+        rows.append(ReconcileRow("kv_cache_size_tokens", ledger.vllm_kv_cache_size_tokens, _int(info["kv_cache_size_tokens"]), "metrics: cache_config_info", budget_exact))
+    if info.get("num_gpu_blocks") not in (None, "None"):
+        rows.append(ReconcileRow("kv_cache_blocks", ledger.kv_cache_blocks, _int(info["num_gpu_blocks"]), "metrics: cache_config_info.num_gpu_blocks", budget_exact))
+    if "max_concurrency" in report:
+        ours = round(ledger.max_concurrency_at_max_len or 0.0, 2)
+        rows.append(ReconcileRow("max_concurrency", ours, float(report["max_concurrency"]), "log: Maximum concurrency (2 decimals)", False))
+    if info.get("block_size"):
+        rows.append(ReconcileRow("block_size", ledger.kv.block_size, _int(info["block_size"]), "metrics: cache_config_info", True))
+    if kv_bytes:
+        rows.append(ReconcileRow("kv_budget_bytes", ledger.kv_budget_bytes, kv_bytes, "metrics: kv_cache_memory_bytes", True))
+    if report.get("max_model_len"):
+        rows.append(ReconcileRow("max_model_len", ledger.max_model_len, int(report["max_model_len"]), "log: Using max model len", True))
+    if report.get("weights_memory_gib"):
+        rows.append(ReconcileRow("weights_gib", round(ledger.line("weights").bytes / GIB, 2), float(report["weights_memory_gib"]), "log: Model loading took (GiB)", False))
+    return Reconciliation(ledger=ledger, report=report, rows=rows)

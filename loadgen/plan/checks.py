@@ -1,0 +1,243 @@
+"""Judging one run of a cell: hard budgets, the error-rate limit and the declared stop conditions.
+
+Every failure is kept as a reason a person can read and a program can sort: a failed budget is
+(class, metric, percentile, observed, limit, n); a stop is (kind, detail). Stop kinds, in the order
+they are looked for:
+
+- ``server_failure``: the server died or connect/5xx/reset errors exceed ``stops.server_failure_rate``
+  (out-of-memory shows up here: an engine that runs out of memory errors or exits);
+- ``invalid_output``: malformed SSE, empty output or truncated streams exceed ``stops.invalid_output_rate``;
+- ``behaviour_drift``: the frozen behaviour cases failed against the target after the cell;
+- ``timeout_budget``: timed-out requests exceed ``stops.timeout_rate`` or the cell hit its wall deadline;
+- ``measurement_corruption``: send-lag p99 above ``stops.send_lag_p99_ms``, records missing or
+  unaccounted, or impossible timestamps (clock problems);
+- ``unstable_tail`` is judged across repeats (``unstable_tail``), not per run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .spec import StopLimits
+
+__all__ = [
+    "STOP_KINDS",
+    "FATAL_STOPS",
+    "FailedCheck",
+    "Stop",
+    "RunJudgement",
+    "judge_run",
+    "unstable_tail",
+    "SERVER_FAILURE_KINDS",
+    "INVALID_OUTPUT_KINDS",
+]
+
+STOP_KINDS = ("server_failure", "invalid_output", "behaviour_drift", "timeout_budget", "measurement_corruption", "unstable_tail")
+#: Stops that say the target itself is broken at this load: raising any dimension further is pointless.
+FATAL_STOPS = ("server_failure", "invalid_output", "behaviour_drift")
+SERVER_FAILURE_KINDS = ("connect", "http_5xx", "reset_mid_stream")
+INVALID_OUTPUT_KINDS = ("malformed_sse", "empty_output", "truncated")
+
+
+@dataclass(frozen=True)
+class FailedCheck:
+    """A hard check that failed: what, where, how much, against what, over how many samples."""
+
+    request_class: str
+    metric: str
+    percentile: str | None
+    observed: float | None
+    limit: float
+    n: int
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        observed = self.observed
+        if isinstance(observed, float) and math.isinf(observed):
+            observed = "inf"
+        return {"class": self.request_class, "metric": self.metric, "percentile": self.percentile,
+                "observed": observed, "limit": self.limit, "n": self.n, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "FailedCheck":
+        observed = d.get("observed")
+        if observed == "inf":
+            observed = math.inf
+        return cls(d["class"], d["metric"], d.get("percentile"), observed, d["limit"], d["n"], d["reason"])
+
+
+@dataclass(frozen=True)
+class Stop:
+    kind: str
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "detail": self.detail}
+
+
+@dataclass
+class RunJudgement:
+    """One run of a cell, judged."""
+
+    failed: list[FailedCheck] = field(default_factory=list)
+    stops: list[Stop] = field(default_factory=list)
+    per_class_failed: dict[str, list[FailedCheck]] = field(default_factory=dict)
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed and not self.stops
+
+
+def _share(count: int, total: int) -> float:
+    return count / total if total else 0.0
+
+
+def _check_record(check: Any) -> FailedCheck:
+    return FailedCheck(check.class_name, check.metric, check.percentile, check.observed, check.limit, check.n, check.reason)
+
+
+def _measurement_problems(run: Any, manifest: dict[str, Any], limits: StopLimits) -> list[str]:
+    """Send lag over its bound, missing/unaccounted records, impossible timestamps."""
+    problems: list[str] = []
+    lag = manifest.get("send_lag_ns") or {}
+    p99 = lag.get("p99")
+    if p99 is not None and p99 / 1e6 > limits.send_lag_p99_ms:
+        problems.append(f"send-lag p99 {p99 / 1e6:.2f} ms > bound {limits.send_lag_p99_ms:g} ms (n={lag.get('n')}): "
+                        "the client could not keep the schedule")
+    requests = run.requests
+    n_rows = requests.num_rows
+    trace_rows = (manifest.get("trace") or {}).get("metadata", {}).get("requests")
+    scheduled = manifest.get("scheduled_requests", trace_rows)
+    if scheduled is not None and int(scheduled) != n_rows:
+        problems.append(f"records missing: {n_rows} request rows for {scheduled} scheduled requests")
+    counts = manifest.get("status_counts") or {}
+    if counts and sum(counts.values()) != n_rows:
+        problems.append(f"status counts sum to {sum(counts.values())} but {n_rows} rows were recorded")
+    cols = {name: requests.column(name).to_numpy(zero_copy_only=False) for name in
+            ("scheduled_ns", "sent_ns", "first_token_ns", "done_ns", "status", "client_output_tokens", "request_id")}
+
+    def as_float(values: np.ndarray) -> np.ndarray:
+        return np.array([np.nan if v is None else float(v) for v in values], dtype=float) if values.dtype == object else values.astype(float)
+
+    sched, sent, first, done = (as_float(cols[k]) for k in ("scheduled_ns", "sent_ns", "first_token_ns", "done_ns"))
+    with np.errstate(invalid="ignore"):
+        bad = int(np.sum(sent < sched) + np.sum(first < sent) + np.sum(done < first))
+    if bad:
+        problems.append(f"clock: {bad} impossible timestamp orderings (sent < scheduled, first token < sent or done < first token)")
+    if run.chunks is not None and run.chunks.num_rows:
+        import pyarrow.compute as pc
+
+        grouped = run.chunks.group_by("request_id").aggregate([("tokens", "sum")])
+        by_id = dict(zip(grouped.column("request_id").to_pylist(), grouped.column("tokens_sum").to_pylist()))
+        mismatched = 0
+        for rid, status, counted in zip(cols["request_id"], cols["status"], cols["client_output_tokens"]):
+            if status == "ok" and counted is not None and not (isinstance(counted, float) and math.isnan(counted)):
+                if int(by_id.get(rid, 0)) != int(counted):
+                    mismatched += 1
+        if mismatched:
+            problems.append(f"accounting: {mismatched} ok requests whose chunk tokens do not sum to their counted output")
+        del pc
+    return problems
+
+
+def judge_run(analysis: Any, run: Any, limits: StopLimits, *, deadline_hit: bool = False,
+              alive_problem: str | None = None, contract: dict[str, Any] | None = None) -> RunJudgement:
+    """Judge one analysed run (``loadgen.analysis.Analysis`` + ``loadgen.rundir.RunData``)."""
+    manifest = run.manifest
+    out = RunJudgement()
+    for check in analysis.hard_failures:
+        record = _check_record(check)
+        out.failed.append(record)
+        out.per_class_failed.setdefault(check.class_name, []).append(record)
+    overall = analysis.overall
+    n = int(overall.n_scheduled or 0)
+    kinds: dict[str, int] = dict(overall.error_kinds or {})
+    statuses: dict[str, int] = dict(overall.status_counts or {})
+    error_limit = limits.error_rate_limit if limits.error_rate_limit is not None else analysis.error_rate_limit
+    failed_n = sum(v for k, v in statuses.items() if k in ("error", "timeout", "not_sent"))
+    share = _share(failed_n, n)
+    if share > error_limit:
+        record = FailedCheck("overall", "error_rate", None, share, error_limit, n,
+                             f"overall error rate {share:.1%} > {error_limit:.1%} ({failed_n} of {n} failed)")
+        out.failed.append(record)
+        for name in analysis.classes:
+            out.per_class_failed.setdefault(name, []).append(record)
+    server_n = sum(kinds.get(k, 0) for k in SERVER_FAILURE_KINDS)
+    if alive_problem:
+        out.stops.append(Stop("server_failure", alive_problem))
+    elif _share(server_n, n) > limits.server_failure_rate:
+        detail = ", ".join(f"{k} {kinds[k]}" for k in SERVER_FAILURE_KINDS if kinds.get(k))
+        out.stops.append(Stop("server_failure", f"{server_n} of {n} requests failed at the server ({detail}) > "
+                                                f"{limits.server_failure_rate:.0%}"))
+    invalid_n = sum(kinds.get(k, 0) for k in INVALID_OUTPUT_KINDS)
+    if _share(invalid_n, n) > limits.invalid_output_rate:
+        detail = ", ".join(f"{k} {kinds[k]}" for k in INVALID_OUTPUT_KINDS if kinds.get(k))
+        out.stops.append(Stop("invalid_output", f"{invalid_n} of {n} responses invalid ({detail}) > {limits.invalid_output_rate:.0%}"))
+    if contract and contract.get("status") == "failed":
+        out.stops.append(Stop("behaviour_drift", contract.get("summary") or "behaviour cases failed after the cell"))
+    timeouts = int(statuses.get("timeout", 0))
+    if _share(timeouts, n) > limits.timeout_rate:
+        out.stops.append(Stop("timeout_budget", f"{timeouts} of {n} requests timed out > {limits.timeout_rate:.0%}"))
+    elif deadline_hit:
+        out.stops.append(Stop("timeout_budget", "the cell hit its wall deadline before every request finished"))
+    problems = _measurement_problems(run, manifest, limits)
+    if problems:
+        out.stops.append(Stop("measurement_corruption", "; ".join(problems)))
+    out.figures = run_figures(analysis, manifest)
+    return out
+
+
+def run_figures(analysis: Any, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Numbers a region table shows per run: offered vs completed, tails with counts."""
+    overall = analysis.overall
+    lag = manifest.get("send_lag_ns") or {}
+    per_class = {}
+    for name, group in analysis.classes.items():
+        ttft = group.metrics.get("ttft_ms") or {}
+        per_class[name] = {"ttft_p99_ms": _finite(ttft.get("p99")), "ttft_n": ttft.get("n"),
+                           "n_scheduled": group.n_scheduled, "completed_rps": group.completed_rps,
+                           "output_tok_s": group.output_tok_s}
+    return {
+        "n_scheduled": overall.n_scheduled,
+        "status_counts": dict(overall.status_counts or {}),
+        "offered_rps": overall.offered_rps,
+        "send_rps": overall.send_rps,
+        "completed_rps": overall.completed_rps,
+        "prompt_tok_s": overall.prompt_tok_s,
+        "output_tok_s": overall.output_tok_s,
+        "goodput_rps": overall.goodput_rps,
+        "send_lag_p99_ms": (lag.get("p99") / 1e6) if lag.get("p99") is not None else None,
+        "classes": per_class,
+    }
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    return value
+
+
+def unstable_tail(per_repeat_p99: list[dict[str, Any]], limit: float) -> Stop | None:
+    """p99 TTFT not converging across repeats: (max − min) / median > ``limit`` for any class."""
+    if len(per_repeat_p99) < 2:
+        return None
+    classes = sorted({c for r in per_repeat_p99 for c in r})
+    for name in classes:
+        values = [r.get(name) for r in per_repeat_p99]
+        if any(v is None or v == "inf" for v in values):
+            continue
+        arr = np.array(values, dtype=float)
+        median = float(np.median(arr))
+        if median <= 0:
+            continue
+        spread = float(arr.max() - arr.min()) / median
+        if spread > limit:
+            shown = ", ".join(f"{v:.0f}" for v in arr)
+            return Stop("unstable_tail", f"{name} p99 TTFT across {len(arr)} repeats [{shown}] ms spreads "
+                                         f"{spread:.0%} of its median > {limit:.0%}")
+    return None

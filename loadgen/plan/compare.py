@@ -1,0 +1,526 @@
+"""Candidate comparison: hold package and workload fixed, vary one choice, judge in a fixed order.
+
+Candidates are run directories or plan directories. First their manifests must agree on everything
+but the declared variable (default ``target.engine``: the engine and its configuration); otherwise the
+comparison refuses with one line naming each differing key, unless ``allow_differences``. Then, for a
+route (``interactive`` = the scenario's streaming classes, ``all``, or class names), each candidate is
+judged in order:
+
+1. hard budgets: any breach rejects the candidate for the route, with class, percentile, measured
+   value, limit and sample count;
+2. behaviour contract: a failed (or, against the reference candidate, regressed) contract rejects
+   before any throughput or cost is looked at; "not configured" / "not evaluated" are said, not hidden;
+3. throughput and cost: output tokens/s (over the run and at its peak second), requests/s, goodput and
+   cost per million tokens from the user's price table decide among the candidates still standing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import PlanError, RunDirError
+from .contract_hook import CONTRACT_FILE, contract_status_from_file
+
+__all__ = [
+    "DEFAULT_VARIABLE",
+    "Candidate",
+    "Comparison",
+    "load_candidate",
+    "identity_of",
+    "identity_differences",
+    "route_classes",
+    "compare_candidates",
+    "format_comparison",
+]
+
+DEFAULT_VARIABLE = "target.engine"
+
+#: Manifest subtrees that define what was run; everything else (paths, ports, pids, times) may differ.
+IDENTITY_ROOTS = (
+    "run_kind", "harness", "host", "scenario.sha256", "scenario.name", "trace.sha256", "trace.seed", "trace.name",
+    "target.kind", "target.model", "target.version", "target.engine", "warm_state.state", "options", "behavior_relevant",
+)
+#: Keys under those roots that do not change what was measured.
+IGNORED_KEYS = (
+    "harness.pid", "harness.monotonic_clock", "options.out_dir", "options.trace_path", "options.target_url",
+    "options.scenario_path", "options.order_index", "options.repeat", "options.plan_cell", "options.warm_actions",
+    "options.warm_state", "options.extra_manifest", "options.progress", "options.flush_interval_s", "options.engine",
+    "options.deadline_s", "options.seed", "host.memory_bytes",
+)
+
+
+def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
+    if isinstance(value, dict) and value:
+        for key, sub in value.items():
+            _flatten(sub, f"{prefix}.{key}" if prefix else str(key), out)
+    else:
+        out[prefix] = json.dumps(value, sort_keys=True, default=str) if isinstance(value, (list, dict)) else value
+
+
+def _get(manifest: dict[str, Any], dotted: str) -> Any:
+    cur: Any = manifest
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return _MISSING
+        cur = cur[part]
+    return cur
+
+
+_MISSING = object()
+
+
+def identity_of(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The flattened identity keys of a manifest (see IDENTITY_ROOTS / IGNORED_KEYS)."""
+    out: dict[str, Any] = {}
+    for root in IDENTITY_ROOTS:
+        value = _get(manifest, root)
+        if value is _MISSING:
+            continue
+        _flatten(value, root, out)
+    return {k: v for k, v in out.items() if not any(k == ig or k.startswith(ig + ".") for ig in IGNORED_KEYS)}
+
+
+def _covered(key: str, variable: str) -> bool:
+    if key == variable or key.startswith(variable + "."):
+        return True
+    # a named configuration is the unit that varies: its name covers its whole subtree
+    if variable.endswith(".name"):
+        parent = variable[: -len(".name")]
+        if key.startswith(parent + "."):
+            return True
+    # the engine's self-description (/version) varies with the engine
+    if variable.startswith("target.engine") and key.startswith("target.version"):
+        return True
+    return False
+
+
+def identity_differences(identities: list[dict[str, Any]], variable: str) -> tuple[list[str], list[str]]:
+    """(keys that differ and the variable covers, keys that differ outside it) across candidates."""
+    keys = sorted(set().union(*identities)) if identities else []
+    covered, other = [], []
+    for key in keys:
+        values = [ident.get(key, "<absent>") for ident in identities]
+        if all(v == values[0] for v in values):
+            continue
+        (covered if _covered(key, variable) else other).append(key)
+    return covered, other
+
+
+@dataclass
+class Candidate:
+    """One candidate: a run directory (with its analysis) or a plan directory (with its region)."""
+
+    path: Path
+    kind: str  # "run" | "plan"
+    label: str
+    manifest: dict[str, Any]
+    identity: dict[str, Any]
+    analysis: Any = None  # loadgen.analysis.Analysis (run)
+    region: dict[str, Any] | None = None  # plan
+    scenario: Any = None
+    contract: dict[str, Any] | None = None
+
+
+def _label(manifest: dict[str, Any], path: Path) -> str:
+    engine = (manifest.get("target") or {}).get("engine") or {}
+    config = engine.get("config") or {}
+    for value in (config.get("name") if isinstance(config, dict) else None, engine.get("label"),
+                  (manifest.get("plan_target") or {}).get("engine"), engine.get("name")):
+        if value and value not in ("loadgen-sim",):
+            return str(value)
+    return path.name
+
+
+def load_candidate(path: str | Path) -> Candidate:
+    """A run directory (manifest.json) or a plan directory (plan.json + region.json)."""
+    from ..rundir import read_manifest
+    from ..scenario import scenario_from_manifest
+    from .runner import PLAN_FILE
+
+    path = Path(path)
+    if (path / PLAN_FILE).is_file():
+        from .region import load_region
+
+        state = json.loads((path / PLAN_FILE).read_text())
+        if not (path / "region.json").is_file():
+            raise PlanError(f"{path}: plan has no region.json yet: expected a finished (or paused) plan directory")
+        region = load_region(path)
+        run_dirs = sorted(path.glob("cells/*/rep*/manifest.json"))
+        if not run_dirs:
+            raise PlanError(f"{path}: plan directory holds no runs: expected at least one finished cell")
+        manifest = read_manifest(run_dirs[0].parent)
+        ident = identity_of(manifest)
+        ident = {k: v for k, v in ident.items() if not k.startswith(("trace.", "options.", "warm_state."))}
+        ident["plan.sha256"] = state.get("plan_sha256")
+        cand = Candidate(path, "plan", _label(manifest, path), manifest, ident, region=region,
+                         scenario=scenario_from_manifest(manifest))
+        cand.contract = contract_status_from_file(path / CONTRACT_FILE)
+        return cand
+    try:
+        manifest = read_manifest(path)
+    except RunDirError:
+        raise PlanError(f"{path}: neither a run directory (manifest.json) nor a plan directory (plan.json)") from None
+    from ..analysis import analyze_run
+
+    scenario = scenario_from_manifest(manifest)
+    cold = (manifest.get("warm_state") or {}).get("state") == "cold"
+    analysis = analyze_run(path, scenario=scenario, include_cold=cold)
+    cand = Candidate(path, "run", _label(manifest, path), manifest, identity_of(manifest), analysis=analysis,
+                     scenario=scenario)
+    cand.contract = contract_status_from_file(path / CONTRACT_FILE)
+    return cand
+
+
+def route_classes(route: str, scenario: Any, present: list[str]) -> list[str]:
+    """Classes a route is judged on: ``interactive`` = streaming classes, ``all``, or a comma list."""
+    if route == "all":
+        return sorted(present)
+    if route == "interactive":
+        if scenario is None:
+            return sorted(present)
+        return sorted(c for c in present if c in scenario.classes and scenario.classes[c].stream)
+    names = [n.strip() for n in route.split(",") if n.strip()]
+    unknown = [n for n in names if scenario is not None and n not in scenario.classes]
+    if unknown:
+        raise PlanError(f"--route {route!r}: {unknown[0]!r} is not a class of the scenario; expected 'interactive', 'all' or class names")
+    return names
+
+
+@dataclass
+class Comparison:
+    route: str
+    variable: str
+    candidates: list[dict[str, Any]]
+    decision: dict[str, Any]
+    identity: dict[str, Any]
+    prices: dict[str, Any] | None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "loadgen.comparison", "version": 1, "route": self.route, "variable": self.variable,
+                "judgement_order": ["hard budgets", "behaviour contract", "throughput and cost"],
+                "identity": self.identity, "candidates": self.candidates, "decision": self.decision,
+                "prices": self.prices, "notes": self.notes}
+
+
+def _num(value: Any) -> float | None:
+    if value in (None, "inf"):
+        return math.inf if value == "inf" else None
+    return float(value)
+
+
+def _peak(analysis: Any, key: str) -> float | None:
+    series = (analysis.timeseries or {}).get(key) or []
+    vals = [float(v) for v in series if v is not None]
+    return max(vals) if vals else None
+
+
+def _judge_run(c: Candidate, route: str) -> dict[str, Any]:
+    a = c.analysis
+    classes = route_classes(route, c.scenario, list(a.classes))
+    breaches = []
+    for check in a.hard_failures:
+        if check.class_name in classes:
+            breaches.append({"class": check.class_name, "metric": check.metric, "percentile": check.percentile,
+                             "observed": check.observed if check.observed is None or math.isfinite(check.observed) else "inf",
+                             "limit": check.limit, "n": check.n, "reason": check.reason})
+    if a.errored:
+        breaches.append({"class": "overall", "metric": "error_rate", "percentile": None, "observed": a.error_share,
+                         "limit": a.error_rate_limit, "n": a.overall.n_scheduled,
+                         "reason": f"error share {a.error_share:.1%} > limit {a.error_rate_limit:.1%} (n={a.overall.n_scheduled})"})
+    tails = {}
+    for name in classes:
+        group = a.classes.get(name)
+        if group is None:
+            continue
+        tails[name] = {m: {q: group.metrics.get(m, {}).get(q) for q in ("p50", "p95", "p99", "n")}
+                       for m in ("ttft_ms", "itl_ms", "e2e_ms")}
+        tails[name]["p99_low_sample"] = bool(group.metrics.get("ttft_ms", {}).get("p99_low_sample"))
+        budgets = c.scenario.classes[name].budgets if c.scenario is not None and name in c.scenario.classes else None
+        tails[name]["limits"] = {m: (getattr(budgets, m).limits() if budgets is not None and getattr(budgets, m) else {})
+                                 for m in ("ttft_ms", "itl_ms", "e2e_ms")}
+    o = a.overall
+    return {
+        "route_classes": classes,
+        "breaches": breaches,
+        "tails": tails,
+        "status_counts": dict(o.status_counts),
+        "error_kinds": dict(o.error_kinds),
+        "error_share": a.error_share,
+        "throughput": {
+            "output_tok_s": o.output_tok_s, "prompt_tok_s": o.prompt_tok_s, "completed_rps": o.completed_rps,
+            "offered_rps": o.offered_rps, "send_rps": o.send_rps, "goodput_rps": o.goodput_rps,
+            "attainment": o.attainment, "peak_output_tok_s": _peak(a, "output_tok_s"),
+            "peak_completed_rps": _peak(a, "completed_rps"), "window_s": (a.window or {}).get("duration_s"),
+        },
+    }
+
+
+def _judge_plan(c: Candidate, route: str) -> dict[str, Any]:
+    region = c.region or {}
+    present = [k for k in region.get("classes", {}) if k != "mixed"]
+    if "mixed" in region.get("classes", {}) and c.scenario is not None:
+        present = sorted(set(present) | set(c.scenario.classes))
+    classes = route_classes(route, c.scenario, present)
+    breaches, capacity = [], {}
+    best_cell: dict[str, Any] | None = None
+    for name in classes:
+        key = name if name in region.get("classes", {}) else ("mixed" if "mixed" in region.get("classes", {}) else None)
+        if key is None:
+            breaches.append({"class": name, "metric": "region", "percentile": None, "observed": None, "limit": None, "n": 0,
+                             "reason": f"{name}: the plan has no cells for this class"})
+            continue
+        inside = []
+        lowest_out = None
+        for st, data in region["classes"][key].items():
+            for cell in data["cells"]:
+                status = cell["status"] if key != "mixed" else (cell.get("per_class", {}).get(name, {}).get("status", cell["status"]))
+                if status == "inside":
+                    inside.append(cell)
+                elif status in ("outside", "stopped") and lowest_out is None:
+                    lowest_out = cell
+        if not inside:
+            reason = (lowest_out or {}).get("limiting") or "no cell inside the region"
+            breaches.append({"class": name, "metric": "region", "percentile": None, "observed": None, "limit": None,
+                             "n": 0, "reason": f"{name}: no load step satisfies every hard budget ({reason})"})
+            continue
+        top = max(inside, key=lambda cell: (cell.get("offered_rps") or 0.0))
+        capacity[name] = {"max_inside_offered_rps": top.get("offered_rps"), "cell": top["cell_id"],
+                          "completed_rps": top.get("completed_rps"), "output_tok_s": top.get("output_tok_s")}
+        if best_cell is None or (top.get("output_tok_s") or 0) > (best_cell.get("output_tok_s") or 0):
+            best_cell = top
+    return {
+        "route_classes": classes,
+        "breaches": breaches,
+        "capacity": capacity,
+        "tails": {},
+        "status_counts": {},
+        "error_kinds": {},
+        "error_share": None,
+        "throughput": {"output_tok_s": (best_cell or {}).get("output_tok_s"), "prompt_tok_s": None,
+                       "completed_rps": (best_cell or {}).get("completed_rps"),
+                       "offered_rps": (best_cell or {}).get("offered_rps"), "goodput_rps": (best_cell or {}).get("goodput_rps"),
+                       "peak_output_tok_s": None, "basis": "the inside cell with the most output tokens/s"},
+    }
+
+
+def _context(c: Candidate) -> dict[str, Any]:
+    m = c.manifest
+    harness = m.get("harness") or {}
+    host = m.get("host") or {}
+    target = m.get("target") or {}
+    scen = m.get("scenario") or {}
+    trace = m.get("trace") or {}
+    return {
+        "workload": {"scenario": scen.get("name"), "scenario_sha256": scen.get("sha256"), "trace": trace.get("name"),
+                     "trace_sha256": trace.get("sha256"), "seed": trace.get("seed"),
+                     "requests": (trace.get("metadata") or {}).get("requests")},
+        "package": {"harness_version": harness.get("version"), "git_sha": harness.get("git_sha"),
+                    "python": harness.get("python")},
+        "hardware": {"cpu_model": host.get("cpu_model"), "cpu_count": host.get("cpu_count"), "gpus": host.get("gpus"),
+                     "os": host.get("os")},
+        "runtime": {"target_kind": target.get("kind"), "model": target.get("model"), "engine": (target.get("engine") or {}).get("name"),
+                    "engine_version": (target.get("engine") or {}).get("version"), "engine_config": c.label,
+                    "run_kind": m.get("run_kind"), "modelExecuted": m.get("modelExecuted"),
+                    "benchmarkExecuted": m.get("benchmarkExecuted")},
+        "warm_state": m.get("warm_state"),
+        "order_index": m.get("order_index"),
+        "started_utc": m.get("started_utc"),
+    }
+
+
+def compare_candidates(
+    paths: list[str | Path],
+    *,
+    route: str = "interactive",
+    variable: str | None = None,
+    prices: Any = None,
+    allow_differences: bool = False,
+) -> Comparison:
+    """Load, check identity, judge in order, decide. Raises PlanError (one line) on a refused comparison."""
+    from .prices import cost_per_million, load_prices
+
+    if len(paths) < 2:
+        raise PlanError(f"compare: got {len(paths)} candidate(s): expected at least two run or plan directories")
+    variable = variable or DEFAULT_VARIABLE
+    candidates = [load_candidate(p) for p in paths]
+    kinds = {c.kind for c in candidates}
+    if len(kinds) > 1:
+        raise PlanError("compare: candidates mix run directories and plan directories: expected all runs or all plans")
+    covered, other = identity_differences([c.identity for c in candidates], variable)
+    notes: list[str] = []
+    if other:
+        shown = "; ".join(
+            f"{k} ({' vs '.join(str(c.identity.get(k, '<absent>'))[:40] for c in candidates)})" for k in other[:4]
+        )
+        more = f" (+{len(other) - 4} more)" if len(other) > 4 else ""
+        if not allow_differences:
+            raise PlanError(
+                f"compare: candidates differ in more than the declared variable {variable}: {shown}{more}; "
+                "hold package and workload fixed, declare the variable with --variable, or pass --allow-differences"
+            )
+        notes.append(f"--allow-differences: candidates also differ in {', '.join(other)}; the comparison is not one-variable")
+    if not covered:
+        notes.append(f"the candidates do not differ in {variable}: the comparison compares repeats of one candidate")
+    table = load_prices(prices) if isinstance(prices, (str, Path)) else prices
+    # behaviour contract reference: the first candidate's contract result, when present
+    judged: list[dict[str, Any]] = []
+    for index, c in enumerate(candidates):
+        j = _judge_run(c, route) if c.kind == "run" else _judge_plan(c, route)
+        steps = []
+        if j["breaches"]:
+            steps.append({"step": "hard budgets", "result": "rejected",
+                          "why": [b["reason"] for b in j["breaches"]]})
+        else:
+            steps.append({"step": "hard budgets", "result": "passed",
+                          "why": [f"every hard budget of {', '.join(j['route_classes'])} met"]})
+        contract = c.contract
+        configured = bool(c.scenario is not None and c.scenario.behavior.cases)
+        if contract is None:
+            contract = ({"status": "not_evaluated", "summary": f"behaviour cases configured but no {CONTRACT_FILE} beside "
+                                                             f"the candidate: replay them (loadgen contract) to judge behaviour"}
+                        if configured else {"status": "not_configured", "summary": "behaviour contract not configured "
+                                                                                  "(scenario [behavior] cases is empty)"})
+        contract = {k: v for k, v in contract.items() if not k.startswith("_")}
+        steps.append({"step": "behaviour contract",
+                      "result": "rejected" if contract["status"] == "failed" else contract["status"],
+                      "why": [contract["summary"]] + [f"{f.get('case_id')}: {f.get('kind')} expected {f.get('expected')!r}, got {str(f.get('got'))[:60]!r}"
+                                                      for f in contract.get("failures", [])[:5]]})
+        tp = j["throughput"]
+        cost = None
+        if table is not None:
+            matched, price = table.price_for(c.label, (c.manifest.get("target") or {}).get("model"), c.path.name)
+            if price is not None:
+                cost = {"matched": matched, "example_prices": table.example, "currency": table.currency,
+                        **cost_per_million(price, prompt_tok_s=tp.get("prompt_tok_s"), output_tok_s=tp.get("output_tok_s"))}
+            else:
+                cost = {"matched": None, "note": f"no price for {c.label!r} and no [default] in {table.source_path}"}
+        rejected = any(s["result"] == "rejected" for s in steps)
+        judged.append({
+            "index": index, "label": c.label, "path": str(c.path), "kind": c.kind,
+            "verdict": "rejected" if rejected else "eligible",
+            "rejected_at": next((s["step"] for s in steps if s["result"] == "rejected"), None),
+            "steps": steps, "contract": contract, "cost": cost, **j, "context": _context(c),
+        })
+    eligible = [j for j in judged if j["verdict"] == "eligible"]
+
+    def rank_key(j: dict[str, Any]) -> tuple:
+        cost = (j.get("cost") or {}).get("per_million_output_tokens")
+        return (cost if cost is not None else math.inf, -(j["throughput"].get("output_tok_s") or 0.0))
+
+    headline = max(judged, key=lambda j: (j["throughput"].get("output_tok_s") or 0.0))
+    if eligible:
+        chosen = min(eligible, key=rank_key)
+        by = "lowest cost per million output tokens" if (chosen.get("cost") or {}).get("per_million_output_tokens") is not None \
+            else "highest output tokens/s"
+        why = [f"{chosen['label']} is chosen for {route} routing: it meets every hard budget of "
+               f"{', '.join(chosen['route_classes'])}, its behaviour contract is {chosen['contract']['status']}, "
+               f"and among the {len(eligible)} eligible candidate(s) it has the {by}"]
+    else:
+        chosen = None
+        why = [f"no candidate is eligible for {route} routing"]
+    for j in judged:
+        if j["verdict"] == "rejected":
+            reasons = next(s["why"] for s in j["steps"] if s["result"] == "rejected")
+            lead = f"{j['label']} rejected for {route} routing at '{j['rejected_at']}'"
+            if j is headline and chosen is not None and j is not chosen:
+                lead += " although it has the headline throughput"
+            why.append(lead + ": " + "; ".join(reasons))
+    for j in judged:
+        j["status_line"] = (f"{j['label']}: {j['verdict']}" + (f" at {j['rejected_at']}" if j['rejected_at'] else ""))
+    decision = {
+        "route": route,
+        "chosen": chosen["label"] if chosen else None,
+        "chosen_path": chosen["path"] if chosen else None,
+        "rejected": [{"label": j["label"], "step": j["rejected_at"],
+                      "why": next(s["why"] for s in j["steps"] if s["result"] == "rejected")} for j in judged if j["verdict"] == "rejected"],
+        "headline_throughput": headline["label"],
+        "why": why,
+    }
+    identity = {"variable": variable, "varies": covered, "also_differs": other,
+                "held_fixed": sorted(k for k in candidates[0].identity if k not in covered and k not in other)[:200]}
+    price_info = None
+    if table is not None:
+        price_info = {"path": table.source_path, "example": table.example, "currency": table.currency,
+                      "description": table.description}
+        if table.example:
+            notes.append(f"prices from {table.source_path} are an EXAMPLE (made-up numbers), not real prices")
+    return Comparison(route, variable, judged, decision, identity, price_info, notes)
+
+
+def _f(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "–"
+    if value == "inf" or (isinstance(value, float) and math.isinf(value)):
+        return "inf"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def format_comparison(comp: Comparison) -> str:
+    """Console report: candidates side by side, judgement steps in order, the decision and why."""
+    cands = comp.candidates
+    width = max(26, *(len(c["label"]) + 2 for c in cands), *(len(c["status_line"]) - len(c["label"]) for c in cands))
+    lines = [f"Candidate comparison — route: {comp.route}; declared variable: {comp.variable}",
+             f"Judgement order: hard budgets → behaviour contract → throughput and cost", ""]
+
+    def row(name: str, values: list[str]) -> str:
+        return f"  {name:<44}" + "".join(f"{v:<{width}}" for v in values)
+
+    lines.append(row("", [c["label"] for c in cands]))
+    lines.append(row("verdict", [c["status_line"].split(": ", 1)[1] for c in cands]))
+    lines.append("")
+    lines.append("  1. hard budgets (class metric pctl: measured / limit, n)")
+    classes = sorted({n for c in cands for n in c.get("tails", {})})
+    for name in classes:
+        for metric in ("ttft_ms", "itl_ms"):
+            for q in ("p50", "p99"):
+                vals = []
+                shown = False
+                for c in cands:
+                    t = c.get("tails", {}).get(name, {})
+                    lim = (t.get("limits", {}).get(metric) or {}).get(q)
+                    obs = (t.get(metric) or {}).get(q)
+                    n = (t.get(metric) or {}).get("n")
+                    if lim is not None:
+                        shown = True
+                    flag = " ✗" if lim is not None and obs is not None and (obs == "inf" or float(obs) > lim) else ""
+                    vals.append(f"{_f(obs, 0)} / {_f(lim, 0) if lim is not None else '–'} (n={n}){flag}")
+                if shown:
+                    lines.append(row(f"{name} {metric} {q}", vals))
+    if any(c.get("capacity") for c in cands):
+        for name in sorted({n for c in cands for n in c.get("capacity", {})}):
+            lines.append(row(f"{name} max inside offered rps", [_f((c.get("capacity", {}).get(name) or {}).get("max_inside_offered_rps"), 2) for c in cands]))
+    lines.append(row("errors (error/timeout/not_sent)", [
+        f"{sum(v for k, v in c['status_counts'].items() if k in ('error', 'timeout', 'not_sent'))} of {sum(c['status_counts'].values())}"
+        if c["status_counts"] else "–" for c in cands]))
+    lines.append(row("result", [c["steps"][0]["result"] for c in cands]))
+    lines.append("")
+    lines.append("  2. behaviour contract")
+    lines.append(row("result", [c["steps"][1]["result"] for c in cands]))
+    lines.append("")
+    lines.append("  3. throughput and cost")
+    tp = [c["throughput"] for c in cands]
+    lines.append(row("output tok/s (run window)", [_f(t.get("output_tok_s")) for t in tp]))
+    lines.append(row("output tok/s (peak 1 s)", [_f(t.get("peak_output_tok_s")) for t in tp]))
+    lines.append(row("completed req/s", [_f(t.get("completed_rps"), 2) for t in tp]))
+    lines.append(row("offered req/s", [_f(t.get("offered_rps"), 2) for t in tp]))
+    lines.append(row("goodput req/s (all budgets met)", [_f(t.get("goodput_rps"), 2) for t in tp]))
+    if any(c.get("cost") for c in cands):
+        cur = next((c["cost"].get("currency") for c in cands if c.get("cost")), "USD")
+        example = any((c.get("cost") or {}).get("example_prices") for c in cands)
+        label = f"{cur} per M output tokens" + (" (EXAMPLE prices)" if example else "")
+        lines.append(row(label, [_f((c.get("cost") or {}).get("per_million_output_tokens"), 3) for c in cands]))
+    lines.append("")
+    chosen = comp.decision["chosen"]
+    lines.append(f"Decision ({comp.route}): " + (f"{chosen}" if chosen else "no candidate eligible"))
+    for why in comp.decision["why"]:
+        lines.append(f"  - {why}")
+    for note in comp.notes:
+        lines.append(f"  note: {note}")
+    return "\n".join(lines)

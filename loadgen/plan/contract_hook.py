@@ -1,0 +1,76 @@
+"""Behaviour-contract replay for plans and comparisons (``loadgen.contract``), or a stated skip.
+
+When the scenario configures frozen behaviour cases (``[behavior] cases``), a live target replays them
+after a cell (the plan's behaviour-drift stop) and for each compared candidate (the comparison's second
+judgement step). Whatever happens, the result is a dict with ``status`` ∈ {passed, failed, skipped,
+not_configured} and a one-line ``summary`` saying why, never a silent gap.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["replay_contract", "contract_status_from_file", "CONTRACT_FILE"]
+
+CONTRACT_FILE = "contract.json"
+
+
+def _skip(summary: str, status: str = "skipped") -> dict[str, Any]:
+    return {"status": status, "summary": summary, "failures": []}
+
+
+def replay_contract(scenario: Any, target_url: str | None, model: str | None, *, out_path: Path | None = None,
+                    reference: Any = None, api_key_env: str | None = None) -> dict[str, Any]:
+    """Replay the scenario's behaviour cases against ``target_url``; write ``out_path`` (contract.json)."""
+    refs = list(getattr(getattr(scenario, "behavior", None), "cases", []) or []) if scenario is not None else []
+    if not refs:
+        return _skip("behaviour contract not configured (scenario [behavior] cases is empty)", "not_configured")
+    if not target_url:
+        return _skip("behaviour contract not replayed: the target has no live endpoint (virtual-time worksheet)")
+    try:
+        from ..contract.cases import load_case_refs
+        from ..contract.replay import replay_cases_sync, write_contract
+    except ImportError as exc:  # the contract package is optional at this layer
+        return _skip(f"behaviour contract not replayed: loadgen.contract unavailable ({exc})")
+    from ..errors import LoadgenError
+
+    try:
+        cases = load_case_refs(refs, scenario.base_dir())
+        endpoint = "chat" if scenario.endpoint == "chat" else "completions"
+        result = replay_cases_sync(cases, target_url, model or "", api_key_env=api_key_env, endpoint=endpoint,
+                                   reference=reference)
+    except LoadgenError as exc:
+        return _skip(f"behaviour contract not replayed: {exc}")
+    if out_path is not None:
+        write_contract(result, out_path)
+    rejects = bool(result.reference_diff is not None and result.reference_diff.rejects)
+    failed = (not result.passed) or rejects
+    return {
+        "status": "failed" if failed else "passed",
+        "summary": result.summary(),
+        "failures": result.failures[:20],
+        "n_cases": len(result.cases),
+        "n_passed": sum(c.passed for c in result.cases),
+        "regressions": list(result.reference_diff.regressions) if result.reference_diff is not None else [],
+        "path": str(out_path) if out_path else None,
+        "_result": result,
+    }
+
+
+def contract_status_from_file(path: Path) -> dict[str, Any] | None:
+    """Read a ``contract.json`` written by ``loadgen contract`` or a plan/practice (None when absent)."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    passed = bool(data.get("passed"))
+    diff = data.get("reference_diff") or {}
+    rejects = bool(diff.get("rejects"))
+    n_cases, n_passed = data.get("n_cases"), data.get("n_passed")
+    summary = f"contract {'PASSED' if passed and not rejects else 'FAILED'}: {n_passed}/{n_cases} cases passed ({path})"
+    if rejects:
+        summary += f"; behaviour changed vs reference: {', '.join(diff.get('regressions', []))}"
+    return {"status": "passed" if passed and not rejects else "failed", "summary": summary,
+            "failures": (data.get("failures") or [])[:20], "n_cases": n_cases, "n_passed": n_passed, "path": str(path)}

@@ -1,0 +1,292 @@
+"""The capacity region of a plan: per class and state, which (rate × concurrency) cells are inside.
+
+A cell is inside only if it ran and every one of its runs satisfied every hard budget and no stop
+condition fired (the boundary cells ran ``repeats`` times; across repeats the p99 had to converge).
+Each outside cell carries its limiting constraint: the first failed check as (class, metric,
+percentile, observed, limit, n) or the stop that ended the direction. Written as ``region.json``,
+``region.md`` (tables) and ``region-<class>.png`` (a plot of rate × concurrency with pass/fail cells).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+__all__ = ["build_region", "write_region", "format_region", "plot_region", "load_region"]
+
+INSIDE, OUTSIDE, STOPPED, NOT_RUN, NOT_ACHIEVABLE = "inside", "outside", "stopped", "not_run", "not_achievable"
+
+
+def _mean(values: list[Any]) -> float | None:
+    vals = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(float(v))]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _limiting(runs: list[dict[str, Any]], extra_stops: list[dict[str, Any]], judged_class: str | None) -> str | None:
+    for run in runs:
+        for stop in run.get("stops", []):
+            return f"stop {stop['kind']}: {stop['detail']}"
+    for stop in extra_stops:
+        return f"stop {stop['kind']}: {stop['detail']}"
+    for run in runs:
+        failed = run.get("failed", [])
+        if judged_class is not None:
+            failed = run.get("per_class_failed", {}).get(judged_class, [])
+        if failed:
+            worst = failed[0]
+            return worst["reason"]
+    return None
+
+
+def _cell_status(runs: list[dict[str, Any]], extra_stops: list[dict[str, Any]], judged_class: str | None) -> str:
+    if not runs:
+        return NOT_RUN
+    if any(r.get("skipped") for r in runs):
+        return NOT_ACHIEVABLE
+    if extra_stops or any(r.get("stops") for r in runs):
+        return STOPPED
+    for run in runs:
+        failed = run.get("failed", []) if judged_class is None else run.get("per_class_failed", {}).get(judged_class, [])
+        if failed:
+            return OUTSIDE
+    return INSIDE
+
+
+def build_region(plan_dir: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """Assemble the region from ``plan.json`` state and every ``cell_result.json`` on disk."""
+    from .runner import RESULT_FILE
+
+    plan_dir = Path(plan_dir)
+    plan = state["plan"]
+    steps = plan.get("rate_scales") or plan.get("rates_rps") or []
+    rate_kind = "scale" if plan.get("rate_scales") else "rps"
+    results: dict[str, list[dict[str, Any]]] = {}
+    for marker in sorted((plan_dir / "cells").glob(f"*/rep*/{RESULT_FILE}")):
+        data = json.loads(marker.read_text())
+        results.setdefault(data["cell_id"], []).append(data)
+    for runs in results.values():
+        runs.sort(key=lambda d: d["repeat"])
+    extra = {cid: c.get("extra_stops", []) for cid, c in (state.get("cells") or {}).items()}
+    line_notes = {(ln["class"], ln["state"], ln["concurrency"]): ln for ln in state.get("lines", [])}
+    offered_by_cell: dict[str, float | None] = {}
+    for trace in sorted((plan_dir / "traces").glob("*.parquet")):
+        if trace.name.endswith(".warmup.parquet"):
+            continue
+        try:
+            from ..trace.io import read_trace
+
+            _, meta = read_trace(trace)
+            offered_by_cell[trace.stem] = meta.get("offered_rate_rps")
+        except Exception:  # a trace being written by another invocation: leave it out
+            continue
+
+    classes: dict[str, Any] = {}
+    for cls in plan["classes"]:
+        per_state: dict[str, Any] = {}
+        for st in plan["states"]:
+            cells, boundary = [], []
+            for conc in plan["concurrency"]:
+                row_inside: int | None = None
+                row_limit: str | None = None
+                row_limit_index: int | None = None
+                for i, step in enumerate(steps):
+                    cell_id = f"{cls}.{st}.c{conc}.r{i}"
+                    runs = results.get(cell_id, [])
+                    stops = extra.get(cell_id, [])
+                    status = _cell_status(runs, stops, None)
+                    limiting = _limiting(runs, stops, None) if status in (OUTSIDE, STOPPED) else None
+                    figures = [r.get("figures") or {} for r in runs]
+                    per_class = {}
+                    if cls == "mixed" and runs:
+                        names = sorted({n for r in runs for n in (r.get("figures") or {}).get("classes", {})})
+                        for name in names:
+                            per_class[name] = {"status": _cell_status(runs, stops, name),
+                                               "limiting": _limiting(runs, stops, name)}
+                    cell = {
+                        "cell_id": cell_id, "concurrency": conc, "rate_index": i, "rate_step": step,
+                        "status": status, "limiting": limiting,
+                        "repeats": len(runs), "passes": sum(1 for r in runs if not r.get("failed") and not r.get("stops") and not r.get("skipped")),
+                        "offered_rps": _mean([f.get("offered_rps") for f in figures]) or offered_by_cell.get(cell_id),
+                        "send_rps": _mean([f.get("send_rps") for f in figures]),
+                        "completed_rps": _mean([f.get("completed_rps") for f in figures]),
+                        "output_tok_s": _mean([f.get("output_tok_s") for f in figures]),
+                        "goodput_rps": _mean([f.get("goodput_rps") for f in figures]),
+                        "send_lag_p99_ms": max([f.get("send_lag_p99_ms") or 0.0 for f in figures], default=None),
+                        "ttft_p99_ms": {name: [(f.get("classes", {}).get(name) or {}).get("ttft_p99_ms") for f in figures]
+                                        for name in sorted({n for f in figures for n in f.get("classes", {})})},
+                        "warm_state": [r.get("warm_state") for r in runs][:1],
+                        "skip_reason": next((r.get("skip_reason") for r in runs if r.get("skipped")), None),
+                        "run_dirs": [r["run_dir"] for r in runs],
+                        "per_class": per_class,
+                    }
+                    cells.append(cell)
+                    if status == INSIDE:
+                        row_inside = i
+                    elif status in (OUTSIDE, STOPPED) and row_limit is None and (row_inside is None or i > row_inside):
+                        row_limit, row_limit_index = limiting, i
+                inside_cell = next((c for c in cells if c["concurrency"] == conc and c["rate_index"] == row_inside), None)
+                note = line_notes.get((cls, st, conc), {})
+                boundary.append({
+                    "concurrency": conc,
+                    "max_inside_rate_index": row_inside,
+                    "max_inside_rate_step": steps[row_inside] if row_inside is not None else None,
+                    "max_inside_offered_rps": inside_cell["offered_rps"] if inside_cell else None,
+                    "max_inside_completed_rps": inside_cell["completed_rps"] if inside_cell else None,
+                    "max_inside_output_tok_s": inside_cell["output_tok_s"] if inside_cell else None,
+                    "first_outside_rate_index": row_limit_index,
+                    "limiting": row_limit or (note.get("reason") if note.get("status") in ("not_run", "not_achievable") else None)
+                                or ("every rate step inside (no limit reached within the plan)" if row_inside == len(steps) - 1 else None),
+                    "line_status": note.get("status"),
+                })
+            per_state[st] = {"cells": cells, "boundary": boundary}
+        classes[cls] = per_state
+    return {
+        "kind": "loadgen.region",
+        "version": 1,
+        "plan": plan["name"],
+        "plan_sha256": state.get("plan_sha256"),
+        "status": state.get("status"),
+        "ended": state.get("ended"),
+        "target": state.get("target"),
+        "scenario": state.get("scenario"),
+        "rate_kind": rate_kind,
+        "rate_steps": steps,
+        "concurrency": plan["concurrency"],
+        "repeats": plan["repeats"],
+        "budget": state.get("budget"),
+        "start": state.get("start"),
+        "ledger": state.get("ledger"),
+        "classes": classes,
+        "rule": "a cell is inside only if every run of it satisfied every hard budget and no stop condition fired; "
+                "boundary cells ran `repeats` times and their p99 TTFT had to converge",
+    }
+
+
+_MARK = {INSIDE: "✓", OUTSIDE: "✗", STOPPED: "■", NOT_RUN: "·", NOT_ACHIEVABLE: "n/a"}
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def format_region(region: dict[str, Any]) -> str:
+    """Markdown tables: the grid per class/state, the boundary with its limit, offered vs completed."""
+    steps = region["rate_steps"]
+    unit = "×" if region["rate_kind"] == "scale" else " rps"
+    out = [f"# Capacity region: plan {region['plan']} ({region['status']})", ""]
+    if region.get("ended") and region["ended"] != "complete":
+        out += [f"Plan ended early: {region['ended']}", ""]
+    budget = region.get("budget") or {}
+    if budget:
+        out += [f"Budget consumed: {_fmt(budget.get('consumed_time_s'), 1)} s of {_fmt(budget.get('time_s'), 0)} s, "
+                f"{budget.get('consumed_requests')} of {budget.get('requests')} requests.", ""]
+    if (region.get("start") or {}).get("note"):
+        out += [f"Start: {region['start']['note']}", ""]
+    if (region.get("ledger") or {}).get("note"):
+        out += [f"Ledger: {region['ledger']['note']}", ""]
+    out += [f"Rule: {region['rule']}.", "", "Marks: ✓ inside (passes/runs), ✗ outside (budget), ■ stopped (declared limit), "
+            "· not run, n/a state not achievable.", ""]
+    for cls, per_state in region["classes"].items():
+        for st, data in per_state.items():
+            out += [f"## {cls} / {st}", ""]
+            header = "| concurrency | " + " | ".join(f"{s:g}{unit}" for s in steps) + " |"
+            out += [header, "|" + "---|" * (len(steps) + 1)]
+            for conc in region["concurrency"]:
+                row = [c for c in data["cells"] if c["concurrency"] == conc]
+                marks = []
+                for c in row:
+                    mark = _MARK[c["status"]]
+                    if c["repeats"]:
+                        mark += f" {c['passes']}/{c['repeats']}"
+                    marks.append(mark)
+                out.append(f"| {conc} | " + " | ".join(marks) + " |")
+            out += ["", "| concurrency | max inside step | offered rps | completed rps | output tok/s | limiting constraint |",
+                    "|---|---|---|---|---|---|"]
+            for b in data["boundary"]:
+                step = f"{b['max_inside_rate_step']:g}{unit}" if b["max_inside_rate_step"] is not None else "none"
+                out.append(f"| {b['concurrency']} | {step} | {_fmt(b['max_inside_offered_rps'])} | "
+                           f"{_fmt(b['max_inside_completed_rps'])} | {_fmt(b['max_inside_output_tok_s'], 1)} | {b['limiting'] or '–'} |")
+            ran = [c for c in data["cells"] if c["repeats"] and c["status"] != NOT_ACHIEVABLE]
+            if ran:
+                out += ["", "| cell | runs | offered rps | sent rps | completed rps | output tok/s | send-lag p99 ms | status |",
+                        "|---|---|---|---|---|---|---|---|"]
+                for c in ran:
+                    out.append(f"| {c['cell_id']} | {c['repeats']} | {_fmt(c['offered_rps'])} | {_fmt(c['send_rps'])} | "
+                               f"{_fmt(c['completed_rps'])} | {_fmt(c['output_tok_s'], 1)} | {_fmt(c['send_lag_p99_ms'], 3)} | {c['status']} |")
+            skipped = [c for c in data["cells"] if c["status"] == NOT_ACHIEVABLE]
+            if skipped:
+                out += ["", f"Not achievable ({len(skipped)} cells): {skipped[0]['skip_reason']}"]
+            out.append("")
+    return "\n".join(out)
+
+
+def plot_region(region: dict[str, Any], cls: str, path: Path) -> Path:
+    """PNG: rate step (x) × concurrency (y) per state, pass/fail marks, the limiting constraint annotated."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    per_state = region["classes"][cls]
+    steps = region["rate_steps"]
+    concs = region["concurrency"]
+    unit = "×" if region["rate_kind"] == "scale" else " rps"
+    fig, axes = plt.subplots(1, len(per_state), figsize=(6.5 * len(per_state), 1.6 + 0.9 * len(concs)), squeeze=False)
+    style = {INSIDE: ("o", "#2a9d3a"), OUTSIDE: ("X", "#d62828"), STOPPED: ("s", "#f08c00"),
+             NOT_RUN: (".", "#aaaaaa"), NOT_ACHIEVABLE: ("x", "#777777")}
+    for ax, (st, data) in zip(axes[0], per_state.items()):
+        for c in data["cells"]:
+            marker, color = style[c["status"]]
+            ax.scatter(c["rate_index"], concs.index(c["concurrency"]), marker=marker, s=160 if c["status"] != NOT_RUN else 40,
+                       color=color, zorder=3)
+            if c["repeats"] and c["status"] != NOT_ACHIEVABLE:
+                ax.annotate(f"{c['passes']}/{c['repeats']}", (c["rate_index"], concs.index(c["concurrency"])),
+                            textcoords="offset points", xytext=(0, 10), ha="center", fontsize=7)
+        for b in data["boundary"]:
+            if b["first_outside_rate_index"] is not None and b["limiting"]:
+                text = b["limiting"]
+                text = text if len(text) <= 60 else text[:57] + "…"
+                ax.annotate(text, (b["first_outside_rate_index"], concs.index(b["concurrency"])),
+                            textcoords="offset points", xytext=(0, -16), ha="center", fontsize=6, color="#7a1010")
+        labels = []
+        for i, s in enumerate(steps):
+            offered = next((c["offered_rps"] for c in data["cells"] if c["rate_index"] == i and c["offered_rps"]), None)
+            labels.append(f"{s:g}{unit}" + (f"\n{offered:.2f} rps" if offered is not None and unit != " rps" else ""))
+        ax.set_xticks(range(len(steps)), labels, fontsize=8)
+        ax.set_yticks(range(len(concs)), [str(c) for c in concs])
+        ax.set_xlim(-0.6, len(steps) - 0.4)
+        ax.set_ylim(-0.7, len(concs) - 0.4)
+        ax.set_xlabel("offered rate step (low → burst)")
+        ax.set_ylabel("client concurrency (max in flight)")
+        ax.set_title(f"{cls} / {st}", fontsize=10)
+        ax.grid(True, alpha=0.3)
+    handles = [plt.Line2D([], [], marker=m, color=c, linestyle="", markersize=8, label=k.replace("_", " "))
+               for k, (m, c) in style.items()]
+    fig.legend(handles=handles, loc="lower center", fontsize=7, ncol=5, frameon=False)
+    fig.suptitle(f"Capacity region — plan {region['plan']} (inside = every run met every hard budget)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.07, 1, 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def write_region(plan_dir: Path, region: dict[str, Any]) -> dict[str, Path]:
+    """Write region.json, region.md and one PNG per class; returns their paths."""
+    plan_dir = Path(plan_dir)
+    paths = {"json": plan_dir / "region.json", "markdown": plan_dir / "region.md"}
+    paths["json"].write_text(json.dumps(region, indent=2, sort_keys=True, default=str) + "\n")
+    paths["markdown"].write_text(format_region(region) + "\n")
+    for cls in region["classes"]:
+        paths[f"plot:{cls}"] = plot_region(region, cls, plan_dir / f"region-{cls}.png")
+    return paths
+
+
+def load_region(plan_dir: Path) -> dict[str, Any]:
+    path = Path(plan_dir) / "region.json"
+    return json.loads(path.read_text())

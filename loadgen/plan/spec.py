@@ -1,0 +1,152 @@
+"""The load-plan file: which cells to run, how to step up, when to stop, and what the plan may spend.
+
+A plan is a TOML file (see ``scenarios/plans/*.toml``). It names a scenario and one of its traces whose
+rate fields are scaled (``rate_scales``) or set (``rates_rps``), the classes to cover (each class alone via
+a shares override, or ``mixed`` for the scenario's own shares), warm/cold states, the client concurrency
+steps (max in flight), repeats near the boundary, the stop limits and the total time/request budget.
+Loading validates everything into one ``ScenarioError`` line naming file, field, value and expectation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..errors import ScenarioError
+from ..scenario import CLASS_NAMES, format_validation_error
+
+__all__ = ["PlanSpec", "StartSpec", "StopLimits", "PlanBudget", "WarmupSpec", "load_plan", "parse_plan", "MIXED"]
+
+#: The class coordinate of a cell that keeps the scenario's own class shares.
+MIXED = "mixed"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StartSpec(_Model):
+    """Where the rate walk begins: below the capacity a worksheet predicts (``auto``) or at the lowest rate."""
+
+    mode: Literal["auto", "lowest"] = "auto"
+    steps_below: int = Field(default=1, ge=0)  # start this many rate steps below the predicted boundary
+    worksheet_engine: str | None = None  # engine preset/TOML for the prediction when the target is not simulated
+    model_config_path: str | None = Field(default=None, alias="model_config")  # HF config.json for the ledger
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=())
+
+
+class StopLimits(_Model):
+    """Declared limits: crossing one ends a direction (never "until the server crashes")."""
+
+    send_lag_p99_ms: float = Field(default=50.0, gt=0)  # measurement corruption: the client fell behind
+    error_rate_limit: float | None = Field(default=None, ge=0, le=1)  # default: the scenario's errors.error_rate_limit
+    server_failure_rate: float = Field(default=0.05, ge=0, le=1)  # connect/5xx/reset share → OOM or server failure
+    invalid_output_rate: float = Field(default=0.01, ge=0, le=1)  # malformed/empty/truncated share
+    timeout_rate: float = Field(default=0.01, ge=0, le=1)  # timed-out share → timeout budget
+    p99_spread: float = Field(default=0.5, gt=0)  # (max − min) / median of p99 TTFT across repeats → unstable tail
+    cell_timeout_s: float | None = Field(default=None, gt=0)  # wall deadline per cell; default trace duration × 3 + 30
+    contract_every_cell: bool = True  # replay behaviour cases after each cell when the scenario configures them
+
+
+class PlanBudget(_Model):
+    """What the whole plan may spend, across resumes."""
+
+    time_s: float = Field(default=3600.0, gt=0)
+    requests: int = Field(default=1_000_000, ge=1)
+
+
+class WarmupSpec(_Model):
+    """The fixed warm-up set sent before each warm cell (first requests of the cell's trace at a low rate)."""
+
+    requests: int = Field(default=8, ge=0)
+    rate_rps: float = Field(default=8.0, gt=0)
+
+
+class PlanSpec(_Model):
+    name: str = Field(min_length=1)
+    description: str = ""
+    scenario: str  # path, relative to the plan file
+    trace: str  # named trace of the scenario whose rates are stepped
+    duration_s: float | None = Field(default=None, gt=0)  # override the trace's duration for every cell
+    seed: int | None = Field(default=None, ge=0)  # trace seed (default: the scenario's)
+    classes: list[str] = [MIXED]
+    states: list[Literal["warm", "cold"]] = ["warm"]
+    concurrency: list[int] = Field(default=[64], min_length=1)  # client max in flight, ascending
+    rate_scales: list[float] | None = None  # multiply the trace's rate fields
+    rates_rps: list[float] | None = None  # or set the mean offered rate directly
+    repeats: int = Field(default=3, ge=1)  # runs of each cell near the boundary
+    start: StartSpec = StartSpec()
+    stops: StopLimits = StopLimits()
+    budget: PlanBudget = PlanBudget()
+    warmup: WarmupSpec = WarmupSpec()
+    # set by load_plan, not by the file
+    source_path: str | None = Field(default=None, exclude=True)
+    sha256: str | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="after")
+    def _checks(self) -> "PlanSpec":
+        if (self.rate_scales is None) == (self.rates_rps is None):
+            raise ValueError("expected exactly one of rate_scales or rates_rps")
+        steps = self.rate_scales if self.rate_scales is not None else self.rates_rps
+        field = "rate_scales" if self.rate_scales is not None else "rates_rps"
+        if not steps:
+            raise ValueError(f"{field}: expected at least one rate step")
+        if any(v <= 0 for v in steps):
+            raise ValueError(f"{field}: expected every step > 0")
+        if list(steps) != sorted(set(steps)):
+            raise ValueError(f"{field}: expected strictly ascending steps (low to burst)")
+        if any(c < 1 for c in self.concurrency) or list(self.concurrency) != sorted(set(self.concurrency)):
+            raise ValueError("concurrency: expected strictly ascending steps >= 1")
+        if not self.classes or len(set(self.classes)) != len(self.classes):
+            raise ValueError("classes: expected a non-empty list without repeats")
+        for name in self.classes:
+            if name != MIXED and name not in CLASS_NAMES:
+                raise ValueError(f"classes: {name!r} is not a class; expected {MIXED!r} or one of {', '.join(CLASS_NAMES)}")
+        if not self.states or len(set(self.states)) != len(self.states):
+            raise ValueError("states: expected a non-empty list of 'warm'/'cold' without repeats")
+        return self
+
+    @property
+    def rate_steps(self) -> list[float]:
+        return list(self.rate_scales if self.rate_scales is not None else self.rates_rps or [])
+
+    @property
+    def rate_kind(self) -> str:
+        return "scale" if self.rate_scales is not None else "rps"
+
+    def base_dir(self) -> Path:
+        return Path(self.source_path).parent if self.source_path else Path.cwd()
+
+    def scenario_path(self) -> Path:
+        path = Path(self.scenario)
+        return path if path.is_absolute() else (self.base_dir() / path)
+
+
+def parse_plan(data: dict[str, Any], source: str = "<plan>") -> PlanSpec:
+    """Validate a plan mapping; raise ScenarioError with one line on the first problem."""
+    try:
+        return PlanSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(format_validation_error(source, exc)) from None
+
+
+def load_plan(path: str | Path) -> PlanSpec:
+    """Read and validate a plan TOML file (its sha256 identifies the plan for resuming)."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ScenarioError(f"{path}: no such file: expected a plan TOML file") from None
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"{path}: invalid TOML ({exc}): expected a plan file") from None
+    spec = parse_plan(data, str(path))
+    return spec.model_copy(update={"source_path": str(path.resolve()), "sha256": hashlib.sha256(raw).hexdigest()})

@@ -1,0 +1,324 @@
+"""The practice, end to end: KV ledger, both candidates on the burst trace, the decision and its owners.
+
+``run_practice()`` with no arguments launches the simulated engine twice on loopback (the
+``interactive-small-batch`` and ``throughput-large-batch`` presets), warms each with a fixed warm-up
+set, replays a window of the canonical burst trace through the real driver, replays the behaviour
+cases when the scenario configures them, prints the memory ledger of a shipped model config under each
+candidate's settings, and compares the two for interactive routing: hard budgets first, then behaviour,
+then throughput and cost. It shows workload, package, hardware, runtime, warm state, tails with counts,
+errors, behaviour constraints and who owns which part of the decision, and writes every run directory
+plus ``decision.json`` under ``out``. ``targets=[URL, URL]`` does the same against two running
+endpoints; ``engine="vllm"`` launches two real vLLM configurations (``loadgen.engines.vllm``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import PlanError
+
+__all__ = ["SIM_CANDIDATES", "OWNERSHIP", "PracticeResult", "run_practice", "practice_trace", "format_practice"]
+
+REPO = Path(__file__).resolve().parents[1]
+#: The canonical comparison: the latency-tuned preset first (the reference for behaviour diffs).
+SIM_CANDIDATES = ("interactive-small-batch", "throughput-large-batch")
+DEFAULT_MODEL_CONFIG = "llama-3.1-8b"
+
+#: Who owns what (the seed's division of authority), printed with every decision.
+OWNERSHIP = {
+    "llm_engineering": "owns the workload definitions, behaviour constraints, package identity and the user-visible "
+                       "interpretation: this routing decision",
+    "platform_sre": "owns fleet capacity and reliability: how many replicas of the chosen candidate, headroom, "
+                    "failover; the capacity region (loadgen plan) is their input",
+    "kernel_specialists": "own low-level optimisation (attention/GEMM kernels, batching internals); when p99 TTFT or "
+                          "memory fails they get a reproducible handoff (loadgen handoff), not a prescribed kernel rewrite",
+}
+
+
+@dataclass
+class PracticeResult:
+    out_dir: Path
+    decision: dict[str, Any]
+    comparison: Any
+    ledgers: dict[str, str] = field(default_factory=dict)
+    run_dirs: dict[str, Path] = field(default_factory=dict)
+
+
+def practice_trace(source: Path, out: Path, window_s: float | None) -> Path:
+    """The burst trace, cut to its first ``window_s`` seconds (None: whole) so the practice stays short."""
+    from .identity import sha256_file
+    from .trace.io import read_trace, write_trace
+
+    table, meta = read_trace(source)
+    if window_s is None:
+        shutil.copyfile(source, out)
+        return out
+    import pyarrow.compute as pc
+
+    keep = pc.less(table.column("scheduled_offset_ns"), int(window_s * 1e9))
+    cut = table.filter(keep)
+    if cut.num_rows == 0:
+        raise PlanError(f"{source}: no request in the first {window_s:g} s: expected a longer window")
+    meta = {**meta, "duration_s": min(float(meta.get("duration_s") or window_s), window_s), "requests": cut.num_rows,
+            "derived_from": {"path": str(source), "sha256": sha256_file(source), "window_s": [0.0, window_s],
+                             "how": "kept requests scheduled in the window; nothing re-timed"}}
+    return write_trace(cut, out, meta)
+
+
+def _canonical_trace(scenario_path: Path, out_dir: Path) -> Path:
+    shipped = REPO / "traces" / "canonical-burst.parquet"
+    if shipped.is_file():
+        return shipped
+    from .scenario import load_scenario
+    from .trace.generate import generate_trace_file
+
+    return generate_trace_file(load_scenario(scenario_path), "burst", out_dir / "canonical-burst.parquet")
+
+
+def _ledgers(model_config: str, engines: list[Any], scenario: Any) -> tuple[dict[str, str], dict[str, Any]]:
+    """The ledger of ``model_config`` under each simulated candidate's settings (KV pool = the engine's blocks)."""
+    from .ledger import GIB, EngineSettings, compute_ledger, format_ledger, read_model_config
+
+    path = Path(model_config)
+    if not path.exists():
+        path = REPO / "loadgen" / "data" / "models" / f"{model_config}.json"
+    model = read_model_config(path)
+    texts, data = {}, {}
+    for cfg in engines:
+        probe = compute_ledger(model, EngineSettings(kv_cache_gib=1.0))
+        kv_gib = cfg.num_kv_blocks * cfg.kv.block_size * probe.kv_bytes_per_token / GIB
+        settings = EngineSettings(block_size=cfg.kv.block_size, max_num_seqs=cfg.scheduler.max_num_seqs,
+                                  max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
+                                  max_model_len=cfg.scheduler.max_model_len, kv_cache_gib=kv_gib)
+        ledger = compute_ledger(model, settings, scenario)
+        texts[cfg.name] = format_ledger(ledger)
+        data[cfg.name] = {"model_config": str(path), "kv_cache_gib": kv_gib, **ledger.to_dict()}
+    return texts, data
+
+
+def _warm_and_run(url: str, model: str | None, trace: Path, scenario_path: Path, run_dir: Path, warm_dir: Path,
+                  label: str, restart_note: str, api_key_env: str | None = None, runner: Callable[..., Path] | None = None) -> Path:
+    """Fixed warm-up set (first 8 requests of the trace at 8 rps), then the measured run."""
+    from .plan.cells import build_warmup_trace
+    from .plan.targets import StateResult, _warmup, run_driver
+
+    warm_trace = build_warmup_trace(trace, 8, 8.0, warm_dir.parent / f"{warm_dir.name}.parquet")
+    actions = [restart_note] + _warmup(url, model, warm_trace, warm_dir, scenario_path, api_key_env)
+    state = StateResult("warm", True, actions)
+    if runner is not None:
+        return runner(state)
+    return run_driver(trace, url, run_dir, model=model, scenario_path=scenario_path, state=state,
+                      extra_manifest={"practice": {"candidate": label}}, api_key_env=api_key_env)
+
+
+def run_practice(
+    out: str | Path | None = None,
+    *,
+    scenario: str | Path | None = None,
+    trace: str | Path | None = None,
+    window_s: float | None = 40.0,
+    candidates: tuple[str, ...] = SIM_CANDIDATES,
+    targets: list[str] | None = None,
+    model: str | None = None,
+    engine: str = "sim",
+    model_config: str = DEFAULT_MODEL_CONFIG,
+    prices: str | Path | None = None,
+    route: str = "interactive",
+    api_key_env: str | None = None,
+    log: Callable[[str], None] | None = None,
+) -> PracticeResult:
+    """Run the practice (see the module docstring); returns the decision and writes ``out``/decision.json."""
+    from .plan.compare import compare_candidates
+    from .plan.contract_hook import CONTRACT_FILE, replay_contract
+    from .scenario import load_scenario
+
+    say = log or (lambda _m: None)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out_dir = Path(out) if out else Path("runs") / f"practice-{stamp}"
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise PlanError(f"{out_dir}: not empty: expected a new output directory for the practice")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    scenario_path = Path(scenario) if scenario else REPO / "scenarios" / "canonical.toml"
+    scen = load_scenario(scenario_path)
+    source = Path(trace) if trace else _canonical_trace(scenario_path, out_dir)
+    trace_path = practice_trace(source, out_dir / "trace.parquet", window_s)
+    prices = prices if prices is not None else (REPO / "scenarios" / "prices.toml")
+    run_dirs: dict[str, Path] = {}
+    ledgers: dict[str, str] = {}
+    ledger_data: dict[str, Any] = {}
+    contract_ref = None
+    t0 = time.monotonic()
+
+    def contract_for(label: str, url: str, served: str | None, run_dir: Path) -> None:
+        nonlocal contract_ref
+        result = replay_contract(scen, url, served, out_path=run_dir / CONTRACT_FILE, reference=contract_ref,
+                                 api_key_env=api_key_env)
+        if contract_ref is None and result.get("_result") is not None:
+            contract_ref = result["_result"]
+        say(f"practice: {label}: {result['summary']}")
+
+    if targets:
+        if len(targets) < 2:
+            raise PlanError(f"practice --target: got {len(targets)} URL(s): expected two (one per candidate)")
+        for i, url in enumerate(targets):
+            label = f"candidate-{chr(ord('a') + i)}"
+            run_dir = out_dir / label
+            say(f"practice: {label}: warm-up then the burst trace against {url}")
+            _warm_and_run(url, model, trace_path, scenario_path, run_dir, out_dir / f"{label}-warmup", label,
+                          "target not launched by loadgen: its load/compile state is whatever it was", api_key_env)
+            contract_for(label, url, model, run_dir)
+            run_dirs[label] = run_dir
+    elif engine == "vllm":
+        run_dirs = _run_vllm(out_dir, trace_path, scenario_path, scen, say, contract_for)
+    elif engine == "sim":
+        from .plan.targets import SimServerProcess
+        from .sim import load_engine_config
+
+        configs = [load_engine_config(c) for c in candidates]
+        ledgers, ledger_data = _ledgers(model_config, configs, scen)
+        for cfg, name in zip(configs, candidates):
+            run_dir = out_dir / cfg.name
+            server = SimServerProcess(name, out_dir / "server-logs")
+            try:
+                url = server.start()
+                say(f"practice: {cfg.name}: sim server pid {server.pid} on {url}; warm-up, then {trace_path.name}")
+                _warm_and_run(url, cfg.model, trace_path, scenario_path, run_dir, out_dir / f"{cfg.name}-warmup", cfg.name,
+                              f"sim server launched fresh by loadgen (pid {server.pid}): empty KV and prefix cache")
+                contract_for(cfg.name, url, cfg.model, run_dir)
+            finally:
+                server.stop()
+            run_dirs[cfg.name] = run_dir
+    else:
+        raise PlanError(f"practice --engine {engine!r}: expected 'sim' or 'vllm'")
+    comparison = compare_candidates([run_dirs[k] for k in run_dirs], route=route, prices=prices)
+    cdict = comparison.to_dict()
+    decision = {
+        "kind": "loadgen.practice",
+        "version": 1,
+        "question": "which serving candidate takes interactive traffic? (reject the headline-throughput configuration "
+                    "that violates p99 TTFT)",
+        "out_dir": str(out_dir),
+        "wall_s": round(time.monotonic() - t0, 1),
+        "engine": engine,
+        "workload": _workload(scen, trace_path),
+        "ledger": ledger_data or {"note": "not computed: real engines report their own KV cache (see engine_notes)"},
+        "candidates": {k: str(v) for k, v in run_dirs.items()},
+        "comparison": cdict,
+        "decision": cdict["decision"],
+        "ownership": OWNERSHIP,
+        "modelExecuted": any(c["context"]["runtime"].get("modelExecuted") for c in cdict["candidates"]),
+    }
+    (out_dir / "decision.json").write_text(json.dumps(decision, indent=2, default=str) + "\n")
+    return PracticeResult(out_dir, decision, comparison, ledgers, run_dirs)
+
+
+def _workload(scen: Any, trace_path: Path) -> dict[str, Any]:
+    from .identity import sha256_file
+    from .trace.io import read_trace
+
+    table, meta = read_trace(trace_path)
+    classes = table.column("request_class").to_pylist()
+    return {
+        "scenario": scen.name, "scenario_path": scen.source_path, "scenario_sha256": scen.sha256,
+        "trace": str(trace_path), "trace_sha256": sha256_file(trace_path), "trace_name": meta.get("trace_name"),
+        "seed": meta.get("seed"), "requests": table.num_rows, "duration_s": meta.get("duration_s"),
+        "derived_from": meta.get("derived_from"), "settings": meta.get("settings"),
+        "requests_per_class": {c: classes.count(c) for c in sorted(set(classes))},
+        "budgets": {name: cls.budgets.model_dump(mode="json", exclude_none=True) for name, cls in scen.classes.items()},
+        "behavior_cases": list(scen.behavior.cases),
+    }
+
+
+def _run_vllm(out_dir: Path, trace_path: Path, scenario_path: Path, scen: Any, say: Callable[[str], None],
+              contract_for: Callable[..., None]) -> dict[str, Path]:
+    """Two real vLLM configurations (small vs large batch) on the shipped tiny model, same trace."""
+    from .driver import RunOptions
+    from .engines.vllm import VllmConfig, VllmServer, make_model_dir, run_with_server
+
+    model_dir = make_model_dir(None, out_dir / "model")
+    configs = {
+        "vllm-small-batch": dict(max_num_seqs=8, max_num_batched_tokens=1024),
+        "vllm-large-batch": dict(max_num_seqs=128, max_num_batched_tokens=16384),
+    }
+    run_dirs: dict[str, Path] = {}
+    for label, knobs in configs.items():
+        cfg = VllmConfig(model_dir=model_dir, served_model_name="loadgen-practice", max_model_len=4096,
+                         log_path=out_dir / f"{label}.log", **knobs)
+        run_dir = out_dir / label
+        with VllmServer(cfg) as server:
+            say(f"practice: {label}: vLLM healthy after {server.ready_s:.0f} s on {server.base_url}")
+
+            def runner(state: Any, server: Any = server, run_dir: Path = run_dir, label: str = label) -> Path:
+                options = RunOptions(trace_path=trace_path, target_url=server.base_url, out_dir=run_dir,
+                                     model="loadgen-practice", scenario_path=scenario_path, warm_state="warm",
+                                     warm_actions=state.actions, progress="off",
+                                     extra_manifest={"practice": {"candidate": label}})
+                return run_with_server(server, options)
+
+            _warm_and_run(server.base_url, "loadgen-practice", trace_path, scenario_path, run_dir,
+                          out_dir / f"{label}-warmup", label, f"vLLM launched fresh by loadgen ({label}); ready in "
+                          f"{server.ready_s:.0f} s", runner=runner)
+            contract_for(label, server.base_url, "loadgen-practice", run_dir)
+        run_dirs[label] = run_dir
+    return run_dirs
+
+
+def format_practice(result: PracticeResult) -> str:
+    """The console report: ledger, workload, each candidate's identity, the comparison, the owners."""
+    from .plan.compare import format_comparison
+
+    d = result.decision
+    w = d["workload"]
+    lines = ["=" * 100, "Practice: reject the headline-throughput configuration that violates p99 TTFT", "=" * 100, ""]
+    lines.append("WORKLOAD (owned by LLM engineering)")
+    lines.append(f"  scenario {w['scenario']} (sha256 {str(w['scenario_sha256'])[:12]}), trace {w['trace_name']} seed {w['seed']} "
+                 f"(sha256 {w['trace_sha256'][:12]}): {w['requests']} requests over {w['duration_s']} s "
+                 f"{w['requests_per_class']}")
+    if w.get("derived_from"):
+        src = w["derived_from"]
+        lines.append(f"  window {src['window_s']} s of {src['path']} (sha256 {src['sha256'][:12]}): {src['how']}")
+    for name, budgets in w["budgets"].items():
+        shown = ", ".join(f"{m} " + "/".join(f"{q} {v:g}" for q, v in b.items() if q != "hard") + (" hard" if b.get("hard", True) else " soft")
+                          for m, b in budgets.items())
+        lines.append(f"  {name}: {shown}")
+    lines.append(f"  behaviour constraints: {', '.join(w['behavior_cases']) or 'not configured'}")
+    lines.append("")
+    if result.ledgers:
+        for name, text in result.ledgers.items():
+            lines.append(f"KV LEDGER — {name} settings")
+            lines += ["  " + ln for ln in text.splitlines()]
+            lines.append("")
+    lines.append("CANDIDATES (package, hardware, runtime, warm state)")
+    for c in d["comparison"]["candidates"]:
+        ctx = c["context"]
+        pkg, hw, rt, ws = ctx["package"], ctx["hardware"], ctx["runtime"], ctx["warm_state"] or {}
+        gpus = ", ".join(g.get("name", "?") for g in hw.get("gpus") or []) or "no GPU"
+        lines.append(f"  {c['label']}  ({c['path']})")
+        lines.append(f"    package: loadgen {pkg['harness_version']} git {pkg['git_sha']}, python {pkg['python']}")
+        lines.append(f"    hardware: {hw['cpu_model']} × {hw['cpu_count']} cores, {gpus}")
+        lines.append(f"    runtime: target {rt['target_kind']} engine {rt['engine']} {rt['engine_version']} config "
+                     f"{rt['engine_config']}, run_kind {rt['run_kind']}, modelExecuted {rt['modelExecuted']}, "
+                     f"benchmarkExecuted {rt['benchmarkExecuted']}")
+        lines.append(f"    warm state: {ws.get('state')}: " + " / ".join(ws.get("actions") or []))
+        counts = c["status_counts"]
+        lines.append(f"    errors: {counts.get('error', 0)} error, {counts.get('timeout', 0)} timeout, "
+                     f"{counts.get('not_sent', 0)} not sent, {counts.get('cancelled', 0)} cancelled by the client "
+                     f"(of {sum(counts.values())}); kinds {c['error_kinds'] or 'none'}")
+        lines.append(f"    behaviour: {c['contract']['summary']}")
+    lines.append("")
+    lines.append(format_comparison(result.comparison))
+    lines.append("")
+    lines.append("WHO OWNS THE DECISION")
+    for who, what in OWNERSHIP.items():
+        lines.append(f"  {who.replace('_', ' ')}: {what}")
+    lines.append("")
+    lines.append(f"modelExecuted: {d['modelExecuted']} (simulated engine: no model produced these tokens)"
+                 if d["engine"] == "sim" else f"modelExecuted: {d['modelExecuted']}")
+    lines.append(f"written: {result.out_dir}/decision.json and one run directory per candidate ({d['wall_s']} s)")
+    return "\n".join(lines)

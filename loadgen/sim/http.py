@@ -1,0 +1,274 @@
+"""A lean HTTP/1.1 server on asyncio protocols: keep-alive, Content-Length or chunked bodies, SSE.
+
+Why not a framework: the simulated server shares two cores with the driver it is benchmarked
+against, and it needs precise control of the connection (drop it mid-stream, notice the client
+going away at once). One request at a time per connection (no pipelining overlap); a handler gets
+a ``Request`` and the ``Connection`` it answers on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+from urllib.parse import urlsplit
+
+__all__ = ["Request", "Connection", "Handler", "start_http_server", "REASONS"]
+
+log = logging.getLogger("loadgen.sim.http")
+
+MAX_HEADER_BYTES = 64 * 1024
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+REASONS = {
+    200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+    405: "Method Not Allowed", 408: "Request Timeout", 411: "Length Required", 413: "Payload Too Large",
+    422: "Unprocessable Entity", 429: "Too Many Requests", 431: "Request Header Fields Too Large",
+    500: "Internal Server Error", 501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]  # lower-cased names; a repeated header keeps its last value
+    body: bytes
+    keep_alive: bool
+
+
+Handler = Callable[[Request, "Connection"], Awaitable[None]]
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Connection(asyncio.Protocol):
+    """One client connection: parses requests, runs the handler, writes responses."""
+
+    def __init__(self, handler: Handler, on_error: Callable[[Connection, int, str], bytes]) -> None:
+        self.handler = handler
+        self.on_error = on_error  # builds an error response body for parse failures
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.closed = False
+        self.busy = False
+        self.keep_alive = True
+        self.streaming = False
+        self.response_started = False
+        self.on_lost: Callable[[], None] | None = None  # set by a handler while it waits
+        self._drain: asyncio.Future[None] | None = None
+        self._paused = False
+        self._task: asyncio.Task[None] | None = None
+
+    # -- asyncio.Protocol --------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if self.busy:
+            if len(self.buffer) > MAX_BODY_BYTES + MAX_HEADER_BYTES:
+                self.abort()
+            return
+        self._next_request()
+
+    def eof_received(self) -> bool:
+        # The client closed its side: treat it as gone (a streaming client never half-closes).
+        self._lost()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost()
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    def _lost(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+        callback, self.on_lost = self.on_lost, None
+        if callback is not None:
+            callback()
+
+    # -- parsing -----------------------------------------------------------------------------------
+    def _next_request(self) -> None:
+        try:
+            request = self._parse()
+        except _BadRequest as exc:
+            self.keep_alive = False
+            self.busy = True
+            self.send(exc.status, self.on_error(self, exc.status, str(exc)), content_type="application/json")
+            return
+        if request is None:
+            return
+        self.busy = True
+        self.keep_alive = request.keep_alive
+        self.response_started = False
+        self.streaming = False
+        self._task = asyncio.get_running_loop().create_task(self._run(request))
+
+    def _parse(self) -> Request | None:
+        buf = self.buffer
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(buf) > MAX_HEADER_BYTES:
+                raise _BadRequest(431, "request headers too large")
+            return None
+        head = bytes(buf[:end]).decode("latin-1")
+        lines = head.split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            raise _BadRequest(400, f"malformed request line {lines[0][:80]!r}")
+        method, target, version = parts
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise _BadRequest(400, f"malformed header line {line[:80]!r}")
+            headers[name.strip().lower()] = value.strip()
+        pos = end + 4
+        body = b""
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            body_parts = []
+            while True:
+                line_end = buf.find(b"\r\n", pos)
+                if line_end < 0:
+                    return None
+                try:
+                    size = int(bytes(buf[pos:line_end]).split(b";")[0], 16)
+                except ValueError:
+                    raise _BadRequest(400, "malformed chunked body") from None
+                if size == 0:  # last chunk; trailers are not supported
+                    if len(buf) < line_end + 4:
+                        return None
+                    pos = line_end + 4
+                    break
+                if line_end + 2 + size + 2 > len(buf):
+                    return None
+                body_parts.append(bytes(buf[line_end + 2 : line_end + 2 + size]))
+                pos = line_end + 2 + size + 2
+                if sum(len(p) for p in body_parts) > MAX_BODY_BYTES:
+                    raise _BadRequest(413, "request body too large")
+            body = b"".join(body_parts)
+        else:
+            length_text = headers.get("content-length", "0") or "0"
+            try:
+                length = int(length_text)
+            except ValueError:
+                raise _BadRequest(400, f"content-length {length_text!r} is not an integer") from None
+            if length < 0:
+                raise _BadRequest(400, "negative content-length")
+            if length > MAX_BODY_BYTES:
+                raise _BadRequest(413, "request body too large")
+            if len(buf) < pos + length:
+                return None
+            body = bytes(buf[pos : pos + length])
+            pos += length
+        del buf[:pos]
+        conn_header = headers.get("connection", "").lower()
+        keep_alive = (version == "HTTP/1.1" and conn_header != "close") or conn_header == "keep-alive"
+        split = urlsplit(target)
+        return Request(method.upper(), split.path or "/", split.query, headers, body, keep_alive)
+
+    async def _run(self, request: Request) -> None:
+        try:
+            await self.handler(request, self)
+        except Exception:  # a handler bug must never take the server down
+            log.exception("handler failed for %s %s", request.method, request.path)
+            if not self.response_started and not self.closed:
+                self.keep_alive = False
+                self.send(500, self.on_error(self, 500, "internal error in the simulated server"), content_type="application/json")
+            else:
+                self.abort()
+        finally:
+            self.on_lost = None
+            self.busy = False
+            if self.closed:
+                return
+            if not self.keep_alive:
+                self.transport.close()  # type: ignore[union-attr]
+            elif self.buffer:
+                self._next_request()
+
+    # -- responses ---------------------------------------------------------------------------------
+    def _head(self, status: int, headers: list[tuple[str, str]]) -> bytes:
+        lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Status')}"]
+        lines += [f"{k}: {v}" for k, v in headers]
+        if not self.keep_alive:
+            lines.append("connection: close")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    def send(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = "application/json",
+        headers: list[tuple[str, str]] | None = None,
+    ) -> None:
+        """A whole response with Content-Length."""
+        if self.closed:
+            return
+        self.response_started = True
+        hdrs = [("content-type", content_type), ("content-length", str(len(body)))] + (headers or [])
+        self.transport.write(self._head(status, hdrs) + body)  # type: ignore[union-attr]
+        if not self.keep_alive:
+            self.transport.close()  # type: ignore[union-attr]
+            self.closed = True
+
+    def start_stream(self, status: int, headers: list[tuple[str, str]]) -> None:
+        """Response head for a chunked (streaming) body."""
+        if self.closed:
+            return
+        self.response_started = True
+        self.streaming = True
+        self.transport.write(self._head(status, headers + [("transfer-encoding", "chunked")]))  # type: ignore[union-attr]
+
+    def write_chunk(self, data: bytes) -> None:
+        if self.closed or not data:
+            return
+        self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))  # type: ignore[union-attr]
+
+    def end_stream(self) -> None:
+        if self.closed:
+            return
+        self.transport.write(b"0\r\n\r\n")  # type: ignore[union-attr]
+        self.streaming = False
+
+    async def drain(self) -> None:
+        """Wait while the transport's write buffer is above its high-water mark."""
+        if self._paused and not self.closed:
+            self._drain = asyncio.get_running_loop().create_future()
+            await self._drain
+            self._drain = None
+
+    def abort(self) -> None:
+        """Drop the connection at once (RST), as a crashing proxy would."""
+        if self.transport is not None:
+            self.transport.abort()
+        self._lost()
+
+
+async def start_http_server(
+    handler: Handler,
+    host: str,
+    port: int,
+    on_error: Callable[[Connection, int, str], bytes],
+) -> asyncio.Server:
+    """Listen on host:port (0 = any free port); each connection runs ``handler`` per request."""
+    loop = asyncio.get_running_loop()
+    return await loop.create_server(lambda: Connection(handler, on_error), host, port, reuse_address=True, backlog=1024)

@@ -1,0 +1,138 @@
+"""OpenAI wire format of the simulated engine: filler text and SSE events, shared by both faces.
+
+Output text is filler words that encode to exactly one cl100k_base token each, so a chunk of k
+tokens is k words; the worksheet uses the same byte arithmetic as the live server to fill
+``chunks.bytes`` without formatting millions of events.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "FILLER_WORDS",
+    "filler_text",
+    "filler_bytes",
+    "StreamFormat",
+    "request_id_for",
+    "ID_HEX_CHARS",
+]
+
+#: One cl100k_base token each, also when concatenated (checked by tests).
+FILLER_WORDS = (
+    " the", " of", " and", " to", " in", " is", " was", " for",
+    " on", " that", " with", " as", " by", " at", " from", " it",
+)
+_LENS = np.array([len(w) for w in FILLER_WORDS], dtype=np.int64)
+_CUM = np.concatenate([[0], np.cumsum(_LENS)])
+_CYCLE = int(_CUM[-1])
+_L = len(FILLER_WORDS)
+#: Hex digits after the id prefix (``cmpl-`` / ``chatcmpl-``); fixed so event sizes are fixed.
+ID_HEX_CHARS = 24
+
+
+def filler_text(start: int, count: int) -> str:
+    """Text of output tokens ``start .. start+count-1``."""
+    words = FILLER_WORDS
+    return "".join(words[(start + j) % _L] for j in range(count))
+
+
+def filler_bytes(start: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Byte length of filler_text(start, count), vectorised (ASCII: no JSON escaping)."""
+
+    def cum(n: np.ndarray) -> np.ndarray:
+        return (n // _L) * _CYCLE + _CUM[n % _L]
+
+    return cum(start + count) - cum(start)
+
+
+def request_id_for(kind: str, number: int) -> str:
+    """Deterministic response id (``cmpl-`` or ``chatcmpl-`` + 24 hex digits)."""
+    prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
+    return f"{prefix}{number:0{ID_HEX_CHARS}x}"
+
+
+class StreamFormat:
+    """Pre-rendered SSE event pieces for one response (completions or chat)."""
+
+    __slots__ = ("kind", "head", "content_tail", "obj", "rid", "created", "model", "fingerprint", "_base")
+
+    def __init__(self, kind: str, rid: str, created: int, model: str, fingerprint: str | None = None) -> None:
+        self.kind = kind
+        self.rid = rid
+        self.created = created
+        self.model = model
+        self.fingerprint = fingerprint
+        self.obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        fp = f',"system_fingerprint":{json.dumps(fingerprint)}' if fingerprint else ""
+        base = f'{{"id":"{rid}","object":"{self.obj}","created":{created},"model":{json.dumps(model)}{fp},'
+        self._base = base
+        if kind == "chat":
+            self.head = ('data: ' + base + '"choices":[{"index":0,"delta":{"content":').encode()
+        else:
+            self.head = ('data: ' + base + '"choices":[{"index":0,"text":').encode()
+        tail = '},"logprobs":null,"finish_reason":null}]}\n\n' if kind == "chat" else ',"logprobs":null,"finish_reason":null}]}\n\n'
+        self.content_tail = tail.encode()
+
+    def content(self, text: str) -> bytes:
+        """A content event; ``text`` must be plain ASCII filler (no escaping needed)."""
+        return self.head + b'"' + text.encode() + b'"' + self.content_tail
+
+    def content_overhead(self) -> int:
+        """Bytes of a content event besides the text itself."""
+        return len(self.head) + 2 + len(self.content_tail)
+
+    def role(self) -> bytes:
+        """Chat's first event: the assistant role with empty content (as OpenAI sends)."""
+        return ('data: ' + self._base + '"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
+                '"logprobs":null,"finish_reason":null}]}\n\n').encode()
+
+    def finish(self, reason: str) -> bytes:
+        if self.kind == "chat":
+            body = f'"choices":[{{"index":0,"delta":{{}},"logprobs":null,"finish_reason":"{reason}"}}]}}'
+        else:
+            body = f'"choices":[{{"index":0,"text":"","logprobs":null,"finish_reason":"{reason}"}}]}}'
+        return ("data: " + self._base + body + "\n\n").encode()
+
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> bytes:
+        return ("data: " + self._base + '"choices":[],"usage":' + json.dumps(usage_dict(prompt_tokens, completion_tokens, cached_tokens), separators=(",", ":")) + "}\n\n").encode()
+
+    def malformed(self) -> bytes:
+        """A broken event: truncated JSON, as a buggy proxy might cut it."""
+        return ('data: ' + self._base + '"choices":[{"index":0,').encode() + b"\n\n"
+
+    def full_response(self, text: str, reason: str, prompt_tokens: int, completion_tokens: int,
+                      cached_tokens: int | None = None) -> dict[str, Any]:
+        """The non-streaming response body."""
+        body: dict[str, Any] = {
+            "id": self.rid,
+            "object": "chat.completion" if self.kind == "chat" else "text_completion",
+            "created": self.created,
+            "model": self.model,
+        }
+        if self.fingerprint:
+            body["system_fingerprint"] = self.fingerprint
+        if self.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        body["choices"] = [choice]
+        body["usage"] = usage_dict(prompt_tokens, completion_tokens, cached_tokens)
+        return body
+
+
+def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    if cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return usage
+
+
+DONE = b"data: [DONE]\n\n"

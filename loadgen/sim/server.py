@@ -1,0 +1,644 @@
+"""Face 2: the live OpenAI-compatible server, the same engine advancing in real time.
+
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (stream or not, usage chunk),
+``POST /tokenize``, ``GET /v1/models``, ``/version``, ``/health``, ``/metrics`` (vLLM names).
+One asyncio task runs the engine's step loop: it schedules a step, sleeps the step's modelled
+duration, then hands each request its new tokens. Faults come from ``[faults]`` (seeded) or the
+``X-Loadgen-Fault`` header; ``[managed]`` adds a request quota, model/fingerprint drift and an
+API-key check. A client that goes away is aborted in the engine at once (its KV blocks freed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import signal
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..prompts import get_tokenizer
+from .config import EngineConfig, load_engine_config
+from .engine import Engine, Seq
+from .faults import FAULT_HEADER, FaultDecider, FaultLog, FaultPlan, parse_fault_header
+from .http import Connection, Request, start_http_server
+from .metrics import E2E_BUCKETS, ITERATION_TOKENS_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, Histogram, format_value
+from .protocol import DONE, StreamFormat, filler_text, request_id_for
+
+__all__ = ["SimServer", "serve", "READY_PREFIX"]
+
+log = logging.getLogger("loadgen.sim.server")
+
+READY_PREFIX = "loadgen-sim listening on "
+_JSON = "application/json"
+_SSE_HEADERS = [("content-type", "text/event-stream; charset=utf-8"), ("cache-control", "no-cache")]
+_ERROR_TYPES = {
+    400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowedError",
+    413: "BadRequestError", 422: "UnprocessableEntityError", 429: "RateLimitError", 431: "BadRequestError",
+}
+
+
+def error_body(status: int, message: str, param: str | None = None, err_type: str | None = None, code: Any = None) -> bytes:
+    """OpenAI/vLLM-style error JSON: {"error": {"message", "type", "param", "code"}}."""
+    etype = err_type or _ERROR_TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
+    return json.dumps({"error": {"message": message, "type": etype, "param": param, "code": status if code is None else code}}).encode()
+
+
+class _Invalid(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+
+
+class LiveRequest:
+    """Server-side state of one request between the engine loop and its HTTP handler."""
+
+    __slots__ = ("seq", "visible", "done", "waiter", "arrival_ns", "last_ns", "gone")
+
+    def __init__(self, arrival_ns: int) -> None:
+        self.seq: Seq | None = None
+        self.visible = 0  # tokens the engine has handed over (delivered after the step's duration)
+        self.done = False
+        self.waiter: asyncio.Future[None] | None = None
+        self.arrival_ns = arrival_ns
+        self.last_ns = arrival_ns
+        self.gone = False
+
+    def wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait(self) -> None:
+        self.waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self.waiter
+        finally:
+            self.waiter = None
+
+
+class LiveEngine:
+    """Runs the engine's step loop on the event loop's clock and records vLLM's histograms."""
+
+    def __init__(self, config: EngineConfig, seed: int = 0) -> None:
+        self.engine = Engine(config, seed=seed)
+        self.t0 = time.perf_counter_ns()
+        self._wake = asyncio.Event()
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self.e2e = Histogram(E2E_BUCKETS)
+        self.queue_time = Histogram(E2E_BUCKETS)
+        self.iteration_tokens = Histogram(ITERATION_TOKENS_BUCKETS)
+        self.success: dict[str, int] = {}
+
+    def now_ns(self) -> int:
+        return time.perf_counter_ns() - self.t0
+
+    def submit(self, seq: Seq) -> None:
+        self.engine.add(seq)
+        self._wake.set()
+
+    def abort(self, seq: Seq) -> None:
+        if self.engine.abort(seq):
+            self.success["abort"] = self.success.get("abort", 0) + 1
+
+    async def run(self) -> None:
+        """The step loop. While busy, each step starts when the previous one was due to end (not
+        when the loop woke up), so timer overshoot does not accumulate; >50 ms behind re-anchors."""
+        engine = self.engine
+        prev_end: int | None = None
+        while True:
+            if not engine.has_work:
+                self._wake.clear()
+                prev_end = None
+                await self._wake.wait()
+                continue
+            now = self.now_ns()
+            if prev_end is not None and now - prev_end < 50_000_000:
+                now = prev_end
+            hold = engine.hold_until_ns(now)
+            if hold is not None:
+                self._wake.clear()
+                prev_end = None
+                try:
+                    await asyncio.wait_for(self._wake.wait(), max(0.0, (hold - self.now_ns()) / 1e9))
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            res = engine.step(now)
+            prev_end = now + res.duration_ns
+            if not res.emitted and not res.finished and res.duration_ns == 0:
+                prev_end = None
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), 0.01)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            delay = (now + res.duration_ns - self.now_ns()) / 1e9
+            await asyncio.sleep(delay if delay > 0 else 0)
+            t = self.now_ns()
+            self.iteration_tokens.observe(res.prefill_tokens + res.decode_seqs)
+            for seq in res.emitted:
+                ctx: LiveRequest = seq.ctx
+                if ctx.gone:
+                    continue
+                k = seq.emitted
+                if ctx.visible == 0:
+                    self.ttft.observe((t - ctx.arrival_ns) / 1e9)
+                else:
+                    self.itl.observe((t - ctx.last_ns) / 1e9 / k, k)
+                ctx.last_ns = t
+                ctx.visible = seq.output
+                ctx.wake()
+            for seq in res.finished:
+                ctx = seq.ctx
+                ctx.done = True
+                self.e2e.observe((t - ctx.arrival_ns) / 1e9)
+                self.success["length"] = self.success.get("length", 0) + 1
+                ctx.wake()
+
+
+class SimServer:
+    """Routes requests to the live engine; owns faults, managed-API state and metrics."""
+
+    def __init__(self, config: EngineConfig, *, tokenizer: str | None = None, fault_log: Path | None = None, seed: int = 0) -> None:
+        self.config = config
+        self.tokenizer = get_tokenizer(tokenizer or config.tokenizer)
+        self.live = LiveEngine(config, seed=seed)
+        self.faults = FaultDecider(config.faults, seed=seed)
+        self.fault_log = FaultLog(fault_log)
+        self.salt = secrets.randbits(40) << 40
+        self.counter = 0
+        self.managed = config.managed if config.managed is not None and config.managed.enabled else None
+        self.quota_times: deque[float] = deque()
+        self.served = 0
+        self.api_key: str | None = None
+        if self.managed is not None and self.managed.api_key_env:
+            self.api_key = os.environ.get(self.managed.api_key_env)
+            if not self.api_key:
+                raise SystemExit(f"loadgen sim serve: env var {self.managed.api_key_env} (managed.api_key_env) is empty")
+        self.connections: set[Connection] = set()
+
+    # -- routing -----------------------------------------------------------------------------------
+    async def handle(self, req: Request, conn: Connection) -> None:
+        path = req.path.rstrip("/") or "/"
+        if path in ("/v1/completions", "/v1/chat/completions"):
+            if req.method != "POST":
+                return self._error(conn, 405, f"method {req.method} not allowed on {path}; use POST")
+            return await self.generate(req, conn, "chat" if path.endswith("chat/completions") else "completions")
+        if path == "/tokenize":
+            if req.method != "POST":
+                return self._error(conn, 405, "method not allowed on /tokenize; use POST")
+            return self.tokenize(req, conn)
+        routes = {
+            "/health": self._health,
+            "/version": self._version,
+            "/v1/models": self._models,
+            "/metrics": self._metrics,
+        }
+        fn = routes.get(path)
+        if fn is None:
+            return self._error(conn, 404, f"no route {req.method} {req.path}")
+        if req.method not in ("GET", "HEAD"):
+            return self._error(conn, 405, f"method {req.method} not allowed on {path}; use GET")
+        fn(conn)
+
+    def _error(self, conn: Connection, status: int, message: str, param: str | None = None,
+               headers: list[tuple[str, str]] | None = None, err_type: str | None = None, code: Any = None) -> None:
+        conn.send(status, error_body(status, message, param, err_type, code), headers=headers)
+
+    def _health(self, conn: Connection) -> None:
+        conn.send(200, b"", content_type="text/plain")
+
+    def _version(self, conn: Connection) -> None:
+        conn.send(200, json.dumps({"version": __version__, "engine": "loadgen-sim", "engine_config": self.config.name}).encode())
+
+    def _models(self, conn: Connection) -> None:
+        card = {
+            "id": self.config.model, "object": "model", "created": int(time.time()), "owned_by": "loadgen-sim",
+            "root": self.config.model, "parent": None, "max_model_len": self.config.scheduler.max_model_len,
+            "permission": [],
+        }
+        conn.send(200, json.dumps({"object": "list", "data": [card]}).encode())
+
+    def _metrics(self, conn: Connection) -> None:
+        conn.send(200, self.render_metrics().encode(), content_type="text/plain; version=0.0.4; charset=utf-8")
+
+    # -- request parsing ---------------------------------------------------------------------------
+    def _body(self, req: Request) -> dict[str, Any]:
+        if not req.body:
+            raise _Invalid(400, "request body is empty: expected a JSON object")
+        try:
+            body = json.loads(req.body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise _Invalid(400, f"request body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise _Invalid(422, f"request body is a JSON {type(body).__name__}: expected an object")
+        return body
+
+    def _check_model(self, body: dict[str, Any]) -> None:
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise _Invalid(422, "model: expected a string", "model")
+        if model and model != self.config.model:
+            raise _Invalid(404, f"The model `{model}` does not exist.", "model")
+
+    def _prompt_ids(self, body: dict[str, Any], kind: str) -> list[int]:
+        tok = self.tokenizer
+        if kind == "chat":
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise _Invalid(422, "messages: expected a non-empty list of {role, content}", "messages")
+            ids: list[int] = []
+            for i, msg in enumerate(messages):
+                if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+                    raise _Invalid(422, f"messages[{i}]: expected an object with a string role", "messages")
+                content = msg.get("content")
+                if content is None:
+                    text = ""
+                elif isinstance(content, str):
+                    text = content
+                elif isinstance(content, list):
+                    parts = []
+                    for part in content:
+                        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                            raise _Invalid(422, f"messages[{i}].content: expected text parts", "messages")
+                        parts.append(part["text"])
+                    text = "".join(parts)
+                else:
+                    raise _Invalid(422, f"messages[{i}].content: expected a string or a list of parts", "messages")
+                ids.extend(tok.encode(text))
+                ids.extend([0] * self.config.stream.chat_tokens_per_message)
+            return ids
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            return tok.encode(prompt)
+        if isinstance(prompt, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
+            return list(prompt)
+        if isinstance(prompt, list) and len(prompt) > 1:
+            raise _Invalid(400, "prompt: batches of prompts are not supported by the simulated engine; send one", "prompt")
+        raise _Invalid(422, "prompt: expected a string or a list of token ids", "prompt")
+
+    def _int(self, body: dict[str, Any], name: str, default: int | None, low: int) -> int | None:
+        value = body.get(name, default)
+        if value is None:
+            return default
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise _Invalid(422, f"{name}: {value!r}: expected an integer", name)
+        if value < low:
+            raise _Invalid(400, f"{name} = {value}: expected >= {low}", name)
+        return value
+
+    def _parse_generate(self, body: dict[str, Any], kind: str) -> tuple[list[int], int, bool, bool, int]:
+        self._check_model(body)
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise _Invalid(422, "stream: expected true or false", "stream")
+        options = body.get("stream_options") or {}
+        if not isinstance(options, dict):
+            raise _Invalid(422, "stream_options: expected an object", "stream_options")
+        include_usage = bool(options.get("include_usage", False))
+        if "ignore_eos" in body and not isinstance(body["ignore_eos"], bool):
+            raise _Invalid(422, "ignore_eos: expected true or false", "ignore_eos")
+        n = self._int(body, "n", 1, 1)
+        if n != 1:
+            raise _Invalid(400, f"n = {n}: the simulated engine generates one choice (n = 1)", "n")
+        ids = self._prompt_ids(body, kind)
+        max_len = self.config.scheduler.max_model_len
+        name = "max_completion_tokens" if kind == "chat" and "max_completion_tokens" in body else "max_tokens"
+        default = 16 if kind == "completions" else max(1, max_len - len(ids))
+        max_tokens = self._int(body, name, default, 1)
+        assert max_tokens is not None
+        if len(ids) + max_tokens > max_len:
+            raise _Invalid(
+                400,
+                f"This model's maximum context length is {max_len} tokens. However, you requested "
+                f"{len(ids) + max_tokens} tokens ({len(ids)} in the messages, {max_tokens} in the completion). "
+                "Please reduce the length of the messages or completion.",
+                "max_tokens" if kind == "completions" else "messages",
+            )
+        bs = self.config.kv.block_size
+        if -(-(len(ids) + max_tokens) // bs) > self.live.engine.total_blocks:
+            raise _Invalid(400, f"request needs {len(ids) + max_tokens} tokens of KV cache; the engine has "
+                           f"{self.live.engine.total_blocks * bs}", "max_tokens")
+        priority = self._int(body, "priority", 0, -(2**31)) or 0
+        return ids, max_tokens, stream, include_usage, priority
+
+    def _chain(self, ids: list[int]) -> list[int]:
+        """Block hashes of the prompt's full blocks (chained, as vLLM's prefix cache keys them)."""
+        bs = self.config.kv.block_size
+        chain = []
+        h = 0
+        for i in range(0, len(ids) - bs + 1, bs):
+            h = hash((h, tuple(ids[i : i + bs])))
+            chain.append(h)
+        return chain
+
+    # -- managed API -------------------------------------------------------------------------------
+    def _managed_gate(self, req: Request, conn: Connection, rid: str) -> bool:
+        """API key and quota; True when the request was answered (rejected) here."""
+        m = self.managed
+        if m is None:
+            return False
+        if self.api_key is not None:
+            auth = req.headers.get("authorization", "")
+            if auth != f"Bearer {self.api_key}":
+                self._error(conn, 401, "Incorrect API key provided.", err_type="invalid_request_error", code="invalid_api_key")
+                return True
+        if m.requests_per_minute:
+            now = time.monotonic()
+            q = self.quota_times
+            while q and q[0] <= now - 60.0:
+                q.popleft()
+            if len(q) >= m.requests_per_minute:
+                retry = max(0.001, q[0] + 60.0 - now)
+                self.fault_log.log(rid, "quota", {"retry_after_s": round(retry, 3), "requests_per_minute": m.requests_per_minute},
+                                   req.headers.get("x-request-id"))
+                self._error(
+                    conn, 429, f"Rate limit reached for requests: limit {m.requests_per_minute} per minute.",
+                    headers=[("retry-after", format(retry, ".3f")), ("retry-after-ms", str(int(retry * 1000))),
+                             ("x-ratelimit-limit-requests", str(m.requests_per_minute)),
+                             ("x-ratelimit-remaining-requests", "0")],
+                    err_type="requests", code="rate_limit_exceeded",
+                )
+                return True
+            q.append(now)
+        return False
+
+    def _identity(self) -> tuple[str, str | None]:
+        """(response model id, system_fingerprint) for the next served request."""
+        m = self.managed
+        if m is None:
+            return self.config.model, None
+        turn = self.served // m.change_after_requests if m.change_after_requests else 0
+        self.served += 1
+        model = m.response_models[min(turn, len(m.response_models) - 1)] if m.response_models else self.config.model
+        fp = m.system_fingerprints[min(turn, len(m.system_fingerprints) - 1)] if m.system_fingerprints else None
+        return model, fp
+
+    # -- generation --------------------------------------------------------------------------------
+    async def generate(self, req: Request, conn: Connection, kind: str) -> None:
+        self.counter += 1
+        rid = request_id_for(kind, self.salt + self.counter)
+        client_rid = req.headers.get("x-request-id")
+        if self._managed_gate(req, conn, rid):
+            return
+        try:
+            body = self._body(req)
+            ids, max_tokens, stream, include_usage, priority = self._parse_generate(body, kind)
+            header = req.headers.get(FAULT_HEADER)
+            plan = parse_fault_header(header) if header else self.faults.decide()
+        except _Invalid as exc:
+            return self._error(conn, exc.status, str(exc), exc.param)
+        except ValueError as exc:  # bad fault header
+            return self._error(conn, 400, f"{FAULT_HEADER}: {exc}", FAULT_HEADER)
+        headers = [("x-request-id", rid)]
+        if plan:
+            for fkind, params in plan.items():
+                self.fault_log.log(rid, fkind, params, client_rid)
+            if plan.error_status is not None:
+                return self._error(conn, plan.error_status, f"injected fault: HTTP {plan.error_status}", headers=headers)
+            if plan.retry_after_s is not None:
+                ra = plan.retry_after_s
+                return self._error(
+                    conn, 429, "injected fault: rate limited", headers=headers + [
+                        ("retry-after", format(ra, "g")), ("retry-after-ms", str(int(ra * 1000)))],
+                )
+        model, fingerprint = self._identity()
+        fmt = StreamFormat(kind, rid, int(time.time()), model, fingerprint)
+        ctx = LiveRequest(0)
+        conn.on_lost = lambda: self._client_gone(ctx)
+        if plan and plan.slow_start_s > 0:
+            await asyncio.sleep(plan.slow_start_s)
+            if ctx.gone:
+                return
+        bs = self.config.kv.block_size
+        chain = self._chain(ids) if self.config.kv.enable_prefix_caching and len(ids) >= bs else None
+        seq = Seq(self.counter, len(ids), max_tokens, self.live.now_ns(), priority=priority,
+                  cache_key=chain[0] if chain else None, chain=chain, ctx=ctx)
+        ctx.seq = seq
+        ctx.arrival_ns = ctx.last_ns = seq.arrival_ns
+        self.live.submit(seq)
+        try:
+            if stream:
+                await self._stream(conn, ctx, fmt, headers, include_usage, plan, len(ids))
+            else:
+                await self._whole(conn, ctx, fmt, headers, plan, len(ids))
+        finally:
+            if not ctx.done and not ctx.gone:
+                ctx.gone = True
+                self.live.abort(seq)
+
+    def _client_gone(self, ctx: LiveRequest) -> None:
+        ctx.gone = True
+        if ctx.seq is not None:
+            self.live.abort(ctx.seq)
+        ctx.wake()
+
+    async def _stream(self, conn: Connection, ctx: LiveRequest, fmt: StreamFormat, headers: list[tuple[str, str]],
+                      include_usage: bool, plan: FaultPlan | None, prompt_tokens: int) -> None:
+        conn.start_stream(200, _SSE_HEADERS + headers)
+        if fmt.kind == "chat":
+            conn.write_chunk(fmt.role())
+        coalesce = self.config.stream.coalesce
+        stops: dict[int, list[str]] = {}
+        if plan:
+            if plan.stall_s > 0:
+                stops.setdefault(plan.stall_after, []).append("stall")
+            if plan.malformed_after is not None:
+                stops.setdefault(plan.malformed_after, []).append("malformed")
+            if plan.disconnect_after is not None:
+                stops.setdefault(plan.disconnect_after, []).append("disconnect")
+        sent = 0
+        if 0 in stops and await self._fault_point(conn, ctx, fmt, plan, stops.pop(0)):
+            return
+        while True:
+            if ctx.gone:
+                return
+            if sent < ctx.visible:
+                target = ctx.visible
+                if stops:
+                    nxt = min(k for k in stops)
+                    if nxt < target:
+                        target = nxt
+                if coalesce:
+                    conn.write_chunk(fmt.content(filler_text(sent, target - sent)))
+                else:
+                    conn.write_chunk(b"".join(fmt.content(filler_text(j, 1)) for j in range(sent, target)))
+                sent = target
+                if sent in stops and await self._fault_point(conn, ctx, fmt, plan, stops.pop(sent)):
+                    return
+                await conn.drain()
+                continue
+            if ctx.done:
+                break
+            await ctx.wait()
+        conn.write_chunk(fmt.finish("length"))
+        if include_usage:
+            conn.write_chunk(fmt.usage(prompt_tokens, sent, ctx.seq.cached_tokens if ctx.seq else None))
+        conn.write_chunk(DONE)
+        conn.end_stream()
+
+    async def _fault_point(self, conn: Connection, ctx: LiveRequest, fmt: StreamFormat, plan: FaultPlan | None,
+                           kinds: list[str]) -> bool:
+        """Apply faults due at this token count; True when the connection was dropped."""
+        assert plan is not None
+        if "malformed" in kinds:
+            conn.write_chunk(fmt.malformed())
+        if "stall" in kinds:
+            await asyncio.sleep(plan.stall_s)
+        if "disconnect" in kinds:
+            ctx.gone = True
+            if ctx.seq is not None:
+                self.live.abort(ctx.seq)
+            conn.on_lost = None
+            conn.abort()
+            return True
+        return ctx.gone
+
+    async def _whole(self, conn: Connection, ctx: LiveRequest, fmt: StreamFormat, headers: list[tuple[str, str]],
+                     plan: FaultPlan | None, prompt_tokens: int) -> None:
+        while not ctx.done:
+            if ctx.gone:
+                return
+            await ctx.wait()
+        if plan and plan.stall_s > 0:
+            await asyncio.sleep(plan.stall_s)
+        if plan and plan.disconnect_after is not None:
+            conn.on_lost = None
+            conn.abort()
+            return
+        if plan and plan.malformed_after is not None:
+            conn.send(200, b'{"id": "' + fmt.rid.encode() + b'", "choices": [', headers=headers)
+            return
+        seq = ctx.seq
+        assert seq is not None
+        body = fmt.full_response(filler_text(0, seq.output), "length", prompt_tokens, seq.output, seq.cached_tokens)
+        conn.send(200, json.dumps(body).encode(), headers=headers)
+
+    # -- tokenize ----------------------------------------------------------------------------------
+    def tokenize(self, req: Request, conn: Connection) -> None:
+        try:
+            body = self._body(req)
+            self._check_model(body)
+            if "messages" in body:
+                ids = self._prompt_ids(body, "chat")
+            elif isinstance(body.get("prompt"), str):
+                ids = self.tokenizer.encode(body["prompt"])
+            else:
+                raise _Invalid(422, "prompt: expected a string (or messages)", "prompt")
+        except _Invalid as exc:
+            return self._error(conn, exc.status, str(exc), exc.param)
+        out = {"count": len(ids), "max_model_len": self.config.scheduler.max_model_len, "tokens": ids}
+        conn.send(200, json.dumps(out).encode())
+
+    # -- metrics -----------------------------------------------------------------------------------
+    def render_metrics(self) -> str:
+        e = self.live.engine
+        lab = f'engine="0",model_name="{self.config.model}"'
+        lines: list[str] = []
+
+        def family(name: str, kind: str, help_text: str, samples: list[tuple[str, str, float]]) -> None:
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} {kind}")
+            for sample, labels, value in samples:
+                lines.append(f"{sample}{{{labels}}} {format_value(value)}")
+
+        family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+               [("vllm:num_requests_running", lab, len(e.running))])
+        family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+               [("vllm:num_requests_waiting", lab, len(e.waiting))])
+        family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+               [("vllm:kv_cache_usage_perc", lab, e.kv_usage)])
+        for name, help_text, value in (
+            ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", e.prefix_queries),
+            ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", e.prefix_hits),
+            ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", e.num_preemptions),
+            ("vllm:prompt_tokens", "Number of prefill tokens processed.", e.prompt_tokens_total),
+            ("vllm:generation_tokens", "Number of generation tokens processed.", e.generation_tokens_total),
+        ):
+            family(name, "counter", help_text, [(name + "_total", lab, value)])
+        family("vllm:request_success", "counter", "Count of successfully processed requests.",
+               [("vllm:request_success_total", f'{lab},finished_reason="{r}"', v) for r, v in sorted(self.live.success.items())])
+        for name, help_text, hist in (
+            ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", self.live.ttft),
+            ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", self.live.itl),
+            ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", self.live.e2e),
+            ("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", self.live.iteration_tokens),
+        ):
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} histogram")
+            lines.extend(hist.lines(name, lab))
+        family("loadgen_sim_faults", "counter", "Faults injected by the simulated engine, by kind.",
+               [("loadgen_sim_faults_total", f'kind="{k}"', v) for k, v in sorted(self.fault_log.counts.items())])
+        family("loadgen_sim_kv_blocks_total", "gauge", "KV blocks of the simulated engine.",
+               [("loadgen_sim_kv_blocks_total", lab, e.total_blocks)])
+        family("loadgen_sim_busy_seconds", "counter", "Sum of modelled step durations.",
+               [("loadgen_sim_busy_seconds_total", lab, e.busy_ns / 1e9)])
+        return "\n".join(lines) + "\n"
+
+
+def _parse_error(conn: Connection, status: int, message: str) -> bytes:
+    return error_body(status, message)
+
+
+async def _main(config: EngineConfig, host: str, port: int, tokenizer: str | None, fault_log: Path | None, seed: int) -> None:
+    server = SimServer(config, tokenizer=tokenizer, fault_log=fault_log, seed=seed)
+    engine_task = asyncio.create_task(server.live.run())
+    http = await start_http_server(server.handle, host, port, _parse_error)
+    actual_port = http.sockets[0].getsockname()[1]
+    sys.stdout.write(f"{READY_PREFIX}http://{host}:{actual_port}\n")
+    sys.stdout.flush()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    failed: list[BaseException] = []
+
+    def engine_ended(task: asyncio.Task) -> None:  # a dead step loop must not leave a hanging server
+        if not task.cancelled() and task.exception() is not None:
+            failed.append(task.exception())  # type: ignore[arg-type]
+            log.error("engine step loop failed: %r", task.exception())
+            stop.set()
+
+    engine_task.add_done_callback(engine_ended)
+    try:
+        await stop.wait()
+        if failed:
+            raise failed[0]
+    finally:
+        http.close()
+        engine_task.cancel()
+        try:
+            await engine_task
+        except asyncio.CancelledError:
+            pass
+        server.fault_log.close()
+
+
+def serve(
+    engine: str | Path | EngineConfig,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    tokenizer: str | None = None,
+    fault_log: str | Path | None = None,
+    seed: int = 0,
+) -> int:
+    """Run the live server until SIGTERM/SIGINT; prints the ready line when listening. Returns 0."""
+    config = engine if isinstance(engine, EngineConfig) else load_engine_config(engine)
+    if tokenizer:
+        get_tokenizer(tokenizer)  # fail fast on a bad spec, before listening
+    logging.basicConfig(level=logging.WARNING, format="loadgen-sim: %(levelname)s %(message)s")
+    asyncio.run(_main(config, host, port, tokenizer, Path(fault_log) if fault_log else None, seed))
+    return 0

@@ -1,0 +1,25 @@
+"""Shared test fixtures."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/simserver.py, tests/shared_paths.py
+
+from simserver import start_sim_server  # noqa: E402
+
+
+@pytest.fixture
+def sim_server():
+    """Factory: ``sim = sim_server("instant", "--seed", "1")`` starts a live simulated server
+    (a real subprocess on loopback) that is stopped when the test ends."""
+    with contextlib.ExitStack() as stack:
+
+        def start(engine: str = "interactive-small-batch", *extra_args: str, env: dict[str, str] | None = None):
+            return stack.enter_context(start_sim_server(engine, *extra_args, env=env))
+
+        yield start

@@ -1,0 +1,224 @@
+"""Driver parts that need no server: error mapping, redaction, schedule precision, /metrics parsing, prompt jobs."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import time
+
+import anyio
+import httpx
+import pyarrow as pa
+import pytest
+
+from loadgen.driver import error_kinds
+from loadgen.driver.error_kinds import (
+    Phase,
+    StreamTruncated,
+    TTFTTimeout,
+    TotalTimeout,
+    classify_exception,
+    classify_http_status,
+    parse_retry_after,
+    redact,
+    redact_url,
+)
+from loadgen.driver.jobs import build_jobs
+from loadgen.driver.metrics_scrape import parse_prometheus_text, samples_to_columns
+from loadgen.driver.schedule import LagStats, RateGate, sleep_until
+from loadgen.driver.sse import SSEProtocolError
+from loadgen.prompts import get_tokenizer
+from loadgen.records import ERROR_KINDS, STATUSES, TRACE_SCHEMA
+
+
+# ---------------------------------------------------------------- error mapping
+
+def _httpx_exception_classes():
+    return [obj for _, obj in inspect.getmembers(httpx) if inspect.isclass(obj) and issubclass(obj, httpx.HTTPError)]
+
+
+def _instance(cls):
+    request = httpx.Request("POST", "http://127.0.0.1:1/v1/completions")
+    if issubclass(cls, httpx.HTTPStatusError):
+        return cls("boom", request=request, response=httpx.Response(500, request=request))
+    try:
+        return cls("boom", request=request)
+    except TypeError:
+        return cls("boom")
+
+
+@pytest.mark.parametrize("phase", [Phase.BEFORE_RESPONSE, Phase.STREAMING])
+def test_every_httpx_exception_maps_to_a_known_kind(phase):
+    for cls in _httpx_exception_classes():
+        status, kind, message = classify_exception(_instance(cls), phase)
+        assert status in STATUSES and kind in ERROR_KINDS, cls
+        assert "\n" not in message
+        if issubclass(cls, httpx.TransportError) and cls is not httpx.LocalProtocolError:
+            assert kind != "client", f"{cls.__name__} should not fall through to 'client'"
+
+
+def test_specific_mappings():
+    req = httpx.Request("GET", "http://x")
+    assert classify_exception(httpx.ConnectError("refused", request=req), Phase.BEFORE_RESPONSE)[:2] == ("error", "connect")
+    assert classify_exception(httpx.RemoteProtocolError("peer closed", request=req), Phase.STREAMING)[:2] == ("error", "reset_mid_stream")
+    assert classify_exception(httpx.ReadError("reset", request=req), Phase.STREAMING)[:2] == ("error", "reset_mid_stream")
+    assert classify_exception(SSEProtocolError("bad"), Phase.STREAMING)[:2] == ("error", "malformed_sse")
+    assert classify_exception(StreamTruncated("cut"), Phase.STREAMING)[:2] == ("error", "truncated")
+    assert classify_exception(TTFTTimeout("slow"), Phase.STREAMING)[:2] == ("timeout", "ttft_timeout")
+    assert classify_exception(TotalTimeout("slow"), Phase.STREAMING)[:2] == ("timeout", "total_timeout")
+    assert classify_exception(RuntimeError("bug"), Phase.STREAMING)[:2] == ("error", "client")
+    assert classify_http_status(429) == ("error", "http_429")
+    assert classify_http_status(404) == ("error", "http_4xx")
+    assert classify_http_status(503) == ("error", "http_5xx")
+
+
+def test_secrets_never_survive_in_messages_or_urls():
+    key = "sk-test-1234567890abcdef"
+    exc = httpx.ConnectError(f"failed for https://user:{key}@api.example.com/v1?api_key={key} Bearer {key}")
+    _, _, message = classify_exception(exc, Phase.BEFORE_RESPONSE, secrets=(key,))
+    assert key not in message and "REDACTED" in message
+    assert redact(f"Authorization: Bearer {key}") == "Authorization: Bearer REDACTED"
+    url = redact_url(f"https://me:{key}@api.example.com:8443/v1?api-key={key}&x=1")
+    assert key not in url and "me" not in url and url.startswith("https://api.example.com:8443/v1?api-key=REDACTED&x=1")
+
+
+def test_retry_after_seconds_and_http_date():
+    assert parse_retry_after("2.5") == 2.5
+    assert parse_retry_after(None) is None and parse_retry_after("soon") is None
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now_s=1445412470.0) == pytest.approx(10.0)
+
+
+# ---------------------------------------------------------------- schedule
+
+def test_sleep_until_hits_fixed_deadlines_within_a_millisecond():
+    async def main():
+        start = time.perf_counter_ns() + 5_000_000
+        lags = []
+        for k in range(200):
+            deadline = start + k * 2_000_000  # every 2 ms, fixed grid
+            await sleep_until(deadline)
+            lags.append(time.perf_counter_ns() - deadline)
+        return lags
+
+    lags = sorted(anyio.run(main))
+    assert lags[0] >= 0
+    assert lags[len(lags) // 2] < 300_000  # median well under 1 ms on an idle loop
+    assert lags[int(len(lags) * 0.99)] < 2_000_000
+
+
+def test_late_deadline_returns_immediately():
+    async def main():
+        t0 = time.perf_counter_ns()
+        await sleep_until(t0 - 1_000_000_000)
+        return time.perf_counter_ns() - t0
+
+    assert anyio.run(main) < 5_000_000
+
+
+def test_rate_gate_spaces_permits():
+    async def main():
+        gate = RateGate(200.0)  # 5 ms apart
+        stamps = []
+        for _ in range(5):
+            await gate.wait()
+            stamps.append(time.perf_counter_ns())
+        return stamps, gate.waited
+
+    stamps, waited = anyio.run(main)
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    assert waited == 4 and min(gaps) >= 4_900_000
+
+
+def test_lag_stats_nearest_rank():
+    stats = LagStats()
+    for v in range(1, 101):
+        stats.add(v * 1000)
+    assert stats.summary() == {"p50": 50_000, "p99": 99_000, "max": 100_000, "n": 100}
+    assert LagStats().summary()["p99"] is None
+
+
+# ---------------------------------------------------------------- /metrics
+
+VLLM_SAMPLE = """\
+# HELP vllm:num_requests_running Number of requests currently running on GPU.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 3.0
+vllm:gpu_cache_usage_perc{model_name="m"} 0.25
+vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 17.0
+vllm:e2e_request_latency_seconds_sum{model_name="m"} 1.5e+01
+weird_escape{path="a\\"b\\\\c",empty=""} NaN 1700000000000
+process_cpu_seconds_total 12.5
+broken line here
+"""
+
+
+def test_prometheus_text_parsing():
+    samples = list(parse_prometheus_text(VLLM_SAMPLE))
+    names = [s[0] for s in samples]
+    assert names == [
+        "vllm:num_requests_running", "vllm:gpu_cache_usage_perc", "vllm:time_to_first_token_seconds_bucket",
+        "vllm:e2e_request_latency_seconds_sum", "weird_escape", "process_cpu_seconds_total",
+    ]
+    assert samples[0][1:] == ({"model_name": "m"}, 3.0)
+    assert samples[2][1] == {"le": "+Inf", "model_name": "m"}
+    assert samples[3][2] == 15.0
+    assert samples[4][1] == {"path": 'a"b\\c', "empty": ""} and samples[4][2] != samples[4][2]  # NaN
+    cols = samples_to_columns(samples, 123, prefixes=("vllm:",))
+    assert cols["time_ns"] == [123] * 4 and json.loads(cols["labels"][0]) == {"model_name": "m"}
+
+
+# ---------------------------------------------------------------- prompt jobs
+
+def _trace(rows):
+    full = []
+    for r in rows:
+        base = {"prefix_group": None, "prefix_tokens": None, "conversation_id": None, "turn_index": None, "cancel_after_tokens": None}
+        base.update(r)
+        full.append(base)
+    return pa.Table.from_pylist(full, schema=TRACE_SCHEMA)
+
+
+ROWS = [
+    {"request_id": "r0", "request_class": "short-message", "scheduled_offset_ns": 0, "prompt_tokens": 40, "output_tokens": 8,
+     "prefix_group": "system-prompt", "prefix_tokens": 16},
+    {"request_id": "r1", "request_class": "short-message", "scheduled_offset_ns": 10, "prompt_tokens": 60, "output_tokens": 8,
+     "prefix_group": "system-prompt", "prefix_tokens": 16, "cancel_after_tokens": 3},
+    {"request_id": "t0", "request_class": "long-thread", "scheduled_offset_ns": 20, "prompt_tokens": 30, "output_tokens": 12,
+     "conversation_id": "c1", "turn_index": 0},
+    {"request_id": "t1", "request_class": "long-thread", "scheduled_offset_ns": 30, "prompt_tokens": 30 + 12 + 25, "output_tokens": 9,
+     "conversation_id": "c1", "turn_index": 1},
+    {"request_id": "t2", "request_class": "long-thread", "scheduled_offset_ns": 40, "prompt_tokens": 67 + 9 + 5, "output_tokens": 4,
+     "conversation_id": "c1", "turn_index": 2},
+]
+
+
+def test_completions_prompts_are_exact_shared_and_growing():
+    tok = get_tokenizer("cl100k_base")
+    jobs = build_jobs(_trace(ROWS), model="m", endpoint="completions", tokenizer=tok, retain_prompt_text=True)
+    prompts = {j.request_id: json.loads(j.body)["prompt"] for j in jobs}
+    for job in jobs:
+        assert tok.count(prompts[job.request_id]) == job.target_prompt_tokens == job.client_prompt_tokens
+        body = json.loads(job.body)
+        assert body["max_tokens"] == job.target_output_tokens and body["stream"] is True
+        assert body["ignore_eos"] is True and body["stream_options"]["include_usage"] is True
+    prefix = tok.decode(tok.encode(prompts["r0"])[:16])
+    assert prompts["r1"].startswith(prefix)
+    assert prompts["t1"].startswith(prompts["t0"]) and prompts["t2"].startswith(prompts["t1"])
+    assert jobs[1].cancel_after_tokens == 3
+
+
+def test_chat_prompts_alternate_roles_and_keep_history():
+    tok = get_tokenizer("cl100k_base")
+    jobs = build_jobs(_trace(ROWS), model="m", endpoint="chat", tokenizer=tok, vllm_extensions=False)
+    msgs = {j.request_id: json.loads(j.body)["messages"] for j in jobs}
+    assert [m["role"] for m in msgs["t2"]] == ["user", "assistant", "user", "assistant", "user"]
+    assert msgs["t2"][:3] == msgs["t1"]
+    assert sum(tok.count(m["content"]) for m in msgs["t1"]) == 67
+    body = json.loads(jobs[0].body)
+    assert "ignore_eos" not in body and "continuous_usage_stats" not in body["stream_options"]
+
+
+def test_prompt_text_only_when_retained_but_hash_always():
+    tok = get_tokenizer("cl100k_base")
+    jobs = build_jobs(_trace(ROWS[:1]), model="m", endpoint="completions", tokenizer=tok)
+    assert jobs[0].prompt_text is None and len(jobs[0].prompt_sha256) == 64

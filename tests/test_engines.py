@@ -1,0 +1,227 @@
+"""Engine plumbing without vLLM: model dirs, log parsing, process-group lifecycle, memory sampling.
+
+The lifecycle tests launch a real subprocess through VllmServer with a stand-in ``vllm`` package on
+PYTHONPATH (an HTTP server answering /health, /version and /v1/models, with a child process), so start,
+health wait, log capture, SIGTERM→SIGKILL escalation and process-group cleanup are exercised for real.
+The same code against real vLLM runs in test_vllm_integration.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from loadgen.engines import MemorySampler, VllmConfig, VllmServer, make_model_dir, parse_vllm_log, shipped_models
+from loadgen.errors import EngineError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CPU_LOG = """\
+(APIServer pid=5948) INFO 11-29 08:15:16 [api_utils.py:347]  ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.32.0
+(APIServer pid=5948) INFO 11-29 08:15:16 [api_utils.py:286] non-default args: {'port': 8123, 'model': '/tmp/m', 'dtype': 'bfloat16', 'max_model_len': 2000, 'load_format': 'dummy'}
+(APIServer pid=5948) INFO 11-29 08:15:26 [model.py:733] Resolved architecture: LlamaForCausalLM
+(EngineCore pid=6243) INFO 11-29 08:15:33 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: model='/tmp/m', speculative_config=None, dtype=torch.bfloat16, max_seq_len=2000, load_format=dummy, tensor_parallel_size=1, quantization=None, kv_cache_dtype=auto, device_config=cpu, enable_prefix_caching=True, enable_chunked_prefill=True, compilation_config={'mode': 2}
+(APIServer pid=5948) INFO 11-29 08:15:26 [model.py:2152] Using max model len 2000
+(Worker pid=6294) INFO 11-29 08:15:42 [base_loader.py:82] Initializing model took 0.160507 seconds
+(Worker pid=6294) INFO 11-29 08:15:43 [cpu_model_runner.py:87] Warming up model for the compilation...
+(Worker pid=6294) INFO 11-29 08:16:14 [monitor.py:91] [backbone] Initial profiling/warmup run took 0.14 s
+(Worker pid=6294) INFO 11-29 08:16:14 [cpu_model_runner.py:91] Warming up done.
+(Worker pid=6294) INFO 11-29 08:16:14 [cpu_worker.py:260] Explicitly set (1.0/8.71) GiB for KV cache on node 0.
+(EngineCore pid=6243) INFO 11-29 08:16:14 [kv_cache_utils.py:2327] CPU KV cache size: 512,000 tokens, Maximum concurrency for 2,000 tokens per request: 256.00x
+(EngineCore pid=6243) INFO 11-29 08:16:17 [core.py:402] init engine (profile, create kv cache, warmup model) took 34.06 s
+(APIServer pid=5948) INFO 11-29 08:16:17 [entry.py:140] Starting vLLM server on http://0.0.0.0:8123
+"""
+
+GPU_LOG = """\
+INFO 05-01 10:00:00 [core.py:133] Initializing a V1 LLM engine (v0.9.1) with config: model='/m'
+INFO 05-01 10:00:20 [default_loader.py:272] Loading weights took 3.21 seconds
+INFO 05-01 10:00:21 [gpu_model_runner.py:1801] Model loading took 14.9889 GiB and 4.101 seconds
+INFO 05-01 10:00:40 [backends.py:508] Dynamo bytecode transform time: 6.52 s
+INFO 05-01 10:01:00 [monitor.py:34] torch.compile takes 21.36 s in total
+INFO 05-01 10:01:02 [gpu_worker.py:232] Available KV cache memory: 54.48 GiB
+INFO 05-01 10:01:02 [kv_cache_utils.py:716] GPU KV cache size: 446,288 tokens
+INFO 05-01 10:01:02 [kv_cache_utils.py:720] Maximum concurrency for 8,192 tokens per request: 54.48x
+INFO 05-01 10:01:30 [gpu_model_runner.py:2326] Graph capturing finished in 28 secs, took 0.53 GiB
+INFO 05-01 10:01:30 [core.py:172] init engine (profile, create kv cache, warmup model) took 70.02 s
+INFO 05-01 10:00:01 [scheduler.py:222] Chunked prefill is enabled with max_num_batched_tokens=8192.
+"""
+
+
+def test_parse_cpu_log():
+    notes = parse_vllm_log(CPU_LOG)
+    assert notes["version"] == "0.32.0" and notes["architecture"] == "LlamaForCausalLM"
+    assert notes["kv_cache_device"] == "CPU" and notes["kv_cache_size_tokens"] == 512_000
+    assert notes["max_concurrency"] == 256.0 and notes["kv_cache_max_model_len"] == 2000
+    assert notes["kv_cache_memory_gib"] == 1.0 and notes["init_engine_s"] == 34.06
+    assert notes["non_default_args"]["load_format"] == "dummy"
+    assert notes["warmup_s"] == 31.0 and notes["startup_s_from_log"] == 61.0
+    assert notes["engine_config"]["max_seq_len"] == 2000 and notes["engine_config"]["dtype"] == "bfloat16"
+    from loadgen.engines.vllm_log import behavior_relevant
+
+    behavior = behavior_relevant(notes)
+    assert behavior["prefix_caching"] is True and behavior["quantization"] is None and behavior["kv_cache_dtype"] == "auto"
+
+
+def test_parse_gpu_log_other_formats():
+    notes = parse_vllm_log(GPU_LOG)
+    assert notes["version"] == "0.9.1"
+    assert notes["weights_loading_s"] == 3.21 and notes["weights_memory_gib"] == 14.9889
+    assert notes["kv_cache_memory_gib"] == 54.48 and notes["graph_memory_gib"] == 0.53 and notes["graph_capture_s"] == 28
+    assert notes["torch_compile_s"] == 21.36 and notes["dynamo_transform_s"] == 6.52
+    assert notes["max_num_batched_tokens"] == 8192
+    # older vLLM prints size and concurrency on two lines
+    assert notes["kv_cache_size_tokens"] == 446_288 and notes["max_concurrency"] == 54.48
+    assert parse_vllm_log("nothing useful here\n") == {}
+
+
+def test_make_model_dir_tokenizer_round_trip(tmp_path):
+    from tokenizers import Tokenizer
+
+    from loadgen.ledger import read_model_config
+    from loadgen.prompts import get_tokenizer
+
+    out = make_model_dir("tiny-qwen2", tmp_path / "m")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == "qwen2" and cfg["bos_token_id"] == 0 and cfg["eos_token_id"] == 1
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    assert tok.token_to_id("<s>") == 0 and tok.token_to_id("</s>") == 1
+    assert 300 <= tok.get_vocab_size() <= cfg["vocab_size"]
+    text = "the model streams tokens to the server 42."
+    assert tok.decode(tok.encode(text).ids) == text
+    assert json.loads((out / "tokenizer_config.json").read_text())["eos_token"] == "</s>"
+    assert read_model_config(out).num_kv_heads == 2
+    counter = get_tokenizer(f"hf:{out / 'tokenizer.json'}")
+    assert counter is not None
+    again = make_model_dir("tiny-qwen2", tmp_path / "m2")
+    assert (again / "tokenizer.json").read_bytes() == (out / "tokenizer.json").read_bytes()  # deterministic
+
+
+def test_shipped_models_parse():
+    from loadgen.ledger import read_model_config
+
+    names = shipped_models()
+    assert {"tiny-llama-gqa", "tiny-qwen2", "llama-3.1-8b", "qwen2.5-7b", "mistral-7b", "qwen2.5-0.5b", "deepseek-v2-lite"} <= set(names)
+    for name in names:
+        read_model_config(ROOT / "loadgen" / "data" / "models" / f"{name}.json")
+
+
+def test_make_model_dir_errors(tmp_path):
+    with pytest.raises(EngineError, match="not shipped"):
+        make_model_dir("no-such-model", tmp_path / "x")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"vocab_size": 10}))
+    with pytest.raises(EngineError, match="vocab_size = 10"):
+        make_model_dir(bad, tmp_path / "y")
+
+
+STANDIN = '''
+import json, os, signal, subprocess, sys, time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+port = int(sys.argv[sys.argv.index("--port") + 1])
+if os.environ.get("STANDIN_IGNORE_TERM"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+open(os.environ["STANDIN_CHILD_FILE"], "w").write(str(child.pid))
+print("INFO 11-29 08:15:26 [model.py:2152] Using max model len 1000", flush=True)
+time.sleep(float(os.environ.get("STANDIN_DELAY", "0.5")))
+if os.environ.get("STANDIN_CRASH"):
+    print("RuntimeError: standin crashed on purpose", flush=True)
+    sys.exit(3)
+print("INFO 11-29 08:15:30 [kv_cache_utils.py:2327] CPU KV cache size: 4,096 tokens, Maximum concurrency for 1,000 tokens per request: 4.10x", flush=True)
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def do_GET(self):
+        body = {"/health": {}, "/version": {"version": "0.0-standin"}, "/v1/models": {"data": [{"id": "standin"}]}}.get(self.path)
+        self.send_response(200 if body is not None else 404); self.end_headers()
+        self.wfile.write(json.dumps(body or {}).encode())
+HTTPServer(("127.0.0.1", port), H).serve_forever()
+'''
+
+
+@pytest.fixture()
+def standin(tmp_path, monkeypatch):
+    pkg = tmp_path / "site" / "vllm" / "entrypoints" / "openai"
+    pkg.mkdir(parents=True)
+    for d in (pkg.parent.parent, pkg.parent, pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "api_server.py").write_text(textwrap.dedent(STANDIN))
+    child_file = tmp_path / "child.pid"
+    env = {"PYTHONPATH": str(tmp_path / "site"), "STANDIN_CHILD_FILE": str(child_file)}
+    return env, child_file
+
+
+def _server(tmp_path, env, **kw) -> VllmServer:
+    cfg = VllmConfig(model_dir=tmp_path, python=Path(sys.executable), kv_cache_gib=1, max_model_len=1000,
+                     env=env, log_path=tmp_path / "server.log", **kw)
+    return VllmServer(cfg)
+
+
+def test_server_lifecycle(tmp_path, standin):
+    env, child_file = standin
+    server = _server(tmp_path, env)
+    with server:
+        assert server.ready_s is not None and server.ready_s > 0
+        assert server.identity() == {"version": "0.0-standin", "models": ["standin"]}
+        assert server.environment()["VLLM_CPU_KVCACHE_SPACE"] == "1"
+        notes = server.engine_notes()
+        assert notes["kv_cache_size_tokens"] == 4096 and notes["max_model_len"] == 1000
+        extra = server.manifest_extra()
+        assert extra["target"]["kind"] == "vllm" and extra["target"]["engine"]["version"] == "0.0-standin"
+        assert "--load-format" in extra["target"]["engine"]["config"]["args"]
+        child = int(child_file.read_text())
+        assert psutil.pid_exists(child)
+        sampler = MemorySampler(server.proc.pid, interval_s=0.05).start()
+        time.sleep(0.3)
+        summary = sampler.stop()
+        assert summary["samples"] >= 2 and summary["rss_high_water_bytes"] > 5 << 20
+        assert sampler.summary(ledger_total_bytes=1 << 30)["rss_high_water_over_ledger"] > 0
+    assert server.proc.poll() is not None
+    time.sleep(0.2)
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE  # group killed
+    assert "KV cache size" in server.log_path.read_text()
+
+
+def test_server_sigkill_after_grace(tmp_path, standin):
+    env, child_file = standin
+    server = _server(tmp_path, {**env, "STANDIN_IGNORE_TERM": "1"})
+    server.start()
+    server.wait_healthy(30)
+    t0 = time.monotonic()
+    rc = server.stop(grace_s=1.0)
+    assert rc == -9 and 0.9 <= time.monotonic() - t0 < 15
+
+
+def test_server_crash_reports_log_tail(tmp_path, standin):
+    env, _ = standin
+    server = _server(tmp_path, {**env, "STANDIN_CRASH": "1"})
+    server.start()
+    with pytest.raises(EngineError, match="exited with code 3.*standin crashed on purpose"):
+        server.wait_healthy(30)
+    server.stop()
+
+
+def test_missing_python_is_engine_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOADGEN_VLLM_PYTHON", str(tmp_path / "nope" / "python"))
+    with pytest.raises(EngineError, match="LOADGEN_VLLM_PYTHON"):
+        VllmServer(VllmConfig(model_dir=tmp_path))
+
+
+def test_cli_make_model_and_parse_log(tmp_path):
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "loadgen", "vllm", "make-model", "--out", str(tmp_path / "m")],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["num_key_value_heads"] == 4
+    log = tmp_path / "vllm.log"
+    log.write_text(CPU_LOG)
+    r = subprocess.run([sys.executable, "-m", "loadgen", "vllm", "parse-log", str(log)], capture_output=True, text=True, cwd=ROOT)
+    assert json.loads(r.stdout)["kv_cache_size_tokens"] == 512_000
+    assert os.path.exists(tmp_path / "m" / "tokenizer.json")

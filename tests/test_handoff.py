@@ -1,0 +1,218 @@
+"""Specialist handoff bundles: built from real simulated runs, verified, tampered with, rerun."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from loadgen.analysis import analyze_run
+from loadgen.handoff import build_bundle, rerun_bundle, toml_dumps, verify_bundle
+from loadgen.errors import RunDirError
+from loadgen.sim.worksheet import run_worksheet
+from loadgen.trace.generate import generate_trace_file
+from loadgen.scenario import load_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIO = ROOT / "scenarios" / "canonical.toml"
+ENGINES = ROOT / "scenarios" / "engines"
+EXPECTED_FILES = {"README.md", "identity.json", "workload.json", "scenario.toml", "trace.parquet", "runtime.json",
+                  "engine.toml", "failure.json", "experiment.json", "observed.json", "manifest.json",
+                  "contract/canonical.toml"}
+
+
+def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "loadgen", *args], capture_output=True, text=True, cwd=cwd, env=env)
+
+
+@pytest.fixture(scope="module")
+def burst_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return generate_trace_file(load_scenario(SCENARIO), "burst", tmp_path_factory.mktemp("trace") / "burst.parquet", 1)
+
+
+@pytest.fixture(scope="module")
+def failing_run(tmp_path_factory: pytest.TempPathFactory, burst_trace: Path) -> Path:
+    """The seed's fixture: throughput-large-batch breaches burst p99 TTFT (2 s batching window)."""
+    return run_worksheet(burst_trace, "throughput-large-batch", tmp_path_factory.mktemp("runs") / "large", scenario=SCENARIO)
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory, failing_run: Path):
+    return build_bundle(failing_run, tmp_path_factory.mktemp("bundles") / "burst-ttft")
+
+
+def test_bundle_holds_everything_a_specialist_needs(bundle, failing_run: Path) -> None:
+    files = {p.relative_to(bundle.bundle_dir).as_posix() for p in bundle.bundle_dir.rglob("*") if p.is_file()}
+    assert files == EXPECTED_FILES | {"SHA256SUMS"}
+    assert bundle.tarball.is_file() and bundle.tarball.name == "burst-ttft.tar.gz"
+    identity = json.loads((bundle.bundle_dir / "identity.json").read_text())
+    assert identity["engine"]["name"] == "loadgen-sim" and identity["hardware"]["cpu_count"]
+    assert identity["modelExecuted"] is False and identity["behavior_relevant"]["prefix_caching"] is True
+    workload = json.loads((bundle.bundle_dir / "workload.json").read_text())
+    assert workload["trace"]["name"] == "burst" and workload["trace"]["seed"] == 1
+    assert workload["regenerate"] == "loadgen trace generate scenario.toml --trace burst --seed 1 --out trace.parquet"
+    # the trace is the exact file, and it carries no text
+    trace = pq.read_table(bundle.bundle_dir / "trace.parquet")
+    assert not any("text" in name or "prompt" == name for name in trace.column_names)
+    assert (bundle.bundle_dir / "scenario.toml").read_bytes() == SCENARIO.read_bytes()
+    assert "window_ms = 2000" in (bundle.bundle_dir / "engine.toml").read_text()
+
+
+def test_failing_threshold_matches_the_analysis(bundle, failing_run: Path) -> None:
+    analysis = analyze_run(failing_run)
+    failure = json.loads((bundle.bundle_dir / "failure.json").read_text())
+    burst = next(f for f in failure["failures"] if f["class"] == "burst" and f["metric"] == "ttft_ms")
+    check = next(c for c in analysis.hard_failures if c.class_name == "burst" and c.metric == "ttft_ms")
+    assert burst["percentile"] == "p99" and burst["limit"] == 2000
+    assert burst["observed"] == pytest.approx(check.observed) and burst["observed"] > 2000
+    assert burst["samples"] == check.n > 100
+    assert failure["failures"][0]["metric"] == "ttft_ms"  # TTFT first: what the handoff is about
+    readme = (bundle.bundle_dir / "README.md").read_text()
+    assert f"| burst | ttft_ms | p99 | 2000.0 | {burst['observed']:.1f} | {check.n} |" in readme
+
+
+def test_one_variable_experiment_is_a_proposal(bundle) -> None:
+    e = json.loads((bundle.bundle_dir / "experiment.json").read_text())
+    assert (e["variable"], e["from"], e["to"]) == ("batching.window_ms", 2000.0, 1000.0)
+    assert e["status"].startswith("proposal")
+    readme = (bundle.bundle_dir / "README.md").read_text()
+    assert "## Rerun with one command" in readme and "loadgen handoff rerun burst-ttft --out rerun-run" in readme
+    assert "does not diagnose kernels or prescribe kernel work" in readme
+    assert "kernel rewrite" not in readme.lower()
+
+
+def test_verify_dir_and_tarball_and_name_the_first_bad_file(bundle, tmp_path: Path) -> None:
+    assert verify_bundle(bundle.bundle_dir).ok and verify_bundle(bundle.tarball).ok
+    ok = cli("handoff", "verify", str(bundle.tarball))
+    assert ok.returncode == 0 and "OK (12 files" in ok.stdout
+    # a copy we can damage
+    damaged = tmp_path / "copy"
+    with tarfile.open(bundle.tarball) as tar:
+        tar.extractall(damaged, filter="data")
+    copy = damaged / "burst-ttft"
+    assert verify_bundle(copy).ok
+    with open(copy / "trace.parquet", "ab") as handle:
+        handle.write(b"\0")
+    res = cli("handoff", "verify", str(copy))
+    assert res.returncode == 1 and "FAILED: trace.parquet: sha256" in res.stderr
+    (copy / "notes.txt").write_text("added later")
+    (copy / "experiment.json").unlink()
+    problems = verify_bundle(copy).problems
+    assert problems[0].startswith("experiment.json: listed in SHA256SUMS but missing")
+    assert any(p.startswith("notes.txt: not listed") for p in problems)
+    # a tarball whose member was changed
+    bad_tar = tmp_path / "bad.tar.gz"
+    with tarfile.open(bundle.tarball) as src, tarfile.open(bad_tar, "w:gz") as dst:
+        for member in src.getmembers():
+            data = src.extractfile(member).read()
+            if member.name.endswith("failure.json"):
+                data = data.replace(b"ttft_ms", b"TTFT_MS")
+            member.size = len(data)
+            dst.addfile(member, io.BytesIO(data))
+    res = cli("handoff", "verify", str(bad_tar))
+    assert res.returncode == 1 and "failure.json" in res.stderr
+
+
+def test_tarball_is_reproducible(failing_run: Path, tmp_path: Path, bundle) -> None:
+    with gzip.open(bundle.tarball) as g:
+        names = tarfile.open(fileobj=io.BytesIO(g.read())).getnames()
+    assert names == sorted(names) and all(n.startswith("burst-ttft/") for n in names)
+
+
+def test_rerun_reproduces_and_experiment_applies(bundle, tmp_path: Path) -> None:
+    result = rerun_bundle(bundle.bundle_dir, tmp_path / "rerun")
+    assert result.reproduced is True
+    burst = next(c for c in result.checks if c["class"] == "burst" and c["percentile"] == "p99")
+    assert burst["rerun_observed"] == pytest.approx(burst["observed"])  # virtual time: deterministic
+    res = cli("handoff", "rerun", bundle.bundle_dir.name, "--out", str(tmp_path / "exp"), "--experiment",
+              cwd=bundle.bundle_dir.parent)
+    assert res.returncode == 0, res.stderr
+    assert "experiment applied: batching.window_ms 2000 → 1000.0" in res.stdout
+    exp = rerun_bundle(bundle.bundle_dir, tmp_path / "exp2", experiment=True)
+    new_burst = next(c for c in exp.checks if c["class"] == "burst" and c["percentile"] == "p99")
+    assert new_burst["rerun_observed"] < burst["observed"]  # the proposal is testable, its outcome measured
+
+
+def test_memory_failure_proposes_fewer_sequences(tmp_path: Path, burst_trace: Path) -> None:
+    engine = tmp_path / "tiny-kv.toml"
+    text = (ENGINES / "interactive-small-batch.toml").read_text()
+    engine.write_text(text.replace('name = "interactive-small-batch"', 'name = "tiny-kv"', 1)
+                      .replace("num_kv_blocks = ", "num_kv_blocks = 300 #", 1))
+    run = run_worksheet(burst_trace, engine, tmp_path / "run", scenario=SCENARIO)
+    info = build_bundle(run, tmp_path / "mem")
+    signals = {f["metric"]: f for f in info.failures if f["class"] == "overall"}
+    assert signals["preemptions"]["observed"] > 0 and signals["preemptions"]["samples"] > 0
+    assert signals["kv_cache_saturated"]["observed"] >= 0.99
+    assert info.experiment["variable"] == "scheduler.max_num_seqs" and info.experiment["to"] == info.experiment["from"] // 2
+    assert (tmp_path / "mem" / "engine.toml").read_text() == engine.read_text()
+
+
+def test_passing_run_is_bundled_saying_nothing_failed_and_plan_dir_picks_failure(
+        tmp_path: Path, burst_trace: Path, failing_run: Path) -> None:
+    plan = tmp_path / "plan"
+    good = run_worksheet(burst_trace, "instant", plan / "cell-00-instant", scenario=SCENARIO)
+    info = build_bundle(good, tmp_path / "ok-bundle")
+    assert info.failures == []
+    readme = (tmp_path / "ok-bundle" / "README.md").read_text()
+    assert "No hard budget failed" in readme
+    assert json.loads((tmp_path / "ok-bundle" / "failure.json").read_text())["note"].startswith("nothing failed")
+    # a plan directory: the first run with a failure is the one handed off
+    import shutil
+
+    shutil.copytree(failing_run, plan / "cell-01-large")
+    res = cli("handoff", str(plan), "--out", str(tmp_path / "from-plan"))
+    assert res.returncode == 0, res.stderr
+    assert "from run: " + str(plan / "cell-01-large") in res.stdout
+    assert "failed: burst ttft_ms p99" in res.stdout
+
+
+def test_errors_are_one_line(tmp_path: Path, bundle) -> None:
+    res = cli("handoff", str(tmp_path / "missing"), "--out", str(tmp_path / "b"))
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "no such directory" in res.stderr
+    (tmp_path / "nonempty").mkdir()
+    (tmp_path / "nonempty" / "x").write_text("x")
+    with pytest.raises(RunDirError, match="not empty"):
+        build_bundle(bundle.run_dir, tmp_path / "nonempty")
+    res = cli("handoff", "verify")
+    assert res.returncode == 2 and "expected exactly one BUNDLE" in res.stderr
+
+
+def test_toml_writer_round_trips() -> None:
+    import tomllib
+
+    data = {"name": "x", "n": 3, "f": 0.5, "flag": True, "list": [1, 2], "none": None,
+            "t": {"a": "b\"q", "inner": {"z": [{"k": 1}]}}, "odd key": 1}
+    back = tomllib.loads(toml_dumps(data))
+    data.pop("none")
+    assert back == data
+
+
+@pytest.mark.slow  # two 5 s live runs against the simulated engine's server
+def test_live_sim_run_bundle_reruns_against_a_fresh_live_server(tmp_path: Path) -> None:
+    from loadgen.driver import RunOptions, run_trace_sync
+    from simserver import start_sim_server
+
+    text = SCENARIO.read_text().replace("duration_s = 60", "duration_s = 5")
+    (tmp_path / "contract").mkdir()
+    (tmp_path / "contract" / "canonical.toml").write_text((ROOT / "scenarios" / "contract" / "canonical.toml").read_text())
+    (tmp_path / "scenario.toml").write_text(text)
+    trace = generate_trace_file(load_scenario(tmp_path / "scenario.toml"), "burst", tmp_path / "burst.parquet", 2)
+    with start_sim_server("throughput-large-batch") as sim:
+        run = run_trace_sync(RunOptions(trace_path=trace, target_url=sim.base_url, out_dir=tmp_path / "run",
+                                        scenario_path=tmp_path / "scenario.toml", progress="off"))
+    info = build_bundle(run, tmp_path / "live")
+    assert (tmp_path / "live" / "engine.toml").read_text() == (ENGINES / "throughput-large-batch.toml").read_text()
+    assert any(f["metric"] == "ttft_ms" for f in info.failures)
+    assert "the shipped preset of that name" in (tmp_path / "live" / "README.md").read_text()
+    result = rerun_bundle(tmp_path / "live", tmp_path / "rerun")
+    assert result.reproduced is True
+    assert json.loads((result.run_dir / "manifest.json").read_text())["handoff"]["bundle"] == str(tmp_path / "live")

@@ -1,0 +1,299 @@
+"""Memory ledger against hand-computed values for real model shapes (configs typed in here), plus laws."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loadgen.errors import LedgerError
+from loadgen.ledger import (
+    EngineSettings,
+    LoraSettings,
+    blocks_for_sequence,
+    compute_ledger,
+    count_parameters,
+    kv_blocks_for_budget,
+    kv_spec,
+    parse_model_config,
+    read_model_config,
+)
+
+GIB = 1 << 30
+ROOT = Path(__file__).resolve().parents[1]
+
+# Key fields of the published config.json files.
+LLAMA_31_8B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+    "max_position_embeddings": 131072, "torch_dtype": "bfloat16", "tie_word_embeddings": False, "rope_theta": 500000.0,
+}
+QWEN25_05B = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+    "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
+    "max_position_embeddings": 32768, "torch_dtype": "bfloat16", "tie_word_embeddings": True,
+    "sliding_window": 32768, "use_sliding_window": False, "max_window_layers": 21,
+}
+MISTRAL_7B = {
+    "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
+    "max_position_embeddings": 32768, "torch_dtype": "bfloat16", "tie_word_embeddings": False, "sliding_window": 4096,
+}
+DEEPSEEK_V2_LITE = {
+    "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": 2048, "intermediate_size": 10944,
+    "num_hidden_layers": 27, "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 102400,
+    "max_position_embeddings": 163840, "torch_dtype": "bfloat16", "tie_word_embeddings": False,
+    "kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+    "moe_intermediate_size": 1408, "n_routed_experts": 64, "n_shared_experts": 2, "num_experts_per_tok": 6,
+    "first_k_dense_replace": 1, "moe_layer_freq": 1,
+}
+
+
+def _write(tmp_path: Path, name: str, cfg: dict) -> Path:
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def _ledger(tmp_path, cfg, **engine):
+    model = read_model_config(_write(tmp_path, "m", cfg))
+    return compute_ledger(model, EngineSettings(**engine))
+
+
+def test_llama_31_8b(tmp_path):
+    led = _ledger(tmp_path, LLAMA_31_8B, kv_cache_gib=10, max_model_len=8192)
+    assert led.kv_bytes_per_token == 32 * 2 * 8 * 128 * 2 == 131_072
+    assert led.kv.page_bytes == 16 * 2 * 8 * 128 * 2
+    assert led.kv_cache_blocks == (10 * GIB) // (16 * 131_072) == 5120
+    assert led.kv_cache_tokens == 5120 * 16
+    assert led.vllm_kv_cache_size_tokens == 81_920  # 5120 / (8192/16) × 8192
+    assert led.max_concurrency_at_max_len == pytest.approx(10.0)
+    assert led.parameters["total"] == 8_030_261_248
+    assert led.line("weights").bytes == 8_030_261_248 * 2
+    assert led.line("kv_cache").bytes == 10 * GIB
+    fp8 = _ledger(tmp_path, LLAMA_31_8B, kv_cache_gib=10, max_model_len=8192, kv_cache_dtype="fp8")
+    assert fp8.kv_bytes_per_token == 65_536 and fp8.kv_cache_blocks == 10_240
+
+
+def test_llama_tensor_parallel_and_quantization(tmp_path):
+    led = _ledger(tmp_path, LLAMA_31_8B, kv_cache_gib=10, max_model_len=8192, tensor_parallel_size=4, quantization="fp8")
+    assert led.kv_bytes_per_token == 32 * 2 * 2 * 128 * 2  # 8 KV heads / tp 4 per device
+    p = led.parameters
+    linear = p["attention"] + p["mlp"]
+    expected = (linear * 1 + (p["embed"] + p["lm_head"]) * 2) / 4 + p["norms"] * 2
+    assert led.line("weights").bytes == pytest.approx(expected, abs=1)
+    awq = _ledger(tmp_path, LLAMA_31_8B, kv_cache_gib=1, max_model_len=8192, quantization="awq")
+    assert awq.line("weights").bytes == pytest.approx(linear * 0.5 + linear / 128 * 2.5 + (p["embed"] + p["lm_head"]) * 2 + p["norms"] * 2, abs=1)
+
+
+def test_qwen25_05b(tmp_path):
+    led = _ledger(tmp_path, QWEN25_05B, kv_cache_gib=1, max_model_len=4096)
+    assert led.kv.sliding_layers == 0  # use_sliding_window false: every layer is full attention
+    assert led.kv_bytes_per_token == 24 * 2 * 2 * 64 * 2 == 12_288
+    assert led.kv_cache_blocks == GIB // (16 * 12_288) == 5461
+    assert led.kv_cache_tokens == 5461 * 16 == 87_376
+    assert led.vllm_kv_cache_size_tokens == int(5461 / 256 * 4096) == 87_376
+    assert led.parameters["total"] == 494_032_768  # tied embeddings, q/k/v bias
+    assert led.parameters["lm_head"] == 0
+
+
+def test_mistral_7b_sliding_window(tmp_path):
+    led = _ledger(tmp_path, MISTRAL_7B, kv_cache_gib=10, max_model_len=32768, max_num_batched_tokens=8192)
+    assert led.kv.sliding_layers == 32 and led.kv.sliding_window == 4096
+    assert led.kv_bytes_per_token == 131_072
+    assert led.kv_cache_blocks == 5120
+    per_request = -(-min(4096 - 1 + 8192, 32768) // 16) + 1  # window − 1 + in-flight tokens, +1 misaligned block
+    assert led.blocks_per_max_len_request == per_request == 769
+    assert led.vllm_kv_cache_size_tokens == int(5120 / 769 * 32768) == 218_169
+    # a long sequence holds at most the window (+ in-flight) in blocks, a short one its own length
+    assert blocks_for_sequence(led.kv, 20_000, 32768) == 769
+    assert blocks_for_sequence(led.kv, 1000, 32768) == 63
+    assert led.parameters["total"] == 7_241_732_096
+
+
+def test_deepseek_v2_lite_mla(tmp_path):
+    led = _ledger(tmp_path, DEEPSEEK_V2_LITE, kv_cache_gib=10, max_model_len=8192)
+    assert led.kv.attention == "mla" and led.kv.kv_factor == 1
+    assert led.kv_bytes_per_token == 27 * (512 + 64) * 2 == 31_104  # no factor 2
+    assert led.kv.page_bytes == 16 * 576 * 2
+    assert led.kv_cache_blocks == (10 * GIB) // (16 * 31_104) == 21_575
+    assert led.kv_cache_tokens == 345_200
+    p = count_parameters(led.model)
+    assert led.model.moe_layers == tuple(range(1, 27))
+    assert 15.6e9 < p["total"] < 15.8e9  # published: 15.7B total
+    assert 2.2e9 < p["active_per_token"] - p["embed"] - p["lm_head"] < 2.4e9  # published: 2.4B active
+    # TP does not split the MLA latent
+    tp2 = _ledger(tmp_path, DEEPSEEK_V2_LITE, kv_cache_gib=10, max_model_len=8192, tensor_parallel_size=2)
+    assert tp2.kv_bytes_per_token == 31_104
+
+
+def test_device_budget_subtracts_other_lines(tmp_path):
+    led = _ledger(tmp_path, LLAMA_31_8B, device_memory_gib=80, gpu_memory_utilization=0.9, max_model_len=8192)
+    non_kv = sum(line.bytes for line in led.lines if line.name not in ("kv_cache", "safety_margin"))
+    assert led.kv_budget_bytes == int(80 * GIB * 0.9) - non_kv
+    assert led.kv_cache_blocks == led.kv_budget_bytes // (16 * 131_072)
+    assert led.line("safety_margin").bytes == 80 * GIB - int(80 * GIB * 0.9)
+    too_small = _ledger(tmp_path, LLAMA_31_8B, device_memory_gib=8, max_model_len=8192)
+    assert too_small.kv_cache_blocks == 0 and too_small.notes
+
+
+def test_lora_adapter_line(tmp_path):
+    led = _ledger(tmp_path, LLAMA_31_8B, kv_cache_gib=1, max_model_len=8192,
+                  lora=LoraSettings(count=4, rank=16, targets=("q_proj", "v_proj")))
+    per_layer = 16 * (4096 + 4096) + 16 * (4096 + 1024)
+    assert led.line("adapters").bytes == 4 * 32 * per_layer * 2
+
+
+def test_every_line_has_formula_and_json(tmp_path):
+    led = _ledger(tmp_path, MISTRAL_7B, kv_cache_gib=4, max_model_len=8192)
+    d = led.to_dict()
+    names = [line["name"] for line in d["lines"]]
+    assert names == ["weights", "kv_cache", "activations", "workspaces", "fragmentation", "graph_comm_buffers", "adapters", "safety_margin"]
+    assert all(line["formula"] for line in d["lines"])
+    assert "5,120" not in d["lines"][1]["formula"] and "× block bytes" in d["lines"][1]["formula"]
+    assert d["kv_bytes_per_token"] == 131_072 and d["kv_cache_blocks"] == 2048 and d["kv_cache_tokens"] == 2048 * 16
+
+
+def test_hybrid_sliding_layers(tmp_path):
+    cfg = dict(QWEN25_05B, use_sliding_window=True, sliding_window=1024, max_window_layers=12)
+    led = _ledger(tmp_path, cfg, kv_cache_gib=1, max_model_len=4096, max_num_batched_tokens=512)
+    assert led.kv.full_layers == 12 and led.kv.sliding_layers == 12
+    assert [g.layers for g in led.kv.groups] == [12, 12]
+    assert led.kv.bytes_per_block == 12 * 8192  # one group's layers per block id
+    per_req = 4096 // 16 + (-(-(1024 - 1 + 512) // 16) + 1)
+    assert led.blocks_per_max_len_request == per_req
+
+
+def test_workload_classes(tmp_path):
+    from loadgen.scenario import load_scenario
+
+    scenario = load_scenario(ROOT / "scenarios" / "canonical.toml")
+    model = read_model_config(_write(tmp_path, "m", LLAMA_31_8B))
+    led = compute_ledger(model, EngineSettings(kv_cache_gib=10, max_model_len=8192), scenario)
+    by = {c.name: c for c in led.classes}
+    assert set(by) == set(scenario.classes)
+    for c in led.classes:
+        assert c.total_p99 >= c.total_p50 > 0
+        assert c.max_seqs_p99 <= c.max_seqs_p50 <= c.max_seqs_p50_prefix_shared
+        assert c.max_seqs_p50 == led.kv_cache_blocks // c.blocks_p50
+        assert c.limit_p99 == min(c.max_seqs_p99, 256)
+    assert by["long-thread"].total_p99 > by["short-message"].total_p99  # context grows over turns
+    again = compute_ledger(model, EngineSettings(kv_cache_gib=10, max_model_len=8192), scenario)
+    assert [c.to_dict() for c in again.classes] == [c.to_dict() for c in led.classes]  # seeded
+
+
+def test_kv_blocks_for_budget_from_path(tmp_path):
+    path = _write(tmp_path, "q", QWEN25_05B)
+    assert kv_blocks_for_budget(str(path), kv_cache_gib=1) == 5461
+    assert kv_blocks_for_budget(path, EngineSettings(block_size=32), kv_bytes=GIB) == GIB // (32 * 12_288)
+
+
+@pytest.mark.parametrize(
+    "cfg, needle",
+    [
+        ({"hidden_size": 64}, "num_hidden_layers: missing"),
+        (dict(LLAMA_31_8B, num_key_value_heads=5), "num_key_value_heads = 5"),
+        (dict(LLAMA_31_8B, hidden_size="big"), "hidden_size = 'big'"),
+        (dict(LLAMA_31_8B, torch_dtype="float9"), "torch_dtype = 'float9'"),
+        (dict(DEEPSEEK_V2_LITE, qk_rope_head_dim=None), "qk_rope_head_dim: missing"),
+        (dict(LLAMA_31_8B, layer_types=["full_attention"]), "layer_types"),
+    ],
+)
+def test_bad_config_one_line_errors(tmp_path, cfg, needle):
+    path = _write(tmp_path, "bad", cfg)
+    with pytest.raises(LedgerError) as exc:
+        read_model_config(path)
+    msg = str(exc.value)
+    assert needle in msg and str(path) in msg and "\n" not in msg
+
+
+def test_cli_table_json_and_errors(tmp_path):
+    path = _write(tmp_path, "llama", LLAMA_31_8B)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "loadgen", "ledger", "--model", str(path), *a],  # noqa: E731
+                                    capture_output=True, text=True, cwd=ROOT)
+    table = run("--kv-cache-gib", "10", "--max-model-len", "8192")
+    assert table.returncode == 0, table.stderr
+    assert "131,072" in table.stdout and "kv_cache" in table.stdout and "safety_margin" in table.stdout
+    js = run("--kv-cache-gib", "10", "--max-model-len", "8192", "--kv-cache-dtype", "fp8", "--json")
+    data = json.loads(js.stdout)
+    assert data["kv_bytes_per_token"] == 65_536 and data["kv_cache_blocks"] == 10_240 and data["kv_cache_tokens"] == 163_840
+    bad = tmp_path / "broken.json"
+    bad.write_text("{not json")
+    err = subprocess.run([sys.executable, "-m", "loadgen", "ledger", "--model", str(bad)], capture_output=True, text=True, cwd=ROOT)
+    assert err.returncode == 2 and err.stderr.count("\n") == 1 and "invalid JSON" in err.stderr
+
+
+def test_reconcile_from_log_text(tmp_path):
+    """The reconcile path on a log in vLLM's format (the real-vLLM match is in test_vllm_integration)."""
+    tiny = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
+            "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 32,
+            "vocab_size": 1000, "max_position_embeddings": 2048, "torch_dtype": "bfloat16"}
+    path = _write(tmp_path, "tiny", tiny)
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        "(APIServer pid=1) INFO 11-29 08:15:26 [model.py:2152] Using max model len 2000\n"
+        "(Worker pid=2) INFO 11-29 08:16:14 [cpu_worker.py:260] Explicitly set (1.0/8.71) GiB for KV cache on node 0.\n"
+        "(EngineCore pid=3) INFO 11-29 08:16:14 [kv_cache_utils.py:2327] CPU KV cache size: 512,000 tokens, "
+        "Maximum concurrency for 2,000 tokens per request: 256.00x\n"
+    )
+    from loadgen.ledger import reconcile
+
+    result = reconcile(read_model_config(path), None, log)
+    assert result.ok and result.ledger.kv.block_size == 128 and result.ledger.kv_cache_blocks == 4096
+    wrong = reconcile(read_model_config(path), EngineSettings(block_size=16), log, fixed={"block_size"})
+    assert wrong.ledger.vllm_kv_cache_size_tokens == 524_288  # 32768 blocks / 125 per request × 2000
+    assert not wrong.ok
+
+
+# ---- laws -------------------------------------------------------------------------------------------
+
+dims = st.fixed_dictionaries({
+    "layers": st.integers(1, 96), "kv_heads": st.sampled_from([1, 2, 4, 8, 16]), "group": st.sampled_from([1, 2, 4, 8]),
+    "head_dim": st.sampled_from([32, 64, 80, 96, 128, 256]),
+})
+
+
+def _cfg(d, kv_heads=None):
+    kv = kv_heads or d["kv_heads"]
+    heads = kv * d["group"] if kv_heads is None else max(kv, d["kv_heads"]) * 16
+    return parse_model_config({"hidden_size": heads * d["head_dim"], "num_hidden_layers": d["layers"], "num_attention_heads": heads,
+                               "num_key_value_heads": kv, "head_dim": d["head_dim"], "vocab_size": 1000,
+                               "intermediate_size": 1024, "max_position_embeddings": 4096, "torch_dtype": "bfloat16"})
+
+
+@settings(max_examples=60, deadline=None)
+@given(dims, st.sampled_from([16, 32, 128]))
+def test_fp8_halves_kv_bytes(d, block):
+    m = _cfg(d)
+    bf16 = kv_spec(m, EngineSettings(block_size=block))
+    fp8 = kv_spec(m, EngineSettings(block_size=block, kv_cache_dtype="fp8"))
+    assert fp8.bytes_per_token * 2 == bf16.bytes_per_token
+    assert fp8.page_bytes * 2 == bf16.page_bytes
+
+
+@settings(max_examples=60, deadline=None)
+@given(dims, st.integers(1, 4))
+def test_more_kv_heads_never_fewer_bytes(d, factor):
+    few = _cfg(d, kv_heads=d["kv_heads"])
+    many = _cfg(d, kv_heads=d["kv_heads"] * factor)
+    e = EngineSettings(kv_cache_gib=1)
+    assert kv_spec(many, e).bytes_per_token >= kv_spec(few, e).bytes_per_token
+    assert kv_blocks_for_budget(many, e) <= kv_blocks_for_budget(few, e)
+
+
+@settings(max_examples=100, deadline=None)
+@given(dims, st.sampled_from([1, 16, 32, 128]), st.integers(1, 200_000), st.floats(0.01, 64))
+def test_block_rounding_never_below_exact(d, block, tokens, gib):
+    m = _cfg(d)
+    e = EngineSettings(block_size=block, kv_cache_gib=gib)
+    spec = kv_spec(m, e)
+    n_blocks = blocks_for_sequence(spec, tokens)
+    assert n_blocks * block >= tokens  # whole blocks hold at least the sequence
+    assert n_blocks * block * spec.bytes_per_token >= tokens * spec.bytes_per_token
+    total = kv_blocks_for_budget(m, e)
+    assert total * spec.bytes_per_block <= int(gib * GIB) < (total + 1) * spec.bytes_per_block

@@ -1,0 +1,268 @@
+"""Load plan on the virtual-time worksheet: schema, the region boundary the engine config implies,
+resume after an interruption, budgets, unstable tails and measurement corruption."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from loadgen.errors import PlanError, ScenarioError
+from loadgen.plan import (
+    PLAN_FILE,
+    RESULT_FILE,
+    WorksheetTarget,
+    judge_run,
+    load_plan,
+    parse_plan,
+    run_plan,
+    unstable_tail,
+)
+from loadgen.plan.spec import StopLimits
+
+REPO = Path(__file__).resolve().parents[1]
+
+# An engine whose capacity is known from its configuration: every step costs FIXED_MS whatever it holds,
+# a request of OUTPUT tokens needs OUTPUT steps (prefill + first token in one, then one per token), and at
+# most MAX_SEQS run at once. So at most min(MAX_SEQS, client concurrency) requests progress together and
+# the throughput ceiling is min(MAX_SEQS, concurrency) / (OUTPUT × FIXED_MS) requests per second.
+ENGINE = """
+name = "boundary-test"
+model = "loadgen-sim"
+[scheduler]
+max_num_seqs = {max_seqs}
+max_num_batched_tokens = 4096
+[kv]
+num_kv_blocks = 16384
+enable_prefix_caching = false
+[cost]
+fixed_ms = {fixed_ms}
+per_prefill_token_ms = 0.0
+per_decode_seq_ms = 0.0
+per_kv_token_ms = 0.0
+noise_sigma = {noise}
+"""
+
+SCENARIO = """
+name = "boundary"
+seed = 7
+[classes.short-message]
+share = 1.0
+input_tokens = {{ dist = "fixed", value = 64 }}
+output_tokens = {{ dist = "fixed", value = {output} }}
+[classes.short-message.budgets]
+ttft_ms = {{ p99 = {ttft_p99}, hard = true }}
+itl_ms = {{ p99 = 100, hard = true }}
+[errors]
+ttft_timeout_s = 60
+total_timeout_s = 120
+[traces.steady]
+process = "poisson"
+rate_rps = 10
+duration_s = 30
+"""
+
+
+def write_setup(tmp: Path, *, max_seqs: int = 16, fixed_ms: float = 10.0, output: int = 50, noise: float = 0.0,
+                ttft_p99: float = 2000, rates: list[float], concurrency: list[int], repeats: int = 3,
+                duration_s: float = 30, extra: str = "") -> tuple[Path, Path]:
+    (tmp / "engine.toml").write_text(ENGINE.format(max_seqs=max_seqs, fixed_ms=fixed_ms, noise=noise))
+    (tmp / "scenario.toml").write_text(SCENARIO.format(output=output, ttft_p99=ttft_p99))
+    plan = (
+        f'name = "boundary-plan"\nscenario = "scenario.toml"\ntrace = "steady"\nduration_s = {duration_s}\n'
+        f'classes = ["short-message"]\nstates = ["warm"]\nconcurrency = {concurrency}\n'
+        f"rates_rps = {[round(r, 6) for r in rates]}\nrepeats = {repeats}\n{extra}"
+    )
+    (tmp / "plan.toml").write_text(plan)
+    return tmp / "plan.toml", tmp / "engine.toml"
+
+
+def ceiling_rps(max_seqs: int, concurrency: int, output: int, fixed_ms: float) -> float:
+    """Requests/s the engine can complete: running sequences × steps per second / steps per request."""
+    return min(max_seqs, concurrency) * 1000.0 / (output * fixed_ms)
+
+
+# ---- schema -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", sorted((REPO / "scenarios" / "plans").glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_plans_validate(path: Path) -> None:
+    spec = load_plan(path)
+    assert spec.scenario_path().is_file()
+    assert spec.rate_steps == sorted(spec.rate_steps)
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"rate_scales": [1, 2], "rates_rps": [1]}, "exactly one of rate_scales or rates_rps"),
+        ({"rates_rps": [2, 1]}, "strictly ascending"),
+        ({"rates_rps": [1], "concurrency": [64, 8]}, "concurrency"),
+        ({"rates_rps": [1], "classes": ["chat"]}, "classes"),
+        ({"rates_rps": [1], "repeats": 0}, "repeats"),
+        ({"rates_rps": [1], "stops": {"send_lag_p99": 5}}, "stops.send_lag_p99"),
+    ],
+)
+def test_plan_errors_are_one_line(data: dict, expected: str) -> None:
+    base = {"name": "p", "scenario": "s.toml", "trace": "steady", **data}
+    with pytest.raises(ScenarioError) as info:
+        parse_plan(base, "p.toml")
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("p.toml:") and expected in message
+
+
+# ---- the region lands where the engine configuration says ---------------------------------------
+
+def test_region_boundary_matches_engine_ceiling(tmp_path: Path) -> None:
+    max_seqs, fixed_ms, output = 16, 10.0, 50
+    top = ceiling_rps(max_seqs, 10**6, output, fixed_ms)
+    rates = [top * k for k in (0.3, 0.6, 0.85, 1.25, 1.7)]
+    concurrency = [max_seqs // 2, max_seqs * 4]
+    plan, engine = write_setup(tmp_path, max_seqs=max_seqs, fixed_ms=fixed_ms, output=output, rates=rates,
+                               concurrency=concurrency)
+    result = run_plan(load_plan(plan), WorksheetTarget(engine), tmp_path / "out")
+    assert result.state["status"] == "complete"
+    boundary = result.region["classes"]["short-message"]["warm"]["boundary"]
+    for row in boundary:
+        ceiling = ceiling_rps(max_seqs, row["concurrency"], output, fixed_ms)
+        expected_inside = max(i for i, r in enumerate(rates) if r < 0.9 * ceiling)
+        expected_outside = min(i for i, r in enumerate(rates) if r > 1.1 * ceiling)
+        assert row["max_inside_rate_index"] == expected_inside, row
+        assert row["first_outside_rate_index"] == expected_outside, row
+        assert "ttft_ms p99" in row["limiting"], row
+    cells = {c["cell_id"]: c for c in result.region["classes"]["short-message"]["warm"]["cells"]}
+    for row in boundary:  # the boundary cells ran every repeat; offered vs completed are both reported
+        inside = cells[f"short-message.warm.c{row['concurrency']}.r{row['max_inside_rate_index']}"]
+        assert inside["repeats"] == 3 and inside["passes"] == 3
+        outside = cells[f"short-message.warm.c{row['concurrency']}.r{row['first_outside_rate_index']}"]
+        assert outside["status"] == "outside" and outside["offered_rps"] > outside["completed_rps"]
+    manifest = json.loads((tmp_path / "out" / inside["run_dirs"][0] / "manifest.json").read_text())
+    assert manifest["plan_cell"]["cell_id"] == inside["cell_id"] and manifest["repeat"] == 1
+    assert isinstance(manifest["order_index"], int)
+    assert (tmp_path / "out" / "region-short-message.png").stat().st_size > 5000
+    assert "limiting constraint" in (tmp_path / "out" / "region.md").read_text()
+    budget = result.region["budget"]
+    assert budget["consumed_requests"] > 0 and budget["consumed_time_s"] > 0
+
+
+# ---- resume -------------------------------------------------------------------------------------
+
+def _statuses(region: dict) -> dict:
+    return {c["cell_id"]: (c["status"], c["repeats"], c["passes"]) for c in region["classes"]["short-message"]["warm"]["cells"]}
+
+
+def test_resume_after_interruption_skips_finished_runs(tmp_path: Path) -> None:
+    top = ceiling_rps(16, 10**6, 50, 10.0)
+    plan, engine = write_setup(tmp_path, rates=[top * k for k in (0.3, 0.6, 0.85, 1.25, 1.7)], concurrency=[8, 64],
+                               duration_s=15)
+    spec = load_plan(plan)
+    whole = run_plan(spec, WorksheetTarget(engine), tmp_path / "whole")
+    part = run_plan(spec, WorksheetTarget(engine), tmp_path / "part", max_new_runs=3)
+    assert part.state["status"] == "incomplete" and "paused" in part.state["ended"]
+    done = {p: p.stat().st_mtime_ns for p in (tmp_path / "part" / "cells").glob(f"*/rep*/{RESULT_FILE}")}
+    assert len(done) == 3
+    resumed = run_plan(spec, WorksheetTarget(engine), tmp_path / "part")
+    assert resumed.state["status"] == "complete"
+    for path, mtime in done.items():  # finished runs were read back, not redone
+        assert path.stat().st_mtime_ns == mtime
+    assert resumed.state["invocations"][-1]["new_runs"] == whole.state["invocations"][-1]["new_runs"] - 3
+    assert _statuses(resumed.region) == _statuses(whole.region)
+
+
+def test_resume_refuses_a_different_plan(tmp_path: Path) -> None:
+    plan, engine = write_setup(tmp_path, rates=[5, 10], concurrency=[8], duration_s=5, repeats=1)
+    run_plan(load_plan(plan), WorksheetTarget(engine), tmp_path / "out")
+    plan.write_text(plan.read_text().replace("rates_rps = [5, 10]", "rates_rps = [5, 20]"))
+    with pytest.raises(PlanError, match="expected the same plan file to resume"):
+        run_plan(load_plan(plan), WorksheetTarget(engine), tmp_path / "out")
+
+
+@pytest.mark.slow
+def test_resume_after_sigint_of_the_real_command(tmp_path: Path) -> None:
+    top = ceiling_rps(16, 10**6, 50, 10.0)
+    plan, engine = write_setup(tmp_path, rates=[top * k for k in (0.2, 0.4, 0.6, 0.85, 1.25, 1.7)],
+                               concurrency=[4, 8, 16, 64], duration_s=20)
+    cmd = [sys.executable, "-m", "loadgen", "plan", str(plan), "--sim-worksheet", str(engine), "--quiet"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([*cmd, "--out", str(tmp_path / "part")], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=REPO)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(list((tmp_path / "part").glob(f"cells/*/rep*/{RESULT_FILE}"))) < 4:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()[-500:]
+    state = json.loads((tmp_path / "part" / PLAN_FILE).read_text())
+    assert state["status"] == "interrupted"
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "part").glob(f"cells/*/rep*/{RESULT_FILE}")}
+    out = subprocess.run([*cmd, "--out", str(tmp_path / "part")], env=env, capture_output=True, cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stderr.decode()[-500:]
+    for path, mtime in before.items():
+        assert path.stat().st_mtime_ns == mtime
+    whole = subprocess.run([*cmd, "--out", str(tmp_path / "whole")], env=env, capture_output=True, cwd=REPO, timeout=300)
+    assert whole.returncode == 0
+    load = lambda d: json.loads((tmp_path / d / "region.json").read_text())  # noqa: E731
+    assert _statuses(load("part")) == _statuses(load("whole"))
+
+
+# ---- budgets ------------------------------------------------------------------------------------
+
+def test_request_budget_stops_the_plan_and_is_respected(tmp_path: Path) -> None:
+    top = ceiling_rps(16, 10**6, 50, 10.0)
+    plan, engine = write_setup(tmp_path, rates=[top * k for k in (0.3, 0.6, 0.85, 1.25)], concurrency=[64],
+                               duration_s=10, extra="[budget]\nrequests = 400\n")
+    result = run_plan(load_plan(plan), WorksheetTarget(engine), tmp_path / "out")
+    assert result.state["status"] == "incomplete"
+    assert result.state["ended"].startswith("budget exhausted: request budget")
+    assert 0 < result.state["budget"]["consumed_requests"] <= 400
+    assert "Plan ended early" in (tmp_path / "out" / "region.md").read_text()
+
+
+# ---- unstable tail (step-time noise injected, a tight convergence criterion) ----------------------
+
+def test_unstable_tail_stops_the_direction(tmp_path: Path) -> None:
+    top = ceiling_rps(16, 10**6, 50, 10.0)
+    plan, engine = write_setup(tmp_path, noise=0.8, ttft_p99=600000, rates=[top * k for k in (0.5, 0.9)],
+                               concurrency=[64], duration_s=10, extra="[stops]\np99_spread = 0.02\n")
+    result = run_plan(load_plan(plan), WorksheetTarget(engine), tmp_path / "out")
+    cells = result.region["classes"]["short-message"]["warm"]["cells"]
+    stopped = [c for c in cells if c["status"] == "stopped"]
+    assert stopped and all(c["limiting"].startswith("stop unstable_tail") for c in stopped)
+    assert all(c["repeats"] == 3 for c in stopped)  # judged across the repeats, not on one run
+
+
+def test_unstable_tail_rule() -> None:
+    assert unstable_tail([{"a": 100.0}, {"a": 104.0}, {"a": 98.0}], 0.1) is None
+    stop = unstable_tail([{"a": 100.0}, {"a": 180.0}, {"a": 98.0}], 0.1)
+    assert stop is not None and stop.kind == "unstable_tail" and "a p99 TTFT" in stop.detail
+    assert unstable_tail([{"a": 100.0}], 0.1) is None  # one repeat says nothing about convergence
+
+
+# ---- measurement corruption: missing records -----------------------------------------------------
+
+def test_missing_records_are_measurement_corruption(tmp_path: Path) -> None:
+    from loadgen.analysis import analyze_run
+    from loadgen.rundir import load_run
+    from loadgen.sim import run_worksheet
+
+    plan, engine = write_setup(tmp_path, rates=[10], concurrency=[64], duration_s=5, repeats=1)
+    from loadgen.plan.cells import CellCoord, build_cell_trace
+    from loadgen.scenario import load_scenario
+
+    spec = load_plan(plan)
+    scenario = load_scenario(spec.scenario_path())
+    trace, _ = build_cell_trace(spec, scenario, CellCoord("short-message", "warm", 64, 0, 10.0, "rps"), tmp_path / "t.parquet")
+    run_dir = run_worksheet(trace, engine, tmp_path / "run", scenario=spec.scenario_path())
+    clean = judge_run(analyze_run(run_dir, scenario=scenario), load_run(run_dir), StopLimits())
+    assert not clean.stops
+    table = pq.read_table(run_dir / "requests.parquet")
+    pq.write_table(table.slice(0, table.num_rows - 5), run_dir / "requests.parquet")  # five rows lost
+    judged = judge_run(analyze_run(run_dir, scenario=scenario), load_run(run_dir), StopLimits())
+    kinds = {s.kind: s.detail for s in judged.stops}
+    assert "records missing" in kinds["measurement_corruption"]

@@ -1,0 +1,239 @@
+"""The engine model alone: scheduling, KV accounting, preemption, prefix cache, window, cost, faults."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loadgen.errors import ScenarioError
+from loadgen.sim import Engine, Seq, list_presets, load_engine_config, parse_engine_config, parse_fault_header
+from loadgen.sim.config import FaultConfig
+from loadgen.sim.faults import FaultDecider
+from loadgen.sim.protocol import FILLER_WORDS, filler_bytes, filler_text
+
+
+def cfg(**sections):
+    """An engine config with 1 ms fixed step cost and the given section overrides."""
+    data = {"name": "test", "cost": {"fixed_ms": 1.0, "per_prefill_token_ms": 0.0, "per_decode_seq_ms": 0.0}}
+    for section, values in sections.items():
+        data.setdefault(section, {}).update(values)
+    return parse_engine_config(data, "<test>")
+
+
+def run_to_end(engine: Engine, seqs: list[Seq], max_steps: int = 100_000) -> int:
+    t = 0
+    for s in seqs:
+        engine.add(s)
+    steps = 0
+    while engine.has_work:
+        hold = engine.hold_until_ns(t)
+        if hold is not None:
+            t = hold
+            continue
+        res = engine.step(t)
+        t += max(res.duration_ns, 1)
+        steps += 1
+        assert steps < max_steps, "engine did not finish"
+        check_accounting(engine)
+    return t
+
+
+def check_accounting(e: Engine) -> None:
+    assert e.used_private == sum(s.private for s in e.running)
+    assert e.cached_pinned == sum(x.blocks for x in e.cache.values() if x.refs > 0)
+    assert e.cached_total == sum(x.blocks for x in e.cache.values())
+    assert e.evictable_total == sum(x.blocks for x in e.cache.values() if x.refs == 0)
+    assert 0 <= e.used_private + e.cached_total <= e.total_blocks
+    for s in e.running:
+        held = s.private + s.shared
+        assert held * e.block_size >= s.computed, "a running sequence holds fewer blocks than its computed tokens"
+
+
+def test_presets_load_and_are_documented():
+    names = list_presets()
+    assert {"interactive-small-batch", "throughput-large-batch", "instant"} <= set(names)
+    for name in names:
+        config = load_engine_config(name)
+        assert config.name == name and config.description
+        assert config.num_kv_blocks > 0
+
+
+def test_bad_config_is_one_line_error(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('name = "x"\n[scheduler]\nmax_num_seqs = 0\n')
+    with pytest.raises(ScenarioError, match=r"bad.toml: scheduler.max_num_seqs = 0: expected"):
+        load_engine_config(path)
+    with pytest.raises(ScenarioError, match="no such preset"):
+        load_engine_config("no-such-preset")
+
+
+def test_chunked_prefill_splits_and_mixes_with_decodes():
+    e = Engine(cfg(scheduler={"max_num_batched_tokens": 256}))
+    a = Seq(0, 100, 50, 0)
+    e.add(a)
+    e.step(0)  # a prefills and emits its first token
+    assert a.output == 1
+    b = Seq(1, 1000, 5, 0)
+    e.add(b)
+    steps_to_first = 0
+    while b.output == 0:
+        res = e.step(0)
+        steps_to_first += 1
+        assert a in res.emitted, "decodes keep running while b prefills"
+        assert res.prefill_tokens <= 255 and res.decode_seqs == 1
+    assert steps_to_first == 4  # 1000 tokens at 255 per step (one budget token goes to a's decode)
+
+
+def test_running_cap_queues_requests():
+    e = Engine(cfg(scheduler={"max_num_seqs": 2}))
+    seqs = [Seq(i, 10, 5, 0) for i in range(5)]
+    for s in seqs:
+        e.add(s)
+    e.step(0)
+    assert len(e.running) == 2 and len(e.waiting) == 3
+
+
+def test_kv_exhaustion_preempts_newest_first_and_everything_finishes():
+    e = Engine(cfg(kv={"num_kv_blocks": 12, "block_size": 4, "enable_prefix_caching": False}))
+    seqs = [Seq(i, 8, 12, 0) for i in range(3)]  # each needs 5 blocks at the end: 15 > 12
+    for s in seqs:
+        e.add(s)
+    preempted_first = None
+    t = 0
+    while e.has_work:
+        res = e.step(t)
+        t += res.duration_ns
+        check_accounting(e)
+        if res.preempted and preempted_first is None:
+            preempted_first = [s.idx for s in seqs if s.preemptions]
+    assert preempted_first == [2], "vLLM preempts the newest running request first"
+    assert e.num_preemptions >= 1
+    assert all(s.output == 12 for s in seqs)
+    assert e.used_private == 0 and e.kv_usage == 0
+
+
+def test_prefix_cache_reuses_whole_blocks_only():
+    e = Engine(cfg(kv={"block_size": 16}))
+    a = Seq(0, 300, 2, 0, cache_key="sys", cache_limit_tokens=100)  # 100-token prefix = 6 whole blocks
+    run_to_end(e, [a])
+    b = Seq(1, 300, 2, 0, cache_key="sys", cache_limit_tokens=100)
+    run_to_end(e, [b])
+    assert b.cached_tokens == 96
+    assert e.prefix_hits == 96 and e.prefix_queries == 600
+
+
+def test_conversation_reuses_previous_turn_context():
+    e = Engine(cfg(kv={"block_size": 16}))
+    t1 = Seq(0, 200, 50, 0, cache_key="c1")
+    run_to_end(e, [t1])
+    t2 = Seq(1, 200 + 50 + 40, 10, 0, cache_key="c1")
+    run_to_end(e, [t2])
+    assert t2.cached_tokens == (200 + 50 - 1) // 16 * 16  # the last sampled token never got its KV
+
+
+def test_prefix_chains_stop_at_the_first_different_block():
+    e = Engine(cfg(kv={"block_size": 4}))
+    a = Seq(0, 20, 1, 0, cache_key=1, chain=[1, 2, 3, 4, 5])
+    run_to_end(e, [a])
+    b = Seq(1, 20, 1, 0, cache_key=1, chain=[1, 2, 9, 9, 9])
+    run_to_end(e, [b])
+    assert b.cached_tokens == 8
+
+
+def test_evicted_prefix_blocks_make_room():
+    e = Engine(cfg(kv={"block_size": 4, "num_kv_blocks": 10}))
+    a = Seq(0, 32, 1, 0, cache_key="k")
+    run_to_end(e, [a])
+    assert e.cached_total == 8 and e.kv_usage == 0  # cached but evictable: free as vLLM counts
+    b = Seq(1, 36, 1, 0, cache_key="other")
+    run_to_end(e, [b])  # needs 10 blocks: the cached ones are evicted
+    assert b.output == 1 and e.cached_total <= 10
+
+
+def test_batching_window_holds_new_work():
+    e = Engine(cfg(batching={"window_ms": 50, "min_waiting": 3}))
+    e.add(Seq(0, 10, 2, 0))
+    assert e.hold_until_ns(0) == 50_000_000
+    e.add(Seq(1, 10, 2, 0))
+    e.add(Seq(2, 10, 2, 0))
+    assert e.hold_until_ns(0) is None  # min_waiting reached
+
+
+def test_cost_model_terms():
+    c = parse_engine_config({"name": "c", "cost": {"fixed_ms": 2, "per_prefill_token_ms": 0.01, "per_decode_seq_ms": 0.5,
+                                                   "per_kv_token_ms": 0.001}})
+    e = Engine(c)
+    e.add(Seq(0, 100, 3, 0))
+    res = e.step(0)
+    assert res.duration_ns == pytest.approx((2 + 100 * 0.01 + 100 * 0.001) * 1e6)
+    res = e.step(0)
+    assert res.decode_seqs == 1 and res.duration_ns == pytest.approx((2 + 0.5 + 101 * 0.001) * 1e6)
+
+
+def test_abort_frees_blocks():
+    e = Engine(cfg())
+    s = Seq(0, 500, 100, 0)
+    e.add(s)
+    e.step(0)
+    assert e.kv_usage > 0
+    assert e.abort(s)
+    assert e.kv_usage == 0 and not e.has_work and not e.abort(s)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 300), st.integers(1, 60), st.sampled_from([None, "g1", "g2", "c1"])),
+             min_size=1, max_size=25),
+    st.integers(8, 60),
+    st.integers(1, 8),
+    st.sampled_from([16, 64, 512]),
+    st.sampled_from(["fcfs", "priority"]),
+)
+def test_accounting_holds_and_every_request_finishes(reqs, blocks, max_seqs, budget, policy):
+    e = Engine(cfg(kv={"block_size": 16, "num_kv_blocks": blocks},
+                   scheduler={"max_num_seqs": max_seqs, "max_num_batched_tokens": budget, "policy": policy}))
+    seqs = []
+    for i, (p, o, key) in enumerate(reqs):
+        if -(-(p + o) // 16) > blocks:
+            continue  # the servers reject requests larger than the whole cache
+        seqs.append(Seq(i, p, o, i, priority=i % 3, cache_key=key, cache_limit_tokens=64 if key and key.startswith("g") else None))
+    run_to_end(e, seqs)
+    assert all(s.output == s.max_out and s.state == "finished" for s in seqs)
+    assert e.used_private == 0 and e.cached_pinned == 0
+
+
+def test_fault_header_parsing():
+    plan = parse_fault_header("stall=1.5@10, disconnect@5, malformed@3, slow_start=2")
+    assert (plan.stall_s, plan.stall_after, plan.disconnect_after, plan.malformed_after, plan.slow_start_s) == (1.5, 10, 5, 3, 2.0)
+    assert parse_fault_header("error=503").error_status == 503
+    assert parse_fault_header("429=2.5").retry_after_s == 2.5
+    for bad in ("explode", "error=200", "stall=x", "disconnect@-1"):
+        with pytest.raises(ValueError):
+            parse_fault_header(bad)
+
+
+def test_fault_decider_is_seeded_and_rates_hold():
+    config = FaultConfig(seed=3, error_rate=0.1, stall_rate=0.2)
+    d1, d2 = FaultDecider(config, seed=1), FaultDecider(config, seed=1)
+    plans1 = [d1.decide() for _ in range(2000)]
+    plans2 = [d2.decide() for _ in range(2000)]
+    assert [p and p.items() for p in plans1] == [p and p.items() for p in plans2]
+    errors = sum(1 for p in plans1 if p and p.error_status)
+    stalls = sum(1 for p in plans1 if p and p.stall_s)
+    assert 140 < errors < 260 and 300 < stalls < 420
+    other = FaultDecider(config, seed=2)
+    assert [p and p.items() for p in plans1[:200]] != [p and p.items() for p in (other.decide() for _ in range(200))]
+
+
+def test_filler_is_one_token_per_word_and_bytes_match():
+    from loadgen.prompts import get_tokenizer
+    import numpy as np
+
+    tok = get_tokenizer("cl100k_base")
+    text = filler_text(3, 200)
+    assert tok.count(text) == 200
+    assert all(tok.count(w) == 1 for w in FILLER_WORDS)
+    starts = np.array([0, 5, 17, 40])
+    counts = np.array([1, 3, 16, 33])
+    assert filler_bytes(starts, counts).tolist() == [len(filler_text(s, c)) for s, c in zip(starts, counts)]

@@ -1,0 +1,210 @@
+"""The virtual-time worksheet: run directory contract, determinism, physics of the two presets."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from loadgen.records import CHUNKS_FILE, REQUESTS_FILE, SERVER_METRICS_FILE, TRACE_SCHEMA
+from loadgen.rundir import load_run
+from loadgen.sim import load_engine_config, parse_engine_config, run_worksheet
+from loadgen.trace.io import write_trace
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: Manifest keys that legitimately differ between two identical simulations (clock and process).
+VOLATILE_MANIFEST_KEYS = ("started_utc", "ended_utc", "anchor", "harness", "host")
+
+
+def make_trace(path: Path, n: int = 60, seed: int = 0, rate_rps: float = 8.0, **meta) -> Path:
+    """A small open-loop trace with shared prefixes, a conversation and cancellations."""
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(1 / rate_rps, n))
+    rows = []
+    for i in range(n):
+        group = "sys" if i % 2 == 0 else None
+        conv = "c1" if i in (5, 25, 45) else None
+        rows.append({
+            "request_id": f"r{i:04d}",
+            "request_class": ("short-message", "burst", "long-thread")[i % 3],
+            "scheduled_offset_ns": int(t[i] * 1e9),
+            "prompt_tokens": int(rng.integers(40, 900)) + (256 if group else 0),
+            "output_tokens": int(rng.integers(5, 120)),
+            "prefix_group": group,
+            "prefix_tokens": 256 if group else None,
+            "conversation_id": conv,
+            "turn_index": (5, 25, 45).index(i) if conv else None,
+            "cancel_after_tokens": 3 if i % 17 == 3 else None,
+        })
+    metadata = {"trace_name": "test", "seed": seed, "mode": "open", "max_in_flight": 256, "duration_s": float(t[-1])}
+    metadata.update(meta)
+    write_trace(pa.Table.from_pylist(rows, schema=TRACE_SCHEMA), path, metadata)
+    return path
+
+
+def table_digest(path: Path) -> str:
+    """sha256 of a Parquet file's table content (Arrow IPC of the data, schema metadata dropped)."""
+    table = pq.read_table(path)
+    table = table.replace_schema_metadata(None)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()
+
+
+def stable_manifest(run_dir: Path) -> dict:
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    return {k: v for k, v in manifest.items() if k not in VOLATILE_MANIFEST_KEYS}
+
+
+def test_run_directory_has_the_measured_run_schema(tmp_path):
+    trace = make_trace(tmp_path / "t.parquet")
+    out = run_worksheet(trace, "interactive-small-batch", tmp_path / "run", seed=0)
+    run = load_run(out)
+    m = run.manifest
+    assert m["run_kind"] == "simulated" and m["modelExecuted"] is False and m["benchmarkExecuted"] is False
+    assert m["target"]["kind"] == "sim"
+    assert m["target"]["engine"]["config"]["config"]["name"] == "interactive-small-batch"
+    assert m["engine_config"]["config"]["scheduler"]["max_num_seqs"] == 64
+    assert m["state"] == "complete" and m["requests_recorded"] == 60
+    req = run.requests.to_pandas()
+    assert sorted(req.status.unique()) == ["cancelled", "ok"]
+    ok = req[req.status == "ok"]
+    assert (ok.client_output_tokens == ok.target_output_tokens).all()
+    assert (ok.server_prompt_tokens == ok.target_prompt_tokens).all()
+    assert (ok.first_token_ns >= ok.sent_ns).all() and (ok.done_ns >= ok.last_token_ns).all()
+    cancelled = req[req.status == "cancelled"]
+    assert (cancelled.client_output_tokens == 3).all()
+    chunks = run.chunks.to_pandas()
+    per_req = chunks.groupby("request_id").tokens.sum()
+    assert (per_req[ok.request_id].values == ok.target_output_tokens.values).all()
+    assert (chunks.groupby("request_id").seq.max() + 1 == chunks.groupby("request_id").size()).all()
+    names = set(run.server_metrics.column("name").to_pylist())
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
+                 "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_count"):
+        assert name in names
+    hits = run.server_metrics.filter(pa.compute.equal(run.server_metrics.column("name"), "vllm:prefix_cache_hits_total"))
+    assert hits.column("value").to_pylist()[-1] > 0, "the shared system prompt is reused"
+    labels = json.loads(run.server_metrics.column("labels")[0].as_py())
+    assert labels == {"engine": "0", "model_name": "loadgen-sim"}
+
+
+def test_worksheet_is_reproducible(tmp_path):
+    """Same trace + engine + seed → identical table contents of every Parquet file.
+
+    File bytes also embed the manifest (start time, pid), so we compare the tables' Arrow IPC
+    bytes with schema metadata dropped, and the manifest without VOLATILE_MANIFEST_KEYS.
+    """
+    trace = make_trace(tmp_path / "t.parquet")
+    engine = parse_engine_config({"name": "noisy", "cost": {"noise_sigma": 0.3},
+                                  "faults": {"stall_rate": 0.2, "disconnect_rate": 0.1, "error_rate": 0.05}})
+    runs = [run_worksheet(trace, engine, tmp_path / f"run{i}", seed=7) for i in range(2)]
+    other = run_worksheet(trace, engine, tmp_path / "other", seed=8)
+    for name in (REQUESTS_FILE, CHUNKS_FILE, SERVER_METRICS_FILE):
+        assert table_digest(runs[0] / name) == table_digest(runs[1] / name), name
+    assert stable_manifest(runs[0]) == stable_manifest(runs[1])
+    assert table_digest(runs[0] / CHUNKS_FILE) != table_digest(other / CHUNKS_FILE), "the seed drives noise and faults"
+
+
+def test_kv_exhaustion_preempts_in_the_worksheet(tmp_path):
+    trace = make_trace(tmp_path / "t.parquet", rate_rps=50)
+    small = parse_engine_config({"name": "small-kv", "kv": {"num_kv_blocks": 200, "enable_prefix_caching": False}})
+    run = load_run(run_worksheet(trace, small, tmp_path / "run"))
+    assert run.manifest["engine_notes"]["preemptions"] > 0
+    metrics = run.server_metrics.to_pandas()
+    pre = metrics[metrics.name == "vllm:num_preemptions_total"].value
+    assert pre.iloc[-1] > 0 and pre.is_monotonic_increasing
+    req = run.requests.to_pandas()
+    ok = req[req.status == "ok"]
+    assert (ok.client_output_tokens == ok.target_output_tokens).all(), "preempted requests are recomputed, not lost"
+    usage = metrics[metrics.name == "vllm:kv_cache_usage_perc"].value
+    assert usage.max() > 0.9
+
+
+def test_client_concurrency_limit_queues_on_the_client(tmp_path):
+    trace = make_trace(tmp_path / "t.parquet", rate_rps=200, max_in_flight=2)
+    req = load_run(run_worksheet(trace, "interactive-small-batch", tmp_path / "run")).requests.to_pandas()
+    assert (req.slot_acquired_ns > req.scheduled_ns).sum() > 10
+    events = sorted([(t, 1) for t in req.sent_ns] + [(t, -1) for t in req.done_ns])
+    in_flight = np.cumsum([e for _, e in sorted(events, key=lambda x: (x[0], x[1]))])
+    assert in_flight.max() <= 2
+
+
+def test_worksheet_faults_become_rows(tmp_path):
+    trace = make_trace(tmp_path / "t.parquet", n=200)
+    engine = parse_engine_config({"name": "faulty", "faults": {
+        "error_rate": 0.1, "error_statuses": [503], "rate_limit_rate": 0.1, "retry_after_s": 2.0,
+        "disconnect_rate": 0.1, "disconnect_after_tokens": 2, "stall_rate": 0.1, "stall_s": 1.5, "stall_after_tokens": 1}})
+    run = load_run(run_worksheet(trace, engine, tmp_path / "run"))
+    req = run.requests.to_pandas()
+    notes = run.manifest["engine_notes"]["faults_injected"]
+    assert (req.http_status == 503).sum() == notes["error"]
+    r429 = req[req.error_kind == "http_429"]
+    assert len(r429) == notes["rate_limit"] and (r429.retry_after_s == 2.0).all()
+    reset = req[req.error_kind == "reset_mid_stream"]
+    assert len(reset) > 0 and (reset.client_output_tokens == 2).all()
+    assert notes["stall"] > 0
+    chunks = run.chunks.to_pandas().sort_values(["request_id", "seq"])
+    gaps = chunks.groupby("request_id").arrival_ns.diff().dropna()
+    assert (gaps >= 1.5e9).sum() >= 1
+
+
+def test_ledger_sized_engine(tmp_path):
+    model = REPO / "loadgen" / "data" / "models" / "llama-3.1-8b.json"
+    if not model.exists():
+        pytest.skip("model config not shipped")
+    path = tmp_path / "e.toml"
+    path.write_text(f'name = "ledger"\n[kv]\nmodel_config = "{model}"\nkv_cache_gib = 10\n')
+    config = load_engine_config(path)
+    # llama-3.1-8b: 32 layers x 2 x 8 KV heads x 128 x 2 B = 128 KiB/token; 16-token blocks of 2 MiB
+    assert config.num_kv_blocks == 10 * 1024 // 2
+
+
+def test_cli_sim_run(tmp_path):
+    trace = make_trace(tmp_path / "t.parquet", n=20)
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadgen", "sim", "run", str(trace), "--engine", "throughput-large-batch", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "simulated" in proc.stdout and (out / REQUESTS_FILE).exists()
+    bad = subprocess.run([sys.executable, "-m", "loadgen", "sim", "run", str(trace), "--engine", "nope", "--out", str(tmp_path / "x")],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "no such preset" in bad.stderr
+
+
+@pytest.mark.slow
+def test_presets_trade_throughput_for_burst_ttft(tmp_path):
+    """On the canonical burst trace: large batches give more output tokens per busy second but
+    breach the p99 TTFT budgets during bursts; the interactive preset meets them."""
+    from loadgen.scenario import load_scenario
+    from loadgen.trace.generate import generate_trace_file
+
+    scenario = load_scenario(REPO / "scenarios" / "canonical.toml")
+    trace = generate_trace_file(scenario, "burst", tmp_path / "burst.parquet", 20261129)
+    budgets = {name: cls.budgets.ttft_ms.p99 for name, cls in scenario.classes.items()}
+    settings = scenario.traces["burst"]
+    period = settings.burst_s + settings.gap_s
+    results = {}
+    for preset in ("interactive-small-batch", "throughput-large-batch"):
+        run = load_run(run_worksheet(trace, preset, tmp_path / preset, scenario=REPO / "scenarios" / "canonical.toml"))
+        req = run.requests.to_pandas()
+        req = req[req.first_token_ns.notna()]
+        in_burst = (req.scheduled_ns / 1e9) % period >= settings.gap_s  # on/off traces start quiet
+        ttft = (req.first_token_ns - req.scheduled_ns) / 1e6
+        p99 = {c: float(np.percentile(ttft[in_burst & (req.request_class == c)], 99)) for c in ("short-message", "burst")}
+        results[preset] = (p99, run.manifest["engine_notes"]["output_tokens_per_busy_s"])
+    inter, thru = results["interactive-small-batch"], results["throughput-large-batch"]
+    assert thru[1] > inter[1], results
+    assert inter[0]["burst"] <= budgets["burst"] and inter[0]["short-message"] <= budgets["short-message"], results
+    assert thru[0]["burst"] > budgets["burst"] or thru[0]["short-message"] > budgets["short-message"], results

@@ -1,0 +1,313 @@
+"""Against a real vLLM (CPU build here): replay a short three-class trace, check the records, reconcile the ledger.
+
+Needs env LOADGEN_VLLM_PYTHON (``export LOADGEN_VLLM_PYTHON=$(bash .ci/vllm.sh | tail -1)``); skipped
+otherwise. One server per configuration per session: tiny Llama (GQA) with a small and a large
+--max-num-seqs, and tiny Qwen2 for the second-architecture reconciliation. Run dirs are kept under
+ci-artifacts/vllm/ with a summary.json (analyzer TTFT p99, output tok/s, wall times).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "ci-artifacts" / "vllm"
+KV_GIB = 1
+MAX_MODEL_LEN = 1000  # not a multiple of the CPU block size (128): exercises vLLM's concurrency rounding
+
+SCENARIO = """
+name = "vllm-ci"
+description = "Short three-class trace for the real-vLLM CI tier."
+seed = 7
+endpoint = "completions"
+
+[classes.short-message]
+share = 0.5
+stream = true
+input_tokens = { dist = "lognormal", mean = 48, sigma = 0.4, min = 8, max = 160 }
+output_tokens = { dist = "uniform", low = 8, high = 24 }
+[classes.short-message.budgets]
+ttft_ms = { p99 = 5000, hard = true }
+
+[classes.long-thread]
+share = 0.25
+stream = true
+input_tokens = { dist = "uniform", low = 64, high = 128 }
+output_tokens = { dist = "uniform", low = 12, high = 24 }
+thread = { turns = { dist = "fixed", value = 2 }, think_time_s = { dist = "fixed", value = 1 } }
+[classes.long-thread.budgets]
+ttft_ms = { p99 = 8000, hard = true }
+
+[classes.burst]
+share = 0.25
+stream = true
+input_tokens = { dist = "uniform", low = 128, high = 256 }
+output_tokens = { dist = "uniform", low = 8, high = 16 }
+[classes.burst.budgets]
+ttft_ms = { p99 = 8000, hard = true }
+
+[errors]
+ttft_timeout_s = 60
+total_timeout_s = 120
+
+[traces.ci]
+process = "onoff"
+quiet_rate_rps = 1.0
+burst_rate_rps = 12.0
+burst_s = 4
+gap_s = 6
+duration_s = 14
+max_in_flight = 128
+burst_shares = { short-message = 0.3, long-thread = 0.1, burst = 0.6 }
+"""
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    value = os.environ.get("LOADGEN_VLLM_PYTHON")
+    if not value:
+        pytest.skip("env LOADGEN_VLLM_PYTHON is unset: run `export LOADGEN_VLLM_PYTHON=$(bash .ci/vllm.sh | tail -1)`")
+    if not Path(value).exists():
+        pytest.skip(f"LOADGEN_VLLM_PYTHON={value} does not exist")
+    return Path(value)
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("vllm")
+
+
+@pytest.fixture(scope="session")
+def ci_trace(workdir) -> tuple[Path, Path]:
+    from loadgen.scenario import load_scenario
+    from loadgen.trace import generate_trace, write_trace
+
+    scenario_path = workdir / "vllm-ci.toml"
+    scenario_path.write_text(SCENARIO)
+    table, meta = generate_trace(load_scenario(scenario_path), "ci")
+    trace_path = write_trace(table, workdir / "vllm-ci.parquet", meta)
+    return scenario_path, Path(trace_path)
+
+
+def _model_dir(workdir: Path, name: str) -> Path:
+    from loadgen.engines import make_model_dir
+
+    out = workdir / name
+    if not (out / "config.json").exists():
+        make_model_dir(name, out)
+    return out
+
+
+def _server(vllm_python: Path, model_dir: Path, log: Path, **kw):
+    from loadgen.engines import VllmConfig, VllmServer
+
+    cfg = VllmConfig(model_dir=model_dir, python=vllm_python, kv_cache_gib=KV_GIB, max_model_len=MAX_MODEL_LEN,
+                     log_path=log, **kw)
+    server = VllmServer(cfg).start()
+    try:
+        server.wait_healthy(900)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+_TIMES: dict[str, float] = {}
+
+
+def _replay(server, scenario_path: Path, trace_path: Path, name: str, ledger_total: int | None) -> Path:
+    from loadgen.driver import RunOptions
+    from loadgen.engines import run_with_server
+
+    out = ARTIFACTS / name
+    if out.exists():
+        shutil.rmtree(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    options = RunOptions(trace_path=trace_path, target_url=server.base_url, out_dir=out, scenario_path=scenario_path,
+                         tokenizer=f"hf:{server.config.model_dir / 'tokenizer.json'}", scrape_interval_s=0.5,
+                         warm_state="cold", warm_actions=["fresh vLLM server, no prior requests"], progress="off")
+    t0 = time.monotonic()
+    run_dir = run_with_server(server, options, ledger_total_bytes=ledger_total)
+    _TIMES[name] = time.monotonic() - t0
+    return run_dir
+
+
+def _ledger(model_dir: Path, **engine):
+    from loadgen.ledger import EngineSettings, compute_ledger, read_model_config
+
+    return compute_ledger(read_model_config(model_dir / "config.json"),
+                          EngineSettings(kv_cache_gib=KV_GIB, block_size=128, max_model_len=MAX_MODEL_LEN, device="cpu", **engine))
+
+
+@pytest.fixture(scope="session")
+def llama_runs(vllm_python, workdir, ci_trace) -> dict[str, Path]:
+    """The same trace against tiny Llama with --max-num-seqs 2 and 64 (one server each, sequentially)."""
+    scenario_path, trace_path = ci_trace
+    model_dir = _model_dir(workdir, "tiny-llama-gqa")
+    runs: dict[str, Path] = {}
+    for label, seqs in (("max-num-seqs-2", 2), ("max-num-seqs-64", 64)):
+        t0 = time.monotonic()
+        server = _server(vllm_python, model_dir, workdir / f"llama-{label}.log", max_num_seqs=seqs)
+        _TIMES[f"{label}-startup"] = time.monotonic() - t0
+        try:
+            led = _ledger(model_dir, max_num_seqs=seqs)
+            runs[label] = _replay(server, scenario_path, trace_path, label, led.total_bytes)
+        finally:
+            server.stop()
+    return runs
+
+
+def test_every_request_accounted_for(llama_runs, ci_trace):
+    from loadgen.records import STATUSES
+    from loadgen.trace import read_trace
+
+    trace, _ = read_trace(ci_trace[1])
+    for label, run_dir in llama_runs.items():
+        req = pq.read_table(run_dir / "requests.parquet").to_pylist()
+        assert sorted(r["request_id"] for r in req) == sorted(trace.column("request_id").to_pylist()), label
+        assert all(r["status"] in STATUSES for r in req)
+        ok = [r for r in req if r["status"] == "ok"]
+        assert len(ok) == len(req), f"{label}: {[(r['status'], r['error_kind'], r['error_message']) for r in req if r['status'] != 'ok'][:3]}"
+        for r in ok:
+            assert r["scheduled_ns"] <= r["sent_ns"] <= r["first_token_ns"] <= r["last_token_ns"] <= r["done_ns"]
+            assert r["server_prompt_tokens"] and r["server_output_tokens"] == r["target_output_tokens"]
+            # the client counted the prompt it sent with the served tokenizer: the server agrees exactly
+            assert r["server_prompt_tokens"] == r["client_prompt_tokens"]
+            assert abs(r["server_prompt_tokens"] - r["target_prompt_tokens"]) <= 2
+        chunks = pq.read_table(run_dir / "chunks.parquet").to_pylist()
+        by_req: dict[str, list[int]] = {}
+        for c in chunks:
+            by_req.setdefault(c["request_id"], []).append(c["arrival_ns"])
+        for r in ok:
+            times = by_req[r["request_id"]]
+            assert times == sorted(times) and len(times) >= 2
+            assert min(times) >= r["sent_ns"] and max(times) <= r["done_ns"]
+
+
+def test_server_metrics_scraped(llama_runs):
+    """Scraped vLLM counters agree with the client's records; the small config's limit shows in its gauges."""
+    for label, run_dir in llama_runs.items():
+        metrics = pq.read_table(run_dir / "server_metrics.parquet").to_pylist()
+        names = {m["name"] for m in metrics}
+        for needed in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                       "vllm:cache_config_info", "vllm:prefix_cache_queries_total", "vllm:num_preemptions_total",
+                       "vllm:iteration_tokens_total_bucket", "vllm:time_to_first_token_seconds_bucket",
+                       "vllm:inter_token_latency_seconds_bucket"):
+            assert needed in names, f"{label}: {needed} not scraped"
+        assert len({m["time_ns"] for m in metrics}) >= 5  # scraped throughout the run, not once
+        last_t = max(m["time_ns"] for m in metrics)
+
+        def final(name: str) -> float:
+            series: dict[str, tuple[int, float]] = {}
+            for m in metrics:
+                if m["name"] == name and m["time_ns"] >= series.get(m["labels"], (-1, 0.0))[0]:
+                    series[m["labels"]] = (m["time_ns"], m["value"])
+            return sum(v for _, v in series.values())
+
+        req = pq.read_table(run_dir / "requests.parquet").to_pylist()
+        ok = [r for r in req if r["status"] == "ok"]
+        assert final("vllm:prompt_tokens_total") == sum(r["server_prompt_tokens"] for r in ok)
+        assert final("vllm:generation_tokens_total") == sum(r["server_output_tokens"] for r in ok)
+        assert final("vllm:request_success_total") == len(ok)
+        assert last_t >= max(r["done_ns"] for r in ok)  # a final scrape after the last request
+        running = [m["value"] for m in metrics if m["name"] == "vllm:num_requests_running"]
+        if label == "max-num-seqs-2":
+            assert max(running) <= 2  # the engine limit shows in its own metrics
+
+
+def test_manifest_identifies_vllm(llama_runs):
+    for label, run_dir in llama_runs.items():
+        m = json.loads((run_dir / "manifest.json").read_text())
+        assert m["target"]["kind"] == "vllm"
+        engine = m["target"]["engine"]
+        assert engine["name"] == "vllm" and engine["version"] == "0.32.0"
+        assert "--max-num-seqs" in engine["config"]["args"] and engine["config"]["env"]["VLLM_CPU_KVCACHE_SPACE"] == str(KV_GIB)
+        notes = m["engine_notes"]["log"]
+        assert notes["kv_cache_size_tokens"] > 0 and notes["max_concurrency"] > 0 and notes["init_engine_s"] > 0
+        assert notes["non_default_args"]["load_format"] == "dummy"
+        mem = m["engine_notes"]["memory"]
+        assert mem["samples"] > 0 and mem["rss_high_water_bytes"] > 256 << 20  # a real process tree
+        assert m["modelExecuted"] is True and m["benchmarkExecuted"] is True
+        assert (run_dir / "vllm.log").is_file()
+
+
+def test_ledger_reconciles_llama_run_dir(llama_runs):
+    from loadgen.ledger import read_model_config, reconcile
+
+    for label, run_dir in llama_runs.items():
+        model = read_model_config(ROOT / "loadgen" / "data" / "models" / "tiny-llama-gqa.json")
+        result = reconcile(model, None, run_dir)
+        quantities = {r.quantity for r in result.rows}
+        assert {"kv_cache_size_tokens", "kv_cache_blocks", "block_size"} <= quantities
+        assert result.ok, result.format()
+        blocks = next(r for r in result.rows if r.quantity == "kv_cache_blocks")
+        assert blocks.engine == (1 << 30) // (4 * 128 * 2 * 4 * 32 * 2) == 4096
+
+
+def test_ledger_reconciles_qwen2(vllm_python, workdir):
+    """Second architecture: tiny Qwen2 (2 KV heads × 64, 6 layers, tied embeddings) — an uneven block count."""
+    import subprocess
+    import sys
+
+    model_dir = _model_dir(workdir, "tiny-qwen2")
+    t0 = time.monotonic()
+    server = _server(vllm_python, model_dir, workdir / "qwen2.log", max_num_seqs=8)
+    _TIMES["qwen2-startup"] = time.monotonic() - t0
+    try:
+        import httpx
+
+        from loadgen.driver import parse_prometheus_text
+
+        text = httpx.get(server.base_url + "/metrics", timeout=10).text
+        info = next(labels for name, labels, _ in parse_prometheus_text(text) if name == "vllm:cache_config_info")
+        log = server.log_path
+    finally:
+        server.stop()
+    kept = ARTIFACTS / "qwen2-startup.log"
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(log, kept)
+    led = _ledger(model_dir)
+    assert led.kv_cache_blocks == (1 << 30) // (6 * 128 * 2 * 2 * 64 * 2) == 2730
+    assert int(info["num_gpu_blocks"]) == led.kv_cache_blocks and int(info["block_size"]) == 128
+    cli = subprocess.run([sys.executable, "-m", "loadgen", "ledger", "--model", str(model_dir / "config.json"),
+                          "--reconcile", str(kept), "--json"], capture_output=True, text=True, cwd=ROOT)
+    data = json.loads(cli.stdout)
+    assert cli.returncode == 0 and data["ok"], cli.stdout + cli.stderr
+    row = next(r for r in data["rows"] if r["quantity"] == "kv_cache_size_tokens")
+    assert row["engine"] == row["ledger"] == int(2730 / 8 * MAX_MODEL_LEN)  # cdiv(1000, 128) = 8 blocks per request
+
+
+def test_setup_reuses_working_venv(vllm_python):
+    """`loadgen vllm setup` on an existing working venv returns its python without reinstalling."""
+    from loadgen.engines import setup_venv
+
+    messages: list[str] = []
+    t0 = time.monotonic()
+    py = setup_venv(vllm_python.parent.parent, cuda=False, log=messages.append)
+    assert py == vllm_python.parent.parent / "bin" / "python" and messages == [f"vllm venv ok: {py}"]
+    assert time.monotonic() - t0 < 120
+
+
+def test_analyzer_summary(llama_runs):
+    """Record what the analyzer says about both configurations (TTFT p99, output tok/s) as a CI artifact."""
+    analysis = pytest.importorskip("loadgen.analysis")
+    summary: dict[str, object] = {"times_s": {k: round(v, 1) for k, v in _TIMES.items()}, "runs": {}}
+    for label, run_dir in llama_runs.items():
+        a = analysis.analyze_run(run_dir)
+        overall = a.overall
+        ttft = overall.metrics.get("ttft_ms", {})
+        entry = {"run_dir": str(run_dir.relative_to(ROOT)), "ttft_p99_ms": ttft.get("p99"), "ttft_p50_ms": ttft.get("p50"),
+                 "output_tok_s": overall.output_tok_s, "completed_rps": overall.completed_rps, "verdict": a.verdict,
+                 "classes": {n: {"ttft_p99_ms": g.metrics.get("ttft_ms", {}).get("p99"), "n": g.n_scheduled} for n, g in a.classes.items()}}
+        summary["runs"][label] = entry
+        assert entry["ttft_p99_ms"] is not None and entry["output_tok_s"] and entry["output_tok_s"] > 0
+    (ARTIFACTS / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
