@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import shutil
 import sys
@@ -116,7 +115,8 @@ def generate_run(run_dir: Path, n_requests: int, n_chunks: int, seed: int = 7) -
     n = n_requests
     columns = [req.get(f.name, pa.nulls(n, f.type)) for f in REQUESTS_SCHEMA]
     table = pa.Table.from_arrays([c.cast(f.type) for c, f in zip(columns, REQUESTS_SCHEMA)], schema=REQUESTS_SCHEMA)
-    pq.write_table(table, run_dir / REQUESTS_FILE, compression="zstd", row_group_size=200_000)
+    # row groups as RunWriter writes them (flush_rows=2000 requests, 40,000 chunks)
+    pq.write_table(table, run_dir / REQUESTS_FILE, compression="zstd", row_group_size=2_000)
     del table, columns, req
     # chunks.parquet, grouped by request in completion order (not request-id order)
     order = np.argsort(done, kind="stable")
@@ -139,7 +139,7 @@ def generate_run(run_dir: Path, n_requests: int, n_chunks: int, seed: int = 7) -
             ],
             schema=CHUNKS_SCHEMA,
         )
-        writer.write_batch(batch, row_group_size=1_000_000)
+        writer.write_batch(batch, row_group_size=40_000)
     writer.close()
     manifest = {
         "run_kind": "simulated",

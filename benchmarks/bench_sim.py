@@ -7,6 +7,10 @@ threads, cancellations) with Poisson arrivals at 20,000 requests / 3,600 s, gene
 
     python benchmarks/bench_sim.py                         # both canonical presets
     python benchmarks/bench_sim.py --engine instant --requests 5000
+    python benchmarks/bench_sim.py --live                  # + the live server's cost per request (instant)
+
+``--live`` also starts ``loadgen sim serve --engine instant`` and streams requests at it with httpx,
+printing requests/s (bounded by the Python client on 2 cores) and the server's CPU per request.
 """
 
 from __future__ import annotations
@@ -38,12 +42,52 @@ def make_trace(path: Path, requests: int, duration_s: float, seed: int) -> int:
     return table.num_rows
 
 
+def bench_live(requests: int = 2000, concurrency: int = 64, tokens: int = 16) -> None:
+    """Stream ``requests`` completions of ``tokens`` tokens at the instant preset; print the costs."""
+    import anyio
+    import httpx
+    import psutil
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from simserver import start_sim_server
+
+    async def drive(base: str) -> float:
+        limit = anyio.Semaphore(concurrency)
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=concurrency)) as client:
+
+            async def one() -> None:
+                async with limit:
+                    body = {"prompt": "hello world", "max_tokens": tokens, "stream": True}
+                    async with client.stream("POST", base + "/v1/completions", json=body) as resp:
+                        async for _ in resp.aiter_lines():
+                            pass
+
+            t0 = time.perf_counter()
+            async with anyio.create_task_group() as tg:
+                for _ in range(requests):
+                    tg.start_soon(one)
+            return time.perf_counter() - t0
+
+    with start_sim_server("instant") as sim:
+        proc = psutil.Process(sim.process.pid)
+        before = proc.cpu_times()
+        wall = anyio.run(drive, sim.base_url)
+        after = proc.cpu_times()
+    cpu = (after.user + after.system) - (before.user + before.system)
+    print(
+        f"live instant server: {requests} streams x {tokens} tokens at concurrency {concurrency}: "
+        f"{requests / wall:.0f} req/s ({requests * tokens / wall:.0f} chunks/s) with the httpx client on the same host; "
+        f"server CPU {cpu:.2f} s = {cpu / requests * 1e6:.0f} us per request"
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=20_000)
     ap.add_argument("--duration-s", type=float, default=3600.0)
     ap.add_argument("--engine", action="append", help="engine preset or TOML (repeatable)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--live", action="store_true", help="also measure the live server (instant preset)")
     args = ap.parse_args()
     engines = args.engine or ["interactive-small-batch", "throughput-large-batch"]
     tmp = Path(tempfile.mkdtemp(prefix="bench-sim-"))
@@ -66,6 +110,8 @@ def main() -> int:
             )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if args.live:
+        bench_live()
     return 0
 
 

@@ -13,7 +13,6 @@ replays the bundled trace against a target, or against the simulated engine from
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import math
 import os
@@ -283,8 +282,17 @@ def _scenario_text(manifest: dict[str, Any]) -> tuple[str | None, str]:
     content = entry.get("content")
     if not content:
         return None, "the run recorded no scenario"
+    # manifest JSON has sorted keys, which loses the order of [classes]; the trace generator draws
+    # classes in file order, so put them back in the canonical order scenarios are written in
+    from .scenario import CLASS_NAMES
+
+    content = dict(content)
+    classes = content.get("classes") or {}
+    content["classes"] = {n: classes[n] for n in sorted(classes, key=lambda n: (CLASS_NAMES + (n,)).index(n))}
     return ("# Rebuilt by loadgen handoff from the run manifest's validated scenario content\n"
-            + toml_dumps(content)), "rebuilt from the manifest (original file missing or changed)"
+            + toml_dumps(content)), ("rebuilt from the manifest (original file missing or changed); classes are "
+                                     "written in canonical order because the manifest does not keep the file's order, "
+                                     "and the trace generator depends on it")
 
 
 def _engine_toml(engine: dict[str, Any] | None, version_body: Any = None) -> tuple[str | None, str | None]:
@@ -497,8 +505,14 @@ def build_bundle(source: str | Path, out: str | Path) -> BundleInfo:
             from .scenario import load_scenario
             from .trace.generate import generate_trace_file
 
+            from .trace.io import read_trace
+
             generate_trace_file(load_scenario(out / "scenario.toml"), trace["name"], out / "trace.parquet", trace.get("seed"))
-            trace_note = "regenerated from scenario.toml, trace name and seed (original file missing)"
+            n_new = read_trace(out / "trace.parquet")[0].num_rows
+            n_old = (trace.get("metadata") or {}).get("requests")
+            trace_note = (f"regenerated from scenario.toml, trace name and seed (original file missing); {n_new} requests"
+                          + ("" if n_old is None else f" (the original had {n_old}"
+                             + (")" if n_old == n_new else ": NOT the same trace)")))
         scenario_entry = manifest.get("scenario") or {}
         _write_json(out / "workload.json", {
             "scenario": {"name": scenario_entry.get("name"), "sha256": scenario_entry.get("sha256"), "file": "scenario.toml",

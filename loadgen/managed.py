@@ -11,14 +11,12 @@ Internal memory, batching and scheduling of the managed side are unknown and are
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 
 __all__ = [
     "load_price_table",
@@ -248,7 +246,9 @@ def side_summary(run_dir: str | Path, prices: Any, *, label: str) -> dict[str, A
     # the managed side is priced by model id; a local engine by its config name first
     labels = ([target.get("model"), engine_name] if is_managed else [engine_name, target.get("model")]) + [Path(run_dir).name]
     cost = run_cost(req, prices, labels, duration_s) if prices is not None else None
-    server = analysis.server if not is_managed else None
+    server = dict(analysis.server) if (analysis.server and not is_managed) else None
+    if server:
+        server.pop("timeseries", None)  # per-scrape series stay in the run dir; the report keeps summaries
     return {
         "label": label,
         "run_dir": str(run_dir),
@@ -361,6 +361,26 @@ def _change_cell(side: dict[str, Any]) -> str:
             f"changes {len(cc['response_model']['changes'])} model / {len(cc['system_fingerprint']['changes'])} fingerprint")
 
 
+def _boundary_warnings(local_run: str | Path, managed_run: str | Path) -> list[str]:
+    """Differences in how the two runs were measured (the client timing boundaries must be the same)."""
+    from .rundir import read_manifest
+
+    a, b = read_manifest(Path(local_run)), read_manifest(Path(managed_run))
+    out: list[str] = []
+    for side, m in (("local", a), ("managed", b)):
+        if m.get("run_kind") != "measured":
+            out.append(f"the {side} run is {m.get('run_kind')!r}, not measured over the network: its timings are not "
+                       "client observations")
+    ha, hb = (a.get("harness") or {}).get("version"), (b.get("harness") or {}).get("version")
+    if ha != hb:
+        out.append(f"the runs were recorded by different loadgen versions ({ha} vs {hb})")
+    oa, ob = a.get("options") or {}, b.get("options") or {}
+    for key in ("endpoint", "tokenizer", "ttft_timeout_s", "total_timeout_s", "max_concurrency", "max_tokens_field"):
+        if oa.get(key) != ob.get(key):
+            out.append(f"client option {key} differs ({oa.get(key)!r} vs {ob.get(key)!r}): the timing boundaries may differ")
+    return out
+
+
 def compare_managed(local_run: str | Path, managed_run: str | Path, *, prices: Any = None) -> ManagedComparison:
     """Side-by-side comparison of a local engine run and a managed endpoint run of the same trace.
 
@@ -369,7 +389,7 @@ def compare_managed(local_run: str | Path, managed_run: str | Path, *, prices: A
         prices = load_price_table(prices)
     local = side_summary(local_run, prices, label="local")
     managed = side_summary(managed_run, prices, label="managed")
-    warnings: list[str] = []
+    warnings: list[str] = _boundary_warnings(local_run, managed_run)
     if local["trace"]["sha256"] != managed["trace"]["sha256"]:
         warnings.append(f"the runs replayed different traces (sha256 {str(local['trace']['sha256'])[:12]} vs "
                         f"{str(managed['trace']['sha256'])[:12]}): the comparison is not like for like")

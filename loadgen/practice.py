@@ -175,7 +175,7 @@ def run_practice(
             contract_for(label, url, model, run_dir)
             run_dirs[label] = run_dir
     elif engine == "vllm":
-        run_dirs = _run_vllm(out_dir, trace_path, scenario_path, scen, say, contract_for)
+        run_dirs, ledgers, ledger_data = _run_vllm(out_dir, trace_path, scenario_path, scen, say, contract_for)
     elif engine == "sim":
         from .plan.targets import SimServerProcess
         from .sim import load_engine_config
@@ -236,20 +236,28 @@ def _workload(scen: Any, trace_path: Path) -> dict[str, Any]:
 
 
 def _run_vllm(out_dir: Path, trace_path: Path, scenario_path: Path, scen: Any, say: Callable[[str], None],
-              contract_for: Callable[..., None]) -> dict[str, Path]:
+              contract_for: Callable[..., None]) -> tuple[dict[str, Path], dict[str, str], dict[str, Any]]:
     """Two real vLLM configurations (small vs large batch) on the shipped tiny model, same trace."""
     from .driver import RunOptions
     from .engines.vllm import VllmConfig, VllmServer, make_model_dir, run_with_server
+    from .ledger import EngineSettings, compute_ledger, format_ledger, read_model_config
 
     model_dir = make_model_dir(None, out_dir / "model")
+    kv_gib = 2
     configs = {
         "vllm-small-batch": dict(max_num_seqs=8, max_num_batched_tokens=1024),
         "vllm-large-batch": dict(max_num_seqs=128, max_num_batched_tokens=16384),
     }
+    model = read_model_config(model_dir / "config.json")
+    ledgers, ledger_data = {}, {}
+    for label, knobs in configs.items():
+        ledger = compute_ledger(model, EngineSettings(device="cpu", kv_cache_gib=kv_gib, max_model_len=4096, **knobs), scen)
+        ledgers[label] = format_ledger(ledger)
+        ledger_data[label] = {"model_config": str(model_dir / "config.json"), **ledger.to_dict()}
     run_dirs: dict[str, Path] = {}
     for label, knobs in configs.items():
         cfg = VllmConfig(model_dir=model_dir, served_model_name="loadgen-practice", max_model_len=4096,
-                         log_path=out_dir / f"{label}.log", **knobs)
+                         kv_cache_gib=kv_gib, log_path=out_dir / f"{label}.log", **knobs)
         run_dir = out_dir / label
         with VllmServer(cfg) as server:
             say(f"practice: {label}: vLLM healthy after {server.ready_s:.0f} s on {server.base_url}")
@@ -257,7 +265,7 @@ def _run_vllm(out_dir: Path, trace_path: Path, scenario_path: Path, scen: Any, s
             def runner(state: Any, server: Any = server, run_dir: Path = run_dir, label: str = label) -> Path:
                 options = RunOptions(trace_path=trace_path, target_url=server.base_url, out_dir=run_dir,
                                      model="loadgen-practice", scenario_path=scenario_path, warm_state="warm",
-                                     warm_actions=state.actions, progress="off",
+                                     warm_actions=state.actions, progress="off", tokenizer="server",
                                      extra_manifest={"practice": {"candidate": label}})
                 return run_with_server(server, options)
 
@@ -266,7 +274,7 @@ def _run_vllm(out_dir: Path, trace_path: Path, scenario_path: Path, scen: Any, s
                           f"{server.ready_s:.0f} s", runner=runner)
             contract_for(label, server.base_url, "loadgen-practice", run_dir)
         run_dirs[label] = run_dir
-    return run_dirs
+    return run_dirs, ledgers, ledger_data
 
 
 def format_practice(result: PracticeResult) -> str:
@@ -275,7 +283,14 @@ def format_practice(result: PracticeResult) -> str:
 
     d = result.decision
     w = d["workload"]
-    lines = ["=" * 100, "Practice: reject the headline-throughput configuration that violates p99 TTFT", "=" * 100, ""]
+    lines = ["=" * 100, "Practice: reject the headline-throughput configuration that violates p99 TTFT", "=" * 100]
+    dec = d["decision"]
+    head = dec.get("headline_throughput") or {}
+    lines.append(f"VERDICT ({dec['route']} routing): " + (f"{dec['chosen']} takes it" if dec["chosen"] else "no candidate eligible"))
+    for rej in dec["rejected"]:
+        tag = " (the headline-throughput configuration)" if rej["label"] == head.get("label") else ""
+        lines.append(f"  rejected: {rej['label']}{tag} at {rej['step']}: {rej['why'][0]}")
+    lines.append("")
     lines.append("WORKLOAD (owned by LLM engineering)")
     lines.append(f"  scenario {w['scenario']} (sha256 {str(w['scenario_sha256'])[:12]}), trace {w['trace_name']} seed {w['seed']} "
                  f"(sha256 {w['trace_sha256'][:12]}): {w['requests']} requests over {w['duration_s']} s "

@@ -12,8 +12,11 @@
   ``output_lens``, ``errors`` and, in newer versions, ``latencies``, ``start_times``,
   ``queue_times``). With ``start_times`` the send instants are real (scheduled = sent − queue time
   when ``queue_times`` exists, else = sent); without them they are synthesized as above. Chunks
-  are rebuilt from ``itls`` (one row per streamed chunk; tokens per chunk 1 when the counts agree,
-  otherwise the output tokens spread evenly, noted in the manifest).
+  are rebuilt from ``itls`` (one row per streamed chunk). vLLM counts every chunk as one
+  inter-token sample, so each chunk carries 1 token unless the output has more tokens than
+  chunks, when the tokens are spread evenly (both cases noted in the manifest); the recorded
+  ``client_output_tokens`` is vLLM's ``output_lens`` either way, so ITL and TTFT reproduce vLLM's
+  own numbers.
 
 Both write through ``RunWriter`` with ``run_kind: "imported"``.
 """
@@ -236,11 +239,12 @@ def import_vllm_bench(path: Path | str, out_dir: Path | str, *, request_class: s
                 for gap in itl:
                     arrivals.append(arrivals[-1] + _ns(gap))
                 m = len(arrivals)
-                if out_len == m:
+                if out_len <= m:  # vLLM's own reading: every chunk is one inter-token sample
                     tokens = [1] * m
-                else:
+                    uneven += out_len != m
+                else:  # multi-token chunks: spread the tokens evenly, at least one per chunk
                     uneven += 1
-                    q, r = divmod(max(out_len, 0), m)
+                    q, r = divmod(out_len, m)
                     tokens = [q + 1 if j < r else q for j in range(m)]
                 writer.add_chunks({"request_id": [row["request_id"]] * m, "seq": list(range(m)),
                                    "arrival_ns": arrivals, "tokens": tokens, "bytes": [0] * m})
@@ -257,6 +261,7 @@ def import_vllm_bench(path: Path | str, out_dir: Path | str, *, request_class: s
                 row.update(status="error", error_kind=kind, http_status=code, error_message=text[:300])
             writer.add_request(row)
         if uneven:
-            notes.append(f"{uneven} request(s): output tokens != chunks; tokens spread evenly over chunks")
+            notes.append(f"{uneven} request(s): output tokens != chunks; one token per chunk, or tokens spread "
+                         f"evenly when there are more tokens than chunks")
         writer.close(ended_utc=utc_now_iso(), duration_s=data.get("duration"), synthesized=synthesized)
     return Path(out_dir)

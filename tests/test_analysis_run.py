@@ -273,8 +273,10 @@ def test_cold_requests_reported_apart(tmp_path):
 def test_cold_manifest_without_flags_uses_first_completion(tmp_path):
     reqs = [dict(request_id=f"c{i}", request_class="burst", scheduled_ns=i * 100 * MS, sent_ns=i * 100 * MS,
                  first_token_ns=i * 100 * MS + 150 * MS, done_ns=i * 100 * MS + 250 * MS, status="ok") for i in range(5)]
+    reqs.append(dict(request_id="never", request_class="burst", scheduled_ns=10 * MS, status="not_sent", warm=False))
     a = analyze_run(build_run(tmp_path / "r", reqs, manifest={"warm_state": {"state": "cold", "actions": []}}))
-    assert a.warm_cold["n_cold"] == 3  # scheduled at 0, 100, 200 < first done at 250
+    assert a.warm_cold["n_cold"] == 3  # sent at 0, 100, 200 < first done at 250
+    assert a.overall.status_counts["not_sent"] == 1  # a request never sent did not meet the cold server
 
 
 @pytest.mark.parametrize("suffix", ["_total", ""])
@@ -312,3 +314,89 @@ def test_bad_input_is_one_line_error(tmp_path):
         parse_window("10")
     with pytest.raises(RunDirError, match="after start"):
         parse_window("5:1")
+
+
+def test_abandoned_before_first_token_is_a_failure(tmp_path):
+    reqs = [dict(request_id="x", request_class="burst", scheduled_ns=0, sent_ns=0, done_ns=5 * MS,
+                 status="cancelled", cancel_after_tokens=3),
+            dict(request_id="y", request_class="burst", scheduled_ns=MS, sent_ns=MS, first_token_ns=9 * MS,
+                 done_ns=12 * MS, status="cancelled", cancel_after_tokens=1)]
+    a = analyze_run(build_run(tmp_path / "r", reqs, scenario=scenario_two_classes()))
+    b = a.classes["burst"]
+    assert b.abandoned == 1 and b.error_kinds == {"cancelled": 1}
+    check = next(c for c in a.checks if c.class_name == "burst" and c.metric == "ttft_ms")
+    assert check.n == 2 and check.failures_as_inf == 1
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@given(st.lists(st.tuples(st.sampled_from(["ok", "error", "timeout", "cancelled", "not_sent"]),
+                          st.sampled_from(["short-message", "burst"]), st.booleans()), min_size=1, max_size=25))
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_law_every_scheduled_request_has_exactly_one_status(tmp_path_factory, rows):
+    reqs = []
+    for i, (status, cls, planned) in enumerate(rows):
+        r = dict(request_id=f"h{i}", request_class=cls, scheduled_ns=i * MS, status=status)
+        if status != "not_sent":
+            r.update(sent_ns=i * MS, done_ns=i * MS + 50 * MS)
+        if status in ("ok", "cancelled"):
+            r.update(first_token_ns=i * MS + 20 * MS)
+        if status == "cancelled" and planned:
+            r.update(cancel_after_tokens=2)
+        reqs.append(r)
+    a = analyze_run(build_run(tmp_path_factory.mktemp("law") / "r", reqs, scenario=scenario_two_classes()))
+    assert a.overall.n_scheduled == len(rows) == sum(a.overall.status_counts.values())
+    assert sum(g.n_scheduled for g in a.classes.values()) == len(rows)
+    failed = sum(a.overall.error_kinds.values())
+    assert failed + a.overall.status_counts["ok"] + a.overall.abandoned == len(rows)
+
+
+def test_empty_run_is_no_data_not_pass(tmp_path):
+    a = analyze_run(build_run(tmp_path / "r", [], scenario=scenario_two_classes()))
+    assert a.verdict == "no data" and a.passed is None
+    assert a.overall.metrics["ttft_ms"]["p50"] is None and a.overall.offered_rps is None
+    assert all(not c.evaluated for c in a.checks if c.metric != "error_share")
+
+
+def test_duplicate_request_ids_are_bad_input(tmp_path):
+    from loadgen.errors import RunDirError
+
+    reqs = known_requests()
+    reqs[1] = dict(reqs[1], request_id="r1")
+    with pytest.raises(RunDirError, match="'r1' appears more than once"):
+        analyze_run(build_run(tmp_path / "r", reqs, known_chunks()))
+
+
+def test_budgeted_class_without_requests_is_present_and_empty(tmp_path):
+    reqs = [r for r in known_requests() if r["request_class"] == "short-message"]
+    a = analyze_run(build_run(tmp_path / "r", reqs, known_chunks(), scenario=scenario_two_classes()))
+    burst = a.classes["burst"]
+    assert burst.n_scheduled == 0 and burst.metrics["ttft_ms"]["p99"] is None and burst.metrics["ttft_ms"]["n"] == 0
+    check = next(c for c in a.checks if c.class_name == "burst")
+    assert not check.evaluated and check.n == 0
+
+
+def test_server_counters_reset_histograms_and_old_gauge_names():
+    import pyarrow as pa
+
+    from loadgen.analysis.server import summarize_server_metrics
+    from loadgen.records import SERVER_METRICS_SCHEMA
+
+    s = 1_000_000_000
+    rows = []
+    for t, pre, tok_sum, tok_cnt, kv in [(0, 5, 0, 0, 0.2), (1, 8, 640, 10, 0.9), (2, 2, 1280, 20, 0.4), (3, 4, 1920, 30, 0.1)]:
+        rows += [(t * s, "vllm:num_preemptions_total", "{}", pre),  # 5 → 8 → (restart) 2 → 4: increase 3 + 2 + 2
+                 (t * s, "vllm:iteration_tokens_total_sum", "{}", tok_sum),
+                 (t * s, "vllm:iteration_tokens_total_count", "{}", tok_cnt),
+                 (t * s, "vllm:gpu_cache_usage_perc", "{}", kv),
+                 (t * s, "vllm:cache_config_info", '{"block_size": "16", "num_gpu_blocks": "1000"}', 1.0)]
+    table = pa.table({"time_ns": [r[0] for r in rows], "name": [r[1] for r in rows],
+                      "labels": [r[2] for r in rows], "value": [float(r[3]) for r in rows]}, schema=SERVER_METRICS_SCHEMA)
+    sv = summarize_server_metrics(table, 0, 3 * s)
+    assert sv["preemptions"]["increase"] == 7
+    assert sv["batch_tokens_per_step"]["mean"] == 64
+    assert sv["kv_cache_usage"]["metric"] == "vllm:gpu_cache_usage_perc" and sv["kv_cache_usage"]["peak"] == 0.9
+    assert sv["kv_cache_usage"]["peak_blocks"] == 900
+    assert summarize_server_metrics(None, 0, 1) is None

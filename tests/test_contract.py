@@ -257,3 +257,15 @@ def test_cli_check_lists_cases_and_reports_errors(tmp_path: Path) -> None:
                          capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 2
     assert res.stderr.count("\n") == 1 and "request.max_tokens = -1" in res.stderr
+
+
+def test_rounds_under_load_merge_to_the_worst_round() -> None:
+    from loadgen.contract.replay import _merge_rounds
+
+    ok = result_with({"a": (True,), "b": (True,)}, text="same")
+    bad = result_with({"a": (True,), "b": (False,)}, text="other")
+    merged = _merge_rounds([ok, bad, ok])
+    by_id = merged.by_id()
+    assert not merged.passed and by_id["b"].rounds == 3 and by_id["b"].rounds_failed == 1
+    assert by_id["a"].passed and by_id["a"].distinct_answers == 2
+    assert any("answers differed between rounds" in n for n in merged.notes)

@@ -170,3 +170,13 @@ def test_cli_replay_writes_result_and_exit_codes(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-m", "loadgen", "contract", "diff", str(out), str(ref)],
                          capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 1 and json.loads(res.stdout)["regressions"] == ["target-capital"]
+
+
+def test_cli_replay_takes_cases_from_the_scenario() -> None:
+    with responder_server() as (url, state):
+        res = subprocess.run([sys.executable, "-m", "loadgen", "contract", "replay", "--scenario",
+                              str(ROOT / "scenarios" / "canonical.toml"), "--target", url, "--model", "sim-model",
+                              "--endpoint", "completions"], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    assert "contract PASSED: 8/8" in res.stdout and len(state["bodies"]) == 8
+    assert all("prompt" in b for b in state["bodies"])

@@ -93,8 +93,10 @@ def test_under_load_replay_writes_contract_json_into_the_run(tmp_path: Path) -> 
     with start_sim_server(str(ROOT / "scenarios" / "engines" / "interactive-small-batch.toml")) as sim:
         options = RunOptions(trace_path=trace, target_url=sim.base_url, out_dir=tmp_path / "run",
                              scenario_path=scen_dir / "canonical.toml", progress="off")
-        run_dir, result = anyio.run(lambda: replay_under_load(cases, options, delay_s=0.5))
+        run_dir, result = anyio.run(lambda: replay_under_load(cases, options, delay_s=0.5, rounds=3))
     assert result.mode == "under_load" and result.passed, result.failures
+    assert all(c.rounds == 3 and c.rounds_failed == 0 and c.distinct_answers == 1 for c in result.cases)
+    assert "3 round(s) of 8 case(s)" in " ".join(result.notes)
     saved = read_contract(run_dir / "contract.json")
     assert saved.mode == "under_load" and saved.run_dir == str(run_dir)
     manifest = json.loads((run_dir / "manifest.json").read_text())

@@ -217,10 +217,10 @@ def test_closed_loop_keeps_concurrency_and_rate_cap_records_client_queue(instant
                                     rate_limit_rps=20, progress="off"))
     run = load_run(out)
     sent = np.sort(run.requests.column("sent_ns").to_numpy())
-    assert (np.diff(sent) >= 45_000_000).all()
+    assert all(t - sent[0] >= k * 50_000_000 - 1_000_000 for k, t in enumerate(sent))  # a fixed 50 ms permit grid
     queue = (run.requests.column("slot_acquired_ns").to_numpy() - run.requests.column("scheduled_ns").to_numpy())
     assert queue.max() >= 240_000_000
-    assert run.manifest["driver"]["rate_limited"] == 5
+    assert 3 <= run.manifest["driver"]["rate_limited"] <= 5
 
 
 def test_secrets_and_credentials_never_recorded(instant, tmp_path, monkeypatch):

@@ -178,3 +178,16 @@ def test_url_target_marks_cold_not_achievable(tmp_path: Path) -> None:
     cell = result.region["classes"]["short-message"]["cold"]["cells"][0]
     assert cell["status"] == "not_achievable" and "did not launch" in cell["skip_reason"]
     assert result.region["budget"]["consumed_requests"] == 0
+
+
+@pytest.mark.slow
+def test_time_budget_is_respected_on_a_live_target(tmp_path: Path) -> None:
+    plan, engine = setup(tmp_path, rates="[5, 8, 10, 20]", concurrency="[64]")
+    plan.write_text(plan.read_text() + "[budget]\ntime_s = 6\n")
+    with SimServerTarget(engine, tmp_path / "out") as target:
+        result = run_plan(load_plan(plan), target, tmp_path / "out")
+    assert result.state["status"] == "incomplete"
+    assert result.state["ended"].startswith("budget exhausted: time budget")
+    consumed = result.state["budget"]["consumed_time_s"]
+    assert 2.0 < consumed <= 6.0 + 0.5  # runs (warm-up, replay, analysis) never start past what is left
+    assert "Budget consumed" in (tmp_path / "out" / "region.md").read_text()

@@ -237,3 +237,10 @@ def test_filler_is_one_token_per_word_and_bytes_match():
     starts = np.array([0, 5, 17, 40])
     counts = np.array([1, 3, 16, 33])
     assert filler_bytes(starts, counts).tolist() == [len(filler_text(s, c)) for s, c in zip(starts, counts)]
+
+
+def test_public_names_exist():
+    import loadgen.sim as sim
+
+    for name in sim.__all__:
+        assert getattr(sim, name) is not None, name

@@ -174,3 +174,15 @@ def test_closed_loop_trace_has_the_requested_count_and_no_offsets():
     assert table.num_rows == s.traces["closed"].requests
     assert meta["mode"] == "closed" and meta["concurrency"] == 8
     assert set(table.column("scheduled_offset_ns").to_pylist()) == {0}
+
+
+def test_class_order_in_the_file_does_not_change_the_trace(tmp_path):
+    # a scenario rebuilt from a manifest (keys sorted) must regenerate the same trace
+    from loadgen.scenario import scenario_from_manifest, scenario_manifest
+
+    s = load_scenario(CANONICAL)
+    rebuilt = scenario_from_manifest({"scenario": scenario_manifest(s)})
+    reordered = parse_scenario({**s.model_dump(mode="json"), "classes": dict(reversed(list(s.model_dump(mode="json")["classes"].items())))})
+    a = generate_trace(s, "burst")[0]
+    assert a.equals(generate_trace(rebuilt, "burst")[0])
+    assert a.equals(generate_trace(reordered, "burst")[0])

@@ -124,7 +124,7 @@ def _server(vllm_python: Path, model_dir: Path, log: Path, **kw):
 _TIMES: dict[str, float] = {}
 
 
-def _replay(server, scenario_path: Path, trace_path: Path, name: str, ledger_total: int | None) -> Path:
+def _replay(server, scenario_path: Path, trace_path: Path, name: str) -> Path:
     from loadgen.driver import RunOptions
     from loadgen.engines import run_with_server
 
@@ -136,7 +136,7 @@ def _replay(server, scenario_path: Path, trace_path: Path, name: str, ledger_tot
                          tokenizer=f"hf:{server.config.model_dir / 'tokenizer.json'}", scrape_interval_s=0.5,
                          warm_state="cold", warm_actions=["fresh vLLM server, no prior requests"], progress="off")
     t0 = time.monotonic()
-    run_dir = run_with_server(server, options, ledger_total_bytes=ledger_total)
+    run_dir = run_with_server(server, options)  # also reconciles the ledger into engine_notes
     _TIMES[name] = time.monotonic() - t0
     return run_dir
 
@@ -159,8 +159,7 @@ def llama_runs(vllm_python, workdir, ci_trace) -> dict[str, Path]:
         server = _server(vllm_python, model_dir, workdir / f"llama-{label}.log", max_num_seqs=seqs)
         _TIMES[f"{label}-startup"] = time.monotonic() - t0
         try:
-            led = _ledger(model_dir, max_num_seqs=seqs)
-            runs[label] = _replay(server, scenario_path, trace_path, label, led.total_bytes)
+            runs[label] = _replay(server, scenario_path, trace_path, label)
         finally:
             server.stop()
     return runs
@@ -238,6 +237,9 @@ def test_manifest_identifies_vllm(llama_runs):
         assert mem["samples"] > 0 and mem["rss_high_water_bytes"] > 256 << 20  # a real process tree
         assert m["modelExecuted"] is True and m["benchmarkExecuted"] is True
         assert (run_dir / "vllm.log").is_file()
+        assert m["engine_notes"]["ledger_reconcile"]["ok"] is True  # recorded by run_with_server
+        assert mem["ledger_total_bytes"] == m["engine_notes"]["ledger_reconcile"]["ledger_total_bytes"]
+        assert m["behavior_relevant"]["prefix_caching"] is True and m["behavior_relevant"]["quantization"] is None
 
 
 def test_ledger_reconciles_llama_run_dir(llama_runs):

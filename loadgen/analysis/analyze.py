@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import RunDirError
@@ -295,19 +294,22 @@ class _Run:
         return request_limit(budget) if budget is not None and budget.hard else None
 
     def _cold(self) -> tuple[np.ndarray, str]:
-        warm = self.c["warm"]
-        explicit = warm == 0.0
+        # only requests that reached the server can have met it cold; never-sent ones stay in the budgets
+        warm, sent = self.c["warm"], ~np.isnan(self.c["sent_ns"])
+        explicit = (warm == 0.0) & sent
         state = (self.manifest.get("warm_state") or {}).get("state", "unknown")
         if explicit.any():
-            return explicit, "requests flagged warm=false by the run"
+            return explicit, "sent requests flagged warm=false by the run"
         if state == "cold" and self.n:
             first_ok = np.nanmin(np.where(self.ok, self.c["done_ns"], np.nan)) if self.ok.any() else np.inf
-            cold = self.c["scheduled_ns"] < first_ok
-            return cold, "run began cold: requests scheduled before the first successful completion"
+            cold = sent & (self.c["sent_ns"] < first_ok)
+            return cold, "run began cold: requests sent before the first successful completion"
         return np.zeros(self.n, dtype=bool), "none (run not cold)"
 
     def group(self, name: str, class_idx: list[int], plot: dict[str, Any]) -> GroupSummary:
         sel = np.isin(self.cls, class_idx) if len(class_idx) != len(self.class_names) else np.ones(self.n, bool)
+        if not class_idx:
+            sel = np.zeros(self.n, bool)
         c = self.c
         scope = self.scope & sel
         desc = scope & (self.ok | self.abandoned)
@@ -319,8 +321,8 @@ class _Run:
             metrics[metric] = summarize_sorted(s)
             if metric in ("ttft_ms", "e2e_ms"):
                 cdfs[metric] = _cdf(s)
-        metrics["itl_ms"] = summarize_parts([self.itl_desc[c] for c in class_idx])
-        metrics["inter_chunk_ms"] = summarize_parts([self.inter_ns[c] for c in class_idx], 1.0 / M.NS_PER_MS)
+        metrics["itl_ms"] = summarize_parts([self.itl_desc[k] for k in class_idx])
+        metrics["inter_chunk_ms"] = summarize_parts([self.inter_ns[k] for k in class_idx], 1.0 / M.NS_PER_MS)
         if len(class_idx) == 1:
             cdfs["itl_ms"] = _cdf(self.itl_desc[class_idx[0]])
         metrics = {m: metrics[m] for m in METRICS}
@@ -471,7 +473,7 @@ def _timeseries(run: _Run, plot: dict[str, Any]) -> dict[str, Any]:
         "in_flight": in_system_at(sched, done, mids).tolist(),
     }
     # TTFT scatter (at most ~4000 points, evenly strided), failures marked
-    idx = np.flatnonzero(run.in_window | True)
+    idx = np.arange(run.n)
     stride = max(1, len(idx) // 4000)
     idx = idx[::stride]
     plot["scatter"] = {
@@ -517,6 +519,7 @@ def _warm_cold(run: _Run) -> dict[str, Any]:
         "actions": ws.get("actions", []),
         "engine_notes": {k: v for k, v in notes.items() if any(w in k for w in ("load", "compile", "cache", "alloc", "graph", "kv"))}
         if isinstance(notes, dict) else {},
+        "behavior_relevant": m.get("behavior_relevant") if isinstance(m.get("behavior_relevant"), dict) else {},
         "cold_rule": run.cold_rule,
         "n_cold": int((run.cold & run.in_window).sum()),
         "cold_in_tables": run.include_cold,
@@ -553,6 +556,9 @@ def analyze_run(run_dir: Path | str, *, scenario: Any = None, window: Any = None
     plot: dict[str, Any] = {}
     groups = {name: run.group(name, [i], plot) for i, name in enumerate(run.class_names)}
     overall = run.group("overall", list(range(len(run.class_names))), plot)
+    for name in (scenario.classes if scenario is not None else {}):
+        if name not in groups:  # a budgeted class with no requests: present, empty, never 0 ms
+            groups[name] = run.group(name, [], plot)
     failed_in = int((run.in_window & run.failed).sum())
     share = M.error_share(failed_in, int(run.in_window.sum()))
     limit = float(scenario.errors.error_rate_limit) if scenario is not None else 0.01
@@ -565,7 +571,11 @@ def analyze_run(run_dir: Path | str, *, scenario: Any = None, window: Any = None
                             f"error share {share if share is not None else 0:.2%} "
                             f"{'>' if errored else '<='} {limit:.2%} ({failed_in} of {n_win} failed)",
                             evaluated=share is not None))
-        verdict = "fail" if any(c.hard and c.evaluated and not c.passed for c in checks) else "pass"
+        if n_win == 0:
+            verdict = "no data"
+            run.notes.append("no requests scheduled in the window: nothing to judge")
+        else:
+            verdict = "fail" if any(c.hard and c.evaluated and not c.passed for c in checks) else "pass"
     else:
         verdict = "no budgets"
         run.notes.append("no scenario: numbers only, no budget verdicts")

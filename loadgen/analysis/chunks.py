@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Any, Iterator, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -27,7 +27,7 @@ from ..records import CHUNKS_SCHEMA
 __all__ = ["ChunkGaps", "ChunkSink", "read_chunk_gaps"]
 
 _COLUMNS = ["request_id", "seq", "arrival_ns", "tokens"]
-BATCH_ROWS = 1 << 21
+BATCH_ROWS = 1 << 19
 
 
 class ChunkSink(Protocol):
@@ -52,35 +52,25 @@ class _NeedsSort(Exception):
     pass
 
 
-_LOOKUPS: dict[int, object] = {}
-
-
-def _lookup(request_ids: pa.Array) -> "pd.Index":
-    """A hashed index request_id → row (built once per id array); duplicate ids are bad input."""
+def _lookup(request_ids: pa.Array) -> Any:
+    """A hashed index request_id → row; duplicate ids are bad input."""
     import pandas as pd
 
-    key = id(request_ids)
-    cached = _LOOKUPS.get(key)
-    if cached is not None and cached[0] is request_ids:
-        return cached[1]
     index = pd.Index(request_ids.to_numpy(zero_copy_only=False))
     if not index.is_unique:
         dup = index[index.duplicated()][0]
         raise RunDirError(f"requests.parquet: request_id {dup!r} appears more than once: expected unique ids")
-    _LOOKUPS.clear()
-    _LOOKUPS[key] = (request_ids, index)
     return index
 
 
 class _Pass:
     """State carried across record batches."""
 
-    def __init__(self, request_ids: pa.Array, sink: ChunkSink) -> None:
-        self.request_ids = request_ids
-        self.lookup = _lookup(request_ids)
+    def __init__(self, lookup: Any, sink: ChunkSink) -> None:
+        self.lookup = lookup
         self.sink = sink
         self.content = 0
-        self.seen = np.zeros(len(request_ids), dtype=bool)
+        self.seen = np.zeros(len(lookup), dtype=bool)
         self.last_id: str | None = None
         self.last_req = -1
         self.last_seq = -1
@@ -157,7 +147,7 @@ class _Pass:
 
 def _open(path: Path) -> pq.ParquetFile:
     try:
-        pf = pq.ParquetFile(path, read_dictionary=["request_id"])
+        pf = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as exc:
         raise RunDirError(f"{path}: unreadable Parquet ({exc}): expected a file written by loadgen") from None
     missing = [c for c in _COLUMNS if c not in pf.schema_arrow.names]
@@ -180,7 +170,8 @@ def read_chunk_gaps(path: Path, request_ids: pa.Array, sink: ChunkSink) -> Chunk
     if not path.exists():
         return ChunkGaps(notes=["no chunks.parquet: per-token metrics unavailable"])
     pf = _open(path)
-    state = _Pass(request_ids, sink)
+    lookup = _lookup(request_ids)
+    state = _Pass(lookup, sink)
     try:
         for batch in _batches(pf):
             state.batch(batch)
@@ -190,15 +181,14 @@ def read_chunk_gaps(path: Path, request_ids: pa.Array, sink: ChunkSink) -> Chunk
     # Fallback: read everything, sort by (request, seq), run the same kernel in slices of whole requests.
     sink.reset()
     table = pq.read_table(path, columns=_COLUMNS)
-    req = pc.index_in(table.column("request_id"), value_set=request_ids).fill_null(-1)
-    req = req.to_numpy(zero_copy_only=False).astype(np.int64)
+    req = lookup.get_indexer(table.column("request_id").to_numpy()).astype(np.int64)
     seq = table.column("seq").to_numpy().astype(np.int64)
     order = np.lexsort((seq, req))
     arrival = table.column("arrival_ns").to_numpy()[order]
     tokens = table.column("tokens").to_numpy()[order]
     req = req[order]
     del table, seq, order
-    state = _Pass(request_ids, sink)
+    state = _Pass(lookup, sink)
     for a in range(0, len(req), BATCH_ROWS):
         b = min(a + BATCH_ROWS, len(req))
         state._content(req[a:b], arrival[a:b], tokens[a:b])

@@ -72,7 +72,7 @@ class Analysis:
     classes: dict[str, GroupSummary]
     overall: GroupSummary
     checks: list[Check]
-    verdict: str  # "pass" | "fail" | "no budgets"
+    verdict: str  # "pass" | "fail" | "no budgets" | "no data"
     errored: bool
     error_share: float | None
     error_rate_limit: float
@@ -100,8 +100,8 @@ class Analysis:
 
     @property
     def passed(self) -> bool | None:
-        """True when every hard check passed; None when there were no budgets to check."""
-        if self.verdict == "no budgets":
+        """True when every hard check passed; None when there were no budgets or no requests to check."""
+        if self.verdict in ("no budgets", "no data"):
             return None
         return not self.hard_failures
 

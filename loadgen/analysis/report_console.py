@@ -30,6 +30,8 @@ def _rate(value: float | None, unit: str) -> str:
 def _verdict_text(a: Analysis) -> tuple[str, str]:
     if a.verdict == "no budgets":
         head, style = "NO BUDGETS (numbers only)", "bold yellow"
+    elif a.verdict == "no data":
+        head, style = "NO DATA: no requests in the window", "bold yellow"
     elif a.verdict == "pass":
         head, style = "PASS: every hard budget met", "bold green"
     else:
@@ -126,6 +128,9 @@ def render_console(analysis: Analysis, console: Any = None) -> None:
                    if wc.get("n_cold") else ""))
     if wc.get("engine_notes"):
         console.print("engine: " + "; ".join(f"{k}={v}" for k, v in wc["engine_notes"].items()))
+    cache = {k: v for k, v in (wc.get("behavior_relevant") or {}).items() if v is not None}
+    if cache:
+        console.print("behaviour-relevant settings: " + "; ".join(f"{k}={v}" for k, v in cache.items()))
     if a.server:
         sv = a.server
         bits = []

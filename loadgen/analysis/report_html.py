@@ -45,6 +45,11 @@ def _png(fig: Any) -> str:
     return '<img alt="plot" src="data:image/png;base64,' + base64.b64encode(buf.getvalue()).decode("ascii") + '">'
 
 
+def _legend(ax: Any, **kw: Any) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, **kw)
+
+
 def _cdf_figure(a: Analysis) -> str | None:
     import matplotlib.pyplot as plt
 
@@ -93,7 +98,7 @@ def _timeline_figure(a: Analysis) -> str | None:
     ax.step(t, ts["completed_rps"], where="post", label="completed ok")
     ax.step(t, ts["failed_rps"], where="post", label="failed", color="#d62728")
     ax.set_ylabel(f"req/s (bins of {ts['bin_s']:g} s)")
-    ax.legend(fontsize=8, loc="upper right")
+    _legend(ax, loc="upper right")
     ax.axvspan(a.window["start_s"], a.window["end_s"], color="#999", alpha=0.08)
     ax.grid(alpha=0.3)
     ax = axes[1]
@@ -113,7 +118,7 @@ def _timeline_figure(a: Analysis) -> str | None:
     ax.set_ylabel("TTFT ms")
     if finite and min(finite) > 0:
         ax.set_yscale("log")
-    ax.legend(fontsize=8, loc="upper right")
+    _legend(ax, loc="upper right")
     ax.grid(alpha=0.3)
     ax = axes[2]
     if server_ts and (server_ts.get("kv_cache_usage") or server_ts.get("running") or server_ts.get("waiting")):
@@ -134,7 +139,7 @@ def _timeline_figure(a: Analysis) -> str | None:
         mids = [x + ts["bin_s"] / 2 for x in t]
         ax.plot(mids, ts["in_flight"], color="#8c564b", label="in flight (client side)")
         ax.set_ylabel("in flight")
-        ax.legend(fontsize=8, loc="upper right")
+        _legend(ax, loc="upper right")
         ax.text(0.01, 0.9, "no server metrics in this run", transform=ax.transAxes, fontsize=8, color="#777")
     ax.set_xlabel("run clock, s")
     ax.grid(alpha=0.3)
@@ -155,7 +160,7 @@ def _token_figure(a: Analysis) -> str | None:
                 ax.hist(vals, bins=40, alpha=0.5, color=_COLORS[i % len(_COLORS)], label=name)
         ax.set_title(f"{key} tokens per ok request")
         ax.set_xlabel("tokens")
-        ax.legend(fontsize=8)
+        _legend(ax)
         ax.grid(alpha=0.3)
     return _png(fig)
 
@@ -185,7 +190,7 @@ def render_html(analysis: Analysis) -> str:
     run = a.run
     cls = {"pass": "vpass", "fail": "vfail"}.get(a.verdict, "vnone")
     head = {"pass": "PASS: every hard budget met", "fail": f"FAIL: {len(a.hard_failures)} hard check(s) failed",
-            "no budgets": "NO BUDGETS (numbers only)"}[a.verdict]
+            "no budgets": "NO BUDGETS (numbers only)", "no data": "NO DATA: no requests in the window"}[a.verdict]
     if a.errored:
         head += f" · ERRORED RUN (error share {a.error_share:.1%} > {a.error_rate_limit:.1%})"
         cls = "vfail"
@@ -258,8 +263,10 @@ def render_html(analysis: Analysis) -> str:
     rows = [[label, wc[label]["n"], fmt_ms(wc[label]["ttft_ms"]["p50"]), fmt_ms(wc[label]["ttft_ms"]["p99"]),
              fmt_ms(wc[label]["e2e_ms"]["p50"])] for label in ("warm", "cold")]
     parts.append(_table(["", "n", "TTFT p50", "TTFT p99", "E2E p50"], rows))
-    if wc.get("engine_notes"):
-        parts.append("<pre>" + _e(json.dumps(wc["engine_notes"], indent=1, default=str)) + "</pre>")
+    if wc.get("engine_notes") or wc.get("behavior_relevant"):
+        parts.append("<pre>" + _e(json.dumps({"engine_notes": wc.get("engine_notes"),
+                                               "behavior_relevant": wc.get("behavior_relevant")},
+                                              indent=1, default=str)) + "</pre>")
     if a.server:
         parts.append("<h2>Server metrics</h2><pre>" + _e(json.dumps(
             {k: v for k, v in a.server.items() if k not in ("timeseries", "names")}, indent=1, default=str)) + "</pre>")

@@ -15,7 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     chk.set_defaults(func=_check)
 
     rep = s.add_parser("replay", help="replay cases against an OpenAI-compatible target")
-    rep.add_argument("cases", nargs="+", help="case files (TOML), FILE or FILE#CASE")
+    rep.add_argument("cases", nargs="*", help="case files (TOML), FILE or FILE#CASE (default: --scenario's)")
+    rep.add_argument("--scenario", help="take the cases from this scenario's [behavior] cases")
     _target_args(rep)
     rep.add_argument("--reference", help="the reference candidate's result (contract.json) to diff against")
     rep.add_argument("--concurrency", type=int, default=1)
@@ -29,6 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     load.add_argument("--scenario", help="scenario TOML (budgets, timeouts, endpoint)")
     load.add_argument("--run-out", required=True, help="run directory to create (contract.json goes in it)")
     load.add_argument("--delay-s", type=float, default=1.0, help="start the cases this long after the run starts")
+    load.add_argument("--rounds", type=int, default=None,
+                      help="replay the cases this many times spread over the run (default: scenario under_load_share)")
     load.add_argument("--reference", help="the reference candidate's result (contract.json) to diff against")
     load.set_defaults(func=_under_load)
 
@@ -72,11 +75,27 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cases(args: argparse.Namespace):
+    from ..contract import load_case_refs, load_cases
+    from ..errors import ScenarioError
+
+    if args.cases:
+        return load_cases(*args.cases)
+    if getattr(args, "scenario", None):
+        from ..scenario import load_scenario
+
+        scenario = load_scenario(args.scenario)
+        if not scenario.behavior.cases:
+            raise ScenarioError(f"{args.scenario}: behavior.cases = []: expected case files to replay")
+        return load_case_refs(scenario.behavior.cases, scenario.base_dir())
+    raise ScenarioError("contract replay: no case files given: expected CASES or --scenario FILE")
+
+
 def _replay(args: argparse.Namespace) -> int:
-    from ..contract import load_cases, read_contract, replay_cases_sync, write_contract
+    from ..contract import read_contract, replay_cases_sync, write_contract
 
     reference = read_contract(args.reference) if args.reference else None
-    result = replay_cases_sync(load_cases(*args.cases), args.target, args.model, api_key_env=args.api_key_env,
+    result = replay_cases_sync(_cases(args), args.target, args.model, api_key_env=args.api_key_env,
                                endpoint=args.endpoint, reference=reference, concurrency=args.concurrency,
                                stream=args.stream)
     if args.out:
@@ -98,7 +117,7 @@ def _under_load(args: argparse.Namespace) -> int:
                          model=args.model, scenario_path=Path(args.scenario) if args.scenario else None,
                          api_key_env=args.api_key_env)
     cases = load_cases(*args.cases)
-    run_dir, result = anyio.run(lambda: replay_under_load(cases, options, delay_s=args.delay_s,
+    run_dir, result = anyio.run(lambda: replay_under_load(cases, options, delay_s=args.delay_s, rounds=args.rounds,
                                                           reference=reference, endpoint=args.endpoint,
                                                           stream=args.stream))
     _print_result(result)

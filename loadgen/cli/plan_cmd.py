@@ -15,6 +15,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key-env", help="NAME of the env var holding the API key for --target (never recorded)")
     p.add_argument("--sim", metavar="ENGINE", help="launch the simulated engine (preset or TOML) on loopback; cold = restart it")
     p.add_argument("--sim-worksheet", metavar="ENGINE", help="the simulated engine in virtual time (fast, deterministic)")
+    p.add_argument("--vllm", metavar="MODEL", help="launch real vLLM (LOADGEN_VLLM_PYTHON) on a model dir, config.json or "
+                   "shipped model name; cold = restart it")
+    p.add_argument("--vllm-arg", action="append", default=[], metavar="FLAG", help="extra vLLM flag, e.g. --vllm-arg=--max-num-seqs=8")
     p.add_argument("--time-budget-s", type=float, help="override the plan's total time budget (e.g. to extend it on resume)")
     p.add_argument("--max-runs", type=int, help="start at most N runs in this invocation (the rest resumes later)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -29,7 +32,7 @@ def _plan(args: argparse.Namespace) -> int:
 
     result = run_plan_file(
         args.plan, args.out, target_url=args.target, model=args.model, sim=args.sim, sim_worksheet=args.sim_worksheet,
-        api_key_env=args.api_key_env, max_new_runs=args.max_runs, time_budget_s=args.time_budget_s,
+        vllm=args.vllm, vllm_args=args.vllm_arg, api_key_env=args.api_key_env, max_new_runs=args.max_runs, time_budget_s=args.time_budget_s,
         log=None if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True)),
     )
     if args.json:

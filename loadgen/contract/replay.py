@@ -11,9 +11,10 @@ user data).
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
@@ -68,6 +69,9 @@ class CaseResult:
     attempts: int = 1
     retry_after_s: list[float] = field(default_factory=list)
     elapsed_ms: float | None = None
+    rounds: int = 1  # under load: how many times the case was replayed
+    rounds_failed: int = 0
+    distinct_answers: int = 1  # different answer texts over the rounds
 
     def to_dict(self) -> dict[str, Any]:
         obs = asdict(self.observed)
@@ -83,6 +87,9 @@ class CaseResult:
             "attempts": self.attempts,
             "retry_after_s": self.retry_after_s,
             "elapsed_ms": self.elapsed_ms,
+            "rounds": self.rounds,
+            "rounds_failed": self.rounds_failed,
+            "distinct_answers": self.distinct_answers,
         }
 
     @classmethod
@@ -94,6 +101,8 @@ class CaseResult:
             checks=[CheckOutcome(**c) for c in data["checks"]], settings=data["settings"],
             observed=Observed(**obs), attempts=data.get("attempts", 1),
             retry_after_s=list(data.get("retry_after_s", [])), elapsed_ms=data.get("elapsed_ms"),
+            rounds=data.get("rounds", 1), rounds_failed=data.get("rounds_failed", 0),
+            distinct_answers=data.get("distinct_answers", 1),
         )
 
 
@@ -396,7 +405,7 @@ async def _replay_one(
     return CaseResult(
         case_id=case.id, passed=all(o.passed for o in outcomes), checks=outcomes, settings=settings,
         observed=obs, attempts=attempts, retry_after_s=retry_waits,
-        elapsed_ms=round((time.perf_counter() - start) * 1000, 3),
+        elapsed_ms=round((time.perf_counter() - start) * 1000, 3), rounds_failed=0 if all(o.passed for o in outcomes) else 1,
     )
 
 
@@ -494,18 +503,25 @@ async def replay_under_load(
     run_options: Any,
     *,
     delay_s: float = 1.0,
+    rounds: int | None = None,
     reference: ContractResult | None = None,
     endpoint: Literal["chat", "completions"] | None = None,
     **replay_kwargs: Any,
 ) -> tuple[Path, ContractResult]:
     """Run a trace with the driver and, while it runs, replay the cases against the same target.
 
-    The cases start ``delay_s`` after the run starts (so they meet a loaded server) and the result is
-    written into the run directory as ``contract.json`` with ``mode: under_load``. Returns
-    ``(run_dir, result)``. ``run_options`` is a ``loadgen.driver.RunOptions``.
+    The cases are replayed in ``rounds`` spread evenly over the trace's span, the first ``delay_s``
+    after the run starts (so they meet a loaded server). ``rounds`` defaults to what the scenario's
+    ``behavior.under_load_share`` asks for (that share of the trace's requests, in whole rounds), at
+    least 1. A case passes only if it passes in every round; answers that differ between rounds are
+    counted (temperature 0 should not depend on the batch it landed in). The result is written into
+    the run directory as ``contract.json`` with ``mode: under_load``. Returns ``(run_dir, result)``;
+    ``run_options`` is a ``loadgen.driver.RunOptions``.
     """
     from ..driver import run_trace
+    from ..trace.io import read_trace
 
+    case_list = list(cases)
     target_url = str(run_options.target_url)
     api_key_env = run_options.api_key_env
     scenario = None
@@ -519,24 +535,57 @@ async def replay_under_load(
     if endpoint is None:
         ep = run_options.endpoint or (scenario.endpoint if scenario is not None else None)
         endpoint = "completions" if ep == "completions" else "chat"
+    table, _ = read_trace(run_options.trace_path)
+    offsets = table.column("scheduled_offset_ns").to_pylist()
+    span_s = (max(offsets) / 1e9) if offsets else 0.0
+    if rounds is None:
+        share = scenario.behavior.under_load_share if scenario is not None else 0.0
+        rounds = math.ceil(share * table.num_rows / max(1, len(case_list))) if share > 0 else 1
+    rounds = max(1, int(rounds))
+    step_s = max(0.0, span_s - delay_s) / rounds
+    results: list[ContractResult] = []
     holder: dict[str, Any] = {}
 
     async def run() -> None:
         holder["run_dir"] = await run_trace(run_options)
 
     async def replay() -> None:
-        await anyio.sleep(delay_s)
-        holder["result"] = await replay_cases(
-            cases, target_url, model, api_key_env=api_key_env, endpoint=endpoint,
-            reference=reference, mode="under_load", **replay_kwargs)
-        holder["replay_done_perf_ns"] = time.perf_counter_ns()
+        start = anyio.current_time()
+        for i in range(rounds):
+            await anyio.sleep_until(start + delay_s + i * step_s)
+            results.append(await replay_cases(
+                case_list, target_url, model, api_key_env=api_key_env, endpoint=endpoint,
+                mode="under_load", **replay_kwargs))
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(run)
         tg.start_soon(replay)
     run_dir = Path(holder["run_dir"])
-    result: ContractResult = holder["result"]
+    result = _merge_rounds(results)
+    if isinstance(cases, CaseSet):
+        result.sources = list(cases.sources)
     result.run_dir = str(run_dir)
-    result.notes.append(f"replayed concurrently with the run's trace, starting {delay_s:g} s after the run started")
+    result.notes.append(f"replayed concurrently with the run's trace: {rounds} round(s) of {len(case_list)} case(s), "
+                        f"the first {delay_s:g} s after the run started, then every {step_s:.1f} s")
+    if reference is not None:
+        result.reference_diff = diff(result, reference)
     write_contract(result, run_dir / CONTRACT_FILE)
     return run_dir, result
+
+
+def _merge_rounds(results: list[ContractResult]) -> ContractResult:
+    """One result from several rounds: per case the first failing round (else the first), with counts."""
+    first = results[0]
+    merged: list[CaseResult] = []
+    for case in first.cases:
+        runs = [r.by_id()[case.case_id] for r in results]
+        chosen = next((c for c in runs if not c.passed), runs[0])
+        merged.append(replace(chosen, rounds=len(runs), rounds_failed=sum(1 for c in runs if not c.passed),
+                              distinct_answers=len({c.observed.text for c in runs})))
+    out = ContractResult(cases=merged, target=first.target, mode=first.mode, sources=first.sources,
+                         started_utc=first.started_utc, ended_utc=results[-1].ended_utc,
+                         notes=sorted({n for r in results for n in r.notes}))
+    unstable = [c.case_id for c in merged if c.distinct_answers > 1]
+    if unstable:
+        out.notes.append(f"answers differed between rounds under load for: {', '.join(unstable)}")
+    return out

@@ -35,5 +35,11 @@ __all__ = [
 
 
 def run_trace_sync(options: RunOptions):
-    """``anyio.run(run_trace, options)``; returns the run directory Path."""
-    return anyio.run(run_trace, options)
+    """``anyio.run(run_trace, options)`` on asyncio, with uvloop when installed; returns the run directory."""
+    try:
+        import uvloop  # noqa: F401
+
+        backend_options = {"use_uvloop": True}
+    except ImportError:
+        backend_options = {}
+    return anyio.run(run_trace, options, backend="asyncio", backend_options=backend_options)

@@ -30,7 +30,7 @@ from .transport import RawHTTP11Transport, RawResponse
 from .schedule import LagStats, RateGate
 from .sse import DONE, SSEDecoder, parse_chunk
 
-__all__ = ["RunContext", "execute", "request_row"]
+__all__ = ["RunContext", "StreamState", "execute", "request_row"]
 
 _now = time.perf_counter_ns
 
@@ -56,11 +56,13 @@ class RunContext:
     # live counters (progress display, manifest)
     sent: int = 0
     in_flight: int = 0
+    peak_in_flight: int = 0
     done: int = 0
     errors: int = 0
     slot_waits: int = 0
     first_ok_done_ns: int | None = None
     cpu_start_s: float = 0.0
+    rss_start_bytes: int = 0
     recent_ttft_ns: list[int] = field(default_factory=list)
     _token_cache: dict[str, int] = field(default_factory=dict)
 
@@ -126,22 +128,102 @@ async def _read_error_body(response: RawResponse) -> str:
     return ""
 
 
+class StreamState:
+    """Everything one streamed response has said so far; ``feed`` is the per-read hot path (no I/O).
+
+    ``feed(arrival_abs_ns, body_bytes)`` splits SSE events, parses each chunk, counts its tokens
+    (server per-chunk usage when present, else the tokenizer on the delta text) and appends one
+    chunk row. It returns True when reading should stop: ``[DONE]``, an in-stream error, or the
+    trace's cancel-after-tokens reached. Malformed events raise SSEProtocolError.
+    """
+
+    __slots__ = ("ctx", "anchor", "decoder", "arrivals", "tokens", "sizes", "texts", "cancel_after", "prev_usage",
+                 "first_token", "last_token", "client_tokens", "server_prompt", "server_output", "finish_reason",
+                 "response_model", "fingerprint", "done_abs", "cancelled", "error", "error_code", "on_first_token")
+
+    def __init__(self, ctx: RunContext, cancel_after: int | None, on_first_token: Callable[[], None] | None) -> None:
+        self.ctx = ctx
+        self.anchor = ctx.anchor_ns
+        self.decoder = SSEDecoder()
+        self.arrivals: list[int] = []
+        self.tokens: list[int] = []
+        self.sizes: list[int] = []
+        self.texts: list[str] | None = [] if ctx.retain_completion_text else None
+        self.cancel_after = cancel_after
+        self.prev_usage = 0
+        self.first_token: int | None = None
+        self.last_token: int | None = None
+        self.client_tokens = 0
+        self.server_prompt: int | None = None
+        self.server_output: int | None = None
+        self.finish_reason: str | None = None
+        self.response_model: str | None = None
+        self.fingerprint: str | None = None
+        self.done_abs: int | None = None  # when [DONE] arrived
+        self.cancelled = False
+        self.error: str | None = None
+        self.error_code: int | None = None
+        self.on_first_token = on_first_token
+
+    def feed(self, arrival_abs_ns: int, data: bytes) -> bool:
+        events = self.decoder.feed(data)
+        if not events:
+            return False
+        t = arrival_abs_ns - self.anchor
+        sizes = self.decoder.sizes
+        for k, payload in enumerate(events):
+            if payload == DONE:
+                self.done_abs = arrival_abs_ns
+                return True
+            chunk = parse_chunk(payload)
+            if chunk.error is not None:
+                self.error, self.error_code = chunk.error, chunk.error_code
+                return True
+            n = 0
+            usage = chunk.completion_tokens
+            if chunk.choices and usage is not None:
+                # per-chunk usage (vLLM continuous_usage_stats): exact, also for tokens whose text
+                # is empty (partial UTF-8, special tokens)
+                n = usage - self.prev_usage
+                if n < 0:
+                    n = 0
+            elif chunk.pieces:
+                n = self.ctx.tokens_in(chunk.text)
+            if chunk.pieces and self.texts is not None:
+                self.texts.append(chunk.text)
+            if usage is not None:
+                self.prev_usage = self.server_output = usage
+            if chunk.prompt_tokens is not None:
+                self.server_prompt = chunk.prompt_tokens
+            if chunk.finish_reason is not None:
+                self.finish_reason = chunk.finish_reason
+            if self.response_model is None:
+                self.response_model = chunk.model
+            if self.fingerprint is None and chunk.system_fingerprint is not None:
+                self.fingerprint = chunk.system_fingerprint
+            self.arrivals.append(t)
+            self.tokens.append(n)
+            self.sizes.append(sizes[k])
+            if n:
+                if self.first_token is None:
+                    self.first_token = t
+                    if self.on_first_token is not None:
+                        self.on_first_token()
+                self.last_token = t
+                self.client_tokens += n
+                if self.cancel_after is not None and self.client_tokens >= self.cancel_after:
+                    self.cancelled = True
+                    return True
+        return False
+
+
 async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int) -> None:
     """Run one request scheduled at ``scheduled_abs_ns`` (absolute perf_counter_ns); always records one row."""
     anchor = ctx.anchor_ns
     row = request_row(job, scheduled_abs_ns - anchor)
-    arrivals: list[int] = []
-    tokens: list[int] = []
-    sizes: list[int] = []
-    texts: list[str] | None = [] if ctx.retain_completion_text else None
     status: str | None = None
     error_kind = error_message = None
-    first_token = last_token = None
-    client_tokens = 0
-    server_prompt = server_output = None
-    finish_reason = response_model = fingerprint = None
     phase = Phase.BEFORE_RESPONSE
-    end_abs: int | None = None
     holding_slot = False
     sent = False
     response: RawResponse | None = None
@@ -150,11 +232,18 @@ async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int) -> None:
     ttft_deadline = scheduled_abs_ns + ttft_ns if ttft_ns else None
     if ttft_deadline is not None and total_deadline is not None:
         ttft_deadline = min(ttft_deadline, total_deadline)
+    scope = anyio.CancelScope()
+    first_deadline = ttft_deadline if ttft_deadline is not None else total_deadline
+    if first_deadline is not None:
+        scope.deadline = ctx.anyio_deadline(first_deadline)
+
+    def on_first_token() -> None:  # the TTFT deadline is met: only the total one remains
+        if ttft_deadline is not None:
+            scope.deadline = ctx.anyio_deadline(total_deadline) if total_deadline is not None else float("inf")
+
+    state = StreamState(ctx, job.cancel_after_tokens, on_first_token)
     try:
-        with anyio.CancelScope() as scope:
-            first_deadline = ttft_deadline if ttft_deadline is not None else total_deadline
-            if first_deadline is not None:
-                scope.deadline = ctx.anyio_deadline(first_deadline)
+        with scope:
             try:
                 waited = await ctx.rate_gate.wait()
                 try:
@@ -164,15 +253,15 @@ async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int) -> None:
                     ctx.slot_waits += 1
                     await ctx.limiter.acquire()
                 holding_slot = True
-                slot_ns = _now()
-                row["slot_acquired_ns"] = slot_ns - anchor
                 sent_abs = _now()
+                row["slot_acquired_ns"] = row["sent_ns"] = sent_abs - anchor
                 sent = True
-                row["sent_ns"] = sent_abs - anchor
                 if not waited:
                     ctx.lag.add(sent_abs - scheduled_abs_ns)
                 ctx.sent += 1
                 ctx.in_flight += 1
+                if ctx.in_flight > ctx.peak_in_flight:
+                    ctx.peak_in_flight = ctx.in_flight
                 response = await ctx.transport.open(ctx.origin, job.payload)
                 row["first_byte_ns"] = _now() - anchor
                 row["http_status"] = response.status
@@ -183,92 +272,18 @@ async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int) -> None:
                     body = await _read_error_body(response)
                     error_message = redact(f"HTTP {response.status}: {body}", ctx.secrets)
                 else:
-                    decoder = SSEDecoder()
-                    done_seen = False
-                    cancel_after = job.cancel_after_tokens
-                    prev_usage = 0
-                    body_iter = response.body.__aiter__()
-                    async for data in body_iter:
-                        t = _now() - anchor
-                        events = decoder.feed(data)
-                        if not events:
-                            continue
-                        event_sizes = decoder.sizes
-                        for k, payload in enumerate(events):
-                            if payload == DONE:
-                                done_seen = True
-                                end_abs = _now()
-                                break
-                            chunk = parse_chunk(payload)
-                            if chunk.error is not None:
-                                code = chunk.error_code
-                                status = STATUS_ERROR
-                                error_kind = "http_4xx" if code is not None and 400 <= code < 500 else "http_5xx"
-                                error_message = redact(f"in-stream error: {chunk.error}", ctx.secrets)
-                                break
-                            n = 0
-                            if chunk.pieces:
-                                if chunk.completion_tokens is not None:
-                                    n = chunk.completion_tokens - prev_usage
-                                    if n < 0:
-                                        n = 0
-                                else:
-                                    n = ctx.tokens_in(chunk.text)
-                                if texts is not None:
-                                    texts.append(chunk.text)
-                            if chunk.completion_tokens is not None:
-                                prev_usage = chunk.completion_tokens
-                                server_output = chunk.completion_tokens
-                            if chunk.prompt_tokens is not None:
-                                server_prompt = chunk.prompt_tokens
-                            if chunk.finish_reason is not None:
-                                finish_reason = chunk.finish_reason
-                            if response_model is None:
-                                response_model = chunk.model
-                            if fingerprint is None and chunk.system_fingerprint is not None:
-                                fingerprint = chunk.system_fingerprint
-                            arrivals.append(t)
-                            tokens.append(n)
-                            sizes.append(event_sizes[k])
-                            if n:
-                                if first_token is None:
-                                    first_token = t
-                                    if total_deadline is not None:
-                                        scope.deadline = ctx.anyio_deadline(total_deadline)
-                                    elif ttft_deadline is not None:
-                                        scope.deadline = float("inf")
-                                last_token = t
-                                client_tokens += n
-                                if cancel_after is not None and client_tokens >= cancel_after:
-                                    status = STATUS_CANCELLED
-                                    break
-                        if status is not None or done_seen:
-                            break
-                    if done_seen and not response.body.complete:
-                        # the body's end (chunked terminator) may come in a later packet: wait for it
-                        # briefly so the keep-alive connection can be reused
+                    await response.body.stream_to(state.feed)
+                    if state.done_abs is not None and not response.body.complete:
+                        # the chunked terminator may come in a later packet: wait briefly for it so
+                        # the keep-alive connection can be reused
                         with anyio.move_on_after(0.5):
-                            async for _ in body_iter:
-                                pass
-                    if status is None:
-                        if done_seen or finish_reason is not None:
-                            if client_tokens == 0 and not server_output:
-                                status, error_kind = STATUS_ERROR, "empty_output"
-                                error_message = "stream finished with no content tokens"
-                            elif finish_reason == "content_filter":
-                                status, error_kind = STATUS_ERROR, "content_filter"
-                                error_message = "finish_reason content_filter"
-                            else:
-                                status = STATUS_OK
-                        else:
-                            raise StreamTruncated(
-                                f"stream ended without [DONE] or finish_reason after {client_tokens} tokens"
-                            )
+                            await response.body.stream_to(_ignore)
+                    status, error_kind, error_message = _outcome(state)
             except Exception as exc:  # a failed request is a row, not an exception
                 status, error_kind, error_message = classify_exception(exc, phase, ctx.secrets)
         if scope.cancelled_caught and status is None:
             status = STATUS_TIMEOUT
-            if first_token is None:
+            if state.first_token is None:
                 error_kind = "ttft_timeout"
                 error_message = f"no first token within {ttft_ns / 1e9:g} s of scheduling" if ttft_ns else "timeout"
             else:
@@ -281,53 +296,82 @@ async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int) -> None:
             error_message = "run stopped while this request was " + ("in flight" if sent else "waiting for a slot")
         raise
     finally:
-        done_abs = end_abs if end_abs is not None else _now()
+        done_abs = state.done_abs if state.done_abs is not None else _now()
         if response is not None and not response.body.release_nowait():
             with anyio.CancelScope(shield=True):
                 await response.body.aclose()
         if holding_slot:
             ctx.limiter.release()
-        if sent:
-            ctx.in_flight -= 1
-            ctx.done += 1
-            row["done_ns"] = done_abs - anchor
-        if status is None:  # should not happen; keep the accounting exact anyway
-            status, error_kind = STATUS_ERROR, "client"
-        if status == STATUS_ERROR or status == STATUS_TIMEOUT:
-            ctx.errors += 1
-        row["status"] = status
-        row["error_kind"] = error_kind
-        row["error_message"] = error_message
-        row["first_token_ns"] = first_token
-        row["last_token_ns"] = last_token
-        row["server_prompt_tokens"] = server_prompt
-        row["server_output_tokens"] = server_output
-        row["client_output_tokens"] = client_tokens if sent else None
-        row["chunk_count"] = len(arrivals) if sent else None
-        row["finish_reason"] = finish_reason
-        row["response_model"] = response_model
-        row["system_fingerprint"] = fingerprint
-        if texts is not None and sent:
-            row["completion_text"] = "".join(texts)
-        if ctx.warm_state == "cold":
-            row["warm"] = ctx.first_ok_done_ns is not None and sent and row["sent_ns"] > ctx.first_ok_done_ns
-        elif ctx.warm_state == "warm":
-            row["warm"] = True
-        if status == STATUS_OK:
-            if ctx.first_ok_done_ns is None:
-                ctx.first_ok_done_ns = done_abs - anchor
-            if first_token is not None:
-                recent = ctx.recent_ttft_ns
-                recent.append(first_token - row["scheduled_ns"])
-                if len(recent) > 4096:
-                    del recent[:2048]
-        chunk_cols = None
-        if arrivals:
-            chunk_cols = {
-                "request_id": [job.request_id] * len(arrivals),
-                "seq": list(range(len(arrivals))),
-                "arrival_ns": arrivals,
-                "tokens": tokens,
-                "bytes": sizes,
-            }
-        ctx.sink(row, chunk_cols)
+        _record(ctx, job, row, state, status, error_kind, error_message, sent, done_abs)
+
+
+def _ignore(arrival_abs_ns: int, data: bytes) -> bool:
+    return False
+
+
+def _outcome(state: StreamState) -> tuple[str, str | None, str | None]:
+    """(status, error_kind, message) of a stream that ended without a transport error."""
+    if state.error is not None:
+        code = state.error_code
+        kind = "http_4xx" if code is not None and 400 <= code < 500 else "http_5xx"
+        return STATUS_ERROR, kind, f"in-stream error: {state.error}"
+    if state.cancelled:
+        return STATUS_CANCELLED, None, None
+    if state.done_abs is not None or state.finish_reason is not None:
+        if state.client_tokens == 0 and not state.server_output:
+            return STATUS_ERROR, "empty_output", "stream finished with no content tokens"
+        if state.finish_reason == "content_filter":
+            return STATUS_ERROR, "content_filter", "finish_reason content_filter"
+        return STATUS_OK, None, None
+    raise StreamTruncated(f"stream ended without [DONE] or finish_reason after {state.client_tokens} tokens")
+
+
+def _record(ctx: RunContext, job: Job, row: dict[str, Any], state: StreamState, status: str | None,
+            error_kind: str | None, error_message: str | None, sent: bool, done_abs: int) -> None:
+    """Fill the row's outcome columns and hand row + chunk columns to the recorder (exactly once)."""
+    anchor = ctx.anchor_ns
+    if sent:
+        ctx.in_flight -= 1
+        ctx.done += 1
+        row["done_ns"] = done_abs - anchor
+    if status is None:  # should not happen; keep the accounting exact anyway
+        status, error_kind = STATUS_ERROR, "client"
+    if status == STATUS_ERROR or status == STATUS_TIMEOUT:
+        ctx.errors += 1
+    arrivals = state.arrivals
+    row["status"] = status
+    row["error_kind"] = error_kind
+    row["error_message"] = redact(error_message, ctx.secrets) if error_message else None
+    row["first_token_ns"] = state.first_token
+    row["last_token_ns"] = state.last_token
+    row["server_prompt_tokens"] = state.server_prompt
+    row["server_output_tokens"] = state.server_output
+    row["client_output_tokens"] = state.client_tokens if sent else None
+    row["chunk_count"] = len(arrivals) if sent else None
+    row["finish_reason"] = state.finish_reason
+    row["response_model"] = state.response_model
+    row["system_fingerprint"] = state.fingerprint
+    if state.texts is not None and sent:
+        row["completion_text"] = "".join(state.texts)
+    if ctx.warm_state == "cold":
+        row["warm"] = ctx.first_ok_done_ns is not None and sent and row["sent_ns"] > ctx.first_ok_done_ns
+    elif ctx.warm_state == "warm":
+        row["warm"] = True
+    if status == STATUS_OK:
+        if ctx.first_ok_done_ns is None:
+            ctx.first_ok_done_ns = done_abs - anchor
+        if state.first_token is not None:
+            recent = ctx.recent_ttft_ns
+            recent.append(state.first_token - row["scheduled_ns"])
+            if len(recent) > 4096:
+                del recent[:2048]
+    chunk_cols = None
+    if arrivals:
+        chunk_cols = {
+            "request_id": [job.request_id] * len(arrivals),
+            "seq": list(range(len(arrivals))),
+            "arrival_ns": arrivals,
+            "tokens": state.tokens,
+            "bytes": state.sizes,
+        }
+    ctx.sink(row, chunk_cols)

@@ -21,6 +21,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import httpx
+import psutil
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 
 from ..errors import TargetError, TraceError
 from ..identity import harness_identity, host_identity, sha256_file, utc_now_iso
@@ -86,6 +89,9 @@ async def run_trace(options: RunOptions) -> Path:
     table, trace_meta = read_trace(options.trace_path)
     if table.num_rows == 0:
         raise TraceError(f"{options.trace_path}: trace has no requests: expected at least one row")
+    ids = table.column("request_id")
+    if pa.compute.count_distinct(ids).as_py() != table.num_rows:
+        raise TraceError(f"{options.trace_path}: request_id values repeat: expected one unique id per request")
     warnings: list[str] = []
     if scenario and trace_meta.get("scenario_sha256") and scenario.sha256 and trace_meta["scenario_sha256"] != scenario.sha256:
         warnings.append(f"trace was generated from scenario sha256 {trace_meta['scenario_sha256'][:12]}, "
@@ -235,6 +241,7 @@ async def run_trace(options: RunOptions) -> Path:
         sys.setswitchinterval(min(old_switch, 0.0005))  # a flushing thread must not hold the GIL for 5 ms
         state, interrupted_by, deadline_hit = "complete", None, False
         ctx.cpu_start_s = time.process_time()
+        ctx.rss_start_bytes = psutil.Process().memory_info().rss
         try:
             async with anyio.create_task_group() as outer:
                 await outer.start(recorder.run)
@@ -349,7 +356,9 @@ def _finish(writer: ArrowRunWriter, recorder: Recorder, ctx: RunContext, jobs, i
             "slot_waits": ctx.slot_waits,
             "rate_limited": ctx.rate_gate.waited,
             "process_cpu_s": round(cpu_s, 4),
+            "rss_start_bytes": ctx.rss_start_bytes,
             "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "peak_in_flight": ctx.peak_in_flight,
             "connections_opened": getattr(transport, "opened", None),
         },
     }

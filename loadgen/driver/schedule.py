@@ -10,6 +10,9 @@ timer slack), which wakes the loop at the deadline without burning CPU in a spin
 
 from __future__ import annotations
 
+import asyncio
+import heapq
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -32,6 +35,70 @@ def _thread_sleep_until(deadline_ns: int) -> None:
         time.sleep(remaining / 1e9)
 
 
+class _TimerThread:
+    """One daemon thread that wakes asyncio futures at deadlines (a heap; many waiters).
+
+    ``Condition.wait(timeout)`` sleeps with microsecond resolution (futex/semaphore on the
+    monotonic clock), unlike the event loop's millisecond epoll timeout. Cheaper per wait than a
+    worker-thread round trip: a notify to start, ``call_soon_threadsafe`` to finish.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[int, int, asyncio.AbstractEventLoop, asyncio.Future]] = []
+        self._seq = 0
+        threading.Thread(target=self._run, name="loadgen-timer", daemon=True).start()
+
+    def _run(self) -> None:
+        heap, cond = self._heap, self._cond
+        while True:
+            with cond:
+                while not heap:
+                    cond.wait()
+                remaining = heap[0][0] - _now()
+                if remaining > 0:
+                    cond.wait(remaining / 1e9)  # an earlier deadline posted meanwhile wakes us
+                    continue
+                _, _, loop, future = heapq.heappop(heap)
+            try:
+                loop.call_soon_threadsafe(_resolve, future)
+            except RuntimeError:  # loop closed meanwhile
+                pass
+
+    async def wait(self, deadline_ns: int) -> None:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        with self._cond:
+            self._seq += 1
+            heapq.heappush(self._heap, (deadline_ns, self._seq, loop, future))
+            if self._heap[0][2] is loop and self._heap[0][3] is future:
+                self._cond.notify()
+        await future
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+_timer: _TimerThread | None = None
+
+
+def _timer_thread() -> _TimerThread | None:
+    """The shared timer thread when running on asyncio (else None: use anyio's worker threads)."""
+    global _timer
+    try:
+        import sniffio
+
+        if sniffio.current_async_library() != "asyncio":
+            return None
+    except Exception:  # noqa: BLE001
+        return None
+    if _timer is None:
+        _timer = _TimerThread()
+    return _timer
+
+
 async def sleep_until(deadline_ns: int) -> None:
     """Wait until ``perf_counter_ns() >= deadline_ns`` (absolute, same clock); returns at once if past."""
     remaining = deadline_ns - _now()
@@ -39,7 +106,11 @@ async def sleep_until(deadline_ns: int) -> None:
         await anyio.sleep((remaining - THREAD_NS + 1_000_000) / 1e9)  # coarse: may wake up to 1 ms late
         remaining = deadline_ns - _now()
     if remaining > SPIN_NS:
-        await anyio.to_thread.run_sync(_thread_sleep_until, deadline_ns - SPIN_NS // 2)
+        timer = _timer_thread()
+        if timer is not None:
+            await timer.wait(deadline_ns - SPIN_NS // 2)
+        else:
+            await anyio.to_thread.run_sync(_thread_sleep_until, deadline_ns - SPIN_NS // 2)
     while _now() < deadline_ns:
         await anyio.sleep(0)
 

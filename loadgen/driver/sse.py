@@ -31,6 +31,7 @@ class Chunk(NamedTuple):
 
     text: str  # content/text/refusal/reasoning/tool-call text of every choice, concatenated
     pieces: int  # how many choices carried non-empty text
+    choices: int  # how many choices the chunk has (0 for a usage-only chunk)
     finish_reason: str | None  # last non-null finish_reason among the choices
     prompt_tokens: int | None  # usage.prompt_tokens
     completion_tokens: int | None  # usage.completion_tokens (cumulative with continuous usage stats)
@@ -59,6 +60,28 @@ class SSEDecoder:
     def feed(self, data: bytes) -> list[bytes]:
         if self._tail:
             data = self._tail + data
+        if not self._data and b"\r" not in data:
+            # fast path: LF-only framing, between events: split on blank lines, one data line each
+            blocks = data.split(b"\n\n")
+            rest = blocks.pop()
+            events: list[bytes] = []
+            sizes = self.sizes = []
+            for i, block in enumerate(blocks):
+                if block[:6] == b"data: " and b"\n" not in block:
+                    events.append(block[6:])
+                    sizes.append(len(block) + 2)
+                else:  # comments, other fields, multi-line data: the general path from here on
+                    self._tail = b""
+                    more = self._feed_lines(b"\n\n".join(blocks[i:]) + b"\n\n" + rest)
+                    events += more
+                    sizes += self.sizes
+                    self.sizes = sizes
+                    return events
+            self._tail = rest
+            return events
+        return self._feed_lines(data)
+
+    def _feed_lines(self, data: bytes) -> list[bytes]:
         lines = data.split(b"\n")
         self._tail = lines.pop()
         events: list[bytes] = []
@@ -119,7 +142,7 @@ def parse_chunk(payload: bytes) -> Chunk:
     err = obj.get("error")
     if err is not None:
         message, code = _error_line(err)
-        return Chunk("", 0, None, None, None, obj.get("model"), None, message, code)
+        return Chunk("", 0, 0, None, None, None, obj.get("model"), None, message, code)
     choices = obj.get("choices")
     usage = obj.get("usage")
     if choices is None and usage is None:
@@ -160,6 +183,6 @@ def parse_chunk(payload: bytes) -> Chunk:
         prompt_tokens = usage.get("prompt_tokens")
         completion_tokens = usage.get("completion_tokens")
     return Chunk(
-        text, pieces, finish, prompt_tokens, completion_tokens,
+        text, pieces, len(choices) if choices else 0, finish, prompt_tokens, completion_tokens,
         obj.get("model"), obj.get("system_fingerprint"), None, None,
     )

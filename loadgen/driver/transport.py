@@ -11,6 +11,7 @@ raised as the httpx exceptions httpx itself would raise, so error mapping stays 
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 import time
 import typing
@@ -22,6 +23,15 @@ import httpx
 __all__ = ["RawHTTP11Transport", "RawResponse"]
 
 _READ = 65536
+
+
+def _on_asyncio() -> bool:
+    try:
+        import sniffio
+
+        return sniffio.current_async_library() == "asyncio"
+    except Exception:  # noqa: BLE001 - no async library detected: use anyio streams
+        return False
 _MAX_HEAD = 1 << 20
 
 _NONE = 0  # no body
@@ -31,6 +41,8 @@ _UNTIL_CLOSE = 3
 
 
 class _Conn:
+    """A connection over an anyio byte stream (any backend)."""
+
     __slots__ = ("stream", "buf", "idle_since", "reused")
 
     def __init__(self, stream: anyio.abc.ByteStream) -> None:
@@ -38,6 +50,9 @@ class _Conn:
         self.buf = b""
         self.idle_since = 0.0
         self.reused = False
+
+    async def send(self, data: bytes) -> None:
+        await self.stream.send(data)
 
     async def receive(self) -> bytes:
         return await self.stream.receive(_READ)
@@ -50,121 +65,304 @@ class _Conn:
                 pass
 
 
-class _Body(httpx.AsyncByteStream):
-    """The response body, de-framed; hands the connection back when fully read."""
+class _Protocol(asyncio.Protocol):
+    """asyncio protocol feeding a _ProtoConn: data arrives by callback, no pause/resume per read."""
 
-    __slots__ = ("_conn", "_framing", "_length", "_owner", "_key", "_complete", "_keep_alive")
+    __slots__ = ("transport", "chunks", "waiter", "eof", "exc", "sink", "sink_eof")
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.chunks: list[bytes] = []
+        self.waiter: asyncio.Future | None = None
+        self.eof = False
+        self.exc: BaseException | None = None
+        self.sink: typing.Callable[[bytes], None] | None = None  # set while a body streams by callback
+        self.sink_eof: typing.Callable[[BaseException | None], None] | None = None
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        self.transport = transport
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        sink = self.sink
+        if sink is not None:
+            sink(data)
+            return
+        self.chunks.append(data)
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        if self.sink_eof is not None:
+            self.sink_eof(None)
+        self._wake()
+        return False
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.eof = True
+        self.exc = exc
+        if self.sink_eof is not None:
+            self.sink_eof(exc)
+        self._wake()
+
+
+class _ProtoConn(_Conn):
+    """A connection on asyncio's protocol API (the driver's usual case: cheaper per read than streams)."""
+
+    __slots__ = ("proto",)
+
+    def __init__(self, proto: _Protocol) -> None:
+        self.proto = proto
+        self.stream = None
+        self.buf = b""
+        self.idle_since = 0.0
+        self.reused = False
+
+    async def send(self, data: bytes) -> None:
+        proto = self.proto
+        if proto.eof or proto.transport is None or proto.transport.is_closing():
+            raise anyio.BrokenResourceError("connection closed")
+        proto.transport.write(data)
+
+    async def receive(self) -> bytes:
+        proto = self.proto
+        while not proto.chunks:
+            if proto.eof:
+                if proto.exc is not None:
+                    raise ConnectionResetError(str(proto.exc) or type(proto.exc).__name__)
+                raise anyio.EndOfStream
+            waiter = proto.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                proto.waiter = None
+        chunks = proto.chunks
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        return data
+
+    async def aclose(self) -> None:
+        transport = self.proto.transport
+        if transport is not None:
+            transport.close()
+
+
+class _Dechunker:
+    """Incremental HTTP/1.1 body de-framing: ``feed(bytes) -> payload bytes``; ``complete`` at the end.
+
+    Handles chunked transfer coding (sizes, extensions, trailers), Content-Length and
+    read-until-close bodies; bytes after the end of the message are kept in ``leftover``.
+    """
+
+    __slots__ = ("framing", "remaining", "complete", "leftover", "_buf", "_chunk_left", "_need_crlf", "_trailer")
+
+    def __init__(self, framing: int, length: int = 0) -> None:
+        self.framing = framing
+        self.remaining = length
+        self.complete = framing == _NONE
+        self.leftover = b""
+        self._buf = b""
+        self._chunk_left = 0
+        self._need_crlf = False
+        self._trailer = False
+
+    def feed(self, data: bytes) -> bytes:
+        if self.complete:
+            self.leftover += data
+            return b""
+        framing = self.framing
+        if framing == _CHUNKED:
+            return self._feed_chunked(data)
+        if framing == _LENGTH:
+            take = data[: self.remaining]
+            self.remaining -= len(take)
+            if self.remaining == 0:
+                self.complete = True
+                self.leftover = data[len(take) :]
+            return take
+        return data  # until close
+
+    def eof(self) -> None:
+        """The peer closed: fine for read-until-close bodies, an error otherwise."""
+        if self.complete:
+            return
+        if self.framing == _UNTIL_CLOSE:
+            self.complete = True
+            return
+        raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+
+    def _feed_chunked(self, data: bytes) -> bytes:
+        buf = self._buf + data if self._buf else data
+        pos = 0
+        n = len(buf)
+        out: list[bytes] = []
+        chunk_left = self._chunk_left
+        while pos < n:
+            if chunk_left:
+                piece = buf[pos : pos + chunk_left]
+                out.append(piece)
+                chunk_left -= len(piece)
+                pos += len(piece)
+                if chunk_left == 0:
+                    self._need_crlf = True
+                continue
+            if self._need_crlf:
+                if n - pos < 2:
+                    break
+                if buf[pos : pos + 2] != b"\r\n":
+                    raise httpx.RemoteProtocolError("malformed chunked encoding: missing CRLF after chunk data")
+                pos += 2
+                self._need_crlf = False
+                continue
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                if n - pos > 4096:
+                    raise httpx.RemoteProtocolError("malformed chunked encoding: chunk-size line too long")
+                break
+            line = buf[pos:eol]
+            pos = eol + 2
+            if self._trailer:
+                if not line:  # end of trailers: message complete
+                    self.complete = True
+                    self.leftover = buf[pos:]
+                    pos = n
+                    break
+                continue
+            try:
+                size = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise httpx.RemoteProtocolError(f"malformed chunked encoding: bad chunk size {line[:20]!r}") from None
+            if size == 0:
+                self._trailer = True
+            else:
+                chunk_left = size
+        self._chunk_left = chunk_left
+        self._buf = buf[pos:] if pos < n else b""
+        if not out:
+            return b""
+        return out[0] if len(out) == 1 else b"".join(out)
+
+
+class _Body(httpx.AsyncByteStream):
+    """The response body, de-framed; hands the connection back when fully read.
+
+    Iterate it (any backend), or on asyncio call ``stream_to(sink)``: the protocol's
+    ``data_received`` then stamps, de-frames and hands each read to ``sink`` directly, with no
+    task switch per read.
+    """
+
+    __slots__ = ("_conn", "_dechunker", "_owner", "_key", "_keep_alive", "_started")
 
     def __init__(self, conn: _Conn, framing: int, length: int, owner: "RawHTTP11Transport", key: tuple, keep_alive: bool) -> None:
         self._conn = conn
-        self._framing = framing
-        self._length = length
+        self._dechunker = _Dechunker(framing, length)
         self._owner = owner
         self._key = key
-        self._complete = framing == _NONE
-        self._keep_alive = keep_alive
+        self._keep_alive = keep_alive and framing != _UNTIL_CLOSE
+        self._started = False
+
+    @property
+    def _complete(self) -> bool:
+        return self._dechunker.complete
+
+    def _take_buffered(self) -> bytes:
+        conn = self._conn
+        data, conn.buf = conn.buf, b""
+        return data
+
+    def _finish_read(self) -> None:
+        """Keep bytes that followed this message for the next one on the connection."""
+        if self._dechunker.complete and self._conn is not None:
+            self._conn.buf = self._dechunker.leftover
+            self._dechunker.leftover = b""
 
     async def __aiter__(self) -> typing.AsyncIterator[bytes]:
         conn = self._conn
-        if conn is None or self._complete:
+        dechunker = self._dechunker
+        if conn is None or dechunker.complete:
             return
         try:
-            if self._framing == _LENGTH:
-                async for part in self._iter_length(conn):
-                    yield part
-            elif self._framing == _CHUNKED:
-                async for part in self._iter_chunked(conn):
-                    yield part
-            else:
-                async for part in self._iter_until_close(conn):
-                    yield part
-        except anyio.EndOfStream:
-            raise httpx.RemoteProtocolError("peer closed connection without sending complete message body") from None
+            data = self._take_buffered()
+            while True:
+                if data:
+                    part = dechunker.feed(data)
+                    if dechunker.complete:
+                        self._finish_read()
+                    if part:
+                        yield part
+                    if dechunker.complete:
+                        return
+                try:
+                    data = await conn.receive()
+                except anyio.EndOfStream:
+                    dechunker.eof()
+                    return
         except (anyio.BrokenResourceError, ConnectionError, OSError) as exc:
             raise httpx.ReadError(f"connection reset while reading the body: {exc}") from None
 
-    async def _iter_length(self, conn: _Conn) -> typing.AsyncIterator[bytes]:
-        remaining = self._length
-        buf, conn.buf = conn.buf, b""
-        while True:
-            if buf:
-                take = buf[:remaining]
-                conn.buf = buf[remaining:]
-                remaining -= len(take)
-                if remaining == 0:
-                    self._complete = True
-                yield take
-                if self._complete:
+    async def stream_to(self, sink: typing.Callable[[int, bytes], bool]) -> None:
+        """Hand each read to ``sink(arrival_ns, payload)`` until the body ends or ``sink`` returns True.
+
+        ``arrival_ns`` is ``perf_counter_ns()`` when the bytes came off the socket. Exceptions from
+        ``sink`` or the de-framing end the stream and are raised here.
+        """
+        conn = self._conn
+        dechunker = self._dechunker
+        if conn is None or dechunker.complete:
+            return
+        if not isinstance(conn, _ProtoConn):
+            async for part in self:
+                if sink(time.perf_counter_ns(), part):
                     return
-            buf = await conn.receive()
+            return
+        proto = conn.proto
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
 
-    async def _iter_until_close(self, conn: _Conn) -> typing.AsyncIterator[bytes]:
-        self._keep_alive = False
-        if conn.buf:
-            data, conn.buf = conn.buf, b""
-            yield data
-        while True:
-            try:
-                data = await conn.receive()
-            except anyio.EndOfStream:
-                self._complete = True
+        def on_data(data: bytes) -> None:
+            if done.done():
+                proto.chunks.append(data)
                 return
-            yield data
+            t = time.perf_counter_ns()
+            try:
+                part = dechunker.feed(data)
+                stop = sink(t, part) if part else False
+                if dechunker.complete:
+                    self._finish_read()
+                    done.set_result(None)
+                elif stop:
+                    done.set_result(None)
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+                done.set_exception(exc)
 
-    async def _iter_chunked(self, conn: _Conn) -> typing.AsyncIterator[bytes]:
-        buf, conn.buf = conn.buf, b""
-        pos = 0
-        chunk_left = 0  # bytes of the current chunk's data still to come
-        need_crlf = False  # the CRLF after a chunk's data
-        in_trailer = False
-        while True:
-            out: list[bytes] = []
-            n = len(buf)
-            while pos < n:
-                if chunk_left:
-                    end = pos + chunk_left
-                    piece = buf[pos:end]
-                    out.append(piece)
-                    chunk_left -= len(piece)
-                    pos += len(piece)
-                    if chunk_left == 0:
-                        need_crlf = True
-                    continue
-                if need_crlf:
-                    if n - pos < 2:
-                        break
-                    if buf[pos : pos + 2] != b"\r\n":
-                        raise httpx.RemoteProtocolError("malformed chunked encoding: missing CRLF after chunk data")
-                    pos += 2
-                    need_crlf = False
-                    continue
-                eol = buf.find(b"\r\n", pos)
-                if eol < 0:
-                    if n - pos > 4096:
-                        raise httpx.RemoteProtocolError("malformed chunked encoding: chunk-size line too long")
-                    break
-                line = buf[pos:eol]
-                pos = eol + 2
-                if in_trailer:
-                    if not line:  # end of trailers: message complete
-                        conn.buf = buf[pos:]
-                        self._complete = True
-                        if out:
-                            yield b"".join(out)
-                        return
-                    continue
-                try:
-                    size = int(line.split(b";", 1)[0].strip(), 16)
-                except ValueError:
-                    raise httpx.RemoteProtocolError(f"malformed chunked encoding: bad chunk size {line[:20]!r}") from None
-                if size == 0:
-                    in_trailer = True
-                else:
-                    chunk_left = size
-            if out:
-                yield out[0] if len(out) == 1 else b"".join(out)
-            buf = buf[pos:] + await conn.receive() if pos < len(buf) else await conn.receive()
-            pos = 0
+        def on_eof(exc: BaseException | None) -> None:
+            if done.done():
+                return
+            if exc is not None:
+                done.set_exception(httpx.ReadError(f"connection reset while reading the body: {exc}"))
+                return
+            try:
+                dechunker.eof()
+                done.set_result(None)
+            except BaseException as err:  # noqa: BLE001
+                done.set_exception(err)
+
+        # bytes that arrived before we attached, then the callback for the rest
+        pending = self._take_buffered() + (b"".join(proto.chunks) if proto.chunks else b"")
+        proto.chunks.clear()
+        proto.sink, proto.sink_eof = on_data, on_eof
+        try:
+            if pending:
+                on_data(pending)
+            if proto.eof and not done.done():
+                on_eof(proto.exc)
+            await done
+        finally:
+            proto.sink = proto.sink_eof = None
 
     @property
     def complete(self) -> bool:
@@ -261,6 +459,7 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
         self._max_idle = max_idle
         self._connect_timeout_s = connect_timeout_s
         self._idle: dict[tuple, list[_Conn]] = {}
+        self._addresses: dict[tuple[str, int], str] = {}
         self.opened = 0
 
     def _ssl_context(self) -> ssl.SSLContext:
@@ -271,6 +470,19 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
     async def _connect(self, scheme: bytes, host: str, port: int) -> _Conn:
         try:
             with anyio.fail_after(self._connect_timeout_s):
+                if _on_asyncio():
+                    loop = asyncio.get_running_loop()
+                    tls = {"ssl": self._ssl_context(), "server_hostname": host} if scheme == b"https" else {}
+                    address = self._addresses.get((host, port))
+                    # the first connection resolves the name (trying every address); later ones reuse
+                    # the address that answered, so a burst of new connections does no DNS
+                    transport, proto = await loop.create_connection(_Protocol, address or host, port, **tls)
+                    if address is None:
+                        peer = transport.get_extra_info("peername")
+                        if peer:
+                            self._addresses[(host, port)] = peer[0]
+                    self.opened += 1
+                    return _ProtoConn(proto)
                 if scheme == b"https":
                     stream = await anyio.connect_tcp(host, port, tls=True, ssl_context=self._ssl_context(),
                                                      tls_hostname=host, tls_standard_compatible=False)
@@ -279,6 +491,7 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
         except TimeoutError:
             raise httpx.ConnectTimeout(f"connect to {host}:{port} timed out") from None
         except (OSError, anyio.BrokenResourceError, ssl.SSLError) as exc:
+            self._addresses.pop((host, port), None)  # resolve again next time
             raise httpx.ConnectError(f"connect to {host}:{port} failed: {exc}") from None
         self.opened += 1
         return _Conn(stream)
@@ -331,7 +544,7 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
                 conn = await self._connect(*origin)
             got_bytes = False
             try:
-                await conn.stream.send(payload)
+                await conn.send(payload)
                 buf = conn.buf
                 while True:
                     end = buf.find(b"\r\n\r\n")

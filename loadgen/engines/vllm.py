@@ -510,11 +510,30 @@ def run_with_server(server: VllmServer, options: Any, *, ledger_total_bytes: int
         run_dir = Path(run_trace_sync(options))
     finally:
         sampler.stop()
-    memory = sampler.summary(ledger_total_bytes)
     shutil.copyfile(server.log_path, run_dir / "vllm.log")
+    reconciliation = _reconcile_run(server, run_dir)
+    if ledger_total_bytes is None and reconciliation.get("ledger_total_bytes"):
+        ledger_total_bytes = reconciliation["ledger_total_bytes"]
     manifest = read_manifest(run_dir)
     notes = manifest.setdefault("engine_notes", {})
-    notes["memory"] = memory
+    notes["memory"] = sampler.summary(ledger_total_bytes)
     notes["log"] = server.engine_notes()  # re-read: the log may have grown during the run
+    notes["ledger_reconcile"] = reconciliation
     write_manifest(run_dir, manifest)
     return run_dir
+
+
+def _reconcile_run(server: VllmServer, run_dir: Path) -> dict[str, Any]:
+    """Ledger vs what this vLLM reported (log + scraped cache_config_info), for the manifest."""
+    from ..errors import LoadgenError
+    from ..ledger import read_model_config, reconcile
+
+    config = Path(server.config.model_dir) / "config.json"
+    if not config.is_file():
+        return {"ok": None, "reason": f"{config}: not found"}
+    try:
+        result = reconcile(read_model_config(config), None, run_dir)
+    except LoadgenError as exc:
+        return {"ok": None, "reason": str(exc)}
+    return {"ok": result.ok, "rows": [r.to_dict() for r in result.rows], "ledger_total_bytes": result.ledger.total_bytes,
+            "ledger_lines": {line.name: line.bytes for line in result.ledger.lines}}

@@ -174,7 +174,3 @@ def vllm_kv_capacity(spec: KVSpec, num_blocks: int, max_model_len: int) -> tuple
     concurrency = num_blocks / per_request
     return int(concurrency * max_model_len), concurrency, per_request
 
-
-def bytes_to_gib(n: float) -> float:
-    return n / GIB
-

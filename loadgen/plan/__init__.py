@@ -16,13 +16,13 @@ from .prices import PriceTable, cost_per_million, load_prices
 from .region import build_region, format_region, load_region, plot_region, write_region
 from .runner import PLAN_FILE, RESULT_FILE, PlanResult, run_plan, run_plan_file
 from .spec import MIXED, PlanSpec, load_plan, parse_plan
-from .targets import CellTarget, SimServerProcess, SimServerTarget, StateResult, UrlTarget, WorksheetTarget
+from .targets import CellTarget, SimServerProcess, SimServerTarget, StateResult, UrlTarget, VllmTarget, WorksheetTarget
 
 __all__ = [
     "MIXED", "PlanSpec", "load_plan", "parse_plan",
     "CellCoord", "build_cell_trace", "mean_rate_rps",
     "STOP_KINDS", "FATAL_STOPS", "FailedCheck", "Stop", "RunJudgement", "judge_run", "unstable_tail",
-    "CellTarget", "StateResult", "WorksheetTarget", "SimServerTarget", "UrlTarget", "SimServerProcess",
+    "CellTarget", "StateResult", "WorksheetTarget", "SimServerTarget", "UrlTarget", "VllmTarget", "SimServerProcess",
     "PLAN_FILE", "RESULT_FILE", "PlanResult", "run_plan", "run_plan_file",
     "build_region", "write_region", "format_region", "plot_region", "load_region",
     "DEFAULT_VARIABLE", "Comparison", "compare_candidates", "format_comparison", "load_candidate",

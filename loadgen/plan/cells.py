@@ -94,7 +94,7 @@ def cell_trace_settings(spec: PlanSpec, scenario: Scenario, coord: CellCoord) ->
 def build_cell_trace(spec: PlanSpec, scenario: Scenario, coord: CellCoord, path: Path) -> tuple[Path, dict[str, Any]]:
     """Generate (or reuse) the cell's trace file; returns its path and metadata."""
     from ..trace.generate import generate_trace
-    from ..trace.io import read_trace, write_trace
+    from ..trace.io import read_trace
 
     path = Path(path)
     if path.is_file():
@@ -104,13 +104,25 @@ def build_cell_trace(spec: PlanSpec, scenario: Scenario, coord: CellCoord, path:
     cell_scenario = scenario.model_copy(update={"traces": {**scenario.traces, spec.trace: settings}})
     table, meta = generate_trace(cell_scenario, spec.trace, spec.seed)
     meta = {**meta, "plan_cell": coord.to_dict(), "offered_rate_rps": mean_rate_rps(settings)}
-    write_trace(table, path, meta)
+    _write_atomic(table, path, meta)
     return path, meta
+
+
+def _write_atomic(table: pa.Table, path: Path, meta: dict[str, Any]) -> Path:
+    """Write a trace under a temporary name, then rename: an interrupted write never leaves a half file."""
+    import os
+
+    from ..trace.io import write_trace
+
+    tmp = path.with_name(path.name + ".partial")
+    write_trace(table, tmp, meta)
+    os.replace(tmp, path)
+    return path
 
 
 def build_warmup_trace(cell_trace: Path, requests: int, rate_rps: float, path: Path) -> Path | None:
     """The fixed warm-up set: the cell trace's first ``requests`` rows, re-timed at ``rate_rps`` (None if empty)."""
-    from ..trace.io import read_trace, write_trace
+    from ..trace.io import read_trace
 
     if requests <= 0:
         return None
@@ -127,4 +139,4 @@ def build_warmup_trace(cell_trace: Path, requests: int, rate_rps: float, path: P
     columns["turn_index"] = [None] * n
     out = pa.Table.from_pydict(columns, schema=head.schema)
     meta = {**meta, "warmup_of": str(cell_trace), "requests": n, "duration_s": n / rate_rps, "mode": "open"}
-    return write_trace(out, path, meta)
+    return _write_atomic(out, Path(path), meta)

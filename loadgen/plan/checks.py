@@ -130,8 +130,6 @@ def _measurement_problems(run: Any, manifest: dict[str, Any], limits: StopLimits
     if bad:
         problems.append(f"clock: {bad} impossible timestamp orderings (sent < scheduled, first token < sent or done < first token)")
     if run.chunks is not None and run.chunks.num_rows:
-        import pyarrow.compute as pc
-
         grouped = run.chunks.group_by("request_id").aggregate([("tokens", "sum")])
         by_id = dict(zip(grouped.column("request_id").to_pylist(), grouped.column("tokens_sum").to_pylist()))
         mismatched = 0
@@ -141,7 +139,6 @@ def _measurement_problems(run: Any, manifest: dict[str, Any], limits: StopLimits
                     mismatched += 1
         if mismatched:
             problems.append(f"accounting: {mismatched} ok requests whose chunk tokens do not sum to their counted output")
-        del pc
     return problems
 
 

@@ -38,6 +38,8 @@ __all__ = [
 ]
 
 DEFAULT_VARIABLE = "target.engine"
+#: Above this client send-lag p99 (ms) the comparison says the measurement is suspect (the plan's default bound).
+SEND_LAG_NOTE_MS = 50.0
 
 #: Manifest subtrees that define what was run; everything else (paths, ports, pids, times) may differ.
 IDENTITY_ROOTS = (
@@ -219,6 +221,52 @@ def _peak(analysis: Any, key: str) -> float | None:
     return max(vals) if vals else None
 
 
+def _whole_run_rates(run_dir: Path) -> dict[str, float | None]:
+    """Output tokens and requests completed per second from the first scheduled request to the last done.
+
+    Unlike the analysis window (the scheduled span), this counts the drain after the last arrival, so a
+    candidate that finishes the same work later is not credited with work done outside the window.
+    """
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(Path(run_dir) / "requests.parquet",
+                          columns=["scheduled_ns", "done_ns", "status", "client_output_tokens", "server_output_tokens"])
+    rows = table.to_pylist()
+    ok = [r for r in rows if r["status"] == "ok"]
+    done = [r["done_ns"] for r in rows if r["done_ns"] is not None]
+    if not rows or not done:
+        return {"output_tok_s_whole_run": None, "completed_rps_whole_run": None, "whole_run_s": None}
+    span_s = (max(done) - min(r["scheduled_ns"] for r in rows)) / 1e9
+    tokens = sum((r["server_output_tokens"] if r["server_output_tokens"] is not None else r["client_output_tokens"] or 0) for r in ok)
+    return {"output_tok_s_whole_run": tokens / span_s if span_s > 0 else None,
+            "completed_rps_whole_run": len(ok) / span_s if span_s > 0 else None, "whole_run_s": span_s}
+
+
+def _engine_rate(run_dir: Path, manifest: dict[str, Any]) -> float | None:
+    """Output tokens per second of engine busy time (the engine's own capacity), when the engine says.
+
+    The worksheet records it in ``engine_notes``; the live simulated engine exports
+    ``loadgen_sim_busy_seconds_total`` beside ``vllm:generation_tokens_total`` (both counters, so their
+    increase over the run is used). Real engines do not expose busy time: None.
+    """
+    notes = manifest.get("engine_notes") or {}
+    if notes.get("output_tokens_per_busy_s"):
+        return float(notes["output_tokens_per_busy_s"])
+    path = Path(run_dir) / "server_metrics.parquet"
+    if not path.is_file():
+        return None
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(path, columns=["time_ns", "name", "value"]).to_pylist()
+
+    def increase(name: str) -> float | None:
+        values = sorted((r["time_ns"], r["value"]) for r in rows if r["name"] == name)
+        return values[-1][1] - values[0][1] if len(values) >= 2 else None
+
+    busy, tokens = increase("loadgen_sim_busy_seconds_total"), increase("vllm:generation_tokens_total")
+    return tokens / busy if busy and tokens is not None and busy > 0 else None
+
+
 def _judge_run(c: Candidate, route: str) -> dict[str, Any]:
     a = c.analysis
     classes = route_classes(route, c.scenario, list(a.classes))
@@ -228,6 +276,7 @@ def _judge_run(c: Candidate, route: str) -> dict[str, Any]:
             breaches.append({"class": check.class_name, "metric": check.metric, "percentile": check.percentile,
                              "observed": check.observed if check.observed is None or math.isfinite(check.observed) else "inf",
                              "limit": check.limit, "n": check.n, "reason": check.reason})
+    breaches.sort(key=lambda b: (b["metric"] != "ttft_ms", b["percentile"] != "p99"))  # the p99 TTFT breach leads
     if a.errored:
         breaches.append({"class": "overall", "metric": "error_rate", "percentile": None, "observed": a.error_share,
                          "limit": a.error_rate_limit, "n": a.overall.n_scheduled,
@@ -256,8 +305,24 @@ def _judge_run(c: Candidate, route: str) -> dict[str, Any]:
             "offered_rps": o.offered_rps, "send_rps": o.send_rps, "goodput_rps": o.goodput_rps,
             "attainment": o.attainment, "peak_output_tok_s": _peak(a, "output_tok_s"),
             "peak_completed_rps": _peak(a, "completed_rps"), "window_s": (a.window or {}).get("duration_s"),
+            **_whole_run_rates(c.path),
+            "output_tok_per_engine_busy_s": _engine_rate(c.path, c.manifest),
         },
     }
+
+
+def _headline_rate(tp: dict[str, Any]) -> tuple[float | None, str]:
+    """The throughput a candidate is ranked and priced by, and what it is.
+
+    Engine capacity (output tokens per engine-busy second) when the engine reports busy time: an open-loop
+    run below capacity completes what was offered whatever the candidate, so only this separates them.
+    Else output tokens/s over the whole run, else over the analysis window (plans: the best inside cell).
+    """
+    if tp.get("output_tok_per_engine_busy_s"):
+        return tp["output_tok_per_engine_busy_s"], "output tokens per second of engine busy time (capacity)"
+    if tp.get("output_tok_s_whole_run"):
+        return tp["output_tok_s_whole_run"], "output tokens/s over the whole run (first scheduled → last done)"
+    return tp.get("output_tok_s"), tp.get("basis", "output tokens/s over the analysis window")
 
 
 def _judge_plan(c: Candidate, route: str) -> dict[str, Any]:
@@ -328,6 +393,8 @@ def _context(c: Candidate) -> dict[str, Any]:
                     "run_kind": m.get("run_kind"), "modelExecuted": m.get("modelExecuted"),
                     "benchmarkExecuted": m.get("benchmarkExecuted")},
         "warm_state": m.get("warm_state"),
+        "measurement": {"send_lag_p99_ms": ((m.get("send_lag_ns") or {}).get("p99") or 0) / 1e6 if (m.get("send_lag_ns") or {}).get("p99") is not None else None,
+                        "warnings": list(m.get("warnings") or []), "state": m.get("state")},
         "order_index": m.get("order_index"),
         "started_utc": m.get("started_utc"),
     }
@@ -395,8 +462,12 @@ def compare_candidates(
         if table is not None:
             matched, price = table.price_for(c.label, (c.manifest.get("target") or {}).get("model"), c.path.name)
             if price is not None:
+                out_rate, basis = _headline_rate(tp)
+                scale = (out_rate / tp["output_tok_s"]) if tp.get("output_tok_s") and out_rate else 1.0
+                prompt_rate = tp.get("prompt_tok_s") * scale if tp.get("prompt_tok_s") is not None else None
                 cost = {"matched": matched, "example_prices": table.example, "currency": table.currency,
-                        **cost_per_million(price, prompt_tok_s=tp.get("prompt_tok_s"), output_tok_s=tp.get("output_tok_s"))}
+                        "throughput_basis": basis,
+                        **cost_per_million(price, prompt_tok_s=prompt_rate, output_tok_s=out_rate)}
             else:
                 cost = {"matched": None, "note": f"no price for {c.label!r} and no [default] in {table.source_path}"}
         rejected = any(s["result"] == "rejected" for s in steps)
@@ -406,17 +477,22 @@ def compare_candidates(
             "rejected_at": next((s["step"] for s in steps if s["result"] == "rejected"), None),
             "steps": steps, "contract": contract, "cost": cost, **j, "context": _context(c),
         })
+    for j in judged:
+        lag = j["context"]["measurement"]["send_lag_p99_ms"]
+        if lag is not None and lag > SEND_LAG_NOTE_MS:
+            notes.append(f"measurement: {j['label']} send-lag p99 {lag:.1f} ms > {SEND_LAG_NOTE_MS:g} ms: the client fell "
+                         "behind its schedule (a busy host); its client-side numbers carry that error, rerun on a quieter host")
     eligible = [j for j in judged if j["verdict"] == "eligible"]
 
     def rank_key(j: dict[str, Any]) -> tuple:
         cost = (j.get("cost") or {}).get("per_million_output_tokens")
-        return (cost if cost is not None else math.inf, -(j["throughput"].get("output_tok_s") or 0.0))
+        return (cost if cost is not None else math.inf, -(_headline_rate(j["throughput"])[0] or 0.0))
 
-    headline = max(judged, key=lambda j: (j["throughput"].get("output_tok_s") or 0.0))
+    headline = max(judged, key=lambda j: _headline_rate(j["throughput"])[0] or 0.0)
     if eligible:
         chosen = min(eligible, key=rank_key)
-        by = "lowest cost per million output tokens" if (chosen.get("cost") or {}).get("per_million_output_tokens") is not None \
-            else "highest output tokens/s"
+        by = ("lowest cost per million output tokens" if (chosen.get("cost") or {}).get("per_million_output_tokens") is not None
+              else "highest " + _headline_rate(chosen["throughput"])[1])
         why = [f"{chosen['label']} is chosen for {route} routing: it meets every hard budget of "
                f"{', '.join(chosen['route_classes'])}, its behaviour contract is {chosen['contract']['status']}, "
                f"and among the {len(eligible)} eligible candidate(s) it has the {by}"]
@@ -428,7 +504,10 @@ def compare_candidates(
             reasons = next(s["why"] for s in j["steps"] if s["result"] == "rejected")
             lead = f"{j['label']} rejected for {route} routing at '{j['rejected_at']}'"
             if j is headline and chosen is not None and j is not chosen:
-                lead += " although it has the headline throughput"
+                rate, basis = _headline_rate(j["throughput"])
+                chosen_rate = _headline_rate(chosen["throughput"])[0]
+                lead += (f" although it has the headline throughput ({_f(rate)} vs {_f(chosen_rate)} for {chosen['label']}: "
+                         f"{basis})")
             why.append(lead + ": " + "; ".join(reasons))
     for j in judged:
         j["status_line"] = (f"{j['label']}: {j['verdict']}" + (f" at {j['rejected_at']}" if j['rejected_at'] else ""))
@@ -438,7 +517,8 @@ def compare_candidates(
         "chosen_path": chosen["path"] if chosen else None,
         "rejected": [{"label": j["label"], "step": j["rejected_at"],
                       "why": next(s["why"] for s in j["steps"] if s["result"] == "rejected")} for j in judged if j["verdict"] == "rejected"],
-        "headline_throughput": headline["label"],
+        "headline_throughput": {"label": headline["label"], "value": _headline_rate(headline["throughput"])[0],
+                                "basis": _headline_rate(headline["throughput"])[1]},
         "why": why,
     }
     identity = {"variable": variable, "varies": covered, "also_differs": other,
@@ -467,7 +547,7 @@ def format_comparison(comp: Comparison) -> str:
     cands = comp.candidates
     width = max(26, *(len(c["label"]) + 2 for c in cands), *(len(c["status_line"]) - len(c["label"]) for c in cands))
     lines = [f"Candidate comparison — route: {comp.route}; declared variable: {comp.variable}",
-             f"Judgement order: hard budgets → behaviour contract → throughput and cost", ""]
+             "Judgement order: hard budgets → behaviour contract → throughput and cost", ""]
 
     def row(name: str, values: list[str]) -> str:
         return f"  {name:<44}" + "".join(f"{v:<{width}}" for v in values)
@@ -499,6 +579,7 @@ def format_comparison(comp: Comparison) -> str:
     lines.append(row("errors (error/timeout/not_sent)", [
         f"{sum(v for k, v in c['status_counts'].items() if k in ('error', 'timeout', 'not_sent'))} of {sum(c['status_counts'].values())}"
         if c["status_counts"] else "–" for c in cands]))
+    lines.append(row("client send-lag p99 ms (measurement)", [_f(c["context"]["measurement"]["send_lag_p99_ms"], 2) for c in cands]))
     lines.append(row("result", [c["steps"][0]["result"] for c in cands]))
     lines.append("")
     lines.append("  2. behaviour contract")
@@ -506,8 +587,10 @@ def format_comparison(comp: Comparison) -> str:
     lines.append("")
     lines.append("  3. throughput and cost")
     tp = [c["throughput"] for c in cands]
-    lines.append(row("output tok/s (run window)", [_f(t.get("output_tok_s")) for t in tp]))
+    lines.append(row("output tok/s (analysis window)", [_f(t.get("output_tok_s")) for t in tp]))
+    lines.append(row("output tok/s (whole run, incl. drain)", [_f(t.get("output_tok_s_whole_run")) for t in tp]))
     lines.append(row("output tok/s (peak 1 s)", [_f(t.get("peak_output_tok_s")) for t in tp]))
+    lines.append(row("output tok per engine-busy s (capacity)", [_f(t.get("output_tok_per_engine_busy_s")) for t in tp]))
     lines.append(row("completed req/s", [_f(t.get("completed_rps"), 2) for t in tp]))
     lines.append(row("offered req/s", [_f(t.get("offered_rps"), 2) for t in tp]))
     lines.append(row("goodput req/s (all budgets met)", [_f(t.get("goodput_rps"), 2) for t in tp]))

@@ -22,8 +22,12 @@ def _skip(summary: str, status: str = "skipped") -> dict[str, Any]:
 
 
 def replay_contract(scenario: Any, target_url: str | None, model: str | None, *, out_path: Path | None = None,
-                    reference: Any = None, api_key_env: str | None = None) -> dict[str, Any]:
-    """Replay the scenario's behaviour cases against ``target_url``; write ``out_path`` (contract.json)."""
+                    reference: Any = None, api_key_env: str | None = None, concurrency: int = 8) -> dict[str, Any]:
+    """Replay the scenario's behaviour cases against ``target_url``; write ``out_path`` (contract.json).
+
+    Cases go ``concurrency`` at a time (default 8): a batching engine holds a lone request for its whole
+    batching window, so one at a time would cost a window per case; each case's settings stay deterministic.
+    """
     refs = list(getattr(getattr(scenario, "behavior", None), "cases", []) or []) if scenario is not None else []
     if not refs:
         return _skip("behaviour contract not configured (scenario [behavior] cases is empty)", "not_configured")
@@ -40,7 +44,7 @@ def replay_contract(scenario: Any, target_url: str | None, model: str | None, *,
         cases = load_case_refs(refs, scenario.base_dir())
         endpoint = "chat" if scenario.endpoint == "chat" else "completions"
         result = replay_cases_sync(cases, target_url, model or "", api_key_env=api_key_env, endpoint=endpoint,
-                                   reference=reference)
+                                   reference=reference, concurrency=concurrency)
     except LoadgenError as exc:
         return _skip(f"behaviour contract not replayed: {exc}")
     if out_path is not None:

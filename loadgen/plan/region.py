@@ -202,7 +202,7 @@ def format_region(region: dict[str, Any]) -> str:
                 marks = []
                 for c in row:
                     mark = _MARK[c["status"]]
-                    if c["repeats"]:
+                    if c["repeats"] and c["status"] != NOT_ACHIEVABLE:
                         mark += f" {c['passes']}/{c['repeats']}"
                     marks.append(mark)
                 out.append(f"| {conc} | " + " | ".join(marks) + " |")

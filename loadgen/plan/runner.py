@@ -17,7 +17,6 @@ the target). Runs without the marker (interrupted mid-cell) are removed and redo
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import time
@@ -30,7 +29,7 @@ from ..identity import harness_identity, utc_now_iso
 from .cells import CellCoord, build_cell_trace, build_warmup_trace
 from .checks import FATAL_STOPS, Stop, judge_run, unstable_tail
 from .spec import PlanSpec
-from .targets import CellTarget, StateResult, WorksheetTarget
+from .targets import CellTarget, WorksheetTarget
 
 __all__ = ["PLAN_FILE", "RESULT_FILE", "ANALYSIS_FILE", "RunRecord", "CellOutcome", "PlanResult", "run_plan", "run_plan_file", "BudgetExhausted"]
 
@@ -244,6 +243,13 @@ class _Planner:
         if marker.is_file():
             return RunRecord(json.loads(marker.read_text()))
         if rep_dir.exists():  # interrupted mid-run: its time counts, its data does not
+            try:
+                lost = float(json.loads((rep_dir / "manifest.json").read_text()).get("duration_s") or 0.0)
+            except (OSError, ValueError):
+                lost = 0.0
+            self.state["discarded_wall_s"] = float(self.state.get("discarded_wall_s", 0.0)) + lost
+            self.state.setdefault("discarded_runs", []).append({"run_dir": str(rep_dir.relative_to(self.plan_dir)),
+                                                                "duration_s": lost, "reason": "interrupted before its result"})
             shutil.rmtree(rep_dir)
         if self.max_new_runs is not None and self.new_runs >= self.max_new_runs:
             raise _RunLimitReached()
@@ -277,7 +283,8 @@ class _Planner:
             rep_dir.mkdir(parents=True, exist_ok=True)
             _atomic_json(marker, record)
             return RunRecord(record)
-        deadline = min(cell_timeout, max(1.0, remaining_s)) if self.target.real_time else None
+        # the run may not outlast what is left of the plan's time (less the overhead around a run)
+        deadline = min(cell_timeout, max(1.0, remaining_s - self.overhead_s)) if self.target.real_time else None
         self.log(f"plan: run {order_index}: {coord.cell_id} (rate step {coord.rate_step:g} {coord.rate_kind}, "
                  f"{n_requests} requests) repeat {repeat} [{state.label}]")
         run_dir = self.target.run(trace, rep_dir, scenario_path=self.scenario_path, state=state, order_index=order_index,
@@ -506,10 +513,6 @@ def _ledger_summary(spec: PlanSpec, scenario: Any) -> dict[str, Any] | None:
                      if beyond else "every concurrency step fits the KV pool at p99 lengths (default engine settings)")}
 
 
-def _finite(value: Any) -> Any:
-    return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
 def run_plan_file(
     plan_path: str | Path,
     out: str | Path,
@@ -518,24 +521,40 @@ def run_plan_file(
     model: str | None = None,
     sim: str | None = None,
     sim_worksheet: str | None = None,
+    vllm: str | None = None,
+    vllm_args: list[str] | None = None,
     api_key_env: str | None = None,
     max_new_runs: int | None = None,
     time_budget_s: float | None = None,
     log: Callable[[str], None] | None = None,
 ) -> PlanResult:
-    """Load a plan file, build exactly one target (URL, live sim server, or worksheet) and run it."""
-    from .spec import load_plan
-    from .targets import SimServerTarget, UrlTarget
+    """Load a plan file, build exactly one target (URL, live sim server, worksheet, or a vLLM it launches) and run it.
 
-    chosen = [name for name, value in (("--target", target_url), ("--sim", sim), ("--sim-worksheet", sim_worksheet)) if value]
+    ``vllm`` is a model directory, a config.json or a shipped model name (a tokenizer and dummy weights are
+    made for the latter two); ``vllm_args`` are extra vLLM flags (e.g. ``--max-num-seqs=8``).
+    """
+    from .spec import load_plan
+    from .targets import SimServerTarget, UrlTarget, VllmTarget
+
+    chosen = [name for name, value in (("--target", target_url), ("--sim", sim), ("--sim-worksheet", sim_worksheet),
+                                       ("--vllm", vllm)) if value]
     if len(chosen) != 1:
-        raise PlanError(f"plan: got {', '.join(chosen) or 'no target'}: expected exactly one of --target URL, --sim ENGINE, --sim-worksheet ENGINE")
+        raise PlanError(f"plan: got {', '.join(chosen) or 'no target'}: expected exactly one of --target URL, "
+                        "--sim ENGINE, --sim-worksheet ENGINE, --vllm MODEL")
     spec = load_plan(plan_path)
     out = Path(out)
     if sim_worksheet:
         target: CellTarget = WorksheetTarget(sim_worksheet)
     elif sim:
         target = SimServerTarget(sim, out)
+    elif vllm:
+        from ..engines.vllm import VllmConfig, make_model_dir
+
+        model_dir = Path(vllm)
+        if not model_dir.is_dir():
+            model_dir = make_model_dir(vllm, out / "model")
+        target = VllmTarget(VllmConfig(model_dir=model_dir, served_model_name=model, extra_args=list(vllm_args or [])),
+                            out / "vllm-logs", model=model)
     else:
         target = UrlTarget(str(target_url), model, api_key_env)
     with target:

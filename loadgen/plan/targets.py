@@ -9,7 +9,8 @@ Three kinds of target share one small interface (``prepare`` a state, ``run`` a 
   launched; cold = restart the server process, warm = a fixed warm-up set through the real driver.
 - ``UrlTarget``: any OpenAI-compatible URL; warm = the warm-up set, cold is not achievable (the tool
   did not launch the engine, so it cannot restart it) and such cells are reported, not run.
-``VllmTarget`` (in ``loadgen.practice``' real-engine path) follows the same interface.
+- ``VllmTarget``: a real vLLM server this process launched (``loadgen.engines.vllm``); cold = restart
+  it (weights reloaded, graphs recompiled, KV and prefix cache empty), warm = the warm-up set.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ __all__ = [
     "WorksheetTarget",
     "SimServerTarget",
     "UrlTarget",
+    "VllmTarget",
     "SimServerProcess",
     "run_driver",
 ]
@@ -172,7 +174,8 @@ class SimServerProcess:
     def start(self) -> str:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.starts += 1
-        log_path = self.log_dir / f"sim-server-{self.starts}.log"
+        stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(self.engine).stem)
+        log_path = self.log_dir / f"sim-server-{stem}-{self.starts}.log"
         cmd = [sys.executable, "-m", "loadgen", "sim", "serve", "--engine", self.engine,
                "--host", "127.0.0.1", "--port", "0", *self.extra_args]
         root = Path(__file__).resolve().parents[2]
@@ -339,3 +342,98 @@ class UrlTarget(CellTarget):
         return run_driver(trace_path, self._url, out_dir, model=self._model, scenario_path=scenario_path, state=state,
                           order_index=order_index, repeat=repeat, plan_cell=plan_cell, deadline_s=deadline_s,
                           api_key_env=self.api_key_env)
+
+
+class VllmTarget(CellTarget):
+    """A real vLLM server launched by loadgen (``loadgen.engines.vllm``): restartable, so cold is reachable."""
+
+    kind = "vllm"
+
+    def __init__(self, config: Any, work_dir: Path, *, model: str | None = None, tokenizer: str = "server") -> None:
+        import dataclasses
+
+        self._replace = dataclasses.replace
+        self.config = config
+        self.work_dir = Path(work_dir)
+        self._model = model or config.served_model_name or str(config.model_dir)
+        self.tokenizer = tokenizer
+        self.starts = 0
+        self.server: Any = None
+        self._start()
+
+    def _start(self) -> float:
+        from ..engines.vllm import VllmServer
+
+        self.starts += 1
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        cfg = self._replace(self.config, log_path=self.work_dir / f"vllm-{self.starts}.log")
+        self.server = VllmServer(cfg).start()
+        try:
+            return self.server.wait_healthy()
+        except BaseException:
+            self.server.stop()
+            raise
+
+    def _restart(self) -> tuple[int | None, int | None, float]:
+        old = self.server.proc.pid if self.server and self.server.proc else None
+        if self.server is not None:
+            self.server.stop()
+        ready_s = self._start()
+        return old, self.server.proc.pid, ready_s
+
+    @property
+    def url(self) -> str | None:
+        return self.server.base_url if self.server else None
+
+    @property
+    def model(self) -> str | None:
+        return self._model
+
+    def describe(self) -> dict[str, Any]:
+        import hashlib
+        import json as _json
+
+        args = [a for a in self.config.args(0) if a != "0"]
+        return {"kind": self.kind, "engine": f"vllm:{Path(self.config.model_dir).name}",
+                "engine_sha256": hashlib.sha256(_json.dumps(args).encode()).hexdigest(), "args": args,
+                "launched_by_loadgen": True}
+
+    def prepare(self, state: str, warmup_trace: Path | None, work_dir: Path, scenario_path: Path | None) -> StateResult:
+        if state == "cold":
+            old, new, ready = self._restart()
+            return StateResult("cold", True, [f"vLLM restarted (pid {old} → {new}), healthy after {ready:.1f} s: weights "
+                                              "reloaded, graphs recompiled, KV and prefix cache empty; no warm-up sent"])
+        actions: list[str] = []
+        if self.server.proc is None or self.server.proc.poll() is not None:
+            old, new, ready = self._restart()
+            actions.append(f"vLLM was not running; restarted (pid {old} → {new}), healthy after {ready:.1f} s")
+        actions += _warmup(self.server.base_url, self._model, warmup_trace, work_dir, scenario_path)
+        return StateResult("warm", True, actions)
+
+    def run(self, trace_path: Path, out_dir: Path, *, scenario_path: Path | None, state: StateResult,
+            order_index: int, repeat: int, plan_cell: dict[str, Any], deadline_s: float | None, seed: int) -> Path:
+        from ..driver import RunOptions
+        from ..engines.vllm import run_with_server
+
+        options = RunOptions(
+            trace_path=trace_path, target_url=self.server.base_url, out_dir=out_dir, model=self._model,
+            scenario_path=scenario_path, warm_state=state.label, warm_actions=state.actions, order_index=order_index,
+            repeat=repeat, plan_cell=plan_cell, deadline_s=deadline_s, progress="off", tokenizer=self.tokenizer,
+            extra_manifest={"plan_target": {**self.describe(), "server_pid": self.server.proc.pid,
+                                            "server_starts": self.starts}},
+        )
+        return run_with_server(self.server, options)
+
+    def check_alive(self) -> str | None:
+        proc = self.server.proc if self.server else None
+        if proc is not None and proc.poll() is not None:
+            return f"vLLM exited with code {proc.returncode} during the cell (log {self.server.log_path})"
+        return None
+
+    def recover(self) -> list[str]:
+        old, new, ready = self._restart()
+        return [f"vLLM restarted after a failure (pid {old} → {new}), healthy after {ready:.1f} s"]
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()

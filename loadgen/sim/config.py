@@ -159,10 +159,20 @@ class EngineConfig(_Model):
     stream: StreamConfig = StreamConfig()
     faults: FaultConfig = FaultConfig()
     managed: ManagedConfig | None = None
+    # [behavior]: contract-case answers and drift (validated by loadgen.contract.responder.BehaviorConfig)
+    behavior: dict[str, Any] | None = None
     # set by load_engine_config, not by the file
     source_path: str | None = Field(default=None, exclude=True)
     sha256: str | None = Field(default=None, exclude=True)
     resolved_kv_blocks: int | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="after")
+    def _behavior(self) -> "EngineConfig":
+        if self.behavior is not None:
+            from ..contract.responder import BehaviorConfig  # imported only when a config has [behavior]
+
+            BehaviorConfig.model_validate(self.behavior)
+        return self
 
     @property
     def num_kv_blocks(self) -> int:

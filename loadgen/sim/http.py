@@ -52,6 +52,8 @@ class _BadRequest(Exception):
 class Connection(asyncio.Protocol):
     """One client connection: parses requests, runs the handler, writes responses."""
 
+    server_name = "loadgen-sim"
+
     def __init__(self, handler: Handler, on_error: Callable[[Connection, int, str], bytes]) -> None:
         self.handler = handler
         self.on_error = on_error  # builds an error response body for parse failures
@@ -66,6 +68,7 @@ class Connection(asyncio.Protocol):
         self._drain: asyncio.Future[None] | None = None
         self._paused = False
         self._task: asyncio.Task[None] | None = None
+        self._continued = False
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -176,10 +179,14 @@ class Connection(asyncio.Protocol):
             if length > MAX_BODY_BYTES:
                 raise _BadRequest(413, "request body too large")
             if len(buf) < pos + length:
+                if headers.get("expect", "").lower() == "100-continue" and not self._continued:
+                    self._continued = True  # curl waits for this before sending a large body
+                    self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # type: ignore[union-attr]
                 return None
             body = bytes(buf[pos : pos + length])
             pos += length
         del buf[:pos]
+        self._continued = False
         conn_header = headers.get("connection", "").lower()
         keep_alive = (version == "HTTP/1.1" and conn_header != "close") or conn_header == "keep-alive"
         split = urlsplit(target)
@@ -207,7 +214,7 @@ class Connection(asyncio.Protocol):
 
     # -- responses ---------------------------------------------------------------------------------
     def _head(self, status: int, headers: list[tuple[str, str]]) -> bytes:
-        lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Status')}"]
+        lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Status')}", f"server: {self.server_name}"]
         lines += [f"{k}: {v}" for k, v in headers]
         if not self.keep_alive:
             lines.append("connection: close")

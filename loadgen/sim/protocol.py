@@ -81,6 +81,10 @@ class StreamFormat:
         """A content event; ``text`` must be plain ASCII filler (no escaping needed)."""
         return self.head + b'"' + text.encode() + b'"' + self.content_tail
 
+    def content_any(self, text: str) -> bytes:
+        """A content event for arbitrary text (JSON-escaped; contract answers)."""
+        return self.head + json.dumps(text).encode() + self.content_tail
+
     def content_overhead(self) -> int:
         """Bytes of a content event besides the text itself."""
         return len(self.head) + 2 + len(self.content_tail)

@@ -26,6 +26,7 @@ from .. import __version__
 from ..prompts import get_tokenizer
 from .config import EngineConfig, load_engine_config
 from .engine import Engine, Seq
+from ..contract.responder import CASE_HEADER
 from .faults import FAULT_HEADER, FaultDecider, FaultLog, FaultPlan, parse_fault_header
 from .http import Connection, Request, start_http_server
 from .metrics import E2E_BUCKETS, ITERATION_TOKENS_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, Histogram, format_value
@@ -219,7 +220,8 @@ class SimServer:
         conn.send(200, b"", content_type="text/plain")
 
     def _version(self, conn: Connection) -> None:
-        conn.send(200, json.dumps({"version": __version__, "engine": "loadgen-sim", "engine_config": self.config.name}).encode())
+        body = {"version": __version__, "engine": "loadgen-sim", "engine_config": self.config.name, "config": self.config.manifest()}
+        conn.send(200, json.dumps(body).encode())
 
     def _models(self, conn: Connection) -> None:
         card = {
@@ -414,6 +416,9 @@ class SimServer:
                     conn, 429, "injected fault: rate limited", headers=headers + [
                         ("retry-after", format(ra, "g")), ("retry-after-ms", str(int(ra * 1000)))],
                 )
+        pieces, finish = self._contract_answer(body, req)
+        if pieces is not None:
+            max_tokens = len(pieces)
         model, fingerprint = self._identity()
         fmt = StreamFormat(kind, rid, int(time.time()), model, fingerprint)
         ctx = LiveRequest(0)
@@ -428,16 +433,32 @@ class SimServer:
                   cache_key=chain[0] if chain else None, chain=chain, ctx=ctx)
         ctx.seq = seq
         ctx.arrival_ns = ctx.last_ns = seq.arrival_ns
-        self.live.submit(seq)
+        if max_tokens > 0:
+            self.live.submit(seq)
+        else:  # an empty contract answer: nothing to generate
+            ctx.done = True
         try:
             if stream:
-                await self._stream(conn, ctx, fmt, headers, include_usage, plan, len(ids))
+                await self._stream(conn, ctx, fmt, headers, include_usage, plan, len(ids), pieces, finish)
             else:
-                await self._whole(conn, ctx, fmt, headers, plan, len(ids))
+                await self._whole(conn, ctx, fmt, headers, plan, len(ids), pieces, finish)
         finally:
             if not ctx.done and not ctx.gone:
                 ctx.gone = True
                 self.live.abort(seq)
+
+    def _contract_answer(self, body: dict[str, Any], req: Request) -> tuple[list[str] | None, str]:
+        """Token pieces of the contract case's answer (loadgen.contract responder), or (None, "length")."""
+        if CASE_HEADER not in req.headers and b"loadgen-case:" not in req.body:
+            return None, "length"
+        from ..contract.responder import respond_full, token_pieces
+
+        tok = self.tokenizer if not self.tokenizer.name.startswith("chars:") else get_tokenizer("cl100k_base")
+        base = Path(self.config.source_path).parent if self.config.source_path else None
+        answer = respond_full(body, self.config.behavior, headers=req.headers, base_dir=base, tokenizer=tok)
+        if answer is None:
+            return None, "length"
+        return token_pieces(answer.text, tok), answer.finish_reason
 
     def _client_gone(self, ctx: LiveRequest) -> None:
         ctx.gone = True
@@ -446,7 +467,8 @@ class SimServer:
         ctx.wake()
 
     async def _stream(self, conn: Connection, ctx: LiveRequest, fmt: StreamFormat, headers: list[tuple[str, str]],
-                      include_usage: bool, plan: FaultPlan | None, prompt_tokens: int) -> None:
+                      include_usage: bool, plan: FaultPlan | None, prompt_tokens: int,
+                      pieces: list[str] | None = None, finish: str = "length") -> None:
         conn.start_stream(200, _SSE_HEADERS + headers)
         if fmt.kind == "chat":
             conn.write_chunk(fmt.role())
@@ -471,7 +493,12 @@ class SimServer:
                     nxt = min(k for k in stops)
                     if nxt < target:
                         target = nxt
-                if coalesce:
+                if pieces is not None:
+                    if coalesce:
+                        conn.write_chunk(fmt.content_any("".join(pieces[sent:target])))
+                    else:
+                        conn.write_chunk(b"".join(fmt.content_any(pieces[j]) for j in range(sent, target)))
+                elif coalesce:
                     conn.write_chunk(fmt.content(filler_text(sent, target - sent)))
                 else:
                     conn.write_chunk(b"".join(fmt.content(filler_text(j, 1)) for j in range(sent, target)))
@@ -483,7 +510,7 @@ class SimServer:
             if ctx.done:
                 break
             await ctx.wait()
-        conn.write_chunk(fmt.finish("length"))
+        conn.write_chunk(fmt.finish(finish))
         if include_usage:
             conn.write_chunk(fmt.usage(prompt_tokens, sent, ctx.seq.cached_tokens if ctx.seq else None))
         conn.write_chunk(DONE)
@@ -507,7 +534,8 @@ class SimServer:
         return ctx.gone
 
     async def _whole(self, conn: Connection, ctx: LiveRequest, fmt: StreamFormat, headers: list[tuple[str, str]],
-                     plan: FaultPlan | None, prompt_tokens: int) -> None:
+                     plan: FaultPlan | None, prompt_tokens: int, pieces: list[str] | None = None,
+                     finish: str = "length") -> None:
         while not ctx.done:
             if ctx.gone:
                 return
@@ -523,7 +551,8 @@ class SimServer:
             return
         seq = ctx.seq
         assert seq is not None
-        body = fmt.full_response(filler_text(0, seq.output), "length", prompt_tokens, seq.output, seq.cached_tokens)
+        text = "".join(pieces) if pieces is not None else filler_text(0, seq.output)
+        body = fmt.full_response(text, finish, prompt_tokens, seq.output, seq.cached_tokens)
         conn.send(200, json.dumps(body).encode(), headers=headers)
 
     # -- tokenize ----------------------------------------------------------------------------------

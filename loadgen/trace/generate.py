@@ -21,7 +21,7 @@ from .. import __version__
 from ..distributions import mean, sample, sample_tokens
 from ..errors import TraceError
 from ..records import TRACE_SCHEMA
-from ..scenario import Scenario, TraceSettings
+from ..scenario import CLASS_NAMES, Scenario, TraceSettings
 from .io import write_trace
 
 __all__ = ["GENERATOR_VERSION", "generate_trace", "generate_trace_file", "arrival_times"]
@@ -99,11 +99,12 @@ def generate_trace(scenario: Scenario, trace_name: str, seed: int | None = None)
     settings = scenario.traces[trace_name]
     base_dir = scenario.base_dir()
     rng_arrival, rng_class, rng_group = _rng_streams(seed, trace_name, 3)
-    names = list(scenario.classes)
+    # Canonical class order (not file order), so a scenario rebuilt from a manifest gives the same trace.
+    names = [n for n in CLASS_NAMES if n in scenario.classes]
     # Rates and shares are per *request*; a long-thread arrival opens a conversation of E[turns]
     # requests, so sessions are drawn with weights share/E[turns] at rate x Z, Z = sum(share/E[turns]).
     turns_mean = np.array(
-        [mean(c.thread.turns, base_dir) if c.thread else 1.0 for c in scenario.classes.values()]
+        [mean(scenario.classes[n].thread.turns, base_dir) if scenario.classes[n].thread else 1.0 for n in names]
     )
 
     def session_weights(shares: dict[str, float]) -> tuple[np.ndarray, float]:

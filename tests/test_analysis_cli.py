@@ -1,0 +1,51 @@
+"""``loadgen analyze``: the real command, exit codes, JSON and HTML outputs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from loadgen.cli import main
+
+from test_analysis_run import build_run, known_chunks, known_requests, scenario_two_classes
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "loadgen", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_analyze_command_writes_json_and_html_and_exits_zero_on_failed_budgets(tmp_path):
+    run = build_run(tmp_path / "run", known_requests(), known_chunks(), scenario=scenario_two_classes())
+    out = _run("analyze", str(run), "--json", str(tmp_path / "a.json"), "--html", str(tmp_path / "a.html"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.lstrip().startswith("╭") and "FAIL" in out.stdout.split("\n")[1]  # verdict first
+    doc = json.loads((tmp_path / "a.json").read_text())
+    assert doc["schema_version"] == "1" and doc["verdict"]["passed"] is False
+    assert (tmp_path / "a.html").stat().st_size > 10_000
+    failing = _run("analyze", str(run), "--fail-on-budget", "--quiet")
+    assert failing.returncode == 3
+
+
+def test_window_and_scenario_options(tmp_path):
+    run = build_run(tmp_path / "run", known_requests(), known_chunks())  # no scenario in the manifest
+    scen = tmp_path / "s.toml"
+    scen.write_text((REPO / "scenarios" / "canonical.toml").read_text().replace(
+        'cases = ["contract/canonical.toml"]', "cases = []"))
+    assert main(["analyze", str(run), "--scenario", str(scen), "--window", "0:0.25", "--quiet",
+                 "--json", str(tmp_path / "w.json")]) == 0
+    doc = json.loads((tmp_path / "w.json").read_text())
+    assert doc["window"]["start_s"] == 0 and doc["window"]["end_s"] == 0.25
+    assert doc["overall"]["n_scheduled"] == 5 and doc["checks"]  # budgets from --scenario
+
+
+def test_bad_input_exits_two_with_one_line(tmp_path):
+    out = _run("analyze", str(tmp_path / "missing"))
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "manifest.json" in out.stderr
+    out = _run("analyze", str(tmp_path), "--window", "abc")
+    assert out.returncode == 2 and "start:end" in out.stderr

@@ -1,0 +1,164 @@
+"""Candidate comparison: one-variable identity check, judgement order, the canonical comparison, prices."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loadgen.errors import PlanError, ScenarioError
+from loadgen.plan import compare_candidates, format_comparison, load_prices
+from loadgen.plan.compare import identity_differences, identity_of
+from loadgen.plan.prices import Price, cost_per_million
+
+REPO = Path(__file__).resolve().parents[1]
+SCENARIO = REPO / "scenarios" / "canonical.toml"
+CANDIDATES = ("interactive-small-batch", "throughput-large-batch")
+
+
+def burst_trace(tmp: Path) -> Path:
+    shipped = REPO / "traces" / "canonical-burst.parquet"
+    if shipped.is_file():
+        return shipped
+    from loadgen.scenario import load_scenario
+    from loadgen.trace.generate import generate_trace_file
+
+    return generate_trace_file(load_scenario(SCENARIO), "burst", tmp / "canonical-burst.parquet")
+
+
+@pytest.fixture(scope="module")
+def worksheet_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Both presets over the canonical burst trace in virtual time."""
+    from loadgen.sim import run_worksheet
+
+    tmp = tmp_path_factory.mktemp("compare")
+    trace = burst_trace(tmp)
+    return {name: run_worksheet(trace, name, tmp / name, scenario=SCENARIO) for name in CANDIDATES}
+
+
+def test_canonical_comparison_rejects_the_large_batch_for_p99_ttft(worksheet_runs: dict[str, Path]) -> None:
+    comp = compare_candidates([worksheet_runs[n] for n in CANDIDATES], route="interactive",
+                              prices=REPO / "scenarios" / "prices.toml")
+    small, large = comp.candidates
+    assert (small["label"], large["label"]) == CANDIDATES
+    assert small["steps"][0]["result"] == "passed"
+    assert large["verdict"] == "rejected" and large["rejected_at"] == "hard budgets"
+    p99_ttft = [b for b in large["breaches"] if b["metric"] == "ttft_ms" and b["percentile"] == "p99"]
+    assert p99_ttft, large["breaches"]
+    for breach in p99_ttft:  # each breach names class, percentile, measured value, limit and sample count
+        assert breach["class"] in large["route_classes"]
+        assert breach["observed"] > breach["limit"] and breach["n"] > 0
+    assert comp.decision["chosen"] == "interactive-small-batch"
+    # the large batch completes more tokens per unit of engine time (the headline) and is rejected anyway
+    assert large["throughput"]["output_tok_per_engine_busy_s"] > small["throughput"]["output_tok_per_engine_busy_s"]
+    assert comp.decision["headline_throughput"]["label"] == "throughput-large-batch"
+    assert large["cost"]["per_million_output_tokens"] < small["cost"]["per_million_output_tokens"]
+    assert any("throughput-large-batch rejected" in w and "headline throughput" in w and "ttft_ms p99" in w
+               for w in comp.decision["why"])
+    # the numbers side by side: both candidates' throughput and tails are in the report
+    for cand in comp.candidates:
+        assert cand["throughput"]["output_tok_s"] > 0 and cand["throughput"]["completed_rps"] > 0
+        assert cand["cost"]["per_million_output_tokens"] > 0 and cand["cost"]["example_prices"] is True
+    text = format_comparison(comp)
+    assert "interactive-small-batch" in text and "throughput-large-batch" in text
+    assert "output tok/s" in text and "ttft_ms p99" in text and "EXAMPLE" in text
+    # judgement order: behaviour is looked at after hard budgets, and said even when not evaluated
+    assert [s["step"] for s in large["steps"]] == ["hard budgets", "behaviour contract"]
+    assert small["contract"]["status"] in ("not_evaluated", "not_configured", "passed")
+    data = json.loads(json.dumps(comp.to_dict(), default=str))
+    assert data["judgement_order"] == ["hard budgets", "behaviour contract", "throughput and cost"]
+
+
+def test_only_the_declared_variable_may_differ(worksheet_runs: dict[str, Path]) -> None:
+    idents = [identity_of(json.loads((worksheet_runs[n] / "manifest.json").read_text())) for n in CANDIDATES]
+    covered, other = identity_differences(idents, "target.engine")
+    assert covered and not other
+    assert any(k.endswith("max_num_seqs") for k in covered)
+    with pytest.raises(PlanError) as info:
+        compare_candidates([worksheet_runs[n] for n in CANDIDATES], variable="options.max_concurrency")
+    message = str(info.value)
+    assert "\n" not in message and "more than the declared variable options.max_concurrency" in message
+    assert "target.engine" in message
+
+
+def test_different_workloads_are_refused_unless_allowed(worksheet_runs: dict[str, Path], tmp_path: Path) -> None:
+    from loadgen.scenario import load_scenario
+    from loadgen.sim import run_worksheet
+    from loadgen.trace.generate import generate_trace_file
+
+    other_trace = generate_trace_file(load_scenario(SCENARIO), "burst", tmp_path / "seed2.parquet", seed=2)
+    other = run_worksheet(other_trace, "throughput-large-batch", tmp_path / "other", scenario=SCENARIO)
+    with pytest.raises(PlanError, match=r"trace\.s"):
+        compare_candidates([worksheet_runs["interactive-small-batch"], other])
+    comp = compare_candidates([worksheet_runs["interactive-small-batch"], other], allow_differences=True)
+    assert any("not one-variable" in n for n in comp.notes)
+
+
+def test_contract_failure_rejects_before_cost(worksheet_runs: dict[str, Path], tmp_path: Path) -> None:
+    small = tmp_path / "small"
+    shutil.copytree(worksheet_runs["interactive-small-batch"], small)
+    (small / "contract.json").write_text(json.dumps({
+        "passed": False, "n_cases": 2, "n_passed": 1,
+        "failures": [{"case_id": "lang-fr", "kind": "language", "expected": "fr", "got": "en"}],
+        "reference_diff": None,
+    }))
+    comp = compare_candidates([small, worksheet_runs["throughput-large-batch"]])
+    first = comp.candidates[0]
+    assert first["steps"][0]["result"] == "passed"
+    assert first["verdict"] == "rejected" and first["rejected_at"] == "behaviour contract"
+    assert comp.decision["chosen"] is None
+
+
+def test_compare_cli_json_and_refusal(worksheet_runs: dict[str, Path]) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    runs = [str(worksheet_runs[n]) for n in CANDIDATES]
+    ok = subprocess.run([sys.executable, "-m", "loadgen", "compare", *runs, "--json"], capture_output=True, text=True,
+                        env=env, cwd=REPO, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["decision"]["chosen"] == "interactive-small-batch"
+    bad = subprocess.run([sys.executable, "-m", "loadgen", "compare", *runs, "--variable", "host"], capture_output=True,
+                         text=True, env=env, cwd=REPO, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "declared variable host" in bad.stderr
+
+
+def test_plan_directories_compare_by_region(tmp_path: Path) -> None:
+    from loadgen.plan import WorksheetTarget, load_plan, run_plan
+
+    plan = tmp_path / "plan.toml"
+    plan.write_text(
+        f'name = "cmp"\nscenario = "{SCENARIO}"\ntrace = "steady"\nduration_s = 10\nclasses = ["short-message"]\n'
+        'concurrency = [64]\nrates_rps = [2, 8, 32]\nrepeats = 1\n[stops]\ncontract_every_cell = false\n'
+    )
+    spec = load_plan(plan)
+    dirs = []
+    for name in CANDIDATES:
+        run_plan(spec, WorksheetTarget(name), tmp_path / name)
+        dirs.append(tmp_path / name)
+    comp = compare_candidates(dirs, route="short-message")
+    by = {c["label"]: c for c in comp.candidates}
+    assert set(by) == set(CANDIDATES)
+    small = by["interactive-small-batch"]
+    assert small["capacity"]["short-message"]["max_inside_offered_rps"] > 0
+
+
+def test_price_table_and_cost_formula(tmp_path: Path) -> None:
+    table = load_prices(REPO / "scenarios" / "prices.toml")
+    assert table.example is True  # the shipped table says it is an example
+    price = Price(usd_per_hour=3.6)
+    cost = cost_per_million(price, prompt_tok_s=900.0, output_tok_s=100.0)
+    assert math.isclose(cost["per_million_output_tokens"], 3.6 / 3600 / 100 * 1e6)
+    assert math.isclose(cost["per_million_tokens"], 3.6 / 3600 / 1000 * 1e6)
+    managed = cost_per_million(Price(usd_per_million_input_tokens=1.0, usd_per_million_output_tokens=4.0),
+                               prompt_tok_s=300.0, output_tok_s=100.0)
+    assert math.isclose(managed["per_million_tokens"], (1.0 * 300 + 4.0 * 100) / 400)
+    bad = tmp_path / "prices.toml"
+    bad.write_text("[candidates.x]\nusd_per_hour = -1\n")
+    with pytest.raises(ScenarioError) as info:
+        load_prices(bad)
+    assert "\n" not in str(info.value) and "candidates.x.usd_per_hour" in str(info.value)

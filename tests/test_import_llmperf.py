@@ -1,0 +1,103 @@
+"""Golden data from elsewhere: LLMPerf leaderboard records → run directory → analyze = published summary."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from loadgen.analysis import analyze_run, percentile
+from loadgen.cli import main
+from loadgen.results_import import import_llmperf, llmperf_error_kind
+
+from shared_paths import TRACES
+
+RAW = TRACES / "benchmark_results" / "llmperf-leaderboard" / "raw_data"
+FILES = sorted((RAW / "individual").glob("*.json")) if (RAW / "individual").is_dir() else []
+
+
+def _need_data() -> None:
+    if not FILES:
+        pytest.skip(f"shared data not present: {RAW} (the repo's ../shared/traces is absent here)")
+
+
+def _close(ours: float, published: float) -> bool:
+    # instants are stored as integer ns: each duration is exact to 0.5 ns
+    return math.isclose(ours, published, rel_tol=1e-9, abs_tol=2e-6)
+
+
+@pytest.mark.parametrize("name", [p.name for p in FILES] or ["(no data)"])
+def test_analyze_reproduces_published_quantiles_and_errors(tmp_path, name):
+    _need_data()
+    src = RAW / "individual" / name
+    summary = json.loads((RAW / "summary" / name).read_text())
+    out = tmp_path / "run"
+    assert main(["import", "llmperf", str(src), "--out", str(out)]) == 0
+    a = analyze_run(out)
+    o = a.overall
+    for metric, key in (("ttft_ms", "ttft_s"), ("e2e_ms", "end_to_end_latency_s")):
+        s = o.metrics[metric]
+        for q in ("p50", "p95", "p99"):
+            assert _close(s[q], summary[f"results_{key}_quantiles_{q}"] * 1000), (metric, q, s[q])
+        assert _close(s["mean"], summary[f"results_{key}_mean"] * 1000)
+        assert _close(s["max"], summary[f"results_{key}_max"] * 1000)
+    # the other published quantiles by the same rule, from the run directory's instants
+    req = pq.read_table(out / "requests.parquet").to_pandas()
+    ok = req[req.status == "ok"]
+    ttft = ((ok.first_token_ns - ok.scheduled_ns) / 1e6).to_numpy()
+    for q in (25, 75, 90):
+        assert _close(percentile(ttft, q / 100), summary[f"results_ttft_s_quantiles_p{q}"] * 1000)
+    # error counts: total, by code, and completed
+    assert o.status_counts["error"] == summary["results_number_errors"]
+    assert o.status_counts["ok"] == summary["results_num_completed_requests"]
+    assert o.n_scheduled == summary["results_num_requests_started"]
+    published: dict[str, int] = {}  # a Python-literal dict string, e.g. "{429.0: 130}"
+    for code, n in ast.literal_eval(summary["results_error_code_frequency"]).items():
+        kind = llmperf_error_kind(code)[0]
+        published[kind] = published.get(kind, 0) + n
+    assert o.error_kinds == published
+    assert a.errored == (summary["results_error_rate"] > 0.01)
+
+
+def test_synthesized_instants_are_declared_and_rates_flagged(tmp_path):
+    _need_data()
+    src = RAW / "individual" / "anyscale_13b.json"
+    run = import_llmperf(src, tmp_path / "run")
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["run_kind"] == "imported" and manifest["synthesized"]["timing"] is True
+    assert manifest["options"]["concurrency"] == 5  # from the matching summary
+    assert manifest["source"]["sha256"] and manifest["modelExecuted"] is False
+    assert "@" not in (manifest["target"]["base_url"] or "")
+    a = analyze_run(run)
+    assert a.rates_meaningful is False and not a.stability["applied"]
+    assert "synthesized" in a.stability["reason"]
+    assert a.overall.metrics["itl_ms"]["n"] == 0  # no chunks in the source: none invented
+    assert not (run / "chunks.parquet").exists() or pq.read_metadata(run / "chunks.parquet").num_rows == 0
+    # slot placement: never more than 5 requests in flight
+    req = pq.read_table(run / "requests.parquet").to_pandas()
+    t = np.sort(np.concatenate([req.scheduled_ns.to_numpy(), req.done_ns.to_numpy()]))
+    inflight = [((req.scheduled_ns <= x) & (req.done_ns > x)).sum() for x in t]
+    assert max(inflight) <= 5
+
+
+def test_error_code_mapping():
+    assert llmperf_error_kind(429) == ("http_429", 429)
+    assert llmperf_error_kind(503.0) == ("http_5xx", 503)
+    assert llmperf_error_kind(-100) == ("client", None)
+    assert llmperf_error_kind("x") == ("client", None)
+
+
+def test_bad_file_is_one_line_error(tmp_path):
+    from loadgen.errors import RunDirError
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"not": "a list"}')
+    with pytest.raises(RunDirError, match="bad.json: expected a JSON list"):
+        import_llmperf(bad, tmp_path / "run")
+    bad.write_text("[{\"ttft_s\": 1}]")
+    with pytest.raises(RunDirError, match="end_to_end_latency_s"):
+        import_llmperf(bad, tmp_path / "run2")

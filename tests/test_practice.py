@@ -1,0 +1,70 @@
+"""The practice as the main job: both simulated candidates live on loopback through the real driver,
+the KV ledger, and the rejection of the headline-throughput configuration that violates p99 TTFT."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loadgen.practice import OWNERSHIP, format_practice, run_practice
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_practice_rejects_the_large_batch_on_p99_ttft(tmp_path: Path) -> None:
+    # one burst (the first 20 s of the canonical burst trace) keeps the test near 1 minute
+    result = run_practice(tmp_path / "practice", window_s=20.0)
+    decision = json.loads((tmp_path / "practice" / "decision.json").read_text())
+    comp = decision["comparison"]
+    by = {c["label"]: c for c in comp["candidates"]}
+    large, small = by["throughput-large-batch"], by["interactive-small-batch"]
+    assert large["rejected_at"] == "hard budgets"
+    breaches = [b for b in large["breaches"] if b["metric"] == "ttft_ms" and b["percentile"] == "p99"]
+    assert breaches and all(b["observed"] > b["limit"] and b["n"] > 0 for b in breaches)
+    assert small["steps"][0]["result"] == "passed", small["steps"][0]
+    if small["contract"]["status"] in ("passed", "not_configured"):
+        assert decision["decision"]["chosen"] == "interactive-small-batch"
+    # the headline-throughput configuration (more tokens per engine-busy second) is the one rejected
+    assert decision["decision"]["headline_throughput"]["label"] == "throughput-large-batch"
+    assert large["throughput"]["output_tok_per_engine_busy_s"] > small["throughput"]["output_tok_per_engine_busy_s"]
+    # real runs: the driver's manifests, the warm-up that was done, both numbers side by side
+    for cand in (small, large):
+        manifest = json.loads((Path(cand["path"]) / "manifest.json").read_text())
+        assert manifest["target"]["kind"] == "sim" and manifest["run_kind"] == "measured"
+        assert manifest["warm_state"]["state"] == "warm"
+        assert any(a.startswith("warm-up:") for a in manifest["warm_state"]["actions"])
+        assert cand["throughput"]["output_tok_s"] > 0
+        assert (Path(cand["path"]) / "contract.json").is_file() or cand["contract"]["status"] != "failed"
+    text = format_practice(result)
+    for needle in ("WORKLOAD", "KV LEDGER", "KV bytes/token", "package: loadgen", "hardware:", "runtime:",
+                   "warm state: warm", "errors:", "behaviour:", "WHO OWNS THE DECISION", "ttft_ms p99",
+                   "output tok/s", "modelExecuted: False"):
+        assert needle in text, needle
+    assert decision["ownership"] == OWNERSHIP
+    assert decision["workload"]["derived_from"]["window_s"] == [0.0, 20.0]
+    assert decision["ledger"]["interactive-small-batch"]["kv_cache_tokens"] == 8192 * 16
+
+
+def test_practice_cli_refuses_a_non_empty_out(tmp_path: Path) -> None:
+    (tmp_path / "x").write_text("keep me")
+    out = subprocess.run([sys.executable, "-m", "loadgen", "practice", "--out", str(tmp_path)], capture_output=True,
+                         text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert out.returncode == 2 and "not empty" in out.stderr and (tmp_path / "x").read_text() == "keep me"
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not os.environ.get("LOADGEN_VLLM_PYTHON"), reason="LOADGEN_VLLM_PYTHON unset: no real vLLM here")
+def test_practice_against_two_real_vllm_configurations(tmp_path: Path) -> None:
+    result = run_practice(tmp_path / "practice", engine="vllm", window_s=20.0)
+    comp = result.decision["comparison"]
+    assert {c["label"] for c in comp["candidates"]} == {"vllm-small-batch", "vllm-large-batch"}
+    for cand in comp["candidates"]:
+        manifest = json.loads((Path(cand["path"]) / "manifest.json").read_text())
+        assert manifest["target"]["kind"] == "vllm" and manifest["modelExecuted"] is True
+    assert result.decision["decision"]["why"]
