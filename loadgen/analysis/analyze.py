@@ -595,8 +595,8 @@ def analyze_run(run_dir: Path | str, *, scenario: Any = None, window: Any = None
     if server is not None and full is not None and "timeseries" in full:
         server["timeseries"] = full["timeseries"]
     plot["tokens"] = {
-        name: {"prompt": run.prompt_best[run.scope & run.ok & (run.cls == i)].tolist(),
-               "output": run.out_best[run.scope & run.ok & (run.cls == i)].tolist()}
+        name: {"prompt": run.prompt_best[run.scope & run.ok & (run.cls == i)],
+               "output": run.out_best[run.scope & run.ok & (run.cls == i)]}
         for i, name in enumerate(run.class_names)
     }
     if scenario is not None:

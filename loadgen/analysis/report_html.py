@@ -16,6 +16,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .model import METRICS, Analysis
 from .report_console import fmt_ms
 
@@ -150,13 +152,14 @@ def _token_figure(a: Analysis) -> str | None:
     import matplotlib.pyplot as plt
 
     tokens = a.plot_data.get("tokens", {})
-    if not any(v["prompt"] or v["output"] for v in tokens.values()):
+    if not any(len(v["prompt"]) or len(v["output"]) for v in tokens.values()):
         return None
     fig, axes = plt.subplots(1, 2, figsize=(15, 3.5))
     for ax, key in zip(axes, ("prompt", "output")):
         for i, (name, v) in enumerate(tokens.items()):
-            vals = [x for x in v[key] if x is not None and not math.isnan(x)]
-            if vals:
+            vals = np.asarray(v[key], dtype=np.float64)
+            vals = vals[~np.isnan(vals)]
+            if len(vals):
                 ax.hist(vals, bins=40, alpha=0.5, color=_COLORS[i % len(_COLORS)], label=name)
         ax.set_title(f"{key} tokens per ok request")
         ax.set_xlabel("tokens")

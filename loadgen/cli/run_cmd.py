@@ -42,6 +42,9 @@ def _run(args: argparse.Namespace) -> int:
     from ..rundir import read_manifest
     from ..scenario import format_validation_error
 
+    if args.api_key_env is not None and not args.api_key_env.replace("_", "a").isalnum():
+        # never echo it: a key pasted here by mistake must not reach the terminal or logs
+        raise LoadgenError("--api-key-env: expected the NAME of an environment variable (letters, digits, _), not a key")
     headers = {}
     for item in args.header:
         name, sep, value = item.partition(":")

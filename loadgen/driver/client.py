@@ -1,10 +1,13 @@
-"""Send one request and record it: slot wait, send, headers, every SSE chunk, outcome.
+"""Send one request and record it: slot wait, send, response head, every SSE chunk, outcome.
 
 ``execute`` never raises for a failed request; it produces exactly one requests row (plus chunk
 columns) and hands both to the recorder, also when the run is cancelled around it (then the row
-says ``run_interrupted``). The per-chunk path is a read, a split, one JSON parse and three list
-appends; token counts come from the server's per-chunk usage when it sends it (vLLM's
-``continuous_usage_stats``), else from the run's tokenizer on the delta text (cached).
+says ``run_interrupted``). On asyncio the open-loop scheduler writes the request itself at the
+deadline when a slot and an idle connection are free (``send_at_deadline``), and the response body
+is handed to ``StreamState.feed`` straight from the protocol's ``data_received``: per network read
+one timestamp, one de-framing, one SSE split and one JSON parse per event, no task switch. Token
+counts come from the server's per-chunk usage when it sends it (vLLM's ``continuous_usage_stats``),
+else from the run's tokenizer on the delta text (cached).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from .transport import RawHTTP11Transport, RawResponse
 from .schedule import LagStats, RateGate
 from .sse import DONE, SSEDecoder, parse_chunk
 
-__all__ = ["RunContext", "StreamState", "execute", "request_row"]
+__all__ = ["RunContext", "StreamState", "PreSent", "send_at_deadline", "execute", "request_row"]
 
 _now = time.perf_counter_ns
 
@@ -60,6 +63,7 @@ class RunContext:
     done: int = 0
     errors: int = 0
     slot_waits: int = 0
+    sent_at_deadline: int = 0  # requests the scheduler wrote itself (no task start in the send lag)
     first_ok_done_ns: int | None = None
     cpu_start_s: float = 0.0
     rss_start_bytes: int = 0
@@ -217,14 +221,49 @@ class StreamState:
         return False
 
 
-async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int) -> None:
-    """Run one request scheduled at ``scheduled_abs_ns`` (absolute perf_counter_ns); always records one row."""
+class PreSent:
+    """A request the scheduler already put on the wire at its deadline (slot taken on behalf of ``token``)."""
+
+    __slots__ = ("token", "conn", "sent_abs")
+
+    def __init__(self, token: object, conn, sent_abs: int) -> None:
+        self.token = token
+        self.conn = conn
+        self.sent_abs = sent_abs
+
+
+def send_at_deadline(ctx: RunContext, job: Job) -> PreSent | None:
+    """Synchronously take a slot and write the request on an idle connection; None when either is not free.
+
+    Called by the open-loop scheduler the moment a deadline is reached, so the send lag is the
+    scheduler's wake-up precision alone, not the request task's start-up.
+    """
+    if ctx.rate_gate.interval_ns:
+        return None
+    token = object()
+    try:
+        ctx.limiter.acquire_on_behalf_of_nowait(token)
+    except anyio.WouldBlock:
+        return None
+    sent_abs = _now()
+    conn = ctx.transport.send_nowait(ctx.origin, job.payload)
+    if conn is None:
+        ctx.limiter.release_on_behalf_of(token)
+        return None
+    ctx.sent_at_deadline += 1
+    return PreSent(token, conn, sent_abs)
+
+
+async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int, pre: PreSent | None = None) -> None:
+    """Run one request scheduled at ``scheduled_abs_ns`` (absolute perf_counter_ns); always records one row.
+
+    ``pre``: the scheduler already took the slot and wrote the request (``send_at_deadline``).
+    """
     anchor = ctx.anchor_ns
     row = request_row(job, scheduled_abs_ns - anchor)
     status: str | None = None
     error_kind = error_message = None
     phase = Phase.BEFORE_RESPONSE
-    holding_slot = False
     sent = False
     response: RawResponse | None = None
     ttft_ns, total_ns = ctx.timeouts.get(job.request_class, (ctx.ttft_timeout_ns, ctx.total_timeout_ns))
@@ -242,18 +281,23 @@ async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int) -> None:
             scope.deadline = ctx.anyio_deadline(total_deadline) if total_deadline is not None else float("inf")
 
     state = StreamState(ctx, job.cancel_after_tokens, on_first_token)
+    token = pre.token if pre is not None else object()
+    holding_slot = pre is not None
     try:
         with scope:
             try:
-                waited = await ctx.rate_gate.wait()
-                try:
-                    ctx.limiter.acquire_nowait()
-                except anyio.WouldBlock:
-                    waited = True
-                    ctx.slot_waits += 1
-                    await ctx.limiter.acquire()
-                holding_slot = True
-                sent_abs = _now()
+                if pre is None:
+                    waited = await ctx.rate_gate.wait()
+                    try:
+                        ctx.limiter.acquire_on_behalf_of_nowait(token)
+                    except anyio.WouldBlock:
+                        waited = True
+                        ctx.slot_waits += 1
+                        await ctx.limiter.acquire_on_behalf_of(token)
+                    holding_slot = True
+                    sent_abs = _now()
+                else:
+                    waited, sent_abs = False, pre.sent_abs
                 row["slot_acquired_ns"] = row["sent_ns"] = sent_abs - anchor
                 sent = True
                 if not waited:
@@ -262,7 +306,7 @@ async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int) -> None:
                 ctx.in_flight += 1
                 if ctx.in_flight > ctx.peak_in_flight:
                     ctx.peak_in_flight = ctx.in_flight
-                response = await ctx.transport.open(ctx.origin, job.payload)
+                response = await ctx.transport.open(ctx.origin, job.payload, sent=pre.conn if pre is not None else None)
                 row["first_byte_ns"] = _now() - anchor
                 row["http_status"] = response.status
                 phase = Phase.STREAMING
@@ -301,7 +345,7 @@ async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int) -> None:
             with anyio.CancelScope(shield=True):
                 await response.body.aclose()
         if holding_slot:
-            ctx.limiter.release()
+            ctx.limiter.release_on_behalf_of(token)
         _record(ctx, job, row, state, status, error_kind, error_message, sent, done_abs)
 
 

@@ -50,14 +50,14 @@ class RunOptions(BaseModel):
     @classmethod
     def _url(cls, value: str) -> str:
         if not value.startswith(("http://", "https://")):
-            raise ValueError(f"{value!r}: expected an http:// or https:// URL")
+            raise ValueError("expected an http:// or https:// URL")
         return value.rstrip("/")
 
     @field_validator("api_key_env")
     @classmethod
     def _env_name(cls, value: str | None) -> str | None:
         if value is not None and (not value or not value.replace("_", "a").isalnum()):
-            raise ValueError(f"{value!r}: expected the NAME of an environment variable, not a key")
+            raise ValueError("expected the NAME of an environment variable (letters, digits, _), not a key")
         return value
 
     def manifest(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ server, a bug), the ``finally`` block records every scheduled request that has n
 
 from __future__ import annotations
 
+import base64
 import math
 import os
 import resource
@@ -25,12 +26,12 @@ import psutil
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 
-from ..errors import TargetError, TraceError
+from ..errors import RunDirError, TargetError, TraceError
 from ..identity import harness_identity, host_identity, sha256_file, utc_now_iso
 from ..prompts import get_tokenizer
-from ..records import STATUS_NOT_SENT, STATUS_OK
+from ..records import REQUESTS_FILE, STATUS_NOT_SENT, STATUS_OK
 from ..rundir import RunWriter  # noqa: F401  (ArrowRunWriter extends it)
-from .client import RunContext, execute, request_row
+from .client import RunContext, execute, request_row, send_at_deadline
 from .jobs import ServerTokenizer, build_jobs, resolve_tokenizer
 from .metrics_scrape import MetricsScraper
 from .options import RunOptions
@@ -80,6 +81,27 @@ def _timeouts(options: RunOptions, scenario, classes: set[str]) -> dict[str, tup
     return out
 
 
+def _auth_headers(options: RunOptions) -> tuple[dict[str, str], tuple[str, ...]]:
+    """Request headers (API key from the named env var, URL userinfo as Basic auth) and the secrets to redact."""
+    secrets: tuple[str, ...] = ()
+    headers = {"accept": "text/event-stream", "accept-encoding": "identity", **options.headers}
+    if options.api_key_env:
+        key = os.environ.get(options.api_key_env, "")
+        if not key:
+            raise TargetError(f"--api-key-env {options.api_key_env}: variable unset or empty: expected the API key in it")
+        secrets = (key,)
+        headers["authorization"] = f"Bearer {key}"
+    parts = urlsplit(options.target_url)
+    if parts.password:
+        secrets += (parts.password,)
+    if parts.username and "authorization" not in headers:  # what httpx does with URL userinfo
+        token = base64.b64encode(f"{parts.username}:{parts.password or ''}".encode()).decode()
+        headers["authorization"] = f"Basic {token}"
+        secrets += (token,)
+    secrets += tuple(v for v in options.headers.values() if len(v) >= 8)
+    return headers, secrets
+
+
 async def run_trace(options: RunOptions) -> Path:
     """Replay ``options.trace_path`` against ``options.target_url``; returns the run directory."""
     from ..scenario import load_scenario, scenario_manifest
@@ -97,24 +119,9 @@ async def run_trace(options: RunOptions) -> Path:
         warnings.append(f"trace was generated from scenario sha256 {trace_meta['scenario_sha256'][:12]}, "
                         f"not {options.scenario_path} ({scenario.sha256[:12]})")
 
-    secrets: tuple[str, ...] = ()
-    headers = {"accept": "text/event-stream", "accept-encoding": "identity", **options.headers}
-    if options.api_key_env:
-        key = os.environ.get(options.api_key_env, "")
-        if not key:
-            raise TargetError(f"--api-key-env {options.api_key_env}: variable unset or empty: expected the API key in it")
-        secrets = (key,)
-        headers["authorization"] = f"Bearer {key}"
-    parts = urlsplit(options.target_url)
-    if parts.password:
-        secrets += (parts.password,)
-    if parts.username and "authorization" not in headers:  # what httpx does with URL userinfo
-        import base64
-
-        token = base64.b64encode(f"{parts.username}:{parts.password or ''}".encode()).decode()
-        headers["authorization"] = f"Basic {token}"
-        secrets += (token,)
-    secrets += tuple(v for v in options.headers.values() if len(v) >= 8)
+    if (Path(options.out_dir) / REQUESTS_FILE).exists():
+        raise RunDirError(f"{options.out_dir}: already holds a run ({REQUESTS_FILE}): expected a new or empty directory")
+    headers, secrets = _auth_headers(options)
 
     endpoint = options.endpoint or (scenario.endpoint if scenario else "completions")
     mode = trace_meta.get("mode", "open")
@@ -297,7 +304,8 @@ async def _schedule_open(ctx: RunContext, jobs, requests) -> None:
         deadline = anchor + job.offset_ns
         if deadline > now():
             await sleep_until(deadline)  # one precise waiter for the whole run, not one per request
-        start(execute, ctx, job, deadline)
+        # on the wire now when a slot and an idle connection are free; the task reads the response
+        start(execute, ctx, job, deadline, send_at_deadline(ctx, job))
 
 
 async def _schedule_closed(ctx: RunContext, jobs, concurrency: int, requests) -> None:
@@ -354,6 +362,7 @@ def _finish(writer: ArrowRunWriter, recorder: Recorder, ctx: RunContext, jobs, i
         "driver": {
             **writer.manifest.get("driver", {}),
             "slot_waits": ctx.slot_waits,
+            "sent_at_deadline": ctx.sent_at_deadline,
             "rate_limited": ctx.rate_gate.waited,
             "process_cpu_s": round(cpu_s, 4),
             "rss_start_bytes": ctx.rss_start_bytes,

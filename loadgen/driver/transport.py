@@ -532,19 +532,48 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
         head.append(b"\r\n")
         return b"".join(head) + body
 
-    async def open(self, origin: tuple[bytes, str, int], payload: bytes, *, head_request: bool = False) -> RawResponse:
+    def send_nowait(self, origin: tuple[bytes, str, int], payload: bytes) -> _Conn | None:
+        """Write ``payload`` at once on an idle keep-alive connection (asyncio only); None when none is ready.
+
+        Lets the scheduler put a request on the wire at its deadline, before any task switch;
+        finish with ``open(origin, payload, sent=conn)``.
+        """
+        idle = self._idle.get(origin)
+        now = time.monotonic()
+        while idle:
+            conn = idle[-1]
+            if not isinstance(conn, _ProtoConn):
+                return None
+            idle.pop()
+            proto = conn.proto
+            transport = proto.transport
+            if now - conn.idle_since >= self._expiry or proto.eof or transport is None or transport.is_closing():
+                if transport is not None:
+                    transport.close()
+                continue
+            conn.reused = True
+            transport.write(payload)
+            return conn
+        return None
+
+    async def open(self, origin: tuple[bytes, str, int], payload: bytes, *, head_request: bool = False,
+                   sent: _Conn | None = None) -> RawResponse:
         """Send ``payload`` (a whole encoded request) and read the response head; the body streams.
 
         This is the driver's hot path: no Request/Response objects, one send, one head parse.
-        A reused keep-alive connection the server had closed is retried once on a new one.
+        ``sent`` is a connection ``send_nowait`` already wrote the payload on. A reused keep-alive
+        connection the server had closed is retried once on a new one.
         """
         for attempt in (0, 1):
-            conn = await self._pop_idle(origin)
+            conn = sent if attempt == 0 else None
+            if conn is None:
+                conn = await self._pop_idle(origin)
             if conn is None:
                 conn = await self._connect(*origin)
             got_bytes = False
             try:
-                await conn.send(payload)
+                if conn is not sent:
+                    await conn.send(payload)
                 buf = conn.buf
                 while True:
                     end = buf.find(b"\r\n\r\n")

@@ -141,7 +141,8 @@ def reconcile(model: ModelConfig, engine: EngineSettings | None, source: str | P
     changes: dict[str, Any] = {}
     block = _int(info.get("block_size"))
     if block is None and report.get("kv_cache_device") == "CPU":
-        block = 128  # vLLM CPU default (vllm/platforms/cpu.py) unless overridden
+        # vLLM CPU defaults (vllm/platforms/cpu.py): 16 for the CPU MLA backend, else 128, unless overridden
+        block = report.get("block_size_override") or (16 if model.is_mla else 128)
     if "block_size" not in fixed and block:
         changes["block_size"] = block
     mml = report.get("kv_cache_max_model_len") or report.get("max_model_len")

@@ -393,7 +393,9 @@ class VllmTarget(CellTarget):
         import hashlib
         import json as _json
 
-        args = [a for a in self.config.args(0) if a != "0"]
+        raw = self.config.args(0)
+        at = raw.index("--port")
+        args = raw[:at] + raw[at + 2:]  # the port changes with every (re)start
         return {"kind": self.kind, "engine": f"vllm:{Path(self.config.model_dir).name}",
                 "engine_sha256": hashlib.sha256(_json.dumps(args).encode()).hexdigest(), "args": args,
                 "launched_by_loadgen": True}
