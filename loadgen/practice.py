@@ -212,6 +212,12 @@ def run_practice(
         "comparison": cdict,
         "decision": cdict["decision"],
         "ownership": OWNERSHIP,
+        "next_steps": [
+            f"specialist handoff for {r['label']} (the failing p99 TTFT, reproducible): loadgen handoff "
+            f"{run_dirs[r['label']]} --out {out_dir / (r['label'] + '-handoff')}"
+            for r in cdict["decision"]["rejected"] if r["step"] == "hard budgets" and r["label"] in run_dirs
+        ] + ["fleet sizing for the chosen candidate (platform/SRE): loadgen plan scenarios/plans/canonical-region.toml "
+             "--sim <chosen engine> --out runs/region"],
         "modelExecuted": any(c["context"]["runtime"].get("modelExecuted") for c in cdict["candidates"]),
     }
     (out_dir / "decision.json").write_text(json.dumps(decision, indent=2, default=str) + "\n")
@@ -332,6 +338,8 @@ def format_practice(result: PracticeResult) -> str:
     lines.append("WHO OWNS THE DECISION")
     for who, what in OWNERSHIP.items():
         lines.append(f"  {who.replace('_', ' ')}: {what}")
+    for step in d.get("next_steps", []):
+        lines.append(f"  next: {step}")
     lines.append("")
     lines.append(f"modelExecuted: {d['modelExecuted']} (simulated engine: no model produced these tokens)"
                  if d["engine"] == "sim" else f"modelExecuted: {d['modelExecuted']}")

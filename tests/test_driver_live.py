@@ -138,7 +138,7 @@ def test_chunk_timestamps_reproduce_the_servers_step_time(tmp_path):
     gaps = np.asarray(gaps)
     assert len(gaps) == 3 * 19
     assert abs(np.median(gaps) - step_ms) < 2.0, np.median(gaps)
-    assert np.percentile(gaps, 90) < step_ms * 1.6
+    assert np.percentile(gaps, 90) < step_ms * 2.0
     # TTFT ≈ one prefill step (+ loopback), nowhere near two
     req = run.requests.to_pandas()
     ttft_ms = (req.first_token_ns - req.scheduled_ns) / 1e6

@@ -242,6 +242,8 @@ def test_unstable_tail_rule() -> None:
     stop = unstable_tail([{"a": 100.0}, {"a": 180.0}, {"a": 98.0}], 0.1)
     assert stop is not None and stop.kind == "unstable_tail" and "a p99 TTFT" in stop.detail
     assert unstable_tail([{"a": 100.0}], 0.1) is None  # one repeat says nothing about convergence
+    assert unstable_tail([{"a": 5.0}, {"a": 12.0}], 0.5, floor_ms=50) is None  # jitter on a tiny p99 is not instability
+    assert unstable_tail([{"a": 500.0}, {"a": 1200.0}], 0.5, floor_ms=50) is not None
 
 
 # ---- measurement corruption: missing records -----------------------------------------------------

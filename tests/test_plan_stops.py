@@ -154,7 +154,9 @@ def test_behaviour_drift_stops_when_contract_cases_are_configured(tmp_path: Path
 
 @pytest.mark.slow
 def test_healthy_engine_passes_and_cold_cells_restart_it(tmp_path: Path) -> None:
-    result, target = run(tmp_path, states='["warm", "cold"]', rates="[5]", concurrency="[64]")
+    # this test is about states, not about how busy the test host is: a lenient send-lag bound
+    result, target = run(tmp_path, states='["warm", "cold"]', rates="[5]", concurrency="[64]",
+                         stops="send_lag_p99_ms = 1000")
     region = result.region["classes"]["short-message"]
     assert stop_kinds(result) == {}
     cold = region["cold"]["cells"][0]

@@ -219,8 +219,9 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def unstable_tail(per_repeat_p99: list[dict[str, Any]], limit: float) -> Stop | None:
-    """p99 TTFT not converging across repeats: (max − min) / median > ``limit`` for any class."""
+def unstable_tail(per_repeat_p99: list[dict[str, Any]], limit: float, floor_ms: float = 0.0) -> Stop | None:
+    """p99 TTFT not converging across repeats: (max − min) / median > ``limit`` for any class, with
+    max − min above ``floor_ms`` (a few ms of scheduler jitter on a tiny p99 is not an unstable tail)."""
     if len(per_repeat_p99) < 2:
         return None
     classes = sorted({c for r in per_repeat_p99 for c in r})
@@ -233,8 +234,8 @@ def unstable_tail(per_repeat_p99: list[dict[str, Any]], limit: float) -> Stop | 
         if median <= 0:
             continue
         spread = float(arr.max() - arr.min()) / median
-        if spread > limit:
+        if spread > limit and float(arr.max() - arr.min()) > floor_ms:
             shown = ", ".join(f"{v:.0f}" for v in arr)
             return Stop("unstable_tail", f"{name} p99 TTFT across {len(arr)} repeats [{shown}] ms spreads "
-                                         f"{spread:.0%} of its median > {limit:.0%}")
+                                         f"{spread:.0%} of its median > {limit:.0%} (and > {floor_ms:g} ms)")
     return None

@@ -130,9 +130,10 @@ class Candidate:
 def _label(manifest: dict[str, Any], path: Path) -> str:
     engine = (manifest.get("target") or {}).get("engine") or {}
     config = engine.get("config") or {}
-    for value in (config.get("name") if isinstance(config, dict) else None, engine.get("label"),
+    for value in ((manifest.get("practice") or {}).get("candidate"),
+                  config.get("name") if isinstance(config, dict) else None, engine.get("label"),
                   (manifest.get("plan_target") or {}).get("engine"), engine.get("name")):
-        if value and value not in ("loadgen-sim",):
+        if value and value not in ("loadgen-sim", "vllm"):  # generic engine names say nothing about the candidate
             return str(value)
     return path.name
 

@@ -354,7 +354,7 @@ class _Planner:
         if len(outcome.runs) >= 2 and all(r.passed or not r.stops for r in outcome.runs):
             p99s = [{name: c.get("ttft_p99_ms") for name, c in (r.data.get("figures") or {}).get("classes", {}).items()}
                     for r in outcome.runs]
-            stop = unstable_tail(p99s, self.spec.stops.p99_spread)
+            stop = unstable_tail(p99s, self.spec.stops.p99_spread, self.spec.stops.p99_spread_floor_ms)
             if stop is not None:
                 outcome.extra_stops = [stop.to_dict()]
         return outcome

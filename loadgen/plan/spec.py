@@ -49,6 +49,7 @@ class StopLimits(_Model):
     invalid_output_rate: float = Field(default=0.01, ge=0, le=1)  # malformed/empty/truncated share
     timeout_rate: float = Field(default=0.01, ge=0, le=1)  # timed-out share → timeout budget
     p99_spread: float = Field(default=0.5, gt=0)  # (max − min) / median of p99 TTFT across repeats → unstable tail
+    p99_spread_floor_ms: float = Field(default=50.0, ge=0)  # ... and max − min above this (ms jitter is not instability)
     cell_timeout_s: float | None = Field(default=None, gt=0)  # wall deadline per cell; default trace duration × 3 + 30
     contract_every_cell: bool = True  # replay behaviour cases after each cell when the scenario configures them
 
