@@ -461,6 +461,7 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
         self._idle: dict[tuple, list[_Conn]] = {}
         self._addresses: dict[tuple[str, int], str] = {}
         self.opened = 0
+        self.connect_failures = 0
 
     def _ssl_context(self) -> ssl.SSLContext:
         if self._ssl is None:
@@ -513,6 +514,33 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
         if len(idle) < self._max_idle and not conn.buf:
             conn.idle_since = time.monotonic()
             idle.append(conn)
+
+    def idle_count(self, origin: tuple[bytes, str, int]) -> int:
+        return len(self._idle.get(origin, ()))
+
+    async def keep_idle(self, origin: tuple[bytes, str, int], low: int, high: int, *, interval_s: float = 0.005,
+                        task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        """Keep at least ``low`` idle connections open (refilling to ``high``) until cancelled.
+
+        Connecting is then off the send path: a request due at its deadline finds a connection
+        ready instead of paying a TCP (and TLS) handshake inside its send lag. Fills to ``high``
+        before reporting started. Connect failures back off and are counted in ``connect_failures``.
+        """
+        started = False
+        backoff = interval_s
+        while True:
+            try:
+                while self.idle_count(origin) < (high if not started or self.idle_count(origin) < low else 0):
+                    conn = await self._connect(*origin)
+                    self._release(conn, origin)
+                backoff = interval_s
+            except httpx.HTTPError:
+                self.connect_failures += 1
+                backoff = min(1.0, backoff * 2)
+            if not started:
+                started = True
+                task_status.started()
+            await anyio.sleep(backoff)
 
     @staticmethod
     def origin(url: httpx.URL) -> tuple[bytes, str, int]:
