@@ -7,8 +7,6 @@ everything and turns any problem into one ``ScenarioError`` line: ``file: field 
 
 from __future__ import annotations
 
-import hashlib
-import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -302,19 +300,11 @@ def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario
 
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario TOML file; its sha256 and path are kept for the manifest."""
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ScenarioError(f"{path}: no such file: expected a scenario TOML file") from None
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"{path}: invalid TOML ({exc}): expected a scenario file") from None
+    from .tomlfile import read_toml
+
+    data, sha256 = read_toml(path, "a scenario TOML file")
     scenario = parse_scenario(data, str(path))
-    return scenario.model_copy(update={"source_path": str(path), "sha256": hashlib.sha256(raw).hexdigest()})
+    return scenario.model_copy(update={"source_path": str(path), "sha256": sha256})
 
 
 def scenario_manifest(scenario: Scenario) -> dict[str, Any]:

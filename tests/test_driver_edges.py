@@ -142,5 +142,6 @@ def test_edge_outcomes(edge_url, tmp_path: Path, monkeypatch):
     m = run.manifest
     assert m["target"]["kind"] == "openai-compatible" and m["target"]["version"] == {"version": "edge-1", "server": "edge"}
     assert m["modelExecuted"] is True  # a real (non-simulated) server produced tokens over the network
-    # max_in_flight 1: one connection serves every keep-alive request; close-delimited ones need a new one
-    assert m["driver"]["connections_opened"] <= 3
+    # keep-alive: far fewer connections than requests (the in-stream error and the close-delimited
+    # body end theirs; one spare is kept ready for the next deadline)
+    assert m["driver"]["connections_opened"] <= 5

@@ -101,11 +101,17 @@ def test_sleep_until_hits_fixed_deadlines_within_a_millisecond():
             lags.append(time.perf_counter_ns() - deadline)
         return lags
 
-    lags = sorted(anyio.run(main))
-    assert lags[0] >= 0  # never early
-    if os.getloadavg()[0] < (os.cpu_count() or 1):  # timing bounds only mean something on a quiet machine
-        assert lags[len(lags) // 2] < 300_000  # median well under 1 ms
-        assert lags[int(len(lags) * 0.99)] < 2_000_000
+    # timing on a shared host is noisy: the best of three tries must show the precise wait (a plain
+    # event-loop sleep is ~0.5-1 ms late on median: epoll rounds its timeout up to whole milliseconds)
+    best = None
+    for _ in range(3):
+        lags = sorted(anyio.run(main))
+        assert lags[0] >= 0  # never early
+        median, p99 = lags[len(lags) // 2], lags[int(len(lags) * 0.99)]
+        best = min(best or (median, p99), (median, p99))
+        if median < 200_000 and p99 < 2_000_000:
+            break
+    assert best[0] < 200_000 and best[1] < 5_000_000, best
 
 
 def test_late_deadline_returns_immediately():

@@ -10,10 +10,8 @@ and what was expected. See ``scenarios/contract/canonical.toml`` for a documente
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -324,17 +322,9 @@ def _resolve_schema_file(check: SchemaCheck, source: str, label: str, index: int
 
 
 def _read_file(path: Path) -> tuple[dict[str, Any], str]:
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ScenarioError(f"{path}: no such file: expected a contract case file (TOML)") from None
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"{path}: invalid TOML ({exc}): expected a contract case file") from None
-    return data, hashlib.sha256(raw).hexdigest()
+    from ..tomlfile import read_toml
+
+    return read_toml(path, "a contract case file (TOML)")
 
 
 def load_cases(*paths: str | Path, only: list[str] | None = None) -> CaseSet:

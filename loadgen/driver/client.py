@@ -64,6 +64,7 @@ class RunContext:
     errors: int = 0
     slot_waits: int = 0
     sent_at_deadline: int = 0  # requests the scheduler wrote itself (no task start in the send lag)
+    next_deadline_ns: int = 1 << 62  # the open-loop scheduler's next send (absolute perf_counter_ns)
     first_ok_done_ns: int | None = None
     cpu_start_s: float = 0.0
     rss_start_bytes: int = 0
@@ -78,6 +79,10 @@ class RunContext:
                 cache.clear()
             n = cache[text] = self.count_tokens(text)
         return n
+
+    def quiet_ns(self) -> int:
+        """Time until the scheduler's next send (large when none is pending)."""
+        return self.next_deadline_ns - _now()
 
     def anyio_deadline(self, abs_ns: int) -> float:
         """Convert an absolute perf_counter_ns instant to the event loop's clock."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+import typing
 from typing import Any
 
 import anyio
@@ -26,6 +27,12 @@ __all__ = ["Recorder", "ArrowRunWriter"]
 
 _REQUEST = 0
 _METRICS = 1
+#: Convert at once when this many rows are queued (each conversion stays around a millisecond).
+BACKLOG_ITEMS = 400
+#: Otherwise convert only when the next scheduled send is at least this far away...
+QUIET_NS = 4_000_000
+#: ...or when the oldest queued row has waited this long.
+MAX_AGE_S = 2.0
 _REQUEST_NAMES = REQUESTS_SCHEMA.names
 _CHUNK_NAMES = CHUNKS_SCHEMA.names
 
@@ -58,10 +65,14 @@ def _requests_table(rows: list[dict[str, Any]]) -> pa.Table:
 class Recorder:
     """Feeds one ArrowRunWriter from many tasks; see module docstring."""
 
-    def __init__(self, writer: ArrowRunWriter, flush_interval_s: float = 2.0, poll_s: float = 0.02) -> None:
+    def __init__(self, writer: ArrowRunWriter, flush_interval_s: float = 2.0, poll_s: float = 0.02,
+                 quiet_ns: typing.Callable[[], int] | None = None) -> None:
         self.writer = writer
         self.flush_interval_s = flush_interval_s
         self.poll_s = poll_s
+        # time until the scheduler's next deadline: converting (which blocks the loop for a
+        # fraction of a millisecond) waits for a gap, unless the backlog grows large
+        self.quiet_ns = quiet_ns or (lambda: 1 << 62)
         send, receive = anyio.create_memory_object_stream[tuple[int, Any, Any]](max_buffer_size=math.inf)
         self._send: MemoryObjectSendStream = send
         self._receive: MemoryObjectReceiveStream = receive
@@ -126,11 +137,17 @@ class Recorder:
         never drop an item already handed over.
         """
         task_status.started()
-        last_flush = time.monotonic()
+        last_flush = last_convert = time.monotonic()
         while True:
             await anyio.sleep(self.poll_s)
-            self.convert()
+            backlog = self._receive.statistics().current_buffer_used
             now = time.monotonic()
+            if not backlog:
+                continue
+            if backlog < BACKLOG_ITEMS and now - last_convert < MAX_AGE_S and self.quiet_ns() < QUIET_NS:
+                continue  # a deadline is near: convert in the next gap
+            self.convert()
+            last_convert = now
             if now - last_flush >= self.flush_interval_s and (self._req_tables or self._chunk_tables or self._metrics_pending):
                 last_flush = now
                 # take the tables inside the thread: if this call is cancelled before the thread

@@ -139,7 +139,7 @@ async def run_trace(options: RunOptions) -> Path:
     root, prefix = _split_base(options.target_url)
     path = prefix + ("/chat/completions" if endpoint == "chat" else "/completions")
     ttft_cap = options.ttft_timeout_s or (scenario.errors.ttft_timeout_s if scenario else 60.0)
-    transport = RawHTTP11Transport(keepalive_expiry_s=30.0, max_idle=limit_connections or 4096,
+    transport = RawHTTP11Transport(keepalive_expiry_s=30.0, max_idle=(limit_connections or 4096) + KEEP_IDLE_HIGH,
                                    connect_timeout_s=min(30.0, ttft_cap))
     client = httpx.AsyncClient(
         base_url=root,
@@ -231,7 +231,7 @@ async def run_trace(options: RunOptions) -> Path:
         await anyio.to_thread.run_sync(warm_up_arrow)
         await _warm_up(counter)
         writer = ArrowRunWriter(options.out_dir, manifest, flush_rows=1 << 60)
-        recorder = Recorder(writer, flush_interval_s=options.flush_interval_s)
+        recorder = Recorder(writer, flush_interval_s=options.flush_interval_s)  # quiet_ns wired below
         limiter = anyio.CapacityLimiter(concurrency if concurrency else math.inf)
         anchor_ns = time.perf_counter_ns() + LEAD_NS
         anchor_utc = datetime.now(timezone.utc) + timedelta(microseconds=LEAD_NS / 1000)
@@ -243,6 +243,7 @@ async def run_trace(options: RunOptions) -> Path:
             ttft_timeout_ns=None, total_timeout_ns=None, secrets=secrets, retain_completion_text=retain_completion,
             warm_state=options.warm_state, timeouts=timeouts,
         )
+        recorder.quiet_ns = ctx.quiet_ns
         show_progress = options.progress == "on" or (options.progress == "auto" and sys.stderr.isatty())
         progress = Progress(ctx, len(jobs)) if show_progress else None
         scraper = (MetricsScraper(scraper_client, "/metrics", anchor_ns, recorder.submit_metrics, options.scrape_interval_s,
@@ -262,7 +263,8 @@ async def run_trace(options: RunOptions) -> Path:
             async with anyio.create_task_group() as outer:
                 await outer.start(recorder.run)
                 if mode == "open":  # connections ready before the deadlines, refilled in the background
-                    await outer.start(transport.keep_idle, ctx.origin, KEEP_IDLE_LOW, min(KEEP_IDLE_HIGH, concurrency or KEEP_IDLE_HIGH))
+                    high = min(KEEP_IDLE_HIGH, int(concurrency or KEEP_IDLE_HIGH))
+                    await outer.start(transport.keep_idle, ctx.origin, min(KEEP_IDLE_LOW, high), high)
                 if scraper is not None:
                     await outer.start(scraper.run)
                 if progress is not None:
@@ -314,11 +316,12 @@ async def _schedule_open(ctx: RunContext, jobs, requests) -> None:
     now = time.perf_counter_ns
     start = requests.start_soon
     for job in jobs:
-        deadline = anchor + job.offset_ns
+        deadline = ctx.next_deadline_ns = anchor + job.offset_ns
         if deadline > now():
             await sleep_until(deadline)  # one precise waiter for the whole run, not one per request
         # on the wire now when a slot and an idle connection are free; the task reads the response
         start(execute, ctx, job, deadline, send_at_deadline(ctx, job))
+    ctx.next_deadline_ns = 1 << 62
 
 
 async def _schedule_closed(ctx: RunContext, jobs, concurrency: int, requests) -> None:

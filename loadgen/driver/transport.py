@@ -514,6 +514,8 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
         if len(idle) < self._max_idle and not conn.buf:
             conn.idle_since = time.monotonic()
             idle.append(conn)
+        elif isinstance(conn, _ProtoConn) and conn.proto.transport is not None:
+            conn.proto.transport.close()  # not kept: close now rather than when collected
 
     def idle_count(self, origin: tuple[bytes, str, int]) -> int:
         return len(self._idle.get(origin, ()))

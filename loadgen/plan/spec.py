@@ -9,8 +9,6 @@ Loading validates everything into one ``ScenarioError`` line naming file, field,
 
 from __future__ import annotations
 
-import hashlib
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -138,16 +136,9 @@ def parse_plan(data: dict[str, Any], source: str = "<plan>") -> PlanSpec:
 
 def load_plan(path: str | Path) -> PlanSpec:
     """Read and validate a plan TOML file (its sha256 identifies the plan for resuming)."""
+    from ..tomlfile import read_toml
+
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ScenarioError(f"{path}: no such file: expected a plan TOML file") from None
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"{path}: invalid TOML ({exc}): expected a plan file") from None
+    data, sha256 = read_toml(path, "a plan TOML file")
     spec = parse_plan(data, str(path))
-    return spec.model_copy(update={"source_path": str(path.resolve()), "sha256": hashlib.sha256(raw).hexdigest()})
+    return spec.model_copy(update={"source_path": str(path.resolve()), "sha256": sha256})

@@ -7,8 +7,6 @@ turns any problem into one ``ScenarioError`` line naming file, field, value and 
 
 from __future__ import annotations
 
-import hashlib
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -244,18 +242,11 @@ def load_engine_config(path_or_preset: str | Path) -> EngineConfig:
                 f"engine {text!r}: no such preset or file: expected a TOML path or one of {', '.join(list_presets())}"
             )
         path = preset
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ScenarioError(f"{path}: no such file: expected an engine config TOML") from None
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"{path}: invalid TOML ({exc}): expected an engine config") from None
+    from ..tomlfile import read_toml
+
+    data, sha256 = read_toml(path, "an engine config TOML")
     cfg = parse_engine_config(data, str(path))
-    cfg = cfg.model_copy(update={"source_path": str(path), "sha256": hashlib.sha256(raw).hexdigest()})
+    cfg = cfg.model_copy(update={"source_path": str(path), "sha256": sha256})
     if cfg.kv.num_kv_blocks is None:
         cfg = cfg.model_copy(update={"resolved_kv_blocks": _kv_blocks_from_ledger(cfg, str(path))})
     return cfg
