@@ -19,14 +19,19 @@ from dataclasses import dataclass, field
 import anyio
 import numpy as np
 
-__all__ = ["sleep_until", "RateGate", "LagStats", "SPIN_NS", "THREAD_NS", "WAKE_EARLY_NS"]
+__all__ = ["sleep_until", "RateGate", "LagStats", "SPIN_NS", "THREAD_NS", "WAKE_EARLY_NS", "WAKE_EARLY_IDLE_NS"]
 
 #: Below this much remaining time the wait is a yielding spin (cheaper than a thread round trip).
-SPIN_NS = 800_000
+SPIN_NS = 350_000
 #: The timer thread wakes the loop this long before the deadline; a yielding spin covers the rest.
 #: Thread wake-up plus loop hand-off measured ~230 µs median, ~1.2 ms p99 on the shared 2-core CI
-#: host, so this trades up to ~0.7 ms of CPU per request (at low rates) for a sub-ms p99 send lag.
-WAKE_EARLY_NS = 700_000
+#: host. When the wait is long (low rates) the spin is cheap to afford and starts WAKE_EARLY_IDLE_NS
+#: ahead; when deadlines are close (high rates) a long spin would steal CPU from the work and the
+#: target on the same host, so it starts only WAKE_EARLY_NS ahead.
+WAKE_EARLY_NS = 300_000
+WAKE_EARLY_IDLE_NS = 700_000
+#: A wait longer than this counts as "long" for the choice above.
+IDLE_WAIT_NS = 1_500_000
 #: Below this much remaining time the wait moves to a worker thread's precise sleep.
 THREAD_NS = 3_000_000
 
@@ -106,15 +111,16 @@ def _timer_thread() -> _TimerThread | None:
 async def sleep_until(deadline_ns: int) -> None:
     """Wait until ``perf_counter_ns() >= deadline_ns`` (absolute, same clock); returns at once if past."""
     remaining = deadline_ns - _now()
+    early = WAKE_EARLY_IDLE_NS if remaining > IDLE_WAIT_NS else WAKE_EARLY_NS
     if remaining > THREAD_NS:
         await anyio.sleep((remaining - THREAD_NS + 1_000_000) / 1e9)  # coarse: may wake up to 1 ms late
         remaining = deadline_ns - _now()
-    if remaining > SPIN_NS:
+    if remaining > max(SPIN_NS, early + 50_000):
         timer = _timer_thread()
         if timer is not None:
-            await timer.wait(deadline_ns - WAKE_EARLY_NS)
+            await timer.wait(deadline_ns - early)
         else:
-            await anyio.to_thread.run_sync(_thread_sleep_until, deadline_ns - WAKE_EARLY_NS)
+            await anyio.to_thread.run_sync(_thread_sleep_until, deadline_ns - early)
     while _now() < deadline_ns:
         await anyio.sleep(0)
 
