@@ -83,6 +83,12 @@ class _TableWriter:
         if self.rows_buffered >= self.flush_rows:
             self.flush()
 
+    def write_table(self, table: pa.Table) -> None:
+        """Append a ready Arrow table (this schema) after whatever is buffered."""
+        self.flush()
+        self.writer.write_table(table)
+        self.rows_written += table.num_rows
+
     def flush(self) -> None:
         if not self.rows_buffered:
             return
@@ -133,6 +139,19 @@ class RunWriter:
             raise ValueError(f"request {row.get('request_id')}: status {status!r} not in {STATUSES}")
         self.status_counts[status] += 1
         self.requests.append(row)
+
+    def add_request_table(self, table: pa.Table) -> None:
+        """Append request rows already in REQUESTS_SCHEMA (the driver converts off its hot path)."""
+        for status, count in zip(*table.column("status").value_counts().flatten()):
+            status = status.as_py()
+            if status not in self.status_counts:
+                raise ValueError(f"status {status!r} not in {STATUSES}")
+            self.status_counts[status] += count.as_py()
+        self.requests.write_table(table)
+
+    def add_chunk_table(self, table: pa.Table) -> None:
+        """Append chunk rows already in CHUNKS_SCHEMA."""
+        self.chunks.write_table(table)
 
     def add_chunks(self, columns: dict[str, list[Any]]) -> None:
         """Append chunk rows given as columns (request_id, seq, arrival_ns, tokens, bytes)."""

@@ -20,7 +20,7 @@ import anyio
 import pyarrow as pa
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from ..records import CHUNKS_SCHEMA, REQUESTS_SCHEMA, STATUSES
+from ..records import CHUNKS_SCHEMA, REQUESTS_SCHEMA
 from ..rundir import RunWriter
 
 __all__ = ["Recorder", "ArrowRunWriter"]
@@ -37,25 +37,8 @@ _REQUEST_NAMES = REQUESTS_SCHEMA.names
 _CHUNK_NAMES = CHUNKS_SCHEMA.names
 
 
-class ArrowRunWriter(RunWriter):
-    """A RunWriter that also accepts ready Arrow tables (same files, same counts, same close)."""
-
-    def add_request_table(self, table: pa.Table) -> None:
-        """Append request rows already converted to REQUESTS_SCHEMA (status counts updated here)."""
-        for status, count in zip(*table.column("status").value_counts().flatten()):
-            status = status.as_py()
-            if status not in self.status_counts:
-                raise ValueError(f"status {status!r} not in {STATUSES}")
-            self.status_counts[status] += count.as_py()
-        self.requests.flush()
-        self.requests.writer.write_table(table)
-        self.requests.rows_written += table.num_rows
-
-    def add_chunk_table(self, table: pa.Table) -> None:
-        """Append chunk rows already converted to CHUNKS_SCHEMA."""
-        self.chunks.flush()
-        self.chunks.writer.write_table(table)
-        self.chunks.rows_written += table.num_rows
+#: RunWriter accepts ready Arrow tables itself; the old name stays for callers.
+ArrowRunWriter = RunWriter
 
 
 def _requests_table(rows: list[dict[str, Any]]) -> pa.Table:

@@ -31,7 +31,6 @@ from ..errors import RunDirError, TargetError, TraceError
 from ..identity import harness_identity, host_identity, sha256_file, utc_now_iso
 from ..prompts import get_tokenizer
 from ..records import REQUESTS_FILE, STATUS_NOT_SENT, STATUS_OK
-from ..rundir import RunWriter  # noqa: F401  (ArrowRunWriter extends it)
 from .client import RunContext, execute, request_row, send_at_deadline
 from .jobs import ServerTokenizer, build_jobs, resolve_tokenizer
 from .metrics_scrape import MetricsScraper
@@ -42,7 +41,7 @@ from .schedule import RateGate, sleep_until
 from .target import probe_target
 from .transport import RawHTTP11Transport
 
-__all__ = ["run_trace", "run_trace_sync", "SEND_LAG_WARN_NS"]
+__all__ = ["run_trace", "SEND_LAG_WARN_NS"]
 
 #: Warn when the send-lag p99 exceeds this (ns).
 SEND_LAG_WARN_NS = 1_000_000
