@@ -248,7 +248,14 @@ def _run_vllm(out_dir: Path, trace_path: Path, scenario_path: Path, scen: Any, s
     from .engines.vllm import VllmConfig, VllmServer, make_model_dir, run_with_server
     from .ledger import EngineSettings, compute_ledger, format_ledger, read_model_config
 
-    model_dir = make_model_dir(None, out_dir / "model")
+    # the shipped tiny model, with a context long enough for the canonical threads (prompt + reply < 4096)
+    from .engines.vllm import shipped_model_path
+
+    base = json.loads(shipped_model_path("tiny-llama-gqa").read_text())
+    base["max_position_embeddings"] = max(int(base.get("max_position_embeddings") or 0), 4096)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "model-config.json").write_text(json.dumps(base, indent=2))
+    model_dir = make_model_dir(out_dir / "model-config.json", out_dir / "model")
     kv_gib = 2
     configs = {
         "vllm-small-batch": dict(max_num_seqs=8, max_num_batched_tokens=1024),
