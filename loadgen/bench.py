@@ -7,7 +7,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .launch import SimServer
 from .scenario import load_scenario
 from .trace.generate import generate_trace_file
 
@@ -58,7 +57,11 @@ def run_bench(
     if target_url:
         run_trace_dir = replay(target_url)
     else:
-        with SimServer(engine, log_path=out_dir / "sim-server.log") as server:
-            assert server.base_url is not None
-            run_trace_dir = replay(server.base_url)
+        from .plan.targets import SimServerProcess
+
+        server = SimServerProcess(engine, out_dir / "server-logs")
+        try:
+            run_trace_dir = replay(server.start())
+        finally:
+            server.stop()
     return BenchResult(run_dir=run_trace_dir, trace_path=trace_path, analysis=analyze_run(run_trace_dir, scenario=scenario))
