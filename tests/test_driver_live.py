@@ -181,7 +181,7 @@ def test_multi_turn_shared_prefix_and_privacy(instant, tmp_path):
 
 
 def test_chat_endpoint_server_tokenizer_and_metrics(instant, tmp_path):
-    rows = [{"request_id": f"r{i}", "scheduled_offset_ns": i * 20_000_000, "prompt_tokens": 40 + i} for i in range(6)]
+    rows = [{"request_id": f"r{i}", "scheduled_offset_ns": i * 100_000_000, "prompt_tokens": 40 + i} for i in range(6)]
     trace = make_trace(tmp_path / "t.parquet", rows)
     out = run_trace_sync(RunOptions(trace_path=trace, target_url=instant.base_url + "/v1", out_dir=tmp_path / "run",
                                     endpoint="chat", tokenizer="server", scrape_interval_s=0.05, progress="off"))
