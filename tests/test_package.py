@@ -48,6 +48,7 @@ def _imports(path: Path) -> set[str]:
                 parts = path.relative_to(PKG.parent).with_suffix("").parts[: -node.level]
                 base = ".".join(parts + ((base,) if base else ()))
             names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)  # `from loadgen import driver`
     return names
 
 
