@@ -7,6 +7,15 @@ from typing import Any
 
 from .model import METRICS, Analysis, GroupSummary
 
+
+def stability_sentence(s: dict[str, Any]) -> str:
+    """The stability verdict in one line: both sides of Little's Law, or why it was not applied."""
+    if s.get("applied"):
+        return (f"stable over {s['interval_s'][0]:.1f}–{s['interval_s'][1]:.1f} s: Little's Law L = "
+                f"{s['L']:.2f} in system vs λ·W = {s['lambda_rps']:.3f}/s × {s['W_s']:.3f} s = "
+                f"{s['lambda_W']:.2f} ({s['relative_difference']:.1%} apart)")
+    return f"Little's Law not applied: {s.get('reason')}"
+
 __all__ = ["render_console", "fmt_ms"]
 
 
@@ -114,14 +123,8 @@ def render_console(analysis: Analysis, console: Any = None) -> None:
         if extra:
             console.print("  " + " · ".join(extra))
     console.print("  * p99 from fewer than 100 samples", style="dim")
-    s = a.stability
     console.print()
-    if s.get("applied"):
-        console.print(f"stable over {s['interval_s'][0]:.1f}–{s['interval_s'][1]:.1f} s: Little's Law L = "
-                      f"{s['L']:.2f} in system vs λ·W = {s['lambda_rps']:.3f}/s × {s['W_s']:.3f} s = "
-                      f"{s['lambda_W']:.2f} ({s['relative_difference']:.1%} apart)")
-    else:
-        console.print(f"Little's Law not applied: {s.get('reason')}")
+    console.print(stability_sentence(a.stability))
     wc = a.warm_cold
     console.print(f"warm state: {wc['state']}" + (f" ({'; '.join(wc['actions'])})" if wc.get("actions") else "") +
                   (f" · {wc['n_cold']} cold request(s) apart, cold TTFT p50 {fmt_ms(wc['cold']['ttft_ms']['p50'])} ms"

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from .model import METRICS, Analysis
-from .report_console import fmt_ms
+from .report_console import fmt_ms, stability_sentence
 
 __all__ = ["write_html", "render_html"]
 
@@ -250,14 +250,9 @@ def render_html(analysis: Analysis) -> str:
     fig = _timeline_figure(a)
     if fig:
         parts.append("<h2>Timeline</h2>" + fig)
-    s = a.stability
     parts.append("<h2>Stability and Little's Law</h2>")
-    if s.get("applied"):
-        parts.append(f"<p>Steady over {s['interval_s'][0]:.2f}–{s['interval_s'][1]:.2f} s: L = {s['L']:.3f} in system; "
-                     f"λ·W = {s['lambda_rps']:.3f}/s × {s['W_s']:.3f} s = {s['lambda_W']:.3f} "
-                     f"({s['relative_difference']:.1%} apart).</p>")
-    else:
-        parts.append(f"<p class=\"warn\">Not applied: {_e(s.get('reason'))}</p>")
+    css = "" if a.stability.get("applied") else ' class="warn"'
+    parts.append(f"<p{css}>{_e(stability_sentence(a.stability))}</p>")
     wc = a.warm_cold
     parts.append("<h2>Warm / cold</h2>")
     parts.append(f"<p>state {_e(wc['state'])}; actions: {_e('; '.join(wc.get('actions') or []) or 'none recorded')}; "
