@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from loadgen.records import TRACE_SCHEMA  # noqa: E402
 from loadgen.trace.io import write_trace  # noqa: E402
-from tests.simserver import start_sim_server  # noqa: E402
+from loadgen.targets import launch_sim_server as start_sim_server  # noqa: E402
 
 VLLM_PY = Path(os.environ.get("LOADGEN_VLLM_PY", "/work/cache/vllm-venv/bin/python"))
 GUIDELLM = Path(os.environ.get("LOADGEN_GUIDELLM", "/work/cache/guidellm-venv/bin/guidellm"))

@@ -48,8 +48,7 @@ def bench_live(requests: int = 2000, concurrency: int = 64, tokens: int = 16) ->
     import httpx
     import psutil
 
-    sys.path.insert(0, str(REPO / "tests"))
-    from simserver import start_sim_server
+    from loadgen.targets import launch_sim_server as start_sim_server
 
     async def drive(base: str) -> float:
         limit = anyio.Semaphore(concurrency)

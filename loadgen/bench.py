@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
+from .analysis import Analysis, analyze_run
 from .scenario import load_scenario
+from .targets import StateResult, TargetSpec, open_target
 from .trace.generate import generate_trace_file
 
 __all__ = ["BenchResult", "run_bench", "DEFAULT_SCENARIO"]
@@ -19,7 +20,7 @@ DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "canon
 class BenchResult:
     run_dir: Path
     trace_path: Path
-    analysis: Any  # loadgen.analysis.Analysis
+    analysis: Analysis
 
 
 def run_bench(
@@ -35,33 +36,15 @@ def run_bench(
     endpoint: str | None = None,
 ) -> BenchResult:
     """Generate the scenario's trace, replay it, analyse it. Without a target, launch the simulator."""
-    from .analysis import analyze_run
-    from .driver import RunOptions, run_trace_sync
-
     scenario = load_scenario(scenario_path)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(out_dir) if out_dir else Path("runs") / f"bench-{stamp}"
     out_dir.mkdir(parents=True, exist_ok=True)
     trace_path = generate_trace_file(scenario, trace_name, out_dir / f"trace-{trace_name}.parquet", seed)
-    run_dir = out_dir / "run"
-
-    def replay(url: str) -> Path:
-        options: dict[str, Any] = dict(
-            trace_path=trace_path, target_url=url, model=model or scenario.model, out_dir=run_dir,
-            scenario_path=Path(scenario_path), api_key_env=api_key_env,
-        )
-        if endpoint:
-            options["endpoint"] = endpoint
-        return run_trace_sync(RunOptions(**options))
-
-    if target_url:
-        run_trace_dir = replay(target_url)
-    else:
-        from .plan.targets import SimServerProcess
-
-        server = SimServerProcess(engine, out_dir / "server-logs")
-        try:
-            run_trace_dir = replay(server.start())
-        finally:
-            server.stop()
-    return BenchResult(run_dir=run_trace_dir, trace_path=trace_path, analysis=analyze_run(run_trace_dir, scenario=scenario))
+    spec = TargetSpec(url=target_url, model=model or scenario.model, api_key_env=api_key_env) if target_url \
+        else TargetSpec(sim=engine)
+    run_options = {"endpoint": endpoint} if endpoint else {}
+    with open_target(spec, out_dir) as target:
+        run_dir = target.run(trace_path, out_dir / "run", scenario_path=Path(scenario_path),
+                             state=StateResult("unknown", False), **run_options)
+    return BenchResult(run_dir=run_dir, trace_path=trace_path, analysis=analyze_run(run_dir, scenario=scenario))

@@ -18,6 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from .analysis import analyze_run
+from .manifest import Manifest, read_manifest
+from .rundir import load_run
+
 __all__ = [
     "load_price_table",
     "run_cost",
@@ -188,7 +192,7 @@ def change_controls(requests: Any, requested_model: str | None) -> dict[str, Any
     return out
 
 
-def quota_summary(requests: Any, manifest: dict[str, Any]) -> dict[str, Any]:
+def quota_summary(requests: Any, manifest: Manifest) -> dict[str, Any]:
     """429 answers, their Retry-After values, and the client-side rate cap the run declared."""
     kinds = _col(requests, "error_kind")
     http = _col(requests, "http_status")
@@ -196,7 +200,7 @@ def quota_summary(requests: Any, manifest: dict[str, Any]) -> dict[str, Any]:
     n = len(kinds)
     limited = [i for i in range(n) if kinds[i] == "http_429" or http[i] == 429]
     ra = np.array([retry[i] for i in limited if retry[i] is not None], dtype=np.float64)
-    options = manifest.get("options") or {}
+    options = manifest.options
     return {
         "http_429": len(limited),
         "http_429_share": (len(limited) / n) if n else None,
@@ -226,25 +230,21 @@ def _throughput(group: Any) -> dict[str, Any]:
 
 def side_summary(run_dir: str | Path, prices: Any, *, label: str) -> dict[str, Any]:
     """Everything the comparison shows for one run."""
-    from .analysis import analyze_run
-    from .rundir import load_run
-
     run = load_run(Path(run_dir), chunks=False)
     analysis = analyze_run(run_dir)
     m = run.manifest
-    target = m.get("target") or {}
+    target = m.target
     req = run.requests
     finish = _col(req, "finish_reason")
     kinds = _col(req, "error_kind")
     content_filtered = sum(1 for i in range(len(finish)) if finish[i] == "content_filter" or kinds[i] == "content_filter")
-    duration_s = m.get("duration_s")
+    duration_s = m.duration_s
     is_managed = label == "managed"
-    engine = target.get("engine") if isinstance(target.get("engine"), dict) else {}
-    version = target.get("version") if isinstance(target.get("version"), dict) else {}
-    engine_name = ((engine.get("config") or {}).get("name") if isinstance(engine.get("config"), dict) else None) \
-        or version.get("engine_config")
+    engine_config = target.engine.config if target.engine else None
+    version = target.version if isinstance(target.version, dict) else {}
+    engine_name = (engine_config or {}).get("name") or version.get("engine_config")
     # the managed side is priced by model id; a local engine by its config name first
-    labels = ([target.get("model"), engine_name] if is_managed else [engine_name, target.get("model")]) + [Path(run_dir).name]
+    labels = ([target.model, engine_name] if is_managed else [engine_name, target.model]) + [Path(run_dir).name]
     cost = run_cost(req, prices, labels, duration_s) if prices is not None else None
     server = dict(analysis.server) if (analysis.server and not is_managed) else None
     if server:
@@ -252,10 +252,10 @@ def side_summary(run_dir: str | Path, prices: Any, *, label: str) -> dict[str, A
     return {
         "label": label,
         "run_dir": str(run_dir),
-        "target": {"kind": target.get("kind"), "base_url": target.get("base_url"), "model": target.get("model"),
-                   "engine": (target.get("engine") or {}).get("name") if isinstance(target.get("engine"), dict) else None},
-        "trace": {"name": (m.get("trace") or {}).get("name"), "sha256": (m.get("trace") or {}).get("sha256"),
-                  "seed": (m.get("trace") or {}).get("seed")},
+        "target": {"kind": target.kind, "base_url": target.base_url, "model": target.model,
+                   "engine": target.engine.name if target.engine else None},
+        "trace": {"name": m.trace.name if m.trace else None, "sha256": m.trace.sha256 if m.trace else None,
+                  "seed": m.trace.seed if m.trace else None},
         "duration_s": duration_s,
         "verdict": analysis.verdict,
         "hard_failures": [c.reason for c in analysis.hard_failures],
@@ -265,7 +265,7 @@ def side_summary(run_dir: str | Path, prices: Any, *, label: str) -> dict[str, A
                    "content_filtered": content_filtered, "error_share": analysis.error_share},
         "quotas": quota_summary(req, m),
         "cost": cost,
-        "change_controls": change_controls(req, target.get("model")),
+        "change_controls": change_controls(req, target.model),
         "internals": UNKNOWN_INTERNALS if is_managed else (
             {"server_metrics": server} if server else "local engine: see its /metrics and the memory ledger"),
     }
@@ -363,18 +363,16 @@ def _change_cell(side: dict[str, Any]) -> str:
 
 def _boundary_warnings(local_run: str | Path, managed_run: str | Path) -> list[str]:
     """Differences in how the two runs were measured (the client timing boundaries must be the same)."""
-    from .rundir import read_manifest
-
     a, b = read_manifest(Path(local_run)), read_manifest(Path(managed_run))
     out: list[str] = []
     for side, m in (("local", a), ("managed", b)):
-        if m.get("run_kind") != "measured":
-            out.append(f"the {side} run is {m.get('run_kind')!r}, not measured over the network: its timings are not "
+        if m.run_kind != "measured":
+            out.append(f"the {side} run is {m.run_kind!r}, not measured over the network: its timings are not "
                        "client observations")
-    ha, hb = (a.get("harness") or {}).get("version"), (b.get("harness") or {}).get("version")
+    ha, hb = (a.harness.version if a.harness else None), (b.harness.version if b.harness else None)
     if ha != hb:
         out.append(f"the runs were recorded by different loadgen versions ({ha} vs {hb})")
-    oa, ob = a.get("options") or {}, b.get("options") or {}
+    oa, ob = a.options, b.options
     for key in ("endpoint", "tokenizer", "ttft_timeout_s", "total_timeout_s", "max_concurrency", "max_tokens_field"):
         if oa.get(key) != ob.get(key):
             out.append(f"client option {key} differs ({oa.get(key)!r} vs {ob.get(key)!r}): the timing boundaries may differ")

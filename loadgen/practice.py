@@ -19,9 +19,23 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
+import pyarrow.compute as pc
+
+from .engines.vllm import VllmConfig, make_model_dir, shipped_model_path
 from .errors import PlanError
+from .identity import sha256_file
+from .ledger import GIB, EngineSettings, compute_ledger, format_ledger, read_model_config
+from .plan.cells import build_warmup_trace
+from .plan.compare import compare_candidates, format_comparison
+from .plan.contract_hook import CONTRACT_FILE, replay_contract
+from .scenario import Scenario, load_scenario
+from .sim import EngineConfig, load_engine_config
+from .targets import SimServerTarget, Target, UrlTarget, VllmTarget
+from .trace.generate import generate_trace_file
+from .trace.io import read_trace, write_trace
 
 __all__ = ["SIM_CANDIDATES", "OWNERSHIP", "PracticeResult", "run_practice", "practice_trace", "format_practice"]
 
@@ -52,15 +66,11 @@ class PracticeResult:
 
 def practice_trace(source: Path, out: Path, window_s: float | None) -> Path:
     """The burst trace, cut to its first ``window_s`` seconds (None: whole) so the practice stays short."""
-    from .identity import sha256_file
-    from .trace.io import read_trace, write_trace
 
     table, meta = read_trace(source)
     if window_s is None:
         shutil.copyfile(source, out)
         return out
-    import pyarrow.compute as pc
-
     keep = pc.less(table.column("scheduled_offset_ns"), int(window_s * 1e9))
     cut = table.filter(keep)
     if cut.num_rows == 0:
@@ -75,15 +85,12 @@ def _canonical_trace(scenario_path: Path, out_dir: Path) -> Path:
     shipped = REPO / "traces" / "canonical-burst.parquet"
     if shipped.is_file():
         return shipped
-    from .scenario import load_scenario
-    from .trace.generate import generate_trace_file
 
     return generate_trace_file(load_scenario(scenario_path), "burst", out_dir / "canonical-burst.parquet")
 
 
-def _ledgers(model_config: str, engines: list[Any], scenario: Any) -> tuple[dict[str, str], dict[str, Any]]:
+def _ledgers(model_config: str, engines: list[EngineConfig], scenario: Scenario) -> tuple[dict[str, str], dict[str, Any]]:
     """The ledger of ``model_config`` under each simulated candidate's settings (KV pool = the engine's blocks)."""
-    from .ledger import GIB, EngineSettings, compute_ledger, format_ledger, read_model_config
 
     path = Path(model_config)
     if not path.exists():
@@ -102,19 +109,14 @@ def _ledgers(model_config: str, engines: list[Any], scenario: Any) -> tuple[dict
     return texts, data
 
 
-def _warm_and_run(url: str, model: str | None, trace: Path, scenario_path: Path, run_dir: Path, warm_dir: Path,
-                  label: str, restart_note: str, api_key_env: str | None = None, runner: Callable[..., Path] | None = None) -> Path:
+def _warm_and_run(target: Target, trace: Path, scenario_path: Path, run_dir: Path, warm_dir: Path, label: str,
+                  launch_note: str) -> Path:
     """Fixed warm-up set (first 8 requests of the trace at 8 rps), then the measured run."""
-    from .plan.cells import build_warmup_trace
-    from .plan.targets import StateResult, _warmup, run_driver
-
     warm_trace = build_warmup_trace(trace, 8, 8.0, warm_dir.parent / f"{warm_dir.name}.parquet")
-    actions = [restart_note] + _warmup(url, model, warm_trace, warm_dir, scenario_path, api_key_env)
-    state = StateResult("warm", True, actions)
-    if runner is not None:
-        return runner(state)
-    return run_driver(trace, url, run_dir, model=model, scenario_path=scenario_path, state=state,
-                      extra_manifest={"practice": {"candidate": label}}, api_key_env=api_key_env)
+    state = target.prepare("warm", warm_trace, warm_dir, scenario_path)
+    state.actions.insert(0, launch_note)
+    return target.run(trace, run_dir, scenario_path=scenario_path, state=state,
+                      extra_manifest={"practice": {"candidate": label}})
 
 
 def run_practice(
@@ -134,10 +136,6 @@ def run_practice(
     log: Callable[[str], None] | None = None,
 ) -> PracticeResult:
     """Run the practice (see the module docstring); returns the decision and writes ``out``/decision.json."""
-    from .plan.compare import compare_candidates
-    from .plan.contract_hook import CONTRACT_FILE, replay_contract
-    from .scenario import load_scenario
-
     say = log or (lambda _m: None)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(out) if out else Path("runs") / f"practice-{stamp}"
@@ -170,29 +168,24 @@ def run_practice(
             label = f"candidate-{chr(ord('a') + i)}"
             run_dir = out_dir / label
             say(f"practice: {label}: warm-up then the burst trace against {url}")
-            _warm_and_run(url, model, trace_path, scenario_path, run_dir, out_dir / f"{label}-warmup", label,
-                          "target not launched by loadgen: its load/compile state is whatever it was", api_key_env)
+            with UrlTarget(url, model, api_key_env) as target:
+                _warm_and_run(target, trace_path, scenario_path, run_dir, out_dir / f"{label}-warmup", label,
+                              "target not launched by loadgen: its load/compile state is whatever it was")
             contract_for(label, url, model, run_dir)
             run_dirs[label] = run_dir
     elif engine == "vllm":
         run_dirs, ledgers, ledger_data = _run_vllm(out_dir, trace_path, scenario_path, scen, say, contract_for)
     elif engine == "sim":
-        from .plan.targets import SimServerProcess
-        from .sim import load_engine_config
-
         configs = [load_engine_config(c) for c in candidates]
         ledgers, ledger_data = _ledgers(model_config, configs, scen)
         for cfg, name in zip(configs, candidates):
             run_dir = out_dir / cfg.name
-            server = SimServerProcess(name, out_dir / "server-logs")
-            try:
-                url = server.start()
-                say(f"practice: {cfg.name}: sim server pid {server.pid} on {url}; warm-up, then {trace_path.name}")
-                _warm_and_run(url, cfg.model, trace_path, scenario_path, run_dir, out_dir / f"{cfg.name}-warmup", cfg.name,
-                              f"sim server launched fresh by loadgen (pid {server.pid}): empty KV and prefix cache")
+            with SimServerTarget(name, out_dir) as sim:
+                pid, url = sim.server.pid, sim.url or ""
+                say(f"practice: {cfg.name}: sim server pid {pid} on {url}; warm-up, then {trace_path.name}")
+                _warm_and_run(sim, trace_path, scenario_path, run_dir, out_dir / f"{cfg.name}-warmup", cfg.name,
+                              f"sim server launched fresh by loadgen (pid {pid}): empty KV and prefix cache")
                 contract_for(cfg.name, url, cfg.model, run_dir)
-            finally:
-                server.stop()
             run_dirs[cfg.name] = run_dir
     else:
         raise PlanError(f"practice --engine {engine!r}: expected 'sim' or 'vllm'")
@@ -224,9 +217,7 @@ def run_practice(
     return PracticeResult(out_dir, decision, comparison, ledgers, run_dirs)
 
 
-def _workload(scen: Any, trace_path: Path) -> dict[str, Any]:
-    from .identity import sha256_file
-    from .trace.io import read_trace
+def _workload(scen: Scenario, trace_path: Path) -> dict[str, Any]:
 
     table, meta = read_trace(trace_path)
     classes = table.column("request_class").to_pylist()
@@ -241,16 +232,10 @@ def _workload(scen: Any, trace_path: Path) -> dict[str, Any]:
     }
 
 
-def _run_vllm(out_dir: Path, trace_path: Path, scenario_path: Path, scen: Any, say: Callable[[str], None],
+def _run_vllm(out_dir: Path, trace_path: Path, scenario_path: Path, scen: Scenario, say: Callable[[str], None],
               contract_for: Callable[..., None]) -> tuple[dict[str, Path], dict[str, str], dict[str, Any]]:
     """Two real vLLM configurations (small vs large batch) on the shipped tiny model, same trace."""
-    from .driver import RunOptions
-    from .engines.vllm import VllmConfig, VllmServer, make_model_dir, run_with_server
-    from .ledger import EngineSettings, compute_ledger, format_ledger, read_model_config
-
     # the shipped tiny model, with a context long enough for the canonical threads (prompt + reply < 4096)
-    from .engines.vllm import shipped_model_path
-
     base = json.loads(shipped_model_path("tiny-llama-gqa").read_text())
     base["max_position_embeddings"] = max(int(base.get("max_position_embeddings") or 0), 4096)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -270,29 +255,19 @@ def _run_vllm(out_dir: Path, trace_path: Path, scenario_path: Path, scen: Any, s
     run_dirs: dict[str, Path] = {}
     for label, knobs in configs.items():
         cfg = VllmConfig(model_dir=model_dir, served_model_name="loadgen-practice", max_model_len=4096,
-                         kv_cache_gib=kv_gib, log_path=out_dir / f"{label}.log", **knobs)
+                         kv_cache_gib=kv_gib, **knobs)
         run_dir = out_dir / label
-        with VllmServer(cfg) as server:
-            say(f"practice: {label}: vLLM healthy after {server.ready_s:.0f} s on {server.base_url}")
-
-            def runner(state: Any, server: Any = server, run_dir: Path = run_dir, label: str = label) -> Path:
-                options = RunOptions(trace_path=trace_path, target_url=server.base_url, out_dir=run_dir,
-                                     model="loadgen-practice", scenario_path=scenario_path, warm_state="warm",
-                                     warm_actions=state.actions, progress="off", tokenizer="server",
-                                     extra_manifest={"practice": {"candidate": label}})
-                return run_with_server(server, options)
-
-            _warm_and_run(server.base_url, "loadgen-practice", trace_path, scenario_path, run_dir,
-                          out_dir / f"{label}-warmup", label, f"vLLM launched fresh by loadgen ({label}); ready in "
-                          f"{server.ready_s:.0f} s", runner=runner)
-            contract_for(label, server.base_url, "loadgen-practice", run_dir)
+        with VllmTarget(cfg, out_dir / f"{label}-logs", model="loadgen-practice") as target:
+            say(f"practice: {label}: vLLM healthy after {target.ready_s or 0:.0f} s on {target.url}")
+            _warm_and_run(target, trace_path, scenario_path, run_dir, out_dir / f"{label}-warmup", label,
+                          f"vLLM launched fresh by loadgen ({label}); ready in {target.ready_s or 0:.0f} s")
+            contract_for(label, target.url or "", "loadgen-practice", run_dir)
         run_dirs[label] = run_dir
     return run_dirs, ledgers, ledger_data
 
 
 def format_practice(result: PracticeResult) -> str:
     """The console report: ledger, workload, each candidate's identity, the comparison, the owners."""
-    from .plan.compare import format_comparison
 
     d = result.decision
     w = d["workload"]

@@ -32,6 +32,7 @@ from typing import Any
 from .errors import RunDirError
 from .identity import harness_identity, sha256_file, utc_now_iso
 from .records import empty_request_row
+from .manifest import Anchor, Manifest, TargetRef
 from .rundir import RunWriter
 
 __all__ = ["import_llmperf", "import_vllm_bench", "llmperf_error_kind"]
@@ -87,27 +88,18 @@ class _Slots:
 
 
 def _manifest(tool: str, path: Path, extra_source: dict[str, Any], target: dict[str, Any],
-              synthesized: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+              synthesized: dict[str, Any], options: dict[str, Any]) -> Manifest:
     now = utc_now_iso()
-    return {
-        "run_kind": "imported",
-        "harness": harness_identity(),
-        "host": None,
-        "target": target,
-        "scenario": None,
-        "trace": None,
-        "options": options,
-        "warm_state": {"state": "unknown", "actions": []},
-        "order_index": None, "repeat": None, "plan_cell": None,
-        "started_utc": now,
-        "anchor": {"perf_counter_ns": 0, "utc": now},
-        "modelExecuted": False,
-        "benchmarkExecuted": False,
-        "engine_notes": {},
-        "behavior_relevant": {},
-        "source": {"tool": tool, "path": str(path), "sha256": sha256_file(path), **extra_source},
-        "synthesized": synthesized,
-    }
+    return Manifest(
+        run_kind="imported",
+        harness=harness_identity(),
+        target=TargetRef.model_validate(target),
+        options=options,
+        started_utc=now,
+        anchor=Anchor(perf_counter_ns=0, utc=now),
+        source={"tool": tool, "path": str(path), "sha256": sha256_file(path), **extra_source},
+        synthesized=synthesized,
+    )
 
 
 def _find_llmperf_summary(path: Path) -> Path | None:
@@ -174,7 +166,7 @@ def import_llmperf(path: Path | str, out_dir: Path | str, *, concurrency: int | 
                 row.update(status="error", error_kind=kind, http_status=http,
                            error_message=f"llmperf error_code {code}: {msg}"[:300])
             writer.add_request(row)
-        writer.close(ended_utc=utc_now_iso(), duration_s=None)
+        writer.close({"ended_utc": utc_now_iso(), "duration_s": None})
     return Path(out_dir)
 
 
@@ -263,5 +255,5 @@ def import_vllm_bench(path: Path | str, out_dir: Path | str, *, request_class: s
         if uneven:
             notes.append(f"{uneven} request(s): output tokens != chunks; one token per chunk, or tokens spread "
                          f"evenly when there are more tokens than chunks")
-        writer.close(ended_utc=utc_now_iso(), duration_s=data.get("duration"), synthesized=synthesized)
+        writer.close({"ended_utc": utc_now_iso(), "duration_s": data.get("duration"), "synthesized": synthesized})
     return Path(out_dir)

@@ -9,8 +9,7 @@ carries the final manifest as key-value metadata under ``loadgen.manifest``.
 
 from __future__ import annotations
 
-import json
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,10 +18,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import RunDirError
+from .manifest import Manifest, merge_manifest, read_manifest, write_manifest
 from .records import (
     CHUNKS_FILE,
     CHUNKS_SCHEMA,
-    MANIFEST_FILE,
     REQUESTS_FILE,
     REQUESTS_SCHEMA,
     SCHEMA_VERSION,
@@ -34,25 +33,6 @@ from .records import (
 __all__ = ["RunWriter", "RunData", "read_manifest", "write_manifest", "load_run", "MANIFEST_METADATA_KEY"]
 
 MANIFEST_METADATA_KEY = "loadgen.manifest"
-
-
-def write_manifest(run_dir: Path, manifest: dict[str, Any]) -> None:
-    """Write manifest.json atomically (write to a temp file, then rename)."""
-    run_dir = Path(run_dir)
-    tmp = run_dir / (MANIFEST_FILE + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, run_dir / MANIFEST_FILE)
-
-
-def read_manifest(run_dir: Path) -> dict[str, Any]:
-    """Read a run directory's manifest.json."""
-    path = Path(run_dir) / MANIFEST_FILE
-    if not path.is_file():
-        raise RunDirError(f"{run_dir}: no {MANIFEST_FILE}: expected a loadgen run directory")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise RunDirError(f"{path}: invalid JSON at line {exc.lineno}: expected a manifest object") from None
 
 
 class _TableWriter:
@@ -113,7 +93,7 @@ class RunWriter:
     ``manifest`` is written at open (``state: running``) and again, completed, at close.
     """
 
-    def __init__(self, run_dir: Path, manifest: dict[str, Any], *, flush_rows: int = 2000) -> None:
+    def __init__(self, run_dir: Path, manifest: Manifest, *, flush_rows: int = 2000) -> None:
         self.run_dir = Path(run_dir)
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -121,9 +101,7 @@ class RunWriter:
             raise RunDirError(f"{run_dir}: cannot create run directory: {exc.strerror}") from None
         if (self.run_dir / REQUESTS_FILE).exists():
             raise RunDirError(f"{run_dir}: already holds a run ({REQUESTS_FILE}): expected a new or empty directory")
-        self.manifest = dict(manifest)
-        self.manifest.setdefault("schema_version", SCHEMA_VERSION)
-        self.manifest["state"] = "running"
+        self.manifest = manifest.model_copy(update={"schema_version": SCHEMA_VERSION, "state": "running"})
         write_manifest(self.run_dir, self.manifest)
         self.requests = _TableWriter(self.run_dir / REQUESTS_FILE, REQUESTS_SCHEMA, flush_rows)
         self.chunks = _TableWriter(self.run_dir / CHUNKS_FILE, CHUNKS_SCHEMA, flush_rows * 20)
@@ -174,17 +152,19 @@ class RunWriter:
         if self._metrics is not None:
             self._metrics.flush()
 
-    def close(self, **manifest_updates: Any) -> dict[str, Any]:
-        """Flush and close every file; record final counts and ``manifest_updates``; idempotent."""
+    def close(self, updates: Mapping[str, Any] | None = None) -> Manifest:
+        """Flush and close every file; merge ``updates`` and the final counts into the manifest; idempotent."""
         if self.closed:
             return self.manifest
         self.closed = True
-        self.manifest.update(manifest_updates)
-        self.manifest["state"] = manifest_updates.get("state", "complete")
-        self.manifest["status_counts"] = dict(self.status_counts)
-        self.manifest["requests_recorded"] = self.requests.rows_written + self.requests.rows_buffered
-        self.manifest["chunks_recorded"] = self.chunks.rows_written + self.chunks.rows_buffered
-        manifest_json = json.dumps(self.manifest, sort_keys=True, default=str)
+        self.manifest = merge_manifest(self.manifest, {
+            "state": "complete",
+            **(updates or {}),
+            "status_counts": dict(self.status_counts),
+            "requests_recorded": self.requests.rows_written + self.requests.rows_buffered,
+            "chunks_recorded": self.chunks.rows_written + self.chunks.rows_buffered,
+        })
+        manifest_json = self.manifest.to_json()
         errors: list[BaseException] = []
         for table in (self.requests, self.chunks, self._metrics):
             if table is None:
@@ -205,7 +185,7 @@ class RunWriter:
         if exc_type is None:
             self.close()
         else:
-            self.close(state="interrupted", interrupted_by=exc_type.__name__)
+            self.close({"state": "interrupted", "interrupted_by": exc_type.__name__})
 
 
 @dataclass
@@ -213,7 +193,7 @@ class RunData:
     """A run directory read back: manifest plus Arrow tables (server_metrics may be None)."""
 
     run_dir: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     requests: pa.Table
     chunks: pa.Table | None
     server_metrics: pa.Table | None

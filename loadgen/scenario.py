@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import ScenarioError
+from .manifest import Manifest, ScenarioRef
+from .tomlfile import read_toml
 
 __all__ = [
     "CLASS_NAMES",
@@ -300,27 +302,21 @@ def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario
 
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario TOML file; its sha256 and path are kept for the manifest."""
-    from .tomlfile import read_toml
-
     data, sha256 = read_toml(path, "a scenario TOML file")
     scenario = parse_scenario(data, str(path))
     return scenario.model_copy(update={"source_path": str(path), "sha256": sha256})
 
 
-def scenario_manifest(scenario: Scenario) -> dict[str, Any]:
+def scenario_manifest(scenario: Scenario) -> ScenarioRef:
     """What a manifest records about a scenario: name, path, sha256 and the full validated content."""
-    return {
-        "name": scenario.name,
-        "path": scenario.source_path,
-        "sha256": scenario.sha256,
-        "content": scenario.model_dump(mode="json"),
-    }
+    return ScenarioRef(name=scenario.name, path=scenario.source_path, sha256=scenario.sha256,
+                       content=scenario.model_dump(mode="json"))
 
 
-def scenario_from_manifest(manifest: dict[str, Any]) -> Scenario | None:
+def scenario_from_manifest(manifest: Manifest) -> Scenario | None:
     """Rebuild the scenario a run was made with from its manifest (None when the run had none)."""
-    entry = manifest.get("scenario")
-    if not entry or not entry.get("content"):
+    entry = manifest.scenario
+    if entry is None or not entry.content:
         return None
-    scenario = parse_scenario(entry["content"], f"manifest scenario {entry.get('name')!r}")
-    return scenario.model_copy(update={"source_path": entry.get("path"), "sha256": entry.get("sha256")})
+    scenario = parse_scenario(entry.content, f"manifest scenario {entry.name!r}")
+    return scenario.model_copy(update={"source_path": entry.path, "sha256": entry.sha256})

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/simserver.py, tests/shared_paths.py
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/shared_paths.py
 
-from simserver import start_sim_server  # noqa: E402
+from loadgen.targets import launch_sim_server  # noqa: E402
 
 
 @pytest.fixture
@@ -20,6 +20,6 @@ def sim_server():
     with contextlib.ExitStack() as stack:
 
         def start(engine: str = "interactive-small-batch", *extra_args: str, env: dict[str, str] | None = None):
-            return stack.enter_context(start_sim_server(engine, *extra_args, env=env))
+            return stack.enter_context(launch_sim_server(engine, *extra_args, env=env))
 
         yield start

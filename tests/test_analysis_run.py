@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from loadgen.analysis import analyze_run
+from loadgen.manifest import Manifest
 from loadgen.records import empty_request_row
 from loadgen.rundir import RunWriter
 from loadgen.scenario import parse_scenario, scenario_manifest
@@ -26,7 +27,7 @@ def build_run(run_dir: Path, requests: list[dict[str, Any]], chunks: list[tuple[
          "scenario": scenario_manifest(scenario) if scenario is not None else None,
          "warm_state": {"state": "warm", "actions": []}}
     m.update(manifest or {})
-    with RunWriter(run_dir, m, flush_rows=3) as w:
+    with RunWriter(run_dir, Manifest.model_validate(m), flush_rows=3) as w:
         for r in requests:
             row = {"target_prompt_tokens": 10, "target_output_tokens": 5, **r}
             w.add_request(empty_request_row(**row))

@@ -28,11 +28,11 @@ def test_bench_cli_on_the_embedded_simulator(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     assert "short-message" in res.stdout and "ttft" in res.stdout
     run = load_run(out / "run")
-    counts = run.manifest["status_counts"]
+    counts = run.manifest.to_dict()["status_counts"]
     assert sum(counts.values()) == run.requests.num_rows > 0
-    assert run.manifest["target"]["kind"] == "sim" and run.manifest["modelExecuted"] is False
-    assert run.manifest["scenario"]["sha256"]
+    assert run.manifest.to_dict()["target"]["kind"] == "sim" and run.manifest.to_dict()["modelExecuted"] is False
+    assert run.manifest.to_dict()["scenario"]["sha256"]
     assert (tmp_path / "r.html").stat().st_size > 10_000
     # the simulator was stopped: no server process left listening on the recorded URL
     with pytest.raises(httpx.TransportError):
-        httpx.get(run.manifest["target"]["base_url"] + "/health", timeout=2)
+        httpx.get(run.manifest.to_dict()["target"]["base_url"] + "/health", timeout=2)

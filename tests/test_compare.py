@@ -128,7 +128,8 @@ def test_compare_cli_json_and_refusal(worksheet_runs: dict[str, Path]) -> None:
 
 
 def test_plan_directories_compare_by_region(tmp_path: Path) -> None:
-    from loadgen.plan import WorksheetTarget, load_plan, run_plan
+    from loadgen.plan import load_plan, run_plan
+    from loadgen.targets import WorksheetTarget
 
     plan = tmp_path / "plan.toml"
     plan.write_text(

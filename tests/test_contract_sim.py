@@ -18,7 +18,7 @@ import pytest
 from loadgen.contract import diff, load_cases, read_contract, replay_cases_sync, replay_under_load
 from loadgen.sim.config import EngineConfig
 
-from simserver import start_sim_server
+from loadgen.targets import launch_sim_server as start_sim_server
 
 pytestmark = pytest.mark.skipif(
     "behavior" not in EngineConfig.model_fields,

@@ -139,7 +139,7 @@ def test_edge_outcomes(edge_url, tmp_path: Path, monkeypatch):
     assert got["closedelim"]["client_output_tokens"] == 2
     chunks = run.chunks.to_pandas()
     assert chunks[chunks.request_id == "ok"].tokens.tolist() == [1, 2, 0, 0]
-    m = run.manifest
+    m = run.manifest.to_dict()
     assert m["target"]["kind"] == "openai-compatible" and m["target"]["version"] == {"version": "edge-1", "server": "edge"}
     assert m["modelExecuted"] is True  # a real (non-simulated) server produced tokens over the network
     # keep-alive: far fewer connections than requests (the in-stream error and the close-delimited

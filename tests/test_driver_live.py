@@ -18,7 +18,9 @@ from loadgen.driver import RunOptions, run_trace_sync
 from loadgen.records import STATUSES, TRACE_SCHEMA
 from loadgen.rundir import load_run
 from loadgen.trace.io import write_trace
-from tests.simserver import REPO, start_sim_server
+from loadgen.targets import launch_sim_server as start_sim_server
+
+REPO = Path(__file__).resolve().parents[1]
 
 INSTANT = (REPO / "scenarios" / "engines" / "instant.toml").read_text()
 
@@ -55,7 +57,7 @@ def assert_exact_accounting(run, n_scheduled: int) -> None:
     statuses = run.requests.column("status").to_pylist()
     assert len(statuses) == n_scheduled == len(set(run.requests.column("request_id").to_pylist()))
     assert set(statuses) <= set(STATUSES)
-    m = run.manifest
+    m = run.manifest.to_dict()
     assert sum(m["status_counts"].values()) == n_scheduled == m["requests_recorded"]
     assert m["status_counts"] == {s: statuses.count(s) for s in STATUSES}
     if run.chunks is not None and run.chunks.num_rows:
@@ -112,7 +114,7 @@ def test_every_status_path_with_injected_faults(instant, tmp_path):
     assert 0.95e9 <= slow["done_ns"] - slow["scheduled_ns"] < 1.5e9
     late = rows_by["late"]
     assert late["sent_ns"] is None and late["done_ns"] is None and late["scheduled_ns"] == 30_000 * ms
-    assert run.manifest["stopped_by_deadline"] is True and run.manifest["state"] == "complete"
+    assert run.manifest.to_dict()["stopped_by_deadline"] is True and run.manifest.to_dict()["state"] == "complete"
     injected = {line["kind"] for line in instant.fault_lines()}
     assert {"error", "rate_limit", "disconnect", "malformed", "slow_start", "stall"} <= injected
     for r in rows_by.values():  # instants are ordered where present
@@ -171,7 +173,7 @@ def test_multi_turn_shared_prefix_and_privacy(instant, tmp_path):
         assert len(row["prompt_sha256"]) == 64 and row["prompt_text"] is not None
     assert r["c1"]["prompt_text"].startswith(r["c0"]["prompt_text"])
     assert r["p0"]["prompt_text"][:800] == r["p1"]["prompt_text"][:800]
-    assert run.manifest["scenario"]["name"] == "canonical"
+    assert run.manifest.to_dict()["scenario"]["name"] == "canonical"
     # default privacy: no text
     out2 = run_trace_sync(RunOptions(trace_path=trace, target_url=instant.base_url, out_dir=tmp_path / "run2", progress="off"))
     run2 = load_run(out2)
@@ -190,7 +192,7 @@ def test_chat_endpoint_server_tokenizer_and_metrics(instant, tmp_path):
     req = run.requests.to_pandas()
     assert (req.status == "ok").all() and (req.server_output_tokens == 10).all() and (req.client_output_tokens == 10).all()
     assert (req.client_prompt_tokens == req.target_prompt_tokens).all()
-    m = run.manifest
+    m = run.manifest.to_dict()
     assert m["driver"]["endpoint"] == "chat" and m["target"]["kind"] == "sim" and m["target"]["model"] == "loadgen-sim"
     assert m["modelExecuted"] is False and m["benchmarkExecuted"] is False
     metrics = run.server_metrics.to_pandas()
@@ -222,7 +224,7 @@ def test_closed_loop_keeps_concurrency_and_rate_cap_records_client_queue(instant
     assert all(t - sent[0] >= k * 50_000_000 - 1_000_000 for k, t in enumerate(sent))  # a fixed 50 ms permit grid
     queue = (run.requests.column("slot_acquired_ns").to_numpy() - run.requests.column("scheduled_ns").to_numpy())
     assert queue.max() >= 240_000_000
-    assert 3 <= run.manifest["driver"]["rate_limited"] <= 5
+    assert 3 <= run.manifest.to_dict()["driver"]["rate_limited"] <= 5
 
 
 def test_secrets_and_credentials_never_recorded(instant, tmp_path, monkeypatch):
@@ -238,14 +240,14 @@ def test_secrets_and_credentials_never_recorded(instant, tmp_path, monkeypatch):
     for path in Path(out).iterdir():
         data = path.read_bytes()
         assert key.encode() not in data and b"hunter2pass" not in data, path.name
-    m = load_run(out).manifest
+    m = load_run(out).manifest.to_dict()
     assert m["target"]["base_url"] == instant.base_url
     assert m["options"]["api_key_env"] == "LOADGEN_TEST_KEY"
     for field in ("run_kind", "harness", "host", "target", "scenario", "trace", "options", "warm_state", "order_index",
                   "repeat", "plan_cell", "started_utc", "anchor", "ended_utc", "duration_s", "modelExecuted",
                   "benchmarkExecuted", "engine_notes", "behavior_relevant", "send_lag_ns", "status_counts"):
         assert field in m, field
-    assert m["order_index"] == 3 and m["warm_state"] == {"state": "warm", "actions": ["sent 8 warm-up requests"]}
+    assert m["order_index"] == 3 and m["warm_state"]["state"] == "warm" and m["warm_state"]["actions"] == ["sent 8 warm-up requests"]
     assert m["plan_cell"] == {"rate": 2} and m["run_kind"] == "measured"
     assert m["trace"]["sha256"] and m["trace"]["metadata"]["trace_name"] == "test"
     assert set(m["send_lag_ns"]) >= {"p50", "p99", "max"}
@@ -286,7 +288,7 @@ def test_killed_server_mid_run_leaves_exact_accounting(tmp_path):
     assert c[("ok", None)] >= 10
     failed = sum(v for (s, k), v in c.items() if s == "error" and k in ("connect", "reset_mid_stream"))
     assert failed >= 50 and c[("ok", None)] + failed == 100, c
-    assert run.manifest["state"] == "complete"
+    assert run.manifest.to_dict()["state"] == "complete"
 
 
 def test_ctrl_c_mid_run_via_the_cli_leaves_a_readable_exact_run(instant, tmp_path):
@@ -310,7 +312,7 @@ def test_ctrl_c_mid_run_via_the_cli_leaves_a_readable_exact_run(instant, tmp_pat
     assert proc.returncode == 130, stderr
     run = load_run(out)
     assert_exact_accounting(run, 600)
-    m = run.manifest
+    m = run.manifest.to_dict()
     assert m["state"] == "interrupted" and m["interrupted_by"] in ("cancelled", "KeyboardInterrupt")
     c = counts(run)
     assert c[("ok", None)] >= 50

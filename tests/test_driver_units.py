@@ -241,6 +241,7 @@ def test_recorder_never_loses_rows_when_cancelled_mid_flush(tmp_path):
     from loadgen.driver.client import request_row
     from loadgen.driver.jobs import Job
     from loadgen.driver.recorder import ArrowRunWriter, Recorder
+    from loadgen.manifest import Manifest
     from loadgen.rundir import load_run
 
     def job(i: int) -> Job:
@@ -249,7 +250,7 @@ def test_recorder_never_loses_rows_when_cancelled_mid_flush(tmp_path):
                    cancel_after_tokens=None, body=b"", prompt_sha256="0" * 64, client_prompt_tokens=1, prompt_text=None)
 
     for trial in range(6):
-        writer = ArrowRunWriter(tmp_path / f"run{trial}", {"run_kind": "measured"}, flush_rows=1 << 60)
+        writer = ArrowRunWriter(tmp_path / f"run{trial}", Manifest(run_kind="measured"), flush_rows=1 << 60)
         recorder = Recorder(writer, flush_interval_s=0.0, poll_s=0.001)
 
         async def main():
@@ -268,7 +269,7 @@ def test_recorder_never_loses_rows_when_cancelled_mid_flush(tmp_path):
         writer.close()
         run = load_run(tmp_path / f"run{trial}")
         assert run.requests.num_rows == 300 and run.chunks.num_rows == 600
-        assert run.manifest["status_counts"]["ok"] == 300 == len(recorder.recorded_ids)
+        assert run.manifest.status_counts["ok"] == 300 == len(recorder.recorded_ids)
 
 
 # ---------------------------------------------------------------- public surface, progress

@@ -201,7 +201,7 @@ def test_toml_writer_round_trips() -> None:
 @pytest.mark.slow  # two 5 s live runs against the simulated engine's server
 def test_live_sim_run_bundle_reruns_against_a_fresh_live_server(tmp_path: Path) -> None:
     from loadgen.driver import RunOptions, run_trace_sync
-    from simserver import start_sim_server
+    from loadgen.targets import launch_sim_server as start_sim_server
 
     text = SCENARIO.read_text().replace("duration_s = 60", "duration_s = 5")
     (tmp_path / "contract").mkdir()

@@ -17,7 +17,7 @@ import pytest
 from loadgen.errors import ScenarioError
 from loadgen.managed import UNKNOWN_INTERNALS, compare_managed, load_price_table
 
-from simserver import start_sim_server
+from loadgen.targets import launch_sim_server as start_sim_server
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY_ENV = "LOADGEN_TEST_MANAGED_KEY"
@@ -163,6 +163,7 @@ def test_price_table_errors_are_one_line(tmp_path: Path) -> None:
 
 def _write_run(run_dir: Path, rows: list[dict], model: str, engine_config: str | None = None) -> Path:
     from loadgen.records import empty_request_row
+    from loadgen.manifest import Manifest
     from loadgen.rundir import RunWriter
 
     manifest = {"run_kind": "measured", "target": {"kind": "managed" if engine_config is None else "sim",
@@ -170,13 +171,13 @@ def _write_run(run_dir: Path, rows: list[dict], model: str, engine_config: str |
                                                    "version": {"engine": "loadgen-sim", "engine_config": engine_config}},
                 "trace": {"name": "t", "sha256": "ab" * 32, "seed": 1}, "options": {"rate_limit_rps": None},
                 "scenario": None, "started_utc": "2026-11-29T00:00:00Z", "anchor": {"perf_counter_ns": 0}}
-    with RunWriter(run_dir, manifest) as writer:
+    with RunWriter(run_dir, Manifest.model_validate(manifest)) as writer:
         for i, r in enumerate(rows):
             base = dict(request_id=f"r{i}", request_class="short-message", scheduled_ns=i * 100_000_000,
                         target_prompt_tokens=100, target_output_tokens=10)
             base.update(r)
             writer.add_request(empty_request_row(**base))
-        writer.close(duration_s=3600.0)
+        writer.close({"duration_s": 3600.0})
     return run_dir
 
 

@@ -18,7 +18,6 @@ from loadgen.errors import PlanError, ScenarioError
 from loadgen.plan import (
     PLAN_FILE,
     RESULT_FILE,
-    WorksheetTarget,
     judge_run,
     load_plan,
     parse_plan,
@@ -26,6 +25,7 @@ from loadgen.plan import (
     unstable_tail,
 )
 from loadgen.plan.spec import StopLimits
+from loadgen.targets import WorksheetTarget
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.plan import SimServerTarget, UrlTarget, load_plan, run_plan
+from loadgen.plan import load_plan, run_plan
+from loadgen.targets import SimServerTarget, UrlTarget
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -168,7 +169,7 @@ def test_healthy_engine_passes_and_cold_cells_restart_it(tmp_path: Path) -> None
 
 
 def test_url_target_marks_cold_not_achievable(tmp_path: Path) -> None:
-    from loadgen.plan.targets import SimServerProcess
+    from loadgen.targets import SimServerProcess
 
     plan, engine = setup(tmp_path, states='["cold"]', rates="[5]", concurrency="[64]")
     server = SimServerProcess(str(engine), tmp_path / "logs")

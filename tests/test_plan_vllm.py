@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.plan import VllmTarget, load_plan, run_plan
+from loadgen.plan import load_plan, run_plan
+from loadgen.targets import VllmTarget
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -17,6 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import RunDirError
+from ..manifest import Manifest, read_manifest
+from ..scenario import Scenario, scenario_from_manifest
 from ..records import CHUNKS_FILE, REQUESTS_FILE, REQUESTS_SCHEMA, SERVER_METRICS_FILE, SERVER_METRICS_SCHEMA, STATUSES
 from . import metrics as M
 from .budgets import BUDGET_METRICS, FAILURE_POLICY, Check, budget_checks, request_limit
@@ -238,7 +240,7 @@ class _GapSink:
 class _Run:
     """Arrays of one run plus the masks every group summary slices with."""
 
-    def __init__(self, run_dir: Path, manifest: dict[str, Any], scenario: Any, window: Any, include_cold: bool):
+    def __init__(self, run_dir: Path, manifest: Manifest, scenario: Scenario | None, window: Any, include_cold: bool):
         self.run_dir = run_dir
         self.manifest = manifest
         self.scenario = scenario
@@ -297,7 +299,7 @@ class _Run:
         # only requests that reached the server can have met it cold; never-sent ones stay in the budgets
         warm, sent = self.c["warm"], ~np.isnan(self.c["sent_ns"])
         explicit = (warm == 0.0) & sent
-        state = (self.manifest.get("warm_state") or {}).get("state", "unknown")
+        state = self.manifest.warm_state.state
         if explicit.any():
             return explicit, "sent requests flagged warm=false by the run"
         if state == "cold" and self.n:
@@ -487,24 +489,21 @@ def _timeseries(run: _Run, plot: dict[str, Any]) -> dict[str, Any]:
 
 def _run_info(run: _Run) -> dict[str, Any]:
     m = run.manifest
-    target = m.get("target") or {}
-    scen = m.get("scenario") or {}
-    trace = m.get("trace") or {}
-    harness = m.get("harness") or {}
+    target = m.target
     return {
-        "run_kind": m.get("run_kind"),
-        "state": m.get("state"),
-        "scenario": scen.get("name") if isinstance(scen, dict) else None,
-        "trace": trace.get("name") if isinstance(trace, dict) else None,
-        "target": {k: target.get(k) for k in ("kind", "base_url", "model", "version")} if isinstance(target, dict) else None,
-        "engine": (target.get("engine") or {}).get("name") if isinstance(target, dict) else None,
-        "started_utc": m.get("started_utc"),
-        "duration_s": m.get("duration_s"),
-        "harness_version": harness.get("version") if isinstance(harness, dict) else None,
-        "modelExecuted": m.get("modelExecuted"),
-        "benchmarkExecuted": m.get("benchmarkExecuted"),
-        "synthesized": m.get("synthesized"),
-        "source": m.get("source"),
+        "run_kind": m.run_kind,
+        "state": m.state,
+        "scenario": m.scenario.name if m.scenario else None,
+        "trace": m.trace.name if m.trace else None,
+        "target": {"kind": target.kind, "base_url": target.base_url, "model": target.model, "version": target.version},
+        "engine": target.engine.name if target.engine else None,
+        "started_utc": m.started_utc,
+        "duration_s": m.duration_s,
+        "harness_version": m.harness.version if m.harness else None,
+        "modelExecuted": m.model_executed,
+        "benchmarkExecuted": m.benchmark_executed,
+        "synthesized": m.synthesized,
+        "source": m.source,
         "requests": run.n,
         "chunk_rows": run.gaps.rows,
     }
@@ -512,14 +511,12 @@ def _run_info(run: _Run) -> dict[str, Any]:
 
 def _warm_cold(run: _Run) -> dict[str, Any]:
     m = run.manifest
-    ws = m.get("warm_state") or {}
-    notes = m.get("engine_notes") or {}
+    notes = m.engine_notes
     out: dict[str, Any] = {
-        "state": ws.get("state", "unknown"),
-        "actions": ws.get("actions", []),
-        "engine_notes": {k: v for k, v in notes.items() if any(w in k for w in ("load", "compile", "cache", "alloc", "graph", "kv"))}
-        if isinstance(notes, dict) else {},
-        "behavior_relevant": m.get("behavior_relevant") if isinstance(m.get("behavior_relevant"), dict) else {},
+        "state": m.warm_state.state,
+        "actions": m.warm_state.actions,
+        "engine_notes": {k: v for k, v in notes.items() if any(w in k for w in ("load", "compile", "cache", "alloc", "graph", "kv"))},
+        "behavior_relevant": m.behavior_relevant,
         "cold_rule": run.cold_rule,
         "n_cold": int((run.cold & run.in_window).sum()),
         "cold_in_tables": run.include_cold,
@@ -535,20 +532,18 @@ def _warm_cold(run: _Run) -> dict[str, Any]:
     return out
 
 
-def analyze_run(run_dir: Path | str, *, scenario: Any = None, window: Any = None, include_cold: bool = False) -> Analysis:
+def analyze_run(run_dir: Path | str, *, scenario: Scenario | None = None, window: Any = None,
+                include_cold: bool = False) -> Analysis:
     """Analyse a run directory. ``scenario`` (a ``loadgen.scenario.Scenario``) supplies budgets; by
     default it is rebuilt from the manifest; with none, every number but no verdicts. ``window`` is
     ``(start_s, end_s)`` or ``"start:end"`` on the run clock. Cold-start requests are reported apart
     and left out of the tables and budgets unless ``include_cold``."""
-    from ..rundir import read_manifest
-    from ..scenario import scenario_from_manifest
-
     run_dir = Path(run_dir)
     manifest = read_manifest(run_dir)
     if scenario is None:
         scenario = scenario_from_manifest(manifest)
     run = _Run(run_dir, manifest, scenario, window, include_cold)
-    synth = manifest.get("synthesized") or {}
+    synth = manifest.synthesized or {}
     rates_meaningful = not synth.get("timing", False)
     if not rates_meaningful:
         run.notes.append("instants were synthesized by the importer (" + str(synth.get("method", "")) +

@@ -39,7 +39,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from ..driver import RunOptions, run_trace_sync
     from ..errors import LoadgenError
-    from ..rundir import read_manifest
+    from ..manifest import read_manifest
     from ..scenario import format_validation_error
 
     if args.api_key_env is not None and not args.api_key_env.replace("_", "a").isalnum():
@@ -66,9 +66,9 @@ def _run(args: argparse.Namespace) -> int:
         raise LoadgenError(format_validation_error("loadgen run", exc)) from None
     run_dir = run_trace_sync(options)
     manifest = read_manifest(run_dir)
-    counts = ", ".join(f"{k} {v}" for k, v in manifest.get("status_counts", {}).items() if v)
-    lag = manifest.get("send_lag_ns") or {}
+    counts = ", ".join(f"{k} {v}" for k, v in manifest.status_counts.items() if v)
+    lag = manifest.send_lag_ns or {}
     lag_text = (f"send lag p50 {lag['p50'] / 1e3:.0f} µs, p99 {lag['p99'] / 1e3:.0f} µs" if lag.get("p99") is not None else "send lag n/a")
-    print(f"{run_dir}: {manifest.get('scheduled_requests')} scheduled: {counts}; {lag_text}; "
-          f"{manifest.get('chunks_recorded')} chunks in {manifest.get('duration_s', 0):.1f} s")
+    print(f"{run_dir}: {manifest.scheduled_requests} scheduled: {counts}; {lag_text}; "
+          f"{manifest.chunks_recorded} chunks in {manifest.duration_s or 0:.1f} s")
     return 0

@@ -32,10 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from ..sim.worksheet import run_worksheet
-    from ..rundir import read_manifest
+    from ..manifest import read_manifest
 
     out = run_worksheet(args.trace, args.engine, args.out, seed=args.seed, scenario=args.scenario)
-    notes = read_manifest(out).get("engine_notes", {})
+    notes = read_manifest(out).engine_notes
     rate = notes.get("output_tokens_per_busy_s")
     print(
         f"{out}: simulated {notes.get('virtual_duration_s', 0):.1f} s, {notes.get('steps', 0)} steps, "

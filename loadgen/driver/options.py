@@ -7,7 +7,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["RunOptions"]
+__all__ = ["RunOptions", "DEFAULT_TTFT_TIMEOUT_S", "DEFAULT_TOTAL_TIMEOUT_S"]
+
+#: Timeouts when neither the options nor a scenario set them (the scenario's own defaults, too).
+DEFAULT_TTFT_TIMEOUT_S = 60.0
+DEFAULT_TOTAL_TIMEOUT_S = 600.0
 
 
 class RunOptions(BaseModel):

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from dataclasses import dataclass
+
 import anyio
 import httpx
 import psutil
@@ -29,16 +31,21 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 
 from ..errors import RunDirError, TargetError, TraceError
 from ..identity import harness_identity, host_identity, sha256_file, utc_now_iso
-from ..prompts import get_tokenizer
+from ..manifest import DriverInfo, Manifest, TraceRef, WarmState, merge_manifest
+from ..prompts import Tokenizer, get_tokenizer
 from ..records import REQUESTS_FILE, STATUS_NOT_SENT, STATUS_OK
+from ..rundir import RunWriter
+from ..scenario import Scenario, load_scenario, scenario_manifest
+from ..trace.io import read_trace
 from .client import RunContext, execute, request_row, send_at_deadline
-from .jobs import ServerTokenizer, build_jobs, resolve_tokenizer
+from .jobs import Job, ServerTokenizer, build_jobs, resolve_tokenizer
 from .metrics_scrape import MetricsScraper
-from .options import RunOptions
+from .options import DEFAULT_TOTAL_TIMEOUT_S, DEFAULT_TTFT_TIMEOUT_S, RunOptions
 from .progress import Progress
 from .recorder import ArrowRunWriter, Recorder, warm_up_arrow
 from .schedule import RateGate, sleep_until
-from .target import probe_target
+from .sse import parse_chunk
+from .target import TargetInfo, probe_target
 from .transport import RawHTTP11Transport
 
 __all__ = ["run_trace", "SEND_LAG_WARN_NS"]
@@ -63,23 +70,20 @@ def _split_base(url: str) -> tuple[str, str]:
     return root, prefix
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            base[key] = {**base[key], **value}
-        else:
-            base[key] = value
-    return base
+def _timeouts(options: RunOptions, scenario: Scenario | None, classes: set[str]) -> dict[str, tuple[int, int]]:
+    """Per class (ttft_ns, total_ns): option override > class setting > scenario errors > the defaults.
 
-
-def _timeouts(options: RunOptions, scenario, classes: set[str]) -> dict[str, tuple[int | None, int | None]]:
-    """Per class (ttft_ns, total_ns): option override > class setting > scenario errors > none."""
+    Without a scenario the defaults (``DEFAULT_TTFT_TIMEOUT_S``, ``DEFAULT_TOTAL_TIMEOUT_S``) still bound
+    every request: a server that sends headers and then nothing must not hold a request open forever.
+    """
     out = {}
     for name in classes:
         cls = scenario.classes.get(name) if scenario else None
-        ttft = options.ttft_timeout_s or (cls.ttft_timeout_s if cls else None) or (scenario.errors.ttft_timeout_s if scenario else None)
-        total = options.total_timeout_s or (cls.total_timeout_s if cls else None) or (scenario.errors.total_timeout_s if scenario else None)
-        out[name] = (int(ttft * 1e9) if ttft else None, int(total * 1e9) if total else None)
+        ttft = (options.ttft_timeout_s or (cls.ttft_timeout_s if cls else None)
+                or (scenario.errors.ttft_timeout_s if scenario else DEFAULT_TTFT_TIMEOUT_S))
+        total = (options.total_timeout_s or (cls.total_timeout_s if cls else None)
+                 or (scenario.errors.total_timeout_s if scenario else DEFAULT_TOTAL_TIMEOUT_S))
+        out[name] = (int(ttft * 1e9), int(total * 1e9))
     return out
 
 
@@ -104,11 +108,20 @@ def _auth_headers(options: RunOptions) -> tuple[dict[str, str], tuple[str, ...]]
     return headers, secrets
 
 
-async def run_trace(options: RunOptions) -> Path:
-    """Replay ``options.trace_path`` against ``options.target_url``; returns the run directory."""
-    from ..scenario import load_scenario, scenario_manifest
-    from ..trace.io import read_trace
+@dataclass
+class _Inputs:
+    """What a run replays, read and checked before anything connects."""
 
+    scenario: Scenario | None
+    table: pa.Table
+    trace_meta: dict[str, Any]
+    warnings: list[str]
+    mode: str  # open | closed
+    concurrency: int | None
+    endpoint: str
+
+
+def _read_inputs(options: RunOptions) -> _Inputs:
     scenario = load_scenario(options.scenario_path) if options.scenario_path else None
     table, trace_meta = read_trace(options.trace_path)
     if table.num_rows == 0:
@@ -120,11 +133,8 @@ async def run_trace(options: RunOptions) -> Path:
     if scenario and trace_meta.get("scenario_sha256") and scenario.sha256 and trace_meta["scenario_sha256"] != scenario.sha256:
         warnings.append(f"trace was generated from scenario sha256 {trace_meta['scenario_sha256'][:12]}, "
                         f"not {options.scenario_path} ({scenario.sha256[:12]})")
-
     if (Path(options.out_dir) / REQUESTS_FILE).exists():
         raise RunDirError(f"{options.out_dir}: already holds a run ({REQUESTS_FILE}): expected a new or empty directory")
-    headers, secrets = _auth_headers(options)
-
     endpoint = options.endpoint or (scenario.endpoint if scenario else "completions")
     mode = trace_meta.get("mode", "open")
     if mode == "closed":
@@ -133,97 +143,97 @@ async def run_trace(options: RunOptions) -> Path:
         concurrency = options.max_concurrency or trace_meta.get("max_in_flight")
         if concurrency is None and scenario and trace_meta.get("trace_name") in scenario.traces:
             concurrency = scenario.traces[trace_meta["trace_name"]].max_in_flight
-    limit_connections = int(concurrency) if concurrency else None
+    return _Inputs(scenario, table, trace_meta, warnings, mode, int(concurrency) if concurrency else None, endpoint)
 
-    root, prefix = _split_base(options.target_url)
-    path = prefix + ("/chat/completions" if endpoint == "chat" else "/completions")
-    ttft_cap = options.ttft_timeout_s or (scenario.errors.ttft_timeout_s if scenario else 60.0)
-    transport = RawHTTP11Transport(keepalive_expiry_s=30.0, max_idle=(limit_connections or 4096) + KEEP_IDLE_HIGH,
-                                   connect_timeout_s=min(30.0, ttft_cap))
-    client = httpx.AsyncClient(
-        base_url=root,
-        headers=headers,
-        timeout=httpx.Timeout(None, connect=min(30.0, ttft_cap)),
-        transport=transport,
-        trust_env=False,
+
+async def _prepare_jobs(options: RunOptions, inputs: _Inputs, info: TargetInfo, client: httpx.AsyncClient,
+                        transport: RawHTTP11Transport, root: str, path: str,
+                        headers: dict[str, str]) -> tuple[list[Job], Tokenizer, float, bool]:
+    """Every request built and encoded to bytes before the anchor: (jobs, token counter, build s, extensions)."""
+    scenario = inputs.scenario
+    extensions = options.vllm_extensions == "on" or (options.vllm_extensions == "auto" and info.kind != "managed")
+    retain_prompt = bool(scenario and scenario.privacy.retain_prompt_text)
+    t_build = time.perf_counter()
+    tokenizer = resolve_tokenizer(options.tokenizer, root, info.model, {k: v for k, v in headers.items() if k == "authorization"})
+    try:
+        jobs = await anyio.to_thread.run_sync(
+            lambda: build_jobs(
+                inputs.table, model=info.model, endpoint=inputs.endpoint, tokenizer=tokenizer,
+                retain_prompt_text=retain_prompt, vllm_extensions=extensions, max_tokens_field=options.max_tokens_field,
+                extra_body=options.extra_body,
+            )
+        )
+    finally:
+        if isinstance(tokenizer, ServerTokenizer):
+            tokenizer.close()
+    _encode_requests(options, jobs, client, transport, path)
+    counter = get_tokenizer("cl100k_base") if isinstance(tokenizer, ServerTokenizer) else tokenizer
+    return jobs, counter, time.perf_counter() - t_build, extensions
+
+
+def _encode_requests(options: RunOptions, jobs: list[Job], client: httpx.AsyncClient, transport: RawHTTP11Transport,
+                     path: str) -> None:
+    """The whole request, ready to write: the send path only copies bytes."""
+    endpoint_url = client.base_url.join(path)
+    base_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in client.headers.items()]
+    base_headers = [(k, v) for k, v in base_headers if k.lower() not in (b"content-length", b"host")]
+    base_headers.insert(0, (b"host", endpoint_url.netloc))
+    base_headers.append((b"content-type", b"application/json"))
+    for job in jobs:
+        extra = options.request_headers.get(job.request_id)
+        hdrs = base_headers + [(k.encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()] if extra else base_headers
+        job.payload = transport.encode_request("POST", endpoint_url, hdrs, job.body)
+        job.body = b""
+
+
+def _start_manifest(options: RunOptions, inputs: _Inputs, info: TargetInfo, driver: DriverInfo) -> Manifest:
+    """The manifest as written when the files open (the layers' ``extra_manifest`` merged in)."""
+    meta = inputs.trace_meta
+    manifest = Manifest(
+        run_kind=options.run_kind,
+        harness=harness_identity(),
+        host=host_identity(),
+        target=info.manifest(),
+        scenario=scenario_manifest(inputs.scenario) if inputs.scenario else None,
+        trace=TraceRef(path=str(options.trace_path), sha256=sha256_file(options.trace_path),
+                       name=meta.get("trace_name"), seed=meta.get("seed"), metadata=meta),
+        options=options.manifest(),
+        warm_state=WarmState(state=options.warm_state, actions=list(options.warm_actions)),
+        order_index=options.order_index,
+        repeat=options.repeat,
+        plan_cell=options.plan_cell,
+        driver=driver,
+        warnings=inputs.warnings,
     )
+    return merge_manifest(manifest, options.extra_manifest) if options.extra_manifest else manifest
+
+
+async def run_trace(options: RunOptions) -> Path:
+    """Replay ``options.trace_path`` against ``options.target_url``; returns the run directory."""
+    inputs = _read_inputs(options)
+    headers, secrets = _auth_headers(options)
+    root, prefix = _split_base(options.target_url)
+    path = prefix + ("/chat/completions" if inputs.endpoint == "chat" else "/completions")
+    scenario = inputs.scenario
+    ttft_cap = options.ttft_timeout_s or (scenario.errors.ttft_timeout_s if scenario else DEFAULT_TTFT_TIMEOUT_S)
+    transport = RawHTTP11Transport(keepalive_expiry_s=30.0, max_idle=(inputs.concurrency or 4096) + KEEP_IDLE_HIGH,
+                                   connect_timeout_s=min(30.0, ttft_cap))
+    client = httpx.AsyncClient(base_url=root, headers=headers, timeout=httpx.Timeout(None, connect=min(30.0, ttft_cap)),
+                               transport=transport, trust_env=False)
     async with client:
         info = await probe_target(client, root, options.model or (scenario.model if scenario else None), secrets=secrets)
-        model = info.model
-        extensions = options.vllm_extensions == "on" or (options.vllm_extensions == "auto" and info.kind != "managed")
-        retain_prompt = bool(scenario and scenario.privacy.retain_prompt_text)
-        retain_completion = bool(scenario and scenario.privacy.retain_completion_text)
-
-        t_build = time.perf_counter()
-        tokenizer = resolve_tokenizer(options.tokenizer, root, model, {k: v for k, v in headers.items() if k == "authorization"})
-        try:
-            jobs = await anyio.to_thread.run_sync(
-                lambda: build_jobs(
-                    table, model=model, endpoint=endpoint, tokenizer=tokenizer, retain_prompt_text=retain_prompt,
-                    vllm_extensions=extensions, max_tokens_field=options.max_tokens_field, extra_body=options.extra_body,
-                )
-            )
-        finally:
-            if isinstance(tokenizer, ServerTokenizer):
-                tokenizer.close()
-        endpoint_url = client.base_url.join(path)
-        base_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in client.headers.items()]
-        base_headers = [(k, v) for k, v in base_headers if k.lower() not in (b"content-length", b"host")]
-        base_headers.insert(0, (b"host", endpoint_url.netloc))
-        base_headers.append((b"content-type", b"application/json"))
-        for job in jobs:  # the whole request, ready to write: the send path only copies bytes
-            extra = options.request_headers.get(job.request_id)
-            hdrs = base_headers + [(k.encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()] if extra else base_headers
-            job.payload = transport.encode_request("POST", endpoint_url, hdrs, job.body)
-            job.body = b""
-        build_s = time.perf_counter() - t_build
-        counter = get_tokenizer("cl100k_base") if isinstance(tokenizer, ServerTokenizer) else tokenizer
-
-        classes = {job.request_class for job in jobs}
-        timeouts = _timeouts(options, scenario, classes)
+        jobs, counter, build_s, extensions = await _prepare_jobs(options, inputs, info, client, transport, root, path, headers)
+        timeouts = _timeouts(options, scenario, {job.request_class for job in jobs})
         scrape = options.scrape_metrics == "on" or (options.scrape_metrics == "auto" and info.has_metrics)
-
-        manifest: dict[str, Any] = {
-            "run_kind": options.run_kind,
-            "harness": harness_identity(),
-            "host": host_identity(),
-            "target": info.manifest(),
-            "scenario": scenario_manifest(scenario) if scenario else None,
-            "trace": {
-                "path": str(options.trace_path),
-                "sha256": sha256_file(options.trace_path),
-                "name": trace_meta.get("trace_name"),
-                "seed": trace_meta.get("seed"),
-                "metadata": trace_meta,
-            },
-            "options": options.manifest(),
-            "warm_state": {"state": options.warm_state, "actions": list(options.warm_actions)},
-            "order_index": options.order_index,
-            "repeat": options.repeat,
-            "plan_cell": options.plan_cell,
-            "modelExecuted": False,
-            "benchmarkExecuted": False,
-            "engine_notes": {},
-            "behavior_relevant": {},
-            "driver": {
-                "mode": mode,
-                "endpoint": endpoint,
-                "path": path,
-                "concurrency": concurrency,
-                "tokenizer": options.tokenizer,
-                "token_counter": getattr(counter, "name", str(counter)),
-                "vllm_extensions": extensions,
-                "timeouts_s": {c: [t / 1e9 if t else None for t in v] for c, v in sorted(timeouts.items())},
-                "prompt_build_s": round(build_s, 3),
-                "scrape_metrics": scrape,
-                "timeout_origin": "scheduled",
-            },
-            "warnings": warnings,
-        }
-        _merge(manifest, options.extra_manifest)
-        if info.notes:
-            manifest["driver"]["target_notes"] = info.notes
-
+        driver = DriverInfo(
+            mode=inputs.mode, endpoint=inputs.endpoint, path=path, concurrency=inputs.concurrency,
+            tokenizer=options.tokenizer, token_counter=getattr(counter, "name", str(counter)),
+            vllm_extensions=extensions,
+            timeouts_s={c: [t / 1e9 if t else None for t in v] for c, v in sorted(timeouts.items())},
+            prompt_build_s=round(build_s, 3), scrape_metrics=scrape, timeout_origin="scheduled",
+            target_notes=list(info.notes),
+        )
+        manifest = _start_manifest(options, inputs, info, driver)
         # everything slow (SSL contexts, files) happens before the anchor is taken
         scraper_client = httpx.AsyncClient(base_url=root, headers={k: v for k, v in headers.items() if k == "authorization"},
                                            timeout=10.0, trust_env=False) if scrape else None
@@ -231,79 +241,89 @@ async def run_trace(options: RunOptions) -> Path:
         await _warm_up(counter)
         writer = ArrowRunWriter(options.out_dir, manifest, flush_rows=1 << 60)
         recorder = Recorder(writer, flush_interval_s=options.flush_interval_s)  # quiet_ns wired below
-        limiter = anyio.CapacityLimiter(concurrency if concurrency else math.inf)
         anchor_ns = time.perf_counter_ns() + LEAD_NS
         anchor_utc = datetime.now(timezone.utc) + timedelta(microseconds=LEAD_NS / 1000)
-        writer.manifest["started_utc"] = anchor_utc.isoformat(timespec="milliseconds")
-        writer.manifest["anchor"] = {"perf_counter_ns": anchor_ns, "utc": anchor_utc.isoformat(timespec="microseconds")}
+        writer.manifest = merge_manifest(writer.manifest, {
+            "started_utc": anchor_utc.isoformat(timespec="milliseconds"),
+            "anchor": {"perf_counter_ns": anchor_ns, "utc": anchor_utc.isoformat(timespec="microseconds")},
+        })
+        retain_completion = bool(scenario and scenario.privacy.retain_completion_text)
         ctx = RunContext(
-            transport=transport, origin=transport.origin(endpoint_url), anchor_ns=anchor_ns, limiter=limiter,
+            transport=transport, origin=transport.origin(client.base_url.join(path)), anchor_ns=anchor_ns,
+            limiter=anyio.CapacityLimiter(inputs.concurrency if inputs.concurrency else math.inf),
             rate_gate=RateGate(options.rate_limit_rps), count_tokens=counter.count, sink=recorder.submit,
             ttft_timeout_ns=None, total_timeout_ns=None, secrets=secrets, retain_completion_text=retain_completion,
             warm_state=options.warm_state, timeouts=timeouts,
         )
         recorder.quiet_ns = ctx.quiet_ns
-        show_progress = options.progress == "on" or (options.progress == "auto" and sys.stderr.isatty())
-        progress = Progress(ctx, len(jobs)) if show_progress else None
-        scraper = (MetricsScraper(scraper_client, "/metrics", anchor_ns, recorder.submit_metrics, options.scrape_interval_s,
-                                  tuple(options.metrics_prefixes) if options.metrics_prefixes else None) if scrape else None)
-        old_switch = sys.getswitchinterval()
-        sys.setswitchinterval(min(old_switch, 0.0005))  # a flushing thread must not hold the GIL for 5 ms
-        # the prepared requests live for the whole run: keep them out of every garbage collection,
-        # and collect the young generation less often (a full pass over 10^5 objects is a 10+ ms pause)
-        old_gc = gc.get_threshold()
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(max(old_gc[0], 20_000), max(old_gc[1], 20), max(old_gc[2], 50))
-        state, interrupted_by, deadline_hit = "complete", None, False
-        ctx.cpu_start_s = time.process_time()
-        ctx.rss_start_bytes = psutil.Process().memory_info().rss
-        try:
-            async with anyio.create_task_group() as outer:
-                await outer.start(recorder.run)
-                if mode == "open":  # connections ready before the deadlines, refilled in the background
-                    high = min(KEEP_IDLE_HIGH, int(concurrency or KEEP_IDLE_HIGH))
-                    await outer.start(transport.keep_idle, ctx.origin, min(KEEP_IDLE_LOW, high), high)
-                if scraper is not None:
-                    await outer.start(scraper.run)
-                if progress is not None:
-                    outer.start_soon(progress.run)
-                with anyio.move_on_after(options.deadline_s if options.deadline_s else math.inf) as run_scope:
-                    async with anyio.create_task_group() as requests:
-                        if mode == "closed":
-                            await _schedule_closed(ctx, jobs, int(concurrency or 1), requests)
-                        else:
-                            await _schedule_open(ctx, jobs, requests)
-                deadline_hit = run_scope.cancelled_caught
-                if scraper is not None:
-                    await scraper.scrape_once()
-                outer.cancel_scope.cancel()
-        except anyio.get_cancelled_exc_class():
-            state, interrupted_by = "interrupted", "cancelled"
-            raise
-        except KeyboardInterrupt:
-            state, interrupted_by = "interrupted", "KeyboardInterrupt"
-            raise
-        except BaseException as exc:
-            state, interrupted_by = "failed", type(exc).__name__
-            raise
-        finally:
-            sys.setswitchinterval(old_switch)
-            gc.set_threshold(*old_gc)
-            gc.unfreeze()
-            if progress is not None:
-                progress.close()
-            if scraper_client is not None:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(2):
-                    await scraper_client.aclose()
-            _finish(writer, recorder, ctx, jobs, info, state, interrupted_by, deadline_hit, warnings, transport)
+        await _replay(options, inputs, ctx, jobs, writer, recorder, info, transport, scraper_client)
     return Path(options.out_dir)
+
+
+async def _replay(options: RunOptions, inputs: _Inputs, ctx: RunContext, jobs: list[Job], writer: RunWriter,
+                  recorder: Recorder, info: TargetInfo, transport: RawHTTP11Transport,
+                  scraper_client: httpx.AsyncClient | None) -> None:
+    """The measured part: one task group from the anchor to the last request; ``_finish`` always runs."""
+    mode, concurrency = inputs.mode, inputs.concurrency
+    show_progress = options.progress == "on" or (options.progress == "auto" and sys.stderr.isatty())
+    progress = Progress(ctx, len(jobs)) if show_progress else None
+    scraper = (MetricsScraper(scraper_client, "/metrics", ctx.anchor_ns, recorder.submit_metrics, options.scrape_interval_s,
+                              tuple(options.metrics_prefixes) if options.metrics_prefixes else None)
+               if scraper_client is not None else None)
+    old_switch = sys.getswitchinterval()
+    sys.setswitchinterval(min(old_switch, 0.0005))  # a flushing thread must not hold the GIL for 5 ms
+    # the prepared requests live for the whole run: keep them out of every garbage collection,
+    # and collect the young generation less often (a full pass over 10^5 objects is a 10+ ms pause)
+    old_gc = gc.get_threshold()
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(max(old_gc[0], 20_000), max(old_gc[1], 20), max(old_gc[2], 50))
+    state, interrupted_by, deadline_hit = "complete", None, False
+    ctx.cpu_start_s = time.process_time()
+    ctx.rss_start_bytes = psutil.Process().memory_info().rss
+    try:
+        async with anyio.create_task_group() as outer:
+            await outer.start(recorder.run)
+            if mode == "open":  # connections ready before the deadlines, refilled in the background
+                high = min(KEEP_IDLE_HIGH, int(concurrency or KEEP_IDLE_HIGH))
+                await outer.start(transport.keep_idle, ctx.origin, min(KEEP_IDLE_LOW, high), high)
+            if scraper is not None:
+                await outer.start(scraper.run)
+            if progress is not None:
+                outer.start_soon(progress.run)
+            with anyio.move_on_after(options.deadline_s if options.deadline_s else math.inf) as run_scope:
+                async with anyio.create_task_group() as requests:
+                    if mode == "closed":
+                        await _schedule_closed(ctx, jobs, int(concurrency or 1), requests)
+                    else:
+                        await _schedule_open(ctx, jobs, requests)
+            deadline_hit = run_scope.cancelled_caught
+            if scraper is not None:
+                await scraper.scrape_once()
+            outer.cancel_scope.cancel()
+    except anyio.get_cancelled_exc_class():
+        state, interrupted_by = "interrupted", "cancelled"
+        raise
+    except KeyboardInterrupt:
+        state, interrupted_by = "interrupted", "KeyboardInterrupt"
+        raise
+    except BaseException as exc:
+        state, interrupted_by = "failed", type(exc).__name__
+        raise
+    finally:
+        sys.setswitchinterval(old_switch)
+        gc.set_threshold(*old_gc)
+        gc.unfreeze()
+        if progress is not None:
+            progress.close()
+        if scraper_client is not None:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                await scraper_client.aclose()
+        _finish(writer, recorder, ctx, jobs, info, state, interrupted_by, deadline_hit, inputs.warnings, transport)
 
 
 async def _warm_up(counter) -> None:
     """One-time costs (regex compiles, first thread, first JSON parse) paid before the anchor."""
-    from .sse import parse_chunk
-
     counter.count("warm up the tokenizer")
     parse_chunk(b'{"choices":[{"index":0,"text":" the"}],"usage":null}')
     await anyio.to_thread.run_sync(lambda: None)
@@ -375,7 +395,6 @@ def _finish(writer: ArrowRunWriter, recorder: Recorder, ctx: RunContext, jobs, i
         "stopped_by_deadline": deadline_hit,
         "scheduled_requests": len(jobs),
         "driver": {
-            **writer.manifest.get("driver", {}),
             "slot_waits": ctx.slot_waits,
             "sent_at_deadline": ctx.sent_at_deadline,
             "rate_limited": ctx.rate_gate.waited,
@@ -388,6 +407,6 @@ def _finish(writer: ArrowRunWriter, recorder: Recorder, ctx: RunContext, jobs, i
     }
     if interrupted_by:
         updates["interrupted_by"] = interrupted_by
-    writer.close(**updates)
+    writer.close(updates)
     if write_error is not None:
         raise write_error

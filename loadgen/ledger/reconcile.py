@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LedgerError
+from ..manifest import read_manifest
+from ..records import MANIFEST_FILE, SERVER_METRICS_FILE
 from .compute import Ledger, compute_ledger
 from .config import ModelConfig
 from .settings import GIB, EngineSettings
@@ -78,7 +80,7 @@ def _fmt(v: Any) -> str:
 
 
 def _metrics_cache_info(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "server_metrics.parquet"
+    path = run_dir / SERVER_METRICS_FILE
     if not path.is_file():
         return {}
     import pyarrow.compute as pc
@@ -103,13 +105,12 @@ def engine_report(source: str | Path) -> dict[str, Any]:
         return report
     if not p.is_dir():
         raise LedgerError(f"{p}: no such file or directory: expected a vLLM log or a run dir")
-    manifest = p / "manifest.json"
-    if manifest.is_file():
-        notes = (json.loads(manifest.read_text()).get("engine_notes") or {})
-        notes = notes.get("log", notes) if isinstance(notes, dict) else {}
+    if (p / MANIFEST_FILE).is_file():
+        notes = read_manifest(p).engine_notes
+        notes = notes.get("log", notes)
         for k, v in notes.items():
             report.setdefault(k, v)
-        report["sources"].append(str(manifest))
+        report["sources"].append(str(p / MANIFEST_FILE))
     for name in ("vllm.log", "engine.log", "server.log"):
         if (p / name).is_file():
             for k, v in parse_vllm_log((p / name).read_text(errors="replace")).items():
@@ -119,7 +120,7 @@ def engine_report(source: str | Path) -> dict[str, Any]:
     info = _metrics_cache_info(p)
     if info:
         report["cache_config_info"] = info
-        report["sources"].append(str(p / "server_metrics.parquet"))
+        report["sources"].append(str(p / SERVER_METRICS_FILE))
     if len(report["sources"]) == 0:
         raise LedgerError(f"{p}: no vLLM log, engine_notes or server metrics: expected a vLLM run dir")
     return report

@@ -29,7 +29,7 @@ from ..identity import harness_identity, utc_now_iso
 from .cells import CellCoord, build_cell_trace, build_warmup_trace
 from .checks import FATAL_STOPS, Stop, judge_run, unstable_tail
 from .spec import PlanSpec
-from .targets import CellTarget, WorksheetTarget
+from ..targets import Target, TargetSpec, WorksheetTarget, open_target
 
 __all__ = ["PLAN_FILE", "RESULT_FILE", "ANALYSIS_FILE", "RunRecord", "CellOutcome", "PlanResult", "run_plan", "run_plan_file", "BudgetExhausted"]
 
@@ -111,7 +111,7 @@ def _atomic_json(path: Path, data: dict[str, Any]) -> None:
 
 
 class _Planner:
-    def __init__(self, spec: PlanSpec, target: CellTarget, plan_dir: Path, *, max_new_runs: int | None,
+    def __init__(self, spec: PlanSpec, target: Target, plan_dir: Path, *, max_new_runs: int | None,
                  time_budget_s: float | None, log: Callable[[str], None], prediction_engine: Any | None) -> None:
         from ..scenario import load_scenario
 
@@ -432,7 +432,7 @@ class _Planner:
 
 def run_plan(
     spec: PlanSpec,
-    target: CellTarget,
+    target: Target,
     plan_dir: str | Path,
     *,
     max_new_runs: int | None = None,
@@ -534,28 +534,11 @@ def run_plan_file(
     made for the latter two); ``vllm_args`` are extra vLLM flags (e.g. ``--max-num-seqs=8``).
     """
     from .spec import load_plan
-    from .targets import SimServerTarget, UrlTarget, VllmTarget
 
-    chosen = [name for name, value in (("--target", target_url), ("--sim", sim), ("--sim-worksheet", sim_worksheet),
-                                       ("--vllm", vllm)) if value]
-    if len(chosen) != 1:
-        raise PlanError(f"plan: got {', '.join(chosen) or 'no target'}: expected exactly one of --target URL, "
-                        "--sim ENGINE, --sim-worksheet ENGINE, --vllm MODEL")
+    target_spec = TargetSpec(url=target_url, sim=sim, worksheet=sim_worksheet, vllm=vllm, model=model,
+                             vllm_args=tuple(vllm_args or ()), api_key_env=api_key_env)
     spec = load_plan(plan_path)
     out = Path(out)
-    if sim_worksheet:
-        target: CellTarget = WorksheetTarget(sim_worksheet)
-    elif sim:
-        target = SimServerTarget(sim, out)
-    elif vllm:
-        from ..engines.vllm import VllmConfig, make_model_dir
-
-        model_dir = Path(vllm)
-        if not model_dir.is_dir():
-            model_dir = make_model_dir(vllm, out / "model")
-        target = VllmTarget(VllmConfig(model_dir=model_dir, served_model_name=model, extra_args=list(vllm_args or [])),
-                            out / "vllm-logs", model=model)
-    else:
-        target = UrlTarget(str(target_url), model, api_key_env)
+    target = open_target(target_spec, out)
     with target:
         return run_plan(spec, target, out, max_new_runs=max_new_runs, time_budget_s=time_budget_s, log=log)

@@ -31,12 +31,12 @@ from .faults import FAULT_HEADER, FaultDecider, FaultLog, FaultPlan, parse_fault
 from .http import Connection, Request, start_http_server
 from .metrics import E2E_BUCKETS, ITERATION_TOKENS_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, Histogram, format_value
 from .protocol import DONE, StreamFormat, filler_text, request_id_for
+from .ready import ready_line
 
-__all__ = ["SimServer", "serve", "READY_PREFIX"]
+__all__ = ["SimServer", "serve"]
 
 log = logging.getLogger("loadgen.sim.server")
 
-READY_PREFIX = "loadgen-sim listening on "
 _JSON = "application/json"
 _SSE_HEADERS = [("content-type", "text/event-stream; charset=utf-8"), ("cache-control", "no-cache")]
 _ERROR_TYPES = {
@@ -626,7 +626,7 @@ async def _main(config: EngineConfig, host: str, port: int, tokenizer: str | Non
     engine_task = asyncio.create_task(server.live.run())
     http = await start_http_server(server.handle, host, port, _parse_error)
     actual_port = http.sockets[0].getsockname()[1]
-    sys.stdout.write(f"{READY_PREFIX}http://{host}:{actual_port}\n")
+    sys.stdout.write(ready_line(host, actual_port))
     sys.stdout.flush()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -23,7 +23,9 @@ from .. import __version__
 from ..errors import TraceError
 from ..identity import harness_identity, host_identity, sha256_file, utc_now_iso
 from ..records import STATUS_CANCELLED, STATUS_ERROR, STATUS_OK, TRACE_SCHEMA, empty_request_row
+from ..manifest import Anchor, EngineIdentity, Manifest, TargetRef, TraceRef, WarmState, merge_manifest
 from ..rundir import RunWriter
+from ..scenario import Scenario, load_scenario, scenario_manifest
 from .config import EngineConfig, load_engine_config
 from .engine import Engine, Seq
 from .faults import FaultDecider, FaultPlan
@@ -379,77 +381,71 @@ def _count_faults(plans: list[FaultPlan | None]) -> dict[str, int]:
     return counts
 
 
+#: The worksheet's warm state: a virtual engine has nothing to load, compile or lose.
+WORKSHEET_WARM_ACTION = "simulated engine: starts warm, nothing to load or compile"
+
+
 def run_worksheet(
     trace_path: str | Path,
     engine: str | Path | EngineConfig,
     out_dir: str | Path,
     seed: int = 0,
-    scenario: Any = None,
+    scenario: Scenario | str | Path | None = None,
+    extra_manifest: dict[str, Any] | None = None,
 ) -> Path:
-    """Simulate ``trace_path`` on ``engine`` (path, preset name or config); write ``out_dir``."""
+    """Simulate ``trace_path`` on ``engine`` (path, preset name or config); write ``out_dir``.
+
+    ``extra_manifest`` (sections such as ``plan_cell`` or ``warm_state``) is merged into the manifest.
+    """
     trace_path = Path(trace_path)
     config = engine if isinstance(engine, EngineConfig) else load_engine_config(engine)
     table, metadata = _read_trace(trace_path)
     scen_manifest = None
     endpoint = "completions"
     if scenario is not None:
-        from ..scenario import Scenario, load_scenario, scenario_manifest
-
         scen = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
         scen_manifest = scenario_manifest(scen)
         endpoint = "chat" if scen.endpoint == "chat" else "completions"
     started = utc_now_iso()
     engine_manifest = config.manifest()
-    manifest: dict[str, Any] = {
-        "run_kind": "simulated",
-        "harness": harness_identity(),
-        "host": host_identity(),
-        "target": {
-            "kind": "sim",
-            "base_url": None,
-            "model": config.model,
-            "version": {"version": __version__, "engine": "loadgen-sim"},
-            "engine": {"name": "loadgen-sim", "version": __version__, "config": engine_manifest},
-        },
-        "engine_config": engine_manifest,
-        "scenario": scen_manifest,
-        "trace": {
-            "path": str(trace_path),
-            "sha256": sha256_file(trace_path),
-            "name": metadata.get("trace_name"),
-            "seed": metadata.get("seed"),
-            "metadata": metadata,
-        },
-        "options": {"engine": str(engine if not isinstance(engine, EngineConfig) else config.name), "seed": seed,
-                    "endpoint": endpoint, "face": "worksheet",
-                    "scenario": None if scenario is None else str(getattr(scenario, "source_path", None) or scenario)},
-        "warm_state": {"state": "warm", "actions": ["simulated engine: starts warm, nothing to load or compile"]},
-        "order_index": None,
-        "repeat": None,
-        "plan_cell": None,
-        "started_utc": started,
-        "anchor": {"perf_counter_ns": 0, "utc": started, "clock": "virtual: ns from trace start"},
-        "modelExecuted": False,
-        "benchmarkExecuted": False,
-        "behavior_relevant": {
+    manifest = Manifest(
+        run_kind="simulated",
+        harness=harness_identity(),
+        host=host_identity(),
+        target=TargetRef(kind="sim", base_url=None, model=config.model,
+                         version={"version": __version__, "engine": "loadgen-sim"},
+                         engine=EngineIdentity(name="loadgen-sim", version=__version__, config=engine_manifest)),
+        engine_config=engine_manifest,
+        scenario=scen_manifest,
+        trace=TraceRef(path=str(trace_path), sha256=sha256_file(trace_path), name=metadata.get("trace_name"),
+                       seed=metadata.get("seed"), metadata=metadata),
+        options={"engine": str(engine if not isinstance(engine, EngineConfig) else config.name), "seed": seed,
+                 "endpoint": endpoint, "face": "worksheet",
+                 "scenario": None if scenario is None else str(getattr(scenario, "source_path", None) or scenario)},
+        warm_state=WarmState(state="warm", actions=[WORKSHEET_WARM_ACTION]),
+        started_utc=started,
+        anchor=Anchor(perf_counter_ns=0, utc=started, clock="virtual: ns from trace start"),
+        behavior_relevant={
             "truncation": None,
             "prefix_caching": config.kv.enable_prefix_caching,
             "quantization": None,
             "speculative_decoding": config.scheduler.decode_tokens_per_step > 1,
             "kv_cache_dtype": config.kv.kv_cache_dtype,
         },
-    }
+    )
+    if extra_manifest:
+        manifest = merge_manifest(manifest, extra_manifest)
     result = simulate_trace(table, metadata, config, seed=seed, endpoint=endpoint)
     with RunWriter(Path(out_dir), manifest) as writer:
         for row in result.requests:
             writer.add_request(row)
         _add_in_batches(writer.add_chunks, result.chunks, 200_000)
         _add_in_batches(writer.add_metrics, result.metrics, 200_000)
-        writer.close(
-            ended_utc=utc_now_iso(),
-            duration_s=result.notes["virtual_duration_s"],
-            engine_notes=result.notes,
-        )
+        writer.close({
+            "ended_utc": utc_now_iso(),
+            "duration_s": result.notes["virtual_duration_s"],
+            "engine_notes": result.notes,
+        })
     return Path(out_dir)
 
 

@@ -1,0 +1,110 @@
+"""How loadgen launches a process it owns (a simulated engine, vLLM): the one definition.
+
+A :class:`ChildProcess` runs in its own process group with stdout and stderr in a log file (a file, not
+a pipe: a chatty server never blocks on it). ``wait_ready`` polls the log (or any probe) until the
+child says it is ready or dies; ``stop`` sends SIGTERM to the whole group, waits, then SIGKILLs what
+is left (engine cores, workers), so nothing outlives the launcher's ``stop``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+from .errors import TargetError
+
+__all__ = ["ChildProcess"]
+
+T = TypeVar("T")
+
+
+class ChildProcess:
+    """One launched process group: ``start`` → ``wait_ready`` → use → ``stop`` (idempotent)."""
+
+    def __init__(self, argv: Sequence[str], *, log_path: Path, what: str, env: Mapping[str, str] | None = None,
+                 cwd: str | Path | None = None) -> None:
+        self.argv = [str(a) for a in argv]
+        self.log_path = Path(log_path)
+        self.what = what  # for messages: "sim server (engine instant)", "vLLM"
+        self.env = dict(env) if env is not None else None
+        self.cwd = cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started_monotonic: float | None = None
+
+    def start(self) -> ChildProcess:
+        if self.alive():
+            raise TargetError(f"{self.what}: already running (pid {self.pid})")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.started_monotonic = time.monotonic()
+        try:
+            with open(self.log_path, "wb") as log:
+                self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                             cwd=self.cwd, start_new_session=True)
+        except OSError as exc:
+            raise TargetError(f"{self.what}: cannot start {self.argv[0]} ({exc.strerror})") from None
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.poll() if self.proc is not None else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, n: int = 3) -> str:
+        lines = [ln.strip()[:200] for ln in self.log_text().splitlines() if ln.strip()]
+        return " | ".join(lines[-n:])
+
+    def wait_ready(self, probe: Callable[[], T | None], timeout_s: float, poll_s: float = 0.05) -> T:
+        """Call ``probe`` until it returns a value; TargetError (and stop) if the child dies or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            value = probe()
+            if value is not None:
+                return value
+            if self.proc is None or self.proc.poll() is not None:
+                code = self.proc.returncode if self.proc is not None else None
+                raise TargetError(f"{self.what} exited with code {code} at start (log {self.log_path}): {self.log_tail()}")
+            time.sleep(poll_s)
+        self.stop()
+        raise TargetError(f"{self.what} not ready within {timeout_s:g} s (log {self.log_path}): {self.log_tail()}")
+
+    def stop(self, grace_s: float = 5.0) -> int | None:
+        """SIGTERM the process group, wait ``grace_s``, SIGKILL what is left; returns the exit code."""
+        proc = self.proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            _signal_group(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        _signal_group(proc.pid, signal.SIGKILL)  # stragglers in the group (engine cores, workers)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        return proc.returncode
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,312 @@
+"""The run manifest: one typed, versioned model of what ran, beside the record schema (``records.py``).
+
+Every run directory holds ``manifest.json``. Producers (the driver, the worksheet, the importers)
+build a :class:`Manifest`; whatever is learnt later (the plan cell, the warm state a target reached,
+a launched engine's memory high-water mark, the final counts) goes through :func:`merge_manifest`
+(in memory) or :func:`amend_manifest` (on disk), the one merge rule; readers use attributes.
+
+Versions: ``manifest_version`` 2 is this model. Manifests written before it (no ``manifest_version``:
+version 1) hold the same sections and load unchanged. ``schema_version`` is the *record* schema
+version (``records.SCHEMA_VERSION``) of the Parquet files beside the manifest.
+
+Sections keep keys this model does not name (``extra="allow"``): an engine-specific ``/version``
+body, or a section written by a newer loadgen, survives a read-modify-write.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import RunDirError
+from .records import MANIFEST_FILE, SCHEMA_VERSION
+
+__all__ = [
+    "MANIFEST_VERSION",
+    "RUN_KINDS",
+    "RUN_STATES",
+    "Anchor",
+    "DriverInfo",
+    "EngineIdentity",
+    "Harness",
+    "Host",
+    "Manifest",
+    "ScenarioRef",
+    "TargetRef",
+    "TraceRef",
+    "WarmState",
+    "amend_manifest",
+    "manifest_from_json",
+    "merge_manifest",
+    "read_manifest",
+    "write_manifest",
+]
+
+#: Version of this manifest model (1: the untyped dict written before it; loads unchanged).
+MANIFEST_VERSION = 2
+#: measured: a live target over HTTP; simulated: the virtual-time worksheet; imported: another tool's results.
+RUN_KINDS = ("measured", "simulated", "imported")
+#: running: files open; complete: every request recorded; interrupted: stopped early (signal, deadline);
+#: failed: stopped by an error (the records up to it are kept).
+RUN_STATES = ("running", "complete", "interrupted", "failed")
+
+
+class Section(BaseModel):
+    """A manifest section: typed where loadgen reads it, open to keys it only carries."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class Harness(Section):
+    name: str = "loadgen"
+    version: str | None = None
+    git_sha: str | None = None
+    python: str | None = None
+    python_implementation: str | None = None
+    packages: dict[str, str | None] = {}
+    pid: int | None = None
+    monotonic_clock: str | None = None
+
+
+class Host(Section):
+    hostname_sha256: str | None = None
+    os: str | None = None
+    machine: str | None = None
+    cpu_model: str | None = None
+    cpu_count: int | None = None
+    memory_bytes: int | None = None
+    gpus: list[dict[str, Any]] = []
+
+
+class EngineIdentity(Section):
+    name: str | None = None
+    version: str | None = None
+    config: dict[str, Any] | None = None
+
+
+class TargetRef(Section):
+    """What was measured: kind (sim | vllm | managed | openai-compatible | unknown), where, which model."""
+
+    kind: str = "unknown"
+    base_url: str | None = None  # without credentials
+    model: str | None = None
+    version: Any = None  # the target's GET /version body (redacted)
+    engine: EngineIdentity | None = None
+    served_models: list[str] = []
+
+
+class ScenarioRef(Section):
+    name: str | None = None
+    path: str | None = None
+    sha256: str | None = None
+    content: dict[str, Any] | None = None  # the full validated scenario (rebuilds budgets without the file)
+
+
+class TraceRef(Section):
+    path: str | None = None
+    sha256: str | None = None
+    name: str | None = None
+    seed: int | None = None
+    metadata: dict[str, Any] = {}
+
+
+class WarmState(Section):
+    """The state the target was in when the measured run started, and what was done to reach it."""
+
+    state: str = "unknown"  # warm | cold | unknown (requested but not achieved)
+    requested: str | None = None
+    achieved: bool | None = None
+    actions: list[str] = []
+    reason: str | None = None  # why the requested state was not achievable
+
+
+class Anchor(Section):
+    """The run's time origin: every *_ns in the records counts from ``perf_counter_ns``."""
+
+    perf_counter_ns: int = 0
+    utc: str | None = None
+    clock: str | None = None  # set when the clock is not perf_counter (virtual time, synthesized)
+
+
+class DriverInfo(Section):
+    """How the driver replayed the trace, and what it cost (filled at the start and at the end)."""
+
+    mode: str | None = None  # open | closed
+    endpoint: str | None = None
+    path: str | None = None
+    concurrency: int | None = None
+    tokenizer: str | None = None
+    token_counter: str | None = None
+    vllm_extensions: bool | None = None
+    timeouts_s: dict[str, list[float | None]] = {}
+    prompt_build_s: float | None = None
+    scrape_metrics: bool | None = None
+    timeout_origin: str | None = None
+    target_notes: list[str] = []
+    slot_waits: int | None = None
+    sent_at_deadline: int | None = None
+    rate_limited: int | None = None
+    process_cpu_s: float | None = None
+    rss_start_bytes: int | None = None
+    max_rss_bytes: int | None = None
+    peak_in_flight: int | None = None
+    connections_opened: int | None = None
+
+
+class Manifest(BaseModel):
+    """The identity of one run directory (see the module docstring and README "Run directories")."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    manifest_version: int = MANIFEST_VERSION
+    schema_version: str = SCHEMA_VERSION
+    run_kind: str = "measured"
+    state: str = "running"
+    harness: Harness | None = None
+    host: Host | None = None
+    target: TargetRef = Field(default_factory=TargetRef)
+    scenario: ScenarioRef | None = None
+    trace: TraceRef | None = None
+    options: dict[str, Any] = {}
+    warm_state: WarmState = Field(default_factory=WarmState)
+    order_index: int | None = None
+    repeat: int | None = None
+    plan_cell: dict[str, Any] | None = None
+    started_utc: str | None = None
+    ended_utc: str | None = None
+    anchor: Anchor | None = None
+    duration_s: float | None = None
+    model_executed: bool = Field(False, alias="modelExecuted")
+    benchmark_executed: bool = Field(False, alias="benchmarkExecuted")
+    engine_notes: dict[str, Any] = {}
+    engine_config: dict[str, Any] | None = None  # the simulated engine's config (worksheet)
+    behavior_relevant: dict[str, Any] = {}
+    driver: DriverInfo | None = None
+    send_lag_ns: dict[str, float | int | None] | None = None
+    warnings: list[str] = []
+    stopped_by_deadline: bool = False
+    interrupted_by: str | None = None
+    scheduled_requests: int | None = None
+    status_counts: dict[str, int] = {}
+    requests_recorded: int | None = None
+    chunks_recorded: int | None = None
+    source: dict[str, Any] | None = None  # imported runs: the other tool's file
+    synthesized: dict[str, Any] | None = None  # imported runs: which instants were synthesized, and how
+    # sections added by the layer that ran this run
+    plan_target: dict[str, Any] | None = None
+    practice: dict[str, Any] | None = None
+    handoff: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict with the on-disk key names (``modelExecuted``, ...)."""
+        return self.model_dump(mode="json", by_alias=True)
+
+    def to_json(self, *, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True, default=str)
+
+    @property
+    def recorded_total(self) -> int:
+        """Requests with a row (every status), as counted when the files closed."""
+        return sum(self.status_counts.values())
+
+
+def _deep_merge(base: dict[str, Any], updates: Mapping[str, Any]) -> dict[str, Any]:
+    """Sections (dicts) merge key by key, one level deep; anything else is replaced."""
+    out = dict(base)
+    for key, value in updates.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return out
+
+
+def merge_manifest(manifest: Manifest, updates: Mapping[str, Any] | Manifest) -> Manifest:
+    """The one merge rule: ``updates`` (on-disk key names) over ``manifest``, sections one level deep."""
+    if isinstance(updates, Manifest):
+        updates = updates.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    return _validate(_deep_merge(manifest.to_dict(), updates), "manifest update")
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    return f"field {where}: {err['msg'].lower()} (got {str(err.get('input'))[:80]!r})"
+
+
+def _validate(data: Any, origin: str) -> Manifest:
+    if not isinstance(data, dict):
+        raise RunDirError(f"{origin}: a JSON {type(data).__name__}: expected a manifest object")
+    data = _upgrade(data)
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        raise RunDirError(f"{origin}: {_first_error(exc)}: expected a loadgen manifest") from None
+
+
+def _upgrade(data: dict[str, Any]) -> dict[str, Any]:
+    """Bring an older manifest to the current version (version 1 has the same sections)."""
+    version = data.get("manifest_version", 1)
+    if version == 1:
+        data = {**data, "manifest_version": MANIFEST_VERSION}
+    return data
+
+
+def manifest_from_json(text: str | bytes, origin: str) -> Manifest:
+    """Parse a manifest from JSON text (a file, or a Parquet file's key-value metadata)."""
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        where = f" at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
+        raise RunDirError(f"{origin}: invalid JSON{where}: expected a manifest object") from None
+    return _validate(data, origin)
+
+
+def read_manifest(run_dir: str | Path) -> Manifest:
+    """Read and validate a run directory's manifest.json (any version)."""
+    path = Path(run_dir) / MANIFEST_FILE
+    if not path.is_file():
+        raise RunDirError(f"{run_dir}: no {MANIFEST_FILE}: expected a loadgen run directory")
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise RunDirError(f"{path}: cannot read: {exc.strerror}") from None
+    return manifest_from_json(raw, str(path))
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN/Infinity: non-finite floats are written as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def write_manifest(run_dir: str | Path, manifest: Manifest) -> None:
+    """Write manifest.json atomically (a temp file, then rename; the temp file never outlives a failure)."""
+    run_dir = Path(run_dir)
+    tmp = run_dir / (MANIFEST_FILE + ".tmp")
+    text = json.dumps(_finite(manifest.to_dict()), indent=2, sort_keys=True, default=str) + "\n"
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, run_dir / MANIFEST_FILE)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def amend_manifest(run_dir: str | Path, updates: Mapping[str, Any]) -> Manifest:
+    """What a layer learns after the run (e.g. an engine's memory high-water mark), merged on disk."""
+    manifest = merge_manifest(read_manifest(run_dir), updates)
+    write_manifest(run_dir, manifest)
+    return manifest
+

@@ -1,0 +1,86 @@
+"""The target interface: what every kind of target offers a run, a plan, a practice or a bench.
+
+A target is "something a trace can be replayed against": the virtual-time worksheet, a simulated
+engine loadgen launched on loopback, a real vLLM loadgen launched, or any URL it did not launch.
+Each one can be brought to a known state (``prepare``: warm = a fixed warm-up set, cold = a fresh
+process where the target can be restarted), measured (``run``: one run directory), checked
+(``check_alive``), brought back after a failure (``recover``) and torn down (``close``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+__all__ = ["StateResult", "Target"]
+
+
+@dataclass
+class StateResult:
+    """What was done to reach a requested warm/cold state, and whether it was reached."""
+
+    requested: str
+    achieved: bool
+    actions: list[str] = field(default_factory=list)
+    reason: str | None = None  # why not achievable
+
+    @property
+    def label(self) -> str:
+        return self.requested if self.achieved else "unknown"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest's ``warm_state`` section."""
+        return {"state": self.label, "requested": self.requested, "achieved": self.achieved,
+                "actions": list(self.actions), "reason": self.reason}
+
+
+class Target:
+    """Interface of every target kind (see the module docstring); a context manager that closes it."""
+
+    kind = "abstract"
+    #: True when a run's wall time is the trace duration (live); False for virtual time.
+    real_time = True
+
+    def describe(self) -> dict[str, Any]:
+        """Identity of the target for the manifest's ``plan_target`` section and plan files."""
+        raise NotImplementedError
+
+    @property
+    def url(self) -> str | None:
+        """Live base URL (for contract replay), None when there is none."""
+        return None
+
+    @property
+    def model(self) -> str | None:
+        return None
+
+    def prepare(self, state: str, warmup_trace: Path | None, work_dir: Path, scenario_path: Path | None) -> StateResult:
+        """Bring the target to ``state`` (warm | cold) before a measured run."""
+        raise NotImplementedError
+
+    def run(self, trace_path: Path, out_dir: Path, *, scenario_path: Path | None, state: StateResult,
+            order_index: int | None = None, repeat: int | None = None, plan_cell: dict[str, Any] | None = None,
+            deadline_s: float | None = None, seed: int = 0, extra_manifest: dict[str, Any] | None = None,
+            **run_options: Any) -> Path:
+        """One measured run of ``trace_path`` into ``out_dir``; ``run_options`` are driver options."""
+        raise NotImplementedError
+
+    def check_alive(self) -> str | None:
+        """None when the target still answers, else one line saying what failed."""
+        return None
+
+    def recover(self) -> list[str]:
+        """Bring the target back after a server failure; returns the actions taken."""
+        return []
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Target:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

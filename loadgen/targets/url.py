@@ -1,0 +1,52 @@
+"""Any OpenAI-compatible URL loadgen did not launch: warm = the warm-up set, cold is not achievable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..driver import redact_url
+from ..errors import TargetError
+from .base import StateResult, Target
+from .replay import run_driver, warm_up
+
+__all__ = ["UrlTarget"]
+
+
+class UrlTarget(Target):
+    """Any OpenAI-compatible endpoint the tool did not launch (cold runs are not achievable)."""
+
+    kind = "url"
+
+    def __init__(self, url: str, model: str | None = None, api_key_env: str | None = None) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise TargetError(f"--target {redact_url(url)!r}: expected an http:// or https:// URL")
+        self._url = url.rstrip("/")
+        self._model = model
+        self.api_key_env = api_key_env
+
+    @property
+    def url(self) -> str | None:
+        return self._url
+
+    @property
+    def model(self) -> str | None:
+        return self._model
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "base_url": redact_url(self._url), "model": self._model, "launched_by_loadgen": False}
+
+    def prepare(self, state: str, warmup_trace: Path | None, work_dir: Path, scenario_path: Path | None) -> StateResult:
+        if state == "cold":
+            return StateResult("cold", False, [], "not achievable: loadgen did not launch this target, so it cannot "
+                                                   "restart it; launch it with --sim or the vLLM path for cold cells")
+        return StateResult("warm", True, warm_up(self._url, self._model, warmup_trace, work_dir, scenario_path,
+                                                 self.api_key_env))
+
+    def run(self, trace_path: Path, out_dir: Path, *, scenario_path: Path | None, state: StateResult,
+            order_index: int | None = None, repeat: int | None = None, plan_cell: dict[str, Any] | None = None,
+            deadline_s: float | None = None, seed: int = 0, extra_manifest: dict[str, Any] | None = None,
+            **run_options: Any) -> Path:
+        return run_driver(trace_path, self._url, out_dir, model=self._model, scenario_path=scenario_path, state=state,
+                          order_index=order_index, repeat=repeat, plan_cell=plan_cell, deadline_s=deadline_s,
+                          api_key_env=self.api_key_env, extra_manifest=extra_manifest, **run_options)

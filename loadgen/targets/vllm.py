@@ -1,0 +1,121 @@
+"""A real vLLM server loadgen launched (``loadgen.engines.vllm``): restartable, so cold is reachable.
+
+cold = restart it (weights reloaded, graphs recompiled, KV and prefix cache empty); warm = the fixed
+warm-up set. A measured run samples the server's memory and adds the engine's identity, log facts,
+memory high-water mark and the ledger reconciliation to the run's manifest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from ..driver import RunOptions
+from ..engines.vllm import VllmConfig, VllmServer, run_with_server
+from .base import StateResult, Target
+from .replay import warm_up
+
+__all__ = ["VllmTarget"]
+
+
+class VllmTarget(Target):
+    """A vLLM server launched by loadgen from ``config``; logs under ``work_dir``."""
+
+    kind = "vllm"
+
+    def __init__(self, config: VllmConfig, work_dir: Path, *, model: str | None = None, tokenizer: str = "server") -> None:
+        self.config = config
+        self.work_dir = Path(work_dir)
+        self._model = model or config.served_model_name or str(config.model_dir)
+        self.tokenizer = tokenizer
+        self.starts = 0
+        self.server: VllmServer | None = None
+        self._start()
+
+    def _start(self) -> float:
+        self.starts += 1
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        cfg = dataclasses.replace(self.config, log_path=self.work_dir / f"vllm-{self.starts}.log")
+        server = self.server = VllmServer(cfg).start()
+        try:
+            return server.wait_healthy()
+        except BaseException:
+            server.stop()
+            raise
+
+    def _restart(self) -> tuple[int | None, int | None, float]:
+        old = self.pid
+        if self.server is not None:
+            self.server.stop()
+        ready_s = self._start()
+        return old, self.pid, ready_s
+
+    @property
+    def pid(self) -> int | None:
+        return self.server.proc.pid if self.server is not None and self.server.proc is not None else None
+
+    @property
+    def ready_s(self) -> float | None:
+        return self.server.ready_s if self.server is not None else None
+
+    @property
+    def url(self) -> str | None:
+        return self.server.base_url if self.server else None
+
+    @property
+    def model(self) -> str | None:
+        return self._model
+
+    def describe(self) -> dict[str, Any]:
+        raw = self.config.args(0)
+        at = raw.index("--port")
+        args = raw[:at] + raw[at + 2:]  # the port changes with every (re)start
+        return {"kind": self.kind, "engine": f"vllm:{Path(self.config.model_dir).name}",
+                "engine_sha256": hashlib.sha256(json.dumps(args).encode()).hexdigest(), "args": args,
+                "launched_by_loadgen": True}
+
+    def prepare(self, state: str, warmup_trace: Path | None, work_dir: Path, scenario_path: Path | None) -> StateResult:
+        if state == "cold":
+            old, new, ready = self._restart()
+            return StateResult("cold", True, [f"vLLM restarted (pid {old} → {new}), healthy after {ready:.1f} s: weights "
+                                              "reloaded, graphs recompiled, KV and prefix cache empty; no warm-up sent"])
+        actions: list[str] = []
+        if self.check_alive() is not None:
+            old, new, ready = self._restart()
+            actions.append(f"vLLM was not running; restarted (pid {old} → {new}), healthy after {ready:.1f} s")
+        actions += warm_up(self.url or "", self._model, warmup_trace, work_dir, scenario_path)
+        return StateResult("warm", True, actions)
+
+    def run(self, trace_path: Path, out_dir: Path, *, scenario_path: Path | None, state: StateResult,
+            order_index: int | None = None, repeat: int | None = None, plan_cell: dict[str, Any] | None = None,
+            deadline_s: float | None = None, seed: int = 0, extra_manifest: dict[str, Any] | None = None,
+            **run_options: Any) -> Path:
+        assert self.server is not None
+        options = RunOptions(
+            trace_path=trace_path, target_url=self.server.base_url, out_dir=out_dir, model=self._model,
+            scenario_path=scenario_path, warm_state=state.label, warm_actions=state.actions, order_index=order_index,
+            repeat=repeat, plan_cell=plan_cell, deadline_s=deadline_s, **{"progress": "off", "tokenizer": self.tokenizer,
+                                                                          **run_options},
+            extra_manifest={"plan_target": {**self.describe(), "server_pid": self.pid, "server_starts": self.starts},
+                            **(extra_manifest or {})},
+        )
+        return run_with_server(self.server, options)
+
+    def check_alive(self) -> str | None:
+        proc = self.server.proc if self.server else None
+        if proc is None or proc.poll() is not None:
+            code = proc.returncode if proc is not None else None
+            where = self.server.log_path if self.server else self.work_dir
+            return f"vLLM exited with code {code} during the cell (log {where})"
+        return None
+
+    def recover(self) -> list[str]:
+        old, new, ready = self._restart()
+        return [f"vLLM restarted after a failure (pid {old} → {new}), healthy after {ready:.1f} s"]
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()

@@ -1,0 +1,98 @@
+"""The typed run manifest: old manifests load, one merge rule, one-line errors, atomic writes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from loadgen.errors import RunDirError
+from loadgen.manifest import (
+    MANIFEST_VERSION,
+    Manifest,
+    amend_manifest,
+    merge_manifest,
+    read_manifest,
+    write_manifest,
+)
+from loadgen.records import MANIFEST_FILE
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+@pytest.mark.parametrize("name", ["manifest-v1-measured.json", "manifest-v1-worksheet.json"])
+def test_schema_1_manifests_load_with_every_section_typed(tmp_path: Path, name: str) -> None:
+    shutil.copyfile(DATA / name, tmp_path / MANIFEST_FILE)
+    old = json.loads((DATA / name).read_text())
+    manifest = read_manifest(tmp_path)
+    assert "manifest_version" not in old and manifest.manifest_version == MANIFEST_VERSION
+    assert manifest.status_counts == old["status_counts"]
+    assert manifest.warm_state.state == old["warm_state"]["state"]
+    assert manifest.warm_state.actions == old["warm_state"]["actions"]
+    assert manifest.trace is not None and manifest.trace.sha256 == old["trace"]["sha256"]
+    assert manifest.model_executed is old["modelExecuted"] is False
+    assert manifest.target.engine is not None and manifest.target.engine.name == "loadgen-sim"
+    # nothing is lost in a read-write round trip: every old key survives with its value
+    again = manifest.to_dict()
+    for key, value in old.items():
+        assert _without_new_nulls(again[key], value) == value, key
+
+
+def _without_new_nulls(new: object, old: object) -> object:
+    """``new`` less the keys the model added as null/empty where ``old`` had none."""
+    if isinstance(new, dict) and isinstance(old, dict):
+        return {k: _without_new_nulls(v, old.get(k)) for k, v in new.items() if k in old or v not in (None, [], {})}
+    return new
+
+
+def test_merge_is_one_level_deep_and_validated() -> None:
+    base = Manifest(driver={"mode": "open", "concurrency": 4}, warnings=["a"])
+    merged = merge_manifest(base, {"driver": {"slot_waits": 3}, "warnings": ["b"], "modelExecuted": True})
+    assert merged.driver is not None and (merged.driver.mode, merged.driver.concurrency, merged.driver.slot_waits) == ("open", 4, 3)
+    assert merged.warnings == ["b"] and merged.model_executed is True
+    assert base.driver is not None and base.driver.slot_waits is None, "the input is not modified"
+    with pytest.raises(RunDirError, match=r"field status_counts\.ok"):
+        merge_manifest(base, {"status_counts": {"ok": "many"}})
+
+
+def test_sections_keep_keys_the_model_does_not_name(tmp_path: Path) -> None:
+    manifest = Manifest(target={"kind": "vllm", "version": {"version": "0.32.0", "build": "cpu"}, "region": "eu"},
+                        custom_section={"x": 1})
+    write_manifest(tmp_path, manifest)
+    back = read_manifest(tmp_path)
+    assert back.target.version == {"version": "0.32.0", "build": "cpu"}
+    assert back.to_dict()["target"]["region"] == "eu" and back.to_dict()["custom_section"] == {"x": 1}
+
+
+def test_amend_merges_on_disk_and_leaves_no_temp_file(tmp_path: Path) -> None:
+    write_manifest(tmp_path, Manifest(engine_notes={"log": {"kv_tokens": 10}}))
+    amend_manifest(tmp_path, {"engine_notes": {"memory": {"rss_max_bytes": 5}}})
+    back = read_manifest(tmp_path)
+    assert back.engine_notes == {"log": {"kv_tokens": 10}, "memory": {"rss_max_bytes": 5}}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [MANIFEST_FILE]
+
+
+def test_non_finite_numbers_are_written_as_null(tmp_path: Path) -> None:
+    write_manifest(tmp_path, Manifest(duration_s=float("nan"), engine_notes={"x": [float("inf"), 1.0]}))
+    text = (tmp_path / MANIFEST_FILE).read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert read_manifest(tmp_path).duration_s is None
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"[1, 2]", "a JSON list: expected a manifest object"),
+        (b"\xff\xfe not utf-8", "invalid JSON"),
+        (b'{"status_counts": [1]}', "field status_counts"),
+        (b"{", "invalid JSON at line 1"),
+    ],
+)
+def test_bad_manifests_give_one_line_naming_the_file(tmp_path: Path, content: bytes, expected: str) -> None:
+    (tmp_path / MANIFEST_FILE).write_bytes(content)
+    with pytest.raises(RunDirError) as info:
+        read_manifest(tmp_path)
+    message = str(info.value)
+    assert "\n" not in message and str(tmp_path / MANIFEST_FILE) in message and expected in message
