@@ -243,7 +243,8 @@ def test_manifest_identifies_vllm(llama_runs):
 
 
 def test_ledger_reconciles_llama_run_dir(llama_runs):
-    from loadgen.ledger import read_model_config, reconcile
+    from loadgen.engines.vllm import reconcile
+    from loadgen.ledger import read_model_config
 
     for label, run_dir in llama_runs.items():
         model = read_model_config(ROOT / "loadgen" / "data" / "models" / "tiny-llama-gqa.json")
