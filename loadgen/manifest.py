@@ -44,6 +44,7 @@ __all__ = [
     "amend_manifest",
     "manifest_from_json",
     "merge_manifest",
+    "merge_sections",
     "read_manifest",
     "write_manifest",
 ]
@@ -216,8 +217,8 @@ class Manifest(BaseModel):
         return sum(self.status_counts.values())
 
 
-def _deep_merge(base: dict[str, Any], updates: Mapping[str, Any]) -> dict[str, Any]:
-    """Sections (dicts) merge key by key, one level deep; anything else is replaced."""
+def merge_sections(base: Mapping[str, Any], updates: Mapping[str, Any]) -> dict[str, Any]:
+    """The one merge rule, on plain sections: dicts merge key by key, one level deep; anything else is replaced."""
     out = dict(base)
     for key, value in updates.items():
         if isinstance(value, Mapping) and isinstance(out.get(key), dict):
@@ -231,7 +232,7 @@ def merge_manifest(manifest: Manifest, updates: Mapping[str, Any] | Manifest) ->
     """The one merge rule: ``updates`` (on-disk key names) over ``manifest``, sections one level deep."""
     if isinstance(updates, Manifest):
         updates = updates.model_dump(mode="json", by_alias=True, exclude_unset=True)
-    return _validate(_deep_merge(manifest.to_dict(), updates), "manifest update")
+    return _validate(merge_sections(manifest.to_dict(), updates), "manifest update")
 
 
 def _first_error(exc: ValidationError) -> str:

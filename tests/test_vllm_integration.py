@@ -126,7 +126,7 @@ _TIMES: dict[str, float] = {}
 
 def _replay(server, scenario_path: Path, trace_path: Path, name: str) -> Path:
     from loadgen.driver import RunOptions
-    from loadgen.engines import run_with_server
+    from loadgen.targets.vllm import measure_with_server
 
     out = ARTIFACTS / name
     if out.exists():
@@ -136,7 +136,7 @@ def _replay(server, scenario_path: Path, trace_path: Path, name: str) -> Path:
                          tokenizer=f"hf:{server.config.model_dir / 'tokenizer.json'}", scrape_interval_s=0.5,
                          warm_state="cold", warm_actions=["fresh vLLM server, no prior requests"], progress="off")
     t0 = time.monotonic()
-    run_dir = run_with_server(server, options)  # also reconciles the ledger into engine_notes
+    run_dir = measure_with_server(server, options)  # also reconciles the ledger into engine_notes
     _TIMES[name] = time.monotonic() - t0
     return run_dir
 
@@ -237,13 +237,14 @@ def test_manifest_identifies_vllm(llama_runs):
         assert mem["samples"] > 0 and mem["rss_high_water_bytes"] > 256 << 20  # a real process tree
         assert m["modelExecuted"] is True and m["benchmarkExecuted"] is True
         assert (run_dir / "vllm.log").is_file()
-        assert m["engine_notes"]["ledger_reconcile"]["ok"] is True  # recorded by run_with_server
+        assert m["engine_notes"]["ledger_reconcile"]["ok"] is True  # recorded by measure_with_server
         assert mem["ledger_total_bytes"] == m["engine_notes"]["ledger_reconcile"]["ledger_total_bytes"]
         assert m["behavior_relevant"]["prefix_caching"] is True and m["behavior_relevant"]["quantization"] is None
 
 
 def test_ledger_reconciles_llama_run_dir(llama_runs):
-    from loadgen.ledger import read_model_config, reconcile
+    from loadgen.engines.vllm import reconcile
+    from loadgen.ledger import read_model_config
 
     for label, run_dir in llama_runs.items():
         model = read_model_config(ROOT / "loadgen" / "data" / "models" / "tiny-llama-gqa.json")

@@ -32,7 +32,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..ledger import EngineSettings, LoraSettings, compute_ledger, format_ledger, read_model_config, reconcile
+    from ..engines.vllm.report import reconcile
+    from ..ledger import (
+        EngineSettings,
+        LoraSettings,
+        compute_ledger,
+        format_ledger,
+        read_model_config,
+    )
 
     model = read_model_config(args.model)
     engine = EngineSettings(

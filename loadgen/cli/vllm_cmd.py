@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _make_model(args: argparse.Namespace) -> int:
-    from ..engines import make_model_dir
+    from ..engines.vllm.model_dir import make_model_dir
 
     out = make_model_dir(args.config, args.out, tokenizer_vocab=args.tokenizer_vocab)
     print(out)
@@ -61,7 +61,7 @@ def _make_model(args: argparse.Namespace) -> int:
 
 
 def _models(args: argparse.Namespace) -> int:
-    from ..engines import shipped_model_path, shipped_models
+    from ..engines.vllm.model_dir import shipped_model_path, shipped_models
 
     for name in shipped_models():
         print(f"{name:<20} {shipped_model_path(name)}")
@@ -71,7 +71,7 @@ def _models(args: argparse.Namespace) -> int:
 def _setup(args: argparse.Namespace) -> int:
     import sys
 
-    from ..engines import setup_venv
+    from ..engines.vllm.venv import setup_venv
 
     py = setup_venv(args.venv, cuda=args.cuda, version=args.version, log=lambda m: print(m, file=sys.stderr))
     print(py)
@@ -81,7 +81,7 @@ def _setup(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace):
     from pathlib import Path
 
-    from ..engines import VllmConfig
+    from ..engines.vllm.server import VllmConfig
 
     extra = list(args.extra or [])
     if extra and extra[0] == "--":
@@ -96,7 +96,7 @@ def _config(args: argparse.Namespace):
 def _serve(args: argparse.Namespace) -> int:
     import time
 
-    from ..engines import VllmServer
+    from ..engines.vllm.server import VllmServer
 
     server = VllmServer(_config(args)).start()
     try:
@@ -116,7 +116,8 @@ def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..driver import RunOptions
-    from ..engines import VllmServer, run_with_server
+    from ..targets.vllm import measure_with_server
+    from ..engines.vllm.server import VllmServer
 
     cfg = _config(args)
     options = RunOptions(trace_path=Path(args.trace), target_url="http://placeholder", out_dir=Path(args.out),
@@ -124,13 +125,13 @@ def _run(args: argparse.Namespace) -> int:
                          tokenizer=f"hf:{cfg.model_dir / 'tokenizer.json'}", deadline_s=args.deadline_s)
     with VllmServer(cfg) as server:
         options = options.model_copy(update={"target_url": server.base_url})
-        run_dir = run_with_server(server, options)
+        run_dir = measure_with_server(server, options)
     print(run_dir)
     return 0
 
 
 def _parse_log(args: argparse.Namespace) -> int:
-    from ..engines import parse_vllm_log_file
+    from ..engines.vllm.log import parse_vllm_log_file
 
     print(json.dumps(parse_vllm_log_file(args.log), indent=2))
     return 0

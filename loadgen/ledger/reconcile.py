@@ -1,27 +1,25 @@
 """Compare the ledger's KV capacity with what a running vLLM reported, line by line.
 
-Sources, in a run dir or as a bare log file: the vLLM startup log ("KV cache size: N tokens, Maximum
-concurrency ..."), the manifest's ``engine_notes``, and ``server_metrics.parquet``'s
-``vllm:cache_config_info`` labels (num_gpu_blocks, block_size, kv_cache_size_tokens,
-kv_cache_memory_bytes). Settings the engine reports (block size, max_model_len, KV budget) are adopted
-unless the caller fixed them, so the comparison is for the same configuration.
+The engine's report is a dict of the facts vLLM printed or exported (its startup log's "KV cache size:
+N tokens, Maximum concurrency ...", the manifest's ``engine_notes``, ``vllm:cache_config_info`` labels
+under ``cache_config_info``). Gathering it from a log file or run dir is the engine's side
+(``loadgen.engines.vllm.report``), so this package never imports ``loadgen.engines``. Settings the
+engine reports (block size, max_model_len, KV budget) are adopted unless the caller fixed them, so the
+comparison is for the same configuration.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import LedgerError
-from ..manifest import read_manifest
-from ..records import MANIFEST_FILE, SERVER_METRICS_FILE
 from .compute import Ledger, compute_ledger
 from .config import ModelConfig
 from .settings import GIB, EngineSettings
 
-__all__ = ["ReconcileRow", "Reconciliation", "reconcile", "engine_report"]
+__all__ = ["ReconcileRow", "Reconciliation", "reconcile_report"]
 
 
 @dataclass(frozen=True)
@@ -79,53 +77,6 @@ def _fmt(v: Any) -> str:
     return f"{int(v):,}"
 
 
-def _metrics_cache_info(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / SERVER_METRICS_FILE
-    if not path.is_file():
-        return {}
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(path, columns=["name", "labels"])
-    rows = table.filter(pc.equal(table["name"], "vllm:cache_config_info"))
-    if rows.num_rows == 0:
-        return {}
-    return json.loads(rows["labels"][rows.num_rows - 1].as_py())
-
-
-def engine_report(source: str | Path) -> dict[str, Any]:
-    """What the engine reported about its KV cache: merged from log, manifest engine_notes and /metrics."""
-    from ..engines.vllm_log import parse_vllm_log
-
-    p = Path(source)
-    report: dict[str, Any] = {"sources": []}
-    if p.is_file():
-        report.update(parse_vllm_log(p.read_text(errors="replace")))
-        report["sources"].append(str(p))
-        return report
-    if not p.is_dir():
-        raise LedgerError(f"{p}: no such file or directory: expected a vLLM log or a run dir")
-    if (p / MANIFEST_FILE).is_file():
-        notes = read_manifest(p).engine_notes
-        notes = notes.get("log", notes)
-        for k, v in notes.items():
-            report.setdefault(k, v)
-        report["sources"].append(str(p / MANIFEST_FILE))
-    for name in ("vllm.log", "engine.log", "server.log"):
-        if (p / name).is_file():
-            for k, v in parse_vllm_log((p / name).read_text(errors="replace")).items():
-                report.setdefault(k, v)
-            report["sources"].append(str(p / name))
-            break
-    info = _metrics_cache_info(p)
-    if info:
-        report["cache_config_info"] = info
-        report["sources"].append(str(p / SERVER_METRICS_FILE))
-    if len(report["sources"]) == 0:
-        raise LedgerError(f"{p}: no vLLM log, engine_notes or server metrics: expected a vLLM run dir")
-    return report
-
-
 def _int(v: Any) -> int | None:
     try:
         return int(float(v))
@@ -133,11 +84,22 @@ def _int(v: Any) -> int | None:
         return None
 
 
-def reconcile(model: ModelConfig, engine: EngineSettings | None, source: str | Path, *, fixed: set[str] | None = None) -> Reconciliation:
-    """Ledger vs engine report for the same config; settings not in ``fixed`` are taken from the engine."""
+def reconcile_report(model: ModelConfig, engine: EngineSettings | None, report: dict[str, Any], *,
+                     fixed: set[str] | None = None, source: str | Path = "engine report") -> Reconciliation:
+    """Ledger vs an engine report for the same config; settings not in ``fixed`` are taken from the report.
+
+    ``source`` names where the report came from, for the error message when it has no KV budget.
+    """
     fixed = fixed or set()
-    engine = engine or EngineSettings()
-    report = engine_report(source)
+    engine = (engine or EngineSettings()).with_(**_adopted_settings(model, report, fixed))
+    if engine.kv_cache_gib is None and engine.device_memory_gib is None:
+        raise LedgerError(f"{source}: KV budget: not reported by the engine; expected --kv-cache-gib or --device-memory-gib")
+    ledger = compute_ledger(model, engine)
+    return Reconciliation(ledger=ledger, report=report, rows=_rows(ledger, report, fixed))
+
+
+def _adopted_settings(model: ModelConfig, report: dict[str, Any], fixed: set[str]) -> dict[str, Any]:
+    """The EngineSettings changes the report implies, except for settings in ``fixed``."""
     info = report.get("cache_config_info", {})
     changes: dict[str, Any] = {}
     block = _int(info.get("block_size"))
@@ -163,10 +125,13 @@ def reconcile(model: ModelConfig, engine: EngineSettings | None, source: str | P
         changes["device"] = "cpu"
     if info.get("cache_dtype") and "kv_cache_dtype" not in fixed and info["cache_dtype"] in ("auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2"):
         changes["kv_cache_dtype"] = info["cache_dtype"]
-    engine = engine.with_(**changes)
-    if engine.kv_cache_gib is None and engine.device_memory_gib is None:
-        raise LedgerError(f"{source}: KV budget: not reported by the engine; expected --kv-cache-gib or --device-memory-gib")
-    ledger = compute_ledger(model, engine)
+    return changes
+
+
+def _rows(ledger: Ledger, report: dict[str, Any], fixed: set[str]) -> list[ReconcileRow]:
+    """One row per quantity both the ledger and the report give."""
+    info = report.get("cache_config_info", {})
+    kv_bytes = _int(info.get("kv_cache_memory_bytes"))
     rows: list[ReconcileRow] = []
     budget_exact = kv_bytes is not None or report.get("kv_cache_device") == "CPU" or "kv_cache_gib" in fixed
     if "kv_cache_size_tokens" in report:
@@ -186,4 +151,4 @@ def reconcile(model: ModelConfig, engine: EngineSettings | None, source: str | P
         rows.append(ReconcileRow("max_model_len", ledger.max_model_len, int(report["max_model_len"]), "log: Using max model len", True))
     if report.get("weights_memory_gib"):
         rows.append(ReconcileRow("weights_gib", round(ledger.line("weights").bytes / GIB, 2), float(report["weights_memory_gib"]), "log: Model loading took (GiB)", False))
-    return Reconciliation(ledger=ledger, report=report, rows=rows)
+    return rows

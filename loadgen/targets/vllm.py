@@ -10,15 +10,50 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
-from ..driver import RunOptions
-from ..engines.vllm import VllmConfig, VllmServer, run_with_server
+from ..driver import RunOptions, run_trace_sync
+from ..engines.vllm import VLLM_LOG_FILE, MemorySampler, VllmConfig, VllmServer, reconcile_server_run
+from ..errors import EngineError
+from ..manifest import amend_manifest, merge_sections
 from .base import StateResult, Target
 from .replay import warm_up
 
-__all__ = ["VllmTarget"]
+__all__ = ["VllmTarget", "measure_with_server"]
+
+
+def measure_with_server(server: VllmServer, options: RunOptions, *, ledger_total_bytes: int | None = None,
+                        sample_interval_s: float = 0.5) -> Path:
+    """Replay ``options`` against a healthy launched ``server``, sampling its memory; returns the run dir.
+
+    The manifest gets the vLLM identity, engine args and log notes when the files open; after the
+    run, the memory high-water mark, the re-read log notes and the ledger reconciliation are merged
+    in (``amend_manifest``), and the server log is copied into the run dir.
+    """
+    if server.proc is None:
+        raise EngineError("vLLM server: not started: expected start() and wait_healthy() first")
+    extra = merge_sections(options.extra_manifest, server.manifest_extra())
+    headers = dict(options.headers)
+    if not any(k.lower() == "content-type" for k in headers):
+        headers["Content-Type"] = "application/json"  # vLLM rejects bodies without it (HTTP 400)
+    options = options.model_copy(update={"extra_manifest": extra, "headers": headers})
+    sampler = MemorySampler(server.proc.pid, sample_interval_s).start()
+    try:
+        run_dir = Path(run_trace_sync(options))
+    finally:
+        sampler.stop()
+    shutil.copyfile(server.log_path, run_dir / VLLM_LOG_FILE)
+    reconciliation = reconcile_server_run(Path(server.config.model_dir), run_dir)
+    if ledger_total_bytes is None and reconciliation.get("ledger_total_bytes"):
+        ledger_total_bytes = reconciliation["ledger_total_bytes"]
+    amend_manifest(run_dir, {"engine_notes": {
+        "memory": sampler.summary(ledger_total_bytes),
+        "log": server.engine_notes(),  # re-read: the log may have grown during the run
+        "ledger_reconcile": reconciliation,
+    }})
+    return run_dir
 
 
 class VllmTarget(Target):
@@ -102,7 +137,7 @@ class VllmTarget(Target):
             extra_manifest={"plan_target": {**self.describe(), "server_pid": self.pid, "server_starts": self.starts},
                             **(extra_manifest or {})},
         )
-        return run_with_server(self.server, options)
+        return measure_with_server(self.server, options)
 
     def check_alive(self) -> str | None:
         proc = self.server.proc if self.server else None

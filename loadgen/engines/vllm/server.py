@@ -1,0 +1,236 @@
+"""One vLLM OpenAI-compatible server: config, launch, health wait, stop, and what it says about itself.
+
+vLLM runs as a subprocess of its own interpreter (``venv.resolve_python``) so loadgen never imports
+it. The server is started in its own process group with its log captured to a file, and stopped
+with SIGTERM then SIGKILL. Its identity (``/version``, served models), engine args and startup-log
+facts become the run manifest's additions (``vllm_manifest_extra``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Self
+
+import httpx
+
+from ...errors import EngineError
+from .log import behavior_relevant, parse_vllm_log
+from .venv import resolve_python
+
+__all__ = ["VllmConfig", "VllmServer", "free_port", "vllm_manifest_extra"]
+
+#: Environment variables of the server worth recording in the manifest.
+_MANIFEST_ENV_KEYS = ("VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE", "VLLM_CPU_OMP_THREADS_BIND")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class VllmConfig:
+    """How to launch one vLLM OpenAI-compatible server."""
+
+    model_dir: Path
+    python: Path | None = None
+    host: str = "127.0.0.1"
+    port: int | None = None
+    served_model_name: str | None = None
+    dtype: str = "bfloat16"
+    kv_cache_gib: int | None = None  # CPU: VLLM_CPU_KVCACHE_SPACE (whole GiB)
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    block_size: int | None = None
+    gpu_memory_utilization: float | None = None
+    load_format: str = "dummy"
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    log_path: Path | None = None
+
+    def args(self, port: int) -> list[str]:
+        """The api_server command-line arguments for this config on ``port``."""
+        a = ["--model", str(self.model_dir), "--host", self.host, "--port", str(port), "--dtype", self.dtype,
+             "--load-format", self.load_format]
+        for flag, value in (("--served-model-name", self.served_model_name), ("--max-model-len", self.max_model_len),
+                            ("--max-num-seqs", self.max_num_seqs), ("--max-num-batched-tokens", self.max_num_batched_tokens),
+                            ("--block-size", self.block_size), ("--gpu-memory-utilization", self.gpu_memory_utilization)):
+            if value is not None:
+                a += [flag, str(value)]
+        return a + list(self.extra_args)
+
+
+class VllmServer:
+    """One vLLM server process group: ``start`` → ``wait_healthy`` → use ``base_url`` → ``stop``."""
+
+    def __init__(self, config: VllmConfig) -> None:
+        self.config = config
+        self.python = resolve_python(config.python)
+        self.port = config.port or free_port()
+        self.log_path = Path(config.log_path) if config.log_path else Path(f"/tmp/loadgen-vllm-{self.port}.log")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started_monotonic: float | None = None
+        self.ready_s: float | None = None
+        self._log_handle: IO[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.config.host}:{self.port}"
+
+    @property
+    def command(self) -> list[str]:
+        return [str(self.python), "-m", "vllm.entrypoints.openai.api_server", *self.config.args(self.port)]
+
+    def environment(self) -> dict[str, str]:
+        """The server's environment: ours, offline and no usage stats by default, then the config's."""
+        env = dict(os.environ)
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        env.setdefault("DO_NOT_TRACK", "1")
+        if self.config.kv_cache_gib is not None:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(int(self.config.kv_cache_gib))
+        env.update(self.config.env)
+        return env
+
+    def start(self) -> Self:
+        """Launch the server in its own process group, its output going to ``log_path``."""
+        if self.proc is not None:
+            raise EngineError(f"vLLM on port {self.port}: already started")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_handle = open(self.log_path, "wb")  # noqa: SIM115  (open for the server's life; closed in stop)
+        self.started_monotonic = time.monotonic()
+        try:
+            self.proc = subprocess.Popen(self.command, stdout=self._log_handle, stderr=subprocess.STDOUT,
+                                         env=self.environment(), cwd="/", start_new_session=True)
+        except OSError as exc:
+            raise EngineError(f"{self.python}: cannot start vLLM ({exc.strerror})") from None
+        return self
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def _log_tail(self, n: int = 3) -> str:
+        lines = [ln for ln in self.log_text().splitlines() if ln.strip()]
+        return " | ".join(ln.strip()[:200] for ln in lines[-n:])
+
+    def wait_healthy(self, timeout_s: float = 600.0) -> float:
+        """Poll ``/health`` until 200; return seconds since start. EngineError if the process dies or times out."""
+        assert self.proc is not None and self.started_monotonic is not None
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=5.0) as client:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise EngineError(f"vLLM exited with code {self.proc.returncode} during startup (log {self.log_path}): {self._log_tail()}")
+                try:
+                    if client.get(self.base_url + "/health").status_code == 200:
+                        self.ready_s = time.monotonic() - self.started_monotonic
+                        return self.ready_s
+                except httpx.HTTPError:
+                    pass
+                time.sleep(1.0)
+        self.stop()
+        raise EngineError(f"vLLM not healthy after {timeout_s:g} s (log {self.log_path}): {self._log_tail()}")
+
+    def stop(self, grace_s: float = 20.0) -> int | None:
+        """SIGTERM the process group, wait ``grace_s``, then SIGKILL it. Returns the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        try:  # stragglers (engine core / workers) in the group
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        if self._log_handle:
+            self._log_handle.close()
+            self._log_handle = None
+        return self.proc.returncode
+
+    def __enter__(self) -> Self:
+        self.start()
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def identity(self) -> dict[str, Any]:
+        """``/version`` body and served model ids."""
+        out: dict[str, Any] = {"version": None, "models": []}
+        with httpx.Client(timeout=10.0) as client:
+            try:
+                out["version"] = client.get(self.base_url + "/version").json().get("version")
+            except (httpx.HTTPError, ValueError, AttributeError):
+                pass
+            try:
+                out["models"] = [m["id"] for m in client.get(self.base_url + "/v1/models").json().get("data", [])]
+            except (httpx.HTTPError, ValueError, KeyError, AttributeError):
+                pass
+        return out
+
+    def engine_notes(self) -> dict[str, Any]:
+        """Facts from the startup log, plus launcher timings."""
+        notes = parse_vllm_log(self.log_text())
+        if self.ready_s is not None:
+            notes["ready_s"] = round(self.ready_s, 3)
+        return notes
+
+    def manifest_extra(self, memory: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What a run's manifest should add for this server (``RunOptions.extra_manifest``)."""
+        ident = self.identity()
+        return vllm_manifest_extra(self, ident, memory)
+
+
+def vllm_manifest_extra(server: VllmServer, ident: dict[str, Any], memory: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The manifest's ``target`` (kind, version, engine args/env), ``engine_notes`` and ``behavior_relevant``."""
+    env = server.environment()
+    notes = server.engine_notes()
+    if memory:
+        notes["memory"] = memory
+    return {
+        "target": {
+            "kind": "vllm",
+            "version": {"version": ident.get("version")},
+            "engine": {
+                "name": "vllm",
+                "version": ident.get("version") or notes.get("version"),
+                "config": {
+                    "args": server.config.args(server.port),
+                    "env": {k: env[k] for k in _MANIFEST_ENV_KEYS if k in env},
+                    "non_default_args": notes.get("non_default_args"),
+                    "model_dir": str(server.config.model_dir),
+                    "python": str(server.python),
+                    "log_path": str(server.log_path),
+                },
+            },
+        },
+        "engine_notes": {"log": notes},
+        "behavior_relevant": behavior_relevant(notes),
+    }
