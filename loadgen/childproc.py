@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from .errors import TargetError
+from .errors import LoadgenError, TargetError
 
 __all__ = ["ChildProcess"]
 
@@ -27,7 +27,8 @@ class ChildProcess:
     """One launched process group: ``start`` → ``wait_ready`` → use → ``stop`` (idempotent)."""
 
     def __init__(self, argv: Sequence[str], *, log_path: Path, what: str, env: Mapping[str, str] | None = None,
-                 cwd: str | Path | None = None) -> None:
+                 cwd: str | Path | None = None, error: type[LoadgenError] = TargetError) -> None:
+        self.error = error  # raised when it cannot start or does not become ready
         self.argv = [str(a) for a in argv]
         self.log_path = Path(log_path)
         self.what = what  # for messages: "sim server (engine instant)", "vLLM"
@@ -38,7 +39,7 @@ class ChildProcess:
 
     def start(self) -> ChildProcess:
         if self.alive():
-            raise TargetError(f"{self.what}: already running (pid {self.pid})")
+            raise self.error(f"{self.what}: already running (pid {self.pid})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.started_monotonic = time.monotonic()
         try:
@@ -46,7 +47,7 @@ class ChildProcess:
                 self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                              cwd=self.cwd, start_new_session=True)
         except OSError as exc:
-            raise TargetError(f"{self.what}: cannot start {self.argv[0]} ({exc.strerror})") from None
+            raise self.error(f"{self.what}: cannot start {self.argv[0]} ({exc.strerror})") from None
         return self
 
     @property
@@ -71,7 +72,7 @@ class ChildProcess:
         return " | ".join(lines[-n:])
 
     def wait_ready(self, probe: Callable[[], T | None], timeout_s: float, poll_s: float = 0.05) -> T:
-        """Call ``probe`` until it returns a value; TargetError (and stop) if the child dies or time runs out."""
+        """Call ``probe`` until it returns a value; ``error`` (and stop) if the child dies or time runs out."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             value = probe()
@@ -79,10 +80,10 @@ class ChildProcess:
                 return value
             if self.proc is None or self.proc.poll() is not None:
                 code = self.proc.returncode if self.proc is not None else None
-                raise TargetError(f"{self.what} exited with code {code} at start (log {self.log_path}): {self.log_tail()}")
+                raise self.error(f"{self.what} exited with code {code} at start (log {self.log_path}): {self.log_tail()}")
             time.sleep(poll_s)
         self.stop()
-        raise TargetError(f"{self.what} not ready within {timeout_s:g} s (log {self.log_path}): {self.log_tail()}")
+        raise self.error(f"{self.what} not ready within {timeout_s:g} s (log {self.log_path}): {self.log_tail()}")
 
     def stop(self, grace_s: float = 5.0) -> int | None:
         """SIGTERM the process group, wait ``grace_s``, SIGKILL what is left; returns the exit code."""

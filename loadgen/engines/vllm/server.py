@@ -9,16 +9,16 @@ facts become the run manifest's additions (``vllm_manifest_extra``).
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Self
+from typing import Any, Self
 
 import httpx
 
+from ...childproc import ChildProcess
 from ...errors import EngineError
 from .log import behavior_relevant, parse_vllm_log
 from .venv import resolve_python
@@ -77,10 +77,16 @@ class VllmServer:
         self.python = resolve_python(config.python)
         self.port = config.port or free_port()
         self.log_path = Path(config.log_path) if config.log_path else Path(f"/tmp/loadgen-vllm-{self.port}.log")
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.started_monotonic: float | None = None
+        self.child: ChildProcess | None = None
         self.ready_s: float | None = None
-        self._log_handle: IO[bytes] | None = None
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.child.proc if self.child is not None else None
+
+    @property
+    def started_monotonic(self) -> float | None:
+        return self.child.started_monotonic if self.child is not None else None
 
     @property
     def base_url(self) -> str:
@@ -102,72 +108,35 @@ class VllmServer:
         return env
 
     def start(self) -> Self:
-        """Launch the server in its own process group, its output going to ``log_path``."""
-        if self.proc is not None:
+        """Launch the server in its own process group (``loadgen.childproc``), its output going to ``log_path``."""
+        if self.child is not None:
             raise EngineError(f"vLLM on port {self.port}: already started")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_handle = open(self.log_path, "wb")  # noqa: SIM115  (open for the server's life; closed in stop)
-        self.started_monotonic = time.monotonic()
-        try:
-            self.proc = subprocess.Popen(self.command, stdout=self._log_handle, stderr=subprocess.STDOUT,
-                                         env=self.environment(), cwd="/", start_new_session=True)
-        except OSError as exc:
-            raise EngineError(f"{self.python}: cannot start vLLM ({exc.strerror})") from None
+        self.child = ChildProcess(self.command, log_path=self.log_path, what="vLLM", env=self.environment(), cwd="/",
+                                  error=EngineError).start()
         return self
 
     def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def _log_tail(self, n: int = 3) -> str:
-        lines = [ln for ln in self.log_text().splitlines() if ln.strip()]
-        return " | ".join(ln.strip()[:200] for ln in lines[-n:])
+        return self.child.log_text() if self.child is not None else ""
 
     def wait_healthy(self, timeout_s: float = 600.0) -> float:
         """Poll ``/health`` until 200; return seconds since start. EngineError if the process dies or times out."""
-        assert self.proc is not None and self.started_monotonic is not None
-        deadline = time.monotonic() + timeout_s
+        assert self.child is not None and self.child.started_monotonic is not None
+        started = self.child.started_monotonic
         with httpx.Client(timeout=5.0) as client:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise EngineError(f"vLLM exited with code {self.proc.returncode} during startup (log {self.log_path}): {self._log_tail()}")
+
+            def healthy() -> float | None:
                 try:
-                    if client.get(self.base_url + "/health").status_code == 200:
-                        self.ready_s = time.monotonic() - self.started_monotonic
-                        return self.ready_s
+                    ok = client.get(self.base_url + "/health").status_code == 200
                 except httpx.HTTPError:
-                    pass
-                time.sleep(1.0)
-        self.stop()
-        raise EngineError(f"vLLM not healthy after {timeout_s:g} s (log {self.log_path}): {self._log_tail()}")
+                    return None
+                return time.monotonic() - started if ok else None
+
+            self.ready_s = self.child.wait_ready(healthy, timeout_s, poll_s=1.0)
+        return self.ready_s
 
     def stop(self, grace_s: float = 20.0) -> int | None:
         """SIGTERM the process group, wait ``grace_s``, then SIGKILL it. Returns the exit code."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-        try:  # stragglers (engine core / workers) in the group
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        if self._log_handle:
-            self._log_handle.close()
-            self._log_handle = None
-        return self.proc.returncode
+        return self.child.stop(grace_s) if self.child is not None else None
 
     def __enter__(self) -> Self:
         self.start()
