@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from ..analysis import Analysis, analyze_run
+from ..analysis import Analysis, Check, analyze_run
 from ..driver import RunOptions, run_trace_sync
 from ..errors import RunDirError
 from ..scenario import load_scenario
@@ -162,7 +162,7 @@ def _rerun_simulated(b: _Bundle, out: Path, experiment: bool, model: str | None,
 
 def _remeasure(failures: list[dict[str, Any]], analysis: Analysis) -> list[dict[str, Any]]:
     """Each originally failing check with its value, verdict and sample count in the new run."""
-    by_key = {(c.class_name, c.metric, c.percentile): c for c in analysis.checks}
+    by_key: dict[tuple[Any, ...], Check] = {(c.class_name, c.metric, c.percentile): c for c in analysis.checks}
     checks = []
     for f in failures:
         c = by_key.get((f.get("class"), f.get("metric"), f.get("percentile")))
