@@ -6,6 +6,7 @@ import gzip
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -238,3 +239,98 @@ def test_missing_originals_are_rebuilt_from_the_manifest(tmp_path: Path) -> None
     assert result.reproduced is True
     original = next(c for c in result.checks if c["class"] == "burst" and c["percentile"] == "p99")
     assert original["rerun_observed"] == pytest.approx(original["observed"])  # same trace content, same engine
+
+
+def _unpacked_copy(bundle, dest: Path) -> Path:
+    with tarfile.open(bundle.tarball) as tar:
+        tar.extractall(dest, filter="data")
+    copy = dest / bundle.bundle_dir.name
+    assert verify_bundle(copy).ok
+    return copy
+
+
+def _tar_with(bundle, dest: Path, extra: tarfile.TarInfo, data: bytes | None = None) -> Path:
+    """The bundle's tarball plus one more member (all the original members still match their sums)."""
+    with tarfile.open(bundle.tarball) as src, tarfile.open(dest, "w:gz") as dst:
+        for member in src.getmembers():
+            dst.addfile(member, src.extractfile(member))
+        dst.addfile(extra, io.BytesIO(data) if data is not None else None)
+    return dest
+
+
+def test_verify_refuses_a_symlink_out_of_the_bundle_even_when_its_sum_matches(bundle, tmp_path: Path) -> None:
+    copy = _unpacked_copy(bundle, tmp_path / "copy")
+    outside = tmp_path / "outside.parquet"
+    outside.write_bytes((copy / "trace.parquet").read_bytes())  # the same bytes: the checksum would pass
+    (copy / "trace.parquet").unlink()
+    (copy / "trace.parquet").symlink_to(outside)
+    result = verify_bundle(copy)
+    assert not result.ok and result.first_problem.startswith("trace.parquet: a symbolic link (to ")
+    res = cli("handoff", "verify", str(copy))
+    assert res.returncode == 1 and res.stderr.count("\n") == 1 and "FAILED: trace.parquet: a symbolic link" in res.stderr
+    with pytest.raises(RunDirError, match="does not verify: trace.parquet: a symbolic link"):
+        rerun_bundle(copy, tmp_path / "rerun")
+
+
+def test_verify_refuses_a_linked_folder_a_hard_link_and_a_fifo(bundle, tmp_path: Path) -> None:
+    copy = _unpacked_copy(bundle, tmp_path / "a")
+    shutil.copytree(copy / "contract", tmp_path / "contract-elsewhere")
+    shutil.rmtree(copy / "contract")
+    (copy / "contract").symlink_to(tmp_path / "contract-elsewhere", target_is_directory=True)
+    assert verify_bundle(copy).first_problem.startswith("contract: a symbolic link")
+
+    copy = _unpacked_copy(bundle, tmp_path / "b")
+    os.link(copy / "experiment.json", tmp_path / "second-name.json")  # a file outside shares its inode
+    assert verify_bundle(copy).first_problem.startswith("experiment.json: a hard link")
+
+    copy = _unpacked_copy(bundle, tmp_path / "c")
+    os.mkfifo(copy / "pipe")
+    assert verify_bundle(copy).first_problem == "pipe: a device, FIFO or socket: a bundle holds only regular files"
+
+
+@pytest.mark.parametrize("kind,name,linkname,expected", [
+    (tarfile.SYMTYPE, "burst-ttft/notes.txt", "/etc/passwd", "a symbolic link (to /etc/passwd)"),
+    (tarfile.LNKTYPE, "burst-ttft/notes.txt", "burst-ttft/README.md", "a hard link (to burst-ttft/README.md)"),
+    (tarfile.CHRTYPE, "burst-ttft/dev", "", "a device or FIFO entry"),
+    (tarfile.FIFOTYPE, "burst-ttft/pipe", "", "a device or FIFO entry"),
+    (tarfile.REGTYPE, "burst-ttft/../escaped.txt", "", "the archive entry's path leaves the bundle"),
+    (tarfile.REGTYPE, "/tmp/absolute.txt", "", "the archive entry's path leaves the bundle"),
+])
+def test_verify_refuses_tar_links_devices_and_escaping_paths(bundle, tmp_path: Path, kind, name, linkname, expected) -> None:
+    extra = tarfile.TarInfo(name)
+    extra.type, extra.linkname = kind, linkname
+    data = b"x" if kind == tarfile.REGTYPE else None
+    extra.size = len(data or b"")
+    bad = _tar_with(bundle, tmp_path / "bad.tar.gz", extra, data)
+    result = verify_bundle(bad)
+    assert not result.ok and result.first_problem.startswith(f"{name}: {expected}: a bundle holds only")
+    res = cli("handoff", "verify", str(bad))
+    assert res.returncode == 1 and res.stderr.count("\n") == 1 and f"FAILED: {name}: {expected}" in res.stderr
+
+
+def test_verify_refuses_a_checksum_line_naming_a_path_outside(bundle, tmp_path: Path) -> None:
+    copy = _unpacked_copy(bundle, tmp_path / "copy")
+    with open(copy / "SHA256SUMS", "a") as handle:
+        handle.write("0" * 64 + "  ../../outside.txt\n")
+    assert verify_bundle(copy).first_problem == ("SHA256SUMS: line 13 names '../../outside.txt', a path that leaves "
+                                                 "the bundle: expected a name inside it")
+
+
+def test_bundle_refuses_a_secret_the_server_echoed_into_the_manifest(
+        failing_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A /version body echoing the Authorization header must not reach any bundle file."""
+    run = tmp_path / "run"
+    shutil.copytree(failing_run, run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["options"]["api_key_env"] = "LOADGEN_HANDOFF_TEST_KEY"
+    manifest["target"]["version"] = {"engine": "echo", "headers": {"authorization": "Bearer sk-test-0123456789"}}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setenv("LOADGEN_HANDOFF_TEST_KEY", "sk-test-0123456789")
+    with pytest.raises(RunDirError, match=r"would contain the value of \$LOADGEN_HANDOFF_TEST_KEY: refusing"):
+        build_bundle(run, tmp_path / "leaky")
+    assert not (tmp_path / "leaky").exists() and not (tmp_path / "leaky.tar.gz").exists()
+    # the same run without the echo bundles fine: only the key's value is refused, not its variable's name
+    manifest["target"]["version"] = {"engine": "echo"}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    info = build_bundle(run, tmp_path / "clean")
+    assert "LOADGEN_HANDOFF_TEST_KEY" in (info.bundle_dir / "runtime.json").read_text()
