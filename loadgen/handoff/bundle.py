@@ -24,8 +24,8 @@ from ..analysis import Analysis, Check, analyze_run
 from ..contract import CONTRACT_FILE
 from ..errors import RunDirError
 from ..identity import sha256_file, utc_now_iso
+from ..manifest import Manifest, ScenarioRef, read_manifest
 from ..records import MANIFEST_FILE, REQUESTS_FILE, SERVER_METRICS_FILE
-from ..rundir import read_manifest
 from ..scenario import CLASS_NAMES, load_scenario, scenario_from_manifest
 from ..sim.config import PRESETS_DIR
 from ..tomlfile import dumps_toml
@@ -75,7 +75,7 @@ def _metric_sample_counts(run_dir: Path) -> dict[str, int]:
     return {c["values"]: int(c["counts"]) for c in counts}
 
 
-def _memory_signals(manifest: dict[str, Any], analysis: Analysis, run_dir: Path | None = None) -> list[dict[str, Any]]:
+def _memory_signals(manifest: Manifest, analysis: Analysis, run_dir: Path | None = None) -> list[dict[str, Any]]:
     """Memory evidence a run holds: KV cache saturation, preemptions, OOM notes from the engine."""
     signals: list[dict[str, Any]] = []
     server = getattr(analysis, "server", None) or {}
@@ -90,7 +90,7 @@ def _memory_signals(manifest: dict[str, Any], analysis: Analysis, run_dir: Path 
         signals.append({"signal": "preemptions", "metric": pre.get("metric"), "observed": pre["increase"],
                         "limit": 0, "samples": counts.get(pre.get("metric")),
                         "reason": f"{pre['increase']:g} preemptions during the run ({pre.get('metric')})"})
-    notes = json.dumps(manifest.get("engine_notes") or {}).lower()
+    notes = json.dumps(manifest.engine_notes).lower()
     if "out of memory" in notes or "oom" in re.findall(r"[a-z]+", notes):
         signals.append({"signal": "engine_oom", "observed": None, "limit": None, "samples": None,
                         "reason": "the engine reported running out of memory (manifest engine_notes)"})
@@ -102,7 +102,7 @@ class _Source:
     """The run handed off, what was found about it, and every run the source held."""
 
     run_dir: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     analysis: Analysis
     memory: list[dict[str, Any]]
     runs: list[Path]
@@ -150,13 +150,13 @@ def _failures(analysis: Analysis, memory: list[dict[str, Any]]) -> list[dict[str
 # ---------------------------------------------------------------------------- originals or rebuilt
 
 
-def _scenario_text(manifest: dict[str, Any]) -> tuple[str | None, str]:
+def _scenario_text(manifest: Manifest) -> tuple[str | None, str]:
     """The scenario file's bytes when the original is still there unchanged, else rebuilt from the manifest."""
-    entry = manifest.get("scenario") or {}
-    path, sha = entry.get("path"), entry.get("sha256")
+    entry = manifest.scenario or ScenarioRef()
+    path, sha = entry.path, entry.sha256
     if path and Path(path).is_file() and sha and sha256_file(Path(path)) == sha:
         return Path(path).read_text(), "original file (sha256 matches the run's manifest)"
-    content = entry.get("content")
+    content = entry.content
     if not content:
         return None, "the run recorded no scenario"
     # manifest JSON has sorted keys, which loses the order of [classes]; the trace generator draws
@@ -169,6 +169,11 @@ def _scenario_text(manifest: dict[str, Any]) -> tuple[str | None, str]:
                 "rebuilt from the manifest (original file missing or changed); classes are "
                 "written in canonical order because the manifest does not keep the file's order, "
                 "and the trace generator depends on it")
+
+
+def _engine(manifest: Manifest) -> dict[str, Any] | None:
+    """The manifest's ``target.engine`` section as recorded."""
+    return manifest.target.engine.model_dump(mode="json") if manifest.target.engine else None
 
 
 def _engine_toml(engine: dict[str, Any] | None, version_body: Any = None) -> tuple[str | None, str | None]:
@@ -194,7 +199,7 @@ def _engine_toml(engine: dict[str, Any] | None, version_body: Any = None) -> tup
     return None, None
 
 
-def _case_files(manifest: dict[str, Any]) -> list[Path]:
+def _case_files(manifest: Manifest) -> list[Path]:
     try:
         scenario = scenario_from_manifest(manifest)
     except Exception:  # noqa: BLE001  (a bad scenario must not stop the handoff; it is reported in the README)
@@ -218,20 +223,20 @@ def _write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def _identity(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
-    target = manifest.get("target") or {}
+def _identity(manifest: Manifest, run_dir: Path) -> dict[str, Any]:
+    m = manifest.to_dict()  # the sections as recorded (on-disk key names)
+    target = m["target"]
     return {
         "kind": layout.BUNDLE_KIND, "version": 1, "built_utc": utc_now_iso(),
-        "package": {"model": target.get("model"), "served_models": target.get("served_models")},
-        "engine": target.get("engine"), "target_kind": target.get("kind"), "target_base_url": target.get("base_url"),
-        "target_version": target.get("version"),
-        "hardware": manifest.get("host"), "harness": manifest.get("harness"),
-        "run_kind": manifest.get("run_kind"), "modelExecuted": manifest.get("modelExecuted"),
-        "benchmarkExecuted": manifest.get("benchmarkExecuted"), "warm_state": manifest.get("warm_state"),
-        "behavior_relevant": manifest.get("behavior_relevant"), "engine_notes": manifest.get("engine_notes"),
-        "source_run": {"path": str(run_dir), "started_utc": manifest.get("started_utc"),
-                       "order_index": manifest.get("order_index"), "repeat": manifest.get("repeat"),
-                       "plan_cell": manifest.get("plan_cell")},
+        "package": {"model": target["model"], "served_models": target["served_models"]},
+        "engine": target["engine"], "target_kind": target["kind"], "target_base_url": target["base_url"],
+        "target_version": target["version"],
+        "hardware": m["host"], "harness": m["harness"],
+        "run_kind": m["run_kind"], "modelExecuted": m["modelExecuted"],
+        "benchmarkExecuted": m["benchmarkExecuted"], "warm_state": m["warm_state"],
+        "behavior_relevant": m["behavior_relevant"], "engine_notes": m["engine_notes"],
+        "source_run": {"path": str(run_dir), "started_utc": m["started_utc"],
+                       "order_index": m["order_index"], "repeat": m["repeat"], "plan_cell": m["plan_cell"]},
     }
 
 
@@ -254,16 +259,16 @@ def _write_trace(out: Path, trace: dict[str, Any], have_scenario: bool) -> str:
     return "not available"
 
 
-def _write_workload(out: Path, manifest: dict[str, Any]) -> str:
+def _write_workload(out: Path, manifest: Manifest) -> str:
     """scenario.toml, trace.parquet and workload.json; returns how the scenario was obtained."""
-    trace = manifest.get("trace") or {}
+    trace = manifest.trace.model_dump(mode="json") if manifest.trace else {}
     scenario_text, scenario_note = _scenario_text(manifest)
     if scenario_text is not None:
         (out / layout.SCENARIO).write_text(scenario_text)
     trace_note = _write_trace(out, trace, scenario_text is not None)
-    scenario_entry = manifest.get("scenario") or {}
+    scenario_entry = manifest.scenario or ScenarioRef()
     _write_json(out / layout.WORKLOAD, {
-        "scenario": {"name": scenario_entry.get("name"), "sha256": scenario_entry.get("sha256"),
+        "scenario": {"name": scenario_entry.name, "sha256": scenario_entry.sha256,
                      "file": layout.SCENARIO, "note": scenario_note},
         "trace": {"name": trace.get("name"), "seed": trace.get("seed"), "sha256": trace.get("sha256"),
                   "file": layout.TRACE if (out / layout.TRACE).exists() else None, "note": trace_note,
@@ -275,20 +280,19 @@ def _write_workload(out: Path, manifest: dict[str, Any]) -> str:
     return scenario_note
 
 
-def _write_runtime(out: Path, manifest: dict[str, Any]) -> str | None:
+def _write_runtime(out: Path, manifest: Manifest) -> str | None:
     """engine.toml (when known) and runtime.json; returns how engine.toml was obtained, None without one."""
-    target = manifest.get("target") or {}
-    engine = target.get("engine")
-    etoml, etoml_note = _engine_toml(engine, target.get("version"))
+    engine = _engine(manifest)
+    etoml, etoml_note = _engine_toml(engine, manifest.target.version)
     if etoml is not None:
         (out / layout.ENGINE).write_text(etoml)
-    _write_json(out / layout.RUNTIME, {"engine": engine, "options": manifest.get("options"),
-                                       "warm_state": manifest.get("warm_state"),
+    _write_json(out / layout.RUNTIME, {"engine": engine, "options": manifest.options,
+                                       "warm_state": manifest.warm_state.model_dump(mode="json"),
                                        "engine_toml": layout.ENGINE if etoml else None})
     return etoml_note if etoml is not None else None
 
 
-def _write_contract(out: Path, manifest: dict[str, Any], run_dir: Path) -> bool:
+def _write_contract(out: Path, manifest: Manifest, run_dir: Path) -> bool:
     """contract/: the scenario's behaviour case files and the run's contract result; True when it had one."""
     contract_dir = out / layout.CONTRACT_DIR
     contract_dir.mkdir()
@@ -320,13 +324,13 @@ def _write_findings(out: Path, analysis: Analysis, failures: list[dict[str, Any]
     _write_json(out / layout.OBSERVED, observed)
 
 
-def _check_no_secret(bundle_dir: Path, manifest: dict[str, Any]) -> None:
+def _check_no_secret(bundle_dir: Path, manifest: Manifest) -> None:
     """Refuse (and delete) the bundle when a file holds the API key named by the run's ``api_key_env``.
 
     The run recorded only the variable's name; its value is looked up in this process's environment, so
     the check covers a key echoed back by the server (e.g. in the ``/version`` body) into the manifest.
     """
-    name = (manifest.get("options") or {}).get("api_key_env")
+    name = manifest.options.get("api_key_env")
     secret = os.environ.get(name) if name else None
     if not secret or len(secret) < 4:
         return
@@ -358,13 +362,13 @@ def _write_files(out: Path, src: _Source, failures: list[dict[str, Any]], experi
     contract_result = _write_contract(out, manifest, run_dir)
     _write_findings(out, src.analysis, failures, src.memory, experiment)
     shutil.copyfile(run_dir / MANIFEST_FILE, out / layout.MANIFEST)
-    rerun, rerun_note = rerun_instructions(out.name, manifest, (manifest.get("target") or {}).get("model"),
+    rerun, rerun_note = rerun_instructions(out.name, manifest, manifest.target.model,
                                            engine_note is not None)
     (out / layout.README).write_text(readme_text(ReadmeFacts(
         title=f"{failures[0]['reason']}" if failures else f"run {run_dir.name} (no budget failed)",
         built_utc=utc_now_iso(), loadgen_version=__version__, run_name=run_dir.name,
-        run_kind=manifest.get("run_kind"), model_executed=manifest.get("modelExecuted"),
-        benchmark_executed=manifest.get("benchmarkExecuted"), rerun_command=rerun, rerun_note=rerun_note,
+        run_kind=manifest.run_kind, model_executed=manifest.model_executed,
+        benchmark_executed=manifest.benchmark_executed, rerun_command=rerun, rerun_note=rerun_note,
         bundle_name=out.name, failures=failures, experiment=experiment, scenario_note=scenario_note,
         engine_toml=engine_note, contract_result=contract_result,
         other_runs=len(src.runs) if len(src.runs) > 1 else None,
@@ -377,7 +381,7 @@ def build_bundle(source: str | Path, out: str | Path) -> BundleInfo:
     out = _bundle_dir(out)
     src = _select(Path(source))
     failures = _failures(src.analysis, src.memory)
-    experiment = propose_experiment(failures, inner_engine_config((src.manifest.get("target") or {}).get("engine")),
+    experiment = propose_experiment(failures, inner_engine_config(_engine(src.manifest)),
                                     (src.manifest.get("trace") or {}).get("name"))
     out.mkdir(parents=True, exist_ok=True)
     try:

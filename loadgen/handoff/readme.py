@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..manifest import Manifest
+
 __all__ = ["ReadmeFacts", "readme_text", "rerun_instructions"]
 
 
@@ -30,12 +32,12 @@ class ReadmeFacts:
     other_runs: int | None  # run directories in the source when more than one
 
 
-def rerun_instructions(bundle_name: str, manifest: dict[str, Any], model: str | None,
+def rerun_instructions(bundle_name: str, manifest: Manifest, model: str | None,
                        has_engine_toml: bool) -> tuple[str, str]:
     """The one rerun command and the paragraph explaining it, by the kind of the source run."""
-    options = manifest.get("options") or {}
+    options = manifest.options
     seed = options.get("seed")
-    if manifest.get("run_kind") == "simulated" and options.get("face") == "worksheet":
+    if manifest.run_kind == "simulated" and options.get("face") == "worksheet":
         note = ("Run it from the directory holding the bundle. It verifies the checksums, replays `trace.parquet` "
                 "through the simulated engine in virtual time (`engine.toml`, seed "
                 f"{seed}, as the original run), analyses the new run and prints whether the failing "

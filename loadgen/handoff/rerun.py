@@ -5,23 +5,17 @@ from __future__ import annotations
 
 import json
 import math
-import re
-import subprocess
-import sys
 import tempfile
-import threading
-import time
 import tomllib
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 from ..analysis import Analysis, Check, analyze_run
-from ..driver import RunOptions, run_trace_sync
 from ..errors import RunDirError
 from ..scenario import load_scenario
 from ..sim.worksheet import run_worksheet
+from ..targets import SimServerTarget, StateResult, Target, UrlTarget
 from ..tomlfile import dumps_toml
 from . import layout
 from .experiment import find_key, set_dotted
@@ -36,57 +30,6 @@ class RerunResult:
     reproduced: bool | None  # None: nothing had failed originally
     checks: list[dict[str, Any]]  # the original failing checks re-measured
     experiment_applied: dict[str, Any] | None
-
-
-class _SimServer:
-    """``loadgen sim serve`` as a subprocess on a free port (the bundled engine config)."""
-
-    def __init__(self, engine_path: Path) -> None:
-        self.engine_path = engine_path
-        self.process: subprocess.Popen[str] | None = None
-        self.base_url = ""
-
-    def __enter__(self) -> Self:
-        cmd = [sys.executable, "-m", "loadgen", "sim", "serve", "--engine", str(self.engine_path),
-               "--host", "127.0.0.1", "--port", "0"]
-        self._stderr = tempfile.TemporaryFile()
-        self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
-                                        cwd=str(Path(__file__).resolve().parents[2]))
-        assert self.process.stdout is not None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline()
-            if not line:
-                break
-            m = re.search(r"listening on (http://\S+)", line)
-            if m:
-                self.base_url = m.group(1)
-                # keep draining stdout so a chatty server never blocks on a full pipe
-                threading.Thread(target=self.process.stdout.read, daemon=True).start()
-                return self
-        self._stderr.seek(0)
-        tail = self._stderr.read()[-300:].decode("utf-8", "replace")
-        self.__exit__(None, None, None)
-        raise RunDirError(f"{self.engine_path}: the simulated engine did not start ({' '.join(tail.split())}): "
-                          "expected 'loadgen sim serve' to listen")
-
-    def __exit__(self, *exc: object) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        if getattr(self, "_stderr", None) is not None:
-            self._stderr.close()
-            self._stderr = None
-
-
-def _replay_on_live_sim(engine_path: Path, replay: Callable[[str], Path]) -> Path:
-    """Start the bundled engine's live server, replay against it, stop it (to move to the target layer)."""
-    with _SimServer(engine_path) as server:
-        return replay(server.base_url)
 
 
 @dataclass(frozen=True)
@@ -132,16 +75,14 @@ def _apply_experiment(engine_path: Path, proposal: dict[str, Any], out: Path) ->
     return path, {"variable": found[0], "from": found[1], "to": proposal["to"]}
 
 
-def _replayer(b: _Bundle, out: Path, model: str | None, api_key_env: str | None,
-              applied: dict[str, Any] | None) -> Callable[[str], Path]:
-    """Replays the bundled trace against a base URL into ``out``."""
-    def replay(url: str) -> Path:
-        options = RunOptions(trace_path=b.path / layout.TRACE, target_url=url, out_dir=out,
-                             model=model or (b.identity.get("package") or {}).get("model"),
-                             scenario_path=b.scenario, api_key_env=api_key_env,
-                             extra_manifest={"handoff": {"bundle": str(b.path), "experiment": applied}})
-        return Path(run_trace_sync(options))
-    return replay
+def _replay(b: _Bundle, target: Target, out: Path, applied: dict[str, Any] | None) -> Path:
+    """Replay the bundled trace against ``target`` into ``out``."""
+    return target.run(b.path / layout.TRACE, out, scenario_path=b.scenario, state=StateResult("unknown", False),
+                      extra_manifest={"handoff": {"bundle": str(b.path), "experiment": applied}})
+
+
+def _model(b: _Bundle, model: str | None) -> str | None:
+    return model or (b.identity.get("package") or {}).get("model")
 
 
 def _rerun_simulated(b: _Bundle, out: Path, experiment: bool, model: str | None,
@@ -157,7 +98,8 @@ def _rerun_simulated(b: _Bundle, out: Path, experiment: bool, model: str | None,
         run_dir = run_worksheet(b.path / layout.TRACE, engine_path, out, seed=int(b.options.get("seed") or 0),
                                 scenario=b.scenario)
         return Path(run_dir), applied
-    return _replay_on_live_sim(engine_path, _replayer(b, out, model, api_key_env, applied)), applied
+    with SimServerTarget(engine_path, Path(tempfile.mkdtemp(prefix="loadgen-rerun-")), api_key_env=api_key_env) as sim:
+        return _replay(b, sim, out, applied), applied
 
 
 def _remeasure(failures: list[dict[str, Any]], analysis: Analysis) -> list[dict[str, Any]]:
@@ -186,7 +128,8 @@ def rerun_bundle(bundle: str | Path, out: str | Path, *, target_url: str | None 
         if experiment:
             raise RunDirError("--experiment: applies only to the bundled simulated engine; "
                               "change the variable on the real engine and rerun with --target")
-        run_dir = _replayer(b, out, model, api_key_env, None)(target_url)
+        with UrlTarget(target_url, _model(b, model), api_key_env) as url:
+            run_dir = _replay(b, url, out, None)
     else:
         run_dir, applied = _rerun_simulated(b, out, experiment, model, api_key_env)
     analysis = analyze_run(run_dir, scenario=load_scenario(b.scenario) if b.scenario else None)
