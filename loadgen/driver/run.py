@@ -241,15 +241,9 @@ async def run_trace(options: RunOptions) -> Path:
         await _warm_up(counter)
         writer = ArrowRunWriter(options.out_dir, manifest, flush_rows=1 << 60)
         recorder = Recorder(writer, flush_interval_s=options.flush_interval_s)  # quiet_ns wired below
-        anchor_ns = time.perf_counter_ns() + LEAD_NS
-        anchor_utc = datetime.now(timezone.utc) + timedelta(microseconds=LEAD_NS / 1000)
-        writer.manifest = merge_manifest(writer.manifest, {
-            "started_utc": anchor_utc.isoformat(timespec="milliseconds"),
-            "anchor": {"perf_counter_ns": anchor_ns, "utc": anchor_utc.isoformat(timespec="microseconds")},
-        })
         retain_completion = bool(scenario and scenario.privacy.retain_completion_text)
-        ctx = RunContext(
-            transport=transport, origin=transport.origin(client.base_url.join(path)), anchor_ns=anchor_ns,
+        ctx = RunContext(  # the anchor is taken in _replay, once the run's services are up
+            transport=transport, origin=transport.origin(client.base_url.join(path)), anchor_ns=0,
             limiter=anyio.CapacityLimiter(inputs.concurrency if inputs.concurrency else math.inf),
             rate_gate=RateGate(options.rate_limit_rps), count_tokens=counter.count, sink=recorder.submit,
             ttft_timeout_ns=None, total_timeout_ns=None, secrets=secrets, retain_completion_text=retain_completion,
@@ -267,9 +261,7 @@ async def _replay(options: RunOptions, inputs: _Inputs, ctx: RunContext, jobs: l
     mode, concurrency = inputs.mode, inputs.concurrency
     show_progress = options.progress == "on" or (options.progress == "auto" and sys.stderr.isatty())
     progress = Progress(ctx, len(jobs)) if show_progress else None
-    scraper = (MetricsScraper(scraper_client, "/metrics", ctx.anchor_ns, recorder.submit_metrics, options.scrape_interval_s,
-                              tuple(options.metrics_prefixes) if options.metrics_prefixes else None)
-               if scraper_client is not None else None)
+    scraper: MetricsScraper | None = None
     old_switch = sys.getswitchinterval()
     sys.setswitchinterval(min(old_switch, 0.0005))  # a flushing thread must not hold the GIL for 5 ms
     # the prepared requests live for the whole run: keep them out of every garbage collection,
@@ -287,7 +279,12 @@ async def _replay(options: RunOptions, inputs: _Inputs, ctx: RunContext, jobs: l
             if mode == "open":  # connections ready before the deadlines, refilled in the background
                 high = min(KEEP_IDLE_HIGH, int(concurrency or KEEP_IDLE_HIGH))
                 await outer.start(transport.keep_idle, ctx.origin, min(KEEP_IDLE_LOW, high), high)
-            if scraper is not None:
+            # the anchor is taken only now: set-up (connections, files) is never inside a request's TTFT
+            _take_anchor(ctx, writer)
+            if scraper_client is not None:  # its first scrape (the baseline) falls inside the lead time
+                scraper = MetricsScraper(scraper_client, "/metrics", ctx.anchor_ns, recorder.submit_metrics,
+                                         options.scrape_interval_s,
+                                         tuple(options.metrics_prefixes) if options.metrics_prefixes else None)
                 await outer.start(scraper.run)
             if progress is not None:
                 outer.start_soon(progress.run)
@@ -320,6 +317,16 @@ async def _replay(options: RunOptions, inputs: _Inputs, ctx: RunContext, jobs: l
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                 await scraper_client.aclose()
         _finish(writer, recorder, ctx, jobs, info, state, interrupted_by, deadline_hit, inputs.warnings, transport)
+
+
+def _take_anchor(ctx: RunContext, writer: RunWriter) -> None:
+    """The run's time origin: LEAD_NS from now, so starting the request tasks is not counted as lag."""
+    ctx.anchor_ns = time.perf_counter_ns() + LEAD_NS
+    anchor_utc = datetime.now(timezone.utc) + timedelta(microseconds=LEAD_NS / 1000)
+    writer.manifest = merge_manifest(writer.manifest, {
+        "started_utc": anchor_utc.isoformat(timespec="milliseconds"),
+        "anchor": {"perf_counter_ns": ctx.anchor_ns, "utc": anchor_utc.isoformat(timespec="microseconds")},
+    })
 
 
 async def _warm_up(counter) -> None:
@@ -387,7 +394,7 @@ def _finish(writer: ArrowRunWriter, recorder: Recorder, ctx: RunContext, jobs, i
     updates: dict[str, Any] = {
         "state": state,
         "ended_utc": utc_now_iso(),
-        "duration_s": round((end_ns - ctx.anchor_ns) / 1e9, 6),
+        "duration_s": round((end_ns - ctx.anchor_ns) / 1e9, 6) if ctx.anchor_ns else 0.0,  # 0: stopped before the anchor
         "modelExecuted": executed,
         "benchmarkExecuted": executed,
         "send_lag_ns": lag,
