@@ -109,7 +109,8 @@ def _covered(key: str, variable: str) -> bool:
 def identity_differences(identities: list[dict[str, Any]], variable: str) -> tuple[list[str], list[str]]:
     """(keys that differ and the variable covers, keys that differ outside it) across candidates."""
     keys = sorted(set().union(*identities)) if identities else []
-    covered, other = [], []
+    covered: list[str] = []
+    other: list[str] = []
     for key in keys:
         values = [ident.get(key, "<absent>") for ident in identities]
         if all(v == values[0] for v in values):
@@ -247,7 +248,7 @@ def _judge_run(c: Candidate, route: str) -> dict[str, Any]:
         breaches.append({"class": "overall", "metric": "error_rate", "percentile": None, "observed": a.error_share,
                          "limit": a.error_rate_limit, "n": a.overall.n_scheduled,
                          "reason": f"error share {a.error_share:.1%} > limit {a.error_rate_limit:.1%} (n={a.overall.n_scheduled})"})
-    tails = {}
+    tails: dict[str, dict[str, Any]] = {}
     for name in classes:
         group = a.classes.get(name)
         if group is None:
@@ -419,7 +420,8 @@ def _cost(c: Candidate, tp: dict[str, Any], table: PriceTable | None) -> dict[st
         return {"matched": None, "note": f"no price for {c.label!r} and no [default] in {table.source_path}"}
     out_rate, basis = _headline_rate(tp)
     scale = (out_rate / tp["output_tok_s"]) if tp.get("output_tok_s") and out_rate else 1.0
-    prompt_rate = tp.get("prompt_tok_s") * scale if tp.get("prompt_tok_s") is not None else None
+    prompt_tok_s = tp.get("prompt_tok_s")
+    prompt_rate = prompt_tok_s * scale if prompt_tok_s is not None else None
     return {"matched": matched, "example_prices": table.example, "currency": table.currency,
             "throughput_basis": basis, **cost_per_million(price, prompt_tok_s=prompt_rate, output_tok_s=out_rate)}
 

@@ -122,9 +122,10 @@ class CellExecutor:
                                   plan_cell={**coord.to_dict(), "plan": self.spec.name, "plan_sha256": self.spec.sha256},
                                   deadline_s=deadline, seed=repeat - 1)
         judged, verdict = self._judge(coord, run_dir)
-        record = {**base, **judged, "wall_s": time.monotonic() - t0}
+        wall_s = time.monotonic() - t0
+        record = {**base, **judged, "wall_s": wall_s}
         write_json_atomic(marker, record)
-        self.overhead_s = max(self.overhead_s, record["wall_s"] - duration)
+        self.overhead_s = max(self.overhead_s, wall_s - duration)
         self.log(f"plan:   → {verdict}")
         return RunRecord(record)
 

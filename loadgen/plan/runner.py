@@ -215,8 +215,9 @@ def _default_prediction_engine(spec: PlanSpec, target: CellTarget) -> EngineConf
     """The target's own engine when it is simulated, else the plan's ``start.worksheet_engine``, else None."""
     if isinstance(target, WorksheetTarget):
         return target.engine
-    if getattr(target, "engine_config", None) is not None:
-        return target.engine_config
+    engine_config: EngineConfig | None = getattr(target, "engine_config", None)  # a live simulated engine
+    if engine_config is not None:
+        return engine_config
     if spec.start.worksheet_engine:
         engine_ref = spec.start.worksheet_engine
         candidate = spec.base_dir() / engine_ref

@@ -247,6 +247,7 @@ class Walk:
         if first.skipped_reason:
             line.update(status="not_achievable", reason=first.skipped_reason)
             return line
+        last_pass: int | None
         if not first.failed:
             last_pass, first_fail, fatal = self._step_up(coord, start)
         else:
