@@ -10,12 +10,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from loadgen.analysis.server import counter_increase
 from loadgen.errors import PlanError, ScenarioError
 from loadgen.plan import compare_candidates, format_comparison, load_prices
 from loadgen.plan.compare import identity_differences, identity_of
 from loadgen.plan.prices import Price, cost_per_million
+from loadgen.records import MANIFEST_FILE, SERVER_METRICS_FILE, SERVER_METRICS_SCHEMA
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO = REPO / "scenarios" / "canonical.toml"
@@ -163,3 +167,25 @@ def test_price_table_and_cost_formula(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError) as info:
         load_prices(bad)
     assert "\n" not in str(info.value) and "candidates.x.usd_per_hour" in str(info.value)
+
+
+def test_engine_rate_counts_across_a_counter_reset(worksheet_runs: dict[str, Path], tmp_path: Path) -> None:
+    """A server restarted mid-run drops its counters to zero: the compare path takes their increase per
+    segment (the analysis' counter increase), not last − first."""
+    run = tmp_path / "restarted"
+    shutil.copytree(worksheet_runs["interactive-small-batch"], run)
+    manifest = json.loads((run / MANIFEST_FILE).read_text())
+    manifest["engine_notes"].pop("output_tokens_per_busy_s")  # as a live server: busy time only from its counters
+    (run / MANIFEST_FILE).write_text(json.dumps(manifest))
+    s = 1_000_000_000
+    rows = [(t * s, "loadgen_sim_busy_seconds_total", float(t)) for t in range(5)]  # 4 s busy
+    rows += [(t * s, "vllm:generation_tokens_total", float(v))  # restart after 200: 100 + 100 + 50 + 100
+             for t, v in enumerate([0, 100, 200, 50, 150])]
+    table = pa.table({"time_ns": [r[0] for r in rows], "name": [r[1] for r in rows], "labels": ["{}"] * len(rows),
+                      "value": [r[2] for r in rows]}, schema=SERVER_METRICS_SCHEMA)
+    pq.write_table(table, run / SERVER_METRICS_FILE)
+    assert counter_increase(table, ("vllm:generation_tokens_total",)) == 350
+    assert counter_increase(table.slice(0, 1), ("loadgen_sim_busy_seconds_total",)) is None  # one sample: no increase
+    comp = compare_candidates([run, worksheet_runs["throughput-large-batch"]], route="interactive")
+    restarted = next(c for c in comp.candidates if c["path"] == str(run))
+    assert restarted["throughput"]["output_tok_per_engine_busy_s"] == pytest.approx(350 / 4)  # last − first: 150 / 4

@@ -3,7 +3,8 @@
 Names are vLLM's; counters are accepted with and without the ``_total`` suffix, and the older
 ``gpu_cache_usage_perc`` / ``gpu_prefix_cache_hit_rate`` gauges are used when the newer ones are
 absent. Gauges with several label sets are summed (running, waiting) or maxed (KV usage) per scrape;
-counters are increases over the window (resets handled), summed over label sets.
+counters are increases over the window (resets handled), summed over label sets. ``counter_increase``
+is that increase for one counter over a whole run, for callers outside the window summary.
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ import pyarrow as pa
 
 from .metrics import NS_PER_S
 
-__all__ = ["summarize_server_metrics", "KV_USAGE", "RUNNING", "WAITING"]
+__all__ = [
+    "GENERATION_TOKENS",
+    "KV_USAGE",
+    "RUNNING",
+    "SIM_BUSY_SECONDS",
+    "WAITING",
+    "counter_increase",
+    "summarize_server_metrics",
+]
 
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 RUNNING = ("vllm:num_requests_running",)
@@ -27,6 +36,9 @@ PREFIX_HITS = ("vllm:prefix_cache_hits", "vllm:prefix_cache_hits_total")
 PREFIX_HIT_RATE_GAUGE = ("vllm:gpu_prefix_cache_hit_rate",)
 ITERATION_TOKENS = ("vllm:iteration_tokens_total", "vllm:iteration_tokens")
 RSS = ("process_resident_memory_bytes",)
+GENERATION_TOKENS = ("vllm:generation_tokens_total",)
+#: Modelled engine busy time, exported by loadgen's simulated engine only (real engines do not say).
+SIM_BUSY_SECONDS = ("loadgen_sim_busy_seconds_total",)
 
 
 def _first_present(frames: dict[str, Any], names: tuple[str, ...]) -> tuple[str, Any] | None:
@@ -54,6 +66,22 @@ def _counter_increase(df: Any) -> float:
     return total
 
 
+def counter_increase(table: pa.Table | None, names: tuple[str, ...]) -> float | None:
+    """Increase of the first counter of ``names`` present, over every sample of ``table``.
+
+    Per label set, a drop is a reset (the value after it is the increase since the reset); the label
+    sets are summed. None when no sample has one of ``names`` or no label set was sampled twice.
+    """
+    if table is None or table.num_rows == 0:
+        return None
+    df = table.to_pandas()
+    frames = {name: g for name, g in df[df["name"].isin(names)].groupby("name")}
+    found = _first_present(frames, names)
+    if found is None or not (found[1].groupby("labels").size() >= 2).any():
+        return None
+    return _counter_increase(found[1])
+
+
 def summarize_server_metrics(table: pa.Table | None, lo_ns: float, hi_ns: float) -> dict[str, Any] | None:
     """Summary and time series of scraped samples inside [lo, hi]; None when the run has none."""
     if table is None or table.num_rows == 0:
@@ -63,7 +91,7 @@ def summarize_server_metrics(table: pa.Table | None, lo_ns: float, hi_ns: float)
     if df.empty:
         return {"samples": 0, "note": "no server metric samples inside the window"}
     frames = {name: g for name, g in df.groupby("name")}
-    out: dict[str, Any] = {"samples": int(len(df)), "names": sorted(frames)}
+    out: dict[str, Any] = {"samples": len(df), "names": sorted(frames)}
     series: dict[str, Any] = {}
     found = _first_present(frames, KV_USAGE)
     if found:

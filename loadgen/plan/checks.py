@@ -22,6 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis import Analysis
+from ..manifest import Manifest
+from ..rundir import RunData
 from .spec import StopLimits
 
 __all__ = [
@@ -101,21 +104,21 @@ def _check_record(check: Any) -> FailedCheck:
     return FailedCheck(check.class_name, check.metric, check.percentile, check.observed, check.limit, check.n, check.reason)
 
 
-def _measurement_problems(run: Any, manifest: dict[str, Any], limits: StopLimits) -> list[str]:
+def _measurement_problems(run: RunData, manifest: Manifest, limits: StopLimits) -> list[str]:
     """Send lag over its bound, missing/unaccounted records, impossible timestamps."""
     problems: list[str] = []
-    lag = manifest.get("send_lag_ns") or {}
+    lag = manifest.send_lag_ns or {}
     p99 = lag.get("p99")
     if p99 is not None and p99 / 1e6 > limits.send_lag_p99_ms:
         problems.append(f"send-lag p99 {p99 / 1e6:.2f} ms > bound {limits.send_lag_p99_ms:g} ms (n={lag.get('n')}): "
                         "the client could not keep the schedule")
     requests = run.requests
     n_rows = requests.num_rows
-    trace_rows = (manifest.get("trace") or {}).get("metadata", {}).get("requests")
-    scheduled = manifest.get("scheduled_requests", trace_rows)
+    trace_rows = manifest.trace.metadata.get("requests") if manifest.trace else None
+    scheduled = manifest.scheduled_requests if manifest.scheduled_requests is not None else trace_rows
     if scheduled is not None and int(scheduled) != n_rows:
         problems.append(f"records missing: {n_rows} request rows for {scheduled} scheduled requests")
-    counts = manifest.get("status_counts") or {}
+    counts = manifest.status_counts
     if counts and sum(counts.values()) != n_rows:
         problems.append(f"status counts sum to {sum(counts.values())} but {n_rows} rows were recorded")
     cols = {name: requests.column(name).to_numpy(zero_copy_only=False) for name in
@@ -189,10 +192,10 @@ def judge_run(analysis: Any, run: Any, limits: StopLimits, *, deadline_hit: bool
     return out
 
 
-def run_figures(analysis: Any, manifest: dict[str, Any]) -> dict[str, Any]:
+def run_figures(analysis: Analysis, manifest: Manifest) -> dict[str, Any]:
     """Numbers a region table shows per run: offered vs completed, tails with counts."""
     overall = analysis.overall
-    lag = manifest.get("send_lag_ns") or {}
+    lag = manifest.send_lag_ns or {}
     per_class = {}
     for name, group in analysis.classes.items():
         ttft = group.metrics.get("ttft_ms") or {}

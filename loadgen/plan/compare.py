@@ -22,19 +22,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..analysis import Analysis, analyze_run
+from ..analysis.whole_run import engine_busy_output_rate, whole_run_rates
 from ..errors import PlanError, RunDirError
+from ..manifest import Manifest, read_manifest
+from ..records import MANIFEST_FILE
+from ..scenario import Scenario, scenario_from_manifest
 from .contract_hook import CONTRACT_FILE, contract_status_from_file
+from .files import PLAN_FILE, REGION_FILE
+from .prices import PriceTable, cost_per_million, load_prices
+from .region import load_region
 
 __all__ = [
     "DEFAULT_VARIABLE",
     "Candidate",
     "Comparison",
-    "load_candidate",
-    "identity_of",
-    "identity_differences",
-    "route_classes",
     "compare_candidates",
     "format_comparison",
+    "identity_differences",
+    "identity_of",
+    "load_candidate",
+    "route_classes",
 ]
 
 DEFAULT_VARIABLE = "target.engine"
@@ -75,11 +83,12 @@ def _get(manifest: dict[str, Any], dotted: str) -> Any:
 _MISSING = object()
 
 
-def identity_of(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The flattened identity keys of a manifest (see IDENTITY_ROOTS / IGNORED_KEYS)."""
+def identity_of(manifest: Manifest | dict[str, Any]) -> dict[str, Any]:
+    """The flattened identity keys of a manifest, as recorded on disk (see IDENTITY_ROOTS / IGNORED_KEYS)."""
+    recorded = manifest.to_dict() if isinstance(manifest, Manifest) else manifest
     out: dict[str, Any] = {}
     for root in IDENTITY_ROOTS:
-        value = _get(manifest, root)
+        value = _get(recorded, root)
         if value is _MISSING:
             continue
         _flatten(value, root, out)
@@ -95,15 +104,14 @@ def _covered(key: str, variable: str) -> bool:
         if key.startswith(parent + "."):
             return True
     # the engine's self-description (/version) varies with the engine
-    if variable.startswith("target.engine") and key.startswith("target.version"):
-        return True
-    return False
+    return variable.startswith("target.engine") and key.startswith("target.version")
 
 
 def identity_differences(identities: list[dict[str, Any]], variable: str) -> tuple[list[str], list[str]]:
     """(keys that differ and the variable covers, keys that differ outside it) across candidates."""
     keys = sorted(set().union(*identities)) if identities else []
-    covered, other = [], []
+    covered: list[str] = []
+    other: list[str] = []
     for key in keys:
         values = [ident.get(key, "<absent>") for ident in identities]
         if all(v == values[0] for v in values):
@@ -119,20 +127,20 @@ class Candidate:
     path: Path
     kind: str  # "run" | "plan"
     label: str
-    manifest: dict[str, Any]
+    manifest: Manifest
     identity: dict[str, Any]
-    analysis: Any = None  # loadgen.analysis.Analysis (run)
+    analysis: Analysis | None = None  # run
     region: dict[str, Any] | None = None  # plan
-    scenario: Any = None
+    scenario: Scenario | None = None
     contract: dict[str, Any] | None = None
 
 
-def _label(manifest: dict[str, Any], path: Path) -> str:
-    engine = (manifest.get("target") or {}).get("engine") or {}
+def _label(manifest: Manifest, path: Path) -> str:
+    engine = manifest.target.engine.model_dump() if manifest.target.engine else {}
     config = engine.get("config") or {}
-    for value in ((manifest.get("practice") or {}).get("candidate"),
+    for value in ((manifest.practice or {}).get("candidate"),
                   config.get("name") if isinstance(config, dict) else None, engine.get("label"),
-                  (manifest.get("plan_target") or {}).get("engine"), engine.get("name")):
+                  (manifest.plan_target or {}).get("engine"), engine.get("name")):
         if value and value not in ("loadgen-sim", "vllm"):  # generic engine names say nothing about the candidate
             return str(value)
     return path.name
@@ -140,19 +148,13 @@ def _label(manifest: dict[str, Any], path: Path) -> str:
 
 def load_candidate(path: str | Path) -> Candidate:
     """A run directory (manifest.json) or a plan directory (plan.json + region.json)."""
-    from ..rundir import read_manifest
-    from ..scenario import scenario_from_manifest
-    from .runner import PLAN_FILE
-
     path = Path(path)
     if (path / PLAN_FILE).is_file():
-        from .region import load_region
-
         state = json.loads((path / PLAN_FILE).read_text())
-        if not (path / "region.json").is_file():
-            raise PlanError(f"{path}: plan has no region.json yet: expected a finished (or paused) plan directory")
+        if not (path / REGION_FILE).is_file():
+            raise PlanError(f"{path}: plan has no {REGION_FILE} yet: expected a finished (or paused) plan directory")
         region = load_region(path)
-        run_dirs = sorted(path.glob("cells/*/rep*/manifest.json"))
+        run_dirs = sorted(path.glob(f"cells/*/rep*/{MANIFEST_FILE}"))
         if not run_dirs:
             raise PlanError(f"{path}: plan directory holds no runs: expected at least one finished cell")
         manifest = read_manifest(run_dirs[0].parent)
@@ -166,11 +168,9 @@ def load_candidate(path: str | Path) -> Candidate:
     try:
         manifest = read_manifest(path)
     except RunDirError:
-        raise PlanError(f"{path}: neither a run directory (manifest.json) nor a plan directory (plan.json)") from None
-    from ..analysis import analyze_run
-
+        raise PlanError(f"{path}: neither a run directory ({MANIFEST_FILE}) nor a plan directory ({PLAN_FILE})") from None
     scenario = scenario_from_manifest(manifest)
-    cold = (manifest.get("warm_state") or {}).get("state") == "cold"
+    cold = manifest.warm_state.state == "cold"
     analysis = analyze_run(path, scenario=scenario, include_cold=cold)
     cand = Candidate(path, "run", _label(manifest, path), manifest, identity_of(manifest), analysis=analysis,
                      scenario=scenario)
@@ -178,7 +178,7 @@ def load_candidate(path: str | Path) -> Candidate:
     return cand
 
 
-def route_classes(route: str, scenario: Any, present: list[str]) -> list[str]:
+def route_classes(route: str, scenario: Scenario | None, present: list[str]) -> list[str]:
     """Classes a route is judged on: ``interactive`` = streaming classes, ``all``, or a comma list."""
     if route == "all":
         return sorted(present)
@@ -216,60 +216,27 @@ def _num(value: Any) -> float | None:
     return float(value)
 
 
-def _peak(analysis: Any, key: str) -> float | None:
+def _peak(analysis: Analysis, key: str) -> float | None:
     series = (analysis.timeseries or {}).get(key) or []
     vals = [float(v) for v in series if v is not None]
     return max(vals) if vals else None
 
 
-def _whole_run_rates(run_dir: Path) -> dict[str, float | None]:
-    """Output tokens and requests completed per second from the first scheduled request to the last done.
-
-    Unlike the analysis window (the scheduled span), this counts the drain after the last arrival, so a
-    candidate that finishes the same work later is not credited with work done outside the window.
-    """
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(Path(run_dir) / "requests.parquet",
-                          columns=["scheduled_ns", "done_ns", "status", "client_output_tokens", "server_output_tokens"])
-    rows = table.to_pylist()
-    ok = [r for r in rows if r["status"] == "ok"]
-    done = [r["done_ns"] for r in rows if r["done_ns"] is not None]
-    if not rows or not done:
-        return {"output_tok_s_whole_run": None, "completed_rps_whole_run": None, "whole_run_s": None}
-    span_s = (max(done) - min(r["scheduled_ns"] for r in rows)) / 1e9
-    tokens = sum((r["server_output_tokens"] if r["server_output_tokens"] is not None else r["client_output_tokens"] or 0) for r in ok)
-    return {"output_tok_s_whole_run": tokens / span_s if span_s > 0 else None,
-            "completed_rps_whole_run": len(ok) / span_s if span_s > 0 else None, "whole_run_s": span_s}
-
-
-def _engine_rate(run_dir: Path, manifest: dict[str, Any]) -> float | None:
+def _engine_rate(run_dir: Path, manifest: Manifest) -> float | None:
     """Output tokens per second of engine busy time (the engine's own capacity), when the engine says.
 
-    The worksheet records it in ``engine_notes``; the live simulated engine exports
-    ``loadgen_sim_busy_seconds_total`` beside ``vllm:generation_tokens_total`` (both counters, so their
-    increase over the run is used). Real engines do not expose busy time: None.
+    The worksheet records it in the manifest's ``engine_notes``; the live simulated engine exports it as
+    counters, read by the analysis (``engine_busy_output_rate``). Real engines do not expose busy time: None.
     """
-    notes = manifest.get("engine_notes") or {}
+    notes = manifest.engine_notes
     if notes.get("output_tokens_per_busy_s"):
         return float(notes["output_tokens_per_busy_s"])
-    path = Path(run_dir) / "server_metrics.parquet"
-    if not path.is_file():
-        return None
-    import pyarrow.parquet as pq
-
-    rows = pq.read_table(path, columns=["time_ns", "name", "value"]).to_pylist()
-
-    def increase(name: str) -> float | None:
-        values = sorted((r["time_ns"], r["value"]) for r in rows if r["name"] == name)
-        return values[-1][1] - values[0][1] if len(values) >= 2 else None
-
-    busy, tokens = increase("loadgen_sim_busy_seconds_total"), increase("vllm:generation_tokens_total")
-    return tokens / busy if busy and tokens is not None and busy > 0 else None
+    return engine_busy_output_rate(run_dir)
 
 
 def _judge_run(c: Candidate, route: str) -> dict[str, Any]:
     a = c.analysis
+    assert a is not None, "a run candidate carries its analysis"
     classes = route_classes(route, c.scenario, list(a.classes))
     breaches = []
     for check in a.hard_failures:
@@ -282,7 +249,7 @@ def _judge_run(c: Candidate, route: str) -> dict[str, Any]:
         breaches.append({"class": "overall", "metric": "error_rate", "percentile": None, "observed": a.error_share,
                          "limit": a.error_rate_limit, "n": a.overall.n_scheduled,
                          "reason": f"error share {a.error_share:.1%} > limit {a.error_rate_limit:.1%} (n={a.overall.n_scheduled})"})
-    tails = {}
+    tails: dict[str, dict[str, Any]] = {}
     for name in classes:
         group = a.classes.get(name)
         if group is None:
@@ -306,7 +273,7 @@ def _judge_run(c: Candidate, route: str) -> dict[str, Any]:
             "offered_rps": o.offered_rps, "send_rps": o.send_rps, "goodput_rps": o.goodput_rps,
             "attainment": o.attainment, "peak_output_tok_s": _peak(a, "output_tok_s"),
             "peak_completed_rps": _peak(a, "completed_rps"), "window_s": (a.window or {}).get("duration_s"),
-            **_whole_run_rates(c.path),
+            **whole_run_rates(c.path),
             "output_tok_per_engine_busy_s": _engine_rate(c.path, c.manifest),
         },
     }
@@ -342,7 +309,7 @@ def _judge_plan(c: Candidate, route: str) -> dict[str, Any]:
             continue
         inside = []
         lowest_out = None
-        for st, data in region["classes"][key].items():
+        for data in region["classes"][key].values():
             for cell in data["cells"]:
                 status = cell["status"] if key != "mixed" else (cell.get("per_class", {}).get(name, {}).get("status", cell["status"]))
                 if status == "inside":
@@ -375,7 +342,7 @@ def _judge_plan(c: Candidate, route: str) -> dict[str, Any]:
 
 
 def _context(c: Candidate) -> dict[str, Any]:
-    m = c.manifest
+    m = c.manifest.to_dict()  # the sections as recorded
     harness = m.get("harness") or {}
     host = m.get("host") or {}
     target = m.get("target") or {}
@@ -401,24 +368,8 @@ def _context(c: Candidate) -> dict[str, Any]:
     }
 
 
-def compare_candidates(
-    paths: list[str | Path],
-    *,
-    route: str = "interactive",
-    variable: str | None = None,
-    prices: Any = None,
-    allow_differences: bool = False,
-) -> Comparison:
-    """Load, check identity, judge in order, decide. Raises PlanError (one line) on a refused comparison."""
-    from .prices import cost_per_million, load_prices
-
-    if len(paths) < 2:
-        raise PlanError(f"compare: got {len(paths)} candidate(s): expected at least two run or plan directories")
-    variable = variable or DEFAULT_VARIABLE
-    candidates = [load_candidate(p) for p in paths]
-    kinds = {c.kind for c in candidates}
-    if len(kinds) > 1:
-        raise PlanError("compare: candidates mix run directories and plan directories: expected all runs or all plans")
+def _identity_notes(candidates: list[Candidate], variable: str, allow_differences: bool) -> tuple[list[str], list[str], list[str]]:
+    """(keys the variable covers, other differing keys, notes); refuses when more than the variable differs."""
     covered, other = identity_differences([c.identity for c in candidates], variable)
     notes: list[str] = []
     if other:
@@ -434,85 +385,107 @@ def compare_candidates(
         notes.append(f"--allow-differences: candidates also differ in {', '.join(other)}; the comparison is not one-variable")
     if not covered:
         notes.append(f"the candidates do not differ in {variable}: the comparison compares repeats of one candidate")
-    table = load_prices(prices) if isinstance(prices, (str, Path)) else prices
-    # behaviour contract reference: the first candidate's contract result, when present
-    judged: list[dict[str, Any]] = []
-    for index, c in enumerate(candidates):
-        j = _judge_run(c, route) if c.kind == "run" else _judge_plan(c, route)
-        steps = []
-        if j["breaches"]:
-            steps.append({"step": "hard budgets", "result": "rejected",
-                          "why": [b["reason"] for b in j["breaches"]]})
-        else:
-            steps.append({"step": "hard budgets", "result": "passed",
-                          "why": [f"every hard budget of {', '.join(j['route_classes'])} met"]})
-        contract = c.contract
-        configured = bool(c.scenario is not None and c.scenario.behavior.cases)
-        if contract is None:
-            contract = ({"status": "not_evaluated", "summary": f"behaviour cases configured but no {CONTRACT_FILE} beside "
-                                                             f"the candidate: replay them (loadgen contract) to judge behaviour"}
-                        if configured else {"status": "not_configured", "summary": "behaviour contract not configured "
-                                                                                  "(scenario [behavior] cases is empty)"})
-        contract = {k: v for k, v in contract.items() if not k.startswith("_")}
-        steps.append({"step": "behaviour contract",
-                      "result": "rejected" if contract["status"] == "failed" else contract["status"],
-                      "why": [contract["summary"]] + [f"{f.get('case_id')}: {f.get('kind')} expected {f.get('expected')!r}, got {str(f.get('got'))[:60]!r}"
-                                                      for f in contract.get("failures", [])[:5]]})
-        tp = j["throughput"]
-        cost = None
-        if table is not None:
-            matched, price = table.price_for(c.label, (c.manifest.get("target") or {}).get("model"), c.path.name)
-            if price is not None:
-                out_rate, basis = _headline_rate(tp)
-                scale = (out_rate / tp["output_tok_s"]) if tp.get("output_tok_s") and out_rate else 1.0
-                prompt_rate = tp.get("prompt_tok_s") * scale if tp.get("prompt_tok_s") is not None else None
-                cost = {"matched": matched, "example_prices": table.example, "currency": table.currency,
-                        "throughput_basis": basis,
-                        **cost_per_million(price, prompt_tok_s=prompt_rate, output_tok_s=out_rate)}
-            else:
-                cost = {"matched": None, "note": f"no price for {c.label!r} and no [default] in {table.source_path}"}
-        rejected = any(s["result"] == "rejected" for s in steps)
-        judged.append({
-            "index": index, "label": c.label, "path": str(c.path), "kind": c.kind,
-            "verdict": "rejected" if rejected else "eligible",
-            "rejected_at": next((s["step"] for s in steps if s["result"] == "rejected"), None),
-            "steps": steps, "contract": contract, "cost": cost, **j, "context": _context(c),
-        })
+    return covered, other, notes
+
+
+def _budget_step(j: dict[str, Any]) -> dict[str, Any]:
+    """Judgement step 1: any hard-budget breach on the route rejects."""
+    if j["breaches"]:
+        return {"step": "hard budgets", "result": "rejected", "why": [b["reason"] for b in j["breaches"]]}
+    return {"step": "hard budgets", "result": "passed", "why": [f"every hard budget of {', '.join(j['route_classes'])} met"]}
+
+
+def _contract_step(c: Candidate) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Judgement step 2: a failed behaviour contract rejects; (the step, the contract result shown)."""
+    contract = c.contract
+    configured = bool(c.scenario is not None and c.scenario.behavior.cases)
+    if contract is None:
+        contract = ({"status": "not_evaluated", "summary": f"behaviour cases configured but no {CONTRACT_FILE} beside "
+                                                         f"the candidate: replay them (loadgen contract) to judge behaviour"}
+                    if configured else {"status": "not_configured", "summary": "behaviour contract not configured "
+                                                                              "(scenario [behavior] cases is empty)"})
+    contract = {k: v for k, v in contract.items() if not k.startswith("_")}
+    step = {"step": "behaviour contract",
+            "result": "rejected" if contract["status"] == "failed" else contract["status"],
+            "why": [contract["summary"]] + [f"{f.get('case_id')}: {f.get('kind')} expected {f.get('expected')!r}, got {str(f.get('got'))[:60]!r}"
+                                            for f in contract.get("failures", [])[:5]]}
+    return step, contract
+
+
+def _cost(c: Candidate, tp: dict[str, Any], table: PriceTable | None) -> dict[str, Any] | None:
+    """Step 3's cost: per million tokens at the candidate's headline rate, from the matching price (None without a table)."""
+    if table is None:
+        return None
+    matched, price = table.price_for(c.label, c.manifest.target.model, c.path.name)
+    if price is None:
+        return {"matched": None, "note": f"no price for {c.label!r} and no [default] in {table.source_path}"}
+    out_rate, basis = _headline_rate(tp)
+    scale = (out_rate / tp["output_tok_s"]) if tp.get("output_tok_s") and out_rate else 1.0
+    prompt_tok_s = tp.get("prompt_tok_s")
+    prompt_rate = prompt_tok_s * scale if prompt_tok_s is not None else None
+    return {"matched": matched, "example_prices": table.example, "currency": table.currency,
+            "throughput_basis": basis, **cost_per_million(price, prompt_tok_s=prompt_rate, output_tok_s=out_rate)}
+
+
+def _judge_candidate(index: int, c: Candidate, route: str, table: PriceTable | None) -> dict[str, Any]:
+    """One candidate through the judgement order: its steps, verdict, contract, cost, figures and context."""
+    j = _judge_run(c, route) if c.kind == "run" else _judge_plan(c, route)
+    contract_step, contract = _contract_step(c)
+    steps = [_budget_step(j), contract_step]
+    rejected = any(s["result"] == "rejected" for s in steps)
+    return {
+        "index": index, "label": c.label, "path": str(c.path), "kind": c.kind,
+        "verdict": "rejected" if rejected else "eligible",
+        "rejected_at": next((s["step"] for s in steps if s["result"] == "rejected"), None),
+        "steps": steps, "contract": contract, "cost": _cost(c, j["throughput"], table), **j, "context": _context(c),
+    }
+
+
+def _send_lag_notes(judged: list[dict[str, Any]]) -> list[str]:
+    notes = []
     for j in judged:
         lag = j["context"]["measurement"]["send_lag_p99_ms"]
         if lag is not None and lag > SEND_LAG_NOTE_MS:
             notes.append(f"measurement: {j['label']} send-lag p99 {lag:.1f} ms > {SEND_LAG_NOTE_MS:g} ms: the client fell "
                          "behind its schedule (a busy host); its client-side numbers carry that error, rerun on a quieter host")
+    return notes
+
+
+def _rank_key(j: dict[str, Any]) -> tuple[float, float]:
+    """Among eligible candidates: the lowest cost per million output tokens, then the highest headline rate."""
+    cost = (j.get("cost") or {}).get("per_million_output_tokens")
+    return (cost if cost is not None else math.inf, -(_headline_rate(j["throughput"])[0] or 0.0))
+
+
+def _rejection_line(j: dict[str, Any], route: str, headline: dict[str, Any], chosen: dict[str, Any] | None) -> str:
+    """Why one candidate was rejected; the headline-throughput candidate says what it had and lost."""
+    reasons = next(s["why"] for s in j["steps"] if s["result"] == "rejected")
+    lead = f"{j['label']} rejected for {route} routing at '{j['rejected_at']}'"
+    if j is headline and chosen is not None and j is not chosen:
+        rate, basis = _headline_rate(j["throughput"])
+        chosen_rate = _headline_rate(chosen["throughput"])[0]
+        lead += (f" although it has the headline throughput ({_f(rate)} vs {_f(chosen_rate)} for {chosen['label']}: "
+                 f"{basis})")
+    return lead + ": " + "; ".join(reasons)
+
+
+def _decide(judged: list[dict[str, Any]], route: str) -> dict[str, Any]:
+    """Choose among the eligible candidates and say why, rejections included."""
     eligible = [j for j in judged if j["verdict"] == "eligible"]
-
-    def rank_key(j: dict[str, Any]) -> tuple:
-        cost = (j.get("cost") or {}).get("per_million_output_tokens")
-        return (cost if cost is not None else math.inf, -(_headline_rate(j["throughput"])[0] or 0.0))
-
     headline = max(judged, key=lambda j: _headline_rate(j["throughput"])[0] or 0.0)
+    chosen: dict[str, Any] | None
     if eligible:
-        chosen = min(eligible, key=rank_key)
+        chosen = min(eligible, key=_rank_key)
         by = ("lowest cost per million output tokens" if (chosen.get("cost") or {}).get("per_million_output_tokens") is not None
               else "highest " + _headline_rate(chosen["throughput"])[1])
-        why = [f"{chosen['label']} is chosen for {route} routing: it meets every hard budget of "
-               f"{', '.join(chosen['route_classes'])}, its behaviour contract is {chosen['contract']['status']}, "
-               f"and among the {len(eligible)} eligible candidate(s) it has the {by}"]
+        why = [(f"{chosen['label']} is chosen for {route} routing: it meets every hard budget of "
+                f"{', '.join(chosen['route_classes'])}, its behaviour contract is {chosen['contract']['status']}, "
+                f"and among the {len(eligible)} eligible candidate(s) it has the {by}")]
     else:
         chosen = None
         why = [f"no candidate is eligible for {route} routing"]
-    for j in judged:
-        if j["verdict"] == "rejected":
-            reasons = next(s["why"] for s in j["steps"] if s["result"] == "rejected")
-            lead = f"{j['label']} rejected for {route} routing at '{j['rejected_at']}'"
-            if j is headline and chosen is not None and j is not chosen:
-                rate, basis = _headline_rate(j["throughput"])
-                chosen_rate = _headline_rate(chosen["throughput"])[0]
-                lead += (f" although it has the headline throughput ({_f(rate)} vs {_f(chosen_rate)} for {chosen['label']}: "
-                         f"{basis})")
-            why.append(lead + ": " + "; ".join(reasons))
-    for j in judged:
-        j["status_line"] = (f"{j['label']}: {j['verdict']}" + (f" at {j['rejected_at']}" if j['rejected_at'] else ""))
-    decision = {
+    why += [_rejection_line(j, route, headline, chosen) for j in judged if j["verdict"] == "rejected"]
+    return {
         "route": route,
         "chosen": chosen["label"] if chosen else None,
         "chosen_path": chosen["path"] if chosen else None,
@@ -522,14 +495,44 @@ def compare_candidates(
                                 "basis": _headline_rate(headline["throughput"])[1]},
         "why": why,
     }
+
+
+def _price_info(table: PriceTable | None, notes: list[str]) -> dict[str, Any] | None:
+    """The price table's description for the comparison (an example table adds a note)."""
+    if table is None:
+        return None
+    if table.example:
+        notes.append(f"prices from {table.source_path} are an EXAMPLE (made-up numbers), not real prices")
+    return {"path": table.source_path, "example": table.example, "currency": table.currency,
+            "description": table.description}
+
+
+def compare_candidates(
+    paths: list[str | Path],
+    *,
+    route: str = "interactive",
+    variable: str | None = None,
+    prices: str | Path | PriceTable | None = None,
+    allow_differences: bool = False,
+) -> Comparison:
+    """Load, check identity, judge in order, decide. Raises PlanError (one line) on a refused comparison."""
+    if len(paths) < 2:
+        raise PlanError(f"compare: got {len(paths)} candidate(s): expected at least two run or plan directories")
+    variable = variable or DEFAULT_VARIABLE
+    candidates = [load_candidate(p) for p in paths]
+    kinds = {c.kind for c in candidates}
+    if len(kinds) > 1:
+        raise PlanError("compare: candidates mix run directories and plan directories: expected all runs or all plans")
+    covered, other, notes = _identity_notes(candidates, variable, allow_differences)
+    table = load_prices(prices) if isinstance(prices, (str, Path)) else prices
+    judged = [_judge_candidate(index, c, route, table) for index, c in enumerate(candidates)]
+    notes += _send_lag_notes(judged)
+    decision = _decide(judged, route)
+    for j in judged:
+        j["status_line"] = (f"{j['label']}: {j['verdict']}" + (f" at {j['rejected_at']}" if j['rejected_at'] else ""))
     identity = {"variable": variable, "varies": covered, "also_differs": other,
                 "held_fixed": sorted(k for k in candidates[0].identity if k not in covered and k not in other)[:200]}
-    price_info = None
-    if table is not None:
-        price_info = {"path": table.source_path, "example": table.example, "currency": table.currency,
-                      "description": table.description}
-        if table.example:
-            notes.append(f"prices from {table.source_path} are an EXAMPLE (made-up numbers), not real prices")
+    price_info = _price_info(table, notes)
     return Comparison(route, variable, judged, decision, identity, price_info, notes)
 
 

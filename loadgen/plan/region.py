@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["build_region", "write_region", "format_region", "plot_region", "load_region"]
+from ..trace.io import read_trace
+from .files import REGION_FILE, REGION_MD_FILE, RESULT_FILE, region_plot_file
+
+__all__ = ["build_region", "format_region", "load_region", "plot_region", "write_region"]
 
 INSIDE, OUTSIDE, STOPPED, NOT_RUN, NOT_ACHIEVABLE = "inside", "outside", "stopped", "not_run", "not_achievable"
 
@@ -54,94 +58,124 @@ def _cell_status(runs: list[dict[str, Any]], extra_stops: list[dict[str, Any]], 
     return INSIDE
 
 
-def build_region(plan_dir: Path, state: dict[str, Any]) -> dict[str, Any]:
-    """Assemble the region from ``plan.json`` state and every ``cell_result.json`` on disk."""
-    from .runner import RESULT_FILE
+@dataclass
+class _Recorded:
+    """What a plan directory holds for the region: results per cell, cross-repeat stops, offered rates, line notes."""
 
-    plan_dir = Path(plan_dir)
-    plan = state["plan"]
-    steps = plan.get("rate_scales") or plan.get("rates_rps") or []
-    rate_kind = "scale" if plan.get("rate_scales") else "rps"
+    results: dict[str, list[dict[str, Any]]]
+    extra_stops: dict[str, list[dict[str, Any]]]
+    offered: dict[str, float | None]
+    line_notes: dict[tuple[str, str, int], dict[str, Any]]
+
+
+def _results_by_cell(plan_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    """Every ``cell_result.json`` on disk, per cell, in repeat order."""
     results: dict[str, list[dict[str, Any]]] = {}
     for marker in sorted((plan_dir / "cells").glob(f"*/rep*/{RESULT_FILE}")):
         data = json.loads(marker.read_text())
         results.setdefault(data["cell_id"], []).append(data)
     for runs in results.values():
         runs.sort(key=lambda d: d["repeat"])
-    extra = {cid: c.get("extra_stops", []) for cid, c in (state.get("cells") or {}).items()}
-    line_notes = {(ln["class"], ln["state"], ln["concurrency"]): ln for ln in state.get("lines", [])}
-    offered_by_cell: dict[str, float | None] = {}
+    return results
+
+
+def _offered_by_cell(plan_dir: Path) -> dict[str, float | None]:
+    """The offered rate each cell's trace was generated for (a cell that never ran may still have its trace)."""
+    offered: dict[str, float | None] = {}
     for trace in sorted((plan_dir / "traces").glob("*.parquet")):
         if trace.name.endswith(".warmup.parquet"):
             continue
         try:
-            from ..trace.io import read_trace
-
             _, meta = read_trace(trace)
-            offered_by_cell[trace.stem] = meta.get("offered_rate_rps")
-        except Exception:  # a trace being written by another invocation: leave it out
+            offered[trace.stem] = meta.get("offered_rate_rps")
+        except Exception:  # noqa: BLE001, S112 - a trace being written by another invocation: leave it out
             continue
+    return offered
 
-    classes: dict[str, Any] = {}
-    for cls in plan["classes"]:
-        per_state: dict[str, Any] = {}
-        for st in plan["states"]:
-            cells, boundary = [], []
-            for conc in plan["concurrency"]:
-                row_inside: int | None = None
-                row_limit: str | None = None
-                row_limit_index: int | None = None
-                for i, step in enumerate(steps):
-                    cell_id = f"{cls}.{st}.c{conc}.r{i}"
-                    runs = results.get(cell_id, [])
-                    stops = extra.get(cell_id, [])
-                    status = _cell_status(runs, stops, None)
-                    limiting = _limiting(runs, stops, None) if status in (OUTSIDE, STOPPED) else None
-                    figures = [r.get("figures") or {} for r in runs]
-                    per_class = {}
-                    if cls == "mixed" and runs:
-                        names = sorted({n for r in runs for n in (r.get("figures") or {}).get("classes", {})})
-                        for name in names:
-                            per_class[name] = {"status": _cell_status(runs, stops, name),
-                                               "limiting": _limiting(runs, stops, name)}
-                    cell = {
-                        "cell_id": cell_id, "concurrency": conc, "rate_index": i, "rate_step": step,
-                        "status": status, "limiting": limiting,
-                        "repeats": len(runs), "passes": sum(1 for r in runs if not r.get("failed") and not r.get("stops") and not r.get("skipped")),
-                        "offered_rps": _mean([f.get("offered_rps") for f in figures]) or offered_by_cell.get(cell_id),
-                        "send_rps": _mean([f.get("send_rps") for f in figures]),
-                        "completed_rps": _mean([f.get("completed_rps") for f in figures]),
-                        "output_tok_s": _mean([f.get("output_tok_s") for f in figures]),
-                        "goodput_rps": _mean([f.get("goodput_rps") for f in figures]),
-                        "send_lag_p99_ms": max([f.get("send_lag_p99_ms") or 0.0 for f in figures], default=None),
-                        "ttft_p99_ms": {name: [(f.get("classes", {}).get(name) or {}).get("ttft_p99_ms") for f in figures]
-                                        for name in sorted({n for f in figures for n in f.get("classes", {})})},
-                        "warm_state": [r.get("warm_state") for r in runs][:1],
-                        "skip_reason": next((r.get("skip_reason") for r in runs if r.get("skipped")), None),
-                        "run_dirs": [r["run_dir"] for r in runs],
-                        "per_class": per_class,
-                    }
-                    cells.append(cell)
-                    if status == INSIDE:
-                        row_inside = i
-                    elif status in (OUTSIDE, STOPPED) and row_limit is None and (row_inside is None or i > row_inside):
-                        row_limit, row_limit_index = limiting, i
-                inside_cell = next((c for c in cells if c["concurrency"] == conc and c["rate_index"] == row_inside), None)
-                note = line_notes.get((cls, st, conc), {})
-                boundary.append({
-                    "concurrency": conc,
-                    "max_inside_rate_index": row_inside,
-                    "max_inside_rate_step": steps[row_inside] if row_inside is not None else None,
-                    "max_inside_offered_rps": inside_cell["offered_rps"] if inside_cell else None,
-                    "max_inside_completed_rps": inside_cell["completed_rps"] if inside_cell else None,
-                    "max_inside_output_tok_s": inside_cell["output_tok_s"] if inside_cell else None,
-                    "first_outside_rate_index": row_limit_index,
-                    "limiting": row_limit or (note.get("reason") if note.get("status") in ("not_run", "not_achievable") else None)
-                                or ("every rate step inside (no limit reached within the plan)" if row_inside == len(steps) - 1 else None),
-                    "line_status": note.get("status"),
-                })
-            per_state[st] = {"cells": cells, "boundary": boundary}
-        classes[cls] = per_state
+
+def _cell_entry(cell_id: str, cls: str, conc: int, i: int, step: float, rec: _Recorded) -> dict[str, Any]:
+    """One cell of the region: its status, limiting constraint, repeats and mean figures over its runs."""
+    runs = rec.results.get(cell_id, [])
+    stops = rec.extra_stops.get(cell_id, [])
+    status = _cell_status(runs, stops, None)
+    limiting = _limiting(runs, stops, None) if status in (OUTSIDE, STOPPED) else None
+    figures = [r.get("figures") or {} for r in runs]
+    per_class = {}
+    if cls == "mixed" and runs:
+        names = sorted({n for r in runs for n in (r.get("figures") or {}).get("classes", {})})
+        for name in names:
+            per_class[name] = {"status": _cell_status(runs, stops, name), "limiting": _limiting(runs, stops, name)}
+    return {
+        "cell_id": cell_id, "concurrency": conc, "rate_index": i, "rate_step": step,
+        "status": status, "limiting": limiting,
+        "repeats": len(runs), "passes": sum(1 for r in runs if not r.get("failed") and not r.get("stops") and not r.get("skipped")),
+        "offered_rps": _mean([f.get("offered_rps") for f in figures]) or rec.offered.get(cell_id),
+        "send_rps": _mean([f.get("send_rps") for f in figures]),
+        "completed_rps": _mean([f.get("completed_rps") for f in figures]),
+        "output_tok_s": _mean([f.get("output_tok_s") for f in figures]),
+        "goodput_rps": _mean([f.get("goodput_rps") for f in figures]),
+        "send_lag_p99_ms": max([f.get("send_lag_p99_ms") or 0.0 for f in figures], default=None),
+        "ttft_p99_ms": {name: [(f.get("classes", {}).get(name) or {}).get("ttft_p99_ms") for f in figures]
+                        for name in sorted({n for f in figures for n in f.get("classes", {})})},
+        "warm_state": [r.get("warm_state") for r in runs][:1],
+        "skip_reason": next((r.get("skip_reason") for r in runs if r.get("skipped")), None),
+        "run_dirs": [r["run_dir"] for r in runs],
+        "per_class": per_class,
+    }
+
+
+def _boundary_row(conc: int, row: list[dict[str, Any]], steps: list[float], note: dict[str, Any]) -> dict[str, Any]:
+    """The boundary of one concurrency row: its highest inside step, and the first outside step above it
+    with the constraint that limits it (or why the line did not run)."""
+    row_inside: int | None = None
+    row_limit: str | None = None
+    row_limit_index: int | None = None
+    for c in row:
+        i = c["rate_index"]
+        if c["status"] == INSIDE:
+            row_inside = i
+        elif c["status"] in (OUTSIDE, STOPPED) and row_limit is None and (row_inside is None or i > row_inside):
+            row_limit, row_limit_index = c["limiting"], i
+    inside_cell = next((c for c in row if c["rate_index"] == row_inside), None)
+    return {
+        "concurrency": conc,
+        "max_inside_rate_index": row_inside,
+        "max_inside_rate_step": steps[row_inside] if row_inside is not None else None,
+        "max_inside_offered_rps": inside_cell["offered_rps"] if inside_cell else None,
+        "max_inside_completed_rps": inside_cell["completed_rps"] if inside_cell else None,
+        "max_inside_output_tok_s": inside_cell["output_tok_s"] if inside_cell else None,
+        "first_outside_rate_index": row_limit_index,
+        "limiting": row_limit or (note.get("reason") if note.get("status") in ("not_run", "not_achievable") else None)
+                    or ("every rate step inside (no limit reached within the plan)" if row_inside == len(steps) - 1 else None),
+        "line_status": note.get("status"),
+    }
+
+
+def _state_region(cls: str, st: str, concurrency: list[int], steps: list[float], rec: _Recorded) -> dict[str, Any]:
+    """The cells (every concurrency × rate step) and the boundary per concurrency of one class and state."""
+    cells: list[dict[str, Any]] = []
+    boundary: list[dict[str, Any]] = []
+    for conc in concurrency:
+        row = [_cell_entry(f"{cls}.{st}.c{conc}.r{i}", cls, conc, i, step, rec) for i, step in enumerate(steps)]
+        cells.extend(row)
+        boundary.append(_boundary_row(conc, row, steps, rec.line_notes.get((cls, st, conc), {})))
+    return {"cells": cells, "boundary": boundary}
+
+
+def build_region(plan_dir: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """Assemble the region from ``plan.json`` state and every ``cell_result.json`` on disk."""
+    plan_dir = Path(plan_dir)
+    plan = state["plan"]
+    steps = plan.get("rate_scales") or plan.get("rates_rps") or []
+    rate_kind = "scale" if plan.get("rate_scales") else "rps"
+    rec = _Recorded(
+        results=_results_by_cell(plan_dir),
+        extra_stops={cid: c.get("extra_stops", []) for cid, c in (state.get("cells") or {}).items()},
+        offered=_offered_by_cell(plan_dir),
+        line_notes={(ln["class"], ln["state"], ln["concurrency"]): ln for ln in state.get("lines", [])},
+    )
+    classes = {cls: {st: _state_region(cls, st, plan["concurrency"], steps, rec) for st in plan["states"]}
+               for cls in plan["classes"]}
     return {
         "kind": "loadgen.region",
         "version": 1,
@@ -184,14 +218,14 @@ def format_region(region: dict[str, Any]) -> str:
         out += [f"Plan ended early: {region['ended']}", ""]
     budget = region.get("budget") or {}
     if budget:
-        out += [f"Budget consumed: {_fmt(budget.get('consumed_time_s'), 1)} s of {_fmt(budget.get('time_s'), 0)} s, "
-                f"{budget.get('consumed_requests')} of {budget.get('requests')} requests.", ""]
+        out += [(f"Budget consumed: {_fmt(budget.get('consumed_time_s'), 1)} s of {_fmt(budget.get('time_s'), 0)} s, "
+                 f"{budget.get('consumed_requests')} of {budget.get('requests')} requests."), ""]
     if (region.get("start") or {}).get("note"):
         out += [f"Start: {region['start']['note']}", ""]
     if (region.get("ledger") or {}).get("note"):
         out += [f"Ledger: {region['ledger']['note']}", ""]
-    out += [f"Rule: {region['rule']}.", "", "Marks: ✓ inside (passes/runs), ✗ outside (budget), ■ stopped (declared limit), "
-            "· not run, n/a state not achievable.", ""]
+    out += [f"Rule: {region['rule']}.", "", ("Marks: ✓ inside (passes/runs), ✗ outside (budget), ■ stopped (declared limit), "
+                                             "· not run, n/a state not achievable."), ""]
     for cls, per_state in region["classes"].items():
         for st, data in per_state.items():
             out += [f"## {cls} / {st}", ""]
@@ -228,7 +262,7 @@ def format_region(region: dict[str, Any]) -> str:
 
 def plot_region(region: dict[str, Any], cls: str, path: Path) -> Path:
     """PNG: rate step (x) × concurrency (y) per state, pass/fail marks, the limiting constraint annotated."""
-    import matplotlib
+    import matplotlib  # heavy: deferred on purpose until a plot is drawn (and Agg set before pyplot loads)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -279,14 +313,14 @@ def plot_region(region: dict[str, Any], cls: str, path: Path) -> Path:
 def write_region(plan_dir: Path, region: dict[str, Any]) -> dict[str, Path]:
     """Write region.json, region.md and one PNG per class; returns their paths."""
     plan_dir = Path(plan_dir)
-    paths = {"json": plan_dir / "region.json", "markdown": plan_dir / "region.md"}
+    paths = {"json": plan_dir / REGION_FILE, "markdown": plan_dir / REGION_MD_FILE}
     paths["json"].write_text(json.dumps(region, indent=2, sort_keys=True, default=str) + "\n")
     paths["markdown"].write_text(format_region(region) + "\n")
     for cls in region["classes"]:
-        paths[f"plot:{cls}"] = plot_region(region, cls, plan_dir / f"region-{cls}.png")
+        paths[f"plot:{cls}"] = plot_region(region, cls, plan_dir / region_plot_file(cls))
     return paths
 
 
 def load_region(plan_dir: Path) -> dict[str, Any]:
-    path = Path(plan_dir) / "region.json"
+    path = Path(plan_dir) / REGION_FILE
     return json.loads(path.read_text())

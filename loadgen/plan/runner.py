@@ -1,17 +1,15 @@
-"""Running a load plan: the step-up walk, repeats at the boundary, stop conditions, budgets, resume.
+"""Running a load plan: the plan state, the predicted start, and one invocation of the walk.
 
-The walk is a pure function of the plan and the results already on disk: for each class, then each
-warm/cold state, then each concurrency step (ascending), the rate is raised one step at a time from a
-start below the expected capacity until a cell fails a hard budget or hits a declared stop; when the
-start itself fails the walk steps down instead. The last passing cell is repeated (default 3 runs) and
-is inside only if every repeat passes every hard budget; the first failing cell is repeated too, so
-its failure is shown to be stable. A fatal stop (server failure, invalid output, behaviour drift) ends
-the class/state: raising concurrency would only add load to a target already failing.
+``run_plan`` opens (or resumes) the plan directory's ``plan.json``, predicts where each line starts
+(on a worksheet of a simulated engine), lets the walk (``walk``: which cell next, repeats at the
+boundary, stop conditions, budgets — pure policy) drive the executor (``execute``: one run of a cell
+against the target), and writes the region.
 
-Every run writes ``cell_result.json`` into its run directory last; a rerun of the same command reads
-those and skips finished runs, so an interrupted plan resumes where it stopped and ends with the same
-region as an uninterrupted one (the worksheet is deterministic; live targets are as repeatable as
-the target). Runs without the marker (interrupted mid-cell) are removed and redone.
+The walk is a pure function of the plan and the results already on disk. Every run writes
+``cell_result.json`` into its run directory last; a rerun of the same command reads those and skips
+finished runs, so an interrupted plan resumes where it stopped and ends with the same region as an
+uninterrupted one (the worksheet is deterministic; live targets are as repeatable as the target).
+Runs without the marker (interrupted mid-cell) are removed and redone.
 """
 
 from __future__ import annotations
@@ -20,81 +18,39 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from ..analysis import analyze_run
 from ..errors import PlanError
 from ..identity import harness_identity, utc_now_iso
-from .cells import CellCoord, build_cell_trace, build_warmup_trace
-from .checks import FATAL_STOPS, Stop, judge_run, unstable_tail
-from .spec import PlanSpec
+from ..ledger import EngineSettings, compute_ledger, read_model_config
+from ..rundir import load_run
+from ..scenario import Scenario, load_scenario
+from ..sim import EngineConfig, load_engine_config, run_worksheet
 from ..targets import Target, TargetSpec, WorksheetTarget, open_target
+from .cells import CellCoord, build_cell_trace
+from .checks import judge_run
+from .execute import CellExecutor
+from .files import ANALYSIS_FILE, PLAN_FILE, RESULT_FILE, write_json_atomic
+from .region import build_region, write_region
+from .spec import PlanSpec, load_plan
+from .walk import (
+    BudgetExhausted,
+    CellOutcome,
+    RunLimitReached,
+    RunRecord,
+    Walk,
+    predicted_start,
+    start_index,
+)
 
-__all__ = ["PLAN_FILE", "RESULT_FILE", "ANALYSIS_FILE", "RunRecord", "CellOutcome", "PlanResult", "run_plan", "run_plan_file", "BudgetExhausted"]
+__all__ = ["ANALYSIS_FILE", "PLAN_FILE", "RESULT_FILE", "BudgetExhausted", "CellOutcome", "PlanResult", "RunRecord", "run_plan", "run_plan_file"]
 
-PLAN_FILE = "plan.json"
-RESULT_FILE = "cell_result.json"
-ANALYSIS_FILE = "analysis.json"
-
-
-class BudgetExhausted(Exception):
-    """Raised inside the walk when the next run would exceed the plan's time or request budget."""
-
-
-class _RunLimitReached(Exception):
-    """Raised inside the walk when this invocation may start no more runs (``max_new_runs``)."""
-
-
-@dataclass
-class RunRecord:
-    """One run of a cell as stored in ``cell_result.json``."""
-
-    data: dict[str, Any]
-
-    @property
-    def passed(self) -> bool:
-        return not self.data["failed"] and not self.data["stops"]
-
-    @property
-    def stops(self) -> list[dict[str, Any]]:
-        return self.data["stops"]
-
-    @property
-    def failed(self) -> list[dict[str, Any]]:
-        return self.data["failed"]
-
-    @property
-    def skipped(self) -> bool:
-        return bool(self.data.get("skipped"))
-
-
-@dataclass
-class CellOutcome:
-    coord: CellCoord
-    runs: list[RunRecord] = field(default_factory=list)
-    extra_stops: list[dict[str, Any]] = field(default_factory=list)  # judged across repeats (unstable tail)
-    skipped_reason: str | None = None
-
-    @property
-    def stops(self) -> list[dict[str, Any]]:
-        return [s for r in self.runs for s in r.stops] + self.extra_stops
-
-    @property
-    def failed(self) -> bool:
-        return any(not r.passed for r in self.runs) or bool(self.extra_stops)
-
-    @property
-    def fatal(self) -> Stop | None:
-        for s in self.stops:
-            if s["kind"] in FATAL_STOPS:
-                return Stop(s["kind"], s["detail"])
-        return None
-
-    @property
-    def budget_failure(self) -> bool:
-        """Failed on budgets/error rate only (no stop condition)."""
-        return self.failed and not self.stops
+#: Target keys that must match for a plan directory to be resumed against a target.
+_RESUME_TARGET_KEYS = ("kind", "engine", "engine_sha256", "base_url")
 
 
 @dataclass
@@ -104,17 +60,12 @@ class PlanResult:
     region: dict[str, Any]
 
 
-def _atomic_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
-
-
 class _Planner:
-    def __init__(self, spec: PlanSpec, target: Target, plan_dir: Path, *, max_new_runs: int | None,
-                 time_budget_s: float | None, log: Callable[[str], None], prediction_engine: Any | None) -> None:
-        from ..scenario import load_scenario
+    """One invocation of a plan: its state file, the predicted start, the walk and the executor."""
 
+    def __init__(self, spec: PlanSpec, target: Target, plan_dir: Path, *, max_new_runs: int | None,
+                 time_budget_s: float | None, log: Callable[[str], None],
+                 prediction_engine: EngineConfig | str | None) -> None:
         self.spec = spec
         self.target = target
         self.plan_dir = Path(plan_dir)
@@ -124,30 +75,16 @@ class _Planner:
         self.time_budget_s = time_budget_s if time_budget_s is not None else spec.budget.time_s
         self.log = log
         self.prediction_engine = prediction_engine
-        self.order_index = 0
-        self.new_runs = 0
-        self.overhead_s = 0.0
-        self.invocation_started = time.monotonic()
-        self.cells: dict[str, CellOutcome] = {}
-        self.lines: list[dict[str, Any]] = []
         self.state: dict[str, Any] = {}
 
     # ---- state file -------------------------------------------------------------------------------
     def open_state(self) -> None:
+        """Resume the plan directory's state (same plan, same target) or start a new one."""
         self.plan_dir.mkdir(parents=True, exist_ok=True)
         path = self.plan_dir / PLAN_FILE
         if path.is_file():
             state = json.loads(path.read_text())
-            if state.get("plan_sha256") != self.spec.sha256:
-                raise PlanError(
-                    f"{self.plan_dir}: holds plan {state.get('plan', {}).get('name')!r} (sha256 "
-                    f"{str(state.get('plan_sha256'))[:12]}), not {self.spec.source_path} ({str(self.spec.sha256)[:12]}): "
-                    "expected the same plan file to resume, or a new --out"
-                )
-            old_target = {k: v for k, v in state.get("target", {}).items() if k in ("kind", "engine", "engine_sha256", "base_url")}
-            new_target = {k: v for k, v in self.target.describe().items() if k in old_target}
-            if old_target != new_target:
-                raise PlanError(f"{self.plan_dir}: was run against {old_target}, not {new_target}: expected the same target to resume")
+            self._check_resumable(state)
             self.state = state
         else:
             self.state = {
@@ -166,21 +103,20 @@ class _Planner:
         self.state["status"] = "running"
         self.save_state()
 
-    def save_state(self) -> None:
-        _atomic_json(self.plan_dir / PLAN_FILE, self.state)
+    def _check_resumable(self, state: dict[str, Any]) -> None:
+        if state.get("plan_sha256") != self.spec.sha256:
+            raise PlanError(
+                f"{self.plan_dir}: holds plan {state.get('plan', {}).get('name')!r} (sha256 "
+                f"{str(state.get('plan_sha256'))[:12]}), not {self.spec.source_path} ({str(self.spec.sha256)[:12]}): "
+                "expected the same plan file to resume, or a new --out"
+            )
+        old_target = {k: v for k, v in state.get("target", {}).items() if k in _RESUME_TARGET_KEYS}
+        new_target = {k: v for k, v in self.target.describe().items() if k in old_target}
+        if old_target != new_target:
+            raise PlanError(f"{self.plan_dir}: was run against {old_target}, not {new_target}: expected the same target to resume")
 
-    # ---- budget ------------------------------------------------------------------------------------
-    def consumed(self) -> tuple[float, int]:
-        seconds = 0.0
-        requests = 0
-        for cell_dir in sorted((self.plan_dir / "cells").glob("*/rep*")):
-            result = cell_dir / RESULT_FILE
-            if result.is_file():
-                data = json.loads(result.read_text())
-                seconds += float(data.get("wall_s") or 0.0)
-                requests += int(data.get("requests_sent") or 0)
-        seconds += float(self.state.get("discarded_wall_s", 0.0))
-        return seconds, requests
+    def save_state(self) -> None:
+        write_json_atomic(self.plan_dir / PLAN_FILE, self.state)
 
     # ---- start point -------------------------------------------------------------------------------
     def predict_start(self) -> None:
@@ -196,238 +132,96 @@ class _Planner:
             self.state["start"] = info
             self.save_state()
             return
-        from ..analysis import analyze_run
-        from ..rundir import load_run
-        from ..sim import run_worksheet
-
         predict_dir = self.plan_dir / "predict"
         info["engine"] = getattr(engine, "name", str(engine))
         for cls in spec.classes:
             for conc in spec.concurrency:
-                best = -1
-                for i, step in enumerate(spec.rate_steps):
-                    coord = CellCoord(cls, "warm", conc, i, step, spec.rate_kind)
-                    trace, _ = build_cell_trace(spec, self.scenario, coord, self.plan_dir / "traces" / f"{coord.cell_id}.parquet")
-                    out = predict_dir / coord.cell_id
-                    if out.exists():
-                        shutil.rmtree(out)
-                    run_worksheet(trace, engine, out, seed=0, scenario=self.scenario_path)
-                    analysis = analyze_run(out, scenario=self.scenario)
-                    judged = judge_run(analysis, load_run(out), spec.stops)
-                    shutil.rmtree(out)
-                    if not judged.passed:
-                        break
-                    best = i
-                start = max(0, best - spec.start.steps_below) if best >= 0 else 0
-                info["lines"][f"{cls}.c{conc}"] = {"predicted_last_pass": best, "start_index": start}
+                best = self._predicted_last_pass(engine, cls, conc, predict_dir)
+                info["lines"][f"{cls}.c{conc}"] = {"predicted_last_pass": best,
+                                                   "start_index": predicted_start(best, spec.start.steps_below)}
         shutil.rmtree(predict_dir, ignore_errors=True)
         info["note"] = (f"start {spec.start.steps_below} rate step(s) below the highest step the worksheet of "
                         f"{info['engine']} passes (virtual time, same cell traces)")
         self.state["start"] = info
         self.save_state()
 
-    def start_index(self, cls: str, conc: int) -> int:
-        line = self.state.get("start", {}).get("lines", {}).get(f"{cls}.c{conc}")
-        return int(line["start_index"]) if line else 0
+    def _predicted_last_pass(self, engine: EngineConfig | str, cls: str, conc: int, predict_dir: Path) -> int:
+        """The highest rate step (from the lowest, stopping at the first failure) a worksheet run passes; -1 if none."""
+        spec = self.spec
+        best = -1
+        for i, step in enumerate(spec.rate_steps):
+            coord = CellCoord(cls, "warm", conc, i, step, spec.rate_kind)
+            trace, _ = build_cell_trace(spec, self.scenario, coord, self.plan_dir / "traces" / f"{coord.cell_id}.parquet")
+            out = predict_dir / coord.cell_id
+            if out.exists():
+                shutil.rmtree(out)
+            run_worksheet(trace, engine, out, seed=0, scenario=self.scenario_path)
+            analysis = analyze_run(out, scenario=self.scenario)
+            judged = judge_run(analysis, load_run(out), spec.stops)
+            shutil.rmtree(out)
+            if not judged.passed:
+                break
+            best = i
+        return best
 
-    # ---- one run -----------------------------------------------------------------------------------
-    def _trace(self, coord: CellCoord) -> tuple[Path, dict[str, Any]]:
-        return build_cell_trace(self.spec, self.scenario, coord, self.plan_dir / "traces" / f"{coord.cell_id}.parquet")
+    def start_at(self, cls: str, conc: int) -> int:
+        return start_index(self.state.get("start", {}), cls, conc)
 
-    def run_once(self, coord: CellCoord, repeat: int) -> RunRecord:
-        """Load the stored result of (cell, repeat) or run it now."""
-        self.order_index += 1
-        order_index = self.order_index
-        rep_dir = self.plan_dir / "cells" / coord.cell_id / f"rep{repeat}"
-        marker = rep_dir / RESULT_FILE
-        if marker.is_file():
-            return RunRecord(json.loads(marker.read_text()))
-        if rep_dir.exists():  # interrupted mid-run: its time counts, its data does not
-            try:
-                lost = float(json.loads((rep_dir / "manifest.json").read_text()).get("duration_s") or 0.0)
-            except (OSError, ValueError):
-                lost = 0.0
-            self.state["discarded_wall_s"] = float(self.state.get("discarded_wall_s", 0.0)) + lost
-            self.state.setdefault("discarded_runs", []).append({"run_dir": str(rep_dir.relative_to(self.plan_dir)),
-                                                                "duration_s": lost, "reason": "interrupted before its result"})
-            shutil.rmtree(rep_dir)
-        if self.max_new_runs is not None and self.new_runs >= self.max_new_runs:
-            raise _RunLimitReached()
-        trace, meta = self._trace(coord)
-        n_requests = int(meta.get("requests") or 0)
-        consumed_s, consumed_req = self.consumed()
-        duration = float(meta.get("duration_s") or 0.0) if self.target.real_time else 0.0
-        cell_timeout = self.spec.stops.cell_timeout_s or (duration * 3 + 30)
-        remaining_s = self.time_budget_s - consumed_s
-        needed_s = duration + self.overhead_s  # trace time + the largest per-run overhead seen so far
-        if remaining_s <= 0 or (self.target.real_time and needed_s > remaining_s):
-            raise BudgetExhausted(f"time budget: {consumed_s:.1f} s of {self.time_budget_s:.0f} s used; "
-                                  f"the next cell needs about {needed_s:.1f} s")
-        if consumed_req + n_requests > self.spec.budget.requests:
-            raise BudgetExhausted(f"request budget: {consumed_req} of {self.spec.budget.requests} requests used; "
-                                  f"the next cell sends {n_requests}")
-        self.new_runs += 1
-        rep_dir.parent.mkdir(parents=True, exist_ok=True)
+    # ---- one invocation ----------------------------------------------------------------------------
+    def run(self) -> PlanResult:
+        """Open the state, predict the start, walk until done, out of budget or run limit; write the region."""
+        self.open_state()
+        executor = CellExecutor(self.spec, self.scenario, self.scenario_path, self.target, self.plan_dir, self.state,
+                                max_new_runs=self.max_new_runs, time_budget_s=self.time_budget_s, log=self.log)
+        walk = Walk(self.spec, executor.run_once, self.start_at)
+        ended = "complete"
         t0 = time.monotonic()
-        warmup_trace = None
-        if coord.state == "warm" and self.spec.warmup.requests > 0 and self.target.kind != "worksheet":
-            warmup_trace = build_warmup_trace(trace, self.spec.warmup.requests, self.spec.warmup.rate_rps,
-                                              self.plan_dir / "traces" / f"{coord.cell_id}.warmup.parquet")
-        state = self.target.prepare(coord.state, warmup_trace, rep_dir.parent / f"rep{repeat}-warmup", self.scenario_path)
-        base = {"coord": coord.to_dict(), "cell_id": coord.cell_id, "repeat": repeat, "order_index": order_index,
-                "run_dir": str(rep_dir.relative_to(self.plan_dir)), "warm_state": state.to_dict(),
-                "invocation": len(self.state["invocations"]), "trace": str(trace.relative_to(self.plan_dir))}
-        if not state.achieved:
-            record = {**base, "skipped": True, "skip_reason": state.reason, "failed": [], "stops": [],
-                      "figures": {}, "wall_s": time.monotonic() - t0, "requests_sent": 0}
-            rep_dir.mkdir(parents=True, exist_ok=True)
-            _atomic_json(marker, record)
-            return RunRecord(record)
-        # the run may not outlast what is left of the plan's time (less the overhead around a run)
-        deadline = min(cell_timeout, max(1.0, remaining_s - self.overhead_s)) if self.target.real_time else None
-        self.log(f"plan: run {order_index}: {coord.cell_id} (rate step {coord.rate_step:g} {coord.rate_kind}, "
-                 f"{n_requests} requests) repeat {repeat} [{state.label}]")
-        run_dir = self.target.run(trace, rep_dir, scenario_path=self.scenario_path, state=state, order_index=order_index,
-                                  repeat=repeat, plan_cell={**coord.to_dict(), "plan": self.spec.name,
-                                                            "plan_sha256": self.spec.sha256},
-                                  deadline_s=deadline, seed=repeat - 1)
-        alive = self.target.check_alive()
-        from ..analysis import analyze_run
-        from ..rundir import load_run
+        try:
+            self.predict_start()
+            self.state["ledger"] = self.state.get("ledger") or _ledger_summary(self.spec, self.scenario)
+            ended = walk.walk()
+        except BudgetExhausted as exc:
+            ended = f"budget exhausted: {exc}"
+        except RunLimitReached:
+            ended = f"paused: this invocation's run limit ({self.max_new_runs}) reached; rerun the same command to resume"
+        except KeyboardInterrupt:
+            self.state["status"] = "interrupted"
+            self.state["invocations"][-1].update(ended_utc=utc_now_iso(), wall_s=time.monotonic() - t0, ended="interrupted")
+            self.save_state()
+            raise
+        self._finish(ended, time.monotonic() - t0, executor, walk)
+        region = build_region(self.plan_dir, self.state)
+        write_region(self.plan_dir, region)
+        return PlanResult(self.plan_dir, self.state, region)
 
-        analysis = analyze_run(run_dir, scenario=self.scenario, include_cold=coord.state == "cold")
-        _atomic_json(run_dir / ANALYSIS_FILE, analysis.to_dict())
-        run = load_run(run_dir)
-        contract = self._contract_after(run_dir)
-        judged = judge_run(analysis, run, self.spec.stops, deadline_hit=bool(run.manifest.get("stopped_by_deadline")),
-                           alive_problem=alive, contract=contract)
-        recovered: list[str] = []
-        if any(s.kind == "server_failure" for s in judged.stops):
-            recovered = self.target.recover()
-        counts = run.manifest.get("status_counts", {})
-        record = {
-            **base,
-            "skipped": False,
-            "passed": judged.passed,
-            "failed": [f.to_dict() for f in judged.failed],
-            "per_class_failed": {k: [f.to_dict() for f in v] for k, v in judged.per_class_failed.items()},
-            "stops": [s.to_dict() for s in judged.stops],
-            "figures": judged.figures,
-            "contract": {k: v for k, v in (contract or {}).items() if not k.startswith("_")},
-            "recovery": recovered,
-            "wall_s": time.monotonic() - t0,
-            "requests_sent": int(sum(v for k, v in counts.items() if k != "not_sent")),
-            "requests_scheduled": run.requests.num_rows,
-            "run_kind": run.manifest.get("run_kind"),
-        }
-        _atomic_json(marker, record)
-        self.overhead_s = max(self.overhead_s, record["wall_s"] - duration)
-        verdict = "pass" if judged.passed else ("STOP " + ",".join(s.kind for s in judged.stops) if judged.stops
-                                                  else "fail: " + judged.failed[0].reason)
-        self.log(f"plan:   → {verdict}")
-        return RunRecord(record)
+    def _finish(self, ended: str, wall_s: float, executor: CellExecutor, walk: Walk) -> None:
+        """Record how the invocation ended, the budget consumed, the walk's lines and cells; save the state."""
+        self.state["status"] = "complete" if ended == "complete" else "incomplete"
+        self.state["ended"] = ended
+        consumed_s, consumed_req = executor.consumed()
+        self.state["budget"] = {"time_s": self.time_budget_s, "requests": self.spec.budget.requests,
+                                "consumed_time_s": round(consumed_s, 3), "consumed_requests": consumed_req}
+        self.state["invocations"][-1].update(ended_utc=utc_now_iso(), wall_s=round(wall_s, 3),
+                                             new_runs=executor.new_runs, ended=ended)
+        self.state["lines"] = walk.lines
+        self.state["cells"] = {cid: {"coord": o.coord.to_dict(), "runs": [r.data["run_dir"] for r in o.runs],
+                                     "extra_stops": o.extra_stops, "skipped_reason": o.skipped_reason}
+                               for cid, o in sorted(walk.cells.items())}
+        self.save_state()
 
-    def _contract_after(self, run_dir: Path) -> dict[str, Any] | None:
-        if not self.spec.stops.contract_every_cell or not self.scenario.behavior.cases:
-            return None
-        from .contract_hook import CONTRACT_FILE, replay_contract
 
-        return replay_contract(self.scenario, self.target.url, self.target.model, out_path=run_dir / CONTRACT_FILE)
-
-    # ---- cells -------------------------------------------------------------------------------------
-    def cell(self, coord: CellCoord, repeats: int, early_exit: bool = True) -> CellOutcome:
-        outcome = self.cells.setdefault(coord.cell_id, CellOutcome(coord))
-        for r in range(1, repeats + 1):
-            if r <= len(outcome.runs):
-                record = outcome.runs[r - 1]
-            else:
-                record = self.run_once(coord, r)
-                outcome.runs.append(record)
-            if record.skipped:
-                outcome.skipped_reason = record.data.get("skip_reason")
-                return outcome
-            if early_exit and not record.passed:
-                break
-            if record.stops:
-                break
-        outcome.extra_stops = []
-        if len(outcome.runs) >= 2 and all(r.passed or not r.stops for r in outcome.runs):
-            p99s = [{name: c.get("ttft_p99_ms") for name, c in (r.data.get("figures") or {}).get("classes", {}).items()}
-                    for r in outcome.runs]
-            stop = unstable_tail(p99s, self.spec.stops.p99_spread, self.spec.stops.p99_spread_floor_ms)
-            if stop is not None:
-                outcome.extra_stops = [stop.to_dict()]
-        return outcome
-
-    def walk_line(self, cls: str, state: str, conc: int) -> dict[str, Any]:
-        spec = self.spec
-        steps = spec.rate_steps
-        n = len(steps)
-        R = spec.repeats
-
-        def coord(i: int) -> CellCoord:
-            return CellCoord(cls, state, conc, i, steps[i], spec.rate_kind)
-
-        start = self.start_index(cls, conc)
-        line: dict[str, Any] = {"class": cls, "state": state, "concurrency": conc, "start_index": start}
-        first = self.cell(coord(start), 1)
-        if first.skipped_reason:
-            line.update(status="not_achievable", reason=first.skipped_reason)
-            return line
-        last_pass: int | None
-        first_fail: int | None = None
-        fatal: Stop | None = None
-        if not first.failed:
-            last_pass = start
-            for j in range(start + 1, n):
-                o = self.cell(coord(j), 1)
-                if o.failed:
-                    first_fail, fatal = j, o.fatal
-                    break
-                last_pass = j
-        else:
-            last_pass, first_fail, fatal = None, start, first.fatal
-            if fatal is None:
-                for j in range(start - 1, -1, -1):
-                    o = self.cell(coord(j), 1)
-                    if not o.failed:
-                        last_pass = j
-                        break
-                    first_fail, fatal = j, o.fatal
-                    if fatal is not None:
-                        break
-        # confirm the boundary: the last passing cell must pass every repeat (and converge)
-        while last_pass is not None:
-            o = self.cell(coord(last_pass), R)
-            if not o.failed:
-                break
-            first_fail, fatal = last_pass, fatal or o.fatal
-            last_pass = last_pass - 1 if last_pass > 0 and o.fatal is None else None
-        if first_fail is not None and fatal is None and R > 1:
-            o = self.cells[coord(first_fail).cell_id]
-            if o.budget_failure:
-                self.cell(coord(first_fail), R, early_exit=False)
-        line.update(status="done", last_pass=last_pass, first_fail=first_fail,
-                    fatal=fatal.to_dict() if fatal else None)
-        return line
-
-    def walk(self) -> str:
-        """Walk every line; returns why it ended ("complete", or the budget/run-limit reason)."""
-        spec = self.spec
-        for cls in spec.classes:
-            for state in spec.states:
-                fatal_line: dict[str, Any] | None = None
-                for conc in spec.concurrency:
-                    if fatal_line is not None:
-                        self.lines.append({"class": cls, "state": state, "concurrency": conc, "status": "not_run",
-                                           "reason": f"stopped: {fatal_line['fatal']['kind']} at concurrency "
-                                                     f"{fatal_line['concurrency']} ({fatal_line['fatal']['detail']})"})
-                        continue
-                    line = self.walk_line(cls, state, conc)
-                    self.lines.append(line)
-                    if line.get("fatal"):
-                        fatal_line = line
-        return "complete"
+def _default_prediction_engine(spec: PlanSpec, target: Target) -> EngineConfig | None:
+    """The target's own engine when it is simulated, else the plan's ``start.worksheet_engine``, else None."""
+    if isinstance(target, WorksheetTarget):
+        return target.engine
+    engine_config: EngineConfig | None = getattr(target, "engine_config", None)  # a live simulated engine
+    if engine_config is not None:
+        return engine_config
+    if spec.start.worksheet_engine:
+        engine_ref = spec.start.worksheet_engine
+        candidate = spec.base_dir() / engine_ref
+        return load_engine_config(candidate if candidate.exists() else engine_ref)
+    return None
 
 
 def run_plan(
@@ -437,7 +231,7 @@ def run_plan(
     *,
     max_new_runs: int | None = None,
     time_budget_s: float | None = None,
-    prediction_engine: Any | None = None,
+    prediction_engine: EngineConfig | str | None = None,
     log: Callable[[str], None] | None = None,
 ) -> PlanResult:
     """Run (or resume) ``spec`` against ``target`` into ``plan_dir``; write the region; return it.
@@ -447,61 +241,18 @@ def run_plan(
     ``prediction_engine`` (a sim engine preset/config) predicts the start; by default the target's own
     engine when it is simulated, else the plan's ``start.worksheet_engine``.
     """
-    from .region import build_region, write_region
-
     if prediction_engine is None:
-        if isinstance(target, WorksheetTarget):
-            prediction_engine = target.engine
-        elif getattr(target, "engine_config", None) is not None:
-            prediction_engine = target.engine_config
-        elif spec.start.worksheet_engine:
-            from ..sim import load_engine_config
-
-            engine_ref = spec.start.worksheet_engine
-            candidate = spec.base_dir() / engine_ref
-            prediction_engine = load_engine_config(candidate if candidate.exists() else engine_ref)
+        prediction_engine = _default_prediction_engine(spec, target)
     planner = _Planner(spec, target, Path(plan_dir), max_new_runs=max_new_runs, time_budget_s=time_budget_s,
                        log=log or (lambda _m: None), prediction_engine=prediction_engine)
-    planner.open_state()
-    ended = "complete"
-    t0 = time.monotonic()
-    try:
-        planner.predict_start()
-        planner.state["ledger"] = planner.state.get("ledger") or _ledger_summary(spec, planner.scenario)
-        ended = planner.walk()
-    except BudgetExhausted as exc:
-        ended = f"budget exhausted: {exc}"
-    except _RunLimitReached:
-        ended = f"paused: this invocation's run limit ({max_new_runs}) reached; rerun the same command to resume"
-    except KeyboardInterrupt:
-        planner.state["status"] = "interrupted"
-        planner.state["invocations"][-1].update(ended_utc=utc_now_iso(), wall_s=time.monotonic() - t0, ended="interrupted")
-        planner.save_state()
-        raise
-    planner.state["status"] = "complete" if ended == "complete" else "incomplete"
-    planner.state["ended"] = ended
-    consumed_s, consumed_req = planner.consumed()
-    planner.state["budget"] = {"time_s": planner.time_budget_s, "requests": spec.budget.requests,
-                               "consumed_time_s": round(consumed_s, 3), "consumed_requests": consumed_req}
-    planner.state["invocations"][-1].update(ended_utc=utc_now_iso(), wall_s=round(time.monotonic() - t0, 3),
-                                            new_runs=planner.new_runs, ended=ended)
-    planner.state["lines"] = planner.lines
-    planner.state["cells"] = {cid: {"coord": o.coord.to_dict(), "runs": [r.data["run_dir"] for r in o.runs],
-                                    "extra_stops": o.extra_stops, "skipped_reason": o.skipped_reason}
-                              for cid, o in sorted(planner.cells.items())}
-    planner.save_state()
-    region = build_region(planner.plan_dir, planner.state)
-    write_region(planner.plan_dir, region)
-    return PlanResult(planner.plan_dir, planner.state, region)
+    return planner.run()
 
 
-def _ledger_summary(spec: PlanSpec, scenario: Any) -> dict[str, Any] | None:
+def _ledger_summary(spec: PlanSpec, scenario: Scenario) -> dict[str, Any] | None:
     """When the plan names a model config: the KV-limited concurrency per class, to read the steps against."""
     ref = spec.start.model_config_path
     if not ref:
         return None
-    from ..ledger import EngineSettings, compute_ledger, read_model_config
-
     path = Path(ref)
     if not path.is_absolute():
         path = spec.base_dir() / path
@@ -533,8 +284,6 @@ def run_plan_file(
     ``vllm`` is a model directory, a config.json or a shipped model name (a tokenizer and dummy weights are
     made for the latter two); ``vllm_args`` are extra vLLM flags (e.g. ``--max-num-seqs=8``).
     """
-    from .spec import load_plan
-
     target_spec = TargetSpec(url=target_url, sim=sim, worksheet=sim_worksheet, vllm=vllm, model=model,
                              vllm_args=tuple(vllm_args or ()), api_key_env=api_key_env)
     spec = load_plan(plan_path)
