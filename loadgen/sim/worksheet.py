@@ -10,17 +10,15 @@ engine config + seed = identical tables.
 from __future__ import annotations
 
 import heapq
-import json
 from array import array
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
+import pyarrow as pa
 
 from .. import __version__
-from ..errors import TraceError
 from ..identity import harness_identity, host_identity, sha256_file, utc_now_iso
 from ..records import (
     STATUS_CANCELLED,
@@ -31,6 +29,7 @@ from ..records import (
     http_error_kind,
 )
 from ..rundir import RunWriter
+from ..trace.io import read_trace
 from .config import EngineConfig, load_engine_config
 from .engine import Engine, Seq, StepResult
 from .faults import FaultDecider, FaultPlan
@@ -48,18 +47,9 @@ __all__ = ["WorksheetResult", "run_worksheet", "simulate_trace"]
 _NS = 1_000_000_000
 
 
-def _read_trace(trace_path: Path) -> tuple[Any, dict[str, Any]]:
-    try:
-        from ..trace.io import read_trace
-    except ImportError:  # pragma: no cover - the lead's reader is part of the package
-        read_trace = None
-    if read_trace is not None:
-        return read_trace(trace_path)
-    if not Path(trace_path).is_file():
-        raise TraceError(f"{trace_path}: no such file: expected a trace Parquet file")
-    table = pq.read_table(trace_path)
-    raw = (table.schema.metadata or {}).get(b"loadgen.trace")
-    return table.select(TRACE_SCHEMA.names).cast(TRACE_SCHEMA), (json.loads(raw) if raw else {})
+def _read_trace(trace_path: Path) -> tuple[pa.Table, dict[str, Any]]:
+    """The trace table and its metadata (run_worksheet's reader)."""
+    return read_trace(trace_path)
 
 
 class WorksheetResult:
@@ -417,7 +407,7 @@ def _engine_notes(engine: Engine, steps: _Steps, chunks: _Chunks, plans: list[Fa
 
 
 def simulate_trace(
-    table: Any,
+    table: pa.Table,
     metadata: dict[str, Any],
     config: EngineConfig,
     seed: int = 0,
