@@ -8,10 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .analysis.percentiles import percentile_sorted
 from .errors import ScenarioError
 from .scenario import Empirical, Fixed, LogNormal, Normal, Uniform
 
-__all__ = ["sample", "sample_tokens", "quantiles", "mean"]
+__all__ = ["mean", "quantiles", "sample", "sample_tokens"]
 
 Dist = Fixed | Uniform | Normal | LogNormal | Empirical
 
@@ -70,8 +71,8 @@ def sample_tokens(dist: Dist, rng: np.random.Generator, size: int, base_dir: Pat
 
 def quantiles(dist: Dist, qs: list[float], base_dir: Path | None = None, n: int = 200_000, seed: int = 0) -> list[float]:
     """Quantiles (0..1) of a token distribution by seeded sampling (exact for fixed)."""
-    values = sample_tokens(dist, np.random.default_rng(seed), n, base_dir)
-    return [float(np.quantile(values, q)) for q in qs]
+    values = np.sort(sample_tokens(dist, np.random.default_rng(seed), n, base_dir))
+    return [float(percentile_sorted(values, q)) for q in qs]
 
 
 def mean(dist: Dist, base_dir: Path | None = None, n: int = 200_000, seed: int = 0) -> float:

@@ -10,23 +10,25 @@ from __future__ import annotations
 import pyarrow as pa
 
 __all__ = [
-    "SCHEMA_VERSION",
-    "STATUSES",
-    "STATUS_OK",
-    "STATUS_ERROR",
-    "STATUS_TIMEOUT",
-    "STATUS_CANCELLED",
-    "STATUS_NOT_SENT",
-    "ERROR_KINDS",
-    "TRACE_SCHEMA",
-    "REQUESTS_SCHEMA",
-    "CHUNKS_SCHEMA",
-    "SERVER_METRICS_SCHEMA",
-    "REQUESTS_FILE",
     "CHUNKS_FILE",
-    "SERVER_METRICS_FILE",
+    "CHUNKS_SCHEMA",
+    "CONTRACT_FILE",
+    "ERROR_KINDS",
     "MANIFEST_FILE",
+    "REQUESTS_FILE",
+    "REQUESTS_SCHEMA",
+    "SCHEMA_VERSION",
+    "SERVER_METRICS_FILE",
+    "SERVER_METRICS_SCHEMA",
+    "STATUSES",
+    "STATUS_CANCELLED",
+    "STATUS_ERROR",
+    "STATUS_NOT_SENT",
+    "STATUS_OK",
+    "STATUS_TIMEOUT",
+    "TRACE_SCHEMA",
     "empty_request_row",
+    "http_error_kind",
 ]
 
 SCHEMA_VERSION = "1"
@@ -56,10 +58,28 @@ ERROR_KINDS = (
     "client",  # unexpected client-side exception (message kept)
 )
 
+
+def http_error_kind(code: int | None, *, otherwise: str = "client") -> str:
+    """The error_kind of an HTTP status: the one mapping driver, simulator and importers share.
+
+    429 → ``http_429``; other 4xx → ``http_4xx``; 5xx and above → ``http_5xx`` (the exact code goes in
+    ``http_status``). No code, or one that is not an error (1xx-3xx), gives ``otherwise``.
+    """
+    if code is None or code < 400:
+        return otherwise
+    if code == 429:
+        return "http_429"
+    if code < 500:
+        return "http_4xx"
+    return "http_5xx"
+
+
 REQUESTS_FILE = "requests.parquet"
 CHUNKS_FILE = "chunks.parquet"
 SERVER_METRICS_FILE = "server_metrics.parquet"
 MANIFEST_FILE = "manifest.json"
+#: Behaviour-contract result beside the records (``loadgen contract``, plans, practice).
+CONTRACT_FILE = "contract.json"
 
 #: One row per request of a trace (input to a run). Offsets are ns from trace start.
 TRACE_SCHEMA = pa.schema(

@@ -31,8 +31,8 @@ from typing import Any
 
 from .errors import RunDirError
 from .identity import harness_identity, sha256_file, utc_now_iso
-from .records import empty_request_row
 from .manifest import Anchor, Manifest, TargetRef
+from .records import empty_request_row, http_error_kind
 from .rundir import RunWriter
 
 __all__ = ["import_llmperf", "import_vllm_bench", "llmperf_error_kind"]
@@ -50,7 +50,7 @@ def _load_json(path: Path) -> Any:
 
 
 def _ns(seconds: Any) -> int:
-    return int(round(float(seconds) * NS))
+    return round(float(seconds) * NS)
 
 
 def _clean_url(url: Any) -> str | None:
@@ -66,13 +66,8 @@ def llmperf_error_kind(code: Any) -> tuple[str, int | None]:
         code_i = int(float(code))
     except (TypeError, ValueError):
         return "client", None
-    if code_i == 429:
-        return "http_429", 429
-    if 400 <= code_i < 500:
-        return "http_4xx", code_i
-    if 500 <= code_i < 600:
-        return "http_5xx", code_i
-    return "client", None  # LLMPerf's own negative codes (-1 exception, -100 too few tokens)
+    kind = http_error_kind(code_i)
+    return kind, (None if kind == "client" else code_i)  # LLMPerf's own negative codes (-1 exception, -100 too few tokens)
 
 
 class _Slots:
@@ -170,87 +165,138 @@ def import_llmperf(path: Path | str, out_dir: Path | str, *, concurrency: int | 
     return Path(out_dir)
 
 
-def import_vllm_bench(path: Path | str, out_dir: Path | str, *, request_class: str = "imported",
-                      concurrency: int | None = None) -> Path:
-    """vLLM ``bench serve --save-detailed`` result JSON → run directory; returns it."""
-    path = Path(path)
+def _read_vllm_result(path: Path) -> dict[str, Any]:
+    """The result object, checked for the per-request lists ``--save-detailed`` writes."""
     data = _load_json(path)
     if not isinstance(data, dict):
         raise RunDirError(f"{path}: expected a vLLM bench serve result object")
     for key in ("ttfts", "itls", "input_lens", "output_lens"):
         if not isinstance(data.get(key), list):
             raise RunDirError(f"{path}: no per-request {key!r} list: expected a result saved with --save-detailed")
-    n = len(data["ttfts"])
-    errors = data.get("errors") or [""] * n
-    latencies = data.get("latencies")
-    starts = data.get("start_times")
-    queues = data.get("queue_times")
-    measured = isinstance(starts, list) and len(starts) == n
-    conc = concurrency or data.get("max_concurrency") or 1
+    return data
+
+
+def _vllm_timing_notes(data: dict[str, Any], measured: bool, conc: Any) -> list[str]:
+    """What the result lacks, so which instants are synthesized (the first note names the method)."""
     notes: list[str] = []
     if not measured:
         notes.append(f"no start_times: send instants synthesized on {conc} back-to-back slot(s)")
-    elif not isinstance(queues, list):
+    elif not isinstance(data.get("queue_times"), list):
         notes.append("no queue_times: scheduled = sent (client queue unknown)")
-    if not isinstance(latencies, list):
+    if not isinstance(data.get("latencies"), list):
         notes.append("no latencies: done = last token")
-    synthesized = {"timing": not measured, "method": notes[0] if notes else "start_times are real send instants",
-                   "chunks": "rebuilt from itls", "notes": notes}
+    return notes
+
+
+def _vllm_manifest(path: Path, data: dict[str, Any], request_class: str, synthesized: dict[str, Any]) -> dict[str, Any]:
     target = {"kind": "unknown", "base_url": None, "model": data.get("model_id"), "version": None,
               "engine": {"name": data.get("backend"), "version": None, "config": {}} if data.get("backend") else None}
     options = {"importer": "vllm-bench", "request_class": request_class, "request_rate": data.get("request_rate"),
                "burstiness": data.get("burstiness"), "max_concurrency": data.get("max_concurrency")}
-    manifest = _manifest("vllm-bench-serve", path, {"date": data.get("date"), "duration_s": data.get("duration")},
-                         target, synthesized, options)
-    t0 = min(float(s) for s in starts) if measured and n else 0.0
-    slots = _Slots(int(conc))
+    return _manifest("vllm-bench-serve", path, {"date": data.get("date"), "duration_s": data.get("duration")},
+                     target, synthesized, options)
+
+
+class _VllmSample:
+    """One request of a vLLM result: TTFT, inter-token gaps and E2E in seconds, output length, error text."""
+
+    def __init__(self, data: dict[str, Any], i: int, errors: list[Any]) -> None:
+        self.error = errors[i] if i < len(errors) else ""
+        self.ok = not self.error
+        self.ttft_s = float(data["ttfts"][i] or 0)
+        self.itl_s = [float(x) for x in (data["itls"][i] or [])]
+        self.input_len = int(data["input_lens"][i] or 0)
+        self.output_len = int(data["output_lens"][i] or 0)
+        latencies = data.get("latencies")
+        self.e2e_s = (float(latencies[i]) if isinstance(latencies, list) and latencies[i] is not None
+                      else self.ttft_s + sum(self.itl_s))
+
+
+class _VllmClock:
+    """Send instants: real (``start_times`` from the first start, minus ``queue_times`` for scheduled),
+    or synthesized on back-to-back concurrency slots."""
+
+    def __init__(self, data: dict[str, Any], measured: bool, n: int, conc: int) -> None:
+        self.measured = measured
+        self.starts = data.get("start_times")
+        self.queues = data.get("queue_times")
+        self.t0 = min(float(s) for s in self.starts) if measured and n else 0.0
+        self.slots = _Slots(conc)
+
+    def place(self, i: int, e2e_s: float) -> tuple[int, int]:
+        """(sent_ns, queue_ns) of request ``i``."""
+        if self.measured:
+            sent = _ns(float(self.starts[i]) - self.t0)
+            queue = _ns(self.queues[i]) if isinstance(self.queues, list) and self.queues[i] is not None else 0
+            return sent, queue
+        return self.slots.place(_ns(e2e_s)), 0
+
+
+def _vllm_chunks(request_id: str, sent: int, sample: _VllmSample) -> tuple[dict[str, list[Any]], bool]:
+    """Chunk columns rebuilt from TTFT and the gaps, and whether the tokens did not map one per chunk."""
+    arrivals = [sent + _ns(sample.ttft_s)]
+    for gap in sample.itl_s:
+        arrivals.append(arrivals[-1] + _ns(gap))
+    m = len(arrivals)
+    out_len = sample.output_len
+    if out_len <= m:  # vLLM's own reading: every chunk is one inter-token sample
+        tokens = [1] * m
+        uneven = out_len != m
+    else:  # multi-token chunks: spread the tokens evenly, at least one per chunk
+        uneven = True
+        q, r = divmod(out_len, m)
+        tokens = [q + 1 if j < r else q for j in range(m)]
+    columns = {"request_id": [request_id] * m, "seq": list(range(m)), "arrival_ns": arrivals, "tokens": tokens,
+               "bytes": [0] * m}
+    return columns, uneven
+
+
+def _vllm_error_columns(err: Any) -> dict[str, Any]:
+    """Outcome columns of a failed request; the HTTP status is read from the error text when it has one."""
+    text = str(err).splitlines()[0] if str(err).strip() else "error"
+    m_http = re.search(r"\b([45]\d\d)\b", str(err))
+    code = int(m_http.group(1)) if m_http else None
+    return {"status": "error", "error_kind": http_error_kind(code), "http_status": code, "error_message": text[:300]}
+
+
+def import_vllm_bench(path: Path | str, out_dir: Path | str, *, request_class: str = "imported",
+                      concurrency: int | None = None) -> Path:
+    """vLLM ``bench serve --save-detailed`` result JSON → run directory; returns it."""
+    path = Path(path)
+    data = _read_vllm_result(path)
+    n = len(data["ttfts"])
+    errors = data.get("errors") or [""] * n
+    starts = data.get("start_times")
+    measured = isinstance(starts, list) and len(starts) == n
+    conc = concurrency or data.get("max_concurrency") or 1
+    notes = _vllm_timing_notes(data, measured, conc)
+    synthesized = {"timing": not measured, "method": notes[0] if notes else "start_times are real send instants",
+                   "chunks": "rebuilt from itls", "notes": notes}
+    manifest = _vllm_manifest(path, data, request_class, synthesized)
+    clock = _VllmClock(data, measured, n, int(conc))
     uneven = 0
     with RunWriter(Path(out_dir), manifest) as writer:
         for i in range(n):
-            err = errors[i] if i < len(errors) else ""
-            ok = not err
-            ttft = float(data["ttfts"][i] or 0)
-            itl = [float(x) for x in (data["itls"][i] or [])]
-            out_len = int(data["output_lens"][i] or 0)
-            e2e = float(latencies[i]) if isinstance(latencies, list) and latencies[i] is not None else ttft + sum(itl)
-            if measured:
-                sent = _ns(float(starts[i]) - t0)
-                queue = _ns(queues[i]) if isinstance(queues, list) and queues[i] is not None else 0
-            else:
-                sent, queue = slots.place(_ns(e2e)), 0
-            scheduled = sent - max(0, queue)
+            sample = _VllmSample(data, i, errors)
+            sent, queue = clock.place(i, sample.e2e_s)
             row = empty_request_row(
                 request_id=f"{path.stem}-{i:05d}", request_class=request_class,
-                scheduled_ns=scheduled, slot_acquired_ns=sent, sent_ns=sent,
-                target_prompt_tokens=int(data["input_lens"][i] or 0), target_output_tokens=out_len,
-                client_prompt_tokens=int(data["input_lens"][i] or 0),
-                done_ns=sent + _ns(e2e) if (ok or e2e > 0) else sent,
+                scheduled_ns=sent - max(0, queue), slot_acquired_ns=sent, sent_ns=sent,
+                target_prompt_tokens=sample.input_len, target_output_tokens=sample.output_len,
+                client_prompt_tokens=sample.input_len,
+                done_ns=sent + _ns(sample.e2e_s) if (sample.ok or sample.e2e_s > 0) else sent,
             )
-            if ok and ttft > 0:
-                arrivals = [sent + _ns(ttft)]
-                for gap in itl:
-                    arrivals.append(arrivals[-1] + _ns(gap))
-                m = len(arrivals)
-                if out_len <= m:  # vLLM's own reading: every chunk is one inter-token sample
-                    tokens = [1] * m
-                    uneven += out_len != m
-                else:  # multi-token chunks: spread the tokens evenly, at least one per chunk
-                    uneven += 1
-                    q, r = divmod(out_len, m)
-                    tokens = [q + 1 if j < r else q for j in range(m)]
-                writer.add_chunks({"request_id": [row["request_id"]] * m, "seq": list(range(m)),
-                                   "arrival_ns": arrivals, "tokens": tokens, "bytes": [0] * m})
-                row.update(first_token_ns=arrivals[0], last_token_ns=arrivals[-1], client_output_tokens=out_len,
-                           chunk_count=m, status="ok")
-            elif ok:
+            if sample.ok and sample.ttft_s > 0:
+                chunks, spread = _vllm_chunks(row["request_id"], sent, sample)
+                uneven += spread
+                writer.add_chunks(chunks)
+                arrivals = chunks["arrival_ns"]
+                row.update(first_token_ns=arrivals[0], last_token_ns=arrivals[-1], client_output_tokens=sample.output_len,
+                           chunk_count=len(arrivals), status="ok")
+            elif sample.ok:
                 row.update(status="error", error_kind="empty_output", error_message="no first token recorded")
             else:
-                text = str(err).splitlines()[0] if str(err).strip() else "error"
-                m_http = re.search(r"\b([45]\d\d)\b", str(err))
-                code = int(m_http.group(1)) if m_http else None
-                kind = ("http_429" if code == 429 else "http_4xx" if code and code < 500 else
-                        "http_5xx" if code else "client")
-                row.update(status="error", error_kind=kind, http_status=code, error_message=text[:300])
+                row.update(_vllm_error_columns(sample.error))
             writer.add_request(row)
         if uneven:
             notes.append(f"{uneven} request(s): output tokens != chunks; one token per chunk, or tokens spread "

@@ -65,3 +65,116 @@ def test_cli_version_and_unknown_command():
     assert res.returncode == 0 and res.stdout.startswith("loadgen ")
     res = subprocess.run([sys.executable, "-m", "loadgen", "no-such-command"], capture_output=True, text=True)
     assert res.returncode == 2
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _import_edges(path: Path, modules: set[str]) -> set[str]:
+    """Every loadgen module ``path`` imports at run time (function-local imports included, TYPE_CHECKING not)."""
+    me = _module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    edges: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            edges.update(alias.name for alias in node.names if alias.name in modules)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:  # `from pkg import submodule` imports the submodule
+                if f"{base}.{alias.name}" in modules:
+                    edges.add(f"{base}.{alias.name}")
+                elif base in modules:
+                    edges.add(base)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    edges.discard(me)
+    return edges
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    paths = sorted(PKG.rglob("*.py"))
+    modules = {_module_name(p) for p in paths}
+    return {_module_name(p): _import_edges(p, modules) for p in paths}
+
+
+def test_no_import_cycles_between_modules():
+    graph = {m: {e for e in edges if not m.startswith(e + ".")} for m, edges in _graph().items()}  # a package's own __init__
+    assert _cycles(graph) == []
+
+
+def test_no_import_cycles_between_packages():
+    def top(name: str) -> str:
+        parts = name.split(".")
+        return ".".join(parts[:2])
+
+    graph: dict[str, set[str]] = {}
+    for module, edges in _graph().items():
+        graph.setdefault(top(module), set()).update(top(e) for e in edges if top(e) != top(module) and top(e) != "loadgen")
+    assert _cycles(graph) == []
+
+
+def test_function_local_imports_are_deferred_on_purpose():
+    """Imports live at module level; a deferred one (a heavy or optional dependency) says why on its line."""
+    undocumented = []
+    for path in sorted(PKG.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for func in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(func):
+                if isinstance(node, (ast.Import, ast.ImportFrom)) and "#" not in lines[node.lineno - 1]:
+                    undocumented.append(f"{path.relative_to(PKG.parent)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    assert undocumented == [], "\n".join(undocumented)

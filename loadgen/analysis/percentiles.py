@@ -1,4 +1,4 @@
-"""Percentiles with one named rule: linear interpolation between order statistics.
+"""Every percentile loadgen computes: one rule, linear interpolation, and one named alternative.
 
 The rule is numpy's default ``method="linear"`` (Hyndman & Fan type 7): for ``n`` sorted values
 and quantile ``q`` the virtual index is ``h = q·(n−1)`` and the result interpolates between the
@@ -6,30 +6,40 @@ values at ``floor(h)`` and ``ceil(h)``. For 1..100 ms the p99 is 99.01 ms (neare
 99). We use it because LLMPerf and vLLM's ``bench serve`` publish numpy-linear quantiles, so
 imported runs reproduce their published numbers exactly. ``+inf`` (a failed request counted against
 a budget) sorts last and makes any quantile that touches it ``+inf``; an empty sample is ``None``.
+Reports, trace statistics, the ledger's workload lengths and token-distribution quantiles all use it.
+
+The alternative, ``percentile_nearest_rank`` (``NEAREST_RANK_RULE``, numpy ``inverted_cdf``), always
+returns an observed value. Only the driver's self-checks use it: the send-lag summary in the
+manifest (whole nanoseconds) and the live progress line; neither is a reported latency percentile.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 __all__ = [
+    "LOW_SAMPLE_P99",
+    "NEAREST_RANK_RULE",
     "PERCENTILE_RULE",
     "QUANTILES",
-    "LOW_SAMPLE_P99",
-    "percentile_sorted",
-    "percentile",
-    "summarize",
-    "summarize_sorted",
-    "empty_summary",
     "SortedParts",
+    "empty_summary",
+    "percentile",
+    "percentile_nearest_rank",
+    "percentile_sorted",
+    "summarize",
     "summarize_parts",
+    "summarize_sorted",
 ]
 
 #: Name of the rule, printed in every report.
 PERCENTILE_RULE = "linear interpolation between order statistics (numpy 'linear', Hyndman-Fan type 7)"
+#: Name of the alternative rule (driver self-checks only: send lag, live progress).
+NEAREST_RANK_RULE = "nearest rank: the value at 0-based rank ceil(q·n) − 1 (numpy 'inverted_cdf', Hyndman-Fan type 1)"
 #: The quantiles every summary reports.
 QUANTILES = {"p50": 0.50, "p95": 0.95, "p99": 0.99}
 #: A p99 from fewer samples than this is flagged ``p99_low_sample``.
@@ -54,7 +64,7 @@ def percentile_sorted(sorted_values: np.ndarray, q: float) -> float | None:
     if n == 0:
         return None
     h = q * (n - 1)
-    lo = int(math.floor(h))
+    lo = math.floor(h)
     hi = min(lo + 1, n - 1)
     return float(_lerp(float(sorted_values[lo]), float(sorted_values[hi]), h - lo))
 
@@ -66,6 +76,18 @@ def percentile(values: Iterable[float] | np.ndarray, q: float) -> float | None:
     return percentile_sorted(np.sort(arr), q)
 
 
+def percentile_nearest_rank(sorted_values: np.ndarray, q: float) -> float | None:
+    """Quantile ``q`` (0..1) of an ascending array by nearest rank; None when empty.
+
+    The value at 0-based rank ``ceil(q·n) − 1`` (0 for q = 0), so always an observed value: a Python
+    int for an integer array. For 1..100 the p99 is 99.
+    """
+    n = len(sorted_values)
+    if n == 0:
+        return None
+    return sorted_values[max(0, math.ceil(q * n) - 1)].item()
+
+
 def empty_summary() -> dict[str, Any]:
     """The summary of an empty sample: every statistic None, n 0 (never 0 ms)."""
     return {"p50": None, "p95": None, "p99": None, "mean": None, "max": None, "n": 0, "p99_low_sample": True}
@@ -73,7 +95,7 @@ def empty_summary() -> dict[str, Any]:
 
 def summarize_sorted(sorted_values: np.ndarray, total: float | None = None) -> dict[str, Any]:
     """p50/p95/p99, mean, max and n of an ascending array (``total``: its sum, when known)."""
-    n = int(len(sorted_values))
+    n = len(sorted_values)
     if n == 0:
         return empty_summary()
     out: dict[str, Any] = {name: percentile_sorted(sorted_values, q) for name, q in QUANTILES.items()}
@@ -125,7 +147,7 @@ class SortedParts:
     def __len__(self) -> int:
         return self.n
 
-    def _count_le(self, x: float | int) -> int:
+    def _count_le(self, x: float) -> int:
         return int(sum(int(np.searchsorted(p, x, side="right")) for p in self.parts))
 
     def kth(self, r: int) -> float:
@@ -154,7 +176,7 @@ class SortedParts:
         if self.n == 0:
             return None
         h = q * (self.n - 1)
-        lo = int(math.floor(h))
+        lo = math.floor(h)
         hi = min(lo + 1, self.n - 1)
         a = float(self.kth(lo)) * self.scale
         b = a if hi == lo else float(self.kth(hi)) * self.scale

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from .model import METRICS, Analysis
+from .model import METRICS, Analysis, GroupSummary
 from .report_console import fmt_ms, stability_sentence
 
-__all__ = ["write_html", "render_html"]
+__all__ = ["render_html", "write_html"]
 
 _COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
 _CSS = """
@@ -38,12 +38,20 @@ def _e(x: Any) -> str:
     return html.escape(str(x))
 
 
+def _pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend."""
+    import matplotlib  # deferred on purpose: a heavy dependency only the HTML report's plots need
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # deferred with matplotlib above
+
+    return plt
+
+
 def _png(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
+    _pyplot().close(fig)
     return '<img alt="plot" src="data:image/png;base64,' + base64.b64encode(buf.getvalue()).decode("ascii") + '">'
 
 
@@ -53,8 +61,7 @@ def _legend(ax: Any, **kw: Any) -> None:
 
 
 def _cdf_figure(a: Analysis) -> str | None:
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     cdf = a.plot_data.get("cdf", {})
     budgets = a.plot_data.get("budgets", {})
     names = list(a.classes)
@@ -86,8 +93,7 @@ def _cdf_figure(a: Analysis) -> str | None:
 
 
 def _timeline_figure(a: Analysis) -> str | None:
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     ts = a.timeseries
     if not ts or not ts.get("t_s"):
         return None
@@ -149,8 +155,7 @@ def _timeline_figure(a: Analysis) -> str | None:
 
 
 def _token_figure(a: Analysis) -> str | None:
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     tokens = a.plot_data.get("tokens", {})
     if not any(len(v["prompt"]) or len(v["output"]) for v in tokens.values()):
         return None
@@ -184,12 +189,8 @@ def _num(v: Any, fmt: str = "{:,.3f}") -> str:
     return fmt.format(v) if isinstance(v, (int, float)) else _e(v)
 
 
-def render_html(analysis: Analysis) -> str:
-    """The whole report as one HTML string."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    a = analysis
+def _header(a: Analysis) -> list[str]:
+    """Document head, title line, verdict banner, failed checks and the run line."""
     run = a.run
     cls = {"pass": "vpass", "fail": "vfail"}.get(a.verdict, "vnone")
     head = {"pass": "PASS: every hard budget met", "fail": f"FAIL: {len(a.hard_failures)} hard check(s) failed",
@@ -212,28 +213,37 @@ def render_html(analysis: Analysis) -> str:
     parts.append(f'<p class="dim">run {_e(a.run_dir)} · model {_e(target.get("model"))} · target {_e(target.get("kind"))} '
                  f'· started {_e(run.get("started_utc"))} · {run.get("requests")} requests, {run.get("chunk_rows")} chunk rows '
                  f'· window {a.window["start_s"]:.3f}–{a.window["end_s"]:.3f} s · analysis schema {_e(a.schema_version)}</p>')
+    return parts
+
+
+def _load_section(a: Analysis) -> list[str]:
+    """Offered, sent and completed rates, token throughput, goodput and attainment."""
     o = a.overall
-    parts.append("<h2>Load and throughput</h2>")
     rate_rows = [["offered (scheduled)", _num(o.offered_rps), "req/s"], ["sent", _num(o.send_rps), "req/s"],
                  ["completed ok", _num(o.completed_rps), "req/s"], ["prompt tokens", _num(o.prompt_tok_s, "{:,.1f}"), "tok/s"],
                  ["output tokens", _num(o.output_tok_s, "{:,.1f}"), "tok/s"],
                  ["goodput", _num(o.goodput_rps), "req/s"],
                  ["attainment", "—" if o.attainment is None else f"{o.attainment:.1%}", ""]]
-    parts.append(_table(["measure", "value", "unit"], rate_rows))
+    parts = ["<h2>Load and throughput</h2>", _table(["measure", "value", "unit"], rate_rows)]
     if not a.rates_meaningful:
         parts.append('<p class="warn">Instants were synthesized by the importer: rates and time series are not measurements.</p>')
-    if a.checks:
-        parts.append("<h2>Budget checks</h2>")
-        rows = [[_e(c.class_name), _e(c.metric), _e(c.percentile or ""), _num(c.observed, "{:,.2f}"), _num(c.limit, "{:,.2f}"),
-                 c.n, "hard" if c.hard else "soft",
-                 ('<span class="pass">pass</span>' if c.passed else f'<span class="{"fail" if c.hard else "warn"}">fail</span>')
-                 if c.evaluated else "n/a"] for c in a.checks]
-        parts.append(_table(["class", "metric", "pct", "observed", "limit", "n", "kind", "result"], rows, left=3))
-    fig = _cdf_figure(a)
-    if fig:
-        parts.append("<h2>Latency CDFs (dashed: budget limits)</h2>" + fig)
-    parts.append("<h2>Per class</h2>")
-    groups = list(a.classes.values()) + ([a.overall] if len(a.classes) != 1 else [])
+    return parts
+
+
+def _checks_section(a: Analysis) -> list[str]:
+    """Every budget check with observed value, limit, n and result (nothing when there are none)."""
+    if not a.checks:
+        return []
+    rows = [[_e(c.class_name), _e(c.metric), _e(c.percentile or ""), _num(c.observed, "{:,.2f}"), _num(c.limit, "{:,.2f}"),
+             c.n, "hard" if c.hard else "soft",
+             ('<span class="pass">pass</span>' if c.passed else f'<span class="{"fail" if c.hard else "warn"}">fail</span>')
+             if c.evaluated else "n/a"] for c in a.checks]
+    return ["<h2>Budget checks</h2>", _table(["class", "metric", "pct", "observed", "limit", "n", "kind", "result"], rows, left=3)]
+
+
+def _class_sections(a: Analysis, groups: list[GroupSummary]) -> list[str]:
+    """Per class (and overall): status counts, failures, goodput and the metric table."""
+    parts = ["<h2>Per class</h2>"]
     for g in groups:
         counts = ", ".join(f"{k} {v}" for k, v in g.status_counts.items() if v)
         kinds = ", ".join(f"{k} {v}" for k, v in g.error_kinds.items())
@@ -247,14 +257,13 @@ def render_html(analysis: Analysis) -> str:
             rows.append([_e(m), s["n"], fmt_ms(s["p50"]), fmt_ms(s["p95"]), fmt_ms(s["p99"]) + flag, fmt_ms(s["mean"]), fmt_ms(s["max"])])
         parts.append(_table(["metric", "n", "p50", "p95", "p99", "mean", "max"], rows))
     parts.append('<p class="dim">* p99 from fewer than 100 samples. Percentiles: ' + _e(a.definitions.get("percentiles", "")) + "</p>")
-    fig = _timeline_figure(a)
-    if fig:
-        parts.append("<h2>Timeline</h2>" + fig)
-    parts.append("<h2>Stability and Little's Law</h2>")
-    css = "" if a.stability.get("applied") else ' class="warn"'
-    parts.append(f"<p{css}>{_e(stability_sentence(a.stability))}</p>")
+    return parts
+
+
+def _warm_cold_section(a: Analysis) -> list[str]:
+    """Warm/cold state, the cold rule, warm vs cold TTFT/E2E, and what the engine noted."""
     wc = a.warm_cold
-    parts.append("<h2>Warm / cold</h2>")
+    parts = ["<h2>Warm / cold</h2>"]
     parts.append(f"<p>state {_e(wc['state'])}; actions: {_e('; '.join(wc.get('actions') or []) or 'none recorded')}; "
                  f"cold rule: {_e(wc['cold_rule'])}; {wc['n_cold']} cold request(s)"
                  f"{' (in the tables)' if wc.get('cold_in_tables') else ' (apart from the tables)'}.</p>")
@@ -265,13 +274,11 @@ def render_html(analysis: Analysis) -> str:
         parts.append("<pre>" + _e(json.dumps({"engine_notes": wc.get("engine_notes"),
                                                "behavior_relevant": wc.get("behavior_relevant")},
                                               indent=1, default=str)) + "</pre>")
-    if a.server:
-        parts.append("<h2>Server metrics</h2><pre>" + _e(json.dumps(
-            {k: v for k, v in a.server.items() if k not in ("timeseries", "names")}, indent=1, default=str)) + "</pre>")
-    fig = _token_figure(a)
-    parts.append("<h2>Token lengths and accounting</h2>")
-    if fig:
-        parts.append(fig)
+    return parts
+
+
+def _token_table(groups: list[GroupSummary]) -> str:
+    """Target, client-counted and server-reported tokens per class, and how many requests disagree."""
     rows = []
     for g in groups:
         for kind in ("prompt", "output"):
@@ -279,8 +286,33 @@ def render_html(analysis: Analysis) -> str:
             rows.append([_e(g.name), kind, _num(t.get("target"), "{:,.0f}"), _num(t.get("client"), "{:,.0f}"),
                          _num(t.get("server"), "{:,.0f}"), _num(t.get("server_minus_client"), "{:,.0f}"),
                          _num(t.get("server_minus_target"), "{:,.0f}"), t.get("n_server_client_mismatch")])
-    parts.append(_table(["class", "tokens", "target", "client", "server", "server−client", "server−target",
-                         "requests mismatched"], rows, left=2))
+    return _table(["class", "tokens", "target", "client", "server", "server−client", "server−target",
+                   "requests mismatched"], rows, left=2)
+
+
+def render_html(analysis: Analysis) -> str:
+    """The whole report as one HTML string."""
+    a = analysis
+    parts = _header(a) + _load_section(a) + _checks_section(a)
+    fig = _cdf_figure(a)
+    if fig:
+        parts.append("<h2>Latency CDFs (dashed: budget limits)</h2>" + fig)
+    groups = list(a.classes.values()) + ([a.overall] if len(a.classes) != 1 else [])
+    parts += _class_sections(a, groups)
+    fig = _timeline_figure(a)
+    if fig:
+        parts.append("<h2>Timeline</h2>" + fig)
+    css = "" if a.stability.get("applied") else ' class="warn"'
+    parts += ["<h2>Stability and Little's Law</h2>", f"<p{css}>{_e(stability_sentence(a.stability))}</p>"]
+    parts += _warm_cold_section(a)
+    if a.server:
+        parts.append("<h2>Server metrics</h2><pre>" + _e(json.dumps(
+            {k: v for k, v in a.server.items() if k not in ("timeseries", "names")}, indent=1, default=str)) + "</pre>")
+    fig = _token_figure(a)
+    parts.append("<h2>Token lengths and accounting</h2>")
+    if fig:
+        parts.append(fig)
+    parts.append(_token_table(groups))
     if a.notes:
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in a.notes) + "</ul>")
     parts.append("<h2>Definitions</h2>" + _table(["name", "definition"], [[_e(k), f'<span style="text-align:left">{_e(v)}</span>']

@@ -14,36 +14,36 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 import anyio
 import httpx
 
 from ..errors import TargetError
 from ..identity import utc_now_iso
+from ..records import CONTRACT_FILE
 from .cases import Case, CaseSet
 from .checks import CheckOutcome, Observed, run_checks
 from .responder import CASE_HEADER
 
 __all__ = [
-    "CaseResult",
-    "ContractResult",
-    "CaseDiff",
-    "ContractDiff",
     "CONTRACT_FILE",
+    "CaseDiff",
+    "CaseResult",
+    "ContractDiff",
+    "ContractResult",
+    "diff",
+    "read_contract",
+    "render_messages_as_prompt",
     "replay_cases",
     "replay_cases_sync",
     "replay_under_load",
-    "diff",
-    "render_messages_as_prompt",
     "write_contract",
-    "read_contract",
 ]
 
-#: File name of a contract result inside a run directory.
-CONTRACT_FILE = "contract.json"
 _MAX_TEXT = 4000
 
 
@@ -93,7 +93,7 @@ class CaseResult:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "CaseResult":
+    def from_dict(cls, data: dict[str, Any]) -> CaseResult:
         obs = dict(data["observed"])
         obs.pop("text_truncated", None)
         return cls(
@@ -211,7 +211,7 @@ class ContractResult:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ContractResult":
+    def from_dict(cls, data: dict[str, Any]) -> ContractResult:
         ref = data.get("reference_diff")
         return cls(
             cases=[CaseResult.from_dict(c) for c in data["cases"]], target=data.get("target", {}),
@@ -451,8 +451,7 @@ async def replay_cases(
     if not model:
         model = await _first_served_model(target_url, api_key_env)
     base = target_url.rstrip("/")
-    if base.endswith("/v1"):
-        base = base[: -len("/v1")]
+    base = base.removesuffix("/v1")
     path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
     started = utc_now_iso()
     results: dict[str, CaseResult] = {}

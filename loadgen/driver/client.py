@@ -13,13 +13,21 @@ else from the run's tokenizer on the delta text (cached).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import anyio
 import httpx
 
-from ..records import STATUS_CANCELLED, STATUS_ERROR, STATUS_NOT_SENT, STATUS_OK, STATUS_TIMEOUT
+from ..records import (
+    STATUS_CANCELLED,
+    STATUS_ERROR,
+    STATUS_NOT_SENT,
+    STATUS_OK,
+    STATUS_TIMEOUT,
+    http_error_kind,
+)
 from .error_kinds import (
     Phase,
     StreamTruncated,
@@ -29,11 +37,11 @@ from .error_kinds import (
     redact,
 )
 from .jobs import Job
-from .transport import RawHTTP11Transport, RawResponse
 from .schedule import LagStats, RateGate
 from .sse import DONE, SSEDecoder, parse_chunk
+from .transport import RawHTTP11Transport, RawResponse
 
-__all__ = ["RunContext", "StreamState", "PreSent", "send_at_deadline", "execute", "request_row"]
+__all__ = ["PreSent", "RunContext", "StreamState", "execute", "request_row", "send_at_deadline"]
 
 _now = time.perf_counter_ns
 
@@ -146,9 +154,9 @@ class StreamState:
     trace's cancel-after-tokens reached. Malformed events raise SSEProtocolError.
     """
 
-    __slots__ = ("ctx", "anchor", "decoder", "arrivals", "tokens", "sizes", "texts", "cancel_after", "prev_usage",
-                 "first_token", "last_token", "client_tokens", "server_prompt", "server_output", "finish_reason",
-                 "response_model", "fingerprint", "done_abs", "cancelled", "error", "error_code", "on_first_token")
+    __slots__ = ("anchor", "arrivals", "cancel_after", "cancelled", "client_tokens", "ctx", "decoder", "done_abs",
+                 "error", "error_code", "fingerprint", "finish_reason", "first_token", "last_token", "on_first_token",
+                 "prev_usage", "response_model", "server_output", "server_prompt", "sizes", "texts", "tokens")
 
     def __init__(self, ctx: RunContext, cancel_after: int | None, on_first_token: Callable[[], None] | None) -> None:
         self.ctx = ctx
@@ -194,8 +202,7 @@ class StreamState:
                 # per-chunk usage (vLLM continuous_usage_stats): exact, also for tokens whose text
                 # is empty (partial UTF-8, special tokens)
                 n = usage - self.prev_usage
-                if n < 0:
-                    n = 0
+                n = max(n, 0)
             elif chunk.pieces:
                 n = self.ctx.tokens_in(chunk.text)
             if chunk.pieces and self.texts is not None:
@@ -229,7 +236,7 @@ class StreamState:
 class PreSent:
     """A request the scheduler already put on the wire at its deadline (slot taken on behalf of ``token``)."""
 
-    __slots__ = ("token", "conn", "sent_abs")
+    __slots__ = ("conn", "sent_abs", "token")
 
     def __init__(self, token: object, conn, sent_abs: int) -> None:
         self.token = token
@@ -309,8 +316,7 @@ async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int, pre: PreSent
                     ctx.lag.add(sent_abs - scheduled_abs_ns)
                 ctx.sent += 1
                 ctx.in_flight += 1
-                if ctx.in_flight > ctx.peak_in_flight:
-                    ctx.peak_in_flight = ctx.in_flight
+                ctx.peak_in_flight = max(ctx.peak_in_flight, ctx.in_flight)
                 response = await ctx.transport.open(ctx.origin, job.payload, sent=pre.conn if pre is not None else None)
                 row["first_byte_ns"] = _now() - anchor
                 row["http_status"] = response.status
@@ -328,7 +334,7 @@ async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int, pre: PreSent
                         with anyio.move_on_after(0.5):
                             await response.body.stream_to(_ignore)
                     status, error_kind, error_message = _outcome(state)
-            except Exception as exc:  # a failed request is a row, not an exception
+            except Exception as exc:  # noqa: BLE001 (a failed request is a row, not an exception)
                 status, error_kind, error_message = classify_exception(exc, phase, ctx.secrets)
         if scope.cancelled_caught and status is None:
             status = STATUS_TIMEOUT
@@ -361,8 +367,8 @@ def _ignore(arrival_abs_ns: int, data: bytes) -> bool:
 def _outcome(state: StreamState) -> tuple[str, str | None, str | None]:
     """(status, error_kind, message) of a stream that ended without a transport error."""
     if state.error is not None:
-        code = state.error_code
-        kind = "http_4xx" if code is not None and 400 <= code < 500 else "http_5xx"
+        # an in-stream error without an HTTP error code is the server failing mid-answer
+        kind = http_error_kind(state.error_code, otherwise="http_5xx")
         return STATUS_ERROR, kind, f"in-stream error: {state.error}"
     if state.cancelled:
         return STATUS_CANCELLED, None, None

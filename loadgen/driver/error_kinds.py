@@ -2,7 +2,9 @@
 
 A failed request is a row, not an exception: the client catches whatever httpx, anyio or the SSE
 parser raised and asks ``classify_exception`` what to record. HTTP error statuses go through
-``classify_http_status``. Messages are one line and pass through ``redact`` so no secret is stored.
+``classify_http_status`` (the status → error_kind table itself is ``records.http_error_kind``,
+shared with the simulator and the importers). Messages are one line and pass through ``redact``
+so no secret is stored.
 """
 
 from __future__ import annotations
@@ -14,14 +16,14 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from ..records import STATUS_CANCELLED, STATUS_ERROR, STATUS_TIMEOUT
+from ..records import STATUS_CANCELLED, STATUS_ERROR, STATUS_TIMEOUT, http_error_kind
 from .sse import SSEProtocolError
 
 __all__ = [
     "Phase",
+    "StreamTruncated",
     "TTFTTimeout",
     "TotalTimeout",
-    "StreamTruncated",
     "classify_exception",
     "classify_http_status",
     "parse_retry_after",
@@ -94,14 +96,8 @@ def parse_retry_after(value: str | None, now_s: float | None = None) -> float | 
 
 
 def classify_http_status(code: int) -> tuple[str, str]:
-    """(status, error_kind) for an HTTP error response."""
-    if code == 429:
-        return STATUS_ERROR, "http_429"
-    if 400 <= code < 500:
-        return STATUS_ERROR, "http_4xx"
-    if code >= 500:
-        return STATUS_ERROR, "http_5xx"
-    return STATUS_ERROR, "client"  # 1xx/3xx where a stream was expected
+    """(status, error_kind) for a response that is not 200 (1xx/3xx where a stream was expected: ``client``)."""
+    return STATUS_ERROR, http_error_kind(code)
 
 
 def classify_exception(exc: BaseException, phase: int, secrets: tuple[str, ...] = ()) -> tuple[str, str, str]:

@@ -12,6 +12,8 @@ import time
 import anyio
 import numpy as np
 
+from ..analysis.percentiles import percentile_nearest_rank
+
 __all__ = ["Progress"]
 
 
@@ -29,7 +31,7 @@ class Progress:
     def line(self) -> str:
         ctx = self.ctx
         recent = ctx.recent_ttft_ns[-2000:]
-        p99 = f"{np.percentile(np.asarray(recent), 99, method='inverted_cdf') / 1e6:,.0f} ms" if recent else "-"
+        p99 = f"{percentile_nearest_rank(np.sort(np.asarray(recent)), 0.99) / 1e6:,.0f} ms" if recent else "-"
         elapsed = time.monotonic() - self.start
         return (
             f"loadgen run {elapsed:6.1f}s  sent {ctx.sent}/{self.total}  in flight {ctx.in_flight}  "

@@ -17,9 +17,12 @@ import time
 from dataclasses import dataclass, field
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 
-__all__ = ["sleep_until", "RateGate", "LagStats", "SPIN_NS", "THREAD_NS", "WAKE_EARLY_NS", "WAKE_EARLY_IDLE_NS"]
+from ..analysis.percentiles import percentile_nearest_rank
+
+__all__ = ["SPIN_NS", "THREAD_NS", "WAKE_EARLY_IDLE_NS", "WAKE_EARLY_NS", "LagStats", "RateGate", "sleep_until"]
 
 #: Below this much remaining time the wait is a yielding spin (cheaper than a thread round trip).
 SPIN_NS = 350_000
@@ -122,7 +125,7 @@ async def sleep_until(deadline_ns: int) -> None:
         else:
             await anyio.to_thread.run_sync(_thread_sleep_until, deadline_ns - early)
     while _now() < deadline_ns:
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
 
 
 class RateGate:
@@ -161,13 +164,9 @@ class LagStats:
         self.values.append(lag_ns)
 
     def summary(self) -> dict[str, int | None]:
-        """{p50, p99, max, n} in ns (nearest-rank percentiles); None values when empty."""
+        """{p50, p99, max, n} in ns (nearest-rank percentiles: observed values); None values when empty."""
         if not self.values:
             return {"p50": None, "p99": None, "max": None, "n": 0}
         arr = np.sort(np.asarray(self.values, dtype=np.int64))
-        n = len(arr)
-
-        def rank(q: float) -> int:
-            return int(arr[max(0, int(np.ceil(q * n)) - 1)])
-
-        return {"p50": rank(0.50), "p99": rank(0.99), "max": int(arr[-1]), "n": n}
+        return {"p50": percentile_nearest_rank(arr, 0.50), "p99": percentile_nearest_rank(arr, 0.99),
+                "max": int(arr[-1]), "n": len(arr)}

@@ -382,7 +382,7 @@ def build_bundle(source: str | Path, out: str | Path) -> BundleInfo:
     src = _select(Path(source))
     failures = _failures(src.analysis, src.memory)
     experiment = propose_experiment(failures, inner_engine_config(_engine(src.manifest)),
-                                    (src.manifest.get("trace") or {}).get("name"))
+                                    src.manifest.trace.name if src.manifest.trace else None)
     out.mkdir(parents=True, exist_ok=True)
     try:
         _write_files(out, src, failures, experiment)

@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import LedgerError
+from ..scenario import Scenario
 from .config import ModelConfig, dtype_bytes
 from .kv import KVSpec, blocks_for_sequence, kv_spec, vllm_kv_capacity
 from .settings import GIB, QUANT_WEIGHT_BITS, EngineSettings
+from .workload import class_lengths
 
-__all__ = ["LedgerLine", "Ledger", "ClassConcurrency", "compute_ledger", "count_parameters", "LINE_NAMES"]
+__all__ = ["LINE_NAMES", "ClassConcurrency", "Ledger", "LedgerLine", "compute_ledger", "count_parameters"]
 
 #: Ledger line names, in the order they are printed.
 LINE_NAMES = ("weights", "kv_cache", "activations", "workspaces", "fragmentation", "graph_comm_buffers", "adapters", "safety_margin")
@@ -179,7 +181,7 @@ def _weights_line(m: ModelConfig, e: EngineSettings, params: dict[str, int]) -> 
         lin_bytes, scales = linear * wb, 0.0
         lin_formula = f"linear {linear:,} × {wb:g} B"
     sharded = lin_bytes + scales + other * wb
-    total = int(math.ceil(sharded / tp + params["norms"] * wb))
+    total = math.ceil(sharded / tp + params["norms"] * wb)
     formula = (f"({lin_formula} + embed/lm_head/router/bias {other:,} × {wb:g} B) / tp {tp}"
                f" + norms {params['norms']:,} × {wb:g} B")
     factors = {"parameters": params["total"], "linear_parameters": linear, "other_parameters": other, "norm_parameters": params["norms"],
@@ -230,7 +232,111 @@ def _adapter_line(m: ModelConfig, e: EngineSettings, wb: float) -> LedgerLine:
     )
 
 
-def compute_ledger(model: ModelConfig, engine: EngineSettings, workload: Any = None) -> "Ledger":
+def _fragmentation_line(e: EngineSettings, act: LedgerLine, ws: LedgerLine) -> LedgerLine:
+    return LedgerLine(
+        "fragmentation", int((act.bytes + ws.bytes) * e.fragmentation_fraction),
+        f"{e.fragmentation_fraction:g} × (activations + workspaces) {act.bytes + ws.bytes:,} B",
+        {"fraction": e.fragmentation_fraction}, "estimate",
+    )
+
+
+def _graph_line(m: ModelConfig, e: EngineSettings, act_b: float) -> LedgerLine:
+    graph_gib = e.graph_buffer_gib if e.graph_buffer_gib is not None else (0.5 if e.device == "cuda" else 0.0)
+    comm = 0
+    if e.tensor_parallel_size > 1:
+        comm = int(2 * e.max_num_batched_tokens * m.hidden_size * act_b)
+    return LedgerLine(
+        "graph_comm_buffers", int(graph_gib * GIB) + comm,
+        f"graph pool {graph_gib:g} GiB ({e.device}) + all-reduce staging 2 × {e.max_num_batched_tokens} × hidden {m.hidden_size} × {act_b:g} B × (tp>1: {int(e.tensor_parallel_size > 1)})",
+        {"graph_pool_gib": graph_gib, "allreduce_bytes": comm, "device": e.device}, "estimate",
+    )
+
+
+def _overhead_lines(m: ModelConfig, e: EngineSettings, params: dict[str, int]) -> tuple[LedgerLine, ...]:
+    """The non-KV lines: (weights, activations, workspaces, fragmentation, graph/comm buffers, adapters)."""
+    weights = _weights_line(m, e, params)
+    wdtype = m.torch_dtype if e.dtype == "auto" else e.dtype
+    wb = dtype_bytes(wdtype, "dtype")
+    act_b = 2.0 if wb < 2 else wb
+    act, ws = _activation_lines(m, e, act_b)
+    return weights, act, ws, _fragmentation_line(e, act, ws), _graph_line(m, e, act_b), _adapter_line(m, e, act_b)
+
+
+def _kv_budget(e: EngineSettings, non_kv: int, notes: list[str]) -> tuple[int | None, str]:
+    """(bytes the KV cache may use, its formula): kv_cache_gib, or device × utilization − non-KV lines; None without either."""
+    if e.kv_cache_gib is not None:
+        return int(e.kv_cache_gib * GIB), f"kv_cache_gib {e.kv_cache_gib:g} × 2^30"
+    if e.device_memory_gib is None:
+        return None, ""
+    requested = int(e.device_memory_gib * GIB * e.gpu_memory_utilization)
+    budget = requested - non_kv
+    budget_formula = f"device {e.device_memory_gib:g} GiB × utilization {e.gpu_memory_utilization:g} − non-KV lines {non_kv:,} B"
+    if budget <= 0:
+        notes.append(f"non-KV memory {non_kv / GIB:.2f} GiB exceeds device × utilization {requested / GIB:.2f} GiB: no KV cache fits")
+        budget = 0
+    return budget, budget_formula
+
+
+@dataclass(frozen=True)
+class _KVPool:
+    """The KV line and, with a budget, the pool it buys (blocks, token slots, vLLM's reported capacity)."""
+
+    line: LedgerLine
+    blocks: int | None = None
+    tokens: int | None = None
+    vllm_tokens: int | None = None
+    concurrency: float | None = None
+
+
+def _budgeted_kv(spec: KVSpec, mml: int, budget: int, budget_formula: str, notes: list[str]) -> _KVPool:
+    """Whole blocks that fit the budget, the way vLLM sizes its pool."""
+    block = spec.block_size
+    blocks = budget // spec.bytes_per_block
+    kv_bytes = blocks * spec.bytes_per_block
+    vllm_tokens, concurrency, per_req_v = vllm_kv_capacity(spec, blocks, mml)
+    tokens = blocks * block
+    groups = " + ".join(f"{g.layers} {g.kind}" for g in spec.groups)
+    line = LedgerLine(
+        "kv_cache", kv_bytes,
+        f"blocks {blocks:,} × block bytes {spec.bytes_per_block:,} (page {spec.page_bytes:,} = block {block} × {spec.bytes_per_token_per_layer:,} B/token/layer; × layers [{groups}]); blocks = budget {budget:,} // block bytes; budget = {budget_formula}",
+        {"budget_bytes": budget, "blocks": blocks, "block_size": block, "page_bytes": spec.page_bytes,
+         "bytes_per_block": spec.bytes_per_block, "kv_bytes_per_token": spec.bytes_per_token, "tokens": tokens,
+         "element_bytes": spec.element_bytes, "kv_heads": spec.kv_heads, "head_dim": spec.head_dim, "kv_factor": spec.kv_factor},
+        "budget",
+    )
+    if blocks and per_req_v > blocks:
+        notes.append(f"one max_model_len {mml} request needs {per_req_v} blocks but only {blocks} fit: vLLM would refuse to start")
+    return _KVPool(line, blocks, tokens, vllm_tokens, concurrency)
+
+
+def _unbudgeted_kv(spec: KVSpec, e: EngineSettings, mml: int, per_req: int, notes: list[str]) -> _KVPool:
+    """Without a budget: what max_num_seqs full-length sequences need."""
+    block = spec.block_size
+    kv_bytes = e.max_num_seqs * per_req * spec.page_bytes * max(g.layers for g in spec.groups)
+    line = LedgerLine(
+        "kv_cache", kv_bytes,
+        f"max_num_seqs {e.max_num_seqs} × blocks/seq {per_req} (cdiv(max_model_len {mml}, block {block}), window-capped) × block bytes {spec.bytes_per_block:,}",
+        {"max_num_seqs": e.max_num_seqs, "blocks_per_sequence": per_req, "bytes_per_block": spec.bytes_per_block,
+         "kv_bytes_per_token": spec.bytes_per_token, "block_size": block, "element_bytes": spec.element_bytes,
+         "kv_heads": spec.kv_heads, "head_dim": spec.head_dim, "kv_factor": spec.kv_factor},
+        "exact",
+    )
+    notes.append("no memory budget given: the KV line is what max_num_seqs full-length sequences need")
+    return _KVPool(line)
+
+
+def _safety_margin_line(e: EngineSettings, accounted: int) -> LedgerLine:
+    """Device × (1 − utilization) with a device size; else a fraction of everything accounted."""
+    if e.device_memory_gib is not None:
+        margin = int(e.device_memory_gib * GIB) - int(e.device_memory_gib * GIB * e.gpu_memory_utilization)
+        return LedgerLine("safety_margin", margin, f"device {e.device_memory_gib:g} GiB × (1 − utilization {e.gpu_memory_utilization:g})",
+                          {"device_memory_gib": e.device_memory_gib, "gpu_memory_utilization": e.gpu_memory_utilization}, "budget")
+    margin = int(accounted * e.safety_margin_fraction)
+    return LedgerLine("safety_margin", margin, f"{e.safety_margin_fraction:g} × accounted {accounted:,} B",
+                      {"fraction": e.safety_margin_fraction}, "estimate")
+
+
+def compute_ledger(model: ModelConfig, engine: EngineSettings, workload: Scenario | None = None) -> Ledger:
     """Every ledger line for ``model`` under ``engine``; per-class concurrency when ``workload`` (a Scenario) is given."""
     m, e = model, engine
     mml = e.max_model_len or m.max_position_embeddings
@@ -238,102 +344,36 @@ def compute_ledger(model: ModelConfig, engine: EngineSettings, workload: Any = N
         raise LedgerError(f"{m.source}: max_position_embeddings: missing; expected it, or pass max_model_len")
     spec = kv_spec(m, e)
     params = count_parameters(m)
-    weights = _weights_line(m, e, params)
-    wdtype = m.torch_dtype if e.dtype == "auto" else e.dtype
-    wb = dtype_bytes(wdtype, "dtype")
-    act_b = 2.0 if wb < 2 else wb
-    act, ws = _activation_lines(m, e, act_b)
-    frag = LedgerLine(
-        "fragmentation", int((act.bytes + ws.bytes) * e.fragmentation_fraction),
-        f"{e.fragmentation_fraction:g} × (activations + workspaces) {act.bytes + ws.bytes:,} B",
-        {"fraction": e.fragmentation_fraction}, "estimate",
-    )
-    graph_gib = e.graph_buffer_gib if e.graph_buffer_gib is not None else (0.5 if e.device == "cuda" else 0.0)
-    comm = 0
-    if e.tensor_parallel_size > 1:
-        comm = int(2 * e.max_num_batched_tokens * m.hidden_size * act_b)
-    graph = LedgerLine(
-        "graph_comm_buffers", int(graph_gib * GIB) + comm,
-        f"graph pool {graph_gib:g} GiB ({e.device}) + all-reduce staging 2 × {e.max_num_batched_tokens} × hidden {m.hidden_size} × {act_b:g} B × (tp>1: {int(e.tensor_parallel_size > 1)})",
-        {"graph_pool_gib": graph_gib, "allreduce_bytes": comm, "device": e.device}, "estimate",
-    )
-    adapters = _adapter_line(m, e, act_b)
+    weights, act, ws, frag, graph, adapters = _overhead_lines(m, e, params)
     non_kv = weights.bytes + act.bytes + ws.bytes + frag.bytes + graph.bytes + adapters.bytes
     notes: list[str] = []
-    block = spec.block_size
     per_req = blocks_for_sequence(spec, mml, mml)
-    if e.kv_cache_gib is not None:
-        budget = int(e.kv_cache_gib * GIB)
-        budget_formula = f"kv_cache_gib {e.kv_cache_gib:g} × 2^30"
-    elif e.device_memory_gib is not None:
-        requested = int(e.device_memory_gib * GIB * e.gpu_memory_utilization)
-        budget = requested - non_kv
-        budget_formula = f"device {e.device_memory_gib:g} GiB × utilization {e.gpu_memory_utilization:g} − non-KV lines {non_kv:,} B"
-        if budget <= 0:
-            notes.append(f"non-KV memory {non_kv / GIB:.2f} GiB exceeds device × utilization {requested / GIB:.2f} GiB: no KV cache fits")
-            budget = 0
-    else:
-        budget = None
-        budget_formula = ""
+    budget, budget_formula = _kv_budget(e, non_kv, notes)
     if budget is not None:
-        blocks = budget // spec.bytes_per_block
-        kv_bytes = blocks * spec.bytes_per_block
-        vllm_tokens, concurrency, per_req_v = vllm_kv_capacity(spec, blocks, mml)
-        tokens = blocks * block
-        groups = " + ".join(f"{g.layers} {g.kind}" for g in spec.groups)
-        kv_line = LedgerLine(
-            "kv_cache", kv_bytes,
-            f"blocks {blocks:,} × block bytes {spec.bytes_per_block:,} (page {spec.page_bytes:,} = block {block} × {spec.bytes_per_token_per_layer:,} B/token/layer; × layers [{groups}]); blocks = budget {budget:,} // block bytes; budget = {budget_formula}",
-            {"budget_bytes": budget, "blocks": blocks, "block_size": block, "page_bytes": spec.page_bytes,
-             "bytes_per_block": spec.bytes_per_block, "kv_bytes_per_token": spec.bytes_per_token, "tokens": tokens,
-             "element_bytes": spec.element_bytes, "kv_heads": spec.kv_heads, "head_dim": spec.head_dim, "kv_factor": spec.kv_factor},
-            "budget",
-        )
-        if blocks and per_req_v > blocks:
-            notes.append(f"one max_model_len {mml} request needs {per_req_v} blocks but only {blocks} fit: vLLM would refuse to start")
+        pool = _budgeted_kv(spec, mml, budget, budget_formula, notes)
     else:
-        blocks = tokens = vllm_tokens = None
-        concurrency = None
-        kv_bytes = e.max_num_seqs * per_req * spec.page_bytes * max(g.layers for g in spec.groups)
-        kv_line = LedgerLine(
-            "kv_cache", kv_bytes,
-            f"max_num_seqs {e.max_num_seqs} × blocks/seq {per_req} (cdiv(max_model_len {mml}, block {block}), window-capped) × block bytes {spec.bytes_per_block:,}",
-            {"max_num_seqs": e.max_num_seqs, "blocks_per_sequence": per_req, "bytes_per_block": spec.bytes_per_block,
-             "kv_bytes_per_token": spec.bytes_per_token, "block_size": block, "element_bytes": spec.element_bytes,
-             "kv_heads": spec.kv_heads, "head_dim": spec.head_dim, "kv_factor": spec.kv_factor},
-            "exact",
-        )
-        notes.append("no memory budget given: the KV line is what max_num_seqs full-length sequences need")
-    if e.device_memory_gib is not None:
-        margin = int(e.device_memory_gib * GIB) - int(e.device_memory_gib * GIB * e.gpu_memory_utilization)
-        margin_line = LedgerLine("safety_margin", margin, f"device {e.device_memory_gib:g} GiB × (1 − utilization {e.gpu_memory_utilization:g})",
-                                 {"device_memory_gib": e.device_memory_gib, "gpu_memory_utilization": e.gpu_memory_utilization}, "budget")
-    else:
-        margin = int((non_kv + kv_bytes) * e.safety_margin_fraction)
-        margin_line = LedgerLine("safety_margin", margin, f"{e.safety_margin_fraction:g} × accounted {non_kv + kv_bytes:,} B",
-                                 {"fraction": e.safety_margin_fraction}, "estimate")
-    lines = [weights, kv_line, act, ws, frag, graph, adapters, margin_line]
+        pool = _unbudgeted_kv(spec, e, mml, per_req, notes)
+    margin_line = _safety_margin_line(e, non_kv + pool.line.bytes)
+    lines = [weights, pool.line, act, ws, frag, graph, adapters, margin_line]
     ledger = Ledger(
         model=m, engine=e, kv=spec, lines=lines, max_model_len=int(mml), kv_budget_bytes=budget,
-        kv_cache_blocks=blocks, kv_cache_tokens=tokens, vllm_kv_cache_size_tokens=vllm_tokens,
-        max_concurrency_at_max_len=concurrency, blocks_per_max_len_request=per_req, parameters=params, notes=notes,
+        kv_cache_blocks=pool.blocks, kv_cache_tokens=pool.tokens, vllm_kv_cache_size_tokens=pool.vllm_tokens,
+        max_concurrency_at_max_len=pool.concurrency, blocks_per_max_len_request=per_req, parameters=params, notes=notes,
     )
     if workload is not None:
         ledger.classes = _class_concurrency(ledger, workload)
     return ledger
 
 
-def _class_concurrency(ledger: Ledger, scenario: Any) -> list[ClassConcurrency]:
-    from .workload import class_lengths
-
+def _class_concurrency(ledger: Ledger, scenario: Scenario) -> list[ClassConcurrency]:
     spec, mml = ledger.kv, ledger.max_model_len
     pool = ledger.kv_cache_blocks
     if pool is None:  # no budget: what max_num_seqs × max_model_len would occupy
         pool = ledger.engine.max_num_seqs * ledger.blocks_per_max_len_request
     out = []
     for c in class_lengths(scenario):
-        b50 = blocks_for_sequence(spec, min(int(math.ceil(c.total_p50)), mml), mml)
-        b99 = blocks_for_sequence(spec, min(int(math.ceil(c.total_p99)), mml), mml)
+        b50 = blocks_for_sequence(spec, min(math.ceil(c.total_p50), mml), mml)
+        b99 = blocks_for_sequence(spec, min(math.ceil(c.total_p99), mml), mml)
         n50 = pool // b50 if b50 else 0
         n99 = pool // b99 if b99 else 0
         shared_blocks = (c.prefix_tokens // spec.block_size) * len(spec.groups)  # whole blocks only are shared

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..analysis.percentiles import percentile_sorted
 from ..distributions import sample_tokens
 from ..scenario import Scenario
 
@@ -62,16 +63,23 @@ def class_lengths(scenario: Scenario, *, n: int = 20_000, seed: int | None = Non
             prompts = prefix + sample_tokens(cls.input_tokens, rng, n, base)
             outs = sample_tokens(cls.output_tokens, rng, n, base)
         totals = prompts + outs
+        p_prompt, p_out, p_total = (_p50_p99(x) for x in (prompts, outs, totals))
         big = max((g for g in groups), key=lambda g: g.prefix_tokens, default=None)
         out.append(
             ClassLengths(
-                name=name, samples=int(len(totals)),
-                prompt_p50=float(np.quantile(prompts, 0.5)), prompt_p99=float(np.quantile(prompts, 0.99)),
-                output_p50=float(np.quantile(outs, 0.5)), output_p99=float(np.quantile(outs, 0.99)),
-                total_p50=float(np.quantile(totals, 0.5)), total_p99=float(np.quantile(totals, 0.99)),
+                name=name, samples=len(totals),
+                prompt_p50=p_prompt[0], prompt_p99=p_prompt[1],
+                output_p50=p_out[0], output_p99=p_out[1],
+                total_p50=p_total[0], total_p99=p_total[1],
                 prefix_tokens_mean=float(sum(g.share * g.prefix_tokens for g in groups)),
                 prefix_tokens=int(big.prefix_tokens) if big else 0,
                 prefix_share=float(big.share) if big else 0.0,
             )
         )
     return out
+
+
+def _p50_p99(values: np.ndarray) -> tuple[float, float]:
+    """(p50, p99) of a non-empty sample by the linear rule (``analysis.percentiles``)."""
+    ordered = np.sort(values)
+    return float(percentile_sorted(ordered, 0.5)), float(percentile_sorted(ordered, 0.99))

@@ -12,9 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["replay_contract", "contract_status_from_file", "CONTRACT_FILE"]
+from ..records import CONTRACT_FILE
 
-CONTRACT_FILE = "contract.json"
+__all__ = ["CONTRACT_FILE", "contract_status_from_file", "replay_contract"]
 
 
 def _skip(summary: str, status: str = "skipped") -> dict[str, Any]:

@@ -19,16 +19,16 @@ import numpy as np
 
 from .config import EngineConfig
 
-__all__ = ["Seq", "Engine", "StepResult"]
+__all__ = ["Engine", "Seq", "StepResult"]
 
 
 class Seq:
     """One request inside the engine. Token counts only; no per-token objects."""
 
     __slots__ = (
-        "idx", "prompt", "max_out", "priority", "arrival_ns", "key", "cache_limit", "output",
-        "computed", "private", "shared", "entry", "prompt_done", "preemptions", "state",
-        "emitted", "first_token_ns", "cached_tokens", "ctx", "chain", "stop_after",
+        "arrival_ns", "cache_limit", "cached_tokens", "chain", "computed", "ctx", "emitted", "entry",
+        "first_token_ns", "idx", "key", "max_out", "output", "preemptions", "priority", "private", "prompt",
+        "prompt_done", "shared", "state", "stop_after",
     )
 
     def __init__(
@@ -68,7 +68,7 @@ class Seq:
 
 
 class _Entry:
-    __slots__ = ("key", "blocks", "refs", "chain")
+    __slots__ = ("blocks", "chain", "key", "refs")
 
     def __init__(self, key: Any) -> None:
         self.key = key
@@ -224,7 +224,7 @@ class Engine:
         evictable = self.evictable
         while need > 0:
             key, entry = next(iter(evictable.items()))
-            take = entry.blocks if entry.blocks <= need else need
+            take = min(entry.blocks, need)
             entry.blocks -= take
             self.cached_total -= take
             self.evictable_total -= take
@@ -266,8 +266,7 @@ class Engine:
                 return  # this prompt diverges inside the cached chain: its blocks stay private
             entry.chain = seq.chain[:blocks]
         extra = blocks - entry.blocks
-        if extra > seq.private:  # cannot happen when accounting is right; stay safe
-            extra = seq.private
+        extra = min(extra, seq.private)  # never more than it holds (cannot happen when accounting is right)
         entry.blocks += extra
         seq.private -= extra
         seq.shared += extra
@@ -302,16 +301,35 @@ class Engine:
         return self._noise.pop()
 
     def step(self, now_ns: int) -> StepResult:
-        """Schedule and apply one step at ``now_ns``; tokens it emits are due at now + duration."""
+        """Schedule and apply one step at ``now_ns``; tokens it emits are due at now + duration.
+
+        Running sequences first (preempting for blocks), then waiting ones when nothing was
+        preempted, then the cost model, then the tokens: vLLM v1's scheduler order.
+        """
+        scheduled: list[tuple[Seq, int]] = []
+        budget, prefill_tokens, decode_seqs, kv_read, preempted = self._schedule_running(scheduled)
+        if not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            prefill_tokens, decode_seqs, kv_read = self._schedule_waiting(
+                now_ns, scheduled, budget, prefill_tokens, decode_seqs, kv_read)
+        duration_ns = self._duration_ns(scheduled, prefill_tokens, decode_seqs, kv_read)
+        emitted, finished = self._apply(scheduled, prefill_tokens)
+        if scheduled:
+            self.steps += 1
+            self.busy_ns += duration_ns
+        return StepResult(duration_ns, emitted, finished, prefill_tokens, decode_seqs, kv_read, preempted)
+
+    def _schedule_running(self, scheduled: list[tuple[Seq, int]]) -> tuple[int, int, int, int, int]:
+        """Step part 1: running sequences in order (decodes and unfinished chunked prefills).
+
+        Appends (seq, tokens) to ``scheduled``; returns (budget left, prefill tokens, decode
+        sequences, KV tokens read, sequences preempted).
+        """
         bs = self.block_size
         budget = self.max_batched
         running = self.running
-        scheduled: list[tuple[Seq, int]] = []
         preempted = 0
         long_prefill = self.long_prefill
         spec = self.spec
-
-        # 1. running sequences first, in order (decodes and unfinished chunked prefills)
         prefill_tokens = 0
         decode_seqs = 0
         kv_read = 0
@@ -323,43 +341,25 @@ class Engine:
             decode = n <= 1
             if decode:
                 n = seq.max_out - seq.output
-                if n > spec:
+                if n > spec:  # noqa: PLR1730 (hot loop: a compare is cheaper than min())
                     n = spec
             elif long_prefill and n > long_prefill:
                 n = long_prefill
-            if n > budget:
+            if n > budget:  # noqa: PLR1730
                 n = budget
             need = -(-(computed + n) // bs) - seq.private - seq.shared
             if need > 0:
                 if not self._alloc(need):
-                    victim_is_self = False
-                    while True:
-                        if self.priority_policy:
-                            victim = max(running, key=lambda r: (r.priority, r.arrival_ns, r.idx))
-                            vi = running.index(victim)
-                            del running[vi]
-                            if vi < i:
-                                i -= 1
-                            for j, (sj, nj) in enumerate(scheduled):
-                                if sj is victim:
-                                    del scheduled[j]
-                                    budget += nj
-                                    kv_read -= sj.computed + nj
-                                    if sj.computed + 1 >= sj.prompt + sj.output:
-                                        decode_seqs -= 1
-                                    else:
-                                        prefill_tokens -= nj
-                                    break
+                    i, gone, count, taken_back = self._make_room(seq, need, i, scheduled)
+                    preempted += count
+                    for nj, kv_j, was_decode in taken_back:
+                        budget += nj
+                        kv_read -= kv_j
+                        if was_decode:
+                            decode_seqs -= 1
                         else:
-                            victim = running.pop()
-                        self._preempt(victim)
-                        preempted += 1
-                        if victim is seq:
-                            victim_is_self = True
-                            break
-                        if self._alloc(need):
-                            break
-                    if victim_is_self:
+                            prefill_tokens -= nj
+                    if gone:
                         continue  # seq left the running list; running[i] is the next one
                 seq.private += need
             scheduled.append((seq, n))
@@ -370,71 +370,131 @@ class Engine:
             else:
                 prefill_tokens += n
             i += 1
+        return budget, prefill_tokens, decode_seqs, kv_read, preempted
 
-        # 2. waiting requests, only when nothing was preempted this step
-        if not preempted and self.waiting and budget > 0 and len(running) < self.max_num_seqs:
-            window_open = self._window_open(now_ns)
-            waiting = self.waiting
-            while waiting and budget > 0 and len(running) < self.max_num_seqs:
-                seq = waiting[0]
-                if not window_open and not seq.preemptions:
-                    break
-                num_tokens = seq.prompt + seq.output
-                entry = None
-                hit = 0
-                if seq.key is not None and self.prefix_caching:
-                    entry = self.cache.get(seq.key)
-                    if entry is None:
-                        entry = self.cache[seq.key] = _Entry(seq.key)
-                    self._pin(entry)
-                    hit = entry.blocks
-                    if seq.chain is not None:
-                        hit = _common_blocks(entry.chain, seq.chain, hit)
-                    limit = (num_tokens - 1) // bs
-                    if seq.cache_limit is not None and seq.cache_limit // bs < limit:
-                        limit = seq.cache_limit // bs
-                    if hit > limit:
-                        hit = limit
-                n = num_tokens - hit * bs
-                if long_prefill and n > long_prefill:
-                    n = long_prefill
-                if n > budget:
-                    if not self.chunked:
-                        if entry is not None:
-                            self._unpin(entry)
+    def _make_room(self, seq: Seq, need: int, i: int,
+                   scheduled: list[tuple[Seq, int]]) -> tuple[int, bool, int, list[tuple[int, int, bool]]]:
+        """Preempt until ``need`` blocks for ``seq`` (at ``running[i]``) are allocated, or ``seq`` itself goes.
+
+        The victim is the newest running sequence, or under the priority policy the one with the
+        largest (priority, arrival, index), which may already be scheduled this step: it is taken
+        back out. Returns (``seq``'s index now, whether ``seq`` was preempted, how many were, and
+        (tokens, KV tokens read, was a decode) of each victim taken back out of ``scheduled``).
+        """
+        running = self.running
+        count = 0
+        taken_back: list[tuple[int, int, bool]] = []
+        while True:
+            if self.priority_policy:
+                victim = max(running, key=lambda r: (r.priority, r.arrival_ns, r.idx))
+                vi = running.index(victim)
+                del running[vi]
+                if vi < i:
+                    i -= 1
+                for j, (sj, nj) in enumerate(scheduled):
+                    if sj is victim:
+                        del scheduled[j]
+                        taken_back.append((nj, sj.computed + nj, sj.computed + 1 >= sj.prompt + sj.output))
                         break
-                    n = budget
-                need = -(-(hit * bs + n) // bs) - hit
-                if not self._alloc(need):
+            else:
+                victim = running.pop()
+            self._preempt(victim)
+            count += 1
+            if victim is seq:
+                return i, True, count, taken_back
+            if self._alloc(need):
+                return i, False, count, taken_back
+
+    def _schedule_waiting(self, now_ns: int, scheduled: list[tuple[Seq, int]], budget: int,
+                          prefill_tokens: int, decode_seqs: int, kv_read: int) -> tuple[int, int, int]:
+        """Step part 2: admit waiting requests in queue order while budget, blocks and seats last.
+
+        A closed batching window admits only preempted requests. Returns the updated (prefill
+        tokens, decode sequences, KV tokens read).
+        """
+        bs = self.block_size
+        long_prefill = self.long_prefill
+        window_open = self._window_open(now_ns)
+        waiting = self.waiting
+        while waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = waiting[0]
+            if not window_open and not seq.preemptions:
+                break
+            num_tokens = seq.prompt + seq.output
+            entry, hit = self._prefix_hit(seq, num_tokens)
+            n = num_tokens - hit * bs
+            if long_prefill and n > long_prefill:
+                n = long_prefill
+            if n > budget:
+                if not self.chunked:
                     if entry is not None:
                         self._unpin(entry)
                     break
-                self._pop_waiting()
-                seq.entry = entry
-                seq.shared = hit
-                seq.private = need
-                seq.computed = hit * bs
-                seq.cached_tokens = hit * bs
-                seq.state = "running"
-                self.prefix_queries += num_tokens
-                self.prefix_hits += hit * bs
-                running.append(seq)
-                scheduled.append((seq, n))
-                budget -= n
-                kv_read += hit * bs + n
-                if hit * bs + 1 >= num_tokens:
-                    decode_seqs += 1
-                else:
-                    prefill_tokens += n
+                n = budget
+            need = -(-(hit * bs + n) // bs) - hit
+            if not self._alloc(need):
+                if entry is not None:
+                    self._unpin(entry)
+                break
+            self._admit(seq, entry, hit, need)
+            scheduled.append((seq, n))
+            budget -= n
+            kv_read += hit * bs + n
+            if hit * bs + 1 >= num_tokens:
+                decode_seqs += 1
+            else:
+                prefill_tokens += n
+        return prefill_tokens, decode_seqs, kv_read
 
-        # 3. cost model
+    def _prefix_hit(self, seq: Seq, num_tokens: int) -> tuple[_Entry | None, int]:
+        """The seq's prefix-cache entry (created when new, pinned) and its hit in whole blocks.
+
+        The hit stops before the last token (something must be computed) and at the shareable
+        prefix (``cache_limit``); with block hashes, at the first block that differs.
+        """
+        if seq.key is None or not self.prefix_caching:
+            return None, 0
+        bs = self.block_size
+        entry = self.cache.get(seq.key)
+        if entry is None:
+            entry = self.cache[seq.key] = _Entry(seq.key)
+        self._pin(entry)
+        hit = entry.blocks
+        if seq.chain is not None:
+            hit = _common_blocks(entry.chain, seq.chain, hit)
+        limit = (num_tokens - 1) // bs
+        if seq.cache_limit is not None and seq.cache_limit // bs < limit:
+            limit = seq.cache_limit // bs
+        return entry, min(hit, limit)
+
+    def _admit(self, seq: Seq, entry: _Entry | None, hit: int, need: int) -> None:
+        """Move the queue head to running with ``hit`` shared blocks and ``need`` new private ones."""
+        bs = self.block_size
+        self._pop_waiting()
+        seq.entry = entry
+        seq.shared = hit
+        seq.private = need
+        seq.computed = hit * bs
+        seq.cached_tokens = hit * bs
+        seq.state = "running"
+        self.prefix_queries += seq.prompt + seq.output
+        self.prefix_hits += hit * bs
+        self.running.append(seq)
+
+    def _duration_ns(self, scheduled: list[tuple[Seq, int]], prefill_tokens: int, decode_seqs: int, kv_read: int) -> int:
+        """Step part 3, the cost model: fixed + per prefill token + per decode seq + per KV token read (× noise)."""
         duration = self._fixed_ns + self._prefill_ns * prefill_tokens + self._decode_ns * decode_seqs
         duration += self._kv_ns * kv_read
         if self._sigma and scheduled:
             duration *= self._noise_factor()
-        duration_ns = int(duration) if scheduled else 0
+        return int(duration) if scheduled else 0
 
-        # 4. apply: advance computed tokens, emit, finish
+    def _apply(self, scheduled: list[tuple[Seq, int]], prefill_tokens: int) -> tuple[list[Seq], list[Seq]]:
+        """Step part 4: advance computed tokens, emit, promote prompts to the prefix cache, finish.
+
+        Returns (sequences that emitted tokens, sequences that finished).
+        """
+        bs = self.block_size
         emitted: list[Seq] = []
         finished: list[Seq] = []
         gen = 0
@@ -459,18 +519,20 @@ class Engine:
         self.prompt_tokens_total += prefill_tokens
         self.generation_tokens_total += gen
         if finished:
-            for seq in finished:
-                if seq.entry is not None and seq.cache_limit is None:
-                    self._promote(seq, seq.computed // bs)  # a conversation keeps its whole context
-                self._release(seq)
-                seq.state = "finished"
-            done = set(id(s) for s in finished)
-            self.running = [s for s in running if id(s) not in done]
-            self.finished_total += len(finished)
-        if scheduled:
-            self.steps += 1
-            self.busy_ns += duration_ns
-        return StepResult(duration_ns, emitted, finished, prefill_tokens, decode_seqs, kv_read, preempted)
+            self._retire(finished)
+        return emitted, finished
+
+    def _retire(self, finished: list[Seq]) -> None:
+        """Free finished sequences' blocks (a conversation keeps its whole context cached)."""
+        bs = self.block_size
+        for seq in finished:
+            if seq.entry is not None and seq.cache_limit is None:
+                self._promote(seq, seq.computed // bs)
+            self._release(seq)
+            seq.state = "finished"
+        done = {id(s) for s in finished}
+        self.running = [s for s in self.running if id(s) not in done]
+        self.finished_total += len(finished)
 
     def state(self) -> dict[str, float]:
         """Current per-step state (what /metrics and the worksheet expose)."""

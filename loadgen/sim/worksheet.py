@@ -10,51 +10,48 @@ engine config + seed = identical tables.
 from __future__ import annotations
 
 import heapq
-import json
 from array import array
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
+import pyarrow as pa
 
 from .. import __version__
-from ..errors import TraceError
 from ..identity import harness_identity, host_identity, sha256_file, utc_now_iso
-from ..records import STATUS_CANCELLED, STATUS_ERROR, STATUS_OK, TRACE_SCHEMA, empty_request_row
 from ..manifest import Anchor, EngineIdentity, Manifest, TargetRef, TraceRef, WarmState, merge_manifest
+from ..records import (
+    STATUS_CANCELLED,
+    STATUS_ERROR,
+    STATUS_OK,
+    TRACE_SCHEMA,
+    empty_request_row,
+    http_error_kind,
+)
 from ..rundir import RunWriter
 from ..scenario import Scenario, load_scenario, scenario_manifest
+from ..trace.io import read_trace
 from .config import EngineConfig, load_engine_config
-from .engine import Engine, Seq
+from .engine import Engine, Seq, StepResult
 from .faults import FaultDecider, FaultPlan
 from .metrics import (
     ITL_BUCKETS,
-    TTFT_BUCKETS,
     STEP_METRICS,
+    TTFT_BUCKETS,
     histogram_samples,
     metric_labels_json,
 )
 from .protocol import StreamFormat, filler_bytes, request_id_for
 
-__all__ = ["run_worksheet", "simulate_trace", "WorksheetResult"]
+__all__ = ["WorksheetResult", "run_worksheet", "simulate_trace"]
 
 _NS = 1_000_000_000
 
 
-def _read_trace(trace_path: Path) -> tuple[Any, dict[str, Any]]:
-    try:
-        from ..trace.io import read_trace
-    except ImportError:  # pragma: no cover - the lead's reader is part of the package
-        read_trace = None
-    if read_trace is not None:
-        return read_trace(trace_path)
-    if not Path(trace_path).is_file():
-        raise TraceError(f"{trace_path}: no such file: expected a trace Parquet file")
-    table = pq.read_table(trace_path)
-    raw = (table.schema.metadata or {}).get(b"loadgen.trace")
-    return table.select(TRACE_SCHEMA.names).cast(TRACE_SCHEMA), (json.loads(raw) if raw else {})
+def _read_trace(trace_path: Path) -> tuple[pa.Table, dict[str, Any]]:
+    """The trace table and its metadata (run_worksheet's reader)."""
+    return read_trace(trace_path)
 
 
 class WorksheetResult:
@@ -67,216 +64,268 @@ class WorksheetResult:
         self.notes: dict[str, Any] = {}
 
 
-def simulate_trace(
-    table: Any,
-    metadata: dict[str, Any],
-    config: EngineConfig,
-    seed: int = 0,
-    endpoint: str = "completions",
-) -> WorksheetResult:
-    """Run the engine over a trace table in virtual time (ns from trace start)."""
-    cols = {name: table.column(name).to_pylist() for name in TRACE_SCHEMA.names}
-    n = table.num_rows
-    offsets = cols["scheduled_offset_ns"]
-    engine = Engine(config, seed=seed)
-    decider = FaultDecider(config.faults, seed=seed)
-    bs = engine.block_size
-    max_len = config.scheduler.max_model_len
-    mode = metadata.get("mode", "open")
-    limit = metadata.get("concurrency") if mode == "closed" else metadata.get("max_in_flight")
-    limit = int(limit) if limit else n + 1
+class _Client:
+    """The ideal client: sends each request on schedule under the concurrency limit.
 
-    sent = [None] * n
-    done = [None] * n
-    status: list[str | None] = [None] * n
-    error_kind: list[str | None] = [None] * n
-    http_status: list[int | None] = [None] * n
-    retry_after: list[float | None] = [None] * n
-    plans: list[FaultPlan | None] = [None] * n
-    seqs: list[Seq | None] = [None] * n
-    stop_after: list[int | None] = [None] * n  # tokens after which the client stops reading
-    for i in range(n):
-        plan = decider.decide()
-        plans[i] = plan
-        stops = [x for x in (cols["cancel_after_tokens"][i], plan.disconnect_after if plan else None) if x is not None]
-        stop_after[i] = min(stops) if stops else None
+    A request the engine cannot take (too long, injected error or 429) is answered at once; the
+    others become engine sequences (after a slow start, when one is injected). Holds the per-request
+    outcome columns the run's rows are built from.
+    """
 
-    client_queue: deque[int] = deque()
-    delayed: list[tuple[int, int]] = []  # (engine arrival ns, index) after a slow start
-    in_flight = 0
-    ptr = 0
-    spec = config.scheduler.decode_tokens_per_step
-    c_idx = array("i")  # request index of each emission (a chunk), in step order
-    c_k = array("i")  # tokens per emission (only kept when a step can emit more than one)
-    c_step_t = array("q")  # end time of each step that emitted ...
-    c_step_n = array("i")  # ... and how many chunks it emitted
-    m_rows: list[tuple] = []  # per-step state, one tuple per step (STEP_METRICS order after time)
+    def __init__(self, cols: dict[str, list[Any]], engine: Engine, config: EngineConfig,
+                 plans: list[FaultPlan | None], stop_after: list[int | None], limit: int) -> None:
+        n = len(plans)
+        self.cols = cols
+        self.engine = engine
+        self.max_len = config.scheduler.max_model_len
+        self.plans = plans
+        self.stop_after = stop_after  # tokens after which the client stops reading
+        self.limit = limit
+        self.sent: list[int | None] = [None] * n
+        self.done: list[int | None] = [None] * n
+        self.status: list[str | None] = [None] * n
+        self.error_kind: list[str | None] = [None] * n
+        self.http_status: list[int | None] = [None] * n
+        self.retry_after: list[float | None] = [None] * n
+        self.seqs: list[Seq | None] = [None] * n
+        self.queue: deque[int] = deque()
+        self.delayed: list[tuple[int, int]] = []  # (engine arrival ns, index) after a slow start
+        self.in_flight = 0
 
-    def finish(i: int, t: int) -> None:
+    def arrive(self, i: int, t: int) -> None:
+        """Request i is due at t: send it, or queue it while the client is at its limit."""
+        if self.in_flight < self.limit:
+            self.send(i, t)
+        else:
+            self.queue.append(i)
+
+    def finish(self, i: int, t: int) -> None:
         """Request i ended at t: free its client slot and send queued requests (no recursion)."""
-        nonlocal in_flight
-        done[i] = t
-        in_flight -= 1
-        while client_queue and in_flight < limit:
-            send(client_queue.popleft(), t)
+        self.done[i] = t
+        self.in_flight -= 1
+        while self.queue and self.in_flight < self.limit:
+            self.send(self.queue.popleft(), t)
 
-    def send(i: int, t: int) -> None:
+    def _answer_now(self, i: int, t: int, code: int, retry_after_s: float | None = None) -> None:
+        """Request i is answered at t with HTTP ``code`` and never reaches the engine."""
+        self.status[i], self.error_kind[i], self.http_status[i] = STATUS_ERROR, http_error_kind(code), code
+        self.retry_after[i] = retry_after_s
+        self.done[i] = t
+
+    def send(self, i: int, t: int) -> None:
         """Request i leaves the client at t; answered at once (errors) or handed to the engine."""
-        nonlocal in_flight
-        sent[i] = t
-        plan = plans[i]
+        self.sent[i] = t
+        plan = self.plans[i]
+        cols = self.cols
+        engine = self.engine
         prompt, out = cols["prompt_tokens"][i], cols["output_tokens"][i]
-        if prompt + out > max_len or -(-(prompt + out) // bs) > engine.total_blocks or out < 1:
-            status[i], error_kind[i], http_status[i] = STATUS_ERROR, "http_4xx", 400
-            done[i] = t
+        if prompt + out > self.max_len or -(-(prompt + out) // engine.block_size) > engine.total_blocks or out < 1:
+            self._answer_now(i, t, 400)
             return
         if plan is not None and plan.error_status is not None:
-            status[i], http_status[i] = STATUS_ERROR, plan.error_status
-            error_kind[i] = "http_5xx" if plan.error_status >= 500 else ("http_429" if plan.error_status == 429 else "http_4xx")
-            done[i] = t
+            self._answer_now(i, t, plan.error_status)
             return
         if plan is not None and plan.retry_after_s is not None:
-            status[i], error_kind[i], http_status[i], retry_after[i] = STATUS_ERROR, "http_429", 429, plan.retry_after_s
-            done[i] = t
+            self._answer_now(i, t, 429, plan.retry_after_s)
             return
-        in_flight += 1
+        self.in_flight += 1
         conv = cols["conversation_id"][i]
-        group = cols["prefix_group"][i]
-        key = conv if conv is not None else group
+        key = conv if conv is not None else cols["prefix_group"][i]
         cache_limit = None if conv is not None else cols["prefix_tokens"][i]
         arrive = t + (int(plan.slow_start_s * _NS) if plan is not None else 0)
         seq = Seq(i, prompt, out, arrive, cache_key=key, cache_limit_tokens=cache_limit)
-        seq.stop_after = stop_after[i]
-        seqs[i] = seq
+        seq.stop_after = self.stop_after[i]
+        self.seqs[i] = seq
         if arrive > t:
-            heapq.heappush(delayed, (arrive, i))
+            heapq.heappush(self.delayed, (arrive, i))
         else:
             engine.add(seq)
 
-    def next_event() -> int | None:
-        cands = []
-        if ptr < n:
-            cands.append(offsets[ptr])
-        if delayed:
-            cands.append(delayed[0][0])
-        return min(cands) if cands else None
 
-    t = 0
-    while True:
-        while ptr < n and offsets[ptr] <= t:
-            if in_flight < limit:
-                send(ptr, offsets[ptr])
-            else:
-                client_queue.append(ptr)
-            ptr += 1
-        while delayed and delayed[0][0] <= t:
-            engine.add(seqs[heapq.heappop(delayed)[1]])
-        if not engine.has_work:
-            nxt = next_event()
-            if nxt is None:
-                break
-            t = max(t, nxt)
-            continue
-        hold = engine.hold_until_ns(t)
-        if hold is not None:
-            nxt = next_event()
-            t = hold if nxt is None else min(hold, nxt)
-            continue
-        res = engine.step(t)
-        if res.duration_ns == 0 and not res.emitted and not res.finished:
-            nxt = next_event()
-            if nxt is None or nxt <= t:
-                raise RuntimeError("simulated engine made no progress (config cannot serve its queue)")
-            t = nxt
-            continue
-        t_end = t + res.duration_ns
-        emitted = res.emitted
+class _Steps:
+    """What the engine did, step by step: who emitted (a chunk each), how many tokens, when; and the
+    server state after each step (one tuple per step, STEP_METRICS order after the time)."""
+
+    def __init__(self, spec: int) -> None:
+        self.spec = spec
+        self.c_idx = array("i")  # request index of each emission (a chunk), in step order
+        self.c_k = array("i")  # tokens per emission (only kept when a step can emit more than one)
+        self.c_step_t = array("q")  # end time of each step that emitted ...
+        self.c_step_n = array("i")  # ... and how many chunks it emitted
+        self.rows: list[tuple] = []
+
+    def record_chunks(self, emitted: list[Seq], t_end: int) -> None:
         if emitted:
-            c_idx.extend([s.idx for s in emitted])
-            if spec > 1:
-                c_k.extend([s.emitted for s in emitted])
-            c_step_t.append(t_end)
-            c_step_n.append(len(emitted))
-        for seq in res.finished:
-            finish(seq.idx, t_end)
-        m_rows.append((
+            self.c_idx.extend([s.idx for s in emitted])
+            if self.spec > 1:
+                self.c_k.extend([s.emitted for s in emitted])
+            self.c_step_t.append(t_end)
+            self.c_step_n.append(len(emitted))
+
+    def record_state(self, engine: Engine, res: StepResult, t_end: int) -> None:
+        self.rows.append((
             t_end, len(engine.running), len(engine.waiting), engine.kv_usage,
             engine.prefix_queries, engine.prefix_hits, engine.num_preemptions,
             engine.prompt_tokens_total, engine.generation_tokens_total,
             res.prefill_tokens, res.decode_seqs, res.duration_ns / _NS,
             engine.used_private + engine.cached_pinned,
         ))
+
+
+def _decide_faults(decider: FaultDecider, cancel_after: list[int | None]) -> tuple[list[FaultPlan | None], list[int | None]]:
+    """Each request's fault plan (in trace order) and the token count after which its client stops reading."""
+    plans: list[FaultPlan | None] = []
+    stop_after: list[int | None] = []
+    for cancel in cancel_after:
+        plan = decider.decide()
+        plans.append(plan)
+        stops = [x for x in (cancel, plan.disconnect_after if plan else None) if x is not None]
+        stop_after.append(min(stops) if stops else None)
+    return plans, stop_after
+
+
+def _next_event(offsets: list[int], ptr: int, delayed: list[tuple[int, int]]) -> int | None:
+    """The next scheduled send or delayed engine arrival, if any."""
+    cands = []
+    if ptr < len(offsets):
+        cands.append(offsets[ptr])
+    if delayed:
+        cands.append(delayed[0][0])
+    return min(cands) if cands else None
+
+
+def _run_virtual_time(engine: Engine, client: _Client, offsets: list[int]) -> _Steps:
+    """The event loop: jump the clock to the next send, arrival, window opening or step end."""
+    n = len(offsets)
+    steps = _Steps(engine.spec)
+    delayed = client.delayed
+    ptr = 0
+    t = 0
+    while True:
+        while ptr < n and offsets[ptr] <= t:
+            client.arrive(ptr, offsets[ptr])
+            ptr += 1
+        while delayed and delayed[0][0] <= t:
+            engine.add(client.seqs[heapq.heappop(delayed)[1]])
+        if not engine.has_work:
+            nxt = _next_event(offsets, ptr, delayed)
+            if nxt is None:
+                break
+            t = max(t, nxt)
+            continue
+        hold = engine.hold_until_ns(t)
+        if hold is not None:
+            nxt = _next_event(offsets, ptr, delayed)
+            t = hold if nxt is None else min(hold, nxt)
+            continue
+        res = engine.step(t)
+        if res.duration_ns == 0 and not res.emitted and not res.finished:
+            nxt = _next_event(offsets, ptr, delayed)
+            if nxt is None or nxt <= t:
+                raise RuntimeError("simulated engine made no progress (config cannot serve its queue)")
+            t = nxt
+            continue
+        t_end = t + res.duration_ns
+        steps.record_chunks(res.emitted, t_end)
+        for seq in res.finished:
+            client.finish(seq.idx, t_end)
+        steps.record_state(engine, res, t_end)
         t = t_end
+    return steps
 
-    result = WorksheetResult()
-    # --- chunks: group the per-step emissions by request (stable: steps are time-ordered) ---
-    idx = np.array(c_idx, dtype=np.int32)
-    ct = np.repeat(np.array(c_step_t, dtype=np.int64), np.array(c_step_n, dtype=np.int64))
-    ck = np.array(c_k, dtype=np.int32) if spec > 1 else np.ones(len(idx), dtype=np.int32)
-    order = np.argsort(idx, kind="stable")
-    idx, ct, ck = idx[order], ct[order], ck[order]
-    counts = np.bincount(idx, minlength=n) if len(idx) else np.zeros(n, np.int64)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    seqno = np.arange(len(idx), dtype=np.int64) - np.repeat(starts, counts)
-    before_all = np.cumsum(ck, dtype=np.int64) - ck  # tokens before each chunk, whole run
-    has = counts > 0
-    tok_before = before_all - np.repeat(before_all[starts[has]], counts[has])  # ... within its request
-    created = 1_700_000_000
-    fmt = StreamFormat(endpoint, request_id_for(endpoint, 0), created, config.model)
-    overhead = fmt.content_overhead()
-    nbytes = overhead + filler_bytes(tok_before, ck.astype(np.int64))
 
-    # stalls: chunks after the stall point arrive no earlier than the stall's end
-    for i in range(n):
-        plan = plans[i]
-        if plan is None or plan.stall_s <= 0 or seqs[i] is None or counts[i] == 0:
-            continue
-        a, b = starts[i], starts[i] + counts[i]
-        cum = np.cumsum(ck[a:b])
-        hit = np.nonzero(cum >= max(plan.stall_after, 1))[0]
-        if len(hit) == 0:
-            continue
-        j = a + hit[0]
-        release = ct[j] + int(plan.stall_s * _NS)
-        if plan.stall_after == 0:
-            j -= 1
-        later = slice(j + 1, b)
-        ct[later] = np.maximum(ct[later], release)
-        done[i] = max(done[i] or 0, int(ct[b - 1]))
+class _Chunks:
+    """Per-chunk arrays grouped by request (stable: steps are time-ordered) and per-request counts."""
 
-    # --- request rows ---
-    rids = cols["request_id"]
-    tokens_per_req = np.bincount(idx, weights=ck, minlength=n).astype(np.int64) if len(idx) else np.zeros(n, np.int64)
+    def __init__(self, steps: _Steps, n: int, endpoint: str, model: str) -> None:
+        idx = np.array(steps.c_idx, dtype=np.int32)
+        ct = np.repeat(np.array(steps.c_step_t, dtype=np.int64), np.array(steps.c_step_n, dtype=np.int64))
+        ck = np.array(steps.c_k, dtype=np.int32) if steps.spec > 1 else np.ones(len(idx), dtype=np.int32)
+        order = np.argsort(idx, kind="stable")
+        self.idx, self.ct, self.ck = idx[order], ct[order], ck[order]
+        idx, ck = self.idx, self.ck
+        counts = np.bincount(idx, minlength=n) if len(idx) else np.zeros(n, np.int64)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        self.counts, self.starts = counts, starts
+        self.seqno = np.arange(len(idx), dtype=np.int64) - np.repeat(starts, counts)
+        before_all = np.cumsum(ck, dtype=np.int64) - ck  # tokens before each chunk, whole run
+        has = counts > 0
+        tok_before = before_all - np.repeat(before_all[starts[has]], counts[has])  # ... within its request
+        created = 1_700_000_000
+        fmt = StreamFormat(endpoint, request_id_for(endpoint, 0), created, model)
+        self.nbytes = fmt.content_overhead() + filler_bytes(tok_before, ck.astype(np.int64))
+        self.tokens_per_req = (np.bincount(idx, weights=ck, minlength=n).astype(np.int64) if len(idx)
+                               else np.zeros(n, np.int64))
+
+    def apply_stalls(self, plans: list[FaultPlan | None], seqs: list[Seq | None], done: list[int | None]) -> None:
+        """Chunks after a stall point arrive no earlier than the stall's end (and so does done)."""
+        ct, ck, counts, starts = self.ct, self.ck, self.counts, self.starts
+        for i, plan in enumerate(plans):
+            if plan is None or plan.stall_s <= 0 or seqs[i] is None or counts[i] == 0:
+                continue
+            a, b = starts[i], starts[i] + counts[i]
+            cum = np.cumsum(ck[a:b])
+            hit = np.nonzero(cum >= max(plan.stall_after, 1))[0]
+            if len(hit) == 0:
+                continue
+            j = a + hit[0]
+            release = ct[j] + int(plan.stall_s * _NS)
+            if plan.stall_after == 0:
+                j -= 1
+            later = slice(j + 1, b)
+            ct[later] = np.maximum(ct[later], release)
+            done[i] = max(done[i] or 0, int(ct[b - 1]))
+
+    def columns(self, request_ids: list[str]) -> dict[str, list[Any]]:
+        rid_arr = np.array(request_ids, dtype=object)
+        return {
+            "request_id": rid_arr[self.idx].tolist(),
+            "seq": self.seqno.tolist(),
+            "arrival_ns": self.ct.tolist(),
+            "tokens": self.ck.tolist(),
+            "bytes": self.nbytes.tolist(),
+        }
+
+
+def _stream_outcome(plan: FaultPlan | None, cancel: int | None, out_tokens: int, max_out: int,
+                    kind: str | None) -> tuple[str, str | None]:
+    """(status, error_kind) of a request the engine served: disconnect, client cancel, malformed, or ok."""
+    if plan is not None and plan.disconnect_after is not None and out_tokens < max_out and (
+        cancel is None or plan.disconnect_after <= cancel
+    ):
+        return STATUS_ERROR, "reset_mid_stream"
+    if cancel is not None and out_tokens < max_out:
+        return STATUS_CANCELLED, kind
+    if plan is not None and plan.malformed_after is not None and out_tokens >= plan.malformed_after:
+        return STATUS_ERROR, "malformed_sse"
+    return STATUS_OK, kind
+
+
+def _request_rows(cols: dict[str, list[Any]], client: _Client, chunks: _Chunks, model: str) -> tuple[list[dict[str, Any]], list[float]]:
+    """One record row per trace request, and the TTFT (s, from engine arrival) of each that streamed."""
+    rows: list[dict[str, Any]] = []
     ttft_s: list[float] = []
-    for i in range(n):
-        seq = seqs[i]
-        plan = plans[i]
-        row_status = status[i]
-        kind = error_kind[i]
+    offsets = cols["scheduled_offset_ns"]
+    sent, http_status = client.sent, client.http_status
+    for i in range(len(offsets)):
+        seq = client.seqs[i]
+        plan = client.plans[i]
+        row_status = client.status[i]
+        kind = client.error_kind[i]
         first = last = None
         out_tokens = None
-        chunk_count = int(counts[i])
+        chunk_count = int(chunks.counts[i])
         if seq is not None:
-            out_tokens = int(tokens_per_req[i])
+            out_tokens = int(chunks.tokens_per_req[i])
             if chunk_count:
-                first = int(ct[starts[i]])
-                last = int(ct[starts[i] + chunk_count - 1])
+                first = int(chunks.ct[chunks.starts[i]])
+                last = int(chunks.ct[chunks.starts[i] + chunk_count - 1])
                 ttft_s.append((first - seq.arrival_ns) / _NS)
-            cancel = cols["cancel_after_tokens"][i]
-            if plan is not None and plan.disconnect_after is not None and out_tokens < seq.max_out and (
-                cancel is None or plan.disconnect_after <= cancel
-            ):
-                row_status, kind = STATUS_ERROR, "reset_mid_stream"
-            elif cancel is not None and out_tokens < seq.max_out:
-                row_status = STATUS_CANCELLED
-            elif plan is not None and plan.malformed_after is not None and out_tokens >= plan.malformed_after:
-                row_status, kind = STATUS_ERROR, "malformed_sse"
-            else:
-                row_status = STATUS_OK
+            row_status, kind = _stream_outcome(plan, cols["cancel_after_tokens"][i], out_tokens, seq.max_out, kind)
         finished_ok = row_status == STATUS_OK or kind == "malformed_sse"
-        result.requests.append(
+        rows.append(
             empty_request_row(
-                request_id=rids[i],
+                request_id=cols["request_id"][i],
                 request_class=cols["request_class"][i],
                 conversation_id=cols["conversation_id"][i],
                 turn_index=cols["turn_index"][i],
@@ -288,7 +337,7 @@ def simulate_trace(
                 first_byte_ns=(sent[i] + (int(plan.slow_start_s * _NS) if plan else 0)) if sent[i] is not None else None,
                 first_token_ns=first,
                 last_token_ns=last,
-                done_ns=done[i],
+                done_ns=client.done[i],
                 target_prompt_tokens=cols["prompt_tokens"][i],
                 target_output_tokens=cols["output_tokens"][i],
                 server_prompt_tokens=cols["prompt_tokens"][i] if finished_ok else None,
@@ -299,54 +348,53 @@ def simulate_trace(
                 status=row_status,
                 error_kind=kind,
                 http_status=http_status[i] if http_status[i] is not None else (200 if seq is not None else None),
-                retry_after_s=retry_after[i],
+                retry_after_s=client.retry_after[i],
                 finish_reason="length" if finished_ok else None,
-                response_model=config.model if seq is not None else None,
+                response_model=model if seq is not None else None,
             )
         )
+    return rows, ttft_s
 
-    rid_arr = np.array(rids, dtype=object)
-    result.chunks = {
-        "request_id": rid_arr[idx].tolist(),
-        "seq": seqno.tolist(),
-        "arrival_ns": ct.tolist(),
-        "tokens": ck.tolist(),
-        "bytes": nbytes.tolist(),
-    }
 
-    # --- per-step server metrics under vLLM names, then final histograms ---
-    labels = metric_labels_json(config.model)
-    steps = len(m_rows)
+def _server_metrics(steps: _Steps, chunks: _Chunks, ttft_s: list[float], model: str) -> dict[str, list[Any]]:
+    """Per-step server state under vLLM names, then the final TTFT and ITL histograms."""
+    m_rows = steps.rows
+    labels = metric_labels_json(model)
+    n_steps = len(m_rows)
     names: list[str] = []
     times: list[int] = []
     values: list[float] = []
     tlist = [row[0] for row in m_rows]
-    state = np.array([row[1:] for row in m_rows], dtype=np.float64).reshape(steps, len(STEP_METRICS))
+    state = np.array([row[1:] for row in m_rows], dtype=np.float64).reshape(n_steps, len(STEP_METRICS))
     for j, (name, _help) in enumerate(STEP_METRICS):
-        names.extend([name] * steps)
+        names.extend([name] * n_steps)
         times.extend(tlist)
         values.extend(state[:, j].tolist())
     t_final = tlist[-1] if tlist else 0
-    label_col = [labels] * (steps * len(STEP_METRICS))
-    itl = _itl_seconds(idx, ct, ck)
+    label_col = [labels] * (n_steps * len(STEP_METRICS))
+    itl = _itl_seconds(chunks.idx, chunks.ct, chunks.ck)
     for name, buckets, data in (
         ("vllm:time_to_first_token_seconds", TTFT_BUCKETS, np.array(ttft_s)),
         ("vllm:inter_token_latency_seconds", ITL_BUCKETS, itl),
     ):
-        for sample_name, sample_labels, value in histogram_samples(name, buckets, data, config.model):
+        for sample_name, sample_labels, value in histogram_samples(name, buckets, data, model):
             names.append(sample_name)
             times.append(t_final)
             values.append(value)
             label_col.append(sample_labels)
-    result.metrics = {"time_ns": times, "name": names, "labels": label_col, "value": values}
+    return {"time_ns": times, "name": names, "labels": label_col, "value": values}
 
+
+def _engine_notes(engine: Engine, steps: _Steps, chunks: _Chunks, plans: list[FaultPlan | None]) -> dict[str, Any]:
+    """The manifest's engine notes: work done, virtual duration, cache and fault counts."""
     busy_s = engine.busy_ns / _NS
-    out_total = int(tokens_per_req.sum())
-    result.notes = {
+    out_total = int(chunks.tokens_per_req.sum())
+    t_final = steps.rows[-1][0] if steps.rows else 0
+    return {
         "simulated": True,
         "steps": engine.steps,
         "busy_s": busy_s,
-        "virtual_duration_s": (t_final / _NS) if steps else 0.0,
+        "virtual_duration_s": (t_final / _NS) if steps.rows else 0.0,
         "output_tokens": out_total,
         "output_tokens_per_busy_s": (out_total / busy_s) if busy_s else None,
         "prompt_tokens_computed": engine.prompt_tokens_total,
@@ -354,10 +402,35 @@ def simulate_trace(
         "prefix_cache_queries": engine.prefix_queries,
         "prefix_cache_hits": engine.prefix_hits,
         "num_kv_blocks": engine.total_blocks,
-        "block_size": bs,
-        "kv_cache_tokens": engine.total_blocks * bs,
+        "block_size": engine.block_size,
+        "kv_cache_tokens": engine.total_blocks * engine.block_size,
         "faults_injected": _count_faults(plans),
     }
+
+
+def simulate_trace(
+    table: pa.Table,
+    metadata: dict[str, Any],
+    config: EngineConfig,
+    seed: int = 0,
+    endpoint: str = "completions",
+) -> WorksheetResult:
+    """Run the engine over a trace table in virtual time (ns from trace start)."""
+    cols = {name: table.column(name).to_pylist() for name in TRACE_SCHEMA.names}
+    n = table.num_rows
+    engine = Engine(config, seed=seed)
+    plans, stop_after = _decide_faults(FaultDecider(config.faults, seed=seed), cols["cancel_after_tokens"])
+    mode = metadata.get("mode", "open")
+    limit = metadata.get("concurrency") if mode == "closed" else metadata.get("max_in_flight")
+    client = _Client(cols, engine, config, plans, stop_after, int(limit) if limit else n + 1)
+    steps = _run_virtual_time(engine, client, cols["scheduled_offset_ns"])
+    chunks = _Chunks(steps, n, endpoint, config.model)
+    chunks.apply_stalls(plans, client.seqs, client.done)
+    result = WorksheetResult()
+    result.requests, ttft_s = _request_rows(cols, client, chunks, config.model)
+    result.chunks = chunks.columns(cols["request_id"])
+    result.metrics = _server_metrics(steps, chunks, ttft_s, config.model)
+    result.notes = _engine_notes(engine, steps, chunks, plans)
     return result
 
 
@@ -376,7 +449,7 @@ def _count_faults(plans: list[FaultPlan | None]) -> dict[str, int]:
     for plan in plans:
         if plan is None:
             continue
-        for kind, _params in plan.items():
+        for kind, _params in plan.items():  # noqa: PERF102 (FaultPlan.items, not a dict)
             counts[kind] = counts.get(kind, 0) + 1
     return counts
 

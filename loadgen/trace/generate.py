@@ -10,6 +10,7 @@ Turn k is scheduled one think time after turn k-1 was scheduled (open loop canno
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from ..records import TRACE_SCHEMA
 from ..scenario import CLASS_NAMES, Scenario, TraceSettings
 from .io import write_trace
 
-__all__ = ["GENERATOR_VERSION", "generate_trace", "generate_trace_file", "arrival_times"]
+__all__ = ["GENERATOR_VERSION", "arrival_times", "generate_trace", "generate_trace_file"]
 
 GENERATOR_VERSION = "1"
 _NS = 1_000_000_000
@@ -89,104 +90,98 @@ def _rng_streams(seed: int, trace_name: str, n: int) -> list[np.random.Generator
     return [np.random.default_rng(s) for s in root.spawn(n)]
 
 
-def generate_trace(scenario: Scenario, trace_name: str, seed: int | None = None) -> tuple[pa.Table, dict[str, Any]]:
-    """Build the trace table and its metadata; same inputs give the same table."""
-    if trace_name not in scenario.traces:
-        raise TraceError(
-            f"{scenario.source_path or scenario.name}: traces.{trace_name}: no such trace; expected one of {', '.join(scenario.traces)}"
-        )
-    seed = scenario.seed if seed is None else seed
-    settings = scenario.traces[trace_name]
+def _session_weights(names: list[str], turns_mean: np.ndarray, shares: dict[str, float]) -> tuple[np.ndarray, float]:
+    """Class probabilities per session (share / E[turns], normalised) and their sum Z (the rate factor)."""
+    w = np.array([shares.get(n, 0.0) for n in names]) / turns_mean
+    return w / w.sum(), float(w.sum())
+
+
+def _arrivals_and_classes(scenario: Scenario, trace_name: str, names: list[str], rng_arrival: np.random.Generator,
+                          rng_class: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Session arrival times (s) and each session's class index into ``names``.
+
+    Rates and shares are per *request*; a long-thread arrival opens a conversation of E[turns]
+    requests, so sessions are drawn with weights share/E[turns] at rate x Z, Z = sum(share/E[turns]).
+    """
     base_dir = scenario.base_dir()
-    rng_arrival, rng_class, rng_group = _rng_streams(seed, trace_name, 3)
-    # Canonical class order (not file order), so a scenario rebuilt from a manifest gives the same trace.
-    names = [n for n in CLASS_NAMES if n in scenario.classes]
-    # Rates and shares are per *request*; a long-thread arrival opens a conversation of E[turns]
-    # requests, so sessions are drawn with weights share/E[turns] at rate x Z, Z = sum(share/E[turns]).
     turns_mean = np.array(
         [mean(scenario.classes[n].thread.turns, base_dir) if scenario.classes[n].thread else 1.0 for n in names]
     )
-
-    def session_weights(shares: dict[str, float]) -> tuple[np.ndarray, float]:
-        w = np.array([shares.get(n, 0.0) for n in names]) / turns_mean
-        return w / w.sum(), float(w.sum())
-
-    normal_p, z_normal = session_weights(scenario.class_shares(trace_name))
-    burst_p, z_burst = session_weights(scenario.class_shares(trace_name, in_burst=True))
-    times_s, in_burst = arrival_times(settings, rng_arrival, z_normal, z_burst)
+    normal_p, z_normal = _session_weights(names, turns_mean, scenario.class_shares(trace_name))
+    burst_p, z_burst = _session_weights(names, turns_mean, scenario.class_shares(trace_name, in_burst=True))
+    times_s, in_burst = arrival_times(scenario.traces[trace_name], rng_arrival, z_normal, z_burst)
     u = rng_class.random(len(times_s))
     cls_normal = np.searchsorted(np.cumsum(normal_p), u, side="right").clip(max=len(names) - 1)
     cls_burst = np.searchsorted(np.cumsum(burst_p), u, side="right").clip(max=len(names) - 1)
-    class_idx = np.where(in_burst, cls_burst, cls_normal)
+    return times_s, np.where(in_burst, cls_burst, cls_normal)
 
-    closed = settings.process == "closed"
-    rows: list[tuple] = []  # (offset_ns, arrival order, turn, fields...)
-    conversation_counter = 0
-    group_u = rng_group.random(len(times_s))
-    for ci, cname in enumerate(names):
+
+class _ClassRows:
+    """The rows of one class: each of its arrivals opens a session, one request or a conversation of turns.
+
+    Every per-turn draw comes from the class's own six seeded streams, drawn up front in bulk.
+    """
+
+    def __init__(self, scenario: Scenario, trace_name: str, cname: str, n_sessions: int, seed: int) -> None:
+        base_dir = scenario.base_dir()
+        settings = scenario.traces[trace_name]
         cls = scenario.classes[cname]
-        idx = np.flatnonzero(class_idx == ci)
-        if len(idx) == 0:
-            continue
+        self.cname, self.cls = cname, cls
+        self.groups = [g for g in scenario.cache.prefix_groups if g.classes is None or cname in g.classes]
+        self.is_thread = cls.thread is not None
+        self.closed = settings.process == "closed"
+        self.duration_s = settings.duration_s
         streams = _rng_streams(seed, f"{trace_name}/{cname}", 6)
         rng_in, rng_out, rng_cancel, rng_turns, rng_think, rng_cancel_n = streams
-        groups = [g for g in scenario.cache.prefix_groups if g.classes is None or cname in g.classes]
-        is_thread = cls.thread is not None
-        turns = sample_tokens(cls.thread.turns, rng_turns, len(idx), base_dir) if is_thread else np.ones(len(idx), np.int64)
-        total_turns = int(turns.sum())
-        new_in = sample_tokens(cls.input_tokens, rng_in, total_turns, base_dir)
-        outs = sample_tokens(cls.output_tokens, rng_out, total_turns, base_dir)
-        think_s = sample(cls.thread.think_time_s, rng_think, total_turns, base_dir) if is_thread else np.zeros(total_turns)
-        cancel_u = rng_cancel.random(total_turns)
-        cancel_n = (
-            sample_tokens(cls.cancel.after_tokens, rng_cancel_n, total_turns, base_dir) if cls.cancel else np.zeros(total_turns, np.int64)
-        )
-        k = 0
-        for j, arrival in enumerate(idx):
-            group_name, group_tokens = None, 0
-            acc = 0.0
-            for g in groups:
-                acc += g.share
-                if group_u[arrival] < acc:
-                    group_name, group_tokens = g.name, g.prefix_tokens
+        self.turns = (sample_tokens(cls.thread.turns, rng_turns, n_sessions, base_dir) if self.is_thread
+                      else np.ones(n_sessions, np.int64))
+        total_turns = int(self.turns.sum())
+        self.new_in = sample_tokens(cls.input_tokens, rng_in, total_turns, base_dir)
+        self.outs = sample_tokens(cls.output_tokens, rng_out, total_turns, base_dir)
+        self.think_s = (sample(cls.thread.think_time_s, rng_think, total_turns, base_dir) if self.is_thread
+                        else np.zeros(total_turns))
+        self.cancel_u = rng_cancel.random(total_turns)
+        self.cancel_n = (sample_tokens(cls.cancel.after_tokens, rng_cancel_n, total_turns, base_dir) if cls.cancel
+                         else np.zeros(total_turns, np.int64))
+        self.k = 0  # next per-turn draw
+        self.rows: list[tuple] = []  # (offset_ns, arrival order, turn, fields...)
+
+    def prefix_group(self, u: float) -> tuple[str | None, int]:
+        """(group name, prefix tokens) the uniform draw ``u`` falls into by share; (None, 0) for none."""
+        acc = 0.0
+        for g in self.groups:
+            acc += g.share
+            if u < acc:
+                return g.name, g.prefix_tokens
+        return None, 0
+
+    def add_session(self, j: int, arrival: int, t: float, group_u: float, conv_id: str | None) -> None:
+        """Session ``j`` (arrival order ``arrival``, at ``t`` s): its turns, until the trace ends (open loop)."""
+        cls = self.cls
+        group_name, group_tokens = self.prefix_group(group_u)
+        context = group_tokens
+        n_turns = int(self.turns[j])
+        for turn in range(n_turns):
+            k = self.k
+            if turn > 0:
+                t += float(self.think_s[k])
+                if not self.closed and t >= self.duration_s:
+                    self.k += n_turns - turn
                     break
-            conv_id = None
-            if is_thread:
-                conversation_counter += 1
-                conv_id = f"c{conversation_counter:06d}"
-            context = group_tokens
-            t = float(times_s[arrival])
-            for turn in range(int(turns[j])):
-                if turn > 0:
-                    t += float(think_s[k])
-                    if not closed and t >= settings.duration_s:
-                        k += int(turns[j]) - turn
-                        break
-                prompt = context + int(new_in[k])
-                out = int(outs[k])
-                cancel = None
-                if cls.cancel and cancel_u[k] < cls.cancel.share and int(cancel_n[k]) < out:
-                    cancel = int(cancel_n[k])
-                rows.append(
-                    (
-                        int(round(t * _NS)) if not closed else 0,
-                        int(arrival),
-                        turn,
-                        cname,
-                        prompt,
-                        out,
-                        group_name,
-                        group_tokens if group_name else None,
-                        conv_id,
-                        turn if is_thread else None,
-                        cancel,
-                    )
-                )
-                context = prompt + out
-                k += 1
-    rows.sort(key=lambda r: (r[0], r[1], r[2]))
-    if closed:
-        rows = rows[: int(settings.requests or 0)]
+            prompt = context + int(self.new_in[k])
+            out = int(self.outs[k])
+            cancel = None
+            if cls.cancel and self.cancel_u[k] < cls.cancel.share and int(self.cancel_n[k]) < out:
+                cancel = int(self.cancel_n[k])
+            self.rows.append((
+                round(t * _NS) if not self.closed else 0, arrival, turn, self.cname, prompt, out, group_name,
+                group_tokens if group_name else None, conv_id, turn if self.is_thread else None, cancel,
+            ))
+            context = prompt + out
+            self.k += 1
+
+
+def _table(rows: list[tuple]) -> pa.Table:
     width = max(6, len(str(len(rows))))
     columns = {
         "request_id": [f"r{i:0{width}d}" for i in range(len(rows))],
@@ -200,8 +195,12 @@ def generate_trace(scenario: Scenario, trace_name: str, seed: int | None = None)
         "turn_index": [r[9] for r in rows],
         "cancel_after_tokens": [r[10] for r in rows],
     }
-    table = pa.Table.from_pydict(columns, schema=TRACE_SCHEMA)
-    metadata = {
+    return pa.Table.from_pydict(columns, schema=TRACE_SCHEMA)
+
+
+def _metadata(scenario: Scenario, trace_name: str, seed: int, settings: TraceSettings, requests: int) -> dict[str, Any]:
+    closed = settings.process == "closed"
+    return {
         "generator": "loadgen.trace.generate",
         "generator_version": GENERATOR_VERSION,
         "loadgen_version": __version__,
@@ -214,9 +213,38 @@ def generate_trace(scenario: Scenario, trace_name: str, seed: int | None = None)
         "max_in_flight": settings.max_in_flight,
         "duration_s": settings.duration_s,
         "settings": settings.model_dump(mode="json"),
-        "requests": len(rows),
+        "requests": requests,
     }
-    return table, metadata
+
+
+def generate_trace(scenario: Scenario, trace_name: str, seed: int | None = None) -> tuple[pa.Table, dict[str, Any]]:
+    """Build the trace table and its metadata; same inputs give the same table."""
+    if trace_name not in scenario.traces:
+        raise TraceError(
+            f"{scenario.source_path or scenario.name}: traces.{trace_name}: no such trace; expected one of {', '.join(scenario.traces)}"
+        )
+    seed = scenario.seed if seed is None else seed
+    settings = scenario.traces[trace_name]
+    rng_arrival, rng_class, rng_group = _rng_streams(seed, trace_name, 3)
+    # Canonical class order (not file order), so a scenario rebuilt from a manifest gives the same trace.
+    names = [n for n in CLASS_NAMES if n in scenario.classes]
+    times_s, class_idx = _arrivals_and_classes(scenario, trace_name, names, rng_arrival, rng_class)
+    group_u = rng_group.random(len(times_s))
+    rows: list[tuple] = []
+    conversations = itertools.count(1)  # numbered across classes, in class order
+    for ci, cname in enumerate(names):
+        idx = np.flatnonzero(class_idx == ci)
+        if len(idx) == 0:
+            continue
+        builder = _ClassRows(scenario, trace_name, cname, len(idx), seed)
+        for j, arrival in enumerate(idx):
+            conv_id = f"c{next(conversations):06d}" if builder.is_thread else None
+            builder.add_session(j, int(arrival), float(times_s[arrival]), group_u[arrival], conv_id)
+        rows.extend(builder.rows)
+    rows.sort(key=lambda r: (r[0], r[1], r[2]))
+    if settings.process == "closed":
+        rows = rows[: int(settings.requests or 0)]
+    return _table(rows), _metadata(scenario, trace_name, seed, settings, len(rows))
 
 
 def generate_trace_file(scenario: Scenario, trace_name: str, out: str | Path, seed: int | None = None) -> Path:

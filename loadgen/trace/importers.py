@@ -22,7 +22,7 @@ from ..identity import sha256_file
 from ..records import TRACE_SCHEMA
 from .io import write_trace
 
-__all__ = ["import_azure", "import_mooncake", "import_trace", "MOONCAKE_BLOCK_TOKENS"]
+__all__ = ["MOONCAKE_BLOCK_TOKENS", "import_azure", "import_mooncake", "import_trace"]
 
 #: Mooncake hash_ids each stand for one 512-token block of the prompt.
 MOONCAKE_BLOCK_TOKENS = 512
@@ -71,7 +71,7 @@ def _read_azure(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[An
 def _read_mooncake(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]]:
     times, prompts, outputs, hashes = [], [], [], []
     try:
-        handle = open(path, encoding="utf-8")
+        handle = open(path, encoding="utf-8")  # noqa: SIM115 (closed by the with below; open errors reported apart)
     except OSError as exc:
         raise TraceError(f"{path}: cannot read ({exc.strerror})") from None
     with handle:
@@ -80,7 +80,7 @@ def _read_mooncake(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, list
                 continue
             try:
                 rec = json.loads(line)
-                times.append(int(round(float(rec["timestamp"]) * 1_000_000)))  # ms → ns
+                times.append(round(float(rec["timestamp"]) * 1_000_000))  # ms → ns
                 prompts.append(int(rec["input_length"]))
                 outputs.append(int(rec["output_length"]))
                 hashes.append(tuple(int(h) for h in rec.get("hash_ids", [])))
@@ -123,6 +123,54 @@ def _mooncake_prefixes(hashes: list[tuple[int, ...]], prompts: np.ndarray) -> tu
     return groups, lengths
 
 
+def _read_sorted(kind: str, path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]]:
+    """(times ns, prompt tokens, output tokens, hash blocks) of a source file, in time order (stable)."""
+    if kind == "azure":
+        times, prompts, outputs, hashes = _read_azure(path)
+    elif kind == "mooncake":
+        times, prompts, outputs, hashes = _read_mooncake(path)
+    else:
+        raise TraceError(f"importer {kind!r}: unknown; expected azure or mooncake")
+    if len(times) == 0:
+        raise TraceError(f"{path}: no requests: expected at least one row")
+    order = np.argsort(times, kind="stable")
+    return times[order], prompts[order], outputs[order], [hashes[i] for i in order]
+
+
+def _window(rel: np.ndarray, path: Path, start_s: float, duration_s: float | None, max_requests: int | None) -> np.ndarray:
+    """Indices of the requests inside the window (``rel``: ns from the first request), at most ``max_requests``."""
+    keep = rel >= int(start_s * _NS)
+    if duration_s is not None:
+        keep &= rel < int((start_s + duration_s) * _NS)
+    idx = np.flatnonzero(keep)
+    if max_requests is not None:
+        idx = idx[:max_requests]
+    if len(idx) == 0:
+        raise TraceError(f"{path}: window start {start_s} s, duration {duration_s} s holds no requests")
+    return idx
+
+
+def _trace_table(offsets: np.ndarray, prompts: np.ndarray, outputs: np.ndarray, groups: list[str | None],
+                 lengths: list[int | None], request_class: str) -> pa.Table:
+    n = len(offsets)
+    width = max(6, len(str(n)))
+    return pa.Table.from_pydict(
+        {
+            "request_id": [f"r{i:0{width}d}" for i in range(n)],
+            "request_class": [request_class] * n,
+            "scheduled_offset_ns": offsets,
+            "prompt_tokens": prompts.astype(np.int32),
+            "output_tokens": outputs.astype(np.int32),
+            "prefix_group": groups,
+            "prefix_tokens": lengths,
+            "conversation_id": [None] * n,
+            "turn_index": [None] * n,
+            "cancel_after_tokens": [None] * n,
+        },
+        schema=TRACE_SCHEMA,
+    )
+
+
 def import_trace(
     kind: str,
     path: str | Path,
@@ -142,51 +190,17 @@ def import_trace(
     path = Path(path)
     if time_scale <= 0:
         raise TraceError(f"--time-scale = {time_scale}: expected > 0")
-    if kind == "azure":
-        times, prompts, outputs, hashes = _read_azure(path)
-    elif kind == "mooncake":
-        times, prompts, outputs, hashes = _read_mooncake(path)
-    else:
-        raise TraceError(f"importer {kind!r}: unknown; expected azure or mooncake")
-    if len(times) == 0:
-        raise TraceError(f"{path}: no requests: expected at least one row")
-    order = np.argsort(times, kind="stable")
-    times, prompts, outputs = times[order], prompts[order], outputs[order]
-    hashes = [hashes[i] for i in order]
+    times, prompts, outputs, hashes = _read_sorted(kind, path)
     rel = times - times[0]
-    keep = rel >= int(start_s * _NS)
-    if duration_s is not None:
-        keep &= rel < int((start_s + duration_s) * _NS)
-    idx = np.flatnonzero(keep)
-    if max_requests is not None:
-        idx = idx[:max_requests]
-    if len(idx) == 0:
-        raise TraceError(f"{path}: window start {start_s} s, duration {duration_s} s holds no requests")
+    idx = _window(rel, path, start_s, duration_s, max_requests)
     rel = rel[idx] - rel[idx[0]]
     offsets = np.rint(rel * time_scale).astype(np.int64)
     prompts, outputs = np.maximum(prompts[idx], 1), np.maximum(outputs[idx], 1)
-    hashes = [hashes[i] for i in idx]
-    if kind == "mooncake":
-        groups, lengths = _mooncake_prefixes(hashes, prompts)
-    else:
-        groups, lengths = [None] * len(idx), [None] * len(idx)
     n = len(idx)
-    width = max(6, len(str(n)))
-    table = pa.Table.from_pydict(
-        {
-            "request_id": [f"r{i:0{width}d}" for i in range(n)],
-            "request_class": [request_class] * n,
-            "scheduled_offset_ns": offsets,
-            "prompt_tokens": prompts.astype(np.int32),
-            "output_tokens": outputs.astype(np.int32),
-            "prefix_group": groups,
-            "prefix_tokens": lengths,
-            "conversation_id": [None] * n,
-            "turn_index": [None] * n,
-            "cancel_after_tokens": [None] * n,
-        },
-        schema=TRACE_SCHEMA,
-    )
+    if kind == "mooncake":
+        groups, lengths = _mooncake_prefixes([hashes[i] for i in idx], prompts)
+    else:
+        groups, lengths = [None] * n, [None] * n
     metadata = {
         "generator": f"loadgen.trace.importers.{kind}",
         "loadgen_version": __version__,
@@ -204,7 +218,7 @@ def import_trace(
         "requests": n,
         "duration_s": float(offsets[-1]) / _NS,
     }
-    return write_trace(table, out, metadata)
+    return write_trace(_trace_table(offsets, prompts, outputs, groups, lengths, request_class), out, metadata)
 
 
 def import_azure(path: str | Path, out: str | Path, **options: Any) -> Path:

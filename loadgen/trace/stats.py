@@ -3,7 +3,8 @@
 Definitions (the same as ../shared/traces/SOURCES.md uses, so imported public traces can be checked
 against their published figures): IAT CV = population std / mean of gaps between sorted arrivals;
 IoD_w = population variance / mean of arrival counts in consecutive w-second windows starting at the
-first arrival, the trailing partial window dropped; quantiles are linear-interpolation (numpy default).
+first arrival, the trailing partial window dropped; quantiles are linear-interpolation (numpy default,
+the one rule in ``analysis.percentiles``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["TraceStats", "trace_stats", "index_of_dispersion", "format_stats"]
+from ..analysis.percentiles import percentile_sorted
+
+__all__ = ["TraceStats", "format_stats", "index_of_dispersion", "trace_stats"]
 
 _NS = 1e9
 
@@ -35,8 +38,9 @@ def index_of_dispersion(times_s: np.ndarray, window_s: float) -> float | None:
 def _q(values: np.ndarray) -> dict[str, float | None]:
     if len(values) == 0:
         return {"p50": None, "p95": None, "p99": None, "mean": None, "max": None}
-    p50, p95, p99 = np.quantile(values, [0.5, 0.95, 0.99])
-    return {"p50": float(p50), "p95": float(p95), "p99": float(p99), "mean": float(values.mean()), "max": float(values.max())}
+    ordered = np.sort(values)
+    p50, p95, p99 = (percentile_sorted(ordered, q) for q in (0.5, 0.95, 0.99))
+    return {"p50": p50, "p95": p95, "p99": p99, "mean": float(values.mean()), "max": float(values.max())}
 
 
 @dataclass
@@ -88,8 +92,8 @@ def trace_stats(table: pa.Table) -> TraceStats:
         prompt_tokens=_q(prompt),
         output_tokens=_q(output),
         classes=classes,
-        conversations=len(set(v for v in conv.to_pylist() if v is not None)),
-        prefix_groups=len(set(v for v in groups.to_pylist() if v is not None)),
+        conversations=len({v for v in conv.to_pylist() if v is not None}),
+        prefix_groups=len({v for v in groups.to_pylist() if v is not None}),
         cancellations=int(table.column("cancel_after_tokens").is_valid().to_numpy(zero_copy_only=False).sum()),
     )
 
