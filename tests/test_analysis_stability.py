@@ -65,3 +65,11 @@ def test_too_few_arrivals_and_unfinished_requests_are_reasons():
     done[100] = np.nan
     st = assess_stability(sched, done, 0.0, 20.0 * S)
     assert not st["applied"] and "never finished" in st["reason"]
+
+
+def test_stability_sentence_when_lambda_w_is_zero():
+    from loadgen.analysis.report_console import stability_sentence
+
+    text = stability_sentence({"applied": True, "interval_s": [0.0, 1.0], "L": 0.0, "lambda_rps": 0.0, "W_s": 0.1,
+                               "lambda_W": 0.0, "relative_difference": None})
+    assert "no relative difference" in text

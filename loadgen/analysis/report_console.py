@@ -11,12 +11,14 @@ from .model import METRICS, Analysis, GroupSummary
 def stability_sentence(s: dict[str, Any]) -> str:
     """The stability verdict in one line: both sides of Little's Law, or why it was not applied."""
     if s.get("applied"):
+        apart = s.get("relative_difference")
         return (f"stable over {s['interval_s'][0]:.1f}–{s['interval_s'][1]:.1f} s: Little's Law L = "
                 f"{s['L']:.2f} in system vs λ·W = {s['lambda_rps']:.3f}/s × {s['W_s']:.3f} s = "
-                f"{s['lambda_W']:.2f} ({s['relative_difference']:.1%} apart)")
+                f"{s['lambda_W']:.2f} ({'λ·W = 0: no relative difference' if apart is None else f'{apart:.1%} apart'})")
     return f"Little's Law not applied: {s.get('reason')}"
 
-__all__ = ["render_console", "fmt_ms"]
+
+__all__ = ["render_console", "fmt_ms", "stability_sentence"]
 
 
 def fmt_ms(value: float | None) -> str:
