@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from .analysis import Analysis, analyze_run
 from .scenario import load_scenario
@@ -43,7 +44,7 @@ def run_bench(
     trace_path = generate_trace_file(scenario, trace_name, out_dir / f"trace-{trace_name}.parquet", seed)
     spec = TargetSpec(url=target_url, model=model or scenario.model, api_key_env=api_key_env) if target_url \
         else TargetSpec(sim=engine)
-    run_options = {"endpoint": endpoint} if endpoint else {}
+    run_options: dict[str, Any] = {"endpoint": endpoint} if endpoint else {}
     with open_target(spec, out_dir) as target:
         run_dir = target.run(trace_path, out_dir / "run", scenario_path=Path(scenario_path),
                              state=StateResult("unknown", False), **run_options)

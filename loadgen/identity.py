@@ -12,9 +12,10 @@ import time
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+import psutil
 
 from . import __version__
+from .manifest import Harness, Host
 
 __all__ = ["harness_identity", "host_identity", "package_versions", "sha256_file", "utc_now_iso", "git_sha"]
 
@@ -90,30 +91,28 @@ def _gpus() -> list[dict[str, str]]:
     return gpus
 
 
-def host_identity() -> dict[str, Any]:
+def host_identity() -> Host:
     """CPU model, cores, memory, OS, GPUs (via nvidia-smi when present)."""
-    import psutil
-
-    return {
-        "hostname_sha256": hashlib.sha256(platform.node().encode()).hexdigest()[:16],
-        "os": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_model": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "memory_bytes": psutil.virtual_memory().total,
-        "gpus": _gpus(),
-    }
+    return Host(
+        hostname_sha256=hashlib.sha256(platform.node().encode()).hexdigest()[:16],
+        os=platform.platform(),
+        machine=platform.machine(),
+        cpu_model=_cpu_model(),
+        cpu_count=os.cpu_count(),
+        memory_bytes=psutil.virtual_memory().total,
+        gpus=_gpus(),
+    )
 
 
-def harness_identity() -> dict[str, Any]:
+def harness_identity() -> Harness:
     """loadgen version + git sha, Python, key package versions."""
-    return {
-        "name": "loadgen",
-        "version": __version__,
-        "git_sha": git_sha(),
-        "python": sys.version.split()[0],
-        "python_implementation": platform.python_implementation(),
-        "packages": package_versions(),
-        "pid": os.getpid(),
-        "monotonic_clock": time.get_clock_info("perf_counter").implementation,
-    }
+    return Harness(
+        name="loadgen",
+        version=__version__,
+        git_sha=git_sha(),
+        python=sys.version.split()[0],
+        python_implementation=platform.python_implementation(),
+        packages=package_versions(),
+        pid=os.getpid(),
+        monotonic_clock=time.get_clock_info("perf_counter").implementation,
+    )

@@ -242,7 +242,7 @@ def _run_vllm(out_dir: Path, trace_path: Path, scenario_path: Path, scen: Scenar
     (out_dir / "model-config.json").write_text(json.dumps(base, indent=2))
     model_dir = make_model_dir(out_dir / "model-config.json", out_dir / "model")
     kv_gib = 2
-    configs = {
+    configs: dict[str, dict[str, Any]] = {
         "vllm-small-batch": dict(max_num_seqs=8, max_num_batched_tokens=1024),
         "vllm-large-batch": dict(max_num_seqs=128, max_num_batched_tokens=16384),
     }

@@ -188,8 +188,8 @@ def _vllm_timing_notes(data: dict[str, Any], measured: bool, conc: Any) -> list[
     return notes
 
 
-def _vllm_manifest(path: Path, data: dict[str, Any], request_class: str, synthesized: dict[str, Any]) -> dict[str, Any]:
-    target = {"kind": "unknown", "base_url": None, "model": data.get("model_id"), "version": None,
+def _vllm_manifest(path: Path, data: dict[str, Any], request_class: str, synthesized: dict[str, Any]) -> Manifest:
+    target: dict[str, Any] = {"kind": "unknown", "base_url": None, "model": data.get("model_id"), "version": None,
               "engine": {"name": data.get("backend"), "version": None, "config": {}} if data.get("backend") else None}
     options = {"importer": "vllm-bench", "request_class": request_class, "request_rate": data.get("request_rate"),
                "burstiness": data.get("burstiness"), "max_concurrency": data.get("max_concurrency")}
@@ -218,7 +218,7 @@ class _VllmClock:
 
     def __init__(self, data: dict[str, Any], measured: bool, n: int, conc: int) -> None:
         self.measured = measured
-        self.starts = data.get("start_times")
+        self.starts: list[Any] = data.get("start_times") or []
         self.queues = data.get("queue_times")
         self.t0 = min(float(s) for s in self.starts) if measured and n else 0.0
         self.slots = _Slots(conc)
@@ -246,7 +246,7 @@ def _vllm_chunks(request_id: str, sent: int, sample: _VllmSample) -> tuple[dict[
         uneven = True
         q, r = divmod(out_len, m)
         tokens = [q + 1 if j < r else q for j in range(m)]
-    columns = {"request_id": [request_id] * m, "seq": list(range(m)), "arrival_ns": arrivals, "tokens": tokens,
+    columns: dict[str, list[Any]] = {"request_id": [request_id] * m, "seq": list(range(m)), "arrival_ns": arrivals, "tokens": tokens,
                "bytes": [0] * m}
     return columns, uneven
 
@@ -287,7 +287,7 @@ def import_vllm_bench(path: Path | str, out_dir: Path | str, *, request_class: s
                 done_ns=sent + _ns(sample.e2e_s) if (sample.ok or sample.e2e_s > 0) else sent,
             )
             if sample.ok and sample.ttft_s > 0:
-                chunks, spread = _vllm_chunks(row["request_id"], sent, sample)
+                chunks, spread = _vllm_chunks(str(row["request_id"]), sent, sample)
                 uneven += spread
                 writer.add_chunks(chunks)
                 arrivals = chunks["arrival_ns"]

@@ -141,8 +141,8 @@ def count_parameters(m: ModelConfig) -> dict[str, int]:
         nope, rope, v = int(m.qk_nope_head_dim or 0), int(m.qk_rope_head_dim or 0), int(m.v_head_dim or m.head_dim)
         qk = m.num_attention_heads * (nope + rope)
         q = h * qk if not m.q_lora_rank else h * m.q_lora_rank + m.q_lora_rank * qk
-        norms += L * (int(m.kv_lora_rank) + int(m.q_lora_rank or 0))
-        attn = q + h * (int(m.kv_lora_rank) + rope) + int(m.kv_lora_rank) * m.num_attention_heads * (nope + v) + m.num_attention_heads * v * h
+        norms += L * (int(m.kv_lora_rank or 0) + int(m.q_lora_rank or 0))
+        attn = q + h * (int(m.kv_lora_rank or 0) + rope) + int(m.kv_lora_rank or 0) * m.num_attention_heads * (nope + v) + m.num_attention_heads * v * h
     else:
         qd, kvd = m.num_attention_heads * m.head_dim, m.num_kv_heads * m.head_dim
         attn = h * qd + 2 * h * kvd + qd * h
@@ -154,13 +154,13 @@ def count_parameters(m: ModelConfig) -> dict[str, int]:
     mlp = dense_layers * 3 * h * m.intermediate_size
     router = 0
     if moe:
-        per = int(m.num_experts) * 3 * h * int(m.moe_intermediate_size) + 3 * h * int(m.shared_expert_intermediate_size or 0)
+        per = int(m.num_experts or 0) * 3 * h * int(m.moe_intermediate_size or 0) + 3 * h * int(m.shared_expert_intermediate_size or 0)
         mlp += len(moe) * per
-        router = len(moe) * (h * int(m.num_experts) + (h if m.shared_expert_gate else 0))
+        router = len(moe) * (h * int(m.num_experts or 0) + (h if m.shared_expert_gate else 0))
     total = embed + lm_head + attention + mlp + router + norms + bias
     active = total
     if moe:
-        inactive = len(moe) * (int(m.num_experts) - int(m.num_experts_per_tok or m.num_experts)) * 3 * h * int(m.moe_intermediate_size)
+        inactive = len(moe) * (int(m.num_experts or 0) - int(m.num_experts_per_tok or m.num_experts or 0)) * 3 * h * int(m.moe_intermediate_size or 0)
         active = total - inactive
     return {"embed": embed, "lm_head": lm_head, "attention": attention, "mlp": mlp, "router": router, "norms": norms,
             "bias": bias, "total": total, "active_per_token": active}
@@ -194,7 +194,7 @@ def _activation_lines(m: ModelConfig, e: EngineSettings, act_b: float) -> tuple[
     tp = e.tensor_parallel_size
     T = e.max_num_batched_tokens
     if m.is_moe:
-        mlp_w = max(m.intermediate_size, int(m.num_experts_per_tok or 1) * int(m.moe_intermediate_size) + int(m.shared_expert_intermediate_size or 0))
+        mlp_w = max(m.intermediate_size, int(m.num_experts_per_tok or 1) * int(m.moe_intermediate_size or 0) + int(m.shared_expert_intermediate_size or 0))
     else:
         mlp_w = m.intermediate_size
     qkv = (m.num_attention_heads + 2 * m.num_kv_heads) * m.head_dim

@@ -95,7 +95,7 @@ class _Planner:
                 "plan_sha256": self.spec.sha256,
                 "scenario": {"name": self.scenario.name, "path": str(self.scenario_path), "sha256": self.scenario.sha256},
                 "target": self.target.describe(),
-                "harness": harness_identity(),
+                "harness": harness_identity().model_dump(mode="json"),
                 "created_utc": utc_now_iso(),
                 "invocations": [],
             }

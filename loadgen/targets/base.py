@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 __all__ = ["StateResult", "Target"]
 
@@ -78,7 +78,7 @@ class Target:
     def close(self) -> None:
         pass
 
-    def __enter__(self) -> Target:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

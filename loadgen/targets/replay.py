@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..driver import RunOptions, run_trace_sync
 from ..manifest import read_manifest
@@ -23,10 +23,15 @@ def run_driver(trace_path: Path, target_url: str, out_dir: Path, *, model: str |
     """
     options = RunOptions(
         trace_path=trace_path, target_url=target_url, out_dir=out_dir, model=model, scenario_path=scenario_path,
-        warm_state=(state.label if state else "unknown"), warm_actions=(state.actions if state else []),
+        warm_state=_warm_label(state), warm_actions=(state.actions if state else []),
         extra_manifest=extra_manifest or {}, **{"progress": "off", **run_options},
     )
     return Path(run_trace_sync(options))
+
+
+def _warm_label(state: StateResult | None) -> Literal["warm", "cold", "unknown"]:
+    label = state.label if state else "unknown"
+    return label if label in ("warm", "cold") else "unknown"  # type: ignore[return-value]
 
 
 def warm_up(url: str, model: str | None, warmup_trace: Path | None, work_dir: Path, scenario_path: Path | None,
