@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.errors import ScenarioError
+from loadgen.manifest import Manifest
 from loadgen.scenario import load_scenario, scenario_from_manifest, scenario_manifest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,7 +27,7 @@ def test_canonical_scenario_loads_with_three_classes_and_traces():
 
 def test_manifest_roundtrip_rebuilds_the_same_scenario():
     s = load_scenario(CANONICAL)
-    again = scenario_from_manifest({"scenario": scenario_manifest(s)})
+    again = scenario_from_manifest(Manifest(scenario=scenario_manifest(s)))
     assert again == s
 
 

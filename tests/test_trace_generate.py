@@ -178,10 +178,11 @@ def test_closed_loop_trace_has_the_requested_count_and_no_offsets():
 
 def test_class_order_in_the_file_does_not_change_the_trace(tmp_path):
     # a scenario rebuilt from a manifest (keys sorted) must regenerate the same trace
+    from loadgen.manifest import Manifest
     from loadgen.scenario import scenario_from_manifest, scenario_manifest
 
     s = load_scenario(CANONICAL)
-    rebuilt = scenario_from_manifest({"scenario": scenario_manifest(s)})
+    rebuilt = scenario_from_manifest(Manifest(scenario=scenario_manifest(s)))
     reordered = parse_scenario({**s.model_dump(mode="json"), "classes": dict(reversed(list(s.model_dump(mode="json")["classes"].items())))})
     a = generate_trace(s, "burst")[0]
     assert a.equals(generate_trace(rebuilt, "burst")[0])
