@@ -185,7 +185,9 @@ def test_url_target_marks_cold_not_achievable(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_time_budget_is_respected_on_a_live_target(tmp_path: Path) -> None:
-    plan, engine = setup(tmp_path, rates="[5, 8, 10, 20]", concurrency="[64]")
+    # only the budget may end this plan: a busy host's send lag or jittery tails must not stop the walk first
+    plan, engine = setup(tmp_path, rates="[5, 8, 10, 20]", concurrency="[64]",
+                         stops="send_lag_p99_ms = 100000\np99_spread = 1000\np99_spread_floor_ms = 100000")
     plan.write_text(plan.read_text() + "[budget]\ntime_s = 6\n")
     with SimServerTarget(engine, tmp_path / "out") as target:
         result = run_plan(load_plan(plan), target, tmp_path / "out")
