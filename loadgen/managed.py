@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from .analysis import analyze_run
 from .manifest import Manifest, read_manifest
+from .plan.prices import PriceTable, load_prices
 from .rundir import load_run
 
 __all__ = [
@@ -43,7 +45,7 @@ NS = 1e9
 _LAT_METRICS = ("ttft_ms", "itl_ms", "e2e_ms")
 
 
-def load_price_table(path: str | Path) -> Any:
+def load_price_table(path: str | Path) -> PriceTable:
     """The user's price table, in the one format loadgen uses (``loadgen.plan.prices``)::
 
         currency = "USD"
@@ -53,12 +55,10 @@ def load_price_table(path: str | Path) -> Any:
         [candidates.interactive-small-batch]       # a local engine config name, model, or run dir name
         usd_per_hour = 2.50
     """
-    from .plan.prices import load_prices
-
     return load_prices(path)
 
 
-def _match_price(prices: Any, labels: list[str | None]) -> tuple[str | None, Any]:
+def _match_price(prices: PriceTable, labels: list[str | None]) -> tuple[str | None, Any]:
     """Exact label first, then the longest candidate name a label starts with (dated model ids), then default."""
     for label in labels:
         if label and label in prices.candidates:
@@ -73,11 +73,11 @@ def _match_price(prices: Any, labels: list[str | None]) -> tuple[str | None, Any
     return ("default", prices.default) if prices.default is not None else (None, None)
 
 
-def _col(table: Any, name: str) -> list[Any]:
+def _col(table: pa.Table, name: str) -> list[Any]:
     return table.column(name).to_pylist()
 
 
-def run_cost(requests: Any, prices: Any, labels: list[str | None], duration_s: float | None) -> dict[str, Any]:
+def run_cost(requests: pa.Table, prices: PriceTable, labels: list[str | None], duration_s: float | None) -> dict[str, Any]:
     """Cost of one run from the price table.
 
     Per-token prices: server-reported usage per request where present, else the client's own token
@@ -192,7 +192,7 @@ def change_controls(requests: Any, requested_model: str | None) -> dict[str, Any
     return out
 
 
-def quota_summary(requests: Any, manifest: Manifest) -> dict[str, Any]:
+def quota_summary(requests: pa.Table, manifest: Manifest) -> dict[str, Any]:
     """429 answers, their Retry-After values, and the client-side rate cap the run declared."""
     kinds = _col(requests, "error_kind")
     http = _col(requests, "http_status")
@@ -228,7 +228,7 @@ def _throughput(group: Any) -> dict[str, Any]:
                                            "output_tok_s", "goodput_rps", "attainment")}
 
 
-def side_summary(run_dir: str | Path, prices: Any, *, label: str) -> dict[str, Any]:
+def side_summary(run_dir: str | Path, prices: PriceTable | None, *, label: str) -> dict[str, Any]:
     """Everything the comparison shows for one run."""
     run = load_run(Path(run_dir), chunks=False)
     analysis = analyze_run(run_dir)
@@ -379,7 +379,7 @@ def _boundary_warnings(local_run: str | Path, managed_run: str | Path) -> list[s
     return out
 
 
-def compare_managed(local_run: str | Path, managed_run: str | Path, *, prices: Any = None) -> ManagedComparison:
+def compare_managed(local_run: str | Path, managed_run: str | Path, *, prices: PriceTable | str | Path | None = None) -> ManagedComparison:
     """Side-by-side comparison of a local engine run and a managed endpoint run of the same trace.
 
     ``prices``: a price table path or a loaded ``loadgen.plan.prices.PriceTable`` (None: no cost)."""

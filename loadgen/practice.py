@@ -29,7 +29,7 @@ from .errors import PlanError
 from .identity import sha256_file
 from .ledger import GIB, EngineSettings, compute_ledger, format_ledger, read_model_config
 from .plan.cells import build_warmup_trace
-from .plan.compare import compare_candidates, format_comparison
+from .plan.compare import Comparison, compare_candidates, format_comparison
 from .plan.contract_hook import CONTRACT_FILE, replay_contract
 from .scenario import Scenario, load_scenario
 from .sim import EngineConfig, load_engine_config
@@ -59,7 +59,7 @@ OWNERSHIP = {
 class PracticeResult:
     out_dir: Path
     decision: dict[str, Any]
-    comparison: Any
+    comparison: Comparison
     ledgers: dict[str, str] = field(default_factory=dict)
     run_dirs: dict[str, Path] = field(default_factory=dict)
 

@@ -18,9 +18,9 @@ class ReadmeFacts:
     built_utc: str
     loadgen_version: str
     run_name: str
-    run_kind: Any
-    model_executed: Any
-    benchmark_executed: Any
+    run_kind: str
+    model_executed: bool
+    benchmark_executed: bool
     rerun_command: str
     rerun_note: str
     bundle_name: str
