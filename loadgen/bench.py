@@ -7,12 +7,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .presets import canonical_scenario
 from .scenario import load_scenario
 from .trace.generate import generate_trace_file
 
 __all__ = ["BenchResult", "run_bench", "DEFAULT_SCENARIO"]
 
-DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "canonical.toml"
+DEFAULT_SCENARIO = canonical_scenario()
 
 
 @dataclass

@@ -8,7 +8,7 @@ import sys
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="run (or resume) a load plan and write the capacity region")
-    p.add_argument("plan", help="plan TOML file (see scenarios/plans/)")
+    p.add_argument("plan", help="plan TOML file, or a shipped plan's name (quick, canonical-region; see scenarios/plans/)")
     p.add_argument("--out", required=True, help="plan directory; rerunning the same command resumes it")
     p.add_argument("--target", help="OpenAI-compatible base URL (cold cells are not achievable: loadgen did not launch it)")
     p.add_argument("--model", help="served model name for --target")
@@ -29,9 +29,10 @@ def _plan(args: argparse.Namespace) -> int:
     import json
 
     from ..plan import format_region, run_plan_file
+    from ..presets import resolve
 
     result = run_plan_file(
-        args.plan, args.out, target_url=args.target, model=args.model, sim=args.sim, sim_worksheet=args.sim_worksheet,
+        resolve("plans", args.plan) or args.plan, args.out, target_url=args.target, model=args.model, sim=args.sim, sim_worksheet=args.sim_worksheet,
         vllm=args.vllm, vllm_args=args.vllm_arg, api_key_env=args.api_key_env, max_new_runs=args.max_runs, time_budget_s=args.time_budget_s,
         log=None if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True)),
     )

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .. import presets
 from ..errors import ScenarioError
 from ..scenario import format_validation_error
 
@@ -30,8 +31,8 @@ __all__ = [
     "parse_engine_config",
 ]
 
-#: Where preset engine configs live (``scenarios/engines/<name>.toml`` in the source tree).
-PRESETS_DIR = Path(__file__).resolve().parents[2] / "scenarios" / "engines"
+#: Where preset engine configs live (``scenarios/engines/<name>.toml``, shipped with the package).
+PRESETS_DIR = presets.preset_dir("engines")
 
 
 class _Model(BaseModel):
@@ -193,7 +194,7 @@ class EngineConfig(_Model):
 
 def list_presets() -> list[str]:
     """Names of the shipped engine presets."""
-    return sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
+    return presets.list_presets("engines")
 
 
 def _kv_blocks_from_ledger(cfg: EngineConfig, source: str) -> int:
@@ -236,8 +237,8 @@ def load_engine_config(path_or_preset: str | Path) -> EngineConfig:
     text = str(path_or_preset)
     path = Path(text)
     if not path.suffix and not path.exists():
-        preset = PRESETS_DIR / f"{text}.toml"
-        if not preset.is_file():
+        preset = presets.resolve("engines", text)
+        if preset is None:
             raise ScenarioError(
                 f"engine {text!r}: no such preset or file: expected a TOML path or one of {', '.join(list_presets())}"
             )
