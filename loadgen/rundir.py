@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import RunDirError
+from .jsonfile import read_json_object
 from .records import (
     CHUNKS_FILE,
     CHUNKS_SCHEMA,
@@ -49,10 +50,7 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
     path = Path(run_dir) / MANIFEST_FILE
     if not path.is_file():
         raise RunDirError(f"{run_dir}: no {MANIFEST_FILE}: expected a loadgen run directory")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise RunDirError(f"{path}: invalid JSON at line {exc.lineno}: expected a manifest object") from None
+    return read_json_object(path, "a manifest object", RunDirError)
 
 
 class _TableWriter:

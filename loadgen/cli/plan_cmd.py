@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import flags
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="run (or resume) a load plan and write the capacity region")
@@ -18,8 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--vllm", metavar="MODEL", help="launch real vLLM (LOADGEN_VLLM_PYTHON) on a model dir, config.json or "
                    "shipped model name; cold = restart it")
     p.add_argument("--vllm-arg", action="append", default=[], metavar="FLAG", help="extra vLLM flag, e.g. --vllm-arg=--max-num-seqs=8")
-    p.add_argument("--time-budget-s", type=float, help="override the plan's total time budget (e.g. to extend it on resume)")
-    p.add_argument("--max-runs", type=int, help="start at most N runs in this invocation (the rest resumes later)")
+    p.add_argument("--time-budget-s", type=flags.seconds(), help="override the plan's total time budget (e.g. to extend it on resume)")
+    p.add_argument("--max-runs", type=flags.count(0), help="start at most N runs in this invocation (the rest resumes later)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--json", action="store_true", help="print region.json instead of the tables")
     p.set_defaults(func=_plan)

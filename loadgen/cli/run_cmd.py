@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from ..limits import MAX_RATE_RPS
+from . import flags
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="replay a trace against an OpenAI-compatible endpoint and record a run directory")
@@ -13,20 +16,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="served model name (default: scenario model, else the first of /v1/models)")
     p.add_argument("--scenario", help="scenario TOML: timeouts, privacy, endpoint, budgets")
     p.add_argument("--endpoint", choices=("completions", "chat"), help="default: the scenario's, else completions")
-    p.add_argument("--max-concurrency", type=int, help="bound on requests in flight (default: the trace's max_in_flight)")
+    p.add_argument("--max-concurrency", type=flags.count(), help="bound on requests in flight (default: the trace's max_in_flight)")
     p.add_argument("--tokenizer", default="cl100k_base", help="cl100k_base | hf:PATH/tokenizer.json | chars:N | server (the target's /tokenize)")
     p.add_argument("--api-key-env", help="NAME of the environment variable holding the API key (never recorded)")
-    p.add_argument("--ttft-timeout-s", type=float, help="override the scenario's TTFT timeout")
-    p.add_argument("--total-timeout-s", type=float, help="override the scenario's total timeout")
+    p.add_argument("--ttft-timeout-s", type=flags.seconds(), help="override the scenario's TTFT timeout")
+    p.add_argument("--total-timeout-s", type=flags.seconds(), help="override the scenario's total timeout")
     p.add_argument("--scrape-metrics", choices=("auto", "on", "off"), default="auto")
-    p.add_argument("--scrape-interval-s", type=float, default=1.0)
+    p.add_argument("--scrape-interval-s", type=flags.seconds(3600), default=1.0)
     p.add_argument("--warm-state", choices=("warm", "cold", "unknown"), default="unknown")
     p.add_argument("--warm-action", action="append", default=[], help="what was done to reach the warm state (repeatable)")
-    p.add_argument("--order-index", type=int)
-    p.add_argument("--repeat", type=int)
+    p.add_argument("--order-index", type=flags.count(0))
+    p.add_argument("--repeat", type=flags.count(0))
     p.add_argument("--progress", choices=("auto", "on", "off"), default="auto")
-    p.add_argument("--deadline-s", type=float, help="stop after N seconds; requests not yet sent are recorded not_sent")
-    p.add_argument("--rate-limit-rps", type=float, help="client-side requests/s cap (the wait counts as client queue)")
+    p.add_argument("--deadline-s", type=flags.DURATION, help="stop after N seconds; requests not yet sent are recorded not_sent")
+    p.add_argument("--rate-limit-rps", type=flags.number(0, MAX_RATE_RPS, low_open=True), help="client-side requests/s cap (the wait counts as client queue)")
     p.add_argument("--vllm-extensions", choices=("auto", "on", "off"), default="auto",
                    help="send ignore_eos and continuous_usage_stats (auto: not to managed APIs)")
     p.add_argument("--max-tokens-field", choices=("max_tokens", "max_completion_tokens"), default="max_tokens")

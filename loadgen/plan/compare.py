@@ -142,13 +142,13 @@ def load_candidate(path: str | Path) -> Candidate:
     """A run directory (manifest.json) or a plan directory (plan.json + region.json)."""
     from ..rundir import read_manifest
     from ..scenario import scenario_from_manifest
-    from .runner import PLAN_FILE
+    from .runner import PLAN_FILE, read_plan_state
 
     path = Path(path)
     if (path / PLAN_FILE).is_file():
         from .region import load_region
 
-        state = json.loads((path / PLAN_FILE).read_text())
+        state = read_plan_state(path / PLAN_FILE)
         if not (path / "region.json").is_file():
             raise PlanError(f"{path}: plan has no region.json yet: expected a finished (or paused) plan directory")
         region = load_region(path)

@@ -14,6 +14,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ..errors import PlanError
+from ..jsonfile import read_json_object
+
 __all__ = ["build_region", "write_region", "format_region", "plot_region", "load_region"]
 
 INSIDE, OUTSIDE, STOPPED, NOT_RUN, NOT_ACHIEVABLE = "inside", "outside", "stopped", "not_run", "not_achievable"
@@ -56,7 +59,7 @@ def _cell_status(runs: list[dict[str, Any]], extra_stops: list[dict[str, Any]], 
 
 def build_region(plan_dir: Path, state: dict[str, Any]) -> dict[str, Any]:
     """Assemble the region from ``plan.json`` state and every ``cell_result.json`` on disk."""
-    from .runner import RESULT_FILE
+    from .runner import RESULT_FILE, read_cell_result
 
     plan_dir = Path(plan_dir)
     plan = state["plan"]
@@ -64,7 +67,7 @@ def build_region(plan_dir: Path, state: dict[str, Any]) -> dict[str, Any]:
     rate_kind = "scale" if plan.get("rate_scales") else "rps"
     results: dict[str, list[dict[str, Any]]] = {}
     for marker in sorted((plan_dir / "cells").glob(f"*/rep*/{RESULT_FILE}")):
-        data = json.loads(marker.read_text())
+        data = read_cell_result(marker)
         results.setdefault(data["cell_id"], []).append(data)
     for runs in results.values():
         runs.sort(key=lambda d: d["repeat"])
@@ -288,5 +291,4 @@ def write_region(plan_dir: Path, region: dict[str, Any]) -> dict[str, Path]:
 
 
 def load_region(plan_dir: Path) -> dict[str, Any]:
-    path = Path(plan_dir) / "region.json"
-    return json.loads(path.read_text())
+    return read_json_object(Path(plan_dir) / "region.json", "the region loadgen plan wrote", PlanError)

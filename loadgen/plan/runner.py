@@ -26,12 +26,13 @@ from typing import Any, Callable
 
 from ..errors import PlanError
 from ..identity import harness_identity, utc_now_iso
+from ..jsonfile import read_json_object
 from .cells import CellCoord, build_cell_trace, build_warmup_trace
 from .checks import FATAL_STOPS, Stop, judge_run, unstable_tail
 from .spec import PlanSpec
 from .targets import CellTarget, WorksheetTarget
 
-__all__ = ["PLAN_FILE", "RESULT_FILE", "ANALYSIS_FILE", "RunRecord", "CellOutcome", "PlanResult", "run_plan", "run_plan_file", "BudgetExhausted"]
+__all__ = ["PLAN_FILE", "RESULT_FILE", "read_plan_state", "read_cell_result", "ANALYSIS_FILE", "RunRecord", "CellOutcome", "PlanResult", "run_plan", "run_plan_file", "BudgetExhausted"]
 
 PLAN_FILE = "plan.json"
 RESULT_FILE = "cell_result.json"
@@ -44,6 +45,29 @@ class BudgetExhausted(Exception):
 
 class _RunLimitReached(Exception):
     """Raised inside the walk when this invocation may start no more runs (``max_new_runs``)."""
+
+
+def read_plan_state(path: Path) -> dict[str, Any]:
+    """plan.json of an earlier invocation, checked before resuming from it (one PlanError line if damaged)."""
+    state = read_json_object(path, "the plan state loadgen wrote (or a new --out)", PlanError)
+    shapes = {"kind": str, "plan": dict, "target": dict, "invocations": list, "start": dict, "discarded_wall_s": (int, float)}
+    for key, kind in shapes.items():
+        if key in state and not isinstance(state[key], kind):
+            raise PlanError(f"{path}: {key} = {str(state[key])[:60]!r}: expected a plan state written by loadgen "
+                            f"(or a new --out)")
+    if state.get("kind") != "loadgen.plan" or "invocations" not in state:
+        raise PlanError(f"{path}: kind = {state.get('kind')!r}: expected a plan state written by loadgen (or a new --out)")
+    return state
+
+
+def read_cell_result(path: Path) -> dict[str, Any]:
+    """A stored cell result; one PlanError line when it is damaged (delete its rep directory to rerun it)."""
+    data = read_json_object(path, "a cell result loadgen wrote (delete its directory to rerun the cell)", PlanError)
+    ok = (isinstance(data.get("failed", []), list) and isinstance(data.get("stops", []), list)
+          and all(isinstance(data.get(k, 0) or 0, (int, float)) for k in ("wall_s", "requests_sent")))
+    if not ok or "failed" not in data or "stops" not in data:
+        raise PlanError(f"{path}: not a cell result: expected one loadgen wrote (delete {path.parent} to rerun the cell)")
+    return data
 
 
 @dataclass
@@ -137,7 +161,7 @@ class _Planner:
         self.plan_dir.mkdir(parents=True, exist_ok=True)
         path = self.plan_dir / PLAN_FILE
         if path.is_file():
-            state = json.loads(path.read_text())
+            state = read_plan_state(path)
             if state.get("plan_sha256") != self.spec.sha256:
                 raise PlanError(
                     f"{self.plan_dir}: holds plan {state.get('plan', {}).get('name')!r} (sha256 "
@@ -176,7 +200,7 @@ class _Planner:
         for cell_dir in sorted((self.plan_dir / "cells").glob("*/rep*")):
             result = cell_dir / RESULT_FILE
             if result.is_file():
-                data = json.loads(result.read_text())
+                data = read_cell_result(result)
                 seconds += float(data.get("wall_s") or 0.0)
                 requests += int(data.get("requests_sent") or 0)
         seconds += float(self.state.get("discarded_wall_s", 0.0))
@@ -241,7 +265,7 @@ class _Planner:
         rep_dir = self.plan_dir / "cells" / coord.cell_id / f"rep{repeat}"
         marker = rep_dir / RESULT_FILE
         if marker.is_file():
-            return RunRecord(json.loads(marker.read_text()))
+            return RunRecord(read_cell_result(marker))
         if rep_dir.exists():  # interrupted mid-run: its time counts, its data does not
             try:
                 lost = float(json.loads((rep_dir / "manifest.json").read_text()).get("duration_s") or 0.0)

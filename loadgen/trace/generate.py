@@ -20,6 +20,7 @@ import pyarrow as pa
 from .. import __version__
 from ..distributions import mean, sample, sample_tokens
 from ..errors import TraceError
+from ..limits import MAX_TOKENS, MAX_TRACE_REQUESTS, MAX_TURNS
 from ..records import TRACE_SCHEMA
 from ..scenario import CLASS_NAMES, Scenario, TraceSettings
 from .io import write_trace
@@ -84,6 +85,13 @@ def arrival_times(
     return np.concatenate(parts), np.concatenate(flags)
 
 
+def _check_sampled(scenario: Scenario, field: str, values: np.ndarray, limit: int) -> None:
+    """A sampled count above ``limit`` (a distribution's tail) is a scenario error, never a silent clamp."""
+    if len(values) and int(values.max()) > limit:
+        raise TraceError(f"{scenario.source_path or scenario.name}: {field}: sampled {int(values.max())}: expected at "
+                         f"most {limit} (set the distribution's max)")
+
+
 def _rng_streams(seed: int, trace_name: str, n: int) -> list[np.random.Generator]:
     root = np.random.SeedSequence([seed, zlib.crc32(trace_name.encode())])
     return [np.random.default_rng(s) for s in root.spawn(n)]
@@ -133,9 +141,15 @@ def generate_trace(scenario: Scenario, trace_name: str, seed: int | None = None)
         groups = [g for g in scenario.cache.prefix_groups if g.classes is None or cname in g.classes]
         is_thread = cls.thread is not None
         turns = sample_tokens(cls.thread.turns, rng_turns, len(idx), base_dir) if is_thread else np.ones(len(idx), np.int64)
+        _check_sampled(scenario, f"classes.{cname}.thread.turns", turns, MAX_TURNS)
         total_turns = int(turns.sum())
+        if total_turns > MAX_TRACE_REQUESTS:
+            raise TraceError(f"{scenario.source_path or scenario.name}: traces.{trace_name}: {total_turns} requests of "
+                             f"class {cname}: expected at most {MAX_TRACE_REQUESTS} per trace")
         new_in = sample_tokens(cls.input_tokens, rng_in, total_turns, base_dir)
         outs = sample_tokens(cls.output_tokens, rng_out, total_turns, base_dir)
+        _check_sampled(scenario, f"classes.{cname}.input_tokens", new_in, MAX_TOKENS)
+        _check_sampled(scenario, f"classes.{cname}.output_tokens", outs, MAX_TOKENS)
         think_s = sample(cls.thread.think_time_s, rng_think, total_turns, base_dir) if is_thread else np.zeros(total_turns)
         cancel_u = rng_cancel.random(total_turns)
         cancel_n = (
@@ -163,6 +177,10 @@ def generate_trace(scenario: Scenario, trace_name: str, seed: int | None = None)
                         k += int(turns[j]) - turn
                         break
                 prompt = context + int(new_in[k])
+                if prompt > MAX_TOKENS:
+                    raise TraceError(f"{scenario.source_path or scenario.name}: classes.{cname}: a turn's prompt (thread "
+                                     f"context) reaches {prompt} tokens: expected at most {MAX_TOKENS} (lower max turns "
+                                     f"or token lengths)")
                 out = int(outs[k])
                 cancel = None
                 if cls.cancel and cancel_u[k] < cls.cancel.share and int(cancel_n[k]) < out:
