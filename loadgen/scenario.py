@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import ScenarioError
+from .inputs import without_userinfo
 from .limits import (
     MAX_CONCURRENCY,
     MAX_DURATION_S,
@@ -336,7 +337,7 @@ def format_validation_error(source: str, exc: ValidationError) -> str:
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
     value = first.get("input")
-    shown = "" if isinstance(value, dict) or first["type"] == "missing" else f" = {value!r}"
+    shown = "" if isinstance(value, dict) or first["type"] == "missing" else f" = {without_userinfo(repr(value))}"
     if first["type"] == "missing":
         msg = "missing; required"
     elif first["type"] == "extra_forbidden":

@@ -37,18 +37,18 @@ def test_resolve_prefers_an_existing_path_then_a_preset_name(tmp_path: Path, mon
 def test_scenario_init_copies_every_preset_and_refuses_to_overwrite(tmp_path: Path) -> None:
     dest = tmp_path / "mine"
     cmd = [sys.executable, "-m", "loadgen", "scenario", "init", str(dest)]
-    first = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    first = subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=REPO)
     assert first.returncode == 0, first.stderr
     shipped = sorted(p.relative_to(presets.presets_root()) for p in presets.presets_root().rglob("*.toml"))
     copied = sorted(p.relative_to(dest) for p in dest.rglob("*.toml"))
     assert copied == shipped and len(copied) >= 8
     for rel in copied:
         assert (dest / rel).read_bytes() == (presets.presets_root() / rel).read_bytes()
-    again = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    again = subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=REPO)
     assert again.returncode == 2 and again.stderr.startswith("loadgen: error: ") and "already exists" in again.stderr
-    forced = subprocess.run(cmd + ["--force"], capture_output=True, text=True, cwd=REPO)
+    forced = subprocess.run(cmd + ["--force"], check=False, capture_output=True, text=True, cwd=REPO)
     assert forced.returncode == 0
     # the copied plan still finds its scenario (relative path inside the copied tree)
     check = subprocess.run([sys.executable, "-m", "loadgen", "scenario", "check", str(dest / "canonical.toml")],
-                           capture_output=True, text=True, cwd=REPO)
+                           check=False, capture_output=True, text=True, cwd=REPO)
     assert check.returncode == 0, check.stderr

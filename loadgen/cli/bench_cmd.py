@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scenario", type=Path, default=DEFAULT_SCENARIO)
     p.add_argument("--trace", default="steady", help="named trace of the scenario (steady, burst, ...)")
     p.add_argument("--seed", type=flags.seed, default=None)
-    p.add_argument("--target", default=None, help="OpenAI-compatible base URL (default: launch the simulated engine)")
+    p.add_argument("--target", type=flags.target_url, default=None, help="OpenAI-compatible base URL (default: launch the simulated engine)")
     p.add_argument("--model", default=None)
     p.add_argument("--engine", default="interactive-small-batch", help="simulated engine preset or TOML (no --target)")
     p.add_argument("--api-key-env", default=None, help="name of the environment variable holding the API key")

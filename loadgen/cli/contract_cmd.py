@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _target_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", required=True, help="base URL of the OpenAI-compatible server")
+    p.add_argument("--target", type=flags.target_url, required=True, help="base URL of the OpenAI-compatible server")
     p.add_argument("--model", required=True, help="served model name")
     p.add_argument("--api-key-env", help="NAME of the environment variable holding the API key")
     p.add_argument("--endpoint", choices=["chat", "completions"], default="chat")

@@ -10,9 +10,11 @@ import argparse
 import math
 from collections.abc import Callable
 
+from ..inputs import header_problem, target_url_problem, without_userinfo
 from ..limits import MAX_CONCURRENCY, MAX_OFFSET_NS, MAX_SEED, MAX_TIMEOUT_S
 
-__all__ = ["DURATION", "MAX_OFFSET_S", "count", "fraction", "integer", "number", "port", "seconds", "seed"]
+__all__ = ["DURATION", "MAX_OFFSET_S", "count", "fraction", "header", "integer", "number", "port", "seconds", "seed",
+           "target_url"]
 
 
 def integer(lo: int, hi: int) -> Callable[[str], int]:
@@ -73,3 +75,21 @@ def fraction() -> Callable[[str], float]:
 MAX_OFFSET_S = MAX_OFFSET_NS / 1e9
 #: A trace window or run length, in seconds.
 DURATION = seconds(MAX_OFFSET_S)
+
+
+def target_url(text: str) -> str:
+    """An http(s) base URL; the error never shows its password."""
+    problem = target_url_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{without_userinfo(text)!r}: {problem}")
+    return text
+
+
+def header(text: str) -> tuple[str, str]:
+    """``NAME:VALUE`` as one header (no CR/LF: a value cannot smuggle a second header); the value is never shown."""
+    name, sep, value = text.partition(":")
+    name, value = name.strip(), value.strip()
+    problem = "expected NAME:VALUE" if not sep or not name else header_problem(name, value)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{name[:40]!r}: {problem}")
+    return name, value

@@ -12,7 +12,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="run (or resume) a load plan and write the capacity region")
     p.add_argument("plan", help="plan TOML file, or a shipped plan's name (quick, canonical-region; see scenarios/plans/)")
     p.add_argument("--out", required=True, help="plan directory; rerunning the same command resumes it")
-    p.add_argument("--target", help="OpenAI-compatible base URL (cold cells are not achievable: loadgen did not launch it)")
+    p.add_argument("--target", type=flags.target_url, help="OpenAI-compatible base URL (cold cells are not achievable: loadgen did not launch it)")
     p.add_argument("--model", help="served model name for --target")
     p.add_argument("--api-key-env", help="NAME of the env var holding the API key for --target (never recorded)")
     p.add_argument("--sim", metavar="ENGINE", help="launch the simulated engine (preset or TOML) on loopback; cold = restart it")

@@ -13,7 +13,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="output directory (default runs/practice-<utc>)")
     p.add_argument("--engine", choices=("sim", "vllm"), default="sim",
                    help="sim: two simulated engines on loopback (default); vllm: two real vLLM configurations (LOADGEN_VLLM_PYTHON)")
-    p.add_argument("--target", action="append", metavar="URL", help="two running endpoints to compare instead (give it twice)")
+    p.add_argument("--target", type=flags.target_url, action="append", metavar="URL", help="two running endpoints to compare instead (give it twice)")
     p.add_argument("--model", help="served model name for --target")
     p.add_argument("--api-key-env", help="NAME of the env var holding the API key for --target (never recorded)")
     p.add_argument("--scenario", help="scenario TOML (default scenarios/canonical.toml)")

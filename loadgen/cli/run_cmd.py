@@ -11,7 +11,7 @@ from . import flags
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="replay a trace against an OpenAI-compatible endpoint and record a run directory")
     p.add_argument("trace", help="trace Parquet file (loadgen trace generate/import)")
-    p.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)")
+    p.add_argument("--target", type=flags.target_url, required=True, help="base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)")
     p.add_argument("--out", required=True, help="new run directory")
     p.add_argument("--model", help="served model name (default: scenario model, else the first of /v1/models)")
     p.add_argument("--scenario", help="scenario TOML: timeouts, privacy, endpoint, budgets")
@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--vllm-extensions", choices=("auto", "on", "off"), default="auto",
                    help="send ignore_eos and continuous_usage_stats (auto: not to managed APIs)")
     p.add_argument("--max-tokens-field", choices=("max_tokens", "max_completion_tokens"), default="max_tokens")
-    p.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="extra request header (value not recorded)")
+    p.add_argument("--header", type=flags.header, action="append", default=[], metavar="NAME:VALUE", help="extra request header (value not recorded)")
     p.set_defaults(func=_run)
 
 
@@ -48,12 +48,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.api_key_env is not None and not args.api_key_env.replace("_", "a").isalnum():
         # never echo it: a key pasted here by mistake must not reach the terminal or logs
         raise LoadgenError("--api-key-env: expected the NAME of an environment variable (letters, digits, _), not a key")
-    headers = {}
-    for item in args.header:
-        name, sep, value = item.partition(":")
-        if not sep or not name.strip():
-            raise LoadgenError(f"--header {item.split(':')[0]!r}: expected NAME:VALUE")
-        headers[name.strip()] = value.strip()
+    headers = dict(args.header)
     try:
         options = RunOptions(
             trace_path=args.trace, target_url=args.target, out_dir=args.out, model=args.model,

@@ -7,13 +7,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..inputs import header_problem, target_url_problem
+
 __all__ = ["RunOptions"]
 
 
 class RunOptions(BaseModel):
     """Options of ``run_trace``. None means "take it from the scenario / trace / target"."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)  # a URL may carry a password
 
     trace_path: Path
     target_url: str = Field(min_length=1)
@@ -49,9 +51,19 @@ class RunOptions(BaseModel):
     @field_validator("target_url")
     @classmethod
     def _url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("expected an http:// or https:// URL")
+        problem = target_url_problem(value)
+        if problem:
+            raise ValueError(problem)
         return value.rstrip("/")
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            problem = header_problem(name, text)
+            if problem:
+                raise ValueError(f"header {name[:40]!r}: {problem}")
+        return value
 
     @field_validator("api_key_env")
     @classmethod
