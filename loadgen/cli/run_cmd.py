@@ -33,6 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--vllm-extensions", choices=("auto", "on", "off"), default="auto",
                    help="send ignore_eos and continuous_usage_stats (auto: not to managed APIs)")
     p.add_argument("--max-tokens-field", choices=("max_tokens", "max_completion_tokens"), default="max_tokens")
+    p.add_argument("--max-sse-line-bytes", type=flags.count(1024, 1 << 30), default=1 << 20,
+                   help="longest SSE line (and event) accepted; a longer one fails that request as malformed_sse (default 1 MiB)")
     p.add_argument("--header", type=flags.header, action="append", default=[], metavar="NAME:VALUE", help="extra request header (value not recorded)")
     p.set_defaults(func=_run)
 
@@ -58,7 +60,7 @@ def _run(args: argparse.Namespace) -> int:
             scrape_interval_s=args.scrape_interval_s, warm_state=args.warm_state, warm_actions=args.warm_action,
             order_index=args.order_index, repeat=args.repeat, progress=args.progress, deadline_s=args.deadline_s,
             rate_limit_rps=args.rate_limit_rps, vllm_extensions=args.vllm_extensions,
-            max_tokens_field=args.max_tokens_field, headers=headers,
+            max_tokens_field=args.max_tokens_field, headers=headers, max_sse_line_bytes=args.max_sse_line_bytes,
         )
     except ValidationError as exc:
         raise LoadgenError(format_validation_error("loadgen run", exc)) from None

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..inputs import header_problem, target_url_problem
+from .sse import DEFAULT_MAX_LINE_BYTES
 
 __all__ = ["RunOptions"]
 
@@ -47,6 +48,7 @@ class RunOptions(BaseModel):
     request_headers: dict[str, dict[str, str]] = {}  # per request_id headers (e.g. X-Loadgen-Fault in tests)
     run_kind: Literal["measured", "simulated"] = "measured"
     flush_interval_s: float = Field(default=2.0, gt=0)
+    max_sse_line_bytes: int = Field(default=DEFAULT_MAX_LINE_BYTES, ge=1024, le=1 << 30)  # longer: malformed_sse
 
     @field_validator("target_url")
     @classmethod

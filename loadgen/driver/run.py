@@ -240,7 +240,7 @@ async def run_trace(options: RunOptions) -> Path:
             transport=transport, origin=transport.origin(endpoint_url), anchor_ns=anchor_ns, limiter=limiter,
             rate_gate=RateGate(options.rate_limit_rps), count_tokens=counter.count, sink=recorder.submit,
             ttft_timeout_ns=None, total_timeout_ns=None, secrets=secrets, retain_completion_text=retain_completion,
-            warm_state=options.warm_state, timeouts=timeouts,
+            warm_state=options.warm_state, timeouts=timeouts, max_sse_line_bytes=options.max_sse_line_bytes,
         )
         recorder.quiet_ns = ctx.quiet_ns
         show_progress = options.progress == "on" or (options.progress == "auto" and sys.stderr.isatty())
