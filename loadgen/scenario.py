@@ -382,7 +382,13 @@ def scenario_manifest(scenario: Scenario) -> dict[str, Any]:
 def scenario_from_manifest(manifest: dict[str, Any]) -> Scenario | None:
     """Rebuild the scenario a run was made with from its manifest (None when the run had none)."""
     entry = manifest.get("scenario")
-    if not entry or not entry.get("content"):
+    if not entry:
         return None
+    if not isinstance(entry, dict):
+        raise ScenarioError(f"manifest scenario = {str(entry)[:60]!r}: expected an object (name, path, sha256, content)")
+    if not entry.get("content"):
+        return None
+    if not isinstance(entry["content"], dict):
+        raise ScenarioError(f"manifest scenario.content = {str(entry['content'])[:60]!r}: expected the scenario object")
     scenario = parse_scenario(entry["content"], f"manifest scenario {entry.get('name')!r}")
     return scenario.model_copy(update={"source_path": entry.get("path"), "sha256": entry.get("sha256")})

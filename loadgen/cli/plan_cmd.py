@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+from pathlib import Path
 
+from ..errors import LoadgenError
 from . import flags
 
 
@@ -30,14 +33,22 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _plan(args: argparse.Namespace) -> int:
     import json
 
-    from ..plan import format_region, run_plan_file
+    from ..plan import RESULT_FILE, format_region, run_plan_file
     from ..presets import resolve
 
-    result = run_plan_file(
-        resolve("plans", args.plan) or args.plan, args.out, target_url=args.target, model=args.model, sim=args.sim, sim_worksheet=args.sim_worksheet,
-        vllm=args.vllm, vllm_args=args.vllm_arg, api_key_env=args.api_key_env, max_new_runs=args.max_runs, time_budget_s=args.time_budget_s,
-        log=None if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True)),
-    )
+    out = Path(args.out)
+    fresh = not out.exists()
+    try:
+        result = run_plan_file(
+            resolve("plans", args.plan) or args.plan, out, target_url=args.target, model=args.model, sim=args.sim,
+            sim_worksheet=args.sim_worksheet, vllm=args.vllm, vllm_args=args.vllm_arg, api_key_env=args.api_key_env,
+            max_new_runs=args.max_runs, time_budget_s=args.time_budget_s,
+            log=None if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True)),
+        )
+    except LoadgenError:
+        if fresh and out.is_dir() and not any(out.glob(f"cells/*/rep*/{RESULT_FILE}")):
+            shutil.rmtree(out, ignore_errors=True)  # nothing worth resuming: leave no partial plan directory
+        raise
     if args.json:
         print(json.dumps(result.region, indent=2, default=str))
     else:

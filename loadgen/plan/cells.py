@@ -107,6 +107,9 @@ def build_cell_trace(spec: PlanSpec, scenario: Scenario, coord: CellCoord, path:
     settings = cell_trace_settings(spec, scenario, coord)
     cell_scenario = scenario.model_copy(update={"traces": {**scenario.traces, spec.trace: settings}})
     table, meta = generate_trace(cell_scenario, spec.trace, spec.seed)
+    if table.num_rows == 0:
+        raise PlanError(f"{spec.source_path or spec.name}: cell {coord.cell_id}: {settings.duration_s:g} s at this rate "
+                        "gives no request: expected a longer duration_s or higher rates")
     meta = {**meta, "plan_cell": coord.to_dict(), "offered_rate_rps": mean_rate_rps(settings)}
     _write_atomic(table, path, meta)
     return path, meta

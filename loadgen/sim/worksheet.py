@@ -390,6 +390,8 @@ def run_worksheet(
     trace_path = Path(trace_path)
     config = engine if isinstance(engine, EngineConfig) else load_engine_config(engine)
     table, metadata = _read_trace(trace_path)
+    if table.num_rows == 0:  # the same rule as a measured run
+        raise TraceError(f"{trace_path}: trace has no requests: expected at least one row")
     scen_manifest = None
     endpoint = "completions"
     if scenario is not None:

@@ -143,16 +143,18 @@ def read_trace(path: str | Path) -> tuple[pa.Table, dict[str, Any]]:
         raise TraceError(f"{path}: no such file: expected a trace Parquet file (loadgen trace generate/import)")
     try:
         table = pq.read_table(path)
-    except (pa.ArrowException, OSError, ValueError) as exc:
+        table.validate(full=True)  # also every string is UTF-8 (a damaged file may decode to anything)
+        names = table.column_names
+    except (pa.ArrowException, OSError, ValueError) as exc:  # ValueError: UnicodeDecodeError in a name
         detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise TraceError(f"{path}: unreadable Parquet ({detail}): expected a loadgen trace") from None
-    missing = [n for n in TRACE_SCHEMA.names if n not in table.column_names]
+    missing = [n for n in TRACE_SCHEMA.names if n not in names]
     if missing:
         raise TraceError(f"{path}: missing column(s) {missing}: expected a loadgen trace (TRACE_SCHEMA)")
     raw = (table.schema.metadata or {}).get(TRACE_METADATA_KEY)
     try:
         metadata = json.loads(raw, parse_constant=_no_constant) if raw else {}
-    except ValueError:  # JSONDecodeError, UnicodeDecodeError, NaN/Infinity
+    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, NaN/Infinity, deep nesting
         raise TraceError(f"{path}: metadata {TRACE_METADATA_KEY.decode()} is not UTF-8 JSON with finite numbers") from None
     metadata = validate_trace_metadata(metadata, path)
     table = _cast_columns(table, path)
