@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from .analysis import Analysis, analyze_run
+from .presets import canonical_scenario
 from .scenario import load_scenario
 from .targets import StateResult, TargetSpec, open_target
 from .trace.generate import generate_trace_file
 
 __all__ = ["BenchResult", "run_bench", "DEFAULT_SCENARIO"]
 
-DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "canonical.toml"
+DEFAULT_SCENARIO = canonical_scenario()
 
 
 @dataclass

@@ -10,6 +10,7 @@ import numpy as np
 
 from .analysis.percentiles import percentile_sorted
 from .errors import ScenarioError
+from .limits import MAX_PARAM
 from .scenario import Empirical, Fixed, LogNormal, Normal, Uniform
 
 __all__ = ["mean", "quantiles", "sample", "sample_tokens"]
@@ -39,6 +40,9 @@ def _empirical_values(path: str, column: str | None) -> np.ndarray:
             raise ScenarioError(f"{p}: value {raw!r} (row {lineno}): expected a number") from None
     if not values:
         raise ScenarioError(f"{p}: no values: expected at least one number")
+    bad = next((v for v in values if not 0 <= v <= MAX_PARAM), None)  # NaN fails too
+    if bad is not None:
+        raise ScenarioError(f"{p}: value {bad!r}: expected a finite number in 0..{MAX_PARAM:g}")
     return np.asarray(values, dtype=np.float64)
 
 
@@ -65,8 +69,8 @@ def sample(dist: Dist, rng: np.random.Generator, size: int, base_dir: Path | Non
 
 
 def sample_tokens(dist: Dist, rng: np.random.Generator, size: int, base_dir: Path | None = None) -> np.ndarray:
-    """Token counts: samples rounded to whole tokens, at least 1."""
-    return np.maximum(np.rint(sample(dist, rng, size, base_dir)), 1).astype(np.int64)
+    """Token counts: samples rounded to whole tokens, at least 1 (kept below 2^62 so the int cast cannot wrap)."""
+    return np.clip(np.rint(sample(dist, rng, size, base_dir)), 1, 2.0**62).astype(np.int64)
 
 
 def quantiles(dist: Dist, qs: list[float], base_dir: Path | None = None, n: int = 200_000, seed: int = 0) -> list[float]:

@@ -16,14 +16,16 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from importlib import resources
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import pyarrow.compute as pc
 
+from . import presets
 from .engines.vllm import VllmConfig, make_model_dir, shipped_model_path
 from .errors import PlanError
 from .identity import sha256_file
@@ -39,7 +41,6 @@ from .trace.io import read_trace, write_trace
 
 __all__ = ["SIM_CANDIDATES", "OWNERSHIP", "PracticeResult", "run_practice", "practice_trace", "format_practice"]
 
-REPO = Path(__file__).resolve().parents[1]
 #: The canonical comparison: the latency-tuned preset first (the reference for behaviour diffs).
 SIM_CANDIDATES = ("interactive-small-batch", "throughput-large-batch")
 DEFAULT_MODEL_CONFIG = "llama-3.1-8b"
@@ -82,8 +83,8 @@ def practice_trace(source: Path, out: Path, window_s: float | None) -> Path:
 
 
 def _canonical_trace(scenario_path: Path, out_dir: Path) -> Path:
-    shipped = REPO / "traces" / "canonical-burst.parquet"
-    if shipped.is_file():
+    shipped = presets.canonical_trace("burst")
+    if shipped is not None:
         return shipped
 
     return generate_trace_file(load_scenario(scenario_path), "burst", out_dir / "canonical-burst.parquet")
@@ -94,7 +95,7 @@ def _ledgers(model_config: str, engines: list[EngineConfig], scenario: Scenario)
 
     path = Path(model_config)
     if not path.exists():
-        path = REPO / "loadgen" / "data" / "models" / f"{model_config}.json"
+        path = Path(str(resources.files("loadgen") / "data" / "models" / f"{model_config}.json"))
     model = read_model_config(path)
     texts, data = {}, {}
     for cfg in engines:
@@ -142,11 +143,11 @@ def run_practice(
     if out_dir.exists() and any(out_dir.iterdir()):
         raise PlanError(f"{out_dir}: not empty: expected a new output directory for the practice")
     out_dir.mkdir(parents=True, exist_ok=True)
-    scenario_path = Path(scenario) if scenario else REPO / "scenarios" / "canonical.toml"
+    scenario_path = Path(scenario) if scenario else presets.canonical_scenario()
     scen = load_scenario(scenario_path)
     source = Path(trace) if trace else _canonical_trace(scenario_path, out_dir)
     trace_path = practice_trace(source, out_dir / "trace.parquet", window_s)
-    prices = prices if prices is not None else (REPO / "scenarios" / "prices.toml")
+    prices = prices if prices is not None else presets.prices_example()
     run_dirs: dict[str, Path] = {}
     ledgers: dict[str, str] = {}
     ledger_data: dict[str, Any] = {}
@@ -209,7 +210,7 @@ def run_practice(
             f"specialist handoff for {r['label']} (the failing p99 TTFT, reproducible): loadgen handoff "
             f"{run_dirs[r['label']]} --out {out_dir / (r['label'] + '-handoff')}"
             for r in cdict["decision"]["rejected"] if r["step"] == "hard budgets" and r["label"] in run_dirs
-        ] + ["fleet sizing for the chosen candidate (platform/SRE): loadgen plan scenarios/plans/canonical-region.toml "
+        ] + ["fleet sizing for the chosen candidate (platform/SRE): loadgen plan canonical-region "
              "--sim <chosen engine> --out runs/region"],
         "modelExecuted": any(c["context"]["runtime"].get("modelExecuted") for c in cdict["candidates"]),
     }

@@ -7,12 +7,25 @@ everything and turns any problem into one ``ScenarioError`` line: ``file: field 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import ScenarioError
+from .inputs import without_userinfo
+from .limits import (
+    MAX_CONCURRENCY,
+    MAX_DURATION_S,
+    MAX_PARAM,
+    MAX_RATE_RPS,
+    MAX_SEED,
+    MAX_TIMEOUT_S,
+    MAX_TOKENS,
+    MAX_TRACE_REQUESTS,
+    MAX_TURNS,
+)
 from .manifest import Manifest, ScenarioRef
 from .tomlfile import read_toml
 
@@ -37,22 +50,27 @@ CLASS_NAMES = ("short-message", "long-thread", "burst")
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: inf and nan are never a valid rate, length, share or budget
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+#: Largest distribution parameter (tokens, turns, seconds); the token and turn bounds are checked per use.
+_P = MAX_PARAM
 
 
 class Fixed(_Model):
     dist: Literal["fixed"]
-    value: float = Field(ge=0)
-    min: float | None = Field(default=None, ge=0)
-    max: float | None = Field(default=None, ge=0)
+    value: float = Field(ge=0, le=_P)
+    min: float | None = Field(default=None, ge=0, le=_P)
+    max: float | None = Field(default=None, ge=0, le=_P)
 
 
 class Uniform(_Model):
     dist: Literal["uniform"]
-    low: float = Field(ge=0)
-    high: float = Field(ge=0)
-    min: float | None = Field(default=None, ge=0)
-    max: float | None = Field(default=None, ge=0)
+    low: float = Field(ge=0, le=_P)
+    high: float = Field(ge=0, le=_P)
+    min: float | None = Field(default=None, ge=0, le=_P)
+    max: float | None = Field(default=None, ge=0, le=_P)
 
     @model_validator(mode="after")
     def _order(self) -> "Uniform":
@@ -63,20 +81,20 @@ class Uniform(_Model):
 
 class Normal(_Model):
     dist: Literal["normal"]
-    mean: float = Field(ge=0)
-    std: float = Field(ge=0)
-    min: float | None = Field(default=None, ge=0)
-    max: float | None = Field(default=None, ge=0)
+    mean: float = Field(ge=0, le=_P)
+    std: float = Field(ge=0, le=_P)
+    min: float | None = Field(default=None, ge=0, le=_P)
+    max: float | None = Field(default=None, ge=0, le=_P)
 
 
 class LogNormal(_Model):
     """Log-normal with the given arithmetic ``mean`` and log-space ``sigma``."""
 
     dist: Literal["lognormal"]
-    mean: float = Field(gt=0)
+    mean: float = Field(gt=0, le=_P)
     sigma: float = Field(gt=0, le=5)
-    min: float | None = Field(default=None, ge=0)
-    max: float | None = Field(default=None, ge=0)
+    min: float | None = Field(default=None, ge=0, le=_P)
+    max: float | None = Field(default=None, ge=0, le=_P)
 
 
 class Empirical(_Model):
@@ -85,19 +103,40 @@ class Empirical(_Model):
     dist: Literal["empirical"]
     file: str
     column: str | None = None
-    min: float | None = Field(default=None, ge=0)
-    max: float | None = Field(default=None, ge=0)
+    min: float | None = Field(default=None, ge=0, le=_P)
+    max: float | None = Field(default=None, ge=0, le=_P)
 
 
 Distribution = Annotated[Union[Fixed, Uniform, Normal, LogNormal, Empirical], Field(discriminator="dist")]
 
 
+def dist_upper(dist: Fixed | Uniform | Normal | LogNormal | Empirical) -> float | None:
+    """The largest value a distribution is meant to give (its nominal top, cut by ``max``, raised by ``min``).
+
+    The nominal top is the fixed value, the uniform ``high`` or the (log)normal mean; an empirical file has
+    none (its values are checked when sampled). Tails beyond the mean are checked on the sampled values.
+    """
+    nominal = {Fixed: "value", Uniform: "high", Normal: "mean", LogNormal: "mean"}.get(type(dist))
+    top = getattr(dist, nominal) if nominal else None
+    if dist.max is not None:
+        top = dist.max if top is None else min(top, dist.max)
+    if dist.min is not None:
+        top = dist.min if top is None else max(top, dist.min)
+    return top
+
+
+def _check_bound(field: str, dist: Any, limit: float, unit: str) -> None:
+    top = dist_upper(dist)
+    if top is not None and top > limit:
+        raise ValueError(f"{field} = {top:g}: expected at most {limit:g} {unit}")
+
+
 class Budget(_Model):
     """Limits in ms at p50/p95/p99 (any subset); ``hard`` budgets reject, soft ones only warn."""
 
-    p50: float | None = Field(default=None, gt=0)
-    p95: float | None = Field(default=None, gt=0)
-    p99: float | None = Field(default=None, gt=0)
+    p50: float | None = Field(default=None, gt=0, le=_P)
+    p95: float | None = Field(default=None, gt=0, le=_P)
+    p99: float | None = Field(default=None, gt=0, le=_P)
     hard: bool = True
 
     def limits(self) -> dict[str, float]:
@@ -123,6 +162,12 @@ class Thread(_Model):
     turns: Distribution
     think_time_s: Distribution
 
+    @model_validator(mode="after")
+    def _bounds(self) -> Thread:
+        _check_bound("turns", self.turns, MAX_TURNS, "turns")
+        _check_bound("think_time_s", self.think_time_s, MAX_DURATION_S, "s")
+        return self
+
 
 class RequestClass(_Model):
     share: float = Field(ge=0, le=1)
@@ -132,24 +177,32 @@ class RequestClass(_Model):
     budgets: Budgets = Budgets()
     cancel: Cancellation | None = None
     thread: Thread | None = None  # required for long-thread
-    ttft_timeout_s: float | None = Field(default=None, gt=0)
-    total_timeout_s: float | None = Field(default=None, gt=0)
+    ttft_timeout_s: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
+    total_timeout_s: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
+
+    @model_validator(mode="after")
+    def _token_bounds(self) -> RequestClass:
+        _check_bound("input_tokens", self.input_tokens, MAX_TOKENS, "tokens")
+        _check_bound("output_tokens", self.output_tokens, MAX_TOKENS, "tokens")
+        if self.cancel is not None:
+            _check_bound("cancel.after_tokens", self.cancel.after_tokens, MAX_TOKENS, "tokens")
+        return self
 
 
 class TraceSettings(_Model):
     """One named arrival setting; ``process`` picks which fields apply."""
 
     process: Literal["poisson", "gamma", "onoff", "closed"]
-    duration_s: float = Field(gt=0, le=7 * 86400)
-    rate_rps: float | None = Field(default=None, gt=0)  # poisson, gamma
-    cv: float | None = Field(default=None, gt=0)  # gamma burstiness (coefficient of variation of gaps)
-    quiet_rate_rps: float | None = Field(default=None, ge=0)  # onoff
-    burst_rate_rps: float | None = Field(default=None, gt=0)  # onoff
-    burst_s: float | None = Field(default=None, gt=0)  # onoff: length of each burst
-    gap_s: float | None = Field(default=None, gt=0)  # onoff: quiet time between bursts
-    concurrency: int | None = Field(default=None, ge=1)  # closed loop
-    requests: int | None = Field(default=None, ge=1)  # closed loop: how many requests in total
-    max_in_flight: int | None = Field(default=None, ge=1)
+    duration_s: float = Field(gt=0, le=MAX_DURATION_S)
+    rate_rps: float | None = Field(default=None, gt=0, le=MAX_RATE_RPS)  # poisson, gamma
+    cv: float | None = Field(default=None, gt=0, le=100)  # gamma burstiness (coefficient of variation of gaps)
+    quiet_rate_rps: float | None = Field(default=None, ge=0, le=MAX_RATE_RPS)  # onoff
+    burst_rate_rps: float | None = Field(default=None, gt=0, le=MAX_RATE_RPS)  # onoff
+    burst_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S)  # onoff: length of each burst
+    gap_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S)  # onoff: quiet time between bursts
+    concurrency: int | None = Field(default=None, ge=1, le=MAX_CONCURRENCY)  # closed loop
+    requests: int | None = Field(default=None, ge=1, le=MAX_TRACE_REQUESTS)  # closed loop: how many requests in total
+    max_in_flight: int | None = Field(default=None, ge=1, le=MAX_CONCURRENCY)
     shares: dict[str, float] | None = None  # override class shares for this trace
     burst_shares: dict[str, float] | None = None  # onoff: class shares of arrivals inside bursts
 
@@ -164,6 +217,10 @@ class TraceSettings(_Model):
         for name in need:
             if getattr(self, name) is None:
                 raise ValueError(f"process {self.process!r} needs {name}")
+        peak = max(self.rate_rps or 0.0, self.quiet_rate_rps or 0.0, self.burst_rate_rps or 0.0)
+        if peak * self.duration_s > MAX_TRACE_REQUESTS:
+            raise ValueError(f"rate {peak:g}/s over duration_s {self.duration_s:g} gives about "
+                             f"{peak * self.duration_s:.3g} requests: expected at most {MAX_TRACE_REQUESTS:g} per trace")
         return self
 
 
@@ -172,7 +229,7 @@ class PrefixGroup(_Model):
 
     name: str = Field(min_length=1)
     share: float = Field(ge=0, le=1)
-    prefix_tokens: int = Field(ge=1)
+    prefix_tokens: int = Field(ge=1, le=MAX_TOKENS)
     classes: list[str] | None = None  # default: every class
 
 
@@ -186,8 +243,8 @@ class Privacy(_Model):
 
 
 class Errors(_Model):
-    ttft_timeout_s: float = Field(default=60.0, gt=0)
-    total_timeout_s: float = Field(default=600.0, gt=0)
+    ttft_timeout_s: float = Field(default=60.0, gt=0, le=MAX_TIMEOUT_S)
+    total_timeout_s: float = Field(default=600.0, gt=0, le=MAX_TIMEOUT_S)
     error_rate_limit: float = Field(default=0.01, ge=0, le=1)  # above this share a run is marked errored
 
 
@@ -201,7 +258,7 @@ class Behavior(_Model):
 class Scenario(_Model):
     name: str = Field(min_length=1)
     description: str = ""
-    seed: int = Field(ge=0)
+    seed: int = Field(ge=0, le=MAX_SEED)
     model: str | None = None  # served model name to request, when the scenario pins one
     endpoint: Literal["completions", "chat"] = "completions"
     classes: dict[str, RequestClass]
@@ -270,6 +327,9 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return "".join(parts)
 
 
+_NAMED_MSG = re.compile(r"^[\w.\-\[\]*]+ = [^:]+: expected ")
+
+
 def format_validation_error(source: str, exc: ValidationError) -> str:
     """One line: ``source: field = value: expected ...`` for the first problem (+N more)."""
     errors = exc.errors(include_url=False)
@@ -279,12 +339,14 @@ def format_validation_error(source: str, exc: ValidationError) -> str:
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
     value = first.get("input")
-    shown = "" if isinstance(value, dict) or first["type"] == "missing" else f" = {value!r}"
+    shown = "" if isinstance(value, dict) or first["type"] == "missing" else f" = {without_userinfo(repr(value))}"
     if first["type"] == "missing":
         msg = "missing; required"
     elif first["type"] == "extra_forbidden":
         msg = "unknown field"
     more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    if first["type"] == "value_error" and _NAMED_MSG.match(msg):  # "sub.field = value: expected ..." from a validator
+        return f"{source}: {field + '.' if field else ''}{msg}{more}"
     where = f"{field}{shown}: " if field else ""
     expected = msg if msg.startswith(("expected", "missing", "unknown")) else f"expected {msg[0].lower()}{msg[1:]}"
     if field == "" and ":" in msg:

@@ -62,6 +62,16 @@ async def handle(reader, writer):
             elif mode == "datequota":
                 data = b'{"error": {"message": "quota"}}'
                 writer.write(b"HTTP/1.1 429 Too Many Requests\r\nretry-after: Wed, 21 Oct 2099 07:28:00 GMT\r\ncontent-length: %d\r\n\r\n" % len(data) + data)
+            elif mode == "hugeline":  # one SSE line of 3 MiB: over the driver's 1 MiB cap
+                writer.write(sse + b"transfer-encoding: chunked\r\n\r\n")
+                first = ev(tok(" the")) + b"data: "
+                writer.write(b"%x\r\n" % len(first) + first + b"\r\n")
+                piece = b"x" * 65536
+                for _ in range(48):
+                    writer.write(b"%x\r\n" % len(piece) + piece + b"\r\n")
+                    await writer.drain()
+                tail = b"\n\ndata: [DONE]\n\n"
+                writer.write(b"%x\r\n" % len(tail) + tail + b"\r\n0\r\n\r\n")
             elif mode == "closedelim":  # no length, no chunking: the body ends when the server closes
                 writer.write(sse + b"connection: close\r\n\r\n" + ev(tok(" the")) + ev(tok(" of", "length"), crlf=True) + b"data: [DONE]\r\n\r\n")
                 await writer.drain()
@@ -145,3 +155,26 @@ def test_edge_outcomes(edge_url, tmp_path: Path, monkeypatch):
     # keep-alive: far fewer connections than requests (the in-stream error and the close-delimited
     # body end theirs; one spare is kept ready for the next deadline)
     assert m["driver"]["connections_opened"] <= 5
+
+
+def test_an_overlong_sse_line_fails_only_its_request(edge_url, tmp_path: Path, monkeypatch):
+    import loadgen.driver.jobs as jobs
+
+    class Steered(jobs.PromptSynth):
+        def text(self, key, n_tokens, prefix_key=None, prefix_tokens=0):
+            return f"{key.rstrip('0123456789')} filler words"
+
+    monkeypatch.setattr(jobs, "PromptSynth", Steered)
+    ids = ["ok1", "hugeline", "ok2", "ok3"]
+    rows = [{"request_id": rid, "request_class": "burst", "scheduled_offset_ns": i * 20_000_000, "prompt_tokens": 8,
+             "output_tokens": 3, "prefix_group": None, "prefix_tokens": None, "conversation_id": None,
+             "turn_index": None, "cancel_after_tokens": None} for i, rid in enumerate(ids)]
+    trace = write_trace(pa.Table.from_pylist(rows, schema=TRACE_SCHEMA), tmp_path / "t.parquet",
+                        {"mode": "open", "max_in_flight": 4, "trace_name": "edge", "seed": 0})
+    out = run_trace_sync(RunOptions(trace_path=trace, target_url=edge_url, out_dir=tmp_path / "run", progress="off",
+                                    vllm_extensions="off", max_sse_line_bytes=1 << 20))
+    got = {r["request_id"]: r for r in load_run(out).requests.to_pylist()}
+    assert {k: (v["status"], v["error_kind"]) for k, v in got.items()} == {
+        "ok1": ("ok", None), "ok2": ("ok", None), "ok3": ("ok", None), "hugeline": ("error", "malformed_sse")}
+    assert "exceeds the cap of 1048576 bytes" in got["hugeline"]["error_message"]
+    assert got["hugeline"]["client_output_tokens"] == 1  # the chunk before the long line was counted

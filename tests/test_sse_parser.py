@@ -135,3 +135,32 @@ def test_completions_text_and_vllm_continuous_usage():
                b'"finish_reason":null}],"usage":{"prompt_tokens":12,"completion_tokens":5,"total_tokens":17}}')
     chunk = parse_chunk(payload)
     assert (chunk.text, chunk.pieces, chunk.prompt_tokens, chunk.completion_tokens) == (" the of", 1, 12, 5)
+
+
+def test_a_partial_line_is_buffered_without_rejoining_and_joined_once():
+    decoder = SSEDecoder(max_line_bytes=1 << 22)
+    line = b'data: {"choices":[{"index":0,"text":"' + b"x" * 300_000 + b'"}]}'
+    for i in range(0, len(line), 1000):
+        assert decoder.feed(line[i : i + 1000]) == []
+        assert decoder.pending
+    events = decoder.feed(b"\n\ndata: [DONE]\n\n")
+    assert events == [line[6:], DONE] and decoder.sizes == [len(line) + 2, 14]
+    assert parse_chunk(events[0]).pieces == 1
+
+
+@pytest.mark.parametrize("piece", [1000, 64 * 1024, 3 * 1024 * 1024])
+def test_a_line_over_the_cap_fails_as_malformed(piece):
+    from loadgen.driver.error_kinds import Phase, classify_exception
+    from loadgen.driver.sse import SSELineTooLong
+
+    decoder = SSEDecoder(max_line_bytes=1 << 20)
+    stream = b'data: {"choices":[]}\n\n' + b"data: " + b"x" * (2 * 1024 * 1024)
+    events: list[bytes] = []
+    with pytest.raises(SSELineTooLong) as exc:
+        for i in range(0, len(stream), piece):
+            events += decoder.feed(stream[i : i + piece])
+    assert events in ([], [b'{"choices":[]}'])  # what came before the long line is kept
+    assert classify_exception(exc.value, Phase.STREAMING)[1] == "malformed_sse"
+    many_lines = SSEDecoder(max_line_bytes=4096)  # one event of many short data lines is capped too
+    with pytest.raises(SSELineTooLong, match="event"):
+        many_lines.feed(b"data: x\n" * 2000)

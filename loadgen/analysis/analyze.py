@@ -73,6 +73,8 @@ def parse_window(text: str | None) -> tuple[float | None, float | None] | None:
         hi = float(b) if b.strip() else None
     except ValueError:
         raise RunDirError(f"--window {text!r}: expected numbers, start:end in seconds") from None
+    if any(v is not None and not math.isfinite(v) for v in (lo, hi)):
+        raise RunDirError(f"--window {text!r}: expected finite numbers, start:end in seconds")
     if lo is not None and hi is not None and hi <= lo:
         raise RunDirError(f"--window {text!r}: end must be after start")
     return lo, hi
@@ -89,13 +91,19 @@ def _load_requests(run_dir: Path) -> tuple[pa.Array, dict[str, np.ndarray]]:
     missing = [c for c in _REQ_COLUMNS if c not in schema.names]
     if missing:
         raise RunDirError(f"{path}: missing column(s) {missing}: expected the loadgen requests schema")
-    table = pq.read_table(path, columns=_REQ_COLUMNS)
+    try:
+        table = pq.read_table(path, columns=_REQ_COLUMNS)
+    except (pa.ArrowException, OSError) as exc:
+        raise RunDirError(f"{path}: unreadable Parquet ({exc}): expected a file written by loadgen") from None
     cols: dict[str, np.ndarray] = {}
     for name in _REQ_COLUMNS:
         col = table.column(name)
         target = REQUESTS_SCHEMA.field(name).type
         if col.type != target:
-            col = col.cast(target)
+            try:
+                col = col.cast(target)
+            except (pa.ArrowException, ValueError):
+                raise RunDirError(f"{path}: column {name} of type {col.type}: expected {target}") from None
         if name in ("request_id",):
             continue
         if pa.types.is_string(target):
@@ -248,6 +256,13 @@ class _Run:
         self.ids, c = _load_requests(run_dir)
         self.c = c
         self.n = len(c["status"])
+        recorded = manifest.get("requests_recorded")
+        if isinstance(recorded, int) and not isinstance(recorded, bool) and self.n < recorded:
+            if self.n == 0:  # nothing left to analyse: never report "0 scheduled" for a run that recorded some
+                raise RunDirError(f"{run_dir / REQUESTS_FILE}: 0 rows: expected {recorded} (manifest.json "
+                                  f"requests_recorded): the file was truncated or replaced")
+            self.notes.append(f"records missing: {REQUESTS_FILE} holds {self.n} of the {recorded} requests the manifest "
+                              f"says were recorded (truncated or replaced file): every count below undercounts")
         sched, done = c["scheduled_ns"], c["done_ns"]
         dlo, dhi = _default_window(sched, done)
         if isinstance(window, str):

@@ -2,7 +2,9 @@
 
 Each area registers its subcommands from its own module (``loadgen/cli/<area>_cmd.py`` with a
 ``register(subparsers)`` function), so the CLI stays thin and areas do not collide.
-LoadgenError → one line on stderr and exit 2; Ctrl-C → exit 130; anything else keeps its traceback.
+This is the one place where errors become exit codes: a bad flag (argparse), a LoadgenError or an
+OSError on a file the user named → one line ``loadgen: error: ...`` on stderr and exit 2; Ctrl-C → exit
+130; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -10,11 +12,19 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 from .. import __version__
 from ..errors import LoadgenError
 
-__all__ = ["main", "build_parser"]
+__all__ = ["LoadgenParser", "build_parser", "main"]
+
+
+class LoadgenParser(argparse.ArgumentParser):
+    """argparse with one-line errors (``loadgen: error: loadgen run: argument --x: ...``), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"loadgen: error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 #: Areas in the order their commands are listed by --help.
 COMMAND_MODULES = (
@@ -24,7 +34,7 @@ COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="loadgen", description="Workload-specific capacity evidence for LLM serving.")
+    parser = LoadgenParser(prog="loadgen", description="Workload-specific capacity evidence for LLM serving.")
     parser.add_argument("--version", action="version", version=f"loadgen {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
@@ -45,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = args.func(args)
     except LoadgenError as exc:
-        print(f"loadgen: error: {exc}", file=sys.stderr)
+        print(f"loadgen: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("loadgen: interrupted", file=sys.stderr)
@@ -53,7 +63,16 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into head & co.
         sys.stderr.close()
         return 0
+    except OSError as exc:  # a file or port the user named: unreadable, unwritable, full disk
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"loadgen: error: {_one_line(where + (exc.strerror or str(exc)))}", file=sys.stderr)
+        return 2
     return int(rc or 0)
+
+
+def _one_line(text: str) -> str:
+    """A message as one line (a multi-line detail from a library is joined, never split over lines)."""
+    return " | ".join(part.strip() for part in text.splitlines() if part.strip()) or text
 
 
 if __name__ == "__main__":  # pragma: no cover

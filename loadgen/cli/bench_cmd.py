@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from . import flags
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     from ..bench import DEFAULT_SCENARIO
@@ -12,8 +14,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="replay the canonical trace and print where the run stands against the budgets")
     p.add_argument("--scenario", type=Path, default=DEFAULT_SCENARIO)
     p.add_argument("--trace", default="steady", help="named trace of the scenario (steady, burst, ...)")
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--target", default=None, help="OpenAI-compatible base URL (default: launch the simulated engine)")
+    p.add_argument("--seed", type=flags.seed, default=None)
+    p.add_argument("--target", type=flags.target_url, default=None, help="OpenAI-compatible base URL (default: launch the simulated engine)")
     p.add_argument("--model", default=None)
     p.add_argument("--engine", default="interactive-small-batch", help="simulated engine preset or TOML (no --target)")
     p.add_argument("--api-key-env", default=None, help="name of the environment variable holding the API key")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from . import flags
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("contract", help="replay frozen behaviour cases and diff against a reference")
@@ -19,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     rep.add_argument("--scenario", help="take the cases from this scenario's [behavior] cases")
     _target_args(rep)
     rep.add_argument("--reference", help="the reference candidate's result (contract.json) to diff against")
-    rep.add_argument("--concurrency", type=int, default=1)
+    rep.add_argument("--concurrency", type=flags.count(), default=1)
     rep.add_argument("--out", help="write the result JSON here")
     rep.set_defaults(func=_replay)
 
@@ -29,8 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     load.add_argument("--trace", required=True, help="trace .parquet to run")
     load.add_argument("--scenario", help="scenario TOML (budgets, timeouts, endpoint)")
     load.add_argument("--run-out", required=True, help="run directory to create (contract.json goes in it)")
-    load.add_argument("--delay-s", type=float, default=1.0, help="start the cases this long after the run starts")
-    load.add_argument("--rounds", type=int, default=None,
+    load.add_argument("--delay-s", type=flags.seconds(zero=True), default=1.0, help="start the cases this long after the run starts")
+    load.add_argument("--rounds", type=flags.count(), default=None,
                       help="replay the cases this many times spread over the run (default: scenario under_load_share)")
     load.add_argument("--reference", help="the reference candidate's result (contract.json) to diff against")
     load.set_defaults(func=_under_load)
@@ -42,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _target_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", required=True, help="base URL of the OpenAI-compatible server")
+    p.add_argument("--target", type=flags.target_url, required=True, help="base URL of the OpenAI-compatible server")
     p.add_argument("--model", required=True, help="served model name")
     p.add_argument("--api-key-env", help="NAME of the environment variable holding the API key")
     p.add_argument("--endpoint", choices=["chat", "completions"], default="chat")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from . import flags
+
 _USAGE = ("loadgen handoff RUN_OR_PLAN_DIR --out BUNDLE | loadgen handoff verify BUNDLE[.tar.gz] | "
           "loadgen handoff rerun BUNDLE --out RUN_DIR [--target URL --model NAME] [--experiment]")
 
@@ -15,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    ".tar.gz with SHA256SUMS), verify one, or rerun one with one command.")
     p.add_argument("args", nargs="+", metavar="RUN_OR_PLAN_DIR | verify BUNDLE | rerun BUNDLE")
     p.add_argument("--out", help="build: bundle directory to create (BUNDLE.tar.gz is written beside it); rerun: run dir")
-    p.add_argument("--target", help="rerun: base URL of a real engine (default: the bundled simulated engine)")
+    p.add_argument("--target", type=flags.target_url, help="rerun: base URL of a real engine (default: the bundled simulated engine)")
     p.add_argument("--model", help="rerun: served model name")
     p.add_argument("--api-key-env", help="rerun: NAME of the environment variable holding the API key")
     p.add_argument("--experiment", action="store_true", help="rerun: apply the proposed one-variable change (sim only)")

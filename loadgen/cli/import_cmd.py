@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from . import flags
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("import", help="import another tool's per-request results as a run directory")
@@ -11,7 +13,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     llm = s.add_parser("llmperf", help="LLMPerf individual/*.json (instants synthesized from durations)")
     llm.add_argument("file")
     llm.add_argument("--out", required=True, help="new run directory")
-    llm.add_argument("--concurrency", type=int, default=None,
+    llm.add_argument("--concurrency", type=flags.count(), default=None,
                      help="slots for placing requests (default: the matching summary's num_concurrent_requests, else 1)")
     llm.add_argument("--summary", default=None, help="LLMPerf summary JSON (default: ../summary/<same name>)")
     llm.add_argument("--class", dest="request_class", default="imported", help="request class to record")
@@ -19,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     vl = s.add_parser("vllm", help="vLLM bench serve result saved with --save-detailed")
     vl.add_argument("file")
     vl.add_argument("--out", required=True, help="new run directory")
-    vl.add_argument("--concurrency", type=int, default=None, help="slots when the file has no start_times")
+    vl.add_argument("--concurrency", type=flags.count(), default=None, help="slots when the file has no start_times")
     vl.add_argument("--class", dest="request_class", default="imported", help="request class to record")
     vl.set_defaults(func=_vllm)
 

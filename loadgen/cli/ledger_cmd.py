@@ -5,22 +5,25 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..limits import MAX_TOKENS
+from . import flags
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ledger", help="memory ledger for a model config + engine settings (+ workload); reconcile with vLLM")
     p.add_argument("--model", required=True, help="Hugging Face config.json (or a model dir containing one)")
-    p.add_argument("--kv-cache-gib", type=float, help="KV cache budget in GiB (vLLM --kv-cache-memory / VLLM_CPU_KVCACHE_SPACE)")
-    p.add_argument("--device-memory-gib", type=float, help="device memory in GiB; KV = device × utilization − other lines")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--kv-cache-gib", type=flags.number(0, 1 << 20, low_open=True), help="KV cache budget in GiB (vLLM --kv-cache-memory / VLLM_CPU_KVCACHE_SPACE)")
+    p.add_argument("--device-memory-gib", type=flags.number(0, 1 << 20, low_open=True), help="device memory in GiB; KV = device × utilization − other lines")
+    p.add_argument("--gpu-memory-utilization", type=flags.fraction(), default=0.9)
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2"])
-    p.add_argument("--block-size", type=int, help="tokens per KV block (default 16; vLLM CPU uses 128)")
-    p.add_argument("--tp", type=int, default=1, help="tensor parallel size")
-    p.add_argument("--max-model-len", type=int)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--concurrent-batches", type=int, default=1, help="vLLM max_concurrent_batches (2 with async scheduling)")
-    p.add_argument("--lora-count", type=int, default=0)
-    p.add_argument("--lora-rank", type=int, default=16)
+    p.add_argument("--block-size", type=flags.count(1, 1 << 16), help="tokens per KV block (default 16; vLLM CPU uses 128)")
+    p.add_argument("--tp", type=flags.count(1, 4096), default=1, help="tensor parallel size")
+    p.add_argument("--max-model-len", type=flags.count(1, MAX_TOKENS * 16))
+    p.add_argument("--max-num-seqs", type=flags.count(), default=256)
+    p.add_argument("--max-num-batched-tokens", type=flags.count(1, MAX_TOKENS * 16), default=8192)
+    p.add_argument("--concurrent-batches", type=flags.count(1, 64), default=1, help="vLLM max_concurrent_batches (2 with async scheduling)")
+    p.add_argument("--lora-count", type=flags.count(0, 1 << 16), default=0)
+    p.add_argument("--lora-rank", type=flags.count(1, 1 << 16), default=16)
     p.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj")
     p.add_argument("--dtype", default="auto", help="weight dtype (auto = config torch_dtype)")
     p.add_argument("--quantization", default="none", choices=["none", "fp8", "int8", "int4", "awq", "gptq"])

@@ -4,33 +4,38 @@ from __future__ import annotations
 
 import argparse
 
+from ..limits import MAX_RATE_RPS
+from . import flags
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="replay a trace against an OpenAI-compatible endpoint and record a run directory")
     p.add_argument("trace", help="trace Parquet file (loadgen trace generate/import)")
-    p.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)")
+    p.add_argument("--target", type=flags.target_url, required=True, help="base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)")
     p.add_argument("--out", required=True, help="new run directory")
     p.add_argument("--model", help="served model name (default: scenario model, else the first of /v1/models)")
     p.add_argument("--scenario", help="scenario TOML: timeouts, privacy, endpoint, budgets")
     p.add_argument("--endpoint", choices=("completions", "chat"), help="default: the scenario's, else completions")
-    p.add_argument("--max-concurrency", type=int, help="bound on requests in flight (default: the trace's max_in_flight)")
+    p.add_argument("--max-concurrency", type=flags.count(), help="bound on requests in flight (default: the trace's max_in_flight)")
     p.add_argument("--tokenizer", default="cl100k_base", help="cl100k_base | hf:PATH/tokenizer.json | chars:N | server (the target's /tokenize)")
     p.add_argument("--api-key-env", help="NAME of the environment variable holding the API key (never recorded)")
-    p.add_argument("--ttft-timeout-s", type=float, help="override the scenario's TTFT timeout")
-    p.add_argument("--total-timeout-s", type=float, help="override the scenario's total timeout")
+    p.add_argument("--ttft-timeout-s", type=flags.seconds(), help="override the scenario's TTFT timeout")
+    p.add_argument("--total-timeout-s", type=flags.seconds(), help="override the scenario's total timeout")
     p.add_argument("--scrape-metrics", choices=("auto", "on", "off"), default="auto")
-    p.add_argument("--scrape-interval-s", type=float, default=1.0)
+    p.add_argument("--scrape-interval-s", type=flags.seconds(3600), default=1.0)
     p.add_argument("--warm-state", choices=("warm", "cold", "unknown"), default="unknown")
     p.add_argument("--warm-action", action="append", default=[], help="what was done to reach the warm state (repeatable)")
-    p.add_argument("--order-index", type=int)
-    p.add_argument("--repeat", type=int)
+    p.add_argument("--order-index", type=flags.count(0))
+    p.add_argument("--repeat", type=flags.count(0))
     p.add_argument("--progress", choices=("auto", "on", "off"), default="auto")
-    p.add_argument("--deadline-s", type=float, help="stop after N seconds; requests not yet sent are recorded not_sent")
-    p.add_argument("--rate-limit-rps", type=float, help="client-side requests/s cap (the wait counts as client queue)")
+    p.add_argument("--deadline-s", type=flags.DURATION, help="stop after N seconds; requests not yet sent are recorded not_sent")
+    p.add_argument("--rate-limit-rps", type=flags.number(0, MAX_RATE_RPS, low_open=True), help="client-side requests/s cap (the wait counts as client queue)")
     p.add_argument("--vllm-extensions", choices=("auto", "on", "off"), default="auto",
                    help="send ignore_eos and continuous_usage_stats (auto: not to managed APIs)")
     p.add_argument("--max-tokens-field", choices=("max_tokens", "max_completion_tokens"), default="max_tokens")
-    p.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="extra request header (value not recorded)")
+    p.add_argument("--max-sse-line-bytes", type=flags.count(1024, 1 << 30), default=1 << 20,
+                   help="longest SSE line (and event) accepted; a longer one fails that request as malformed_sse (default 1 MiB)")
+    p.add_argument("--header", type=flags.header, action="append", default=[], metavar="NAME:VALUE", help="extra request header (value not recorded)")
     p.set_defaults(func=_run)
 
 
@@ -45,12 +50,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.api_key_env is not None and not args.api_key_env.replace("_", "a").isalnum():
         # never echo it: a key pasted here by mistake must not reach the terminal or logs
         raise LoadgenError("--api-key-env: expected the NAME of an environment variable (letters, digits, _), not a key")
-    headers = {}
-    for item in args.header:
-        name, sep, value = item.partition(":")
-        if not sep or not name.strip():
-            raise LoadgenError(f"--header {item.split(':')[0]!r}: expected NAME:VALUE")
-        headers[name.strip()] = value.strip()
+    headers = dict(args.header)
     try:
         options = RunOptions(
             trace_path=args.trace, target_url=args.target, out_dir=args.out, model=args.model,
@@ -60,7 +60,7 @@ def _run(args: argparse.Namespace) -> int:
             scrape_interval_s=args.scrape_interval_s, warm_state=args.warm_state, warm_actions=args.warm_action,
             order_index=args.order_index, repeat=args.repeat, progress=args.progress, deadline_s=args.deadline_s,
             rate_limit_rps=args.rate_limit_rps, vllm_extensions=args.vllm_extensions,
-            max_tokens_field=args.max_tokens_field, headers=headers,
+            max_tokens_field=args.max_tokens_field, headers=headers, max_sse_line_bytes=args.max_sse_line_bytes,
         )
     except ValidationError as exc:
         raise LoadgenError(format_validation_error("loadgen run", exc)) from None

@@ -1,4 +1,4 @@
-"""``loadgen scenario check FILE``: validate a scenario and summarise it."""
+"""``loadgen scenario check FILE``: validate a scenario and summarise it; ``scenario init DIR``: copy the presets out."""
 
 from __future__ import annotations
 
@@ -11,6 +11,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     check = s.add_parser("check", help="validate a scenario TOML file (one-line error on the first problem)")
     check.add_argument("file")
     check.set_defaults(func=_check)
+    init = s.add_parser("init", help="copy the shipped presets (scenario, engines, plans, contract cases, prices) into DIR")
+    init.add_argument("dir", help="directory to create or fill (same layout as the source tree's scenarios/)")
+    init.add_argument("--force", action="store_true", help="overwrite presets already in DIR")
+    init.set_defaults(func=_init)
+
+
+def _init(args: argparse.Namespace) -> int:
+    from ..presets import copy_presets
+
+    written = copy_presets(args.dir, force=args.force)
+    print(f"{args.dir}: {len(written)} preset files copied:")
+    for path in written:
+        print(f"  {path}")
+    return 0
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from . import flags
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sim", help="simulated engine: virtual-time worksheet or live OpenAI-compatible server")
@@ -13,17 +15,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("trace", help="trace .parquet file")
     run.add_argument("--engine", required=True, help="engine TOML file or preset name (loadgen sim presets)")
     run.add_argument("--out", required=True, help="run directory to create")
-    run.add_argument("--seed", type=int, default=0, help="seed for step-time noise and faults (default 0)")
+    run.add_argument("--seed", type=flags.seed, default=0, help="seed for step-time noise and faults (default 0)")
     run.add_argument("--scenario", default=None, help="scenario TOML the trace came from (recorded in the manifest)")
     run.set_defaults(func=_run)
 
     srv = s.add_parser("serve", help="live OpenAI-compatible server on loopback, engine in real time")
     srv.add_argument("--engine", required=True, help="engine TOML file or preset name")
     srv.add_argument("--host", default="127.0.0.1")
-    srv.add_argument("--port", type=int, default=8000, help="port (0 = any free port)")
+    srv.add_argument("--port", type=flags.port, default=8000, help="port (0 = any free port)")
     srv.add_argument("--tokenizer", default=None, help="tokenizer spec for prompt counting (default: the engine's)")
     srv.add_argument("--fault-log", default=None, help="append injected faults to this JSONL file")
-    srv.add_argument("--seed", type=int, default=0, help="seed for step-time noise and faults (default 0)")
+    srv.add_argument("--seed", type=flags.seed, default=0, help="seed for step-time noise and faults (default 0)")
+    srv.add_argument("--header-timeout-s", type=flags.seconds(), default=30.0,
+                     help="a request must arrive whole within this long of its first byte, else 408 (default 30)")
+    srv.add_argument("--idle-timeout-s", type=flags.seconds(), default=120.0,
+                     help="close a keep-alive connection idle this long (default 120)")
     srv.set_defaults(func=_serve)
 
     pre = s.add_parser("presets", help="list the shipped engine presets")
@@ -48,7 +54,8 @@ def _run(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from ..sim.server import serve
 
-    return serve(args.engine, args.host, args.port, tokenizer=args.tokenizer, fault_log=args.fault_log, seed=args.seed)
+    return serve(args.engine, args.host, args.port, tokenizer=args.tokenizer, fault_log=args.fault_log, seed=args.seed,
+                 header_timeout_s=args.header_timeout_s, idle_timeout_s=args.idle_timeout_s)
 
 
 def _presets(args: argparse.Namespace) -> int:

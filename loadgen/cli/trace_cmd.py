@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..limits import MAX_TRACE_REQUESTS
+from . import flags
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("trace", help="generate, import and inspect traces")
@@ -13,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     gen = s.add_parser("generate", help="deterministic synthetic trace from a scenario")
     gen.add_argument("scenario", help="scenario TOML file")
     gen.add_argument("--trace", required=True, help="name of a [traces.NAME] section")
-    gen.add_argument("--seed", type=int, default=None, help="seed (default: the scenario's)")
+    gen.add_argument("--seed", type=flags.seed, default=None, help="seed (default: the scenario's)")
     gen.add_argument("--out", required=True, help="output .parquet file")
     gen.set_defaults(func=_generate)
 
@@ -21,10 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     imp.add_argument("kind", choices=["azure", "mooncake"])
     imp.add_argument("file")
     imp.add_argument("--out", required=True)
-    imp.add_argument("--time-scale", type=float, default=1.0, help="multiply gaps (0.5 = twice the rate)")
-    imp.add_argument("--start-s", type=float, default=0.0, help="window start, seconds after the first request")
-    imp.add_argument("--duration-s", type=float, default=None, help="window length in seconds")
-    imp.add_argument("--max-requests", type=int, default=None)
+    imp.add_argument("--time-scale", type=flags.number(0, 1e6, low_open=True), default=1.0, help="multiply gaps (0.5 = twice the rate)")
+    imp.add_argument("--start-s", type=flags.seconds(flags.MAX_OFFSET_S, zero=True), default=0.0, help="window start, seconds after the first request")
+    imp.add_argument("--duration-s", type=flags.seconds(flags.MAX_OFFSET_S), default=None, help="window length in seconds")
+    imp.add_argument("--max-requests", type=flags.count(1, MAX_TRACE_REQUESTS), default=None)
     imp.add_argument("--request-class", default="short-message", help="class given to every imported request")
     imp.set_defaults(func=_import)
 

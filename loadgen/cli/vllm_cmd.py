@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..limits import MAX_TOKENS
+from . import flags
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("vllm", help="real vLLM: model dir, venv setup, serve, run a trace, parse a log")
@@ -13,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     mk = s.add_parser("make-model", help="config.json + locally trained tokenizer, for --load-format dummy")
     mk.add_argument("config", nargs="?", help="config.json path or a shipped name (default tiny-llama-gqa)")
     mk.add_argument("--out", required=True)
-    mk.add_argument("--tokenizer-vocab", type=int, default=None)
+    mk.add_argument("--tokenizer-vocab", type=flags.count(2, 1 << 22), default=None)
     mk.set_defaults(func=_make_model)
 
     ls = s.add_parser("models", help="list shipped model configs")
@@ -30,20 +33,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         sp = s.add_parser(name, help=helptext)
         sp.add_argument("--model-dir", required=True)
         sp.add_argument("--python", help="vLLM interpreter (default: env LOADGEN_VLLM_PYTHON)")
-        sp.add_argument("--port", type=int)
-        sp.add_argument("--kv-cache-gib", type=int, help="CPU: VLLM_CPU_KVCACHE_SPACE")
-        sp.add_argument("--max-model-len", type=int)
-        sp.add_argument("--max-num-seqs", type=int)
-        sp.add_argument("--max-num-batched-tokens", type=int)
-        sp.add_argument("--block-size", type=int)
-        sp.add_argument("--gpu-memory-utilization", type=float)
+        sp.add_argument("--port", type=flags.port)
+        sp.add_argument("--kv-cache-gib", type=flags.count(1, 1 << 20), help="CPU: VLLM_CPU_KVCACHE_SPACE")
+        sp.add_argument("--max-model-len", type=flags.count(1, MAX_TOKENS * 16))
+        sp.add_argument("--max-num-seqs", type=flags.count())
+        sp.add_argument("--max-num-batched-tokens", type=flags.count(1, MAX_TOKENS * 16))
+        sp.add_argument("--block-size", type=flags.count(1, 1 << 16))
+        sp.add_argument("--gpu-memory-utilization", type=flags.fraction())
         sp.add_argument("--log", help="server log file (default /tmp/loadgen-vllm-PORT.log)")
-        sp.add_argument("--startup-timeout-s", type=float, default=900)
+        sp.add_argument("--startup-timeout-s", type=flags.seconds(), default=900)
         if name == "run":
             sp.add_argument("--trace", required=True)
             sp.add_argument("--out", required=True, help="run directory to create")
             sp.add_argument("--scenario")
-            sp.add_argument("--deadline-s", type=float)
+            sp.add_argument("--deadline-s", type=flags.DURATION)
         sp.add_argument("extra", nargs=argparse.REMAINDER, help="-- extra vLLM arguments")
         sp.set_defaults(func=_serve if name == "serve" else _run)
 

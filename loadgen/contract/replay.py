@@ -24,6 +24,7 @@ import httpx
 
 from ..errors import TargetError
 from ..identity import utc_now_iso
+from ..jsonfile import read_json_object
 from ..records import CONTRACT_FILE
 from .cases import Case, CaseSet
 from .checks import CheckOutcome, Observed, run_checks
@@ -239,15 +240,40 @@ def read_contract(path: str | Path) -> ContractResult:
     path = Path(path)
     if path.is_dir():
         path = path / CONTRACT_FILE
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise RunDirError(f"{path}: no such file: expected a contract result (contract.json)") from None
-    except json.JSONDecodeError as exc:
-        raise RunDirError(f"{path}: invalid JSON at line {exc.lineno}: expected a contract result") from None
+    data = read_json_object(path, "a contract result (contract.json)", RunDirError)
     if data.get("kind") != "loadgen.contract_result":
         raise RunDirError(f"{path}: kind = {data.get('kind')!r}: expected 'loadgen.contract_result'")
-    return ContractResult.from_dict(data)
+    try:  # the file-format boundary: a damaged field is one line, whatever the field
+        result = ContractResult.from_dict(data)
+        _check_field_types(result, "")
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise RunDirError(f"{path}: damaged contract result ({type(exc).__name__}: {str(exc)[:80]}): "
+                          "expected a contract.json written by loadgen") from None
+    return result
+
+
+_SIMPLE = {"str": str, "bool": bool, "int": int, "float": (int, float)}
+
+
+def _check_field_types(obj: Any, where: str) -> None:
+    """TypeError unless every str/bool/int/float field (optional or not) of these dataclasses holds that type."""
+    if isinstance(obj, list):
+        for i, item in enumerate(obj):
+            _check_field_types(item, f"{where}[{i}]")
+        return
+    fields = getattr(obj, "__dataclass_fields__", None)
+    if fields is None:
+        return
+    for name, spec in fields.items():
+        value = getattr(obj, name)
+        kinds = [k.strip() for k in str(spec.type).split("|")]
+        simple = [_SIMPLE[k] for k in kinds if k in _SIMPLE]
+        if value is None and "None" in kinds:
+            continue
+        if simple and len(simple) == len(kinds) - ("None" in kinds):
+            if not isinstance(value, tuple(t for group in simple for t in (group if isinstance(group, tuple) else (group,)))):
+                raise TypeError(f"{where}.{name} = {str(value)[:40]!r}: expected {spec.type}")
+        _check_field_types(value, f"{where}.{name}")
 
 
 def diff(result: ContractResult, reference_result: ContractResult) -> ContractDiff:

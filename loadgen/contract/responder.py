@@ -25,6 +25,7 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from .. import presets
 from .cases import CHECK_KINDS, Case, load_cases
 
 __all__ = [
@@ -41,7 +42,7 @@ __all__ = [
 
 #: Request header naming the contract case (preferred over the in-prompt marker; real engines ignore it).
 CASE_HEADER = "x-loadgen-case"
-SHIPPED_CASES_DIR = Path(__file__).resolve().parents[2] / "scenarios" / "contract"
+SHIPPED_CASES_DIR = presets.preset_dir("contract")
 
 _MARKER = re.compile(r"\[loadgen-case:([A-Za-z0-9][A-Za-z0-9._-]{0,127})\]")
 _CITATION = re.compile(r"\s?\[[A-Za-z]+-[A-Za-z0-9._:-]+\]")

@@ -38,7 +38,7 @@ from .error_kinds import (
 )
 from .jobs import Job
 from .schedule import LagStats, RateGate
-from .sse import DONE, SSEDecoder, parse_chunk
+from .sse import DEFAULT_MAX_LINE_BYTES, DONE, SSEDecoder, parse_chunk
 from .transport import RawHTTP11Transport, RawResponse
 
 __all__ = ["PreSent", "RunContext", "StreamState", "execute", "request_row", "send_at_deadline"]
@@ -63,6 +63,7 @@ class RunContext:
     retain_completion_text: bool = False
     warm_state: str = "unknown"  # warm | cold | unknown
     timeouts: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)  # class -> (ttft, total) ns
+    max_sse_line_bytes: int = DEFAULT_MAX_LINE_BYTES  # a longer SSE line fails its request as malformed_sse
     lag: LagStats = field(default_factory=LagStats)
     # live counters (progress display, manifest)
     sent: int = 0
@@ -161,7 +162,7 @@ class StreamState:
     def __init__(self, ctx: RunContext, cancel_after: int | None, on_first_token: Callable[[], None] | None) -> None:
         self.ctx = ctx
         self.anchor = ctx.anchor_ns
-        self.decoder = SSEDecoder()
+        self.decoder = SSEDecoder(ctx.max_sse_line_bytes)
         self.arrivals: list[int] = []
         self.tokens: list[int] = []
         self.sizes: list[int] = []

@@ -58,10 +58,16 @@ _USERINFO = re.compile(r"(//)[^/@\s]+@")
 
 def redact_url(url: str) -> str:
     """A URL without userinfo and without query secrets (safe to record)."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:  # not a URL (bad IPv6 literal or port): still never show a password
+        return _SECRET_QUERY.sub(r"\1REDACTED", _USERINFO.sub(r"\1", url))
     netloc = parts.hostname or ""
-    if parts.port:
-        netloc = f"{netloc}:{parts.port}"
+    if ":" in netloc:
+        netloc = f"[{netloc}]"  # an IPv6 literal keeps its brackets
+    if port:
+        netloc = f"{netloc}:{port}"
     query = _SECRET_QUERY.sub(r"\1REDACTED", "?" + parts.query)[1:] if parts.query else ""
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 

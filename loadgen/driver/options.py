@@ -7,7 +7,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["RunOptions", "DEFAULT_TTFT_TIMEOUT_S", "DEFAULT_TOTAL_TIMEOUT_S"]
+from ..inputs import header_problem, target_url_problem
+from .sse import DEFAULT_MAX_LINE_BYTES
+
+__all__ = ["DEFAULT_TOTAL_TIMEOUT_S", "DEFAULT_TTFT_TIMEOUT_S", "RunOptions"]
 
 #: Timeouts when neither the options nor a scenario set them (the scenario's own defaults, too).
 DEFAULT_TTFT_TIMEOUT_S = 60.0
@@ -17,7 +20,7 @@ DEFAULT_TOTAL_TIMEOUT_S = 600.0
 class RunOptions(BaseModel):
     """Options of ``run_trace``. None means "take it from the scenario / trace / target"."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)  # a URL may carry a password
 
     trace_path: Path
     target_url: str = Field(min_length=1)
@@ -49,13 +52,24 @@ class RunOptions(BaseModel):
     request_headers: dict[str, dict[str, str]] = {}  # per request_id headers (e.g. X-Loadgen-Fault in tests)
     run_kind: Literal["measured", "simulated"] = "measured"
     flush_interval_s: float = Field(default=2.0, gt=0)
+    max_sse_line_bytes: int = Field(default=DEFAULT_MAX_LINE_BYTES, ge=1024, le=1 << 30)  # longer: malformed_sse
 
     @field_validator("target_url")
     @classmethod
     def _url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("expected an http:// or https:// URL")
+        problem = target_url_problem(value)
+        if problem:
+            raise ValueError(problem)
         return value.rstrip("/")
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            problem = header_problem(name, text)
+            if problem:
+                raise ValueError(f"header {name[:40]!r}: {problem}")
+        return value
 
     @field_validator("api_key_env")
     @classmethod

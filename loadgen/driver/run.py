@@ -16,12 +16,11 @@ import os
 import resource
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
-
-from dataclasses import dataclass
 
 import anyio
 import httpx
@@ -247,7 +246,7 @@ async def run_trace(options: RunOptions) -> Path:
             limiter=anyio.CapacityLimiter(inputs.concurrency if inputs.concurrency else math.inf),
             rate_gate=RateGate(options.rate_limit_rps), count_tokens=counter.count, sink=recorder.submit,
             ttft_timeout_ns=None, total_timeout_ns=None, secrets=secrets, retain_completion_text=retain_completion,
-            warm_state=options.warm_state, timeouts=timeouts,
+            warm_state=options.warm_state, timeouts=timeouts, max_sse_line_bytes=options.max_sse_line_bytes,
         )
         recorder.quiet_ns = ctx.quiet_ns
         await _replay(options, inputs, ctx, jobs, writer, recorder, info, transport, scraper_client)

@@ -16,7 +16,7 @@ try:  # orjson is ~3x faster on these small objects; optional.
 except ImportError:  # pragma: no cover - depends on the environment
     _loads = json.loads
 
-__all__ = ["SSEDecoder", "SSEProtocolError", "Chunk", "parse_chunk", "DONE"]
+__all__ = ["DEFAULT_MAX_LINE_BYTES", "DONE", "Chunk", "SSEDecoder", "SSELineTooLong", "SSEProtocolError", "parse_chunk"]
 
 #: The payload that ends an OpenAI stream.
 DONE = b"[DONE]"
@@ -41,52 +41,118 @@ class Chunk(NamedTuple):
     error_code: int | None  # its numeric code when it has one
 
 
+class SSELineTooLong(SSEProtocolError):
+    """A line (or an event) longer than the decoder's cap: the stream is hostile or broken."""
+
+
+#: Default cap on one SSE line and on one event's bytes (OpenAI chunks are a few hundred bytes).
+DEFAULT_MAX_LINE_BYTES = 1 << 20
+
+
 class SSEDecoder:
     """Bytes → events. ``feed(data)`` returns the list of completed event payloads (``bytes``).
 
-    ``bytes_in_event`` after each payload says how many raw bytes (lines and newlines) formed it.
+    ``sizes`` after each feed says how many raw bytes (lines and newlines) formed each payload.
     Comments (``:``), ``event:``, ``id:`` and ``retry:`` fields are ignored; an unterminated final
     event is returned by ``flush()``.
+
+    Linear time: a partial line waits as a list of the reads that carried it (each new read is scanned
+    once for a newline and never copied again), and is joined once, when its newline arrives. A line or
+    an event longer than ``max_line_bytes`` raises ``SSELineTooLong`` (the request fails as
+    ``malformed_sse``) instead of growing without bound.
     """
 
-    __slots__ = ("_tail", "_data", "_event_bytes", "sizes")
+    __slots__ = ("_data", "_event_bytes", "_part_bytes", "_parts", "max_line_bytes", "sizes")
 
-    def __init__(self) -> None:
-        self._tail = b""
+    def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+        self._parts: list[bytes] = []  # the current partial line, as received
+        self._part_bytes = 0
         self._data: list[bytes] = []
         self._event_bytes = 0
         self.sizes: list[int] = []  # raw byte size of each event returned by the last feed/flush
+        self.max_line_bytes = max_line_bytes
+
+    def _too_long(self, size: int, what: str = "line") -> SSELineTooLong:
+        return SSELineTooLong(f"SSE {what} of {size} bytes exceeds the cap of {self.max_line_bytes} bytes "
+                              "(--max-sse-line-bytes)")
+
+    def _keep_partial(self, piece: bytes) -> None:
+        if piece:
+            self._parts.append(piece)
+            self._part_bytes += len(piece)
+            if self._part_bytes > self.max_line_bytes:
+                raise self._too_long(self._part_bytes)
 
     def feed(self, data: bytes) -> list[bytes]:
-        if self._tail:
-            data = self._tail + data
-        if not self._data and b"\r" not in data:
-            # fast path: LF-only framing, between events: split on blank lines, one data line each
-            blocks = data.split(b"\n\n")
-            rest = blocks.pop()
-            events: list[bytes] = []
-            sizes = self.sizes = []
-            for i, block in enumerate(blocks):
-                if block[:6] == b"data: " and b"\n" not in block:
-                    events.append(block[6:])
-                    sizes.append(len(block) + 2)
-                else:  # comments, other fields, multi-line data: the general path from here on
-                    self._tail = b""
-                    more = self._feed_lines(b"\n\n".join(blocks[i:]) + b"\n\n" + rest)
-                    events += more
-                    sizes += self.sizes
-                    self.sizes = sizes
-                    return events
-            self._tail = rest
+        if self._parts:
+            nl = data.find(b"\n")
+            if nl < 0:  # the partial line grows: keep the read, never re-join or re-split
+                self._keep_partial(data)
+                self.sizes = []
+                return []
+            self._keep_partial(data[:nl])  # checks the cap before the join
+            events = self._complete_partial()
+            if nl + 1 < len(data):
+                sizes = self.sizes
+                events += self.feed(data[nl + 1 :])
+                self.sizes = sizes + self.sizes
             return events
+        if not self._data and b"\r" not in data:
+            return self._feed_fast(data)
         return self._feed_lines(data)
+
+    def _complete_partial(self) -> list[bytes]:
+        """The buffered partial line got its newline: one join (a data line's prefix is cut before it)."""
+        parts, size = self._parts, self._part_bytes
+        self._parts, self._part_bytes = [], 0
+        self.sizes = []
+        self._event_bytes += size + 1
+        if parts[0][:5] != b"data:" or len(parts[0]) < 6:  # a short or non-data line: the general path
+            self._event_bytes -= size + 1
+            return self._feed_lines(b"".join(parts) + b"\n")
+        head = parts[0][5:]
+        parts[0] = head[1:] if head[:1] == b" " else head
+        value = b"".join(parts)
+        if value.endswith(b"\r"):
+            value = value[:-1]
+        self._data.append(value)
+        if self._event_bytes > self.max_line_bytes:
+            raise self._too_long(self._event_bytes, "event")
+        return []
+
+    def _feed_fast(self, data: bytes) -> list[bytes]:
+        """LF-only framing, between events: split on blank lines, one data line each."""
+        blocks = data.split(b"\n\n")
+        rest = blocks.pop()
+        events: list[bytes] = []
+        sizes = self.sizes = []
+        limit = self.max_line_bytes
+        for i, block in enumerate(blocks):
+            if block[:6] == b"data: " and b"\n" not in block:
+                if len(block) > limit:
+                    raise self._too_long(len(block))
+                events.append(block[6:])
+                sizes.append(len(block) + 2)
+            else:  # comments, other fields, multi-line data: the general path from here on
+                more = self._feed_lines(b"\n\n".join(blocks[i:]) + b"\n\n" + rest)
+                self.sizes = sizes + self.sizes
+                return events + more
+        if b"\n" in rest:  # complete lines of an event still open: into _data, keep only the partial line
+            more = self._feed_lines(rest)
+            self.sizes = sizes + self.sizes
+            return events + more
+        self._keep_partial(rest)
+        return events
 
     def _feed_lines(self, data: bytes) -> list[bytes]:
         lines = data.split(b"\n")
-        self._tail = lines.pop()
+        self._keep_partial(lines.pop())
+        limit = self.max_line_bytes
         events: list[bytes] = []
         sizes = self.sizes = []
         for line in lines:
+            if len(line) > limit:
+                raise self._too_long(len(line))
             self._event_bytes += len(line) + 1
             if line.endswith(b"\r"):
                 line = line[:-1]
@@ -102,19 +168,21 @@ class SSEDecoder:
                 if value[:1] == b" ":
                     value = value[1:]
                 self._data.append(value)
+                if self._event_bytes > limit:
+                    raise self._too_long(self._event_bytes, "event")
             # comments, event:, id:, retry: and unknown fields carry nothing we use
         return events
 
     def flush(self) -> list[bytes]:
         """Events left when the stream ended without a final blank line."""
-        events = self.feed(b"\n\n") if (self._tail or self._data) else []
-        self._tail = b""
+        events = self.feed(b"\n\n") if (self._parts or self._data) else []
+        self._parts, self._part_bytes = [], 0
         return events
 
     @property
     def pending(self) -> bool:
         """True while a partial line or an undispatched event is buffered."""
-        return bool(self._tail or self._data)
+        return bool(self._parts or self._data)
 
 
 def _error_line(err: object) -> tuple[str, int | None]:

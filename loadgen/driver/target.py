@@ -3,10 +3,16 @@
 Probed once before the run, over the same base URL. The simulated engine announces itself in its
 ``/version`` body (``"engine": "loadgen-sim"``) or an ``x-loadgen-sim`` / ``server`` header; vLLM
 answers ``/version`` with ``{"version": ...}`` and its ``/v1/models`` entries are ``owned_by: vllm``.
+
+What the target says is recorded (manifest, analysis, handoff bundle) only after ``safe_version``: values
+under credential-like keys and credential-like strings (the configured key, bearer/basic tokens, API-key
+and JWT shapes) become ``REDACTED``, and the body is capped at ``VERSION_MAX_BYTES``.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -17,7 +23,23 @@ from ..errors import TargetError
 from .error_kinds import redact, redact_url
 from .metrics_scrape import parse_prometheus_text
 
-__all__ = ["TargetInfo", "probe_target", "MANAGED_HOSTS"]
+__all__ = ["MANAGED_HOSTS", "VERSION_MAX_BYTES", "TargetInfo", "probe_target", "safe_version"]
+
+#: Most bytes of a target's /version body kept in the record (JSON-encoded, after redaction).
+VERSION_MAX_BYTES = 16 * 1024
+_VERSION_MAX_DEPTH = 8
+#: Keys whose values are never recorded (whole key names: "max_num_batched_tokens" or "tokenizer" stay).
+_SECRET_KEY = re.compile(
+    r"(?i)^(?:x[-_])?(?:authorization|proxy[-_]authorization|auth|api[-_]?key|(?:access|refresh|id|auth|api|bearer)?"
+    r"[-_]?token|secret|client[-_]?secret|password|passwd|cookie|set[-_]cookie|credentials?|session(?:[-_]?id)?"
+    r"|private[-_]?key|key)$"
+)
+#: String shapes of credentials: API keys (sk-..., key-... with digits), JWTs, Basic tokens.
+_SECRET_TEXT = re.compile(
+    r"(?i)\b(?:sk|pk|rk|key|api|token)[-_](?=[A-Za-z0-9_-]*\d)[A-Za-z0-9_-]{12,}"
+    r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}(?:\.[A-Za-z0-9_-]+)?"
+    r"|(?<=basic )[A-Za-z0-9+/=]{8,}"
+)
 
 #: Hosts of managed APIs (no /metrics, quotas, Retry-After).
 MANAGED_HOSTS = ("api.openai.com", "openai.azure.com", "api.together.xyz", "api.fireworks.ai",
@@ -39,6 +61,29 @@ class TargetInfo:
     def manifest(self) -> dict[str, Any]:
         return {"kind": self.kind, "base_url": self.base_url, "model": self.model, "version": self.version,
                 "engine": self.engine, "served_models": self.models}
+
+
+def _scrub(value: Any, secrets: tuple[str, ...], depth: int) -> Any:
+    if isinstance(value, str):
+        text = redact(value, secrets) if len(value) <= 500 else redact(value[:500], secrets) + " [truncated]"
+        return _SECRET_TEXT.sub("REDACTED", text)
+    if depth >= _VERSION_MAX_DEPTH:
+        return "[nested too deeply]" if isinstance(value, (dict, list)) else value
+    if isinstance(value, dict):
+        return {_scrub(str(k), secrets, depth): "REDACTED" if _SECRET_KEY.search(str(k)) else _scrub(v, secrets, depth + 1)
+                for k, v in list(value.items())[:256]}
+    if isinstance(value, list):
+        return [_scrub(v, secrets, depth + 1) for v in value[:256]]
+    return value
+
+
+def safe_version(body: Any, secrets: tuple[str, ...] = ()) -> Any:
+    """A target's /version body fit to record: credentials redacted, at most VERSION_MAX_BYTES."""
+    clean = _scrub(body, secrets, 0)
+    encoded = json.dumps(clean, default=str)
+    if len(encoded) <= VERSION_MAX_BYTES:
+        return clean
+    return {"truncated": True, "bytes": len(encoded), "head": encoded[: VERSION_MAX_BYTES // 4]}
 
 
 async def _get(client: httpx.AsyncClient, path: str) -> httpx.Response | None:
@@ -71,7 +116,7 @@ async def probe_target(
     if version_resp is not None and version_resp.status_code == 200:
         try:
             version = version_resp.json()
-        except ValueError:
+        except (ValueError, RecursionError):
             version = version_resp.text.strip()[:500] or None
     models_resp = await _get(client, "/v1/models")
     if version_resp is None and models_resp is None:
@@ -95,16 +140,19 @@ async def probe_target(
             raise TargetError(f"target {safe_url}: no model given and /v1/models lists none: expected --model NAME")
         model = models[0]
     host = (urlsplit(base_url).hostname or "").lower()
-    info = TargetInfo(kind="unknown", base_url=safe_url, model=model, version=version, models=models)
+    recorded_models = [safe_version(m, secrets) for m in models[:64]]
+    info = TargetInfo(kind="unknown", base_url=safe_url, model=model, version=safe_version(version, secrets),
+                      models=recorded_models)
+    clean = info.version if isinstance(info.version, dict) else {}
     if _is_sim(version_resp, version):
         info.kind = "sim"
-        info.engine = {"name": "loadgen-sim", "version": version.get("version") if isinstance(version, dict) else None,
-                       "config": {"name": version.get("engine_config")} if isinstance(version, dict) and version.get("engine_config") else None}
+        info.engine = {"name": "loadgen-sim", "version": clean.get("version"),
+                       "config": {"name": clean.get("engine_config")} if clean.get("engine_config") else None}
     elif any(host == h or host.endswith("." + h) for h in MANAGED_HOSTS):
         info.kind = "managed"
     elif "vllm" in owners or (isinstance(version, dict) and set(version) == {"version"}):
         info.kind = "vllm"
-        info.engine = {"name": "vllm", "version": version.get("version") if isinstance(version, dict) else None, "config": None}
+        info.engine = {"name": "vllm", "version": clean.get("version"), "config": None}
     elif models:
         info.kind = "openai-compatible"
     if check_metrics and info.kind != "managed":
@@ -112,5 +160,5 @@ async def probe_target(
         if metrics is not None and metrics.status_code == 200:
             info.has_metrics = next(iter(parse_prometheus_text(metrics.text[:65536])), None) is not None
     if info.kind == "unknown":
-        info.notes.append(redact(f"target kind unknown (version={version!r}, models={models})", secrets))
+        info.notes.append(redact(f"target kind unknown (version={info.version!r}, models={recorded_models})", secrets))
     return info

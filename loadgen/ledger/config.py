@@ -91,6 +91,12 @@ class ModelConfig:
         return d
 
 
+#: Largest integer any config.json field may hold (no real model has a dimension near 2^31).
+MAX_CONFIG_INT = (1 << 31) - 1
+#: Largest layer count (the deepest published models have a few hundred).
+MAX_LAYERS = 65536
+
+
 def _get(cfg: dict[str, Any], src: str, name: str, *, required: bool = True, default: Any = None, positive: bool = True) -> Any:
     value = cfg.get(name, default)
     if value is None:
@@ -101,6 +107,15 @@ def _get(cfg: dict[str, Any], src: str, name: str, *, required: bool = True, def
         raise LedgerError(f"{src}: {name} = {value!r}: expected an integer")
     if positive and value <= 0:
         raise LedgerError(f"{src}: {name} = {value!r}: expected a positive integer")
+    if not -MAX_CONFIG_INT <= value <= MAX_CONFIG_INT:
+        raise LedgerError(f"{src}: {name} = {value!r}: expected at most {MAX_CONFIG_INT}")
+    return value
+
+
+def _int_list(cfg: dict[str, Any], src: str, name: str) -> list[int]:
+    value = cfg.get(name) or []
+    if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+        raise LedgerError(f"{src}: {name} = {value!r}: expected a list of integers")
     return value
 
 
@@ -126,10 +141,10 @@ def _layer_kinds(cfg: dict[str, Any], src: str, model_type: str, num_layers: int
     if model_type == "gemma2":  # alternating, even layers slide
         return tuple("sliding" if i % 2 == 0 else "full" for i in range(num_layers))
     if model_type in ("gemma3", "gemma3_text"):
-        pattern = int(cfg.get("sliding_window_pattern", 6))
+        pattern = _get(cfg, src, "sliding_window_pattern", default=6)
         return tuple("full" if (i + 1) % pattern == 0 else "sliding" for i in range(num_layers))
     if model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
-        first = int(cfg.get("max_window_layers", num_layers))
+        first = _get(cfg, src, "max_window_layers", default=num_layers, positive=False)
         return tuple("sliding" if i >= first else "full" for i in range(num_layers))
     return ("sliding",) * num_layers  # Mistral-style: one window for every layer
 
@@ -146,6 +161,8 @@ def parse_model_config(cfg: dict[str, Any], source: str = "<config>") -> ModelCo
     model_type = str(cfg.get("model_type", "")).lower()
     hidden = _get(cfg, src, "hidden_size")
     layers = _get(cfg, src, "num_hidden_layers")
+    if layers > MAX_LAYERS:  # the ledger walks the layers one by one
+        raise LedgerError(f"{src}: num_hidden_layers = {layers}: expected at most {MAX_LAYERS}")
     heads = _get(cfg, src, "num_attention_heads")
     kv_heads = _get(cfg, src, "num_key_value_heads", required=False) or heads
     if kv_heads > heads or heads % kv_heads:
@@ -190,12 +207,13 @@ def parse_model_config(cfg: dict[str, Any], source: str = "<config>") -> ModelCo
     if n_experts:
         top_k = _get(cfg, src, "num_experts_per_tok", required=False)
         moe_inter = _get(cfg, src, "moe_intermediate_size", required=False) or inter  # Mixtral: experts use intermediate_size
-        first_dense = int(cfg.get("first_k_dense_replace") or 0)
-        freq = int(cfg.get("moe_layer_freq") or cfg.get("decoder_sparse_step") or 1)
-        mlp_only = set(cfg.get("mlp_only_layers") or [])
+        first_dense = _get(cfg, src, "first_k_dense_replace", required=False, positive=False) or 0
+        freq = (_get(cfg, src, "moe_layer_freq", required=False) or _get(cfg, src, "decoder_sparse_step", required=False)
+                or 1)
+        mlp_only = set(_int_list(cfg, src, "mlp_only_layers"))
         moe_layers = tuple(i for i in range(layers) if i >= first_dense and (i % freq == 0 if "moe_layer_freq" in cfg else (i + 1) % freq == 0) and i not in mlp_only)
         if cfg.get("n_shared_experts"):
-            shared_inter = int(cfg["n_shared_experts"]) * moe_inter
+            shared_inter = _get(cfg, src, "n_shared_experts") * moe_inter
         elif cfg.get("shared_expert_intermediate_size"):
             shared_inter = _get(cfg, src, "shared_expert_intermediate_size")
             shared_gate = True  # Qwen2-MoE gates its shared expert
@@ -206,7 +224,7 @@ def parse_model_config(cfg: dict[str, Any], source: str = "<config>") -> ModelCo
         num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, vocab_size=vocab,
         intermediate_size=inter, tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         torch_dtype=str(torch_dtype).replace("torch.", ""),
-        max_position_embeddings=int(max_pos) if isinstance(max_pos, int) else None,
+        max_position_embeddings=max_pos if isinstance(max_pos, int) and 0 < max_pos <= MAX_CONFIG_INT else None,
         attention_bias=bias, sliding_window=sliding, layer_kinds=kinds,
         kv_lora_rank=kv_lora, qk_rope_head_dim=rope, qk_nope_head_dim=nope, v_head_dim=v_head, q_lora_rank=q_lora,
         num_experts=n_experts, num_experts_per_tok=top_k, moe_intermediate_size=moe_inter,
@@ -220,13 +238,17 @@ def read_model_config(path: str | Path) -> ModelConfig:
     if p.is_dir():
         p = p / "config.json"
     try:
-        text = p.read_text()
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LedgerError(f"{p}: not UTF-8 (byte {exc.start}): expected a Hugging Face config.json") from None
     except FileNotFoundError:
         raise LedgerError(f"{p}: no such file: expected a Hugging Face config.json") from None
     except OSError as exc:
         raise LedgerError(f"{p}: cannot read ({exc.strerror}): expected a Hugging Face config.json") from None
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise LedgerError(f"{p}: nested too deeply: expected a Hugging Face config.json") from None
     except json.JSONDecodeError as exc:
         raise LedgerError(f"{p}: invalid JSON at line {exc.lineno} column {exc.colno}: expected a Hugging Face config.json") from None
     return parse_model_config(data, str(p))

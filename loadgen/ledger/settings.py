@@ -6,11 +6,14 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..errors import LedgerError
+from ..limits import is_finite
 from .config import dtype_bytes
 
 __all__ = ["EngineSettings", "LoraSettings", "QUANT_WEIGHT_BITS", "KV_CACHE_DTYPES", "GIB"]
 
 GIB = 1 << 30
+#: Largest memory budget the ledger accepts (1 PiB).
+MAX_MEMORY_GIB = float(1 << 20)
 
 #: Bits per weight element of linear layers for each quantization, and the group size of its scales.
 QUANT_WEIGHT_BITS: dict[str, tuple[float, int | None]] = {
@@ -74,11 +77,14 @@ class EngineSettings:
             raise LedgerError(f"kv_cache_dtype = {self.kv_cache_dtype!r}: expected one of auto, bf16, fp16, fp8")
         if self.dtype != "auto":
             dtype_bytes(self.dtype, "dtype")
-        if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
-            raise LedgerError(f"kv_cache_gib = {self.kv_cache_gib}: expected a positive number")
-        if self.device_memory_gib is not None and self.device_memory_gib <= 0:
-            raise LedgerError(f"device_memory_gib = {self.device_memory_gib}: expected a positive number")
-        if not 0 < self.gpu_memory_utilization <= 1:
+        for name in ("kv_cache_gib", "device_memory_gib", "graph_buffer_gib"):
+            value = getattr(self, name)
+            if value is not None and (not is_finite(value) or not 0 < value <= MAX_MEMORY_GIB):
+                raise LedgerError(f"{name} = {value}: expected a positive finite number of GiB (at most {MAX_MEMORY_GIB})")
+        for name in ("fragmentation_fraction", "safety_margin_fraction"):
+            if not is_finite(getattr(self, name)) or not 0 <= getattr(self, name) < 1:
+                raise LedgerError(f"{name} = {getattr(self, name)}: expected a number in [0, 1)")
+        if not is_finite(self.gpu_memory_utilization) or not 0 < self.gpu_memory_utilization <= 1:
             raise LedgerError(f"gpu_memory_utilization = {self.gpu_memory_utilization}: expected a number in (0, 1]")
         for name in ("max_num_seqs", "max_num_batched_tokens", "concurrent_batches"):
             if getattr(self, name) <= 0:

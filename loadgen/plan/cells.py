@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from pydantic import ValidationError
 
 from ..errors import PlanError
-from ..scenario import Scenario, TraceSettings
+from ..scenario import Scenario, TraceSettings, format_validation_error
 from .spec import MIXED, PlanSpec
 
 __all__ = ["CellCoord", "mean_rate_rps", "cell_trace_settings", "build_cell_trace", "build_warmup_trace"]
@@ -88,7 +89,10 @@ def cell_trace_settings(spec: PlanSpec, scenario: Scenario, coord: CellCoord) ->
         update["shares"] = focus
         if base.burst_shares is not None:
             update["burst_shares"] = focus
-    return base.model_copy(update=update)
+    try:  # validated, so a scaled rate or a long duration meets the same bounds as a scenario's own trace
+        return TraceSettings.model_validate({**base.model_dump(), **update})
+    except ValidationError as exc:
+        raise PlanError(format_validation_error(f"{spec.source_path or spec.name}: cell {coord.cell_id}", exc)) from None
 
 
 def build_cell_trace(spec: PlanSpec, scenario: Scenario, coord: CellCoord, path: Path) -> tuple[Path, dict[str, Any]]:
@@ -103,6 +107,9 @@ def build_cell_trace(spec: PlanSpec, scenario: Scenario, coord: CellCoord, path:
     settings = cell_trace_settings(spec, scenario, coord)
     cell_scenario = scenario.model_copy(update={"traces": {**scenario.traces, spec.trace: settings}})
     table, meta = generate_trace(cell_scenario, spec.trace, spec.seed)
+    if table.num_rows == 0:
+        raise PlanError(f"{spec.source_path or spec.name}: cell {coord.cell_id}: {settings.duration_s:g} s at this rate "
+                        "gives no request: expected a longer duration_s or higher rates")
     meta = {**meta, "plan_cell": coord.to_dict(), "offered_rate_rps": mean_rate_rps(settings)}
     _write_atomic(table, path, meta)
     return path, meta

@@ -29,7 +29,7 @@ from ..manifest import Manifest, read_manifest
 from ..records import MANIFEST_FILE
 from ..scenario import Scenario, scenario_from_manifest
 from .contract_hook import CONTRACT_FILE, contract_status_from_file
-from .files import PLAN_FILE, REGION_FILE
+from .files import PLAN_FILE, REGION_FILE, read_plan_state
 from .prices import PriceTable, cost_per_million, load_prices
 from .region import load_region
 
@@ -150,7 +150,7 @@ def load_candidate(path: str | Path) -> Candidate:
     """A run directory (manifest.json) or a plan directory (plan.json + region.json)."""
     path = Path(path)
     if (path / PLAN_FILE).is_file():
-        state = json.loads((path / PLAN_FILE).read_text())
+        state = read_plan_state(path / PLAN_FILE)
         if not (path / REGION_FILE).is_file():
             raise PlanError(f"{path}: plan has no {REGION_FILE} yet: expected a finished (or paused) plan directory")
         region = load_region(path)

@@ -9,7 +9,6 @@ and judges it, replays the behaviour contract when configured, and writes ``cell
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from ..targets import StateResult, Target
 from .cells import CellCoord, build_cell_trace, build_warmup_trace
 from .checks import judge_run
 from .contract_hook import CONTRACT_FILE, replay_contract
-from .files import ANALYSIS_FILE, RESULT_FILE, write_json_atomic
+from .files import ANALYSIS_FILE, RESULT_FILE, read_cell_result, write_json_atomic
 from .spec import PlanSpec
 from .walk import (
     BudgetExhausted,
@@ -70,7 +69,7 @@ class CellExecutor:
         for cell_dir in sorted((self.plan_dir / "cells").glob("*/rep*")):
             result = cell_dir / RESULT_FILE
             if result.is_file():
-                data = json.loads(result.read_text())
+                data = read_cell_result(result)
                 seconds += float(data.get("wall_s") or 0.0)
                 requests += int(data.get("requests_sent") or 0)
         seconds += float(self.state.get("discarded_wall_s", 0.0))
@@ -86,7 +85,7 @@ class CellExecutor:
         rep_dir = self.plan_dir / "cells" / coord.cell_id / f"rep{repeat}"
         marker = rep_dir / RESULT_FILE
         if marker.is_file():
-            return RunRecord(json.loads(marker.read_text()))
+            return RunRecord(read_cell_result(marker))
         if rep_dir.exists():
             self._discard_interrupted(rep_dir)
         if run_limit_reached(self.new_runs, self.max_new_runs):

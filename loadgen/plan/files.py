@@ -13,12 +13,18 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..errors import PlanError
+from ..jsonfile import read_json_object
+
 __all__ = [
     "ANALYSIS_FILE",
     "PLAN_FILE",
     "REGION_FILE",
     "REGION_MD_FILE",
     "RESULT_FILE",
+    "read_cell_result",
+    "read_plan_state",
+    "read_region",
     "region_plot_file",
     "write_json_atomic",
 ]
@@ -44,3 +50,31 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
     os.replace(tmp, path)
+
+
+def read_plan_state(path: Path) -> dict[str, Any]:
+    """plan.json of an earlier invocation, checked before resuming from it (one PlanError line if damaged)."""
+    state = read_json_object(path, "the plan state loadgen wrote (or a new --out)", PlanError)
+    shapes = {"kind": str, "plan": dict, "target": dict, "invocations": list, "start": dict, "discarded_wall_s": (int, float)}
+    for key, kind in shapes.items():
+        if key in state and not isinstance(state[key], kind):
+            raise PlanError(f"{path}: {key} = {str(state[key])[:60]!r}: expected a plan state written by loadgen "
+                            f"(or a new --out)")
+    if state.get("kind") != "loadgen.plan" or "invocations" not in state:
+        raise PlanError(f"{path}: kind = {state.get('kind')!r}: expected a plan state written by loadgen (or a new --out)")
+    return state
+
+
+def read_cell_result(path: Path) -> dict[str, Any]:
+    """A stored cell result; one PlanError line when it is damaged (delete its rep directory to rerun it)."""
+    data = read_json_object(path, "a cell result loadgen wrote (delete its directory to rerun the cell)", PlanError)
+    ok = (isinstance(data.get("failed", []), list) and isinstance(data.get("stops", []), list)
+          and all(isinstance(data.get(k, 0) or 0, (int, float)) for k in ("wall_s", "requests_sent")))
+    if not ok or "failed" not in data or "stops" not in data:
+        raise PlanError(f"{path}: not a cell result: expected one loadgen wrote (delete {path.parent} to rerun the cell)")
+    return data
+
+
+def read_region(plan_dir: Path) -> dict[str, Any]:
+    """region.json of a plan directory; one PlanError line when it is damaged."""
+    return read_json_object(Path(plan_dir) / REGION_FILE, "the region loadgen plan wrote", PlanError)

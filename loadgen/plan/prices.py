@@ -22,7 +22,7 @@ __all__ = ["Price", "PriceTable", "load_prices", "cost_per_million"]
 
 
 class Price(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     usd_per_hour: float | None = Field(default=None, ge=0)
     usd_per_million_input_tokens: float | None = Field(default=None, ge=0)
@@ -39,7 +39,7 @@ class Price(BaseModel):
 
 
 class PriceTable(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     currency: str = "USD"
     example: bool = False  # true: made-up numbers; reports say so beside every cost

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..trace.io import read_trace
-from .files import REGION_FILE, REGION_MD_FILE, RESULT_FILE, region_plot_file
+from .files import REGION_FILE, REGION_MD_FILE, RESULT_FILE, read_cell_result, read_region, region_plot_file
 
 __all__ = ["build_region", "format_region", "load_region", "plot_region", "write_region"]
 
@@ -72,7 +72,7 @@ def _results_by_cell(plan_dir: Path) -> dict[str, list[dict[str, Any]]]:
     """Every ``cell_result.json`` on disk, per cell, in repeat order."""
     results: dict[str, list[dict[str, Any]]] = {}
     for marker in sorted((plan_dir / "cells").glob(f"*/rep*/{RESULT_FILE}")):
-        data = json.loads(marker.read_text())
+        data = read_cell_result(marker)
         results.setdefault(data["cell_id"], []).append(data)
     for runs in results.values():
         runs.sort(key=lambda d: d["repeat"])
@@ -322,5 +322,5 @@ def write_region(plan_dir: Path, region: dict[str, Any]) -> dict[str, Path]:
 
 
 def load_region(plan_dir: Path) -> dict[str, Any]:
-    path = Path(plan_dir) / REGION_FILE
-    return json.loads(path.read_text())
+    """region.json of a plan directory (one PlanError line when it is damaged)."""
+    return read_region(plan_dir)

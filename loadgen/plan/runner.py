@@ -14,7 +14,6 @@ Runs without the marker (interrupted mid-cell) are removed and redone.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -34,7 +33,7 @@ from ..targets import Target, TargetSpec, WorksheetTarget, open_target
 from .cells import CellCoord, build_cell_trace
 from .checks import judge_run
 from .execute import CellExecutor
-from .files import ANALYSIS_FILE, PLAN_FILE, RESULT_FILE, write_json_atomic
+from .files import ANALYSIS_FILE, PLAN_FILE, RESULT_FILE, read_plan_state, write_json_atomic
 from .region import build_region, write_region
 from .spec import PlanSpec, load_plan
 from .walk import (
@@ -83,7 +82,7 @@ class _Planner:
         self.plan_dir.mkdir(parents=True, exist_ok=True)
         path = self.plan_dir / PLAN_FILE
         if path.is_file():
-            state = json.loads(path.read_text())
+            state = read_plan_state(path)
             self._check_resumable(state)
             self.state = state
         else:

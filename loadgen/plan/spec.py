@@ -15,6 +15,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..errors import ScenarioError
+from ..limits import (
+    MAX_CONCURRENCY,
+    MAX_DURATION_S,
+    MAX_PARAM,
+    MAX_RATE_RPS,
+    MAX_SEED,
+    MAX_TIMEOUT_S,
+)
 from ..scenario import CLASS_NAMES, format_validation_error
 
 __all__ = ["PlanSpec", "StartSpec", "StopLimits", "PlanBudget", "WarmupSpec", "load_plan", "parse_plan", "MIXED"]
@@ -24,46 +32,47 @@ MIXED = "mixed"
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class StartSpec(_Model):
     """Where the rate walk begins: below the capacity a worksheet predicts (``auto``) or at the lowest rate."""
 
     mode: Literal["auto", "lowest"] = "auto"
-    steps_below: int = Field(default=1, ge=0)  # start this many rate steps below the predicted boundary
+    steps_below: int = Field(default=1, ge=0, le=1000)  # start this many rate steps below the predicted boundary
     worksheet_engine: str | None = None  # engine preset/TOML for the prediction when the target is not simulated
     model_config_path: str | None = Field(default=None, alias="model_config")  # HF config.json for the ledger
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=())
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=(),
+                              allow_inf_nan=False)
 
 
 class StopLimits(_Model):
     """Declared limits: crossing one ends a direction (never "until the server crashes")."""
 
-    send_lag_p99_ms: float = Field(default=50.0, gt=0)  # measurement corruption: the client fell behind
+    send_lag_p99_ms: float = Field(default=50.0, gt=0, le=MAX_PARAM)  # measurement corruption: the client fell behind
     error_rate_limit: float | None = Field(default=None, ge=0, le=1)  # default: the scenario's errors.error_rate_limit
     server_failure_rate: float = Field(default=0.05, ge=0, le=1)  # connect/5xx/reset share → OOM or server failure
     invalid_output_rate: float = Field(default=0.01, ge=0, le=1)  # malformed/empty/truncated share
     timeout_rate: float = Field(default=0.01, ge=0, le=1)  # timed-out share → timeout budget
-    p99_spread: float = Field(default=0.5, gt=0)  # (max − min) / median of p99 TTFT across repeats → unstable tail
-    p99_spread_floor_ms: float = Field(default=50.0, ge=0)  # ... and max − min above this (ms jitter is not instability)
-    cell_timeout_s: float | None = Field(default=None, gt=0)  # wall deadline per cell; default trace duration × 3 + 30
+    p99_spread: float = Field(default=0.5, gt=0, le=MAX_PARAM)  # (max − min) / median of p99 TTFT across repeats → unstable tail
+    p99_spread_floor_ms: float = Field(default=50.0, ge=0, le=MAX_PARAM)  # ... and max − min above this (ms jitter is not instability)
+    cell_timeout_s: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)  # wall deadline per cell; default trace duration × 3 + 30
     contract_every_cell: bool = True  # replay behaviour cases after each cell when the scenario configures them
 
 
 class PlanBudget(_Model):
     """What the whole plan may spend, across resumes."""
 
-    time_s: float = Field(default=3600.0, gt=0)
-    requests: int = Field(default=1_000_000, ge=1)
+    time_s: float = Field(default=3600.0, gt=0, le=366 * 86400)
+    requests: int = Field(default=1_000_000, ge=1, le=1 << 40)
 
 
 class WarmupSpec(_Model):
     """The fixed warm-up set sent before each warm cell (first requests of the cell's trace at a low rate)."""
 
-    requests: int = Field(default=8, ge=0)
-    rate_rps: float = Field(default=8.0, gt=0)
+    requests: int = Field(default=8, ge=0, le=100_000)
+    rate_rps: float = Field(default=8.0, gt=0, le=MAX_RATE_RPS)
 
 
 class PlanSpec(_Model):
@@ -71,14 +80,14 @@ class PlanSpec(_Model):
     description: str = ""
     scenario: str  # path, relative to the plan file
     trace: str  # named trace of the scenario whose rates are stepped
-    duration_s: float | None = Field(default=None, gt=0)  # override the trace's duration for every cell
-    seed: int | None = Field(default=None, ge=0)  # trace seed (default: the scenario's)
+    duration_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S)  # override the trace's duration for every cell
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)  # trace seed (default: the scenario's)
     classes: list[str] = [MIXED]
     states: list[Literal["warm", "cold"]] = ["warm"]
     concurrency: list[int] = Field(default=[64], min_length=1)  # client max in flight, ascending
     rate_scales: list[float] | None = None  # multiply the trace's rate fields
     rates_rps: list[float] | None = None  # or set the mean offered rate directly
-    repeats: int = Field(default=3, ge=1)  # runs of each cell near the boundary
+    repeats: int = Field(default=3, ge=1, le=1000)  # runs of each cell near the boundary
     start: StartSpec = StartSpec()
     stops: StopLimits = StopLimits()
     budget: PlanBudget = PlanBudget()
@@ -95,11 +104,13 @@ class PlanSpec(_Model):
         field = "rate_scales" if self.rate_scales is not None else "rates_rps"
         if not steps:
             raise ValueError(f"{field}: expected at least one rate step")
-        if any(v <= 0 for v in steps):
-            raise ValueError(f"{field}: expected every step > 0")
+        top = MAX_RATE_RPS if field == "rates_rps" else 1e6
+        bad = next((v for v in steps if not 0 < v <= top), None)
+        if bad is not None:
+            raise ValueError(f"{field} = {bad:g}: expected every step in (0, {top:g}]")
         if list(steps) != sorted(set(steps)):
             raise ValueError(f"{field}: expected strictly ascending steps (low to burst)")
-        if any(c < 1 for c in self.concurrency) or list(self.concurrency) != sorted(set(self.concurrency)):
+        if any(not 1 <= c <= MAX_CONCURRENCY for c in self.concurrency) or list(self.concurrency) != sorted(set(self.concurrency)):
             raise ValueError("concurrency: expected strictly ascending steps >= 1")
         if not self.classes or len(set(self.classes)) != len(self.classes):
             raise ValueError("classes: expected a non-empty list without repeats")

@@ -12,7 +12,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .. import presets
 from ..errors import ScenarioError
+from ..limits import MAX_CONCURRENCY, MAX_SEED, MAX_TIMEOUT_S, MAX_TOKENS
 from ..scenario import format_validation_error
 
 __all__ = [
@@ -30,25 +32,29 @@ __all__ = [
     "parse_engine_config",
 ]
 
-#: Where preset engine configs live (``scenarios/engines/<name>.toml`` in the source tree).
-PRESETS_DIR = Path(__file__).resolve().parents[2] / "scenarios" / "engines"
+#: Where preset engine configs live (``scenarios/engines/<name>.toml``, shipped with the package).
+PRESETS_DIR = presets.preset_dir("engines")
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: an infinite step time or rate is never a valid engine parameter
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class SchedulerConfig(_Model):
     """The continuous-batching scheduler (vLLM v1 semantics)."""
 
-    max_num_seqs: int = Field(default=64, ge=1)  # cap on running sequences
-    max_num_batched_tokens: int = Field(default=2048, ge=1)  # token budget per step
+    max_num_seqs: int = Field(default=64, ge=1, le=MAX_CONCURRENCY)  # cap on running sequences
+    max_num_batched_tokens: int = Field(default=2048, ge=1, le=16 * MAX_TOKENS)  # token budget per step
     chunked_prefill: bool = True  # split long prefills across steps (else a prompt must fit the budget)
-    long_prefill_token_threshold: int = Field(default=0, ge=0)  # per-request prefill cap per step; 0 = none
+    long_prefill_token_threshold: int = Field(default=0, ge=0, le=16 * MAX_TOKENS)  # per-request prefill cap per step; 0 = none
     policy: Literal["fcfs", "priority"] = "fcfs"
     decode_tokens_per_step: int = Field(default=1, ge=1, le=64)  # >1: speculative decoding, all accepted
-    max_model_len: int = Field(default=8192, ge=2)
+    max_model_len: int = Field(default=8192, ge=2, le=16 * MAX_TOKENS)
 
+
+#: Longest step-time coefficient or batching window (one hour, in ms).
+MAX_STEP_MS = 3_600_000.0
 
 #: KV blocks when a config gives neither num_kv_blocks nor model_config + kv_cache_gib.
 DEFAULT_KV_BLOCKS = 4096
@@ -57,14 +63,15 @@ DEFAULT_KV_BLOCKS = 4096
 class KVConfig(_Model):
     """Paged KV cache: give ``num_kv_blocks`` directly, or a model config.json + KV budget (ledger)."""
 
-    block_size: int = Field(default=16, ge=1)
-    num_kv_blocks: int | None = Field(default=None, ge=1)
+    block_size: int = Field(default=16, ge=1, le=1 << 16)
+    num_kv_blocks: int | None = Field(default=None, ge=1, le=1 << 32)
     model_config_path: str | None = Field(default=None, alias="model_config")
-    kv_cache_gib: float | None = Field(default=None, gt=0)
+    kv_cache_gib: float | None = Field(default=None, gt=0, le=1 << 20)
     kv_cache_dtype: str | None = None
     enable_prefix_caching: bool = True
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=())
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=(),
+                              allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -83,50 +90,52 @@ class KVConfig(_Model):
 class CostModel(_Model):
     """Step time = fixed + per prefill token + per decode sequence + per KV token read, in ms."""
 
-    fixed_ms: float = Field(default=5.0, ge=0)
-    per_prefill_token_ms: float = Field(default=0.05, ge=0)
-    per_decode_seq_ms: float = Field(default=0.2, ge=0)
-    per_kv_token_ms: float = Field(default=0.0, ge=0)
+    fixed_ms: float = Field(default=5.0, ge=0, le=MAX_STEP_MS)
+    per_prefill_token_ms: float = Field(default=0.05, ge=0, le=MAX_STEP_MS)
+    per_decode_seq_ms: float = Field(default=0.2, ge=0, le=MAX_STEP_MS)
+    per_kv_token_ms: float = Field(default=0.0, ge=0, le=MAX_STEP_MS)
     noise_sigma: float = Field(default=0.0, ge=0, le=2)  # log-normal multiplicative noise, seeded
 
 
 class BatchingConfig(_Model):
     """Hold new work up to ``window_ms`` or until ``min_waiting`` requests wait (0 = no window)."""
 
-    window_ms: float = Field(default=0.0, ge=0)
-    min_waiting: int = Field(default=1, ge=1)
+    window_ms: float = Field(default=0.0, ge=0, le=MAX_STEP_MS)
+    min_waiting: int = Field(default=1, ge=1, le=MAX_CONCURRENCY)
 
 
 class StreamConfig(_Model):
     """How the live server streams: chunk coalescing under load."""
 
     coalesce: bool = False  # one SSE event per step's worth of tokens (several tokens per chunk)
-    chat_tokens_per_message: int = Field(default=0, ge=0)  # chat template overhead per message
+    chat_tokens_per_message: int = Field(default=0, ge=0, le=MAX_TOKENS)  # chat template overhead per message
 
 
 class FaultConfig(_Model):
     """Seeded fault injection rates (each a probability per request) and their parameters."""
 
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
     error_rate: float = Field(default=0.0, ge=0, le=1)
     error_statuses: list[int] = [500, 503]
     rate_limit_rate: float = Field(default=0.0, ge=0, le=1)
-    retry_after_s: float = Field(default=1.0, ge=0)
+    retry_after_s: float = Field(default=1.0, ge=0, le=MAX_TIMEOUT_S)
     stall_rate: float = Field(default=0.0, ge=0, le=1)
-    stall_s: float = Field(default=2.0, ge=0)
-    stall_after_tokens: int = Field(default=1, ge=0)
+    stall_s: float = Field(default=2.0, ge=0, le=MAX_TIMEOUT_S)
+    stall_after_tokens: int = Field(default=1, ge=0, le=MAX_TOKENS)
     disconnect_rate: float = Field(default=0.0, ge=0, le=1)
-    disconnect_after_tokens: int = Field(default=1, ge=0)
+    disconnect_after_tokens: int = Field(default=1, ge=0, le=MAX_TOKENS)
     malformed_rate: float = Field(default=0.0, ge=0, le=1)
-    malformed_after_tokens: int = Field(default=1, ge=0)
+    malformed_after_tokens: int = Field(default=1, ge=0, le=MAX_TOKENS)
     slow_start_rate: float = Field(default=0.0, ge=0, le=1)
-    slow_start_s: float = Field(default=2.0, ge=0)
+    slow_start_s: float = Field(default=2.0, ge=0, le=MAX_TIMEOUT_S)
 
     @model_validator(mode="after")
     def _statuses(self) -> "FaultConfig":
         for status in self.error_statuses:
             if not 400 <= status <= 599:
                 raise ValueError(f"error_statuses: {status} is not an HTTP error status (400-599)")
+        if self.error_rate > 0 and not self.error_statuses:
+            raise ValueError(f"error_statuses = []: expected at least one status when error_rate = {self.error_rate:g}")
         return self
 
 
@@ -134,17 +143,17 @@ class ManagedConfig(_Model):
     """Managed-API behaviour: request quota, model id / fingerprint drift, API key check."""
 
     enabled: bool = True
-    requests_per_minute: int = Field(default=0, ge=0)  # 0 = no quota
+    requests_per_minute: int = Field(default=0, ge=0, le=1 << 31)  # 0 = no quota
     response_models: list[str] = []  # model ids answered with, in turn; [] = the served model name
     system_fingerprints: list[str] = []  # fingerprints answered with, in turn; [] = none
-    change_after_requests: int = Field(default=0, ge=0)  # move to the next id/fingerprint after N; 0 = never
+    change_after_requests: int = Field(default=0, ge=0, le=1 << 62)  # move to the next id/fingerprint after N; 0 = never
     api_key_env: str | None = None  # env var holding the key expected as "Authorization: Bearer KEY"
 
 
 class EngineConfig(_Model):
     """A whole engine config; ``name`` identifies it in manifests and ``/version``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=(), allow_inf_nan=False)
 
     name: str = Field(min_length=1)
     description: str = ""
@@ -193,7 +202,7 @@ class EngineConfig(_Model):
 
 def list_presets() -> list[str]:
     """Names of the shipped engine presets."""
-    return sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
+    return presets.list_presets("engines")
 
 
 def _kv_blocks_from_ledger(cfg: EngineConfig, source: str) -> int:
@@ -236,8 +245,8 @@ def load_engine_config(path_or_preset: str | Path) -> EngineConfig:
     text = str(path_or_preset)
     path = Path(text)
     if not path.suffix and not path.exists():
-        preset = PRESETS_DIR / f"{text}.toml"
-        if not preset.is_file():
+        preset = presets.resolve("engines", text)
+        if preset is None:
             raise ScenarioError(
                 f"engine {text!r}: no such preset or file: expected a TOML path or one of {', '.join(list_presets())}"
             )

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import TargetError
 from .config import FaultConfig
 
 __all__ = ["FAULT_HEADER", "FAULT_KINDS", "FaultPlan", "parse_fault_header", "FaultDecider", "FaultLog"]
@@ -176,7 +177,10 @@ class FaultLog:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
-        self._handle = open(self.path, "a", buffering=1) if self.path else None
+        try:
+            self._handle = open(self.path, "a", buffering=1) if self.path else None  # noqa: SIM115 - closed by close()
+        except OSError as exc:
+            raise TargetError(f"{self.path}: cannot open the fault log ({exc.strerror}): expected a writable file") from None
 
     def log(self, request_id: str, kind: str, params: dict[str, Any], client_request_id: str | None = None) -> None:
         self.counts[kind] = self.counts.get(kind, 0) + 1

@@ -4,6 +4,11 @@ Why not a framework: the simulated server shares two cores with the driver it is
 against, and it needs precise control of the connection (drop it mid-stream, notice the client
 going away at once). One request at a time per connection (no pipelining overlap); a handler gets
 a ``Request`` and the ``Connection`` it answers on.
+
+Containment, so one client cannot hold the server: a connection buffers at most
+``MAX_HEADER_BYTES + MAX_BODY_BYTES`` (8 MiB + 64 KiB; more is 413/431 or a dropped connection), a
+request must arrive whole within ``header_timeout_s`` of its first byte (else 408), an idle keep-alive
+connection is closed after ``idle_timeout_s``, and a chunked body has at most ``MAX_BODY_CHUNKS`` chunks.
 """
 
 from __future__ import annotations
@@ -19,7 +24,12 @@ __all__ = ["Request", "Connection", "Handler", "start_http_server", "REASONS"]
 log = logging.getLogger("loadgen.sim.http")
 
 MAX_HEADER_BYTES = 64 * 1024
-MAX_BODY_BYTES = 32 * 1024 * 1024
+MAX_BODY_BYTES = 8 * 1024 * 1024  # a 1M-token prompt is ~5 MB of JSON
+MAX_BODY_CHUNKS = 65536
+#: Seconds from a request's first byte until it must be complete (slow-loris defence).
+HEADER_TIMEOUT_S = 30.0
+#: Seconds a keep-alive connection may sit with no request before it is closed.
+IDLE_TIMEOUT_S = 120.0
 
 REASONS = {
     200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
@@ -54,8 +64,14 @@ class Connection(asyncio.Protocol):
 
     server_name = "loadgen-sim"
 
-    def __init__(self, handler: Handler, on_error: Callable[[Connection, int, str], bytes]) -> None:
+    def __init__(self, handler: Handler, on_error: Callable[[Connection, int, str], bytes],
+                 header_timeout_s: float = HEADER_TIMEOUT_S, idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
         self.handler = handler
+        self.header_timeout_s = header_timeout_s
+        self.idle_timeout_s = idle_timeout_s
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_kind: str | None = None
+        self._chunks: tuple[int, int, list[bytes], int] | None = None  # a chunked body read so far
         self.on_error = on_error  # builds an error response body for parse failures
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
@@ -73,14 +89,43 @@ class Connection(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self._arm("idle")
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
-        if self.busy:
-            if len(self.buffer) > MAX_BODY_BYTES + MAX_HEADER_BYTES:
-                self.abort()
+        if len(self.buffer) > MAX_BODY_BYTES + MAX_HEADER_BYTES + 64:
+            self.abort()  # more than one whole request's worth of bytes queued: refuse to buffer it
             return
+        if self.busy:
+            return
+        if self._timer_kind != "request":
+            self._arm("request")  # the first byte of a request starts its clock
         self._next_request()
+
+    # -- timeouts ----------------------------------------------------------------------------------
+    def _arm(self, kind: str | None) -> None:
+        """(Re)start the idle or request timer; None stops it (while a handler runs)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_kind = kind
+        if kind is None or self.closed:
+            return
+        delay = self.idle_timeout_s if kind == "idle" else self.header_timeout_s
+        if delay > 0:
+            self._timer = asyncio.get_running_loop().call_later(delay, self._timed_out, kind)
+
+    def _timed_out(self, kind: str) -> None:
+        self._timer = None
+        if self.closed or self.busy:
+            return
+        if kind == "request" and self.buffer:
+            self.keep_alive = False
+            self.busy = True
+            self.send(408, self.on_error(self, 408, f"request not complete within {self.header_timeout_s:g} s"))
+        else:
+            self.transport.close()  # type: ignore[union-attr]
+            self._lost()
 
     def eof_received(self) -> bool:
         # The client closed its side: treat it as gone (a streaming client never half-closes).
@@ -102,6 +147,9 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
         callback, self.on_lost = self.on_lost, None
@@ -113,12 +161,14 @@ class Connection(asyncio.Protocol):
         try:
             request = self._parse()
         except _BadRequest as exc:
+            self._arm(None)
             self.keep_alive = False
             self.busy = True
             self.send(exc.status, self.on_error(self, exc.status, str(exc)), content_type="application/json")
             return
         if request is None:
             return
+        self._arm(None)
         self.busy = True
         self.keep_alive = request.keep_alive
         self.response_started = False
@@ -146,28 +196,14 @@ class Connection(asyncio.Protocol):
             headers[name.strip().lower()] = value.strip()
         pos = end + 4
         body = b""
-        if headers.get("transfer-encoding", "").lower() == "chunked":
-            body_parts = []
-            while True:
-                line_end = buf.find(b"\r\n", pos)
-                if line_end < 0:
-                    return None
-                try:
-                    size = int(bytes(buf[pos:line_end]).split(b";")[0], 16)
-                except ValueError:
-                    raise _BadRequest(400, "malformed chunked body") from None
-                if size == 0:  # last chunk; trailers are not supported
-                    if len(buf) < line_end + 4:
-                        return None
-                    pos = line_end + 4
-                    break
-                if line_end + 2 + size + 2 > len(buf):
-                    return None
-                body_parts.append(bytes(buf[line_end + 2 : line_end + 2 + size]))
-                pos = line_end + 2 + size + 2
-                if sum(len(p) for p in body_parts) > MAX_BODY_BYTES:
-                    raise _BadRequest(413, "request body too large")
-            body = b"".join(body_parts)
+        encoding = headers.get("transfer-encoding", "").lower()
+        if encoding and encoding != "chunked":
+            raise _BadRequest(501, f"transfer-encoding {encoding[:40]!r} not implemented: expected chunked or none")
+        if encoding == "chunked":
+            chunked = self._read_chunks(buf, pos)
+            if chunked is None:
+                return None
+            body, pos = chunked
         else:
             length_text = headers.get("content-length", "0") or "0"
             try:
@@ -192,6 +228,44 @@ class Connection(asyncio.Protocol):
         split = urlsplit(target)
         return Request(method.upper(), split.path or "/", split.query, headers, body, keep_alive)
 
+    def _read_chunks(self, buf: bytearray, start: int) -> tuple[bytes, int] | None:
+        """A chunked body from ``start``: (body, end) or None while incomplete.
+
+        Resumable: the chunks already read are kept between reads, so a body trickling in byte by byte
+        costs linear time, not a re-walk of every chunk per read.
+        """
+        state = self._chunks if self._chunks is not None and self._chunks[0] == start else (start, start, [], 0)
+        _, pos, parts, total = state
+        while True:
+            line_end = buf.find(b"\r\n", pos)
+            if line_end < 0:
+                if len(buf) - pos > 1024:
+                    raise _BadRequest(400, "malformed chunked body: chunk-size line too long")
+                self._chunks = (start, pos, parts, total)
+                return None
+            try:
+                size = int(bytes(buf[pos:line_end]).split(b";")[0], 16)
+            except ValueError:
+                raise _BadRequest(400, "malformed chunked body") from None
+            if size < 0:
+                raise _BadRequest(400, "malformed chunked body: negative chunk size")
+            if size == 0:  # last chunk; trailers are not supported
+                if len(buf) < line_end + 4:
+                    self._chunks = (start, pos, parts, total)
+                    return None
+                self._chunks = None
+                return b"".join(parts), line_end + 4
+            if total + size > MAX_BODY_BYTES:
+                raise _BadRequest(413, "request body too large")
+            if len(parts) >= MAX_BODY_CHUNKS:
+                raise _BadRequest(413, f"request body in more than {MAX_BODY_CHUNKS} chunks")
+            if line_end + 2 + size + 2 > len(buf):
+                self._chunks = (start, pos, parts, total)
+                return None
+            parts.append(bytes(buf[line_end + 2 : line_end + 2 + size]))
+            total += size
+            pos = line_end + 2 + size + 2
+
     async def _run(self, request: Request) -> None:
         try:
             await self.handler(request, self)
@@ -209,8 +283,10 @@ class Connection(asyncio.Protocol):
                 return
             if not self.keep_alive:
                 self.transport.close()  # type: ignore[union-attr]
-            elif self.buffer:
-                self._next_request()
+            else:
+                self._arm("request" if self.buffer else "idle")
+                if self.buffer:
+                    self._next_request()
 
     # -- responses ---------------------------------------------------------------------------------
     def _head(self, status: int, headers: list[tuple[str, str]]) -> bytes:
@@ -275,7 +351,11 @@ async def start_http_server(
     host: str,
     port: int,
     on_error: Callable[[Connection, int, str], bytes],
+    *,
+    header_timeout_s: float = HEADER_TIMEOUT_S,
+    idle_timeout_s: float = IDLE_TIMEOUT_S,
 ) -> asyncio.Server:
     """Listen on host:port (0 = any free port); each connection runs ``handler`` per request."""
     loop = asyncio.get_running_loop()
-    return await loop.create_server(lambda: Connection(handler, on_error), host, port, reuse_address=True, backlog=1024)
+    return await loop.create_server(lambda: Connection(handler, on_error, header_timeout_s, idle_timeout_s),
+                                    host, port, reuse_address=True, backlog=1024)

@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..contract.responder import CASE_HEADER
+from ..errors import TargetError
 from ..prompts import get_tokenizer
 from .config import EngineConfig, load_engine_config
 from .engine import Engine, Seq
-from ..contract.responder import CASE_HEADER
 from .faults import FAULT_HEADER, FaultDecider, FaultLog, FaultPlan, parse_fault_header
-from .http import Connection, Request, start_http_server
+from .http import HEADER_TIMEOUT_S, IDLE_TIMEOUT_S, Connection, Request, start_http_server
 from .metrics import E2E_BUCKETS, ITERATION_TOKENS_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, Histogram, format_value
 from .protocol import DONE, StreamFormat, filler_text, request_id_for
 from .ready import ready_line
@@ -185,7 +186,8 @@ class SimServer:
         if self.managed is not None and self.managed.api_key_env:
             self.api_key = os.environ.get(self.managed.api_key_env)
             if not self.api_key:
-                raise SystemExit(f"loadgen sim serve: env var {self.managed.api_key_env} (managed.api_key_env) is empty")
+                raise TargetError(f"sim serve: env var {self.managed.api_key_env} (managed.api_key_env) is empty: "
+                                  f"expected the API key clients must send")
         self.connections: set[Connection] = set()
 
     # -- routing -----------------------------------------------------------------------------------
@@ -242,6 +244,8 @@ class SimServer:
             body = json.loads(req.body)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise _Invalid(400, f"request body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise _Invalid(400, "request body is nested too deeply: expected an OpenAI request object") from None
         if not isinstance(body, dict):
             raise _Invalid(422, f"request body is a JSON {type(body).__name__}: expected an object")
         return body
@@ -621,10 +625,25 @@ def _parse_error(conn: Connection, status: int, message: str) -> bytes:
     return error_body(status, message)
 
 
-async def _main(config: EngineConfig, host: str, port: int, tokenizer: str | None, fault_log: Path | None, seed: int) -> None:
+async def _listen(server: SimServer, host: str, port: int, timeouts: dict[str, float]) -> asyncio.Server:
+    """Bind, or one TargetError line saying why not (port in use, address not local, unknown host)."""
+    try:
+        return await start_http_server(server.handle, host, port, _parse_error, **timeouts)
+    except OSError as exc:
+        reason = (exc.strerror or str(exc)).split(": ")[-1]
+        raise TargetError(f"sim serve --host {host} --port {port}: cannot listen ({reason}): "
+                          f"expected a free port on a local address") from None
+
+
+async def _main(config: EngineConfig, host: str, port: int, tokenizer: str | None, fault_log: Path | None, seed: int,
+                timeouts: dict[str, float]) -> None:
     server = SimServer(config, tokenizer=tokenizer, fault_log=fault_log, seed=seed)
+    try:
+        http = await _listen(server, host, port, timeouts)
+    except BaseException:
+        server.fault_log.close()
+        raise
     engine_task = asyncio.create_task(server.live.run())
-    http = await start_http_server(server.handle, host, port, _parse_error)
     actual_port = http.sockets[0].getsockname()[1]
     sys.stdout.write(ready_line(host, actual_port))
     sys.stdout.flush()
@@ -663,11 +682,16 @@ def serve(
     tokenizer: str | None = None,
     fault_log: str | Path | None = None,
     seed: int = 0,
+    header_timeout_s: float = HEADER_TIMEOUT_S,
+    idle_timeout_s: float = IDLE_TIMEOUT_S,
 ) -> int:
     """Run the live server until SIGTERM/SIGINT; prints the ready line when listening. Returns 0."""
     config = engine if isinstance(engine, EngineConfig) else load_engine_config(engine)
+    if not 0 <= port <= 65535:
+        raise TargetError(f"sim serve --port {port}: expected 0..65535 (0 = any free port)")
     if tokenizer:
         get_tokenizer(tokenizer)  # fail fast on a bad spec, before listening
     logging.basicConfig(level=logging.WARNING, format="loadgen-sim: %(levelname)s %(message)s")
-    asyncio.run(_main(config, host, port, tokenizer, Path(fault_log) if fault_log else None, seed))
+    timeouts = {"header_timeout_s": header_timeout_s, "idle_timeout_s": idle_timeout_s}
+    asyncio.run(_main(config, host, port, tokenizer, Path(fault_log) if fault_log else None, seed, timeouts))
     return 0

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import __version__
+from ..errors import TraceError
 from ..identity import harness_identity, host_identity, sha256_file, utc_now_iso
 from ..manifest import Anchor, EngineIdentity, Manifest, TargetRef, TraceRef, WarmState, merge_manifest
 from ..records import (
@@ -473,6 +474,8 @@ def run_worksheet(
     trace_path = Path(trace_path)
     config = engine if isinstance(engine, EngineConfig) else load_engine_config(engine)
     table, metadata = _read_trace(trace_path)
+    if table.num_rows == 0:  # the same rule as a measured run
+        raise TraceError(f"{trace_path}: trace has no requests: expected at least one row")
     scen_manifest = None
     endpoint = "completions"
     if scenario is not None:

@@ -21,6 +21,7 @@ import pyarrow as pa
 from .. import __version__
 from ..distributions import mean, sample, sample_tokens
 from ..errors import TraceError
+from ..limits import MAX_TOKENS, MAX_TRACE_REQUESTS, MAX_TURNS
 from ..records import TRACE_SCHEMA
 from ..scenario import CLASS_NAMES, Scenario, TraceSettings
 from .io import write_trace
@@ -85,6 +86,13 @@ def arrival_times(
     return np.concatenate(parts), np.concatenate(flags)
 
 
+def _check_sampled(scenario: Scenario, field: str, values: np.ndarray, limit: int) -> None:
+    """A sampled count above ``limit`` (a distribution's tail) is a scenario error, never a silent clamp."""
+    if len(values) and int(values.max()) > limit:
+        raise TraceError(f"{scenario.source_path or scenario.name}: {field}: sampled {int(values.max())}: expected at "
+                         f"most {limit} (set the distribution's max)")
+
+
 def _rng_streams(seed: int, trace_name: str, n: int) -> list[np.random.Generator]:
     root = np.random.SeedSequence([seed, zlib.crc32(trace_name.encode())])
     return [np.random.default_rng(s) for s in root.spawn(n)]
@@ -135,9 +143,16 @@ class _ClassRows:
         rng_in, rng_out, rng_cancel, rng_turns, rng_think, rng_cancel_n = streams
         self.turns = (sample_tokens(cls.thread.turns, rng_turns, n_sessions, base_dir) if self.is_thread
                       else np.ones(n_sessions, np.int64))
+        _check_sampled(scenario, f"classes.{cname}.thread.turns", self.turns, MAX_TURNS)
         total_turns = int(self.turns.sum())
+        if total_turns > MAX_TRACE_REQUESTS:
+            raise TraceError(f"{scenario.source_path or scenario.name}: traces.{trace_name}: {total_turns} requests of "
+                             f"class {cname}: expected at most {MAX_TRACE_REQUESTS} per trace")
         self.new_in = sample_tokens(cls.input_tokens, rng_in, total_turns, base_dir)
         self.outs = sample_tokens(cls.output_tokens, rng_out, total_turns, base_dir)
+        _check_sampled(scenario, f"classes.{cname}.input_tokens", self.new_in, MAX_TOKENS)
+        _check_sampled(scenario, f"classes.{cname}.output_tokens", self.outs, MAX_TOKENS)
+        self.where = f"{scenario.source_path or scenario.name}: classes.{cname}"
         self.think_s = (sample(cls.thread.think_time_s, rng_think, total_turns, base_dir) if self.is_thread
                         else np.zeros(total_turns))
         self.cancel_u = rng_cancel.random(total_turns)
@@ -169,6 +184,9 @@ class _ClassRows:
                     self.k += n_turns - turn
                     break
             prompt = context + int(self.new_in[k])
+            if prompt > MAX_TOKENS:
+                raise TraceError(f"{self.where}: a turn's prompt (thread context) reaches {prompt} tokens: expected at "
+                                 f"most {MAX_TOKENS} (lower max turns or token lengths)")
             out = int(self.outs[k])
             cancel = None
             if cls.cancel and self.cancel_u[k] < cls.cancel.share and int(self.cancel_n[k]) < out:

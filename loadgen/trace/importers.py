@@ -2,6 +2,8 @@
 
 Both become ordinary loadgen traces (TRACE_SCHEMA), optionally cut to a window and time-scaled,
 so they replay exactly like generated ones. Imported requests get one class (``request_class``).
+Token counts must be integers in 0..``limits.MAX_TOKENS`` (a 0 is replayed as 1 token, as the source
+logged a request the engine still had to run); a negative or huge count is refused with its row.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pyarrow as pa
 from .. import __version__
 from ..errors import TraceError
 from ..identity import sha256_file
+from ..limits import MAX_OFFSET_NS, MAX_TOKENS, MAX_TRACE_REQUESTS, is_finite
 from ..records import TRACE_SCHEMA
 from .io import write_trace
 
@@ -27,6 +30,19 @@ __all__ = ["MOONCAKE_BLOCK_TOKENS", "import_azure", "import_mooncake", "import_t
 #: Mooncake hash_ids each stand for one 512-token block of the prompt.
 MOONCAKE_BLOCK_TOKENS = 512
 _NS = 1_000_000_000
+
+
+def _count(path: Path, where: str, column: str, value: Any) -> int:
+    """A token count from a source row: an integer in 0..MAX_TOKENS, else one TraceError line."""
+    try:
+        count = int(value)
+    except (TypeError, ValueError, OverflowError):
+        raise TraceError(f"{path}: {where}: {column} = {value!r}: expected an integer") from None
+    if isinstance(value, float) and count != value:
+        raise TraceError(f"{path}: {where}: {column} = {value!r}: expected a whole number of tokens")
+    if not 0 <= count <= MAX_TOKENS:
+        raise TraceError(f"{path}: {where}: {column} = {count}: expected 0..{MAX_TOKENS} tokens")
+    return count
 
 
 def _parse_azure_time(value: str, path: Path, row: int) -> int:
@@ -39,6 +55,8 @@ def _parse_azure_time(value: str, path: Path, row: int) -> int:
         raise TraceError(f"{path}: row {row}: TIMESTAMP = {value!r}: expected 'YYYY-MM-DD HH:MM:SS[.fffffff]'") from None
     days = (base - datetime(1970, 1, 1)).days
     secs = days * 86400 + base.hour * 3600 + base.minute * 60 + base.second
+    if not 0 <= secs < 1 << 33:  # int64 ns: 1970 .. 2242
+        raise TraceError(f"{path}: row {row}: TIMESTAMP = {value!r}: expected a time between 1970 and 2242")
     return secs * _NS + frac_ns
 
 
@@ -61,10 +79,7 @@ def _read_azure(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[An
             raise TraceError(f"{path}: row {row_no}: {len(row)} fields: expected 3")
         times.append(_parse_azure_time(row[0], path, row_no))
         for column, value, sink in (("ContextTokens", row[1], prompts), ("GeneratedTokens", row[2], outputs)):
-            try:
-                sink.append(int(value))
-            except ValueError:
-                raise TraceError(f"{path}: row {row_no}: {column} = {value!r}: expected an integer") from None
+            sink.append(_count(path, f"row {row_no}", column, value.strip()))
     return np.asarray(times, np.int64), np.asarray(prompts, np.int64), np.asarray(outputs, np.int64), [None] * len(times)
 
 
@@ -80,15 +95,20 @@ def _read_mooncake(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, list
                 continue
             try:
                 rec = json.loads(line)
-                times.append(round(float(rec["timestamp"]) * 1_000_000))  # ms → ns
-                prompts.append(int(rec["input_length"]))
-                outputs.append(int(rec["output_length"]))
+                if not isinstance(rec, dict):
+                    raise TypeError
+                stamp = rec["timestamp"]
+                if not is_finite(stamp) or not 0 <= stamp <= MAX_OFFSET_NS / 1_000_000 * 100:
+                    raise TraceError(f"{path}: line {line_no}: timestamp = {stamp!r}: expected milliseconds >= 0")
+                times.append(int(round(float(stamp) * 1_000_000)))  # ms → ns
+                prompts.append(_count(path, f"line {line_no}", "input_length", rec["input_length"]))
+                outputs.append(_count(path, f"line {line_no}", "output_length", rec["output_length"]))
                 hashes.append(tuple(int(h) for h in rec.get("hash_ids", [])))
             except json.JSONDecodeError:
                 raise TraceError(f"{path}: line {line_no}: invalid JSON: expected a Mooncake record") from None
             except KeyError as exc:
                 raise TraceError(f"{path}: line {line_no}: missing field {exc.args[0]!r}: expected timestamp, input_length, output_length") from None
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 raise TraceError(f"{path}: line {line_no}: non-numeric field: expected numbers") from None
     return np.asarray(times, np.int64), np.asarray(prompts, np.int64), np.asarray(outputs, np.int64), hashes
 
@@ -188,13 +208,16 @@ def import_trace(
     ``time_scale`` multiplies the gaps (0.5 = twice the rate).
     """
     path = Path(path)
-    if time_scale <= 0:
-        raise TraceError(f"--time-scale = {time_scale}: expected > 0")
+    _check_import_options(time_scale, start_s, duration_s, max_requests)
     times, prompts, outputs, hashes = _read_sorted(kind, path)
     rel = times - times[0]
     idx = _window(rel, path, start_s, duration_s, max_requests)
     rel = rel[idx] - rel[idx[0]]
-    offsets = np.rint(rel * time_scale).astype(np.int64)
+    scaled = rel.astype(np.float64) * time_scale
+    if scaled[-1] > MAX_OFFSET_NS:
+        raise TraceError(f"{path}: the window spans {scaled[-1] / _NS:.3g} s after --time-scale {time_scale:g}: "
+                         f"expected at most {MAX_OFFSET_NS / _NS:.3g} s (cut it with --duration-s)")
+    offsets = np.rint(scaled).astype(np.int64)
     prompts, outputs = np.maximum(prompts[idx], 1), np.maximum(outputs[idx], 1)
     n = len(idx)
     if kind == "mooncake":
@@ -219,6 +242,17 @@ def import_trace(
         "duration_s": float(offsets[-1]) / _NS,
     }
     return write_trace(_trace_table(offsets, prompts, outputs, groups, lengths, request_class), out, metadata)
+
+
+def _check_import_options(time_scale: float, start_s: float, duration_s: float | None, max_requests: int | None) -> None:
+    """The window and scale options: finite and in range (the CLI checks its flags too; this guards library use)."""
+    if not is_finite(time_scale) or not 0 < time_scale <= 1e6:
+        raise TraceError(f"--time-scale = {time_scale}: expected a finite number in (0, 1e6]")
+    for name, value in (("--start-s", start_s), ("--duration-s", duration_s)):
+        if value is not None and (not is_finite(value) or not 0 <= value <= MAX_OFFSET_NS / _NS):
+            raise TraceError(f"{name} = {value}: expected a finite number of seconds in 0..{MAX_OFFSET_NS / _NS:g}")
+    if max_requests is not None and not 1 <= max_requests <= MAX_TRACE_REQUESTS:
+        raise TraceError(f"--max-requests = {max_requests}: expected 1..{MAX_TRACE_REQUESTS}")
 
 
 def import_azure(path: str | Path, out: str | Path, **options: Any) -> Path:

@@ -1,4 +1,10 @@
-"""Reading and writing trace Parquet files with their provenance metadata."""
+"""Reading and writing trace Parquet files with their provenance metadata.
+
+Both directions validate: column types (no silent float->int truncation), no nulls where the schema has
+none, every number within ``loadgen.limits`` (offsets, token counts), unique request ids, and metadata that
+is a JSON object whose known keys have the expected types. A bad trace is one ``TraceError`` line naming
+the file, the column (or key), the value and what was expected.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +13,121 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import TraceError
+from ..limits import (
+    MAX_CONCURRENCY,
+    MAX_DURATION_S,
+    MAX_OFFSET_NS,
+    MAX_SEED,
+    MAX_TOKENS,
+    MAX_TRACE_REQUESTS,
+    MAX_TURNS,
+)
 from ..records import TRACE_SCHEMA
 
-__all__ = ["TRACE_METADATA_KEY", "write_trace", "read_trace"]
+__all__ = ["TRACE_METADATA_KEY", "read_trace", "validate_trace", "validate_trace_metadata", "write_trace"]
 
 TRACE_METADATA_KEY = b"loadgen.trace"
+
+#: Inclusive bounds of every integer column (prompt_tokens counts the whole thread context).
+_COLUMN_RANGES = {
+    "scheduled_offset_ns": (0, MAX_OFFSET_NS),
+    "prompt_tokens": (0, MAX_TOKENS),
+    "output_tokens": (0, MAX_TOKENS),
+    "prefix_tokens": (0, MAX_TOKENS),
+    "turn_index": (0, MAX_TURNS),
+    "cancel_after_tokens": (0, MAX_TOKENS),
+}
+#: Metadata keys other code reads, with the accepted types and numeric bounds (None is always accepted).
+_META_NUMBERS = {
+    "duration_s": (0.0, MAX_DURATION_S * 53),  # imported traces may span a year
+    "max_in_flight": (1, MAX_CONCURRENCY),
+    "concurrency": (1, MAX_CONCURRENCY),
+    "requests": (0, MAX_TRACE_REQUESTS),
+    "seed": (0, MAX_SEED),
+    "offered_rate_rps": (0.0, 1e9),
+}
+_META_STRINGS = ("trace_name", "scenario_name", "scenario_sha256", "source", "generator")
+
+
+def _cast_columns(table: pa.Table, source: object) -> pa.Table:
+    """The TRACE_SCHEMA columns, cast safely one by one (a failed cast names its column)."""
+    columns = []
+    for field in TRACE_SCHEMA:
+        column = table.column(field.name)
+        try:
+            columns.append(column.cast(field.type))  # safe: 1.5 or NaN never becomes an integer
+        except (pa.ArrowException, ValueError) as exc:
+            detail = str(exc).splitlines()[0][:120]
+            raise TraceError(f"{source}: column {field.name} of type {column.type} ({detail}): expected {field.type}") from None
+    return pa.Table.from_arrays(columns, schema=TRACE_SCHEMA)
+
+
+def validate_trace(table: pa.Table, source: object) -> None:
+    """Raise TraceError on nulls in required columns, out-of-range numbers, duplicate ids or disorder."""
+    if table.num_rows > MAX_TRACE_REQUESTS:
+        raise TraceError(f"{source}: {table.num_rows} requests: expected at most {MAX_TRACE_REQUESTS} per trace")
+    for field in TRACE_SCHEMA:
+        column = table.column(field.name)
+        if not field.nullable and column.null_count:
+            row = pc.index(pc.is_null(column), True).as_py()
+            raise TraceError(f"{source}: column {field.name} = null (row {row}): expected a value in every row")
+    for name, (lo, hi) in _COLUMN_RANGES.items():
+        column = table.column(name)
+        if table.num_rows == 0 or column.null_count == table.num_rows:
+            continue
+        low, high = pc.min_max(column).values()
+        for value in (low.as_py(), high.as_py()):
+            if value is not None and not lo <= value <= hi:
+                row = pc.index(column, value).as_py()
+                raise TraceError(f"{source}: column {name} = {value} (row {row}): expected {lo}..{hi}")
+    ids = table.column("request_id")
+    if pc.count_distinct(ids).as_py() != table.num_rows:
+        counts = pc.value_counts(ids)
+        dup = counts.filter(pc.greater(counts.field("counts"), 1))[0]["values"].as_py()
+        raise TraceError(f"{source}: column request_id = {dup!r} appears more than once: expected unique request ids")
+    offsets = table.column("scheduled_offset_ns").to_numpy()
+    if len(offsets) and (offsets[1:] < offsets[:-1]).any():
+        raise TraceError(f"{source}: scheduled_offset_ns not sorted ascending from >= 0: expected a time-ordered trace")
+
+
+def validate_trace_metadata(metadata: object, source: object) -> dict[str, Any]:
+    """The metadata as a dict, after checking the keys loadgen reads; TraceError on a wrong type or value."""
+    key = TRACE_METADATA_KEY.decode()
+    if not isinstance(metadata, dict):
+        raise TraceError(f"{source}: metadata {key} is a JSON {type(metadata).__name__}: expected a JSON object")
+    for name, (lo, hi) in _META_NUMBERS.items():
+        value = metadata.get(name)
+        if value is None:
+            continue
+        integral = isinstance(lo, int)
+        ok = (isinstance(value, int) or (not integral and isinstance(value, float))) and not isinstance(value, bool)
+        if not ok or not lo <= value <= hi:  # NaN fails the comparison too
+            kind = "an integer" if integral else "a number"
+            raise TraceError(f"{source}: metadata {key}.{name} = {value!r}: expected {kind} in {lo:g}..{hi:g}")
+    for name in _META_STRINGS:
+        value = metadata.get(name)
+        if value is not None and not isinstance(value, str):
+            raise TraceError(f"{source}: metadata {key}.{name} = {value!r}: expected a string")
+    if metadata.get("mode") not in (None, "open", "closed"):
+        raise TraceError(f"{source}: metadata {key}.mode = {metadata['mode']!r}: expected 'open' or 'closed'")
+    return metadata
 
 
 def write_trace(table: pa.Table, path: str | Path, metadata: dict[str, Any]) -> Path:
     """Write a trace table (TRACE_SCHEMA) with ``metadata``; byte-identical for identical inputs."""
     path = Path(path)
-    table = table.select(TRACE_SCHEMA.names).cast(TRACE_SCHEMA)
-    schema = TRACE_SCHEMA.with_metadata({TRACE_METADATA_KEY: json.dumps(metadata, sort_keys=True).encode()})
+    table = _cast_columns(table, path)
+    validate_trace(table, path)
+    validate_trace_metadata(metadata, path)
+    try:
+        encoded = json.dumps(metadata, sort_keys=True, allow_nan=False).encode()
+    except ValueError as exc:
+        raise TraceError(f"{path}: trace metadata ({exc}): expected finite numbers") from None
+    schema = TRACE_SCHEMA.with_metadata({TRACE_METADATA_KEY: encoded})
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(table.cast(schema), path, compression="zstd", row_group_size=1 << 20)
@@ -37,18 +143,24 @@ def read_trace(path: str | Path) -> tuple[pa.Table, dict[str, Any]]:
         raise TraceError(f"{path}: no such file: expected a trace Parquet file (loadgen trace generate/import)")
     try:
         table = pq.read_table(path)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise TraceError(f"{path}: unreadable Parquet ({exc}): expected a loadgen trace") from None
-    missing = [n for n in TRACE_SCHEMA.names if n not in table.column_names]
+        table.validate(full=True)  # also every string is UTF-8 (a damaged file may decode to anything)
+        names = table.column_names
+    except (pa.ArrowException, OSError, ValueError) as exc:  # ValueError: UnicodeDecodeError in a name
+        detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise TraceError(f"{path}: unreadable Parquet ({detail}): expected a loadgen trace") from None
+    missing = [n for n in TRACE_SCHEMA.names if n not in names]
     if missing:
         raise TraceError(f"{path}: missing column(s) {missing}: expected a loadgen trace (TRACE_SCHEMA)")
     raw = (table.schema.metadata or {}).get(TRACE_METADATA_KEY)
     try:
-        metadata = json.loads(raw) if raw else {}
-    except json.JSONDecodeError:
-        raise TraceError(f"{path}: metadata {TRACE_METADATA_KEY.decode()} is not JSON") from None
-    table = table.select(TRACE_SCHEMA.names).cast(TRACE_SCHEMA)
-    offsets = table.column("scheduled_offset_ns").to_numpy()
-    if len(offsets) and ((offsets[1:] < offsets[:-1]).any() or offsets[0] < 0):
-        raise TraceError(f"{path}: scheduled_offset_ns not sorted ascending from >= 0: expected a time-ordered trace")
+        metadata = json.loads(raw, parse_constant=_no_constant) if raw else {}
+    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, NaN/Infinity, deep nesting
+        raise TraceError(f"{path}: metadata {TRACE_METADATA_KEY.decode()} is not UTF-8 JSON with finite numbers") from None
+    metadata = validate_trace_metadata(metadata, path)
+    table = _cast_columns(table, path)
+    validate_trace(table, path)
     return table, metadata
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a finite number")

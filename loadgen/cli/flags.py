@@ -1,0 +1,95 @@
+"""Argument types for numeric flags: finite, in range, one line when not (``argument --seed: -1: expected ...``).
+
+argparse turns an ``ArgumentTypeError`` into ``loadgen: error: ... argument --flag: MESSAGE`` and exit 2
+(see ``loadgen.cli.LoadgenParser``), so a bad flag never reaches library code as NaN, inf or -1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+from ..inputs import header_problem, target_url_problem, without_userinfo
+from ..limits import MAX_CONCURRENCY, MAX_OFFSET_NS, MAX_SEED, MAX_TIMEOUT_S
+
+__all__ = ["DURATION", "MAX_OFFSET_S", "count", "fraction", "header", "integer", "number", "port", "seconds", "seed",
+           "target_url"]
+
+
+def integer(lo: int, hi: int) -> Callable[[str], int]:
+    """An integer in [lo, hi]."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected an integer in {lo}..{hi}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{value}: expected an integer in {lo}..{hi}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def number(lo: float, hi: float, *, low_open: bool = False) -> Callable[[str], float]:
+    """A finite float in [lo, hi] (``low_open``: (lo, hi])."""
+    low = "(" if low_open else "["
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value > hi or value < lo or (low_open and value == lo):
+            raise argparse.ArgumentTypeError(f"{text}: expected a finite number in {low}{lo:g}, {hi:g}]")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+#: A seed for numpy (non-negative, int64).
+seed = integer(0, MAX_SEED)
+#: A TCP port (0 = any free port).
+port = integer(0, 65535)
+
+
+def count(lo: int = 1, hi: int = MAX_CONCURRENCY) -> Callable[[str], int]:
+    """A count of things (requests, slots, runs)."""
+    return integer(lo, hi)
+
+
+def seconds(hi: float = MAX_TIMEOUT_S, *, zero: bool = False) -> Callable[[str], float]:
+    """A duration in seconds: positive (``zero``: or 0) and finite, at most ``hi``."""
+    return number(0.0, hi, low_open=not zero)
+
+
+def fraction() -> Callable[[str], float]:
+    """A share in (0, 1]."""
+    return number(0.0, 1.0, low_open=True)
+
+
+#: The latest offset a trace may hold, in seconds (one year).
+MAX_OFFSET_S = MAX_OFFSET_NS / 1e9
+#: A trace window or run length, in seconds.
+DURATION = seconds(MAX_OFFSET_S)
+
+
+def target_url(text: str) -> str:
+    """An http(s) base URL; the error never shows its password."""
+    problem = target_url_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{without_userinfo(text)!r}: {problem}")
+    return text
+
+
+def header(text: str) -> tuple[str, str]:
+    """``NAME:VALUE`` as one header (no CR/LF: a value cannot smuggle a second header); the value is never shown."""
+    name, sep, value = text.partition(":")
+    name, value = name.strip(), value.strip()
+    problem = "expected NAME:VALUE" if not sep or not name else header_problem(name, value)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{name[:40]!r}: {problem}")
+    return name, value

@@ -1,0 +1,69 @@
+"""Sane bounds for every number loadgen reads from a file or a flag, in one place.
+
+Anything outside them is a mistake (or an attack), not a workload: a rate of 1e9 requests/s, a 2^31-token
+prompt or an offset near 2^63 ns would allocate gigabytes or overflow before any useful work. Inputs beyond
+a bound are rejected with one line naming the file, field, value and the bound; nothing is clamped silently.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = [
+    "MAX_CONCURRENCY",
+    "MAX_DURATION_S",
+    "MAX_HTTP_STATUS",
+    "MAX_OFFSET_NS",
+    "MAX_PARAM",
+    "MAX_RATE_RPS",
+    "MAX_SEED",
+    "MAX_TIMEOUT_S",
+    "MAX_TOKENS",
+    "MAX_TRACE_REQUESTS",
+    "MAX_TURNS",
+    "check_number",
+    "is_finite",
+]
+
+#: Tokens in one prompt or one output (prompt = the whole thread context). 2^20: the largest context
+#: windows in service; a 10M-token prompt is refused before any text is synthesised.
+MAX_TOKENS = 1 << 20
+#: Requests in one trace (about 1 GiB of prompt bookkeeping at the driver; split bigger replays).
+MAX_TRACE_REQUESTS = 10_000_000
+#: Arrival rate of one trace, requests per second.
+MAX_RATE_RPS = 1_000_000.0
+#: Length of one synthetic trace or plan step.
+MAX_DURATION_S = 7 * 86400.0
+#: Latest scheduled offset in any trace (one year in ns; 2^63 ns is 292 years).
+MAX_OFFSET_NS = 366 * 86400 * 1_000_000_000
+#: Concurrency / in-flight caps.
+MAX_CONCURRENCY = 1_000_000
+#: Turns in one conversation.
+MAX_TURNS = 10_000
+#: Largest seed (numpy seeds are non-negative integers; 2^63 - 1 keeps them int64 everywhere).
+MAX_SEED = (1 << 63) - 1
+#: Longest timeout (one week).
+MAX_TIMEOUT_S = 7 * 86400.0
+#: Any other free-form magnitude (cost-model coefficients, distribution parameters, budgets in ms).
+MAX_PARAM = 1e12
+#: HTTP status codes.
+MAX_HTTP_STATUS = 599
+
+
+def is_finite(value: object) -> bool:
+    """True for an int, or a float that is neither NaN nor infinite (bools are not numbers here)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, float) and math.isfinite(value)
+
+
+def check_number(value: object, lo: float, hi: float) -> str | None:
+    """None when ``value`` is a finite number in [lo, hi]; else the 'expected ...' text for an error line."""
+    if not is_finite(value):
+        return f"expected a finite number in [{lo:g}, {hi:g}]"
+    assert isinstance(value, (int, float))
+    if not lo <= value <= hi:
+        return f"expected a number in [{lo:g}, {hi:g}]"
+    return None
