@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from simserver import start_sim_server
+from loadgen.targets import launch_sim_server as start_sim_server
 
 from loadgen.driver import RunOptions
 from loadgen.driver.target import VERSION_MAX_BYTES, safe_version

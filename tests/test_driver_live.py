@@ -4,7 +4,6 @@ timestamps vs the server's step timing, multi-turn/prefix prompts, metrics scrap
 from __future__ import annotations
 
 import collections
-import json
 import os
 import threading
 import time

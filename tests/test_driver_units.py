@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
 import time
 
 import anyio
@@ -12,7 +11,6 @@ import httpx
 import pyarrow as pa
 import pytest
 
-from loadgen.driver import error_kinds
 from loadgen.driver.error_kinds import (
     Phase,
     StreamTruncated,

@@ -1,6 +1,6 @@
 """The live simulated server over real HTTP: protocol, errors, queueing physics, faults, managed API.
 
-Every test starts ``python -m loadgen sim serve`` as a subprocess on loopback (tests/simserver.py).
+Every test starts ``python -m loadgen sim serve`` as a subprocess on loopback (loadgen.targets.launch_sim_server).
 """
 
 from __future__ import annotations

@@ -256,8 +256,8 @@ class _Run:
         self.ids, c = _load_requests(run_dir)
         self.c = c
         self.n = len(c["status"])
-        recorded = manifest.get("requests_recorded")
-        if isinstance(recorded, int) and not isinstance(recorded, bool) and self.n < recorded:
+        recorded = manifest.requests_recorded
+        if recorded is not None and self.n < recorded:
             if self.n == 0:  # nothing left to analyse: never report "0 scheduled" for a run that recorded some
                 raise RunDirError(f"{run_dir / REQUESTS_FILE}: 0 rows: expected {recorded} (manifest.json "
                                   f"requests_recorded): the file was truncated or replaced")
