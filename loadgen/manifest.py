@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import RunDirError
+from .jsonfile import read_json_object
 from .records import MANIFEST_FILE, SCHEMA_VERSION
 
 __all__ = [
@@ -274,11 +275,7 @@ def read_manifest(run_dir: str | Path) -> Manifest:
     path = Path(run_dir) / MANIFEST_FILE
     if not path.is_file():
         raise RunDirError(f"{run_dir}: no {MANIFEST_FILE}: expected a loadgen run directory")
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise RunDirError(f"{path}: cannot read: {exc.strerror}") from None
-    return manifest_from_json(raw, str(path))
+    return _validate(read_json_object(path, "a manifest object", RunDirError), str(path))
 
 
 def _finite(value: Any) -> Any:

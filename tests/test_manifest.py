@@ -84,8 +84,8 @@ def test_non_finite_numbers_are_written_as_null(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
-        (b"[1, 2]", "a JSON list: expected a manifest object"),
-        (b"\xff\xfe not utf-8", "invalid JSON"),
+        (b"[1, 2]", "top level is a JSON array: expected a manifest object"),
+        (b"\xff\xfe not utf-8", "not UTF-8"),
         (b'{"status_counts": [1]}', "field status_counts"),
         (b"{", "invalid JSON at line 1"),
     ],
