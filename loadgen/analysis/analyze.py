@@ -18,17 +18,32 @@ import pyarrow.parquet as pq
 
 from ..errors import RunDirError
 from ..manifest import Manifest, read_manifest
+from ..records import (
+    CHUNKS_FILE,
+    REQUESTS_FILE,
+    REQUESTS_SCHEMA,
+    SERVER_METRICS_FILE,
+    SERVER_METRICS_SCHEMA,
+    STATUSES,
+)
 from ..scenario import Scenario, scenario_from_manifest
-from ..records import CHUNKS_FILE, REQUESTS_FILE, REQUESTS_SCHEMA, SERVER_METRICS_FILE, SERVER_METRICS_SCHEMA, STATUSES
 from . import metrics as M
-from .budgets import BUDGET_METRICS, FAILURE_POLICY, Check, budget_checks, request_limit
+from .budgets import (
+    BUDGET_METRICS,
+    FAILURE_POLICY,
+    Check,
+    budget_checks,
+    error_share_check,
+    request_limit,
+)
 from .chunks import ChunkGaps, read_chunk_gaps
+from .confidence import ESTIMATOR_RULE, INTERVAL_RULE, SHARE_RULE, wilson_interval
 from .model import METRICS, Analysis, GroupSummary
 from .percentiles import PERCENTILE_RULE, SortedParts, summarize_parts, summarize_sorted
 from .server import summarize_server_metrics
 from .stability import assess_stability, in_system_at
 
-__all__ = ["analyze_run", "parse_window", "DEFINITIONS"]
+__all__ = ["DEFINITIONS", "analyze_run", "parse_window"]
 
 _REQ_COLUMNS = [
     "request_id", "request_class", "warm", "scheduled_ns", "slot_acquired_ns", "sent_ns", "first_token_ns",
@@ -56,6 +71,8 @@ DEFINITIONS = {
     "window": ("default: first scheduled instant to one mean inter-arrival gap after the last, so N arrivals at a "
                "constant gap g give offered load 1/g; requests belong to the window by scheduled instant"),
     "percentiles": PERCENTILE_RULE + "; p99 from fewer than 100 samples is flagged",
+    "confidence": (INTERVAL_RULE + "; attainment and error share: " + SHARE_RULE + "; a budget verdict is pass (interval "
+                   "at or below the limit), fail (above it) or inconclusive (straddles it); " + ESTIMATOR_RULE),
     "budgets": FAILURE_POLICY,
     "goodput_rps": "ok requests meeting every hard budget (see budgets) / window length; attainment = good / counted",
 }
@@ -185,7 +202,7 @@ class _GapSink:
     """Per class: per-token gaps of counted requests (ok + abandoned) and of failed ones, raw
     inter-chunk gaps (ns); per request: gaps and gaps above the class's hard ITL limit (goodput)."""
 
-    def __init__(self, run: "_Run") -> None:
+    def __init__(self, run: _Run) -> None:
         self.run = run
         n_cls = len(run.class_names)
         self.req_code = (run.cls.astype(np.int32) * 4 + run.scope * 2 + (run.ok | run.abandoned)).astype(np.int32)
@@ -416,16 +433,19 @@ def _budgets_and_goodput(run: _Run, groups: dict[str, GroupSummary], overall: Gr
             g.n_eligible = int(sel.sum())
             g.goodput_rps = M.goodput_rps(g.n_good, run.window_s)
             g.attainment = M.attainment(g.n_good, g.n_eligible)
+            g.attainment_ci = _share_ci(g.n_good, g.n_eligible)
     sel = eligible & np.isin(run.cls, [i for i, c in enumerate(run.class_names) if c in scenario.classes])
     overall.n_good = int((good & sel).sum())
     overall.n_eligible = int(sel.sum())
     overall.goodput_rps = M.goodput_rps(overall.n_good, run.window_s)
     overall.attainment = M.attainment(overall.n_good, overall.n_eligible)
+    overall.attainment_ci = _share_ci(overall.n_good, overall.n_eligible)
     # percentile checks
     for cname, cls in scenario.classes.items():
         ci = run.class_names.index(cname) if cname in run.class_names else -1
         sel = run.scope & (run.cls == ci) if ci >= 0 else np.zeros(n, dtype=bool)
         n_fail = int((sel & run.failed).sum())
+        n_requests = int(sel.sum())
         for metric in BUDGET_METRICS:
             budget = getattr(cls.budgets, metric)
             if budget is None or not budget.limits():
@@ -440,8 +460,13 @@ def _budgets_and_goodput(run: _Run, groups: dict[str, GroupSummary], overall: Gr
                 sample = np.concatenate([vals, np.full(n_fail, np.inf)])
                 sample.sort()
                 n_inf = n_fail
-            checks.extend(budget_checks(cname, metric, budget, sample, n_inf))
+            checks.extend(budget_checks(cname, metric, budget, sample, n_inf, n_requests))
     return checks
+
+
+def _share_ci(k: int, n: int) -> list[float] | None:
+    ci = wilson_interval(k, n)
+    return list(ci) if ci is not None else None
 
 
 def _timeseries(run: _Run, plot: dict[str, Any]) -> dict[str, Any]:
@@ -532,6 +557,16 @@ def _warm_cold(run: _Run) -> dict[str, Any]:
     return out
 
 
+def _verdict(checks: list[Check]) -> str:
+    """fail: a hard check failed conclusively; inconclusive: none failed but one straddles its limit; else pass."""
+    hard = [c for c in checks if c.hard and c.evaluated]
+    if any(c.outcome == "fail" for c in hard):
+        return "fail"
+    if any(c.outcome == "inconclusive" for c in hard):
+        return "inconclusive"
+    return "pass"
+
+
 def analyze_run(run_dir: Path | str, *, scenario: Scenario | None = None, window: Any = None,
                 include_cold: bool = False) -> Analysis:
     """Analyse a run directory. ``scenario`` (a ``loadgen.scenario.Scenario``) supplies budgets; by
@@ -562,15 +597,12 @@ def analyze_run(run_dir: Path | str, *, scenario: Scenario | None = None, window
     if scenario is not None:
         checks = _budgets_and_goodput(run, groups, overall)
         n_win = int(run.in_window.sum())
-        checks.append(Check("overall", "error_share", None, share, limit, n_win, True, not errored,
-                            f"error share {share if share is not None else 0:.2%} "
-                            f"{'>' if errored else '<='} {limit:.2%} ({failed_in} of {n_win} failed)",
-                            evaluated=share is not None))
+        checks.append(error_share_check(failed_in, n_win, limit))
         if n_win == 0:
             verdict = "no data"
             run.notes.append("no requests scheduled in the window: nothing to judge")
         else:
-            verdict = "fail" if any(c.hard and c.evaluated and not c.passed for c in checks) else "pass"
+            verdict = _verdict(checks)
     else:
         verdict = "no budgets"
         run.notes.append("no scenario: numbers only, no budget verdicts")
@@ -602,6 +634,7 @@ def analyze_run(run_dir: Path | str, *, scenario: Scenario | None = None, window
     return Analysis(
         run_dir=run_dir, run=_run_info(run), window=window_info, classes=groups, overall=overall, checks=checks,
         verdict=verdict, errored=errored, error_share=share, error_rate_limit=limit,
+        error_share_ci=_share_ci(failed_in, int(run.in_window.sum())),
         rates_meaningful=rates_meaningful, stability=stability, warm_cold=_warm_cold(run), server=server,
         timeseries=timeseries, definitions=dict(DEFINITIONS), notes=run.notes, plot_data=plot,
     )
