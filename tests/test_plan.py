@@ -268,3 +268,36 @@ def test_missing_records_are_measurement_corruption(tmp_path: Path) -> None:
     judged = judge_run(analyze_run(run_dir, scenario=scenario), load_run(run_dir), StopLimits())
     kinds = {s.kind: s.detail for s in judged.stops}
     assert "records missing" in kinds["measurement_corruption"]
+
+
+# ---- confidence: an inconclusive cell is extended until conclusive or its budget is spent -----------
+
+def _one_cell(tmp_path: Path, extra: str = "") -> dict:
+    top = ceiling_rps(16, 10**6, 50, 10.0)
+    plan, engine = write_setup(tmp_path, rates=[top * 0.3], concurrency=[64], duration_s=10, repeats=1, extra=extra)
+    result = run_plan(load_plan(plan), WorksheetTarget(engine), tmp_path / "out")
+    return result.region["classes"]["short-message"]["warm"]["cells"][0]
+
+
+def test_an_inconclusive_cell_is_extended_until_conclusive(tmp_path: Path) -> None:
+    cell = _one_cell(tmp_path)  # 10 s at 9.6 rps: ~96 requests, too few for a p99 (299) or a 1% error share (381)
+    record = json.loads((tmp_path / "out" / "cells" / cell["cell_id"] / "rep1" / RESULT_FILE).read_text())
+    assert cell["status"] == "inside" and cell["extensions"] >= 1 and not record["inconclusive"]
+    assert len(record["extensions"]) == 1 and record["extensions"][0]["inconclusive"] == 0
+    assert record["base_run_dir"].endswith("rep1") and record["run_dir"].endswith("-ext1")
+    assert record["requests_sent"] > 381 + 90  # the first run's requests and the longer run's both count
+    base = json.loads((tmp_path / "out" / record["base_run_dir"] / "analysis.json").read_text())
+    assert base["verdict"]["status"] == "inconclusive"  # what made it extend
+    final = json.loads((tmp_path / "out" / record["run_dir"] / "analysis.json").read_text())
+    assert final["verdict"]["status"] == "pass" and final["overall"]["n_scheduled"] >= 381
+
+
+def test_an_inconclusive_cell_stops_when_its_budget_is_spent(tmp_path: Path) -> None:
+    cell = _one_cell(tmp_path, "[confidence]\nmax_requests = 150\n")
+    assert cell["status"] == "inconclusive" and cell["passes"] == 0
+    assert "inconclusive after" in cell["limiting"] and "cell budget spent" in cell["limiting"]
+    assert "more requests" in cell["limiting"]
+    assert "?" in (tmp_path / "out" / "region.md").read_text()
+    (tmp_path / "off").mkdir()
+    off = _one_cell(tmp_path / "off", "[confidence]\nextend = false\n")
+    assert off["status"] == "inconclusive" and off["extensions"] == 0 and "extension off" in off["limiting"]

@@ -128,3 +128,17 @@ def test_fewer_repeats_confirm_with_fewer_runs(repeats: int) -> None:
     walk.walk()
     assert sum(1 for a in run.asked if a[1] == 1) == repeats
     assert sum(1 for a in run.asked if a[1] == 2) == repeats  # the budget-only failure is repeated when repeats > 1
+
+
+def test_extension_size_follows_the_estimate() -> None:
+    from loadgen.plan.walk import extension_factor, needs_extension
+
+    unsure = {"failed": [], "stops": [], "inconclusive": [
+        {"class": "chat", "more_requests": 249}, {"class": "overall", "more_requests": 40}],
+        "figures": {"n_scheduled": 60, "classes": {"chat": {"n_scheduled": 50}}}}
+    assert needs_extension(unsure) and extension_factor(unsure) == pytest.approx(1.25 * (50 + 249) / 50)
+    assert extension_factor({**unsure, "inconclusive": [{"class": "chat", "more_requests": 5}]}) == 2.0  # at least 2×
+    assert extension_factor({**unsure, "inconclusive": [{"class": "chat", "more_requests": None}]}) == 2.5
+    assert not needs_extension({**unsure, "failed": [{"reason": "x"}]})  # a conclusive failure needs no more data
+    assert not needs_extension({**unsure, "inconclusive": []})
+    assert not RunRecord({"failed": [], "stops": [], "inconclusive": [{"reason": "straddles"}]}).passed

@@ -4,10 +4,10 @@
 distribution, only that the n samples are independent draws from it). If ``B`` counts the samples
 below the true quantile ``ξ_q``, then ``B ~ Binomial(n, q)``, and for 0-based ranks ``l < u`` of the
 sorted sample ``P(x[l] ≤ ξ_q ≤ x[u]) ≥ F(u) − F(l)``, F the binomial CDF. Of the rank pairs whose
-exact coverage is at least 95%, loadgen takes the one with the least coverage (the binomial is
-discrete, so a pair rarely hits 95% exactly; equal tails would cover up to 98%), preferring balanced
-tails among near-ties: coverage stays between 95% and about 96.5% whenever both ends are bounded,
-and each one-sided error is at most 5%. Where no sample can bound an end it is unbounded (−inf /
+exact coverage is at least 95% and that bound both ends when any can, loadgen takes the one with the
+least coverage (the binomial is discrete, so a pair rarely hits 95% exactly; equal tails would cover
+up to 98%), preferring balanced tails among near-ties: coverage stays between 95% and about 97%
+whenever both ends are bounded, and each one-sided error is at most 5%. Where no sample can bound an end it is unbounded (−inf /
 +inf): a p99 needs at least 299 samples before its upper bound exists (0.99^n ≤ 5%), so a p99
 from fewer samples can fail conclusively but never pass. The binomial CDF is summed exactly (in
 log space) over the mean ± 12 standard deviations.
@@ -58,9 +58,9 @@ __all__ = [
 CONFIDENCE_LEVEL = 0.95
 #: Beyond this total sample size the estimator gives up (None: "not reachable").
 MAX_SAMPLES = 10**9
-INTERVAL_RULE = ("95% distribution-free interval from order statistics: [x(l), x(u)], the rank pair with the least "
-                 "exact binomial(n, q) coverage at or above 95% (balanced tails among near-ties); unbounded (-inf/inf) "
-                 "where n is too small (a p99 needs n >= 299 for an upper bound)")
+INTERVAL_RULE = ("95% distribution-free interval from order statistics: [x(l), x(u)], the rank pair bounding both ends "
+                 "(when n allows) with the least exact binomial(n, q) coverage at or above 95% (balanced tails among "
+                 "near-ties); unbounded (-inf/inf) where n is too small (a p99 needs n >= 299 for an upper bound)")
 SHARE_RULE = "95% Wilson score interval"
 ESTIMATOR_RULE = ("more requests needed: plug-in estimate; the observed share of samples within the limit is taken "
                   "as the truth and the smallest total n whose 95% interval excludes the limit is found")
@@ -102,10 +102,10 @@ _BALANCE_SLACK = 0.005
 def quantile_ci_ranks(n: int, q: float, level: float = CONFIDENCE_LEVEL) -> tuple[int | None, int | None]:
     """0-based ranks ``(l, u)`` of the interval for quantile ``q`` from ``n`` sorted samples; None = unbounded.
 
-    Of every pair with exact coverage ``F(u) − F(l) ≥ level`` (``F(−1) = 0``; ``u = n`` is the
-    unbounded upper end, ``F(n) = 1``), the one with the least coverage; among those within half a
-    point of it, the one whose two tail probabilities ``F(l)`` and ``1 − F(u)`` are closest (then the
-    least coverage, then the lower pair).
+    Of every pair with exact coverage ``F(u) − F(l) ≥ level`` (``l = −1`` / ``u = n`` are the
+    unbounded ends, ``F(−1) = 0``, ``F(n) = 1``), those with the fewest unbounded ends; of them the
+    one with the least coverage; among those within half a point of it, the one whose two tail
+    probabilities ``F(l)`` and ``1 − F(u)`` are closest (then the least coverage, then the lower pair).
     """
     if n <= 0:
         return None, None
@@ -124,6 +124,8 @@ def quantile_ci_ranks(n: int, q: float, level: float = CONFIDENCE_LEVEL) -> tupl
     up_idx = np.searchsorted(cdf, f_low + level, side="left").clip(max=len(cdf) - 1)
     coverage = cdf[up_idx] - f_low
     up_rank = lo + up_idx
+    unbounded = (low_rank < 0).astype(int) + (up_rank > n - 1).astype(int)
+    coverage = np.where(unbounded == unbounded.min(), coverage, np.inf)  # bound both ends whenever some pair can
     near = coverage <= coverage.min() + _BALANCE_SLACK
     balance = np.where(near, np.abs(f_low - (1.0 - cdf[up_idx])), np.inf)
     # exact ties (q = 0.5 is symmetric) go to the lower pair; rounding keeps float noise from deciding them

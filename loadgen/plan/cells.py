@@ -55,8 +55,9 @@ def mean_rate_rps(settings: TraceSettings) -> float | None:
     return None
 
 
-def cell_trace_settings(spec: PlanSpec, scenario: Scenario, coord: CellCoord) -> TraceSettings:
-    """The plan trace's settings for one cell (scaled rates, class focus, duration, max in flight)."""
+def cell_trace_settings(spec: PlanSpec, scenario: Scenario, coord: CellCoord, duration_scale: float = 1.0) -> TraceSettings:
+    """The plan trace's settings for one cell (scaled rates, class focus, duration, max in flight);
+    ``duration_scale`` lengthens the cell's duration (an extended run: more requests at the same rate)."""
     if spec.trace not in scenario.traces:
         raise PlanError(
             f"{spec.source_path or spec.name}: trace = {spec.trace!r}: not a trace of scenario "
@@ -79,6 +80,8 @@ def cell_trace_settings(spec: PlanSpec, scenario: Scenario, coord: CellCoord) ->
             update[name] = value * scale
     if spec.duration_s is not None:
         update["duration_s"] = spec.duration_s
+    if duration_scale != 1.0:
+        update["duration_s"] = float(update.get("duration_s", base.duration_s)) * duration_scale
     if coord.request_class != MIXED:
         if coord.request_class not in scenario.classes:
             raise PlanError(
@@ -91,8 +94,9 @@ def cell_trace_settings(spec: PlanSpec, scenario: Scenario, coord: CellCoord) ->
     return base.model_copy(update=update)
 
 
-def build_cell_trace(spec: PlanSpec, scenario: Scenario, coord: CellCoord, path: Path) -> tuple[Path, dict[str, Any]]:
-    """Generate (or reuse) the cell's trace file; returns its path and metadata."""
+def build_cell_trace(spec: PlanSpec, scenario: Scenario, coord: CellCoord, path: Path,
+                     duration_scale: float = 1.0) -> tuple[Path, dict[str, Any]]:
+    """Generate (or reuse) the cell's trace file (``duration_scale`` × its duration); returns its path and metadata."""
     from ..trace.generate import generate_trace
     from ..trace.io import read_trace
 
@@ -100,10 +104,11 @@ def build_cell_trace(spec: PlanSpec, scenario: Scenario, coord: CellCoord, path:
     if path.is_file():
         _, meta = read_trace(path)
         return path, meta
-    settings = cell_trace_settings(spec, scenario, coord)
+    settings = cell_trace_settings(spec, scenario, coord, duration_scale)
     cell_scenario = scenario.model_copy(update={"traces": {**scenario.traces, spec.trace: settings}})
     table, meta = generate_trace(cell_scenario, spec.trace, spec.seed)
-    meta = {**meta, "plan_cell": coord.to_dict(), "offered_rate_rps": mean_rate_rps(settings)}
+    meta = {**meta, "plan_cell": coord.to_dict(), "offered_rate_rps": mean_rate_rps(settings),
+            "duration_scale": duration_scale}
     _write_atomic(table, path, meta)
     return path, meta
 

@@ -159,7 +159,7 @@ class _Planner:
             analysis = analyze_run(out, scenario=self.scenario)
             judged = judge_run(analysis, load_run(out), spec.stops)
             shutil.rmtree(out)
-            if not judged.passed:
+            if judged.conclusive_failure:  # inconclusive (a short cell) still predicts a pass
                 break
             best = i
         return best

@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ..errors import ScenarioError
 from ..scenario import CLASS_NAMES, format_validation_error
 
-__all__ = ["PlanSpec", "StartSpec", "StopLimits", "PlanBudget", "WarmupSpec", "load_plan", "parse_plan", "MIXED"]
+__all__ = ["PlanSpec", "StartSpec", "StopLimits", "PlanBudget", "WarmupSpec", "ConfidenceSpec", "load_plan", "parse_plan",
+           "MIXED"]
 
 #: The class coordinate of a cell that keeps the scenario's own class shares.
 MIXED = "mixed"
@@ -66,6 +67,15 @@ class WarmupSpec(_Model):
     rate_rps: float = Field(default=8.0, gt=0)
 
 
+class ConfidenceSpec(_Model):
+    """Inconclusive runs (a 95% interval straddles a hard limit) are extended: rerun longer at the cell's rate,
+    with the estimated number of requests, until conclusive or the cell's request budget is spent."""
+
+    extend: bool = True
+    max_requests: int = Field(default=4000, ge=1)  # the most requests one (extended) run of a cell may schedule
+    max_extensions: int = Field(default=3, ge=0)  # extension runs per cell repeat
+
+
 class PlanSpec(_Model):
     name: str = Field(min_length=1)
     description: str = ""
@@ -83,6 +93,7 @@ class PlanSpec(_Model):
     stops: StopLimits = StopLimits()
     budget: PlanBudget = PlanBudget()
     warmup: WarmupSpec = WarmupSpec()
+    confidence: ConfidenceSpec = ConfidenceSpec()
     # set by load_plan, not by the file
     source_path: str | None = Field(default=None, exclude=True)
     sha256: str | None = Field(default=None, exclude=True)

@@ -32,6 +32,8 @@ __all__ = [
     "RunRecord",
     "Walk",
     "budget_refusal",
+    "extension_factor",
+    "needs_extension",
     "predicted_start",
     "run_deadline",
     "run_limit_reached",
@@ -55,7 +57,13 @@ class RunRecord:
 
     @property
     def passed(self) -> bool:
-        return not self.data["failed"] and not self.data["stops"]
+        """Every hard budget passed conclusively (95% intervals within the limits) and no stop fired."""
+        return not self.data["failed"] and not self.data["stops"] and not self.inconclusive
+
+    @property
+    def inconclusive(self) -> list[dict[str, Any]]:
+        """Hard checks still straddling their limit after any extension (the cell is not inside)."""
+        return self.data.get("inconclusive") or []
 
     @property
     def stops(self) -> list[dict[str, Any]]:
@@ -113,6 +121,26 @@ def start_index(start: dict[str, Any], cls: str, conc: int) -> int:
 def predicted_start(predicted_last_pass: int, steps_below: int) -> int:
     """Start ``steps_below`` steps below the highest step predicted to pass (-1: none passes → the lowest)."""
     return max(0, predicted_last_pass - steps_below) if predicted_last_pass >= 0 else 0
+
+
+def needs_extension(record: dict[str, Any]) -> bool:
+    """An inconclusive run: some hard check straddles its limit, none failed, no stop fired, not skipped."""
+    return bool(record.get("inconclusive")) and not record.get("failed") and not record.get("stops") \
+        and not record.get("skipped")
+
+
+def extension_factor(record: dict[str, Any], margin: float = 1.25) -> float:
+    """How much longer to run an inconclusive cell: for each inconclusive check, (requests of its class +
+    the more requests it needs) / requests of its class; the largest, times ``margin``, at least 2."""
+    figures = record.get("figures") or {}
+    ratios = []
+    for check in record.get("inconclusive") or []:
+        name = check.get("class")
+        have = (figures.get("n_scheduled") if name == "overall"
+                else ((figures.get("classes") or {}).get(name) or {}).get("n_scheduled"))
+        more = check.get("more_requests")
+        ratios.append((have + more) / have if have and more is not None else 2.0)
+    return max(2.0, margin * max(ratios, default=2.0))
 
 
 def run_limit_reached(new_runs: int, max_new_runs: int | None) -> bool:
