@@ -301,3 +301,42 @@ def test_an_inconclusive_cell_stops_when_its_budget_is_spent(tmp_path: Path) -> 
     (tmp_path / "off").mkdir()
     off = _one_cell(tmp_path / "off", "[confidence]\nextend = false\n")
     assert off["status"] == "inconclusive" and off["extensions"] == 0 and "extension off" in off["limiting"]
+
+
+# ---- boundary search: bisection finds the grid's boundary with far fewer cells ----------------------
+
+def _search_plan(tmp: Path, mode: str) -> Path:
+    plan, engine = write_setup(tmp, rates=[4, 64], concurrency=[64], duration_s=30, repeats=2,
+                               extra=f'[start]\nmode = "lowest"\n[search]\nmode = "{mode}"\nprecision = 0.05\n')
+    return plan
+
+
+def test_bisection_finds_the_grid_boundary_with_at_least_half_fewer_cells(tmp_path: Path) -> None:
+    (tmp_path / "grid").mkdir()
+    (tmp_path / "bisect").mkdir()
+    engine = tmp_path / "grid" / "engine.toml"
+    grid = run_plan(load_plan(_search_plan(tmp_path / "grid", "grid")), WorksheetTarget(engine), tmp_path / "grid" / "out")
+    plan = _search_plan(tmp_path / "bisect", "bisect")
+    spec = load_plan(plan)
+    assert len(spec.rate_steps) == 58 and spec.rate_steps[0] == 4 and spec.rate_steps[-1] == 64  # 5% apart
+    bisect = run_plan(spec, WorksheetTarget(engine), tmp_path / "bisect" / "out")
+    g_row = grid.region["classes"]["short-message"]["warm"]["boundary"][0]
+    b_row = bisect.region["classes"]["short-message"]["warm"]["boundary"][0]
+    ceiling = ceiling_rps(16, 64, 50, 10.0)  # 32 rps
+    assert 0.6 * ceiling < spec.rate_steps[g_row["max_inside_rate_index"]] < 1.25 * ceiling  # near the ceiling (30 s cells)
+    assert abs(b_row["max_inside_rate_index"] - g_row["max_inside_rate_index"]) <= 1
+    assert b_row["first_outside_rate_index"] == b_row["max_inside_rate_index"] + 1  # known to one step (5%)
+    assert bisect.region["cells_used"] * 2 <= grid.region["cells_used"], (bisect.region["cells_used"],
+                                                                         grid.region["cells_used"])
+    # the plan says which cells it used and why each was chosen
+    whys = [p["why"] for p in bisect.state["probes"]]
+    assert whys[0].startswith("start") and any(w.startswith("bracket") for w in whys)
+    assert any(w.startswith("bisect") for w in whys) and any(w.startswith("boundary") for w in whys)
+    text = (tmp_path / "bisect" / "out" / "region.md").read_text()
+    assert "## Cells used, and why" in text and f"{bisect.region['cells_used']} cells" in text
+    # resumable: paused after three runs and resumed, it ends with the same cells and boundary
+    part = run_plan(spec, WorksheetTarget(engine), tmp_path / "part", max_new_runs=3)
+    assert part.state["status"] == "incomplete"
+    resumed = run_plan(spec, WorksheetTarget(engine), tmp_path / "part")
+    assert _statuses(resumed.region) == _statuses(bisect.region)
+    assert [p["cell_id"] for p in resumed.state["probes"]] == [p["cell_id"] for p in bisect.state["probes"]]

@@ -183,7 +183,7 @@ def build_region(plan_dir: Path, state: dict[str, Any]) -> dict[str, Any]:
     """Assemble the region from ``plan.json`` state and every ``cell_result.json`` on disk."""
     plan_dir = Path(plan_dir)
     plan = state["plan"]
-    steps = plan.get("rate_scales") or plan.get("rates_rps") or []
+    steps = state.get("rate_steps") or plan.get("rate_scales") or plan.get("rates_rps") or []
     rate_kind = "scale" if plan.get("rate_scales") else "rps"
     rec = _Recorded(
         results=_results_by_cell(plan_dir),
@@ -209,6 +209,10 @@ def build_region(plan_dir: Path, state: dict[str, Any]) -> dict[str, Any]:
         "budget": state.get("budget"),
         "start": state.get("start"),
         "ledger": state.get("ledger"),
+        "search": plan.get("search") or {"mode": "grid", "dimension": "rate", "precision": None},
+        "cells_used": len(rec.results),
+        "runs_used": sum(len(v) for v in rec.results.values()),
+        "probes": state.get("probes") or [],
         "classes": classes,
         "rule": "a cell is inside only if every run of it satisfied every hard budget conclusively (95% interval within "
                 "the limit) and no stop condition fired; an inconclusive run was extended (more requests) until conclusive "
@@ -225,6 +229,41 @@ def _fmt(value: Any, digits: int = 2) -> str:
     if isinstance(value, float):
         return f"{value:.{digits}f}"
     return str(value)
+
+
+def _grid_table(region: dict[str, Any], data: dict[str, Any], steps: list[float], unit: str) -> list[str]:
+    """The pass/fail grid (concurrency × rate step); a searched ladder shows only the rate steps some cell used."""
+    shown = list(range(len(steps)))
+    if (region.get("search") or {}).get("mode") == "bisect":
+        shown = sorted({c["rate_index"] for c in data["cells"] if c["repeats"]}) or shown
+    out = ["| concurrency | " + " | ".join(f"{steps[i]:g}{unit}" for i in shown) + " |", "|" + "---|" * (len(shown) + 1)]
+    for conc in region["concurrency"]:
+        row = {c["rate_index"]: c for c in data["cells"] if c["concurrency"] == conc}
+        marks = []
+        for i in shown:
+            c = row[i]
+            mark = _MARK[c["status"]]
+            if c["repeats"] and c["status"] != NOT_ACHIEVABLE:
+                mark += f" {c['passes']}/{c['repeats']}"
+            marks.append(mark)
+        out.append(f"| {conc} | " + " | ".join(marks) + " |")
+    return out
+
+
+def _search_section(region: dict[str, Any]) -> list[str]:
+    """How the boundary was searched, how many cells and runs it used, and every run in order with why."""
+    search = region.get("search") or {}
+    out = ["## Cells used, and why", "",
+           (f"Search: {search.get('mode', 'grid')} along {search.get('dimension', 'rate')}"
+            + (f", precision {search['precision']:g} (rate ladder of {len(region['rate_steps'])} steps)"
+               if search.get("precision") else "")
+            + f"; {region.get('cells_used', 0)} cells, {region.get('runs_used', 0)} runs."), ""]
+    probes = region.get("probes") or []
+    if probes:
+        out += ["| # | cell | repeat | result | why |", "|---|---|---|---|---|"]
+        out += [f"| {k} | {p['cell_id']} | {p['repeat']} | {p.get('result', '–')} | {p['why']} |"
+                for k, p in enumerate(probes, 1)]
+    return out + [""]
 
 
 def format_region(region: dict[str, Any]) -> str:
@@ -247,17 +286,7 @@ def format_region(region: dict[str, Any]) -> str:
     for cls, per_state in region["classes"].items():
         for st, data in per_state.items():
             out += [f"## {cls} / {st}", ""]
-            header = "| concurrency | " + " | ".join(f"{s:g}{unit}" for s in steps) + " |"
-            out += [header, "|" + "---|" * (len(steps) + 1)]
-            for conc in region["concurrency"]:
-                row = [c for c in data["cells"] if c["concurrency"] == conc]
-                marks = []
-                for c in row:
-                    mark = _MARK[c["status"]]
-                    if c["repeats"] and c["status"] != NOT_ACHIEVABLE:
-                        mark += f" {c['passes']}/{c['repeats']}"
-                    marks.append(mark)
-                out.append(f"| {conc} | " + " | ".join(marks) + " |")
+            out += _grid_table(region, data, steps, unit)
             out += ["", "| concurrency | max inside step | offered rps | completed rps | output tok/s | limiting constraint |",
                     "|---|---|---|---|---|---|"]
             for b in data["boundary"]:
@@ -276,7 +305,7 @@ def format_region(region: dict[str, Any]) -> str:
             if skipped:
                 out += ["", f"Not achievable ({len(skipped)} cells): {skipped[0]['skip_reason']}"]
             out.append("")
-    return "\n".join(out)
+    return "\n".join(out + _search_section(region))
 
 
 def plot_region(region: dict[str, Any], cls: str, path: Path) -> Path:
