@@ -139,9 +139,11 @@ class RequestClass(_Model):
 class TraceSettings(_Model):
     """One named arrival setting; ``process`` picks which fields apply."""
 
-    process: Literal["poisson", "gamma", "onoff", "closed"]
+    process: Literal["poisson", "gamma", "onoff", "constant", "ramp", "closed"]
     duration_s: float = Field(gt=0, le=7 * 86400)
-    rate_rps: float | None = Field(default=None, gt=0)  # poisson, gamma
+    rate_rps: float | None = Field(default=None, gt=0)  # poisson, gamma, constant (evenly spaced)
+    start_rate_rps: float | None = Field(default=None, ge=0)  # ramp: the rate at 0 s ...
+    end_rate_rps: float | None = Field(default=None, ge=0)  # ... rising (or falling) linearly to this at duration_s
     cv: float | None = Field(default=None, gt=0)  # gamma burstiness (coefficient of variation of gaps)
     quiet_rate_rps: float | None = Field(default=None, ge=0)  # onoff
     burst_rate_rps: float | None = Field(default=None, gt=0)  # onoff
@@ -159,11 +161,15 @@ class TraceSettings(_Model):
             "poisson": ("rate_rps",),
             "gamma": ("rate_rps", "cv"),
             "onoff": ("quiet_rate_rps", "burst_rate_rps", "burst_s", "gap_s"),
+            "constant": ("rate_rps",),
+            "ramp": ("start_rate_rps", "end_rate_rps"),
             "closed": ("concurrency", "requests"),
         }[self.process]
         for name in need:
             if getattr(self, name) is None:
                 raise ValueError(f"process {self.process!r} needs {name}")
+        if self.process == "ramp" and not (self.start_rate_rps or self.end_rate_rps):
+            raise ValueError("process 'ramp' needs start_rate_rps or end_rate_rps above 0")
         return self
 
 

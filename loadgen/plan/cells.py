@@ -46,8 +46,10 @@ class CellCoord:
 
 def mean_rate_rps(settings: TraceSettings) -> float | None:
     """Mean offered arrival rate (requests + sessions per second) of an open-loop trace setting."""
-    if settings.process in ("poisson", "gamma"):
+    if settings.process in ("poisson", "gamma", "constant"):
         return float(settings.rate_rps or 0.0)
+    if settings.process == "ramp":
+        return (float(settings.start_rate_rps or 0.0) + float(settings.end_rate_rps or 0.0)) / 2.0
     if settings.process == "onoff":
         gap, burst = float(settings.gap_s or 0), float(settings.burst_s or 0)
         quiet, high = float(settings.quiet_rate_rps or 0), float(settings.burst_rate_rps or 0)
@@ -74,7 +76,7 @@ def cell_trace_settings(spec: PlanSpec, scenario: Scenario, coord: CellCoord, du
             raise PlanError(f"{spec.source_path or spec.name}: trace {spec.trace!r} has a zero mean rate: rates_rps cannot scale it")
         scale = coord.rate_step / mean
     update: dict[str, Any] = {"max_in_flight": coord.concurrency}
-    for name in ("rate_rps", "quiet_rate_rps", "burst_rate_rps"):
+    for name in ("rate_rps", "quiet_rate_rps", "burst_rate_rps", "start_rate_rps", "end_rate_rps"):
         value = getattr(base, name)
         if value is not None:
             update[name] = value * scale

@@ -1,7 +1,11 @@
 """Deterministic synthetic traces: a pure function of (scenario, trace name, seed).
 
-Arrivals come from the named trace's process (Poisson, gamma with a CV, on/off bursts, or closed
-loop); each arrival gets a class by share (burst shares inside bursts), token lengths from the class
+Arrivals come from the named trace's process (Poisson, gamma with a CV, on/off bursts, a constant
+rate, a linear ramp, or closed loop). ``constant`` spaces arrivals exactly 1/rate apart from 0 s (no
+randomness). ``ramp`` is a Poisson process whose rate rises (or falls) linearly from
+``start_rate_rps`` at 0 s to ``end_rate_rps`` at ``duration_s``: unit-rate Poisson points of the
+seeded stream are mapped through the inverse of the cumulative rate Λ(t) = r0·t + (r1 − r0)·t²/(2T),
+so the same seed gives the same arrivals; each arrival gets a class by share (burst shares inside bursts), token lengths from the class
 distributions, an optional shared-prefix group (its tokens are prepended to the sampled input), an
 optional cancel-after-tokens, and long-thread arrivals expand into conversations whose turns carry
 the growing context (prompt of turn k = all earlier turns' input and output + turn k's input).
@@ -25,7 +29,7 @@ from ..records import TRACE_SCHEMA
 from ..scenario import CLASS_NAMES, Scenario, TraceSettings
 from .io import write_trace
 
-__all__ = ["GENERATOR_VERSION", "arrival_times", "generate_trace", "generate_trace_file"]
+__all__ = ["GENERATOR_VERSION", "arrival_times", "generate_trace", "generate_trace_file", "ramp_inverse"]
 
 GENERATOR_VERSION = "1"
 _NS = 1_000_000_000
@@ -36,6 +40,29 @@ def _poisson_times(rng: np.random.Generator, rate: float, start: float, end: flo
     return np.sort(rng.uniform(start, end, count))
 
 
+def ramp_inverse(y: np.ndarray, r0: float, r1: float, duration: float) -> np.ndarray:
+    """t with Λ(t) = y for the linear rate r0 → r1 over ``duration`` (Λ(t) = r0·t + (r1 − r0)·t²/(2·duration));
+    the stable root 2y / (r0 + sqrt(r0² + 4ay)), a = (r1 − r0)/(2·duration), which is y/r0 when flat."""
+    a = (r1 - r0) / (2.0 * duration)
+    return 2.0 * y / (r0 + np.sqrt(np.maximum(r0 * r0 + 4.0 * a * y, 0.0)))
+
+
+def _shaped_times(settings: TraceSettings, rng: np.random.Generator, scale: float) -> np.ndarray:
+    """Arrivals (s) of the ``constant`` (evenly spaced) and ``ramp`` (linear-rate Poisson) processes in [0, duration)."""
+    duration = settings.duration_s
+    if settings.process == "constant":
+        rate = float(settings.rate_rps or 0) * scale
+        return np.arange(int(np.ceil(rate * duration - 1e-9))) / rate
+    r0, r1 = float(settings.start_rate_rps or 0) * scale, float(settings.end_rate_rps or 0) * scale
+    total = (r0 + r1) / 2.0 * duration  # Λ(duration): the expected number of arrivals
+    parts, y = [], 0.0
+    while y < total:  # unit-rate Poisson points on [0, Λ(duration))
+        cum = y + np.cumsum(rng.exponential(1.0, int(total * 1.2) + 64))
+        parts.append(cum[cum < total])
+        y = float(cum[-1])
+    return ramp_inverse(np.concatenate(parts), r0, r1, duration)
+
+
 def arrival_times(
     settings: TraceSettings, rng: np.random.Generator, scale: float = 1.0, burst_scale: float = 1.0
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -44,6 +71,9 @@ def arrival_times(
     ``scale``/``burst_scale`` multiply the rates (sessions per request, see generate_trace).
     """
     duration = settings.duration_s
+    if settings.process in ("constant", "ramp"):
+        shaped = _shaped_times(settings, rng, scale)
+        return shaped, np.zeros(len(shaped), dtype=bool)
     if settings.process == "closed":
         n = int(np.ceil(int(settings.requests or 0) * scale)) + 16
         return np.zeros(n), np.zeros(n, dtype=bool)
