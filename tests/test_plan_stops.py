@@ -194,7 +194,7 @@ def test_url_target_marks_cold_not_achievable_without_the_reset_endpoint(tmp_pat
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     class NoReset(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+        def do_POST(self) -> None:  # the stdlib's handler name
             self.send_response(404)
             self.end_headers()
 

@@ -63,10 +63,9 @@ class UrlTarget(Target):
             answer = f"failed ({type(exc).__name__})"
         else:
             if resp.is_success:
-                return StateResult("cold", True, [
-                    f"POST /reset_prefix_cache answered HTTP {resp.status_code}: prefix cache emptied; the process "
-                    "stayed up (loadgen did not launch it: weights, compiled kernels and allocations are warm)"],
-                    method="prefix_cache_reset")
+                action = (f"POST /reset_prefix_cache answered HTTP {resp.status_code}: prefix cache emptied; the process "
+                          "stayed up (loadgen did not launch it: weights, compiled kernels and allocations are warm)")
+                return StateResult("cold", True, [action], method="prefix_cache_reset")
             answer = f"answered HTTP {resp.status_code}"
         return StateResult("cold", False, [], f"not achievable: loadgen did not launch this target, so it cannot restart "
                                               f"it, and POST /reset_prefix_cache {answer} (vLLM serves it with "
