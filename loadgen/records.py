@@ -26,6 +26,7 @@ __all__ = [
     "STATUS_NOT_SENT",
     "STATUS_OK",
     "STATUS_TIMEOUT",
+    "TRACE_OPTIONAL_COLUMNS",
     "TRACE_SCHEMA",
     "empty_request_row",
     "http_error_kind",
@@ -94,8 +95,13 @@ TRACE_SCHEMA = pa.schema(
         pa.field("conversation_id", pa.string()),  # long-thread conversations
         pa.field("turn_index", pa.int32()),  # 0-based turn within the conversation
         pa.field("cancel_after_tokens", pa.int32()),  # client abandons after N tokens; null = never
+        # null: sent at its offset; set: sent this long after the previous turn of its conversation ended
+        # (thread.wait_for_reply; its offset is then the open-loop estimate, for ordering and the worksheet)
+        pa.field("think_after_reply_ns", pa.int64()),
     ]
 )
+#: Trace columns an older trace may lack (read as nulls).
+TRACE_OPTIONAL_COLUMNS = ("think_after_reply_ns",)
 
 #: One row per *scheduled* request of a run, including those never sent.
 REQUESTS_SCHEMA = pa.schema(

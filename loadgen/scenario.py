@@ -118,10 +118,16 @@ class Cancellation(_Model):
 
 
 class Thread(_Model):
-    """long-thread conversations: number of turns and think time between a reply and the next turn."""
+    """long-thread conversations: number of turns and think time between a reply and the next turn.
+
+    ``wait_for_reply``: turn k+1 starts one think time after turn k's reply ended (the driver waits for
+    it, so context and timing are the user's); otherwise one think time after turn k was scheduled
+    (open loop: the trace alone fixes every instant).
+    """
 
     turns: Distribution
     think_time_s: Distribution
+    wait_for_reply: bool = False
 
 
 class RequestClass(_Model):

@@ -49,10 +49,12 @@ _REQ_COLUMNS = [
     "request_id", "request_class", "warm", "scheduled_ns", "slot_acquired_ns", "sent_ns", "first_token_ns",
     "last_token_ns", "done_ns", "target_prompt_tokens", "target_output_tokens", "client_prompt_tokens",
     "server_prompt_tokens", "server_output_tokens", "client_output_tokens", "cancel_after_tokens",
-    "status", "error_kind", "http_status", "chunk_count",
+    "status", "error_kind", "http_status", "chunk_count", "turn_index",
 ]
 _INSTANTS = ("scheduled_ns", "slot_acquired_ns", "sent_ns", "first_token_ns", "last_token_ns", "done_ns")
 _CDF_POINTS = 400
+#: TTFT by turn index reports turns 0..8 apart and the 10th turn on together ("9+").
+MAX_TURN_SHOWN = 9
 
 DEFINITIONS = {
     "ttft_ms": "first_token - scheduled (client queue + network + server queue + prefill)",
@@ -75,6 +77,8 @@ DEFINITIONS = {
                    "at or below the limit), fail (above it) or inconclusive (straddles it); " + ESTIMATOR_RULE),
     "budgets": FAILURE_POLICY,
     "goodput_rps": "ok requests meeting every hard budget (see budgets) / window length; attainment = good / counted",
+    "ttft_by_turn": ("TTFT (first token - scheduled) of ok and abandoned requests per conversation turn index; a turn "
+                     "that waits for the reply is scheduled when it became ready (previous reply ended + think time)"),
 }
 
 
@@ -366,7 +370,20 @@ class _Run:
             prompt_tok_s=M.tokens_per_s(float(np.nansum(self.prompt_best[done_in])), w),
             output_tok_s=M.tokens_per_s(float(np.nansum(self.out_best[done_in])), w),
             tokens=self._tokens(scope & self.ok),
+            ttft_by_turn=self._ttft_by_turn(desc),
         )
+
+    def _ttft_by_turn(self, desc: np.ndarray) -> dict[str, dict[str, Any]]:
+        """TTFT summaries per conversation turn index ("0", "1", ...; turns from the 10th on as "9+");
+        empty when the group has no conversation turns."""
+        turns = self.c["turn_index"][desc]
+        known = ~np.isnan(turns)
+        if not known.any():
+            return {}
+        ttft = self.values["ttft_ms"][desc][known]
+        turns = np.minimum(turns[known], MAX_TURN_SHOWN).astype(int)
+        return {(f"{t}+" if t == MAX_TURN_SHOWN else str(t)): summarize_sorted(_sorted(ttft[turns == t]))
+                for t in np.unique(turns)}
 
     def _tokens(self, mask: np.ndarray) -> dict[str, Any]:
         c = self.c

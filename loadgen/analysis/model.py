@@ -58,6 +58,7 @@ class GroupSummary:
     n_good: int | None = None
     n_eligible: int | None = None
     tokens: dict[str, Any] = field(default_factory=dict)
+    ttft_by_turn: dict[str, dict[str, Any]] = field(default_factory=dict)  # turn index -> TTFT summary (conversations)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

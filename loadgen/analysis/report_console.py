@@ -144,6 +144,9 @@ def render_console(analysis: Analysis, console: Any = None) -> None:
         extra = []
         if g.error_kinds:
             extra.append("failures: " + ", ".join(f"{k} {v}" for k, v in g.error_kinds.items()))
+        if g.ttft_by_turn and g is not a.overall:
+            extra.append("TTFT p50/p99 by turn: " + "; ".join(
+                f"{t}: {fmt_ms(s['p50'])}/{fmt_ms(s['p99'])} ms (n={s['n']})" for t, s in g.ttft_by_turn.items()))
         if g.goodput_rps is not None and g is not a.overall:
             extra.append(f"goodput {_rate(g.goodput_rps, 'req/s')}, attainment {fmt_share(g.attainment, g.attainment_ci)}")
         if extra:

@@ -283,6 +283,10 @@ def _class_sections(a: Analysis, groups: list[GroupSummary]) -> list[str]:
                      (f'<br><span class="dim">{_e(fmt_ci(ci.get(q)))}</span>' if ci.get(q) else "") for q in ("p50", "p95", "p99")]
             rows.append([_e(m), s["n"], *cells, fmt_ms(s["mean"]), fmt_ms(s["max"])])
         parts.append(_table(["metric", "n", "p50", "p95", "p99", "mean", "max"], rows))
+        if g.ttft_by_turn:
+            parts.append(_table(["TTFT by turn", "n", "p50", "p95", "p99"],
+                                [[_e(t), s["n"], fmt_ms(s["p50"]), fmt_ms(s["p95"]), fmt_ms(s["p99"])]
+                                 for t, s in g.ttft_by_turn.items()]))
         if g.attainment is not None:
             parts.append(f'<p>attainment {_e(fmt_share(g.attainment, g.attainment_ci))} ({g.n_good}/{g.n_eligible})</p>')
     parts.append('<p class="dim">Under each percentile: its 95% confidence interval [low, high] (order statistics; inf: '

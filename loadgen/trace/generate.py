@@ -9,7 +9,9 @@ so the same seed gives the same arrivals; each arrival gets a class by share (bu
 distributions, an optional shared-prefix group (its tokens are prepended to the sampled input), an
 optional cancel-after-tokens, and long-thread arrivals expand into conversations whose turns carry
 the growing context (prompt of turn k = all earlier turns' input and output + turn k's input).
-Turn k is scheduled one think time after turn k-1 was scheduled (open loop cannot wait for replies).
+Turn k is scheduled one think time after turn k-1 was scheduled; with the class's
+``thread.wait_for_reply`` that instant is only the open-loop estimate and the row also carries the
+think time (``think_after_reply_ns``): the driver sends turn k that long after turn k-1's reply ended.
 """
 
 from __future__ import annotations
@@ -159,6 +161,7 @@ class _ClassRows:
         self.cname, self.cls = cname, cls
         self.groups = [g for g in scenario.cache.prefix_groups if g.classes is None or cname in g.classes]
         self.is_thread = cls.thread is not None
+        self.waits = bool(cls.thread is not None and cls.thread.wait_for_reply)
         self.closed = settings.process == "closed"
         self.duration_s = settings.duration_s
         streams = _rng_streams(seed, f"{trace_name}/{cname}", 6)
@@ -203,9 +206,10 @@ class _ClassRows:
             cancel = None
             if cls.cancel and self.cancel_u[k] < cls.cancel.share and int(self.cancel_n[k]) < out:
                 cancel = int(self.cancel_n[k])
+            think_ns = round(float(self.think_s[k]) * _NS) if self.waits and turn > 0 else None
             self.rows.append((
                 round(t * _NS) if not self.closed else 0, arrival, turn, self.cname, prompt, out, group_name,
-                group_tokens if group_name else None, conv_id, turn if self.is_thread else None, cancel,
+                group_tokens if group_name else None, conv_id, turn if self.is_thread else None, cancel, think_ns,
             ))
             context = prompt + out
             self.k += 1
@@ -224,6 +228,7 @@ def _table(rows: list[tuple]) -> pa.Table:
         "conversation_id": [r[8] for r in rows],
         "turn_index": [r[9] for r in rows],
         "cancel_after_tokens": [r[10] for r in rows],
+        "think_after_reply_ns": [r[11] for r in rows],
     }
     return pa.Table.from_pydict(columns, schema=TRACE_SCHEMA)
 

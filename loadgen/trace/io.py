@@ -10,17 +10,25 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import TraceError
-from ..records import TRACE_SCHEMA
+from ..records import TRACE_OPTIONAL_COLUMNS, TRACE_SCHEMA
 
 __all__ = ["TRACE_METADATA_KEY", "write_trace", "read_trace"]
 
 TRACE_METADATA_KEY = b"loadgen.trace"
 
 
+def _with_optional(table: pa.Table) -> pa.Table:
+    """Add the optional columns an older trace lacks, as nulls."""
+    for name in TRACE_OPTIONAL_COLUMNS:
+        if name not in table.column_names:
+            table = table.append_column(TRACE_SCHEMA.field(name), pa.nulls(table.num_rows, TRACE_SCHEMA.field(name).type))
+    return table
+
+
 def write_trace(table: pa.Table, path: str | Path, metadata: dict[str, Any]) -> Path:
     """Write a trace table (TRACE_SCHEMA) with ``metadata``; byte-identical for identical inputs."""
     path = Path(path)
-    table = table.select(TRACE_SCHEMA.names).cast(TRACE_SCHEMA)
+    table = _with_optional(table).select(TRACE_SCHEMA.names).cast(TRACE_SCHEMA)
     schema = TRACE_SCHEMA.with_metadata({TRACE_METADATA_KEY: json.dumps(metadata, sort_keys=True).encode()})
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -39,6 +47,7 @@ def read_trace(path: str | Path) -> tuple[pa.Table, dict[str, Any]]:
         table = pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as exc:
         raise TraceError(f"{path}: unreadable Parquet ({exc}): expected a loadgen trace") from None
+    table = _with_optional(table)
     missing = [n for n in TRACE_SCHEMA.names if n not in table.column_names]
     if missing:
         raise TraceError(f"{path}: missing column(s) {missing}: expected a loadgen trace (TRACE_SCHEMA)")
