@@ -27,7 +27,7 @@ import pyarrow as pa
 from .. import __version__
 from ..distributions import mean, sample, sample_tokens
 from ..errors import TraceError
-from ..records import TRACE_SCHEMA
+from ..records import TRACE_FULL_SCHEMA
 from ..scenario import CLASS_NAMES, Scenario, TraceSettings
 from .io import write_trace
 
@@ -230,7 +230,7 @@ def _table(rows: list[tuple]) -> pa.Table:
         "cancel_after_tokens": [r[10] for r in rows],
         "think_after_reply_ns": [r[11] for r in rows],
     }
-    return pa.Table.from_pydict(columns, schema=TRACE_SCHEMA)
+    return pa.Table.from_pydict(columns, schema=TRACE_FULL_SCHEMA)
 
 
 def _metadata(scenario: Scenario, trace_name: str, seed: int, settings: TraceSettings, requests: int) -> dict[str, Any]:

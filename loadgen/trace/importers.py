@@ -166,7 +166,6 @@ def _trace_table(offsets: np.ndarray, prompts: np.ndarray, outputs: np.ndarray, 
             "conversation_id": [None] * n,
             "turn_index": [None] * n,
             "cancel_after_tokens": [None] * n,
-            "think_after_reply_ns": [None] * n,
         },
         schema=TRACE_SCHEMA,
     )
