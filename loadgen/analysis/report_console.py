@@ -104,6 +104,23 @@ def _class_table(a: Analysis, g: GroupSummary) -> Any:
     return t
 
 
+def _server_line(sv: dict[str, Any]) -> str:
+    """The server-metrics summary in one line: KV peak, running/waiting, preemptions, prefix hits, tokens/step."""
+    bits = []
+    if "kv_cache_usage" in sv:
+        bits.append(f"KV peak {sv['kv_cache_usage']['peak']:.1%}")
+    for key in ("running", "waiting"):
+        if key in sv:
+            bits.append(f"{key} max {sv[key]['max']:g}")
+    if "preemptions" in sv:
+        bits.append(f"preemptions {sv['preemptions']['increase']:g}")
+    if sv.get("prefix_cache", {}).get("hit_rate") is not None:
+        bits.append(f"prefix hit {sv['prefix_cache']['hit_rate']:.1%}")
+    if "batch_tokens_per_step" in sv and sv["batch_tokens_per_step"]["mean"] is not None:
+        bits.append(f"tokens/step {sv['batch_tokens_per_step']['mean']:.1f}")
+    return "server: " + (" · ".join(bits) if bits else f"{sv.get('samples', 0)} samples")
+
+
 def render_console(analysis: Analysis, console: Any = None) -> None:
     """Print the report to ``console`` (a ``rich.console.Console``; stdout by default)."""
     from rich.console import Console
@@ -166,20 +183,7 @@ def render_console(analysis: Analysis, console: Any = None) -> None:
     if cache:
         console.print("behaviour-relevant settings: " + "; ".join(f"{k}={v}" for k, v in cache.items()))
     if a.server:
-        sv = a.server
-        bits = []
-        if "kv_cache_usage" in sv:
-            bits.append(f"KV peak {sv['kv_cache_usage']['peak']:.1%}")
-        for key in ("running", "waiting"):
-            if key in sv:
-                bits.append(f"{key} max {sv[key]['max']:g}")
-        if "preemptions" in sv:
-            bits.append(f"preemptions {sv['preemptions']['increase']:g}")
-        if sv.get("prefix_cache", {}).get("hit_rate") is not None:
-            bits.append(f"prefix hit {sv['prefix_cache']['hit_rate']:.1%}")
-        if "batch_tokens_per_step" in sv and sv["batch_tokens_per_step"]["mean"] is not None:
-            bits.append(f"tokens/step {sv['batch_tokens_per_step']['mean']:.1f}")
-        console.print("server: " + (" · ".join(bits) if bits else f"{sv.get('samples', 0)} samples"))
+        console.print(_server_line(a.server))
     tok = a.overall.tokens.get("output", {})
     if tok:
         console.print(f"output tokens (ok requests): target {tok['target']}, client {tok['client']}, server "
