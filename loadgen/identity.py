@@ -12,6 +12,7 @@ import time
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
+
 import psutil
 
 from . import __version__

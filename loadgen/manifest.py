@@ -126,6 +126,7 @@ class WarmState(Section):
     achieved: bool | None = None
     actions: list[str] = []
     reason: str | None = None  # why the requested state was not achievable
+    method: str | None = None  # how a cold state was reached: "restart" | "prefix_cache_reset"
 
 
 class Anchor(Section):

@@ -279,6 +279,9 @@ def format_practice(result: PracticeResult) -> str:
     for rej in dec["rejected"]:
         tag = " (the headline-throughput configuration)" if rej["label"] == head.get("label") else ""
         lines.append(f"  rejected: {rej['label']}{tag} at {rej['step']}: {rej['why'][0]}")
+    for unsure in dec.get("inconclusive", []):
+        for why in unsure["why"]:
+            lines.append(f"  {unsure['label']}: {why}")
     lines.append("")
     lines.append("WORKLOAD (owned by LLM engineering)")
     lines.append(f"  scenario {w['scenario']} (sha256 {str(w['scenario_sha256'])[:12]}), trace {w['trace_name']} seed {w['seed']} "

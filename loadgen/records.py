@@ -26,6 +26,8 @@ __all__ = [
     "STATUS_NOT_SENT",
     "STATUS_OK",
     "STATUS_TIMEOUT",
+    "TRACE_FULL_SCHEMA",
+    "TRACE_OPTIONAL_FIELDS",
     "TRACE_SCHEMA",
     "empty_request_row",
     "http_error_kind",
@@ -96,6 +98,14 @@ TRACE_SCHEMA = pa.schema(
         pa.field("cancel_after_tokens", pa.int32()),  # client abandons after N tokens; null = never
     ]
 )
+#: Optional trace columns (an older trace, or a table built with TRACE_SCHEMA alone, lacks them: read as nulls).
+TRACE_OPTIONAL_FIELDS = (
+    # null: sent at its offset; set: sent this long after the previous turn of its conversation ended
+    # (thread.wait_for_reply; its offset is then the open-loop estimate, for ordering and the worksheet)
+    pa.field("think_after_reply_ns", pa.int64()),
+)
+#: Every column a trace file holds: the required TRACE_SCHEMA, then the optional fields.
+TRACE_FULL_SCHEMA = pa.schema([*TRACE_SCHEMA, *TRACE_OPTIONAL_FIELDS])
 
 #: One row per *scheduled* request of a run, including those never sent.
 REQUESTS_SCHEMA = pa.schema(

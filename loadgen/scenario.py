@@ -157,10 +157,16 @@ class Cancellation(_Model):
 
 
 class Thread(_Model):
-    """long-thread conversations: number of turns and think time between a reply and the next turn."""
+    """long-thread conversations: number of turns and think time between a reply and the next turn.
+
+    ``wait_for_reply``: turn k+1 starts one think time after turn k's reply ended (the driver waits for
+    it, so context and timing are the user's); otherwise one think time after turn k was scheduled
+    (open loop: the trace alone fixes every instant).
+    """
 
     turns: Distribution
     think_time_s: Distribution
+    wait_for_reply: bool = False
 
     @model_validator(mode="after")
     def _bounds(self) -> Thread:
@@ -192,9 +198,11 @@ class RequestClass(_Model):
 class TraceSettings(_Model):
     """One named arrival setting; ``process`` picks which fields apply."""
 
-    process: Literal["poisson", "gamma", "onoff", "closed"]
+    process: Literal["poisson", "gamma", "onoff", "constant", "ramp", "closed"]
     duration_s: float = Field(gt=0, le=MAX_DURATION_S)
-    rate_rps: float | None = Field(default=None, gt=0, le=MAX_RATE_RPS)  # poisson, gamma
+    rate_rps: float | None = Field(default=None, gt=0, le=MAX_RATE_RPS)  # poisson, gamma, constant (evenly spaced)
+    start_rate_rps: float | None = Field(default=None, ge=0, le=MAX_RATE_RPS)  # ramp: the rate at 0 s ...
+    end_rate_rps: float | None = Field(default=None, ge=0, le=MAX_RATE_RPS)  # ... rising (or falling) linearly to this at duration_s
     cv: float | None = Field(default=None, gt=0, le=100)  # gamma burstiness (coefficient of variation of gaps)
     quiet_rate_rps: float | None = Field(default=None, ge=0, le=MAX_RATE_RPS)  # onoff
     burst_rate_rps: float | None = Field(default=None, gt=0, le=MAX_RATE_RPS)  # onoff
@@ -212,12 +220,17 @@ class TraceSettings(_Model):
             "poisson": ("rate_rps",),
             "gamma": ("rate_rps", "cv"),
             "onoff": ("quiet_rate_rps", "burst_rate_rps", "burst_s", "gap_s"),
+            "constant": ("rate_rps",),
+            "ramp": ("start_rate_rps", "end_rate_rps"),
             "closed": ("concurrency", "requests"),
         }[self.process]
         for name in need:
             if getattr(self, name) is None:
                 raise ValueError(f"process {self.process!r} needs {name}")
-        peak = max(self.rate_rps or 0.0, self.quiet_rate_rps or 0.0, self.burst_rate_rps or 0.0)
+        if self.process == "ramp" and not (self.start_rate_rps or self.end_rate_rps):
+            raise ValueError("process 'ramp' needs start_rate_rps or end_rate_rps above 0")
+        peak = max(self.rate_rps or 0.0, self.quiet_rate_rps or 0.0, self.burst_rate_rps or 0.0,
+                   self.start_rate_rps or 0.0, self.end_rate_rps or 0.0)
         if peak * self.duration_s > MAX_TRACE_REQUESTS:
             raise ValueError(f"rate {peak:g}/s over duration_s {self.duration_s:g} gives about "
                              f"{peak * self.duration_s:.3g} requests: expected at most {MAX_TRACE_REQUESTS:g} per trace")

@@ -268,3 +268,75 @@ def test_missing_records_are_measurement_corruption(tmp_path: Path) -> None:
     judged = judge_run(analyze_run(run_dir, scenario=scenario), load_run(run_dir), StopLimits())
     kinds = {s.kind: s.detail for s in judged.stops}
     assert "records missing" in kinds["measurement_corruption"]
+
+
+# ---- confidence: an inconclusive cell is extended until conclusive or its budget is spent -----------
+
+def _one_cell(tmp_path: Path, extra: str = "") -> dict:
+    top = ceiling_rps(16, 10**6, 50, 10.0)
+    plan, engine = write_setup(tmp_path, rates=[top * 0.3], concurrency=[64], duration_s=10, repeats=1, extra=extra)
+    result = run_plan(load_plan(plan), WorksheetTarget(engine), tmp_path / "out")
+    return result.region["classes"]["short-message"]["warm"]["cells"][0]
+
+
+def test_an_inconclusive_cell_is_extended_until_conclusive(tmp_path: Path) -> None:
+    cell = _one_cell(tmp_path)  # 10 s at 9.6 rps: ~96 requests, too few for a p99 (299) or a 1% error share (381)
+    record = json.loads((tmp_path / "out" / "cells" / cell["cell_id"] / "rep1" / RESULT_FILE).read_text())
+    assert cell["status"] == "inside" and cell["extensions"] >= 1 and not record["inconclusive"]
+    assert len(record["extensions"]) == 1 and record["extensions"][0]["inconclusive"] == 0
+    assert record["base_run_dir"].endswith("rep1") and record["run_dir"].endswith("-ext1")
+    assert record["requests_sent"] > 381 + 90  # the first run's requests and the longer run's both count
+    base = json.loads((tmp_path / "out" / record["base_run_dir"] / "analysis.json").read_text())
+    assert base["verdict"]["status"] == "inconclusive"  # what made it extend
+    final = json.loads((tmp_path / "out" / record["run_dir"] / "analysis.json").read_text())
+    assert final["verdict"]["status"] == "pass" and final["overall"]["n_scheduled"] >= 381
+
+
+def test_an_inconclusive_cell_stops_when_its_budget_is_spent(tmp_path: Path) -> None:
+    cell = _one_cell(tmp_path, "[confidence]\nmax_requests = 150\n")
+    assert cell["status"] == "inconclusive" and cell["passes"] == 0
+    assert "inconclusive after" in cell["limiting"] and "cell budget spent" in cell["limiting"]
+    assert "more requests" in cell["limiting"]
+    assert "?" in (tmp_path / "out" / "region.md").read_text()
+    (tmp_path / "off").mkdir()
+    off = _one_cell(tmp_path / "off", "[confidence]\nextend = false\n")
+    assert off["status"] == "inconclusive" and off["extensions"] == 0 and "extension off" in off["limiting"]
+
+
+# ---- boundary search: bisection finds the grid's boundary with far fewer cells ----------------------
+
+def _search_plan(tmp: Path, mode: str) -> Path:
+    plan, engine = write_setup(tmp, rates=[4, 64], concurrency=[64], duration_s=30, repeats=2,
+                               extra=f'[start]\nmode = "lowest"\n[search]\nmode = "{mode}"\nprecision = 0.05\n')
+    return plan
+
+
+def test_bisection_finds_the_grid_boundary_with_at_least_half_fewer_cells(tmp_path: Path) -> None:
+    (tmp_path / "grid").mkdir()
+    (tmp_path / "bisect").mkdir()
+    engine = tmp_path / "grid" / "engine.toml"
+    grid = run_plan(load_plan(_search_plan(tmp_path / "grid", "grid")), WorksheetTarget(engine), tmp_path / "grid" / "out")
+    plan = _search_plan(tmp_path / "bisect", "bisect")
+    spec = load_plan(plan)
+    assert len(spec.rate_steps) == 58 and spec.rate_steps[0] == 4 and spec.rate_steps[-1] == 64  # 5% apart
+    bisect = run_plan(spec, WorksheetTarget(engine), tmp_path / "bisect" / "out")
+    g_row = grid.region["classes"]["short-message"]["warm"]["boundary"][0]
+    b_row = bisect.region["classes"]["short-message"]["warm"]["boundary"][0]
+    ceiling = ceiling_rps(16, 64, 50, 10.0)  # 32 rps
+    assert 0.6 * ceiling < spec.rate_steps[g_row["max_inside_rate_index"]] < 1.25 * ceiling  # near the ceiling (30 s cells)
+    assert abs(b_row["max_inside_rate_index"] - g_row["max_inside_rate_index"]) <= 1
+    assert b_row["first_outside_rate_index"] == b_row["max_inside_rate_index"] + 1  # known to one step (5%)
+    assert bisect.region["cells_used"] * 2 <= grid.region["cells_used"], (bisect.region["cells_used"],
+                                                                         grid.region["cells_used"])
+    # the plan says which cells it used and why each was chosen
+    whys = [p["why"] for p in bisect.state["probes"]]
+    assert whys[0].startswith("start") and any(w.startswith("bracket") for w in whys)
+    assert any(w.startswith("bisect") for w in whys) and any(w.startswith("boundary") for w in whys)
+    text = (tmp_path / "bisect" / "out" / "region.md").read_text()
+    assert "## Cells used, and why" in text and f"{bisect.region['cells_used']} cells" in text
+    # resumable: paused after three runs and resumed, it ends with the same cells and boundary
+    part = run_plan(spec, WorksheetTarget(engine), tmp_path / "part", max_new_runs=3)
+    assert part.state["status"] == "incomplete"
+    resumed = run_plan(spec, WorksheetTarget(engine), tmp_path / "part")
+    assert _statuses(resumed.region) == _statuses(bisect.region)
+    assert [p["cell_id"] for p in resumed.state["probes"]] == [p["cell_id"] for p in bisect.state["probes"]]

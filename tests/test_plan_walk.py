@@ -128,3 +128,42 @@ def test_fewer_repeats_confirm_with_fewer_runs(repeats: int) -> None:
     walk.walk()
     assert sum(1 for a in run.asked if a[1] == 1) == repeats
     assert sum(1 for a in run.asked if a[1] == 2) == repeats  # the budget-only failure is repeated when repeats > 1
+
+
+def test_extension_size_follows_the_estimate() -> None:
+    from loadgen.plan.walk import extension_factor, needs_extension
+
+    unsure = {"failed": [], "stops": [], "inconclusive": [
+        {"class": "chat", "more_requests": 249}, {"class": "overall", "more_requests": 40}],
+        "figures": {"n_scheduled": 60, "classes": {"chat": {"n_scheduled": 50}}}}
+    assert needs_extension(unsure) and extension_factor(unsure) == pytest.approx(1.25 * (50 + 249) / 50)
+    assert extension_factor({**unsure, "inconclusive": [{"class": "chat", "more_requests": 5}]}) == 2.0  # at least 2×
+    assert extension_factor({**unsure, "inconclusive": [{"class": "chat", "more_requests": None}]}) == 2.5
+    assert not needs_extension({**unsure, "failed": [{"reason": "x"}]})  # a conclusive failure needs no more data
+    assert not needs_extension({**unsure, "inconclusive": []})
+    assert not RunRecord({"failed": [], "stops": [], "inconclusive": [{"reason": "straddles"}]}).passed
+
+
+def test_bisection_brackets_then_halves_and_logs_why() -> None:
+    rates = list(range(1, 65))  # 64 steps; cells below step 41 pass
+    run = FakeRuns(passes_below(41, failed=True))
+    walk = Walk(spec(rates_rps=rates, concurrency=[4], search={"mode": "bisect"}), run, lambda _cls, _conc: 0)
+    walk.walk()
+    line = walk.lines[0]
+    assert (line["last_pass"], line["first_fail"]) == (40, 41)
+    singles = [i for _, i, r in run.asked if r == 1]
+    assert singles[:7] == [0, 1, 3, 7, 15, 31, 63]  # bracket: the step doubles until a cell fails
+    assert len(set(singles)) <= 2 * 6 + 1  # about 2·log2(64) cells, where the grid would run 42
+    kinds = [p["why"].split(":")[0] for p in walk.probes]
+    assert kinds[0] == "start" and set(kinds) == {"start", "bracket", "bisect", "boundary"}
+    assert all(p["result"] in ("pass", "fail") for p in walk.probes)
+
+
+def test_concurrency_search_finds_the_fewest_slots() -> None:
+    # at every rate, 16 client slots or more pass; fewer queue requests in the client and fail
+    run = FakeRuns(lambda coord, _r: record() if coord.concurrency >= 16 else record(failed=True))
+    walk = Walk(spec(concurrency=[2, 4, 8, 16, 32, 64], search={"mode": "bisect", "dimension": "concurrency"}),
+                run, lambda _cls, _conc: 0)
+    walk.walk()
+    assert len(walk.lines) == 6 and all(ln["dimension"] == "concurrency" for ln in walk.lines)
+    assert all((ln["last_pass_concurrency"], ln["first_fail_concurrency"]) == (16, 8) for ln in walk.lines)

@@ -187,3 +187,41 @@ def test_class_order_in_the_file_does_not_change_the_trace(tmp_path):
     a = generate_trace(s, "burst")[0]
     assert a.equals(generate_trace(rebuilt, "burst")[0])
     assert a.equals(generate_trace(reordered, "burst")[0])
+
+
+def test_constant_rate_arrivals_are_evenly_spaced_and_need_no_seed():
+    # long-thread has one turn here, so every session is one request: gaps of exactly 1/rate
+    a, _ = generate_trace(_scenario({"process": "constant", "rate_rps": 8.0, "duration_s": 10}), "t", 1)
+    b, _ = generate_trace(_scenario({"process": "constant", "rate_rps": 8.0, "duration_s": 10}), "t", 2)
+    t = a.column("scheduled_offset_ns").to_numpy()
+    assert len(t) == 80 and t[0] == 0 and np.all(np.diff(t) == 125_000_000)
+    assert np.array_equal(t, b.column("scheduled_offset_ns").to_numpy())  # the seed only picks classes and lengths
+    assert trace_stats(a).iat_cv < 1e-9
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(start=st.floats(0.0, 20.0), end=st.floats(0.0, 40.0), seed=st.integers(0, 2**31))
+def test_ramp_arrivals_follow_the_linear_rate(start, end, seed):
+    if start + end < 1:
+        return
+    duration = 400.0
+    proc = {"process": "ramp", "start_rate_rps": start, "end_rate_rps": end, "duration_s": duration}
+    table, meta = generate_trace(_scenario(proc), "t", seed)
+    again, _ = generate_trace(_scenario(proc), "t", seed)
+    assert table.equals(again)  # deterministic: same seed, same arrivals
+    t = table.column("scheduled_offset_ns").to_numpy() / 1e9
+    assert t.min() >= 0 and t.max() < duration
+    for lo, hi in ((0, 100), (150, 250), (300, 400)):  # arrivals per window = the integral of the rate over it
+        rate = lambda x: start + (end - start) * x / duration  # noqa: E731
+        expected = (rate(lo) + rate(hi)) / 2 * (hi - lo)
+        got = int(((t >= lo) & (t < hi)).sum())
+        assert abs(got - expected) < 5 * np.sqrt(expected) + 3, (lo, hi, got, expected)
+
+
+def test_ramp_and_constant_settings_are_validated():
+    with pytest.raises(Exception, match="process 'ramp' needs end_rate_rps"):
+        _scenario({"process": "ramp", "start_rate_rps": 1.0, "duration_s": 10})
+    with pytest.raises(Exception, match="start_rate_rps or end_rate_rps above 0"):
+        _scenario({"process": "ramp", "start_rate_rps": 0.0, "end_rate_rps": 0.0, "duration_s": 10})
+    with pytest.raises(Exception, match="process 'constant' needs rate_rps"):
+        _scenario({"process": "constant", "duration_s": 10})

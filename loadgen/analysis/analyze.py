@@ -18,26 +18,43 @@ import pyarrow.parquet as pq
 
 from ..errors import RunDirError
 from ..manifest import Manifest, read_manifest
+from ..records import (
+    CHUNKS_FILE,
+    REQUESTS_FILE,
+    REQUESTS_SCHEMA,
+    SERVER_METRICS_FILE,
+    SERVER_METRICS_SCHEMA,
+    STATUSES,
+)
 from ..scenario import Scenario, scenario_from_manifest
-from ..records import CHUNKS_FILE, REQUESTS_FILE, REQUESTS_SCHEMA, SERVER_METRICS_FILE, SERVER_METRICS_SCHEMA, STATUSES
 from . import metrics as M
-from .budgets import BUDGET_METRICS, FAILURE_POLICY, Check, budget_checks, request_limit
+from .budgets import (
+    BUDGET_METRICS,
+    FAILURE_POLICY,
+    Check,
+    budget_checks,
+    error_share_check,
+    request_limit,
+)
 from .chunks import ChunkGaps, read_chunk_gaps
+from .confidence import ESTIMATOR_RULE, INTERVAL_RULE, SHARE_RULE, wilson_interval
 from .model import METRICS, Analysis, GroupSummary
 from .percentiles import PERCENTILE_RULE, SortedParts, summarize_parts, summarize_sorted
 from .server import summarize_server_metrics
 from .stability import assess_stability, in_system_at
 
-__all__ = ["analyze_run", "parse_window", "DEFINITIONS"]
+__all__ = ["DEFINITIONS", "analyze_run", "parse_window"]
 
 _REQ_COLUMNS = [
     "request_id", "request_class", "warm", "scheduled_ns", "slot_acquired_ns", "sent_ns", "first_token_ns",
     "last_token_ns", "done_ns", "target_prompt_tokens", "target_output_tokens", "client_prompt_tokens",
     "server_prompt_tokens", "server_output_tokens", "client_output_tokens", "cancel_after_tokens",
-    "status", "error_kind", "http_status", "chunk_count",
+    "status", "error_kind", "http_status", "chunk_count", "turn_index",
 ]
 _INSTANTS = ("scheduled_ns", "slot_acquired_ns", "sent_ns", "first_token_ns", "last_token_ns", "done_ns")
 _CDF_POINTS = 400
+#: TTFT by turn index reports turns 0..8 apart and the 10th turn on together ("9+").
+MAX_TURN_SHOWN = 9
 
 DEFINITIONS = {
     "ttft_ms": "first_token - scheduled (client queue + network + server queue + prefill)",
@@ -56,8 +73,12 @@ DEFINITIONS = {
     "window": ("default: first scheduled instant to one mean inter-arrival gap after the last, so N arrivals at a "
                "constant gap g give offered load 1/g; requests belong to the window by scheduled instant"),
     "percentiles": PERCENTILE_RULE + "; p99 from fewer than 100 samples is flagged",
+    "confidence": (INTERVAL_RULE + "; attainment and error share: " + SHARE_RULE + "; a budget verdict is pass (interval "
+                   "at or below the limit), fail (above it) or inconclusive (straddles it); " + ESTIMATOR_RULE),
     "budgets": FAILURE_POLICY,
     "goodput_rps": "ok requests meeting every hard budget (see budgets) / window length; attainment = good / counted",
+    "ttft_by_turn": ("TTFT (first token - scheduled) of ok and abandoned requests per conversation turn index; a turn "
+                     "that waits for the reply is scheduled when it became ready (previous reply ended + think time)"),
 }
 
 
@@ -193,7 +214,7 @@ class _GapSink:
     """Per class: per-token gaps of counted requests (ok + abandoned) and of failed ones, raw
     inter-chunk gaps (ns); per request: gaps and gaps above the class's hard ITL limit (goodput)."""
 
-    def __init__(self, run: "_Run") -> None:
+    def __init__(self, run: _Run) -> None:
         self.run = run
         n_cls = len(run.class_names)
         self.req_code = (run.cls.astype(np.int32) * 4 + run.scope * 2 + (run.ok | run.abandoned)).astype(np.int32)
@@ -364,7 +385,20 @@ class _Run:
             prompt_tok_s=M.tokens_per_s(float(np.nansum(self.prompt_best[done_in])), w),
             output_tok_s=M.tokens_per_s(float(np.nansum(self.out_best[done_in])), w),
             tokens=self._tokens(scope & self.ok),
+            ttft_by_turn=self._ttft_by_turn(desc),
         )
+
+    def _ttft_by_turn(self, desc: np.ndarray) -> dict[str, dict[str, Any]]:
+        """TTFT summaries per conversation turn index ("0", "1", ...; turns from the 10th on as "9+");
+        empty when the group has no conversation turns."""
+        turns = self.c["turn_index"][desc]
+        known = ~np.isnan(turns)
+        if not known.any():
+            return {}
+        ttft = self.values["ttft_ms"][desc][known]
+        turns = np.minimum(turns[known], MAX_TURN_SHOWN).astype(int)
+        return {(f"{t}+" if t == MAX_TURN_SHOWN else str(t)): summarize_sorted(_sorted(ttft[turns == t]))
+                for t in np.unique(turns)}
 
     def _tokens(self, mask: np.ndarray) -> dict[str, Any]:
         c = self.c
@@ -431,16 +465,19 @@ def _budgets_and_goodput(run: _Run, groups: dict[str, GroupSummary], overall: Gr
             g.n_eligible = int(sel.sum())
             g.goodput_rps = M.goodput_rps(g.n_good, run.window_s)
             g.attainment = M.attainment(g.n_good, g.n_eligible)
+            g.attainment_ci = _share_ci(g.n_good, g.n_eligible)
     sel = eligible & np.isin(run.cls, [i for i, c in enumerate(run.class_names) if c in scenario.classes])
     overall.n_good = int((good & sel).sum())
     overall.n_eligible = int(sel.sum())
     overall.goodput_rps = M.goodput_rps(overall.n_good, run.window_s)
     overall.attainment = M.attainment(overall.n_good, overall.n_eligible)
+    overall.attainment_ci = _share_ci(overall.n_good, overall.n_eligible)
     # percentile checks
     for cname, cls in scenario.classes.items():
         ci = run.class_names.index(cname) if cname in run.class_names else -1
         sel = run.scope & (run.cls == ci) if ci >= 0 else np.zeros(n, dtype=bool)
         n_fail = int((sel & run.failed).sum())
+        n_requests = int(sel.sum())
         for metric in BUDGET_METRICS:
             budget = getattr(cls.budgets, metric)
             if budget is None or not budget.limits():
@@ -455,8 +492,13 @@ def _budgets_and_goodput(run: _Run, groups: dict[str, GroupSummary], overall: Gr
                 sample = np.concatenate([vals, np.full(n_fail, np.inf)])
                 sample.sort()
                 n_inf = n_fail
-            checks.extend(budget_checks(cname, metric, budget, sample, n_inf))
+            checks.extend(budget_checks(cname, metric, budget, sample, n_inf, n_requests))
     return checks
+
+
+def _share_ci(k: int, n: int) -> list[float] | None:
+    ci = wilson_interval(k, n)
+    return list(ci) if ci is not None else None
 
 
 def _timeseries(run: _Run, plot: dict[str, Any]) -> dict[str, Any]:
@@ -547,6 +589,16 @@ def _warm_cold(run: _Run) -> dict[str, Any]:
     return out
 
 
+def _verdict(checks: list[Check]) -> str:
+    """fail: a hard check failed conclusively; inconclusive: none failed but one straddles its limit; else pass."""
+    hard = [c for c in checks if c.hard and c.evaluated]
+    if any(c.outcome == "fail" for c in hard):
+        return "fail"
+    if any(c.outcome == "inconclusive" for c in hard):
+        return "inconclusive"
+    return "pass"
+
+
 def analyze_run(run_dir: Path | str, *, scenario: Scenario | None = None, window: Any = None,
                 include_cold: bool = False) -> Analysis:
     """Analyse a run directory. ``scenario`` (a ``loadgen.scenario.Scenario``) supplies budgets; by
@@ -577,15 +629,12 @@ def analyze_run(run_dir: Path | str, *, scenario: Scenario | None = None, window
     if scenario is not None:
         checks = _budgets_and_goodput(run, groups, overall)
         n_win = int(run.in_window.sum())
-        checks.append(Check("overall", "error_share", None, share, limit, n_win, True, not errored,
-                            f"error share {share if share is not None else 0:.2%} "
-                            f"{'>' if errored else '<='} {limit:.2%} ({failed_in} of {n_win} failed)",
-                            evaluated=share is not None))
+        checks.append(error_share_check(failed_in, n_win, limit))
         if n_win == 0:
             verdict = "no data"
             run.notes.append("no requests scheduled in the window: nothing to judge")
         else:
-            verdict = "fail" if any(c.hard and c.evaluated and not c.passed for c in checks) else "pass"
+            verdict = _verdict(checks)
     else:
         verdict = "no budgets"
         run.notes.append("no scenario: numbers only, no budget verdicts")
@@ -617,6 +666,7 @@ def analyze_run(run_dir: Path | str, *, scenario: Scenario | None = None, window
     return Analysis(
         run_dir=run_dir, run=_run_info(run), window=window_info, classes=groups, overall=overall, checks=checks,
         verdict=verdict, errored=errored, error_share=share, error_rate_limit=limit,
+        error_share_ci=_share_ci(failed_in, int(run.in_window.sum())),
         rates_meaningful=rates_meaningful, stability=stability, warm_cold=_warm_cold(run), server=server,
         timeseries=timeseries, definitions=dict(DEFINITIONS), notes=run.notes, plot_data=plot,
     )

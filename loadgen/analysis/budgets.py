@@ -14,6 +14,12 @@ How requests count against a class's budgets (also printed in every report):
   sample nor a violation) and are left out of goodput and attainment (neither good nor bad).
   A planned abandonment that never got its first token is a failure.
 
+Every verdict is three-way (``Check.outcome``): **pass** when the 95% interval of the percentile
+(order statistics, ``loadgen.analysis.confidence``) lies at or below the limit, **fail** when it lies
+above, **inconclusive** when it straddles the limit; an inconclusive check says about how many more
+requests of its class would make it conclusive (``more_requests``). ``passed`` is the point
+estimate alone (observed <= limit). The error share gets a Wilson interval the same way.
+
 Goodput counts ``ok`` requests meeting every *hard* budget: TTFT and E2E at or below the limit of
 the highest percentile the budget sets (p99 if set, else p95, else p50); for ITL at most the
 budget's tail share (1 − q) of the request's own gaps above that limit. Soft budgets only warn.
@@ -27,9 +33,27 @@ from typing import Any
 
 import numpy as np
 
+from .confidence import (
+    CONFIDENCE_LEVEL,
+    outcome,
+    samples_needed_quantile,
+    samples_needed_share,
+    wilson_interval,
+)
 from .percentiles import LOW_SAMPLE_P99, QUANTILES, SortedParts
 
-__all__ = ["BUDGET_METRICS", "Check", "budget_checks", "request_limit", "FAILURE_POLICY"]
+__all__ = [
+    "BUDGET_METRICS",
+    "FAILURE_POLICY",
+    "OUTCOMES",
+    "Check",
+    "budget_checks",
+    "error_share_check",
+    "request_limit",
+]
+
+#: The three verdicts of an evaluated check (and "not evaluated" without data).
+OUTCOMES = ("pass", "fail", "inconclusive")
 
 #: Budgeted metrics (scenario ``budgets`` fields) in report order.
 BUDGET_METRICS = ("ttft_ms", "itl_ms", "e2e_ms")
@@ -43,7 +67,12 @@ FAILURE_POLICY = (
 
 @dataclass
 class Check:
-    """One budget check; ``observed`` is +inf when failures reach the percentile, None when n is 0."""
+    """One budget check; ``observed`` is +inf when failures reach the percentile, None when n is 0.
+
+    ``passed`` is the point estimate (observed <= limit); ``outcome`` the verdict with its 95%
+    interval ``ci`` = [low, high]: pass, fail or inconclusive. ``more_requests``: about how many more
+    requests of ``class_name`` would make an inconclusive check conclusive (None: not estimable).
+    """
 
     class_name: str
     metric: str
@@ -56,6 +85,26 @@ class Check:
     reason: str
     evaluated: bool = True
     failures_as_inf: int = 0
+    outcome: str = "pass"
+    ci: list[float] | None = None
+    ci_level: float = CONFIDENCE_LEVEL
+    more_requests: int | None = None
+
+    @property
+    def failed(self) -> bool:
+        """A conclusive failure (the whole interval above the limit)."""
+        return self.evaluated and self.outcome == "fail"
+
+    @property
+    def inconclusive(self) -> bool:
+        return self.evaluated and self.outcome == "inconclusive"
+
+    def needed_text(self) -> str:
+        """"about N more requests of class C are needed" (or why no number can be given)."""
+        who = "requests" if self.class_name == "overall" else f"requests of class {self.class_name}"
+        if self.more_requests is None:
+            return f"no number of more {who} is estimable (the sample sits on the limit)"
+        return f"about {self.more_requests:,} more {who} are needed"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -80,28 +129,69 @@ def _fmt(value: float | None) -> str:
     return f"{value:.1f}"
 
 
+def _more_requests(total: int | None, n: int, requests: int | None) -> int | None:
+    """Extra samples (``total − n``) as requests of the class, at the sample's samples-per-request ratio."""
+    if total is None:
+        return None
+    per_request = n / requests if requests else 1.0
+    return max(0, math.ceil((total - n) / max(per_request, 1e-12)))
+
+
+def _interval_text(ci: tuple[float, float]) -> str:
+    return f"95% CI [{_fmt(ci[0])}, {_fmt(ci[1])}]"
+
+
 def budget_checks(class_name: str, metric: str, budget: Any, sorted_sample: np.ndarray | SortedParts,
-                  n_inf: int) -> list[Check]:
-    """Checks for one budget over an ascending sample (``n_inf`` of its values are failures as +inf)."""
+                  n_inf: int, requests: int | None = None) -> list[Check]:
+    """Checks for one budget over an ascending sample (``n_inf`` of its values are failures as +inf).
+
+    ``requests``: how many requests of the class the sample came from (converts the extra samples an
+    inconclusive check needs into requests; default one sample per request).
+    """
     checks: list[Check] = []
     sample = sorted_sample if isinstance(sorted_sample, SortedParts) else SortedParts([sorted_sample])
     n = sample.n
     for pname, limit in budget.limits().items():
-        observed = sample.percentile(QUANTILES[pname])
+        q = QUANTILES[pname]
+        observed = sample.percentile(q)
         kind = "hard" if budget.hard else "soft"
         if observed is None:
             checks.append(Check(class_name, metric, pname, None, float(limit), 0, budget.hard, True,
                                 f"{class_name} {metric} {pname}: no samples; not evaluated ({kind})",
-                                evaluated=False))
+                                evaluated=False, outcome="not evaluated"))
             continue
-        passed = observed <= limit
-        detail = f"n={n}"
+        ci = sample.interval(q)
+        assert ci is not None, "a non-empty sample has an interval"
+        verdict = outcome(observed, ci, float(limit))
+        more = None
+        if verdict == "inconclusive":
+            total = samples_needed_quantile(n, sample.count_at_most(float(limit)), q)
+            more = _more_requests(total, n, requests)
+        detail = f"n={n}, {_interval_text(ci)}"
         if n_inf:
             detail += f", {n_inf} failure(s) as +inf"
         if pname == "p99" and n < LOW_SAMPLE_P99:
             detail += f", p99 from <{LOW_SAMPLE_P99} samples"
-        op = "<=" if passed else ">"
-        reason = f"{class_name} {metric} {pname} {_fmt(observed)} {op} {limit:g} ({kind}; {detail})"
-        checks.append(Check(class_name, metric, pname, observed, float(limit), n, budget.hard, passed, reason,
-                            failures_as_inf=n_inf))
+        op = "<=" if observed <= limit else ">"
+        check = Check(class_name, metric, pname, observed, float(limit), n, budget.hard, observed <= limit, "",
+                      failures_as_inf=n_inf, outcome=verdict, ci=list(ci), more_requests=more)
+        tail = f"; inconclusive: {check.needed_text()}" if verdict == "inconclusive" else ""
+        check.reason = f"{class_name} {metric} {pname} {_fmt(observed)} {op} {limit:g} ({kind}; {detail}){tail}"
+        checks.append(check)
     return checks
+
+
+def error_share_check(n_failed: int, n: int, limit: float) -> Check:
+    """The run's error share against its limit (hard), with a Wilson interval and a three-way verdict."""
+    share = n_failed / n if n else None
+    ci = wilson_interval(n_failed, n)
+    verdict = outcome(share, ci, limit)
+    more = _more_requests(samples_needed_share(n, n_failed, limit), n, n) if verdict == "inconclusive" else None
+    shown = share if share is not None else 0.0
+    check = Check("overall", "error_share", None, share, limit, n, True, share is None or share <= limit, "",
+                  evaluated=share is not None, outcome=verdict, ci=list(ci) if ci else None, more_requests=more)
+    interval = f", 95% CI [{ci[0]:.2%}, {ci[1]:.2%}]" if ci else ""
+    tail = f"; inconclusive: {check.needed_text()}" if verdict == "inconclusive" else ""
+    check.reason = (f"error share {shown:.2%} {'>' if share is not None and share > limit else '<='} {limit:.2%} "
+                    f"({n_failed} of {n} failed{interval}){tail}")
+    return check

@@ -14,7 +14,7 @@ from typing import Any
 
 from .budgets import Check
 
-__all__ = ["ANALYSIS_SCHEMA_VERSION", "METRICS", "GroupSummary", "Analysis", "json_ready"]
+__all__ = ["ANALYSIS_SCHEMA_VERSION", "METRICS", "Analysis", "GroupSummary", "json_ready"]
 
 ANALYSIS_SCHEMA_VERSION = "1"
 
@@ -54,9 +54,11 @@ class GroupSummary:
     output_tok_s: float | None
     goodput_rps: float | None = None
     attainment: float | None = None
+    attainment_ci: list[float] | None = None  # 95% Wilson interval of the attainment
     n_good: int | None = None
     n_eligible: int | None = None
     tokens: dict[str, Any] = field(default_factory=dict)
+    ttft_by_turn: dict[str, dict[str, Any]] = field(default_factory=dict)  # turn index -> TTFT summary (conversations)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -72,7 +74,7 @@ class Analysis:
     classes: dict[str, GroupSummary]
     overall: GroupSummary
     checks: list[Check]
-    verdict: str  # "pass" | "fail" | "no budgets" | "no data"
+    verdict: str  # "pass" | "fail" | "inconclusive" | "no budgets" | "no data"
     errored: bool
     error_share: float | None
     error_rate_limit: float
@@ -84,11 +86,22 @@ class Analysis:
     definitions: dict[str, str]
     notes: list[str] = field(default_factory=list)
     plot_data: dict[str, Any] = field(default_factory=dict, repr=False)  # CDF points etc., not in JSON
+    error_share_ci: list[float] | None = None  # 95% Wilson interval of the error share
     schema_version: str = ANALYSIS_SCHEMA_VERSION
 
     @property
     def failed_checks(self) -> list[Check]:
-        return [c for c in self.checks if c.evaluated and not c.passed]
+        """Checks that failed conclusively (the whole 95% interval above the limit)."""
+        return [c for c in self.checks if c.failed]
+
+    @property
+    def inconclusive_checks(self) -> list[Check]:
+        """Checks whose 95% interval straddles the limit."""
+        return [c for c in self.checks if c.inconclusive]
+
+    @property
+    def hard_inconclusive(self) -> list[Check]:
+        return [c for c in self.inconclusive_checks if c.hard]
 
     @property
     def hard_failures(self) -> list[Check]:
@@ -100,8 +113,9 @@ class Analysis:
 
     @property
     def passed(self) -> bool | None:
-        """True when every hard check passed; None when there were no budgets or no requests to check."""
-        if self.verdict in ("no budgets", "no data"):
+        """True when every hard check passed conclusively, False when one failed conclusively; None when
+        inconclusive, or with no budgets or no requests to check."""
+        if self.verdict in ("no budgets", "no data", "inconclusive"):
             return None
         return not self.hard_failures
 
@@ -121,9 +135,13 @@ class Analysis:
                 "passed": self.passed,
                 "errored": self.errored,
                 "error_share": self.error_share,
+                "error_share_ci": self.error_share_ci,
                 "error_rate_limit": self.error_rate_limit,
                 "hard_failures": [c.reason for c in self.hard_failures],
                 "soft_failures": [c.reason for c in self.soft_failures],
+                "inconclusive": [{"class": c.class_name, "metric": c.metric, "percentile": c.percentile, "hard": c.hard,
+                                  "more_requests": c.more_requests, "reason": c.reason}
+                                 for c in self.inconclusive_checks],
             },
             "checks": [c.to_dict() for c in self.checks],
             "overall": self.overall.to_dict(),

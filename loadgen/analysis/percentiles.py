@@ -8,6 +8,9 @@ imported runs reproduce their published numbers exactly. ``+inf`` (a failed requ
 a budget) sorts last and makes any quantile that touches it ``+inf``; an empty sample is ``None``.
 Reports, trace statistics, the ledger's workload lengths and token-distribution quantiles all use it.
 
+Every summary carries, beside each of p50/p95/p99, its 95% distribution-free confidence interval
+(``ci``: ``[low, high]`` from order statistics, see ``loadgen.analysis.confidence``).
+
 The alternative, ``percentile_nearest_rank`` (``NEAREST_RANK_RULE``, numpy ``inverted_cdf``), always
 returns an observed value. Only the driver's self-checks use it: the send-lag summary in the
 manifest (whole nanoseconds) and the live progress line; neither is a reported latency percentile.
@@ -20,6 +23,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+
+from .confidence import CONFIDENCE_LEVEL, quantile_ci_ranks, quantile_ci_sorted
 
 __all__ = [
     "LOW_SAMPLE_P99",
@@ -90,11 +95,13 @@ def percentile_nearest_rank(sorted_values: np.ndarray, q: float) -> float | None
 
 def empty_summary() -> dict[str, Any]:
     """The summary of an empty sample: every statistic None, n 0 (never 0 ms)."""
-    return {"p50": None, "p95": None, "p99": None, "mean": None, "max": None, "n": 0, "p99_low_sample": True}
+    return {"p50": None, "p95": None, "p99": None, "mean": None, "max": None, "n": 0, "p99_low_sample": True,
+            "ci": {name: None for name in QUANTILES}, "ci_level": CONFIDENCE_LEVEL}
 
 
 def summarize_sorted(sorted_values: np.ndarray, total: float | None = None) -> dict[str, Any]:
-    """p50/p95/p99, mean, max and n of an ascending array (``total``: its sum, when known)."""
+    """p50/p95/p99 (each with its 95% interval in ``ci``), mean, max and n of an ascending array
+    (``total``: its sum, when known)."""
     n = len(sorted_values)
     if n == 0:
         return empty_summary()
@@ -105,6 +112,8 @@ def summarize_sorted(sorted_values: np.ndarray, total: float | None = None) -> d
     out["max"] = float(sorted_values[-1])
     out["n"] = n
     out["p99_low_sample"] = n < LOW_SAMPLE_P99
+    out["ci"] = {name: list(quantile_ci_sorted(sorted_values, q) or ()) for name, q in QUANTILES.items()}
+    out["ci_level"] = CONFIDENCE_LEVEL
     return out
 
 
@@ -150,6 +159,10 @@ class SortedParts:
     def _count_le(self, x: float) -> int:
         return int(sum(int(np.searchsorted(p, x, side="right")) for p in self.parts))
 
+    def count_at_most(self, x: float) -> int:
+        """How many values (scaled) are at most ``x``."""
+        return self._count_le(x / self.scale)
+
     def kth(self, r: int) -> float:
         """The value of 0-based rank ``r`` in the union (unscaled)."""
         if len(self.parts) == 1:
@@ -182,6 +195,14 @@ class SortedParts:
         b = a if hi == lo else float(self.kth(hi)) * self.scale
         return float(_lerp(a, b, h - lo))
 
+    def interval(self, q: float) -> tuple[float, float] | None:
+        """The 95% order-statistic interval of quantile ``q`` (scaled; −inf / +inf where unbounded)."""
+        if self.n == 0:
+            return None
+        low, up = quantile_ci_ranks(self.n, float(q), CONFIDENCE_LEVEL)
+        return (-math.inf if low is None else float(self.kth(low)) * self.scale,
+                math.inf if up is None else float(self.kth(up)) * self.scale)
+
     def total(self) -> float:
         return float(sum(float(np.sum(p, dtype=np.float64)) for p in self.parts)) * self.scale
 
@@ -199,4 +220,6 @@ def summarize_parts(parts: SortedParts | Sequence[np.ndarray], scale: float = 1.
     out["max"] = sp.max()
     out["n"] = sp.n
     out["p99_low_sample"] = sp.n < LOW_SAMPLE_P99
+    out["ci"] = {name: list(sp.interval(q) or ()) for name, q in QUANTILES.items()}
+    out["ci_level"] = CONFIDENCE_LEVEL
     return out

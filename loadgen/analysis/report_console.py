@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from rich.markup import escape
+
 from .model import METRICS, Analysis, GroupSummary
 
 
@@ -18,7 +20,7 @@ def stability_sentence(s: dict[str, Any]) -> str:
     return f"Little's Law not applied: {s.get('reason')}"
 
 
-__all__ = ["render_console", "fmt_ms", "stability_sentence"]
+__all__ = ["fmt_ci", "fmt_ms", "fmt_share", "render_console", "stability_sentence"]
 
 
 def fmt_ms(value: float | None) -> str:
@@ -34,6 +36,21 @@ def fmt_ms(value: float | None) -> str:
     return f"{value:.2f}"
 
 
+def fmt_ci(ci: list[float] | None) -> str:
+    """A 95% interval of a latency: '[low, high]' ('-inf' / 'inf' where the sample does not bound it)."""
+    if not ci:
+        return ""
+    low = "-inf" if math.isinf(ci[0]) and ci[0] < 0 else fmt_ms(ci[0])
+    return f"[{low}, {fmt_ms(ci[1])}]"
+
+
+def fmt_share(value: float | None, ci: list[float] | None = None) -> str:
+    """A share as a percentage, with its 95% interval when known."""
+    if value is None:
+        return "—"
+    return f"{value:.1%}" + (f" [{ci[0]:.1%}, {ci[1]:.1%}]" if ci else "")
+
+
 def _rate(value: float | None, unit: str) -> str:
     return "—" if value is None else f"{value:,.2f} {unit}"
 
@@ -44,7 +61,11 @@ def _verdict_text(a: Analysis) -> tuple[str, str]:
     elif a.verdict == "no data":
         head, style = "NO DATA: no requests in the window", "bold yellow"
     elif a.verdict == "pass":
-        head, style = "PASS: every hard budget met", "bold green"
+        head, style = "PASS: every hard budget met (95% intervals within the limits)", "bold green"
+    elif a.verdict == "inconclusive":
+        head = (f"INCONCLUSIVE: no hard budget failed, {len(a.hard_inconclusive)} hard check(s) straddle "
+                "their limit (more requests needed)")
+        style = "bold yellow"
     else:
         head, style = f"FAIL: {len(a.hard_failures)} hard check(s) failed", "bold red"
     if a.errored:
@@ -57,9 +78,9 @@ def _budget_cell(a: Analysis, cname: str, metric: str) -> str:
     parts = []
     for c in a.checks:
         if c.class_name == cname and c.metric == metric:
-            mark = "ok" if c.passed else ("FAIL" if c.hard else "warn")
-            if not c.evaluated:
-                mark = "n/a"
+            mark = {"pass": "ok", "fail": "FAIL" if c.hard else "warn", "inconclusive": "?"}.get(c.outcome, "n/a")
+            if c.inconclusive and c.more_requests is not None:
+                mark += f" (+{c.more_requests:,} req)"
             parts.append(f"{c.percentile}≤{c.limit:g} {mark}")
     return ", ".join(parts)
 
@@ -75,10 +96,29 @@ def _class_table(a: Analysis, g: GroupSummary) -> Any:
         t.add_column(col, justify="left" if col in ("metric (ms)", "budget") else "right")
     for metric in METRICS:
         s = g.metrics[metric]
-        p99 = fmt_ms(s["p99"]) + ("*" if s["n"] and s["p99_low_sample"] else "")
-        t.add_row(metric.removesuffix("_ms"), str(s["n"]), fmt_ms(s["p50"]), fmt_ms(s["p95"]), p99,
+        ci = s.get("ci") or {}
+        cells = {q: fmt_ms(s[q]) + ("*" if q == "p99" and s["n"] and s["p99_low_sample"] else "") +
+                 (f"\n{escape(fmt_ci(ci.get(q)))}" if ci.get(q) else "") for q in ("p50", "p95", "p99")}
+        t.add_row(metric.removesuffix("_ms"), str(s["n"]), cells["p50"], cells["p95"], cells["p99"],
                   fmt_ms(s["mean"]), fmt_ms(s["max"]), _budget_cell(a, g.name, metric))
     return t
+
+
+def _server_line(sv: dict[str, Any]) -> str:
+    """The server-metrics summary in one line: KV peak, running/waiting, preemptions, prefix hits, tokens/step."""
+    bits = []
+    if "kv_cache_usage" in sv:
+        bits.append(f"KV peak {sv['kv_cache_usage']['peak']:.1%}")
+    for key in ("running", "waiting"):
+        if key in sv:
+            bits.append(f"{key} max {sv[key]['max']:g}")
+    if "preemptions" in sv:
+        bits.append(f"preemptions {sv['preemptions']['increase']:g}")
+    if sv.get("prefix_cache", {}).get("hit_rate") is not None:
+        bits.append(f"prefix hit {sv['prefix_cache']['hit_rate']:.1%}")
+    if "batch_tokens_per_step" in sv and sv["batch_tokens_per_step"]["mean"] is not None:
+        bits.append(f"tokens/step {sv['batch_tokens_per_step']['mean']:.1f}")
+    return "server: " + (" · ".join(bits) if bits else f"{sv.get('samples', 0)} samples")
 
 
 def render_console(analysis: Analysis, console: Any = None) -> None:
@@ -91,9 +131,11 @@ def render_console(analysis: Analysis, console: Any = None) -> None:
     head, style = _verdict_text(a)
     lines = [f"[{style}]{head}[/{style}]"]
     for c in a.hard_failures:
-        lines.append(f"  [red]✗[/red] {c.reason}")
+        lines.append(f"  [red]✗[/red] {escape(c.reason)}")
+    for c in a.hard_inconclusive:
+        lines.append(f"  [yellow]?[/yellow] {escape(c.reason)}")
     for c in a.soft_failures:
-        lines.append(f"  [yellow]![/yellow] {c.reason} (soft)")
+        lines.append(f"  [yellow]![/yellow] {escape(c.reason)} (soft)")
     console.print(Panel("\n".join(lines), title="verdict", expand=False))
     run = a.run
     target = run.get("target") or {}
@@ -108,8 +150,8 @@ def render_console(analysis: Analysis, console: Any = None) -> None:
                   f"{_rate(o.completed_rps, 'req/s')} · prompt {_rate(o.prompt_tok_s, 'tok/s')} · output "
                   f"{_rate(o.output_tok_s, 'tok/s')}{note}")
     if o.goodput_rps is not None:
-        att = "—" if o.attainment is None else f"{o.attainment:.1%}"
-        console.print(f"goodput {_rate(o.goodput_rps, 'req/s')} · attainment {att} ({o.n_good}/{o.n_eligible})")
+        console.print(f"goodput {_rate(o.goodput_rps, 'req/s')} · attainment {fmt_share(o.attainment, o.attainment_ci)} "
+                      f"({o.n_good}/{o.n_eligible}) · error share {fmt_share(a.error_share, a.error_share_ci)}")
     groups = list(a.classes.values())
     if len(groups) != 1:
         groups.append(a.overall)
@@ -119,12 +161,16 @@ def render_console(analysis: Analysis, console: Any = None) -> None:
         extra = []
         if g.error_kinds:
             extra.append("failures: " + ", ".join(f"{k} {v}" for k, v in g.error_kinds.items()))
+        if g.ttft_by_turn and g is not a.overall:
+            extra.append("TTFT p50/p99 by turn: " + "; ".join(
+                f"{t}: {fmt_ms(s['p50'])}/{fmt_ms(s['p99'])} ms (n={s['n']})" for t, s in g.ttft_by_turn.items()))
         if g.goodput_rps is not None and g is not a.overall:
-            att = "—" if g.attainment is None else f"{g.attainment:.1%}"
-            extra.append(f"goodput {_rate(g.goodput_rps, 'req/s')}, attainment {att}")
+            extra.append(f"goodput {_rate(g.goodput_rps, 'req/s')}, attainment {fmt_share(g.attainment, g.attainment_ci)}")
         if extra:
             console.print("  " + " · ".join(extra))
-    console.print("  * p99 from fewer than 100 samples", style="dim")
+    console.print("  \\[low, high]: 95% confidence interval (order statistics; inf = not bounded by this many samples) · "
+                  "* p99 from fewer than 100 samples · budget ? = inconclusive (+N more requests of the class)",
+                  style="dim")
     console.print()
     console.print(stability_sentence(a.stability))
     wc = a.warm_cold
@@ -137,20 +183,7 @@ def render_console(analysis: Analysis, console: Any = None) -> None:
     if cache:
         console.print("behaviour-relevant settings: " + "; ".join(f"{k}={v}" for k, v in cache.items()))
     if a.server:
-        sv = a.server
-        bits = []
-        if "kv_cache_usage" in sv:
-            bits.append(f"KV peak {sv['kv_cache_usage']['peak']:.1%}")
-        for key in ("running", "waiting"):
-            if key in sv:
-                bits.append(f"{key} max {sv[key]['max']:g}")
-        if "preemptions" in sv:
-            bits.append(f"preemptions {sv['preemptions']['increase']:g}")
-        if sv.get("prefix_cache", {}).get("hit_rate") is not None:
-            bits.append(f"prefix hit {sv['prefix_cache']['hit_rate']:.1%}")
-        if "batch_tokens_per_step" in sv and sv["batch_tokens_per_step"]["mean"] is not None:
-            bits.append(f"tokens/step {sv['batch_tokens_per_step']['mean']:.1f}")
-        console.print("server: " + (" · ".join(bits) if bits else f"{sv.get('samples', 0)} samples"))
+        console.print(_server_line(a.server))
     tok = a.overall.tokens.get("output", {})
     if tok:
         console.print(f"output tokens (ok requests): target {tok['target']}, client {tok['client']}, server "

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from .model import METRICS, Analysis, GroupSummary
-from .report_console import fmt_ms, stability_sentence
+from .report_console import fmt_ci, fmt_ms, fmt_share, stability_sentence
 
 __all__ = ["render_html", "write_html"]
 
@@ -193,7 +193,10 @@ def _header(a: Analysis) -> list[str]:
     """Document head, title line, verdict banner, failed checks and the run line."""
     run = a.run
     cls = {"pass": "vpass", "fail": "vfail"}.get(a.verdict, "vnone")
-    head = {"pass": "PASS: every hard budget met", "fail": f"FAIL: {len(a.hard_failures)} hard check(s) failed",
+    head = {"pass": "PASS: every hard budget met (95% intervals within the limits)",
+            "fail": f"FAIL: {len(a.hard_failures)} hard check(s) failed",
+            "inconclusive": (f"INCONCLUSIVE: no hard budget failed, {len(a.hard_inconclusive)} hard check(s) straddle "
+                             "their limit (more requests needed)"),
             "no budgets": "NO BUDGETS (numbers only)", "no data": "NO DATA: no requests in the window"}[a.verdict]
     if a.errored:
         head += f" · ERRORED RUN (error share {a.error_share:.1%} > {a.error_rate_limit:.1%})"
@@ -206,9 +209,10 @@ def _header(a: Analysis) -> list[str]:
         f"<h1>loadgen analysis · {_e(run.get('scenario') or 'no scenario')} · {_e(run.get('run_kind'))}</h1>",
         f'<div class="verdict {cls}" id="verdict">{_e(head)}</div>',
     ]
-    if a.failed_checks:
+    if a.failed_checks or a.hard_inconclusive:
         parts.append("<ul>" + "".join(
-            f'<li class="{"fail" if c.hard else "warn"}">{_e(c.reason)}</li>' for c in a.failed_checks) + "</ul>")
+            f'<li class="{"fail" if c.hard else "warn"}">{_e(c.reason)}</li>' for c in a.failed_checks) + "".join(
+            f'<li class="warn">{_e(c.reason)}</li>' for c in a.hard_inconclusive) + "</ul>")
     target = run.get("target") or {}
     parts.append(f'<p class="dim">run {_e(a.run_dir)} · model {_e(target.get("model"))} · target {_e(target.get("kind"))} '
                  f'· started {_e(run.get("started_utc"))} · {run.get("requests")} requests, {run.get("chunk_rows")} chunk rows '
@@ -223,7 +227,8 @@ def _load_section(a: Analysis) -> list[str]:
                  ["completed ok", _num(o.completed_rps), "req/s"], ["prompt tokens", _num(o.prompt_tok_s, "{:,.1f}"), "tok/s"],
                  ["output tokens", _num(o.output_tok_s, "{:,.1f}"), "tok/s"],
                  ["goodput", _num(o.goodput_rps), "req/s"],
-                 ["attainment", "—" if o.attainment is None else f"{o.attainment:.1%}", ""]]
+                 ["attainment [95% Wilson interval]", _e(fmt_share(o.attainment, o.attainment_ci)), ""],
+                 ["error share [95% Wilson interval]", _e(fmt_share(a.error_share, a.error_share_ci)), ""]]
     parts = ["<h2>Load and throughput</h2>", _table(["measure", "value", "unit"], rate_rows)]
     if not a.rates_meaningful:
         parts.append('<p class="warn">Instants were synthesized by the importer: rates and time series are not measurements.</p>')
@@ -234,11 +239,30 @@ def _checks_section(a: Analysis) -> list[str]:
     """Every budget check with observed value, limit, n and result (nothing when there are none)."""
     if not a.checks:
         return []
-    rows = [[_e(c.class_name), _e(c.metric), _e(c.percentile or ""), _num(c.observed, "{:,.2f}"), _num(c.limit, "{:,.2f}"),
-             c.n, "hard" if c.hard else "soft",
-             ('<span class="pass">pass</span>' if c.passed else f'<span class="{"fail" if c.hard else "warn"}">fail</span>')
-             if c.evaluated else "n/a"] for c in a.checks]
-    return ["<h2>Budget checks</h2>", _table(["class", "metric", "pct", "observed", "limit", "n", "kind", "result"], rows, left=3)]
+    rows = [[_e(c.class_name), _e(c.metric), _e(c.percentile or ""), _num(c.observed, "{:,.2f}"), _e(_check_ci(c)),
+             _num(c.limit, "{:,.2f}"), c.n, "hard" if c.hard else "soft", _outcome_html(c),
+             "" if c.more_requests is None else f"{c.more_requests:,}"] for c in a.checks]
+    return ["<h2>Budget checks</h2>",
+            _table(["class", "metric", "pct", "observed", "95% CI", "limit", "n", "kind", "result",
+                    "more requests needed"], rows, left=3),
+            '<p class="dim">pass: the 95% interval lies at or below the limit; fail: above it; inconclusive: it '
+            'straddles the limit, and about the number of requests shown would decide it. ' +
+            _e(a.definitions.get("confidence", "")) + "</p>"]
+
+
+def _check_ci(c: Any) -> str:
+    if not c.ci:
+        return ""
+    if c.metric == "error_share":
+        return f"[{c.ci[0]:.2%}, {c.ci[1]:.2%}]"
+    return fmt_ci(c.ci)
+
+
+def _outcome_html(c: Any) -> str:
+    if not c.evaluated:
+        return "n/a"
+    css = {"pass": "pass", "fail": "fail" if c.hard else "warn", "inconclusive": "warn"}[c.outcome]
+    return f'<span class="{css}">{_e(c.outcome)}</span>'
 
 
 def _class_sections(a: Analysis, groups: list[GroupSummary]) -> list[str]:
@@ -254,9 +278,20 @@ def _class_sections(a: Analysis, groups: list[GroupSummary]) -> list[str]:
         for m in METRICS:
             s = g.metrics[m]
             flag = "*" if s["n"] and s["p99_low_sample"] else ""
-            rows.append([_e(m), s["n"], fmt_ms(s["p50"]), fmt_ms(s["p95"]), fmt_ms(s["p99"]) + flag, fmt_ms(s["mean"]), fmt_ms(s["max"])])
+            ci = s.get("ci") or {}
+            cells = [fmt_ms(s[q]) + (flag if q == "p99" else "") +
+                     (f'<br><span class="dim">{_e(fmt_ci(ci.get(q)))}</span>' if ci.get(q) else "") for q in ("p50", "p95", "p99")]
+            rows.append([_e(m), s["n"], *cells, fmt_ms(s["mean"]), fmt_ms(s["max"])])
         parts.append(_table(["metric", "n", "p50", "p95", "p99", "mean", "max"], rows))
-    parts.append('<p class="dim">* p99 from fewer than 100 samples. Percentiles: ' + _e(a.definitions.get("percentiles", "")) + "</p>")
+        if g.ttft_by_turn:
+            parts.append(_table(["TTFT by turn", "n", "p50", "p95", "p99"],
+                                [[_e(t), s["n"], fmt_ms(s["p50"]), fmt_ms(s["p95"]), fmt_ms(s["p99"])]
+                                 for t, s in g.ttft_by_turn.items()]))
+        if g.attainment is not None:
+            parts.append(f'<p>attainment {_e(fmt_share(g.attainment, g.attainment_ci))} ({g.n_good}/{g.n_eligible})</p>')
+    parts.append('<p class="dim">Under each percentile: its 95% confidence interval [low, high] (order statistics; inf: '
+                 'not bounded by this many samples). * p99 from fewer than 100 samples. Percentiles: ' +
+                 _e(a.definitions.get("percentiles", "")) + "</p>")
     return parts
 
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-#: Exit code of ``--fail-on-budget`` when a hard budget (or the error-share limit) failed.
+#: Exit code of ``--fail-on-budget`` when a hard budget (or the error-share limit) failed conclusively.
 EXIT_BUDGET_FAILED = 3
+#: Exit code of ``--fail-on-budget`` when no hard budget failed but one is inconclusive (its 95% interval
+#: straddles the limit): more requests are needed to decide.
+EXIT_BUDGET_INCONCLUSIVE = 4
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,7 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--window", metavar="START:END", help="measurement window in seconds on the run clock")
     p.add_argument("--include-cold", action="store_true", help="keep cold-start requests in the tables and budgets")
     p.add_argument("--fail-on-budget", action="store_true",
-                   help=f"exit {EXIT_BUDGET_FAILED} when a hard budget fails (default: exit 0 and print the verdict)")
+                   help=f"exit {EXIT_BUDGET_FAILED} when a hard budget fails conclusively, {EXIT_BUDGET_INCONCLUSIVE} when one "
+                        "is inconclusive (default: exit 0 and print the verdict)")
     p.add_argument("--quiet", action="store_true", help="no console report (files only)")
     p.set_defaults(func=_analyze)
 
@@ -40,6 +44,8 @@ def _analyze(args: argparse.Namespace) -> int:
     if args.html:
         write_html(analysis, args.html)
         print(f"wrote {args.html}")
-    if args.fail_on_budget and analysis.passed is False:
+    if args.fail_on_budget and analysis.verdict == "fail":
         return EXIT_BUDGET_FAILED
+    if args.fail_on_budget and analysis.verdict == "inconclusive":
+        return EXIT_BUDGET_INCONCLUSIVE
     return 0

@@ -37,8 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..sim.worksheet import run_worksheet
     from ..manifest import read_manifest
+    from ..sim.worksheet import run_worksheet
 
     out = run_worksheet(args.trace, args.engine, args.out, seed=args.seed, scenario=args.scenario)
     notes = read_manifest(out).engine_notes

@@ -119,8 +119,8 @@ def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..driver import RunOptions
-    from ..targets.vllm import measure_with_server
     from ..engines.vllm.server import VllmServer
+    from ..targets.vllm import measure_with_server
 
     cfg = _config(args)
     options = RunOptions(trace_path=Path(args.trace), target_url="http://placeholder", out_dir=Path(args.out),

@@ -95,6 +95,7 @@ class Job:
     prompt_sha256: str
     client_prompt_tokens: int | None
     prompt_text: str | None
+    think_after_reply_ns: int | None = None  # sent this long after the previous turn's reply ended (None: at offset)
     payload: bytes = b""  # the whole HTTP request (head + body), set by the run just before it starts
 
 
@@ -171,6 +172,7 @@ def build_jobs(
         if extra_body:
             body.update(extra_body)
         cancel = cols["cancel_after_tokens"][i]
+        think = cols["think_after_reply_ns"][i] if "think_after_reply_ns" in cols else None
         jobs.append(
             Job(
                 index=i,
@@ -187,6 +189,7 @@ def build_jobs(
                 prompt_sha256=prompt_sha256(prompt_text),
                 client_prompt_tokens=client_tokens,
                 prompt_text=prompt_text if retain_prompt_text else None,
+                think_after_reply_ns=int(think) if think is not None and turn else None,
             )
         )
     return jobs

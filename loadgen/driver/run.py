@@ -336,17 +336,42 @@ async def _warm_up(counter) -> None:
 
 
 async def _schedule_open(ctx: RunContext, jobs, requests) -> None:
-    """Start each request at its fixed deadline (anchor + offset), whether or not earlier ones finished."""
+    """Start each request at its fixed deadline (anchor + offset), whether or not earlier ones finished.
+
+    A turn that waits for the reply (``think_after_reply_ns``) is not started here: the previous turn of
+    its conversation starts it, one think time after its own reply ended (its ``scheduled_ns`` is then
+    that ready instant).
+    """
     anchor = ctx.anchor_ns
     now = time.perf_counter_ns
     start = requests.start_soon
+    followers = {(j.conversation_id, j.turn_index - 1): j for j in jobs if j.think_after_reply_ns is not None}
     for job in jobs:
+        if job.think_after_reply_ns is not None:
+            continue
         deadline = ctx.next_deadline_ns = anchor + job.offset_ns
         if deadline > now():
             await sleep_until(deadline)  # one precise waiter for the whole run, not one per request
         # on the wire now when a slot and an idle connection are free; the task reads the response
-        start(execute, ctx, job, deadline, send_at_deadline(ctx, job))
+        if followers and (job.conversation_id, job.turn_index) in followers:
+            start(_execute_then_follow, ctx, job, deadline, send_at_deadline(ctx, job), followers, requests)
+        else:
+            start(execute, ctx, job, deadline, send_at_deadline(ctx, job))
     ctx.next_deadline_ns = 1 << 62
+
+
+async def _execute_then_follow(ctx: RunContext, job, scheduled_abs_ns: int, pre, followers, requests) -> None:
+    """Run ``job``; when its reply has ended (whatever its status), its conversation's next turn becomes
+    ready one think time later and is started then."""
+    await execute(ctx, job, scheduled_abs_ns, pre)
+    nxt = followers.get((job.conversation_id, job.turn_index))
+    if nxt is not None:
+        requests.start_soon(_follow, ctx, nxt, time.perf_counter_ns() + nxt.think_after_reply_ns, followers, requests)
+
+
+async def _follow(ctx: RunContext, job, ready_abs_ns: int, followers, requests) -> None:
+    await sleep_until(ready_abs_ns)
+    await _execute_then_follow(ctx, job, ready_abs_ns, None, followers, requests)
 
 
 async def _schedule_closed(ctx: RunContext, jobs, concurrency: int, requests) -> None:

@@ -47,8 +47,10 @@ class CellCoord:
 
 def mean_rate_rps(settings: TraceSettings) -> float | None:
     """Mean offered arrival rate (requests + sessions per second) of an open-loop trace setting."""
-    if settings.process in ("poisson", "gamma"):
+    if settings.process in ("poisson", "gamma", "constant"):
         return float(settings.rate_rps or 0.0)
+    if settings.process == "ramp":
+        return (float(settings.start_rate_rps or 0.0) + float(settings.end_rate_rps or 0.0)) / 2.0
     if settings.process == "onoff":
         gap, burst = float(settings.gap_s or 0), float(settings.burst_s or 0)
         quiet, high = float(settings.quiet_rate_rps or 0), float(settings.burst_rate_rps or 0)
@@ -56,8 +58,9 @@ def mean_rate_rps(settings: TraceSettings) -> float | None:
     return None
 
 
-def cell_trace_settings(spec: PlanSpec, scenario: Scenario, coord: CellCoord) -> TraceSettings:
-    """The plan trace's settings for one cell (scaled rates, class focus, duration, max in flight)."""
+def cell_trace_settings(spec: PlanSpec, scenario: Scenario, coord: CellCoord, duration_scale: float = 1.0) -> TraceSettings:
+    """The plan trace's settings for one cell (scaled rates, class focus, duration, max in flight);
+    ``duration_scale`` lengthens the cell's duration (an extended run: more requests at the same rate)."""
     if spec.trace not in scenario.traces:
         raise PlanError(
             f"{spec.source_path or spec.name}: trace = {spec.trace!r}: not a trace of scenario "
@@ -74,12 +77,14 @@ def cell_trace_settings(spec: PlanSpec, scenario: Scenario, coord: CellCoord) ->
             raise PlanError(f"{spec.source_path or spec.name}: trace {spec.trace!r} has a zero mean rate: rates_rps cannot scale it")
         scale = coord.rate_step / mean
     update: dict[str, Any] = {"max_in_flight": coord.concurrency}
-    for name in ("rate_rps", "quiet_rate_rps", "burst_rate_rps"):
+    for name in ("rate_rps", "quiet_rate_rps", "burst_rate_rps", "start_rate_rps", "end_rate_rps"):
         value = getattr(base, name)
         if value is not None:
             update[name] = value * scale
     if spec.duration_s is not None:
         update["duration_s"] = spec.duration_s
+    if duration_scale != 1.0:
+        update["duration_s"] = float(update.get("duration_s", base.duration_s)) * duration_scale
     if coord.request_class != MIXED:
         if coord.request_class not in scenario.classes:
             raise PlanError(
@@ -95,8 +100,9 @@ def cell_trace_settings(spec: PlanSpec, scenario: Scenario, coord: CellCoord) ->
         raise PlanError(format_validation_error(f"{spec.source_path or spec.name}: cell {coord.cell_id}", exc)) from None
 
 
-def build_cell_trace(spec: PlanSpec, scenario: Scenario, coord: CellCoord, path: Path) -> tuple[Path, dict[str, Any]]:
-    """Generate (or reuse) the cell's trace file; returns its path and metadata."""
+def build_cell_trace(spec: PlanSpec, scenario: Scenario, coord: CellCoord, path: Path,
+                     duration_scale: float = 1.0) -> tuple[Path, dict[str, Any]]:
+    """Generate (or reuse) the cell's trace file (``duration_scale`` × its duration); returns its path and metadata."""
     from ..trace.generate import generate_trace
     from ..trace.io import read_trace
 
@@ -104,13 +110,14 @@ def build_cell_trace(spec: PlanSpec, scenario: Scenario, coord: CellCoord, path:
     if path.is_file():
         _, meta = read_trace(path)
         return path, meta
-    settings = cell_trace_settings(spec, scenario, coord)
+    settings = cell_trace_settings(spec, scenario, coord, duration_scale)
     cell_scenario = scenario.model_copy(update={"traces": {**scenario.traces, spec.trace: settings}})
     table, meta = generate_trace(cell_scenario, spec.trace, spec.seed)
     if table.num_rows == 0:
         raise PlanError(f"{spec.source_path or spec.name}: cell {coord.cell_id}: {settings.duration_s:g} s at this rate "
                         "gives no request: expected a longer duration_s or higher rates")
-    meta = {**meta, "plan_cell": coord.to_dict(), "offered_rate_rps": mean_rate_rps(settings)}
+    meta = {**meta, "plan_cell": coord.to_dict(), "offered_rate_rps": mean_rate_rps(settings),
+            "duration_scale": duration_scale}
     _write_atomic(table, path, meta)
     return path, meta
 
@@ -144,6 +151,7 @@ def build_warmup_trace(cell_trace: Path, requests: int, rate_rps: float, path: P
     columns["cancel_after_tokens"] = [None] * n
     columns["conversation_id"] = [None] * n  # each warm-up request stands alone
     columns["turn_index"] = [None] * n
+    columns["think_after_reply_ns"] = [None] * n
     out = pa.Table.from_pydict(columns, schema=head.schema)
     meta = {**meta, "warmup_of": str(cell_trace), "requests": n, "duration_s": n / rate_rps, "mode": "open"}
     return _write_atomic(out, Path(path), meta)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..analysis import Analysis
+from ..analysis.budgets import error_share_check
 from ..manifest import Manifest
 from ..rundir import RunData
 from .spec import StopLimits
@@ -48,7 +49,9 @@ INVALID_OUTPUT_KINDS = ("malformed_sse", "empty_output", "truncated")
 
 @dataclass(frozen=True)
 class FailedCheck:
-    """A hard check that failed: what, where, how much, against what, over how many samples."""
+    """A hard check that failed (``outcome`` "fail": its 95% interval lies above the limit) or is
+    inconclusive (the interval straddles it; ``more_requests`` of the class would likely decide it):
+    what, where, how much, against what, over how many samples."""
 
     request_class: str
     metric: str
@@ -57,20 +60,24 @@ class FailedCheck:
     limit: float
     n: int
     reason: str
+    outcome: str = "fail"
+    ci: tuple[float, float] | None = None
+    more_requests: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        observed = self.observed
-        if isinstance(observed, float) and math.isinf(observed):
-            observed = "inf"
         return {"class": self.request_class, "metric": self.metric, "percentile": self.percentile,
-                "observed": observed, "limit": self.limit, "n": self.n, "reason": self.reason}
+                "observed": _finite(self.observed), "limit": self.limit, "n": self.n, "reason": self.reason,
+                "outcome": self.outcome, "ci": [_finite(v) for v in self.ci] if self.ci else None,
+                "more_requests": self.more_requests}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "FailedCheck":
-        observed = d.get("observed")
-        if observed == "inf":
-            observed = math.inf
-        return cls(d["class"], d["metric"], d.get("percentile"), observed, d["limit"], d["n"], d["reason"])
+        def num(v: Any) -> Any:
+            return {"inf": math.inf, "-inf": -math.inf}.get(v, v) if isinstance(v, str) else v
+
+        ci = d.get("ci")
+        return cls(d["class"], d["metric"], d.get("percentile"), num(d.get("observed")), d["limit"], d["n"], d["reason"],
+                   d.get("outcome", "fail"), (num(ci[0]), num(ci[1])) if ci else None, d.get("more_requests"))
 
 
 @dataclass(frozen=True)
@@ -90,10 +97,17 @@ class RunJudgement:
     stops: list[Stop] = field(default_factory=list)
     per_class_failed: dict[str, list[FailedCheck]] = field(default_factory=dict)
     figures: dict[str, Any] = field(default_factory=dict)
+    inconclusive: list[FailedCheck] = field(default_factory=list)  # hard checks whose interval straddles the limit
+    per_class_inconclusive: dict[str, list[FailedCheck]] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
-        return not self.failed and not self.stops
+        """Every hard check passed conclusively and no stop fired."""
+        return not self.failed and not self.stops and not self.inconclusive
+
+    @property
+    def conclusive_failure(self) -> bool:
+        return bool(self.failed or self.stops)
 
 
 def _share(count: int, total: int) -> float:
@@ -101,7 +115,8 @@ def _share(count: int, total: int) -> float:
 
 
 def _check_record(check: Any) -> FailedCheck:
-    return FailedCheck(check.class_name, check.metric, check.percentile, check.observed, check.limit, check.n, check.reason)
+    return FailedCheck(check.class_name, check.metric, check.percentile, check.observed, check.limit, check.n, check.reason,
+                       check.outcome, tuple(check.ci) if check.ci else None, check.more_requests)
 
 
 def _measurement_problems(run: RunData, manifest: Manifest, limits: StopLimits) -> list[str]:
@@ -154,19 +169,15 @@ def judge_run(analysis: Any, run: Any, limits: StopLimits, *, deadline_hit: bool
         record = _check_record(check)
         out.failed.append(record)
         out.per_class_failed.setdefault(check.class_name, []).append(record)
+    for check in analysis.hard_inconclusive:
+        record = _check_record(check)
+        out.inconclusive.append(record)
+        out.per_class_inconclusive.setdefault(check.class_name, []).append(record)
     overall = analysis.overall
     n = int(overall.n_scheduled or 0)
     kinds: dict[str, int] = dict(overall.error_kinds or {})
     statuses: dict[str, int] = dict(overall.status_counts or {})
-    error_limit = limits.error_rate_limit if limits.error_rate_limit is not None else analysis.error_rate_limit
-    failed_n = sum(v for k, v in statuses.items() if k in ("error", "timeout", "not_sent"))
-    share = _share(failed_n, n)
-    if share > error_limit:
-        record = FailedCheck("overall", "error_rate", None, share, error_limit, n,
-                             f"overall error rate {share:.1%} > {error_limit:.1%} ({failed_n} of {n} failed)")
-        out.failed.append(record)
-        for name in analysis.classes:
-            out.per_class_failed.setdefault(name, []).append(record)
+    _error_rate(out, analysis, limits, statuses, n)
     server_n = sum(kinds.get(k, 0) for k in SERVER_FAILURE_KINDS)
     if alive_problem:
         out.stops.append(Stop("server_failure", alive_problem))
@@ -190,6 +201,25 @@ def judge_run(analysis: Any, run: Any, limits: StopLimits, *, deadline_hit: bool
         out.stops.append(Stop("measurement_corruption", "; ".join(problems)))
     out.figures = run_figures(analysis, manifest)
     return out
+
+
+def _error_rate(out: RunJudgement, analysis: Any, limits: StopLimits, statuses: dict[str, int], n: int) -> None:
+    """The plan's error-rate limit (error, timeout, not sent), three-way by its Wilson interval. An
+    inconclusive one is recorded only under a plan-specific limit (else the analysis's error-share check says it)."""
+    error_limit = limits.error_rate_limit if limits.error_rate_limit is not None else analysis.error_rate_limit
+    failed_n = sum(v for k, v in statuses.items() if k in ("error", "timeout", "not_sent"))
+    check = error_share_check(failed_n, n, error_limit)
+    if check.outcome not in ("fail", "inconclusive"):
+        return
+    if check.outcome == "inconclusive" and limits.error_rate_limit is None:
+        return
+    record = FailedCheck("overall", "error_rate", None, check.observed, error_limit, n,
+                         "overall " + check.reason.replace("error share", "error rate", 1), check.outcome,
+                         tuple(check.ci) if check.ci else None, check.more_requests)
+    (out.failed if check.outcome == "fail" else out.inconclusive).append(record)
+    target = out.per_class_failed if check.outcome == "fail" else out.per_class_inconclusive
+    for name in analysis.classes:
+        target.setdefault(name, []).append(record)
 
 
 def run_figures(analysis: Analysis, manifest: Manifest) -> dict[str, Any]:

@@ -6,8 +6,11 @@ comparison refuses with one line naming each differing key, unless ``allow_diffe
 route (``interactive`` = the scenario's streaming classes, ``all``, or class names), each candidate is
 judged in order:
 
-1. hard budgets: any breach rejects the candidate for the route, with class, percentile, measured
-   value, limit and sample count;
+1. hard budgets: a conclusive breach (the 95% interval of the percentile, or the Wilson interval of
+   the error share, lies above the limit) rejects the candidate for the route, with class,
+   percentile, measured value, interval, limit and sample count; a check whose interval straddles
+   its limit rejects nothing but leaves the step inconclusive, saying "about N more requests of
+   class C are needed"; among eligible candidates those shown to pass rank first;
 2. behaviour contract: a failed (or, against the reference candidate, regressed) contract rejects
    before any throughput or cost is looked at; "not configured" / "not evaluated" are said, not hidden;
 3. throughput and cost: output tokens/s (over the run and at its peak second), requests/s, goodput and
@@ -42,6 +45,7 @@ __all__ = [
     "identity_differences",
     "identity_of",
     "load_candidate",
+    "needed_lines",
     "route_classes",
 ]
 
@@ -234,21 +238,23 @@ def _engine_rate(run_dir: Path, manifest: Manifest) -> float | None:
     return engine_busy_output_rate(run_dir)
 
 
+def _check_item(check: Any) -> dict[str, Any]:
+    """A hard check as the comparison shows it: where, measured value and its 95% interval, limit, n, verdict."""
+    return {"class": check.class_name, "metric": check.metric, "percentile": check.percentile,
+            "observed": check.observed if check.observed is None or math.isfinite(check.observed) else "inf",
+            "ci": [v if math.isfinite(v) else ("inf" if v > 0 else "-inf") for v in check.ci] if check.ci else None,
+            "limit": check.limit, "n": check.n, "outcome": check.outcome, "more_requests": check.more_requests,
+            "needed": check.needed_text(), "reason": check.reason}
+
+
 def _judge_run(c: Candidate, route: str) -> dict[str, Any]:
     a = c.analysis
     assert a is not None, "a run candidate carries its analysis"
     classes = route_classes(route, c.scenario, list(a.classes))
-    breaches = []
-    for check in a.hard_failures:
-        if check.class_name in classes:
-            breaches.append({"class": check.class_name, "metric": check.metric, "percentile": check.percentile,
-                             "observed": check.observed if check.observed is None or math.isfinite(check.observed) else "inf",
-                             "limit": check.limit, "n": check.n, "reason": check.reason})
-    breaches.sort(key=lambda b: (b["metric"] != "ttft_ms", b["percentile"] != "p99"))  # the p99 TTFT breach leads
-    if a.errored:
-        breaches.append({"class": "overall", "metric": "error_rate", "percentile": None, "observed": a.error_share,
-                         "limit": a.error_rate_limit, "n": a.overall.n_scheduled,
-                         "reason": f"error share {a.error_share:.1%} > limit {a.error_rate_limit:.1%} (n={a.overall.n_scheduled})"})
+    on_route = [ch for ch in a.checks if ch.hard and (ch.class_name in classes or ch.class_name == "overall")]
+    breaches = [_check_item(ch) for ch in on_route if ch.failed]
+    breaches.sort(key=lambda b: (b["class"] == "overall", b["metric"] != "ttft_ms", b["percentile"] != "p99"))  # p99 TTFT leads
+    inconclusive = [_check_item(ch) for ch in on_route if ch.inconclusive]
     tails: dict[str, dict[str, Any]] = {}
     for name in classes:
         group = a.classes.get(name)
@@ -260,10 +266,13 @@ def _judge_run(c: Candidate, route: str) -> dict[str, Any]:
         budgets = c.scenario.classes[name].budgets if c.scenario is not None and name in c.scenario.classes else None
         tails[name]["limits"] = {m: (getattr(budgets, m).limits() if budgets is not None and getattr(budgets, m) else {})
                                  for m in ("ttft_ms", "itl_ms", "e2e_ms")}
+        tails[name]["checks"] = {f"{ch.metric}.{ch.percentile}": _check_item(ch) for ch in a.checks
+                                 if ch.class_name == name and ch.evaluated}
     o = a.overall
     return {
         "route_classes": classes,
         "breaches": breaches,
+        "inconclusive": inconclusive,
         "tails": tails,
         "status_counts": dict(o.status_counts),
         "error_kinds": dict(o.error_kinds),
@@ -299,7 +308,9 @@ def _judge_plan(c: Candidate, route: str) -> dict[str, Any]:
     if "mixed" in region.get("classes", {}) and c.scenario is not None:
         present = sorted(set(present) | set(c.scenario.classes))
     classes = route_classes(route, c.scenario, present)
-    breaches, capacity = [], {}
+    breaches: list[dict[str, Any]] = []
+    unsure: list[dict[str, Any]] = []
+    capacity: dict[str, Any] = {}
     best_cell: dict[str, Any] | None = None
     for name in classes:
         key = name if name in region.get("classes", {}) else ("mixed" if "mixed" in region.get("classes", {}) else None)
@@ -308,7 +319,7 @@ def _judge_plan(c: Candidate, route: str) -> dict[str, Any]:
                              "reason": f"{name}: the plan has no cells for this class"})
             continue
         inside = []
-        lowest_out = None
+        lowest_out = lowest_unsure = None
         for data in region["classes"][key].values():
             for cell in data["cells"]:
                 status = cell["status"] if key != "mixed" else (cell.get("per_class", {}).get(name, {}).get("status", cell["status"]))
@@ -316,10 +327,18 @@ def _judge_plan(c: Candidate, route: str) -> dict[str, Any]:
                     inside.append(cell)
                 elif status in ("outside", "stopped") and lowest_out is None:
                     lowest_out = cell
+                elif status == "inconclusive" and lowest_unsure is None:
+                    lowest_unsure = cell
+        if not inside and lowest_unsure is not None:  # not shown to fail: an inconclusive load step may be inside
+            unsure.append({"class": name, "metric": "region", "percentile": None, "observed": None, "limit": None, "n": 0,
+                           "outcome": "inconclusive", "more_requests": None,
+                           "needed": f"more requests at {lowest_unsure['cell_id']} (raise [confidence] max_requests)",
+                           "reason": f"{name}: no load step is conclusively inside ({lowest_unsure.get('limiting')})"})
+            continue
         if not inside:
             reason = (lowest_out or {}).get("limiting") or "no cell inside the region"
             breaches.append({"class": name, "metric": "region", "percentile": None, "observed": None, "limit": None,
-                             "n": 0, "reason": f"{name}: no load step satisfies every hard budget ({reason})"})
+                             "n": 0, "outcome": "fail", "reason": f"{name}: no load step satisfies every hard budget ({reason})"})
             continue
         top = max(inside, key=lambda cell: (cell.get("offered_rps") or 0.0))
         capacity[name] = {"max_inside_offered_rps": top.get("offered_rps"), "cell": top["cell_id"],
@@ -329,6 +348,7 @@ def _judge_plan(c: Candidate, route: str) -> dict[str, Any]:
     return {
         "route_classes": classes,
         "breaches": breaches,
+        "inconclusive": unsure,
         "capacity": capacity,
         "tails": {},
         "status_counts": {},
@@ -388,11 +408,25 @@ def _identity_notes(candidates: list[Candidate], variable: str, allow_difference
     return covered, other, notes
 
 
+def needed_lines(inconclusive: list[dict[str, Any]]) -> list[str]:
+    """One "inconclusive: about N more requests of class C are needed" per class (the largest N of its checks)."""
+    by_class: dict[str, dict[str, Any]] = {}
+    for item in inconclusive:
+        have = by_class.get(item["class"])
+        if have is None or (item.get("more_requests") or 0) > (have.get("more_requests") or 0):
+            by_class[item["class"]] = item
+    return [f"inconclusive: {item['needed']} ({item['reason'].split('; inconclusive:')[0]})" for item in by_class.values()]
+
+
 def _budget_step(j: dict[str, Any]) -> dict[str, Any]:
-    """Judgement step 1: any hard-budget breach on the route rejects."""
+    """Judgement step 1: a conclusive hard-budget breach on the route rejects (95% interval above the limit);
+    a check whose interval straddles its limit leaves the step inconclusive, with the requests it needs."""
     if j["breaches"]:
         return {"step": "hard budgets", "result": "rejected", "why": [b["reason"] for b in j["breaches"]]}
-    return {"step": "hard budgets", "result": "passed", "why": [f"every hard budget of {', '.join(j['route_classes'])} met"]}
+    if j.get("inconclusive"):
+        return {"step": "hard budgets", "result": "inconclusive", "why": needed_lines(j["inconclusive"])}
+    return {"step": "hard budgets", "result": "passed",
+            "why": [f"every hard budget of {', '.join(j['route_classes'])} met (95% intervals within the limits)"]}
 
 
 def _contract_step(c: Candidate) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -436,6 +470,7 @@ def _judge_candidate(index: int, c: Candidate, route: str, table: PriceTable | N
     return {
         "index": index, "label": c.label, "path": str(c.path), "kind": c.kind,
         "verdict": "rejected" if rejected else "eligible",
+        "budgets": steps[0]["result"],
         "rejected_at": next((s["step"] for s in steps if s["result"] == "rejected"), None),
         "steps": steps, "contract": contract, "cost": _cost(c, j["throughput"], table), **j, "context": _context(c),
     }
@@ -451,10 +486,12 @@ def _send_lag_notes(judged: list[dict[str, Any]]) -> list[str]:
     return notes
 
 
-def _rank_key(j: dict[str, Any]) -> tuple[float, float]:
-    """Among eligible candidates: the lowest cost per million output tokens, then the highest headline rate."""
+def _rank_key(j: dict[str, Any]) -> tuple[int, float, float]:
+    """Among eligible candidates: budgets shown to pass before inconclusive ones, then the lowest cost per million
+    output tokens, then the highest headline rate."""
     cost = (j.get("cost") or {}).get("per_million_output_tokens")
-    return (cost if cost is not None else math.inf, -(_headline_rate(j["throughput"])[0] or 0.0))
+    return (0 if j.get("budgets") == "passed" else 1, cost if cost is not None else math.inf,
+            -(_headline_rate(j["throughput"])[0] or 0.0))
 
 
 def _rejection_line(j: dict[str, Any], route: str, headline: dict[str, Any], chosen: dict[str, Any] | None) -> str:
@@ -478,19 +515,25 @@ def _decide(judged: list[dict[str, Any]], route: str) -> dict[str, Any]:
         chosen = min(eligible, key=_rank_key)
         by = ("lowest cost per million output tokens" if (chosen.get("cost") or {}).get("per_million_output_tokens") is not None
               else "highest " + _headline_rate(chosen["throughput"])[1])
-        why = [(f"{chosen['label']} is chosen for {route} routing: it meets every hard budget of "
+        meets = ("meets every hard budget of " if chosen.get("budgets") == "passed"
+                 else "fails no hard budget conclusively (some are inconclusive, see below) of ")
+        why = [(f"{chosen['label']} is chosen for {route} routing: it {meets}"
                 f"{', '.join(chosen['route_classes'])}, its behaviour contract is {chosen['contract']['status']}, "
                 f"and among the {len(eligible)} eligible candidate(s) it has the {by}")]
     else:
         chosen = None
         why = [f"no candidate is eligible for {route} routing"]
     why += [_rejection_line(j, route, headline, chosen) for j in judged if j["verdict"] == "rejected"]
+    unsure = [{"label": j["label"], "why": j["steps"][0]["why"]} for j in judged
+              if j["verdict"] == "eligible" and j.get("budgets") == "inconclusive"]
+    why += [f"{u['label']}: {line}" for u in unsure for line in u["why"]]
     return {
         "route": route,
         "chosen": chosen["label"] if chosen else None,
         "chosen_path": chosen["path"] if chosen else None,
         "rejected": [{"label": j["label"], "step": j["rejected_at"],
                       "why": next(s["why"] for s in j["steps"] if s["result"] == "rejected")} for j in judged if j["verdict"] == "rejected"],
+        "inconclusive": unsure,
         "headline_throughput": {"label": headline["label"], "value": _headline_rate(headline["throughput"])[0],
                                 "basis": _headline_rate(headline["throughput"])[1]},
         "why": why,
@@ -546,10 +589,25 @@ def _f(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
+def _tail_cell(t: dict[str, Any], metric: str, q: str) -> str | None:
+    """'measured [low, high] / limit (n=N) ✗|?' for a budgeted percentile (the check's sample); None without a limit."""
+    lim = (t.get("limits", {}).get(metric) or {}).get(q)
+    if lim is None:
+        return None
+    check = (t.get("checks") or {}).get(f"{metric}.{q}")
+    if check is None:
+        obs, n = (t.get(metric) or {}).get(q), (t.get(metric) or {}).get("n")
+        return f"{_f(obs, 0)} / {_f(lim, 0)} (n={n})"
+    ci = check.get("ci") or []
+    shown_ci = f" [{_f(ci[0], 0)}, {_f(ci[1], 0)}]" if ci else ""
+    flag = {"fail": " ✗", "inconclusive": " ?"}.get(check["outcome"], "")
+    return f"{_f(check['observed'], 0)}{shown_ci} / {_f(lim, 0)} (n={check['n']}){flag}"
+
+
 def format_comparison(comp: Comparison) -> str:
     """Console report: candidates side by side, judgement steps in order, the decision and why."""
     cands = comp.candidates
-    width = max(26, *(len(c["label"]) + 2 for c in cands), *(len(c["status_line"]) - len(c["label"]) for c in cands))
+    width = max(38, *(len(c["label"]) + 2 for c in cands), *(len(c["status_line"]) - len(c["label"]) for c in cands))
     lines = [f"Candidate comparison — route: {comp.route}; declared variable: {comp.variable}",
              "Judgement order: hard budgets → behaviour contract → throughput and cost", ""]
 
@@ -559,24 +617,14 @@ def format_comparison(comp: Comparison) -> str:
     lines.append(row("", [c["label"] for c in cands]))
     lines.append(row("verdict", [c["status_line"].split(": ", 1)[1] for c in cands]))
     lines.append("")
-    lines.append("  1. hard budgets (class metric pctl: measured / limit, n)")
+    lines.append("  1. hard budgets (class metric pctl: measured [95% CI] / limit, n; ✗ fails, ? inconclusive)")
     classes = sorted({n for c in cands for n in c.get("tails", {})})
     for name in classes:
         for metric in ("ttft_ms", "itl_ms"):
             for q in ("p50", "p99"):
-                vals = []
-                shown = False
-                for c in cands:
-                    t = c.get("tails", {}).get(name, {})
-                    lim = (t.get("limits", {}).get(metric) or {}).get(q)
-                    obs = (t.get(metric) or {}).get(q)
-                    n = (t.get(metric) or {}).get("n")
-                    if lim is not None:
-                        shown = True
-                    flag = " ✗" if lim is not None and obs is not None and (obs == "inf" or float(obs) > lim) else ""
-                    vals.append(f"{_f(obs, 0)} / {_f(lim, 0) if lim is not None else '–'} (n={n}){flag}")
-                if shown:
-                    lines.append(row(f"{name} {metric} {q}", vals))
+                vals = [_tail_cell(c.get("tails", {}).get(name, {}), metric, q) for c in cands]
+                if any(v is not None for v in vals):
+                    lines.append(row(f"{name} {metric} {q}", [v or "–" for v in vals]))
     if any(c.get("capacity") for c in cands):
         for name in sorted({n for c in cands for n in c.get("capacity", {})}):
             lines.append(row(f"{name} max inside offered rps", [_f((c.get("capacity", {}).get(name) or {}).get("max_inside_offered_rps"), 2) for c in cands]))

@@ -21,6 +21,8 @@ from .files import REGION_FILE, REGION_MD_FILE, RESULT_FILE, read_cell_result, r
 __all__ = ["build_region", "format_region", "load_region", "plot_region", "write_region"]
 
 INSIDE, OUTSIDE, STOPPED, NOT_RUN, NOT_ACHIEVABLE = "inside", "outside", "stopped", "not_run", "not_achievable"
+#: A cell whose hard checks stayed inconclusive (95% interval straddling a limit) when its request budget ran out.
+INCONCLUSIVE = "inconclusive"
 
 
 def _mean(values: list[Any]) -> float | None:
@@ -41,6 +43,13 @@ def _limiting(runs: list[dict[str, Any]], extra_stops: list[dict[str, Any]], jud
         if failed:
             worst = failed[0]
             return worst["reason"]
+    for run in runs:
+        unsure = run.get("inconclusive") or []
+        if judged_class is not None:
+            unsure = (run.get("per_class_inconclusive") or {}).get(judged_class, [])
+        if unsure:
+            note = run.get("extension_note")
+            return f"inconclusive after {run.get('requests_sent')} requests: {unsure[0]['reason']}" + (f" ({note})" if note else "")
     return None
 
 
@@ -55,6 +64,11 @@ def _cell_status(runs: list[dict[str, Any]], extra_stops: list[dict[str, Any]], 
         failed = run.get("failed", []) if judged_class is None else run.get("per_class_failed", {}).get(judged_class, [])
         if failed:
             return OUTSIDE
+    for run in runs:
+        unsure = (run.get("inconclusive") or []) if judged_class is None else \
+            (run.get("per_class_inconclusive") or {}).get(judged_class, [])
+        if unsure:
+            return INCONCLUSIVE
     return INSIDE
 
 
@@ -98,7 +112,7 @@ def _cell_entry(cell_id: str, cls: str, conc: int, i: int, step: float, rec: _Re
     runs = rec.results.get(cell_id, [])
     stops = rec.extra_stops.get(cell_id, [])
     status = _cell_status(runs, stops, None)
-    limiting = _limiting(runs, stops, None) if status in (OUTSIDE, STOPPED) else None
+    limiting = _limiting(runs, stops, None) if status in (OUTSIDE, STOPPED, INCONCLUSIVE) else None
     figures = [r.get("figures") or {} for r in runs]
     per_class = {}
     if cls == "mixed" and runs:
@@ -108,7 +122,10 @@ def _cell_entry(cell_id: str, cls: str, conc: int, i: int, step: float, rec: _Re
     return {
         "cell_id": cell_id, "concurrency": conc, "rate_index": i, "rate_step": step,
         "status": status, "limiting": limiting,
-        "repeats": len(runs), "passes": sum(1 for r in runs if not r.get("failed") and not r.get("stops") and not r.get("skipped")),
+        "repeats": len(runs), "passes": sum(1 for r in runs if not r.get("failed") and not r.get("stops") and not r.get("skipped")
+                                            and not r.get("inconclusive")),
+        "requests_sent": sum(int(r.get("requests_sent") or 0) for r in runs),
+        "extensions": sum(len(r.get("extensions") or []) for r in runs),
         "offered_rps": _mean([f.get("offered_rps") for f in figures]) or rec.offered.get(cell_id),
         "send_rps": _mean([f.get("send_rps") for f in figures]),
         "completed_rps": _mean([f.get("completed_rps") for f in figures]),
@@ -134,7 +151,7 @@ def _boundary_row(conc: int, row: list[dict[str, Any]], steps: list[float], note
         i = c["rate_index"]
         if c["status"] == INSIDE:
             row_inside = i
-        elif c["status"] in (OUTSIDE, STOPPED) and row_limit is None and (row_inside is None or i > row_inside):
+        elif c["status"] in (OUTSIDE, STOPPED, INCONCLUSIVE) and row_limit is None and (row_inside is None or i > row_inside):
             row_limit, row_limit_index = c["limiting"], i
     inside_cell = next((c for c in row if c["rate_index"] == row_inside), None)
     return {
@@ -166,7 +183,7 @@ def build_region(plan_dir: Path, state: dict[str, Any]) -> dict[str, Any]:
     """Assemble the region from ``plan.json`` state and every ``cell_result.json`` on disk."""
     plan_dir = Path(plan_dir)
     plan = state["plan"]
-    steps = plan.get("rate_scales") or plan.get("rates_rps") or []
+    steps = state.get("rate_steps") or plan.get("rate_scales") or plan.get("rates_rps") or []
     rate_kind = "scale" if plan.get("rate_scales") else "rps"
     rec = _Recorded(
         results=_results_by_cell(plan_dir),
@@ -192,13 +209,18 @@ def build_region(plan_dir: Path, state: dict[str, Any]) -> dict[str, Any]:
         "budget": state.get("budget"),
         "start": state.get("start"),
         "ledger": state.get("ledger"),
+        "search": plan.get("search") or {"mode": "grid", "dimension": "rate", "precision": None},
+        "cells_used": len(rec.results),
+        "runs_used": sum(len(v) for v in rec.results.values()),
+        "probes": state.get("probes") or [],
         "classes": classes,
-        "rule": "a cell is inside only if every run of it satisfied every hard budget and no stop condition fired; "
-                "boundary cells ran `repeats` times and their p99 TTFT had to converge",
+        "rule": "a cell is inside only if every run of it satisfied every hard budget conclusively (95% interval within "
+                "the limit) and no stop condition fired; an inconclusive run was extended (more requests) until conclusive "
+                "or its budget was spent; boundary cells ran `repeats` times and their p99 TTFT had to converge",
     }
 
 
-_MARK = {INSIDE: "✓", OUTSIDE: "✗", STOPPED: "■", NOT_RUN: "·", NOT_ACHIEVABLE: "n/a"}
+_MARK = {INSIDE: "✓", OUTSIDE: "✗", STOPPED: "■", INCONCLUSIVE: "?", NOT_RUN: "·", NOT_ACHIEVABLE: "n/a"}
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
@@ -207,6 +229,41 @@ def _fmt(value: Any, digits: int = 2) -> str:
     if isinstance(value, float):
         return f"{value:.{digits}f}"
     return str(value)
+
+
+def _grid_table(region: dict[str, Any], data: dict[str, Any], steps: list[float], unit: str) -> list[str]:
+    """The pass/fail grid (concurrency × rate step); a searched ladder shows only the rate steps some cell used."""
+    shown = list(range(len(steps)))
+    if (region.get("search") or {}).get("mode") == "bisect":
+        shown = sorted({c["rate_index"] for c in data["cells"] if c["repeats"]}) or shown
+    out = ["| concurrency | " + " | ".join(f"{steps[i]:g}{unit}" for i in shown) + " |", "|" + "---|" * (len(shown) + 1)]
+    for conc in region["concurrency"]:
+        row = {c["rate_index"]: c for c in data["cells"] if c["concurrency"] == conc}
+        marks = []
+        for i in shown:
+            c = row[i]
+            mark = _MARK[c["status"]]
+            if c["repeats"] and c["status"] != NOT_ACHIEVABLE:
+                mark += f" {c['passes']}/{c['repeats']}"
+            marks.append(mark)
+        out.append(f"| {conc} | " + " | ".join(marks) + " |")
+    return out
+
+
+def _search_section(region: dict[str, Any]) -> list[str]:
+    """How the boundary was searched, how many cells and runs it used, and every run in order with why."""
+    search = region.get("search") or {}
+    out = ["## Cells used, and why", "",
+           (f"Search: {search.get('mode', 'grid')} along {search.get('dimension', 'rate')}"
+            + (f", precision {search['precision']:g} (rate ladder of {len(region['rate_steps'])} steps)"
+               if search.get("precision") else "")
+            + f"; {region.get('cells_used', 0)} cells, {region.get('runs_used', 0)} runs."), ""]
+    probes = region.get("probes") or []
+    if probes:
+        out += ["| # | cell | repeat | result | why |", "|---|---|---|---|---|"]
+        out += [f"| {k} | {p['cell_id']} | {p['repeat']} | {p.get('result', '–')} | {p['why']} |"
+                for k, p in enumerate(probes, 1)]
+    return out + [""]
 
 
 def format_region(region: dict[str, Any]) -> str:
@@ -225,21 +282,11 @@ def format_region(region: dict[str, Any]) -> str:
     if (region.get("ledger") or {}).get("note"):
         out += [f"Ledger: {region['ledger']['note']}", ""]
     out += [f"Rule: {region['rule']}.", "", ("Marks: ✓ inside (passes/runs), ✗ outside (budget), ■ stopped (declared limit), "
-                                             "· not run, n/a state not achievable."), ""]
+                                             "? inconclusive (budget spent), · not run, n/a state not achievable."), ""]
     for cls, per_state in region["classes"].items():
         for st, data in per_state.items():
             out += [f"## {cls} / {st}", ""]
-            header = "| concurrency | " + " | ".join(f"{s:g}{unit}" for s in steps) + " |"
-            out += [header, "|" + "---|" * (len(steps) + 1)]
-            for conc in region["concurrency"]:
-                row = [c for c in data["cells"] if c["concurrency"] == conc]
-                marks = []
-                for c in row:
-                    mark = _MARK[c["status"]]
-                    if c["repeats"] and c["status"] != NOT_ACHIEVABLE:
-                        mark += f" {c['passes']}/{c['repeats']}"
-                    marks.append(mark)
-                out.append(f"| {conc} | " + " | ".join(marks) + " |")
+            out += _grid_table(region, data, steps, unit)
             out += ["", "| concurrency | max inside step | offered rps | completed rps | output tok/s | limiting constraint |",
                     "|---|---|---|---|---|---|"]
             for b in data["boundary"]:
@@ -248,16 +295,17 @@ def format_region(region: dict[str, Any]) -> str:
                            f"{_fmt(b['max_inside_completed_rps'])} | {_fmt(b['max_inside_output_tok_s'], 1)} | {b['limiting'] or '–'} |")
             ran = [c for c in data["cells"] if c["repeats"] and c["status"] != NOT_ACHIEVABLE]
             if ran:
-                out += ["", "| cell | runs | offered rps | sent rps | completed rps | output tok/s | send-lag p99 ms | status |",
-                        "|---|---|---|---|---|---|---|---|"]
+                out += ["", "| cell | runs | extensions | requests | offered rps | sent rps | completed rps | output tok/s | "
+                            "send-lag p99 ms | status |", "|---|---|---|---|---|---|---|---|---|---|"]
                 for c in ran:
-                    out.append(f"| {c['cell_id']} | {c['repeats']} | {_fmt(c['offered_rps'])} | {_fmt(c['send_rps'])} | "
+                    out.append(f"| {c['cell_id']} | {c['repeats']} | {c.get('extensions', 0)} | {c.get('requests_sent', '–')} | "
+                               f"{_fmt(c['offered_rps'])} | {_fmt(c['send_rps'])} | "
                                f"{_fmt(c['completed_rps'])} | {_fmt(c['output_tok_s'], 1)} | {_fmt(c['send_lag_p99_ms'], 3)} | {c['status']} |")
             skipped = [c for c in data["cells"] if c["status"] == NOT_ACHIEVABLE]
             if skipped:
                 out += ["", f"Not achievable ({len(skipped)} cells): {skipped[0]['skip_reason']}"]
             out.append("")
-    return "\n".join(out)
+    return "\n".join(out + _search_section(region))
 
 
 def plot_region(region: dict[str, Any], cls: str, path: Path) -> Path:
@@ -273,7 +321,7 @@ def plot_region(region: dict[str, Any], cls: str, path: Path) -> Path:
     unit = "×" if region["rate_kind"] == "scale" else " rps"
     fig, axes = plt.subplots(1, len(per_state), figsize=(6.5 * len(per_state), 1.6 + 0.9 * len(concs)), squeeze=False)
     style = {INSIDE: ("o", "#2a9d3a"), OUTSIDE: ("X", "#d62828"), STOPPED: ("s", "#f08c00"),
-             NOT_RUN: (".", "#aaaaaa"), NOT_ACHIEVABLE: ("x", "#777777")}
+             INCONCLUSIVE: ("d", "#e9c46a"), NOT_RUN: (".", "#aaaaaa"), NOT_ACHIEVABLE: ("x", "#777777")}
     for ax, (st, data) in zip(axes[0], per_state.items()):
         for c in data["cells"]:
             marker, color = style[c["status"]]

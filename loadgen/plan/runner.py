@@ -42,6 +42,7 @@ from .walk import (
     RunLimitReached,
     RunRecord,
     Walk,
+    bisect_last_pass,
     predicted_start,
     start_index,
 )
@@ -94,6 +95,7 @@ class _Planner:
                 "plan_sha256": self.spec.sha256,
                 "scenario": {"name": self.scenario.name, "path": str(self.scenario_path), "sha256": self.scenario.sha256},
                 "target": self.target.describe(),
+                "rate_steps": self.spec.rate_steps,
                 "harness": harness_identity().model_dump(mode="json"),
                 "created_utc": utc_now_iso(),
                 "invocations": [],
@@ -131,6 +133,11 @@ class _Planner:
             self.state["start"] = info
             self.save_state()
             return
+        if spec.search.dimension == "concurrency":
+            info["note"] = "concurrency lines start at the largest concurrency (no prediction needed)"
+            self.state["start"] = info
+            self.save_state()
+            return
         predict_dir = self.plan_dir / "predict"
         info["engine"] = getattr(engine, "name", str(engine))
         for cls in spec.classes:
@@ -145,11 +152,12 @@ class _Planner:
         self.save_state()
 
     def _predicted_last_pass(self, engine: EngineConfig | str, cls: str, conc: int, predict_dir: Path) -> int:
-        """The highest rate step (from the lowest, stopping at the first failure) a worksheet run passes; -1 if none."""
+        """The highest rate step a worksheet run passes (from the lowest, stopping at the first failure; by
+        bisection in ``search.mode = "bisect"``); -1 if none."""
         spec = self.spec
-        best = -1
-        for i, step in enumerate(spec.rate_steps):
-            coord = CellCoord(cls, "warm", conc, i, step, spec.rate_kind)
+
+        def passes(i: int) -> bool:
+            coord = CellCoord(cls, "warm", conc, i, spec.rate_steps[i], spec.rate_kind)
             trace, _ = build_cell_trace(spec, self.scenario, coord, self.plan_dir / "traces" / f"{coord.cell_id}.parquet")
             out = predict_dir / coord.cell_id
             if out.exists():
@@ -158,7 +166,13 @@ class _Planner:
             analysis = analyze_run(out, scenario=self.scenario)
             judged = judge_run(analysis, load_run(out), spec.stops)
             shutil.rmtree(out)
-            if not judged.passed:
+            return not judged.conclusive_failure  # inconclusive (a short cell) still predicts a pass
+
+        if spec.search.mode == "bisect":
+            return bisect_last_pass(len(spec.rate_steps), passes)
+        best = -1
+        for i in range(len(spec.rate_steps)):
+            if not passes(i):
                 break
             best = i
         return best
@@ -203,6 +217,7 @@ class _Planner:
         self.state["invocations"][-1].update(ended_utc=utc_now_iso(), wall_s=round(wall_s, 3),
                                              new_runs=executor.new_runs, ended=ended)
         self.state["lines"] = walk.lines
+        self.state["probes"] = walk.probes
         self.state["cells"] = {cid: {"coord": o.coord.to_dict(), "runs": [r.data["run_dir"] for r in o.runs],
                                      "extra_stops": o.extra_stops, "skipped_reason": o.skipped_reason}
                                for cid, o in sorted(walk.cells.items())}

@@ -9,6 +9,7 @@ Loading validates everything into one ``ScenarioError`` line naming file, field,
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,7 +26,8 @@ from ..limits import (
 )
 from ..scenario import CLASS_NAMES, format_validation_error
 
-__all__ = ["PlanSpec", "StartSpec", "StopLimits", "PlanBudget", "WarmupSpec", "load_plan", "parse_plan", "MIXED"]
+__all__ = ["PlanSpec", "StartSpec", "StopLimits", "PlanBudget", "WarmupSpec", "ConfidenceSpec", "SearchSpec", "load_plan",
+           "parse_plan", "rate_ladder", "MIXED"]
 
 #: The class coordinate of a cell that keeps the scenario's own class shares.
 MIXED = "mixed"
@@ -75,6 +77,32 @@ class WarmupSpec(_Model):
     rate_rps: float = Field(default=8.0, gt=0, le=MAX_RATE_RPS)
 
 
+class ConfidenceSpec(_Model):
+    """Inconclusive runs (a 95% interval straddles a hard limit) are extended: rerun longer at the cell's rate,
+    with the estimated number of requests, until conclusive or the cell's request budget is spent."""
+
+    extend: bool = True
+    max_requests: int = Field(default=4000, ge=1)  # the most requests one (extended) run of a cell may schedule
+    max_extensions: int = Field(default=3, ge=0)  # extension runs per cell repeat
+
+
+class SearchSpec(_Model):
+    """How each line of cells is searched for its capacity boundary.
+
+    ``mode = "grid"`` steps one cell at a time from the start; ``"bisect"`` brackets the boundary by
+    doubling the step from the start, then bisects, then repeats the boundary cells (same stop
+    conditions and repeats as the grid). ``dimension = "rate"`` searches the rate steps of each
+    concurrency; ``"concurrency"`` searches the concurrency steps of each rate step, from the largest
+    down, for the fewest client slots that meet every hard budget (fewer queue requests in the client).
+    ``precision`` (relative, e.g. 0.05) replaces the declared rate steps by a geometric ladder from the
+    first to the last with that spacing: the boundary is then known to within one such step.
+    """
+
+    mode: Literal["grid", "bisect"] = "grid"
+    dimension: Literal["rate", "concurrency"] = "rate"
+    precision: float | None = Field(default=None, gt=0, lt=1)
+
+
 class PlanSpec(_Model):
     name: str = Field(min_length=1)
     description: str = ""
@@ -92,6 +120,8 @@ class PlanSpec(_Model):
     stops: StopLimits = StopLimits()
     budget: PlanBudget = PlanBudget()
     warmup: WarmupSpec = WarmupSpec()
+    confidence: ConfidenceSpec = ConfidenceSpec()
+    search: SearchSpec = SearchSpec()
     # set by load_plan, not by the file
     source_path: str | None = Field(default=None, exclude=True)
     sha256: str | None = Field(default=None, exclude=True)
@@ -122,8 +152,17 @@ class PlanSpec(_Model):
         return self
 
     @property
-    def rate_steps(self) -> list[float]:
+    def declared_rate_steps(self) -> list[float]:
         return list(self.rate_scales if self.rate_scales is not None else self.rates_rps or [])
+
+    @property
+    def rate_steps(self) -> list[float]:
+        """The rate ladder cells index into: the declared steps, or with ``search.precision`` a geometric
+        ladder from the first to the last declared step whose ratio is at most 1 + precision."""
+        declared = self.declared_rate_steps
+        if self.search.precision is None or len(declared) < 2:
+            return declared
+        return rate_ladder(declared[0], declared[-1], self.search.precision)
 
     @property
     def rate_kind(self) -> str:
@@ -135,6 +174,13 @@ class PlanSpec(_Model):
     def scenario_path(self) -> Path:
         path = Path(self.scenario)
         return path if path.is_absolute() else (self.base_dir() / path)
+
+
+def rate_ladder(low: float, high: float, precision: float) -> list[float]:
+    """Geometric steps from ``low`` to ``high`` (both kept), neighbours at most ``1 + precision`` apart
+    (6 significant digits, deterministic)."""
+    n = max(1, math.ceil(math.log(high / low) / math.log1p(precision) - 1e-9))
+    return [float(f"{low * (high / low) ** (k / n):.6g}") for k in range(n + 1)]
 
 
 def parse_plan(data: dict[str, Any], source: str = "<plan>") -> PlanSpec:

@@ -235,6 +235,18 @@ class Engine:
         self.used_private += n
         return True
 
+    def reset_prefix_cache(self) -> int:
+        """Drop every prefix-cache entry no running sequence references (vLLM's ``reset_prefix_cache``);
+        returns the KV blocks freed. Entries in use stay until their sequences finish."""
+        freed = 0
+        for key, entry in list(self.evictable.items()):
+            freed += entry.blocks
+            self.cached_total -= entry.blocks
+            del self.cache[key]
+        self.evictable.clear()
+        self.evictable_total = 0
+        return freed
+
     def _pin(self, entry: _Entry) -> None:
         if entry.refs == 0 and entry.blocks:
             del self.evictable[entry.key]

@@ -1,7 +1,8 @@
 """Face 2: the live OpenAI-compatible server, the same engine advancing in real time.
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (stream or not, usage chunk),
-``POST /tokenize``, ``GET /v1/models``, ``/version``, ``/health``, ``/metrics`` (vLLM names).
+``POST /tokenize``, ``POST /reset_prefix_cache``, ``GET /v1/models``, ``/version``, ``/health``, ``/metrics``
+(vLLM names).
 One asyncio task runs the engine's step loop: it schedules a step, sleeps the step's modelled
 duration, then hands each request its new tokens. Faults come from ``[faults]`` (seeded) or the
 ``X-Loadgen-Fault`` header; ``[managed]`` adds a request quota, model/fingerprint drift and an
@@ -201,6 +202,11 @@ class SimServer:
             if req.method != "POST":
                 return self._error(conn, 405, "method not allowed on /tokenize; use POST")
             return self.tokenize(req, conn)
+        if path == "/reset_prefix_cache":  # vLLM's (dev-mode) endpoint: cold prefix cache without a restart
+            if req.method != "POST":
+                return self._error(conn, 405, "method not allowed on /reset_prefix_cache; use POST")
+            freed = self.live.engine.reset_prefix_cache()
+            return conn.send(200, json.dumps({"reset": True, "blocks_freed": freed}).encode())
         routes = {
             "/health": self._health,
             "/version": self._version,

@@ -417,7 +417,8 @@ def simulate_trace(
     endpoint: str = "completions",
 ) -> WorksheetResult:
     """Run the engine over a trace table in virtual time (ns from trace start)."""
-    cols = {name: table.column(name).to_pylist() for name in TRACE_SCHEMA.names}
+    # think_after_reply_ns (reply-waiting turns) is not simulated: the worksheet replays every turn at its offset
+    cols = {name: table.column(name).to_pylist() for name in TRACE_SCHEMA.names if name in table.column_names}
     n = table.num_rows
     engine = Engine(config, seed=seed)
     plans, stop_after = _decide_faults(FaultDecider(config.faults, seed=seed), cols["cancel_after_tokens"])

@@ -25,15 +25,21 @@ class StateResult:
     achieved: bool
     actions: list[str] = field(default_factory=list)
     reason: str | None = None  # why not achievable
+    method: str | None = None  # how a cold state was reached: "restart" | "prefix_cache_reset" (None: warm / unknown)
 
     @property
     def label(self) -> str:
         return self.requested if self.achieved else "unknown"
 
+    def manifest_extra(self) -> dict[str, Any]:
+        """What the driver's own ``warm_state`` (state, actions) lacks: requested, achieved, reason, method."""
+        return {"warm_state": {"requested": self.requested, "achieved": self.achieved, "reason": self.reason,
+                               "method": self.method}}
+
     def to_dict(self) -> dict[str, Any]:
         """The manifest's ``warm_state`` section."""
         return {"state": self.label, "requested": self.requested, "achieved": self.achieved,
-                "actions": list(self.actions), "reason": self.reason}
+                "actions": list(self.actions), "reason": self.reason, "method": self.method}
 
 
 class Target:

@@ -24,7 +24,8 @@ def run_driver(trace_path: Path, target_url: str, out_dir: Path, *, model: str |
     options = RunOptions(
         trace_path=trace_path, target_url=target_url, out_dir=out_dir, model=model, scenario_path=scenario_path,
         warm_state=_warm_label(state), warm_actions=(state.actions if state else []),
-        extra_manifest=extra_manifest or {}, **{"progress": "off", **run_options},
+        extra_manifest={**(state.manifest_extra() if state else {}), **(extra_manifest or {})},
+        **{"progress": "off", **run_options},
     )
     return Path(run_trace_sync(options))
 

@@ -206,7 +206,7 @@ class SimServerTarget(Target):
         if state == "cold":
             old, new = self.server.restart()
             return StateResult("cold", True, [f"sim server restarted (pid {old} → {new}): empty KV and prefix cache, "
-                                              f"no warm-up sent"])
+                                              f"no warm-up sent"], method="restart")
         actions: list[str] = []
         if not self.server.alive():
             old, new = self.server.restart()

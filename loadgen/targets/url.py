@@ -1,9 +1,19 @@
-"""Any OpenAI-compatible URL loadgen did not launch: warm = the warm-up set, cold is not achievable."""
+"""Any OpenAI-compatible URL loadgen did not launch: warm = the warm-up set; cold = an emptied prefix cache.
+
+loadgen cannot restart a target it did not launch, so "cold" here means what vLLM offers without a
+restart: ``POST /reset_prefix_cache`` (served by vLLM with ``VLLM_SERVER_DEV_MODE=1``, and by the
+simulated engine) empties the KV prefix cache. The manifest's ``warm_state`` then says
+``method = "prefix_cache_reset"`` and that the process stayed up (weights loaded, kernels compiled).
+Where the endpoint refuses (404, 405, an error) the cold state is "not achievable", saying why.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from ..driver import redact_url
 from ..errors import TargetError
@@ -38,10 +48,28 @@ class UrlTarget(Target):
 
     def prepare(self, state: str, warmup_trace: Path | None, work_dir: Path, scenario_path: Path | None) -> StateResult:
         if state == "cold":
-            return StateResult("cold", False, [], "not achievable: loadgen did not launch this target, so it cannot "
-                                                   "restart it; launch it with --sim or the vLLM path for cold cells")
+            return self.reset_prefix_cache()
         return StateResult("warm", True, warm_up(self._url, self._model, warmup_trace, work_dir, scenario_path,
                                                  self.api_key_env))
+
+    def reset_prefix_cache(self) -> StateResult:
+        """Cold = ``POST /reset_prefix_cache`` answered 2xx; otherwise not achievable, with the answer."""
+        root = self._url.removesuffix("/v1")
+        key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        try:
+            resp = httpx.post(f"{root}/reset_prefix_cache", headers=headers, timeout=30)
+        except httpx.HTTPError as exc:
+            answer = f"failed ({type(exc).__name__})"
+        else:
+            if resp.is_success:
+                action = (f"POST /reset_prefix_cache answered HTTP {resp.status_code}: prefix cache emptied; the process "
+                          "stayed up (loadgen did not launch it: weights, compiled kernels and allocations are warm)")
+                return StateResult("cold", True, [action], method="prefix_cache_reset")
+            answer = f"answered HTTP {resp.status_code}"
+        return StateResult("cold", False, [], f"not achievable: loadgen did not launch this target, so it cannot restart "
+                                              f"it, and POST /reset_prefix_cache {answer} (vLLM serves it with "
+                                              "VLLM_SERVER_DEV_MODE=1); launch it with --sim or the vLLM path for cold cells")
 
     def run(self, trace_path: Path, out_dir: Path, *, scenario_path: Path | None, state: StateResult,
             order_index: int | None = None, repeat: int | None = None, plan_cell: dict[str, Any] | None = None,

@@ -116,7 +116,8 @@ class VllmTarget(Target):
         if state == "cold":
             old, new, ready = self._restart()
             return StateResult("cold", True, [f"vLLM restarted (pid {old} → {new}), healthy after {ready:.1f} s: weights "
-                                              "reloaded, graphs recompiled, KV and prefix cache empty; no warm-up sent"])
+                                              "reloaded, graphs recompiled, KV and prefix cache empty; no warm-up sent"],
+                               method="restart")
         actions: list[str] = []
         if self.check_alive() is not None:
             old, new, ready = self._restart()
@@ -135,7 +136,7 @@ class VllmTarget(Target):
             repeat=repeat, plan_cell=plan_cell, deadline_s=deadline_s, **{"progress": "off", "tokenizer": self.tokenizer,
                                                                           **run_options},
             extra_manifest={"plan_target": {**self.describe(), "server_pid": self.pid, "server_starts": self.starts},
-                            **(extra_manifest or {})},
+                            **state.manifest_extra(), **(extra_manifest or {})},
         )
         return measure_with_server(self.server, options)
 

@@ -1,11 +1,17 @@
 """Deterministic synthetic traces: a pure function of (scenario, trace name, seed).
 
-Arrivals come from the named trace's process (Poisson, gamma with a CV, on/off bursts, or closed
-loop); each arrival gets a class by share (burst shares inside bursts), token lengths from the class
+Arrivals come from the named trace's process (Poisson, gamma with a CV, on/off bursts, a constant
+rate, a linear ramp, or closed loop). ``constant`` spaces arrivals exactly 1/rate apart from 0 s (no
+randomness). ``ramp`` is a Poisson process whose rate rises (or falls) linearly from
+``start_rate_rps`` at 0 s to ``end_rate_rps`` at ``duration_s``: unit-rate Poisson points of the
+seeded stream are mapped through the inverse of the cumulative rate Λ(t) = r0·t + (r1 − r0)·t²/(2T),
+so the same seed gives the same arrivals; each arrival gets a class by share (burst shares inside bursts), token lengths from the class
 distributions, an optional shared-prefix group (its tokens are prepended to the sampled input), an
 optional cancel-after-tokens, and long-thread arrivals expand into conversations whose turns carry
 the growing context (prompt of turn k = all earlier turns' input and output + turn k's input).
-Turn k is scheduled one think time after turn k-1 was scheduled (open loop cannot wait for replies).
+Turn k is scheduled one think time after turn k-1 was scheduled; with the class's
+``thread.wait_for_reply`` that instant is only the open-loop estimate and the row also carries the
+think time (``think_after_reply_ns``): the driver sends turn k that long after turn k-1's reply ended.
 """
 
 from __future__ import annotations
@@ -22,11 +28,11 @@ from .. import __version__
 from ..distributions import mean, sample, sample_tokens
 from ..errors import TraceError
 from ..limits import MAX_TOKENS, MAX_TRACE_REQUESTS, MAX_TURNS
-from ..records import TRACE_SCHEMA
+from ..records import TRACE_FULL_SCHEMA
 from ..scenario import CLASS_NAMES, Scenario, TraceSettings
 from .io import write_trace
 
-__all__ = ["GENERATOR_VERSION", "arrival_times", "generate_trace", "generate_trace_file"]
+__all__ = ["GENERATOR_VERSION", "arrival_times", "generate_trace", "generate_trace_file", "ramp_inverse"]
 
 GENERATOR_VERSION = "1"
 _NS = 1_000_000_000
@@ -37,6 +43,29 @@ def _poisson_times(rng: np.random.Generator, rate: float, start: float, end: flo
     return np.sort(rng.uniform(start, end, count))
 
 
+def ramp_inverse(y: np.ndarray, r0: float, r1: float, duration: float) -> np.ndarray:
+    """t with Λ(t) = y for the linear rate r0 → r1 over ``duration`` (Λ(t) = r0·t + (r1 − r0)·t²/(2·duration));
+    the stable root 2y / (r0 + sqrt(r0² + 4ay)), a = (r1 − r0)/(2·duration), which is y/r0 when flat."""
+    a = (r1 - r0) / (2.0 * duration)
+    return 2.0 * y / (r0 + np.sqrt(np.maximum(r0 * r0 + 4.0 * a * y, 0.0)))
+
+
+def _shaped_times(settings: TraceSettings, rng: np.random.Generator, scale: float) -> np.ndarray:
+    """Arrivals (s) of the ``constant`` (evenly spaced) and ``ramp`` (linear-rate Poisson) processes in [0, duration)."""
+    duration = settings.duration_s
+    if settings.process == "constant":
+        rate = float(settings.rate_rps or 0) * scale
+        return np.arange(int(np.ceil(rate * duration - 1e-9))) / rate
+    r0, r1 = float(settings.start_rate_rps or 0) * scale, float(settings.end_rate_rps or 0) * scale
+    total = (r0 + r1) / 2.0 * duration  # Λ(duration): the expected number of arrivals
+    parts, y = [], 0.0
+    while y < total:  # unit-rate Poisson points on [0, Λ(duration))
+        cum = y + np.cumsum(rng.exponential(1.0, int(total * 1.2) + 64))
+        parts.append(cum[cum < total])
+        y = float(cum[-1])
+    return ramp_inverse(np.concatenate(parts), r0, r1, duration)
+
+
 def arrival_times(
     settings: TraceSettings, rng: np.random.Generator, scale: float = 1.0, burst_scale: float = 1.0
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -45,6 +74,9 @@ def arrival_times(
     ``scale``/``burst_scale`` multiply the rates (sessions per request, see generate_trace).
     """
     duration = settings.duration_s
+    if settings.process in ("constant", "ramp"):
+        shaped = _shaped_times(settings, rng, scale)
+        return shaped, np.zeros(len(shaped), dtype=bool)
     if settings.process == "closed":
         n = int(np.ceil(int(settings.requests or 0) * scale)) + 16
         return np.zeros(n), np.zeros(n, dtype=bool)
@@ -137,6 +169,7 @@ class _ClassRows:
         self.cname, self.cls = cname, cls
         self.groups = [g for g in scenario.cache.prefix_groups if g.classes is None or cname in g.classes]
         self.is_thread = cls.thread is not None
+        self.waits = bool(cls.thread is not None and cls.thread.wait_for_reply)
         self.closed = settings.process == "closed"
         self.duration_s = settings.duration_s
         streams = _rng_streams(seed, f"{trace_name}/{cname}", 6)
@@ -191,9 +224,10 @@ class _ClassRows:
             cancel = None
             if cls.cancel and self.cancel_u[k] < cls.cancel.share and int(self.cancel_n[k]) < out:
                 cancel = int(self.cancel_n[k])
+            think_ns = round(float(self.think_s[k]) * _NS) if self.waits and turn > 0 else None
             self.rows.append((
                 round(t * _NS) if not self.closed else 0, arrival, turn, self.cname, prompt, out, group_name,
-                group_tokens if group_name else None, conv_id, turn if self.is_thread else None, cancel,
+                group_tokens if group_name else None, conv_id, turn if self.is_thread else None, cancel, think_ns,
             ))
             context = prompt + out
             self.k += 1
@@ -212,8 +246,9 @@ def _table(rows: list[tuple]) -> pa.Table:
         "conversation_id": [r[8] for r in rows],
         "turn_index": [r[9] for r in rows],
         "cancel_after_tokens": [r[10] for r in rows],
+        "think_after_reply_ns": [r[11] for r in rows],
     }
-    return pa.Table.from_pydict(columns, schema=TRACE_SCHEMA)
+    return pa.Table.from_pydict(columns, schema=TRACE_FULL_SCHEMA)
 
 
 def _metadata(scenario: Scenario, trace_name: str, seed: int, settings: TraceSettings, requests: int) -> dict[str, Any]:

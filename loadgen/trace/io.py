@@ -26,7 +26,7 @@ from ..limits import (
     MAX_TRACE_REQUESTS,
     MAX_TURNS,
 )
-from ..records import TRACE_SCHEMA
+from ..records import TRACE_FULL_SCHEMA, TRACE_OPTIONAL_FIELDS, TRACE_SCHEMA
 
 __all__ = ["TRACE_METADATA_KEY", "read_trace", "validate_trace", "validate_trace_metadata", "write_trace"]
 
@@ -54,16 +54,17 @@ _META_STRINGS = ("trace_name", "scenario_name", "scenario_sha256", "source", "ge
 
 
 def _cast_columns(table: pa.Table, source: object) -> pa.Table:
-    """The TRACE_SCHEMA columns, cast safely one by one (a failed cast names its column)."""
+    """The trace columns (optional ones added as nulls), cast safely one by one (a failed cast names its column)."""
+    table = _with_optional(table)
     columns = []
-    for field in TRACE_SCHEMA:
+    for field in TRACE_FULL_SCHEMA:
         column = table.column(field.name)
         try:
             columns.append(column.cast(field.type))  # safe: 1.5 or NaN never becomes an integer
         except (pa.ArrowException, ValueError) as exc:
             detail = str(exc).splitlines()[0][:120]
             raise TraceError(f"{source}: column {field.name} of type {column.type} ({detail}): expected {field.type}") from None
-    return pa.Table.from_arrays(columns, schema=TRACE_SCHEMA)
+    return pa.Table.from_arrays(columns, schema=TRACE_FULL_SCHEMA)
 
 
 def validate_trace(table: pa.Table, source: object) -> None:
@@ -117,6 +118,14 @@ def validate_trace_metadata(metadata: object, source: object) -> dict[str, Any]:
     return metadata
 
 
+def _with_optional(table: pa.Table) -> pa.Table:
+    """Add the optional columns an older trace lacks, as nulls."""
+    for f in TRACE_OPTIONAL_FIELDS:
+        if f.name not in table.column_names:
+            table = table.append_column(f, pa.nulls(table.num_rows, f.type))
+    return table
+
+
 def write_trace(table: pa.Table, path: str | Path, metadata: dict[str, Any]) -> Path:
     """Write a trace table (TRACE_SCHEMA) with ``metadata``; byte-identical for identical inputs."""
     path = Path(path)
@@ -127,7 +136,7 @@ def write_trace(table: pa.Table, path: str | Path, metadata: dict[str, Any]) -> 
         encoded = json.dumps(metadata, sort_keys=True, allow_nan=False).encode()
     except ValueError as exc:
         raise TraceError(f"{path}: trace metadata ({exc}): expected finite numbers") from None
-    schema = TRACE_SCHEMA.with_metadata({TRACE_METADATA_KEY: encoded})
+    schema = TRACE_FULL_SCHEMA.with_metadata({TRACE_METADATA_KEY: encoded})
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(table.cast(schema), path, compression="zstd", row_group_size=1 << 20)
@@ -137,7 +146,8 @@ def write_trace(table: pa.Table, path: str | Path, metadata: dict[str, Any]) -> 
 
 
 def read_trace(path: str | Path) -> tuple[pa.Table, dict[str, Any]]:
-    """Read a trace file; returns the table (TRACE_SCHEMA, no metadata) and its metadata dict."""
+    """Read a trace file; returns the table (TRACE_FULL_SCHEMA: optional columns null when absent; no metadata)
+    and its metadata dict."""
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"{path}: no such file: expected a trace Parquet file (loadgen trace generate/import)")

@@ -1,0 +1,232 @@
+"""How sure a reported percentile or share is: 95% intervals, three-way verdicts, and how many more requests.
+
+**Percentiles** get a distribution-free interval from order statistics (no assumption on the latency
+distribution, only that the n samples are independent draws from it). If ``B`` counts the samples
+below the true quantile ``ξ_q``, then ``B ~ Binomial(n, q)``, and for 0-based ranks ``l < u`` of the
+sorted sample ``P(x[l] ≤ ξ_q ≤ x[u]) ≥ F(u) − F(l)``, F the binomial CDF. Of the rank pairs whose
+exact coverage is at least 95% and that bound both ends when any can, loadgen takes the one with the
+least coverage (the binomial is discrete, so a pair rarely hits 95% exactly; equal tails would cover
+up to 98%), preferring balanced tails among near-ties: coverage stays between 95% and about 97%
+whenever both ends are bounded, and each one-sided error is at most 5%. Where no sample can bound an end it is unbounded (−inf /
++inf): a p99 needs at least 299 samples before its upper bound exists (0.99^n ≤ 5%), so a p99
+from fewer samples can fail conclusively but never pass. The binomial CDF is summed exactly (in
+log space) over the mean ± 12 standard deviations.
+
+**Shares** (attainment, error share) get the Wilson score interval.
+
+**Verdicts** are three-way for a limit a value must not exceed: *pass* when the whole interval is at
+or below the limit, *fail* when it is wholly above, *inconclusive* when it straddles the limit.
+
+**How many more requests** (``samples_needed_quantile`` / ``samples_needed_share``): a plug-in
+estimate. Take the sample as the truth — the share ``p̂`` of values at or below the limit (for a
+share: the observed share) stays what it is — and find the smallest total sample size ``m ≥ n`` at
+which the interval computed from ``m`` such samples excludes the limit (pass side when the point
+estimate passes, fail side otherwise), by doubling then bisection. The extra requests are
+``(m − n)`` samples converted to requests of the class at the run's samples-per-request ratio
+(1 for TTFT; tokens per request for ITL). When ``p̂`` sits exactly on the quantile no size suffices
+(None). It is an estimate: more data moves ``p̂``.
+
+ITL samples are per-token gaps, which are correlated within a request; their intervals assume
+independence and are narrower than the truth.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import lru_cache
+from statistics import NormalDist
+
+import numpy as np
+
+__all__ = [
+    "CONFIDENCE_LEVEL",
+    "ESTIMATOR_RULE",
+    "INTERVAL_RULE",
+    "MAX_SAMPLES",
+    "SHARE_RULE",
+    "binomial_cdf",
+    "outcome",
+    "quantile_ci_ranks",
+    "quantile_ci_sorted",
+    "samples_needed_quantile",
+    "samples_needed_share",
+    "wilson_interval",
+]
+
+#: The confidence level of every interval loadgen reports.
+CONFIDENCE_LEVEL = 0.95
+#: Beyond this total sample size the estimator gives up (None: "not reachable").
+MAX_SAMPLES = 10**9
+INTERVAL_RULE = ("95% distribution-free interval from order statistics: [x(l), x(u)], the rank pair bounding both ends "
+                 "(when n allows) with the least exact binomial(n, q) coverage at or above 95% (balanced tails among "
+                 "near-ties); unbounded (-inf/inf) where n is too small (a p99 needs n >= 299 for an upper bound)")
+SHARE_RULE = "95% Wilson score interval"
+ESTIMATOR_RULE = ("more requests needed: plug-in estimate; the observed share of samples within the limit is taken "
+                  "as the truth and the smallest total n whose 95% interval excludes the limit is found")
+
+_WINDOW_SD = 12.0
+
+
+def _z(level: float) -> float:
+    return NormalDist().inv_cdf(0.5 + level / 2.0)
+
+
+def binomial_cdf(n: int, p: float) -> tuple[int, np.ndarray]:
+    """``(lo, cdf)`` with ``cdf[i] = P(B ≤ lo + i)`` for ``B ~ Binomial(n, p)``, over mean ± 12 sd.
+
+    Below ``lo`` the mass is under 1e-30 (taken as 0); above the window's end it is 1. Exact terms
+    in log space: the pmf at ``lo`` from log-gamma, then the ratio recurrence.
+    """
+    if n < 0 or not 0.0 < p < 1.0:
+        raise ValueError(f"binomial_cdf: n={n}, p={p}: expected n >= 0 and 0 < p < 1")
+    mean, sd = n * p, math.sqrt(n * p * (1.0 - p))
+    lo = max(0, math.floor(mean - _WINDOW_SD * sd - _WINDOW_SD))
+    hi = min(n, math.ceil(mean + _WINDOW_SD * sd + _WINDOW_SD))
+    log_lo = (math.lgamma(n + 1) - math.lgamma(lo + 1) - math.lgamma(n - lo + 1)
+              + lo * math.log(p) + (n - lo) * math.log1p(-p))
+    k = np.arange(lo, hi, dtype=np.float64)  # ratio pmf(k+1)/pmf(k) for k in [lo, hi)
+    steps = np.log(n - k) - np.log(k + 1.0) + (math.log(p) - math.log1p(-p))
+    log_pmf = log_lo + np.concatenate(([0.0], np.cumsum(steps)))
+    cdf = np.cumsum(np.exp(log_pmf))
+    if hi == n:
+        cdf = np.minimum(cdf, 1.0)
+    return lo, cdf
+
+
+#: Among the rank pairs whose coverage is within this of the least, the most balanced is taken.
+_BALANCE_SLACK = 0.005
+
+
+@lru_cache(maxsize=4096)
+def quantile_ci_ranks(n: int, q: float, level: float = CONFIDENCE_LEVEL) -> tuple[int | None, int | None]:
+    """0-based ranks ``(l, u)`` of the interval for quantile ``q`` from ``n`` sorted samples; None = unbounded.
+
+    Of every pair with exact coverage ``F(u) − F(l) ≥ level`` (``l = −1`` / ``u = n`` are the
+    unbounded ends, ``F(−1) = 0``, ``F(n) = 1``), those with the fewest unbounded ends; of them the
+    one with the least coverage; among those within half a point of it, the one whose two tail
+    probabilities ``F(l)`` and ``1 − F(u)`` are closest (then the least coverage, then the lower pair).
+    """
+    if n <= 0:
+        return None, None
+    if q <= 0.0:
+        return None, 0
+    if q >= 1.0:
+        return n - 1, None
+    lo, cdf = binomial_cdf(n, q)
+    if lo + len(cdf) - 1 == n:
+        cdf[-1] = 1.0
+    excess = 1.0 - level
+    # candidate lower ranks: lo − 1 (F ≈ 0: the window starts 12 sd below the mean), then each F(l) ≤ 1 − level
+    n_low = int(np.searchsorted(cdf, excess, side="right"))
+    f_low = np.concatenate(([0.0], cdf[:n_low]))
+    low_rank = np.arange(lo - 1, lo + n_low)
+    up_idx = np.searchsorted(cdf, f_low + level, side="left").clip(max=len(cdf) - 1)
+    coverage = cdf[up_idx] - f_low
+    up_rank = lo + up_idx
+    unbounded = (low_rank < 0).astype(int) + (up_rank > n - 1).astype(int)
+    coverage = np.where(unbounded == unbounded.min(), coverage, np.inf)  # bound both ends whenever some pair can
+    near = coverage <= coverage.min() + _BALANCE_SLACK
+    balance = np.where(near, np.abs(f_low - (1.0 - cdf[up_idx])), np.inf)
+    # exact ties (q = 0.5 is symmetric) go to the lower pair; rounding keeps float noise from deciding them
+    best = int(np.lexsort((low_rank, np.round(coverage, 9), np.round(balance, 9)))[0])
+    low, up = int(low_rank[best]), int(up_rank[best])
+    return (low if low >= 0 else None), (up if up <= n - 1 else None)
+
+
+def quantile_ci_sorted(sorted_values: np.ndarray, q: float,
+                       level: float = CONFIDENCE_LEVEL) -> tuple[float, float] | None:
+    """``(low, high)`` bounds of quantile ``q`` of an ascending array (−inf / +inf where unbounded); None if empty."""
+    n = len(sorted_values)
+    if n == 0:
+        return None
+    low, up = quantile_ci_ranks(n, float(q), level)
+    return (-math.inf if low is None else float(sorted_values[low]),
+            math.inf if up is None else float(sorted_values[up]))
+
+
+def wilson_interval(k: float, n: float, level: float = CONFIDENCE_LEVEL) -> tuple[float, float] | None:
+    """Wilson score interval of the share ``k / n``; None when ``n`` is 0."""
+    if n <= 0:
+        return None
+    z = _z(level)
+    p = k / n
+    denom = 1.0 + z * z / n
+    center = (p + z * z / (2.0 * n)) / denom
+    half = z / denom * math.sqrt(max(p * (1.0 - p) / n + z * z / (4.0 * n * n), 0.0))
+    low = 0.0 if k <= 0 else max(0.0, center - half)
+    high = 1.0 if k >= n else min(1.0, center + half)
+    return low, high
+
+
+def outcome(observed: float | None, interval: tuple[float, float] | None, limit: float) -> str:
+    """``pass`` / ``fail`` / ``inconclusive`` for "at most ``limit``"; ``not evaluated`` without data.
+
+    Pass needs the interval's upper bound (and the point estimate) at or below the limit; fail needs
+    its lower bound (and the point estimate) above it.
+    """
+    if observed is None or interval is None:
+        return "not evaluated"
+    low, high = interval
+    if high <= limit and observed <= limit:
+        return "pass"
+    if low > limit and observed > limit:
+        return "fail"
+    return "inconclusive"
+
+
+def _smallest(conclusive: Callable[[int], bool], n: int) -> int | None:
+    """The smallest m >= n with ``conclusive(m)``, by doubling then bisection (None beyond MAX_SAMPLES)."""
+    if conclusive(n):
+        return n
+    lo, hi = n, max(2 * n, n + 1)
+    while not conclusive(hi):
+        lo, hi = hi, 2 * hi
+        if hi > MAX_SAMPLES:
+            return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if conclusive(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def samples_needed_quantile(n: int, n_within: int, q: float, level: float = CONFIDENCE_LEVEL) -> int | None:
+    """Total samples at which quantile ``q`` is conclusive, if the share within the limit stays ``n_within / n``.
+
+    The side follows that share: above ``q`` the quantile ends within the limit (a conclusive pass),
+    below ``q`` above it (a conclusive fail); exactly ``q``: None.
+    """
+    if n <= 0:
+        return None
+    share = n_within / n
+    if share == q:
+        return None
+    passes = share > q
+
+    def conclusive(m: int) -> bool:
+        low, up = quantile_ci_ranks(m, q, level)
+        if passes:  # x[u] within the limit: at least u + 1 samples within it
+            return up is not None and share * m >= up + 1
+        return low is not None and share * m <= low  # x[l] above the limit: at most l samples within it
+
+    return _smallest(conclusive, n)
+
+
+def samples_needed_share(n: int, k: int, limit: float, level: float = CONFIDENCE_LEVEL) -> int | None:
+    """Total requests at which the share ``k / n`` is conclusively at most / above ``limit`` (None: never)."""
+    if n <= 0:
+        return None
+    share = k / n
+    if share == limit:
+        return None
+    passes = share <= limit
+
+    def conclusive(m: int) -> bool:
+        interval = wilson_interval(share * m, m, level)
+        assert interval is not None
+        return interval[1] <= limit if passes else interval[0] > limit
+
+    return _smallest(conclusive, n)
