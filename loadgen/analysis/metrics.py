@@ -169,7 +169,10 @@ def tokens_per_s(tokens: float, window_s: float | None) -> float | None:
 
 
 def goodput_rps(n_good: int, window_s: float | None) -> float | None:
-    """Goodput = completed requests meeting every hard budget / window length (req/s)."""
+    """Goodput = requests completed ok in the window that met every hard budget / window length (req/s).
+
+    Counted over the same completions as ``completed_rps`` (by completion instant), so goodput ≤ completed.
+    """
     return rate_per_s(n_good, window_s)
 
 

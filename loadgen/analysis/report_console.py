@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .model import METRICS, Analysis, GroupSummary
+from .model import METRICS, Analysis, GroupSummary, stop_sentence
 
 
 def stability_sentence(s: dict[str, Any]) -> str:
@@ -18,7 +18,7 @@ def stability_sentence(s: dict[str, Any]) -> str:
     return f"Little's Law not applied: {s.get('reason')}"
 
 
-__all__ = ["render_console", "fmt_ms", "stability_sentence"]
+__all__ = ["render_console", "fmt_ms", "stability_sentence", "stop_sentence"]
 
 
 def fmt_ms(value: float | None) -> str:
@@ -94,6 +94,9 @@ def render_console(analysis: Analysis, console: Any = None) -> None:
         lines.append(f"  [red]✗[/red] {c.reason}")
     for c in a.soft_failures:
         lines.append(f"  [yellow]![/yellow] {c.reason} (soft)")
+    stop = stop_sentence(a.run.get("stop") or {})
+    if stop:
+        lines.insert(0, f"[bold yellow]{stop}[/bold yellow]")
     console.print(Panel("\n".join(lines), title="verdict", expand=False))
     run = a.run
     target = run.get("target") or {}
@@ -109,7 +112,8 @@ def render_console(analysis: Analysis, console: Any = None) -> None:
                   f"{_rate(o.output_tok_s, 'tok/s')}{note}")
     if o.goodput_rps is not None:
         att = "—" if o.attainment is None else f"{o.attainment:.1%}"
-        console.print(f"goodput {_rate(o.goodput_rps, 'req/s')} · attainment {att} ({o.n_good}/{o.n_eligible})")
+        console.print(f"goodput {_rate(o.goodput_rps, 'req/s')} ({o.n_good_completed} completions in the window met every "
+                      f"hard budget) · attainment {att} ({o.n_good}/{o.n_eligible} requests scheduled in the window)")
     groups = list(a.classes.values())
     if len(groups) != 1:
         groups.append(a.overall)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .model import METRICS, Analysis, GroupSummary
+from .model import METRICS, Analysis, GroupSummary, stop_sentence
 from .report_console import fmt_ms, stability_sentence
 
 __all__ = ["render_html", "write_html"]
@@ -204,8 +204,11 @@ def _header(a: Analysis) -> list[str]:
         "<script>window.addEventListener('error',function(e){document.title='JS error: '+e.message});</script>",
         f"<style>{_CSS}</style></head><body>",
         f"<h1>loadgen analysis · {_e(run.get('scenario') or 'no scenario')} · {_e(run.get('run_kind'))}</h1>",
-        f'<div class="verdict {cls}" id="verdict">{_e(head)}</div>',
     ]
+    stop = stop_sentence(run.get("stop") or {})
+    if stop:
+        parts.append(f'<div class="verdict vnone" id="run-state">{_e(stop)}</div>')
+    parts.append(f'<div class="verdict {cls}" id="verdict">{_e(head)}</div>')
     if a.failed_checks:
         parts.append("<ul>" + "".join(
             f'<li class="{"fail" if c.hard else "warn"}">{_e(c.reason)}</li>' for c in a.failed_checks) + "</ul>")
@@ -222,8 +225,8 @@ def _load_section(a: Analysis) -> list[str]:
     rate_rows = [["offered (scheduled)", _num(o.offered_rps), "req/s"], ["sent", _num(o.send_rps), "req/s"],
                  ["completed ok", _num(o.completed_rps), "req/s"], ["prompt tokens", _num(o.prompt_tok_s, "{:,.1f}"), "tok/s"],
                  ["output tokens", _num(o.output_tok_s, "{:,.1f}"), "tok/s"],
-                 ["goodput", _num(o.goodput_rps), "req/s"],
-                 ["attainment", "—" if o.attainment is None else f"{o.attainment:.1%}", ""]]
+                 ["goodput (completed ok in the window, every hard budget met)", _num(o.goodput_rps), "req/s"],
+                 ["attainment (of requests scheduled in the window)", "—" if o.attainment is None else f"{o.attainment:.1%}", ""]]
     parts = ["<h2>Load and throughput</h2>", _table(["measure", "value", "unit"], rate_rows)]
     if not a.rates_meaningful:
         parts.append('<p class="warn">Instants were synthesized by the importer: rates and time series are not measurements.</p>')

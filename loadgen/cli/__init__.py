@@ -2,7 +2,8 @@
 
 Each area registers its subcommands from its own module (``loadgen/cli/<area>_cmd.py`` with a
 ``register(subparsers)`` function), so the CLI stays thin and areas do not collide.
-LoadgenError → one line on stderr and exit 2; Ctrl-C → exit 130; anything else keeps its traceback.
+LoadgenError → one line on stderr and exit 2; Ctrl-C → exit 130, SIGTERM → 143, SIGHUP → 129 (both stop
+the way Ctrl-C does: ``loadgen.interrupts``); anything else keeps its traceback.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-from .. import __version__
+from .. import __version__, interrupts
 from ..errors import LoadgenError
 
 __all__ = ["main", "build_parser"]
@@ -42,14 +43,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    interrupts.install()
     try:
         rc = args.func(args)
     except LoadgenError as exc:
         print(f"loadgen: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("loadgen: interrupted", file=sys.stderr)
-        return 130
+        print(f"loadgen: interrupted ({interrupts.signal_name()})", file=sys.stderr)
+        return interrupts.exit_code()
     except BrokenPipeError:  # output piped into head & co.
         sys.stderr.close()
         return 0

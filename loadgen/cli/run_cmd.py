@@ -31,6 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="send ignore_eos and continuous_usage_stats (auto: not to managed APIs)")
     p.add_argument("--max-tokens-field", choices=("max_tokens", "max_completion_tokens"), default="max_tokens")
     p.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="extra request header (value not recorded)")
+    p.add_argument("--flush-interval-s", type=float, default=1.0,
+                   help="records reach disk at least this often (default 1 s; a killed run keeps everything up to the last flush)")
+    p.add_argument("--no-model-check", action="store_true",
+                   help="do not fail when /v1/models lists models but not --model (gateways that list other names)")
     p.set_defaults(func=_run)
 
 
@@ -60,7 +64,8 @@ def _run(args: argparse.Namespace) -> int:
             scrape_interval_s=args.scrape_interval_s, warm_state=args.warm_state, warm_actions=args.warm_action,
             order_index=args.order_index, repeat=args.repeat, progress=args.progress, deadline_s=args.deadline_s,
             rate_limit_rps=args.rate_limit_rps, vllm_extensions=args.vllm_extensions,
-            max_tokens_field=args.max_tokens_field, headers=headers,
+            max_tokens_field=args.max_tokens_field, headers=headers, flush_interval_s=args.flush_interval_s,
+            check_model=not args.no_model_check,
         )
     except ValidationError as exc:
         raise LoadgenError(format_validation_error("loadgen run", exc)) from None

@@ -96,6 +96,7 @@ class Job:
     client_prompt_tokens: int | None
     prompt_text: str | None
     payload: bytes = b""  # the whole HTTP request (head + body), set by the run just before it starts
+    scheduled_ns: int | None = None  # run clock, set when the scheduler dispatches it (None: never dispatched)
 
 
 def _split_turn(delta: int, prev_output: int) -> tuple[int, int]:

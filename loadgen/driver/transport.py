@@ -20,7 +20,7 @@ import anyio
 import anyio.abc
 import httpx
 
-__all__ = ["RawHTTP11Transport", "RawResponse"]
+__all__ = ["RawHTTP11Transport", "RawResponse", "SendTiming"]
 
 _READ = 65536
 
@@ -38,6 +38,21 @@ _NONE = 0  # no body
 _LENGTH = 1
 _CHUNKED = 2
 _UNTIL_CLOSE = 3
+
+
+class SendTiming:
+    """Instants (``perf_counter_ns``) of one request's way to the socket, filled in by ``open``.
+
+    ``connect_start``/``connect_end``: a new connection was opened for it (None when a kept-alive one
+    was reused); ``sent``: the request bytes were handed to the socket (None: never sent).
+    """
+
+    __slots__ = ("connect_end", "connect_start", "sent")
+
+    def __init__(self, sent: int | None = None) -> None:
+        self.connect_start: int | None = None
+        self.connect_end: int | None = None
+        self.sent = sent
 
 
 class _Conn:
@@ -587,23 +602,33 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
         return None
 
     async def open(self, origin: tuple[bytes, str, int], payload: bytes, *, head_request: bool = False,
-                   sent: _Conn | None = None) -> RawResponse:
+                   sent: _Conn | None = None, timing: SendTiming | None = None) -> RawResponse:
         """Send ``payload`` (a whole encoded request) and read the response head; the body streams.
 
         This is the driver's hot path: no Request/Response objects, one send, one head parse.
         ``sent`` is a connection ``send_nowait`` already wrote the payload on. A reused keep-alive
-        connection the server had closed is retried once on a new one.
+        connection the server had closed is retried once on a new one. ``timing`` gets the connect
+        and send instants (of the attempt that counted).
         """
+        _now = time.perf_counter_ns
         for attempt in (0, 1):
             conn = sent if attempt == 0 else None
             if conn is None:
+                if timing is not None and attempt:
+                    timing.sent = None  # the first attempt's bytes went to a connection the server had closed
                 conn = await self._pop_idle(origin)
             if conn is None:
+                if timing is not None:
+                    timing.connect_start = _now()
                 conn = await self._connect(*origin)
+                if timing is not None:
+                    timing.connect_end = _now()
             got_bytes = False
             try:
                 if conn is not sent:
                     await conn.send(payload)
+                    if timing is not None:
+                        timing.sent = _now()
                 buf = conn.buf
                 while True:
                     end = buf.find(b"\r\n\r\n")
