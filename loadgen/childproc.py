@@ -112,16 +112,23 @@ class ChildProcess:
         return " | ".join(lines[-n:])
 
     def wait_ready(self, probe: Callable[[], T | None], timeout_s: float, poll_s: float = 0.05) -> T:
-        """Call ``probe`` until it returns a value; ``error`` (and stop) if the child dies or time runs out."""
+        """Call ``probe`` until it returns a value; ``error`` (and stop) if the child dies or time runs out.
+
+        Any other ending while waiting (Ctrl-C, SIGTERM, a bug) stops the child too before it propagates.
+        """
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            value = probe()
-            if value is not None:
-                return value
-            if self.proc is None or self.proc.poll() is not None:
-                code = self.proc.returncode if self.proc is not None else None
-                raise self.error(f"{self.what} exited with code {code} at start (log {self.log_path}): {self.log_tail()}")
-            time.sleep(poll_s)
+        try:
+            while time.monotonic() < deadline:
+                value = probe()
+                if value is not None:
+                    return value
+                if self.proc is None or self.proc.poll() is not None:
+                    code = self.proc.returncode if self.proc is not None else None
+                    raise self.error(f"{self.what} exited with code {code} at start (log {self.log_path}): {self.log_tail()}")
+                time.sleep(poll_s)
+        except BaseException:
+            self.stop()
+            raise
         self.stop()
         raise self.error(f"{self.what} not ready within {timeout_s:g} s (log {self.log_path}): {self.log_tail()}")
 

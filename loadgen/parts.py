@@ -139,8 +139,9 @@ class PartTable:
         meta = {PART_METADATA_KEY: json.dumps({"seq": self.seq, **part})}
         if manifest_json is not None:
             meta[MANIFEST_METADATA_KEY] = manifest_json
-        _write_atomic(final, lambda tmp: pq.write_table(table.replace_schema_metadata(meta), tmp, compression="zstd"),
-                      self.fsync)
+        # small parts: statistics and dictionaries cost more than they save (the merged file has both)
+        _write_atomic(final, lambda tmp: pq.write_table(table.replace_schema_metadata(meta), tmp, compression="zstd",
+                                                        write_statistics=False, use_dictionary=False), self.fsync)
         self.parts.append((self.seq, final))
         self.seq += 1
         self.rows_written += table.num_rows

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -263,7 +264,8 @@ def test_missing_records_are_measurement_corruption(tmp_path: Path) -> None:
     run_dir = run_worksheet(trace, engine, tmp_path / "run", scenario=spec.scenario_path())
     clean = judge_run(analyze_run(run_dir, scenario=scenario), load_run(run_dir), StopLimits())
     assert not clean.stops
-    table = pq.read_table(run_dir / "requests.parquet")
+    table = pq.read_table(run_dir / "requests.parquet")  # a directory of part files, read as one table
+    shutil.rmtree(run_dir / "requests.parquet")
     pq.write_table(table.slice(0, table.num_rows - 5), run_dir / "requests.parquet")  # five rows lost
     judged = judge_run(analyze_run(run_dir, scenario=scenario), load_run(run_dir), StopLimits())
     kinds = {s.kind: s.detail for s in judged.stops}
