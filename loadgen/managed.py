@@ -197,8 +197,9 @@ def quota_summary(requests: Any, manifest: Manifest) -> dict[str, Any]:
     kinds = _col(requests, "error_kind")
     http = _col(requests, "http_status")
     retry = _col(requests, "retry_after_s")
-    n = len(kinds)
-    limited = [i for i in range(n) if kinds[i] == "http_429" or http[i] == 429]
+    due = [i for i in range(len(kinds)) if kinds[i] != "not_due"]  # not yet due at a stop: never asked
+    n = len(due)
+    limited = [i for i in due if kinds[i] == "http_429" or http[i] == 429]
     ra = np.array([retry[i] for i in limited if retry[i] is not None], dtype=np.float64)
     options = manifest.options
     return {

@@ -94,8 +94,9 @@ class RunWriter:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise RunDirError(f"{run_dir}: cannot create run directory: {exc.strerror}") from None
-        if (self.run_dir / REQUESTS_FILE).exists():
-            raise RunDirError(f"{run_dir}: already holds a run ({REQUESTS_FILE}): expected a new or empty directory")
+        held = [name for name in (REQUESTS_FILE, CHUNKS_FILE, SERVER_METRICS_FILE) if (self.run_dir / name).exists()]
+        if held:
+            raise RunDirError(f"{run_dir}: already holds a run ({held[0]}): expected a new or empty directory")
         writer = {"pid": psutil.Process().pid, "hostname_sha256": hostname_sha256(), "process_start_s": _process_start_s(),
                   "flush_interval_s": flush_interval_s}
         self.manifest = merge_manifest(manifest, {"schema_version": SCHEMA_VERSION, "state": "running", "writer": writer})

@@ -44,8 +44,9 @@ _CDF_POINTS = 400
 
 DEFINITIONS = {
     "ttft_ms": "first_token - scheduled (client queue + network + server queue + prefill)",
-    "client_queue_ms": "sent - scheduled",
-    "server_ttft_ms": "first_token - sent",
+    "client_queue_ms": ("sent - scheduled: waiting for a slot, plus the connect when a new connection was opened "
+                        "(connect_start_ns..connect_end_ns); sent is when the request bytes reached the socket"),
+    "server_ttft_ms": "first_token - sent (no connection set-up in it)",
     "itl_ms": ("per-token gaps: a content chunk of k tokens arriving D after the previous content chunk gives k "
                "gaps of D/k; the first content chunk gives k-1 gaps of 0; a request's gaps sum to last - first token"),
     "inter_chunk_ms": "raw gaps between consecutive content chunks (user-visible stalls)",
