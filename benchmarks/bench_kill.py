@@ -30,11 +30,11 @@ import pyarrow as pa
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from loadgen.driver import parse_prometheus_text  # noqa: E402
-from loadgen.records import TRACE_SCHEMA  # noqa: E402
-from loadgen.rundir import load_run  # noqa: E402
-from loadgen.targets import launch_sim_server  # noqa: E402
-from loadgen.trace.io import write_trace  # noqa: E402
+from loadgen.driver import parse_prometheus_text
+from loadgen.records import TRACE_SCHEMA
+from loadgen.rundir import load_run
+from loadgen.targets import launch_sim_server
+from loadgen.trace.io import write_trace
 
 
 def server_finished(base_url: str) -> int:

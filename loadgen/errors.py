@@ -17,15 +17,15 @@ The CLI catches LoadgenError once, prints the message, exits 2.
 from __future__ import annotations
 
 __all__ = [
-    "LoadgenError",
-    "ScenarioError",
-    "TraceError",
-    "LedgerError",
-    "TargetError",
-    "RunDirError",
-    "RecordWriteError",
     "EngineError",
+    "LedgerError",
+    "LoadgenError",
     "PlanError",
+    "RecordWriteError",
+    "RunDirError",
+    "ScenarioError",
+    "TargetError",
+    "TraceError",
 ]
 
 

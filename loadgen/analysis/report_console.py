@@ -18,7 +18,7 @@ def stability_sentence(s: dict[str, Any]) -> str:
     return f"Little's Law not applied: {s.get('reason')}"
 
 
-__all__ = ["render_console", "fmt_ms", "stability_sentence", "stop_sentence"]
+__all__ = ["fmt_ms", "render_console", "stability_sentence", "stop_sentence"]
 
 
 def fmt_ms(value: float | None) -> str:

@@ -15,7 +15,7 @@ import sys
 from .. import __version__, interrupts
 from ..errors import LoadgenError
 
-__all__ = ["main", "build_parser"]
+__all__ = ["build_parser", "main"]
 
 #: Areas in the order their commands are listed by --help.
 COMMAND_MODULES = (

@@ -28,8 +28,8 @@ def _analyze(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..analysis import analyze_run, parse_window, render_console, write_html
-    from ..errors import RunDirError  # deferred: a command imports its modules only when it runs
-    from ..rundir import persist_recovery  # deferred: a command imports its modules only when it runs
+    from ..errors import RunDirError  # deferred: loaded when it runs
+    from ..rundir import persist_recovery  # deferred: loaded when it runs
     from ..scenario import load_scenario
 
     try:  # a killed run (manifest still "running", writer gone) gets its recovered manifest on disk

@@ -68,7 +68,7 @@ class RunContext:
     timeouts: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)  # class -> (ttft, total) ns
     lag: LagStats = field(default_factory=LagStats)
     # live counters (progress display, manifest)
-    sent: int = 0
+    sent: int = 0  # bytes on the socket (live counter)
     dispatched: int = 0  # jobs handed to execute so far (in trace order)
     in_flight: int = 0  # holding a concurrency slot (connecting, sent or streaming)
     peak_in_flight: int = 0
@@ -91,6 +91,9 @@ class RunContext:
                 cache.clear()
             n = cache[text] = self.count_tokens(text)
         return n
+
+    def count_sent(self) -> None:
+        self.sent += 1
 
     def quiet_ns(self) -> int:
         """Time until the scheduler's next send (large when none is pending)."""
@@ -270,6 +273,7 @@ def send_at_deadline(ctx: RunContext, job: Job) -> PreSent | None:
         ctx.limiter.release_on_behalf_of(token)
         return None
     ctx.sent_at_deadline += 1
+    ctx.sent += 1
     return PreSent(token, conn, slot_abs, _now())
 
 
@@ -283,7 +287,7 @@ async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int, pre: PreSent
     status: str | None = None
     error_kind = error_message = None
     phase = Phase.BEFORE_RESPONSE
-    timing = SendTiming(pre.sent_abs if pre is not None else None)
+    timing = SendTiming(pre.sent_abs if pre is not None else None, ctx.count_sent)
     response: RawResponse | None = None
     ttft_ns, total_ns = ctx.timeouts.get(job.request_class, (ctx.ttft_timeout_ns, ctx.total_timeout_ns))
     total_deadline = scheduled_abs_ns + total_ns if total_ns else None
@@ -430,7 +434,6 @@ def _record(ctx: RunContext, job: Job, row: dict[str, Any], state: StreamState,
     if timing.connect_end is not None:
         row["connect_end_ns"] = timing.connect_end - anchor
     if sent:
-        ctx.sent += 1
         ctx.done += 1
         row["sent_ns"] = timing.sent - anchor
         row["done_ns"] = done_abs - anchor

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["RunOptions", "DEFAULT_TTFT_TIMEOUT_S", "DEFAULT_TOTAL_TIMEOUT_S"]
+__all__ = ["DEFAULT_TOTAL_TIMEOUT_S", "DEFAULT_TTFT_TIMEOUT_S", "RunOptions"]
 
 #: Timeouts when neither the options nor a scenario set them (the scenario's own defaults, too).
 DEFAULT_TTFT_TIMEOUT_S = 60.0

@@ -25,7 +25,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from ..records import CHUNKS_SCHEMA, REQUESTS_SCHEMA
 from ..rundir import RunWriter
 
-__all__ = ["Recorder", "ArrowRunWriter"]
+__all__ = ["ArrowRunWriter", "Recorder"]
 
 _REQUEST = 0
 _METRICS = 1

@@ -19,21 +19,26 @@ import os
 import resource
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
-
-from dataclasses import dataclass
 
 import anyio
 import httpx
 import psutil
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401  (pa.compute)
+import pyarrow.compute
 
 from .. import interrupts
-from ..errors import LoadgenError, RecordWriteError, RunDirError, TargetError, TraceError
+from ..errors import (
+    LoadgenError,
+    RecordWriteError,
+    RunDirError,
+    TargetError,
+    TraceError,
+)
 from ..identity import harness_identity, host_identity, sha256_file, utc_now_iso
 from ..manifest import DriverInfo, Manifest, TraceRef, WarmState, merge_manifest
 from ..prompts import Tokenizer, get_tokenizer
@@ -52,7 +57,7 @@ from .sse import parse_chunk
 from .target import TargetInfo, probe_target
 from .transport import RawHTTP11Transport
 
-__all__ = ["run_trace", "SEND_LAG_WARN_NS"]
+__all__ = ["SEND_LAG_WARN_NS", "run_trace"]
 
 #: Warn when the send-lag p99 exceeds this (ns).
 SEND_LAG_WARN_NS = 1_000_000
@@ -68,8 +73,7 @@ def _split_base(url: str) -> tuple[str, str]:
     parts = urlsplit(url)
     path = parts.path.rstrip("/")
     prefix = "/v1"
-    if path.endswith("/v1"):
-        path = path[: -len("/v1")]
+    path = path.removesuffix("/v1")
     root = urlunsplit((parts.scheme, parts.netloc, path, "", ""))
     return root, prefix
 
@@ -388,7 +392,7 @@ def _take_anchor(ctx: RunContext, writer: RunWriter) -> None:
     The manifest on disk gets it at once (a small write inside the lead time): a killed run keeps it.
     """
     ctx.anchor_ns = time.perf_counter_ns() + LEAD_NS
-    anchor_utc = datetime.now(timezone.utc) + timedelta(microseconds=LEAD_NS / 1000)
+    anchor_utc = datetime.now(UTC) + timedelta(microseconds=LEAD_NS / 1000)
     writer.update_manifest({
         "started_utc": anchor_utc.isoformat(timespec="milliseconds"),
         "anchor": {"perf_counter_ns": ctx.anchor_ns, "utc": anchor_utc.isoformat(timespec="microseconds")},
@@ -464,7 +468,7 @@ def _finish(writer: ArrowRunWriter, recorder: Recorder, ctx: RunContext, jobs: l
     try:
         _record_missing(recorder, ctx, jobs, state != "complete" or deadline_hit, stop_abs, open_loop)
         recorder.finish()
-    except BaseException as exc:  # keep closing: a readable partial run beats none
+    except BaseException as exc:  # noqa: BLE001 - keep closing: a readable partial run beats none
         write_error = exc
         state = "failed"
         interrupted_by = interrupted_by or _describe(exc)

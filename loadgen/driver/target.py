@@ -17,7 +17,7 @@ from ..errors import TargetError
 from .error_kinds import redact, redact_url
 from .metrics_scrape import parse_prometheus_text
 
-__all__ = ["TargetInfo", "probe_target", "MANAGED_HOSTS"]
+__all__ = ["MANAGED_HOSTS", "TargetInfo", "probe_target"]
 
 #: Hosts of managed APIs (no /metrics, quotas, Retry-After).
 MANAGED_HOSTS = ("api.openai.com", "openai.azure.com", "api.together.xyz", "api.fireworks.ai",

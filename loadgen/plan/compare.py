@@ -27,8 +27,8 @@ from ..analysis.model import stop_sentence
 from ..analysis.whole_run import engine_busy_output_rate, whole_run_rates
 from ..errors import PlanError, RunDirError
 from ..manifest import Manifest, read_manifest
-from ..rundir import read_run_manifest
 from ..records import MANIFEST_FILE
+from ..rundir import read_run_manifest
 from ..scenario import Scenario, scenario_from_manifest
 from .contract_hook import CONTRACT_FILE, contract_status_from_file
 from .files import PLAN_FILE, REGION_FILE

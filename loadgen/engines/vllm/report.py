@@ -16,7 +16,13 @@ from typing import Any
 import pyarrow.compute as pc
 
 from ...errors import LedgerError, LoadgenError
-from ...ledger import EngineSettings, ModelConfig, Reconciliation, read_model_config, reconcile_report
+from ...ledger import (
+    EngineSettings,
+    ModelConfig,
+    Reconciliation,
+    read_model_config,
+    reconcile_report,
+)
 from ...manifest import read_manifest
 from ...records import MANIFEST_FILE, SERVER_METRICS_FILE
 from ...rundir import read_run_table
