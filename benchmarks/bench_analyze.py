@@ -2,7 +2,8 @@
 
 Target (issue 5): ``analyze_run`` finishes within 60 s and 8 GiB peak RSS on the 2-core CI machine,
 streaming chunks from Parquet. The run is generated here (vectorised numpy → Arrow record batches,
-written like RunWriter does: zstd row groups, chunks grouped by request in completion order), and
+zstd row groups, chunks grouped by request in completion order, one file per table: a merged run
+holds the same in one part file per table directory), and
 generation time is reported apart from analysis time.
 
     python benchmarks/bench_analyze.py                       # full size
@@ -115,7 +116,7 @@ def generate_run(run_dir: Path, n_requests: int, n_chunks: int, seed: int = 7) -
     n = n_requests
     columns = [req.get(f.name, pa.nulls(n, f.type)) for f in REQUESTS_SCHEMA]
     table = pa.Table.from_arrays([c.cast(f.type) for c, f in zip(columns, REQUESTS_SCHEMA)], schema=REQUESTS_SCHEMA)
-    # row groups as RunWriter writes them (flush_rows=2000 requests, 40,000 chunks)
+    # small row groups (2,000 requests, 40,000 chunks), as a run of many flushes has
     pq.write_table(table, run_dir / REQUESTS_FILE, compression="zstd", row_group_size=2_000)
     del table, columns, req
     # chunks.parquet, grouped by request in completion order (not request-id order)

@@ -181,6 +181,8 @@ def test_sigkill_under_load_keeps_what_was_on_disk(instant, tmp_path: Path) -> N
     out = tmp_path / "run"
     proc = loadgen("run", str(trace), "--target", instant.base_url, "--out", str(out), "--progress", "off")
     seen = wait_for(lambda: rows_on_disk(out) >= 150 and rows_on_disk(out), "150 rows on disk")
+    live = analyze_run(out)  # a run still being written reads as far as it is on disk
+    assert live.run["stop"]["state"] == "running" and live.overall.n_scheduled >= 150
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=30)
     run = load_run(out)

@@ -102,7 +102,7 @@ async def probe_target(
         model = models[0]
     elif check_model and models and model not in models:
         shown = ", ".join(repr(m) for m in models[:10]) + (f" and {len(models) - 10} more" if len(models) > 10 else "")
-        raise TargetError(redact(f"--model {model!r}: not served by {safe_url}: expected one of {shown} "
+        raise TargetError(redact(f"model {model!r} (--model, else the scenario's): not served by {safe_url}: expected one of {shown} "
                                  "(--no-model-check for a gateway whose /v1/models does not list what it accepts)", secrets))
     host = (urlsplit(base_url).hostname or "").lower()
     info = TargetInfo(kind="unknown", base_url=safe_url, model=model, version=version, models=models)
