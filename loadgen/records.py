@@ -123,7 +123,7 @@ REQUESTS_SCHEMA = pa.schema(
         pa.field("first_byte_ns", pa.int64()),  # response headers received
         pa.field("first_token_ns", pa.int64()),  # first chunk carrying content tokens
         pa.field("last_token_ns", pa.int64()),  # last chunk carrying content tokens
-        pa.field("done_ns", pa.int64()),  # request finished (any status except not_sent)
+        pa.field("done_ns", pa.int64()),  # request finished, or was given up unsent (null: cut by a stop, or never due)
         # token counts
         pa.field("target_prompt_tokens", pa.int32(), nullable=False),
         pa.field("target_output_tokens", pa.int32(), nullable=False),

@@ -436,6 +436,7 @@ def _record(ctx: RunContext, job: Job, row: dict[str, Any], state: StreamState,
     if sent:
         ctx.done += 1
         row["sent_ns"] = timing.sent - anchor
+    if sent or error_kind != "run_interrupted":  # finished, or given up (queue timeout, refused): it left
         row["done_ns"] = done_abs - anchor
     if status is None:  # should not happen; keep the accounting exact anyway
         status, error_kind = STATUS_ERROR, "client"
