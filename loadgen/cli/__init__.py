@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from .. import __version__, interrupts
@@ -58,5 +59,21 @@ def main(argv: list[str] | None = None) -> int:
     return int(rc or 0)
 
 
+def entry() -> None:
+    """The program (``loadgen`` and ``python -m loadgen``): ``main``, then exit with its status.
+
+    A run stopped by a signal exits with 128 + the signal's number through ``os._exit`` once its
+    output is flushed: CPython re-raises SIGINT at exit (status -2) whenever the KeyboardInterrupt that
+    stopped it was raised inside code it ran through its own entry points (a module being imported at
+    that instant), even though ``main`` handled it; everything loadgen must close is closed by then.
+    """
+    code = main()
+    if code > 128:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    entry()
