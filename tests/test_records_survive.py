@@ -264,15 +264,20 @@ def test_injected_enospc_leaves_flushed_parts_and_no_temp_file(tmp_path: Path, m
 # ---- status semantics --------------------------------------------------------------------------------------
 
 
-def test_client_queue_timeout_is_not_sent_and_sent_ns_is_bytes_on_the_socket(instant, tmp_path: Path) -> None:
-    from loadgen.driver import RunOptions, run_trace_sync
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "loadgen", *args], cwd=REPO, env=ENV, capture_output=True, text=True,
+                          timeout=300, check=False)
 
+
+def test_client_queue_timeout_is_not_sent_and_sent_ns_is_bytes_on_the_socket(instant, tmp_path: Path) -> None:
     # one slot; the first request gets its first token at once, then stalls 3 s holding the slot, so the
-    # others reach their 1 s TTFT timeout while still waiting for it
-    trace = make_trace(tmp_path / "t.parquet", [0.0, 1.0, 2.0, 3.0, 4.0], max_in_flight=1)
-    out = run_trace_sync(RunOptions(trace_path=trace, target_url=instant.base_url, out_dir=tmp_path / "run",
-                                    ttft_timeout_s=1.0, total_timeout_s=30, progress="off",
-                                    request_headers={"r00000": {"X-Loadgen-Fault": "stall=3@2"}}))
+    # others reach their 1 s TTFT timeout while still waiting for it (every request carries the fault)
+    trace = make_trace(tmp_path / "t.parquet", [0.0, 1.0, 2.0, 3.0, 4.0])
+    out = tmp_path / "run"
+    done = run_cli("run", str(trace), "--target", instant.base_url, "--out", str(out), "--progress", "off",
+                   "--max-concurrency", "1", "--ttft-timeout-s", "1", "--total-timeout-s", "30",
+                   "--header", "X-Loadgen-Fault:stall=3@2")
+    assert done.returncode == 0, done.stderr
     rows = {r["request_id"]: r for r in load_run(out).requests.to_pylist()}
     first = rows.pop("r00000")
     assert first["status"] == "ok" and first["sent_ns"] is not None
@@ -285,13 +290,33 @@ def test_client_queue_timeout_is_not_sent_and_sent_ns_is_bytes_on_the_socket(ins
     assert a.overall.status_counts["not_sent"] == 4
 
 
-def test_connect_phase_is_recorded_apart_and_not_in_server_ttft(instant, tmp_path: Path) -> None:
-    from loadgen.driver import RunOptions, run_trace_sync
+def test_refused_connections_are_not_sent_and_not_in_the_sent_rate(tmp_path: Path) -> None:
+    trace = make_trace(tmp_path / "t.parquet", [i * 25.0 for i in range(400)])  # 40 req/s for 10 s
+    out = tmp_path / "run"
+    with launch_sim_server("instant") as sim:
+        proc = loadgen("run", str(trace), "--target", sim.base_url, "--out", str(out), "--progress", "off",
+                       "--total-timeout-s", "5")
+        wait_for(lambda: rows_on_disk(out) >= 60, "rows before the server dies")
+        sim.process.kill()  # the server dies mid-run: later connections are refused
+        _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    rows = load_run(out).requests.to_pylist()
+    refused = [r for r in rows if (r["status"], r["error_kind"]) == ("not_sent", "connect")]
+    sent = [r for r in rows if r["sent_ns"] is not None]
+    assert len(refused) >= 100 and all(r["sent_ns"] is None for r in refused)
+    report = run_cli("analyze", str(out), "--json", str(tmp_path / "a.json"))
+    assert report.returncode == 0, report.stderr
+    doc = json.loads((tmp_path / "a.json").read_text())
+    window = doc["window"]["duration_s"]
+    assert doc["overall"]["send_rps"] * window == pytest.approx(len(sent))  # refused ones are not "sent"
+    assert doc["overall"]["send_rps"] < doc["overall"]["offered_rps"]
 
+
+def test_connect_phase_is_recorded_apart_and_not_in_server_ttft(instant, tmp_path: Path) -> None:
     trace = make_trace(tmp_path / "t.parquet", [0.0] * 8, mode="closed", concurrency=4)  # closed loop: no warm pool
-    run = load_run(run_trace_sync(RunOptions(trace_path=trace, target_url=instant.base_url, out_dir=tmp_path / "run",
-                                             progress="off")))
-    rows = run.requests.to_pylist()
+    done = run_cli("run", str(trace), "--target", instant.base_url, "--out", str(tmp_path / "run"), "--progress", "off")
+    assert done.returncode == 0, done.stderr
+    rows = load_run(tmp_path / "run").requests.to_pylist()
     assert all(r["status"] == "ok" for r in rows)
     opened = [r for r in rows if r["connect_start_ns"] is not None]
     assert opened, "the first requests of a closed loop open their connections"
