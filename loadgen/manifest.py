@@ -318,7 +318,8 @@ def _finite(value: Any) -> Any:
 
 
 def write_manifest(run_dir: str | Path, manifest: Manifest, *, reserve_bytes: int = 0) -> None:
-    """Write manifest.json atomically (a temp file, then rename; the temp file never outlives a failure).
+    """Write manifest.json atomically and durably (a synced temp file, then rename; the temp file never
+    outlives a failure).
 
     ``reserve_bytes``: pad the file with trailing whitespace (still valid JSON) to at least this size,
     so that when the disk is full later, the final manifest can still be written over it in place.
@@ -331,8 +332,12 @@ def write_manifest(run_dir: str | Path, manifest: Manifest, *, reserve_bytes: in
     if len(data) < reserve_bytes:
         data += b" " * (reserve_bytes - len(data) - 1) + b"\n"
     try:
-        tmp.write_bytes(data)
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # what a reader finds after a power loss is this file or the previous one
         os.replace(tmp, path)
+        _fsync_dir(run_dir)
     except OSError:
         tmp.unlink(missing_ok=True)
         if not _overwrite_in_place(path, data):
@@ -340,6 +345,19 @@ def write_manifest(run_dir: str | Path, manifest: Manifest, *, reserve_bytes: in
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _overwrite_in_place(path: Path, data: bytes) -> bool:
