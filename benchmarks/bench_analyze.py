@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Self
 
 import numpy as np
 import psutil
@@ -29,9 +30,10 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loadgen.records import CHUNKS_FILE, CHUNKS_SCHEMA, REQUESTS_FILE, REQUESTS_SCHEMA  # noqa: E402
-from loadgen.rundir import write_manifest  # noqa: E402
-from loadgen.scenario import load_scenario, scenario_manifest  # noqa: E402
+from loadgen.manifest import Manifest
+from loadgen.records import CHUNKS_FILE, CHUNKS_SCHEMA, REQUESTS_FILE, REQUESTS_SCHEMA
+from loadgen.rundir import write_manifest
+from loadgen.scenario import load_scenario, scenario_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -153,7 +155,7 @@ def generate_run(run_dir: Path, n_requests: int, n_chunks: int, seed: int = 7) -
         "chunks_recorded": n_chunks,
         "state": "complete",
     }
-    write_manifest(run_dir, manifest)
+    write_manifest(run_dir, Manifest.model_validate(manifest))
     return {"requests": n_requests, "chunks": n_chunks}
 
 
@@ -171,7 +173,7 @@ class _PeakRss:
             self.peak = max(self.peak, self._proc.memory_info().rss)
             self._stop.wait(0.05)
 
-    def __enter__(self) -> "_PeakRss":
+    def __enter__(self) -> Self:
         self.peak = self._proc.memory_info().rss
         self._thread.start()
         return self

@@ -9,13 +9,12 @@ import math
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from shared_paths import TRACES
 
 from loadgen.analysis import analyze_run, percentile
 from loadgen.cli import main
 from loadgen.results_import import import_llmperf, llmperf_error_kind
 from loadgen.rundir import read_run_table
-
-from shared_paths import TRACES
 
 RAW = TRACES / "benchmark_results" / "llmperf-leaderboard" / "raw_data"
 FILES = sorted((RAW / "individual").glob("*.json")) if (RAW / "individual").is_dir() else []
