@@ -2,7 +2,8 @@
 
 Target (issue 5): ``analyze_run`` finishes within 60 s and 8 GiB peak RSS on the 2-core CI machine,
 streaming chunks from Parquet. The run is generated here (vectorised numpy → Arrow record batches,
-written like RunWriter does: zstd row groups, chunks grouped by request in completion order), and
+zstd row groups, chunks grouped by request in completion order, one file per table: a merged run
+holds the same in one part file per table directory), and
 generation time is reported apart from analysis time.
 
     python benchmarks/bench_analyze.py                       # full size
@@ -20,6 +21,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Self
 
 import numpy as np
 import psutil
@@ -28,9 +30,10 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loadgen.records import CHUNKS_FILE, CHUNKS_SCHEMA, REQUESTS_FILE, REQUESTS_SCHEMA  # noqa: E402
-from loadgen.rundir import write_manifest  # noqa: E402
-from loadgen.scenario import load_scenario, scenario_manifest  # noqa: E402
+from loadgen.manifest import Manifest
+from loadgen.records import CHUNKS_FILE, CHUNKS_SCHEMA, REQUESTS_FILE, REQUESTS_SCHEMA
+from loadgen.rundir import write_manifest
+from loadgen.scenario import load_scenario, scenario_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -115,7 +118,7 @@ def generate_run(run_dir: Path, n_requests: int, n_chunks: int, seed: int = 7) -
     n = n_requests
     columns = [req.get(f.name, pa.nulls(n, f.type)) for f in REQUESTS_SCHEMA]
     table = pa.Table.from_arrays([c.cast(f.type) for c, f in zip(columns, REQUESTS_SCHEMA)], schema=REQUESTS_SCHEMA)
-    # row groups as RunWriter writes them (flush_rows=2000 requests, 40,000 chunks)
+    # small row groups (2,000 requests, 40,000 chunks), as a run of many flushes has
     pq.write_table(table, run_dir / REQUESTS_FILE, compression="zstd", row_group_size=2_000)
     del table, columns, req
     # chunks.parquet, grouped by request in completion order (not request-id order)
@@ -152,7 +155,7 @@ def generate_run(run_dir: Path, n_requests: int, n_chunks: int, seed: int = 7) -
         "chunks_recorded": n_chunks,
         "state": "complete",
     }
-    write_manifest(run_dir, manifest)
+    write_manifest(run_dir, Manifest.model_validate(manifest))
     return {"requests": n_requests, "chunks": n_chunks}
 
 
@@ -170,7 +173,7 @@ class _PeakRss:
             self.peak = max(self.peak, self._proc.memory_info().rss)
             self._stop.wait(0.05)
 
-    def __enter__(self) -> "_PeakRss":
+    def __enter__(self) -> Self:
         self.peak = self._proc.memory_info().rss
         self._thread.start()
         return self

@@ -4,13 +4,25 @@ A :class:`ChildProcess` runs in its own process group with stdout and stderr in 
 a pipe: a chatty server never blocks on it). ``wait_ready`` polls the log (or any probe) until the
 child says it is ready or dies; ``stop`` sends SIGTERM to the whole group, waits, then SIGKILLs what
 is left (engine cores, workers), so nothing outlives the launcher's ``stop``.
+
+When the launcher itself ends without calling ``stop`` (SIGKILL, a crash): on Linux the child is
+started through a tiny exec wrapper that sets a parent-death signal (``prctl(PR_SET_PDEATHSIG,
+SIGTERM)``) and then execs the real program, so the kernel sends the child SIGTERM the moment its
+parent dies, and the child shuts down its own workers. The wrapper runs in the new process, not
+between fork and exec (no ``preexec_fn``: that is unsafe with threads), and exits at once when the
+parent already died before it ran. The kernel ties the parent-death signal to the *thread* that
+forked: children are launched from the main thread (which lives as long as the process); a child
+launched from another thread gets no parent-death signal (it would die with that thread).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -18,9 +30,30 @@ from typing import TypeVar
 
 from .errors import LoadgenError, TargetError
 
-__all__ = ["ChildProcess"]
+__all__ = ["ChildProcess", "with_parent_death_signal"]
 
 T = TypeVar("T")
+
+#: argv: PARENT_PID PROGRAM ARGS...; sets PR_SET_PDEATHSIG (1) to SIGTERM, then execs PROGRAM.
+_PDEATHSIG_EXEC = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os._exit(0)  # the launcher died before the signal was armed\n"
+    "try:\n"
+    "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "except OSError as exc:\n"
+    "    sys.stderr.write(f'cannot exec {sys.argv[2]}: {exc}\\n')\n"
+    "    os._exit(127)\n"
+)
+
+
+def with_parent_death_signal(argv: Sequence[str]) -> list[str]:
+    """``argv`` wrapped so the process gets SIGTERM when this process dies (Linux, main thread);
+    unchanged elsewhere (see the module docstring)."""
+    if sys.platform != "linux" or not sys.executable or threading.current_thread() is not threading.main_thread():
+        return list(argv)
+    return [sys.executable, "-S", "-c", _PDEATHSIG_EXEC, str(os.getpid()), *argv]
 
 
 class ChildProcess:
@@ -42,10 +75,17 @@ class ChildProcess:
             raise self.error(f"{self.what}: already running (pid {self.pid})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.started_monotonic = time.monotonic()
+        program = self.argv[0]
+        if os.sep in program:
+            found = os.access(os.path.join(str(self.cwd or "."), program), os.X_OK)
+        else:
+            found = shutil.which(program, path=(self.env or os.environ).get("PATH")) is not None
+        if not found:  # checked here: the exec wrapper could only report it in the log
+            raise self.error(f"{self.what}: cannot start {program} (not found or not executable)")
         try:
             with open(self.log_path, "wb") as log:
-                self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                             cwd=self.cwd, start_new_session=True)
+                self.proc = subprocess.Popen(with_parent_death_signal(self.argv), stdout=log, stderr=subprocess.STDOUT,
+                                             env=self.env, cwd=self.cwd, start_new_session=True)
         except OSError as exc:
             raise self.error(f"{self.what}: cannot start {self.argv[0]} ({exc.strerror})") from None
         return self
@@ -72,16 +112,23 @@ class ChildProcess:
         return " | ".join(lines[-n:])
 
     def wait_ready(self, probe: Callable[[], T | None], timeout_s: float, poll_s: float = 0.05) -> T:
-        """Call ``probe`` until it returns a value; ``error`` (and stop) if the child dies or time runs out."""
+        """Call ``probe`` until it returns a value; ``error`` (and stop) if the child dies or time runs out.
+
+        Any other ending while waiting (Ctrl-C, SIGTERM, a bug) stops the child too before it propagates.
+        """
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            value = probe()
-            if value is not None:
-                return value
-            if self.proc is None or self.proc.poll() is not None:
-                code = self.proc.returncode if self.proc is not None else None
-                raise self.error(f"{self.what} exited with code {code} at start (log {self.log_path}): {self.log_tail()}")
-            time.sleep(poll_s)
+        try:
+            while time.monotonic() < deadline:
+                value = probe()
+                if value is not None:
+                    return value
+                if self.proc is None or self.proc.poll() is not None:
+                    code = self.proc.returncode if self.proc is not None else None
+                    raise self.error(f"{self.what} exited with code {code} at start (log {self.log_path}): {self.log_tail()}")
+                time.sleep(poll_s)
+        except BaseException:
+            self.stop()
+            raise
         self.stop()
         raise self.error(f"{self.what} not ready within {timeout_s:g} s (log {self.log_path}): {self.log_tail()}")
 

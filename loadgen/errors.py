@@ -6,6 +6,7 @@
     ├── LedgerError        a model config or engine setting cannot be turned into a ledger
     ├── TargetError        the target endpoint cannot be used at all (run-level, not per request)
     ├── RunDirError        a run directory is missing, incomplete or inconsistent
+    │   └── RecordWriteError   records could not be written (disk full, I/O error, read-only)
     ├── EngineError        a real engine could not be set up, launched or identified
     └── PlanError          a load plan or comparison cannot proceed
 
@@ -16,14 +17,15 @@ The CLI catches LoadgenError once, prints the message, exits 2.
 from __future__ import annotations
 
 __all__ = [
-    "LoadgenError",
-    "ScenarioError",
-    "TraceError",
-    "LedgerError",
-    "TargetError",
-    "RunDirError",
     "EngineError",
+    "LedgerError",
+    "LoadgenError",
     "PlanError",
+    "RecordWriteError",
+    "RunDirError",
+    "ScenarioError",
+    "TargetError",
+    "TraceError",
 ]
 
 
@@ -49,6 +51,20 @@ class TargetError(LoadgenError):
 
 class RunDirError(LoadgenError):
     """A run directory is missing, incomplete or inconsistent."""
+
+
+class RecordWriteError(RunDirError):
+    """Writing a run's records failed (ENOSPC, EIO, read-only): the run stops, what was flushed stays readable."""
+
+    def __init__(self, path: object, reason: str) -> None:
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"{path}: cannot write: {reason}; the run stopped, records flushed before it are kept")
+
+    @property
+    def short(self) -> str:
+        """``write error: PATH: REASON`` (for a manifest's ``interrupted_by``)."""
+        return f"write error: {self.path}: {self.reason}"
 
 
 class EngineError(LoadgenError):

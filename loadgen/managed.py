@@ -25,14 +25,14 @@ from .plan.prices import PriceTable, load_prices
 from .rundir import load_run
 
 __all__ = [
-    "load_price_table",
-    "run_cost",
-    "change_controls",
-    "quota_summary",
-    "side_summary",
-    "ManagedComparison",
-    "compare_managed",
     "UNKNOWN_INTERNALS",
+    "ManagedComparison",
+    "change_controls",
+    "compare_managed",
+    "load_price_table",
+    "quota_summary",
+    "run_cost",
+    "side_summary",
 ]
 
 UNKNOWN_INTERNALS = (
@@ -197,8 +197,9 @@ def quota_summary(requests: pa.Table, manifest: Manifest) -> dict[str, Any]:
     kinds = _col(requests, "error_kind")
     http = _col(requests, "http_status")
     retry = _col(requests, "retry_after_s")
-    n = len(kinds)
-    limited = [i for i in range(n) if kinds[i] == "http_429" or http[i] == 429]
+    due = [i for i in range(len(kinds)) if kinds[i] != "not_due"]  # not yet due at a stop: never asked
+    n = len(due)
+    limited = [i for i in due if kinds[i] == "http_429" or http[i] == 429]
     ra = np.array([retry[i] for i in limited if retry[i] is not None], dtype=np.float64)
     options = manifest.options
     return {
@@ -316,9 +317,9 @@ class ManagedComparison:
         lines.append("Change-control signals (managed): " + ("; ".join(signals) if signals else "none observed") + ".")
         if self.warnings:
             lines += ["", "Warnings:"] + [f"- {w}" for w in self.warnings]
-        lines += ["", "Latency in ms over completed requests (TTFT = first token − scheduled); `*` marks a p99 from fewer "
-                  "than 100 samples. Failed requests (429 included) are counted under status and error kinds, and as "
-                  "+inf in the budget verdict; Retry-After values are reported, not hidden."]
+        lines += ["", ("Latency in ms over completed requests (TTFT = first token − scheduled); `*` marks a p99 from fewer "
+                       "than 100 samples. Failed requests (429 included) are counted under status and error kinds, and as "
+                       "+inf in the budget verdict; Retry-After values are reported, not hidden.")]
         return "\n".join(lines) + "\n"
 
 

@@ -37,11 +37,13 @@ __all__ = [
     "EngineIdentity",
     "Harness",
     "Host",
+    "LastFlush",
     "Manifest",
     "ScenarioRef",
     "TargetRef",
     "TraceRef",
     "WarmState",
+    "WriterInfo",
     "amend_manifest",
     "manifest_from_json",
     "merge_manifest",
@@ -55,8 +57,9 @@ MANIFEST_VERSION = 2
 #: measured: a live target over HTTP; simulated: the virtual-time worksheet; imported: another tool's results.
 RUN_KINDS = ("measured", "simulated", "imported")
 #: running: files open; complete: every request recorded; interrupted: stopped early (signal, deadline);
-#: failed: stopped by an error (the records up to it are kept).
-RUN_STATES = ("running", "complete", "interrupted", "failed")
+#: failed: stopped by an error (the records up to it are kept); killed: the writer died without closing
+#: (SIGKILL, power loss): never written by a writer, only by the reader's recovered view (``rundir``).
+RUN_STATES = ("running", "complete", "interrupted", "failed", "killed")
 
 
 class Section(BaseModel):
@@ -162,6 +165,24 @@ class DriverInfo(Section):
     connections_opened: int | None = None
 
 
+class WriterInfo(Section):
+    """The process writing the run: how a reader tells a live run from one whose writer died."""
+
+    pid: int | None = None
+    hostname_sha256: str | None = None
+    process_start_s: float | None = None  # the writer's process start (epoch s): a reused pid is not it
+    flush_interval_s: float | None = None  # records reach disk at least this often (driver runs)
+
+
+class LastFlush(Section):
+    """The last part files written: what a killed run keeps."""
+
+    utc: str | None = None
+    ns: int | None = None  # on the run clock
+    covered_until_ns: int | None = None  # every request scheduled before this instant has its row
+    parts: int | None = None
+
+
 class Manifest(BaseModel):
     """The identity of one run directory (see the module docstring and README "Run directories")."""
 
@@ -195,6 +216,10 @@ class Manifest(BaseModel):
     warnings: list[str] = []
     stopped_by_deadline: bool = False
     interrupted_by: str | None = None
+    stopped_ns: int | None = None  # run clock: when a stopped run stopped (signal, deadline, write error, kill)
+    writer: WriterInfo | None = None
+    last_flush: LastFlush | None = None
+    recovery: dict[str, Any] | None = None  # set by the reader's recovered view of a killed run
     scheduled_requests: int | None = None
     status_counts: dict[str, int] = {}
     requests_recorded: int | None = None
@@ -290,17 +315,62 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def write_manifest(run_dir: str | Path, manifest: Manifest) -> None:
-    """Write manifest.json atomically (a temp file, then rename; the temp file never outlives a failure)."""
+def write_manifest(run_dir: str | Path, manifest: Manifest, *, reserve_bytes: int = 0) -> None:
+    """Write manifest.json atomically and durably (a synced temp file, then rename; the temp file never
+    outlives a failure).
+
+    ``reserve_bytes``: pad the file with trailing whitespace (still valid JSON) to at least this size,
+    so that when the disk is full later, the final manifest can still be written over it in place.
+    """
     run_dir = Path(run_dir)
+    path = run_dir / MANIFEST_FILE
     tmp = run_dir / (MANIFEST_FILE + ".tmp")
     text = json.dumps(_finite(manifest.to_dict()), indent=2, sort_keys=True, default=str) + "\n"
+    data = text.encode()
+    if len(data) < reserve_bytes:
+        data += b" " * (reserve_bytes - len(data) - 1) + b"\n"
     try:
-        tmp.write_text(text)
-        os.replace(tmp, run_dir / MANIFEST_FILE)
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # what a reader finds after a power loss is this file or the previous one
+        os.replace(tmp, path)
+        _fsync_dir(run_dir)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        if not _overwrite_in_place(path, data):
+            raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _overwrite_in_place(path: Path, data: bytes) -> bool:
+    """The fallback when no new file fits (disk full): overwrite an existing, large enough manifest."""
+    try:
+        if not path.is_file() or path.stat().st_size < len(data):
+            return False
+        with open(path, "r+b") as f:
+            f.write(data)
+            f.truncate()
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        return False
+    return True
 
 
 def amend_manifest(run_dir: str | Path, updates: Mapping[str, Any]) -> Manifest:

@@ -1,8 +1,12 @@
-"""The record schema: the one definition of every Parquet file loadgen writes or reads.
+"""The record schema: the one definition of every Parquet table loadgen writes or reads.
 
 Driver, simulator, importers and analyzer all import these schemas; nothing else spells a column
 name. Times are int64 nanoseconds from the run's monotonic anchor (``*_ns``); token counts are
 int32; a value that was never observed is null, never 0.
+
+Each table of a run directory (``REQUESTS_FILE`` ...) is a directory of closed Parquet part files
+(``loadgen.rundir`` writes and reads them); runs written before schema version 2 hold one file per
+table and still load, their columns added since (``COLUMNS_SINCE``) read as null.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import pyarrow as pa
 __all__ = [
     "CHUNKS_FILE",
     "CHUNKS_SCHEMA",
+    "COLUMNS_SINCE",
     "CONTRACT_FILE",
     "ERROR_KINDS",
     "MANIFEST_FILE",
@@ -33,7 +38,8 @@ __all__ = [
     "http_error_kind",
 ]
 
-SCHEMA_VERSION = "1"
+#: 2: tables are directories of part files; requests gained connect_start_ns / connect_end_ns.
+SCHEMA_VERSION = "2"
 
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
@@ -45,7 +51,9 @@ STATUSES = (STATUS_OK, STATUS_ERROR, STATUS_TIMEOUT, STATUS_CANCELLED, STATUS_NO
 
 #: error_kind values (status error/timeout/not_sent); http_<code> is used for other HTTP statuses.
 ERROR_KINDS = (
-    "connect",  # could not connect / connection refused
+    "connect",  # could not connect / connection refused (not_sent when no byte was written, else error)
+    "client_queue_timeout",  # TTFT timeout reached while waiting in the client queue (status not_sent)
+    "not_due",  # the run stopped before this request was due (status not_sent; neither offered nor failed)
     "http_429",  # rate limited (Retry-After recorded in retry_after_s)
     "http_4xx",  # other client error (exact code in http_status)
     "http_5xx",  # server error (exact code in http_status)
@@ -53,10 +61,10 @@ ERROR_KINDS = (
     "malformed_sse",  # a data line that is not valid JSON / not an OpenAI chunk
     "empty_output",  # stream ended normally with no content tokens
     "truncated",  # stream ended without [DONE] / finish_reason
-    "ttft_timeout",  # no first token within the scenario's TTFT timeout (status timeout)
+    "ttft_timeout",  # sent, but no first token within the scenario's TTFT timeout (status timeout)
     "total_timeout",  # not done within the total timeout (status timeout)
     "content_filter",  # finish_reason content_filter (managed APIs)
-    "run_interrupted",  # run stopped (Ctrl-C, deadline, crash) before/while this request ran
+    "run_interrupted",  # due, but the run stopped (signal, deadline, write error) before/while it ran
     "client",  # unexpected client-side exception (message kept)
 )
 
@@ -118,12 +126,14 @@ REQUESTS_SCHEMA = pa.schema(
         pa.field("warm", pa.bool_()),  # false for the cold-start requests when the run began cold
         # instants, ns from the run's monotonic anchor
         pa.field("scheduled_ns", pa.int64(), nullable=False),
-        pa.field("slot_acquired_ns", pa.int64()),  # concurrency slot granted (client queue ends)
-        pa.field("sent_ns", pa.int64()),  # request bytes handed to the socket
+        pa.field("slot_acquired_ns", pa.int64()),  # concurrency slot granted
+        pa.field("connect_start_ns", pa.int64()),  # a new connection was opened for it: connect began...
+        pa.field("connect_end_ns", pa.int64()),  # ...and ended (null when a kept-alive connection was reused)
+        pa.field("sent_ns", pa.int64()),  # request bytes handed to the socket (null: never sent)
         pa.field("first_byte_ns", pa.int64()),  # response headers received
         pa.field("first_token_ns", pa.int64()),  # first chunk carrying content tokens
         pa.field("last_token_ns", pa.int64()),  # last chunk carrying content tokens
-        pa.field("done_ns", pa.int64()),  # request finished (any status except not_sent)
+        pa.field("done_ns", pa.int64()),  # request finished, or was given up unsent (null: cut by a stop, or never due)
         # token counts
         pa.field("target_prompt_tokens", pa.int32(), nullable=False),
         pa.field("target_output_tokens", pa.int32(), nullable=False),
@@ -148,6 +158,9 @@ REQUESTS_SCHEMA = pa.schema(
         pa.field("completion_text", pa.string()),
     ]
 )
+
+#: Request columns added after schema version 1 (absent from older runs; read back as null).
+COLUMNS_SINCE = {"connect_start_ns": "2", "connect_end_ns": "2"}
 
 #: One row per received chunk that carried content (or a usage-only/empty chunk with tokens=0).
 CHUNKS_SCHEMA = pa.schema(

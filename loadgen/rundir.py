@@ -1,10 +1,15 @@
 """Run directories: the contract between driver, simulator, importers and analyzer.
 
-A run directory holds ``manifest.json`` (identity), ``requests.parquet`` (one row per scheduled
-request), ``chunks.parquet`` (one row per received chunk) and, when there were any,
-``server_metrics.parquet``. Files are written in row groups as the run goes; ``close()`` always runs
-(Ctrl-C, dead server, exceptions) so an interrupted run is still readable. Each Parquet file also
-carries the final manifest as key-value metadata under ``loadgen.manifest``.
+A run directory holds ``manifest.json`` (identity) and one table per record kind:
+``requests.parquet`` (one row per scheduled request), ``chunks.parquet`` (one row per received chunk)
+and, when there were any, ``server_metrics.parquet``. Each table is a directory of closed Parquet part
+files (``loadgen.parts``): every flush writes complete parts, so what is on disk is readable at every
+moment, whatever ends the run (Ctrl-C, SIGTERM, SIGKILL, a full disk, power loss after the last
+flush). Runs written before schema version 2 (one file per table) still load.
+
+A manifest that still says ``state: running`` when its writer is gone (SIGKILL, a crash) is read as
+``killed``: ``read_run_manifest`` derives the counts from the records and says when the last flush
+was, and until which scheduled instant every request has its row (``stopped_ns``).
 """
 
 from __future__ import annotations
@@ -12,16 +17,28 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
+import psutil
 import pyarrow as pa
-import pyarrow.parquet as pq
+import pyarrow.compute as pc
 
-from .errors import RunDirError
+from .errors import RecordWriteError, RunDirError
+from .identity import hostname_sha256, utc_now_iso
 from .manifest import Manifest, merge_manifest, read_manifest, write_manifest
+from .parts import (
+    MANIFEST_METADATA_KEY,
+    PartTable,
+    last_part_metadata,
+    read_table,
+    table_files,
+    table_rows,
+    write_error,
+)
 from .records import (
     CHUNKS_FILE,
     CHUNKS_SCHEMA,
+    MANIFEST_FILE,
     REQUESTS_FILE,
     REQUESTS_SCHEMA,
     SCHEMA_VERSION,
@@ -30,162 +47,351 @@ from .records import (
     STATUSES,
 )
 
-__all__ = ["RunWriter", "RunData", "read_manifest", "write_manifest", "load_run", "MANIFEST_METADATA_KEY"]
+__all__ = [
+    "MANIFEST_METADATA_KEY",
+    "RunData",
+    "RunWriter",
+    "has_run",
+    "load_run",
+    "persist_recovery",
+    "read_manifest",
+    "read_run_manifest",
+    "read_run_table",
+    "run_table_files",
+    "write_manifest",
+    "writer_alive",
+]
 
-MANIFEST_METADATA_KEY = "loadgen.manifest"
+#: Rows per row group when a table's parts are merged at close.
+_COMPACT_ROWS = {REQUESTS_FILE: 100_000, CHUNKS_FILE: 1_000_000, SERVER_METRICS_FILE: 200_000}
+_SCHEMAS = {REQUESTS_FILE: REQUESTS_SCHEMA, CHUNKS_FILE: CHUNKS_SCHEMA, SERVER_METRICS_FILE: SERVER_METRICS_SCHEMA}
+#: The manifest written at open is padded to at least this many bytes (see ``write_manifest``).
+_MANIFEST_RESERVE = 64 * 1024
 
 
-class _TableWriter:
-    """Column buffers flushed as Parquet row groups; the file is opened on creation."""
-
-    def __init__(self, path: Path, schema: pa.Schema, flush_rows: int) -> None:
-        self.path = path
-        self.schema = schema
-        self.flush_rows = flush_rows
-        self.columns: dict[str, list[Any]] = {name: [] for name in schema.names}
-        self.rows_buffered = 0
-        self.rows_written = 0
-        self.writer = pq.ParquetWriter(path, schema, compression="zstd")
-
-    def append(self, row: dict[str, Any]) -> None:
-        for name, column in self.columns.items():
-            column.append(row.get(name))
-        self.rows_buffered += 1
-        if self.rows_buffered >= self.flush_rows:
-            self.flush()
-
-    def append_columns(self, columns: dict[str, list[Any]]) -> None:
-        n = len(next(iter(columns.values())))
-        for name, column in self.columns.items():
-            values = columns.get(name)
-            column.extend(values if values is not None else [None] * n)
-        self.rows_buffered += n
-        if self.rows_buffered >= self.flush_rows:
-            self.flush()
-
-    def write_table(self, table: pa.Table) -> None:
-        """Append a ready Arrow table (this schema) after whatever is buffered."""
-        self.flush()
-        self.writer.write_table(table)
-        self.rows_written += table.num_rows
-
-    def flush(self) -> None:
-        if not self.rows_buffered:
-            return
-        table = pa.Table.from_pydict(self.columns, schema=self.schema)
-        self.writer.write_table(table)
-        self.rows_written += self.rows_buffered
-        self.rows_buffered = 0
-        for column in self.columns.values():
-            column.clear()
-
-    def close(self, manifest_json: str) -> None:
-        try:
-            self.flush()
-        finally:
-            self.writer.add_key_value_metadata({MANIFEST_METADATA_KEY: manifest_json})
-            self.writer.close()
+def _process_start_s() -> float | None:
+    try:
+        return psutil.Process().create_time()
+    except psutil.Error:
+        return None
 
 
 class RunWriter:
-    """Writes one run directory incrementally; use as a context manager so it always closes.
+    """Writes one run directory as part files; use as a context manager so it always closes.
 
-    ``manifest`` is written at open (``state: running``) and again, completed, at close.
+    Rows are buffered until ``flush`` (the driver's recorder calls it every flush interval; the
+    worksheet and importers every ``flush_rows`` requests). The first write error (ENOSPC, EIO,
+    read-only) is raised as ``RecordWriteError`` naming the path; the writer then writes no more
+    records, and ``close`` leaves what was flushed readable with a manifest that says ``failed``.
+    ``manifest`` is written at open (``state: running``, with the writer's identity) and again,
+    completed, at close.
     """
 
-    def __init__(self, run_dir: Path, manifest: Manifest, *, flush_rows: int = 2000) -> None:
+    def __init__(self, run_dir: Path, manifest: Manifest, *, flush_rows: int = 2000, fsync: bool = True,
+                 flush_interval_s: float | None = None) -> None:
         self.run_dir = Path(run_dir)
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise RunDirError(f"{run_dir}: cannot create run directory: {exc.strerror}") from None
-        if (self.run_dir / REQUESTS_FILE).exists():
-            raise RunDirError(f"{run_dir}: already holds a run ({REQUESTS_FILE}): expected a new or empty directory")
-        self.manifest = manifest.model_copy(update={"schema_version": SCHEMA_VERSION, "state": "running"})
-        write_manifest(self.run_dir, self.manifest)
-        self.requests = _TableWriter(self.run_dir / REQUESTS_FILE, REQUESTS_SCHEMA, flush_rows)
-        self.chunks = _TableWriter(self.run_dir / CHUNKS_FILE, CHUNKS_SCHEMA, flush_rows * 20)
-        self._metrics: _TableWriter | None = None
+        held = [name for name in (REQUESTS_FILE, CHUNKS_FILE, SERVER_METRICS_FILE) if (self.run_dir / name).exists()]
+        if held:
+            raise RunDirError(f"{run_dir}: already holds a run ({held[0]}): expected a new or empty directory")
+        writer = {"pid": psutil.Process().pid, "hostname_sha256": hostname_sha256(), "process_start_s": _process_start_s(),
+                  "flush_interval_s": flush_interval_s}
+        self.manifest = merge_manifest(manifest, {"schema_version": SCHEMA_VERSION, "state": "running", "writer": writer})
         self._flush_rows = flush_rows
         self.status_counts: dict[str, int] = {s: 0 for s in STATUSES}
         self.closed = False
+        self.broken: RecordWriteError | None = None
+        self.flushes = 0
+        self.last_part: dict[str, Any] = {}
+        self.write_manifest()
+        self.requests = PartTable(self.run_dir / REQUESTS_FILE, REQUESTS_SCHEMA, fsync=fsync)
+        self.chunks = PartTable(self.run_dir / CHUNKS_FILE, CHUNKS_SCHEMA, fsync=fsync)
+        self._metrics: PartTable | None = None
+        self._fsync = fsync
+        try:
+            self._io(lambda: self._write_parts({}, empty=True))  # the schema is on disk from the start
+        except RecordWriteError as exc:
+            self.closed = True
+            try:
+                write_manifest(self.run_dir, merge_manifest(self.manifest, {"state": "failed", "interrupted_by": exc.short}))
+            except OSError:
+                pass
+            raise
+
+    # ---- manifest -----------------------------------------------------------------------------------
+    def write_manifest(self) -> None:
+        """Write the manifest as it is now (padded, so a final one fits in place on a full disk)."""
+        reserve = max(_MANIFEST_RESERVE, 2 * len(self.manifest.to_json()))
+        try:
+            write_manifest(self.run_dir, self.manifest, reserve_bytes=reserve)
+        except OSError as exc:
+            raise write_error(self.run_dir / MANIFEST_FILE, exc) from None
+
+    def update_manifest(self, updates: Mapping[str, Any], *, write: bool = False) -> None:
+        """Merge what was learnt during the run (the anchor ...); ``write``: on disk now, too."""
+        self.manifest = merge_manifest(self.manifest, updates)
+        if write:
+            self._io(self.write_manifest)
+
+    # ---- rows ---------------------------------------------------------------------------------------
+    def _check_statuses(self, statuses: pa.ChunkedArray) -> None:
+        for entry in pc.value_counts(statuses).to_pylist():
+            if entry["values"] not in self.status_counts:
+                raise ValueError(f"status {entry['values']!r} not in {STATUSES}")
 
     def add_request(self, row: dict[str, Any]) -> None:
         """Append one finished request row (all REQUESTS_SCHEMA columns; missing ones are null)."""
         status = row.get("status")
         if status not in self.status_counts:
             raise ValueError(f"request {row.get('request_id')}: status {status!r} not in {STATUSES}")
-        self.status_counts[status] += 1
         self.requests.append(row)
+        self._flush_if_full()
 
     def add_request_table(self, table: pa.Table) -> None:
         """Append request rows already in REQUESTS_SCHEMA (the driver converts off its hot path)."""
-        for status, count in zip(*table.column("status").value_counts().flatten()):
-            status = status.as_py()
-            if status not in self.status_counts:
-                raise ValueError(f"status {status!r} not in {STATUSES}")
-            self.status_counts[status] += count.as_py()
-        self.requests.write_table(table)
+        self._check_statuses(table.column("status"))
+        self.requests.append_table(table)
 
     def add_chunk_table(self, table: pa.Table) -> None:
         """Append chunk rows already in CHUNKS_SCHEMA."""
-        self.chunks.write_table(table)
+        self.chunks.append_table(table)
 
     def add_chunks(self, columns: dict[str, list[Any]]) -> None:
         """Append chunk rows given as columns (request_id, seq, arrival_ns, tokens, bytes)."""
         if columns and len(next(iter(columns.values()))):
             self.chunks.append_columns(columns)
+            self._flush_if_full()
 
     def add_metrics(self, columns: dict[str, list[Any]]) -> None:
         """Append server-metric samples given as columns (time_ns, name, labels, value)."""
         if not columns or not len(next(iter(columns.values()))):
             return
         if self._metrics is None:
-            self._metrics = _TableWriter(
-                self.run_dir / SERVER_METRICS_FILE, SERVER_METRICS_SCHEMA, self._flush_rows * 10
-            )
+            self._metrics = self._io(lambda: PartTable(self.run_dir / SERVER_METRICS_FILE, SERVER_METRICS_SCHEMA,
+                                                       fsync=self._fsync))
         self._metrics.append_columns(columns)
 
-    def flush(self) -> None:
-        self.requests.flush()
-        self.chunks.flush()
-        if self._metrics is not None:
-            self._metrics.flush()
+    def _flush_if_full(self) -> None:
+        if self.requests.rows_buffered >= self._flush_rows or self.chunks.rows_buffered >= self._flush_rows * 20:
+            self.flush()
 
-    def close(self, updates: Mapping[str, Any] | None = None) -> Manifest:
-        """Flush and close every file; merge ``updates`` and the final counts into the manifest; idempotent."""
-        if self.closed:
-            return self.manifest
-        self.closed = True
-        self.manifest = merge_manifest(self.manifest, {
-            "state": "complete",
-            **(updates or {}),
-            "status_counts": dict(self.status_counts),
-            "requests_recorded": self.requests.rows_written + self.requests.rows_buffered,
-            "chunks_recorded": self.chunks.rows_written + self.chunks.rows_buffered,
-        })
+    # ---- writing ------------------------------------------------------------------------------------
+    def _io(self, action: Any) -> Any:
+        """Run a write; the first failure marks the writer broken (no more record writes) and is raised."""
+        if self.broken is not None:
+            raise self.broken
+        try:
+            return action()
+        except RecordWriteError as exc:
+            self.broken = exc
+            raise
+
+    def _write_parts(self, progress: Mapping[str, Any], *, empty: bool = False) -> None:
+        """One part per table with rows (chunks and metrics before requests: a request row never
+        reaches disk without its chunks)."""
+        part = {"flushed_utc": utc_now_iso(), **progress}
+        manifest_json = self.manifest.to_json() if empty else None  # the first part carries the manifest
+        wrote = False
+        for table in (self.chunks, self._metrics, self.requests):
+            if table is None:
+                continue
+            data = table.take()
+            if data is None and empty:
+                data = table.schema.empty_table()
+            if data is None:
+                continue
+            table.write_part(data, manifest_json, part)
+            if table is self.requests:
+                for entry in pc.value_counts(data.column("status")).to_pylist() if data.num_rows else []:
+                    self.status_counts[entry["values"]] += entry["counts"]
+            wrote = True
+        if wrote and not empty:
+            self.flushes += 1
+            self.last_part = part
+
+    def flush(self, progress: Mapping[str, Any] | None = None) -> None:
+        """Write everything buffered as part files; ``progress`` goes into their metadata
+        (``flushed_ns``, ``covered_until_ns``, ``dispatched``: what a killed run's reader needs)."""
+        self._io(lambda: self._write_parts(progress or {}))
+
+    def _compact(self) -> list[str]:
+        """Merge each table's parts (a clean close); a failure keeps the parts, readable, and is a warning."""
+        warnings = []
         manifest_json = self.manifest.to_json()
-        errors: list[BaseException] = []
-        for table in (self.requests, self.chunks, self._metrics):
+        for name, table in ((REQUESTS_FILE, self.requests), (CHUNKS_FILE, self.chunks), (SERVER_METRICS_FILE, self._metrics)):
             if table is None:
                 continue
             try:
-                table.close(manifest_json)
-            except BaseException as exc:  # keep closing the others; a full disk must not lose them all
-                errors.append(exc)
-        write_manifest(self.run_dir, self.manifest)
-        if errors:
-            raise errors[0]
+                table.compact(manifest_json, self.last_part, _COMPACT_ROWS[name])
+            except (RecordWriteError, OSError) as exc:
+                warnings.append(f"{name}: parts not merged ({exc}); every part is kept and readable")
+        return warnings
+
+    def close(self, updates: Mapping[str, Any] | None = None) -> Manifest:
+        """Flush, merge the parts and write the final manifest (``updates`` merged in); idempotent.
+
+        After a write error nothing more is written but the manifest, which says ``failed`` and
+        names the error; an error raised here (the final flush or manifest) is raised after that.
+        """
+        if self.closed:
+            return self.manifest
+        self.closed = True
+        error: RecordWriteError | None = None
+        if self.broken is None:
+            try:
+                self.flush()
+            except RecordWriteError as exc:
+                error = exc
+        final: dict[str, Any] = {"state": "complete", **(updates or {})}
+        if self.broken is not None:
+            final.update(state="failed", interrupted_by=self.broken.short)
+        final.update(
+            status_counts=dict(self.status_counts),
+            requests_recorded=self.requests.rows_written,
+            chunks_recorded=self.chunks.rows_written,
+            last_flush={"utc": self.last_part.get("flushed_utc"), "ns": self.last_part.get("flushed_ns"),
+                        "covered_until_ns": self.last_part.get("covered_until_ns"), "parts": self.flushes},
+        )
+        self.manifest = merge_manifest(self.manifest, final)
+        if self.broken is None:
+            warnings = self._compact()
+            if warnings:
+                self.manifest = merge_manifest(self.manifest, {"warnings": [*self.manifest.warnings, *warnings]})
+        try:
+            write_manifest(self.run_dir, self.manifest)
+        except OSError as exc:
+            error = error or write_error(self.run_dir / MANIFEST_FILE, exc)
+        if error is not None:
+            raise error
         return self.manifest
 
-    def __enter__(self) -> "RunWriter":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             self.close()
         else:
-            self.close({"state": "interrupted", "interrupted_by": exc_type.__name__})
+            state = "interrupted" if issubclass(exc_type, (KeyboardInterrupt, SystemExit)) else "failed"
+            self.close({"state": state, "interrupted_by": exc_type.__name__})
+
+
+# ---- reading --------------------------------------------------------------------------------------------
+
+
+def run_table_files(run_dir: Path | str, name: str) -> list[Path]:
+    """The files of one table of a run (``REQUESTS_FILE`` ...), in write order."""
+    return table_files(Path(run_dir) / name)
+
+
+def read_run_table(run_dir: Path | str, name: str, columns: list[str] | None = None) -> pa.Table | None:
+    """One table of a run (``REQUESTS_FILE``, ``CHUNKS_FILE``, ``SERVER_METRICS_FILE``); None if absent."""
+    return read_table(Path(run_dir) / name, _SCHEMAS[name], columns)
+
+
+def has_run(path: Path | str) -> bool:
+    """True when ``path`` holds a run directory (a manifest and a requests table)."""
+    path = Path(path)
+    return (path / MANIFEST_FILE).is_file() and (path / REQUESTS_FILE).exists()
+
+
+def writer_alive(manifest: Manifest) -> bool | None:
+    """Is the process that wrote this run still running? None when it cannot be told (another host)."""
+    w = manifest.writer
+    if w is None or w.pid is None:
+        pid = manifest.harness.pid if manifest.harness else None
+        host = manifest.host.hostname_sha256 if manifest.host else None
+        start = None
+    else:
+        pid, host, start = w.pid, w.hostname_sha256, w.process_start_s
+    if pid is None or host != hostname_sha256():
+        return None
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return start is None or abs(proc.create_time() - start) < 1.0
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True
+
+
+def _status_counts(run_dir: Path) -> tuple[dict[str, int], int]:
+    statuses = read_run_table(run_dir, REQUESTS_FILE, ["status"])
+    counts = {s: 0 for s in STATUSES}
+    if statuses is None:
+        return counts, 0
+    for entry in pc.value_counts(statuses.column("status")).to_pylist():
+        counts[str(entry["values"])] = int(entry["counts"])
+    return counts, statuses.num_rows
+
+
+def recovered_manifest(run_dir: Path, manifest: Manifest) -> Manifest:
+    """The view of a run whose writer died without closing it: state ``killed``, counts from the records.
+
+    ``stopped_ns`` is the instant up to which every scheduled request has its row (the last flush's
+    ``covered_until_ns``); ``recovery`` says when the last flush was and how many requests were in
+    flight (dispatched, no row) or not yet due at that flush.
+    """
+    counts, recorded = _status_counts(run_dir)
+    part = last_part_metadata(run_dir / REQUESTS_FILE) or {}
+    dispatched = part.get("dispatched")
+    scheduled = manifest.scheduled_requests
+    alive = writer_alive(manifest)
+    why = ("its writer is gone (pid not running)" if alive is False
+           else "its writer ran on another host and the run was never closed")
+    recovery = {
+        "detected_utc": utc_now_iso(),
+        "reason": f"manifest says running but {why}: killed (SIGKILL, crash or power loss) before closing",
+        "rows_recorded": recorded,
+        "last_flush_utc": part.get("flushed_utc"),
+        "last_flush_ns": part.get("flushed_ns"),
+        "dispatched_at_last_flush": dispatched,
+        "in_flight_at_last_flush": dispatched - recorded if dispatched is not None else None,
+        "not_due_at_last_flush": scheduled - dispatched if scheduled is not None and dispatched is not None else None,
+    }
+    return merge_manifest(manifest, {
+        "state": "killed",
+        "interrupted_by": "SIGKILL, a crash or power loss (no clean close)",
+        "status_counts": counts,
+        "requests_recorded": recorded,
+        "chunks_recorded": table_rows(run_dir / CHUNKS_FILE),
+        "stopped_ns": part.get("covered_until_ns"),
+        "last_flush": {"utc": part.get("flushed_utc"), "ns": part.get("flushed_ns"),
+                       "covered_until_ns": part.get("covered_until_ns"),
+                       "parts": len(run_table_files(run_dir, REQUESTS_FILE))},
+        "recovery": recovery,
+    })
+
+
+def persist_recovery(run_dir: Path | str) -> Manifest | None:
+    """Write a killed run's recovered manifest over the one that still says running (only when its
+    writer is provably gone: same host, process not running); returns it, or None when nothing was due."""
+    run_dir = Path(run_dir)
+    manifest = read_manifest(run_dir)
+    if manifest.state != "running" or writer_alive(manifest) is not False:
+        return None
+    recovered = recovered_manifest(run_dir, manifest)
+    write_manifest(run_dir, recovered)
+    return recovered
+
+
+def read_run_manifest(run_dir: Path | str) -> Manifest:
+    """The manifest, or, for a run whose writer died mid-run, its recovered view (``recovered_manifest``);
+    for a run still being written, with its last flush (what a reader can see of it so far)."""
+    run_dir = Path(run_dir)
+    manifest = read_manifest(run_dir)
+    if manifest.state != "running":
+        return manifest
+    if writer_alive(manifest) is not True:
+        return recovered_manifest(run_dir, manifest)
+    part = last_part_metadata(run_dir / REQUESTS_FILE) or {}  # a live run, as far as it is on disk
+    return merge_manifest(manifest, {"last_flush": {"utc": part.get("flushed_utc"), "ns": part.get("flushed_ns"),
+                                                    "covered_until_ns": part.get("covered_until_ns")}})
 
 
 @dataclass
@@ -199,30 +405,20 @@ class RunData:
     server_metrics: pa.Table | None
 
 
-def _read_table(path: Path, schema: pa.Schema) -> pa.Table | None:
-    if not path.exists():
-        return None
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise RunDirError(f"{path}: unreadable Parquet ({exc}): expected a file written by loadgen") from None
-    missing = [name for name in schema.names if name not in table.column_names]
-    if missing:
-        raise RunDirError(f"{path}: missing column(s) {missing}: expected the loadgen record schema v{SCHEMA_VERSION}")
-    return table.select(schema.names).cast(schema)
-
-
 def load_run(run_dir: Path, *, chunks: bool = True) -> RunData:
-    """Read a whole run directory into memory (for large runs read the Parquet files in batches)."""
+    """Read a whole run directory into memory (for large runs read the tables in batches).
+
+    A killed run loads as it was at its last flush, with its recovered manifest.
+    """
     run_dir = Path(run_dir)
-    manifest = read_manifest(run_dir)
-    requests = _read_table(run_dir / REQUESTS_FILE, REQUESTS_SCHEMA)
+    manifest = read_run_manifest(run_dir)
+    requests = read_run_table(run_dir, REQUESTS_FILE)
     if requests is None:
         raise RunDirError(f"{run_dir}: no {REQUESTS_FILE}: expected a loadgen run directory")
     return RunData(
         run_dir=run_dir,
         manifest=manifest,
         requests=requests,
-        chunks=_read_table(run_dir / CHUNKS_FILE, CHUNKS_SCHEMA) if chunks else None,
-        server_metrics=_read_table(run_dir / SERVER_METRICS_FILE, SERVER_METRICS_SCHEMA),
+        chunks=read_run_table(run_dir, CHUNKS_FILE) if chunks else None,
+        server_metrics=read_run_table(run_dir, SERVER_METRICS_FILE),
     )

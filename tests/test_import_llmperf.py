@@ -9,12 +9,12 @@ import math
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from shared_paths import TRACES
 
 from loadgen.analysis import analyze_run, percentile
 from loadgen.cli import main
 from loadgen.results_import import import_llmperf, llmperf_error_kind
-
-from shared_paths import TRACES
+from loadgen.rundir import read_run_table
 
 RAW = TRACES / "benchmark_results" / "llmperf-leaderboard" / "raw_data"
 FILES = sorted((RAW / "individual").glob("*.json")) if (RAW / "individual").is_dir() else []
@@ -76,7 +76,7 @@ def test_synthesized_instants_are_declared_and_rates_flagged(tmp_path):
     assert a.rates_meaningful is False and not a.stability["applied"]
     assert "synthesized" in a.stability["reason"]
     assert a.overall.metrics["itl_ms"]["n"] == 0  # no chunks in the source: none invented
-    assert not (run / "chunks.parquet").exists() or pq.read_metadata(run / "chunks.parquet").num_rows == 0
+    assert read_run_table(run, "chunks.parquet") is None or read_run_table(run, "chunks.parquet").num_rows == 0
     # slot placement: never more than 5 requests in flight
     req = pq.read_table(run / "requests.parquet").to_pandas()
     t = np.sort(np.concatenate([req.scheduled_ns.to_numpy(), req.done_ns.to_numpy()]))

@@ -3,7 +3,10 @@
 Requests are read whole (one row per scheduled request, a few columns); chunks are streamed
 (``chunks.read_chunk_gaps``); every formula comes from ``metrics``, every quantile from
 ``percentiles``, every budget rule from ``budgets``. The measurement window selects requests by
-their scheduled instant; rates divide counts inside it by its length.
+their scheduled instant; rates divide counts inside it by its length (see ``DEFINITIONS`` for which
+instant each rate counts by). A stopped run (interrupted, failed, killed, stopped by its deadline) is
+analysed up to its stop: for a killed run, the instant up to which every scheduled request has its
+row. Requests that were not due when the run stopped (``not_due``) are neither offered nor failed.
 """
 
 from __future__ import annotations
@@ -14,18 +17,17 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..errors import RunDirError
-from ..manifest import Manifest, read_manifest
+from ..manifest import Manifest
 from ..records import (
     CHUNKS_FILE,
     REQUESTS_FILE,
     REQUESTS_SCHEMA,
     SERVER_METRICS_FILE,
-    SERVER_METRICS_SCHEMA,
     STATUSES,
 )
+from ..rundir import read_run_manifest, read_run_table, run_table_files
 from ..scenario import Scenario, scenario_from_manifest
 from . import metrics as M
 from .budgets import (
@@ -58,8 +60,9 @@ MAX_TURN_SHOWN = 9
 
 DEFINITIONS = {
     "ttft_ms": "first_token - scheduled (client queue + network + server queue + prefill)",
-    "client_queue_ms": "sent - scheduled",
-    "server_ttft_ms": "first_token - sent",
+    "client_queue_ms": ("sent - scheduled: waiting for a slot, plus the connect when a new connection was opened "
+                        "(connect_start_ns..connect_end_ns); sent is when the request bytes reached the socket"),
+    "server_ttft_ms": "first_token - sent (no connection set-up in it)",
     "itl_ms": ("per-token gaps: a content chunk of k tokens arriving D after the previous content chunk gives k "
                "gaps of D/k; the first content chunk gives k-1 gaps of 0; a request's gaps sum to last - first token"),
     "inter_chunk_ms": "raw gaps between consecutive content chunks (user-visible stalls)",
@@ -67,16 +70,22 @@ DEFINITIONS = {
     "e2e_ms": "done - scheduled",
     "samples": ("latency tables: ok and planned-abandoned requests (E2E: ok only); failures are counted by status "
                 "and enter budget checks as +inf"),
-    "offered_rps": "requests scheduled in the window / window length",
-    "send_rps": "requests sent in the window / window length",
-    "completed_rps": "ok requests done in the window / window length (tokens: of those requests)",
+    "offered_rps": "requests scheduled in the window (by scheduled instant) / window length",
+    "send_rps": "requests whose bytes reached a socket in the window (by sent instant) / window length",
+    "completed_rps": ("ok requests done in the window (by completion instant) / window length (tokens: of those "
+                      "requests)"),
     "window": ("default: first scheduled instant to one mean inter-arrival gap after the last, so N arrivals at a "
-               "constant gap g give offered load 1/g; requests belong to the window by scheduled instant"),
+               "constant gap g give offered load 1/g, ending at the stop for a stopped run; latency tables, "
+               "budgets, attainment and the error share take the requests scheduled in the window"),
+    "not_due": "requests the run stopped before they were due: neither offered nor failed, counted apart",
     "percentiles": PERCENTILE_RULE + "; p99 from fewer than 100 samples is flagged",
     "confidence": (INTERVAL_RULE + "; attainment and error share: " + SHARE_RULE + "; a budget verdict is pass (interval "
                    "at or below the limit), fail (above it) or inconclusive (straddles it); " + ESTIMATOR_RULE),
     "budgets": FAILURE_POLICY,
-    "goodput_rps": "ok requests meeting every hard budget (see budgets) / window length; attainment = good / counted",
+    "goodput_rps": ("ok requests done in the window (by completion instant, as completed_rps) that met every hard "
+                    "budget / window length, so goodput <= completed"),
+    "attainment": ("of the requests scheduled in the window that count (all but planned abandonments and cold "
+                   "starts), the share that finished ok and met every hard budget"),
     "ttft_by_turn": ("TTFT (first token - scheduled) of ok and abandoned requests per conversation turn index; a turn "
                      "that waits for the reply is scheduled when it became ready (previous reply ended + think time)"),
 }
@@ -102,44 +111,57 @@ def parse_window(text: str | None) -> tuple[float | None, float | None] | None:
 
 
 def _load_requests(run_dir: Path) -> tuple[pa.Array, dict[str, np.ndarray]]:
-    path = run_dir / REQUESTS_FILE
-    if not path.exists():
+    table = read_run_table(run_dir, REQUESTS_FILE, _REQ_COLUMNS)
+    if table is None:
         raise RunDirError(f"{run_dir}: no {REQUESTS_FILE}: expected a loadgen run directory")
-    try:
-        schema = pq.read_schema(path)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise RunDirError(f"{path}: unreadable Parquet ({exc}): expected a file written by loadgen") from None
-    missing = [c for c in _REQ_COLUMNS if c not in schema.names]
-    if missing:
-        raise RunDirError(f"{path}: missing column(s) {missing}: expected the loadgen requests schema")
-    try:
-        table = pq.read_table(path, columns=_REQ_COLUMNS)
-    except (pa.ArrowException, OSError) as exc:
-        raise RunDirError(f"{path}: unreadable Parquet ({exc}): expected a file written by loadgen") from None
     cols: dict[str, np.ndarray] = {}
     for name in _REQ_COLUMNS:
         col = table.column(name)
         target = REQUESTS_SCHEMA.field(name).type
-        if col.type != target:
-            try:
-                col = col.cast(target)
-            except (pa.ArrowException, ValueError):
-                raise RunDirError(f"{path}: column {name} of type {col.type}: expected {target}") from None
         if name in ("request_id",):
             continue
         if pa.types.is_string(target):
             cols[name] = np.asarray(col.to_numpy(zero_copy_only=False), dtype=object)
-        elif pa.types.is_boolean(target):
-            cols[name] = col.cast(pa.float64()).to_numpy(zero_copy_only=False)  # 1/0/NaN
-        else:
+        else:  # booleans as 1/0/NaN, everything else as float with NaN for null
             cols[name] = col.cast(pa.float64()).to_numpy(zero_copy_only=False)
     ids = table.column("request_id").combine_chunks()
-    if ids.type != pa.string():
-        ids = ids.cast(pa.string())
     bad = set(np.unique(cols["status"]).tolist()) - set(STATUSES)
     if bad:
-        raise RunDirError(f"{path}: status value(s) {sorted(bad)}: expected one of {', '.join(STATUSES)}")
+        raise RunDirError(f"{run_dir / REQUESTS_FILE}: status value(s) {sorted(bad)}: expected one of {', '.join(STATUSES)}")
     return ids, cols
+
+
+def _drop_not_due(ids: pa.Array, cols: dict[str, np.ndarray]) -> tuple[pa.Array, dict[str, np.ndarray], int]:
+    """Requests the run stopped before they were due leave the analysis (counted apart)."""
+    not_due = (cols["status"] == "not_sent") & (cols["error_kind"] == "not_due")
+    n = int(not_due.sum())
+    if not n:
+        return ids, cols, 0
+    keep = ~not_due
+    return ids.filter(pa.array(keep)), {k: v[keep] for k, v in cols.items()}, n
+
+
+def _covered_end(manifest: Manifest, sched: np.ndarray, cut: np.ndarray, n_rows: int) -> tuple[float | None, float | None]:
+    """(stop, covered end) on the run clock, both None for a run that was not stopped.
+
+    A stopped run is analysed up to the instant it covered: the stop; for a run stopped from outside
+    (a signal, a write error, a kill) no later than the first request the stop cut short (in flight or
+    queued: its outcome is unknown, and so would be that of any later one), and no later than the last
+    flush's covered instant when rows are missing (killed, write error). A deadline is part of the
+    measurement: requests it cut count as failures, up to the stop.
+    """
+    if not (manifest.state in ("interrupted", "failed", "killed", "running") or manifest.stopped_by_deadline):
+        return None, None
+    flush = manifest.last_flush
+    covered = flush.covered_until_ns if flush is not None else None
+    stop = manifest.stopped_ns if manifest.stopped_ns is not None else covered
+    ends = [float(stop)] if stop is not None else []
+    scheduled = manifest.scheduled_requests
+    if covered is not None and scheduled is not None and n_rows < scheduled:
+        ends.append(float(covered))
+    if manifest.state != "complete" and cut.any():
+        ends.append(float(sched[cut].min()))
+    return (float(stop) if stop is not None else None), (min(ends) if ends else None)
 
 
 def _default_window(sched: np.ndarray, done: np.ndarray) -> tuple[float, float]:
@@ -274,7 +296,8 @@ class _Run:
         self.manifest = manifest
         self.scenario = scenario
         self.notes: list[str] = []
-        self.ids, c = _load_requests(run_dir)
+        ids, c = _load_requests(run_dir)
+        self.ids, c, self.not_due = _drop_not_due(ids, c)
         self.c = c
         self.n = len(c["status"])
         recorded = manifest.requests_recorded
@@ -289,6 +312,10 @@ class _Run:
         if isinstance(window, str):
             window = parse_window(window)
         lo_s, hi_s = window if window else (None, None)
+        self.cut = c["error_kind"] == "run_interrupted"  # in flight or queued when the run stopped
+        self.stop_ns, self.covered_ns = _covered_end(manifest, sched, self.cut, self.n + self.not_due)
+        if hi_s is None and self.covered_ns is not None and self.covered_ns < dhi:
+            dhi = self.covered_ns  # a stopped run covers its schedule up to the stop, not the whole of it
         self.lo = float(lo_s * M.NS_PER_S) if lo_s is not None else dlo
         self.hi = float(hi_s * M.NS_PER_S) if hi_s is not None else max(dhi, self.lo)
         self.window_s = (self.hi - self.lo) / M.NS_PER_S
@@ -299,6 +326,8 @@ class _Run:
                           & (c["error_kind"] != "run_interrupted"))
         self.failed = ~self.ok & ~self.abandoned
         self.in_window = (sched >= self.lo) & (sched < self.hi)
+        # completed throughput and goodput count by completion instant: ok requests done in the window
+        self.completed_in_window = (done >= self.lo) & (done < self.hi) & self.ok
         self.cold, self.cold_rule = self._cold()
         self.scope = self.in_window & (~self.cold if not include_cold else True)
         self.include_cold = include_cold
@@ -319,10 +348,12 @@ class _Run:
             "e2e_ms": M.e2e_ms(sched, done),
         }
         self.gap_sink = _GapSink(self)
-        self.gaps: ChunkGaps = read_chunk_gaps(run_dir / CHUNKS_FILE, self.ids, self.gap_sink)
+        self.gaps: ChunkGaps = read_chunk_gaps(run_table_files(run_dir, CHUNKS_FILE), self.ids, self.gap_sink)
         self.notes += self.gaps.notes
         if self.gaps.orphan_rows:
-            self.notes.append(f"{self.gaps.orphan_rows} chunk row(s) name no request of requests.parquet; ignored")
+            why = (" (written at the last flush of a killed run, before their requests' rows)"
+                   if manifest.state == "killed" else "")
+            self.notes.append(f"{self.gaps.orphan_rows} chunk row(s) name no request of requests.parquet{why}; ignored")
         self.itl_desc, self.itl_fail, self.inter_ns = self.gap_sink.finish()
         self.n_gaps, self.n_over, self.itl_q = self.gap_sink.n_gaps, self.gap_sink.n_over, self.gap_sink.itl_q
 
@@ -366,7 +397,7 @@ class _Run:
         metrics = {m: metrics[m] for m in METRICS}
         plot.setdefault("cdf", {})[name] = cdfs
         win = self.in_window & sel
-        done_in = (c["done_ns"] >= self.lo) & (c["done_ns"] < self.hi) & sel & self.ok
+        done_in = self.completed_in_window & sel
         sent_in = (c["sent_ns"] >= self.lo) & (c["sent_ns"] < self.hi) & sel
         st = c["status"][scope]
         failed_kinds = np.where(pd_isnull(c["error_kind"][scope & self.failed]),
@@ -457,21 +488,18 @@ def _budgets_and_goodput(run: _Run, groups: dict[str, GroupSummary], overall: Gr
     good_itl = run.n_over <= allowed
     good = run.ok & good_ttft & good_e2e & good_itl
     eligible = run.scope & ~run.abandoned
-    for ci, cname in enumerate(run.class_names):
-        g = groups[cname]
-        sel = eligible & (run.cls == ci)
-        if cname in scenario.classes:
-            g.n_good = int((good & sel).sum())
-            g.n_eligible = int(sel.sum())
-            g.goodput_rps = M.goodput_rps(g.n_good, run.window_s)
-            g.attainment = M.attainment(g.n_good, g.n_eligible)
-            g.attainment_ci = _share_ci(g.n_good, g.n_eligible)
-    sel = eligible & np.isin(run.cls, [i for i, c in enumerate(run.class_names) if c in scenario.classes])
-    overall.n_good = int((good & sel).sum())
-    overall.n_eligible = int(sel.sum())
-    overall.goodput_rps = M.goodput_rps(overall.n_good, run.window_s)
-    overall.attainment = M.attainment(overall.n_good, overall.n_eligible)
-    overall.attainment_ci = _share_ci(overall.n_good, overall.n_eligible)
+    budgeted = [i for i, c in enumerate(run.class_names) if c in scenario.classes]
+    for name, classes in [(c, [i]) for i, c in enumerate(run.class_names) if c in scenario.classes] + [("overall", budgeted)]:
+        g = overall if name == "overall" else groups[name]
+        in_class = np.isin(run.cls, classes)
+        sel = eligible & in_class
+        # attainment: over requests scheduled in the window; goodput: over the completions completed_rps counts
+        g.n_good = int((good & sel).sum())
+        g.n_eligible = int(sel.sum())
+        g.attainment = M.attainment(g.n_good, g.n_eligible)
+        g.attainment_ci = _share_ci(g.n_good, g.n_eligible)
+        g.n_good_completed = int((good & run.completed_in_window & in_class).sum())
+        g.goodput_rps = M.goodput_rps(g.n_good_completed, run.window_s)
     # percentile checks
     for cname, cls in scenario.classes.items():
         ci = run.class_names.index(cname) if cname in run.class_names else -1
@@ -544,12 +572,34 @@ def _timeseries(run: _Run, plot: dict[str, Any]) -> dict[str, Any]:
     return ts
 
 
+def _stop_info(run: _Run) -> dict[str, Any]:
+    """How the run ended, for the top of every report: state, what stopped it, when, what was not due."""
+    m = run.manifest
+    flush = m.last_flush
+    out: dict[str, Any] = {
+        "state": m.state,
+        "stopped_by": m.interrupted_by or ("its deadline (--deadline-s)" if m.stopped_by_deadline else None),
+        "stopped_at_s": run.stop_ns / M.NS_PER_S if run.stop_ns is not None else None,
+        "covered_until_s": run.covered_ns / M.NS_PER_S if run.covered_ns is not None else None,
+        "cut_by_stop": int((run.cut & ~run.in_window).sum()),
+        "not_due": run.not_due,
+        "last_flush_utc": flush.utc if flush is not None else None,
+        "last_flush_s": flush.ns / M.NS_PER_S if flush is not None and flush.ns is not None else None,
+    }
+    if m.recovery:
+        out["recovery"] = m.recovery
+        in_flight = m.recovery.get("in_flight_at_last_flush")
+        out["no_row"] = {"in_flight_at_last_flush": in_flight, "not_due_at_last_flush": m.recovery.get("not_due_at_last_flush")}
+    return out
+
+
 def _run_info(run: _Run) -> dict[str, Any]:
     m = run.manifest
     target = m.target
     return {
         "run_kind": m.run_kind,
         "state": m.state,
+        "stop": _stop_info(run),
         "scenario": m.scenario.name if m.scenario else None,
         "trace": m.trace.name if m.trace else None,
         "target": {"kind": target.kind, "base_url": target.base_url, "model": target.model, "version": target.version},
@@ -561,7 +611,7 @@ def _run_info(run: _Run) -> dict[str, Any]:
         "benchmarkExecuted": m.benchmark_executed,
         "synthesized": m.synthesized,
         "source": m.source,
-        "requests": run.n,
+        "requests": run.n + run.not_due,
         "chunk_rows": run.gaps.rows,
     }
 
@@ -606,7 +656,7 @@ def analyze_run(run_dir: Path | str, *, scenario: Scenario | None = None, window
     ``(start_s, end_s)`` or ``"start:end"`` on the run clock. Cold-start requests are reported apart
     and left out of the tables and budgets unless ``include_cold``."""
     run_dir = Path(run_dir)
-    manifest = read_manifest(run_dir)
+    manifest = read_run_manifest(run_dir)
     if scenario is None:
         scenario = scenario_from_manifest(manifest)
     run = _Run(run_dir, manifest, scenario, window, include_cold)
@@ -644,10 +694,7 @@ def analyze_run(run_dir: Path | str, *, scenario: Scenario | None = None, window
     refuse = None if rates_meaningful else "instants synthesized by the importer: not a measured timeline"
     stability = assess_stability(run.c["scheduled_ns"], run.c["done_ns"], run.lo, run.hi, refuse=refuse)
     timeseries = _timeseries(run, plot)
-    server_table = None
-    sm_path = run_dir / SERVER_METRICS_FILE
-    if sm_path.exists():
-        server_table = pq.read_table(sm_path).select(SERVER_METRICS_SCHEMA.names)
+    server_table = read_run_table(run_dir, SERVER_METRICS_FILE)
     server = summarize_server_metrics(server_table, run.lo, max(run.hi, float(np.nanmax(run.c["done_ns"])) if
                                       np.isfinite(run.c["done_ns"]).any() else run.hi))
     full = summarize_server_metrics(server_table, -np.inf, np.inf) if server_table is not None else None

@@ -12,9 +12,10 @@ pass itself keeps nothing per row.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import RunDirError
+from ..parts import iter_file_batches
 from ..records import CHUNKS_SCHEMA
 
 __all__ = ["ChunkGaps", "ChunkSink", "read_chunk_gaps"]
@@ -145,42 +147,31 @@ class _Pass:
         return ChunkGaps(rows=self.rows, orphan_rows=self.orphans, content_rows=self.content, notes=notes)
 
 
-def _open(path: Path) -> pq.ParquetFile:
-    try:
-        pf = pq.ParquetFile(path)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise RunDirError(f"{path}: unreadable Parquet ({exc}): expected a file written by loadgen") from None
-    missing = [c for c in _COLUMNS if c not in pf.schema_arrow.names]
-    if missing:
-        raise RunDirError(f"{path}: missing column(s) {missing}: expected the loadgen chunks schema")
-    return pf
-
-
-def _batches(pf: pq.ParquetFile) -> Iterator[pa.RecordBatch]:
+def _batches(files: list[Path]) -> Iterator[pa.RecordBatch]:
     types = [CHUNKS_SCHEMA.field(c).type for c in _COLUMNS]
-    for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=_COLUMNS):
+    for _, batch in iter_file_batches(files, _COLUMNS, BATCH_ROWS):
         cols = [batch.column(i) if batch.column(i).type == t or i == 0 else batch.column(i).cast(t)
                 for i, t in enumerate(types)]
         yield pa.RecordBatch.from_arrays(cols, names=_COLUMNS)
 
 
-def read_chunk_gaps(path: Path, request_ids: pa.Array, sink: ChunkSink) -> ChunkGaps:
-    """One streaming pass over ``path`` feeding ``sink`` (or a sort-based pass when rows are out of order)."""
-    path = Path(path)
-    if not path.exists():
+def read_chunk_gaps(files: list[Path], request_ids: pa.Array, sink: ChunkSink) -> ChunkGaps:
+    """One streaming pass over the chunk table's ``files`` (in write order) feeding ``sink`` (or a
+    sort-based pass when rows are out of order)."""
+    if not files:
         return ChunkGaps(notes=["no chunks.parquet: per-token metrics unavailable"])
-    pf = _open(path)
     lookup = _lookup(request_ids)
     state = _Pass(lookup, sink)
     try:
-        for batch in _batches(pf):
+        for batch in _batches(files):
             state.batch(batch)
         return state.result([])
     except _NeedsSort as exc:
         reason = str(exc)
     # Fallback: read everything, sort by (request, seq), run the same kernel in slices of whole requests.
     sink.reset()
-    table = pq.read_table(path, columns=_COLUMNS)
+    table = pa.concat_tables([pq.read_table(f, columns=_COLUMNS).cast(pa.schema([CHUNKS_SCHEMA.field(c) for c in _COLUMNS]))
+                              for f in files])
     req = lookup.get_indexer(table.column("request_id").to_numpy()).astype(np.int64)
     seq = table.column("seq").to_numpy().astype(np.int64)
     order = np.lexsort((seq, req))

@@ -15,25 +15,25 @@ import numpy as np
 __all__ = [
     "NS_PER_MS",
     "NS_PER_S",
-    "ttft_ms",
-    "client_queue_ms",
-    "server_ttft_ms",
-    "e2e_ms",
-    "tpot_ms",
-    "token_gaps_ms",
-    "expand_weighted",
-    "itl_gaps_ms",
-    "inter_chunk_gaps_ms",
-    "rate_per_s",
-    "offered_rps",
-    "send_rps",
-    "completed_rps",
-    "tokens_per_s",
-    "goodput_rps",
     "attainment",
+    "client_queue_ms",
+    "completed_rps",
+    "e2e_ms",
     "error_share",
-    "time_average_in_system",
+    "expand_weighted",
+    "goodput_rps",
+    "inter_chunk_gaps_ms",
+    "itl_gaps_ms",
     "littles_law_rhs",
+    "offered_rps",
+    "rate_per_s",
+    "send_rps",
+    "server_ttft_ms",
+    "time_average_in_system",
+    "token_gaps_ms",
+    "tokens_per_s",
+    "tpot_ms",
+    "ttft_ms",
 ]
 
 NS_PER_MS = 1_000_000.0
@@ -169,7 +169,10 @@ def tokens_per_s(tokens: float, window_s: float | None) -> float | None:
 
 
 def goodput_rps(n_good: int, window_s: float | None) -> float | None:
-    """Goodput = completed requests meeting every hard budget / window length (req/s)."""
+    """Goodput = requests completed ok in the window that met every hard budget / window length (req/s).
+
+    Counted over the same completions as ``completed_rps`` (by completion instant), so goodput ≤ completed.
+    """
     return rate_per_s(n_good, window_s)
 
 

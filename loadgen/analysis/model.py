@@ -14,7 +14,7 @@ from typing import Any
 
 from .budgets import Check
 
-__all__ = ["ANALYSIS_SCHEMA_VERSION", "METRICS", "Analysis", "GroupSummary", "json_ready"]
+__all__ = ["ANALYSIS_SCHEMA_VERSION", "METRICS", "Analysis", "GroupSummary", "json_ready", "stop_sentence"]
 
 ANALYSIS_SCHEMA_VERSION = "1"
 
@@ -37,6 +37,34 @@ def json_ready(value: Any) -> Any:
     return value
 
 
+def stop_sentence(stop: dict[str, Any]) -> str | None:
+    """One line on how a run that did not complete normally ended (None for a normal complete run)."""
+    state, by, at, covered = stop.get("state"), stop.get("stopped_by"), stop.get("stopped_at_s"), stop.get("covered_until_s")
+    if state == "complete" and not by:
+        return None
+    text = f"run {state.upper() if state != 'complete' else 'stopped'}" + (f" by {by}" if by else "")
+    if state == "killed":
+        flushed = stop.get("last_flush_s")
+        text += f"; last flush {stop.get('last_flush_utc') or 'unknown'}" + (
+            f" ({flushed:.3f} s on the run clock)" if flushed is not None else "")
+    elif at is not None:
+        text += f" at {at:.3f} s on the run clock"
+    if covered is not None:
+        text += f"; analysed up to {covered:.3f} s"
+    if stop.get("cut_by_stop"):
+        text += f"; {stop['cut_by_stop']} request(s) cut short by the stop (outcome unknown) left out"
+    if stop.get("not_due"):
+        text += f"; {stop['not_due']} request(s) not yet due (neither offered nor failed)"
+    if state == "killed":
+        no_row = stop.get("no_row") or {}
+        if no_row.get("in_flight_at_last_flush") is not None:
+            text += (f"; no row for {no_row['in_flight_at_last_flush']} request(s) in flight and "
+                     f"{no_row['not_due_at_last_flush']} not yet due at that flush")
+    if state == "running":
+        text += " (its writer is still running: figures up to the last flush)"
+    return text
+
+
 @dataclass
 class GroupSummary:
     """One workload class (or ``overall``) over the measurement window."""
@@ -55,8 +83,9 @@ class GroupSummary:
     goodput_rps: float | None = None
     attainment: float | None = None
     attainment_ci: list[float] | None = None  # 95% Wilson interval of the attainment
-    n_good: int | None = None
-    n_eligible: int | None = None
+    n_good: int | None = None  # scheduled in the window, ok, every hard budget met (attainment's numerator)
+    n_eligible: int | None = None  # scheduled in the window and counting (attainment's denominator)
+    n_good_completed: int | None = None  # completed in the window and every hard budget met (goodput's count)
     tokens: dict[str, Any] = field(default_factory=dict)
     ttft_by_turn: dict[str, dict[str, Any]] = field(default_factory=dict)  # turn index -> TTFT summary (conversations)
 
@@ -125,8 +154,10 @@ class Analysis:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (strict JSON after ``json_ready``), with ``schema_version``."""
+        stop = self.run.get("stop") or {}
         return json_ready({
             "schema_version": self.schema_version,
+            "state": {**stop, "summary": stop_sentence(stop)},
             "run_dir": str(self.run_dir),
             "run": self.run,
             "window": self.window,

@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from .model import METRICS, Analysis, GroupSummary
+from .model import METRICS, Analysis, GroupSummary, stop_sentence
 
 
 def stability_sentence(s: dict[str, Any]) -> str:
@@ -20,7 +20,7 @@ def stability_sentence(s: dict[str, Any]) -> str:
     return f"Little's Law not applied: {s.get('reason')}"
 
 
-__all__ = ["fmt_ci", "fmt_ms", "fmt_share", "render_console", "stability_sentence"]
+__all__ = ["fmt_ci", "fmt_ms", "fmt_share", "render_console", "stability_sentence", "stop_sentence"]
 
 
 def fmt_ms(value: float | None) -> str:
@@ -136,6 +136,9 @@ def render_console(analysis: Analysis, console: Any = None) -> None:
         lines.append(f"  [yellow]?[/yellow] {escape(c.reason)}")
     for c in a.soft_failures:
         lines.append(f"  [yellow]![/yellow] {escape(c.reason)} (soft)")
+    stop = stop_sentence(a.run.get("stop") or {})
+    if stop:
+        lines.insert(0, f"[bold yellow]{stop}[/bold yellow]")
     console.print(Panel("\n".join(lines), title="verdict", expand=False))
     run = a.run
     target = run.get("target") or {}
@@ -150,8 +153,9 @@ def render_console(analysis: Analysis, console: Any = None) -> None:
                   f"{_rate(o.completed_rps, 'req/s')} · prompt {_rate(o.prompt_tok_s, 'tok/s')} · output "
                   f"{_rate(o.output_tok_s, 'tok/s')}{note}")
     if o.goodput_rps is not None:
-        console.print(f"goodput {_rate(o.goodput_rps, 'req/s')} · attainment {fmt_share(o.attainment, o.attainment_ci)} "
-                      f"({o.n_good}/{o.n_eligible}) · error share {fmt_share(a.error_share, a.error_share_ci)}")
+        console.print(f"goodput {_rate(o.goodput_rps, 'req/s')} ({o.n_good_completed} completions in the window met every "
+                      f"hard budget) · attainment {fmt_share(o.attainment, o.attainment_ci)} ({o.n_good}/{o.n_eligible} "
+                      f"requests scheduled in the window) · error share {fmt_share(a.error_share, a.error_share_ci)}")
     groups = list(a.classes.values())
     if len(groups) != 1:
         groups.append(a.overall)

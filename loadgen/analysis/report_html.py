@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .model import METRICS, Analysis, GroupSummary
+from .model import METRICS, Analysis, GroupSummary, stop_sentence
 from .report_console import fmt_ci, fmt_ms, fmt_share, stability_sentence
 
 __all__ = ["render_html", "write_html"]
@@ -207,8 +207,11 @@ def _header(a: Analysis) -> list[str]:
         "<script>window.addEventListener('error',function(e){document.title='JS error: '+e.message});</script>",
         f"<style>{_CSS}</style></head><body>",
         f"<h1>loadgen analysis · {_e(run.get('scenario') or 'no scenario')} · {_e(run.get('run_kind'))}</h1>",
-        f'<div class="verdict {cls}" id="verdict">{_e(head)}</div>',
     ]
+    stop = stop_sentence(run.get("stop") or {})
+    if stop:
+        parts.append(f'<div class="verdict vnone" id="run-state">{_e(stop)}</div>')
+    parts.append(f'<div class="verdict {cls}" id="verdict">{_e(head)}</div>')
     if a.failed_checks or a.hard_inconclusive:
         parts.append("<ul>" + "".join(
             f'<li class="{"fail" if c.hard else "warn"}">{_e(c.reason)}</li>' for c in a.failed_checks) + "".join(
@@ -226,8 +229,9 @@ def _load_section(a: Analysis) -> list[str]:
     rate_rows = [["offered (scheduled)", _num(o.offered_rps), "req/s"], ["sent", _num(o.send_rps), "req/s"],
                  ["completed ok", _num(o.completed_rps), "req/s"], ["prompt tokens", _num(o.prompt_tok_s, "{:,.1f}"), "tok/s"],
                  ["output tokens", _num(o.output_tok_s, "{:,.1f}"), "tok/s"],
-                 ["goodput", _num(o.goodput_rps), "req/s"],
-                 ["attainment [95% Wilson interval]", _e(fmt_share(o.attainment, o.attainment_ci)), ""],
+                 ["goodput (completed ok in the window, every hard budget met)", _num(o.goodput_rps), "req/s"],
+                 ["attainment (of requests scheduled in the window) [95% Wilson interval]",
+                  _e(fmt_share(o.attainment, o.attainment_ci)), ""],
                  ["error share [95% Wilson interval]", _e(fmt_share(a.error_share, a.error_share_ci)), ""]]
     parts = ["<h2>Load and throughput</h2>", _table(["measure", "value", "unit"], rate_rows)]
     if not a.rates_meaningful:

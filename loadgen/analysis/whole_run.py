@@ -10,14 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
-from ..records import (
-    REQUESTS_FILE,
-    SERVER_METRICS_FILE,
-    SERVER_METRICS_SCHEMA,
-    STATUS_OK,
-)
+from ..records import REQUESTS_FILE, SERVER_METRICS_FILE, STATUS_OK
+from ..rundir import read_run_table
 from . import metrics as M
 from .metrics import NS_PER_S
 from .server import GENERATION_TOKENS, SIM_BUSY_SECONDS, counter_increase
@@ -33,7 +27,8 @@ def whole_run_rates(run_dir: Path | str) -> dict[str, float | None]:
     Output tokens are the server's count (usage) where present, else the client's. Every value is None
     when no request finished; the rates are None for an empty span.
     """
-    rows = pq.read_table(Path(run_dir) / REQUESTS_FILE, columns=_COLUMNS).to_pylist()
+    table = read_run_table(run_dir, REQUESTS_FILE, _COLUMNS)
+    rows = table.to_pylist() if table is not None else []
     ok = [r for r in rows if r["status"] == STATUS_OK]
     done = [r["done_ns"] for r in rows if r["done_ns"] is not None]
     if not rows or not done:
@@ -52,9 +47,8 @@ def engine_busy_output_rate(run_dir: Path | str) -> float | None:
     ``vllm:generation_tokens_total`` are counters, so their increase (resets handled) over the run is
     used. None without server metrics, without busy time, or with no busy time spent.
     """
-    path = Path(run_dir) / SERVER_METRICS_FILE
-    if not path.is_file():
+    table = read_run_table(run_dir, SERVER_METRICS_FILE)
+    if table is None:
         return None
-    table = pq.read_table(path, columns=SERVER_METRICS_SCHEMA.names)
     busy, tokens = counter_increase(table, SIM_BUSY_SECONDS), counter_increase(table, GENERATION_TOKENS)
     return tokens / busy if busy and tokens is not None and busy > 0 else None

@@ -4,20 +4,22 @@ Each area registers its subcommands from its own module (``loadgen/cli/<area>_cm
 ``register(subparsers)`` function), so the CLI stays thin and areas do not collide.
 This is the one place where errors become exit codes: a bad flag (argparse), a LoadgenError or an
 OSError on a file the user named → one line ``loadgen: error: ...`` on stderr and exit 2; Ctrl-C → exit
-130; anything else is a bug and keeps its traceback.
+130, SIGTERM → 143, SIGHUP → 129 (both stop the way Ctrl-C does: ``loadgen.interrupts``); anything else
+is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import NoReturn
 
-from .. import __version__
+from .. import __version__, interrupts
 from ..errors import LoadgenError
 
-__all__ = ["LoadgenParser", "build_parser", "main"]
+__all__ = ["LoadgenParser", "build_parser", "entry", "main"]
 
 
 class LoadgenParser(argparse.ArgumentParser):
@@ -52,14 +54,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    interrupts.install()
     try:
         rc = args.func(args)
     except LoadgenError as exc:
         print(f"loadgen: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("loadgen: interrupted", file=sys.stderr)
-        return 130
+        print(f"loadgen: interrupted ({interrupts.signal_name()})", file=sys.stderr)
+        return interrupts.exit_code()
     except BrokenPipeError:  # output piped into head & co.
         sys.stderr.close()
         return 0
@@ -73,7 +76,21 @@ def main(argv: list[str] | None = None) -> int:
 def _one_line(text: str) -> str:
     """A message as one line (a multi-line detail from a library is joined, never split over lines)."""
     return " | ".join(part.strip() for part in text.splitlines() if part.strip()) or text
+def entry() -> None:
+    """The program (``loadgen`` and ``python -m loadgen``): ``main``, then exit with its status.
+
+    A run stopped by a signal exits with 128 + the signal's number through ``os._exit`` once its
+    output is flushed: CPython re-raises SIGINT at exit (status -2) whenever the KeyboardInterrupt that
+    stopped it was raised inside code it ran through its own entry points (a module being imported at
+    that instant), even though ``main`` handled it; everything loadgen must close is closed by then.
+    """
+    code = main()
+    if code > 128:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    entry()

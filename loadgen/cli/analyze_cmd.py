@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 #: Exit code of ``--fail-on-budget`` when a hard budget (or the error-share limit) failed conclusively.
 EXIT_BUDGET_FAILED = 3
@@ -31,8 +32,16 @@ def _analyze(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..analysis import analyze_run, parse_window, render_console, write_html
+    from ..errors import RunDirError  # deferred: loaded when it runs
+    from ..rundir import persist_recovery  # deferred: loaded when it runs
     from ..scenario import load_scenario
 
+    try:  # a killed run (manifest still "running", writer gone) gets its recovered manifest on disk
+        if persist_recovery(Path(args.run_dir)) is not None:
+            print(f"loadgen: {args.run_dir}: killed before closing; recovered manifest written (state killed)",
+                  file=sys.stderr)
+    except (RunDirError, OSError):
+        pass  # read-only or not a run: the analysis below still reads the recovered view, or says what is wrong
     scenario = load_scenario(args.scenario) if args.scenario else None
     analysis = analyze_run(Path(args.run_dir), scenario=scenario, window=parse_window(args.window),
                            include_cold=args.include_cold)

@@ -36,6 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-sse-line-bytes", type=flags.count(1024, 1 << 30), default=1 << 20,
                    help="longest SSE line (and event) accepted; a longer one fails that request as malformed_sse (default 1 MiB)")
     p.add_argument("--header", type=flags.header, action="append", default=[], metavar="NAME:VALUE", help="extra request header (value not recorded)")
+    p.add_argument("--flush-interval-s", type=flags.number(0.001, 60), default=1.0,
+                   help="records reach disk at least this often (default 1 s; a killed run keeps everything up to the last flush)")
+    p.add_argument("--no-model-check", action="store_true",
+                   help="do not fail when /v1/models lists models but not --model (gateways that list other names)")
     p.set_defaults(func=_run)
 
 
@@ -61,6 +65,7 @@ def _run(args: argparse.Namespace) -> int:
             order_index=args.order_index, repeat=args.repeat, progress=args.progress, deadline_s=args.deadline_s,
             rate_limit_rps=args.rate_limit_rps, vllm_extensions=args.vllm_extensions,
             max_tokens_field=args.max_tokens_field, headers=headers, max_sse_line_bytes=args.max_sse_line_bytes,
+            flush_interval_s=args.flush_interval_s, check_model=not args.no_model_check,
         )
     except ValidationError as exc:
         raise LoadgenError(format_validation_error("loadgen run", exc)) from None

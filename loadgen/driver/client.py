@@ -2,7 +2,10 @@
 
 ``execute`` never raises for a failed request; it produces exactly one requests row (plus chunk
 columns) and hands both to the recorder, also when the run is cancelled around it (then the row
-says ``run_interrupted``). On asyncio the open-loop scheduler writes the request itself at the
+says ``run_interrupted``). ``sent_ns`` is the instant the request bytes were handed to the socket
+(after a new connection's connect, recorded apart in ``connect_start_ns``/``connect_end_ns``); a
+request whose bytes never reached a socket (client queue timeout, refused connection, run stopped)
+is ``not_sent`` with an error kind that says why. On asyncio the open-loop scheduler writes the request itself at the
 deadline when a slot and an idle connection are free (``send_at_deadline``), and the response body
 is handed to ``StreamState.feed`` straight from the protocol's ``data_received``: per network read
 one timestamp, one de-framing, one SSE split and one JSON parse per event, no task switch. Token
@@ -39,7 +42,7 @@ from .error_kinds import (
 from .jobs import Job
 from .schedule import LagStats, RateGate
 from .sse import DEFAULT_MAX_LINE_BYTES, DONE, SSEDecoder, parse_chunk
-from .transport import RawHTTP11Transport, RawResponse
+from .transport import RawHTTP11Transport, RawResponse, SendTiming
 
 __all__ = ["PreSent", "RunContext", "StreamState", "execute", "request_row", "send_at_deadline"]
 
@@ -66,8 +69,9 @@ class RunContext:
     max_sse_line_bytes: int = DEFAULT_MAX_LINE_BYTES  # a longer SSE line fails its request as malformed_sse
     lag: LagStats = field(default_factory=LagStats)
     # live counters (progress display, manifest)
-    sent: int = 0
-    in_flight: int = 0
+    sent: int = 0  # bytes on the socket (live counter)
+    dispatched: int = 0  # jobs handed to execute so far (in trace order)
+    in_flight: int = 0  # holding a concurrency slot (connecting, sent or streaming)
     peak_in_flight: int = 0
     done: int = 0
     errors: int = 0
@@ -89,6 +93,9 @@ class RunContext:
             n = cache[text] = self.count_tokens(text)
         return n
 
+    def count_sent(self) -> None:
+        self.sent += 1
+
     def quiet_ns(self) -> int:
         """Time until the scheduler's next send (large when none is pending)."""
         return self.next_deadline_ns - _now()
@@ -109,6 +116,8 @@ def request_row(job: Job, scheduled_ns: int, status: str = STATUS_NOT_SENT, erro
         "warm": None,
         "scheduled_ns": scheduled_ns,
         "slot_acquired_ns": None,
+        "connect_start_ns": None,
+        "connect_end_ns": None,
         "sent_ns": None,
         "first_byte_ns": None,
         "first_token_ns": None,
@@ -237,11 +246,12 @@ class StreamState:
 class PreSent:
     """A request the scheduler already put on the wire at its deadline (slot taken on behalf of ``token``)."""
 
-    __slots__ = ("conn", "sent_abs", "token")
+    __slots__ = ("conn", "sent_abs", "slot_abs", "token")
 
-    def __init__(self, token: object, conn, sent_abs: int) -> None:
+    def __init__(self, token: object, conn, slot_abs: int, sent_abs: int) -> None:
         self.token = token
         self.conn = conn
+        self.slot_abs = slot_abs
         self.sent_abs = sent_abs
 
 
@@ -258,13 +268,14 @@ def send_at_deadline(ctx: RunContext, job: Job) -> PreSent | None:
         ctx.limiter.acquire_on_behalf_of_nowait(token)
     except anyio.WouldBlock:
         return None
-    sent_abs = _now()
+    slot_abs = _now()
     conn = ctx.transport.send_nowait(ctx.origin, job.payload)
     if conn is None:
         ctx.limiter.release_on_behalf_of(token)
         return None
     ctx.sent_at_deadline += 1
-    return PreSent(token, conn, sent_abs)
+    ctx.sent += 1
+    return PreSent(token, conn, slot_abs, _now())
 
 
 async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int, pre: PreSent | None = None) -> None:
@@ -277,7 +288,7 @@ async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int, pre: PreSent
     status: str | None = None
     error_kind = error_message = None
     phase = Phase.BEFORE_RESPONSE
-    sent = False
+    timing = SendTiming(pre.sent_abs if pre is not None else None, ctx.count_sent)
     response: RawResponse | None = None
     ttft_ns, total_ns = ctx.timeouts.get(job.request_class, (ctx.ttft_timeout_ns, ctx.total_timeout_ns))
     total_deadline = scheduled_abs_ns + total_ns if total_ns else None
@@ -300,56 +311,32 @@ async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int, pre: PreSent
         with scope:
             try:
                 if pre is None:
-                    waited = await ctx.rate_gate.wait()
-                    try:
-                        ctx.limiter.acquire_on_behalf_of_nowait(token)
-                    except anyio.WouldBlock:
-                        waited = True
-                        ctx.slot_waits += 1
-                        await ctx.limiter.acquire_on_behalf_of(token)
-                    holding_slot = True
-                    sent_abs = _now()
+                    await _take_slot(ctx, token, scheduled_abs_ns, row)
                 else:
-                    waited, sent_abs = False, pre.sent_abs
-                row["slot_acquired_ns"] = row["sent_ns"] = sent_abs - anchor
-                sent = True
-                if not waited:
-                    ctx.lag.add(sent_abs - scheduled_abs_ns)
-                ctx.sent += 1
+                    row["slot_acquired_ns"] = pre.slot_abs - anchor
+                    ctx.lag.add(pre.slot_abs - scheduled_abs_ns)
+                holding_slot = True
                 ctx.in_flight += 1
                 ctx.peak_in_flight = max(ctx.peak_in_flight, ctx.in_flight)
-                response = await ctx.transport.open(ctx.origin, job.payload, sent=pre.conn if pre is not None else None)
+                response = await ctx.transport.open(ctx.origin, job.payload, sent=pre.conn if pre is not None else None,
+                                                    timing=timing)
                 row["first_byte_ns"] = _now() - anchor
                 row["http_status"] = response.status
-                phase = Phase.STREAMING
                 if response.status != 200:
-                    status, error_kind = classify_http_status(response.status)
                     row["retry_after_s"] = parse_retry_after(response.header(b"retry-after"))
-                    body = await _read_error_body(response)
-                    error_message = redact(f"HTTP {response.status}: {body}", ctx.secrets)
-                else:
-                    await response.body.stream_to(state.feed)
-                    if state.done_abs is not None and not response.body.complete:
-                        # the chunked terminator may come in a later packet: wait briefly for it so
-                        # the keep-alive connection can be reused
-                        with anyio.move_on_after(0.5):
-                            await response.body.stream_to(_ignore)
-                    status, error_kind, error_message = _outcome(state)
+                phase = Phase.STREAMING
+                status, error_kind, error_message = await _read_response(response, state, ctx.secrets)
             except Exception as exc:  # noqa: BLE001 (a failed request is a row, not an exception)
                 status, error_kind, error_message = classify_exception(exc, phase, ctx.secrets)
         if scope.cancelled_caught and status is None:
-            status = STATUS_TIMEOUT
-            if state.first_token is None:
-                error_kind = "ttft_timeout"
-                error_message = f"no first token within {ttft_ns / 1e9:g} s of scheduling" if ttft_ns else "timeout"
-            else:
-                error_kind = "total_timeout"
-                error_message = f"not done within {total_ns / 1e9:g} s of scheduling" if total_ns else "timeout"
+            status, error_kind, error_message = _timeout_outcome(state, ttft_ns, total_ns)
     except anyio.get_cancelled_exc_class():
         if status is None:
+            sent = timing.sent is not None
             status = STATUS_CANCELLED if sent else STATUS_NOT_SENT
             error_kind = "run_interrupted"
-            error_message = "run stopped while this request was " + ("in flight" if sent else "waiting for a slot")
+            where = "in flight" if sent else ("connecting" if holding_slot else "waiting for a slot")
+            error_message = "run stopped while this request was " + where
         raise
     finally:
         done_abs = state.done_abs if state.done_abs is not None else _now()
@@ -358,7 +345,60 @@ async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int, pre: PreSent
                 await response.body.aclose()
         if holding_slot:
             ctx.limiter.release_on_behalf_of(token)
-        _record(ctx, job, row, state, status, error_kind, error_message, sent, done_abs)
+        if timing.sent is None:
+            status, error_kind, error_message = _never_sent(status, error_kind, error_message, holding_slot, ttft_ns)
+        _record(ctx, job, row, state, (status, error_kind, error_message), timing, holding_slot, done_abs)
+
+
+async def _take_slot(ctx: RunContext, token: object, scheduled_abs_ns: int, row: dict[str, Any]) -> None:
+    """The client queue: the rate cap, then a concurrency slot; the send lag counts only when neither waited."""
+    waited = await ctx.rate_gate.wait()
+    try:
+        ctx.limiter.acquire_on_behalf_of_nowait(token)
+    except anyio.WouldBlock:
+        waited = True
+        ctx.slot_waits += 1
+        await ctx.limiter.acquire_on_behalf_of(token)
+    slot_abs = _now()
+    row["slot_acquired_ns"] = slot_abs - ctx.anchor_ns
+    if not waited:
+        ctx.lag.add(slot_abs - scheduled_abs_ns)
+
+
+async def _read_response(response: RawResponse, state: StreamState, secrets: tuple[str, ...]) -> tuple[str, str | None, str | None]:
+    """(status, error_kind, message) of a response whose head arrived: an HTTP error, or the stream."""
+    if response.status != 200:
+        status, error_kind = classify_http_status(response.status)
+        body = await _read_error_body(response)
+        return status, error_kind, redact(f"HTTP {response.status}: {body}", secrets)
+    await response.body.stream_to(state.feed)
+    if state.done_abs is not None and not response.body.complete:
+        # the chunked terminator may come in a later packet: wait briefly for it so the keep-alive
+        # connection can be reused
+        with anyio.move_on_after(0.5):
+            await response.body.stream_to(_ignore)
+    return _outcome(state)
+
+
+def _timeout_outcome(state: StreamState, ttft_ns: int | None, total_ns: int | None) -> tuple[str, str, str]:
+    if state.first_token is None:
+        return STATUS_TIMEOUT, "ttft_timeout", (f"no first token within {ttft_ns / 1e9:g} s of scheduling" if ttft_ns
+                                                 else "timeout")
+    return STATUS_TIMEOUT, "total_timeout", (f"not done within {total_ns / 1e9:g} s of scheduling" if total_ns
+                                             else "timeout")
+
+
+def _never_sent(status: str | None, kind: str | None, message: str | None, had_slot: bool,
+                ttft_ns: int | None) -> tuple[str, str | None, str | None]:
+    """A request whose bytes never reached a socket is ``not_sent``, with the reason as its kind."""
+    if status == STATUS_TIMEOUT:
+        if not had_slot:
+            limit = f"{ttft_ns / 1e9:g} s " if ttft_ns else ""
+            return STATUS_NOT_SENT, "client_queue_timeout", f"TTFT timeout {limit}reached in the client queue: never sent"
+        return STATUS_NOT_SENT, "connect", "timeout reached while connecting: never sent"
+    if status in (STATUS_ERROR, STATUS_CANCELLED):
+        return STATUS_NOT_SENT, kind, message
+    return status or STATUS_NOT_SENT, kind, message
 
 
 def _ignore(arrival_abs_ns: int, data: bytes) -> bool:
@@ -382,17 +422,26 @@ def _outcome(state: StreamState) -> tuple[str, str | None, str | None]:
     raise StreamTruncated(f"stream ended without [DONE] or finish_reason after {state.client_tokens} tokens")
 
 
-def _record(ctx: RunContext, job: Job, row: dict[str, Any], state: StreamState, status: str | None,
-            error_kind: str | None, error_message: str | None, sent: bool, done_abs: int) -> None:
+def _record(ctx: RunContext, job: Job, row: dict[str, Any], state: StreamState,
+            outcome: tuple[str | None, str | None, str | None], timing: SendTiming, had_slot: bool, done_abs: int) -> None:
     """Fill the row's outcome columns and hand row + chunk columns to the recorder (exactly once)."""
+    status, error_kind, error_message = outcome
     anchor = ctx.anchor_ns
-    if sent:
+    sent = timing.sent is not None
+    if had_slot:
         ctx.in_flight -= 1
+    if timing.connect_start is not None:
+        row["connect_start_ns"] = timing.connect_start - anchor
+    if timing.connect_end is not None:
+        row["connect_end_ns"] = timing.connect_end - anchor
+    if sent:
         ctx.done += 1
+        row["sent_ns"] = timing.sent - anchor
+    if sent or error_kind != "run_interrupted":  # finished, or given up (queue timeout, refused): it left
         row["done_ns"] = done_abs - anchor
     if status is None:  # should not happen; keep the accounting exact anyway
         status, error_kind = STATUS_ERROR, "client"
-    if status == STATUS_ERROR or status == STATUS_TIMEOUT:
+    if status in (STATUS_ERROR, STATUS_TIMEOUT) or (status == STATUS_NOT_SENT and error_kind != "run_interrupted"):
         ctx.errors += 1
     arrivals = state.arrivals
     row["status"] = status

@@ -51,8 +51,9 @@ class RunOptions(BaseModel):
     headers: dict[str, str] = {}  # extra headers on every request (names recorded, values not)
     request_headers: dict[str, dict[str, str]] = {}  # per request_id headers (e.g. X-Loadgen-Fault in tests)
     run_kind: Literal["measured", "simulated"] = "measured"
-    flush_interval_s: float = Field(default=2.0, gt=0)
+    flush_interval_s: float = Field(default=1.0, gt=0, le=60)  # records reach disk at least this often
     max_sse_line_bytes: int = Field(default=DEFAULT_MAX_LINE_BYTES, ge=1024, le=1 << 30)  # longer: malformed_sse
+    check_model: bool = True  # fail fast when /v1/models lists models and not this one
 
     @field_validator("target_url")
     @classmethod

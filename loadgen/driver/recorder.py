@@ -4,9 +4,11 @@ Request tasks call ``submit`` (synchronous, never blocks, safe in cancelled code
 ``(row, chunk_columns)`` on an anyio memory object stream. Every ``poll_s`` the writer task turns
 what arrived into small Arrow tables on the event loop (a fraction of a millisecond each, so the
 schedule is not disturbed: converting Python objects holds the GIL, even in a thread) and every
-``flush_interval_s`` writes them as one Parquet row group in a worker thread (Parquet encoding
-releases the GIL). ``finish`` drains and writes whatever is left, synchronously, so a cancelled or
-crashed run still records every row it produced.
+``flush_interval_s`` (1 s by default) hands them to the run writer in a worker thread, which writes
+them as closed part files (Parquet encoding releases the GIL). So a run killed at any instant keeps
+every row converted before its last flush. A write error (disk full, I/O error) ends ``run`` with
+``RecordWriteError``, which stops the run. ``finish`` drains and writes whatever is left,
+synchronously, so a cancelled or crashed run still records every row it produced.
 """
 
 from __future__ import annotations
@@ -23,16 +25,14 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from ..records import CHUNKS_SCHEMA, REQUESTS_SCHEMA
 from ..rundir import RunWriter
 
-__all__ = ["Recorder", "ArrowRunWriter"]
+__all__ = ["ArrowRunWriter", "Recorder"]
 
 _REQUEST = 0
 _METRICS = 1
 #: Convert at once when this many rows are queued (each conversion stays around a millisecond).
 BACKLOG_ITEMS = 400
-#: Otherwise convert only when the next scheduled send is at least this far away...
+#: Otherwise convert only when the next scheduled send is at least this far away, or when a flush is due.
 QUIET_NS = 4_000_000
-#: ...or when the oldest queued row has waited this long.
-MAX_AGE_S = 2.0
 _REQUEST_NAMES = REQUESTS_SCHEMA.names
 _CHUNK_NAMES = CHUNKS_SCHEMA.names
 
@@ -48,14 +48,17 @@ def _requests_table(rows: list[dict[str, Any]]) -> pa.Table:
 class Recorder:
     """Feeds one ArrowRunWriter from many tasks; see module docstring."""
 
-    def __init__(self, writer: ArrowRunWriter, flush_interval_s: float = 2.0, poll_s: float = 0.02,
-                 quiet_ns: typing.Callable[[], int] | None = None) -> None:
+    def __init__(self, writer: ArrowRunWriter, flush_interval_s: float = 1.0, poll_s: float = 0.02,
+                 quiet_ns: typing.Callable[[], int] | None = None,
+                 progress: typing.Callable[[], dict[str, Any]] | None = None) -> None:
         self.writer = writer
         self.flush_interval_s = flush_interval_s
         self.poll_s = poll_s
         # time until the scheduler's next deadline: converting (which blocks the loop for a
-        # fraction of a millisecond) waits for a gap, unless the backlog grows large
+        # fraction of a millisecond) waits for a gap, unless the backlog grows large or a flush is due
         self.quiet_ns = quiet_ns or (lambda: 1 << 62)
+        # what a killed run's reader needs to know about this flush (see RunWriter.flush)
+        self.progress = progress or dict
         send, receive = anyio.create_memory_object_stream[tuple[int, Any, Any]](max_buffer_size=math.inf)
         self._send: MemoryObjectSendStream = send
         self._receive: MemoryObjectReceiveStream = receive
@@ -64,7 +67,7 @@ class Recorder:
         self.chunks = 0
         self._req_tables: list[pa.Table] = []
         self._chunk_tables: list[pa.Table] = []
-        self._metrics_pending = False
+        self._metrics: list[dict[str, list[Any]]] = []
 
     def submit(self, row: dict[str, Any], chunks: dict[str, list[Any]] | None) -> None:
         """Queue one request row and its chunk columns (never blocks)."""
@@ -90,8 +93,7 @@ class Recorder:
                     for name in _CHUNK_NAMES:
                         chunk_cols[name].extend(b[name])
             else:
-                self.writer.add_metrics(a)
-                self._metrics_pending = True
+                self._metrics.append(a)
         if rows:
             self._req_tables.append(_requests_table(rows))
             self.recorded_ids.update(r["request_id"] for r in rows)
@@ -100,50 +102,48 @@ class Recorder:
             self._chunk_tables.append(pa.Table.from_pydict(chunk_cols, schema=CHUNKS_SCHEMA))
             self.chunks += len(chunk_cols["seq"])
 
-    def _write(self, req_tables: list[pa.Table], chunk_tables: list[pa.Table], metrics: bool) -> None:
-        if req_tables:
-            self.writer.add_request_table(pa.concat_tables(req_tables))
+    @property
+    def pending(self) -> bool:
+        return bool(self._req_tables or self._chunk_tables or self._metrics)
+
+    def _write(self, progress: dict[str, Any]) -> None:
+        """Hand everything converted to the writer and flush it (takes the tables itself: if the
+        thread that runs this never starts, nothing was taken and ``finish`` writes them)."""
+        req_tables, chunk_tables, metrics = self._req_tables, self._chunk_tables, self._metrics
+        self._req_tables, self._chunk_tables, self._metrics = [], [], []
         if chunk_tables:
             self.writer.add_chunk_table(pa.concat_tables(chunk_tables))
-        if metrics:
-            self.writer.flush()
-
-    def _take(self) -> tuple[list[pa.Table], list[pa.Table], bool]:
-        taken = (self._req_tables, self._chunk_tables, self._metrics_pending)
-        self._req_tables, self._chunk_tables, self._metrics_pending = [], [], False
-        return taken
+        for columns in metrics:
+            self.writer.add_metrics(columns)
+        if req_tables:
+            self.writer.add_request_table(pa.concat_tables(req_tables))
+        self.writer.flush(progress)
 
     async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
-        """The writer task: convert every ``poll_s``, write a row group every ``flush_interval_s``.
+        """The writer task: convert every ``poll_s`` (in gaps of the schedule), flush every ``flush_interval_s``.
 
         It polls with ``receive_nowait`` rather than awaiting ``receive`` so that cancelling it can
-        never drop an item already handed over.
+        never drop an item already handed over. A flush also happens when nothing new arrived since
+        the last conversion: rows never wait in memory for the next request to finish.
         """
         task_status.started()
-        last_flush = last_convert = time.monotonic()
+        last_flush = time.monotonic()
         while True:
             await anyio.sleep(self.poll_s)
             backlog = self._receive.statistics().current_buffer_used
             now = time.monotonic()
-            if not backlog:
-                continue
-            if backlog < BACKLOG_ITEMS and now - last_convert < MAX_AGE_S and self.quiet_ns() < QUIET_NS:
-                continue  # a deadline is near: convert in the next gap
-            self.convert()
-            last_convert = now
-            if now - last_flush >= self.flush_interval_s and (self._req_tables or self._chunk_tables or self._metrics_pending):
+            flush_due = now - last_flush >= self.flush_interval_s
+            if backlog and (flush_due or backlog >= BACKLOG_ITEMS or self.quiet_ns() >= QUIET_NS):
+                self.convert()
+            if flush_due and self.pending:
                 last_flush = now
-                # take the tables inside the thread: if this call is cancelled before the thread
-                # starts, nothing was taken and ``finish`` writes them
-                await anyio.to_thread.run_sync(self._write_pending)
-
-    def _write_pending(self) -> None:
-        self._write(*self._take())
+                progress = self.progress()  # on the loop: what was converted up to now is what is written
+                await anyio.to_thread.run_sync(self._write, progress)
 
     def finish(self) -> None:
         """Convert and write everything still queued (synchronous; the end of the run)."""
         self.convert()
-        self._write_pending()
+        self._write(self.progress())
 
 
 def warm_up_arrow() -> None:

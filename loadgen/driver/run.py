@@ -2,9 +2,12 @@
 
 One task group per run: the recorder (files open before the first send), the optional metrics
 scraper and progress display, and inside one deadline scope the request tasks started by the
-open-loop (or closed-loop) scheduler. Whatever ends the run (last request, deadline, Ctrl-C, a dead
-server, a bug), the ``finally`` block records every scheduled request that has no row yet as
-``not_sent`` and closes the run directory, so the accounting is always exact.
+open-loop (or closed-loop) scheduler. Whatever ends the run (last request, deadline, Ctrl-C, SIGTERM,
+SIGHUP, a dead server, a write error, a bug), the ``finally`` block records every scheduled request
+that has no row yet as ``not_sent`` (``not_due`` when the run stopped before it was due,
+``run_interrupted`` when it was due) and closes the run directory, so the accounting is always exact.
+Rows reach disk at least every ``flush_interval_s``, so even SIGKILL keeps every request finished
+before the last flush; each flush records until which scheduled instant every request has its row.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import resource
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -26,9 +29,16 @@ import anyio
 import httpx
 import psutil
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401  (pa.compute)
+import pyarrow.compute
 
-from ..errors import RunDirError, TargetError, TraceError
+from .. import interrupts
+from ..errors import (
+    LoadgenError,
+    RecordWriteError,
+    RunDirError,
+    TargetError,
+    TraceError,
+)
 from ..identity import harness_identity, host_identity, sha256_file, utc_now_iso
 from ..manifest import DriverInfo, Manifest, TraceRef, WarmState, merge_manifest
 from ..prompts import Tokenizer, get_tokenizer
@@ -47,7 +57,7 @@ from .sse import parse_chunk
 from .target import TargetInfo, probe_target
 from .transport import RawHTTP11Transport
 
-__all__ = ["run_trace", "SEND_LAG_WARN_NS"]
+__all__ = ["SEND_LAG_WARN_NS", "run_trace"]
 
 #: Warn when the send-lag p99 exceeds this (ns).
 SEND_LAG_WARN_NS = 1_000_000
@@ -63,8 +73,7 @@ def _split_base(url: str) -> tuple[str, str]:
     parts = urlsplit(url)
     path = parts.path.rstrip("/")
     prefix = "/v1"
-    if path.endswith("/v1"):
-        path = path[: -len("/v1")]
+    path = path.removesuffix("/v1")
     root = urlunsplit((parts.scheme, parts.netloc, path, "", ""))
     return root, prefix
 
@@ -185,7 +194,7 @@ def _encode_requests(options: RunOptions, jobs: list[Job], client: httpx.AsyncCl
         job.body = b""
 
 
-def _start_manifest(options: RunOptions, inputs: _Inputs, info: TargetInfo, driver: DriverInfo) -> Manifest:
+def _start_manifest(options: RunOptions, inputs: _Inputs, info: TargetInfo, driver: DriverInfo, scheduled: int) -> Manifest:
     """The manifest as written when the files open (the layers' ``extra_manifest`` merged in)."""
     meta = inputs.trace_meta
     manifest = Manifest(
@@ -203,6 +212,7 @@ def _start_manifest(options: RunOptions, inputs: _Inputs, info: TargetInfo, driv
         plan_cell=options.plan_cell,
         driver=driver,
         warnings=inputs.warnings,
+        scheduled_requests=scheduled,
     )
     return merge_manifest(manifest, options.extra_manifest) if options.extra_manifest else manifest
 
@@ -220,7 +230,8 @@ async def run_trace(options: RunOptions) -> Path:
     client = httpx.AsyncClient(base_url=root, headers=headers, timeout=httpx.Timeout(None, connect=min(30.0, ttft_cap)),
                                transport=transport, trust_env=False)
     async with client:
-        info = await probe_target(client, root, options.model or (scenario.model if scenario else None), secrets=secrets)
+        info = await probe_target(client, root, options.model or (scenario.model if scenario else None), secrets=secrets,
+                                  check_model=options.check_model)
         jobs, counter, build_s, extensions = await _prepare_jobs(options, inputs, info, client, transport, root, path, headers)
         timeouts = _timeouts(options, scenario, {job.request_class for job in jobs})
         scrape = options.scrape_metrics == "on" or (options.scrape_metrics == "auto" and info.has_metrics)
@@ -232,14 +243,14 @@ async def run_trace(options: RunOptions) -> Path:
             prompt_build_s=round(build_s, 3), scrape_metrics=scrape, timeout_origin="scheduled",
             target_notes=list(info.notes),
         )
-        manifest = _start_manifest(options, inputs, info, driver)
+        manifest = _start_manifest(options, inputs, info, driver, len(jobs))
         # everything slow (SSL contexts, files) happens before the anchor is taken
         scraper_client = httpx.AsyncClient(base_url=root, headers={k: v for k, v in headers.items() if k == "authorization"},
                                            timeout=10.0, trust_env=False) if scrape else None
         await anyio.to_thread.run_sync(warm_up_arrow)
         await _warm_up(counter)
-        writer = ArrowRunWriter(options.out_dir, manifest, flush_rows=1 << 60)
-        recorder = Recorder(writer, flush_interval_s=options.flush_interval_s)  # quiet_ns wired below
+        writer = ArrowRunWriter(options.out_dir, manifest, flush_rows=1 << 60, flush_interval_s=options.flush_interval_s)
+        recorder = Recorder(writer, flush_interval_s=options.flush_interval_s)  # quiet_ns, progress wired below
         retain_completion = bool(scenario and scenario.privacy.retain_completion_text)
         ctx = RunContext(  # the anchor is taken in _replay, once the run's services are up
             transport=transport, origin=transport.origin(client.base_url.join(path)), anchor_ns=0,
@@ -249,8 +260,62 @@ async def run_trace(options: RunOptions) -> Path:
             warm_state=options.warm_state, timeouts=timeouts, max_sse_line_bytes=options.max_sse_line_bytes,
         )
         recorder.quiet_ns = ctx.quiet_ns
-        await _replay(options, inputs, ctx, jobs, writer, recorder, info, transport, scraper_client)
+        recorder.progress = _Coverage(jobs, ctx, recorder, inputs.mode)
+        try:
+            await _replay(options, inputs, ctx, jobs, writer, recorder, info, transport, scraper_client)
+        except BaseExceptionGroup as group:  # a task of the run failed: say what, in one line
+            error = _loadgen_error(group)
+            if error is not None:
+                raise error from None
+            raise
     return Path(options.out_dir)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _loadgen_error(exc: BaseException) -> LoadgenError | None:
+    """The first deliberate error (a write error ...) inside an exception group, if any."""
+    return next((e for e in _leaves(exc) if isinstance(e, LoadgenError)), None)
+
+
+def _describe(exc: BaseException) -> str:
+    """What stopped a failed run, for the manifest's ``interrupted_by``."""
+    leaf = _loadgen_error(exc) or _leaves(exc)[0]
+    if isinstance(leaf, RecordWriteError):
+        return leaf.short
+    return type(leaf).__name__
+
+
+class _Coverage:
+    """Per flush, what a killed run's reader needs: until which scheduled instant every request has its
+    row (``covered_until_ns``: the first dispatched request still without a row, else now), and how
+    many requests had been dispatched. Jobs are dispatched in trace order, so one pointer suffices."""
+
+    def __init__(self, jobs: list[Job], ctx: RunContext, recorder: Recorder, mode: str) -> None:
+        self.jobs, self.ctx, self.recorder, self.open = jobs, ctx, recorder, mode == "open"
+        self.first_missing = 0
+
+    def __call__(self) -> dict[str, Any]:
+        ctx, jobs = self.ctx, self.jobs
+        if not ctx.anchor_ns:
+            return {}
+        now = time.perf_counter_ns() - ctx.anchor_ns
+        recorded, dispatched = self.recorder.recorded_ids, ctx.dispatched
+        i = self.first_missing
+        while i < dispatched and jobs[i].request_id in recorded:
+            i += 1
+        self.first_missing = i
+        if i < dispatched:
+            covered = jobs[i].scheduled_ns
+        elif i < len(jobs) and self.open:
+            covered = min(now, jobs[i].offset_ns)
+        else:
+            covered = now
+        return {"flushed_ns": now, "covered_until_ns": covered, "dispatched": dispatched}
 
 
 async def _replay(options: RunOptions, inputs: _Inputs, ctx: RunContext, jobs: list[Job], writer: RunWriter,
@@ -269,7 +334,7 @@ async def _replay(options: RunOptions, inputs: _Inputs, ctx: RunContext, jobs: l
     gc.collect()
     gc.freeze()
     gc.set_threshold(max(old_gc[0], 20_000), max(old_gc[1], 20), max(old_gc[2], 50))
-    state, interrupted_by, deadline_hit = "complete", None, False
+    state, interrupted_by, deadline_hit, stop_abs = "complete", None, False, None
     ctx.cpu_start_s = time.process_time()
     ctx.rss_start_bytes = psutil.Process().memory_info().rss
     try:
@@ -294,17 +359,19 @@ async def _replay(options: RunOptions, inputs: _Inputs, ctx: RunContext, jobs: l
                     else:
                         await _schedule_open(ctx, jobs, requests)
             deadline_hit = run_scope.cancelled_caught
+            if deadline_hit:
+                stop_abs = time.perf_counter_ns()
             if scraper is not None:
                 await scraper.scrape_once()
             outer.cancel_scope.cancel()
-    except anyio.get_cancelled_exc_class():
-        state, interrupted_by = "interrupted", "cancelled"
+    except anyio.get_cancelled_exc_class():  # Ctrl-C, SIGTERM, SIGHUP (loadgen.interrupts) or a caller
+        state, interrupted_by, stop_abs = "interrupted", interrupts.cancel_cause(), time.perf_counter_ns()
         raise
     except KeyboardInterrupt:
-        state, interrupted_by = "interrupted", "KeyboardInterrupt"
+        state, interrupted_by, stop_abs = "interrupted", interrupts.signal_name(), time.perf_counter_ns()
         raise
     except BaseException as exc:
-        state, interrupted_by = "failed", type(exc).__name__
+        state, interrupted_by, stop_abs = "failed", _describe(exc), time.perf_counter_ns()
         raise
     finally:
         sys.setswitchinterval(old_switch)
@@ -315,17 +382,21 @@ async def _replay(options: RunOptions, inputs: _Inputs, ctx: RunContext, jobs: l
         if scraper_client is not None:
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                 await scraper_client.aclose()
-        _finish(writer, recorder, ctx, jobs, info, state, interrupted_by, deadline_hit, inputs.warnings, transport)
+        _finish(writer, recorder, ctx, jobs, info, (state, interrupted_by, deadline_hit, stop_abs), inputs.warnings,
+                transport, mode == "open")
 
 
 def _take_anchor(ctx: RunContext, writer: RunWriter) -> None:
-    """The run's time origin: LEAD_NS from now, so starting the request tasks is not counted as lag."""
+    """The run's time origin: LEAD_NS from now, so starting the request tasks is not counted as lag.
+
+    The manifest on disk gets it at once (a small write inside the lead time): a killed run keeps it.
+    """
     ctx.anchor_ns = time.perf_counter_ns() + LEAD_NS
-    anchor_utc = datetime.now(timezone.utc) + timedelta(microseconds=LEAD_NS / 1000)
-    writer.manifest = merge_manifest(writer.manifest, {
+    anchor_utc = datetime.now(UTC) + timedelta(microseconds=LEAD_NS / 1000)
+    writer.update_manifest({
         "started_utc": anchor_utc.isoformat(timespec="milliseconds"),
         "anchor": {"perf_counter_ns": ctx.anchor_ns, "utc": anchor_utc.isoformat(timespec="microseconds")},
-    })
+    }, write=True)
 
 
 async def _warm_up(counter) -> None:
@@ -352,6 +423,8 @@ async def _schedule_open(ctx: RunContext, jobs, requests) -> None:
         deadline = ctx.next_deadline_ns = anchor + job.offset_ns
         if deadline > now():
             await sleep_until(deadline)  # one precise waiter for the whole run, not one per request
+        job.scheduled_ns = job.offset_ns
+        ctx.dispatched += 1
         # on the wire now when a slot and an idle connection are free; the task reads the response
         if followers and (job.conversation_id, job.turn_index) in followers:
             start(_execute_then_follow, ctx, job, deadline, send_at_deadline(ctx, job), followers, requests)
@@ -381,34 +454,49 @@ async def _schedule_closed(ctx: RunContext, jobs, concurrency: int, requests) ->
 
     async def worker() -> None:
         for job in iterator:
-            await execute(ctx, job, time.perf_counter_ns())
+            scheduled = time.perf_counter_ns()
+            job.scheduled_ns = scheduled - ctx.anchor_ns
+            ctx.dispatched += 1
+            await execute(ctx, job, scheduled)
 
     for _ in range(concurrency):
         requests.start_soon(worker)
 
 
-def _finish(writer: ArrowRunWriter, recorder: Recorder, ctx: RunContext, jobs, info, state, interrupted_by, deadline_hit,
-            warnings, transport) -> None:
+def _record_missing(recorder: Recorder, ctx: RunContext, jobs: list[Job], stopped: bool, stop_abs: int | None,
+                    open_loop: bool) -> None:
+    """A row for every job without one: ``not_due`` when the run stopped before the job was due (never
+    dispatched, and in open loop its deadline not passed at the stop), ``run_interrupted`` when it was
+    due, ``client`` (a bug, said so) when the run did not stop."""
+    recorder.convert()
+    for job in jobs:
+        if job.request_id in recorder.recorded_ids:
+            continue
+        due = job.scheduled_ns is not None or (
+            open_loop and bool(ctx.anchor_ns) and stop_abs is not None and ctx.anchor_ns + job.offset_ns < stop_abs)
+        kind = ("run_interrupted" if due else "not_due") if stopped else "client"
+        recorder.submit(request_row(job, job.offset_ns, STATUS_NOT_SENT, kind), None)
+
+
+def _finish(writer: ArrowRunWriter, recorder: Recorder, ctx: RunContext, jobs: list[Job], info: TargetInfo,
+            outcome: tuple[str, str | None, bool, int | None], warnings: list[str], transport: RawHTTP11Transport,
+            open_loop: bool) -> None:
     """Record unsent requests, close the run directory with the final manifest (synchronous).
 
     Runs in ``finally``: whatever ended the run, every scheduled request gets exactly one row and
     the files are closed; an error while writing is re-raised only after the close.
     """
+    state, interrupted_by, deadline_hit, stop_abs = outcome
     end_ns = time.perf_counter_ns()
     cpu_s = time.process_time() - ctx.cpu_start_s
-    interrupted = state != "complete" or deadline_hit
     write_error: BaseException | None = None
     try:
-        recorder.convert()
-        for job in jobs:
-            if job.request_id not in recorder.recorded_ids:
-                # never started: the run stopped first (or, if it did not stop, a bug: say so)
-                recorder.submit(request_row(job, job.offset_ns, STATUS_NOT_SENT, "run_interrupted" if interrupted else "client"), None)
+        _record_missing(recorder, ctx, jobs, state != "complete" or deadline_hit, stop_abs, open_loop)
         recorder.finish()
-    except BaseException as exc:  # keep closing: a readable partial run beats none
+    except BaseException as exc:  # noqa: BLE001 - keep closing: a readable partial run beats none
         write_error = exc
         state = "failed"
-        interrupted_by = interrupted_by or type(exc).__name__
+        interrupted_by = interrupted_by or _describe(exc)
     lag = ctx.lag.summary()
     if lag["p99"] is not None and lag["p99"] > SEND_LAG_WARN_NS:
         message = f"send lag p99 {lag['p99'] / 1e6:.2f} ms exceeds 1 ms: the client could not keep the schedule"
@@ -424,6 +512,7 @@ def _finish(writer: ArrowRunWriter, recorder: Recorder, ctx: RunContext, jobs, i
         "send_lag_ns": lag,
         "warnings": warnings,
         "stopped_by_deadline": deadline_hit,
+        "stopped_ns": stop_abs - ctx.anchor_ns if stop_abs is not None and ctx.anchor_ns else None,
         "scheduled_requests": len(jobs),
         "driver": {
             "slot_waits": ctx.slot_waits,
@@ -438,6 +527,9 @@ def _finish(writer: ArrowRunWriter, recorder: Recorder, ctx: RunContext, jobs, i
     }
     if interrupted_by:
         updates["interrupted_by"] = interrupted_by
-    writer.close(updates)
+    try:
+        writer.close(updates)
+    except RecordWriteError as exc:
+        write_error = write_error or exc
     if write_error is not None:
         raise write_error

@@ -108,8 +108,14 @@ async def probe_target(
     *,
     secrets: tuple[str, ...] = (),
     check_metrics: bool = True,
+    check_model: bool = True,
 ) -> TargetInfo:
-    """Probe ``base_url`` (the client's base); raise TargetError when it cannot serve a run at all."""
+    """Probe ``base_url`` (the client's base); raise TargetError when it cannot serve a run at all.
+
+    ``check_model``: when ``/v1/models`` lists models and ``model`` is not among them, fail before the
+    run with one line naming the models it does serve (a gateway that lists other names than it
+    accepts needs ``check_model=False``; one that lists none is not checked).
+    """
     safe_url = redact_url(base_url)
     version_resp = await _get(client, "/version")
     version: Any = None
@@ -139,6 +145,10 @@ async def probe_target(
         if not models:
             raise TargetError(f"target {safe_url}: no model given and /v1/models lists none: expected --model NAME")
         model = models[0]
+    elif check_model and models and model not in models:
+        shown = ", ".join(repr(m) for m in models[:10]) + (f" and {len(models) - 10} more" if len(models) > 10 else "")
+        raise TargetError(redact(f"model {model!r} (--model, else the scenario's): not served by {safe_url}: expected one of {shown} "
+                                 "(--no-model-check for a gateway whose /v1/models does not list what it accepts)", secrets))
     host = (urlsplit(base_url).hostname or "").lower()
     recorded_models = [safe_version(m, secrets) for m in models[:64]]
     info = TargetInfo(kind="unknown", base_url=safe_url, model=model, version=safe_version(version, secrets),

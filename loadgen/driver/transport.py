@@ -20,7 +20,7 @@ import anyio
 import anyio.abc
 import httpx
 
-__all__ = ["RawHTTP11Transport", "RawResponse"]
+__all__ = ["RawHTTP11Transport", "RawResponse", "SendTiming"]
 
 _READ = 65536
 
@@ -40,10 +40,32 @@ _CHUNKED = 2
 _UNTIL_CLOSE = 3
 
 
+class SendTiming:
+    """Instants (``perf_counter_ns``) of one request's way to the socket, filled in by ``open``.
+
+    ``connect_start``/``connect_end``: a new connection was opened for it (None when a kept-alive one
+    was reused); ``sent``: the request bytes were handed to the socket (None: never sent).
+    """
+
+    __slots__ = ("connect_end", "connect_start", "on_sent", "sent")
+
+    def __init__(self, sent: int | None = None, on_sent: typing.Callable[[], None] | None = None) -> None:
+        self.connect_start: int | None = None
+        self.connect_end: int | None = None
+        self.sent = sent
+        self.on_sent = on_sent  # called once the bytes are on the socket (live counters)
+
+    def mark_sent(self, instant: int) -> None:
+        first = self.sent is None
+        self.sent = instant
+        if first and self.on_sent is not None:
+            self.on_sent()
+
+
 class _Conn:
     """A connection over an anyio byte stream (any backend)."""
 
-    __slots__ = ("stream", "buf", "idle_since", "reused")
+    __slots__ = ("buf", "idle_since", "reused", "stream")
 
     def __init__(self, stream: anyio.abc.ByteStream) -> None:
         self.stream = stream
@@ -68,7 +90,7 @@ class _Conn:
 class _Protocol(asyncio.Protocol):
     """asyncio protocol feeding a _ProtoConn: data arrives by callback, no pause/resume per read."""
 
-    __slots__ = ("transport", "chunks", "waiter", "eof", "exc", "sink", "sink_eof")
+    __slots__ = ("chunks", "eof", "exc", "sink", "sink_eof", "transport", "waiter")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -158,7 +180,7 @@ class _Dechunker:
     read-until-close bodies; bytes after the end of the message are kept in ``leftover``.
     """
 
-    __slots__ = ("framing", "remaining", "complete", "leftover", "_buf", "_chunk_left", "_need_crlf", "_trailer")
+    __slots__ = ("_buf", "_chunk_left", "_need_crlf", "_trailer", "complete", "framing", "leftover", "remaining")
 
     def __init__(self, framing: int, length: int = 0) -> None:
         self.framing = framing
@@ -255,9 +277,9 @@ class _Body(httpx.AsyncByteStream):
     task switch per read.
     """
 
-    __slots__ = ("_conn", "_dechunker", "_owner", "_key", "_keep_alive", "_started")
+    __slots__ = ("_conn", "_dechunker", "_keep_alive", "_key", "_owner", "_started")
 
-    def __init__(self, conn: _Conn, framing: int, length: int, owner: "RawHTTP11Transport", key: tuple, keep_alive: bool) -> None:
+    def __init__(self, conn: _Conn, framing: int, length: int, owner: RawHTTP11Transport, key: tuple, keep_alive: bool) -> None:
         self._conn = conn
         self._dechunker = _Dechunker(framing, length)
         self._owner = owner
@@ -392,9 +414,9 @@ class _Body(httpx.AsyncByteStream):
 class RawResponse:
     """Status, head and body stream of one response on the fast path."""
 
-    __slots__ = ("status", "reason", "headers", "body")
+    __slots__ = ("body", "headers", "reason", "status")
 
-    def __init__(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]], body: "_Body") -> None:
+    def __init__(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]], body: _Body) -> None:
         self.status = status
         self.reason = reason
         self.headers = headers
@@ -587,23 +609,33 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
         return None
 
     async def open(self, origin: tuple[bytes, str, int], payload: bytes, *, head_request: bool = False,
-                   sent: _Conn | None = None) -> RawResponse:
+                   sent: _Conn | None = None, timing: SendTiming | None = None) -> RawResponse:
         """Send ``payload`` (a whole encoded request) and read the response head; the body streams.
 
         This is the driver's hot path: no Request/Response objects, one send, one head parse.
         ``sent`` is a connection ``send_nowait`` already wrote the payload on. A reused keep-alive
-        connection the server had closed is retried once on a new one.
+        connection the server had closed is retried once on a new one. ``timing`` gets the connect
+        and send instants (of the attempt that counted).
         """
+        _now = time.perf_counter_ns
         for attempt in (0, 1):
             conn = sent if attempt == 0 else None
             if conn is None:
+                if timing is not None and attempt:
+                    timing.sent = None  # the first attempt's bytes went to a connection the server had closed
                 conn = await self._pop_idle(origin)
             if conn is None:
+                if timing is not None:
+                    timing.connect_start = _now()
                 conn = await self._connect(*origin)
+                if timing is not None:
+                    timing.connect_end = _now()
             got_bytes = False
             try:
                 if conn is not sent:
                     await conn.send(payload)
+                    if timing is not None:
+                        timing.mark_sent(_now())
                 buf = conn.buf
                 while True:
                     end = buf.find(b"\r\n\r\n")

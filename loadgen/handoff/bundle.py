@@ -17,15 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from .. import __version__
 from ..analysis import Analysis, Check, analyze_run
 from ..contract import CONTRACT_FILE
 from ..errors import RunDirError
 from ..identity import sha256_file, utc_now_iso
-from ..manifest import Manifest, ScenarioRef, read_manifest
+from ..manifest import Manifest, ScenarioRef
 from ..records import MANIFEST_FILE, REQUESTS_FILE, SERVER_METRICS_FILE
+from ..rundir import has_run, read_run_manifest, read_run_table
 from ..scenario import CLASS_NAMES, load_scenario, scenario_from_manifest
 from ..sim.config import PRESETS_DIR
 from ..tomlfile import dumps_toml
@@ -57,9 +57,9 @@ def find_run_dirs(path: str | Path) -> list[Path]:
     path = Path(path)
     if not path.exists():
         raise RunDirError(f"{path}: no such directory: expected a run or plan directory")
-    if (path / MANIFEST_FILE).is_file() and (path / REQUESTS_FILE).is_file():
+    if has_run(path):
         return [path]
-    found = sorted({p.parent for p in path.rglob(REQUESTS_FILE) if (p.parent / MANIFEST_FILE).is_file()})
+    found = sorted({p.parent for p in path.rglob(REQUESTS_FILE) if has_run(p.parent)})
     if not found:
         raise RunDirError(f"{path}: no run directory ({MANIFEST_FILE} + {REQUESTS_FILE}) at or under it: "
                           "expected a run or plan directory")
@@ -68,10 +68,10 @@ def find_run_dirs(path: str | Path) -> list[Path]:
 
 def _metric_sample_counts(run_dir: Path) -> dict[str, int]:
     """Samples per server metric name (the sample count behind a memory signal)."""
-    path = run_dir / SERVER_METRICS_FILE
-    if not path.is_file():
+    table = read_run_table(run_dir, SERVER_METRICS_FILE, ["name"])
+    if table is None:
         return {}
-    counts = pc.value_counts(pq.read_table(path, columns=["name"]).column("name")).to_pylist()
+    counts = pc.value_counts(table.column("name")).to_pylist()
     return {c["values"]: int(c["counts"]) for c in counts}
 
 
@@ -114,7 +114,7 @@ def _select(path: Path) -> _Source:
     first: _Source | None = None
     for run_dir in runs:
         analysis = analyze_run(run_dir)
-        manifest = read_manifest(run_dir)
+        manifest = read_run_manifest(run_dir)
         source = _Source(run_dir, manifest, analysis, _memory_signals(manifest, analysis, run_dir), runs)
         if first is None:
             first = source

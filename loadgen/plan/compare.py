@@ -26,10 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis import Analysis, analyze_run
+from ..analysis.model import stop_sentence
 from ..analysis.whole_run import engine_busy_output_rate, whole_run_rates
 from ..errors import PlanError, RunDirError
 from ..manifest import Manifest, read_manifest
 from ..records import MANIFEST_FILE
+from ..rundir import read_run_manifest
 from ..scenario import Scenario, scenario_from_manifest
 from .contract_hook import CONTRACT_FILE, contract_status_from_file
 from .files import PLAN_FILE, REGION_FILE, read_plan_state
@@ -170,7 +172,7 @@ def load_candidate(path: str | Path) -> Candidate:
         cand.contract = contract_status_from_file(path / CONTRACT_FILE)
         return cand
     try:
-        manifest = read_manifest(path)
+        manifest = read_run_manifest(path)  # a killed run: its recovered view (state killed)
     except RunDirError:
         raise PlanError(f"{path}: neither a run directory ({MANIFEST_FILE}) nor a plan directory ({PLAN_FILE})") from None
     scenario = scenario_from_manifest(manifest)
@@ -270,6 +272,7 @@ def _judge_run(c: Candidate, route: str) -> dict[str, Any]:
                                  if ch.class_name == name and ch.evaluated}
     o = a.overall
     return {
+        "stop": stop_sentence(a.run.get("stop") or {}),
         "route_classes": classes,
         "breaches": breaches,
         "inconclusive": inconclusive,
@@ -616,6 +619,10 @@ def format_comparison(comp: Comparison) -> str:
 
     lines.append(row("", [c["label"] for c in cands]))
     lines.append(row("verdict", [c["status_line"].split(": ", 1)[1] for c in cands]))
+    stopped = [c for c in cands if c.get("stop")]
+    if stopped:
+        lines.append(row("run state", [c["context"]["measurement"]["state"] or "–" for c in cands]))
+        lines += [f"  {c['label']}: {c['stop']}" for c in stopped]
     lines.append("")
     lines.append("  1. hard budgets (class metric pctl: measured [95% CI] / limit, n; ✗ fails, ? inconclusive)")
     classes = sorted({n for c in cands for n in c.get("tails", {})})
@@ -643,9 +650,13 @@ def format_comparison(comp: Comparison) -> str:
     lines.append(row("output tok/s (whole run, incl. drain)", [_f(t.get("output_tok_s_whole_run")) for t in tp]))
     lines.append(row("output tok/s (peak 1 s)", [_f(t.get("peak_output_tok_s")) for t in tp]))
     lines.append(row("output tok per engine-busy s (capacity)", [_f(t.get("output_tok_per_engine_busy_s")) for t in tp]))
-    lines.append(row("completed req/s", [_f(t.get("completed_rps"), 2) for t in tp]))
-    lines.append(row("offered req/s", [_f(t.get("offered_rps"), 2) for t in tp]))
-    lines.append(row("goodput req/s (all budgets met)", [_f(t.get("goodput_rps"), 2) for t in tp]))
+    # the analyzer's figures under the analyzer's names (README "Metric definitions")
+    lines.append(row("offered req/s (scheduled in the window)", [_f(t.get("offered_rps"), 2) for t in tp]))
+    lines.append(row("sent req/s (bytes on the socket)", [_f(t.get("send_rps"), 2) for t in tp]))
+    lines.append(row("completed req/s (ok, done in the window)", [_f(t.get("completed_rps"), 2) for t in tp]))
+    lines.append(row("goodput req/s (completed, hard budgets met)", [_f(t.get("goodput_rps"), 2) for t in tp]))
+    lines.append(row("attainment (scheduled in the window)",
+                     ["–" if t.get("attainment") is None else f"{t['attainment']:.1%}" for t in tp]))
     if any(c.get("cost") for c in cands):
         cur = next((c["cost"].get("currency") for c in cands if c.get("cost")), "USD")
         example = any((c.get("cost") or {}).get("example_prices") for c in cands)

@@ -14,12 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from ...errors import LedgerError, LoadgenError
-from ...ledger import EngineSettings, ModelConfig, Reconciliation, read_model_config, reconcile_report
+from ...ledger import (
+    EngineSettings,
+    ModelConfig,
+    Reconciliation,
+    read_model_config,
+    reconcile_report,
+)
 from ...manifest import read_manifest
 from ...records import MANIFEST_FILE, SERVER_METRICS_FILE
+from ...rundir import read_run_table
 from .log import VLLM_LOG_NAMES, parse_vllm_log
 
 __all__ = ["engine_report", "reconcile", "reconcile_server_run"]
@@ -27,10 +33,9 @@ __all__ = ["engine_report", "reconcile", "reconcile_server_run"]
 
 def _metrics_cache_info(run_dir: Path) -> dict[str, Any]:
     """The labels of the last ``vllm:cache_config_info`` sample scraped into the run dir, or {}."""
-    path = run_dir / SERVER_METRICS_FILE
-    if not path.is_file():
+    table = read_run_table(run_dir, SERVER_METRICS_FILE, ["name", "labels"]) if run_dir.is_dir() else None
+    if table is None:
         return {}
-    table = pq.read_table(path, columns=["name", "labels"])
     rows = table.filter(pc.equal(table["name"], "vllm:cache_config_info"))
     if rows.num_rows == 0:
         return {}

@@ -1,0 +1,272 @@
+"""A record table on disk: a directory of closed Parquet part files, read back as one table.
+
+Why parts: a Parquet file is readable only once its footer is written, so a single file kept open for
+a whole run is lost to SIGKILL, power loss or a full disk. Each flush here writes one complete part
+file under a hidden temporary name, syncs it, and renames it into place: whatever a reader finds is
+whole, at every moment. At a clean close the parts are merged into one range file
+(``part-000000-000059.parquet``) and the single parts it covers are deleted; a reader that finds both
+(a crash between the two steps) reads the range file only. ``pyarrow.parquet.read_table(DIR)``, pandas
+and Spark read such a directory as one dataset (they skip the hidden ``.part-*.tmp`` names).
+
+A table written before schema version 2 is one plain file at the same path; ``table_files`` returns it.
+Part names sort in write order, so rows come back in the order they were written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import RecordWriteError, RunDirError
+from .records import COLUMNS_SINCE, SCHEMA_VERSION
+
+__all__ = [
+    "MANIFEST_METADATA_KEY",
+    "PART_METADATA_KEY",
+    "PartTable",
+    "iter_file_batches",
+    "last_part_metadata",
+    "read_table",
+    "table_files",
+    "table_rows",
+    "write_error",
+]
+
+MANIFEST_METADATA_KEY = "loadgen.manifest"
+#: Per part: {"seq", "flushed_ns", "flushed_utc", "covered_until_ns", "dispatched"} (JSON).
+PART_METADATA_KEY = "loadgen.part"
+_PART = re.compile(r"^part-(\d{6,})(?:-(\d{6,}))?\.parquet$")
+
+
+def write_error(path: Path, exc: BaseException) -> RecordWriteError:
+    """One line naming the path and the error (ENOSPC, EIO, EROFS ...)."""
+    errno = getattr(exc, "errno", None)
+    what = f"{os.strerror(errno)} (errno {errno})" if errno else (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    return RecordWriteError(path, what)
+
+
+def _fsync(path: Path, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(final: Path, write: Any, fsync: bool) -> None:
+    """``write(tmp)`` then rename to ``final``; the hidden temp file never outlives a failure."""
+    tmp = final.parent / f".{final.name}.tmp"
+    try:
+        write(tmp)
+        if fsync:
+            _fsync(tmp)
+        os.replace(tmp, final)
+        if fsync:
+            _fsync(final.parent, directory=True)
+    except BaseException as exc:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise write_error(final, exc) from None
+        raise
+
+
+class PartTable:
+    """One table being written: rows buffered in memory, written as a part per ``write_part``."""
+
+    def __init__(self, directory: Path, schema: pa.Schema, *, fsync: bool = True) -> None:
+        self.dir = directory
+        self.schema = schema
+        self.fsync = fsync
+        self.columns: dict[str, list[Any]] = {name: [] for name in schema.names}
+        self.tables: list[pa.Table] = []
+        self.rows_buffered = 0
+        self.rows_written = 0
+        self.parts: list[tuple[int, Path]] = []
+        self.seq = 0
+        try:
+            self.dir.mkdir()
+        except OSError as exc:
+            raise write_error(self.dir, exc) from None
+
+    def append(self, row: dict[str, Any]) -> None:
+        for name, column in self.columns.items():
+            column.append(row.get(name))
+        self.rows_buffered += 1
+
+    def append_columns(self, columns: dict[str, list[Any]]) -> None:
+        n = len(next(iter(columns.values())))
+        for name, column in self.columns.items():
+            values = columns.get(name)
+            column.extend(values if values is not None else [None] * n)
+        self.rows_buffered += n
+
+    def append_table(self, table: pa.Table) -> None:
+        """A ready Arrow table in this schema (kept after the rows buffered before it)."""
+        self._fold_columns()
+        self.tables.append(table)
+        self.rows_buffered += table.num_rows
+
+    def _fold_columns(self) -> None:
+        if self.columns[self.schema.names[0]]:
+            self.tables.append(pa.Table.from_pydict(self.columns, schema=self.schema))
+            for column in self.columns.values():
+                column.clear()
+
+    def take(self) -> pa.Table | None:
+        """Everything buffered as one table (None when nothing is), and the buffer emptied."""
+        self._fold_columns()
+        if not self.tables:
+            return None
+        table = pa.concat_tables(self.tables) if len(self.tables) > 1 else self.tables[0]
+        self.tables = []
+        self.rows_buffered = 0
+        return table
+
+    def write_part(self, table: pa.Table, manifest_json: str | None, part: dict[str, Any]) -> Path:
+        """Write ``table`` as the next part file (complete, synced, renamed into place); ``manifest_json``
+        goes into its metadata when given (the first part and merged files carry the manifest)."""
+        final = self.dir / f"part-{self.seq:06d}.parquet"
+        meta = {PART_METADATA_KEY: json.dumps({"seq": self.seq, **part})}
+        if manifest_json is not None:
+            meta[MANIFEST_METADATA_KEY] = manifest_json
+        # small parts: statistics and dictionaries cost more than they save (the merged file has both)
+        _write_atomic(final, lambda tmp: pq.write_table(table.replace_schema_metadata(meta), tmp, compression="zstd",
+                                                        write_statistics=False, use_dictionary=False), self.fsync)
+        self.parts.append((self.seq, final))
+        self.seq += 1
+        self.rows_written += table.num_rows
+        return final
+
+    def compact(self, manifest_json: str, part: dict[str, Any], row_group_rows: int) -> None:
+        """Merge the parts into one range file, then delete them (a reader prefers the range file)."""
+        if len(self.parts) < 2:
+            return
+        first, last = self.parts[0][0], self.parts[-1][0]
+        final = self.dir / f"part-{first:06d}-{last:06d}.parquet"
+        meta = {MANIFEST_METADATA_KEY: manifest_json, PART_METADATA_KEY: json.dumps({"seq": last, **part})}
+
+        def write(tmp: Path) -> None:
+            with pq.ParquetWriter(tmp, self.schema.with_metadata(meta), compression="zstd") as out:
+                pending: list[pa.Table] = []
+                rows = 0
+                for _, path in self.parts:
+                    table = pq.read_table(path).select(self.schema.names).cast(self.schema)
+                    pending.append(table)
+                    rows += table.num_rows
+                    if rows >= row_group_rows:
+                        out.write_table(pa.concat_tables(pending), row_group_size=row_group_rows)
+                        pending, rows = [], 0
+                if pending:
+                    out.write_table(pa.concat_tables(pending), row_group_size=row_group_rows)
+
+        _write_atomic(final, write, self.fsync)
+        for _, path in self.parts:
+            path.unlink(missing_ok=True)
+        if self.fsync:
+            _fsync(self.dir, directory=True)
+        self.parts = [(last, final)]
+
+
+def table_files(path: Path) -> list[Path]:
+    """The files of a table in write order: the file itself (schema v1), or its part files."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        return []
+    singles: dict[int, Path] = {}
+    ranges: list[tuple[int, int, Path]] = []
+    for entry in os.scandir(path):
+        m = _PART.match(entry.name)
+        if m is None:
+            continue
+        if m.group(2) is None:
+            singles[int(m.group(1))] = path / entry.name
+        else:
+            ranges.append((int(m.group(1)), int(m.group(2)), path / entry.name))
+    items = [(a, p) for a, _, p in ranges]
+    items += [(s, p) for s, p in singles.items() if not any(a <= s <= b for a, b, _ in ranges)]
+    return [p for _, p in sorted(items)]
+
+
+def _open(path: Path) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise RunDirError(f"{path}: unreadable Parquet ({exc}): expected a file written by loadgen") from None
+
+
+def _conform(table: pa.Table, schema: pa.Schema, wanted: list[str], path: Path) -> pa.Table:
+    """Columns ``wanted`` in ``schema``'s types; columns added since an older schema version read as null."""
+    missing = [c for c in wanted if c not in table.column_names]
+    bad = [c for c in missing if c not in COLUMNS_SINCE]
+    if bad:
+        raise RunDirError(f"{path}: missing column(s) {bad}: expected the loadgen record schema v{SCHEMA_VERSION}")
+    for name in missing:
+        table = table.append_column(name, pa.nulls(table.num_rows, schema.field(name).type))
+    target = pa.schema([schema.field(c) for c in wanted])
+    try:
+        return table.select(wanted).cast(target)
+    except (pa.ArrowException, ValueError) as exc:
+        detail = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        raise RunDirError(f"{path}: a column of the wrong type ({detail}): expected the loadgen record schema "
+                          f"v{SCHEMA_VERSION}") from None
+
+
+def read_table(path: Path, schema: pa.Schema, columns: list[str] | None = None) -> pa.Table | None:
+    """The whole table (``columns`` of it) in ``schema``'s types; None when the table does not exist."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    wanted = list(columns) if columns is not None else list(schema.names)
+    tables = []
+    for file in table_files(path):
+        pf = _open(file)
+        have = set(pf.schema_arrow.names)
+        try:
+            table = pf.read(columns=[c for c in wanted if c in have])
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise RunDirError(f"{file}: unreadable Parquet ({exc}): expected a file written by loadgen") from None
+        tables.append(_conform(table, schema, wanted, file))
+    if not tables:
+        return pa.schema([schema.field(c) for c in wanted]).empty_table()
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+
+
+def iter_file_batches(files: list[Path], columns: list[str], batch_size: int) -> Iterator[tuple[Path, pa.RecordBatch]]:
+    """Record batches of ``columns`` over a table's ``files`` (``table_files``), in order: (file, batch)."""
+    for file in files:
+        pf = _open(file)
+        missing = [c for c in columns if c not in pf.schema_arrow.names]
+        if missing:
+            raise RunDirError(f"{file}: missing column(s) {missing}: expected the loadgen record schema v{SCHEMA_VERSION}")
+        for batch in pf.iter_batches(batch_size=batch_size, columns=columns):
+            yield file, batch
+
+
+def table_rows(path: Path) -> int:
+    """Rows of a table from the file footers alone."""
+    return sum(_open(file).metadata.num_rows for file in table_files(path))
+
+
+def last_part_metadata(path: Path) -> dict[str, Any] | None:
+    """The ``loadgen.part`` metadata of a table's last file (None for schema v1 files, or none written)."""
+    files = table_files(path)
+    if not files:
+        return None
+    meta = _open(files[-1]).schema_arrow.metadata or {}
+    raw = meta.get(PART_METADATA_KEY.encode())
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None
