@@ -11,14 +11,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     check = s.add_parser("check", help="validate a scenario TOML file (one-line error on the first problem)")
     check.add_argument("file")
     check.set_defaults(func=_check)
-    init = s.add_parser("init", help="copy the shipped presets (scenario, engines, plans, contract cases, prices) into DIR")
+    init = s.add_parser(
+        "init", help="copy the shipped presets (scenario, engines, plans, contract cases, prices) into DIR"
+    )
     init.add_argument("dir", help="directory to create or fill (same layout as the source tree's scenarios/)")
     init.add_argument("--force", action="store_true", help="overwrite presets already in DIR")
     init.set_defaults(func=_init)
 
 
 def _init(args: argparse.Namespace) -> int:
-    from ..presets import copy_presets
+    from ..presets import copy_presets  # deferred: `loadgen --help` loads no library code
 
     written = copy_presets(args.dir, force=args.force)
     print(f"{args.dir}: {len(written)} preset files copied:")
@@ -28,7 +30,7 @@ def _init(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ..scenario import load_scenario
+    from ..scenario import load_scenario  # deferred: `loadgen --help` loads no library code
 
     scenario = load_scenario(args.file)
     print(f"{args.file}: ok: scenario {scenario.name!r} sha256 {scenario.sha256[:12]}")

@@ -73,8 +73,9 @@ class SSEDecoder:
         self.max_line_bytes = max_line_bytes
 
     def _too_long(self, size: int, what: str = "line") -> SSELineTooLong:
-        return SSELineTooLong(f"SSE {what} of {size} bytes exceeds the cap of {self.max_line_bytes} bytes "
-                              "(--max-sse-line-bytes)")
+        return SSELineTooLong(
+            f"SSE {what} of {size} bytes exceeds the cap of {self.max_line_bytes} bytes (--max-sse-line-bytes)"
+        )
 
     def _keep_partial(self, piece: bytes) -> None:
         if piece:
@@ -251,6 +252,14 @@ def parse_chunk(payload: bytes) -> Chunk:
         prompt_tokens = usage.get("prompt_tokens")
         completion_tokens = usage.get("completion_tokens")
     return Chunk(
-        text, pieces, len(choices) if choices else 0, finish, prompt_tokens, completion_tokens,
-        obj.get("model"), obj.get("system_fingerprint"), None, None,
+        text,
+        pieces,
+        len(choices) if choices else 0,
+        finish,
+        prompt_tokens,
+        completion_tokens,
+        obj.get("model"),
+        obj.get("system_fingerprint"),
+        None,
+        None,
     )

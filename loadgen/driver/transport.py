@@ -19,6 +19,7 @@ import typing
 import anyio
 import anyio.abc
 import httpx
+import sniffio
 
 __all__ = ["RawHTTP11Transport", "RawResponse", "SendTiming"]
 
@@ -27,11 +28,11 @@ _READ = 65536
 
 def _on_asyncio() -> bool:
     try:
-        import sniffio
-
         return sniffio.current_async_library() == "asyncio"
-    except Exception:  # noqa: BLE001 - no async library detected: use anyio streams
+    except Exception:
         return False
+
+
 _MAX_HEAD = 1 << 20
 
 _NONE = 0  # no body
@@ -279,7 +280,9 @@ class _Body(httpx.AsyncByteStream):
 
     __slots__ = ("_conn", "_dechunker", "_keep_alive", "_key", "_owner", "_started")
 
-    def __init__(self, conn: _Conn, framing: int, length: int, owner: RawHTTP11Transport, key: tuple, keep_alive: bool) -> None:
+    def __init__(
+        self, conn: _Conn, framing: int, length: int, owner: RawHTTP11Transport, key: tuple, keep_alive: bool
+    ) -> None:
         self._conn = conn
         self._dechunker = _Dechunker(framing, length)
         self._owner = owner
@@ -358,7 +361,7 @@ class _Body(httpx.AsyncByteStream):
                     done.set_result(None)
                 elif stop:
                     done.set_result(None)
-            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+            except BaseException as exc:
                 done.set_exception(exc)
 
         def on_eof(exc: BaseException | None) -> None:
@@ -370,7 +373,7 @@ class _Body(httpx.AsyncByteStream):
             try:
                 dechunker.eof()
                 done.set_result(None)
-            except BaseException as err:  # noqa: BLE001
+            except BaseException as err:
                 done.set_exception(err)
 
         # bytes that arrived before we attached, then the callback for the rest
@@ -487,7 +490,11 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
 
     def _ssl_context(self) -> ssl.SSLContext:
         if self._ssl is None:
-            self._ssl = self._verify if isinstance(self._verify, ssl.SSLContext) else httpx.create_ssl_context(verify=self._verify)
+            self._ssl = (
+                self._verify
+                if isinstance(self._verify, ssl.SSLContext)
+                else httpx.create_ssl_context(verify=self._verify)
+            )
         return self._ssl
 
     async def _connect(self, scheme: bytes, host: str, port: int) -> _Conn:
@@ -507,8 +514,14 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
                     self.opened += 1
                     return _ProtoConn(proto)
                 if scheme == b"https":
-                    stream = await anyio.connect_tcp(host, port, tls=True, ssl_context=self._ssl_context(),
-                                                     tls_hostname=host, tls_standard_compatible=False)
+                    stream = await anyio.connect_tcp(
+                        host,
+                        port,
+                        tls=True,
+                        ssl_context=self._ssl_context(),
+                        tls_hostname=host,
+                        tls_standard_compatible=False,
+                    )
                 else:
                     stream = await anyio.connect_tcp(host, port)
         except TimeoutError:
@@ -542,8 +555,15 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
     def idle_count(self, origin: tuple[bytes, str, int]) -> int:
         return len(self._idle.get(origin, ()))
 
-    async def keep_idle(self, origin: tuple[bytes, str, int], low: int, high: int, *, interval_s: float = 0.005,
-                        task_status=anyio.TASK_STATUS_IGNORED) -> None:
+    async def keep_idle(
+        self,
+        origin: tuple[bytes, str, int],
+        low: int,
+        high: int,
+        *,
+        interval_s: float = 0.005,
+        task_status=anyio.TASK_STATUS_IGNORED,
+    ) -> None:
         """Keep at least ``low`` idle connections open (refilling to ``high``) until cancelled.
 
         Connecting is then off the send path: a request due at its deadline finds a connection
@@ -608,8 +628,15 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
             return conn
         return None
 
-    async def open(self, origin: tuple[bytes, str, int], payload: bytes, *, head_request: bool = False,
-                   sent: _Conn | None = None, timing: SendTiming | None = None) -> RawResponse:
+    async def open(
+        self,
+        origin: tuple[bytes, str, int],
+        payload: bytes,
+        *,
+        head_request: bool = False,
+        sent: _Conn | None = None,
+        timing: SendTiming | None = None,
+    ) -> RawResponse:
         """Send ``payload`` (a whole encoded request) and read the response head; the body streams.
 
         This is the driver's hot path: no Request/Response objects, one send, one head parse.

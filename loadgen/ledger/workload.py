@@ -67,10 +67,14 @@ def class_lengths(scenario: Scenario, *, n: int = 20_000, seed: int | None = Non
         big = max((g for g in groups), key=lambda g: g.prefix_tokens, default=None)
         out.append(
             ClassLengths(
-                name=name, samples=len(totals),
-                prompt_p50=p_prompt[0], prompt_p99=p_prompt[1],
-                output_p50=p_out[0], output_p99=p_out[1],
-                total_p50=p_total[0], total_p99=p_total[1],
+                name=name,
+                samples=len(totals),
+                prompt_p50=p_prompt[0],
+                prompt_p99=p_prompt[1],
+                output_p50=p_out[0],
+                output_p99=p_out[1],
+                total_p50=p_total[0],
+                total_p99=p_total[1],
                 prefix_tokens_mean=float(sum(g.share * g.prefix_tokens for g in groups)),
                 prefix_tokens=int(big.prefix_tokens) if big else 0,
                 prefix_share=float(big.share) if big else 0.0,
