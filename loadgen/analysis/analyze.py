@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -240,6 +240,8 @@ def _nice_bin(span_s: float) -> float:
 
 
 def _counts(values: np.ndarray, labels: tuple[str, ...] | None = None) -> dict[str, int]:
+    keys: np.ndarray | list[Any]
+    counts: np.ndarray | list[Any]
     keys, counts = np.unique(values.astype(str), return_counts=True) if len(values) else ([], [])
     out = {str(k): int(c) for k, c in zip(keys, counts)}
     if labels is not None:
@@ -377,6 +379,7 @@ class _Run:
         self.cold, self.cold_rule = self._cold()
         self.scope = self.in_window & (~self.cold if not include_cold else True)
         self.include_cold = include_cold
+        names: np.ndarray | list[Any]
         names, codes = (
             np.unique(c["request_class"].astype(str), return_inverse=True) if self.n else ([], np.empty(0, int))
         )
@@ -528,7 +531,7 @@ def pd_isnull(values: np.ndarray) -> np.ndarray:
 
 
 def _budgets_and_goodput(run: _Run, groups: dict[str, GroupSummary], overall: GroupSummary) -> list[Check]:
-    scenario = run.scenario
+    scenario = cast(Scenario, run.scenario)  # called only for a run with a scenario (see analyze)
     checks: list[Check] = []
     n = run.n
     good_ttft = np.ones(n, dtype=bool)
@@ -573,6 +576,7 @@ def _budgets_and_goodput(run: _Run, groups: dict[str, GroupSummary], overall: Gr
             budget = getattr(cls.budgets, metric)
             if budget is None or not budget.limits():
                 continue
+            sample: np.ndarray | SortedParts
             if metric == "itl_ms":
                 sample = SortedParts([run.itl_desc[ci], run.itl_fail[ci]] if ci >= 0 else [])
                 n_inf = 0

@@ -39,6 +39,7 @@ def json_ready(value: Any) -> Any:
 
 def stop_sentence(stop: dict[str, Any]) -> str | None:
     """One line on how a run that did not complete normally ended (None for a normal complete run)."""
+    state: Any  # a manifest's stop state: a string when the run did not complete
     state, by, at, covered = (
         stop.get("state"),
         stop.get("stopped_by"),

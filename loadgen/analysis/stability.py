@@ -97,6 +97,6 @@ def assess_stability(
         lambda_rps=lam,
         W_s=w_s,
         lambda_W=rhs,
-        relative_difference=(abs(l_avg - rhs) / rhs) if rhs else None,
+        relative_difference=(abs(l_avg - rhs) / rhs) if rhs and l_avg is not None else None,
     )
     return out

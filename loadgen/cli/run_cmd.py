@@ -133,9 +133,10 @@ def _run(args: argparse.Namespace) -> int:
     manifest = read_manifest(run_dir)
     counts = ", ".join(f"{k} {v}" for k, v in manifest.status_counts.items() if v)
     lag = manifest.send_lag_ns or {}
+    lag_p50, lag_p99 = lag.get("p50"), lag.get("p99")
     lag_text = (
-        f"send lag p50 {lag['p50'] / 1e3:.0f} µs, p99 {lag['p99'] / 1e3:.0f} µs"
-        if lag.get("p99") is not None
+        f"send lag p50 {lag_p50 / 1e3:.0f} µs, p99 {lag_p99 / 1e3:.0f} µs"
+        if lag_p50 is not None and lag_p99 is not None  # LagStats.summary: all set, or all None
         else "send lag n/a"
     )
     print(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import cast
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +34,8 @@ def _check(args: argparse.Namespace) -> int:
     from ..scenario import load_scenario  # deferred: `loadgen --help` loads no library code
 
     scenario = load_scenario(args.file)
-    print(f"{args.file}: ok: scenario {scenario.name!r} sha256 {scenario.sha256[:12]}")
+    sha256 = cast(str, scenario.sha256)  # load_scenario always records the file's sha256
+    print(f"{args.file}: ok: scenario {scenario.name!r} sha256 {sha256[:12]}")
     for name, cls in scenario.classes.items():
         budgets = []
         for metric in ("ttft_ms", "itl_ms", "e2e_ms"):

@@ -130,7 +130,9 @@ def _serve(args: argparse.Namespace) -> int:
             ),
             flush=True,
         )
-        while server.proc.poll() is None:
+        proc = server.proc
+        assert proc is not None  # start() launched it
+        while proc.poll() is None:
             time.sleep(1)
         return 1
     except KeyboardInterrupt:

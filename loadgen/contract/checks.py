@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -173,7 +174,7 @@ def _control(check: ControlCheck, obs: Observed, case: Case) -> CheckOutcome:
     return CheckOutcome("control", not problems, "; ".join(expected) or "nothing", "; ".join(problems) or "respected")
 
 
-_DISPATCH = {
+_DISPATCH: dict[str, Callable[[Any, Observed, Case], CheckOutcome]] = {
     "target": _target,
     "citation": _citation,
     "abstention": _abstention,

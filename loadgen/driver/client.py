@@ -16,7 +16,7 @@ else from the run's tokenizer on the delta text (cached).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,7 +65,7 @@ class RunContext:
     secrets: tuple[str, ...] = ()
     retain_completion_text: bool = False
     warm_state: str = "unknown"  # warm | cold | unknown
-    timeouts: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)  # class -> (ttft, total) ns
+    timeouts: Mapping[str, tuple[int | None, int | None]] = field(default_factory=dict)  # class -> (ttft, total) ns
     max_sse_line_bytes: int = DEFAULT_MAX_LINE_BYTES  # a longer SSE line fails its request as malformed_sse
     lag: LagStats = field(default_factory=LagStats)
     # live counters (progress display, manifest)
@@ -479,7 +479,7 @@ def _record(
         row["connect_start_ns"] = timing.connect_start - anchor
     if timing.connect_end is not None:
         row["connect_end_ns"] = timing.connect_end - anchor
-    if sent:
+    if timing.sent is not None:  # sent
         ctx.done += 1
         row["sent_ns"] = timing.sent - anchor
     if sent or error_kind != "run_interrupted":  # finished, or given up (queue timeout, refused): it left
@@ -515,7 +515,7 @@ def _record(
             recent.append(state.first_token - row["scheduled_ns"])
             if len(recent) > 4096:
                 del recent[:2048]
-    chunk_cols = None
+    chunk_cols: dict[str, list[Any]] | None = None
     if arrivals:
         chunk_cols = {
             "request_id": [job.request_id] * len(arrivals),

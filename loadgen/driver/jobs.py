@@ -10,6 +10,7 @@ up front so the send path only writes bytes.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ import pyarrow as pa
 from ..errors import TargetError
 from ..prompts import PromptSynth, get_tokenizer, prompt_sha256
 
+_dumps: Callable[[Any], bytes]
 try:
     from orjson import dumps as _dumps
 except ImportError:  # pragma: no cover
@@ -160,7 +162,7 @@ def build_jobs(
         if conv is not None:
             threads[conv] = (segments, p_tokens, o_tokens)
         if endpoint == "chat":
-            messages = []
+            messages: list[dict[str, str]] = []
             for role, text, _ in segments:
                 if messages and messages[-1]["role"] == role:
                     messages[-1]["content"] += " " + text

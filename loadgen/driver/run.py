@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
@@ -186,14 +186,15 @@ async def _prepare_jobs(
     extensions = options.vllm_extensions == "on" or (options.vllm_extensions == "auto" and info.kind != "managed")
     retain_prompt = bool(scenario and scenario.privacy.retain_prompt_text)
     t_build = time.perf_counter()
+    model = cast(str, info.model)  # probe_target resolves the model (given, or the first served) or raises
     tokenizer = resolve_tokenizer(
-        options.tokenizer, root, info.model, {k: v for k, v in headers.items() if k == "authorization"}
+        options.tokenizer, root, model, {k: v for k, v in headers.items() if k == "authorization"}
     )
     try:
         jobs = await anyio.to_thread.run_sync(
             lambda: build_jobs(
                 inputs.table,
-                model=info.model,
+                model=model,
                 endpoint=inputs.endpoint,
                 tokenizer=tokenizer,
                 retain_prompt_text=retain_prompt,

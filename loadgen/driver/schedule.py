@@ -15,6 +15,7 @@ import heapq
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import cast
 
 import anyio
 import anyio.lowlevel
@@ -167,9 +168,10 @@ class LagStats:
         if not self.values:
             return {"p50": None, "p99": None, "max": None, "n": 0}
         arr = np.sort(np.asarray(self.values, dtype=np.int64))
+        # nearest rank of a non-empty int64 array: an observed value, a Python int
         return {
-            "p50": percentile_nearest_rank(arr, 0.50),
-            "p99": percentile_nearest_rank(arr, 0.99),
+            "p50": cast(int, percentile_nearest_rank(arr, 0.50)),
+            "p99": cast(int, percentile_nearest_rank(arr, 0.99)),
             "max": int(arr[-1]),
             "n": len(arr),
         }

@@ -9,8 +9,10 @@ here allocates per chunk beyond the decoded JSON and one small tuple.
 from __future__ import annotations
 
 import json
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
+_loads: Callable[[bytes], Any]
 try:  # orjson is ~3x faster on these small objects; optional.
     from orjson import loads as _loads
 except ImportError:  # pragma: no cover - depends on the environment

@@ -69,18 +69,21 @@ class _Conn:
     __slots__ = ("buf", "idle_since", "reused", "stream")
 
     def __init__(self, stream: anyio.abc.ByteStream) -> None:
-        self.stream = stream
+        self.stream: anyio.abc.ByteStream | None = stream  # None on a _ProtoConn (no stream)
         self.buf = b""
         self.idle_since = 0.0
         self.reused = False
 
     async def send(self, data: bytes) -> None:
+        assert self.stream is not None  # set in __init__; only _ProtoConn (which overrides this) has none
         await self.stream.send(data)
 
     async def receive(self) -> bytes:
+        assert self.stream is not None
         return await self.stream.receive(_READ)
 
     async def aclose(self) -> None:
+        assert self.stream is not None
         with anyio.CancelScope(shield=True):
             try:
                 await self.stream.aclose()
@@ -102,7 +105,7 @@ class _Protocol(asyncio.Protocol):
         self.sink: typing.Callable[[bytes], None] | None = None  # set while a body streams by callback
         self.sink_eof: typing.Callable[[BaseException | None], None] | None = None
 
-    def connection_made(self, transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport) -> None:
         self.transport = transport
 
     def _wake(self) -> None:
@@ -283,7 +286,7 @@ class _Body(httpx.AsyncByteStream):
     def __init__(
         self, conn: _Conn, framing: int, length: int, owner: RawHTTP11Transport, key: tuple, keep_alive: bool
     ) -> None:
-        self._conn = conn
+        self._conn: _Conn | None = conn  # None once handed back or closed
         self._dechunker = _Dechunker(framing, length)
         self._owner = owner
         self._key = key
@@ -296,6 +299,7 @@ class _Body(httpx.AsyncByteStream):
 
     def _take_buffered(self) -> bytes:
         conn = self._conn
+        assert conn is not None  # callers return early when the connection is gone
         data, conn.buf = conn.buf, b""
         return data
 
@@ -498,15 +502,22 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
         return self._ssl
 
     async def _connect(self, scheme: bytes, host: str, port: int) -> _Conn:
+        stream: anyio.abc.ByteStream
         try:
             with anyio.fail_after(self._connect_timeout_s):
                 if _on_asyncio():
                     loop = asyncio.get_running_loop()
-                    tls = {"ssl": self._ssl_context(), "server_hostname": host} if scheme == b"https" else {}
+                    https = scheme == b"https"
                     address = self._addresses.get((host, port))
                     # the first connection resolves the name (trying every address); later ones reuse
                     # the address that answered, so a burst of new connections does no DNS
-                    transport, proto = await loop.create_connection(_Protocol, address or host, port, **tls)
+                    transport, proto = await loop.create_connection(
+                        _Protocol,
+                        address or host,
+                        port,
+                        ssl=self._ssl_context() if https else None,  # None, None: create_connection's defaults
+                        server_hostname=host if https else None,
+                    )
                     if address is None:
                         peer = transport.get_extra_info("peername")
                         if peer:
@@ -692,6 +703,7 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
                 await conn.aclose()
                 raise
             break
+        assert conn is not None  # each attempt breaks with a connection, continues (only the first) or raises
         framing, length, keep_alive = _NONE, 0, True
         te = cl = None
         for name, value in headers:

@@ -90,7 +90,7 @@ class ModelConfig:
     @property
     def kv_head_dim(self) -> int:
         """Elements stored per KV head per token for K (and again for V unless MLA)."""
-        if self.is_mla:
+        if self.kv_lora_rank is not None:  # is_mla
             return int(self.kv_lora_rank) + int(self.qk_rope_head_dim or 0)
         return self.head_dim
 

@@ -24,6 +24,7 @@ block_size 128; the GPU build uses total × gpu_memory_utilization − profiled 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import LedgerError
 from .config import ModelConfig, dtype_bytes, read_model_config
@@ -147,7 +148,7 @@ def kv_spec(model: ModelConfig, engine: EngineSettings) -> KVSpec:
 
 
 def kv_blocks_for_budget(
-    model: ModelConfig | str,
+    model: ModelConfig | str | Path,
     engine: EngineSettings | None = None,
     kv_bytes: int | None = None,
     *,

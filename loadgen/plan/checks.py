@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -292,7 +292,7 @@ def _error_rate(out: RunJudgement, analysis: Any, limits: StopLimits, statuses: 
         n,
         "overall " + check.reason.replace("error share", "error rate", 1),
         check.outcome,
-        tuple(check.ci) if check.ci else None,
+        cast("tuple[float, float]", tuple(check.ci)) if check.ci else None,  # a Wilson interval: [low, high]
         check.more_requests,
     )
     (out.failed if check.outcome == "fail" else out.inconclusive).append(record)
@@ -305,6 +305,7 @@ def run_figures(analysis: Analysis, manifest: Manifest) -> dict[str, Any]:
     """Numbers a region table shows per run: offered vs completed, tails with counts."""
     overall = analysis.overall
     lag = manifest.send_lag_ns or {}
+    lag_p99 = lag.get("p99")
     per_class = {}
     for name, group in analysis.classes.items():
         ttft = group.metrics.get("ttft_ms") or {}
@@ -324,7 +325,7 @@ def run_figures(analysis: Analysis, manifest: Manifest) -> dict[str, Any]:
         "prompt_tok_s": overall.prompt_tok_s,
         "output_tok_s": overall.output_tok_s,
         "goodput_rps": overall.goodput_rps,
-        "send_lag_p99_ms": (lag.get("p99") / 1e6) if lag.get("p99") is not None else None,
+        "send_lag_p99_ms": (lag_p99 / 1e6) if lag_p99 is not None else None,
         "classes": per_class,
     }
 

@@ -55,7 +55,7 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 def read_plan_state(path: Path) -> dict[str, Any]:
     """plan.json of an earlier invocation, checked before resuming from it (one PlanError line if damaged)."""
     state = read_json_object(path, "the plan state loadgen wrote (or a new --out)", PlanError)
-    shapes = {
+    shapes: dict[str, type | tuple[type, ...]] = {
         "kind": str,
         "plan": dict,
         "target": dict,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from .cells import CellCoord
@@ -414,10 +415,10 @@ class Walk:
     def _lines(self, cls: str, state: str) -> list[tuple[int, Callable[[], dict[str, Any]], dict[str, Any]]]:
         if self.spec.search.dimension == "concurrency":
             return [
-                (i, (lambda i=i: self.walk_concurrency_line(cls, state, i)), {"rate_index": i})
+                (i, partial(self.walk_concurrency_line, cls, state, i), {"rate_index": i})
                 for i in range(len(self.spec.rate_steps))
             ]
-        return [(c, (lambda c=c: self.walk_line(cls, state, c)), {"concurrency": c}) for c in self.spec.concurrency]
+        return [(c, partial(self.walk_line, cls, state, c), {"concurrency": c}) for c in self.spec.concurrency]
 
     def walk(self) -> str:
         """Walk every line; returns why it ended ("complete"; a budget or run limit raises instead)."""

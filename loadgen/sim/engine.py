@@ -57,7 +57,7 @@ class Seq:
         arrival_ns: int,
         *,
         priority: int = 0,
-        cache_key: str | None = None,
+        cache_key: str | int | None = None,
         cache_limit_tokens: int | None = None,
         chain: list[int] | None = None,
         ctx: Any = None,
@@ -145,8 +145,8 @@ class Engine:
         self.waiting: deque[Seq] = deque()
         self._waiting_keys: list[tuple[int, int, int]] = []  # priority policy: sorted (prio, arrival, idx)
         self.running: list[Seq] = []
-        self.cache: dict[str, _Entry] = {}
-        self.evictable: OrderedDict[str, _Entry] = OrderedDict()
+        self.cache: dict[str | int, _Entry] = {}
+        self.evictable: OrderedDict[str | int, _Entry] = OrderedDict()
         self.used_private = 0
         self.cached_total = 0
         self.cached_pinned = 0

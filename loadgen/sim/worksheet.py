@@ -13,7 +13,7 @@ import heapq
 from array import array
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -226,7 +226,7 @@ def _run_virtual_time(engine: Engine, client: _Client, offsets: list[int]) -> _S
             client.arrive(ptr, offsets[ptr])
             ptr += 1
         while delayed and delayed[0][0] <= t:
-            engine.add(client.seqs[heapq.heappop(delayed)[1]])
+            engine.add(cast(Seq, client.seqs[heapq.heappop(delayed)[1]]))  # arrive() stored it before queueing
         if not engine.has_work:
             nxt = _next_event(offsets, ptr, delayed)
             if nxt is None:
@@ -350,6 +350,7 @@ def _request_rows(
                 ttft_s.append((first - seq.arrival_ns) / _NS)
             row_status, kind = _stream_outcome(plan, cols["cancel_after_tokens"][i], out_tokens, seq.max_out, kind)
         finished_ok = row_status == STATUS_OK or kind == "malformed_sse"
+        sent_ns = sent[i]
         rows.append(
             empty_request_row(
                 request_id=cols["request_id"][i],
@@ -359,10 +360,10 @@ def _request_rows(
                 prefix_group=cols["prefix_group"][i],
                 warm=True,
                 scheduled_ns=offsets[i],
-                slot_acquired_ns=sent[i],
-                sent_ns=sent[i],
-                first_byte_ns=(sent[i] + (int(plan.slow_start_s * _NS) if plan else 0))
-                if sent[i] is not None
+                slot_acquired_ns=sent_ns,
+                sent_ns=sent_ns,
+                first_byte_ns=(sent_ns + (int(plan.slow_start_s * _NS) if plan else 0))
+                if sent_ns is not None
                 else None,
                 first_token_ns=first,
                 last_token_ns=last,

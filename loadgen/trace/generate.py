@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -89,7 +89,7 @@ def arrival_times(
             if settings.process == "poisson":
                 gaps = rng.exponential(1.0 / rate, n)
             else:
-                shape = 1.0 / float(settings.cv) ** 2
+                shape = 1.0 / float(cast(float, settings.cv)) ** 2  # gamma requires cv (TraceSettings)
                 gaps = rng.gamma(shape, 1.0 / (rate * shape), n)
             cum = t0 + np.cumsum(gaps)
             times.append(cum[cum < duration])
@@ -152,7 +152,7 @@ def _arrivals_and_classes(
     """
     base_dir = scenario.base_dir()
     turns_mean = np.array(
-        [mean(scenario.classes[n].thread.turns, base_dir) if scenario.classes[n].thread else 1.0 for n in names]
+        [mean(thread.turns, base_dir) if (thread := scenario.classes[n].thread) else 1.0 for n in names]
     )
     normal_p, z_normal = _session_weights(names, turns_mean, scenario.class_shares(trace_name))
     burst_p, z_burst = _session_weights(names, turns_mean, scenario.class_shares(trace_name, in_burst=True))
@@ -173,6 +173,7 @@ class _ClassRows:
         base_dir = scenario.base_dir()
         settings = scenario.traces[trace_name]
         cls = scenario.classes[cname]
+        thread = cls.thread
         self.cname, self.cls = cname, cls
         self.groups = [g for g in scenario.cache.prefix_groups if g.classes is None or cname in g.classes]
         self.is_thread = cls.thread is not None
@@ -182,8 +183,8 @@ class _ClassRows:
         streams = _rng_streams(seed, f"{trace_name}/{cname}", 6)
         rng_in, rng_out, rng_cancel, rng_turns, rng_think, rng_cancel_n = streams
         self.turns = (
-            sample_tokens(cls.thread.turns, rng_turns, n_sessions, base_dir)
-            if self.is_thread
+            sample_tokens(thread.turns, rng_turns, n_sessions, base_dir)
+            if thread is not None  # self.is_thread
             else np.ones(n_sessions, np.int64)
         )
         _check_sampled(scenario, f"classes.{cname}.thread.turns", self.turns, MAX_TURNS)
@@ -199,8 +200,8 @@ class _ClassRows:
         _check_sampled(scenario, f"classes.{cname}.output_tokens", self.outs, MAX_TOKENS)
         self.where = f"{scenario.source_path or scenario.name}: classes.{cname}"
         self.think_s = (
-            sample(cls.thread.think_time_s, rng_think, total_turns, base_dir)
-            if self.is_thread
+            sample(thread.think_time_s, rng_think, total_turns, base_dir)
+            if thread is not None  # self.is_thread
             else np.zeros(total_turns)
         )
         self.cancel_u = rng_cancel.random(total_turns)

@@ -73,7 +73,9 @@ def _read_azure(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[An
     expected = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
     if header is None or [h.strip() for h in header] != expected:
         raise TraceError(f"{path}: header = {header!r}: expected {','.join(expected)} (Azure LLM inference trace 2023)")
-    times, prompts, outputs = [], [], []
+    times: list[int] = []
+    prompts: list[int] = []
+    outputs: list[int] = []
     for row_no, row in enumerate(reader, start=2):
         if not row:
             continue
