@@ -113,7 +113,9 @@ def generate_run(run_dir: Path, n_requests: int, n_chunks: int, seed: int = 7) -
         "chunk_count": pa.array(counts.astype(np.int32)),
         "cancel_after_tokens": pa.array(np.full(n_requests, 8, dtype=np.int32), mask=status != 3),
         "status": pa.array(np.array(["ok", "error", "timeout", "cancelled", "cancelled"])[status]),
-        "error_kind": pa.array(np.array([None, "http_5xx", "total_timeout", None, "run_interrupted"], dtype=object)[status]),
+        "error_kind": pa.array(
+            np.array([None, "http_5xx", "total_timeout", None, "run_interrupted"], dtype=object)[status]
+        ),
     }
     n = n_requests
     columns = [req.get(f.name, pa.nulls(n, f.type)) for f in REQUESTS_SCHEMA]
@@ -127,7 +129,7 @@ def generate_run(run_dir: Path, n_requests: int, n_chunks: int, seed: int = 7) -
     writer = pq.ParquetWriter(run_dir / CHUNKS_FILE, CHUNKS_SCHEMA, compression="zstd")
     per_batch = 20_000
     for b in range(0, n_requests, per_batch):
-        reqs = order[b:b + per_batch]
+        reqs = order[b : b + per_batch]
         c = counts[reqs]
         seg_start = starts[reqs]
         local = np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c)
@@ -201,8 +203,10 @@ def main() -> int:
             generate_run(run_dir, args.requests, args.chunks)
             gen_s = time.perf_counter() - t0
             size = sum(p.stat().st_size for p in run_dir.iterdir())
-            print(f"generate: {args.requests:,} requests, {args.chunks:,} chunk rows in {gen_s:.1f} s "
-                  f"({size / 2**20:.0f} MiB on disk)")
+            print(
+                f"generate: {args.requests:,} requests, {args.chunks:,} chunk rows in {gen_s:.1f} s "
+                f"({size / 2**20:.0f} MiB on disk)"
+            )
         from loadgen.analysis import analyze_run
 
         with _PeakRss() as rss:
@@ -210,9 +214,13 @@ def main() -> int:
             analysis = analyze_run(run_dir)
             wall = time.perf_counter() - t0
         rows = args.requests + args.chunks
-        print(f"analyze: wall {wall:.2f} s, peak RSS {rss.peak / 2**30:.2f} GiB (sampled), "
-              f"{rows / wall / 1e6:.2f} M rows/s ({args.chunks / wall / 1e6:.2f} M chunk rows/s)")
-        print(f"analyze: ru_maxrss over the whole process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
+        print(
+            f"analyze: wall {wall:.2f} s, peak RSS {rss.peak / 2**30:.2f} GiB (sampled), "
+            f"{rows / wall / 1e6:.2f} M rows/s ({args.chunks / wall / 1e6:.2f} M chunk rows/s)"
+        )
+        print(
+            f"analyze: ru_maxrss over the whole process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB"
+        )
         overall = analysis.overall.metrics
         print("check: itl_ms", json.dumps(overall["itl_ms"]))
         print("check: ttft_ms", json.dumps(overall["ttft_ms"]))

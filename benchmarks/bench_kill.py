@@ -46,9 +46,27 @@ def one(sig: signal.Signals, base_url: str, trace: Path, out: Path, at_s: float)
     before = server_finished(base_url)
     err = out.parent / f"{out.name}.stderr"
     with open(err, "w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "loadgen", "run", str(trace), "--target", base_url, "--out",
-                                 str(out), "--progress", "on", "--scrape-metrics", "off"], cwd=REPO,
-                                env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL, stderr=stderr)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "loadgen",
+                "run",
+                str(trace),
+                "--target",
+                base_url,
+                "--out",
+                str(out),
+                "--progress",
+                "on",
+                "--scrape-metrics",
+                "off",
+            ],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
         while not (out / "manifest.json").exists():
             time.sleep(0.01)
         time.sleep(at_s)
@@ -58,9 +76,17 @@ def one(sig: signal.Signals, base_url: str, trace: Path, out: Path, at_s: float)
         proc.wait(timeout=120)
     run = load_run(out)
     ok = run.requests.column("status").to_pylist().count("ok")
-    return {"signal": sig.name, "at_s": at_s, "exit": proc.returncode, "state": run.manifest.state,
-            "client_finished": client_done[-1] if client_done else None, "server_finished": finished,
-            "rows": run.requests.num_rows, "ok_rows": ok, "recovery": run.manifest.recovery}
+    return {
+        "signal": sig.name,
+        "at_s": at_s,
+        "exit": proc.returncode,
+        "state": run.manifest.state,
+        "client_finished": client_done[-1] if client_done else None,
+        "server_finished": finished,
+        "rows": run.requests.num_rows,
+        "ok_rows": ok,
+        "recovery": run.manifest.recovery,
+    }
 
 
 def main() -> None:
@@ -73,23 +99,42 @@ def main() -> None:
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="bench-kill-"))
     n = int(args.rate * args.duration_s)
-    rows = [{"request_id": f"r{i:06d}", "request_class": "short-message", "scheduled_offset_ns": int(i * 1e9 / args.rate),
-             "prompt_tokens": 64, "output_tokens": 32, "prefix_group": None, "prefix_tokens": None,
-             "conversation_id": None, "turn_index": None, "cancel_after_tokens": None} for i in range(n)]
-    trace = write_trace(pa.Table.from_pylist(rows, schema=TRACE_SCHEMA), work / "t.parquet",
-                        {"mode": "open", "max_in_flight": 512, "trace_name": "bench-kill", "seed": args.seed})
+    rows = [
+        {
+            "request_id": f"r{i:06d}",
+            "request_class": "short-message",
+            "scheduled_offset_ns": int(i * 1e9 / args.rate),
+            "prompt_tokens": 64,
+            "output_tokens": 32,
+            "prefix_group": None,
+            "prefix_tokens": None,
+            "conversation_id": None,
+            "turn_index": None,
+            "cancel_after_tokens": None,
+        }
+        for i in range(n)
+    ]
+    trace = write_trace(
+        pa.Table.from_pylist(rows, schema=TRACE_SCHEMA),
+        work / "t.parquet",
+        {"mode": "open", "max_in_flight": 512, "trace_name": "bench-kill", "seed": args.seed},
+    )
     print(f"{n} requests over {args.duration_s:g} s at {args.rate:g} req/s; sim engine {args.engine} on loopback")
     with launch_sim_server(args.engine, log_dir=work) as sim:
         for sig in (signal.SIGTERM, signal.SIGKILL):
             at = rng.uniform(0.1, 0.9) * args.duration_s
             r = one(sig, sim.base_url, trace, work / f"run-{sig.name}", at)
-            print(f"{r['signal']} at {r['at_s']:.2f} s: exit {r['exit']}, state {r['state']}; finished before the kill: "
-                  f"{r['client_finished']} seen by the client (≤ 0.5 s before), {r['server_finished']} answered by the "
-                  f"server; {r['rows']} rows readable afterwards, {r['ok_rows']} of them ok")
+            print(
+                f"{r['signal']} at {r['at_s']:.2f} s: exit {r['exit']}, state {r['state']}; finished before the kill: "
+                f"{r['client_finished']} seen by the client (≤ 0.5 s before), {r['server_finished']} answered by the "
+                f"server; {r['rows']} rows readable afterwards, {r['ok_rows']} of them ok"
+            )
             if r["recovery"]:
                 rec = r["recovery"]
-                print(f"  last flush {rec['last_flush_utc']}; in flight then {rec['in_flight_at_last_flush']}, "
-                      f"not yet due {rec['not_due_at_last_flush']}")
+                print(
+                    f"  last flush {rec['last_flush_utc']}; in flight then {rec['in_flight_at_last_flush']}, "
+                    f"not yet due {rec['not_due_at_last_flush']}"
+                )
     print(f"run directories under {work}")
 
 

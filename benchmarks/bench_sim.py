@@ -26,16 +26,23 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from loadgen.rundir import read_manifest  # noqa: E402
-from loadgen.scenario import parse_scenario  # noqa: E402
-from loadgen.sim import run_worksheet  # noqa: E402
-from loadgen.trace.generate import generate_trace  # noqa: E402
-from loadgen.trace.io import write_trace  # noqa: E402
+from loadgen.rundir import read_manifest
+from loadgen.scenario import parse_scenario
+from loadgen.sim import run_worksheet
+from loadgen.trace.generate import generate_trace
+from loadgen.trace.io import write_trace
 
 
 def make_trace(path: Path, requests: int, duration_s: float, seed: int) -> int:
     data = tomllib.loads((REPO / "scenarios" / "canonical.toml").read_text())
-    data["traces"] = {"hour": {"process": "poisson", "rate_rps": requests / duration_s, "duration_s": duration_s, "max_in_flight": 1024}}
+    data["traces"] = {
+        "hour": {
+            "process": "poisson",
+            "rate_rps": requests / duration_s,
+            "duration_s": duration_s,
+            "max_in_flight": 1024,
+        }
+    }
     scenario = parse_scenario(data, "canonical+hour")
     table, meta = generate_trace(scenario, "hour", seed)
     write_trace(table, path, meta)

@@ -19,7 +19,7 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loadgen.driver.schedule import sleep_until  # noqa: E402
+from loadgen.driver.schedule import sleep_until
 
 
 async def _lags(n: int, every_ns: int, plain: bool) -> list[int]:
@@ -37,7 +37,7 @@ async def _lags(n: int, every_ns: int, plain: bool) -> list[int]:
 
 def _summary(lags: list[int]) -> str:
     lags = sorted(lags)
-    pick = lambda q: lags[min(len(lags) - 1, int(q * len(lags)))] / 1e3  # noqa: E731
+    pick = lambda q: lags[min(len(lags) - 1, int(q * len(lags)))] / 1e3
     return f"min {lags[0] / 1e3:.0f} µs, p50 {pick(0.5):.0f} µs, p99 {pick(0.99):.0f} µs, max {lags[-1] / 1e3:.0f} µs"
 
 
@@ -47,8 +47,10 @@ def main() -> None:
     parser.add_argument("--every-ms", type=float, default=2.0)
     args = parser.parse_args()
     every_ns = int(args.every_ms * 1e6)
-    print(f"host load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; "
-          f"{args.deadlines} deadlines every {args.every_ms:g} ms")
+    print(
+        f"host load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; "
+        f"{args.deadlines} deadlines every {args.every_ms:g} ms"
+    )
     print(f"  sleep_until:  {_summary(anyio.run(_lags, args.deadlines, every_ns, False))}")
     print(f"  anyio.sleep:  {_summary(anyio.run(_lags, args.deadlines, every_ns, True))}")
 

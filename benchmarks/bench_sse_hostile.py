@@ -41,7 +41,7 @@ from loadgen.trace.io import write_trace
 LINE_BYTES = 10 * 1024 * 1024
 HOSTILE_ID = "r0000100"
 
-SERVER = r'''
+SERVER = r"""
 import asyncio, json, sys
 LINE = int(sys.argv[1])
 
@@ -94,7 +94,7 @@ async def main():
         await server.serve_forever()
 
 asyncio.run(main())
-'''
+"""
 
 
 class QuadraticDecoder:
@@ -139,31 +139,58 @@ def make_trace(path: Path, rate: float, duration_s: float, seed: int = 3) -> Non
     n = int(rate * duration_s)
     offsets = (np.cumsum(rng.exponential(1.0 / rate, n)) * 1e9).astype(np.int64)
     rows = {
-        "request_id": [f"r{i:07d}" for i in range(n)], "request_class": ["short-message"] * n,
-        "scheduled_offset_ns": offsets, "prompt_tokens": [16] * n, "output_tokens": [16] * n,
-        "prefix_group": [None] * n, "prefix_tokens": [None] * n, "conversation_id": [None] * n,
-        "turn_index": [None] * n, "cancel_after_tokens": [None] * n,
+        "request_id": [f"r{i:07d}" for i in range(n)],
+        "request_class": ["short-message"] * n,
+        "scheduled_offset_ns": offsets,
+        "prompt_tokens": [16] * n,
+        "output_tokens": [16] * n,
+        "prefix_group": [None] * n,
+        "prefix_tokens": [None] * n,
+        "conversation_id": [None] * n,
+        "turn_index": [None] * n,
+        "cancel_after_tokens": [None] * n,
     }
-    write_trace(pa.table(rows, schema=TRACE_SCHEMA), path, {"mode": "open", "max_in_flight": 4096, "trace_name": "p", "seed": seed})
+    write_trace(
+        pa.table(rows, schema=TRACE_SCHEMA),
+        path,
+        {"mode": "open", "max_in_flight": 4096, "trace_name": "p", "seed": seed},
+    )
 
 
 def one_run(label: str, url: str, trace: Path, out: Path, *, hostile: bool, cap: int) -> None:
     headers = {HOSTILE_ID: {"x-hostile": "1"}} if hostile else {}
-    run_dir = run_trace_sync(RunOptions(trace_path=trace, target_url=url, out_dir=out, progress="off",
-                                        scrape_metrics="off", vllm_extensions="off", tokenizer="chars:4",
-                                        request_headers=headers, max_sse_line_bytes=cap))
+    run_dir = run_trace_sync(
+        RunOptions(
+            trace_path=trace,
+            target_url=url,
+            out_dir=out,
+            progress="off",
+            scrape_metrics="off",
+            vllm_extensions="off",
+            tokenizer="chars:4",
+            request_headers=headers,
+            max_sse_line_bytes=cap,
+        )
+    )
     rows = {r["request_id"]: r for r in load_run(run_dir, chunks=False).requests.to_pylist()}
     h = rows[HOSTILE_ID]
     start = h["scheduled_ns"]
     end = h["done_ns"] or start
     end = max(end, start + 500_000_000)  # at least the half second after it
-    lag = np.array([(r["sent_ns"] - r["scheduled_ns"]) / 1e6 for rid, r in rows.items()
-                    if rid != HOSTILE_ID and r["sent_ns"] is not None and start <= r["scheduled_ns"] <= end])
+    lag = np.array(
+        [
+            (r["sent_ns"] - r["scheduled_ns"]) / 1e6
+            for rid, r in rows.items()
+            if rid != HOSTILE_ID and r["sent_ns"] is not None and start <= r["scheduled_ns"] <= end
+        ]
+    )
     others_ok = sum(1 for rid, r in rows.items() if rid != HOSTILE_ID and r["status"] == "ok")
     hostile_what = f"{h['status']}/{h['error_kind']}" if hostile else "(not hostile)"
     hostile_ms = (h["done_ns"] - h["sent_ns"]) / 1e6 if hostile and h["done_ns"] and h["sent_ns"] else float("nan")
-    print(f"{label:10s} n={len(lag):4d} send lag p50 {np.percentile(lag, 50):7.3f} ms  p99 {np.percentile(lag, 99):7.3f} ms  "
-          f"max {lag.max():7.3f} ms | others ok {others_ok}/{len(rows) - 1} | r100 {hostile_what} in {hostile_ms:.0f} ms")
+    print(
+        f"{label:10s} n={len(lag):4d} send lag p50 {np.percentile(lag, 50):7.3f} ms  p99 {np.percentile(lag, 99):7.3f} ms  "
+        f"max {lag.max():7.3f} ms | others ok {others_ok}/{len(rows) - 1} | r100 {hostile_what} in {hostile_ms:.0f} ms"
+    )
 
 
 def main() -> None:
@@ -180,8 +207,10 @@ def main() -> None:
             work = Path(tmp)
             trace = work / "t.parquet"
             make_trace(trace, args.rate, args.duration_s)
-            print(f"{args.rate:g} req/s for {args.duration_s:g} s; request {HOSTILE_ID} may get one {LINE_BYTES >> 20} MB "
-                  "line; lag of the others scheduled while it streamed:")
+            print(
+                f"{args.rate:g} req/s for {args.duration_s:g} s; request {HOSTILE_ID} may get one {LINE_BYTES >> 20} MB "
+                "line; lag of the others scheduled while it streamed:"
+            )
             one_run("baseline", url, trace, work / "base", hostile=False, cap=1 << 20)
             one_run("capped", url, trace, work / "capped", hostile=True, cap=1 << 20)
             one_run("uncapped", url, trace, work / "uncapped", hostile=True, cap=64 << 20)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +39,22 @@ def run_bench(
 ) -> BenchResult:
     """Generate the scenario's trace, replay it, analyse it. Without a target, launch the simulator."""
     scenario = load_scenario(scenario_path)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(out_dir) if out_dir else Path("runs") / f"bench-{stamp}"
     out_dir.mkdir(parents=True, exist_ok=True)
     trace_path = generate_trace_file(scenario, trace_name, out_dir / f"trace-{trace_name}.parquet", seed)
-    spec = TargetSpec(url=target_url, model=model or scenario.model, api_key_env=api_key_env) if target_url \
+    spec = (
+        TargetSpec(url=target_url, model=model or scenario.model, api_key_env=api_key_env)
+        if target_url
         else TargetSpec(sim=engine)
+    )
     run_options: dict[str, Any] = {"endpoint": endpoint} if endpoint else {}
     with open_target(spec, out_dir) as target:
-        run_dir = target.run(trace_path, out_dir / "run", scenario_path=Path(scenario_path),
-                             state=StateResult("unknown", False), **run_options)
+        run_dir = target.run(
+            trace_path,
+            out_dir / "run",
+            scenario_path=Path(scenario_path),
+            state=StateResult("unknown", False),
+            **run_options,
+        )
     return BenchResult(run_dir=run_dir, trace_path=trace_path, analysis=analyze_run(run_dir, scenario=scenario))

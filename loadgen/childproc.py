@@ -59,8 +59,16 @@ def with_parent_death_signal(argv: Sequence[str]) -> list[str]:
 class ChildProcess:
     """One launched process group: ``start`` → ``wait_ready`` → use → ``stop`` (idempotent)."""
 
-    def __init__(self, argv: Sequence[str], *, log_path: Path, what: str, env: Mapping[str, str] | None = None,
-                 cwd: str | Path | None = None, error: type[LoadgenError] = TargetError) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        log_path: Path,
+        what: str,
+        env: Mapping[str, str] | None = None,
+        cwd: str | Path | None = None,
+        error: type[LoadgenError] = TargetError,
+    ) -> None:
         self.error = error  # raised when it cannot start or does not become ready
         self.argv = [str(a) for a in argv]
         self.log_path = Path(log_path)
@@ -84,8 +92,14 @@ class ChildProcess:
             raise self.error(f"{self.what}: cannot start {program} (not found or not executable)")
         try:
             with open(self.log_path, "wb") as log:
-                self.proc = subprocess.Popen(with_parent_death_signal(self.argv), stdout=log, stderr=subprocess.STDOUT,
-                                             env=self.env, cwd=self.cwd, start_new_session=True)
+                self.proc = subprocess.Popen(
+                    with_parent_death_signal(self.argv),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=self.env,
+                    cwd=self.cwd,
+                    start_new_session=True,
+                )
         except OSError as exc:
             raise self.error(f"{self.what}: cannot start {self.argv[0]} ({exc.strerror})") from None
         return self
@@ -124,7 +138,9 @@ class ChildProcess:
                     return value
                 if self.proc is None or self.proc.poll() is not None:
                     code = self.proc.returncode if self.proc is not None else None
-                    raise self.error(f"{self.what} exited with code {code} at start (log {self.log_path}): {self.log_tail()}")
+                    raise self.error(
+                        f"{self.what} exited with code {code} at start (log {self.log_path}): {self.log_tail()}"
+                    )
                 time.sleep(poll_s)
         except BaseException:
             self.stop()

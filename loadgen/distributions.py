@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 from functools import lru_cache
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -24,7 +25,9 @@ def _empirical_values(path: str, column: str | None) -> np.ndarray:
     try:
         text = p.read_text()
     except OSError as exc:
-        raise ScenarioError(f"{p}: cannot read empirical distribution ({exc.strerror}): expected a file of numbers") from None
+        raise ScenarioError(
+            f"{p}: cannot read empirical distribution ({exc.strerror}): expected a file of numbers"
+        ) from None
     values: list[float] = []
     if column:
         reader = csv.DictReader(text.splitlines())
@@ -73,10 +76,12 @@ def sample_tokens(dist: Dist, rng: np.random.Generator, size: int, base_dir: Pat
     return np.clip(np.rint(sample(dist, rng, size, base_dir)), 1, 2.0**62).astype(np.int64)
 
 
-def quantiles(dist: Dist, qs: list[float], base_dir: Path | None = None, n: int = 200_000, seed: int = 0) -> list[float]:
+def quantiles(
+    dist: Dist, qs: list[float], base_dir: Path | None = None, n: int = 200_000, seed: int = 0
+) -> list[float]:
     """Quantiles (0..1) of a token distribution by seeded sampling (exact for fixed)."""
     values = np.sort(sample_tokens(dist, np.random.default_rng(seed), n, base_dir))
-    return [float(percentile_sorted(values, q)) for q in qs]
+    return [float(cast(float, percentile_sorted(values, q))) for q in qs]  # n samples: not empty
 
 
 def mean(dist: Dist, base_dir: Path | None = None, n: int = 200_000, seed: int = 0) -> float:

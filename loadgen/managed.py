@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from .analysis import analyze_run
+from .analysis.model import json_ready
 from .manifest import Manifest, read_manifest
 from .plan.prices import PriceTable, load_prices
 from .rundir import load_run
@@ -48,12 +49,12 @@ _LAT_METRICS = ("ttft_ms", "itl_ms", "e2e_ms")
 def load_price_table(path: str | Path) -> PriceTable:
     """The user's price table, in the one format loadgen uses (``loadgen.plan.prices``)::
 
-        currency = "USD"
-        [candidates."gpt-4o-mini"]                 # a managed model id (a dated id matches by prefix)
-        usd_per_million_input_tokens = 0.15
-        usd_per_million_output_tokens = 0.60
-        [candidates.interactive-small-batch]       # a local engine config name, model, or run dir name
-        usd_per_hour = 2.50
+    currency = "USD"
+    [candidates."gpt-4o-mini"]                 # a managed model id (a dated id matches by prefix)
+    usd_per_million_input_tokens = 0.15
+    usd_per_million_output_tokens = 0.60
+    [candidates.interactive-small-batch]       # a local engine config name, model, or run dir name
+    usd_per_hour = 2.50
     """
     return load_prices(path)
 
@@ -77,7 +78,9 @@ def _col(table: pa.Table, name: str) -> list[Any]:
     return table.column(name).to_pylist()
 
 
-def run_cost(requests: pa.Table, prices: PriceTable, labels: list[str | None], duration_s: float | None) -> dict[str, Any]:
+def run_cost(
+    requests: pa.Table, prices: PriceTable, labels: list[str | None], duration_s: float | None
+) -> dict[str, Any]:
     """Cost of one run from the price table.
 
     Per-token prices: server-reported usage per request where present, else the client's own token
@@ -85,16 +88,25 @@ def run_cost(requests: pa.Table, prices: PriceTable, labels: list[str | None], d
     config name, run directory name). Requests that got no tokens (429, refused, connection errors) are
     not billed. Hourly prices: ``usd_per_hour`` × the run's wall time.
     """
-    out: dict[str, Any] = {"currency": prices.currency, "example_prices": bool(getattr(prices, "example", False)),
-                           "price_table": getattr(prices, "source_path", None)}
+    out: dict[str, Any] = {
+        "currency": prices.currency,
+        "example_prices": bool(getattr(prices, "example", False)),
+        "price_table": getattr(prices, "source_path", None),
+    }
     models = _col(requests, "response_model")
     first_model = next((m for m in models if m), None)
     matched, price = _match_price(prices, [first_model, *labels])
     if price is not None and price.usd_per_hour is not None:
         total = price.usd_per_hour * float(duration_s) / 3600.0 if duration_s else None
-        out.update({"total": total, "complete": total is not None, "price_entry": matched,
-                    "basis": f"{price.usd_per_hour:g} {prices.currency}/hour × run wall time "
-                             f"{float(duration_s or 0):.1f} s"})
+        out.update(
+            {
+                "total": total,
+                "complete": total is not None,
+                "price_entry": matched,
+                "basis": f"{price.usd_per_hour:g} {prices.currency}/hour × run wall time "
+                f"{float(duration_s or 0):.1f} s",
+            }
+        )
         return out
     sp, so = _col(requests, "server_prompt_tokens"), _col(requests, "server_output_tokens")
     cp, co = _col(requests, "client_prompt_tokens"), _col(requests, "client_output_tokens")
@@ -130,17 +142,20 @@ def run_cost(requests: pa.Table, prices: PriceTable, labels: list[str | None], d
         m["cost"] = m["input_tokens"] / 1e6 * pin + m["output_tokens"] / 1e6 * pout
         total += m["cost"]
     completed = sum(1 for s_ in status if s_ == "ok")
-    out.update({
-        "total": None if unpriced else total,
-        "complete": not unpriced,
-        "unpriced_models": unpriced,
-        "per_model": per_model,
-        "billed_requests": sum(m["requests"] for m in per_model.values()),
-        "requests_with_estimated_tokens": estimated,
-        "per_1k_completed": (total / completed * 1000) if completed and not unpriced else None,
-        "token_source": "server usage" if not estimated else
-                        f"server usage; client token counts for {estimated} request(s) without usage",
-    })
+    out.update(
+        {
+            "total": None if unpriced else total,
+            "complete": not unpriced,
+            "unpriced_models": unpriced,
+            "per_model": per_model,
+            "billed_requests": sum(m["requests"] for m in per_model.values()),
+            "requests_with_estimated_tokens": estimated,
+            "per_1k_completed": (total / completed * 1000) if completed and not unpriced else None,
+            "token_source": "server usage"
+            if not estimated
+            else f"server usage; client token counts for {estimated} request(s) without usage",
+        }
+    )
     return out
 
 
@@ -174,7 +189,9 @@ def change_controls(requests: Any, requested_model: str | None) -> dict[str, Any
                 changes.append({"at_s": t_s, "request_id": ids[i], "from": last, "to": v})
             last = v
         out[column] = {
-            "distinct": len(seen), "values": list(seen.values()), "changes": changes,
+            "distinct": len(seen),
+            "values": list(seen.values()),
+            "changes": changes,
             "missing": sum(1 for v in values if v is None),
         }
     models = [v["value"] for v in out["response_model"]["values"]]
@@ -182,8 +199,10 @@ def change_controls(requests: Any, requested_model: str | None) -> dict[str, Any
     out["model_differs_from_requested"] = [m for m in models if requested_model and m != requested_model]
     signals = []
     if out["response_model"]["distinct"] > 1:
-        signals.append(f"response model id changed {len(out['response_model']['changes'])} time(s) during the run: "
-                       + " → ".join(models))
+        signals.append(
+            f"response model id changed {len(out['response_model']['changes'])} time(s) during the run: "
+            + " → ".join(models)
+        )
     if out["system_fingerprint"]["distinct"] > 1:
         signals.append(f"system_fingerprint changed {len(out['system_fingerprint']['changes'])} time(s) during the run")
     if out["model_differs_from_requested"]:
@@ -206,9 +225,12 @@ def quota_summary(requests: pa.Table, manifest: Manifest) -> dict[str, Any]:
         "http_429": len(limited),
         "http_429_share": (len(limited) / n) if n else None,
         "retry_after_s": {
-            "n": int(ra.size), "missing": len(limited) - int(ra.size),
-            "min": float(ra.min()) if ra.size else None, "p50": float(np.median(ra)) if ra.size else None,
-            "max": float(ra.max()) if ra.size else None, "mean": float(ra.mean()) if ra.size else None,
+            "n": int(ra.size),
+            "missing": len(limited) - int(ra.size),
+            "min": float(ra.min()) if ra.size else None,
+            "p50": float(np.median(ra)) if ra.size else None,
+            "max": float(ra.max()) if ra.size else None,
+            "mean": float(ra.mean()) if ra.size else None,
         },
         "client_rate_limit_rps": options.get("rate_limit_rps"),
         "retries": "none: each 429 is recorded as the request's outcome (the driver does not retry)",
@@ -219,14 +241,26 @@ def _latency(analysis: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     groups = {"overall": analysis.overall, **analysis.classes}
     for name, group in groups.items():
-        out[name] = {m: {k: group.metrics.get(m, {}).get(k) for k in ("p50", "p95", "p99", "n", "p99_low_sample")}
-                     for m in _LAT_METRICS}
+        out[name] = {
+            m: {k: group.metrics.get(m, {}).get(k) for k in ("p50", "p95", "p99", "n", "p99_low_sample")}
+            for m in _LAT_METRICS
+        }
     return out
 
 
 def _throughput(group: Any) -> dict[str, Any]:
-    return {k: getattr(group, k) for k in ("offered_rps", "send_rps", "completed_rps", "prompt_tok_s",
-                                           "output_tok_s", "goodput_rps", "attainment")}
+    return {
+        k: getattr(group, k)
+        for k in (
+            "offered_rps",
+            "send_rps",
+            "completed_rps",
+            "prompt_tok_s",
+            "output_tok_s",
+            "goodput_rps",
+            "attainment",
+        )
+    }
 
 
 def side_summary(run_dir: str | Path, prices: PriceTable | None, *, label: str) -> dict[str, Any]:
@@ -238,7 +272,9 @@ def side_summary(run_dir: str | Path, prices: PriceTable | None, *, label: str) 
     req = run.requests
     finish = _col(req, "finish_reason")
     kinds = _col(req, "error_kind")
-    content_filtered = sum(1 for i in range(len(finish)) if finish[i] == "content_filter" or kinds[i] == "content_filter")
+    content_filtered = sum(
+        1 for i in range(len(finish)) if finish[i] == "content_filter" or kinds[i] == "content_filter"
+    )
     duration_s = m.duration_s
     is_managed = label == "managed"
     engine_config = target.engine.config if target.engine else None
@@ -253,22 +289,34 @@ def side_summary(run_dir: str | Path, prices: PriceTable | None, *, label: str) 
     return {
         "label": label,
         "run_dir": str(run_dir),
-        "target": {"kind": target.kind, "base_url": target.base_url, "model": target.model,
-                   "engine": target.engine.name if target.engine else None},
-        "trace": {"name": m.trace.name if m.trace else None, "sha256": m.trace.sha256 if m.trace else None,
-                  "seed": m.trace.seed if m.trace else None},
+        "target": {
+            "kind": target.kind,
+            "base_url": target.base_url,
+            "model": target.model,
+            "engine": target.engine.name if target.engine else None,
+        },
+        "trace": {
+            "name": m.trace.name if m.trace else None,
+            "sha256": m.trace.sha256 if m.trace else None,
+            "seed": m.trace.seed if m.trace else None,
+        },
         "duration_s": duration_s,
         "verdict": analysis.verdict,
         "hard_failures": [c.reason for c in analysis.hard_failures],
         "latency_ms": _latency(analysis),
         "throughput": _throughput(analysis.overall),
-        "errors": {"status_counts": analysis.overall.status_counts, "error_kinds": analysis.overall.error_kinds,
-                   "content_filtered": content_filtered, "error_share": analysis.error_share},
+        "errors": {
+            "status_counts": analysis.overall.status_counts,
+            "error_kinds": analysis.overall.error_kinds,
+            "content_filtered": content_filtered,
+            "error_share": analysis.error_share,
+        },
         "quotas": quota_summary(req, m),
         "cost": cost,
         "change_controls": change_controls(req, target.model),
-        "internals": UNKNOWN_INTERNALS if is_managed else (
-            {"server_metrics": server} if server else "local engine: see its /metrics and the memory ledger"),
+        "internals": UNKNOWN_INTERNALS
+        if is_managed
+        else ({"server_metrics": server} if server else "local engine: see its /metrics and the memory ledger"),
     }
 
 
@@ -279,11 +327,17 @@ class ManagedComparison:
     warnings: list[str]
 
     def to_dict(self) -> dict[str, Any]:
-        from .analysis.model import json_ready
 
-        return json_ready({"kind": "loadgen.managed_comparison", "version": 1, "local": self.local,
-                           "managed": self.managed, "warnings": self.warnings,
-                           "unknown_for_managed": UNKNOWN_INTERNALS})
+        return json_ready(
+            {
+                "kind": "loadgen.managed_comparison",
+                "version": 1,
+                "local": self.local,
+                "managed": self.managed,
+                "warnings": self.warnings,
+                "unknown_for_managed": UNKNOWN_INTERNALS,
+            }
+        )
 
     def render_markdown(self) -> str:
         """The side-by-side report as Markdown."""
@@ -294,7 +348,10 @@ class ManagedComparison:
             rows.append((label, fn(L), fn(M)))
 
         both("target", lambda s: f"{s['target']['kind']} {s['target']['base_url']} model {s['target']['model']}")
-        both("trace (sha256)", lambda s: f"{s['trace']['name']} seed {s['trace']['seed']} ({str(s['trace']['sha256'])[:12]})")
+        both(
+            "trace (sha256)",
+            lambda s: f"{s['trace']['name']} seed {s['trace']['seed']} ({str(s['trace']['sha256'])[:12]})",
+        )
         both("budget verdict", lambda s: s["verdict"])
         for cls in [c for c in L["latency_ms"] if c in M["latency_ms"]]:
             for metric in _LAT_METRICS:
@@ -302,24 +359,40 @@ class ManagedComparison:
                     both(f"{cls} {metric} {q} (n)", lambda s, c=cls, m=metric, q=q: _lat(s["latency_ms"][c][m], q))
         for k in ("offered_rps", "send_rps", "completed_rps", "output_tok_s", "goodput_rps"):
             both(k, lambda s, k=k: _fmt(s["throughput"][k], 2))
-        both("status counts", lambda s: ", ".join(f"{k} {v}" for k, v in s["errors"]["status_counts"].items() if v) or "none")
-        both("error kinds", lambda s: ", ".join(f"{k} {v}" for k, v in s["errors"]["error_kinds"].items() if v) or "none")
+        both(
+            "status counts",
+            lambda s: ", ".join(f"{k} {v}" for k, v in s["errors"]["status_counts"].items() if v) or "none",
+        )
+        both(
+            "error kinds", lambda s: ", ".join(f"{k} {v}" for k, v in s["errors"]["error_kinds"].items() if v) or "none"
+        )
         both("content filtered", lambda s: _fmt(s["errors"]["content_filtered"]))
         both("quotas", _quota_cell)
         both("cost per run", _cost_cell)
         both("change controls", _change_cell)
-        rows.append(("internal memory / scheduling", "measured where the engine exposes /metrics (see JSON)", "unknown"))
-        lines = ["# Local engine vs managed API (same trace, same client timing boundaries)", "",
-                 "| | local | managed |", "|---|---|---|"]
+        rows.append(
+            ("internal memory / scheduling", "measured where the engine exposes /metrics (see JSON)", "unknown")
+        )
+        lines = [
+            "# Local engine vs managed API (same trace, same client timing boundaries)",
+            "",
+            "| | local | managed |",
+            "|---|---|---|",
+        ]
         lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
         lines += ["", f"Internal memory and scheduling: {UNKNOWN_INTERNALS}.", ""]
         signals = M["change_controls"]["signals"]
         lines.append("Change-control signals (managed): " + ("; ".join(signals) if signals else "none observed") + ".")
         if self.warnings:
             lines += ["", "Warnings:"] + [f"- {w}" for w in self.warnings]
-        lines += ["", ("Latency in ms over completed requests (TTFT = first token − scheduled); `*` marks a p99 from fewer "
-                       "than 100 samples. Failed requests (429 included) are counted under status and error kinds, and as "
-                       "+inf in the budget verdict; Retry-After values are reported, not hidden.")]
+        lines += [
+            "",
+            (
+                "Latency in ms over completed requests (TTFT = first token − scheduled); `*` marks a p99 from fewer "
+                "than 100 samples. Failed requests (429 included) are counted under status and error kinds, and as "
+                "+inf in the budget verdict; Retry-After values are reported, not hidden."
+            ),
+        ]
         return "\n".join(lines) + "\n"
 
 
@@ -339,8 +412,10 @@ def _lat(summary: dict[str, Any], q: str) -> str:
 def _quota_cell(side: dict[str, Any]) -> str:
     q = side["quotas"]
     ra = q["retry_after_s"]
-    return (f"{q['http_429']} × 429; Retry-After n={ra['n']} min {_fmt(ra['min'])} p50 {_fmt(ra['p50'])} "
-            f"max {_fmt(ra['max'])} s; client cap {_fmt(q['client_rate_limit_rps'], 2)} rps")
+    return (
+        f"{q['http_429']} × 429; Retry-After n={ra['n']} min {_fmt(ra['min'])} p50 {_fmt(ra['p50'])} "
+        f"max {_fmt(ra['max'])} s; client cap {_fmt(q['client_rate_limit_rps'], 2)} rps"
+    )
 
 
 def _cost_cell(side: dict[str, Any]) -> str:
@@ -358,8 +433,10 @@ def _cost_cell(side: dict[str, Any]) -> str:
 def _change_cell(side: dict[str, Any]) -> str:
     cc = side["change_controls"]
     models = ", ".join(v["value"] for v in cc["response_model"]["values"]) or "none"
-    return (f"models {cc['response_model']['distinct']} ({models}); fingerprints {cc['system_fingerprint']['distinct']}; "
-            f"changes {len(cc['response_model']['changes'])} model / {len(cc['system_fingerprint']['changes'])} fingerprint")
+    return (
+        f"models {cc['response_model']['distinct']} ({models}); fingerprints {cc['system_fingerprint']['distinct']}; "
+        f"changes {len(cc['response_model']['changes'])} model / {len(cc['system_fingerprint']['changes'])} fingerprint"
+    )
 
 
 def _boundary_warnings(local_run: str | Path, managed_run: str | Path) -> list[str]:
@@ -368,19 +445,25 @@ def _boundary_warnings(local_run: str | Path, managed_run: str | Path) -> list[s
     out: list[str] = []
     for side, m in (("local", a), ("managed", b)):
         if m.run_kind != "measured":
-            out.append(f"the {side} run is {m.run_kind!r}, not measured over the network: its timings are not "
-                       "client observations")
+            out.append(
+                f"the {side} run is {m.run_kind!r}, not measured over the network: its timings are not "
+                "client observations"
+            )
     ha, hb = (a.harness.version if a.harness else None), (b.harness.version if b.harness else None)
     if ha != hb:
         out.append(f"the runs were recorded by different loadgen versions ({ha} vs {hb})")
     oa, ob = a.options, b.options
     for key in ("endpoint", "tokenizer", "ttft_timeout_s", "total_timeout_s", "max_concurrency", "max_tokens_field"):
         if oa.get(key) != ob.get(key):
-            out.append(f"client option {key} differs ({oa.get(key)!r} vs {ob.get(key)!r}): the timing boundaries may differ")
+            out.append(
+                f"client option {key} differs ({oa.get(key)!r} vs {ob.get(key)!r}): the timing boundaries may differ"
+            )
     return out
 
 
-def compare_managed(local_run: str | Path, managed_run: str | Path, *, prices: PriceTable | str | Path | None = None) -> ManagedComparison:
+def compare_managed(
+    local_run: str | Path, managed_run: str | Path, *, prices: PriceTable | str | Path | None = None
+) -> ManagedComparison:
     """Side-by-side comparison of a local engine run and a managed endpoint run of the same trace.
 
     ``prices``: a price table path or a loaded ``loadgen.plan.prices.PriceTable`` (None: no cost)."""
@@ -390,11 +473,15 @@ def compare_managed(local_run: str | Path, managed_run: str | Path, *, prices: P
     managed = side_summary(managed_run, prices, label="managed")
     warnings: list[str] = _boundary_warnings(local_run, managed_run)
     if local["trace"]["sha256"] != managed["trace"]["sha256"]:
-        warnings.append(f"the runs replayed different traces (sha256 {str(local['trace']['sha256'])[:12]} vs "
-                        f"{str(managed['trace']['sha256'])[:12]}): the comparison is not like for like")
+        warnings.append(
+            f"the runs replayed different traces (sha256 {str(local['trace']['sha256'])[:12]} vs "
+            f"{str(managed['trace']['sha256'])[:12]}): the comparison is not like for like"
+        )
     if managed["quotas"]["http_429"]:
-        warnings.append(f"the managed side answered 429 to {managed['quotas']['http_429']} request(s): its tails and "
-                        "throughput include quota rejections, which count as failures")
+        warnings.append(
+            f"the managed side answered 429 to {managed['quotas']['http_429']} request(s): its tails and "
+            "throughput include quota rejections, which count as failures"
+        )
     if prices is None:
         warnings.append("no price table given: cost not computed")
     else:
@@ -402,7 +489,9 @@ def compare_managed(local_run: str | Path, managed_run: str | Path, *, prices: P
             cost = side["cost"]
             if cost and not cost.get("complete", True):
                 missing = ", ".join(cost.get("unpriced_models") or []) or "this run"
-                warnings.append(f"{side['label']}: the price table has no applicable price for {missing}: cost incomplete")
+                warnings.append(
+                    f"{side['label']}: the price table has no applicable price for {missing}: cost incomplete"
+                )
         if getattr(prices, "example", False):
             warnings.append("the price table says example = true: its prices are made up, and so is every cost above")
     return ManagedComparison(local, managed, warnings)

@@ -378,4 +378,3 @@ def amend_manifest(run_dir: str | Path, updates: Mapping[str, Any]) -> Manifest:
     manifest = merge_manifest(read_manifest(run_dir), updates)
     write_manifest(run_dir, manifest)
     return manifest
-

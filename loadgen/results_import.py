@@ -67,7 +67,9 @@ def llmperf_error_kind(code: Any) -> tuple[str, int | None]:
     except (TypeError, ValueError):
         return "client", None
     kind = http_error_kind(code_i)
-    return kind, (None if kind == "client" else code_i)  # LLMPerf's own negative codes (-1 exception, -100 too few tokens)
+    return kind, (
+        None if kind == "client" else code_i
+    )  # LLMPerf's own negative codes (-1 exception, -100 too few tokens)
 
 
 class _Slots:
@@ -82,8 +84,14 @@ class _Slots:
         return start
 
 
-def _manifest(tool: str, path: Path, extra_source: dict[str, Any], target: dict[str, Any],
-              synthesized: dict[str, Any], options: dict[str, Any]) -> Manifest:
+def _manifest(
+    tool: str,
+    path: Path,
+    extra_source: dict[str, Any],
+    target: dict[str, Any],
+    synthesized: dict[str, Any],
+    options: dict[str, Any],
+) -> Manifest:
     now = utc_now_iso()
     return Manifest(
         run_kind="imported",
@@ -102,8 +110,14 @@ def _find_llmperf_summary(path: Path) -> Path | None:
     return cand if cand.is_file() else None
 
 
-def import_llmperf(path: Path | str, out_dir: Path | str, *, concurrency: int | None = None,
-                   request_class: str = "imported", summary: Path | str | None = None) -> Path:
+def import_llmperf(
+    path: Path | str,
+    out_dir: Path | str,
+    *,
+    concurrency: int | None = None,
+    request_class: str = "imported",
+    summary: Path | str | None = None,
+) -> Path:
     """LLMPerf ``individual`` JSON → run directory at ``out_dir``; returns it. See module docstring."""
     path = Path(path)
     rows = _load_json(path)
@@ -117,19 +131,34 @@ def import_llmperf(path: Path | str, out_dir: Path | str, *, concurrency: int | 
     summ = _load_json(summary_path) if summary_path else {}
     if concurrency is None:
         concurrency = int(summ.get("num_concurrent_requests") or 1)
-    target = {"kind": "unknown", "base_url": _clean_url(summ.get("api")), "model": summ.get("model"),
-              "version": None, "engine": None}
+    target = {
+        "kind": "unknown",
+        "base_url": _clean_url(summ.get("api")),
+        "model": summ.get("model"),
+        "version": None,
+        "engine": None,
+    }
     synthesized = {
         "timing": True,
         "method": f"file order on {concurrency} back-to-back concurrency slot(s); scheduled = sent",
         "chunks": False,
-        "not_meaningful": ["offered_rps", "send_rps", "completed_rps", "token rates", "client_queue_ms",
-                           "timeseries", "stability"],
+        "not_meaningful": [
+            "offered_rps",
+            "send_rps",
+            "completed_rps",
+            "token rates",
+            "client_queue_ms",
+            "timeseries",
+            "stability",
+        ],
         "exact": ["ttft_ms", "e2e_ms", "server_ttft_ms", "status and error counts", "token counts"],
     }
     options = {"importer": "llmperf", "concurrency": concurrency, "request_class": request_class}
-    extra = {"summary_path": str(summary_path) if summary_path else None,
-             "summary_name": summ.get("name"), "framework": summ.get("framework")}
+    extra = {
+        "summary_path": str(summary_path) if summary_path else None,
+        "summary_name": summ.get("name"),
+        "framework": summ.get("framework"),
+    }
     manifest = _manifest("llmperf", path, extra, target, synthesized, options)
     slots = _Slots(concurrency)
     target_out = summ.get("mean_output_tokens")
@@ -145,7 +174,9 @@ def import_llmperf(path: Path | str, out_dir: Path | str, *, concurrency: int | 
             row = empty_request_row(
                 request_id=f"{path.stem}-{i:05d}",
                 request_class=request_class,
-                scheduled_ns=start, slot_acquired_ns=start, sent_ns=start,
+                scheduled_ns=start,
+                slot_acquired_ns=start,
+                sent_ns=start,
                 first_token_ns=start + _ns(ttft) if got_token else None,
                 done_ns=start + e2e_ns,
                 target_prompt_tokens=int(r.get("number_input_tokens") or 0),
@@ -158,8 +189,12 @@ def import_llmperf(path: Path | str, out_dir: Path | str, *, concurrency: int | 
             else:
                 kind, http = llmperf_error_kind(code)
                 msg = str(r.get("error_msg") or "").splitlines()[0] if r.get("error_msg") else ""
-                row.update(status="error", error_kind=kind, http_status=http,
-                           error_message=f"llmperf error_code {code}: {msg}"[:300])
+                row.update(
+                    status="error",
+                    error_kind=kind,
+                    http_status=http,
+                    error_message=f"llmperf error_code {code}: {msg}"[:300],
+                )
             writer.add_request(row)
         writer.close({"ended_utc": utc_now_iso(), "duration_s": None})
     return Path(out_dir)
@@ -189,12 +224,28 @@ def _vllm_timing_notes(data: dict[str, Any], measured: bool, conc: Any) -> list[
 
 
 def _vllm_manifest(path: Path, data: dict[str, Any], request_class: str, synthesized: dict[str, Any]) -> Manifest:
-    target: dict[str, Any] = {"kind": "unknown", "base_url": None, "model": data.get("model_id"), "version": None,
-              "engine": {"name": data.get("backend"), "version": None, "config": {}} if data.get("backend") else None}
-    options = {"importer": "vllm-bench", "request_class": request_class, "request_rate": data.get("request_rate"),
-               "burstiness": data.get("burstiness"), "max_concurrency": data.get("max_concurrency")}
-    return _manifest("vllm-bench-serve", path, {"date": data.get("date"), "duration_s": data.get("duration")},
-                     target, synthesized, options)
+    target: dict[str, Any] = {
+        "kind": "unknown",
+        "base_url": None,
+        "model": data.get("model_id"),
+        "version": None,
+        "engine": {"name": data.get("backend"), "version": None, "config": {}} if data.get("backend") else None,
+    }
+    options = {
+        "importer": "vllm-bench",
+        "request_class": request_class,
+        "request_rate": data.get("request_rate"),
+        "burstiness": data.get("burstiness"),
+        "max_concurrency": data.get("max_concurrency"),
+    }
+    return _manifest(
+        "vllm-bench-serve",
+        path,
+        {"date": data.get("date"), "duration_s": data.get("duration")},
+        target,
+        synthesized,
+        options,
+    )
 
 
 class _VllmSample:
@@ -208,8 +259,11 @@ class _VllmSample:
         self.input_len = int(data["input_lens"][i] or 0)
         self.output_len = int(data["output_lens"][i] or 0)
         latencies = data.get("latencies")
-        self.e2e_s = (float(latencies[i]) if isinstance(latencies, list) and latencies[i] is not None
-                      else self.ttft_s + sum(self.itl_s))
+        self.e2e_s = (
+            float(latencies[i])
+            if isinstance(latencies, list) and latencies[i] is not None
+            else self.ttft_s + sum(self.itl_s)
+        )
 
 
 class _VllmClock:
@@ -246,8 +300,13 @@ def _vllm_chunks(request_id: str, sent: int, sample: _VllmSample) -> tuple[dict[
         uneven = True
         q, r = divmod(out_len, m)
         tokens = [q + 1 if j < r else q for j in range(m)]
-    columns: dict[str, list[Any]] = {"request_id": [request_id] * m, "seq": list(range(m)), "arrival_ns": arrivals, "tokens": tokens,
-               "bytes": [0] * m}
+    columns: dict[str, list[Any]] = {
+        "request_id": [request_id] * m,
+        "seq": list(range(m)),
+        "arrival_ns": arrivals,
+        "tokens": tokens,
+        "bytes": [0] * m,
+    }
     return columns, uneven
 
 
@@ -259,8 +318,9 @@ def _vllm_error_columns(err: Any) -> dict[str, Any]:
     return {"status": "error", "error_kind": http_error_kind(code), "http_status": code, "error_message": text[:300]}
 
 
-def import_vllm_bench(path: Path | str, out_dir: Path | str, *, request_class: str = "imported",
-                      concurrency: int | None = None) -> Path:
+def import_vllm_bench(
+    path: Path | str, out_dir: Path | str, *, request_class: str = "imported", concurrency: int | None = None
+) -> Path:
     """vLLM ``bench serve --save-detailed`` result JSON → run directory; returns it."""
     path = Path(path)
     data = _read_vllm_result(path)
@@ -270,8 +330,12 @@ def import_vllm_bench(path: Path | str, out_dir: Path | str, *, request_class: s
     measured = isinstance(starts, list) and len(starts) == n
     conc = concurrency or data.get("max_concurrency") or 1
     notes = _vllm_timing_notes(data, measured, conc)
-    synthesized = {"timing": not measured, "method": notes[0] if notes else "start_times are real send instants",
-                   "chunks": "rebuilt from itls", "notes": notes}
+    synthesized = {
+        "timing": not measured,
+        "method": notes[0] if notes else "start_times are real send instants",
+        "chunks": "rebuilt from itls",
+        "notes": notes,
+    }
     manifest = _vllm_manifest(path, data, request_class, synthesized)
     clock = _VllmClock(data, measured, n, int(conc))
     uneven = 0
@@ -280,9 +344,13 @@ def import_vllm_bench(path: Path | str, out_dir: Path | str, *, request_class: s
             sample = _VllmSample(data, i, errors)
             sent, queue = clock.place(i, sample.e2e_s)
             row = empty_request_row(
-                request_id=f"{path.stem}-{i:05d}", request_class=request_class,
-                scheduled_ns=sent - max(0, queue), slot_acquired_ns=sent, sent_ns=sent,
-                target_prompt_tokens=sample.input_len, target_output_tokens=sample.output_len,
+                request_id=f"{path.stem}-{i:05d}",
+                request_class=request_class,
+                scheduled_ns=sent - max(0, queue),
+                slot_acquired_ns=sent,
+                sent_ns=sent,
+                target_prompt_tokens=sample.input_len,
+                target_output_tokens=sample.output_len,
                 client_prompt_tokens=sample.input_len,
                 done_ns=sent + _ns(sample.e2e_s) if (sample.ok or sample.e2e_s > 0) else sent,
             )
@@ -291,15 +359,22 @@ def import_vllm_bench(path: Path | str, out_dir: Path | str, *, request_class: s
                 uneven += spread
                 writer.add_chunks(chunks)
                 arrivals = chunks["arrival_ns"]
-                row.update(first_token_ns=arrivals[0], last_token_ns=arrivals[-1], client_output_tokens=sample.output_len,
-                           chunk_count=len(arrivals), status="ok")
+                row.update(
+                    first_token_ns=arrivals[0],
+                    last_token_ns=arrivals[-1],
+                    client_output_tokens=sample.output_len,
+                    chunk_count=len(arrivals),
+                    status="ok",
+                )
             elif sample.ok:
                 row.update(status="error", error_kind="empty_output", error_message="no first token recorded")
             else:
                 row.update(_vllm_error_columns(sample.error))
             writer.add_request(row)
         if uneven:
-            notes.append(f"{uneven} request(s): output tokens != chunks; one token per chunk, or tokens spread "
-                         f"evenly when there are more tokens than chunks")
+            notes.append(
+                f"{uneven} request(s): output tokens != chunks; one token per chunk, or tokens spread "
+                f"evenly when there are more tokens than chunks"
+            )
         writer.close({"ended_utc": utc_now_iso(), "duration_s": data.get("duration"), "synthesized": synthesized})
     return Path(out_dir)

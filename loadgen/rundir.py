@@ -87,8 +87,15 @@ class RunWriter:
     completed, at close.
     """
 
-    def __init__(self, run_dir: Path, manifest: Manifest, *, flush_rows: int = 2000, fsync: bool = True,
-                 flush_interval_s: float | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        manifest: Manifest,
+        *,
+        flush_rows: int = 2000,
+        fsync: bool = True,
+        flush_interval_s: float | None = None,
+    ) -> None:
         self.run_dir = Path(run_dir)
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -97,9 +104,15 @@ class RunWriter:
         held = [name for name in (REQUESTS_FILE, CHUNKS_FILE, SERVER_METRICS_FILE) if (self.run_dir / name).exists()]
         if held:
             raise RunDirError(f"{run_dir}: already holds a run ({held[0]}): expected a new or empty directory")
-        writer = {"pid": psutil.Process().pid, "hostname_sha256": hostname_sha256(), "process_start_s": _process_start_s(),
-                  "flush_interval_s": flush_interval_s}
-        self.manifest = merge_manifest(manifest, {"schema_version": SCHEMA_VERSION, "state": "running", "writer": writer})
+        writer = {
+            "pid": psutil.Process().pid,
+            "hostname_sha256": hostname_sha256(),
+            "process_start_s": _process_start_s(),
+            "flush_interval_s": flush_interval_s,
+        }
+        self.manifest = merge_manifest(
+            manifest, {"schema_version": SCHEMA_VERSION, "state": "running", "writer": writer}
+        )
         self._flush_rows = flush_rows
         self.status_counts: dict[str, int] = {s: 0 for s in STATUSES}
         self.closed = False
@@ -116,7 +129,9 @@ class RunWriter:
         except RecordWriteError as exc:
             self.closed = True
             try:
-                write_manifest(self.run_dir, merge_manifest(self.manifest, {"state": "failed", "interrupted_by": exc.short}))
+                write_manifest(
+                    self.run_dir, merge_manifest(self.manifest, {"state": "failed", "interrupted_by": exc.short})
+                )
             except OSError:
                 pass
             raise
@@ -170,8 +185,9 @@ class RunWriter:
         if not columns or not len(next(iter(columns.values()))):
             return
         if self._metrics is None:
-            self._metrics = self._io(lambda: PartTable(self.run_dir / SERVER_METRICS_FILE, SERVER_METRICS_SCHEMA,
-                                                       fsync=self._fsync))
+            self._metrics = self._io(
+                lambda: PartTable(self.run_dir / SERVER_METRICS_FILE, SERVER_METRICS_SCHEMA, fsync=self._fsync)
+            )
         self._metrics.append_columns(columns)
 
     def _flush_if_full(self) -> None:
@@ -221,7 +237,11 @@ class RunWriter:
         """Merge each table's parts (a clean close); a failure keeps the parts, readable, and is a warning."""
         warnings = []
         manifest_json = self.manifest.to_json()
-        for name, table in ((REQUESTS_FILE, self.requests), (CHUNKS_FILE, self.chunks), (SERVER_METRICS_FILE, self._metrics)):
+        for name, table in (
+            (REQUESTS_FILE, self.requests),
+            (CHUNKS_FILE, self.chunks),
+            (SERVER_METRICS_FILE, self._metrics),
+        ):
             if table is None:
                 continue
             try:
@@ -252,8 +272,12 @@ class RunWriter:
             status_counts=dict(self.status_counts),
             requests_recorded=self.requests.rows_written,
             chunks_recorded=self.chunks.rows_written,
-            last_flush={"utc": self.last_part.get("flushed_utc"), "ns": self.last_part.get("flushed_ns"),
-                        "covered_until_ns": self.last_part.get("covered_until_ns"), "parts": self.flushes},
+            last_flush={
+                "utc": self.last_part.get("flushed_utc"),
+                "ns": self.last_part.get("flushed_ns"),
+                "covered_until_ns": self.last_part.get("covered_until_ns"),
+                "parts": self.flushes,
+            },
         )
         self.manifest = merge_manifest(self.manifest, final)
         if self.broken is None:
@@ -342,8 +366,11 @@ def recovered_manifest(run_dir: Path, manifest: Manifest) -> Manifest:
     dispatched = part.get("dispatched")
     scheduled = manifest.scheduled_requests
     alive = writer_alive(manifest)
-    why = ("its writer is gone (pid not running)" if alive is False
-           else "its writer ran on another host and the run was never closed")
+    why = (
+        "its writer is gone (pid not running)"
+        if alive is False
+        else "its writer ran on another host and the run was never closed"
+    )
     recovery = {
         "detected_utc": utc_now_iso(),
         "reason": f"manifest says running but {why}: killed (SIGKILL, crash or power loss) before closing",
@@ -354,18 +381,24 @@ def recovered_manifest(run_dir: Path, manifest: Manifest) -> Manifest:
         "in_flight_at_last_flush": dispatched - recorded if dispatched is not None else None,
         "not_due_at_last_flush": scheduled - dispatched if scheduled is not None and dispatched is not None else None,
     }
-    return merge_manifest(manifest, {
-        "state": "killed",
-        "interrupted_by": "SIGKILL, a crash or power loss (no clean close)",
-        "status_counts": counts,
-        "requests_recorded": recorded,
-        "chunks_recorded": table_rows(run_dir / CHUNKS_FILE),
-        "stopped_ns": part.get("covered_until_ns"),
-        "last_flush": {"utc": part.get("flushed_utc"), "ns": part.get("flushed_ns"),
-                       "covered_until_ns": part.get("covered_until_ns"),
-                       "parts": len(run_table_files(run_dir, REQUESTS_FILE))},
-        "recovery": recovery,
-    })
+    return merge_manifest(
+        manifest,
+        {
+            "state": "killed",
+            "interrupted_by": "SIGKILL, a crash or power loss (no clean close)",
+            "status_counts": counts,
+            "requests_recorded": recorded,
+            "chunks_recorded": table_rows(run_dir / CHUNKS_FILE),
+            "stopped_ns": part.get("covered_until_ns"),
+            "last_flush": {
+                "utc": part.get("flushed_utc"),
+                "ns": part.get("flushed_ns"),
+                "covered_until_ns": part.get("covered_until_ns"),
+                "parts": len(run_table_files(run_dir, REQUESTS_FILE)),
+            },
+            "recovery": recovery,
+        },
+    )
 
 
 def persist_recovery(run_dir: Path | str) -> Manifest | None:
@@ -390,8 +423,16 @@ def read_run_manifest(run_dir: Path | str) -> Manifest:
     if writer_alive(manifest) is not True:
         return recovered_manifest(run_dir, manifest)
     part = last_part_metadata(run_dir / REQUESTS_FILE) or {}  # a live run, as far as it is on disk
-    return merge_manifest(manifest, {"last_flush": {"utc": part.get("flushed_utc"), "ns": part.get("flushed_ns"),
-                                                    "covered_until_ns": part.get("covered_until_ns")}})
+    return merge_manifest(
+        manifest,
+        {
+            "last_flush": {
+                "utc": part.get("flushed_utc"),
+                "ns": part.get("flushed_ns"),
+                "covered_until_ns": part.get("covered_until_ns"),
+            }
+        },
+    )
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -73,7 +73,7 @@ class Uniform(_Model):
     max: float | None = Field(default=None, ge=0, le=_P)
 
     @model_validator(mode="after")
-    def _order(self) -> "Uniform":
+    def _order(self) -> Uniform:
         if self.high < self.low:
             raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
         return self
@@ -107,7 +107,7 @@ class Empirical(_Model):
     max: float | None = Field(default=None, ge=0, le=_P)
 
 
-Distribution = Annotated[Union[Fixed, Uniform, Normal, LogNormal, Empirical], Field(discriminator="dist")]
+Distribution = Annotated[Fixed | Uniform | Normal | LogNormal | Empirical, Field(discriminator="dist")]
 
 
 def dist_upper(dist: Fixed | Uniform | Normal | LogNormal | Empirical) -> float | None:
@@ -202,7 +202,9 @@ class TraceSettings(_Model):
     duration_s: float = Field(gt=0, le=MAX_DURATION_S)
     rate_rps: float | None = Field(default=None, gt=0, le=MAX_RATE_RPS)  # poisson, gamma, constant (evenly spaced)
     start_rate_rps: float | None = Field(default=None, ge=0, le=MAX_RATE_RPS)  # ramp: the rate at 0 s ...
-    end_rate_rps: float | None = Field(default=None, ge=0, le=MAX_RATE_RPS)  # ... rising (or falling) linearly to this at duration_s
+    end_rate_rps: float | None = Field(
+        default=None, ge=0, le=MAX_RATE_RPS
+    )  # ... rising (or falling) linearly to this at duration_s
     cv: float | None = Field(default=None, gt=0, le=100)  # gamma burstiness (coefficient of variation of gaps)
     quiet_rate_rps: float | None = Field(default=None, ge=0, le=MAX_RATE_RPS)  # onoff
     burst_rate_rps: float | None = Field(default=None, gt=0, le=MAX_RATE_RPS)  # onoff
@@ -215,7 +217,7 @@ class TraceSettings(_Model):
     burst_shares: dict[str, float] | None = None  # onoff: class shares of arrivals inside bursts
 
     @model_validator(mode="after")
-    def _fields_for_process(self) -> "TraceSettings":
+    def _fields_for_process(self) -> TraceSettings:
         need = {
             "poisson": ("rate_rps",),
             "gamma": ("rate_rps", "cv"),
@@ -229,11 +231,18 @@ class TraceSettings(_Model):
                 raise ValueError(f"process {self.process!r} needs {name}")
         if self.process == "ramp" and not (self.start_rate_rps or self.end_rate_rps):
             raise ValueError("process 'ramp' needs start_rate_rps or end_rate_rps above 0")
-        peak = max(self.rate_rps or 0.0, self.quiet_rate_rps or 0.0, self.burst_rate_rps or 0.0,
-                   self.start_rate_rps or 0.0, self.end_rate_rps or 0.0)
+        peak = max(
+            self.rate_rps or 0.0,
+            self.quiet_rate_rps or 0.0,
+            self.burst_rate_rps or 0.0,
+            self.start_rate_rps or 0.0,
+            self.end_rate_rps or 0.0,
+        )
         if peak * self.duration_s > MAX_TRACE_REQUESTS:
-            raise ValueError(f"rate {peak:g}/s over duration_s {self.duration_s:g} gives about "
-                             f"{peak * self.duration_s:.3g} requests: expected at most {MAX_TRACE_REQUESTS:g} per trace")
+            raise ValueError(
+                f"rate {peak:g}/s over duration_s {self.duration_s:g} gives about "
+                f"{peak * self.duration_s:.3g} requests: expected at most {MAX_TRACE_REQUESTS:g} per trace"
+            )
         return self
 
 
@@ -285,7 +294,7 @@ class Scenario(_Model):
     sha256: str | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "Scenario":
+    def _cross_checks(self) -> Scenario:
         if not self.classes:
             raise ValueError("classes: at least one request class is required")
         for name in self.classes:
@@ -311,7 +320,9 @@ class Scenario(_Model):
         for group in self.cache.prefix_groups:
             for cname in group.classes or []:
                 if cname not in self.classes:
-                    raise ValueError(f"cache.prefix_groups.{group.name}.classes: {cname!r} is not a class of this scenario")
+                    raise ValueError(
+                        f"cache.prefix_groups.{group.name}.classes: {cname!r} is not a class of this scenario"
+                    )
         return self
 
     def class_shares(self, trace: str, in_burst: bool = False) -> dict[str, float]:
@@ -350,7 +361,7 @@ def format_validation_error(source: str, exc: ValidationError) -> str:
     field = _field_path(tuple(first["loc"]))
     msg = first["msg"]
     if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+        msg = msg[len("Value error, ") :]
     value = first.get("input")
     shown = "" if isinstance(value, dict) or first["type"] == "missing" else f" = {without_userinfo(repr(value))}"
     if first["type"] == "missing":
@@ -384,8 +395,9 @@ def load_scenario(path: str | Path) -> Scenario:
 
 def scenario_manifest(scenario: Scenario) -> ScenarioRef:
     """What a manifest records about a scenario: name, path, sha256 and the full validated content."""
-    return ScenarioRef(name=scenario.name, path=scenario.source_path, sha256=scenario.sha256,
-                       content=scenario.model_dump(mode="json"))
+    return ScenarioRef(
+        name=scenario.name, path=scenario.source_path, sha256=scenario.sha256, content=scenario.model_dump(mode="json")
+    )
 
 
 def scenario_from_manifest(manifest: Manifest) -> Scenario | None:

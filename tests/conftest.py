@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/shared_paths.py
 
-from loadgen.targets import launch_sim_server  # noqa: E402
+from loadgen.targets import launch_sim_server
 
 
 @pytest.fixture

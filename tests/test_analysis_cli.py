@@ -7,16 +7,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from loadgen.cli import main
-
 from test_analysis_run import build_run, known_chunks, known_requests, scenario_two_classes
+
+from loadgen.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "loadgen", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "loadgen", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_analyze_command_writes_json_and_html_and_exits_zero_on_failed_budgets(tmp_path):
@@ -34,10 +35,25 @@ def test_analyze_command_writes_json_and_html_and_exits_zero_on_failed_budgets(t
 def test_window_and_scenario_options(tmp_path):
     run = build_run(tmp_path / "run", known_requests(), known_chunks())  # no scenario in the manifest
     scen = tmp_path / "s.toml"
-    scen.write_text((REPO / "scenarios" / "canonical.toml").read_text().replace(
-        'cases = ["contract/canonical.toml"]', "cases = []"))
-    assert main(["analyze", str(run), "--scenario", str(scen), "--window", "0:0.25", "--quiet",
-                 "--json", str(tmp_path / "w.json")]) == 0
+    scen.write_text(
+        (REPO / "scenarios" / "canonical.toml").read_text().replace('cases = ["contract/canonical.toml"]', "cases = []")
+    )
+    assert (
+        main(
+            [
+                "analyze",
+                str(run),
+                "--scenario",
+                str(scen),
+                "--window",
+                "0:0.25",
+                "--quiet",
+                "--json",
+                str(tmp_path / "w.json"),
+            ]
+        )
+        == 0
+    )
     doc = json.loads((tmp_path / "w.json").read_text())
     assert doc["window"]["start_s"] == 0 and doc["window"]["end_s"] == 0.25
     assert doc["overall"]["n_scheduled"] == 5 and doc["checks"]  # budgets from --scenario

@@ -73,8 +73,17 @@ def test_percentile_rule_is_numpy_linear_and_named():
 
 def test_empty_sample_is_none_not_zero():
     s = summarize([])
-    assert s == {"p50": None, "p95": None, "p99": None, "mean": None, "max": None, "n": 0, "p99_low_sample": True,
-                 "ci": {"p50": None, "p95": None, "p99": None}, "ci_level": 0.95}
+    assert s == {
+        "p50": None,
+        "p95": None,
+        "p99": None,
+        "mean": None,
+        "max": None,
+        "n": 0,
+        "p99_low_sample": True,
+        "ci": {"p50": None, "p95": None, "p99": None},
+        "ci_level": 0.95,
+    }
 
 
 def test_infinite_failures_reach_the_tail():

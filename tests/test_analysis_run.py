@@ -18,43 +18,68 @@ from loadgen.scenario import parse_scenario, scenario_manifest
 MS = 1_000_000
 
 
-def build_run(run_dir: Path, requests: list[dict[str, Any]], chunks: list[tuple[str, int, int, int]] = (),
-              *, scenario: Any = None, metrics: list[tuple[int, str, dict, float]] = (),
-              manifest: dict[str, Any] | None = None) -> Path:
+def build_run(
+    run_dir: Path,
+    requests: list[dict[str, Any]],
+    chunks: list[tuple[str, int, int, int]] = (),
+    *,
+    scenario: Any = None,
+    metrics: list[tuple[int, str, dict, float]] = (),
+    manifest: dict[str, Any] | None = None,
+) -> Path:
     """Write a run directory: request rows (missing columns null), chunk rows
     ``(request_id, seq, arrival_ns, tokens)`` in the given order, server metric samples."""
-    m = {"run_kind": "simulated", "target": {"kind": "sim", "model": "test"},
-         "scenario": scenario_manifest(scenario) if scenario is not None else None,
-         "warm_state": {"state": "warm", "actions": []}}
+    m = {
+        "run_kind": "simulated",
+        "target": {"kind": "sim", "model": "test"},
+        "scenario": scenario_manifest(scenario) if scenario is not None else None,
+        "warm_state": {"state": "warm", "actions": []},
+    }
     m.update(manifest or {})
     with RunWriter(run_dir, Manifest.model_validate(m), flush_rows=3) as w:
         for r in requests:
             row = {"target_prompt_tokens": 10, "target_output_tokens": 5, **r}
             w.add_request(empty_request_row(**row))
         if chunks:
-            w.add_chunks({"request_id": [c[0] for c in chunks], "seq": [c[1] for c in chunks],
-                          "arrival_ns": [c[2] for c in chunks], "tokens": [c[3] for c in chunks],
-                          "bytes": [100] * len(chunks)})
+            w.add_chunks(
+                {
+                    "request_id": [c[0] for c in chunks],
+                    "seq": [c[1] for c in chunks],
+                    "arrival_ns": [c[2] for c in chunks],
+                    "tokens": [c[3] for c in chunks],
+                    "bytes": [100] * len(chunks),
+                }
+            )
         if metrics:
-            w.add_metrics({"time_ns": [s[0] for s in metrics], "name": [s[1] for s in metrics],
-                           "labels": [json.dumps(s[2], sort_keys=True) for s in metrics],
-                           "value": [s[3] for s in metrics]})
+            w.add_metrics(
+                {
+                    "time_ns": [s[0] for s in metrics],
+                    "name": [s[1] for s in metrics],
+                    "labels": [json.dumps(s[2], sort_keys=True) for s in metrics],
+                    "value": [s[3] for s in metrics],
+                }
+            )
     return run_dir
 
 
 def scenario_two_classes() -> Any:
     data = {
-        "name": "known", "seed": 1,
+        "name": "known",
+        "seed": 1,
         "classes": {
             "short-message": {
-                "share": 0.5, "input_tokens": {"dist": "fixed", "value": 10},
+                "share": 0.5,
+                "input_tokens": {"dist": "fixed", "value": 10},
                 "output_tokens": {"dist": "fixed", "value": 5},
-                "budgets": {"ttft_ms": {"p50": 100, "p99": 200, "hard": True},
-                            "itl_ms": {"p99": 20, "hard": True},
-                            "e2e_ms": {"p99": 1000, "hard": False}},
+                "budgets": {
+                    "ttft_ms": {"p50": 100, "p99": 200, "hard": True},
+                    "itl_ms": {"p99": 20, "hard": True},
+                    "e2e_ms": {"p99": 1000, "hard": False},
+                },
             },
             "burst": {
-                "share": 0.5, "input_tokens": {"dist": "fixed", "value": 10},
+                "share": 0.5,
+                "input_tokens": {"dist": "fixed", "value": 10},
                 "output_tokens": {"dist": "fixed", "value": 5},
                 "budgets": {"ttft_ms": {"p99": 500, "hard": True}},
             },
@@ -68,24 +93,81 @@ def known_requests() -> list[dict[str, Any]]:
     sm, b = "short-message", "burst"
     return [
         # r1: ok, 3 content chunks (1, 1, 3 tokens) + a usage-only chunk
-        dict(request_id="r1", request_class=sm, scheduled_ns=0, sent_ns=5 * MS, first_token_ns=55 * MS,
-             last_token_ns=95 * MS, done_ns=100 * MS, status="ok", client_output_tokens=5, server_output_tokens=5,
-             server_prompt_tokens=10, client_prompt_tokens=10),
+        dict(
+            request_id="r1",
+            request_class=sm,
+            scheduled_ns=0,
+            sent_ns=5 * MS,
+            first_token_ns=55 * MS,
+            last_token_ns=95 * MS,
+            done_ns=100 * MS,
+            status="ok",
+            client_output_tokens=5,
+            server_output_tokens=5,
+            server_prompt_tokens=10,
+            client_prompt_tokens=10,
+        ),
         # r2: ok, first chunk carries 2 tokens
-        dict(request_id="r2", request_class=sm, scheduled_ns=100 * MS, sent_ns=100 * MS, first_token_ns=180 * MS,
-             last_token_ns=200 * MS, done_ns=210 * MS, status="ok", client_output_tokens=3, server_output_tokens=4,
-             target_output_tokens=3, server_prompt_tokens=10, client_prompt_tokens=10),
-        dict(request_id="r3", request_class=sm, scheduled_ns=200 * MS, sent_ns=200 * MS, done_ns=250 * MS,
-             status="error", error_kind="http_5xx", http_status=503),
+        dict(
+            request_id="r2",
+            request_class=sm,
+            scheduled_ns=100 * MS,
+            sent_ns=100 * MS,
+            first_token_ns=180 * MS,
+            last_token_ns=200 * MS,
+            done_ns=210 * MS,
+            status="ok",
+            client_output_tokens=3,
+            server_output_tokens=4,
+            target_output_tokens=3,
+            server_prompt_tokens=10,
+            client_prompt_tokens=10,
+        ),
+        dict(
+            request_id="r3",
+            request_class=sm,
+            scheduled_ns=200 * MS,
+            sent_ns=200 * MS,
+            done_ns=250 * MS,
+            status="error",
+            error_kind="http_5xx",
+            http_status=503,
+        ),
         # r4: planned abandonment after 2 tokens
-        dict(request_id="r4", request_class=sm, scheduled_ns=300 * MS, sent_ns=301 * MS, first_token_ns=340 * MS,
-             last_token_ns=350 * MS, done_ns=351 * MS, status="cancelled", cancel_after_tokens=2,
-             client_output_tokens=2),
+        dict(
+            request_id="r4",
+            request_class=sm,
+            scheduled_ns=300 * MS,
+            sent_ns=301 * MS,
+            first_token_ns=340 * MS,
+            last_token_ns=350 * MS,
+            done_ns=351 * MS,
+            status="cancelled",
+            cancel_after_tokens=2,
+            client_output_tokens=2,
+        ),
         dict(request_id="r5", request_class=sm, scheduled_ns=400 * MS, status="not_sent", error_kind="run_interrupted"),
-        dict(request_id="r6", request_class=b, scheduled_ns=50 * MS, sent_ns=50 * MS, first_token_ns=150 * MS,
-             last_token_ns=150 * MS, done_ns=160 * MS, status="ok", client_output_tokens=1, server_output_tokens=1),
-        dict(request_id="r7", request_class=b, scheduled_ns=150 * MS, sent_ns=150 * MS, done_ns=1150 * MS,
-             status="timeout", error_kind="ttft_timeout"),
+        dict(
+            request_id="r6",
+            request_class=b,
+            scheduled_ns=50 * MS,
+            sent_ns=50 * MS,
+            first_token_ns=150 * MS,
+            last_token_ns=150 * MS,
+            done_ns=160 * MS,
+            status="ok",
+            client_output_tokens=1,
+            server_output_tokens=1,
+        ),
+        dict(
+            request_id="r7",
+            request_class=b,
+            scheduled_ns=150 * MS,
+            sent_ns=150 * MS,
+            done_ns=1150 * MS,
+            status="timeout",
+            error_kind="ttft_timeout",
+        ),
     ]
 
 
@@ -93,9 +175,14 @@ def known_chunks() -> list[tuple[str, int, int, int]]:
     # grouped per request but not in request order (writers append in completion order)
     return [
         ("r6", 0, 150 * MS, 1),
-        ("r1", 0, 55 * MS, 1), ("r1", 1, 65 * MS, 1), ("r1", 2, 95 * MS, 3), ("r1", 3, 99 * MS, 0),
-        ("r2", 0, 180 * MS, 2), ("r2", 1, 200 * MS, 1),
-        ("r4", 0, 340 * MS, 1), ("r4", 1, 350 * MS, 1),
+        ("r1", 0, 55 * MS, 1),
+        ("r1", 1, 65 * MS, 1),
+        ("r1", 2, 95 * MS, 3),
+        ("r1", 3, 99 * MS, 0),
+        ("r2", 0, 180 * MS, 2),
+        ("r2", 1, 200 * MS, 1),
+        ("r4", 0, 340 * MS, 1),
+        ("r4", 1, 350 * MS, 1),
     ]
 
 
@@ -206,8 +293,10 @@ def test_json_is_strict_and_versioned(known, tmp_path):
     assert back["verdict"]["status"] == "fail" and back["verdict"]["errored"] is True
     assert back["classes"]["short-message"]["metrics"]["itl_ms"]["n"] == 7
     inf_checks = [c for c in back["checks"] if c["observed"] == "inf"]
-    assert inf_checks and all(set(c) >= {"class", "metric", "percentile", "observed", "limit", "n", "hard", "passed",
-                                         "reason"} for c in back["checks"])
+    assert inf_checks and all(
+        set(c) >= {"class", "metric", "percentile", "observed", "limit", "n", "hard", "passed", "reason"}
+        for c in back["checks"]
+    )
 
 
 def test_no_scenario_gives_numbers_but_no_verdicts(tmp_path):
@@ -244,8 +333,19 @@ def test_chunk_order_and_batch_edges_do_not_matter(tmp_path, monkeypatch):
 
 
 def test_first_chunk_with_many_tokens_gives_zero_gaps(tmp_path):
-    reqs = [dict(request_id="a", request_class="burst", scheduled_ns=0, sent_ns=0, first_token_ns=10 * MS,
-                 last_token_ns=40 * MS, done_ns=40 * MS, status="ok", client_output_tokens=7)]
+    reqs = [
+        dict(
+            request_id="a",
+            request_class="burst",
+            scheduled_ns=0,
+            sent_ns=0,
+            first_token_ns=10 * MS,
+            last_token_ns=40 * MS,
+            done_ns=40 * MS,
+            status="ok",
+            client_output_tokens=7,
+        )
+    ]
     chunks = [("a", 0, 10 * MS, 4), ("a", 1, 40 * MS, 3)]
     m = analyze_run(build_run(tmp_path / "r", reqs, chunks)).overall.metrics
     # 3 zero gaps from the first chunk, then 3 gaps of 10: six gaps summing to 30 = last − first
@@ -258,11 +358,28 @@ def test_cold_requests_reported_apart(tmp_path):
     reqs = []
     for i in range(6):
         cold = i < 2
-        reqs.append(dict(request_id=f"c{i}", request_class="burst", warm=not cold, scheduled_ns=i * 100 * MS,
-                         sent_ns=i * 100 * MS, first_token_ns=i * 100 * MS + (900 if cold else 20) * MS,
-                         done_ns=i * 100 * MS + (950 if cold else 50) * MS, status="ok"))
-    a = analyze_run(build_run(tmp_path / "r", reqs, manifest={"warm_state": {"state": "cold", "actions": ["restarted"]},
-                                                              "engine_notes": {"load_s": 12.5, "compile": "cuda graphs"}}))
+        reqs.append(
+            dict(
+                request_id=f"c{i}",
+                request_class="burst",
+                warm=not cold,
+                scheduled_ns=i * 100 * MS,
+                sent_ns=i * 100 * MS,
+                first_token_ns=i * 100 * MS + (900 if cold else 20) * MS,
+                done_ns=i * 100 * MS + (950 if cold else 50) * MS,
+                status="ok",
+            )
+        )
+    a = analyze_run(
+        build_run(
+            tmp_path / "r",
+            reqs,
+            manifest={
+                "warm_state": {"state": "cold", "actions": ["restarted"]},
+                "engine_notes": {"load_s": 12.5, "compile": "cuda graphs"},
+            },
+        )
+    )
     assert a.warm_cold["n_cold"] == 2 and a.warm_cold["cold"]["ttft_ms"]["p50"] == approx(900)
     assert a.warm_cold["warm"]["n"] == 4 and a.overall.metrics["ttft_ms"]["max"] == approx(20)
     assert a.warm_cold["state"] == "cold" and a.warm_cold["actions"] == ["restarted"]
@@ -272,8 +389,18 @@ def test_cold_requests_reported_apart(tmp_path):
 
 
 def test_cold_manifest_without_flags_uses_first_completion(tmp_path):
-    reqs = [dict(request_id=f"c{i}", request_class="burst", scheduled_ns=i * 100 * MS, sent_ns=i * 100 * MS,
-                 first_token_ns=i * 100 * MS + 150 * MS, done_ns=i * 100 * MS + 250 * MS, status="ok") for i in range(5)]
+    reqs = [
+        dict(
+            request_id=f"c{i}",
+            request_class="burst",
+            scheduled_ns=i * 100 * MS,
+            sent_ns=i * 100 * MS,
+            first_token_ns=i * 100 * MS + 150 * MS,
+            done_ns=i * 100 * MS + 250 * MS,
+            status="ok",
+        )
+        for i in range(5)
+    ]
     reqs.append(dict(request_id="never", request_class="burst", scheduled_ns=10 * MS, status="not_sent", warm=False))
     a = analyze_run(build_run(tmp_path / "r", reqs, manifest={"warm_state": {"state": "cold", "actions": []}}))
     assert a.warm_cold["n_cold"] == 3  # sent at 0, 100, 200 < first done at 250
@@ -284,17 +411,32 @@ def test_cold_manifest_without_flags_uses_first_completion(tmp_path):
 def test_server_metrics_joined(tmp_path, suffix):
     s = 1_000_000_000
     metrics = []
-    for t, kv, run_a, run_b, wait, pre, q, h in [(0, 0.1, 1, 0, 0, 0, 0, 0), (1, 0.7, 3, 2, 4, 2, 100, 50),
-                                                 (2, 0.5, 2, 1, 1, 5, 200, 150)]:
-        metrics += [(t * s, "vllm:kv_cache_usage_perc", {"model_name": "m"}, kv),
-                    (t * s, "vllm:num_requests_running", {"engine": "0"}, run_a),
-                    (t * s, "vllm:num_requests_running", {"engine": "1"}, run_b),
-                    (t * s, "vllm:num_requests_waiting", {"engine": "0"}, wait),
-                    (t * s, "vllm:num_preemptions" + suffix, {}, pre),
-                    (t * s, "vllm:prefix_cache_queries" + suffix, {}, q),
-                    (t * s, "vllm:prefix_cache_hits" + suffix, {}, h)]
-    reqs = [dict(request_id=f"x{i}", request_class="burst", scheduled_ns=i * s, sent_ns=i * s,
-                 first_token_ns=i * s + 10 * MS, done_ns=i * s + 20 * MS, status="ok") for i in range(3)]
+    for t, kv, run_a, run_b, wait, pre, q, h in [
+        (0, 0.1, 1, 0, 0, 0, 0, 0),
+        (1, 0.7, 3, 2, 4, 2, 100, 50),
+        (2, 0.5, 2, 1, 1, 5, 200, 150),
+    ]:
+        metrics += [
+            (t * s, "vllm:kv_cache_usage_perc", {"model_name": "m"}, kv),
+            (t * s, "vllm:num_requests_running", {"engine": "0"}, run_a),
+            (t * s, "vllm:num_requests_running", {"engine": "1"}, run_b),
+            (t * s, "vllm:num_requests_waiting", {"engine": "0"}, wait),
+            (t * s, "vllm:num_preemptions" + suffix, {}, pre),
+            (t * s, "vllm:prefix_cache_queries" + suffix, {}, q),
+            (t * s, "vllm:prefix_cache_hits" + suffix, {}, h),
+        ]
+    reqs = [
+        dict(
+            request_id=f"x{i}",
+            request_class="burst",
+            scheduled_ns=i * s,
+            sent_ns=i * s,
+            first_token_ns=i * s + 10 * MS,
+            done_ns=i * s + 20 * MS,
+            status="ok",
+        )
+        for i in range(3)
+    ]
     a = analyze_run(build_run(tmp_path / "r", reqs, metrics=metrics))
     sv = a.server
     assert sv["kv_cache_usage"]["peak"] == approx(0.7)
@@ -318,10 +460,27 @@ def test_bad_input_is_one_line_error(tmp_path):
 
 
 def test_abandoned_before_first_token_is_a_failure(tmp_path):
-    reqs = [dict(request_id="x", request_class="burst", scheduled_ns=0, sent_ns=0, done_ns=5 * MS,
-                 status="cancelled", cancel_after_tokens=3),
-            dict(request_id="y", request_class="burst", scheduled_ns=MS, sent_ns=MS, first_token_ns=9 * MS,
-                 done_ns=12 * MS, status="cancelled", cancel_after_tokens=1)]
+    reqs = [
+        dict(
+            request_id="x",
+            request_class="burst",
+            scheduled_ns=0,
+            sent_ns=0,
+            done_ns=5 * MS,
+            status="cancelled",
+            cancel_after_tokens=3,
+        ),
+        dict(
+            request_id="y",
+            request_class="burst",
+            scheduled_ns=MS,
+            sent_ns=MS,
+            first_token_ns=9 * MS,
+            done_ns=12 * MS,
+            status="cancelled",
+            cancel_after_tokens=1,
+        ),
+    ]
     a = analyze_run(build_run(tmp_path / "r", reqs, scenario=scenario_two_classes()))
     b = a.classes["burst"]
     assert b.abandoned == 1 and b.error_kinds == {"cancelled": 1}
@@ -333,8 +492,17 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 
-@given(st.lists(st.tuples(st.sampled_from(["ok", "error", "timeout", "cancelled", "not_sent"]),
-                          st.sampled_from(["short-message", "burst"]), st.booleans()), min_size=1, max_size=25))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["ok", "error", "timeout", "cancelled", "not_sent"]),
+            st.sampled_from(["short-message", "burst"]),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=25,
+    )
+)
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_law_every_scheduled_request_has_exactly_one_status(tmp_path_factory, rows):
     reqs = []
@@ -387,14 +555,28 @@ def test_server_counters_reset_histograms_and_old_gauge_names():
 
     s = 1_000_000_000
     rows = []
-    for t, pre, tok_sum, tok_cnt, kv in [(0, 5, 0, 0, 0.2), (1, 8, 640, 10, 0.9), (2, 2, 1280, 20, 0.4), (3, 4, 1920, 30, 0.1)]:
-        rows += [(t * s, "vllm:num_preemptions_total", "{}", pre),  # 5 → 8 → (restart) 2 → 4: increase 3 + 2 + 2
-                 (t * s, "vllm:iteration_tokens_total_sum", "{}", tok_sum),
-                 (t * s, "vllm:iteration_tokens_total_count", "{}", tok_cnt),
-                 (t * s, "vllm:gpu_cache_usage_perc", "{}", kv),
-                 (t * s, "vllm:cache_config_info", '{"block_size": "16", "num_gpu_blocks": "1000"}', 1.0)]
-    table = pa.table({"time_ns": [r[0] for r in rows], "name": [r[1] for r in rows],
-                      "labels": [r[2] for r in rows], "value": [float(r[3]) for r in rows]}, schema=SERVER_METRICS_SCHEMA)
+    for t, pre, tok_sum, tok_cnt, kv in [
+        (0, 5, 0, 0, 0.2),
+        (1, 8, 640, 10, 0.9),
+        (2, 2, 1280, 20, 0.4),
+        (3, 4, 1920, 30, 0.1),
+    ]:
+        rows += [
+            (t * s, "vllm:num_preemptions_total", "{}", pre),  # 5 → 8 → (restart) 2 → 4: increase 3 + 2 + 2
+            (t * s, "vllm:iteration_tokens_total_sum", "{}", tok_sum),
+            (t * s, "vllm:iteration_tokens_total_count", "{}", tok_cnt),
+            (t * s, "vllm:gpu_cache_usage_perc", "{}", kv),
+            (t * s, "vllm:cache_config_info", '{"block_size": "16", "num_gpu_blocks": "1000"}', 1.0),
+        ]
+    table = pa.table(
+        {
+            "time_ns": [r[0] for r in rows],
+            "name": [r[1] for r in rows],
+            "labels": [r[2] for r in rows],
+            "value": [float(r[3]) for r in rows],
+        },
+        schema=SERVER_METRICS_SCHEMA,
+    )
     sv = summarize_server_metrics(table, 0, 3 * s)
     assert sv["preemptions"]["increase"] == 7
     assert sv["batch_tokens_per_step"]["mean"] == 64

@@ -4,19 +4,27 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_analysis_run import build_run
 
 from loadgen.analysis import analyze_run
 from loadgen.analysis.stability import assess_stability
-
-from test_analysis_run import build_run
 
 S = 1_000_000_000
 
 
 def _requests(sched_s, done_s):
-    return [dict(request_id=f"q{i}", request_class="burst", scheduled_ns=int(s * S), sent_ns=int(s * S),
-                 first_token_ns=int(s * S) + 10_000_000, done_ns=int(d * S), status="ok")
-            for i, (s, d) in enumerate(zip(sched_s, done_s))]
+    return [
+        dict(
+            request_id=f"q{i}",
+            request_class="burst",
+            scheduled_ns=int(s * S),
+            sent_ns=int(s * S),
+            first_token_ns=int(s * S) + 10_000_000,
+            done_ns=int(d * S),
+            status="ok",
+        )
+        for i, (s, d) in enumerate(zip(sched_s, done_s))
+    ]
 
 
 def test_stable_run_applies_littles_law(tmp_path):
@@ -70,6 +78,15 @@ def test_too_few_arrivals_and_unfinished_requests_are_reasons():
 def test_stability_sentence_when_lambda_w_is_zero():
     from loadgen.analysis.report_console import stability_sentence
 
-    text = stability_sentence({"applied": True, "interval_s": [0.0, 1.0], "L": 0.0, "lambda_rps": 0.0, "W_s": 0.1,
-                               "lambda_W": 0.0, "relative_difference": None})
+    text = stability_sentence(
+        {
+            "applied": True,
+            "interval_s": [0.0, 1.0],
+            "L": 0.0,
+            "lambda_rps": 0.0,
+            "W_s": 0.1,
+            "lambda_W": 0.0,
+            "relative_difference": None,
+        }
+    )
     assert "no relative difference" in text

@@ -22,8 +22,22 @@ def test_bench_cli_on_the_embedded_simulator(tmp_path):
     scenario.write_text(short)
     out = tmp_path / "bench"
     res = subprocess.run(
-        [sys.executable, "-m", "loadgen", "bench", "--scenario", str(scenario), "--out", str(out), "--html", str(tmp_path / "r.html")],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "bench",
+            "--scenario",
+            str(scenario),
+            "--out",
+            str(out),
+            "--html",
+            str(tmp_path / "r.html"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
     )
     assert res.returncode == 0, res.stderr[-2000:]
     assert "short-message" in res.stdout and "ttft" in res.stdout

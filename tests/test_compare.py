@@ -47,14 +47,16 @@ def worksheet_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_canonical_comparison_rejects_the_large_batch_for_p99_ttft(worksheet_runs: dict[str, Path]) -> None:
-    comp = compare_candidates([worksheet_runs[n] for n in CANDIDATES], route="interactive",
-                              prices=REPO / "scenarios" / "prices.toml")
+    comp = compare_candidates(
+        [worksheet_runs[n] for n in CANDIDATES], route="interactive", prices=REPO / "scenarios" / "prices.toml"
+    )
     small, large = comp.candidates
     assert (small["label"], large["label"]) == CANDIDATES
     # one minute of trace holds 76 short messages: their p99 can be shown to fail, not yet to pass
     assert small["steps"][0]["result"] == "inconclusive" and small["verdict"] == "eligible"
     assert not small["breaches"] and any(
-        "about 223 more requests of class short-message are needed" in w for w in small["steps"][0]["why"])
+        "about 223 more requests of class short-message are needed" in w for w in small["steps"][0]["why"]
+    )
     assert large["verdict"] == "rejected" and large["rejected_at"] == "hard budgets"
     p99_ttft = [b for b in large["breaches"] if b["metric"] == "ttft_ms" and b["percentile"] == "p99"]
     assert p99_ttft, large["breaches"]
@@ -68,8 +70,10 @@ def test_canonical_comparison_rejects_the_large_batch_for_p99_ttft(worksheet_run
     assert large["throughput"]["output_tok_per_engine_busy_s"] > small["throughput"]["output_tok_per_engine_busy_s"]
     assert comp.decision["headline_throughput"]["label"] == "throughput-large-batch"
     assert large["cost"]["per_million_output_tokens"] < small["cost"]["per_million_output_tokens"]
-    assert any("throughput-large-batch rejected" in w and "headline throughput" in w and "ttft_ms p99" in w
-               for w in comp.decision["why"])
+    assert any(
+        "throughput-large-batch rejected" in w and "headline throughput" in w and "ttft_ms p99" in w
+        for w in comp.decision["why"]
+    )
     # the numbers side by side: both candidates' throughput and tails are in the report
     for cand in comp.candidates:
         assert cand["throughput"]["output_tok_s"] > 0 and cand["throughput"]["completed_rps"] > 0
@@ -113,11 +117,17 @@ def test_different_workloads_are_refused_unless_allowed(worksheet_runs: dict[str
 def test_contract_failure_rejects_before_cost(worksheet_runs: dict[str, Path], tmp_path: Path) -> None:
     small = tmp_path / "small"
     shutil.copytree(worksheet_runs["interactive-small-batch"], small)
-    (small / "contract.json").write_text(json.dumps({
-        "passed": False, "n_cases": 2, "n_passed": 1,
-        "failures": [{"case_id": "lang-fr", "kind": "language", "expected": "fr", "got": "en"}],
-        "reference_diff": None,
-    }))
+    (small / "contract.json").write_text(
+        json.dumps(
+            {
+                "passed": False,
+                "n_cases": 2,
+                "n_passed": 1,
+                "failures": [{"case_id": "lang-fr", "kind": "language", "expected": "fr", "got": "en"}],
+                "reference_diff": None,
+            }
+        )
+    )
     comp = compare_candidates([small, worksheet_runs["throughput-large-batch"]])
     first = comp.candidates[0]
     assert first["steps"][0]["result"] == "inconclusive"  # no hard budget fails conclusively
@@ -128,12 +138,26 @@ def test_contract_failure_rejects_before_cost(worksheet_runs: dict[str, Path], t
 def test_compare_cli_json_and_refusal(worksheet_runs: dict[str, Path]) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     runs = [str(worksheet_runs[n]) for n in CANDIDATES]
-    ok = subprocess.run([sys.executable, "-m", "loadgen", "compare", *runs, "--json"], capture_output=True, text=True,
-                        env=env, cwd=REPO, timeout=120, check=False)
+    ok = subprocess.run(
+        [sys.executable, "-m", "loadgen", "compare", *runs, "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+        check=False,
+    )
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["decision"]["chosen"] == "interactive-small-batch"
-    bad = subprocess.run([sys.executable, "-m", "loadgen", "compare", *runs, "--variable", "host"], capture_output=True,
-                         text=True, env=env, cwd=REPO, timeout=120, check=False)
+    bad = subprocess.run(
+        [sys.executable, "-m", "loadgen", "compare", *runs, "--variable", "host"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+        check=False,
+    )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "declared variable host" in bad.stderr
 
 
@@ -144,7 +168,7 @@ def test_plan_directories_compare_by_region(tmp_path: Path) -> None:
     plan = tmp_path / "plan.toml"
     plan.write_text(
         f'name = "cmp"\nscenario = "{SCENARIO}"\ntrace = "steady"\nduration_s = 10\nclasses = ["short-message"]\n'
-        'concurrency = [64]\nrates_rps = [2, 8, 32]\nrepeats = 1\n[stops]\ncontract_every_cell = false\n'
+        "concurrency = [64]\nrates_rps = [2, 8, 32]\nrepeats = 1\n[stops]\ncontract_every_cell = false\n"
     )
     spec = load_plan(plan)
     dirs = []
@@ -165,8 +189,11 @@ def test_price_table_and_cost_formula(tmp_path: Path) -> None:
     cost = cost_per_million(price, prompt_tok_s=900.0, output_tok_s=100.0)
     assert math.isclose(cost["per_million_output_tokens"], 3.6 / 3600 / 100 * 1e6)
     assert math.isclose(cost["per_million_tokens"], 3.6 / 3600 / 1000 * 1e6)
-    managed = cost_per_million(Price(usd_per_million_input_tokens=1.0, usd_per_million_output_tokens=4.0),
-                               prompt_tok_s=300.0, output_tok_s=100.0)
+    managed = cost_per_million(
+        Price(usd_per_million_input_tokens=1.0, usd_per_million_output_tokens=4.0),
+        prompt_tok_s=300.0,
+        output_tok_s=100.0,
+    )
     assert math.isclose(managed["per_million_tokens"], (1.0 * 300 + 4.0 * 100) / 400)
     bad = tmp_path / "prices.toml"
     bad.write_text("[candidates.x]\nusd_per_hour = -1\n")
@@ -185,10 +212,19 @@ def test_engine_rate_counts_across_a_counter_reset(worksheet_runs: dict[str, Pat
     (run / MANIFEST_FILE).write_text(json.dumps(manifest))
     s = 1_000_000_000
     rows = [(t * s, "loadgen_sim_busy_seconds_total", float(t)) for t in range(5)]  # 4 s busy
-    rows += [(t * s, "vllm:generation_tokens_total", float(v))  # restart after 200: 100 + 100 + 50 + 100
-             for t, v in enumerate([0, 100, 200, 50, 150])]
-    table = pa.table({"time_ns": [r[0] for r in rows], "name": [r[1] for r in rows], "labels": ["{}"] * len(rows),
-                      "value": [r[2] for r in rows]}, schema=SERVER_METRICS_SCHEMA)
+    rows += [
+        (t * s, "vllm:generation_tokens_total", float(v))  # restart after 200: 100 + 100 + 50 + 100
+        for t, v in enumerate([0, 100, 200, 50, 150])
+    ]
+    table = pa.table(
+        {
+            "time_ns": [r[0] for r in rows],
+            "name": [r[1] for r in rows],
+            "labels": ["{}"] * len(rows),
+            "value": [r[2] for r in rows],
+        },
+        schema=SERVER_METRICS_SCHEMA,
+    )
     shutil.rmtree(run / SERVER_METRICS_FILE)  # replace the table (a directory of parts) with these samples
     pq.write_table(table, run / SERVER_METRICS_FILE)  # one plain file: the schema-1 layout, still read
     assert counter_increase(table, ("vllm:generation_tokens_total",)) == 350

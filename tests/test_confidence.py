@@ -84,9 +84,16 @@ def test_summaries_carry_intervals_for_every_percentile() -> None:
     assert SortedParts(parts, 0.5).interval(0.5) == (20.0, 30.0)  # same ranks over the union, scaled
 
 
-@pytest.mark.parametrize(("dist", "n", "q"), [("exponential", 200, 0.5), ("lognormal", 500, 0.95),
-                                                ("lognormal", 1000, 0.99), ("uniform", 2000, 0.99),
-                                                ("exponential", 400, 0.99)])
+@pytest.mark.parametrize(
+    ("dist", "n", "q"),
+    [
+        ("exponential", 200, 0.5),
+        ("lognormal", 500, 0.95),
+        ("lognormal", 1000, 0.99),
+        ("uniform", 2000, 0.99),
+        ("exponential", 400, 0.99),
+    ],
+)
 def test_intervals_cover_the_true_quantile_about_95_percent_of_the_time(dist: str, n: int, q: float) -> None:
     rng = np.random.default_rng(20261129 + n)
     trials = 2000
@@ -115,7 +122,9 @@ def test_wilson_interval_matches_the_formula() -> None:
         center = (p + Z95**2 / (2 * n)) / (1 + Z95**2 / n)
         half = Z95 / (1 + Z95**2 / n) * math.sqrt(p * (1 - p) / n + Z95**2 / (4 * n * n))
         low, high = wilson_interval(k, n)
-        assert low == pytest.approx(max(0.0, center - half), abs=1e-12) and high == pytest.approx(min(1.0, center + half))
+        assert low == pytest.approx(max(0.0, center - half), abs=1e-12) and high == pytest.approx(
+            min(1.0, center + half)
+        )
     assert wilson_interval(0, 188)[0] == 0.0 and wilson_interval(0, 0) is None
     assert wilson_interval(5, 100) == pytest.approx((0.02154, 0.11175), abs=1e-5)  # textbook value
 
@@ -162,20 +171,31 @@ def test_three_way_budget_verdicts() -> None:
     _, p99 = budget_checks("short-message", "itl_ms", budget, few, 0, requests=5)
     assert p99.more_requests == math.ceil((299 - 50) / 10)
     err = error_share_check(0, 188, 0.01)
-    assert err.outcome == "inconclusive" and err.more_requests == 381 - 188 and err.ci[1] == pytest.approx(0.02, abs=1e-3)
+    assert (
+        err.outcome == "inconclusive" and err.more_requests == 381 - 188 and err.ci[1] == pytest.approx(0.02, abs=1e-3)
+    )
     assert error_share_check(0, 400, 0.01).outcome == "pass" and error_share_check(10, 100, 0.01).outcome == "fail"
 
 
 # ---- through the analysis and the real CLI -------------------------------------------------------
 
+
 def _scenario():
-    return parse_scenario({
-        "name": "ci", "seed": 1,
-        "classes": {"short-message": {"share": 1.0, "input_tokens": {"dist": "fixed", "value": 10},
-                                      "output_tokens": {"dist": "fixed", "value": 5},
-                                      "budgets": {"ttft_ms": {"p50": 100, "p99": 200, "hard": True}}}},
-        "traces": {"t": {"process": "poisson", "rate_rps": 1, "duration_s": 1}},
-    })
+    return parse_scenario(
+        {
+            "name": "ci",
+            "seed": 1,
+            "classes": {
+                "short-message": {
+                    "share": 1.0,
+                    "input_tokens": {"dist": "fixed", "value": 10},
+                    "output_tokens": {"dist": "fixed", "value": 5},
+                    "budgets": {"ttft_ms": {"p50": 100, "p99": 200, "hard": True}},
+                }
+            },
+            "traces": {"t": {"process": "poisson", "rate_rps": 1, "duration_s": 1}},
+        }
+    )
 
 
 def _uniform_run(path: Path, n: int, ttft_ms: list[float]) -> Path:
@@ -183,15 +203,32 @@ def _uniform_run(path: Path, n: int, ttft_ms: list[float]) -> Path:
     for i in range(n):
         t0 = i * 10 * MS
         first = t0 + int(ttft_ms[i % len(ttft_ms)] * MS)
-        rows.append({"request_id": f"r{i:04d}", "request_class": "short-message", "scheduled_ns": t0, "sent_ns": t0,
-                     "first_token_ns": first, "last_token_ns": first, "done_ns": first + MS, "status": "ok",
-                     "client_output_tokens": 1, "server_output_tokens": 1})
+        rows.append(
+            {
+                "request_id": f"r{i:04d}",
+                "request_class": "short-message",
+                "scheduled_ns": t0,
+                "sent_ns": t0,
+                "first_token_ns": first,
+                "last_token_ns": first,
+                "done_ns": first + MS,
+                "status": "ok",
+                "client_output_tokens": 1,
+                "server_output_tokens": 1,
+            }
+        )
     return build_run(path, rows, scenario=_scenario())
 
 
 def _analyze(run: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "loadgen", "analyze", str(run), "--fail-on-budget", *extra],
-                          cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "loadgen", "analyze", str(run), "--fail-on-budget", *extra],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_three_way_verdicts_through_the_cli(tmp_path: Path) -> None:

@@ -16,10 +16,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from loadgen.targets import launch_sim_server as start_sim_server
 
 from loadgen.driver import RunOptions
 from loadgen.driver.target import VERSION_MAX_BYTES, safe_version
+from loadgen.targets import launch_sim_server as start_sim_server
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = "sk-test-4f9a8b7c6d5e4f3a2b1c"
@@ -43,8 +43,13 @@ class _EchoHandler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/version":
             auth = self.headers.get("authorization", "")
-            body = {"version": "9.9", "you_sent": auth, "authorization": auth, "padding": ["x" * 1000] * 200,
-                    "nested": {"echo": f"header was {auth}"}}
+            body = {
+                "version": "9.9",
+                "you_sent": auth,
+                "authorization": auth,
+                "padding": ["x" * 1000] * 200,
+                "nested": {"echo": f"header was {auth}"},
+            }
             self._send(200, json.dumps(body).encode())
         elif self.path == "/v1/models":
             self._send(200, json.dumps({"data": [{"id": "echo-model", "owned_by": "me"}]}).encode())
@@ -54,9 +59,17 @@ class _EchoHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("content-length", "0"))
         self.rfile.read(length)
-        chunk = {"id": "c", "object": "text_completion", "choices": [{"index": 0, "text": " hi", "finish_reason": None}]}
-        last = {"id": "c", "object": "text_completion", "choices": [{"index": 0, "text": "", "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 5, "completion_tokens": 1}}
+        chunk = {
+            "id": "c",
+            "object": "text_completion",
+            "choices": [{"index": 0, "text": " hi", "finish_reason": None}],
+        }
+        last = {
+            "id": "c",
+            "object": "text_completion",
+            "choices": [{"index": 0, "text": "", "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 1},
+        }
         body = (f"data: {json.dumps(chunk)}\n\ndata: {json.dumps(last)}\n\ndata: [DONE]\n\n").encode()
         self._send(200, body, "text/event-stream")
 
@@ -74,8 +87,15 @@ def echo_server() -> Iterator[str]:
 
 
 def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "loadgen", *args], cwd=REPO, capture_output=True, text=True, check=False,
-                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "loadgen", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )
 
 
 def _all_text(root: Path) -> str:
@@ -83,8 +103,14 @@ def _all_text(root: Path) -> str:
 
 
 def test_safe_version_redacts_credentials_and_caps_the_size() -> None:
-    body = {"Authorization": f"Bearer {KEY}", "x-api-key": "abc", "tokenizer": "cl100k_base",
-            "max_num_batched_tokens": 8, "note": f"key {KEY} and Basic dXNlcjpwYXNzd29yZA==", "mine": "s3cr3t-value!"}
+    body = {
+        "Authorization": f"Bearer {KEY}",
+        "x-api-key": "abc",
+        "tokenizer": "cl100k_base",
+        "max_num_batched_tokens": 8,
+        "note": f"key {KEY} and Basic dXNlcjpwYXNzd29yZA==",
+        "mine": "s3cr3t-value!",
+    }
     clean = safe_version(body, ("s3cr3t-value!",))
     text = json.dumps(clean)
     assert KEY not in text and "dXNlcjpwYXNzd29yZA==" not in text and "s3cr3t-value!" not in text
@@ -97,12 +123,29 @@ def test_safe_version_redacts_credentials_and_caps_the_size() -> None:
 def test_a_target_echoing_the_api_key_never_gets_it_stored(tmp_path: Path) -> None:
     trace = tmp_path / "t.parquet"
     scenario = tmp_path / "s.toml"
-    scenario.write_text((REPO / "scenarios" / "canonical.toml").read_text().replace(
-        'cases = ["contract/canonical.toml"]', "cases = []").replace("duration_s = 60", "duration_s = 2", 1))
+    scenario.write_text(
+        (REPO / "scenarios" / "canonical.toml")
+        .read_text()
+        .replace('cases = ["contract/canonical.toml"]', "cases = []")
+        .replace("duration_s = 60", "duration_s = 2", 1)
+    )
     assert _cli("trace", "generate", str(scenario), "--trace", "steady", "--out", str(trace)).returncode == 0
     with echo_server() as url:
-        out = _cli("run", str(trace), "--target", url, "--out", str(tmp_path / "run"), "--scenario", str(scenario),
-                   "--api-key-env", "ECHO_KEY", "--scrape-metrics", "off", env={"ECHO_KEY": KEY})
+        out = _cli(
+            "run",
+            str(trace),
+            "--target",
+            url,
+            "--out",
+            str(tmp_path / "run"),
+            "--scenario",
+            str(scenario),
+            "--api-key-env",
+            "ECHO_KEY",
+            "--scrape-metrics",
+            "off",
+            env={"ECHO_KEY": KEY},
+        )
         assert out.returncode == 0, out.stderr
     assert out.stderr.count(KEY) == 0 and out.stdout.count(KEY) == 0
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
@@ -136,6 +179,7 @@ def test_target_urls_and_headers_from_the_command_line() -> None:
 
 # ---- the simulated server's containment -----------------------------------------------------------------
 
+
 def _raw(base_url: str, payload: bytes, *, read_timeout: float = 10.0, shutdown: bool = False) -> bytes:
     host, port = base_url.removeprefix("http://").rsplit(":", 1)
     with socket.create_connection((host.strip("[]"), int(port)), timeout=read_timeout) as sock:
@@ -155,8 +199,10 @@ def _raw(base_url: str, payload: bytes, *, read_timeout: float = 10.0, shutdown:
 
 
 def _post(path: str, body: bytes, extra: str = "") -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{extra}"
-            f"content-length: {len(body)}\r\n\r\n").encode() + body
+    return (
+        f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{extra}"
+        f"content-length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
 def test_sim_server_bounds_what_a_client_can_make_it_hold(tmp_path: Path) -> None:
@@ -172,8 +218,10 @@ def test_sim_server_bounds_what_a_client_can_make_it_hold(tmp_path: Path) -> Non
         reply = _raw(sim.base_url, b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip\r\n\r\n")
         assert reply.startswith(b"HTTP/1.1 501")
         body = json.dumps({"prompt": "hi", "max_tokens": 2, "stream": False}).encode()
-        chunked = (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n"
-                   + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+        chunked = (
+            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+            + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        )
         assert _raw(sim.base_url, chunked).startswith(b"HTTP/1.1 200")
         # a request that never completes: 408 after the header timeout
         start = time.monotonic()
@@ -198,9 +246,14 @@ def test_sim_serve_prints_ipv6_urls_in_brackets() -> None:
             probe.bind(("::1", 0))
     except OSError:
         pytest.skip("no IPv6 loopback here")
-    proc = subprocess.Popen([sys.executable, "-m", "loadgen", "sim", "serve", "--engine", "instant", "--host", "::1",
-                             "--port", "0"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loadgen", "sim", "serve", "--engine", "instant", "--host", "::1", "--port", "0"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()

@@ -74,17 +74,24 @@ def test_defaults_apply_and_case_overrides(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "mutation, needle",
     [
-        (('kind = "target", pattern = "Paris"', 'kind = "target", pattern = "(unclosed"'),
-         "case 't1': checks[0].pattern = '(unclosed': expected a valid regular expression"),
+        (
+            ('kind = "target", pattern = "Paris"', 'kind = "target", pattern = "(unclosed"'),
+            "case 't1': checks[0].pattern = '(unclosed': expected a valid regular expression",
+        ),
         (('kind = "target", pattern = "Paris"', 'kind = "sentiment"'), "case 't1': checks[0]"),
         (('id = "t1"', 'id = "bad id!"'), "id = 'bad id!': expected letters"),
-        (('max_tokens = 32', 'max_tokens = 0'), "request.max_tokens = 0"),
-        (('kind = "target", pattern = "Paris"', 'kind = "language", expected = "xx"'), "expected = 'xx': expected one of"),
+        (("max_tokens = 32", "max_tokens = 0"), "request.max_tokens = 0"),
+        (
+            ('kind = "target", pattern = "Paris"', 'kind = "language", expected = "xx"'),
+            "expected = 'xx': expected one of",
+        ),
         (('kind = "target", pattern = "Paris"', 'kind = "target"'), "expected exactly one of exact or pattern"),
-        (('[defaults]', '[defaults]\ntop_p = 1'), "defaults.top_p: unknown field"),
+        (("[defaults]", "[defaults]\ntop_p = 1"), "defaults.top_p: unknown field"),
     ],
 )
-def test_loader_errors_are_one_line_naming_file_case_field(tmp_path: Path, mutation: tuple[str, str], needle: str) -> None:
+def test_loader_errors_are_one_line_naming_file_case_field(
+    tmp_path: Path, mutation: tuple[str, str], needle: str
+) -> None:
     path = write(tmp_path, GOOD.replace(*mutation))
     with pytest.raises(ScenarioError) as info:
         load_cases(path)
@@ -95,7 +102,7 @@ def test_loader_errors_are_one_line_naming_file_case_field(tmp_path: Path, mutat
 
 
 def test_loader_rejects_duplicate_ids_and_missing_file(tmp_path: Path) -> None:
-    dup = GOOD + GOOD[GOOD.index("[[cases]]"):]
+    dup = GOOD + GOOD[GOOD.index("[[cases]]") :]
     with pytest.raises(ScenarioError, match="case 't1': id = 't1': expected unique case ids"):
         load_cases(write(tmp_path, dup))
     with pytest.raises(ScenarioError, match="no such file"):
@@ -123,16 +130,36 @@ def by_id(case_id: str):
     "case_id, good, bad",
     [
         ("target-arithmetic", Observed("51"), Observed("The answer is 51.")),
-        ("citation-warranty", Observed("24 months [doc-2]; 30 days [doc-3]."),
-         Observed("24 months [doc-2]; 30 days [doc-9].")),
-        ("abstention-missing-fact", Observed("I'm sorry, the documents do not mention it."),
-         Observed("The CEO's favourite colour is blue.")),
-        ("language-french", Observed("Le ciel est bleu parce que la lumière est diffusée par l'air."),
-         Observed("The sky is blue because the light is scattered by the air.")),
-        ("schema-person", Observed('```json\n{"name": "Alice", "age": 31}\n```'), Observed('{"name": "Alice", "age": "31"}')),
-        ("control-stop-sequence", Observed("red\ngreen\nblue\n", "stop", 6), Observed("red\ngreen\nblue\nEND", "stop", 7)),
-        ("control-max-tokens", Observed("Once upon a time there was a", "length", 8),
-         Observed("Once upon a time there was a lighthouse keeper", "length", 9)),
+        (
+            "citation-warranty",
+            Observed("24 months [doc-2]; 30 days [doc-3]."),
+            Observed("24 months [doc-2]; 30 days [doc-9]."),
+        ),
+        (
+            "abstention-missing-fact",
+            Observed("I'm sorry, the documents do not mention it."),
+            Observed("The CEO's favourite colour is blue."),
+        ),
+        (
+            "language-french",
+            Observed("Le ciel est bleu parce que la lumière est diffusée par l'air."),
+            Observed("The sky is blue because the light is scattered by the air."),
+        ),
+        (
+            "schema-person",
+            Observed('```json\n{"name": "Alice", "age": 31}\n```'),
+            Observed('{"name": "Alice", "age": "31"}'),
+        ),
+        (
+            "control-stop-sequence",
+            Observed("red\ngreen\nblue\n", "stop", 6),
+            Observed("red\ngreen\nblue\nEND", "stop", 7),
+        ),
+        (
+            "control-max-tokens",
+            Observed("Once upon a time there was a", "length", 8),
+            Observed("Once upon a time there was a lighthouse keeper", "length", 9),
+        ),
     ],
 )
 def test_each_check_kind_passes_and_fails(case_id: str, good: Observed, bad: Observed) -> None:
@@ -173,8 +200,13 @@ def test_language_heuristic(text: str, lang: str) -> None:
 
 
 def body_for(case, **extra):
-    return {"model": "m", "messages": [m.model_dump() for m in case.request.messages],
-            "max_tokens": case.request.max_tokens, "stop": case.request.stop, **extra}
+    return {
+        "model": "m",
+        "messages": [m.model_dump() for m in case.request.messages],
+        "max_tokens": case.request.max_tokens,
+        "stop": case.request.stop,
+        **extra,
+    }
 
 
 def test_responder_plays_reference_and_checks_pass() -> None:
@@ -209,17 +241,30 @@ def test_responder_drift_breaks_every_kind() -> None:
         assert answer.drifted
         obs = Observed(answer.text, answer.finish_reason, tok.count(answer.text))
         assert not all(o.passed for o in run_checks(case, obs)), case.id
-    text = respond(body_for(by_id("target-capital")), {"drift": {"target-capital": "Lyon."}},
-                   headers={"x-loadgen-case": "target-capital"})
+    text = respond(
+        body_for(by_id("target-capital")),
+        {"drift": {"target-capital": "Lyon."}},
+        headers={"x-loadgen-case": "target-capital"},
+    )
     assert text == "Lyon."
 
 
 def test_responder_loads_extra_case_files_relative_to_base_dir(tmp_path: Path) -> None:
     write(tmp_path, GOOD, "extra.toml")
     body = {"messages": [{"role": "user", "content": "Capital of France?"}], "max_tokens": 32}
-    assert respond(body, {"cases": ["extra.toml"]}, headers={"x-loadgen-case": "t1"}, base_dir=tmp_path) == "Paris is the capital."
-    assert respond(body, {"cases": ["extra.toml"], "default_cases": False}, headers={"x-loadgen-case": "target-capital"},
-                   base_dir=tmp_path) is None
+    assert (
+        respond(body, {"cases": ["extra.toml"]}, headers={"x-loadgen-case": "t1"}, base_dir=tmp_path)
+        == "Paris is the capital."
+    )
+    assert (
+        respond(
+            body,
+            {"cases": ["extra.toml"], "default_cases": False},
+            headers={"x-loadgen-case": "target-capital"},
+            base_dir=tmp_path,
+        )
+        is None
+    )
 
 
 def result_with(outcomes: dict[str, tuple[bool, ...]], text: str = "x") -> ContractResult:
@@ -234,10 +279,19 @@ def result_with(outcomes: dict[str, tuple[bool, ...]], text: str = "x") -> Contr
 
 def test_diff_statuses_and_rejection(tmp_path: Path) -> None:
     ref = result_with({"a": (True,), "b": (True, True), "c": (False, True), "d": (False, True), "e": (True,)})
-    cand = result_with({"a": (True,), "b": (True, False), "c": (True, True), "d": (True, False), "f": (True,)}, text="y")
+    cand = result_with(
+        {"a": (True,), "b": (True, False), "c": (True, True), "d": (True, False), "f": (True,)}, text="y"
+    )
     d = diff(cand, ref)
     status = {c.case_id: c.status for c in d.cases}
-    assert status == {"a": "same_pass", "b": "regressed", "c": "fixed", "d": "changed_checks", "e": "missing", "f": "extra"}
+    assert status == {
+        "a": "same_pass",
+        "b": "regressed",
+        "c": "fixed",
+        "d": "changed_checks",
+        "e": "missing",
+        "f": "extra",
+    }
     assert d.rejects and d.changed and set(d.regressions) == {"b", "d", "e"}
     assert diff(ref, ref).rejects is False and diff(ref, ref).changed is False
     assert all(c.output_changed for c in d.cases if c.status not in ("missing", "extra"))
@@ -249,12 +303,14 @@ def test_diff_statuses_and_rejection(tmp_path: Path) -> None:
 
 
 def test_cli_check_lists_cases_and_reports_errors(tmp_path: Path) -> None:
-    ok = subprocess.run([sys.executable, "-m", "loadgen", "contract", "check", str(CANONICAL)],
-                        capture_output=True, text=True, cwd=ROOT)
+    ok = subprocess.run(
+        [sys.executable, "-m", "loadgen", "contract", "check", str(CANONICAL)], capture_output=True, text=True, cwd=ROOT
+    )
     assert ok.returncode == 0 and "8 case(s) OK" in ok.stdout
     bad = write(tmp_path, GOOD.replace("max_tokens = 32", "max_tokens = -1"))
-    res = subprocess.run([sys.executable, "-m", "loadgen", "contract", "check", str(bad)],
-                         capture_output=True, text=True, cwd=ROOT)
+    res = subprocess.run(
+        [sys.executable, "-m", "loadgen", "contract", "check", str(bad)], capture_output=True, text=True, cwd=ROOT
+    )
     assert res.returncode == 2
     assert res.stderr.count("\n") == 1 and "request.max_tokens = -1" in res.stderr
 

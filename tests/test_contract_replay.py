@@ -11,10 +11,11 @@ import json
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -28,8 +29,13 @@ TOK = get_tokenizer()
 
 
 @contextmanager
-def responder_server(behavior: dict[str, Any] | None = None, *, rate_limit_first: int = 0,
-                     api_key: str | None = None, model_id: str = "sim-model") -> Iterator[tuple[str, dict[str, Any]]]:
+def responder_server(
+    behavior: dict[str, Any] | None = None,
+    *,
+    rate_limit_first: int = 0,
+    api_key: str | None = None,
+    model_id: str = "sim-model",
+) -> Iterator[tuple[str, dict[str, Any]]]:
     """An OpenAI-compatible non-streaming server answering through the contract responder."""
     state: dict[str, Any] = {"requests": 0, "limited": 0, "headers": [], "bodies": []}
 
@@ -47,7 +53,7 @@ def responder_server(behavior: dict[str, Any] | None = None, *, rate_limit_first
             self.end_headers()
             self.wfile.write(data)
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["content-length"])))
             state["headers"].append(dict(self.headers))
             state["bodies"].append(body)
@@ -65,9 +71,17 @@ def responder_server(behavior: dict[str, Any] | None = None, *, rate_limit_first
                 choice["message"] = {"role": "assistant", "content": text}
             else:
                 choice["text"] = text
-            self._send(200, {"id": "x", "object": "chat.completion", "model": model_id, "system_fingerprint": "fp_1",
-                             "choices": [choice],
-                             "usage": {"prompt_tokens": 10, "completion_tokens": TOK.count(text), "total_tokens": 10}})
+            self._send(
+                200,
+                {
+                    "id": "x",
+                    "object": "chat.completion",
+                    "model": model_id,
+                    "system_fingerprint": "fp_1",
+                    "choices": [choice],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": TOK.count(text), "total_tokens": 10},
+                },
+            )
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -156,27 +170,83 @@ def test_connection_refused_fails_cases_without_raising() -> None:
 def test_cli_replay_writes_result_and_exit_codes(tmp_path: Path) -> None:
     with responder_server() as (url, _):
         ref = tmp_path / "ref.json"
-        ok = subprocess.run([sys.executable, "-m", "loadgen", "contract", "replay", str(CANONICAL), "--target", url,
-                             "--model", "sim-model", "--out", str(ref)], capture_output=True, text=True, cwd=ROOT)
+        ok = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "loadgen",
+                "contract",
+                "replay",
+                str(CANONICAL),
+                "--target",
+                url,
+                "--model",
+                "sim-model",
+                "--out",
+                str(ref),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
     assert ok.returncode == 0, ok.stderr
     assert "contract PASSED: 8/8" in ok.stdout and read_contract(ref).passed
     with responder_server({"drift": {"target-capital": "Lyon is the capital."}}) as (url, _):
         out = tmp_path / "cand.json"
-        bad = subprocess.run([sys.executable, "-m", "loadgen", "contract", "replay", str(CANONICAL), "--target", url,
-                              "--model", "sim-model", "--reference", str(ref), "--out", str(out)],
-                             capture_output=True, text=True, cwd=ROOT)
+        bad = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "loadgen",
+                "contract",
+                "replay",
+                str(CANONICAL),
+                "--target",
+                url,
+                "--model",
+                "sim-model",
+                "--reference",
+                str(ref),
+                "--out",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
     assert bad.returncode == 1
     assert "FAIL  target-capital" in bad.stdout and "DIFF  target-capital: regressed" in bad.stdout
-    res = subprocess.run([sys.executable, "-m", "loadgen", "contract", "diff", str(out), str(ref)],
-                         capture_output=True, text=True, cwd=ROOT)
+    res = subprocess.run(
+        [sys.executable, "-m", "loadgen", "contract", "diff", str(out), str(ref)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert res.returncode == 1 and json.loads(res.stdout)["regressions"] == ["target-capital"]
 
 
 def test_cli_replay_takes_cases_from_the_scenario() -> None:
     with responder_server() as (url, state):
-        res = subprocess.run([sys.executable, "-m", "loadgen", "contract", "replay", "--scenario",
-                              str(ROOT / "scenarios" / "canonical.toml"), "--target", url, "--model", "sim-model",
-                              "--endpoint", "completions"], capture_output=True, text=True, cwd=ROOT)
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "loadgen",
+                "contract",
+                "replay",
+                "--scenario",
+                str(ROOT / "scenarios" / "canonical.toml"),
+                "--target",
+                url,
+                "--model",
+                "sim-model",
+                "--endpoint",
+                "completions",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
     assert res.returncode == 0, res.stderr
     assert "contract PASSED: 8/8" in res.stdout and len(state["bodies"]) == 8
     assert all("prompt" in b for b in state["bodies"])

@@ -17,7 +17,6 @@ import pytest
 
 from loadgen.contract import diff, load_cases, read_contract, replay_cases_sync, replay_under_load
 from loadgen.sim.config import EngineConfig
-
 from loadgen.targets import launch_sim_server as start_sim_server
 
 pytestmark = pytest.mark.skipif(
@@ -43,10 +42,13 @@ def reference_and_drifted(tmp_path_factory: pytest.TempPathFactory):
     cases = load_cases(CANONICAL)
     with start_sim_server(str(engine_file(tmp, "reference"))) as sim:
         reference = replay_cases_sync(cases, sim.base_url, "loadgen-sim")
-        streamed_completions = replay_cases_sync(cases, sim.base_url, "loadgen-sim", endpoint="completions", stream=True)
+        streamed_completions = replay_cases_sync(
+            cases, sim.base_url, "loadgen-sim", endpoint="completions", stream=True
+        )
         streamed_chat = replay_cases_sync(cases, sim.base_url, "loadgen-sim", stream=True)
-    drifted_engine = engine_file(tmp, "quantized-candidate", 'drift_kinds = ["abstention", "language"]\n'
-                                 'drift = { "target-arithmetic" = "52" }')
+    drifted_engine = engine_file(
+        tmp, "quantized-candidate", 'drift_kinds = ["abstention", "language"]\ndrift = { "target-arithmetic" = "52" }'
+    )
     with start_sim_server(str(drifted_engine)) as sim:
         candidate = replay_cases_sync(cases, sim.base_url, "loadgen-sim", reference=reference)
     return cases, reference, candidate, (streamed_completions, streamed_chat)
@@ -68,7 +70,11 @@ def test_reference_engine_passes_every_case(reference_and_drifted) -> None:
 def test_drifted_engine_is_caught_and_rejected(reference_and_drifted) -> None:
     _, reference, candidate, _ = reference_and_drifted
     assert not candidate.passed
-    assert {f["case_id"] for f in candidate.failures} == {"abstention-missing-fact", "language-french", "target-arithmetic"}
+    assert {f["case_id"] for f in candidate.failures} == {
+        "abstention-missing-fact",
+        "language-french",
+        "target-arithmetic",
+    }
     d = candidate.reference_diff
     assert d is not None and d.rejects
     assert sorted(d.regressions) == ["abstention-missing-fact", "language-french", "target-arithmetic"]
@@ -83,16 +89,22 @@ def test_under_load_replay_writes_contract_json_into_the_run(tmp_path: Path) -> 
     scenario_src = ROOT / "scenarios" / "canonical.toml"
     scen_dir = tmp_path / "scen"
     (scen_dir / "contract").mkdir(parents=True)
-    text = scenario_src.read_text().replace("duration_s = 60\nmax_in_flight = 256\nburst_shares",
-                                            "duration_s = 6\nmax_in_flight = 256\nburst_shares")
+    text = scenario_src.read_text().replace(
+        "duration_s = 60\nmax_in_flight = 256\nburst_shares", "duration_s = 6\nmax_in_flight = 256\nburst_shares"
+    )
     (scen_dir / "canonical.toml").write_text(text)
     shutil.copy(CANONICAL, scen_dir / "contract" / "canonical.toml")
     scenario = load_scenario(scen_dir / "canonical.toml")
     trace = generate_trace_file(scenario, "burst", tmp_path / "burst.parquet", 3)
     cases = load_cases(CANONICAL)
     with start_sim_server(str(ROOT / "scenarios" / "engines" / "interactive-small-batch.toml")) as sim:
-        options = RunOptions(trace_path=trace, target_url=sim.base_url, out_dir=tmp_path / "run",
-                             scenario_path=scen_dir / "canonical.toml", progress="off")
+        options = RunOptions(
+            trace_path=trace,
+            target_url=sim.base_url,
+            out_dir=tmp_path / "run",
+            scenario_path=scen_dir / "canonical.toml",
+            progress="off",
+        )
         run_dir, result = anyio.run(lambda: replay_under_load(cases, options, delay_s=0.5, rounds=3))
     assert result.mode == "under_load" and result.passed, result.failures
     assert all(c.rounds == 3 and c.rounds_failed == 0 and c.distinct_answers == 1 for c in result.cases)

@@ -18,20 +18,35 @@ from loadgen.trace.io import read_trace
 REPO = Path(__file__).resolve().parents[1]
 THINK_S = 0.3
 #: every engine step takes 4 ms whatever it holds: a 40-token reply takes about 160 ms
-ENGINE = (REPO / "scenarios" / "engines" / "instant.toml").read_text().replace('name = "instant"', 'name = "paced"') \
+ENGINE = (
+    (REPO / "scenarios" / "engines" / "instant.toml")
+    .read_text()
+    .replace('name = "instant"', 'name = "paced"')
     .replace("fixed_ms = 0.0", "fixed_ms = 4.0")
+)
 
 
 def _scenario(wait: bool):
-    return parse_scenario({
-        "name": "conversations", "seed": 3,
-        "classes": {"long-thread": {
-            "share": 1.0, "input_tokens": {"dist": "fixed", "value": 40}, "output_tokens": {"dist": "fixed", "value": 40},
-            "thread": {"turns": {"dist": "fixed", "value": 3}, "think_time_s": {"dist": "fixed", "value": THINK_S},
-                       "wait_for_reply": wait},
-            "budgets": {"ttft_ms": {"p50": 5000, "hard": True}}}},
-        "traces": {"t": {"process": "constant", "rate_rps": 6.0, "duration_s": 3.0}},
-    })
+    return parse_scenario(
+        {
+            "name": "conversations",
+            "seed": 3,
+            "classes": {
+                "long-thread": {
+                    "share": 1.0,
+                    "input_tokens": {"dist": "fixed", "value": 40},
+                    "output_tokens": {"dist": "fixed", "value": 40},
+                    "thread": {
+                        "turns": {"dist": "fixed", "value": 3},
+                        "think_time_s": {"dist": "fixed", "value": THINK_S},
+                        "wait_for_reply": wait,
+                    },
+                    "budgets": {"ttft_ms": {"p50": 5000, "hard": True}},
+                }
+            },
+            "traces": {"t": {"process": "constant", "rate_rps": 6.0, "duration_s": 3.0}},
+        }
+    )
 
 
 def test_the_trace_carries_the_think_time_only_when_turns_wait(tmp_path: Path) -> None:
@@ -47,8 +62,9 @@ def test_turns_wait_for_the_reply_on_the_live_engine(tmp_path: Path) -> None:
     trace = generate_trace_file(_scenario(True), "t", tmp_path / "t.parquet")
     (tmp_path / "engine.toml").write_text(ENGINE)
     with launch_sim_server(str(tmp_path / "engine.toml")) as sim:
-        out = run_trace_sync(RunOptions(trace_path=trace, target_url=sim.base_url, out_dir=tmp_path / "run",
-                                        progress="off"))
+        out = run_trace_sync(
+            RunOptions(trace_path=trace, target_url=sim.base_url, out_dir=tmp_path / "run", progress="off")
+        )
     run = load_run(out)
     rows = run.requests.to_pylist()
     assert rows and all(r["status"] == "ok" for r in rows)

@@ -16,7 +16,7 @@ from loadgen.records import TRACE_SCHEMA
 from loadgen.rundir import load_run
 from loadgen.trace.io import write_trace
 
-SERVER = r'''
+SERVER = r"""
 import asyncio, json, sys
 
 def ev(obj, crlf=False):
@@ -99,7 +99,7 @@ async def main():
         await server.serve_forever()
 
 asyncio.run(main())
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -127,30 +127,60 @@ def test_edge_outcomes(edge_url, tmp_path: Path, monkeypatch):
 
     monkeypatch.setattr(jobs, "PromptSynth", Steered)
     ids = [*MODES[:-1], "ok2"]  # ok2 behaves like ok, last: it must reuse the keep-alive connection
-    rows = [{"request_id": rid, "request_class": "burst", "scheduled_offset_ns": i * 30_000_000, "prompt_tokens": 8,
-             "output_tokens": 3, "prefix_group": None, "prefix_tokens": None, "conversation_id": None,
-             "turn_index": None, "cancel_after_tokens": None} for i, rid in enumerate(ids)]
-    trace = write_trace(pa.Table.from_pylist(rows, schema=TRACE_SCHEMA), tmp_path / "t.parquet",
-                        {"mode": "open", "max_in_flight": 1, "trace_name": "edge", "seed": 0})
-    out = run_trace_sync(RunOptions(trace_path=trace, target_url=edge_url, out_dir=tmp_path / "run", progress="off",
-                                    vllm_extensions="off"))
+    rows = [
+        {
+            "request_id": rid,
+            "request_class": "burst",
+            "scheduled_offset_ns": i * 30_000_000,
+            "prompt_tokens": 8,
+            "output_tokens": 3,
+            "prefix_group": None,
+            "prefix_tokens": None,
+            "conversation_id": None,
+            "turn_index": None,
+            "cancel_after_tokens": None,
+        }
+        for i, rid in enumerate(ids)
+    ]
+    trace = write_trace(
+        pa.Table.from_pylist(rows, schema=TRACE_SCHEMA),
+        tmp_path / "t.parquet",
+        {"mode": "open", "max_in_flight": 1, "trace_name": "edge", "seed": 0},
+    )
+    out = run_trace_sync(
+        RunOptions(
+            trace_path=trace, target_url=edge_url, out_dir=tmp_path / "run", progress="off", vllm_extensions="off"
+        )
+    )
     run = load_run(out)
     got = {r["request_id"]: r for r in run.requests.to_pylist()}
     assert {k: (v["status"], v["error_kind"]) for k, v in got.items()} == {
-        "ok": ("ok", None), "ok2": ("ok", None), "truncated": ("error", "truncated"), "empty": ("error", "empty_output"),
-        "instream": ("error", "http_5xx"), "filter": ("error", "content_filter"), "datequota": ("error", "http_429"),
+        "ok": ("ok", None),
+        "ok2": ("ok", None),
+        "truncated": ("error", "truncated"),
+        "empty": ("error", "empty_output"),
+        "instream": ("error", "http_5xx"),
+        "filter": ("error", "content_filter"),
+        "datequota": ("error", "http_429"),
         "closedelim": ("ok", None),
     }
     ok = got["ok"]
     assert ok["client_output_tokens"] == 3 == ok["server_output_tokens"] and ok["server_prompt_tokens"] == 7
-    assert ok["response_model"] == "edge-model" and ok["system_fingerprint"] == "fp_edge" and ok["finish_reason"] == "length"
+    assert (
+        ok["response_model"] == "edge-model"
+        and ok["system_fingerprint"] == "fp_edge"
+        and ok["finish_reason"] == "length"
+    )
     assert got["instream"]["error_message"].startswith("in-stream error: engine died")
     assert got["datequota"]["retry_after_s"] > 86400
     assert got["closedelim"]["client_output_tokens"] == 2
     chunks = run.chunks.to_pandas()
     assert chunks[chunks.request_id == "ok"].tokens.tolist() == [1, 2, 0, 0]
     m = run.manifest.to_dict()
-    assert m["target"]["kind"] == "openai-compatible" and m["target"]["version"] == {"version": "edge-1", "server": "edge"}
+    assert m["target"]["kind"] == "openai-compatible" and m["target"]["version"] == {
+        "version": "edge-1",
+        "server": "edge",
+    }
     assert m["modelExecuted"] is True  # a real (non-simulated) server produced tokens over the network
     # keep-alive: far fewer connections than requests (the in-stream error and the close-delimited
     # body end theirs; one spare is kept ready for the next deadline)
@@ -166,15 +196,42 @@ def test_an_overlong_sse_line_fails_only_its_request(edge_url, tmp_path: Path, m
 
     monkeypatch.setattr(jobs, "PromptSynth", Steered)
     ids = ["ok1", "hugeline", "ok2", "ok3"]
-    rows = [{"request_id": rid, "request_class": "burst", "scheduled_offset_ns": i * 20_000_000, "prompt_tokens": 8,
-             "output_tokens": 3, "prefix_group": None, "prefix_tokens": None, "conversation_id": None,
-             "turn_index": None, "cancel_after_tokens": None} for i, rid in enumerate(ids)]
-    trace = write_trace(pa.Table.from_pylist(rows, schema=TRACE_SCHEMA), tmp_path / "t.parquet",
-                        {"mode": "open", "max_in_flight": 4, "trace_name": "edge", "seed": 0})
-    out = run_trace_sync(RunOptions(trace_path=trace, target_url=edge_url, out_dir=tmp_path / "run", progress="off",
-                                    vllm_extensions="off", max_sse_line_bytes=1 << 20))
+    rows = [
+        {
+            "request_id": rid,
+            "request_class": "burst",
+            "scheduled_offset_ns": i * 20_000_000,
+            "prompt_tokens": 8,
+            "output_tokens": 3,
+            "prefix_group": None,
+            "prefix_tokens": None,
+            "conversation_id": None,
+            "turn_index": None,
+            "cancel_after_tokens": None,
+        }
+        for i, rid in enumerate(ids)
+    ]
+    trace = write_trace(
+        pa.Table.from_pylist(rows, schema=TRACE_SCHEMA),
+        tmp_path / "t.parquet",
+        {"mode": "open", "max_in_flight": 4, "trace_name": "edge", "seed": 0},
+    )
+    out = run_trace_sync(
+        RunOptions(
+            trace_path=trace,
+            target_url=edge_url,
+            out_dir=tmp_path / "run",
+            progress="off",
+            vllm_extensions="off",
+            max_sse_line_bytes=1 << 20,
+        )
+    )
     got = {r["request_id"]: r for r in load_run(out).requests.to_pylist()}
     assert {k: (v["status"], v["error_kind"]) for k, v in got.items()} == {
-        "ok1": ("ok", None), "ok2": ("ok", None), "ok3": ("ok", None), "hugeline": ("error", "malformed_sse")}
+        "ok1": ("ok", None),
+        "ok2": ("ok", None),
+        "ok3": ("ok", None),
+        "hugeline": ("error", "malformed_sse"),
+    }
     assert "exceeds the cap of 1048576 bytes" in got["hugeline"]["error_message"]
     assert got["hugeline"]["client_output_tokens"] == 1  # the chunk before the long line was counted

@@ -36,8 +36,16 @@ def engine_file(tmp_path: Path, name: str, *, fixed_ms: float = 0.0, coalesce: b
 def make_trace(path: Path, rows: list[dict], **meta) -> Path:
     full = []
     for r in rows:
-        base = {"request_class": "short-message", "prompt_tokens": 24, "output_tokens": 10, "prefix_group": None,
-                "prefix_tokens": None, "conversation_id": None, "turn_index": None, "cancel_after_tokens": None}
+        base = {
+            "request_class": "short-message",
+            "prompt_tokens": 24,
+            "output_tokens": 10,
+            "prefix_group": None,
+            "prefix_tokens": None,
+            "conversation_id": None,
+            "turn_index": None,
+            "cancel_after_tokens": None,
+        }
         base.update(r)
         full.append(base)
     metadata = {"mode": "open", "max_in_flight": 64, "trace_name": "test", "seed": 1, **meta}
@@ -45,7 +53,9 @@ def make_trace(path: Path, rows: list[dict], **meta) -> Path:
 
 
 def counts(run) -> collections.Counter:
-    return collections.Counter(zip(run.requests.column("status").to_pylist(), run.requests.column("error_kind").to_pylist()))
+    return collections.Counter(
+        zip(run.requests.column("status").to_pylist(), run.requests.column("error_kind").to_pylist())
+    )
 
 
 def by_id(run) -> dict[str, dict]:
@@ -81,23 +91,39 @@ def test_every_status_path_with_injected_faults(instant, tmp_path):
         "slow": "slow_start=2",
         "stall": "stall=3@4",
     }
-    rows = [{"request_id": "ok1", "scheduled_offset_ns": 0}, {"request_id": "ok2", "scheduled_offset_ns": 5 * ms},
-            {"request_id": "cancel", "scheduled_offset_ns": 10 * ms, "output_tokens": 40, "cancel_after_tokens": 4}]
+    rows = [
+        {"request_id": "ok1", "scheduled_offset_ns": 0},
+        {"request_id": "ok2", "scheduled_offset_ns": 5 * ms},
+        {"request_id": "cancel", "scheduled_offset_ns": 10 * ms, "output_tokens": 40, "cancel_after_tokens": 4},
+    ]
     rows += [{"request_id": rid, "scheduled_offset_ns": (20 + 5 * i) * ms} for i, rid in enumerate(faults)]
     rows += [{"request_id": "late", "scheduled_offset_ns": 30_000 * ms}]  # after the run deadline
     trace = make_trace(tmp_path / "t.parquet", rows)
-    out = run_trace_sync(RunOptions(
-        trace_path=trace, target_url=instant.base_url, out_dir=tmp_path / "run", ttft_timeout_s=1.0,
-        total_timeout_s=2.5, deadline_s=4.0, progress="off",
-        request_headers={rid: {"X-Loadgen-Fault": f} for rid, f in faults.items()},
-    ))
+    out = run_trace_sync(
+        RunOptions(
+            trace_path=trace,
+            target_url=instant.base_url,
+            out_dir=tmp_path / "run",
+            ttft_timeout_s=1.0,
+            total_timeout_s=2.5,
+            deadline_s=4.0,
+            progress="off",
+            request_headers={rid: {"X-Loadgen-Fault": f} for rid, f in faults.items()},
+        )
+    )
     run = load_run(out)
     assert_exact_accounting(run, len(rows))
     got = {rid: (r["status"], r["error_kind"]) for rid, r in by_id(run).items()}
     assert got == {
-        "ok1": ("ok", None), "ok2": ("ok", None), "cancel": ("cancelled", None),
-        "e503": ("error", "http_5xx"), "q429": ("error", "http_429"), "disc": ("error", "reset_mid_stream"),
-        "malf": ("error", "malformed_sse"), "slow": ("timeout", "ttft_timeout"), "stall": ("timeout", "total_timeout"),
+        "ok1": ("ok", None),
+        "ok2": ("ok", None),
+        "cancel": ("cancelled", None),
+        "e503": ("error", "http_5xx"),
+        "q429": ("error", "http_429"),
+        "disc": ("error", "reset_mid_stream"),
+        "malf": ("error", "malformed_sse"),
+        "slow": ("timeout", "ttft_timeout"),
+        "stall": ("timeout", "total_timeout"),
         "late": ("not_sent", "not_due"),  # the deadline stopped the run before it was due
     }
     rows_by = by_id(run)
@@ -118,7 +144,11 @@ def test_every_status_path_with_injected_faults(instant, tmp_path):
     injected = {line["kind"] for line in instant.fault_lines()}
     assert {"error", "rate_limit", "disconnect", "malformed", "slow_start", "stall"} <= injected
     for r in rows_by.values():  # instants are ordered where present
-        chain = [r[k] for k in ("scheduled_ns", "slot_acquired_ns", "sent_ns", "first_byte_ns", "done_ns") if r[k] is not None]
+        chain = [
+            r[k]
+            for k in ("scheduled_ns", "slot_acquired_ns", "sent_ns", "first_byte_ns", "done_ns")
+            if r[k] is not None
+        ]
         assert chain == sorted(chain), r["request_id"]
 
 
@@ -127,8 +157,14 @@ def test_chunk_timestamps_reproduce_the_servers_step_time(tmp_path):
     engine = engine_file(tmp_path, "steps25", fixed_ms=step_ms, coalesce=False)
     with start_sim_server(str(engine)) as sim:
         rows = [{"request_id": f"r{i}", "scheduled_offset_ns": i * 400_000_000, "output_tokens": 20} for i in range(3)]
-        out = run_trace_sync(RunOptions(trace_path=make_trace(tmp_path / "t.parquet", rows), target_url=sim.base_url,
-                                        out_dir=tmp_path / "run", progress="off"))
+        out = run_trace_sync(
+            RunOptions(
+                trace_path=make_trace(tmp_path / "t.parquet", rows),
+                target_url=sim.base_url,
+                out_dir=tmp_path / "run",
+                progress="off",
+            )
+        )
     run = load_run(out)
     assert_exact_accounting(run, 3)
     chunks = run.chunks.to_pandas()
@@ -155,16 +191,49 @@ def test_multi_turn_shared_prefix_and_privacy(instant, tmp_path):
     canonical = (REPO / "scenarios" / "canonical.toml").read_text()
     scenario.write_text(canonical.replace("retain_prompt_text = false", "retain_prompt_text = true"))
     rows = [
-        {"request_id": "p0", "scheduled_offset_ns": 0, "prompt_tokens": 300, "prefix_group": "system-prompt", "prefix_tokens": 256},
-        {"request_id": "p1", "scheduled_offset_ns": 1_000_000, "prompt_tokens": 280, "prefix_group": "system-prompt", "prefix_tokens": 256},
-        {"request_id": "c0", "request_class": "long-thread", "scheduled_offset_ns": 2_000_000, "prompt_tokens": 50,
-         "output_tokens": 12, "conversation_id": "c1", "turn_index": 0},
-        {"request_id": "c1", "request_class": "long-thread", "scheduled_offset_ns": 60_000_000, "prompt_tokens": 50 + 12 + 40,
-         "output_tokens": 8, "conversation_id": "c1", "turn_index": 1},
+        {
+            "request_id": "p0",
+            "scheduled_offset_ns": 0,
+            "prompt_tokens": 300,
+            "prefix_group": "system-prompt",
+            "prefix_tokens": 256,
+        },
+        {
+            "request_id": "p1",
+            "scheduled_offset_ns": 1_000_000,
+            "prompt_tokens": 280,
+            "prefix_group": "system-prompt",
+            "prefix_tokens": 256,
+        },
+        {
+            "request_id": "c0",
+            "request_class": "long-thread",
+            "scheduled_offset_ns": 2_000_000,
+            "prompt_tokens": 50,
+            "output_tokens": 12,
+            "conversation_id": "c1",
+            "turn_index": 0,
+        },
+        {
+            "request_id": "c1",
+            "request_class": "long-thread",
+            "scheduled_offset_ns": 60_000_000,
+            "prompt_tokens": 50 + 12 + 40,
+            "output_tokens": 8,
+            "conversation_id": "c1",
+            "turn_index": 1,
+        },
     ]
     trace = make_trace(tmp_path / "t.parquet", rows)
-    out = run_trace_sync(RunOptions(trace_path=trace, target_url=instant.base_url, out_dir=tmp_path / "run",
-                                    scenario_path=scenario, progress="off"))
+    out = run_trace_sync(
+        RunOptions(
+            trace_path=trace,
+            target_url=instant.base_url,
+            out_dir=tmp_path / "run",
+            scenario_path=scenario,
+            progress="off",
+        )
+    )
     run = load_run(out)
     assert_exact_accounting(run, 4)
     r = by_id(run)
@@ -176,22 +245,38 @@ def test_multi_turn_shared_prefix_and_privacy(instant, tmp_path):
     assert r["p0"]["prompt_text"][:800] == r["p1"]["prompt_text"][:800]
     assert run.manifest.to_dict()["scenario"]["name"] == "canonical"
     # default privacy: no text
-    out2 = run_trace_sync(RunOptions(trace_path=trace, target_url=instant.base_url, out_dir=tmp_path / "run2", progress="off"))
+    out2 = run_trace_sync(
+        RunOptions(trace_path=trace, target_url=instant.base_url, out_dir=tmp_path / "run2", progress="off")
+    )
     run2 = load_run(out2)
     assert run2.requests.column("prompt_text").null_count == 4
-    assert run2.requests.column("prompt_sha256").to_pylist() == run.requests.column("prompt_sha256").to_pylist() or \
-        sorted(run2.requests.column("prompt_sha256").to_pylist()) == sorted(run.requests.column("prompt_sha256").to_pylist())
+    assert run2.requests.column("prompt_sha256").to_pylist() == run.requests.column(
+        "prompt_sha256"
+    ).to_pylist() or sorted(run2.requests.column("prompt_sha256").to_pylist()) == sorted(
+        run.requests.column("prompt_sha256").to_pylist()
+    )
 
 
 def test_chat_endpoint_server_tokenizer_and_metrics(instant, tmp_path):
     rows = [{"request_id": f"r{i}", "scheduled_offset_ns": i * 100_000_000, "prompt_tokens": 40 + i} for i in range(6)]
     trace = make_trace(tmp_path / "t.parquet", rows)
-    out = run_trace_sync(RunOptions(trace_path=trace, target_url=instant.base_url + "/v1", out_dir=tmp_path / "run",
-                                    endpoint="chat", tokenizer="server", scrape_interval_s=0.05, progress="off"))
+    out = run_trace_sync(
+        RunOptions(
+            trace_path=trace,
+            target_url=instant.base_url + "/v1",
+            out_dir=tmp_path / "run",
+            endpoint="chat",
+            tokenizer="server",
+            scrape_interval_s=0.05,
+            progress="off",
+        )
+    )
     run = load_run(out)
     assert_exact_accounting(run, 6)
     req = run.requests.to_pandas()
-    assert (req.status == "ok").all() and (req.server_output_tokens == 10).all() and (req.client_output_tokens == 10).all()
+    assert (
+        (req.status == "ok").all() and (req.server_output_tokens == 10).all() and (req.client_output_tokens == 10).all()
+    )
     assert (req.client_prompt_tokens == req.target_prompt_tokens).all()
     m = run.manifest.to_dict()
     assert m["driver"]["endpoint"] == "chat" and m["target"]["kind"] == "sim" and m["target"]["model"] == "loadgen-sim"
@@ -205,8 +290,9 @@ def test_chat_endpoint_server_tokenizer_and_metrics(instant, tmp_path):
 def test_closed_loop_keeps_concurrency_and_rate_cap_records_client_queue(instant, tmp_path):
     rows = [{"request_id": f"r{i}", "scheduled_offset_ns": 0, "output_tokens": 30} for i in range(12)]
     closed = make_trace(tmp_path / "closed.parquet", rows, mode="closed", concurrency=3)
-    engine_rows = run_trace_sync(RunOptions(trace_path=closed, target_url=instant.base_url, out_dir=tmp_path / "c",
-                                            progress="off"))
+    engine_rows = run_trace_sync(
+        RunOptions(trace_path=closed, target_url=instant.base_url, out_dir=tmp_path / "c", progress="off")
+    )
     run = load_run(engine_rows)
     assert_exact_accounting(run, 12)
     req = run.requests.to_pandas()
@@ -218,14 +304,17 @@ def test_closed_loop_keeps_concurrency_and_rate_cap_records_client_queue(instant
     assert peak <= 3 and (req.status == "ok").all()
     # open loop, all due at once, capped at 20 requests/s: waits are client queue, counted from scheduled
     opened = make_trace(tmp_path / "open.parquet", rows[:6])
-    out = run_trace_sync(RunOptions(trace_path=opened, target_url=instant.base_url, out_dir=tmp_path / "o",
-                                    rate_limit_rps=20, progress="off"))
+    out = run_trace_sync(
+        RunOptions(
+            trace_path=opened, target_url=instant.base_url, out_dir=tmp_path / "o", rate_limit_rps=20, progress="off"
+        )
+    )
     run = load_run(out)
     # the permits (slot grants) follow a fixed 50 ms grid; the bytes follow them (after any connect)
     granted = np.sort(run.requests.column("slot_acquired_ns").to_numpy())
     assert all(t - granted[0] >= k * 50_000_000 - 1_000_000 for k, t in enumerate(granted))
     assert (run.requests.column("sent_ns").to_numpy() >= run.requests.column("slot_acquired_ns").to_numpy()).all()
-    queue = (run.requests.column("slot_acquired_ns").to_numpy() - run.requests.column("scheduled_ns").to_numpy())
+    queue = run.requests.column("slot_acquired_ns").to_numpy() - run.requests.column("scheduled_ns").to_numpy()
     assert queue.max() >= 240_000_000
     assert 3 <= run.manifest.to_dict()["driver"]["rate_limited"] <= 5
 
@@ -236,10 +325,20 @@ def test_secrets_and_credentials_never_recorded(instant, tmp_path, monkeypatch):
     url = instant.base_url.replace("http://", "http://alice:hunter2pass@")
     rows = [{"request_id": "r0", "scheduled_offset_ns": 0}, {"request_id": "r1", "scheduled_offset_ns": 0}]
     trace = make_trace(tmp_path / "t.parquet", rows)
-    out = run_trace_sync(RunOptions(trace_path=trace, target_url=url + "/v1?api_key=" + key, out_dir=tmp_path / "run",
-                                    api_key_env="LOADGEN_TEST_KEY", progress="off", order_index=3, warm_state="warm",
-                                    warm_actions=["sent 8 warm-up requests"], extra_manifest={"plan_cell": {"rate": 2}},
-                                    request_headers={"r1": {"X-Loadgen-Fault": "error=500"}}))
+    out = run_trace_sync(
+        RunOptions(
+            trace_path=trace,
+            target_url=url + "/v1?api_key=" + key,
+            out_dir=tmp_path / "run",
+            api_key_env="LOADGEN_TEST_KEY",
+            progress="off",
+            order_index=3,
+            warm_state="warm",
+            warm_actions=["sent 8 warm-up requests"],
+            extra_manifest={"plan_cell": {"rate": 2}},
+            request_headers={"r1": {"X-Loadgen-Fault": "error=500"}},
+        )
+    )
     for path in Path(out).rglob("*"):
         if not path.is_file():
             continue
@@ -248,11 +347,35 @@ def test_secrets_and_credentials_never_recorded(instant, tmp_path, monkeypatch):
     m = load_run(out).manifest.to_dict()
     assert m["target"]["base_url"] == instant.base_url
     assert m["options"]["api_key_env"] == "LOADGEN_TEST_KEY"
-    for field in ("run_kind", "harness", "host", "target", "scenario", "trace", "options", "warm_state", "order_index",
-                  "repeat", "plan_cell", "started_utc", "anchor", "ended_utc", "duration_s", "modelExecuted",
-                  "benchmarkExecuted", "engine_notes", "behavior_relevant", "send_lag_ns", "status_counts"):
+    for field in (
+        "run_kind",
+        "harness",
+        "host",
+        "target",
+        "scenario",
+        "trace",
+        "options",
+        "warm_state",
+        "order_index",
+        "repeat",
+        "plan_cell",
+        "started_utc",
+        "anchor",
+        "ended_utc",
+        "duration_s",
+        "modelExecuted",
+        "benchmarkExecuted",
+        "engine_notes",
+        "behavior_relevant",
+        "send_lag_ns",
+        "status_counts",
+    ):
         assert field in m, field
-    assert m["order_index"] == 3 and m["warm_state"]["state"] == "warm" and m["warm_state"]["actions"] == ["sent 8 warm-up requests"]
+    assert (
+        m["order_index"] == 3
+        and m["warm_state"]["state"] == "warm"
+        and m["warm_state"]["actions"] == ["sent 8 warm-up requests"]
+    )
     assert m["plan_cell"] == {"rate": 2} and m["run_kind"] == "measured"
     assert m["trace"]["sha256"] and m["trace"]["metadata"]["trace_name"] == "test"
     assert set(m["send_lag_ns"]) >= {"p50", "p99", "max"}
@@ -261,13 +384,26 @@ def test_secrets_and_credentials_never_recorded(instant, tmp_path, monkeypatch):
 
 def test_managed_api_identity_quota_and_key(tmp_path, monkeypatch):
     monkeypatch.setenv("SIM_KEY", "sk-managed-123456789")
-    engine = engine_file(tmp_path, "managed", extra=(
-        "[managed]\nrequests_per_minute = 3\nresponse_models = [\"gpt-sim-a\", \"gpt-sim-b\"]\n"
-        "system_fingerprints = [\"fp_a\", \"fp_b\"]\nchange_after_requests = 2\napi_key_env = \"SIM_KEY\"\n"))
+    engine = engine_file(
+        tmp_path,
+        "managed",
+        extra=(
+            '[managed]\nrequests_per_minute = 3\nresponse_models = ["gpt-sim-a", "gpt-sim-b"]\n'
+            'system_fingerprints = ["fp_a", "fp_b"]\nchange_after_requests = 2\napi_key_env = "SIM_KEY"\n'
+        ),
+    )
     with start_sim_server(str(engine), env={"SIM_KEY": "sk-managed-123456789"}) as sim:
         rows = [{"request_id": f"r{i}", "scheduled_offset_ns": i * 10_000_000} for i in range(5)]
-        out = run_trace_sync(RunOptions(trace_path=make_trace(tmp_path / "t.parquet", rows), target_url=sim.base_url,
-                                        model="loadgen-sim", out_dir=tmp_path / "run", api_key_env="SIM_KEY", progress="off"))
+        out = run_trace_sync(
+            RunOptions(
+                trace_path=make_trace(tmp_path / "t.parquet", rows),
+                target_url=sim.base_url,
+                model="loadgen-sim",
+                out_dir=tmp_path / "run",
+                api_key_env="SIM_KEY",
+                progress="off",
+            )
+        )
     run = load_run(out)
     assert_exact_accounting(run, 5)
     r = run.requests.to_pandas().sort_values("scheduled_ns")
@@ -284,16 +420,22 @@ def test_killed_server_mid_run_leaves_exact_accounting(tmp_path):
     with start_sim_server(str(engine)) as sim:
         killer = threading.Timer(0.8, sim.process.kill)
         killer.start()
-        out = run_trace_sync(RunOptions(trace_path=trace, target_url=sim.base_url, out_dir=tmp_path / "run",
-                                        total_timeout_s=5, progress="off"))
+        out = run_trace_sync(
+            RunOptions(
+                trace_path=trace, target_url=sim.base_url, out_dir=tmp_path / "run", total_timeout_s=5, progress="off"
+            )
+        )
         killer.join()
     run = load_run(out)
     assert_exact_accounting(run, 100)
     c = counts(run)
     assert c[("ok", None)] >= 10
     # refused connections never left the client: not_sent, kind connect (never counted as sent)
-    failed = sum(v for (s, k), v in c.items() if (s, k) in (("not_sent", "connect"), ("error", "connect"),
-                                                               ("error", "reset_mid_stream")))
+    failed = sum(
+        v
+        for (s, k), v in c.items()
+        if (s, k) in (("not_sent", "connect"), ("error", "connect"), ("error", "reset_mid_stream"))
+    )
     assert failed >= 50 and c[("ok", None)] + failed == 100, c
     assert c[("not_sent", "connect")] >= 40, c
     refused = [r for r in run.requests.to_pylist() if r["status"] == "not_sent"]
@@ -310,9 +452,26 @@ def test_ctrl_c_mid_run_via_the_cli_leaves_a_readable_exact_run(instant, tmp_pat
     trace = make_trace(tmp_path / "t.parquet", rows)
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "loadgen", "run", str(trace), "--target", instant.base_url,
-                             "--out", str(out), "--progress", "off"], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "run",
+            str(trace),
+            "--target",
+            instant.base_url,
+            "--out",
+            str(out),
+            "--progress",
+            "off",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 30
     while not (out / "manifest.json").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -327,4 +486,9 @@ def test_ctrl_c_mid_run_via_the_cli_leaves_a_readable_exact_run(instant, tmp_pat
     c = counts(run)
     assert c[("ok", None)] >= 50
     assert c[("not_sent", "not_due")] >= 300  # not yet due at the stop
-    assert set(c) <= {("ok", None), ("not_sent", "not_due"), ("not_sent", "run_interrupted"), ("cancelled", "run_interrupted")}
+    assert set(c) <= {
+        ("ok", None),
+        ("not_sent", "not_due"),
+        ("not_sent", "run_interrupted"),
+        ("cancelled", "run_interrupted"),
+    }

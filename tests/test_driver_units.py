@@ -14,8 +14,8 @@ import pytest
 from loadgen.driver.error_kinds import (
     Phase,
     StreamTruncated,
-    TTFTTimeout,
     TotalTimeout,
+    TTFTTimeout,
     classify_exception,
     classify_http_status,
     parse_retry_after,
@@ -29,8 +29,8 @@ from loadgen.driver.sse import SSEProtocolError
 from loadgen.prompts import get_tokenizer
 from loadgen.records import ERROR_KINDS, STATUSES, TRACE_SCHEMA
 
-
 # ---------------------------------------------------------------- error mapping
+
 
 def _httpx_exception_classes():
     return [obj for _, obj in inspect.getmembers(httpx) if inspect.isclass(obj) and issubclass(obj, httpx.HTTPError)]
@@ -58,9 +58,18 @@ def test_every_httpx_exception_maps_to_a_known_kind(phase):
 
 def test_specific_mappings():
     req = httpx.Request("GET", "http://x")
-    assert classify_exception(httpx.ConnectError("refused", request=req), Phase.BEFORE_RESPONSE)[:2] == ("error", "connect")
-    assert classify_exception(httpx.RemoteProtocolError("peer closed", request=req), Phase.STREAMING)[:2] == ("error", "reset_mid_stream")
-    assert classify_exception(httpx.ReadError("reset", request=req), Phase.STREAMING)[:2] == ("error", "reset_mid_stream")
+    assert classify_exception(httpx.ConnectError("refused", request=req), Phase.BEFORE_RESPONSE)[:2] == (
+        "error",
+        "connect",
+    )
+    assert classify_exception(httpx.RemoteProtocolError("peer closed", request=req), Phase.STREAMING)[:2] == (
+        "error",
+        "reset_mid_stream",
+    )
+    assert classify_exception(httpx.ReadError("reset", request=req), Phase.STREAMING)[:2] == (
+        "error",
+        "reset_mid_stream",
+    )
     assert classify_exception(SSEProtocolError("bad"), Phase.STREAMING)[:2] == ("error", "malformed_sse")
     assert classify_exception(StreamTruncated("cut"), Phase.STREAMING)[:2] == ("error", "truncated")
     assert classify_exception(TTFTTimeout("slow"), Phase.STREAMING)[:2] == ("timeout", "ttft_timeout")
@@ -89,8 +98,10 @@ def test_retry_after_seconds_and_http_date():
 
 # ---------------------------------------------------------------- schedule
 
+
 def test_sleep_until_never_returns_before_its_deadline():
     """Behaviour only: how close to the deadline it wakes is a benchmark (benchmarks/bench_sleep_until.py)."""
+
     async def main():
         start = time.perf_counter_ns() + 5_000_000
         lags = []
@@ -155,8 +166,12 @@ def test_prometheus_text_parsing():
     samples = list(parse_prometheus_text(VLLM_SAMPLE))
     names = [s[0] for s in samples]
     assert names == [
-        "vllm:num_requests_running", "vllm:gpu_cache_usage_perc", "vllm:time_to_first_token_seconds_bucket",
-        "vllm:e2e_request_latency_seconds_sum", "weird_escape", "process_cpu_seconds_total",
+        "vllm:num_requests_running",
+        "vllm:gpu_cache_usage_perc",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:e2e_request_latency_seconds_sum",
+        "weird_escape",
+        "process_cpu_seconds_total",
     ]
     assert samples[0][1:] == ({"model_name": "m"}, 3.0)
     assert samples[2][1] == {"le": "+Inf", "model_name": "m"}
@@ -168,26 +183,69 @@ def test_prometheus_text_parsing():
 
 # ---------------------------------------------------------------- prompt jobs
 
+
 def _trace(rows):
     full = []
     for r in rows:
-        base = {"prefix_group": None, "prefix_tokens": None, "conversation_id": None, "turn_index": None, "cancel_after_tokens": None}
+        base = {
+            "prefix_group": None,
+            "prefix_tokens": None,
+            "conversation_id": None,
+            "turn_index": None,
+            "cancel_after_tokens": None,
+        }
         base.update(r)
         full.append(base)
     return pa.Table.from_pylist(full, schema=TRACE_SCHEMA)
 
 
 ROWS = [
-    {"request_id": "r0", "request_class": "short-message", "scheduled_offset_ns": 0, "prompt_tokens": 40, "output_tokens": 8,
-     "prefix_group": "system-prompt", "prefix_tokens": 16},
-    {"request_id": "r1", "request_class": "short-message", "scheduled_offset_ns": 10, "prompt_tokens": 60, "output_tokens": 8,
-     "prefix_group": "system-prompt", "prefix_tokens": 16, "cancel_after_tokens": 3},
-    {"request_id": "t0", "request_class": "long-thread", "scheduled_offset_ns": 20, "prompt_tokens": 30, "output_tokens": 12,
-     "conversation_id": "c1", "turn_index": 0},
-    {"request_id": "t1", "request_class": "long-thread", "scheduled_offset_ns": 30, "prompt_tokens": 30 + 12 + 25, "output_tokens": 9,
-     "conversation_id": "c1", "turn_index": 1},
-    {"request_id": "t2", "request_class": "long-thread", "scheduled_offset_ns": 40, "prompt_tokens": 67 + 9 + 5, "output_tokens": 4,
-     "conversation_id": "c1", "turn_index": 2},
+    {
+        "request_id": "r0",
+        "request_class": "short-message",
+        "scheduled_offset_ns": 0,
+        "prompt_tokens": 40,
+        "output_tokens": 8,
+        "prefix_group": "system-prompt",
+        "prefix_tokens": 16,
+    },
+    {
+        "request_id": "r1",
+        "request_class": "short-message",
+        "scheduled_offset_ns": 10,
+        "prompt_tokens": 60,
+        "output_tokens": 8,
+        "prefix_group": "system-prompt",
+        "prefix_tokens": 16,
+        "cancel_after_tokens": 3,
+    },
+    {
+        "request_id": "t0",
+        "request_class": "long-thread",
+        "scheduled_offset_ns": 20,
+        "prompt_tokens": 30,
+        "output_tokens": 12,
+        "conversation_id": "c1",
+        "turn_index": 0,
+    },
+    {
+        "request_id": "t1",
+        "request_class": "long-thread",
+        "scheduled_offset_ns": 30,
+        "prompt_tokens": 30 + 12 + 25,
+        "output_tokens": 9,
+        "conversation_id": "c1",
+        "turn_index": 1,
+    },
+    {
+        "request_id": "t2",
+        "request_class": "long-thread",
+        "scheduled_offset_ns": 40,
+        "prompt_tokens": 67 + 9 + 5,
+        "output_tokens": 4,
+        "conversation_id": "c1",
+        "turn_index": 2,
+    },
 ]
 
 
@@ -225,6 +283,7 @@ def test_prompt_text_only_when_retained_but_hash_always():
 
 # ---------------------------------------------------------------- recorder
 
+
 def test_recorder_never_loses_rows_when_cancelled_mid_flush(tmp_path):
     """Cancel the writer task at many points (also right at a flush); finish() must still write every row."""
     from loadgen.driver.client import request_row
@@ -234,9 +293,22 @@ def test_recorder_never_loses_rows_when_cancelled_mid_flush(tmp_path):
     from loadgen.rundir import load_run
 
     def job(i: int) -> Job:
-        return Job(index=i, request_id=f"r{i}", request_class="burst", offset_ns=i, target_prompt_tokens=1,
-                   target_output_tokens=1, conversation_id=None, turn_index=None, prefix_group=None,
-                   cancel_after_tokens=None, body=b"", prompt_sha256="0" * 64, client_prompt_tokens=1, prompt_text=None)
+        return Job(
+            index=i,
+            request_id=f"r{i}",
+            request_class="burst",
+            offset_ns=i,
+            target_prompt_tokens=1,
+            target_output_tokens=1,
+            conversation_id=None,
+            turn_index=None,
+            prefix_group=None,
+            cancel_after_tokens=None,
+            body=b"",
+            prompt_sha256="0" * 64,
+            client_prompt_tokens=1,
+            prompt_text=None,
+        )
 
     for trial in range(6):
         writer = ArrowRunWriter(tmp_path / f"run{trial}", Manifest(run_kind="measured"), flush_rows=1 << 60)
@@ -247,8 +319,16 @@ def test_recorder_never_loses_rows_when_cancelled_mid_flush(tmp_path):
                 await tg.start(recorder.run)
                 for i in range(300):
                     row = request_row(job(i), i, status="ok")
-                    recorder.submit(row, {"request_id": [row["request_id"]] * 2, "seq": [0, 1], "arrival_ns": [1, 2],
-                                          "tokens": [1, 1], "bytes": [10, 10]})
+                    recorder.submit(
+                        row,
+                        {
+                            "request_id": [row["request_id"]] * 2,
+                            "seq": [0, 1],
+                            "arrival_ns": [1, 2],
+                            "tokens": [1, 1],
+                            "bytes": [10, 10],
+                        },
+                    )
                     if i % 7 == 0:
                         await anyio.sleep(0.0005 * trial)
                 tg.cancel_scope.cancel()
@@ -262,6 +342,7 @@ def test_recorder_never_loses_rows_when_cancelled_mid_flush(tmp_path):
 
 
 # ---------------------------------------------------------------- public surface, progress
+
 
 def test_driver_exports_resolve():
     import loadgen.driver as driver

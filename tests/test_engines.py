@@ -66,14 +66,18 @@ def test_parse_cpu_log():
     from loadgen.engines.vllm.log import behavior_relevant
 
     behavior = behavior_relevant(notes)
-    assert behavior["prefix_caching"] is True and behavior["quantization"] is None and behavior["kv_cache_dtype"] == "auto"
+    assert (
+        behavior["prefix_caching"] is True and behavior["quantization"] is None and behavior["kv_cache_dtype"] == "auto"
+    )
 
 
 def test_parse_gpu_log_other_formats():
     notes = parse_vllm_log(GPU_LOG)
     assert notes["version"] == "0.9.1"
     assert notes["weights_loading_s"] == 3.21 and notes["weights_memory_gib"] == 14.9889
-    assert notes["kv_cache_memory_gib"] == 54.48 and notes["graph_memory_gib"] == 0.53 and notes["graph_capture_s"] == 28
+    assert (
+        notes["kv_cache_memory_gib"] == 54.48 and notes["graph_memory_gib"] == 0.53 and notes["graph_capture_s"] == 28
+    )
     assert notes["torch_compile_s"] == 21.36 and notes["dynamo_transform_s"] == 6.52
     assert notes["max_num_batched_tokens"] == 8192
     # older vLLM prints size and concurrency on two lines
@@ -107,7 +111,15 @@ def test_shipped_models_parse():
     from loadgen.ledger import read_model_config
 
     names = shipped_models()
-    assert {"tiny-llama-gqa", "tiny-qwen2", "llama-3.1-8b", "qwen2.5-7b", "mistral-7b", "qwen2.5-0.5b", "deepseek-v2-lite"} <= set(names)
+    assert {
+        "tiny-llama-gqa",
+        "tiny-qwen2",
+        "llama-3.1-8b",
+        "qwen2.5-7b",
+        "mistral-7b",
+        "qwen2.5-0.5b",
+        "deepseek-v2-lite",
+    } <= set(names)
     for name in names:
         read_model_config(ROOT / "loadgen" / "data" / "models" / f"{name}.json")
 
@@ -121,7 +133,7 @@ def test_make_model_dir_errors(tmp_path):
         make_model_dir(bad, tmp_path / "y")
 
 
-STANDIN = '''
+STANDIN = """
 import json, os, signal, subprocess, sys, time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 port = int(sys.argv[sys.argv.index("--port") + 1])
@@ -142,7 +154,7 @@ class H(BaseHTTPRequestHandler):
         self.send_response(200 if body is not None else 404); self.end_headers()
         self.wfile.write(json.dumps(body or {}).encode())
 HTTPServer(("127.0.0.1", port), H).serve_forever()
-'''
+"""
 
 
 @pytest.fixture()
@@ -158,8 +170,15 @@ def standin(tmp_path, monkeypatch):
 
 
 def _server(tmp_path, env, **kw) -> VllmServer:
-    cfg = VllmConfig(model_dir=tmp_path, python=Path(sys.executable), kv_cache_gib=1, max_model_len=1000,
-                     env=env, log_path=tmp_path / "server.log", **kw)
+    cfg = VllmConfig(
+        model_dir=tmp_path,
+        python=Path(sys.executable),
+        kv_cache_gib=1,
+        max_model_len=1000,
+        env=env,
+        log_path=tmp_path / "server.log",
+        **kw,
+    )
     return VllmServer(cfg)
 
 
@@ -216,13 +235,19 @@ def test_missing_python_is_engine_error(tmp_path, monkeypatch):
 def test_cli_make_model_and_parse_log(tmp_path):
     import subprocess
 
-    r = subprocess.run([sys.executable, "-m", "loadgen", "vllm", "make-model", "--out", str(tmp_path / "m")],
-                       capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "loadgen", "vllm", "make-model", "--out", str(tmp_path / "m")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "m" / "config.json").read_text())["num_key_value_heads"] == 4
     log = tmp_path / "vllm.log"
     log.write_text(CPU_LOG)
-    r = subprocess.run([sys.executable, "-m", "loadgen", "vllm", "parse-log", str(log)], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "loadgen", "vllm", "parse-log", str(log)], capture_output=True, text=True, cwd=ROOT
+    )
     assert json.loads(r.stdout)["kv_cache_size_tokens"] == 512_000
     assert os.path.exists(tmp_path / "m" / "tokenizer.json")
 
@@ -234,9 +259,30 @@ def test_cli_serve_until_interrupted(tmp_path, standin):
 
     env_extra, child_file = standin
     env = {**os.environ, **env_extra}
-    proc = subprocess.Popen([sys.executable, "-m", "loadgen", "vllm", "serve", "--model-dir", str(tmp_path), "--python", sys.executable,
-                             "--kv-cache-gib", "1", "--log", str(tmp_path / "serve.log"), "--", "--max-num-seqs", "4"],
-                            stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "vllm",
+            "serve",
+            "--model-dir",
+            str(tmp_path),
+            "--python",
+            sys.executable,
+            "--kv-cache-gib",
+            "1",
+            "--log",
+            str(tmp_path / "serve.log"),
+            "--",
+            "--max-num-seqs",
+            "4",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
     lines = []
     for line in proc.stdout:
         lines.append(line)
@@ -262,12 +308,18 @@ def test_engine_report_merges_manifest_log_and_metrics(tmp_path):
     (tmp_path / MANIFEST_FILE).write_text(json.dumps({"engine_notes": {"log": {"max_model_len": 1234}}}))
     (tmp_path / "vllm.log").write_text(CPU_LOG)
     labels = json.dumps({"block_size": "128", "num_gpu_blocks": "4096"})
-    pq.write_table(pa.table({"name": ["vllm:num_requests_running", "vllm:cache_config_info"], "labels": ["{}", labels]}),
-                   tmp_path / SERVER_METRICS_FILE)
+    pq.write_table(
+        pa.table({"name": ["vllm:num_requests_running", "vllm:cache_config_info"], "labels": ["{}", labels]}),
+        tmp_path / SERVER_METRICS_FILE,
+    )
     report = engine_report(tmp_path)
     assert report["max_model_len"] == 1234  # the manifest wins over the log's 2000
     assert report["kv_cache_size_tokens"] == 512_000 and report["cache_config_info"]["num_gpu_blocks"] == "4096"
-    assert report["sources"] == [str(tmp_path / MANIFEST_FILE), str(tmp_path / "vllm.log"), str(tmp_path / SERVER_METRICS_FILE)]
+    assert report["sources"] == [
+        str(tmp_path / MANIFEST_FILE),
+        str(tmp_path / "vllm.log"),
+        str(tmp_path / SERVER_METRICS_FILE),
+    ]
 
 
 def test_ledger_never_imports_engines():

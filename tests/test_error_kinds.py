@@ -60,12 +60,21 @@ def test_without_a_status():
 
 def test_simulator_injected_statuses_use_the_table():
     n = 300
-    table = pa.Table.from_pydict({
-        "request_id": [f"r{i:04d}" for i in range(n)], "request_class": ["c"] * n,
-        "scheduled_offset_ns": [i * 10_000_000 for i in range(n)], "prompt_tokens": [50] * n,
-        "output_tokens": [4] * n, "prefix_group": [None] * n, "prefix_tokens": [None] * n,
-        "conversation_id": [None] * n, "turn_index": [None] * n, "cancel_after_tokens": [None] * n,
-    }, schema=TRACE_SCHEMA)
+    table = pa.Table.from_pydict(
+        {
+            "request_id": [f"r{i:04d}" for i in range(n)],
+            "request_class": ["c"] * n,
+            "scheduled_offset_ns": [i * 10_000_000 for i in range(n)],
+            "prompt_tokens": [50] * n,
+            "output_tokens": [4] * n,
+            "prefix_group": [None] * n,
+            "prefix_tokens": [None] * n,
+            "conversation_id": [None] * n,
+            "turn_index": [None] * n,
+            "cancel_after_tokens": [None] * n,
+        },
+        schema=TRACE_SCHEMA,
+    )
     faults = {"error_rate": 0.3, "error_statuses": [404, 429, 503], "rate_limit_rate": 0.1}
     config = parse_engine_config({"name": "t", "faults": faults, "scheduler": {"max_model_len": 60}}, "t")
     rows = simulate_trace(table, {}, config).requests

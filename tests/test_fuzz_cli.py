@@ -30,17 +30,64 @@ from loadgen.trace.io import TRACE_METADATA_KEY
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = int(os.environ.get("LOADGEN_FUZZ_EXAMPLES", "8"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=os.environ.get("CI") == "true",
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=os.environ.get("CI") == "true",
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 # ---- hostile values ------------------------------------------------------------------------------------
 
-HOSTILE_NUMBERS = ["nan", "inf", "-inf", "-1", "0", "1e308", "-1e308", "1e9", "2147483647", "9223372036854775807",
-                   "9223372036854775808", "99999999999999999999999", "0.5", "-0.0", "1e-308"]
-HOSTILE_TOML_VALUES = HOSTILE_NUMBERS + ['""', '"x"', '"' + "y" * 5000 + '"', "true", "[]", "[1, -2, 3]", "{}",
-                                          '[[1], ["a"]]', '"\\u0000"', "{ dist = \"fixed\", value = -5 }"]
-HOSTILE_JSON: list[Any] = [None, True, -1, 0, 2**31 - 1, 2**63, 10**30, 1e308, float("nan"), float("inf"), -0.5, "",
-                           "x" * 5000, [], [1, "a", None], {}, {"a": {"b": [1]}}, "\udcff"]
+HOSTILE_NUMBERS = [
+    "nan",
+    "inf",
+    "-inf",
+    "-1",
+    "0",
+    "1e308",
+    "-1e308",
+    "1e9",
+    "2147483647",
+    "9223372036854775807",
+    "9223372036854775808",
+    "99999999999999999999999",
+    "0.5",
+    "-0.0",
+    "1e-308",
+]
+HOSTILE_TOML_VALUES = HOSTILE_NUMBERS + [
+    '""',
+    '"x"',
+    '"' + "y" * 5000 + '"',
+    "true",
+    "[]",
+    "[1, -2, 3]",
+    "{}",
+    '[[1], ["a"]]',
+    '"\\u0000"',
+    '{ dist = "fixed", value = -5 }',
+]
+HOSTILE_JSON: list[Any] = [
+    None,
+    True,
+    -1,
+    0,
+    2**31 - 1,
+    2**63,
+    10**30,
+    1e308,
+    float("nan"),
+    float("inf"),
+    -0.5,
+    "",
+    "x" * 5000,
+    [],
+    [1, "a", None],
+    {},
+    {"a": {"b": [1]}},
+    "\udcff",
+]
 
 
 def _numbers(text: str) -> list[re.Match[str]]:
@@ -58,13 +105,13 @@ def mutated_toml(draw: st.DrawFn, text: str) -> bytes:
         kind = draw(st.sampled_from(["number", "value", "drop", "bytes"]))
         if kind == "number" and _numbers(text):
             m = draw(st.sampled_from(_numbers(text)))
-            text = text[: m.start()] + draw(st.sampled_from(HOSTILE_NUMBERS)) + text[m.end():]
+            text = text[: m.start()] + draw(st.sampled_from(HOSTILE_NUMBERS)) + text[m.end() :]
         elif kind == "value" and _value_lines(text):
             m = draw(st.sampled_from(_value_lines(text)))
-            text = text[: m.start(2)] + draw(st.sampled_from(HOSTILE_TOML_VALUES)) + text[m.end(2):]
+            text = text[: m.start(2)] + draw(st.sampled_from(HOSTILE_TOML_VALUES)) + text[m.end(2) :]
         elif kind == "drop" and _value_lines(text):
             m = draw(st.sampled_from(_value_lines(text)))
-            text = text[: m.start()] + text[m.end():]
+            text = text[: m.start()] + text[m.end() :]
     raw = text.encode()
     if draw(st.integers(0, 9)) == 0:  # now and then: broken bytes
         cut = draw(st.integers(0, len(raw)))
@@ -114,6 +161,7 @@ def mutated_json(draw: st.DrawFn, data: Any, *, top_level: bool = True) -> bytes
 
 # ---- running the command ---------------------------------------------------------------------------------
 
+
 def _snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
@@ -121,9 +169,16 @@ def _snapshot(root: Path) -> dict[str, bytes]:
 def run_cli(args: list[Any], work: Path, outputs: list[Path], ok_codes: tuple[int, ...] = (0,)) -> int:
     """Run ``loadgen ARGS``; assert a clean outcome; remove what a success wrote; return the exit code."""
     before = _snapshot(work)
-    proc = subprocess.run([sys.executable, "-m", "loadgen", *map(str, args)], cwd=work, capture_output=True,
-                          text=True, errors="replace", timeout=120, check=False,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadgen", *map(str, args)],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=120,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"},
+    )
     err = proc.stderr
     assert "Traceback" not in err, f"{args}: traceback:\n{err[-3000:]}"
     assert proc.returncode in (*ok_codes, 2), f"{args}: exit {proc.returncode}:\n{err[-3000:]}"
@@ -143,22 +198,31 @@ def run_cli(args: list[Any], work: Path, outputs: list[Path], ok_codes: tuple[in
 
 # ---- fixtures: one valid input of each kind ------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("fuzz-base")
-    scenario = (REPO / "scenarios" / "canonical.toml").read_text().replace(
-        'cases = ["contract/canonical.toml"]', "cases = []")
+    scenario = (
+        (REPO / "scenarios" / "canonical.toml").read_text().replace('cases = ["contract/canonical.toml"]', "cases = []")
+    )
     scenario = scenario.replace("rate_rps = 4.0\nduration_s = 60", "rate_rps = 4.0\nduration_s = 3", 1)
     (root / "s.toml").write_text(scenario)
     (root / "e.toml").write_text((REPO / "scenarios" / "engines" / "instant.toml").read_text())
-    (root / "p.toml").write_text((REPO / "scenarios" / "plans" / "quick.toml").read_text()
-                                 .replace('"../canonical.toml"', '"s.toml"').replace("duration_s = 10", "duration_s = 2")
-                                 .replace("rates_rps = [1, 2, 4, 8, 16]", "rates_rps = [2, 4]").replace("repeats = 2", "repeats = 1")
-                                 .replace("concurrency = [8, 64]", "concurrency = [8]"))
+    (root / "p.toml").write_text(
+        (REPO / "scenarios" / "plans" / "quick.toml")
+        .read_text()
+        .replace('"../canonical.toml"', '"s.toml"')
+        .replace("duration_s = 10", "duration_s = 2")
+        .replace("rates_rps = [1, 2, 4, 8, 16]", "rates_rps = [2, 4]")
+        .replace("repeats = 2", "repeats = 1")
+        .replace("concurrency = [8, 64]", "concurrency = [8]")
+    )
     shutil.copy(REPO / "loadgen" / "data" / "models" / "tiny-llama-gqa.json", root / "config.json")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    for args in (["trace", "generate", "s.toml", "--trace", "steady", "--out", "t.parquet"],
-                 ["sim", "run", "t.parquet", "--engine", "e.toml", "--out", "run", "--scenario", "s.toml"]):
+    for args in (
+        ["trace", "generate", "s.toml", "--trace", "steady", "--out", "t.parquet"],
+        ["sim", "run", "t.parquet", "--engine", "e.toml", "--out", "run", "--scenario", "s.toml"],
+    ):
         subprocess.run([sys.executable, "-m", "loadgen", *args], cwd=root, env=env, check=True, capture_output=True)
     return root
 
@@ -208,8 +272,12 @@ def test_mutated_engine_configs(base: Path, work: Path, data: st.DataObject) -> 
 def test_mutated_plans(base: Path, work: Path, data: st.DataObject) -> None:
     work = _fresh(work, base)
     (work / "m.toml").write_bytes(data.draw(mutated_toml((base / "p.toml").read_text())))
-    run_cli(["plan", "m.toml", "--sim-worksheet", "e.toml", "--out", "o", "--max-runs", "1", "--quiet"], work,
-            [work / "o"], ok_codes=(0, 3))
+    run_cli(
+        ["plan", "m.toml", "--sim-worksheet", "e.toml", "--out", "o", "--max-runs", "1", "--quiet"],
+        work,
+        [work / "o"],
+        ok_codes=(0, 3),
+    )
 
 
 def _mutate_table(table: pa.Table, data: st.DataObject) -> pa.Table:
@@ -226,12 +294,20 @@ def _mutate_table(table: pa.Table, data: st.DataObject) -> pa.Table:
     if kind == "type":
         new = pa.array([None if v is None else str(v) for v in column], pa.string())
     elif kind == "nan":
-        new = pa.array([float("nan") if i == 0 else (float(v) if isinstance(v, (int, float)) else None)
-                        for i, v in enumerate(column)], pa.float64())
+        new = pa.array(
+            [
+                float("nan") if i == 0 else (float(v) if isinstance(v, (int, float)) else None)
+                for i, v in enumerate(column)
+            ],
+            pa.float64(),
+        )
     else:
         current = table.column(name).type
-        extremes: list[Any] = ["", "r000001", "\x00", "x" * 10_000] if pa.types.is_string(current) else \
-            [-1, 2**31 - 1, 2**62, -(2**62), 0]
+        extremes: list[Any] = (
+            ["", "r000001", "\x00", "x" * 10_000]
+            if pa.types.is_string(current)
+            else [-1, 2**31 - 1, 2**62, -(2**62), 0]
+        )
         value = data.draw(st.sampled_from([None] if kind == "null" else extremes))
         if column:
             column[data.draw(st.integers(0, len(column) - 1))] = value
@@ -263,10 +339,14 @@ def test_mutated_traces(base: Path, work: Path, data: st.DataObject) -> None:
         at = data.draw(st.integers(0, len(raw) - 1))
         raw[at] ^= 0xFF
         (work / "m.parquet").write_bytes(bytes(raw))
-    command = data.draw(st.sampled_from([
-        (["trace", "stats", "m.parquet"], []),
-        (["sim", "run", "m.parquet", "--engine", "e.toml", "--out", "o"], [work / "o"]),
-    ]))
+    command = data.draw(
+        st.sampled_from(
+            [
+                (["trace", "stats", "m.parquet"], []),
+                (["sim", "run", "m.parquet", "--engine", "e.toml", "--out", "o"], [work / "o"]),
+            ]
+        )
+    )
     run_cli(command[0], work, command[1])
 
 
@@ -285,16 +365,24 @@ def test_mutated_manifests(base: Path, work: Path, data: st.DataObject) -> None:
     work = _fresh(work, base)
     manifest = json.loads((base / "run" / "manifest.json").read_text())
     # the document as a whole (bytes, top-level type, nesting); field types wait for the typed manifest
-    (work / "run" / "manifest.json").write_bytes(data.draw(st.one_of(
-        st.sampled_from([b"", b"[]", b"null", b"42", b'"x"', b"\xff\xfe", b"[" * 50_000, b'{"a": NaN']),
-        st.binary(max_size=64),
-        mutated_json(manifest).map(lambda raw: raw[: len(raw) // 2]),
-    )))
-    command = data.draw(st.sampled_from([
-        (["analyze", "run", "--quiet"], []),
-        (["compare", "run", "run"], []),
-        (["handoff", "run", "--out", "b"], [work / "b", work / "b.tar.gz"]),
-    ]))
+    (work / "run" / "manifest.json").write_bytes(
+        data.draw(
+            st.one_of(
+                st.sampled_from([b"", b"[]", b"null", b"42", b'"x"', b"\xff\xfe", b"[" * 50_000, b'{"a": NaN']),
+                st.binary(max_size=64),
+                mutated_json(manifest).map(lambda raw: raw[: len(raw) // 2]),
+            )
+        )
+    )
+    command = data.draw(
+        st.sampled_from(
+            [
+                (["analyze", "run", "--quiet"], []),
+                (["compare", "run", "run"], []),
+                (["handoff", "run", "--out", "b"], [work / "b", work / "b.tar.gz"]),
+            ]
+        )
+    )
     run_cli(command[0], work, command[1])
 
 

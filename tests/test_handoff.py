@@ -25,9 +25,20 @@ from loadgen.trace.generate import generate_trace_file
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "scenarios" / "canonical.toml"
 ENGINES = ROOT / "scenarios" / "engines"
-EXPECTED_FILES = {"README.md", "identity.json", "workload.json", "scenario.toml", "trace.parquet", "runtime.json",
-                  "engine.toml", "failure.json", "experiment.json", "observed.json", "manifest.json",
-                  "contract/canonical.toml"}
+EXPECTED_FILES = {
+    "README.md",
+    "identity.json",
+    "workload.json",
+    "scenario.toml",
+    "trace.parquet",
+    "runtime.json",
+    "engine.toml",
+    "failure.json",
+    "experiment.json",
+    "observed.json",
+    "manifest.json",
+    "contract/canonical.toml",
+}
 
 
 def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -43,7 +54,9 @@ def burst_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def failing_run(tmp_path_factory: pytest.TempPathFactory, burst_trace: Path) -> Path:
     """The seed's fixture: throughput-large-batch breaches burst p99 TTFT (2 s batching window)."""
-    return run_worksheet(burst_trace, "throughput-large-batch", tmp_path_factory.mktemp("runs") / "large", scenario=SCENARIO)
+    return run_worksheet(
+        burst_trace, "throughput-large-batch", tmp_path_factory.mktemp("runs") / "large", scenario=SCENARIO
+    )
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +76,7 @@ def test_bundle_holds_everything_a_specialist_needs(bundle, failing_run: Path) -
     assert workload["regenerate"] == "loadgen trace generate scenario.toml --trace burst --seed 1 --out trace.parquet"
     # the trace is the exact file, and it carries no text
     trace = pq.read_table(bundle.bundle_dir / "trace.parquet")
-    assert not any("text" in name or "prompt" == name for name in trace.column_names)
+    assert not any("text" in name or name == "prompt" for name in trace.column_names)
     assert (bundle.bundle_dir / "scenario.toml").read_bytes() == SCENARIO.read_bytes()
     assert "window_ms = 2000" in (bundle.bundle_dir / "engine.toml").read_text()
 
@@ -136,8 +149,15 @@ def test_rerun_reproduces_and_experiment_applies(bundle, tmp_path: Path) -> None
     assert result.reproduced is True
     burst = next(c for c in result.checks if c["class"] == "burst" and c["percentile"] == "p99")
     assert burst["rerun_observed"] == pytest.approx(burst["observed"])  # virtual time: deterministic
-    res = cli("handoff", "rerun", bundle.bundle_dir.name, "--out", str(tmp_path / "exp"), "--experiment",
-              cwd=bundle.bundle_dir.parent)
+    res = cli(
+        "handoff",
+        "rerun",
+        bundle.bundle_dir.name,
+        "--out",
+        str(tmp_path / "exp"),
+        "--experiment",
+        cwd=bundle.bundle_dir.parent,
+    )
     assert res.returncode == 0, res.stderr
     assert "experiment applied: batching.window_ms 2000 → 1000.0" in res.stdout
     exp = rerun_bundle(bundle.bundle_dir, tmp_path / "exp2", experiment=True)
@@ -148,19 +168,26 @@ def test_rerun_reproduces_and_experiment_applies(bundle, tmp_path: Path) -> None
 def test_memory_failure_proposes_fewer_sequences(tmp_path: Path, burst_trace: Path) -> None:
     engine = tmp_path / "tiny-kv.toml"
     text = (ENGINES / "interactive-small-batch.toml").read_text()
-    engine.write_text(text.replace('name = "interactive-small-batch"', 'name = "tiny-kv"', 1)
-                      .replace("num_kv_blocks = ", "num_kv_blocks = 300 #", 1))
+    engine.write_text(
+        text.replace('name = "interactive-small-batch"', 'name = "tiny-kv"', 1).replace(
+            "num_kv_blocks = ", "num_kv_blocks = 300 #", 1
+        )
+    )
     run = run_worksheet(burst_trace, engine, tmp_path / "run", scenario=SCENARIO)
     info = build_bundle(run, tmp_path / "mem")
     signals = {f["metric"]: f for f in info.failures if f["class"] == "overall"}
     assert signals["preemptions"]["observed"] > 0 and signals["preemptions"]["samples"] > 0
     assert signals["kv_cache_saturated"]["observed"] >= 0.99
-    assert info.experiment["variable"] == "scheduler.max_num_seqs" and info.experiment["to"] == info.experiment["from"] // 2
+    assert (
+        info.experiment["variable"] == "scheduler.max_num_seqs"
+        and info.experiment["to"] == info.experiment["from"] // 2
+    )
     assert (tmp_path / "mem" / "engine.toml").read_text() == engine.read_text()
 
 
 def test_passing_run_is_bundled_saying_nothing_failed_and_plan_dir_picks_failure(
-        tmp_path: Path, burst_trace: Path, failing_run: Path) -> None:
+    tmp_path: Path, burst_trace: Path, failing_run: Path
+) -> None:
     plan = tmp_path / "plan"
     good = run_worksheet(burst_trace, "instant", plan / "cell-00-instant", scenario=SCENARIO)
     info = build_bundle(good, tmp_path / "ok-bundle")
@@ -192,8 +219,16 @@ def test_errors_are_one_line(tmp_path: Path, bundle) -> None:
 def test_toml_writer_round_trips() -> None:
     import tomllib
 
-    data = {"name": "x", "n": 3, "f": 0.5, "flag": True, "list": [1, 2], "none": None,
-            "t": {"a": "b\"q", "inner": {"z": [{"k": 1}]}}, "odd key": 1}
+    data = {
+        "name": "x",
+        "n": 3,
+        "f": 0.5,
+        "flag": True,
+        "list": [1, 2],
+        "none": None,
+        "t": {"a": 'b"q', "inner": {"z": [{"k": 1}]}},
+        "odd key": 1,
+    }
     back = tomllib.loads(toml_dumps(data))
     data.pop("none")
     assert back == data
@@ -206,12 +241,21 @@ def test_live_sim_run_bundle_reruns_against_a_fresh_live_server(tmp_path: Path) 
 
     text = SCENARIO.read_text().replace("duration_s = 60", "duration_s = 5")
     (tmp_path / "contract").mkdir()
-    (tmp_path / "contract" / "canonical.toml").write_text((ROOT / "scenarios" / "contract" / "canonical.toml").read_text())
+    (tmp_path / "contract" / "canonical.toml").write_text(
+        (ROOT / "scenarios" / "contract" / "canonical.toml").read_text()
+    )
     (tmp_path / "scenario.toml").write_text(text)
     trace = generate_trace_file(load_scenario(tmp_path / "scenario.toml"), "burst", tmp_path / "burst.parquet", 2)
     with start_sim_server("throughput-large-batch") as sim:
-        run = run_trace_sync(RunOptions(trace_path=trace, target_url=sim.base_url, out_dir=tmp_path / "run",
-                                        scenario_path=tmp_path / "scenario.toml", progress="off"))
+        run = run_trace_sync(
+            RunOptions(
+                trace_path=trace,
+                target_url=sim.base_url,
+                out_dir=tmp_path / "run",
+                scenario_path=tmp_path / "scenario.toml",
+                progress="off",
+            )
+        )
     info = build_bundle(run, tmp_path / "live")
     assert (tmp_path / "live" / "engine.toml").read_text() == (ENGINES / "throughput-large-batch.toml").read_text()
     assert any(f["metric"] == "ttft_ms" for f in info.failures)
@@ -267,7 +311,9 @@ def test_verify_refuses_a_symlink_out_of_the_bundle_even_when_its_sum_matches(bu
     result = verify_bundle(copy)
     assert not result.ok and result.first_problem.startswith("trace.parquet: a symbolic link (to ")
     res = cli("handoff", "verify", str(copy))
-    assert res.returncode == 1 and res.stderr.count("\n") == 1 and "FAILED: trace.parquet: a symbolic link" in res.stderr
+    assert (
+        res.returncode == 1 and res.stderr.count("\n") == 1 and "FAILED: trace.parquet: a symbolic link" in res.stderr
+    )
     with pytest.raises(RunDirError, match="does not verify: trace.parquet: a symbolic link"):
         rerun_bundle(copy, tmp_path / "rerun")
 
@@ -288,15 +334,20 @@ def test_verify_refuses_a_linked_folder_a_hard_link_and_a_fifo(bundle, tmp_path:
     assert verify_bundle(copy).first_problem == "pipe: a device, FIFO or socket: a bundle holds only regular files"
 
 
-@pytest.mark.parametrize("kind,name,linkname,expected", [
-    (tarfile.SYMTYPE, "burst-ttft/notes.txt", "/etc/passwd", "a symbolic link (to /etc/passwd)"),
-    (tarfile.LNKTYPE, "burst-ttft/notes.txt", "burst-ttft/README.md", "a hard link (to burst-ttft/README.md)"),
-    (tarfile.CHRTYPE, "burst-ttft/dev", "", "a device or FIFO entry"),
-    (tarfile.FIFOTYPE, "burst-ttft/pipe", "", "a device or FIFO entry"),
-    (tarfile.REGTYPE, "burst-ttft/../escaped.txt", "", "the archive entry's path leaves the bundle"),
-    (tarfile.REGTYPE, "/tmp/absolute.txt", "", "the archive entry's path leaves the bundle"),
-])
-def test_verify_refuses_tar_links_devices_and_escaping_paths(bundle, tmp_path: Path, kind, name, linkname, expected) -> None:
+@pytest.mark.parametrize(
+    "kind,name,linkname,expected",
+    [
+        (tarfile.SYMTYPE, "burst-ttft/notes.txt", "/etc/passwd", "a symbolic link (to /etc/passwd)"),
+        (tarfile.LNKTYPE, "burst-ttft/notes.txt", "burst-ttft/README.md", "a hard link (to burst-ttft/README.md)"),
+        (tarfile.CHRTYPE, "burst-ttft/dev", "", "a device or FIFO entry"),
+        (tarfile.FIFOTYPE, "burst-ttft/pipe", "", "a device or FIFO entry"),
+        (tarfile.REGTYPE, "burst-ttft/../escaped.txt", "", "the archive entry's path leaves the bundle"),
+        (tarfile.REGTYPE, "/tmp/absolute.txt", "", "the archive entry's path leaves the bundle"),
+    ],
+)
+def test_verify_refuses_tar_links_devices_and_escaping_paths(
+    bundle, tmp_path: Path, kind, name, linkname, expected
+) -> None:
     extra = tarfile.TarInfo(name)
     extra.type, extra.linkname = kind, linkname
     data = b"x" if kind == tarfile.REGTYPE else None
@@ -312,12 +363,14 @@ def test_verify_refuses_a_checksum_line_naming_a_path_outside(bundle, tmp_path: 
     copy = _unpacked_copy(bundle, tmp_path / "copy")
     with open(copy / "SHA256SUMS", "a") as handle:
         handle.write("0" * 64 + "  ../../outside.txt\n")
-    assert verify_bundle(copy).first_problem == ("SHA256SUMS: line 13 names '../../outside.txt', a path that leaves "
-                                                 "the bundle: expected a name inside it")
+    assert verify_bundle(copy).first_problem == (
+        "SHA256SUMS: line 13 names '../../outside.txt', a path that leaves the bundle: expected a name inside it"
+    )
 
 
 def test_bundle_refuses_a_secret_the_server_echoed_into_the_manifest(
-        failing_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    failing_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A /version body echoing the Authorization header must not reach any bundle file."""
     run = tmp_path / "run"
     shutil.copytree(failing_run, run)

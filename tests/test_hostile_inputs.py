@@ -45,25 +45,31 @@ def parser_fails(capsys: pytest.CaptureFixture[str], args: list[str], *expected:
 @pytest.fixture
 def trace(tmp_path: Path) -> Path:
     path = tmp_path / "ok.parquet"
-    assert main(["trace", "generate", str(REPO / "scenarios" / "canonical.toml"), "--trace", "steady",
-                 "--out", str(path)]) == 0
+    assert (
+        main(["trace", "generate", str(REPO / "scenarios" / "canonical.toml"), "--trace", "steady", "--out", str(path)])
+        == 0
+    )
     return path
 
 
 # ---- scenario numbers ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("old", "new", "expected"), [
-    ("rate_rps = 4.0", "rate_rps = 1e308", "traces.steady.rate_rps = 1e+308"),
-    ("rate_rps = 4.0", "rate_rps = inf", "traces.steady.rate_rps = inf"),
-    ("rate_rps = 4.0", "rate_rps = nan", "traces.steady.rate_rps = nan"),
-    ("rate_rps = 4.0", "rate_rps = 1e9", "traces.steady.rate_rps = 1000000000.0"),
-    ("mean = 160,", "mean = 1e308,", "classes.short-message.input_tokens.mean = 1e+308"),
-    ("mean = 160, sigma = 0.6, min = 8, max = 1024", "mean = 2e6, sigma = 0.6", "input_tokens = 2e+06"),
-    ("seed = 20261129", "seed = -1", "seed = -1"),
-    ("max_in_flight = 256", "max_in_flight = -1", "max_in_flight = -1"),
-    ("ttft_timeout_s = 30", "ttft_timeout_s = inf", "errors.ttft_timeout_s = inf"),
-    ("low = 2, high = 6 }", "low = 2, high = 6e9 }", "thread.turns = 6e+09"),
-])
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ("rate_rps = 4.0", "rate_rps = 1e308", "traces.steady.rate_rps = 1e+308"),
+        ("rate_rps = 4.0", "rate_rps = inf", "traces.steady.rate_rps = inf"),
+        ("rate_rps = 4.0", "rate_rps = nan", "traces.steady.rate_rps = nan"),
+        ("rate_rps = 4.0", "rate_rps = 1e9", "traces.steady.rate_rps = 1000000000.0"),
+        ("mean = 160,", "mean = 1e308,", "classes.short-message.input_tokens.mean = 1e+308"),
+        ("mean = 160, sigma = 0.6, min = 8, max = 1024", "mean = 2e6, sigma = 0.6", "input_tokens = 2e+06"),
+        ("seed = 20261129", "seed = -1", "seed = -1"),
+        ("max_in_flight = 256", "max_in_flight = -1", "max_in_flight = -1"),
+        ("ttft_timeout_s = 30", "ttft_timeout_s = inf", "errors.ttft_timeout_s = inf"),
+        ("low = 2, high = 6 }", "low = 2, high = 6e9 }", "thread.turns = 6e+09"),
+    ],
+)
 def test_scenario_numbers_are_finite_and_bounded(tmp_path, capsys, old, new, expected):
     path = tmp_path / "s.toml"
     assert old in CANONICAL
@@ -81,36 +87,64 @@ def test_a_rate_times_duration_beyond_the_trace_bound_is_refused(tmp_path, capsy
 
 def test_sampled_tails_and_thread_context_beyond_the_token_bound(tmp_path, capsys):
     path = tmp_path / "tail.toml"
-    path.write_text(CANONICAL.replace(
-        'output_tokens = { dist = "lognormal", mean = 200, sigma = 0.5, min = 16, max = 1024 }',
-        'output_tokens = { dist = "normal", mean = 20000, std = 1e9 }', 1))
-    fails(capsys, ["trace", "generate", path, "--trace", "steady", "--out", tmp_path / "t.parquet"],
-          "classes.long-thread.output_tokens: sampled")
-    path.write_text(CANONICAL.replace(
-        'output_tokens = { dist = "lognormal", mean = 200, sigma = 0.5, min = 16, max = 1024 }',
-        'output_tokens = { dist = "fixed", value = 900000 }', 1))
-    fails(capsys, ["trace", "generate", path, "--trace", "steady", "--out", tmp_path / "t.parquet"],
-          "thread context", "1048576")
+    path.write_text(
+        CANONICAL.replace(
+            'output_tokens = { dist = "lognormal", mean = 200, sigma = 0.5, min = 16, max = 1024 }',
+            'output_tokens = { dist = "normal", mean = 20000, std = 1e9 }',
+            1,
+        )
+    )
+    fails(
+        capsys,
+        ["trace", "generate", path, "--trace", "steady", "--out", tmp_path / "t.parquet"],
+        "classes.long-thread.output_tokens: sampled",
+    )
+    path.write_text(
+        CANONICAL.replace(
+            'output_tokens = { dist = "lognormal", mean = 200, sigma = 0.5, min = 16, max = 1024 }',
+            'output_tokens = { dist = "fixed", value = 900000 }',
+            1,
+        )
+    )
+    fails(
+        capsys,
+        ["trace", "generate", path, "--trace", "steady", "--out", tmp_path / "t.parquet"],
+        "thread context",
+        "1048576",
+    )
 
 
-@pytest.mark.parametrize(("args", "expected"), [
-    (["trace", "generate", "s.toml", "--trace", "steady", "--out", "o.parquet", "--seed", "-1"], "argument --seed: -1"),
-    (["trace", "import", "azure", "x.csv", "--out", "o.parquet", "--time-scale", "nan"], "--time-scale: nan"),
-    (["trace", "import", "azure", "x.csv", "--out", "o.parquet", "--duration-s", "inf"], "--duration-s: inf"),
-    (["ledger", "--model", "llama-3.1-8b", "--kv-cache-gib", "nan"], "--kv-cache-gib: nan"),
-    (["ledger", "--model", "llama-3.1-8b", "--kv-cache-gib", "inf"], "--kv-cache-gib: inf"),
-    (["ledger", "--model", "llama-3.1-8b", "--block-size", "0"], "--block-size: 0"),
-    (["sim", "serve", "--engine", "instant", "--port", "70000"], "--port: 70000"),
-    (["sim", "serve", "--engine", "instant", "--port", "-1"], "--port: -1"),
-    (["run", "t.parquet", "--target", "http://x", "--out", "o", "--max-concurrency", "-1"], "--max-concurrency: -1"),
-    (["run", "t.parquet", "--target", "http://x", "--out", "o", "--ttft-timeout-s", "nan"], "--ttft-timeout-s: nan"),
-    (["practice", "--window-s", "inf"], "--window-s: inf"),
-])
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["trace", "generate", "s.toml", "--trace", "steady", "--out", "o.parquet", "--seed", "-1"],
+            "argument --seed: -1",
+        ),
+        (["trace", "import", "azure", "x.csv", "--out", "o.parquet", "--time-scale", "nan"], "--time-scale: nan"),
+        (["trace", "import", "azure", "x.csv", "--out", "o.parquet", "--duration-s", "inf"], "--duration-s: inf"),
+        (["ledger", "--model", "llama-3.1-8b", "--kv-cache-gib", "nan"], "--kv-cache-gib: nan"),
+        (["ledger", "--model", "llama-3.1-8b", "--kv-cache-gib", "inf"], "--kv-cache-gib: inf"),
+        (["ledger", "--model", "llama-3.1-8b", "--block-size", "0"], "--block-size: 0"),
+        (["sim", "serve", "--engine", "instant", "--port", "70000"], "--port: 70000"),
+        (["sim", "serve", "--engine", "instant", "--port", "-1"], "--port: -1"),
+        (
+            ["run", "t.parquet", "--target", "http://x", "--out", "o", "--max-concurrency", "-1"],
+            "--max-concurrency: -1",
+        ),
+        (
+            ["run", "t.parquet", "--target", "http://x", "--out", "o", "--ttft-timeout-s", "nan"],
+            "--ttft-timeout-s: nan",
+        ),
+        (["practice", "--window-s", "inf"], "--window-s: inf"),
+    ],
+)
 def test_numeric_flags_are_checked_before_any_work(capsys, args, expected):
     parser_fails(capsys, args, expected)
 
 
 # ---- traces --------------------------------------------------------------------------------------------
+
 
 def _rewrite(src: Path, dst: Path, columns: dict[str, list] | None = None, meta: bytes | None = None) -> Path:
     table, metadata = read_trace(src)
@@ -130,16 +164,26 @@ def _trace_cases(src: Path, tmp: Path) -> list[tuple[Path, str]]:
     return [
         (_rewrite(src, tmp / "nulls.parquet", {"prompt_tokens": [None] + prompts[1:]}), "prompt_tokens = null (row 0)"),
         (_rewrite(src, tmp / "strings.parquet", {"output_tokens": ["x"] * n}), "column output_tokens of type string"),
-        (_rewrite(src, tmp / "nan.parquet", {"scheduled_offset_ns": [float("nan")] + [float(x) for x in offsets[1:]]}),
-         "column scheduled_offset_ns of type double"),
+        (
+            _rewrite(
+                src, tmp / "nan.parquet", {"scheduled_offset_ns": [float("nan")] + [float(x) for x in offsets[1:]]}
+            ),
+            "column scheduled_offset_ns of type double",
+        ),
         (_rewrite(src, tmp / "list-meta.parquet", meta=b"[1, 2]"), "is a JSON list: expected a JSON object"),
         (_rewrite(src, tmp / "bytes-meta.parquet", meta=b"\xff\xfe"), "not UTF-8 JSON"),
-        (_rewrite(src, tmp / "mif.parquet", meta=json.dumps({**meta, "max_in_flight": -1}).encode()),
-         "max_in_flight = -1"),
-        (_rewrite(src, tmp / "late.parquet", {"scheduled_offset_ns": offsets[:-1] + [2**63 - 10]}),
-         "scheduled_offset_ns = 9223372036854775798"),
-        (_rewrite(src, tmp / "huge.parquet", {"prompt_tokens": [2147483647] + prompts[1:]}),
-         "prompt_tokens = 2147483647 (row 0)"),
+        (
+            _rewrite(src, tmp / "mif.parquet", meta=json.dumps({**meta, "max_in_flight": -1}).encode()),
+            "max_in_flight = -1",
+        ),
+        (
+            _rewrite(src, tmp / "late.parquet", {"scheduled_offset_ns": offsets[:-1] + [2**63 - 10]}),
+            "scheduled_offset_ns = 9223372036854775798",
+        ),
+        (
+            _rewrite(src, tmp / "huge.parquet", {"prompt_tokens": [2147483647] + prompts[1:]}),
+            "prompt_tokens = 2147483647 (row 0)",
+        ),
         (_rewrite(src, tmp / "negative.parquet", {"output_tokens": [-5] + prompts[1:]}), "output_tokens = -5"),
         (_rewrite(src, tmp / "dup.parquet", {"request_id": ["r1"] * n}), "request_id = 'r1' appears more than once"),
     ]
@@ -164,19 +208,27 @@ def test_azure_import_refuses_wrapping_and_negative_counts(tmp_path, capsys):
         (tmp_path / name).write_text(head + row)
         fails(capsys, ["trace", "import", "azure", tmp_path / name, "--out", tmp_path / "o.parquet"], expected)
     (tmp_path / "mc.jsonl").write_text('{"timestamp": 1e400, "input_length": 5, "output_length": 3}\n')
-    fails(capsys, ["trace", "import", "mooncake", tmp_path / "mc.jsonl", "--out", tmp_path / "o.parquet"], "timestamp = inf")
+    fails(
+        capsys,
+        ["trace", "import", "mooncake", tmp_path / "mc.jsonl", "--out", tmp_path / "o.parquet"],
+        "timestamp = inf",
+    )
     assert not (tmp_path / "o.parquet").exists()
 
 
 # ---- engine configs, ledger, manifests, plans ----------------------------------------------------------
+
 
 def test_engine_configs_refuse_infinite_costs_and_empty_error_statuses(tmp_path, capsys):
     inf = tmp_path / "inf.toml"
     inf.write_text(INSTANT.replace("fixed_ms = 0.0", "fixed_ms = inf"))
     fails(capsys, ["sim", "serve", "--engine", inf, "--port", "0"], "cost.fixed_ms = inf")
     statuses = tmp_path / "statuses.toml"
-    statuses.write_text(INSTANT.replace("error_rate = 0.0", "error_rate = 1").replace(
-        "error_statuses = [500, 503]", "error_statuses = []"))
+    statuses.write_text(
+        INSTANT.replace("error_rate = 0.0", "error_rate = 1").replace(
+            "error_statuses = [500, 503]", "error_statuses = []"
+        )
+    )
     fails(capsys, ["sim", "serve", "--engine", statuses, "--port", "0"], "faults.error_statuses = []")
 
 
@@ -185,7 +237,9 @@ def test_ledger_refuses_bad_configs(tmp_path, capsys):
     fails(capsys, ["ledger", "--model", tmp_path / "bytes.json"], "not UTF-8")
     (tmp_path / "float.json").write_text(json.dumps({**LLAMA, "num_hidden_layers": 1e30}))
     fails(capsys, ["ledger", "--model", tmp_path / "float.json"], "num_hidden_layers = 1e+30")
-    (tmp_path / "big.json").write_text(json.dumps(LLAMA).replace('"num_hidden_layers": 32', '"num_hidden_layers": ' + "9" * 30))
+    (tmp_path / "big.json").write_text(
+        json.dumps(LLAMA).replace('"num_hidden_layers": 32', '"num_hidden_layers": ' + "9" * 30)
+    )
     fails(capsys, ["ledger", "--model", tmp_path / "big.json"], "num_hidden_layers = 999")
     (tmp_path / "deep.json").write_text("[" * 100_000)
     fails(capsys, ["ledger", "--model", tmp_path / "deep.json"], "nested too deeply")
@@ -201,8 +255,11 @@ def run_dir(tmp_path: Path, trace: Path) -> Path:
 def test_damaged_manifests_and_emptied_requests(tmp_path, capsys, run_dir):
     manifest = run_dir / "manifest.json"
     good = manifest.read_bytes()
-    for raw, expected in ((b"[1, 2]", "top level is a JSON array"), (b'{"a": "\xff"}', "not UTF-8"),
-                          (b'{"a": ', "invalid JSON")):
+    for raw, expected in (
+        (b"[1, 2]", "top level is a JSON array"),
+        (b'{"a": "\xff"}', "not UTF-8"),
+        (b'{"a": ', "invalid JSON"),
+    ):
         manifest.write_bytes(raw)
         fails(capsys, ["analyze", run_dir], "manifest.json", expected)
         fails(capsys, ["compare", run_dir, run_dir])
@@ -227,12 +284,16 @@ def test_plans_refuse_absurd_durations_and_damaged_state(tmp_path, capsys):
     plan.write_text(quick.replace("duration_s = 10", "duration_s = 1e308"))
     fails(capsys, ["plan", plan, "--sim-worksheet", "instant", "--out", tmp_path / "out"], "duration_s = 1e+308")
     plan.write_text(quick.replace("duration_s = 10", "duration_s = 2").replace("repeats = 2", "repeats = 1"))
-    assert main(["plan", str(plan), "--sim-worksheet", "instant", "--out", str(tmp_path / "out"), "--max-runs", "1",
-                 "--quiet"]) in (0, 3)
+    assert main(
+        ["plan", str(plan), "--sim-worksheet", "instant", "--out", str(tmp_path / "out"), "--max-runs", "1", "--quiet"]
+    ) in (0, 3)
     capsys.readouterr()
     state = tmp_path / "out" / "plan.json"
     good = state.read_text()
-    for text, expected in ((good[:100], "invalid JSON"), ("[]", "top level is a JSON array"),
-                           (json.dumps({**json.loads(good), "target": [1]}), "target = '[1]'")):
+    for text, expected in (
+        (good[:100], "invalid JSON"),
+        ("[]", "top level is a JSON array"),
+        (json.dumps({**json.loads(good), "target": [1]}), "target = '[1]'"),
+    ):
         state.write_text(text)
         fails(capsys, ["plan", plan, "--sim-worksheet", "instant", "--out", tmp_path / "out"], "plan.json", expected)

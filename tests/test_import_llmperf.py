@@ -98,6 +98,6 @@ def test_bad_file_is_one_line_error(tmp_path):
     bad.write_text('{"not": "a list"}')
     with pytest.raises(RunDirError, match="bad.json: expected a JSON list"):
         import_llmperf(bad, tmp_path / "run")
-    bad.write_text("[{\"ttft_s\": 1}]")
+    bad.write_text('[{"ttft_s": 1}]')
     with pytest.raises(RunDirError, match="end_to_end_latency_s"):
         import_llmperf(bad, tmp_path / "run2")

@@ -16,12 +16,26 @@ from loadgen.results_import import import_vllm_bench
 
 def _result(**over):
     data = {
-        "date": "20250101-000000", "backend": "vllm", "model_id": "tiny", "tokenizer_id": "tiny",
-        "num_prompts": 3, "request_rate": "inf", "burstiness": 1.0, "max_concurrency": 2,
-        "duration": 1.0, "completed": 2, "failed": 1, "total_input_tokens": 22, "total_output_tokens": 7,
-        "input_lens": [10, 12, 11], "output_lens": [3, 4, 0],
-        "ttfts": [0.05, 0.08, 0.0], "itls": [[0.01, 0.02], [0.01, 0.01, 0.03], []],
-        "latencies": [0.08, 0.14, 0.0], "start_times": [100.0, 100.01, 100.02], "queue_times": [0.0, 0.005, 0.0],
+        "date": "20250101-000000",
+        "backend": "vllm",
+        "model_id": "tiny",
+        "tokenizer_id": "tiny",
+        "num_prompts": 3,
+        "request_rate": "inf",
+        "burstiness": 1.0,
+        "max_concurrency": 2,
+        "duration": 1.0,
+        "completed": 2,
+        "failed": 1,
+        "total_input_tokens": 22,
+        "total_output_tokens": 7,
+        "input_lens": [10, 12, 11],
+        "output_lens": [3, 4, 0],
+        "ttfts": [0.05, 0.08, 0.0],
+        "itls": [[0.01, 0.02], [0.01, 0.01, 0.03], []],
+        "latencies": [0.08, 0.14, 0.0],
+        "start_times": [100.0, 100.01, 100.02],
+        "queue_times": [0.0, 0.005, 0.0],
         "generated_texts": ["a b c", "d e f g", ""],
         "errors": ["", "", "Bad Request: HTTP status 400 (prompt too long)"],
     }
@@ -73,9 +87,11 @@ def test_vllm_bad_file(tmp_path):
         import_vllm_bench(src, tmp_path / "run")
 
 
-VLLM_BENCH = ("import sys\nfrom vllm.benchmarks.serve import add_cli_args, main\n"
-              "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
-              "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))\n")
+VLLM_BENCH = (
+    "import sys\nfrom vllm.benchmarks.serve import add_cli_args, main\n"
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))\n"
+)
 
 
 @pytest.mark.slow
@@ -93,18 +109,53 @@ def test_real_vllm_bench_serve_result_reproduced(tmp_path):
     from loadgen.engines import make_model_dir
 
     model = make_model_dir(None, tmp_path / "model")
-    sim = subprocess.Popen([sys.executable, "-m", "loadgen", "sim", "serve", "--engine", "instant", "--port", "0"],
-                           cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True)
+    sim = subprocess.Popen(
+        [sys.executable, "-m", "loadgen", "sim", "serve", "--engine", "instant", "--port", "0"],
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         line = sim.stdout.readline()
         url = line.split("listening on", 1)[1].strip()
         bench = subprocess.run(
-            [vpy, "-c", VLLM_BENCH, "--backend", "openai", "--base-url", url, "--model", "loadgen-sim",
-             "--dataset-name", "random", "--random-input-len", "32", "--random-output-len", "16",
-             "--num-prompts", "60", "--request-rate", "30", "--max-concurrency", "8", "--tokenizer", str(model),
-             "--ignore-eos", "--save-result", "--save-detailed", "--result-dir", str(tmp_path),
-             "--result-filename", "vb.json"], capture_output=True, text=True, timeout=600)
+            [
+                vpy,
+                "-c",
+                VLLM_BENCH,
+                "--backend",
+                "openai",
+                "--base-url",
+                url,
+                "--model",
+                "loadgen-sim",
+                "--dataset-name",
+                "random",
+                "--random-input-len",
+                "32",
+                "--random-output-len",
+                "16",
+                "--num-prompts",
+                "60",
+                "--request-rate",
+                "30",
+                "--max-concurrency",
+                "8",
+                "--tokenizer",
+                str(model),
+                "--ignore-eos",
+                "--save-result",
+                "--save-detailed",
+                "--result-dir",
+                str(tmp_path),
+                "--result-filename",
+                "vb.json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert (tmp_path / "vb.json").exists(), bench.stdout[-3000:] + bench.stderr[-3000:]
     finally:
         sim.terminate()

@@ -29,28 +29,72 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Key fields of the published config.json files.
 LLAMA_31_8B = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
-    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
-    "max_position_embeddings": 131072, "torch_dtype": "bfloat16", "tie_word_embeddings": False, "rope_theta": 500000.0,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+    "rope_theta": 500000.0,
 }
 QWEN25_05B = {
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
-    "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
-    "max_position_embeddings": 32768, "torch_dtype": "bfloat16", "tie_word_embeddings": True,
-    "sliding_window": 32768, "use_sliding_window": False, "max_window_layers": 21,
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "max_position_embeddings": 32768,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": True,
+    "sliding_window": 32768,
+    "use_sliding_window": False,
+    "max_window_layers": 21,
 }
 MISTRAL_7B = {
-    "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
-    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
-    "max_position_embeddings": 32768, "torch_dtype": "bfloat16", "tie_word_embeddings": False, "sliding_window": 4096,
+    "architectures": ["MistralForCausalLM"],
+    "model_type": "mistral",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 32000,
+    "max_position_embeddings": 32768,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+    "sliding_window": 4096,
 }
 DEEPSEEK_V2_LITE = {
-    "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": 2048, "intermediate_size": 10944,
-    "num_hidden_layers": 27, "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 102400,
-    "max_position_embeddings": 163840, "torch_dtype": "bfloat16", "tie_word_embeddings": False,
-    "kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
-    "moe_intermediate_size": 1408, "n_routed_experts": 64, "n_shared_experts": 2, "num_experts_per_tok": 6,
-    "first_k_dense_replace": 1, "moe_layer_freq": 1,
+    "architectures": ["DeepseekV2ForCausalLM"],
+    "model_type": "deepseek_v2",
+    "hidden_size": 2048,
+    "intermediate_size": 10944,
+    "num_hidden_layers": 27,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "vocab_size": 102400,
+    "max_position_embeddings": 163840,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+    "kv_lora_rank": 512,
+    "q_lora_rank": None,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
+    "moe_intermediate_size": 1408,
+    "n_routed_experts": 64,
+    "n_shared_experts": 2,
+    "num_experts_per_tok": 6,
+    "first_k_dense_replace": 1,
+    "moe_layer_freq": 1,
 }
 
 
@@ -81,14 +125,18 @@ def test_llama_31_8b(tmp_path):
 
 
 def test_llama_tensor_parallel_and_quantization(tmp_path):
-    led = _ledger(tmp_path, LLAMA_31_8B, kv_cache_gib=10, max_model_len=8192, tensor_parallel_size=4, quantization="fp8")
+    led = _ledger(
+        tmp_path, LLAMA_31_8B, kv_cache_gib=10, max_model_len=8192, tensor_parallel_size=4, quantization="fp8"
+    )
     assert led.kv_bytes_per_token == 32 * 2 * 2 * 128 * 2  # 8 KV heads / tp 4 per device
     p = led.parameters
     linear = p["attention"] + p["mlp"]
     expected = (linear * 1 + (p["embed"] + p["lm_head"]) * 2) / 4 + p["norms"] * 2
     assert led.line("weights").bytes == pytest.approx(expected, abs=1)
     awq = _ledger(tmp_path, LLAMA_31_8B, kv_cache_gib=1, max_model_len=8192, quantization="awq")
-    assert awq.line("weights").bytes == pytest.approx(linear * 0.5 + linear / 128 * 2.5 + (p["embed"] + p["lm_head"]) * 2 + p["norms"] * 2, abs=1)
+    assert awq.line("weights").bytes == pytest.approx(
+        linear * 0.5 + linear / 128 * 2.5 + (p["embed"] + p["lm_head"]) * 2 + p["norms"] * 2, abs=1
+    )
 
 
 def test_qwen25_05b(tmp_path):
@@ -143,8 +191,13 @@ def test_device_budget_subtracts_other_lines(tmp_path):
 
 
 def test_lora_adapter_line(tmp_path):
-    led = _ledger(tmp_path, LLAMA_31_8B, kv_cache_gib=1, max_model_len=8192,
-                  lora=LoraSettings(count=4, rank=16, targets=("q_proj", "v_proj")))
+    led = _ledger(
+        tmp_path,
+        LLAMA_31_8B,
+        kv_cache_gib=1,
+        max_model_len=8192,
+        lora=LoraSettings(count=4, rank=16, targets=("q_proj", "v_proj")),
+    )
     per_layer = 16 * (4096 + 4096) + 16 * (4096 + 1024)
     assert led.line("adapters").bytes == 4 * 32 * per_layer * 2
 
@@ -153,7 +206,16 @@ def test_every_line_has_formula_and_json(tmp_path):
     led = _ledger(tmp_path, MISTRAL_7B, kv_cache_gib=4, max_model_len=8192)
     d = led.to_dict()
     names = [line["name"] for line in d["lines"]]
-    assert names == ["weights", "kv_cache", "activations", "workspaces", "fragmentation", "graph_comm_buffers", "adapters", "safety_margin"]
+    assert names == [
+        "weights",
+        "kv_cache",
+        "activations",
+        "workspaces",
+        "fragmentation",
+        "graph_comm_buffers",
+        "adapters",
+        "safety_margin",
+    ]
     assert all(line["formula"] for line in d["lines"])
     assert "5,120" not in d["lines"][1]["formula"] and "× block bytes" in d["lines"][1]["formula"]
     assert d["kv_bytes_per_token"] == 131_072 and d["kv_cache_blocks"] == 2048 and d["kv_cache_tokens"] == 2048 * 16
@@ -214,25 +276,42 @@ def test_bad_config_one_line_errors(tmp_path, cfg, needle):
 
 def test_cli_table_json_and_errors(tmp_path):
     path = _write(tmp_path, "llama", LLAMA_31_8B)
-    run = lambda *a: subprocess.run([sys.executable, "-m", "loadgen", "ledger", "--model", str(path), *a],  # noqa: E731
-                                    capture_output=True, text=True, cwd=ROOT)
+    run = lambda *a: subprocess.run(
+        [sys.executable, "-m", "loadgen", "ledger", "--model", str(path), *a], capture_output=True, text=True, cwd=ROOT
+    )
     table = run("--kv-cache-gib", "10", "--max-model-len", "8192")
     assert table.returncode == 0, table.stderr
     assert "131,072" in table.stdout and "kv_cache" in table.stdout and "safety_margin" in table.stdout
     js = run("--kv-cache-gib", "10", "--max-model-len", "8192", "--kv-cache-dtype", "fp8", "--json")
     data = json.loads(js.stdout)
-    assert data["kv_bytes_per_token"] == 65_536 and data["kv_cache_blocks"] == 10_240 and data["kv_cache_tokens"] == 163_840
+    assert (
+        data["kv_bytes_per_token"] == 65_536
+        and data["kv_cache_blocks"] == 10_240
+        and data["kv_cache_tokens"] == 163_840
+    )
     bad = tmp_path / "broken.json"
     bad.write_text("{not json")
-    err = subprocess.run([sys.executable, "-m", "loadgen", "ledger", "--model", str(bad)], capture_output=True, text=True, cwd=ROOT)
+    err = subprocess.run(
+        [sys.executable, "-m", "loadgen", "ledger", "--model", str(bad)], capture_output=True, text=True, cwd=ROOT
+    )
     assert err.returncode == 2 and err.stderr.count("\n") == 1 and "invalid JSON" in err.stderr
 
 
 def test_reconcile_from_log_text(tmp_path):
     """The reconcile path on a log in vLLM's format (the real-vLLM match is in test_vllm_integration)."""
-    tiny = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
-            "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 32,
-            "vocab_size": 1000, "max_position_embeddings": 2048, "torch_dtype": "bfloat16"}
+    tiny = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 32,
+        "vocab_size": 1000,
+        "max_position_embeddings": 2048,
+        "torch_dtype": "bfloat16",
+    }
     path = _write(tmp_path, "tiny", tiny)
     log = tmp_path / "vllm.log"
     log.write_text(
@@ -252,18 +331,32 @@ def test_reconcile_from_log_text(tmp_path):
 
 # ---- laws -------------------------------------------------------------------------------------------
 
-dims = st.fixed_dictionaries({
-    "layers": st.integers(1, 96), "kv_heads": st.sampled_from([1, 2, 4, 8, 16]), "group": st.sampled_from([1, 2, 4, 8]),
-    "head_dim": st.sampled_from([32, 64, 80, 96, 128, 256]),
-})
+dims = st.fixed_dictionaries(
+    {
+        "layers": st.integers(1, 96),
+        "kv_heads": st.sampled_from([1, 2, 4, 8, 16]),
+        "group": st.sampled_from([1, 2, 4, 8]),
+        "head_dim": st.sampled_from([32, 64, 80, 96, 128, 256]),
+    }
+)
 
 
 def _cfg(d, kv_heads=None):
     kv = kv_heads or d["kv_heads"]
     heads = kv * d["group"] if kv_heads is None else max(kv, d["kv_heads"]) * 16
-    return parse_model_config({"hidden_size": heads * d["head_dim"], "num_hidden_layers": d["layers"], "num_attention_heads": heads,
-                               "num_key_value_heads": kv, "head_dim": d["head_dim"], "vocab_size": 1000,
-                               "intermediate_size": 1024, "max_position_embeddings": 4096, "torch_dtype": "bfloat16"})
+    return parse_model_config(
+        {
+            "hidden_size": heads * d["head_dim"],
+            "num_hidden_layers": d["layers"],
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv,
+            "head_dim": d["head_dim"],
+            "vocab_size": 1000,
+            "intermediate_size": 1024,
+            "max_position_embeddings": 4096,
+            "torch_dtype": "bfloat16",
+        }
+    )
 
 
 @settings(max_examples=60, deadline=None)

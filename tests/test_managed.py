@@ -16,7 +16,6 @@ import pytest
 
 from loadgen.errors import ScenarioError
 from loadgen.managed import UNKNOWN_INTERNALS, compare_managed, load_price_table
-
 from loadgen.targets import launch_sim_server as start_sim_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,18 +64,40 @@ def runs(tmp_path_factory: pytest.TempPathFactory):
         with start_sim_server("interactive-small-batch") as local:
             local_run = run_trace_sync(RunOptions(target_url=local.base_url, out_dir=tmp / "local", **common))
         with start_sim_server(str(engine), env={KEY_ENV: SECRET}) as managed:
-            managed_run = run_trace_sync(RunOptions(
-                target_url=managed.base_url, out_dir=tmp / "managed", api_key_env=KEY_ENV, vllm_extensions="off",
-                rate_limit_rps=50.0, **common))
+            managed_run = run_trace_sync(
+                RunOptions(
+                    target_url=managed.base_url,
+                    out_dir=tmp / "managed",
+                    api_key_env=KEY_ENV,
+                    vllm_extensions="off",
+                    rate_limit_rps=50.0,
+                    **common,
+                )
+            )
         (tmp / "prices.toml").write_text(PRICES)
         comparison = compare_managed(local_run, managed_run, prices=tmp / "prices.toml")
         out = subprocess.run(
-            [sys.executable, "-c", "import sys; from loadgen.cli import managed_cmd; import argparse;"
-             "p = argparse.ArgumentParser(); s = p.add_subparsers(required=True); managed_cmd.register(s);"
-             "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))",
-             "managed", "compare", str(local_run), str(managed_run), "--prices", str(tmp / "prices.toml"),
-             "--out", str(tmp / "report.md"), "--json", str(tmp / "report.json")],
-            capture_output=True, text=True, cwd=ROOT)
+            [
+                sys.executable,
+                "-c",
+                "import sys; from loadgen.cli import managed_cmd; import argparse;"
+                "p = argparse.ArgumentParser(); s = p.add_subparsers(required=True); managed_cmd.register(s);"
+                "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))",
+                "managed",
+                "compare",
+                str(local_run),
+                str(managed_run),
+                "--prices",
+                str(tmp / "prices.toml"),
+                "--out",
+                str(tmp / "report.md"),
+                "--json",
+                str(tmp / "report.json"),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
     finally:
         os.environ.pop(KEY_ENV, None)
     return tmp, Path(local_run), Path(managed_run), comparison, out
@@ -116,7 +137,9 @@ def test_change_controls_track_model_and_fingerprint_changes(runs) -> None:
 @pytest.mark.slow  # shares a ~15 s fixture: two 5 s runs against live simulated servers
 def test_cost_from_price_table(runs) -> None:
     _, local_run, managed_run, comparison, _ = runs
-    rows = [r for r in pq.read_table(managed_run / "requests.parquet").to_pylist() if r["server_output_tokens"] is not None]
+    rows = [
+        r for r in pq.read_table(managed_run / "requests.parquet").to_pylist() if r["server_output_tokens"] is not None
+    ]
     expected = sum(r["server_prompt_tokens"] * 0.5 + r["server_output_tokens"] * 2.0 for r in rows) / 1e6
     cost = comparison.managed["cost"]
     assert cost["complete"] and cost["total"] == pytest.approx(expected)
@@ -153,28 +176,42 @@ def test_api_key_is_absent_from_every_file_written(runs) -> None:
 
 def test_price_table_errors_are_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "p.toml"
-    bad.write_text('[candidates.m]\nusd_per_million_input_tokens = -1\n')
+    bad.write_text("[candidates.m]\nusd_per_million_input_tokens = -1\n")
     with pytest.raises(ScenarioError, match=r"candidates\.m\.usd_per_million_input_tokens = -1"):
         load_price_table(bad)
-    bad.write_text('[candidates.m]\nusd_per_hour = 1\nusd_per_million_input_tokens = 1\n')
+    bad.write_text("[candidates.m]\nusd_per_hour = 1\nusd_per_million_input_tokens = 1\n")
     with pytest.raises(ScenarioError, match="expected usd_per_hour, or"):
         load_price_table(bad)
 
 
 def _write_run(run_dir: Path, rows: list[dict], model: str, engine_config: str | None = None) -> Path:
-    from loadgen.records import empty_request_row
     from loadgen.manifest import Manifest
+    from loadgen.records import empty_request_row
     from loadgen.rundir import RunWriter
 
-    manifest = {"run_kind": "measured", "target": {"kind": "managed" if engine_config is None else "sim",
-                                                   "base_url": "https://api.example.invalid", "model": model,
-                                                   "version": {"engine": "loadgen-sim", "engine_config": engine_config}},
-                "trace": {"name": "t", "sha256": "ab" * 32, "seed": 1}, "options": {"rate_limit_rps": None},
-                "scenario": None, "started_utc": "2026-11-29T00:00:00Z", "anchor": {"perf_counter_ns": 0}}
+    manifest = {
+        "run_kind": "measured",
+        "target": {
+            "kind": "managed" if engine_config is None else "sim",
+            "base_url": "https://api.example.invalid",
+            "model": model,
+            "version": {"engine": "loadgen-sim", "engine_config": engine_config},
+        },
+        "trace": {"name": "t", "sha256": "ab" * 32, "seed": 1},
+        "options": {"rate_limit_rps": None},
+        "scenario": None,
+        "started_utc": "2026-11-29T00:00:00Z",
+        "anchor": {"perf_counter_ns": 0},
+    }
     with RunWriter(run_dir, Manifest.model_validate(manifest)) as writer:
         for i, r in enumerate(rows):
-            base = dict(request_id=f"r{i}", request_class="short-message", scheduled_ns=i * 100_000_000,
-                        target_prompt_tokens=100, target_output_tokens=10)
+            base = dict(
+                request_id=f"r{i}",
+                request_class="short-message",
+                scheduled_ns=i * 100_000_000,
+                target_prompt_tokens=100,
+                target_output_tokens=10,
+            )
             base.update(r)
             writer.add_request(empty_request_row(**base))
         writer.close({"duration_s": 3600.0})
@@ -183,20 +220,51 @@ def _write_run(run_dir: Path, rows: list[dict], model: str, engine_config: str |
 
 def test_content_filter_and_changes_ordered_by_time_from_recorded_rows(tmp_path: Path) -> None:
     """Rows as the driver records them (real Parquet): content filters, 429s, out-of-order completion."""
-    ok = dict(status="ok", sent_ns=1, first_byte_ns=None, first_token_ns=None, done_ns=None,
-              server_prompt_tokens=100, server_output_tokens=10, finish_reason="stop")
+    ok = dict(
+        status="ok",
+        sent_ns=1,
+        first_byte_ns=None,
+        first_token_ns=None,
+        done_ns=None,
+        server_prompt_tokens=100,
+        server_output_tokens=10,
+        finish_reason="stop",
+    )
     rows = [
-        {**ok, "first_byte_ns": 900_000_000, "done_ns": 950_000_000, "response_model": "m-2", "system_fingerprint": "fp2"},
-        {**ok, "first_byte_ns": 100_000_000, "done_ns": 150_000_000, "response_model": "m-1", "system_fingerprint": "fp1"},
-        {"status": "error", "error_kind": "content_filter", "finish_reason": "content_filter", "first_byte_ns": 300_000_000,
-         "done_ns": 310_000_000, "response_model": "m-1", "client_output_tokens": 3},
+        {
+            **ok,
+            "first_byte_ns": 900_000_000,
+            "done_ns": 950_000_000,
+            "response_model": "m-2",
+            "system_fingerprint": "fp2",
+        },
+        {
+            **ok,
+            "first_byte_ns": 100_000_000,
+            "done_ns": 150_000_000,
+            "response_model": "m-1",
+            "system_fingerprint": "fp1",
+        },
+        {
+            "status": "error",
+            "error_kind": "content_filter",
+            "finish_reason": "content_filter",
+            "first_byte_ns": 300_000_000,
+            "done_ns": 310_000_000,
+            "response_model": "m-1",
+            "client_output_tokens": 3,
+        },
         {"status": "error", "error_kind": "http_429", "http_status": 429, "retry_after_s": 2.5, "done_ns": 400_000_000},
     ]
     managed = _write_run(tmp_path / "managed", rows, "m")
-    local = _write_run(tmp_path / "local", [dict(ok, first_byte_ns=100, done_ns=200, response_model="m")], "m", "big-gpu")
+    local = _write_run(
+        tmp_path / "local", [dict(ok, first_byte_ns=100, done_ns=200, response_model="m")], "m", "big-gpu"
+    )
     prices = tmp_path / "prices.toml"
-    prices.write_text('example = true\n[candidates.m-]\nusd_per_million_input_tokens = 1.0\n'
-                      'usd_per_million_output_tokens = 10.0\n[candidates.big-gpu]\nusd_per_hour = 2.0\n')
+    prices.write_text(
+        "example = true\n[candidates.m-]\nusd_per_million_input_tokens = 1.0\n"
+        "usd_per_million_output_tokens = 10.0\n[candidates.big-gpu]\nusd_per_hour = 2.0\n"
+    )
     comp = compare_managed(local, managed, prices=prices)
     m = comp.managed
     assert m["errors"]["content_filtered"] == 1

@@ -50,7 +50,11 @@ def _without_new_nulls(new: object, old: object) -> object:
 def test_merge_is_one_level_deep_and_validated() -> None:
     base = Manifest(driver={"mode": "open", "concurrency": 4}, warnings=["a"])
     merged = merge_manifest(base, {"driver": {"slot_waits": 3}, "warnings": ["b"], "modelExecuted": True})
-    assert merged.driver is not None and (merged.driver.mode, merged.driver.concurrency, merged.driver.slot_waits) == ("open", 4, 3)
+    assert merged.driver is not None and (merged.driver.mode, merged.driver.concurrency, merged.driver.slot_waits) == (
+        "open",
+        4,
+        3,
+    )
     assert merged.warnings == ["b"] and merged.model_executed is True
     assert base.driver is not None and base.driver.slot_waits is None, "the input is not modified"
     with pytest.raises(RunDirError, match=r"field status_counts\.ok"):
@@ -58,8 +62,10 @@ def test_merge_is_one_level_deep_and_validated() -> None:
 
 
 def test_sections_keep_keys_the_model_does_not_name(tmp_path: Path) -> None:
-    manifest = Manifest(target={"kind": "vllm", "version": {"version": "0.32.0", "build": "cpu"}, "region": "eu"},
-                        custom_section={"x": 1})
+    manifest = Manifest(
+        target={"kind": "vllm", "version": {"version": "0.32.0", "build": "cpu"}, "region": "eu"},
+        custom_section={"x": 1},
+    )
     write_manifest(tmp_path, manifest)
     back = read_manifest(tmp_path)
     assert back.target.version == {"version": "0.32.0", "build": "cpu"}

@@ -52,7 +52,10 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("layer,forbidden", [("analysis", ("loadgen.driver", "loadgen.sim")), ("records.py", ("loadgen.driver", "loadgen.analysis"))])
+@pytest.mark.parametrize(
+    "layer,forbidden",
+    [("analysis", ("loadgen.driver", "loadgen.sim")), ("records.py", ("loadgen.driver", "loadgen.analysis"))],
+)
 def test_data_flows_one_way(layer, forbidden):
     paths = [PKG / layer] if layer.endswith(".py") else sorted((PKG / layer).rglob("*.py"))
     for path in paths:
@@ -75,7 +78,8 @@ def _module_name(path: Path) -> str:
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _import_edges(path: Path, modules: set[str]) -> set[str]:
@@ -151,7 +155,9 @@ def _graph() -> dict[str, set[str]]:
 
 
 def test_no_import_cycles_between_modules():
-    graph = {m: {e for e in edges if not m.startswith(e + ".")} for m, edges in _graph().items()}  # a package's own __init__
+    graph = {
+        m: {e for e in edges if not m.startswith(e + ".")} for m, edges in _graph().items()
+    }  # a package's own __init__
     assert _cycles(graph) == []
 
 
@@ -162,7 +168,9 @@ def test_no_import_cycles_between_packages():
 
     graph: dict[str, set[str]] = {}
     for module, edges in _graph().items():
-        graph.setdefault(top(module), set()).update(top(e) for e in edges if top(e) != top(module) and top(e) != "loadgen")
+        graph.setdefault(top(module), set()).update(
+            top(e) for e in edges if top(e) != top(module) and top(e) != "loadgen"
+        )
     assert _cycles(graph) == []
 
 
@@ -176,5 +184,7 @@ def test_function_local_imports_are_deferred_on_purpose():
                 continue
             for node in ast.walk(func):
                 if isinstance(node, (ast.Import, ast.ImportFrom)) and "#" not in lines[node.lineno - 1]:
-                    undocumented.append(f"{path.relative_to(PKG.parent)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+                    undocumented.append(
+                        f"{path.relative_to(PKG.parent)}:{node.lineno}: {lines[node.lineno - 1].strip()}"
+                    )
     assert undocumented == [], "\n".join(undocumented)

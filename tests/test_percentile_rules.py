@@ -29,8 +29,10 @@ def test_the_two_rules_on_1_to_100():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(0, 10**12), min_size=1, max_size=300),
-       st.sampled_from([0.0, 0.01, 0.5, 0.9, 0.95, 0.99, 0.999, 1.0]))
+@given(
+    st.lists(st.integers(0, 10**12), min_size=1, max_size=300),
+    st.sampled_from([0.0, 0.01, 0.5, 0.9, 0.95, 0.99, 0.999, 1.0]),
+)
 def test_each_rule_is_numpys(values, q):
     arr = np.sort(np.asarray(values, dtype=np.int64))
     assert percentile_nearest_rank(arr, q) == np.quantile(arr, q, method="inverted_cdf")
@@ -46,8 +48,15 @@ def test_send_lag_uses_nearest_rank():
 
 def test_trace_stats_use_the_linear_rule():
     n = 100
-    table = pa.table({"scheduled_offset_ns": pa.array(range(n), pa.int64()), "prompt_tokens": pa.array(range(1, n + 1), pa.int32()),
-                      "output_tokens": pa.array([5] * n, pa.int32()), "request_class": ["c"] * n,
-                      "conversation_id": pa.array([None] * n, pa.string()), "prefix_group": pa.array([None] * n, pa.string()),
-                      "cancel_after_tokens": pa.array([None] * n, pa.int32())})
+    table = pa.table(
+        {
+            "scheduled_offset_ns": pa.array(range(n), pa.int64()),
+            "prompt_tokens": pa.array(range(1, n + 1), pa.int32()),
+            "output_tokens": pa.array([5] * n, pa.int32()),
+            "request_class": ["c"] * n,
+            "conversation_id": pa.array([None] * n, pa.string()),
+            "prefix_group": pa.array([None] * n, pa.string()),
+            "cancel_after_tokens": pa.array([None] * n, pa.int32()),
+        }
+    )
     assert trace_stats(table).prompt_tokens["p99"] == 99.01

@@ -71,9 +71,20 @@ duration_s = 30
 """
 
 
-def write_setup(tmp: Path, *, max_seqs: int = 16, fixed_ms: float = 10.0, output: int = 50, noise: float = 0.0,
-                ttft_p99: float = 2000, rates: list[float], concurrency: list[int], repeats: int = 3,
-                duration_s: float = 30, extra: str = "") -> tuple[Path, Path]:
+def write_setup(
+    tmp: Path,
+    *,
+    max_seqs: int = 16,
+    fixed_ms: float = 10.0,
+    output: int = 50,
+    noise: float = 0.0,
+    ttft_p99: float = 2000,
+    rates: list[float],
+    concurrency: list[int],
+    repeats: int = 3,
+    duration_s: float = 30,
+    extra: str = "",
+) -> tuple[Path, Path]:
     (tmp / "engine.toml").write_text(ENGINE.format(max_seqs=max_seqs, fixed_ms=fixed_ms, noise=noise))
     (tmp / "scenario.toml").write_text(SCENARIO.format(output=output, ttft_p99=ttft_p99))
     plan = (
@@ -91,6 +102,7 @@ def ceiling_rps(max_seqs: int, concurrency: int, output: int, fixed_ms: float) -
 
 
 # ---- schema -------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("path", sorted((REPO / "scenarios" / "plans").glob("*.toml")), ids=lambda p: p.name)
 def test_shipped_plans_validate(path: Path) -> None:
@@ -120,13 +132,15 @@ def test_plan_errors_are_one_line(data: dict, expected: str) -> None:
 
 # ---- the region lands where the engine configuration says ---------------------------------------
 
+
 def test_region_boundary_matches_engine_ceiling(tmp_path: Path) -> None:
     max_seqs, fixed_ms, output = 16, 10.0, 50
     top = ceiling_rps(max_seqs, 10**6, output, fixed_ms)
     rates = [top * k for k in (0.3, 0.6, 0.85, 1.25, 1.7)]
     concurrency = [max_seqs // 2, max_seqs * 4]
-    plan, engine = write_setup(tmp_path, max_seqs=max_seqs, fixed_ms=fixed_ms, output=output, rates=rates,
-                               concurrency=concurrency)
+    plan, engine = write_setup(
+        tmp_path, max_seqs=max_seqs, fixed_ms=fixed_ms, output=output, rates=rates, concurrency=concurrency
+    )
     result = run_plan(load_plan(plan), WorksheetTarget(engine), tmp_path / "out")
     assert result.state["status"] == "complete"
     boundary = result.region["classes"]["short-message"]["warm"]["boundary"]
@@ -154,14 +168,19 @@ def test_region_boundary_matches_engine_ceiling(tmp_path: Path) -> None:
 
 # ---- resume -------------------------------------------------------------------------------------
 
+
 def _statuses(region: dict) -> dict:
-    return {c["cell_id"]: (c["status"], c["repeats"], c["passes"]) for c in region["classes"]["short-message"]["warm"]["cells"]}
+    return {
+        c["cell_id"]: (c["status"], c["repeats"], c["passes"])
+        for c in region["classes"]["short-message"]["warm"]["cells"]
+    }
 
 
 def test_resume_after_interruption_skips_finished_runs(tmp_path: Path) -> None:
     top = ceiling_rps(16, 10**6, 50, 10.0)
-    plan, engine = write_setup(tmp_path, rates=[top * k for k in (0.3, 0.6, 0.85, 1.25, 1.7)], concurrency=[8, 64],
-                               duration_s=15)
+    plan, engine = write_setup(
+        tmp_path, rates=[top * k for k in (0.3, 0.6, 0.85, 1.25, 1.7)], concurrency=[8, 64], duration_s=15
+    )
     spec = load_plan(plan)
     whole = run_plan(spec, WorksheetTarget(engine), tmp_path / "whole")
     part = run_plan(spec, WorksheetTarget(engine), tmp_path / "part", max_new_runs=3)
@@ -187,12 +206,14 @@ def test_resume_refuses_a_different_plan(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_resume_after_sigint_of_the_real_command(tmp_path: Path) -> None:
     top = ceiling_rps(16, 10**6, 50, 10.0)
-    plan, engine = write_setup(tmp_path, rates=[top * k for k in (0.2, 0.4, 0.6, 0.85, 1.25, 1.7)],
-                               concurrency=[4, 8, 16, 64], duration_s=20)
+    plan, engine = write_setup(
+        tmp_path, rates=[top * k for k in (0.2, 0.4, 0.6, 0.85, 1.25, 1.7)], concurrency=[4, 8, 16, 64], duration_s=20
+    )
     cmd = [sys.executable, "-m", "loadgen", "plan", str(plan), "--sim-worksheet", str(engine), "--quiet"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([*cmd, "--out", str(tmp_path / "part")], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=REPO)
+    proc = subprocess.Popen(
+        [*cmd, "--out", str(tmp_path / "part")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(list((tmp_path / "part").glob(f"cells/*/rep*/{RESULT_FILE}"))) < 4:
         time.sleep(0.02)
@@ -202,11 +223,15 @@ def test_resume_after_sigint_of_the_real_command(tmp_path: Path) -> None:
     state = json.loads((tmp_path / "part" / PLAN_FILE).read_text())
     assert state["status"] == "interrupted"
     before = {p: p.stat().st_mtime_ns for p in (tmp_path / "part").glob(f"cells/*/rep*/{RESULT_FILE}")}
-    out = subprocess.run([*cmd, "--out", str(tmp_path / "part")], env=env, capture_output=True, cwd=REPO, timeout=300, check=False)
+    out = subprocess.run(
+        [*cmd, "--out", str(tmp_path / "part")], env=env, capture_output=True, cwd=REPO, timeout=300, check=False
+    )
     assert out.returncode == 0, out.stderr.decode()[-500:]
     for path, mtime in before.items():
         assert path.stat().st_mtime_ns == mtime
-    whole = subprocess.run([*cmd, "--out", str(tmp_path / "whole")], env=env, capture_output=True, cwd=REPO, timeout=300, check=False)
+    whole = subprocess.run(
+        [*cmd, "--out", str(tmp_path / "whole")], env=env, capture_output=True, cwd=REPO, timeout=300, check=False
+    )
     assert whole.returncode == 0
     load = lambda d: json.loads((tmp_path / d / "region.json").read_text())
     assert _statuses(load("part")) == _statuses(load("whole"))
@@ -214,10 +239,16 @@ def test_resume_after_sigint_of_the_real_command(tmp_path: Path) -> None:
 
 # ---- budgets ------------------------------------------------------------------------------------
 
+
 def test_request_budget_stops_the_plan_and_is_respected(tmp_path: Path) -> None:
     top = ceiling_rps(16, 10**6, 50, 10.0)
-    plan, engine = write_setup(tmp_path, rates=[top * k for k in (0.3, 0.6, 0.85, 1.25)], concurrency=[64],
-                               duration_s=10, extra="[budget]\nrequests = 400\n")
+    plan, engine = write_setup(
+        tmp_path,
+        rates=[top * k for k in (0.3, 0.6, 0.85, 1.25)],
+        concurrency=[64],
+        duration_s=10,
+        extra="[budget]\nrequests = 400\n",
+    )
     result = run_plan(load_plan(plan), WorksheetTarget(engine), tmp_path / "out")
     assert result.state["status"] == "incomplete"
     assert result.state["ended"].startswith("budget exhausted: request budget")
@@ -227,10 +258,18 @@ def test_request_budget_stops_the_plan_and_is_respected(tmp_path: Path) -> None:
 
 # ---- unstable tail (step-time noise injected, a tight convergence criterion) ----------------------
 
+
 def test_unstable_tail_stops_the_direction(tmp_path: Path) -> None:
     top = ceiling_rps(16, 10**6, 50, 10.0)
-    plan, engine = write_setup(tmp_path, noise=0.8, ttft_p99=600000, rates=[top * k for k in (0.5, 0.9)],
-                               concurrency=[64], duration_s=10, extra="[stops]\np99_spread = 0.02\n")
+    plan, engine = write_setup(
+        tmp_path,
+        noise=0.8,
+        ttft_p99=600000,
+        rates=[top * k for k in (0.5, 0.9)],
+        concurrency=[64],
+        duration_s=10,
+        extra="[stops]\np99_spread = 0.02\n",
+    )
     result = run_plan(load_plan(plan), WorksheetTarget(engine), tmp_path / "out")
     cells = result.region["classes"]["short-message"]["warm"]["cells"]
     stopped = [c for c in cells if c["status"] == "stopped"]
@@ -249,6 +288,7 @@ def test_unstable_tail_rule() -> None:
 
 # ---- measurement corruption: missing records -----------------------------------------------------
 
+
 def test_missing_records_are_measurement_corruption(tmp_path: Path) -> None:
     from loadgen.analysis import analyze_run
     from loadgen.rundir import load_run
@@ -260,7 +300,9 @@ def test_missing_records_are_measurement_corruption(tmp_path: Path) -> None:
 
     spec = load_plan(plan)
     scenario = load_scenario(spec.scenario_path())
-    trace, _ = build_cell_trace(spec, scenario, CellCoord("short-message", "warm", 64, 0, 10.0, "rps"), tmp_path / "t.parquet")
+    trace, _ = build_cell_trace(
+        spec, scenario, CellCoord("short-message", "warm", 64, 0, 10.0, "rps"), tmp_path / "t.parquet"
+    )
     run_dir = run_worksheet(trace, engine, tmp_path / "run", scenario=spec.scenario_path())
     clean = judge_run(analyze_run(run_dir, scenario=scenario), load_run(run_dir), StopLimits())
     assert not clean.stops
@@ -273,6 +315,7 @@ def test_missing_records_are_measurement_corruption(tmp_path: Path) -> None:
 
 
 # ---- confidence: an inconclusive cell is extended until conclusive or its budget is spent -----------
+
 
 def _one_cell(tmp_path: Path, extra: str = "") -> dict:
     top = ceiling_rps(16, 10**6, 50, 10.0)
@@ -307,9 +350,16 @@ def test_an_inconclusive_cell_stops_when_its_budget_is_spent(tmp_path: Path) -> 
 
 # ---- boundary search: bisection finds the grid's boundary with far fewer cells ----------------------
 
+
 def _search_plan(tmp: Path, mode: str) -> Path:
-    plan, engine = write_setup(tmp, rates=[4, 64], concurrency=[64], duration_s=30, repeats=2,
-                               extra=f'[start]\nmode = "lowest"\n[search]\nmode = "{mode}"\nprecision = 0.05\n')
+    plan, engine = write_setup(
+        tmp,
+        rates=[4, 64],
+        concurrency=[64],
+        duration_s=30,
+        repeats=2,
+        extra=f'[start]\nmode = "lowest"\n[search]\nmode = "{mode}"\nprecision = 0.05\n',
+    )
     return plan
 
 
@@ -317,7 +367,9 @@ def test_bisection_finds_the_grid_boundary_with_at_least_half_fewer_cells(tmp_pa
     (tmp_path / "grid").mkdir()
     (tmp_path / "bisect").mkdir()
     engine = tmp_path / "grid" / "engine.toml"
-    grid = run_plan(load_plan(_search_plan(tmp_path / "grid", "grid")), WorksheetTarget(engine), tmp_path / "grid" / "out")
+    grid = run_plan(
+        load_plan(_search_plan(tmp_path / "grid", "grid")), WorksheetTarget(engine), tmp_path / "grid" / "out"
+    )
     plan = _search_plan(tmp_path / "bisect", "bisect")
     spec = load_plan(plan)
     assert len(spec.rate_steps) == 58 and spec.rate_steps[0] == 4 and spec.rate_steps[-1] == 64  # 5% apart
@@ -325,11 +377,15 @@ def test_bisection_finds_the_grid_boundary_with_at_least_half_fewer_cells(tmp_pa
     g_row = grid.region["classes"]["short-message"]["warm"]["boundary"][0]
     b_row = bisect.region["classes"]["short-message"]["warm"]["boundary"][0]
     ceiling = ceiling_rps(16, 64, 50, 10.0)  # 32 rps
-    assert 0.6 * ceiling < spec.rate_steps[g_row["max_inside_rate_index"]] < 1.25 * ceiling  # near the ceiling (30 s cells)
+    assert (
+        0.6 * ceiling < spec.rate_steps[g_row["max_inside_rate_index"]] < 1.25 * ceiling
+    )  # near the ceiling (30 s cells)
     assert abs(b_row["max_inside_rate_index"] - g_row["max_inside_rate_index"]) <= 1
     assert b_row["first_outside_rate_index"] == b_row["max_inside_rate_index"] + 1  # known to one step (5%)
-    assert bisect.region["cells_used"] * 2 <= grid.region["cells_used"], (bisect.region["cells_used"],
-                                                                         grid.region["cells_used"])
+    assert bisect.region["cells_used"] * 2 <= grid.region["cells_used"], (
+        bisect.region["cells_used"],
+        grid.region["cells_used"],
+    )
     # the plan says which cells it used and why each was chosen
     whys = [p["why"] for p in bisect.state["probes"]]
     assert whys[0].startswith("start") and any(w.startswith("bracket") for w in whys)

@@ -56,15 +56,24 @@ duration_s = 2
 """
 
 
-def setup(tmp: Path, *, faults: str = "", engine_behavior: str = "", scenario_behavior: str = "",
-          ttft_timeout_s: float = 10, states: str = '["warm"]', rates: str = "[5, 10]", stops: str = "",
-          concurrency: str = "[16, 64]") -> tuple[Path, Path]:
+def setup(
+    tmp: Path,
+    *,
+    faults: str = "",
+    engine_behavior: str = "",
+    scenario_behavior: str = "",
+    ttft_timeout_s: float = 10,
+    states: str = '["warm"]',
+    rates: str = "[5, 10]",
+    stops: str = "",
+    concurrency: str = "[16, 64]",
+) -> tuple[Path, Path]:
     (tmp / "engine.toml").write_text(ENGINE.format(name="stops-engine", faults=faults, behavior=engine_behavior))
     (tmp / "scenario.toml").write_text(SCENARIO.format(ttft_timeout_s=ttft_timeout_s, behavior=scenario_behavior))
     (tmp / "plan.toml").write_text(
         f'name = "stops"\nscenario = "scenario.toml"\ntrace = "steady"\nclasses = ["short-message"]\n'
         f"states = {states}\nconcurrency = {concurrency}\nrates_rps = {rates}\nrepeats = 2\n"
-        f"[start]\nmode = \"lowest\"\n[warmup]\nrequests = 2\nrate_rps = 20\n[stops]\n{stops}\n"
+        f'[start]\nmode = "lowest"\n[warmup]\nrequests = 2\nrate_rps = 20\n[stops]\n{stops}\n'
     )
     return tmp / "plan.toml", tmp / "engine.toml"
 
@@ -77,8 +86,9 @@ def run(tmp: Path, **kwargs):
 
 def stop_kinds(result) -> dict[str, str]:
     out = {}
-    for cell in result.region["classes"]["short-message"]["warm"]["cells"] + \
-            result.region["classes"]["short-message"].get("cold", {}).get("cells", []):
+    for cell in result.region["classes"]["short-message"]["warm"]["cells"] + result.region["classes"][
+        "short-message"
+    ].get("cold", {}).get("cells", []):
         if cell["status"] == "stopped":
             kind = cell["limiting"].split(":", 1)[0].removeprefix("stop ")
             out.setdefault(kind, cell["limiting"])
@@ -126,8 +136,13 @@ def test_malformed_chunks_stop_as_invalid_output(tmp_path: Path) -> None:
 
 
 def test_slow_start_beyond_ttft_timeout_stops_as_timeout_budget(tmp_path: Path) -> None:
-    result, _ = run(tmp_path, faults="slow_start_rate = 1.0\nslow_start_s = 1.0", ttft_timeout_s=0.3, rates="[5]",
-                    concurrency="[64]")
+    result, _ = run(
+        tmp_path,
+        faults="slow_start_rate = 1.0\nslow_start_s = 1.0",
+        ttft_timeout_s=0.3,
+        rates="[5]",
+        concurrency="[64]",
+    )
     kinds = stop_kinds(result)
     assert "timeout_budget" in kinds and "timed out" in kinds["timeout_budget"]
 
@@ -147,8 +162,13 @@ def test_behaviour_drift_stops_when_contract_cases_are_configured(tmp_path: Path
     # with the sim's responder wired, inject drift explicitly; before that the engine answers filler text,
     # which already differs from every frozen reference answer
     engine_behavior = '[behavior]\ndrift_kinds = ["abstention", "language", "target"]' if wired else ""
-    result, _ = run(tmp_path, engine_behavior=engine_behavior, scenario_behavior=f'[behavior]\ncases = ["{cases}"]',
-                    rates="[5]", concurrency="[64]")
+    result, _ = run(
+        tmp_path,
+        engine_behavior=engine_behavior,
+        scenario_behavior=f'[behavior]\ncases = ["{cases}"]',
+        rates="[5]",
+        concurrency="[64]",
+    )
     kinds = stop_kinds(result)
     assert "behaviour_drift" in kinds and "contract FAILED" in kinds["behaviour_drift"]
     assert (tmp_path / "out" / "cells" / "short-message.warm.c64.r0" / "rep1" / "contract.json").is_file()
@@ -157,8 +177,9 @@ def test_behaviour_drift_stops_when_contract_cases_are_configured(tmp_path: Path
 @pytest.mark.slow
 def test_healthy_engine_passes_and_cold_cells_restart_it(tmp_path: Path) -> None:
     # this test is about states, not about how busy the test host is: a lenient send-lag bound
-    result, target = run(tmp_path, states='["warm", "cold"]', rates="[5]", concurrency="[64]",
-                         stops="send_lag_p99_ms = 1000")
+    result, target = run(
+        tmp_path, states='["warm", "cold"]', rates="[5]", concurrency="[64]", stops="send_lag_p99_ms = 1000"
+    )
     region = result.region["classes"]["short-message"]
     assert stop_kinds(result) == {}
     cold = region["cold"]["cells"][0]
@@ -173,8 +194,9 @@ def test_url_target_reaches_cold_by_resetting_the_prefix_cache(tmp_path: Path) -
     from loadgen.targets import SimServerProcess
 
     # this test is about the cold state, not about how busy the test host is: lenient send-lag and spread bounds
-    plan, engine = setup(tmp_path, states='["cold"]', rates="[5]", concurrency="[64]",
-                         stops="send_lag_p99_ms = 1000\np99_spread = 100")
+    plan, engine = setup(
+        tmp_path, states='["cold"]', rates="[5]", concurrency="[64]", stops="send_lag_p99_ms = 1000\np99_spread = 100"
+    )
     server = SimServerProcess(str(engine), tmp_path / "logs")
     url = server.start()
     try:
@@ -214,8 +236,12 @@ def test_url_target_marks_cold_not_achievable_without_the_reset_endpoint(tmp_pat
 @pytest.mark.slow
 def test_time_budget_is_respected_on_a_live_target(tmp_path: Path) -> None:
     # only the budget may end this plan: a busy host's send lag or jittery tails must not stop the walk first
-    plan, engine = setup(tmp_path, rates="[5, 8, 10, 20]", concurrency="[64]",
-                         stops="send_lag_p99_ms = 100000\np99_spread = 1000\np99_spread_floor_ms = 100000")
+    plan, engine = setup(
+        tmp_path,
+        rates="[5, 8, 10, 20]",
+        concurrency="[64]",
+        stops="send_lag_p99_ms = 100000\np99_spread = 1000\np99_spread_floor_ms = 100000",
+    )
     plan.write_text(plan.read_text() + "[budget]\ntime_s = 6\n")
     with SimServerTarget(engine, tmp_path / "out") as target:
         result = run_plan(load_plan(plan), target, tmp_path / "out")

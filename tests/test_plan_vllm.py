@@ -21,7 +21,7 @@ from loadgen.targets import VllmTarget
 
 REPO = Path(__file__).resolve().parents[1]
 
-STANDIN = '''
+STANDIN = """
 import os, sys
 argv = sys.argv
 port = argv[argv.index("--port") + 1]
@@ -35,7 +35,7 @@ open(path, "w").write(text)
 print(f"INFO standin vLLM: serving {engine} as {served} on port {port}", flush=True)
 os.execv(sys.executable, [sys.executable, "-m", "loadgen", "sim", "serve", "--engine", path,
                           "--host", "127.0.0.1", "--port", port])
-'''
+"""
 
 
 @pytest.fixture()

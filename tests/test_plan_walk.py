@@ -20,15 +20,32 @@ from loadgen.plan.walk import (
 
 
 def spec(**extra: object) -> PlanSpec:
-    return parse_plan({"name": "p", "scenario": "s.toml", "trace": "steady", "rates_rps": [1, 2, 3, 4, 5, 6],
-                       "concurrency": [4, 16], "repeats": 3, **extra}, "p.toml")
+    return parse_plan(
+        {
+            "name": "p",
+            "scenario": "s.toml",
+            "trace": "steady",
+            "rates_rps": [1, 2, 3, 4, 5, 6],
+            "concurrency": [4, 16],
+            "repeats": 3,
+            **extra,
+        },
+        "p.toml",
+    )
 
 
-def record(*, failed: bool = False, stop: str | None = None, p99: float = 100.0, skipped: str | None = None) -> RunRecord:
-    return RunRecord({"failed": [{"reason": "ttft_ms p99 over budget"}] if failed else [],
-                      "stops": [{"kind": stop, "detail": "made up"}] if stop else [],
-                      "figures": {"classes": {"chat": {"ttft_p99_ms": p99}}},
-                      "skipped": skipped is not None, "skip_reason": skipped})
+def record(
+    *, failed: bool = False, stop: str | None = None, p99: float = 100.0, skipped: str | None = None
+) -> RunRecord:
+    return RunRecord(
+        {
+            "failed": [{"reason": "ttft_ms p99 over budget"}] if failed else [],
+            "stops": [{"kind": stop, "detail": "made up"}] if stop else [],
+            "figures": {"classes": {"chat": {"ttft_p99_ms": p99}}},
+            "skipped": skipped is not None,
+            "skip_reason": skipped,
+        }
+    )
 
 
 class FakeRuns:
@@ -88,8 +105,11 @@ def test_a_p99_that_does_not_converge_across_repeats_is_an_unstable_tail() -> No
 
 
 def test_a_state_the_target_cannot_reach_ends_the_line() -> None:
-    walk = Walk(spec(states=["warm", "cold"], concurrency=[4]), FakeRuns(
-        lambda coord, _r: record(skipped="cold not achievable") if coord.state == "cold" else record()), lambda *_: 0)
+    walk = Walk(
+        spec(states=["warm", "cold"], concurrency=[4]),
+        FakeRuns(lambda coord, _r: record(skipped="cold not achievable") if coord.state == "cold" else record()),
+        lambda *_: 0,
+    )
     walk.walk()
     cold = next(ln for ln in walk.lines if ln["state"] == "cold")
     assert cold["status"] == "not_achievable" and cold["reason"] == "cold not achievable"
@@ -133,9 +153,12 @@ def test_fewer_repeats_confirm_with_fewer_runs(repeats: int) -> None:
 def test_extension_size_follows_the_estimate() -> None:
     from loadgen.plan.walk import extension_factor, needs_extension
 
-    unsure = {"failed": [], "stops": [], "inconclusive": [
-        {"class": "chat", "more_requests": 249}, {"class": "overall", "more_requests": 40}],
-        "figures": {"n_scheduled": 60, "classes": {"chat": {"n_scheduled": 50}}}}
+    unsure = {
+        "failed": [],
+        "stops": [],
+        "inconclusive": [{"class": "chat", "more_requests": 249}, {"class": "overall", "more_requests": 40}],
+        "figures": {"n_scheduled": 60, "classes": {"chat": {"n_scheduled": 50}}},
+    }
     assert needs_extension(unsure) and extension_factor(unsure) == pytest.approx(1.25 * (50 + 249) / 50)
     assert extension_factor({**unsure, "inconclusive": [{"class": "chat", "more_requests": 5}]}) == 2.0  # at least 2×
     assert extension_factor({**unsure, "inconclusive": [{"class": "chat", "more_requests": None}]}) == 2.5
@@ -162,8 +185,11 @@ def test_bisection_brackets_then_halves_and_logs_why() -> None:
 def test_concurrency_search_finds_the_fewest_slots() -> None:
     # at every rate, 16 client slots or more pass; fewer queue requests in the client and fail
     run = FakeRuns(lambda coord, _r: record() if coord.concurrency >= 16 else record(failed=True))
-    walk = Walk(spec(concurrency=[2, 4, 8, 16, 32, 64], search={"mode": "bisect", "dimension": "concurrency"}),
-                run, lambda _cls, _conc: 0)
+    walk = Walk(
+        spec(concurrency=[2, 4, 8, 16, 32, 64], search={"mode": "bisect", "dimension": "concurrency"}),
+        run,
+        lambda _cls, _conc: 0,
+    )
     walk.walk()
     assert len(walk.lines) == 6 and all(ln["dimension"] == "concurrency" for ln in walk.lines)
     assert all((ln["last_pass_concurrency"], ln["first_fail_concurrency"]) == (16, 8) for ln in walk.lines)

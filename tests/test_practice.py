@@ -51,10 +51,23 @@ def test_practice_rejects_the_large_batch_on_p99_ttft(tmp_path: Path) -> None:
         assert cand["throughput"]["goodput_rps"] <= cand["throughput"]["completed_rps"]
         assert (Path(cand["path"]) / "contract.json").is_file() or cand["contract"]["status"] != "failed"
     text = format_practice(result)
-    for needle in ("WORKLOAD", "KV LEDGER", "KV bytes/token", "package: loadgen", "hardware:", "runtime:",
-                   "warm state: warm", "errors:", "behaviour:", "WHO OWNS THE DECISION", "ttft_ms p99",
-                   "output tok/s", "modelExecuted: False", "completed req/s (ok, done in the window)",
-                   "goodput req/s (completed, hard budgets met)"):
+    for needle in (
+        "WORKLOAD",
+        "KV LEDGER",
+        "KV bytes/token",
+        "package: loadgen",
+        "hardware:",
+        "runtime:",
+        "warm state: warm",
+        "errors:",
+        "behaviour:",
+        "WHO OWNS THE DECISION",
+        "ttft_ms p99",
+        "output tok/s",
+        "modelExecuted: False",
+        "completed req/s (ok, done in the window)",
+        "goodput req/s (completed, hard budgets met)",
+    ):
         assert needle in text, needle
     assert decision["ownership"] == OWNERSHIP
     assert decision["workload"]["derived_from"]["window_s"] == [0.0, 20.0]
@@ -63,8 +76,15 @@ def test_practice_rejects_the_large_batch_on_p99_ttft(tmp_path: Path) -> None:
 
 def test_practice_cli_refuses_a_non_empty_out(tmp_path: Path) -> None:
     (tmp_path / "x").write_text("keep me")
-    out = subprocess.run([sys.executable, "-m", "loadgen", "practice", "--out", str(tmp_path)], capture_output=True,
-                         text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "loadgen", "practice", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=120,
+        check=False,
+    )
     assert out.returncode == 2 and "not empty" in out.stderr and (tmp_path / "x").read_text() == "keep me"
 
 

@@ -16,8 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 def test_presets_are_the_top_level_scenarios_directory() -> None:
     # one source of truth: the package's scenarios/ is the checkout's scenarios/ (a wheel carries a copy)
     assert presets.presets_root() == (REPO / "scenarios").resolve()
-    assert PRESETS_DIR == presets.preset_dir("engines")
-    assert SHIPPED_CASES_DIR == presets.preset_dir("contract")
+    assert presets.preset_dir("engines") == PRESETS_DIR
+    assert presets.preset_dir("contract") == SHIPPED_CASES_DIR
     assert presets.canonical_scenario().is_file() and presets.prices_example().is_file()
     assert presets.canonical_trace("burst") is not None and presets.canonical_trace("nope") is None
     assert list_presets() == ["instant", "interactive-small-batch", "throughput-large-batch"]
@@ -49,6 +49,11 @@ def test_scenario_init_copies_every_preset_and_refuses_to_overwrite(tmp_path: Pa
     forced = subprocess.run(cmd + ["--force"], check=False, capture_output=True, text=True, cwd=REPO)
     assert forced.returncode == 0
     # the copied plan still finds its scenario (relative path inside the copied tree)
-    check = subprocess.run([sys.executable, "-m", "loadgen", "scenario", "check", str(dest / "canonical.toml")],
-                           check=False, capture_output=True, text=True, cwd=REPO)
+    check = subprocess.run(
+        [sys.executable, "-m", "loadgen", "scenario", "check", str(dest / "canonical.toml")],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert check.returncode == 0, check.stderr

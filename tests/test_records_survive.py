@@ -54,16 +54,37 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 
 def make_trace(path: Path, offsets_ms: list[float], output_tokens: int = 10, **meta: Any) -> Path:
-    rows = [{"request_id": f"r{i:05d}", "request_class": "short-message", "scheduled_offset_ns": int(t * MS),
-             "prompt_tokens": 24, "output_tokens": output_tokens, "prefix_group": None, "prefix_tokens": None,
-             "conversation_id": None, "turn_index": None, "cancel_after_tokens": None} for i, t in enumerate(offsets_ms)]
-    return write_trace(pa.Table.from_pylist(rows, schema=TRACE_SCHEMA), path,
-                       {"mode": "open", "max_in_flight": 256, "trace_name": "t", "seed": 1, **meta})
+    rows = [
+        {
+            "request_id": f"r{i:05d}",
+            "request_class": "short-message",
+            "scheduled_offset_ns": int(t * MS),
+            "prompt_tokens": 24,
+            "output_tokens": output_tokens,
+            "prefix_group": None,
+            "prefix_tokens": None,
+            "conversation_id": None,
+            "turn_index": None,
+            "cancel_after_tokens": None,
+        }
+        for i, t in enumerate(offsets_ms)
+    ]
+    return write_trace(
+        pa.Table.from_pylist(rows, schema=TRACE_SCHEMA),
+        path,
+        {"mode": "open", "max_in_flight": 256, "trace_name": "t", "seed": 1, **meta},
+    )
 
 
 def loadgen(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "loadgen", *args], cwd=REPO, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "loadgen", *args],
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for(condition: Callable[[], Any], what: str, timeout_s: float = 120.0) -> Any:
@@ -132,9 +153,25 @@ def test_sigterm_and_sighup_stop_like_ctrl_c(instant, tmp_path: Path, sig: signa
     assert all(r["scheduled_ns"] < m.stopped_ns for r in cut)
     assert len(run_table_files(out, REQUESTS_FILE)) == 1  # parts merged at the close
     # the analysis covers the run up to the stop and says so; not-due requests are neither offered nor failed
-    report = subprocess.run([sys.executable, "-m", "loadgen", "analyze", str(out), "--json", str(tmp_path / "a.json"),
-                             "--html", str(tmp_path / "a.html")], cwd=REPO, env=ENV, capture_output=True, text=True,
-                            timeout=120, check=False)
+    report = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "analyze",
+            str(out),
+            "--json",
+            str(tmp_path / "a.json"),
+            "--html",
+            str(tmp_path / "a.html"),
+        ],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert report.returncode == 0, report.stderr
     assert f"run INTERRUPTED by {sig.name}" in report.stdout
     doc = json.loads((tmp_path / "a.json").read_text())
@@ -152,8 +189,18 @@ def test_sigkill_keeps_every_flushed_row_and_reads_as_killed(instant, tmp_path: 
     # 60 requests in the first 0.6 s, then one due at 120 s: the run is idle (nothing in flight) when killed
     trace = make_trace(tmp_path / "t.parquet", [i * 10.0 for i in range(60)] + [120_000.0])
     out = tmp_path / "run"
-    proc = loadgen("run", str(trace), "--target", instant.base_url, "--out", str(out), "--progress", "off",
-                   "--flush-interval-s", "0.2")
+    proc = loadgen(
+        "run",
+        str(trace),
+        "--target",
+        instant.base_url,
+        "--out",
+        str(out),
+        "--progress",
+        "off",
+        "--flush-interval-s",
+        "0.2",
+    )
     wait_for(lambda: rows_on_disk(out) == 60, "all 60 finished requests on disk")
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=30)
@@ -168,8 +215,15 @@ def test_sigkill_keeps_every_flushed_row_and_reads_as_killed(instant, tmp_path: 
     assert pq.read_table(out / REQUESTS_FILE).num_rows == 60  # other tools read the directory as one table
     chunk_ids = set(run.chunks.column("request_id").to_pylist())
     assert chunk_ids == set(run.requests.column("request_id").to_pylist())
-    report = subprocess.run([sys.executable, "-m", "loadgen", "analyze", str(out)], cwd=REPO, env=ENV,
-                            capture_output=True, text=True, timeout=120, check=False)
+    report = subprocess.run(
+        [sys.executable, "-m", "loadgen", "analyze", str(out)],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert report.returncode == 0 and "run KILLED" in report.stdout, report.stdout + report.stderr
     assert read_manifest(out).state == "killed"  # analyze wrote the recovered manifest
     a = analyze_run(out)
@@ -205,16 +259,22 @@ def small_disk(tmp_path: Path):
     """A 2 MB tmpfs (root only); the test is skipped with the reason when it cannot be mounted."""
     where = tmp_path / "small"
     where.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)], capture_output=True, text=True, check=False)
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)], capture_output=True, text=True, check=False
+    )
     if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.strip() or 'not root'}): the injected-ENOSPC test covers it")
+        pytest.skip(
+            f"cannot mount a tmpfs here ({made.stderr.strip() or 'not root'}): the injected-ENOSPC test covers it"
+        )
     try:
         yield where
     finally:
         subprocess.run(["umount", "-l", str(where)], capture_output=True, check=False)
 
 
-def test_full_disk_stops_the_run_in_one_line_and_keeps_what_was_flushed(instant, tmp_path: Path, small_disk: Path) -> None:
+def test_full_disk_stops_the_run_in_one_line_and_keeps_what_was_flushed(
+    instant, tmp_path: Path, small_disk: Path
+) -> None:
     trace = make_trace(tmp_path / "t.parquet", [i * 10.0 for i in range(6000)])  # 100 req/s for 60 s
     vfs = os.statvfs(small_disk)
     (small_disk / "ballast").write_bytes(b"\0" * (vfs.f_bavail * vfs.f_frsize - 400_000))  # ~400 kB left
@@ -235,8 +295,14 @@ def test_full_disk_stops_the_run_in_one_line_and_keeps_what_was_flushed(instant,
 
 def test_injected_enospc_leaves_flushed_parts_and_no_temp_file(tmp_path: Path, monkeypatch) -> None:
     writer = RunWriter(tmp_path / "run", Manifest(run_kind="measured"), flush_rows=1 << 30)
-    row = {"request_id": "a", "request_class": "c", "scheduled_ns": 0, "target_prompt_tokens": 1,
-           "target_output_tokens": 1, "status": "ok"}
+    row = {
+        "request_id": "a",
+        "request_class": "c",
+        "scheduled_ns": 0,
+        "target_prompt_tokens": 1,
+        "target_output_tokens": 1,
+        "status": "ok",
+    }
     writer.add_request(row)
     writer.flush({"flushed_ns": 1, "covered_until_ns": 1, "dispatched": 1})
     from loadgen import parts
@@ -265,8 +331,15 @@ def test_injected_enospc_leaves_flushed_parts_and_no_temp_file(tmp_path: Path, m
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "loadgen", *args], cwd=REPO, env=ENV, capture_output=True, text=True,
-                          timeout=300, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "loadgen", *args],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def test_client_queue_timeout_is_not_sent_and_sent_ns_is_bytes_on_the_socket(instant, tmp_path: Path) -> None:
@@ -274,9 +347,24 @@ def test_client_queue_timeout_is_not_sent_and_sent_ns_is_bytes_on_the_socket(ins
     # others reach their 1 s TTFT timeout while still waiting for it (every request carries the fault)
     trace = make_trace(tmp_path / "t.parquet", [0.0, 1.0, 2.0, 3.0, 4.0])
     out = tmp_path / "run"
-    done = run_cli("run", str(trace), "--target", instant.base_url, "--out", str(out), "--progress", "off",
-                   "--max-concurrency", "1", "--ttft-timeout-s", "1", "--total-timeout-s", "30",
-                   "--header", "X-Loadgen-Fault:stall=3@2")
+    done = run_cli(
+        "run",
+        str(trace),
+        "--target",
+        instant.base_url,
+        "--out",
+        str(out),
+        "--progress",
+        "off",
+        "--max-concurrency",
+        "1",
+        "--ttft-timeout-s",
+        "1",
+        "--total-timeout-s",
+        "30",
+        "--header",
+        "X-Loadgen-Fault:stall=3@2",
+    )
     assert done.returncode == 0, done.stderr
     rows = {r["request_id"]: r for r in load_run(out).requests.to_pylist()}
     first = rows.pop("r00000")
@@ -294,8 +382,18 @@ def test_refused_connections_are_not_sent_and_not_in_the_sent_rate(tmp_path: Pat
     trace = make_trace(tmp_path / "t.parquet", [i * 25.0 for i in range(400)])  # 40 req/s for 10 s
     out = tmp_path / "run"
     with launch_sim_server("instant") as sim:
-        proc = loadgen("run", str(trace), "--target", sim.base_url, "--out", str(out), "--progress", "off",
-                       "--total-timeout-s", "5")
+        proc = loadgen(
+            "run",
+            str(trace),
+            "--target",
+            sim.base_url,
+            "--out",
+            str(out),
+            "--progress",
+            "off",
+            "--total-timeout-s",
+            "5",
+        )
         wait_for(lambda: rows_on_disk(out) >= 60, "rows before the server dies")
         sim.process.kill()  # the server dies mid-run: later connections are refused
         _, stderr = proc.communicate(timeout=120)
@@ -321,22 +419,45 @@ def test_connect_phase_is_recorded_apart_and_not_in_server_ttft(instant, tmp_pat
     opened = [r for r in rows if r["connect_start_ns"] is not None]
     assert opened, "the first requests of a closed loop open their connections"
     for r in opened:
-        assert r["slot_acquired_ns"] <= r["connect_start_ns"] <= r["connect_end_ns"] <= r["sent_ns"] < r["first_token_ns"]
+        assert (
+            r["slot_acquired_ns"] <= r["connect_start_ns"] <= r["connect_end_ns"] <= r["sent_ns"] < r["first_token_ns"]
+        )
     reused = [r for r in rows if r["connect_start_ns"] is None]
     assert reused and all(r["connect_end_ns"] is None for r in reused)
 
 
 def test_unserved_model_fails_fast_naming_the_served_ones(instant, tmp_path: Path) -> None:
     trace = make_trace(tmp_path / "t.parquet", [0.0, 10.0])
-    proc = loadgen("run", str(trace), "--target", instant.base_url, "--out", str(tmp_path / "run"), "--model", "gpt-nope",
-                   "--progress", "off")
+    proc = loadgen(
+        "run",
+        str(trace),
+        "--target",
+        instant.base_url,
+        "--out",
+        str(tmp_path / "run"),
+        "--model",
+        "gpt-nope",
+        "--progress",
+        "off",
+    )
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 2
     line = one_error_line(stderr)
     assert "'gpt-nope'" in line and "'loadgen-sim'" in line and "--no-model-check" in line
     assert not (tmp_path / "run" / REQUESTS_FILE).exists()
-    proc = loadgen("run", str(trace), "--target", instant.base_url, "--out", str(tmp_path / "run2"), "--model", "gpt-nope",
-                   "--progress", "off", "--no-model-check")
+    proc = loadgen(
+        "run",
+        str(trace),
+        "--target",
+        instant.base_url,
+        "--out",
+        str(tmp_path / "run2"),
+        "--model",
+        "gpt-nope",
+        "--progress",
+        "off",
+        "--no-model-check",
+    )
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr
     kinds = read_run_table(tmp_path / "run2", REQUESTS_FILE, ["error_kind"]).column("error_kind").to_pylist()
@@ -350,9 +471,20 @@ def test_goodput_counts_completions_like_completed_throughput(tmp_path: Path) ->
     """The issue's case: 20 requests at 2 req/s that each stream for 5 s. Completed counts completions in
     the 10 s window (10 of them: 1.0 req/s); goodput used to count the 20 scheduled ones (2.0 req/s)
     wherever they finished."""
-    reqs = [{"request_id": f"g{i}", "request_class": "burst", "scheduled_ns": i * 500 * MS, "sent_ns": i * 500 * MS,
-             "first_token_ns": i * 500 * MS + 100 * MS, "last_token_ns": i * 500 * MS + 5000 * MS,
-             "done_ns": i * 500 * MS + 5000 * MS, "status": "ok", "client_output_tokens": 5} for i in range(20)]
+    reqs = [
+        {
+            "request_id": f"g{i}",
+            "request_class": "burst",
+            "scheduled_ns": i * 500 * MS,
+            "sent_ns": i * 500 * MS,
+            "first_token_ns": i * 500 * MS + 100 * MS,
+            "last_token_ns": i * 500 * MS + 5000 * MS,
+            "done_ns": i * 500 * MS + 5000 * MS,
+            "status": "ok",
+            "client_output_tokens": 5,
+        }
+        for i in range(20)
+    ]
     a = analyze_run(build_run(tmp_path / "r", reqs, scenario=scenario_two_classes()))
     assert a.window["duration_s"] == pytest.approx(10.0)
     assert a.overall.completed_rps == pytest.approx(1.0)  # 10 finish before 10 s
@@ -360,16 +492,32 @@ def test_goodput_counts_completions_like_completed_throughput(tmp_path: Path) ->
     assert a.overall.attainment == pytest.approx(1.0)  # every scheduled request met its budget
 
 
-@given(st.lists(st.tuples(st.sampled_from(STATUSES), st.sampled_from(["short-message", "burst", "other"]),
-                          st.integers(0, 5000), st.integers(1, 3000), st.integers(0, 8000), st.booleans()),
-                min_size=1, max_size=40),
-       st.one_of(st.none(), st.tuples(st.integers(0, 3000), st.integers(1, 6000))))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(STATUSES),
+            st.sampled_from(["short-message", "burst", "other"]),
+            st.integers(0, 5000),
+            st.integers(1, 3000),
+            st.integers(0, 8000),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    st.one_of(st.none(), st.tuples(st.integers(0, 3000), st.integers(1, 6000))),
+)
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_goodput_never_exceeds_completed(tmp_path_factory, rows, window) -> None:
     reqs = []
     for i, (status, cls, sched, ttft, e2e, cold) in enumerate(rows):
-        r: dict[str, Any] = {"request_id": f"h{i}", "request_class": cls, "scheduled_ns": sched * MS, "status": status,
-                             "warm": not cold}
+        r: dict[str, Any] = {
+            "request_id": f"h{i}",
+            "request_class": cls,
+            "scheduled_ns": sched * MS,
+            "status": status,
+            "warm": not cold,
+        }
         if status != "not_sent":
             done = sched + max(ttft, e2e)
             r.update(sent_ns=sched * MS, done_ns=done * MS)
@@ -378,8 +526,11 @@ def test_goodput_never_exceeds_completed(tmp_path_factory, rows, window) -> None
         reqs.append(r)
     win = None if window is None else (window[0] / 1000, (window[0] + window[1]) / 1000)
     for include_cold in (False, True):
-        a = analyze_run(build_run(tmp_path_factory.mktemp("g") / "r", reqs, scenario=scenario_two_classes()),
-                        window=win, include_cold=include_cold)
+        a = analyze_run(
+            build_run(tmp_path_factory.mktemp("g") / "r", reqs, scenario=scenario_two_classes()),
+            window=win,
+            include_cold=include_cold,
+        )
         for g in [a.overall, *a.classes.values()]:
             if g.goodput_rps is not None:
                 assert g.goodput_rps <= (g.completed_rps or 0.0) + 1e-12, (g.name, g.goodput_rps, g.completed_rps)
@@ -415,8 +566,15 @@ def test_no_child_outlives_a_killed_command(tmp_path: Path, command: str, sig: s
     if command == "practice":
         args = ["practice", "--out", str(tmp_path / "p"), "--window-s", "10"]
     else:
-        args = ["plan", str(REPO / "scenarios" / "plans" / "quick.toml"), "--sim", "instant", "--out", str(tmp_path / "p"),
-                "--quiet"]
+        args = [
+            "plan",
+            str(REPO / "scenarios" / "plans" / "quick.toml"),
+            "--sim",
+            "instant",
+            "--out",
+            str(tmp_path / "p"),
+            "--quiet",
+        ]
     proc = loadgen(*args)
     children = wait_for(lambda: _sim_child(proc.pid), f"{command}'s sim server", timeout_s=180)
     children = _children(proc.pid)  # everything it launched so far

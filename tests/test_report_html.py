@@ -11,10 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_analysis_run import build_run, known_chunks, known_requests, scenario_two_classes
 
 from loadgen.analysis import analyze_run, render_console, write_html
-
-from test_analysis_run import build_run, known_chunks, known_requests, scenario_two_classes
 
 S = 1_000_000_000
 
@@ -23,9 +22,11 @@ def _rich_run(tmp_path: Path) -> Path:
     reqs, chunks = known_requests(), known_chunks()
     metrics = []
     for t in range(4):
-        metrics += [(t * S // 4, "vllm:kv_cache_usage_perc", {}, 0.1 * t),
-                    (t * S // 4, "vllm:num_requests_running", {}, t),
-                    (t * S // 4, "vllm:num_requests_waiting", {}, 3 - t)]
+        metrics += [
+            (t * S // 4, "vllm:kv_cache_usage_perc", {}, 0.1 * t),
+            (t * S // 4, "vllm:num_requests_running", {}, t),
+            (t * S // 4, "vllm:num_requests_waiting", {}, 3 - t),
+        ]
     return build_run(tmp_path / "run", reqs, chunks, scenario=scenario_two_classes(), metrics=metrics)
 
 
@@ -69,19 +70,36 @@ def test_html_renders_in_headless_chromium(tmp_path):
     page = write_html(a, tmp_path / "report.html")
     shot = tmp_path / "shot.png"
     # --dump-dom runs the page's scripts; the error hook in the page would put "JS error" in the title
-    common = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-              f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0"]
+    common = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--enable-logging=stderr",
+        "--v=0",
+    ]
     env = dict(os.environ, HOME=str(tmp_path))
     dom = subprocess.run(common + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120, env=env)
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert "<title>loadgen report</title>" in dom.stdout, dom.stdout[:500]
     assert 'id="verdict"' in dom.stdout
-    console_errors = [line for line in dom.stderr.splitlines()
-                      if "CONSOLE" in line and ("Uncaught" in line or "Error" in line)]
+    console_errors = [
+        line for line in dom.stderr.splitlines() if "CONSOLE" in line and ("Uncaught" in line or "Error" in line)
+    ]
     assert not console_errors, console_errors
-    run = subprocess.run(common + [f"--screenshot={shot}", "--window-size=1280,2400", page.as_uri()],
-                         capture_output=True, text=True, timeout=120, env=env)
+    run = subprocess.run(
+        common + [f"--screenshot={shot}", "--window-size=1280,2400", page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert run.returncode == 0 and shot.exists(), run.stderr[-2000:]
     from PIL import Image
 

@@ -43,14 +43,23 @@ BASE = CANONICAL.read_text()
 @pytest.mark.parametrize(
     "old,new,expected",
     [
-        ("ttft_ms = { p50 = 300, p99 = 1500, hard = true }", "ttft_ms = { p50 = -5, p99 = 1500, hard = true }",
-         "classes.short-message.budgets.ttft_ms.p50 = -5: expected"),
+        (
+            "ttft_ms = { p50 = 300, p99 = 1500, hard = true }",
+            "ttft_ms = { p50 = -5, p99 = 1500, hard = true }",
+            "classes.short-message.budgets.ttft_ms.p50 = -5: expected",
+        ),
         ("share = 0.6", "share = 0.7", "shares sum to 1.1; expected 1"),
         ('process = "poisson"', 'process = "weibull"', "traces.steady.process = 'weibull'"),
-        ("rate_rps = 4.0\nduration_s = 60\nmax_in_flight = 256\n\n[traces.burst]", "duration_s = 60\nmax_in_flight = 256\n\n[traces.burst]",
-         "process 'poisson' needs rate_rps"),
-        ('input_tokens = { dist = "uniform", low = 256, high = 1024 }', 'input_tokens = { dist = "uniform", low = 256, high = 10 }',
-         "high (10.0) must be >= low (256.0)"),
+        (
+            "rate_rps = 4.0\nduration_s = 60\nmax_in_flight = 256\n\n[traces.burst]",
+            "duration_s = 60\nmax_in_flight = 256\n\n[traces.burst]",
+            "process 'poisson' needs rate_rps",
+        ),
+        (
+            'input_tokens = { dist = "uniform", low = 256, high = 1024 }',
+            'input_tokens = { dist = "uniform", low = 256, high = 10 }',
+            "high (10.0) must be >= low (256.0)",
+        ),
         ("[classes.burst", "[classes.bursty", "classes.bursty: unknown class"),
         ("seed = 20261129", "seed = 20261129\ncolour = 'red'", "colour = 'red': unknown field"),
     ],
@@ -74,10 +83,14 @@ def test_invalid_toml_and_missing_file(tmp_path):
 
 
 def test_cli_scenario_check_reports_ok_and_errors(tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "loadgen", "scenario", "check", str(CANONICAL)], capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, "-m", "loadgen", "scenario", "check", str(CANONICAL)], capture_output=True, text=True
+    )
     assert ok.returncode == 0, ok.stderr
     assert "ok: scenario 'canonical'" in ok.stdout
     bad = _write(tmp_path, BASE.replace("share = 0.6", "share = 0.6x"))
-    res = subprocess.run([sys.executable, "-m", "loadgen", "scenario", "check", str(bad)], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "loadgen", "scenario", "check", str(bad)], capture_output=True, text=True
+    )
     assert res.returncode == 2
     assert res.stderr.count("\n") == 1 and "invalid TOML" in res.stderr

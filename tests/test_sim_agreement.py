@@ -23,15 +23,25 @@ def build_trace(path, n=14, gap_s=0.06, seed=3):
     rng = np.random.default_rng(seed)
     rows = []
     for i in range(n):
-        rows.append({
-            "request_id": f"r{i:03d}", "request_class": "short-message",
-            "scheduled_offset_ns": int(i * gap_s * 1e9),
-            "prompt_tokens": int(rng.integers(30, 300)), "output_tokens": int(rng.integers(10, 40)),
-            "prefix_group": None, "prefix_tokens": None, "conversation_id": None, "turn_index": None,
-            "cancel_after_tokens": 3 if i == 6 else None,
-        })
-    write_trace(pa.Table.from_pylist(rows, schema=TRACE_SCHEMA), path,
-                {"trace_name": "agree", "seed": seed, "mode": "open", "max_in_flight": 64})
+        rows.append(
+            {
+                "request_id": f"r{i:03d}",
+                "request_class": "short-message",
+                "scheduled_offset_ns": int(i * gap_s * 1e9),
+                "prompt_tokens": int(rng.integers(30, 300)),
+                "output_tokens": int(rng.integers(10, 40)),
+                "prefix_group": None,
+                "prefix_tokens": None,
+                "conversation_id": None,
+                "turn_index": None,
+                "cancel_after_tokens": 3 if i == 6 else None,
+            }
+        )
+    write_trace(
+        pa.Table.from_pylist(rows, schema=TRACE_SCHEMA),
+        path,
+        {"trace_name": "agree", "seed": seed, "mode": "open", "max_in_flight": 64},
+    )
     return path
 
 
@@ -49,8 +59,13 @@ async def replay_live(base_url: str, trace_path) -> dict[str, dict]:
         async def one(row):
             await anyio.sleep(max(0.0, row["scheduled_offset_ns"] / 1e9 - (time.perf_counter() - t0)))
             rec = {"tokens": 0, "first": None, "done": None, "prompt_usage": None}
-            body = {"prompt": prompts[row["request_id"]], "max_tokens": row["output_tokens"], "stream": True,
-                    "ignore_eos": True, "stream_options": {"include_usage": True}}
+            body = {
+                "prompt": prompts[row["request_id"]],
+                "max_tokens": row["output_tokens"],
+                "stream": True,
+                "ignore_eos": True,
+                "stream_options": {"include_usage": True},
+            }
             sent = time.perf_counter() - t0
             async with client.stream("POST", base_url + "/v1/completions", json=body) as resp:
                 async for line in resp.aiter_lines():

@@ -161,8 +161,12 @@ def test_batching_window_holds_new_work():
 
 
 def test_cost_model_terms():
-    c = parse_engine_config({"name": "c", "cost": {"fixed_ms": 2, "per_prefill_token_ms": 0.01, "per_decode_seq_ms": 0.5,
-                                                   "per_kv_token_ms": 0.001}})
+    c = parse_engine_config(
+        {
+            "name": "c",
+            "cost": {"fixed_ms": 2, "per_prefill_token_ms": 0.01, "per_decode_seq_ms": 0.5, "per_kv_token_ms": 0.001},
+        }
+    )
     e = Engine(c)
     e.add(Seq(0, 100, 3, 0))
     res = e.step(0)
@@ -183,21 +187,38 @@ def test_abort_frees_blocks():
 
 @settings(max_examples=60, deadline=None)
 @given(
-    st.lists(st.tuples(st.integers(1, 300), st.integers(1, 60), st.sampled_from([None, "g1", "g2", "c1"])),
-             min_size=1, max_size=25),
+    st.lists(
+        st.tuples(st.integers(1, 300), st.integers(1, 60), st.sampled_from([None, "g1", "g2", "c1"])),
+        min_size=1,
+        max_size=25,
+    ),
     st.integers(8, 60),
     st.integers(1, 8),
     st.sampled_from([16, 64, 512]),
     st.sampled_from(["fcfs", "priority"]),
 )
 def test_accounting_holds_and_every_request_finishes(reqs, blocks, max_seqs, budget, policy):
-    e = Engine(cfg(kv={"block_size": 16, "num_kv_blocks": blocks},
-                   scheduler={"max_num_seqs": max_seqs, "max_num_batched_tokens": budget, "policy": policy}))
+    e = Engine(
+        cfg(
+            kv={"block_size": 16, "num_kv_blocks": blocks},
+            scheduler={"max_num_seqs": max_seqs, "max_num_batched_tokens": budget, "policy": policy},
+        )
+    )
     seqs = []
     for i, (p, o, key) in enumerate(reqs):
         if -(-(p + o) // 16) > blocks:
             continue  # the servers reject requests larger than the whole cache
-        seqs.append(Seq(i, p, o, i, priority=i % 3, cache_key=key, cache_limit_tokens=64 if key and key.startswith("g") else None))
+        seqs.append(
+            Seq(
+                i,
+                p,
+                o,
+                i,
+                priority=i % 3,
+                cache_key=key,
+                cache_limit_tokens=64 if key and key.startswith("g") else None,
+            )
+        )
     run_to_end(e, seqs)
     assert all(s.output == s.max_out and s.state == "finished" for s in seqs)
     assert e.used_private == 0 and e.cached_pinned == 0
@@ -205,7 +226,13 @@ def test_accounting_holds_and_every_request_finishes(reqs, blocks, max_seqs, bud
 
 def test_fault_header_parsing():
     plan = parse_fault_header("stall=1.5@10, disconnect@5, malformed@3, slow_start=2")
-    assert (plan.stall_s, plan.stall_after, plan.disconnect_after, plan.malformed_after, plan.slow_start_s) == (1.5, 10, 5, 3, 2.0)
+    assert (plan.stall_s, plan.stall_after, plan.disconnect_after, plan.malformed_after, plan.slow_start_s) == (
+        1.5,
+        10,
+        5,
+        3,
+        2.0,
+    )
     assert parse_fault_header("error=503").error_status == 503
     assert parse_fault_header("429=2.5").retry_after_s == 2.5
     for bad in ("explode", "error=200", "stall=x", "disconnect@-1"):
@@ -227,8 +254,9 @@ def test_fault_decider_is_seeded_and_rates_hold():
 
 
 def test_filler_is_one_token_per_word_and_bytes_match():
-    from loadgen.prompts import get_tokenizer
     import numpy as np
+
+    from loadgen.prompts import get_tokenizer
 
     tok = get_tokenizer("cl100k_base")
     text = filler_text(3, 200)

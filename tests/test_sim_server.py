@@ -102,6 +102,7 @@ def first_token_s(result: dict) -> float:
 
 # --- protocol ------------------------------------------------------------------------------------
 
+
 def test_endpoints_and_openai_stream_format(sim_server):
     sim = sim_server("instant")
     base = sim.base_url
@@ -116,11 +117,21 @@ def test_endpoints_and_openai_stream_format(sim_server):
 
     async def both():
         async with httpx.AsyncClient(timeout=30) as client:
-            comp = await stream_request(client, base + "/v1/completions",
-                                        {"prompt": prompt, "max_tokens": 7, "stream_options": {"include_usage": True}})
-            chat = await stream_request(client, base + "/v1/chat/completions",
-                                        {"messages": [{"role": "user", "content": prompt}], "max_tokens": 5,
-                                         "stream_options": {"include_usage": True}, "ignore_eos": True})
+            comp = await stream_request(
+                client,
+                base + "/v1/completions",
+                {"prompt": prompt, "max_tokens": 7, "stream_options": {"include_usage": True}},
+            )
+            chat = await stream_request(
+                client,
+                base + "/v1/chat/completions",
+                {
+                    "messages": [{"role": "user", "content": prompt}],
+                    "max_tokens": 5,
+                    "stream_options": {"include_usage": True},
+                    "ignore_eos": True,
+                },
+            )
             return comp, chat
 
     comp, chat = anyio.run(both)
@@ -130,7 +141,11 @@ def test_endpoints_and_openai_stream_format(sim_server):
     assert sum(content_tokens(e) for e in comp["events"]) == 7
     assert {e["object"] for e in comp["events"][:-1]} == {"text_completion"}
     usage = comp["events"][-2]
-    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 7 and usage["usage"]["prompt_tokens"] == n_prompt
+    assert (
+        usage["choices"] == []
+        and usage["usage"]["completion_tokens"] == 7
+        and usage["usage"]["prompt_tokens"] == n_prompt
+    )
     assert comp["events"][-3]["choices"][0]["finish_reason"] == "length"
 
     events = chat["events"]
@@ -138,8 +153,12 @@ def test_endpoints_and_openai_stream_format(sim_server):
     assert sum(content_tokens(e) for e in events) == 5 and events[-1] == "[DONE]"
     assert events[-2]["usage"]["total_tokens"] == n_prompt + 5
     if SHARED_SSE.is_dir():  # same shape as OpenAI's recorded chat.completion.chunk events
-        recorded = [json.loads(line[6:]) for f in sorted(SHARED_SSE.glob("*.bin"))
-                    for line in f.read_text().splitlines() if line.startswith("data: {")]
+        recorded = [
+            json.loads(line[6:])
+            for f in sorted(SHARED_SSE.glob("*.bin"))
+            for line in f.read_text().splitlines()
+            if line.startswith("data: {")
+        ]
         top = set().union(*(r.keys() for r in recorded))
         choice_keys = set().union(*(c.keys() for r in recorded for c in r["choices"]))
         for e in events[:-1]:
@@ -147,7 +166,9 @@ def test_endpoints_and_openai_stream_format(sim_server):
             for c in e["choices"]:
                 assert set(c) <= choice_keys
 
-    whole = httpx.post(base + "/v1/chat/completions", json={"messages": [{"role": "user", "content": prompt}], "max_tokens": 4}).json()
+    whole = httpx.post(
+        base + "/v1/chat/completions", json={"messages": [{"role": "user", "content": prompt}], "max_tokens": 4}
+    ).json()
     assert whole["object"] == "chat.completion" and whole["usage"]["completion_tokens"] == 4
     assert get_tokenizer("cl100k_base").count(whole["choices"][0]["message"]["content"]) == 4
 
@@ -175,7 +196,9 @@ def test_bad_requests_get_openai_errors_never_a_crash(sim_server):
     ]
     with httpx.Client(base_url=base, timeout=10) as client:
         for method, path, body, status, *hdr in cases:
-            resp = client.request(method, path, content=body, headers=(hdr[0] if hdr else {}) | {"content-type": "application/json"})
+            resp = client.request(
+                method, path, content=body, headers=(hdr[0] if hdr else {}) | {"content-type": "application/json"}
+            )
             assert resp.status_code == status, (path, body, resp.text)
             err = resp.json()["error"]
             assert isinstance(err["message"], str) and err["message"] and "type" in err and "code" in err
@@ -185,6 +208,7 @@ def test_bad_requests_get_openai_errors_never_a_crash(sim_server):
 
 
 # --- engine physics over HTTP ---------------------------------------------------------------------
+
 
 def test_ttft_grows_with_queue_depth_when_running_cap_is_small(sim_server, tmp_path):
     sim = sim_server(slow_engine(tmp_path, scheduler={"max_num_seqs": 1}))
@@ -219,7 +243,9 @@ def test_ttft_grows_with_queue_depth_when_running_cap_is_small(sim_server, tmp_p
 
 
 def test_kv_exhaustion_causes_preemption_visible_in_metrics(sim_server, tmp_path):
-    engine = slow_engine(tmp_path, fixed_ms=2.0, kv={"num_kv_blocks": 24, "block_size": 16, "enable_prefix_caching": False})
+    engine = slow_engine(
+        tmp_path, fixed_ms=2.0, kv={"num_kv_blocks": 24, "block_size": 16, "enable_prefix_caching": False}
+    )
     sim = sim_server(engine)
     url = sim.base_url + "/v1/completions"
     prompt = " ".join(["word"] * 50)
@@ -246,11 +272,15 @@ def test_kv_exhaustion_causes_preemption_visible_in_metrics(sim_server, tmp_path
 
 def test_batching_window_raises_ttft(sim_server, tmp_path):
     plain = sim_server(slow_engine(tmp_path, "plain", fixed_ms=5.0))
-    windowed = sim_server(slow_engine(tmp_path, "windowed", fixed_ms=5.0, batching={"window_ms": 400, "min_waiting": 16}))
+    windowed = sim_server(
+        slow_engine(tmp_path, "windowed", fixed_ms=5.0, batching={"window_ms": 400, "min_waiting": 16})
+    )
 
     async def ttft(base):
         async with httpx.AsyncClient(timeout=30) as client:
-            return first_token_s(await stream_request(client, base + "/v1/completions", {"prompt": "hello", "max_tokens": 3}))
+            return first_token_s(
+                await stream_request(client, base + "/v1/completions", {"prompt": "hello", "max_tokens": 3})
+            )
 
     t_plain = anyio.run(ttft, plain.base_url)
     t_window = anyio.run(ttft, windowed.base_url)
@@ -261,8 +291,11 @@ def test_batching_window_raises_ttft(sim_server, tmp_path):
 def test_client_disconnect_frees_its_kv_blocks(sim_server, tmp_path):
     sim = sim_server(slow_engine(tmp_path, fixed_ms=10.0))
     with httpx.Client(timeout=30) as client:
-        with client.stream("POST", sim.base_url + "/v1/completions",
-                           json={"prompt": " ".join(["token"] * 300), "max_tokens": 2000, "stream": True}) as resp:
+        with client.stream(
+            "POST",
+            sim.base_url + "/v1/completions",
+            json={"prompt": " ".join(["token"] * 300), "max_tokens": 2000, "stream": True},
+        ) as resp:
             lines = resp.iter_lines()
             got = 0
             for line in lines:
@@ -284,6 +317,7 @@ def test_client_disconnect_frees_its_kv_blocks(sim_server, tmp_path):
 
 
 # --- faults --------------------------------------------------------------------------------------
+
 
 def test_each_header_fault_is_produced_and_logged(sim_server):
     sim = sim_server("instant")
@@ -330,25 +364,47 @@ def test_each_header_fault_is_produced_and_logged(sim_server):
 
 def test_config_faults_follow_their_rates_and_every_one_is_logged(sim_server, tmp_path):
     engine = engine_file(
-        tmp_path, "faulty",
+        tmp_path,
+        "faulty",
         cost={"fixed_ms": 0.0},
-        faults={"seed": 5, "error_rate": 0.12, "error_statuses": [502], "rate_limit_rate": 0.12, "retry_after_s": 1.5,
-                "stall_rate": 0.12, "stall_s": 0.2, "stall_after_tokens": 2, "disconnect_rate": 0.12,
-                "disconnect_after_tokens": 3, "malformed_rate": 0.12, "malformed_after_tokens": 1,
-                "slow_start_rate": 0.12, "slow_start_s": 0.1},
+        faults={
+            "seed": 5,
+            "error_rate": 0.12,
+            "error_statuses": [502],
+            "rate_limit_rate": 0.12,
+            "retry_after_s": 1.5,
+            "stall_rate": 0.12,
+            "stall_s": 0.2,
+            "stall_after_tokens": 2,
+            "disconnect_rate": 0.12,
+            "disconnect_after_tokens": 3,
+            "malformed_rate": 0.12,
+            "malformed_after_tokens": 1,
+            "slow_start_rate": 0.12,
+            "slow_start_s": 0.1,
+        },
     )
     sim = sim_server(engine, "--seed", "1")
 
     async def go():
         async with httpx.AsyncClient(timeout=30) as client:
-            return [await stream_request(client, sim.base_url + "/v1/completions", {"prompt": "x", "max_tokens": 6},
-                                         {"X-Request-Id": f"client-{i}"}) for i in range(80)]
+            return [
+                await stream_request(
+                    client,
+                    sim.base_url + "/v1/completions",
+                    {"prompt": "x", "max_tokens": 6},
+                    {"X-Request-Id": f"client-{i}"},
+                )
+                for i in range(80)
+            ]
 
     results = anyio.run(go)
     by_client: dict[str, list[str]] = {}
     for line in sim.fault_lines():
         by_client.setdefault(line["client_request_id"], []).append(line["kind"])
-    assert {"error", "rate_limit", "stall", "disconnect", "malformed", "slow_start"} <= {k for v in by_client.values() for k in v}
+    assert {"error", "rate_limit", "stall", "disconnect", "malformed", "slow_start"} <= {
+        k for v in by_client.values() for k in v
+    }
     for i, r in enumerate(results):
         kinds = by_client.get(f"client-{i}", [])
         if "error" in kinds:
@@ -367,11 +423,19 @@ def test_config_faults_follow_their_rates_and_every_one_is_logged(sim_server, tm
 
 # --- managed API ---------------------------------------------------------------------------------
 
+
 def test_managed_mode_quota_identity_drift_and_api_key(sim_server, tmp_path):
     engine = engine_file(
-        tmp_path, "managed", cost={"fixed_ms": 0.0},
-        managed={"requests_per_minute": 4, "response_models": ["sim-2026-01", "sim-2026-02"],
-                 "system_fingerprints": ["fp_aaa", "fp_bbb"], "change_after_requests": 2, "api_key_env": "SIM_TEST_KEY"},
+        tmp_path,
+        "managed",
+        cost={"fixed_ms": 0.0},
+        managed={
+            "requests_per_minute": 4,
+            "response_models": ["sim-2026-01", "sim-2026-02"],
+            "system_fingerprints": ["fp_aaa", "fp_bbb"],
+            "change_after_requests": 2,
+            "api_key_env": "SIM_TEST_KEY",
+        },
     )
     sim = sim_server(engine, env={"SIM_TEST_KEY": "sk-test-123"})
     url = sim.base_url + "/v1/chat/completions"

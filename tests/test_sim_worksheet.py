@@ -37,18 +37,20 @@ def make_trace(path: Path, n: int = 60, seed: int = 0, rate_rps: float = 8.0, **
     for i in range(n):
         group = "sys" if i % 2 == 0 else None
         conv = "c1" if i in (5, 25, 45) else None
-        rows.append({
-            "request_id": f"r{i:04d}",
-            "request_class": ("short-message", "burst", "long-thread")[i % 3],
-            "scheduled_offset_ns": int(t[i] * 1e9),
-            "prompt_tokens": int(rng.integers(40, 900)) + (256 if group else 0),
-            "output_tokens": int(rng.integers(5, 120)),
-            "prefix_group": group,
-            "prefix_tokens": 256 if group else None,
-            "conversation_id": conv,
-            "turn_index": (5, 25, 45).index(i) if conv else None,
-            "cancel_after_tokens": 3 if i % 17 == 3 else None,
-        })
+        rows.append(
+            {
+                "request_id": f"r{i:04d}",
+                "request_class": ("short-message", "burst", "long-thread")[i % 3],
+                "scheduled_offset_ns": int(t[i] * 1e9),
+                "prompt_tokens": int(rng.integers(40, 900)) + (256 if group else 0),
+                "output_tokens": int(rng.integers(5, 120)),
+                "prefix_group": group,
+                "prefix_tokens": 256 if group else None,
+                "conversation_id": conv,
+                "turn_index": (5, 25, 45).index(i) if conv else None,
+                "cancel_after_tokens": 3 if i % 17 == 3 else None,
+            }
+        )
     metadata = {"trace_name": "test", "seed": seed, "mode": "open", "max_in_flight": 256, "duration_s": float(t[-1])}
     metadata.update(meta)
     write_trace(pa.Table.from_pylist(rows, schema=TRACE_SCHEMA), path, metadata)
@@ -93,11 +95,20 @@ def test_run_directory_has_the_measured_run_schema(tmp_path):
     assert (per_req[ok.request_id].values == ok.target_output_tokens.values).all()
     assert (chunks.groupby("request_id").seq.max() + 1 == chunks.groupby("request_id").size()).all()
     names = set(run.server_metrics.column("name").to_pylist())
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
-                 "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_count"):
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:num_preemptions_total",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:inter_token_latency_seconds_count",
+    ):
         assert name in names
-    hits = run.server_metrics.filter(pa.compute.equal(run.server_metrics.column("name"), "vllm:prefix_cache_hits_total"))
+    hits = run.server_metrics.filter(
+        pa.compute.equal(run.server_metrics.column("name"), "vllm:prefix_cache_hits_total")
+    )
     assert hits.column("value").to_pylist()[-1] > 0, "the shared system prompt is reused"
     labels = json.loads(run.server_metrics.column("labels")[0].as_py())
     assert labels == {"engine": "0", "model_name": "loadgen-sim"}
@@ -110,8 +121,13 @@ def test_worksheet_is_reproducible(tmp_path):
     bytes with schema metadata dropped, and the manifest without VOLATILE_MANIFEST_KEYS.
     """
     trace = make_trace(tmp_path / "t.parquet")
-    engine = parse_engine_config({"name": "noisy", "cost": {"noise_sigma": 0.3},
-                                  "faults": {"stall_rate": 0.2, "disconnect_rate": 0.1, "error_rate": 0.05}})
+    engine = parse_engine_config(
+        {
+            "name": "noisy",
+            "cost": {"noise_sigma": 0.3},
+            "faults": {"stall_rate": 0.2, "disconnect_rate": 0.1, "error_rate": 0.05},
+        }
+    )
     runs = [run_worksheet(trace, engine, tmp_path / f"run{i}", seed=7) for i in range(2)]
     other = run_worksheet(trace, engine, tmp_path / "other", seed=8)
     for name in (REQUESTS_FILE, CHUNKS_FILE, SERVER_METRICS_FILE):
@@ -146,9 +162,22 @@ def test_client_concurrency_limit_queues_on_the_client(tmp_path):
 
 def test_worksheet_faults_become_rows(tmp_path):
     trace = make_trace(tmp_path / "t.parquet", n=200)
-    engine = parse_engine_config({"name": "faulty", "faults": {
-        "error_rate": 0.1, "error_statuses": [503], "rate_limit_rate": 0.1, "retry_after_s": 2.0,
-        "disconnect_rate": 0.1, "disconnect_after_tokens": 2, "stall_rate": 0.1, "stall_s": 1.5, "stall_after_tokens": 1}})
+    engine = parse_engine_config(
+        {
+            "name": "faulty",
+            "faults": {
+                "error_rate": 0.1,
+                "error_statuses": [503],
+                "rate_limit_rate": 0.1,
+                "retry_after_s": 2.0,
+                "disconnect_rate": 0.1,
+                "disconnect_after_tokens": 2,
+                "stall_rate": 0.1,
+                "stall_s": 1.5,
+                "stall_after_tokens": 1,
+            },
+        }
+    )
     run = load_run(run_worksheet(trace, engine, tmp_path / "run"))
     req = run.requests.to_pandas()
     notes = run.manifest.engine_notes["faults_injected"]
@@ -178,13 +207,34 @@ def test_cli_sim_run(tmp_path):
     trace = make_trace(tmp_path / "t.parquet", n=20)
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "loadgen", "sim", "run", str(trace), "--engine", "throughput-large-batch", "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+        [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "sim",
+            "run",
+            str(trace),
+            "--engine",
+            "throughput-large-batch",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     assert "simulated" in proc.stdout and (out / REQUESTS_FILE).exists()
-    bad = subprocess.run([sys.executable, "-m", "loadgen", "sim", "run", str(trace), "--engine", "nope", "--out", str(tmp_path / "x")],
-                         cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    bad = subprocess.run(
+        [sys.executable, "-m", "loadgen", "sim", "run", str(trace), "--engine", "nope", "--out", str(tmp_path / "x")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert bad.returncode == 2 and "no such preset" in bad.stderr
 
 
@@ -207,7 +257,9 @@ def test_presets_trade_throughput_for_burst_ttft(tmp_path):
         req = req[req.first_token_ns.notna()]
         in_burst = (req.scheduled_ns / 1e9) % period >= settings.gap_s  # on/off traces start quiet
         ttft = (req.first_token_ns - req.scheduled_ns) / 1e6
-        p99 = {c: float(np.percentile(ttft[in_burst & (req.request_class == c)], 99)) for c in ("short-message", "burst")}
+        p99 = {
+            c: float(np.percentile(ttft[in_burst & (req.request_class == c)], 99)) for c in ("short-message", "burst")
+        }
         results[preset] = (p99, run.manifest.engine_notes["output_tokens_per_busy_s"])
     inter, thru = results["interactive-small-batch"], results["throughput-large-batch"]
     assert thru[1] > inter[1], results

@@ -27,7 +27,7 @@ def _reference_payloads(raw: bytes) -> list[bytes]:
     """Independent reading: events are separated by blank lines; each is one ``data: `` line here."""
     out = []
     for block in raw.replace(b"\r\n", b"\n").split(b"\n\n"):
-        lines = [ln[len(b"data: "):] for ln in block.split(b"\n") if ln.startswith(b"data: ")]
+        lines = [ln[len(b"data: ") :] for ln in block.split(b"\n") if ln.startswith(b"data: ")]
         if lines:
             out.append(b"\n".join(lines))
     return out
@@ -79,7 +79,9 @@ def test_recorded_streams_parse_to_consistent_chunks():
         assert "".join(c.text for c in chunks) == expected
         seen_multi_choice |= n_choices > 1
         seen_tool_calls |= "tool_calls" in finishes
-        refusal = any(json.loads(e)["choices"] and json.loads(e)["choices"][0]["delta"].get("refusal") for e in events[:-1])
+        refusal = any(
+            json.loads(e)["choices"] and json.loads(e)["choices"][0]["delta"].get("refusal") for e in events[:-1]
+        )
         seen_refusal |= refusal
         # plain content, one choice: one content token per content chunk, as OpenAI streams them
         # (refusals and tool calls carry extra unstreamed tokens, so they are not checked this way)
@@ -91,13 +93,17 @@ def test_recorded_streams_parse_to_consistent_chunks():
 
 def test_multi_choice_stream_counts_pieces_per_choice():
     shared_trace("sse/openai-python")
-    raw = (TRACES / "sse" / "openai-python" / "a491adda08c3d4fde95f5b2ee3f60f7f745f1a56d82e62f58031cc2add502380.bin").read_bytes()
+    raw = (
+        TRACES / "sse" / "openai-python" / "a491adda08c3d4fde95f5b2ee3f60f7f745f1a56d82e62f58031cc2add502380.bin"
+    ).read_bytes()
     chunks = [parse_chunk(p) for p in _decode_all(raw, 512)[:-1]]
     assert sum(c.pieces for c in chunks) == chunks[-1].completion_tokens == 42
 
 
 def test_multiline_data_comments_crlf_and_fields_are_handled():
-    raw = b": keep-alive\r\nevent: message\r\nid: 7\r\ndata: {\"choices\":\r\ndata: []}\r\n\r\nretry: 10\n\ndata:[DONE]\n\n"
+    raw = (
+        b': keep-alive\r\nevent: message\r\nid: 7\r\ndata: {"choices":\r\ndata: []}\r\n\r\nretry: 10\n\ndata:[DONE]\n\n'
+    )
     events = _decode_all(raw, 3)
     assert events == [b'{"choices":\n[]}', DONE]
     assert parse_chunk(events[0]).pieces == 0
@@ -131,8 +137,10 @@ def test_in_stream_error_object():
 
 
 def test_completions_text_and_vllm_continuous_usage():
-    payload = (b'{"id":"cmpl-1","object":"text_completion","model":"m","choices":[{"index":0,"text":" the of",'
-               b'"finish_reason":null}],"usage":{"prompt_tokens":12,"completion_tokens":5,"total_tokens":17}}')
+    payload = (
+        b'{"id":"cmpl-1","object":"text_completion","model":"m","choices":[{"index":0,"text":" the of",'
+        b'"finish_reason":null}],"usage":{"prompt_tokens":12,"completion_tokens":5,"total_tokens":17}}'
+    )
     chunk = parse_chunk(payload)
     assert (chunk.text, chunk.pieces, chunk.prompt_tokens, chunk.completion_tokens) == (" the of", 1, 12, 5)
 

@@ -13,8 +13,17 @@ from loadgen.tomlfile import dumps_toml
 
 
 def test_round_trips_tables_lists_and_odd_keys_in_order() -> None:
-    data = {"name": "x \"q\" \\ é\n", "n": 3, "f": 0.5, "flag": True, "day": date(2026, 11, 29), "list": [1, 2],
-            "t": {"a": "b", "inner": {"z": [{"k": 1}, {"k": 2}], "empty": {}}}, "odd key": 1, "classes": {"b": 1, "a": 2}}
+    data = {
+        "name": 'x "q" \\ é\n',
+        "n": 3,
+        "f": 0.5,
+        "flag": True,
+        "day": date(2026, 11, 29),
+        "list": [1, 2],
+        "t": {"a": "b", "inner": {"z": [{"k": 1}, {"k": 2}], "empty": {}}},
+        "odd key": 1,
+        "classes": {"b": 1, "a": 2},
+    }
     text = dumps_toml(data, what="test data")
     assert tomllib.loads(text) == data
     assert list(tomllib.loads(text)["classes"]) == ["b", "a"]  # order kept: the trace generator depends on it
@@ -26,14 +35,17 @@ def test_none_table_values_are_omitted_at_every_depth() -> None:
     assert data["a"] is None and data["t"]["b"] is None  # the input is not changed
 
 
-@pytest.mark.parametrize("data,path,shown", [
-    ({"t": {"xs": [1, None, 3]}}, "t.xs[1]", "None"),
-    ({"rows": [{"k": [None]}]}, "rows[0].k[0]", "None"),
-    ({"f": math.nan}, "f", "nan"),
-    ({"t": {"u": {"limit": math.inf}}}, "t.u.limit", "inf"),
-    ({"xs": [0.5, -math.inf]}, "xs[1]", "-inf"),
-    ({"rows": [{"p99": math.nan}]}, "rows[0].p99", "nan"),
-])
+@pytest.mark.parametrize(
+    "data,path,shown",
+    [
+        ({"t": {"xs": [1, None, 3]}}, "t.xs[1]", "None"),
+        ({"rows": [{"k": [None]}]}, "rows[0].k[0]", "None"),
+        ({"f": math.nan}, "f", "nan"),
+        ({"t": {"u": {"limit": math.inf}}}, "t.u.limit", "inf"),
+        ({"xs": [0.5, -math.inf]}, "xs[1]", "-inf"),
+        ({"rows": [{"p99": math.nan}]}, "rows[0].p99", "nan"),
+    ],
+)
 def test_none_in_a_list_and_non_finite_numbers_raise_one_line(data, path, shown) -> None:
     with pytest.raises(LoadgenError) as info:
         dumps_toml(data, what="engine config")

@@ -30,8 +30,22 @@ def test_same_scenario_and_seed_give_byte_identical_files_via_cli(tmp_path):
     for i in range(2):
         out = tmp_path / f"t{i}.parquet"
         res = subprocess.run(
-            [sys.executable, "-m", "loadgen", "trace", "generate", str(CANONICAL), "--trace", "burst", "--seed", "7", "--out", str(out)],
-            capture_output=True, text=True,
+            [
+                sys.executable,
+                "-m",
+                "loadgen",
+                "trace",
+                "generate",
+                str(CANONICAL),
+                "--trace",
+                "burst",
+                "--seed",
+                "7",
+                "--out",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
         )
         assert res.returncode == 0, res.stderr
         outs.append(out)
@@ -120,7 +134,9 @@ def test_poisson_mean_rate_and_exponential_gaps(rate, seed):
 @given(cv=st.floats(0.3, 4.0), seed=st.integers(0, 2**31))
 def test_gamma_arrivals_have_the_requested_burstiness(cv, seed):
     rate = 20.0
-    table, _ = generate_trace(_scenario({"process": "gamma", "rate_rps": rate, "cv": cv, "duration_s": 1000}), "t", seed)
+    table, _ = generate_trace(
+        _scenario({"process": "gamma", "rate_rps": rate, "cv": cv, "duration_s": 1000}), "t", seed
+    )
     stats = trace_stats(table)
     assert abs(stats.mean_rate_rps - rate) / rate < 0.1 + 0.05 * cv
     assert abs(stats.iat_cv - cv) / cv < 0.15
@@ -128,7 +144,9 @@ def test_gamma_arrivals_have_the_requested_burstiness(cv, seed):
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    shares=st.tuples(st.integers(1, 10), st.integers(1, 10), st.integers(1, 10)).map(lambda t: tuple(x / sum(t) for x in t)),
+    shares=st.tuples(st.integers(1, 10), st.integers(1, 10), st.integers(1, 10)).map(
+        lambda t: tuple(x / sum(t) for x in t)
+    ),
     seed=st.integers(0, 2**31),
 )
 def test_class_shares_and_cancellation_share(shares, seed):
@@ -145,7 +163,14 @@ def test_class_shares_and_cancellation_share(shares, seed):
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(burst_rate=st.floats(10, 60), quiet_rate=st.floats(0.1, 3), seed=st.integers(0, 2**31))
 def test_onoff_bursts_have_the_configured_rates(burst_rate, quiet_rate, seed):
-    proc = {"process": "onoff", "quiet_rate_rps": quiet_rate, "burst_rate_rps": burst_rate, "burst_s": 5, "gap_s": 15, "duration_s": 2000}
+    proc = {
+        "process": "onoff",
+        "quiet_rate_rps": quiet_rate,
+        "burst_rate_rps": burst_rate,
+        "burst_s": 5,
+        "gap_s": 15,
+        "duration_s": 2000,
+    }
     table, _ = generate_trace(_scenario(proc), "t", seed)
     t = table.column("scheduled_offset_ns").to_numpy() / 1e9
     phase = t % 20
@@ -183,7 +208,9 @@ def test_class_order_in_the_file_does_not_change_the_trace(tmp_path):
 
     s = load_scenario(CANONICAL)
     rebuilt = scenario_from_manifest(Manifest(scenario=scenario_manifest(s)))
-    reordered = parse_scenario({**s.model_dump(mode="json"), "classes": dict(reversed(list(s.model_dump(mode="json")["classes"].items())))})
+    reordered = parse_scenario(
+        {**s.model_dump(mode="json"), "classes": dict(reversed(list(s.model_dump(mode="json")["classes"].items())))}
+    )
     a = generate_trace(s, "burst")[0]
     assert a.equals(generate_trace(rebuilt, "burst")[0])
     assert a.equals(generate_trace(reordered, "burst")[0])
@@ -212,7 +239,7 @@ def test_ramp_arrivals_follow_the_linear_rate(start, end, seed):
     t = table.column("scheduled_offset_ns").to_numpy() / 1e9
     assert t.min() >= 0 and t.max() < duration
     for lo, hi in ((0, 100), (150, 250), (300, 400)):  # arrivals per window = the integral of the rate over it
-        rate = lambda x: start + (end - start) * x / duration  # noqa: E731
+        rate = lambda x: start + (end - start) * x / duration
         expected = (rate(lo) + rate(hi)) / 2 * (hi - lo)
         got = int(((t >= lo) & (t < hi)).sum())
         assert abs(got - expected) < 5 * np.sqrt(expected) + 3, (lo, hi, got, expected)

@@ -6,25 +6,66 @@ import subprocess
 import sys
 
 import pytest
+from shared_paths import shared_trace
 
 from loadgen.errors import TraceError
 from loadgen.trace import read_trace, trace_stats
 from loadgen.trace.importers import import_trace
-
-from shared_paths import shared_trace
 
 
 @pytest.mark.parametrize(
     "kind,rel,rows,duration,rate,iat_cv,iod,p_in,p_out",
     [
         # from ../shared/traces/SOURCES.md ("Statistics of the copied traces")
-        ("azure", "azure2023/AzureLLMInferenceTrace_code.csv", 8819, 3435.9, 2.567, 13.15, (13.2, 71.6, 164), (1469, 7303, 7436), (13, 90, 251.5)),
-        ("azure", "azure2023/AzureLLMInferenceTrace_conv.csv", 19366, 3501.7, 5.530, 1.09, (1.39, 3.86, 16.1), (1020, 4083, 4142), (129, 451, 601)),
-        ("mooncake", "mooncake_fast25/conversation_trace.jsonl", 12031, 3537.0, 3.401, 3.03, (7.9, 2.1, 2.9), (6909, 39551, 85400), (350, 698, 1119)),
-        ("mooncake", "mooncake_fast25/synthetic_trace.jsonl", 3993, 1022.0, 3.907, 1.01, (1.09, 1.18, 1.19), (11587, 48905, 66456), (69, 519, 768)),
+        (
+            "azure",
+            "azure2023/AzureLLMInferenceTrace_code.csv",
+            8819,
+            3435.9,
+            2.567,
+            13.15,
+            (13.2, 71.6, 164),
+            (1469, 7303, 7436),
+            (13, 90, 251.5),
+        ),
+        (
+            "azure",
+            "azure2023/AzureLLMInferenceTrace_conv.csv",
+            19366,
+            3501.7,
+            5.530,
+            1.09,
+            (1.39, 3.86, 16.1),
+            (1020, 4083, 4142),
+            (129, 451, 601),
+        ),
+        (
+            "mooncake",
+            "mooncake_fast25/conversation_trace.jsonl",
+            12031,
+            3537.0,
+            3.401,
+            3.03,
+            (7.9, 2.1, 2.9),
+            (6909, 39551, 85400),
+            (350, 698, 1119),
+        ),
+        (
+            "mooncake",
+            "mooncake_fast25/synthetic_trace.jsonl",
+            3993,
+            1022.0,
+            3.907,
+            1.01,
+            (1.09, 1.18, 1.19),
+            (11587, 48905, 66456),
+            (69, 519, 768),
+        ),
     ],
 )
-def test_imported_traces_reproduce_published_statistics(tmp_path, kind, rel, rows, duration, rate, iat_cv, iod, p_in, p_out):
+def test_imported_traces_reproduce_published_statistics(
+    tmp_path, kind, rel, rows, duration, rate, iat_cv, iod, p_in, p_out
+):
     out = import_trace(kind, shared_trace(rel), tmp_path / "t.parquet")
     table, meta = read_trace(out)
     stats = trace_stats(table)
@@ -78,7 +119,11 @@ def test_bad_input_files_give_one_line_errors(tmp_path):
 def test_cli_import_and_stats(tmp_path):
     src = shared_trace("azure2023/AzureLLMInferenceTrace_code.csv")
     out = tmp_path / "code.parquet"
-    res = subprocess.run([sys.executable, "-m", "loadgen", "trace", "import", "azure", str(src), "--out", str(out)], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "loadgen", "trace", "import", "azure", str(src), "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     res = subprocess.run([sys.executable, "-m", "loadgen", "trace", "stats", str(out)], capture_output=True, text=True)
     assert res.returncode == 0

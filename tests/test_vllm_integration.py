@@ -110,8 +110,9 @@ def _model_dir(workdir: Path, name: str) -> Path:
 def _server(vllm_python: Path, model_dir: Path, log: Path, **kw):
     from loadgen.engines import VllmConfig, VllmServer
 
-    cfg = VllmConfig(model_dir=model_dir, python=vllm_python, kv_cache_gib=KV_GIB, max_model_len=MAX_MODEL_LEN,
-                     log_path=log, **kw)
+    cfg = VllmConfig(
+        model_dir=model_dir, python=vllm_python, kv_cache_gib=KV_GIB, max_model_len=MAX_MODEL_LEN, log_path=log, **kw
+    )
     server = VllmServer(cfg).start()
     try:
         server.wait_healthy(900)
@@ -132,9 +133,17 @@ def _replay(server, scenario_path: Path, trace_path: Path, name: str) -> Path:
     if out.exists():
         shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    options = RunOptions(trace_path=trace_path, target_url=server.base_url, out_dir=out, scenario_path=scenario_path,
-                         tokenizer=f"hf:{server.config.model_dir / 'tokenizer.json'}", scrape_interval_s=0.5,
-                         warm_state="cold", warm_actions=["fresh vLLM server, no prior requests"], progress="off")
+    options = RunOptions(
+        trace_path=trace_path,
+        target_url=server.base_url,
+        out_dir=out,
+        scenario_path=scenario_path,
+        tokenizer=f"hf:{server.config.model_dir / 'tokenizer.json'}",
+        scrape_interval_s=0.5,
+        warm_state="cold",
+        warm_actions=["fresh vLLM server, no prior requests"],
+        progress="off",
+    )
     t0 = time.monotonic()
     run_dir = measure_with_server(server, options)  # also reconciles the ledger into engine_notes
     _TIMES[name] = time.monotonic() - t0
@@ -144,8 +153,10 @@ def _replay(server, scenario_path: Path, trace_path: Path, name: str) -> Path:
 def _ledger(model_dir: Path, block_size: int = 128, **engine):
     from loadgen.ledger import EngineSettings, compute_ledger, read_model_config
 
-    return compute_ledger(read_model_config(model_dir / "config.json"),
-                          EngineSettings(kv_cache_gib=KV_GIB, block_size=block_size, max_model_len=MAX_MODEL_LEN, device="cpu", **engine))
+    return compute_ledger(
+        read_model_config(model_dir / "config.json"),
+        EngineSettings(kv_cache_gib=KV_GIB, block_size=block_size, max_model_len=MAX_MODEL_LEN, device="cpu", **engine),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -175,7 +186,9 @@ def test_every_request_accounted_for(llama_runs, ci_trace):
         assert sorted(r["request_id"] for r in req) == sorted(trace.column("request_id").to_pylist()), label
         assert all(r["status"] in STATUSES for r in req)
         ok = [r for r in req if r["status"] == "ok"]
-        assert len(ok) == len(req), f"{label}: {[(r['status'], r['error_kind'], r['error_message']) for r in req if r['status'] != 'ok'][:3]}"
+        assert len(ok) == len(req), (
+            f"{label}: {[(r['status'], r['error_kind'], r['error_message']) for r in req if r['status'] != 'ok'][:3]}"
+        )
         for r in ok:
             assert r["scheduled_ns"] <= r["sent_ns"] <= r["first_token_ns"] <= r["last_token_ns"] <= r["done_ns"]
             assert r["server_prompt_tokens"] and r["server_output_tokens"] == r["target_output_tokens"]
@@ -197,10 +210,17 @@ def test_server_metrics_scraped(llama_runs):
     for label, run_dir in llama_runs.items():
         metrics = pq.read_table(run_dir / "server_metrics.parquet").to_pylist()
         names = {m["name"] for m in metrics}
-        for needed in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                       "vllm:cache_config_info", "vllm:prefix_cache_queries_total", "vllm:num_preemptions_total",
-                       "vllm:iteration_tokens_total_bucket", "vllm:time_to_first_token_seconds_bucket",
-                       "vllm:inter_token_latency_seconds_bucket"):
+        for needed in (
+            "vllm:num_requests_running",
+            "vllm:num_requests_waiting",
+            "vllm:kv_cache_usage_perc",
+            "vllm:cache_config_info",
+            "vllm:prefix_cache_queries_total",
+            "vllm:num_preemptions_total",
+            "vllm:iteration_tokens_total_bucket",
+            "vllm:time_to_first_token_seconds_bucket",
+            "vllm:inter_token_latency_seconds_bucket",
+        ):
             assert needed in names, f"{label}: {needed} not scraped"
         assert len({m["time_ns"] for m in metrics}) >= 5  # scraped throughout the run, not once
         last_t = max(m["time_ns"] for m in metrics)
@@ -229,7 +249,9 @@ def test_manifest_identifies_vllm(llama_runs):
         assert m["target"]["kind"] == "vllm"
         engine = m["target"]["engine"]
         assert engine["name"] == "vllm" and engine["version"] == "0.32.0"
-        assert "--max-num-seqs" in engine["config"]["args"] and engine["config"]["env"]["VLLM_CPU_KVCACHE_SPACE"] == str(KV_GIB)
+        assert "--max-num-seqs" in engine["config"]["args"] and engine["config"]["env"][
+            "VLLM_CPU_KVCACHE_SPACE"
+        ] == str(KV_GIB)
         notes = m["engine_notes"]["log"]
         assert notes["kv_cache_size_tokens"] > 0 and notes["max_concurrency"] > 0 and notes["init_engine_s"] > 0
         assert notes["non_default_args"]["load_format"] == "dummy"
@@ -265,7 +287,9 @@ OTHER_ARCHITECTURES = [
 ]
 
 
-@pytest.mark.parametrize("name, blocks, block_size, per_request", OTHER_ARCHITECTURES, ids=[a[0] for a in OTHER_ARCHITECTURES])
+@pytest.mark.parametrize(
+    "name, blocks, block_size, per_request", OTHER_ARCHITECTURES, ids=[a[0] for a in OTHER_ARCHITECTURES]
+)
 def test_ledger_reconciles_other_architectures(vllm_python, workdir, name, blocks, block_size, per_request):
     """More architectures, exact: the ledger predicts vLLM's block count and logged KV cache size."""
     import subprocess
@@ -291,8 +315,22 @@ def test_ledger_reconciles_other_architectures(vllm_python, workdir, name, block
     led = _ledger(model_dir, block_size=block_size)
     assert led.kv_cache_blocks == blocks
     assert int(info["num_gpu_blocks"]) == blocks and int(info["block_size"]) == block_size
-    cli = subprocess.run([sys.executable, "-m", "loadgen", "ledger", "--model", str(model_dir / "config.json"),
-                          "--reconcile", str(kept), "--json"], capture_output=True, text=True, cwd=ROOT)
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "ledger",
+            "--model",
+            str(model_dir / "config.json"),
+            "--reconcile",
+            str(kept),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     data = json.loads(cli.stdout)
     assert cli.returncode == 0 and data["ok"], cli.stdout + cli.stderr
     row = next(r for r in data["rows"] if r["quantity"] == "kv_cache_size_tokens")
@@ -318,9 +356,18 @@ def test_analyzer_summary(llama_runs):
         a = analysis.analyze_run(run_dir)
         overall = a.overall
         ttft = overall.metrics.get("ttft_ms", {})
-        entry = {"run_dir": str(run_dir.relative_to(ROOT)), "ttft_p99_ms": ttft.get("p99"), "ttft_p50_ms": ttft.get("p50"),
-                 "output_tok_s": overall.output_tok_s, "completed_rps": overall.completed_rps, "verdict": a.verdict,
-                 "classes": {n: {"ttft_p99_ms": g.metrics.get("ttft_ms", {}).get("p99"), "n": g.n_scheduled} for n, g in a.classes.items()}}
+        entry = {
+            "run_dir": str(run_dir.relative_to(ROOT)),
+            "ttft_p99_ms": ttft.get("p99"),
+            "ttft_p50_ms": ttft.get("p50"),
+            "output_tok_s": overall.output_tok_s,
+            "completed_rps": overall.completed_rps,
+            "verdict": a.verdict,
+            "classes": {
+                n: {"ttft_p99_ms": g.metrics.get("ttft_ms", {}).get("p99"), "n": g.n_scheduled}
+                for n, g in a.classes.items()
+            },
+        }
         summary["runs"][label] = entry
         assert entry["ttft_p99_ms"] is not None and entry["output_tok_s"] and entry["output_tok_s"] > 0
     (ARTIFACTS / "summary.json").write_text(json.dumps(summary, indent=2, default=str))

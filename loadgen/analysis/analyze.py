@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -48,10 +48,27 @@ from .stability import assess_stability, in_system_at
 __all__ = ["DEFINITIONS", "analyze_run", "parse_window"]
 
 _REQ_COLUMNS = [
-    "request_id", "request_class", "warm", "scheduled_ns", "slot_acquired_ns", "sent_ns", "first_token_ns",
-    "last_token_ns", "done_ns", "target_prompt_tokens", "target_output_tokens", "client_prompt_tokens",
-    "server_prompt_tokens", "server_output_tokens", "client_output_tokens", "cancel_after_tokens",
-    "status", "error_kind", "http_status", "chunk_count", "turn_index",
+    "request_id",
+    "request_class",
+    "warm",
+    "scheduled_ns",
+    "slot_acquired_ns",
+    "sent_ns",
+    "first_token_ns",
+    "last_token_ns",
+    "done_ns",
+    "target_prompt_tokens",
+    "target_output_tokens",
+    "client_prompt_tokens",
+    "server_prompt_tokens",
+    "server_output_tokens",
+    "client_output_tokens",
+    "cancel_after_tokens",
+    "status",
+    "error_kind",
+    "http_status",
+    "chunk_count",
+    "turn_index",
 ]
 _INSTANTS = ("scheduled_ns", "slot_acquired_ns", "sent_ns", "first_token_ns", "last_token_ns", "done_ns")
 _CDF_POINTS = 400
@@ -60,34 +77,51 @@ MAX_TURN_SHOWN = 9
 
 DEFINITIONS = {
     "ttft_ms": "first_token - scheduled (client queue + network + server queue + prefill)",
-    "client_queue_ms": ("sent - scheduled: waiting for a slot, plus the connect when a new connection was opened "
-                        "(connect_start_ns..connect_end_ns); sent is when the request bytes reached the socket"),
+    "client_queue_ms": (
+        "sent - scheduled: waiting for a slot, plus the connect when a new connection was opened "
+        "(connect_start_ns..connect_end_ns); sent is when the request bytes reached the socket"
+    ),
     "server_ttft_ms": "first_token - sent (no connection set-up in it)",
-    "itl_ms": ("per-token gaps: a content chunk of k tokens arriving D after the previous content chunk gives k "
-               "gaps of D/k; the first content chunk gives k-1 gaps of 0; a request's gaps sum to last - first token"),
+    "itl_ms": (
+        "per-token gaps: a content chunk of k tokens arriving D after the previous content chunk gives k "
+        "gaps of D/k; the first content chunk gives k-1 gaps of 0; a request's gaps sum to last - first token"
+    ),
     "inter_chunk_ms": "raw gaps between consecutive content chunks (user-visible stalls)",
     "tpot_ms": "(last_token - first_token) / (output_tokens - 1); none for one token",
     "e2e_ms": "done - scheduled",
-    "samples": ("latency tables: ok and planned-abandoned requests (E2E: ok only); failures are counted by status "
-                "and enter budget checks as +inf"),
+    "samples": (
+        "latency tables: ok and planned-abandoned requests (E2E: ok only); failures are counted by status "
+        "and enter budget checks as +inf"
+    ),
     "offered_rps": "requests scheduled in the window (by scheduled instant) / window length",
     "send_rps": "requests whose bytes reached a socket in the window (by sent instant) / window length",
-    "completed_rps": ("ok requests done in the window (by completion instant) / window length (tokens: of those "
-                      "requests)"),
-    "window": ("default: first scheduled instant to one mean inter-arrival gap after the last, so N arrivals at a "
-               "constant gap g give offered load 1/g, ending at the stop for a stopped run; latency tables, "
-               "budgets, attainment and the error share take the requests scheduled in the window"),
+    "completed_rps": (
+        "ok requests done in the window (by completion instant) / window length (tokens: of those requests)"
+    ),
+    "window": (
+        "default: first scheduled instant to one mean inter-arrival gap after the last, so N arrivals at a "
+        "constant gap g give offered load 1/g, ending at the stop for a stopped run; latency tables, "
+        "budgets, attainment and the error share take the requests scheduled in the window"
+    ),
     "not_due": "requests the run stopped before they were due: neither offered nor failed, counted apart",
     "percentiles": PERCENTILE_RULE + "; p99 from fewer than 100 samples is flagged",
-    "confidence": (INTERVAL_RULE + "; attainment and error share: " + SHARE_RULE + "; a budget verdict is pass (interval "
-                   "at or below the limit), fail (above it) or inconclusive (straddles it); " + ESTIMATOR_RULE),
+    "confidence": (
+        INTERVAL_RULE + "; attainment and error share: " + SHARE_RULE + "; a budget verdict is pass (interval "
+        "at or below the limit), fail (above it) or inconclusive (straddles it); " + ESTIMATOR_RULE
+    ),
     "budgets": FAILURE_POLICY,
-    "goodput_rps": ("ok requests done in the window (by completion instant, as completed_rps) that met every hard "
-                    "budget / window length, so goodput <= completed"),
-    "attainment": ("of the requests scheduled in the window that count (all but planned abandonments and cold "
-                   "starts), the share that finished ok and met every hard budget"),
-    "ttft_by_turn": ("TTFT (first token - scheduled) of ok and abandoned requests per conversation turn index; a turn "
-                     "that waits for the reply is scheduled when it became ready (previous reply ended + think time)"),
+    "goodput_rps": (
+        "ok requests done in the window (by completion instant, as completed_rps) that met every hard "
+        "budget / window length, so goodput <= completed"
+    ),
+    "attainment": (
+        "of the requests scheduled in the window that count (all but planned abandonments and cold "
+        "starts), the share that finished ok and met every hard budget"
+    ),
+    "ttft_by_turn": (
+        "TTFT (first token - scheduled) of ok and abandoned requests per conversation turn index; a turn "
+        "that waits for the reply is scheduled when it became ready (previous reply ended + think time)"
+    ),
 }
 
 
@@ -127,7 +161,9 @@ def _load_requests(run_dir: Path) -> tuple[pa.Array, dict[str, np.ndarray]]:
     ids = table.column("request_id").combine_chunks()
     bad = set(np.unique(cols["status"]).tolist()) - set(STATUSES)
     if bad:
-        raise RunDirError(f"{run_dir / REQUESTS_FILE}: status value(s) {sorted(bad)}: expected one of {', '.join(STATUSES)}")
+        raise RunDirError(
+            f"{run_dir / REQUESTS_FILE}: status value(s) {sorted(bad)}: expected one of {', '.join(STATUSES)}"
+        )
     return ids, cols
 
 
@@ -141,7 +177,9 @@ def _drop_not_due(ids: pa.Array, cols: dict[str, np.ndarray]) -> tuple[pa.Array,
     return ids.filter(pa.array(keep)), {k: v[keep] for k, v in cols.items()}, n
 
 
-def _covered_end(manifest: Manifest, sched: np.ndarray, cut: np.ndarray, n_rows: int) -> tuple[float | None, float | None]:
+def _covered_end(
+    manifest: Manifest, sched: np.ndarray, cut: np.ndarray, n_rows: int
+) -> tuple[float | None, float | None]:
     """(stop, covered end) on the run clock, both None for a run that was not stopped.
 
     A stopped run is analysed up to the instant it covered: the stop; for a run stopped from outside
@@ -202,6 +240,8 @@ def _nice_bin(span_s: float) -> float:
 
 
 def _counts(values: np.ndarray, labels: tuple[str, ...] | None = None) -> dict[str, int]:
+    keys: np.ndarray | list[Any]
+    counts: np.ndarray | list[Any]
     keys, counts = np.unique(values.astype(str), return_counts=True) if len(values) else ([], [])
     out = {str(k): int(c) for k, c in zip(keys, counts)}
     if labels is not None:
@@ -222,7 +262,7 @@ class _Grow:
             new = np.empty(max(need, len(self.a) + len(self.a) // 2), dtype=self.a.dtype)
             new[: self.n] = self.a[: self.n]
             self.a = new
-        self.a[self.n:need] = x
+        self.a[self.n : need] = x
         self.n = need
 
     def sorted(self) -> np.ndarray:
@@ -303,10 +343,14 @@ class _Run:
         recorded = manifest.requests_recorded
         if recorded is not None and self.n < recorded:
             if self.n == 0:  # nothing left to analyse: never report "0 scheduled" for a run that recorded some
-                raise RunDirError(f"{run_dir / REQUESTS_FILE}: 0 rows: expected {recorded} (manifest.json "
-                                  f"requests_recorded): the file was truncated or replaced")
-            self.notes.append(f"records missing: {REQUESTS_FILE} holds {self.n} of the {recorded} requests the manifest "
-                              f"says were recorded (truncated or replaced file): every count below undercounts")
+                raise RunDirError(
+                    f"{run_dir / REQUESTS_FILE}: 0 rows: expected {recorded} (manifest.json "
+                    f"requests_recorded): the file was truncated or replaced"
+                )
+            self.notes.append(
+                f"records missing: {REQUESTS_FILE} holds {self.n} of the {recorded} requests the manifest "
+                f"says were recorded (truncated or replaced file): every count below undercounts"
+            )
         sched, done = c["scheduled_ns"], c["done_ns"]
         dlo, dhi = _default_window(sched, done)
         if isinstance(window, str):
@@ -322,8 +366,12 @@ class _Run:
         self.window_default = window is None or window == (None, None)
         st = c["status"]
         self.ok = st == "ok"
-        self.abandoned = ((st == "cancelled") & ~np.isnan(c["cancel_after_tokens"]) & ~np.isnan(c["first_token_ns"])
-                          & (c["error_kind"] != "run_interrupted"))
+        self.abandoned = (
+            (st == "cancelled")
+            & ~np.isnan(c["cancel_after_tokens"])
+            & ~np.isnan(c["first_token_ns"])
+            & (c["error_kind"] != "run_interrupted")
+        )
         self.failed = ~self.ok & ~self.abandoned
         self.in_window = (sched >= self.lo) & (sched < self.hi)
         # completed throughput and goodput count by completion instant: ok requests done in the window
@@ -331,7 +379,10 @@ class _Run:
         self.cold, self.cold_rule = self._cold()
         self.scope = self.in_window & (~self.cold if not include_cold else True)
         self.include_cold = include_cold
-        names, codes = np.unique(c["request_class"].astype(str), return_inverse=True) if self.n else ([], np.empty(0, int))
+        names: np.ndarray | list[Any]
+        names, codes = (
+            np.unique(c["request_class"].astype(str), return_inverse=True) if self.n else ([], np.empty(0, int))
+        )
         self.class_names = [str(x) for x in names]
         self.cls = codes.astype(np.int32)
         out_client, out_server = c["client_output_tokens"], c["server_output_tokens"]
@@ -351,8 +402,11 @@ class _Run:
         self.gaps: ChunkGaps = read_chunk_gaps(run_table_files(run_dir, CHUNKS_FILE), self.ids, self.gap_sink)
         self.notes += self.gaps.notes
         if self.gaps.orphan_rows:
-            why = (" (written at the last flush of a killed run, before their requests' rows)"
-                   if manifest.state == "killed" else "")
+            why = (
+                " (written at the last flush of a killed run, before their requests' rows)"
+                if manifest.state == "killed"
+                else ""
+            )
             self.notes.append(f"{self.gaps.orphan_rows} chunk row(s) name no request of requests.parquet{why}; ignored")
         self.itl_desc, self.itl_fail, self.inter_ns = self.gap_sink.finish()
         self.n_gaps, self.n_over, self.itl_q = self.gap_sink.n_gaps, self.gap_sink.n_over, self.gap_sink.itl_q
@@ -400,8 +454,11 @@ class _Run:
         done_in = self.completed_in_window & sel
         sent_in = (c["sent_ns"] >= self.lo) & (c["sent_ns"] < self.hi) & sel
         st = c["status"][scope]
-        failed_kinds = np.where(pd_isnull(c["error_kind"][scope & self.failed]),
-                                c["status"][scope & self.failed], c["error_kind"][scope & self.failed])
+        failed_kinds = np.where(
+            pd_isnull(c["error_kind"][scope & self.failed]),
+            c["status"][scope & self.failed],
+            c["error_kind"][scope & self.failed],
+        )
         w = self.window_s
         return GroupSummary(
             name=name,
@@ -428,8 +485,10 @@ class _Run:
             return {}
         ttft = self.values["ttft_ms"][desc][known]
         turns = np.minimum(turns[known], MAX_TURN_SHOWN).astype(int)
-        return {(f"{t}+" if t == MAX_TURN_SHOWN else str(t)): summarize_sorted(_sorted(ttft[turns == t]))
-                for t in np.unique(turns)}
+        return {
+            (f"{t}+" if t == MAX_TURN_SHOWN else str(t)): summarize_sorted(_sorted(ttft[turns == t]))
+            for t in np.unique(turns)
+        }
 
     def _tokens(self, mask: np.ndarray) -> dict[str, Any]:
         c = self.c
@@ -448,7 +507,9 @@ class _Run:
                 return float((a[m] - b[m]).sum()) if m.any() else None
 
             out[kind] = {
-                "target": total(target), "client": total(client), "server": total(server),
+                "target": total(target),
+                "client": total(client),
+                "server": total(server),
                 "server_minus_client": diff(server, client),
                 "server_minus_target": diff(server, target),
                 "client_minus_target": diff(client, target),
@@ -462,12 +523,15 @@ class _Run:
 
 def pd_isnull(values: np.ndarray) -> np.ndarray:
     """Null test for object arrays of strings/None."""
-    return np.array([v is None or (isinstance(v, float) and math.isnan(v)) for v in values], dtype=bool) \
-        if values.dtype == object else np.isnan(values)
+    return (
+        np.array([v is None or (isinstance(v, float) and math.isnan(v)) for v in values], dtype=bool)
+        if values.dtype == object
+        else np.isnan(values)
+    )
 
 
 def _budgets_and_goodput(run: _Run, groups: dict[str, GroupSummary], overall: GroupSummary) -> list[Check]:
-    scenario = run.scenario
+    scenario = cast(Scenario, run.scenario)  # called only for a run with a scenario (see analyze)
     checks: list[Check] = []
     n = run.n
     good_ttft = np.ones(n, dtype=bool)
@@ -489,7 +553,9 @@ def _budgets_and_goodput(run: _Run, groups: dict[str, GroupSummary], overall: Gr
     good = run.ok & good_ttft & good_e2e & good_itl
     eligible = run.scope & ~run.abandoned
     budgeted = [i for i, c in enumerate(run.class_names) if c in scenario.classes]
-    for name, classes in [(c, [i]) for i, c in enumerate(run.class_names) if c in scenario.classes] + [("overall", budgeted)]:
+    for name, classes in [(c, [i]) for i, c in enumerate(run.class_names) if c in scenario.classes] + [
+        ("overall", budgeted)
+    ]:
         g = overall if name == "overall" else groups[name]
         in_class = np.isin(run.cls, classes)
         sel = eligible & in_class
@@ -510,6 +576,7 @@ def _budgets_and_goodput(run: _Run, groups: dict[str, GroupSummary], overall: Gr
             budget = getattr(cls.budgets, metric)
             if budget is None or not budget.limits():
                 continue
+            sample: np.ndarray | SortedParts
             if metric == "itl_ms":
                 sample = SortedParts([run.itl_desc[ci], run.itl_fail[ci]] if ci >= 0 else [])
                 n_inf = 0
@@ -589,7 +656,10 @@ def _stop_info(run: _Run) -> dict[str, Any]:
     if m.recovery:
         out["recovery"] = m.recovery
         in_flight = m.recovery.get("in_flight_at_last_flush")
-        out["no_row"] = {"in_flight_at_last_flush": in_flight, "not_due_at_last_flush": m.recovery.get("not_due_at_last_flush")}
+        out["no_row"] = {
+            "in_flight_at_last_flush": in_flight,
+            "not_due_at_last_flush": m.recovery.get("not_due_at_last_flush"),
+        }
     return out
 
 
@@ -622,7 +692,9 @@ def _warm_cold(run: _Run) -> dict[str, Any]:
     out: dict[str, Any] = {
         "state": m.warm_state.state,
         "actions": m.warm_state.actions,
-        "engine_notes": {k: v for k, v in notes.items() if any(w in k for w in ("load", "compile", "cache", "alloc", "graph", "kv"))},
+        "engine_notes": {
+            k: v for k, v in notes.items() if any(w in k for w in ("load", "compile", "cache", "alloc", "graph", "kv"))
+        },
         "behavior_relevant": m.behavior_relevant,
         "cold_rule": run.cold_rule,
         "n_cold": int((run.cold & run.in_window).sum()),
@@ -649,8 +721,9 @@ def _verdict(checks: list[Check]) -> str:
     return "pass"
 
 
-def analyze_run(run_dir: Path | str, *, scenario: Scenario | None = None, window: Any = None,
-                include_cold: bool = False) -> Analysis:
+def analyze_run(
+    run_dir: Path | str, *, scenario: Scenario | None = None, window: Any = None, include_cold: bool = False
+) -> Analysis:
     """Analyse a run directory. ``scenario`` (a ``loadgen.scenario.Scenario``) supplies budgets; by
     default it is rebuilt from the manifest; with none, every number but no verdicts. ``window`` is
     ``(start_s, end_s)`` or ``"start:end"`` on the run clock. Cold-start requests are reported apart
@@ -663,12 +736,15 @@ def analyze_run(run_dir: Path | str, *, scenario: Scenario | None = None, window
     synth = manifest.synthesized or {}
     rates_meaningful = not synth.get("timing", False)
     if not rates_meaningful:
-        run.notes.append("instants were synthesized by the importer (" + str(synth.get("method", "")) +
-                         "): rates, client queue, time series and stability are not measurements")
+        run.notes.append(
+            "instants were synthesized by the importer ("
+            + str(synth.get("method", ""))
+            + "): rates, client queue, time series and stability are not measurements"
+        )
     plot: dict[str, Any] = {}
     groups = {name: run.group(name, [i], plot) for i, name in enumerate(run.class_names)}
     overall = run.group("overall", list(range(len(run.class_names))), plot)
-    for name in (scenario.classes if scenario is not None else {}):
+    for name in scenario.classes if scenario is not None else {}:
         if name not in groups:  # a budgeted class with no requests: present, empty, never 0 ms
             groups[name] = run.group(name, [], plot)
     failed_in = int((run.in_window & run.failed).sum())
@@ -689,31 +765,58 @@ def analyze_run(run_dir: Path | str, *, scenario: Scenario | None = None, window
         verdict = "no budgets"
         run.notes.append("no scenario: numbers only, no budget verdicts")
     if run.cold.any() and not include_cold:
-        run.notes.append(f"{int((run.cold & run.in_window).sum())} cold-start request(s) reported apart "
-                         f"({run.cold_rule}); not in the tables or budgets")
+        run.notes.append(
+            f"{int((run.cold & run.in_window).sum())} cold-start request(s) reported apart "
+            f"({run.cold_rule}); not in the tables or budgets"
+        )
     refuse = None if rates_meaningful else "instants synthesized by the importer: not a measured timeline"
     stability = assess_stability(run.c["scheduled_ns"], run.c["done_ns"], run.lo, run.hi, refuse=refuse)
     timeseries = _timeseries(run, plot)
     server_table = read_run_table(run_dir, SERVER_METRICS_FILE)
-    server = summarize_server_metrics(server_table, run.lo, max(run.hi, float(np.nanmax(run.c["done_ns"])) if
-                                      np.isfinite(run.c["done_ns"]).any() else run.hi))
+    server = summarize_server_metrics(
+        server_table,
+        run.lo,
+        max(run.hi, float(np.nanmax(run.c["done_ns"])) if np.isfinite(run.c["done_ns"]).any() else run.hi),
+    )
     full = summarize_server_metrics(server_table, -np.inf, np.inf) if server_table is not None else None
     if server is not None and full is not None and "timeseries" in full:
         server["timeseries"] = full["timeseries"]
     plot["tokens"] = {
-        name: {"prompt": run.prompt_best[run.scope & run.ok & (run.cls == i)],
-               "output": run.out_best[run.scope & run.ok & (run.cls == i)]}
+        name: {
+            "prompt": run.prompt_best[run.scope & run.ok & (run.cls == i)],
+            "output": run.out_best[run.scope & run.ok & (run.cls == i)],
+        }
         for i, name in enumerate(run.class_names)
     }
     if scenario is not None:
-        plot["budgets"] = {name: {m: getattr(cls.budgets, m).limits() if getattr(cls.budgets, m) else {}
-                                  for m in BUDGET_METRICS} for name, cls in scenario.classes.items()}
-    window_info = {"start_s": run.lo / M.NS_PER_S, "end_s": run.hi / M.NS_PER_S, "duration_s": run.window_s,
-                   "default": run.window_default}
+        plot["budgets"] = {
+            name: {m: getattr(cls.budgets, m).limits() if getattr(cls.budgets, m) else {} for m in BUDGET_METRICS}
+            for name, cls in scenario.classes.items()
+        }
+    window_info = {
+        "start_s": run.lo / M.NS_PER_S,
+        "end_s": run.hi / M.NS_PER_S,
+        "duration_s": run.window_s,
+        "default": run.window_default,
+    }
     return Analysis(
-        run_dir=run_dir, run=_run_info(run), window=window_info, classes=groups, overall=overall, checks=checks,
-        verdict=verdict, errored=errored, error_share=share, error_rate_limit=limit,
+        run_dir=run_dir,
+        run=_run_info(run),
+        window=window_info,
+        classes=groups,
+        overall=overall,
+        checks=checks,
+        verdict=verdict,
+        errored=errored,
+        error_share=share,
+        error_rate_limit=limit,
         error_share_ci=_share_ci(failed_in, int(run.in_window.sum())),
-        rates_meaningful=rates_meaningful, stability=stability, warm_cold=_warm_cold(run), server=server,
-        timeseries=timeseries, definitions=dict(DEFINITIONS), notes=run.notes, plot_data=plot,
+        rates_meaningful=rates_meaningful,
+        stability=stability,
+        warm_cold=_warm_cold(run),
+        server=server,
+        timeseries=timeseries,
+        definitions=dict(DEFINITIONS),
+        notes=run.notes,
+        plot_data=plot,
     )

@@ -100,7 +100,7 @@ class Check:
         return self.evaluated and self.outcome == "inconclusive"
 
     def needed_text(self) -> str:
-        """"about N more requests of class C are needed" (or why no number can be given)."""
+        """ "about N more requests of class C are needed" (or why no number can be given)."""
         who = "requests" if self.class_name == "overall" else f"requests of class {self.class_name}"
         if self.more_requests is None:
             return f"no number of more {who} is estimable (the sample sits on the limit)"
@@ -141,8 +141,14 @@ def _interval_text(ci: tuple[float, float]) -> str:
     return f"95% CI [{_fmt(ci[0])}, {_fmt(ci[1])}]"
 
 
-def budget_checks(class_name: str, metric: str, budget: Any, sorted_sample: np.ndarray | SortedParts,
-                  n_inf: int, requests: int | None = None) -> list[Check]:
+def budget_checks(
+    class_name: str,
+    metric: str,
+    budget: Any,
+    sorted_sample: np.ndarray | SortedParts,
+    n_inf: int,
+    requests: int | None = None,
+) -> list[Check]:
     """Checks for one budget over an ascending sample (``n_inf`` of its values are failures as +inf).
 
     ``requests``: how many requests of the class the sample came from (converts the extra samples an
@@ -156,9 +162,21 @@ def budget_checks(class_name: str, metric: str, budget: Any, sorted_sample: np.n
         observed = sample.percentile(q)
         kind = "hard" if budget.hard else "soft"
         if observed is None:
-            checks.append(Check(class_name, metric, pname, None, float(limit), 0, budget.hard, True,
-                                f"{class_name} {metric} {pname}: no samples; not evaluated ({kind})",
-                                evaluated=False, outcome="not evaluated"))
+            checks.append(
+                Check(
+                    class_name,
+                    metric,
+                    pname,
+                    None,
+                    float(limit),
+                    0,
+                    budget.hard,
+                    True,
+                    f"{class_name} {metric} {pname}: no samples; not evaluated ({kind})",
+                    evaluated=False,
+                    outcome="not evaluated",
+                )
+            )
             continue
         ci = sample.interval(q)
         assert ci is not None, "a non-empty sample has an interval"
@@ -173,8 +191,21 @@ def budget_checks(class_name: str, metric: str, budget: Any, sorted_sample: np.n
         if pname == "p99" and n < LOW_SAMPLE_P99:
             detail += f", p99 from <{LOW_SAMPLE_P99} samples"
         op = "<=" if observed <= limit else ">"
-        check = Check(class_name, metric, pname, observed, float(limit), n, budget.hard, observed <= limit, "",
-                      failures_as_inf=n_inf, outcome=verdict, ci=list(ci), more_requests=more)
+        check = Check(
+            class_name,
+            metric,
+            pname,
+            observed,
+            float(limit),
+            n,
+            budget.hard,
+            observed <= limit,
+            "",
+            failures_as_inf=n_inf,
+            outcome=verdict,
+            ci=list(ci),
+            more_requests=more,
+        )
         tail = f"; inconclusive: {check.needed_text()}" if verdict == "inconclusive" else ""
         check.reason = f"{class_name} {metric} {pname} {_fmt(observed)} {op} {limit:g} ({kind}; {detail}){tail}"
         checks.append(check)
@@ -188,10 +219,25 @@ def error_share_check(n_failed: int, n: int, limit: float) -> Check:
     verdict = outcome(share, ci, limit)
     more = _more_requests(samples_needed_share(n, n_failed, limit), n, n) if verdict == "inconclusive" else None
     shown = share if share is not None else 0.0
-    check = Check("overall", "error_share", None, share, limit, n, True, share is None or share <= limit, "",
-                  evaluated=share is not None, outcome=verdict, ci=list(ci) if ci else None, more_requests=more)
+    check = Check(
+        "overall",
+        "error_share",
+        None,
+        share,
+        limit,
+        n,
+        True,
+        share is None or share <= limit,
+        "",
+        evaluated=share is not None,
+        outcome=verdict,
+        ci=list(ci) if ci else None,
+        more_requests=more,
+    )
     interval = f", 95% CI [{ci[0]:.2%}, {ci[1]:.2%}]" if ci else ""
     tail = f"; inconclusive: {check.needed_text()}" if verdict == "inconclusive" else ""
-    check.reason = (f"error share {shown:.2%} {'>' if share is not None and share > limit else '<='} {limit:.2%} "
-                    f"({n_failed} of {n} failed{interval}){tail}")
+    check.reason = (
+        f"error share {shown:.2%} {'>' if share is not None and share > limit else '<='} {limit:.2%} "
+        f"({n_failed} of {n} failed{interval}){tail}"
+    )
     return check

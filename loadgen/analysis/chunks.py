@@ -56,7 +56,7 @@ class _NeedsSort(Exception):
 
 def _lookup(request_ids: pa.Array) -> Any:
     """A hashed index request_id → row; duplicate ids are bad input."""
-    import pandas as pd
+    import pandas as pd  # deferred: heavy dependency, loaded only when used
 
     index = pd.Index(request_ids.to_numpy(zero_copy_only=False))
     if not index.is_unique:
@@ -118,7 +118,9 @@ class _Pass:
         self.last_id = ids[n - 1].as_py()
         self.last_req = int(row_req[-1])
         self.last_seq = int(seq[-1])
-        self._content(row_req, batch.column(2).to_numpy(zero_copy_only=False), batch.column(3).to_numpy(zero_copy_only=False))
+        self._content(
+            row_req, batch.column(2).to_numpy(zero_copy_only=False), batch.column(3).to_numpy(zero_copy_only=False)
+        )
 
     def _content(self, row_req: np.ndarray, arrival: np.ndarray, tokens: np.ndarray) -> None:
         self.rows += len(row_req)
@@ -150,8 +152,10 @@ class _Pass:
 def _batches(files: list[Path]) -> Iterator[pa.RecordBatch]:
     types = [CHUNKS_SCHEMA.field(c).type for c in _COLUMNS]
     for _, batch in iter_file_batches(files, _COLUMNS, BATCH_ROWS):
-        cols = [batch.column(i) if batch.column(i).type == t or i == 0 else batch.column(i).cast(t)
-                for i, t in enumerate(types)]
+        cols = [
+            batch.column(i) if batch.column(i).type == t or i == 0 else batch.column(i).cast(t)
+            for i, t in enumerate(types)
+        ]
         yield pa.RecordBatch.from_arrays(cols, names=_COLUMNS)
 
 
@@ -170,8 +174,9 @@ def read_chunk_gaps(files: list[Path], request_ids: pa.Array, sink: ChunkSink) -
         reason = str(exc)
     # Fallback: read everything, sort by (request, seq), run the same kernel in slices of whole requests.
     sink.reset()
-    table = pa.concat_tables([pq.read_table(f, columns=_COLUMNS).cast(pa.schema([CHUNKS_SCHEMA.field(c) for c in _COLUMNS]))
-                              for f in files])
+    table = pa.concat_tables(
+        [pq.read_table(f, columns=_COLUMNS).cast(pa.schema([CHUNKS_SCHEMA.field(c) for c in _COLUMNS])) for f in files]
+    )
     req = lookup.get_indexer(table.column("request_id").to_numpy()).astype(np.int64)
     seq = table.column("seq").to_numpy().astype(np.int64)
     order = np.lexsort((seq, req))

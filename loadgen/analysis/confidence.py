@@ -58,12 +58,16 @@ __all__ = [
 CONFIDENCE_LEVEL = 0.95
 #: Beyond this total sample size the estimator gives up (None: "not reachable").
 MAX_SAMPLES = 10**9
-INTERVAL_RULE = ("95% distribution-free interval from order statistics: [x(l), x(u)], the rank pair bounding both ends "
-                 "(when n allows) with the least exact binomial(n, q) coverage at or above 95% (balanced tails among "
-                 "near-ties); unbounded (-inf/inf) where n is too small (a p99 needs n >= 299 for an upper bound)")
+INTERVAL_RULE = (
+    "95% distribution-free interval from order statistics: [x(l), x(u)], the rank pair bounding both ends "
+    "(when n allows) with the least exact binomial(n, q) coverage at or above 95% (balanced tails among "
+    "near-ties); unbounded (-inf/inf) where n is too small (a p99 needs n >= 299 for an upper bound)"
+)
 SHARE_RULE = "95% Wilson score interval"
-ESTIMATOR_RULE = ("more requests needed: plug-in estimate; the observed share of samples within the limit is taken "
-                  "as the truth and the smallest total n whose 95% interval excludes the limit is found")
+ESTIMATOR_RULE = (
+    "more requests needed: plug-in estimate; the observed share of samples within the limit is taken "
+    "as the truth and the smallest total n whose 95% interval excludes the limit is found"
+)
 
 _WINDOW_SD = 12.0
 
@@ -83,8 +87,13 @@ def binomial_cdf(n: int, p: float) -> tuple[int, np.ndarray]:
     mean, sd = n * p, math.sqrt(n * p * (1.0 - p))
     lo = max(0, math.floor(mean - _WINDOW_SD * sd - _WINDOW_SD))
     hi = min(n, math.ceil(mean + _WINDOW_SD * sd + _WINDOW_SD))
-    log_lo = (math.lgamma(n + 1) - math.lgamma(lo + 1) - math.lgamma(n - lo + 1)
-              + lo * math.log(p) + (n - lo) * math.log1p(-p))
+    log_lo = (
+        math.lgamma(n + 1)
+        - math.lgamma(lo + 1)
+        - math.lgamma(n - lo + 1)
+        + lo * math.log(p)
+        + (n - lo) * math.log1p(-p)
+    )
     k = np.arange(lo, hi, dtype=np.float64)  # ratio pmf(k+1)/pmf(k) for k in [lo, hi)
     steps = np.log(n - k) - np.log(k + 1.0) + (math.log(p) - math.log1p(-p))
     log_pmf = log_lo + np.concatenate(([0.0], np.cumsum(steps)))
@@ -134,15 +143,18 @@ def quantile_ci_ranks(n: int, q: float, level: float = CONFIDENCE_LEVEL) -> tupl
     return (low if low >= 0 else None), (up if up <= n - 1 else None)
 
 
-def quantile_ci_sorted(sorted_values: np.ndarray, q: float,
-                       level: float = CONFIDENCE_LEVEL) -> tuple[float, float] | None:
+def quantile_ci_sorted(
+    sorted_values: np.ndarray, q: float, level: float = CONFIDENCE_LEVEL
+) -> tuple[float, float] | None:
     """``(low, high)`` bounds of quantile ``q`` of an ascending array (−inf / +inf where unbounded); None if empty."""
     n = len(sorted_values)
     if n == 0:
         return None
     low, up = quantile_ci_ranks(n, float(q), level)
-    return (-math.inf if low is None else float(sorted_values[low]),
-            math.inf if up is None else float(sorted_values[up]))
+    return (
+        -math.inf if low is None else float(sorted_values[low]),
+        math.inf if up is None else float(sorted_values[up]),
+    )
 
 
 def wilson_interval(k: float, n: float, level: float = CONFIDENCE_LEVEL) -> tuple[float, float] | None:

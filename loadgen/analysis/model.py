@@ -39,14 +39,21 @@ def json_ready(value: Any) -> Any:
 
 def stop_sentence(stop: dict[str, Any]) -> str | None:
     """One line on how a run that did not complete normally ended (None for a normal complete run)."""
-    state, by, at, covered = stop.get("state"), stop.get("stopped_by"), stop.get("stopped_at_s"), stop.get("covered_until_s")
+    state: Any  # a manifest's stop state: a string when the run did not complete
+    state, by, at, covered = (
+        stop.get("state"),
+        stop.get("stopped_by"),
+        stop.get("stopped_at_s"),
+        stop.get("covered_until_s"),
+    )
     if state == "complete" and not by:
         return None
     text = f"run {state.upper() if state != 'complete' else 'stopped'}" + (f" by {by}" if by else "")
     if state == "killed":
         flushed = stop.get("last_flush_s")
         text += f"; last flush {stop.get('last_flush_utc') or 'unknown'}" + (
-            f" ({flushed:.3f} s on the run clock)" if flushed is not None else "")
+            f" ({flushed:.3f} s on the run clock)" if flushed is not None else ""
+        )
     elif at is not None:
         text += f" at {at:.3f} s on the run clock"
     if covered is not None:
@@ -58,8 +65,10 @@ def stop_sentence(stop: dict[str, Any]) -> str | None:
     if state == "killed":
         no_row = stop.get("no_row") or {}
         if no_row.get("in_flight_at_last_flush") is not None:
-            text += (f"; no row for {no_row['in_flight_at_last_flush']} request(s) in flight and "
-                     f"{no_row['not_due_at_last_flush']} not yet due at that flush")
+            text += (
+                f"; no row for {no_row['in_flight_at_last_flush']} request(s) in flight and "
+                f"{no_row['not_due_at_last_flush']} not yet due at that flush"
+            )
     if state == "running":
         text += " (its writer is still running: figures up to the last flush)"
     return text
@@ -155,33 +164,43 @@ class Analysis:
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (strict JSON after ``json_ready``), with ``schema_version``."""
         stop = self.run.get("stop") or {}
-        return json_ready({
-            "schema_version": self.schema_version,
-            "state": {**stop, "summary": stop_sentence(stop)},
-            "run_dir": str(self.run_dir),
-            "run": self.run,
-            "window": self.window,
-            "verdict": {
-                "status": self.verdict,
-                "passed": self.passed,
-                "errored": self.errored,
-                "error_share": self.error_share,
-                "error_share_ci": self.error_share_ci,
-                "error_rate_limit": self.error_rate_limit,
-                "hard_failures": [c.reason for c in self.hard_failures],
-                "soft_failures": [c.reason for c in self.soft_failures],
-                "inconclusive": [{"class": c.class_name, "metric": c.metric, "percentile": c.percentile, "hard": c.hard,
-                                  "more_requests": c.more_requests, "reason": c.reason}
-                                 for c in self.inconclusive_checks],
-            },
-            "checks": [c.to_dict() for c in self.checks],
-            "overall": self.overall.to_dict(),
-            "classes": {name: g.to_dict() for name, g in self.classes.items()},
-            "rates_meaningful": self.rates_meaningful,
-            "stability": self.stability,
-            "warm_cold": self.warm_cold,
-            "server": self.server,
-            "timeseries": self.timeseries,
-            "definitions": self.definitions,
-            "notes": self.notes,
-        })
+        return json_ready(
+            {
+                "schema_version": self.schema_version,
+                "state": {**stop, "summary": stop_sentence(stop)},
+                "run_dir": str(self.run_dir),
+                "run": self.run,
+                "window": self.window,
+                "verdict": {
+                    "status": self.verdict,
+                    "passed": self.passed,
+                    "errored": self.errored,
+                    "error_share": self.error_share,
+                    "error_share_ci": self.error_share_ci,
+                    "error_rate_limit": self.error_rate_limit,
+                    "hard_failures": [c.reason for c in self.hard_failures],
+                    "soft_failures": [c.reason for c in self.soft_failures],
+                    "inconclusive": [
+                        {
+                            "class": c.class_name,
+                            "metric": c.metric,
+                            "percentile": c.percentile,
+                            "hard": c.hard,
+                            "more_requests": c.more_requests,
+                            "reason": c.reason,
+                        }
+                        for c in self.inconclusive_checks
+                    ],
+                },
+                "checks": [c.to_dict() for c in self.checks],
+                "overall": self.overall.to_dict(),
+                "classes": {name: g.to_dict() for name, g in self.classes.items()},
+                "rates_meaningful": self.rates_meaningful,
+                "stability": self.stability,
+                "warm_cold": self.warm_cold,
+                "server": self.server,
+                "timeseries": self.timeseries,
+                "definitions": self.definitions,
+                "notes": self.notes,
+            }
+        )

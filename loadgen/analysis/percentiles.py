@@ -95,8 +95,17 @@ def percentile_nearest_rank(sorted_values: np.ndarray, q: float) -> float | None
 
 def empty_summary() -> dict[str, Any]:
     """The summary of an empty sample: every statistic None, n 0 (never 0 ms)."""
-    return {"p50": None, "p95": None, "p99": None, "mean": None, "max": None, "n": 0, "p99_low_sample": True,
-            "ci": {name: None for name in QUANTILES}, "ci_level": CONFIDENCE_LEVEL}
+    return {
+        "p50": None,
+        "p95": None,
+        "p99": None,
+        "mean": None,
+        "max": None,
+        "n": 0,
+        "p99_low_sample": True,
+        "ci": {name: None for name in QUANTILES},
+        "ci_level": CONFIDENCE_LEVEL,
+    }
 
 
 def summarize_sorted(sorted_values: np.ndarray, total: float | None = None) -> dict[str, Any]:
@@ -200,8 +209,10 @@ class SortedParts:
         if self.n == 0:
             return None
         low, up = quantile_ci_ranks(self.n, float(q), CONFIDENCE_LEVEL)
-        return (-math.inf if low is None else float(self.kth(low)) * self.scale,
-                math.inf if up is None else float(self.kth(up)) * self.scale)
+        return (
+            -math.inf if low is None else float(self.kth(low)) * self.scale,
+            math.inf if up is None else float(self.kth(up)) * self.scale,
+        )
 
     def total(self) -> float:
         return float(sum(float(np.sum(p, dtype=np.float64)) for p in self.parts)) * self.scale

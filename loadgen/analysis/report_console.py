@@ -14,9 +14,11 @@ def stability_sentence(s: dict[str, Any]) -> str:
     """The stability verdict in one line: both sides of Little's Law, or why it was not applied."""
     if s.get("applied"):
         apart = s.get("relative_difference")
-        return (f"stable over {s['interval_s'][0]:.1f}–{s['interval_s'][1]:.1f} s: Little's Law L = "
-                f"{s['L']:.2f} in system vs λ·W = {s['lambda_rps']:.3f}/s × {s['W_s']:.3f} s = "
-                f"{s['lambda_W']:.2f} ({'λ·W = 0: no relative difference' if apart is None else f'{apart:.1%} apart'})")
+        return (
+            f"stable over {s['interval_s'][0]:.1f}–{s['interval_s'][1]:.1f} s: Little's Law L = "
+            f"{s['L']:.2f} in system vs λ·W = {s['lambda_rps']:.3f}/s × {s['W_s']:.3f} s = "
+            f"{s['lambda_W']:.2f} ({'λ·W = 0: no relative difference' if apart is None else f'{apart:.1%} apart'})"
+        )
     return f"Little's Law not applied: {s.get('reason')}"
 
 
@@ -63,8 +65,10 @@ def _verdict_text(a: Analysis) -> tuple[str, str]:
     elif a.verdict == "pass":
         head, style = "PASS: every hard budget met (95% intervals within the limits)", "bold green"
     elif a.verdict == "inconclusive":
-        head = (f"INCONCLUSIVE: no hard budget failed, {len(a.hard_inconclusive)} hard check(s) straddle "
-                "their limit (more requests needed)")
+        head = (
+            f"INCONCLUSIVE: no hard budget failed, {len(a.hard_inconclusive)} hard check(s) straddle "
+            "their limit (more requests needed)"
+        )
         style = "bold yellow"
     else:
         head, style = f"FAIL: {len(a.hard_failures)} hard check(s) failed", "bold red"
@@ -86,21 +90,35 @@ def _budget_cell(a: Analysis, cname: str, metric: str) -> str:
 
 
 def _class_table(a: Analysis, g: GroupSummary) -> Any:
-    from rich.table import Table
+    from rich.table import Table  # deferred: heavy dependency, loaded only when used
 
-    title = (f"{g.name}: {g.n_scheduled} scheduled · " +
-             " ".join(f"{k} {v}" for k, v in g.status_counts.items() if v) +
-             (f" (abandoned {g.abandoned})" if g.abandoned else ""))
+    title = (
+        f"{g.name}: {g.n_scheduled} scheduled · "
+        + " ".join(f"{k} {v}" for k, v in g.status_counts.items() if v)
+        + (f" (abandoned {g.abandoned})" if g.abandoned else "")
+    )
     t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
     for col in ("metric (ms)", "n", "p50", "p95", "p99", "mean", "max", "budget"):
         t.add_column(col, justify="left" if col in ("metric (ms)", "budget") else "right")
     for metric in METRICS:
         s = g.metrics[metric]
         ci = s.get("ci") or {}
-        cells = {q: fmt_ms(s[q]) + ("*" if q == "p99" and s["n"] and s["p99_low_sample"] else "") +
-                 (f"\n{escape(fmt_ci(ci.get(q)))}" if ci.get(q) else "") for q in ("p50", "p95", "p99")}
-        t.add_row(metric.removesuffix("_ms"), str(s["n"]), cells["p50"], cells["p95"], cells["p99"],
-                  fmt_ms(s["mean"]), fmt_ms(s["max"]), _budget_cell(a, g.name, metric))
+        cells = {
+            q: fmt_ms(s[q])
+            + ("*" if q == "p99" and s["n"] and s["p99_low_sample"] else "")
+            + (f"\n{escape(fmt_ci(ci.get(q)))}" if ci.get(q) else "")
+            for q in ("p50", "p95", "p99")
+        }
+        t.add_row(
+            metric.removesuffix("_ms"),
+            str(s["n"]),
+            cells["p50"],
+            cells["p95"],
+            cells["p99"],
+            fmt_ms(s["mean"]),
+            fmt_ms(s["max"]),
+            _budget_cell(a, g.name, metric),
+        )
     return t
 
 
@@ -123,8 +141,8 @@ def _server_line(sv: dict[str, Any]) -> str:
 
 def render_console(analysis: Analysis, console: Any = None) -> None:
     """Print the report to ``console`` (a ``rich.console.Console``; stdout by default)."""
-    from rich.console import Console
-    from rich.panel import Panel
+    from rich.console import Console  # deferred: heavy dependency, loaded only when used
+    from rich.panel import Panel  # deferred: heavy dependency, loaded only when used
 
     a = analysis
     console = console or Console()
@@ -142,20 +160,27 @@ def render_console(analysis: Analysis, console: Any = None) -> None:
     console.print(Panel("\n".join(lines), title="verdict", expand=False))
     run = a.run
     target = run.get("target") or {}
-    console.print(f"run {a.run_dir} · {run.get('run_kind')} · scenario {run.get('scenario')} · "
-                  f"model {target.get('model')} · {run.get('requests')} requests, {run.get('chunk_rows')} chunk rows")
+    console.print(
+        f"run {a.run_dir} · {run.get('run_kind')} · scenario {run.get('scenario')} · "
+        f"model {target.get('model')} · {run.get('requests')} requests, {run.get('chunk_rows')} chunk rows"
+    )
     w = a.window
-    console.print(f"window {w['start_s']:.3f}–{w['end_s']:.3f} s ({w['duration_s']:.3f} s"
-                  f"{', default' if w['default'] else ''})")
+    console.print(
+        f"window {w['start_s']:.3f}–{w['end_s']:.3f} s ({w['duration_s']:.3f} s{', default' if w['default'] else ''})"
+    )
     o = a.overall
     note = "" if a.rates_meaningful else "  [yellow](instants synthesized: rates not measured)[/yellow]"
-    console.print(f"offered {_rate(o.offered_rps, 'req/s')} · sent {_rate(o.send_rps, 'req/s')} · completed "
-                  f"{_rate(o.completed_rps, 'req/s')} · prompt {_rate(o.prompt_tok_s, 'tok/s')} · output "
-                  f"{_rate(o.output_tok_s, 'tok/s')}{note}")
+    console.print(
+        f"offered {_rate(o.offered_rps, 'req/s')} · sent {_rate(o.send_rps, 'req/s')} · completed "
+        f"{_rate(o.completed_rps, 'req/s')} · prompt {_rate(o.prompt_tok_s, 'tok/s')} · output "
+        f"{_rate(o.output_tok_s, 'tok/s')}{note}"
+    )
     if o.goodput_rps is not None:
-        console.print(f"goodput {_rate(o.goodput_rps, 'req/s')} ({o.n_good_completed} completions in the window met every "
-                      f"hard budget) · attainment {fmt_share(o.attainment, o.attainment_ci)} ({o.n_good}/{o.n_eligible} "
-                      f"requests scheduled in the window) · error share {fmt_share(a.error_share, a.error_share_ci)}")
+        console.print(
+            f"goodput {_rate(o.goodput_rps, 'req/s')} ({o.n_good_completed} completions in the window met every "
+            f"hard budget) · attainment {fmt_share(o.attainment, o.attainment_ci)} ({o.n_good}/{o.n_eligible} "
+            f"requests scheduled in the window) · error share {fmt_share(a.error_share, a.error_share_ci)}"
+        )
     groups = list(a.classes.values())
     if len(groups) != 1:
         groups.append(a.overall)
@@ -166,21 +191,35 @@ def render_console(analysis: Analysis, console: Any = None) -> None:
         if g.error_kinds:
             extra.append("failures: " + ", ".join(f"{k} {v}" for k, v in g.error_kinds.items()))
         if g.ttft_by_turn and g is not a.overall:
-            extra.append("TTFT p50/p99 by turn: " + "; ".join(
-                f"{t}: {fmt_ms(s['p50'])}/{fmt_ms(s['p99'])} ms (n={s['n']})" for t, s in g.ttft_by_turn.items()))
+            extra.append(
+                "TTFT p50/p99 by turn: "
+                + "; ".join(
+                    f"{t}: {fmt_ms(s['p50'])}/{fmt_ms(s['p99'])} ms (n={s['n']})" for t, s in g.ttft_by_turn.items()
+                )
+            )
         if g.goodput_rps is not None and g is not a.overall:
-            extra.append(f"goodput {_rate(g.goodput_rps, 'req/s')}, attainment {fmt_share(g.attainment, g.attainment_ci)}")
+            extra.append(
+                f"goodput {_rate(g.goodput_rps, 'req/s')}, attainment {fmt_share(g.attainment, g.attainment_ci)}"
+            )
         if extra:
             console.print("  " + " · ".join(extra))
-    console.print("  \\[low, high]: 95% confidence interval (order statistics; inf = not bounded by this many samples) · "
-                  "* p99 from fewer than 100 samples · budget ? = inconclusive (+N more requests of the class)",
-                  style="dim")
+    console.print(
+        "  \\[low, high]: 95% confidence interval (order statistics; inf = not bounded by this many samples) · "
+        "* p99 from fewer than 100 samples · budget ? = inconclusive (+N more requests of the class)",
+        style="dim",
+    )
     console.print()
     console.print(stability_sentence(a.stability))
     wc = a.warm_cold
-    console.print(f"warm state: {wc['state']}" + (f" ({'; '.join(wc['actions'])})" if wc.get("actions") else "") +
-                  (f" · {wc['n_cold']} cold request(s) apart, cold TTFT p50 {fmt_ms(wc['cold']['ttft_ms']['p50'])} ms"
-                   if wc.get("n_cold") else ""))
+    console.print(
+        f"warm state: {wc['state']}"
+        + (f" ({'; '.join(wc['actions'])})" if wc.get("actions") else "")
+        + (
+            f" · {wc['n_cold']} cold request(s) apart, cold TTFT p50 {fmt_ms(wc['cold']['ttft_ms']['p50'])} ms"
+            if wc.get("n_cold")
+            else ""
+        )
+    )
     if wc.get("engine_notes"):
         console.print("engine: " + "; ".join(f"{k}={v}" for k, v in wc["engine_notes"].items()))
     cache = {k: v for k, v in (wc.get("behavior_relevant") or {}).items() if v is not None}
@@ -190,8 +229,10 @@ def render_console(analysis: Analysis, console: Any = None) -> None:
         console.print(_server_line(a.server))
     tok = a.overall.tokens.get("output", {})
     if tok:
-        console.print(f"output tokens (ok requests): target {tok['target']}, client {tok['client']}, server "
-                      f"{tok['server']}; server−client {tok['server_minus_client']}, server−target "
-                      f"{tok['server_minus_target']}")
+        console.print(
+            f"output tokens (ok requests): target {tok['target']}, client {tok['client']}, server "
+            f"{tok['server']}; server−client {tok['server_minus_client']}, server−target "
+            f"{tok['server_minus_target']}"
+        )
     for note in a.notes:
         console.print(f"note: {note}", style="dim")

@@ -115,10 +115,16 @@ def _timeline_figure(a: Analysis) -> str | None:
     finite = [v for v in sc.get("ttft_ms", []) if v is not None]
     top = max(finite) * 1.5 if finite else 1.0
     for i, name in enumerate(names):
-        xs = [x for x, y, f, c in zip(sc.get("t_s", []), sc.get("ttft_ms", []), sc.get("failed", []), sc.get("class", []))
-              if c == name and y is not None and not f]
-        ys = [y for x, y, f, c in zip(sc.get("t_s", []), sc.get("ttft_ms", []), sc.get("failed", []), sc.get("class", []))
-              if c == name and y is not None and not f]
+        xs = [
+            x
+            for x, y, f, c in zip(sc.get("t_s", []), sc.get("ttft_ms", []), sc.get("failed", []), sc.get("class", []))
+            if c == name and y is not None and not f
+        ]
+        ys = [
+            y
+            for x, y, f, c in zip(sc.get("t_s", []), sc.get("ttft_ms", []), sc.get("failed", []), sc.get("class", []))
+            if c == name and y is not None and not f
+        ]
         ax.scatter(xs, ys, s=4, color=_COLORS[i % len(_COLORS)], label=name, alpha=0.6)
     fx = [x for x, f in zip(sc.get("t_s", []), sc.get("failed", [])) if f]
     if fx:
@@ -132,8 +138,12 @@ def _timeline_figure(a: Analysis) -> str | None:
     if server_ts and (server_ts.get("kv_cache_usage") or server_ts.get("running") or server_ts.get("waiting")):
         st = server_ts["t_s"]
         if server_ts.get("kv_cache_usage"):
-            ax.plot(st, [None if v is None else 100 * v for v in server_ts["kv_cache_usage"]], color="#9467bd",
-                    label="KV cache usage %")
+            ax.plot(
+                st,
+                [None if v is None else 100 * v for v in server_ts["kv_cache_usage"]],
+                color="#9467bd",
+                label="KV cache usage %",
+            )
             ax.set_ylabel("KV usage %")
         ax2 = ax.twinx()
         for key, color in (("running", "#2ca02c"), ("waiting", "#d62728")):
@@ -174,9 +184,15 @@ def _token_figure(a: Analysis) -> str | None:
 
 
 def _table(headers: list[str], rows: list[list[Any]], left: int = 1) -> str:
-    out = ["<table><tr>" + "".join(f'<th class="{"l" if i < left else ""}">{_e(h)}</th>' for i, h in enumerate(headers)) + "</tr>"]
+    out = [
+        "<table><tr>"
+        + "".join(f'<th class="{"l" if i < left else ""}">{_e(h)}</th>' for i, h in enumerate(headers))
+        + "</tr>"
+    ]
     for row in rows:
-        out.append("<tr>" + "".join(f'<td class="{"l" if i < left else ""}">{c}</td>' for i, c in enumerate(row)) + "</tr>")
+        out.append(
+            "<tr>" + "".join(f'<td class="{"l" if i < left else ""}">{c}</td>' for i, c in enumerate(row)) + "</tr>"
+        )
     out.append("</table>")
     return "".join(out)
 
@@ -193,16 +209,21 @@ def _header(a: Analysis) -> list[str]:
     """Document head, title line, verdict banner, failed checks and the run line."""
     run = a.run
     cls = {"pass": "vpass", "fail": "vfail"}.get(a.verdict, "vnone")
-    head = {"pass": "PASS: every hard budget met (95% intervals within the limits)",
-            "fail": f"FAIL: {len(a.hard_failures)} hard check(s) failed",
-            "inconclusive": (f"INCONCLUSIVE: no hard budget failed, {len(a.hard_inconclusive)} hard check(s) straddle "
-                             "their limit (more requests needed)"),
-            "no budgets": "NO BUDGETS (numbers only)", "no data": "NO DATA: no requests in the window"}[a.verdict]
+    head = {
+        "pass": "PASS: every hard budget met (95% intervals within the limits)",
+        "fail": f"FAIL: {len(a.hard_failures)} hard check(s) failed",
+        "inconclusive": (
+            f"INCONCLUSIVE: no hard budget failed, {len(a.hard_inconclusive)} hard check(s) straddle "
+            "their limit (more requests needed)"
+        ),
+        "no budgets": "NO BUDGETS (numbers only)",
+        "no data": "NO DATA: no requests in the window",
+    }[a.verdict]
     if a.errored:
         head += f" · ERRORED RUN (error share {a.error_share:.1%} > {a.error_rate_limit:.1%})"
         cls = "vfail"
     parts = [
-        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
         "<title>loadgen report</title>",
         "<script>window.addEventListener('error',function(e){document.title='JS error: '+e.message});</script>",
         f"<style>{_CSS}</style></head><body>",
@@ -213,29 +234,43 @@ def _header(a: Analysis) -> list[str]:
         parts.append(f'<div class="verdict vnone" id="run-state">{_e(stop)}</div>')
     parts.append(f'<div class="verdict {cls}" id="verdict">{_e(head)}</div>')
     if a.failed_checks or a.hard_inconclusive:
-        parts.append("<ul>" + "".join(
-            f'<li class="{"fail" if c.hard else "warn"}">{_e(c.reason)}</li>' for c in a.failed_checks) + "".join(
-            f'<li class="warn">{_e(c.reason)}</li>' for c in a.hard_inconclusive) + "</ul>")
+        parts.append(
+            "<ul>"
+            + "".join(f'<li class="{"fail" if c.hard else "warn"}">{_e(c.reason)}</li>' for c in a.failed_checks)
+            + "".join(f'<li class="warn">{_e(c.reason)}</li>' for c in a.hard_inconclusive)
+            + "</ul>"
+        )
     target = run.get("target") or {}
-    parts.append(f'<p class="dim">run {_e(a.run_dir)} · model {_e(target.get("model"))} · target {_e(target.get("kind"))} '
-                 f'· started {_e(run.get("started_utc"))} · {run.get("requests")} requests, {run.get("chunk_rows")} chunk rows '
-                 f'· window {a.window["start_s"]:.3f}–{a.window["end_s"]:.3f} s · analysis schema {_e(a.schema_version)}</p>')
+    parts.append(
+        f'<p class="dim">run {_e(a.run_dir)} · model {_e(target.get("model"))} · target {_e(target.get("kind"))} '
+        f"· started {_e(run.get('started_utc'))} · {run.get('requests')} requests, {run.get('chunk_rows')} chunk rows "
+        f"· window {a.window['start_s']:.3f}–{a.window['end_s']:.3f} s · analysis schema {_e(a.schema_version)}</p>"
+    )
     return parts
 
 
 def _load_section(a: Analysis) -> list[str]:
     """Offered, sent and completed rates, token throughput, goodput and attainment."""
     o = a.overall
-    rate_rows = [["offered (scheduled)", _num(o.offered_rps), "req/s"], ["sent", _num(o.send_rps), "req/s"],
-                 ["completed ok", _num(o.completed_rps), "req/s"], ["prompt tokens", _num(o.prompt_tok_s, "{:,.1f}"), "tok/s"],
-                 ["output tokens", _num(o.output_tok_s, "{:,.1f}"), "tok/s"],
-                 ["goodput (completed ok in the window, every hard budget met)", _num(o.goodput_rps), "req/s"],
-                 ["attainment (of requests scheduled in the window) [95% Wilson interval]",
-                  _e(fmt_share(o.attainment, o.attainment_ci)), ""],
-                 ["error share [95% Wilson interval]", _e(fmt_share(a.error_share, a.error_share_ci)), ""]]
+    rate_rows = [
+        ["offered (scheduled)", _num(o.offered_rps), "req/s"],
+        ["sent", _num(o.send_rps), "req/s"],
+        ["completed ok", _num(o.completed_rps), "req/s"],
+        ["prompt tokens", _num(o.prompt_tok_s, "{:,.1f}"), "tok/s"],
+        ["output tokens", _num(o.output_tok_s, "{:,.1f}"), "tok/s"],
+        ["goodput (completed ok in the window, every hard budget met)", _num(o.goodput_rps), "req/s"],
+        [
+            "attainment (of requests scheduled in the window) [95% Wilson interval]",
+            _e(fmt_share(o.attainment, o.attainment_ci)),
+            "",
+        ],
+        ["error share [95% Wilson interval]", _e(fmt_share(a.error_share, a.error_share_ci)), ""],
+    ]
     parts = ["<h2>Load and throughput</h2>", _table(["measure", "value", "unit"], rate_rows)]
     if not a.rates_meaningful:
-        parts.append('<p class="warn">Instants were synthesized by the importer: rates and time series are not measurements.</p>')
+        parts.append(
+            '<p class="warn">Instants were synthesized by the importer: rates and time series are not measurements.</p>'
+        )
     return parts
 
 
@@ -243,15 +278,33 @@ def _checks_section(a: Analysis) -> list[str]:
     """Every budget check with observed value, limit, n and result (nothing when there are none)."""
     if not a.checks:
         return []
-    rows = [[_e(c.class_name), _e(c.metric), _e(c.percentile or ""), _num(c.observed, "{:,.2f}"), _e(_check_ci(c)),
-             _num(c.limit, "{:,.2f}"), c.n, "hard" if c.hard else "soft", _outcome_html(c),
-             "" if c.more_requests is None else f"{c.more_requests:,}"] for c in a.checks]
-    return ["<h2>Budget checks</h2>",
-            _table(["class", "metric", "pct", "observed", "95% CI", "limit", "n", "kind", "result",
-                    "more requests needed"], rows, left=3),
-            '<p class="dim">pass: the 95% interval lies at or below the limit; fail: above it; inconclusive: it '
-            'straddles the limit, and about the number of requests shown would decide it. ' +
-            _e(a.definitions.get("confidence", "")) + "</p>"]
+    rows = [
+        [
+            _e(c.class_name),
+            _e(c.metric),
+            _e(c.percentile or ""),
+            _num(c.observed, "{:,.2f}"),
+            _e(_check_ci(c)),
+            _num(c.limit, "{:,.2f}"),
+            c.n,
+            "hard" if c.hard else "soft",
+            _outcome_html(c),
+            "" if c.more_requests is None else f"{c.more_requests:,}",
+        ]
+        for c in a.checks
+    ]
+    return [
+        "<h2>Budget checks</h2>",
+        _table(
+            ["class", "metric", "pct", "observed", "95% CI", "limit", "n", "kind", "result", "more requests needed"],
+            rows,
+            left=3,
+        ),
+        '<p class="dim">pass: the 95% interval lies at or below the limit; fail: above it; inconclusive: it '
+        "straddles the limit, and about the number of requests shown would decide it. "
+        + _e(a.definitions.get("confidence", ""))
+        + "</p>",
+    ]
 
 
 def _check_ci(c: Any) -> str:
@@ -275,27 +328,44 @@ def _class_sections(a: Analysis, groups: list[GroupSummary]) -> list[str]:
     for g in groups:
         counts = ", ".join(f"{k} {v}" for k, v in g.status_counts.items() if v)
         kinds = ", ".join(f"{k} {v}" for k, v in g.error_kinds.items())
-        parts.append(f"<h3>{_e(g.name)}</h3><p>{g.n_scheduled} scheduled · {_e(counts)}"
-                     f"{' · abandoned ' + str(g.abandoned) if g.abandoned else ''}{' · failures: ' + _e(kinds) if kinds else ''}"
-                     f"{' · goodput ' + _num(g.goodput_rps) + ' req/s' if g.goodput_rps is not None else ''}</p>")
+        parts.append(
+            f"<h3>{_e(g.name)}</h3><p>{g.n_scheduled} scheduled · {_e(counts)}"
+            f"{' · abandoned ' + str(g.abandoned) if g.abandoned else ''}{' · failures: ' + _e(kinds) if kinds else ''}"
+            f"{' · goodput ' + _num(g.goodput_rps) + ' req/s' if g.goodput_rps is not None else ''}</p>"
+        )
         rows = []
         for m in METRICS:
             s = g.metrics[m]
             flag = "*" if s["n"] and s["p99_low_sample"] else ""
             ci = s.get("ci") or {}
-            cells = [fmt_ms(s[q]) + (flag if q == "p99" else "") +
-                     (f'<br><span class="dim">{_e(fmt_ci(ci.get(q)))}</span>' if ci.get(q) else "") for q in ("p50", "p95", "p99")]
+            cells = [
+                fmt_ms(s[q])
+                + (flag if q == "p99" else "")
+                + (f'<br><span class="dim">{_e(fmt_ci(ci.get(q)))}</span>' if ci.get(q) else "")
+                for q in ("p50", "p95", "p99")
+            ]
             rows.append([_e(m), s["n"], *cells, fmt_ms(s["mean"]), fmt_ms(s["max"])])
         parts.append(_table(["metric", "n", "p50", "p95", "p99", "mean", "max"], rows))
         if g.ttft_by_turn:
-            parts.append(_table(["TTFT by turn", "n", "p50", "p95", "p99"],
-                                [[_e(t), s["n"], fmt_ms(s["p50"]), fmt_ms(s["p95"]), fmt_ms(s["p99"])]
-                                 for t, s in g.ttft_by_turn.items()]))
+            parts.append(
+                _table(
+                    ["TTFT by turn", "n", "p50", "p95", "p99"],
+                    [
+                        [_e(t), s["n"], fmt_ms(s["p50"]), fmt_ms(s["p95"]), fmt_ms(s["p99"])]
+                        for t, s in g.ttft_by_turn.items()
+                    ],
+                )
+            )
         if g.attainment is not None:
-            parts.append(f'<p>attainment {_e(fmt_share(g.attainment, g.attainment_ci))} ({g.n_good}/{g.n_eligible})</p>')
-    parts.append('<p class="dim">Under each percentile: its 95% confidence interval [low, high] (order statistics; inf: '
-                 'not bounded by this many samples). * p99 from fewer than 100 samples. Percentiles: ' +
-                 _e(a.definitions.get("percentiles", "")) + "</p>")
+            parts.append(
+                f"<p>attainment {_e(fmt_share(g.attainment, g.attainment_ci))} ({g.n_good}/{g.n_eligible})</p>"
+            )
+    parts.append(
+        '<p class="dim">Under each percentile: its 95% confidence interval [low, high] (order statistics; inf: '
+        "not bounded by this many samples). * p99 from fewer than 100 samples. Percentiles: "
+        + _e(a.definitions.get("percentiles", ""))
+        + "</p>"
+    )
     return parts
 
 
@@ -303,16 +373,34 @@ def _warm_cold_section(a: Analysis) -> list[str]:
     """Warm/cold state, the cold rule, warm vs cold TTFT/E2E, and what the engine noted."""
     wc = a.warm_cold
     parts = ["<h2>Warm / cold</h2>"]
-    parts.append(f"<p>state {_e(wc['state'])}; actions: {_e('; '.join(wc.get('actions') or []) or 'none recorded')}; "
-                 f"cold rule: {_e(wc['cold_rule'])}; {wc['n_cold']} cold request(s)"
-                 f"{' (in the tables)' if wc.get('cold_in_tables') else ' (apart from the tables)'}.</p>")
-    rows = [[label, wc[label]["n"], fmt_ms(wc[label]["ttft_ms"]["p50"]), fmt_ms(wc[label]["ttft_ms"]["p99"]),
-             fmt_ms(wc[label]["e2e_ms"]["p50"])] for label in ("warm", "cold")]
+    parts.append(
+        f"<p>state {_e(wc['state'])}; actions: {_e('; '.join(wc.get('actions') or []) or 'none recorded')}; "
+        f"cold rule: {_e(wc['cold_rule'])}; {wc['n_cold']} cold request(s)"
+        f"{' (in the tables)' if wc.get('cold_in_tables') else ' (apart from the tables)'}.</p>"
+    )
+    rows = [
+        [
+            label,
+            wc[label]["n"],
+            fmt_ms(wc[label]["ttft_ms"]["p50"]),
+            fmt_ms(wc[label]["ttft_ms"]["p99"]),
+            fmt_ms(wc[label]["e2e_ms"]["p50"]),
+        ]
+        for label in ("warm", "cold")
+    ]
     parts.append(_table(["", "n", "TTFT p50", "TTFT p99", "E2E p50"], rows))
     if wc.get("engine_notes") or wc.get("behavior_relevant"):
-        parts.append("<pre>" + _e(json.dumps({"engine_notes": wc.get("engine_notes"),
-                                               "behavior_relevant": wc.get("behavior_relevant")},
-                                              indent=1, default=str)) + "</pre>")
+        parts.append(
+            "<pre>"
+            + _e(
+                json.dumps(
+                    {"engine_notes": wc.get("engine_notes"), "behavior_relevant": wc.get("behavior_relevant")},
+                    indent=1,
+                    default=str,
+                )
+            )
+            + "</pre>"
+        )
     return parts
 
 
@@ -322,11 +410,23 @@ def _token_table(groups: list[GroupSummary]) -> str:
     for g in groups:
         for kind in ("prompt", "output"):
             t = g.tokens.get(kind) or {}
-            rows.append([_e(g.name), kind, _num(t.get("target"), "{:,.0f}"), _num(t.get("client"), "{:,.0f}"),
-                         _num(t.get("server"), "{:,.0f}"), _num(t.get("server_minus_client"), "{:,.0f}"),
-                         _num(t.get("server_minus_target"), "{:,.0f}"), t.get("n_server_client_mismatch")])
-    return _table(["class", "tokens", "target", "client", "server", "server−client", "server−target",
-                   "requests mismatched"], rows, left=2)
+            rows.append(
+                [
+                    _e(g.name),
+                    kind,
+                    _num(t.get("target"), "{:,.0f}"),
+                    _num(t.get("client"), "{:,.0f}"),
+                    _num(t.get("server"), "{:,.0f}"),
+                    _num(t.get("server_minus_client"), "{:,.0f}"),
+                    _num(t.get("server_minus_target"), "{:,.0f}"),
+                    t.get("n_server_client_mismatch"),
+                ]
+            )
+    return _table(
+        ["class", "tokens", "target", "client", "server", "server−client", "server−target", "requests mismatched"],
+        rows,
+        left=2,
+    )
 
 
 def render_html(analysis: Analysis) -> str:
@@ -345,8 +445,15 @@ def render_html(analysis: Analysis) -> str:
     parts += ["<h2>Stability and Little's Law</h2>", f"<p{css}>{_e(stability_sentence(a.stability))}</p>"]
     parts += _warm_cold_section(a)
     if a.server:
-        parts.append("<h2>Server metrics</h2><pre>" + _e(json.dumps(
-            {k: v for k, v in a.server.items() if k not in ("timeseries", "names")}, indent=1, default=str)) + "</pre>")
+        parts.append(
+            "<h2>Server metrics</h2><pre>"
+            + _e(
+                json.dumps(
+                    {k: v for k, v in a.server.items() if k not in ("timeseries", "names")}, indent=1, default=str
+                )
+            )
+            + "</pre>"
+        )
     fig = _token_figure(a)
     parts.append("<h2>Token lengths and accounting</h2>")
     if fig:
@@ -354,8 +461,13 @@ def render_html(analysis: Analysis) -> str:
     parts.append(_token_table(groups))
     if a.notes:
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in a.notes) + "</ul>")
-    parts.append("<h2>Definitions</h2>" + _table(["name", "definition"], [[_e(k), f'<span style="text-align:left">{_e(v)}</span>']
-                                                                          for k, v in a.definitions.items()]))
+    parts.append(
+        "<h2>Definitions</h2>"
+        + _table(
+            ["name", "definition"],
+            [[_e(k), f'<span style="text-align:left">{_e(v)}</span>'] for k, v in a.definitions.items()],
+        )
+    )
     parts.append("</body></html>")
     return "\n".join(parts)
 

@@ -32,8 +32,9 @@ def in_system_at(scheduled_ns: np.ndarray, done_ns: np.ndarray, t_ns: np.ndarray
     return np.searchsorted(sched, t_ns, side="right") - np.searchsorted(done, t_ns, side="right")
 
 
-def assess_stability(scheduled_ns: np.ndarray, done_ns: np.ndarray, lo_ns: float, hi_ns: float,
-                     *, refuse: str | None = None) -> dict[str, Any]:
+def assess_stability(
+    scheduled_ns: np.ndarray, done_ns: np.ndarray, lo_ns: float, hi_ns: float, *, refuse: str | None = None
+) -> dict[str, Any]:
     """Steady-interval test and Little's Law sides over [lo, hi) on the run clock (ns, NaN = never done)."""
     out: dict[str, Any] = {"applied": False, "reason": None, "interval_s": None}
     if refuse:
@@ -76,12 +77,13 @@ def assess_stability(scheduled_ns: np.ndarray, done_ns: np.ndarray, lo_ns: float
     out["in_flight_slope_per_s"] = slope
     unfinished = int((arrived & np.isnan(done)).sum())
     if rel > tol:
-        out["reason"] = (f"completions ({n_done}) differ from arrivals ({n_arr}) by {rel:.0%} "
-                         f"(> {tol:.0%}): not steady")
+        out["reason"] = f"completions ({n_done}) differ from arrivals ({n_arr}) by {rel:.0%} (> {tol:.0%}): not steady"
         return out
     if growth > 0.2 * mean_n + 2 * math.sqrt(mean_n) + 1:
-        out["reason"] = (f"in-flight grew by {growth:.1f} over {span_s:.1f} s "
-                         f"(mean {mean_n:.1f}, slope {slope:.3g}/s): queue building, not steady")
+        out["reason"] = (
+            f"in-flight grew by {growth:.1f} over {span_s:.1f} s "
+            f"(mean {mean_n:.1f}, slope {slope:.3g}/s): queue building, not steady"
+        )
         return out
     if unfinished:
         out["reason"] = f"{unfinished} request(s) that arrived in the interval never finished: W unknown"
@@ -89,6 +91,12 @@ def assess_stability(scheduled_ns: np.ndarray, done_ns: np.ndarray, lo_ns: float
     w_s = float(np.mean(done[arrived] - sched[arrived])) / NS_PER_S
     l_avg = time_average_in_system(sched, done, int(a), int(b))
     rhs = littles_law_rhs(lam, w_s)
-    out.update(applied=True, L=l_avg, lambda_rps=lam, W_s=w_s, lambda_W=rhs,
-               relative_difference=(abs(l_avg - rhs) / rhs) if rhs else None)
+    out.update(
+        applied=True,
+        L=l_avg,
+        lambda_rps=lam,
+        W_s=w_s,
+        lambda_W=rhs,
+        relative_difference=(abs(l_avg - rhs) / rhs) if rhs and l_avg is not None else None,
+    )
     return out

@@ -34,10 +34,15 @@ def whole_run_rates(run_dir: Path | str) -> dict[str, float | None]:
     if not rows or not done:
         return {"output_tok_s_whole_run": None, "completed_rps_whole_run": None, "whole_run_s": None}
     span_s = (max(done) - min(r["scheduled_ns"] for r in rows)) / NS_PER_S
-    tokens = sum((r["server_output_tokens"] if r["server_output_tokens"] is not None else r["client_output_tokens"] or 0)
-                 for r in ok)
-    return {"output_tok_s_whole_run": M.tokens_per_s(tokens, span_s),
-            "completed_rps_whole_run": M.completed_rps(len(ok), span_s), "whole_run_s": span_s}
+    tokens = sum(
+        (r["server_output_tokens"] if r["server_output_tokens"] is not None else r["client_output_tokens"] or 0)
+        for r in ok
+    )
+    return {
+        "output_tok_s_whole_run": M.tokens_per_s(tokens, span_s),
+        "completed_rps_whole_run": M.completed_rps(len(ok), span_s),
+        "whole_run_s": span_s,
+    }
 
 
 def engine_busy_output_rate(run_dir: Path | str) -> float | None:

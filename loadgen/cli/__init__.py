@@ -28,10 +28,24 @@ class LoadgenParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"loadgen: error: {self.prog}: {message} (see {self.prog} --help)\n")
 
+
 #: Areas in the order their commands are listed by --help.
 COMMAND_MODULES = (
-    "bench", "scenario", "trace", "ledger", "sim", "run", "analyze", "import",
-    "vllm", "plan", "compare", "practice", "contract", "handoff", "managed",
+    "bench",
+    "scenario",
+    "trace",
+    "ledger",
+    "sim",
+    "run",
+    "analyze",
+    "import",
+    "vllm",
+    "plan",
+    "compare",
+    "practice",
+    "contract",
+    "handoff",
+    "managed",
 )
 
 
@@ -76,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
 def _one_line(text: str) -> str:
     """A message as one line (a multi-line detail from a library is joined, never split over lines)."""
     return " | ".join(part.strip() for part in text.splitlines() if part.strip()) or text
+
+
 def entry() -> None:
     """The program (``loadgen`` and ``python -m loadgen``): ``main``, then exit with its status.
 

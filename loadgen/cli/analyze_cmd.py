@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 #: Exit code of ``--fail-on-budget`` when a hard budget (or the error-share limit) failed conclusively.
 EXIT_BUDGET_FAILED = 3
@@ -20,31 +22,40 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report with plots")
     p.add_argument("--window", metavar="START:END", help="measurement window in seconds on the run clock")
     p.add_argument("--include-cold", action="store_true", help="keep cold-start requests in the tables and budgets")
-    p.add_argument("--fail-on-budget", action="store_true",
-                   help=f"exit {EXIT_BUDGET_FAILED} when a hard budget fails conclusively, {EXIT_BUDGET_INCONCLUSIVE} when one "
-                        "is inconclusive (default: exit 0 and print the verdict)")
+    p.add_argument(
+        "--fail-on-budget",
+        action="store_true",
+        help=f"exit {EXIT_BUDGET_FAILED} when a hard budget fails conclusively, {EXIT_BUDGET_INCONCLUSIVE} when one "
+        "is inconclusive (default: exit 0 and print the verdict)",
+    )
     p.add_argument("--quiet", action="store_true", help="no console report (files only)")
     p.set_defaults(func=_analyze)
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
 
-    from ..analysis import analyze_run, parse_window, render_console, write_html
+    from ..analysis import (  # deferred: `loadgen --help` loads no library code
+        analyze_run,
+        parse_window,
+        render_console,
+        write_html,
+    )
     from ..errors import RunDirError  # deferred: loaded when it runs
     from ..rundir import persist_recovery  # deferred: loaded when it runs
-    from ..scenario import load_scenario
+    from ..scenario import load_scenario  # deferred: `loadgen --help` loads no library code
 
     try:  # a killed run (manifest still "running", writer gone) gets its recovered manifest on disk
         if persist_recovery(Path(args.run_dir)) is not None:
-            print(f"loadgen: {args.run_dir}: killed before closing; recovered manifest written (state killed)",
-                  file=sys.stderr)
+            print(
+                f"loadgen: {args.run_dir}: killed before closing; recovered manifest written (state killed)",
+                file=sys.stderr,
+            )
     except (RunDirError, OSError):
         pass  # read-only or not a run: the analysis below still reads the recovered view, or says what is wrong
     scenario = load_scenario(args.scenario) if args.scenario else None
-    analysis = analyze_run(Path(args.run_dir), scenario=scenario, window=parse_window(args.window),
-                           include_cold=args.include_cold)
+    analysis = analyze_run(
+        Path(args.run_dir), scenario=scenario, window=parse_window(args.window), include_cold=args.include_cold
+    )
     if not args.quiet:
         render_console(analysis)
     if args.json:

@@ -9,13 +9,18 @@ from . import flags
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..bench import DEFAULT_SCENARIO
+    from ..bench import DEFAULT_SCENARIO  # deferred: `loadgen --help` loads no library code
 
     p = sub.add_parser("bench", help="replay the canonical trace and print where the run stands against the budgets")
     p.add_argument("--scenario", type=Path, default=DEFAULT_SCENARIO)
     p.add_argument("--trace", default="steady", help="named trace of the scenario (steady, burst, ...)")
     p.add_argument("--seed", type=flags.seed, default=None)
-    p.add_argument("--target", type=flags.target_url, default=None, help="OpenAI-compatible base URL (default: launch the simulated engine)")
+    p.add_argument(
+        "--target",
+        type=flags.target_url,
+        default=None,
+        help="OpenAI-compatible base URL (default: launch the simulated engine)",
+    )
     p.add_argument("--model", default=None)
     p.add_argument("--engine", default="interactive-small-batch", help="simulated engine preset or TOML (no --target)")
     p.add_argument("--api-key-env", default=None, help="name of the environment variable holding the API key")
@@ -26,12 +31,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from ..analysis import render_console, write_html
-    from ..bench import run_bench
+    from ..analysis import render_console, write_html  # deferred: `loadgen --help` loads no library code
+    from ..bench import run_bench  # deferred: `loadgen --help` loads no library code
 
     result = run_bench(
-        scenario_path=args.scenario, trace_name=args.trace, seed=args.seed, target_url=args.target, model=args.model,
-        engine=args.engine, out_dir=args.out, api_key_env=args.api_key_env, endpoint=args.endpoint,
+        scenario_path=args.scenario,
+        trace_name=args.trace,
+        seed=args.seed,
+        target_url=args.target,
+        model=args.model,
+        engine=args.engine,
+        out_dir=args.out,
+        api_key_env=args.api_key_env,
+        endpoint=args.endpoint,
     )
     render_console(result.analysis)
     if args.html:

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("compare", help="judge serving candidates: hard budgets, then behaviour, then throughput and cost")
+    p = sub.add_parser(
+        "compare", help="judge serving candidates: hard budgets, then behaviour, then throughput and cost"
+    )
     p.add_argument("candidates", nargs="+", help="run directories or plan directories (two or more)")
-    p.add_argument("--route", default="interactive", help="interactive (streaming classes), all, or class names (comma list)")
+    p.add_argument(
+        "--route", default="interactive", help="interactive (streaming classes), all, or class names (comma list)"
+    )
     p.add_argument("--variable", help="the one manifest key allowed to differ (default: target.engine)")
     p.add_argument("--prices", help="price table TOML (see scenarios/prices.toml, an example)")
     p.add_argument("--allow-differences", action="store_true", help="compare even when more than the variable differs")
@@ -18,13 +24,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
 
-    from ..plan import compare_candidates, format_comparison
+    from ..plan import compare_candidates, format_comparison  # deferred: `loadgen --help` loads no library code
 
-    comp = compare_candidates(args.candidates, route=args.route, variable=args.variable, prices=args.prices,
-                              allow_differences=args.allow_differences)
+    comp = compare_candidates(
+        args.candidates,
+        route=args.route,
+        variable=args.variable,
+        prices=args.prices,
+        allow_differences=args.allow_differences,
+    )
     data = comp.to_dict()
     if args.out:
         Path(args.out).write_text(json.dumps(data, indent=2, default=str) + "\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from . import flags
 
@@ -31,9 +32,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     load.add_argument("--trace", required=True, help="trace .parquet to run")
     load.add_argument("--scenario", help="scenario TOML (budgets, timeouts, endpoint)")
     load.add_argument("--run-out", required=True, help="run directory to create (contract.json goes in it)")
-    load.add_argument("--delay-s", type=flags.seconds(zero=True), default=1.0, help="start the cases this long after the run starts")
-    load.add_argument("--rounds", type=flags.count(), default=None,
-                      help="replay the cases this many times spread over the run (default: scenario under_load_share)")
+    load.add_argument(
+        "--delay-s", type=flags.seconds(zero=True), default=1.0, help="start the cases this long after the run starts"
+    )
+    load.add_argument(
+        "--rounds",
+        type=flags.count(),
+        default=None,
+        help="replay the cases this many times spread over the run (default: scenario under_load_share)",
+    )
     load.add_argument("--reference", help="the reference candidate's result (contract.json) to diff against")
     load.set_defaults(func=_under_load)
 
@@ -61,30 +68,34 @@ def _print_result(result) -> None:
     if result.reference_diff is not None:
         for cd in result.reference_diff.cases:
             if cd.status not in ("same_pass", "same_fail"):
-                print(f"DIFF  {cd.case_id}: {cd.status} (reference failed {cd.reference_failed or 'nothing'}, "
-                      f"candidate failed {cd.candidate_failed or 'nothing'})")
+                print(
+                    f"DIFF  {cd.case_id}: {cd.status} (reference failed {cd.reference_failed or 'nothing'}, "
+                    f"candidate failed {cd.candidate_failed or 'nothing'})"
+                )
     print(result.summary())
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ..contract import load_cases
+    from ..contract import load_cases  # deferred: `loadgen --help` loads no library code
 
     cases = load_cases(*args.cases)
     for case in cases:
-        print(f"{case.id}: {', '.join(case.kinds())}  (max_tokens {case.request.max_tokens}, "
-              f"temperature {case.request.temperature:g}, seed {case.request.seed})")
+        print(
+            f"{case.id}: {', '.join(case.kinds())}  (max_tokens {case.request.max_tokens}, "
+            f"temperature {case.request.temperature:g}, seed {case.request.seed})"
+        )
     print(f"{len(cases)} case(s) OK in {', '.join(s['path'] for s in cases.sources)}")
     return 0
 
 
 def _cases(args: argparse.Namespace):
-    from ..contract import load_case_refs, load_cases
-    from ..errors import ScenarioError
+    from ..contract import load_case_refs, load_cases  # deferred: `loadgen --help` loads no library code
+    from ..errors import ScenarioError  # deferred: `loadgen --help` loads no library code
 
     if args.cases:
         return load_cases(*args.cases)
     if getattr(args, "scenario", None):
-        from ..scenario import load_scenario
+        from ..scenario import load_scenario  # deferred: `loadgen --help` loads no library code
 
         scenario = load_scenario(args.scenario)
         if not scenario.behavior.cases:
@@ -94,12 +105,23 @@ def _cases(args: argparse.Namespace):
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from ..contract import read_contract, replay_cases_sync, write_contract
+    from ..contract import (  # deferred: `loadgen --help` loads no library code
+        read_contract,
+        replay_cases_sync,
+        write_contract,
+    )
 
     reference = read_contract(args.reference) if args.reference else None
-    result = replay_cases_sync(_cases(args), args.target, args.model, api_key_env=args.api_key_env,
-                               endpoint=args.endpoint, reference=reference, concurrency=args.concurrency,
-                               stream=args.stream)
+    result = replay_cases_sync(
+        _cases(args),
+        args.target,
+        args.model,
+        api_key_env=args.api_key_env,
+        endpoint=args.endpoint,
+        reference=reference,
+        concurrency=args.concurrency,
+        stream=args.stream,
+    )
     if args.out:
         write_contract(result, args.out)
     _print_result(result)
@@ -107,28 +129,44 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _under_load(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
-    import anyio
+    import anyio  # deferred: `loadgen --help` loads no library code
 
-    from ..contract import load_cases, read_contract, replay_under_load
-    from ..driver import RunOptions
+    from ..contract import (  # deferred: `loadgen --help` loads no library code
+        load_cases,
+        read_contract,
+        replay_under_load,
+    )
+    from ..driver import RunOptions  # deferred: `loadgen --help` loads no library code
 
     reference = read_contract(args.reference) if args.reference else None
-    options = RunOptions(trace_path=Path(args.trace), target_url=args.target, out_dir=Path(args.run_out),
-                         model=args.model, scenario_path=Path(args.scenario) if args.scenario else None,
-                         api_key_env=args.api_key_env)
+    options = RunOptions(
+        trace_path=Path(args.trace),
+        target_url=args.target,
+        out_dir=Path(args.run_out),
+        model=args.model,
+        scenario_path=Path(args.scenario) if args.scenario else None,
+        api_key_env=args.api_key_env,
+    )
     cases = load_cases(*args.cases)
-    run_dir, result = anyio.run(lambda: replay_under_load(cases, options, delay_s=args.delay_s, rounds=args.rounds,
-                                                          reference=reference, endpoint=args.endpoint,
-                                                          stream=args.stream))
+    run_dir, result = anyio.run(
+        lambda: replay_under_load(
+            cases,
+            options,
+            delay_s=args.delay_s,
+            rounds=args.rounds,
+            reference=reference,
+            endpoint=args.endpoint,
+            stream=args.stream,
+        )
+    )
     _print_result(result)
     print(f"run: {run_dir} (contract.json written)")
     return 0 if result.passed and not (result.reference_diff and result.reference_diff.rejects) else 1
 
 
 def _diff(args: argparse.Namespace) -> int:
-    from ..contract import diff, read_contract
+    from ..contract import diff, read_contract  # deferred: `loadgen --help` loads no library code
 
     d = diff(read_contract(args.result), read_contract(args.reference))
     print(json.dumps(d.to_dict(), indent=2))

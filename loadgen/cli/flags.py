@@ -13,8 +13,19 @@ from collections.abc import Callable
 from ..inputs import header_problem, target_url_problem, without_userinfo
 from ..limits import MAX_CONCURRENCY, MAX_OFFSET_NS, MAX_SEED, MAX_TIMEOUT_S
 
-__all__ = ["DURATION", "MAX_OFFSET_S", "count", "fraction", "header", "integer", "number", "port", "seconds", "seed",
-           "target_url"]
+__all__ = [
+    "DURATION",
+    "MAX_OFFSET_S",
+    "count",
+    "fraction",
+    "header",
+    "integer",
+    "number",
+    "port",
+    "seconds",
+    "seed",
+    "target_url",
+]
 
 
 def integer(lo: int, hi: int) -> Callable[[str], int]:

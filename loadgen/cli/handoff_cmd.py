@@ -4,20 +4,33 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from . import flags
 
-_USAGE = ("loadgen handoff RUN_OR_PLAN_DIR --out BUNDLE | loadgen handoff verify BUNDLE[.tar.gz] | "
-          "loadgen handoff rerun BUNDLE --out RUN_DIR [--target URL --model NAME] [--experiment]")
+_USAGE = (
+    "loadgen handoff RUN_OR_PLAN_DIR --out BUNDLE | loadgen handoff verify BUNDLE[.tar.gz] | "
+    "loadgen handoff rerun BUNDLE --out RUN_DIR [--target URL --model NAME] [--experiment]"
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("handoff", help="specialist handoff bundle: build, verify, rerun", usage=_USAGE,
-                       description="Build the smallest reproducible package for a failed budget (directory + "
-                                   ".tar.gz with SHA256SUMS), verify one, or rerun one with one command.")
+    p = sub.add_parser(
+        "handoff",
+        help="specialist handoff bundle: build, verify, rerun",
+        usage=_USAGE,
+        description="Build the smallest reproducible package for a failed budget (directory + "
+        ".tar.gz with SHA256SUMS), verify one, or rerun one with one command.",
+    )
     p.add_argument("args", nargs="+", metavar="RUN_OR_PLAN_DIR | verify BUNDLE | rerun BUNDLE")
-    p.add_argument("--out", help="build: bundle directory to create (BUNDLE.tar.gz is written beside it); rerun: run dir")
-    p.add_argument("--target", type=flags.target_url, help="rerun: base URL of a real engine (default: the bundled simulated engine)")
+    p.add_argument(
+        "--out", help="build: bundle directory to create (BUNDLE.tar.gz is written beside it); rerun: run dir"
+    )
+    p.add_argument(
+        "--target",
+        type=flags.target_url,
+        help="rerun: base URL of a real engine (default: the bundled simulated engine)",
+    )
     p.add_argument("--model", help="rerun: served model name")
     p.add_argument("--api-key-env", help="rerun: NAME of the environment variable holding the API key")
     p.add_argument("--experiment", action="store_true", help="rerun: apply the proposed one-variable change (sim only)")
@@ -26,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from ..errors import LoadgenError
+    from ..errors import LoadgenError  # deferred: `loadgen --help` loads no library code
 
     first, rest = args.args[0], args.args[1:]
     if first in ("verify", "rerun"):
@@ -41,12 +54,23 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _build(source: str, args: argparse.Namespace) -> int:
-    from ..handoff import build_bundle
+    from ..handoff import build_bundle  # deferred: `loadgen --help` loads no library code
 
     info = build_bundle(source, args.out)
     if args.json:
-        print(json.dumps({"bundle": str(info.bundle_dir), "tarball": str(info.tarball), "run_dir": str(info.run_dir),
-                          "failures": info.failures, "experiment": info.experiment}, indent=2, default=str))
+        print(
+            json.dumps(
+                {
+                    "bundle": str(info.bundle_dir),
+                    "tarball": str(info.tarball),
+                    "run_dir": str(info.run_dir),
+                    "failures": info.failures,
+                    "experiment": info.experiment,
+                },
+                indent=2,
+                default=str,
+            )
+        )
         return 0
     print(f"bundle: {info.bundle_dir} ({len(info.files)} files) and {info.tarball}")
     print(f"from run: {info.run_dir}")
@@ -62,9 +86,8 @@ def _build(source: str, args: argparse.Namespace) -> int:
 
 
 def _verify(bundle: str, args: argparse.Namespace) -> int:
-    import sys
 
-    from ..handoff import verify_bundle
+    from ..handoff import verify_bundle  # deferred: `loadgen --help` loads no library code
 
     result = verify_bundle(bundle)
     if result.ok:
@@ -77,26 +100,44 @@ def _verify(bundle: str, args: argparse.Namespace) -> int:
 
 
 def _rerun(bundle: str, args: argparse.Namespace) -> int:
-    from ..errors import LoadgenError
-    from ..handoff import rerun_bundle
+    from ..errors import LoadgenError  # deferred: `loadgen --help` loads no library code
+    from ..handoff import rerun_bundle  # deferred: `loadgen --help` loads no library code
 
     if not args.out:
         raise LoadgenError(f"handoff rerun {bundle}: --out RUN_DIR is required")
-    result = rerun_bundle(bundle, args.out, target_url=args.target, model=args.model,
-                          api_key_env=args.api_key_env, experiment=args.experiment)
+    result = rerun_bundle(
+        bundle,
+        args.out,
+        target_url=args.target,
+        model=args.model,
+        api_key_env=args.api_key_env,
+        experiment=args.experiment,
+    )
     if args.json:
-        print(json.dumps({"run_dir": str(result.run_dir), "reproduced": result.reproduced, "checks": result.checks,
-                          "experiment_applied": result.experiment_applied}, indent=2, default=str))
+        print(
+            json.dumps(
+                {
+                    "run_dir": str(result.run_dir),
+                    "reproduced": result.reproduced,
+                    "checks": result.checks,
+                    "experiment_applied": result.experiment_applied,
+                },
+                indent=2,
+                default=str,
+            )
+        )
         return 0
     print(f"run: {result.run_dir}")
     if result.experiment_applied:
         e = result.experiment_applied
         print(f"experiment applied: {e['variable']} {e['from']} → {e['to']}")
     for c in result.checks:
-        print(f"{c.get('class')} {c.get('metric')} {c.get('percentile') or ''}: was {_num(c.get('observed'))} "
-              f"(n={c.get('samples')}), now {_num(c.get('rerun_observed'))} (n={c.get('rerun_samples')}), "
-              f"limit {_num(c.get('limit'))}: "
-              f"{'fails' if c.get('rerun_passed') is False else 'passes' if c.get('rerun_passed') else 'not evaluated'}")
+        print(
+            f"{c.get('class')} {c.get('metric')} {c.get('percentile') or ''}: was {_num(c.get('observed'))} "
+            f"(n={c.get('samples')}), now {_num(c.get('rerun_observed'))} (n={c.get('rerun_samples')}), "
+            f"limit {_num(c.get('limit'))}: "
+            f"{'fails' if c.get('rerun_passed') is False else 'passes' if c.get('rerun_passed') else 'not evaluated'}"
+        )
     if result.reproduced is None:
         print("nothing had failed in the original run; rerun done")
     elif result.experiment_applied:

@@ -13,8 +13,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     llm = s.add_parser("llmperf", help="LLMPerf individual/*.json (instants synthesized from durations)")
     llm.add_argument("file")
     llm.add_argument("--out", required=True, help="new run directory")
-    llm.add_argument("--concurrency", type=flags.count(), default=None,
-                     help="slots for placing requests (default: the matching summary's num_concurrent_requests, else 1)")
+    llm.add_argument(
+        "--concurrency",
+        type=flags.count(),
+        default=None,
+        help="slots for placing requests (default: the matching summary's num_concurrent_requests, else 1)",
+    )
     llm.add_argument("--summary", default=None, help="LLMPerf summary JSON (default: ../summary/<same name>)")
     llm.add_argument("--class", dest="request_class", default="imported", help="request class to record")
     llm.set_defaults(func=_llmperf)
@@ -27,16 +31,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _llmperf(args: argparse.Namespace) -> int:
-    from ..results_import import import_llmperf
+    from ..results_import import import_llmperf  # deferred: `loadgen --help` loads no library code
 
-    out = import_llmperf(args.file, args.out, concurrency=args.concurrency, request_class=args.request_class,
-                         summary=args.summary)
+    out = import_llmperf(
+        args.file, args.out, concurrency=args.concurrency, request_class=args.request_class, summary=args.summary
+    )
     print(f"imported {args.file} → {out} (instants synthesized; see manifest 'synthesized')")
     return 0
 
 
 def _vllm(args: argparse.Namespace) -> int:
-    from ..results_import import import_vllm_bench
+    from ..results_import import import_vllm_bench  # deferred: `loadgen --help` loads no library code
 
     out = import_vllm_bench(args.file, args.out, request_class=args.request_class, concurrency=args.concurrency)
     print(f"imported {args.file} → {out}")

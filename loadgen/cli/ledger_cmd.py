@@ -10,18 +10,35 @@ from . import flags
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("ledger", help="memory ledger for a model config + engine settings (+ workload); reconcile with vLLM")
+    p = sub.add_parser(
+        "ledger", help="memory ledger for a model config + engine settings (+ workload); reconcile with vLLM"
+    )
     p.add_argument("--model", required=True, help="Hugging Face config.json (or a model dir containing one)")
-    p.add_argument("--kv-cache-gib", type=flags.number(0, 1 << 20, low_open=True), help="KV cache budget in GiB (vLLM --kv-cache-memory / VLLM_CPU_KVCACHE_SPACE)")
-    p.add_argument("--device-memory-gib", type=flags.number(0, 1 << 20, low_open=True), help="device memory in GiB; KV = device × utilization − other lines")
+    p.add_argument(
+        "--kv-cache-gib",
+        type=flags.number(0, 1 << 20, low_open=True),
+        help="KV cache budget in GiB (vLLM --kv-cache-memory / VLLM_CPU_KVCACHE_SPACE)",
+    )
+    p.add_argument(
+        "--device-memory-gib",
+        type=flags.number(0, 1 << 20, low_open=True),
+        help="device memory in GiB; KV = device × utilization − other lines",
+    )
     p.add_argument("--gpu-memory-utilization", type=flags.fraction(), default=0.9)
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2"])
-    p.add_argument("--block-size", type=flags.count(1, 1 << 16), help="tokens per KV block (default 16; vLLM CPU uses 128)")
+    p.add_argument(
+        "--block-size", type=flags.count(1, 1 << 16), help="tokens per KV block (default 16; vLLM CPU uses 128)"
+    )
     p.add_argument("--tp", type=flags.count(1, 4096), default=1, help="tensor parallel size")
     p.add_argument("--max-model-len", type=flags.count(1, MAX_TOKENS * 16))
     p.add_argument("--max-num-seqs", type=flags.count(), default=256)
     p.add_argument("--max-num-batched-tokens", type=flags.count(1, MAX_TOKENS * 16), default=8192)
-    p.add_argument("--concurrent-batches", type=flags.count(1, 64), default=1, help="vLLM max_concurrent_batches (2 with async scheduling)")
+    p.add_argument(
+        "--concurrent-batches",
+        type=flags.count(1, 64),
+        default=1,
+        help="vLLM max_concurrent_batches (2 with async scheduling)",
+    )
     p.add_argument("--lora-count", type=flags.count(0, 1 << 16), default=0)
     p.add_argument("--lora-rank", type=flags.count(1, 1 << 16), default=16)
     p.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj")
@@ -29,14 +46,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quantization", default="none", choices=["none", "fp8", "int8", "int4", "awq", "gptq"])
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--scenario", help="scenario TOML: per-class max concurrent sequences at p50/p99 lengths")
-    p.add_argument("--reconcile", metavar="VLLM_LOG_OR_RUN_DIR", help="compare KV tokens/blocks with what vLLM reported")
+    p.add_argument(
+        "--reconcile", metavar="VLLM_LOG_OR_RUN_DIR", help="compare KV tokens/blocks with what vLLM reported"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..engines.vllm.report import reconcile
-    from ..ledger import (
+    from ..engines.vllm.report import reconcile  # deferred: `loadgen --help` loads no library code
+    from ..ledger import (  # deferred: `loadgen --help` loads no library code
         EngineSettings,
         LoraSettings,
         compute_ledger,
@@ -46,23 +65,39 @@ def _run(args: argparse.Namespace) -> int:
 
     model = read_model_config(args.model)
     engine = EngineSettings(
-        dtype=args.dtype, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-        block_size=args.block_size or 16, tensor_parallel_size=args.tp, max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        dtype=args.dtype,
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
+        block_size=args.block_size or 16,
+        tensor_parallel_size=args.tp,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         concurrent_batches=args.concurrent_batches,
-        lora=LoraSettings(count=args.lora_count, rank=args.lora_rank, targets=tuple(t for t in args.lora_targets.split(",") if t)),
-        kv_cache_gib=args.kv_cache_gib, device_memory_gib=args.device_memory_gib,
-        gpu_memory_utilization=args.gpu_memory_utilization, device=args.device,
+        lora=LoraSettings(
+            count=args.lora_count, rank=args.lora_rank, targets=tuple(t for t in args.lora_targets.split(",") if t)
+        ),
+        kv_cache_gib=args.kv_cache_gib,
+        device_memory_gib=args.device_memory_gib,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        device=args.device,
     )
     if args.reconcile:
-        fixed = {name for name, given in (("block_size", args.block_size), ("max_model_len", args.max_model_len),
-                                           ("kv_cache_gib", args.kv_cache_gib)) if given is not None}
+        fixed = {
+            name
+            for name, given in (
+                ("block_size", args.block_size),
+                ("max_model_len", args.max_model_len),
+                ("kv_cache_gib", args.kv_cache_gib),
+            )
+            if given is not None
+        }
         result = reconcile(model, engine, args.reconcile, fixed=fixed)
         print(json.dumps(result.to_dict(), indent=2, default=str) if args.json else result.format())
         return 0 if result.ok else 1
     scenario = None
     if args.scenario:
-        from ..scenario import load_scenario
+        from ..scenario import load_scenario  # deferred: `loadgen --help` loads no library code
 
         scenario = load_scenario(args.scenario)
     ledger = compute_ledger(model, engine, scenario)

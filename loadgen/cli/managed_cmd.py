@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -12,17 +13,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     c = s.add_parser("compare", help="side-by-side report: tails, throughput, errors, quotas, cost, change controls")
     c.add_argument("local_run", help="run directory against the local engine")
     c.add_argument("managed_run", help="run directory against the managed endpoint (same trace)")
-    c.add_argument("--prices", help="price table TOML (as for loadgen compare): [candidates.MODEL_ID] per-million input/output "
-                        "token prices for the managed side, [candidates.ENGINE_CONFIG] usd_per_hour for the local one")
+    c.add_argument(
+        "--prices",
+        help="price table TOML (as for loadgen compare): [candidates.MODEL_ID] per-million input/output "
+        "token prices for the managed side, [candidates.ENGINE_CONFIG] usd_per_hour for the local one",
+    )
     c.add_argument("--out", help="write the Markdown report here")
     c.add_argument("--json", dest="json_out", help="write the JSON report here")
     c.set_defaults(func=_compare)
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
-    from ..managed import compare_managed
+    from ..managed import compare_managed  # deferred: `loadgen --help` loads no library code
 
     comparison = compare_managed(args.local_run, args.managed_run, prices=args.prices)
     text = comparison.render_markdown()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -13,36 +14,69 @@ from . import flags
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="run (or resume) a load plan and write the capacity region")
-    p.add_argument("plan", help="plan TOML file, or a shipped plan's name (quick, canonical-region; see scenarios/plans/)")
+    p.add_argument(
+        "plan", help="plan TOML file, or a shipped plan's name (quick, canonical-region; see scenarios/plans/)"
+    )
     p.add_argument("--out", required=True, help="plan directory; rerunning the same command resumes it")
-    p.add_argument("--target", type=flags.target_url, help="OpenAI-compatible base URL (cold cells are not achievable: loadgen did not launch it)")
+    p.add_argument(
+        "--target",
+        type=flags.target_url,
+        help="OpenAI-compatible base URL (cold cells are not achievable: loadgen did not launch it)",
+    )
     p.add_argument("--model", help="served model name for --target")
     p.add_argument("--api-key-env", help="NAME of the env var holding the API key for --target (never recorded)")
-    p.add_argument("--sim", metavar="ENGINE", help="launch the simulated engine (preset or TOML) on loopback; cold = restart it")
-    p.add_argument("--sim-worksheet", metavar="ENGINE", help="the simulated engine in virtual time (fast, deterministic)")
-    p.add_argument("--vllm", metavar="MODEL", help="launch real vLLM (LOADGEN_VLLM_PYTHON) on a model dir, config.json or "
-                   "shipped model name; cold = restart it")
-    p.add_argument("--vllm-arg", action="append", default=[], metavar="FLAG", help="extra vLLM flag, e.g. --vllm-arg=--max-num-seqs=8")
-    p.add_argument("--time-budget-s", type=flags.seconds(), help="override the plan's total time budget (e.g. to extend it on resume)")
-    p.add_argument("--max-runs", type=flags.count(0), help="start at most N runs in this invocation (the rest resumes later)")
+    p.add_argument(
+        "--sim", metavar="ENGINE", help="launch the simulated engine (preset or TOML) on loopback; cold = restart it"
+    )
+    p.add_argument(
+        "--sim-worksheet", metavar="ENGINE", help="the simulated engine in virtual time (fast, deterministic)"
+    )
+    p.add_argument(
+        "--vllm",
+        metavar="MODEL",
+        help="launch real vLLM (LOADGEN_VLLM_PYTHON) on a model dir, config.json or "
+        "shipped model name; cold = restart it",
+    )
+    p.add_argument(
+        "--vllm-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="extra vLLM flag, e.g. --vllm-arg=--max-num-seqs=8",
+    )
+    p.add_argument(
+        "--time-budget-s",
+        type=flags.seconds(),
+        help="override the plan's total time budget (e.g. to extend it on resume)",
+    )
+    p.add_argument(
+        "--max-runs", type=flags.count(0), help="start at most N runs in this invocation (the rest resumes later)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--json", action="store_true", help="print region.json instead of the tables")
     p.set_defaults(func=_plan)
 
 
 def _plan(args: argparse.Namespace) -> int:
-    import json
 
-    from ..plan import RESULT_FILE, format_region, run_plan_file
-    from ..presets import resolve
+    from ..plan import RESULT_FILE, format_region, run_plan_file  # deferred: `loadgen --help` loads no library code
+    from ..presets import resolve  # deferred: `loadgen --help` loads no library code
 
     out = Path(args.out)
     fresh = not out.exists()
     try:
         result = run_plan_file(
-            resolve("plans", args.plan) or args.plan, out, target_url=args.target, model=args.model, sim=args.sim,
-            sim_worksheet=args.sim_worksheet, vllm=args.vllm, vllm_args=args.vllm_arg, api_key_env=args.api_key_env,
-            max_new_runs=args.max_runs, time_budget_s=args.time_budget_s,
+            resolve("plans", args.plan) or args.plan,
+            out,
+            target_url=args.target,
+            model=args.model,
+            sim=args.sim,
+            sim_worksheet=args.sim_worksheet,
+            vllm=args.vllm,
+            vllm_args=args.vllm_arg,
+            api_key_env=args.api_key_env,
+            max_new_runs=args.max_runs,
+            time_budget_s=args.time_budget_s,
             log=None if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True)),
         )
     except LoadgenError:

@@ -3,24 +3,46 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from . import flags
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("practice", help="the main job: reject the headline-throughput configuration that violates p99 TTFT")
+    p = sub.add_parser(
+        "practice", help="the main job: reject the headline-throughput configuration that violates p99 TTFT"
+    )
     p.add_argument("--out", help="output directory (default runs/practice-<utc>)")
-    p.add_argument("--engine", choices=("sim", "vllm"), default="sim",
-                   help="sim: two simulated engines on loopback (default); vllm: two real vLLM configurations (LOADGEN_VLLM_PYTHON)")
-    p.add_argument("--target", type=flags.target_url, action="append", metavar="URL", help="two running endpoints to compare instead (give it twice)")
+    p.add_argument(
+        "--engine",
+        choices=("sim", "vllm"),
+        default="sim",
+        help="sim: two simulated engines on loopback (default); vllm: two real vLLM configurations (LOADGEN_VLLM_PYTHON)",
+    )
+    p.add_argument(
+        "--target",
+        type=flags.target_url,
+        action="append",
+        metavar="URL",
+        help="two running endpoints to compare instead (give it twice)",
+    )
     p.add_argument("--model", help="served model name for --target")
     p.add_argument("--api-key-env", help="NAME of the env var holding the API key for --target (never recorded)")
     p.add_argument("--scenario", help="scenario TOML (default scenarios/canonical.toml)")
     p.add_argument("--trace", help="trace Parquet (default traces/canonical-burst.parquet)")
-    p.add_argument("--window-s", type=flags.DURATION, default=40.0, help="replay the first N s of the trace (default 40: two bursts)")
-    p.add_argument("--full-trace", action="store_true", help="replay the whole trace (60 s for the canonical burst trace)")
-    p.add_argument("--model-config", default="llama-3.1-8b", help="model config for the KV ledger (shipped name or config.json)")
+    p.add_argument(
+        "--window-s",
+        type=flags.DURATION,
+        default=40.0,
+        help="replay the first N s of the trace (default 40: two bursts)",
+    )
+    p.add_argument(
+        "--full-trace", action="store_true", help="replay the whole trace (60 s for the canonical burst trace)"
+    )
+    p.add_argument(
+        "--model-config", default="llama-3.1-8b", help="model config for the KV ledger (shipped name or config.json)"
+    )
     p.add_argument("--prices", help="price table TOML (default scenarios/prices.toml, an EXAMPLE)")
     p.add_argument("--route", default="interactive")
     p.add_argument("--json", action="store_true", help="print decision.json instead of the report")
@@ -28,14 +50,22 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _practice(args: argparse.Namespace) -> int:
-    import json
 
-    from ..practice import format_practice, run_practice
+    from ..practice import format_practice, run_practice  # deferred: `loadgen --help` loads no library code
 
     result = run_practice(
-        args.out, scenario=args.scenario, trace=args.trace, window_s=None if args.full_trace else args.window_s,
-        targets=args.target, model=args.model, engine=args.engine, model_config=args.model_config, prices=args.prices,
-        route=args.route, api_key_env=args.api_key_env, log=lambda m: print(m, file=sys.stderr, flush=True),
+        args.out,
+        scenario=args.scenario,
+        trace=args.trace,
+        window_s=None if args.full_trace else args.window_s,
+        targets=args.target,
+        model=args.model,
+        engine=args.engine,
+        model_config=args.model_config,
+        prices=args.prices,
+        route=args.route,
+        api_key_env=args.api_key_env,
+        log=lambda m: print(m, file=sys.stderr, flush=True),
     )
     print(json.dumps(result.decision, indent=2, default=str) if args.json else format_practice(result))
     return 0

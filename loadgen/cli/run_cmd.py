@@ -11,61 +11,121 @@ from . import flags
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="replay a trace against an OpenAI-compatible endpoint and record a run directory")
     p.add_argument("trace", help="trace Parquet file (loadgen trace generate/import)")
-    p.add_argument("--target", type=flags.target_url, required=True, help="base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)")
+    p.add_argument(
+        "--target",
+        type=flags.target_url,
+        required=True,
+        help="base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)",
+    )
     p.add_argument("--out", required=True, help="new run directory")
     p.add_argument("--model", help="served model name (default: scenario model, else the first of /v1/models)")
     p.add_argument("--scenario", help="scenario TOML: timeouts, privacy, endpoint, budgets")
     p.add_argument("--endpoint", choices=("completions", "chat"), help="default: the scenario's, else completions")
-    p.add_argument("--max-concurrency", type=flags.count(), help="bound on requests in flight (default: the trace's max_in_flight)")
-    p.add_argument("--tokenizer", default="cl100k_base", help="cl100k_base | hf:PATH/tokenizer.json | chars:N | server (the target's /tokenize)")
+    p.add_argument(
+        "--max-concurrency", type=flags.count(), help="bound on requests in flight (default: the trace's max_in_flight)"
+    )
+    p.add_argument(
+        "--tokenizer",
+        default="cl100k_base",
+        help="cl100k_base | hf:PATH/tokenizer.json | chars:N | server (the target's /tokenize)",
+    )
     p.add_argument("--api-key-env", help="NAME of the environment variable holding the API key (never recorded)")
     p.add_argument("--ttft-timeout-s", type=flags.seconds(), help="override the scenario's TTFT timeout")
     p.add_argument("--total-timeout-s", type=flags.seconds(), help="override the scenario's total timeout")
     p.add_argument("--scrape-metrics", choices=("auto", "on", "off"), default="auto")
     p.add_argument("--scrape-interval-s", type=flags.seconds(3600), default=1.0)
     p.add_argument("--warm-state", choices=("warm", "cold", "unknown"), default="unknown")
-    p.add_argument("--warm-action", action="append", default=[], help="what was done to reach the warm state (repeatable)")
+    p.add_argument(
+        "--warm-action", action="append", default=[], help="what was done to reach the warm state (repeatable)"
+    )
     p.add_argument("--order-index", type=flags.count(0))
     p.add_argument("--repeat", type=flags.count(0))
     p.add_argument("--progress", choices=("auto", "on", "off"), default="auto")
-    p.add_argument("--deadline-s", type=flags.DURATION, help="stop after N seconds; requests not yet sent are recorded not_sent")
-    p.add_argument("--rate-limit-rps", type=flags.number(0, MAX_RATE_RPS, low_open=True), help="client-side requests/s cap (the wait counts as client queue)")
-    p.add_argument("--vllm-extensions", choices=("auto", "on", "off"), default="auto",
-                   help="send ignore_eos and continuous_usage_stats (auto: not to managed APIs)")
+    p.add_argument(
+        "--deadline-s", type=flags.DURATION, help="stop after N seconds; requests not yet sent are recorded not_sent"
+    )
+    p.add_argument(
+        "--rate-limit-rps",
+        type=flags.number(0, MAX_RATE_RPS, low_open=True),
+        help="client-side requests/s cap (the wait counts as client queue)",
+    )
+    p.add_argument(
+        "--vllm-extensions",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="send ignore_eos and continuous_usage_stats (auto: not to managed APIs)",
+    )
     p.add_argument("--max-tokens-field", choices=("max_tokens", "max_completion_tokens"), default="max_tokens")
-    p.add_argument("--max-sse-line-bytes", type=flags.count(1024, 1 << 30), default=1 << 20,
-                   help="longest SSE line (and event) accepted; a longer one fails that request as malformed_sse (default 1 MiB)")
-    p.add_argument("--header", type=flags.header, action="append", default=[], metavar="NAME:VALUE", help="extra request header (value not recorded)")
-    p.add_argument("--flush-interval-s", type=flags.number(0.001, 60), default=1.0,
-                   help="records reach disk at least this often (default 1 s; a killed run keeps everything up to the last flush)")
-    p.add_argument("--no-model-check", action="store_true",
-                   help="do not fail when /v1/models lists models but not --model (gateways that list other names)")
+    p.add_argument(
+        "--max-sse-line-bytes",
+        type=flags.count(1024, 1 << 30),
+        default=1 << 20,
+        help="longest SSE line (and event) accepted; a longer one fails that request as malformed_sse (default 1 MiB)",
+    )
+    p.add_argument(
+        "--header",
+        type=flags.header,
+        action="append",
+        default=[],
+        metavar="NAME:VALUE",
+        help="extra request header (value not recorded)",
+    )
+    p.add_argument(
+        "--flush-interval-s",
+        type=flags.number(0.001, 60),
+        default=1.0,
+        help="records reach disk at least this often (default 1 s; a killed run keeps everything up to the last flush)",
+    )
+    p.add_argument(
+        "--no-model-check",
+        action="store_true",
+        help="do not fail when /v1/models lists models but not --model (gateways that list other names)",
+    )
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from pydantic import ValidationError
+    from pydantic import ValidationError  # deferred: `loadgen --help` loads no library code
 
-    from ..driver import RunOptions, run_trace_sync
-    from ..errors import LoadgenError
-    from ..manifest import read_manifest
-    from ..scenario import format_validation_error
+    from ..driver import RunOptions, run_trace_sync  # deferred: `loadgen --help` loads no library code
+    from ..errors import LoadgenError  # deferred: `loadgen --help` loads no library code
+    from ..manifest import read_manifest  # deferred: `loadgen --help` loads no library code
+    from ..scenario import format_validation_error  # deferred: `loadgen --help` loads no library code
 
     if args.api_key_env is not None and not args.api_key_env.replace("_", "a").isalnum():
         # never echo it: a key pasted here by mistake must not reach the terminal or logs
-        raise LoadgenError("--api-key-env: expected the NAME of an environment variable (letters, digits, _), not a key")
+        raise LoadgenError(
+            "--api-key-env: expected the NAME of an environment variable (letters, digits, _), not a key"
+        )
     headers = dict(args.header)
     try:
         options = RunOptions(
-            trace_path=args.trace, target_url=args.target, out_dir=args.out, model=args.model,
-            scenario_path=args.scenario, endpoint=args.endpoint, max_concurrency=args.max_concurrency,
-            tokenizer=args.tokenizer, api_key_env=args.api_key_env, ttft_timeout_s=args.ttft_timeout_s,
-            total_timeout_s=args.total_timeout_s, scrape_metrics=args.scrape_metrics,
-            scrape_interval_s=args.scrape_interval_s, warm_state=args.warm_state, warm_actions=args.warm_action,
-            order_index=args.order_index, repeat=args.repeat, progress=args.progress, deadline_s=args.deadline_s,
-            rate_limit_rps=args.rate_limit_rps, vllm_extensions=args.vllm_extensions,
-            max_tokens_field=args.max_tokens_field, headers=headers, max_sse_line_bytes=args.max_sse_line_bytes,
-            flush_interval_s=args.flush_interval_s, check_model=not args.no_model_check,
+            trace_path=args.trace,
+            target_url=args.target,
+            out_dir=args.out,
+            model=args.model,
+            scenario_path=args.scenario,
+            endpoint=args.endpoint,
+            max_concurrency=args.max_concurrency,
+            tokenizer=args.tokenizer,
+            api_key_env=args.api_key_env,
+            ttft_timeout_s=args.ttft_timeout_s,
+            total_timeout_s=args.total_timeout_s,
+            scrape_metrics=args.scrape_metrics,
+            scrape_interval_s=args.scrape_interval_s,
+            warm_state=args.warm_state,
+            warm_actions=args.warm_action,
+            order_index=args.order_index,
+            repeat=args.repeat,
+            progress=args.progress,
+            deadline_s=args.deadline_s,
+            rate_limit_rps=args.rate_limit_rps,
+            vllm_extensions=args.vllm_extensions,
+            max_tokens_field=args.max_tokens_field,
+            headers=headers,
+            max_sse_line_bytes=args.max_sse_line_bytes,
+            flush_interval_s=args.flush_interval_s,
+            check_model=not args.no_model_check,
         )
     except ValidationError as exc:
         raise LoadgenError(format_validation_error("loadgen run", exc)) from None
@@ -73,7 +133,14 @@ def _run(args: argparse.Namespace) -> int:
     manifest = read_manifest(run_dir)
     counts = ", ".join(f"{k} {v}" for k, v in manifest.status_counts.items() if v)
     lag = manifest.send_lag_ns or {}
-    lag_text = (f"send lag p50 {lag['p50'] / 1e3:.0f} µs, p99 {lag['p99'] / 1e3:.0f} µs" if lag.get("p99") is not None else "send lag n/a")
-    print(f"{run_dir}: {manifest.scheduled_requests} scheduled: {counts}; {lag_text}; "
-          f"{manifest.chunks_recorded} chunks in {manifest.duration_s or 0:.1f} s")
+    lag_p50, lag_p99 = lag.get("p50"), lag.get("p99")
+    lag_text = (
+        f"send lag p50 {lag_p50 / 1e3:.0f} µs, p99 {lag_p99 / 1e3:.0f} µs"
+        if lag_p50 is not None and lag_p99 is not None  # LagStats.summary: all set, or all None
+        else "send lag n/a"
+    )
+    print(
+        f"{run_dir}: {manifest.scheduled_requests} scheduled: {counts}; {lag_text}; "
+        f"{manifest.chunks_recorded} chunks in {manifest.duration_s or 0:.1f} s"
+    )
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import cast
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -11,14 +12,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     check = s.add_parser("check", help="validate a scenario TOML file (one-line error on the first problem)")
     check.add_argument("file")
     check.set_defaults(func=_check)
-    init = s.add_parser("init", help="copy the shipped presets (scenario, engines, plans, contract cases, prices) into DIR")
+    init = s.add_parser(
+        "init", help="copy the shipped presets (scenario, engines, plans, contract cases, prices) into DIR"
+    )
     init.add_argument("dir", help="directory to create or fill (same layout as the source tree's scenarios/)")
     init.add_argument("--force", action="store_true", help="overwrite presets already in DIR")
     init.set_defaults(func=_init)
 
 
 def _init(args: argparse.Namespace) -> int:
-    from ..presets import copy_presets
+    from ..presets import copy_presets  # deferred: `loadgen --help` loads no library code
 
     written = copy_presets(args.dir, force=args.force)
     print(f"{args.dir}: {len(written)} preset files copied:")
@@ -28,10 +31,11 @@ def _init(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ..scenario import load_scenario
+    from ..scenario import load_scenario  # deferred: `loadgen --help` loads no library code
 
     scenario = load_scenario(args.file)
-    print(f"{args.file}: ok: scenario {scenario.name!r} sha256 {scenario.sha256[:12]}")
+    sha256 = cast(str, scenario.sha256)  # load_scenario always records the file's sha256
+    print(f"{args.file}: ok: scenario {scenario.name!r} sha256 {sha256[:12]}")
     for name, cls in scenario.classes.items():
         budgets = []
         for metric in ("ttft_ms", "itl_ms", "e2e_ms"):

@@ -26,10 +26,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--tokenizer", default=None, help="tokenizer spec for prompt counting (default: the engine's)")
     srv.add_argument("--fault-log", default=None, help="append injected faults to this JSONL file")
     srv.add_argument("--seed", type=flags.seed, default=0, help="seed for step-time noise and faults (default 0)")
-    srv.add_argument("--header-timeout-s", type=flags.seconds(), default=30.0,
-                     help="a request must arrive whole within this long of its first byte, else 408 (default 30)")
-    srv.add_argument("--idle-timeout-s", type=flags.seconds(), default=120.0,
-                     help="close a keep-alive connection idle this long (default 120)")
+    srv.add_argument(
+        "--header-timeout-s",
+        type=flags.seconds(),
+        default=30.0,
+        help="a request must arrive whole within this long of its first byte, else 408 (default 30)",
+    )
+    srv.add_argument(
+        "--idle-timeout-s",
+        type=flags.seconds(),
+        default=120.0,
+        help="close a keep-alive connection idle this long (default 120)",
+    )
     srv.set_defaults(func=_serve)
 
     pre = s.add_parser("presets", help="list the shipped engine presets")
@@ -37,8 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..manifest import read_manifest
-    from ..sim.worksheet import run_worksheet
+    from ..manifest import read_manifest  # deferred: `loadgen --help` loads no library code
+    from ..sim.worksheet import run_worksheet  # deferred: `loadgen --help` loads no library code
 
     out = run_worksheet(args.trace, args.engine, args.out, seed=args.seed, scenario=args.scenario)
     notes = read_manifest(out).engine_notes
@@ -52,14 +60,22 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ..sim.server import serve
+    from ..sim.server import serve  # deferred: `loadgen --help` loads no library code
 
-    return serve(args.engine, args.host, args.port, tokenizer=args.tokenizer, fault_log=args.fault_log, seed=args.seed,
-                 header_timeout_s=args.header_timeout_s, idle_timeout_s=args.idle_timeout_s)
+    return serve(
+        args.engine,
+        args.host,
+        args.port,
+        tokenizer=args.tokenizer,
+        fault_log=args.fault_log,
+        seed=args.seed,
+        header_timeout_s=args.header_timeout_s,
+        idle_timeout_s=args.idle_timeout_s,
+    )
 
 
 def _presets(args: argparse.Namespace) -> int:
-    from ..sim.config import list_presets, load_engine_config
+    from ..sim.config import list_presets, load_engine_config  # deferred: `loadgen --help` loads no library code
 
     for name in list_presets():
         print(f"{name:28s} {load_engine_config(name).description}")

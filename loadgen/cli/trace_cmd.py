@@ -24,9 +24,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     imp.add_argument("kind", choices=["azure", "mooncake"])
     imp.add_argument("file")
     imp.add_argument("--out", required=True)
-    imp.add_argument("--time-scale", type=flags.number(0, 1e6, low_open=True), default=1.0, help="multiply gaps (0.5 = twice the rate)")
-    imp.add_argument("--start-s", type=flags.seconds(flags.MAX_OFFSET_S, zero=True), default=0.0, help="window start, seconds after the first request")
-    imp.add_argument("--duration-s", type=flags.seconds(flags.MAX_OFFSET_S), default=None, help="window length in seconds")
+    imp.add_argument(
+        "--time-scale",
+        type=flags.number(0, 1e6, low_open=True),
+        default=1.0,
+        help="multiply gaps (0.5 = twice the rate)",
+    )
+    imp.add_argument(
+        "--start-s",
+        type=flags.seconds(flags.MAX_OFFSET_S, zero=True),
+        default=0.0,
+        help="window start, seconds after the first request",
+    )
+    imp.add_argument(
+        "--duration-s", type=flags.seconds(flags.MAX_OFFSET_S), default=None, help="window length in seconds"
+    )
     imp.add_argument("--max-requests", type=flags.count(1, MAX_TRACE_REQUESTS), default=None)
     imp.add_argument("--request-class", default="short-message", help="class given to every imported request")
     imp.set_defaults(func=_import)
@@ -38,9 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from ..scenario import load_scenario
-    from ..trace.generate import generate_trace_file
-    from ..trace.io import read_trace
+    from ..scenario import load_scenario  # deferred: `loadgen --help` loads no library code
+    from ..trace.generate import generate_trace_file  # deferred: `loadgen --help` loads no library code
+    from ..trace.io import read_trace  # deferred: `loadgen --help` loads no library code
 
     path = generate_trace_file(load_scenario(args.scenario), args.trace, args.out, args.seed)
     table, meta = read_trace(path)
@@ -49,19 +61,25 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from ..trace.importers import import_trace
+    from ..trace.importers import import_trace  # deferred: `loadgen --help` loads no library code
 
     path = import_trace(
-        args.kind, args.file, args.out, time_scale=args.time_scale, start_s=args.start_s,
-        duration_s=args.duration_s, max_requests=args.max_requests, request_class=args.request_class,
+        args.kind,
+        args.file,
+        args.out,
+        time_scale=args.time_scale,
+        start_s=args.start_s,
+        duration_s=args.duration_s,
+        max_requests=args.max_requests,
+        request_class=args.request_class,
     )
     print(f"{path}: imported from {args.file}")
     return 0
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from ..trace.io import read_trace
-    from ..trace.stats import format_stats, trace_stats
+    from ..trace.io import read_trace  # deferred: `loadgen --help` loads no library code
+    from ..trace.stats import format_stats, trace_stats  # deferred: `loadgen --help` loads no library code
 
     table, meta = read_trace(args.file)
     stats = trace_stats(table)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
+from pathlib import Path
 
 from ..limits import MAX_TOKENS
 from . import flags
@@ -28,8 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     st.add_argument("--version", help="vLLM version to pin")
     st.set_defaults(func=_setup)
 
-    for name, helptext in (("serve", "launch vLLM, wait for /health, print identity; stop on Ctrl-C"),
-                           ("run", "launch vLLM, replay a trace against it, stop it; prints the run dir")):
+    for name, helptext in (
+        ("serve", "launch vLLM, wait for /health, print identity; stop on Ctrl-C"),
+        ("run", "launch vLLM, replay a trace against it, stop it; prints the run dir"),
+    ):
         sp = s.add_parser(name, help=helptext)
         sp.add_argument("--model-dir", required=True)
         sp.add_argument("--python", help="vLLM interpreter (default: env LOADGEN_VLLM_PYTHON)")
@@ -56,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _make_model(args: argparse.Namespace) -> int:
-    from ..engines.vllm.model_dir import make_model_dir
+    from ..engines.vllm.model_dir import make_model_dir  # deferred: `loadgen --help` loads no library code
 
     out = make_model_dir(args.config, args.out, tokenizer_vocab=args.tokenizer_vocab)
     print(out)
@@ -64,7 +69,10 @@ def _make_model(args: argparse.Namespace) -> int:
 
 
 def _models(args: argparse.Namespace) -> int:
-    from ..engines.vllm.model_dir import shipped_model_path, shipped_models
+    from ..engines.vllm.model_dir import (  # deferred: `loadgen --help` loads no library code
+        shipped_model_path,
+        shipped_models,
+    )
 
     for name in shipped_models():
         print(f"{name:<20} {shipped_model_path(name)}")
@@ -72,9 +80,8 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _setup(args: argparse.Namespace) -> int:
-    import sys
 
-    from ..engines.vllm.venv import setup_venv
+    from ..engines.vllm.venv import setup_venv  # deferred: `loadgen --help` loads no library code
 
     py = setup_venv(args.venv, cuda=args.cuda, version=args.version, log=lambda m: print(m, file=sys.stderr))
     print(py)
@@ -82,31 +89,50 @@ def _setup(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace):
-    from pathlib import Path
 
-    from ..engines.vllm.server import VllmConfig
+    from ..engines.vllm.server import VllmConfig  # deferred: `loadgen --help` loads no library code
 
     extra = list(args.extra or [])
     if extra and extra[0] == "--":
         extra = extra[1:]
-    return VllmConfig(model_dir=Path(args.model_dir).resolve(), python=args.python, port=args.port, kv_cache_gib=args.kv_cache_gib,
-                      max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                      max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
-                      gpu_memory_utilization=args.gpu_memory_utilization, extra_args=extra,
-                      log_path=Path(args.log) if args.log else None)
+    return VllmConfig(
+        model_dir=Path(args.model_dir).resolve(),
+        python=args.python,
+        port=args.port,
+        kv_cache_gib=args.kv_cache_gib,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        extra_args=extra,
+        log_path=Path(args.log) if args.log else None,
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import time
 
-    from ..engines.vllm.server import VllmServer
+    from ..engines.vllm.server import VllmServer  # deferred: `loadgen --help` loads no library code
 
     server = VllmServer(_config(args)).start()
     try:
         ready = server.wait_healthy(args.startup_timeout_s)
-        print(json.dumps({"base_url": server.base_url, "ready_s": round(ready, 1), "log": str(server.log_path),
-                          **server.identity(), "engine_notes": server.engine_notes()}, indent=2), flush=True)
-        while server.proc.poll() is None:
+        print(
+            json.dumps(
+                {
+                    "base_url": server.base_url,
+                    "ready_s": round(ready, 1),
+                    "log": str(server.log_path),
+                    **server.identity(),
+                    "engine_notes": server.engine_notes(),
+                },
+                indent=2,
+            ),
+            flush=True,
+        )
+        proc = server.proc
+        assert proc is not None  # start() launched it
+        while proc.poll() is None:
             time.sleep(1)
         return 1
     except KeyboardInterrupt:
@@ -116,16 +142,20 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
-    from ..driver import RunOptions
-    from ..engines.vllm.server import VllmServer
-    from ..targets.vllm import measure_with_server
+    from ..driver import RunOptions  # deferred: `loadgen --help` loads no library code
+    from ..engines.vllm.server import VllmServer  # deferred: `loadgen --help` loads no library code
+    from ..targets.vllm import measure_with_server  # deferred: `loadgen --help` loads no library code
 
     cfg = _config(args)
-    options = RunOptions(trace_path=Path(args.trace), target_url="http://placeholder", out_dir=Path(args.out),
-                         scenario_path=Path(args.scenario) if args.scenario else None,
-                         tokenizer=f"hf:{cfg.model_dir / 'tokenizer.json'}", deadline_s=args.deadline_s)
+    options = RunOptions(
+        trace_path=Path(args.trace),
+        target_url="http://placeholder",
+        out_dir=Path(args.out),
+        scenario_path=Path(args.scenario) if args.scenario else None,
+        tokenizer=f"hf:{cfg.model_dir / 'tokenizer.json'}",
+        deadline_s=args.deadline_s,
+    )
     with VllmServer(cfg) as server:
         options = options.model_copy(update={"target_url": server.base_url})
         run_dir = measure_with_server(server, options)
@@ -134,7 +164,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _parse_log(args: argparse.Namespace) -> int:
-    from ..engines.vllm.log import parse_vllm_log_file
+    from ..engines.vllm.log import parse_vllm_log_file  # deferred: `loadgen --help` loads no library code
 
     print(json.dumps(parse_vllm_log_file(args.log), indent=2))
     return 0

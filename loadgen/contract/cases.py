@@ -14,12 +14,15 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
+import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ScenarioError
 from ..scenario import format_validation_error
+from ..tomlfile import read_toml
+from .language import SUPPORTED_LANGUAGES
 
 __all__ = [
     "CHECK_KINDS",
@@ -91,7 +94,7 @@ class CaseRequest(_Model):
     response_format: dict[str, Any] | None = None  # e.g. {type = "json_object"}; chat only
 
     @model_validator(mode="after")
-    def _one_input(self) -> "CaseRequest":
+    def _one_input(self) -> CaseRequest:
         if (self.messages is None) == (self.prompt is None):
             raise ValueError("expected exactly one of messages or prompt")
         if self.messages is not None and not any(m.role == "user" for m in self.messages):
@@ -100,7 +103,12 @@ class CaseRequest(_Model):
 
     def settings(self) -> dict[str, Any]:
         """The deterministic settings recorded with every result."""
-        return {"temperature": self.temperature, "seed": self.seed, "max_tokens": self.max_tokens, "stop": list(self.stop)}
+        return {
+            "temperature": self.temperature,
+            "seed": self.seed,
+            "max_tokens": self.max_tokens,
+            "stop": list(self.stop),
+        }
 
 
 class TargetCheck(_Model):
@@ -114,7 +122,7 @@ class TargetCheck(_Model):
     _re = field_validator("pattern")(_check_regex)
 
     @model_validator(mode="after")
-    def _one(self) -> "TargetCheck":
+    def _one(self) -> TargetCheck:
         if (self.exact is None) == (self.pattern is None):
             raise ValueError("expected exactly one of exact or pattern")
         return self
@@ -132,7 +140,7 @@ class CitationCheck(_Model):
     @classmethod
     def _format(cls, value: str) -> str:
         if "{id}" not in value:
-            raise ValueError("expected a format containing {id}, e.g. \"[{id}]\"")
+            raise ValueError('expected a format containing {id}, e.g. "[{id}]"')
         return value
 
 
@@ -159,7 +167,6 @@ class LanguageCheck(_Model):
     @field_validator("expected")
     @classmethod
     def _known(cls, value: str) -> str:
-        from .language import SUPPORTED_LANGUAGES
 
         if value not in SUPPORTED_LANGUAGES:
             raise ValueError(f"expected one of {', '.join(SUPPORTED_LANGUAGES)}")
@@ -176,7 +183,7 @@ class SchemaCheck(_Model):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     @model_validator(mode="after")
-    def _one(self) -> "SchemaCheck":
+    def _one(self) -> SchemaCheck:
         if (self.schema_ is None) == (self.schema_file is None):
             raise ValueError("expected exactly one of schema or schema_file")
         if self.schema_ is not None:
@@ -199,13 +206,12 @@ class ControlCheck(_Model):
 
 
 Check = Annotated[
-    Union[TargetCheck, CitationCheck, AbstentionCheck, LanguageCheck, SchemaCheck, ControlCheck],
+    TargetCheck | CitationCheck | AbstentionCheck | LanguageCheck | SchemaCheck | ControlCheck,
     Field(discriminator="kind"),
 ]
 
 
 def _validate_schema(schema: dict[str, Any]) -> None:
-    import jsonschema
 
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
@@ -268,7 +274,9 @@ def parse_cases(data: dict[str, Any], source: str = "<cases>", base_dir: Path | 
         raise ScenarioError(f"{source}: defaults = {defaults!r}: expected a table")
     bad = sorted(set(defaults) - _DEFAULT_KEYS)
     if bad:
-        raise ScenarioError(f"{source}: defaults.{bad[0]}: unknown field: expected one of {', '.join(sorted(_DEFAULT_KEYS))}")
+        raise ScenarioError(
+            f"{source}: defaults.{bad[0]}: unknown field: expected one of {', '.join(sorted(_DEFAULT_KEYS))}"
+        )
     raw_cases = data.get("cases")
     if not isinstance(raw_cases, list) or not raw_cases:
         raise ScenarioError(f"{source}: cases: missing or empty: expected at least one [[cases]] table")
@@ -322,7 +330,6 @@ def _resolve_schema_file(check: SchemaCheck, source: str, label: str, index: int
 
 
 def _read_file(path: Path) -> tuple[dict[str, Any], str]:
-    from ..tomlfile import read_toml
 
     return read_toml(path, "a contract case file (TOML)")
 
@@ -341,11 +348,15 @@ def load_cases(*paths: str | Path, only: list[str] | None = None) -> CaseSet:
         if pick:
             chosen = [c for c in loaded if c.id == pick]
             if not chosen:
-                raise ScenarioError(f"{path}: case {pick!r}: not in this file: expected one of {', '.join(c.id for c in loaded)}")
+                raise ScenarioError(
+                    f"{path}: case {pick!r}: not in this file: expected one of {', '.join(c.id for c in loaded)}"
+                )
             loaded = chosen
         for case in loaded:
             if case.id in seen:
-                raise ScenarioError(f"{path}: case {case.id!r}: id already used in {seen[case.id]}: expected unique case ids")
+                raise ScenarioError(
+                    f"{path}: case {case.id!r}: id already used in {seen[case.id]}: expected unique case ids"
+                )
             seen[case.id] = str(path)
         cases.extend(loaded)
         if not any(s["path"] == str(path) for s in sources):

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
+
+import jsonschema
 
 from .cases import (
     DEFAULT_REFUSAL_PATTERNS,
@@ -110,20 +113,23 @@ def _abstention(check: AbstentionCheck, obs: Observed, case: Case) -> CheckOutco
 def _language(check: LanguageCheck, obs: Observed, case: Case) -> CheckOutcome:
     guess = detect_language(obs.text or "")
     return CheckOutcome(
-        "language", guess.language == check.expected, f"language {check.expected}",
+        "language",
+        guess.language == check.expected,
+        f"language {check.expected}",
         f"language {guess.language} (confidence {guess.confidence:.2f}, {guess.words} words)",
     )
 
 
 def _schema(check: SchemaCheck, obs: Observed, case: Case) -> CheckOutcome:
-    import jsonschema
 
     schema = check.schema_ or {}
     expected = "JSON valid against the case's schema"
     try:
         value = extract_json(obs.text or "")
     except ValueError as exc:
-        return CheckOutcome("schema", False, expected, f"not JSON ({exc.__class__.__name__}: {str(exc)[:80]}): {_short(obs.text)}")
+        return CheckOutcome(
+            "schema", False, expected, f"not JSON ({exc.__class__.__name__}: {str(exc)[:80]}): {_short(obs.text)}"
+        )
     validator = jsonschema.validators.validator_for(schema)(schema)
     error = jsonschema.exceptions.best_match(validator.iter_errors(value))
     if error is not None:
@@ -168,7 +174,7 @@ def _control(check: ControlCheck, obs: Observed, case: Case) -> CheckOutcome:
     return CheckOutcome("control", not problems, "; ".join(expected) or "nothing", "; ".join(problems) or "respected")
 
 
-_DISPATCH = {
+_DISPATCH: dict[str, Callable[[Any, Observed, Case], CheckOutcome]] = {
     "target": _target,
     "citation": _citation,
     "abstention": _abstention,

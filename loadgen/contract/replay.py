@@ -22,10 +22,14 @@ from typing import Any, Literal
 import anyio
 import httpx
 
-from ..errors import TargetError
+from ..driver import run_trace
+from ..driver.error_kinds import parse_retry_after, redact, redact_url
+from ..errors import RunDirError, TargetError
 from ..identity import utc_now_iso
 from ..jsonfile import read_json_object
 from ..records import CONTRACT_FILE
+from ..scenario import load_scenario
+from ..trace.io import read_trace
 from .cases import Case, CaseSet
 from .checks import CheckOutcome, Observed, run_checks
 from .responder import CASE_HEADER
@@ -49,13 +53,11 @@ _MAX_TEXT = 4000
 
 
 def _redact(message: str, secrets: tuple[str, ...]) -> str:
-    from ..driver.error_kinds import redact
 
     return redact(message, secrets)
 
 
 def _redact_url(url: str) -> str:
-    from ..driver.error_kinds import redact_url
 
     return redact_url(url)
 
@@ -98,11 +100,16 @@ class CaseResult:
         obs = dict(data["observed"])
         obs.pop("text_truncated", None)
         return cls(
-            case_id=data["case_id"], passed=data["passed"],
-            checks=[CheckOutcome(**c) for c in data["checks"]], settings=data["settings"],
-            observed=Observed(**obs), attempts=data.get("attempts", 1),
-            retry_after_s=list(data.get("retry_after_s", [])), elapsed_ms=data.get("elapsed_ms"),
-            rounds=data.get("rounds", 1), rounds_failed=data.get("rounds_failed", 0),
+            case_id=data["case_id"],
+            passed=data["passed"],
+            checks=[CheckOutcome(**c) for c in data["checks"]],
+            settings=data["settings"],
+            observed=Observed(**obs),
+            attempts=data.get("attempts", 1),
+            retry_after_s=list(data.get("retry_after_s", [])),
+            elapsed_ms=data.get("elapsed_ms"),
+            rounds=data.get("rounds", 1),
+            rounds_failed=data.get("rounds_failed", 0),
             distinct_answers=data.get("distinct_answers", 1),
         )
 
@@ -177,7 +184,9 @@ class ContractResult:
         """Every failed check: case id, check kind, expected, got."""
         return [
             {"case_id": c.case_id, "kind": o.kind, "expected": o.expected, "got": o.got}
-            for c in self.cases for o in c.checks if not o.passed
+            for c in self.cases
+            for o in c.checks
+            if not o.passed
         ]
 
     def by_id(self) -> dict[str, CaseResult]:
@@ -206,7 +215,9 @@ class ContractResult:
             "notes": self.notes,
             "failures": self.failures,
             "response_models": sorted({c.observed.response_model for c in self.cases if c.observed.response_model}),
-            "system_fingerprints": sorted({c.observed.system_fingerprint for c in self.cases if c.observed.system_fingerprint}),
+            "system_fingerprints": sorted(
+                {c.observed.system_fingerprint for c in self.cases if c.observed.system_fingerprint}
+            ),
             "reference_diff": self.reference_diff.to_dict() if self.reference_diff else None,
             "cases": [c.to_dict() for c in self.cases],
         }
@@ -215,9 +226,13 @@ class ContractResult:
     def from_dict(cls, data: dict[str, Any]) -> ContractResult:
         ref = data.get("reference_diff")
         return cls(
-            cases=[CaseResult.from_dict(c) for c in data["cases"]], target=data.get("target", {}),
-            mode=data.get("mode", "alone"), sources=data.get("sources", []),
-            started_utc=data.get("started_utc"), ended_utc=data.get("ended_utc"), notes=data.get("notes", []),
+            cases=[CaseResult.from_dict(c) for c in data["cases"]],
+            target=data.get("target", {}),
+            mode=data.get("mode", "alone"),
+            sources=data.get("sources", []),
+            started_utc=data.get("started_utc"),
+            ended_utc=data.get("ended_utc"),
+            notes=data.get("notes", []),
             reference_diff=ContractDiff([CaseDiff(**c) for c in ref["cases"]]) if ref else None,
             run_dir=data.get("run_dir"),
         )
@@ -235,7 +250,6 @@ def write_contract(result: ContractResult, path: str | Path) -> Path:
 
 def read_contract(path: str | Path) -> ContractResult:
     """Read a result written by :func:`write_contract` (a run directory is accepted)."""
-    from ..errors import RunDirError
 
     path = Path(path)
     if path.is_dir():
@@ -247,8 +261,10 @@ def read_contract(path: str | Path) -> ContractResult:
         result = ContractResult.from_dict(data)
         _check_field_types(result, "")
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise RunDirError(f"{path}: damaged contract result ({type(exc).__name__}: {str(exc)[:80]}): "
-                          "expected a contract.json written by loadgen") from None
+        raise RunDirError(
+            f"{path}: damaged contract result ({type(exc).__name__}: {str(exc)[:80]}): "
+            "expected a contract.json written by loadgen"
+        ) from None
     return result
 
 
@@ -271,7 +287,9 @@ def _check_field_types(obj: Any, where: str) -> None:
         if value is None and "None" in kinds:
             continue
         if simple and len(simple) == len(kinds) - ("None" in kinds):
-            if not isinstance(value, tuple(t for group in simple for t in (group if isinstance(group, tuple) else (group,)))):
+            if not isinstance(
+                value, tuple(t for group in simple for t in (group if isinstance(group, tuple) else (group,)))
+            ):
                 raise TypeError(f"{where}.{name} = {str(value)[:40]!r}: expected {spec.type}")
         _check_field_types(value, f"{where}.{name}")
 
@@ -379,19 +397,26 @@ def _parse_stream(raw: str, endpoint: str) -> Observed:
             if piece:
                 parts.append(piece)
             finish = choice.get("finish_reason") or finish
-    return Observed("".join(parts), finish, usage.get("completion_tokens"), usage.get("prompt_tokens"),
-                    model, fingerprint, 200)
+    return Observed(
+        "".join(parts), finish, usage.get("completion_tokens"), usage.get("prompt_tokens"), model, fingerprint, 200
+    )
 
 
 def _retry_after(response: httpx.Response) -> float | None:
-    from ..driver.error_kinds import parse_retry_after
 
     return parse_retry_after(response.headers.get("retry-after"))
 
 
 async def _replay_one(
-    client: httpx.AsyncClient, case: Case, model: str, endpoint: str, path: str,
-    secrets: tuple[str, ...], max_retries: int, max_retry_wait_s: float, stream: bool = False,
+    client: httpx.AsyncClient,
+    case: Case,
+    model: str,
+    endpoint: str,
+    path: str,
+    secrets: tuple[str, ...],
+    max_retries: int,
+    max_retry_wait_s: float,
+    stream: bool = False,
 ) -> CaseResult:
     body = _body(case, model, endpoint, stream)
     settings = {**case.request.settings(), "endpoint": endpoint, "stream": stream}
@@ -414,8 +439,11 @@ async def _replay_one(
             await anyio.sleep(min(max(wait or 1.0, 0.0), max_retry_wait_s))
             continue
         if response.status_code != 200:
-            obs = Observed(None, http_status=response.status_code,
-                           error=_redact(f"HTTP {response.status_code}: {response.text[:200]}", secrets))
+            obs = Observed(
+                None,
+                http_status=response.status_code,
+                error=_redact(f"HTTP {response.status_code}: {response.text[:200]}", secrets),
+            )
             break
         if stream:
             obs = _parse_stream(response.text, endpoint)
@@ -429,9 +457,15 @@ async def _replay_one(
         break
     outcomes = run_checks(case, obs)
     return CaseResult(
-        case_id=case.id, passed=all(o.passed for o in outcomes), checks=outcomes, settings=settings,
-        observed=obs, attempts=attempts, retry_after_s=retry_waits,
-        elapsed_ms=round((time.perf_counter() - start) * 1000, 3), rounds_failed=0 if all(o.passed for o in outcomes) else 1,
+        case_id=case.id,
+        passed=all(o.passed for o in outcomes),
+        checks=outcomes,
+        settings=settings,
+        observed=obs,
+        attempts=attempts,
+        retry_after_s=retry_waits,
+        elapsed_ms=round((time.perf_counter() - start) * 1000, 3),
+        rounds_failed=0 if all(o.passed for o in outcomes) else 1,
     )
 
 
@@ -440,7 +474,9 @@ def _api_key(api_key_env: str | None) -> str | None:
         return None
     key = os.environ.get(api_key_env)
     if not key:
-        raise TargetError(f"--api-key-env {api_key_env}: environment variable is unset or empty: expected the API key in it")
+        raise TargetError(
+            f"--api-key-env {api_key_env}: environment variable is unset or empty: expected the API key in it"
+        )
     return key
 
 
@@ -467,8 +503,11 @@ async def replay_cases(
     if endpoint not in ("chat", "completions"):
         raise TargetError(f"endpoint = {endpoint!r}: expected 'chat' or 'completions'")
     case_list = list(cases)
-    sources = list(cases.sources) if isinstance(cases, CaseSet) else sorted(
-        {c.source for c in case_list if c.source}, key=str)
+    sources = (
+        list(cases.sources)
+        if isinstance(cases, CaseSet)
+        else sorted({c.source for c in case_list if c.source}, key=str)
+    )
     if sources and isinstance(sources[0], str):
         sources = [{"path": s} for s in sources]
     key = _api_key(api_key_env)
@@ -486,17 +525,20 @@ async def replay_cases(
 
         async def one(case: Case) -> None:
             async with limiter:
-                results[case.id] = await _replay_one(client, case, model, endpoint, path, secrets,
-                                                     max_retries, max_retry_wait_s, stream)
+                results[case.id] = await _replay_one(
+                    client, case, model, endpoint, path, secrets, max_retries, max_retry_wait_s, stream
+                )
 
         async with anyio.create_task_group() as tg:
             for case in case_list:
                 tg.start_soon(one, case)
     result = ContractResult(
         cases=[results[c.id] for c in case_list],
-        target={"base_url": _redact_url(base), "model": model, "endpoint": endpoint,
-                "api_key_env": api_key_env},
-        mode=mode, sources=sources, started_utc=started, ended_utc=utc_now_iso(),
+        target={"base_url": _redact_url(base), "model": model, "endpoint": endpoint, "api_key_env": api_key_env},
+        mode=mode,
+        sources=sources,
+        started_utc=started,
+        ended_utc=utc_now_iso(),
     )
     if any(c.observed.http_status is None and c.observed.text is None for c in result.cases):
         result.notes.append("some cases got no response (connection errors): they count as failures")
@@ -520,7 +562,9 @@ async def _first_served_model(target_url: str, api_key_env: str | None) -> str:
             data = (await client.get("/v1/models")).json()
         return str(data["data"][0]["id"])
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
-        raise TargetError(f"target {_redact_url(base)}: no model given and GET /v1/models lists none: expected a model") from None
+        raise TargetError(
+            f"target {_redact_url(base)}: no model given and GET /v1/models lists none: expected a model"
+        ) from None
 
 
 async def replay_under_load(
@@ -543,16 +587,12 @@ async def replay_under_load(
     the run directory as ``contract.json`` with ``mode: under_load``. Returns ``(run_dir, result)``;
     ``run_options`` is a ``loadgen.driver.RunOptions``.
     """
-    from ..driver import run_trace
-    from ..trace.io import read_trace
 
     case_list = list(cases)
     target_url = str(run_options.target_url)
     api_key_env = run_options.api_key_env
     scenario = None
     if run_options.scenario_path is not None:
-        from ..scenario import load_scenario
-
         scenario = load_scenario(run_options.scenario_path)
     model = run_options.model or (scenario.model if scenario is not None else None)
     if model is None:
@@ -578,9 +618,17 @@ async def replay_under_load(
         start = anyio.current_time()
         for i in range(rounds):
             await anyio.sleep_until(start + delay_s + i * step_s)
-            results.append(await replay_cases(
-                case_list, target_url, model, api_key_env=api_key_env, endpoint=endpoint,
-                mode="under_load", **replay_kwargs))
+            results.append(
+                await replay_cases(
+                    case_list,
+                    target_url,
+                    model,
+                    api_key_env=api_key_env,
+                    endpoint=endpoint,
+                    mode="under_load",
+                    **replay_kwargs,
+                )
+            )
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(run)
@@ -590,8 +638,10 @@ async def replay_under_load(
     if isinstance(cases, CaseSet):
         result.sources = list(cases.sources)
     result.run_dir = str(run_dir)
-    result.notes.append(f"replayed concurrently with the run's trace: {rounds} round(s) of {len(case_list)} case(s), "
-                        f"the first {delay_s:g} s after the run started, then every {step_s:.1f} s")
+    result.notes.append(
+        f"replayed concurrently with the run's trace: {rounds} round(s) of {len(case_list)} case(s), "
+        f"the first {delay_s:g} s after the run started, then every {step_s:.1f} s"
+    )
     if reference is not None:
         result.reference_diff = diff(result, reference)
     write_contract(result, run_dir / CONTRACT_FILE)
@@ -605,11 +655,23 @@ def _merge_rounds(results: list[ContractResult]) -> ContractResult:
     for case in first.cases:
         runs = [r.by_id()[case.case_id] for r in results]
         chosen = next((c for c in runs if not c.passed), runs[0])
-        merged.append(replace(chosen, rounds=len(runs), rounds_failed=sum(1 for c in runs if not c.passed),
-                              distinct_answers=len({c.observed.text for c in runs})))
-    out = ContractResult(cases=merged, target=first.target, mode=first.mode, sources=first.sources,
-                         started_utc=first.started_utc, ended_utc=results[-1].ended_utc,
-                         notes=sorted({n for r in results for n in r.notes}))
+        merged.append(
+            replace(
+                chosen,
+                rounds=len(runs),
+                rounds_failed=sum(1 for c in runs if not c.passed),
+                distinct_answers=len({c.observed.text for c in runs}),
+            )
+        )
+    out = ContractResult(
+        cases=merged,
+        target=first.target,
+        mode=first.mode,
+        sources=first.sources,
+        started_utc=first.started_utc,
+        ended_utc=results[-1].ended_utc,
+        notes=sorted({n for r in results for n in r.notes}),
+    )
     unstable = [c.case_id for c in merged if c.distinct_answers > 1]
     if unstable:
         out.notes.append(f"answers differed between rounds under load for: {', '.join(unstable)}")

@@ -18,14 +18,16 @@ Shipped case files (``scenarios/contract/*.toml``) are always known unless ``def
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from .. import presets
+from ..prompts import get_tokenizer
 from .cases import CHECK_KINDS, Case, load_cases
 
 __all__ = [
@@ -158,7 +160,9 @@ def drift_answer(case: Case, kinds: set[str]) -> str:
         text = "Here is the result you asked for: " + text.rstrip().rstrip("}")
     if "control" in hit:
         stop = case.request.stop[0] if case.request.stop else ""
-        text = f"{text} {stop} " + " ".join(["and", "then", "it", "keeps", "going"] * (case.request.max_tokens // 4 + 2))
+        text = f"{text} {stop} " + " ".join(
+            ["and", "then", "it", "keeps", "going"] * (case.request.max_tokens // 4 + 2)
+        )
     return text
 
 
@@ -172,8 +176,6 @@ def _apply_stop_and_length(text: str, body: Mapping[str, Any], tokenizer: Any) -
     max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
     if isinstance(max_tokens, int) and max_tokens > 0:
         if tokenizer is None:
-            from ..prompts import get_tokenizer
-
             tokenizer = get_tokenizer()
         ids = tokenizer.encode(text)
         if len(ids) > max_tokens:
@@ -225,7 +227,9 @@ def respond_full(
     return Answer(text, finish, case_id, False)
 
 
-def respond(body: Mapping[str, Any], behavior: Mapping[str, Any] | BehaviorConfig | None = None, **kwargs: Any) -> str | None:
+def respond(
+    body: Mapping[str, Any], behavior: Mapping[str, Any] | BehaviorConfig | None = None, **kwargs: Any
+) -> str | None:
     """Just the text of :func:`respond_full` (None when the request is not a known contract case)."""
     answer = respond_full(body, behavior, **kwargs)
     return None if answer is None else answer.text
@@ -245,6 +249,6 @@ def token_pieces(text: str, tokenizer: Any) -> list[str]:
         if k < len(ids) and (cur.endswith("\ufffd") or not cur.startswith(prev)):
             pieces.append("")
             continue
-        pieces.append(cur[len(prev):])
+        pieces.append(cur[len(prev) :])
         prev = cur
     return pieces

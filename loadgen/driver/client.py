@@ -16,7 +16,7 @@ else from the run's tokenizer on the delta text (cached).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,7 +65,7 @@ class RunContext:
     secrets: tuple[str, ...] = ()
     retain_completion_text: bool = False
     warm_state: str = "unknown"  # warm | cold | unknown
-    timeouts: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)  # class -> (ttft, total) ns
+    timeouts: Mapping[str, tuple[int | None, int | None]] = field(default_factory=dict)  # class -> (ttft, total) ns
     max_sse_line_bytes: int = DEFAULT_MAX_LINE_BYTES  # a longer SSE line fails its request as malformed_sse
     lag: LagStats = field(default_factory=LagStats)
     # live counters (progress display, manifest)
@@ -105,7 +105,9 @@ class RunContext:
         return anyio.current_time() + (abs_ns - _now()) / 1e9
 
 
-def request_row(job: Job, scheduled_ns: int, status: str = STATUS_NOT_SENT, error_kind: str | None = None) -> dict[str, Any]:
+def request_row(
+    job: Job, scheduled_ns: int, status: str = STATUS_NOT_SENT, error_kind: str | None = None
+) -> dict[str, Any]:
     """A requests row with the job's static columns filled in."""
     return {
         "request_id": job.request_id,
@@ -164,9 +166,30 @@ class StreamState:
     trace's cancel-after-tokens reached. Malformed events raise SSEProtocolError.
     """
 
-    __slots__ = ("anchor", "arrivals", "cancel_after", "cancelled", "client_tokens", "ctx", "decoder", "done_abs",
-                 "error", "error_code", "fingerprint", "finish_reason", "first_token", "last_token", "on_first_token",
-                 "prev_usage", "response_model", "server_output", "server_prompt", "sizes", "texts", "tokens")
+    __slots__ = (
+        "anchor",
+        "arrivals",
+        "cancel_after",
+        "cancelled",
+        "client_tokens",
+        "ctx",
+        "decoder",
+        "done_abs",
+        "error",
+        "error_code",
+        "fingerprint",
+        "finish_reason",
+        "first_token",
+        "last_token",
+        "on_first_token",
+        "prev_usage",
+        "response_model",
+        "server_output",
+        "server_prompt",
+        "sizes",
+        "texts",
+        "tokens",
+    )
 
     def __init__(self, ctx: RunContext, cancel_after: int | None, on_first_token: Callable[[], None] | None) -> None:
         self.ctx = ctx
@@ -318,15 +341,16 @@ async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int, pre: PreSent
                 holding_slot = True
                 ctx.in_flight += 1
                 ctx.peak_in_flight = max(ctx.peak_in_flight, ctx.in_flight)
-                response = await ctx.transport.open(ctx.origin, job.payload, sent=pre.conn if pre is not None else None,
-                                                    timing=timing)
+                response = await ctx.transport.open(
+                    ctx.origin, job.payload, sent=pre.conn if pre is not None else None, timing=timing
+                )
                 row["first_byte_ns"] = _now() - anchor
                 row["http_status"] = response.status
                 if response.status != 200:
                     row["retry_after_s"] = parse_retry_after(response.header(b"retry-after"))
                 phase = Phase.STREAMING
                 status, error_kind, error_message = await _read_response(response, state, ctx.secrets)
-            except Exception as exc:  # noqa: BLE001 (a failed request is a row, not an exception)
+            except Exception as exc:
                 status, error_kind, error_message = classify_exception(exc, phase, ctx.secrets)
         if scope.cancelled_caught and status is None:
             status, error_kind, error_message = _timeout_outcome(state, ttft_ns, total_ns)
@@ -365,7 +389,9 @@ async def _take_slot(ctx: RunContext, token: object, scheduled_abs_ns: int, row:
         ctx.lag.add(slot_abs - scheduled_abs_ns)
 
 
-async def _read_response(response: RawResponse, state: StreamState, secrets: tuple[str, ...]) -> tuple[str, str | None, str | None]:
+async def _read_response(
+    response: RawResponse, state: StreamState, secrets: tuple[str, ...]
+) -> tuple[str, str | None, str | None]:
     """(status, error_kind, message) of a response whose head arrived: an HTTP error, or the stream."""
     if response.status != 200:
         status, error_kind = classify_http_status(response.status)
@@ -382,19 +408,30 @@ async def _read_response(response: RawResponse, state: StreamState, secrets: tup
 
 def _timeout_outcome(state: StreamState, ttft_ns: int | None, total_ns: int | None) -> tuple[str, str, str]:
     if state.first_token is None:
-        return STATUS_TIMEOUT, "ttft_timeout", (f"no first token within {ttft_ns / 1e9:g} s of scheduling" if ttft_ns
-                                                 else "timeout")
-    return STATUS_TIMEOUT, "total_timeout", (f"not done within {total_ns / 1e9:g} s of scheduling" if total_ns
-                                             else "timeout")
+        return (
+            STATUS_TIMEOUT,
+            "ttft_timeout",
+            (f"no first token within {ttft_ns / 1e9:g} s of scheduling" if ttft_ns else "timeout"),
+        )
+    return (
+        STATUS_TIMEOUT,
+        "total_timeout",
+        (f"not done within {total_ns / 1e9:g} s of scheduling" if total_ns else "timeout"),
+    )
 
 
-def _never_sent(status: str | None, kind: str | None, message: str | None, had_slot: bool,
-                ttft_ns: int | None) -> tuple[str, str | None, str | None]:
+def _never_sent(
+    status: str | None, kind: str | None, message: str | None, had_slot: bool, ttft_ns: int | None
+) -> tuple[str, str | None, str | None]:
     """A request whose bytes never reached a socket is ``not_sent``, with the reason as its kind."""
     if status == STATUS_TIMEOUT:
         if not had_slot:
             limit = f"{ttft_ns / 1e9:g} s " if ttft_ns else ""
-            return STATUS_NOT_SENT, "client_queue_timeout", f"TTFT timeout {limit}reached in the client queue: never sent"
+            return (
+                STATUS_NOT_SENT,
+                "client_queue_timeout",
+                f"TTFT timeout {limit}reached in the client queue: never sent",
+            )
         return STATUS_NOT_SENT, "connect", "timeout reached while connecting: never sent"
     if status in (STATUS_ERROR, STATUS_CANCELLED):
         return STATUS_NOT_SENT, kind, message
@@ -422,8 +459,16 @@ def _outcome(state: StreamState) -> tuple[str, str | None, str | None]:
     raise StreamTruncated(f"stream ended without [DONE] or finish_reason after {state.client_tokens} tokens")
 
 
-def _record(ctx: RunContext, job: Job, row: dict[str, Any], state: StreamState,
-            outcome: tuple[str | None, str | None, str | None], timing: SendTiming, had_slot: bool, done_abs: int) -> None:
+def _record(
+    ctx: RunContext,
+    job: Job,
+    row: dict[str, Any],
+    state: StreamState,
+    outcome: tuple[str | None, str | None, str | None],
+    timing: SendTiming,
+    had_slot: bool,
+    done_abs: int,
+) -> None:
     """Fill the row's outcome columns and hand row + chunk columns to the recorder (exactly once)."""
     status, error_kind, error_message = outcome
     anchor = ctx.anchor_ns
@@ -434,7 +479,7 @@ def _record(ctx: RunContext, job: Job, row: dict[str, Any], state: StreamState,
         row["connect_start_ns"] = timing.connect_start - anchor
     if timing.connect_end is not None:
         row["connect_end_ns"] = timing.connect_end - anchor
-    if sent:
+    if timing.sent is not None:  # sent
         ctx.done += 1
         row["sent_ns"] = timing.sent - anchor
     if sent or error_kind != "run_interrupted":  # finished, or given up (queue timeout, refused): it left
@@ -470,7 +515,7 @@ def _record(ctx: RunContext, job: Job, row: dict[str, Any], state: StreamState,
             recent.append(state.first_token - row["scheduled_ns"])
             if len(recent) > 4096:
                 del recent[:2048]
-    chunk_cols = None
+    chunk_cols: dict[str, list[Any]] | None = None
     if arrivals:
         chunk_cols = {
             "request_id": [job.request_id] * len(arrivals),

@@ -10,6 +10,7 @@ up front so the send path only writes bytes.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,11 +20,14 @@ import pyarrow as pa
 from ..errors import TargetError
 from ..prompts import PromptSynth, get_tokenizer, prompt_sha256
 
+_dumps: Callable[[Any], bytes]
 try:
     from orjson import dumps as _dumps
 except ImportError:  # pragma: no cover
+
     def _dumps(obj: Any) -> bytes:
         return json.dumps(obj, separators=(",", ":")).encode()
+
 
 __all__ = ["Job", "ServerTokenizer", "build_jobs", "resolve_tokenizer"]
 
@@ -34,7 +38,9 @@ class ServerTokenizer:
     Used only while building prompts, before the run starts.
     """
 
-    def __init__(self, base_url: str, model: str, headers: dict[str, str] | None = None, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, base_url: str, model: str, headers: dict[str, str] | None = None, timeout_s: float = 30.0
+    ) -> None:
         self.name = "server"
         self.model = model
         self._client = httpx.Client(base_url=base_url.rstrip("/"), headers=headers or {}, timeout=timeout_s)
@@ -44,9 +50,13 @@ class ServerTokenizer:
         try:
             response = self._client.post(path, json=payload)
         except httpx.HTTPError as exc:
-            raise TargetError(f"tokenizer server: POST {path} failed ({type(exc).__name__}): expected a reachable /tokenize") from None
+            raise TargetError(
+                f"tokenizer server: POST {path} failed ({type(exc).__name__}): expected a reachable /tokenize"
+            ) from None
         if response.status_code != 200:
-            raise TargetError(f"tokenizer server: POST {path} answered HTTP {response.status_code}: expected 200 (does the target have {path}?)")
+            raise TargetError(
+                f"tokenizer server: POST {path} answered HTTP {response.status_code}: expected 200 (does the target have {path}?)"
+            )
         return response.json()
 
     def encode(self, text: str) -> list[int]:
@@ -152,7 +162,7 @@ def build_jobs(
         if conv is not None:
             threads[conv] = (segments, p_tokens, o_tokens)
         if endpoint == "chat":
-            messages = []
+            messages: list[dict[str, str]] = []
             for role, text, _ in segments:
                 if messages and messages[-1]["role"] == role:
                     messages[-1]["content"] += " " + text

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..inputs import header_problem, target_url_problem
+from .error_kinds import redact_url
 from .sse import DEFAULT_MAX_LINE_BYTES
 
 __all__ = ["DEFAULT_TOTAL_TIMEOUT_S", "DEFAULT_TTFT_TIMEOUT_S", "RunOptions"]
@@ -45,7 +46,9 @@ class RunOptions(BaseModel):
     progress: Literal["auto", "on", "off"] = "auto"  # auto: only on a TTY
     deadline_s: float | None = Field(default=None, gt=0)  # stop after N s; unsent become not_sent
     rate_limit_rps: float | None = Field(default=None, gt=0)  # client-side cap; the wait is client queue
-    vllm_extensions: Literal["auto", "on", "off"] = "auto"  # ignore_eos + continuous_usage_stats; auto: off for managed APIs
+    vllm_extensions: Literal["auto", "on", "off"] = (
+        "auto"  # ignore_eos + continuous_usage_stats; auto: off for managed APIs
+    )
     max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
     extra_body: dict[str, Any] = {}  # merged into every request body (e.g. temperature)
     headers: dict[str, str] = {}  # extra headers on every request (names recorded, values not)
@@ -81,7 +84,6 @@ class RunOptions(BaseModel):
 
     def manifest(self) -> dict[str, Any]:
         """The options as recorded: URL without credentials, header values dropped."""
-        from .error_kinds import redact_url
 
         data = self.model_dump(mode="json")
         data["target_url"] = redact_url(self.target_url)

@@ -31,7 +31,8 @@ class Progress:
     def line(self) -> str:
         ctx = self.ctx
         recent = ctx.recent_ttft_ns[-2000:]
-        p99 = f"{percentile_nearest_rank(np.sort(np.asarray(recent)), 0.99) / 1e6:,.0f} ms" if recent else "-"
+        p99_ns = percentile_nearest_rank(np.sort(np.asarray(recent)), 0.99) if recent else None
+        p99 = f"{p99_ns / 1e6:,.0f} ms" if p99_ns is not None else "-"
         elapsed = time.monotonic() - self.start
         return (
             f"loadgen run {elapsed:6.1f}s  sent {ctx.sent}/{self.total}  in flight {ctx.in_flight}  "

@@ -20,9 +20,10 @@ from typing import Any
 
 import anyio
 import pyarrow as pa
+import pyarrow.parquet as pq
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from ..records import CHUNKS_SCHEMA, REQUESTS_SCHEMA
+from ..records import CHUNKS_SCHEMA, REQUESTS_SCHEMA, empty_request_row
 from ..rundir import RunWriter
 
 __all__ = ["ArrowRunWriter", "Recorder"]
@@ -48,9 +49,14 @@ def _requests_table(rows: list[dict[str, Any]]) -> pa.Table:
 class Recorder:
     """Feeds one ArrowRunWriter from many tasks; see module docstring."""
 
-    def __init__(self, writer: ArrowRunWriter, flush_interval_s: float = 1.0, poll_s: float = 0.02,
-                 quiet_ns: typing.Callable[[], int] | None = None,
-                 progress: typing.Callable[[], dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        writer: ArrowRunWriter,
+        flush_interval_s: float = 1.0,
+        poll_s: float = 0.02,
+        quiet_ns: typing.Callable[[], int] | None = None,
+        progress: typing.Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         self.writer = writer
         self.flush_interval_s = flush_interval_s
         self.poll_s = poll_s
@@ -148,14 +154,15 @@ class Recorder:
 
 def warm_up_arrow() -> None:
     """Pay pyarrow's and Parquet's one-time initialisation (~0.5 s) before the run clock starts."""
-    import pyarrow.parquet as pq
 
-    from ..records import empty_request_row
-
-    row = empty_request_row(request_id="w", request_class="w", scheduled_ns=0, target_prompt_tokens=0,
-                            target_output_tokens=0, status="ok")
-    for table in (_requests_table([row]),
-                  pa.Table.from_pydict({"request_id": ["w"], "seq": [0], "arrival_ns": [0], "tokens": [0], "bytes": [0]},
-                                       schema=CHUNKS_SCHEMA)):
+    row = empty_request_row(
+        request_id="w", request_class="w", scheduled_ns=0, target_prompt_tokens=0, target_output_tokens=0, status="ok"
+    )
+    for table in (
+        _requests_table([row]),
+        pa.Table.from_pydict(
+            {"request_id": ["w"], "seq": [0], "arrival_ns": [0], "tokens": [0], "bytes": [0]}, schema=CHUNKS_SCHEMA
+        ),
+    ):
         with pq.ParquetWriter(pa.BufferOutputStream(), table.schema, compression="zstd") as w:
             w.write_table(pa.concat_tables([table, table]))

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
@@ -87,10 +87,16 @@ def _timeouts(options: RunOptions, scenario: Scenario | None, classes: set[str])
     out = {}
     for name in classes:
         cls = scenario.classes.get(name) if scenario else None
-        ttft = (options.ttft_timeout_s or (cls.ttft_timeout_s if cls else None)
-                or (scenario.errors.ttft_timeout_s if scenario else DEFAULT_TTFT_TIMEOUT_S))
-        total = (options.total_timeout_s or (cls.total_timeout_s if cls else None)
-                 or (scenario.errors.total_timeout_s if scenario else DEFAULT_TOTAL_TIMEOUT_S))
+        ttft = (
+            options.ttft_timeout_s
+            or (cls.ttft_timeout_s if cls else None)
+            or (scenario.errors.ttft_timeout_s if scenario else DEFAULT_TTFT_TIMEOUT_S)
+        )
+        total = (
+            options.total_timeout_s
+            or (cls.total_timeout_s if cls else None)
+            or (scenario.errors.total_timeout_s if scenario else DEFAULT_TOTAL_TIMEOUT_S)
+        )
         out[name] = (int(ttft * 1e9), int(total * 1e9))
     return out
 
@@ -102,7 +108,9 @@ def _auth_headers(options: RunOptions) -> tuple[dict[str, str], tuple[str, ...]]
     if options.api_key_env:
         key = os.environ.get(options.api_key_env, "")
         if not key:
-            raise TargetError(f"--api-key-env {options.api_key_env}: variable unset or empty: expected the API key in it")
+            raise TargetError(
+                f"--api-key-env {options.api_key_env}: variable unset or empty: expected the API key in it"
+            )
         secrets = (key,)
         headers["authorization"] = f"Bearer {key}"
     parts = urlsplit(options.target_url)
@@ -138,11 +146,20 @@ def _read_inputs(options: RunOptions) -> _Inputs:
     if pa.compute.count_distinct(ids).as_py() != table.num_rows:
         raise TraceError(f"{options.trace_path}: request_id values repeat: expected one unique id per request")
     warnings: list[str] = []
-    if scenario and trace_meta.get("scenario_sha256") and scenario.sha256 and trace_meta["scenario_sha256"] != scenario.sha256:
-        warnings.append(f"trace was generated from scenario sha256 {trace_meta['scenario_sha256'][:12]}, "
-                        f"not {options.scenario_path} ({scenario.sha256[:12]})")
+    if (
+        scenario
+        and trace_meta.get("scenario_sha256")
+        and scenario.sha256
+        and trace_meta["scenario_sha256"] != scenario.sha256
+    ):
+        warnings.append(
+            f"trace was generated from scenario sha256 {trace_meta['scenario_sha256'][:12]}, "
+            f"not {options.scenario_path} ({scenario.sha256[:12]})"
+        )
     if (Path(options.out_dir) / REQUESTS_FILE).exists():
-        raise RunDirError(f"{options.out_dir}: already holds a run ({REQUESTS_FILE}): expected a new or empty directory")
+        raise RunDirError(
+            f"{options.out_dir}: already holds a run ({REQUESTS_FILE}): expected a new or empty directory"
+        )
     endpoint = options.endpoint or (scenario.endpoint if scenario else "completions")
     mode = trace_meta.get("mode", "open")
     if mode == "closed":
@@ -154,20 +171,35 @@ def _read_inputs(options: RunOptions) -> _Inputs:
     return _Inputs(scenario, table, trace_meta, warnings, mode, int(concurrency) if concurrency else None, endpoint)
 
 
-async def _prepare_jobs(options: RunOptions, inputs: _Inputs, info: TargetInfo, client: httpx.AsyncClient,
-                        transport: RawHTTP11Transport, root: str, path: str,
-                        headers: dict[str, str]) -> tuple[list[Job], Tokenizer, float, bool]:
+async def _prepare_jobs(
+    options: RunOptions,
+    inputs: _Inputs,
+    info: TargetInfo,
+    client: httpx.AsyncClient,
+    transport: RawHTTP11Transport,
+    root: str,
+    path: str,
+    headers: dict[str, str],
+) -> tuple[list[Job], Tokenizer, float, bool]:
     """Every request built and encoded to bytes before the anchor: (jobs, token counter, build s, extensions)."""
     scenario = inputs.scenario
     extensions = options.vllm_extensions == "on" or (options.vllm_extensions == "auto" and info.kind != "managed")
     retain_prompt = bool(scenario and scenario.privacy.retain_prompt_text)
     t_build = time.perf_counter()
-    tokenizer = resolve_tokenizer(options.tokenizer, root, info.model, {k: v for k, v in headers.items() if k == "authorization"})
+    model = cast(str, info.model)  # probe_target resolves the model (given, or the first served) or raises
+    tokenizer = resolve_tokenizer(
+        options.tokenizer, root, model, {k: v for k, v in headers.items() if k == "authorization"}
+    )
     try:
         jobs = await anyio.to_thread.run_sync(
             lambda: build_jobs(
-                inputs.table, model=info.model, endpoint=inputs.endpoint, tokenizer=tokenizer,
-                retain_prompt_text=retain_prompt, vllm_extensions=extensions, max_tokens_field=options.max_tokens_field,
+                inputs.table,
+                model=model,
+                endpoint=inputs.endpoint,
+                tokenizer=tokenizer,
+                retain_prompt_text=retain_prompt,
+                vllm_extensions=extensions,
+                max_tokens_field=options.max_tokens_field,
                 extra_body=options.extra_body,
             )
         )
@@ -179,8 +211,9 @@ async def _prepare_jobs(options: RunOptions, inputs: _Inputs, info: TargetInfo, 
     return jobs, counter, time.perf_counter() - t_build, extensions
 
 
-def _encode_requests(options: RunOptions, jobs: list[Job], client: httpx.AsyncClient, transport: RawHTTP11Transport,
-                     path: str) -> None:
+def _encode_requests(
+    options: RunOptions, jobs: list[Job], client: httpx.AsyncClient, transport: RawHTTP11Transport, path: str
+) -> None:
     """The whole request, ready to write: the send path only copies bytes."""
     endpoint_url = client.base_url.join(path)
     base_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in client.headers.items()]
@@ -189,12 +222,18 @@ def _encode_requests(options: RunOptions, jobs: list[Job], client: httpx.AsyncCl
     base_headers.append((b"content-type", b"application/json"))
     for job in jobs:
         extra = options.request_headers.get(job.request_id)
-        hdrs = base_headers + [(k.encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()] if extra else base_headers
+        hdrs = (
+            base_headers + [(k.encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
+            if extra
+            else base_headers
+        )
         job.payload = transport.encode_request("POST", endpoint_url, hdrs, job.body)
         job.body = b""
 
 
-def _start_manifest(options: RunOptions, inputs: _Inputs, info: TargetInfo, driver: DriverInfo, scheduled: int) -> Manifest:
+def _start_manifest(
+    options: RunOptions, inputs: _Inputs, info: TargetInfo, driver: DriverInfo, scheduled: int
+) -> Manifest:
     """The manifest as written when the files open (the layers' ``extra_manifest`` merged in)."""
     meta = inputs.trace_meta
     manifest = Manifest(
@@ -203,8 +242,13 @@ def _start_manifest(options: RunOptions, inputs: _Inputs, info: TargetInfo, driv
         host=host_identity(),
         target=info.manifest(),
         scenario=scenario_manifest(inputs.scenario) if inputs.scenario else None,
-        trace=TraceRef(path=str(options.trace_path), sha256=sha256_file(options.trace_path),
-                       name=meta.get("trace_name"), seed=meta.get("seed"), metadata=meta),
+        trace=TraceRef(
+            path=str(options.trace_path),
+            sha256=sha256_file(options.trace_path),
+            name=meta.get("trace_name"),
+            seed=meta.get("seed"),
+            metadata=meta,
+        ),
         options=options.manifest(),
         warm_state=WarmState(state=options.warm_state, actions=list(options.warm_actions)),
         order_index=options.order_index,
@@ -225,39 +269,79 @@ async def run_trace(options: RunOptions) -> Path:
     path = prefix + ("/chat/completions" if inputs.endpoint == "chat" else "/completions")
     scenario = inputs.scenario
     ttft_cap = options.ttft_timeout_s or (scenario.errors.ttft_timeout_s if scenario else DEFAULT_TTFT_TIMEOUT_S)
-    transport = RawHTTP11Transport(keepalive_expiry_s=30.0, max_idle=(inputs.concurrency or 4096) + KEEP_IDLE_HIGH,
-                                   connect_timeout_s=min(30.0, ttft_cap))
-    client = httpx.AsyncClient(base_url=root, headers=headers, timeout=httpx.Timeout(None, connect=min(30.0, ttft_cap)),
-                               transport=transport, trust_env=False)
+    transport = RawHTTP11Transport(
+        keepalive_expiry_s=30.0,
+        max_idle=(inputs.concurrency or 4096) + KEEP_IDLE_HIGH,
+        connect_timeout_s=min(30.0, ttft_cap),
+    )
+    client = httpx.AsyncClient(
+        base_url=root,
+        headers=headers,
+        timeout=httpx.Timeout(None, connect=min(30.0, ttft_cap)),
+        transport=transport,
+        trust_env=False,
+    )
     async with client:
-        info = await probe_target(client, root, options.model or (scenario.model if scenario else None), secrets=secrets,
-                                  check_model=options.check_model)
-        jobs, counter, build_s, extensions = await _prepare_jobs(options, inputs, info, client, transport, root, path, headers)
+        info = await probe_target(
+            client,
+            root,
+            options.model or (scenario.model if scenario else None),
+            secrets=secrets,
+            check_model=options.check_model,
+        )
+        jobs, counter, build_s, extensions = await _prepare_jobs(
+            options, inputs, info, client, transport, root, path, headers
+        )
         timeouts = _timeouts(options, scenario, {job.request_class for job in jobs})
         scrape = options.scrape_metrics == "on" or (options.scrape_metrics == "auto" and info.has_metrics)
         driver = DriverInfo(
-            mode=inputs.mode, endpoint=inputs.endpoint, path=path, concurrency=inputs.concurrency,
-            tokenizer=options.tokenizer, token_counter=getattr(counter, "name", str(counter)),
+            mode=inputs.mode,
+            endpoint=inputs.endpoint,
+            path=path,
+            concurrency=inputs.concurrency,
+            tokenizer=options.tokenizer,
+            token_counter=getattr(counter, "name", str(counter)),
             vllm_extensions=extensions,
             timeouts_s={c: [t / 1e9 if t else None for t in v] for c, v in sorted(timeouts.items())},
-            prompt_build_s=round(build_s, 3), scrape_metrics=scrape, timeout_origin="scheduled",
+            prompt_build_s=round(build_s, 3),
+            scrape_metrics=scrape,
+            timeout_origin="scheduled",
             target_notes=list(info.notes),
         )
         manifest = _start_manifest(options, inputs, info, driver, len(jobs))
         # everything slow (SSL contexts, files) happens before the anchor is taken
-        scraper_client = httpx.AsyncClient(base_url=root, headers={k: v for k, v in headers.items() if k == "authorization"},
-                                           timeout=10.0, trust_env=False) if scrape else None
+        scraper_client = (
+            httpx.AsyncClient(
+                base_url=root,
+                headers={k: v for k, v in headers.items() if k == "authorization"},
+                timeout=10.0,
+                trust_env=False,
+            )
+            if scrape
+            else None
+        )
         await anyio.to_thread.run_sync(warm_up_arrow)
         await _warm_up(counter)
-        writer = ArrowRunWriter(options.out_dir, manifest, flush_rows=1 << 60, flush_interval_s=options.flush_interval_s)
+        writer = ArrowRunWriter(
+            options.out_dir, manifest, flush_rows=1 << 60, flush_interval_s=options.flush_interval_s
+        )
         recorder = Recorder(writer, flush_interval_s=options.flush_interval_s)  # quiet_ns, progress wired below
         retain_completion = bool(scenario and scenario.privacy.retain_completion_text)
         ctx = RunContext(  # the anchor is taken in _replay, once the run's services are up
-            transport=transport, origin=transport.origin(client.base_url.join(path)), anchor_ns=0,
+            transport=transport,
+            origin=transport.origin(client.base_url.join(path)),
+            anchor_ns=0,
             limiter=anyio.CapacityLimiter(inputs.concurrency if inputs.concurrency else math.inf),
-            rate_gate=RateGate(options.rate_limit_rps), count_tokens=counter.count, sink=recorder.submit,
-            ttft_timeout_ns=None, total_timeout_ns=None, secrets=secrets, retain_completion_text=retain_completion,
-            warm_state=options.warm_state, timeouts=timeouts, max_sse_line_bytes=options.max_sse_line_bytes,
+            rate_gate=RateGate(options.rate_limit_rps),
+            count_tokens=counter.count,
+            sink=recorder.submit,
+            ttft_timeout_ns=None,
+            total_timeout_ns=None,
+            secrets=secrets,
+            retain_completion_text=retain_completion,
+            warm_state=options.warm_state,
+            timeouts=timeouts,
+            max_sse_line_bytes=options.max_sse_line_bytes,
         )
         recorder.quiet_ns = ctx.quiet_ns
         recorder.progress = _Coverage(jobs, ctx, recorder, inputs.mode)
@@ -318,9 +402,17 @@ class _Coverage:
         return {"flushed_ns": now, "covered_until_ns": covered, "dispatched": dispatched}
 
 
-async def _replay(options: RunOptions, inputs: _Inputs, ctx: RunContext, jobs: list[Job], writer: RunWriter,
-                  recorder: Recorder, info: TargetInfo, transport: RawHTTP11Transport,
-                  scraper_client: httpx.AsyncClient | None) -> None:
+async def _replay(
+    options: RunOptions,
+    inputs: _Inputs,
+    ctx: RunContext,
+    jobs: list[Job],
+    writer: RunWriter,
+    recorder: Recorder,
+    info: TargetInfo,
+    transport: RawHTTP11Transport,
+    scraper_client: httpx.AsyncClient | None,
+) -> None:
     """The measured part: one task group from the anchor to the last request; ``_finish`` always runs."""
     mode, concurrency = inputs.mode, inputs.concurrency
     show_progress = options.progress == "on" or (options.progress == "auto" and sys.stderr.isatty())
@@ -346,9 +438,14 @@ async def _replay(options: RunOptions, inputs: _Inputs, ctx: RunContext, jobs: l
             # the anchor is taken only now: set-up (connections, files) is never inside a request's TTFT
             _take_anchor(ctx, writer)
             if scraper_client is not None:  # its first scrape (the baseline) falls inside the lead time
-                scraper = MetricsScraper(scraper_client, "/metrics", ctx.anchor_ns, recorder.submit_metrics,
-                                         options.scrape_interval_s,
-                                         tuple(options.metrics_prefixes) if options.metrics_prefixes else None)
+                scraper = MetricsScraper(
+                    scraper_client,
+                    "/metrics",
+                    ctx.anchor_ns,
+                    recorder.submit_metrics,
+                    options.scrape_interval_s,
+                    tuple(options.metrics_prefixes) if options.metrics_prefixes else None,
+                )
                 await outer.start(scraper.run)
             if progress is not None:
                 outer.start_soon(progress.run)
@@ -382,8 +479,17 @@ async def _replay(options: RunOptions, inputs: _Inputs, ctx: RunContext, jobs: l
         if scraper_client is not None:
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                 await scraper_client.aclose()
-        _finish(writer, recorder, ctx, jobs, info, (state, interrupted_by, deadline_hit, stop_abs), inputs.warnings,
-                transport, mode == "open")
+        _finish(
+            writer,
+            recorder,
+            ctx,
+            jobs,
+            info,
+            (state, interrupted_by, deadline_hit, stop_abs),
+            inputs.warnings,
+            transport,
+            mode == "open",
+        )
 
 
 def _take_anchor(ctx: RunContext, writer: RunWriter) -> None:
@@ -393,10 +499,13 @@ def _take_anchor(ctx: RunContext, writer: RunWriter) -> None:
     """
     ctx.anchor_ns = time.perf_counter_ns() + LEAD_NS
     anchor_utc = datetime.now(UTC) + timedelta(microseconds=LEAD_NS / 1000)
-    writer.update_manifest({
-        "started_utc": anchor_utc.isoformat(timespec="milliseconds"),
-        "anchor": {"perf_counter_ns": ctx.anchor_ns, "utc": anchor_utc.isoformat(timespec="microseconds")},
-    }, write=True)
+    writer.update_manifest(
+        {
+            "started_utc": anchor_utc.isoformat(timespec="milliseconds"),
+            "anchor": {"perf_counter_ns": ctx.anchor_ns, "utc": anchor_utc.isoformat(timespec="microseconds")},
+        },
+        write=True,
+    )
 
 
 async def _warm_up(counter) -> None:
@@ -463,8 +572,9 @@ async def _schedule_closed(ctx: RunContext, jobs, concurrency: int, requests) ->
         requests.start_soon(worker)
 
 
-def _record_missing(recorder: Recorder, ctx: RunContext, jobs: list[Job], stopped: bool, stop_abs: int | None,
-                    open_loop: bool) -> None:
+def _record_missing(
+    recorder: Recorder, ctx: RunContext, jobs: list[Job], stopped: bool, stop_abs: int | None, open_loop: bool
+) -> None:
     """A row for every job without one: ``not_due`` when the run stopped before the job was due (never
     dispatched, and in open loop its deadline not passed at the stop), ``run_interrupted`` when it was
     due, ``client`` (a bug, said so) when the run did not stop."""
@@ -473,14 +583,23 @@ def _record_missing(recorder: Recorder, ctx: RunContext, jobs: list[Job], stoppe
         if job.request_id in recorder.recorded_ids:
             continue
         due = job.scheduled_ns is not None or (
-            open_loop and bool(ctx.anchor_ns) and stop_abs is not None and ctx.anchor_ns + job.offset_ns < stop_abs)
+            open_loop and bool(ctx.anchor_ns) and stop_abs is not None and ctx.anchor_ns + job.offset_ns < stop_abs
+        )
         kind = ("run_interrupted" if due else "not_due") if stopped else "client"
         recorder.submit(request_row(job, job.offset_ns, STATUS_NOT_SENT, kind), None)
 
 
-def _finish(writer: ArrowRunWriter, recorder: Recorder, ctx: RunContext, jobs: list[Job], info: TargetInfo,
-            outcome: tuple[str, str | None, bool, int | None], warnings: list[str], transport: RawHTTP11Transport,
-            open_loop: bool) -> None:
+def _finish(
+    writer: ArrowRunWriter,
+    recorder: Recorder,
+    ctx: RunContext,
+    jobs: list[Job],
+    info: TargetInfo,
+    outcome: tuple[str, str | None, bool, int | None],
+    warnings: list[str],
+    transport: RawHTTP11Transport,
+    open_loop: bool,
+) -> None:
     """Record unsent requests, close the run directory with the final manifest (synchronous).
 
     Runs in ``finally``: whatever ended the run, every scheduled request gets exactly one row and
@@ -493,7 +612,7 @@ def _finish(writer: ArrowRunWriter, recorder: Recorder, ctx: RunContext, jobs: l
     try:
         _record_missing(recorder, ctx, jobs, state != "complete" or deadline_hit, stop_abs, open_loop)
         recorder.finish()
-    except BaseException as exc:  # noqa: BLE001 - keep closing: a readable partial run beats none
+    except BaseException as exc:
         write_error = exc
         state = "failed"
         interrupted_by = interrupted_by or _describe(exc)
@@ -506,7 +625,9 @@ def _finish(writer: ArrowRunWriter, recorder: Recorder, ctx: RunContext, jobs: l
     updates: dict[str, Any] = {
         "state": state,
         "ended_utc": utc_now_iso(),
-        "duration_s": round((end_ns - ctx.anchor_ns) / 1e9, 6) if ctx.anchor_ns else 0.0,  # 0: stopped before the anchor
+        "duration_s": round((end_ns - ctx.anchor_ns) / 1e9, 6)
+        if ctx.anchor_ns
+        else 0.0,  # 0: stopped before the anchor
         "modelExecuted": executed,
         "benchmarkExecuted": executed,
         "send_lag_ns": lag,

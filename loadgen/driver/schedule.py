@@ -15,10 +15,12 @@ import heapq
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import cast
 
 import anyio
 import anyio.lowlevel
 import numpy as np
+import sniffio
 
 from ..analysis.percentiles import percentile_nearest_rank
 
@@ -100,11 +102,9 @@ def _timer_thread() -> _TimerThread | None:
     """The shared timer thread when running on asyncio (else None: use anyio's worker threads)."""
     global _timer
     try:
-        import sniffio
-
         if sniffio.current_async_library() != "asyncio":
             return None
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
     if _timer is None:
         _timer = _TimerThread()
@@ -168,5 +168,10 @@ class LagStats:
         if not self.values:
             return {"p50": None, "p99": None, "max": None, "n": 0}
         arr = np.sort(np.asarray(self.values, dtype=np.int64))
-        return {"p50": percentile_nearest_rank(arr, 0.50), "p99": percentile_nearest_rank(arr, 0.99),
-                "max": int(arr[-1]), "n": len(arr)}
+        # nearest rank of a non-empty int64 array: an observed value, a Python int
+        return {
+            "p50": cast(int, percentile_nearest_rank(arr, 0.50)),
+            "p99": cast(int, percentile_nearest_rank(arr, 0.99)),
+            "max": int(arr[-1]),
+            "n": len(arr),
+        }

@@ -9,8 +9,10 @@ here allocates per chunk beyond the decoded JSON and one small tuple.
 from __future__ import annotations
 
 import json
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
+_loads: Callable[[bytes], Any]
 try:  # orjson is ~3x faster on these small objects; optional.
     from orjson import loads as _loads
 except ImportError:  # pragma: no cover - depends on the environment
@@ -73,8 +75,9 @@ class SSEDecoder:
         self.max_line_bytes = max_line_bytes
 
     def _too_long(self, size: int, what: str = "line") -> SSELineTooLong:
-        return SSELineTooLong(f"SSE {what} of {size} bytes exceeds the cap of {self.max_line_bytes} bytes "
-                              "(--max-sse-line-bytes)")
+        return SSELineTooLong(
+            f"SSE {what} of {size} bytes exceeds the cap of {self.max_line_bytes} bytes (--max-sse-line-bytes)"
+        )
 
     def _keep_partial(self, piece: bytes) -> None:
         if piece:
@@ -251,6 +254,14 @@ def parse_chunk(payload: bytes) -> Chunk:
         prompt_tokens = usage.get("prompt_tokens")
         completion_tokens = usage.get("completion_tokens")
     return Chunk(
-        text, pieces, len(choices) if choices else 0, finish, prompt_tokens, completion_tokens,
-        obj.get("model"), obj.get("system_fingerprint"), None, None,
+        text,
+        pieces,
+        len(choices) if choices else 0,
+        finish,
+        prompt_tokens,
+        completion_tokens,
+        obj.get("model"),
+        obj.get("system_fingerprint"),
+        None,
+        None,
     )

@@ -42,8 +42,17 @@ _SECRET_TEXT = re.compile(
 )
 
 #: Hosts of managed APIs (no /metrics, quotas, Retry-After).
-MANAGED_HOSTS = ("api.openai.com", "openai.azure.com", "api.together.xyz", "api.fireworks.ai",
-                 "api.groq.com", "api.mistral.ai", "api.deepseek.com", "openrouter.ai", "generativelanguage.googleapis.com")
+MANAGED_HOSTS = (
+    "api.openai.com",
+    "openai.azure.com",
+    "api.together.xyz",
+    "api.fireworks.ai",
+    "api.groq.com",
+    "api.mistral.ai",
+    "api.deepseek.com",
+    "openrouter.ai",
+    "generativelanguage.googleapis.com",
+)
 
 
 @dataclass
@@ -59,8 +68,14 @@ class TargetInfo:
     notes: list[str] = field(default_factory=list)
 
     def manifest(self) -> dict[str, Any]:
-        return {"kind": self.kind, "base_url": self.base_url, "model": self.model, "version": self.version,
-                "engine": self.engine, "served_models": self.models}
+        return {
+            "kind": self.kind,
+            "base_url": self.base_url,
+            "model": self.model,
+            "version": self.version,
+            "engine": self.engine,
+            "served_models": self.models,
+        }
 
 
 def _scrub(value: Any, secrets: tuple[str, ...], depth: int) -> Any:
@@ -70,8 +85,10 @@ def _scrub(value: Any, secrets: tuple[str, ...], depth: int) -> Any:
     if depth >= _VERSION_MAX_DEPTH:
         return "[nested too deeply]" if isinstance(value, (dict, list)) else value
     if isinstance(value, dict):
-        return {_scrub(str(k), secrets, depth): "REDACTED" if _SECRET_KEY.search(str(k)) else _scrub(v, secrets, depth + 1)
-                for k, v in list(value.items())[:256]}
+        return {
+            _scrub(str(k), secrets, depth): "REDACTED" if _SECRET_KEY.search(str(k)) else _scrub(v, secrets, depth + 1)
+            for k, v in list(value.items())[:256]
+        }
     if isinstance(value, list):
         return [_scrub(v, secrets, depth + 1) for v in value[:256]]
     return value
@@ -98,7 +115,9 @@ def _is_sim(response: httpx.Response | None, body: Any) -> bool:
         return False
     if "x-loadgen-sim" in response.headers or "loadgen-sim" in response.headers.get("server", ""):
         return True
-    return isinstance(body, dict) and ("loadgen-sim" in str(body.get("engine", "")) or "loadgen-sim" in str(body.get("name", "")))
+    return isinstance(body, dict) and (
+        "loadgen-sim" in str(body.get("engine", "")) or "loadgen-sim" in str(body.get("name", ""))
+    )
 
 
 async def probe_target(
@@ -126,7 +145,9 @@ async def probe_target(
             version = version_resp.text.strip()[:500] or None
     models_resp = await _get(client, "/v1/models")
     if version_resp is None and models_resp is None:
-        raise TargetError(f"target {safe_url}: not reachable (GET /version and /v1/models failed): expected an OpenAI-compatible server")
+        raise TargetError(
+            f"target {safe_url}: not reachable (GET /version and /v1/models failed): expected an OpenAI-compatible server"
+        )
     models: list[str] = []
     owners: set[str] = set()
     if models_resp is not None and models_resp.status_code == 200:
@@ -147,17 +168,26 @@ async def probe_target(
         model = models[0]
     elif check_model and models and model not in models:
         shown = ", ".join(repr(m) for m in models[:10]) + (f" and {len(models) - 10} more" if len(models) > 10 else "")
-        raise TargetError(redact(f"model {model!r} (--model, else the scenario's): not served by {safe_url}: expected one of {shown} "
-                                 "(--no-model-check for a gateway whose /v1/models does not list what it accepts)", secrets))
+        raise TargetError(
+            redact(
+                f"model {model!r} (--model, else the scenario's): not served by {safe_url}: expected one of {shown} "
+                "(--no-model-check for a gateway whose /v1/models does not list what it accepts)",
+                secrets,
+            )
+        )
     host = (urlsplit(base_url).hostname or "").lower()
     recorded_models = [safe_version(m, secrets) for m in models[:64]]
-    info = TargetInfo(kind="unknown", base_url=safe_url, model=model, version=safe_version(version, secrets),
-                      models=recorded_models)
+    info = TargetInfo(
+        kind="unknown", base_url=safe_url, model=model, version=safe_version(version, secrets), models=recorded_models
+    )
     clean = info.version if isinstance(info.version, dict) else {}
     if _is_sim(version_resp, version):
         info.kind = "sim"
-        info.engine = {"name": "loadgen-sim", "version": clean.get("version"),
-                       "config": {"name": clean.get("engine_config")} if clean.get("engine_config") else None}
+        info.engine = {
+            "name": "loadgen-sim",
+            "version": clean.get("version"),
+            "config": {"name": clean.get("engine_config")} if clean.get("engine_config") else None,
+        }
     elif any(host == h or host.endswith("." + h) for h in MANAGED_HOSTS):
         info.kind = "managed"
     elif "vllm" in owners or (isinstance(version, dict) and set(version) == {"version"}):

@@ -19,6 +19,7 @@ import typing
 import anyio
 import anyio.abc
 import httpx
+import sniffio
 
 __all__ = ["RawHTTP11Transport", "RawResponse", "SendTiming"]
 
@@ -27,11 +28,11 @@ _READ = 65536
 
 def _on_asyncio() -> bool:
     try:
-        import sniffio
-
         return sniffio.current_async_library() == "asyncio"
-    except Exception:  # noqa: BLE001 - no async library detected: use anyio streams
+    except Exception:
         return False
+
+
 _MAX_HEAD = 1 << 20
 
 _NONE = 0  # no body
@@ -68,18 +69,21 @@ class _Conn:
     __slots__ = ("buf", "idle_since", "reused", "stream")
 
     def __init__(self, stream: anyio.abc.ByteStream) -> None:
-        self.stream = stream
+        self.stream: anyio.abc.ByteStream | None = stream  # None on a _ProtoConn (no stream)
         self.buf = b""
         self.idle_since = 0.0
         self.reused = False
 
     async def send(self, data: bytes) -> None:
+        assert self.stream is not None  # set in __init__; only _ProtoConn (which overrides this) has none
         await self.stream.send(data)
 
     async def receive(self) -> bytes:
+        assert self.stream is not None
         return await self.stream.receive(_READ)
 
     async def aclose(self) -> None:
+        assert self.stream is not None
         with anyio.CancelScope(shield=True):
             try:
                 await self.stream.aclose()
@@ -101,7 +105,7 @@ class _Protocol(asyncio.Protocol):
         self.sink: typing.Callable[[bytes], None] | None = None  # set while a body streams by callback
         self.sink_eof: typing.Callable[[BaseException | None], None] | None = None
 
-    def connection_made(self, transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport) -> None:
         self.transport = transport
 
     def _wake(self) -> None:
@@ -279,8 +283,10 @@ class _Body(httpx.AsyncByteStream):
 
     __slots__ = ("_conn", "_dechunker", "_keep_alive", "_key", "_owner", "_started")
 
-    def __init__(self, conn: _Conn, framing: int, length: int, owner: RawHTTP11Transport, key: tuple, keep_alive: bool) -> None:
-        self._conn = conn
+    def __init__(
+        self, conn: _Conn, framing: int, length: int, owner: RawHTTP11Transport, key: tuple, keep_alive: bool
+    ) -> None:
+        self._conn: _Conn | None = conn  # None once handed back or closed
         self._dechunker = _Dechunker(framing, length)
         self._owner = owner
         self._key = key
@@ -293,6 +299,7 @@ class _Body(httpx.AsyncByteStream):
 
     def _take_buffered(self) -> bytes:
         conn = self._conn
+        assert conn is not None  # callers return early when the connection is gone
         data, conn.buf = conn.buf, b""
         return data
 
@@ -358,7 +365,7 @@ class _Body(httpx.AsyncByteStream):
                     done.set_result(None)
                 elif stop:
                     done.set_result(None)
-            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+            except BaseException as exc:
                 done.set_exception(exc)
 
         def on_eof(exc: BaseException | None) -> None:
@@ -370,7 +377,7 @@ class _Body(httpx.AsyncByteStream):
             try:
                 dechunker.eof()
                 done.set_result(None)
-            except BaseException as err:  # noqa: BLE001
+            except BaseException as err:
                 done.set_exception(err)
 
         # bytes that arrived before we attached, then the callback for the rest
@@ -487,19 +494,30 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
 
     def _ssl_context(self) -> ssl.SSLContext:
         if self._ssl is None:
-            self._ssl = self._verify if isinstance(self._verify, ssl.SSLContext) else httpx.create_ssl_context(verify=self._verify)
+            self._ssl = (
+                self._verify
+                if isinstance(self._verify, ssl.SSLContext)
+                else httpx.create_ssl_context(verify=self._verify)
+            )
         return self._ssl
 
     async def _connect(self, scheme: bytes, host: str, port: int) -> _Conn:
+        stream: anyio.abc.ByteStream
         try:
             with anyio.fail_after(self._connect_timeout_s):
                 if _on_asyncio():
                     loop = asyncio.get_running_loop()
-                    tls = {"ssl": self._ssl_context(), "server_hostname": host} if scheme == b"https" else {}
+                    https = scheme == b"https"
                     address = self._addresses.get((host, port))
                     # the first connection resolves the name (trying every address); later ones reuse
                     # the address that answered, so a burst of new connections does no DNS
-                    transport, proto = await loop.create_connection(_Protocol, address or host, port, **tls)
+                    transport, proto = await loop.create_connection(
+                        _Protocol,
+                        address or host,
+                        port,
+                        ssl=self._ssl_context() if https else None,  # None, None: create_connection's defaults
+                        server_hostname=host if https else None,
+                    )
                     if address is None:
                         peer = transport.get_extra_info("peername")
                         if peer:
@@ -507,8 +525,14 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
                     self.opened += 1
                     return _ProtoConn(proto)
                 if scheme == b"https":
-                    stream = await anyio.connect_tcp(host, port, tls=True, ssl_context=self._ssl_context(),
-                                                     tls_hostname=host, tls_standard_compatible=False)
+                    stream = await anyio.connect_tcp(
+                        host,
+                        port,
+                        tls=True,
+                        ssl_context=self._ssl_context(),
+                        tls_hostname=host,
+                        tls_standard_compatible=False,
+                    )
                 else:
                     stream = await anyio.connect_tcp(host, port)
         except TimeoutError:
@@ -542,8 +566,15 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
     def idle_count(self, origin: tuple[bytes, str, int]) -> int:
         return len(self._idle.get(origin, ()))
 
-    async def keep_idle(self, origin: tuple[bytes, str, int], low: int, high: int, *, interval_s: float = 0.005,
-                        task_status=anyio.TASK_STATUS_IGNORED) -> None:
+    async def keep_idle(
+        self,
+        origin: tuple[bytes, str, int],
+        low: int,
+        high: int,
+        *,
+        interval_s: float = 0.005,
+        task_status=anyio.TASK_STATUS_IGNORED,
+    ) -> None:
         """Keep at least ``low`` idle connections open (refilling to ``high``) until cancelled.
 
         Connecting is then off the send path: a request due at its deadline finds a connection
@@ -608,8 +639,15 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
             return conn
         return None
 
-    async def open(self, origin: tuple[bytes, str, int], payload: bytes, *, head_request: bool = False,
-                   sent: _Conn | None = None, timing: SendTiming | None = None) -> RawResponse:
+    async def open(
+        self,
+        origin: tuple[bytes, str, int],
+        payload: bytes,
+        *,
+        head_request: bool = False,
+        sent: _Conn | None = None,
+        timing: SendTiming | None = None,
+    ) -> RawResponse:
         """Send ``payload`` (a whole encoded request) and read the response head; the body streams.
 
         This is the driver's hot path: no Request/Response objects, one send, one head parse.
@@ -665,6 +703,7 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
                 await conn.aclose()
                 raise
             break
+        assert conn is not None  # each attempt breaks with a connection, continues (only the first) or raises
         framing, length, keep_alive = _NONE, 0, True
         te = cl = None
         for name, value in headers:

@@ -61,8 +61,10 @@ def find_run_dirs(path: str | Path) -> list[Path]:
         return [path]
     found = sorted({p.parent for p in path.rglob(REQUESTS_FILE) if has_run(p.parent)})
     if not found:
-        raise RunDirError(f"{path}: no run directory ({MANIFEST_FILE} + {REQUESTS_FILE}) at or under it: "
-                          "expected a run or plan directory")
+        raise RunDirError(
+            f"{path}: no run directory ({MANIFEST_FILE} + {REQUESTS_FILE}) at or under it: "
+            "expected a run or plan directory"
+        )
     return found
 
 
@@ -83,17 +85,38 @@ def _memory_signals(manifest: Manifest, analysis: Analysis, run_dir: Path | None
     kv = server.get("kv_cache_usage") if isinstance(server, dict) else None
     pre = server.get("preemptions") if isinstance(server, dict) else None
     if kv and kv.get("peak") is not None and kv["peak"] >= 0.99:
-        signals.append({"signal": "kv_cache_saturated", "metric": kv.get("metric"), "observed": kv["peak"],
-                        "limit": 0.99, "samples": counts.get(kv.get("metric")),
-                        "reason": f"KV cache usage peaked at {kv['peak']:.1%} ({kv.get('metric')})"})
+        signals.append(
+            {
+                "signal": "kv_cache_saturated",
+                "metric": kv.get("metric"),
+                "observed": kv["peak"],
+                "limit": 0.99,
+                "samples": counts.get(kv.get("metric")),
+                "reason": f"KV cache usage peaked at {kv['peak']:.1%} ({kv.get('metric')})",
+            }
+        )
     if pre and (pre.get("increase") or 0) > 0:
-        signals.append({"signal": "preemptions", "metric": pre.get("metric"), "observed": pre["increase"],
-                        "limit": 0, "samples": counts.get(pre.get("metric")),
-                        "reason": f"{pre['increase']:g} preemptions during the run ({pre.get('metric')})"})
+        signals.append(
+            {
+                "signal": "preemptions",
+                "metric": pre.get("metric"),
+                "observed": pre["increase"],
+                "limit": 0,
+                "samples": counts.get(pre.get("metric")),
+                "reason": f"{pre['increase']:g} preemptions during the run ({pre.get('metric')})",
+            }
+        )
     notes = json.dumps(manifest.engine_notes).lower()
     if "out of memory" in notes or "oom" in re.findall(r"[a-z]+", notes):
-        signals.append({"signal": "engine_oom", "observed": None, "limit": None, "samples": None,
-                        "reason": "the engine reported running out of memory (manifest engine_notes)"})
+        signals.append(
+            {
+                "signal": "engine_oom",
+                "observed": None,
+                "limit": None,
+                "samples": None,
+                "reason": "the engine reported running out of memory (manifest engine_notes)",
+            }
+        )
     return signals
 
 
@@ -130,9 +153,15 @@ def _check_dict(check: Check) -> dict[str, Any]:
     if isinstance(obs, float) and math.isinf(obs):
         d["observed"] = "inf"
     return {
-        "class": d.get("class"), "metric": d.get("metric"), "percentile": d.get("percentile"),
-        "limit": d.get("limit"), "observed": d.get("observed"), "samples": d.get("n"),
-        "failures_as_inf": d.get("failures_as_inf", 0), "hard": d.get("hard"), "reason": d.get("reason"),
+        "class": d.get("class"),
+        "metric": d.get("metric"),
+        "percentile": d.get("percentile"),
+        "limit": d.get("limit"),
+        "observed": d.get("observed"),
+        "samples": d.get("n"),
+        "failures_as_inf": d.get("failures_as_inf", 0),
+        "hard": d.get("hard"),
+        "reason": d.get("reason"),
     }
 
 
@@ -140,8 +169,18 @@ def _failures(analysis: Analysis, memory: list[dict[str, Any]]) -> list[dict[str
     """Failed hard budgets and memory signals, TTFT and memory first: those are what the handoff is for."""
     failures = [_check_dict(c) for c in analysis.hard_failures]
     for m in memory:
-        failures.append({"class": "overall", "metric": m["signal"], "percentile": None, "limit": m.get("limit"),
-                         "observed": m.get("observed"), "samples": m.get("samples"), "hard": True, "reason": m["reason"]})
+        failures.append(
+            {
+                "class": "overall",
+                "metric": m["signal"],
+                "percentile": None,
+                "limit": m.get("limit"),
+                "observed": m.get("observed"),
+                "samples": m.get("samples"),
+                "hard": True,
+                "reason": m["reason"],
+            }
+        )
     order = {"ttft_ms": 0, "kv_cache_saturated": 1, "preemptions": 1, "engine_oom": 1}
     failures.sort(key=lambda f: (order.get(f["metric"], 2), 0 if f.get("percentile") == "p99" else 1))
     return failures
@@ -164,11 +203,14 @@ def _scenario_text(manifest: Manifest) -> tuple[str | None, str]:
     content = dict(content)
     classes = content.get("classes") or {}
     content["classes"] = {n: classes[n] for n in sorted(classes, key=lambda n: (CLASS_NAMES + (n,)).index(n))}
-    return ("# Rebuilt by loadgen handoff from the run manifest's validated scenario content\n"
-            + dumps_toml(content, what="scenario rebuilt from the run manifest")), (
-                "rebuilt from the manifest (original file missing or changed); classes are "
-                "written in canonical order because the manifest does not keep the file's order, "
-                "and the trace generator depends on it")
+    return (
+        "# Rebuilt by loadgen handoff from the run manifest's validated scenario content\n"
+        + dumps_toml(content, what="scenario rebuilt from the run manifest")
+    ), (
+        "rebuilt from the manifest (original file missing or changed); classes are "
+        "written in canonical order because the manifest does not keep the file's order, "
+        "and the trace generator depends on it"
+    )
 
 
 def _engine(manifest: Manifest) -> dict[str, Any] | None:
@@ -187,22 +229,27 @@ def _engine_toml(engine: dict[str, Any] | None, version_body: Any = None) -> tup
             return Path(path).read_text(), "original file"
     config = inner_engine_config(engine)
     if isinstance(config, dict) and config.get("name") and "scheduler" in config:
-        return ("# Rebuilt by loadgen handoff from the run manifest's engine config\n"
-                + dumps_toml(config, what="engine config rebuilt from the run manifest"), "rebuilt from the manifest")
+        return (
+            "# Rebuilt by loadgen handoff from the run manifest's engine config\n"
+            + dumps_toml(config, what="engine config rebuilt from the run manifest"),
+            "rebuilt from the manifest",
+        )
     version = version_body if isinstance(version_body, dict) else {}
     name = version.get("engine_config") if version.get("engine") == "loadgen-sim" else None
     if isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9._-]+", name):
         preset = PRESETS_DIR / f"{name}.toml"
         if preset.is_file():
-            return preset.read_text(), (f"the shipped preset of that name: the live server reported engine_config = "
-                                        f"{name!r} but not its content, so a locally modified config would not show here")
+            return preset.read_text(), (
+                f"the shipped preset of that name: the live server reported engine_config = "
+                f"{name!r} but not its content, so a locally modified config would not show here"
+            )
     return None, None
 
 
 def _case_files(manifest: Manifest) -> list[Path]:
     try:
         scenario = scenario_from_manifest(manifest)
-    except Exception:  # noqa: BLE001  (a bad scenario must not stop the handoff; it is reported in the README)
+    except Exception:
         return []
     if scenario is None:
         return []
@@ -227,16 +274,29 @@ def _identity(manifest: Manifest, run_dir: Path) -> dict[str, Any]:
     m = manifest.to_dict()  # the sections as recorded (on-disk key names)
     target = m["target"]
     return {
-        "kind": layout.BUNDLE_KIND, "version": 1, "built_utc": utc_now_iso(),
+        "kind": layout.BUNDLE_KIND,
+        "version": 1,
+        "built_utc": utc_now_iso(),
         "package": {"model": target["model"], "served_models": target["served_models"]},
-        "engine": target["engine"], "target_kind": target["kind"], "target_base_url": target["base_url"],
+        "engine": target["engine"],
+        "target_kind": target["kind"],
+        "target_base_url": target["base_url"],
         "target_version": target["version"],
-        "hardware": m["host"], "harness": m["harness"],
-        "run_kind": m["run_kind"], "modelExecuted": m["modelExecuted"],
-        "benchmarkExecuted": m["benchmarkExecuted"], "warm_state": m["warm_state"],
-        "behavior_relevant": m["behavior_relevant"], "engine_notes": m["engine_notes"],
-        "source_run": {"path": str(run_dir), "started_utc": m["started_utc"],
-                       "order_index": m["order_index"], "repeat": m["repeat"], "plan_cell": m["plan_cell"]},
+        "hardware": m["host"],
+        "harness": m["harness"],
+        "run_kind": m["run_kind"],
+        "modelExecuted": m["modelExecuted"],
+        "benchmarkExecuted": m["benchmarkExecuted"],
+        "warm_state": m["warm_state"],
+        "behavior_relevant": m["behavior_relevant"],
+        "engine_notes": m["engine_notes"],
+        "source_run": {
+            "path": str(run_dir),
+            "started_utc": m["started_utc"],
+            "order_index": m["order_index"],
+            "repeat": m["repeat"],
+            "plan_cell": m["plan_cell"],
+        },
     }
 
 
@@ -247,15 +307,20 @@ def _write_trace(out: Path, trace: dict[str, Any], have_scenario: bool) -> str:
     if trace_src is not None and trace_src.is_file():
         shutil.copyfile(trace_src, dest)
         got = sha256_file(dest)
-        return "copied; sha256 matches the manifest" if got == trace.get("sha256") else \
-            f"copied; sha256 {got[:12]} differs from the manifest's {str(trace.get('sha256'))[:12]}"
+        return (
+            "copied; sha256 matches the manifest"
+            if got == trace.get("sha256")
+            else f"copied; sha256 {got[:12]} differs from the manifest's {str(trace.get('sha256'))[:12]}"
+        )
     if have_scenario and trace.get("name"):
         generate_trace_file(load_scenario(out / layout.SCENARIO), trace["name"], dest, trace.get("seed"))
         n_new = read_trace(dest)[0].num_rows
         n_old = (trace.get("metadata") or {}).get("requests")
-        return (f"regenerated from scenario.toml, trace name and seed (original file missing); {n_new} requests"
-                + ("" if n_old is None else f" (the original had {n_old}"
-                   + (")" if n_old == n_new else ": NOT the same trace)")))
+        return f"regenerated from scenario.toml, trace name and seed (original file missing); {n_new} requests" + (
+            ""
+            if n_old is None
+            else f" (the original had {n_old}" + (")" if n_old == n_new else ": NOT the same trace)")
+        )
     return "not available"
 
 
@@ -267,16 +332,32 @@ def _write_workload(out: Path, manifest: Manifest) -> str:
         (out / layout.SCENARIO).write_text(scenario_text)
     trace_note = _write_trace(out, trace, scenario_text is not None)
     scenario_entry = manifest.scenario or ScenarioRef()
-    _write_json(out / layout.WORKLOAD, {
-        "scenario": {"name": scenario_entry.name, "sha256": scenario_entry.sha256,
-                     "file": layout.SCENARIO, "note": scenario_note},
-        "trace": {"name": trace.get("name"), "seed": trace.get("seed"), "sha256": trace.get("sha256"),
-                  "file": layout.TRACE if (out / layout.TRACE).exists() else None, "note": trace_note,
-                  "metadata": trace.get("metadata")},
-        "regenerate": (f"loadgen trace generate scenario.toml --trace {trace.get('name')} --seed {trace.get('seed')} "
-                       "--out trace.parquet") if trace.get("name") else None,
-        "prompts": "not included; synthesized deterministically from the trace's token counts and prefix groups",
-    })
+    _write_json(
+        out / layout.WORKLOAD,
+        {
+            "scenario": {
+                "name": scenario_entry.name,
+                "sha256": scenario_entry.sha256,
+                "file": layout.SCENARIO,
+                "note": scenario_note,
+            },
+            "trace": {
+                "name": trace.get("name"),
+                "seed": trace.get("seed"),
+                "sha256": trace.get("sha256"),
+                "file": layout.TRACE if (out / layout.TRACE).exists() else None,
+                "note": trace_note,
+                "metadata": trace.get("metadata"),
+            },
+            "regenerate": (
+                f"loadgen trace generate scenario.toml --trace {trace.get('name')} --seed {trace.get('seed')} "
+                "--out trace.parquet"
+            )
+            if trace.get("name")
+            else None,
+            "prompts": "not included; synthesized deterministically from the trace's token counts and prefix groups",
+        },
+    )
     return scenario_note
 
 
@@ -286,9 +367,15 @@ def _write_runtime(out: Path, manifest: Manifest) -> str | None:
     etoml, etoml_note = _engine_toml(engine, manifest.target.version)
     if etoml is not None:
         (out / layout.ENGINE).write_text(etoml)
-    _write_json(out / layout.RUNTIME, {"engine": engine, "options": manifest.options,
-                                       "warm_state": manifest.warm_state.model_dump(mode="json"),
-                                       "engine_toml": layout.ENGINE if etoml else None})
+    _write_json(
+        out / layout.RUNTIME,
+        {
+            "engine": engine,
+            "options": manifest.options,
+            "warm_state": manifest.warm_state.model_dump(mode="json"),
+            "engine_toml": layout.ENGINE if etoml else None,
+        },
+    )
     return etoml_note if etoml is not None else None
 
 
@@ -307,15 +394,26 @@ def _write_contract(out: Path, manifest: Manifest, run_dir: Path) -> bool:
     return contract_result.is_file()
 
 
-def _write_findings(out: Path, analysis: Analysis, failures: list[dict[str, Any]], memory: list[dict[str, Any]],
-                    experiment: dict[str, Any]) -> None:
+def _write_findings(
+    out: Path,
+    analysis: Analysis,
+    failures: list[dict[str, Any]],
+    memory: list[dict[str, Any]],
+    experiment: dict[str, Any],
+) -> None:
     """failure.json, experiment.json and observed.json."""
-    _write_json(out / layout.FAILURE, {
-        "verdict": analysis.verdict, "passed": analysis.passed, "failures": failures,
-        "soft_failures": [_check_dict(c) for c in analysis.soft_failures],
-        "memory_signals": memory, "error_share": analysis.error_share,
-        "note": None if failures else "nothing failed in this run; bundled anyway so the result can be reproduced",
-    })
+    _write_json(
+        out / layout.FAILURE,
+        {
+            "verdict": analysis.verdict,
+            "passed": analysis.passed,
+            "failures": failures,
+            "soft_failures": [_check_dict(c) for c in analysis.soft_failures],
+            "memory_signals": memory,
+            "error_share": analysis.error_share,
+            "note": None if failures else "nothing failed in this run; bundled anyway so the result can be reproduced",
+        },
+    )
     _write_json(out / layout.EXPERIMENT, experiment)
     observed = analysis.to_dict()
     observed.pop("timeseries", None)  # per-second series are re-derivable from a rerun; keep the bundle small
@@ -334,7 +432,11 @@ def _check_no_secret(bundle_dir: Path, manifest: Manifest) -> None:
     secret = os.environ.get(name) if name else None
     if not secret or len(secret) < 4:
         return
-    needles = {secret.encode(), json.dumps(secret)[1:-1].encode(), json.dumps(secret, ensure_ascii=False)[1:-1].encode()}
+    needles = {
+        secret.encode(),
+        json.dumps(secret)[1:-1].encode(),
+        json.dumps(secret, ensure_ascii=False)[1:-1].encode(),
+    }
     for p in bundle_dir.rglob("*"):
         if p.is_file() and any(needle in p.read_bytes() for needle in needles):
             shutil.rmtree(bundle_dir, ignore_errors=True)
@@ -362,17 +464,29 @@ def _write_files(out: Path, src: _Source, failures: list[dict[str, Any]], experi
     contract_result = _write_contract(out, manifest, run_dir)
     _write_findings(out, src.analysis, failures, src.memory, experiment)
     shutil.copyfile(run_dir / MANIFEST_FILE, out / layout.MANIFEST)
-    rerun, rerun_note = rerun_instructions(out.name, manifest, manifest.target.model,
-                                           engine_note is not None)
-    (out / layout.README).write_text(readme_text(ReadmeFacts(
-        title=f"{failures[0]['reason']}" if failures else f"run {run_dir.name} (no budget failed)",
-        built_utc=utc_now_iso(), loadgen_version=__version__, run_name=run_dir.name,
-        run_kind=manifest.run_kind, model_executed=manifest.model_executed,
-        benchmark_executed=manifest.benchmark_executed, rerun_command=rerun, rerun_note=rerun_note,
-        bundle_name=out.name, failures=failures, experiment=experiment, scenario_note=scenario_note,
-        engine_toml=engine_note, contract_result=contract_result,
-        other_runs=len(src.runs) if len(src.runs) > 1 else None,
-    )))
+    rerun, rerun_note = rerun_instructions(out.name, manifest, manifest.target.model, engine_note is not None)
+    (out / layout.README).write_text(
+        readme_text(
+            ReadmeFacts(
+                title=f"{failures[0]['reason']}" if failures else f"run {run_dir.name} (no budget failed)",
+                built_utc=utc_now_iso(),
+                loadgen_version=__version__,
+                run_name=run_dir.name,
+                run_kind=manifest.run_kind,
+                model_executed=manifest.model_executed,
+                benchmark_executed=manifest.benchmark_executed,
+                rerun_command=rerun,
+                rerun_note=rerun_note,
+                bundle_name=out.name,
+                failures=failures,
+                experiment=experiment,
+                scenario_note=scenario_note,
+                engine_toml=engine_note,
+                contract_result=contract_result,
+                other_runs=len(src.runs) if len(src.runs) > 1 else None,
+            )
+        )
+    )
     _check_no_secret(out, manifest)
 
 
@@ -381,8 +495,9 @@ def build_bundle(source: str | Path, out: str | Path) -> BundleInfo:
     out = _bundle_dir(out)
     src = _select(Path(source))
     failures = _failures(src.analysis, src.memory)
-    experiment = propose_experiment(failures, inner_engine_config(_engine(src.manifest)),
-                                    src.manifest.trace.name if src.manifest.trace else None)
+    experiment = propose_experiment(
+        failures, inner_engine_config(_engine(src.manifest)), src.manifest.trace.name if src.manifest.trace else None
+    )
     out.mkdir(parents=True, exist_ok=True)
     try:
         _write_files(out, src, failures, experiment)

@@ -61,13 +61,20 @@ def _memory_change(cfg: dict[str, Any]) -> dict[str, Any]:
     seqs = find_key(cfg, _SEQS)
     kv_budget = find_key(cfg, _KV_BUDGET)
     if seqs and isinstance(seqs[1], (int, float)) and seqs[1] > 1:
-        return _change(seqs, max(1, int(seqs[1]) // 2),
-                       "fewer concurrent sequences lower the KV cache high-water mark and preemptions")
+        return _change(
+            seqs,
+            max(1, int(seqs[1]) // 2),
+            "fewer concurrent sequences lower the KV cache high-water mark and preemptions",
+        )
     if kv_budget:
         new = round(min(0.95, kv_budget[1] + 0.05), 2) if kv_budget[0].endswith("utilization") else kv_budget[1] * 2
         return _change(kv_budget, new, "a larger KV budget removes saturation if weights and activations still fit")
-    return {"variable": "max_num_seqs", "from": None, "to": "half the current value",
-            "hypothesis": "fewer concurrent sequences lower the KV cache high-water mark"}
+    return {
+        "variable": "max_num_seqs",
+        "from": None,
+        "to": "half the current value",
+        "hypothesis": "fewer concurrent sequences lower the KV cache high-water mark",
+    }
 
 
 def _latency_change(metric: str, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -75,23 +82,40 @@ def _latency_change(metric: str, cfg: dict[str, Any]) -> dict[str, Any]:
     window = find_key(cfg, _WINDOW)
     seqs = find_key(cfg, _SEQS)
     tokens = find_key(cfg, _TOKENS)
-    if metric in ("ttft_ms", "e2e_ms", "error_share") and window and isinstance(window[1], (int, float)) and window[1] > 0:
-        return _change(window, window[1] / 2,
-                       "the batching window holds new requests before prefill; halving it should cut the queue part of TTFT")
+    if (
+        metric in ("ttft_ms", "e2e_ms", "error_share")
+        and window
+        and isinstance(window[1], (int, float))
+        and window[1] > 0
+    ):
+        return _change(
+            window,
+            window[1] / 2,
+            "the batching window holds new requests before prefill; halving it should cut the queue part of TTFT",
+        )
     if metric == "ttft_ms" and tokens and isinstance(tokens[1], int):
-        return _change(tokens, tokens[1] * 2,
-                       "a larger per-step token budget admits queued prefills sooner (watch ITL, which may rise)")
+        return _change(
+            tokens,
+            tokens[1] * 2,
+            "a larger per-step token budget admits queued prefills sooner (watch ITL, which may rise)",
+        )
     if metric in ("itl_ms", "e2e_ms") and tokens and isinstance(tokens[1], int) and tokens[1] > 2048:
-        return _change(tokens, tokens[1] // 2,
-                       "smaller prefill chunks interleaved with decode shorten the longest decode steps")
+        return _change(
+            tokens, tokens[1] // 2, "smaller prefill chunks interleaved with decode shorten the longest decode steps"
+        )
     if metric in ("itl_ms", "e2e_ms") and seqs and isinstance(seqs[1], int) and seqs[1] > 1:
         return _change(seqs, seqs[1] // 2, "a smaller decode batch shortens each decode step")
-    return {"variable": "offered load (trace time scale)", "from": 1.0, "to": 2.0,
-            "hypothesis": "replaying the same trace at half the rate locates where the budget starts to hold"}
+    return {
+        "variable": "offered load (trace time scale)",
+        "from": 1.0,
+        "to": 2.0,
+        "hypothesis": "replaying the same trace at half the rate locates where the budget starts to hold",
+    }
 
 
-def propose_experiment(failures: list[dict[str, Any]], engine_config: dict[str, Any] | None,
-                       trace_name: str | None) -> dict[str, Any]:
+def propose_experiment(
+    failures: list[dict[str, Any]], engine_config: dict[str, Any] | None, trace_name: str | None
+) -> dict[str, Any]:
     """One variable to change next, derived from the first failure and the engine config (a proposal)."""
     cfg = engine_config or {}
     memory = [f for f in failures if f.get("metric") in MEMORY_SIGNALS]
@@ -99,17 +123,31 @@ def propose_experiment(failures: list[dict[str, Any]], engine_config: dict[str, 
     metric = (first or {}).get("metric", "")
     proposal: dict[str, Any]
     if first is None:
-        proposal = {"variable": None, "from": None, "to": None,
-                    "hypothesis": "no budget failed in this run; rerun unchanged to confirm the result repeats"}
+        proposal = {
+            "variable": None,
+            "from": None,
+            "to": None,
+            "hypothesis": "no budget failed in this run; rerun unchanged to confirm the result repeats",
+        }
     elif metric in MEMORY_SIGNALS:
         proposal = _memory_change(cfg)
     else:
         proposal = _latency_change(metric, cfg)
-    proposal.update({
-        "status": "proposal (not measured)",
-        "target_check": None if first is None else {k: first.get(k) for k in ("class", "metric", "percentile", "limit")},
-        "keep_fixed": ["model and weights", "engine version", "hardware", "trace " + repr(trace_name) + " and seed",
-                       "every other engine setting", "warm/cold state"],
-        "measure": "the failing check above, with its sample count, over at least 3 repeats",
-    })
+    proposal.update(
+        {
+            "status": "proposal (not measured)",
+            "target_check": None
+            if first is None
+            else {k: first.get(k) for k in ("class", "metric", "percentile", "limit")},
+            "keep_fixed": [
+                "model and weights",
+                "engine version",
+                "hardware",
+                "trace " + repr(trace_name) + " and seed",
+                "every other engine setting",
+                "warm/cold state",
+            ],
+            "measure": "the failing check above, with its sample count, over at least 3 repeats",
+        }
+    )
     return proposal

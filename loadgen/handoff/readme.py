@@ -32,37 +32,49 @@ class ReadmeFacts:
     other_runs: int | None  # run directories in the source when more than one
 
 
-def rerun_instructions(bundle_name: str, manifest: Manifest, model: str | None,
-                       has_engine_toml: bool) -> tuple[str, str]:
+def rerun_instructions(
+    bundle_name: str, manifest: Manifest, model: str | None, has_engine_toml: bool
+) -> tuple[str, str]:
     """The one rerun command and the paragraph explaining it, by the kind of the source run."""
     options = manifest.options
     seed = options.get("seed")
     if manifest.run_kind == "simulated" and options.get("face") == "worksheet":
-        note = ("Run it from the directory holding the bundle. It verifies the checksums, replays `trace.parquet` "
-                "through the simulated engine in virtual time (`engine.toml`, seed "
-                f"{seed}, as the original run), analyses the new run and prints whether the failing "
-                "check reproduces; `--experiment` applies the proposed change first; `--target URL --model NAME` "
-                "replays against a live server instead. Equivalent by hand: `loadgen sim run trace.parquet "
-                f"--engine engine.toml --seed {seed} --scenario scenario.toml --out rerun-run`.")
+        note = (
+            "Run it from the directory holding the bundle. It verifies the checksums, replays `trace.parquet` "
+            "through the simulated engine in virtual time (`engine.toml`, seed "
+            f"{seed}, as the original run), analyses the new run and prints whether the failing "
+            "check reproduces; `--experiment` applies the proposed change first; `--target URL --model NAME` "
+            "replays against a live server instead. Equivalent by hand: `loadgen sim run trace.parquet "
+            f"--engine engine.toml --seed {seed} --scenario scenario.toml --out rerun-run`."
+        )
         return f"loadgen handoff rerun {bundle_name} --out rerun-run", note
     if has_engine_toml:
-        note = ("Run it from the directory holding the bundle. It verifies the checksums, starts the simulated "
-                "engine's live server from `engine.toml`, replays `trace.parquet` in real time, analyses the new "
-                "run and prints whether the failing check reproduces; `--experiment` applies the proposed change "
-                "first. Equivalent by hand: `loadgen sim serve --engine engine.toml --port 8000` and "
-                "`loadgen run trace.parquet --target http://127.0.0.1:8000 --scenario scenario.toml --out rerun-run`.")
+        note = (
+            "Run it from the directory holding the bundle. It verifies the checksums, starts the simulated "
+            "engine's live server from `engine.toml`, replays `trace.parquet` in real time, analyses the new "
+            "run and prints whether the failing check reproduces; `--experiment` applies the proposed change "
+            "first. Equivalent by hand: `loadgen sim serve --engine engine.toml --port 8000` and "
+            "`loadgen run trace.parquet --target http://127.0.0.1:8000 --scenario scenario.toml --out rerun-run`."
+        )
         return f"loadgen handoff rerun {bundle_name} --out rerun-run", note
-    note = ("Start the engine with the configuration in runtime.json on the same hardware first. The command "
-            "verifies the checksums, replays `trace.parquet` against URL, analyses the new run and prints "
-            "whether the failing check reproduces. Equivalent by hand: `loadgen run trace.parquet --target URL "
-            "--scenario scenario.toml --out rerun-run`.")
+    note = (
+        "Start the engine with the configuration in runtime.json on the same hardware first. The command "
+        "verifies the checksums, replays `trace.parquet` against URL, analyses the new run and prints "
+        "whether the failing check reproduces. Equivalent by hand: `loadgen run trace.parquet --target URL "
+        "--scenario scenario.toml --out rerun-run`."
+    )
     return f"loadgen handoff rerun {bundle_name} --target URL --model {model or 'MODEL'} --out rerun-run", note
 
 
 def readme_text(facts: ReadmeFacts) -> str:
     """The README.md of a bundle (Markdown)."""
-    lines = (_rerun_section(facts) + _observed_section(facts.failures) + _experiment_section(facts.experiment)
-             + _contents_section(facts) + _closing(facts))
+    lines = (
+        _rerun_section(facts)
+        + _observed_section(facts.failures)
+        + _experiment_section(facts.experiment)
+        + _contents_section(facts)
+        + _closing(facts)
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -76,8 +88,10 @@ def _rerun_section(facts: ReadmeFacts) -> list[str]:
     return [
         f"# Handoff: {facts.title}",
         "",
-        (f"Built {facts.built_utc} by loadgen {facts.loadgen_version} from run `{facts.run_name}` "
-         f"({facts.run_kind} run; modelExecuted={facts.model_executed}, benchmarkExecuted={facts.benchmark_executed})."),
+        (
+            f"Built {facts.built_utc} by loadgen {facts.loadgen_version} from run `{facts.run_name}` "
+            f"({facts.run_kind} run; modelExecuted={facts.model_executed}, benchmarkExecuted={facts.benchmark_executed})."
+        ),
         "",
         "## Rerun with one command",
         "",
@@ -98,9 +112,11 @@ def _failure_row(item: dict[str, Any]) -> str:
         notes.append(f"{item.get('failures_as_inf')} failed requests counted as +inf")
     if item.get("percentile") == "p99" and isinstance(item.get("samples"), int) and item["samples"] < 100:
         notes.append("p99 from fewer than 100 samples")
-    return (f"| {item.get('class', '')} | {item.get('metric')} | {item.get('percentile') or ''} | "
-            f"{_fmt_observed(item.get('limit'))} | {_fmt_observed(item.get('observed'))} | "
-            f"{item.get('samples')} | {'; '.join(notes)} |")
+    return (
+        f"| {item.get('class', '')} | {item.get('metric')} | {item.get('percentile') or ''} | "
+        f"{_fmt_observed(item.get('limit'))} | {_fmt_observed(item.get('observed'))} | "
+        f"{item.get('samples')} | {'; '.join(notes)} |"
+    )
 
 
 def _observed_section(failures: list[dict[str, Any]]) -> list[str]:
@@ -110,13 +126,17 @@ def _observed_section(failures: list[dict[str, Any]]) -> list[str]:
         lines.append("|---|---|---|---|---|---|---|")
         lines += [_failure_row(item) for item in failures]
     else:
-        lines.append("No hard budget failed and no memory signal was seen in this run. The bundle is still "
-                     "complete, so the result can be reproduced or extended.")
+        lines.append(
+            "No hard budget failed and no memory signal was seen in this run. The bundle is still "
+            "complete, so the result can be reproduced or extended."
+        )
     return lines + [
         "",
-        ("Values are in ms for latency metrics, from `loadgen analyze` (failed requests count as +inf; a p99 "
-         "from fewer than 100 samples is flagged). This package states what was measured at the client and, "
-         "where the engine exposes it, its /metrics; it does not diagnose kernels or prescribe kernel work."),
+        (
+            "Values are in ms for latency metrics, from `loadgen analyze` (failed requests count as +inf; a p99 "
+            "from fewer than 100 samples is flagged). This package states what was measured at the client and, "
+            "where the engine exposes it, its /metrics; it does not diagnose kernels or prescribe kernel work."
+        ),
         "",
     ]
 
@@ -124,7 +144,9 @@ def _observed_section(failures: list[dict[str, Any]]) -> list[str]:
 def _experiment_section(e: dict[str, Any]) -> list[str]:
     lines = ["## Proposed one-variable experiment (a proposal, not a measurement)", ""]
     if e.get("variable"):
-        lines.append(f"- change **{e['variable']}** from `{e.get('from')}` to `{e.get('to')}`; keep everything else fixed")
+        lines.append(
+            f"- change **{e['variable']}** from `{e.get('from')}` to `{e.get('to')}`; keep everything else fixed"
+        )
     lines.append(f"- why: {e['hypothesis']}")
     lines.append(f"- keep fixed: {', '.join(e['keep_fixed'])}")
     lines.append(f"- measure: {e['measure']}")
@@ -147,7 +169,8 @@ def _contents_section(facts: ReadmeFacts) -> list[str]:
         lines.append("| engine.toml | simulated engine config (" + str(facts.engine_toml) + ") |")
     return lines + [
         "| contract/ | the expected behaviour contract (case files"
-        + (", and the run's contract result" if facts.contract_result else "") + ") |",
+        + (", and the run's contract result" if facts.contract_result else "")
+        + ") |",
         "| failure.json | failing thresholds with measured value and sample count; memory signals |",
         "| experiment.json | the proposed experiment |",
         "| observed.json | the full analysis of the run (per-class percentiles with n, rates, errors) |",
@@ -159,13 +182,22 @@ def _contents_section(facts: ReadmeFacts) -> list[str]:
 
 def _closing(facts: ReadmeFacts) -> list[str]:
     lines = [
-        ("Raw prompts are not included: prompts are regenerated deterministically from the trace (token counts, "
-         "prefix groups) by the same loadgen version."),
+        (
+            "Raw prompts are not included: prompts are regenerated deterministically from the trace (token counts, "
+            "prefix groups) by the same loadgen version."
+        ),
         "",
         "A candidate that fixes the failure must keep the expected behaviour: replay the contract against it with "
         "`loadgen contract replay contract/*.toml --target URL --model NAME`"
-        + (" and compare with `contract/contract_result.json` (`loadgen contract diff`)." if facts.contract_result else "."),
+        + (
+            " and compare with `contract/contract_result.json` (`loadgen contract diff`)."
+            if facts.contract_result
+            else "."
+        ),
     ]
     if facts.other_runs:
-        lines += ["", f"The source held {facts.other_runs} run directories; this bundle packages the first with a failure."]
+        lines += [
+            "",
+            f"The source held {facts.other_runs} run directories; this bundle packages the first with a failure.",
+        ]
     return lines

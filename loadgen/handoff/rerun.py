@@ -55,9 +55,14 @@ class _Bundle:
         def read(name: str) -> Any:
             return json.loads((bundle / name).read_text())
 
-        return cls(bundle, read(layout.FAILURE), read(layout.EXPERIMENT), read(layout.IDENTITY),
-                   (read(layout.RUNTIME).get("options") or {}) if (bundle / layout.RUNTIME).is_file() else {},
-                   scenario if scenario.is_file() else None)
+        return cls(
+            bundle,
+            read(layout.FAILURE),
+            read(layout.EXPERIMENT),
+            read(layout.IDENTITY),
+            (read(layout.RUNTIME).get("options") or {}) if (bundle / layout.RUNTIME).is_file() else {},
+            scenario if scenario.is_file() else None,
+        )
 
 
 def _apply_experiment(engine_path: Path, proposal: dict[str, Any], out: Path) -> tuple[Path, dict[str, Any]]:
@@ -66,7 +71,9 @@ def _apply_experiment(engine_path: Path, proposal: dict[str, Any], out: Path) ->
     config = tomllib.loads(engine_path.read_text())
     found = find_key(config, (variable.rsplit(".", 1)[-1],)) if variable else None
     if found is None:
-        raise RunDirError(f"{layout.EXPERIMENT}: variable = {variable or None!r}: not an engine setting this command can apply")
+        raise RunDirError(
+            f"{layout.EXPERIMENT}: variable = {variable or None!r}: not an engine setting this command can apply"
+        )
     set_dotted(config, found[0], proposal["to"])
     exp_dir = out.parent / (out.name + ".engine")
     exp_dir.mkdir(parents=True, exist_ok=True)
@@ -77,26 +84,35 @@ def _apply_experiment(engine_path: Path, proposal: dict[str, Any], out: Path) ->
 
 def _replay(b: _Bundle, target: Target, out: Path, applied: dict[str, Any] | None) -> Path:
     """Replay the bundled trace against ``target`` into ``out``."""
-    return target.run(b.path / layout.TRACE, out, scenario_path=b.scenario, state=StateResult("unknown", False),
-                      extra_manifest={"handoff": {"bundle": str(b.path), "experiment": applied}})
+    return target.run(
+        b.path / layout.TRACE,
+        out,
+        scenario_path=b.scenario,
+        state=StateResult("unknown", False),
+        extra_manifest={"handoff": {"bundle": str(b.path), "experiment": applied}},
+    )
 
 
 def _model(b: _Bundle, model: str | None) -> str | None:
     return model or (b.identity.get("package") or {}).get("model")
 
 
-def _rerun_simulated(b: _Bundle, out: Path, experiment: bool, model: str | None,
-                     api_key_env: str | None) -> tuple[Path, dict[str, Any] | None]:
+def _rerun_simulated(
+    b: _Bundle, out: Path, experiment: bool, model: str | None, api_key_env: str | None
+) -> tuple[Path, dict[str, Any] | None]:
     """The bundled simulated engine: in virtual time for a worksheet run, else as a live server."""
     engine_path = b.path / layout.ENGINE
     if not engine_path.is_file():
-        raise RunDirError(f"{b.path}: no {layout.ENGINE} (the run was not against the simulated engine): expected --target URL")
+        raise RunDirError(
+            f"{b.path}: no {layout.ENGINE} (the run was not against the simulated engine): expected --target URL"
+        )
     applied = None
     if experiment:
         engine_path, applied = _apply_experiment(engine_path, b.proposal, out)
     if b.identity.get("run_kind") == "simulated" and b.options.get("face") == "worksheet":
-        run_dir = run_worksheet(b.path / layout.TRACE, engine_path, out, seed=int(b.options.get("seed") or 0),
-                                scenario=b.scenario)
+        run_dir = run_worksheet(
+            b.path / layout.TRACE, engine_path, out, seed=int(b.options.get("seed") or 0), scenario=b.scenario
+        )
         return Path(run_dir), applied
     with SimServerTarget(engine_path, Path(tempfile.mkdtemp(prefix="loadgen-rerun-")), api_key_env=api_key_env) as sim:
         return _replay(b, sim, out, applied), applied
@@ -112,13 +128,27 @@ def _remeasure(failures: list[dict[str, Any]], analysis: Analysis) -> list[dict[
             checks.append({**f, "rerun_observed": None, "rerun_passed": None, "rerun_samples": None})
             continue
         obs = c.observed
-        checks.append({**f, "rerun_observed": "inf" if isinstance(obs, float) and math.isinf(obs) else obs,
-                       "rerun_passed": c.passed, "rerun_samples": c.n, "rerun_reason": c.reason})
+        checks.append(
+            {
+                **f,
+                "rerun_observed": "inf" if isinstance(obs, float) and math.isinf(obs) else obs,
+                "rerun_passed": c.passed,
+                "rerun_samples": c.n,
+                "rerun_reason": c.reason,
+            }
+        )
     return checks
 
 
-def rerun_bundle(bundle: str | Path, out: str | Path, *, target_url: str | None = None, model: str | None = None,
-                 api_key_env: str | None = None, experiment: bool = False) -> RerunResult:
+def rerun_bundle(
+    bundle: str | Path,
+    out: str | Path,
+    *,
+    target_url: str | None = None,
+    model: str | None = None,
+    api_key_env: str | None = None,
+    experiment: bool = False,
+) -> RerunResult:
     """Verify the bundle, replay its trace (against ``target_url`` or the bundled simulated engine),
     analyse the new run and re-measure the originally failing checks."""
     b = _Bundle.open(Path(bundle))
@@ -126,8 +156,10 @@ def rerun_bundle(bundle: str | Path, out: str | Path, *, target_url: str | None 
     applied = None
     if target_url is not None:
         if experiment:
-            raise RunDirError("--experiment: applies only to the bundled simulated engine; "
-                              "change the variable on the real engine and rerun with --target")
+            raise RunDirError(
+                "--experiment: applies only to the bundled simulated engine; "
+                "change the variable on the real engine and rerun with --target"
+            )
         with UrlTarget(target_url, _model(b, model), api_key_env) as url:
             run_dir = _replay(b, url, out, None)
     else:
@@ -135,5 +167,9 @@ def rerun_bundle(bundle: str | Path, out: str | Path, *, target_url: str | None 
     analysis = analyze_run(run_dir, scenario=load_scenario(b.scenario) if b.scenario else None)
     checks = _remeasure(b.failure.get("failures", []), analysis)
     evaluated = [c for c in checks if c["rerun_passed"] is not None]
-    reproduced = None if not b.failure.get("failures") else (any(not c["rerun_passed"] for c in evaluated) if evaluated else False)
+    reproduced = (
+        None
+        if not b.failure.get("failures")
+        else (any(not c["rerun_passed"] for c in evaluated) if evaluated else False)
+    )
     return RerunResult(Path(run_dir), reproduced, checks, applied)

@@ -36,8 +36,11 @@ def write_sums(bundle_dir: Path) -> list[str]:
 def write_tar(bundle_dir: Path, tarball: Path) -> None:
     """A reproducible tar.gz (sorted names, fixed mtimes/owners) with the bundle dir as its top folder."""
     tmp = tarball.with_name(tarball.name + ".tmp")
-    with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, \
-            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+    with (
+        open(tmp, "wb") as raw,
+        gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
         for path in sorted(bundle_dir.rglob("*")):
             if not path.is_file():
                 continue
@@ -91,15 +94,19 @@ def _verify_dir(bundle: Path) -> VerifyResult:
             rel = path.relative_to(bundle).as_posix()
             mode = path.lstat()
             if stat.S_ISLNK(mode.st_mode):
-                unsafe.append(f"{rel}: a symbolic link (to {os.readlink(path)}): a bundle holds only regular files; "
-                              "refusing to follow it")
+                unsafe.append(
+                    f"{rel}: a symbolic link (to {os.readlink(path)}): a bundle holds only regular files; "
+                    "refusing to follow it"
+                )
             elif stat.S_ISDIR(mode.st_mode):
                 continue
             elif not stat.S_ISREG(mode.st_mode):
                 unsafe.append(f"{rel}: a device, FIFO or socket: a bundle holds only regular files")
             elif mode.st_nlink > 1:
-                unsafe.append(f"{rel}: a hard link ({mode.st_nlink} names for one file): a bundle holds only "
-                              "regular files of its own")
+                unsafe.append(
+                    f"{rel}: a hard link ({mode.st_nlink} names for one file): a bundle holds only "
+                    "regular files of its own"
+                )
             else:
                 files.append(rel)
     if unsafe:
@@ -109,7 +116,9 @@ def _verify_dir(bundle: Path) -> VerifyResult:
 
 def _tar_member_problem(member: tarfile.TarInfo) -> str | None:
     if _leaves_bundle(member.name):
-        return f"{member.name}: the archive entry's path leaves the bundle: a bundle holds only relative paths inside it"
+        return (
+            f"{member.name}: the archive entry's path leaves the bundle: a bundle holds only relative paths inside it"
+        )
     if member.issym():
         return f"{member.name}: a symbolic link (to {member.linkname}): a bundle holds only regular files"
     if member.islnk():
@@ -129,7 +138,7 @@ def _verify_tar(bundle: Path) -> VerifyResult:
             members = [m for m in all_members if m.isfile()]
             tops = {m.name.split("/", 1)[0] for m in members}
             strip = tops.pop() + "/" if len(tops) == 1 and all("/" in m.name for m in members) else ""
-            data = {m.name[len(strip):]: tar.extractfile(m).read() for m in members}  # type: ignore[union-attr]
+            data = {m.name[len(strip) :]: tar.extractfile(m).read() for m in members}  # type: ignore[union-attr]
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise RunDirError(f"{bundle}: unreadable archive ({exc}): expected a handoff bundle .tar.gz") from None
     return _verify_entries(list(data), str(bundle), lambda n: data[n])
@@ -143,7 +152,9 @@ def _read_sums(raw: bytes) -> dict[str, str] | str:
         if not m:
             return f"{SUMS_FILE}: line {n} unreadable: expected '<sha256>  <file>'"
         if _leaves_bundle(m.group(2)):
-            return f"{SUMS_FILE}: line {n} names {m.group(2)!r}, a path that leaves the bundle: expected a name inside it"
+            return (
+                f"{SUMS_FILE}: line {n} names {m.group(2)!r}, a path that leaves the bundle: expected a name inside it"
+            )
         expected[m.group(2)] = m.group(1)
     return expected
 

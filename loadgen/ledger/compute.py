@@ -22,7 +22,16 @@ from .workload import class_lengths
 __all__ = ["LINE_NAMES", "ClassConcurrency", "Ledger", "LedgerLine", "compute_ledger", "count_parameters"]
 
 #: Ledger line names, in the order they are printed.
-LINE_NAMES = ("weights", "kv_cache", "activations", "workspaces", "fragmentation", "graph_comm_buffers", "adapters", "safety_margin")
+LINE_NAMES = (
+    "weights",
+    "kv_cache",
+    "activations",
+    "workspaces",
+    "fragmentation",
+    "graph_comm_buffers",
+    "adapters",
+    "safety_margin",
+)
 
 
 @dataclass(frozen=True)
@@ -38,7 +47,14 @@ class LedgerLine:
         return self.bytes / GIB
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "bytes": int(self.bytes), "gib": round(self.gib, 6), "formula": self.formula, "factors": self.factors, "kind": self.kind}
+        return {
+            "name": self.name,
+            "bytes": int(self.bytes),
+            "gib": round(self.gib, 6),
+            "formula": self.formula,
+            "factors": self.factors,
+            "kind": self.kind,
+        }
 
 
 @dataclass(frozen=True)
@@ -94,9 +110,15 @@ class Ledger:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "model": {"source": self.model.source, "architecture": self.model.architecture, "attention": self.kv.attention,
-                      "num_layers": self.model.num_layers, "sliding_window": self.model.sliding_window,
-                      "full_layers": self.kv.full_layers, "sliding_layers": self.kv.sliding_layers},
+            "model": {
+                "source": self.model.source,
+                "architecture": self.model.architecture,
+                "attention": self.kv.attention,
+                "num_layers": self.model.num_layers,
+                "sliding_window": self.model.sliding_window,
+                "full_layers": self.kv.full_layers,
+                "sliding_layers": self.kv.sliding_layers,
+            },
             "engine": self.engine.to_dict(),
             "max_model_len": self.max_model_len,
             "parameters": self.parameters,
@@ -124,8 +146,12 @@ def _linear_dims(m: ModelConfig) -> dict[str, tuple[int, int]]:
     q = m.num_attention_heads * m.head_dim
     kv = m.num_kv_heads * m.head_dim
     return {
-        "q_proj": (m.hidden_size, q), "k_proj": (m.hidden_size, kv), "v_proj": (m.hidden_size, kv), "o_proj": (q, m.hidden_size),
-        "gate_proj": (m.hidden_size, m.intermediate_size), "up_proj": (m.hidden_size, m.intermediate_size),
+        "q_proj": (m.hidden_size, q),
+        "k_proj": (m.hidden_size, kv),
+        "v_proj": (m.hidden_size, kv),
+        "o_proj": (q, m.hidden_size),
+        "gate_proj": (m.hidden_size, m.intermediate_size),
+        "up_proj": (m.hidden_size, m.intermediate_size),
         "down_proj": (m.intermediate_size, m.hidden_size),
     }
 
@@ -142,7 +168,12 @@ def count_parameters(m: ModelConfig) -> dict[str, int]:
         qk = m.num_attention_heads * (nope + rope)
         q = h * qk if not m.q_lora_rank else h * m.q_lora_rank + m.q_lora_rank * qk
         norms += L * (int(m.kv_lora_rank or 0) + int(m.q_lora_rank or 0))
-        attn = q + h * (int(m.kv_lora_rank or 0) + rope) + int(m.kv_lora_rank or 0) * m.num_attention_heads * (nope + v) + m.num_attention_heads * v * h
+        attn = (
+            q
+            + h * (int(m.kv_lora_rank or 0) + rope)
+            + int(m.kv_lora_rank or 0) * m.num_attention_heads * (nope + v)
+            + m.num_attention_heads * v * h
+        )
     else:
         qd, kvd = m.num_attention_heads * m.head_dim, m.num_kv_heads * m.head_dim
         attn = h * qd + 2 * h * kvd + qd * h
@@ -154,16 +185,33 @@ def count_parameters(m: ModelConfig) -> dict[str, int]:
     mlp = dense_layers * 3 * h * m.intermediate_size
     router = 0
     if moe:
-        per = int(m.num_experts or 0) * 3 * h * int(m.moe_intermediate_size or 0) + 3 * h * int(m.shared_expert_intermediate_size or 0)
+        per = int(m.num_experts or 0) * 3 * h * int(m.moe_intermediate_size or 0) + 3 * h * int(
+            m.shared_expert_intermediate_size or 0
+        )
         mlp += len(moe) * per
         router = len(moe) * (h * int(m.num_experts or 0) + (h if m.shared_expert_gate else 0))
     total = embed + lm_head + attention + mlp + router + norms + bias
     active = total
     if moe:
-        inactive = len(moe) * (int(m.num_experts or 0) - int(m.num_experts_per_tok or m.num_experts or 0)) * 3 * h * int(m.moe_intermediate_size or 0)
+        inactive = (
+            len(moe)
+            * (int(m.num_experts or 0) - int(m.num_experts_per_tok or m.num_experts or 0))
+            * 3
+            * h
+            * int(m.moe_intermediate_size or 0)
+        )
         active = total - inactive
-    return {"embed": embed, "lm_head": lm_head, "attention": attention, "mlp": mlp, "router": router, "norms": norms,
-            "bias": bias, "total": total, "active_per_token": active}
+    return {
+        "embed": embed,
+        "lm_head": lm_head,
+        "attention": attention,
+        "mlp": mlp,
+        "router": router,
+        "norms": norms,
+        "bias": bias,
+        "total": total,
+        "active_per_token": active,
+    }
 
 
 def _weights_line(m: ModelConfig, e: EngineSettings, params: dict[str, int]) -> LedgerLine:
@@ -176,17 +224,30 @@ def _weights_line(m: ModelConfig, e: EngineSettings, params: dict[str, int]) -> 
     if bits:
         lin_bytes = linear * bits / 8
         scales = (linear / group) * 2.5 if group else 0.0  # fp16 scale + packed 4-bit zero per group
-        lin_formula = f"linear {linear:,} × {bits / 8:g} B ({e.quantization})" + (f" + linear/{group} × 2.5 B scales" if group else "")
+        lin_formula = f"linear {linear:,} × {bits / 8:g} B ({e.quantization})" + (
+            f" + linear/{group} × 2.5 B scales" if group else ""
+        )
     else:
         lin_bytes, scales = linear * wb, 0.0
         lin_formula = f"linear {linear:,} × {wb:g} B"
     sharded = lin_bytes + scales + other * wb
     total = math.ceil(sharded / tp + params["norms"] * wb)
-    formula = (f"({lin_formula} + embed/lm_head/router/bias {other:,} × {wb:g} B) / tp {tp}"
-               f" + norms {params['norms']:,} × {wb:g} B")
-    factors = {"parameters": params["total"], "linear_parameters": linear, "other_parameters": other, "norm_parameters": params["norms"],
-               "weight_dtype": wdtype, "weight_bytes": wb, "quantization": e.quantization, "quant_bits": bits or None,
-               "quant_group_size": group, "tensor_parallel_size": tp}
+    formula = (
+        f"({lin_formula} + embed/lm_head/router/bias {other:,} × {wb:g} B) / tp {tp}"
+        f" + norms {params['norms']:,} × {wb:g} B"
+    )
+    factors = {
+        "parameters": params["total"],
+        "linear_parameters": linear,
+        "other_parameters": other,
+        "norm_parameters": params["norms"],
+        "weight_dtype": wdtype,
+        "weight_bytes": wb,
+        "quantization": e.quantization,
+        "quant_bits": bits or None,
+        "quant_group_size": group,
+        "tensor_parallel_size": tp,
+    }
     return LedgerLine("weights", total, formula, factors, "exact")
 
 
@@ -194,23 +255,38 @@ def _activation_lines(m: ModelConfig, e: EngineSettings, act_b: float) -> tuple[
     tp = e.tensor_parallel_size
     T = e.max_num_batched_tokens
     if m.is_moe:
-        mlp_w = max(m.intermediate_size, int(m.num_experts_per_tok or 1) * int(m.moe_intermediate_size or 0) + int(m.shared_expert_intermediate_size or 0))
+        mlp_w = max(
+            m.intermediate_size,
+            int(m.num_experts_per_tok or 1) * int(m.moe_intermediate_size or 0)
+            + int(m.shared_expert_intermediate_size or 0),
+        )
     else:
         mlp_w = m.intermediate_size
     qkv = (m.num_attention_heads + 2 * m.num_kv_heads) * m.head_dim
     width = 4 * m.hidden_size + (qkv + 2 * mlp_w) // tp
     act = int(T * width * act_b)
     act_line = LedgerLine(
-        "activations", act,
+        "activations",
+        act,
         f"max_num_batched_tokens {T} × (4 × hidden {m.hidden_size} + (qkv {qkv} + 2 × mlp {mlp_w}) / tp {tp}) × {act_b:g} B",
-        {"max_num_batched_tokens": T, "hidden_size": m.hidden_size, "qkv_width": qkv, "mlp_width": mlp_w, "bytes": act_b, "tensor_parallel_size": tp},
+        {
+            "max_num_batched_tokens": T,
+            "hidden_size": m.hidden_size,
+            "qkv_width": qkv,
+            "mlp_width": mlp_w,
+            "bytes": act_b,
+            "tensor_parallel_size": tp,
+        },
         "estimate",
     )
     S, V = e.max_num_seqs, m.vocab_size
     ws = S * V * 4 * 2
     ws_line = LedgerLine(
-        "workspaces", ws, f"sampler: max_num_seqs {S} × vocab {V} × 4 B (fp32) × 2 (logits + probs)",
-        {"max_num_seqs": S, "vocab_size": V, "bytes": 4, "copies": 2}, "estimate",
+        "workspaces",
+        ws,
+        f"sampler: max_num_seqs {S} × vocab {V} × 4 B (fp32) × 2 (logits + probs)",
+        {"max_num_seqs": S, "vocab_size": V, "bytes": 4, "copies": 2},
+        "estimate",
     )
     return act_line, ws_line
 
@@ -226,17 +302,27 @@ def _adapter_line(m: ModelConfig, e: EngineSettings, wb: float) -> LedgerLine:
     per_layer = sum(lora.rank * (dims[t][0] + dims[t][1]) for t in lora.targets)
     total = int(lora.count * m.num_layers * per_layer * wb / e.tensor_parallel_size)
     return LedgerLine(
-        "adapters", total,
+        "adapters",
+        total,
         f"count {lora.count} × layers {m.num_layers} × Σ rank {lora.rank} × (in + out) over {','.join(lora.targets)} = {per_layer:,} × {wb:g} B / tp {e.tensor_parallel_size}",
-        {"count": lora.count, "rank": lora.rank, "targets": list(lora.targets), "elements_per_layer": per_layer, "bytes": wb}, "exact",
+        {
+            "count": lora.count,
+            "rank": lora.rank,
+            "targets": list(lora.targets),
+            "elements_per_layer": per_layer,
+            "bytes": wb,
+        },
+        "exact",
     )
 
 
 def _fragmentation_line(e: EngineSettings, act: LedgerLine, ws: LedgerLine) -> LedgerLine:
     return LedgerLine(
-        "fragmentation", int((act.bytes + ws.bytes) * e.fragmentation_fraction),
+        "fragmentation",
+        int((act.bytes + ws.bytes) * e.fragmentation_fraction),
         f"{e.fragmentation_fraction:g} × (activations + workspaces) {act.bytes + ws.bytes:,} B",
-        {"fraction": e.fragmentation_fraction}, "estimate",
+        {"fraction": e.fragmentation_fraction},
+        "estimate",
     )
 
 
@@ -246,9 +332,11 @@ def _graph_line(m: ModelConfig, e: EngineSettings, act_b: float) -> LedgerLine:
     if e.tensor_parallel_size > 1:
         comm = int(2 * e.max_num_batched_tokens * m.hidden_size * act_b)
     return LedgerLine(
-        "graph_comm_buffers", int(graph_gib * GIB) + comm,
+        "graph_comm_buffers",
+        int(graph_gib * GIB) + comm,
         f"graph pool {graph_gib:g} GiB ({e.device}) + all-reduce staging 2 × {e.max_num_batched_tokens} × hidden {m.hidden_size} × {act_b:g} B × (tp>1: {int(e.tensor_parallel_size > 1)})",
-        {"graph_pool_gib": graph_gib, "allreduce_bytes": comm, "device": e.device}, "estimate",
+        {"graph_pool_gib": graph_gib, "allreduce_bytes": comm, "device": e.device},
+        "estimate",
     )
 
 
@@ -270,9 +358,13 @@ def _kv_budget(e: EngineSettings, non_kv: int, notes: list[str]) -> tuple[int | 
         return None, ""
     requested = int(e.device_memory_gib * GIB * e.gpu_memory_utilization)
     budget = requested - non_kv
-    budget_formula = f"device {e.device_memory_gib:g} GiB × utilization {e.gpu_memory_utilization:g} − non-KV lines {non_kv:,} B"
+    budget_formula = (
+        f"device {e.device_memory_gib:g} GiB × utilization {e.gpu_memory_utilization:g} − non-KV lines {non_kv:,} B"
+    )
     if budget <= 0:
-        notes.append(f"non-KV memory {non_kv / GIB:.2f} GiB exceeds device × utilization {requested / GIB:.2f} GiB: no KV cache fits")
+        notes.append(
+            f"non-KV memory {non_kv / GIB:.2f} GiB exceeds device × utilization {requested / GIB:.2f} GiB: no KV cache fits"
+        )
         budget = 0
     return budget, budget_formula
 
@@ -297,15 +389,28 @@ def _budgeted_kv(spec: KVSpec, mml: int, budget: int, budget_formula: str, notes
     tokens = blocks * block
     groups = " + ".join(f"{g.layers} {g.kind}" for g in spec.groups)
     line = LedgerLine(
-        "kv_cache", kv_bytes,
+        "kv_cache",
+        kv_bytes,
         f"blocks {blocks:,} × block bytes {spec.bytes_per_block:,} (page {spec.page_bytes:,} = block {block} × {spec.bytes_per_token_per_layer:,} B/token/layer; × layers [{groups}]); blocks = budget {budget:,} // block bytes; budget = {budget_formula}",
-        {"budget_bytes": budget, "blocks": blocks, "block_size": block, "page_bytes": spec.page_bytes,
-         "bytes_per_block": spec.bytes_per_block, "kv_bytes_per_token": spec.bytes_per_token, "tokens": tokens,
-         "element_bytes": spec.element_bytes, "kv_heads": spec.kv_heads, "head_dim": spec.head_dim, "kv_factor": spec.kv_factor},
+        {
+            "budget_bytes": budget,
+            "blocks": blocks,
+            "block_size": block,
+            "page_bytes": spec.page_bytes,
+            "bytes_per_block": spec.bytes_per_block,
+            "kv_bytes_per_token": spec.bytes_per_token,
+            "tokens": tokens,
+            "element_bytes": spec.element_bytes,
+            "kv_heads": spec.kv_heads,
+            "head_dim": spec.head_dim,
+            "kv_factor": spec.kv_factor,
+        },
         "budget",
     )
     if blocks and per_req_v > blocks:
-        notes.append(f"one max_model_len {mml} request needs {per_req_v} blocks but only {blocks} fit: vLLM would refuse to start")
+        notes.append(
+            f"one max_model_len {mml} request needs {per_req_v} blocks but only {blocks} fit: vLLM would refuse to start"
+        )
     return _KVPool(line, blocks, tokens, vllm_tokens, concurrency)
 
 
@@ -314,11 +419,20 @@ def _unbudgeted_kv(spec: KVSpec, e: EngineSettings, mml: int, per_req: int, note
     block = spec.block_size
     kv_bytes = e.max_num_seqs * per_req * spec.page_bytes * max(g.layers for g in spec.groups)
     line = LedgerLine(
-        "kv_cache", kv_bytes,
+        "kv_cache",
+        kv_bytes,
         f"max_num_seqs {e.max_num_seqs} × blocks/seq {per_req} (cdiv(max_model_len {mml}, block {block}), window-capped) × block bytes {spec.bytes_per_block:,}",
-        {"max_num_seqs": e.max_num_seqs, "blocks_per_sequence": per_req, "bytes_per_block": spec.bytes_per_block,
-         "kv_bytes_per_token": spec.bytes_per_token, "block_size": block, "element_bytes": spec.element_bytes,
-         "kv_heads": spec.kv_heads, "head_dim": spec.head_dim, "kv_factor": spec.kv_factor},
+        {
+            "max_num_seqs": e.max_num_seqs,
+            "blocks_per_sequence": per_req,
+            "bytes_per_block": spec.bytes_per_block,
+            "kv_bytes_per_token": spec.bytes_per_token,
+            "block_size": block,
+            "element_bytes": spec.element_bytes,
+            "kv_heads": spec.kv_heads,
+            "head_dim": spec.head_dim,
+            "kv_factor": spec.kv_factor,
+        },
         "exact",
     )
     notes.append("no memory budget given: the KV line is what max_num_seqs full-length sequences need")
@@ -329,11 +443,21 @@ def _safety_margin_line(e: EngineSettings, accounted: int) -> LedgerLine:
     """Device × (1 − utilization) with a device size; else a fraction of everything accounted."""
     if e.device_memory_gib is not None:
         margin = int(e.device_memory_gib * GIB) - int(e.device_memory_gib * GIB * e.gpu_memory_utilization)
-        return LedgerLine("safety_margin", margin, f"device {e.device_memory_gib:g} GiB × (1 − utilization {e.gpu_memory_utilization:g})",
-                          {"device_memory_gib": e.device_memory_gib, "gpu_memory_utilization": e.gpu_memory_utilization}, "budget")
+        return LedgerLine(
+            "safety_margin",
+            margin,
+            f"device {e.device_memory_gib:g} GiB × (1 − utilization {e.gpu_memory_utilization:g})",
+            {"device_memory_gib": e.device_memory_gib, "gpu_memory_utilization": e.gpu_memory_utilization},
+            "budget",
+        )
     margin = int(accounted * e.safety_margin_fraction)
-    return LedgerLine("safety_margin", margin, f"{e.safety_margin_fraction:g} × accounted {accounted:,} B",
-                      {"fraction": e.safety_margin_fraction}, "estimate")
+    return LedgerLine(
+        "safety_margin",
+        margin,
+        f"{e.safety_margin_fraction:g} × accounted {accounted:,} B",
+        {"fraction": e.safety_margin_fraction},
+        "estimate",
+    )
 
 
 def compute_ledger(model: ModelConfig, engine: EngineSettings, workload: Scenario | None = None) -> Ledger:
@@ -356,9 +480,19 @@ def compute_ledger(model: ModelConfig, engine: EngineSettings, workload: Scenari
     margin_line = _safety_margin_line(e, non_kv + pool.line.bytes)
     lines = [weights, pool.line, act, ws, frag, graph, adapters, margin_line]
     ledger = Ledger(
-        model=m, engine=e, kv=spec, lines=lines, max_model_len=int(mml), kv_budget_bytes=budget,
-        kv_cache_blocks=pool.blocks, kv_cache_tokens=pool.tokens, vllm_kv_cache_size_tokens=pool.vllm_tokens,
-        max_concurrency_at_max_len=pool.concurrency, blocks_per_max_len_request=per_req, parameters=params, notes=notes,
+        model=m,
+        engine=e,
+        kv=spec,
+        lines=lines,
+        max_model_len=int(mml),
+        kv_budget_bytes=budget,
+        kv_cache_blocks=pool.blocks,
+        kv_cache_tokens=pool.tokens,
+        vllm_kv_cache_size_tokens=pool.vllm_tokens,
+        max_concurrency_at_max_len=pool.concurrency,
+        blocks_per_max_len_request=per_req,
+        parameters=params,
+        notes=notes,
     )
     if workload is not None:
         ledger.classes = _class_concurrency(ledger, workload)
@@ -382,10 +516,19 @@ def _class_concurrency(ledger: Ledger, scenario: Scenario) -> list[ClassConcurre
             n_shared = int((pool - shared_blocks) // own) if own > 0 else n50
         else:
             n_shared = n50
-        out.append(ClassConcurrency(
-            name=c.name, samples=c.samples, total_p50=c.total_p50, total_p99=c.total_p99, blocks_p50=b50, blocks_p99=b99,
-            max_seqs_p50=int(n50), max_seqs_p99=int(n99), max_seqs_p50_prefix_shared=int(max(n_shared, n50)),
-            engine_limit=ledger.engine.max_num_seqs, limit_p99=int(min(n99, ledger.engine.max_num_seqs)),
-        ))
+        out.append(
+            ClassConcurrency(
+                name=c.name,
+                samples=c.samples,
+                total_p50=c.total_p50,
+                total_p99=c.total_p99,
+                blocks_p50=b50,
+                blocks_p99=b99,
+                max_seqs_p50=int(n50),
+                max_seqs_p99=int(n99),
+                max_seqs_p50_prefix_shared=int(max(n_shared, n50)),
+                engine_limit=ledger.engine.max_num_seqs,
+                limit_p99=int(min(n99, ledger.engine.max_num_seqs)),
+            )
+        )
     return out
-

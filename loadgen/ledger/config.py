@@ -19,10 +19,20 @@ __all__ = ["ModelConfig", "read_model_config", "parse_model_config", "DTYPE_BYTE
 
 #: Bytes per element for the dtypes the ledger understands (names as HF/vLLM spell them).
 DTYPE_BYTES: dict[str, float] = {
-    "float32": 4, "fp32": 4, "float": 4,
-    "bfloat16": 2, "bf16": 2,
-    "float16": 2, "fp16": 2, "half": 2,
-    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "float8": 1, "int8": 1,
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "float8_e4m3fn": 1,
+    "float8": 1,
+    "int8": 1,
     "int4": 0.5,
 }
 
@@ -80,7 +90,7 @@ class ModelConfig:
     @property
     def kv_head_dim(self) -> int:
         """Elements stored per KV head per token for K (and again for V unless MLA)."""
-        if self.is_mla:
+        if self.kv_lora_rank is not None:  # is_mla
             return int(self.kv_lora_rank) + int(self.qk_rope_head_dim or 0)
         return self.head_dim
 
@@ -97,7 +107,9 @@ MAX_CONFIG_INT = (1 << 31) - 1
 MAX_LAYERS = 65536
 
 
-def _get(cfg: dict[str, Any], src: str, name: str, *, required: bool = True, default: Any = None, positive: bool = True) -> Any:
+def _get(
+    cfg: dict[str, Any], src: str, name: str, *, required: bool = True, default: Any = None, positive: bool = True
+) -> Any:
     value = cfg.get(name, default)
     if value is None:
         if required:
@@ -119,7 +131,9 @@ def _int_list(cfg: dict[str, Any], src: str, name: str) -> list[int]:
     return value
 
 
-def _layer_kinds(cfg: dict[str, Any], src: str, model_type: str, num_layers: int, sliding_window: int | None) -> tuple[str, ...]:
+def _layer_kinds(
+    cfg: dict[str, Any], src: str, model_type: str, num_layers: int, sliding_window: int | None
+) -> tuple[str, ...]:
     """Which layers use sliding-window attention, mirroring how HF configs (and vLLM) decide."""
     layer_types = cfg.get("layer_types")
     if layer_types is not None:
@@ -166,11 +180,15 @@ def parse_model_config(cfg: dict[str, Any], source: str = "<config>") -> ModelCo
     heads = _get(cfg, src, "num_attention_heads")
     kv_heads = _get(cfg, src, "num_key_value_heads", required=False) or heads
     if kv_heads > heads or heads % kv_heads:
-        raise LedgerError(f"{src}: num_key_value_heads = {kv_heads}: expected a divisor of num_attention_heads ({heads})")
+        raise LedgerError(
+            f"{src}: num_key_value_heads = {kv_heads}: expected a divisor of num_attention_heads ({heads})"
+        )
     head_dim = _get(cfg, src, "head_dim", required=False)
     if head_dim is None:
         if hidden % heads:
-            raise LedgerError(f"{src}: hidden_size = {hidden}: expected a multiple of num_attention_heads ({heads}) or an explicit head_dim")
+            raise LedgerError(
+                f"{src}: hidden_size = {hidden}: expected a multiple of num_attention_heads ({heads}) or an explicit head_dim"
+            )
         head_dim = hidden // heads
     vocab = _get(cfg, src, "vocab_size")
     inter = _get(cfg, src, "intermediate_size")
@@ -206,12 +224,23 @@ def parse_model_config(cfg: dict[str, Any], source: str = "<config>") -> ModelCo
     shared_gate = False
     if n_experts:
         top_k = _get(cfg, src, "num_experts_per_tok", required=False)
-        moe_inter = _get(cfg, src, "moe_intermediate_size", required=False) or inter  # Mixtral: experts use intermediate_size
+        moe_inter = (
+            _get(cfg, src, "moe_intermediate_size", required=False) or inter
+        )  # Mixtral: experts use intermediate_size
         first_dense = _get(cfg, src, "first_k_dense_replace", required=False, positive=False) or 0
-        freq = (_get(cfg, src, "moe_layer_freq", required=False) or _get(cfg, src, "decoder_sparse_step", required=False)
-                or 1)
+        freq = (
+            _get(cfg, src, "moe_layer_freq", required=False)
+            or _get(cfg, src, "decoder_sparse_step", required=False)
+            or 1
+        )
         mlp_only = set(_int_list(cfg, src, "mlp_only_layers"))
-        moe_layers = tuple(i for i in range(layers) if i >= first_dense and (i % freq == 0 if "moe_layer_freq" in cfg else (i + 1) % freq == 0) and i not in mlp_only)
+        moe_layers = tuple(
+            i
+            for i in range(layers)
+            if i >= first_dense
+            and (i % freq == 0 if "moe_layer_freq" in cfg else (i + 1) % freq == 0)
+            and i not in mlp_only
+        )
         if cfg.get("n_shared_experts"):
             shared_inter = _get(cfg, src, "n_shared_experts") * moe_inter
         elif cfg.get("shared_expert_intermediate_size"):
@@ -220,15 +249,33 @@ def parse_model_config(cfg: dict[str, Any], source: str = "<config>") -> ModelCo
     bias = bool(cfg.get("attention_bias", model_type in ("qwen2", "qwen2_moe")))
     max_pos = cfg.get("max_position_embeddings")
     return ModelConfig(
-        source=src, architecture=architecture, model_type=model_type, hidden_size=hidden, num_layers=layers,
-        num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, vocab_size=vocab,
-        intermediate_size=inter, tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        source=src,
+        architecture=architecture,
+        model_type=model_type,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        intermediate_size=inter,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         torch_dtype=str(torch_dtype).replace("torch.", ""),
         max_position_embeddings=max_pos if isinstance(max_pos, int) and 0 < max_pos <= MAX_CONFIG_INT else None,
-        attention_bias=bias, sliding_window=sliding, layer_kinds=kinds,
-        kv_lora_rank=kv_lora, qk_rope_head_dim=rope, qk_nope_head_dim=nope, v_head_dim=v_head, q_lora_rank=q_lora,
-        num_experts=n_experts, num_experts_per_tok=top_k, moe_intermediate_size=moe_inter,
-        shared_expert_intermediate_size=shared_inter, moe_layers=moe_layers, shared_expert_gate=shared_gate,
+        attention_bias=bias,
+        sliding_window=sliding,
+        layer_kinds=kinds,
+        kv_lora_rank=kv_lora,
+        qk_rope_head_dim=rope,
+        qk_nope_head_dim=nope,
+        v_head_dim=v_head,
+        q_lora_rank=q_lora,
+        num_experts=n_experts,
+        num_experts_per_tok=top_k,
+        moe_intermediate_size=moe_inter,
+        shared_expert_intermediate_size=shared_inter,
+        moe_layers=moe_layers,
+        shared_expert_gate=shared_gate,
     )
 
 
@@ -250,5 +297,7 @@ def read_model_config(path: str | Path) -> ModelConfig:
     except RecursionError:
         raise LedgerError(f"{p}: nested too deeply: expected a Hugging Face config.json") from None
     except json.JSONDecodeError as exc:
-        raise LedgerError(f"{p}: invalid JSON at line {exc.lineno} column {exc.colno}: expected a Hugging Face config.json") from None
+        raise LedgerError(
+            f"{p}: invalid JSON at line {exc.lineno} column {exc.colno}: expected a Hugging Face config.json"
+        ) from None
     return parse_model_config(data, str(p))

@@ -24,12 +24,22 @@ block_size 128; the GPU build uses total × gpu_memory_utilization − profiled 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import LedgerError
 from .config import ModelConfig, dtype_bytes, read_model_config
 from .settings import GIB, EngineSettings
 
-__all__ = ["KVSpec", "KVGroup", "kv_spec", "kv_element_bytes", "kv_blocks_for_budget", "vllm_kv_capacity", "blocks_for_sequence", "cdiv"]
+__all__ = [
+    "KVSpec",
+    "KVGroup",
+    "kv_spec",
+    "kv_element_bytes",
+    "kv_blocks_for_budget",
+    "vllm_kv_capacity",
+    "blocks_for_sequence",
+    "cdiv",
+]
 
 
 def cdiv(a: int, b: int) -> int:
@@ -122,15 +132,29 @@ def kv_spec(model: ModelConfig, engine: EngineSettings) -> KVSpec:
     else:
         groups = (KVGroup("sliding" if sliding else "full", model.num_layers),)
     return KVSpec(
-        attention=attention, block_size=engine.block_size, element_bytes=kv_element_bytes(model, engine),
-        kv_factor=factor, kv_heads=kv_heads, head_dim=head_dim, num_layers=model.num_layers,
-        full_layers=full, sliding_layers=sliding, sliding_window=model.sliding_window, groups=groups,
+        attention=attention,
+        block_size=engine.block_size,
+        element_bytes=kv_element_bytes(model, engine),
+        kv_factor=factor,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        num_layers=model.num_layers,
+        full_layers=full,
+        sliding_layers=sliding,
+        sliding_window=model.sliding_window,
+        groups=groups,
         max_in_flight_tokens=engine.concurrent_batches * engine.max_num_batched_tokens,
     )
 
 
-def kv_blocks_for_budget(model: ModelConfig | str, engine: EngineSettings | None = None, kv_bytes: int | None = None,
-                         *, kv_cache_gib: float | None = None, block_size: int | None = None) -> int:
+def kv_blocks_for_budget(
+    model: ModelConfig | str | Path,
+    engine: EngineSettings | None = None,
+    kv_bytes: int | None = None,
+    *,
+    kv_cache_gib: float | None = None,
+    block_size: int | None = None,
+) -> int:
     """Total KV blocks vLLM allocates for a KV budget: budget // bytes_per_block (whole blocks only).
 
     ``model`` may be a config.json path. Give the budget as ``kv_bytes`` or ``kv_cache_gib``.
@@ -173,4 +197,3 @@ def vllm_kv_capacity(spec: KVSpec, num_blocks: int, max_model_len: int) -> tuple
             per_request += cdiv(held, spec.block_size) + 1
     concurrency = num_blocks / per_request
     return int(concurrency * max_model_len), concurrency, per_request
-

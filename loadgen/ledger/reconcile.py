@@ -39,8 +39,14 @@ class ReconcileRow:
         return abs(float(self.ledger) - float(self.engine)) <= max(0.01 * abs(float(self.engine)), 0.01)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"quantity": self.quantity, "ledger": self.ledger, "engine": self.engine, "source": self.source,
-                "exact": self.exact, "match": self.match}
+        return {
+            "quantity": self.quantity,
+            "ledger": self.ledger,
+            "engine": self.engine,
+            "source": self.source,
+            "exact": self.exact,
+            "match": self.match,
+        }
 
 
 @dataclass
@@ -55,10 +61,18 @@ class Reconciliation:
         return bool(compared) and all(compared)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "rows": [r.to_dict() for r in self.rows], "engine_report": self.report,
-                "ledger": {"kv_cache_blocks": self.ledger.kv_cache_blocks, "kv_cache_tokens": self.ledger.kv_cache_tokens,
-                           "vllm_kv_cache_size_tokens": self.ledger.vllm_kv_cache_size_tokens,
-                           "kv_bytes_per_token": self.ledger.kv_bytes_per_token, "engine": self.ledger.engine.to_dict()}}
+        return {
+            "ok": self.ok,
+            "rows": [r.to_dict() for r in self.rows],
+            "engine_report": self.report,
+            "ledger": {
+                "kv_cache_blocks": self.ledger.kv_cache_blocks,
+                "kv_cache_tokens": self.ledger.kv_cache_tokens,
+                "vllm_kv_cache_size_tokens": self.ledger.vllm_kv_cache_size_tokens,
+                "kv_bytes_per_token": self.ledger.kv_bytes_per_token,
+                "engine": self.ledger.engine.to_dict(),
+            },
+        }
 
     def format(self) -> str:
         out = [f"{'quantity':<28} {'ledger':>16} {'vLLM':>16}  {'match':<6} source"]
@@ -84,8 +98,14 @@ def _int(v: Any) -> int | None:
         return None
 
 
-def reconcile_report(model: ModelConfig, engine: EngineSettings | None, report: dict[str, Any], *,
-                     fixed: set[str] | None = None, source: str | Path = "engine report") -> Reconciliation:
+def reconcile_report(
+    model: ModelConfig,
+    engine: EngineSettings | None,
+    report: dict[str, Any],
+    *,
+    fixed: set[str] | None = None,
+    source: str | Path = "engine report",
+) -> Reconciliation:
     """Ledger vs an engine report for the same config; settings not in ``fixed`` are taken from the report.
 
     ``source`` names where the report came from, for the error message when it has no KV budget.
@@ -93,7 +113,9 @@ def reconcile_report(model: ModelConfig, engine: EngineSettings | None, report: 
     fixed = fixed or set()
     engine = (engine or EngineSettings()).with_(**_adopted_settings(model, report, fixed))
     if engine.kv_cache_gib is None and engine.device_memory_gib is None:
-        raise LedgerError(f"{source}: KV budget: not reported by the engine; expected --kv-cache-gib or --device-memory-gib")
+        raise LedgerError(
+            f"{source}: KV budget: not reported by the engine; expected --kv-cache-gib or --device-memory-gib"
+        )
     ledger = compute_ledger(model, engine)
     return Reconciliation(ledger=ledger, report=report, rows=_rows(ledger, report, fixed))
 
@@ -123,7 +145,11 @@ def _adopted_settings(model: ModelConfig, report: dict[str, Any], fixed: set[str
             changes["device_memory_gib"] = None
     if report.get("kv_cache_device") == "CPU" and "device" not in fixed:
         changes["device"] = "cpu"
-    if info.get("cache_dtype") and "kv_cache_dtype" not in fixed and info["cache_dtype"] in ("auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2"):
+    if (
+        info.get("cache_dtype")
+        and "kv_cache_dtype" not in fixed
+        and info["cache_dtype"] in ("auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2")
+    ):
         changes["kv_cache_dtype"] = info["cache_dtype"]
     return changes
 
@@ -135,20 +161,70 @@ def _rows(ledger: Ledger, report: dict[str, Any], fixed: set[str]) -> list[Recon
     rows: list[ReconcileRow] = []
     budget_exact = kv_bytes is not None or report.get("kv_cache_device") == "CPU" or "kv_cache_gib" in fixed
     if "kv_cache_size_tokens" in report:
-        rows.append(ReconcileRow("kv_cache_size_tokens", ledger.vllm_kv_cache_size_tokens, int(report["kv_cache_size_tokens"]), "log: KV cache size", budget_exact))
+        rows.append(
+            ReconcileRow(
+                "kv_cache_size_tokens",
+                ledger.vllm_kv_cache_size_tokens,
+                int(report["kv_cache_size_tokens"]),
+                "log: KV cache size",
+                budget_exact,
+            )
+        )
     if info.get("kv_cache_size_tokens") not in (None, "None"):
-        rows.append(ReconcileRow("kv_cache_size_tokens", ledger.vllm_kv_cache_size_tokens, _int(info["kv_cache_size_tokens"]), "metrics: cache_config_info", budget_exact))
+        rows.append(
+            ReconcileRow(
+                "kv_cache_size_tokens",
+                ledger.vllm_kv_cache_size_tokens,
+                _int(info["kv_cache_size_tokens"]),
+                "metrics: cache_config_info",
+                budget_exact,
+            )
+        )
     if info.get("num_gpu_blocks") not in (None, "None"):
-        rows.append(ReconcileRow("kv_cache_blocks", ledger.kv_cache_blocks, _int(info["num_gpu_blocks"]), "metrics: cache_config_info.num_gpu_blocks", budget_exact))
+        rows.append(
+            ReconcileRow(
+                "kv_cache_blocks",
+                ledger.kv_cache_blocks,
+                _int(info["num_gpu_blocks"]),
+                "metrics: cache_config_info.num_gpu_blocks",
+                budget_exact,
+            )
+        )
     if "max_concurrency" in report:
         ours = round(ledger.max_concurrency_at_max_len or 0.0, 2)
-        rows.append(ReconcileRow("max_concurrency", ours, float(report["max_concurrency"]), "log: Maximum concurrency (2 decimals)", False))
+        rows.append(
+            ReconcileRow(
+                "max_concurrency",
+                ours,
+                float(report["max_concurrency"]),
+                "log: Maximum concurrency (2 decimals)",
+                False,
+            )
+        )
     if info.get("block_size"):
-        rows.append(ReconcileRow("block_size", ledger.kv.block_size, _int(info["block_size"]), "metrics: cache_config_info", True))
+        rows.append(
+            ReconcileRow(
+                "block_size", ledger.kv.block_size, _int(info["block_size"]), "metrics: cache_config_info", True
+            )
+        )
     if kv_bytes:
-        rows.append(ReconcileRow("kv_budget_bytes", ledger.kv_budget_bytes, kv_bytes, "metrics: kv_cache_memory_bytes", True))
+        rows.append(
+            ReconcileRow("kv_budget_bytes", ledger.kv_budget_bytes, kv_bytes, "metrics: kv_cache_memory_bytes", True)
+        )
     if report.get("max_model_len"):
-        rows.append(ReconcileRow("max_model_len", ledger.max_model_len, int(report["max_model_len"]), "log: Using max model len", True))
+        rows.append(
+            ReconcileRow(
+                "max_model_len", ledger.max_model_len, int(report["max_model_len"]), "log: Using max model len", True
+            )
+        )
     if report.get("weights_memory_gib"):
-        rows.append(ReconcileRow("weights_gib", round(ledger.line("weights").bytes / GIB, 2), float(report["weights_memory_gib"]), "log: Model loading took (GiB)", False))
+        rows.append(
+            ReconcileRow(
+                "weights_gib",
+                round(ledger.line("weights").bytes / GIB, 2),
+                float(report["weights_memory_gib"]),
+                "log: Model loading took (GiB)",
+                False,
+            )
+        )
     return rows

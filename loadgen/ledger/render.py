@@ -29,10 +29,14 @@ def format_ledger(ledger: Ledger) -> str:
     out.append(f"{'total':<20} {ledger.total_bytes:>18,} {ledger.total_bytes / GIB:>10.3f}")
     if ledger.classes:
         out.append("")
-        out.append(f"{'class':<14} {'p50 len':>8} {'p99 len':>8} {'blk p50':>8} {'blk p99':>8} {'seqs p50':>9} {'seqs p99':>9} {'p50+prefix':>10} {'limit p99':>9}")
+        out.append(
+            f"{'class':<14} {'p50 len':>8} {'p99 len':>8} {'blk p50':>8} {'blk p99':>8} {'seqs p50':>9} {'seqs p99':>9} {'p50+prefix':>10} {'limit p99':>9}"
+        )
         for c in ledger.classes:
-            out.append(f"{c.name:<14} {c.total_p50:>8.0f} {c.total_p99:>8.0f} {c.blocks_p50:>8} {c.blocks_p99:>8} "
-                       f"{c.max_seqs_p50:>9,} {c.max_seqs_p99:>9,} {c.max_seqs_p50_prefix_shared:>10,} {c.limit_p99:>9,}")
+            out.append(
+                f"{c.name:<14} {c.total_p50:>8.0f} {c.total_p99:>8.0f} {c.blocks_p50:>8} {c.blocks_p99:>8} "
+                f"{c.max_seqs_p50:>9,} {c.max_seqs_p99:>9,} {c.max_seqs_p50_prefix_shared:>10,} {c.limit_p99:>9,}"
+            )
         out.append(f"(limit p99 = min(KV-limited sequences at p99 length, max_num_seqs {ledger.engine.max_num_seqs}))")
     for note in ledger.notes:
         out.append(f"note: {note}")

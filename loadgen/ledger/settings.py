@@ -25,7 +25,19 @@ QUANT_WEIGHT_BITS: dict[str, tuple[float, int | None]] = {
     "gptq": (4, 128),
 }
 
-KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "half", "fp8", "fp8_e4m3", "fp8_e5m2", "float32", "fp32")
+KV_CACHE_DTYPES = (
+    "auto",
+    "bf16",
+    "bfloat16",
+    "fp16",
+    "float16",
+    "half",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "float32",
+    "fp32",
+)
 
 
 @dataclass(frozen=True)
@@ -80,7 +92,9 @@ class EngineSettings:
         for name in ("kv_cache_gib", "device_memory_gib", "graph_buffer_gib"):
             value = getattr(self, name)
             if value is not None and (not is_finite(value) or not 0 < value <= MAX_MEMORY_GIB):
-                raise LedgerError(f"{name} = {value}: expected a positive finite number of GiB (at most {MAX_MEMORY_GIB})")
+                raise LedgerError(
+                    f"{name} = {value}: expected a positive finite number of GiB (at most {MAX_MEMORY_GIB})"
+                )
         for name in ("fragmentation_fraction", "safety_margin_fraction"):
             if not is_finite(getattr(self, name)) or not 0 <= getattr(self, name) < 1:
                 raise LedgerError(f"{name} = {getattr(self, name)}: expected a number in [0, 1)")
@@ -94,7 +108,7 @@ class EngineSettings:
         if self.device not in ("cuda", "cpu"):
             raise LedgerError(f"device = {self.device!r}: expected 'cuda' or 'cpu'")
 
-    def with_(self, **changes: Any) -> "EngineSettings":
+    def with_(self, **changes: Any) -> EngineSettings:
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:

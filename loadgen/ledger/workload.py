@@ -7,6 +7,7 @@ ledger's per-class concurrency is about the lengths that will actually be replay
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -67,10 +68,14 @@ def class_lengths(scenario: Scenario, *, n: int = 20_000, seed: int | None = Non
         big = max((g for g in groups), key=lambda g: g.prefix_tokens, default=None)
         out.append(
             ClassLengths(
-                name=name, samples=len(totals),
-                prompt_p50=p_prompt[0], prompt_p99=p_prompt[1],
-                output_p50=p_out[0], output_p99=p_out[1],
-                total_p50=p_total[0], total_p99=p_total[1],
+                name=name,
+                samples=len(totals),
+                prompt_p50=p_prompt[0],
+                prompt_p99=p_prompt[1],
+                output_p50=p_out[0],
+                output_p99=p_out[1],
+                total_p50=p_total[0],
+                total_p99=p_total[1],
                 prefix_tokens_mean=float(sum(g.share * g.prefix_tokens for g in groups)),
                 prefix_tokens=int(big.prefix_tokens) if big else 0,
                 prefix_share=float(big.share) if big else 0.0,
@@ -82,4 +87,5 @@ def class_lengths(scenario: Scenario, *, n: int = 20_000, seed: int | None = Non
 def _p50_p99(values: np.ndarray) -> tuple[float, float]:
     """(p50, p99) of a non-empty sample by the linear rule (``analysis.percentiles``)."""
     ordered = np.sort(values)
-    return float(percentile_sorted(ordered, 0.5)), float(percentile_sorted(ordered, 0.99))
+    # non-empty (the caller's contract), so never None
+    return float(cast(float, percentile_sorted(ordered, 0.5))), float(cast(float, percentile_sorted(ordered, 0.99)))

@@ -8,6 +8,7 @@ its ``max_in_flight`` set to the cell's concurrency; generation stays a pure fun
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from pydantic import ValidationError
 
 from ..errors import PlanError
 from ..scenario import Scenario, TraceSettings, format_validation_error
+from ..trace.generate import generate_trace
+from ..trace.io import read_trace, write_trace
 from .spec import MIXED, PlanSpec
 
 __all__ = ["CellCoord", "mean_rate_rps", "cell_trace_settings", "build_cell_trace", "build_warmup_trace"]
@@ -58,7 +61,9 @@ def mean_rate_rps(settings: TraceSettings) -> float | None:
     return None
 
 
-def cell_trace_settings(spec: PlanSpec, scenario: Scenario, coord: CellCoord, duration_scale: float = 1.0) -> TraceSettings:
+def cell_trace_settings(
+    spec: PlanSpec, scenario: Scenario, coord: CellCoord, duration_scale: float = 1.0
+) -> TraceSettings:
     """The plan trace's settings for one cell (scaled rates, class focus, duration, max in flight);
     ``duration_scale`` lengthens the cell's duration (an extended run: more requests at the same rate)."""
     if spec.trace not in scenario.traces:
@@ -68,13 +73,17 @@ def cell_trace_settings(spec: PlanSpec, scenario: Scenario, coord: CellCoord, du
         )
     base = scenario.traces[spec.trace]
     if base.process == "closed":
-        raise PlanError(f"{spec.source_path or spec.name}: trace = {spec.trace!r}: closed-loop traces have no rate to step; expected an open-loop trace")
+        raise PlanError(
+            f"{spec.source_path or spec.name}: trace = {spec.trace!r}: closed-loop traces have no rate to step; expected an open-loop trace"
+        )
     if coord.rate_kind == "scale":
         scale = coord.rate_step
     else:
         mean = mean_rate_rps(base)
         if not mean:
-            raise PlanError(f"{spec.source_path or spec.name}: trace {spec.trace!r} has a zero mean rate: rates_rps cannot scale it")
+            raise PlanError(
+                f"{spec.source_path or spec.name}: trace {spec.trace!r} has a zero mean rate: rates_rps cannot scale it"
+            )
         scale = coord.rate_step / mean
     update: dict[str, Any] = {"max_in_flight": coord.concurrency}
     for name in ("rate_rps", "quiet_rate_rps", "burst_rate_rps", "start_rate_rps", "end_rate_rps"):
@@ -97,14 +106,15 @@ def cell_trace_settings(spec: PlanSpec, scenario: Scenario, coord: CellCoord, du
     try:  # validated, so a scaled rate or a long duration meets the same bounds as a scenario's own trace
         return TraceSettings.model_validate({**base.model_dump(), **update})
     except ValidationError as exc:
-        raise PlanError(format_validation_error(f"{spec.source_path or spec.name}: cell {coord.cell_id}", exc)) from None
+        raise PlanError(
+            format_validation_error(f"{spec.source_path or spec.name}: cell {coord.cell_id}", exc)
+        ) from None
 
 
-def build_cell_trace(spec: PlanSpec, scenario: Scenario, coord: CellCoord, path: Path,
-                     duration_scale: float = 1.0) -> tuple[Path, dict[str, Any]]:
+def build_cell_trace(
+    spec: PlanSpec, scenario: Scenario, coord: CellCoord, path: Path, duration_scale: float = 1.0
+) -> tuple[Path, dict[str, Any]]:
     """Generate (or reuse) the cell's trace file (``duration_scale`` × its duration); returns its path and metadata."""
-    from ..trace.generate import generate_trace
-    from ..trace.io import read_trace
 
     path = Path(path)
     if path.is_file():
@@ -114,19 +124,22 @@ def build_cell_trace(spec: PlanSpec, scenario: Scenario, coord: CellCoord, path:
     cell_scenario = scenario.model_copy(update={"traces": {**scenario.traces, spec.trace: settings}})
     table, meta = generate_trace(cell_scenario, spec.trace, spec.seed)
     if table.num_rows == 0:
-        raise PlanError(f"{spec.source_path or spec.name}: cell {coord.cell_id}: {settings.duration_s:g} s at this rate "
-                        "gives no request: expected a longer duration_s or higher rates")
-    meta = {**meta, "plan_cell": coord.to_dict(), "offered_rate_rps": mean_rate_rps(settings),
-            "duration_scale": duration_scale}
+        raise PlanError(
+            f"{spec.source_path or spec.name}: cell {coord.cell_id}: {settings.duration_s:g} s at this rate "
+            "gives no request: expected a longer duration_s or higher rates"
+        )
+    meta = {
+        **meta,
+        "plan_cell": coord.to_dict(),
+        "offered_rate_rps": mean_rate_rps(settings),
+        "duration_scale": duration_scale,
+    }
     _write_atomic(table, path, meta)
     return path, meta
 
 
 def _write_atomic(table: pa.Table, path: Path, meta: dict[str, Any]) -> Path:
     """Write a trace under a temporary name, then rename: an interrupted write never leaves a half file."""
-    import os
-
-    from ..trace.io import write_trace
 
     tmp = path.with_name(path.name + ".partial")
     write_trace(table, tmp, meta)
@@ -136,7 +149,6 @@ def _write_atomic(table: pa.Table, path: Path, meta: dict[str, Any]) -> Path:
 
 def build_warmup_trace(cell_trace: Path, requests: int, rate_rps: float, path: Path) -> Path | None:
     """The fixed warm-up set: the cell trace's first ``requests`` rows, re-timed at ``rate_rps`` (None if empty)."""
-    from ..trace.io import read_trace
 
     if requests <= 0:
         return None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -40,7 +40,14 @@ __all__ = [
     "INVALID_OUTPUT_KINDS",
 ]
 
-STOP_KINDS = ("server_failure", "invalid_output", "behaviour_drift", "timeout_budget", "measurement_corruption", "unstable_tail")
+STOP_KINDS = (
+    "server_failure",
+    "invalid_output",
+    "behaviour_drift",
+    "timeout_budget",
+    "measurement_corruption",
+    "unstable_tail",
+)
 #: Stops that say the target itself is broken at this load: raising any dimension further is pointless.
 FATAL_STOPS = ("server_failure", "invalid_output", "behaviour_drift")
 SERVER_FAILURE_KINDS = ("connect", "http_5xx", "reset_mid_stream")
@@ -65,19 +72,37 @@ class FailedCheck:
     more_requests: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"class": self.request_class, "metric": self.metric, "percentile": self.percentile,
-                "observed": _finite(self.observed), "limit": self.limit, "n": self.n, "reason": self.reason,
-                "outcome": self.outcome, "ci": [_finite(v) for v in self.ci] if self.ci else None,
-                "more_requests": self.more_requests}
+        return {
+            "class": self.request_class,
+            "metric": self.metric,
+            "percentile": self.percentile,
+            "observed": _finite(self.observed),
+            "limit": self.limit,
+            "n": self.n,
+            "reason": self.reason,
+            "outcome": self.outcome,
+            "ci": [_finite(v) for v in self.ci] if self.ci else None,
+            "more_requests": self.more_requests,
+        }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "FailedCheck":
+    def from_dict(cls, d: dict[str, Any]) -> FailedCheck:
         def num(v: Any) -> Any:
             return {"inf": math.inf, "-inf": -math.inf}.get(v, v) if isinstance(v, str) else v
 
         ci = d.get("ci")
-        return cls(d["class"], d["metric"], d.get("percentile"), num(d.get("observed")), d["limit"], d["n"], d["reason"],
-                   d.get("outcome", "fail"), (num(ci[0]), num(ci[1])) if ci else None, d.get("more_requests"))
+        return cls(
+            d["class"],
+            d["metric"],
+            d.get("percentile"),
+            num(d.get("observed")),
+            d["limit"],
+            d["n"],
+            d["reason"],
+            d.get("outcome", "fail"),
+            (num(ci[0]), num(ci[1])) if ci else None,
+            d.get("more_requests"),
+        )
 
 
 @dataclass(frozen=True)
@@ -115,8 +140,18 @@ def _share(count: int, total: int) -> float:
 
 
 def _check_record(check: Any) -> FailedCheck:
-    return FailedCheck(check.class_name, check.metric, check.percentile, check.observed, check.limit, check.n, check.reason,
-                       check.outcome, tuple(check.ci) if check.ci else None, check.more_requests)
+    return FailedCheck(
+        check.class_name,
+        check.metric,
+        check.percentile,
+        check.observed,
+        check.limit,
+        check.n,
+        check.reason,
+        check.outcome,
+        tuple(check.ci) if check.ci else None,
+        check.more_requests,
+    )
 
 
 def _measurement_problems(run: RunData, manifest: Manifest, limits: StopLimits) -> list[str]:
@@ -125,8 +160,10 @@ def _measurement_problems(run: RunData, manifest: Manifest, limits: StopLimits) 
     lag = manifest.send_lag_ns or {}
     p99 = lag.get("p99")
     if p99 is not None and p99 / 1e6 > limits.send_lag_p99_ms:
-        problems.append(f"send-lag p99 {p99 / 1e6:.2f} ms > bound {limits.send_lag_p99_ms:g} ms (n={lag.get('n')}): "
-                        "the client could not keep the schedule")
+        problems.append(
+            f"send-lag p99 {p99 / 1e6:.2f} ms > bound {limits.send_lag_p99_ms:g} ms (n={lag.get('n')}): "
+            "the client could not keep the schedule"
+        )
     requests = run.requests
     n_rows = requests.num_rows
     trace_rows = manifest.trace.metadata.get("requests") if manifest.trace else None
@@ -136,17 +173,33 @@ def _measurement_problems(run: RunData, manifest: Manifest, limits: StopLimits) 
     counts = manifest.status_counts
     if counts and sum(counts.values()) != n_rows:
         problems.append(f"status counts sum to {sum(counts.values())} but {n_rows} rows were recorded")
-    cols = {name: requests.column(name).to_numpy(zero_copy_only=False) for name in
-            ("scheduled_ns", "sent_ns", "first_token_ns", "done_ns", "status", "client_output_tokens", "request_id")}
+    cols = {
+        name: requests.column(name).to_numpy(zero_copy_only=False)
+        for name in (
+            "scheduled_ns",
+            "sent_ns",
+            "first_token_ns",
+            "done_ns",
+            "status",
+            "client_output_tokens",
+            "request_id",
+        )
+    }
 
     def as_float(values: np.ndarray) -> np.ndarray:
-        return np.array([np.nan if v is None else float(v) for v in values], dtype=float) if values.dtype == object else values.astype(float)
+        return (
+            np.array([np.nan if v is None else float(v) for v in values], dtype=float)
+            if values.dtype == object
+            else values.astype(float)
+        )
 
     sched, sent, first, done = (as_float(cols[k]) for k in ("scheduled_ns", "sent_ns", "first_token_ns", "done_ns"))
     with np.errstate(invalid="ignore"):
         bad = int(np.sum(sent < sched) + np.sum(first < sent) + np.sum(done < first))
     if bad:
-        problems.append(f"clock: {bad} impossible timestamp orderings (sent < scheduled, first token < sent or done < first token)")
+        problems.append(
+            f"clock: {bad} impossible timestamp orderings (sent < scheduled, first token < sent or done < first token)"
+        )
     if run.chunks is not None and run.chunks.num_rows:
         grouped = run.chunks.group_by("request_id").aggregate([("tokens", "sum")])
         by_id = dict(zip(grouped.column("request_id").to_pylist(), grouped.column("tokens_sum").to_pylist()))
@@ -156,12 +209,21 @@ def _measurement_problems(run: RunData, manifest: Manifest, limits: StopLimits) 
                 if int(by_id.get(rid, 0)) != int(counted):
                     mismatched += 1
         if mismatched:
-            problems.append(f"accounting: {mismatched} ok requests whose chunk tokens do not sum to their counted output")
+            problems.append(
+                f"accounting: {mismatched} ok requests whose chunk tokens do not sum to their counted output"
+            )
     return problems
 
 
-def judge_run(analysis: Any, run: Any, limits: StopLimits, *, deadline_hit: bool = False,
-              alive_problem: str | None = None, contract: dict[str, Any] | None = None) -> RunJudgement:
+def judge_run(
+    analysis: Any,
+    run: Any,
+    limits: StopLimits,
+    *,
+    deadline_hit: bool = False,
+    alive_problem: str | None = None,
+    contract: dict[str, Any] | None = None,
+) -> RunJudgement:
     """Judge one analysed run (``loadgen.analysis.Analysis`` + ``loadgen.rundir.RunData``)."""
     manifest = run.manifest
     out = RunJudgement()
@@ -183,12 +245,20 @@ def judge_run(analysis: Any, run: Any, limits: StopLimits, *, deadline_hit: bool
         out.stops.append(Stop("server_failure", alive_problem))
     elif _share(server_n, n) > limits.server_failure_rate:
         detail = ", ".join(f"{k} {kinds[k]}" for k in SERVER_FAILURE_KINDS if kinds.get(k))
-        out.stops.append(Stop("server_failure", f"{server_n} of {n} requests failed at the server ({detail}) > "
-                                                f"{limits.server_failure_rate:.0%}"))
+        out.stops.append(
+            Stop(
+                "server_failure",
+                f"{server_n} of {n} requests failed at the server ({detail}) > {limits.server_failure_rate:.0%}",
+            )
+        )
     invalid_n = sum(kinds.get(k, 0) for k in INVALID_OUTPUT_KINDS)
     if _share(invalid_n, n) > limits.invalid_output_rate:
         detail = ", ".join(f"{k} {kinds[k]}" for k in INVALID_OUTPUT_KINDS if kinds.get(k))
-        out.stops.append(Stop("invalid_output", f"{invalid_n} of {n} responses invalid ({detail}) > {limits.invalid_output_rate:.0%}"))
+        out.stops.append(
+            Stop(
+                "invalid_output", f"{invalid_n} of {n} responses invalid ({detail}) > {limits.invalid_output_rate:.0%}"
+            )
+        )
     if contract and contract.get("status") == "failed":
         out.stops.append(Stop("behaviour_drift", contract.get("summary") or "behaviour cases failed after the cell"))
     timeouts = int(statuses.get("timeout", 0))
@@ -213,9 +283,18 @@ def _error_rate(out: RunJudgement, analysis: Any, limits: StopLimits, statuses: 
         return
     if check.outcome == "inconclusive" and limits.error_rate_limit is None:
         return
-    record = FailedCheck("overall", "error_rate", None, check.observed, error_limit, n,
-                         "overall " + check.reason.replace("error share", "error rate", 1), check.outcome,
-                         tuple(check.ci) if check.ci else None, check.more_requests)
+    record = FailedCheck(
+        "overall",
+        "error_rate",
+        None,
+        check.observed,
+        error_limit,
+        n,
+        "overall " + check.reason.replace("error share", "error rate", 1),
+        check.outcome,
+        cast("tuple[float, float]", tuple(check.ci)) if check.ci else None,  # a Wilson interval: [low, high]
+        check.more_requests,
+    )
     (out.failed if check.outcome == "fail" else out.inconclusive).append(record)
     target = out.per_class_failed if check.outcome == "fail" else out.per_class_inconclusive
     for name in analysis.classes:
@@ -226,12 +305,17 @@ def run_figures(analysis: Analysis, manifest: Manifest) -> dict[str, Any]:
     """Numbers a region table shows per run: offered vs completed, tails with counts."""
     overall = analysis.overall
     lag = manifest.send_lag_ns or {}
+    lag_p99 = lag.get("p99")
     per_class = {}
     for name, group in analysis.classes.items():
         ttft = group.metrics.get("ttft_ms") or {}
-        per_class[name] = {"ttft_p99_ms": _finite(ttft.get("p99")), "ttft_n": ttft.get("n"),
-                           "n_scheduled": group.n_scheduled, "completed_rps": group.completed_rps,
-                           "output_tok_s": group.output_tok_s}
+        per_class[name] = {
+            "ttft_p99_ms": _finite(ttft.get("p99")),
+            "ttft_n": ttft.get("n"),
+            "n_scheduled": group.n_scheduled,
+            "completed_rps": group.completed_rps,
+            "output_tok_s": group.output_tok_s,
+        }
     return {
         "n_scheduled": overall.n_scheduled,
         "status_counts": dict(overall.status_counts or {}),
@@ -241,7 +325,7 @@ def run_figures(analysis: Analysis, manifest: Manifest) -> dict[str, Any]:
         "prompt_tok_s": overall.prompt_tok_s,
         "output_tok_s": overall.output_tok_s,
         "goodput_rps": overall.goodput_rps,
-        "send_lag_p99_ms": (lag.get("p99") / 1e6) if lag.get("p99") is not None else None,
+        "send_lag_p99_ms": (lag_p99 / 1e6) if lag_p99 is not None else None,
         "classes": per_class,
     }
 
@@ -269,6 +353,9 @@ def unstable_tail(per_repeat_p99: list[dict[str, Any]], limit: float, floor_ms: 
         spread = float(arr.max() - arr.min()) / median
         if spread > limit and float(arr.max() - arr.min()) > floor_ms:
             shown = ", ".join(f"{v:.0f}" for v in arr)
-            return Stop("unstable_tail", f"{name} p99 TTFT across {len(arr)} repeats [{shown}] ms spreads "
-                                         f"{spread:.0%} of its median > {limit:.0%} (and > {floor_ms:g} ms)")
+            return Stop(
+                "unstable_tail",
+                f"{name} p99 TTFT across {len(arr)} repeats [{shown}] ms spreads "
+                f"{spread:.0%} of its median > {limit:.0%} (and > {floor_ms:g} ms)",
+            )
     return None

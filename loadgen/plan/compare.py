@@ -57,15 +57,42 @@ SEND_LAG_NOTE_MS = 50.0
 
 #: Manifest subtrees that define what was run; everything else (paths, ports, pids, times) may differ.
 IDENTITY_ROOTS = (
-    "run_kind", "harness", "host", "scenario.sha256", "scenario.name", "trace.sha256", "trace.seed", "trace.name",
-    "target.kind", "target.model", "target.version", "target.engine", "warm_state.state", "options", "behavior_relevant",
+    "run_kind",
+    "harness",
+    "host",
+    "scenario.sha256",
+    "scenario.name",
+    "trace.sha256",
+    "trace.seed",
+    "trace.name",
+    "target.kind",
+    "target.model",
+    "target.version",
+    "target.engine",
+    "warm_state.state",
+    "options",
+    "behavior_relevant",
 )
 #: Keys under those roots that do not change what was measured.
 IGNORED_KEYS = (
-    "harness.pid", "harness.monotonic_clock", "options.out_dir", "options.trace_path", "options.target_url",
-    "options.scenario_path", "options.order_index", "options.repeat", "options.plan_cell", "options.warm_actions",
-    "options.warm_state", "options.extra_manifest", "options.progress", "options.flush_interval_s", "options.engine",
-    "options.deadline_s", "options.seed", "host.memory_bytes",
+    "harness.pid",
+    "harness.monotonic_clock",
+    "options.out_dir",
+    "options.trace_path",
+    "options.target_url",
+    "options.scenario_path",
+    "options.order_index",
+    "options.repeat",
+    "options.plan_cell",
+    "options.warm_actions",
+    "options.warm_state",
+    "options.extra_manifest",
+    "options.progress",
+    "options.flush_interval_s",
+    "options.engine",
+    "options.deadline_s",
+    "options.seed",
+    "host.memory_bytes",
 )
 
 
@@ -144,9 +171,13 @@ class Candidate:
 def _label(manifest: Manifest, path: Path) -> str:
     engine = manifest.target.engine.model_dump() if manifest.target.engine else {}
     config = engine.get("config") or {}
-    for value in ((manifest.practice or {}).get("candidate"),
-                  config.get("name") if isinstance(config, dict) else None, engine.get("label"),
-                  (manifest.plan_target or {}).get("engine"), engine.get("name")):
+    for value in (
+        (manifest.practice or {}).get("candidate"),
+        config.get("name") if isinstance(config, dict) else None,
+        engine.get("label"),
+        (manifest.plan_target or {}).get("engine"),
+        engine.get("name"),
+    ):
         if value and value not in ("loadgen-sim", "vllm"):  # generic engine names say nothing about the candidate
             return str(value)
     return path.name
@@ -167,19 +198,29 @@ def load_candidate(path: str | Path) -> Candidate:
         ident = identity_of(manifest)
         ident = {k: v for k, v in ident.items() if not k.startswith(("trace.", "options.", "warm_state."))}
         ident["plan.sha256"] = state.get("plan_sha256")
-        cand = Candidate(path, "plan", _label(manifest, path), manifest, ident, region=region,
-                         scenario=scenario_from_manifest(manifest))
+        cand = Candidate(
+            path,
+            "plan",
+            _label(manifest, path),
+            manifest,
+            ident,
+            region=region,
+            scenario=scenario_from_manifest(manifest),
+        )
         cand.contract = contract_status_from_file(path / CONTRACT_FILE)
         return cand
     try:
         manifest = read_run_manifest(path)  # a killed run: its recovered view (state killed)
     except RunDirError:
-        raise PlanError(f"{path}: neither a run directory ({MANIFEST_FILE}) nor a plan directory ({PLAN_FILE})") from None
+        raise PlanError(
+            f"{path}: neither a run directory ({MANIFEST_FILE}) nor a plan directory ({PLAN_FILE})"
+        ) from None
     scenario = scenario_from_manifest(manifest)
     cold = manifest.warm_state.state == "cold"
     analysis = analyze_run(path, scenario=scenario, include_cold=cold)
-    cand = Candidate(path, "run", _label(manifest, path), manifest, identity_of(manifest), analysis=analysis,
-                     scenario=scenario)
+    cand = Candidate(
+        path, "run", _label(manifest, path), manifest, identity_of(manifest), analysis=analysis, scenario=scenario
+    )
     cand.contract = contract_status_from_file(path / CONTRACT_FILE)
     return cand
 
@@ -195,7 +236,9 @@ def route_classes(route: str, scenario: Scenario | None, present: list[str]) -> 
     names = [n.strip() for n in route.split(",") if n.strip()]
     unknown = [n for n in names if scenario is not None and n not in scenario.classes]
     if unknown:
-        raise PlanError(f"--route {route!r}: {unknown[0]!r} is not a class of the scenario; expected 'interactive', 'all' or class names")
+        raise PlanError(
+            f"--route {route!r}: {unknown[0]!r} is not a class of the scenario; expected 'interactive', 'all' or class names"
+        )
     return names
 
 
@@ -210,10 +253,18 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": "loadgen.comparison", "version": 1, "route": self.route, "variable": self.variable,
-                "judgement_order": ["hard budgets", "behaviour contract", "throughput and cost"],
-                "identity": self.identity, "candidates": self.candidates, "decision": self.decision,
-                "prices": self.prices, "notes": self.notes}
+        return {
+            "kind": "loadgen.comparison",
+            "version": 1,
+            "route": self.route,
+            "variable": self.variable,
+            "judgement_order": ["hard budgets", "behaviour contract", "throughput and cost"],
+            "identity": self.identity,
+            "candidates": self.candidates,
+            "decision": self.decision,
+            "prices": self.prices,
+            "notes": self.notes,
+        }
 
 
 def _num(value: Any) -> float | None:
@@ -242,11 +293,19 @@ def _engine_rate(run_dir: Path, manifest: Manifest) -> float | None:
 
 def _check_item(check: Any) -> dict[str, Any]:
     """A hard check as the comparison shows it: where, measured value and its 95% interval, limit, n, verdict."""
-    return {"class": check.class_name, "metric": check.metric, "percentile": check.percentile,
-            "observed": check.observed if check.observed is None or math.isfinite(check.observed) else "inf",
-            "ci": [v if math.isfinite(v) else ("inf" if v > 0 else "-inf") for v in check.ci] if check.ci else None,
-            "limit": check.limit, "n": check.n, "outcome": check.outcome, "more_requests": check.more_requests,
-            "needed": check.needed_text(), "reason": check.reason}
+    return {
+        "class": check.class_name,
+        "metric": check.metric,
+        "percentile": check.percentile,
+        "observed": check.observed if check.observed is None or math.isfinite(check.observed) else "inf",
+        "ci": [v if math.isfinite(v) else ("inf" if v > 0 else "-inf") for v in check.ci] if check.ci else None,
+        "limit": check.limit,
+        "n": check.n,
+        "outcome": check.outcome,
+        "more_requests": check.more_requests,
+        "needed": check.needed_text(),
+        "reason": check.reason,
+    }
 
 
 def _judge_run(c: Candidate, route: str) -> dict[str, Any]:
@@ -255,21 +314,28 @@ def _judge_run(c: Candidate, route: str) -> dict[str, Any]:
     classes = route_classes(route, c.scenario, list(a.classes))
     on_route = [ch for ch in a.checks if ch.hard and (ch.class_name in classes or ch.class_name == "overall")]
     breaches = [_check_item(ch) for ch in on_route if ch.failed]
-    breaches.sort(key=lambda b: (b["class"] == "overall", b["metric"] != "ttft_ms", b["percentile"] != "p99"))  # p99 TTFT leads
+    breaches.sort(
+        key=lambda b: (b["class"] == "overall", b["metric"] != "ttft_ms", b["percentile"] != "p99")
+    )  # p99 TTFT leads
     inconclusive = [_check_item(ch) for ch in on_route if ch.inconclusive]
     tails: dict[str, dict[str, Any]] = {}
     for name in classes:
         group = a.classes.get(name)
         if group is None:
             continue
-        tails[name] = {m: {q: group.metrics.get(m, {}).get(q) for q in ("p50", "p95", "p99", "n")}
-                       for m in ("ttft_ms", "itl_ms", "e2e_ms")}
+        tails[name] = {
+            m: {q: group.metrics.get(m, {}).get(q) for q in ("p50", "p95", "p99", "n")}
+            for m in ("ttft_ms", "itl_ms", "e2e_ms")
+        }
         tails[name]["p99_low_sample"] = bool(group.metrics.get("ttft_ms", {}).get("p99_low_sample"))
         budgets = c.scenario.classes[name].budgets if c.scenario is not None and name in c.scenario.classes else None
-        tails[name]["limits"] = {m: (getattr(budgets, m).limits() if budgets is not None and getattr(budgets, m) else {})
-                                 for m in ("ttft_ms", "itl_ms", "e2e_ms")}
-        tails[name]["checks"] = {f"{ch.metric}.{ch.percentile}": _check_item(ch) for ch in a.checks
-                                 if ch.class_name == name and ch.evaluated}
+        tails[name]["limits"] = {
+            m: (getattr(budgets, m).limits() if budgets is not None and getattr(budgets, m) else {})
+            for m in ("ttft_ms", "itl_ms", "e2e_ms")
+        }
+        tails[name]["checks"] = {
+            f"{ch.metric}.{ch.percentile}": _check_item(ch) for ch in a.checks if ch.class_name == name and ch.evaluated
+        }
     o = a.overall
     return {
         "stop": stop_sentence(a.run.get("stop") or {}),
@@ -281,10 +347,16 @@ def _judge_run(c: Candidate, route: str) -> dict[str, Any]:
         "error_kinds": dict(o.error_kinds),
         "error_share": a.error_share,
         "throughput": {
-            "output_tok_s": o.output_tok_s, "prompt_tok_s": o.prompt_tok_s, "completed_rps": o.completed_rps,
-            "offered_rps": o.offered_rps, "send_rps": o.send_rps, "goodput_rps": o.goodput_rps,
-            "attainment": o.attainment, "peak_output_tok_s": _peak(a, "output_tok_s"),
-            "peak_completed_rps": _peak(a, "completed_rps"), "window_s": (a.window or {}).get("duration_s"),
+            "output_tok_s": o.output_tok_s,
+            "prompt_tok_s": o.prompt_tok_s,
+            "completed_rps": o.completed_rps,
+            "offered_rps": o.offered_rps,
+            "send_rps": o.send_rps,
+            "goodput_rps": o.goodput_rps,
+            "attainment": o.attainment,
+            "peak_output_tok_s": _peak(a, "output_tok_s"),
+            "peak_completed_rps": _peak(a, "completed_rps"),
+            "window_s": (a.window or {}).get("duration_s"),
             **whole_run_rates(c.path),
             "output_tok_per_engine_busy_s": _engine_rate(c.path, c.manifest),
         },
@@ -318,14 +390,27 @@ def _judge_plan(c: Candidate, route: str) -> dict[str, Any]:
     for name in classes:
         key = name if name in region.get("classes", {}) else ("mixed" if "mixed" in region.get("classes", {}) else None)
         if key is None:
-            breaches.append({"class": name, "metric": "region", "percentile": None, "observed": None, "limit": None, "n": 0,
-                             "reason": f"{name}: the plan has no cells for this class"})
+            breaches.append(
+                {
+                    "class": name,
+                    "metric": "region",
+                    "percentile": None,
+                    "observed": None,
+                    "limit": None,
+                    "n": 0,
+                    "reason": f"{name}: the plan has no cells for this class",
+                }
+            )
             continue
         inside = []
         lowest_out = lowest_unsure = None
         for data in region["classes"][key].values():
             for cell in data["cells"]:
-                status = cell["status"] if key != "mixed" else (cell.get("per_class", {}).get(name, {}).get("status", cell["status"]))
+                status = (
+                    cell["status"]
+                    if key != "mixed"
+                    else (cell.get("per_class", {}).get(name, {}).get("status", cell["status"]))
+                )
                 if status == "inside":
                     inside.append(cell)
                 elif status in ("outside", "stopped") and lowest_out is None:
@@ -333,19 +418,43 @@ def _judge_plan(c: Candidate, route: str) -> dict[str, Any]:
                 elif status == "inconclusive" and lowest_unsure is None:
                     lowest_unsure = cell
         if not inside and lowest_unsure is not None:  # not shown to fail: an inconclusive load step may be inside
-            unsure.append({"class": name, "metric": "region", "percentile": None, "observed": None, "limit": None, "n": 0,
-                           "outcome": "inconclusive", "more_requests": None,
-                           "needed": f"more requests at {lowest_unsure['cell_id']} (raise [confidence] max_requests)",
-                           "reason": f"{name}: no load step is conclusively inside ({lowest_unsure.get('limiting')})"})
+            unsure.append(
+                {
+                    "class": name,
+                    "metric": "region",
+                    "percentile": None,
+                    "observed": None,
+                    "limit": None,
+                    "n": 0,
+                    "outcome": "inconclusive",
+                    "more_requests": None,
+                    "needed": f"more requests at {lowest_unsure['cell_id']} (raise [confidence] max_requests)",
+                    "reason": f"{name}: no load step is conclusively inside ({lowest_unsure.get('limiting')})",
+                }
+            )
             continue
         if not inside:
             reason = (lowest_out or {}).get("limiting") or "no cell inside the region"
-            breaches.append({"class": name, "metric": "region", "percentile": None, "observed": None, "limit": None,
-                             "n": 0, "outcome": "fail", "reason": f"{name}: no load step satisfies every hard budget ({reason})"})
+            breaches.append(
+                {
+                    "class": name,
+                    "metric": "region",
+                    "percentile": None,
+                    "observed": None,
+                    "limit": None,
+                    "n": 0,
+                    "outcome": "fail",
+                    "reason": f"{name}: no load step satisfies every hard budget ({reason})",
+                }
+            )
             continue
-        top = max(inside, key=lambda cell: (cell.get("offered_rps") or 0.0))
-        capacity[name] = {"max_inside_offered_rps": top.get("offered_rps"), "cell": top["cell_id"],
-                          "completed_rps": top.get("completed_rps"), "output_tok_s": top.get("output_tok_s")}
+        top = max(inside, key=lambda cell: cell.get("offered_rps") or 0.0)
+        capacity[name] = {
+            "max_inside_offered_rps": top.get("offered_rps"),
+            "cell": top["cell_id"],
+            "completed_rps": top.get("completed_rps"),
+            "output_tok_s": top.get("output_tok_s"),
+        }
         if best_cell is None or (top.get("output_tok_s") or 0) > (best_cell.get("output_tok_s") or 0):
             best_cell = top
     return {
@@ -357,10 +466,15 @@ def _judge_plan(c: Candidate, route: str) -> dict[str, Any]:
         "status_counts": {},
         "error_kinds": {},
         "error_share": None,
-        "throughput": {"output_tok_s": (best_cell or {}).get("output_tok_s"), "prompt_tok_s": None,
-                       "completed_rps": (best_cell or {}).get("completed_rps"),
-                       "offered_rps": (best_cell or {}).get("offered_rps"), "goodput_rps": (best_cell or {}).get("goodput_rps"),
-                       "peak_output_tok_s": None, "basis": "the inside cell with the most output tokens/s"},
+        "throughput": {
+            "output_tok_s": (best_cell or {}).get("output_tok_s"),
+            "prompt_tok_s": None,
+            "completed_rps": (best_cell or {}).get("completed_rps"),
+            "offered_rps": (best_cell or {}).get("offered_rps"),
+            "goodput_rps": (best_cell or {}).get("goodput_rps"),
+            "peak_output_tok_s": None,
+            "basis": "the inside cell with the most output tokens/s",
+        },
     }
 
 
@@ -372,26 +486,51 @@ def _context(c: Candidate) -> dict[str, Any]:
     scen = m.get("scenario") or {}
     trace = m.get("trace") or {}
     return {
-        "workload": {"scenario": scen.get("name"), "scenario_sha256": scen.get("sha256"), "trace": trace.get("name"),
-                     "trace_sha256": trace.get("sha256"), "seed": trace.get("seed"),
-                     "requests": (trace.get("metadata") or {}).get("requests")},
-        "package": {"harness_version": harness.get("version"), "git_sha": harness.get("git_sha"),
-                    "python": harness.get("python")},
-        "hardware": {"cpu_model": host.get("cpu_model"), "cpu_count": host.get("cpu_count"), "gpus": host.get("gpus"),
-                     "os": host.get("os")},
-        "runtime": {"target_kind": target.get("kind"), "model": target.get("model"), "engine": (target.get("engine") or {}).get("name"),
-                    "engine_version": (target.get("engine") or {}).get("version"), "engine_config": c.label,
-                    "run_kind": m.get("run_kind"), "modelExecuted": m.get("modelExecuted"),
-                    "benchmarkExecuted": m.get("benchmarkExecuted")},
+        "workload": {
+            "scenario": scen.get("name"),
+            "scenario_sha256": scen.get("sha256"),
+            "trace": trace.get("name"),
+            "trace_sha256": trace.get("sha256"),
+            "seed": trace.get("seed"),
+            "requests": (trace.get("metadata") or {}).get("requests"),
+        },
+        "package": {
+            "harness_version": harness.get("version"),
+            "git_sha": harness.get("git_sha"),
+            "python": harness.get("python"),
+        },
+        "hardware": {
+            "cpu_model": host.get("cpu_model"),
+            "cpu_count": host.get("cpu_count"),
+            "gpus": host.get("gpus"),
+            "os": host.get("os"),
+        },
+        "runtime": {
+            "target_kind": target.get("kind"),
+            "model": target.get("model"),
+            "engine": (target.get("engine") or {}).get("name"),
+            "engine_version": (target.get("engine") or {}).get("version"),
+            "engine_config": c.label,
+            "run_kind": m.get("run_kind"),
+            "modelExecuted": m.get("modelExecuted"),
+            "benchmarkExecuted": m.get("benchmarkExecuted"),
+        },
         "warm_state": m.get("warm_state"),
-        "measurement": {"send_lag_p99_ms": ((m.get("send_lag_ns") or {}).get("p99") or 0) / 1e6 if (m.get("send_lag_ns") or {}).get("p99") is not None else None,
-                        "warnings": list(m.get("warnings") or []), "state": m.get("state")},
+        "measurement": {
+            "send_lag_p99_ms": ((m.get("send_lag_ns") or {}).get("p99") or 0) / 1e6
+            if (m.get("send_lag_ns") or {}).get("p99") is not None
+            else None,
+            "warnings": list(m.get("warnings") or []),
+            "state": m.get("state"),
+        },
         "order_index": m.get("order_index"),
         "started_utc": m.get("started_utc"),
     }
 
 
-def _identity_notes(candidates: list[Candidate], variable: str, allow_differences: bool) -> tuple[list[str], list[str], list[str]]:
+def _identity_notes(
+    candidates: list[Candidate], variable: str, allow_differences: bool
+) -> tuple[list[str], list[str], list[str]]:
     """(keys the variable covers, other differing keys, notes); refuses when more than the variable differs."""
     covered, other = identity_differences([c.identity for c in candidates], variable)
     notes: list[str] = []
@@ -405,7 +544,9 @@ def _identity_notes(candidates: list[Candidate], variable: str, allow_difference
                 f"compare: candidates differ in more than the declared variable {variable}: {shown}{more}; "
                 "hold package and workload fixed, declare the variable with --variable, or pass --allow-differences"
             )
-        notes.append(f"--allow-differences: candidates also differ in {', '.join(other)}; the comparison is not one-variable")
+        notes.append(
+            f"--allow-differences: candidates also differ in {', '.join(other)}; the comparison is not one-variable"
+        )
     if not covered:
         notes.append(f"the candidates do not differ in {variable}: the comparison compares repeats of one candidate")
     return covered, other, notes
@@ -418,7 +559,9 @@ def needed_lines(inconclusive: list[dict[str, Any]]) -> list[str]:
         have = by_class.get(item["class"])
         if have is None or (item.get("more_requests") or 0) > (have.get("more_requests") or 0):
             by_class[item["class"]] = item
-    return [f"inconclusive: {item['needed']} ({item['reason'].split('; inconclusive:')[0]})" for item in by_class.values()]
+    return [
+        f"inconclusive: {item['needed']} ({item['reason'].split('; inconclusive:')[0]})" for item in by_class.values()
+    ]
 
 
 def _budget_step(j: dict[str, Any]) -> dict[str, Any]:
@@ -428,8 +571,11 @@ def _budget_step(j: dict[str, Any]) -> dict[str, Any]:
         return {"step": "hard budgets", "result": "rejected", "why": [b["reason"] for b in j["breaches"]]}
     if j.get("inconclusive"):
         return {"step": "hard budgets", "result": "inconclusive", "why": needed_lines(j["inconclusive"])}
-    return {"step": "hard budgets", "result": "passed",
-            "why": [f"every hard budget of {', '.join(j['route_classes'])} met (95% intervals within the limits)"]}
+    return {
+        "step": "hard budgets",
+        "result": "passed",
+        "why": [f"every hard budget of {', '.join(j['route_classes'])} met (95% intervals within the limits)"],
+    }
 
 
 def _contract_step(c: Candidate) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -437,15 +583,28 @@ def _contract_step(c: Candidate) -> tuple[dict[str, Any], dict[str, Any]]:
     contract = c.contract
     configured = bool(c.scenario is not None and c.scenario.behavior.cases)
     if contract is None:
-        contract = ({"status": "not_evaluated", "summary": f"behaviour cases configured but no {CONTRACT_FILE} beside "
-                                                         f"the candidate: replay them (loadgen contract) to judge behaviour"}
-                    if configured else {"status": "not_configured", "summary": "behaviour contract not configured "
-                                                                              "(scenario [behavior] cases is empty)"})
+        contract = (
+            {
+                "status": "not_evaluated",
+                "summary": f"behaviour cases configured but no {CONTRACT_FILE} beside "
+                f"the candidate: replay them (loadgen contract) to judge behaviour",
+            }
+            if configured
+            else {
+                "status": "not_configured",
+                "summary": "behaviour contract not configured (scenario [behavior] cases is empty)",
+            }
+        )
     contract = {k: v for k, v in contract.items() if not k.startswith("_")}
-    step = {"step": "behaviour contract",
-            "result": "rejected" if contract["status"] == "failed" else contract["status"],
-            "why": [contract["summary"]] + [f"{f.get('case_id')}: {f.get('kind')} expected {f.get('expected')!r}, got {str(f.get('got'))[:60]!r}"
-                                            for f in contract.get("failures", [])[:5]]}
+    step = {
+        "step": "behaviour contract",
+        "result": "rejected" if contract["status"] == "failed" else contract["status"],
+        "why": [contract["summary"]]
+        + [
+            f"{f.get('case_id')}: {f.get('kind')} expected {f.get('expected')!r}, got {str(f.get('got'))[:60]!r}"
+            for f in contract.get("failures", [])[:5]
+        ],
+    }
     return step, contract
 
 
@@ -460,8 +619,13 @@ def _cost(c: Candidate, tp: dict[str, Any], table: PriceTable | None) -> dict[st
     scale = (out_rate / tp["output_tok_s"]) if tp.get("output_tok_s") and out_rate else 1.0
     prompt_tok_s = tp.get("prompt_tok_s")
     prompt_rate = prompt_tok_s * scale if prompt_tok_s is not None else None
-    return {"matched": matched, "example_prices": table.example, "currency": table.currency,
-            "throughput_basis": basis, **cost_per_million(price, prompt_tok_s=prompt_rate, output_tok_s=out_rate)}
+    return {
+        "matched": matched,
+        "example_prices": table.example,
+        "currency": table.currency,
+        "throughput_basis": basis,
+        **cost_per_million(price, prompt_tok_s=prompt_rate, output_tok_s=out_rate),
+    }
 
 
 def _judge_candidate(index: int, c: Candidate, route: str, table: PriceTable | None) -> dict[str, Any]:
@@ -471,11 +635,18 @@ def _judge_candidate(index: int, c: Candidate, route: str, table: PriceTable | N
     steps = [_budget_step(j), contract_step]
     rejected = any(s["result"] == "rejected" for s in steps)
     return {
-        "index": index, "label": c.label, "path": str(c.path), "kind": c.kind,
+        "index": index,
+        "label": c.label,
+        "path": str(c.path),
+        "kind": c.kind,
         "verdict": "rejected" if rejected else "eligible",
         "budgets": steps[0]["result"],
         "rejected_at": next((s["step"] for s in steps if s["result"] == "rejected"), None),
-        "steps": steps, "contract": contract, "cost": _cost(c, j["throughput"], table), **j, "context": _context(c),
+        "steps": steps,
+        "contract": contract,
+        "cost": _cost(c, j["throughput"], table),
+        **j,
+        "context": _context(c),
     }
 
 
@@ -484,8 +655,10 @@ def _send_lag_notes(judged: list[dict[str, Any]]) -> list[str]:
     for j in judged:
         lag = j["context"]["measurement"]["send_lag_p99_ms"]
         if lag is not None and lag > SEND_LAG_NOTE_MS:
-            notes.append(f"measurement: {j['label']} send-lag p99 {lag:.1f} ms > {SEND_LAG_NOTE_MS:g} ms: the client fell "
-                         "behind its schedule (a busy host); its client-side numbers carry that error, rerun on a quieter host")
+            notes.append(
+                f"measurement: {j['label']} send-lag p99 {lag:.1f} ms > {SEND_LAG_NOTE_MS:g} ms: the client fell "
+                "behind its schedule (a busy host); its client-side numbers carry that error, rerun on a quieter host"
+            )
     return notes
 
 
@@ -493,8 +666,11 @@ def _rank_key(j: dict[str, Any]) -> tuple[int, float, float]:
     """Among eligible candidates: budgets shown to pass before inconclusive ones, then the lowest cost per million
     output tokens, then the highest headline rate."""
     cost = (j.get("cost") or {}).get("per_million_output_tokens")
-    return (0 if j.get("budgets") == "passed" else 1, cost if cost is not None else math.inf,
-            -(_headline_rate(j["throughput"])[0] or 0.0))
+    return (
+        0 if j.get("budgets") == "passed" else 1,
+        cost if cost is not None else math.inf,
+        -(_headline_rate(j["throughput"])[0] or 0.0),
+    )
 
 
 def _rejection_line(j: dict[str, Any], route: str, headline: dict[str, Any], chosen: dict[str, Any] | None) -> str:
@@ -504,8 +680,9 @@ def _rejection_line(j: dict[str, Any], route: str, headline: dict[str, Any], cho
     if j is headline and chosen is not None and j is not chosen:
         rate, basis = _headline_rate(j["throughput"])
         chosen_rate = _headline_rate(chosen["throughput"])[0]
-        lead += (f" although it has the headline throughput ({_f(rate)} vs {_f(chosen_rate)} for {chosen['label']}: "
-                 f"{basis})")
+        lead += (
+            f" although it has the headline throughput ({_f(rate)} vs {_f(chosen_rate)} for {chosen['label']}: {basis})"
+        )
     return lead + ": " + "; ".join(reasons)
 
 
@@ -516,29 +693,52 @@ def _decide(judged: list[dict[str, Any]], route: str) -> dict[str, Any]:
     chosen: dict[str, Any] | None
     if eligible:
         chosen = min(eligible, key=_rank_key)
-        by = ("lowest cost per million output tokens" if (chosen.get("cost") or {}).get("per_million_output_tokens") is not None
-              else "highest " + _headline_rate(chosen["throughput"])[1])
-        meets = ("meets every hard budget of " if chosen.get("budgets") == "passed"
-                 else "fails no hard budget conclusively (some are inconclusive, see below) of ")
-        why = [(f"{chosen['label']} is chosen for {route} routing: it {meets}"
+        by = (
+            "lowest cost per million output tokens"
+            if (chosen.get("cost") or {}).get("per_million_output_tokens") is not None
+            else "highest " + _headline_rate(chosen["throughput"])[1]
+        )
+        meets = (
+            "meets every hard budget of "
+            if chosen.get("budgets") == "passed"
+            else "fails no hard budget conclusively (some are inconclusive, see below) of "
+        )
+        why = [
+            (
+                f"{chosen['label']} is chosen for {route} routing: it {meets}"
                 f"{', '.join(chosen['route_classes'])}, its behaviour contract is {chosen['contract']['status']}, "
-                f"and among the {len(eligible)} eligible candidate(s) it has the {by}")]
+                f"and among the {len(eligible)} eligible candidate(s) it has the {by}"
+            )
+        ]
     else:
         chosen = None
         why = [f"no candidate is eligible for {route} routing"]
     why += [_rejection_line(j, route, headline, chosen) for j in judged if j["verdict"] == "rejected"]
-    unsure = [{"label": j["label"], "why": j["steps"][0]["why"]} for j in judged
-              if j["verdict"] == "eligible" and j.get("budgets") == "inconclusive"]
+    unsure = [
+        {"label": j["label"], "why": j["steps"][0]["why"]}
+        for j in judged
+        if j["verdict"] == "eligible" and j.get("budgets") == "inconclusive"
+    ]
     why += [f"{u['label']}: {line}" for u in unsure for line in u["why"]]
     return {
         "route": route,
         "chosen": chosen["label"] if chosen else None,
         "chosen_path": chosen["path"] if chosen else None,
-        "rejected": [{"label": j["label"], "step": j["rejected_at"],
-                      "why": next(s["why"] for s in j["steps"] if s["result"] == "rejected")} for j in judged if j["verdict"] == "rejected"],
+        "rejected": [
+            {
+                "label": j["label"],
+                "step": j["rejected_at"],
+                "why": next(s["why"] for s in j["steps"] if s["result"] == "rejected"),
+            }
+            for j in judged
+            if j["verdict"] == "rejected"
+        ],
         "inconclusive": unsure,
-        "headline_throughput": {"label": headline["label"], "value": _headline_rate(headline["throughput"])[0],
-                                "basis": _headline_rate(headline["throughput"])[1]},
+        "headline_throughput": {
+            "label": headline["label"],
+            "value": _headline_rate(headline["throughput"])[0],
+            "basis": _headline_rate(headline["throughput"])[1],
+        },
         "why": why,
     }
 
@@ -549,8 +749,12 @@ def _price_info(table: PriceTable | None, notes: list[str]) -> dict[str, Any] | 
         return None
     if table.example:
         notes.append(f"prices from {table.source_path} are an EXAMPLE (made-up numbers), not real prices")
-    return {"path": table.source_path, "example": table.example, "currency": table.currency,
-            "description": table.description}
+    return {
+        "path": table.source_path,
+        "example": table.example,
+        "currency": table.currency,
+        "description": table.description,
+    }
 
 
 def compare_candidates(
@@ -575,9 +779,13 @@ def compare_candidates(
     notes += _send_lag_notes(judged)
     decision = _decide(judged, route)
     for j in judged:
-        j["status_line"] = (f"{j['label']}: {j['verdict']}" + (f" at {j['rejected_at']}" if j['rejected_at'] else ""))
-    identity = {"variable": variable, "varies": covered, "also_differs": other,
-                "held_fixed": sorted(k for k in candidates[0].identity if k not in covered and k not in other)[:200]}
+        j["status_line"] = f"{j['label']}: {j['verdict']}" + (f" at {j['rejected_at']}" if j["rejected_at"] else "")
+    identity = {
+        "variable": variable,
+        "varies": covered,
+        "also_differs": other,
+        "held_fixed": sorted(k for k in candidates[0].identity if k not in covered and k not in other)[:200],
+    }
     price_info = _price_info(table, notes)
     return Comparison(route, variable, judged, decision, identity, price_info, notes)
 
@@ -611,8 +819,11 @@ def format_comparison(comp: Comparison) -> str:
     """Console report: candidates side by side, judgement steps in order, the decision and why."""
     cands = comp.candidates
     width = max(38, *(len(c["label"]) + 2 for c in cands), *(len(c["status_line"]) - len(c["label"]) for c in cands))
-    lines = [f"Candidate comparison — route: {comp.route}; declared variable: {comp.variable}",
-             "Judgement order: hard budgets → behaviour contract → throughput and cost", ""]
+    lines = [
+        f"Candidate comparison — route: {comp.route}; declared variable: {comp.variable}",
+        "Judgement order: hard budgets → behaviour contract → throughput and cost",
+        "",
+    ]
 
     def row(name: str, values: list[str]) -> str:
         return f"  {name:<44}" + "".join(f"{v:<{width}}" for v in values)
@@ -634,11 +845,29 @@ def format_comparison(comp: Comparison) -> str:
                     lines.append(row(f"{name} {metric} {q}", [v or "–" for v in vals]))
     if any(c.get("capacity") for c in cands):
         for name in sorted({n for c in cands for n in c.get("capacity", {})}):
-            lines.append(row(f"{name} max inside offered rps", [_f((c.get("capacity", {}).get(name) or {}).get("max_inside_offered_rps"), 2) for c in cands]))
-    lines.append(row("errors (error/timeout/not_sent)", [
-        f"{sum(v for k, v in c['status_counts'].items() if k in ('error', 'timeout', 'not_sent'))} of {sum(c['status_counts'].values())}"
-        if c["status_counts"] else "–" for c in cands]))
-    lines.append(row("client send-lag p99 ms (measurement)", [_f(c["context"]["measurement"]["send_lag_p99_ms"], 2) for c in cands]))
+            lines.append(
+                row(
+                    f"{name} max inside offered rps",
+                    [_f((c.get("capacity", {}).get(name) or {}).get("max_inside_offered_rps"), 2) for c in cands],
+                )
+            )
+    lines.append(
+        row(
+            "errors (error/timeout/not_sent)",
+            [
+                f"{sum(v for k, v in c['status_counts'].items() if k in ('error', 'timeout', 'not_sent'))} of {sum(c['status_counts'].values())}"
+                if c["status_counts"]
+                else "–"
+                for c in cands
+            ],
+        )
+    )
+    lines.append(
+        row(
+            "client send-lag p99 ms (measurement)",
+            [_f(c["context"]["measurement"]["send_lag_p99_ms"], 2) for c in cands],
+        )
+    )
     lines.append(row("result", [c["steps"][0]["result"] for c in cands]))
     lines.append("")
     lines.append("  2. behaviour contract")
@@ -649,14 +878,20 @@ def format_comparison(comp: Comparison) -> str:
     lines.append(row("output tok/s (analysis window)", [_f(t.get("output_tok_s")) for t in tp]))
     lines.append(row("output tok/s (whole run, incl. drain)", [_f(t.get("output_tok_s_whole_run")) for t in tp]))
     lines.append(row("output tok/s (peak 1 s)", [_f(t.get("peak_output_tok_s")) for t in tp]))
-    lines.append(row("output tok per engine-busy s (capacity)", [_f(t.get("output_tok_per_engine_busy_s")) for t in tp]))
+    lines.append(
+        row("output tok per engine-busy s (capacity)", [_f(t.get("output_tok_per_engine_busy_s")) for t in tp])
+    )
     # the analyzer's figures under the analyzer's names (README "Metric definitions")
     lines.append(row("offered req/s (scheduled in the window)", [_f(t.get("offered_rps"), 2) for t in tp]))
     lines.append(row("sent req/s (bytes on the socket)", [_f(t.get("send_rps"), 2) for t in tp]))
     lines.append(row("completed req/s (ok, done in the window)", [_f(t.get("completed_rps"), 2) for t in tp]))
     lines.append(row("goodput req/s (completed, hard budgets met)", [_f(t.get("goodput_rps"), 2) for t in tp]))
-    lines.append(row("attainment (scheduled in the window)",
-                     ["–" if t.get("attainment") is None else f"{t['attainment']:.1%}" for t in tp]))
+    lines.append(
+        row(
+            "attainment (scheduled in the window)",
+            ["–" if t.get("attainment") is None else f"{t['attainment']:.1%}" for t in tp],
+        )
+    )
     if any(c.get("cost") for c in cands):
         cur = next((c["cost"].get("currency") for c in cands if c.get("cost")), "USD")
         example = any((c.get("cost") or {}).get("example_prices") for c in cands)

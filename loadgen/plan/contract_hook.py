@@ -12,6 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..contract.cases import load_case_refs
+from ..contract.replay import replay_cases_sync, write_contract
+from ..errors import LoadgenError
 from ..records import CONTRACT_FILE
 
 __all__ = ["CONTRACT_FILE", "contract_status_from_file", "replay_contract"]
@@ -21,8 +24,16 @@ def _skip(summary: str, status: str = "skipped") -> dict[str, Any]:
     return {"status": status, "summary": summary, "failures": []}
 
 
-def replay_contract(scenario: Any, target_url: str | None, model: str | None, *, out_path: Path | None = None,
-                    reference: Any = None, api_key_env: str | None = None, concurrency: int = 8) -> dict[str, Any]:
+def replay_contract(
+    scenario: Any,
+    target_url: str | None,
+    model: str | None,
+    *,
+    out_path: Path | None = None,
+    reference: Any = None,
+    api_key_env: str | None = None,
+    concurrency: int = 8,
+) -> dict[str, Any]:
     """Replay the scenario's behaviour cases against ``target_url``; write ``out_path`` (contract.json).
 
     Cases go ``concurrency`` at a time (default 8): a batching engine holds a lone request for its whole
@@ -34,17 +45,17 @@ def replay_contract(scenario: Any, target_url: str | None, model: str | None, *,
     if not target_url:
         return _skip("behaviour contract not replayed: the target has no live endpoint (virtual-time worksheet)")
     try:
-        from ..contract.cases import load_case_refs
-        from ..contract.replay import replay_cases_sync, write_contract
-    except ImportError as exc:  # the contract package is optional at this layer
-        return _skip(f"behaviour contract not replayed: loadgen.contract unavailable ({exc})")
-    from ..errors import LoadgenError
-
-    try:
         cases = load_case_refs(refs, scenario.base_dir())
         endpoint = "chat" if scenario.endpoint == "chat" else "completions"
-        result = replay_cases_sync(cases, target_url, model or "", api_key_env=api_key_env, endpoint=endpoint,
-                                   reference=reference, concurrency=concurrency)
+        result = replay_cases_sync(
+            cases,
+            target_url,
+            model or "",
+            api_key_env=api_key_env,
+            endpoint=endpoint,
+            reference=reference,
+            concurrency=concurrency,
+        )
     except LoadgenError as exc:
         return _skip(f"behaviour contract not replayed: {exc}")
     if out_path is not None:
@@ -76,5 +87,11 @@ def contract_status_from_file(path: Path) -> dict[str, Any] | None:
     summary = f"contract {'PASSED' if passed and not rejects else 'FAILED'}: {n_passed}/{n_cases} cases passed ({path})"
     if rejects:
         summary += f"; behaviour changed vs reference: {', '.join(diff.get('regressions', []))}"
-    return {"status": "passed" if passed and not rejects else "failed", "summary": summary,
-            "failures": (data.get("failures") or [])[:20], "n_cases": n_cases, "n_passed": n_passed, "path": str(path)}
+    return {
+        "status": "passed" if passed and not rejects else "failed",
+        "summary": summary,
+        "failures": (data.get("failures") or [])[:20],
+        "n_cases": n_cases,
+        "n_passed": n_passed,
+        "path": str(path),
+    }

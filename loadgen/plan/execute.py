@@ -54,9 +54,19 @@ class CellExecutor:
     count and adds discarded (interrupted) runs to it; the caller saves it.
     """
 
-    def __init__(self, spec: PlanSpec, scenario: Scenario, scenario_path: Path, target: Target, plan_dir: Path,
-                 state: dict[str, Any], *, max_new_runs: int | None, time_budget_s: float,
-                 log: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        spec: PlanSpec,
+        scenario: Scenario,
+        scenario_path: Path,
+        target: Target,
+        plan_dir: Path,
+        state: dict[str, Any],
+        *,
+        max_new_runs: int | None,
+        time_budget_s: float,
+        log: Callable[[str], None],
+    ) -> None:
         self.spec = spec
         self.scenario = scenario
         self.scenario_path = scenario_path
@@ -87,7 +97,9 @@ class CellExecutor:
     def trace(self, coord: CellCoord, duration_scale: float = 1.0) -> tuple[Path, dict[str, Any]]:
         """The cell's trace (built once, deterministically; ``duration_scale`` × longer for an extension) and its metadata."""
         name = coord.cell_id if duration_scale == 1.0 else f"{coord.cell_id}.x{duration_scale:.4g}"
-        return build_cell_trace(self.spec, self.scenario, coord, self.plan_dir / "traces" / f"{name}.parquet", duration_scale)
+        return build_cell_trace(
+            self.spec, self.scenario, coord, self.plan_dir / "traces" / f"{name}.parquet", duration_scale
+        )
 
     def run_once(self, coord: CellCoord, repeat: int) -> RunRecord:
         """Load the stored result of (cell, repeat) or run it now (extended while inconclusive)."""
@@ -118,41 +130,79 @@ class CellExecutor:
         """Why a run of this trace may not start (time or request budget), counting runs not yet recorded."""
         consumed_s, consumed_req = self.consumed()
         duration = float(meta.get("duration_s") or 0.0) if self.target.real_time else 0.0
-        return budget_refusal(consumed_s=consumed_s + pending_s, consumed_requests=consumed_req + pending_requests,
-                              time_budget_s=self.time_budget_s, request_budget=self.spec.budget.requests,
-                              duration_s=duration, n_requests=int(meta.get("requests") or 0),
-                              overhead_s=self.overhead_s, real_time=self.target.real_time)
+        return budget_refusal(
+            consumed_s=consumed_s + pending_s,
+            consumed_requests=consumed_req + pending_requests,
+            time_budget_s=self.time_budget_s,
+            request_budget=self.spec.budget.requests,
+            duration_s=duration,
+            n_requests=int(meta.get("requests") or 0),
+            overhead_s=self.overhead_s,
+            real_time=self.target.real_time,
+        )
 
-    def _attempt(self, coord: CellCoord, repeat: int, trace: Path, meta: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    def _attempt(
+        self, coord: CellCoord, repeat: int, trace: Path, meta: dict[str, Any], run_dir: Path
+    ) -> dict[str, Any]:
         """Bring the target to the cell's state, run ``trace`` into ``run_dir``, analyse and judge it."""
         t0 = time.monotonic()
         duration = float(meta.get("duration_s") or 0.0) if self.target.real_time else 0.0
         state = self._prepare(coord, trace, run_dir)
-        base = {"coord": coord.to_dict(), "cell_id": coord.cell_id, "repeat": repeat, "order_index": self.order_index,
-                "run_dir": str(run_dir.relative_to(self.plan_dir)), "warm_state": state.to_dict(),
-                "invocation": len(self.state["invocations"]), "trace": str(trace.relative_to(self.plan_dir))}
+        base = {
+            "coord": coord.to_dict(),
+            "cell_id": coord.cell_id,
+            "repeat": repeat,
+            "order_index": self.order_index,
+            "run_dir": str(run_dir.relative_to(self.plan_dir)),
+            "warm_state": state.to_dict(),
+            "invocation": len(self.state["invocations"]),
+            "trace": str(trace.relative_to(self.plan_dir)),
+        }
         if not state.achieved:
             run_dir.mkdir(parents=True, exist_ok=True)
-            return {**base, "skipped": True, "skip_reason": state.reason, "failed": [], "stops": [], "inconclusive": [],
-                    "figures": {}, "wall_s": time.monotonic() - t0, "requests_sent": 0}
+            return {
+                **base,
+                "skipped": True,
+                "skip_reason": state.reason,
+                "failed": [],
+                "stops": [],
+                "inconclusive": [],
+                "figures": {},
+                "wall_s": time.monotonic() - t0,
+                "requests_sent": 0,
+            }
         consumed_s, _ = self.consumed()
-        deadline = run_deadline(cell_timeout_s=self.spec.stops.cell_timeout_s, duration_s=duration,
-                                remaining_s=self.time_budget_s - consumed_s, overhead_s=self.overhead_s,
-                                real_time=self.target.real_time)
-        self.log(f"plan: run {self.order_index}: {coord.cell_id} (rate step {coord.rate_step:g} {coord.rate_kind}, "
-                 f"{int(meta.get('requests') or 0)} requests) repeat {repeat} [{state.label}]")
-        run_dir = self.target.run(trace, run_dir, scenario_path=self.scenario_path, state=state,
-                                  order_index=self.order_index, repeat=repeat,
-                                  plan_cell={**coord.to_dict(), "plan": self.spec.name, "plan_sha256": self.spec.sha256},
-                                  deadline_s=deadline, seed=repeat - 1)
+        deadline = run_deadline(
+            cell_timeout_s=self.spec.stops.cell_timeout_s,
+            duration_s=duration,
+            remaining_s=self.time_budget_s - consumed_s,
+            overhead_s=self.overhead_s,
+            real_time=self.target.real_time,
+        )
+        self.log(
+            f"plan: run {self.order_index}: {coord.cell_id} (rate step {coord.rate_step:g} {coord.rate_kind}, "
+            f"{int(meta.get('requests') or 0)} requests) repeat {repeat} [{state.label}]"
+        )
+        run_dir = self.target.run(
+            trace,
+            run_dir,
+            scenario_path=self.scenario_path,
+            state=state,
+            order_index=self.order_index,
+            repeat=repeat,
+            plan_cell={**coord.to_dict(), "plan": self.spec.name, "plan_sha256": self.spec.sha256},
+            deadline_s=deadline,
+            seed=repeat - 1,
+        )
         judged, verdict = self._judge(coord, run_dir)
         wall_s = time.monotonic() - t0
         self.overhead_s = max(self.overhead_s, wall_s - duration)
         self.log(f"plan:   → {verdict}")
         return {**base, **judged, "wall_s": wall_s}
 
-    def _extend(self, coord: CellCoord, repeat: int, rep_dir: Path, first: dict[str, Any],
-                base_requests: int) -> dict[str, Any]:
+    def _extend(
+        self, coord: CellCoord, repeat: int, rep_dir: Path, first: dict[str, Any], base_requests: int
+    ) -> dict[str, Any]:
         """While the run is inconclusive (and no budget failed or stop fired): rerun the cell longer, with about the
         requests the estimate asks for, within ``[confidence]`` limits and the plan's budget. The last run is the
         record; every run's time and requests count."""
@@ -164,8 +214,10 @@ class CellExecutor:
             wanted = scale * extension_factor(current)
             new_scale = min(wanted, conf.max_requests / max(base_requests, 1))
             if new_scale <= scale * 1.05:
-                note = (f"cell budget spent: the next run would need about {wanted * base_requests:,.0f} requests "
-                        f"> [confidence] max_requests {conf.max_requests:,}")
+                note = (
+                    f"cell budget spent: the next run would need about {wanted * base_requests:,.0f} requests "
+                    f"> [confidence] max_requests {conf.max_requests:,}"
+                )
                 break
             trace, meta = self.trace(coord, new_scale)
             refusal = self._refusal(meta, sum(r["wall_s"] for r in runs), sum(r["requests_sent"] for r in runs))
@@ -180,13 +232,31 @@ class CellExecutor:
             if current.get("skipped"):
                 break
         if needs_extension(current) and note is None:
-            note = ("extension off ([confidence] extend = false)" if not conf.extend
-                    else f"{conf.max_extensions} extension(s) used ([confidence] max_extensions)")
-        extensions = [{"run_dir": r["run_dir"], "trace": r["trace"], "requests_sent": r["requests_sent"],
-                       "wall_s": r["wall_s"], "inconclusive": len(r.get("inconclusive") or []),
-                       "failed": len(r.get("failed") or []), "stops": len(r.get("stops") or [])} for r in runs[1:]]
-        return {**current, "base_run_dir": first["run_dir"], "extensions": extensions, "extension_note": note,
-                "wall_s": sum(r["wall_s"] for r in runs), "requests_sent": sum(r["requests_sent"] for r in runs)}
+            note = (
+                "extension off ([confidence] extend = false)"
+                if not conf.extend
+                else f"{conf.max_extensions} extension(s) used ([confidence] max_extensions)"
+            )
+        extensions = [
+            {
+                "run_dir": r["run_dir"],
+                "trace": r["trace"],
+                "requests_sent": r["requests_sent"],
+                "wall_s": r["wall_s"],
+                "inconclusive": len(r.get("inconclusive") or []),
+                "failed": len(r.get("failed") or []),
+                "stops": len(r.get("stops") or []),
+            }
+            for r in runs[1:]
+        ]
+        return {
+            **current,
+            "base_run_dir": first["run_dir"],
+            "extensions": extensions,
+            "extension_note": note,
+            "wall_s": sum(r["wall_s"] for r in runs),
+            "requests_sent": sum(r["requests_sent"] for r in runs),
+        }
 
     def _discard_interrupted(self, rep_dir: Path) -> None:
         """A run directory without its result was interrupted mid-run: count its time, remove its data."""
@@ -195,17 +265,28 @@ class CellExecutor:
         except RunDirError:
             lost = 0.0
         self.state["discarded_wall_s"] = float(self.state.get("discarded_wall_s", 0.0)) + lost
-        self.state.setdefault("discarded_runs", []).append({"run_dir": str(rep_dir.relative_to(self.plan_dir)),
-                                                            "duration_s": lost, "reason": "interrupted before its result"})
+        self.state.setdefault("discarded_runs", []).append(
+            {
+                "run_dir": str(rep_dir.relative_to(self.plan_dir)),
+                "duration_s": lost,
+                "reason": "interrupted before its result",
+            }
+        )
         shutil.rmtree(rep_dir)
 
     def _prepare(self, coord: CellCoord, trace: Path, run_dir: Path) -> StateResult:
         """Bring the target to the cell's warm/cold state (a warm cell first gets the plan's warm-up set)."""
         warmup_trace = None
         if coord.state == "warm" and self.spec.warmup.requests > 0 and self.target.kind != "worksheet":
-            warmup_trace = build_warmup_trace(trace, self.spec.warmup.requests, self.spec.warmup.rate_rps,
-                                              self.plan_dir / "traces" / f"{trace.stem}.warmup.parquet")
-        return self.target.prepare(coord.state, warmup_trace, run_dir.parent / f"{run_dir.name}-warmup", self.scenario_path)
+            warmup_trace = build_warmup_trace(
+                trace,
+                self.spec.warmup.requests,
+                self.spec.warmup.rate_rps,
+                self.plan_dir / "traces" / f"{trace.stem}.warmup.parquet",
+            )
+        return self.target.prepare(
+            coord.state, warmup_trace, run_dir.parent / f"{run_dir.name}-warmup", self.scenario_path
+        )
 
     def _judge(self, coord: CellCoord, run_dir: Path) -> tuple[dict[str, Any], str]:
         """Analyse and judge a finished run (recovering the target after a server failure): the record's
@@ -215,14 +296,27 @@ class CellExecutor:
         write_json_atomic(run_dir / ANALYSIS_FILE, analysis.to_dict())
         run = load_run(run_dir)
         contract = self._contract_after(run_dir)
-        judged = judge_run(analysis, run, self.spec.stops, deadline_hit=run.manifest.stopped_by_deadline,
-                           alive_problem=alive, contract=contract)
+        judged = judge_run(
+            analysis,
+            run,
+            self.spec.stops,
+            deadline_hit=run.manifest.stopped_by_deadline,
+            alive_problem=alive,
+            contract=contract,
+        )
         recovered: list[str] = []
         if any(s.kind == "server_failure" for s in judged.stops):
             recovered = self.target.recover()
         counts = run.manifest.status_counts
-        verdict = ("pass" if judged.passed else "STOP " + ",".join(s.kind for s in judged.stops) if judged.stops
-                   else "fail: " + judged.failed[0].reason if judged.failed else "inconclusive: " + judged.inconclusive[0].reason)
+        verdict = (
+            "pass"
+            if judged.passed
+            else "STOP " + ",".join(s.kind for s in judged.stops)
+            if judged.stops
+            else "fail: " + judged.failed[0].reason
+            if judged.failed
+            else "inconclusive: " + judged.inconclusive[0].reason
+        )
         fields = {
             "skipped": False,
             "passed": judged.passed,

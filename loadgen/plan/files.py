@@ -55,23 +55,38 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 def read_plan_state(path: Path) -> dict[str, Any]:
     """plan.json of an earlier invocation, checked before resuming from it (one PlanError line if damaged)."""
     state = read_json_object(path, "the plan state loadgen wrote (or a new --out)", PlanError)
-    shapes = {"kind": str, "plan": dict, "target": dict, "invocations": list, "start": dict, "discarded_wall_s": (int, float)}
+    shapes: dict[str, type | tuple[type, ...]] = {
+        "kind": str,
+        "plan": dict,
+        "target": dict,
+        "invocations": list,
+        "start": dict,
+        "discarded_wall_s": (int, float),
+    }
     for key, kind in shapes.items():
         if key in state and not isinstance(state[key], kind):
-            raise PlanError(f"{path}: {key} = {str(state[key])[:60]!r}: expected a plan state written by loadgen "
-                            f"(or a new --out)")
+            raise PlanError(
+                f"{path}: {key} = {str(state[key])[:60]!r}: expected a plan state written by loadgen (or a new --out)"
+            )
     if state.get("kind") != "loadgen.plan" or "invocations" not in state:
-        raise PlanError(f"{path}: kind = {state.get('kind')!r}: expected a plan state written by loadgen (or a new --out)")
+        raise PlanError(
+            f"{path}: kind = {state.get('kind')!r}: expected a plan state written by loadgen (or a new --out)"
+        )
     return state
 
 
 def read_cell_result(path: Path) -> dict[str, Any]:
     """A stored cell result; one PlanError line when it is damaged (delete its rep directory to rerun it)."""
     data = read_json_object(path, "a cell result loadgen wrote (delete its directory to rerun the cell)", PlanError)
-    ok = (isinstance(data.get("failed", []), list) and isinstance(data.get("stops", []), list)
-          and all(isinstance(data.get(k, 0) or 0, (int, float)) for k in ("wall_s", "requests_sent")))
+    ok = (
+        isinstance(data.get("failed", []), list)
+        and isinstance(data.get("stops", []), list)
+        and all(isinstance(data.get(k, 0) or 0, (int, float)) for k in ("wall_s", "requests_sent"))
+    )
     if not ok or "failed" not in data or "stops" not in data:
-        raise PlanError(f"{path}: not a cell result: expected one loadgen wrote (delete {path.parent} to rerun the cell)")
+        raise PlanError(
+            f"{path}: not a cell result: expected one loadgen wrote (delete {path.parent} to rerun the cell)"
+        )
     return data
 
 

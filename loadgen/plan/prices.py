@@ -30,7 +30,7 @@ class Price(BaseModel):
     note: str = ""
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "Price":
+    def _one_kind(self) -> Price:
         hourly = self.usd_per_hour is not None
         per_token = self.usd_per_million_input_tokens is not None or self.usd_per_million_output_tokens is not None
         if hourly == per_token:

@@ -49,7 +49,9 @@ def _limiting(runs: list[dict[str, Any]], extra_stops: list[dict[str, Any]], jud
             unsure = (run.get("per_class_inconclusive") or {}).get(judged_class, [])
         if unsure:
             note = run.get("extension_note")
-            return f"inconclusive after {run.get('requests_sent')} requests: {unsure[0]['reason']}" + (f" ({note})" if note else "")
+            return f"inconclusive after {run.get('requests_sent')} requests: {unsure[0]['reason']}" + (
+                f" ({note})" if note else ""
+            )
     return None
 
 
@@ -61,12 +63,17 @@ def _cell_status(runs: list[dict[str, Any]], extra_stops: list[dict[str, Any]], 
     if extra_stops or any(r.get("stops") for r in runs):
         return STOPPED
     for run in runs:
-        failed = run.get("failed", []) if judged_class is None else run.get("per_class_failed", {}).get(judged_class, [])
+        failed = (
+            run.get("failed", []) if judged_class is None else run.get("per_class_failed", {}).get(judged_class, [])
+        )
         if failed:
             return OUTSIDE
     for run in runs:
-        unsure = (run.get("inconclusive") or []) if judged_class is None else \
-            (run.get("per_class_inconclusive") or {}).get(judged_class, [])
+        unsure = (
+            (run.get("inconclusive") or [])
+            if judged_class is None
+            else (run.get("per_class_inconclusive") or {}).get(judged_class, [])
+        )
         if unsure:
             return INCONCLUSIVE
     return INSIDE
@@ -102,7 +109,7 @@ def _offered_by_cell(plan_dir: Path) -> dict[str, float | None]:
         try:
             _, meta = read_trace(trace)
             offered[trace.stem] = meta.get("offered_rate_rps")
-        except Exception:  # noqa: BLE001, S112 - a trace being written by another invocation: leave it out
+        except Exception:
             continue
     return offered
 
@@ -120,10 +127,18 @@ def _cell_entry(cell_id: str, cls: str, conc: int, i: int, step: float, rec: _Re
         for name in names:
             per_class[name] = {"status": _cell_status(runs, stops, name), "limiting": _limiting(runs, stops, name)}
     return {
-        "cell_id": cell_id, "concurrency": conc, "rate_index": i, "rate_step": step,
-        "status": status, "limiting": limiting,
-        "repeats": len(runs), "passes": sum(1 for r in runs if not r.get("failed") and not r.get("stops") and not r.get("skipped")
-                                            and not r.get("inconclusive")),
+        "cell_id": cell_id,
+        "concurrency": conc,
+        "rate_index": i,
+        "rate_step": step,
+        "status": status,
+        "limiting": limiting,
+        "repeats": len(runs),
+        "passes": sum(
+            1
+            for r in runs
+            if not r.get("failed") and not r.get("stops") and not r.get("skipped") and not r.get("inconclusive")
+        ),
         "requests_sent": sum(int(r.get("requests_sent") or 0) for r in runs),
         "extensions": sum(len(r.get("extensions") or []) for r in runs),
         "offered_rps": _mean([f.get("offered_rps") for f in figures]) or rec.offered.get(cell_id),
@@ -132,8 +147,10 @@ def _cell_entry(cell_id: str, cls: str, conc: int, i: int, step: float, rec: _Re
         "output_tok_s": _mean([f.get("output_tok_s") for f in figures]),
         "goodput_rps": _mean([f.get("goodput_rps") for f in figures]),
         "send_lag_p99_ms": max([f.get("send_lag_p99_ms") or 0.0 for f in figures], default=None),
-        "ttft_p99_ms": {name: [(f.get("classes", {}).get(name) or {}).get("ttft_p99_ms") for f in figures]
-                        for name in sorted({n for f in figures for n in f.get("classes", {})})},
+        "ttft_p99_ms": {
+            name: [(f.get("classes", {}).get(name) or {}).get("ttft_p99_ms") for f in figures]
+            for name in sorted({n for f in figures for n in f.get("classes", {})})
+        },
         "warm_state": [r.get("warm_state") for r in runs][:1],
         "skip_reason": next((r.get("skip_reason") for r in runs if r.get("skipped")), None),
         "run_dirs": [r["run_dir"] for r in runs],
@@ -151,7 +168,11 @@ def _boundary_row(conc: int, row: list[dict[str, Any]], steps: list[float], note
         i = c["rate_index"]
         if c["status"] == INSIDE:
             row_inside = i
-        elif c["status"] in (OUTSIDE, STOPPED, INCONCLUSIVE) and row_limit is None and (row_inside is None or i > row_inside):
+        elif (
+            c["status"] in (OUTSIDE, STOPPED, INCONCLUSIVE)
+            and row_limit is None
+            and (row_inside is None or i > row_inside)
+        ):
             row_limit, row_limit_index = c["limiting"], i
     inside_cell = next((c for c in row if c["rate_index"] == row_inside), None)
     return {
@@ -162,8 +183,9 @@ def _boundary_row(conc: int, row: list[dict[str, Any]], steps: list[float], note
         "max_inside_completed_rps": inside_cell["completed_rps"] if inside_cell else None,
         "max_inside_output_tok_s": inside_cell["output_tok_s"] if inside_cell else None,
         "first_outside_rate_index": row_limit_index,
-        "limiting": row_limit or (note.get("reason") if note.get("status") in ("not_run", "not_achievable") else None)
-                    or ("every rate step inside (no limit reached within the plan)" if row_inside == len(steps) - 1 else None),
+        "limiting": row_limit
+        or (note.get("reason") if note.get("status") in ("not_run", "not_achievable") else None)
+        or ("every rate step inside (no limit reached within the plan)" if row_inside == len(steps) - 1 else None),
         "line_status": note.get("status"),
     }
 
@@ -191,8 +213,10 @@ def build_region(plan_dir: Path, state: dict[str, Any]) -> dict[str, Any]:
         offered=_offered_by_cell(plan_dir),
         line_notes={(ln["class"], ln["state"], ln["concurrency"]): ln for ln in state.get("lines", [])},
     )
-    classes = {cls: {st: _state_region(cls, st, plan["concurrency"], steps, rec) for st in plan["states"]}
-               for cls in plan["classes"]}
+    classes = {
+        cls: {st: _state_region(cls, st, plan["concurrency"], steps, rec) for st in plan["states"]}
+        for cls in plan["classes"]
+    }
     return {
         "kind": "loadgen.region",
         "version": 1,
@@ -215,8 +239,8 @@ def build_region(plan_dir: Path, state: dict[str, Any]) -> dict[str, Any]:
         "probes": state.get("probes") or [],
         "classes": classes,
         "rule": "a cell is inside only if every run of it satisfied every hard budget conclusively (95% interval within "
-                "the limit) and no stop condition fired; an inconclusive run was extended (more requests) until conclusive "
-                "or its budget was spent; boundary cells ran `repeats` times and their p99 TTFT had to converge",
+        "the limit) and no stop condition fired; an inconclusive run was extended (more requests) until conclusive "
+        "or its budget was spent; boundary cells ran `repeats` times and their p99 TTFT had to converge",
     }
 
 
@@ -236,7 +260,10 @@ def _grid_table(region: dict[str, Any], data: dict[str, Any], steps: list[float]
     shown = list(range(len(steps)))
     if (region.get("search") or {}).get("mode") == "bisect":
         shown = sorted({c["rate_index"] for c in data["cells"] if c["repeats"]}) or shown
-    out = ["| concurrency | " + " | ".join(f"{steps[i]:g}{unit}" for i in shown) + " |", "|" + "---|" * (len(shown) + 1)]
+    out = [
+        "| concurrency | " + " | ".join(f"{steps[i]:g}{unit}" for i in shown) + " |",
+        "|" + "---|" * (len(shown) + 1),
+    ]
     for conc in region["concurrency"]:
         row = {c["rate_index"]: c for c in data["cells"] if c["concurrency"] == conc}
         marks = []
@@ -253,16 +280,27 @@ def _grid_table(region: dict[str, Any], data: dict[str, Any], steps: list[float]
 def _search_section(region: dict[str, Any]) -> list[str]:
     """How the boundary was searched, how many cells and runs it used, and every run in order with why."""
     search = region.get("search") or {}
-    out = ["## Cells used, and why", "",
-           (f"Search: {search.get('mode', 'grid')} along {search.get('dimension', 'rate')}"
-            + (f", precision {search['precision']:g} (rate ladder of {len(region['rate_steps'])} steps)"
-               if search.get("precision") else "")
-            + f"; {region.get('cells_used', 0)} cells, {region.get('runs_used', 0)} runs."), ""]
+    out = [
+        "## Cells used, and why",
+        "",
+        (
+            f"Search: {search.get('mode', 'grid')} along {search.get('dimension', 'rate')}"
+            + (
+                f", precision {search['precision']:g} (rate ladder of {len(region['rate_steps'])} steps)"
+                if search.get("precision")
+                else ""
+            )
+            + f"; {region.get('cells_used', 0)} cells, {region.get('runs_used', 0)} runs."
+        ),
+        "",
+    ]
     probes = region.get("probes") or []
     if probes:
         out += ["| # | cell | repeat | result | why |", "|---|---|---|---|---|"]
-        out += [f"| {k} | {p['cell_id']} | {p['repeat']} | {p.get('result', '–')} | {p['why']} |"
-                for k, p in enumerate(probes, 1)]
+        out += [
+            f"| {k} | {p['cell_id']} | {p['repeat']} | {p.get('result', '–')} | {p['why']} |"
+            for k, p in enumerate(probes, 1)
+        ]
     return out + [""]
 
 
@@ -275,32 +313,55 @@ def format_region(region: dict[str, Any]) -> str:
         out += [f"Plan ended early: {region['ended']}", ""]
     budget = region.get("budget") or {}
     if budget:
-        out += [(f"Budget consumed: {_fmt(budget.get('consumed_time_s'), 1)} s of {_fmt(budget.get('time_s'), 0)} s, "
-                 f"{budget.get('consumed_requests')} of {budget.get('requests')} requests."), ""]
+        out += [
+            (
+                f"Budget consumed: {_fmt(budget.get('consumed_time_s'), 1)} s of {_fmt(budget.get('time_s'), 0)} s, "
+                f"{budget.get('consumed_requests')} of {budget.get('requests')} requests."
+            ),
+            "",
+        ]
     if (region.get("start") or {}).get("note"):
         out += [f"Start: {region['start']['note']}", ""]
     if (region.get("ledger") or {}).get("note"):
         out += [f"Ledger: {region['ledger']['note']}", ""]
-    out += [f"Rule: {region['rule']}.", "", ("Marks: ✓ inside (passes/runs), ✗ outside (budget), ■ stopped (declared limit), "
-                                             "? inconclusive (budget spent), · not run, n/a state not achievable."), ""]
+    out += [
+        f"Rule: {region['rule']}.",
+        "",
+        (
+            "Marks: ✓ inside (passes/runs), ✗ outside (budget), ■ stopped (declared limit), "
+            "? inconclusive (budget spent), · not run, n/a state not achievable."
+        ),
+        "",
+    ]
     for cls, per_state in region["classes"].items():
         for st, data in per_state.items():
             out += [f"## {cls} / {st}", ""]
             out += _grid_table(region, data, steps, unit)
-            out += ["", "| concurrency | max inside step | offered rps | completed rps | output tok/s | limiting constraint |",
-                    "|---|---|---|---|---|---|"]
+            out += [
+                "",
+                "| concurrency | max inside step | offered rps | completed rps | output tok/s | limiting constraint |",
+                "|---|---|---|---|---|---|",
+            ]
             for b in data["boundary"]:
                 step = f"{b['max_inside_rate_step']:g}{unit}" if b["max_inside_rate_step"] is not None else "none"
-                out.append(f"| {b['concurrency']} | {step} | {_fmt(b['max_inside_offered_rps'])} | "
-                           f"{_fmt(b['max_inside_completed_rps'])} | {_fmt(b['max_inside_output_tok_s'], 1)} | {b['limiting'] or '–'} |")
+                out.append(
+                    f"| {b['concurrency']} | {step} | {_fmt(b['max_inside_offered_rps'])} | "
+                    f"{_fmt(b['max_inside_completed_rps'])} | {_fmt(b['max_inside_output_tok_s'], 1)} | {b['limiting'] or '–'} |"
+                )
             ran = [c for c in data["cells"] if c["repeats"] and c["status"] != NOT_ACHIEVABLE]
             if ran:
-                out += ["", "| cell | runs | extensions | requests | offered rps | sent rps | completed rps | output tok/s | "
-                            "send-lag p99 ms | status |", "|---|---|---|---|---|---|---|---|---|---|"]
+                out += [
+                    "",
+                    "| cell | runs | extensions | requests | offered rps | sent rps | completed rps | output tok/s | "
+                    "send-lag p99 ms | status |",
+                    "|---|---|---|---|---|---|---|---|---|---|",
+                ]
                 for c in ran:
-                    out.append(f"| {c['cell_id']} | {c['repeats']} | {c.get('extensions', 0)} | {c.get('requests_sent', '–')} | "
-                               f"{_fmt(c['offered_rps'])} | {_fmt(c['send_rps'])} | "
-                               f"{_fmt(c['completed_rps'])} | {_fmt(c['output_tok_s'], 1)} | {_fmt(c['send_lag_p99_ms'], 3)} | {c['status']} |")
+                    out.append(
+                        f"| {c['cell_id']} | {c['repeats']} | {c.get('extensions', 0)} | {c.get('requests_sent', '–')} | "
+                        f"{_fmt(c['offered_rps'])} | {_fmt(c['send_rps'])} | "
+                        f"{_fmt(c['completed_rps'])} | {_fmt(c['output_tok_s'], 1)} | {_fmt(c['send_lag_p99_ms'], 3)} | {c['status']} |"
+                    )
             skipped = [c for c in data["cells"] if c["status"] == NOT_ACHIEVABLE]
             if skipped:
                 out += ["", f"Not achievable ({len(skipped)} cells): {skipped[0]['skip_reason']}"]
@@ -313,29 +374,54 @@ def plot_region(region: dict[str, Any], cls: str, path: Path) -> Path:
     import matplotlib  # heavy: deferred on purpose until a plot is drawn (and Agg set before pyplot loads)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: heavy dependency, loaded only when used
 
     per_state = region["classes"][cls]
     steps = region["rate_steps"]
     concs = region["concurrency"]
     unit = "×" if region["rate_kind"] == "scale" else " rps"
     fig, axes = plt.subplots(1, len(per_state), figsize=(6.5 * len(per_state), 1.6 + 0.9 * len(concs)), squeeze=False)
-    style = {INSIDE: ("o", "#2a9d3a"), OUTSIDE: ("X", "#d62828"), STOPPED: ("s", "#f08c00"),
-             INCONCLUSIVE: ("d", "#e9c46a"), NOT_RUN: (".", "#aaaaaa"), NOT_ACHIEVABLE: ("x", "#777777")}
+    style = {
+        INSIDE: ("o", "#2a9d3a"),
+        OUTSIDE: ("X", "#d62828"),
+        STOPPED: ("s", "#f08c00"),
+        INCONCLUSIVE: ("d", "#e9c46a"),
+        NOT_RUN: (".", "#aaaaaa"),
+        NOT_ACHIEVABLE: ("x", "#777777"),
+    }
     for ax, (st, data) in zip(axes[0], per_state.items()):
         for c in data["cells"]:
             marker, color = style[c["status"]]
-            ax.scatter(c["rate_index"], concs.index(c["concurrency"]), marker=marker, s=160 if c["status"] != NOT_RUN else 40,
-                       color=color, zorder=3)
+            ax.scatter(
+                c["rate_index"],
+                concs.index(c["concurrency"]),
+                marker=marker,
+                s=160 if c["status"] != NOT_RUN else 40,
+                color=color,
+                zorder=3,
+            )
             if c["repeats"] and c["status"] != NOT_ACHIEVABLE:
-                ax.annotate(f"{c['passes']}/{c['repeats']}", (c["rate_index"], concs.index(c["concurrency"])),
-                            textcoords="offset points", xytext=(0, 10), ha="center", fontsize=7)
+                ax.annotate(
+                    f"{c['passes']}/{c['repeats']}",
+                    (c["rate_index"], concs.index(c["concurrency"])),
+                    textcoords="offset points",
+                    xytext=(0, 10),
+                    ha="center",
+                    fontsize=7,
+                )
         for b in data["boundary"]:
             if b["first_outside_rate_index"] is not None and b["limiting"]:
                 text = b["limiting"]
                 text = text if len(text) <= 60 else text[:57] + "…"
-                ax.annotate(text, (b["first_outside_rate_index"], concs.index(b["concurrency"])),
-                            textcoords="offset points", xytext=(0, -16), ha="center", fontsize=6, color="#7a1010")
+                ax.annotate(
+                    text,
+                    (b["first_outside_rate_index"], concs.index(b["concurrency"])),
+                    textcoords="offset points",
+                    xytext=(0, -16),
+                    ha="center",
+                    fontsize=6,
+                    color="#7a1010",
+                )
         labels = []
         for i, s in enumerate(steps):
             offered = next((c["offered_rps"] for c in data["cells"] if c["rate_index"] == i and c["offered_rps"]), None)
@@ -348,8 +434,10 @@ def plot_region(region: dict[str, Any], cls: str, path: Path) -> Path:
         ax.set_ylabel("client concurrency (max in flight)")
         ax.set_title(f"{cls} / {st}", fontsize=10)
         ax.grid(True, alpha=0.3)
-    handles = [plt.Line2D([], [], marker=m, color=c, linestyle="", markersize=8, label=k.replace("_", " "))
-               for k, (m, c) in style.items()]
+    handles = [
+        plt.Line2D([], [], marker=m, color=c, linestyle="", markersize=8, label=k.replace("_", " "))
+        for k, (m, c) in style.items()
+    ]
     fig.legend(handles=handles, loc="lower center", fontsize=7, ncol=5, frameon=False)
     fig.suptitle(f"Capacity region — plan {region['plan']} (inside = every run met every hard budget)", fontsize=10)
     fig.tight_layout(rect=(0, 0.07, 1, 0.95))

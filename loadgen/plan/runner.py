@@ -47,7 +47,17 @@ from .walk import (
     start_index,
 )
 
-__all__ = ["ANALYSIS_FILE", "PLAN_FILE", "RESULT_FILE", "BudgetExhausted", "CellOutcome", "PlanResult", "RunRecord", "run_plan", "run_plan_file"]
+__all__ = [
+    "ANALYSIS_FILE",
+    "PLAN_FILE",
+    "RESULT_FILE",
+    "BudgetExhausted",
+    "CellOutcome",
+    "PlanResult",
+    "RunRecord",
+    "run_plan",
+    "run_plan_file",
+]
 
 #: Target keys that must match for a plan directory to be resumed against a target.
 _RESUME_TARGET_KEYS = ("kind", "engine", "engine_sha256", "base_url")
@@ -63,9 +73,17 @@ class PlanResult:
 class _Planner:
     """One invocation of a plan: its state file, the predicted start, the walk and the executor."""
 
-    def __init__(self, spec: PlanSpec, target: Target, plan_dir: Path, *, max_new_runs: int | None,
-                 time_budget_s: float | None, log: Callable[[str], None],
-                 prediction_engine: EngineConfig | str | None) -> None:
+    def __init__(
+        self,
+        spec: PlanSpec,
+        target: Target,
+        plan_dir: Path,
+        *,
+        max_new_runs: int | None,
+        time_budget_s: float | None,
+        log: Callable[[str], None],
+        prediction_engine: EngineConfig | str | None,
+    ) -> None:
         self.spec = spec
         self.target = target
         self.plan_dir = Path(plan_dir)
@@ -93,7 +111,11 @@ class _Planner:
                 "plan": self.spec.model_dump(mode="json", by_alias=True),
                 "plan_path": self.spec.source_path,
                 "plan_sha256": self.spec.sha256,
-                "scenario": {"name": self.scenario.name, "path": str(self.scenario_path), "sha256": self.scenario.sha256},
+                "scenario": {
+                    "name": self.scenario.name,
+                    "path": str(self.scenario_path),
+                    "sha256": self.scenario.sha256,
+                },
                 "target": self.target.describe(),
                 "rate_steps": self.spec.rate_steps,
                 "harness": harness_identity().model_dump(mode="json"),
@@ -114,7 +136,9 @@ class _Planner:
         old_target = {k: v for k, v in state.get("target", {}).items() if k in _RESUME_TARGET_KEYS}
         new_target = {k: v for k, v in self.target.describe().items() if k in old_target}
         if old_target != new_target:
-            raise PlanError(f"{self.plan_dir}: was run against {old_target}, not {new_target}: expected the same target to resume")
+            raise PlanError(
+                f"{self.plan_dir}: was run against {old_target}, not {new_target}: expected the same target to resume"
+            )
 
     def save_state(self) -> None:
         write_json_atomic(self.plan_dir / PLAN_FILE, self.state)
@@ -128,8 +152,11 @@ class _Planner:
         info: dict[str, Any] = {"mode": spec.start.mode, "steps_below": spec.start.steps_below, "lines": {}}
         engine = self.prediction_engine
         if spec.start.mode == "lowest" or engine is None:
-            info["note"] = ("start at the lowest rate step: " + ("plan start.mode = 'lowest'" if spec.start.mode == "lowest"
-                            else "no simulated engine to predict capacity from (give start.worksheet_engine)"))
+            info["note"] = "start at the lowest rate step: " + (
+                "plan start.mode = 'lowest'"
+                if spec.start.mode == "lowest"
+                else "no simulated engine to predict capacity from (give start.worksheet_engine)"
+            )
             self.state["start"] = info
             self.save_state()
             return
@@ -143,11 +170,15 @@ class _Planner:
         for cls in spec.classes:
             for conc in spec.concurrency:
                 best = self._predicted_last_pass(engine, cls, conc, predict_dir)
-                info["lines"][f"{cls}.c{conc}"] = {"predicted_last_pass": best,
-                                                   "start_index": predicted_start(best, spec.start.steps_below)}
+                info["lines"][f"{cls}.c{conc}"] = {
+                    "predicted_last_pass": best,
+                    "start_index": predicted_start(best, spec.start.steps_below),
+                }
         shutil.rmtree(predict_dir, ignore_errors=True)
-        info["note"] = (f"start {spec.start.steps_below} rate step(s) below the highest step the worksheet of "
-                        f"{info['engine']} passes (virtual time, same cell traces)")
+        info["note"] = (
+            f"start {spec.start.steps_below} rate step(s) below the highest step the worksheet of "
+            f"{info['engine']} passes (virtual time, same cell traces)"
+        )
         self.state["start"] = info
         self.save_state()
 
@@ -158,7 +189,9 @@ class _Planner:
 
         def passes(i: int) -> bool:
             coord = CellCoord(cls, "warm", conc, i, spec.rate_steps[i], spec.rate_kind)
-            trace, _ = build_cell_trace(spec, self.scenario, coord, self.plan_dir / "traces" / f"{coord.cell_id}.parquet")
+            trace, _ = build_cell_trace(
+                spec, self.scenario, coord, self.plan_dir / "traces" / f"{coord.cell_id}.parquet"
+            )
             out = predict_dir / coord.cell_id
             if out.exists():
                 shutil.rmtree(out)
@@ -184,8 +217,17 @@ class _Planner:
     def run(self) -> PlanResult:
         """Open the state, predict the start, walk until done, out of budget or run limit; write the region."""
         self.open_state()
-        executor = CellExecutor(self.spec, self.scenario, self.scenario_path, self.target, self.plan_dir, self.state,
-                                max_new_runs=self.max_new_runs, time_budget_s=self.time_budget_s, log=self.log)
+        executor = CellExecutor(
+            self.spec,
+            self.scenario,
+            self.scenario_path,
+            self.target,
+            self.plan_dir,
+            self.state,
+            max_new_runs=self.max_new_runs,
+            time_budget_s=self.time_budget_s,
+            log=self.log,
+        )
         walk = Walk(self.spec, executor.run_once, self.start_at)
         ended = "complete"
         t0 = time.monotonic()
@@ -196,10 +238,14 @@ class _Planner:
         except BudgetExhausted as exc:
             ended = f"budget exhausted: {exc}"
         except RunLimitReached:
-            ended = f"paused: this invocation's run limit ({self.max_new_runs}) reached; rerun the same command to resume"
+            ended = (
+                f"paused: this invocation's run limit ({self.max_new_runs}) reached; rerun the same command to resume"
+            )
         except KeyboardInterrupt:
             self.state["status"] = "interrupted"
-            self.state["invocations"][-1].update(ended_utc=utc_now_iso(), wall_s=time.monotonic() - t0, ended="interrupted")
+            self.state["invocations"][-1].update(
+                ended_utc=utc_now_iso(), wall_s=time.monotonic() - t0, ended="interrupted"
+            )
             self.save_state()
             raise
         self._finish(ended, time.monotonic() - t0, executor, walk)
@@ -212,15 +258,26 @@ class _Planner:
         self.state["status"] = "complete" if ended == "complete" else "incomplete"
         self.state["ended"] = ended
         consumed_s, consumed_req = executor.consumed()
-        self.state["budget"] = {"time_s": self.time_budget_s, "requests": self.spec.budget.requests,
-                                "consumed_time_s": round(consumed_s, 3), "consumed_requests": consumed_req}
-        self.state["invocations"][-1].update(ended_utc=utc_now_iso(), wall_s=round(wall_s, 3),
-                                             new_runs=executor.new_runs, ended=ended)
+        self.state["budget"] = {
+            "time_s": self.time_budget_s,
+            "requests": self.spec.budget.requests,
+            "consumed_time_s": round(consumed_s, 3),
+            "consumed_requests": consumed_req,
+        }
+        self.state["invocations"][-1].update(
+            ended_utc=utc_now_iso(), wall_s=round(wall_s, 3), new_runs=executor.new_runs, ended=ended
+        )
         self.state["lines"] = walk.lines
         self.state["probes"] = walk.probes
-        self.state["cells"] = {cid: {"coord": o.coord.to_dict(), "runs": [r.data["run_dir"] for r in o.runs],
-                                     "extra_stops": o.extra_stops, "skipped_reason": o.skipped_reason}
-                               for cid, o in sorted(walk.cells.items())}
+        self.state["cells"] = {
+            cid: {
+                "coord": o.coord.to_dict(),
+                "runs": [r.data["run_dir"] for r in o.runs],
+                "extra_stops": o.extra_stops,
+                "skipped_reason": o.skipped_reason,
+            }
+            for cid, o in sorted(walk.cells.items())
+        }
         self.save_state()
 
 
@@ -257,8 +314,15 @@ def run_plan(
     """
     if prediction_engine is None:
         prediction_engine = _default_prediction_engine(spec, target)
-    planner = _Planner(spec, target, Path(plan_dir), max_new_runs=max_new_runs, time_budget_s=time_budget_s,
-                       log=log or (lambda _m: None), prediction_engine=prediction_engine)
+    planner = _Planner(
+        spec,
+        target,
+        Path(plan_dir),
+        max_new_runs=max_new_runs,
+        time_budget_s=time_budget_s,
+        log=log or (lambda _m: None),
+        prediction_engine=prediction_engine,
+    )
     return planner.run()
 
 
@@ -273,9 +337,16 @@ def _ledger_summary(spec: PlanSpec, scenario: Scenario) -> dict[str, Any] | None
     ledger = compute_ledger(read_model_config(path), EngineSettings(), scenario)
     classes = {c.name: {"max_seqs_p99": c.max_seqs_p99, "limit_p99": c.limit_p99} for c in ledger.classes}
     beyond = [c for c in spec.concurrency if any(c > v["limit_p99"] for v in classes.values())]
-    return {"model_config": str(path), "kv_cache_tokens": ledger.kv_cache_tokens, "classes": classes,
-            "note": (f"concurrency steps {beyond} exceed the KV-limited concurrency of some class (default engine settings)"
-                     if beyond else "every concurrency step fits the KV pool at p99 lengths (default engine settings)")}
+    return {
+        "model_config": str(path),
+        "kv_cache_tokens": ledger.kv_cache_tokens,
+        "classes": classes,
+        "note": (
+            f"concurrency steps {beyond} exceed the KV-limited concurrency of some class (default engine settings)"
+            if beyond
+            else "every concurrency step fits the KV pool at p99 lengths (default engine settings)"
+        ),
+    }
 
 
 def run_plan_file(
@@ -298,8 +369,15 @@ def run_plan_file(
     ``vllm`` is a model directory, a config.json or a shipped model name (a tokenizer and dummy weights are
     made for the latter two); ``vllm_args`` are extra vLLM flags (e.g. ``--max-num-seqs=8``).
     """
-    target_spec = TargetSpec(url=target_url, sim=sim, worksheet=sim_worksheet, vllm=vllm, model=model,
-                             vllm_args=tuple(vllm_args or ()), api_key_env=api_key_env)
+    target_spec = TargetSpec(
+        url=target_url,
+        sim=sim,
+        worksheet=sim_worksheet,
+        vllm=vllm,
+        model=model,
+        vllm_args=tuple(vllm_args or ()),
+        api_key_env=api_key_env,
+    )
     spec = load_plan(plan_path)
     out = Path(out)
     target = open_target(target_spec, out)

@@ -25,9 +25,21 @@ from ..limits import (
     MAX_TIMEOUT_S,
 )
 from ..scenario import CLASS_NAMES, format_validation_error
+from ..tomlfile import read_toml
 
-__all__ = ["PlanSpec", "StartSpec", "StopLimits", "PlanBudget", "WarmupSpec", "ConfidenceSpec", "SearchSpec", "load_plan",
-           "parse_plan", "rate_ladder", "MIXED"]
+__all__ = [
+    "PlanSpec",
+    "StartSpec",
+    "StopLimits",
+    "PlanBudget",
+    "WarmupSpec",
+    "ConfidenceSpec",
+    "SearchSpec",
+    "load_plan",
+    "parse_plan",
+    "rate_ladder",
+    "MIXED",
+]
 
 #: The class coordinate of a cell that keeps the scenario's own class shares.
 MIXED = "mixed"
@@ -45,8 +57,9 @@ class StartSpec(_Model):
     worksheet_engine: str | None = None  # engine preset/TOML for the prediction when the target is not simulated
     model_config_path: str | None = Field(default=None, alias="model_config")  # HF config.json for the ledger
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=(),
-                              allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=(), allow_inf_nan=False
+    )
 
 
 class StopLimits(_Model):
@@ -57,9 +70,15 @@ class StopLimits(_Model):
     server_failure_rate: float = Field(default=0.05, ge=0, le=1)  # connect/5xx/reset share → OOM or server failure
     invalid_output_rate: float = Field(default=0.01, ge=0, le=1)  # malformed/empty/truncated share
     timeout_rate: float = Field(default=0.01, ge=0, le=1)  # timed-out share → timeout budget
-    p99_spread: float = Field(default=0.5, gt=0, le=MAX_PARAM)  # (max − min) / median of p99 TTFT across repeats → unstable tail
-    p99_spread_floor_ms: float = Field(default=50.0, ge=0, le=MAX_PARAM)  # ... and max − min above this (ms jitter is not instability)
-    cell_timeout_s: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)  # wall deadline per cell; default trace duration × 3 + 30
+    p99_spread: float = Field(
+        default=0.5, gt=0, le=MAX_PARAM
+    )  # (max − min) / median of p99 TTFT across repeats → unstable tail
+    p99_spread_floor_ms: float = Field(
+        default=50.0, ge=0, le=MAX_PARAM
+    )  # ... and max − min above this (ms jitter is not instability)
+    cell_timeout_s: float | None = Field(
+        default=None, gt=0, le=MAX_TIMEOUT_S
+    )  # wall deadline per cell; default trace duration × 3 + 30
     contract_every_cell: bool = True  # replay behaviour cases after each cell when the scenario configures them
 
 
@@ -108,7 +127,9 @@ class PlanSpec(_Model):
     description: str = ""
     scenario: str  # path, relative to the plan file
     trace: str  # named trace of the scenario whose rates are stepped
-    duration_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S)  # override the trace's duration for every cell
+    duration_s: float | None = Field(
+        default=None, gt=0, le=MAX_DURATION_S
+    )  # override the trace's duration for every cell
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)  # trace seed (default: the scenario's)
     classes: list[str] = [MIXED]
     states: list[Literal["warm", "cold"]] = ["warm"]
@@ -127,7 +148,7 @@ class PlanSpec(_Model):
     sha256: str | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")
-    def _checks(self) -> "PlanSpec":
+    def _checks(self) -> PlanSpec:
         if (self.rate_scales is None) == (self.rates_rps is None):
             raise ValueError("expected exactly one of rate_scales or rates_rps")
         steps = self.rate_scales if self.rate_scales is not None else self.rates_rps
@@ -140,13 +161,17 @@ class PlanSpec(_Model):
             raise ValueError(f"{field} = {bad:g}: expected every step in (0, {top:g}]")
         if list(steps) != sorted(set(steps)):
             raise ValueError(f"{field}: expected strictly ascending steps (low to burst)")
-        if any(not 1 <= c <= MAX_CONCURRENCY for c in self.concurrency) or list(self.concurrency) != sorted(set(self.concurrency)):
+        if any(not 1 <= c <= MAX_CONCURRENCY for c in self.concurrency) or list(self.concurrency) != sorted(
+            set(self.concurrency)
+        ):
             raise ValueError("concurrency: expected strictly ascending steps >= 1")
         if not self.classes or len(set(self.classes)) != len(self.classes):
             raise ValueError("classes: expected a non-empty list without repeats")
         for name in self.classes:
             if name != MIXED and name not in CLASS_NAMES:
-                raise ValueError(f"classes: {name!r} is not a class; expected {MIXED!r} or one of {', '.join(CLASS_NAMES)}")
+                raise ValueError(
+                    f"classes: {name!r} is not a class; expected {MIXED!r} or one of {', '.join(CLASS_NAMES)}"
+                )
         if not self.states or len(set(self.states)) != len(self.states):
             raise ValueError("states: expected a non-empty list of 'warm'/'cold' without repeats")
         return self
@@ -193,7 +218,6 @@ def parse_plan(data: dict[str, Any], source: str = "<plan>") -> PlanSpec:
 
 def load_plan(path: str | Path) -> PlanSpec:
     """Read and validate a plan TOML file (its sha256 identifies the plan for resuming)."""
-    from ..tomlfile import read_toml
 
     path = Path(path)
     data, sha256 = read_toml(path, "a plan TOML file")

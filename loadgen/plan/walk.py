@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from .cells import CellCoord
@@ -143,8 +144,12 @@ def bisect_last_pass(n: int, passes: Callable[[int], bool]) -> int:
 
 def needs_extension(record: dict[str, Any]) -> bool:
     """An inconclusive run: some hard check straddles its limit, none failed, no stop fired, not skipped."""
-    return bool(record.get("inconclusive")) and not record.get("failed") and not record.get("stops") \
+    return (
+        bool(record.get("inconclusive"))
+        and not record.get("failed")
+        and not record.get("stops")
         and not record.get("skipped")
+    )
 
 
 def extension_factor(record: dict[str, Any], margin: float = 1.25) -> float:
@@ -154,8 +159,11 @@ def extension_factor(record: dict[str, Any], margin: float = 1.25) -> float:
     ratios = []
     for check in record.get("inconclusive") or []:
         name = check.get("class")
-        have = (figures.get("n_scheduled") if name == "overall"
-                else ((figures.get("classes") or {}).get(name) or {}).get("n_scheduled"))
+        have = (
+            figures.get("n_scheduled")
+            if name == "overall"
+            else ((figures.get("classes") or {}).get(name) or {}).get("n_scheduled")
+        )
         more = check.get("more_requests")
         ratios.append((have + more) / have if have and more is not None else 2.0)
     return max(2.0, margin * max(ratios, default=2.0))
@@ -166,8 +174,17 @@ def run_limit_reached(new_runs: int, max_new_runs: int | None) -> bool:
     return max_new_runs is not None and new_runs >= max_new_runs
 
 
-def budget_refusal(*, consumed_s: float, consumed_requests: int, time_budget_s: float, request_budget: int,
-                   duration_s: float, n_requests: int, overhead_s: float, real_time: bool) -> str | None:
+def budget_refusal(
+    *,
+    consumed_s: float,
+    consumed_requests: int,
+    time_budget_s: float,
+    request_budget: int,
+    duration_s: float,
+    n_requests: int,
+    overhead_s: float,
+    real_time: bool,
+) -> str | None:
     """Why the next run may not start (it would exceed the time or request budget), or None.
 
     The next run needs its trace time (``duration_s``, 0 in virtual time) plus the largest overhead
@@ -176,16 +193,19 @@ def budget_refusal(*, consumed_s: float, consumed_requests: int, time_budget_s: 
     remaining_s = time_budget_s - consumed_s
     needed_s = duration_s + overhead_s
     if remaining_s <= 0 or (real_time and needed_s > remaining_s):
-        return (f"time budget: {consumed_s:.1f} s of {time_budget_s:.0f} s used; "
-                f"the next cell needs about {needed_s:.1f} s")
+        return (
+            f"time budget: {consumed_s:.1f} s of {time_budget_s:.0f} s used; the next cell needs about {needed_s:.1f} s"
+        )
     if consumed_requests + n_requests > request_budget:
-        return (f"request budget: {consumed_requests} of {request_budget} requests used; "
-                f"the next cell sends {n_requests}")
+        return (
+            f"request budget: {consumed_requests} of {request_budget} requests used; the next cell sends {n_requests}"
+        )
     return None
 
 
-def run_deadline(*, cell_timeout_s: float | None, duration_s: float, remaining_s: float, overhead_s: float,
-                 real_time: bool) -> float | None:
+def run_deadline(
+    *, cell_timeout_s: float | None, duration_s: float, remaining_s: float, overhead_s: float, real_time: bool
+) -> float | None:
     """Wall deadline of one run: the cell timeout (default trace duration × 3 + 30 s), and no longer than
     what is left of the plan's time less the overhead around a run; None in virtual time."""
     if not real_time:
@@ -240,8 +260,10 @@ class Walk:
                 break
         outcome.extra_stops = []
         if len(outcome.runs) >= 2 and all(r.passed or not r.stops for r in outcome.runs):
-            p99s = [{name: c.get("ttft_p99_ms") for name, c in (r.data.get("figures") or {}).get("classes", {}).items()}
-                    for r in outcome.runs]
+            p99s = [
+                {name: c.get("ttft_p99_ms") for name, c in (r.data.get("figures") or {}).get("classes", {}).items()}
+                for r in outcome.runs
+            ]
             stop = unstable_tail(p99s, self.spec.stops.p99_spread, self.spec.stops.p99_spread_floor_ms)
             if stop is not None:
                 outcome.extra_stops = [stop.to_dict()]
@@ -271,8 +293,9 @@ class Walk:
                 break
         return last_pass, first_fail, fatal
 
-    def _bracket(self, coord: CoordAt, n: int, start: int, start_failed: bool,
-                 fatal: Stop | None) -> tuple[int | None, int | None, Stop | None]:
+    def _bracket(
+        self, coord: CoordAt, n: int, start: int, start_failed: bool, fatal: Stop | None
+    ) -> tuple[int | None, int | None, Stop | None]:
         """Double the step from the start until a pass and a fail enclose the boundary (or an end is reached)."""
         lo, hi = (None, start) if start_failed else (start, None)
         step = 1
@@ -292,26 +315,32 @@ class Walk:
                 lo = v
         return lo, hi, fatal
 
-    def _bisect(self, coord: CoordAt, n: int, start: int, start_failed: bool,
-                fatal: Stop | None) -> tuple[int | None, int | None, Stop | None]:
+    def _bisect(
+        self, coord: CoordAt, n: int, start: int, start_failed: bool, fatal: Stop | None
+    ) -> tuple[int | None, int | None, Stop | None]:
         """Bracket, then halve the bracket until the last pass and the first fail are neighbours."""
         lo, hi, fatal = self._bracket(coord, n, start, start_failed, fatal)
         while lo is not None and hi is not None and hi - lo > 1:
             mid = (lo + hi) // 2
-            o = self.cell(coord(mid), 1, why=f"bisect: between {coord(lo).cell_id} (passed) and {coord(hi).cell_id} (failed)")
+            o = self.cell(
+                coord(mid), 1, why=f"bisect: between {coord(lo).cell_id} (passed) and {coord(hi).cell_id} (failed)"
+            )
             if o.failed:
                 hi, fatal = mid, o.fatal or fatal
             else:
                 lo = mid
         return lo, hi, fatal
 
-    def _confirm(self, coord: CoordAt, last_pass: int | None, first_fail: int | None,
-                 fatal: Stop | None) -> tuple[int | None, int | None, Stop | None]:
+    def _confirm(
+        self, coord: CoordAt, last_pass: int | None, first_fail: int | None, fatal: Stop | None
+    ) -> tuple[int | None, int | None, Stop | None]:
         """Repeat the boundary: the last passing cell must pass every repeat (and converge), else step
         down; a budget-only first failure is repeated too, so it is shown to be stable."""
         repeats = self.spec.repeats
         while last_pass is not None:
-            o = self.cell(coord(last_pass), repeats, why=f"boundary: repeats of the last passing cell ({repeats} in all)")
+            o = self.cell(
+                coord(last_pass), repeats, why=f"boundary: repeats of the last passing cell ({repeats} in all)"
+            )
             if not o.failed:
                 break
             first_fail, fatal = last_pass, fatal or o.fatal
@@ -319,8 +348,12 @@ class Walk:
         if first_fail is not None and fatal is None and repeats > 1:
             o = self.cells[coord(first_fail).cell_id]
             if o.budget_failure:
-                self.cell(coord(first_fail), repeats, early_exit=False,
-                          why=f"boundary: repeats of the first failing cell ({repeats} in all), to show it fails stably")
+                self.cell(
+                    coord(first_fail),
+                    repeats,
+                    early_exit=False,
+                    why=f"boundary: repeats of the first failing cell ({repeats} in all), to show it fails stably",
+                )
         return last_pass, first_fail, fatal
 
     def _search(self, coord: CoordAt, n: int, start: int, line: dict[str, Any], start_why: str) -> dict[str, Any]:
@@ -348,7 +381,13 @@ class Walk:
             return CellCoord(cls, state, conc, i, steps[i], spec.rate_kind)
 
         start = min(self.start_at(cls, conc), len(steps) - 1)
-        line: dict[str, Any] = {"class": cls, "state": state, "concurrency": conc, "dimension": "rate", "start_index": start}
+        line: dict[str, Any] = {
+            "class": cls,
+            "state": state,
+            "concurrency": conc,
+            "dimension": "rate",
+            "start_index": start,
+        }
         return self._search(coord, len(steps), start, line, f"start: rate step {start} (the plan's start rule)")
 
     def walk_concurrency_line(self, cls: str, state: str, rate_index: int) -> dict[str, Any]:
@@ -360,8 +399,13 @@ class Walk:
         def coord(v: int) -> CellCoord:
             return CellCoord(cls, state, concs[v], rate_index, spec.rate_steps[rate_index], spec.rate_kind)
 
-        line: dict[str, Any] = {"class": cls, "state": state, "rate_index": rate_index, "dimension": "concurrency",
-                                "start_index": 0}
+        line: dict[str, Any] = {
+            "class": cls,
+            "state": state,
+            "rate_index": rate_index,
+            "dimension": "concurrency",
+            "start_index": 0,
+        }
         line = self._search(coord, len(concs), 0, line, "start: the largest concurrency")
         for key in ("last_pass", "first_fail"):  # report concurrency values, not ladder positions
             if line.get(key) is not None:
@@ -370,9 +414,11 @@ class Walk:
 
     def _lines(self, cls: str, state: str) -> list[tuple[int, Callable[[], dict[str, Any]], dict[str, Any]]]:
         if self.spec.search.dimension == "concurrency":
-            return [(i, (lambda i=i: self.walk_concurrency_line(cls, state, i)), {"rate_index": i})
-                    for i in range(len(self.spec.rate_steps))]
-        return [(c, (lambda c=c: self.walk_line(cls, state, c)), {"concurrency": c}) for c in self.spec.concurrency]
+            return [
+                (i, partial(self.walk_concurrency_line, cls, state, i), {"rate_index": i})
+                for i in range(len(self.spec.rate_steps))
+            ]
+        return [(c, partial(self.walk_line, cls, state, c), {"concurrency": c}) for c in self.spec.concurrency]
 
     def walk(self) -> str:
         """Walk every line; returns why it ended ("complete"; a budget or run limit raises instead)."""
@@ -383,9 +429,16 @@ class Walk:
                 fatal_at = ""
                 for _key, search, where in self._lines(cls, state):
                     if fatal_line is not None:
-                        self.lines.append({"class": cls, "state": state, **where, "status": "not_run",
-                                           "reason": f"stopped: {fatal_line['fatal']['kind']} at {fatal_at} "
-                                                     f"({fatal_line['fatal']['detail']})"})
+                        self.lines.append(
+                            {
+                                "class": cls,
+                                "state": state,
+                                **where,
+                                "status": "not_run",
+                                "reason": f"stopped: {fatal_line['fatal']['kind']} at {fatal_at} "
+                                f"({fatal_line['fatal']['detail']})",
+                            }
+                        )
                         continue
                     line = search()
                     self.lines.append(line)

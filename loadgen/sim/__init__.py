@@ -12,6 +12,7 @@ from __future__ import annotations
 from .config import EngineConfig, list_presets, load_engine_config, parse_engine_config
 from .engine import Engine, Seq, StepResult
 from .faults import FaultPlan, parse_fault_header
+from .server import serve as _serve
 from .worksheet import run_worksheet, simulate_trace
 
 __all__ = [
@@ -30,8 +31,7 @@ __all__ = [
 ]
 
 
-def serve(*args, **kwargs):  # noqa: D103 - thin lazy wrapper, documented on server.serve
-    from .server import serve as _serve
+def serve(*args, **kwargs):
 
     return _serve(*args, **kwargs)
 

@@ -13,9 +13,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .. import presets
-from ..errors import ScenarioError
+from ..errors import LedgerError, ScenarioError
+from ..ledger import EngineSettings, kv_blocks_for_budget
 from ..limits import MAX_CONCURRENCY, MAX_SEED, MAX_TIMEOUT_S, MAX_TOKENS
 from ..scenario import format_validation_error
+from ..tomlfile import read_toml
 
 __all__ = [
     "EngineConfig",
@@ -47,7 +49,9 @@ class SchedulerConfig(_Model):
     max_num_seqs: int = Field(default=64, ge=1, le=MAX_CONCURRENCY)  # cap on running sequences
     max_num_batched_tokens: int = Field(default=2048, ge=1, le=16 * MAX_TOKENS)  # token budget per step
     chunked_prefill: bool = True  # split long prefills across steps (else a prompt must fit the budget)
-    long_prefill_token_threshold: int = Field(default=0, ge=0, le=16 * MAX_TOKENS)  # per-request prefill cap per step; 0 = none
+    long_prefill_token_threshold: int = Field(
+        default=0, ge=0, le=16 * MAX_TOKENS
+    )  # per-request prefill cap per step; 0 = none
     policy: Literal["fcfs", "priority"] = "fcfs"
     decode_tokens_per_step: int = Field(default=1, ge=1, le=64)  # >1: speculative decoding, all accepted
     max_model_len: int = Field(default=8192, ge=2, le=16 * MAX_TOKENS)
@@ -70,18 +74,21 @@ class KVConfig(_Model):
     kv_cache_dtype: str | None = None
     enable_prefix_caching: bool = True
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=(),
-                              allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=(), allow_inf_nan=False
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _default_blocks(cls, data: Any) -> Any:
-        if isinstance(data, dict) and not any(k in data for k in ("num_kv_blocks", "model_config", "model_config_path", "kv_cache_gib")):
+        if isinstance(data, dict) and not any(
+            k in data for k in ("num_kv_blocks", "model_config", "model_config_path", "kv_cache_gib")
+        ):
             data = {**data, "num_kv_blocks": DEFAULT_KV_BLOCKS}
         return data
 
     @model_validator(mode="after")
-    def _one_source(self) -> "KVConfig":
+    def _one_source(self) -> KVConfig:
         if self.num_kv_blocks is None and (self.model_config_path is None or self.kv_cache_gib is None):
             raise ValueError("expected num_kv_blocks, or model_config and kv_cache_gib")
         return self
@@ -130,7 +137,7 @@ class FaultConfig(_Model):
     slow_start_s: float = Field(default=2.0, ge=0, le=MAX_TIMEOUT_S)
 
     @model_validator(mode="after")
-    def _statuses(self) -> "FaultConfig":
+    def _statuses(self) -> FaultConfig:
         for status in self.error_statuses:
             if not 400 <= status <= 599:
                 raise ValueError(f"error_statuses: {status} is not an HTTP error status (400-599)")
@@ -146,7 +153,9 @@ class ManagedConfig(_Model):
     requests_per_minute: int = Field(default=0, ge=0, le=1 << 31)  # 0 = no quota
     response_models: list[str] = []  # model ids answered with, in turn; [] = the served model name
     system_fingerprints: list[str] = []  # fingerprints answered with, in turn; [] = none
-    change_after_requests: int = Field(default=0, ge=0, le=1 << 62)  # move to the next id/fingerprint after N; 0 = never
+    change_after_requests: int = Field(
+        default=0, ge=0, le=1 << 62
+    )  # move to the next id/fingerprint after N; 0 = never
     api_key_env: str | None = None  # env var holding the key expected as "Authorization: Bearer KEY"
 
 
@@ -174,7 +183,7 @@ class EngineConfig(_Model):
     resolved_kv_blocks: int | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")
-    def _behavior(self) -> "EngineConfig":
+    def _behavior(self) -> EngineConfig:
         if self.behavior is not None:
             from ..contract.responder import BehaviorConfig  # imported only when a config has [behavior]
 
@@ -207,8 +216,6 @@ def list_presets() -> list[str]:
 
 def _kv_blocks_from_ledger(cfg: EngineConfig, source: str) -> int:
     """Total KV blocks for a model config.json + KV budget, computed by the memory ledger (issue 2)."""
-    from ..errors import LedgerError
-    from ..ledger import EngineSettings, kv_blocks_for_budget
 
     path = Path(cfg.kv.model_config_path or "")
     if not path.is_absolute() and cfg.source_path:
@@ -251,7 +258,6 @@ def load_engine_config(path_or_preset: str | Path) -> EngineConfig:
                 f"engine {text!r}: no such preset or file: expected a TOML path or one of {', '.join(list_presets())}"
             )
         path = preset
-    from ..tomlfile import read_toml
 
     data, sha256 = read_toml(path, "an engine config TOML")
     cfg = parse_engine_config(data, str(path))

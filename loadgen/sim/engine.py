@@ -26,9 +26,27 @@ class Seq:
     """One request inside the engine. Token counts only; no per-token objects."""
 
     __slots__ = (
-        "arrival_ns", "cache_limit", "cached_tokens", "chain", "computed", "ctx", "emitted", "entry",
-        "first_token_ns", "idx", "key", "max_out", "output", "preemptions", "priority", "private", "prompt",
-        "prompt_done", "shared", "state", "stop_after",
+        "arrival_ns",
+        "cache_limit",
+        "cached_tokens",
+        "chain",
+        "computed",
+        "ctx",
+        "emitted",
+        "entry",
+        "first_token_ns",
+        "idx",
+        "key",
+        "max_out",
+        "output",
+        "preemptions",
+        "priority",
+        "private",
+        "prompt",
+        "prompt_done",
+        "shared",
+        "state",
+        "stop_after",
     )
 
     def __init__(
@@ -39,7 +57,7 @@ class Seq:
         arrival_ns: int,
         *,
         priority: int = 0,
-        cache_key: str | None = None,
+        cache_key: str | int | None = None,
         cache_limit_tokens: int | None = None,
         chain: list[int] | None = None,
         ctx: Any = None,
@@ -127,8 +145,8 @@ class Engine:
         self.waiting: deque[Seq] = deque()
         self._waiting_keys: list[tuple[int, int, int]] = []  # priority policy: sorted (prio, arrival, idx)
         self.running: list[Seq] = []
-        self.cache: dict[str, _Entry] = {}
-        self.evictable: OrderedDict[str, _Entry] = OrderedDict()
+        self.cache: dict[str | int, _Entry] = {}
+        self.evictable: OrderedDict[str | int, _Entry] = OrderedDict()
         self.used_private = 0
         self.cached_total = 0
         self.cached_pinned = 0
@@ -322,7 +340,8 @@ class Engine:
         budget, prefill_tokens, decode_seqs, kv_read, preempted = self._schedule_running(scheduled)
         if not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             prefill_tokens, decode_seqs, kv_read = self._schedule_waiting(
-                now_ns, scheduled, budget, prefill_tokens, decode_seqs, kv_read)
+                now_ns, scheduled, budget, prefill_tokens, decode_seqs, kv_read
+            )
         duration_ns = self._duration_ns(scheduled, prefill_tokens, decode_seqs, kv_read)
         emitted, finished = self._apply(scheduled, prefill_tokens)
         if scheduled:
@@ -353,11 +372,11 @@ class Engine:
             decode = n <= 1
             if decode:
                 n = seq.max_out - seq.output
-                if n > spec:  # noqa: PLR1730 (hot loop: a compare is cheaper than min())
+                if n > spec:
                     n = spec
             elif long_prefill and n > long_prefill:
                 n = long_prefill
-            if n > budget:  # noqa: PLR1730
+            if n > budget:
                 n = budget
             need = -(-(computed + n) // bs) - seq.private - seq.shared
             if need > 0:
@@ -384,8 +403,9 @@ class Engine:
             i += 1
         return budget, prefill_tokens, decode_seqs, kv_read, preempted
 
-    def _make_room(self, seq: Seq, need: int, i: int,
-                   scheduled: list[tuple[Seq, int]]) -> tuple[int, bool, int, list[tuple[int, int, bool]]]:
+    def _make_room(
+        self, seq: Seq, need: int, i: int, scheduled: list[tuple[Seq, int]]
+    ) -> tuple[int, bool, int, list[tuple[int, int, bool]]]:
         """Preempt until ``need`` blocks for ``seq`` (at ``running[i]``) are allocated, or ``seq`` itself goes.
 
         The victim is the newest running sequence, or under the priority policy the one with the
@@ -417,8 +437,15 @@ class Engine:
             if self._alloc(need):
                 return i, False, count, taken_back
 
-    def _schedule_waiting(self, now_ns: int, scheduled: list[tuple[Seq, int]], budget: int,
-                          prefill_tokens: int, decode_seqs: int, kv_read: int) -> tuple[int, int, int]:
+    def _schedule_waiting(
+        self,
+        now_ns: int,
+        scheduled: list[tuple[Seq, int]],
+        budget: int,
+        prefill_tokens: int,
+        decode_seqs: int,
+        kv_read: int,
+    ) -> tuple[int, int, int]:
         """Step part 2: admit waiting requests in queue order while budget, blocks and seats last.
 
         A closed batching window admits only preempted requests. Returns the updated (prefill
@@ -493,7 +520,9 @@ class Engine:
         self.prefix_hits += hit * bs
         self.running.append(seq)
 
-    def _duration_ns(self, scheduled: list[tuple[Seq, int]], prefill_tokens: int, decode_seqs: int, kv_read: int) -> int:
+    def _duration_ns(
+        self, scheduled: list[tuple[Seq, int]], prefill_tokens: int, decode_seqs: int, kv_read: int
+    ) -> int:
         """Step part 3, the cost model: fixed + per prefill token + per decode seq + per KV token read (× noise)."""
         duration = self._fixed_ns + self._prefill_ns * prefill_tokens + self._decode_ns * decode_seqs
         duration += self._kv_ns * kv_read
@@ -557,4 +586,3 @@ class Engine:
             "prefix_cache_hits": self.prefix_hits,
             "preemptions": self.num_preemptions,
         }
-

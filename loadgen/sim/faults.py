@@ -180,7 +180,9 @@ class FaultLog:
         try:
             self._handle = open(self.path, "a", buffering=1) if self.path else None  # noqa: SIM115 - closed by close()
         except OSError as exc:
-            raise TargetError(f"{self.path}: cannot open the fault log ({exc.strerror}): expected a writable file") from None
+            raise TargetError(
+                f"{self.path}: cannot open the fault log ({exc.strerror}): expected a writable file"
+            ) from None
 
     def log(self, request_id: str, kind: str, params: dict[str, Any], client_request_id: str | None = None) -> None:
         self.counts[kind] = self.counts.get(kind, 0) + 1

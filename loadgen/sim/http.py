@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable
 from urllib.parse import urlsplit
 
 __all__ = ["Request", "Connection", "Handler", "start_http_server", "REASONS"]
@@ -32,10 +32,22 @@ HEADER_TIMEOUT_S = 30.0
 IDLE_TIMEOUT_S = 120.0
 
 REASONS = {
-    200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-    405: "Method Not Allowed", 408: "Request Timeout", 411: "Length Required", 413: "Payload Too Large",
-    422: "Unprocessable Entity", 429: "Too Many Requests", 431: "Request Header Fields Too Large",
-    500: "Internal Server Error", 501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable",
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    411: "Length Required",
+    413: "Payload Too Large",
+    422: "Unprocessable Entity",
+    429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    501: "Not Implemented",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
     504: "Gateway Timeout",
 }
 
@@ -64,8 +76,13 @@ class Connection(asyncio.Protocol):
 
     server_name = "loadgen-sim"
 
-    def __init__(self, handler: Handler, on_error: Callable[[Connection, int, str], bytes],
-                 header_timeout_s: float = HEADER_TIMEOUT_S, idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        on_error: Callable[[Connection, int, str], bytes],
+        header_timeout_s: float = HEADER_TIMEOUT_S,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+    ) -> None:
         self.handler = handler
         self.header_timeout_s = header_timeout_s
         self.idle_timeout_s = idle_timeout_s
@@ -273,20 +290,27 @@ class Connection(asyncio.Protocol):
             log.exception("handler failed for %s %s", request.method, request.path)
             if not self.response_started and not self.closed:
                 self.keep_alive = False
-                self.send(500, self.on_error(self, 500, "internal error in the simulated server"), content_type="application/json")
+                self.send(
+                    500,
+                    self.on_error(self, 500, "internal error in the simulated server"),
+                    content_type="application/json",
+                )
             else:
                 self.abort()
         finally:
             self.on_lost = None
             self.busy = False
-            if self.closed:
-                return
-            if not self.keep_alive:
-                self.transport.close()  # type: ignore[union-attr]
-            else:
-                self._arm("request" if self.buffer else "idle")
-                if self.buffer:
-                    self._next_request()
+            if not self.closed:  # (no return in finally: it would swallow a cancellation)
+                self._after_response()
+
+    def _after_response(self) -> None:
+        """Close, or wait for (or start) the next request on this keep-alive connection."""
+        if not self.keep_alive:
+            self.transport.close()  # type: ignore[union-attr]
+        else:
+            self._arm("request" if self.buffer else "idle")
+            if self.buffer:
+                self._next_request()
 
     # -- responses ---------------------------------------------------------------------------------
     def _head(self, status: int, headers: list[tuple[str, str]]) -> bytes:
@@ -357,5 +381,10 @@ async def start_http_server(
 ) -> asyncio.Server:
     """Listen on host:port (0 = any free port); each connection runs ``handler`` per request."""
     loop = asyncio.get_running_loop()
-    return await loop.create_server(lambda: Connection(handler, on_error, header_timeout_s, idle_timeout_s),
-                                    host, port, reuse_address=True, backlog=1024)
+    return await loop.create_server(
+        lambda: Connection(handler, on_error, header_timeout_s, idle_timeout_s),
+        host,
+        port,
+        reuse_address=True,
+        backlog=1024,
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -28,16 +28,72 @@ __all__ = [
 
 #: vLLM's default buckets (vllm/v1/metrics/buckets.py).
 TTFT_BUCKETS = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
 )
 ITL_BUCKETS = (
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-    40.0, 80.0,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
 )
 E2E_BUCKETS = (
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-    480.0, 960.0, 1920.0, 7680.0,
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
 )
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
@@ -98,15 +154,14 @@ class Histogram:
         return out
 
 
-def histogram_samples(name: str, buckets: tuple[float, ...], data: np.ndarray, model: str) -> list[tuple[str, str, float]]:
+def histogram_samples(
+    name: str, buckets: tuple[float, ...], data: np.ndarray, model: str
+) -> list[tuple[str, str, float]]:
     """(sample name, labels JSON, value) of a histogram over ``data``, as one scrape would show it."""
     data = np.asarray(data, dtype=float)
     edges = np.asarray(buckets, dtype=float)
     cum = np.searchsorted(np.sort(data), edges, side="right") if len(data) else np.zeros(len(edges), int)
-    out = [
-        (f"{name}_bucket", metric_labels_json(model, le=format_value(le)), float(c))
-        for le, c in zip(buckets, cum)
-    ]
+    out = [(f"{name}_bucket", metric_labels_json(model, le=format_value(le)), float(c)) for le, c in zip(buckets, cum)]
     out.append((f"{name}_bucket", metric_labels_json(model, le="+Inf"), float(len(data))))
     out.append((f"{name}_sum", metric_labels_json(model), float(data.sum()) if len(data) else 0.0))
     out.append((f"{name}_count", metric_labels_json(model), float(len(data))))

@@ -23,8 +23,22 @@ __all__ = [
 
 #: One cl100k_base token each, also when concatenated (checked by tests).
 FILLER_WORDS = (
-    " the", " of", " and", " to", " in", " is", " was", " for",
-    " on", " that", " with", " as", " by", " at", " from", " it",
+    " the",
+    " of",
+    " and",
+    " to",
+    " in",
+    " is",
+    " was",
+    " for",
+    " on",
+    " that",
+    " with",
+    " as",
+    " by",
+    " at",
+    " from",
+    " it",
 )
 _LENS = np.array([len(w) for w in FILLER_WORDS], dtype=np.int64)
 _CUM = np.concatenate([[0], np.cumsum(_LENS)])
@@ -71,10 +85,14 @@ class StreamFormat:
         base = f'{{"id":"{rid}","object":"{self.obj}","created":{created},"model":{json.dumps(model)}{fp},'
         self._base = base
         if kind == "chat":
-            self.head = ('data: ' + base + '"choices":[{"index":0,"delta":{"content":').encode()
+            self.head = ("data: " + base + '"choices":[{"index":0,"delta":{"content":').encode()
         else:
-            self.head = ('data: ' + base + '"choices":[{"index":0,"text":').encode()
-        tail = '},"logprobs":null,"finish_reason":null}]}\n\n' if kind == "chat" else ',"logprobs":null,"finish_reason":null}]}\n\n'
+            self.head = ("data: " + base + '"choices":[{"index":0,"text":').encode()
+        tail = (
+            '},"logprobs":null,"finish_reason":null}]}\n\n'
+            if kind == "chat"
+            else ',"logprobs":null,"finish_reason":null}]}\n\n'
+        )
         self.content_tail = tail.encode()
 
     def content(self, text: str) -> bytes:
@@ -91,8 +109,10 @@ class StreamFormat:
 
     def role(self) -> bytes:
         """Chat's first event: the assistant role with empty content (as OpenAI sends)."""
-        return ('data: ' + self._base + '"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
-                '"logprobs":null,"finish_reason":null}]}\n\n').encode()
+        return (
+            "data: " + self._base + '"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
+            '"logprobs":null,"finish_reason":null}]}\n\n'
+        ).encode()
 
     def finish(self, reason: str) -> bytes:
         if self.kind == "chat":
@@ -102,14 +122,21 @@ class StreamFormat:
         return ("data: " + self._base + body + "\n\n").encode()
 
     def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> bytes:
-        return ("data: " + self._base + '"choices":[],"usage":' + json.dumps(usage_dict(prompt_tokens, completion_tokens, cached_tokens), separators=(",", ":")) + "}\n\n").encode()
+        return (
+            "data: "
+            + self._base
+            + '"choices":[],"usage":'
+            + json.dumps(usage_dict(prompt_tokens, completion_tokens, cached_tokens), separators=(",", ":"))
+            + "}\n\n"
+        ).encode()
 
     def malformed(self) -> bytes:
         """A broken event: truncated JSON, as a buggy proxy might cut it."""
-        return ('data: ' + self._base + '"choices":[{"index":0,').encode() + b"\n\n"
+        return ("data: " + self._base + '"choices":[{"index":0,').encode() + b"\n\n"
 
-    def full_response(self, text: str, reason: str, prompt_tokens: int, completion_tokens: int,
-                      cached_tokens: int | None = None) -> dict[str, Any]:
+    def full_response(
+        self, text: str, reason: str, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+    ) -> dict[str, Any]:
         """The non-streaming response body."""
         body: dict[str, Any] = {
             "id": self.rid,
@@ -120,7 +147,12 @@ class StreamFormat:
         if self.fingerprint:
             body["system_fingerprint"] = self.fingerprint
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": reason,
+            }
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
         body["choices"] = [choice]

@@ -27,5 +27,5 @@ def find_ready_url(text: str) -> str | None:
     complete = text[: text.rfind("\n") + 1]  # a line still being written is not read
     for line in complete.splitlines():
         if line.startswith(READY_PREFIX):
-            return line[len(READY_PREFIX):].strip().rstrip("/") or None
+            return line[len(READY_PREFIX) :].strip().rstrip("/") or None
     return None

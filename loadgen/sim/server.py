@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..contract.responder import CASE_HEADER
+from ..contract.responder import CASE_HEADER, respond_full, token_pieces
 from ..errors import TargetError
 from ..prompts import get_tokenizer
 from .config import EngineConfig, load_engine_config
@@ -42,15 +42,25 @@ log = logging.getLogger("loadgen.sim.server")
 _JSON = "application/json"
 _SSE_HEADERS = [("content-type", "text/event-stream; charset=utf-8"), ("cache-control", "no-cache")]
 _ERROR_TYPES = {
-    400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowedError",
-    413: "BadRequestError", 422: "UnprocessableEntityError", 429: "RateLimitError", 431: "BadRequestError",
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    413: "BadRequestError",
+    422: "UnprocessableEntityError",
+    429: "RateLimitError",
+    431: "BadRequestError",
 }
 
 
-def error_body(status: int, message: str, param: str | None = None, err_type: str | None = None, code: Any = None) -> bytes:
+def error_body(
+    status: int, message: str, param: str | None = None, err_type: str | None = None, code: Any = None
+) -> bytes:
     """OpenAI/vLLM-style error JSON: {"error": {"message", "type", "param", "code"}}."""
     etype = err_type or _ERROR_TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
-    return json.dumps({"error": {"message": message, "type": etype, "param": param, "code": status if code is None else code}}).encode()
+    return json.dumps(
+        {"error": {"message": message, "type": etype, "param": param, "code": status if code is None else code}}
+    ).encode()
 
 
 class _Invalid(Exception):
@@ -132,7 +142,7 @@ class LiveEngine:
                 prev_end = None
                 try:
                     await asyncio.wait_for(self._wake.wait(), max(0.0, (hold - self.now_ns()) / 1e9))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 continue
             res = engine.step(now)
@@ -142,7 +152,7 @@ class LiveEngine:
                 self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), 0.01)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 continue
             delay = (now + res.duration_ns - self.now_ns()) / 1e9
@@ -172,7 +182,9 @@ class LiveEngine:
 class SimServer:
     """Routes requests to the live engine; owns faults, managed-API state and metrics."""
 
-    def __init__(self, config: EngineConfig, *, tokenizer: str | None = None, fault_log: Path | None = None, seed: int = 0) -> None:
+    def __init__(
+        self, config: EngineConfig, *, tokenizer: str | None = None, fault_log: Path | None = None, seed: int = 0
+    ) -> None:
         self.config = config
         self.tokenizer = get_tokenizer(tokenizer or config.tokenizer)
         self.live = LiveEngine(config, seed=seed)
@@ -187,8 +199,10 @@ class SimServer:
         if self.managed is not None and self.managed.api_key_env:
             self.api_key = os.environ.get(self.managed.api_key_env)
             if not self.api_key:
-                raise TargetError(f"sim serve: env var {self.managed.api_key_env} (managed.api_key_env) is empty: "
-                                  f"expected the API key clients must send")
+                raise TargetError(
+                    f"sim serve: env var {self.managed.api_key_env} (managed.api_key_env) is empty: "
+                    f"expected the API key clients must send"
+                )
         self.connections: set[Connection] = set()
 
     # -- routing -----------------------------------------------------------------------------------
@@ -220,21 +234,39 @@ class SimServer:
             return self._error(conn, 405, f"method {req.method} not allowed on {path}; use GET")
         fn(conn)
 
-    def _error(self, conn: Connection, status: int, message: str, param: str | None = None,
-               headers: list[tuple[str, str]] | None = None, err_type: str | None = None, code: Any = None) -> None:
+    def _error(
+        self,
+        conn: Connection,
+        status: int,
+        message: str,
+        param: str | None = None,
+        headers: list[tuple[str, str]] | None = None,
+        err_type: str | None = None,
+        code: Any = None,
+    ) -> None:
         conn.send(status, error_body(status, message, param, err_type, code), headers=headers)
 
     def _health(self, conn: Connection) -> None:
         conn.send(200, b"", content_type="text/plain")
 
     def _version(self, conn: Connection) -> None:
-        body = {"version": __version__, "engine": "loadgen-sim", "engine_config": self.config.name, "config": self.config.manifest()}
+        body = {
+            "version": __version__,
+            "engine": "loadgen-sim",
+            "engine_config": self.config.name,
+            "config": self.config.manifest(),
+        }
         conn.send(200, json.dumps(body).encode())
 
     def _models(self, conn: Connection) -> None:
         card = {
-            "id": self.config.model, "object": "model", "created": int(time.time()), "owned_by": "loadgen-sim",
-            "root": self.config.model, "parent": None, "max_model_len": self.config.scheduler.max_model_len,
+            "id": self.config.model,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "loadgen-sim",
+            "root": self.config.model,
+            "parent": None,
+            "max_model_len": self.config.scheduler.max_model_len,
             "permission": [],
         }
         conn.send(200, json.dumps({"object": "list", "data": [card]}).encode())
@@ -281,7 +313,11 @@ class SimServer:
                 elif isinstance(content, list):
                     parts = []
                     for part in content:
-                        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                        if (
+                            not isinstance(part, dict)
+                            or part.get("type") != "text"
+                            or not isinstance(part.get("text"), str)
+                        ):
                             raise _Invalid(422, f"messages[{i}].content: expected text parts", "messages")
                         parts.append(part["text"])
                     text = "".join(parts)
@@ -298,7 +334,9 @@ class SimServer:
         if isinstance(prompt, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
             return list(prompt)
         if isinstance(prompt, list) and len(prompt) > 1:
-            raise _Invalid(400, "prompt: batches of prompts are not supported by the simulated engine; send one", "prompt")
+            raise _Invalid(
+                400, "prompt: batches of prompts are not supported by the simulated engine; send one", "prompt"
+            )
         raise _Invalid(422, "prompt: expected a string or a list of token ids", "prompt")
 
     def _int(self, body: dict[str, Any], name: str, default: int | None, low: int) -> int | None:
@@ -341,8 +379,12 @@ class SimServer:
             )
         bs = self.config.kv.block_size
         if -(-(len(ids) + max_tokens) // bs) > self.live.engine.total_blocks:
-            raise _Invalid(400, f"request needs {len(ids) + max_tokens} tokens of KV cache; the engine has "
-                           f"{self.live.engine.total_blocks * bs}", "max_tokens")
+            raise _Invalid(
+                400,
+                f"request needs {len(ids) + max_tokens} tokens of KV cache; the engine has "
+                f"{self.live.engine.total_blocks * bs}",
+                "max_tokens",
+            )
         priority = self._int(body, "priority", 0, -(2**31)) or 0
         return ids, max_tokens, stream, include_usage, priority
 
@@ -365,7 +407,9 @@ class SimServer:
         if self.api_key is not None:
             auth = req.headers.get("authorization", "")
             if auth != f"Bearer {self.api_key}":
-                self._error(conn, 401, "Incorrect API key provided.", err_type="invalid_request_error", code="invalid_api_key")
+                self._error(
+                    conn, 401, "Incorrect API key provided.", err_type="invalid_request_error", code="invalid_api_key"
+                )
                 return True
         if m.requests_per_minute:
             now = time.monotonic()
@@ -374,14 +418,24 @@ class SimServer:
                 q.popleft()
             if len(q) >= m.requests_per_minute:
                 retry = max(0.001, q[0] + 60.0 - now)
-                self.fault_log.log(rid, "quota", {"retry_after_s": round(retry, 3), "requests_per_minute": m.requests_per_minute},
-                                   req.headers.get("x-request-id"))
+                self.fault_log.log(
+                    rid,
+                    "quota",
+                    {"retry_after_s": round(retry, 3), "requests_per_minute": m.requests_per_minute},
+                    req.headers.get("x-request-id"),
+                )
                 self._error(
-                    conn, 429, f"Rate limit reached for requests: limit {m.requests_per_minute} per minute.",
-                    headers=[("retry-after", format(retry, ".3f")), ("retry-after-ms", str(int(retry * 1000))),
-                             ("x-ratelimit-limit-requests", str(m.requests_per_minute)),
-                             ("x-ratelimit-remaining-requests", "0")],
-                    err_type="requests", code="rate_limit_exceeded",
+                    conn,
+                    429,
+                    f"Rate limit reached for requests: limit {m.requests_per_minute} per minute.",
+                    headers=[
+                        ("retry-after", format(retry, ".3f")),
+                        ("retry-after-ms", str(int(retry * 1000))),
+                        ("x-ratelimit-limit-requests", str(m.requests_per_minute)),
+                        ("x-ratelimit-remaining-requests", "0"),
+                    ],
+                    err_type="requests",
+                    code="rate_limit_exceeded",
                 )
                 return True
             q.append(now)
@@ -419,12 +473,16 @@ class SimServer:
             for fkind, params in plan.items():
                 self.fault_log.log(rid, fkind, params, client_rid)
             if plan.error_status is not None:
-                return self._error(conn, plan.error_status, f"injected fault: HTTP {plan.error_status}", headers=headers)
+                return self._error(
+                    conn, plan.error_status, f"injected fault: HTTP {plan.error_status}", headers=headers
+                )
             if plan.retry_after_s is not None:
                 ra = plan.retry_after_s
                 return self._error(
-                    conn, 429, "injected fault: rate limited", headers=headers + [
-                        ("retry-after", format(ra, "g")), ("retry-after-ms", str(int(ra * 1000)))],
+                    conn,
+                    429,
+                    "injected fault: rate limited",
+                    headers=headers + [("retry-after", format(ra, "g")), ("retry-after-ms", str(int(ra * 1000)))],
                 )
         pieces, finish = self._contract_answer(body, req)
         if pieces is not None:
@@ -439,8 +497,16 @@ class SimServer:
                 return
         bs = self.config.kv.block_size
         chain = self._chain(ids) if self.config.kv.enable_prefix_caching and len(ids) >= bs else None
-        seq = Seq(self.counter, len(ids), max_tokens, self.live.now_ns(), priority=priority,
-                  cache_key=chain[0] if chain else None, chain=chain, ctx=ctx)
+        seq = Seq(
+            self.counter,
+            len(ids),
+            max_tokens,
+            self.live.now_ns(),
+            priority=priority,
+            cache_key=chain[0] if chain else None,
+            chain=chain,
+            ctx=ctx,
+        )
         ctx.seq = seq
         ctx.arrival_ns = ctx.last_ns = seq.arrival_ns
         if max_tokens > 0:
@@ -461,7 +527,6 @@ class SimServer:
         """Token pieces of the contract case's answer (loadgen.contract responder), or (None, "length")."""
         if CASE_HEADER not in req.headers and b"loadgen-case:" not in req.body:
             return None, "length"
-        from ..contract.responder import respond_full, token_pieces
 
         tok = self.tokenizer if not self.tokenizer.name.startswith("chars:") else get_tokenizer("cl100k_base")
         base = Path(self.config.source_path).parent if self.config.source_path else None
@@ -476,9 +541,18 @@ class SimServer:
             self.live.abort(ctx.seq)
         ctx.wake()
 
-    async def _stream(self, conn: Connection, ctx: LiveRequest, fmt: StreamFormat, headers: list[tuple[str, str]],
-                      include_usage: bool, plan: FaultPlan | None, prompt_tokens: int,
-                      pieces: list[str] | None = None, finish: str = "length") -> None:
+    async def _stream(
+        self,
+        conn: Connection,
+        ctx: LiveRequest,
+        fmt: StreamFormat,
+        headers: list[tuple[str, str]],
+        include_usage: bool,
+        plan: FaultPlan | None,
+        prompt_tokens: int,
+        pieces: list[str] | None = None,
+        finish: str = "length",
+    ) -> None:
         conn.start_stream(200, _SSE_HEADERS + headers)
         if fmt.kind == "chat":
             conn.write_chunk(fmt.role())
@@ -526,8 +600,9 @@ class SimServer:
         conn.write_chunk(DONE)
         conn.end_stream()
 
-    async def _fault_point(self, conn: Connection, ctx: LiveRequest, fmt: StreamFormat, plan: FaultPlan | None,
-                           kinds: list[str]) -> bool:
+    async def _fault_point(
+        self, conn: Connection, ctx: LiveRequest, fmt: StreamFormat, plan: FaultPlan | None, kinds: list[str]
+    ) -> bool:
         """Apply faults due at this token count; True when the connection was dropped."""
         assert plan is not None
         if "malformed" in kinds:
@@ -543,9 +618,17 @@ class SimServer:
             return True
         return ctx.gone
 
-    async def _whole(self, conn: Connection, ctx: LiveRequest, fmt: StreamFormat, headers: list[tuple[str, str]],
-                     plan: FaultPlan | None, prompt_tokens: int, pieces: list[str] | None = None,
-                     finish: str = "length") -> None:
+    async def _whole(
+        self,
+        conn: Connection,
+        ctx: LiveRequest,
+        fmt: StreamFormat,
+        headers: list[tuple[str, str]],
+        plan: FaultPlan | None,
+        prompt_tokens: int,
+        pieces: list[str] | None = None,
+        finish: str = "length",
+    ) -> None:
         while not ctx.done:
             if ctx.gone:
                 return
@@ -593,37 +676,76 @@ class SimServer:
             for sample, labels, value in samples:
                 lines.append(f"{sample}{{{labels}}} {format_value(value)}")
 
-        family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
-               [("vllm:num_requests_running", lab, len(e.running))])
-        family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
-               [("vllm:num_requests_waiting", lab, len(e.waiting))])
-        family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
-               [("vllm:kv_cache_usage_perc", lab, e.kv_usage)])
+        family(
+            "vllm:num_requests_running",
+            "gauge",
+            "Number of requests in model execution batches.",
+            [("vllm:num_requests_running", lab, len(e.running))],
+        )
+        family(
+            "vllm:num_requests_waiting",
+            "gauge",
+            "Number of requests waiting to be processed.",
+            [("vllm:num_requests_waiting", lab, len(e.waiting))],
+        )
+        family(
+            "vllm:kv_cache_usage_perc",
+            "gauge",
+            "KV-cache usage. 1 means 100 percent usage.",
+            [("vllm:kv_cache_usage_perc", lab, e.kv_usage)],
+        )
         for name, help_text, value in (
-            ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", e.prefix_queries),
+            (
+                "vllm:prefix_cache_queries",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                e.prefix_queries,
+            ),
             ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", e.prefix_hits),
             ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", e.num_preemptions),
             ("vllm:prompt_tokens", "Number of prefill tokens processed.", e.prompt_tokens_total),
             ("vllm:generation_tokens", "Number of generation tokens processed.", e.generation_tokens_total),
         ):
             family(name, "counter", help_text, [(name + "_total", lab, value)])
-        family("vllm:request_success", "counter", "Count of successfully processed requests.",
-               [("vllm:request_success_total", f'{lab},finished_reason="{r}"', v) for r, v in sorted(self.live.success.items())])
+        family(
+            "vllm:request_success",
+            "counter",
+            "Count of successfully processed requests.",
+            [
+                ("vllm:request_success_total", f'{lab},finished_reason="{r}"', v)
+                for r, v in sorted(self.live.success.items())
+            ],
+        )
         for name, help_text, hist in (
             ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", self.live.ttft),
             ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", self.live.itl),
             ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", self.live.e2e),
-            ("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", self.live.iteration_tokens),
+            (
+                "vllm:iteration_tokens_total",
+                "Histogram of number of tokens per engine_step.",
+                self.live.iteration_tokens,
+            ),
         ):
             lines.append(f"# HELP {name} {help_text}")
             lines.append(f"# TYPE {name} histogram")
             lines.extend(hist.lines(name, lab))
-        family("loadgen_sim_faults", "counter", "Faults injected by the simulated engine, by kind.",
-               [("loadgen_sim_faults_total", f'kind="{k}"', v) for k, v in sorted(self.fault_log.counts.items())])
-        family("loadgen_sim_kv_blocks_total", "gauge", "KV blocks of the simulated engine.",
-               [("loadgen_sim_kv_blocks_total", lab, e.total_blocks)])
-        family("loadgen_sim_busy_seconds", "counter", "Sum of modelled step durations.",
-               [("loadgen_sim_busy_seconds_total", lab, e.busy_ns / 1e9)])
+        family(
+            "loadgen_sim_faults",
+            "counter",
+            "Faults injected by the simulated engine, by kind.",
+            [("loadgen_sim_faults_total", f'kind="{k}"', v) for k, v in sorted(self.fault_log.counts.items())],
+        )
+        family(
+            "loadgen_sim_kv_blocks_total",
+            "gauge",
+            "KV blocks of the simulated engine.",
+            [("loadgen_sim_kv_blocks_total", lab, e.total_blocks)],
+        )
+        family(
+            "loadgen_sim_busy_seconds",
+            "counter",
+            "Sum of modelled step durations.",
+            [("loadgen_sim_busy_seconds_total", lab, e.busy_ns / 1e9)],
+        )
         return "\n".join(lines) + "\n"
 
 
@@ -637,12 +759,20 @@ async def _listen(server: SimServer, host: str, port: int, timeouts: dict[str, f
         return await start_http_server(server.handle, host, port, _parse_error, **timeouts)
     except OSError as exc:
         reason = (exc.strerror or str(exc)).split(": ")[-1]
-        raise TargetError(f"sim serve --host {host} --port {port}: cannot listen ({reason}): "
-                          f"expected a free port on a local address") from None
+        raise TargetError(
+            f"sim serve --host {host} --port {port}: cannot listen ({reason}): expected a free port on a local address"
+        ) from None
 
 
-async def _main(config: EngineConfig, host: str, port: int, tokenizer: str | None, fault_log: Path | None, seed: int,
-                timeouts: dict[str, float]) -> None:
+async def _main(
+    config: EngineConfig,
+    host: str,
+    port: int,
+    tokenizer: str | None,
+    fault_log: Path | None,
+    seed: int,
+    timeouts: dict[str, float],
+) -> None:
     server = SimServer(config, tokenizer=tokenizer, fault_log=fault_log, seed=seed)
     try:
         http = await _listen(server, host, port, timeouts)

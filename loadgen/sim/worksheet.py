@@ -13,7 +13,7 @@ import heapq
 from array import array
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -73,8 +73,15 @@ class _Client:
     outcome columns the run's rows are built from.
     """
 
-    def __init__(self, cols: dict[str, list[Any]], engine: Engine, config: EngineConfig,
-                 plans: list[FaultPlan | None], stop_after: list[int | None], limit: int) -> None:
+    def __init__(
+        self,
+        cols: dict[str, list[Any]],
+        engine: Engine,
+        config: EngineConfig,
+        plans: list[FaultPlan | None],
+        stop_after: list[int | None],
+        limit: int,
+    ) -> None:
         n = len(plans)
         self.cols = cols
         self.engine = engine
@@ -164,16 +171,28 @@ class _Steps:
             self.c_step_n.append(len(emitted))
 
     def record_state(self, engine: Engine, res: StepResult, t_end: int) -> None:
-        self.rows.append((
-            t_end, len(engine.running), len(engine.waiting), engine.kv_usage,
-            engine.prefix_queries, engine.prefix_hits, engine.num_preemptions,
-            engine.prompt_tokens_total, engine.generation_tokens_total,
-            res.prefill_tokens, res.decode_seqs, res.duration_ns / _NS,
-            engine.used_private + engine.cached_pinned,
-        ))
+        self.rows.append(
+            (
+                t_end,
+                len(engine.running),
+                len(engine.waiting),
+                engine.kv_usage,
+                engine.prefix_queries,
+                engine.prefix_hits,
+                engine.num_preemptions,
+                engine.prompt_tokens_total,
+                engine.generation_tokens_total,
+                res.prefill_tokens,
+                res.decode_seqs,
+                res.duration_ns / _NS,
+                engine.used_private + engine.cached_pinned,
+            )
+        )
 
 
-def _decide_faults(decider: FaultDecider, cancel_after: list[int | None]) -> tuple[list[FaultPlan | None], list[int | None]]:
+def _decide_faults(
+    decider: FaultDecider, cancel_after: list[int | None]
+) -> tuple[list[FaultPlan | None], list[int | None]]:
     """Each request's fault plan (in trace order) and the token count after which its client stops reading."""
     plans: list[FaultPlan | None] = []
     stop_after: list[int | None] = []
@@ -207,7 +226,7 @@ def _run_virtual_time(engine: Engine, client: _Client, offsets: list[int]) -> _S
             client.arrive(ptr, offsets[ptr])
             ptr += 1
         while delayed and delayed[0][0] <= t:
-            engine.add(client.seqs[heapq.heappop(delayed)[1]])
+            engine.add(cast(Seq, client.seqs[heapq.heappop(delayed)[1]]))  # arrive() stored it before queueing
         if not engine.has_work:
             nxt = _next_event(offsets, ptr, delayed)
             if nxt is None:
@@ -255,8 +274,9 @@ class _Chunks:
         created = 1_700_000_000
         fmt = StreamFormat(endpoint, request_id_for(endpoint, 0), created, model)
         self.nbytes = fmt.content_overhead() + filler_bytes(tok_before, ck.astype(np.int64))
-        self.tokens_per_req = (np.bincount(idx, weights=ck, minlength=n).astype(np.int64) if len(idx)
-                               else np.zeros(n, np.int64))
+        self.tokens_per_req = (
+            np.bincount(idx, weights=ck, minlength=n).astype(np.int64) if len(idx) else np.zeros(n, np.int64)
+        )
 
     def apply_stalls(self, plans: list[FaultPlan | None], seqs: list[Seq | None], done: list[int | None]) -> None:
         """Chunks after a stall point arrive no earlier than the stall's end (and so does done)."""
@@ -288,11 +308,15 @@ class _Chunks:
         }
 
 
-def _stream_outcome(plan: FaultPlan | None, cancel: int | None, out_tokens: int, max_out: int,
-                    kind: str | None) -> tuple[str, str | None]:
+def _stream_outcome(
+    plan: FaultPlan | None, cancel: int | None, out_tokens: int, max_out: int, kind: str | None
+) -> tuple[str, str | None]:
     """(status, error_kind) of a request the engine served: disconnect, client cancel, malformed, or ok."""
-    if plan is not None and plan.disconnect_after is not None and out_tokens < max_out and (
-        cancel is None or plan.disconnect_after <= cancel
+    if (
+        plan is not None
+        and plan.disconnect_after is not None
+        and out_tokens < max_out
+        and (cancel is None or plan.disconnect_after <= cancel)
     ):
         return STATUS_ERROR, "reset_mid_stream"
     if cancel is not None and out_tokens < max_out:
@@ -302,7 +326,9 @@ def _stream_outcome(plan: FaultPlan | None, cancel: int | None, out_tokens: int,
     return STATUS_OK, kind
 
 
-def _request_rows(cols: dict[str, list[Any]], client: _Client, chunks: _Chunks, model: str) -> tuple[list[dict[str, Any]], list[float]]:
+def _request_rows(
+    cols: dict[str, list[Any]], client: _Client, chunks: _Chunks, model: str
+) -> tuple[list[dict[str, Any]], list[float]]:
     """One record row per trace request, and the TTFT (s, from engine arrival) of each that streamed."""
     rows: list[dict[str, Any]] = []
     ttft_s: list[float] = []
@@ -324,6 +350,7 @@ def _request_rows(cols: dict[str, list[Any]], client: _Client, chunks: _Chunks, 
                 ttft_s.append((first - seq.arrival_ns) / _NS)
             row_status, kind = _stream_outcome(plan, cols["cancel_after_tokens"][i], out_tokens, seq.max_out, kind)
         finished_ok = row_status == STATUS_OK or kind == "malformed_sse"
+        sent_ns = sent[i]
         rows.append(
             empty_request_row(
                 request_id=cols["request_id"][i],
@@ -333,9 +360,11 @@ def _request_rows(cols: dict[str, list[Any]], client: _Client, chunks: _Chunks, 
                 prefix_group=cols["prefix_group"][i],
                 warm=True,
                 scheduled_ns=offsets[i],
-                slot_acquired_ns=sent[i],
-                sent_ns=sent[i],
-                first_byte_ns=(sent[i] + (int(plan.slow_start_s * _NS) if plan else 0)) if sent[i] is not None else None,
+                slot_acquired_ns=sent_ns,
+                sent_ns=sent_ns,
+                first_byte_ns=(sent_ns + (int(plan.slow_start_s * _NS) if plan else 0))
+                if sent_ns is not None
+                else None,
                 first_token_ns=first,
                 last_token_ns=last,
                 done_ns=client.done[i],
@@ -451,7 +480,7 @@ def _count_faults(plans: list[FaultPlan | None]) -> dict[str, int]:
     for plan in plans:
         if plan is None:
             continue
-        for kind, _params in plan.items():  # noqa: PERF102 (FaultPlan.items, not a dict)
+        for kind, _params in plan.items():
             counts[kind] = counts.get(kind, 0) + 1
     return counts
 
@@ -489,16 +518,29 @@ def run_worksheet(
         run_kind="simulated",
         harness=harness_identity(),
         host=host_identity(),
-        target=TargetRef(kind="sim", base_url=None, model=config.model,
-                         version={"version": __version__, "engine": "loadgen-sim"},
-                         engine=EngineIdentity(name="loadgen-sim", version=__version__, config=engine_manifest)),
+        target=TargetRef(
+            kind="sim",
+            base_url=None,
+            model=config.model,
+            version={"version": __version__, "engine": "loadgen-sim"},
+            engine=EngineIdentity(name="loadgen-sim", version=__version__, config=engine_manifest),
+        ),
         engine_config=engine_manifest,
         scenario=scen_manifest,
-        trace=TraceRef(path=str(trace_path), sha256=sha256_file(trace_path), name=metadata.get("trace_name"),
-                       seed=metadata.get("seed"), metadata=metadata),
-        options={"engine": str(engine if not isinstance(engine, EngineConfig) else config.name), "seed": seed,
-                 "endpoint": endpoint, "face": "worksheet",
-                 "scenario": None if scenario is None else str(getattr(scenario, "source_path", None) or scenario)},
+        trace=TraceRef(
+            path=str(trace_path),
+            sha256=sha256_file(trace_path),
+            name=metadata.get("trace_name"),
+            seed=metadata.get("seed"),
+            metadata=metadata,
+        ),
+        options={
+            "engine": str(engine if not isinstance(engine, EngineConfig) else config.name),
+            "seed": seed,
+            "endpoint": endpoint,
+            "face": "worksheet",
+            "scenario": None if scenario is None else str(getattr(scenario, "source_path", None) or scenario),
+        },
         warm_state=WarmState(state="warm", actions=[WORKSHEET_WARM_ACTION]),
         started_utc=started,
         anchor=Anchor(perf_counter_ns=0, utc=started, clock="virtual: ns from trace start"),
@@ -518,11 +560,13 @@ def run_worksheet(
             writer.add_request(row)
         _add_in_batches(writer.add_chunks, result.chunks, 200_000)
         _add_in_batches(writer.add_metrics, result.metrics, 200_000)
-        writer.close({
-            "ended_utc": utc_now_iso(),
-            "duration_s": result.notes["virtual_duration_s"],
-            "engine_notes": result.notes,
-        })
+        writer.close(
+            {
+                "ended_utc": utc_now_iso(),
+                "duration_s": result.notes["virtual_duration_s"],
+                "engine_notes": result.notes,
+            }
+        )
     return Path(out_dir)
 
 

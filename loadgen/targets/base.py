@@ -33,13 +33,25 @@ class StateResult:
 
     def manifest_extra(self) -> dict[str, Any]:
         """What the driver's own ``warm_state`` (state, actions) lacks: requested, achieved, reason, method."""
-        return {"warm_state": {"requested": self.requested, "achieved": self.achieved, "reason": self.reason,
-                               "method": self.method}}
+        return {
+            "warm_state": {
+                "requested": self.requested,
+                "achieved": self.achieved,
+                "reason": self.reason,
+                "method": self.method,
+            }
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """The manifest's ``warm_state`` section."""
-        return {"state": self.label, "requested": self.requested, "achieved": self.achieved,
-                "actions": list(self.actions), "reason": self.reason, "method": self.method}
+        return {
+            "state": self.label,
+            "requested": self.requested,
+            "achieved": self.achieved,
+            "actions": list(self.actions),
+            "reason": self.reason,
+            "method": self.method,
+        }
 
 
 class Target:
@@ -66,10 +78,21 @@ class Target:
         """Bring the target to ``state`` (warm | cold) before a measured run."""
         raise NotImplementedError
 
-    def run(self, trace_path: Path, out_dir: Path, *, scenario_path: Path | None, state: StateResult,
-            order_index: int | None = None, repeat: int | None = None, plan_cell: dict[str, Any] | None = None,
-            deadline_s: float | None = None, seed: int = 0, extra_manifest: dict[str, Any] | None = None,
-            **run_options: Any) -> Path:
+    def run(
+        self,
+        trace_path: Path,
+        out_dir: Path,
+        *,
+        scenario_path: Path | None,
+        state: StateResult,
+        order_index: int | None = None,
+        repeat: int | None = None,
+        plan_cell: dict[str, Any] | None = None,
+        deadline_s: float | None = None,
+        seed: int = 0,
+        extra_manifest: dict[str, Any] | None = None,
+        **run_options: Any,
+    ) -> Path:
         """One measured run of ``trace_path`` into ``out_dir``; ``run_options`` are driver options."""
         raise NotImplementedError
 
@@ -87,6 +110,7 @@ class Target:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()

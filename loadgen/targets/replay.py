@@ -13,17 +13,30 @@ from .base import StateResult
 __all__ = ["run_driver", "warm_up"]
 
 
-def run_driver(trace_path: Path, target_url: str, out_dir: Path, *, model: str | None, scenario_path: Path | None,
-               state: StateResult | None = None, extra_manifest: dict[str, Any] | None = None,
-               **run_options: Any) -> Path:
+def run_driver(
+    trace_path: Path,
+    target_url: str,
+    out_dir: Path,
+    *,
+    model: str | None,
+    scenario_path: Path | None,
+    state: StateResult | None = None,
+    extra_manifest: dict[str, Any] | None = None,
+    **run_options: Any,
+) -> Path:
     """Replay ``trace_path`` against ``target_url`` (``loadgen.driver``); returns the run directory.
 
     ``state`` becomes the manifest's warm state; ``run_options`` are any other ``RunOptions`` fields
     (order_index, repeat, plan_cell, deadline_s, api_key_env, tokenizer, endpoint, ...).
     """
     options = RunOptions(
-        trace_path=trace_path, target_url=target_url, out_dir=out_dir, model=model, scenario_path=scenario_path,
-        warm_state=_warm_label(state), warm_actions=(state.actions if state else []),
+        trace_path=trace_path,
+        target_url=target_url,
+        out_dir=out_dir,
+        model=model,
+        scenario_path=scenario_path,
+        warm_state=_warm_label(state),
+        warm_actions=(state.actions if state else []),
         extra_manifest={**(state.manifest_extra() if state else {}), **(extra_manifest or {})},
         **{"progress": "off", **run_options},
     )
@@ -35,16 +48,33 @@ def _warm_label(state: StateResult | None) -> Literal["warm", "cold", "unknown"]
     return label if label in ("warm", "cold") else "unknown"  # type: ignore[return-value]
 
 
-def warm_up(url: str, model: str | None, warmup_trace: Path | None, work_dir: Path, scenario_path: Path | None,
-            api_key_env: str | None = None, **run_options: Any) -> list[str]:
+def warm_up(
+    url: str,
+    model: str | None,
+    warmup_trace: Path | None,
+    work_dir: Path,
+    scenario_path: Path | None,
+    api_key_env: str | None = None,
+    **run_options: Any,
+) -> list[str]:
     """Send the fixed warm-up set through the driver; returns what was done, as one action line."""
     if warmup_trace is None:
         return ["warm-up set empty (warmup.requests = 0): no requests sent"]
     if work_dir.exists():
         shutil.rmtree(work_dir)
-    run_dir = run_driver(warmup_trace, url, work_dir, model=model, scenario_path=scenario_path,
-                         state=StateResult("unknown", False, ["warm-up run"]), api_key_env=api_key_env, **run_options)
+    run_dir = run_driver(
+        warmup_trace,
+        url,
+        work_dir,
+        model=model,
+        scenario_path=scenario_path,
+        state=StateResult("unknown", False, ["warm-up run"]),
+        api_key_env=api_key_env,
+        **run_options,
+    )
     counts = read_manifest(run_dir).status_counts
     total = sum(counts.values())
-    return [f"warm-up: {total} requests from the cell's own trace (shared prefixes primed) at a fixed rate; "
-            f"{counts.get('ok', 0)} ok (run dir {run_dir.name})"]
+    return [
+        f"warm-up: {total} requests from the cell's own trace (shared prefixes primed) at a fixed rate; "
+        f"{counts.get('ok', 0)} ok (run dir {run_dir.name})"
+    ]

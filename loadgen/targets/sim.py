@@ -48,8 +48,14 @@ def _child_env(extra: dict[str, str] | None) -> dict[str, str]:
 class SimServerProcess:
     """``loadgen sim serve`` as a child process on loopback; restartable (that is how cold is reached)."""
 
-    def __init__(self, engine: str | Path, log_dir: Path, extra_args: list[str] | None = None,
-                 startup_timeout_s: float = 60.0, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        engine: str | Path,
+        log_dir: Path,
+        extra_args: list[str] | None = None,
+        startup_timeout_s: float = 60.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.engine = str(engine)
         self.log_dir = Path(log_dir)
         self.extra_args = list(extra_args or [])
@@ -63,10 +69,26 @@ class SimServerProcess:
         """Launch the server and wait for its ready line; returns its base URL."""
         self.starts += 1
         stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(self.engine).stem)
-        argv = [sys.executable, "-m", "loadgen", "sim", "serve", "--engine", self.engine,
-                "--host", "127.0.0.1", "--port", "0", *self.extra_args]
-        child = ChildProcess(argv, log_path=self.log_dir / f"sim-server-{stem}-{self.starts}.log",
-                             what=f"sim server (engine {self.engine})", env=_child_env(self.env))
+        argv = [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "sim",
+            "serve",
+            "--engine",
+            self.engine,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            *self.extra_args,
+        ]
+        child = ChildProcess(
+            argv,
+            log_path=self.log_dir / f"sim-server-{stem}-{self.starts}.log",
+            what=f"sim server (engine {self.engine})",
+            env=_child_env(self.env),
+        )
         self.child = child.start()
         self.base_url = child.wait_ready(lambda: find_ready_url(child.log_text()), self.startup_timeout_s)
         return self.base_url
@@ -126,9 +148,13 @@ class SimServerHandle:
 
 
 @contextmanager
-def launch_sim_server(engine: str | Path = "interactive-small-batch", *extra_args: str,
-                      env: dict[str, str] | None = None, ready_timeout_s: float = 60.0,
-                      log_dir: Path | None = None) -> Iterator[SimServerHandle]:
+def launch_sim_server(
+    engine: str | Path = "interactive-small-batch",
+    *extra_args: str,
+    env: dict[str, str] | None = None,
+    ready_timeout_s: float = 60.0,
+    log_dir: Path | None = None,
+) -> Iterator[SimServerHandle]:
     """Start ``loadgen sim serve --engine ENGINE --port 0 [extra_args]`` (fault log included); stop it on exit."""
     work = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="loadgen-sim-"))
     args = list(extra_args)
@@ -152,8 +178,12 @@ class WorksheetTarget(Target):
         self.engine = engine if isinstance(engine, EngineConfig) else load_engine_config(engine)
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "engine": self.engine.name, "engine_sha256": self.engine.sha256,
-                "engine_path": self.engine.source_path}
+        return {
+            "kind": self.kind,
+            "engine": self.engine.name,
+            "engine_sha256": self.engine.sha256,
+            "engine_path": self.engine.source_path,
+        }
 
     @property
     def model(self) -> str | None:
@@ -161,20 +191,47 @@ class WorksheetTarget(Target):
 
     def prepare(self, state: str, warmup_trace: Path | None, work_dir: Path, scenario_path: Path | None) -> StateResult:
         if state == "warm":
-            return StateResult("warm", True, ["virtual-time worksheet: every run starts from the same fresh engine "
-                                              "(nothing to load or compile; prefix cache empty at t=0)"])
-        return StateResult("cold", False, [], "not achievable on the worksheet: a virtual engine has no load, compile "
-                                               "or cache state to lose, so cold is the same run as warm")
+            return StateResult(
+                "warm",
+                True,
+                [
+                    "virtual-time worksheet: every run starts from the same fresh engine "
+                    "(nothing to load or compile; prefix cache empty at t=0)"
+                ],
+            )
+        return StateResult(
+            "cold",
+            False,
+            [],
+            "not achievable on the worksheet: a virtual engine has no load, compile "
+            "or cache state to lose, so cold is the same run as warm",
+        )
 
-    def run(self, trace_path: Path, out_dir: Path, *, scenario_path: Path | None, state: StateResult,
-            order_index: int | None = None, repeat: int | None = None, plan_cell: dict[str, Any] | None = None,
-            deadline_s: float | None = None, seed: int = 0, extra_manifest: dict[str, Any] | None = None,
-            **run_options: Any) -> Path:
-        labels = {"order_index": order_index, "repeat": repeat, "plan_cell": plan_cell,
-                  "warm_state": {**state.to_dict(), "actions": [WORKSHEET_WARM_ACTION, *state.actions]},
-                  **(extra_manifest or {})}
-        return Path(run_worksheet(trace_path, self.engine, out_dir, seed=seed, scenario=scenario_path,
-                                  extra_manifest=labels))
+    def run(
+        self,
+        trace_path: Path,
+        out_dir: Path,
+        *,
+        scenario_path: Path | None,
+        state: StateResult,
+        order_index: int | None = None,
+        repeat: int | None = None,
+        plan_cell: dict[str, Any] | None = None,
+        deadline_s: float | None = None,
+        seed: int = 0,
+        extra_manifest: dict[str, Any] | None = None,
+        **run_options: Any,
+    ) -> Path:
+        labels = {
+            "order_index": order_index,
+            "repeat": repeat,
+            "plan_cell": plan_cell,
+            "warm_state": {**state.to_dict(), "actions": [WORKSHEET_WARM_ACTION, *state.actions]},
+            **(extra_manifest or {}),
+        }
+        return Path(
+            run_worksheet(trace_path, self.engine, out_dir, seed=seed, scenario=scenario_path, extra_manifest=labels)
+        )
 
 
 class SimServerTarget(Target):
@@ -182,8 +239,9 @@ class SimServerTarget(Target):
 
     kind = "sim"
 
-    def __init__(self, engine: str | Path, work_dir: Path, extra_args: list[str] | None = None,
-                 api_key_env: str | None = None) -> None:
+    def __init__(
+        self, engine: str | Path, work_dir: Path, extra_args: list[str] | None = None, api_key_env: str | None = None
+    ) -> None:
         self.engine_config = load_engine_config(engine)
         self.engine = str(engine)
         self.api_key_env = api_key_env
@@ -199,32 +257,66 @@ class SimServerTarget(Target):
         return self.engine_config.model
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "engine": self.engine_config.name, "engine_sha256": self.engine_config.sha256,
-                "engine_path": self.engine_config.source_path, "launched_by_loadgen": True}
+        return {
+            "kind": self.kind,
+            "engine": self.engine_config.name,
+            "engine_sha256": self.engine_config.sha256,
+            "engine_path": self.engine_config.source_path,
+            "launched_by_loadgen": True,
+        }
 
     def prepare(self, state: str, warmup_trace: Path | None, work_dir: Path, scenario_path: Path | None) -> StateResult:
         if state == "cold":
             old, new = self.server.restart()
-            return StateResult("cold", True, [f"sim server restarted (pid {old} → {new}): empty KV and prefix cache, "
-                                              f"no warm-up sent"], method="restart")
+            return StateResult(
+                "cold",
+                True,
+                [f"sim server restarted (pid {old} → {new}): empty KV and prefix cache, no warm-up sent"],
+                method="restart",
+            )
         actions: list[str] = []
         if not self.server.alive():
             old, new = self.server.restart()
             actions.append(f"sim server was not running; restarted (pid {old} → {new})")
-        actions += warm_up(self.server.base_url or "", self.model, warmup_trace, work_dir, scenario_path,
-                           self.api_key_env)
+        actions += warm_up(
+            self.server.base_url or "", self.model, warmup_trace, work_dir, scenario_path, self.api_key_env
+        )
         return StateResult("warm", True, actions)
 
-    def run(self, trace_path: Path, out_dir: Path, *, scenario_path: Path | None, state: StateResult,
-            order_index: int | None = None, repeat: int | None = None, plan_cell: dict[str, Any] | None = None,
-            deadline_s: float | None = None, seed: int = 0, extra_manifest: dict[str, Any] | None = None,
-            **run_options: Any) -> Path:
-        sections = {"plan_target": {**self.describe(), "server_pid": self.server.pid,
-                                    "server_starts": self.server.starts}, **(extra_manifest or {})}
-        return run_driver(trace_path, self.server.base_url or "", out_dir, model=self.model,
-                          scenario_path=scenario_path, state=state, order_index=order_index, repeat=repeat,
-                          plan_cell=plan_cell, deadline_s=deadline_s, extra_manifest=sections,
-                          api_key_env=self.api_key_env, **run_options)
+    def run(
+        self,
+        trace_path: Path,
+        out_dir: Path,
+        *,
+        scenario_path: Path | None,
+        state: StateResult,
+        order_index: int | None = None,
+        repeat: int | None = None,
+        plan_cell: dict[str, Any] | None = None,
+        deadline_s: float | None = None,
+        seed: int = 0,
+        extra_manifest: dict[str, Any] | None = None,
+        **run_options: Any,
+    ) -> Path:
+        sections = {
+            "plan_target": {**self.describe(), "server_pid": self.server.pid, "server_starts": self.server.starts},
+            **(extra_manifest or {}),
+        }
+        return run_driver(
+            trace_path,
+            self.server.base_url or "",
+            out_dir,
+            model=self.model,
+            scenario_path=scenario_path,
+            state=state,
+            order_index=order_index,
+            repeat=repeat,
+            plan_cell=plan_cell,
+            deadline_s=deadline_s,
+            extra_manifest=sections,
+            api_key_env=self.api_key_env,
+            **run_options,
+        )
 
     def check_alive(self) -> str | None:
         code = self.server.exit_code()

@@ -34,11 +34,21 @@ class TargetSpec:
     api_key_env: str | None = None
 
     def __post_init__(self) -> None:
-        chosen = [flag for flag, value in (("--target", self.url), ("--sim", self.sim),
-                                           ("--sim-worksheet", self.worksheet), ("--vllm", self.vllm)) if value]
+        chosen = [
+            flag
+            for flag, value in (
+                ("--target", self.url),
+                ("--sim", self.sim),
+                ("--sim-worksheet", self.worksheet),
+                ("--vllm", self.vllm),
+            )
+            if value
+        ]
         if len(chosen) != 1:
-            raise TargetError(f"target: got {', '.join(chosen) or 'no target'}: expected exactly one of --target URL, "
-                              "--sim ENGINE, --sim-worksheet ENGINE, --vllm MODEL")
+            raise TargetError(
+                f"target: got {', '.join(chosen) or 'no target'}: expected exactly one of --target URL, "
+                "--sim ENGINE, --sim-worksheet ENGINE, --vllm MODEL"
+            )
 
     @property
     def kind(self) -> str:

@@ -44,13 +44,19 @@ class UrlTarget(Target):
         return self._model
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "base_url": redact_url(self._url), "model": self._model, "launched_by_loadgen": False}
+        return {
+            "kind": self.kind,
+            "base_url": redact_url(self._url),
+            "model": self._model,
+            "launched_by_loadgen": False,
+        }
 
     def prepare(self, state: str, warmup_trace: Path | None, work_dir: Path, scenario_path: Path | None) -> StateResult:
         if state == "cold":
             return self.reset_prefix_cache()
-        return StateResult("warm", True, warm_up(self._url, self._model, warmup_trace, work_dir, scenario_path,
-                                                 self.api_key_env))
+        return StateResult(
+            "warm", True, warm_up(self._url, self._model, warmup_trace, work_dir, scenario_path, self.api_key_env)
+        )
 
     def reset_prefix_cache(self) -> StateResult:
         """Cold = ``POST /reset_prefix_cache`` answered 2xx; otherwise not achievable, with the answer."""
@@ -63,18 +69,48 @@ class UrlTarget(Target):
             answer = f"failed ({type(exc).__name__})"
         else:
             if resp.is_success:
-                action = (f"POST /reset_prefix_cache answered HTTP {resp.status_code}: prefix cache emptied; the process "
-                          "stayed up (loadgen did not launch it: weights, compiled kernels and allocations are warm)")
+                action = (
+                    f"POST /reset_prefix_cache answered HTTP {resp.status_code}: prefix cache emptied; the process "
+                    "stayed up (loadgen did not launch it: weights, compiled kernels and allocations are warm)"
+                )
                 return StateResult("cold", True, [action], method="prefix_cache_reset")
             answer = f"answered HTTP {resp.status_code}"
-        return StateResult("cold", False, [], f"not achievable: loadgen did not launch this target, so it cannot restart "
-                                              f"it, and POST /reset_prefix_cache {answer} (vLLM serves it with "
-                                              "VLLM_SERVER_DEV_MODE=1); launch it with --sim or the vLLM path for cold cells")
+        return StateResult(
+            "cold",
+            False,
+            [],
+            f"not achievable: loadgen did not launch this target, so it cannot restart "
+            f"it, and POST /reset_prefix_cache {answer} (vLLM serves it with "
+            "VLLM_SERVER_DEV_MODE=1); launch it with --sim or the vLLM path for cold cells",
+        )
 
-    def run(self, trace_path: Path, out_dir: Path, *, scenario_path: Path | None, state: StateResult,
-            order_index: int | None = None, repeat: int | None = None, plan_cell: dict[str, Any] | None = None,
-            deadline_s: float | None = None, seed: int = 0, extra_manifest: dict[str, Any] | None = None,
-            **run_options: Any) -> Path:
-        return run_driver(trace_path, self._url, out_dir, model=self._model, scenario_path=scenario_path, state=state,
-                          order_index=order_index, repeat=repeat, plan_cell=plan_cell, deadline_s=deadline_s,
-                          api_key_env=self.api_key_env, extra_manifest=extra_manifest, **run_options)
+    def run(
+        self,
+        trace_path: Path,
+        out_dir: Path,
+        *,
+        scenario_path: Path | None,
+        state: StateResult,
+        order_index: int | None = None,
+        repeat: int | None = None,
+        plan_cell: dict[str, Any] | None = None,
+        deadline_s: float | None = None,
+        seed: int = 0,
+        extra_manifest: dict[str, Any] | None = None,
+        **run_options: Any,
+    ) -> Path:
+        return run_driver(
+            trace_path,
+            self._url,
+            out_dir,
+            model=self._model,
+            scenario_path=scenario_path,
+            state=state,
+            order_index=order_index,
+            repeat=repeat,
+            plan_cell=plan_cell,
+            deadline_s=deadline_s,
+            api_key_env=self.api_key_env,
+            extra_manifest=extra_manifest,
+            **run_options,
+        )

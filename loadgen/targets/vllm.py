@@ -24,8 +24,9 @@ from .replay import warm_up
 __all__ = ["VllmTarget", "measure_with_server"]
 
 
-def measure_with_server(server: VllmServer, options: RunOptions, *, ledger_total_bytes: int | None = None,
-                        sample_interval_s: float = 0.5) -> Path:
+def measure_with_server(
+    server: VllmServer, options: RunOptions, *, ledger_total_bytes: int | None = None, sample_interval_s: float = 0.5
+) -> Path:
     """Replay ``options`` against a healthy launched ``server``, sampling its memory; returns the run dir.
 
     The manifest gets the vLLM identity, engine args and log notes when the files open; after the
@@ -48,11 +49,16 @@ def measure_with_server(server: VllmServer, options: RunOptions, *, ledger_total
     reconciliation = reconcile_server_run(Path(server.config.model_dir), run_dir)
     if ledger_total_bytes is None and reconciliation.get("ledger_total_bytes"):
         ledger_total_bytes = reconciliation["ledger_total_bytes"]
-    amend_manifest(run_dir, {"engine_notes": {
-        "memory": sampler.summary(ledger_total_bytes),
-        "log": server.engine_notes(),  # re-read: the log may have grown during the run
-        "ledger_reconcile": reconciliation,
-    }})
+    amend_manifest(
+        run_dir,
+        {
+            "engine_notes": {
+                "memory": sampler.summary(ledger_total_bytes),
+                "log": server.engine_notes(),  # re-read: the log may have grown during the run
+                "ledger_reconcile": reconciliation,
+            }
+        },
+    )
     return run_dir
 
 
@@ -61,7 +67,9 @@ class VllmTarget(Target):
 
     kind = "vllm"
 
-    def __init__(self, config: VllmConfig, work_dir: Path, *, model: str | None = None, tokenizer: str = "server") -> None:
+    def __init__(
+        self, config: VllmConfig, work_dir: Path, *, model: str | None = None, tokenizer: str = "server"
+    ) -> None:
         self.config = config
         self.work_dir = Path(work_dir)
         self._model = model or config.served_model_name or str(config.model_dir)
@@ -107,17 +115,27 @@ class VllmTarget(Target):
     def describe(self) -> dict[str, Any]:
         raw = self.config.args(0)
         at = raw.index("--port")
-        args = raw[:at] + raw[at + 2:]  # the port changes with every (re)start
-        return {"kind": self.kind, "engine": f"vllm:{Path(self.config.model_dir).name}",
-                "engine_sha256": hashlib.sha256(json.dumps(args).encode()).hexdigest(), "args": args,
-                "launched_by_loadgen": True}
+        args = raw[:at] + raw[at + 2 :]  # the port changes with every (re)start
+        return {
+            "kind": self.kind,
+            "engine": f"vllm:{Path(self.config.model_dir).name}",
+            "engine_sha256": hashlib.sha256(json.dumps(args).encode()).hexdigest(),
+            "args": args,
+            "launched_by_loadgen": True,
+        }
 
     def prepare(self, state: str, warmup_trace: Path | None, work_dir: Path, scenario_path: Path | None) -> StateResult:
         if state == "cold":
             old, new, ready = self._restart()
-            return StateResult("cold", True, [f"vLLM restarted (pid {old} → {new}), healthy after {ready:.1f} s: weights "
-                                              "reloaded, graphs recompiled, KV and prefix cache empty; no warm-up sent"],
-                               method="restart")
+            return StateResult(
+                "cold",
+                True,
+                [
+                    f"vLLM restarted (pid {old} → {new}), healthy after {ready:.1f} s: weights "
+                    "reloaded, graphs recompiled, KV and prefix cache empty; no warm-up sent"
+                ],
+                method="restart",
+            )
         actions: list[str] = []
         if self.check_alive() is not None:
             old, new, ready = self._restart()
@@ -125,18 +143,40 @@ class VllmTarget(Target):
         actions += warm_up(self.url or "", self._model, warmup_trace, work_dir, scenario_path)
         return StateResult("warm", True, actions)
 
-    def run(self, trace_path: Path, out_dir: Path, *, scenario_path: Path | None, state: StateResult,
-            order_index: int | None = None, repeat: int | None = None, plan_cell: dict[str, Any] | None = None,
-            deadline_s: float | None = None, seed: int = 0, extra_manifest: dict[str, Any] | None = None,
-            **run_options: Any) -> Path:
+    def run(
+        self,
+        trace_path: Path,
+        out_dir: Path,
+        *,
+        scenario_path: Path | None,
+        state: StateResult,
+        order_index: int | None = None,
+        repeat: int | None = None,
+        plan_cell: dict[str, Any] | None = None,
+        deadline_s: float | None = None,
+        seed: int = 0,
+        extra_manifest: dict[str, Any] | None = None,
+        **run_options: Any,
+    ) -> Path:
         assert self.server is not None
         options = RunOptions(
-            trace_path=trace_path, target_url=self.server.base_url, out_dir=out_dir, model=self._model,
-            scenario_path=scenario_path, warm_state=state.label, warm_actions=state.actions, order_index=order_index,
-            repeat=repeat, plan_cell=plan_cell, deadline_s=deadline_s, **{"progress": "off", "tokenizer": self.tokenizer,
-                                                                          **run_options},
-            extra_manifest={"plan_target": {**self.describe(), "server_pid": self.pid, "server_starts": self.starts},
-                            **state.manifest_extra(), **(extra_manifest or {})},
+            trace_path=trace_path,
+            target_url=self.server.base_url,
+            out_dir=out_dir,
+            model=self._model,
+            scenario_path=scenario_path,
+            warm_state=state.label,
+            warm_actions=state.actions,
+            order_index=order_index,
+            repeat=repeat,
+            plan_cell=plan_cell,
+            deadline_s=deadline_s,
+            **{"progress": "off", "tokenizer": self.tokenizer, **run_options},
+            extra_manifest={
+                "plan_target": {**self.describe(), "server_pid": self.pid, "server_starts": self.starts},
+                **state.manifest_extra(),
+                **(extra_manifest or {}),
+            },
         )
         return measure_with_server(self.server, options)
 

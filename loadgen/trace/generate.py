@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -89,7 +89,7 @@ def arrival_times(
             if settings.process == "poisson":
                 gaps = rng.exponential(1.0 / rate, n)
             else:
-                shape = 1.0 / float(settings.cv) ** 2
+                shape = 1.0 / float(cast(float, settings.cv)) ** 2  # gamma requires cv (TraceSettings)
                 gaps = rng.gamma(shape, 1.0 / (rate * shape), n)
             cum = t0 + np.cumsum(gaps)
             times.append(cum[cum < duration])
@@ -121,8 +121,10 @@ def arrival_times(
 def _check_sampled(scenario: Scenario, field: str, values: np.ndarray, limit: int) -> None:
     """A sampled count above ``limit`` (a distribution's tail) is a scenario error, never a silent clamp."""
     if len(values) and int(values.max()) > limit:
-        raise TraceError(f"{scenario.source_path or scenario.name}: {field}: sampled {int(values.max())}: expected at "
-                         f"most {limit} (set the distribution's max)")
+        raise TraceError(
+            f"{scenario.source_path or scenario.name}: {field}: sampled {int(values.max())}: expected at "
+            f"most {limit} (set the distribution's max)"
+        )
 
 
 def _rng_streams(seed: int, trace_name: str, n: int) -> list[np.random.Generator]:
@@ -136,8 +138,13 @@ def _session_weights(names: list[str], turns_mean: np.ndarray, shares: dict[str,
     return w / w.sum(), float(w.sum())
 
 
-def _arrivals_and_classes(scenario: Scenario, trace_name: str, names: list[str], rng_arrival: np.random.Generator,
-                          rng_class: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def _arrivals_and_classes(
+    scenario: Scenario,
+    trace_name: str,
+    names: list[str],
+    rng_arrival: np.random.Generator,
+    rng_class: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray]:
     """Session arrival times (s) and each session's class index into ``names``.
 
     Rates and shares are per *request*; a long-thread arrival opens a conversation of E[turns]
@@ -145,7 +152,7 @@ def _arrivals_and_classes(scenario: Scenario, trace_name: str, names: list[str],
     """
     base_dir = scenario.base_dir()
     turns_mean = np.array(
-        [mean(scenario.classes[n].thread.turns, base_dir) if scenario.classes[n].thread else 1.0 for n in names]
+        [mean(thread.turns, base_dir) if (thread := scenario.classes[n].thread) else 1.0 for n in names]
     )
     normal_p, z_normal = _session_weights(names, turns_mean, scenario.class_shares(trace_name))
     burst_p, z_burst = _session_weights(names, turns_mean, scenario.class_shares(trace_name, in_burst=True))
@@ -166,6 +173,7 @@ class _ClassRows:
         base_dir = scenario.base_dir()
         settings = scenario.traces[trace_name]
         cls = scenario.classes[cname]
+        thread = cls.thread
         self.cname, self.cls = cname, cls
         self.groups = [g for g in scenario.cache.prefix_groups if g.classes is None or cname in g.classes]
         self.is_thread = cls.thread is not None
@@ -174,23 +182,34 @@ class _ClassRows:
         self.duration_s = settings.duration_s
         streams = _rng_streams(seed, f"{trace_name}/{cname}", 6)
         rng_in, rng_out, rng_cancel, rng_turns, rng_think, rng_cancel_n = streams
-        self.turns = (sample_tokens(cls.thread.turns, rng_turns, n_sessions, base_dir) if self.is_thread
-                      else np.ones(n_sessions, np.int64))
+        self.turns = (
+            sample_tokens(thread.turns, rng_turns, n_sessions, base_dir)
+            if thread is not None  # self.is_thread
+            else np.ones(n_sessions, np.int64)
+        )
         _check_sampled(scenario, f"classes.{cname}.thread.turns", self.turns, MAX_TURNS)
         total_turns = int(self.turns.sum())
         if total_turns > MAX_TRACE_REQUESTS:
-            raise TraceError(f"{scenario.source_path or scenario.name}: traces.{trace_name}: {total_turns} requests of "
-                             f"class {cname}: expected at most {MAX_TRACE_REQUESTS} per trace")
+            raise TraceError(
+                f"{scenario.source_path or scenario.name}: traces.{trace_name}: {total_turns} requests of "
+                f"class {cname}: expected at most {MAX_TRACE_REQUESTS} per trace"
+            )
         self.new_in = sample_tokens(cls.input_tokens, rng_in, total_turns, base_dir)
         self.outs = sample_tokens(cls.output_tokens, rng_out, total_turns, base_dir)
         _check_sampled(scenario, f"classes.{cname}.input_tokens", self.new_in, MAX_TOKENS)
         _check_sampled(scenario, f"classes.{cname}.output_tokens", self.outs, MAX_TOKENS)
         self.where = f"{scenario.source_path or scenario.name}: classes.{cname}"
-        self.think_s = (sample(cls.thread.think_time_s, rng_think, total_turns, base_dir) if self.is_thread
-                        else np.zeros(total_turns))
+        self.think_s = (
+            sample(thread.think_time_s, rng_think, total_turns, base_dir)
+            if thread is not None  # self.is_thread
+            else np.zeros(total_turns)
+        )
         self.cancel_u = rng_cancel.random(total_turns)
-        self.cancel_n = (sample_tokens(cls.cancel.after_tokens, rng_cancel_n, total_turns, base_dir) if cls.cancel
-                         else np.zeros(total_turns, np.int64))
+        self.cancel_n = (
+            sample_tokens(cls.cancel.after_tokens, rng_cancel_n, total_turns, base_dir)
+            if cls.cancel
+            else np.zeros(total_turns, np.int64)
+        )
         self.k = 0  # next per-turn draw
         self.rows: list[tuple] = []  # (offset_ns, arrival order, turn, fields...)
 
@@ -218,17 +237,31 @@ class _ClassRows:
                     break
             prompt = context + int(self.new_in[k])
             if prompt > MAX_TOKENS:
-                raise TraceError(f"{self.where}: a turn's prompt (thread context) reaches {prompt} tokens: expected at "
-                                 f"most {MAX_TOKENS} (lower max turns or token lengths)")
+                raise TraceError(
+                    f"{self.where}: a turn's prompt (thread context) reaches {prompt} tokens: expected at "
+                    f"most {MAX_TOKENS} (lower max turns or token lengths)"
+                )
             out = int(self.outs[k])
             cancel = None
             if cls.cancel and self.cancel_u[k] < cls.cancel.share and int(self.cancel_n[k]) < out:
                 cancel = int(self.cancel_n[k])
             think_ns = round(float(self.think_s[k]) * _NS) if self.waits and turn > 0 else None
-            self.rows.append((
-                round(t * _NS) if not self.closed else 0, arrival, turn, self.cname, prompt, out, group_name,
-                group_tokens if group_name else None, conv_id, turn if self.is_thread else None, cancel, think_ns,
-            ))
+            self.rows.append(
+                (
+                    round(t * _NS) if not self.closed else 0,
+                    arrival,
+                    turn,
+                    self.cname,
+                    prompt,
+                    out,
+                    group_name,
+                    group_tokens if group_name else None,
+                    conv_id,
+                    turn if self.is_thread else None,
+                    cancel,
+                    think_ns,
+                )
+            )
             context = prompt + out
             self.k += 1
 

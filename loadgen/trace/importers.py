@@ -52,7 +52,9 @@ def _parse_azure_time(value: str, path: Path, row: int) -> int:
         base = datetime.strptime(whole, "%Y-%m-%d %H:%M:%S")
         frac_ns = int((frac + "000000000")[:9]) if frac else 0
     except ValueError:
-        raise TraceError(f"{path}: row {row}: TIMESTAMP = {value!r}: expected 'YYYY-MM-DD HH:MM:SS[.fffffff]'") from None
+        raise TraceError(
+            f"{path}: row {row}: TIMESTAMP = {value!r}: expected 'YYYY-MM-DD HH:MM:SS[.fffffff]'"
+        ) from None
     days = (base - datetime(1970, 1, 1)).days
     secs = days * 86400 + base.hour * 3600 + base.minute * 60 + base.second
     if not 0 <= secs < 1 << 33:  # int64 ns: 1970 .. 2242
@@ -71,7 +73,9 @@ def _read_azure(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[An
     expected = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
     if header is None or [h.strip() for h in header] != expected:
         raise TraceError(f"{path}: header = {header!r}: expected {','.join(expected)} (Azure LLM inference trace 2023)")
-    times, prompts, outputs = [], [], []
+    times: list[int] = []
+    prompts: list[int] = []
+    outputs: list[int] = []
     for row_no, row in enumerate(reader, start=2):
         if not row:
             continue
@@ -80,7 +84,12 @@ def _read_azure(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[An
         times.append(_parse_azure_time(row[0], path, row_no))
         for column, value, sink in (("ContextTokens", row[1], prompts), ("GeneratedTokens", row[2], outputs)):
             sink.append(_count(path, f"row {row_no}", column, value.strip()))
-    return np.asarray(times, np.int64), np.asarray(prompts, np.int64), np.asarray(outputs, np.int64), [None] * len(times)
+    return (
+        np.asarray(times, np.int64),
+        np.asarray(prompts, np.int64),
+        np.asarray(outputs, np.int64),
+        [None] * len(times),
+    )
 
 
 def _read_mooncake(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]]:
@@ -107,7 +116,9 @@ def _read_mooncake(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, list
             except json.JSONDecodeError:
                 raise TraceError(f"{path}: line {line_no}: invalid JSON: expected a Mooncake record") from None
             except KeyError as exc:
-                raise TraceError(f"{path}: line {line_no}: missing field {exc.args[0]!r}: expected timestamp, input_length, output_length") from None
+                raise TraceError(
+                    f"{path}: line {line_no}: missing field {exc.args[0]!r}: expected timestamp, input_length, output_length"
+                ) from None
             except (TypeError, ValueError, OverflowError):
                 raise TraceError(f"{path}: line {line_no}: non-numeric field: expected numbers") from None
     return np.asarray(times, np.int64), np.asarray(prompts, np.int64), np.asarray(outputs, np.int64), hashes
@@ -157,7 +168,9 @@ def _read_sorted(kind: str, path: Path) -> tuple[np.ndarray, np.ndarray, np.ndar
     return times[order], prompts[order], outputs[order], [hashes[i] for i in order]
 
 
-def _window(rel: np.ndarray, path: Path, start_s: float, duration_s: float | None, max_requests: int | None) -> np.ndarray:
+def _window(
+    rel: np.ndarray, path: Path, start_s: float, duration_s: float | None, max_requests: int | None
+) -> np.ndarray:
     """Indices of the requests inside the window (``rel``: ns from the first request), at most ``max_requests``."""
     keep = rel >= int(start_s * _NS)
     if duration_s is not None:
@@ -170,8 +183,14 @@ def _window(rel: np.ndarray, path: Path, start_s: float, duration_s: float | Non
     return idx
 
 
-def _trace_table(offsets: np.ndarray, prompts: np.ndarray, outputs: np.ndarray, groups: list[str | None],
-                 lengths: list[int | None], request_class: str) -> pa.Table:
+def _trace_table(
+    offsets: np.ndarray,
+    prompts: np.ndarray,
+    outputs: np.ndarray,
+    groups: list[str | None],
+    lengths: list[int | None],
+    request_class: str,
+) -> pa.Table:
     n = len(offsets)
     width = max(6, len(str(n)))
     return pa.Table.from_pydict(
@@ -215,8 +234,10 @@ def import_trace(
     rel = rel[idx] - rel[idx[0]]
     scaled = rel.astype(np.float64) * time_scale
     if scaled[-1] > MAX_OFFSET_NS:
-        raise TraceError(f"{path}: the window spans {scaled[-1] / _NS:.3g} s after --time-scale {time_scale:g}: "
-                         f"expected at most {MAX_OFFSET_NS / _NS:.3g} s (cut it with --duration-s)")
+        raise TraceError(
+            f"{path}: the window spans {scaled[-1] / _NS:.3g} s after --time-scale {time_scale:g}: "
+            f"expected at most {MAX_OFFSET_NS / _NS:.3g} s (cut it with --duration-s)"
+        )
     offsets = np.rint(scaled).astype(np.int64)
     prompts, outputs = np.maximum(prompts[idx], 1), np.maximum(outputs[idx], 1)
     n = len(idx)
@@ -244,7 +265,9 @@ def import_trace(
     return write_trace(_trace_table(offsets, prompts, outputs, groups, lengths, request_class), out, metadata)
 
 
-def _check_import_options(time_scale: float, start_s: float, duration_s: float | None, max_requests: int | None) -> None:
+def _check_import_options(
+    time_scale: float, start_s: float, duration_s: float | None, max_requests: int | None
+) -> None:
     """The window and scale options: finite and in range (the CLI checks its flags too; this guards library use)."""
     if not is_finite(time_scale) or not 0 < time_scale <= 1e6:
         raise TraceError(f"--time-scale = {time_scale}: expected a finite number in (0, 1e6]")

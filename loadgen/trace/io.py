@@ -63,7 +63,9 @@ def _cast_columns(table: pa.Table, source: object) -> pa.Table:
             columns.append(column.cast(field.type))  # safe: 1.5 or NaN never becomes an integer
         except (pa.ArrowException, ValueError) as exc:
             detail = str(exc).splitlines()[0][:120]
-            raise TraceError(f"{source}: column {field.name} of type {column.type} ({detail}): expected {field.type}") from None
+            raise TraceError(
+                f"{source}: column {field.name} of type {column.type} ({detail}): expected {field.type}"
+            ) from None
     return pa.Table.from_arrays(columns, schema=TRACE_FULL_SCHEMA)
 
 
@@ -165,7 +167,9 @@ def read_trace(path: str | Path) -> tuple[pa.Table, dict[str, Any]]:
     try:
         metadata = json.loads(raw, parse_constant=_no_constant) if raw else {}
     except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, NaN/Infinity, deep nesting
-        raise TraceError(f"{path}: metadata {TRACE_METADATA_KEY.decode()} is not UTF-8 JSON with finite numbers") from None
+        raise TraceError(
+            f"{path}: metadata {TRACE_METADATA_KEY.decode()} is not UTF-8 JSON with finite numbers"
+        ) from None
     metadata = validate_trace_metadata(metadata, path)
     table = _cast_columns(table, path)
     validate_trace(table, path)

@@ -107,17 +107,23 @@ def format_stats(stats: TraceStats, metadata: dict[str, Any] | None = None) -> s
     lines = []
     if metadata:
         src = metadata.get("source") or metadata.get("scenario_name")
-        lines.append(f"trace {metadata.get('trace_name', '-')} from {src} (seed {metadata.get('seed', '-')}, mode {metadata.get('mode', 'open')})")
+        lines.append(
+            f"trace {metadata.get('trace_name', '-')} from {src} (seed {metadata.get('seed', '-')}, mode {metadata.get('mode', 'open')})"
+        )
     lines.append(
         f"requests {stats.requests:,}  duration {stats.duration_s:,.1f} s  mean rate {_fmt(stats.mean_rate_rps, 4)} req/s  "
         f"IAT CV {_fmt(stats.iat_cv, 4)}  IoD 1s/10s/60s {_fmt(stats.iod['1s'])} / {_fmt(stats.iod['10s'])} / {_fmt(stats.iod['60s'])}"
     )
     for label, q in (("prompt tokens", stats.prompt_tokens), ("output tokens", stats.output_tokens)):
-        lines.append(f"{label:14s} p50 {_fmt(q['p50'], 6)}  p95 {_fmt(q['p95'], 6)}  p99 {_fmt(q['p99'], 6)}  mean {_fmt(q['mean'], 5)}  max {_fmt(q['max'], 6)}")
+        lines.append(
+            f"{label:14s} p50 {_fmt(q['p50'], 6)}  p95 {_fmt(q['p95'], 6)}  p99 {_fmt(q['p99'], 6)}  mean {_fmt(q['mean'], 5)}  max {_fmt(q['max'], 6)}"
+        )
     for name, c in stats.classes.items():
         lines.append(
             f"  class {name:14s} n {c['requests']:>7,}  share {c['share']:.3f}  prompt p50/p99 {_fmt(c['prompt_tokens']['p50'], 6)}/{_fmt(c['prompt_tokens']['p99'], 6)}"
             f"  output p50/p99 {_fmt(c['output_tokens']['p50'], 6)}/{_fmt(c['output_tokens']['p99'], 6)}"
         )
-    lines.append(f"conversations {stats.conversations:,}  prefix groups {stats.prefix_groups:,}  cancellations {stats.cancellations:,}")
+    lines.append(
+        f"conversations {stats.conversations:,}  prefix groups {stats.prefix_groups:,}  cancellations {stats.cancellations:,}"
+    )
     return "\n".join(lines)

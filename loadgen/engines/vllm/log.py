@@ -41,23 +41,63 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("model_loading", re.compile(r"Model loading took " + _NUM + r" ?GiB(?: memory)? and " + _NUM + r" seconds")),
     ("weights_loading_s", re.compile(r"Loading weights took " + _NUM + r" seconds")),
     ("model_init_s", re.compile(r"Initializing model took " + _NUM + r" seconds")),
-    ("init_engine", re.compile(r"init engine \(profile, create kv cache, warmup model\) took " + _NUM + r" s(?: \(compilation: " + _NUM + r" s)?")),
-    ("torch_compile_s", re.compile(r"torch\.compile (?:and initial profiling/warmup run together )?(?:took|takes) " + _NUM + r" s in total")),
+    (
+        "init_engine",
+        re.compile(
+            r"init engine \(profile, create kv cache, warmup model\) took "
+            + _NUM
+            + r" s(?: \(compilation: "
+            + _NUM
+            + r" s)?"
+        ),
+    ),
+    (
+        "torch_compile_s",
+        re.compile(
+            r"torch\.compile (?:and initial profiling/warmup run together )?(?:took|takes) " + _NUM + r" s in total"
+        ),
+    ),
     ("dynamo_transform_s", re.compile(r"Dynamo bytecode transform time: " + _NUM + r" s")),
     ("warmup_run_s", re.compile(r"Initial profiling/warmup run took " + _NUM + r" s")),
     ("graph_capture", re.compile(r"Graph capturing finished in " + _NUM + r" secs, took " + _NUM + r" GiB")),
-    ("memory_profile", re.compile(r"Memory profiling takes " + _NUM + r" seconds\. Total non KV cache memory: " + _NUM + r" ?GiB; torch peak memory increase: " + _NUM + r" ?GiB")),
+    (
+        "memory_profile",
+        re.compile(
+            r"Memory profiling takes "
+            + _NUM
+            + r" seconds\. Total non KV cache memory: "
+            + _NUM
+            + r" ?GiB; torch peak memory increase: "
+            + _NUM
+            + r" ?GiB"
+        ),
+    ),
     ("max_num_batched_tokens", re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=" + _NUM)),
     ("max_model_len", re.compile(r"Using max model len " + _NUM)),
     ("architecture", re.compile(r"Resolved architecture: (\S+)")),
-    ("version", re.compile(r"(?:Initializing a V1 LLM engine \(v|vLLM API server version |\bversion )(\d+\.\d+\.\d+[\w.+-]*)")),
+    (
+        "version",
+        re.compile(r"(?:Initializing a V1 LLM engine \(v|vLLM API server version |\bversion )(\d+\.\d+\.\d+[\w.+-]*)"),
+    ),
     ("kv_cache_layout", re.compile(r"Using (\w+) KV cache layout")),
     ("block_size_override", re.compile(r"block_size=(\d+)\b.*(?:overrid|requires)")),
 ]
 #: Simple key=value fields of the "Initializing a V1 LLM engine ... with config:" line that change behaviour.
-_ENGINE_KEYS = ("speculative_config", "dtype", "max_seq_len", "load_format", "tensor_parallel_size", "pipeline_parallel_size",
-                "quantization", "enforce_eager", "kv_cache_dtype", "device_config", "seed", "enable_prefix_caching",
-                "enable_chunked_prefill")
+_ENGINE_KEYS = (
+    "speculative_config",
+    "dtype",
+    "max_seq_len",
+    "load_format",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "quantization",
+    "enforce_eager",
+    "kv_cache_dtype",
+    "device_config",
+    "seed",
+    "enable_prefix_caching",
+    "enable_chunked_prefill",
+)
 _ENGINE_KV = re.compile(r"\b(" + "|".join(_ENGINE_KEYS) + r")=([^,\s]+)")
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")
 _TS = re.compile(r"(?:INFO|WARNING|DEBUG|ERROR) (\d\d-\d\d \d\d:\d\d:\d\d)")
@@ -122,7 +162,11 @@ def _scan_line(notes: dict[str, Any], line: str) -> None:
             except (ValueError, SyntaxError):
                 notes["non_default_args"] = m.group(1)
     for key, pattern in _PATTERNS:
-        if key in notes or (key == "kv_cache" and "kv_cache_size_tokens" in notes) or (key == "max_concurrency" and "kv_cache_max_model_len" in notes):
+        if (
+            key in notes
+            or (key == "kv_cache" and "kv_cache_size_tokens" in notes)
+            or (key == "max_concurrency" and "kv_cache_max_model_len" in notes)
+        ):
             continue
         m = pattern.search(line)
         if m:
@@ -202,8 +246,18 @@ def parse_vllm_log_file(path: str | Path) -> dict[str, Any]:
 def behavior_relevant(notes: dict[str, Any]) -> dict[str, Any]:
     """The manifest's ``behavior_relevant`` entries a vLLM log reveals (prefix caching, quantization, ...)."""
     cfg = notes.get("engine_config") or {}
-    out = {k: cfg[k] for k in ("enable_prefix_caching", "quantization", "kv_cache_dtype", "speculative_config",
-                               "enable_chunked_prefill", "dtype") if k in cfg}
+    out = {
+        k: cfg[k]
+        for k in (
+            "enable_prefix_caching",
+            "quantization",
+            "kv_cache_dtype",
+            "speculative_config",
+            "enable_chunked_prefill",
+            "dtype",
+        )
+        if k in cfg
+    }
     if "enable_prefix_caching" in out:
         out["prefix_caching"] = out.pop("enable_prefix_caching")
     if "speculative_config" in out:

@@ -53,8 +53,13 @@ class MemorySampler:
         if not self._nvsmi:
             return None
         try:
-            r = subprocess.run([self._nvsmi, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                               capture_output=True, text=True, timeout=5, check=False)
+            r = subprocess.run(
+                [self._nvsmi, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+                check=False,
+            )
             return sum(int(x) for x in r.stdout.split()) * (1 << 20) if r.returncode == 0 else None
         except (OSError, subprocess.SubprocessError, ValueError):
             return None
@@ -96,12 +101,14 @@ class MemorySampler:
         rss = [s[1] for s in self.samples]
         gpu = [s[2] for s in self.samples if s[2] is not None]
         out: dict[str, Any] = {
-            "samples": len(self.samples), "interval_s": self.interval_s,
-            "rss_high_water_bytes": max(rss) if rss else None, "rss_first_bytes": rss[0] if rss else None,
+            "samples": len(self.samples),
+            "interval_s": self.interval_s,
+            "rss_high_water_bytes": max(rss) if rss else None,
+            "rss_first_bytes": rss[0] if rss else None,
             "gpu_high_water_bytes": max(gpu) if gpu else None,
             "rss_by_process_at_peak": dict(self.peak_by_process),
             "note": "RSS covers the whole process tree (API server, engine core, workers: Python + torch runtimes), "
-                    "which the ledger's model-memory lines do not include",
+            "which the ledger's model-memory lines do not include",
         }
         if ledger_total_bytes:
             out["ledger_total_bytes"] = int(ledger_total_bytes)

@@ -40,7 +40,9 @@ def shipped_model_path(name: str) -> Path:
     """The path of shipped model config ``name``; EngineError naming the shipped ones if there is none."""
     path = Path(str(resources.files("loadgen") / "data" / "models" / f"{name}.json"))
     if not path.is_file():
-        raise EngineError(f"model config {name!r}: not shipped: expected a config.json path or one of {', '.join(shipped_models())}")
+        raise EngineError(
+            f"model config {name!r}: not shipped: expected a config.json path or one of {', '.join(shipped_models())}"
+        )
     return path
 
 
@@ -73,13 +75,19 @@ def _train_tokenizer(vocab_size: int, seed: int) -> Tokenizer:
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<s>", "</s>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(_corpus(seed), trainer)
     return tok
 
 
-def make_model_dir(config: str | Path | None, out: str | Path, *, tokenizer_vocab: int | None = None, seed: int = 0) -> Path:
+def make_model_dir(
+    config: str | Path | None, out: str | Path, *, tokenizer_vocab: int | None = None, seed: int = 0
+) -> Path:
     """Write ``out/config.json`` (a path or a shipped name; default tiny-llama-gqa) and a locally trained tokenizer.
 
     The tokenizer is a byte-level BPE trained with ``tokenizers`` on a deterministic corpus, with
@@ -95,18 +103,33 @@ def make_model_dir(config: str | Path | None, out: str | Path, *, tokenizer_voca
     tok = _train_tokenizer(min(vocab, tokenizer_vocab or 4096), seed)
     tok.save(str(out / "tokenizer.json"))
     max_len = int(cfg.get("max_position_embeddings") or 2048)
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-        "model_max_length": max_len, "clean_up_tokenization_spaces": False,
-        "chat_template": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:",
-    }, indent=2))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "model_max_length": max_len,
+                "clean_up_tokenization_spaces": False,
+                "chat_template": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:",
+            },
+            indent=2,
+        )
+    )
     (out / "special_tokens_map.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
     cfg["bos_token_id"], cfg["eos_token_id"] = 0, 1
     cfg.pop("pad_token_id", None)
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
-    (out / "loadgen_model.json").write_text(json.dumps({
-        "source_config": str(src), "tokenizer_vocab": tok.get_vocab_size(), "seed": seed,
-        "note": "config.json + locally trained byte-level BPE; serve with --load-format dummy",
-    }, indent=2))
+    (out / "loadgen_model.json").write_text(
+        json.dumps(
+            {
+                "source_config": str(src),
+                "tokenizer_vocab": tok.get_vocab_size(),
+                "seed": seed,
+                "note": "config.json + locally trained byte-level BPE; serve with --load-format dummy",
+            },
+            indent=2,
+        )
+    )
     return out

@@ -74,7 +74,9 @@ def engine_report(source: str | Path) -> dict[str, Any]:
     return report
 
 
-def reconcile(model: ModelConfig, engine: EngineSettings | None, source: str | Path, *, fixed: set[str] | None = None) -> Reconciliation:
+def reconcile(
+    model: ModelConfig, engine: EngineSettings | None, source: str | Path, *, fixed: set[str] | None = None
+) -> Reconciliation:
     """Ledger vs what vLLM reported in ``source`` (a log or a run dir); settings not in ``fixed`` are taken from the engine."""
     return reconcile_report(model, engine, engine_report(source), fixed=fixed, source=source)
 
@@ -88,5 +90,9 @@ def reconcile_server_run(model_dir: Path, run_dir: Path) -> dict[str, Any]:
         result = reconcile(read_model_config(config), None, run_dir)
     except LoadgenError as exc:
         return {"ok": None, "reason": str(exc)}
-    return {"ok": result.ok, "rows": [r.to_dict() for r in result.rows], "ledger_total_bytes": result.ledger.total_bytes,
-            "ledger_lines": {line.name: line.bytes for line in result.ledger.lines}}
+    return {
+        "ok": result.ok,
+        "rows": [r.to_dict() for r in result.rows],
+        "ledger_total_bytes": result.ledger.total_bytes,
+        "ledger_lines": {line.name: line.bytes for line in result.ledger.lines},
+    }

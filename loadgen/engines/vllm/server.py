@@ -59,11 +59,26 @@ class VllmConfig:
 
     def args(self, port: int) -> list[str]:
         """The api_server command-line arguments for this config on ``port``."""
-        a = ["--model", str(self.model_dir), "--host", self.host, "--port", str(port), "--dtype", self.dtype,
-             "--load-format", self.load_format]
-        for flag, value in (("--served-model-name", self.served_model_name), ("--max-model-len", self.max_model_len),
-                            ("--max-num-seqs", self.max_num_seqs), ("--max-num-batched-tokens", self.max_num_batched_tokens),
-                            ("--block-size", self.block_size), ("--gpu-memory-utilization", self.gpu_memory_utilization)):
+        a = [
+            "--model",
+            str(self.model_dir),
+            "--host",
+            self.host,
+            "--port",
+            str(port),
+            "--dtype",
+            self.dtype,
+            "--load-format",
+            self.load_format,
+        ]
+        for flag, value in (
+            ("--served-model-name", self.served_model_name),
+            ("--max-model-len", self.max_model_len),
+            ("--max-num-seqs", self.max_num_seqs),
+            ("--max-num-batched-tokens", self.max_num_batched_tokens),
+            ("--block-size", self.block_size),
+            ("--gpu-memory-utilization", self.gpu_memory_utilization),
+        ):
             if value is not None:
                 a += [flag, str(value)]
         return a + list(self.extra_args)
@@ -111,8 +126,9 @@ class VllmServer:
         """Launch the server in its own process group (``loadgen.childproc``), its output going to ``log_path``."""
         if self.child is not None:
             raise EngineError(f"vLLM on port {self.port}: already started")
-        self.child = ChildProcess(self.command, log_path=self.log_path, what="vLLM", env=self.environment(), cwd="/",
-                                  error=EngineError).start()
+        self.child = ChildProcess(
+            self.command, log_path=self.log_path, what="vLLM", env=self.environment(), cwd="/", error=EngineError
+        ).start()
         return self
 
     def log_text(self) -> str:
@@ -177,7 +193,9 @@ class VllmServer:
         return vllm_manifest_extra(self, ident, memory)
 
 
-def vllm_manifest_extra(server: VllmServer, ident: dict[str, Any], memory: dict[str, Any] | None = None) -> dict[str, Any]:
+def vllm_manifest_extra(
+    server: VllmServer, ident: dict[str, Any], memory: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The manifest's ``target`` (kind, version, engine args/env), ``engine_notes`` and ``behavior_relevant``."""
     env = server.environment()
     notes = server.engine_notes()

