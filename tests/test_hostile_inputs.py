@@ -14,6 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from loadgen.cli import main
+from loadgen.records import REQUESTS_FILE
+from loadgen.rundir import run_table_files
 from loadgen.trace.io import TRACE_METADATA_KEY, read_trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -264,11 +266,12 @@ def test_damaged_manifests_and_emptied_requests(tmp_path, capsys, run_dir):
         fails(capsys, ["analyze", run_dir], "manifest.json", expected)
         fails(capsys, ["compare", run_dir, run_dir])
     manifest.write_bytes(good)
-    table = pq.read_table(run_dir / "requests.parquet")
-    pq.write_table(table.slice(0, 0), run_dir / "requests.parquet")
+    (part,) = run_table_files(run_dir, REQUESTS_FILE)  # a closed run: one part file per table
+    table = pq.read_table(part)
+    pq.write_table(table.slice(0, 0), part)
     recorded = json.loads(good)["requests_recorded"]
     fails(capsys, ["analyze", run_dir], f"0 rows: expected {recorded}")
-    pq.write_table(table.slice(0, 3), run_dir / "requests.parquet")
+    pq.write_table(table.slice(0, 3), part)
     assert main(["analyze", str(run_dir), "--quiet", "--json", str(tmp_path / "a.json")]) == 0
     capsys.readouterr()
     notes = json.loads((tmp_path / "a.json").read_text())["notes"]

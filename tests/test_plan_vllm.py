@@ -67,6 +67,8 @@ requests = 2
 rate_rps = 20
 [stops]
 contract_every_cell = false
+[confidence]
+extend = false  # this test is about cold restarts: one run per repeat
 """
 
 
@@ -83,7 +85,7 @@ def test_plan_restarts_a_launched_vllm_for_cold_cells(standin_vllm: Path) -> Non
         starts = target.starts
     region = result.region["classes"]["short-message"]
     cold = region["cold"]["cells"][0]
-    assert cold["repeats"] == 2 and cold["status"] in ("inside", "outside")
+    assert cold["repeats"] == 2 and cold["status"] in ("inside", "outside", "inconclusive")
     assert "vLLM restarted" in cold["warm_state"][0]["actions"][0]
     assert starts == 1 + 2  # the launch, then one restart per cold run
     manifest = json.loads((tmp / "out" / cold["run_dirs"][0] / "manifest.json").read_text())
