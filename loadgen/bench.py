@@ -10,7 +10,7 @@ from typing import Any
 from .analysis import Analysis, analyze_run
 from .presets import canonical_scenario
 from .scenario import load_scenario
-from .targets import StateResult, TargetSpec, open_target
+from .targets import RunRequest, StateResult, TargetSpec, open_target
 from .trace.generate import generate_trace_file
 
 __all__ = ["BenchResult", "run_bench", "DEFAULT_SCENARIO"]
@@ -51,10 +51,12 @@ def run_bench(
     run_options: dict[str, Any] = {"endpoint": endpoint} if endpoint else {}
     with open_target(spec, out_dir) as target:
         run_dir = target.run(
-            trace_path,
-            out_dir / "run",
-            scenario_path=Path(scenario_path),
-            state=StateResult("unknown", False),
-            **run_options,
+            RunRequest(
+                trace_path,
+                out_dir / "run",
+                StateResult("unknown", False),
+                scenario_path=Path(scenario_path),
+                run_options=run_options,
+            )
         )
     return BenchResult(run_dir=run_dir, trace_path=trace_path, analysis=analyze_run(run_dir, scenario=scenario))

@@ -35,7 +35,7 @@ from .plan.compare import Comparison, compare_candidates, format_comparison
 from .plan.contract_hook import CONTRACT_FILE, replay_contract
 from .scenario import Scenario, load_scenario
 from .sim import EngineConfig, load_engine_config
-from .targets import SimServerTarget, Target, UrlTarget, VllmTarget
+from .targets import RunRequest, SimServerTarget, Target, UrlTarget, VllmTarget
 from .trace.generate import generate_trace_file
 from .trace.io import read_trace, write_trace
 
@@ -132,7 +132,9 @@ def _warm_and_run(
     state = target.prepare("warm", warm_trace, warm_dir, scenario_path)
     state.actions.insert(0, launch_note)
     return target.run(
-        trace, run_dir, scenario_path=scenario_path, state=state, extra_manifest={"practice": {"candidate": label}}
+        RunRequest(
+            trace, run_dir, state, scenario_path=scenario_path, extra_manifest={"practice": {"candidate": label}}
+        )
     )
 
 

@@ -15,7 +15,7 @@ from ..analysis import Analysis, Check, analyze_run
 from ..errors import RunDirError
 from ..scenario import load_scenario
 from ..sim.worksheet import run_worksheet
-from ..targets import SimServerTarget, StateResult, Target, UrlTarget
+from ..targets import RunRequest, SimServerTarget, StateResult, Target, UrlTarget
 from ..tomlfile import dumps_toml
 from . import layout
 from .experiment import find_key, set_dotted
@@ -85,11 +85,13 @@ def _apply_experiment(engine_path: Path, proposal: dict[str, Any], out: Path) ->
 def _replay(b: _Bundle, target: Target, out: Path, applied: dict[str, Any] | None) -> Path:
     """Replay the bundled trace against ``target`` into ``out``."""
     return target.run(
-        b.path / layout.TRACE,
-        out,
-        scenario_path=b.scenario,
-        state=StateResult("unknown", False),
-        extra_manifest={"handoff": {"bundle": str(b.path), "experiment": applied}},
+        RunRequest(
+            b.path / layout.TRACE,
+            out,
+            StateResult("unknown", False),
+            scenario_path=b.scenario,
+            extra_manifest={"handoff": {"bundle": str(b.path), "experiment": applied}},
+        )
     )
 
 

@@ -27,7 +27,7 @@ from ..errors import RunDirError
 from ..manifest import read_manifest
 from ..rundir import load_run
 from ..scenario import Scenario
-from ..targets import StateResult, Target
+from ..targets import RunRequest, StateResult, Target
 from .cells import CellCoord, build_cell_trace, build_warmup_trace
 from .checks import judge_run
 from .contract_hook import CONTRACT_FILE, replay_contract
@@ -183,16 +183,19 @@ class CellExecutor:
             f"plan: run {self.order_index}: {coord.cell_id} (rate step {coord.rate_step:g} {coord.rate_kind}, "
             f"{int(meta.get('requests') or 0)} requests) repeat {repeat} [{state.label}]"
         )
+        plan_cell = {**coord.to_dict(), "plan": self.spec.name, "plan_sha256": self.spec.sha256}
         run_dir = self.target.run(
-            trace,
-            run_dir,
-            scenario_path=self.scenario_path,
-            state=state,
-            order_index=self.order_index,
-            repeat=repeat,
-            plan_cell={**coord.to_dict(), "plan": self.spec.name, "plan_sha256": self.spec.sha256},
-            deadline_s=deadline,
-            seed=repeat - 1,
+            RunRequest(
+                trace,
+                run_dir,
+                state,
+                scenario_path=self.scenario_path,
+                order_index=self.order_index,
+                repeat=repeat,
+                plan_cell=plan_cell,
+                deadline_s=deadline,
+                seed=repeat - 1,
+            )
         )
         judged, verdict = self._judge(coord, run_dir)
         wall_s = time.monotonic() - t0

@@ -15,7 +15,7 @@ Launching a process is defined once, in ``loadgen.childproc``; the sim's ready l
 
 from __future__ import annotations
 
-from .base import StateResult, Target
+from .base import RunRequest, StateResult, Target
 from .replay import run_driver, warm_up
 from .sim import SimServerHandle, SimServerProcess, SimServerTarget, WorksheetTarget, launch_sim_server
 from .spec import TargetSpec, open_target
@@ -23,6 +23,7 @@ from .url import UrlTarget
 from .vllm import VllmTarget
 
 __all__ = [
+    "RunRequest",
     "SimServerHandle",
     "SimServerProcess",
     "SimServerTarget",

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-__all__ = ["StateResult", "Target"]
+__all__ = ["RunRequest", "StateResult", "Target"]
 
 
 @dataclass
@@ -54,6 +54,33 @@ class StateResult:
         }
 
 
+@dataclass
+class RunRequest:
+    """One measured run a target is asked for: the trace, where to write, the state reached, and labels."""
+
+    trace_path: Path
+    out_dir: Path
+    state: StateResult
+    scenario_path: Path | None = None
+    order_index: int | None = None  # position in a plan's run order
+    repeat: int | None = None
+    plan_cell: dict[str, Any] | None = None
+    deadline_s: float | None = None  # stop after this long; unsent requests become not_sent
+    seed: int = 0  # the worksheet's noise seed
+    extra_manifest: dict[str, Any] = field(default_factory=dict)  # sections the caller adds (practice, handoff)
+    run_options: dict[str, Any] = field(default_factory=dict)  # any other driver options (endpoint, ...)
+
+    def driver_labels(self) -> dict[str, Any]:
+        """The driver options that label the run (order index, repeat, plan cell, deadline), plus ``run_options``."""
+        return {
+            "order_index": self.order_index,
+            "repeat": self.repeat,
+            "plan_cell": self.plan_cell,
+            "deadline_s": self.deadline_s,
+            **self.run_options,
+        }
+
+
 class Target:
     """Interface of every target kind (see the module docstring); a context manager that closes it."""
 
@@ -78,22 +105,8 @@ class Target:
         """Bring the target to ``state`` (warm | cold) before a measured run."""
         raise NotImplementedError
 
-    def run(
-        self,
-        trace_path: Path,
-        out_dir: Path,
-        *,
-        scenario_path: Path | None,
-        state: StateResult,
-        order_index: int | None = None,
-        repeat: int | None = None,
-        plan_cell: dict[str, Any] | None = None,
-        deadline_s: float | None = None,
-        seed: int = 0,
-        extra_manifest: dict[str, Any] | None = None,
-        **run_options: Any,
-    ) -> Path:
-        """One measured run of ``trace_path`` into ``out_dir``; ``run_options`` are driver options."""
+    def run(self, request: RunRequest) -> Path:
+        """One measured run of ``request.trace_path`` into ``request.out_dir``; returns the run directory."""
         raise NotImplementedError
 
     def check_alive(self) -> str | None:

@@ -29,7 +29,7 @@ from ..childproc import ChildProcess
 from ..sim import EngineConfig, load_engine_config, run_worksheet
 from ..sim.ready import find_ready_url
 from ..sim.worksheet import WORKSHEET_WARM_ACTION
-from .base import StateResult, Target
+from .base import RunRequest, StateResult, Target
 from .replay import run_driver, warm_up
 
 __all__ = ["SimServerHandle", "SimServerProcess", "SimServerTarget", "WorksheetTarget", "launch_sim_server"]
@@ -207,30 +207,23 @@ class WorksheetTarget(Target):
             "or cache state to lose, so cold is the same run as warm",
         )
 
-    def run(
-        self,
-        trace_path: Path,
-        out_dir: Path,
-        *,
-        scenario_path: Path | None,
-        state: StateResult,
-        order_index: int | None = None,
-        repeat: int | None = None,
-        plan_cell: dict[str, Any] | None = None,
-        deadline_s: float | None = None,
-        seed: int = 0,
-        extra_manifest: dict[str, Any] | None = None,
-        **run_options: Any,
-    ) -> Path:
+    def run(self, request: RunRequest) -> Path:
         labels = {
-            "order_index": order_index,
-            "repeat": repeat,
-            "plan_cell": plan_cell,
-            "warm_state": {**state.to_dict(), "actions": [WORKSHEET_WARM_ACTION, *state.actions]},
-            **(extra_manifest or {}),
+            "order_index": request.order_index,
+            "repeat": request.repeat,
+            "plan_cell": request.plan_cell,
+            "warm_state": {**request.state.to_dict(), "actions": [WORKSHEET_WARM_ACTION, *request.state.actions]},
+            **request.extra_manifest,
         }
         return Path(
-            run_worksheet(trace_path, self.engine, out_dir, seed=seed, scenario=scenario_path, extra_manifest=labels)
+            run_worksheet(
+                request.trace_path,
+                self.engine,
+                request.out_dir,
+                seed=request.seed,
+                scenario=request.scenario_path,
+                extra_manifest=labels,
+            )
         )
 
 
@@ -283,39 +276,21 @@ class SimServerTarget(Target):
         )
         return StateResult("warm", True, actions)
 
-    def run(
-        self,
-        trace_path: Path,
-        out_dir: Path,
-        *,
-        scenario_path: Path | None,
-        state: StateResult,
-        order_index: int | None = None,
-        repeat: int | None = None,
-        plan_cell: dict[str, Any] | None = None,
-        deadline_s: float | None = None,
-        seed: int = 0,
-        extra_manifest: dict[str, Any] | None = None,
-        **run_options: Any,
-    ) -> Path:
+    def run(self, request: RunRequest) -> Path:
         sections = {
             "plan_target": {**self.describe(), "server_pid": self.server.pid, "server_starts": self.server.starts},
-            **(extra_manifest or {}),
+            **request.extra_manifest,
         }
         return run_driver(
-            trace_path,
+            request.trace_path,
             self.server.base_url or "",
-            out_dir,
+            request.out_dir,
             model=self.model,
-            scenario_path=scenario_path,
-            state=state,
-            order_index=order_index,
-            repeat=repeat,
-            plan_cell=plan_cell,
-            deadline_s=deadline_s,
+            scenario_path=request.scenario_path,
+            state=request.state,
             extra_manifest=sections,
             api_key_env=self.api_key_env,
-            **run_options,
+            **request.driver_labels(),
         )
 
     def check_alive(self) -> str | None:

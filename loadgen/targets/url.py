@@ -17,7 +17,7 @@ import httpx
 
 from ..driver import redact_url
 from ..errors import TargetError
-from .base import StateResult, Target
+from .base import RunRequest, StateResult, Target
 from .replay import run_driver, warm_up
 
 __all__ = ["UrlTarget"]
@@ -84,33 +84,15 @@ class UrlTarget(Target):
             "VLLM_SERVER_DEV_MODE=1); launch it with --sim or the vLLM path for cold cells",
         )
 
-    def run(
-        self,
-        trace_path: Path,
-        out_dir: Path,
-        *,
-        scenario_path: Path | None,
-        state: StateResult,
-        order_index: int | None = None,
-        repeat: int | None = None,
-        plan_cell: dict[str, Any] | None = None,
-        deadline_s: float | None = None,
-        seed: int = 0,
-        extra_manifest: dict[str, Any] | None = None,
-        **run_options: Any,
-    ) -> Path:
+    def run(self, request: RunRequest) -> Path:
         return run_driver(
-            trace_path,
+            request.trace_path,
             self._url,
-            out_dir,
+            request.out_dir,
             model=self._model,
-            scenario_path=scenario_path,
-            state=state,
-            order_index=order_index,
-            repeat=repeat,
-            plan_cell=plan_cell,
-            deadline_s=deadline_s,
+            scenario_path=request.scenario_path,
+            state=request.state,
             api_key_env=self.api_key_env,
-            extra_manifest=extra_manifest,
-            **run_options,
+            extra_manifest=request.extra_manifest,
+            **request.driver_labels(),
         )

@@ -18,7 +18,7 @@ from ..driver import RunOptions, run_trace_sync
 from ..engines.vllm import VLLM_LOG_FILE, MemorySampler, VllmConfig, VllmServer, reconcile_server_run
 from ..errors import EngineError
 from ..manifest import amend_manifest, merge_sections
-from .base import StateResult, Target
+from .base import RunRequest, StateResult, Target
 from .replay import warm_up
 
 __all__ = ["VllmTarget", "measure_with_server"]
@@ -143,39 +143,21 @@ class VllmTarget(Target):
         actions += warm_up(self.url or "", self._model, warmup_trace, work_dir, scenario_path)
         return StateResult("warm", True, actions)
 
-    def run(
-        self,
-        trace_path: Path,
-        out_dir: Path,
-        *,
-        scenario_path: Path | None,
-        state: StateResult,
-        order_index: int | None = None,
-        repeat: int | None = None,
-        plan_cell: dict[str, Any] | None = None,
-        deadline_s: float | None = None,
-        seed: int = 0,
-        extra_manifest: dict[str, Any] | None = None,
-        **run_options: Any,
-    ) -> Path:
+    def run(self, request: RunRequest) -> Path:
         assert self.server is not None
         options = RunOptions(
-            trace_path=trace_path,
+            trace_path=request.trace_path,
             target_url=self.server.base_url,
-            out_dir=out_dir,
+            out_dir=request.out_dir,
             model=self._model,
-            scenario_path=scenario_path,
-            warm_state=state.label,
-            warm_actions=state.actions,
-            order_index=order_index,
-            repeat=repeat,
-            plan_cell=plan_cell,
-            deadline_s=deadline_s,
-            **{"progress": "off", "tokenizer": self.tokenizer, **run_options},
+            scenario_path=request.scenario_path,
+            warm_state=request.state.label,
+            warm_actions=request.state.actions,
+            **{"progress": "off", "tokenizer": self.tokenizer, **request.driver_labels()},
             extra_manifest={
                 "plan_target": {**self.describe(), "server_pid": self.pid, "server_starts": self.starts},
-                **state.manifest_extra(),
-                **(extra_manifest or {}),
+                **request.state.manifest_extra(),
+                **request.extra_manifest,
             },
         )
         return measure_with_server(self.server, options)
