@@ -20,11 +20,19 @@ from typing import cast
 import anyio
 import anyio.lowlevel
 import numpy as np
-import sniffio
 
 from ..analysis.percentiles import percentile_nearest_rank
 
-__all__ = ["SPIN_NS", "THREAD_NS", "WAKE_EARLY_IDLE_NS", "WAKE_EARLY_NS", "LagStats", "RateGate", "sleep_until"]
+__all__ = [
+    "SPIN_NS",
+    "THREAD_NS",
+    "WAKE_EARLY_IDLE_NS",
+    "WAKE_EARLY_NS",
+    "LagStats",
+    "RateGate",
+    "on_asyncio",
+    "sleep_until",
+]
 
 #: Below this much remaining time the wait is a yielding spin (cheaper than a thread round trip).
 SPIN_NS = 350_000
@@ -98,13 +106,19 @@ def _resolve(future: asyncio.Future) -> None:
 _timer: _TimerThread | None = None
 
 
+def on_asyncio() -> bool:
+    """True inside a task of an asyncio event loop (anyio's asyncio backend); False on any other backend."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # no asyncio loop in this thread
+        return False
+    return True
+
+
 def _timer_thread() -> _TimerThread | None:
     """The shared timer thread when running on asyncio (else None: use anyio's worker threads)."""
     global _timer
-    try:
-        if sniffio.current_async_library() != "asyncio":
-            return None
-    except Exception:
+    if not on_asyncio():
         return None
     if _timer is None:
         _timer = _TimerThread()

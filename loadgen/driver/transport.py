@@ -19,18 +19,12 @@ import typing
 import anyio
 import anyio.abc
 import httpx
-import sniffio
+
+from .schedule import on_asyncio
 
 __all__ = ["RawHTTP11Transport", "RawResponse", "SendTiming"]
 
 _READ = 65536
-
-
-def _on_asyncio() -> bool:
-    try:
-        return sniffio.current_async_library() == "asyncio"
-    except Exception:
-        return False
 
 
 _MAX_HEAD = 1 << 20
@@ -505,7 +499,7 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
         stream: anyio.abc.ByteStream
         try:
             with anyio.fail_after(self._connect_timeout_s):
-                if _on_asyncio():
+                if on_asyncio():
                     loop = asyncio.get_running_loop()
                     https = scheme == b"https"
                     address = self._addresses.get((host, port))
