@@ -45,7 +45,6 @@ __all__ = [
     "WarmState",
     "WriterInfo",
     "amend_manifest",
-    "manifest_from_json",
     "merge_manifest",
     "merge_sections",
     "read_manifest",
@@ -284,16 +283,6 @@ def _upgrade(data: dict[str, Any]) -> dict[str, Any]:
     if version == 1:
         data = {**data, "manifest_version": MANIFEST_VERSION}
     return data
-
-
-def manifest_from_json(text: str | bytes, origin: str) -> Manifest:
-    """Parse a manifest from JSON text (a file, or a Parquet file's key-value metadata)."""
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        where = f" at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
-        raise RunDirError(f"{origin}: invalid JSON{where}: expected a manifest object") from None
-    return _validate(data, origin)
 
 
 def read_manifest(run_dir: str | Path) -> Manifest:

@@ -16,6 +16,7 @@ import pytest
 
 from loadgen.analysis.server import counter_increase
 from loadgen.errors import PlanError, ScenarioError
+from loadgen.manifest import read_manifest
 from loadgen.plan import compare_candidates, format_comparison, load_prices
 from loadgen.plan.compare import identity_differences, identity_of
 from loadgen.plan.prices import Price, cost_per_million
@@ -90,7 +91,7 @@ def test_canonical_comparison_rejects_the_large_batch_for_p99_ttft(worksheet_run
 
 
 def test_only_the_declared_variable_may_differ(worksheet_runs: dict[str, Path]) -> None:
-    idents = [identity_of(json.loads((worksheet_runs[n] / "manifest.json").read_text())) for n in CANDIDATES]
+    idents = [identity_of(read_manifest(worksheet_runs[n])) for n in CANDIDATES]
     covered, other = identity_differences(idents, "target.engine")
     assert covered and not other
     assert any(k.endswith("max_num_seqs") for k in covered)

@@ -116,9 +116,9 @@ def _get(manifest: dict[str, Any], dotted: str) -> Any:
 _MISSING = object()
 
 
-def identity_of(manifest: Manifest | dict[str, Any]) -> dict[str, Any]:
+def identity_of(manifest: Manifest) -> dict[str, Any]:
     """The flattened identity keys of a manifest, as recorded on disk (see IDENTITY_ROOTS / IGNORED_KEYS)."""
-    recorded = manifest.to_dict() if isinstance(manifest, Manifest) else manifest
+    recorded = manifest.to_dict()
     out: dict[str, Any] = {}
     for root in IDENTITY_ROOTS:
         value = _get(recorded, root)
