@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 __all__ = ["RunRequest", "StateResult", "Target"]
 
@@ -28,8 +28,13 @@ class StateResult:
     method: str | None = None  # how a cold state was reached: "restart" | "prefix_cache_reset" (None: warm / unknown)
 
     @property
-    def label(self) -> str:
-        return self.requested if self.achieved else "unknown"
+    def label(self) -> Literal["warm", "cold", "unknown"]:
+        """The state the run is recorded in: the requested one when reached, else unknown."""
+        if self.achieved and self.requested == "warm":
+            return "warm"
+        if self.achieved and self.requested == "cold":
+            return "cold"
+        return "unknown"
 
     def manifest_extra(self) -> dict[str, Any]:
         """What the driver's own ``warm_state`` (state, actions) lacks: requested, achieved, reason, method."""

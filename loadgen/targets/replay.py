@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from ..driver import RunOptions, run_trace_sync
 from ..manifest import read_manifest
@@ -35,17 +35,12 @@ def run_driver(
         out_dir=out_dir,
         model=model,
         scenario_path=scenario_path,
-        warm_state=_warm_label(state),
+        warm_state=state.label if state else "unknown",
         warm_actions=(state.actions if state else []),
         extra_manifest={**(state.manifest_extra() if state else {}), **(extra_manifest or {})},
         **{"progress": "off", **run_options},
     )
     return Path(run_trace_sync(options))
-
-
-def _warm_label(state: StateResult | None) -> Literal["warm", "cold", "unknown"]:
-    label = state.label if state else "unknown"
-    return label if label in ("warm", "cold") else "unknown"  # type: ignore[return-value]
 
 
 def warm_up(
