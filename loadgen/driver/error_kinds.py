@@ -16,6 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from ..inputs import without_userinfo
 from ..records import STATUS_CANCELLED, STATUS_ERROR, STATUS_TIMEOUT, http_error_kind
 from .sse import SSEProtocolError
 
@@ -53,7 +54,6 @@ class StreamTruncated(Exception):
 
 _SECRET_QUERY = re.compile(r"(?i)([?&](?:api[-_]?key|key|token|access_token|sig|signature|secret)=)[^&\s]+")
 _BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+")
-_USERINFO = re.compile(r"(//)[^/@\s]+@")
 
 
 def redact_url(url: str) -> str:
@@ -62,7 +62,7 @@ def redact_url(url: str) -> str:
         parts = urlsplit(url)
         port = parts.port
     except ValueError:  # not a URL (bad IPv6 literal or port): still never show a password
-        return _SECRET_QUERY.sub(r"\1REDACTED", _USERINFO.sub(r"\1", url))
+        return _SECRET_QUERY.sub(r"\1REDACTED", without_userinfo(url))
     netloc = parts.hostname or ""
     if ":" in netloc:
         netloc = f"[{netloc}]"  # an IPv6 literal keeps its brackets
@@ -78,7 +78,7 @@ def redact(message: str, secrets: tuple[str, ...] = ()) -> str:
         if secret:
             message = message.replace(secret, "REDACTED")
     message = _BEARER.sub(r"\1REDACTED", message)
-    message = _USERINFO.sub(r"\1", message)
+    message = without_userinfo(message)
     message = _SECRET_QUERY.sub(r"\1REDACTED", message)
     return " ".join(message.split())[:500]
 
