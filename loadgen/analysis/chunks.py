@@ -20,7 +20,6 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from ..errors import RunDirError
 from ..parts import iter_file_batches
@@ -149,6 +148,9 @@ class _Pass:
         return ChunkGaps(rows=self.rows, orphan_rows=self.orphans, content_rows=self.content, notes=notes)
 
 
+_SCHEMA = pa.schema([CHUNKS_SCHEMA.field(c) for c in _COLUMNS])  # the columns this pass reads, typed
+
+
 def _batches(files: list[Path]) -> Iterator[pa.RecordBatch]:
     types = [CHUNKS_SCHEMA.field(c).type for c in _COLUMNS]
     for _, batch in iter_file_batches(files, _COLUMNS, BATCH_ROWS):
@@ -156,7 +158,7 @@ def _batches(files: list[Path]) -> Iterator[pa.RecordBatch]:
             batch.column(i) if batch.column(i).type == t or i == 0 else batch.column(i).cast(t)
             for i, t in enumerate(types)
         ]
-        yield pa.RecordBatch.from_arrays(cols, names=_COLUMNS)
+        yield pa.RecordBatch.from_arrays(cols, schema=_SCHEMA)
 
 
 def read_chunk_gaps(files: list[Path], request_ids: pa.Array, sink: ChunkSink) -> ChunkGaps:
@@ -174,9 +176,7 @@ def read_chunk_gaps(files: list[Path], request_ids: pa.Array, sink: ChunkSink) -
         reason = str(exc)
     # Fallback: read everything, sort by (request, seq), run the same kernel in slices of whole requests.
     sink.reset()
-    table = pa.concat_tables(
-        [pq.read_table(f, columns=_COLUMNS).cast(pa.schema([CHUNKS_SCHEMA.field(c) for c in _COLUMNS])) for f in files]
-    )
+    table = pa.Table.from_batches(list(_batches(files)), schema=_SCHEMA)  # the same typed read as the pass
     req = lookup.get_indexer(table.column("request_id").to_numpy()).astype(np.int64)
     seq = table.column("seq").to_numpy().astype(np.int64)
     order = np.lexsort((seq, req))
