@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from loadgen.targets import launch_sim_server
+
 # Property tests assert laws, never speed: no per-example deadline and no "too slow" health check, which
 # both measure wall time and fail on a loaded 2-core machine (seen: a 200 ms deadline beside two busy loops).
 settings.register_profile("loadgen", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("loadgen")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/shared_paths.py
-
-from loadgen.targets import launch_sim_server
 
 
 @pytest.fixture
