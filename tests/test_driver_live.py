@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -413,12 +414,30 @@ def test_managed_api_identity_quota_and_key(tmp_path, monkeypatch):
     assert list(r.error_kind[3:]) == ["http_429", "http_429"] and (r.retry_after_s[3:] > 0).all()
 
 
+def _kill_after_successes(sim, n: int, timeout_s: float = 120.0) -> None:
+    """Kill the sim server once its ``vllm:request_success_total`` counters reach ``n``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            text = httpx.get(sim.base_url + "/metrics", timeout=5).text
+        except httpx.HTTPError:
+            text = ""
+        done = sum(
+            float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total")
+        )
+        if done >= n:
+            break
+        time.sleep(0.02)
+    sim.process.kill()
+
+
 def test_killed_server_mid_run_leaves_exact_accounting(tmp_path):
     engine = engine_file(tmp_path, "slowish", fixed_ms=5.0, coalesce=False)
     rows = [{"request_id": f"r{i:03d}", "scheduled_offset_ns": i * 20_000_000, "output_tokens": 20} for i in range(100)]
     trace = make_trace(tmp_path / "t.parquet", rows)
     with start_sim_server(str(engine)) as sim:
-        killer = threading.Timer(0.8, sim.process.kill)
+        # killed once it has finished 15 requests (by its own counter, not by wall time: a busy host is slow)
+        killer = threading.Thread(target=_kill_after_successes, args=(sim, 15), daemon=True)
         killer.start()
         out = run_trace_sync(
             RunOptions(
