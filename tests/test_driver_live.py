@@ -9,10 +9,10 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pyarrow as pa
 import pytest
+from sim_kill import kill_after_successes as _kill_after_successes
 
 from loadgen.driver import RunOptions, run_trace_sync
 from loadgen.records import STATUSES, TRACE_SCHEMA
@@ -412,23 +412,6 @@ def test_managed_api_identity_quota_and_key(tmp_path, monkeypatch):
     assert list(r.response_model[:3]) == ["gpt-sim-a", "gpt-sim-a", "gpt-sim-b"]
     assert list(r.system_fingerprint[:3]) == ["fp_a", "fp_a", "fp_b"]
     assert list(r.error_kind[3:]) == ["http_429", "http_429"] and (r.retry_after_s[3:] > 0).all()
-
-
-def _kill_after_successes(sim, n: int, timeout_s: float = 120.0) -> None:
-    """Kill the sim server once its ``vllm:request_success_total`` counters reach ``n``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            text = httpx.get(sim.base_url + "/metrics", timeout=5).text
-        except httpx.HTTPError:
-            text = ""
-        done = sum(
-            float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total")
-        )
-        if done >= n:
-            break
-        time.sleep(0.02)
-    sim.process.kill()
 
 
 def test_killed_server_mid_run_leaves_exact_accounting(tmp_path):

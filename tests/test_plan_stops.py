@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 
 import pytest
+from sim_kill import kill_after_successes
 
 from loadgen.plan import load_plan, run_plan
 from loadgen.targets import SimServerTarget, UrlTarget
@@ -111,11 +111,9 @@ def test_server_death_stops_and_the_server_is_restarted(tmp_path: Path) -> None:
     with SimServerTarget(engine, tmp_path / "out") as target:
         first_pid = target.server.pid
 
-        def kill_soon() -> None:  # the server dies mid-cell, as an engine that runs out of memory does
-            time.sleep(0.8)
-            target.server.process.kill()
-
-        killer = threading.Thread(target=kill_soon)
+        # the server dies mid-cell, as an engine that runs out of memory does: after the 2 warm-up requests and
+        # 3 of the first cell's (by its own counter; a timer would fire before the cell on a busy host)
+        killer = threading.Thread(target=kill_after_successes, args=(target.server, 5), daemon=True)
         killer.start()
         result = run_plan(spec, target, tmp_path / "out")
         killer.join()
