@@ -14,8 +14,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--target",
         type=flags.target_url,
+        action="append",
         required=True,
-        help="base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)",
+        help="base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine); repeat for replicas of one model",
+    )
+    p.add_argument(
+        "--route-policy",
+        choices=("round-robin", "least-in-flight"),
+        default="round-robin",
+        help="with several --target: which replica a new conversation or request goes to (turns stay on theirs)",
+    )
+    p.add_argument(
+        "--replica-down-after",
+        type=flags.count(0),
+        default=3,
+        metavar="N",
+        help="with several --target: a replica with N consecutive connect errors gets no more requests (0: never)",
     )
     p.add_argument("--out", required=True, help="new run directory")
     p.add_argument("--model", help="served model name (default: scenario model, else the first of /v1/models)")
@@ -101,7 +115,10 @@ def _run(args: argparse.Namespace) -> int:
     try:
         options = RunOptions(
             trace_path=args.trace,
-            target_url=args.target,
+            target_url=args.target[0],
+            replica_urls=args.target[1:],
+            route_policy=args.route_policy,
+            replica_down_after=args.replica_down_after,
             out_dir=args.out,
             model=args.model,
             scenario_path=args.scenario,
