@@ -31,6 +31,7 @@ from ..records import (
     STATUS_TIMEOUT,
     http_error_kind,
 )
+from ..routing import Router
 from .error_kinds import (
     Phase,
     StreamTruncated,
@@ -40,7 +41,6 @@ from .error_kinds import (
     redact,
 )
 from .jobs import Job
-from .routing import Router
 from .schedule import LagStats, RateGate
 from .sse import DEFAULT_MAX_LINE_BYTES, DONE, SSEDecoder, parse_chunk
 from .transport import RawHTTP11Transport, RawResponse, SendTiming
@@ -71,6 +71,7 @@ class RunContext:
     lag: LagStats = field(default_factory=LagStats)
     origins: list[tuple[bytes, str, int]] = field(default_factory=list)  # per replica (default: [origin])
     router: Router | None = None  # several replicas: routes each job at dispatch
+    heads: list[bytes] = field(default_factory=list)  # per replica: request line + Host (payloads start so)
     # live counters (progress display, manifest)
     sent: int = 0  # bytes on the socket (live counter)
     dispatched: int = 0  # jobs handed to execute so far (in trace order)
@@ -93,10 +94,12 @@ class RunContext:
 
     def route(self, job: Job) -> None:
         """Pick the job's replica (at dispatch): the router's choice, else the one target."""
-        if self.router is not None:
-            self.router.assign(job)
-        else:
+        if self.router is None:
             job.target_index = 0
+            return
+        index = job.target_index = self.router.assign(job.conversation_id)
+        if index:  # every payload was encoded for the first replica: swap its request line and Host
+            job.payload = self.heads[index] + job.payload[len(self.heads[0]) :]
 
     def tokens_in(self, text: str) -> int:
         cache = self._token_cache
@@ -506,8 +509,8 @@ def _record(
         status, error_kind = STATUS_ERROR, "client"
     if status in (STATUS_ERROR, STATUS_TIMEOUT) or (status == STATUS_NOT_SENT and error_kind != "run_interrupted"):
         ctx.errors += 1
-    if ctx.router is not None:
-        ctx.router.finished(job, error_kind)
+    if ctx.router is not None and job.target_index is not None:
+        ctx.router.finished(job.target_index, error_kind)
     arrivals = state.arrivals
     row["status"] = status
     row["error_kind"] = error_kind

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..inputs import header_problem, target_url_problem
+from ..routing import RoutePolicy
 from .error_kinds import redact_url
 from .sse import DEFAULT_MAX_LINE_BYTES
 
@@ -26,7 +27,7 @@ class RunOptions(BaseModel):
     trace_path: Path
     target_url: str = Field(min_length=1)
     replica_urls: list[str] = []  # more target URLs serving the same model (replicas), after target_url
-    route_policy: Literal["round-robin", "least-in-flight"] = "round-robin"  # with replicas
+    route_policy: RoutePolicy = "round-robin"  # with replicas (loadgen.routing)
     replica_down_after: int = Field(default=3, ge=0)  # consecutive connect errors that mark a replica down (0: never)
     out_dir: Path
     model: str | None = None  # default: scenario.model, else the first of GET /v1/models

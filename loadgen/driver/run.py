@@ -43,6 +43,7 @@ from ..identity import harness_identity, host_identity, sha256_file, utc_now_iso
 from ..manifest import DriverInfo, Manifest, TraceRef, WarmState, merge_manifest
 from ..prompts import Tokenizer, get_tokenizer
 from ..records import REQUESTS_FILE, STATUS_NOT_SENT, STATUS_OK
+from ..routing import Router
 from ..rundir import RunWriter
 from ..scenario import Scenario, load_scenario, scenario_manifest
 from ..trace.io import read_trace
@@ -52,7 +53,6 @@ from .metrics_scrape import MetricsScraper
 from .options import DEFAULT_TOTAL_TIMEOUT_S, DEFAULT_TTFT_TIMEOUT_S, RunOptions
 from .progress import Progress
 from .recorder import ArrowRunWriter, Recorder, warm_up_arrow
-from .routing import Router, request_head
 from .schedule import RateGate, sleep_until
 from .sse import parse_chunk
 from .target import TargetInfo, probe_target
@@ -354,7 +354,8 @@ async def run_trace(options: RunOptions) -> Path:
             max_sse_line_bytes=options.max_sse_line_bytes,
         )
         if len(infos) > 1:
-            ctx.origins, ctx.router = _router(options, jobs, path, transport)
+            ctx.origins, ctx.heads = _replica_origins(options, jobs, path, transport)
+            ctx.router = Router(len(infos), options.route_policy, options.replica_down_after)
         recorder.quiet_ns = ctx.quiet_ns
         recorder.progress = _Coverage(jobs, ctx, recorder, inputs.mode)
         try:
@@ -391,15 +392,16 @@ def _replicas_manifest(options: RunOptions, infos: list[TargetInfo]) -> dict[str
     }
 
 
-def _router(
+def _replica_origins(
     options: RunOptions, jobs: list[Job], path: str, transport: RawHTTP11Transport
-) -> tuple[list[tuple[bytes, str, int]], Router]:
-    """Origins and the router of a run with replicas; every payload was encoded for the first."""
+) -> tuple[list[tuple[bytes, str, int]], list[bytes]]:
+    """Per replica: the connection key and the first bytes of its requests (every payload was encoded
+    for the first replica; routing a request elsewhere swaps them)."""
     urls = [httpx.URL(_split_base(url)[0]).join(path) for url in options.target_urls]
-    heads = [request_head(url) for url in urls]
+    heads = [transport.request_head("POST", url) for url in urls]
     if any(not job.payload.startswith(heads[0]) for job in jobs):  # encode_request's layout changed
         raise LoadgenError("internal: a request payload does not start with its request line and Host header")
-    return [transport.origin(url) for url in urls], Router(heads, options.route_policy, options.replica_down_after)
+    return [transport.origin(url) for url in urls], heads
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

@@ -1,6 +1,7 @@
 """Several target URLs (replicas) in one run: which replica each request goes to.
 
-One :class:`Router` per run. A request is routed when the scheduler dispatches it:
+One :class:`Router` per run, shared by the driver (``loadgen run --target A --target B``) and the
+worksheet's fleet (N simulated engines in virtual time). A request is routed when it is dispatched:
 
 - ``round-robin``: the next live replica in turn;
 - ``least-in-flight``: the live replica with the fewest requests routed and not yet finished (ties: the
@@ -13,8 +14,7 @@ A replica is *down* after ``down_after`` consecutive requests to it ended as ``e
 (refused, unreachable, connect timeout, closed before any response), with either policy; any other
 outcome of a request routed to it (a response, a stream error, a timeout) resets the count. Down is for the rest of the run (no probing back);
 ``down_after`` 0 never marks a replica down. When every replica is down, requests are routed as if none
-were (they fail as ``connect``, and are counted). The payload of a request was encoded for replica 0;
-routing it elsewhere swaps the request line and Host header for that replica's (``heads``).
+were (they fail as ``connect``, and are counted).
 """
 
 from __future__ import annotations
@@ -22,31 +22,20 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-import httpx
-
-from .jobs import Job
-
-__all__ = ["ROUTE_POLICIES", "Router", "request_head"]
+__all__ = ["ROUTE_POLICIES", "RoutePolicy", "Router"]
 
 RoutePolicy = Literal["round-robin", "least-in-flight"]
 #: The routing policies ``--route-policy`` accepts.
 ROUTE_POLICIES: tuple[str, ...] = ("round-robin", "least-in-flight")
 
 
-def request_head(url: httpx.URL) -> bytes:
-    """The first bytes of every request to ``url``: the request line and the Host header
-    (``RawHTTP11Transport.encode_request`` with Host first, as the run encodes them)."""
-    return b"POST " + url.raw_path + b" HTTP/1.1\r\nhost: " + url.netloc + b"\r\n"
-
-
 class Router:
     """Assigns each dispatched request a replica, and learns from each finished one."""
 
-    def __init__(self, heads: list[bytes], policy: RoutePolicy, down_after: int) -> None:
-        self.heads = heads  # per replica: request line + Host header, the start of every payload
+    def __init__(self, replicas: int, policy: RoutePolicy, down_after: int = 0) -> None:
+        self.n = n = replicas
         self.policy = policy
         self.down_after = down_after
-        n = len(heads)
         self.in_flight = [0] * n
         self.routed = [0] * n
         self.connect_streak = [0] * n
@@ -57,11 +46,11 @@ class Router:
 
     def _live(self) -> list[int]:
         live = [i for i, t in enumerate(self.down_ns) if t is None]
-        return live or list(range(len(self.heads)))
+        return live or list(range(self.n))
 
     def _pick(self) -> int:
         live = self._live()
-        n = len(self.heads)
+        n = self.n
         if self.policy == "least-in-flight":
             start = self._next
             choice = min(live, key=lambda i: (self.in_flight[i], (i - start) % n))
@@ -70,30 +59,24 @@ class Router:
         self._next = (choice + 1) % n
         return choice
 
-    def assign(self, job: Job) -> int:
-        """Route ``job`` (sets ``job.target_index`` and its payload); returns the replica index."""
-        conv = job.conversation_id
+    def assign(self, conversation_id: str | None) -> int:
+        """The replica of a request being dispatched (of conversation ``conversation_id``, if any)."""
+        conv = conversation_id
         index = self._sticky.get(conv) if conv is not None else None
-        if index is not None and self.down_ns[index] is not None and len(self._live()) < len(self.heads):
+        if index is not None and self.down_ns[index] is not None and len(self._live()) < self.n:
             self.rerouted += 1
             index = None
         if index is None:
             index = self._pick()
             if conv is not None:
                 self._sticky[conv] = index
-        if index != 0:
-            head0 = self.heads[0]
-            job.payload = self.heads[index] + job.payload[len(head0) :]
-        job.target_index = index
         self.in_flight[index] += 1
         self.routed[index] += 1
         return index
 
-    def finished(self, job: Job, error_kind: str | None) -> None:
-        """``job`` has its row: it no longer counts in flight; a connect failure counts toward down."""
-        index = job.target_index
-        if index is None:
-            return
+    def finished(self, index: int, error_kind: str | None = None) -> None:
+        """A request routed to ``index`` ended: it no longer counts in flight; a connect failure counts
+        toward down."""
         self.in_flight[index] -= 1
         if error_kind == "connect":
             self.connect_streak[index] += 1
