@@ -47,7 +47,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ttft-timeout-s", type=flags.seconds(), help="override the scenario's TTFT timeout")
     p.add_argument("--total-timeout-s", type=flags.seconds(), help="override the scenario's total timeout")
     p.add_argument("--scrape-metrics", choices=("auto", "on", "off"), default="auto")
-    p.add_argument("--scrape-interval-s", type=flags.seconds(3600), default=1.0)
+    p.add_argument(
+        "--scrape-interval-s", type=flags.seconds(3600), default=1.0, help="/metrics and GPU sampling interval"
+    )
+    p.add_argument(
+        "--gpu-telemetry",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="NVML samples of this host's GPUs into server_metrics (needs loadgen[gpu]; auto: skipped with a "
+        "manifest note when there is no GPU; on: fail instead)",
+    )
     p.add_argument("--warm-state", choices=("warm", "cold", "unknown"), default="unknown")
     p.add_argument(
         "--warm-action", action="append", default=[], help="what was done to reach the warm state (repeatable)"
@@ -130,6 +139,7 @@ def _run(args: argparse.Namespace) -> int:
             total_timeout_s=args.total_timeout_s,
             scrape_metrics=args.scrape_metrics,
             scrape_interval_s=args.scrape_interval_s,
+            gpu_telemetry=args.gpu_telemetry,
             warm_state=args.warm_state,
             warm_actions=args.warm_action,
             order_index=args.order_index,

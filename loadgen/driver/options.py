@@ -40,6 +40,7 @@ class RunOptions(BaseModel):
     total_timeout_s: float | None = Field(default=None, gt=0)
     scrape_metrics: Literal["auto", "on", "off"] = "auto"  # auto: when GET /metrics answers
     scrape_interval_s: float = Field(default=1.0, gt=0)
+    gpu_telemetry: Literal["auto", "on", "off"] = "auto"  # NVML samples of this host's GPUs (loadgen[gpu])
     metrics_prefixes: list[str] | None = None  # keep only these metric-name prefixes
     warm_state: Literal["warm", "cold", "unknown"] = "unknown"
     warm_actions: list[str] = []

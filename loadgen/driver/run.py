@@ -48,6 +48,7 @@ from ..rundir import RunWriter
 from ..scenario import Scenario, load_scenario, scenario_manifest
 from ..trace.io import read_trace
 from .client import RunContext, execute, request_row, send_at_deadline
+from .gpu_telemetry import GpuSampler, open_gpu_telemetry
 from .jobs import Job, ServerTokenizer, build_jobs, resolve_tokenizer
 from .metrics_scrape import MetricsScraper
 from .options import DEFAULT_TOTAL_TIMEOUT_S, DEFAULT_TTFT_TIMEOUT_S, RunOptions
@@ -317,6 +318,10 @@ async def run_trace(options: RunOptions) -> Path:
         manifest = _start_manifest(options, inputs, info, driver, len(jobs))
         if len(infos) > 1:
             manifest = merge_manifest(manifest, _replicas_manifest(options, infos))
+        gpu, gpu_section = open_gpu_telemetry(options.gpu_telemetry, options.scrape_interval_s)
+        if gpu is None and options.gpu_telemetry == "on":
+            raise TargetError(f"--gpu-telemetry on: {gpu_section['reason']}: expected an NVIDIA GPU on this host")
+        manifest = merge_manifest(manifest, {"gpu_telemetry": gpu_section})
         # everything slow (SSL contexts, files) happens before the anchor is taken
         scraper_clients = [
             (
@@ -359,7 +364,7 @@ async def run_trace(options: RunOptions) -> Path:
         recorder.quiet_ns = ctx.quiet_ns
         recorder.progress = _Coverage(jobs, ctx, recorder, inputs.mode)
         try:
-            await _replay(options, inputs, ctx, jobs, writer, recorder, info, transport, scraper_clients)
+            await _replay(options, inputs, ctx, jobs, writer, recorder, info, transport, scraper_clients, gpu)
         except BaseExceptionGroup as group:  # a task of the run failed: say what, in one line
             error = _loadgen_error(group)
             if error is not None:
@@ -461,6 +466,7 @@ async def _replay(
     info: TargetInfo,
     transport: RawHTTP11Transport,
     scraper_clients: list[tuple[int, httpx.AsyncClient]],
+    gpu: GpuSampler | None = None,
 ) -> None:
     """The measured part: one task group from the anchor to the last request; ``_finish`` always runs."""
     mode, concurrency = inputs.mode, inputs.concurrency
@@ -499,6 +505,8 @@ async def _replay(
                 )
                 scrapers.append(scraper)
                 await outer.start(scraper.run)
+            if gpu is not None:  # its first sample falls inside the lead time, too
+                await outer.start(gpu.run, ctx.anchor_ns, recorder.submit_metrics, options.scrape_interval_s)
             if progress is not None:
                 outer.start_soon(progress.run)
             with anyio.move_on_after(options.deadline_s if options.deadline_s else math.inf) as run_scope:
@@ -531,6 +539,9 @@ async def _replay(
         for _, scraper_client in scraper_clients:
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                 await scraper_client.aclose()
+        if gpu is not None:
+            gpu.close()
+            writer.update_manifest({"gpu_telemetry": {"samples": gpu.samples, "failed_readings": gpu.failures}})
         _finish(
             writer,
             recorder,
