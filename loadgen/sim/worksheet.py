@@ -108,6 +108,42 @@ class _Client:
         self.queue: deque[int] = deque()
         self.delayed: list[tuple[int, int]] = []  # (engine arrival ns, index) after a slow start
         self.in_flight = 0
+        # the schedule: trace offsets, except turns that wait for the reply (think_after_reply_ns), which
+        # become due one think time after the previous turn of their conversation ended (``ready``)
+        self.scheduled: list[int] = list(cols["scheduled_offset_ns"])
+        self.ptr = 0
+        self.ready: list[tuple[int, int]] = []  # (due ns, index) of reply-waiting turns whose reply ended
+        self.followers = _followers(cols)  # index of a turn -> index of the turn that waits for its reply
+        self.waiting = set(self.followers.values())  # not due at their offset (a turn without one is)
+
+    def release_due(self, t: int) -> None:
+        """Every request due at or before t arrives: trace offsets in order, then reply-waiting turns."""
+        offsets, n, waiting = self.scheduled, len(self.scheduled), self.waiting
+        while self.ptr < n and offsets[self.ptr] <= t:
+            if self.ptr not in waiting:
+                self.arrive(self.ptr, offsets[self.ptr])
+            self.ptr += 1
+        while self.ready and self.ready[0][0] <= t:
+            due, i = heapq.heappop(self.ready)
+            self.arrive(i, due)
+
+    def next_due(self) -> int | None:
+        """When the next request is due (None: none left that is scheduled or ready)."""
+        offsets, n = self.scheduled, len(self.scheduled)
+        while self.ptr < n and self.ptr in self.waiting:
+            self.ptr += 1  # reply-waiting turns are not due at their offset
+        cands = [offsets[self.ptr]] if self.ptr < n else []
+        if self.ready:
+            cands.append(self.ready[0][0])
+        return min(cands) if cands else None
+
+    def _ended(self, i: int, t: int) -> None:
+        """Request i's reply ended at t: the turn waiting for it becomes due one think time later."""
+        nxt = self.followers.get(i)
+        if nxt is not None:
+            due = t + int(self.cols["think_after_reply_ns"][nxt])
+            self.scheduled[nxt] = due
+            heapq.heappush(self.ready, (due, nxt))
 
     def arrive(self, i: int, t: int) -> None:
         """Request i is due at t: send it, or queue it while the client is at its limit."""
@@ -122,6 +158,8 @@ class _Client:
         self.in_flight -= 1
         if self.router is not None:
             self.router.finished(cast(int, self.target[i]))
+        if self.followers:
+            self._ended(i, t)
         while self.queue and self.in_flight < self.limit:
             self.send(self.queue.popleft(), t)
 
@@ -132,6 +170,8 @@ class _Client:
         self.done[i] = t
         if self.router is not None:
             self.router.finished(cast(int, self.target[i]))
+        if self.followers:
+            self._ended(i, t)
 
     def send(self, i: int, t: int) -> None:
         """Request i leaves the client at t; answered at once (errors) or handed to the engine."""
@@ -218,26 +258,39 @@ def _decide_faults(
     return plans, stop_after
 
 
-def _next_event(offsets: list[int], ptr: int, delayed: list[tuple[int, int]]) -> int | None:
-    """The next scheduled send or delayed engine arrival, if any."""
+def _followers(cols: dict[str, list[Any]]) -> dict[int, int]:
+    """Per request index: the index of its conversation's next turn when that turn waits for the reply."""
+    waits = cols.get("think_after_reply_ns")
+    if waits is None or all(w is None for w in waits):
+        return {}
+    turns = {(c, k): i for i, (c, k) in enumerate(zip(cols["conversation_id"], cols["turn_index"], strict=True))}
+    out = {}
+    for i, wait in enumerate(waits):
+        prev = turns.get((cols["conversation_id"][i], (cols["turn_index"][i] or 0) - 1))
+        if wait is not None and prev is not None:
+            out[prev] = i
+    return out
+
+
+def _next_event(client: _Client, delayed: list[tuple[int, int]]) -> int | None:
+    """The next due request or delayed engine arrival, if any."""
     cands = []
-    if ptr < len(offsets):
-        cands.append(offsets[ptr])
+    due = client.next_due()
+    if due is not None:
+        cands.append(due)
     if delayed:
         cands.append(delayed[0][0])
     return min(cands) if cands else None
 
 
-def _run_fleet_virtual_time(engines: list[Engine], client: _Client, offsets: list[int]) -> tuple[_Steps, list[_Steps]]:
+def _run_fleet_virtual_time(engines: list[Engine], client: _Client) -> tuple[_Steps, list[_Steps]]:
     """The event loop of a fleet, in time order: step ends (their chunks, finished requests), sends and
     arrivals, then a new step on every idle engine with work. Returns the chunks of every engine
     (``_Steps`` in step-end order) and each engine's own state rows."""
-    n = len(offsets)
     steps = _Steps(engines[0].spec)
     states = [_Steps(e.spec) for e in engines]
     delayed = client.delayed
     pending: list[tuple[int, StepResult] | None] = [None] * len(engines)  # (end, result) of a step under way
-    ptr = 0
     t = 0
     while True:
         for t_end, i in sorted((p[0], i) for i, p in enumerate(pending) if p is not None and p[0] <= t):
@@ -247,9 +300,7 @@ def _run_fleet_virtual_time(engines: list[Engine], client: _Client, offsets: lis
             for seq in res.finished:
                 client.finish(seq.idx, t_end)
             states[i].record_state(engines[i], res, t_end)
-        while ptr < n and offsets[ptr] <= t:
-            client.arrive(ptr, offsets[ptr])
-            ptr += 1
+        client.release_due(t)
         while delayed and delayed[0][0] <= t:
             idx = heapq.heappop(delayed)[1]
             engines[cast(int, client.target[idx])].add(cast(Seq, client.seqs[idx]))
@@ -265,7 +316,7 @@ def _run_fleet_virtual_time(engines: list[Engine], client: _Client, offsets: lis
             if res.duration_ns == 0 and not res.emitted and not res.finished:
                 continue  # no progress until something else happens
             pending[i] = (t + res.duration_ns, res)
-        nxt = _next_event(offsets, ptr, delayed)
+        nxt = _next_event(client, delayed)
         times = [p[0] for p in pending if p is not None] + wake + ([nxt] if nxt is not None else [])
         if not times:
             if any(e.has_work for e in engines):
@@ -278,33 +329,29 @@ def _run_fleet_virtual_time(engines: list[Engine], client: _Client, offsets: lis
     return steps, states
 
 
-def _run_virtual_time(engine: Engine, client: _Client, offsets: list[int]) -> _Steps:
+def _run_virtual_time(engine: Engine, client: _Client) -> _Steps:
     """The event loop: jump the clock to the next send, arrival, window opening or step end."""
-    n = len(offsets)
     steps = _Steps(engine.spec)
     delayed = client.delayed
-    ptr = 0
     t = 0
     while True:
-        while ptr < n and offsets[ptr] <= t:
-            client.arrive(ptr, offsets[ptr])
-            ptr += 1
+        client.release_due(t)
         while delayed and delayed[0][0] <= t:
             engine.add(cast(Seq, client.seqs[heapq.heappop(delayed)[1]]))  # arrive() stored it before queueing
         if not engine.has_work:
-            nxt = _next_event(offsets, ptr, delayed)
+            nxt = _next_event(client, delayed)
             if nxt is None:
                 break
             t = max(t, nxt)
             continue
         hold = engine.hold_until_ns(t)
         if hold is not None:
-            nxt = _next_event(offsets, ptr, delayed)
+            nxt = _next_event(client, delayed)
             t = hold if nxt is None else min(hold, nxt)
             continue
         res = engine.step(t)
         if res.duration_ns == 0 and not res.emitted and not res.finished:
-            nxt = _next_event(offsets, ptr, delayed)
+            nxt = _next_event(client, delayed)
             if nxt is None or nxt <= t:
                 raise RuntimeError("simulated engine made no progress (config cannot serve its queue)")
             t = nxt
@@ -396,7 +443,7 @@ def _request_rows(
     """One record row per trace request, and the TTFT (s, from engine arrival) of each that streamed."""
     rows: list[dict[str, Any]] = []
     ttft_s: list[float] = []
-    offsets = cols["scheduled_offset_ns"]
+    offsets = client.scheduled  # trace offsets; a reply-waiting turn: when it became due
     sent, http_status = client.sent, client.http_status
     for i in range(len(offsets)):
         seq = client.seqs[i]
@@ -532,8 +579,9 @@ def simulate_trace(
 ) -> WorksheetResult:
     """Run the engine (``replicas`` > 1: a fleet of them behind ``route_policy``) over a trace table in
     virtual time (ns from trace start)."""
-    # think_after_reply_ns (reply-waiting turns) is not simulated: the worksheet replays every turn at its offset
-    cols = {name: table.column(name).to_pylist() for name in TRACE_SCHEMA.names if name in table.column_names}
+    # a reply-waiting turn (think_after_reply_ns) is due one think time after its previous turn ended
+    names = [*TRACE_SCHEMA.names, "think_after_reply_ns"]
+    cols = {name: table.column(name).to_pylist() for name in names if name in table.column_names}
     n = table.num_rows
     engines = [Engine(config, seed=seed + k) for k in range(replicas)]  # engine 0 is the single engine's
     plans, stop_after = _decide_faults(FaultDecider(config.faults, seed=seed), cols["cancel_after_tokens"])
@@ -543,9 +591,9 @@ def simulate_trace(
     client = _Client(cols, engines, config, plans, stop_after, int(limit) if limit else n + 1, router)
     fleet: list[_Steps] | None = None
     if router is None:
-        steps = _run_virtual_time(engines[0], client, cols["scheduled_offset_ns"])
+        steps = _run_virtual_time(engines[0], client)
     else:
-        steps, fleet = _run_fleet_virtual_time(engines, client, cols["scheduled_offset_ns"])
+        steps, fleet = _run_fleet_virtual_time(engines, client)
     chunks = _Chunks(steps, n, endpoint, config.model)
     chunks.apply_stalls(plans, client.seqs, client.done)
     result = WorksheetResult()
