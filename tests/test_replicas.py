@@ -176,3 +176,21 @@ def test_cli_bad_second_target_is_one_line_exit_2(tmp_path):
         assert len(lines) == 1 and lines[0].startswith("loadgen: error: ") and "Traceback" not in proc.stderr
         assert "--target" in lines[0] or "target URL" in lines[0]
         assert "hunter2" not in proc.stderr
+
+
+def test_cli_unreachable_second_target_is_one_line_exit_2_and_redacted(tmp_path):
+    trace = make_trace(tmp_path / "t.parquet", [{"request_id": "r0", "scheduled_offset_ns": 0}])
+    engine = engine_file(tmp_path, "fast", fixed_ms=1.0)
+    with launch_sim_server(str(engine)) as a:
+        proc = subprocess.run(
+            [sys.executable, "-m", "loadgen", "run", str(trace), "--out", str(tmp_path / "run")]
+            + ["--target", a.base_url, "--target", "http://user:hunter2@127.0.0.1:9"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=300,
+        )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("loadgen: error: target http://127.0.0.1:9: not reachable")
+    assert "hunter2" not in proc.stderr and not (tmp_path / "run" / "requests.parquet").exists()
