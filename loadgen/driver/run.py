@@ -318,10 +318,6 @@ async def run_trace(options: RunOptions) -> Path:
         manifest = _start_manifest(options, inputs, info, driver, len(jobs))
         if len(infos) > 1:
             manifest = merge_manifest(manifest, _replicas_manifest(options, infos))
-        gpu, gpu_section = open_gpu_telemetry(options.gpu_telemetry, options.scrape_interval_s)
-        if gpu is None and options.gpu_telemetry == "on":
-            raise TargetError(f"--gpu-telemetry on: {gpu_section['reason']}: expected an NVIDIA GPU on this host")
-        manifest = merge_manifest(manifest, {"gpu_telemetry": gpu_section})
         # everything slow (SSL contexts, files) happens before the anchor is taken
         scraper_clients = [
             (
@@ -337,9 +333,18 @@ async def run_trace(options: RunOptions) -> Path:
         ]
         await anyio.to_thread.run_sync(warm_up_arrow)
         await _warm_up(counter)
-        writer = ArrowRunWriter(
-            options.out_dir, manifest, flush_rows=1 << 60, flush_interval_s=options.flush_interval_s
-        )
+        gpu, gpu_section = open_gpu_telemetry(options.gpu_telemetry, options.scrape_interval_s)
+        if gpu is None and options.gpu_telemetry == "on":
+            raise TargetError(f"--gpu-telemetry on: {gpu_section['reason']}: expected an NVIDIA GPU on this host")
+        manifest = merge_manifest(manifest, {"gpu_telemetry": gpu_section})
+        try:
+            writer = ArrowRunWriter(
+                options.out_dir, manifest, flush_rows=1 << 60, flush_interval_s=options.flush_interval_s
+            )
+        except BaseException:
+            if gpu is not None:
+                gpu.close()
+            raise
         recorder = Recorder(writer, flush_interval_s=options.flush_interval_s)  # quiet_ns, progress wired below
         retain_completion = bool(scenario and scenario.privacy.retain_completion_text)
         ctx = RunContext(  # the anchor is taken in _replay, once the run's services are up
@@ -370,6 +375,9 @@ async def run_trace(options: RunOptions) -> Path:
             if error is not None:
                 raise error from None
             raise
+        finally:
+            if gpu is not None:
+                gpu.close()
     return Path(options.out_dir)
 
 
@@ -540,7 +548,6 @@ async def _replay(
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                 await scraper_client.aclose()
         if gpu is not None:
-            gpu.close()
             writer.update_manifest({"gpu_telemetry": {"samples": gpu.samples, "failed_readings": gpu.failures}})
         _finish(
             writer,
