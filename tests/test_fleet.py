@@ -14,6 +14,8 @@ import pyarrow as pa
 import pytest
 
 from loadgen.analysis import analyze_run
+from loadgen.errors import ScenarioError
+from loadgen.plan.spec import parse_plan
 from loadgen.records import TRACE_SCHEMA
 from loadgen.rundir import load_run
 from loadgen.sim import run_worksheet
@@ -75,32 +77,22 @@ def test_worksheet_fleet_routes_every_request_and_serves_more(tmp_path, policy):
     assert again.requests.equals(run.requests) and again.chunks.equals(run.chunks)
 
 
+@pytest.mark.parametrize(
+    ("fleet", "expected"),
+    [
+        ({"replicas": [2, 1]}, "fleet.replicas"),
+        ({"replicas": [0, 1]}, "fleet.replicas"),
+        ({"replicas": [1, 2], "route_policy": "random"}, "fleet.route_policy"),
+    ],
+)
+def test_fleet_errors_are_one_line(fleet, expected):
+    with pytest.raises(ScenarioError) as err:
+        parse_plan({"name": "p", "scenario": "s.toml", "trace": "t", "rates_rps": [1], "fleet": fleet}, "p.toml")
+    assert "\n" not in str(err.value) and expected in str(err.value) and str(err.value).startswith("p.toml")
+
+
 def test_plan_sizes_the_fleet_on_the_worksheet(tmp_path):
-    plan = tmp_path / "fleet.toml"
-    plan.write_text(
-        f"""
-name = "fleet-test"
-scenario = "{REPO / "scenarios" / "canonical.toml"}"
-trace = "steady"
-duration_s = 6
-classes = ["short-message"]
-states = ["warm"]
-concurrency = [256]
-rates_rps = [8, 16, 32, 64]
-repeats = 1
-
-[fleet]
-replicas = [1, 2, 4]
-route_policy = "least-in-flight"
-
-[stops]
-contract_every_cell = false
-
-[budget]
-time_s = 600
-requests = 100000
-"""
-    )
+    plan = REPO / "scenarios" / "plans" / "fleet.toml"  # the shipped fleet plan: 1, 2, 4 engines, 8-64 rps
     out = tmp_path / "plan"
     proc = subprocess.run(
         [sys.executable, "-m", "loadgen", "plan", str(plan), "--sim-worksheet", "interactive-small-batch"]

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ScenarioError
 from ..limits import (
@@ -132,11 +132,12 @@ class FleetSpec(_Model):
     replicas: list[int] = Field(default=[1], min_length=1)  # ascending replica counts
     route_policy: RoutePolicy = "round-robin"
 
-    @model_validator(mode="after")
-    def _ascending(self) -> FleetSpec:
-        if any(not 1 <= n <= 1024 for n in self.replicas) or list(self.replicas) != sorted(set(self.replicas)):
-            raise ValueError("replicas: expected strictly ascending replica counts in 1..1024")
-        return self
+    @field_validator("replicas")
+    @classmethod
+    def _ascending(cls, value: list[int]) -> list[int]:
+        if any(not 1 <= n <= 1024 for n in value) or list(value) != sorted(set(value)):
+            raise ValueError("expected strictly ascending replica counts in 1..1024")
+        return value
 
     @property
     def sizing(self) -> bool:
