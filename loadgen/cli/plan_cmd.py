@@ -15,7 +15,7 @@ from . import flags
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="run (or resume) a load plan and write the capacity region")
     p.add_argument(
-        "plan", help="plan TOML file, or a shipped plan's name (quick, canonical-region; see scenarios/plans/)"
+        "plan", help="plan TOML file, or a shipped plan's name (quick, canonical-region, fleet; see scenarios/plans/)"
     )
     p.add_argument("--out", required=True, help="plan directory; rerunning the same command resumes it")
     p.add_argument(
