@@ -123,6 +123,9 @@ REQUESTS_SCHEMA = pa.schema(
         pa.field("conversation_id", pa.string()),
         pa.field("turn_index", pa.int32()),
         pa.field("prefix_group", pa.string()),
+        # index of the target URL (replica) it was routed to, in the manifest's ``targets`` order; null: never
+        # routed (not dispatched), or a run written before replicas (one target)
+        pa.field("target_index", pa.int32()),
         pa.field("warm", pa.bool_()),  # false for the cold-start requests when the run began cold
         # instants, ns from the run's monotonic anchor
         pa.field("scheduled_ns", pa.int64(), nullable=False),
@@ -160,7 +163,7 @@ REQUESTS_SCHEMA = pa.schema(
 )
 
 #: Request columns added after schema version 1 (absent from older runs; read back as null).
-COLUMNS_SINCE = {"connect_start_ns": "2", "connect_end_ns": "2"}
+COLUMNS_SINCE = {"connect_start_ns": "2", "connect_end_ns": "2", "target_index": "2"}
 
 #: One row per received chunk that carried content (or a usage-only/empty chunk with tokens=0).
 CHUNKS_SCHEMA = pa.schema(

@@ -89,3 +89,32 @@ def test_turns_wait_for_the_reply_on_the_live_engine(tmp_path: Path) -> None:
     assert sum(s["n"] for s in by_turn.values()) == len(rows)
     assert a.to_dict()["classes"]["long-thread"]["ttft_by_turn"]["1"]["ci"]["p50"] is not None
     assert np.isfinite(by_turn["0"]["p50"])
+
+
+def test_turns_wait_for_the_reply_on_the_worksheet(tmp_path: Path) -> None:
+    """Virtual time: turn k+1 is due exactly one think time after turn k's reply ended (alone and in a fleet)."""
+    from loadgen.sim import run_worksheet
+
+    trace = generate_trace_file(_scenario(True), "t", tmp_path / "t.parquet")
+    (tmp_path / "engine.toml").write_text(ENGINE)
+    table, _ = read_trace(trace)
+    offsets = dict(zip(table.column("request_id").to_pylist(), table.column("scheduled_offset_ns").to_pylist()))
+    for replicas in (1, 2):
+        out = run_worksheet(trace, tmp_path / "engine.toml", tmp_path / f"run{replicas}", replicas=replicas)
+        rows = load_run(out).requests.to_pylist()
+        assert len(rows) == table.num_rows and all(r["status"] == "ok" for r in rows)
+        by_conv: dict[str, dict[int, dict]] = {}
+        for r in rows:
+            by_conv.setdefault(r["conversation_id"], {})[r["turn_index"]] = r
+        checked = 0
+        for turns in by_conv.values():
+            assert len({r["target_index"] for r in turns.values()}) == 1  # sticky in a fleet
+            for k in sorted(turns)[1:]:
+                prev, cur = turns[k - 1], turns[k]
+                assert cur["scheduled_ns"] == prev["done_ns"] + int(THINK_S * 1e9)  # exact in virtual time
+                assert cur["sent_ns"] >= cur["scheduled_ns"]
+                # later than the open-loop estimate by the previous reply's duration (≈ 40 steps of 4 ms)
+                estimate = offsets[cur["request_id"]] - offsets[prev["request_id"]]
+                assert cur["scheduled_ns"] - prev["scheduled_ns"] >= estimate + 100_000_000
+                checked += 1
+        assert checked >= 10

@@ -21,7 +21,7 @@ def test_presets_are_the_top_level_scenarios_directory() -> None:
     assert presets.canonical_scenario().is_file() and presets.prices_example().is_file()
     assert presets.canonical_trace("burst") is not None and presets.canonical_trace("nope") is None
     assert list_presets() == ["instant", "interactive-small-batch", "throughput-large-batch"]
-    assert presets.list_presets("plans") == ["canonical-region", "quick"]
+    assert presets.list_presets("plans") == ["canonical-region", "fleet", "quick"]
 
 
 def test_resolve_prefers_an_existing_path_then_a_preset_name(tmp_path: Path, monkeypatch) -> None:

@@ -42,6 +42,7 @@ from .chunks import ChunkGaps, read_chunk_gaps
 from .confidence import ESTIMATOR_RULE, INTERVAL_RULE, SHARE_RULE, wilson_interval
 from .model import METRICS, Analysis, GroupSummary
 from .percentiles import PERCENTILE_RULE, SortedParts, summarize_parts, summarize_sorted
+from .replicas import replica_breakdown, replica_codes
 from .server import summarize_server_metrics
 from .stability import assess_stability, in_system_at
 
@@ -69,6 +70,7 @@ _REQ_COLUMNS = [
     "http_status",
     "chunk_count",
     "turn_index",
+    "target_index",
 ]
 _INSTANTS = ("scheduled_ns", "slot_acquired_ns", "sent_ns", "first_token_ns", "last_token_ns", "done_ns")
 _CDF_POINTS = 400
@@ -290,6 +292,8 @@ class _GapSink:
                 self.itl_q[run.cls == c] = limit[0]
         counts = run.c["chunk_count"]
         self.est = [int(np.nansum(counts[run.cls == c])) + 1024 for c in range(n_cls)]
+        self.replica, n_routed = replica_codes(run.c["target_index"])  # several target URLs
+        self.n_replicas = max(n_routed, len(getattr(run.manifest, "targets", None) or []))
         self.reset()
 
     def reset(self) -> None:
@@ -297,6 +301,7 @@ class _GapSink:
         self.desc = [_Grow(np.float64, self.est[c]) for c in range(n_cls)]
         self.inter = [_Grow(np.int64, self.est[c]) for c in range(n_cls)]
         self.fail = [_Grow(np.float64, 1024) for _ in range(n_cls)]
+        self.by_replica = [_Grow(np.float64, 1024) for _ in range(self.n_replicas if self.n_replicas > 1 else 0)]
         self.n_gaps = np.zeros(self.run.n)
         self.n_over = np.zeros(self.run.n)
 
@@ -310,6 +315,13 @@ class _GapSink:
             starts = np.flatnonzero(np.concatenate(([True], req_idx[1:] != req_idx[:-1])))
             np.add.at(self.n_gaps, req_idx[starts], np.add.reduceat(w_desc, starts))
             np.add.at(self.n_over, req_idx[starts], np.add.reduceat(over, starts))
+        if self.by_replica:  # per replica: the per-token gaps of counted requests in scope
+            rows = (code & 3) == 3
+            where = self.replica[req_idx[rows]]
+            for r, grow in enumerate(self.by_replica):
+                mine = where == r
+                if mine.any():
+                    grow.add(M.expand_weighted(value[rows][mine], weight[rows][mine]))
         # partition rows by code with a radix (stable) sort of a small int: each (class, kind) is a slice
         order = np.argsort(code.astype(self.code_dtype), kind="stable")
         code, value, weight, delta_ns = code[order], value[order], weight[order], delta_ns[order]
@@ -409,6 +421,7 @@ class _Run:
             )
             self.notes.append(f"{self.gaps.orphan_rows} chunk row(s) name no request of requests.parquet{why}; ignored")
         self.itl_desc, self.itl_fail, self.inter_ns = self.gap_sink.finish()
+        self.itl_by_replica = [g.sorted() for g in self.gap_sink.by_replica]
         self.n_gaps, self.n_over, self.itl_q = self.gap_sink.n_gaps, self.gap_sink.n_over, self.gap_sink.itl_q
 
     def itl_limit(self, cname: str) -> tuple[float, float] | None:
@@ -711,6 +724,17 @@ def _warm_cold(run: _Run) -> dict[str, Any]:
     return out
 
 
+def _replicas(run: _Run) -> dict[str, Any] | None:
+    """The per-replica breakdown, for a run with several target URLs (None otherwise)."""
+    codes, n_rep = run.gap_sink.replica, run.gap_sink.n_replicas
+    targets = getattr(run.manifest, "targets", None) or []
+    if max(n_rep, len(targets)) < 2:
+        return None
+    urls = [str(t.get("base_url")) if isinstance(t, dict) else "" for t in targets]
+    masks = {"ok": run.ok, "failed": run.failed, "counted": run.ok | run.abandoned}
+    return replica_breakdown(codes, urls, run.scope, masks, run.c, run.values["ttft_ms"], run.itl_by_replica)
+
+
 def _verdict(checks: list[Check]) -> str:
     """fail: a hard check failed conclusively; inconclusive: none failed but one straddles its limit; else pass."""
     hard = [c for c in checks if c.hard and c.evaluated]
@@ -779,6 +803,7 @@ def analyze_run(
         max(run.hi, float(np.nanmax(run.c["done_ns"])) if np.isfinite(run.c["done_ns"]).any() else run.hi),
     )
     full = summarize_server_metrics(server_table, -np.inf, np.inf) if server_table is not None else None
+    replicas = _replicas(run)
     if server is not None and full is not None and "timeseries" in full:
         server["timeseries"] = full["timeseries"]
     plot["tokens"] = {
@@ -819,4 +844,5 @@ def analyze_run(
         definitions=dict(DEFINITIONS),
         notes=run.notes,
         plot_data=plot,
+        replicas=replicas,
     )

@@ -125,6 +125,7 @@ class Analysis:
     notes: list[str] = field(default_factory=list)
     plot_data: dict[str, Any] = field(default_factory=dict, repr=False)  # CDF points etc., not in JSON
     error_share_ci: list[float] | None = None  # 95% Wilson interval of the error share
+    replicas: dict[str, Any] | None = None  # several target URLs: per replica (loadgen.analysis.replicas)
     schema_version: str = ANALYSIS_SCHEMA_VERSION
 
     @property
@@ -199,6 +200,7 @@ class Analysis:
                 "stability": self.stability,
                 "warm_cold": self.warm_cold,
                 "server": self.server,
+                "replicas": self.replicas,
                 "timeseries": self.timeseries,
                 "definitions": self.definitions,
                 "notes": self.notes,

@@ -139,6 +139,34 @@ def _server_line(sv: dict[str, Any]) -> str:
     return "server: " + (" · ".join(bits) if bits else f"{sv.get('samples', 0)} samples")
 
 
+def _replica_table(section: dict[str, Any]) -> Any:
+    """Per replica (several target URLs): requests routed, sent, completed, failed, TTFT and ITL p50/p99."""
+    from rich.table import Table  # deferred: heavy dependency, loaded only when used
+
+    title = "per replica (requests of the tables above, by the target URL they were routed to)"
+    if section.get("not_routed"):
+        title += f" · {section['not_routed']} never routed (not dispatched)"
+    t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    for col in ("#", "target", "routed", "sent", "completed", "failed", "TTFT p50/p99 ms", "ITL p50/p99 ms"):
+        t.add_column(col, justify="left" if col in ("target",) else "right")
+    for r in section["replicas"]:
+        ttft, itl = r["ttft_ms"], r["itl_ms"]
+        failed = str(r["failed"]) + (
+            "\n" + escape(", ".join(f"{k} {v}" for k, v in r["error_kinds"].items())) if r["error_kinds"] else ""
+        )
+        t.add_row(
+            str(r["target_index"]),
+            escape(str(r["base_url"])),
+            str(r["n_scheduled"]),
+            str(r["sent"]),
+            str(r["completed"]),
+            failed,
+            f"{fmt_ms(ttft['p50'])}/{fmt_ms(ttft['p99'])} (n={ttft['n']})",
+            f"{fmt_ms(itl['p50'])}/{fmt_ms(itl['p99'])} (n={itl['n']})",
+        )
+    return t
+
+
 def render_console(analysis: Analysis, console: Any = None) -> None:
     """Print the report to ``console`` (a ``rich.console.Console``; stdout by default)."""
     from rich.console import Console  # deferred: heavy dependency, loaded only when used
@@ -208,6 +236,9 @@ def render_console(analysis: Analysis, console: Any = None) -> None:
         "* p99 from fewer than 100 samples · budget ? = inconclusive (+N more requests of the class)",
         style="dim",
     )
+    if a.replicas:
+        console.print()
+        console.print(_replica_table(a.replicas))
     console.print()
     console.print(stability_sentence(a.stability))
     wc = a.warm_cold

@@ -429,6 +429,34 @@ def _token_table(groups: list[GroupSummary]) -> str:
     )
 
 
+def _replica_section(section: dict[str, Any]) -> list[str]:
+    """Per replica (several target URLs): routed, sent, completed, failed, TTFT and ITL p50/p99."""
+    rows = []
+    for r in section["replicas"]:
+        ttft, itl = r["ttft_ms"], r["itl_ms"]
+        kinds = ", ".join(f"{k} {v}" for k, v in r["error_kinds"].items())
+        rows.append(
+            [
+                _num(r["target_index"], "{}"),
+                _e(r["base_url"]),
+                _num(r["n_scheduled"], "{}"),
+                _num(r["sent"], "{}"),
+                _num(r["completed"], "{}"),
+                _num(r["failed"], "{}") + (f" ({_e(kinds)})" if kinds else ""),
+                f"{_num(ttft['p50'])} / {_num(ttft['p99'])} (n={ttft['n']})",
+                f"{_num(itl['p50'])} / {_num(itl['p99'])} (n={itl['n']})",
+            ]
+        )
+    note = f"<p>{section['not_routed']} request(s) never routed (not dispatched).</p>" if section["not_routed"] else ""
+    return [
+        "<h2>Per replica</h2>",
+        _table(
+            ["#", "target", "routed", "sent", "completed", "failed", "TTFT p50 / p99 ms", "ITL p50 / p99 ms"], rows, 2
+        )
+        + note,
+    ]
+
+
 def render_html(analysis: Analysis) -> str:
     """The whole report as one HTML string."""
     a = analysis
@@ -438,6 +466,8 @@ def render_html(analysis: Analysis) -> str:
         parts.append("<h2>Latency CDFs (dashed: budget limits)</h2>" + fig)
     groups = list(a.classes.values()) + ([a.overall] if len(a.classes) != 1 else [])
     parts += _class_sections(a, groups)
+    if a.replicas:
+        parts += _replica_section(a.replicas)
     fig = _timeline_figure(a)
     if fig:
         parts.append("<h2>Timeline</h2>" + fig)

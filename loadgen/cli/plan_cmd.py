@@ -15,7 +15,7 @@ from . import flags
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="run (or resume) a load plan and write the capacity region")
     p.add_argument(
-        "plan", help="plan TOML file, or a shipped plan's name (quick, canonical-region; see scenarios/plans/)"
+        "plan", help="plan TOML file, or a shipped plan's name (quick, canonical-region, fleet; see scenarios/plans/)"
     )
     p.add_argument("--out", required=True, help="plan directory; rerunning the same command resumes it")
     p.add_argument(
@@ -60,6 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _plan(args: argparse.Namespace) -> int:
 
     from ..plan import RESULT_FILE, format_region, run_plan_file  # deferred: `loadgen --help` loads no library code
+    from ..plan.fleet import format_fleet  # deferred: `loadgen --help` loads no library code
     from ..presets import resolve  # deferred: `loadgen --help` loads no library code
 
     out = Path(args.out)
@@ -80,11 +81,15 @@ def _plan(args: argparse.Namespace) -> int:
             log=None if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True)),
         )
     except LoadgenError:
-        if fresh and out.is_dir() and not any(out.glob(f"cells/*/rep*/{RESULT_FILE}")):
+        kept = any(out.glob(f"cells/*/rep*/{RESULT_FILE}")) or any(out.glob(f"replicas-*/cells/*/rep*/{RESULT_FILE}"))
+        if fresh and out.is_dir() and not kept:
             shutil.rmtree(out, ignore_errors=True)  # nothing worth resuming: leave no partial plan directory
         raise
     if args.json:
-        print(json.dumps(result.region, indent=2, default=str))
+        print(json.dumps(result.fleet or result.region, indent=2, default=str))
+    elif result.fleet is not None:
+        print(format_fleet(result.fleet))
+        print(f"\nplan directory: {result.plan_dir} (fleet.json, fleet.md; one plan per replica count in replicas-N/)")
     else:
         print(format_region(result.region))
         print(f"\nplan directory: {result.plan_dir} (region.json, region.md, region-*.png)")

@@ -14,8 +14,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--target",
         type=flags.target_url,
+        action="append",
         required=True,
-        help="base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)",
+        help="base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine); repeat for replicas of one model",
+    )
+    p.add_argument(
+        "--route-policy",
+        choices=("round-robin", "least-in-flight"),
+        default="round-robin",
+        help="with several --target: which replica a new conversation or request goes to (turns stay on theirs)",
+    )
+    p.add_argument(
+        "--replica-down-after",
+        type=flags.count(0),
+        default=3,
+        metavar="N",
+        help="with several --target: a replica with N consecutive connect errors gets no more requests (0: never)",
     )
     p.add_argument("--out", required=True, help="new run directory")
     p.add_argument("--model", help="served model name (default: scenario model, else the first of /v1/models)")
@@ -33,7 +47,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ttft-timeout-s", type=flags.seconds(), help="override the scenario's TTFT timeout")
     p.add_argument("--total-timeout-s", type=flags.seconds(), help="override the scenario's total timeout")
     p.add_argument("--scrape-metrics", choices=("auto", "on", "off"), default="auto")
-    p.add_argument("--scrape-interval-s", type=flags.seconds(3600), default=1.0)
+    p.add_argument(
+        "--scrape-interval-s", type=flags.seconds(3600), default=1.0, help="/metrics and GPU sampling interval"
+    )
+    p.add_argument(
+        "--gpu-telemetry",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="NVML samples of this host's GPUs into server_metrics (needs loadgen[gpu]; auto: skipped with a "
+        "manifest note when there is no GPU; on: fail instead)",
+    )
     p.add_argument("--warm-state", choices=("warm", "cold", "unknown"), default="unknown")
     p.add_argument(
         "--warm-action", action="append", default=[], help="what was done to reach the warm state (repeatable)"
@@ -101,7 +124,10 @@ def _run(args: argparse.Namespace) -> int:
     try:
         options = RunOptions(
             trace_path=args.trace,
-            target_url=args.target,
+            target_url=args.target[0],
+            replica_urls=args.target[1:],
+            route_policy=args.route_policy,
+            replica_down_after=args.replica_down_after,
             out_dir=args.out,
             model=args.model,
             scenario_path=args.scenario,
@@ -113,6 +139,7 @@ def _run(args: argparse.Namespace) -> int:
             total_timeout_s=args.total_timeout_s,
             scrape_metrics=args.scrape_metrics,
             scrape_interval_s=args.scrape_interval_s,
+            gpu_telemetry=args.gpu_telemetry,
             warm_state=args.warm_state,
             warm_actions=args.warm_action,
             order_index=args.order_index,

@@ -31,6 +31,7 @@ from ..records import (
     STATUS_TIMEOUT,
     http_error_kind,
 )
+from ..routing import Router
 from .error_kinds import (
     Phase,
     StreamTruncated,
@@ -54,7 +55,7 @@ class RunContext:
     """Everything a request task shares with the run (one per run)."""
 
     transport: RawHTTP11Transport
-    origin: tuple[bytes, str, int]  # connection key of the target
+    origin: tuple[bytes, str, int]  # connection key of the target (the first, with several replicas)
     anchor_ns: int  # perf_counter_ns of the run's start instant
     limiter: anyio.CapacityLimiter
     rate_gate: RateGate
@@ -68,6 +69,9 @@ class RunContext:
     timeouts: Mapping[str, tuple[int | None, int | None]] = field(default_factory=dict)  # class -> (ttft, total) ns
     max_sse_line_bytes: int = DEFAULT_MAX_LINE_BYTES  # a longer SSE line fails its request as malformed_sse
     lag: LagStats = field(default_factory=LagStats)
+    origins: list[tuple[bytes, str, int]] = field(default_factory=list)  # per replica (default: [origin])
+    router: Router | None = None  # several replicas: routes each job at dispatch
+    heads: list[bytes] = field(default_factory=list)  # per replica: request line + Host (payloads start so)
     # live counters (progress display, manifest)
     sent: int = 0  # bytes on the socket (live counter)
     dispatched: int = 0  # jobs handed to execute so far (in trace order)
@@ -83,6 +87,19 @@ class RunContext:
     rss_start_bytes: int = 0
     recent_ttft_ns: list[int] = field(default_factory=list)
     _token_cache: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.origins:
+            self.origins = [self.origin]
+
+    def route(self, job: Job) -> None:
+        """Pick the job's replica (at dispatch): the router's choice, else the one target."""
+        if self.router is None:
+            job.target_index = 0
+            return
+        index = job.target_index = self.router.assign(job.conversation_id)
+        if index:  # every payload was encoded for the first replica: swap its request line and Host
+            job.payload = self.heads[index] + job.payload[len(self.heads[0]) :]
 
     def tokens_in(self, text: str) -> int:
         cache = self._token_cache
@@ -115,6 +132,7 @@ def request_row(
         "conversation_id": job.conversation_id,
         "turn_index": job.turn_index,
         "prefix_group": job.prefix_group,
+        "target_index": job.target_index,
         "warm": None,
         "scheduled_ns": scheduled_ns,
         "slot_acquired_ns": None,
@@ -292,7 +310,7 @@ def send_at_deadline(ctx: RunContext, job: Job) -> PreSent | None:
     except anyio.WouldBlock:
         return None
     slot_abs = _now()
-    conn = ctx.transport.send_nowait(ctx.origin, job.payload)
+    conn = ctx.transport.send_nowait(ctx.origins[job.target_index or 0], job.payload)
     if conn is None:
         ctx.limiter.release_on_behalf_of(token)
         return None
@@ -342,7 +360,10 @@ async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int, pre: PreSent
                 ctx.in_flight += 1
                 ctx.peak_in_flight = max(ctx.peak_in_flight, ctx.in_flight)
                 response = await ctx.transport.open(
-                    ctx.origin, job.payload, sent=pre.conn if pre is not None else None, timing=timing
+                    ctx.origins[job.target_index or 0],
+                    job.payload,
+                    sent=pre.conn if pre is not None else None,
+                    timing=timing,
                 )
                 row["first_byte_ns"] = _now() - anchor
                 row["http_status"] = response.status
@@ -488,6 +509,8 @@ def _record(
         status, error_kind = STATUS_ERROR, "client"
     if status in (STATUS_ERROR, STATUS_TIMEOUT) or (status == STATUS_NOT_SENT and error_kind != "run_interrupted"):
         ctx.errors += 1
+    if ctx.router is not None and job.target_index is not None:
+        ctx.router.finished(job.target_index, error_kind)
     arrivals = state.arrivals
     row["status"] = status
     row["error_kind"] = error_kind

@@ -108,6 +108,7 @@ class Job:
     think_after_reply_ns: int | None = None  # sent this long after the previous turn's reply ended (None: at offset)
     payload: bytes = b""  # the whole HTTP request (head + body), set by the run just before it starts
     scheduled_ns: int | None = None  # run clock, set when the scheduler dispatches it (None: never dispatched)
+    target_index: int | None = None  # replica it was routed to at dispatch (None: never dispatched)
 
 
 def _split_turn(delta: int, prev_output: int) -> tuple[int, int]:

@@ -89,12 +89,17 @@ def parse_prometheus_text(text: str) -> Iterator[tuple[str, dict[str, str], floa
             continue
 
 
-def samples_to_columns(samples, time_ns: int, prefixes: tuple[str, ...] | None = None) -> dict[str, list[Any]]:
-    """server_metrics columns for one scrape at ``time_ns``; ``prefixes`` keeps only matching names."""
+def samples_to_columns(
+    samples, time_ns: int, prefixes: tuple[str, ...] | None = None, extra_labels: dict[str, str] | None = None
+) -> dict[str, list[Any]]:
+    """server_metrics columns for one scrape at ``time_ns``; ``prefixes`` keeps only matching names;
+    ``extra_labels`` are added to every sample's labels (``target_index`` of a replica)."""
     cols: dict[str, list[Any]] = {"time_ns": [], "name": [], "labels": [], "value": []}
     for name, labels, value in samples:
         if prefixes and not name.startswith(prefixes):
             continue
+        if extra_labels:
+            labels = {**labels, **extra_labels}
         cols["time_ns"].append(time_ns)
         cols["name"].append(name)
         cols["labels"].append(json.dumps(labels, sort_keys=True) if labels else "{}")
@@ -117,8 +122,10 @@ class MetricsScraper:
         sink,
         interval_s: float = 1.0,
         prefixes: tuple[str, ...] | None = None,
+        labels: dict[str, str] | None = None,
     ) -> None:
         self.client = client
+        self.labels = labels  # added to every sample (a replica's target_index)
         self.url = url
         self.anchor_ns = anchor_ns
         self.sink = sink
@@ -139,7 +146,9 @@ class MetricsScraper:
             self.failures += 1
             return
         self.scrapes += 1
-        cols = samples_to_columns(parse_prometheus_text(body), (t0 + t1) // 2 - self.anchor_ns, self.prefixes)
+        cols = samples_to_columns(
+            parse_prometheus_text(body), (t0 + t1) // 2 - self.anchor_ns, self.prefixes, self.labels
+        )
         if cols["name"]:
             self.sink(cols)
 

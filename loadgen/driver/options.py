@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..inputs import header_problem, target_url_problem
+from ..routing import RoutePolicy
 from .error_kinds import redact_url
 from .sse import DEFAULT_MAX_LINE_BYTES
 
@@ -25,6 +26,9 @@ class RunOptions(BaseModel):
 
     trace_path: Path
     target_url: str = Field(min_length=1)
+    replica_urls: list[str] = []  # more target URLs serving the same model (replicas), after target_url
+    route_policy: RoutePolicy = "round-robin"  # with replicas (loadgen.routing)
+    replica_down_after: int = Field(default=3, ge=0)  # consecutive connect errors that mark a replica down (0: never)
     out_dir: Path
     model: str | None = None  # default: scenario.model, else the first of GET /v1/models
     scenario_path: Path | None = None  # budgets, timeouts, privacy, endpoint
@@ -36,6 +40,7 @@ class RunOptions(BaseModel):
     total_timeout_s: float | None = Field(default=None, gt=0)
     scrape_metrics: Literal["auto", "on", "off"] = "auto"  # auto: when GET /metrics answers
     scrape_interval_s: float = Field(default=1.0, gt=0)
+    gpu_telemetry: Literal["auto", "on", "off"] = "auto"  # NVML samples of this host's GPUs (loadgen[gpu])
     metrics_prefixes: list[str] | None = None  # keep only these metric-name prefixes
     warm_state: Literal["warm", "cold", "unknown"] = "unknown"
     warm_actions: list[str] = []
@@ -66,6 +71,30 @@ class RunOptions(BaseModel):
             raise ValueError(problem)
         return value.rstrip("/")
 
+    @field_validator("replica_urls")
+    @classmethod
+    def _replicas(cls, value: list[str]) -> list[str]:
+        for url in value:
+            problem = target_url_problem(url)
+            if problem:
+                raise ValueError(problem)
+        return [url.rstrip("/") for url in value]
+
+    @model_validator(mode="after")
+    def _distinct(self) -> RunOptions:
+        seen: set[str] = set()
+        for url in self.target_urls:
+            key = redact_url(url).lower()
+            if key in seen:
+                raise ValueError(f"target URL {key} given twice: expected distinct replica URLs")
+            seen.add(key)
+        return self
+
+    @property
+    def target_urls(self) -> list[str]:
+        """Every target URL, the first (``target_url``) then the replicas: the order of ``target_index``."""
+        return [self.target_url, *self.replica_urls]
+
     @field_validator("headers")
     @classmethod
     def _headers(cls, value: dict[str, str]) -> dict[str, str]:
@@ -87,6 +116,7 @@ class RunOptions(BaseModel):
 
         data = self.model_dump(mode="json")
         data["target_url"] = redact_url(self.target_url)
+        data["replica_urls"] = [redact_url(url) for url in self.replica_urls]
         data["headers"] = sorted(self.headers)
         data["request_headers"] = {rid: sorted(h) for rid, h in self.request_headers.items()}
         return data

@@ -43,10 +43,12 @@ from ..identity import harness_identity, host_identity, sha256_file, utc_now_iso
 from ..manifest import DriverInfo, Manifest, TraceRef, WarmState, merge_manifest
 from ..prompts import Tokenizer, get_tokenizer
 from ..records import REQUESTS_FILE, STATUS_NOT_SENT, STATUS_OK
+from ..routing import Router
 from ..rundir import RunWriter
 from ..scenario import Scenario, load_scenario, scenario_manifest
 from ..trace.io import read_trace
 from .client import RunContext, execute, request_row, send_at_deadline
+from .gpu_telemetry import GpuSampler, open_gpu_telemetry
 from .jobs import Job, ServerTokenizer, build_jobs, resolve_tokenizer
 from .metrics_scrape import MetricsScraper
 from .options import DEFAULT_TOTAL_TIMEOUT_S, DEFAULT_TTFT_TIMEOUT_S, RunOptions
@@ -114,8 +116,7 @@ def _auth_headers(options: RunOptions) -> tuple[dict[str, str], tuple[str, ...]]
         secrets = (key,)
         headers["authorization"] = f"Bearer {key}"
     parts = urlsplit(options.target_url)
-    if parts.password:
-        secrets += (parts.password,)
+    secrets += tuple(p for p in (urlsplit(url).password for url in options.target_urls) if p)
     if parts.username and "authorization" not in headers:  # what httpx does with URL userinfo
         token = base64.b64encode(f"{parts.username}:{parts.password or ''}".encode()).decode()
         headers["authorization"] = f"Basic {token}"
@@ -289,11 +290,17 @@ async def run_trace(options: RunOptions) -> Path:
             secrets=secrets,
             check_model=options.check_model,
         )
+        infos = [info, *await _probe_replicas(options, headers, secrets, cast(str, info.model))]
         jobs, counter, build_s, extensions = await _prepare_jobs(
             options, inputs, info, client, transport, root, path, headers
         )
         timeouts = _timeouts(options, scenario, {job.request_class for job in jobs})
-        scrape = options.scrape_metrics == "on" or (options.scrape_metrics == "auto" and info.has_metrics)
+        scraped = [
+            i
+            for i, t in enumerate(infos)
+            if options.scrape_metrics == "on" or (options.scrape_metrics == "auto" and t.has_metrics)
+        ]
+        scrape = bool(scraped)
         driver = DriverInfo(
             mode=inputs.mode,
             endpoint=inputs.endpoint,
@@ -309,22 +316,35 @@ async def run_trace(options: RunOptions) -> Path:
             target_notes=list(info.notes),
         )
         manifest = _start_manifest(options, inputs, info, driver, len(jobs))
+        if len(infos) > 1:
+            manifest = merge_manifest(manifest, _replicas_manifest(options, infos))
         # everything slow (SSL contexts, files) happens before the anchor is taken
-        scraper_client = (
-            httpx.AsyncClient(
-                base_url=root,
-                headers={k: v for k, v in headers.items() if k == "authorization"},
-                timeout=10.0,
-                trust_env=False,
+        scraper_clients = [
+            (
+                i,
+                httpx.AsyncClient(
+                    base_url=_split_base(options.target_urls[i])[0],
+                    headers={k: v for k, v in headers.items() if k == "authorization"},
+                    timeout=10.0,
+                    trust_env=False,
+                ),
             )
-            if scrape
-            else None
-        )
+            for i in scraped
+        ]
         await anyio.to_thread.run_sync(warm_up_arrow)
         await _warm_up(counter)
-        writer = ArrowRunWriter(
-            options.out_dir, manifest, flush_rows=1 << 60, flush_interval_s=options.flush_interval_s
-        )
+        gpu, gpu_section = open_gpu_telemetry(options.gpu_telemetry, options.scrape_interval_s)
+        if gpu is None and options.gpu_telemetry == "on":
+            raise TargetError(f"--gpu-telemetry on: {gpu_section['reason']}: expected an NVIDIA GPU on this host")
+        manifest = merge_manifest(manifest, {"gpu_telemetry": gpu_section})
+        try:
+            writer = ArrowRunWriter(
+                options.out_dir, manifest, flush_rows=1 << 60, flush_interval_s=options.flush_interval_s
+            )
+        except BaseException:
+            if gpu is not None:
+                gpu.close()
+            raise
         recorder = Recorder(writer, flush_interval_s=options.flush_interval_s)  # quiet_ns, progress wired below
         retain_completion = bool(scenario and scenario.privacy.retain_completion_text)
         ctx = RunContext(  # the anchor is taken in _replay, once the run's services are up
@@ -343,16 +363,58 @@ async def run_trace(options: RunOptions) -> Path:
             timeouts=timeouts,
             max_sse_line_bytes=options.max_sse_line_bytes,
         )
+        if len(infos) > 1:
+            ctx.origins, ctx.heads = _replica_origins(options, jobs, path, transport)
+            ctx.router = Router(len(infos), options.route_policy, options.replica_down_after)
         recorder.quiet_ns = ctx.quiet_ns
         recorder.progress = _Coverage(jobs, ctx, recorder, inputs.mode)
         try:
-            await _replay(options, inputs, ctx, jobs, writer, recorder, info, transport, scraper_client)
+            await _replay(options, inputs, ctx, jobs, writer, recorder, info, transport, scraper_clients, gpu)
         except BaseExceptionGroup as group:  # a task of the run failed: say what, in one line
             error = _loadgen_error(group)
             if error is not None:
                 raise error from None
             raise
+        finally:
+            if gpu is not None:
+                gpu.close()
     return Path(options.out_dir)
+
+
+async def _probe_replicas(
+    options: RunOptions, headers: dict[str, str], secrets: tuple[str, ...], model: str
+) -> list[TargetInfo]:
+    """Probe every replica after the first (model check, /version, /metrics): each must serve ``model``."""
+    infos = []
+    for url in options.replica_urls:
+        root = _split_base(url)[0]
+        async with httpx.AsyncClient(base_url=root, headers=headers, timeout=30.0, trust_env=False) as client:
+            infos.append(await probe_target(client, root, model, secrets=secrets, check_model=options.check_model))
+    return infos
+
+
+def _replicas_manifest(options: RunOptions, infos: list[TargetInfo]) -> dict[str, Any]:
+    """The manifest's ``targets`` (every replica, redacted, in ``target_index`` order) and ``routing``."""
+    return {
+        "targets": [info.manifest() for info in infos],
+        "routing": {
+            "policy": options.route_policy,
+            "sticky": "conversation",
+            "down_after_connect_errors": options.replica_down_after,
+        },
+    }
+
+
+def _replica_origins(
+    options: RunOptions, jobs: list[Job], path: str, transport: RawHTTP11Transport
+) -> tuple[list[tuple[bytes, str, int]], list[bytes]]:
+    """Per replica: the connection key and the first bytes of its requests (every payload was encoded
+    for the first replica; routing a request elsewhere swaps them)."""
+    urls = [httpx.URL(_split_base(url)[0]).join(path) for url in options.target_urls]
+    heads = [transport.request_head("POST", url) for url in urls]
+    if any(not job.payload.startswith(heads[0]) for job in jobs):  # encode_request's layout changed
+        raise LoadgenError("internal: a request payload does not start with its request line and Host header")
+    return [transport.origin(url) for url in urls], heads
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -411,13 +473,14 @@ async def _replay(
     recorder: Recorder,
     info: TargetInfo,
     transport: RawHTTP11Transport,
-    scraper_client: httpx.AsyncClient | None,
+    scraper_clients: list[tuple[int, httpx.AsyncClient]],
+    gpu: GpuSampler | None = None,
 ) -> None:
     """The measured part: one task group from the anchor to the last request; ``_finish`` always runs."""
     mode, concurrency = inputs.mode, inputs.concurrency
     show_progress = options.progress == "on" or (options.progress == "auto" and sys.stderr.isatty())
     progress = Progress(ctx, len(jobs)) if show_progress else None
-    scraper: MetricsScraper | None = None
+    scrapers: list[MetricsScraper] = []
     old_switch = sys.getswitchinterval()
     sys.setswitchinterval(min(old_switch, 0.0005))  # a flushing thread must not hold the GIL for 5 ms
     # the prepared requests live for the whole run: keep them out of every garbage collection,
@@ -434,10 +497,11 @@ async def _replay(
             await outer.start(recorder.run)
             if mode == "open":  # connections ready before the deadlines, refilled in the background
                 high = min(KEEP_IDLE_HIGH, int(concurrency or KEEP_IDLE_HIGH))
-                await outer.start(transport.keep_idle, ctx.origin, min(KEEP_IDLE_LOW, high), high)
+                for origin in ctx.origins:
+                    await outer.start(transport.keep_idle, origin, min(KEEP_IDLE_LOW, high), high)
             # the anchor is taken only now: set-up (connections, files) is never inside a request's TTFT
             _take_anchor(ctx, writer)
-            if scraper_client is not None:  # its first scrape (the baseline) falls inside the lead time
+            for index, scraper_client in scraper_clients:  # the first scrape (the baseline) falls in the lead time
                 scraper = MetricsScraper(
                     scraper_client,
                     "/metrics",
@@ -445,8 +509,12 @@ async def _replay(
                     recorder.submit_metrics,
                     options.scrape_interval_s,
                     tuple(options.metrics_prefixes) if options.metrics_prefixes else None,
+                    labels={"target_index": str(index)} if ctx.router is not None else None,
                 )
+                scrapers.append(scraper)
                 await outer.start(scraper.run)
+            if gpu is not None:  # its first sample falls inside the lead time, too
+                await outer.start(gpu.run, ctx.anchor_ns, recorder.submit_metrics, options.scrape_interval_s)
             if progress is not None:
                 outer.start_soon(progress.run)
             with anyio.move_on_after(options.deadline_s if options.deadline_s else math.inf) as run_scope:
@@ -458,7 +526,7 @@ async def _replay(
             deadline_hit = run_scope.cancelled_caught
             if deadline_hit:
                 stop_abs = time.perf_counter_ns()
-            if scraper is not None:
+            for scraper in scrapers:
                 await scraper.scrape_once()
             outer.cancel_scope.cancel()
     except anyio.get_cancelled_exc_class():  # Ctrl-C, SIGTERM, SIGHUP (loadgen.interrupts) or a caller
@@ -476,9 +544,11 @@ async def _replay(
         gc.unfreeze()
         if progress is not None:
             progress.close()
-        if scraper_client is not None:
+        for _, scraper_client in scraper_clients:
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                 await scraper_client.aclose()
+        if gpu is not None:
+            writer.update_manifest({"gpu_telemetry": {"samples": gpu.samples, "failed_readings": gpu.failures}})
         _finish(
             writer,
             recorder,
@@ -534,6 +604,7 @@ async def _schedule_open(ctx: RunContext, jobs, requests) -> None:
             await sleep_until(deadline)  # one precise waiter for the whole run, not one per request
         job.scheduled_ns = job.offset_ns
         ctx.dispatched += 1
+        ctx.route(job)
         # on the wire now when a slot and an idle connection are free; the task reads the response
         if followers and (job.conversation_id, job.turn_index) in followers:
             start(_execute_then_follow, ctx, job, deadline, send_at_deadline(ctx, job), followers, requests)
@@ -553,6 +624,7 @@ async def _execute_then_follow(ctx: RunContext, job, scheduled_abs_ns: int, pre,
 
 async def _follow(ctx: RunContext, job, ready_abs_ns: int, followers, requests) -> None:
     await sleep_until(ready_abs_ns)
+    ctx.route(job)
     await _execute_then_follow(ctx, job, ready_abs_ns, None, followers, requests)
 
 
@@ -566,6 +638,7 @@ async def _schedule_closed(ctx: RunContext, jobs, concurrency: int, requests) ->
             scheduled = time.perf_counter_ns()
             job.scheduled_ns = scheduled - ctx.anchor_ns
             ctx.dispatched += 1
+            ctx.route(job)
             await execute(ctx, job, scheduled)
 
     for _ in range(concurrency):
@@ -646,6 +719,8 @@ def _finish(
             "connections_opened": getattr(transport, "opened", None),
         },
     }
+    if ctx.router is not None:
+        updates["routing"] = ctx.router.manifest(ctx.anchor_ns)
     if interrupted_by:
         updates["interrupted_by"] = interrupted_by
     try:

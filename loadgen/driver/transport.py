@@ -598,6 +598,11 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
         return scheme, url.host, url.port or (443 if scheme == b"https" else 80)
 
     @staticmethod
+    def request_head(method: str, url: httpx.URL) -> bytes:
+        """The first bytes ``encode_request`` writes for ``url`` when Host is the first header."""
+        return method.encode() + b" " + url.raw_path + b" HTTP/1.1\r\nhost: " + url.netloc + b"\r\n"
+
+    @staticmethod
     def encode_request(method: str, url: httpx.URL, headers: list[tuple[bytes, bytes]], body: bytes = b"") -> bytes:
         """The exact bytes of an HTTP/1.1 request (``headers`` must include Host; Content-Length is added)."""
         head = [method.encode(), b" ", url.raw_path, b" HTTP/1.1\r\n"]

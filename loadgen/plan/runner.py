@@ -34,6 +34,7 @@ from .cells import CellCoord, build_cell_trace
 from .checks import judge_run
 from .execute import CellExecutor
 from .files import ANALYSIS_FILE, PLAN_FILE, RESULT_FILE, read_plan_state, write_json_atomic
+from .fleet import build_fleet, write_fleet
 from .region import build_region, write_region
 from .spec import PlanSpec, load_plan
 from .walk import (
@@ -60,7 +61,7 @@ __all__ = [
 ]
 
 #: Target keys that must match for a plan directory to be resumed against a target.
-_RESUME_TARGET_KEYS = ("kind", "engine", "engine_sha256", "base_url")
+_RESUME_TARGET_KEYS = ("kind", "engine", "engine_sha256", "base_url", "replicas", "route_policy")
 
 
 @dataclass
@@ -68,6 +69,7 @@ class PlanResult:
     plan_dir: Path
     state: dict[str, Any]
     region: dict[str, Any]
+    fleet: dict[str, Any] | None = None  # fleet sizing (plan [fleet]): the smallest replica count per rate step
 
 
 class _Planner:
@@ -195,7 +197,15 @@ class _Planner:
             out = predict_dir / coord.cell_id
             if out.exists():
                 shutil.rmtree(out)
-            run_worksheet(trace, engine, out, seed=0, scenario=self.scenario_path)
+            run_worksheet(
+                trace,
+                engine,
+                out,
+                seed=0,
+                scenario=self.scenario_path,
+                replicas=getattr(self.target, "replicas", 1),
+                route_policy=getattr(self.target, "route_policy", "round-robin"),
+            )
             analysis = analyze_run(out, scenario=self.scenario)
             judged = judge_run(analysis, load_run(out), spec.stops)
             shutil.rmtree(out)
@@ -314,6 +324,8 @@ def run_plan(
     """
     if prediction_engine is None:
         prediction_engine = _default_prediction_engine(spec, target)
+    if spec.fleet.sizing:
+        return _run_fleet(spec, target, Path(plan_dir), max_new_runs, time_budget_s, prediction_engine, log)
     planner = _Planner(
         spec,
         target,
@@ -324,6 +336,48 @@ def run_plan(
         prediction_engine=prediction_engine,
     )
     return planner.run()
+
+
+def _run_fleet(
+    spec: PlanSpec,
+    target: Target,
+    plan_dir: Path,
+    max_new_runs: int | None,
+    time_budget_s: float | None,
+    prediction_engine: EngineConfig | str | None,
+    log: Callable[[str], None] | None,
+) -> PlanResult:
+    """Walk the plan once per replica count (``replicas-N/``, each resumable) and size the fleet.
+
+    Only on the worksheet: N engines in virtual time are what the simulated engine can honestly stand for.
+    The time and request budgets apply to each replica count's walk."""
+    if not isinstance(target, WorksheetTarget):
+        raise PlanError(
+            f"{spec.source_path or spec.name}: fleet.replicas = {list(spec.fleet.replicas)}: fleet sizing runs on "
+            "the simulated engine's worksheet only: expected --sim-worksheet ENGINE"
+        )
+    regions: dict[int, dict[str, Any]] = {}
+    states: dict[str, Any] = {}
+    left = max_new_runs
+    for n in spec.fleet.replicas:
+        fleet_target = WorksheetTarget(target.engine, n, spec.fleet.route_policy)
+        planner = _Planner(
+            spec,
+            fleet_target,
+            plan_dir / f"replicas-{n}",
+            max_new_runs=left,
+            time_budget_s=time_budget_s,
+            log=log or (lambda _m: None),
+            prediction_engine=prediction_engine,
+        )
+        result = planner.run()
+        regions[n], states[str(n)] = result.region, result.state
+        if left is not None:
+            left = max(0, left - int(result.state["invocations"][-1].get("new_runs") or 0))
+    fleet = build_fleet(regions, spec.fleet.route_policy)
+    write_fleet(plan_dir, fleet)
+    status = "complete" if all(s.get("status") == "complete" for s in states.values()) else "incomplete"
+    return PlanResult(plan_dir, {"status": status, "replicas": states}, regions[spec.fleet.replicas[-1]], fleet)
 
 
 def _ledger_summary(spec: PlanSpec, scenario: Scenario) -> dict[str, Any] | None:

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ScenarioError
 from ..limits import (
@@ -24,6 +24,7 @@ from ..limits import (
     MAX_SEED,
     MAX_TIMEOUT_S,
 )
+from ..routing import RoutePolicy
 from ..scenario import CLASS_NAMES, format_validation_error
 from ..tomlfile import read_toml
 
@@ -35,6 +36,7 @@ __all__ = [
     "WarmupSpec",
     "ConfidenceSpec",
     "SearchSpec",
+    "FleetSpec",
     "load_plan",
     "parse_plan",
     "rate_ladder",
@@ -122,6 +124,27 @@ class SearchSpec(_Model):
     precision: float | None = Field(default=None, gt=0, lt=1)
 
 
+class FleetSpec(_Model):
+    """Fleet sizing, on the simulated engine's worksheet only: the whole plan is walked once per replica
+    count (N independent engines behind ``route_policy``, in virtual time, each in ``replicas-N/``), and
+    ``fleet.md`` says, per class, state, concurrency and rate step, the smallest count meeting every budget."""
+
+    replicas: list[int] = Field(default=[1], min_length=1)  # ascending replica counts
+    route_policy: RoutePolicy = "round-robin"
+
+    @field_validator("replicas")
+    @classmethod
+    def _ascending(cls, value: list[int]) -> list[int]:
+        if any(not 1 <= n <= 1024 for n in value) or list(value) != sorted(set(value)):
+            raise ValueError("expected strictly ascending replica counts in 1..1024")
+        return value
+
+    @property
+    def sizing(self) -> bool:
+        """True when the plan sizes a fleet (anything but the one engine)."""
+        return list(self.replicas) != [1]
+
+
 class PlanSpec(_Model):
     name: str = Field(min_length=1)
     description: str = ""
@@ -143,6 +166,7 @@ class PlanSpec(_Model):
     warmup: WarmupSpec = WarmupSpec()
     confidence: ConfidenceSpec = ConfidenceSpec()
     search: SearchSpec = SearchSpec()
+    fleet: FleetSpec = FleetSpec()
     # set by load_plan, not by the file
     source_path: str | None = Field(default=None, exclude=True)
     sha256: str | None = Field(default=None, exclude=True)

@@ -5,6 +5,11 @@ them apart except through the manifest (``run_kind: simulated``, ``modelExecuted
 client side is ideal (no network, headers at send time) but honours the trace's concurrency
 limit (``max_in_flight``, or ``concurrency`` for closed traces) as the driver does. Same trace +
 engine config + seed = identical tables.
+
+A fleet (``replicas`` > 1) is N independent engines of the same config behind the driver's routing
+policy (``loadgen.routing``: round-robin or least in flight, conversations sticky), one client and one
+virtual clock: each request row names its engine (``target_index``) and each engine's server metrics
+carry a ``target_index`` label, as a measured run against N replicas does.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from ..records import (
     empty_request_row,
     http_error_kind,
 )
+from ..routing import RoutePolicy, Router
 from ..rundir import RunWriter
 from ..scenario import Scenario, load_scenario, scenario_manifest
 from ..trace.io import read_trace
@@ -76,15 +82,18 @@ class _Client:
     def __init__(
         self,
         cols: dict[str, list[Any]],
-        engine: Engine,
+        engines: list[Engine],
         config: EngineConfig,
         plans: list[FaultPlan | None],
         stop_after: list[int | None],
         limit: int,
+        router: Router | None = None,
     ) -> None:
         n = len(plans)
         self.cols = cols
-        self.engine = engine
+        self.engines = engines
+        self.router = router  # a fleet: which engine each request goes to (None: the one engine)
+        self.target: list[int | None] = [None] * n  # engine of each request sent
         self.max_len = config.scheduler.max_model_len
         self.plans = plans
         self.stop_after = stop_after  # tokens after which the client stops reading
@@ -99,6 +108,42 @@ class _Client:
         self.queue: deque[int] = deque()
         self.delayed: list[tuple[int, int]] = []  # (engine arrival ns, index) after a slow start
         self.in_flight = 0
+        # the schedule: trace offsets, except turns that wait for the reply (think_after_reply_ns), which
+        # become due one think time after the previous turn of their conversation ended (``ready``)
+        self.scheduled: list[int] = list(cols["scheduled_offset_ns"])
+        self.ptr = 0
+        self.ready: list[tuple[int, int]] = []  # (due ns, index) of reply-waiting turns whose reply ended
+        self.followers = _followers(cols)  # index of a turn -> index of the turn that waits for its reply
+        self.waiting = set(self.followers.values())  # not due at their offset (a turn without one is)
+
+    def release_due(self, t: int) -> None:
+        """Every request due at or before t arrives: trace offsets in order, then reply-waiting turns."""
+        offsets, n, waiting = self.scheduled, len(self.scheduled), self.waiting
+        while self.ptr < n and offsets[self.ptr] <= t:
+            if self.ptr not in waiting:
+                self.arrive(self.ptr, offsets[self.ptr])
+            self.ptr += 1
+        while self.ready and self.ready[0][0] <= t:
+            due, i = heapq.heappop(self.ready)
+            self.arrive(i, due)
+
+    def next_due(self) -> int | None:
+        """When the next request is due (None: none left that is scheduled or ready)."""
+        offsets, n = self.scheduled, len(self.scheduled)
+        while self.ptr < n and self.ptr in self.waiting:
+            self.ptr += 1  # reply-waiting turns are not due at their offset
+        cands = [offsets[self.ptr]] if self.ptr < n else []
+        if self.ready:
+            cands.append(self.ready[0][0])
+        return min(cands) if cands else None
+
+    def _ended(self, i: int, t: int) -> None:
+        """Request i's reply ended at t: the turn waiting for it becomes due one think time later."""
+        nxt = self.followers.get(i)
+        if nxt is not None:
+            due = t + int(self.cols["think_after_reply_ns"][nxt])
+            self.scheduled[nxt] = due
+            heapq.heappush(self.ready, (due, nxt))
 
     def arrive(self, i: int, t: int) -> None:
         """Request i is due at t: send it, or queue it while the client is at its limit."""
@@ -111,6 +156,10 @@ class _Client:
         """Request i ended at t: free its client slot and send queued requests (no recursion)."""
         self.done[i] = t
         self.in_flight -= 1
+        if self.router is not None:
+            self.router.finished(cast(int, self.target[i]))
+        if self.followers:
+            self._ended(i, t)
         while self.queue and self.in_flight < self.limit:
             self.send(self.queue.popleft(), t)
 
@@ -119,13 +168,19 @@ class _Client:
         self.status[i], self.error_kind[i], self.http_status[i] = STATUS_ERROR, http_error_kind(code), code
         self.retry_after[i] = retry_after_s
         self.done[i] = t
+        if self.router is not None:
+            self.router.finished(cast(int, self.target[i]))
+        if self.followers:
+            self._ended(i, t)
 
     def send(self, i: int, t: int) -> None:
         """Request i leaves the client at t; answered at once (errors) or handed to the engine."""
         self.sent[i] = t
         plan = self.plans[i]
         cols = self.cols
-        engine = self.engine
+        conv = cols["conversation_id"][i]
+        index = self.target[i] = self.router.assign(conv) if self.router is not None else 0
+        engine = self.engines[index]
         prompt, out = cols["prompt_tokens"][i], cols["output_tokens"][i]
         if prompt + out > self.max_len or -(-(prompt + out) // engine.block_size) > engine.total_blocks or out < 1:
             self._answer_now(i, t, 400)
@@ -137,7 +192,6 @@ class _Client:
             self._answer_now(i, t, 429, plan.retry_after_s)
             return
         self.in_flight += 1
-        conv = cols["conversation_id"][i]
         key = conv if conv is not None else cols["prefix_group"][i]
         cache_limit = None if conv is not None else cols["prefix_tokens"][i]
         arrive = t + (int(plan.slow_start_s * _NS) if plan is not None else 0)
@@ -204,43 +258,100 @@ def _decide_faults(
     return plans, stop_after
 
 
-def _next_event(offsets: list[int], ptr: int, delayed: list[tuple[int, int]]) -> int | None:
-    """The next scheduled send or delayed engine arrival, if any."""
+def _followers(cols: dict[str, list[Any]]) -> dict[int, int]:
+    """Per request index: the index of its conversation's next turn when that turn waits for the reply."""
+    waits = cols.get("think_after_reply_ns")
+    if waits is None or all(w is None for w in waits):
+        return {}
+    turns = {(c, k): i for i, (c, k) in enumerate(zip(cols["conversation_id"], cols["turn_index"], strict=True))}
+    out = {}
+    for i, wait in enumerate(waits):
+        prev = turns.get((cols["conversation_id"][i], (cols["turn_index"][i] or 0) - 1))
+        if wait is not None and prev is not None:
+            out[prev] = i
+    return out
+
+
+def _next_event(client: _Client, delayed: list[tuple[int, int]]) -> int | None:
+    """The next due request or delayed engine arrival, if any."""
     cands = []
-    if ptr < len(offsets):
-        cands.append(offsets[ptr])
+    due = client.next_due()
+    if due is not None:
+        cands.append(due)
     if delayed:
         cands.append(delayed[0][0])
     return min(cands) if cands else None
 
 
-def _run_virtual_time(engine: Engine, client: _Client, offsets: list[int]) -> _Steps:
-    """The event loop: jump the clock to the next send, arrival, window opening or step end."""
-    n = len(offsets)
-    steps = _Steps(engine.spec)
+def _run_fleet_virtual_time(engines: list[Engine], client: _Client) -> tuple[_Steps, list[_Steps]]:
+    """The event loop of a fleet, in time order: step ends (their chunks, finished requests), sends and
+    arrivals, then a new step on every idle engine with work. Returns the chunks of every engine
+    (``_Steps`` in step-end order) and each engine's own state rows."""
+    steps = _Steps(engines[0].spec)
+    states = [_Steps(e.spec) for e in engines]
     delayed = client.delayed
-    ptr = 0
+    pending: list[tuple[int, StepResult] | None] = [None] * len(engines)  # (end, result) of a step under way
     t = 0
     while True:
-        while ptr < n and offsets[ptr] <= t:
-            client.arrive(ptr, offsets[ptr])
-            ptr += 1
+        for t_end, i in sorted((p[0], i) for i, p in enumerate(pending) if p is not None and p[0] <= t):
+            res = cast(tuple[int, StepResult], pending[i])[1]
+            pending[i] = None
+            steps.record_chunks(res.emitted, t_end)
+            for seq in res.finished:
+                client.finish(seq.idx, t_end)
+            states[i].record_state(engines[i], res, t_end)
+        client.release_due(t)
+        while delayed and delayed[0][0] <= t:
+            idx = heapq.heappop(delayed)[1]
+            engines[cast(int, client.target[idx])].add(cast(Seq, client.seqs[idx]))
+        wake: list[int] = []
+        for i, engine in enumerate(engines):
+            if pending[i] is not None or not engine.has_work:
+                continue
+            hold = engine.hold_until_ns(t)
+            if hold is not None:
+                wake.append(hold)
+                continue
+            res = engine.step(t)
+            if res.duration_ns == 0 and not res.emitted and not res.finished:
+                continue  # no progress until something else happens
+            pending[i] = (t + res.duration_ns, res)
+        nxt = _next_event(client, delayed)
+        times = [p[0] for p in pending if p is not None] + wake + ([nxt] if nxt is not None else [])
+        if not times:
+            if any(e.has_work for e in engines):
+                raise RuntimeError("simulated engine made no progress (config cannot serve its queue)")
+            break
+        t_next = min(times)
+        if t_next <= t and not any(p is not None and p[0] <= t for p in pending):
+            raise RuntimeError("simulated engine made no progress (config cannot serve its queue)")
+        t = max(t, t_next)
+    return steps, states
+
+
+def _run_virtual_time(engine: Engine, client: _Client) -> _Steps:
+    """The event loop: jump the clock to the next send, arrival, window opening or step end."""
+    steps = _Steps(engine.spec)
+    delayed = client.delayed
+    t = 0
+    while True:
+        client.release_due(t)
         while delayed and delayed[0][0] <= t:
             engine.add(cast(Seq, client.seqs[heapq.heappop(delayed)[1]]))  # arrive() stored it before queueing
         if not engine.has_work:
-            nxt = _next_event(offsets, ptr, delayed)
+            nxt = _next_event(client, delayed)
             if nxt is None:
                 break
             t = max(t, nxt)
             continue
         hold = engine.hold_until_ns(t)
         if hold is not None:
-            nxt = _next_event(offsets, ptr, delayed)
+            nxt = _next_event(client, delayed)
             t = hold if nxt is None else min(hold, nxt)
             continue
         res = engine.step(t)
         if res.duration_ns == 0 and not res.emitted and not res.finished:
-            nxt = _next_event(offsets, ptr, delayed)
+            nxt = _next_event(client, delayed)
             if nxt is None or nxt <= t:
                 raise RuntimeError("simulated engine made no progress (config cannot serve its queue)")
             t = nxt
@@ -332,7 +443,7 @@ def _request_rows(
     """One record row per trace request, and the TTFT (s, from engine arrival) of each that streamed."""
     rows: list[dict[str, Any]] = []
     ttft_s: list[float] = []
-    offsets = cols["scheduled_offset_ns"]
+    offsets = client.scheduled  # trace offsets; a reply-waiting turn: when it became due
     sent, http_status = client.sent, client.http_status
     for i in range(len(offsets)):
         seq = client.seqs[i]
@@ -358,6 +469,7 @@ def _request_rows(
                 conversation_id=cols["conversation_id"][i],
                 turn_index=cols["turn_index"][i],
                 prefix_group=cols["prefix_group"][i],
+                target_index=client.target[i],
                 warm=True,
                 scheduled_ns=offsets[i],
                 slot_acquired_ns=sent_ns,
@@ -386,22 +498,24 @@ def _request_rows(
     return rows, ttft_s
 
 
-def _server_metrics(steps: _Steps, chunks: _Chunks, ttft_s: list[float], model: str) -> dict[str, list[Any]]:
-    """Per-step server state under vLLM names, then the final TTFT and ITL histograms."""
-    m_rows = steps.rows
-    labels = metric_labels_json(model)
-    n_steps = len(m_rows)
-    names: list[str] = []
-    times: list[int] = []
-    values: list[float] = []
-    tlist = [row[0] for row in m_rows]
-    state = np.array([row[1:] for row in m_rows], dtype=np.float64).reshape(n_steps, len(STEP_METRICS))
-    for j, (name, _help) in enumerate(STEP_METRICS):
-        names.extend([name] * n_steps)
-        times.extend(tlist)
-        values.extend(state[:, j].tolist())
-    t_final = tlist[-1] if tlist else 0
-    label_col = [labels] * (n_steps * len(STEP_METRICS))
+def _server_metrics(
+    steps: _Steps, chunks: _Chunks, ttft_s: list[float], model: str, fleet: list[_Steps] | None = None
+) -> dict[str, list[Any]]:
+    """Per-step server state under vLLM names, then the final TTFT and ITL histograms.
+
+    ``fleet``: the state rows of each engine of a fleet (labelled ``target_index``) instead of ``steps``';
+    the histograms then cover the whole fleet."""
+    if fleet is None:
+        names, times, values, label_col = _state_metrics(steps, model, metric_labels_json(model))
+    else:
+        names, times, values, label_col = [], [], [], []
+        for index, engine_steps in enumerate(fleet):
+            n_, t_, v_, l_ = _state_metrics(engine_steps, model, metric_labels_json(model, target_index=str(index)))
+            names += n_
+            times += t_
+            values += v_
+            label_col += l_
+    t_final = max(times) if times else 0
     itl = _itl_seconds(chunks.idx, chunks.ct, chunks.ck)
     for name, buckets, data in (
         ("vllm:time_to_first_token_seconds", TTFT_BUCKETS, np.array(ttft_s)),
@@ -413,6 +527,22 @@ def _server_metrics(steps: _Steps, chunks: _Chunks, ttft_s: list[float], model: 
             values.append(value)
             label_col.append(sample_labels)
     return {"time_ns": times, "name": names, "labels": label_col, "value": values}
+
+
+def _state_metrics(steps: _Steps, model: str, labels: str) -> tuple[list[str], list[int], list[float], list[str]]:
+    """(names, times, values, labels) of the per-step server state of one engine."""
+    m_rows = steps.rows
+    n_steps = len(m_rows)
+    names: list[str] = []
+    times: list[int] = []
+    values: list[float] = []
+    tlist = [row[0] for row in m_rows]
+    state = np.array([row[1:] for row in m_rows], dtype=np.float64).reshape(n_steps, len(STEP_METRICS))
+    for j, (name, _help) in enumerate(STEP_METRICS):
+        names.extend([name] * n_steps)
+        times.extend(tlist)
+        values.extend(state[:, j].tolist())
+    return names, times, values, [labels] * (n_steps * len(STEP_METRICS))
 
 
 def _engine_notes(engine: Engine, steps: _Steps, chunks: _Chunks, plans: list[FaultPlan | None]) -> dict[str, Any]:
@@ -444,25 +574,71 @@ def simulate_trace(
     config: EngineConfig,
     seed: int = 0,
     endpoint: str = "completions",
+    replicas: int = 1,
+    route_policy: RoutePolicy = "round-robin",
 ) -> WorksheetResult:
-    """Run the engine over a trace table in virtual time (ns from trace start)."""
-    # think_after_reply_ns (reply-waiting turns) is not simulated: the worksheet replays every turn at its offset
-    cols = {name: table.column(name).to_pylist() for name in TRACE_SCHEMA.names if name in table.column_names}
+    """Run the engine (``replicas`` > 1: a fleet of them behind ``route_policy``) over a trace table in
+    virtual time (ns from trace start)."""
+    # a reply-waiting turn (think_after_reply_ns) is due one think time after its previous turn ended
+    names = [*TRACE_SCHEMA.names, "think_after_reply_ns"]
+    cols = {name: table.column(name).to_pylist() for name in names if name in table.column_names}
     n = table.num_rows
-    engine = Engine(config, seed=seed)
+    engines = [Engine(config, seed=seed + k) for k in range(replicas)]  # engine 0 is the single engine's
     plans, stop_after = _decide_faults(FaultDecider(config.faults, seed=seed), cols["cancel_after_tokens"])
     mode = metadata.get("mode", "open")
     limit = metadata.get("concurrency") if mode == "closed" else metadata.get("max_in_flight")
-    client = _Client(cols, engine, config, plans, stop_after, int(limit) if limit else n + 1)
-    steps = _run_virtual_time(engine, client, cols["scheduled_offset_ns"])
+    router = Router(replicas, route_policy) if replicas > 1 else None
+    client = _Client(cols, engines, config, plans, stop_after, int(limit) if limit else n + 1, router)
+    fleet: list[_Steps] | None = None
+    if router is None:
+        steps = _run_virtual_time(engines[0], client)
+    else:
+        steps, fleet = _run_fleet_virtual_time(engines, client)
     chunks = _Chunks(steps, n, endpoint, config.model)
     chunks.apply_stalls(plans, client.seqs, client.done)
     result = WorksheetResult()
     result.requests, ttft_s = _request_rows(cols, client, chunks, config.model)
     result.chunks = chunks.columns(cols["request_id"])
-    result.metrics = _server_metrics(steps, chunks, ttft_s, config.model)
-    result.notes = _engine_notes(engine, steps, chunks, plans)
+    result.metrics = _server_metrics(steps, chunks, ttft_s, config.model, fleet)
+    if fleet is None:
+        result.notes = _engine_notes(engines[0], steps, chunks, plans)
+    else:
+        result.notes = _fleet_notes(engines, fleet, chunks, plans, route_policy, cast(Router, router))
     return result
+
+
+def _fleet_notes(
+    engines: list[Engine],
+    fleet: list[_Steps],
+    chunks: _Chunks,
+    plans: list[FaultPlan | None],
+    route_policy: str,
+    router: Router,
+) -> dict[str, Any]:
+    """A fleet's engine notes: the sums over its engines (virtual duration: the latest), and each engine's."""
+    per = [_engine_notes(e, s, chunks, plans) for e, s in zip(engines, fleet, strict=True)]
+    notes = dict(per[0])
+    for key in (
+        "steps",
+        "busy_s",
+        "prompt_tokens_computed",
+        "preemptions",
+        "prefix_cache_queries",
+        "prefix_cache_hits",
+    ):
+        notes[key] = sum(p[key] for p in per)
+    for key in ("num_kv_blocks", "kv_cache_tokens"):
+        notes[key] = sum(p[key] for p in per)
+    notes["virtual_duration_s"] = max(p["virtual_duration_s"] for p in per)
+    busy = notes["busy_s"]
+    notes["output_tokens_per_busy_s"] = notes["output_tokens"] / busy if busy else None
+    notes["replicas"] = len(engines)
+    notes["route_policy"] = route_policy
+    notes["routed"] = list(router.routed)
+    notes["per_replica"] = [
+        {k: p[k] for k in ("steps", "busy_s", "virtual_duration_s", "preemptions", "prefix_cache_hits")} for p in per
+    ]
+    return notes
 
 
 def _itl_seconds(idx: np.ndarray, ct: np.ndarray, ck: np.ndarray) -> np.ndarray:
@@ -496,11 +672,16 @@ def run_worksheet(
     seed: int = 0,
     scenario: Scenario | str | Path | None = None,
     extra_manifest: dict[str, Any] | None = None,
+    replicas: int = 1,
+    route_policy: RoutePolicy = "round-robin",
 ) -> Path:
     """Simulate ``trace_path`` on ``engine`` (path, preset name or config); write ``out_dir``.
 
     ``extra_manifest`` (sections such as ``plan_cell`` or ``warm_state``) is merged into the manifest.
+    ``replicas`` > 1: a fleet of that many engines behind ``route_policy`` (see the module docstring).
     """
+    if replicas < 1:
+        raise ValueError(f"replicas = {replicas}: expected at least 1")
     trace_path = Path(trace_path)
     config = engine if isinstance(engine, EngineConfig) else load_engine_config(engine)
     table, metadata = _read_trace(trace_path)
@@ -552,9 +733,21 @@ def run_worksheet(
             "kv_cache_dtype": config.kv.kv_cache_dtype,
         },
     )
+    if replicas > 1:
+        target = manifest.target.model_dump(mode="json")
+        manifest = merge_manifest(
+            manifest,
+            {
+                "targets": [{**target, "base_url": f"worksheet engine {k}"} for k in range(replicas)],
+                "routing": {"policy": route_policy, "sticky": "conversation", "down_after_connect_errors": 0},
+                "options": {"replicas": replicas, "route_policy": route_policy},
+            },
+        )
     if extra_manifest:
         manifest = merge_manifest(manifest, extra_manifest)
-    result = simulate_trace(table, metadata, config, seed=seed, endpoint=endpoint)
+    result = simulate_trace(
+        table, metadata, config, seed=seed, endpoint=endpoint, replicas=replicas, route_policy=route_policy
+    )
     with RunWriter(Path(out_dir), manifest) as writer:
         for row in result.requests:
             writer.add_request(row)
@@ -565,6 +758,7 @@ def run_worksheet(
                 "ended_utc": utc_now_iso(),
                 "duration_s": result.notes["virtual_duration_s"],
                 "engine_notes": result.notes,
+                **({"routing": {"routed": result.notes["routed"]}} if replicas > 1 else {}),
             }
         )
     return Path(out_dir)

@@ -26,6 +26,7 @@ from typing import Any
 import loadgen
 
 from ..childproc import ChildProcess
+from ..routing import RoutePolicy
 from ..sim import EngineConfig, load_engine_config, run_worksheet
 from ..sim.ready import find_ready_url
 from ..sim.worksheet import WORKSHEET_WARM_ACTION
@@ -174,16 +175,23 @@ class WorksheetTarget(Target):
     kind = "worksheet"
     real_time = False
 
-    def __init__(self, engine: str | Path | EngineConfig) -> None:
+    def __init__(
+        self, engine: str | Path | EngineConfig, replicas: int = 1, route_policy: RoutePolicy = "round-robin"
+    ) -> None:
         self.engine = engine if isinstance(engine, EngineConfig) else load_engine_config(engine)
+        self.replicas = replicas  # > 1: a fleet of engines behind route_policy (loadgen.sim.worksheet)
+        self.route_policy: RoutePolicy = route_policy
 
     def describe(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "kind": self.kind,
             "engine": self.engine.name,
             "engine_sha256": self.engine.sha256,
             "engine_path": self.engine.source_path,
         }
+        if self.replicas > 1:
+            out.update(replicas=self.replicas, route_policy=self.route_policy)
+        return out
 
     @property
     def model(self) -> str | None:
@@ -223,6 +231,8 @@ class WorksheetTarget(Target):
                 seed=request.seed,
                 scenario=request.scenario_path,
                 extra_manifest=labels,
+                replicas=self.replicas,
+                route_policy=self.route_policy,
             )
         )
 
