@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,20 @@ def import_ray() -> Any:
     except ImportError:
         raise LoadgenError(INSTALL_HINT) from None
     return ray
+
+
+def _init_keeping_signals(ray: Any, kwargs: dict[str, Any]) -> None:
+    """``ray.init``, then loadgen's own SIGINT/SIGTERM/SIGHUP handlers back (Ray's driver installs handlers
+    that abort the process, which would leave the workers' shards unclosed and the run unaccounted)."""
+    main = threading.current_thread() is threading.main_thread()
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    saved = {sig: signal.getsignal(sig) for sig in signals} if main else {}
+    try:
+        ray.init(**kwargs)
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 class _WorkerActor:
@@ -90,7 +106,7 @@ class RayLauncher:
             else:
                 kwargs["num_cpus"] = num_cpus
             try:
-                ray.init(**kwargs)
+                _init_keeping_signals(ray, kwargs)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 where = without_userinfo(address) if address else "a local Ray"
                 raise LoadgenError(
