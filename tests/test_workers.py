@@ -246,7 +246,16 @@ def test_a_killed_worker_leaves_its_rows_and_the_rest_are_recorded_worker_lost(t
     sim = sim_server("instant")
     run_dir = tmp_path / "run"
     proc = start_cli(
-        "run", str(trace), "--target", sim.base_url, "--out", str(run_dir), "--workers", "2", "--flush-interval-s", "0.2"
+        "run",
+        str(trace),
+        "--target",
+        sim.base_url,
+        "--out",
+        str(run_dir),
+        "--workers",
+        "2",
+        "--flush-interval-s",
+        "0.2",
     )
     try:
         wait_for(lambda: worker_rows(run_dir, "w1") > 0, proc, "worker 1 recorded some requests")
@@ -278,7 +287,16 @@ def test_sigterm_stops_every_worker_and_closes_every_shard(tmp_path: Path, sim_s
     sim = sim_server("instant")
     run_dir = tmp_path / "run"
     proc = start_cli(
-        "run", str(trace), "--target", sim.base_url, "--out", str(run_dir), "--workers", "2", "--flush-interval-s", "0.2"
+        "run",
+        str(trace),
+        "--target",
+        sim.base_url,
+        "--out",
+        str(run_dir),
+        "--workers",
+        "2",
+        "--flush-interval-s",
+        "0.2",
     )
     try:
         wait_for(
@@ -305,7 +323,9 @@ def test_sigterm_stops_every_worker_and_closes_every_shard(tmp_path: Path, sim_s
 
 def test_more_workers_than_conversations_is_one_line(tmp_path: Path) -> None:
     trace = conversation_trace(tmp_path / "t.parquet", singles=0, conversations=2, gap_ms=10)
-    result = run_cli("run", str(trace), "--target", "http://127.0.0.1:9", "--out", str(tmp_path / "r"), "--workers", "5")
+    result = run_cli(
+        "run", str(trace), "--target", "http://127.0.0.1:9", "--out", str(tmp_path / "r"), "--workers", "5"
+    )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "loadgen: error: --workers 5: worker" in result.stderr
     assert "Traceback" not in result.stderr
@@ -318,7 +338,18 @@ def test_ray_without_the_extra_says_how_to_install_it(tmp_path: Path) -> None:
         "from loadgen.cli import main; sys.exit(main(sys.argv[1:]))"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code, "run", str(trace), "--target", "http://127.0.0.1:9", "--out", str(tmp_path / "r"), "--ray"],
+        [
+            sys.executable,
+            "-c",
+            code,
+            "run",
+            str(trace),
+            "--target",
+            "http://127.0.0.1:9",
+            "--out",
+            str(tmp_path / "r"),
+            "--ray",
+        ],
         env=ENV,
         capture_output=True,
         text=True,

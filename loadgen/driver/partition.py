@@ -35,7 +35,9 @@ def shard_of(key: str, workers: int) -> int:
 def shard_index(table: pa.Table, workers: int) -> np.ndarray:
     """Per trace row, its worker: by conversation (when the row has one), else by request id."""
     ids = table.column("request_id").to_pylist()
-    convs = table.column("conversation_id").to_pylist() if "conversation_id" in table.column_names else [None] * len(ids)
+    convs = (
+        table.column("conversation_id").to_pylist() if "conversation_id" in table.column_names else [None] * len(ids)
+    )
     # a conversation id and a request id that happen to be equal still key the same worker: harmless
     return np.fromiter(
         (shard_of(c if c is not None else r, workers) for r, c in zip(ids, convs, strict=True)),

@@ -90,6 +90,8 @@ class RayLauncher:
     """Ray actors on the cluster at ``address`` (None: a local Ray with ``num_cpus`` CPUs)."""
 
     kind = "ray"
+    address_label: str | None
+    listen_host: str
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None) -> None:
         self.ray = ray = import_ray()
@@ -121,9 +123,7 @@ class RayLauncher:
         env = {}
         if options.api_key_env and os.environ.get(options.api_key_env):  # the key reaches the actor, never a file
             env[options.api_key_env] = os.environ[options.api_key_env]
-        actor = self.actor_class.options(
-            name=None, runtime_env={"env_vars": env} if env else None
-        ).remote()
+        actor = self.actor_class.options(name=None, runtime_env={"env_vars": env} if env else None).remote()
         return _RayHandle(self.ray, actor, actor.run.remote(address, token, worker_id))
 
     def close(self) -> None:

@@ -118,12 +118,16 @@ class ProcessLauncher:
 
     kind = "processes"
     listen_host = "127.0.0.1"
-    address_label = None
+    address_label: str | None = None
 
     def start(self, worker_id: int, address: str, token: str, log_path: Path, options: RunOptions) -> WorkerHandle:
         argv = [sys.executable, "-m", "loadgen.driver.worker_main", "--connect", address, "--worker", str(worker_id)]
         child = ChildProcess(
-            argv, log_path=log_path, what=f"worker {worker_id}", env={**os.environ, TOKEN_ENV: token}, error=LoadgenError
+            argv,
+            log_path=log_path,
+            what=f"worker {worker_id}",
+            env={**os.environ, TOKEN_ENV: token},
+            error=LoadgenError,
         )
         return _ProcessHandle(child.start())
 
@@ -285,7 +289,12 @@ class Coordinator:
             await stream.aclose()
             return
         w = self.workers[wid]
-        w.channel, w.pid, w.host_sha256, w.node_ip = channel, hello.get("pid"), hello.get("host_sha256"), hello.get("node_ip")
+        w.channel, w.pid, w.host_sha256, w.node_ip = (
+            channel,
+            hello.get("pid"),
+            hello.get("host_sha256"),
+            hello.get("node_ip"),
+        )
         options = _worker_options(self.options, self.inputs, len(self.workers), wid)
         await channel.send({"options": options.model_dump(mode="json"), "workers": len(self.workers)})
         while (message := await channel.receive()) is not None:
@@ -402,7 +411,9 @@ class Coordinator:
             except (pa.ArrowInvalid, OSError) as exc:
                 raise RunDirError(f"{f}: unreadable Parquet ({exc}): expected a file written by a worker") from None
         if not tables:
-            return pa.table({"request_id": pa.array([], pa.string()), "status": [], "sent_ns": pa.array([], pa.int64())})
+            return pa.table(
+                {"request_id": pa.array([], pa.string()), "status": [], "sent_ns": pa.array([], pa.int64())}
+            )
         return pa.concat_tables(tables)
 
     def _account(self, w: _Worker) -> tuple[WorkerInfo, Manifest | None, np.ndarray]:
@@ -478,9 +489,7 @@ class Coordinator:
             n += 1
         return n
 
-    def _merged(
-        self, shards: list[Manifest], lags: np.ndarray, infos: list[WorkerInfo], state: str
-    ) -> dict[str, Any]:
+    def _merged(self, shards: list[Manifest], lags: np.ndarray, infos: list[WorkerInfo], state: str) -> dict[str, Any]:
         """The run's manifest from its workers': sections of the first, sums of the additive figures."""
         updates: dict[str, Any] = {"state": state, "ended_utc": utc_now_iso()}
         first = shards[0] if shards else None
@@ -530,7 +539,9 @@ def _merged_driver(shards: list[Manifest]) -> dict[str, Any]:
 
 
 def _last_flush(shards: list[Manifest]) -> dict[str, Any] | None:
-    covered = [m.last_flush.covered_until_ns for m in shards if m.last_flush and m.last_flush.covered_until_ns is not None]
+    covered = [
+        m.last_flush.covered_until_ns for m in shards if m.last_flush and m.last_flush.covered_until_ns is not None
+    ]
     if not covered:
         return None
     return {"covered_until_ns": min(covered), "parts": sum((m.last_flush.parts or 0) for m in shards if m.last_flush)}
@@ -597,4 +608,3 @@ def run_workers_sync(options: RunOptions) -> Path:
     else:
         launcher = ProcessLauncher()
     return anyio.run(run_workers, options, count, launcher, backend="asyncio")
-
