@@ -358,3 +358,29 @@ def test_ray_without_the_extra_says_how_to_install_it(tmp_path: Path) -> None:
     assert result.stderr.strip() == (
         "loadgen: error: --ray: Ray is not installed: expected it as the optional extra (pip install 'loadgen[ray]')"
     )
+
+
+def test_plan_runs_its_measured_runs_over_workers(tmp_path: Path) -> None:
+    from test_plan_stops import setup
+
+    plan, engine = setup(tmp_path, rates="[10]", concurrency="[16]")
+    out = tmp_path / "plan"
+    result = run_cli("plan", str(plan), "--sim", str(engine), "--out", str(out), "--workers", "2", "--max-runs", "1")
+    assert result.returncode in (0, 3), result.stderr
+    runs = [m.parent for m in out.glob("cells/**/manifest.json") if (m.parent / REQUESTS_FILE).exists()]
+    measured = [r for r in runs if read_manifest(r).plan_cell]
+    assert measured, runs
+    for run_dir in measured:
+        manifest = read_manifest(run_dir)
+        assert manifest.workers is not None and manifest.workers.count == 2
+        assert manifest.options["workers"] == 2
+        assert manifest.requests_recorded == manifest.scheduled_requests
+
+
+def test_worksheet_plans_refuse_workers(tmp_path: Path) -> None:
+    from test_plan_stops import setup
+
+    plan, engine = setup(tmp_path)
+    result = run_cli("plan", str(plan), "--sim-worksheet", str(engine), "--out", str(tmp_path / "p"), "--workers", "2")
+    assert result.returncode == 2 and "--workers 2 with --sim-worksheet" in result.stderr
+    assert result.stderr.count("\n") == 1
