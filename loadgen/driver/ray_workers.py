@@ -35,7 +35,7 @@ INSTALL_HINT = "--ray: Ray is not installed: expected it as the optional extra (
 def import_ray() -> Any:
     """The ``ray`` module, or one line saying how to install it."""
     try:
-        import ray
+        import ray  # deferred: Ray is an optional extra, imported only for --ray
     except ImportError:
         raise LoadgenError(INSTALL_HINT) from None
     return ray
@@ -59,7 +59,7 @@ class _WorkerActor:
     """The actor: one worker of the run (a class Ray wraps with ``ray.remote`` at launch)."""
 
     def run(self, address: str, token: str, worker_id: int) -> int:
-        import ray
+        import ray  # deferred: runs inside the Ray actor, where ray is loaded
 
         return serve_worker_sync(address, token, worker_id, node_ip=ray.util.get_node_ip_address())
 
