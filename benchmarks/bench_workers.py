@@ -183,7 +183,8 @@ def summarize(results: dict[str, dict[float, dict]], rates: list[float]) -> None
     for hosts in (1, 2, 4, 8, 16, 32):
         for per_host in (1, 8):
             n = hosts * per_host
-            print(f"{hosts:6d} {per_host:11d} {n:8d} {n * one * efficiency:11.0f} {efficiency:14.2f}")
+            eff = 1.0 if n == 1 else efficiency  # one worker is the single process: nothing is split
+            print(f"{hosts:6d} {per_host:11d} {n:8d} {n * one * eff:11.0f} {eff:14.2f}")
     print(
         "assumptions: the target is never the bottleneck; each worker has its own core (and host NIC headroom); the\n"
         "coordinator is off the request path (its CPU is a per-run cost: launch, clock offsets, the start message,\n"

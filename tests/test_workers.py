@@ -384,3 +384,15 @@ def test_worksheet_plans_refuse_workers(tmp_path: Path) -> None:
     result = run_cli("plan", str(plan), "--sim-worksheet", str(engine), "--out", str(tmp_path / "p"), "--workers", "2")
     assert result.returncode == 2 and "--workers 2 with --sim-worksheet" in result.stderr
     assert result.stderr.count("\n") == 1
+
+
+def test_a_worker_that_cannot_reach_the_target_is_one_line_and_every_request_is_accounted(tmp_path: Path) -> None:
+    trace = conversation_trace(tmp_path / "t.parquet", singles=20, conversations=0, gap_ms=10)
+    run_dir = tmp_path / "r"
+    result = run_cli("run", str(trace), "--target", "http://127.0.0.1:9", "--out", str(run_dir), "--workers", "2")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("loadgen: error: ")
+    assert "127.0.0.1:9" in result.stderr and "Traceback" not in result.stderr
+    assert_exact_accounting(run_dir, trace)  # nothing was sent, and the run says so for every request
+    manifest = read_manifest(run_dir)
+    assert manifest.state == "failed" and manifest.status_counts["not_sent"] == 20

@@ -373,6 +373,9 @@ class Coordinator:
                 shard_manifests.append(shard)
             lags.append(lag)
         lost = [w for w in self.workers if w.lost]
+        failed = [w for w in self.workers if w.error and "before the shared start" not in w.error]
+        if failed and interrupted_by is None:
+            interrupted_by = f"worker {failed[0].worker_id}: {failed[0].error}"[:500]
         if lost and state == "complete":
             state = "failed"
         if lost and interrupted_by is None:
@@ -483,7 +486,8 @@ class Coordinator:
                     status=STATUS_CANCELLED if due else STATUS_NOT_SENT,
                     error_kind="worker_lost",
                     error_message=f"worker {w.worker_id} ended ({w.exit or 'unknown'}) before recording it"
-                    + (": it was due, its outcome is unknown" if due else ": it was not yet due"),
+                    + (": it was due, its outcome is unknown" if due else ": it was not yet due")
+                    + (f" (the worker's error: {w.error[:300]})" if w.error else ""),
                 )
             )
             n += 1
@@ -579,7 +583,7 @@ async def run_workers(options: RunOptions, count: int, launcher: Launcher) -> Pa
             launcher.close()
     errors = [w for w in coordinator.workers if w.error and "before the shared start" not in w.error]
     if errors:
-        raise LoadgenError(errors[0].error)
+        raise LoadgenError(str(errors[0].error))
     lost = [w for w in coordinator.workers if w.lost]
     if lost:
         w = lost[0]
