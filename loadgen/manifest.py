@@ -43,6 +43,8 @@ __all__ = [
     "TargetRef",
     "TraceRef",
     "WarmState",
+    "WorkerInfo",
+    "WorkersInfo",
     "WriterInfo",
     "amend_manifest",
     "merge_manifest",
@@ -182,6 +184,39 @@ class LastFlush(Section):
     parts: int | None = None
 
 
+class WorkerInfo(Section):
+    """One worker of a run spread over workers (``--workers``/``--ray``): where it ran, what it cost."""
+
+    worker_id: int = 0
+    host_sha256: str | None = None
+    node_ip: str | None = None  # Ray: the node's IP address
+    pid: int | None = None
+    clock_offset_ns: int | None = None  # its clock − the coordinator's (time.time_ns), corrected for
+    clock_offset_uncertainty_ns: int | None = None  # half the shortest ping-pong round trip
+    send_lag_ns: dict[str, int | None] = {}  # p50, p99, max, n (nearest rank, as the run's)
+    cpu_user_s: float | None = None
+    cpu_sys_s: float | None = None
+    requests_assigned: int | None = None
+    requests_sent: int | None = None  # rows with a sent_ns
+    requests_completed: int | None = None  # rows with status ok
+    requests_lost: int = 0  # recorded by the coordinator (error_kind worker_lost): the worker died first
+    state: str | None = None  # its shard's state (complete, interrupted, killed ...)
+    exit: str | None = None  # how the worker ended: "exit code 0", "killed by SIGKILL", "actor died"
+
+
+class WorkersInfo(Section):
+    """How a run was spread over workers; every worker's part files sit in the run's tables."""
+
+    mode: str | None = None  # processes | ray
+    count: int | None = None
+    ray_address: str | None = None  # without credentials
+    partition: str | None = None  # the rule that assigns a request to a worker
+    start_utc: str | None = None  # the shared start instant
+    start_lead_ns: int | None = None  # how far ahead of the start message the start instant was set
+    coordination: dict[str, Any] = {}  # coordinator-side cost (CPU s, set-up s)
+    workers: list[WorkerInfo] = []
+
+
 class Manifest(BaseModel):
     """The identity of one run directory (see the module docstring and README "Run directories")."""
 
@@ -229,6 +264,7 @@ class Manifest(BaseModel):
     plan_target: dict[str, Any] | None = None
     practice: dict[str, Any] | None = None
     handoff: dict[str, Any] | None = None
+    workers: WorkersInfo | None = None  # a run spread over workers (``--workers``/``--ray``)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with the on-disk key names (``modelExecuted``, ...)."""

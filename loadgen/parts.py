@@ -5,7 +5,10 @@ a whole run is lost to SIGKILL, power loss or a full disk. Each flush here write
 file under a hidden temporary name, syncs it, and renames it into place: whatever a reader finds is
 whole, at every moment. At a clean close the parts are merged into one range file
 (``part-000000-000059.parquet``) and the single parts it covers are deleted; a reader that finds both
-(a crash between the two steps) reads the range file only. ``pyarrow.parquet.read_table(DIR)``, pandas
+(a crash between the two steps) reads the range file only. A run spread over workers (``--workers``)
+holds one series of parts per worker, named with its shard prefix (``part-w0-000000.parquet``,
+``part-w1-000000-000012.parquet``); the unprefixed series is the coordinator's. Each series is read the
+same way, the coordinator's first, then the workers' in shard order. ``pyarrow.parquet.read_table(DIR)``, pandas
 and Spark read such a directory as one dataset (they skip the hidden ``.part-*.tmp`` names).
 
 A table written before schema version 2 is one plain file at the same path; ``table_files`` returns it.
@@ -42,7 +45,9 @@ __all__ = [
 MANIFEST_METADATA_KEY = "loadgen.manifest"
 #: Per part: {"seq", "flushed_ns", "flushed_utc", "covered_until_ns", "dispatched"} (JSON).
 PART_METADATA_KEY = "loadgen.part"
-_PART = re.compile(r"^part-(\d{6,})(?:-(\d{6,}))?\.parquet$")
+_PART = re.compile(r"^part-(?:([a-z]+[0-9]*)-)?(\d{6,})(?:-(\d{6,}))?\.parquet$")
+#: A shard prefix: letters, then digits (``w0``, ``w12``).
+SHARD_PREFIX = re.compile(r"^[a-z]+[0-9]*$")
 
 
 def write_error(path: Path, exc: BaseException) -> RecordWriteError:
@@ -87,8 +92,12 @@ def _write_atomic(final: Path, write: Any, fsync: bool) -> None:
 class PartTable:
     """One table being written: rows buffered in memory, written as a part per ``write_part``."""
 
-    def __init__(self, directory: Path, schema: pa.Schema, *, fsync: bool = True) -> None:
+    def __init__(self, directory: Path, schema: pa.Schema, *, fsync: bool = True, shard: str | None = None) -> None:
+        """``shard``: this writer's prefix in a directory other writers share (it may exist already)."""
+        if shard is not None and not SHARD_PREFIX.match(shard):
+            raise ValueError(f"shard prefix {shard!r}: expected letters, then digits")
         self.dir = directory
+        self.name_prefix = f"part-{shard}-" if shard else "part-"
         self.schema = schema
         self.fsync = fsync
         self.columns: dict[str, list[Any]] = {name: [] for name in schema.names}
@@ -98,7 +107,7 @@ class PartTable:
         self.parts: list[tuple[int, Path]] = []
         self.seq = 0
         try:
-            self.dir.mkdir()
+            self.dir.mkdir(exist_ok=shard is not None)
         except OSError as exc:
             raise write_error(self.dir, exc) from None
 
@@ -139,7 +148,7 @@ class PartTable:
     def write_part(self, table: pa.Table, manifest_json: str | None, part: dict[str, Any]) -> Path:
         """Write ``table`` as the next part file (complete, synced, renamed into place); ``manifest_json``
         goes into its metadata when given (the first part and merged files carry the manifest)."""
-        final = self.dir / f"part-{self.seq:06d}.parquet"
+        final = self.dir / f"{self.name_prefix}{self.seq:06d}.parquet"
         meta = {PART_METADATA_KEY: json.dumps({"seq": self.seq, **part})}
         if manifest_json is not None:
             meta[MANIFEST_METADATA_KEY] = manifest_json
@@ -165,7 +174,7 @@ class PartTable:
         if len(self.parts) < 2:
             return
         first, last = self.parts[0][0], self.parts[-1][0]
-        final = self.dir / f"part-{first:06d}-{last:06d}.parquet"
+        final = self.dir / f"{self.name_prefix}{first:06d}-{last:06d}.parquet"
         meta = {MANIFEST_METADATA_KEY: manifest_json, PART_METADATA_KEY: json.dumps({"seq": last, **part})}
 
         def write(tmp: Path) -> None:
@@ -197,19 +206,29 @@ def table_files(path: Path) -> list[Path]:
         return [path]
     if not path.is_dir():
         return []
-    singles: dict[int, Path] = {}
-    ranges: list[tuple[int, int, Path]] = []
+    series: dict[str, tuple[dict[int, Path], list[tuple[int, int, Path]]]] = {}
     for entry in os.scandir(path):
         m = _PART.match(entry.name)
         if m is None:
             continue
-        if m.group(2) is None:
-            singles[int(m.group(1))] = path / entry.name
+        singles, ranges = series.setdefault(m.group(1) or "", ({}, []))
+        if m.group(3) is None:
+            singles[int(m.group(2))] = path / entry.name
         else:
-            ranges.append((int(m.group(1)), int(m.group(2)), path / entry.name))
-    items = [(a, p) for a, _, p in ranges]
-    items += [(s, p) for s, p in singles.items() if not any(a <= s <= b for a, b, _ in ranges)]
-    return [p for _, p in sorted(items)]
+            ranges.append((int(m.group(2)), int(m.group(3)), path / entry.name))
+    out: list[Path] = []
+    for shard in sorted(series, key=_shard_order):
+        singles, ranges = series[shard]
+        items = [(a, p) for a, _, p in ranges]
+        items += [(s, p) for s, p in singles.items() if not any(a <= s <= b for a, b, _ in ranges)]
+        out += [p for _, p in sorted(items)]
+    return out
+
+
+def _shard_order(shard: str) -> tuple[int, str, int]:
+    """The coordinator's series (no prefix) first, then ``w0``, ``w1`` ... ``w10`` in numeric order."""
+    digits = shard.lstrip("abcdefghijklmnopqrstuvwxyz")
+    return (1 if shard else 0, shard[: len(shard) - len(digits)], int(digits) if digits else -1)
 
 
 def _open(path: Path) -> pq.ParquetFile:

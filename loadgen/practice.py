@@ -125,9 +125,19 @@ def _ledgers(
 
 
 def _warm_and_run(
-    target: Target, trace: Path, scenario_path: Path, run_dir: Path, warm_dir: Path, label: str, launch_note: str
+    target: Target,
+    trace: Path,
+    scenario_path: Path,
+    run_dir: Path,
+    warm_dir: Path,
+    label: str,
+    launch_note: str,
+    workers: int = 1,
 ) -> Path:
-    """Fixed warm-up set (first 8 requests of the trace at 8 rps), then the measured run."""
+    """Fixed warm-up set (first 8 requests of the trace at 8 rps), then the measured run (over ``workers``
+    worker processes when more than one)."""
+    if workers > 1:
+        target.run_defaults = {"workers": workers}
     warm_trace = build_warmup_trace(trace, 8, 8.0, warm_dir.parent / f"{warm_dir.name}.parquet")
     state = target.prepare("warm", warm_trace, warm_dir, scenario_path)
     state.actions.insert(0, launch_note)
@@ -153,6 +163,7 @@ def run_practice(
     route: str = "interactive",
     api_key_env: str | None = None,
     log: Callable[[str], None] | None = None,
+    workers: int = 1,
 ) -> PracticeResult:
     """Run the practice (see the module docstring); returns the decision and writes ``out``/decision.json."""
     say = log or (lambda _m: None)
@@ -197,11 +208,12 @@ def run_practice(
                     out_dir / f"{label}-warmup",
                     label,
                     "target not launched by loadgen: its load/compile state is whatever it was",
+                    workers,
                 )
             contract_for(label, url, model, run_dir)
             run_dirs[label] = run_dir
     elif engine == "vllm":
-        run_dirs, ledgers, ledger_data = _run_vllm(out_dir, trace_path, scenario_path, scen, say, contract_for)
+        run_dirs, ledgers, ledger_data = _run_vllm(out_dir, trace_path, scenario_path, scen, say, contract_for, workers)
     elif engine == "sim":
         configs = [load_engine_config(c) for c in candidates]
         ledgers, ledger_data = _ledgers(model_config, configs, scen)
@@ -218,6 +230,7 @@ def run_practice(
                     out_dir / f"{cfg.name}-warmup",
                     cfg.name,
                     f"sim server launched fresh by loadgen (pid {pid}): empty KV and prefix cache",
+                    workers,
                 )
                 contract_for(cfg.name, url, cfg.model, run_dir)
             run_dirs[cfg.name] = run_dir
@@ -284,6 +297,7 @@ def _run_vllm(
     scen: Scenario,
     say: Callable[[str], None],
     contract_for: Callable[..., None],
+    workers: int = 1,
 ) -> tuple[dict[str, Path], dict[str, str], dict[str, Any]]:
     """Two real vLLM configurations (small vs large batch) on the shipped tiny model, same trace."""
     # the shipped tiny model, with a context long enough for the canonical threads (prompt + reply < 4096)
@@ -321,6 +335,7 @@ def _run_vllm(
                 out_dir / f"{label}-warmup",
                 label,
                 f"vLLM launched fresh by loadgen ({label}); ready in {target.ready_s or 0:.0f} s",
+                workers,
             )
             contract_for(label, target.url or "", "loadgen-practice", run_dir)
         run_dirs[label] = run_dir

@@ -65,6 +65,7 @@ ERROR_KINDS = (
     "total_timeout",  # not done within the total timeout (status timeout)
     "content_filter",  # finish_reason content_filter (managed APIs)
     "run_interrupted",  # due, but the run stopped (signal, deadline, write error) before/while it ran
+    "worker_lost",  # its worker died (killed) before recording it: cancelled when due by then, else not_sent
     "client",  # unexpected client-side exception (message kept)
 )
 

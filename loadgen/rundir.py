@@ -51,6 +51,7 @@ __all__ = [
     "MANIFEST_METADATA_KEY",
     "RunData",
     "RunWriter",
+    "WORKERS_DIR",
     "has_run",
     "load_run",
     "persist_recovery",
@@ -62,6 +63,8 @@ __all__ = [
     "writer_alive",
 ]
 
+#: A run spread over workers keeps each worker's own manifest (and log) in WORKERS_DIR/w0/ ...
+WORKERS_DIR = "workers"
 #: Rows per row group when a table's parts are merged at close.
 _COMPACT_ROWS = {REQUESTS_FILE: 100_000, CHUNKS_FILE: 1_000_000, SERVER_METRICS_FILE: 200_000}
 _SCHEMAS = {REQUESTS_FILE: REQUESTS_SCHEMA, CHUNKS_FILE: CHUNKS_SCHEMA, SERVER_METRICS_FILE: SERVER_METRICS_SCHEMA}
@@ -95,14 +98,19 @@ class RunWriter:
         flush_rows: int = 2000,
         fsync: bool = True,
         flush_interval_s: float | None = None,
+        shard: str | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
+        # a worker's shard (``--workers``): its parts beside the other workers' in the run's tables,
+        # its own manifest in workers/SHARD/ (the coordinator owns the run's manifest.json)
+        self.shard = shard
+        self.manifest_dir = self.run_dir / WORKERS_DIR / shard if shard else self.run_dir
         try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.manifest_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise RunDirError(f"{run_dir}: cannot create run directory: {exc.strerror}") from None
+            raise RunDirError(f"{self.manifest_dir}: cannot create run directory: {exc.strerror}") from None
         held = [name for name in (REQUESTS_FILE, CHUNKS_FILE, SERVER_METRICS_FILE) if (self.run_dir / name).exists()]
-        if held:
+        if held and shard is None:
             raise RunDirError(f"{run_dir}: already holds a run ({held[0]}): expected a new or empty directory")
         writer = {
             "pid": psutil.Process().pid,
@@ -120,8 +128,8 @@ class RunWriter:
         self.flushes = 0
         self.last_part: dict[str, Any] = {}
         self.write_manifest()
-        self.requests = PartTable(self.run_dir / REQUESTS_FILE, REQUESTS_SCHEMA, fsync=fsync)
-        self.chunks = PartTable(self.run_dir / CHUNKS_FILE, CHUNKS_SCHEMA, fsync=fsync)
+        self.requests = PartTable(self.run_dir / REQUESTS_FILE, REQUESTS_SCHEMA, fsync=fsync, shard=shard)
+        self.chunks = PartTable(self.run_dir / CHUNKS_FILE, CHUNKS_SCHEMA, fsync=fsync, shard=shard)
         self._metrics: PartTable | None = None
         self._fsync = fsync
         try:
@@ -130,7 +138,7 @@ class RunWriter:
             self.closed = True
             try:
                 write_manifest(
-                    self.run_dir, merge_manifest(self.manifest, {"state": "failed", "interrupted_by": exc.short})
+                    self.manifest_dir, merge_manifest(self.manifest, {"state": "failed", "interrupted_by": exc.short})
                 )
             except OSError:
                 pass
@@ -141,9 +149,9 @@ class RunWriter:
         """Write the manifest as it is now (padded, so a final one fits in place on a full disk)."""
         reserve = max(_MANIFEST_RESERVE, 2 * len(self.manifest.to_json()))
         try:
-            write_manifest(self.run_dir, self.manifest, reserve_bytes=reserve)
+            write_manifest(self.manifest_dir, self.manifest, reserve_bytes=reserve)
         except OSError as exc:
-            raise write_error(self.run_dir / MANIFEST_FILE, exc) from None
+            raise write_error(self.manifest_dir / MANIFEST_FILE, exc) from None
 
     def update_manifest(self, updates: Mapping[str, Any], *, write: bool = False) -> None:
         """Merge what was learnt during the run (the anchor ...); ``write``: on disk now, too."""
@@ -186,7 +194,9 @@ class RunWriter:
             return
         if self._metrics is None:
             self._metrics = self._io(
-                lambda: PartTable(self.run_dir / SERVER_METRICS_FILE, SERVER_METRICS_SCHEMA, fsync=self._fsync)
+                lambda: PartTable(
+                    self.run_dir / SERVER_METRICS_FILE, SERVER_METRICS_SCHEMA, fsync=self._fsync, shard=self.shard
+                )
             )
         self._metrics.append_columns(columns)
 
@@ -285,9 +295,9 @@ class RunWriter:
             if warnings:
                 self.manifest = merge_manifest(self.manifest, {"warnings": [*self.manifest.warnings, *warnings]})
         try:
-            write_manifest(self.run_dir, self.manifest)
+            write_manifest(self.manifest_dir, self.manifest)
         except OSError as exc:
-            error = error or write_error(self.run_dir / MANIFEST_FILE, exc)
+            error = error or write_error(self.manifest_dir / MANIFEST_FILE, exc)
         if error is not None:
             raise error
         return self.manifest

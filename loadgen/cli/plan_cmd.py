@@ -52,6 +52,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-runs", type=flags.count(0), help="start at most N runs in this invocation (the rest resumes later)"
     )
+    p.add_argument(
+        "--workers",
+        type=flags.count(1, 1024),
+        default=1,
+        help="spread each measured run over N worker processes (live targets; default 1)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--json", action="store_true", help="print region.json instead of the tables")
     p.set_defaults(func=_plan)
@@ -78,6 +84,7 @@ def _plan(args: argparse.Namespace) -> int:
             api_key_env=args.api_key_env,
             max_new_runs=args.max_runs,
             time_budget_s=args.time_budget_s,
+            workers=args.workers,
             log=None if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True)),
         )
     except LoadgenError:

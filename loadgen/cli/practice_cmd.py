@@ -46,6 +46,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prices", help="price table TOML (default scenarios/prices.toml, an EXAMPLE)")
     p.add_argument("--route", default="interactive")
     p.add_argument("--json", action="store_true", help="print decision.json instead of the report")
+    p.add_argument(
+        "--workers",
+        type=flags.count(1, 1024),
+        default=1,
+        help="spread each measured run over N worker processes (default 1)",
+    )
     p.set_defaults(func=_practice)
 
 
@@ -65,6 +71,7 @@ def _practice(args: argparse.Namespace) -> int:
         prices=args.prices,
         route=args.route,
         api_key_env=args.api_key_env,
+        workers=args.workers,
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
     print(json.dumps(result.decision, indent=2, default=str) if args.json else format_practice(result))

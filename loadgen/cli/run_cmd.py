@@ -104,6 +104,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="do not fail when /v1/models lists models but not --model (gateways that list other names)",
     )
+    p.add_argument(
+        "--workers",
+        type=flags.count(1, 1024),
+        default=1,
+        help="spread the run over N worker processes on this host (one run directory; default 1)",
+    )
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="spread the run over Ray actors (--workers of them, default 2): a local Ray, or the cluster at "
+        "ADDRESS (needs pip install 'loadgen[ray]' and a run directory every node sees)",
+    )
     p.set_defaults(func=_run)
 
 
@@ -153,6 +167,8 @@ def _run(args: argparse.Namespace) -> int:
             max_sse_line_bytes=args.max_sse_line_bytes,
             flush_interval_s=args.flush_interval_s,
             check_model=not args.no_model_check,
+            workers=args.workers,
+            ray=args.ray,
         )
     except ValidationError as exc:
         raise LoadgenError(format_validation_error("loadgen run", exc)) from None

@@ -35,7 +35,14 @@ __all__ = [
 
 
 def run_trace_sync(options: RunOptions):
-    """``anyio.run(run_trace, options)`` on asyncio, with uvloop when installed; returns the run directory."""
+    """``anyio.run(run_trace, options)`` on asyncio, with uvloop when installed; returns the run directory.
+
+    ``options.workers`` > 1 or ``options.ray``: the run is spread over workers (``loadgen.driver.workers``).
+    """
+    if options.workers > 1 or options.ray:
+        from .workers import run_workers_sync  # deferred: the single-process path loads none of it
+
+        return run_workers_sync(options)
     try:
         import uvloop  # noqa: F401
 

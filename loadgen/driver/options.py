@@ -62,6 +62,8 @@ class RunOptions(BaseModel):
     flush_interval_s: float = Field(default=1.0, gt=0, le=60)  # records reach disk at least this often
     max_sse_line_bytes: int = Field(default=DEFAULT_MAX_LINE_BYTES, ge=1024, le=1 << 30)  # longer: malformed_sse
     check_model: bool = True  # fail fast when /v1/models lists models and not this one
+    workers: int = Field(default=1, ge=1, le=1024)  # >1: spread over worker processes (loadgen.driver.workers)
+    ray: str | None = None  # spread over Ray actors: "local" (start a local Ray) or a cluster address
 
     @field_validator("target_url")
     @classmethod

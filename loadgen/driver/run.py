@@ -52,6 +52,7 @@ from .gpu_telemetry import GpuSampler, open_gpu_telemetry
 from .jobs import Job, ServerTokenizer, build_jobs, resolve_tokenizer
 from .metrics_scrape import MetricsScraper
 from .options import DEFAULT_TOTAL_TIMEOUT_S, DEFAULT_TTFT_TIMEOUT_S, RunOptions
+from .partition import Shard
 from .progress import Progress
 from .recorder import ArrowRunWriter, Recorder, warm_up_arrow
 from .schedule import RateGate, sleep_until
@@ -138,7 +139,7 @@ class _Inputs:
     endpoint: str
 
 
-def _read_inputs(options: RunOptions) -> _Inputs:
+def _read_inputs(options: RunOptions, shard: Shard | None = None) -> _Inputs:
     scenario = load_scenario(options.scenario_path) if options.scenario_path else None
     table, trace_meta = read_trace(options.trace_path)
     if table.num_rows == 0:
@@ -146,6 +147,8 @@ def _read_inputs(options: RunOptions) -> _Inputs:
     ids = table.column("request_id")
     if pa.compute.count_distinct(ids).as_py() != table.num_rows:
         raise TraceError(f"{options.trace_path}: request_id values repeat: expected one unique id per request")
+    if shard is not None:  # one worker's part of a run spread over workers
+        table = shard.select(table)
     warnings: list[str] = []
     if (
         scenario
@@ -157,7 +160,7 @@ def _read_inputs(options: RunOptions) -> _Inputs:
             f"trace was generated from scenario sha256 {trace_meta['scenario_sha256'][:12]}, "
             f"not {options.scenario_path} ({scenario.sha256[:12]})"
         )
-    if (Path(options.out_dir) / REQUESTS_FILE).exists():
+    if shard is None and (Path(options.out_dir) / REQUESTS_FILE).exists():
         raise RunDirError(
             f"{options.out_dir}: already holds a run ({REQUESTS_FILE}): expected a new or empty directory"
         )
@@ -232,6 +235,17 @@ def _encode_requests(
         job.body = b""
 
 
+def trace_ref(options: RunOptions, meta: dict[str, Any]) -> TraceRef:
+    """The manifest's trace section: the replayed file, its hash and its metadata."""
+    return TraceRef(
+        path=str(options.trace_path),
+        sha256=sha256_file(options.trace_path),
+        name=meta.get("trace_name"),
+        seed=meta.get("seed"),
+        metadata=meta,
+    )
+
+
 def _start_manifest(
     options: RunOptions, inputs: _Inputs, info: TargetInfo, driver: DriverInfo, scheduled: int
 ) -> Manifest:
@@ -243,13 +257,7 @@ def _start_manifest(
         host=host_identity(),
         target=info.manifest(),
         scenario=scenario_manifest(inputs.scenario) if inputs.scenario else None,
-        trace=TraceRef(
-            path=str(options.trace_path),
-            sha256=sha256_file(options.trace_path),
-            name=meta.get("trace_name"),
-            seed=meta.get("seed"),
-            metadata=meta,
-        ),
+        trace=trace_ref(options, meta),
         options=options.manifest(),
         warm_state=WarmState(state=options.warm_state, actions=list(options.warm_actions)),
         order_index=options.order_index,
@@ -262,9 +270,13 @@ def _start_manifest(
     return merge_manifest(manifest, options.extra_manifest) if options.extra_manifest else manifest
 
 
-async def run_trace(options: RunOptions) -> Path:
-    """Replay ``options.trace_path`` against ``options.target_url``; returns the run directory."""
-    inputs = _read_inputs(options)
+async def run_trace(options: RunOptions, shard: Shard | None = None) -> Path:
+    """Replay ``options.trace_path`` against ``options.target_url``; returns the run directory.
+
+    ``shard``: replay only one worker's part of the trace into a run directory shared with other
+    workers (``loadgen.driver.workers``), starting at the instant its ``start_gate`` returns.
+    """
+    inputs = _read_inputs(options, shard)
     headers, secrets = _auth_headers(options)
     root, prefix = _split_base(options.target_url)
     path = prefix + ("/chat/completions" if inputs.endpoint == "chat" else "/completions")
@@ -339,7 +351,11 @@ async def run_trace(options: RunOptions) -> Path:
         manifest = merge_manifest(manifest, {"gpu_telemetry": gpu_section})
         try:
             writer = ArrowRunWriter(
-                options.out_dir, manifest, flush_rows=1 << 60, flush_interval_s=options.flush_interval_s
+                options.out_dir,
+                manifest,
+                flush_rows=1 << 60,
+                flush_interval_s=options.flush_interval_s,
+                shard=shard.name if shard else None,
             )
         except BaseException:
             if gpu is not None:
@@ -369,7 +385,7 @@ async def run_trace(options: RunOptions) -> Path:
         recorder.quiet_ns = ctx.quiet_ns
         recorder.progress = _Coverage(jobs, ctx, recorder, inputs.mode)
         try:
-            await _replay(options, inputs, ctx, jobs, writer, recorder, info, transport, scraper_clients, gpu)
+            await _replay(options, inputs, ctx, jobs, writer, recorder, info, transport, scraper_clients, gpu, shard)
         except BaseExceptionGroup as group:  # a task of the run failed: say what, in one line
             error = _loadgen_error(group)
             if error is not None:
@@ -475,6 +491,7 @@ async def _replay(
     transport: RawHTTP11Transport,
     scraper_clients: list[tuple[int, httpx.AsyncClient]],
     gpu: GpuSampler | None = None,
+    shard: Shard | None = None,
 ) -> None:
     """The measured part: one task group from the anchor to the last request; ``_finish`` always runs."""
     mode, concurrency = inputs.mode, inputs.concurrency
@@ -500,7 +517,7 @@ async def _replay(
                 for origin in ctx.origins:
                     await outer.start(transport.keep_idle, origin, min(KEEP_IDLE_LOW, high), high)
             # the anchor is taken only now: set-up (connections, files) is never inside a request's TTFT
-            _take_anchor(ctx, writer)
+            _take_anchor(ctx, writer, await shard.start_gate() if shard is not None else None)
             for index, scraper_client in scraper_clients:  # the first scrape (the baseline) falls in the lead time
                 scraper = MetricsScraper(
                     scraper_client,
@@ -540,6 +557,8 @@ async def _replay(
         raise
     finally:
         sys.setswitchinterval(old_switch)
+        if shard is not None:  # the raw lags: the coordinator's percentiles are over every worker's
+            shard.lag_ns, shard.dispatched = list(ctx.lag.values), ctx.dispatched
         gc.set_threshold(*old_gc)
         gc.unfreeze()
         if progress is not None:
@@ -562,13 +581,15 @@ async def _replay(
         )
 
 
-def _take_anchor(ctx: RunContext, writer: RunWriter) -> None:
-    """The run's time origin: LEAD_NS from now, so starting the request tasks is not counted as lag.
+def _take_anchor(ctx: RunContext, writer: RunWriter, anchor_ns: int | None = None) -> None:
+    """The run's time origin: LEAD_NS from now, so starting the request tasks is not counted as lag
+    (or ``anchor_ns``: a worker's shared start instant on this clock).
 
     The manifest on disk gets it at once (a small write inside the lead time): a killed run keeps it.
     """
-    ctx.anchor_ns = time.perf_counter_ns() + LEAD_NS
-    anchor_utc = datetime.now(UTC) + timedelta(microseconds=LEAD_NS / 1000)
+    now_ns = time.perf_counter_ns()
+    ctx.anchor_ns = anchor_ns if anchor_ns is not None else now_ns + LEAD_NS
+    anchor_utc = datetime.now(UTC) + timedelta(microseconds=(ctx.anchor_ns - now_ns) / 1000)
     writer.update_manifest(
         {
             "started_utc": anchor_utc.isoformat(timespec="milliseconds"),

@@ -417,6 +417,7 @@ def run_plan_file(
     max_new_runs: int | None = None,
     time_budget_s: float | None = None,
     log: Callable[[str], None] | None = None,
+    workers: int = 1,
 ) -> PlanResult:
     """Load a plan file, build exactly one target (URL, live sim server, worksheet, or a vLLM it launches) and run it.
 
@@ -431,6 +432,7 @@ def run_plan_file(
         model=model,
         vllm_args=tuple(vllm_args or ()),
         api_key_env=api_key_env,
+        workers=workers,
     )
     spec = load_plan(plan_path)
     out = Path(out)

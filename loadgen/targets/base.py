@@ -92,6 +92,12 @@ class Target:
     kind = "abstract"
     #: True when a run's wall time is the trace duration (live); False for virtual time.
     real_time = True
+    #: Driver options every measured run of this target gets (``workers``); a request's own options win.
+    run_defaults: dict[str, Any] | None = None
+
+    def driver_options(self, request: RunRequest) -> dict[str, Any]:
+        """The driver options of one measured run: the target's defaults, then the request's labels."""
+        return {**(self.run_defaults or {}), **request.driver_labels()}
 
     def describe(self) -> dict[str, Any]:
         """Identity of the target for the manifest's ``plan_target`` section and plan files."""

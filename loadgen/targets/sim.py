@@ -300,7 +300,7 @@ class SimServerTarget(Target):
             state=request.state,
             extra_manifest=sections,
             api_key_env=self.api_key_env,
-            **request.driver_labels(),
+            **self.driver_options(request),
         )
 
     def check_alive(self) -> str | None:

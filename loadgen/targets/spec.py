@@ -32,6 +32,7 @@ class TargetSpec:
     model: str | None = None
     vllm_args: tuple[str, ...] = field(default_factory=tuple)
     api_key_env: str | None = None
+    workers: int = 1  # >1: every measured run spread over this many worker processes (live targets)
 
     def __post_init__(self) -> None:
         chosen = [
@@ -59,7 +60,19 @@ def open_target(spec: TargetSpec, work_dir: Path) -> Target:
     """Launch (or point at) the target; the caller closes it (``with open_target(...) as target:``)."""
     work_dir = Path(work_dir)
     if spec.worksheet:
+        if spec.workers > 1:
+            raise TargetError(
+                f"--workers {spec.workers} with --sim-worksheet: the worksheet runs in virtual time, in one process: "
+                "expected --workers with a live target (--target, --sim, --vllm)"
+            )
         return WorksheetTarget(spec.worksheet)
+    target = _open_live(spec, work_dir)
+    if spec.workers > 1:
+        target.run_defaults = {"workers": spec.workers}
+    return target
+
+
+def _open_live(spec: TargetSpec, work_dir: Path) -> Target:
     if spec.sim:
         return SimServerTarget(spec.sim, work_dir, api_key_env=spec.api_key_env)
     if spec.vllm:

@@ -94,5 +94,5 @@ class UrlTarget(Target):
             state=request.state,
             api_key_env=self.api_key_env,
             extra_manifest=request.extra_manifest,
-            **request.driver_labels(),
+            **self.driver_options(request),
         )

@@ -153,7 +153,7 @@ class VllmTarget(Target):
             scenario_path=request.scenario_path,
             warm_state=request.state.label,
             warm_actions=request.state.actions,
-            **{"progress": "off", "tokenizer": self.tokenizer, **request.driver_labels()},
+            **{"progress": "off", "tokenizer": self.tokenizer, **self.driver_options(request)},
             extra_manifest={
                 "plan_target": {**self.describe(), "server_pid": self.pid, "server_starts": self.starts},
                 **request.state.manifest_extra(),
