@@ -156,8 +156,11 @@ class SortedParts:
     read (e.g. 1e-6 for int64 ns parts reported in ms).
     """
 
-    def __init__(self, parts: Sequence[np.ndarray], scale: float = 1.0) -> None:
-        self.parts = [p for p in parts if len(p)]
+    def __init__(self, parts: Sequence[np.ndarray], scale: float = 1.0, sums: Sequence[float] | None = None) -> None:
+        # ``sums``: each part's sum when known (parts memory-mapped from disk are then never read whole)
+        kept = [i for i, p in enumerate(parts) if len(p)]
+        self.parts = [parts[i] for i in kept]
+        self.sums = [sums[i] for i in kept] if sums is not None else None
         self.n = int(sum(len(p) for p in self.parts))
         self.scale = scale
         self.integer = bool(self.parts) and np.issubdtype(self.parts[0].dtype, np.integer)
@@ -215,6 +218,8 @@ class SortedParts:
         )
 
     def total(self) -> float:
+        if self.sums is not None:
+            return float(sum(self.sums)) * self.scale
         return float(sum(float(np.sum(p, dtype=np.float64)) for p in self.parts)) * self.scale
 
     def max(self) -> float | None:
