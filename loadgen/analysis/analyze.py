@@ -268,7 +268,7 @@ def _sorted_parts(samples: list[Sample], scale: float = 1.0) -> SortedParts:
 def _cdf_sample(sample: Sample) -> dict[str, list[float]] | None:
     """``_cdf`` of a sample; of spilled parts, the same points by exact order statistics."""
     parts, _ = sample
-    if len(parts) == 1:
+    if len(parts) == 1 and isinstance(parts[0], np.ndarray):
         return _cdf(parts[0])
     sp = SortedParts(parts)
     if sp.n == 0:

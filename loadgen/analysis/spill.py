@@ -5,10 +5,11 @@ int64/float64, more than the machine holds. ``SortedRuns`` buffers every sample 
 shared budget (``--memory-mib``, ``LOADGEN_ANALYZE_MEMORY_MIB``); when the buffers hold more, the
 largest one is sorted and written as a *run* (a raw native-endian array) into a private temporary
 directory (``--spill-dir``, ``LOADGEN_ANALYZE_SPILL_DIR``, else the system's), and its sum is kept.
-``finish`` returns each sample as its ascending runs: the spilled ones memory-mapped, the rest in
-memory. ``percentiles.SortedParts`` selects order statistics from them by binary search over the
-value space: the very element of each rank, so the linear rule gives the same bits as one sorted
-array, touching a few pages per search. A run that fits the budget writes nothing and yields one
+``finish`` returns each sample as its ascending runs: the spilled ones as ``RunFile`` (read a block
+at a time, never mapped, so their pages are not this process's memory), the rest in memory.
+``percentiles.SortedParts`` selects order statistics from them by binary search over the value
+space: the very element of each rank, so the linear rule gives the same bits as one sorted array,
+reading one block per run per search. A run that fits the budget writes nothing and yields one
 in-memory array per sample, exactly as before.
 """
 
@@ -26,7 +27,7 @@ import numpy as np
 
 from ..errors import RunDirError
 
-__all__ = ["DEFAULT_MEMORY_MIB", "MEMORY_ENV", "SPILL_DIR_ENV", "SortedRuns", "SpillConfig"]
+__all__ = ["DEFAULT_MEMORY_MIB", "MEMORY_ENV", "SPILL_DIR_ENV", "RunFile", "SortedRuns", "SpillConfig"]
 
 #: Default budget for the buffered samples (MiB); sorting a buffer briefly needs twice its size.
 DEFAULT_MEMORY_MIB = 256.0
@@ -63,6 +64,55 @@ class SpillConfig:
         return cls(max(int(mib * _MIB), 1), Path(where) if where is not None else None)
 
 
+#: Every this many values of a run, one is kept in memory: a search reads one block of the file.
+_BLOCK = 1024
+
+
+class RunFile:
+    """One ascending run on disk, read by blocks (never mapped: its pages do not count as this process's RSS).
+
+    Offers what ``SortedParts`` uses of an array: ``len``, ``dtype``, indexing by one position and
+    ``searchsorted``, which finds the block in an in-memory sample of every ``_BLOCK``-th value and
+    reads that block alone (one ``pread``).
+    """
+
+    __slots__ = ("dtype", "fd", "n", "path", "sample")
+
+    def __init__(self, path: Path, run: np.ndarray) -> None:
+        self.path, self.dtype, self.n = path, run.dtype, len(run)
+        self.sample = run[::_BLOCK].copy()  # sample[i] = run[i * _BLOCK]
+        self.fd = os.open(path, os.O_RDONLY)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _read(self, start: int, count: int) -> np.ndarray:
+        size = self.dtype.itemsize
+        data = os.pread(self.fd, count * size, start * size)
+        return np.frombuffer(data, dtype=self.dtype, count=count)
+
+    def __getitem__(self, i: int) -> Any:
+        if i < 0:
+            i += self.n
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return self._read(i, 1)[0]
+
+    def searchsorted(self, x: Any, side: str = "left") -> int:
+        # the block that holds the answer: after the last sampled value before x (side rule kept)
+        b = int(np.searchsorted(self.sample, x, side=side))  # type: ignore[call-overload]
+        if b == 0:
+            return 0
+        start = (b - 1) * _BLOCK
+        block = self._read(start, min(_BLOCK, self.n - start))
+        return start + int(np.searchsorted(block, x, side=side))  # type: ignore[call-overload]
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
 class _Sample:
     """One sample being gathered: in-memory pieces plus the runs already on disk."""
 
@@ -72,7 +122,7 @@ class _Sample:
         self.dtype = np.dtype(dtype)
         self.pieces: list[np.ndarray] = []
         self.nbytes = 0
-        self.runs: list[tuple[Path, int]] = []
+        self.runs: list[RunFile] = []
         self.sums: list[float] = []
 
     def take(self) -> np.ndarray:
@@ -94,8 +144,8 @@ class SortedRuns:
         self.samples = {key: _Sample(dtype) for key, dtype in dtypes.items()}
         self.buffered = 0
         self.spilled_bytes = 0
+        self.n_runs = 0
         self._dir: Path | None = None
-        self._maps: list[np.memmap] = []
 
     def add(self, key: Hashable, values: np.ndarray) -> None:
         if not len(values):
@@ -117,7 +167,7 @@ class SortedRuns:
                 self._dir = Path(tempfile.mkdtemp(prefix="loadgen-analyze-", dir=where))
             except OSError as exc:
                 raise RunDirError(f"spill directory {where or tempfile.gettempdir()!r}: {exc.strerror}") from None
-        path = self._dir / f"run-{sum(len(x.runs) for x in self.samples.values()):06d}.bin"
+        path = self._dir / f"run-{self.n_runs:06d}.bin"
         try:
             run.tofile(path)
         except OSError as exc:
@@ -125,8 +175,9 @@ class SortedRuns:
                 f"{path}: {exc.strerror}: spilling {run.nbytes / _MIB:.0f} MiB of analysis samples "
                 f"(free space under --spill-dir / {SPILL_DIR_ENV}, or raise --memory-mib)"
             ) from None
-        s.runs.append((path, len(run)))
+        s.runs.append(RunFile(path, run))
         s.sums.append(float(np.sum(run, dtype=np.float64)))
+        self.n_runs += 1
         self.spilled_bytes += run.nbytes
 
     @property
@@ -134,18 +185,14 @@ class SortedRuns:
         return self.spilled_bytes > 0
 
     def finish(self, key: Hashable) -> tuple[list[np.ndarray], list[float] | None]:
-        """Sample ``key`` as ascending parts and their sums (None when nothing of it was spilled: one
+        """Sample ``key`` as ascending parts (arrays or ``RunFile``) and their sums (None when nothing of it was spilled: one
         in-memory array, summed by the caller as before)."""
         s = self.samples[key]
         self.buffered -= s.nbytes
         last = s.take()
         if not s.runs:
             return [last], None
-        parts: list[np.ndarray] = []
-        for path, n in s.runs:
-            m = np.memmap(path, dtype=s.dtype, mode="r", shape=(n,))
-            self._maps.append(m)
-            parts.append(m)
+        parts: list[Any] = list(s.runs)
         sums = list(s.sums)
         if len(last):
             parts.append(last)
@@ -154,7 +201,9 @@ class SortedRuns:
 
     def close(self) -> None:
         """Delete every run (idempotent)."""
-        self._maps = []  # the maps go with their last reference; a deleted file stays readable until then
+        for s in self.samples.values():
+            for run in s.runs:
+                run.close()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
