@@ -151,7 +151,9 @@ class SortedRuns:
         if not len(values):
             return
         s = self.samples[key]
-        piece = np.array(values, dtype=s.dtype, copy=True)  # owned: the caller's arrays are views of a batch
+        piece = np.asarray(values, dtype=s.dtype)
+        if piece.base is not None:  # a view (of a batch): keep a copy, not the batch
+            piece = piece.copy()
         s.pieces.append(piece)
         s.nbytes += piece.nbytes
         self.buffered += piece.nbytes
