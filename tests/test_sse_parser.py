@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from loadgen.driver.sse import DONE, SSEDecoder, SSEProtocolError, parse_chunk
+from loadgen.driver.sse import DONE, SSEDecoder, SSELineTooLong, SSEProtocolError, parse_chunk
 from tests.shared_paths import TRACES, shared_trace
 
 
@@ -172,3 +172,26 @@ def test_a_line_over_the_cap_fails_as_malformed(piece):
     many_lines = SSEDecoder(max_line_bytes=4096)  # one event of many short data lines is capped too
     with pytest.raises(SSELineTooLong, match="event"):
         many_lines.feed(b"data: x\n" * 2000)
+
+
+def test_one_read_one_event_fast_path_matches_the_general_split():
+    """A read carrying exactly one one-line event (the usual read at token pace) gives what the
+    general split gives: the payload, its raw size, and the line cap still applies."""
+    reads = [b'data: {"a":1}\n\n', b"data: [DONE]\n\n", b"data: x\n\ndata: y\n\n", b"data: x\ny\n\n", b"data:x\n\n"]
+    for data in reads:
+        fast, general = SSEDecoder(), SSEDecoder()
+        assert fast.feed(data) == general._feed_fast(data)
+        assert fast.sizes == general.sizes
+        assert not fast.pending and not general.pending
+    capped = SSEDecoder(max_line_bytes=10)
+    with pytest.raises(SSELineTooLong):
+        capped.feed(b"data: " + b"x" * 20 + b"\n\n")
+
+
+def test_content_only_delta_and_richer_deltas_parse_alike():
+    plain = parse_chunk(b'{"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":"stop"}]}')
+    assert (plain.text, plain.pieces, plain.choices, plain.finish_reason) == ("hi", 1, 1, "stop")
+    richer = parse_chunk(b'{"choices":[{"delta":{"role":"assistant","content":"hi","refusal":"no"}}]}')
+    assert (richer.text, richer.pieces, richer.finish_reason) == ("hino", 1, None)
+    two = parse_chunk(b'{"choices":[{"delta":{"content":"a"}},{"delta":{"content":"b"},"finish_reason":"length"}]}')
+    assert (two.text, two.pieces, two.choices, two.finish_reason) == ("ab", 2, 2, "length")

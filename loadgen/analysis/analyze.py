@@ -12,6 +12,7 @@ row. Requests that were not due when the run stopped (``not_due``) are neither o
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any, cast
 
@@ -44,6 +45,7 @@ from .model import METRICS, Analysis, GroupSummary
 from .percentiles import PERCENTILE_RULE, SortedParts, summarize_parts, summarize_sorted
 from .replicas import replica_breakdown, replica_codes
 from .server import summarize_server_metrics
+from .spill import SortedRuns, SpillConfig
 from .stability import assess_stability, in_system_at
 
 __all__ = ["DEFINITIONS", "analyze_run", "parse_window"]
@@ -251,27 +253,31 @@ def _counts(values: np.ndarray, labels: tuple[str, ...] | None = None) -> dict[s
     return out
 
 
-class _Grow:
-    """An append-only numpy buffer (grows by half when full)."""
+#: One sample as (ascending parts, their sums or None when it is one in-memory array); see ``spill``.
+Sample = tuple[list[np.ndarray], list[float] | None]
 
-    def __init__(self, dtype: Any, capacity: int) -> None:
-        self.a = np.empty(max(int(capacity), 16), dtype=dtype)
-        self.n = 0
 
-    def add(self, x: np.ndarray) -> None:
-        need = self.n + len(x)
-        if need > len(self.a):
-            new = np.empty(max(need, len(self.a) + len(self.a) // 2), dtype=self.a.dtype)
-            new[: self.n] = self.a[: self.n]
-            self.a = new
-        self.a[self.n : need] = x
-        self.n = need
+def _sorted_parts(samples: list[Sample], scale: float = 1.0) -> SortedParts:
+    """The union of samples; sums only when one of them was spilled (else summed as before)."""
+    parts = [p for ps, _ in samples for p in ps]
+    if all(sums is None for _, sums in samples):
+        return SortedParts(parts, scale)
+    sums = [
+        x for ps, ss in samples for x in (ss if ss is not None else [float(np.sum(p, dtype=np.float64)) for p in ps])
+    ]
+    return SortedParts(parts, scale, sums)
 
-    def sorted(self) -> np.ndarray:
-        v = self.a[: self.n]
-        v.sort()
-        self.a = None  # type: ignore[assignment]
-        return v
+
+def _cdf_sample(sample: Sample) -> dict[str, list[float]] | None:
+    """``_cdf`` of a sample; of spilled parts, the same points by exact order statistics."""
+    parts, _ = sample
+    if len(parts) == 1 and isinstance(parts[0], np.ndarray):
+        return _cdf(parts[0])
+    sp = SortedParts(parts)
+    if sp.n == 0:
+        return None
+    idx = np.unique(np.linspace(0, sp.n - 1, min(_CDF_POINTS, sp.n)).astype(np.int64))
+    return {"x": [float(sp.kth(int(i))) for i in idx], "y": ((idx + 1) / sp.n).tolist()}
 
 
 class _GapSink:
@@ -290,18 +296,19 @@ class _GapSink:
             if limit is not None:
                 self.lim[c] = limit[1]
                 self.itl_q[run.cls == c] = limit[0]
-        counts = run.c["chunk_count"]
-        self.est = [int(np.nansum(counts[run.cls == c])) + 1024 for c in range(n_cls)]
+        self.n_cls = n_cls
         self.replica, n_routed = replica_codes(run.c["target_index"])  # several target URLs
         self.n_replicas = max(n_routed, len(getattr(run.manifest, "targets", None) or []))
+        self.store: SortedRuns | None = None
         self.reset()
 
     def reset(self) -> None:
-        n_cls = len(self.run.class_names)
-        self.desc = [_Grow(np.float64, self.est[c]) for c in range(n_cls)]
-        self.inter = [_Grow(np.int64, self.est[c]) for c in range(n_cls)]
-        self.fail = [_Grow(np.float64, 1024) for _ in range(n_cls)]
-        self.by_replica = [_Grow(np.float64, 1024) for _ in range(self.n_replicas if self.n_replicas > 1 else 0)]
+        if self.store is not None:
+            self.store.close()
+        kinds = {"desc": np.float64, "inter": np.int64, "fail": np.float64}
+        keys: dict[Hashable, Any] = {(kind, c): t for kind, t in kinds.items() for c in range(self.n_cls)}
+        keys.update({("replica", r): np.float64 for r in range(self.n_replicas if self.n_replicas > 1 else 0)})
+        self.store = SortedRuns(self.run.spill, keys)
         self.n_gaps = np.zeros(self.run.n)
         self.n_over = np.zeros(self.run.n)
 
@@ -315,36 +322,61 @@ class _GapSink:
             starts = np.flatnonzero(np.concatenate(([True], req_idx[1:] != req_idx[:-1])))
             np.add.at(self.n_gaps, req_idx[starts], np.add.reduceat(w_desc, starts))
             np.add.at(self.n_over, req_idx[starts], np.add.reduceat(over, starts))
-        if self.by_replica:  # per replica: the per-token gaps of counted requests in scope
+        if self.n_replicas > 1:  # per replica: the per-token gaps of counted requests in scope
             rows = (code & 3) == 3
             where = self.replica[req_idx[rows]]
-            for r, grow in enumerate(self.by_replica):
+            for r in range(self.n_replicas):
                 mine = where == r
                 if mine.any():
-                    grow.add(M.expand_weighted(value[rows][mine], weight[rows][mine]))
+                    cast(SortedRuns, self.store).add(
+                        ("replica", r), M.expand_weighted(value[rows][mine], weight[rows][mine])
+                    )
         # partition rows by code with a radix (stable) sort of a small int: each (class, kind) is a slice
         order = np.argsort(code.astype(self.code_dtype), kind="stable")
         code, value, weight, delta_ns = code[order], value[order], weight[order], delta_ns[order]
-        bounds = np.searchsorted(code, np.arange(len(self.desc) * 4 + 1))
-        for c in range(len(self.desc)):
+        bounds = np.searchsorted(code, np.arange(self.n_cls * 4 + 1))
+        store = cast(SortedRuns, self.store)
+        for c in range(self.n_cls):
             a, b = bounds[c * 4 + 3], bounds[c * 4 + 4]
             if b > a:
-                self.desc[c].add(M.expand_weighted(value[a:b], weight[a:b]))
+                store.add(("desc", c), M.expand_weighted(value[a:b], weight[a:b]))
                 d = delta_ns[a:b]
-                self.inter[c].add(d[d >= 0])
+                store.add(("inter", c), d[d >= 0])
             a, b = bounds[c * 4 + 2], bounds[c * 4 + 3]
             if b > a:
-                self.fail[c].add(M.expand_weighted(value[a:b], weight[a:b]))
+                store.add(("fail", c), M.expand_weighted(value[a:b], weight[a:b]))
 
-    def finish(self) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
-        return ([g.sorted() for g in self.desc], [g.sorted() for g in self.fail], [g.sorted() for g in self.inter])
+    def finish(self) -> tuple[list[Sample], list[Sample], list[Sample]]:
+        store = cast(SortedRuns, self.store)
+        return tuple(  # type: ignore[return-value]
+            [store.finish((kind, c)) for c in range(self.n_cls)] for kind in ("desc", "fail", "inter")
+        )
+
+    def finish_replicas(self) -> list[SortedParts]:
+        """Per replica, its per-token gaps (empty without several target URLs)."""
+        store = cast(SortedRuns, self.store)
+        n = self.n_replicas if self.n_replicas > 1 else 0
+        return [_sorted_parts([store.finish(("replica", r))]) for r in range(n)]
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
 
 
 class _Run:
     """Arrays of one run plus the masks every group summary slices with."""
 
-    def __init__(self, run_dir: Path, manifest: Manifest, scenario: Scenario | None, window: Any, include_cold: bool):
+    def __init__(
+        self,
+        run_dir: Path,
+        manifest: Manifest,
+        scenario: Scenario | None,
+        window: Any,
+        include_cold: bool,
+        spill: SpillConfig | None = None,
+    ):
         self.run_dir = run_dir
+        self.spill = spill if spill is not None else SpillConfig.resolve()
         self.manifest = manifest
         self.scenario = scenario
         self.notes: list[str] = []
@@ -411,7 +443,11 @@ class _Run:
             "e2e_ms": M.e2e_ms(sched, done),
         }
         self.gap_sink = _GapSink(self)
-        self.gaps: ChunkGaps = read_chunk_gaps(run_table_files(run_dir, CHUNKS_FILE), self.ids, self.gap_sink)
+        try:
+            self.gaps: ChunkGaps = read_chunk_gaps(run_table_files(run_dir, CHUNKS_FILE), self.ids, self.gap_sink)
+        except BaseException:
+            self.gap_sink.close()  # no spilled run outlives a failed read
+            raise
         self.notes += self.gaps.notes
         if self.gaps.orphan_rows:
             why = (
@@ -421,7 +457,7 @@ class _Run:
             )
             self.notes.append(f"{self.gaps.orphan_rows} chunk row(s) name no request of requests.parquet{why}; ignored")
         self.itl_desc, self.itl_fail, self.inter_ns = self.gap_sink.finish()
-        self.itl_by_replica = [g.sorted() for g in self.gap_sink.by_replica]
+        self.itl_by_replica = self.gap_sink.finish_replicas()
         self.n_gaps, self.n_over, self.itl_q = self.gap_sink.n_gaps, self.gap_sink.n_over, self.gap_sink.itl_q
 
     def itl_limit(self, cname: str) -> tuple[float, float] | None:
@@ -457,10 +493,12 @@ class _Run:
             metrics[metric] = summarize_sorted(s)
             if metric in ("ttft_ms", "e2e_ms"):
                 cdfs[metric] = _cdf(s)
-        metrics["itl_ms"] = summarize_parts([self.itl_desc[k] for k in class_idx])
-        metrics["inter_chunk_ms"] = summarize_parts([self.inter_ns[k] for k in class_idx], 1.0 / M.NS_PER_MS)
+        metrics["itl_ms"] = summarize_parts(_sorted_parts([self.itl_desc[k] for k in class_idx]))
+        metrics["inter_chunk_ms"] = summarize_parts(
+            _sorted_parts([self.inter_ns[k] for k in class_idx], 1.0 / M.NS_PER_MS)
+        )
         if len(class_idx) == 1:
-            cdfs["itl_ms"] = _cdf(self.itl_desc[class_idx[0]])
+            cdfs["itl_ms"] = _cdf_sample(self.itl_desc[class_idx[0]])
         metrics = {m: metrics[m] for m in METRICS}
         plot.setdefault("cdf", {})[name] = cdfs
         win = self.in_window & sel
@@ -591,7 +629,7 @@ def _budgets_and_goodput(run: _Run, groups: dict[str, GroupSummary], overall: Gr
                 continue
             sample: np.ndarray | SortedParts
             if metric == "itl_ms":
-                sample = SortedParts([run.itl_desc[ci], run.itl_fail[ci]] if ci >= 0 else [])
+                sample = _sorted_parts([run.itl_desc[ci], run.itl_fail[ci]] if ci >= 0 else [])
                 n_inf = 0
             else:
                 keep = sel & (run.ok | run.abandoned) if metric == "ttft_ms" else sel & run.ok
@@ -746,17 +784,31 @@ def _verdict(checks: list[Check]) -> str:
 
 
 def analyze_run(
-    run_dir: Path | str, *, scenario: Scenario | None = None, window: Any = None, include_cold: bool = False
+    run_dir: Path | str,
+    *,
+    scenario: Scenario | None = None,
+    window: Any = None,
+    include_cold: bool = False,
+    spill: SpillConfig | None = None,
 ) -> Analysis:
     """Analyse a run directory. ``scenario`` (a ``loadgen.scenario.Scenario``) supplies budgets; by
     default it is rebuilt from the manifest; with none, every number but no verdicts. ``window`` is
     ``(start_s, end_s)`` or ``"start:end"`` on the run clock. Cold-start requests are reported apart
-    and left out of the tables and budgets unless ``include_cold``."""
+    and left out of the tables and budgets unless ``include_cold``. ``spill``: the memory budget for
+    per-token samples and where they spill beyond it (default: ``SpillConfig.resolve()``)."""
     run_dir = Path(run_dir)
     manifest = read_run_manifest(run_dir)
     if scenario is None:
         scenario = scenario_from_manifest(manifest)
-    run = _Run(run_dir, manifest, scenario, window, include_cold)
+    run = _Run(run_dir, manifest, scenario, window, include_cold, spill)
+    try:
+        return _analysis(run, scenario, include_cold)
+    finally:
+        run.gap_sink.close()
+
+
+def _analysis(run: _Run, scenario: Scenario | None, include_cold: bool) -> Analysis:
+    run_dir, manifest = run.run_dir, run.manifest
     synth = manifest.synthesized or {}
     rates_meaningful = not synth.get("timing", False)
     if not rates_meaningful:

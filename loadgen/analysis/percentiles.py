@@ -153,11 +153,15 @@ class SortedParts:
     Order statistics of the union come from a binary search over the value space (≤ 64 rounds of
     one ``searchsorted`` per part), so per-class arrays of 10^8 gaps give the overall quantiles
     exactly, by the same linear rule, without a second sort. ``scale`` multiplies every value
-    read (e.g. 1e-6 for int64 ns parts reported in ms).
+    read (e.g. 1e-6 for int64 ns parts reported in ms). A part is an ascending array or anything
+    with its ``len``, ``dtype``, indexing and ``searchsorted`` (``spill.RunFile``: a run on disk).
     """
 
-    def __init__(self, parts: Sequence[np.ndarray], scale: float = 1.0) -> None:
-        self.parts = [p for p in parts if len(p)]
+    def __init__(self, parts: Sequence[np.ndarray], scale: float = 1.0, sums: Sequence[float] | None = None) -> None:
+        # ``sums``: each part's sum when known (parts memory-mapped from disk are then never read whole)
+        kept = [i for i, p in enumerate(parts) if len(p)]
+        self.parts = [parts[i] for i in kept]
+        self.sums = [sums[i] for i in kept] if sums is not None else None
         self.n = int(sum(len(p) for p in self.parts))
         self.scale = scale
         self.integer = bool(self.parts) and np.issubdtype(self.parts[0].dtype, np.integer)
@@ -166,7 +170,7 @@ class SortedParts:
         return self.n
 
     def _count_le(self, x: float) -> int:
-        return int(sum(int(np.searchsorted(p, x, side="right")) for p in self.parts))
+        return int(sum(int(p.searchsorted(x, side="right")) for p in self.parts))
 
     def count_at_most(self, x: float) -> int:
         """How many values (scaled) are at most ``x``."""
@@ -215,6 +219,8 @@ class SortedParts:
         )
 
     def total(self) -> float:
+        if self.sums is not None:
+            return float(sum(self.sums)) * self.scale
         return float(sum(float(np.sum(p, dtype=np.float64)) for p in self.parts)) * self.scale
 
     def max(self) -> float | None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .percentiles import summarize_sorted
+from .percentiles import SortedParts, summarize_parts, summarize_sorted
 
 __all__ = ["replica_codes", "replica_breakdown"]
 
@@ -39,12 +39,12 @@ def replica_breakdown(
     masks: dict[str, np.ndarray],
     cols: dict[str, np.ndarray],
     ttft_ms: np.ndarray,
-    itl_sorted: list[np.ndarray],
+    itl_sorted: list[SortedParts],
 ) -> dict[str, Any]:
     """The ``replicas`` section: one row per replica, and the requests of the scope routed nowhere.
 
     ``masks``: ``ok``, ``failed`` and ``counted`` (ok + abandoned: the TTFT sample) per request;
-    ``itl_sorted``: per replica, the ascending per-token gaps (ms) of its counted requests.
+    ``itl_sorted``: per replica, the per-token gaps (ms) of its counted requests, as sorted parts.
     """
     n_rep = max(len(urls), len(itl_sorted), int(codes.max()) + 1 if len(codes) else 0)
     rows = []
@@ -52,7 +52,7 @@ def replica_breakdown(
         mine = scope & (codes == r)
         failed = mine & masks["failed"]
         ttft = ttft_ms[mine & masks["counted"]]
-        itl = itl_sorted[r] if r < len(itl_sorted) else np.empty(0)
+        itl = itl_sorted[r] if r < len(itl_sorted) else SortedParts([])
         rows.append(
             {
                 "target_index": r,
@@ -63,7 +63,7 @@ def replica_breakdown(
                 "failed": int(failed.sum()),
                 "error_kinds": _kinds(cols["status"][failed], cols["error_kind"][failed]),
                 "ttft_ms": summarize_sorted(np.sort(ttft[~np.isnan(ttft)])),
-                "itl_ms": summarize_sorted(itl),
+                "itl_ms": summarize_parts(itl),
             }
         )
     return {"replicas": rows, "not_routed": int((scope & (codes < 0)).sum())}

@@ -29,6 +29,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "is inconclusive (default: exit 0 and print the verdict)",
     )
     p.add_argument("--quiet", action="store_true", help="no console report (files only)")
+    p.add_argument(
+        "--memory-mib",
+        type=float,
+        metavar="MIB",
+        help="memory for per-token samples before they spill to disk as sorted runs (default: "
+        "$LOADGEN_ANALYZE_MEMORY_MIB or 256); percentiles stay exact",
+    )
+    p.add_argument(
+        "--spill-dir", metavar="DIR", help="where samples spill (default: $LOADGEN_ANALYZE_SPILL_DIR or the temp dir)"
+    )
     p.set_defaults(func=_analyze)
 
 
@@ -40,6 +50,7 @@ def _analyze(args: argparse.Namespace) -> int:
         render_console,
         write_html,
     )
+    from ..analysis.spill import SpillConfig  # deferred: loaded when it runs
     from ..errors import RunDirError  # deferred: loaded when it runs
     from ..rundir import persist_recovery  # deferred: loaded when it runs
     from ..scenario import load_scenario  # deferred: `loadgen --help` loads no library code
@@ -53,8 +64,13 @@ def _analyze(args: argparse.Namespace) -> int:
     except (RunDirError, OSError):
         pass  # read-only or not a run: the analysis below still reads the recovered view, or says what is wrong
     scenario = load_scenario(args.scenario) if args.scenario else None
+    spill = SpillConfig.resolve(args.memory_mib, args.spill_dir)
     analysis = analyze_run(
-        Path(args.run_dir), scenario=scenario, window=parse_window(args.window), include_cold=args.include_cold
+        Path(args.run_dir),
+        scenario=scenario,
+        window=parse_window(args.window),
+        include_cold=args.include_cold,
+        spill=spill,
     )
     if not args.quiet:
         render_console(analysis)

@@ -101,6 +101,16 @@ class SSEDecoder:
                 self.sizes = sizes + self.sizes
             return events
         if not self._data and b"\r" not in data:
+            n = len(data)
+            if (
+                data[:6] == b"data: "
+                and data.find(b"\n") == n - 2
+                and data[n - 1 :] == b"\n"
+                and n - 2 <= self.max_line_bytes
+            ):
+                # exactly one event of one data line: the usual read at token pace (what _feed_fast returns)
+                self.sizes = [n]
+                return [data[6 : n - 2]]
             return self._feed_fast(data)
         return self._feed_lines(data)
 
@@ -230,6 +240,13 @@ def parse_chunk(payload: bytes) -> Chunk:
             delta = choice.get("delta")
             if delta is not None:
                 piece = delta.get("content") or ""
+                if len(delta) == 1 and piece:  # content alone (the usual delta): nothing else to add
+                    text = text + piece if text else piece
+                    pieces += 1
+                    reason = choice.get("finish_reason")
+                    if reason is not None:
+                        finish = reason
+                    continue
                 refusal = delta.get("refusal")
                 if refusal:
                     piece += refusal
