@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import LedgerError
 from ..scenario import Scenario
 from .config import ModelConfig, dtype_bytes
-from .kv import KVSpec, blocks_for_sequence, kv_spec, vllm_kv_capacity
+from .kv import KVSpec, blocks_for_sequence, kv_spec, max_len_request_blocks, vllm_kv_capacity
 from .settings import GIB, QUANT_WEIGHT_BITS, EngineSettings
 from .workload import class_lengths
 
@@ -471,7 +471,7 @@ def compute_ledger(model: ModelConfig, engine: EngineSettings, workload: Scenari
     weights, act, ws, frag, graph, adapters = _overhead_lines(m, e, params)
     non_kv = weights.bytes + act.bytes + ws.bytes + frag.bytes + graph.bytes + adapters.bytes
     notes: list[str] = []
-    per_req = blocks_for_sequence(spec, mml, mml)
+    per_req = max_len_request_blocks(spec, mml)  # the blocks behind vLLM's concurrency figure
     budget, budget_formula = _kv_budget(e, non_kv, notes)
     if budget is not None:
         pool = _budgeted_kv(spec, mml, budget, budget_formula, notes)
