@@ -107,7 +107,7 @@ def main() -> int:
             t0 = time.perf_counter()
             run_worksheet(trace, engine, out, seed=args.seed)
             wall = time.perf_counter() - t0
-            notes = read_manifest(out)["engine_notes"]
+            notes = read_manifest(out).engine_notes
             print(
                 f"{engine}: wall {wall:.2f} s for {notes['virtual_duration_s']:.0f} s simulated "
                 f"({notes['virtual_duration_s'] / wall:.0f}x real time), {notes['steps']} steps, "
