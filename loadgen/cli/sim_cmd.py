@@ -43,6 +43,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     pre = s.add_parser("presets", help="list the shipped engine presets")
     pre.set_defaults(func=_presets)
 
+    cal = s.add_parser("calibrate", help="fit the cost model to a live engine and write a calibrated engine TOML")
+    src = cal.add_mutually_exclusive_group(required=True)
+    src.add_argument("--target", help="base URL of the engine (vLLM or loadgen sim serve) with /metrics or /version")
+    src.add_argument(
+        "--from", dest="from_runs", nargs="+", metavar="RUN_DIR", help="refit from earlier calibration run dirs"
+    )
+    cal.add_argument("--out", required=True, help="engine TOML to write")
+    cal.add_argument("--name", default=None, help="engine name in the TOML (default: the file stem)")
+    cal.add_argument("--work-dir", default=None, help="where the calibration runs go (default: OUT.calibration-runs)")
+    cal.add_argument("--engine-log", default=None, help="vLLM startup log: its scheduler limits (else vLLM's defaults)")
+    cal.add_argument("--tokenizer", default="cl100k_base", help="prompt tokenizer spec, as for loadgen run")
+    cal.add_argument("--json", action="store_true", help="print the fit as JSON")
+    cal.set_defaults(func=_calibrate)
+
 
 def _run(args: argparse.Namespace) -> int:
     from ..manifest import read_manifest  # deferred: `loadgen --help` loads no library code
@@ -79,4 +93,36 @@ def _presets(args: argparse.Namespace) -> int:
 
     for name in list_presets():
         print(f"{name:28s} {load_engine_config(name).description}")
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from ..sim.calibrate import calibrate  # deferred: `loadgen --help` loads no library code
+
+    notes = None
+    if args.engine_log:
+        from ..engines.vllm.log import parse_vllm_log_file  # deferred: `loadgen --help` loads no library code
+
+        notes = parse_vllm_log_file(args.engine_log)
+    path, fit, limits = calibrate(
+        Path(args.out),
+        target_url=args.target,
+        run_dirs=[Path(d) for d in args.from_runs] if args.from_runs else None,
+        work_dir=Path(args.work_dir) if args.work_dir else None,
+        name=args.name,
+        log_notes=notes,
+        tokenizer=args.tokenizer,
+    )
+    if args.json:
+        print(json.dumps({"engine_toml": str(path), "fit": fit.to_dict(), "limits": limits.to_dict()}, default=str))
+        return 0
+    print(f"{path}: calibrated from {fit.observations} observations (limits: {limits.sources})")
+    for term, value in fit.terms.items():
+        print(f"  {term:24s} {value:.6g}" + ("  (fixed at 0)" if term in fit.dropped_terms else ""))
+    print(f"  {'noise_sigma':24s} {fit.noise_sigma:.4g}")
+    for key, value in fit.residual_pct.items():
+        print(f"  residual {key:30s} {value:.2f} %")
     return 0
