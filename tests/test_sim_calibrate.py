@@ -103,3 +103,38 @@ def test_calibrate_bad_input_is_one_line(tmp_path):
     res = _cli("sim", "calibrate", "--from", str(tmp_path), "--out", str(tmp_path / "x.toml"))
     assert res.returncode == 2 and res.stderr.startswith("loadgen: error:") and res.stderr.count("\n") == 1
     assert "uncalibrated preset" in load_engine_config("interactive-small-batch").calibration_label()
+
+
+def test_validate_against_live_sim_serve(sim_server, tmp_path):
+    """Held-out check on a live sim serve of the same TOML: the worksheet is near-exact where the engine sets
+    the timing (ITL, E2E, throughput, attainment); fidelity table in console, JSON and HTML; the validated
+    error is written back into the TOML's [calibration]."""
+    truth = _truth_toml(tmp_path)
+    sim = sim_server(str(truth))
+    engine = tmp_path / "calibrated.toml"
+    engine.write_text(
+        truth.read_text()
+        + '[calibration]\ncalibrated = true\nengine = "loadgen-sim (known terms)"\nhardware = "test"\n'
+    )
+    out = tmp_path / "val"
+    azure = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure2023" / "AzureLLMInferenceTrace_conv.csv"
+    args = ["sim", "validate", str(engine), "--target", sim.base_url, "--out", str(out), "--duration-s", "10"]
+    if azure.is_file():
+        args += ["--public", f"azure:{azure}", "--load", "0.6"]
+    res = _cli(*args)
+    assert res.returncode == 0, res.stderr
+    assert "error % = (worksheet − measured) / measured" in res.stdout and "canonical-burst" in res.stdout
+    data = json.loads((out / "fidelity.json").read_text())
+    assert (out / "fidelity.html").read_text().count("<tr>") == len(data["rows"]) + 1
+    traces = {r["trace"] for r in data["rows"]}
+    assert "canonical-burst" in traces and (not azure.is_file() or "azure-load0.6" in traces)
+    for row in data["rows"]:
+        assert set(row["errors_pct"]) >= {"ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "e2e_p50", "e2e_p99"}
+        if row["n_measured"] >= 20:
+            assert abs(row["errors_pct"]["itl_p50"]) < 15, row
+            assert abs(row["errors_pct"]["e2e_p50"]) < 15, row
+        if row["attainment_diff_points"] is not None:
+            assert abs(row["attainment_diff_points"]) <= 5, row
+    cfg = load_engine_config(engine)
+    assert cfg.calibration["validated_error"].startswith("worst |error|")
+    assert "validated error worst |error|" in cfg.calibration_label()

@@ -57,6 +57,31 @@ def register(sub: argparse._SubParsersAction) -> None:
     cal.add_argument("--json", action="store_true", help="print the fit as JSON")
     cal.set_defaults(func=_calibrate)
 
+    val = s.add_parser("validate", help="held-out check: the target and the worksheet on the same traces")
+    val.add_argument("engine", help="engine TOML (a calibrated one, or any preset)")
+    val.add_argument("--target", required=True, help="base URL of the real engine")
+    val.add_argument("--out", required=True, help="directory for the runs and fidelity.json / fidelity.html")
+    val.add_argument(
+        "--trace", action="append", default=None, metavar="PATH", help="trace to replay (default: canonical burst)"
+    )
+    val.add_argument(
+        "--public",
+        default=None,
+        metavar="KIND:PATH",
+        help="public trace (azure:CSV or mooncake:JSONL), scaled to the engine at each --load",
+    )
+    val.add_argument(
+        "--load",
+        action="append",
+        type=flags.number(0, 100, low_open=True),
+        default=None,
+        help="offered load as a share of the cost model's capacity (default 0.5, 0.9, 1.3)",
+    )
+    val.add_argument("--duration-s", type=flags.seconds(), default=None, help="replay only this much of each trace")
+    val.add_argument("--tokenizer", default="cl100k_base", help="prompt tokenizer spec, as for loadgen run")
+    val.add_argument("--json", action="store_true")
+    val.set_defaults(func=_validate)
+
 
 def _run(args: argparse.Namespace) -> int:
     from ..manifest import read_manifest  # deferred: `loadgen --help` loads no library code
@@ -125,4 +150,31 @@ def _calibrate(args: argparse.Namespace) -> int:
     print(f"  {'noise_sigma':24s} {fit.noise_sigma:.4g}")
     for key, value in fit.residual_pct.items():
         print(f"  residual {key:30s} {value:.2f} %")
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from ..errors import LoadgenError  # deferred: `loadgen --help` loads no library code
+    from ..sim.validate import format_table, validate  # deferred: `loadgen --help` loads no library code
+
+    public = None
+    if args.public:
+        kind, _, path = args.public.partition(":")
+        if kind not in ("azure", "mooncake") or not path:
+            raise LoadgenError(f"--public = {args.public!r}: expected azure:PATH or mooncake:PATH")
+        public = (kind, Path(path))
+    result = validate(
+        Path(args.engine),
+        args.target,
+        Path(args.out),
+        traces=[(Path(t).stem, Path(t)) for t in args.trace] if args.trace else None,
+        public_trace=public,
+        loads=tuple(args.load) if args.load else (0.5, 0.9, 1.3),
+        duration_s=args.duration_s,
+        tokenizer=args.tokenizer,
+    )
+    print(json.dumps(result, default=str) if args.json else format_table(result))
     return 0

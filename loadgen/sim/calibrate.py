@@ -360,6 +360,7 @@ def write_engine_toml(
             "per_prefill_token_ms": round(c["per_prefill_token_ms"], 8),
             "per_decode_seq_ms": round(c["per_decode_seq_ms"], 6),
             "per_kv_token_ms": round(c["per_kv_token_ms"], 9),
+            "request_overhead_ms": round(c["request_overhead_ms"], 6),
             "noise_sigma": fit.noise_sigma,
         },
         "calibration": {
@@ -375,8 +376,8 @@ def write_engine_toml(
     }
     header = (
         "# Written by `loadgen sim calibrate`: step time = fixed + per prefill token + per decode sequence\n"
-        "# + per KV token read (+ log-normal noise). calibration.terms.request_overhead_ms is the per-request\n"
-        "# overhead (HTTP, tokenization) fitted apart from the step terms; the worksheet does not add it.\n"
+        "# + per KV token read (+ log-normal noise); request_overhead_ms delays each request's arrival at the\n"
+        "# scheduler (HTTP, tokenization). [calibration] records the fit, its residuals and provenance.\n"
     )
     path.write_text(header + dumps_toml(doc, what=str(path)))
     return path

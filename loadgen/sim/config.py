@@ -101,6 +101,10 @@ class CostModel(_Model):
     per_prefill_token_ms: float = Field(default=0.05, ge=0, le=MAX_STEP_MS)
     per_decode_seq_ms: float = Field(default=0.2, ge=0, le=MAX_STEP_MS)
     per_kv_token_ms: float = Field(default=0.0, ge=0, le=MAX_STEP_MS)
+    # per request, before it reaches the scheduler (HTTP, tokenization, detokenization set-up); fitted by
+    # `loadgen sim calibrate` because measured TTFT at concurrency 1 exceeded the prefill steps by a constant.
+    # The worksheet delays each request's engine arrival by it; the live server has its own, real overhead.
+    request_overhead_ms: float = Field(default=0.0, ge=0, le=MAX_STEP_MS)
     noise_sigma: float = Field(default=0.0, ge=0, le=2)  # log-normal multiplicative noise, seeded
 
 

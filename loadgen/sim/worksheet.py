@@ -86,6 +86,7 @@ class _Client:
         self.cols = cols
         self.engine = engine
         self.max_len = config.scheduler.max_model_len
+        self.overhead_ns = int(config.cost.request_overhead_ms * 1e6)  # before the request reaches the engine
         self.plans = plans
         self.stop_after = stop_after  # tokens after which the client stops reading
         self.limit = limit
@@ -140,7 +141,7 @@ class _Client:
         conv = cols["conversation_id"][i]
         key = conv if conv is not None else cols["prefix_group"][i]
         cache_limit = None if conv is not None else cols["prefix_tokens"][i]
-        arrive = t + (int(plan.slow_start_s * _NS) if plan is not None else 0)
+        arrive = t + self.overhead_ns + (int(plan.slow_start_s * _NS) if plan is not None else 0)
         seq = Seq(i, prompt, out, arrive, cache_key=key, cache_limit_tokens=cache_limit)
         seq.stop_after = self.stop_after[i]
         self.seqs[i] = seq
