@@ -138,3 +138,14 @@ def test_validate_against_live_sim_serve(sim_server, tmp_path):
     cfg = load_engine_config(engine)
     assert cfg.calibration["validated_error"].startswith("worst |error|")
     assert "validated error worst |error|" in cfg.calibration_label()
+
+
+def test_worksheet_output_states_calibration(tmp_path):
+    """`loadgen sim run` (and the run's manifest) say whether the engine is calibrated."""
+    out = tmp_path / "run"
+    trace = REPO / "loadgen" / "traces" / "canonical-burst.parquet"
+    res = _cli("sim", "run", str(trace), "--engine", "interactive-small-batch", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "uncalibrated preset" in res.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "uncalibrated preset" in manifest["engine_config"]["calibration_label"]

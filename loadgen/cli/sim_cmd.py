@@ -95,6 +95,7 @@ def _run(args: argparse.Namespace) -> int:
         f"busy {notes.get('busy_s', 0):.1f} s, output {notes.get('output_tokens', 0)} tokens"
         + (f" ({rate:.0f} tok/s busy)" if rate else "")
     )
+    print((read_manifest(out).engine_config or {}).get("calibration_label", ""))
     return 0
 
 
