@@ -215,6 +215,7 @@ def test_every_line_has_formula_and_json(tmp_path):
         "graph_comm_buffers",
         "adapters",
         "safety_margin",
+        "runtime",
     ]
     assert all(line["formula"] for line in d["lines"])
     assert "5,120" not in d["lines"][1]["formula"] and "× block bytes" in d["lines"][1]["formula"]

@@ -261,6 +261,9 @@ def test_manifest_identifies_vllm(llama_runs):
         assert (run_dir / "vllm.log").is_file()
         assert m["engine_notes"]["ledger_reconcile"]["ok"] is True  # recorded by measure_with_server
         assert mem["ledger_total_bytes"] == m["engine_notes"]["ledger_reconcile"]["ledger_total_bytes"]
+        # the ledger's total, runtime line included, predicts the process tree's peak RSS within 10%
+        assert 0.9 <= mem["rss_high_water_over_ledger"] <= 1.1, mem
+        assert mem["runtime_measured_bytes"] > 0
         assert m["behavior_relevant"]["prefix_caching"] is True and m["behavior_relevant"]["quantization"] is None
 
 

@@ -134,6 +134,9 @@ class EngineSettings:
     fragmentation_fraction: float = 0.05  # of activations + workspaces (caching allocator slack)
     graph_buffer_gib: float | None = None  # None: 0.5 GiB on cuda with graphs, 0 on cpu
     safety_margin_fraction: float = 0.05  # of the accounted total when the budget is kv_cache_gib
+    # The runtime: interpreters, torch and the engine's processes (RSS on CPU). None: the measured default
+    # for the CPU build (compute.CPU_RUNTIME_GIB), not estimated on cuda; `loadgen vllm run` measures it.
+    runtime_gib: float | None = None
     #: Which of max_num_seqs / max_num_batched_tokens took vLLM's default (set by __post_init__).
     defaulted: tuple[str, ...] = field(default=(), compare=False)
 
@@ -149,6 +152,8 @@ class EngineSettings:
             raise LedgerError(f"kv_cache_dtype = {self.kv_cache_dtype!r}: expected one of auto, bf16, fp16, fp8")
         if self.dtype != "auto":
             dtype_bytes(self.dtype, "dtype")
+        if self.runtime_gib is not None and (not is_finite(self.runtime_gib) or not 0 <= self.runtime_gib <= 1024):
+            raise LedgerError(f"runtime_gib = {self.runtime_gib}: expected a finite number of GiB in [0, 1024]")
         for name in ("kv_cache_gib", "device_memory_gib", "graph_buffer_gib"):
             value = getattr(self, name)
             if value is not None and (not is_finite(value) or not 0 < value <= MAX_MEMORY_GIB):
