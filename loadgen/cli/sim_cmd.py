@@ -78,6 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="offered load as a share of the cost model's capacity (default 0.5, 0.9, 1.3)",
     )
     val.add_argument("--duration-s", type=flags.seconds(), default=None, help="replay only this much of each trace")
+    val.add_argument("--engine-log", default=None, help="vLLM startup log: the target's scheduler limits")
     val.add_argument("--tokenizer", default="cl100k_base", help="prompt tokenizer spec, as for loadgen run")
     val.add_argument("--json", action="store_true")
     val.set_defaults(func=_validate)
@@ -128,11 +129,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     from ..sim.calibrate import calibrate  # deferred: `loadgen --help` loads no library code
 
-    notes = None
-    if args.engine_log:
-        from ..engines.vllm.log import parse_vllm_log_file  # deferred: `loadgen --help` loads no library code
-
-        notes = parse_vllm_log_file(args.engine_log)
+    notes = _log_notes(args.engine_log)
     path, fit, limits = calibrate(
         Path(args.out),
         target_url=args.target,
@@ -175,7 +172,17 @@ def _validate(args: argparse.Namespace) -> int:
         public_trace=public,
         loads=tuple(args.load) if args.load else (0.5, 0.9, 1.3),
         duration_s=args.duration_s,
+        log_notes=_log_notes(args.engine_log),
         tokenizer=args.tokenizer,
     )
     print(json.dumps(result, default=str) if args.json else format_table(result))
     return 0
+
+
+def _log_notes(path: str | None) -> dict | None:
+    """The facts a vLLM startup log reports (scheduler limits among them), or None without one."""
+    if not path:
+        return None
+    from ..engines.vllm.log import parse_vllm_log_file  # deferred: `loadgen --help` loads no library code
+
+    return parse_vllm_log_file(path)

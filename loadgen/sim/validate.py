@@ -141,15 +141,31 @@ def validate(
     loads: tuple[float, ...] = (0.5, 0.9, 1.3),
     duration_s: float | None = None,
     scenario_path: Path | None = None,
+    log_notes: dict[str, Any] | None = None,
     **run_options: Any,
 ) -> dict[str, Any]:
-    """Run the target and the worksheet on the same traces; the fidelity table as a dict (also fidelity.json)."""
+    """Run the target and the worksheet on the same traces; the fidelity table as a dict (also fidelity.json).
+
+    The worksheet takes the TOML's cost terms and the target's own scheduler limits (read from the
+    engine, as calibration does), so a held-out engine configuration is predicted, not assumed equal.
+    """
     from ..analysis.analyze import analyze_run
     from ..scenario import load_scenario
     from ..targets.replay import run_driver
+    from .calibrate import engine_limits
     from .worksheet import run_worksheet
 
     cfg = load_engine_config(engine_toml)
+    limits = engine_limits(target_url, log_notes)
+    sched = {
+        "max_num_seqs": limits.max_num_seqs,
+        "max_num_batched_tokens": limits.max_num_batched_tokens,
+        "max_model_len": limits.max_model_len,
+    }
+    kv = {k: v for k, v in (("block_size", limits.block_size), ("num_kv_blocks", limits.num_kv_blocks)) if v}
+    cfg = cfg.model_copy(
+        update={"scheduler": cfg.scheduler.model_copy(update=sched), "kv": cfg.kv.model_copy(update=kv)}
+    )
     if scenario_path is None:
         from .. import presets
 
@@ -191,6 +207,7 @@ def validate(
         "engine_label": cfg.calibration_label(),
         "target": target_url,
         "runs": runs,
+        "target_limits": limits.to_dict(),
         "rows": [r.to_dict() for r in rows],
         "summary": _summary(rows),
         "max_send_lag_ms": MAX_SEND_LAG_MS,
