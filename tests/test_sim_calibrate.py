@@ -91,6 +91,8 @@ def test_calibrate_recovers_known_sim_engine(sim_server, tmp_path):
     cfg = load_engine_config(out)  # the worksheet and sim serve load it
     assert cfg.scheduler.max_num_batched_tokens == 512 and cfg.scheduler.max_num_seqs == 16  # read from the engine
     assert cfg.calibration["calibrated"] and len(cfg.calibration["calibration_runs"]) >= 5
+    empty = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"  # sha256 of nothing
+    assert empty not in cfg.calibration["calibration_runs"].values()
     assert "calibrated against loadgen-sim" in cfg.calibration_label()
     # --from refits the same runs to the same terms, without the engine
     runs = sorted(str(p) for p in (tmp_path / "fitted.calibration-runs").iterdir() if p.is_dir())

@@ -325,14 +325,17 @@ def fit_cost_model(x: np.ndarray, y: np.ndarray, is_decode: np.ndarray) -> Fit:
 
 
 def run_hashes(run_dirs: list[Path]) -> dict[str, str]:
-    """sha256 of each calibration run's requests and chunks files (provenance)."""
+    """sha256 over each calibration run's requests and chunks data (a file, or a folder of parts), for provenance."""
     out = {}
     for d in run_dirs:
         h = hashlib.sha256()
         for name in (REQUESTS_FILE, CHUNKS_FILE):
             p = Path(d) / name
-            if p.is_file():
-                h.update(p.read_bytes())
+            files = sorted(p.rglob("*")) if p.is_dir() else [p]
+            for f in files:
+                if f.is_file():
+                    h.update(f.relative_to(d).as_posix().encode())
+                    h.update(f.read_bytes())
         out[Path(d).name] = h.hexdigest()
     return out
 
@@ -421,6 +424,9 @@ def calibrate(
             )
         limits = EngineLimits(**recorded["limits"])
         target = str(read_manifest(run_dirs[0]).target.base_url)
+    from .validate import MAX_SEND_LAG_MS, send_lag_p99_ms
+
+    lags = {Path(d).name: send_lag_p99_ms(Path(d)) for d in run_dirs}
     x, y, is_decode = observations(run_dirs, limits.max_num_batched_tokens)
     fit = fit_cost_model(x, y, is_decode)
     versions = package_versions()
@@ -431,6 +437,9 @@ def calibrate(
         "fitted_utc": utc_now_iso(),
         "package_versions": {k: v for k, v in versions.items() if v},
         "calibration_runs": run_hashes(run_dirs),
+        "send_lag_p99_ms": {k: round(v, 3) for k, v in lags.items() if v is not None},
+        # runs where the client could not keep the schedule: their timing is the fight for the CPU, not the engine
+        "runs_flagged_send_lag": [k for k, v in lags.items() if v is not None and v > MAX_SEND_LAG_MS],
     }
     path = write_engine_toml(out_toml, name or out_toml.stem, limits, fit, provenance)
     return path, fit, limits

@@ -24,7 +24,15 @@ from ..errors import LoadgenError
 from ..trace.io import read_trace, write_trace
 from .config import EngineConfig, load_engine_config
 
-__all__ = ["MAX_SEND_LAG_MS", "FidelityRow", "scale_trace_to_engine", "validate", "format_table", "write_html"]
+__all__ = [
+    "MAX_SEND_LAG_MS",
+    "FidelityRow",
+    "send_lag_p99_ms",
+    "scale_trace_to_engine",
+    "validate",
+    "format_table",
+    "write_html",
+]
 
 #: A measured run whose send-lag p99 is above this is flagged: the client could not keep the schedule.
 MAX_SEND_LAG_MS = 10.0
@@ -123,7 +131,7 @@ def _compare(trace: str, real: dict[str, Any], sim: dict[str, Any], lag_ms: floa
     return rows
 
 
-def _send_lag_p99_ms(run_dir: Path) -> float | None:
+def send_lag_p99_ms(run_dir: Path) -> float | None:
     from ..manifest import read_manifest
 
     lag = read_manifest(run_dir).send_lag_ns or {}
@@ -200,7 +208,7 @@ def validate(
         sim_dir = run_worksheet(trace, cfg, out_dir / f"{name}-worksheet")
         real = analyze_run(real_dir, scenario=scenario).to_dict()
         sim = analyze_run(sim_dir, scenario=scenario).to_dict()
-        rows.extend(_compare(name, real, sim, _send_lag_p99_ms(real_dir)))
+        rows.extend(_compare(name, real, sim, send_lag_p99_ms(real_dir)))
         runs[name] = {"measured": str(real_dir), "worksheet": str(sim_dir)}
     result = {
         "engine_toml": str(engine_toml),
