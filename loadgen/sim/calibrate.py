@@ -235,25 +235,27 @@ GAP_WINDOW = 4
 
 
 def _lockstep_gaps(chunks: Any, b: int) -> list[tuple[float, float]]:
-    """(mean token index, mean gap ms) per window of GAP_WINDOW steps in which all b requests decode together.
+    """(mean KV tokens read per sequence beyond the prompt, mean gap ms) per window of GAP_WINDOW steps in
+    which all b requests decode together.
 
-    Tokens k+1 → k+1+w of every request are the same w steps once all b have their first token in one step;
-    the gap after token i (1-based) is the step that reads prompt + i tokens per sequence.
+    Decoding starts once every request has its first token (a real server admits requests that arrive a
+    little apart in different steps); from then on each step gives every request one token, so request i's
+    token k_i + m and the others' k_j + m come from the same step. The gap after token i (1-based) is a
+    step that reads prompt + i tokens for that sequence.
     """
-    per = [g.arrival_ns.to_numpy() for _, g in chunks.groupby("request_id")]
-    if len(per) != b or min(len(a) for a in per) < GAP_WINDOW + 2:
+    per = [g.arrival_ns.to_numpy().astype(np.float64) for _, g in chunks.groupby("request_id")]
+    if len(per) != b:
         return []
-    n = min(len(a) for a in per) - 1  # the last token may carry the finish
-    stack = np.stack([a[:n] for a in per]).astype(np.float64)
-    firsts = stack[:, 0]
-    typical = float(np.median((stack[:, -1] - stack[:, 0]) / max(n - 1, 1)))
-    if firsts.max() - firsts.min() > 0.5 * typical:  # not every first token came from the same step
-        return []
+    start = max(a[0] for a in per)
+    first = [int(np.searchsorted(a, start, side="left")) for a in per]  # each one's token index at the start
+    n = min(len(a) - 1 - k for a, k in zip(per, first, strict=True))  # steps all share (last token may finish)
     out = []
-    for k in range(0, n - GAP_WINDOW, GAP_WINDOW):
-        gap = float(np.median(stack[:, k + GAP_WINDOW] - stack[:, k])) / GAP_WINDOW / 1e6
+    for m in range(0, n - GAP_WINDOW, GAP_WINDOW):
+        spans = [a[k + m + GAP_WINDOW] - a[k + m] for a, k in zip(per, first, strict=True)]
+        gap = float(np.median(spans)) / GAP_WINDOW / 1e6
         if gap > 0:
-            out.append((k + 1 + (GAP_WINDOW - 1) / 2, gap))
+            mean_index = float(np.mean([k + m + 1 + (GAP_WINDOW - 1) / 2 for k in first]))
+            out.append((mean_index, gap))
     return out
 
 
