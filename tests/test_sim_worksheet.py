@@ -265,3 +265,47 @@ def test_presets_trade_throughput_for_burst_ttft(tmp_path):
     assert thru[1] > inter[1], results
     assert inter[0]["burst"] <= budgets["burst"] and inter[0]["short-message"] <= budgets["short-message"], results
     assert thru[0]["burst"] > budgets["burst"] or thru[0]["short-message"] > budgets["short-message"], results
+
+
+#: Pinned before the worksheet's decode fast path (issue 13): the fast path must not change one byte.
+PINNED_CASES = {
+    "interactive": ("interactive-small-batch", {}, dict(n=300, rate_rps=20.0)),
+    "throughput": ("throughput-large-batch", {}, dict(n=300, rate_rps=20.0)),
+    "noisy-faults": (
+        None,
+        {"name": "noisy", "cost": {"noise_sigma": 0.3}, "faults": {"stall_rate": 0.2, "disconnect_rate": 0.1}},
+        dict(n=200, rate_rps=8.0),
+    ),
+    "small-kv": (
+        None,
+        {"name": "small-kv", "kv": {"num_kv_blocks": 200, "enable_prefix_caching": False}},
+        dict(n=200, rate_rps=50.0),
+    ),
+    "priority-few-seats": (
+        None,
+        {"name": "prio", "scheduler": {"policy": "priority", "max_num_seqs": 4}, "cost": {"noise_sigma": 0.1}},
+        dict(n=200, rate_rps=10.0),
+    ),
+}
+#: sha256 prefixes of (requests, chunks, server metrics) table contents (Arrow IPC, see table_digest).
+PINNED_DIGESTS: dict[str, tuple[str, str, str]] = {
+    "interactive": ("2f457c030f84ceff", "2d4c5d0df485868a", "ae3b23b27d8461c9"),
+    "noisy-faults": ("2057455873faa1a6", "ff8a4cfa60753f1e", "74dea83c160d61b2"),
+    "priority-few-seats": ("0204962efea44d58", "e6941bc011b391ff", "ee6d55e6e41fa3fa"),
+    "small-kv": ("03d1429bf539cefe", "233c7d69a7846074", "46f9f463bce9f04b"),
+    "throughput": ("9cb602127d4f09e6", "6c07b639abfc9709", "a0be3e0778fe5e68"),
+}
+
+
+def _pinned_digests(tmp_path: Path, case: str) -> tuple[str, str, str]:
+    preset, cfg, trace_args = PINNED_CASES[case]
+    engine = preset if preset else parse_engine_config(cfg)
+    trace = make_trace(tmp_path / "t.parquet", seed=3, **trace_args)
+    run = run_worksheet(trace, engine, tmp_path / "run", seed=5)
+    return tuple(table_digest(run / name)[:16] for name in (REQUESTS_FILE, CHUNKS_FILE, SERVER_METRICS_FILE))  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("case", sorted(PINNED_CASES))
+def test_worksheet_results_pinned(tmp_path, case):
+    """Same trace, engine and seed give the very tables they gave before any speed-up."""
+    assert _pinned_digests(tmp_path, case) == PINNED_DIGESTS[case]

@@ -261,6 +261,9 @@ def test_manifest_identifies_vllm(llama_runs):
         assert (run_dir / "vllm.log").is_file()
         assert m["engine_notes"]["ledger_reconcile"]["ok"] is True  # recorded by measure_with_server
         assert mem["ledger_total_bytes"] == m["engine_notes"]["ledger_reconcile"]["ledger_total_bytes"]
+        # the ledger's total, runtime line included, predicts the process tree's peak RSS within 10%
+        assert 0.9 <= mem["rss_high_water_over_ledger"] <= 1.1, mem
+        assert mem["runtime_measured_bytes"] > 0
         assert m["behavior_relevant"]["prefix_caching"] is True and m["behavior_relevant"]["quantization"] is None
 
 
@@ -278,26 +281,29 @@ def test_ledger_reconciles_llama_run_dir(llama_runs):
         assert blocks.engine == (1 << 30) // (4 * 128 * 2 * 4 * 32 * 2) == 4096
 
 
-# name, expected KV blocks (hand-computed: 1 GiB // (layers × page)), CPU block size, blocks per 1000-token request
+# name, KV bytes per token over all layers (hand-computed). The block size is the engine's own (vLLM picks it
+# by backend: the CPU MLA backend forces 16, AMX_MLA on a host with AMX tiles keeps 128), so the expected
+# blocks are 1 GiB // (block × bytes per token) at the block size the engine reports, not one machine's constant.
 OTHER_ARCHITECTURES = [
-    # Qwen2: 6 layers × 128 × 2 (K,V) × 2 KV heads × 64 × 2 B — tied embeddings, q/k/v bias, uneven block count
-    ("tiny-qwen2", (1 << 30) // (6 * 128 * 2 * 2 * 64 * 2), 128, 8),
-    # DeepSeek-V2 MLA: 3 layers × 16 × (kv_lora_rank 64 + rope 16) × 2 B, no factor 2; the CPU MLA backend uses block 16
-    ("tiny-deepseek-v2-mla", (1 << 30) // (3 * 16 * (64 + 16) * 2), 16, 63),
+    # Qwen2: 6 layers × 2 (K,V) × 2 KV heads × 64 × 2 B — tied embeddings, q/k/v bias, uneven block count
+    ("tiny-qwen2", 6 * 2 * 2 * 64 * 2),
+    # DeepSeek-V2 MLA: 3 layers × (kv_lora_rank 64 + rope 16) × 2 B, no factor 2
+    ("tiny-deepseek-v2-mla", 3 * (64 + 16) * 2),
 ]
 
 
-@pytest.mark.parametrize(
-    "name, blocks, block_size, per_request", OTHER_ARCHITECTURES, ids=[a[0] for a in OTHER_ARCHITECTURES]
-)
-def test_ledger_reconciles_other_architectures(vllm_python, workdir, name, blocks, block_size, per_request):
-    """More architectures, exact: the ledger predicts vLLM's block count and logged KV cache size."""
+@pytest.mark.parametrize("name, bytes_per_token", OTHER_ARCHITECTURES, ids=[a[0] for a in OTHER_ARCHITECTURES])
+def test_ledger_reconciles_other_architectures(vllm_python, workdir, name, bytes_per_token):
+    """More architectures, exact: the ledger predicts vLLM's block size, block count and logged KV cache size."""
     import subprocess
     import sys
 
     import httpx
 
     from loadgen.driver import parse_prometheus_text
+    from loadgen.engines.vllm.log import parse_vllm_log
+    from loadgen.ledger import read_model_config
+    from loadgen.ledger.kv import cdiv, vllm_cpu_block_size
 
     model_dir = _model_dir(workdir, name)
     t0 = time.monotonic()
@@ -312,9 +318,13 @@ def test_ledger_reconciles_other_architectures(vllm_python, workdir, name, block
     kept = ARTIFACTS / f"{name}-startup.log"
     kept.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(log, kept)
+    block_size = int(info["block_size"])  # what the engine chose on this host
+    model = read_model_config(model_dir / "config.json")
+    backend = parse_vllm_log(kept.read_text(errors="replace")).get("attention_backend")
+    assert vllm_cpu_block_size(model.is_mla, backend=backend) == block_size  # the ledger's rule agrees
+    blocks = (1 << 30) // (block_size * bytes_per_token)
     led = _ledger(model_dir, block_size=block_size)
-    assert led.kv_cache_blocks == blocks
-    assert int(info["num_gpu_blocks"]) == blocks and int(info["block_size"]) == block_size
+    assert led.kv_cache_blocks == blocks == int(info["num_gpu_blocks"])
     cli = subprocess.run(
         [
             sys.executable,
@@ -334,7 +344,8 @@ def test_ledger_reconciles_other_architectures(vllm_python, workdir, name, block
     data = json.loads(cli.stdout)
     assert cli.returncode == 0 and data["ok"], cli.stdout + cli.stderr
     row = next(r for r in data["rows"] if r["quantity"] == "kv_cache_size_tokens")
-    assert row["engine"] == row["ledger"] == int(blocks / per_request * MAX_MODEL_LEN)  # cdiv(1000, block) per request
+    per_request = cdiv(MAX_MODEL_LEN, block_size)
+    assert row["engine"] == row["ledger"] == int(blocks / per_request * MAX_MODEL_LEN)
 
 
 def test_setup_reuses_working_venv(vllm_python):

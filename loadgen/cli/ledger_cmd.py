@@ -27,12 +27,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu-memory-utilization", type=flags.fraction(), default=0.9)
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2"])
     p.add_argument(
-        "--block-size", type=flags.count(1, 1 << 16), help="tokens per KV block (default 16; vLLM CPU uses 128)"
+        "--block-size",
+        type=flags.count(1, 1 << 16),
+        help="tokens per KV block (default: 16 on cuda; on cpu vLLM's rule: 128, 16 for MLA without AMX)",
     )
     p.add_argument("--tp", type=flags.count(1, 4096), default=1, help="tensor parallel size")
     p.add_argument("--max-model-len", type=flags.count(1, MAX_TOKENS * 16))
-    p.add_argument("--max-num-seqs", type=flags.count(), default=256)
-    p.add_argument("--max-num-batched-tokens", type=flags.count(1, MAX_TOKENS * 16), default=8192)
+    p.add_argument("--max-num-seqs", type=flags.count(), help="default: vLLM's for the device and usage context")
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=flags.count(1, MAX_TOKENS * 16),
+        help="default: vLLM's (cpu API server 2048; GPU 2048, 8192 on ≥ 70 GiB non-A100, 16384 on ≥ 160 GiB)",
+    )
+    p.add_argument(
+        "--usage-context",
+        choices=["api_server", "llm_class"],
+        default="api_server",
+        help="which vLLM defaults apply: `vllm serve` (api_server) or the offline LLM class",
+    )
     p.add_argument(
         "--concurrent-batches",
         type=flags.count(1, 64),
@@ -62,13 +74,14 @@ def _run(args: argparse.Namespace) -> int:
         format_ledger,
         read_model_config,
     )
+    from ..ledger.kv import vllm_cpu_block_size  # deferred: `loadgen --help` loads no library code
 
     model = read_model_config(args.model)
     engine = EngineSettings(
         dtype=args.dtype,
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
-        block_size=args.block_size or 16,
+        block_size=args.block_size or (vllm_cpu_block_size(model.is_mla) if args.device == "cpu" else 16),
         tensor_parallel_size=args.tp,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
@@ -81,6 +94,7 @@ def _run(args: argparse.Namespace) -> int:
         device_memory_gib=args.device_memory_gib,
         gpu_memory_utilization=args.gpu_memory_utilization,
         device=args.device,
+        usage_context=args.usage_context,
     )
     if args.reconcile:
         fixed = {
@@ -89,6 +103,8 @@ def _run(args: argparse.Namespace) -> int:
                 ("block_size", args.block_size),
                 ("max_model_len", args.max_model_len),
                 ("kv_cache_gib", args.kv_cache_gib),
+                ("max_num_seqs", args.max_num_seqs),
+                ("max_num_batched_tokens", args.max_num_batched_tokens),
             )
             if given is not None
         }

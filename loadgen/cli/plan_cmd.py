@@ -92,6 +92,11 @@ def _plan(args: argparse.Namespace) -> int:
         if fresh and out.is_dir() and not kept:
             shutil.rmtree(out, ignore_errors=True)  # nothing worth resuming: leave no partial plan directory
         raise
+    engine = args.sim or args.sim_worksheet
+    if engine:  # every figure from the simulated engine says whether its cost terms were calibrated
+        from ..sim import load_engine_config  # deferred: `loadgen --help` loads no library code
+
+        result.region["engine_calibration"] = load_engine_config(engine).calibration_label()
     if args.json:
         print(json.dumps(result.fleet or result.region, indent=2, default=str))
     elif result.fleet is not None:
@@ -99,5 +104,7 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"\nplan directory: {result.plan_dir} (fleet.json, fleet.md; one plan per replica count in replicas-N/)")
     else:
         print(format_region(result.region))
+        if engine:
+            print(f"\n{result.region['engine_calibration']}")
         print(f"\nplan directory: {result.plan_dir} (region.json, region.md, region-*.png)")
     return 0 if result.state.get("status") == "complete" else 3

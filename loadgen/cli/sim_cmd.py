@@ -43,6 +43,46 @@ def register(sub: argparse._SubParsersAction) -> None:
     pre = s.add_parser("presets", help="list the shipped engine presets")
     pre.set_defaults(func=_presets)
 
+    cal = s.add_parser("calibrate", help="fit the cost model to a live engine and write a calibrated engine TOML")
+    src = cal.add_mutually_exclusive_group(required=True)
+    src.add_argument("--target", help="base URL of the engine (vLLM or loadgen sim serve) with /metrics or /version")
+    src.add_argument(
+        "--from", dest="from_runs", nargs="+", metavar="RUN_DIR", help="refit from earlier calibration run dirs"
+    )
+    cal.add_argument("--out", required=True, help="engine TOML to write")
+    cal.add_argument("--name", default=None, help="engine name in the TOML (default: the file stem)")
+    cal.add_argument("--work-dir", default=None, help="where the calibration runs go (default: OUT.calibration-runs)")
+    cal.add_argument("--engine-log", default=None, help="vLLM startup log: its scheduler limits (else vLLM's defaults)")
+    cal.add_argument("--tokenizer", default="cl100k_base", help="prompt tokenizer spec, as for loadgen run")
+    cal.add_argument("--json", action="store_true", help="print the fit as JSON")
+    cal.set_defaults(func=_calibrate)
+
+    val = s.add_parser("validate", help="held-out check: the target and the worksheet on the same traces")
+    val.add_argument("engine", help="engine TOML (a calibrated one, or any preset)")
+    val.add_argument("--target", required=True, help="base URL of the real engine")
+    val.add_argument("--out", required=True, help="directory for the runs and fidelity.json / fidelity.html")
+    val.add_argument(
+        "--trace", action="append", default=None, metavar="PATH", help="trace to replay (default: canonical burst)"
+    )
+    val.add_argument(
+        "--public",
+        default=None,
+        metavar="KIND:PATH",
+        help="public trace (azure:CSV or mooncake:JSONL), scaled to the engine at each --load",
+    )
+    val.add_argument(
+        "--load",
+        action="append",
+        type=flags.number(0, 100, low_open=True),
+        default=None,
+        help="offered load as a share of the cost model's capacity (default 0.5, 0.9, 1.3)",
+    )
+    val.add_argument("--duration-s", type=flags.seconds(), default=None, help="replay only this much of each trace")
+    val.add_argument("--engine-log", default=None, help="vLLM startup log: the target's scheduler limits")
+    val.add_argument("--tokenizer", default="cl100k_base", help="prompt tokenizer spec, as for loadgen run")
+    val.add_argument("--json", action="store_true")
+    val.set_defaults(func=_validate)
+
 
 def _run(args: argparse.Namespace) -> int:
     from ..manifest import read_manifest  # deferred: `loadgen --help` loads no library code
@@ -56,6 +96,7 @@ def _run(args: argparse.Namespace) -> int:
         f"busy {notes.get('busy_s', 0):.1f} s, output {notes.get('output_tokens', 0)} tokens"
         + (f" ({rate:.0f} tok/s busy)" if rate else "")
     )
+    print((read_manifest(out).engine_config or {}).get("calibration_label", ""))
     return 0
 
 
@@ -80,3 +121,68 @@ def _presets(args: argparse.Namespace) -> int:
     for name in list_presets():
         print(f"{name:28s} {load_engine_config(name).description}")
     return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from ..sim.calibrate import calibrate  # deferred: `loadgen --help` loads no library code
+
+    notes = _log_notes(args.engine_log)
+    path, fit, limits = calibrate(
+        Path(args.out),
+        target_url=args.target,
+        run_dirs=[Path(d) for d in args.from_runs] if args.from_runs else None,
+        work_dir=Path(args.work_dir) if args.work_dir else None,
+        name=args.name,
+        log_notes=notes,
+        tokenizer=args.tokenizer,
+    )
+    if args.json:
+        print(json.dumps({"engine_toml": str(path), "fit": fit.to_dict(), "limits": limits.to_dict()}, default=str))
+        return 0
+    print(f"{path}: calibrated from {fit.observations} observations (limits: {limits.sources})")
+    for term, value in fit.terms.items():
+        print(f"  {term:24s} {value:.6g}" + ("  (fixed at 0)" if term in fit.dropped_terms else ""))
+    print(f"  {'noise_sigma':24s} {fit.noise_sigma:.4g}")
+    for key, value in fit.residual_pct.items():
+        print(f"  residual {key:30s} {value:.2f} %")
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from ..errors import LoadgenError  # deferred: `loadgen --help` loads no library code
+    from ..sim.validate import format_table, validate  # deferred: `loadgen --help` loads no library code
+
+    public = None
+    if args.public:
+        kind, _, path = args.public.partition(":")
+        if kind not in ("azure", "mooncake") or not path:
+            raise LoadgenError(f"--public = {args.public!r}: expected azure:PATH or mooncake:PATH")
+        public = (kind, Path(path))
+    result = validate(
+        Path(args.engine),
+        args.target,
+        Path(args.out),
+        traces=[(Path(t).stem, Path(t)) for t in args.trace] if args.trace else None,
+        public_trace=public,
+        loads=tuple(args.load) if args.load else (0.5, 0.9, 1.3),
+        duration_s=args.duration_s,
+        log_notes=_log_notes(args.engine_log),
+        tokenizer=args.tokenizer,
+    )
+    print(json.dumps(result, default=str) if args.json else format_table(result))
+    return 0
+
+
+def _log_notes(path: str | None) -> dict | None:
+    """The facts a vLLM startup log reports (scheduler limits among them), or None without one."""
+    if not path:
+        return None
+    from ..engines.vllm.log import parse_vllm_log_file  # deferred: `loadgen --help` loads no library code
+
+    return parse_vllm_log_file(path)

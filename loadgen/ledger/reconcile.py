@@ -17,6 +17,7 @@ from typing import Any
 from ..errors import LedgerError
 from .compute import Ledger, compute_ledger
 from .config import ModelConfig
+from .kv import vllm_cpu_block_size
 from .settings import GIB, EngineSettings
 
 __all__ = ["ReconcileRow", "Reconciliation", "reconcile_report"]
@@ -120,21 +121,48 @@ def reconcile_report(
     return Reconciliation(ledger=ledger, report=report, rows=_rows(ledger, report, fixed))
 
 
+_KV_DTYPES = ("auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2")
+
+
+def _engine_args(report: dict[str, Any]) -> dict[str, Any]:
+    """What the log says the engine was started with: its non-default args, then its config line."""
+    args = report.get("non_default_args")
+    merged = dict(args) if isinstance(args, dict) else {}
+    for k, v in (report.get("engine_config") or {}).items():
+        merged.setdefault(k, v)
+    return merged
+
+
+def _reported_block_size(model: ModelConfig, report: dict[str, Any]) -> int | None:
+    """The block size the engine ran with: /metrics, else the CPU backend's rule on the logged facts."""
+    block = _int(report.get("cache_config_info", {}).get("block_size"))
+    if block is not None:
+        return block
+    if report.get("block_size_override"):  # vLLM's warning names the size it forced
+        return int(report["block_size_override"])
+    user = _int(_engine_args(report).get("block_size"))
+    if report.get("kv_cache_device") == "CPU":
+        return vllm_cpu_block_size(model.is_mla, user_block_size=user, backend=report.get("attention_backend"))
+    return user
+
+
 def _adopted_settings(model: ModelConfig, report: dict[str, Any], fixed: set[str]) -> dict[str, Any]:
     """The EngineSettings changes the report implies, except for settings in ``fixed``."""
     info = report.get("cache_config_info", {})
+    args = _engine_args(report)
     changes: dict[str, Any] = {}
-    block = _int(info.get("block_size"))
-    if block is None and report.get("kv_cache_device") == "CPU":
-        # vLLM CPU defaults (vllm/platforms/cpu.py): 16 for the CPU MLA backend, else 128, unless overridden
-        block = report.get("block_size_override") or (16 if model.is_mla else 128)
+    if report.get("kv_cache_device") == "CPU" and "device" not in fixed:
+        changes["device"] = "cpu"
+    block = _reported_block_size(model, report)
     if "block_size" not in fixed and block:
         changes["block_size"] = block
     mml = report.get("kv_cache_max_model_len") or report.get("max_model_len")
     if "max_model_len" not in fixed and mml:
         changes["max_model_len"] = int(mml)
-    if "max_num_batched_tokens" not in fixed and report.get("max_num_batched_tokens"):
-        changes["max_num_batched_tokens"] = int(report["max_num_batched_tokens"])
+    for name in ("max_num_batched_tokens", "max_num_seqs"):
+        value = _int(report.get(name)) or _int(args.get(name))
+        if name not in fixed and value:
+            changes[name] = value
     kv_bytes = _int(info.get("kv_cache_memory_bytes"))
     if "kv_cache_gib" not in fixed:
         if kv_bytes:
@@ -143,14 +171,9 @@ def _adopted_settings(model: ModelConfig, report: dict[str, Any], fixed: set[str
             changes["kv_cache_gib"] = float(report["kv_cache_memory_gib"])
         if "kv_cache_gib" in changes:
             changes["device_memory_gib"] = None
-    if report.get("kv_cache_device") == "CPU" and "device" not in fixed:
-        changes["device"] = "cpu"
-    if (
-        info.get("cache_dtype")
-        and "kv_cache_dtype" not in fixed
-        and info["cache_dtype"] in ("auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2")
-    ):
-        changes["kv_cache_dtype"] = info["cache_dtype"]
+    dtype = info.get("cache_dtype") or args.get("kv_cache_dtype")
+    if dtype in _KV_DTYPES and "kv_cache_dtype" not in fixed:
+        changes["kv_cache_dtype"] = dtype
     return changes
 
 

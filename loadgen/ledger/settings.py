@@ -9,7 +9,15 @@ from ..errors import LedgerError
 from ..limits import is_finite
 from .config import dtype_bytes
 
-__all__ = ["EngineSettings", "LoraSettings", "QUANT_WEIGHT_BITS", "KV_CACHE_DTYPES", "GIB"]
+__all__ = [
+    "EngineSettings",
+    "LoraSettings",
+    "QUANT_WEIGHT_BITS",
+    "KV_CACHE_DTYPES",
+    "GIB",
+    "USAGE_CONTEXTS",
+    "vllm_batch_defaults",
+]
 
 GIB = 1 << 30
 #: Largest memory budget the ledger accepts (1 PiB).
@@ -40,6 +48,51 @@ KV_CACHE_DTYPES = (
 )
 
 
+#: vLLM's usage contexts that choose scheduler defaults: the OpenAI API server (``vllm serve``) or the LLM class.
+USAGE_CONTEXTS = ("api_server", "llm_class")
+
+
+def vllm_batch_defaults(
+    device: str,
+    usage_context: str = "api_server",
+    world_size: int = 1,
+    device_memory_gib: float | None = None,
+    device_name: str = "",
+    max_model_len: int | None = None,
+    *,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) vLLM ends up with; None for either = vLLM's default.
+
+    vLLM 0.32's rule (read, not copied: vllm/engine/arg_utils.py ``EngineArgs.get_batch_defaults`` and
+    ``_set_default_max_num_seqs_and_batched_tokens_args``), defaults for the API server / the LLM class:
+    - CPU: 2048 × world / 4096 × world tokens, 128 × world / 256 × world sequences;
+    - GPU with ≥ 160 GiB: 16384 / 16384 tokens, 1024 sequences;
+    - GPU with ≥ 70 GiB, not an A100: 8192 / 16384 tokens, 1024 sequences;
+    - other GPUs (and an unknown device memory): 2048 / 8192 tokens, 256 sequences.
+    Then, with chunked prefill on (vLLM v1's default): a defaulted token budget becomes
+    min(max_num_seqs × max_model_len, budget), and defaulted sequences min(sequences, token budget).
+    """
+    api = usage_context == "api_server"
+    if device == "cpu":
+        tokens, seqs = (2048 if api else 4096) * world_size, (128 if api else 256) * world_size
+    elif device_memory_gib is not None and device_memory_gib >= 160:
+        tokens, seqs = 16384, 1024
+    elif device_memory_gib is not None and device_memory_gib >= 70 and "a100" not in device_name.lower():
+        tokens, seqs = (8192 if api else 16384), 1024
+    else:
+        tokens, seqs = (2048 if api else 8192), 256
+    seqs = max_num_seqs if max_num_seqs is not None else seqs
+    if max_num_batched_tokens is not None:
+        tokens = max_num_batched_tokens
+    elif max_model_len:
+        tokens = min(seqs * max_model_len, tokens)
+    if max_num_seqs is None:
+        seqs = min(seqs, tokens)
+    return tokens, seqs
+
+
 @dataclass(frozen=True)
 class LoraSettings:
     """LoRA adapters resident at once (vLLM ``--max-loras``), their max rank and target modules."""
@@ -53,7 +106,9 @@ class LoraSettings:
 class EngineSettings:
     """How the engine is configured; the KV budget is ``kv_cache_gib`` or ``device_memory_gib`` × utilization.
 
-    Defaults follow vLLM's GPU defaults (block 16, 8192 batched tokens, 256 sequences).
+    ``max_num_seqs`` and ``max_num_batched_tokens`` left at None take vLLM's defaults for ``device``,
+    ``usage_context``, world size and device memory (``vllm_batch_defaults``); ``with_`` re-derives them
+    when those inputs change. Block size defaults to 16 (vLLM's GPU default).
     ``device`` is "cuda" or "cpu" (CPU builds default to block 128 in vLLM; pass it explicitly).
     ``concurrent_batches`` is vLLM's ``max_concurrent_batches`` (2 with async scheduling on GPU, 1 on CPU):
     sliding-window layers must hold that many in-flight batches of tokens beyond the window.
@@ -65,20 +120,28 @@ class EngineSettings:
     block_size: int = 16
     tensor_parallel_size: int = 1
     max_model_len: int | None = None  # None = the config's max_position_embeddings
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = None  # type: ignore[assignment]  # None = vLLM's default (resolved in __post_init__)
+    max_num_batched_tokens: int = None  # type: ignore[assignment]
     concurrent_batches: int = 1
     lora: LoraSettings = field(default_factory=LoraSettings)
     kv_cache_gib: float | None = None
     device_memory_gib: float | None = None
     gpu_memory_utilization: float = 0.9
     device: str = "cuda"
+    usage_context: str = "api_server"
+    device_name: str = ""  # the GPU's name (vLLM's defaults treat an A100 apart)
     # Estimates for the non-KV lines (every one is printed with its factor):
     fragmentation_fraction: float = 0.05  # of activations + workspaces (caching allocator slack)
     graph_buffer_gib: float | None = None  # None: 0.5 GiB on cuda with graphs, 0 on cpu
     safety_margin_fraction: float = 0.05  # of the accounted total when the budget is kv_cache_gib
+    # The runtime: interpreters, torch and the engine's processes (RSS on CPU). None: the measured default
+    # for the CPU build (compute.CPU_RUNTIME_GIB), not estimated on cuda; `loadgen vllm run` measures it.
+    runtime_gib: float | None = None
+    #: Which of max_num_seqs / max_num_batched_tokens took vLLM's default (set by __post_init__).
+    defaulted: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
+        self._resolve_batch_defaults()
         if self.block_size <= 0:
             raise LedgerError(f"block_size = {self.block_size}: expected a positive integer")
         if self.tensor_parallel_size <= 0:
@@ -89,6 +152,8 @@ class EngineSettings:
             raise LedgerError(f"kv_cache_dtype = {self.kv_cache_dtype!r}: expected one of auto, bf16, fp16, fp8")
         if self.dtype != "auto":
             dtype_bytes(self.dtype, "dtype")
+        if self.runtime_gib is not None and (not is_finite(self.runtime_gib) or not 0 <= self.runtime_gib <= 1024):
+            raise LedgerError(f"runtime_gib = {self.runtime_gib}: expected a finite number of GiB in [0, 1024]")
         for name in ("kv_cache_gib", "device_memory_gib", "graph_buffer_gib"):
             value = getattr(self, name)
             if value is not None and (not is_finite(value) or not 0 < value <= MAX_MEMORY_GIB):
@@ -108,10 +173,34 @@ class EngineSettings:
         if self.device not in ("cuda", "cpu"):
             raise LedgerError(f"device = {self.device!r}: expected 'cuda' or 'cpu'")
 
+    def _resolve_batch_defaults(self) -> None:
+        missing = tuple(n for n in ("max_num_batched_tokens", "max_num_seqs") if getattr(self, n) is None)
+        if not missing:
+            return
+        if self.usage_context not in USAGE_CONTEXTS:
+            raise LedgerError(f"usage_context = {self.usage_context!r}: expected one of {', '.join(USAGE_CONTEXTS)}")
+        tokens, seqs = vllm_batch_defaults(
+            self.device,
+            self.usage_context,
+            self.tensor_parallel_size,
+            self.device_memory_gib,
+            self.device_name,
+            self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+        )
+        for name, value in (("max_num_batched_tokens", tokens), ("max_num_seqs", seqs)):
+            if name in missing:
+                object.__setattr__(self, name, value)
+        object.__setattr__(self, "defaulted", missing)
+
     def with_(self, **changes: Any) -> EngineSettings:
-        return replace(self, **changes)
+        """A copy with ``changes``; scheduler limits that were vLLM's defaults are re-derived for the new settings."""
+        again: dict[str, Any] = {name: None for name in self.defaulted if name not in changes}
+        return replace(self, **again, **changes, defaulted=())
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["lora"]["targets"] = list(self.lora.targets)
+        d["defaulted"] = list(self.defaulted)
         return d

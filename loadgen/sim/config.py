@@ -101,6 +101,10 @@ class CostModel(_Model):
     per_prefill_token_ms: float = Field(default=0.05, ge=0, le=MAX_STEP_MS)
     per_decode_seq_ms: float = Field(default=0.2, ge=0, le=MAX_STEP_MS)
     per_kv_token_ms: float = Field(default=0.0, ge=0, le=MAX_STEP_MS)
+    # per request, before it reaches the scheduler (HTTP, tokenization, detokenization set-up); fitted by
+    # `loadgen sim calibrate` because measured TTFT at concurrency 1 exceeded the prefill steps by a constant.
+    # The worksheet delays each request's engine arrival by it; the live server has its own, real overhead.
+    request_overhead_ms: float = Field(default=0.0, ge=0, le=MAX_STEP_MS)
     noise_sigma: float = Field(default=0.0, ge=0, le=2)  # log-normal multiplicative noise, seeded
 
 
@@ -177,6 +181,9 @@ class EngineConfig(_Model):
     managed: ManagedConfig | None = None
     # [behavior]: contract-case answers and drift (validated by loadgen.contract.responder.BehaviorConfig)
     behavior: dict[str, Any] | None = None
+    # [calibration]: written by `loadgen sim calibrate` (fitted against which engine/hardware, fit quality,
+    # provenance) and `loadgen sim validate` (validated error); absent = an uncalibrated preset
+    calibration: dict[str, Any] | None = None
     # set by load_engine_config, not by the file
     source_path: str | None = Field(default=None, exclude=True)
     sha256: str | None = Field(default=None, exclude=True)
@@ -198,6 +205,18 @@ class EngineConfig(_Model):
         assert self.resolved_kv_blocks is not None, "load the config with load_engine_config()"
         return self.resolved_kv_blocks
 
+    def calibration_label(self) -> str:
+        """One line every output built on this engine states: calibrated (against what, validated error) or not."""
+        c = self.calibration
+        if not c or not c.get("calibrated"):
+            return f"engine {self.name}: uncalibrated preset (hand-set cost terms; an illustration, not evidence)"
+        validated = c.get("validated_error")
+        return (
+            f"engine {self.name}: calibrated against {c.get('engine', '?')} on {c.get('hardware', '?')}"
+            f" ({c.get('fitted_utc', '?')}); "
+            + (f"validated error {validated}" if validated else "not yet validated (run loadgen sim validate)")
+        )
+
     def manifest(self) -> dict[str, Any]:
         """What a manifest records: name, path, sha256, resolved KV blocks and the full config."""
         return {
@@ -205,6 +224,7 @@ class EngineConfig(_Model):
             "path": self.source_path,
             "sha256": self.sha256,
             "num_kv_blocks": self.num_kv_blocks,
+            "calibration_label": self.calibration_label(),
             "config": self.model_dump(mode="json", by_alias=True),
         }
 

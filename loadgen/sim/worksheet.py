@@ -95,6 +95,7 @@ class _Client:
         self.router = router  # a fleet: which engine each request goes to (None: the one engine)
         self.target: list[int | None] = [None] * n  # engine of each request sent
         self.max_len = config.scheduler.max_model_len
+        self.overhead_ns = int(config.cost.request_overhead_ms * 1e6)  # before the request reaches the engine
         self.plans = plans
         self.stop_after = stop_after  # tokens after which the client stops reading
         self.limit = limit
@@ -194,7 +195,7 @@ class _Client:
         self.in_flight += 1
         key = conv if conv is not None else cols["prefix_group"][i]
         cache_limit = None if conv is not None else cols["prefix_tokens"][i]
-        arrive = t + (int(plan.slow_start_s * _NS) if plan is not None else 0)
+        arrive = t + self.overhead_ns + (int(plan.slow_start_s * _NS) if plan is not None else 0)
         seq = Seq(i, prompt, out, arrive, cache_key=key, cache_limit_tokens=cache_limit)
         seq.stop_after = self.stop_after[i]
         self.seqs[i] = seq

@@ -49,11 +49,17 @@ def measure_with_server(
     reconciliation = reconcile_server_run(Path(server.config.model_dir), run_dir)
     if ledger_total_bytes is None and reconciliation.get("ledger_total_bytes"):
         ledger_total_bytes = reconciliation["ledger_total_bytes"]
+    memory = sampler.summary(ledger_total_bytes)
+    lines = reconciliation.get("ledger_lines") or {}
+    if lines and memory.get("rss_high_water_bytes"):
+        # the runtime this run measured: RSS beyond the ledger's model-memory lines (margin and runtime left out)
+        model = sum(v for k, v in lines.items() if k not in ("runtime", "safety_margin"))
+        memory["runtime_measured_bytes"] = int(memory["rss_high_water_bytes"]) - int(model)
     amend_manifest(
         run_dir,
         {
             "engine_notes": {
-                "memory": sampler.summary(ledger_total_bytes),
+                "memory": memory,
                 "log": server.engine_notes(),  # re-read: the log may have grown during the run
                 "ledger_reconcile": reconciliation,
             }

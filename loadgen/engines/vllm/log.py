@@ -81,6 +81,7 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ),
     ("kv_cache_layout", re.compile(r"Using (\w+) KV cache layout")),
     ("block_size_override", re.compile(r"block_size=(\d+)\b.*(?:overrid|requires)")),
+    ("attention_backend", re.compile(r"\bUsing ([A-Z][A-Z0-9_]+) backend\.")),
 ]
 #: Simple key=value fields of the "Initializing a V1 LLM engine ... with config:" line that change behaviour.
 _ENGINE_KEYS = (
@@ -208,7 +209,7 @@ def _record(notes: dict[str, Any], key: str, g: tuple[Any, ...]) -> None:
         notes[key] = True
     elif key in ("max_num_batched_tokens", "max_model_len", "block_size_override"):
         notes[key] = int(_f(g[0]))
-    elif key in ("architecture", "version", "kv_cache_layout"):
+    elif key in ("architecture", "version", "kv_cache_layout", "attention_backend"):
         notes[key] = g[0]
     else:
         notes[key] = _f(g[0])

@@ -1,0 +1,474 @@
+"""Calibrate the simulated engine's cost model against a live engine: measure → fit → engine TOML.
+
+The calibration workload separates the cost terms of ``CostModel`` (step time = fixed + per prefill
+token × P + per decode sequence × D + per KV token read × K):
+
+- **prefill**: one request at a time (closed loop, concurrency 1), prompt lengths from 16 tokens to
+  most of ``max_model_len``, 2 output tokens. Its TTFT is the sum of the prefill steps, chunked by the
+  engine's token budget, plus the request's own overhead (HTTP, tokenization, scheduling).
+- **decode**: ``b`` requests sent together (b from 1 to max_num_seqs, prompt ≤ budget / b so every
+  prefill fits one step), long outputs. Each gap between two tokens of a request is one pure-decode
+  step of b sequences whose KV read is b × (prompt + token index). Long prompts at b = 1 and 2 spread
+  the context so the KV term is not confounded with the batch term.
+
+Each observation is a row of features [prefill steps, prefill tokens, decode sequences, KV tokens read,
+request overhead] and a time; the fit is least squares on relative error with Huber weights
+(iteratively reweighted), a term going negative is fixed at 0 and the rest refitted. ``noise_sigma``
+is the robust spread (1.4826 × MAD) of log(observed / predicted) decode gaps. The engine's scheduler
+limits are read from the engine itself (``engine_limits``), never assumed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import LoadgenError
+from ..records import CHUNKS_FILE, REQUESTS_FILE, TRACE_SCHEMA
+from ..rundir import load_run
+from ..trace.io import write_trace
+
+__all__ = [
+    "TERMS",
+    "CalibrationPhase",
+    "EngineLimits",
+    "Fit",
+    "calibration_phases",
+    "engine_limits",
+    "fit_cost_model",
+    "observations",
+    "calibrate",
+    "run_hashes",
+    "write_engine_toml",
+]
+
+#: The fitted terms, in feature order (``[cost]`` keys of an engine TOML).
+TERMS = ("fixed_ms", "per_prefill_token_ms", "per_decode_seq_ms", "per_kv_token_ms", "request_overhead_ms")
+_HUBER_K = 1.345  # Huber's tuning constant (95% efficiency under normal errors), on the MAD scale
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """Scheduler limits as the engine reported them, and where each came from."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    block_size: int | None
+    num_kv_blocks: int | None
+    sources: dict[str, str] = field(default_factory=dict)
+    identity: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def engine_limits(base_url: str, log_notes: dict[str, Any] | None = None) -> EngineLimits:
+    """Read max_num_seqs, max_num_batched_tokens, max_model_len, block size and KV blocks from the engine.
+
+    ``loadgen sim serve`` reports its whole config at ``/version``; vLLM reports block size and blocks in
+    ``/metrics`` ``vllm:cache_config_info``, max_model_len in ``/v1/models`` and the scheduler limits in
+    its startup log (``log_notes``: ``loadgen.engines.vllm.parse_vllm_log``), else vLLM's own defaults.
+    """
+    import httpx
+
+    from ..driver import parse_prometheus_text
+    from ..ledger.settings import vllm_batch_defaults
+
+    with httpx.Client(timeout=30) as client:
+        version = client.get(base_url + "/version").json()
+        if isinstance(version.get("config"), dict) and version.get("engine") == "loadgen-sim":
+            cfg = version["config"]["config"]
+            s, kv = cfg["scheduler"], cfg["kv"]
+            src = f"{base_url}/version"
+            return EngineLimits(
+                s["max_num_seqs"],
+                s["max_num_batched_tokens"],
+                s["max_model_len"],
+                kv["block_size"],
+                version["config"].get("num_kv_blocks"),
+                {k: src for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv")},
+                {"engine": "loadgen-sim", "version": version.get("version"), "config": cfg.get("name")},
+            )
+        models = client.get(base_url + "/v1/models").json().get("data") or [{}]
+        metrics = client.get(base_url + "/metrics").text
+    info = next((labels for n, labels, _ in parse_prometheus_text(metrics) if n == "vllm:cache_config_info"), {})
+    notes = log_notes or {}
+    mml = int(models[0].get("max_model_len") or notes.get("max_model_len") or 0)
+    if not mml:
+        raise LoadgenError(f"{base_url}/v1/models: max_model_len: missing; expected the engine to report it")
+    device = "cpu" if notes.get("kv_cache_device") == "CPU" else "cuda"
+    raw_args = notes.get("non_default_args")
+    args: dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
+    seqs = args.get("max_num_seqs")
+    tokens = notes.get("max_num_batched_tokens") or args.get("max_num_batched_tokens")
+    d_tokens, d_seqs = vllm_batch_defaults(device, max_model_len=mml, max_num_seqs=seqs, max_num_batched_tokens=tokens)
+    sources = {
+        "max_model_len": f"{base_url}/v1/models",
+        "max_num_seqs": "startup log" if seqs else f"vLLM default for {device} API server",
+        "max_num_batched_tokens": "startup log" if tokens else f"vLLM default for {device} API server",
+        "kv": f"{base_url}/metrics vllm:cache_config_info" if info else "not reported",
+    }
+    block = int(info["block_size"]) if info.get("block_size") not in (None, "None") else None
+    blocks = int(info["num_gpu_blocks"]) if info.get("num_gpu_blocks") not in (None, "None") else None
+    return EngineLimits(
+        int(seqs or d_seqs),
+        int(tokens or d_tokens),
+        mml,
+        block,
+        blocks,
+        sources,
+        {"engine": "vllm", "version": version.get("version")},
+    )
+
+
+@dataclass(frozen=True)
+class CalibrationPhase:
+    """One calibration run: its trace rows (all the same shape) and how they are sent."""
+
+    name: str
+    kind: str  # "prefill" | "decode"
+    prompts: list[int]
+    output_tokens: int
+    together: bool  # True: all at t=0 (open, max_in_flight = len); False: closed loop, concurrency 1
+
+    def trace_table(self) -> tuple[pa.Table, dict[str, Any]]:
+        rows = [
+            {
+                "request_id": f"{self.name}-{i:03d}",
+                "request_class": self.kind,
+                "scheduled_offset_ns": 0 if self.together else i,
+                "prompt_tokens": p,
+                "output_tokens": self.output_tokens,
+                "prefix_group": None,
+                "prefix_tokens": None,
+                "conversation_id": None,
+                "turn_index": None,
+                "cancel_after_tokens": None,
+            }
+            for i, p in enumerate(self.prompts)
+        ]
+        meta: dict[str, Any] = {"trace_name": self.name, "seed": 0}
+        if self.together:
+            meta.update(mode="open", max_in_flight=len(rows))
+        else:
+            meta.update(mode="closed", concurrency=1)
+        return pa.Table.from_pylist(rows, schema=TRACE_SCHEMA), meta
+
+
+def calibration_phases(limits: EngineLimits, *, repeats: int = 3, decode_tokens: int = 32) -> list[CalibrationPhase]:
+    """The workload: prefill lengths alone, then decode batch sizes × context lengths."""
+    budget, mml, seats = limits.max_num_batched_tokens, limits.max_model_len, limits.max_num_seqs
+    top = max(16, min(mml - 8, 4 * budget))
+    lengths = sorted({n for n in (16, 64, 256, budget // 2, budget, budget + budget // 2, top) if 8 <= n <= top})
+    phases = [CalibrationPhase("prefill", "prefill", [n for n in lengths for _ in range(repeats)], 2, False)]
+    out = min(decode_tokens, max(4, mml // 4))
+    batches = sorted({b for b in (1, 2, 4, 8, 16, 32) if b <= seats})
+    for b in batches:
+        prompt = max(8, min(128, budget // b - 1, mml - out - 1))
+        phases.append(CalibrationPhase(f"decode-b{b}-p{prompt}", "decode", [prompt] * b, out, True))
+    for b in (1, 2):
+        prompt = max(8, min(budget // b - 1, mml - out - 1))
+        long_prompt = max(8, min(mml - out - 1, 2 * budget))
+        for p in sorted({prompt, long_prompt if b == 1 else prompt}):
+            if p > 128 and b <= seats:
+                phases.append(CalibrationPhase(f"decode-b{b}-p{p}", "decode", [p] * b, out, True))
+    return phases
+
+
+def _prefill_features(prompt: int, budget: int) -> list[float]:
+    """[steps, prefill tokens, decode seqs, KV read, overhead] of one request's prefill, chunked by budget."""
+    steps, kv, done = 0, 0, 0
+    while done < prompt:
+        n = min(budget, prompt - done)
+        done += n
+        kv += done  # computed before + n
+        steps += 1
+    return [steps, prompt, 0, kv, 1]
+
+
+def observations(run_dirs: list[Path], budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(features, observed ms, is-decode-gap) from calibration run dirs: prefill TTFTs and decode gaps."""
+    feats: list[list[float]] = []
+    times: list[float] = []
+    decode: list[bool] = []
+    for run_dir in run_dirs:
+        run = load_run(run_dir)
+        kind = (getattr(run.manifest, "calibration", None) or {}).get("kind")
+        req = run.requests.to_pandas()
+        ok = req[req.status == "ok"]
+        if kind is None:
+            kind = "decode" if ok.request_class.eq("decode").any() else "prefill"
+        if kind == "prefill":
+            for r in ok.itertuples():
+                if r.first_token_ns is None or r.first_token_ns <= r.sent_ns:
+                    continue
+                feats.append(_prefill_features(int(r.target_prompt_tokens), budget))
+                times.append((r.first_token_ns - r.sent_ns) / 1e6)
+                decode.append(False)
+            continue
+        b = len(req)
+        if len(ok) != b:
+            continue  # a failed request breaks the lockstep batch this phase relies on
+        prompt = int(ok.target_prompt_tokens.iloc[0])
+        if run.chunks is None:
+            continue
+        chunks = run.chunks.to_pandas().sort_values(["request_id", "seq"])
+        gaps = _lockstep_gaps(chunks, b)
+        for j, gap_ms in gaps:
+            feats.append([1, 0, b, b * (prompt + j), 0])  # one pure-decode step of b sequences
+            times.append(gap_ms)
+            decode.append(True)
+    if not times:
+        raise LoadgenError("calibration: no usable observation in the run dirs: expected ok requests with tokens")
+    return np.array(feats, dtype=np.float64), np.array(times, dtype=np.float64), np.array(decode)
+
+
+#: Decode gaps are averaged over windows of this many steps: a client that reads two events at once
+#: stamps them together (a 0 gap and a double one); their mean over a window is still the step time.
+GAP_WINDOW = 4
+
+
+def _lockstep_gaps(chunks: Any, b: int) -> list[tuple[float, float]]:
+    """(mean KV tokens read per sequence beyond the prompt, mean gap ms) per window of GAP_WINDOW steps in
+    which all b requests decode together.
+
+    Decoding starts once every request has its first token (a real server admits requests that arrive a
+    little apart in different steps); from then on each step gives every request one token, so request i's
+    token k_i + m and the others' k_j + m come from the same step. The gap after token i (1-based) is a
+    step that reads prompt + i tokens for that sequence.
+    """
+    per = [g.arrival_ns.to_numpy().astype(np.float64) for _, g in chunks.groupby("request_id")]
+    if len(per) != b:
+        return []
+    start = max(a[0] for a in per)
+    first = [int(np.searchsorted(a, start, side="left")) for a in per]  # each one's token index at the start
+    n = min(len(a) - 1 - k for a, k in zip(per, first, strict=True))  # steps all share (last token may finish)
+    out = []
+    for m in range(0, n - GAP_WINDOW, GAP_WINDOW):
+        spans = [a[k + m + GAP_WINDOW] - a[k + m] for a, k in zip(per, first, strict=True)]
+        gap = float(np.median(spans)) / GAP_WINDOW / 1e6
+        if gap > 0:
+            mean_index = float(np.mean([k + m + 1 + (GAP_WINDOW - 1) / 2 for k in first]))
+            out.append((mean_index, gap))
+    return out
+
+
+@dataclass
+class Fit:
+    """The fitted terms (ms), their residuals and fit quality."""
+
+    terms: dict[str, float]
+    noise_sigma: float
+    residual_pct: dict[str, float]  # median / p90 absolute relative error, per observation kind
+    observations: int
+    dropped_terms: list[str]
+    iterations: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _irls_huber(x: np.ndarray, y: np.ndarray, iterations: int = 50) -> tuple[np.ndarray, int]:
+    """Huber regression by iteratively reweighted least squares on relative residuals."""
+    scale_rows = 1.0 / np.maximum(y, 1e-9)
+    a, t = x * scale_rows[:, None], y * scale_rows
+    w = np.ones(len(y))
+    beta = np.zeros(x.shape[1])
+    for it in range(1, iterations + 1):
+        sw = np.sqrt(w)
+        beta_new, *_ = np.linalg.lstsq(a * sw[:, None], t * sw, rcond=None)
+        r = t - a @ beta_new
+        mad = 1.4826 * float(np.median(np.abs(r - np.median(r)))) or 1e-12
+        u = np.abs(r) / (_HUBER_K * mad)
+        w = np.where(u <= 1, 1.0, 1.0 / np.maximum(u, 1e-12))
+        if np.allclose(beta_new, beta, rtol=1e-9, atol=1e-12):
+            return beta_new, it
+        beta = beta_new
+    return beta, iterations
+
+
+def fit_cost_model(x: np.ndarray, y: np.ndarray, is_decode: np.ndarray) -> Fit:
+    """Robust fit of TERMS; a term that fits negative is fixed at 0 (and named in ``dropped_terms``)."""
+    active = [j for j in range(x.shape[1]) if np.any(x[:, j])]
+    dropped = [TERMS[j] for j in range(x.shape[1]) if j not in active]
+    while True:
+        beta, its = _irls_huber(x[:, active], y)
+        neg = [active[k] for k, v in enumerate(beta) if v < 0]
+        if not neg:
+            break
+        worst = active[int(np.argmin(beta))]
+        active.remove(worst)
+        dropped.append(TERMS[worst])
+    full = np.zeros(x.shape[1])
+    full[active] = beta
+    pred = x @ full
+    rel = np.abs(y - pred) / np.maximum(y, 1e-9)
+    residual = {}
+    for name, mask in (("prefill_ttft", ~is_decode), ("decode_gap", is_decode)):
+        if mask.any():
+            residual[f"{name}_median_pct"] = round(float(np.median(rel[mask])) * 100, 2)
+            residual[f"{name}_p90_pct"] = round(float(np.percentile(rel[mask], 90)) * 100, 2)
+    logs = np.log(np.maximum(y[is_decode], 1e-9) / np.maximum(pred[is_decode], 1e-9))
+    sigma = float(1.4826 * np.median(np.abs(logs - np.median(logs)))) if len(logs) else 0.0
+    return Fit(
+        terms={TERMS[j]: float(full[j]) for j in range(x.shape[1])},
+        noise_sigma=round(min(sigma, 2.0), 4),
+        residual_pct=residual,
+        observations=len(y),
+        dropped_terms=dropped,
+        iterations=its,
+    )
+
+
+def run_hashes(run_dirs: list[Path]) -> dict[str, str]:
+    """sha256 over each calibration run's requests and chunks data (a file, or a folder of parts), for provenance."""
+    out = {}
+    for d in run_dirs:
+        h = hashlib.sha256()
+        for name in (REQUESTS_FILE, CHUNKS_FILE):
+            p = Path(d) / name
+            files = sorted(p.rglob("*")) if p.is_dir() else [p]
+            for f in files:
+                if f.is_file():
+                    h.update(f.relative_to(d).as_posix().encode())
+                    h.update(f.read_bytes())
+        out[Path(d).name] = h.hexdigest()
+    return out
+
+
+def write_engine_toml(
+    path: Path, name: str, limits: EngineLimits, fit: Fit, provenance: dict[str, Any], model: str = "loadgen-sim"
+) -> Path:
+    """An engine TOML the worksheet and ``sim serve`` load: the engine's limits, the fitted ``[cost]`` and a
+    ``[calibration]`` table (fit quality, residuals, provenance) that marks it calibrated."""
+    from ..tomlfile import dumps_toml
+
+    c = fit.terms
+    doc = {
+        "name": name,
+        "description": f"calibrated against {provenance.get('engine', '?')} at {provenance.get('target', '?')}",
+        "model": model,
+        "scheduler": {
+            "max_num_seqs": limits.max_num_seqs,
+            "max_num_batched_tokens": limits.max_num_batched_tokens,
+            "max_model_len": limits.max_model_len,
+        },
+        "kv": {"block_size": limits.block_size or 16, "num_kv_blocks": limits.num_kv_blocks or 4096},
+        "cost": {
+            "fixed_ms": round(c["fixed_ms"], 6),
+            "per_prefill_token_ms": round(c["per_prefill_token_ms"], 8),
+            "per_decode_seq_ms": round(c["per_decode_seq_ms"], 6),
+            "per_kv_token_ms": round(c["per_kv_token_ms"], 9),
+            "request_overhead_ms": round(c["request_overhead_ms"], 6),
+            "noise_sigma": fit.noise_sigma,
+        },
+        "calibration": {
+            "calibrated": True,
+            **{k: v for k, v in provenance.items() if v is not None},
+            "terms": {k: round(v, 9) for k, v in c.items()},
+            "dropped_terms": fit.dropped_terms,
+            "residual_pct": fit.residual_pct,
+            "observations": fit.observations,
+            "fit_method": "Huber IRLS on relative error (k = 1.345 MAD), negative terms fixed at 0",
+            "limits_sources": limits.sources,
+        },
+    }
+    header = (
+        "# Written by `loadgen sim calibrate`: step time = fixed + per prefill token + per decode sequence\n"
+        "# + per KV token read (+ log-normal noise); request_overhead_ms delays each request's arrival at the\n"
+        "# scheduler (HTTP, tokenization). [calibration] records the fit, its residuals and provenance.\n"
+    )
+    path.write_text(header + dumps_toml(doc, what=str(path)))
+    return path
+
+
+def _hardware() -> str:
+    from ..identity import host_identity
+
+    h = host_identity()
+    gpus = getattr(h, "gpus", None)
+    return f"{h.cpu_model or h.machine}, {h.cpu_count} cores" + (f", GPUs {gpus}" if gpus else "")
+
+
+def calibrate(
+    out_toml: Path,
+    *,
+    target_url: str | None = None,
+    run_dirs: list[Path] | None = None,
+    work_dir: Path | None = None,
+    name: str | None = None,
+    log_notes: dict[str, Any] | None = None,
+    **run_options: Any,
+) -> tuple[Path, Fit, EngineLimits]:
+    """Measure (or reuse ``run_dirs``), fit, and write ``out_toml``; returns (path, fit, limits)."""
+    from ..driver.error_kinds import redact_url
+    from ..identity import package_versions, utc_now_iso
+    from ..manifest import read_manifest
+
+    if target_url is not None:
+        limits = engine_limits(target_url, log_notes)
+        work = work_dir or out_toml.with_suffix(".calibration-runs")
+        run_dirs = _measure(target_url, limits, work, run_options)
+        target = redact_url(target_url)
+    else:
+        if not run_dirs:
+            raise LoadgenError("calibrate: expected a target URL or --from RUN_DIR ...")
+        recorded = getattr(read_manifest(run_dirs[0]), "calibration", None) or {}
+        if "limits" not in recorded:
+            raise LoadgenError(
+                f"{run_dirs[0]}: manifest calibration.limits: missing; expected run dirs written by loadgen sim calibrate"
+            )
+        limits = EngineLimits(**recorded["limits"])
+        target = str(read_manifest(run_dirs[0]).target.base_url)
+    from .validate import MAX_SEND_LAG_MS, send_lag_p99_ms
+
+    lags = {Path(d).name: send_lag_p99_ms(Path(d)) for d in run_dirs}
+    x, y, is_decode = observations(run_dirs, limits.max_num_batched_tokens)
+    fit = fit_cost_model(x, y, is_decode)
+    versions = package_versions()
+    provenance = {
+        "target": target,
+        "engine": f"{limits.identity.get('engine', '?')} {limits.identity.get('version') or ''}".strip(),
+        "hardware": _hardware(),
+        "fitted_utc": utc_now_iso(),
+        "package_versions": {k: v for k, v in versions.items() if v},
+        "calibration_runs": run_hashes(run_dirs),
+        "send_lag_p99_ms": {k: round(v, 3) for k, v in lags.items() if v is not None},
+        # runs where the client could not keep the schedule: their timing is the fight for the CPU, not the engine
+        "runs_flagged_send_lag": [k for k, v in lags.items() if v is not None and v > MAX_SEND_LAG_MS],
+    }
+    path = write_engine_toml(out_toml, name or out_toml.stem, limits, fit, provenance)
+    return path, fit, limits
+
+
+def _measure(target_url: str, limits: EngineLimits, work: Path, run_options: dict[str, Any]) -> list[Path]:
+    """The calibration runs, each manifest carrying the phase and the engine limits (for --from)."""
+    from ..targets.replay import run_driver
+
+    work.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for phase in calibration_phases(limits):
+        table, meta = phase.trace_table()
+        trace = work / f"{phase.name}.trace.parquet"
+        write_trace(table, trace, meta)
+        out = work / phase.name
+        if out.exists():
+            raise LoadgenError(f"{out}: already exists: expected a fresh --work-dir for the calibration runs")
+        runs.append(
+            run_driver(
+                trace,
+                target_url,
+                out,
+                model=None,
+                scenario_path=None,
+                extra_manifest={"calibration": {"phase": phase.name, "kind": phase.kind, "limits": limits.to_dict()}},
+                **run_options,
+            )
+        )
+    return runs

@@ -1,0 +1,310 @@
+"""Held-out validation of an engine TOML: the real target and the worksheet run the same traces.
+
+For each trace (the canonical burst trace, and a public trace imported and scaled to the engine at each
+load level) the target is measured through the real driver and the worksheet simulates the same trace
+on the engine TOML. Both run dirs are analysed the same way (``loadgen.analysis``) and compared per
+class: error % of TTFT, ITL and E2E at p50 and p99 ((worksheet − measured) / measured), of completed
+throughput, and the difference in budget attainment in points. Runs whose send lag p99 exceeds
+``MAX_SEND_LAG_MS`` are flagged: there the client, not the engine, set the timing.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import LoadgenError
+from ..trace.io import read_trace, write_trace
+from .config import EngineConfig, load_engine_config
+
+__all__ = [
+    "MAX_SEND_LAG_MS",
+    "FidelityRow",
+    "send_lag_p99_ms",
+    "scale_trace_to_engine",
+    "validate",
+    "format_table",
+    "write_html",
+]
+
+#: A measured run whose send-lag p99 is above this is flagged: the client could not keep the schedule.
+MAX_SEND_LAG_MS = 10.0
+_METRICS = ("ttft_ms", "itl_ms", "e2e_ms")
+_REPO_TRACES = Path(__file__).resolve().parents[1] / "traces"
+CANONICAL_BURST = _REPO_TRACES / "canonical-burst.parquet"
+
+
+@dataclass
+class FidelityRow:
+    """One class of one trace: the measured and simulated figures and the errors between them."""
+
+    trace: str
+    request_class: str
+    n_measured: int
+    n_simulated: int
+    errors_pct: dict[str, float | None] = field(default_factory=dict)
+    measured: dict[str, float | None] = field(default_factory=dict)
+    simulated: dict[str, float | None] = field(default_factory=dict)
+    attainment_diff_points: float | None = None
+    send_lag_p99_ms: float | None = None
+    client_lagged: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _cut(table: pa.Table, duration_s: float | None) -> pa.Table:
+    if duration_s is None:
+        return table
+    return table.filter(pc.less(table["scheduled_offset_ns"], int(duration_s * 1e9)))
+
+
+def scale_trace_to_engine(
+    table: pa.Table, cfg: EngineConfig, load: float, request_class: str = "short-message"
+) -> tuple[pa.Table, float]:
+    """Lengths scaled so prompt + output fit max_model_len (p99 at 80%), arrivals time-scaled so the offered
+    work is ``load`` × the cost model's capacity (full-batch decode plus prefill per request).
+
+    Returns (table, time_scale). Capacity per request = prefill cost + output × (full-batch step / batch).
+    """
+    c, s = cfg.cost, cfg.scheduler
+    prompts = table["prompt_tokens"].to_numpy().astype(np.float64)
+    outputs = table["output_tokens"].to_numpy().astype(np.float64)
+    total_p99 = float(np.percentile(prompts + outputs, 99)) or 1.0
+    f = min(1.0, 0.8 * s.max_model_len / total_p99)
+    prompts = np.maximum(1, np.floor(prompts * f)).astype(np.int64)
+    outputs = np.maximum(1, np.floor(outputs * f)).astype(np.int64)
+    over = prompts + outputs > s.max_model_len
+    prompts[over] = np.maximum(1, s.max_model_len - outputs[over] - 1)
+    b = s.max_num_seqs
+    ctx = float(np.mean(prompts + outputs / 2))
+    step_ms = c.fixed_ms + c.per_decode_seq_ms * b + c.per_kv_token_ms * b * ctx
+    per_req_ms = c.per_prefill_token_ms * float(np.mean(prompts)) + float(np.mean(outputs)) * step_ms / b
+    capacity_rps = 1000.0 / max(per_req_ms, 1e-9)
+    offsets = table["scheduled_offset_ns"].to_numpy().astype(np.float64)
+    span_s = (offsets[-1] - offsets[0]) / 1e9 if len(offsets) > 1 else 1.0
+    rate = (len(offsets) - 1) / span_s if span_s > 0 else capacity_rps
+    time_scale = rate / (load * capacity_rps)
+    cols = {name: table[name] for name in table.column_names}
+    cols["prompt_tokens"] = pa.array(prompts, pa.int64()).cast(table.schema.field("prompt_tokens").type)
+    cols["output_tokens"] = pa.array(outputs, pa.int64()).cast(table.schema.field("output_tokens").type)
+    cols["scheduled_offset_ns"] = pa.array(((offsets - offsets[0]) * time_scale).astype(np.int64))
+    cols["request_class"] = pa.array([request_class] * len(offsets))
+    cols["prefix_group"] = pa.nulls(len(offsets), pa.string())
+    cols["prefix_tokens"] = pa.nulls(len(offsets), table.schema.field("prefix_tokens").type)
+    return pa.table({k: v.cast(table.schema.field(k).type) for k, v in cols.items()}, schema=table.schema), time_scale
+
+
+def _err(sim: float | None, real: float | None) -> float | None:
+    if sim is None or real is None or not real:
+        return None
+    return round((sim - real) / real * 100.0, 2)
+
+
+def _compare(trace: str, real: dict[str, Any], sim: dict[str, Any], lag_ms: float | None) -> list[FidelityRow]:
+    rows = []
+    for cls, rg in real["classes"].items():
+        sg = sim["classes"].get(cls)
+        if sg is None or not rg.get("n_scheduled"):
+            continue
+        row = FidelityRow(trace, cls, int(rg["n_scheduled"]), int(sg["n_scheduled"]), send_lag_p99_ms=lag_ms)
+        for metric in _METRICS:
+            for q in ("p50", "p99"):
+                key = f"{metric[:-3]}_{q}"
+                m = (rg["metrics"].get(metric) or {}).get(q)
+                v = (sg["metrics"].get(metric) or {}).get(q)
+                row.measured[key], row.simulated[key] = m, v
+                row.errors_pct[key] = _err(v, m)
+        row.measured["completed_rps"], row.simulated["completed_rps"] = rg.get("completed_rps"), sg.get("completed_rps")
+        row.errors_pct["completed_rps"] = _err(sg.get("completed_rps"), rg.get("completed_rps"))
+        if rg.get("attainment") is not None and sg.get("attainment") is not None:
+            row.attainment_diff_points = round((sg["attainment"] - rg["attainment"]) * 100.0, 2)
+        row.client_lagged = lag_ms is not None and lag_ms > MAX_SEND_LAG_MS
+        rows.append(row)
+    return rows
+
+
+def send_lag_p99_ms(run_dir: Path) -> float | None:
+    from ..manifest import read_manifest
+
+    lag = read_manifest(run_dir).send_lag_ns or {}
+    p99 = lag.get("p99")
+    return None if p99 is None else float(p99) / 1e6
+
+
+def validate(
+    engine_toml: Path,
+    target_url: str,
+    out_dir: Path,
+    *,
+    traces: list[tuple[str, Path]] | None = None,
+    public_trace: tuple[str, Path] | None = None,
+    loads: tuple[float, ...] = (0.5, 0.9, 1.3),
+    duration_s: float | None = None,
+    scenario_path: Path | None = None,
+    log_notes: dict[str, Any] | None = None,
+    **run_options: Any,
+) -> dict[str, Any]:
+    """Run the target and the worksheet on the same traces; the fidelity table as a dict (also fidelity.json).
+
+    The worksheet takes the TOML's cost terms and the target's own scheduler limits (read from the
+    engine, as calibration does), so a held-out engine configuration is predicted, not assumed equal.
+    """
+    from ..analysis.analyze import analyze_run
+    from ..scenario import load_scenario
+    from ..targets.replay import run_driver
+    from .calibrate import engine_limits
+    from .worksheet import run_worksheet
+
+    cfg = load_engine_config(engine_toml)
+    limits = engine_limits(target_url, log_notes)
+    sched = {
+        "max_num_seqs": limits.max_num_seqs,
+        "max_num_batched_tokens": limits.max_num_batched_tokens,
+        "max_model_len": limits.max_model_len,
+    }
+    kv = {k: v for k, v in (("block_size", limits.block_size), ("num_kv_blocks", limits.num_kv_blocks)) if v}
+    cfg = cfg.model_copy(
+        update={"scheduler": cfg.scheduler.model_copy(update=sched), "kv": cfg.kv.model_copy(update=kv)}
+    )
+    if scenario_path is None:
+        from .. import presets
+
+        scenario_path = presets.presets_root() / "canonical.toml"  # the canonical classes and budgets
+    scenario = load_scenario(scenario_path)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cases: list[tuple[str, pa.Table, dict[str, Any]]] = []
+    for name, path in traces if traces is not None else [("canonical-burst", CANONICAL_BURST)]:
+        table, meta = read_trace(path)
+        cases.append((name, _cut(table, duration_s), meta))
+    if public_trace is not None:
+        kind, path = public_trace
+        from ..trace.importers import import_trace
+
+        raw = out_dir / f"{kind}-imported.parquet"
+        import_trace(kind, path, raw, max_requests=2000)
+        table, meta = read_trace(raw)
+        for load in loads:
+            scaled, scale = scale_trace_to_engine(_cut(table, None), cfg, load)
+            scaled = _cut(scaled, duration_s)
+            cases.append((f"{kind}-load{load:g}", scaled, {**meta, "time_scale": scale, "load": load}))
+    rows: list[FidelityRow] = []
+    runs: dict[str, dict[str, str]] = {}
+    for name, table, meta in cases:
+        if table.num_rows == 0:
+            raise LoadgenError(f"{name}: no request in the window: expected a longer --duration-s")
+        trace = out_dir / f"{name}.trace.parquet"
+        write_trace(table, trace, {**meta, "trace_name": name})
+        real_dir = run_driver(
+            trace, target_url, out_dir / f"{name}-measured", model=None, scenario_path=None, **run_options
+        )
+        sim_dir = run_worksheet(trace, cfg, out_dir / f"{name}-worksheet")
+        real = analyze_run(real_dir, scenario=scenario).to_dict()
+        sim = analyze_run(sim_dir, scenario=scenario).to_dict()
+        rows.extend(_compare(name, real, sim, send_lag_p99_ms(real_dir)))
+        runs[name] = {"measured": str(real_dir), "worksheet": str(sim_dir)}
+    result = {
+        "engine_toml": str(engine_toml),
+        "engine_label": cfg.calibration_label(),
+        "target": target_url,
+        "runs": runs,
+        "target_limits": limits.to_dict(),
+        "rows": [r.to_dict() for r in rows],
+        "summary": _summary(rows),
+        "max_send_lag_ms": MAX_SEND_LAG_MS,
+    }
+    (out_dir / "fidelity.json").write_text(json.dumps(result, indent=2, default=str))
+    write_html(result, out_dir / "fidelity.html")
+    if cfg.calibration:
+        _record_validation(engine_toml, result, out_dir)
+    return result
+
+
+def _record_validation(engine_toml: Path, result: dict[str, Any], out_dir: Path) -> None:
+    """Write the validated error into the calibrated TOML's [calibration], so every output built on it says so."""
+    from ..tomlfile import dumps_toml, read_toml
+
+    s = result["summary"]
+    parts = [
+        f"{k[8:-10]} {v:.1f}%" for k, v in s.items() if k.endswith("_error_pct") and v is not None and "e2e" not in k
+    ]
+    if s.get("max_abs_attainment_diff_points") is not None:
+        parts.append(f"attainment {s['max_abs_attainment_diff_points']:.1f} pts")
+    doc, _ = read_toml(engine_toml, "engine TOML")
+    doc["calibration"]["validated_error"] = f"worst |error| {', '.join(parts)} over {s['rows']} class rows"
+    doc["calibration"]["validation"] = {"fidelity_json": str(out_dir / "fidelity.json"), "summary": s}
+    head = "".join(line + "\n" for line in engine_toml.read_text().splitlines() if line.startswith("#"))
+    engine_toml.write_text(head + dumps_toml(doc, what=str(engine_toml)))
+
+
+def _summary(rows: list[FidelityRow]) -> dict[str, Any]:
+    """Worst absolute error % per quantity over the rows the client kept up with, and the worst attainment gap."""
+    kept = [r for r in rows if not r.client_lagged]
+    out: dict[str, Any] = {"rows": len(rows), "rows_flagged_send_lag": len(rows) - len(kept)}
+    for key in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "e2e_p50", "e2e_p99", "completed_rps"):
+        vals = [abs(v) for r in kept if (v := r.errors_pct.get(key)) is not None]
+        out[f"max_abs_{key}_error_pct"] = max(vals) if vals else None
+    att = [abs(r.attainment_diff_points) for r in kept if r.attainment_diff_points is not None]
+    out["max_abs_attainment_diff_points"] = max(att) if att else None
+    return out
+
+
+_COLS = ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "e2e_p50", "e2e_p99", "completed_rps")
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The fidelity table for the console: error % per class (worksheet vs measured)."""
+    head = f"{'trace':<22} {'class':<14} " + " ".join(f"{c:>13}" for c in _COLS) + f" {'attain pts':>10} lag"
+    lines = [result["engine_label"], "error % = (worksheet − measured) / measured", head]
+    for r in result["rows"]:
+        cells = " ".join(f"{_pct(r['errors_pct'].get(c)):>13}" for c in _COLS)
+        att = r["attainment_diff_points"]
+        lag = "FLAGGED" if r["client_lagged"] else "ok"
+        lines.append(
+            f"{r['trace']:<22} {r['request_class']:<14} {cells} {('-' if att is None else f'{att:+.1f}'):>10} {lag}"
+        )
+    s = result["summary"]
+    lines.append(
+        "worst |error| (rows the client kept up with): "
+        + ", ".join(f"{k[8:-10]} {v:.1f}%" for k, v in s.items() if k.endswith("_error_pct") and v is not None)
+        + (
+            f", attainment {s['max_abs_attainment_diff_points']:.1f} pts"
+            if s.get("max_abs_attainment_diff_points") is not None
+            else ""
+        )
+    )
+    return "\n".join(lines)
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.1f}%"
+
+
+def write_html(result: dict[str, Any], path: Path) -> Path:
+    """The fidelity table as a standalone HTML page."""
+    head = "".join(f"<th>{html.escape(c)} err %</th>" for c in _COLS)
+    body = []
+    for r in result["rows"]:
+        cells = "".join(f"<td>{html.escape(_pct(r['errors_pct'].get(c)))}</td>" for c in _COLS)
+        att = r["attainment_diff_points"]
+        body.append(
+            f"<tr><td>{html.escape(r['trace'])}</td><td>{html.escape(r['request_class'])}</td>{cells}"
+            f"<td>{'-' if att is None else f'{att:+.1f}'}</td><td>{'FLAGGED' if r['client_lagged'] else 'ok'}</td></tr>"
+        )
+    page = (
+        "<!doctype html><meta charset='utf-8'><title>loadgen fidelity</title>"
+        f"<h1>Fidelity: worksheet vs measured</h1><p>{html.escape(result['engine_label'])}</p>"
+        f"<p>target {html.escape(str(result['target']))}; error % = (worksheet − measured) / measured</p>"
+        f"<table border='1'><tr><th>trace</th><th>class</th>{head}<th>attainment pts</th><th>send lag</th></tr>"
+        + "".join(body)
+        + "</table>"
+    )
+    path.write_text(page)
+    return path

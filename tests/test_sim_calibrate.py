@@ -1,0 +1,153 @@
+"""`loadgen sim calibrate`: the robust fit on its own, and the KEY check — calibrating against a live
+`loadgen sim serve` whose cost terms are known recovers them (real HTTP, real runs through the driver)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from loadgen.sim import load_engine_config
+from loadgen.sim.calibrate import TERMS, EngineLimits, calibration_phases, fit_cost_model
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: The known engine: costs large enough that loopback HTTP and a loaded 2-core host add little to a step.
+TRUTH = {"fixed_ms": 20.0, "per_prefill_token_ms": 0.08, "per_decode_seq_ms": 1.5, "per_kv_token_ms": 0.004}
+#: Stated tolerance of the recovered terms (relative): timing on a shared host jitters by a few ms per step.
+TOLERANCE = 0.2
+
+
+def _truth_toml(tmp_path: Path) -> Path:
+    path = tmp_path / "truth.toml"
+    cost = "\n".join(f"{k} = {v}" for k, v in TRUTH.items())
+    path.write_text(
+        'name = "truth"\n[scheduler]\nmax_num_seqs = 16\nmax_num_batched_tokens = 512\nmax_model_len = 4096\n'
+        "[kv]\nblock_size = 16\nnum_kv_blocks = 4096\nenable_prefix_caching = false\n"
+        f"[cost]\n{cost}\nnoise_sigma = 0.02\n"
+    )
+    return path
+
+
+def test_fit_recovers_terms_despite_outliers():
+    """Synthetic observations with 10% gross outliers: the Huber fit still lands on the truth."""
+    rng = np.random.default_rng(0)
+    truth = np.array([20.0, 0.08, 1.5, 0.004, 6.0])
+    rows = []
+    for _ in range(300):
+        if rng.random() < 0.4:
+            p = int(rng.integers(16, 2048))
+            rows.append(([-(-p // 512), p, 0, p * 2, 1], False))
+        else:
+            b = int(rng.integers(1, 32))
+            rows.append(([1, 0, b, b * int(rng.integers(32, 2000)), 0], True))
+    x = np.array([r[0] for r in rows], dtype=float)
+    is_decode = np.array([r[1] for r in rows])
+    y = x @ truth * np.exp(rng.normal(0, 0.02, len(x)))
+    y[rng.random(len(y)) < 0.1] *= 3  # e.g. a client that lost the CPU for a while
+    fit = fit_cost_model(x, y, is_decode)
+    for name, want in zip(TERMS, truth, strict=True):
+        assert fit.terms[name] == pytest.approx(want, rel=0.05), name
+    assert fit.noise_sigma < 0.1
+
+
+def test_negative_term_is_fixed_at_zero():
+    x = np.array([[1, 0, b, 0, 0] for b in range(1, 20)], dtype=float)
+    x[:, 3] = np.arange(19)[::-1] * 100  # KV feature anti-correlated with time: would fit negative
+    y = 10 + 2 * x[:, 2]
+    fit = fit_cost_model(x, y, np.ones(len(y), dtype=bool))
+    assert all(v >= 0 for v in fit.terms.values())
+
+
+def test_workload_respects_engine_limits():
+    limits = EngineLimits(8, 256, 1024, 16, 100)
+    phases = calibration_phases(limits)
+    for ph in phases:
+        assert all(p + ph.output_tokens <= 1024 for p in ph.prompts)
+        if ph.kind == "decode":
+            assert len(ph.prompts) <= 8
+            assert len(ph.prompts) == 1 or sum(ph.prompts) <= 256  # every prefill fits one step
+    assert {ph.kind for ph in phases} == {"prefill", "decode"}
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "loadgen", *args], capture_output=True, text=True, cwd=REPO)
+
+
+def test_calibrate_recovers_known_sim_engine(sim_server, tmp_path):
+    """KEY: real HTTP to a live sim serve with known terms; the fitted TOML recovers them within TOLERANCE."""
+    sim = sim_server(str(_truth_toml(tmp_path)))
+    out = tmp_path / "fitted.toml"
+    res = _cli("sim", "calibrate", "--target", sim.base_url, "--out", str(out), "--json")
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    terms = report["fit"]["terms"]
+    for name, want in TRUTH.items():
+        assert terms[name] == pytest.approx(want, rel=TOLERANCE), (name, terms)
+    cfg = load_engine_config(out)  # the worksheet and sim serve load it
+    assert cfg.scheduler.max_num_batched_tokens == 512 and cfg.scheduler.max_num_seqs == 16  # read from the engine
+    assert cfg.calibration["calibrated"] and len(cfg.calibration["calibration_runs"]) >= 5
+    empty = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"  # sha256 of nothing
+    assert empty not in cfg.calibration["calibration_runs"].values()
+    assert "calibrated against loadgen-sim" in cfg.calibration_label()
+    # --from refits the same runs to the same terms, without the engine
+    runs = sorted(str(p) for p in (tmp_path / "fitted.calibration-runs").iterdir() if p.is_dir())
+    again = _cli("sim", "calibrate", "--from", *runs, "--out", str(tmp_path / "refit.toml"), "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["fit"]["terms"] == pytest.approx(terms)
+
+
+def test_calibrate_bad_input_is_one_line(tmp_path):
+    res = _cli("sim", "calibrate", "--from", str(tmp_path), "--out", str(tmp_path / "x.toml"))
+    assert res.returncode == 2 and res.stderr.startswith("loadgen: error:") and res.stderr.count("\n") == 1
+    assert "uncalibrated preset" in load_engine_config("interactive-small-batch").calibration_label()
+
+
+def test_validate_against_live_sim_serve(sim_server, tmp_path):
+    """Held-out check on a live sim serve of the same TOML: the worksheet is near-exact where the engine sets
+    the timing (ITL, E2E, throughput, attainment); fidelity table in console, JSON and HTML; the validated
+    error is written back into the TOML's [calibration]."""
+    truth = _truth_toml(tmp_path)
+    sim = sim_server(str(truth))
+    engine = tmp_path / "calibrated.toml"
+    engine.write_text(
+        truth.read_text()
+        + '[calibration]\ncalibrated = true\nengine = "loadgen-sim (known terms)"\nhardware = "test"\n'
+    )
+    out = tmp_path / "val"
+    azure = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure2023" / "AzureLLMInferenceTrace_conv.csv"
+    args = ["sim", "validate", str(engine), "--target", sim.base_url, "--out", str(out), "--duration-s", "10"]
+    if azure.is_file():
+        args += ["--public", f"azure:{azure}", "--load", "0.6"]
+    res = _cli(*args)
+    assert res.returncode == 0, res.stderr
+    assert "error % = (worksheet − measured) / measured" in res.stdout and "canonical-burst" in res.stdout
+    data = json.loads((out / "fidelity.json").read_text())
+    assert (out / "fidelity.html").read_text().count("<tr>") == len(data["rows"]) + 1
+    traces = {r["trace"] for r in data["rows"]}
+    assert "canonical-burst" in traces and (not azure.is_file() or "azure-load0.6" in traces)
+    for row in data["rows"]:
+        assert set(row["errors_pct"]) >= {"ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "e2e_p50", "e2e_p99"}
+        if row["n_measured"] >= 20:
+            assert abs(row["errors_pct"]["itl_p50"]) < 15, row
+            assert abs(row["errors_pct"]["e2e_p50"]) < 15, row
+        if row["attainment_diff_points"] is not None:
+            assert abs(row["attainment_diff_points"]) <= 5, row
+    cfg = load_engine_config(engine)
+    assert cfg.calibration["validated_error"].startswith("worst |error|")
+    assert "validated error worst |error|" in cfg.calibration_label()
+
+
+def test_worksheet_output_states_calibration(tmp_path):
+    """`loadgen sim run` (and the run's manifest) say whether the engine is calibrated."""
+    out = tmp_path / "run"
+    trace = REPO / "loadgen" / "traces" / "canonical-burst.parquet"
+    res = _cli("sim", "run", str(trace), "--engine", "interactive-small-batch", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "uncalibrated preset" in res.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "uncalibrated preset" in manifest["engine_config"]["calibration_label"]
