@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from loadgen.calibration.calibrate import TERMS, EngineLimits, calibration_phases, fit_cost_model
 from loadgen.sim import load_engine_config
-from loadgen.sim.calibrate import TERMS, EngineLimits, calibration_phases, fit_cost_model
 
 REPO = Path(__file__).resolve().parents[1]
 

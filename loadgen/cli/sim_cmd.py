@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
+from ..errors import LoadgenError
 from . import flags
 
 
@@ -124,10 +127,7 @@ def _presets(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
-
-    from ..sim.calibrate import calibrate  # deferred: `loadgen --help` loads no library code
+    from ..calibration.calibrate import calibrate  # deferred: `loadgen --help` loads no library code
 
     notes = _log_notes(args.engine_log)
     path, fit, limits = calibrate(
@@ -152,11 +152,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
-
-    from ..errors import LoadgenError  # deferred: `loadgen --help` loads no library code
-    from ..sim.validate import format_table, validate  # deferred: `loadgen --help` loads no library code
+    from ..calibration.validate import format_table, validate  # deferred: `loadgen --help` loads no library code
 
     public = None
     if args.public:

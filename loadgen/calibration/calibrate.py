@@ -25,12 +25,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pyarrow as pa
 
+from ..driver import parse_prometheus_text
+from ..driver.error_kinds import redact_url
 from ..errors import LoadgenError
+from ..identity import host_identity, package_versions, utc_now_iso
+from ..ledger.settings import vllm_batch_defaults
+from ..manifest import read_manifest
 from ..records import CHUNKS_FILE, REQUESTS_FILE, TRACE_SCHEMA
 from ..rundir import load_run
+from ..targets.replay import run_driver
+from ..tomlfile import dumps_toml
 from ..trace.io import write_trace
 
 __all__ = [
@@ -50,6 +58,16 @@ __all__ = [
 #: The fitted terms, in feature order (``[cost]`` keys of an engine TOML).
 TERMS = ("fixed_ms", "per_prefill_token_ms", "per_decode_seq_ms", "per_kv_token_ms", "request_overhead_ms")
 _HUBER_K = 1.345  # Huber's tuning constant (95% efficiency under normal errors), on the MAD scale
+
+
+#: A run whose client send-lag p99 is above this (ms) is flagged: the client, not the engine, set its timing.
+MAX_SEND_LAG_MS = 10.0
+
+
+def send_lag_p99_ms(run_dir: Path) -> float | None:
+    lag = read_manifest(run_dir).send_lag_ns or {}
+    p99 = lag.get("p99")
+    return None if p99 is None else float(p99) / 1e6
 
 
 @dataclass(frozen=True)
@@ -75,11 +93,6 @@ def engine_limits(base_url: str, log_notes: dict[str, Any] | None = None) -> Eng
     ``/metrics`` ``vllm:cache_config_info``, max_model_len in ``/v1/models`` and the scheduler limits in
     its startup log (``log_notes``: ``loadgen.engines.vllm.parse_vllm_log``), else vLLM's own defaults.
     """
-    import httpx
-
-    from ..driver import parse_prometheus_text
-    from ..ledger.settings import vllm_batch_defaults
-
     with httpx.Client(timeout=30) as client:
         version = client.get(base_url + "/version").json()
         if isinstance(version.get("config"), dict) and version.get("engine") == "loadgen-sim":
@@ -347,8 +360,6 @@ def write_engine_toml(
 ) -> Path:
     """An engine TOML the worksheet and ``sim serve`` load: the engine's limits, the fitted ``[cost]`` and a
     ``[calibration]`` table (fit quality, residuals, provenance) that marks it calibrated."""
-    from ..tomlfile import dumps_toml
-
     c = fit.terms
     doc = {
         "name": name,
@@ -389,8 +400,6 @@ def write_engine_toml(
 
 
 def _hardware() -> str:
-    from ..identity import host_identity
-
     h = host_identity()
     gpus = getattr(h, "gpus", None)
     return f"{h.cpu_model or h.machine}, {h.cpu_count} cores" + (f", GPUs {gpus}" if gpus else "")
@@ -407,10 +416,6 @@ def calibrate(
     **run_options: Any,
 ) -> tuple[Path, Fit, EngineLimits]:
     """Measure (or reuse ``run_dirs``), fit, and write ``out_toml``; returns (path, fit, limits)."""
-    from ..driver.error_kinds import redact_url
-    from ..identity import package_versions, utc_now_iso
-    from ..manifest import read_manifest
-
     if target_url is not None:
         limits = engine_limits(target_url, log_notes)
         work = work_dir or out_toml.with_suffix(".calibration-runs")
@@ -426,8 +431,6 @@ def calibrate(
             )
         limits = EngineLimits(**recorded["limits"])
         target = str(read_manifest(run_dirs[0]).target.base_url)
-    from .validate import MAX_SEND_LAG_MS, send_lag_p99_ms
-
     lags = {Path(d).name: send_lag_p99_ms(Path(d)) for d in run_dirs}
     x, y, is_decode = observations(run_dirs, limits.max_num_batched_tokens)
     fit = fit_cost_model(x, y, is_decode)
@@ -449,8 +452,6 @@ def calibrate(
 
 def _measure(target_url: str, limits: EngineLimits, work: Path, run_options: dict[str, Any]) -> list[Path]:
     """The calibration runs, each manifest carrying the phase and the engine limits (for --from)."""
-    from ..targets.replay import run_driver
-
     work.mkdir(parents=True, exist_ok=True)
     runs = []
     for phase in calibration_phases(limits):

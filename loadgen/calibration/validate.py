@@ -20,9 +20,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .. import presets
+from ..analysis.analyze import analyze_run
 from ..errors import LoadgenError
+from ..scenario import load_scenario
+from ..sim.config import EngineConfig, load_engine_config
+from ..sim.worksheet import run_worksheet
+from ..targets.replay import run_driver
+from ..tomlfile import dumps_toml, read_toml
+from ..trace.importers import import_trace
 from ..trace.io import read_trace, write_trace
-from .config import EngineConfig, load_engine_config
+from .calibrate import MAX_SEND_LAG_MS, engine_limits, send_lag_p99_ms
 
 __all__ = [
     "MAX_SEND_LAG_MS",
@@ -34,8 +42,6 @@ __all__ = [
     "write_html",
 ]
 
-#: A measured run whose send-lag p99 is above this is flagged: the client could not keep the schedule.
-MAX_SEND_LAG_MS = 10.0
 _METRICS = ("ttft_ms", "itl_ms", "e2e_ms")
 _REPO_TRACES = Path(__file__).resolve().parents[1] / "traces"
 CANONICAL_BURST = _REPO_TRACES / "canonical-burst.parquet"
@@ -131,14 +137,6 @@ def _compare(trace: str, real: dict[str, Any], sim: dict[str, Any], lag_ms: floa
     return rows
 
 
-def send_lag_p99_ms(run_dir: Path) -> float | None:
-    from ..manifest import read_manifest
-
-    lag = read_manifest(run_dir).send_lag_ns or {}
-    p99 = lag.get("p99")
-    return None if p99 is None else float(p99) / 1e6
-
-
 def validate(
     engine_toml: Path,
     target_url: str,
@@ -157,12 +155,6 @@ def validate(
     The worksheet takes the TOML's cost terms and the target's own scheduler limits (read from the
     engine, as calibration does), so a held-out engine configuration is predicted, not assumed equal.
     """
-    from ..analysis.analyze import analyze_run
-    from ..scenario import load_scenario
-    from ..targets.replay import run_driver
-    from .calibrate import engine_limits
-    from .worksheet import run_worksheet
-
     cfg = load_engine_config(engine_toml)
     limits = engine_limits(target_url, log_notes)
     sched = {
@@ -175,8 +167,6 @@ def validate(
         update={"scheduler": cfg.scheduler.model_copy(update=sched), "kv": cfg.kv.model_copy(update=kv)}
     )
     if scenario_path is None:
-        from .. import presets
-
         scenario_path = presets.presets_root() / "canonical.toml"  # the canonical classes and budgets
     scenario = load_scenario(scenario_path)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -186,8 +176,6 @@ def validate(
         cases.append((name, _cut(table, duration_s), meta))
     if public_trace is not None:
         kind, path = public_trace
-        from ..trace.importers import import_trace
-
         raw = out_dir / f"{kind}-imported.parquet"
         import_trace(kind, path, raw, max_requests=2000)
         table, meta = read_trace(raw)
@@ -229,8 +217,6 @@ def validate(
 
 def _record_validation(engine_toml: Path, result: dict[str, Any], out_dir: Path) -> None:
     """Write the validated error into the calibrated TOML's [calibration], so every output built on it says so."""
-    from ..tomlfile import dumps_toml, read_toml
-
     s = result["summary"]
     parts = [
         f"{k[8:-10]} {v:.1f}%" for k, v in s.items() if k.endswith("_error_pct") and v is not None and "e2e" not in k
