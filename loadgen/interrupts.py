@@ -34,9 +34,18 @@ def _forward(signum: int, frame: FrameType | None) -> None:
 
 
 def install() -> None:
-    """Route SIGTERM and SIGHUP through SIGINT's handler (main thread only; a no-op elsewhere)."""
+    """Route SIGTERM and SIGHUP through SIGINT's handler (main thread only; a no-op elsewhere).
+
+    An inherited *ignored* SIGINT (a background job of a non-interactive shell: ``loadgen run ... &`` in a
+    script) is replaced by Python's default handler. Otherwise the asyncio runner installs no handler of its
+    own, SIGINT would not stop a run at all, and SIGTERM would raise ``KeyboardInterrupt`` inside whatever
+    callback is running (seen: inside a transport's ``data_received``, which the loop reports and carries on).
+    An ignored SIGHUP (``nohup``) is replaced likewise: every stop signal stops a run the same way.
+    """
     if threading.current_thread() is not threading.main_thread():
         return
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in STOP_SIGNALS:
         signal.signal(sig, _forward)
 

@@ -29,6 +29,8 @@ def read_json(path: str | Path, what: str, error: type[LoadgenError] = LoadgenEr
         raise error(f"{path}: no such file: expected {what}") from None
     except OSError as exc:
         raise error(f"{path}: cannot read ({exc.strerror}): expected {what}") from None
+    except ValueError:  # a NUL byte: no file can have this name
+        raise error(f"{str(path)!r}: not a usable file name (NUL byte): expected {what}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

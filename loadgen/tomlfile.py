@@ -27,6 +27,8 @@ def read_toml(path: str | Path, what: str) -> tuple[dict[str, Any], str]:
         raise ScenarioError(f"{path}: no such file: expected {what}") from None
     except OSError as exc:
         raise ScenarioError(f"{path}: cannot read ({exc.strerror}): expected {what}") from None
+    except ValueError:  # a NUL byte: no file can have this name
+        raise ScenarioError(f"{str(path)!r}: not a usable file name (NUL byte): expected {what}") from None
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

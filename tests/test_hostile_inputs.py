@@ -300,3 +300,11 @@ def test_plans_refuse_absurd_durations_and_damaged_state(tmp_path, capsys):
     ):
         state.write_text(text)
         fails(capsys, ["plan", plan, "--sim-worksheet", "instant", "--out", tmp_path / "out"], "plan.json", expected)
+
+
+def test_a_file_name_with_a_nul_byte_is_one_line(tmp_path, capsys):
+    # found by the fuzz test: a plan's scenario path "a\u0000b" ended in a ValueError traceback
+    quick = (REPO / "scenarios" / "plans" / "quick.toml").read_text()
+    plan = tmp_path / "p.toml"
+    plan.write_text(quick.replace('"../canonical.toml"', '"canon\\u0000ical.toml"'))
+    fails(capsys, ["plan", plan, "--sim-worksheet", "instant", "--out", tmp_path / "out"], "NUL byte")

@@ -76,7 +76,12 @@ def make_trace(path: Path, offsets_ms: list[float], output_tokens: int = 10, **m
     )
 
 
-def loadgen(*args: str) -> subprocess.Popen:
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def loadgen(*args: str, sigint_ignored: bool = False) -> subprocess.Popen:
+    """The real CLI as a child; ``sigint_ignored``: started the way a non-interactive shell starts ``cmd &``."""
     return subprocess.Popen(
         [sys.executable, "-m", "loadgen", *args],
         cwd=REPO,
@@ -84,6 +89,7 @@ def loadgen(*args: str) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_ignore_sigint if sigint_ignored else None,
     )
 
 
@@ -129,6 +135,25 @@ def instant():
 
 
 # ---- SIGTERM / SIGHUP behave like Ctrl-C ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_background_job_with_sigint_ignored_still_stops_cleanly(instant, tmp_path: Path, sig: signal.Signals) -> None:
+    # `loadgen run ... &` from a script inherits an ignored SIGINT; the stop signals must still stop the run
+    trace = make_trace(tmp_path / "t.parquet", [i * 10.0 for i in range(800)])  # 100 req/s for 8 s
+    out = tmp_path / "run"
+    proc = loadgen(
+        "run", str(trace), "--target", instant.base_url, "--out", str(out), "--progress", "off", sigint_ignored=True
+    )
+    wait_for(lambda: rows_on_disk(out) >= 50, "rows flushed while the run goes on")
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, stderr
+    assert "Traceback" not in stderr and "Fatal error" not in stderr
+    run = load_run(out)
+    assert run.manifest.state == "interrupted" and run.manifest.interrupted_by == sig.name
+    rows = run.requests.to_pylist()
+    assert len(rows) == 800 == len({r["request_id"] for r in rows}) == sum(run.manifest.status_counts.values())
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])

@@ -114,14 +114,14 @@ def test_live_server_and_worksheet_agree(sim_server, tmp_path):
             assert live[rid]["prompt_usage"] == sheet.loc[rid, "target_prompt_tokens"], rid
     assert sheet.loc["r006", "status"] == "cancelled" and live["r006"]["tokens"] == 3
 
-    # ordering: first tokens in the same order; completions in the same order where the
-    # worksheet separates them by more than a few steps (real-time jitter is a few ms)
-    sheet_first = sheet.first_token_ns.sort_values().index.tolist()
-    live_first = sorted(ids, key=lambda r: live[r]["first"])
-    assert live_first == sheet_first
+    # ordering: first tokens and completions in the same order wherever the worksheet separates them by
+    # more than a few steps (real-time jitter is a few ms, more on a busy host: seen r012/r013 swap there)
+    first = {rid: sheet.loc[rid, "first_token_ns"] / 1e9 for rid in ids}
     done = {rid: sheet.loc[rid, "last_token_ns"] / 1e9 for rid in ids}
     for a in ids:
         for b in ids:
+            if first[a] + 0.06 < first[b]:
+                assert live[a]["first"] < live[b]["first"], (a, b)
             if done[a] + 0.06 < done[b]:
                 assert live[a]["last"] < live[b]["last"], (a, b)
 

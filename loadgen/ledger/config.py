@@ -292,6 +292,10 @@ def read_model_config(path: str | Path) -> ModelConfig:
         raise LedgerError(f"{p}: no such file: expected a Hugging Face config.json") from None
     except OSError as exc:
         raise LedgerError(f"{p}: cannot read ({exc.strerror}): expected a Hugging Face config.json") from None
+    except ValueError:  # a NUL byte: no file can have this name
+        raise LedgerError(
+            f"{str(p)!r}: not a usable file name (NUL byte): expected a Hugging Face config.json"
+        ) from None
     try:
         data = json.loads(text)
     except RecursionError:
