@@ -69,6 +69,11 @@ ERROR_KINDS = (
     "client",  # unexpected client-side exception (message kept)
 )
 
+# Error kinds that mean the run, not the server, cut the request short: the analysis ends the run's
+# covered window at the first of them (its outcome, and the offered load after it, are unknown) and
+# never counts them as failures.
+CUT_ERROR_KINDS = ("run_interrupted", "worker_lost")
+
 
 def http_error_kind(code: int | None, *, otherwise: str = "client") -> str:
     """The error_kind of an HTTP status: the one mapping driver, simulator and importers share.

@@ -279,7 +279,14 @@ def test_a_killed_worker_leaves_its_rows_and_the_rest_are_recorded_worker_lost(t
     w1 = manifest.workers.workers[1]  # type: ignore[union-attr]
     assert w1.requests_lost == lost.num_rows and w1.state == "killed"
     assert manifest.workers.workers[0].state == "complete"  # type: ignore[union-attr]
-    analysis(run_dir, tmp_path / "a.json")  # the run stays readable
+    report = analysis(run_dir, tmp_path / "a.json")  # the run stays readable
+    # the death cuts the run like a stop: covered up to the first request it left unknown, none a failure
+    assert report["state"]["cut_by_stop"] == lost.num_rows
+    first_lost_s = min(lost["scheduled_ns"].to_pylist()) / 1e9
+    assert report["state"]["covered_until_s"] <= first_lost_s + 1e-9
+    assert report["window"]["end_s"] <= first_lost_s + 1e-9
+    kinds = [k for c in report["classes"].values() for k in (c.get("error_kinds") or {})]
+    assert "worker_lost" not in kinds
 
 
 def test_sigterm_stops_every_worker_and_closes_every_shard(tmp_path: Path, sim_server) -> None:

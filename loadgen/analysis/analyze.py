@@ -23,6 +23,7 @@ from ..errors import RunDirError
 from ..manifest import Manifest
 from ..records import (
     CHUNKS_FILE,
+    CUT_ERROR_KINDS,
     REQUESTS_FILE,
     REQUESTS_SCHEMA,
     SERVER_METRICS_FILE,
@@ -400,7 +401,8 @@ class _Run:
         if isinstance(window, str):
             window = parse_window(window)
         lo_s, hi_s = window if window else (None, None)
-        self.cut = c["error_kind"] == "run_interrupted"  # in flight or queued when the run stopped
+        # in flight or queued when the run stopped, or held by a worker that died
+        self.cut = np.isin(c["error_kind"], CUT_ERROR_KINDS)
         self.stop_ns, self.covered_ns = _covered_end(manifest, sched, self.cut, self.n + self.not_due)
         if hi_s is None and self.covered_ns is not None and self.covered_ns < dhi:
             dhi = self.covered_ns  # a stopped run covers its schedule up to the stop, not the whole of it
@@ -411,10 +413,7 @@ class _Run:
         st = c["status"]
         self.ok = st == "ok"
         self.abandoned = (
-            (st == "cancelled")
-            & ~np.isnan(c["cancel_after_tokens"])
-            & ~np.isnan(c["first_token_ns"])
-            & (c["error_kind"] != "run_interrupted")
+            (st == "cancelled") & ~np.isnan(c["cancel_after_tokens"]) & ~np.isnan(c["first_token_ns"]) & ~self.cut
         )
         self.failed = ~self.ok & ~self.abandoned
         self.in_window = (sched >= self.lo) & (sched < self.hi)
