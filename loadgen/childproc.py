@@ -29,31 +29,36 @@ from pathlib import Path
 from typing import TypeVar
 
 from .errors import LoadgenError, TargetError
+from .pinning import pin
 
 __all__ = ["ChildProcess", "with_parent_death_signal"]
 
 T = TypeVar("T")
 
-#: argv: PARENT_PID PROGRAM ARGS...; sets PR_SET_PDEATHSIG (1) to SIGTERM, then execs PROGRAM.
+#: argv: PARENT_PID CPUS PROGRAM ARGS...; sets PR_SET_PDEATHSIG (1) to SIGTERM, pins itself to CPUS
+#: (comma-separated ids, ``-`` for no pinning) so that everything PROGRAM starts inherits them, then execs.
 _PDEATHSIG_EXEC = (
     "import ctypes, os, signal, sys\n"
     "ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)\n"
     "if os.getppid() != int(sys.argv[1]):\n"
     "    os._exit(0)  # the launcher died before the signal was armed\n"
+    "if sys.argv[2] != '-':\n"
+    "    os.sched_setaffinity(0, {int(c) for c in sys.argv[2].split(',')})\n"
     "try:\n"
-    "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "    os.execvp(sys.argv[3], sys.argv[3:])\n"
     "except OSError as exc:\n"
-    "    sys.stderr.write(f'cannot exec {sys.argv[2]}: {exc}\\n')\n"
+    "    sys.stderr.write(f'cannot exec {sys.argv[3]}: {exc}\\n')\n"
     "    os._exit(127)\n"
 )
 
 
-def with_parent_death_signal(argv: Sequence[str]) -> list[str]:
-    """``argv`` wrapped so the process gets SIGTERM when this process dies (Linux, main thread);
-    unchanged elsewhere (see the module docstring)."""
+def with_parent_death_signal(argv: Sequence[str], cpus: frozenset[int] | None = None) -> list[str]:
+    """``argv`` wrapped so the process gets SIGTERM when this process dies (Linux, main thread), and runs
+    on ``cpus`` from its first instruction; unchanged elsewhere (see the module docstring)."""
     if sys.platform != "linux" or not sys.executable or threading.current_thread() is not threading.main_thread():
         return list(argv)
-    return [sys.executable, "-S", "-c", _PDEATHSIG_EXEC, str(os.getpid()), *argv]
+    pinned = ",".join(str(c) for c in sorted(cpus)) if cpus else "-"
+    return [sys.executable, "-S", "-c", _PDEATHSIG_EXEC, str(os.getpid()), pinned, *argv]
 
 
 class ChildProcess:
@@ -68,6 +73,7 @@ class ChildProcess:
         env: Mapping[str, str] | None = None,
         cwd: str | Path | None = None,
         error: type[LoadgenError] = TargetError,
+        cpus: frozenset[int] | None = None,
     ) -> None:
         self.error = error  # raised when it cannot start or does not become ready
         self.argv = [str(a) for a in argv]
@@ -75,6 +81,7 @@ class ChildProcess:
         self.what = what  # for messages: "sim server (engine instant)", "vLLM"
         self.env = dict(env) if env is not None else None
         self.cwd = cwd
+        self.cpus = cpus  # the CPUs the whole process tree runs on (None: inherited from this process)
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_monotonic: float | None = None
 
@@ -93,7 +100,7 @@ class ChildProcess:
         try:
             with open(self.log_path, "wb") as log:
                 self.proc = subprocess.Popen(
-                    with_parent_death_signal(self.argv),
+                    with_parent_death_signal(self.argv, self.cpus),
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=self.env,
@@ -102,6 +109,11 @@ class ChildProcess:
                 )
         except OSError as exc:
             raise self.error(f"{self.what}: cannot start {self.argv[0]} ({exc.strerror})") from None
+        if self.cpus:  # the wrapper pinned it already on Linux; elsewhere as early as we can
+            try:
+                pin(self.proc.pid, self.cpus)
+            except (OSError, LoadgenError):
+                pass
         return self
 
     @property

@@ -164,6 +164,7 @@ class DriverInfo(Section):
     max_rss_bytes: int | None = None
     peak_in_flight: int | None = None
     connections_opened: int | None = None
+    cpu_affinity: str | None = None  # the CPUs the driver may run on (``--client-cpus``), kernel list notation
 
 
 class WriterInfo(Section):

@@ -33,6 +33,8 @@ text = (PRESETS_DIR / f"{engine}.toml").read_text().replace('model = "loadgen-si
 path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"standin-{engine}-{port}.toml")
 open(path, "w").write(text)
 print(f"INFO standin vLLM: serving {engine} as {served} on port {port}", flush=True)
+bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
+print(f"INFO standin cpus {sorted(os.sched_getaffinity(0))} bind {bind}", flush=True)
 os.execv(sys.executable, [sys.executable, "-m", "loadgen", "sim", "serve", "--engine", path,
                           "--host", "127.0.0.1", "--port", port])
 """

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from loadgen.calibration.calibrate import TERMS, EngineLimits, calibration_phases, fit_cost_model
+from loadgen.pinning import affinity, format_cpus
 from loadgen.sim import load_engine_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,6 +95,9 @@ def test_calibrate_recovers_known_sim_engine(sim_server, tmp_path):
     empty = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"  # sha256 of nothing
     assert empty not in cfg.calibration["calibration_runs"].values()
     assert "calibrated against loadgen-sim" in cfg.calibration_label()
+    # where the client ran is recorded; a URL target was not launched by loadgen: no shared-CPU flag
+    assert cfg.calibration["pinning"] == {"client_cpus": format_cpus(affinity() or ())}
+    assert cfg.calibration["runs_flagged_shared_cpus"] == []
     # --from refits the same runs to the same terms, without the engine
     runs = sorted(str(p) for p in (tmp_path / "fitted.calibration-runs").iterdir() if p.is_dir())
     again = _cli("sim", "calibrate", "--from", *runs, "--out", str(tmp_path / "refit.toml"), "--json")

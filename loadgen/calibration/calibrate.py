@@ -405,6 +405,24 @@ def _hardware() -> str:
     return f"{h.cpu_model or h.machine}, {h.cpu_count} cores" + (f", GPUs {gpus}" if gpus else "")
 
 
+def pinning_of(run_dirs: list[Path]) -> dict[str, Any]:
+    """Where the client and a launched engine ran (``--client-cpus`` / ``--engine-cpus``), and which runs
+    say they shared cores (a launched engine on the client's CPUs: the timing includes that contention)."""
+    manifests = {Path(d).name: read_manifest(Path(d)) for d in run_dirs}
+    client = sorted({m.driver.cpu_affinity for m in manifests.values() if m.driver and m.driver.cpu_affinity})
+    engine = sorted(
+        {
+            str(cfg["cpu_affinity"])
+            for m in manifests.values()
+            if m.target.engine and isinstance(cfg := m.target.engine.config or {}, dict) and cfg.get("cpu_affinity")
+        }
+    )
+    return {
+        "pinning": {k: ";".join(v) for k, v in (("client_cpus", client), ("engine_cpus", engine)) if v},
+        "runs_flagged_shared_cpus": [k for k, m in manifests.items() if any("share CPUs" in w for w in m.warnings)],
+    }
+
+
 def calibrate(
     out_toml: Path,
     *,
@@ -413,13 +431,18 @@ def calibrate(
     work_dir: Path | None = None,
     name: str | None = None,
     log_notes: dict[str, Any] | None = None,
+    engine_manifest: dict[str, Any] | None = None,
     **run_options: Any,
 ) -> tuple[Path, Fit, EngineLimits]:
-    """Measure (or reuse ``run_dirs``), fit, and write ``out_toml``; returns (path, fit, limits)."""
+    """Measure (or reuse ``run_dirs``), fit, and write ``out_toml``; returns (path, fit, limits).
+
+    ``engine_manifest``: the sections that identify a launched engine (``measured_engine``), recorded
+    in every calibration run's manifest.
+    """
     if target_url is not None:
         limits = engine_limits(target_url, log_notes)
         work = work_dir or out_toml.with_suffix(".calibration-runs")
-        run_dirs = _measure(target_url, limits, work, run_options)
+        run_dirs = _measure(target_url, limits, work, engine_manifest or {}, run_options)
         target = redact_url(target_url)
     else:
         if not run_dirs:
@@ -445,13 +468,16 @@ def calibrate(
         "send_lag_p99_ms": {k: round(v, 3) for k, v in lags.items() if v is not None},
         # runs where the client could not keep the schedule: their timing is the fight for the CPU, not the engine
         "runs_flagged_send_lag": [k for k, v in lags.items() if v is not None and v > MAX_SEND_LAG_MS],
+        **pinning_of(run_dirs),
     }
     path = write_engine_toml(out_toml, name or out_toml.stem, limits, fit, provenance)
     return path, fit, limits
 
 
-def _measure(target_url: str, limits: EngineLimits, work: Path, run_options: dict[str, Any]) -> list[Path]:
-    """The calibration runs, each manifest carrying the phase and the engine limits (for --from)."""
+def _measure(
+    target_url: str, limits: EngineLimits, work: Path, engine: dict[str, Any], run_options: dict[str, Any]
+) -> list[Path]:
+    """The calibration runs, each manifest carrying the engine, the phase and the engine limits (for --from)."""
     work.mkdir(parents=True, exist_ok=True)
     runs = []
     for phase in calibration_phases(limits):
@@ -468,7 +494,10 @@ def _measure(target_url: str, limits: EngineLimits, work: Path, run_options: dic
                 out,
                 model=None,
                 scenario_path=None,
-                extra_manifest={"calibration": {"phase": phase.name, "kind": phase.kind, "limits": limits.to_dict()}},
+                extra_manifest={
+                    **engine,
+                    "calibration": {"phase": phase.name, "kind": phase.kind, "limits": limits.to_dict()},
+                },
                 **run_options,
             )
         )

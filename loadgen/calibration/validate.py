@@ -148,9 +148,12 @@ def validate(
     duration_s: float | None = None,
     scenario_path: Path | None = None,
     log_notes: dict[str, Any] | None = None,
+    engine_manifest: dict[str, Any] | None = None,
     **run_options: Any,
 ) -> dict[str, Any]:
     """Run the target and the worksheet on the same traces; the fidelity table as a dict (also fidelity.json).
+
+    ``engine_manifest``: the sections that identify a launched engine, recorded in every measured run.
 
     The worksheet takes the TOML's cost terms and the target's own scheduler limits (read from the
     engine, as calibration does), so a held-out engine configuration is predicted, not assumed equal.
@@ -191,7 +194,13 @@ def validate(
         trace = out_dir / f"{name}.trace.parquet"
         write_trace(table, trace, {**meta, "trace_name": name})
         real_dir = run_driver(
-            trace, target_url, out_dir / f"{name}-measured", model=None, scenario_path=None, **run_options
+            trace,
+            target_url,
+            out_dir / f"{name}-measured",
+            model=None,
+            scenario_path=None,
+            extra_manifest=engine_manifest,
+            **run_options,
         )
         sim_dir = run_worksheet(trace, cfg, out_dir / f"{name}-worksheet")
         real = analyze_run(real_dir, scenario=scenario).to_dict()

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import NoReturn
 
-from .. import __version__, interrupts
+from .. import __version__, interrupts, pinning
 from ..errors import LoadgenError
 
 __all__ = ["LoadgenParser", "build_parser", "entry", "main"]
@@ -52,6 +52,16 @@ COMMAND_MODULES = (
 def build_parser() -> argparse.ArgumentParser:
     parser = LoadgenParser(prog="loadgen", description="Workload-specific capacity evidence for LLM serving.")
     parser.add_argument("--version", action="version", version=f"loadgen {__version__}")
+    parser.add_argument(
+        "--client-cpus",
+        metavar="LIST",
+        help="pin loadgen and its workers to these CPUs (e.g. 0 or 0-3,8); see --engine-cpus",
+    )
+    parser.add_argument(
+        "--engine-cpus",
+        metavar="LIST",
+        help="pin every engine loadgen launches (simulated engine, vLLM and its OpenMP threads) to these CPUs",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         module_name = f"loadgen.cli.{name}_cmd"
@@ -70,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     interrupts.install()
     try:
+        _pin(args)
         rc = args.func(args)
     except LoadgenError as exc:
         print(f"loadgen: error: {_one_line(str(exc))}", file=sys.stderr)
@@ -85,6 +96,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"loadgen: error: {_one_line(where + (exc.strerror or str(exc)))}", file=sys.stderr)
         return 2
     return int(rc or 0)
+
+
+def _pin(args: argparse.Namespace) -> None:
+    """``--client-cpus`` pins this process (workers inherit it); ``--engine-cpus`` is handed to launchers."""
+    if args.engine_cpus is not None:
+        engine = pinning.parse_cpus(args.engine_cpus, what="--engine-cpus")
+        os.environ[pinning.ENGINE_CPUS_ENV] = pinning.format_cpus(engine)
+    if args.client_cpus is not None:
+        pinning.pin(0, pinning.parse_cpus(args.client_cpus, what="--client-cpus"))
 
 
 def _one_line(text: str) -> str:

@@ -52,17 +52,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     src.add_argument(
         "--from", dest="from_runs", nargs="+", metavar="RUN_DIR", help="refit from earlier calibration run dirs"
     )
+    _vllm_flags(cal, src)
     cal.add_argument("--out", required=True, help="engine TOML to write")
     cal.add_argument("--name", default=None, help="engine name in the TOML (default: the file stem)")
     cal.add_argument("--work-dir", default=None, help="where the calibration runs go (default: OUT.calibration-runs)")
     cal.add_argument("--engine-log", default=None, help="vLLM startup log: its scheduler limits (else vLLM's defaults)")
-    cal.add_argument("--tokenizer", default="cl100k_base", help="prompt tokenizer spec, as for loadgen run")
+    cal.add_argument(
+        "--tokenizer",
+        default=None,
+        help="prompt tokenizer spec, as for loadgen run (default: cl100k_base; --vllm: its own)",
+    )
     cal.add_argument("--json", action="store_true", help="print the fit as JSON")
     cal.set_defaults(func=_calibrate)
 
     val = s.add_parser("validate", help="held-out check: the target and the worksheet on the same traces")
     val.add_argument("engine", help="engine TOML (a calibrated one, or any preset)")
-    val.add_argument("--target", required=True, help="base URL of the real engine")
+    vsrc = val.add_mutually_exclusive_group(required=True)
+    vsrc.add_argument("--target", help="base URL of the real engine")
+    _vllm_flags(val, vsrc)
     val.add_argument("--out", required=True, help="directory for the runs and fidelity.json / fidelity.html")
     val.add_argument(
         "--trace", action="append", default=None, metavar="PATH", help="trace to replay (default: canonical burst)"
@@ -82,9 +89,40 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     val.add_argument("--duration-s", type=flags.seconds(), default=None, help="replay only this much of each trace")
     val.add_argument("--engine-log", default=None, help="vLLM startup log: the target's scheduler limits")
-    val.add_argument("--tokenizer", default="cl100k_base", help="prompt tokenizer spec, as for loadgen run")
+    val.add_argument(
+        "--tokenizer",
+        default=None,
+        help="prompt tokenizer spec, as for loadgen run (default: cl100k_base; --vllm: its own)",
+    )
     val.add_argument("--json", action="store_true")
     val.set_defaults(func=_validate)
+
+
+def _vllm_flags(parser: argparse.ArgumentParser, group: argparse._MutuallyExclusiveGroup) -> None:
+    group.add_argument(
+        "--vllm",
+        metavar="MODEL",
+        help="launch vLLM (LOADGEN_VLLM_PYTHON) on a model dir, config.json or shipped model name; "
+        "pin it apart from the client with loadgen --client-cpus/--engine-cpus",
+    )
+    parser.add_argument(
+        "--vllm-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="extra vLLM flag, e.g. --vllm-arg=--max-num-seqs=8 (a held-out configuration for validate)",
+    )
+
+
+def _engine(args: argparse.Namespace, work_dir: Path):
+    """The engine the command measures (``--target`` URL or a launched ``--vllm``), as a context manager."""
+    from ..calibration.engine import measured_engine  # deferred: `loadgen --help` loads no library code
+
+    if args.vllm_arg and not args.vllm:
+        raise LoadgenError(f"--vllm-arg {args.vllm_arg[0]!r}: expected with --vllm MODEL (loadgen launches that vLLM)")
+    return measured_engine(
+        work_dir, url=args.target, vllm=args.vllm, vllm_args=args.vllm_arg, log_notes=_log_notes(args.engine_log)
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -129,16 +167,23 @@ def _presets(args: argparse.Namespace) -> int:
 def _calibrate(args: argparse.Namespace) -> int:
     from ..calibration.calibrate import calibrate  # deferred: `loadgen --help` loads no library code
 
-    notes = _log_notes(args.engine_log)
-    path, fit, limits = calibrate(
-        Path(args.out),
-        target_url=args.target,
-        run_dirs=[Path(d) for d in args.from_runs] if args.from_runs else None,
-        work_dir=Path(args.work_dir) if args.work_dir else None,
-        name=args.name,
-        log_notes=notes,
-        tokenizer=args.tokenizer,
-    )
+    out = Path(args.out)
+    if args.from_runs:
+        path, fit, limits = calibrate(
+            out, run_dirs=[Path(d) for d in args.from_runs], name=args.name, tokenizer=args.tokenizer or "cl100k_base"
+        )
+    else:
+        work = Path(args.work_dir) if args.work_dir else out.with_suffix(".calibration-runs")
+        with _engine(args, work) as engine:
+            path, fit, limits = calibrate(
+                out,
+                target_url=engine.url,
+                work_dir=work,
+                name=args.name,
+                log_notes=engine.log_notes,
+                engine_manifest=engine.manifest,
+                tokenizer=args.tokenizer or engine.tokenizer or "cl100k_base",
+            )
     if args.json:
         print(json.dumps({"engine_toml": str(path), "fit": fit.to_dict(), "limits": limits.to_dict()}, default=str))
         return 0
@@ -160,17 +205,20 @@ def _validate(args: argparse.Namespace) -> int:
         if kind not in ("azure", "mooncake") or not path:
             raise LoadgenError(f"--public = {args.public!r}: expected azure:PATH or mooncake:PATH")
         public = (kind, Path(path))
-    result = validate(
-        Path(args.engine),
-        args.target,
-        Path(args.out),
-        traces=[(Path(t).stem, Path(t)) for t in args.trace] if args.trace else None,
-        public_trace=public,
-        loads=tuple(args.load) if args.load else (0.5, 0.9, 1.3),
-        duration_s=args.duration_s,
-        log_notes=_log_notes(args.engine_log),
-        tokenizer=args.tokenizer,
-    )
+    out = Path(args.out)
+    with _engine(args, out) as engine:
+        result = validate(
+            Path(args.engine),
+            engine.url,
+            out,
+            traces=[(Path(t).stem, Path(t)) for t in args.trace] if args.trace else None,
+            public_trace=public,
+            loads=tuple(args.load) if args.load else (0.5, 0.9, 1.3),
+            duration_s=args.duration_s,
+            log_notes=engine.log_notes,
+            engine_manifest=engine.manifest,
+            tokenizer=args.tokenizer or engine.tokenizer or "cl100k_base",
+        )
     print(json.dumps(result, default=str) if args.json else format_table(result))
     return 0
 

@@ -41,6 +41,7 @@ from ..errors import (
 )
 from ..identity import harness_identity, host_identity, sha256_file, utc_now_iso
 from ..manifest import DriverInfo, Manifest, TraceRef, WarmState, merge_manifest
+from ..pinning import affinity, format_cpus, parse_cpus, shared_cpus_warning
 from ..prompts import Tokenizer, get_tokenizer
 from ..records import REQUESTS_FILE, STATUS_NOT_SENT, STATUS_OK
 from ..routing import Router
@@ -79,6 +80,18 @@ def _split_base(url: str) -> tuple[str, str]:
     path = path.removesuffix("/v1")
     root = urlunsplit((parts.scheme, parts.netloc, path, "", ""))
     return root, prefix
+
+
+def _shared_cpus(options: RunOptions) -> str | None:
+    """The shared-CPU warning when an engine loadgen launched (its manifest section records its CPUs) may
+    run on the driver's cores; None for a target loadgen did not launch (where it runs is unknown)."""
+    target = options.extra_manifest.get("target") if options.extra_manifest else None
+    engine = target.get("engine") if isinstance(target, dict) else None
+    config = engine.get("config") if isinstance(engine, dict) else None
+    if not isinstance(config, dict) or "cpu_affinity" not in config:
+        return None
+    cpus = config["cpu_affinity"]
+    return shared_cpus_warning(parse_cpus(cpus, what="cpu_affinity", check_usable=False) if cpus else None)
 
 
 def _timeouts(options: RunOptions, scenario: Scenario | None, classes: set[str]) -> dict[str, tuple[int, int]]:
@@ -326,7 +339,12 @@ async def run_trace(options: RunOptions, shard: Shard | None = None) -> Path:
             scrape_metrics=scrape,
             timeout_origin="scheduled",
             target_notes=list(info.notes),
+            cpu_affinity=format_cpus(affinity() or ()) or None,
         )
+        shared = _shared_cpus(options)
+        if shared and shared not in inputs.warnings:
+            inputs.warnings.append(shared)
+            print(f"loadgen: warning: {shared}", file=sys.stderr)
         manifest = _start_manifest(options, inputs, info, driver, len(jobs))
         if len(infos) > 1:
             manifest = merge_manifest(manifest, _replicas_manifest(options, infos))

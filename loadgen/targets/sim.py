@@ -26,6 +26,7 @@ from typing import Any
 import loadgen
 
 from ..childproc import ChildProcess
+from ..pinning import engine_cpus
 from ..routing import RoutePolicy
 from ..sim import EngineConfig, load_engine_config, run_worksheet
 from ..sim.ready import find_ready_url
@@ -89,6 +90,7 @@ class SimServerProcess:
             log_path=self.log_dir / f"sim-server-{stem}-{self.starts}.log",
             what=f"sim server (engine {self.engine})",
             env=_child_env(self.env),
+            cpus=engine_cpus(),
         )
         self.child = child.start()
         self.base_url = child.wait_ready(lambda: find_ready_url(child.log_text()), self.startup_timeout_s)

@@ -20,6 +20,7 @@ import httpx
 
 from ...childproc import ChildProcess
 from ...errors import EngineError
+from ...pinning import VLLM_BIND_ENV, engine_cpus, format_cpus
 from .log import behavior_relevant, parse_vllm_log
 from .venv import resolve_python
 
@@ -56,6 +57,7 @@ class VllmConfig:
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     log_path: Path | None = None
+    cpus: frozenset[int] | None = None  # pin the server's process tree (None: ``--engine-cpus``, if given)
 
     def args(self, port: int) -> list[str]:
         """The api_server command-line arguments for this config on ``port``."""
@@ -94,6 +96,7 @@ class VllmServer:
         self.log_path = Path(config.log_path) if config.log_path else Path(f"/tmp/loadgen-vllm-{self.port}.log")
         self.child: ChildProcess | None = None
         self.ready_s: float | None = None
+        self.cpus = config.cpus if config.cpus is not None else engine_cpus()
 
     @property
     def proc(self) -> subprocess.Popen[bytes] | None:
@@ -119,6 +122,8 @@ class VllmServer:
         env.setdefault("DO_NOT_TRACK", "1")
         if self.config.kv_cache_gib is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(int(self.config.kv_cache_gib))
+        if self.cpus:  # OpenMP threads bind inside the engine's set, not where vLLM's auto-binding puts them
+            env[VLLM_BIND_ENV] = format_cpus(self.cpus)
         env.update(self.config.env)
         return env
 
@@ -127,7 +132,13 @@ class VllmServer:
         if self.child is not None:
             raise EngineError(f"vLLM on port {self.port}: already started")
         self.child = ChildProcess(
-            self.command, log_path=self.log_path, what="vLLM", env=self.environment(), cwd="/", error=EngineError
+            self.command,
+            log_path=self.log_path,
+            what="vLLM",
+            env=self.environment(),
+            cwd="/",
+            error=EngineError,
+            cpus=self.cpus,
         ).start()
         return self
 
@@ -215,6 +226,7 @@ def vllm_manifest_extra(
                     "model_dir": str(server.config.model_dir),
                     "python": str(server.python),
                     "log_path": str(server.log_path),
+                    "cpu_affinity": format_cpus(server.cpus) if server.cpus else None,
                 },
             },
         },

@@ -1,0 +1,56 @@
+"""The engine a calibration or validation measures: a URL loadgen did not launch, or a vLLM it launches.
+
+``measured_engine`` yields what both need from it while it runs: its base URL, the facts its startup
+log reports (scheduler limits), the manifest sections that identify it (launch arguments, environment,
+the CPUs it was pinned to) and the tokenizer that counts prompts the way it does. A launched vLLM goes
+through the target layer (``open_target``), the one way loadgen launches a target, and is stopped when
+the block ends, whatever ends it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import LoadgenError
+from ..targets import TargetSpec, open_target
+from ..targets.vllm import VllmTarget
+
+__all__ = ["MeasuredEngine", "measured_engine"]
+
+
+@dataclass
+class MeasuredEngine:
+    url: str
+    log_notes: dict[str, Any] | None = None  # a vLLM startup log's facts (its scheduler limits among them)
+    manifest: dict[str, Any] = field(default_factory=dict)  # sections every run against it records
+    tokenizer: str | None = None  # counts prompts as the engine does (None: the caller's default)
+
+
+@contextmanager
+def measured_engine(
+    work_dir: Path,
+    *,
+    url: str | None = None,
+    vllm: str | None = None,
+    vllm_args: Sequence[str] = (),
+    log_notes: dict[str, Any] | None = None,
+) -> Iterator[MeasuredEngine]:
+    """The engine at ``url``, or a vLLM launched on ``vllm`` (model dir, config.json or shipped name)."""
+    if url is not None:
+        yield MeasuredEngine(url, log_notes)
+        return
+    if vllm is None:
+        raise LoadgenError("calibration: expected --target URL or --vllm MODEL")
+    with open_target(TargetSpec(vllm=vllm, vllm_args=tuple(vllm_args)), Path(work_dir) / "engine") as target:
+        assert isinstance(target, VllmTarget) and target.server is not None  # open_target launched it
+        server = target.server
+        yield MeasuredEngine(
+            server.base_url,
+            {**server.engine_notes(), **(log_notes or {})},
+            server.manifest_extra(),
+            "server",  # vLLM's own /tokenize: prompts hold the token counts the engine sees
+        )
