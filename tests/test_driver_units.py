@@ -372,13 +372,38 @@ def test_progress_line_reports_counters():
     import io
     from types import SimpleNamespace
 
-    from loadgen.driver.progress import Progress
+    from loadgen.driver.progress import Progress, context_counts
 
     ctx = SimpleNamespace(sent=5, in_flight=2, done=3, errors=1, recent_ttft_ns=[i * 1_000_000 for i in range(1, 101)])
     stream = io.StringIO()
-    progress = Progress(ctx, total=10, stream=stream)
+    progress = Progress(lambda: context_counts(ctx), total=10, stream=stream)
     progress.draw()
     progress.close()
     text = stream.getvalue()
+    assert text.startswith("\rloadgen run ")
     assert "sent 5/10" in text and "in flight 2" in text and "done 3" in text and "errors 1" in text
     assert "p99 TTFT 99 ms" in text and text.endswith("\n")
+
+
+def test_progress_merges_worker_counts_with_the_worst_p99():
+    import io
+
+    from loadgen.driver.progress import Counts, Progress, merged_counts
+
+    a, b = Counts(4, 1, 3, 0, 20_000_000), Counts(6, 2, 4, 1, 90_000_000)
+    merged = merged_counts([a, b, Counts()])
+    assert merged == Counts(sent=10, in_flight=3, done=7, errors=1, p99_ttft_ns=90_000_000)
+    assert merged_counts([]) == Counts() and merged_counts([Counts(1, 0, 1, 0)]).p99_ttft_ns is None
+    # a report round-trips through JSON; anything else is no report
+    assert Counts.from_json(b.to_json()) == b
+    assert Counts.from_json({"sent": "1", "in_flight": 0, "done": 0, "errors": 0}) is None
+    assert Counts.from_json({"sent": 1}) is None and Counts.from_json([1, 2]) is None
+    stream = io.StringIO()
+    line = Progress(
+        lambda: merged, 12, what="loadgen run (2 processes)", ttft_label="p99 TTFT (worst worker)", stream=stream
+    )
+    line.close()
+    assert stream.getvalue() == ""  # never drawn: nothing to end
+    line.draw()
+    assert "loadgen run (2 processes)" in line.line() and "sent 10/12" in line.line()
+    assert "p99 TTFT (worst worker) 90 ms" in stream.getvalue()

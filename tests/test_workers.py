@@ -98,6 +98,13 @@ def trace_ids(trace: Path) -> list[str]:
     return pq.read_table(trace, columns=["request_id"]).column("request_id").to_pylist()
 
 
+def last_progress_line(stderr: str) -> str:
+    """The progress line's last draw (``text=True`` turned each ``\\r`` into a line break)."""
+    lines = [line for line in stderr.splitlines() if line.startswith("loadgen run")]
+    assert lines, stderr
+    return lines[-1]
+
+
 def rows_by_worker(run_dir: Path) -> dict[str, list[str]]:
     """request_id per part series (``""``: the coordinator's; ``w0`` ...)."""
     out: dict[str, list[str]] = {}
@@ -203,9 +210,15 @@ def test_workers_run_is_one_run_equal_to_the_single_process_run(tmp_path: Path, 
     trace = conversation_trace(tmp_path / "t.parquet", singles=60, conversations=10, gap_ms=15)
     sim = sim_server("instant")
     single, merged = tmp_path / "single", tmp_path / "merged"
-    for out, extra in ((single, []), (merged, ["--workers", "2"])):
-        result = run_cli("run", str(trace), "--target", sim.base_url, "--out", str(out), *extra)
+    n = len(trace_ids(trace))
+    for out, extra, what in ((single, [], "loadgen run "), (merged, ["--workers", "2"], "loadgen run (2 processes) ")):
+        result = run_cli("run", str(trace), "--target", sim.base_url, "--out", str(out), "--progress", "on", *extra)
         assert result.returncode == 0, result.stderr
+        # one live line for the whole run (the workers report their counts); its last draw has the final counts
+        final = last_progress_line(result.stderr)
+        assert final.startswith(what), result.stderr
+        assert f"sent {n}/{n} " in final and " in flight 0 " in final and f" done {n} " in final, final
+        assert " errors 0 " in final and ("p99 TTFT (worst worker) " in final) == bool(extra), final
     table = assert_exact_accounting(merged, trace)
     one = read_run_table(single, REQUESTS_FILE)
     assert one is not None

@@ -18,9 +18,11 @@ from test_workers import (
     assert_exact_accounting,
     assert_same_analysis,
     conversation_trace,
+    last_progress_line,
     rows_by_worker,
     run_cli,
     start_cli,
+    trace_ids,
     wait_for,
     worker_rows,
 )
@@ -34,9 +36,13 @@ def test_ray_run_is_one_run_equal_to_the_single_process_run(tmp_path: Path, sim_
     trace = conversation_trace(tmp_path / "t.parquet", singles=60, conversations=10, gap_ms=15)
     sim = sim_server("instant")
     single, merged = tmp_path / "single", tmp_path / "merged"
-    for out, extra in ((single, []), (merged, ["--ray", "--workers", "2"])):
+    for out, extra in ((single, []), (merged, ["--ray", "--workers", "2", "--progress", "on"])):
         result = run_cli("run", str(trace), "--target", sim.base_url, "--out", str(out), *extra)
         assert result.returncode == 0, result.stderr
+    # the actors report over the same control channel: one progress line, its last draw the final counts
+    final, n = last_progress_line(result.stderr), len(trace_ids(trace))
+    assert final.startswith("loadgen run (2 Ray actors) "), result.stderr
+    assert f"sent {n}/{n} " in final and " in flight 0 " in final and f" done {n} " in final, final
     assert_exact_accounting(merged, trace)
     assert {"w0", "w1"} <= set(rows_by_worker(merged))
     manifest = read_manifest(merged)

@@ -4,12 +4,15 @@ The same channel serves worker processes on this host and Ray actors on other ho
 watches the actors; the run's own coordination is this small protocol):
 
     worker → coordinator   {"hello": ID, "token": T, "pid": P, "host_sha256": H, "node_ip": IP}
-    coordinator → worker   {"options": RunOptions as JSON, "workers": N}
+    coordinator → worker   {"options": RunOptions as JSON, "workers": N, "report_s": R}
+                                                   (report_s only when it shows a progress line)
     worker → coordinator   {"ping": t0}            (repeated: the clock-offset measurement)
     coordinator → worker   {"pong": tc}
     worker → coordinator   {"ready": true, "offset_ns": O, "uncertainty_ns": U}
     coordinator → worker   {"start_ns": S}         (the shared start, on the coordinator's clock)
     coordinator → worker   {"stop": REASON}        (at any time: stop, record the rest, close the shard)
+    worker → coordinator   {"progress": COUNTS}    (every R s from the start, and once at the end, when
+                                                   asked: sent, in_flight, done, errors, p99_ttft_ns)
     worker → coordinator   {"error": MESSAGE}      (a one-line error that stopped the worker)
 
 Clock: ``time.time_ns`` (the realtime clock every process and host shares, up to its offset). A worker

@@ -14,9 +14,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from .client import RunContext
 
 __all__ = ["Shard", "shard_index", "shard_of", "shard_sizes", "split_bound", "worker_name"]
 
@@ -64,13 +68,16 @@ class Shard:
 
     ``start_gate`` is awaited once everything is ready to send (files open, connections up); it returns
     the run's anchor on this process's ``perf_counter_ns`` clock: the shared start instant, corrected
-    for this worker's clock offset. ``lag_ns`` is filled by ``run_trace`` at the end: the raw send lags,
-    so the coordinator can give exact percentiles over every worker.
+    for this worker's clock offset. ``live`` is set by ``run_trace`` before the gate: the replay's
+    RunContext, whose live counters the worker reports to the coordinator's progress line. ``lag_ns`` is
+    filled by ``run_trace`` at the end: the raw send lags, so the coordinator can give exact percentiles
+    over every worker.
     """
 
     worker_id: int
     workers: int
     start_gate: Callable[[], Awaitable[int]]
+    live: RunContext | None = None
     lag_ns: list[int] = field(default_factory=list)
     dispatched: int = 0
 

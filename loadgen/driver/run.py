@@ -54,7 +54,7 @@ from .jobs import Job, ServerTokenizer, build_jobs, resolve_tokenizer
 from .metrics_scrape import MetricsScraper
 from .options import DEFAULT_TOTAL_TIMEOUT_S, DEFAULT_TTFT_TIMEOUT_S, RunOptions
 from .partition import Shard
-from .progress import Progress
+from .progress import Progress, context_counts, shows_progress
 from .recorder import ArrowRunWriter, Recorder, warm_up_arrow
 from .schedule import RateGate, sleep_until
 from .sse import parse_chunk
@@ -513,8 +513,9 @@ async def _replay(
 ) -> None:
     """The measured part: one task group from the anchor to the last request; ``_finish`` always runs."""
     mode, concurrency = inputs.mode, inputs.concurrency
-    show_progress = options.progress == "on" or (options.progress == "auto" and sys.stderr.isatty())
-    progress = Progress(ctx, len(jobs)) if show_progress else None
+    progress = Progress(lambda: context_counts(ctx), len(jobs)) if shows_progress(options.progress) else None
+    if shard is not None:  # the worker reports these live counters to the coordinator
+        shard.live = ctx
     scrapers: list[MetricsScraper] = []
     old_switch = sys.getswitchinterval()
     sys.setswitchinterval(min(old_switch, 0.0005))  # a flushing thread must not hold the GIL for 5 ms

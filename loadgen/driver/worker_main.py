@@ -4,7 +4,8 @@ Started by the coordinator (``loadgen.driver.workers``) as a process on this hos
 (``python -m loadgen.driver.worker_main --connect HOST:PORT --worker ID``, the token in
 ``LOADGEN_WORKER_TOKEN``) or inside a Ray actor (``loadgen.driver.ray_workers``). Either way it speaks the
 control protocol (``loadgen.driver.control``): hello, the run options, the clock-offset measurement,
-ready, the shared start; then ``run_trace`` replays its shard into the shared run directory. A ``stop``
+ready, the shared start; then ``run_trace`` replays its shard into the shared run directory (reporting its
+live counts every ``report_s`` seconds when the coordinator shows a progress line). A ``stop``
 from the coordinator, a lost coordinator, SIGTERM or SIGINT all stop the replay the same way: every
 request of the shard gets its row and the shard is closed. At the end it writes
 ``workers/wN/worker.json`` (clock offset, CPU time, send lag) and ``workers/wN/send_lag_ns.npy`` (the raw
@@ -31,6 +32,7 @@ from ..rundir import WORKERS_DIR
 from .control import TOKEN_ENV, Channel, measure_offset
 from .options import RunOptions
 from .partition import Shard, worker_name
+from .progress import context_counts
 from .run import _loadgen_error, run_trace
 
 __all__ = ["WORKER_FILE", "WorkerStopped", "serve_worker", "serve_worker_sync"]
@@ -54,11 +56,25 @@ async def _watch(channel: Channel, scope: anyio.CancelScope, why: dict[str, str]
             return
 
 
+async def _report(channel: Channel, shard: Shard, interval_s: float) -> None:
+    """Every ``interval_s``, the replay's live counts to the coordinator (its progress line)."""
+    while True:
+        await _send_counts(channel, shard)
+        await anyio.sleep(interval_s)
+
+
+async def _send_counts(channel: Channel, shard: Shard | None) -> None:
+    if shard is not None and shard.live is not None:
+        await channel.try_send({"progress": context_counts(shard.live).to_json()})
+
+
 class _Worker:
     def __init__(self, channel: Channel, worker_id: int, node_ip: str | None) -> None:
         self.channel, self.worker_id, self.node_ip = channel, worker_id, node_ip
         self.clock: dict[str, int] = {}
         self.why: dict[str, str] = {}
+        self.report_s: float | None = None  # set when the coordinator shows a progress line
+        self.shard: Shard | None = None
 
     async def hello(self, token: str) -> tuple[RunOptions, int]:
         await self.channel.send(
@@ -73,6 +89,8 @@ class _Worker:
         setup = await self.channel.receive()
         if setup is None or "options" not in setup:
             raise WorkerStopped(f"worker {self.worker_id}: the coordinator refused it or closed the channel")
+        report_s = setup.get("report_s")
+        self.report_s = float(report_s) if isinstance(report_s, int | float) and report_s > 0 else None
         return RunOptions.model_validate(setup["options"]), int(setup["workers"])
 
     async def gate(self, scope: anyio.CancelScope, tg: anyio.abc.TaskGroup) -> int:
@@ -85,6 +103,8 @@ class _Worker:
             reason = "the coordinator was lost" if message is None else f"stopped ({message.get('stop')})"
             raise WorkerStopped(f"worker {self.worker_id}: {reason} before the shared start")
         tg.start_soon(_watch, self.channel, scope, self.why)
+        if self.report_s is not None and self.shard is not None:
+            tg.start_soon(_report, self.channel, self.shard, self.report_s)
         start_here_ns = int(message["start_ns"]) + offset  # the shared instant on this host's clock
         return time.perf_counter_ns() + (start_here_ns - time.time_ns())
 
@@ -129,9 +149,9 @@ async def serve_worker(address: str, token: str, worker_id: int, node_ip: str | 
         run_dir = Path(options.out_dir)
         try:
             async with anyio.create_task_group() as tg:
-                shard = Shard(worker_id, workers, lambda: worker.gate(tg.cancel_scope, tg))
+                shard = worker.shard = Shard(worker_id, workers, lambda: worker.gate(tg.cancel_scope, tg))
                 await run_trace(options, shard)
-                tg.cancel_scope.cancel()  # the watcher
+                tg.cancel_scope.cancel()  # the watcher and the reporter
         except BaseExceptionGroup as group:  # say what stopped it, in one line
             error = _loadgen_error(group)
             if error is not None:
@@ -152,6 +172,8 @@ async def serve_worker(address: str, token: str, worker_id: int, node_ip: str | 
         if run_dir is not None:
             _write_stats(run_dir, worker, shard, outcome)
         with anyio.CancelScope(shield=True):
+            if worker.report_s is not None:  # the final counts, for the progress line's last draw
+                await _send_counts(channel, shard)
             await channel.aclose()
     return code
 

@@ -17,6 +17,10 @@ flushed; the coordinator records each of its other requests itself, with error k
 (``cancelled`` when it was due by the time the death was seen, ``not_sent`` otherwise), and the run ends
 with one line naming the worker. A coordinator stopped by SIGINT/SIGTERM sends ``stop`` to every worker,
 waits for each to close its shard (then kills what is left) and records what is still missing.
+
+Progress: when the coordinator shows a progress line (``--progress on``, or auto on a terminal), it asks
+each worker for a report of its live counts every ``REPORT_S`` (and one at its end) and draws one line
+for the whole run: the sums, and the worst worker's p99 TTFT.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from ..rundir import WORKERS_DIR, RunWriter, read_run_table
 from .control import TOKEN_ENV, Channel
 from .options import RunOptions
 from .partition import shard_index, split_bound, worker_name
+from .progress import Counts, Progress, merged_counts, shows_progress
 from .run import _Inputs, _read_inputs, trace_ref
 from .schedule import LagStats
 from .worker_main import LAG_FILE, WORKER_FILE
@@ -67,6 +72,10 @@ START_LEAD_NS = 300_000_000
 #: After ``stop``, how long workers get to close their shards before they are killed.
 STOP_GRACE_S = 30.0
 POLL_S = 0.05
+#: With a progress line: how often each worker reports its counts, and how long the end waits for the
+#: final reports (each channel closed by its worker) before the line's last draw.
+REPORT_S = 0.5
+FINAL_REPORTS_S = 2.0
 PARTITION_RULE = "blake2b(conversation_id, else request_id) mod count"
 _WORST = ("complete", "interrupted", "failed", "killed")
 
@@ -151,6 +160,8 @@ class _Worker:
     exit: str | None = None
     exit_perf_ns: int | None = None
     lost: int = 0
+    counts: Counts = field(default_factory=Counts)  # its latest progress report
+    closed: bool = False  # its channel was read to its end
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -204,6 +215,8 @@ class Coordinator:
         self.stop_perf_ns: int | None = None
         self.setup_s = 0.0
         self.cpu_start = os.times()
+        self.show_progress = shows_progress(options.progress)
+        self.progress: Progress | None = None
         self.writer = RunWriter(options.out_dir, self._start_manifest(), flush_interval_s=options.flush_interval_s)
         self.run_dir = self.writer.run_dir
 
@@ -266,9 +279,22 @@ class Coordinator:
                 options = _worker_options(self.options, self.inputs, len(self.workers), w.worker_id)
                 w.handle = self.launcher.start(w.worker_id, address, self.token, log, options)
             tg.start_soon(self._starter, t0)
-            await self._monitor()
-            tg.cancel_scope.cancel()
+            try:
+                await self._monitor()
+                if self.progress is not None:
+                    await self._final_reports()
+                tg.cancel_scope.cancel()
+            finally:
+                if self.progress is not None:
+                    self.progress.close()
         await self.close_channels()
+
+    async def _final_reports(self) -> None:
+        """Every worker has ended: let the channels deliver their last reports (each worker sends its final
+        counts before it closes its channel), up to ``FINAL_REPORTS_S``."""
+        with anyio.move_on_after(FINAL_REPORTS_S):
+            while any(w.channel is not None and not w.closed for w in self.workers):
+                await anyio.sleep(POLL_S)
 
     async def close_channels(self) -> None:
         with anyio.CancelScope(shield=True):
@@ -297,9 +323,23 @@ class Coordinator:
             hello.get("node_ip"),
         )
         options = _worker_options(self.options, self.inputs, len(self.workers), wid)
-        await channel.send({"options": options.model_dump(mode="json"), "workers": len(self.workers)})
+        setup: dict[str, Any] = {"options": options.model_dump(mode="json"), "workers": len(self.workers)}
+        if self.show_progress:
+            setup["report_s"] = REPORT_S
+        await channel.send(setup)
+        try:
+            await self._receive(w, channel)
+        finally:
+            w.closed = True
+
+    async def _receive(self, w: _Worker, channel: Channel) -> None:
+        """A worker's messages, until it closes its channel."""
         while (message := await channel.receive()) is not None:
-            if "ping" in message:
+            if "progress" in message:
+                counts = Counts.from_json(message["progress"])
+                if counts is not None:
+                    w.counts = counts
+            elif "ping" in message:
                 await channel.send({"pong": time.time_ns()})
             elif "ready" in message:
                 w.offset_ns, w.uncertainty_ns, w.ready = message.get("offset_ns"), message.get("uncertainty_ns"), True
@@ -326,6 +366,19 @@ class Coordinator:
                 },
                 write=True,
             )
+        )
+        if self.show_progress:  # from the start on: one line for the whole run
+            self.progress = self._progress_line()
+            await self.progress.run()
+
+    def _progress_line(self) -> Progress:
+        count = len(self.workers)
+        kind = "Ray actors" if self.launcher.kind == "ray" else "processes"
+        return Progress(
+            lambda: merged_counts([w.counts for w in self.workers]),
+            self.inputs.table.num_rows,
+            what=f"loadgen run ({count} {kind})",
+            ttft_label="p99 TTFT (worst worker)",
         )
 
     async def _monitor(self) -> None:
