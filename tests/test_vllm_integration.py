@@ -382,3 +382,60 @@ def test_analyzer_summary(llama_runs):
         summary["runs"][label] = entry
         assert entry["ttft_p99_ms"] is not None and entry["output_tok_s"] and entry["output_tok_s"] > 0
     (ARTIFACTS / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+
+
+def test_calibrate_then_validate_a_held_out_config(vllm_python, workdir):
+    """measure → fit → predict → verify on the real engine: ``sim calibrate --vllm`` at --max-num-seqs 8, then
+    ``sim validate --vllm`` at a configuration calibration never saw (--max-num-seqs 4, --max-num-batched-tokens
+    512), client and engine pinned to separate cores where there are two. The fidelity table is kept as a CI
+    artifact (``ci-artifacts/vllm/calibration/``); its figures are reported, not asserted (they are timings)."""
+    import subprocess
+    import sys
+
+    from loadgen.pinning import affinity
+    from loadgen.sim import load_engine_config
+
+    model = _model_dir(workdir, "tiny-llama-gqa")
+    out = ARTIFACTS / "calibration"
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    cpus = sorted(affinity() or {0})
+    pin = ["--client-cpus", str(cpus[0]), "--engine-cpus", ",".join(map(str, cpus[1:]))] if len(cpus) > 1 else []
+    env = {**os.environ, "LOADGEN_VLLM_PYTHON": str(vllm_python), "VLLM_CPU_KVCACHE_SPACE": str(KV_GIB)}
+    common = ["--vllm", str(model), f"--vllm-arg=--max-model-len={MAX_MODEL_LEN}", "--json"]
+
+    def loadgen(*args: str) -> dict:
+        proc = subprocess.run(
+            [sys.executable, "-m", "loadgen", *pin, "sim", *args, *common],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=1800,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout)
+
+    toml = out / "tiny-llama-cpu.toml"
+    fit = loadgen("calibrate", "--out", str(toml), "--vllm-arg=--max-num-seqs=8")
+    cfg = load_engine_config(toml)
+    # the scheduler limits come from the engine itself: vLLM-CPU's API-server default budget, the CPU block size
+    assert cfg.scheduler.max_num_seqs == 8 and cfg.scheduler.max_num_batched_tokens == 2048
+    assert cfg.kv.block_size == 128 and cfg.calibration["calibrated"]
+    assert all(v >= 0 for v in fit["fit"]["terms"].values()) and fit["fit"]["observations"] >= 20
+    if pin:
+        assert cfg.calibration["pinning"]["engine_cpus"] and cfg.calibration["runs_flagged_shared_cpus"] == []
+    result = loadgen(
+        "validate",
+        str(toml),
+        "--out",
+        str(out / "validate"),
+        "--duration-s",
+        "12",
+        "--vllm-arg=--max-num-seqs=4",
+        "--vllm-arg=--max-num-batched-tokens=512",
+    )
+    assert result["target_limits"]["max_num_seqs"] == 4 and result["target_limits"]["max_num_batched_tokens"] == 512
+    assert result["rows"] and all(r["n_measured"] == r["n_simulated"] for r in result["rows"])
+    assert (out / "validate" / "fidelity.html").is_file()
+    assert "validated error" in load_engine_config(toml).calibration_label()
