@@ -8,7 +8,10 @@ candidate's settings, and compares the two for interactive routing: hard budgets
 then throughput and cost. It shows workload, package, hardware, runtime, warm state, tails with counts,
 errors, behaviour constraints and who owns which part of the decision, and writes every run directory
 plus ``decision.json`` under ``out``. ``targets=[URL, URL]`` does the same against two running
-endpoints; ``engine="vllm"`` launches two real vLLM configurations (``loadgen.engines.vllm``).
+endpoints; ``engine="vllm"`` launches two real vLLM configurations (``loadgen.engines.vllm``), reads each
+one's scheduler limits while it is up and, once both have stopped, runs the worksheet on the same trace
+with ``predict_with``'s cost terms under those limits: ``decision["prediction"]`` holds, per candidate and
+class, the predicted and measured figures and the error between them (as ``loadgen sim validate``).
 """
 
 from __future__ import annotations
@@ -23,11 +26,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pyarrow.compute as pc
 
 from . import presets
+from .calibration.calibrate import EngineLimits, engine_limits
+from .calibration.validate import QUANTITIES, FidelityRow, predict_beside, with_engine_limits
 from .engines.vllm import VllmConfig, make_model_dir, shipped_model_path
-from .errors import PlanError
+from .errors import LoadgenError, PlanError
 from .identity import sha256_file
 from .ledger import GIB, EngineSettings, compute_ledger, format_ledger, read_model_config
 from .plan.cells import build_warmup_trace
@@ -39,11 +45,21 @@ from .targets import RunRequest, SimServerTarget, Target, UrlTarget, VllmTarget
 from .trace.generate import generate_trace_file
 from .trace.io import read_trace, write_trace
 
-__all__ = ["SIM_CANDIDATES", "OWNERSHIP", "PracticeResult", "run_practice", "practice_trace", "format_practice"]
+__all__ = [
+    "SIM_CANDIDATES",
+    "DEFAULT_PREDICTOR",
+    "OWNERSHIP",
+    "PracticeResult",
+    "run_practice",
+    "practice_trace",
+    "format_practice",
+]
 
 #: The canonical comparison: the latency-tuned preset first (the reference for behaviour diffs).
 SIM_CANDIDATES = ("interactive-small-batch", "throughput-large-batch")
 DEFAULT_MODEL_CONFIG = "llama-3.1-8b"
+#: The engine TOML whose cost terms predict the real-vLLM candidates (each under its own scheduler limits).
+DEFAULT_PREDICTOR = "interactive-small-batch"
 
 #: Who owns what (the seed's division of authority), printed with every decision.
 OWNERSHIP = {
@@ -164,9 +180,11 @@ def run_practice(
     api_key_env: str | None = None,
     log: Callable[[str], None] | None = None,
     workers: int = 1,
+    predict_with: str | Path = DEFAULT_PREDICTOR,
 ) -> PracticeResult:
     """Run the practice (see the module docstring); returns the decision and writes ``out``/decision.json."""
     say = log or (lambda _m: None)
+    predictor = load_engine_config(predict_with) if engine == "vllm" and not targets else None  # before any work
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(out) if out else Path("runs") / f"practice-{stamp}"
     if out_dir.exists() and any(out_dir.iterdir()):
@@ -182,6 +200,7 @@ def run_practice(
     ledgers: dict[str, str] = {}
     ledger_data: dict[str, Any] = {}
     contract_ref = None
+    prediction: dict[str, Any] | None = None
     t0 = time.monotonic()
 
     def contract_for(label: str, url: str, served: str | None, run_dir: Path) -> None:
@@ -213,8 +232,11 @@ def run_practice(
                 )
             contract_for(label, url, model, run_dir)
             run_dirs[label] = run_dir
-    elif engine == "vllm":
-        run_dirs, ledgers, ledger_data = _run_vllm(out_dir, trace_path, scenario_path, scen, say, contract_for, workers)
+    elif engine == "vllm" and predictor is not None:
+        run_dirs, ledgers, ledger_data, limits = _run_vllm(
+            out_dir, trace_path, scenario_path, scen, say, contract_for, workers
+        )
+        prediction = _predict(predictor, limits, run_dirs, trace_path, scen, out_dir, say)
     elif engine == "sim":
         configs.extend(load_engine_config(c) for c in candidates)
         ledgers, ledger_data = _ledgers(model_config, configs, scen)
@@ -270,6 +292,8 @@ def run_practice(
             else {"vllm": "real engine: measured, not predicted"}
         ),
     }
+    if prediction is not None:
+        decision["prediction"] = prediction
     (out_dir / "decision.json").write_text(json.dumps(decision, indent=2, default=str) + "\n")
     return PracticeResult(out_dir, decision, comparison, ledgers, run_dirs)
 
@@ -304,8 +328,9 @@ def _run_vllm(
     say: Callable[[str], None],
     contract_for: Callable[..., None],
     workers: int = 1,
-) -> tuple[dict[str, Path], dict[str, str], dict[str, Any]]:
-    """Two real vLLM configurations (small vs large batch) on the shipped tiny model, same trace."""
+) -> tuple[dict[str, Path], dict[str, str], dict[str, Any], dict[str, EngineLimits | str]]:
+    """Two real vLLM configurations (small vs large batch) on the shipped tiny model, same trace; each one's
+    scheduler limits are read while it is up (a string says why they could not be)."""
     # the shipped tiny model, with a context long enough for the canonical threads (prompt + reply < 4096)
     base = json.loads(shipped_model_path("tiny-llama-gqa").read_text())
     base["max_position_embeddings"] = max(int(base.get("max_position_embeddings") or 0), 4096)
@@ -326,6 +351,7 @@ def _run_vllm(
         ledgers[label] = format_ledger(ledger)
         ledger_data[label] = {"model_config": str(model_dir / "config.json"), **ledger.to_dict()}
     run_dirs: dict[str, Path] = {}
+    limits: dict[str, EngineLimits | str] = {}
     for label, knobs in configs.items():
         cfg = VllmConfig(
             model_dir=model_dir, served_model_name="loadgen-practice", max_model_len=4096, kv_cache_gib=kv_gib, **knobs
@@ -344,8 +370,66 @@ def _run_vllm(
                 workers,
             )
             contract_for(label, target.url or "", "loadgen-practice", run_dir)
+            limits[label] = _live_limits(target)
         run_dirs[label] = run_dir
-    return run_dirs, ledgers, ledger_data
+    return run_dirs, ledgers, ledger_data, limits
+
+
+def _live_limits(target: VllmTarget) -> EngineLimits | str:
+    """The running engine's scheduler limits, read as ``sim validate`` reads them, or why they could not be."""
+    notes = target.server.engine_notes() if target.server is not None else None
+    try:
+        return engine_limits(target.url or "", notes)
+    except (LoadgenError, httpx.HTTPError, ValueError, KeyError) as exc:
+        return f"scheduler limits not readable from {target.url}: {exc}"
+
+
+def _predict(
+    predictor: EngineConfig,
+    limits: dict[str, EngineLimits | str],
+    run_dirs: dict[str, Path],
+    trace_path: Path,
+    scen: Scenario,
+    out_dir: Path,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    """Per candidate: the worksheet (``predictor``'s cost terms, the candidate's own limits) beside its measured run."""
+    out: dict[str, Any] = {}
+    for label, lim in limits.items():
+        entry = {
+            "engine": predictor.name,
+            "engine_path": predictor.source_path,
+            "engine_sha256": predictor.sha256,
+            "calibrated": predictor.calibrated,
+            "label": predictor.calibration_label(),
+        }
+        if isinstance(lim, str):
+            out[label] = {**entry, "skipped": lim}
+            continue
+        say(f"practice: {label}: predicting it with the worksheet ({predictor.name}) on the same trace")
+        sim_dir = out_dir / f"{label}-predicted"
+        rows = predict_beside(label, run_dirs[label], trace_path, with_engine_limits(predictor, lim), sim_dir, scen)
+        out[label] = {
+            **entry,
+            "limits": lim.to_dict(),
+            "worksheet": str(sim_dir),
+            "classes": {r.request_class: _class_prediction(r) for r in rows},
+        }
+    return out
+
+
+def _class_prediction(row: FidelityRow) -> dict[str, Any]:
+    """One class: predicted and measured figures (ms, req/s, attainment share), error % and attainment points."""
+    return {
+        "n_measured": row.n_measured,
+        "n_predicted": row.n_simulated,
+        "predicted": row.simulated,
+        "measured": row.measured,
+        "error_pct": row.errors_pct,
+        "attainment_diff_points": row.attainment_diff_points,
+        "send_lag_p99_ms": row.send_lag_p99_ms,
+        "client_lagged": row.client_lagged,
+    }
 
 
 def format_practice(result: PracticeResult) -> str:
@@ -415,6 +499,7 @@ def format_practice(result: PracticeResult) -> str:
     lines.append("")
     lines.append(format_comparison(result.comparison))
     lines.append("")
+    lines += _format_prediction(d.get("prediction") or {})
     lines.append("WHO OWNS THE DECISION")
     for who, what in OWNERSHIP.items():
         lines.append(f"  {who.replace('_', ' ')}: {what}")
@@ -430,3 +515,63 @@ def format_practice(result: PracticeResult) -> str:
         lines.append(label)
     lines.append(f"written: {result.out_dir}/decision.json and one run directory per candidate ({d['wall_s']} s)")
     return "\n".join(lines)
+
+
+_SHOWN = (*QUANTITIES, "attainment")
+
+
+def _format_prediction(prediction: dict[str, Any]) -> list[str]:
+    """``PREDICTED vs MEASURED: <engine label>`` with, per candidate and class, predicted / measured / error."""
+    by_label: dict[str, list[str]] = {}
+    for label, entry in prediction.items():
+        by_label.setdefault(entry["label"], []).append(label)
+    lines: list[str] = []
+    for engine_label, labels in by_label.items():
+        path = prediction[labels[0]]["engine_path"]
+        lines.append(f"PREDICTED vs MEASURED: {engine_label}")
+        lines.append(
+            f"  the worksheet ({path}) on the same trace, under each candidate's limits read from its live engine"
+        )
+        lines.append("  ms, req/s, attainment %; error % = (predicted − measured) / measured, attainment in points")
+        for label in labels:
+            lines += _format_candidate_prediction(label, prediction[label])
+        lines.append("")
+    return lines
+
+
+def _format_candidate_prediction(label: str, entry: dict[str, Any]) -> list[str]:
+    if "skipped" in entry:
+        return [f"  {label}: not predicted: {entry['skipped']}"]
+    lim = entry["limits"]
+    lines = [
+        f"  {label}: max_num_seqs {lim['max_num_seqs']}, max_num_batched_tokens {lim['max_num_batched_tokens']}, "
+        f"max_model_len {lim['max_model_len']}, block {lim['block_size']}, {lim['num_kv_blocks']} KV blocks",
+        f"    {'class':<14} {'':<9} " + " ".join(f"{c:>13}" for c in _SHOWN),
+    ]
+    for cls, c in entry["classes"].items():
+        lag = f"  FLAGGED: send lag p99 {c['send_lag_p99_ms']:.1f} ms" if c["client_lagged"] else ""
+        lines.append(
+            f"    {cls:<14} {'predicted':<9} " + " ".join(f"{_fig(k, c['predicted'].get(k)):>13}" for k in _SHOWN)
+        )
+        lines.append(
+            f"    {'':<14} {'measured':<9} " + " ".join(f"{_fig(k, c['measured'].get(k)):>13}" for k in _SHOWN)
+        )
+        errs = [_err_cell(c["error_pct"].get(k)) for k in QUANTITIES] + [_pts(c["attainment_diff_points"])]
+        lines.append(f"    {'':<14} {'error':<9} " + " ".join(f"{e:>13}" for e in errs) + lag)
+    return lines
+
+
+def _fig(key: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    if key == "attainment":
+        return f"{value * 100:.1f}%"
+    return f"{value:.2f}" if key == "completed_rps" else f"{value:.1f}"
+
+
+def _err_cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1f}%"
+
+
+def _pts(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1f} pts"

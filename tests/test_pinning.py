@@ -13,14 +13,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 from test_plan_vllm import standin_vllm  # noqa: F401  (fixture)
+from test_records_survive import make_trace
 
 from loadgen.childproc import ChildProcess
 from loadgen.errors import LoadgenError
 from loadgen.pinning import ENGINE_CPUS_ENV, affinity, format_cpus, parse_cpus, pin, shared_cpus_warning
-from loadgen.trace.io import TRACE_SCHEMA, write_trace
 
 REPO = Path(__file__).resolve().parents[1]
 USABLE = sorted(affinity() or {0})
@@ -77,26 +76,6 @@ def test_a_launched_child_runs_on_its_cpus_from_the_start(tmp_path: Path) -> Non
     assert child.log_text().strip() == str(sorted(want))
 
 
-def _trace(path: Path, n: int = 6) -> Path:
-    rows = [
-        {
-            "request_id": f"r{i:03d}",
-            "request_class": "short-message",
-            "scheduled_offset_ns": i * 50_000_000,
-            "prompt_tokens": 16,
-            "output_tokens": 4,
-            "prefix_group": None,
-            "prefix_tokens": None,
-            "conversation_id": None,
-            "turn_index": None,
-            "cancel_after_tokens": None,
-        }
-        for i in range(n)
-    ]
-    table = pa.Table.from_pylist(rows, schema=TRACE_SCHEMA)
-    return write_trace(table, path, {"mode": "open", "max_in_flight": 64, "trace_name": "t", "seed": 1})
-
-
 def _measure(tmp: Path, name: str) -> tuple[dict, str]:
     from loadgen.engines.vllm import VllmConfig
     from loadgen.targets import VllmTarget
@@ -104,7 +83,13 @@ def _measure(tmp: Path, name: str) -> tuple[dict, str]:
 
     config = VllmConfig(model_dir=tmp, served_model_name="loadgen-sim", max_num_seqs=8)
     with VllmTarget(config, tmp / name / "logs", model="loadgen-sim", tokenizer="cl100k_base") as target:
-        run_dir = target.run(RunRequest(_trace(tmp / f"{name}.parquet"), tmp / name / "run", StateResult("warm", True)))
+        run_dir = target.run(
+            RunRequest(
+                make_trace(tmp / f"{name}.parquet", [50.0 * i for i in range(6)], 4),
+                tmp / name / "run",
+                StateResult("warm", True),
+            )
+        )
     manifest = json.loads((run_dir / "manifest.json").read_text())
     log = (run_dir / "vllm.log").read_text()
     return manifest, log

@@ -9,6 +9,7 @@ The real-vLLM variant runs only under the ``vllm`` marker with LOADGEN_VLLM_PYTH
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import textwrap
@@ -99,7 +100,7 @@ def test_plan_restarts_a_launched_vllm_for_cold_cells(standin_vllm: Path) -> Non
 
 @pytest.mark.slow
 def test_practice_vllm_path_with_the_standin(standin_vllm: Path) -> None:
-    from loadgen.practice import run_practice
+    from loadgen.practice import format_practice, run_practice
 
     result = run_practice(standin_vllm / "practice", engine="vllm", window_s=20.0)
     comp = result.decision["comparison"]
@@ -110,3 +111,24 @@ def test_practice_vllm_path_with_the_standin(standin_vllm: Path) -> None:
     assert "KV bytes/token" in result.ledgers["vllm-small-batch"]
     for cand in comp["candidates"]:
         assert json.loads((Path(cand["path"]) / "manifest.json").read_text())["target"]["kind"] == "vllm"
+    # each candidate predicted by the default preset under the limits its live engine reported, beside the measurement
+    prediction = json.loads((result.out_dir / "decision.json").read_text())["prediction"]
+    assert set(prediction) == {"vllm-small-batch", "vllm-large-batch"}
+    for label, entry in prediction.items():
+        assert entry["engine"] == "interactive-small-batch" and entry["calibrated"] is False, entry
+        assert entry["limits"]["identity"]["engine"] == "loadgen-sim"  # the stand-in's own /version
+        assert set(entry["classes"]) == set(result.decision["workload"]["requests_per_class"]), label
+        for cls in entry["classes"].values():
+            for key in ("ttft_p50", "ttft_p99", "itl_p50", "e2e_p99", "completed_rps"):
+                assert math.isfinite(cls["error_pct"][key]), (label, key, cls)
+                assert cls["predicted"][key] > 0 and cls["measured"][key] > 0, (label, key, cls)
+            assert math.isfinite(cls["attainment_diff_points"])
+            assert 0 <= cls["predicted"]["attainment"] <= 1 and 0 <= cls["measured"]["attainment"] <= 1
+    assert (
+        prediction["vllm-large-batch"]["limits"]["max_num_seqs"]
+        > prediction["vllm-small-batch"]["limits"]["max_num_seqs"]
+    )
+    text = format_practice(result)
+    assert "PREDICTED vs MEASURED: engine interactive-small-batch: uncalibrated preset" in text
+    section = text.split("PREDICTED vs MEASURED")[1]
+    assert "vllm-small-batch: max_num_seqs" in section and "vllm-large-batch: max_num_seqs" in section

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from loadgen.cli import main
 from loadgen.practice import OWNERSHIP, format_practice, run_practice
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,6 +89,22 @@ def test_practice_cli_refuses_a_non_empty_out(tmp_path: Path) -> None:
     assert out.returncode == 2 and "not empty" in out.stderr and (tmp_path / "x").read_text() == "keep me"
 
 
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--engine", "vllm", "--predict-with", "no-such-engine"], "engine 'no-such-engine': no such preset or file"),
+        (["--predict-with", "interactive-small-batch"], "expected --engine vllm"),
+    ],
+)
+def test_practice_cli_checks_predict_with_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], expected: str
+) -> None:
+    rc = main(["practice", "--out", str(tmp_path / "p"), *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("loadgen: error: ") and err.count("\n") == 1 and expected in err, err
+    assert not (tmp_path / "p").exists()
+
+
 @pytest.mark.vllm
 @pytest.mark.skipif(not os.environ.get("LOADGEN_VLLM_PYTHON"), reason="LOADGEN_VLLM_PYTHON unset: no real vLLM here")
 def test_practice_against_two_real_vllm_configurations(tmp_path: Path) -> None:
@@ -98,3 +115,4 @@ def test_practice_against_two_real_vllm_configurations(tmp_path: Path) -> None:
         manifest = json.loads((Path(cand["path"]) / "manifest.json").read_text())
         assert manifest["target"]["kind"] == "vllm" and manifest["modelExecuted"] is True
     assert result.decision["decision"]["why"]
+    assert set(result.decision["prediction"]) == {"vllm-small-batch", "vllm-large-batch"}

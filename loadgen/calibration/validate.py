@@ -6,6 +6,8 @@ on the engine TOML. Both run dirs are analysed the same way (``loadgen.analysis`
 class: error % of TTFT, ITL and E2E at p50 and p99 ((worksheet − measured) / measured), of completed
 throughput, and the difference in budget attainment in points. Runs whose send lag p99 exceeds
 ``MAX_SEND_LAG_MS`` are flagged: there the client, not the engine, set the timing.
+``with_engine_limits`` and ``predict_beside`` are the two steps of one comparison; ``loadgen practice``
+uses them to show its real-vLLM candidates predicted beside measured.
 """
 
 from __future__ import annotations
@@ -23,26 +25,31 @@ import pyarrow.compute as pc
 from .. import presets
 from ..analysis.analyze import analyze_run
 from ..errors import LoadgenError
-from ..scenario import load_scenario
+from ..scenario import Scenario, load_scenario
 from ..sim.config import EngineConfig, load_engine_config
 from ..sim.worksheet import run_worksheet
 from ..targets.replay import run_driver
 from ..tomlfile import dumps_toml, read_toml
 from ..trace.importers import import_trace
 from ..trace.io import read_trace, write_trace
-from .calibrate import MAX_SEND_LAG_MS, engine_limits, send_lag_p99_ms
+from .calibrate import MAX_SEND_LAG_MS, EngineLimits, engine_limits, send_lag_p99_ms
 
 __all__ = [
     "MAX_SEND_LAG_MS",
+    "QUANTITIES",
     "FidelityRow",
     "send_lag_p99_ms",
     "scale_trace_to_engine",
+    "with_engine_limits",
+    "predict_beside",
     "validate",
     "format_table",
     "write_html",
 ]
 
 _METRICS = ("ttft_ms", "itl_ms", "e2e_ms")
+#: The compared quantities, in table order (error % of each; attainment is compared in points).
+QUANTITIES = ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "e2e_p50", "e2e_p99", "completed_rps")
 _REPO_TRACES = Path(__file__).resolve().parents[1] / "traces"
 CANONICAL_BURST = _REPO_TRACES / "canonical-burst.parquet"
 
@@ -130,11 +137,35 @@ def _compare(trace: str, real: dict[str, Any], sim: dict[str, Any], lag_ms: floa
                 row.errors_pct[key] = _err(v, m)
         row.measured["completed_rps"], row.simulated["completed_rps"] = rg.get("completed_rps"), sg.get("completed_rps")
         row.errors_pct["completed_rps"] = _err(sg.get("completed_rps"), rg.get("completed_rps"))
+        row.measured["attainment"], row.simulated["attainment"] = rg.get("attainment"), sg.get("attainment")
         if rg.get("attainment") is not None and sg.get("attainment") is not None:
             row.attainment_diff_points = round((sg["attainment"] - rg["attainment"]) * 100.0, 2)
         row.client_lagged = lag_ms is not None and lag_ms > MAX_SEND_LAG_MS
         rows.append(row)
     return rows
+
+
+def with_engine_limits(cfg: EngineConfig, limits: EngineLimits) -> EngineConfig:
+    """``cfg``'s cost terms under the real engine's scheduler limits (batch, token budget, length, KV blocks)."""
+    sched = {
+        "max_num_seqs": limits.max_num_seqs,
+        "max_num_batched_tokens": limits.max_num_batched_tokens,
+        "max_model_len": limits.max_model_len,
+    }
+    kv = {k: v for k, v in (("block_size", limits.block_size), ("num_kv_blocks", limits.num_kv_blocks)) if v}
+    return cfg.model_copy(
+        update={"scheduler": cfg.scheduler.model_copy(update=sched), "kv": cfg.kv.model_copy(update=kv)}
+    )
+
+
+def predict_beside(
+    name: str, real_dir: Path, trace: Path, cfg: EngineConfig, sim_dir: Path, scenario: Scenario
+) -> list[FidelityRow]:
+    """The worksheet on ``trace`` with ``cfg`` (into ``sim_dir``), compared per class with the measured ``real_dir``."""
+    sim_dir = run_worksheet(trace, cfg, sim_dir)
+    real = analyze_run(real_dir, scenario=scenario).to_dict()
+    sim = analyze_run(sim_dir, scenario=scenario).to_dict()
+    return _compare(name, real, sim, send_lag_p99_ms(real_dir))
 
 
 def validate(
@@ -158,17 +189,8 @@ def validate(
     The worksheet takes the TOML's cost terms and the target's own scheduler limits (read from the
     engine, as calibration does), so a held-out engine configuration is predicted, not assumed equal.
     """
-    cfg = load_engine_config(engine_toml)
     limits = engine_limits(target_url, log_notes)
-    sched = {
-        "max_num_seqs": limits.max_num_seqs,
-        "max_num_batched_tokens": limits.max_num_batched_tokens,
-        "max_model_len": limits.max_model_len,
-    }
-    kv = {k: v for k, v in (("block_size", limits.block_size), ("num_kv_blocks", limits.num_kv_blocks)) if v}
-    cfg = cfg.model_copy(
-        update={"scheduler": cfg.scheduler.model_copy(update=sched), "kv": cfg.kv.model_copy(update=kv)}
-    )
+    cfg = with_engine_limits(load_engine_config(engine_toml), limits)
     if scenario_path is None:
         scenario_path = presets.presets_root() / "canonical.toml"  # the canonical classes and budgets
     scenario = load_scenario(scenario_path)
@@ -202,10 +224,8 @@ def validate(
             extra_manifest=engine_manifest,
             **run_options,
         )
-        sim_dir = run_worksheet(trace, cfg, out_dir / f"{name}-worksheet")
-        real = analyze_run(real_dir, scenario=scenario).to_dict()
-        sim = analyze_run(sim_dir, scenario=scenario).to_dict()
-        rows.extend(_compare(name, real, sim, send_lag_p99_ms(real_dir)))
+        sim_dir = out_dir / f"{name}-worksheet"
+        rows.extend(predict_beside(name, real_dir, trace, cfg, sim_dir, scenario))
         runs[name] = {"measured": str(real_dir), "worksheet": str(sim_dir)}
     result = {
         "engine_toml": str(engine_toml),
@@ -243,7 +263,7 @@ def _summary(rows: list[FidelityRow]) -> dict[str, Any]:
     """Worst absolute error % per quantity over the rows the client kept up with, and the worst attainment gap."""
     kept = [r for r in rows if not r.client_lagged]
     out: dict[str, Any] = {"rows": len(rows), "rows_flagged_send_lag": len(rows) - len(kept)}
-    for key in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "e2e_p50", "e2e_p99", "completed_rps"):
+    for key in QUANTITIES:
         vals = [abs(v) for r in kept if (v := r.errors_pct.get(key)) is not None]
         out[f"max_abs_{key}_error_pct"] = max(vals) if vals else None
     att = [abs(r.attainment_diff_points) for r in kept if r.attainment_diff_points is not None]
@@ -251,15 +271,12 @@ def _summary(rows: list[FidelityRow]) -> dict[str, Any]:
     return out
 
 
-_COLS = ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "e2e_p50", "e2e_p99", "completed_rps")
-
-
 def format_table(result: dict[str, Any]) -> str:
     """The fidelity table for the console: error % per class (worksheet vs measured)."""
-    head = f"{'trace':<22} {'class':<14} " + " ".join(f"{c:>13}" for c in _COLS) + f" {'attain pts':>10} lag"
+    head = f"{'trace':<22} {'class':<14} " + " ".join(f"{c:>13}" for c in QUANTITIES) + f" {'attain pts':>10} lag"
     lines = [result["engine_label"], "error % = (worksheet − measured) / measured", head]
     for r in result["rows"]:
-        cells = " ".join(f"{_pct(r['errors_pct'].get(c)):>13}" for c in _COLS)
+        cells = " ".join(f"{_pct(r['errors_pct'].get(c)):>13}" for c in QUANTITIES)
         att = r["attainment_diff_points"]
         lag = "FLAGGED" if r["client_lagged"] else "ok"
         lines.append(
@@ -284,10 +301,10 @@ def _pct(v: float | None) -> str:
 
 def write_html(result: dict[str, Any], path: Path) -> Path:
     """The fidelity table as a standalone HTML page."""
-    head = "".join(f"<th>{html.escape(c)} err %</th>" for c in _COLS)
+    head = "".join(f"<th>{html.escape(c)} err %</th>" for c in QUANTITIES)
     body = []
     for r in result["rows"]:
-        cells = "".join(f"<td>{html.escape(_pct(r['errors_pct'].get(c)))}</td>" for c in _COLS)
+        cells = "".join(f"<td>{html.escape(_pct(r['errors_pct'].get(c)))}</td>" for c in QUANTITIES)
         att = r["attainment_diff_points"]
         body.append(
             f"<tr><td>{html.escape(r['trace'])}</td><td>{html.escape(r['request_class'])}</td>{cells}"

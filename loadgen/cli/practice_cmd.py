@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from ..errors import LoadgenError
 from . import flags
 
 
@@ -26,6 +27,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         metavar="URL",
         help="two running endpoints to compare instead (give it twice)",
+    )
+    p.add_argument(
+        "--predict-with",
+        metavar="ENGINE",
+        help="--engine vllm: the simulated engine (preset or TOML) whose cost terms predict each candidate, shown "
+        "beside the measured figures (default interactive-small-batch, an uncalibrated preset)",
     )
     p.add_argument("--model", help="served model name for --target")
     p.add_argument("--api-key-env", help="NAME of the env var holding the API key for --target (never recorded)")
@@ -57,8 +64,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _practice(args: argparse.Namespace) -> int:
 
-    from ..practice import format_practice, run_practice  # deferred: `loadgen --help` loads no library code
+    from ..practice import (  # deferred: `loadgen --help` loads no library code
+        DEFAULT_PREDICTOR,
+        format_practice,
+        run_practice,
+    )
 
+    if args.predict_with is not None and (args.engine != "vllm" or args.target):
+        raise LoadgenError(
+            f"--predict-with {args.predict_with!r}: applies to the launched vLLM candidates: expected --engine vllm "
+            "without --target"
+        )
     result = run_practice(
         args.out,
         scenario=args.scenario,
@@ -72,6 +88,7 @@ def _practice(args: argparse.Namespace) -> int:
         route=args.route,
         api_key_env=args.api_key_env,
         workers=args.workers,
+        predict_with=args.predict_with or DEFAULT_PREDICTOR,
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
     print(json.dumps(result.decision, indent=2, default=str) if args.json else format_practice(result))

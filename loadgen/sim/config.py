@@ -205,10 +205,15 @@ class EngineConfig(_Model):
         assert self.resolved_kv_blocks is not None, "load the config with load_engine_config()"
         return self.resolved_kv_blocks
 
+    @property
+    def calibrated(self) -> bool:
+        """Whether the cost terms were fitted against a real engine (``[calibration] calibrated = true``)."""
+        return bool(self.calibration and self.calibration.get("calibrated"))
+
     def calibration_label(self) -> str:
         """One line every output built on this engine states: calibrated (against what, validated error) or not."""
         c = self.calibration
-        if not c or not c.get("calibrated"):
+        if not c or not self.calibrated:
             return f"engine {self.name}: uncalibrated preset (hand-set cost terms; an illustration, not evidence)"
         validated = c.get("validated_error")
         return (
