@@ -70,6 +70,19 @@ def test_cli_version_and_unknown_command():
     assert res.returncode == 2
 
 
+def test_the_parser_loads_no_library_code():
+    """Building the parser (every command pays for it, --help included) imports no numpy, pyarrow or library
+    package: one command module that imported the library at registration once cost every call ~2 s of CPU."""
+    code = (
+        "import sys; from loadgen.cli import build_parser; build_parser(); "
+        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'pyarrow', 'pandas', 'httpx') "
+        "or m.startswith(('loadgen.analysis', 'loadgen.driver', 'loadgen.sim', 'loadgen.targets', 'loadgen.plan')))))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == [], f"building the parser imported: {res.stdout.strip()}"
+
+
 def _module_name(path: Path) -> str:
     parts = path.relative_to(PKG.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)

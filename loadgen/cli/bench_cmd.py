@@ -9,10 +9,10 @@ from . import flags
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..bench import DEFAULT_SCENARIO  # deferred: `loadgen --help` loads no library code
+    from ..presets import canonical_scenario  # a path only: the library loads when the command runs
 
     p = sub.add_parser("bench", help="replay the canonical trace and print where the run stands against the budgets")
-    p.add_argument("--scenario", type=Path, default=DEFAULT_SCENARIO)
+    p.add_argument("--scenario", type=Path, default=canonical_scenario())
     p.add_argument("--trace", default="steady", help="named trace of the scenario (steady, burst, ...)")
     p.add_argument("--seed", type=flags.seed, default=None)
     p.add_argument(
