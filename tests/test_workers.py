@@ -145,20 +145,28 @@ def analysis(run_dir: Path, out: Path) -> dict[str, Any]:
     return json.loads(out.read_text())
 
 
-def assert_same_analysis(single: dict[str, Any], merged: dict[str, Any]) -> None:
-    """Counts exactly equal; latency percentiles equal within timing noise (generously: a loaded machine)."""
+def assert_same_analysis(single_dir: Path, merged_dir: Path, tmp: Path) -> None:
+    """Counts exactly equal; latency percentiles equal within timing noise.
+
+    TTFT counts from the scheduled instant, so a client that falls behind its schedule (a starved worker on a
+    loaded host) adds its send lag to every latency. The noise allowed is 250 ms plus the worse of the two runs'
+    own send-lag p99, as their manifests record it: what is compared is the target's work, not the host's load.
+    """
+    single, merged = analysis(single_dir, tmp / "a1.json"), analysis(merged_dir, tmp / "a2.json")
     assert merged["run"]["requests"] == single["run"]["requests"]
     assert merged["run"]["chunk_rows"] == single["run"]["chunk_rows"]
     assert merged["window"]["start_s"] == single["window"]["start_s"]
     assert merged["window"]["end_s"] == single["window"]["end_s"]
     for key in ("n_scheduled", "status_counts", "abandoned"):
         assert merged["overall"][key] == single["overall"][key], key
+    lags_ms = [(read_manifest(d).send_lag_ns or {}).get("p99") or 0 for d in (single_dir, merged_dir)]
+    noise_ms = 250.0 + max(lags_ms) / 1e6
     for name, metric in single["overall"]["metrics"].items():
         other = merged["overall"]["metrics"][name]
         assert other["n"] == metric["n"], name
         for q in ("p50", "p95"):
             if metric[q] is not None:
-                assert abs(other[q] - metric[q]) < 250.0, (name, q, metric[q], other[q])
+                assert abs(other[q] - metric[q]) < noise_ms, (name, q, metric[q], other[q], noise_ms)
 
 
 # ---- units -----------------------------------------------------------------------------------------------------
@@ -251,7 +259,7 @@ def test_workers_run_is_one_run_equal_to_the_single_process_run(tmp_path: Path, 
         assert (w.cpu_user_s or 0) > 0 and w.send_lag_ns["n"] == w.requests_assigned
         assert w.exit == "exit code 0" and w.state == "complete"
     assert manifest.send_lag_ns is not None and manifest.send_lag_ns["n"] == len(convs)
-    assert_same_analysis(analysis(single, tmp_path / "a1.json"), analysis(merged, tmp_path / "a2.json"))
+    assert_same_analysis(single, merged, tmp_path)
 
 
 def test_a_killed_worker_leaves_its_rows_and_the_rest_are_recorded_worker_lost(tmp_path: Path, sim_server) -> None:

@@ -53,7 +53,7 @@ def test_ray_run_is_one_run_equal_to_the_single_process_run(tmp_path: Path, sim_
         assert w.node_ip and w.pid and w.pid != os.getpid()
         assert w.clock_offset_ns is not None and (w.clock_offset_uncertainty_ns or 0) >= 0
         assert w.requests_completed == w.requests_assigned and w.exit == "exit code 0"
-    assert_same_analysis(analysis(single, tmp_path / "a1.json"), analysis(merged, tmp_path / "a2.json"))
+    assert_same_analysis(single, merged, tmp_path)
 
 
 def test_ray_killed_actor_is_accounted_for(tmp_path: Path, sim_server) -> None:
