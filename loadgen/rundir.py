@@ -171,7 +171,7 @@ class RunWriter:
         if status not in self.status_counts:
             raise ValueError(f"request {row.get('request_id')}: status {status!r} not in {STATUSES}")
         self.requests.append(row)
-        self._flush_if_full()
+        self.flush_if_full()
 
     def add_request_table(self, table: pa.Table) -> None:
         """Append request rows already in REQUESTS_SCHEMA (the driver converts off its hot path)."""
@@ -186,21 +186,30 @@ class RunWriter:
         """Append chunk rows given as columns (request_id, seq, arrival_ns, tokens, bytes)."""
         if columns and len(next(iter(columns.values()))):
             self.chunks.append_columns(columns)
-            self._flush_if_full()
+            self.flush_if_full()
 
     def add_metrics(self, columns: dict[str, list[Any]]) -> None:
         """Append server-metric samples given as columns (time_ns, name, labels, value)."""
-        if not columns or not len(next(iter(columns.values()))):
-            return
+        if columns and len(next(iter(columns.values()))):
+            self._metric_parts().append_columns(columns)
+
+    def add_metric_table(self, table: pa.Table) -> None:
+        """Append server-metric samples already in SERVER_METRICS_SCHEMA."""
+        if table.num_rows:
+            self._metric_parts().append_table(table)
+
+    def _metric_parts(self) -> PartTable:
+        """The server-metrics table, created with the first samples (a run without them has none)."""
         if self._metrics is None:
             self._metrics = self._io(
                 lambda: PartTable(
                     self.run_dir / SERVER_METRICS_FILE, SERVER_METRICS_SCHEMA, fsync=self._fsync, shard=self.shard
                 )
             )
-        self._metrics.append_columns(columns)
+        return self._metrics
 
-    def _flush_if_full(self) -> None:
+    def flush_if_full(self) -> None:
+        """Flush when enough rows are buffered (``flush_rows`` requests, 20 times as many chunks)."""
         if self.requests.rows_buffered >= self._flush_rows or self.chunks.rows_buffered >= self._flush_rows * 20:
             self.flush()
 

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 from loadgen.errors import ScenarioError
 from loadgen.sim import Engine, Seq, list_presets, load_engine_config, parse_engine_config, parse_fault_header
 from loadgen.sim.config import FaultConfig
+from loadgen.sim.engine import NEVER_NS, DecodeRun, StepResult
 from loadgen.sim.faults import FaultDecider
-from loadgen.sim.protocol import FILLER_WORDS, filler_bytes, filler_text
+from loadgen.sim.protocol import FILLER_WORDS, filler_bytes, filler_text, token_bytes
 
 
 def cfg(**sections):
@@ -224,6 +225,157 @@ def test_accounting_holds_and_every_request_finishes(reqs, blocks, max_seqs, bud
     assert e.used_private == 0 and e.cached_pinned == 0
 
 
+class _StepLog:
+    """A RunRecorder that lists each step as (end, duration, emitted, finished) request indexes and lets the
+    requests due by then arrive, for driving an engine with or without ``decode_run``."""
+
+    def __init__(self, engine: Engine, arrivals: list[tuple[int, Seq]]) -> None:
+        self.engine = engine
+        self.pending = sorted(arrivals, key=lambda a: a[0], reverse=True)
+        self.rows: list[tuple[int, int, tuple[int, ...], tuple[int, ...]]] = []
+
+    def arrive(self, t: int) -> int:
+        while self.pending and self.pending[-1][0] <= t:
+            self.engine.add(self.pending.pop()[1])
+        return self.pending[-1][0] if self.pending else NEVER_NS
+
+    def decodes(self, run: DecodeRun) -> int:
+        for k, end in enumerate(run.ends_ns):
+            last = k == len(run.ends_ns) - 1
+            finished = tuple(s.idx for s in run.finished) if last else ()
+            self.rows.append((end, run.durations_ns[k], tuple(run.idx), finished))
+        return self.arrive(run.ends_ns[-1])
+
+    def step(self, res: StepResult, end_ns: int) -> int:
+        self.rows.append(
+            (end_ns, res.duration_ns, tuple(s.idx for s in res.emitted), tuple(s.idx for s in res.finished))
+        )
+        return self.arrive(end_ns)
+
+
+def drive(engine: Engine, arrivals: list[tuple[int, Seq]], fast: bool) -> _StepLog:
+    """The worksheet's event loop in small: requests arrive at their times; steps one by one, or decode runs."""
+    log = _StepLog(engine, arrivals)
+    t, nxt = 0, log.arrive(0)
+    for _ in range(100_000):
+        if not engine.has_work:
+            if nxt == NEVER_NS:
+                return log
+            t, nxt = nxt, log.arrive(nxt)
+            continue
+        hold = engine.hold_until_ns(t)
+        if hold is not None:
+            t = min(hold, nxt)
+            nxt = log.arrive(t)
+            continue
+        end = engine.decode_run(t, nxt, log) if fast else None
+        if end is None:
+            res = engine.step(t)
+            end = t + res.duration_ns
+            nxt = log.step(res, end)
+        t = end
+        nxt = log.arrive(t)
+        check_accounting(engine)
+    raise AssertionError("engine did not finish")
+
+
+def engine_state(engine: Engine, seqs: list[Seq]) -> tuple:
+    counters = (
+        engine.steps,
+        engine.busy_ns,
+        engine.prompt_tokens_total,
+        engine.generation_tokens_total,
+        engine.prefix_queries,
+        engine.prefix_hits,
+        engine.num_preemptions,
+        engine.finished_total,
+        engine.used_private,
+        engine.cached_total,
+        list(engine.evictable),
+    )
+    return counters, [
+        (s.state, s.output, s.computed, s.private, s.shared, s.preemptions, s.cached_tokens) for s in seqs
+    ]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(1, 300),
+            st.integers(1, 60),
+            st.integers(0, 40),
+            st.sampled_from([None, "g1", "g2", "c1"]),
+            st.sampled_from([None, None, 1, 5]),
+        ),
+        min_size=1,
+        max_size=25,
+    ),
+    st.integers(12, 80),
+    st.integers(1, 8),
+    st.sampled_from([16, 64, 512]),
+    st.sampled_from(["fcfs", "priority"]),
+    st.sampled_from([1, 4, 16]),
+    st.sampled_from([(0.0, 1), (5.0, 3)]),
+    st.sampled_from([0.0, 0.3]),
+    st.booleans(),
+)
+def test_decode_runs_take_the_same_steps(reqs, blocks, max_seqs, budget, policy, block_size, window, sigma, chunked):
+    """``decode_run`` leaves the engine, step for step, as ``step`` alone does (issue 13)."""
+    window_ms, min_waiting = window
+    config = cfg(
+        kv={"block_size": block_size, "num_kv_blocks": blocks * 16 // block_size},
+        scheduler={
+            "max_num_seqs": max_seqs,
+            "max_num_batched_tokens": budget if chunked else 512,
+            "policy": policy,
+            "chunked_prefill": chunked,
+        },
+        cost={"per_decode_seq_ms": 0.1, "per_kv_token_ms": 0.001, "noise_sigma": sigma},
+        batching={"window_ms": window_ms, "min_waiting": min_waiting},
+    )
+    runs = []
+    for fast in (True, False):
+        engine = Engine(config, seed=3)
+        arrivals, seqs, t = [], [], 0
+        for i, (p, o, gap_ms, key, stop) in enumerate(reqs):
+            if -(-(p + o) // block_size) > engine.total_blocks or (not chunked and p + o > 512):
+                continue  # the servers reject requests larger than the whole cache (or a whole-prompt step)
+            seq = Seq(
+                i, p, o, t, priority=i % 3, cache_key=key, cache_limit_tokens=64 if key and key[0] == "g" else None
+            )
+            seq.stop_after = stop
+            t += gap_ms * 1_000_000
+            arrivals.append((seq.arrival_ns, seq))
+            seqs.append(seq)
+        log = drive(engine, arrivals, fast)
+        runs.append((log.rows, engine_state(engine, seqs)))
+    assert runs[0] == runs[1]
+
+
+def test_decode_run_leaves_an_admission_that_would_preempt_to_step():
+    """Decodes that need more blocks than are free, in a step that would admit the queue head: step preempts."""
+    e = Engine(
+        cfg(
+            kv={"block_size": 4, "num_kv_blocks": 7, "enable_prefix_caching": False},
+            scheduler={"max_num_batched_tokens": 6},
+        )
+    )
+    decoding = []
+    for i in range(3):  # 8 tokens computed in 2 blocks each: each needs a third for its next token
+        s = Seq(i, 8, 50, 0)
+        s.state, s.computed, s.output, s.private, s.prompt_done, s.emitted = "running", 8, 1, 2, True, 1
+        decoding.append(s)
+    e.running = list(decoding)
+    e.used_private = 6
+    e.add(Seq(3, 2, 5, 0))  # needs one block, the one free: admissible, but not after the decodes' three
+    assert e.decode_run(0, NEVER_NS, _StepLog(e, [])) is None
+    assert [s.computed for s in decoding] == [8, 8, 8] and e.used_private == 6 and e.steps == 0
+    res = e.step(0)
+    assert res.preempted > 0
+    check_accounting(e)
+
+
 def test_fault_header_parsing():
     plan = parse_fault_header("stall=1.5@10, disconnect@5, malformed@3, slow_start=2")
     assert (plan.stall_s, plan.stall_after, plan.disconnect_after, plan.malformed_after, plan.slow_start_s) == (
@@ -265,6 +417,8 @@ def test_filler_is_one_token_per_word_and_bytes_match():
     starts = np.array([0, 5, 17, 40])
     counts = np.array([1, 3, 16, 33])
     assert filler_bytes(starts, counts).tolist() == [len(filler_text(s, c)) for s, c in zip(starts, counts)]
+    every = np.arange(3 * len(FILLER_WORDS))
+    assert token_bytes(every).tolist() == filler_bytes(every, np.ones_like(every)).tolist()
 
 
 def test_public_names_exist():

@@ -17,6 +17,7 @@ from loadgen.records import (
     CHUNKS_FILE,
     REQUESTS_FILE,
     SERVER_METRICS_FILE,
+    TRACE_FULL_SCHEMA,
     TRACE_SCHEMA,
 )
 from loadgen.rundir import load_run
@@ -312,3 +313,122 @@ def _pinned_digests(tmp_path: Path, case: str) -> tuple[str, str, str]:
 def test_worksheet_results_pinned(tmp_path, case):
     """Same trace, engine and seed give the very tables they gave before any speed-up."""
     assert _pinned_digests(tmp_path, case) == PINNED_DIGESTS[case]
+
+
+def make_thread_trace(path: Path, conversations: int = 30, turns: int = 4, seed: int = 0) -> Path:
+    """Multi-turn threads whose later turns wait for the previous reply (think_after_reply_ns), plus a
+    shared-prefix stream: finished requests make new ones due in the middle of decode runs."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for c in range(conversations):
+        start = float(rng.uniform(0, 20))
+        for k in range(turns):
+            rows.append(
+                {
+                    "request_id": f"c{c:03d}-{k}",
+                    "request_class": "long-thread",
+                    "scheduled_offset_ns": int((start + 5 * k) * 1e9),
+                    "prompt_tokens": 200 + 150 * k + int(rng.integers(0, 100)),
+                    "output_tokens": int(rng.integers(20, 90)),
+                    "prefix_group": None,
+                    "prefix_tokens": None,
+                    "conversation_id": f"c{c:03d}",
+                    "turn_index": k,
+                    "cancel_after_tokens": None,
+                    "think_after_reply_ns": int(rng.integers(0, 300)) * 1_000_000 if k else None,
+                }
+            )
+    for i in range(60):
+        rows.append(
+            {
+                "request_id": f"s{i:03d}",
+                "request_class": "short-message",
+                "scheduled_offset_ns": int(i * 0.4e9),
+                "prompt_tokens": 300 + int(rng.integers(0, 400)),
+                "output_tokens": int(rng.integers(5, 60)),
+                "prefix_group": "sys",
+                "prefix_tokens": 256,
+                "conversation_id": None,
+                "turn_index": None,
+                "cancel_after_tokens": 4 if i % 7 == 0 else None,
+                "think_after_reply_ns": None,
+            }
+        )
+    rows.sort(key=lambda r: r["scheduled_offset_ns"])
+    table = pa.Table.from_pylist(rows, schema=TRACE_FULL_SCHEMA)
+    meta = {"trace_name": "threads", "seed": seed, "mode": "open", "max_in_flight": 256, "duration_s": 40.0}
+    write_trace(table, path, meta)
+    return path
+
+
+#: Engines and traces the decode fast path must leave exactly as step by step: (preset or config, trace
+#: builder arguments). Between them they take decode runs that stop at arrivals, finishes, windows and
+#: free blocks, admit in the middle of runs, evict cached prefixes and preempt step by step.
+FAST_PATH_CASES = {
+    "interactive": ("interactive-small-batch", dict(n=300, rate_rps=20.0)),
+    "throughput-window": ("throughput-large-batch", dict(n=300, rate_rps=20.0)),
+    "noise-faults-overhead": (
+        {
+            "name": "noisy",
+            "cost": {"noise_sigma": 0.3, "request_overhead_ms": 4.0},
+            "faults": {
+                "stall_rate": 0.2,
+                "disconnect_rate": 0.1,
+                "error_rate": 0.05,
+                "slow_start_rate": 0.1,
+                "slow_start_s": 0.5,
+            },
+        },
+        dict(n=200, rate_rps=8.0),
+    ),
+    "kv-pressure-preempts": (
+        {"name": "small-kv", "kv": {"num_kv_blocks": 200, "enable_prefix_caching": False}},
+        dict(n=200, rate_rps=50.0),
+    ),
+    "kv-pressure-evicts": (
+        {"name": "cached-kv", "kv": {"num_kv_blocks": 400}, "cost": {"noise_sigma": 0.1}},
+        dict(n=300, rate_rps=30.0),
+    ),
+    "priority-few-seats": (
+        {"name": "prio", "scheduler": {"policy": "priority", "max_num_seqs": 4}, "cost": {"noise_sigma": 0.1}},
+        dict(n=200, rate_rps=10.0),
+    ),
+    "tiny-budget-preempts": (
+        {"name": "tiny", "scheduler": {"max_num_batched_tokens": 64}, "kv": {"num_kv_blocks": 150}},
+        dict(n=120, rate_rps=50.0),
+    ),
+    "whole-prompts-window": (  # the queue head waits for budget (no chunking) while runs go on
+        {
+            "name": "whole",
+            "scheduler": {"chunked_prefill": False, "max_num_batched_tokens": 620, "long_prefill_token_threshold": 600},
+            "batching": {"window_ms": 300, "min_waiting": 3},
+            "kv": {"block_size": 32},
+        },
+        dict(n=200, rate_rps=40.0),
+    ),
+    "long-prefill-noise": (  # more steps than a batch of noise factors
+        {"name": "long", "scheduler": {"long_prefill_token_threshold": 200}, "cost": {"noise_sigma": 0.2}},
+        dict(n=500, rate_rps=10.0),
+    ),
+    "closed-loop": ("interactive-small-batch", dict(n=150, rate_rps=50.0, mode="closed", concurrency=3)),
+    "speculative": ({"name": "spec", "scheduler": {"decode_tokens_per_step": 3}}, dict(n=100)),
+    "threads": ({"name": "threads", "kv": {"num_kv_blocks": 600}, "cost": {"noise_sigma": 0.05}}, None),
+    # the queue head waits for blocks while runs evict cached conversations ahead of its own
+    "threads-tight-kv": ({"name": "tight", "kv": {"num_kv_blocks": 150}}, None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FAST_PATH_CASES))
+def test_decode_fast_path_changes_nothing(tmp_path, case):
+    """The decode fast path (issue 13) writes the very run step by step writes: every table and the manifest."""
+    engine, trace_args = FAST_PATH_CASES[case]
+    config = engine if isinstance(engine, str) else parse_engine_config(engine)
+    if trace_args is None:
+        trace = make_thread_trace(tmp_path / "t.parquet")
+    else:
+        trace = make_trace(tmp_path / "t.parquet", seed=3, **trace_args)
+    fast = run_worksheet(trace, config, tmp_path / "fast", seed=5)
+    slow = run_worksheet(trace, config, tmp_path / "slow", seed=5, fast=False)
+    for name in (REQUESTS_FILE, CHUNKS_FILE, SERVER_METRICS_FILE):
+        assert pq.read_table(fast / name).equals(pq.read_table(slow / name)), name
+    assert stable_manifest(fast) == stable_manifest(slow)

@@ -6,20 +6,27 @@ blocks keyed by shared-prefix group or conversation, preemption by recompute (ne
 running sequence cannot get a block, and an optional batching window. ``Engine.step(now_ns)``
 schedules one step, applies it and returns its duration from the cost model; the caller (worksheet
 or live server) owns the clock. Blocks are counts, not ids: only how many are held matters here.
+``Engine.decode_run`` (the worksheet's fast path) takes the steps in which every running sequence
+decodes, counting their decodes at once: the same steps, to the bit, as ``step`` one by one.
 """
 
 from __future__ import annotations
 
 import bisect
+from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from .config import EngineConfig
 
-__all__ = ["Engine", "Seq", "StepResult"]
+__all__ = ["DecodeRun", "Engine", "RunRecorder", "Seq", "StepResult"]
+
+#: A time no step reaches (ns): "no limit" for ``Engine.decode_run``.
+NEVER_NS = 1 << 62
+_NO_NS = array("q")  # copied (quicker than array("q")) for a decode run's columns
 
 
 class Seq:
@@ -103,7 +110,7 @@ def _common_blocks(a: list[int], b: list[int], limit: int) -> int:
     return n
 
 
-@dataclass
+@dataclass(slots=True)
 class StepResult:
     """One engine step: its duration and what it did (seqs that emitted tokens this step)."""
 
@@ -114,6 +121,84 @@ class StepResult:
     decode_seqs: int
     kv_tokens_read: int
     preempted: int
+
+
+@dataclass(slots=True)
+class DecodeRun:
+    """Decode-only steps taken at once (``Engine.decode_run``): each of ``seqs`` emitted one token in
+    every step, in that order; the last step finished ``finished`` (already retired)."""
+
+    seqs: list[Seq]
+    idx: array[int]  # their request indexes (``Seq.idx``)
+    ends_ns: array[int]  # end of each step (its tokens are due then)
+    durations_ns: array[int]
+    kv_blocks: array[int]  # blocks held by running sequences after each step (before retiring)
+    waiting: int  # waiting requests during the run
+    finished: list[Seq]
+
+
+class RunRecorder(Protocol):
+    """Where ``Engine.decode_run`` reports the steps it takes; each call does what the caller does after
+    a step (record it, let due requests arrive) and returns the caller's next event (ns)."""
+
+    def decodes(self, run: DecodeRun) -> int: ...
+
+    def step(self, res: StepResult, end_ns: int) -> int: ...
+
+
+class _DecodeSet:
+    """The decoding sequences of a decode run, as its steps see them.
+
+    They are not advanced step by step: each counts from the step of the run it joined in (``joined``,
+    absent: from the start), as if it had been at ``computed`` - (that step) when the run began.
+    """
+
+    __slots__ = ("block_size", "cycle", "ends", "idx", "joined", "kv_read", "last")
+
+    def __init__(self, seqs: list[Seq], block_size: int) -> None:
+        self.block_size = block_size
+        self.kv_read = 0  # their KV tokens computed at the run's start, summed
+        self.cycle = [0] * block_size  # new blocks in a step of the run, by its index mod block_size
+        self.ends: dict[int, list[Seq]] = {}  # by the steps of the run that finish them, in running order
+        self.joined: dict[int, int] = {}  # id(seq) -> the steps of the run taken before it joined
+        self.idx = array("i", [seq.idx for seq in seqs])
+        self.last = NEVER_NS  # the steps of the run up to the first that finishes some
+        for seq in seqs:
+            self._count(seq, 0)
+
+    def _count(self, seq: Seq, done: int) -> None:
+        c = seq.computed - done
+        self.kv_read += c
+        # at ``computed`` = c it holds ceil(c / block_size) blocks: a new one in steps p, p + block_size, ...
+        # (0-based) of the run, p = -c mod block_size
+        self.cycle[-c % self.block_size] += 1
+        stop = seq.max_out if seq.stop_after is None or seq.stop_after > seq.max_out else seq.stop_after
+        end = stop - seq.output + done
+        self.ends.setdefault(end, []).append(seq)
+        self.last = min(self.last, end)
+
+    def join(self, seq: Seq, done: int) -> None:
+        """A sequence admitted in the run's step ``done`` that decodes from now on (last in running order)."""
+        self.joined[id(seq)] = done
+        self.idx = self.idx[:]  # a new array: a reported run keeps the one it had
+        self.idx.append(seq.idx)
+        self._count(seq, done)
+
+    def leave_out(self, seq: Seq) -> None:
+        """A sequence admitted in the run that is still prefilling: the run ends, and never advances it."""
+        self.joined[id(seq)] = NEVER_NS
+
+    def finish(self) -> list[Seq]:
+        """Take out the sequences the step ``last`` finishes, in running order."""
+        finished = self.ends.pop(self.last)
+        self.idx = self.idx[:]  # a new array: a reported run keeps the one it had
+        for seq in finished:
+            c = seq.computed - self.joined.get(id(seq), 0)
+            self.kv_read -= c
+            self.cycle[-c % self.block_size] -= 1
+            self.idx.remove(seq.idx)  # request indexes are unique
+        self.last = min(self.ends) if self.ends else NEVER_NS
+        return finished
 
 
 class Engine:
@@ -342,12 +427,235 @@ class Engine:
             prefill_tokens, decode_seqs, kv_read = self._schedule_waiting(
                 now_ns, scheduled, budget, prefill_tokens, decode_seqs, kv_read
             )
-        duration_ns = self._duration_ns(scheduled, prefill_tokens, decode_seqs, kv_read)
+        duration_ns = self._duration_ns(bool(scheduled), prefill_tokens, decode_seqs, kv_read)
         emitted, finished = self._apply(scheduled, prefill_tokens)
         if scheduled:
             self.steps += 1
             self.busy_ns += duration_ns
         return StepResult(duration_ns, emitted, finished, prefill_tokens, decode_seqs, kv_read, preempted)
+
+    def decode_run(self, now_ns: int, until_ns: int, record: RunRecorder) -> int | None:
+        """Take the next steps while every running sequence decodes, counting the decodes at once.
+
+        Runs of steps that only decode (no waiting request can be admitted: none waits, or seats,
+        budget, blocks or a closed batching window stop the queue head) go to ``record.decodes`` a piece
+        at a time, up to a step that finishes sequences (retired) or the limit: steps start before
+        ``until_ns`` (the caller's next event, renewed by each report). A step that admits goes to
+        ``record.step``; the run goes on when what it admitted decodes from then on. It ends before a
+        step whose decodes would preempt. Counters, blocks, prefix cache, noise and retirement end
+        exactly as ``step`` by ``step`` leaves them. Returns the end of the last step taken; None when
+        none was (call ``step``).
+        """
+        if self.spec != 1 or not self.running or len(self.running) > self.max_batched or not self._decodes_only():
+            return None
+        t, done = now_ns, 0  # steps taken; the sequences catch up on them at the end (_advance)
+        dset = _DecodeSet(self.running, self.block_size)
+        while self.running:
+            admission = self._admission_closed_until(t, self.max_batched - len(self.running))
+            if admission is None:
+                admitted = self._admit_step(t, done, dset)
+                if admitted is None:
+                    break  # its decodes would preempt
+                res, decoding = admitted
+                done += 1
+                t += res.duration_ns
+                until_ns = record.step(res, t)
+                if not decoding:
+                    break  # it admitted a prompt still being prefilled: step by step
+                continue
+            limit, head = admission
+            run = self._decode_steps(t, min(limit, until_ns), done, head, dset)
+            if not run.ends_ns:
+                break  # the next step cannot take its blocks without preempting: step by step
+            done += len(run.ends_ns)
+            self._take_decodes(run, t, done, head, dset)
+            t = run.ends_ns[-1]
+            until_ns = record.decodes(run)
+        self._advance(self.running, done, dset)
+        return t if done else None
+
+    def _decodes_only(self) -> bool:
+        """Whether every running sequence is simply decoding: first token out, ``computed`` one behind
+        its tokens, ceil(computed / block_size) blocks held, not finished."""
+        bs = self.block_size
+        for seq in self.running:
+            c = seq.computed
+            out = seq.output
+            if not seq.prompt_done or c != seq.prompt + out - 1 or seq.private + seq.shared != -(-c // bs):
+                return False
+            if out >= seq.max_out or (seq.stop_after is not None and out >= seq.stop_after):
+                return False
+        return bs <= 4096  # huge blocks: not worth a table per step phase
+
+    def _advance(self, seqs: list[Seq], done: int, dset: _DecodeSet) -> None:
+        """Decoding sequences after their steps of the ``done`` of a run (one token and its blocks each)."""
+        bs = self.block_size
+        joined = dset.joined
+        for seq in seqs:
+            steps = done - joined[id(seq)] if joined and id(seq) in joined else done
+            if steps < 0:
+                continue  # left out of the run
+            c = seq.computed
+            seq.private += -(-(c + steps) // bs) - -(-c // bs)
+            seq.computed = c + steps
+            seq.output += steps
+            seq.emitted = 1
+
+    def _admission_closed_until(self, now_ns: int, budget: int) -> tuple[int, Seq | None] | None:
+        """(until when, queue head tried) when decode-only steps from ``now_ns`` on admit nothing; None
+        when the next step might admit the queue head. ``until`` is ``NEVER_NS`` when the head waits
+        on seats, budget or blocks: decodes only take blocks, so it keeps waiting. The head is tried
+        (and fails) in every step unless a closed batching window holds it back.
+        """
+        if not self.waiting or budget <= 0 or len(self.running) >= self.max_num_seqs:
+            return NEVER_NS, None
+        head = self.waiting[0]
+        if not head.preemptions and not self._window_open(now_ns):
+            oldest = min(s.arrival_ns for s in self.waiting) if self.priority_policy else head.arrival_ns
+            return oldest + self.window_ns, None
+        return (NEVER_NS, head) if self._head_blocked(head, budget) else None
+
+    def _head_entry(self, seq: Seq) -> _Entry | None:
+        return self.cache.get(seq.key) if seq.key is not None and self.prefix_caching else None
+
+    def _head_blocked(self, seq: Seq, budget: int) -> bool:
+        """Whether ``_schedule_waiting`` would leave ``seq`` waiting now (the same tests, nothing pinned)."""
+        bs = self.block_size
+        num_tokens = seq.prompt + seq.output
+        entry = self._head_entry(seq)
+        hit = 0
+        if entry is not None:
+            hit = entry.blocks if seq.chain is None else _common_blocks(entry.chain, seq.chain, entry.blocks)
+            limit = (num_tokens - 1) // bs
+            if seq.cache_limit is not None and seq.cache_limit // bs < limit:
+                limit = seq.cache_limit // bs
+            hit = min(hit, limit)
+        n = num_tokens - hit * bs
+        if self.long_prefill and n > self.long_prefill:
+            n = self.long_prefill
+        if n > budget and not self.chunked:
+            return True
+        need = -(-(hit * bs + min(n, budget)) // bs) - hit
+        evictable = self.evictable_total
+        if entry is not None and entry.refs == 0:
+            evictable -= entry.blocks  # pinned while it is tried
+        return need > self.total_blocks - self.used_private - self.cached_total + evictable
+
+    def _free_room(self) -> int:
+        """Blocks an allocation can take: the free ones, then the evictable ones (``_alloc``)."""
+        return self.total_blocks - self.used_private - self.cached_total + self.evictable_total
+
+    def _decode_room(self, head: Seq, want: int) -> int:
+        """Blocks decode steps may take while ``head`` is tried (``want`` at most needed): the free ones,
+        then the evictable ones, but not the head's (``_head_blocked`` counted on them) or any after it."""
+        free = self.total_blocks - self.used_private - self.cached_total
+        entry = self._head_entry(head)
+        if want <= free or entry is None or entry.refs or not entry.blocks:
+            return free + self.evictable_total
+        total = 0
+        for key, other in self.evictable.items():
+            if key == entry.key or total >= want - free:
+                break
+            total += other.blocks
+        return free + total
+
+    def _decode_steps(self, now_ns: int, limit: int, done: int, head: Seq | None, dset: _DecodeSet) -> DecodeRun:
+        """Decode steps from ``now_ns`` (``done`` taken before, whose sequences are not advanced yet) up
+        to the first that finishes a sequence, each starting before ``limit`` and taking its new blocks
+        within ``_decode_room``: their ends, durations (``_duration_ns``'s float operations in the same
+        order, its noise factors) and blocks held after each."""
+        b = len(self.running)
+        bs = self.block_size
+        cycle = dset.cycle
+        kv_read = dset.kv_read + done * b
+        room = self._decode_room(head, b * -(-(dset.last - done) // bs)) if head is not None else self._free_room()
+        base = self._fixed_ns + self._prefill_ns * 0 + self._decode_ns * b
+        kv_ns = self._kv_ns
+        noisy = bool(self._sigma)
+        held = self.used_private + self.cached_pinned
+        run = DecodeRun(self.running, dset.idx, _NO_NS[:], _NO_NS[:], _NO_NS[:], len(self.waiting), [])
+        add_end, add_duration, add_blocks = run.ends_ns.append, run.durations_ns.append, run.kv_blocks.append
+        noise = self._noise
+        t = now_ns
+        taken = 0
+        for j in range(done, dset.last):
+            if t >= limit:
+                break
+            new = cycle[j % bs]
+            if new:
+                if taken + new > room:
+                    break
+                taken += new
+            kv_read += b
+            duration = base + kv_ns * kv_read
+            if noisy:
+                if noise:
+                    duration *= noise.pop()  # _noise_factor, inlined
+                else:
+                    duration *= self._noise_factor()
+                    noise = self._noise
+            d = int(duration)
+            t += d
+            add_end(t)
+            add_duration(d)
+            add_blocks(held + taken)
+        return run
+
+    def _take_decodes(self, run: DecodeRun, start_ns: int, done: int, head: Seq | None, dset: _DecodeSet) -> None:
+        """Apply a decode run's steps from ``start_ns`` (``done`` taken in all): blocks (evicting as
+        ``_alloc`` does), the queue head's tries, the counters; when the last step finishes sequences,
+        they catch up and retire."""
+        m = len(run.ends_ns)
+        taken = run.kv_blocks[-1] - (self.used_private + self.cached_pinned)
+        if taken and not self._alloc(taken):  # evicts the blocks step by step would, in the same order
+            raise AssertionError("decode run: blocks counted free were not")
+        if head is not None:
+            entry, _hit = self._prefix_hit(head, head.prompt + head.output)  # its pin + unpin: last to evict
+            if entry is not None:
+                self._unpin(entry)
+        self.generation_tokens_total += len(run.seqs) * m
+        self.steps += m
+        self.busy_ns += run.ends_ns[-1] - start_ns  # the durations' sum
+        if done == dset.last:
+            run.finished = dset.finish()
+            self._advance(run.finished, done, dset)
+            self._retire(run.finished)
+
+    def _admit_step(self, now_ns: int, done: int, dset: _DecodeSet) -> tuple[StepResult, bool] | None:
+        """The next step of a run when it admits from the queue: ``step`` with the run's decodes counted
+        at once (the same blocks, budget, KV tokens and order: decodes first). None when the decodes'
+        blocks would preempt. Also: whether everything admitted decodes from now on (joins the run)."""
+        b = len(self.running)
+        new = dset.cycle[done % self.block_size]
+        if new and not self._alloc(new):  # _alloc fails without side effects; step would preempt
+            return None
+        scheduled: list[tuple[Seq, int]] = []
+        prefill, decode_seqs, kv_read = self._schedule_waiting(
+            now_ns, scheduled, self.max_batched - b, 0, b, dset.kv_read + (done + 1) * b
+        )
+        duration = self._duration_ns(True, prefill, decode_seqs, kv_read)
+        emitted, finished, gen = self._advance_scheduled(scheduled)
+        emitted = self.running[:b] + emitted  # decodes first, as scheduled
+        if done + 1 == dset.last:
+            ended = dset.finish()
+            self._advance(ended, done + 1, dset)
+            finished = ended + finished
+        self.prompt_tokens_total += prefill
+        self.generation_tokens_total += b + gen
+        self.steps += 1
+        self.busy_ns += duration
+        if finished:
+            self._retire(finished)
+        decoding = True
+        for seq, _n in scheduled:
+            if seq.state != "running":
+                continue
+            if seq.prompt_done and seq.computed == seq.prompt + seq.output - 1:
+                dset.join(seq, done + 1)
+            else:
+                dset.leave_out(seq)
+                decoding = False
+        return StepResult(duration, emitted, finished, prefill, decode_seqs, kv_read, 0), decoding
 
     def _schedule_running(self, scheduled: list[tuple[Seq, int]]) -> tuple[int, int, int, int, int]:
         """Step part 1: running sequences in order (decodes and unfinished chunked prefills).
@@ -520,21 +828,29 @@ class Engine:
         self.prefix_hits += hit * bs
         self.running.append(seq)
 
-    def _duration_ns(
-        self, scheduled: list[tuple[Seq, int]], prefill_tokens: int, decode_seqs: int, kv_read: int
-    ) -> int:
-        """Step part 3, the cost model: fixed + per prefill token + per decode seq + per KV token read (× noise)."""
+    def _duration_ns(self, busy: bool, prefill_tokens: int, decode_seqs: int, kv_read: int) -> int:
+        """Step part 3, the cost model: fixed + per prefill token + per decode seq + per KV token read (× noise);
+        0 when nothing was scheduled (``busy`` False)."""
         duration = self._fixed_ns + self._prefill_ns * prefill_tokens + self._decode_ns * decode_seqs
         duration += self._kv_ns * kv_read
-        if self._sigma and scheduled:
+        if self._sigma and busy:
             duration *= self._noise_factor()
-        return int(duration) if scheduled else 0
+        return int(duration) if busy else 0
 
     def _apply(self, scheduled: list[tuple[Seq, int]], prefill_tokens: int) -> tuple[list[Seq], list[Seq]]:
         """Step part 4: advance computed tokens, emit, promote prompts to the prefix cache, finish.
 
         Returns (sequences that emitted tokens, sequences that finished).
         """
+        emitted, finished, gen = self._advance_scheduled(scheduled)
+        self.prompt_tokens_total += prefill_tokens
+        self.generation_tokens_total += gen
+        if finished:
+            self._retire(finished)
+        return emitted, finished
+
+    def _advance_scheduled(self, scheduled: list[tuple[Seq, int]]) -> tuple[list[Seq], list[Seq], int]:
+        """The scheduled sequences after their tokens: (those that emitted, those that finished, tokens emitted)."""
         bs = self.block_size
         emitted: list[Seq] = []
         finished: list[Seq] = []
@@ -557,11 +873,7 @@ class Engine:
                     finished.append(seq)
             else:
                 seq.emitted = 0
-        self.prompt_tokens_total += prefill_tokens
-        self.generation_tokens_total += gen
-        if finished:
-            self._retire(finished)
-        return emitted, finished
+        return emitted, finished, gen
 
     def _retire(self, finished: list[Seq]) -> None:
         """Free finished sequences' blocks (a conversation keeps its whole context cached)."""

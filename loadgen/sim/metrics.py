@@ -160,7 +160,8 @@ def histogram_samples(
     """(sample name, labels JSON, value) of a histogram over ``data``, as one scrape would show it."""
     data = np.asarray(data, dtype=float)
     edges = np.asarray(buckets, dtype=float)
-    cum = np.searchsorted(np.sort(data), edges, side="right") if len(data) else np.zeros(len(edges), int)
+    # samples <= each edge: one pass over the data (sorting it costs more on millions of samples)
+    cum = np.cumsum(np.bincount(np.searchsorted(edges, data, side="left"), minlength=len(edges) + 1))[: len(edges)]
     out = [(f"{name}_bucket", metric_labels_json(model, le=format_value(le)), float(c)) for le, c in zip(buckets, cum)]
     out.append((f"{name}_bucket", metric_labels_json(model, le="+Inf"), float(len(data))))
     out.append((f"{name}_sum", metric_labels_json(model), float(data.sum()) if len(data) else 0.0))

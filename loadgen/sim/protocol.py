@@ -63,6 +63,11 @@ def filler_bytes(start: np.ndarray, count: np.ndarray) -> np.ndarray:
     return cum(start + count) - cum(start)
 
 
+def token_bytes(start: np.ndarray) -> np.ndarray:
+    """``filler_bytes(start, 1)``: the byte length of output token ``start`` (one lookup)."""
+    return _LENS[start % _L]
+
+
 def request_id_for(kind: str, number: int) -> str:
     """Deterministic response id (``cmpl-`` or ``chatcmpl-`` + 24 hex digits)."""
     prefix = "chatcmpl-" if kind == "chat" else "cmpl-"

@@ -28,11 +28,13 @@ from ..errors import TraceError
 from ..identity import harness_identity, host_identity, sha256_file, utc_now_iso
 from ..manifest import Anchor, EngineIdentity, Manifest, TargetRef, TraceRef, WarmState, merge_manifest
 from ..records import (
+    CHUNKS_SCHEMA,
+    REQUESTS_SCHEMA,
+    SERVER_METRICS_SCHEMA,
     STATUS_CANCELLED,
     STATUS_ERROR,
     STATUS_OK,
     TRACE_SCHEMA,
-    empty_request_row,
     http_error_kind,
 )
 from ..routing import RoutePolicy, Router
@@ -40,7 +42,7 @@ from ..rundir import RunWriter
 from ..scenario import Scenario, load_scenario, scenario_manifest
 from ..trace.io import read_trace
 from .config import EngineConfig, load_engine_config
-from .engine import Engine, Seq, StepResult
+from .engine import NEVER_NS, DecodeRun, Engine, Seq, StepResult
 from .faults import FaultDecider, FaultPlan
 from .metrics import (
     ITL_BUCKETS,
@@ -49,7 +51,7 @@ from .metrics import (
     histogram_samples,
     metric_labels_json,
 )
-from .protocol import StreamFormat, filler_bytes, request_id_for
+from .protocol import StreamFormat, filler_bytes, request_id_for, token_bytes
 
 __all__ = ["WorksheetResult", "run_worksheet", "simulate_trace"]
 
@@ -62,13 +64,18 @@ def _read_trace(trace_path: Path) -> tuple[pa.Table, dict[str, Any]]:
 
 
 class WorksheetResult:
-    """Everything the simulation produced, as columns; written by run_worksheet."""
+    """Everything the simulation produced, as tables in the record schemas; written by run_worksheet."""
 
     def __init__(self) -> None:
-        self.requests: list[dict[str, Any]] = []
-        self.chunks: dict[str, list[Any]] = {}
-        self.metrics: dict[str, list[Any]] = {}
+        self.requests_table: pa.Table = REQUESTS_SCHEMA.empty_table()
+        self.chunks: pa.Table = CHUNKS_SCHEMA.empty_table()
+        self.metrics: pa.Table = SERVER_METRICS_SCHEMA.empty_table()
         self.notes: dict[str, Any] = {}
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        """The request rows as dicts (every REQUESTS_SCHEMA column)."""
+        return cast(list[dict[str, Any]], self.requests_table.to_pylist())
 
 
 class _Client:
@@ -133,10 +140,10 @@ class _Client:
         offsets, n = self.scheduled, len(self.scheduled)
         while self.ptr < n and self.ptr in self.waiting:
             self.ptr += 1  # reply-waiting turns are not due at their offset
-        cands = [offsets[self.ptr]] if self.ptr < n else []
-        if self.ready:
-            cands.append(self.ready[0][0])
-        return min(cands) if cands else None
+        due = offsets[self.ptr] if self.ptr < n else None
+        if self.ready and (due is None or self.ready[0][0] < due):
+            due = self.ready[0][0]
+        return due
 
     def _ended(self, i: int, t: int) -> None:
         """Request i's reply ended at t: the turn waiting for it becomes due one think time later."""
@@ -205,17 +212,28 @@ class _Client:
             engine.add(seq)
 
 
+_SEGMENT = 11  # values per segment of steps in _Steps.segments
+
+
 class _Steps:
     """What the engine did, step by step: who emitted (a chunk each), how many tokens, when; and the
-    server state after each step (one tuple per step, STEP_METRICS order after the time)."""
+    server state after each step (see ``state``): what changes every step in arrays, the rest in
+    segments of steps that share it."""
 
-    def __init__(self, spec: int) -> None:
+    def __init__(self, spec: int, total_blocks: int) -> None:
         self.spec = spec
+        self.total_blocks = total_blocks
         self.c_idx = array("i")  # request index of each emission (a chunk), in step order
         self.c_k = array("i")  # tokens per emission (only kept when a step can emit more than one)
         self.c_step_t = array("q")  # end time of each step that emitted ...
         self.c_step_n = array("i")  # ... and how many chunks it emitted
-        self.rows: list[tuple] = []
+        self.t = array("q")  # per step: end time, duration (ns), KV blocks used
+        self.duration = array("q")
+        self.kv_blocks = array("q")
+        # per segment of steps, _SEGMENT values: (steps, running, waiting, prefix queries, prefix hits,
+        # preemptions, prompt tokens (total), prefill tokens, decode sequences, generation tokens (total)
+        # after its first step, added per step)
+        self.segments = array("q")
 
     def record_chunks(self, emitted: list[Seq], t_end: int) -> None:
         if emitted:
@@ -226,23 +244,69 @@ class _Steps:
             self.c_step_n.append(len(emitted))
 
     def record_state(self, engine: Engine, res: StepResult, t_end: int) -> None:
-        self.rows.append(
+        self.t.append(t_end)
+        self.duration.append(res.duration_ns)
+        self.kv_blocks.append(engine.used_private + engine.cached_pinned)
+        self.segment(engine, 1, len(engine.running), len(engine.waiting), res.prefill_tokens, res.decode_seqs)
+
+    def segment(self, engine: Engine, steps: int, running: int, waiting: int, prefill: int, decode: int) -> None:
+        self.segments.extend(
             (
-                t_end,
-                len(engine.running),
-                len(engine.waiting),
-                engine.kv_usage,
+                steps,
+                running,
+                waiting,
                 engine.prefix_queries,
                 engine.prefix_hits,
                 engine.num_preemptions,
                 engine.prompt_tokens_total,
+                prefill,
+                decode,
                 engine.generation_tokens_total,
-                res.prefill_tokens,
-                res.decode_seqs,
-                res.duration_ns / _NS,
-                engine.used_private + engine.cached_pinned,
+                0,
             )
         )
+
+    def record_run(self, engine: Engine, run: DecodeRun) -> None:
+        """A decode run's chunks (one per sequence and step, in ``run.seqs`` order) and state rows, but the
+        last step's segment (``segment``, after the client's part): what a decode step leaves alone is the
+        engine's now, and the last step's blocks are the engine's after its retirements."""
+        m = len(run.ends_ns)
+        b = len(run.seqs)
+        self.c_idx.extend(run.idx * m)
+        self.c_step_t.extend(run.ends_ns)
+        self.c_step_n.extend(array("i", [b]) * m)
+        self.t.extend(run.ends_ns)
+        self.duration.extend(run.durations_ns)
+        self.kv_blocks.extend(run.kv_blocks)
+        self.kv_blocks[-1] = engine.used_private + engine.cached_pinned
+        if m > 1:  # generation tokens: b a step, up to the engine's count now after the last step
+            self.segments.extend(
+                (
+                    m - 1,
+                    b,
+                    run.waiting,
+                    engine.prefix_queries,
+                    engine.prefix_hits,
+                    engine.num_preemptions,
+                    engine.prompt_tokens_total,
+                    0,
+                    b,
+                    engine.generation_tokens_total - b * (m - 1),
+                    b,
+                )
+            )
+
+    def state(self) -> list[np.ndarray]:
+        """The state after each step, a float64 column per STEP_METRICS value."""
+        seg = np.frombuffer(self.segments, dtype=np.int64).reshape(-1, _SEGMENT)
+        lengths = seg[:, 0]
+        c = np.repeat(seg[:, 1:], lengths, axis=0).T
+        within = np.arange(len(self.t), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        generated = c[8] + c[9] * within
+        kv = np.frombuffer(self.kv_blocks, dtype=np.int64)
+        duration = np.frombuffer(self.duration, dtype=np.int64)
+        columns = [c[0], c[1], kv / self.total_blocks, *c[2:6], generated, c[6], c[7], duration / _NS, kv]
+        return [x.astype(np.float64) for x in columns]
 
 
 def _decide_faults(
@@ -275,21 +339,18 @@ def _followers(cols: dict[str, list[Any]]) -> dict[int, int]:
 
 def _next_event(client: _Client, delayed: list[tuple[int, int]]) -> int | None:
     """The next due request or delayed engine arrival, if any."""
-    cands = []
     due = client.next_due()
-    if due is not None:
-        cands.append(due)
-    if delayed:
-        cands.append(delayed[0][0])
-    return min(cands) if cands else None
+    if delayed and (due is None or delayed[0][0] < due):
+        due = delayed[0][0]
+    return due
 
 
 def _run_fleet_virtual_time(engines: list[Engine], client: _Client) -> tuple[_Steps, list[_Steps]]:
     """The event loop of a fleet, in time order: step ends (their chunks, finished requests), sends and
     arrivals, then a new step on every idle engine with work. Returns the chunks of every engine
     (``_Steps`` in step-end order) and each engine's own state rows."""
-    steps = _Steps(engines[0].spec)
-    states = [_Steps(e.spec) for e in engines]
+    steps = _Steps(engines[0].spec, engines[0].total_blocks)
+    states = [_Steps(e.spec, e.total_blocks) for e in engines]
     delayed = client.delayed
     pending: list[tuple[int, StepResult] | None] = [None] * len(engines)  # (end, result) of a step under way
     t = 0
@@ -330,40 +391,77 @@ def _run_fleet_virtual_time(engines: list[Engine], client: _Client) -> tuple[_St
     return steps, states
 
 
-def _run_virtual_time(engine: Engine, client: _Client) -> _Steps:
-    """The event loop: jump the clock to the next send, arrival, window opening or step end."""
-    steps = _Steps(engine.spec)
-    delayed = client.delayed
+def _run_virtual_time(engine: Engine, client: _Client, fast: bool = True) -> _Steps:
+    """The event loop: jump the clock to the next send, arrival, window opening or step end.
+
+    ``fast``: while every running sequence decodes, their decodes are counted a run of steps at a time
+    (``Engine.decode_run``: the very same steps as one by one, only quicker)."""
+    steps = _Steps(engine.spec, engine.total_blocks)
+    record = _Recorder(steps, engine, client)
     t = 0
     while True:
-        client.release_due(t)
-        while delayed and delayed[0][0] <= t:
-            engine.add(cast(Seq, client.seqs[heapq.heappop(delayed)[1]]))  # arrive() stored it before queueing
+        nxt = _arrivals(engine, client, t)
         if not engine.has_work:
-            nxt = _next_event(client, delayed)
-            if nxt is None:
+            if nxt == NEVER_NS:
                 break
             t = max(t, nxt)
             continue
         hold = engine.hold_until_ns(t)
         if hold is not None:
-            nxt = _next_event(client, delayed)
-            t = hold if nxt is None else min(hold, nxt)
+            t = min(hold, nxt)
             continue
+        if fast:
+            end = engine.decode_run(t, nxt, record)
+            if end is not None:
+                t = end
+                continue
         res = engine.step(t)
         if res.duration_ns == 0 and not res.emitted and not res.finished:
-            nxt = _next_event(client, delayed)
-            if nxt is None or nxt <= t:
+            if nxt == NEVER_NS or nxt <= t:
                 raise RuntimeError("simulated engine made no progress (config cannot serve its queue)")
             t = nxt
             continue
-        t_end = t + res.duration_ns
-        steps.record_chunks(res.emitted, t_end)
-        for seq in res.finished:
-            client.finish(seq.idx, t_end)
-        steps.record_state(engine, res, t_end)
-        t = t_end
+        t += res.duration_ns
+        record.step(res, t)
     return steps
+
+
+class _Recorder:
+    """What the event loop does after a step (the steps of a decode run too: ``Engine.decode_run``):
+    record it as its steps one by one would be (chunks, finished requests, state), then let due
+    requests arrive; each returns the next event."""
+
+    def __init__(self, steps: _Steps, engine: Engine, client: _Client) -> None:
+        self.steps, self.engine, self.client = steps, engine, client
+
+    def decodes(self, run: DecodeRun) -> int:
+        self.steps.record_run(self.engine, run)
+        t_end = run.ends_ns[-1]
+        for seq in run.finished:
+            self.client.finish(seq.idx, t_end)
+        engine = self.engine  # the last step's segment: the engine's now, after the client's part
+        self.steps.segment(engine, 1, len(engine.running), len(engine.waiting), 0, len(run.seqs))
+        return _arrivals(engine, self.client, t_end)
+
+    def step(self, res: StepResult, end_ns: int) -> int:
+        self.steps.record_chunks(res.emitted, end_ns)
+        for seq in res.finished:
+            self.client.finish(seq.idx, end_ns)
+        self.steps.record_state(self.engine, res, end_ns)
+        return _arrivals(self.engine, self.client, end_ns)
+
+
+def _arrivals(engine: Engine, client: _Client, t: int) -> int:
+    """Every request due at or before ``t`` reaches the client, and the engine when sent; the next event."""
+    nxt = _next_event(client, client.delayed)
+    if nxt is None or nxt > t:
+        return NEVER_NS if nxt is None else nxt  # nothing due yet
+    client.release_due(t)
+    delayed = client.delayed
+    while delayed and delayed[0][0] <= t:
+        engine.add(cast(Seq, client.seqs[heapq.heappop(delayed)[1]]))  # arrive() stored it before queueing
+    nxt = _next_event(client, delayed)
+    return NEVER_NS if nxt is None else nxt
 
 
 class _Chunks:
@@ -372,23 +470,31 @@ class _Chunks:
     def __init__(self, steps: _Steps, n: int, endpoint: str, model: str) -> None:
         idx = np.array(steps.c_idx, dtype=np.int32)
         ct = np.repeat(np.array(steps.c_step_t, dtype=np.int64), np.array(steps.c_step_n, dtype=np.int64))
-        ck = np.array(steps.c_k, dtype=np.int32) if steps.spec > 1 else np.ones(len(idx), dtype=np.int32)
-        order = np.argsort(idx, kind="stable")
-        self.idx, self.ct, self.ck = idx[order], ct[order], ck[order]
-        idx, ck = self.idx, self.ck
+        # a stable sort; on 16-bit keys numpy's is a radix sort, many times quicker on millions of chunks
+        order = np.argsort(idx.astype(np.uint16) if n <= 1 << 16 else idx, kind="stable")
+        self.idx, self.ct = idx[order], ct[order]
+        idx = self.idx
         counts = np.bincount(idx, minlength=n) if len(idx) else np.zeros(n, np.int64)
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
         self.counts, self.starts = counts, starts
         self.seqno = np.arange(len(idx), dtype=np.int64) - np.repeat(starts, counts)
-        before_all = np.cumsum(ck, dtype=np.int64) - ck  # tokens before each chunk, whole run
-        has = counts > 0
-        tok_before = before_all - np.repeat(before_all[starts[has]], counts[has])  # ... within its request
+        self.single = steps.spec == 1  # one token per chunk
+        if self.single:
+            self.ck = ck = np.ones(len(idx), dtype=np.int32)
+            tok_before = self.seqno
+            self.tokens_per_req = counts.astype(np.int64)
+        else:
+            self.ck = ck = np.array(steps.c_k, dtype=np.int32)[order]
+            before_all = np.cumsum(ck, dtype=np.int64) - ck  # tokens before each chunk, whole run
+            has = counts > 0
+            tok_before = before_all - np.repeat(before_all[starts[has]], counts[has])  # ... within its request
+            self.tokens_per_req = (
+                np.bincount(idx, weights=ck, minlength=n).astype(np.int64) if len(idx) else np.zeros(n, np.int64)
+            )
         created = 1_700_000_000
         fmt = StreamFormat(endpoint, request_id_for(endpoint, 0), created, model)
-        self.nbytes = fmt.content_overhead() + filler_bytes(tok_before, ck.astype(np.int64))
-        self.tokens_per_req = (
-            np.bincount(idx, weights=ck, minlength=n).astype(np.int64) if len(idx) else np.zeros(n, np.int64)
-        )
+        text = token_bytes(tok_before) if self.single else filler_bytes(tok_before, ck.astype(np.int64))
+        self.nbytes = fmt.content_overhead() + text
 
     def apply_stalls(self, plans: list[FaultPlan | None], seqs: list[Seq | None], done: list[int | None]) -> None:
         """Chunks after a stall point arrive no earlier than the stall's end (and so does done)."""
@@ -409,15 +515,18 @@ class _Chunks:
             ct[later] = np.maximum(ct[later], release)
             done[i] = max(done[i] or 0, int(ct[b - 1]))
 
-    def columns(self, request_ids: list[str]) -> dict[str, list[Any]]:
-        rid_arr = np.array(request_ids, dtype=object)
-        return {
-            "request_id": rid_arr[self.idx].tolist(),
-            "seq": self.seqno.tolist(),
-            "arrival_ns": self.ct.tolist(),
-            "tokens": self.ck.tolist(),
-            "bytes": self.nbytes.tolist(),
-        }
+    def table(self, request_ids: list[str]) -> pa.Table:
+        """The chunks table, grouped by request."""
+        return pa.Table.from_arrays(
+            [
+                pa.array(request_ids, pa.string()).take(pa.array(self.idx)),
+                pa.array(self.seqno.astype(np.int32)),
+                pa.array(self.ct),
+                pa.array(self.ck),
+                pa.array(self.nbytes.astype(np.int32)),
+            ],
+            schema=CHUNKS_SCHEMA,
+        )
 
 
 def _stream_outcome(
@@ -438,124 +547,132 @@ def _stream_outcome(
     return STATUS_OK, kind
 
 
-def _request_rows(
+def _request_table(
     cols: dict[str, list[Any]], client: _Client, chunks: _Chunks, model: str
-) -> tuple[list[dict[str, Any]], list[float]]:
+) -> tuple[pa.Table, list[float]]:
     """One record row per trace request, and the TTFT (s, from engine arrival) of each that streamed."""
-    rows: list[dict[str, Any]] = []
+    n = len(client.scheduled)
+    status, kind = list(client.status), list(client.error_kind)
+    first: list[int | None] = [None] * n
+    last: list[int | None] = [None] * n
+    out_tokens: list[int | None] = [None] * n
+    chunk_count: list[int | None] = [None] * n
     ttft_s: list[float] = []
-    offsets = client.scheduled  # trace offsets; a reply-waiting turn: when it became due
-    sent, http_status = client.sent, client.http_status
-    for i in range(len(offsets)):
-        seq = client.seqs[i]
-        plan = client.plans[i]
-        row_status = client.status[i]
-        kind = client.error_kind[i]
-        first = last = None
-        out_tokens = None
-        chunk_count = int(chunks.counts[i])
-        if seq is not None:
-            out_tokens = int(chunks.tokens_per_req[i])
-            if chunk_count:
-                first = int(chunks.ct[chunks.starts[i]])
-                last = int(chunks.ct[chunks.starts[i] + chunk_count - 1])
-                ttft_s.append((first - seq.arrival_ns) / _NS)
-            row_status, kind = _stream_outcome(plan, cols["cancel_after_tokens"][i], out_tokens, seq.max_out, kind)
-        finished_ok = row_status == STATUS_OK or kind == "malformed_sse"
-        sent_ns = sent[i]
-        rows.append(
-            empty_request_row(
-                request_id=cols["request_id"][i],
-                request_class=cols["request_class"][i],
-                conversation_id=cols["conversation_id"][i],
-                turn_index=cols["turn_index"][i],
-                prefix_group=cols["prefix_group"][i],
-                target_index=client.target[i],
-                warm=True,
-                scheduled_ns=offsets[i],
-                slot_acquired_ns=sent_ns,
-                sent_ns=sent_ns,
-                first_byte_ns=(sent_ns + (int(plan.slow_start_s * _NS) if plan else 0))
-                if sent_ns is not None
-                else None,
-                first_token_ns=first,
-                last_token_ns=last,
-                done_ns=client.done[i],
-                target_prompt_tokens=cols["prompt_tokens"][i],
-                target_output_tokens=cols["output_tokens"][i],
-                server_prompt_tokens=cols["prompt_tokens"][i] if finished_ok else None,
-                server_output_tokens=out_tokens if finished_ok else None,
-                client_output_tokens=out_tokens,
-                chunk_count=chunk_count if seq is not None else None,
-                cancel_after_tokens=cols["cancel_after_tokens"][i],
-                status=row_status,
-                error_kind=kind,
-                http_status=http_status[i] if http_status[i] is not None else (200 if seq is not None else None),
-                retry_after_s=client.retry_after[i],
-                finish_reason="length" if finished_ok else None,
-                response_model=model if seq is not None else None,
-            )
+    counts, starts, tokens = chunks.counts.tolist(), chunks.starts.tolist(), chunks.tokens_per_req.tolist()
+    ct = chunks.ct
+    for i, seq in enumerate(client.seqs):
+        if seq is None:
+            continue
+        out_tokens[i], chunk_count[i] = tokens[i], counts[i]
+        if counts[i]:
+            first[i], last[i] = int(ct[starts[i]]), int(ct[starts[i] + counts[i] - 1])
+            ttft_s.append((cast(int, first[i]) - seq.arrival_ns) / _NS)
+        status[i], kind[i] = _stream_outcome(
+            client.plans[i], cols["cancel_after_tokens"][i], tokens[i], seq.max_out, kind[i]
         )
-    return rows, ttft_s
+    ok = [st == STATUS_OK or k == "malformed_sse" for st, k in zip(status, kind)]
+    served = [seq is not None for seq in client.seqs]
+    sent = client.sent
+    columns: dict[str, list[Any]] = {
+        "request_id": cols["request_id"],
+        "request_class": cols["request_class"],
+        "conversation_id": cols["conversation_id"],
+        "turn_index": cols["turn_index"],
+        "prefix_group": cols["prefix_group"],
+        "target_index": client.target,
+        "warm": [True] * n,
+        "scheduled_ns": client.scheduled,  # trace offsets; a reply-waiting turn: when it became due
+        "slot_acquired_ns": sent,
+        "sent_ns": sent,
+        "first_byte_ns": [
+            None if t is None else t + (int(plan.slow_start_s * _NS) if plan else 0)
+            for t, plan in zip(sent, client.plans)
+        ],
+        "first_token_ns": first,
+        "last_token_ns": last,
+        "done_ns": client.done,
+        "target_prompt_tokens": cols["prompt_tokens"],
+        "target_output_tokens": cols["output_tokens"],
+        "server_prompt_tokens": [p if f else None for p, f in zip(cols["prompt_tokens"], ok)],
+        "server_output_tokens": [o if f else None for o, f in zip(out_tokens, ok)],
+        "client_output_tokens": out_tokens,
+        "chunk_count": chunk_count,
+        "cancel_after_tokens": cols["cancel_after_tokens"],
+        "status": status,
+        "error_kind": kind,
+        "http_status": [h if h is not None else (200 if s else None) for h, s in zip(client.http_status, served)],
+        "retry_after_s": client.retry_after,
+        "finish_reason": ["length" if f else None for f in ok],
+        "response_model": [model if s else None for s in served],
+    }
+    arrays = [pa.array(columns[f.name], f.type) if f.name in columns else pa.nulls(n, f.type) for f in REQUESTS_SCHEMA]
+    return pa.Table.from_arrays(arrays, schema=REQUESTS_SCHEMA), ttft_s
 
 
 def _server_metrics(
     steps: _Steps, chunks: _Chunks, ttft_s: list[float], model: str, fleet: list[_Steps] | None = None
-) -> dict[str, list[Any]]:
+) -> pa.Table:
     """Per-step server state under vLLM names, then the final TTFT and ITL histograms.
 
     ``fleet``: the state rows of each engine of a fleet (labelled ``target_index``) instead of ``steps``';
     the histograms then cover the whole fleet."""
     if fleet is None:
-        names, times, values, label_col = _state_metrics(steps, model, metric_labels_json(model))
+        parts = [_state_metrics(steps, metric_labels_json(model))]
     else:
-        names, times, values, label_col = [], [], [], []
-        for index, engine_steps in enumerate(fleet):
-            n_, t_, v_, l_ = _state_metrics(engine_steps, model, metric_labels_json(model, target_index=str(index)))
-            names += n_
-            times += t_
-            values += v_
-            label_col += l_
-    t_final = max(times) if times else 0
-    itl = _itl_seconds(chunks.idx, chunks.ct, chunks.ck)
+        parts = [
+            _state_metrics(engine_steps, metric_labels_json(model, target_index=str(index)))
+            for index, engine_steps in enumerate(fleet)
+        ]
+    t_final = max((s.t[-1] if len(s.t) else 0) for s in (fleet or [steps]))  # steps end in time order
+    itl = _itl_seconds(chunks.idx, chunks.ct, None if chunks.single else chunks.ck)
+    names: list[str] = []
+    label_col: list[str] = []
+    values: list[float] = []
     for name, buckets, data in (
         ("vllm:time_to_first_token_seconds", TTFT_BUCKETS, np.array(ttft_s)),
         ("vllm:inter_token_latency_seconds", ITL_BUCKETS, itl),
     ):
         for sample_name, sample_labels, value in histogram_samples(name, buckets, data, model):
             names.append(sample_name)
-            times.append(t_final)
-            values.append(value)
             label_col.append(sample_labels)
-    return {"time_ns": times, "name": names, "labels": label_col, "value": values}
+            values.append(value)
+    hist = {"time_ns": [t_final] * len(names), "name": names, "labels": label_col, "value": values}
+    parts.append(pa.Table.from_pydict(hist, schema=SERVER_METRICS_SCHEMA))
+    return pa.concat_tables(parts)
 
 
-def _state_metrics(steps: _Steps, model: str, labels: str) -> tuple[list[str], list[int], list[float], list[str]]:
-    """(names, times, values, labels) of the per-step server state of one engine."""
-    m_rows = steps.rows
-    n_steps = len(m_rows)
-    names: list[str] = []
-    times: list[int] = []
-    values: list[float] = []
-    tlist = [row[0] for row in m_rows]
-    state = np.array([row[1:] for row in m_rows], dtype=np.float64).reshape(n_steps, len(STEP_METRICS))
-    for j, (name, _help) in enumerate(STEP_METRICS):
-        names.extend([name] * n_steps)
-        times.extend(tlist)
-        values.extend(state[:, j].tolist())
-    return names, times, values, [labels] * (n_steps * len(STEP_METRICS))
+def _state_metrics(steps: _Steps, labels: str) -> pa.Table:
+    """The per-step server state of one engine: each STEP_METRICS name over all steps, in turn."""
+    n_steps = len(steps.t)
+    times = pa.array(np.frombuffer(steps.t, dtype=np.int64))
+    label_col = _repeated(labels, n_steps)
+    return pa.concat_tables(
+        pa.Table.from_arrays(
+            [times, _repeated(name, n_steps), label_col, pa.array(values)], schema=SERVER_METRICS_SCHEMA
+        )
+        for (name, _help), values in zip(STEP_METRICS, steps.state(), strict=True)
+    )
+
+
+def _repeated(value: str, n: int) -> pa.Array:
+    """A string array of ``value`` n times, built from buffers (``pa.repeat`` is ten times slower)."""
+    data = value.encode()
+    if n * len(data) >= 1 << 31:
+        return pa.repeat(value, n)  # past 32-bit string offsets
+    offsets = (np.arange(n + 1, dtype=np.int64) * len(data)).astype(np.int32)
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data * n))
 
 
 def _engine_notes(engine: Engine, steps: _Steps, chunks: _Chunks, plans: list[FaultPlan | None]) -> dict[str, Any]:
     """The manifest's engine notes: work done, virtual duration, cache and fault counts."""
     busy_s = engine.busy_ns / _NS
     out_total = int(chunks.tokens_per_req.sum())
-    t_final = steps.rows[-1][0] if steps.rows else 0
+    t_final = steps.t[-1] if steps.t else 0
     return {
         "simulated": True,
         "steps": engine.steps,
         "busy_s": busy_s,
-        "virtual_duration_s": (t_final / _NS) if steps.rows else 0.0,
+        "virtual_duration_s": (t_final / _NS) if steps.t else 0.0,
         "output_tokens": out_total,
         "output_tokens_per_busy_s": (out_total / busy_s) if busy_s else None,
         "prompt_tokens_computed": engine.prompt_tokens_total,
@@ -577,9 +694,11 @@ def simulate_trace(
     endpoint: str = "completions",
     replicas: int = 1,
     route_policy: RoutePolicy = "round-robin",
+    fast: bool = True,
 ) -> WorksheetResult:
     """Run the engine (``replicas`` > 1: a fleet of them behind ``route_policy``) over a trace table in
-    virtual time (ns from trace start)."""
+    virtual time (ns from trace start). ``fast`` = False: one engine step at a time, never a decode run
+    at once (the same result, slower; the reference the fast path is tested against)."""
     # a reply-waiting turn (think_after_reply_ns) is due one think time after its previous turn ended
     names = [*TRACE_SCHEMA.names, "think_after_reply_ns"]
     cols = {name: table.column(name).to_pylist() for name in names if name in table.column_names}
@@ -592,14 +711,14 @@ def simulate_trace(
     client = _Client(cols, engines, config, plans, stop_after, int(limit) if limit else n + 1, router)
     fleet: list[_Steps] | None = None
     if router is None:
-        steps = _run_virtual_time(engines[0], client)
+        steps = _run_virtual_time(engines[0], client, fast)
     else:
         steps, fleet = _run_fleet_virtual_time(engines, client)
     chunks = _Chunks(steps, n, endpoint, config.model)
     chunks.apply_stalls(plans, client.seqs, client.done)
     result = WorksheetResult()
-    result.requests, ttft_s = _request_rows(cols, client, chunks, config.model)
-    result.chunks = chunks.columns(cols["request_id"])
+    result.requests_table, ttft_s = _request_table(cols, client, chunks, config.model)
+    result.chunks = chunks.table(cols["request_id"])
     result.metrics = _server_metrics(steps, chunks, ttft_s, config.model, fleet)
     if fleet is None:
         result.notes = _engine_notes(engines[0], steps, chunks, plans)
@@ -642,12 +761,15 @@ def _fleet_notes(
     return notes
 
 
-def _itl_seconds(idx: np.ndarray, ct: np.ndarray, ck: np.ndarray) -> np.ndarray:
-    """Per-token gaps: a chunk of k tokens Δ after the previous chunk gives k gaps of Δ/k."""
+def _itl_seconds(idx: np.ndarray, ct: np.ndarray, ck: np.ndarray | None) -> np.ndarray:
+    """Per-token gaps: a chunk of k tokens Δ after the previous chunk gives k gaps of Δ/k (``ck`` None:
+    every chunk one token)."""
     if len(idx) < 2:
         return np.zeros(0)
     same = idx[1:] == idx[:-1]
     gaps = (ct[1:] - ct[:-1])[same] / _NS
+    if ck is None:
+        return gaps
     k = ck[1:][same]
     return np.repeat(gaps / k, k)
 
@@ -675,11 +797,13 @@ def run_worksheet(
     extra_manifest: dict[str, Any] | None = None,
     replicas: int = 1,
     route_policy: RoutePolicy = "round-robin",
+    fast: bool = True,
 ) -> Path:
     """Simulate ``trace_path`` on ``engine`` (path, preset name or config); write ``out_dir``.
 
     ``extra_manifest`` (sections such as ``plan_cell`` or ``warm_state``) is merged into the manifest.
     ``replicas`` > 1: a fleet of that many engines behind ``route_policy`` (see the module docstring).
+    ``fast`` = False: step by step only (``simulate_trace``); the same run directory, slower.
     """
     if replicas < 1:
         raise ValueError(f"replicas = {replicas}: expected at least 1")
@@ -747,13 +871,14 @@ def run_worksheet(
     if extra_manifest:
         manifest = merge_manifest(manifest, extra_manifest)
     result = simulate_trace(
-        table, metadata, config, seed=seed, endpoint=endpoint, replicas=replicas, route_policy=route_policy
+        table, metadata, config, seed=seed, endpoint=endpoint, replicas=replicas, route_policy=route_policy, fast=fast
     )
     with RunWriter(Path(out_dir), manifest) as writer:
-        for row in result.requests:
-            writer.add_request(row)
-        _add_in_batches(writer.add_chunks, result.chunks, 200_000)
-        _add_in_batches(writer.add_metrics, result.metrics, 200_000)
+        writer.add_request_table(result.requests_table)
+        for start in range(0, result.chunks.num_rows, 200_000):  # a part per batch, as a measured run flushes
+            writer.add_chunk_table(result.chunks.slice(start, 200_000))
+            writer.flush_if_full()
+        writer.add_metric_table(result.metrics)
         writer.close(
             {
                 "ended_utc": utc_now_iso(),
@@ -763,11 +888,3 @@ def run_worksheet(
             }
         )
     return Path(out_dir)
-
-
-def _add_in_batches(add: Any, columns: dict[str, list[Any]], size: int) -> None:
-    if not columns:
-        return
-    total = len(next(iter(columns.values())))
-    for a in range(0, total, size):
-        add({k: v[a : a + size] for k, v in columns.items()})
