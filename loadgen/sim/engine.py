@@ -523,13 +523,7 @@ class Engine:
         bs = self.block_size
         num_tokens = seq.prompt + seq.output
         entry = self._head_entry(seq)
-        hit = 0
-        if entry is not None:
-            hit = entry.blocks if seq.chain is None else _common_blocks(entry.chain, seq.chain, entry.blocks)
-            limit = (num_tokens - 1) // bs
-            if seq.cache_limit is not None and seq.cache_limit // bs < limit:
-                limit = seq.cache_limit // bs
-            hit = min(hit, limit)
+        hit = self._hit_blocks(seq, entry, num_tokens) if entry is not None else 0
         n = num_tokens - hit * bs
         if self.long_prefill and n > self.long_prefill:
             n = self.long_prefill
@@ -801,18 +795,22 @@ class Engine:
         """
         if seq.key is None or not self.prefix_caching:
             return None, 0
-        bs = self.block_size
         entry = self.cache.get(seq.key)
         if entry is None:
             entry = self.cache[seq.key] = _Entry(seq.key)
         self._pin(entry)
+        return entry, self._hit_blocks(seq, entry, num_tokens)
+
+    def _hit_blocks(self, seq: Seq, entry: _Entry, num_tokens: int) -> int:
+        """Whole blocks of ``entry`` that ``seq`` reuses (the rule of ``_prefix_hit``, nothing pinned)."""
+        bs = self.block_size
         hit = entry.blocks
         if seq.chain is not None:
             hit = _common_blocks(entry.chain, seq.chain, hit)
         limit = (num_tokens - 1) // bs
         if seq.cache_limit is not None and seq.cache_limit // bs < limit:
             limit = seq.cache_limit // bs
-        return entry, min(hit, limit)
+        return min(hit, limit)
 
     def _admit(self, seq: Seq, entry: _Entry | None, hit: int, need: int) -> None:
         """Move the queue head to running with ``hit`` shared blocks and ``need`` new private ones."""
