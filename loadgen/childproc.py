@@ -97,10 +97,11 @@ class ChildProcess:
             found = shutil.which(program, path=(self.env or os.environ).get("PATH")) is not None
         if not found:  # checked here: the exec wrapper could only report it in the log
             raise self.error(f"{self.what}: cannot start {program} (not found or not executable)")
+        argv = with_parent_death_signal(self.argv, self.cpus)
         try:
             with open(self.log_path, "wb") as log:
                 self.proc = subprocess.Popen(
-                    with_parent_death_signal(self.argv, self.cpus),
+                    argv,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=self.env,
@@ -109,7 +110,7 @@ class ChildProcess:
                 )
         except OSError as exc:
             raise self.error(f"{self.what}: cannot start {self.argv[0]} ({exc.strerror})") from None
-        if self.cpus:  # the wrapper pinned it already on Linux; elsewhere as early as we can
+        if self.cpus and argv == self.argv:  # no wrapper pinned it from its start: as early as we can
             try:
                 pin(self.proc.pid, self.cpus)
             except (OSError, LoadgenError):
