@@ -19,6 +19,7 @@ from .errors import LoadgenError
 
 __all__ = [
     "ENGINE_CPUS_ENV",
+    "SHARED_CPUS",
     "VLLM_BIND_ENV",
     "affinity",
     "engine_cpus",
@@ -32,6 +33,9 @@ __all__ = [
 ENGINE_CPUS_ENV = "LOADGEN_ENGINE_CPUS"
 #: vLLM's CPU backend: the cores its OpenMP threads bind to (one list per rank, ``|``-separated).
 VLLM_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+
+#: The words that mark the shared-CPU warning in a manifest's ``warnings`` (calibration lists those runs).
+SHARED_CPUS = "the client and the launched engine share CPUs"
 
 _MAX_CPU = 1 << 16
 
@@ -112,6 +116,6 @@ def shared_cpus_warning(engine: frozenset[int] | None, client: frozenset[int] | 
     if not shared:
         return None
     return (
-        f"the client and the launched engine share CPUs {format_cpus(shared)}: latencies include their contention "
+        f"{SHARED_CPUS} {format_cpus(shared)}: latencies include their contention "
         "for the CPU (pin them apart with loadgen --client-cpus LIST --engine-cpus LIST)"
     )

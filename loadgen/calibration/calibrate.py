@@ -35,6 +35,7 @@ from ..errors import LoadgenError
 from ..identity import host_identity, package_versions, utc_now_iso
 from ..ledger.settings import vllm_batch_defaults
 from ..manifest import read_manifest
+from ..pinning import SHARED_CPUS
 from ..records import CHUNKS_FILE, REQUESTS_FILE, TRACE_SCHEMA
 from ..rundir import load_run
 from ..targets.replay import run_driver
@@ -419,7 +420,7 @@ def pinning_of(run_dirs: list[Path]) -> dict[str, Any]:
     )
     return {
         "pinning": {k: ";".join(v) for k, v in (("client_cpus", client), ("engine_cpus", engine)) if v},
-        "runs_flagged_shared_cpus": [k for k, m in manifests.items() if any("share CPUs" in w for w in m.warnings)],
+        "runs_flagged_shared_cpus": [k for k, m in manifests.items() if any(SHARED_CPUS in w for w in m.warnings)],
     }
 
 
