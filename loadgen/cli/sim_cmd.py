@@ -166,6 +166,7 @@ def _presets(args: argparse.Namespace) -> int:
 
 def _calibrate(args: argparse.Namespace) -> int:
     from ..calibration.calibrate import calibrate  # deferred: `loadgen --help` loads no library code
+    from ..sim.config import load_engine_config  # deferred: `loadgen --help` loads no library code
 
     out = Path(args.out)
     if args.from_runs:
@@ -182,10 +183,18 @@ def _calibrate(args: argparse.Namespace) -> int:
                 name=args.name,
                 log_notes=engine.log_notes,
                 engine_manifest=engine.manifest,
+                engine_memory=engine.memory,
                 tokenizer=args.tokenizer or engine.tokenizer or "cl100k_base",
             )
+    runtime_gib = load_engine_config(path).measured_runtime_gib()
     if args.json:
-        print(json.dumps({"engine_toml": str(path), "fit": fit.to_dict(), "limits": limits.to_dict()}, default=str))
+        summary = {
+            "engine_toml": str(path),
+            "fit": fit.to_dict(),
+            "limits": limits.to_dict(),
+            "runtime_gib": runtime_gib,
+        }
+        print(json.dumps(summary, default=str))
         return 0
     print(f"{path}: calibrated from {fit.observations} observations (limits: {limits.sources})")
     for term, value in fit.terms.items():
@@ -193,6 +202,10 @@ def _calibrate(args: argparse.Namespace) -> int:
     print(f"  {'noise_sigma':24s} {fit.noise_sigma:.4g}")
     for key, value in fit.residual_pct.items():
         print(f"  residual {key:30s} {value:.2f} %")
+    if runtime_gib is not None:
+        print(
+            f"  runtime {runtime_gib:g} GiB measured beyond the ledger's model memory (loadgen ledger --runtime-from {path})"
+        )
     return 0
 
 
@@ -217,6 +230,7 @@ def _validate(args: argparse.Namespace) -> int:
             duration_s=args.duration_s,
             log_notes=engine.log_notes,
             engine_manifest=engine.manifest,
+            engine_memory=engine.memory,
             tokenizer=args.tokenizer or engine.tokenizer or "cl100k_base",
         )
     print(json.dumps(result, default=str) if args.json else format_table(result))

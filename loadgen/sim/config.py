@@ -210,6 +210,18 @@ class EngineConfig(_Model):
         """Whether the cost terms were fitted against a real engine (``[calibration] calibrated = true``)."""
         return bool(self.calibration and self.calibration.get("calibrated"))
 
+    def measured_runtime_gib(self) -> float | None:
+        """The runtime (GiB beyond the ledger's model memory) ``sim calibrate --vllm`` measured, or None."""
+        memory = (self.calibration or {}).get("memory")
+        value = memory.get("runtime_gib") if isinstance(memory, dict) else None
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1024:
+            raise ScenarioError(
+                f"{self.source_path}: calibration.memory.runtime_gib = {value!r}: expected GiB in [0, 1024]"
+            )
+        return float(value)
+
     def calibration_label(self) -> str:
         """One line every output built on this engine states: calibrated (against what, validated error) or not."""
         c = self.calibration

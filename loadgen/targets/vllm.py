@@ -21,12 +21,37 @@ from ..manifest import amend_manifest, merge_sections
 from .base import RunRequest, StateResult, Target
 from .replay import warm_up
 
-__all__ = ["VllmTarget", "measure_with_server"]
+__all__ = ["VllmTarget", "engine_memory", "measure_with_server"]
 
 
-def measure_with_server(
-    server: VllmServer, options: RunOptions, *, ledger_total_bytes: int | None = None, sample_interval_s: float = 0.5
-) -> Path:
+def engine_memory(
+    server: VllmServer, sampler: MemorySampler, source: Path, *, runtime_gib: float | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What ``sampler`` saw of ``server``'s memory, against the ledger for what vLLM reported in ``source`` (a run
+    dir or its log); returns (memory, reconciliation).
+
+    The memory summary gains the runtime this measured (``runtime_measured_bytes``): the high-water mark (RSS of
+    the process tree on CPU, device memory on CUDA) beyond the ledger's model-memory lines (its runtime and safety
+    margin left out). ``runtime_gib``: the ledger's runtime line comes from an earlier measurement (a calibrated
+    engine TOML) instead of the default, and ``peak_over_ledger`` then tests that prediction.
+    """
+    reconciliation = reconcile_server_run(Path(server.config.model_dir), source, runtime_gib=runtime_gib)
+    total = reconciliation.get("ledger_total_bytes")
+    memory = sampler.summary(total)
+    lines = reconciliation.get("ledger_lines") or {}
+    on_gpu = reconciliation.get("device") == "cuda"
+    peak = memory.get("gpu_high_water_bytes" if on_gpu else "rss_high_water_bytes")
+    if lines and peak:
+        model = sum(v for k, v in lines.items() if k not in ("runtime", "safety_margin"))
+        memory["runtime_measured_bytes"] = int(peak) - int(model)
+        memory["peak_bytes"] = int(peak)
+        memory["peak_basis"] = "device memory" if on_gpu else "RSS of the process tree"
+        if total:
+            memory["peak_over_ledger"] = round(int(peak) / int(total), 4)
+    return memory, reconciliation
+
+
+def measure_with_server(server: VllmServer, options: RunOptions, *, sample_interval_s: float = 0.5) -> Path:
     """Replay ``options`` against a healthy launched ``server``, sampling its memory; returns the run dir.
 
     The manifest gets the vLLM identity, engine args and log notes when the files open; after the
@@ -46,15 +71,7 @@ def measure_with_server(
     finally:
         sampler.stop()
     shutil.copyfile(server.log_path, run_dir / VLLM_LOG_FILE)
-    reconciliation = reconcile_server_run(Path(server.config.model_dir), run_dir)
-    if ledger_total_bytes is None and reconciliation.get("ledger_total_bytes"):
-        ledger_total_bytes = reconciliation["ledger_total_bytes"]
-    memory = sampler.summary(ledger_total_bytes)
-    lines = reconciliation.get("ledger_lines") or {}
-    if lines and memory.get("rss_high_water_bytes"):
-        # the runtime this run measured: RSS beyond the ledger's model-memory lines (margin and runtime left out)
-        model = sum(v for k, v in lines.items() if k not in ("runtime", "safety_margin"))
-        memory["runtime_measured_bytes"] = int(memory["rss_high_water_bytes"]) - int(model)
+    memory, reconciliation = engine_memory(server, sampler, run_dir)
     amend_manifest(
         run_dir,
         {

@@ -81,13 +81,15 @@ def reconcile(
     return reconcile_report(model, engine, engine_report(source), fixed=fixed, source=source)
 
 
-def reconcile_server_run(model_dir: Path, run_dir: Path) -> dict[str, Any]:
-    """Ledger vs what a launched vLLM reported for one run (log + scraped cache_config_info), for the manifest."""
+def reconcile_server_run(model_dir: Path, source: Path, *, runtime_gib: float | None = None) -> dict[str, Any]:
+    """Ledger vs what a launched vLLM reported (``source``: a run dir with its log and scraped cache_config_info, or
+    the log itself), for the manifest; ``runtime_gib``: a runtime measured before (a calibrated engine TOML's)."""
     config = Path(model_dir) / "config.json"
     if not config.is_file():
         return {"ok": None, "reason": f"{config}: not found"}
     try:
-        result = reconcile(read_model_config(config), None, run_dir)
+        engine = EngineSettings(runtime_gib=runtime_gib) if runtime_gib is not None else None
+        result = reconcile(read_model_config(config), engine, source)
     except LoadgenError as exc:
         return {"ok": None, "reason": str(exc)}
     return {
@@ -95,4 +97,5 @@ def reconcile_server_run(model_dir: Path, run_dir: Path) -> dict[str, Any]:
         "rows": [r.to_dict() for r in result.rows],
         "ledger_total_bytes": result.ledger.total_bytes,
         "ledger_lines": {line.name: line.bytes for line in result.ledger.lines},
+        "device": result.ledger.engine.device,
     }
