@@ -434,6 +434,7 @@ def runtime_section(memory: dict[str, Any], reconciliation: dict[str, Any]) -> d
     lines = reconciliation.get("ledger_lines") or {}
     return {
         "runtime_gib": round(runtime / GIB, 4),
+        "runtime_bytes": int(runtime),
         "peak_bytes": int(memory["peak_bytes"]),
         "peak_basis": memory.get("peak_basis", ""),
         "model_memory_bytes": {k: int(v) for k, v in lines.items() if k not in ("runtime", "safety_margin")},
