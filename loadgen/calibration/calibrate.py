@@ -431,13 +431,12 @@ def runtime_section(memory: dict[str, Any], reconciliation: dict[str, Any]) -> d
     runtime = memory.get("runtime_measured_bytes")
     if runtime is None or runtime < 0:
         return None
-    lines = reconciliation.get("ledger_lines") or {}
     return {
         "runtime_gib": round(runtime / GIB, 4),
         "runtime_bytes": int(runtime),
         "peak_bytes": int(memory["peak_bytes"]),
         "peak_basis": memory.get("peak_basis", ""),
-        "model_memory_bytes": {k: int(v) for k, v in lines.items() if k not in ("runtime", "safety_margin")},
+        "model_memory_bytes": reconciliation["model_memory_bytes"],
         "samples": int(memory.get("samples") or 0),
         "device": str(reconciliation.get("device", "")),
     }

