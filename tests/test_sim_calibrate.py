@@ -111,10 +111,47 @@ def test_calibrate_bad_input_is_one_line(tmp_path):
     assert "uncalibrated preset" in load_engine_config("interactive-small-batch").calibration_label()
 
 
+#: A plan around the known engine's capacity for 16-token requests (~20 req/s at 16 sequences): 2 and 8 req/s
+#: inside, 32 beyond capacity, so the boundary is set by capacity, not by a few ms of timing noise on a loaded
+#: host. A p50 budget alone is conclusive after a few requests, so each cell is one short run.
+PLAN_SCENARIO = """name = "boundary-check"
+seed = 3
+endpoint = "completions"
+[classes.short-message]
+share = 1.0
+input_tokens = { dist = "fixed", value = 64 }
+output_tokens = { dist = "fixed", value = 16 }
+[classes.short-message.budgets]
+ttft_ms = { p50 = 250, hard = true }
+[errors]
+ttft_timeout_s = 60
+total_timeout_s = 120
+error_rate_limit = 0.25  # conclusive (Wilson interval) after ~15 error-free requests, not ~380 as at 1%
+[traces.steady]
+process = "poisson"
+rate_rps = 4
+duration_s = 10
+"""
+PLAN = """name = "boundary-check"
+scenario = "scenario.toml"
+trace = "steady"
+duration_s = 6
+classes = ["short-message"]
+states = ["warm"]
+concurrency = [32]
+rates_rps = [2, 8, 32]
+repeats = 1
+[stops]
+contract_every_cell = false
+"""
+
+
 def test_validate_against_live_sim_serve(sim_server, tmp_path):
     """Held-out check on a live sim serve of the same TOML: the worksheet is near-exact where the engine sets
     the timing (ITL, E2E, throughput, attainment); fidelity table in console, JSON and HTML; the validated
-    error is written back into the TOML's [calibration]."""
+    error is written back into the TOML's [calibration]. ``--plan``: the same plan on the live engine and on
+    the worksheet puts the capacity boundary on the same rate step (same engine, capacity-set boundary)."""
+
     truth = _truth_toml(tmp_path)
     sim = sim_server(str(truth))
     engine = tmp_path / "calibrated.toml"
@@ -124,7 +161,11 @@ def test_validate_against_live_sim_serve(sim_server, tmp_path):
     )
     out = tmp_path / "val"
     azure = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure2023" / "AzureLLMInferenceTrace_conv.csv"
+    (tmp_path / "scenario.toml").write_text(PLAN_SCENARIO)
+    plan = tmp_path / "plan.toml"
+    plan.write_text(PLAN)
     args = ["sim", "validate", str(engine), "--target", sim.base_url, "--out", str(out), "--duration-s", "10"]
+    args += ["--plan", str(plan)]
     if azure.is_file():
         args += ["--public", f"azure:{azure}", "--load", "0.6"]
     res = _cli(*args)
@@ -141,8 +182,18 @@ def test_validate_against_live_sim_serve(sim_server, tmp_path):
             assert abs(row["errors_pct"]["e2e_p50"]) < 15, row
         if row["attainment_diff_points"] is not None:
             assert abs(row["attainment_diff_points"]) <= 5, row
+    boundary = data["plan_boundary"]
+    assert [(r["request_class"], r["state"], r["concurrency"]) for r in boundary["lines"]] == [
+        ("short-message", "warm", 32)
+    ]
+    line = boundary["lines"][0]
+    assert line["measured_index"] == line["predicted_index"] == 1, line  # 8 req/s inside, 32 beyond capacity
+    assert boundary["all_within"] and boundary["max_steps_apart"] == 0
+    assert (out / "plan-measured" / "region.json").is_file() and (out / "plan-worksheet" / "region.json").is_file()
+    assert "plan boundary (plan.toml)" in res.stdout and "within 1 rate step on every line" in res.stdout
     cfg = load_engine_config(engine)
     assert cfg.calibration["validated_error"].startswith("worst |error|")
+    assert "plan boundary 0 rate step(s)" in cfg.calibration["validated_error"]
     assert "validated error worst |error|" in cfg.calibration_label()
 
 

@@ -107,11 +107,25 @@ def _model_dir(workdir: Path, name: str) -> Path:
     return out
 
 
+#: The tests that check accounting, metrics, identity and the ledger start vLLM eager: its default start-up
+#: compiles the model with Inductor (54-132 s per launch in CI, never a cache hit: the cache key holds the
+#: model path and the scheduler limits), eager starts in the time of its imports. What they check does not
+#: depend on compilation; the manifest records enforce_eager from the log. The calibrate -> validate round
+#: keeps vLLM's default (compiled), the engine a user calibrates.
+EAGER = ["--enforce-eager"]
+
+
 def _server(vllm_python: Path, model_dir: Path, log: Path, **kw):
     from loadgen.engines import VllmConfig, VllmServer
 
     cfg = VllmConfig(
-        model_dir=model_dir, python=vllm_python, kv_cache_gib=KV_GIB, max_model_len=MAX_MODEL_LEN, log_path=log, **kw
+        model_dir=model_dir,
+        python=vllm_python,
+        kv_cache_gib=KV_GIB,
+        max_model_len=MAX_MODEL_LEN,
+        log_path=log,
+        extra_args=EAGER,
+        **kw,
     )
     server = VllmServer(cfg).start()
     try:
@@ -255,6 +269,7 @@ def test_manifest_identifies_vllm(llama_runs):
         notes = m["engine_notes"]["log"]
         assert notes["kv_cache_size_tokens"] > 0 and notes["max_concurrency"] > 0 and notes["init_engine_s"] > 0
         assert notes["non_default_args"]["load_format"] == "dummy"
+        assert notes["engine_config"]["enforce_eager"] is True  # how it ran (EAGER) is on record
         mem = m["engine_notes"]["memory"]
         assert mem["samples"] > 0 and mem["rss_high_water_bytes"] > 256 << 20  # a real process tree
         assert m["modelExecuted"] is True and m["benchmarkExecuted"] is True

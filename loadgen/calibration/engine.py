@@ -18,7 +18,7 @@ from typing import Any
 
 from ..engines.vllm import MemorySampler
 from ..errors import LoadgenError
-from ..targets import TargetSpec, open_target
+from ..targets import Target, TargetSpec, open_target
 from ..targets.vllm import VllmTarget, engine_memory
 
 # (memory, reconciliation) of the engine so far, against the ledger with an optional measured runtime (GiB)
@@ -34,6 +34,7 @@ class MeasuredEngine:
     manifest: dict[str, Any] = field(default_factory=dict)  # sections every run against it records
     tokenizer: str | None = None  # counts prompts as the engine does (None: the caller's default)
     memory: MemoryReport | None = None  # a launched engine's memory so far (None: a URL, not ours to sample)
+    target: Target | None = None  # the launched engine as a target (plans run on it); None for a URL
 
 
 @contextmanager
@@ -62,4 +63,5 @@ def measured_engine(
                 server.manifest_extra(),
                 "server",  # vLLM's own /tokenize: prompts hold the token counts the engine sees
                 lambda runtime_gib: engine_memory(server, sampler, server.log_path, runtime_gib=runtime_gib),
+                target,
             )

@@ -28,10 +28,12 @@ from ..errors import LoadgenError
 from ..scenario import Scenario, load_scenario
 from ..sim.config import EngineConfig, load_engine_config
 from ..sim.worksheet import run_worksheet
+from ..targets import Target, TargetSpec, open_target
 from ..targets.replay import run_driver
 from ..tomlfile import dumps_toml, read_toml
 from ..trace.importers import import_trace
 from ..trace.io import read_trace, write_trace
+from .boundary import boundary_line, plan_boundary_check
 from .calibrate import MAX_SEND_LAG_MS, EngineLimits, engine_limits, send_lag_p99_ms
 from .engine import MemoryReport
 
@@ -182,13 +184,17 @@ def validate(
     log_notes: dict[str, Any] | None = None,
     engine_manifest: dict[str, Any] | None = None,
     engine_memory: MemoryReport | None = None,
+    plan: str | Path | None = None,
+    plan_target: Target | None = None,
     **run_options: Any,
 ) -> dict[str, Any]:
     """Run the target and the worksheet on the same traces; the fidelity table as a dict (also fidelity.json).
 
     ``engine_manifest``: the sections that identify a launched engine, recorded in every measured run.
     ``engine_memory``: a launched engine's memory; its peak is held against the ledger's total with the
-    runtime the TOML's calibration measured (``memory`` in the result).
+    runtime the TOML's calibration measured (``memory`` in the result). ``plan``: a plan (file or shipped
+    name) run against the target (``plan_target``, else the URL) and on the worksheet; their capacity
+    boundaries are compared line by line (``plan_boundary`` in the result; ``boundary.plan_boundary_check``).
 
     The worksheet takes the TOML's cost terms and the target's own scheduler limits (read from the
     engine, as calibration does), so a held-out engine configuration is predicted, not assumed equal.
@@ -241,12 +247,23 @@ def validate(
         "summary": _summary(rows),
         "max_send_lag_ms": MAX_SEND_LAG_MS,
         "memory": memory_check(cfg, engine_memory) if engine_memory is not None else None,
+        "plan_boundary": _plan_check(plan, plan_target, target_url, cfg, out_dir) if plan is not None else None,
     }
     (out_dir / "fidelity.json").write_text(json.dumps(result, indent=2, default=str))
     write_html(result, out_dir / "fidelity.html")
     if cfg.calibration:
         _record_validation(engine_toml, result, out_dir)
     return result
+
+
+def _plan_check(
+    plan: str | Path, target: Target | None, target_url: str, cfg: EngineConfig, out_dir: Path
+) -> dict[str, Any]:
+    """The plan-boundary check against ``target``, or against the URL when loadgen did not launch the engine."""
+    if target is not None:
+        return plan_boundary_check(plan, target, cfg, out_dir)
+    with open_target(TargetSpec(url=target_url), out_dir) as url_target:
+        return plan_boundary_check(plan, url_target, cfg, out_dir)
 
 
 def memory_check(cfg: EngineConfig, engine_memory: MemoryReport) -> dict[str, Any] | None:
@@ -278,6 +295,8 @@ def _record_validation(engine_toml: Path, result: dict[str, Any], out_dir: Path)
         parts.append(f"attainment {s['max_abs_attainment_diff_points']:.1f} pts")
     if result.get("memory"):
         parts.append(f"peak memory {abs(result['memory']['error_pct']):.1f}%")
+    if (b := result.get("plan_boundary")) and b["max_steps_apart"] is not None:
+        parts.append(f"plan boundary {b['max_steps_apart']} rate step(s)")
     doc, _ = read_toml(engine_toml, "engine TOML")
     doc["calibration"]["validated_error"] = f"worst |error| {', '.join(parts)} over {s['rows']} class rows"
     doc["calibration"]["validation"] = {"fidelity_json": str(out_dir / "fidelity.json"), "summary": s}
@@ -322,6 +341,8 @@ def format_table(result: dict[str, Any]) -> str:
     )
     if m := result.get("memory"):
         lines.append(memory_line(m))
+    if b := result.get("plan_boundary"):
+        lines.extend(boundary_line(b))
     return "\n".join(lines)
 
 
@@ -357,6 +378,11 @@ def write_html(result: dict[str, Any], path: Path) -> Path:
         + "".join(body)
         + "</table>"
         + (f"<p>{html.escape(memory_line(result['memory']))}</p>" if result.get("memory") else "")
+        + (
+            "<pre>" + html.escape("\n".join(boundary_line(result["plan_boundary"]))) + "</pre>"
+            if result.get("plan_boundary")
+            else ""
+        )
     )
     path.write_text(page)
     return path

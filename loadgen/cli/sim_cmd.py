@@ -88,6 +88,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="offered load as a share of the cost model's capacity (default 0.5, 0.9, 1.3)",
     )
     val.add_argument("--duration-s", type=flags.seconds(), default=None, help="replay only this much of each trace")
+    val.add_argument(
+        "--plan",
+        default=None,
+        metavar="PLAN",
+        help="also run this plan (TOML or shipped name) on the target and on the worksheet and compare their "
+        "capacity boundaries line by line (criterion: within one rate step)",
+    )
     val.add_argument("--engine-log", default=None, help="vLLM startup log: the target's scheduler limits")
     val.add_argument(
         "--tokenizer",
@@ -231,6 +238,8 @@ def _validate(args: argparse.Namespace) -> int:
             log_notes=engine.log_notes,
             engine_manifest=engine.manifest,
             engine_memory=engine.memory,
+            plan=args.plan,
+            plan_target=engine.target,
             tokenizer=args.tokenizer or engine.tokenizer or "cl100k_base",
         )
     print(json.dumps(result, default=str) if args.json else format_table(result))
