@@ -92,8 +92,12 @@ def _write_atomic(final: Path, write: Any, fsync: bool) -> None:
 class PartTable:
     """One table being written: rows buffered in memory, written as a part per ``write_part``."""
 
-    def __init__(self, directory: Path, schema: pa.Schema, *, fsync: bool = True, shard: str | None = None) -> None:
-        """``shard``: this writer's prefix in a directory other writers share (it may exist already)."""
+    def __init__(
+        self, directory: Path, schema: pa.Schema, *, fsync: bool = True, shard: str | None = None, keep: bool = False
+    ) -> None:
+        """``shard``: this writer's prefix in a directory other writers share (it may exist already).
+        ``keep``: hold each part's table after writing it, so that ``compact`` merges them from memory
+        instead of reading the parts back (for a writer that holds its whole tables anyway)."""
         if shard is not None and not SHARD_PREFIX.match(shard):
             raise ValueError(f"shard prefix {shard!r}: expected letters, then digits")
         self.dir = directory
@@ -105,6 +109,7 @@ class PartTable:
         self.rows_buffered = 0
         self.rows_written = 0
         self.parts: list[tuple[int, Path]] = []
+        self.kept: list[pa.Table] | None = [] if keep else None  # the table of each part, when kept
         self.seq = 0
         try:
             self.dir.mkdir(exist_ok=shard is not None)
@@ -165,6 +170,8 @@ class PartTable:
             self.fsync,
         )
         self.parts.append((self.seq, final))
+        if self.kept is not None:
+            self.kept.append(table)
         self.seq += 1
         self.rows_written += table.num_rows
         return final
@@ -186,8 +193,7 @@ class PartTable:
             ) as out:
                 pending: list[pa.Table] = []
                 rows = 0
-                for _, path in self.parts:
-                    table = pq.read_table(path).select(self.schema.names).cast(self.schema)
+                for table in self._part_tables():
                     pending.append(table)
                     rows += table.num_rows
                     if rows >= row_group_rows:
@@ -201,7 +207,15 @@ class PartTable:
             path.unlink(missing_ok=True)
         if self.fsync:
             _fsync(self.dir, directory=True)
+        if self.kept is not None:
+            self.kept = [pa.concat_tables(list(self._part_tables()))]
         self.parts = [(last, final)]
+
+    def _part_tables(self) -> Iterator[pa.Table]:
+        """The parts' tables in order, in this schema: the kept ones, or else read back from disk."""
+        for k, (_, path) in enumerate(self.parts):
+            table = self.kept[k] if self.kept is not None else pq.read_table(path)
+            yield table.select(self.schema.names).cast(self.schema)
 
 
 def _is_number(t: pa.DataType) -> bool:

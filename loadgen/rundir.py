@@ -87,7 +87,8 @@ class RunWriter:
     read-only) is raised as ``RecordWriteError`` naming the path; the writer then writes no more
     records, and ``close`` leaves what was flushed readable with a manifest that says ``failed``.
     ``manifest`` is written at open (``state: running``, with the writer's identity) and again,
-    completed, at close.
+    completed, at close. ``keep_parts``: the parts' tables stay in memory and are merged from there at
+    close, not read back (for a writer that holds its whole tables anyway: the worksheet).
     """
 
     def __init__(
@@ -99,6 +100,7 @@ class RunWriter:
         fsync: bool = True,
         flush_interval_s: float | None = None,
         shard: str | None = None,
+        keep_parts: bool = False,
     ) -> None:
         self.run_dir = Path(run_dir)
         # a worker's shard (``--workers``): its parts beside the other workers' in the run's tables,
@@ -128,8 +130,11 @@ class RunWriter:
         self.flushes = 0
         self.last_part: dict[str, Any] = {}
         self.write_manifest()
-        self.requests = PartTable(self.run_dir / REQUESTS_FILE, REQUESTS_SCHEMA, fsync=fsync, shard=shard)
-        self.chunks = PartTable(self.run_dir / CHUNKS_FILE, CHUNKS_SCHEMA, fsync=fsync, shard=shard)
+        self._keep = keep_parts
+        self.requests = PartTable(
+            self.run_dir / REQUESTS_FILE, REQUESTS_SCHEMA, fsync=fsync, shard=shard, keep=keep_parts
+        )
+        self.chunks = PartTable(self.run_dir / CHUNKS_FILE, CHUNKS_SCHEMA, fsync=fsync, shard=shard, keep=keep_parts)
         self._metrics: PartTable | None = None
         self._fsync = fsync
         try:
@@ -203,7 +208,11 @@ class RunWriter:
         if self._metrics is None:
             self._metrics = self._io(
                 lambda: PartTable(
-                    self.run_dir / SERVER_METRICS_FILE, SERVER_METRICS_SCHEMA, fsync=self._fsync, shard=self.shard
+                    self.run_dir / SERVER_METRICS_FILE,
+                    SERVER_METRICS_SCHEMA,
+                    fsync=self._fsync,
+                    shard=self.shard,
+                    keep=self._keep,
                 )
             )
         return self._metrics

@@ -300,7 +300,7 @@ class _Steps:
         """The state after each step, a float64 column per STEP_METRICS value."""
         seg = np.frombuffer(self.segments, dtype=np.int64).reshape(-1, _SEGMENT)
         lengths = seg[:, 0]
-        c = np.repeat(seg[:, 1:], lengths, axis=0).T
+        c = np.repeat(np.ascontiguousarray(seg[:, 1:].T), lengths, axis=1)  # a contiguous row per value
         within = np.arange(len(self.t), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         generated = c[8] + c[9] * within
         kv = np.frombuffer(self.kv_blocks, dtype=np.int64)
@@ -654,13 +654,20 @@ def _state_metrics(steps: _Steps, labels: str) -> pa.Table:
     )
 
 
-def _repeated(value: str, n: int) -> pa.Array:
-    """A string array of ``value`` n times, built from buffers (``pa.repeat`` is ten times slower)."""
+_REPEAT_BLOCK = 1 << 16  # rows of the block a repeated string column is made of
+
+
+def _repeated(value: str, n: int) -> pa.ChunkedArray:
+    """A string column of ``value`` n times: one block of it, built from buffers (``pa.repeat`` is ten
+    times slower), referenced as often as it takes (the same values, without n copies of the bytes)."""
     data = value.encode()
-    if n * len(data) >= 1 << 31:
-        return pa.repeat(value, n)  # past 32-bit string offsets
-    offsets = (np.arange(n + 1, dtype=np.int64) * len(data)).astype(np.int32)
-    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data * n))
+    k = min(n, _REPEAT_BLOCK)
+    if k * len(data) >= 1 << 31:
+        return pa.chunked_array([pa.repeat(value, n)])  # past 32-bit string offsets
+    offsets = (np.arange(k + 1, dtype=np.int64) * len(data)).astype(np.int32)
+    block = pa.StringArray.from_buffers(k, pa.py_buffer(offsets), pa.py_buffer(data * k))
+    full, rest = divmod(n, k) if k else (0, 0)
+    return pa.chunked_array([block] * full + ([block.slice(0, rest)] if rest else []), pa.string())
 
 
 def _engine_notes(engine: Engine, steps: _Steps, chunks: _Chunks, plans: list[FaultPlan | None]) -> dict[str, Any]:
@@ -873,7 +880,7 @@ def run_worksheet(
     result = simulate_trace(
         table, metadata, config, seed=seed, endpoint=endpoint, replicas=replicas, route_policy=route_policy, fast=fast
     )
-    with RunWriter(Path(out_dir), manifest) as writer:
+    with RunWriter(Path(out_dir), manifest, keep_parts=True) as writer:  # its tables are in memory anyway
         writer.add_request_table(result.requests_table)
         for start in range(0, result.chunks.num_rows, 200_000):  # a part per batch, as a measured run flushes
             writer.add_chunk_table(result.chunks.slice(start, 200_000))
