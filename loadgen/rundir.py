@@ -87,8 +87,9 @@ class RunWriter:
     read-only) is raised as ``RecordWriteError`` naming the path; the writer then writes no more
     records, and ``close`` leaves what was flushed readable with a manifest that says ``failed``.
     ``manifest`` is written at open (``state: running``, with the writer's identity) and again,
-    completed, at close. ``keep_parts``: the parts' tables stay in memory and are merged from there at
-    close, not read back (for a writer that holds its whole tables anyway: the worksheet).
+    completed, at close. ``defer_parts``: no part reaches the disk before ``close``, which writes the
+    merged files from memory (a writer that holds its whole tables anyway and has no crash to survive:
+    the worksheet; see ``PartTable``).
     """
 
     def __init__(
@@ -100,7 +101,7 @@ class RunWriter:
         fsync: bool = True,
         flush_interval_s: float | None = None,
         shard: str | None = None,
-        keep_parts: bool = False,
+        defer_parts: bool = False,
     ) -> None:
         self.run_dir = Path(run_dir)
         # a worker's shard (``--workers``): its parts beside the other workers' in the run's tables,
@@ -130,11 +131,11 @@ class RunWriter:
         self.flushes = 0
         self.last_part: dict[str, Any] = {}
         self.write_manifest()
-        self._keep = keep_parts
+        self._defer = defer_parts
         self.requests = PartTable(
-            self.run_dir / REQUESTS_FILE, REQUESTS_SCHEMA, fsync=fsync, shard=shard, keep=keep_parts
+            self.run_dir / REQUESTS_FILE, REQUESTS_SCHEMA, fsync=fsync, shard=shard, defer=defer_parts
         )
-        self.chunks = PartTable(self.run_dir / CHUNKS_FILE, CHUNKS_SCHEMA, fsync=fsync, shard=shard, keep=keep_parts)
+        self.chunks = PartTable(self.run_dir / CHUNKS_FILE, CHUNKS_SCHEMA, fsync=fsync, shard=shard, defer=defer_parts)
         self._metrics: PartTable | None = None
         self._fsync = fsync
         try:
@@ -212,7 +213,7 @@ class RunWriter:
                     SERVER_METRICS_SCHEMA,
                     fsync=self._fsync,
                     shard=self.shard,
-                    keep=self._keep,
+                    defer=self._defer,
                 )
             )
         return self._metrics
@@ -262,7 +263,8 @@ class RunWriter:
         self._io(lambda: self._write_parts(progress or {}))
 
     def _compact(self) -> list[str]:
-        """Merge each table's parts (a clean close); a failure keeps the parts, readable, and is a warning."""
+        """Merge each table's parts (a clean close); a failure keeps the parts, readable, and is a warning
+        (deferred parts, never written: it is raised)."""
         warnings = []
         manifest_json = self.manifest.to_json()
         for name, table in (
@@ -275,6 +277,8 @@ class RunWriter:
             try:
                 table.compact(manifest_json, self.last_part, _COMPACT_ROWS[name])
             except (RecordWriteError, OSError) as exc:
+                if self._defer:  # its rows were in memory only: the run failed
+                    raise exc if isinstance(exc, RecordWriteError) else write_error(table.dir, exc) from None
                 warnings.append(f"{name}: parts not merged ({exc}); every part is kept and readable")
         return warnings
 
@@ -309,7 +313,11 @@ class RunWriter:
         )
         self.manifest = merge_manifest(self.manifest, final)
         if self.broken is None:
-            warnings = self._compact()
+            try:
+                warnings = self._compact()
+            except RecordWriteError as exc:  # deferred parts (``defer_parts``) that could not be written
+                error, warnings = exc, []
+                self.manifest = merge_manifest(self.manifest, {"state": "failed", "interrupted_by": exc.short})
             if warnings:
                 self.manifest = merge_manifest(self.manifest, {"warnings": [*self.manifest.warnings, *warnings]})
         try:

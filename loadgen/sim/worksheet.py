@@ -880,7 +880,7 @@ def run_worksheet(
     result = simulate_trace(
         table, metadata, config, seed=seed, endpoint=endpoint, replicas=replicas, route_policy=route_policy, fast=fast
     )
-    with RunWriter(Path(out_dir), manifest, keep_parts=True) as writer:  # its tables are in memory anyway
+    with RunWriter(Path(out_dir), manifest, defer_parts=True) as writer:  # its tables are in memory anyway
         writer.add_request_table(result.requests_table)
         for start in range(0, result.chunks.num_rows, 200_000):  # a part per batch, as a measured run flushes
             writer.add_chunk_table(result.chunks.slice(start, 200_000))
