@@ -15,6 +15,7 @@ was, and until which scheduled instant every request has its row (``stopped_ns``
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -263,23 +264,33 @@ class RunWriter:
         self._io(lambda: self._write_parts(progress or {}))
 
     def _compact(self) -> list[str]:
-        """Merge each table's parts (a clean close); a failure keeps the parts, readable, and is a warning
-        (deferred parts, never written: it is raised)."""
-        warnings = []
+        """Merge each table's parts (a clean close), the tables side by side (Parquet writing releases the
+        GIL); a failure keeps the parts, readable, and is a warning (deferred parts, never written: it is
+        raised)."""
         manifest_json = self.manifest.to_json()
-        for name, table in (
-            (REQUESTS_FILE, self.requests),
-            (CHUNKS_FILE, self.chunks),
-            (SERVER_METRICS_FILE, self._metrics),
-        ):
-            if table is None:
+        tables = [
+            (name, table)
+            for name, table in (
+                (REQUESTS_FILE, self.requests),
+                (CHUNKS_FILE, self.chunks),
+                (SERVER_METRICS_FILE, self._metrics),
+            )
+            if table is not None
+        ]
+        with ThreadPoolExecutor(max_workers=len(tables)) as pool:
+            merges = [
+                pool.submit(table.compact, manifest_json, self.last_part, _COMPACT_ROWS[name]) for name, table in tables
+            ]
+        warnings = []
+        for (name, table), merge in zip(tables, merges, strict=True):
+            exc = merge.exception()
+            if exc is None:
                 continue
-            try:
-                table.compact(manifest_json, self.last_part, _COMPACT_ROWS[name])
-            except (RecordWriteError, OSError) as exc:
-                if self._defer:  # its rows were in memory only: the run failed
-                    raise exc if isinstance(exc, RecordWriteError) else write_error(table.dir, exc) from None
-                warnings.append(f"{name}: parts not merged ({exc}); every part is kept and readable")
+            if not isinstance(exc, (RecordWriteError, OSError)):
+                raise exc
+            if self._defer:  # its rows were in memory only: the run failed
+                raise exc if isinstance(exc, RecordWriteError) else write_error(table.dir, exc) from None
+            warnings.append(f"{name}: parts not merged ({exc}); every part is kept and readable")
         return warnings
 
     def close(self, updates: Mapping[str, Any] | None = None) -> Manifest:
