@@ -515,6 +515,15 @@ class _Chunks:
             ct[later] = np.maximum(ct[later], release)
             done[i] = max(done[i] or 0, int(ct[b - 1]))
 
+    def first_last(self) -> tuple[list[int], list[int]]:
+        """Per request: when its first and its last chunk arrived (no meaning for one without chunks)."""
+        if not len(self.ct):
+            return [0] * len(self.counts), [0] * len(self.counts)
+        top = len(self.ct) - 1
+        first = np.clip(self.starts, 0, top)
+        last = np.clip(self.starts + self.counts - 1, 0, top)
+        return self.ct[first].tolist(), self.ct[last].tolist()
+
     def table(self, request_ids: list[str]) -> pa.Table:
         """The chunks table, grouped by request."""
         return pa.Table.from_arrays(
@@ -558,15 +567,15 @@ def _request_table(
     out_tokens: list[int | None] = [None] * n
     chunk_count: list[int | None] = [None] * n
     ttft_s: list[float] = []
-    counts, starts, tokens = chunks.counts.tolist(), chunks.starts.tolist(), chunks.tokens_per_req.tolist()
-    ct = chunks.ct
+    counts, tokens = chunks.counts.tolist(), chunks.tokens_per_req.tolist()
+    first_ns, last_ns = chunks.first_last()
     for i, seq in enumerate(client.seqs):
         if seq is None:
             continue
         out_tokens[i], chunk_count[i] = tokens[i], counts[i]
         if counts[i]:
-            first[i], last[i] = int(ct[starts[i]]), int(ct[starts[i] + counts[i] - 1])
-            ttft_s.append((cast(int, first[i]) - seq.arrival_ns) / _NS)
+            first[i], last[i] = first_ns[i], last_ns[i]
+            ttft_s.append((first_ns[i] - seq.arrival_ns) / _NS)
         status[i], kind[i] = _stream_outcome(
             client.plans[i], cols["cancel_after_tokens"][i], tokens[i], seq.max_out, kind[i]
         )
