@@ -92,8 +92,13 @@ def _write_atomic(final: Path, write: Any, fsync: bool) -> None:
 class PartTable:
     """One table being written: rows buffered in memory, written as a part per ``write_part``."""
 
-    def __init__(self, directory: Path, schema: pa.Schema, *, fsync: bool = True, shard: str | None = None) -> None:
-        """``shard``: this writer's prefix in a directory other writers share (it may exist already)."""
+    def __init__(
+        self, directory: Path, schema: pa.Schema, *, fsync: bool = True, shard: str | None = None, defer: bool = False
+    ) -> None:
+        """``shard``: this writer's prefix in a directory other writers share (it may exist already).
+        ``defer``: parts stay in memory, and ``compact`` writes what a clean close leaves (the merged
+        file, or the one part) from there; for a writer that holds its whole tables anyway and has no
+        crash to survive (the worksheet), parts written only to be read back and merged are wasted."""
         if shard is not None and not SHARD_PREFIX.match(shard):
             raise ValueError(f"shard prefix {shard!r}: expected letters, then digits")
         self.dir = directory
@@ -105,6 +110,7 @@ class PartTable:
         self.rows_buffered = 0
         self.rows_written = 0
         self.parts: list[tuple[int, Path]] = []
+        self.deferred: list[tuple[pa.Table, dict[str, str]]] | None = [] if defer else None  # (table, metadata)
         self.seq = 0
         try:
             self.dir.mkdir(exist_ok=shard is not None)
@@ -152,6 +158,16 @@ class PartTable:
         meta = {PART_METADATA_KEY: json.dumps({"seq": self.seq, **part})}
         if manifest_json is not None:
             meta[MANIFEST_METADATA_KEY] = manifest_json
+        if self.deferred is not None:
+            self.deferred.append((table, meta))
+        else:
+            self._write_part_file(final, table, meta)
+        self.parts.append((self.seq, final))
+        self.seq += 1
+        self.rows_written += table.num_rows
+        return final
+
+    def _write_part_file(self, final: Path, table: pa.Table, meta: dict[str, str]) -> None:
         # small parts: statistics and dictionaries cost more than they save (the merged file has both)
         _write_atomic(
             final,
@@ -164,14 +180,14 @@ class PartTable:
             ),
             self.fsync,
         )
-        self.parts.append((self.seq, final))
-        self.seq += 1
-        self.rows_written += table.num_rows
-        return final
 
     def compact(self, manifest_json: str, part: dict[str, Any], row_group_rows: int) -> None:
         """Merge the parts into one range file, then delete them (a reader prefers the range file)."""
         if len(self.parts) < 2:
+            if self.deferred:  # the one part, as it would have been written
+                ((table, meta),) = self.deferred
+                self._write_part_file(self.parts[0][1], table, meta)
+            self.deferred = None
             return
         first, last = self.parts[0][0], self.parts[-1][0]
         final = self.dir / f"{self.name_prefix}{first:06d}-{last:06d}.parquet"
@@ -186,8 +202,7 @@ class PartTable:
             ) as out:
                 pending: list[pa.Table] = []
                 rows = 0
-                for _, path in self.parts:
-                    table = pq.read_table(path).select(self.schema.names).cast(self.schema)
+                for table in self._part_tables():
                     pending.append(table)
                     rows += table.num_rows
                     if rows >= row_group_rows:
@@ -201,7 +216,14 @@ class PartTable:
             path.unlink(missing_ok=True)
         if self.fsync:
             _fsync(self.dir, directory=True)
+        self.deferred = None  # every part is on disk now, merged
         self.parts = [(last, final)]
+
+    def _part_tables(self) -> Iterator[pa.Table]:
+        """The parts' tables in order, in this schema: the deferred ones, or else read back from disk."""
+        for k, (_, path) in enumerate(self.parts):
+            table = self.deferred[k][0] if self.deferred is not None else pq.read_table(path)
+            yield table.select(self.schema.names).cast(self.schema)
 
 
 def _is_number(t: pa.DataType) -> bool:

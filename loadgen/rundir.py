@@ -15,6 +15,7 @@ was, and until which scheduled instant every request has its row (``stopped_ns``
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -87,7 +88,9 @@ class RunWriter:
     read-only) is raised as ``RecordWriteError`` naming the path; the writer then writes no more
     records, and ``close`` leaves what was flushed readable with a manifest that says ``failed``.
     ``manifest`` is written at open (``state: running``, with the writer's identity) and again,
-    completed, at close.
+    completed, at close. ``defer_parts``: no part reaches the disk before ``close``, which writes the
+    merged files from memory (a writer that holds its whole tables anyway and has no crash to survive:
+    the worksheet; see ``PartTable``).
     """
 
     def __init__(
@@ -99,6 +102,7 @@ class RunWriter:
         fsync: bool = True,
         flush_interval_s: float | None = None,
         shard: str | None = None,
+        defer_parts: bool = False,
     ) -> None:
         self.run_dir = Path(run_dir)
         # a worker's shard (``--workers``): its parts beside the other workers' in the run's tables,
@@ -128,8 +132,11 @@ class RunWriter:
         self.flushes = 0
         self.last_part: dict[str, Any] = {}
         self.write_manifest()
-        self.requests = PartTable(self.run_dir / REQUESTS_FILE, REQUESTS_SCHEMA, fsync=fsync, shard=shard)
-        self.chunks = PartTable(self.run_dir / CHUNKS_FILE, CHUNKS_SCHEMA, fsync=fsync, shard=shard)
+        self._defer = defer_parts
+        self.requests = PartTable(
+            self.run_dir / REQUESTS_FILE, REQUESTS_SCHEMA, fsync=fsync, shard=shard, defer=defer_parts
+        )
+        self.chunks = PartTable(self.run_dir / CHUNKS_FILE, CHUNKS_SCHEMA, fsync=fsync, shard=shard, defer=defer_parts)
         self._metrics: PartTable | None = None
         self._fsync = fsync
         try:
@@ -203,7 +210,11 @@ class RunWriter:
         if self._metrics is None:
             self._metrics = self._io(
                 lambda: PartTable(
-                    self.run_dir / SERVER_METRICS_FILE, SERVER_METRICS_SCHEMA, fsync=self._fsync, shard=self.shard
+                    self.run_dir / SERVER_METRICS_FILE,
+                    SERVER_METRICS_SCHEMA,
+                    fsync=self._fsync,
+                    shard=self.shard,
+                    defer=self._defer,
                 )
             )
         return self._metrics
@@ -253,20 +264,33 @@ class RunWriter:
         self._io(lambda: self._write_parts(progress or {}))
 
     def _compact(self) -> list[str]:
-        """Merge each table's parts (a clean close); a failure keeps the parts, readable, and is a warning."""
-        warnings = []
+        """Merge each table's parts (a clean close), the tables side by side (Parquet writing releases the
+        GIL); a failure keeps the parts, readable, and is a warning (deferred parts, never written: it is
+        raised)."""
         manifest_json = self.manifest.to_json()
-        for name, table in (
-            (REQUESTS_FILE, self.requests),
-            (CHUNKS_FILE, self.chunks),
-            (SERVER_METRICS_FILE, self._metrics),
-        ):
-            if table is None:
+        tables = [
+            (name, table)
+            for name, table in (
+                (REQUESTS_FILE, self.requests),
+                (CHUNKS_FILE, self.chunks),
+                (SERVER_METRICS_FILE, self._metrics),
+            )
+            if table is not None
+        ]
+        with ThreadPoolExecutor(max_workers=len(tables)) as pool:
+            merges = [
+                pool.submit(table.compact, manifest_json, self.last_part, _COMPACT_ROWS[name]) for name, table in tables
+            ]
+        warnings = []
+        for (name, table), merge in zip(tables, merges, strict=True):
+            exc = merge.exception()
+            if exc is None:
                 continue
-            try:
-                table.compact(manifest_json, self.last_part, _COMPACT_ROWS[name])
-            except (RecordWriteError, OSError) as exc:
-                warnings.append(f"{name}: parts not merged ({exc}); every part is kept and readable")
+            if not isinstance(exc, (RecordWriteError, OSError)):
+                raise exc
+            if self._defer:  # its rows were in memory only: the run failed
+                raise exc if isinstance(exc, RecordWriteError) else write_error(table.dir, exc) from None
+            warnings.append(f"{name}: parts not merged ({exc}); every part is kept and readable")
         return warnings
 
     def close(self, updates: Mapping[str, Any] | None = None) -> Manifest:
@@ -300,7 +324,11 @@ class RunWriter:
         )
         self.manifest = merge_manifest(self.manifest, final)
         if self.broken is None:
-            warnings = self._compact()
+            try:
+                warnings = self._compact()
+            except RecordWriteError as exc:  # deferred parts (``defer_parts``) that could not be written
+                error, warnings = exc, []
+                self.manifest = merge_manifest(self.manifest, {"state": "failed", "interrupted_by": exc.short})
             if warnings:
                 self.manifest = merge_manifest(self.manifest, {"warnings": [*self.manifest.warnings, *warnings]})
         try:

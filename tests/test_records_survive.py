@@ -352,6 +352,57 @@ def test_injected_enospc_leaves_flushed_parts_and_no_temp_file(tmp_path: Path, m
     assert run.manifest.state == "failed" and run.manifest.status_counts["ok"] == 1
 
 
+def _request_row(request_id: str) -> dict[str, Any]:
+    return {
+        "request_id": request_id,
+        "request_class": "c",
+        "scheduled_ns": 0,
+        "target_prompt_tokens": 1,
+        "target_output_tokens": 1,
+        "status": "ok",
+    }
+
+
+def test_deferred_parts_write_the_run_parts_would(tmp_path: Path) -> None:
+    """defer_parts (the worksheet): nothing but the manifest before close, then the very files and tables."""
+    runs = {}
+    for defer in (False, True):
+        out = tmp_path / f"defer-{defer}"
+        with RunWriter(out, Manifest(run_kind="measured"), flush_rows=2, defer_parts=defer) as writer:
+            for i in range(5):
+                writer.add_request(_request_row(f"r{i}"))
+            writer.add_metrics({"time_ns": [1], "name": ["m"], "labels": ["{}"], "value": [1.0]})
+            writer.flush()
+            on_disk = sorted(p.name for p in out.rglob("*.parquet") if p.is_file())
+            assert (on_disk == []) == defer
+        runs[defer] = out
+    names = {
+        d: sorted(str(p.relative_to(out)) for p in out.rglob("*.parquet") if p.is_file()) for d, out in runs.items()
+    }
+    assert names[True] == names[False] and len(names[True]) == 3
+    for d in (False, True):
+        no_temp_files(runs[d])
+    for name in ("requests.parquet", "server_metrics.parquet"):
+        assert read_run_table(runs[True], name).equals(read_run_table(runs[False], name)), name
+    assert read_manifest(runs[True]).requests_recorded == 5
+
+
+def test_deferred_parts_that_cannot_be_written_fail_the_run(tmp_path: Path, monkeypatch) -> None:
+    from loadgen import parts
+
+    def full(*args, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    writer = RunWriter(tmp_path / "run", Manifest(run_kind="measured"), defer_parts=True)
+    writer.add_request(_request_row("a"))
+    monkeypatch.setattr(parts.pq, "ParquetWriter", full)
+    with pytest.raises(RecordWriteError, match="No space left"):
+        writer.close()
+    no_temp_files(tmp_path / "run")
+    m = read_manifest(tmp_path / "run")
+    assert m.state == "failed" and "No space left" in m.interrupted_by
+
+
 # ---- status semantics --------------------------------------------------------------------------------------
 
 

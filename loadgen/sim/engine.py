@@ -175,7 +175,8 @@ class _DecodeSet:
         stop = seq.max_out if seq.stop_after is None or seq.stop_after > seq.max_out else seq.stop_after
         end = stop - seq.output + done
         self.ends.setdefault(end, []).append(seq)
-        self.last = min(self.last, end)
+        if end < self.last:
+            self.last = end
 
     def join(self, seq: Seq, done: int) -> None:
         """A sequence admitted in the run's step ``done`` that decodes from now on (last in running order)."""
@@ -881,8 +882,7 @@ class Engine:
                 self._promote(seq, seq.computed // bs)
             self._release(seq)
             seq.state = "finished"
-        done = {id(s) for s in finished}
-        self.running = [s for s in self.running if id(s) not in done]
+        self.running = [s for s in self.running if s.state == "running"]
         self.finished_total += len(finished)
 
     def state(self) -> dict[str, float]:

@@ -300,7 +300,7 @@ class _Steps:
         """The state after each step, a float64 column per STEP_METRICS value."""
         seg = np.frombuffer(self.segments, dtype=np.int64).reshape(-1, _SEGMENT)
         lengths = seg[:, 0]
-        c = np.repeat(seg[:, 1:], lengths, axis=0).T
+        c = np.repeat(np.ascontiguousarray(seg[:, 1:].T), lengths, axis=1)  # a contiguous row per value
         within = np.arange(len(self.t), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         generated = c[8] + c[9] * within
         kv = np.frombuffer(self.kv_blocks, dtype=np.int64)
@@ -515,6 +515,15 @@ class _Chunks:
             ct[later] = np.maximum(ct[later], release)
             done[i] = max(done[i] or 0, int(ct[b - 1]))
 
+    def first_last(self) -> tuple[list[int], list[int]]:
+        """Per request: when its first and its last chunk arrived (no meaning for one without chunks)."""
+        if not len(self.ct):
+            return [0] * len(self.counts), [0] * len(self.counts)
+        top = len(self.ct) - 1
+        first = np.clip(self.starts, 0, top)
+        last = np.clip(self.starts + self.counts - 1, 0, top)
+        return self.ct[first].tolist(), self.ct[last].tolist()
+
     def table(self, request_ids: list[str]) -> pa.Table:
         """The chunks table, grouped by request."""
         return pa.Table.from_arrays(
@@ -558,15 +567,15 @@ def _request_table(
     out_tokens: list[int | None] = [None] * n
     chunk_count: list[int | None] = [None] * n
     ttft_s: list[float] = []
-    counts, starts, tokens = chunks.counts.tolist(), chunks.starts.tolist(), chunks.tokens_per_req.tolist()
-    ct = chunks.ct
+    counts, tokens = chunks.counts.tolist(), chunks.tokens_per_req.tolist()
+    first_ns, last_ns = chunks.first_last()
     for i, seq in enumerate(client.seqs):
         if seq is None:
             continue
         out_tokens[i], chunk_count[i] = tokens[i], counts[i]
         if counts[i]:
-            first[i], last[i] = int(ct[starts[i]]), int(ct[starts[i] + counts[i] - 1])
-            ttft_s.append((cast(int, first[i]) - seq.arrival_ns) / _NS)
+            first[i], last[i] = first_ns[i], last_ns[i]
+            ttft_s.append((first_ns[i] - seq.arrival_ns) / _NS)
         status[i], kind[i] = _stream_outcome(
             client.plans[i], cols["cancel_after_tokens"][i], tokens[i], seq.max_out, kind[i]
         )
@@ -654,13 +663,20 @@ def _state_metrics(steps: _Steps, labels: str) -> pa.Table:
     )
 
 
-def _repeated(value: str, n: int) -> pa.Array:
-    """A string array of ``value`` n times, built from buffers (``pa.repeat`` is ten times slower)."""
+_REPEAT_BLOCK = 1 << 16  # rows of the block a repeated string column is made of
+
+
+def _repeated(value: str, n: int) -> pa.ChunkedArray:
+    """A string column of ``value`` n times: one block of it, built from buffers (``pa.repeat`` is ten
+    times slower), referenced as often as it takes (the same values, without n copies of the bytes)."""
     data = value.encode()
-    if n * len(data) >= 1 << 31:
-        return pa.repeat(value, n)  # past 32-bit string offsets
-    offsets = (np.arange(n + 1, dtype=np.int64) * len(data)).astype(np.int32)
-    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data * n))
+    k = min(n, _REPEAT_BLOCK)
+    if k * len(data) >= 1 << 31:
+        return pa.chunked_array([pa.repeat(value, n)])  # past 32-bit string offsets
+    offsets = (np.arange(k + 1, dtype=np.int64) * len(data)).astype(np.int32)
+    block = pa.StringArray.from_buffers(k, pa.py_buffer(offsets), pa.py_buffer(data * k))
+    full, rest = divmod(n, k) if k else (0, 0)
+    return pa.chunked_array([block] * full + ([block.slice(0, rest)] if rest else []), pa.string())
 
 
 def _engine_notes(engine: Engine, steps: _Steps, chunks: _Chunks, plans: list[FaultPlan | None]) -> dict[str, Any]:
@@ -873,7 +889,7 @@ def run_worksheet(
     result = simulate_trace(
         table, metadata, config, seed=seed, endpoint=endpoint, replicas=replicas, route_policy=route_policy, fast=fast
     )
-    with RunWriter(Path(out_dir), manifest) as writer:
+    with RunWriter(Path(out_dir), manifest, defer_parts=True) as writer:  # its tables are in memory anyway
         writer.add_request_table(result.requests_table)
         for start in range(0, result.chunks.num_rows, 200_000):  # a part per batch, as a measured run flushes
             writer.add_chunk_table(result.chunks.slice(start, 200_000))
