@@ -181,8 +181,12 @@ def run_practice(
     log: Callable[[str], None] | None = None,
     workers: int = 1,
     predict_with: str | Path = DEFAULT_PREDICTOR,
+    vllm_args: tuple[str, ...] = (),
 ) -> PracticeResult:
-    """Run the practice (see the module docstring); returns the decision and writes ``out``/decision.json."""
+    """Run the practice (see the module docstring); returns the decision and writes ``out``/decision.json.
+
+    ``vllm_args``: extra flags for both launched vLLM configurations (``engine="vllm"``), e.g. ``--enforce-eager``.
+    """
     say = log or (lambda _m: None)
     predictor = load_engine_config(predict_with) if engine == "vllm" and not targets else None  # before any work
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -234,7 +238,7 @@ def run_practice(
             run_dirs[label] = run_dir
     elif engine == "vllm" and predictor is not None:
         run_dirs, ledgers, ledger_data, limits = _run_vllm(
-            out_dir, trace_path, scenario_path, scen, say, contract_for, workers
+            out_dir, trace_path, scenario_path, scen, say, contract_for, workers, vllm_args
         )
         prediction = _predict(predictor, limits, run_dirs, trace_path, scen, out_dir, say)
     elif engine == "sim":
@@ -328,6 +332,7 @@ def _run_vllm(
     say: Callable[[str], None],
     contract_for: Callable[..., None],
     workers: int = 1,
+    vllm_args: tuple[str, ...] = (),
 ) -> tuple[dict[str, Path], dict[str, str], dict[str, Any], dict[str, EngineLimits | str]]:
     """Two real vLLM configurations (small vs large batch) on the shipped tiny model, same trace; each one's
     scheduler limits are read while it is up (a string says why they could not be)."""
@@ -354,7 +359,12 @@ def _run_vllm(
     limits: dict[str, EngineLimits | str] = {}
     for label, knobs in configs.items():
         cfg = VllmConfig(
-            model_dir=model_dir, served_model_name="loadgen-practice", max_model_len=4096, kv_cache_gib=kv_gib, **knobs
+            model_dir=model_dir,
+            served_model_name="loadgen-practice",
+            max_model_len=4096,
+            kv_cache_gib=kv_gib,
+            extra_args=list(vllm_args),
+            **knobs,
         )
         run_dir = out_dir / label
         with VllmTarget(cfg, out_dir / f"{label}-logs", model="loadgen-practice") as target:

@@ -132,6 +132,42 @@ def test_law_sorted_parts_equal_one_sorted_sample(parts):
         assert SortedParts(arrays).kth(whole["n"] - 1) == whole["max"]
 
 
+@given(
+    st.lists(st.lists(finite, min_size=1, max_size=40), min_size=2, max_size=4),
+    st.lists(
+        st.lists(st.integers(min_value=-(2**62), max_value=2**62), min_size=1, max_size=40), min_size=2, max_size=4
+    ),
+)
+def test_law_kth_many_is_kth_of_every_rank(float_parts, int_parts):
+    """The vectorised search (CDF points, prefetched summary ranks) gives exactly what one search per rank gives,
+    for floats of either sign and for int64 values across the whole range, also for parts spilled to disk."""
+    for parts in (float_parts, int_parts):
+        dtype = np.float64 if parts is float_parts else np.int64
+        arrays = [np.sort(np.array(p, dtype=dtype)) for p in parts]
+        sp = SortedParts(arrays)
+        ranks = np.arange(sp.n)
+        assert sp.kth_many(ranks).tolist() == [sp.kth(int(r)) for r in ranks]
+        assert sp.kth_many(ranks).tolist() == np.sort(np.concatenate(arrays)).tolist()
+
+
+def test_kth_many_over_runs_on_disk(tmp_path):
+    from loadgen.analysis.spill import _BLOCK, RunFile
+
+    rng = np.random.default_rng(5)
+    runs = [np.sort(rng.normal(0, 100, n)) for n in (3 * _BLOCK + 7, _BLOCK, 5)]
+    for i, run in enumerate(runs):
+        run.tofile(tmp_path / f"run{i}")  # the raw ascending values, as SortedRuns spills them
+    files = [RunFile(tmp_path / f"run{i}", run) for i, run in enumerate(runs)]
+    try:
+        ranks = np.unique(rng.integers(0, sum(map(len, runs)), 300))
+        on_disk = SortedParts(files).kth_many(ranks)
+        assert on_disk.tolist() == np.sort(np.concatenate(runs))[ranks].tolist()
+        assert on_disk.tolist() == [SortedParts(files).kth(int(r)) for r in ranks]
+    finally:
+        for f in files:
+            f.close()
+
+
 chunk = st.tuples(st.integers(min_value=0, max_value=10**9), st.integers(min_value=0, max_value=8))
 
 

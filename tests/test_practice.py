@@ -94,6 +94,7 @@ def test_practice_cli_refuses_a_non_empty_out(tmp_path: Path) -> None:
     [
         (["--engine", "vllm", "--predict-with", "no-such-engine"], "engine 'no-such-engine': no such preset or file"),
         (["--predict-with", "interactive-small-batch"], "expected --engine vllm"),
+        (["--vllm-arg=--enforce-eager"], "--vllm-arg '--enforce-eager': applies to the launched vLLM candidates"),
     ],
 )
 def test_practice_cli_checks_predict_with_before_any_work(
@@ -108,11 +109,13 @@ def test_practice_cli_checks_predict_with_before_any_work(
 @pytest.mark.vllm
 @pytest.mark.skipif(not os.environ.get("LOADGEN_VLLM_PYTHON"), reason="LOADGEN_VLLM_PYTHON unset: no real vLLM here")
 def test_practice_against_two_real_vllm_configurations(tmp_path: Path) -> None:
-    result = run_practice(tmp_path / "practice", engine="vllm", window_s=20.0)
+    # eager start-up: the default compiles each configuration for 1-2 minutes (see test_vllm_integration.EAGER)
+    result = run_practice(tmp_path / "practice", engine="vllm", window_s=20.0, vllm_args=("--enforce-eager",))
     comp = result.decision["comparison"]
     assert {c["label"] for c in comp["candidates"]} == {"vllm-small-batch", "vllm-large-batch"}
     for cand in comp["candidates"]:
         manifest = json.loads((Path(cand["path"]) / "manifest.json").read_text())
         assert manifest["target"]["kind"] == "vllm" and manifest["modelExecuted"] is True
+        assert "--enforce-eager" in manifest["target"]["engine"]["config"]["args"]  # the extra flag was passed
     assert result.decision["decision"]["why"]
     assert set(result.decision["prediction"]) == {"vllm-small-batch", "vllm-large-batch"}

@@ -107,11 +107,11 @@ def _model_dir(workdir: Path, name: str) -> Path:
     return out
 
 
-#: The tests that check accounting, metrics, identity and the ledger start vLLM eager: its default start-up
-#: compiles the model with Inductor (54-132 s per launch in CI, never a cache hit: the cache key holds the
-#: model path and the scheduler limits), eager starts in the time of its imports. What they check does not
-#: depend on compilation; the manifest records enforce_eager from the log. The calibrate -> validate round
-#: keeps vLLM's default (compiled), the engine a user calibrates.
+#: Every launch in this tier starts vLLM eager: its default start-up compiles the model with Inductor (54-132 s
+#: per launch in CI, never a cache hit: the cache key holds the model path and the scheduler limits), eager
+#: starts in the time of its imports (~45 s here). What these tests check does not depend on compilation; the
+#: manifest records enforce_eager from the log. The calibrate -> validate round calibrates and validates the
+#: same eager engine (a user's `sim calibrate --vllm` keeps vLLM's default unless given --vllm-arg).
 EAGER = ["--enforce-eager"]
 
 
@@ -424,6 +424,7 @@ def test_calibrate_then_validate_a_held_out_config(vllm_python, workdir):
     pin = ["--client-cpus", str(cpus[0]), "--engine-cpus", ",".join(map(str, cpus[1:]))] if len(cpus) > 1 else []
     env = {**os.environ, "LOADGEN_VLLM_PYTHON": str(vllm_python), "VLLM_CPU_KVCACHE_SPACE": str(KV_GIB)}
     common = ["--vllm", str(model), f"--vllm-arg=--max-model-len={MAX_MODEL_LEN}", "--json"]
+    common += [f"--vllm-arg={flag}" for flag in EAGER]
 
     def loadgen(*args: str) -> dict:
         proc = subprocess.run(

@@ -98,7 +98,9 @@ class RunFile:
             raise IndexError(i)
         return self._read(i, 1)[0]
 
-    def searchsorted(self, x: Any, side: str = "left") -> int:
+    def searchsorted(self, x: Any, side: str = "left") -> Any:
+        if np.ndim(x):
+            return self._searchsorted_many(np.asarray(x), side)
         # the block that holds the answer: after the last sampled value before x (side rule kept)
         b = int(np.searchsorted(self.sample, x, side=side))  # type: ignore[call-overload]
         if b == 0:
@@ -106,6 +108,20 @@ class RunFile:
         start = (b - 1) * _BLOCK
         block = self._read(start, min(_BLOCK, self.n - start))
         return start + int(np.searchsorted(block, x, side=side))  # type: ignore[call-overload]
+
+    def _searchsorted_many(self, xs: np.ndarray, side: str) -> np.ndarray:
+        """``searchsorted`` of every value in ``xs``: each block any of them falls in is read once."""
+        blocks = np.searchsorted(self.sample, xs, side=side)  # type: ignore[call-overload]
+        out = np.zeros(len(xs), dtype=np.int64)
+        order = np.argsort(blocks, kind="stable")
+        ids, starts = np.unique(blocks[order], return_index=True)
+        for b, group in zip(ids.tolist(), np.split(order, starts[1:]), strict=True):
+            if b == 0:
+                continue  # before the first value: position 0
+            start = (b - 1) * _BLOCK
+            block = self._read(start, min(_BLOCK, self.n - start))
+            out[group] = start + np.searchsorted(block, xs[group], side=side)  # type: ignore[call-overload]
+        return out
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -54,6 +54,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--route", default="interactive")
     p.add_argument("--json", action="store_true", help="print decision.json instead of the report")
     p.add_argument(
+        "--vllm-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="extra flag for both launched vLLM configurations (--engine vllm), e.g. --vllm-arg=--enforce-eager",
+    )
+    p.add_argument(
         "--workers",
         type=flags.count(1, 1024),
         default=1,
@@ -75,6 +82,11 @@ def _practice(args: argparse.Namespace) -> int:
             f"--predict-with {args.predict_with!r}: applies to the launched vLLM candidates: expected --engine vllm "
             "without --target"
         )
+    if args.vllm_arg and (args.engine != "vllm" or args.target):
+        raise LoadgenError(
+            f"--vllm-arg {args.vllm_arg[0]!r}: applies to the launched vLLM candidates: expected --engine vllm "
+            "without --target"
+        )
     result = run_practice(
         args.out,
         scenario=args.scenario,
@@ -89,6 +101,7 @@ def _practice(args: argparse.Namespace) -> int:
         api_key_env=args.api_key_env,
         workers=args.workers,
         predict_with=args.predict_with or DEFAULT_PREDICTOR,
+        vllm_args=tuple(args.vllm_arg),
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
     print(json.dumps(result.decision, indent=2, default=str) if args.json else format_practice(result))
