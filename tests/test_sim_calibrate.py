@@ -165,7 +165,7 @@ def test_validate_against_live_sim_serve(sim_server, tmp_path):
     plan = tmp_path / "plan.toml"
     plan.write_text(PLAN)
     args = ["sim", "validate", str(engine), "--target", sim.base_url, "--out", str(out), "--duration-s", "10"]
-    args += ["--plan", str(plan)]
+    args += ["--plan", str(plan), "--repeats", "2"]
     if azure.is_file():
         args += ["--public", f"azure:{azure}", "--load", "0.6"]
     res = _cli(*args)
@@ -182,6 +182,10 @@ def test_validate_against_live_sim_serve(sim_server, tmp_path):
             assert abs(row["errors_pct"]["e2e_p50"]) < 15, row
         if row["attainment_diff_points"] is not None:
             assert abs(row["attainment_diff_points"]) <= 5, row
+    # --repeats 2: every trace measured twice; the second against the first, per class, by the same rule
+    assert sorted({r["trace"] for r in data["repeatability"]}) == sorted(f"{t} repeat 2" for t in traces)
+    assert {r["request_class"] for r in data["repeatability"]} == {r["request_class"] for r in data["rows"]}
+    assert "repeatability (measured again vs first, same engine, same trace)" in res.stdout
     boundary = data["plan_boundary"]
     assert [(r["request_class"], r["state"], r["concurrency"]) for r in boundary["lines"]] == [
         ("short-message", "warm", 32)
@@ -194,6 +198,7 @@ def test_validate_against_live_sim_serve(sim_server, tmp_path):
     cfg = load_engine_config(engine)
     assert cfg.calibration["validated_error"].startswith("worst |error|")
     assert "plan boundary 0 rate step(s)" in cfg.calibration["validated_error"]
+    assert "engine repeatability" in cfg.calibration["validated_error"]
     assert "validated error worst |error|" in cfg.calibration_label()
 
 

@@ -186,6 +186,7 @@ def validate(
     engine_memory: MemoryReport | None = None,
     plan: str | Path | None = None,
     plan_target: Target | None = None,
+    repeats: int = 1,
     **run_options: Any,
 ) -> dict[str, Any]:
     """Run the target and the worksheet on the same traces; the fidelity table as a dict (also fidelity.json).
@@ -195,6 +196,8 @@ def validate(
     runtime the TOML's calibration measured (``memory`` in the result). ``plan``: a plan (file or shipped
     name) run against the target (``plan_target``, else the URL) and on the worksheet; their capacity
     boundaries are compared line by line (``plan_boundary`` in the result; ``boundary.plan_boundary_check``).
+    ``repeats`` > 1: each trace is measured again that many times in all, and every repeat is compared with the
+    first by the same rule (``repeatability``: the engine against itself, the floor under any fidelity claim).
 
     The worksheet takes the TOML's cost terms and the target's own scheduler limits (read from the
     engine, as calibration does), so a held-out engine configuration is predicted, not assumed equal.
@@ -219,6 +222,7 @@ def validate(
             scaled = _cut(scaled, duration_s)
             cases.append((f"{kind}-load{load:g}", scaled, {**meta, "time_scale": scale, "load": load}))
     rows: list[FidelityRow] = []
+    floor: list[FidelityRow] = []  # each repeat against the first measurement
     runs: dict[str, dict[str, str]] = {}
     for name, table, meta in cases:
         if table.num_rows == 0:
@@ -237,6 +241,18 @@ def validate(
         sim_dir = out_dir / f"{name}-worksheet"
         rows.extend(predict_beside(name, real_dir, trace, cfg, sim_dir, scenario))
         runs[name] = {"measured": str(real_dir), "worksheet": str(sim_dir)}
+        for k in range(2, repeats + 1):
+            again = run_driver(
+                trace,
+                target_url,
+                out_dir / f"{name}-measured-{k}",
+                model=None,
+                scenario_path=None,
+                extra_manifest=engine_manifest,
+                **run_options,
+            )
+            floor.extend(_repeat_rows(f"{name} repeat {k}", real_dir, again, scenario))
+            runs[name][f"measured_{k}"] = str(again)
     result = {
         "engine_toml": str(engine_toml),
         "engine_label": cfg.calibration_label(),
@@ -245,6 +261,8 @@ def validate(
         "target_limits": limits.to_dict(),
         "rows": [r.to_dict() for r in rows],
         "summary": _summary(rows),
+        "repeatability": [r.to_dict() for r in floor] if floor else None,
+        "repeatability_summary": _summary(floor) if floor else None,
         "max_send_lag_ms": MAX_SEND_LAG_MS,
         "memory": memory_check(cfg, engine_memory) if engine_memory is not None else None,
         "plan_boundary": _plan_check(plan, plan_target, target_url, cfg, out_dir) if plan is not None else None,
@@ -254,6 +272,14 @@ def validate(
     if cfg.calibration:
         _record_validation(engine_toml, result, out_dir)
     return result
+
+
+def _repeat_rows(name: str, first: Path, again: Path, scenario: Scenario) -> list[FidelityRow]:
+    """A repeat measurement against the first, per class, by the fidelity table's rule ((repeat − first) / first)."""
+    a = analyze_run(first, scenario=scenario).to_dict()
+    b = analyze_run(again, scenario=scenario).to_dict()
+    lags = [x for x in (send_lag_p99_ms(first), send_lag_p99_ms(again)) if x is not None]
+    return _compare(name, a, b, max(lags) if lags else None)
 
 
 def _plan_check(
@@ -295,6 +321,10 @@ def _record_validation(engine_toml: Path, result: dict[str, Any], out_dir: Path)
         parts.append(f"attainment {s['max_abs_attainment_diff_points']:.1f} pts")
     if result.get("memory"):
         parts.append(f"peak memory {abs(result['memory']['error_pct']):.1f}%")
+    if f := result.get("repeatability_summary"):
+        worst = [v for k, v in f.items() if k.endswith("_error_pct") and "e2e" not in k and v is not None]
+        if worst:
+            parts.append(f"engine repeatability {max(worst):.1f}%")
     if (b := result.get("plan_boundary")) and b["max_steps_apart"] is not None:
         parts.append(f"plan boundary {b['max_steps_apart']} rate step(s)")
     doc, _ = read_toml(engine_toml, "engine TOML")
@@ -339,11 +369,21 @@ def format_table(result: dict[str, Any]) -> str:
             else ""
         )
     )
+    if f := result.get("repeatability_summary"):
+        lines.append(repeatability_line(f))
     if m := result.get("memory"):
         lines.append(memory_line(m))
     if b := result.get("plan_boundary"):
         lines.extend(boundary_line(b))
     return "\n".join(lines)
+
+
+def repeatability_line(f: dict[str, Any]) -> str:
+    """The engine against itself: the worst difference between repeat measurements of the same trace."""
+    parts = [f"{k[8:-10]} {v:.1f}%" for k, v in f.items() if k.endswith("_error_pct") and v is not None]
+    if f.get("max_abs_attainment_diff_points") is not None:
+        parts.append(f"attainment {f['max_abs_attainment_diff_points']:.1f} pts")
+    return "repeatability (measured again vs first, same engine, same trace): worst |difference| " + ", ".join(parts)
 
 
 def memory_line(m: dict[str, Any]) -> str:
@@ -377,6 +417,11 @@ def write_html(result: dict[str, Any], path: Path) -> Path:
         f"<table border='1'><tr><th>trace</th><th>class</th>{head}<th>attainment pts</th><th>send lag</th></tr>"
         + "".join(body)
         + "</table>"
+        + (
+            f"<p>{html.escape(repeatability_line(result['repeatability_summary']))}</p>"
+            if result.get("repeatability_summary")
+            else ""
+        )
         + (f"<p>{html.escape(memory_line(result['memory']))}</p>" if result.get("memory") else "")
         + (
             "<pre>" + html.escape("\n".join(boundary_line(result["plan_boundary"]))) + "</pre>"

@@ -89,6 +89,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     val.add_argument("--duration-s", type=flags.seconds(), default=None, help="replay only this much of each trace")
     val.add_argument(
+        "--repeats",
+        type=flags.count(1, 100),
+        default=1,
+        help="measure each trace this many times; repeats are compared with the first (the engine's own "
+        "repeatability, printed beside the worksheet's error)",
+    )
+    val.add_argument(
         "--plan",
         default=None,
         metavar="PLAN",
@@ -240,6 +247,7 @@ def _validate(args: argparse.Namespace) -> int:
             engine_memory=engine.memory,
             plan=args.plan,
             plan_target=engine.target,
+            repeats=args.repeats,
             tokenizer=args.tokenizer or engine.tokenizer or "cl100k_base",
         )
     print(json.dumps(result, default=str) if args.json else format_table(result))
