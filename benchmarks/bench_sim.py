@@ -5,9 +5,9 @@ Target (issue 13): simulating one hour of 20,000 requests and writing the run di
 fast path it took 5.3-5.9 s; with it, 3.2 s and 3.1 s on an idle host). Since the run directory is
 written once at close (``RunWriter(defer_parts=True)``, merges side by side), best of 3, idle host,
 this commit and the one before it run back to back: interactive-small-batch 2.25 s wall (before 2.74 s),
-throughput-large-batch 1.91 s (before 2.22 s); a second idle pair gave 2.56 s and 2.04 s (before 3.24 s
-and 2.25 s): this VM's speed moves by a fifth between consecutive runs of the same code, so compare
-pairs. What is left is mostly the engine's step loop (about 1.5 s of pure Python: ~75,000 events at
+throughput-large-batch 1.91 s (before 2.22 s). Later on the same idle host this commit's code gave
+3.24 s / 2.25 s and, minutes after, 2.56 s / 2.04 s: this VM's speed moves by a fifth or more between
+runs of the same code, so compare pairs run back to back. What is left is mostly the engine's step loop (about 1.5 s of pure Python: ~75,000 events at
 ~26 µs each), then the server metrics file (about 0.4 s, 13 rows per step). A leaner event loop (the
 client's next event kept, one state segment per decode run) gave identical results and no resolvable
 gain, and was not kept. The trace is the canonical scenario's class mix (shared system prompt,
