@@ -142,19 +142,8 @@ def _key(x: float) -> int:
     return b ^ _SIGN_FLIP if b < 0 else b
 
 
-def _unkey(k: int) -> float:
-    b = k ^ _SIGN_FLIP if k < 0 else k
-    return float(np.int64(b).view(np.float64))
-
-
-def _keys(x: np.ndarray) -> np.ndarray:
-    """``_key`` of every float64 in ``x``."""
-    b = np.asarray(x, dtype=np.float64).view(np.int64)
-    return np.where(b < 0, b ^ _SIGN_FLIP, b)
-
-
 def _unkeys(k: np.ndarray) -> np.ndarray:
-    """``_unkey`` of every key in ``k``."""
+    """The float64 of every key in ``k`` (``_key`` undone)."""
     return np.where(k < 0, k ^ _SIGN_FLIP, k).view(np.float64)
 
 
@@ -203,29 +192,11 @@ class SortedParts:
         """The value of 0-based rank ``r`` in the union (unscaled)."""
         if r in self._known:
             return self._known[r]
-        if len(self.parts) == 1:
-            return self.parts[0][r].item()
-        if self.integer:
-            lo, hi = min(int(p[0]) for p in self.parts), max(int(p[-1]) for p in self.parts)
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if self._count_le(mid) >= r + 1:
-                    hi = mid
-                else:
-                    lo = mid + 1
-            return lo
-        lo, hi = min(_key(p[0]) for p in self.parts), max(_key(p[-1]) for p in self.parts)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self._count_le(_unkey(mid)) >= r + 1:
-                hi = mid
-            else:
-                lo = mid + 1
-        return _unkey(lo)
+        return self.kth_many(np.array([r]))[0].item()
 
     def kth_many(self, ranks: np.ndarray) -> np.ndarray:
-        """``kth`` of every 0-based rank in ``ranks`` (unscaled, in the parts' dtype), by one binary search for all of
-        them: each round is one vectorised ``searchsorted`` per part, so a part on disk reads each block a
+        """The values of the 0-based ranks in ``ranks`` (unscaled, in the parts' dtype), by one binary search for all
+        of them: each round is one vectorised ``searchsorted`` per part, so a part on disk reads each block a
         round needs once, not once per rank (a CDF of 1,000 points over spilled runs)."""
         ranks = np.asarray(ranks, dtype=np.int64)
         if len(self.parts) == 1:
