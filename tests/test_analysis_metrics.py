@@ -168,6 +168,34 @@ def test_kth_many_over_runs_on_disk(tmp_path):
             f.close()
 
 
+def test_kth_many_over_long_ties_in_memory_and_on_disk(tmp_path):
+    """Runs of equal values many blocks long (zero gaps, whole-ms gaps), in parts longer than the sample stride,
+    in memory and on disk: every rank, the ends of each tie included, is the element one sorted array has there."""
+    from loadgen.analysis.spill import _BLOCK, RunFile
+
+    rng = np.random.default_rng(11)
+    runs = [
+        np.sort(np.concatenate([np.zeros(5 * _BLOCK + 3), rng.integers(1, 4, 4 * _BLOCK).astype(float)])),
+        np.sort(np.concatenate([np.zeros(2 * _BLOCK), rng.exponential(2.0, 3 * _BLOCK + 11)])),
+        np.sort(rng.integers(0, 3, 6 * _BLOCK + 1).astype(float)),
+        np.array([0.0, 2.0, 2.0, 7.5]),
+    ]
+    whole = np.sort(np.concatenate(runs))
+    for i, run in enumerate(runs[:2]):
+        run.tofile(tmp_path / f"run{i}")
+    files = [RunFile(tmp_path / f"run{i}", run) for i, run in enumerate(runs[:2])]
+    try:
+        ranks = np.unique(
+            np.concatenate([rng.integers(0, len(whole), 1500), edges := np.flatnonzero(np.diff(whole)), edges + 1])
+        )
+        ranks = ranks[ranks < len(whole)]
+        for parts in (runs, files + runs[2:]):
+            assert SortedParts(parts).kth_many(ranks).tolist() == whole[ranks].tolist()
+    finally:
+        for f in files:
+            f.close()
+
+
 chunk = st.tuples(st.integers(min_value=0, max_value=10**9), st.integers(min_value=0, max_value=8))
 
 

@@ -166,3 +166,43 @@ def test_bad_memory_options_are_one_line(tmp_path, args, env, needle):
     out = _cli("analyze", str(run), "--quiet", *args, env=env)
     assert out.returncode == 2
     assert out.stderr.startswith("loadgen: error: ") and needle in out.stderr and out.stderr.count("\n") == 1
+
+
+def test_a_spill_that_cannot_be_written_is_one_line_and_leaves_nothing(tmp_path):
+    """A spill write that fails (here: a file-size limit, as a full disk would) is raised from the writer thread
+    as one line, exit 2, and the spill directory is removed."""
+    import resource
+    import signal
+
+    run = tmp_path / "run"
+    generate_run(run, 1_000, 40_000, rows_per_part=10_000)
+    spill = tmp_path / "spill"
+    spill.mkdir()
+
+    def small_files() -> None:  # in the child: writes past 64 KiB fail with EFBIG instead of a signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "analyze",
+            str(run),
+            "--quiet",
+            "--memory-mib",
+            "0.25",
+            "--spill-dir",
+            str(spill),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        preexec_fn=small_files,
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("loadgen: error: ") and out.stderr.count("\n") == 1, out.stderr
+    assert "run-000000.bin: File too large: spilling 0.1 MiB" in out.stderr and "--memory-mib" in out.stderr
+    assert list(spill.iterdir()) == []

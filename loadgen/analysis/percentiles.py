@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -133,33 +133,96 @@ def summarize(values: Sequence[float] | np.ndarray) -> dict[str, Any]:
     return summarize_sorted(np.sort(arr))
 
 
-_SIGN_FLIP = 0x7FFFFFFFFFFFFFFF
+#: An in-memory part is sampled every this many values, as a spilled run is (``spill.RunFile``).
+SAMPLE_STRIDE = 1024
 
 
-def _key(x: float) -> int:
-    """Order-preserving int for a float64 (negative floats' magnitude bits flipped)."""
-    b = int(np.float64(x).view(np.int64))
-    return b ^ _SIGN_FLIP if b < 0 else b
+Side = Literal["left", "right"]
 
 
-def _unkeys(k: np.ndarray) -> np.ndarray:
-    """The float64 of every key in ``k`` (``_key`` undone)."""
-    return np.where(k < 0, k ^ _SIGN_FLIP, k).view(np.float64)
+class _InMemory:
+    """An ascending array as ``_select`` reads it: every stride-th value, counts, slices."""
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.values, self.dtype, self.n = values, values.dtype, len(values)
+        self.stride = SAMPLE_STRIDE
+        self.sample = values[:: self.stride]
+
+    def searchsorted(self, x: np.ndarray, side: Side) -> np.ndarray:
+        return np.searchsorted(self.values, x, side=side).astype(np.int64)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        return self.values[start:stop]
 
 
-def _midpoints(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """floor((lo + hi) / 2) of int64 arrays without overflow (keys span the whole int64 range)."""
-    return (lo >> 1) + (hi >> 1) + (lo & hi & 1)
+class _OnDisk:
+    """A run on disk (``spill.RunFile``) as ``_select`` reads it: its sample, counts, one ``pread`` per slice."""
+
+    def __init__(self, run: Any) -> None:
+        self.run, self.dtype, self.n = run, run.dtype, len(run)
+        self.stride = run.stride
+        self.sample = run.sample
+
+    def searchsorted(self, x: np.ndarray, side: Side) -> np.ndarray:
+        return np.asarray(self.run.searchsorted(x, side=side), dtype=np.int64)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        return self.run.read(start, stop - start)
+
+
+def _count(parts: list[Any], x: np.ndarray, side: Side) -> np.ndarray:
+    """Per part (rows), how many of its values are below ``x`` (side "left") or at most ``x`` ("right")."""
+    return np.stack([p.searchsorted(x, side) for p in parts])
+
+
+def _select(parts: list[Any], ranks: np.ndarray) -> np.ndarray:
+    """The values of the 0-based ``ranks`` in the union of ascending ``parts``, exactly (the element of each rank,
+    as one sorted array would give it), without merging them.
+
+    Every part keeps every stride-th value in memory. Over the sorted union of those samples, the samples alone
+    bound each sample value's count (values at most it): a few rounds of exact counts (one vectorised
+    ``searchsorted`` per part, one block read per part on disk) then find, for every rank, the two neighbouring
+    sample values ``a < b`` with count(a) ≤ rank < count(b). No sample lies strictly between them, so each part
+    holds at most one stride of values there: those few are read, and the rank is among them or is ``b``.
+    """
+    union = np.unique(np.concatenate([p.sample for p in parts]))
+    lower = np.zeros(len(union), dtype=np.int64)  # count(union[m]) is at least this
+    upper = np.zeros(len(union), dtype=np.int64)  # and at most this
+    for p in parts:  # one part at a time: memory stays one union's worth
+        j = np.searchsorted(p.sample, union, side="right")  # samples of the part <= union[m]
+        lower += np.where(j > 0, (j - 1) * p.stride + 1, 0)
+        upper += np.minimum(j * p.stride, p.n)
+    n = np.array([p.n for p in parts], dtype=np.int64)[:, None]
+    need = ranks + 1
+    lo = np.searchsorted(upper, need, side="left") - 1  # count(union[lo]) <= rank (-1: below every value)
+    hi = np.searchsorted(lower, need, side="left")  # count(union[hi]) > rank (len(union): above every sample)
+    while (open_ := np.flatnonzero(hi - lo > 1)).size:
+        mid = (lo[open_] + hi[open_]) // 2
+        enough = _count(parts, union[mid], "right").sum(axis=0) >= need[open_]
+        hi[open_] = np.where(enough, mid, hi[open_])
+        lo[open_] = np.where(enough, lo[open_], mid)
+    m = len(union)
+    start = np.where(lo >= 0, _count(parts, union[np.maximum(lo, 0)], "right"), 0)  # per part: values <= a
+    stop = np.where(hi < m, _count(parts, union[np.minimum(hi, m - 1)], "left"), n)  # per part: values < b
+    out = np.empty(len(ranks), dtype=parts[0].dtype)
+    for i in range(len(ranks)):
+        k = int(ranks[i] - start[:, i].sum())
+        between = [
+            p.read(a, b) for p, a, b in zip(parts, start[:, i].tolist(), stop[:, i].tolist(), strict=True) if b > a
+        ]
+        values = np.concatenate(between) if between else out[:0]
+        out[i] = np.partition(values, k)[k] if k < len(values) else union[hi[i]]
+    return out
 
 
 class SortedParts:
     """Several ascending arrays treated as one sorted sample without merging them (no copy).
 
-    Order statistics of the union come from a binary search over the value space (≤ 64 rounds of
-    one ``searchsorted`` per part), so per-class arrays of 10^8 gaps give the overall quantiles
+    Order statistics of the union come from ``_select`` (a search over the parts' in-memory samples,
+    then a few values read per part), so per-class arrays of 10^8 gaps give the overall quantiles
     exactly, by the same linear rule, without a second sort. ``scale`` multiplies every value
-    read (e.g. 1e-6 for int64 ns parts reported in ms). A part is an ascending array or anything
-    with its ``len``, ``dtype``, indexing and ``searchsorted`` (``spill.RunFile``: a run on disk).
+    read (e.g. 1e-6 for int64 ns parts reported in ms). A part is an ascending array or a run on disk
+    (``spill.RunFile``: ``len``, ``dtype``, indexing, ``searchsorted``, ``sample``, ``stride``, ``read``).
     """
 
     def __init__(self, parts: Sequence[np.ndarray], scale: float = 1.0, sums: Sequence[float] | None = None) -> None:
@@ -195,30 +258,11 @@ class SortedParts:
         return self.kth_many(np.array([r]))[0].item()
 
     def kth_many(self, ranks: np.ndarray) -> np.ndarray:
-        """The values of the 0-based ranks in ``ranks`` (unscaled, in the parts' dtype), by one binary search for all
-        of them: each round is one vectorised ``searchsorted`` per part, so a part on disk reads each block a
-        round needs once, not once per rank (a CDF of 1,000 points over spilled runs)."""
+        """The values of the 0-based ranks in ``ranks`` (unscaled, in the parts' dtype); see ``_select``."""
         ranks = np.asarray(ranks, dtype=np.int64)
         if len(self.parts) == 1:
             return np.array([self.parts[0][int(r)] for r in ranks], dtype=self.parts[0].dtype)
-        if self.integer:
-            lo = np.full(len(ranks), min(int(p[0]) for p in self.parts), dtype=np.int64)
-            hi = np.full(len(ranks), max(int(p[-1]) for p in self.parts), dtype=np.int64)
-            value = lambda k: k  # integers are their own keys
-        else:
-            lo = np.full(len(ranks), min(_key(p[0]) for p in self.parts), dtype=np.int64)
-            hi = np.full(len(ranks), max(_key(p[-1]) for p in self.parts), dtype=np.int64)
-            value = _unkeys
-        while True:
-            open_ = np.flatnonzero(lo < hi)
-            if not len(open_):
-                return value(lo)
-            mid = _midpoints(lo[open_], hi[open_])
-            x = value(mid)
-            count = sum(np.asarray(p.searchsorted(x, side="right"), dtype=np.int64) for p in self.parts)
-            enough = count >= ranks[open_] + 1
-            hi[open_] = np.where(enough, mid, hi[open_])
-            lo[open_] = np.where(enough, lo[open_], mid + 1)
+        return _select([_InMemory(p) if isinstance(p, np.ndarray) else _OnDisk(p) for p in self.parts], ranks)
 
     def percentile(self, q: float) -> float | None:
         if self.n == 0:

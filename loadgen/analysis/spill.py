@@ -7,9 +7,9 @@ largest one is sorted and written as a *run* (a raw native-endian array) into a 
 directory (``--spill-dir``, ``LOADGEN_ANALYZE_SPILL_DIR``, else the system's), and its sum is kept.
 ``finish`` returns each sample as its ascending runs: the spilled ones as ``RunFile`` (read a block
 at a time, never mapped, so their pages are not this process's memory), the rest in memory.
-``percentiles.SortedParts`` selects order statistics from them by binary search over the value
-space: the very element of each rank, so the linear rule gives the same bits as one sorted array,
-reading one block per run per search. A run that fits the budget writes nothing and yields one
+``percentiles.SortedParts`` selects order statistics from them (a search over every run's sample of
+each 1,024th value, then one block per run): the very element of each rank, so the linear rule gives
+the same bits as one sorted array. Runs are sorted and written on a background thread. A run that fits the budget writes nothing and yields one
 in-memory array per sample, exactly as before.
 """
 
@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Hashable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,8 @@ class RunFile:
 
     __slots__ = ("dtype", "fd", "n", "path", "sample")
 
+    stride = _BLOCK  # sample[i] = run[i * stride]
+
     def __init__(self, path: Path, run: np.ndarray) -> None:
         self.path, self.dtype, self.n = path, run.dtype, len(run)
         self.sample = run[::_BLOCK].copy()  # sample[i] = run[i * _BLOCK]
@@ -86,7 +89,8 @@ class RunFile:
     def __len__(self) -> int:
         return self.n
 
-    def _read(self, start: int, count: int) -> np.ndarray:
+    def read(self, start: int, count: int) -> np.ndarray:
+        """``count`` values from position ``start`` (one ``pread``)."""
         size = self.dtype.itemsize
         data = os.pread(self.fd, count * size, start * size)
         return np.frombuffer(data, dtype=self.dtype, count=count)
@@ -96,7 +100,7 @@ class RunFile:
             i += self.n
         if not 0 <= i < self.n:
             raise IndexError(i)
-        return self._read(i, 1)[0]
+        return self.read(i, 1)[0]
 
     def searchsorted(self, x: Any, side: str = "left") -> Any:
         if np.ndim(x):
@@ -106,7 +110,7 @@ class RunFile:
         if b == 0:
             return 0
         start = (b - 1) * _BLOCK
-        block = self._read(start, min(_BLOCK, self.n - start))
+        block = self.read(start, min(_BLOCK, self.n - start))
         return start + int(np.searchsorted(block, x, side=side))  # type: ignore[call-overload]
 
     def _searchsorted_many(self, xs: np.ndarray, side: str) -> np.ndarray:
@@ -119,7 +123,7 @@ class RunFile:
             if b == 0:
                 continue  # before the first value: position 0
             start = (b - 1) * _BLOCK
-            block = self._read(start, min(_BLOCK, self.n - start))
+            block = self.read(start, min(_BLOCK, self.n - start))
             out[group] = start + np.searchsorted(block, xs[group], side=side)  # type: ignore[call-overload]
         return out
 
@@ -141,19 +145,34 @@ class _Sample:
         self.runs: list[RunFile] = []
         self.sums: list[float] = []
 
+    def take_pieces(self) -> list[np.ndarray]:
+        """The buffered pieces, unsorted (the buffer is emptied)."""
+        pieces, self.pieces, self.nbytes = self.pieces, [], 0
+        return pieces
+
     def take(self) -> np.ndarray:
         """The buffered values as one ascending array (the buffer is emptied)."""
-        pieces, self.pieces, self.nbytes = self.pieces, [], 0
-        if not pieces:
-            return np.empty(0, dtype=self.dtype)
-        v = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-        del pieces
-        v.sort()
-        return v
+        return _ascending(self.take_pieces(), self.dtype)
+
+
+def _ascending(pieces: list[np.ndarray], dtype: np.dtype[Any]) -> np.ndarray:
+    """``pieces`` as one ascending array; the list is emptied, so the pieces are freed once copied."""
+    if not pieces:
+        return np.empty(0, dtype=dtype)
+    v = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+    pieces.clear()
+    v.sort()
+    return v
 
 
 class SortedRuns:
-    """Samples keyed by any hashable, gathered under one memory budget (see module docstring)."""
+    """Samples keyed by any hashable, gathered under one memory budget (see module docstring).
+
+    A spill sorts and writes its run on one background thread (numpy's sort and the write release
+    the GIL), so on a machine with a second core the chunk pass goes on meanwhile. One spill is in
+    flight at a time, and runs are recorded in the order they were started: the runs, their sums
+    and so every figure are the same as with the writes done in line.
+    """
 
     def __init__(self, config: SpillConfig, dtypes: dict[Hashable, Any]) -> None:
         self.config = config
@@ -162,6 +181,8 @@ class SortedRuns:
         self.spilled_bytes = 0
         self.n_runs = 0
         self._dir: Path | None = None
+        self._writer: ThreadPoolExecutor | None = None
+        self._pending: tuple[_Sample, Future[tuple[RunFile, float]]] | None = None
 
     def add(self, key: Hashable, values: np.ndarray) -> None:
         if not len(values):
@@ -178,33 +199,44 @@ class SortedRuns:
 
     def _spill(self, s: _Sample) -> None:
         self.buffered -= s.nbytes
-        run = s.take()
+        pieces = s.take_pieces()
+        path = self._run_dir() / f"run-{self.n_runs:06d}.bin"
+        self.n_runs += 1
+        self._settle()  # one spill in flight: its memory is the budget's second half at most
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loadgen-spill")
+        self._pending = (s, self._writer.submit(_write_run, pieces, s.dtype, path))
+        del pieces
+
+    def _run_dir(self) -> Path:
         if self._dir is None:
             where = str(self.config.spill_dir) if self.config.spill_dir is not None else None
             try:
                 self._dir = Path(tempfile.mkdtemp(prefix="loadgen-analyze-", dir=where))
             except OSError as exc:
                 raise RunDirError(f"spill directory {where or tempfile.gettempdir()!r}: {exc.strerror}") from None
-        path = self._dir / f"run-{self.n_runs:06d}.bin"
-        try:
-            run.tofile(path)
-        except OSError as exc:
-            raise RunDirError(
-                f"{path}: {exc.strerror}: spilling {run.nbytes / _MIB:.0f} MiB of analysis samples "
-                f"(free space under --spill-dir / {SPILL_DIR_ENV}, or raise --memory-mib)"
-            ) from None
-        s.runs.append(RunFile(path, run))
-        s.sums.append(float(np.sum(run, dtype=np.float64)))
-        self.n_runs += 1
-        self.spilled_bytes += run.nbytes
+        return self._dir
+
+    def _settle(self) -> None:
+        """Wait for the spill in flight and record its run (its error, such as a full disk, raises here)."""
+        if self._pending is None:
+            return
+        s, future = self._pending
+        self._pending = None
+        run, total = future.result()
+        s.runs.append(run)
+        s.sums.append(total)
+        self.spilled_bytes += run.n * run.dtype.itemsize
 
     @property
     def spilled(self) -> bool:
+        self._settle()
         return self.spilled_bytes > 0
 
     def finish(self, key: Hashable) -> tuple[list[np.ndarray], list[float] | None]:
         """Sample ``key`` as ascending parts (arrays or ``RunFile``) and their sums (None when nothing of it was spilled: one
         in-memory array, summed by the caller as before)."""
+        self._settle()
         s = self.samples[key]
         self.buffered -= s.nbytes
         last = s.take()
@@ -218,10 +250,32 @@ class SortedRuns:
         return parts, sums
 
     def close(self) -> None:
-        """Delete every run (idempotent)."""
+        """Stop the writer and delete every run (idempotent)."""
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
+        if self._pending is not None:
+            s, future = self._pending
+            self._pending = None
+            if future.exception() is None:
+                s.runs.append(future.result()[0])
         for s in self.samples.values():
             for run in s.runs:
                 run.close()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
+
+
+def _write_run(pieces: list[np.ndarray], dtype: np.dtype[Any], path: Path) -> tuple[RunFile, float]:
+    """Sort ``pieces`` into one run, write it to ``path``: the run on disk and its sum (on the writer thread)."""
+    run = _ascending(pieces, dtype)
+    try:
+        with open(path, "wb") as f:
+            f.write(memoryview(run).cast("B"))  # raises with its errno, even when the write was short
+    except OSError as exc:
+        raise RunDirError(
+            f"{path}: {exc.strerror or exc}: spilling {run.nbytes / _MIB:.1f} MiB of analysis samples "
+            f"(free space under --spill-dir / {SPILL_DIR_ENV}, or raise --memory-mib)"
+        ) from None
+    return RunFile(path, run), float(np.sum(run, dtype=np.float64))
