@@ -272,7 +272,7 @@ def _write_run(pieces: list[np.ndarray], dtype: np.dtype[Any], path: Path) -> tu
     run = _ascending(pieces, dtype)
     try:
         with open(path, "wb") as f:
-            f.write(memoryview(run).cast("B"))  # raises with its errno, even when the write was short
+            f.write(run.data.cast("B"))  # raises with its errno, even when the write was short
     except OSError as exc:
         raise RunDirError(
             f"{path}: {exc.strerror or exc}: spilling {run.nbytes / _MIB:.1f} MiB of analysis samples "
