@@ -262,11 +262,17 @@ def _shard_order(shard: str) -> tuple[int, str, int]:
     return (1 if shard else 0, shard[: len(shard) - len(digits)], int(digits) if digits else -1)
 
 
+def _unreadable(path: Path, exc: BaseException) -> RunDirError:
+    """One line for a part file Arrow cannot read (its footer, a page): the path and the error's first line."""
+    detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+    return RunDirError(f"{path}: unreadable Parquet ({detail}): expected a file written by loadgen")
+
+
 def _open(path: Path) -> pq.ParquetFile:
     try:
         return pq.ParquetFile(path)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise RunDirError(f"{path}: unreadable Parquet ({exc}): expected a file written by loadgen") from None
+    except (pa.ArrowException, OSError) as exc:
+        raise _unreadable(path, exc) from None
 
 
 def _conform(table: pa.Table, schema: pa.Schema, wanted: list[str], path: Path) -> pa.Table:
@@ -299,8 +305,8 @@ def read_table(path: Path, schema: pa.Schema, columns: list[str] | None = None) 
         have = set(pf.schema_arrow.names)
         try:
             table = pf.read(columns=[c for c in wanted if c in have])
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise RunDirError(f"{file}: unreadable Parquet ({exc}): expected a file written by loadgen") from None
+        except (pa.ArrowException, OSError) as exc:
+            raise _unreadable(file, exc) from None
         tables.append(_conform(table, schema, wanted, file))
     if not tables:
         return pa.schema([schema.field(c) for c in wanted]).empty_table()
@@ -316,7 +322,14 @@ def iter_file_batches(files: list[Path], columns: list[str], batch_size: int) ->
             raise RunDirError(
                 f"{file}: missing column(s) {missing}: expected the loadgen record schema v{SCHEMA_VERSION}"
             )
-        for batch in pf.iter_batches(batch_size=batch_size, columns=columns):
+        batches = pf.iter_batches(batch_size=batch_size, columns=columns)
+        while True:
+            try:
+                batch = next(batches, None)
+            except (pa.ArrowException, OSError) as exc:  # a corrupt page: name the file
+                raise _unreadable(file, exc) from None
+            if batch is None:
+                break
             yield file, batch
 
 

@@ -201,6 +201,13 @@ def test_server_lifecycle(tmp_path, standin):
         summary = sampler.stop()
         assert summary["samples"] >= 2 and summary["rss_high_water_bytes"] > 5 << 20
         assert sampler.summary(ledger_total_bytes=1 << 30)["rss_high_water_over_ledger"] > 0
+        if Path("/proc/self/status").exists():  # Linux: RSS split by kind, and the kernel's per-process peaks
+            assert 0 < summary["held_high_water_bytes"] <= summary["rss_high_water_bytes"]
+            assert (
+                summary["held_high_water_bytes"] + summary["file_backed_high_water_bytes"]
+                >= summary["rss_high_water_bytes"]
+            )
+            assert summary["hwm_sum_bytes"] >= summary["rss_high_water_bytes"]
     assert server.proc.poll() is not None
     time.sleep(0.2)
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE  # group killed

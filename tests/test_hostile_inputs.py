@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from loadgen.cli import main
-from loadgen.records import REQUESTS_FILE
+from loadgen.records import CHUNKS_FILE, REQUESTS_FILE
 from loadgen.rundir import run_table_files
 from loadgen.trace.io import TRACE_METADATA_KEY, read_trace
 
@@ -277,6 +277,20 @@ def test_damaged_manifests_and_emptied_requests(tmp_path, capsys, run_dir):
     notes = json.loads((tmp_path / "a.json").read_text())["notes"]
     assert any(f"holds 3 of the {recorded}" in note for note in notes)
     fails(capsys, ["analyze", run_dir, "--window", "nan:inf"], "finite")
+
+
+def test_a_corrupt_chunk_page_names_its_file(tmp_path, capsys, run_dir):
+    """A data page that fails to decode (bit rot inside a part file whose footer is intact) is one line naming
+    the file, raised from the reader thread that decodes ahead of the pass."""
+    (part,) = run_table_files(run_dir, CHUNKS_FILE)
+    table = pq.read_table(part)
+    pq.write_table(table, part, compression="zstd")
+    raw = bytearray(part.read_bytes())
+    footer = int.from_bytes(raw[-8:-4], "little") + 8  # footer length + "PAR1" + the length itself
+    for i in range(64, len(raw) - footer, 3):  # the pages: every third byte flipped, the footer intact
+        raw[i] ^= 0xFF
+    part.write_bytes(bytes(raw))
+    fails(capsys, ["analyze", run_dir], str(part), "unreadable Parquet")
 
 
 def test_plans_refuse_absurd_durations_and_damaged_state(tmp_path, capsys):

@@ -451,6 +451,9 @@ def test_calibrate_then_validate_a_held_out_config(vllm_python, workdir):
     assert memory["peak_basis"] == "RSS of the process tree" and memory["samples"] > 0
     assert memory["runtime_gib"] == fit["runtime_gib"] == cfg.measured_runtime_gib() > 0
     assert memory["peak_bytes"] == memory["runtime_bytes"] + sum(memory["model_memory_bytes"].values())
+    # the same peak by kind: what the tree holds (anonymous + shared) and its mapped files; the kernel's own peaks
+    assert 0 < memory["held_high_water_bytes"] <= memory["peak_bytes"] <= memory["hwm_sum_bytes"]
+    assert memory["held_high_water_bytes"] + memory["file_backed_high_water_bytes"] >= memory["peak_bytes"]
     result = loadgen(
         "validate",
         str(toml),

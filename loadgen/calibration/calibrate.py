@@ -431,7 +431,7 @@ def runtime_section(memory: dict[str, Any], reconciliation: dict[str, Any]) -> d
     runtime = memory.get("runtime_measured_bytes")
     if runtime is None or runtime < 0:
         return None
-    return {
+    section = {
         "runtime_gib": round(runtime / GIB, 4),
         "runtime_bytes": int(runtime),
         "peak_bytes": int(memory["peak_bytes"]),
@@ -440,6 +440,11 @@ def runtime_section(memory: dict[str, Any], reconciliation: dict[str, Any]) -> d
         "samples": int(memory.get("samples") or 0),
         "device": str(reconciliation.get("device", "")),
     }
+    # the same peak by kind (Linux): held (anonymous + shared) and file-backed, and the kernel's per-process peaks
+    for key in ("held_high_water_bytes", "file_backed_high_water_bytes", "hwm_sum_bytes"):
+        if memory.get(key) is not None:
+            section[key] = int(memory[key])
+    return section
 
 
 def calibrate(

@@ -2,6 +2,12 @@
 
 RSS (psutil) covers the whole tree (API server, engine core, workers); GPU memory comes from
 ``nvidia-smi`` when present. The summary's high-water marks are set against the ledger's total.
+
+On Linux each sample also splits the tree's RSS by kind (``/proc/PID/status``): *held* memory,
+anonymous plus shared memory (``RssAnon + RssShmem``: heaps, tensors, the KV cache, IPC buffers),
+and file-backed pages (``RssFile``: the mapped libraries, counted again in every process that
+maps them, and reclaimable page cache). It also keeps each process's kernel high-water mark
+(``VmHWM``), which no sampling interval can miss; their sum bounds the tree's peak from above.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ import shutil
 import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Any, Self
 
 import psutil
@@ -25,6 +32,9 @@ class MemorySampler:
         self.interval_s = interval_s
         self.samples: list[tuple[float, int, int | None]] = []  # (monotonic s, rss bytes, gpu bytes)
         self.peak_by_process: dict[str, int] = {}  # per-process RSS at the tree's high-water sample
+        self.held: list[int] = []  # per sample: the tree's RssAnon + RssShmem (Linux)
+        self.file_backed: list[int] = []  # per sample: the tree's RssFile (Linux)
+        self.hwm_by_process: dict[str, int] = {}  # per process ever seen: its VmHWM (Linux)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._nvsmi = shutil.which("nvidia-smi")
@@ -64,12 +74,26 @@ class MemorySampler:
         except (OSError, subprocess.SubprocessError, ValueError):
             return None
 
+    def _tree_status(self, procs: list[str]) -> None:
+        """Held and file-backed RSS of the tree now, and every process's VmHWM (Linux ``/proc``; skipped elsewhere)."""
+        held = file_backed = 0
+        for key in procs:
+            fields = _proc_status(int(key.split(":", 1)[0]))
+            if fields is None:
+                return
+            held += fields.get("RssAnon", 0) + fields.get("RssShmem", 0)
+            file_backed += fields.get("RssFile", 0)
+            self.hwm_by_process[key] = max(self.hwm_by_process.get(key, 0), fields.get("VmHWM", 0))
+        self.held.append(held)
+        self.file_backed.append(file_backed)
+
     def sample(self) -> None:
         """Take one sample; keep the per-process split of the highest tree RSS so far."""
         by_proc = self.tree_rss_by_process()
         total = sum(by_proc.values())
         if not self.samples or total > max(s[1] for s in self.samples):
             self.peak_by_process = by_proc
+        self._tree_status(list(by_proc))
         self.samples.append((time.monotonic(), total, self.gpu_used()))
 
     def _loop(self) -> None:
@@ -110,8 +134,35 @@ class MemorySampler:
             "note": "RSS covers the whole process tree (API server, engine core, workers: Python + torch runtimes), "
             "which the ledger's model-memory lines do not include",
         }
+        if self.held:
+            out["held_high_water_bytes"] = max(self.held)
+            out["file_backed_high_water_bytes"] = max(self.file_backed)
+            out["hwm_sum_bytes"] = sum(self.hwm_by_process.values())
+            out["held_note"] = (
+                "held = RssAnon + RssShmem of the tree (heaps, tensors, KV cache, IPC); file-backed = RssFile (mapped "
+                "libraries, counted once per process that maps them); hwm_sum = the sum of every process's VmHWM"
+            )
         if ledger_total_bytes:
             out["ledger_total_bytes"] = int(ledger_total_bytes)
             if rss:
                 out["rss_high_water_over_ledger"] = round(max(rss) / ledger_total_bytes, 4)
         return out
+
+
+_STATUS_FIELDS = ("VmHWM", "RssAnon", "RssFile", "RssShmem")
+
+
+def _proc_status(pid: int) -> dict[str, int] | None:
+    """The memory fields of ``/proc/PID/status`` in bytes; None where there is no such file (not Linux)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return {} if Path("/proc/self/status").exists() else None  # the process exited / no procfs
+    except OSError:
+        return {}
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name in _STATUS_FIELDS:
+            out[name] = int(value.split()[0]) * 1024  # "123456 kB"
+    return out
