@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_analyze import generate_run  # noqa: E402  (the benchmark's generator, block by block)
 
 
-def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def _cli(*args: str, env: dict[str, str] | None = None, preexec_fn: Any = None) -> subprocess.CompletedProcess:
     import os
 
     return subprocess.run(
@@ -41,6 +41,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
         text=True,
         timeout=600,
         env={**os.environ, **(env or {})},
+        preexec_fn=preexec_fn,
     )
 
 
@@ -183,24 +184,8 @@ def test_a_spill_that_cannot_be_written_is_one_line_and_leaves_nothing(tmp_path)
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
 
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "loadgen",
-            "analyze",
-            str(run),
-            "--quiet",
-            "--memory-mib",
-            "0.25",
-            "--spill-dir",
-            str(spill),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        preexec_fn=small_files,
+    out = _cli(
+        "analyze", str(run), "--quiet", "--memory-mib", "0.25", "--spill-dir", str(spill), preexec_fn=small_files
     )
     assert out.returncode == 2, out.stderr
     assert out.stderr.startswith("loadgen: error: ") and out.stderr.count("\n") == 1, out.stderr
