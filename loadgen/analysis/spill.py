@@ -9,8 +9,9 @@ directory (``--spill-dir``, ``LOADGEN_ANALYZE_SPILL_DIR``, else the system's), a
 at a time, never mapped, so their pages are not this process's memory), the rest in memory.
 ``percentiles.SortedParts`` selects order statistics from them (a search over every run's sample of
 each 1,024th value, then one block per run): the very element of each rank, so the linear rule gives
-the same bits as one sorted array. Runs are sorted and written on a background thread. A run that fits the budget writes nothing and yields one
-in-memory array per sample, exactly as before.
+the same bits as one sorted array. Runs are sorted and written on a background thread, one at a time,
+so memory holds the buffers (up to the budget) plus the one run being written (up to the budget
+again). A run that fits the budget writes nothing and yields one in-memory array per sample.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from ..errors import RunDirError
 
 __all__ = ["DEFAULT_MEMORY_MIB", "MEMORY_ENV", "SPILL_DIR_ENV", "RunFile", "SortedRuns", "SpillConfig"]
 
-#: Default budget for the buffered samples (MiB); sorting a buffer briefly needs twice its size.
+#: Default budget for the buffered samples (MiB); the one run being sorted and written counts apart.
 DEFAULT_MEMORY_MIB = 256.0
 MEMORY_ENV = "LOADGEN_ANALYZE_MEMORY_MIB"
 SPILL_DIR_ENV = "LOADGEN_ANALYZE_SPILL_DIR"
@@ -202,7 +203,7 @@ class SortedRuns:
         pieces = s.take_pieces()
         path = self._run_dir() / f"run-{self.n_runs:06d}.bin"
         self.n_runs += 1
-        self._settle()  # one spill in flight: its memory is the budget's second half at most
+        self._settle()  # one spill in flight: memory holds the buffers plus this one run being written
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loadgen-spill")
         self._pending = (s, self._writer.submit(_write_run, pieces, s.dtype, path))
