@@ -141,38 +141,24 @@ Side = Literal["left", "right"]
 
 
 class _InMemory:
-    """An ascending array as ``_select`` reads it: every stride-th value, counts, slices."""
+    """An ascending array with what ``_select`` reads of a run on disk (``spill.RunFile``): ``n``, ``dtype``,
+    every stride-th value (``sample``), vectorised ``searchsorted`` and ``read(start, count)``."""
 
     def __init__(self, values: np.ndarray) -> None:
         self.values, self.dtype, self.n = values, values.dtype, len(values)
         self.stride = SAMPLE_STRIDE
         self.sample = values[:: self.stride]
 
-    def searchsorted(self, x: np.ndarray, side: Side) -> np.ndarray:
-        return np.searchsorted(self.values, x, side=side).astype(np.int64)
+    def searchsorted(self, x: np.ndarray, side: Side = "left") -> np.ndarray:
+        return np.searchsorted(self.values, x, side=side)
 
-    def read(self, start: int, stop: int) -> np.ndarray:
-        return self.values[start:stop]
-
-
-class _OnDisk:
-    """A run on disk (``spill.RunFile``) as ``_select`` reads it: its sample, counts, one ``pread`` per slice."""
-
-    def __init__(self, run: Any) -> None:
-        self.run, self.dtype, self.n = run, run.dtype, len(run)
-        self.stride = run.stride
-        self.sample = run.sample
-
-    def searchsorted(self, x: np.ndarray, side: Side) -> np.ndarray:
-        return np.asarray(self.run.searchsorted(x, side=side), dtype=np.int64)
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        return self.run.read(start, stop - start)
+    def read(self, start: int, count: int) -> np.ndarray:
+        return self.values[start : start + count]
 
 
 def _count(parts: list[Any], x: np.ndarray, side: Side) -> np.ndarray:
     """Per part (rows), how many of its values are below ``x`` (side "left") or at most ``x`` ("right")."""
-    return np.stack([p.searchsorted(x, side) for p in parts])
+    return np.stack([np.asarray(p.searchsorted(x, side=side), dtype=np.int64) for p in parts])
 
 
 def _select(parts: list[Any], ranks: np.ndarray) -> np.ndarray:
@@ -208,7 +194,7 @@ def _select(parts: list[Any], ranks: np.ndarray) -> np.ndarray:
     for i in range(len(ranks)):
         k = int(ranks[i] - start[:, i].sum())
         between = [
-            p.read(a, b) for p, a, b in zip(parts, start[:, i].tolist(), stop[:, i].tolist(), strict=True) if b > a
+            p.read(a, b - a) for p, a, b in zip(parts, start[:, i].tolist(), stop[:, i].tolist(), strict=True) if b > a
         ]
         values = np.concatenate(between) if between else out[:0]
         out[i] = np.partition(values, k)[k] if k < len(values) else union[hi[i]]
@@ -232,7 +218,6 @@ class SortedParts:
         self.sums = [sums[i] for i in kept] if sums is not None else None
         self.n = int(sum(len(p) for p in self.parts))
         self.scale = scale
-        self.integer = bool(self.parts) and np.issubdtype(self.parts[0].dtype, np.integer)
         self._known: dict[int, Any] = {}  # rank -> value, found ahead by ``prefetch``
 
     def prefetch(self, ranks: Sequence[int]) -> None:
@@ -262,7 +247,7 @@ class SortedParts:
         ranks = np.asarray(ranks, dtype=np.int64)
         if len(self.parts) == 1:
             return np.array([self.parts[0][int(r)] for r in ranks], dtype=self.parts[0].dtype)
-        return _select([_InMemory(p) if isinstance(p, np.ndarray) else _OnDisk(p) for p in self.parts], ranks)
+        return _select([_InMemory(p) if isinstance(p, np.ndarray) else p for p in self.parts], ranks)
 
     def percentile(self, q: float) -> float | None:
         if self.n == 0:
