@@ -11,9 +11,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadgen.calibration.calibrate import TERMS, EngineLimits, calibration_phases, fit_cost_model
+from loadgen.calibration.calibrate import (
+    TERMS,
+    EngineLimits,
+    Observations,
+    calibration_phases,
+    fit_cost_model,
+    with_step_jitter,
+)
 from loadgen.pinning import affinity, format_cpus
 from loadgen.sim import load_engine_config
+from loadgen.sim.config import JITTER_PROBABILITIES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,6 +64,21 @@ def test_fit_recovers_terms_despite_outliers():
     assert fit.noise_sigma < 0.1
 
 
+def test_step_jitter_is_the_spread_of_single_gaps():
+    """Raw decode gaps = the truth + a known skewed jitter: its quantiles come back, and replace noise_sigma."""
+    rng = np.random.default_rng(1)
+    truth = np.array([8.0, 0.0, 1.5, 0.0, 0.0])
+    b = rng.integers(1, 9, 4000)
+    raw_x = np.column_stack([np.ones(4000), np.zeros(4000), b, b * 200.0, np.zeros(4000)])
+    jitter = rng.gamma(1.5, 2.0, 4000) - 3.0  # mean 0, a right tail
+    obs = Observations(raw_x[:400], raw_x[:400] @ truth, np.ones(400, dtype=bool), raw_x, raw_x @ truth + jitter)
+    fit = with_step_jitter(fit_cost_model(obs.x, obs.y, obs.is_decode), obs)
+    assert fit.step_jitter_ms == pytest.approx(np.quantile(jitter, JITTER_PROBABILITIES), abs=1e-3)
+    assert fit.noise_sigma == 0
+    few = Observations(obs.x, obs.y, obs.is_decode, raw_x[:50], obs.raw_y[:50])
+    assert with_step_jitter(fit_cost_model(obs.x, obs.y, obs.is_decode), few).step_jitter_ms == []
+
+
 def test_negative_term_is_fixed_at_zero():
     x = np.array([[1, 0, b, 0, 0] for b in range(1, 20)], dtype=float)
     x[:, 3] = np.arange(19)[::-1] * 100  # KV feature anti-correlated with time: would fit negative
@@ -95,6 +118,10 @@ def test_calibrate_recovers_known_sim_engine(sim_server, tmp_path):
     empty = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"  # sha256 of nothing
     assert empty not in cfg.calibration["calibration_runs"].values()
     assert "calibrated against loadgen-sim" in cfg.calibration_label()
+    # the step jitter, measured from every single decode gap, replaces the log-normal noise
+    jitter = cfg.cost.step_jitter_ms
+    assert len(jitter) == len(JITTER_PROBABILITIES) and jitter == sorted(jitter) and cfg.cost.noise_sigma == 0
+    assert jitter[0] < 0 < jitter[-1] and abs(jitter[4]) < 0.25 * TRUTH["fixed_ms"], jitter  # median gap: the fit
     # where the client ran is recorded; a URL target was not launched by loadgen: no shared-CPU flag
     assert cfg.calibration["pinning"] == {"client_cpus": format_cpus(affinity() or ())}
     assert cfg.calibration["runs_flagged_shared_cpus"] == []

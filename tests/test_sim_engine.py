@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loadgen.errors import ScenarioError
 from loadgen.sim import Engine, Seq, list_presets, load_engine_config, parse_engine_config, parse_fault_header
-from loadgen.sim.config import FaultConfig
+from loadgen.sim.config import JITTER_PROBABILITIES, FaultConfig
 from loadgen.sim.engine import NEVER_NS, DecodeRun, StepResult
 from loadgen.sim.faults import FaultDecider
 from loadgen.sim.protocol import FILLER_WORDS, filler_bytes, filler_text, token_bytes
@@ -298,6 +299,10 @@ def engine_state(engine: Engine, seqs: list[Seq]) -> tuple:
     ]
 
 
+#: Step jitter quantiles (ms) with a heavy right tail and draws below -fixed_ms (clamped to a tenth of the step).
+JITTER_MS = [-9.0, -3.0, -1.0, -0.3, 0.0, 0.4, 1.5, 4.0, 30.0]
+
+
 @settings(max_examples=80, deadline=None)
 @given(
     st.lists(
@@ -317,12 +322,13 @@ def engine_state(engine: Engine, seqs: list[Seq]) -> tuple:
     st.sampled_from(["fcfs", "priority"]),
     st.sampled_from([1, 4, 16]),
     st.sampled_from([(0.0, 1), (5.0, 3)]),
-    st.sampled_from([0.0, 0.3]),
+    st.sampled_from([(0.0, []), (0.3, []), (0.3, JITTER_MS), (0.0, JITTER_MS)]),
     st.booleans(),
 )
-def test_decode_runs_take_the_same_steps(reqs, blocks, max_seqs, budget, policy, block_size, window, sigma, chunked):
+def test_decode_runs_take_the_same_steps(reqs, blocks, max_seqs, budget, policy, block_size, window, noise, chunked):
     """``decode_run`` leaves the engine, step for step, as ``step`` alone does (issue 13)."""
     window_ms, min_waiting = window
+    sigma, jitter = noise
     config = cfg(
         kv={"block_size": block_size, "num_kv_blocks": blocks * 16 // block_size},
         scheduler={
@@ -331,7 +337,7 @@ def test_decode_runs_take_the_same_steps(reqs, blocks, max_seqs, budget, policy,
             "policy": policy,
             "chunked_prefill": chunked,
         },
-        cost={"per_decode_seq_ms": 0.1, "per_kv_token_ms": 0.001, "noise_sigma": sigma},
+        cost={"per_decode_seq_ms": 0.1, "per_kv_token_ms": 0.001, "noise_sigma": sigma, "step_jitter_ms": jitter},
         batching={"window_ms": window_ms, "min_waiting": min_waiting},
     )
     runs = []
@@ -426,3 +432,38 @@ def test_public_names_exist():
 
     for name in sim.__all__:
         assert getattr(sim, name) is not None, name
+
+
+def test_step_jitter_reproduces_its_quantiles():
+    """A calibrated engine's steps spread as its measured jitter says: each step is the modelled time plus a draw
+    whose quantiles are ``step_jitter_ms`` (interpolated between them), and none is shorter than a tenth of it."""
+    jitter = [-4.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.5, 3.0, 12.0]
+    e = Engine(cfg(cost={"fixed_ms": 10.0, "step_jitter_ms": jitter}), seed=5)
+    e.add(Seq(0, 4, 20_000, 0))
+    now, extra_ms = 0, []
+    while e.running or e.waiting:
+        res = e.step(now)
+        now += res.duration_ns
+        extra_ms.append(res.duration_ns / 1e6 - 10.0)
+    got = np.quantile(extra_ms, JITTER_PROBABILITIES)
+    assert got == pytest.approx(jitter, abs=0.25), got
+    plain = Engine(cfg(cost={"fixed_ms": 10.0}), seed=5)
+    plain.add(Seq(0, 4, 50, 0))
+    assert plain.step(0).duration_ns == 10_000_000  # no jitter configured: the modelled time exactly
+    clamped = Engine(cfg(cost={"fixed_ms": 10.0, "step_jitter_ms": [-50.0] * 9}), seed=5)
+    clamped.add(Seq(0, 4, 50, 0))
+    assert clamped.step(0).duration_ns == 1_000_000
+
+
+@pytest.mark.parametrize(
+    "jitter, expected",
+    [
+        ([1.0, 2.0], "expected 9 non-decreasing quantiles .* got 2 values"),
+        ([0, 1, 2, 3, 4, 5, 6, 7, 1], "non-decreasing"),
+        ([0.0] * 8 + [1e9], "within"),
+        ([0.0] * 8 + [float("nan")], "step_jitter_ms"),
+    ],
+)
+def test_step_jitter_must_be_quantiles(jitter, expected):
+    with pytest.raises(ScenarioError, match=expected):
+        cfg(cost={"step_jitter_ms": jitter})

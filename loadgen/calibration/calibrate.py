@@ -13,15 +13,16 @@ token × P + per decode sequence × D + per KV token read × K):
 
 Each observation is a row of features [prefill steps, prefill tokens, decode sequences, KV tokens read,
 request overhead] and a time; the fit is least squares on relative error with Huber weights
-(iteratively reweighted), a term going negative is fixed at 0 and the rest refitted. ``noise_sigma``
-is the robust spread (1.4826 × MAD) of log(observed / predicted) decode gaps. The engine's scheduler
-limits are read from the engine itself (``engine_limits``), never assumed.
+(iteratively reweighted), a term going negative is fixed at 0 and the rest refitted. The step jitter is
+the distribution (quantiles) of every single decode gap's measured − predicted time; with too few gaps,
+``noise_sigma`` (the robust spread of log(observed / predicted) averaged gaps) stands in. The engine's
+scheduler limits are read from the engine itself (``engine_limits``), never assumed.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from ..manifest import read_manifest
 from ..pinning import SHARED_CPUS
 from ..records import CHUNKS_FILE, REQUESTS_FILE, TRACE_SCHEMA
 from ..rundir import load_run
+from ..sim.config import JITTER_PROBABILITIES
 from ..targets.replay import run_driver
 from ..tomlfile import dumps_toml
 from ..trace.io import write_trace
@@ -52,6 +54,8 @@ __all__ = [
     "engine_limits",
     "fit_cost_model",
     "observations",
+    "Observations",
+    "with_step_jitter",
     "calibrate",
     "run_hashes",
     "write_engine_toml",
@@ -207,11 +211,29 @@ def _prefill_features(prompt: int, budget: int) -> list[float]:
     return [steps, prompt, 0, kv, 1]
 
 
-def observations(run_dirs: list[Path], budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(features, observed ms, is-decode-gap) from calibration run dirs: prefill TTFTs and decode gaps."""
+@dataclass
+class Observations:
+    """What the calibration runs measured, as rows of features [prefill steps, prefill tokens, decode sequences,
+    KV tokens read, request overhead] and times (ms).
+
+    ``x``/``y``/``is_decode``: prefill TTFTs and decode gaps averaged over GAP_WINDOW steps (what the terms are
+    fitted to). ``raw_x``/``raw_y``: every single decode gap (what the step jitter is measured from).
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    is_decode: np.ndarray
+    raw_x: np.ndarray
+    raw_y: np.ndarray
+
+
+def observations(run_dirs: list[Path], budget: int) -> Observations:
+    """Prefill TTFTs and decode gaps from calibration run dirs."""
     feats: list[list[float]] = []
     times: list[float] = []
     decode: list[bool] = []
+    raw_feats: list[list[float]] = []
+    raw_times: list[float] = []
     for run_dir in run_dirs:
         run = load_run(run_dir)
         kind = (getattr(run.manifest, "calibration", None) or {}).get("kind")
@@ -233,15 +255,24 @@ def observations(run_dirs: list[Path], budget: int) -> tuple[np.ndarray, np.ndar
         prompt = int(ok.target_prompt_tokens.iloc[0])
         if run.chunks is None:
             continue
-        chunks = run.chunks.to_pandas().sort_values(["request_id", "seq"])
-        gaps = _lockstep_gaps(chunks, b)
-        for j, gap_ms in gaps:
+        chunks = run.chunks.to_pandas()
+        per = _lockstep(chunks[chunks.tokens > 0].sort_values(["request_id", "seq"]), b)
+        for j, gap_ms in _window_gaps(per):
             feats.append([1, 0, b, b * (prompt + j), 0])  # one pure-decode step of b sequences
             times.append(gap_ms)
             decode.append(True)
+        for j, gap_ms in _raw_gaps(per):
+            raw_feats.append([1, 0, b, b * (prompt + j), 0])
+            raw_times.append(gap_ms)
     if not times:
         raise LoadgenError("calibration: no usable observation in the run dirs: expected ok requests with tokens")
-    return np.array(feats, dtype=np.float64), np.array(times, dtype=np.float64), np.array(decode)
+    return Observations(
+        np.array(feats, dtype=np.float64),
+        np.array(times, dtype=np.float64),
+        np.array(decode),
+        np.array(raw_feats, dtype=np.float64).reshape(-1, len(TERMS)),
+        np.array(raw_times, dtype=np.float64),
+    )
 
 
 #: Decode gaps are averaged over windows of this many steps: a client that reads two events at once
@@ -249,29 +280,55 @@ def observations(run_dirs: list[Path], budget: int) -> tuple[np.ndarray, np.ndar
 GAP_WINDOW = 4
 
 
-def _lockstep_gaps(chunks: Any, b: int) -> list[tuple[float, float]]:
-    """(mean KV tokens read per sequence beyond the prompt, mean gap ms) per window of GAP_WINDOW steps in
-    which all b requests decode together.
+@dataclass(frozen=True)
+class _Lockstep:
+    """The token arrival times (ns) of b requests decoding together: request i's token first[i] + m and the
+    others' first[j] + m come from the same step, for m in 0..n."""
+
+    arrivals: list[np.ndarray]
+    first: list[int]
+    n: int
+
+
+def _lockstep(chunks: Any, b: int) -> _Lockstep | None:
+    """The steps in which all b requests decode together, from their token-carrying chunks in order.
 
     Decoding starts once every request has its first token (a real server admits requests that arrive a
-    little apart in different steps); from then on each step gives every request one token, so request i's
-    token k_i + m and the others' k_j + m come from the same step. The gap after token i (1-based) is a
-    step that reads prompt + i tokens for that sequence.
+    little apart in different steps); from then on each step gives every request one token. The gap after
+    token i (1-based) is a step that reads prompt + i tokens for that sequence.
     """
     per = [g.arrival_ns.to_numpy().astype(np.float64) for _, g in chunks.groupby("request_id")]
     if len(per) != b:
-        return []
+        return None
     start = max(a[0] for a in per)
     first = [int(np.searchsorted(a, start, side="left")) for a in per]  # each one's token index at the start
     n = min(len(a) - 1 - k for a, k in zip(per, first, strict=True))  # steps all share (last token may finish)
+    return _Lockstep(per, first, n)
+
+
+def _window_gaps(lock: _Lockstep | None) -> list[tuple[float, float]]:
+    """(mean KV tokens read per sequence beyond the prompt, mean gap ms) per window of GAP_WINDOW steps."""
+    if lock is None:
+        return []
     out = []
-    for m in range(0, n - GAP_WINDOW, GAP_WINDOW):
-        spans = [a[k + m + GAP_WINDOW] - a[k + m] for a, k in zip(per, first, strict=True)]
+    for m in range(0, lock.n - GAP_WINDOW, GAP_WINDOW):
+        spans = [a[k + m + GAP_WINDOW] - a[k + m] for a, k in zip(lock.arrivals, lock.first, strict=True)]
         gap = float(np.median(spans)) / GAP_WINDOW / 1e6
         if gap > 0:
-            mean_index = float(np.mean([k + m + 1 + (GAP_WINDOW - 1) / 2 for k in first]))
+            mean_index = float(np.mean([k + m + 1 + (GAP_WINDOW - 1) / 2 for k in lock.first]))
             out.append((mean_index, gap))
     return out
+
+
+def _raw_gaps(lock: _Lockstep | None) -> list[tuple[float, float]]:
+    """(KV tokens read per sequence beyond the prompt, gap ms) of every request's every lockstep gap."""
+    if lock is None:
+        return []
+    return [
+        (k + m + 1, (a[k + m + 1] - a[k + m]) / 1e6)
+        for a, k in zip(lock.arrivals, lock.first, strict=True)
+        for m in range(lock.n)
+    ]
 
 
 @dataclass
@@ -284,6 +341,7 @@ class Fit:
     observations: int
     dropped_terms: list[str]
     iterations: int
+    step_jitter_ms: list[float] = field(default_factory=list)  # quantiles at JITTER_PROBABILITIES (step_jitter)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -341,6 +399,26 @@ def fit_cost_model(x: np.ndarray, y: np.ndarray, is_decode: np.ndarray) -> Fit:
     )
 
 
+#: Fewer raw decode gaps than this and the jitter's tails are not measured: the log-normal noise stays instead.
+MIN_JITTER_GAPS = 100
+
+
+def with_step_jitter(fit: Fit, obs: Observations) -> Fit:
+    """The fit with the step jitter measured: quantiles (at ``JITTER_PROBABILITIES``) of every raw decode gap's
+    measured − predicted time.
+
+    The terms are fitted to gaps averaged over GAP_WINDOW steps, and ``noise_sigma`` is the robust spread of
+    those averages: both hide how single gaps spread (a late token, two tokens read at once), which is what a
+    measured ITL p99 sees. With the jitter measured, it replaces the log-normal noise (``noise_sigma`` 0).
+    """
+    if len(obs.raw_y) < MIN_JITTER_GAPS:
+        return fit
+    beta = np.array([fit.terms[t] for t in TERMS])
+    residual_ms = obs.raw_y - obs.raw_x @ beta
+    quantiles = np.quantile(residual_ms, JITTER_PROBABILITIES)
+    return replace(fit, noise_sigma=0.0, step_jitter_ms=[round(float(v), 4) for v in quantiles])
+
+
 def run_hashes(run_dirs: list[Path]) -> dict[str, str]:
     """sha256 over each calibration run's requests and chunks data (a file, or a folder of parts), for provenance."""
     out = {}
@@ -380,6 +458,7 @@ def write_engine_toml(
             "per_kv_token_ms": round(c["per_kv_token_ms"], 9),
             "request_overhead_ms": round(c["request_overhead_ms"], 6),
             "noise_sigma": fit.noise_sigma,
+            **({"step_jitter_ms": fit.step_jitter_ms} if fit.step_jitter_ms else {}),
         },
         "calibration": {
             "calibrated": True,
@@ -394,8 +473,10 @@ def write_engine_toml(
     }
     header = (
         "# Written by `loadgen sim calibrate`: step time = fixed + per prefill token + per decode sequence\n"
-        "# + per KV token read (+ log-normal noise); request_overhead_ms delays each request's arrival at the\n"
-        "# scheduler (HTTP, tokenization). [calibration] records the fit, its residuals and provenance.\n"
+        "# + per KV token read (+ step jitter, measured: its quantiles at probabilities "
+        f"{', '.join(f'{p:g}' for p in JITTER_PROBABILITIES)};\n"
+        "# else log-normal noise); request_overhead_ms delays each request's arrival at the scheduler (HTTP,\n"
+        "# tokenization). [calibration] records the fit, its residuals and provenance.\n"
     )
     path.write_text(header + dumps_toml(doc, what=str(path)))
     return path
@@ -481,8 +562,8 @@ def calibrate(
         limits = EngineLimits(**recorded["limits"])
         target = str(read_manifest(run_dirs[0]).target.base_url)
     lags = {Path(d).name: send_lag_p99_ms(Path(d)) for d in run_dirs}
-    x, y, is_decode = observations(run_dirs, limits.max_num_batched_tokens)
-    fit = fit_cost_model(x, y, is_decode)
+    obs = observations(run_dirs, limits.max_num_batched_tokens)
+    fit = with_step_jitter(fit_cost_model(obs.x, obs.y, obs.is_decode), obs)
     versions = package_versions()
     provenance = {
         "target": target,

@@ -214,6 +214,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     for term, value in fit.terms.items():
         print(f"  {term:24s} {value:.6g}" + ("  (fixed at 0)" if term in fit.dropped_terms else ""))
     print(f"  {'noise_sigma':24s} {fit.noise_sigma:.4g}")
+    if q := fit.step_jitter_ms:
+        print(f"  {'step_jitter_ms':24s} p1 {q[0]:+.3g} … p50 {q[4]:+.3g} … p99 {q[-1]:+.3g}")
     for key, value in fit.residual_pct.items():
         print(f"  residual {key:30s} {value:.2f} %")
     if runtime_gib is not None:

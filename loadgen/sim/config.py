@@ -94,6 +94,11 @@ class KVConfig(_Model):
         return self
 
 
+#: The probabilities at which ``CostModel.step_jitter_ms`` gives the jitter's quantiles; the sim draws u ~ U(0, 1)
+#: and interpolates linearly between them (clamped outside the first and last).
+JITTER_PROBABILITIES = (0.01, 0.05, 0.10, 0.25, 0.50, 0.75, 0.90, 0.95, 0.99)
+
+
 class CostModel(_Model):
     """Step time = fixed + per prefill token + per decode sequence + per KV token read, in ms."""
 
@@ -106,6 +111,23 @@ class CostModel(_Model):
     # The worksheet delays each request's engine arrival by it; the live server has its own, real overhead.
     request_overhead_ms: float = Field(default=0.0, ge=0, le=MAX_STEP_MS)
     noise_sigma: float = Field(default=0.0, ge=0, le=2)  # log-normal multiplicative noise, seeded
+    # additive step jitter (ms), as measured: its quantiles at JITTER_PROBABILITIES, fitted by `loadgen sim
+    # calibrate` from the raw token gaps (measured − predicted) because a real engine's gaps have a heavy right
+    # tail that no log-normal of the window-averaged residuals carries. Empty: no jitter.
+    step_jitter_ms: list[float] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _jitter_quantiles(self) -> CostModel:
+        q = self.step_jitter_ms
+        if q and (len(q) != len(JITTER_PROBABILITIES) or any(b < a for a, b in zip(q, q[1:]))):
+            got = f"{len(q)} values" if len(q) != len(JITTER_PROBABILITIES) else str(q)
+            raise ValueError(
+                f"step_jitter_ms: expected {len(JITTER_PROBABILITIES)} non-decreasing quantiles (ms) at probabilities "
+                f"{', '.join(f'{p:g}' for p in JITTER_PROBABILITIES)}, got {got}"
+            )
+        if any(abs(v) > MAX_STEP_MS for v in q):
+            raise ValueError(f"step_jitter_ms: expected values within ±{MAX_STEP_MS:g} ms, got {q}")
+        return self
 
 
 class BatchingConfig(_Model):

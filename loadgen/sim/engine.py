@@ -20,12 +20,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .config import EngineConfig
+from .config import JITTER_PROBABILITIES, EngineConfig
 
 __all__ = ["DecodeRun", "Engine", "RunRecorder", "Seq", "StepResult"]
 
 #: A time no step reaches (ns): "no limit" for ``Engine.decode_run``.
 NEVER_NS = 1 << 62
+#: A negative jitter draw shortens a step to no less than this fraction of its modelled time.
+MIN_JITTERED_FRACTION = 0.1
 _NO_NS = array("q")  # copied (quicker than array("q")) for a decode run's columns
 
 
@@ -225,6 +227,10 @@ class Engine:
         self._sigma = c.noise_sigma
         self._rng = np.random.default_rng(seed)
         self._noise: list[float] = []
+        # additive jitter: its own stream, so an engine without it draws exactly the noise it always drew
+        self._jitter_q = np.array(c.step_jitter_ms, dtype=np.float64) * 1e6 if c.step_jitter_ms else None
+        self._jitter_rng = np.random.default_rng([seed, 1])
+        self._jitter: list[float] = []
         self.window_ns = int(config.batching.window_ms * 1e6)
         self.min_waiting = config.batching.min_waiting
 
@@ -416,6 +422,14 @@ class Engine:
             self._noise = np.exp(sigma * z - 0.5 * sigma * sigma).tolist()
         return self._noise.pop()
 
+    def _jitter_ns(self) -> float:
+        """A draw of the additive step jitter (ns): the calibrated quantiles, interpolated at u ~ U(0, 1)."""
+        if not self._jitter:
+            assert self._jitter_q is not None
+            u = self._jitter_rng.random(4096)
+            self._jitter = np.interp(u, JITTER_PROBABILITIES, self._jitter_q).tolist()
+        return self._jitter.pop()
+
     def step(self, now_ns: int) -> StepResult:
         """Schedule and apply one step at ``now_ns``; tokens it emits are due at now + duration.
 
@@ -567,6 +581,7 @@ class Engine:
         base = self._fixed_ns + self._prefill_ns * 0 + self._decode_ns * b
         kv_ns = self._kv_ns
         noisy = bool(self._sigma)
+        jittered = self._jitter_q is not None
         held = self.used_private + self.cached_pinned
         run = DecodeRun(self.running, dset.idx, _NO_NS[:], _NO_NS[:], _NO_NS[:], len(self.waiting), [])
         add_end, add_duration, add_blocks = run.ends_ns.append, run.durations_ns.append, run.kv_blocks.append
@@ -589,6 +604,8 @@ class Engine:
                 else:
                     duration *= self._noise_factor()
                     noise = self._noise
+            if jittered:  # as in _duration_ns
+                duration = max(duration + self._jitter_ns(), duration * MIN_JITTERED_FRACTION)
             d = int(duration)
             t += d
             add_end(t)
@@ -828,12 +845,14 @@ class Engine:
         self.running.append(seq)
 
     def _duration_ns(self, busy: bool, prefill_tokens: int, decode_seqs: int, kv_read: int) -> int:
-        """Step part 3, the cost model: fixed + per prefill token + per decode seq + per KV token read (× noise);
-        0 when nothing was scheduled (``busy`` False)."""
+        """Step part 3, the cost model: fixed + per prefill token + per decode seq + per KV token read (× noise,
+        + jitter); 0 when nothing was scheduled (``busy`` False)."""
         duration = self._fixed_ns + self._prefill_ns * prefill_tokens + self._decode_ns * decode_seqs
         duration += self._kv_ns * kv_read
         if self._sigma and busy:
             duration *= self._noise_factor()
+        if self._jitter_q is not None and busy:
+            duration = max(duration + self._jitter_ns(), duration * MIN_JITTERED_FRACTION)
         return int(duration) if busy else 0
 
     def _apply(self, scheduled: list[tuple[Seq, int]], prefill_tokens: int) -> tuple[list[Seq], list[Seq]]:
