@@ -104,18 +104,3 @@ def test_practice_cli_checks_predict_with_before_any_work(
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("loadgen: error: ") and err.count("\n") == 1 and expected in err, err
     assert not (tmp_path / "p").exists()
-
-
-@pytest.mark.vllm
-@pytest.mark.skipif(not os.environ.get("LOADGEN_VLLM_PYTHON"), reason="LOADGEN_VLLM_PYTHON unset: no real vLLM here")
-def test_practice_against_two_real_vllm_configurations(tmp_path: Path) -> None:
-    # eager start-up: the default compiles each configuration for 1-2 minutes (see test_vllm_integration.EAGER)
-    result = run_practice(tmp_path / "practice", engine="vllm", window_s=20.0, vllm_args=("--enforce-eager",))
-    comp = result.decision["comparison"]
-    assert {c["label"] for c in comp["candidates"]} == {"vllm-small-batch", "vllm-large-batch"}
-    for cand in comp["candidates"]:
-        manifest = json.loads((Path(cand["path"]) / "manifest.json").read_text())
-        assert manifest["target"]["kind"] == "vllm" and manifest["modelExecuted"] is True
-        assert "--enforce-eager" in manifest["target"]["engine"]["config"]["args"]  # the extra flag was passed
-    assert result.decision["decision"]["why"]
-    assert set(result.decision["prediction"]) == {"vllm-small-batch", "vllm-large-batch"}

@@ -473,3 +473,18 @@ def test_calibrate_then_validate_a_held_out_config(vllm_python, workdir):
     assert held_out["runtime_source"] == "calibration" and held_out["runtime_gib"] == memory["runtime_gib"]
     assert held_out["measured_peak_bytes"] > 0 and held_out["ledger_total_bytes"] > held_out["runtime_gib"] * (1 << 30)
     assert "peak memory" in load_engine_config(toml).calibration_label()  # fidelity.json keeps the figures
+
+
+def test_practice_against_two_real_vllm_configurations(vllm_python: Path, tmp_path: Path) -> None:
+    from loadgen.practice import run_practice
+
+    # eager start-up: the default compiles each configuration for 1-2 minutes (see EAGER above)
+    result = run_practice(tmp_path / "practice", engine="vllm", window_s=20.0, vllm_args=("--enforce-eager",))
+    comp = result.decision["comparison"]
+    assert {c["label"] for c in comp["candidates"]} == {"vllm-small-batch", "vllm-large-batch"}
+    for cand in comp["candidates"]:
+        manifest = json.loads((Path(cand["path"]) / "manifest.json").read_text())
+        assert manifest["target"]["kind"] == "vllm" and manifest["modelExecuted"] is True
+        assert "--enforce-eager" in manifest["target"]["engine"]["config"]["args"]  # the extra flag was passed
+    assert result.decision["decision"]["why"]
+    assert set(result.decision["prediction"]) == {"vllm-small-batch", "vllm-large-batch"}
