@@ -238,3 +238,37 @@ def test_worksheet_output_states_calibration(tmp_path):
     assert "uncalibrated preset" in res.stdout
     manifest = json.loads((out / "manifest.json").read_text())
     assert "uncalibrated preset" in manifest["engine_config"]["calibration_label"]
+
+
+def _validation(seqs: int, ttft_p50: float, repeat: float | None = None, memory: float | None = None) -> dict:
+    summary = {"rows": 3, "rows_flagged_send_lag": 0, "max_abs_ttft_p50_error_pct": ttft_p50}
+    summary |= {"max_abs_itl_p50_error_pct": 4.0, "max_abs_attainment_diff_points": 1.0}
+    return {
+        "target_limits": {"max_num_seqs": seqs, "max_num_batched_tokens": 512, "max_model_len": 4096},
+        "summary": summary,
+        "memory": {"error_pct": memory} if memory is not None else None,
+        "repeatability_summary": {"max_abs_ttft_p50_error_pct": repeat} if repeat is not None else None,
+        "plan_boundary": None,
+    }
+
+
+def test_validations_of_several_held_out_configurations_are_kept_and_the_worst_is_stated(tmp_path):
+    """Each held-out configuration keeps its own record; the engine's label states the worst over all of them,
+    and validating a configuration again replaces only its own record."""
+    from loadgen.calibration.validate import _record_validation
+
+    engine = tmp_path / "cal.toml"
+    engine.write_text(_truth_toml(tmp_path).read_text() + '[calibration]\ncalibrated = true\nengine = "x"\n')
+    _record_validation(engine, _validation(4, ttft_p50=30.0, repeat=50.0, memory=-1.5), tmp_path / "a")
+    _record_validation(engine, _validation(2, ttft_p50=-8.0), tmp_path / "b")
+    cal = load_engine_config(engine).calibration
+    assert sorted(cal["validations"]) == ["seqs2-tokens512-len4096", "seqs4-tokens512-len4096"]
+    said = cal["validated_error"]
+    assert "ttft_p50 30.0%" in said and "engine repeatability 50.0%" in said and "peak memory 1.5%" in said, said
+    assert said.endswith(
+        "over 6 class rows on 2 held-out configurations (seqs4-tokens512-len4096, seqs2-tokens512-len4096)"
+    )
+    _record_validation(engine, _validation(4, ttft_p50=5.0), tmp_path / "c")  # seqs 4 again: replaces its record
+    said = load_engine_config(engine).calibration["validated_error"]
+    assert "ttft_p50 8.0%" in said and "repeatability" not in said and "2 held-out configurations" in said, said
+    assert said in load_engine_config(engine).calibration_label()

@@ -46,6 +46,8 @@ __all__ = [
     "with_engine_limits",
     "predict_beside",
     "validate",
+    "validated_error",
+    "configuration_key",
     "format_table",
     "write_html",
 ]
@@ -306,28 +308,61 @@ def memory_check(cfg: EngineConfig, engine_memory: MemoryReport) -> dict[str, An
 
 
 def _record_validation(engine_toml: Path, result: dict[str, Any], out_dir: Path) -> None:
-    """Write the validated error into the calibrated TOML's [calibration], so every output built on it says so."""
-    s = result["summary"]
-    parts = [
-        f"{k[8:-10]} {v:.1f}%" for k, v in s.items() if k.endswith("_error_pct") and v is not None and "e2e" not in k
-    ]
-    if s.get("max_abs_attainment_diff_points") is not None:
-        parts.append(f"attainment {s['max_abs_attainment_diff_points']:.1f} pts")
-    if result.get("memory"):
-        parts.append(f"peak memory {abs(result['memory']['error_pct']):.1f}%")
-    if f := result.get("repeatability_summary"):
-        worst = [v for k, v in f.items() if k.endswith("_error_pct") and "e2e" not in k and v is not None]
-        if worst:
-            parts.append(f"engine repeatability {max(worst):.1f}%")
-    if (b := result.get("plan_boundary")) and b["max_steps_apart"] is not None:
-        parts.append(f"plan boundary {b['max_steps_apart']} rate step(s)")
+    """Record this validation in the calibrated TOML: ``[calibration.validations.<configuration>]``, one table
+    per held-out engine configuration (validating the same one again replaces it), and ``validated_error``, the
+    worst error over all of them, so every output built on the engine states it."""
     doc, _ = read_toml(engine_toml, "engine TOML")
-    doc["calibration"]["validated_error"] = f"worst |error| {', '.join(parts)} over {s['rows']} class rows"
-    doc["calibration"]["validation"] = {"fidelity_json": str(out_dir / "fidelity.json"), "summary": s}
+    cal = doc["calibration"]
+    entry: dict[str, Any] = {"fidelity_json": str(out_dir / "fidelity.json"), "summary": result["summary"]}
     if result.get("memory"):
-        doc["calibration"]["validation"]["memory"] = {k: v for k, v in result["memory"].items() if v is not None}
+        entry["memory"] = {k: v for k, v in result["memory"].items() if v is not None}
+    if result.get("repeatability_summary"):
+        entry["repeatability_summary"] = result["repeatability_summary"]
+    if (b := result.get("plan_boundary")) and b["max_steps_apart"] is not None:
+        entry["plan_boundary_steps"] = int(b["max_steps_apart"])
+    validations = dict(cal.get("validations") or {})
+    validations[configuration_key(result["target_limits"])] = entry
+    cal["validations"] = validations
+    cal.pop("validation", None)  # one table for the latest validation only, before configurations were kept apart
+    cal["validated_error"] = validated_error(validations)
     head = "".join(line + "\n" for line in engine_toml.read_text().splitlines() if line.startswith("#"))
     engine_toml.write_text(head + dumps_toml(doc, what=str(engine_toml)))
+
+
+def configuration_key(limits: dict[str, Any]) -> str:
+    """The held-out engine configuration a validation ran on, as a TOML key: ``seqs4-tokens512-len1000``."""
+    return f"seqs{limits['max_num_seqs']}-tokens{limits['max_num_batched_tokens']}-len{limits['max_model_len']}"
+
+
+def validated_error(validations: dict[str, dict[str, Any]]) -> str:
+    """The worst |error| per quantity over every recorded validation, and the engine's worst repeatability."""
+
+    def worst(values: list[Any]) -> float | None:
+        kept = [abs(float(v)) for v in values if v is not None]
+        return max(kept) if kept else None
+
+    entries = list(validations.values())
+    parts = []
+    for q in QUANTITIES:
+        if "e2e" not in q and (w := worst([e["summary"].get(f"max_abs_{q}_error_pct") for e in entries])) is not None:
+            parts.append(f"{q} {w:.1f}%")
+    if (w := worst([e["summary"].get("max_abs_attainment_diff_points") for e in entries])) is not None:
+        parts.append(f"attainment {w:.1f} pts")
+    if (w := worst([(e.get("memory") or {}).get("error_pct") for e in entries])) is not None:
+        parts.append(f"peak memory {w:.1f}%")
+    floor = [
+        v
+        for e in entries
+        for k, v in (e.get("repeatability_summary") or {}).items()
+        if k.endswith("_error_pct") and "e2e" not in k
+    ]
+    if (w := worst(floor)) is not None:
+        parts.append(f"engine repeatability {w:.1f}%")
+    if (w := worst([e.get("plan_boundary_steps") for e in entries])) is not None:
+        parts.append(f"plan boundary {int(w)} rate step(s)")
+    rows = sum(int(e["summary"].get("rows") or 0) for e in entries)
+    where = f"{len(entries)} held-out configuration{'s' if len(entries) != 1 else ''} ({', '.join(validations)})"
+    return f"worst |error| {', '.join(parts)} over {rows} class rows on {where}"
 
 
 def _summary(rows: list[FidelityRow]) -> dict[str, Any]:
