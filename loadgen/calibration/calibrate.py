@@ -227,6 +227,12 @@ class Observations:
     raw_y: np.ndarray
 
 
+def _decode_features(b: int, prompt: int, j: float) -> list[float]:
+    """[steps, prefill tokens, decode seqs, KV read, overhead] of one pure-decode step of b sequences, each
+    reading its prompt and j generated tokens."""
+    return [1, 0, b, b * (prompt + j), 0]
+
+
 def observations(run_dirs: list[Path], budget: int) -> Observations:
     """Prefill TTFTs and decode gaps from calibration run dirs."""
     feats: list[list[float]] = []
@@ -258,11 +264,11 @@ def observations(run_dirs: list[Path], budget: int) -> Observations:
         chunks = run.chunks.to_pandas()
         per = _lockstep(chunks[chunks.tokens > 0].sort_values(["request_id", "seq"]), b)
         for j, gap_ms in _window_gaps(per):
-            feats.append([1, 0, b, b * (prompt + j), 0])  # one pure-decode step of b sequences
+            feats.append(_decode_features(b, prompt, j))
             times.append(gap_ms)
             decode.append(True)
         for j, gap_ms in _raw_gaps(per):
-            raw_feats.append([1, 0, b, b * (prompt + j), 0])
+            raw_feats.append(_decode_features(b, prompt, j))
             raw_times.append(gap_ms)
     if not times:
         raise LoadgenError("calibration: no usable observation in the run dirs: expected ok requests with tokens")

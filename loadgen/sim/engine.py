@@ -422,13 +422,14 @@ class Engine:
             self._noise = np.exp(sigma * z - 0.5 * sigma * sigma).tolist()
         return self._noise.pop()
 
-    def _jitter_ns(self) -> float:
-        """A draw of the additive step jitter (ns): the calibrated quantiles, interpolated at u ~ U(0, 1)."""
+    def _jittered(self, duration: float) -> float:
+        """``duration`` (ns) plus a draw of the step jitter (the calibrated quantiles, interpolated at u ~ U(0, 1)),
+        never below MIN_JITTERED_FRACTION of it."""
         if not self._jitter:
             assert self._jitter_q is not None
             u = self._jitter_rng.random(4096)
             self._jitter = np.interp(u, JITTER_PROBABILITIES, self._jitter_q).tolist()
-        return self._jitter.pop()
+        return max(duration + self._jitter.pop(), duration * MIN_JITTERED_FRACTION)
 
     def step(self, now_ns: int) -> StepResult:
         """Schedule and apply one step at ``now_ns``; tokens it emits are due at now + duration.
@@ -604,8 +605,8 @@ class Engine:
                 else:
                     duration *= self._noise_factor()
                     noise = self._noise
-            if jittered:  # as in _duration_ns
-                duration = max(duration + self._jitter_ns(), duration * MIN_JITTERED_FRACTION)
+            if jittered:
+                duration = self._jittered(duration)
             d = int(duration)
             t += d
             add_end(t)
@@ -852,7 +853,7 @@ class Engine:
         if self._sigma and busy:
             duration *= self._noise_factor()
         if self._jitter_q is not None and busy:
-            duration = max(duration + self._jitter_ns(), duration * MIN_JITTERED_FRACTION)
+            duration = self._jittered(duration)
         return int(duration) if busy else 0
 
     def _apply(self, scheduled: list[tuple[Seq, int]], prefill_tokens: int) -> tuple[list[Seq], list[Seq]]:
