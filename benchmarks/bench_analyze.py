@@ -220,6 +220,9 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the generated run")
     parser.add_argument("--memory-mib", type=float, default=None, help="passed to loadgen analyze")
     parser.add_argument("--spill-dir", type=Path, default=None, help="passed to loadgen analyze")
+    parser.add_argument(
+        "--runs", type=int, default=1, help="analyses of the same run; the goal is judged on the worst of them"
+    )
     args = parser.parse_args()
     n_req = args.requests or 1_000_000
     n_chunks = args.chunks or (1_000_000_000 if args.scale else 100_000_000)
@@ -236,12 +239,22 @@ def main() -> int:
             f"generate: {n_req:,} requests, {n_chunks:,} chunk rows in {parts} part file(s) per table, "
             f"{time.perf_counter() - t0:.0f} s ({size / 2**30:.2f} GiB on disk)"
         )
-        r = _analyze_child(run_dir, args.memory_mib, args.spill_dir)
-        print(
-            f"analyze: wall {r['wall_s']:.1f} s, CPU {r['cpu_s']:.1f} s (user+sys), "
-            f"peak RSS {r['peak_rss_gib']:.2f} GiB (ru_maxrss of the child), "
-            f"{n_chunks / r['wall_s'] / 1e6:.1f} M chunk rows/s"
-        )
+        os.sync()  # the generator's writeback is not charged to the analysis
+        results = []
+        for i in range(args.runs):
+            r = _analyze_child(run_dir, args.memory_mib, args.spill_dir)
+            results.append(r)
+            print(
+                f"analyze{'' if args.runs == 1 else f' {i + 1}/{args.runs}'}: wall {r['wall_s']:.1f} s, "
+                f"CPU {r['cpu_s']:.1f} s (user+sys), peak RSS {r['peak_rss_gib']:.2f} GiB (ru_maxrss of the child), "
+                f"{n_chunks / r['wall_s'] / 1e6:.1f} M chunk rows/s"
+            )
+        if args.runs > 1:
+            walls = sorted(x["wall_s"] for x in results)
+            print(
+                f"analyze: wall best {walls[0]:.1f} s, median {walls[len(walls) // 2]:.1f} s, worst {walls[-1]:.1f} s"
+            )
+        r = {"wall_s": max(x["wall_s"] for x in results), "peak_rss_gib": max(x["peak_rss_gib"] for x in results)}
         ok = r["peak_rss_gib"] <= goal_gib and (goal_s is None or r["wall_s"] <= goal_s)
         print(f"goal ({'' if goal_s is None else f'{goal_s:g} s, '}{goal_gib:g} GiB): {'PASS' if ok else 'FAIL'}")
         return 0 if ok else 1

@@ -323,6 +323,7 @@ def test_chunk_order_and_batch_edges_do_not_matter(tmp_path, monkeypatch):
     base = analyze_run(build_run(tmp_path / "a", known_requests(), known_chunks()))
     monkeypatch.setattr(chunks, "BATCH_ROWS", 2)  # request runs straddle every batch edge
     small = analyze_run(build_run(tmp_path / "b", known_requests(), known_chunks()))
+    assert not any("re-sorted" in n for n in small.notes)  # a request run across an edge is one run
     monkeypatch.undo()
     shuffled = list(reversed(known_chunks()))  # neither contiguous in order nor seq-ordered
     resorted = analyze_run(build_run(tmp_path / "c", known_requests(), shuffled))
@@ -330,6 +331,55 @@ def test_chunk_order_and_batch_edges_do_not_matter(tmp_path, monkeypatch):
     for a in (small, resorted):
         for name in ("short-message", "overall"):
             assert a.group(name).metrics == base.group(name).metrics
+
+
+def test_orphan_chunk_rows_are_counted_and_ignored_at_every_batch_edge(tmp_path, monkeypatch):
+    """Chunk rows naming no request (a stray id, among others and at batch edges) are counted in a note
+    and change no figure, whatever the batch size."""
+    import loadgen.analysis.chunks as chunks
+
+    base = analyze_run(build_run(tmp_path / "a", known_requests(), known_chunks()))
+    stray = [("zz", 0, 60 * MS, 1), ("zz", 1, 70 * MS, 2), ("r1x", 0, 80 * MS, 1), ("zz2", 0, 90 * MS, 1)]
+    rows = known_chunks()  # r6, r1 (4 rows), r2 (2), r4 (2): strays go between requests, never inside one
+    with_orphans = stray[:1] + rows[:5] + stray[1:3] + rows[5:] + stray[3:]
+    for batch_rows in (1, 2, 3, 1 << 19):
+        monkeypatch.setattr(chunks, "BATCH_ROWS", batch_rows)
+        a = analyze_run(build_run(tmp_path / f"b{batch_rows}", known_requests(), with_orphans))
+        assert any(n.startswith("4 chunk row(s) name no request") for n in a.notes), (batch_rows, a.notes)
+        assert not any("re-sorted" in n for n in a.notes)
+        for name in ("short-message", "overall"):
+            assert a.group(name).metrics == base.group(name).metrics, batch_rows
+
+
+def test_many_classes_in_one_batch_split_by_mask_or_by_sort_alike(tmp_path, monkeypatch):
+    """A batch's rows go to their class's samples by one mask per code, or by one sort past
+    ``_MASKED_CODES`` codes: both give every figure of every class alike."""
+    import loadgen.analysis.analyze as analyze
+
+    requests, chunks = [], []
+    for i in range(24):  # 12 classes, ok and failed requests in each: 24 codes in one batch
+        rid, ok = f"q{i}", i % 2 == 0
+        requests.append(
+            dict(
+                request_id=rid,
+                request_class=f"class-{i // 2:02d}",
+                scheduled_ns=i * MS,
+                sent_ns=i * MS,
+                first_token_ns=(i + 10) * MS,
+                last_token_ns=(i + 40) * MS,
+                done_ns=(i + 41) * MS,
+                status="ok" if ok else "error",
+                error_kind=None if ok else "http_5xx",
+            )
+        )
+        chunks += [(rid, k, (i + 10 + 7 * k + (i % 5)) * MS, 1 + (i + k) % 3) for k in range(5)]
+    figures = []
+    for masked in (0, 1000):
+        monkeypatch.setattr(analyze, "_MASKED_CODES", masked)
+        a = analyze_run(build_run(tmp_path / f"m{masked}", requests, chunks))
+        figures.append({g: a.group(g).metrics for g in ["overall"] + [f"class-{c:02d}" for c in range(12)]})
+    assert figures[0] == figures[1]
+    assert figures[0]["class-03"]["itl_ms"]["n"] > 0
 
 
 def test_first_chunk_with_many_tokens_gives_zero_gaps(tmp_path):

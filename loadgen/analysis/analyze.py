@@ -12,11 +12,12 @@ row. Requests that were not due when the run stopped (``not_due``) are neither o
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 
 from ..errors import RunDirError
@@ -77,6 +78,8 @@ _REQ_COLUMNS = [
 ]
 _INSTANTS = ("scheduled_ns", "slot_acquired_ns", "sent_ns", "first_token_ns", "last_token_ns", "done_ns")
 _CDF_POINTS = 400
+#: A batch's rows are split by code with one mask per code up to this many codes, else by one sort.
+_MASKED_CODES = 16
 #: TTFT by turn index reports turns 0..8 apart and the 10th turn on together ("9+").
 MAX_TURN_SHOWN = 9
 
@@ -164,10 +167,10 @@ def _load_requests(run_dir: Path) -> tuple[pa.Array, dict[str, np.ndarray]]:
         else:  # booleans as 1/0/NaN, everything else as float with NaN for null
             cols[name] = col.cast(pa.float64()).to_numpy(zero_copy_only=False)
     ids = table.column("request_id").combine_chunks()
-    bad = set(np.unique(cols["status"]).tolist()) - set(STATUSES)
+    bad = set(pd.unique(cols["status"]).tolist()) - set(STATUSES)
     if bad:
         raise RunDirError(
-            f"{run_dir / REQUESTS_FILE}: status value(s) {sorted(bad)}: expected one of {', '.join(STATUSES)}"
+            f"{run_dir / REQUESTS_FILE}: status value(s) {sorted(bad, key=str)}: expected one of {', '.join(STATUSES)}"
         )
     return ids, cols
 
@@ -244,10 +247,23 @@ def _nice_bin(span_s: float) -> float:
     return 10 * exp
 
 
+def _unique_str(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values.astype(str), return_inverse=True)`` for an object array, by hashing (pandas)
+    instead of sorting every object: 10-20x less at 10^6 rows."""
+    codes, uniques = pd.factorize(values)  # nulls → −1: their text is taken as astype(str) gives it
+    names = [str(u) for u in uniques]
+    na = codes < 0
+    if na.any():
+        na_names, na_codes = np.unique(values[na].astype(str), return_inverse=True)
+        codes[na] = len(names) + na_codes
+        names += na_names.tolist()
+    keys, remap = np.unique(np.asarray(names, dtype=str), return_inverse=True)
+    return keys, remap[codes].reshape(-1)
+
+
 def _counts(values: np.ndarray, labels: tuple[str, ...] | None = None) -> dict[str, int]:
-    keys: np.ndarray | list[Any]
-    counts: np.ndarray | list[Any]
-    keys, counts = np.unique(values.astype(str), return_counts=True) if len(values) else ([], [])
+    keys, codes = _unique_str(values)
+    counts = np.bincount(codes, minlength=len(keys))
     out = {str(k): int(c) for k, c in zip(keys, counts)}
     if labels is not None:
         out = {k: out.get(k, 0) for k in labels} | {k: v for k, v in out.items() if k not in labels}
@@ -288,8 +304,8 @@ class _GapSink:
     def __init__(self, run: _Run) -> None:
         self.run = run
         n_cls = len(run.class_names)
-        self.req_code = (run.cls.astype(np.int32) * 4 + run.scope * 2 + (run.ok | run.abandoned)).astype(np.int32)
-        self.code_dtype = np.uint8 if n_cls * 4 <= 255 else (np.uint16 if n_cls * 4 <= 65535 else np.int64)
+        # code = class * 4 + in scope * 2 + counted (ok or abandoned); int64, so gathers need no index cast
+        self.req_code = run.cls.astype(np.int64) * 4 + run.scope * 2 + (run.ok | run.abandoned)
         self.lim = np.full(n_cls, np.inf)
         self.itl_q = np.full(run.n, np.nan)
         for c, name in enumerate(run.class_names):
@@ -297,6 +313,7 @@ class _GapSink:
             if limit is not None:
                 self.lim[c] = limit[1]
                 self.itl_q[run.cls == c] = limit[0]
+        self.lim_by_code = np.repeat(self.lim, 4)
         self.n_cls = n_cls
         self.replica, n_routed = replica_codes(run.c["target_index"])  # several target URLs
         self.n_replicas = max(n_routed, len(getattr(run.manifest, "targets", None) or []))
@@ -317,10 +334,11 @@ class _GapSink:
         code = self.req_code[req_idx]
         first = delta_ns < 0
         value, weight = M.token_gaps_ms(delta_ns, tokens, first)
+        # rows come grouped by request: one code per run of rows
+        starts = np.flatnonzero(np.concatenate(([True], req_idx[1:] != req_idx[:-1])))
         if np.isfinite(self.lim).any():
             w_desc = np.where((code & 3) == 3, weight, 0)
-            over = np.where(value > self.lim[code >> 2], w_desc, 0)
-            starts = np.flatnonzero(np.concatenate(([True], req_idx[1:] != req_idx[:-1])))
+            over = np.where(value > np.take(self.lim_by_code, code), w_desc, 0)
             np.add.at(self.n_gaps, req_idx[starts], np.add.reduceat(w_desc, starts))
             np.add.at(self.n_over, req_idx[starts], np.add.reduceat(over, starts))
         if self.n_replicas > 1:  # per replica: the per-token gaps of counted requests in scope
@@ -329,23 +347,30 @@ class _GapSink:
             for r in range(self.n_replicas):
                 mine = where == r
                 if mine.any():
-                    cast(SortedRuns, self.store).add(
-                        ("replica", r), M.expand_weighted(value[rows][mine], weight[rows][mine])
-                    )
-        # partition rows by code with a radix (stable) sort of a small int: each (class, kind) is a slice
-        order = np.argsort(code.astype(self.code_dtype), kind="stable")
-        code, value, weight, delta_ns = code[order], value[order], weight[order], delta_ns[order]
-        bounds = np.searchsorted(code, np.arange(self.n_cls * 4 + 1))
+                    cast(SortedRuns, self.store).add(("replica", r), np.repeat(value[rows][mine], weight[rows][mine]))
         store = cast(SortedRuns, self.store)
-        for c in range(self.n_cls):
-            a, b = bounds[c * 4 + 3], bounds[c * 4 + 4]
-            if b > a:
-                store.add(("desc", c), M.expand_weighted(value[a:b], weight[a:b]))
-                d = delta_ns[a:b]
-                store.add(("inter", c), d[d >= 0])
-            a, b = bounds[c * 4 + 2], bounds[c * 4 + 3]
-            if b > a:
-                store.add(("fail", c), M.expand_weighted(value[a:b], weight[a:b]))
+        # per class: counted (3) before failed (2), the order the samples have always been added in
+        present = np.unique(code[starts])
+        for key, rows in self._partition(code, present[np.lexsort((-(present & 3), present >> 2))]):
+            c, counted = divmod(int(key), 4)
+            if counted == 3:  # in scope, counted: per-token gaps (a multiset) and raw inter-chunk gaps
+                store.add(("desc", c), np.repeat(value[rows], weight[rows]))
+                store.add(("inter", c), delta_ns[rows][~first[rows]])
+            elif counted == 2:  # in scope, failed
+                store.add(("fail", c), np.repeat(value[rows], weight[rows]))
+
+    @staticmethod
+    def _partition(code: np.ndarray, present: np.ndarray) -> Iterator[tuple[int, Any]]:
+        """(code, rows) for every code of a batch: a mask per code where few are present (one pass each),
+        else slices of one stable sort."""
+        if len(present) <= _MASKED_CODES:
+            for key in present:
+                yield int(key), code == key
+            return
+        order = np.argsort(code, kind="stable")
+        ordered = code[order]
+        for key in present:
+            yield int(key), order[np.searchsorted(ordered, key) : np.searchsorted(ordered, key, side="right")]
 
     def finish(self) -> tuple[list[Sample], list[Sample], list[Sample]]:
         store = cast(SortedRuns, self.store)
@@ -423,9 +448,7 @@ class _Run:
         self.scope = self.in_window & (~self.cold if not include_cold else True)
         self.include_cold = include_cold
         names: np.ndarray | list[Any]
-        names, codes = (
-            np.unique(c["request_class"].astype(str), return_inverse=True) if self.n else ([], np.empty(0, int))
-        )
+        names, codes = _unique_str(c["request_class"]) if self.n else ([], np.empty(0, int))
         self.class_names = [str(x) for x in names]
         self.cls = codes.astype(np.int32)
         out_client, out_server = c["client_output_tokens"], c["server_output_tokens"]

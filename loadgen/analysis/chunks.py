@@ -2,7 +2,7 @@
 
 Writers append chunks grouped by request (in completion order, not request-id order), so one pass
 in record batches finds request boundaries by comparing neighbouring ids, maps each run of rows to
-its request with one hash lookup per request (not per row), and carries the last content chunk
+its request with one sorted-key lookup per request (not per row; ``idlookup``), and carries the last content chunk
 across batch edges. If a request's chunks are not contiguous or not in ``seq`` order, the pass
 falls back to a full sort by (request, seq) and says so in the notes. Zero-token chunks (usage-only
 or empty events) are not content and are skipped. Content chunks go to a *sink* batch by batch
@@ -14,20 +14,19 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import RunDirError
 from ..parts import iter_file_batches
 from ..records import CHUNKS_SCHEMA
+from .idlookup import IdLookup
 
 __all__ = ["ChunkGaps", "ChunkSink", "read_chunk_gaps"]
 
@@ -59,104 +58,125 @@ class _NeedsSort(Exception):
     pass
 
 
-class _Lookup:
-    """request_id → row of requests.parquet (a dict: a lookup costs a third of a pandas Index's at 10^6 ids);
-    duplicate ids are bad input."""
+@dataclass
+class _Content:
+    """A batch's content rows (tokens > 0, naming a request), with everything but their first row's link to
+    the batch before: ``first[1:]`` and ``delta[1:]`` are final, ``first[0]`` and ``delta[0]`` are set by the pass."""
 
-    def __init__(self, request_ids: pa.Array) -> None:
-        ids = request_ids.to_pylist()
-        self.rows = dict(zip(ids, range(len(ids)), strict=True))
-        if len(self.rows) != len(ids):
-            dup = next(i for i, k in Counter(ids).items() if k > 1)
-            raise RunDirError(f"requests.parquet: request_id {dup!r} appears more than once: expected unique ids")
+    rows: int
+    orphans: int
+    req: np.ndarray
+    arrival: np.ndarray
+    tokens: np.ndarray
+    first: np.ndarray
+    delta: np.ndarray
 
-    def __len__(self) -> int:
-        return len(self.rows)
 
-    def get_indexer(self, ids: pa.Array) -> np.ndarray:
-        """The row of every id (−1 for an id no request has), int64."""
-        get = self.rows.get
-        return np.fromiter((get(i, -1) for i in ids.to_pylist()), dtype=np.int64, count=len(ids))
+def _content(row_req: np.ndarray, arrival: np.ndarray, tokens: np.ndarray) -> _Content:
+    keep = (tokens > 0) & (row_req >= 0)
+    orphans = int((row_req < 0).sum())
+    if keep.all():  # no copies
+        creq, carr, ctok = row_req, arrival, tokens
+    else:
+        ci = np.flatnonzero(keep)
+        creq, carr, ctok = row_req[ci], arrival[ci], tokens[ci]
+    first = np.empty(len(creq), dtype=bool)
+    delta = np.empty(len(creq), dtype=np.int64)
+    if len(creq):
+        np.not_equal(creq[1:], creq[:-1], out=first[1:])
+        np.subtract(carr[1:], carr[:-1], out=delta[1:])
+        delta[1:][first[1:]] = -1
+        # a negative gap inside a request (clock went backwards) is clamped to 0, not a "first"
+        np.maximum(delta[1:], 0, out=delta[1:], where=~first[1:])
+    return _Content(len(row_req), orphans, creq, carr, ctok, first, delta)
+
+
+@dataclass
+class _Prepared:
+    """One record batch as the pass needs it, prepared on the reader thread: its runs of one request id
+    (segments; the first starts at row 0 even when it continues the batch before) and its content rows."""
+
+    first_id: Any
+    last_id: Any
+    seg_req: np.ndarray
+    first_seq: int
+    last_seq: int
+    unordered: bool  # seq does not increase somewhere inside a segment
+    content: _Content
+
+
+def _prepare(batch: pa.RecordBatch, lookup: IdLookup) -> _Prepared | None:
+    n = batch.num_rows
+    if n == 0:
+        return None
+    ids = batch.column(0)
+    seq = batch.column(1).to_numpy(zero_copy_only=False)
+    start = np.empty(n, dtype=bool)
+    start[0] = True
+    if isinstance(ids, pa.DictionaryArray):
+        # one dictionary per batch (unique values): compare int indices, look up each value once
+        codes = ids.indices.to_numpy(zero_copy_only=False)
+        np.not_equal(codes[1:], codes[:-1], out=start[1:])
+        seg_pos = np.flatnonzero(start)
+        seg_req = lookup.get_indexer(ids.dictionary)[codes[seg_pos]].astype(np.int64)
+    else:
+        if n > 1:
+            start[1:] = pc.not_equal(ids.slice(1), ids.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+        seg_pos = np.flatnonzero(start)
+        seg_req = lookup.get_indexer(ids.take(pa.array(seg_pos)))
+    unordered = bool(((np.diff(seq) <= 0) & ~start[1:]).any())
+    row_req = np.repeat(seg_req, np.diff(np.append(seg_pos, n)))
+    content = _content(
+        row_req, batch.column(2).to_numpy(zero_copy_only=False), batch.column(3).to_numpy(zero_copy_only=False)
+    )
+    return _Prepared(ids[0].as_py(), ids[n - 1].as_py(), seg_req, int(seq[0]), int(seq[-1]), unordered, content)
+
+
+def _prepared(batches: Iterator[pa.RecordBatch], lookup: IdLookup) -> Iterator[_Prepared]:
+    for batch in batches:
+        if (p := _prepare(batch, lookup)) is not None:
+            yield p
 
 
 class _Pass:
-    """State carried across record batches."""
+    """State carried across record batches: the links between them, the order checks, the counts."""
 
-    def __init__(self, lookup: _Lookup, sink: ChunkSink) -> None:
-        self.lookup = lookup
+    def __init__(self, n_requests: int, sink: ChunkSink) -> None:
         self.sink = sink
         self.content = 0
-        self.seen = np.zeros(len(lookup), dtype=bool)
-        self.last_id: str | None = None
-        self.last_req = -1
+        self.seen = np.zeros(n_requests, dtype=bool)
+        self.last_id: Any = None
         self.last_seq = -1
         self.last_content_req = -2
         self.last_content_arrival = 0
         self.rows = 0
         self.orphans = 0
 
-    def batch(self, batch: pa.RecordBatch, check_order: bool = True) -> None:
-        n = batch.num_rows
-        if n == 0:
-            return
-        ids = batch.column(0)
-        seq = batch.column(1).to_numpy(zero_copy_only=False)
-        start = np.empty(n, dtype=bool)
-        first_id = ids[0].as_py()
-        start[0] = self.last_id is None or first_id != self.last_id
-        if isinstance(ids, pa.DictionaryArray):
-            # one dictionary per batch (unique values): compare int indices, look up each value once
-            codes = ids.indices.to_numpy(zero_copy_only=False)
-            if n > 1:
-                np.not_equal(codes[1:], codes[:-1], out=start[1:])
-            seg_pos = np.flatnonzero(start)
-            dict_req = self.lookup.get_indexer(ids.dictionary)
-            seg_req = dict_req[codes[seg_pos]].astype(np.int64)
-        else:
-            if n > 1:
-                start[1:] = pc.not_equal(ids.slice(1), ids.slice(0, n - 1)).to_numpy(zero_copy_only=False)
-            seg_pos = np.flatnonzero(start)
-            seg_req = self.lookup.get_indexer(ids.take(pa.array(seg_pos)))
-        if check_order:
-            known = seg_req[seg_req >= 0]
-            if self.seen[known].any() or len(np.unique(known)) != len(known):
-                raise _NeedsSort("chunks of a request are not contiguous")
-            self.seen[known] = True
-            bad = np.diff(seq) <= 0
-            if (bad & ~start[1:]).any() or (not start[0] and seq[0] <= self.last_seq):
-                raise _NeedsSort("chunks of a request are not in seq order")
-        lengths = np.diff(np.append(seg_pos, n))
-        prefix = int(seg_pos[0]) if len(seg_pos) else n
-        row_req = np.concatenate([np.full(prefix, self.last_req, dtype=np.int64), np.repeat(seg_req, lengths)])
-        self.last_id = ids[n - 1].as_py()
-        self.last_req = int(row_req[-1])
-        self.last_seq = int(seq[-1])
-        self._content(
-            row_req, batch.column(2).to_numpy(zero_copy_only=False), batch.column(3).to_numpy(zero_copy_only=False)
-        )
+    def batch(self, p: _Prepared) -> None:
+        continues = self.last_id is not None and p.first_id == self.last_id
+        seg_req = p.seg_req[1:] if continues else p.seg_req  # the first segment was seen in the batch before
+        known = seg_req[seg_req >= 0]
+        ordered = np.sort(known)  # a few thousand ids: a sort beats a hash here
+        if self.seen[known].any() or (ordered[1:] == ordered[:-1]).any():
+            raise _NeedsSort("chunks of a request are not contiguous")
+        self.seen[known] = True
+        if p.unordered or (continues and p.first_seq <= self.last_seq):
+            raise _NeedsSort("chunks of a request are not in seq order")
+        self.last_id, self.last_seq = p.last_id, p.last_seq
+        self.add(p.content)
 
-    def _content(self, row_req: np.ndarray, arrival: np.ndarray, tokens: np.ndarray) -> None:
-        self.rows += len(row_req)
-        keep = (tokens > 0) & (row_req >= 0)
-        self.orphans += int((row_req < 0).sum())
-        ci = np.flatnonzero(keep)
-        if len(ci) == 0:
+    def add(self, c: _Content) -> None:
+        """Link ``c``'s first content row to the content before it, and hand the rows to the sink."""
+        self.rows += c.rows
+        self.orphans += c.orphans
+        if not len(c.req):
             return
-        creq = row_req[ci]
-        carr = arrival[ci]
-        first = np.empty(len(ci), dtype=bool)
-        first[0] = creq[0] != self.last_content_req
-        first[1:] = creq[1:] != creq[:-1]
-        delta = np.empty(len(ci), dtype=np.int64)
-        delta[0] = carr[0] - self.last_content_arrival
-        delta[1:] = np.diff(carr)
-        delta[first] = -1
-        # a negative gap inside a request (clock went backwards) is clamped to 0, not a "first"
-        np.maximum(delta, 0, out=delta, where=~first)
-        self.last_content_req = int(creq[-1])
-        self.last_content_arrival = int(carr[-1])
-        self.content += len(ci)
-        self.sink.add(creq, delta, tokens[ci])
+        c.first[0] = c.req[0] != self.last_content_req
+        c.delta[0] = -1 if c.first[0] else max(int(c.arrival[0]) - self.last_content_arrival, 0)
+        self.last_content_req = int(c.req[-1])
+        self.last_content_arrival = int(c.arrival[-1])
+        self.content += len(c.req)
+        self.sink.add(c.req, c.delta, c.tokens)
 
     def result(self, notes: list[str]) -> ChunkGaps:
         return ChunkGaps(rows=self.rows, orphan_rows=self.orphans, content_rows=self.content, notes=notes)
@@ -176,13 +196,14 @@ def _batches(files: list[Path]) -> Iterator[pa.RecordBatch]:
 
 
 _DONE = object()
+T = TypeVar("T")
 
 
 @contextmanager
-def _read_ahead(batches: Iterator[pa.RecordBatch], depth: int = READ_AHEAD) -> Iterator[Iterator[pa.RecordBatch]]:
-    """``batches`` decoded on a reader thread up to ``depth`` batches ahead of the consumer (Parquet
-    decoding releases the GIL, so it overlaps the pass on a second core). A reader error is raised
-    in the consumer; leaving the block early stops the reader."""
+def _read_ahead(batches: Iterator[T], depth: int = READ_AHEAD) -> Iterator[Iterator[T]]:
+    """``batches`` produced on a reader thread up to ``depth`` ahead of the consumer (Parquet decoding,
+    Arrow's kernels and numpy's large loops release the GIL, so it overlaps the pass on a second core).
+    A reader error is raised in the consumer; leaving the block early stops the reader."""
     ready: queue.Queue[Any] = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
@@ -204,7 +225,7 @@ def _read_ahead(batches: Iterator[pa.RecordBatch], depth: int = READ_AHEAD) -> I
         except BaseException as exc:  # handed to the consumer, raised there
             put(exc)
 
-    def consume() -> Iterator[pa.RecordBatch]:
+    def consume() -> Iterator[T]:
         while (item := ready.get()) is not _DONE:
             if isinstance(item, BaseException):
                 raise item
@@ -224,12 +245,12 @@ def read_chunk_gaps(files: list[Path], request_ids: pa.Array, sink: ChunkSink) -
     sort-based pass when rows are out of order)."""
     if not files:
         return ChunkGaps(notes=["no chunks.parquet: per-token metrics unavailable"])
-    lookup = _Lookup(request_ids)
-    state = _Pass(lookup, sink)
+    lookup = IdLookup(request_ids)
+    state = _Pass(len(lookup), sink)
     try:
-        with _read_ahead(_batches(files)) as batches:
-            for batch in batches:
-                state.batch(batch)
+        with _read_ahead(_prepared(_batches(files), lookup)) as prepared:
+            for p in prepared:
+                state.batch(p)
         return state.result([])
     except _NeedsSort as exc:
         reason = str(exc)
@@ -243,8 +264,8 @@ def read_chunk_gaps(files: list[Path], request_ids: pa.Array, sink: ChunkSink) -
     tokens = table.column("tokens").to_numpy()[order]
     req = req[order]
     del table, seq, order
-    state = _Pass(lookup, sink)
+    state = _Pass(len(lookup), sink)
     for a in range(0, len(req), BATCH_ROWS):
         b = min(a + BATCH_ROWS, len(req))
-        state._content(req[a:b], arrival[a:b], tokens[a:b])
+        state.add(_content(req[a:b], arrival[a:b], tokens[a:b]))
     return state.result([f"chunks re-sorted by (request, seq) before analysis: {reason}"])

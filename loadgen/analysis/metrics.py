@@ -20,7 +20,6 @@ __all__ = [
     "completed_rps",
     "e2e_ms",
     "error_share",
-    "expand_weighted",
     "goodput_rps",
     "inter_chunk_gaps_ms",
     "itl_gaps_ms",
@@ -95,25 +94,10 @@ def token_gaps_ms(delta_ns: np.ndarray, tokens: np.ndarray, is_first: np.ndarray
     first = np.asarray(is_first, dtype=bool)
     value = np.asarray(delta_ns).astype(np.float64)
     value /= NS_PER_MS
-    multi = k > 1
-    if multi.any():
-        value[multi] /= k[multi]
+    value /= np.maximum(k, 1)  # exact where k is 1; no per-row mask or gather
     value[first] = 0.0
     weight = k - first.astype(k.dtype)
     return value, weight
-
-
-def expand_weighted(value: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """``np.repeat(value, weight)`` as a multiset (order not kept), cheap when most weights are 0 or 1."""
-    out = [value[weight >= 1]]
-    more = weight >= 2
-    if more.any():
-        v, w, j = value[more], weight[more], 2
-        while len(v):
-            out.append(v)
-            keep = w > j
-            v, w, j = v[keep], w[keep], j + 1
-    return out[0] if len(out) == 1 else np.concatenate(out)
 
 
 def _content(arrival_ns: list[int], tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -156,11 +156,18 @@ class _Sample:
         return _ascending(self.take_pieces(), self.dtype)
 
 
-def _ascending(pieces: list[np.ndarray], dtype: np.dtype[Any]) -> np.ndarray:
-    """``pieces`` as one ascending array; the list is emptied, so the pieces are freed once copied."""
+def _ascending(pieces: list[np.ndarray], dtype: np.dtype[Any], scratch: np.ndarray | None = None) -> np.ndarray:
+    """``pieces`` as one ascending array; the list is emptied, so the pieces are freed once copied.
+    With ``scratch`` (bytes) large enough, the array is laid out in it rather than in fresh memory."""
     if not pieces:
         return np.empty(0, dtype=dtype)
-    v = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+    n = sum(len(p) for p in pieces)
+    if len(pieces) == 1:
+        v = pieces[0]
+    elif scratch is not None and n * dtype.itemsize <= scratch.nbytes:
+        v = np.concatenate(pieces, out=scratch[: n * dtype.itemsize].view(dtype))
+    else:
+        v = np.concatenate(pieces)
     pieces.clear()
     v.sort()
     return v
@@ -184,6 +191,7 @@ class SortedRuns:
         self._dir: Path | None = None
         self._writer: ThreadPoolExecutor | None = None
         self._pending: tuple[_Sample, Future[tuple[RunFile, float]]] | None = None
+        self._scratch = np.empty(0, dtype=np.uint8)  # the run in flight is laid out here
 
     def add(self, key: Hashable, values: np.ndarray) -> None:
         if not len(values):
@@ -206,7 +214,10 @@ class SortedRuns:
         self._settle()  # one spill in flight: memory holds the buffers plus this one run being written
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loadgen-spill")
-        self._pending = (s, self._writer.submit(_write_run, pieces, s.dtype, path))
+        nbytes = sum(p.nbytes for p in pieces)
+        if self._scratch.nbytes < nbytes:  # grown to the largest run so far (the budget, at most about)
+            self._scratch = np.empty(nbytes, dtype=np.uint8)
+        self._pending = (s, self._writer.submit(_write_run, pieces, s.dtype, path, self._scratch))
         del pieces
 
     def _run_dir(self) -> Path:
@@ -238,6 +249,7 @@ class SortedRuns:
         """Sample ``key`` as ascending parts (arrays or ``RunFile``) and their sums (None when nothing of it was spilled: one
         in-memory array, summed by the caller as before)."""
         self._settle()
+        self._scratch = np.empty(0, dtype=np.uint8)  # no more spills once samples are taken
         s = self.samples[key]
         self.buffered -= s.nbytes
         last = s.take()
@@ -255,6 +267,7 @@ class SortedRuns:
         if self._writer is not None:
             self._writer.shutdown(wait=True)
             self._writer = None
+        self._scratch = np.empty(0, dtype=np.uint8)
         if self._pending is not None:
             s, future = self._pending
             self._pending = None
@@ -268,9 +281,13 @@ class SortedRuns:
             self._dir = None
 
 
-def _write_run(pieces: list[np.ndarray], dtype: np.dtype[Any], path: Path) -> tuple[RunFile, float]:
-    """Sort ``pieces`` into one run, write it to ``path``: the run on disk and its sum (on the writer thread)."""
-    run = _ascending(pieces, dtype)
+def _write_run(
+    pieces: list[np.ndarray], dtype: np.dtype[Any], path: Path, scratch: np.ndarray
+) -> tuple[RunFile, float]:
+    """Sort ``pieces`` into one run, write it to ``path``: the run on disk and its sum (on the writer thread).
+    The run is laid out in ``scratch``, reused from spill to spill (one is in flight at a time), so each
+    spill does not fault in and zero a fresh run's worth of pages."""
+    run = _ascending(pieces, dtype, scratch)
     try:
         with open(path, "wb") as f:
             f.write(run.data.cast("B"))  # raises with its errno, even when the write was short
