@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from test_driver_live import make_trace
 
@@ -191,3 +192,31 @@ def test_a_spill_that_cannot_be_written_is_one_line_and_leaves_nothing(tmp_path)
     assert out.stderr.startswith("loadgen: error: ") and out.stderr.count("\n") == 1, out.stderr
     assert "run-000000.bin: File too large: spilling 0.1 MiB" in out.stderr and "--memory-mib" in out.stderr
     assert list(spill.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("values", "disk"),
+    [
+        (np.array([0, 3, 255], dtype=np.int64), np.uint8),
+        (np.array([0, 256, 65535], dtype=np.int64), np.uint16),
+        (np.array([7, 2**32 - 1], dtype=np.int64), np.uint32),
+        (np.array([0, 2**32], dtype=np.int64), np.int64),  # past 32 bits: kept
+        (np.array([-1, 5], dtype=np.int64), np.int64),  # negative: kept
+        (np.array([0.5, 1e-9, 3.0], dtype=np.float64), np.float64),  # floats: kept
+        (np.arange(3_000_000, dtype=np.int64) * 1000, np.uint32),  # converted in several blocks
+    ],
+)
+def test_a_run_is_written_in_its_narrowest_dtype_and_reads_back_unchanged(tmp_path, values, disk):
+    run, total = spill_mod._write_run([values.copy()], values.dtype, tmp_path / "run.bin", np.empty(0, np.uint8))
+    try:
+        expected = np.sort(values)
+        assert run.disk_dtype == np.dtype(disk) and run.dtype == values.dtype
+        assert (tmp_path / "run.bin").stat().st_size == len(values) * np.dtype(disk).itemsize
+        back = run.read(0, len(values))
+        assert back.dtype == values.dtype and np.array_equal(back, expected)
+        assert run[len(values) - 1] == expected[-1] and run.searchsorted(expected[len(values) // 2]) == np.searchsorted(
+            expected, expected[len(values) // 2]
+        )
+        assert total == float(np.sum(expected, dtype=np.float64))
+    finally:
+        run.close()

@@ -78,12 +78,13 @@ class RunFile:
     reads that block alone (one ``pread``).
     """
 
-    __slots__ = ("dtype", "fd", "n", "path", "sample")
+    __slots__ = ("disk_dtype", "dtype", "fd", "n", "path", "sample")
 
     stride = _BLOCK  # sample[i] = run[i * stride]
 
-    def __init__(self, path: Path, run: np.ndarray) -> None:
+    def __init__(self, path: Path, run: np.ndarray, disk_dtype: np.dtype[Any] | None = None) -> None:
         self.path, self.dtype, self.n = path, run.dtype, len(run)
+        self.disk_dtype = run.dtype if disk_dtype is None else disk_dtype  # narrower on disk: see ``_narrowest``
         self.sample = run[::_BLOCK].copy()  # sample[i] = run[i * _BLOCK]
         self.fd = os.open(path, os.O_RDONLY)
 
@@ -92,9 +93,9 @@ class RunFile:
 
     def read(self, start: int, count: int) -> np.ndarray:
         """``count`` values from position ``start`` (one ``pread``)."""
-        size = self.dtype.itemsize
+        size = self.disk_dtype.itemsize
         data = os.pread(self.fd, count * size, start * size)
-        return np.frombuffer(data, dtype=self.dtype, count=count)
+        return np.frombuffer(data, dtype=self.disk_dtype, count=count).astype(self.dtype, copy=False)
 
     def __getitem__(self, i: int) -> Any:
         if i < 0:
@@ -238,7 +239,7 @@ class SortedRuns:
         run, total = future.result()
         s.runs.append(run)
         s.sums.append(total)
-        self.spilled_bytes += run.n * run.dtype.itemsize
+        self.spilled_bytes += run.n * run.disk_dtype.itemsize
 
     @property
     def spilled(self) -> bool:
@@ -288,12 +289,29 @@ def _write_run(
     The run is laid out in ``scratch``, reused from spill to spill (one is in flight at a time), so each
     spill does not fault in and zero a fresh run's worth of pages."""
     run = _ascending(pieces, dtype, scratch)
+    disk = _narrowest(run)
     try:
         with open(path, "wb") as f:
-            f.write(run.data.cast("B"))  # raises with its errno, even when the write was short
+            if disk == run.dtype:
+                f.write(run.data.cast("B"))  # raises with its errno, even when the write was short
+            else:  # converted block by block: no run-sized temporary
+                for a in range(0, len(run), _BLOCK * 1024):
+                    f.write(run[a : a + _BLOCK * 1024].astype(disk).data.cast("B"))
     except OSError as exc:
         raise RunDirError(
             f"{path}: {exc.strerror or exc}: spilling {run.nbytes / _MIB:.1f} MiB of analysis samples "
             f"(free space under --spill-dir / {SPILL_DIR_ENV}, or raise --memory-mib)"
         ) from None
-    return RunFile(path, run), float(np.sum(run, dtype=np.float64))
+    return RunFile(path, run, disk), float(np.sum(run, dtype=np.float64))
+
+
+def _narrowest(run: np.ndarray) -> np.dtype[Any]:
+    """The dtype ``run`` (ascending) is written in: for integers whose range fits, the narrowest unsigned
+    type that holds it (inter-chunk gaps in ns under 4.3 s fit 32 bits: half the bytes written and read
+    back), else its own. Values are unchanged: read back, they are cast to the run's dtype."""
+    if run.dtype.kind != "i" or not len(run) or run[0] < 0:
+        return run.dtype
+    for narrow in (np.uint8, np.uint16, np.uint32):
+        if run[-1] <= np.iinfo(narrow).max and np.dtype(narrow).itemsize < run.dtype.itemsize:
+            return np.dtype(narrow)
+    return run.dtype
