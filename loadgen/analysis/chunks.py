@@ -2,8 +2,8 @@
 
 Writers append chunks grouped by request (in completion order, not request-id order), so one pass
 in record batches finds request boundaries by comparing neighbouring ids, maps each run of rows to
-its request with one sorted-key lookup per request (not per row; ``idlookup``), and carries the last content chunk
-across batch edges. If a request's chunks are not contiguous or not in ``seq`` order, the pass
+its request with one lookup per request (not per row; ``idlookup``), and carries the last content
+chunk across batch edges. If a request's chunks are not contiguous or not in ``seq`` order, the pass
 falls back to a full sort by (request, seq) and says so in the notes. Zero-token chunks (usage-only
 or empty events) are not content and are skipped. Content chunks go to a *sink* batch by batch
 (request index, gap to the previous content chunk or −1 for a request's first, tokens), so the
@@ -196,11 +196,11 @@ def _batches(files: list[Path]) -> Iterator[pa.RecordBatch]:
 
 
 _DONE = object()
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
 @contextmanager
-def _read_ahead(batches: Iterator[T], depth: int = READ_AHEAD) -> Iterator[Iterator[T]]:
+def _read_ahead(batches: Iterator[_T], depth: int = READ_AHEAD) -> Iterator[Iterator[_T]]:
     """``batches`` produced on a reader thread up to ``depth`` ahead of the consumer (Parquet decoding,
     Arrow's kernels and numpy's large loops release the GIL, so it overlaps the pass on a second core).
     A reader error is raised in the consumer; leaving the block early stops the reader."""
@@ -225,7 +225,7 @@ def _read_ahead(batches: Iterator[T], depth: int = READ_AHEAD) -> Iterator[Itera
         except BaseException as exc:  # handed to the consumer, raised there
             put(exc)
 
-    def consume() -> Iterator[T]:
+    def consume() -> Iterator[_T]:
         while (item := ready.get()) is not _DONE:
             if isinstance(item, BaseException):
                 raise item
