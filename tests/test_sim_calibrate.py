@@ -19,6 +19,7 @@ from loadgen.calibration.calibrate import (
     fit_cost_model,
     with_step_jitter,
 )
+from loadgen.calibration.validate import FidelityRow
 from loadgen.pinning import affinity, format_cpus
 from loadgen.sim import load_engine_config
 from loadgen.sim.config import JITTER_PROBABILITIES
@@ -227,6 +228,44 @@ def test_validate_against_live_sim_serve(sim_server, tmp_path):
     assert "plan boundary 0 rate step(s)" in cfg.calibration["validated_error"]
     assert "engine repeatability" in cfg.calibration["validated_error"]
     assert "validated error worst |error|" in cfg.calibration_label()
+    goal = data["goal"]  # every goal figure of every row sorted one way: within, within the engine's spread, missed
+    kept = [r for r in data["rows"] if not r["client_lagged"]]
+    named = sum(
+        sum(r["errors_pct"].get(q) is not None for q in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99"))
+        + (r["attainment_diff_points"] is not None)
+        for r in kept
+    )
+    assert goal["figures"] == named == goal["within"] + goal["within_engine_spread"] + len(goal["missed"]) > 0
+    assert "figures within it" in res.stdout and " missed" in cfg.calibration["validated_error"]
+
+
+def _row(trace: str, cls: str, lagged: bool = False, attain: float | None = None, **errors: float) -> FidelityRow:
+    return FidelityRow(trace, cls, 50, 50, errors_pct=errors, attainment_diff_points=attain, client_lagged=lagged)
+
+
+def test_goal_check_sorts_each_figure_against_the_goal_and_the_engines_own_spread():
+    """Within the goal; beyond it but within the engine's own repeat difference (the largest over repeats, same
+    trace and class and figure); or missed. Rows the client lagged on count nowhere, nor do their repeats."""
+    from loadgen.calibration.validate import goal_check, goal_line
+
+    rows = [
+        _row("burst", "a", ttft_p50=9.9, ttft_p99=-25.0, itl_p50=40.0, attain=2.0),
+        _row("burst", "b", itl_p99=-30.0, attain=-5.0),
+        _row("azure-load0.9", "a", ttft_p50=50.0),
+        _row("azure-load1.3", "a", lagged=True, ttft_p50=99.0),
+    ]
+    floor = [
+        _row("burst repeat 2", "a", ttft_p99=10.0, itl_p50=41.0),
+        _row("burst repeat 3", "a", ttft_p99=-26.0),  # the larger of the two repeats counts
+        _row("burst repeat 2", "b", itl_p99=5.0, attain=6.0),
+        _row("azure-load0.9 repeat 2", "a", lagged=True, ttft_p50=80.0),  # lagged: no spread from it
+    ]
+    g = goal_check(rows, floor)
+    assert (g["figures"], g["within"], g["within_engine_spread"]) == (7, 2, 3)
+    assert g["missed"] == [["burst", "b", "itl_p99", -30.0, 5.0], ["azure-load0.9", "a", "ttft_p50", 50.0, None]]
+    line = goal_line(g)
+    assert line.startswith("goal (TTFT and ITL p50/p99 within 10%, attainment within 2 pts): 2 of 7 figures within it")
+    assert line.endswith("(furthest: azure-load0.9 a ttft_p50 +50.0%, no repeat)"), line
 
 
 def test_worksheet_output_states_calibration(tmp_path):

@@ -41,6 +41,9 @@ __all__ = [
     "MAX_SEND_LAG_MS",
     "QUANTITIES",
     "FidelityRow",
+    "GOAL_PCT",
+    "GOAL_POINTS",
+    "goal_check",
     "send_lag_p99_ms",
     "scale_trace_to_engine",
     "with_engine_limits",
@@ -55,6 +58,10 @@ __all__ = [
 _METRICS = ("ttft_ms", "itl_ms", "e2e_ms")
 #: The compared quantities, in table order (error % of each; attainment is compared in points).
 QUANTITIES = ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "e2e_p50", "e2e_p99", "completed_rps")
+#: The fidelity goal: these quantities within GOAL_PCT %, and attainment within GOAL_POINTS points.
+GOAL_QUANTITIES = ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99")
+GOAL_PCT = 10.0
+GOAL_POINTS = 2.0
 _REPO_TRACES = Path(__file__).resolve().parents[1] / "traces"
 CANONICAL_BURST = _REPO_TRACES / "canonical-burst.parquet"
 
@@ -255,6 +262,7 @@ def validate(
         "summary": _summary(rows),
         "repeatability": [r.to_dict() for r in floor] if floor else None,
         "repeatability_summary": _summary(floor) if floor else None,
+        "goal": goal_check(rows, floor),
         "max_send_lag_ms": MAX_SEND_LAG_MS,
         "memory": memory_check(cfg, engine_memory) if engine_memory is not None else None,
         "plan_boundary": _plan_check(plan, plan_target, target_url, cfg, out_dir) if plan is not None else None,
@@ -320,6 +328,8 @@ def _record_validation(engine_toml: Path, result: dict[str, Any], out_dir: Path)
         entry["repeatability_summary"] = result["repeatability_summary"]
     if (b := result.get("plan_boundary")) and b["max_steps_apart"] is not None:
         entry["plan_boundary_steps"] = int(b["max_steps_apart"])
+    if g := result.get("goal"):
+        entry["goal"] = {k: g[k] for k in ("figures", "within", "within_engine_spread")} | {"missed": len(g["missed"])}
     validations = dict(cal.get("validations") or {})
     validations[configuration_key(result["target_limits"])] = entry
     cal["validations"] = validations
@@ -360,9 +370,72 @@ def validated_error(validations: dict[str, dict[str, Any]]) -> str:
         parts.append(f"engine repeatability {w:.1f}%")
     if (w := worst([e.get("plan_boundary_steps") for e in entries])) is not None:
         parts.append(f"plan boundary {int(w)} rate step(s)")
+    goals = [e["goal"] for e in entries if e.get("goal")]
+    if goals:
+        total = {k: sum(int(g[k]) for g in goals) for k in ("figures", "within", "within_engine_spread", "missed")}
+        parts.append(
+            f"goal {GOAL_PCT:g}%/{GOAL_POINTS:g} pts: {total['within']} of {total['figures']} figures within,"
+            f" {total['within_engine_spread']} within the engine's own repeat difference, {total['missed']} missed"
+        )
     rows = sum(int(e["summary"].get("rows") or 0) for e in entries)
     where = f"{len(entries)} held-out configuration{'s' if len(entries) != 1 else ''} ({', '.join(validations)})"
     return f"worst |error| {', '.join(parts)} over {rows} class rows on {where}"
+
+
+def goal_check(rows: list[FidelityRow], floor: list[FidelityRow]) -> dict[str, Any]:
+    """Every figure the goal names (``GOAL_QUANTITIES`` within ``GOAL_PCT`` %, attainment within
+    ``GOAL_POINTS``), per row the client kept up with, sorted three ways:
+
+    - ``within``: the worksheet's |error| is within the goal;
+    - ``within_engine_spread``: it is not, but the engine measured again on the same trace differed from its
+      first measurement of the same class by at least as much: this host cannot tell the model's error from
+      the engine's own, so that figure can neither meet nor miss the goal here;
+    - ``missed``: beyond both, listed as (trace, class, quantity, error, engine's difference or None).
+    """
+    spread: dict[tuple[str, str, str], float] = {}
+    for r in floor:
+        if r.client_lagged:
+            continue
+        trace = r.trace.rsplit(" repeat ", 1)[0]
+        for q, v in [*((q, r.errors_pct.get(q)) for q in GOAL_QUANTITIES), ("attainment", r.attainment_diff_points)]:
+            if v is not None:
+                key = (trace, r.request_class, q)
+                spread[key] = max(spread.get(key, 0.0), abs(v))
+    out: dict[str, Any] = {"goal_pct": GOAL_PCT, "goal_points": GOAL_POINTS, "within": 0, "within_engine_spread": 0}
+    missed = []
+    for r in rows:
+        if r.client_lagged:
+            continue
+        figures = [*((q, r.errors_pct.get(q), GOAL_PCT) for q in GOAL_QUANTITIES)]
+        figures.append(("attainment", r.attainment_diff_points, GOAL_POINTS))
+        for q, err, goal in figures:
+            if err is None:
+                continue
+            engine = spread.get((r.trace, r.request_class, q))
+            if abs(err) <= goal:
+                out["within"] += 1
+            elif engine is not None and abs(err) <= engine:
+                out["within_engine_spread"] += 1
+            else:
+                missed.append([r.trace, r.request_class, q, err, engine])
+    out["missed"] = missed
+    out["figures"] = out["within"] + out["within_engine_spread"] + len(missed)
+    return out
+
+
+def goal_line(g: dict[str, Any]) -> str:
+    """The goal check in one line."""
+    line = (
+        f"goal (TTFT and ITL p50/p99 within {g['goal_pct']:g}%, attainment within {g['goal_points']:g} pts):"
+        f" {g['within']} of {g['figures']} figures within it, {g['within_engine_spread']} more within the engine's"
+        f" own repeat difference, {len(g['missed'])} missed"
+    )
+    if g["missed"]:
+        worst = max(g["missed"], key=lambda m: abs(m[3]) - (m[4] or 0.0))
+        unit = " pts" if worst[2] == "attainment" else "%"
+        engine = "no repeat" if worst[4] is None else f"engine {worst[4]:.1f}{unit}"
+        line += f" (furthest: {worst[0]} {worst[1]} {worst[2]} {worst[3]:+.1f}{unit}, {engine})"
+    return line
 
 
 def _summary(rows: list[FidelityRow]) -> dict[str, Any]:
@@ -400,6 +473,8 @@ def format_table(result: dict[str, Any]) -> str:
     )
     if f := result.get("repeatability_summary"):
         lines.append(repeatability_line(f))
+    if g := result.get("goal"):
+        lines.append(goal_line(g))
     if m := result.get("memory"):
         lines.append(memory_line(m))
     if b := result.get("plan_boundary"):
@@ -451,6 +526,7 @@ def write_html(result: dict[str, Any], path: Path) -> Path:
             if result.get("repeatability_summary")
             else ""
         )
+        + (f"<p>{html.escape(goal_line(result['goal']))}</p>" if result.get("goal") else "")
         + (f"<p>{html.escape(memory_line(result['memory']))}</p>" if result.get("memory") else "")
         + (
             "<pre>" + html.escape("\n".join(boundary_line(result["plan_boundary"]))) + "</pre>"
