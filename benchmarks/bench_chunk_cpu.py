@@ -13,6 +13,7 @@ core; on a machine shared with other work it measures the machine as much as the
 
     python benchmarks/bench_chunk_cpu.py
     python benchmarks/bench_chunk_cpu.py --loadgen-path /tmp/base   # another checkout, for before/after
+    python benchmarks/bench_chunk_cpu.py --pin 0:1                  # client and server on a core each
 """
 
 from __future__ import annotations
@@ -156,6 +157,19 @@ def per_chunk_path(streams: int) -> float:
     return (time.process_time() - t0) / (streams * OUTPUT_TOKENS) * 1e6
 
 
+def _pin(spec: str, server_pid: int) -> str:
+    """``CLIENT:SERVER`` CPU lists: every thread of the server onto SERVER, this process (and so every tool it
+    runs) onto CLIENT. What was pinned, as printed."""
+    from loadgen.pinning import format_cpus, parse_cpus
+
+    client_text, _, server_text = spec.partition(":")
+    client, server = parse_cpus(client_text, what="--pin"), parse_cpus(server_text, what="--pin")
+    for tid in os.listdir(f"/proc/{server_pid}/task"):
+        os.sched_setaffinity(int(tid), server)
+    os.sched_setaffinity(0, client)
+    return f"pinned: clients on CPU {format_cpus(client)}, simulated server on CPU {format_cpus(server)}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", type=int, default=200, help="requests in the short run (start-up cost)")
@@ -166,6 +180,12 @@ def main() -> int:
     ap.add_argument("--loadgen-path", type=Path, default=REPO, help="checkout whose loadgen runs (before/after)")
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--path-only", action="store_true", help="only the in-process per-chunk path figure")
+    ap.add_argument(
+        "--pin",
+        metavar="CLIENT:SERVER",
+        help="CPU lists, e.g. 0:1: each tool on CLIENT and the simulated server on SERVER (Linux), so the client has a "
+        "core of its own, as the send-lag goal assumes",
+    )
     args = ap.parse_args()
     if str(args.loadgen_path) != str(REPO):
         sys.path.insert(0, str(args.loadgen_path))
@@ -178,6 +198,8 @@ def main() -> int:
     rows: list[tuple[str, int, int, float, float]] = []
     with tempfile.TemporaryDirectory(prefix="loadgen-chunkcpu-") as tmp, launch_sim_server("instant") as sim:
         work = Path(tmp)
+        if args.pin:
+            print(_pin(args.pin, sim.process.pid))
         a_cpu, a_chunks = loadgen_run(sim.base_url, work, args.small, args.concurrency, args.loadgen_path)
         b_cpu, b_chunks = loadgen_run(sim.base_url, work, args.large, args.concurrency, args.loadgen_path)
         per_request = b_chunks / args.large

@@ -149,6 +149,7 @@ class DriverInfo(Section):
     path: str | None = None
     concurrency: int | None = None
     tokenizer: str | None = None
+    prompt_salt: str | None = None  # None: prompts are the trace's own (no salt)
     token_counter: str | None = None
     vllm_extensions: bool | None = None
     timeouts_s: dict[str, list[float | None]] = {}

@@ -4,6 +4,8 @@ A tokenizer spec is ``cl100k_base`` (tiktoken, offline copy), ``hf:PATH/tokenize
 Hugging Face tokenizer) or ``chars:N`` (N characters per token; for tests and engines with no
 tokenizer). Prompts are deterministic functions of a seed string, so the same trace gives the same
 prompts; a shared-prefix group's text is a function of the group id only, so members really share it.
+A *salt* enters every seed string: the same trace under another salt gives other texts of the same token
+counts (and the same sharing within it), so a server's prefix cache holds nothing from an earlier run.
 """
 
 from __future__ import annotations
@@ -283,14 +285,16 @@ class PromptSynth:
 
     ``text(key, n_tokens, prefix_key, prefix_tokens)`` = shared prefix (a function of prefix_key) +
     body (a function of key); the total encodes to exactly ``n_tokens`` where the tokenizer allows.
+    ``salt`` ("" by default: the texts of earlier versions) enters every seed.
     """
 
-    def __init__(self, tokenizer: Tokenizer | str = DEFAULT_TOKENIZER) -> None:
+    def __init__(self, tokenizer: Tokenizer | str = DEFAULT_TOKENIZER, salt: str = "") -> None:
         self.tokenizer = get_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+        self.salt = salt
         self._prefix_cache: dict[tuple[str, int], str] = {}
 
     def _words(self, key: str, n_words: int) -> str:
-        rng = _rng_for(key)
+        rng = _rng_for(f"{self.salt}\x00{key}" if self.salt else key)
         idx = rng.integers(0, len(_WORDS), size=n_words)
         return " ".join(_WORDS[i] for i in idx)
 

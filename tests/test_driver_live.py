@@ -256,6 +256,26 @@ def test_multi_turn_shared_prefix_and_privacy(instant, tmp_path):
     ).to_pylist() or sorted(run2.requests.column("prompt_sha256").to_pylist()) == sorted(
         run.requests.column("prompt_sha256").to_pylist()
     )
+    # a salt: other texts of the same token counts, the shared prefix and the thread still shared, and recorded
+    out3 = run_trace_sync(
+        RunOptions(
+            trace_path=trace,
+            target_url=instant.base_url,
+            out_dir=tmp_path / "run3",
+            scenario_path=scenario,
+            prompt_salt="again",
+            progress="off",
+        )
+    )
+    run3 = load_run(out3)
+    r3 = by_id(run3)
+    assert run3.manifest.to_dict()["driver"]["prompt_salt"] == "again"
+    assert run.manifest.to_dict()["driver"]["prompt_salt"] is None
+    for rid, row in r3.items():
+        assert row["server_prompt_tokens"] == row["target_prompt_tokens"] == r[rid]["server_prompt_tokens"]
+        assert row["prompt_sha256"] != r[rid]["prompt_sha256"]
+    assert r3["c1"]["prompt_text"].startswith(r3["c0"]["prompt_text"])
+    assert r3["p0"]["prompt_text"][:800] == r3["p1"]["prompt_text"][:800] != r["p0"]["prompt_text"][:800]
 
 
 def test_chat_endpoint_server_tokenizer_and_metrics(instant, tmp_path):

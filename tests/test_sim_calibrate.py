@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from loadgen.calibration.calibrate import (
@@ -214,6 +215,19 @@ def test_validate_against_live_sim_serve(sim_server, tmp_path):
     assert sorted({r["trace"] for r in data["repeatability"]}) == sorted(f"{t} repeat 2" for t in traces)
     assert {r["request_class"] for r in data["repeatability"]} == {r["request_class"] for r in data["rows"]}
     assert "repeatability (measured again vs first, same engine, same trace)" in res.stdout
+    # each measurement has prompts of its own (no repeat finds the first's in the prefix cache), same token counts
+    first, again = (
+        pq.read_table(out / d / "requests.parquet") for d in ("canonical-burst-measured", "canonical-burst-measured-2")
+    )
+    assert not set(first["prompt_sha256"].to_pylist()) & set(again["prompt_sha256"].to_pylist())
+    assert sorted(first["target_prompt_tokens"].to_pylist()) == sorted(again["target_prompt_tokens"].to_pylist())
+    measured = [Path(d) for k, d in data["runs"]["canonical-burst"].items() if k.startswith("measured")]
+    salts = {json.loads((d / "manifest.json").read_text())["driver"]["prompt_salt"] for d in measured}
+    assert len(measured) == len(salts) == 2 and None not in salts, salts
+    # the warm-up: the first trace once, before any measurement, with prompts of its own, not compared
+    warm = Path(data["warmup"])
+    assert warm.name == "warmup" and (warm / "requests.parquet").exists() and "warm-up: the first trace" in res.stdout
+    assert json.loads((warm / "manifest.json").read_text())["driver"]["prompt_salt"] not in salts
     boundary = data["plan_boundary"]
     assert [(r["request_class"], r["state"], r["concurrency"]) for r in boundary["lines"]] == [
         ("short-message", "warm", 32)

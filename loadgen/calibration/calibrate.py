@@ -40,6 +40,7 @@ from ..pinning import SHARED_CPUS
 from ..records import CHUNKS_FILE, REQUESTS_FILE, TRACE_SCHEMA
 from ..rundir import load_run
 from ..sim.config import JITTER_PROBABILITIES
+from ..targets.base import run_salt
 from ..targets.replay import run_driver
 from ..tomlfile import dumps_toml
 from ..trace.io import write_trace
@@ -612,7 +613,7 @@ def _measure(
                     **engine,
                     "calibration": {"phase": phase.name, "kind": phase.kind, "limits": limits.to_dict()},
                 },
-                **run_options,
+                **{"prompt_salt": run_salt(out), **run_options},  # no earlier run's prompt in the prefix cache
             )
         )
     return runs

@@ -29,6 +29,7 @@ from ..scenario import Scenario, load_scenario
 from ..sim.config import EngineConfig, load_engine_config
 from ..sim.worksheet import run_worksheet
 from ..targets import Target, TargetSpec, open_target
+from ..targets.base import run_salt
 from ..targets.replay import run_driver
 from ..tomlfile import dumps_toml, read_toml
 from ..trace.importers import import_trace
@@ -196,6 +197,7 @@ def validate(
     plan: str | Path | None = None,
     plan_target: Target | None = None,
     repeats: int = 1,
+    warmup: bool = True,
     **run_options: Any,
 ) -> dict[str, Any]:
     """Run the target and the worksheet on the same traces; the fidelity table as a dict (also fidelity.json).
@@ -207,6 +209,10 @@ def validate(
     boundaries are compared line by line (``plan_boundary`` in the result; ``boundary.plan_boundary_check``).
     ``repeats`` > 1: each trace is measured again that many times in all, and every repeat is compared with the
     first by the same rule (``repeatability``: the engine against itself, the floor under any fidelity claim).
+    ``warmup``: before any measurement the first trace is replayed once, with prompts of its own, and not
+    compared (``warmup`` in the result): a freshly launched engine's first burst of new batch shapes is slower
+    than any later one, which the worksheet does not model. Every measurement has prompts of its own
+    (``run_salt``), so none finds an earlier one's in the prefix cache.
 
     The worksheet takes the TOML's cost terms and the target's own scheduler limits (read from the
     engine, as calibration does), so a held-out engine configuration is predicted, not assumed equal.
@@ -235,15 +241,21 @@ def validate(
     runs: dict[str, dict[str, str]] = {}
 
     def measure(trace: Path, run_dir: Path) -> Path:
+        # every measurement has prompts of its own: a repeat, or the same requests at another load, would
+        # otherwise find the earlier ones in the engine's prefix cache, which the worksheet (a fresh engine) has not
+        options = {"prompt_salt": run_salt(run_dir), **run_options}
         return run_driver(
-            trace, target_url, run_dir, model=None, scenario_path=None, extra_manifest=engine_manifest, **run_options
+            trace, target_url, run_dir, model=None, scenario_path=None, extra_manifest=engine_manifest, **options
         )
 
+    warmup_dir = None
     for name, table, meta in cases:
         if table.num_rows == 0:
             raise LoadgenError(f"{name}: no request in the window: expected a longer --duration-s")
         trace = out_dir / f"{name}.trace.parquet"
         write_trace(table, trace, {**meta, "trace_name": name})
+        if warmup and warmup_dir is None:
+            warmup_dir = measure(trace, out_dir / "warmup")
         real_dir = measure(trace, out_dir / f"{name}-measured")
         sim_dir = out_dir / f"{name}-worksheet"
         rows.extend(predict_beside(name, real_dir, trace, cfg, sim_dir, scenario))
@@ -258,6 +270,7 @@ def validate(
         "target": target_url,
         "runs": runs,
         "target_limits": limits.to_dict(),
+        "warmup": str(warmup_dir) if warmup_dir is not None else None,
         "rows": [r.to_dict() for r in rows],
         "summary": _summary(rows),
         "repeatability": [r.to_dict() for r in floor] if floor else None,
@@ -454,6 +467,10 @@ def format_table(result: dict[str, Any]) -> str:
     """The fidelity table for the console: error % per class (worksheet vs measured)."""
     head = f"{'trace':<22} {'class':<14} " + " ".join(f"{c:>13}" for c in QUANTITIES) + f" {'attain pts':>10} lag"
     lines = [result["engine_label"], "error % = (worksheet − measured) / measured", head]
+    if result.get("warmup"):
+        lines.insert(
+            1, f"warm-up: the first trace replayed once before any measurement, not compared ({result['warmup']})"
+        )
     for r in result["rows"]:
         cells = " ".join(f"{_pct(r['errors_pct'].get(c)):>13}" for c in QUANTITIES)
         att = r["attainment_diff_points"]

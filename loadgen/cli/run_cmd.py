@@ -43,6 +43,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="cl100k_base",
         help="cl100k_base | hf:PATH/tokenizer.json | chars:N | server (the target's /tokenize)",
     )
+    p.add_argument(
+        "--prompt-salt",
+        default="",
+        metavar="TEXT",
+        help="enters every prompt's seed: the same trace gets other texts of the same token counts, so a server's "
+        "prefix cache holds none of an earlier run's prompts (recorded in the manifest; default: none)",
+    )
     p.add_argument("--api-key-env", help="NAME of the environment variable holding the API key (never recorded)")
     p.add_argument("--ttft-timeout-s", type=flags.seconds(), help="override the scenario's TTFT timeout")
     p.add_argument("--total-timeout-s", type=flags.seconds(), help="override the scenario's total timeout")
@@ -148,6 +155,7 @@ def _run(args: argparse.Namespace) -> int:
             endpoint=args.endpoint,
             max_concurrency=args.max_concurrency,
             tokenizer=args.tokenizer,
+            prompt_salt=args.prompt_salt,
             api_key_env=args.api_key_env,
             ttft_timeout_s=args.ttft_timeout_s,
             total_timeout_s=args.total_timeout_s,

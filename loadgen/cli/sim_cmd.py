@@ -96,6 +96,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "repeatability, printed beside the worksheet's error)",
     )
     val.add_argument(
+        "--no-warmup",
+        dest="warmup",
+        action="store_false",
+        help="measure at once; by default the first trace is replayed once (not compared) before any measurement, "
+        "since a freshly launched engine serves its first burst slower than any later one",
+    )
+    val.add_argument(
         "--plan",
         default=None,
         metavar="PLAN",
@@ -250,6 +257,7 @@ def _validate(args: argparse.Namespace) -> int:
             plan=args.plan,
             plan_target=engine.target,
             repeats=args.repeats,
+            warmup=args.warmup,
             tokenizer=args.tokenizer or engine.tokenizer or "cl100k_base",
         )
     print(json.dumps(result, default=str) if args.json else format_table(result))

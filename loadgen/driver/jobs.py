@@ -129,9 +129,11 @@ def build_jobs(
     vllm_extensions: bool = True,
     max_tokens_field: str = "max_tokens",
     extra_body: dict[str, Any] | None = None,
+    prompt_salt: str = "",
 ) -> list[Job]:
-    """One Job per trace row, in trace order (bodies are exact JSON bytes for POST)."""
-    synth = PromptSynth(tokenizer)
+    """One Job per trace row, in trace order (bodies are exact JSON bytes for POST); ``prompt_salt``: see
+    ``PromptSynth``."""
+    synth = PromptSynth(tokenizer, salt=prompt_salt)
     cols = table.to_pydict()
     n = table.num_rows
     # conversation id -> (segments [(role, text, tokens)], prompt tokens, output tokens) of the last turn

@@ -218,6 +218,7 @@ async def _prepare_jobs(
                 vllm_extensions=extensions,
                 max_tokens_field=options.max_tokens_field,
                 extra_body=options.extra_body,
+                prompt_salt=options.prompt_salt,
             )
         )
     finally:
@@ -332,6 +333,7 @@ async def run_trace(options: RunOptions, shard: Shard | None = None) -> Path:
             path=path,
             concurrency=inputs.concurrency,
             tokenizer=options.tokenizer,
+            prompt_salt=options.prompt_salt or None,
             token_counter=getattr(counter, "name", str(counter)),
             vllm_extensions=extensions,
             timeouts_s={c: [t / 1e9 if t else None for t in v] for c, v in sorted(timeouts.items())},

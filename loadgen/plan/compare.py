@@ -92,6 +92,7 @@ IGNORED_KEYS = (
     "options.engine",
     "options.deadline_s",
     "options.seed",
+    "options.prompt_salt",  # other texts of the same token counts, one per run (targets.base.run_salt)
     "host.memory_bytes",
 )
 

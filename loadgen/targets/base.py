@@ -9,12 +9,13 @@ process where the target can be restarted), measured (``run``: one run directory
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
 
-__all__ = ["RunRequest", "StateResult", "Target"]
+__all__ = ["RunRequest", "StateResult", "Target", "run_salt"]
 
 
 @dataclass
@@ -59,6 +60,17 @@ class StateResult:
         }
 
 
+#: Differs from process to process, so a target measured again (a resumed plan, another validation) gets
+#: new prompts too; each run's manifest records its salt (``driver.prompt_salt``), which reproduces them.
+_SESSION = secrets.token_hex(4)
+
+
+def run_salt(out_dir: Path) -> str:
+    """The prompt salt of the measured run written to ``out_dir``: the last parts of its path (a plan's
+    ``cells/<cell>/rep1``) and this process's token."""
+    return "/".join([*Path(out_dir).parts[-3:], _SESSION])
+
+
 @dataclass
 class RunRequest:
     """One measured run a target is asked for: the trace, where to write, the state reached, and labels."""
@@ -96,8 +108,10 @@ class Target:
     run_defaults: dict[str, Any] | None = None
 
     def driver_options(self, request: RunRequest) -> dict[str, Any]:
-        """The driver options of one measured run: the target's defaults, then the request's labels."""
-        return {**(self.run_defaults or {}), **request.driver_labels()}
+        """The driver options of one measured run: the target's defaults, then the request's labels. Unless
+        given, each run's prompts are salted with its own ``prompt_salt``, so no earlier run on this target (a
+        warm-up of the same requests, another cell, a repeat) left its prompts in the server's prefix cache."""
+        return {"prompt_salt": run_salt(request.out_dir), **(self.run_defaults or {}), **request.driver_labels()}
 
     def describe(self) -> dict[str, Any]:
         """Identity of the target for the manifest's ``plan_target`` section and plan files."""
