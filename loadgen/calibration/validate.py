@@ -210,9 +210,9 @@ def validate(
     ``repeats`` > 1: each trace is measured again that many times in all, and every repeat is compared with the
     first by the same rule (``repeatability``: the engine against itself, the floor under any fidelity claim).
     ``warmup``: before any measurement the first trace is replayed once, with prompts of its own, and not
-    compared (``warmup`` in the result): a freshly launched engine's first burst of new batch shapes is slower
-    than any later one, which the worksheet does not model. Every measurement has prompts of its own
-    (``run_salt``), so none finds an earlier one's in the prefix cache.
+    compared (``warmup`` in the result), so no one-time cost of a fresh engine lands in a measurement (the
+    worksheet models none). Every measurement has prompts of its own (``run_salt``), so none finds an earlier
+    one's in the prefix cache, which the worksheet, a fresh engine per run, would not.
 
     The worksheet takes the TOML's cost terms and the target's own scheduler limits (read from the
     engine, as calibration does), so a held-out engine configuration is predicted, not assumed equal.

@@ -100,7 +100,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         dest="warmup",
         action="store_false",
         help="measure at once; by default the first trace is replayed once (not compared) before any measurement, "
-        "since a freshly launched engine serves its first burst slower than any later one",
+        "so no one-time cost of a fresh engine lands in one",
     )
     val.add_argument(
         "--plan",
