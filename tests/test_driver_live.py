@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -226,16 +227,17 @@ def test_multi_turn_shared_prefix_and_privacy(instant, tmp_path):
         },
     ]
     trace = make_trace(tmp_path / "t.parquet", rows)
-    out = run_trace_sync(
-        RunOptions(
-            trace_path=trace,
-            target_url=instant.base_url,
-            out_dir=tmp_path / "run",
-            scenario_path=scenario,
-            progress="off",
+
+    def replay(name: str, **options: Any) -> Any:
+        return load_run(
+            run_trace_sync(
+                RunOptions(
+                    trace_path=trace, target_url=instant.base_url, out_dir=tmp_path / name, progress="off", **options
+                )
+            )
         )
-    )
-    run = load_run(out)
+
+    run = replay("run", scenario_path=scenario)
     assert_exact_accounting(run, 4)
     r = by_id(run)
     assert all(row["status"] == "ok" for row in r.values())
@@ -246,10 +248,7 @@ def test_multi_turn_shared_prefix_and_privacy(instant, tmp_path):
     assert r["p0"]["prompt_text"][:800] == r["p1"]["prompt_text"][:800]
     assert run.manifest.to_dict()["scenario"]["name"] == "canonical"
     # default privacy: no text
-    out2 = run_trace_sync(
-        RunOptions(trace_path=trace, target_url=instant.base_url, out_dir=tmp_path / "run2", progress="off")
-    )
-    run2 = load_run(out2)
+    run2 = replay("run2")
     assert run2.requests.column("prompt_text").null_count == 4
     assert run2.requests.column("prompt_sha256").to_pylist() == run.requests.column(
         "prompt_sha256"
@@ -257,17 +256,7 @@ def test_multi_turn_shared_prefix_and_privacy(instant, tmp_path):
         run.requests.column("prompt_sha256").to_pylist()
     )
     # a salt: other texts of the same token counts, the shared prefix and the thread still shared, and recorded
-    out3 = run_trace_sync(
-        RunOptions(
-            trace_path=trace,
-            target_url=instant.base_url,
-            out_dir=tmp_path / "run3",
-            scenario_path=scenario,
-            prompt_salt="again",
-            progress="off",
-        )
-    )
-    run3 = load_run(out3)
+    run3 = replay("run3", scenario_path=scenario, prompt_salt="again")
     r3 = by_id(run3)
     assert run3.manifest.to_dict()["driver"]["prompt_salt"] == "again"
     assert run.manifest.to_dict()["driver"]["prompt_salt"] is None
