@@ -451,3 +451,20 @@ def test_managed_mode_quota_identity_drift_and_api_key(sim_server, tmp_path):
     limited = answers[4]
     assert 0 < float(limited.headers["retry-after"]) <= 60 and limited.json()["error"]["code"] == "rate_limit_exceeded"
     assert [line["kind"] for line in sim.fault_lines()] == ["quota"]
+
+
+def test_a_request_past_max_model_len_is_cut_or_refused_as_vllm_does(sim_server, tmp_path):
+    """vLLM 0.32: a prompt that leaves room is served with max_tokens cut to what is left; a prompt that fills
+    the context, or max_tokens past it, is refused with 400. The worksheet applies the same rule (one definition)."""
+    sim = sim_server(slow_engine(tmp_path, fixed_ms=0.0, scheduler={"max_model_len": 100}))
+    with httpx.Client(base_url=sim.base_url, timeout=30) as client:
+
+        def ask(prompt_tokens: int, max_tokens: int) -> httpx.Response:
+            body = {"prompt": list(range(1, prompt_tokens + 1)), "max_tokens": max_tokens, "ignore_eos": True}
+            return client.post("/v1/completions", json=body)
+
+        cut = ask(90, 40)
+        assert cut.status_code == 200 and cut.json()["usage"]["completion_tokens"] == 10, cut.text
+        assert ask(60, 40).json()["usage"]["completion_tokens"] == 40  # fits: not cut
+        for prompt_tokens, max_tokens in [(100, 1), (101, 1), (5, 101)]:
+            assert ask(prompt_tokens, max_tokens).status_code == 400, (prompt_tokens, max_tokens)

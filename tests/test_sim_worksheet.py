@@ -432,3 +432,41 @@ def test_decode_fast_path_changes_nothing(tmp_path, case):
     for name in (REQUESTS_FILE, CHUNKS_FILE, SERVER_METRICS_FILE):
         assert pq.read_table(fast / name).equals(pq.read_table(slow / name)), name
     assert stable_manifest(fast) == stable_manifest(slow)
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("clamp", [51, None, None, 100, None, 4]),  # vLLM 0.32: the output is cut to what the context leaves
+        ("reject", [None, None, None, 100, None, None]),  # older vLLM: prompt + max_tokens must fit
+    ],
+)
+def test_requests_past_max_model_len_follow_the_engines_rule(tmp_path, policy, expected):
+    """One rule (``SchedulerConfig.output_tokens``) for the worksheet and the live server; here, the worksheet's
+    rows: the tokens served, or HTTP 400."""
+    from loadgen.sim.worksheet import simulate_trace
+
+    asks = [(949, 203), (1000, 1), (1022, 10), (500, 100), (10, 1001), (996, 140)]
+    n = len(asks)
+    table = pa.Table.from_pydict(
+        {
+            "request_id": [f"r{i}" for i in range(n)],
+            "request_class": ["c"] * n,
+            "scheduled_offset_ns": [i * 1_000_000_000 for i in range(n)],
+            "prompt_tokens": [p for p, _ in asks],
+            "output_tokens": [o for _, o in asks],
+            **{k: [None] * n for k in ("prefix_group", "prefix_tokens", "conversation_id", "turn_index")},
+            "cancel_after_tokens": [None] * n,
+        },
+        schema=TRACE_SCHEMA,
+    )
+    scheduler = {"max_model_len": 1000, "over_length": policy}
+    config = parse_engine_config({"name": "t", "scheduler": scheduler, "kv": {"num_kv_blocks": 4096}}, "t")
+    assert [config.scheduler.output_tokens(p, o) for p, o in asks] == expected
+    rows = {r["request_id"]: r for r in simulate_trace(table, {}, config).requests}
+    for i, tokens in enumerate(expected):
+        row = rows[f"r{i}"]
+        if tokens is None:
+            assert (row["status"], row["http_status"]) == ("error", 400), row
+        else:
+            assert row["status"] == "ok" and row["server_output_tokens"] == tokens, row

@@ -55,6 +55,22 @@ class SchedulerConfig(_Model):
     policy: Literal["fcfs", "priority"] = "fcfs"
     decode_tokens_per_step: int = Field(default=1, ge=1, le=64)  # >1: speculative decoding, all accepted
     max_model_len: int = Field(default=8192, ge=2, le=16 * MAX_TOKENS)
+    # a request past max_model_len: "clamp" as vLLM 0.32 does (the prompt must leave room for one token, and
+    # max_tokens is cut to what is left), or "reject" as older vLLM did (prompt + max_tokens must fit)
+    over_length: Literal["clamp", "reject"] = "clamp"
+
+    def output_tokens(self, prompt_tokens: int, max_tokens: int) -> int | None:
+        """The tokens a request of ``prompt_tokens`` asking for ``max_tokens`` is given, or None: refused (HTTP 400).
+
+        vLLM 0.32 (``get_max_tokens``, ``renderers/params.py``) refuses a prompt over max_model_len or a
+        max_tokens over it, and otherwise generates at most max_model_len − prompt tokens (none left: refused).
+        """
+        limit = self.max_model_len
+        if self.over_length == "reject":
+            return max_tokens if prompt_tokens + max_tokens <= limit else None
+        if prompt_tokens >= limit or max_tokens > limit:
+            return None
+        return min(max_tokens, limit - prompt_tokens)
 
 
 #: Longest step-time coefficient or batching window (one hour, in ms).

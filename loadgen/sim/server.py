@@ -367,13 +367,14 @@ class SimServer:
         max_len = self.config.scheduler.max_model_len
         name = "max_completion_tokens" if kind == "chat" and "max_completion_tokens" in body else "max_tokens"
         default = 16 if kind == "completions" else max(1, max_len - len(ids))
-        max_tokens = self._int(body, name, default, 1)
-        assert max_tokens is not None
-        if len(ids) + max_tokens > max_len:
+        asked = self._int(body, name, default, 1)
+        assert asked is not None
+        max_tokens = self.config.scheduler.output_tokens(len(ids), asked)
+        if max_tokens is None:
             raise _Invalid(
                 400,
                 f"This model's maximum context length is {max_len} tokens. However, you requested "
-                f"{len(ids) + max_tokens} tokens ({len(ids)} in the messages, {max_tokens} in the completion). "
+                f"{len(ids) + asked} tokens ({len(ids)} in the messages, {asked} in the completion). "
                 "Please reduce the length of the messages or completion.",
                 "max_tokens" if kind == "completions" else "messages",
             )

@@ -101,7 +101,7 @@ class _Client:
         self.engines = engines
         self.router = router  # a fleet: which engine each request goes to (None: the one engine)
         self.target: list[int | None] = [None] * n  # engine of each request sent
-        self.max_len = config.scheduler.max_model_len
+        self.scheduler = config.scheduler  # the max_model_len rule (SchedulerConfig.output_tokens)
         self.overhead_ns = int(config.cost.request_overhead_ms * 1e6)  # before the request reaches the engine
         self.plans = plans
         self.stop_after = stop_after  # tokens after which the client stops reading
@@ -189,8 +189,9 @@ class _Client:
         conv = cols["conversation_id"][i]
         index = self.target[i] = self.router.assign(conv) if self.router is not None else 0
         engine = self.engines[index]
-        prompt, out = cols["prompt_tokens"][i], cols["output_tokens"][i]
-        if prompt + out > self.max_len or -(-(prompt + out) // engine.block_size) > engine.total_blocks or out < 1:
+        prompt = cols["prompt_tokens"][i]
+        out = self.scheduler.output_tokens(prompt, cols["output_tokens"][i]) if cols["output_tokens"][i] >= 1 else None
+        if out is None or -(-(prompt + out) // engine.block_size) > engine.total_blocks:
             self._answer_now(i, t, 400)
             return
         if plan is not None and plan.error_status is not None:
