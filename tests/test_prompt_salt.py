@@ -31,3 +31,5 @@ def test_each_measured_run_through_a_target_is_salted_apart_unless_told():
     assert len(set(salts)) == 3 and salts[0] == run_salt(runs[0]) and salts[0].startswith("cells/a/rep1/")
     given = RunRequest(Path("t"), runs[0], StateResult("warm", True), run_options={"prompt_salt": ""})
     assert target.driver_options(given)["prompt_salt"] == ""  # the caller's word wins: unsalted
+    long = Path("x" * 200, "y" * 200, "rep1")  # long directory names: hashed, within RunOptions' limit
+    assert len(run_salt(long)) < 40 and run_salt(long) != run_salt(Path("x" * 200, "z" * 200, "rep1"))

@@ -9,6 +9,7 @@ process where the target can be restarted), measured (``run``: one run directory
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,8 +68,11 @@ _SESSION = secrets.token_hex(4)
 
 def run_salt(out_dir: Path) -> str:
     """The prompt salt of the measured run written to ``out_dir``: the last parts of its path (a plan's
-    ``cells/<cell>/rep1``) and this process's token."""
-    return "/".join([*Path(out_dir).parts[-3:], _SESSION])
+    ``cells/<cell>/rep1``; their sha256 when that is long) and this process's token."""
+    where = "/".join(Path(out_dir).parts[-3:])
+    if len(where) > 120:
+        where = hashlib.sha256(where.encode()).hexdigest()[:16]
+    return f"{where}/{_SESSION}"
 
 
 @dataclass
