@@ -157,17 +157,16 @@ def per_chunk_path(streams: int) -> float:
     return (time.process_time() - t0) / (streams * OUTPUT_TOKENS) * 1e6
 
 
-def _pin(spec: str, server_pid: int) -> str:
-    """``CLIENT:SERVER`` CPU lists: every thread of the server onto SERVER, this process (and so every tool it
-    runs) onto CLIENT. What was pinned, as printed."""
-    from loadgen.pinning import format_cpus, parse_cpus
+def _pin(spec: str) -> str:
+    """``CLIENT:SERVER`` CPU lists, as ``loadgen --client-cpus CLIENT --engine-cpus SERVER`` sets them: the simulated
+    server is launched onto SERVER (``loadgen.pinning``), and this process, so every tool it runs, onto CLIENT."""
+    from loadgen import pinning
 
     client_text, _, server_text = spec.partition(":")
-    client, server = parse_cpus(client_text, what="--pin"), parse_cpus(server_text, what="--pin")
-    for tid in os.listdir(f"/proc/{server_pid}/task"):
-        os.sched_setaffinity(int(tid), server)
-    os.sched_setaffinity(0, client)
-    return f"pinned: clients on CPU {format_cpus(client)}, simulated server on CPU {format_cpus(server)}"
+    server = pinning.parse_cpus(server_text, what="--pin")
+    os.environ[pinning.ENGINE_CPUS_ENV] = pinning.format_cpus(server)
+    pinning.pin(0, pinning.parse_cpus(client_text, what="--pin"))
+    return f"pinned: clients on CPU {client_text}, simulated server on CPU {pinning.format_cpus(server)}"
 
 
 def main() -> int:
@@ -196,10 +195,10 @@ def main() -> int:
     if args.path_only:
         return 0
     rows: list[tuple[str, int, int, float, float]] = []
+    if args.pin:
+        print(_pin(args.pin))
     with tempfile.TemporaryDirectory(prefix="loadgen-chunkcpu-") as tmp, launch_sim_server("instant") as sim:
         work = Path(tmp)
-        if args.pin:
-            print(_pin(args.pin, sim.process.pid))
         a_cpu, a_chunks = loadgen_run(sim.base_url, work, args.small, args.concurrency, args.loadgen_path)
         b_cpu, b_chunks = loadgen_run(sim.base_url, work, args.large, args.concurrency, args.loadgen_path)
         per_request = b_chunks / args.large
