@@ -463,6 +463,7 @@ def test_requests_past_max_model_len_follow_the_engines_rule(tmp_path, policy, e
     scheduler = {"max_model_len": 1000, "over_length": policy}
     config = parse_engine_config({"name": "t", "scheduler": scheduler, "kv": {"num_kv_blocks": 4096}}, "t")
     assert [config.scheduler.output_tokens(p, o) for p, o in asks] == expected
+    assert config.scheduler.output_tokens(500, 0) is None  # nothing asked for: refused under either rule
     rows = {r["request_id"]: r for r in simulate_trace(table, {}, config).requests}
     for i, tokens in enumerate(expected):
         row = rows[f"r{i}"]

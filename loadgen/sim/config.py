@@ -63,9 +63,12 @@ class SchedulerConfig(_Model):
         """The tokens a request of ``prompt_tokens`` asking for ``max_tokens`` is given, or None: refused (HTTP 400).
 
         vLLM 0.32 (``get_max_tokens``, ``renderers/params.py``) refuses a prompt over max_model_len or a
-        max_tokens over it, and otherwise generates at most max_model_len − prompt tokens (none left: refused).
+        max_tokens over it (or under 1), and otherwise generates at most max_model_len − prompt tokens (none left:
+        refused).
         """
         limit = self.max_model_len
+        if max_tokens < 1:
+            return None
         if self.over_length == "reject":
             return max_tokens if prompt_tokens + max_tokens <= limit else None
         if prompt_tokens >= limit or max_tokens > limit:

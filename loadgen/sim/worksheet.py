@@ -190,7 +190,7 @@ class _Client:
         index = self.target[i] = self.router.assign(conv) if self.router is not None else 0
         engine = self.engines[index]
         prompt = cols["prompt_tokens"][i]
-        out = self.scheduler.output_tokens(prompt, cols["output_tokens"][i]) if cols["output_tokens"][i] >= 1 else None
+        out = self.scheduler.output_tokens(prompt, cols["output_tokens"][i])
         if out is None or -(-(prompt + out) // engine.block_size) > engine.total_blocks:
             self._answer_now(i, t, 400)
             return
