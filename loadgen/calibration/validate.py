@@ -410,20 +410,15 @@ def goal_check(rows: list[FidelityRow], floor: list[FidelityRow]) -> dict[str, A
         if r.client_lagged:
             continue
         trace = r.trace.rsplit(" repeat ", 1)[0]
-        for q, v in [*((q, r.errors_pct.get(q)) for q in GOAL_QUANTITIES), ("attainment", r.attainment_diff_points)]:
-            if v is not None:
-                key = (trace, r.request_class, q)
-                spread[key] = max(spread.get(key, 0.0), abs(v))
+        for q, v, _ in _goal_figures(r):
+            key = (trace, r.request_class, q)
+            spread[key] = max(spread.get(key, 0.0), abs(v))
     out: dict[str, Any] = {"goal_pct": GOAL_PCT, "goal_points": GOAL_POINTS, "within": 0, "within_engine_spread": 0}
     missed = []
     for r in rows:
         if r.client_lagged:
             continue
-        figures = [*((q, r.errors_pct.get(q), GOAL_PCT) for q in GOAL_QUANTITIES)]
-        figures.append(("attainment", r.attainment_diff_points, GOAL_POINTS))
-        for q, err, goal in figures:
-            if err is None:
-                continue
+        for q, err, goal in _goal_figures(r):
             engine = spread.get((r.trace, r.request_class, q))
             if abs(err) <= goal:
                 out["within"] += 1
@@ -434,6 +429,13 @@ def goal_check(rows: list[FidelityRow], floor: list[FidelityRow]) -> dict[str, A
     out["missed"] = missed
     out["figures"] = out["within"] + out["within_engine_spread"] + len(missed)
     return out
+
+
+def _goal_figures(r: FidelityRow) -> list[tuple[str, float, float]]:
+    """(figure, error, goal) of every figure of ``r`` the goal names and ``r`` has."""
+    named = [*((q, r.errors_pct.get(q), GOAL_PCT) for q in GOAL_QUANTITIES)]
+    named.append(("attainment", r.attainment_diff_points, GOAL_POINTS))
+    return [(q, v, goal) for q, v, goal in named if v is not None]
 
 
 def goal_line(g: dict[str, Any]) -> str:
