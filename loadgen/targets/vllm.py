@@ -1,8 +1,9 @@
 """A real vLLM server loadgen launched (``loadgen.engines.vllm``): restartable, so cold is reachable.
 
-cold = restart it (weights reloaded, graphs recompiled, KV and prefix cache empty); warm = the fixed
-warm-up set. A measured run samples the server's memory and adds the engine's identity, log facts,
-memory high-water mark and the ledger reconciliation to the run's manifest.
+cold = restart it (weights reloaded, graphs recompiled, KV and prefix cache empty); warm = every step
+size met once per server process (``engines.vllm.warmup``), then the fixed warm-up set. A measured run
+samples the server's memory and adds the engine's identity, log facts, memory high-water mark and the
+ledger reconciliation to the run's manifest.
 """
 
 from __future__ import annotations
@@ -15,7 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from ..driver import RunOptions, run_trace_sync
-from ..engines.vllm import VLLM_LOG_FILE, MemorySampler, VllmConfig, VllmServer, reconcile_server_run
+from ..engines.vllm import (
+    VLLM_LOG_FILE,
+    MemorySampler,
+    VllmConfig,
+    VllmServer,
+    batch_limits,
+    reconcile_server_run,
+    warm_step_shapes,
+)
 from ..errors import EngineError
 from ..manifest import amend_manifest, merge_sections
 from .base import RunRequest, StateResult, Target
@@ -98,6 +107,7 @@ class VllmTarget(Target):
         self.tokenizer = tokenizer
         self.starts = 0
         self.server: VllmServer | None = None
+        self._swept_pid: int | None = None  # the server process the step sizes were swept on
         self._start()
 
     def _start(self) -> float:
@@ -162,8 +172,20 @@ class VllmTarget(Target):
         if self.check_alive() is not None:
             old, new, ready = self._restart()
             actions.append(f"vLLM was not running; restarted (pid {old} → {new}), healthy after {ready:.1f} s")
+        actions += self._sweep_step_sizes()
         actions += warm_up(self.url or "", self._model, warmup_trace, work_dir, scenario_path)
         return StateResult("warm", True, actions)
+
+    def _sweep_step_sizes(self) -> list[str]:
+        """Once per server process: every step size met once (``warm_step_shapes``), as a serving engine has."""
+        assert self.server is not None
+        if self._swept_pid == self.pid:
+            return []
+        mml = self.server.engine_notes().get("max_model_len")
+        budget = batch_limits(self.server.engine_notes(), int(mml or 0) or None).max_num_batched_tokens
+        warmed = warm_step_shapes(self.url or "", budget)
+        self._swept_pid = self.pid
+        return [warmed.line()]
 
     def run(self, request: RunRequest) -> Path:
         assert self.server is not None

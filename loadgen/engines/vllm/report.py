@@ -10,6 +10,7 @@ only gathers the engine's side, so the dependency runs engines → ledger.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,37 @@ from ...ledger import (
     read_model_config,
     reconcile_report,
 )
+from ...ledger.settings import vllm_batch_defaults
 from ...manifest import read_manifest
 from ...records import MANIFEST_FILE, SERVER_METRICS_FILE
 from ...rundir import read_run_table
 from .log import VLLM_LOG_NAMES, parse_vllm_log
 
-__all__ = ["engine_report", "reconcile", "reconcile_server_run"]
+__all__ = ["BatchLimits", "batch_limits", "engine_report", "reconcile", "reconcile_server_run"]
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    """A vLLM's scheduler limits: what its startup log reported, else vLLM's own default for its device."""
+
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    device: str  # "cpu" | "cuda"
+    tokens_from_log: bool
+    seqs_from_log: bool
+
+
+def batch_limits(notes: dict[str, Any], max_model_len: int | None) -> BatchLimits:
+    """The token budget and sequence cap a vLLM runs with, from its startup log's facts (``parse_vllm_log``)."""
+    device = "cpu" if notes.get("kv_cache_device") == "CPU" else "cuda"
+    raw_args = notes.get("non_default_args")
+    args: dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
+    seqs = args.get("max_num_seqs")
+    tokens = notes.get("max_num_batched_tokens") or args.get("max_num_batched_tokens")
+    d_tokens, d_seqs = vllm_batch_defaults(
+        device, max_model_len=max_model_len, max_num_seqs=seqs, max_num_batched_tokens=tokens
+    )
+    return BatchLimits(int(tokens or d_tokens), int(seqs or d_seqs), device, bool(tokens), bool(seqs))
 
 
 def _metrics_cache_info(run_dir: Path) -> dict[str, Any]:

@@ -1,0 +1,75 @@
+"""The step-size warm-up that calibration and validation run first: which lengths it sends, that it sends
+them (real HTTP to a live simulated server, counted by the server's own metrics), and when it does not."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import httpx
+import pytest
+
+from loadgen.calibration.calibrate import engine_limits, warm_engine
+from loadgen.driver import parse_prometheus_text
+from loadgen.engines.vllm.warmup import DENSE_UP_TO, STRIDE, warm_step_shapes, warmup_lengths
+from loadgen.errors import LoadgenError
+
+
+def test_lengths_dense_then_strided_up_to_what_one_step_holds():
+    lengths = warmup_lengths(512, 1000)
+    assert lengths[:DENSE_UP_TO] == list(range(1, DENSE_UP_TO + 1))
+    above = lengths[DENSE_UP_TO:]
+    assert all(b - a == STRIDE for a, b in zip(above, above[1:-1]))
+    assert lengths[-1] == 512  # the budget itself is a step size
+    assert warmup_lengths(2048, 1000)[-1] == 999  # one request: the context must leave room for its token
+    assert warmup_lengths(16, 4096) == list(range(1, 17))
+    assert warmup_lengths(8192, 2) == [1]
+    assert len(set(lengths)) == len(lengths) and lengths == sorted(lengths)
+
+
+def _counter(url: str, name: str) -> float:
+    text = httpx.get(url + "/metrics").text
+    return sum(v for n, _, v in parse_prometheus_text(text) if n == name)
+
+
+def _requests_done(url: str) -> float:
+    return _counter(url, "vllm:request_success_total")
+
+
+def test_sweep_sends_every_length_once(sim_server):
+    sim = sim_server("instant")
+    before = _requests_done(sim.base_url), _counter(sim.base_url, "vllm:prompt_tokens_total")
+    warmed = warm_step_shapes(sim.base_url, 200, 4096, skip_simulated=False)
+    lengths = warmup_lengths(200, 4096)
+    assert (warmed.lengths, warmed.largest, warmed.skipped) == (len(lengths), 200, None)
+    assert _requests_done(sim.base_url) - before[0] == len(lengths)
+    # every prompt computed (the sim counts a 1-token prompt's step as a decode, not as prefill tokens)
+    assert _counter(sim.base_url, "vllm:prompt_tokens_total") - before[1] == sum(lengths) - 1
+    assert warmed.to_dict()["stride_tokens"] == STRIDE
+
+
+def test_engine_refusing_token_ids_is_skipped_with_the_reason(sim_server, tmp_path: Path):
+    engine = tmp_path / "refuses.toml"
+    engine.write_text('name = "refuses"\n[cost]\nfixed_ms = 0.1\n[faults]\nerror_rate = 1.0\nerror_statuses = [422]\n')
+    sim = sim_server(str(engine))
+    warmed = warm_step_shapes(sim.base_url, 64, 4096, skip_simulated=False)
+    assert warmed.lengths == 0
+    assert warmed.skipped is not None and "HTTP 422" in warmed.skipped
+
+
+def test_simulated_engine_and_no_warmup_are_not_swept(sim_server):
+    sim = sim_server("instant")
+    limits = engine_limits(sim.base_url)
+    before = _requests_done(sim.base_url)
+    assert "no per-shape cost" in (warm_engine(sim.base_url, limits, True).skipped or "")
+    assert "--no-warmup" in (warm_engine(sim.base_url, limits, False).skipped or "")
+    assert _requests_done(sim.base_url) == before
+
+
+def test_unreachable_engine_is_one_line():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: connections are refused
+        with pytest.raises(LoadgenError, match=r"^http://127\.0\.0\.1:\d+: warm-up: ConnectError") as err:
+            warm_step_shapes(f"http://127.0.0.1:{port}", 64, 4096, skip_simulated=False)
+    assert "\n" not in str(err.value)
