@@ -201,7 +201,15 @@ def test_validate_against_live_sim_serve(sim_server, tmp_path):
     assert res.returncode == 0, res.stderr
     assert "error % = (worksheet − measured) / measured" in res.stdout and "canonical-burst" in res.stdout
     data = json.loads((out / "fidelity.json").read_text())
-    assert (out / "fidelity.html").read_text().count("<tr>") == len(data["rows"]) + 1
+    anchored = data["anchored"]  # a calibrated TOML: the launch is anchored, and the worksheet compared both ways
+    assert (out / "fidelity.html").read_text().count("<tr>") == len(data["rows"]) + 1 + len(anchored["rows"]) + 1
+    # the same engine as the TOML: its speed factors are 1, within the calibration's own tolerance
+    assert data["anchor"]["step_factor"] == pytest.approx(1.0, rel=TOLERANCE), data["anchor"]
+    assert data["anchor"]["prefill_factor"] == pytest.approx(1.0, rel=TOLERANCE), data["anchor"]
+    assert [(r["trace"], r["request_class"]) for r in anchored["rows"]] == [
+        (r["trace"], r["request_class"]) for r in data["rows"]
+    ]
+    assert "anchor: this launch ran the calibration workload" in res.stdout
     traces = {r["trace"] for r in data["rows"]}
     assert "canonical-burst" in traces and (not azure.is_file() or "azure-load0.6" in traces)
     for row in data["rows"]:
@@ -241,6 +249,7 @@ def test_validate_against_live_sim_serve(sim_server, tmp_path):
     assert cfg.calibration["validated_error"].startswith("worst |error|")
     assert "plan boundary 0 rate step(s)" in cfg.calibration["validated_error"]
     assert "engine repeatability" in cfg.calibration["validated_error"]
+    assert "anchored to each launch 10%/2 pts:" in cfg.calibration["validated_error"]
     assert "validated error worst |error|" in cfg.calibration_label()
     goal = data["goal"]  # every goal figure of every row sorted one way: within, within the engine's spread, missed
     kept = [r for r in data["rows"] if not r["client_lagged"]]

@@ -64,6 +64,8 @@ __all__ = [
     "with_step_jitter",
     "warm_engine",
     "calibrate",
+    "irls_huber",
+    "measure_phases",
     "run_hashes",
     "write_engine_toml",
 ]
@@ -356,7 +358,7 @@ class Fit:
         return dict(self.__dict__)
 
 
-def _irls_huber(x: np.ndarray, y: np.ndarray, iterations: int = 50) -> tuple[np.ndarray, int]:
+def irls_huber(x: np.ndarray, y: np.ndarray, iterations: int = 50) -> tuple[np.ndarray, int]:
     """Huber regression by iteratively reweighted least squares on relative residuals."""
     scale_rows = 1.0 / np.maximum(y, 1e-9)
     a, t = x * scale_rows[:, None], y * scale_rows
@@ -380,7 +382,7 @@ def fit_cost_model(x: np.ndarray, y: np.ndarray, is_decode: np.ndarray) -> Fit:
     active = [j for j in range(x.shape[1]) if np.any(x[:, j])]
     dropped = [TERMS[j] for j in range(x.shape[1]) if j not in active]
     while True:
-        beta, its = _irls_huber(x[:, active], y)
+        beta, its = irls_huber(x[:, active], y)
         neg = [active[k] for k, v in enumerate(beta) if v < 0]
         if not neg:
             break
@@ -562,7 +564,9 @@ def calibrate(
         limits = engine_limits(target_url, log_notes)
         warmed = warm_engine(target_url, limits, warmup)
         work = work_dir or out_toml.with_suffix(".calibration-runs")
-        run_dirs = _measure(target_url, limits, work, engine_manifest or {}, run_options)
+        run_dirs = measure_phases(
+            target_url, limits, work, engine_manifest or {}, run_options, calibration_phases(limits)
+        )
         target = redact_url(target_url)
     else:
         if not run_dirs:
@@ -603,13 +607,19 @@ def warm_engine(target_url: str, limits: EngineLimits, warmup: bool) -> ShapeWar
     return warm_step_shapes(target_url, limits.max_num_batched_tokens, limits.max_model_len)
 
 
-def _measure(
-    target_url: str, limits: EngineLimits, work: Path, engine: dict[str, Any], run_options: dict[str, Any]
+def measure_phases(
+    target_url: str,
+    limits: EngineLimits,
+    work: Path,
+    engine: dict[str, Any],
+    run_options: dict[str, Any],
+    phases: list[CalibrationPhase],
 ) -> list[Path]:
-    """The calibration runs, each manifest carrying the engine, the phase and the engine limits (for --from)."""
+    """One run of each phase into ``work``, each manifest carrying the engine, the phase and the engine limits
+    (for --from)."""
     work.mkdir(parents=True, exist_ok=True)
     runs = []
-    for phase in calibration_phases(limits):
+    for phase in phases:
         table, meta = phase.trace_table()
         trace = work / f"{phase.name}.trace.parquet"
         write_trace(table, trace, meta)

@@ -35,6 +35,7 @@ from ..targets.replay import run_driver
 from ..tomlfile import dumps_toml, read_toml
 from ..trace.importers import import_trace
 from ..trace.io import read_trace, write_trace
+from .anchor import anchor_line, anchored, measure_anchor
 from .boundary import boundary_line, plan_boundary_check
 from .calibrate import MAX_SEND_LAG_MS, EngineLimits, engine_limits, send_lag_p99_ms, warm_engine
 from .engine import MemoryReport
@@ -199,6 +200,7 @@ def validate(
     plan_target: Target | None = None,
     repeats: int = 1,
     warmup: bool = True,
+    anchor: bool = True,
     **run_options: Any,
 ) -> dict[str, Any]:
     """Run the target and the worksheet on the same traces; the fidelity table as a dict (also fidelity.json).
@@ -213,7 +215,11 @@ def validate(
     ``warmup``: before any measurement the engine's step sizes are swept (``calibrate.warm_engine``, as
     calibration does: ``shape_warmup`` in the result) and the first trace is replayed once, with prompts of
     its own, and not compared (``warmup``), so no one-time cost of a fresh engine lands in a measurement (the
-    worksheet models none). Every measurement has prompts of its own (``run_salt``), so none finds an earlier
+    worksheet models none). ``anchor`` (a calibrated TOML): the calibration workload is run on this launch
+    first and two speed factors refitted (``anchor.measure_anchor``); the traces' loads are then shares of
+    this launch's capacity, and the worksheet runs twice, as calibrated (``rows``) and anchored to this
+    launch (``anchored``), so the model's structural error is shown apart from the host's drift between
+    launches. Every measurement has prompts of its own (``run_salt``), so none finds an earlier
     one's in the prefix cache, which the worksheet, a fresh engine per run, would not.
 
     The worksheet takes the TOML's cost terms and the target's own scheduler limits (read from the
@@ -221,10 +227,17 @@ def validate(
     """
     limits = engine_limits(target_url, log_notes)
     cfg = with_engine_limits(load_engine_config(engine_toml), limits)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    warmed = warm_engine(target_url, limits, warmup)
+    speed = (
+        measure_anchor(target_url, limits, cfg, out_dir / "anchor", engine_manifest or {}, run_options)
+        if anchor and cfg.calibrated
+        else None
+    )
+    launch_cfg = anchored(cfg, speed) if speed is not None else None
     if scenario_path is None:
         scenario_path = presets.presets_root() / "canonical.toml"  # the canonical classes and budgets
     scenario = load_scenario(scenario_path)
-    out_dir.mkdir(parents=True, exist_ok=True)
     cases: list[tuple[str, pa.Table, dict[str, Any]]] = []
     for name, path in traces if traces is not None else [("canonical-burst", CANONICAL_BURST)]:
         table, meta = read_trace(path)
@@ -235,10 +248,11 @@ def validate(
         import_trace(kind, path, raw, max_requests=2000)
         table, meta = read_trace(raw)
         for load in loads:
-            scaled, scale = scale_trace_to_engine(_cut(table, None), cfg, load)
+            scaled, scale = scale_trace_to_engine(_cut(table, None), launch_cfg or cfg, load)
             scaled = _cut(scaled, duration_s)
             cases.append((f"{kind}-load{load:g}", scaled, {**meta, "time_scale": scale, "load": load}))
     rows: list[FidelityRow] = []
+    anchored_rows: list[FidelityRow] = []  # the worksheet anchored to this launch (``launch_cfg``)
     floor: list[FidelityRow] = []  # each repeat against the first measurement
     runs: dict[str, dict[str, str]] = {}
 
@@ -251,7 +265,6 @@ def validate(
         )
 
     warmup_dir = None
-    warmed = warm_engine(target_url, limits, warmup)
     for name, table, meta in cases:
         if table.num_rows == 0:
             raise LoadgenError(f"{name}: no request in the window: expected a longer --duration-s")
@@ -263,6 +276,10 @@ def validate(
         sim_dir = out_dir / f"{name}-worksheet"
         rows.extend(predict_beside(name, real_dir, trace, cfg, sim_dir, scenario))
         runs[name] = {"measured": str(real_dir), "worksheet": str(sim_dir)}
+        if launch_cfg is not None:
+            anchored_dir = out_dir / f"{name}-worksheet-anchored"
+            anchored_rows.extend(predict_beside(name, real_dir, trace, launch_cfg, anchored_dir, scenario))
+            runs[name]["worksheet_anchored"] = str(anchored_dir)
         if repeats > 1:
             again = [measure(trace, out_dir / f"{name}-measured-{k}") for k in range(2, repeats + 1)]
             floor.extend(_repeat_rows(name, real_dir, again, scenario))
@@ -280,6 +297,13 @@ def validate(
         "repeatability": [r.to_dict() for r in floor] if floor else None,
         "repeatability_summary": _summary(floor) if floor else None,
         "goal": goal_check(rows, floor),
+        "anchor": speed.to_dict() if speed is not None else None,
+        "anchored": (
+            {"rows": [r.to_dict() for r in anchored_rows], "summary": _summary(anchored_rows)}
+            | {"goal": goal_check(anchored_rows, floor)}
+            if speed is not None
+            else None
+        ),
         "max_send_lag_ms": MAX_SEND_LAG_MS,
         "memory": memory_check(cfg, engine_memory) if engine_memory is not None else None,
         "plan_boundary": _plan_check(plan, plan_target, target_url, cfg, out_dir) if plan is not None else None,
@@ -346,7 +370,14 @@ def _record_validation(engine_toml: Path, result: dict[str, Any], out_dir: Path)
     if (b := result.get("plan_boundary")) and b["max_steps_apart"] is not None:
         entry["plan_boundary_steps"] = int(b["max_steps_apart"])
     if g := result.get("goal"):
-        entry["goal"] = {k: g[k] for k in ("figures", "within", "within_engine_spread")} | {"missed": len(g["missed"])}
+        entry["goal"] = _goal_counts(g)
+    if (a := result.get("anchor")) and (fit := result.get("anchored")):
+        entry["anchored"] = {
+            "step_factor": a["step_factor"],
+            "prefill_factor": a["prefill_factor"],
+            "summary": fit["summary"],
+            "goal": _goal_counts(fit["goal"]),
+        }
     validations = dict(cal.get("validations") or {})
     validations[configuration_key(result["target_limits"])] = entry
     cal["validations"] = validations
@@ -354,6 +385,10 @@ def _record_validation(engine_toml: Path, result: dict[str, Any], out_dir: Path)
     cal["validated_error"] = validated_error(validations)
     head = "".join(line + "\n" for line in engine_toml.read_text().splitlines() if line.startswith("#"))
     engine_toml.write_text(head + dumps_toml(doc, what=str(engine_toml)))
+
+
+def _goal_counts(g: dict[str, Any]) -> dict[str, int]:
+    return {k: g[k] for k in ("figures", "within", "within_engine_spread")} | {"missed": len(g["missed"])}
 
 
 def configuration_key(limits: dict[str, Any]) -> str:
@@ -387,13 +422,16 @@ def validated_error(validations: dict[str, dict[str, Any]]) -> str:
         parts.append(f"engine repeatability {w:.1f}%")
     if (w := worst([e.get("plan_boundary_steps") for e in entries])) is not None:
         parts.append(f"plan boundary {int(w)} rate step(s)")
-    goals = [e["goal"] for e in entries if e.get("goal")]
-    if goals:
-        total = {k: sum(int(g[k]) for g in goals) for k in ("figures", "within", "within_engine_spread", "missed")}
-        parts.append(
-            f"goal {GOAL_PCT:g}%/{GOAL_POINTS:g} pts: {total['within']} of {total['figures']} figures within,"
-            f" {total['within_engine_spread']} within the engine's own repeat difference, {total['missed']} missed"
-        )
+    for label, goals in (
+        ("goal", [e["goal"] for e in entries if e.get("goal")]),
+        ("anchored to each launch", [e["anchored"]["goal"] for e in entries if e.get("anchored")]),
+    ):
+        if goals:
+            total = {k: sum(int(g[k]) for g in goals) for k in ("figures", "within", "within_engine_spread", "missed")}
+            parts.append(
+                f"{label} {GOAL_PCT:g}%/{GOAL_POINTS:g} pts: {total['within']} of {total['figures']} figures within,"
+                f" {total['within_engine_spread']} within the engine's own repeat difference, {total['missed']} missed"
+            )
     rows = sum(int(e["summary"].get("rows") or 0) for e in entries)
     where = f"{len(entries)} held-out configuration{'s' if len(entries) != 1 else ''} ({', '.join(validations)})"
     return f"worst |error| {', '.join(parts)} over {rows} class rows on {where}"
@@ -470,41 +508,53 @@ def _summary(rows: list[FidelityRow]) -> dict[str, Any]:
 
 
 def format_table(result: dict[str, Any]) -> str:
-    """The fidelity table for the console: error % per class (worksheet vs measured)."""
-    head = f"{'trace':<22} {'class':<14} " + " ".join(f"{c:>13}" for c in QUANTITIES) + f" {'attain pts':>10} lag"
-    lines = [result["engine_label"], "error % = (worksheet − measured) / measured", head]
-    if result.get("warmup"):
-        lines.insert(
-            1, f"warm-up: the first trace replayed once before any measurement, not compared ({result['warmup']})"
-        )
+    """The fidelity table for the console: error % per class (worksheet vs measured); with an anchor, the
+    same table for the worksheet anchored to the launch, after it."""
+    lines = [result["engine_label"]]
     if shapes := result.get("shape_warmup"):
-        lines.insert(1, warmup_line(shapes))
-    for r in result["rows"]:
+        lines.append(warmup_line(shapes))
+    if result.get("warmup"):
+        lines.append(
+            f"warm-up: the first trace replayed once before any measurement, not compared ({result['warmup']})"
+        )
+    lines.append("error % = (worksheet − measured) / measured; the worksheet as calibrated:")
+    lines += _table_lines(result["rows"], result["summary"])
+    if f := result.get("repeatability_summary"):
+        lines.append(repeatability_line(f))
+    if g := result.get("goal"):
+        lines.append(goal_line(g))
+    if (a := result.get("anchor")) and (fit := result.get("anchored")):
+        lines += ["", anchor_line(a) + "; the worksheet anchored to this launch:"]
+        lines += _table_lines(fit["rows"], fit["summary"])
+        lines.append(goal_line(fit["goal"]))
+    if m := result.get("memory"):
+        lines.append(memory_line(m))
+    if b := result.get("plan_boundary"):
+        lines.extend(boundary_line(b))
+    return "\n".join(lines)
+
+
+def _table_lines(rows: list[dict[str, Any]], summary: dict[str, Any]) -> list[str]:
+    """The table's head, one line per row and the worst |error| line."""
+    head = f"{'trace':<22} {'class':<14} " + " ".join(f"{c:>13}" for c in QUANTITIES) + f" {'attain pts':>10} lag"
+    lines = [head]
+    for r in rows:
         cells = " ".join(f"{_pct(r['errors_pct'].get(c)):>13}" for c in QUANTITIES)
         att = r["attainment_diff_points"]
         lag = "FLAGGED" if r["client_lagged"] else "ok"
         lines.append(
             f"{r['trace']:<22} {r['request_class']:<14} {cells} {('-' if att is None else f'{att:+.1f}'):>10} {lag}"
         )
-    s = result["summary"]
     lines.append(
         "worst |error| (rows the client kept up with): "
-        + ", ".join(f"{k[8:-10]} {v:.1f}%" for k, v in s.items() if k.endswith("_error_pct") and v is not None)
+        + ", ".join(f"{k[8:-10]} {v:.1f}%" for k, v in summary.items() if k.endswith("_error_pct") and v is not None)
         + (
-            f", attainment {s['max_abs_attainment_diff_points']:.1f} pts"
-            if s.get("max_abs_attainment_diff_points") is not None
+            f", attainment {summary['max_abs_attainment_diff_points']:.1f} pts"
+            if summary.get("max_abs_attainment_diff_points") is not None
             else ""
         )
     )
-    if f := result.get("repeatability_summary"):
-        lines.append(repeatability_line(f))
-    if g := result.get("goal"):
-        lines.append(goal_line(g))
-    if m := result.get("memory"):
-        lines.append(memory_line(m))
-    if b := result.get("plan_boundary"):
-        lines.extend(boundary_line(b))
-    return "\n".join(lines)
+    return lines
 
 
 def repeatability_line(f: dict[str, Any]) -> str:
@@ -529,30 +579,28 @@ def _pct(v: float | None) -> str:
 
 
 def write_html(result: dict[str, Any], path: Path) -> Path:
-    """The fidelity table as a standalone HTML page."""
-    head = "".join(f"<th>{html.escape(c)} err %</th>" for c in QUANTITIES)
-    body = []
-    for r in result["rows"]:
-        cells = "".join(f"<td>{html.escape(_pct(r['errors_pct'].get(c)))}</td>" for c in QUANTITIES)
-        att = r["attainment_diff_points"]
-        body.append(
-            f"<tr><td>{html.escape(r['trace'])}</td><td>{html.escape(r['request_class'])}</td>{cells}"
-            f"<td>{'-' if att is None else f'{att:+.1f}'}</td><td>{'FLAGGED' if r['client_lagged'] else 'ok'}</td></tr>"
-        )
+    """The fidelity table as a standalone HTML page (and the anchored one, when there is one)."""
+    anchor, fit = result.get("anchor"), result.get("anchored")
     page = (
         "<!doctype html><meta charset='utf-8'><title>loadgen fidelity</title>"
         f"<h1>Fidelity: worksheet vs measured</h1><p>{html.escape(result['engine_label'])}</p>"
         f"<p>target {html.escape(str(result['target']))}; error % = (worksheet − measured) / measured</p>"
         + (f"<p>{html.escape(warmup_line(result['shape_warmup']))}</p>" if result.get("shape_warmup") else "")
-        + f"<table border='1'><tr><th>trace</th><th>class</th>{head}<th>attainment pts</th><th>send lag</th></tr>"
-        + "".join(body)
-        + "</table>"
+        + "<h2>The worksheet as calibrated</h2>"
+        + _html_table(result["rows"])
         + (
             f"<p>{html.escape(repeatability_line(result['repeatability_summary']))}</p>"
             if result.get("repeatability_summary")
             else ""
         )
         + (f"<p>{html.escape(goal_line(result['goal']))}</p>" if result.get("goal") else "")
+        + (
+            "<h2>The worksheet anchored to this launch</h2>"
+            f"<p>{html.escape(anchor_line(anchor))}</p>{_html_table(fit['rows'])}"
+            f"<p>{html.escape(goal_line(fit['goal']))}</p>"
+            if anchor and fit
+            else ""
+        )
         + (f"<p>{html.escape(memory_line(result['memory']))}</p>" if result.get("memory") else "")
         + (
             "<pre>" + html.escape("\n".join(boundary_line(result["plan_boundary"]))) + "</pre>"
@@ -562,3 +610,20 @@ def write_html(result: dict[str, Any], path: Path) -> Path:
     )
     path.write_text(page)
     return path
+
+
+def _html_table(rows: list[dict[str, Any]]) -> str:
+    head = "".join(f"<th>{html.escape(c)} err %</th>" for c in QUANTITIES)
+    body = []
+    for r in rows:
+        cells = "".join(f"<td>{html.escape(_pct(r['errors_pct'].get(c)))}</td>" for c in QUANTITIES)
+        att = r["attainment_diff_points"]
+        body.append(
+            f"<tr><td>{html.escape(r['trace'])}</td><td>{html.escape(r['request_class'])}</td>{cells}"
+            f"<td>{'-' if att is None else f'{att:+.1f}'}</td><td>{'FLAGGED' if r['client_lagged'] else 'ok'}</td></tr>"
+        )
+    return (
+        f"<table border='1'><tr><th>trace</th><th>class</th>{head}<th>attainment pts</th><th>send lag</th></tr>"
+        + "".join(body)
+        + "</table>"
+    )

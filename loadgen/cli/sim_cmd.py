@@ -110,6 +110,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "is replayed once (not compared) before any measurement, so no one-time cost of a fresh engine lands in one",
     )
     val.add_argument(
+        "--no-anchor",
+        dest="anchor",
+        action="store_false",
+        help="compare the worksheet as calibrated only; by default (a calibrated TOML) the calibration workload is "
+        "also run on this launch, two speed factors (step terms, prefill terms) are refitted, loads are set "
+        "against this launch's capacity, and the worksheet anchored to it is compared too",
+    )
+    val.add_argument(
         "--plan",
         default=None,
         metavar="PLAN",
@@ -269,6 +277,7 @@ def _validate(args: argparse.Namespace) -> int:
             plan_target=engine.target,
             repeats=args.repeats,
             warmup=args.warmup,
+            anchor=args.anchor,
             tokenizer=args.tokenizer or engine.tokenizer or "cl100k_base",
         )
     print(json.dumps(result, default=str) if args.json else format_table(result))
