@@ -134,6 +134,15 @@ def test_calibrate_recovers_known_sim_engine(sim_server, tmp_path):
     assert json.loads(again.stdout)["fit"]["terms"] == pytest.approx(terms)
 
 
+def test_request_overhead_is_on_the_engine_cpu_only_for_an_engine_on_one_cpu():
+    from loadgen.calibration.calibrate import one_engine_cpu
+
+    assert one_engine_cpu({"pinning": {"client_cpus": "0", "engine_cpus": "1"}})
+    assert not one_engine_cpu({"pinning": {"client_cpus": "0", "engine_cpus": "1-3"}})
+    assert not one_engine_cpu({"pinning": {"engine_cpus": "1;2"}})  # runs that disagree: not known
+    assert not one_engine_cpu({"pinning": {"client_cpus": "0"}}) and not one_engine_cpu({})  # a URL: not known
+
+
 def test_calibrate_bad_input_is_one_line(tmp_path):
     res = _cli("sim", "calibrate", "--from", str(tmp_path), "--out", str(tmp_path / "x.toml"))
     assert res.returncode == 2 and res.stderr.startswith("loadgen: error:") and res.stderr.count("\n") == 1

@@ -177,6 +177,31 @@ def test_cost_model_terms():
     assert res.decode_seqs == 1 and res.duration_ns == pytest.approx((2 + 0.5 + 101 * 0.001) * 1e6)
 
 
+@pytest.mark.parametrize("on_engine_cpu", [True, False])
+def test_request_overhead_on_engine_cpu_lengthens_the_next_step(on_engine_cpu):
+    """A request that reaches the engine while a sequence runs costs the next step its overhead (the API server
+    shares the engine's CPU), once; one that reaches an idle engine costs no step anything."""
+    c = parse_engine_config(
+        {
+            "name": "c",
+            "cost": {
+                "fixed_ms": 2,
+                "per_prefill_token_ms": 0.01,
+                "per_decode_seq_ms": 0.5,
+                "request_overhead_ms": 3,
+                "request_overhead_on_engine_cpu": on_engine_cpu,
+            },
+        }
+    )
+    e = Engine(c)
+    e.add(Seq(0, 100, 5, 0))  # idle engine: nothing owed
+    assert e.step(0).duration_ns == pytest.approx((2 + 100 * 0.01) * 1e6)
+    e.add(Seq(1, 100, 5, 0))  # arrives while request 0 decodes
+    owed = 3 if on_engine_cpu else 0
+    assert e.step(0).duration_ns == pytest.approx((2 + 100 * 0.01 + 0.5 + owed) * 1e6)
+    assert e.step(0).duration_ns == pytest.approx((2 + 2 * 0.5) * 1e6)  # paid once
+
+
 def test_abort_frees_blocks():
     e = Engine(cfg())
     s = Seq(0, 500, 100, 0)
@@ -324,9 +349,13 @@ JITTER_MS = [-9.0, -3.0, -1.0, -0.3, 0.0, 0.4, 1.5, 4.0, 30.0]
     st.sampled_from([(0.0, 1), (5.0, 3)]),
     st.sampled_from([(0.0, []), (0.3, []), (0.3, JITTER_MS), (0.0, JITTER_MS)]),
     st.booleans(),
+    st.booleans(),
 )
-def test_decode_runs_take_the_same_steps(reqs, blocks, max_seqs, budget, policy, block_size, window, noise, chunked):
-    """``decode_run`` leaves the engine, step for step, as ``step`` alone does (issue 13)."""
+def test_decode_runs_take_the_same_steps(
+    reqs, blocks, max_seqs, budget, policy, block_size, window, noise, chunked, overhead_on_cpu
+):
+    """``decode_run`` leaves the engine, step for step, as ``step`` alone does (issue 13), also when arrivals
+    owe the next step their request overhead."""
     window_ms, min_waiting = window
     sigma, jitter = noise
     config = cfg(
@@ -337,7 +366,14 @@ def test_decode_runs_take_the_same_steps(reqs, blocks, max_seqs, budget, policy,
             "policy": policy,
             "chunked_prefill": chunked,
         },
-        cost={"per_decode_seq_ms": 0.1, "per_kv_token_ms": 0.001, "noise_sigma": sigma, "step_jitter_ms": jitter},
+        cost={
+            "per_decode_seq_ms": 0.1,
+            "per_kv_token_ms": 0.001,
+            "noise_sigma": sigma,
+            "step_jitter_ms": jitter,
+            "request_overhead_ms": 1.5,
+            "request_overhead_on_engine_cpu": overhead_on_cpu,
+        },
         batching={"window_ms": window_ms, "min_waiting": min_waiting},
     )
     runs = []

@@ -446,6 +446,8 @@ def test_calibrate_then_validate_a_held_out_config(vllm_python, workdir):
     assert all(v >= 0 for v in fit["fit"]["terms"].values()) and fit["fit"]["observations"] >= 20
     if pin:
         assert cfg.calibration["pinning"]["engine_cpus"] and cfg.calibration["runs_flagged_shared_cpus"] == []
+        # an engine on one CPU shares it with its API server: the request overhead takes time from the steps
+        assert cfg.cost.request_overhead_on_engine_cpu == (len(cpus) == 2)
     # the runtime beyond the ledger's model memory is measured on the engine calibration launched, not assumed
     memory = cfg.calibration["memory"]
     assert memory["peak_basis"] == "RSS of the process tree" and memory["samples"] > 0

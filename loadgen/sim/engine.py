@@ -224,6 +224,9 @@ class Engine:
         self._prefill_ns = c.per_prefill_token_ms * 1e6
         self._decode_ns = c.per_decode_seq_ms * 1e6
         self._kv_ns = c.per_kv_token_ms * 1e6
+        # the overhead of requests that reached the engine while it ran, owed by its next step (see add)
+        self._stolen_ns = c.request_overhead_ms * 1e6 if c.request_overhead_on_engine_cpu else 0.0
+        self._owed_ns = 0.0
         self._sigma = c.noise_sigma
         self._rng = np.random.default_rng(seed)
         self._noise: list[float] = []
@@ -256,9 +259,12 @@ class Engine:
 
     # -- queue -----------------------------------------------------------------------------------
     def add(self, seq: Seq) -> None:
-        """Put a new request in the waiting queue (its arrival_ns is the caller's clock)."""
+        """Put a new request in the waiting queue (its arrival_ns is the caller's clock). With the request
+        overhead on the engine's CPU, a request that arrives while sequences run makes the next step owe it."""
         seq.state = "waiting"
         self._enqueue(seq, front=False)
+        if self.running:
+            self._owed_ns += self._stolen_ns
 
     def _enqueue(self, seq: Seq, front: bool) -> None:
         if self.priority_policy:
@@ -589,6 +595,7 @@ class Engine:
         noise = self._noise
         t = now_ns
         taken = 0
+        owed = self._owed_ns  # the first step pays it (taken from the engine when the run is: _take_decodes)
         for j in range(done, dset.last):
             if t >= limit:
                 break
@@ -598,7 +605,8 @@ class Engine:
                     break
                 taken += new
             kv_read += b
-            duration = base + kv_ns * kv_read
+            duration = base + kv_ns * kv_read + owed
+            owed = 0.0
             if noisy:
                 if noise:
                     duration *= noise.pop()  # _noise_factor, inlined
@@ -619,6 +627,7 @@ class Engine:
         ``_alloc`` does), the queue head's tries, the counters; when the last step finishes sequences,
         they catch up and retire."""
         m = len(run.ends_ns)
+        self._owed_ns = 0.0  # the run's first step paid it
         taken = run.kv_blocks[-1] - (self.used_private + self.cached_pinned)
         if taken and not self._alloc(taken):  # evicts the blocks step by step would, in the same order
             raise AssertionError("decode run: blocks counted free were not")
@@ -850,6 +859,9 @@ class Engine:
         + jitter); 0 when nothing was scheduled (``busy`` False)."""
         duration = self._fixed_ns + self._prefill_ns * prefill_tokens + self._decode_ns * decode_seqs
         duration += self._kv_ns * kv_read
+        if busy and self._owed_ns:
+            duration += self._owed_ns
+            self._owed_ns = 0.0
         if self._sigma and busy:
             duration *= self._noise_factor()
         if self._jitter_q is not None and busy:
