@@ -25,6 +25,7 @@ def test_lengths_dense_then_strided_up_to_what_one_step_holds():
     assert warmup_lengths(16, 4096) == list(range(1, 17))
     assert warmup_lengths(8192, 2) == [1]
     assert len(set(lengths)) == len(lengths) and lengths == sorted(lengths)
+    assert warmup_lengths(512, 1000, stride=37)[DENSE_UP_TO : DENSE_UP_TO + 2] == [101, 138]
 
 
 def _counter(url: str, name: str) -> float:

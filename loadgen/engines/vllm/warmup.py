@@ -48,6 +48,7 @@ class ShapeWarmup:
     largest: int
     seconds: float
     skipped: str | None = None
+    stride: int = STRIDE
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"skipped": self.skipped} if self.skipped else {}
@@ -56,7 +57,7 @@ class ShapeWarmup:
             "largest_tokens": self.largest,
             "seconds": round(self.seconds, 2),
             "dense_up_to": DENSE_UP_TO,
-            "stride_tokens": STRIDE,
+            "stride_tokens": self.stride,
         }
 
     def line(self) -> str:
@@ -73,11 +74,11 @@ def warmup_line(warmup: dict[str, Any]) -> str:
     )
 
 
-def warmup_lengths(max_num_batched_tokens: int, max_model_len: int) -> list[int]:
-    """Prompt lengths 1..DENSE_UP_TO, then every STRIDE up to the largest one step can hold (one request
+def warmup_lengths(max_num_batched_tokens: int, max_model_len: int, stride: int = STRIDE) -> list[int]:
+    """Prompt lengths 1..DENSE_UP_TO, then every ``stride`` up to the largest one step can hold (one request
     of at most max_model_len − 1 prompt tokens, so it also gets its output token)."""
     top = max(1, min(max_num_batched_tokens, max_model_len - 1))
-    return sorted({*range(1, min(DENSE_UP_TO, top) + 1), *range(DENSE_UP_TO, top + 1, STRIDE), top})
+    return sorted({*range(1, min(DENSE_UP_TO, top) + 1), *range(DENSE_UP_TO, top + 1, stride), top})
 
 
 def warm_step_shapes(
@@ -87,6 +88,7 @@ def warm_step_shapes(
     *,
     seed: int = 0,
     skip_simulated: bool = True,
+    stride: int = STRIDE,
 ) -> ShapeWarmup:
     """Send one single-token completion per ``warmup_lengths`` length, one at a time (see module docstring).
     ``max_model_len`` None: as ``/v1/models`` reports it.
@@ -103,7 +105,7 @@ def warm_step_shapes(
                 return ShapeWarmup(0, 0, 0.0, "the simulated engine has no per-shape cost")
             served = client.get("/v1/models").json()["data"][0]
             model = served["id"]
-            lengths = warmup_lengths(max_num_batched_tokens, int(max_model_len or served["max_model_len"]))
+            lengths = warmup_lengths(max_num_batched_tokens, int(max_model_len or served["max_model_len"]), stride)
             for k, n in enumerate(lengths):
                 ids = [rng.randrange(*_IDS) for _ in range(n)]
                 body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0}
@@ -117,7 +119,7 @@ def warm_step_shapes(
                     raise LoadgenError(f"{base_url}/v1/completions: warm-up: {reason}: expected 200")
         except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
             raise LoadgenError(f"{base_url}: warm-up: {type(exc).__name__}: {str(exc)[:200]}") from None
-    return ShapeWarmup(len(lengths), lengths[-1], time.perf_counter() - start)
+    return ShapeWarmup(len(lengths), lengths[-1], time.perf_counter() - start, stride=stride)
 
 
 def _simulated(client: httpx.Client) -> bool:
