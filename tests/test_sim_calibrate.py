@@ -203,7 +203,7 @@ def test_validate_against_live_sim_serve(sim_server, tmp_path):
     plan = tmp_path / "plan.toml"
     plan.write_text(PLAN)
     args = ["sim", "validate", str(engine), "--target", sim.base_url, "--out", str(out), "--duration-s", "10"]
-    args += ["--plan", str(plan), "--repeats", "2"]
+    args += ["--plan", str(plan), "--repeats", "2", "--anchor"]
     if azure.is_file():
         args += ["--public", f"azure:{azure}", "--load", "0.6"]
     res = _cli(*args)

@@ -468,6 +468,7 @@ def test_calibrate_then_validate_a_held_out_config(vllm_python, workdir):
         "12",
         "--vllm-arg=--max-num-seqs=4",
         "--vllm-arg=--max-num-batched-tokens=512",
+        "--anchor",
     )
     assert result["target_limits"]["max_num_seqs"] == 4 and result["target_limits"]["max_num_batched_tokens"] == 512
     assert result["rows"] and all(r["n_measured"] == r["n_simulated"] for r in result["rows"])

@@ -200,7 +200,7 @@ def validate(
     plan_target: Target | None = None,
     repeats: int = 1,
     warmup: bool = True,
-    anchor: bool = True,
+    anchor: bool = False,
     **run_options: Any,
 ) -> dict[str, Any]:
     """Run the target and the worksheet on the same traces; the fidelity table as a dict (also fidelity.json).
@@ -215,7 +215,7 @@ def validate(
     ``warmup``: before any measurement the engine's step sizes are swept (``calibrate.warm_engine``, as
     calibration does: ``shape_warmup`` in the result) and the first trace is replayed once, with prompts of
     its own, and not compared (``warmup``), so no one-time cost of a fresh engine lands in a measurement (the
-    worksheet models none). ``anchor`` (a calibrated TOML): the calibration workload is run on this launch
+    worksheet models none). ``anchor`` (opt-in; a calibrated TOML): the calibration workload is run on this launch
     first and two speed factors refitted (``anchor.measure_anchor``); the traces' loads are then shares of
     this launch's capacity, and the worksheet runs twice, as calibrated (``rows``) and anchored to this
     launch (``anchored``), so the model's structural error is shown apart from the host's drift between

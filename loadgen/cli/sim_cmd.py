@@ -110,12 +110,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "is replayed once (not compared) before any measurement, so no one-time cost of a fresh engine lands in one",
     )
     val.add_argument(
-        "--no-anchor",
-        dest="anchor",
-        action="store_false",
-        help="compare the worksheet as calibrated only; by default (a calibrated TOML) the calibration workload is "
-        "also run on this launch, two speed factors (step terms, prefill terms) are refitted, loads are set "
-        "against this launch's capacity, and the worksheet anchored to it is compared too",
+        "--anchor",
+        action="store_true",
+        help="(a calibrated TOML) also run the calibration workload on this launch, refit two speed factors (step "
+        "terms, prefill terms), set the loads against this launch's capacity, and compare the worksheet anchored "
+        "to it beside the one as calibrated: the launch's speed against the calibrated one's, measured",
     )
     val.add_argument(
         "--plan",
