@@ -121,9 +121,9 @@ def main() -> None:
     ap.add_argument("--client-cpus", default=None)
     ap.add_argument("--engine-cpus", default=None)
     args = ap.parse_args()
-    if args.client_cpus:
-        pin(0, parse_cpus(args.client_cpus))
-    engine_cpus = parse_cpus(args.engine_cpus) if args.engine_cpus else None
+    engine_cpus = parse_cpus(args.engine_cpus, what="--engine-cpus") if args.engine_cpus else None
+    if args.client_cpus:  # after parsing the engine's: pinning this process narrows what is usable
+        pin(0, parse_cpus(args.client_cpus, what="--client-cpus"))
     with tempfile.TemporaryDirectory() as tmp:
         model = make_model_dir("tiny-llama-gqa", Path(tmp) / "model")
         for k in range(1, args.launches + 1):

