@@ -8,7 +8,7 @@ cost 2-10 ms more than the same length sent again at once (N = 17..991), up to 1
 (511 tokens: 33.1 against 17.9 ms). The cost fades over the engine's life, as more lengths have been
 seen: after prompts of every length 1..64 and every 8th above it (181 requests, about 5 s), a length
 never sent before cost 0.9-2.4 ms more than a repeat (at most 4 ms up to 994 tokens in the probe; every
-37th length left 12-24 ms above 512). The worker's anonymous memory grew 416-467 MiB over that sweep
+37th length left 12-24 ms above 512). The worker's anonymous memory grew 416-454 MiB over that sweep
 and 0.4 MiB over the next 22 new lengths: the warmed kernels are part of the engine's runtime memory.
 
 A serving engine that has run for a while has met these shapes; the cost model describes that engine.
