@@ -174,11 +174,19 @@ def with_engine_limits(cfg: EngineConfig, limits: EngineLimits) -> EngineConfig:
 
 
 def predict_beside(
-    name: str, real_dir: Path, trace: Path, cfg: EngineConfig, sim_dir: Path, scenario: Scenario
+    name: str,
+    real_dir: Path,
+    trace: Path,
+    cfg: EngineConfig,
+    sim_dir: Path,
+    scenario: Scenario,
+    real: dict[str, Any] | None = None,
 ) -> list[FidelityRow]:
-    """The worksheet on ``trace`` with ``cfg`` (into ``sim_dir``), compared per class with the measured ``real_dir``."""
+    """The worksheet on ``trace`` with ``cfg`` (into ``sim_dir``), compared per class with the measured ``real_dir``
+    (``real``: its analysis, when the caller already has it)."""
     sim_dir = run_worksheet(trace, cfg, sim_dir)
-    real = analyze_run(real_dir, scenario=scenario).to_dict()
+    if real is None:
+        real = analyze_run(real_dir, scenario=scenario).to_dict()
     sim = analyze_run(sim_dir, scenario=scenario).to_dict()
     return _compare(name, real, sim, send_lag_p99_ms(real_dir))
 
@@ -274,11 +282,12 @@ def validate(
             warmup_dir = measure(trace, out_dir / "warmup")
         real_dir = measure(trace, out_dir / f"{name}-measured")
         sim_dir = out_dir / f"{name}-worksheet"
-        rows.extend(predict_beside(name, real_dir, trace, cfg, sim_dir, scenario))
+        real = analyze_run(real_dir, scenario=scenario).to_dict()  # once, for each worksheet beside it
+        rows.extend(predict_beside(name, real_dir, trace, cfg, sim_dir, scenario, real))
         runs[name] = {"measured": str(real_dir), "worksheet": str(sim_dir)}
         if launch_cfg is not None:
             anchored_dir = out_dir / f"{name}-worksheet-anchored"
-            anchored_rows.extend(predict_beside(name, real_dir, trace, launch_cfg, anchored_dir, scenario))
+            anchored_rows.extend(predict_beside(name, real_dir, trace, launch_cfg, anchored_dir, scenario, real))
             runs[name]["worksheet_anchored"] = str(anchored_dir)
         if repeats > 1:
             again = [measure(trace, out_dir / f"{name}-measured-{k}") for k in range(2, repeats + 1)]

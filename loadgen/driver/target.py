@@ -23,7 +23,7 @@ from ..errors import TargetError
 from .error_kinds import redact, redact_url
 from .metrics_scrape import parse_prometheus_text
 
-__all__ = ["MANAGED_HOSTS", "VERSION_MAX_BYTES", "TargetInfo", "probe_target", "safe_version"]
+__all__ = ["MANAGED_HOSTS", "VERSION_MAX_BYTES", "TargetInfo", "is_simulated", "probe_target", "safe_version"]
 
 #: Most bytes of a target's /version body kept in the record (JSON-encoded, after redaction).
 VERSION_MAX_BYTES = 16 * 1024
@@ -110,7 +110,8 @@ async def _get(client: httpx.AsyncClient, path: str) -> httpx.Response | None:
         return None
 
 
-def _is_sim(response: httpx.Response | None, body: Any) -> bool:
+def is_simulated(response: httpx.Response | None, body: Any) -> bool:
+    """Whether a ``/version`` answer (response, parsed body) comes from loadgen's simulated engine."""
     if response is None:
         return False
     if "x-loadgen-sim" in response.headers or "loadgen-sim" in response.headers.get("server", ""):
@@ -181,7 +182,7 @@ async def probe_target(
         kind="unknown", base_url=safe_url, model=model, version=safe_version(version, secrets), models=recorded_models
     )
     clean = info.version if isinstance(info.version, dict) else {}
-    if _is_sim(version_resp, version):
+    if is_simulated(version_resp, version):
         info.kind = "sim"
         info.engine = {
             "name": "loadgen-sim",

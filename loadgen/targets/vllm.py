@@ -181,8 +181,8 @@ class VllmTarget(Target):
         assert self.server is not None
         if self._swept_pid == self.pid:
             return []
-        mml = self.server.engine_notes().get("max_model_len")
-        budget = batch_limits(self.server.engine_notes(), int(mml or 0) or None).max_num_batched_tokens
+        notes = self.server.engine_notes()
+        budget = batch_limits(notes, notes.get("max_model_len")).max_num_batched_tokens
         warmed = warm_step_shapes(self.url or "", budget)
         self._swept_pid = self.pid
         return [warmed.line()]

@@ -3,8 +3,9 @@
 One module per job: ``model_dir`` (config.json + a locally trained tokenizer), ``venv`` (vLLM's own
 interpreter), ``server`` (config, launch, health, stop, identity, manifest additions), ``memory``
 (process-tree RSS and GPU memory sampling), ``log`` (startup-log facts), ``report`` (what vLLM reported,
-held against the ledger), ``warmup`` (every step size met once before anything is measured). A measured run against a launched server is ``loadgen.targets.vllm``.
-Dependencies run one way: ``log`` ← ``server``, and ``report`` → ``loadgen.ledger``, never the reverse.
+held against the ledger), ``warmup`` (every step size met once before anything is measured). A measured
+run against a launched server is ``loadgen.targets.vllm``. Dependencies run one way: ``log`` ← ``server``,
+``report`` → ``loadgen.ledger`` and ``warmup`` → ``loadgen.driver``, never the reverse.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from ...driver.target import is_simulated
 from ...errors import LoadgenError
 
 __all__ = ["ShapeWarmup", "warm_step_shapes", "warmup_line", "warmup_lengths"]
@@ -123,11 +124,10 @@ def warm_step_shapes(
 
 
 def _simulated(client: httpx.Client) -> bool:
-    """Whether the engine is ``loadgen sim serve`` (its ``/version`` says so; vLLM's does not)."""
+    """Whether the engine is ``loadgen sim serve``, by the driver's one test of its ``/version`` answer."""
     response = client.get("/version")
-    if response.status_code != 200:
-        return False
     try:
-        return response.json().get("engine") == "loadgen-sim"
+        body = response.json() if response.status_code == 200 else None
     except ValueError:
-        return False
+        body = None
+    return is_simulated(response, body)
