@@ -1,15 +1,22 @@
 """Client CPU per received chunk: ``loadgen run`` against ``vllm bench serve``, same server, start-up subtracted.
 
-Both tools stream the same requests (32 prompt / 64 output tokens, one token per SSE chunk, closed loop
-at ``--concurrency``) from the simulated engine's ``instant`` preset on loopback. Each runs twice, with
-``--small`` and ``--large`` requests, as a child process whose CPU time (user+sys, from ``wait4``: it
-survives a loaded machine, wall time does not) is measured; the marginal CPU per chunk is the
-difference of the two CPU times over the difference of the chunks received, so start-up (imports,
-tokenizer, Parquet set-up) cancels out. A comparator that cannot run is reported with the reason.
+Both tools stream the same requests (32 prompt / 64 output tokens, closed loop at ``--concurrency``) from
+the simulated engine on loopback. Each runs ``--small`` and ``--large`` requests as a child process whose
+CPU time (user+sys, from ``wait4``: it survives a loaded machine, wall time does not) is measured; the
+marginal CPU per chunk is the difference of the two CPU times over the difference of the chunks received,
+so start-up (imports, tokenizer, Parquet set-up) cancels out. ``--repeats`` pairs per tool, interleaved;
+the table gives each repeat and the medians. A comparator that cannot run is reported with the reason.
 
-It also runs one open-loop Poisson trace at ``--lag-rate`` req/s × 16-token streams and prints the
-driver's send-lag p50/p99 from the run manifest (the issue's goal: p99 < 1 ms at 2,500 req/s on one
-core; on a machine shared with other work it measures the machine as much as the driver).
+Two servers (``--servers``):
+- ``paced``: a step every ``--step-ms`` gives each stream one token, one event per token (no coalescing), so
+  every chunk is its own network read for both tools: the per-chunk cost as a real engine's pace makes it.
+- ``instant``: the ``instant`` preset writes as fast as it can and merges tokens that piled up, so a client
+  that reads more slowly gets several events per read and pays fewer system calls per chunk (its figure
+  drops); loadgen's reads per chunk are printed.
+
+It also runs one open-loop Poisson trace at ``--lag-rate`` req/s × 16-token streams against the instant
+server and prints the driver's send-lag p50/p99 from the run manifest (the issue's goal: p99 < 1 ms at
+2,500 req/s on one core; on a machine shared with other work it measures the machine as much as the driver).
 
     python benchmarks/bench_chunk_cpu.py
     python benchmarks/bench_chunk_cpu.py --loadgen-path /tmp/base   # another checkout, for before/after
@@ -21,6 +28,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -76,6 +85,7 @@ def _loadgen_env(loadgen_path: Path) -> dict[str, str]:
 def loadgen_run(url: str, work: Path, n: int, concurrency: int, loadgen_path: Path) -> tuple[float, int]:
     """(CPU s, chunks received) of one ``loadgen run`` of ``n`` requests."""
     out = work / f"run-{n}"
+    shutil.rmtree(out, ignore_errors=True)
     trace = _closed_trace(work / f"closed-{n}.parquet", n, concurrency)
     cmd = [sys.executable, "-m", "loadgen", "run", str(trace), "--target", url, "--out", str(out)]
     cpu, _ = _child([*cmd, "--scrape-metrics", "off", "--progress", "off"], _loadgen_env(loadgen_path), loadgen_path)
@@ -107,20 +117,31 @@ def vllm_run(url: str, work: Path, n: int, concurrency: int) -> tuple[float, int
     return cpu, done
 
 
-def send_lag(url: str, work: Path, rate: float, seconds: float, loadgen_path: Path) -> dict[str, float]:
+def send_lag(url: str, work: Path, rate: float, seconds: float, loadgen_path: Path, server_pid: int | None) -> dict:
+    """One open-loop run at ``rate`` req/s × 16 tokens: the driver's send lag, its CPU, and the server's CPU
+    share over the run (a server that needs its whole core falls behind, and then so does the schedule)."""
+    import psutil
+
     trace = work / "lag.parquet"
     n = poisson_trace(trace, rate, seconds, output_tokens=16)
     out = work / "run-lag"
+    shutil.rmtree(out, ignore_errors=True)
+    server = psutil.Process(server_pid) if server_pid else None
+    before = sum(server.cpu_times()[:2]) if server else 0.0
     cmd = [sys.executable, "-m", "loadgen", "run", str(trace), "--target", url, "--out", str(out)]
     cpu, _ = _child([*cmd, "--scrape-metrics", "off", "--progress", "off"], _loadgen_env(loadgen_path), loadgen_path)
     m = json.loads((out / "manifest.json").read_text())
     lag = m.get("send_lag_ns") or {}
+    duration = m.get("duration_s") or seconds
     return {
         "n": n,
         "ok": m["status_counts"].get("ok", 0),
         "p50_ms": (lag.get("p50") or 0) / 1e6,
         "p99_ms": (lag.get("p99") or 0) / 1e6,
         "cpu_s": cpu,
+        "run_cpu_s": m["driver"]["process_cpu_s"],
+        "connections": m["driver"].get("connections_opened"),
+        "server_share": (sum(server.cpu_times()[:2]) - before) / duration if server else float("nan"),
     }
 
 
@@ -169,13 +190,106 @@ def _pin(spec: str) -> str:
     return f"pinned: clients on CPU {client_text}, simulated server on CPU {pinning.format_cpus(server)}"
 
 
+PACED_TOML = """# bench_chunk_cpu: the instant preset with a {step_ms} ms decode step and no coalescing, so every token is
+# its own SSE event and, at this pace, its own network read, for every client alike
+name = "paced"
+description = "bench_chunk_cpu: {step_ms} ms per step, one event per token"
+model = "loadgen-sim"
+tokenizer = "cl100k_base"
+[scheduler]
+max_num_seqs = 1024
+max_num_batched_tokens = 1048576
+chunked_prefill = true
+max_model_len = 131072
+[kv]
+block_size = 16
+num_kv_blocks = 1048576
+enable_prefix_caching = false
+[cost]
+fixed_ms = {step_ms}
+[batching]
+window_ms = 0
+[stream]
+coalesce = false
+"""
+
+
+def reads_per_chunk(run_dir: Path) -> float:
+    """Network reads per chunk in a loadgen run: chunks that arrived in one read share their arrival instant."""
+    import pyarrow.compute as pc
+
+    from loadgen.rundir import load_run
+
+    chunks = load_run(run_dir).chunks
+    keys = pc.binary_join_element_wise(chunks["request_id"], pc.cast(chunks["arrival_ns"], pa.string()), pa.scalar(":"))
+    return len(pc.unique(keys)) / max(1, chunks.num_rows)
+
+
+def measure(server: str, url: str, work: Path, args) -> dict:
+    """Both tools' marginal CPU per chunk against one server, ``args.repeats`` times, interleaved."""
+    loadgen_marginal: list[float] = []
+    vllm_marginal: list[float] = []
+    note = ""
+    per_request = reads = float("nan")
+    for _ in range(args.repeats):
+        a_cpu, a_chunks = loadgen_run(url, work, args.small, args.concurrency, args.loadgen_path)
+        b_cpu, b_chunks = loadgen_run(url, work, args.large, args.concurrency, args.loadgen_path)
+        per_request = b_chunks / args.large
+        reads = reads_per_chunk(work / f"run-{args.large}")
+        loadgen_marginal.append((b_cpu - a_cpu) / (b_chunks - a_chunks) * 1e6)
+        if args.skip_vllm:
+            note = "vllm bench serve: skipped (--skip-vllm)"
+            continue
+        if not VLLM_PY.exists():
+            note = f"vllm bench serve: skipped ({VLLM_PY} not found)"
+            continue
+        try:
+            va_cpu, va_n = vllm_run(url, work, args.small, args.concurrency)
+            vb_cpu, vb_n = vllm_run(url, work, args.large, args.concurrency)
+        except (OSError, RuntimeError) as exc:
+            note = f"vllm bench serve: could not run: {str(exc).splitlines()[0][:300]}"
+            continue
+        # the same requests, so the same events per request (every token its own event on the paced server;
+        # on the instant one a slower reader may get tokens merged into fewer events: its figure is then low)
+        vllm_marginal.append((vb_cpu - va_cpu) / ((vb_n - va_n) * per_request) * 1e6)
+    return {
+        "server": server,
+        "loadgen": loadgen_marginal,
+        "vllm": vllm_marginal,
+        "per_request": per_request,
+        "reads_per_chunk": reads,
+        "note": note,
+    }
+
+
+def _lag_runs(sim, work: Path, args) -> list[dict]:
+    return [
+        send_lag(sim.base_url, work, args.lag_rate, args.lag_seconds, args.loadgen_path, sim.server.pid)
+        for _ in range(args.lag_repeats)
+    ]
+
+
+def _fmt(values: list[float]) -> str:
+    return " / ".join(f"{v:.1f}" for v in values) if values else "-"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", type=int, default=200, help="requests in the short run (start-up cost)")
     ap.add_argument("--large", type=int, default=2000, help="requests in the long run")
     ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3, help="small/large pairs per tool and server, interleaved")
+    ap.add_argument(
+        "--servers",
+        default="paced,instant",
+        help="paced: a token every --step-ms per stream, one event and one read per token for every client; "
+        "instant: tokens as fast as the server writes them (reads then carry several events, fewer for a "
+        "slower client)",
+    )
+    ap.add_argument("--step-ms", type=float, default=1.0, help="the paced server's step (every stream gets a token)")
     ap.add_argument("--lag-rate", type=float, default=2500.0, help="req/s of the send-lag run (0: skip it)")
     ap.add_argument("--lag-seconds", type=float, default=4.0)
+    ap.add_argument("--lag-repeats", type=int, default=3, help="send-lag runs (each its own process)")
     ap.add_argument("--loadgen-path", type=Path, default=REPO, help="checkout whose loadgen runs (before/after)")
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--path-only", action="store_true", help="only the in-process per-chunk path figure")
@@ -194,46 +308,51 @@ def main() -> int:
     print(f"per-chunk path (StreamState.feed, one read per chunk, in-process): {path_us:.2f} CPU µs/chunk (best of 3)")
     if args.path_only:
         return 0
-    rows: list[tuple[str, int, int, float, float]] = []
     if args.pin:
         print(_pin(args.pin))
-    with tempfile.TemporaryDirectory(prefix="loadgen-chunkcpu-") as tmp, launch_sim_server("instant") as sim:
+    results = []
+    lags: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="loadgen-chunkcpu-") as tmp:
         work = Path(tmp)
-        a_cpu, a_chunks = loadgen_run(sim.base_url, work, args.small, args.concurrency, args.loadgen_path)
-        b_cpu, b_chunks = loadgen_run(sim.base_url, work, args.large, args.concurrency, args.loadgen_path)
-        per_request = b_chunks / args.large
-        marginal = (b_cpu - a_cpu) / (b_chunks - a_chunks) * 1e6
-        rows += [("loadgen run", args.small, a_chunks, a_cpu, float("nan"))]
-        rows += [("loadgen run", args.large, b_chunks, b_cpu, marginal)]
-        vllm_note = ""
-        if args.skip_vllm:
-            vllm_note = "vllm bench serve: skipped (--skip-vllm)"
-        elif not VLLM_PY.exists():
-            vllm_note = f"vllm bench serve: skipped ({VLLM_PY} not found)"
-        else:
-            try:
-                va_cpu, va_n = vllm_run(sim.base_url, work, args.small, args.concurrency)
-                vb_cpu, vb_n = vllm_run(sim.base_url, work, args.large, args.concurrency)
-                va_chunks, vb_chunks = round(va_n * per_request), round(vb_n * per_request)
-                v_marginal = (vb_cpu - va_cpu) / (vb_chunks - va_chunks) * 1e6
-                rows += [("vllm bench serve", args.small, va_chunks, va_cpu, float("nan"))]
-                rows += [("vllm bench serve", args.large, vb_chunks, vb_cpu, v_marginal)]
-                vllm_note = f"ratio loadgen / vllm bench serve (marginal CPU per chunk): {marginal / v_marginal:.2f}"
-            except (OSError, RuntimeError) as exc:
-                vllm_note = f"vllm bench serve: could not run: {str(exc).splitlines()[0][:300]}"
-        lag = (
-            send_lag(sim.base_url, work, args.lag_rate, args.lag_seconds, args.loadgen_path) if args.lag_rate else None
-        )
-    print(f"{'tool':<18} {'requests':>9} {'chunks':>9} {'CPU s':>8} {'CPU µs/chunk marginal':>22}")
-    for tool, n, chunks, cpu, marg in rows:
-        print(f"{tool:<18} {n:>9} {chunks:>9} {cpu:>8.2f} {'' if marg != marg else f'{marg:.1f}':>22}")
-    print(f"({per_request:.0f} chunks per request; marginal = ΔCPU / Δchunks between the two runs of each tool)")
-    print(vllm_note)
-    if lag is not None:
+        for server in args.servers.split(","):
+            engine: str | Path = "instant"
+            if server == "paced":
+                engine = work / "paced.toml"
+                engine.write_text(PACED_TOML.format(step_ms=args.step_ms))
+            with launch_sim_server(engine) as sim:
+                results.append(measure(server, sim.base_url, work, args))
+                if server == "instant" and args.lag_rate:
+                    lags = _lag_runs(sim, work, args)
+        if not lags and args.lag_rate:
+            with launch_sim_server("instant") as sim:
+                lags = _lag_runs(sim, work, args)
+    print(
+        f"marginal client CPU per received chunk (µs; ΔCPU / Δchunks between {args.small} and {args.large} requests of "
+        f"{OUTPUT_TOKENS} tokens, concurrency {args.concurrency}; each repeat, then the median)"
+    )
+    print(f"{'server':<9} {'reads/chunk':>11} {'loadgen run':>24} {'vllm bench serve':>24} {'ratio':>6}")
+    for r in results:
+        lg = statistics.median(r["loadgen"]) if r["loadgen"] else float("nan")
+        vl = statistics.median(r["vllm"]) if r["vllm"] else float("nan")
         print(
-            f"send lag at {args.lag_rate:g} req/s × 16 tokens, {args.lag_seconds:g} s: p50 {lag['p50_ms']:.2f} ms, "
-            f"p99 {lag['p99_ms']:.2f} ms ({lag['ok']}/{lag['n']} ok, driver CPU {lag['cpu_s']:.1f} s; goal p99 < 1 ms)"
+            f"{r['server']:<9} {r['reads_per_chunk']:>11.2f} {_fmt(r['loadgen']) + f' ({lg:.1f})':>24} "
+            f"{_fmt(r['vllm']) + f' ({vl:.1f})':>24} {lg / vl:>6.2f}"
         )
+        if r["note"]:
+            print(f"  {r['note']}")
+    print("(reads/chunk: loadgen's network reads per event in its large run; ratio: the medians, the goal <= 0.5)")
+    if lags:
+        print(
+            f"send lag at {args.lag_rate:g} req/s × 16 tokens, {args.lag_seconds:g} s, open loop (goal p99 < 1 ms); "
+            "server: the simulated server's CPU over the run, in cores"
+        )
+        for lag in lags:
+            print(
+                f"  p50 {lag['p50_ms']:.2f} ms, p99 {lag['p99_ms']:.2f} ms ({lag['ok']}/{lag['n']} ok); driver CPU "
+                f"{lag['run_cpu_s']:.2f} s in the run ({lag['cpu_s']:.1f} s in all), {lag['connections']} connections; "
+                f"server {lag['server_share']:.2f}{' (saturated)' if lag['server_share'] >= 0.9 else ''}"
+            )
+        print(f"  median p99 {statistics.median(lag['p99_ms'] for lag in lags):.2f} ms over {len(lags)} runs")
     return 0
 
 

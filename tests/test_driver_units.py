@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import time
+from array import array
 
 import anyio
 import httpx
@@ -288,7 +289,7 @@ def test_recorder_never_loses_rows_when_cancelled_mid_flush(tmp_path):
     """Cancel the writer task at many points (also right at a flush); finish() must still write every row."""
     from loadgen.driver.client import request_row
     from loadgen.driver.jobs import Job
-    from loadgen.driver.recorder import ArrowRunWriter, Recorder
+    from loadgen.driver.recorder import ArrowRunWriter, Recorder, StreamChunks
     from loadgen.manifest import Manifest
     from loadgen.rundir import load_run
 
@@ -319,16 +320,7 @@ def test_recorder_never_loses_rows_when_cancelled_mid_flush(tmp_path):
                 await tg.start(recorder.run)
                 for i in range(300):
                     row = request_row(job(i), i, status="ok")
-                    recorder.submit(
-                        row,
-                        {
-                            "request_id": [row["request_id"]] * 2,
-                            "seq": [0, 1],
-                            "arrival_ns": [1, 2],
-                            "tokens": [1, 1],
-                            "bytes": [10, 10],
-                        },
-                    )
+                    recorder.submit(row, StreamChunks(array("q", [1, 2]), array("q", [1, 1]), array("q", [10, 10])))
                     if i % 7 == 0:
                         await anyio.sleep(0.0005 * trial)
                 tg.cancel_scope.cancel()

@@ -16,6 +16,7 @@ else from the run's tokenizer on the delta text (cached).
 from __future__ import annotations
 
 import time
+from array import array
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,7 @@ from .error_kinds import (
     redact,
 )
 from .jobs import Job
+from .recorder import StreamChunks
 from .schedule import LagStats, RateGate
 from .sse import DEFAULT_MAX_LINE_BYTES, DONE, SSEDecoder, parse_chunk
 from .transport import RawHTTP11Transport, RawResponse, SendTiming
@@ -60,7 +62,7 @@ class RunContext:
     limiter: anyio.CapacityLimiter
     rate_gate: RateGate
     count_tokens: Callable[[str], int]
-    sink: Callable[[dict[str, Any], dict[str, list[Any]] | None], None]  # recorder.submit
+    sink: Callable[[dict[str, Any], StreamChunks | None], None]  # recorder.submit
     ttft_timeout_ns: int | None
     total_timeout_ns: int | None
     secrets: tuple[str, ...] = ()
@@ -81,7 +83,6 @@ class RunContext:
     errors: int = 0
     slot_waits: int = 0
     sent_at_deadline: int = 0  # requests the scheduler wrote itself (no task start in the send lag)
-    next_deadline_ns: int = 1 << 62  # the open-loop scheduler's next send (absolute perf_counter_ns)
     first_ok_done_ns: int | None = None
     cpu_start_s: float = 0.0
     rss_start_bytes: int = 0
@@ -112,10 +113,6 @@ class RunContext:
 
     def count_sent(self) -> None:
         self.sent += 1
-
-    def quiet_ns(self) -> int:
-        """Time until the scheduler's next send (large when none is pending)."""
-        return self.next_deadline_ns - _now()
 
     def anyio_deadline(self, abs_ns: int) -> float:
         """Convert an absolute perf_counter_ns instant to the event loop's clock."""
@@ -213,9 +210,10 @@ class StreamState:
         self.ctx = ctx
         self.anchor = ctx.anchor_ns
         self.decoder = SSEDecoder(ctx.max_sse_line_bytes)
-        self.arrivals: list[int] = []
-        self.tokens: list[int] = []
-        self.sizes: list[int] = []
+        # per chunk, as machine integers (no int object kept per chunk; the recorder takes the buffers)
+        self.arrivals = array("q")
+        self.tokens = array("q")
+        self.sizes = array("q")
         self.texts: list[str] | None = [] if ctx.retain_completion_text else None
         self.cancel_after = cancel_after
         self.prev_usage = 0
@@ -234,53 +232,63 @@ class StreamState:
         self.on_first_token = on_first_token
 
     def feed(self, arrival_abs_ns: int, data: bytes) -> bool:
-        events = self.decoder.feed(data)
-        if not events:
-            return False
+        decoder = self.decoder
+        payload = decoder.single(data)
+        if payload is not None:
+            return self._event(arrival_abs_ns, payload, len(data))
+        events = decoder.feed(data)
+        sizes = decoder.sizes
+        for k, payload in enumerate(events):  # noqa: SIM110 (a loop: no generator on the per-read path)
+            if self._event(arrival_abs_ns, payload, sizes[k]):
+                return True
+        return False
+
+    def _event(self, arrival_abs_ns: int, payload: bytes, size: int) -> bool:
+        """One event's payload (``size``: its raw bytes); True when reading should stop."""
+        if payload == DONE:
+            self.done_abs = arrival_abs_ns
+            return True
         t = arrival_abs_ns - self.anchor
-        sizes = self.decoder.sizes
-        for k, payload in enumerate(events):
-            if payload == DONE:
-                self.done_abs = arrival_abs_ns
-                return True
-            chunk = parse_chunk(payload)
-            if chunk.error is not None:
-                self.error, self.error_code = chunk.error, chunk.error_code
-                return True
-            n = 0
-            usage = chunk.completion_tokens
-            if chunk.choices and usage is not None:
+        text, pieces, choices, finish, prompt, usage, model, fingerprint, error, code = parse_chunk(payload)
+        if error is not None:
+            self.error, self.error_code = error, code
+            return True
+        n = 0
+        if usage is not None:
+            if choices:
                 # per-chunk usage (vLLM continuous_usage_stats): exact, also for tokens whose text
                 # is empty (partial UTF-8, special tokens)
                 n = usage - self.prev_usage
-                n = max(n, 0)
-            elif chunk.pieces:
-                n = self.ctx.tokens_in(chunk.text)
-            if chunk.pieces and self.texts is not None:
-                self.texts.append(chunk.text)
-            if usage is not None:
-                self.prev_usage = self.server_output = usage
-            if chunk.prompt_tokens is not None:
-                self.server_prompt = chunk.prompt_tokens
-            if chunk.finish_reason is not None:
-                self.finish_reason = chunk.finish_reason
-            if self.response_model is None:
-                self.response_model = chunk.model
-            if self.fingerprint is None and chunk.system_fingerprint is not None:
-                self.fingerprint = chunk.system_fingerprint
-            self.arrivals.append(t)
-            self.tokens.append(n)
-            self.sizes.append(sizes[k])
-            if n:
-                if self.first_token is None:
-                    self.first_token = t
-                    if self.on_first_token is not None:
-                        self.on_first_token()
-                self.last_token = t
-                self.client_tokens += n
-                if self.cancel_after is not None and self.client_tokens >= self.cancel_after:
-                    self.cancelled = True
-                    return True
+                if n < 0:
+                    n = 0
+            elif pieces:
+                n = self.ctx.tokens_in(text)
+            self.prev_usage = self.server_output = usage
+        elif pieces:
+            n = self.ctx.tokens_in(text)
+        if pieces and self.texts is not None:
+            self.texts.append(text)
+        if prompt is not None:
+            self.server_prompt = prompt
+        if finish is not None:
+            self.finish_reason = finish
+        if self.response_model is None:
+            self.response_model = model
+        if fingerprint is not None and self.fingerprint is None:
+            self.fingerprint = fingerprint
+        self.arrivals.append(t)
+        self.tokens.append(n)
+        self.sizes.append(size)
+        if n:
+            if self.first_token is None:
+                self.first_token = t
+                if self.on_first_token is not None:
+                    self.on_first_token()
+            self.last_token = t
+            self.client_tokens += n
+            if self.cancel_after is not None and self.client_tokens >= self.cancel_after:
+                self.cancelled = True
+                return True
         return False
 
 
@@ -538,13 +546,5 @@ def _record(
             recent.append(state.first_token - row["scheduled_ns"])
             if len(recent) > 4096:
                 del recent[:2048]
-    chunk_cols: dict[str, list[Any]] | None = None
-    if arrivals:
-        chunk_cols = {
-            "request_id": [job.request_id] * len(arrivals),
-            "seq": list(range(len(arrivals))),
-            "arrival_ns": arrivals,
-            "tokens": state.tokens,
-            "bytes": state.sizes,
-        }
-    ctx.sink(row, chunk_cols)
+    chunks = StreamChunks(arrivals, state.tokens, state.sizes) if arrivals else None
+    ctx.sink(row, chunks)

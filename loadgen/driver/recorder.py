@@ -1,49 +1,106 @@
-"""The recorder: one writer task owns the run directory; request tasks hand it rows through a stream.
+"""The recorder: one writer task owns the run directory; request tasks hand it their rows.
 
-Request tasks call ``submit`` (synchronous, never blocks, safe in cancelled code), which puts
-``(row, chunk_columns)`` on an anyio memory object stream. Every ``poll_s`` the writer task turns
-what arrived into small Arrow tables on the event loop (a fraction of a millisecond each, so the
-schedule is not disturbed: converting Python objects holds the GIL, even in a thread) and every
-``flush_interval_s`` (1 s by default) hands them to the run writer in a worker thread, which writes
-them as closed part files (Parquet encoding releases the GIL). So a run killed at any instant keeps
-every row converted before its last flush. A write error (disk full, I/O error) ends ``run`` with
-``RecordWriteError``, which stops the run. ``finish`` drains and writes whatever is left,
-synchronously, so a cancelled or crashed run still records every row it produced.
+Request tasks call ``submit`` (synchronous, O(1), never blocks, safe in cancelled code): the row joins
+a list and the chunks' machine-integer arrays are appended to one batch. Every ``flush_interval_s``
+(1 s by default) the writer task swaps that pending batch for an empty one, on the event loop, and a
+writer thread turns it into Arrow tables and writes them as closed part files. So a run killed at any
+instant keeps every row submitted before its last flush. The conversion holds the GIL for a few
+milliseconds a second (Parquet encoding releases it); the driver's switch interval (0.5 ms) bounds
+what that costs a send that falls due meanwhile, where converting on the loop itself, even in gaps of
+the schedule, measured ~1 ms stalls. The writer thread also runs at a lower priority (Linux), so the
+event loop preempts it on a saturated core. A write error (disk full, I/O error) ends ``run`` with
+``RecordWriteError``, which stops the run. ``finish`` writes whatever is left, synchronously, so a
+cancelled or crashed run still records every row it produced.
 """
 
 from __future__ import annotations
 
-import math
+import os
+import threading
 import time
 import typing
-from typing import Any
+from array import array
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
 
 import anyio
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ..records import CHUNKS_SCHEMA, REQUESTS_SCHEMA, empty_request_row
 from ..rundir import RunWriter
 
-__all__ = ["ArrowRunWriter", "Recorder"]
+__all__ = ["ArrowRunWriter", "Recorder", "StreamChunks"]
 
-_REQUEST = 0
-_METRICS = 1
-#: Convert at once when this many rows are queued (each conversion stays around a millisecond).
-BACKLOG_ITEMS = 400
-#: Otherwise convert only when the next scheduled send is at least this far away, or when a flush is due.
-QUIET_NS = 4_000_000
+#: The writer thread runs at this nice value (Linux): on a saturated core the event loop preempts it.
+WRITER_NICE = 10
 _REQUEST_NAMES = REQUESTS_SCHEMA.names
-_CHUNK_NAMES = CHUNKS_SCHEMA.names
 
 
 #: RunWriter accepts ready Arrow tables itself; the old name stays for callers.
 ArrowRunWriter = RunWriter
 
 
+class StreamChunks(NamedTuple):
+    """One request's chunks in arrival order, as equal-length machine-integer arrays (``array("q")``);
+    the recorder adds the request id and ``seq`` (CHUNKS_SCHEMA)."""
+
+    arrival_ns: array
+    tokens: array
+    bytes: array
+
+
 def _requests_table(rows: list[dict[str, Any]]) -> pa.Table:
     return pa.Table.from_pydict({name: [r[name] for r in rows] for name in _REQUEST_NAMES}, schema=REQUESTS_SCHEMA)
+
+
+class _ChunkBatch:
+    """Chunks of many requests gathered for one table: arrays appended whole, ids once per request."""
+
+    __slots__ = ("arrival_ns", "bytes", "ids", "lengths", "tokens")
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.lengths: list[int] = []
+        self.arrival_ns = array("q")
+        self.tokens = array("q")
+        self.bytes = array("q")
+
+    def add(self, request_id: str, chunks: StreamChunks) -> None:
+        self.ids.append(request_id)
+        self.lengths.append(len(chunks.arrival_ns))
+        self.arrival_ns.extend(chunks.arrival_ns)
+        self.tokens.extend(chunks.tokens)
+        self.bytes.extend(chunks.bytes)
+
+    def table(self) -> pa.Table:
+        """CHUNKS_SCHEMA rows: each request's id repeated and ``seq`` counted in C, not per row in Python."""
+        counts = np.asarray(self.lengths, dtype=np.int64)
+        owner = np.repeat(np.arange(len(counts)), counts)
+        seq = np.arange(len(owner), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+        columns = [
+            pa.array(self.ids, pa.string()).take(owner),
+            pa.array(seq.astype(np.int32)),
+            pa.array(np.frombuffer(self.arrival_ns, dtype=np.int64)),
+            pa.array(np.frombuffer(self.tokens, dtype=np.int64).astype(np.int32)),
+            pa.array(np.frombuffer(self.bytes, dtype=np.int64).astype(np.int32)),
+        ]
+        return pa.Table.from_arrays(columns, schema=CHUNKS_SCHEMA)
+
+
+class _Pending:
+    """What was submitted since the last swap: request rows, their chunks, server-metric columns."""
+
+    __slots__ = ("chunks", "metrics", "rows")
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.chunks = _ChunkBatch()
+        self.metrics: list[dict[str, list[Any]]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.rows or self.metrics)
 
 
 class Recorder:
@@ -54,102 +111,93 @@ class Recorder:
         writer: ArrowRunWriter,
         flush_interval_s: float = 1.0,
         poll_s: float = 0.02,
-        quiet_ns: typing.Callable[[], int] | None = None,
         progress: typing.Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.writer = writer
         self.flush_interval_s = flush_interval_s
         self.poll_s = poll_s
-        # time until the scheduler's next deadline: converting (which blocks the loop for a
-        # fraction of a millisecond) waits for a gap, unless the backlog grows large or a flush is due
-        self.quiet_ns = quiet_ns or (lambda: 1 << 62)
         # what a killed run's reader needs to know about this flush (see RunWriter.flush)
         self.progress = progress or dict
-        send, receive = anyio.create_memory_object_stream[tuple[int, Any, Any]](max_buffer_size=math.inf)
-        self._send: MemoryObjectSendStream = send
-        self._receive: MemoryObjectReceiveStream = receive
         self.recorded_ids: set[str] = set()
         self.rows = 0
         self.chunks = 0
-        self._req_tables: list[pa.Table] = []
-        self._chunk_tables: list[pa.Table] = []
-        self._metrics: list[dict[str, list[Any]]] = []
+        self._pending = _Pending()
+        self._writer_pool: ThreadPoolExecutor | None = None
 
-    def submit(self, row: dict[str, Any], chunks: dict[str, list[Any]] | None) -> None:
-        """Queue one request row and its chunk columns (never blocks)."""
-        self._send.send_nowait((_REQUEST, row, chunks))
+    def submit(self, row: dict[str, Any], chunks: StreamChunks | None) -> None:
+        """Record one request row and its chunks (O(1): appended to the pending batch)."""
+        pending = self._pending
+        pending.rows.append(row)
+        request_id = row["request_id"]
+        self.recorded_ids.add(request_id)
+        self.rows += 1
+        if chunks is not None:
+            pending.chunks.add(request_id, chunks)
+            self.chunks += len(chunks.arrival_ns)
 
     def submit_metrics(self, columns: dict[str, list[Any]]) -> None:
-        """Queue server-metric sample columns."""
-        self._send.send_nowait((_METRICS, columns, None))
-
-    def convert(self) -> None:
-        """Turn everything queued into Arrow tables (runs on the event loop; small batches)."""
-        rows: list[dict[str, Any]] = []
-        chunk_cols: dict[str, list[Any]] = {name: [] for name in _CHUNK_NAMES}
-        receive = self._receive
-        while True:
-            try:
-                kind, a, b = receive.receive_nowait()
-            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
-                break
-            if kind == _REQUEST:
-                rows.append(a)
-                if b is not None:
-                    for name in _CHUNK_NAMES:
-                        chunk_cols[name].extend(b[name])
-            else:
-                self._metrics.append(a)
-        if rows:
-            self._req_tables.append(_requests_table(rows))
-            self.recorded_ids.update(r["request_id"] for r in rows)
-            self.rows += len(rows)
-        if chunk_cols["seq"]:
-            self._chunk_tables.append(pa.Table.from_pydict(chunk_cols, schema=CHUNKS_SCHEMA))
-            self.chunks += len(chunk_cols["seq"])
+        """Record server-metric sample columns."""
+        self._pending.metrics.append(columns)
 
     @property
     def pending(self) -> bool:
-        return bool(self._req_tables or self._chunk_tables or self._metrics)
+        return bool(self._pending)
 
-    def _write(self, progress: dict[str, Any]) -> None:
-        """Hand everything converted to the writer and flush it (takes the tables itself: if the
-        thread that runs this never starts, nothing was taken and ``finish`` writes them)."""
-        req_tables, chunk_tables, metrics = self._req_tables, self._chunk_tables, self._metrics
-        self._req_tables, self._chunk_tables, self._metrics = [], [], []
-        if chunk_tables:
-            self.writer.add_chunk_table(pa.concat_tables(chunk_tables))
-        for columns in metrics:
+    def _take(self) -> _Pending:
+        """The pending batch, replaced by an empty one (on the loop: nothing submitted is in neither)."""
+        taken, self._pending = self._pending, _Pending()
+        return taken
+
+    def _write(self, taken: _Pending, progress: dict[str, Any]) -> None:
+        """Convert a taken batch and write it as part files (chunks first: a request row never reaches
+        disk without its chunks; see RunWriter.flush)."""
+        if taken.chunks.ids:
+            self.writer.add_chunk_table(taken.chunks.table())
+        for columns in taken.metrics:
             self.writer.add_metrics(columns)
-        if req_tables:
-            self.writer.add_request_table(pa.concat_tables(req_tables))
+        if taken.rows:
+            self.writer.add_request_table(_requests_table(taken.rows))
         self.writer.flush(progress)
 
     async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
-        """The writer task: convert every ``poll_s`` (in gaps of the schedule), flush every ``flush_interval_s``.
+        """The writer task: every ``flush_interval_s``, the pending batch to the writer thread.
 
-        It polls with ``receive_nowait`` rather than awaiting ``receive`` so that cancelling it can
-        never drop an item already handed over. A flush also happens when nothing new arrived since
-        the last conversion: rows never wait in memory for the next request to finish.
+        A flush also happens when nothing new arrived since the last one: rows never wait in memory for
+        the next request to finish.
         """
         task_status.started()
         last_flush = time.monotonic()
         while True:
             await anyio.sleep(self.poll_s)
-            backlog = self._receive.statistics().current_buffer_used
             now = time.monotonic()
-            flush_due = now - last_flush >= self.flush_interval_s
-            if backlog and (flush_due or backlog >= BACKLOG_ITEMS or self.quiet_ns() >= QUIET_NS):
-                self.convert()
-            if flush_due and self.pending:
+            if now - last_flush >= self.flush_interval_s and self.pending:
                 last_flush = now
-                progress = self.progress()  # on the loop: what was converted up to now is what is written
-                await anyio.to_thread.run_sync(self._write, progress)
+                progress = self.progress()  # on the loop, with the swap: what was submitted is what is written
+                await self._flush(self._take(), progress)
+
+    async def _flush(self, taken: _Pending, progress: dict[str, Any]) -> None:
+        """``_write`` in the writer thread; waits for it to finish, also when cancelled meanwhile
+        (``finish`` then waits for it too: the thread writes what it took, whatever happens here)."""
+        if self._writer_pool is None:
+            self._writer_pool = ThreadPoolExecutor(1, "loadgen-writer", initializer=_lower_priority)
+        job = self._writer_pool.submit(self._write, taken, progress)
+        await anyio.to_thread.run_sync(job.result)
 
     def finish(self) -> None:
-        """Convert and write everything still queued (synchronous; the end of the run)."""
-        self.convert()
-        self._write(self.progress())
+        """Write everything still pending (synchronous; the end of the run), after a write still running
+        in the writer thread (its task cancelled while it ran) has finished."""
+        if self._writer_pool is not None:
+            self._writer_pool.shutdown(wait=True)
+            self._writer_pool = None
+        self._write(self._take(), self.progress())
+
+
+def _lower_priority() -> None:
+    """Run this thread at WRITER_NICE (Linux threads have their own nice value; elsewhere: no change)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
+    except (AttributeError, OSError):
+        pass
 
 
 def warm_up_arrow() -> None:
@@ -160,9 +208,13 @@ def warm_up_arrow() -> None:
     )
     for table in (
         _requests_table([row]),
-        pa.Table.from_pydict(
-            {"request_id": ["w"], "seq": [0], "arrival_ns": [0], "tokens": [0], "bytes": [0]}, schema=CHUNKS_SCHEMA
-        ),
+        _one_chunk_table(),
     ):
         with pq.ParquetWriter(pa.BufferOutputStream(), table.schema, compression="zstd") as w:
             w.write_table(pa.concat_tables([table, table]))
+
+
+def _one_chunk_table() -> pa.Table:
+    batch = _ChunkBatch()
+    batch.add("w", StreamChunks(array("q", [0]), array("q", [0]), array("q", [0])))
+    return batch.table()

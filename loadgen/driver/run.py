@@ -59,6 +59,7 @@ from .recorder import ArrowRunWriter, Recorder, warm_up_arrow
 from .schedule import RateGate, sleep_until
 from .sse import parse_chunk
 from .target import TargetInfo, probe_target
+from .tasks import RequestTasks
 from .transport import RawHTTP11Transport
 
 __all__ = ["SEND_LAG_WARN_NS", "run_trace"]
@@ -381,7 +382,7 @@ async def run_trace(options: RunOptions, shard: Shard | None = None) -> Path:
             if gpu is not None:
                 gpu.close()
             raise
-        recorder = Recorder(writer, flush_interval_s=options.flush_interval_s)  # quiet_ns, progress wired below
+        recorder = Recorder(writer, flush_interval_s=options.flush_interval_s)  # progress wired below
         retain_completion = bool(scenario and scenario.privacy.retain_completion_text)
         ctx = RunContext(  # the anchor is taken in _replay, once the run's services are up
             transport=transport,
@@ -402,7 +403,6 @@ async def run_trace(options: RunOptions, shard: Shard | None = None) -> Path:
         if len(infos) > 1:
             ctx.origins, ctx.heads = _replica_origins(options, jobs, path, transport)
             ctx.router = Router(len(infos), options.route_policy, options.replica_down_after)
-        recorder.quiet_ns = ctx.quiet_ns
         recorder.progress = _Coverage(jobs, ctx, recorder, inputs.mode)
         try:
             await _replay(options, inputs, ctx, jobs, writer, recorder, info, transport, scraper_clients, gpu, shard)
@@ -632,42 +632,47 @@ async def _schedule_open(ctx: RunContext, jobs, requests) -> None:
 
     A turn that waits for the reply (``think_after_reply_ns``) is not started here: the previous turn of
     its conversation starts it, one think time after its own reply ended (its ``scheduled_ns`` is then
-    that ready instant).
+    that ready instant). Returns when every request task has ended.
     """
     anchor = ctx.anchor_ns
     now = time.perf_counter_ns
-    start = requests.start_soon
+    tasks = RequestTasks(requests)
+    start = tasks.start
     followers = {(j.conversation_id, j.turn_index - 1): j for j in jobs if j.think_after_reply_ns is not None}
-    for job in jobs:
-        if job.think_after_reply_ns is not None:
-            continue
-        deadline = ctx.next_deadline_ns = anchor + job.offset_ns
-        if deadline > now():
-            await sleep_until(deadline)  # one precise waiter for the whole run, not one per request
-        job.scheduled_ns = job.offset_ns
-        ctx.dispatched += 1
-        ctx.route(job)
-        # on the wire now when a slot and an idle connection are free; the task reads the response
-        if followers and (job.conversation_id, job.turn_index) in followers:
-            start(_execute_then_follow, ctx, job, deadline, send_at_deadline(ctx, job), followers, requests)
-        else:
-            start(execute, ctx, job, deadline, send_at_deadline(ctx, job))
-    ctx.next_deadline_ns = 1 << 62
+    try:
+        for job in jobs:
+            if job.think_after_reply_ns is not None:
+                continue
+            deadline = anchor + job.offset_ns
+            if deadline > now():
+                await sleep_until(deadline)  # one precise waiter for the whole run, not one per request
+            job.scheduled_ns = job.offset_ns
+            ctx.dispatched += 1
+            ctx.route(job)
+            # on the wire now when a slot and an idle connection are free; the task reads the response
+            if followers and (job.conversation_id, job.turn_index) in followers:
+                start(_execute_then_follow, ctx, job, deadline, send_at_deadline(ctx, job), followers, tasks)
+            else:
+                start(execute, ctx, job, deadline, send_at_deadline(ctx, job))
+    finally:
+        await tasks.join()
 
 
-async def _execute_then_follow(ctx: RunContext, job, scheduled_abs_ns: int, pre, followers, requests) -> None:
+async def _execute_then_follow(
+    ctx: RunContext, job, scheduled_abs_ns: int, pre, followers, tasks: RequestTasks
+) -> None:
     """Run ``job``; when its reply has ended (whatever its status), its conversation's next turn becomes
     ready one think time later and is started then."""
     await execute(ctx, job, scheduled_abs_ns, pre)
     nxt = followers.get((job.conversation_id, job.turn_index))
     if nxt is not None:
-        requests.start_soon(_follow, ctx, nxt, time.perf_counter_ns() + nxt.think_after_reply_ns, followers, requests)
+        tasks.start(_follow, ctx, nxt, time.perf_counter_ns() + nxt.think_after_reply_ns, followers, tasks)
 
 
-async def _follow(ctx: RunContext, job, ready_abs_ns: int, followers, requests) -> None:
+async def _follow(ctx: RunContext, job, ready_abs_ns: int, followers, tasks: RequestTasks) -> None:
     await sleep_until(ready_abs_ns)
     ctx.route(job)
-    await _execute_then_follow(ctx, job, ready_abs_ns, None, followers, requests)
+    await _execute_then_follow(ctx, job, ready_abs_ns, None, followers, tasks)
 
 
 async def _schedule_closed(ctx: RunContext, jobs, concurrency: int, requests) -> None:
@@ -693,7 +698,6 @@ def _record_missing(
     """A row for every job without one: ``not_due`` when the run stopped before the job was due (never
     dispatched, and in open loop its deadline not passed at the stop), ``run_interrupted`` when it was
     due, ``client`` (a bug, said so) when the run did not stop."""
-    recorder.convert()
     for job in jobs:
         if job.request_id in recorder.recorded_ids:
             continue

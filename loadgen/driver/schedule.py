@@ -2,18 +2,24 @@
 
 Every request's deadline is ``anchor + offset`` (never "sleep since the previous send"), so a late
 send does not push later ones back. The event loop's timers wake up to 1 ms late (epoll counts in
-whole milliseconds, rounding up), so ``sleep_until`` sleeps on the loop to a few ms before the
-deadline, lets one timer thread (``Condition.wait`` with a timeout: microsecond resolution) wake
-the loop ``WAKE_EARLY_NS`` before it, and yields in a short spin for the rest. On an idle host that
-keeps the median send lag at a few microseconds without spinning for whole milliseconds.
+whole milliseconds, rounding up). On Linux ``sleep_until`` arms a timerfd (the kernel's
+high-resolution timer, on the monotonic clock ``perf_counter_ns`` reads) that the event loop itself
+watches: the loop wakes at the instant, with no thread and no hand-off, and a short yielding spin
+covers the last ``TIMERFD_EARLY_NS``. Elsewhere it sleeps on the loop to a few ms before the
+deadline, lets one timer thread (``Condition.wait`` with a timeout: microsecond resolution) wake the
+loop ``WAKE_EARLY_NS`` before it, and spins for the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import heapq
+import os
+import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -47,6 +53,9 @@ WAKE_EARLY_IDLE_NS = 700_000
 IDLE_WAIT_NS = 1_500_000
 #: Below this much remaining time the wait moves to a worker thread's precise sleep.
 THREAD_NS = 3_000_000
+#: With a timerfd the loop wakes this long before the deadline and spins for the rest (the wake-up's
+#: own latency, so the send is not late by it).
+TIMERFD_EARLY_NS = 40_000
 
 _now = time.perf_counter_ns
 
@@ -103,6 +112,129 @@ def _resolve(future: asyncio.Future) -> None:
         future.set_result(None)
 
 
+class _TimerFd:
+    """Deadlines on a Linux timerfd the event loop watches (``add_reader``): a heap of waiters, the timer
+    armed to the earliest; when it fires, the loop resolves every waiter that is due, then re-arms."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, arm) -> None:
+        self._loop = weakref.ref(loop)  # not a strong one: the loop's collection closes the fd (finalize)
+        self._fd = fd
+        self._arm_at = arm  # arm(fd, absolute monotonic ns)
+        self._heap: list[tuple[int, int, asyncio.Future]] = []
+        self._seq = 0
+        self._armed: int | None = None
+        loop.add_reader(fd, self._fire)
+
+    async def wait(self, deadline_ns: int) -> None:
+        future = asyncio.get_running_loop().create_future()
+        self._seq += 1
+        heapq.heappush(self._heap, (deadline_ns, self._seq, future))
+        if self._armed is None or deadline_ns < self._armed:
+            self._armed = deadline_ns
+            self._arm_at(self._fd, deadline_ns)
+        await future
+
+    def _fire(self) -> None:
+        try:
+            os.read(self._fd, 8)
+        except (BlockingIOError, InterruptedError):
+            pass
+        heap = self._heap
+        now = _now()
+        while heap and (heap[0][0] <= now or heap[0][2].done()):
+            future = heapq.heappop(heap)[2]
+            if not future.done():
+                future.set_result(None)
+        self._armed = heap[0][0] if heap else None
+        if self._armed is not None:
+            self._arm_at(self._fd, self._armed)
+
+    def close(self) -> None:
+        loop = self._loop()
+        try:
+            if loop is not None and not loop.is_closed():
+                loop.remove_reader(self._fd)
+        finally:
+            os.close(self._fd)
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = [
+        ("interval_s", ctypes.c_long),
+        ("interval_ns", ctypes.c_long),
+        ("s", ctypes.c_long),
+        ("ns", ctypes.c_long),
+    ]
+
+
+def _timerfd_calls():
+    """(create() -> fd, arm(fd, abs_ns)) on Linux when ``perf_counter_ns`` is CLOCK_MONOTONIC; else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    if abs(time.clock_gettime_ns(time.CLOCK_MONOTONIC) - time.perf_counter_ns()) > 1_000_000:
+        return None  # perf_counter is another clock here: an absolute timerfd deadline would be wrong
+    flags = os.O_NONBLOCK | os.O_CLOEXEC  # TFD_NONBLOCK and TFD_CLOEXEC have these values
+    if hasattr(os, "timerfd_create"):  # Python 3.13+
+        abstime = getattr(os, "TFD_TIMER_ABSTIME", 1)
+
+        def arm_os(fd: int, abs_ns: int) -> None:
+            os.timerfd_settime_ns(fd, flags=abstime, initial=max(abs_ns, 1))  # type: ignore[attr-defined]
+
+        return (lambda: os.timerfd_create(time.CLOCK_MONOTONIC, flags=flags)), arm_os
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        create, settime = libc.timerfd_create, libc.timerfd_settime
+    except (OSError, AttributeError):
+        return None
+    create.argtypes, create.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    settime.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(_Itimerspec), ctypes.c_void_p]
+    settime.restype = ctypes.c_int
+    spec = _Itimerspec()
+    ref = ctypes.byref(spec)
+
+    def make() -> int:
+        fd = create(time.CLOCK_MONOTONIC, flags)
+        if fd < 0:
+            raise OSError(ctypes.get_errno(), "timerfd_create failed")
+        return fd
+
+    def arm(fd: int, abs_ns: int) -> None:
+        abs_ns = max(abs_ns, 1)  # 0 would disarm
+        spec.s, spec.ns = divmod(abs_ns, 1_000_000_000)
+        if settime(fd, 1, ref, None) != 0:  # TFD_TIMER_ABSTIME
+            raise OSError(ctypes.get_errno(), "timerfd_settime failed")
+
+    return make, arm
+
+
+_TIMERFD_CALLS = _timerfd_calls()
+_timerfds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _TimerFd] = weakref.WeakKeyDictionary()
+
+
+def _timerfd() -> _TimerFd | None:
+    """This event loop's timerfd waiter (made on first use; closed with the loop), or None (no timerfd here)."""
+    if _TIMERFD_CALLS is None or not on_asyncio():
+        return None
+    loop = asyncio.get_running_loop()
+    timer = _timerfds.get(loop)
+    if timer is None:
+        make, arm = _TIMERFD_CALLS
+        try:
+            timer = _TimerFd(loop, make(), arm)
+        except (OSError, NotImplementedError, RuntimeError):  # a loop without add_reader (Windows proactor)
+            return None
+        _timerfds[loop] = timer
+        weakref.finalize(loop, _close_quietly, timer)
+    return timer
+
+
+def _close_quietly(timer: _TimerFd) -> None:
+    try:
+        timer.close()
+    except OSError:
+        pass
+
+
 _timer: _TimerThread | None = None
 
 
@@ -128,6 +260,15 @@ def _timer_thread() -> _TimerThread | None:
 async def sleep_until(deadline_ns: int) -> None:
     """Wait until ``perf_counter_ns() >= deadline_ns`` (absolute, same clock); returns at once if past."""
     remaining = deadline_ns - _now()
+    if remaining <= 0:
+        return
+    timerfd = _timerfd()
+    if timerfd is not None:
+        if remaining > TIMERFD_EARLY_NS:
+            await timerfd.wait(deadline_ns - TIMERFD_EARLY_NS)
+        while _now() < deadline_ns:
+            await anyio.lowlevel.checkpoint()
+        return
     early = WAKE_EARLY_IDLE_NS if remaining > IDLE_WAIT_NS else WAKE_EARLY_NS
     if remaining > THREAD_NS:
         await anyio.sleep((remaining - THREAD_NS + 1_000_000) / 1e9)  # coarse: may wake up to 1 ms late

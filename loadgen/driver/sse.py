@@ -100,19 +100,25 @@ class SSEDecoder:
                 events += self.feed(data[nl + 1 :])
                 self.sizes = sizes + self.sizes
             return events
+        payload = self.single(data)
+        if payload is not None:
+            self.sizes = [len(data)]
+            return [payload]
         if not self._data and b"\r" not in data:
-            n = len(data)
-            if (
-                data[:6] == b"data: "
-                and data.find(b"\n") == n - 2
-                and data[n - 1 :] == b"\n"
-                and n - 2 <= self.max_line_bytes
-            ):
-                # exactly one event of one data line: the usual read at token pace (what _feed_fast returns)
-                self.sizes = [n]
-                return [data[6 : n - 2]]
             return self._feed_fast(data)
         return self._feed_lines(data)
+
+    def single(self, data: bytes) -> bytes | None:
+        """The payload when ``data`` is exactly one event of one ``data: `` line (LF-framed) and nothing is
+        buffered: the usual read at token pace, what ``feed`` would return alone; else None (call ``feed``).
+
+        A CR inside the line stays in the payload on every path (only LF ends a line here); a CR before
+        the final LFs is left to the general path, which strips it."""
+        if data.startswith(b"data: ") and data.endswith(b"\n\n") and not (self._parts or self._data):
+            n = len(data) - 2
+            if data.find(b"\n", 6, n) < 0 and data[n - 1] != 13 and n <= self.max_line_bytes:
+                return data[6:n]
+        return None
 
     def _complete_partial(self) -> list[bytes]:
         """The buffered partial line got its newline: one join (a data line's prefix is cut before it)."""
@@ -208,11 +214,41 @@ def _error_line(err: object) -> tuple[str, int | None]:
     return " ".join(message.split())[:500], code
 
 
+_chunk = tuple.__new__  # Chunk(...) without the generated __new__ (the hot path's one allocation)
+
+
+def _count(value: object) -> bool:
+    """A usage count the stream may carry: absent (None) or a whole number (not a bool)."""
+    return value is None or type(value) is int
+
+
+def _choice_text(choice: dict) -> str:
+    """The text one choice carries: a delta's content, refusal, reasoning and tool calls, or ``text``."""
+    delta = choice.get("delta")
+    if delta is None:
+        return choice.get("text") or ""
+    piece = delta.get("content") or ""
+    if piece and len(delta) == 1:  # content alone: the usual delta
+        return piece
+    refusal = delta.get("refusal")
+    if refusal:
+        piece += refusal
+    reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+    if reasoning:
+        piece = reasoning + piece
+    calls = delta.get("tool_calls")
+    if calls:
+        for call in calls:
+            fn = call.get("function") or {}
+            piece += (fn.get("name") or "") + (fn.get("arguments") or "")
+    return piece
+
+
 def parse_chunk(payload: bytes) -> Chunk:
     """Parse one event payload (not ``[DONE]``) of a chat or text completion stream.
 
     Raises SSEProtocolError for anything that is not a JSON object with ``choices``, ``usage`` or
-    ``error``.
+    ``error``, or whose fields have the wrong types.
     """
     try:
         obj = _loads(payload)
@@ -220,12 +256,53 @@ def parse_chunk(payload: bytes) -> Chunk:
         raise SSEProtocolError(f"invalid JSON in SSE data: {str(exc)[:120]}") from None
     if type(obj) is not dict:
         raise SSEProtocolError(f"SSE data is a JSON {type(obj).__name__}, expected an object")
-    err = obj.get("error")
+    get = obj.get
+    choices = get("choices")
+    if type(choices) is list and len(choices) == 1 and "error" not in obj:
+        # one choice whose text is plain: most chunks of most streams, read without the general walk
+        # below (``chunk_from_object``, which gives the same Chunk for them)
+        choice = choices[0]
+        if type(choice) is dict:
+            delta = choice.get("delta")
+            text = (
+                choice.get("text")
+                if delta is None
+                else delta.get("content")
+                if type(delta) is dict and len(delta) == 1
+                else None
+            )
+            if type(text) is str and text:
+                usage = get("usage")
+                if usage is None or (type(usage) is dict and not usage):
+                    prompt = completion = None
+                elif type(usage) is dict:
+                    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+                    if not (_count(prompt) and _count(completion)):
+                        return chunk_from_object(obj)
+                else:
+                    return chunk_from_object(obj)
+                reason = choice.get("finish_reason")
+                model, fingerprint = get("model"), get("system_fingerprint")
+                return _chunk(Chunk, (text, 1, 1, reason, prompt, completion, model, fingerprint, None, None))
+    return chunk_from_object(obj)
+
+
+def chunk_from_object(obj: dict) -> Chunk:
+    """The Chunk of one decoded event object (the general walk: every choice, delta kind and error)."""
+    try:
+        return _walk(obj)
+    except (AttributeError, TypeError):  # a field of the wrong type (a delta that is a list, ...)
+        raise SSEProtocolError("SSE data has a field of an unexpected type: not an OpenAI completion chunk") from None
+
+
+def _walk(obj: dict) -> Chunk:
+    get = obj.get
+    err = get("error")
     if err is not None:
         message, code = _error_line(err)
-        return Chunk("", 0, 0, None, None, None, obj.get("model"), None, message, code)
-    choices = obj.get("choices")
-    usage = obj.get("usage")
+        return _chunk(Chunk, ("", 0, 0, None, None, None, get("model"), None, message, code))
+    choices = get("choices")
+    usage = get("usage")
     if choices is None and usage is None:
         raise SSEProtocolError("SSE data has neither choices nor usage: not an OpenAI completion chunk")
     text = ""
@@ -237,30 +314,10 @@ def parse_chunk(payload: bytes) -> Chunk:
         for choice in choices:
             if type(choice) is not dict:
                 raise SSEProtocolError("a choice is not an object")
-            delta = choice.get("delta")
-            if delta is not None:
-                piece = delta.get("content") or ""
-                if len(delta) == 1 and piece:  # content alone (the usual delta): nothing else to add
-                    text = text + piece if text else piece
-                    pieces += 1
-                    reason = choice.get("finish_reason")
-                    if reason is not None:
-                        finish = reason
-                    continue
-                refusal = delta.get("refusal")
-                if refusal:
-                    piece += refusal
-                reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-                if reasoning:
-                    piece = reasoning + piece
-                calls = delta.get("tool_calls")
-                if calls:
-                    for call in calls:
-                        fn = call.get("function") or {}
-                        piece += (fn.get("name") or "") + (fn.get("arguments") or "")
-            else:
-                piece = choice.get("text") or ""
+            piece = _choice_text(choice)
             if piece:
+                if type(piece) is not str:
+                    raise SSEProtocolError("a choice's text is not a string")
                 text = text + piece if text else piece
                 pieces += 1
             reason = choice.get("finish_reason")
@@ -270,15 +327,20 @@ def parse_chunk(payload: bytes) -> Chunk:
     if usage:
         prompt_tokens = usage.get("prompt_tokens")
         completion_tokens = usage.get("completion_tokens")
-    return Chunk(
-        text,
-        pieces,
-        len(choices) if choices else 0,
-        finish,
-        prompt_tokens,
-        completion_tokens,
-        obj.get("model"),
-        obj.get("system_fingerprint"),
-        None,
-        None,
+        if not (_count(prompt_tokens) and _count(completion_tokens)):
+            raise SSEProtocolError("usage token counts are not whole numbers")
+    return _chunk(
+        Chunk,
+        (
+            text,
+            pieces,
+            len(choices) if choices else 0,
+            finish,
+            prompt_tokens,
+            completion_tokens,
+            get("model"),
+            get("system_fingerprint"),
+            None,
+            None,
+        ),
     )

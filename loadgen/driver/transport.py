@@ -191,10 +191,23 @@ class _Dechunker:
         self._trailer = False
 
     def feed(self, data: bytes) -> bytes:
+        framing = self.framing
+        if framing == _CHUNKED and not (self._buf or self._chunk_left or self._need_crlf or self._trailer):
+            # between chunks, a read that is exactly one whole chunk (a token's event at token pace):
+            # its data at once; anything else (a size of 0, extensions, several or partial chunks, the
+            # end) takes the general path
+            eol = data.find(b"\r\n", 0, 64)
+            if eol > 0:
+                end = len(data) - 2
+                try:
+                    size = int(data[:eol], 16)
+                except ValueError:
+                    size = 0
+                if size > 0 and end - eol - 2 == size and data[end:] == b"\r\n" and not self.complete:
+                    return data[eol + 2 : end]
         if self.complete:
             self.leftover += data
             return b""
-        framing = self.framing
         if framing == _CHUNKED:
             return self._feed_chunked(data)
         if framing == _LENGTH:
@@ -256,6 +269,8 @@ class _Dechunker:
                 size = int(line.split(b";", 1)[0].strip(), 16)
             except ValueError:
                 raise httpx.RemoteProtocolError(f"malformed chunked encoding: bad chunk size {line[:20]!r}") from None
+            if size < 0:
+                raise httpx.RemoteProtocolError(f"malformed chunked encoding: bad chunk size {line[:20]!r}")
             if size == 0:
                 self._trailer = True
             else:

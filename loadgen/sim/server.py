@@ -830,5 +830,30 @@ def serve(
         get_tokenizer(tokenizer)  # fail fast on a bad spec, before listening
     logging.basicConfig(level=logging.WARNING, format="loadgen-sim: %(levelname)s %(message)s")
     timeouts = {"header_timeout_s": header_timeout_s, "idle_timeout_s": idle_timeout_s}
-    asyncio.run(_main(config, host, port, tokenizer, Path(fault_log) if fault_log else None, seed, timeouts))
+    with asyncio.Runner(loop_factory=_loop_factory(config)) as runner:
+        runner.run(_main(config, host, port, tokenizer, Path(fault_log) if fault_log else None, seed, timeouts))
     return 0
+
+
+def _loop_factory(config: EngineConfig):
+    """uvloop (when installed) for an engine that models no time (every cost term 0, no batching window):
+    it serves the same stream with less CPU per event, so the server is not what a client benchmark
+    measures. Otherwise asyncio's loop: uvloop's millisecond timers can fire a step up to half a
+    millisecond early, asyncio's never do, and the step loop's timing relies on that."""
+    cost = config.cost
+    timed = (
+        cost.fixed_ms
+        or cost.per_prefill_token_ms
+        or cost.per_decode_seq_ms
+        or cost.per_kv_token_ms
+        or cost.request_overhead_ms
+        or cost.step_jitter_ms
+        or config.batching.window_ms
+    )
+    if timed:
+        return None
+    try:
+        import uvloop  # optional: loaded only for an engine that models no time
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
