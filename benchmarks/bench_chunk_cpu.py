@@ -26,6 +26,7 @@ server and prints the driver's send-lag p50/p99 from the run manifest (the issue
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -33,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -262,11 +264,48 @@ def measure(server: str, url: str, work: Path, args) -> dict:
     }
 
 
-def _lag_runs(sim, work: Path, args) -> list[dict]:
+def host_gaps(seconds: float = 4.0) -> dict:
+    """The host's own stalls on this core: a process that only reads the clock, and the gaps it sees
+    (a VM's vCPU descheduled, an interrupt storm): a floor under any send-lag figure measured here."""
+    end = time.perf_counter_ns() + int(seconds * 1e9)
+    prev = time.perf_counter_ns()
+    gaps: list[int] = []
+    while prev < end:
+        now = time.perf_counter_ns()
+        if now - prev > 200_000:
+            gaps.append(now - prev)
+        prev = now
+    return {"over_1ms": sum(g > 1_000_000 for g in gaps), "longest_ms": max(gaps, default=0) / 1e6, "seconds": seconds}
+
+
+def _lag_runs(url: str, server_pid: int | None, work: Path, args) -> list[dict]:
     return [
-        send_lag(sim.base_url, work, args.lag_rate, args.lag_seconds, args.loadgen_path, sim.server.pid)
+        send_lag(url, work, args.lag_rate, args.lag_seconds, args.loadgen_path, server_pid)
         for _ in range(args.lag_repeats)
     ]
+
+
+@contextlib.contextmanager
+def canned_server():
+    """``benchmarks/canned_server.py`` (16-token streams) on the server CPUs of ``--pin``: (url, pid)."""
+    from loadgen import pinning
+
+    cpus = pinning.engine_cpus()
+    cmd = [sys.executable, str(REPO / "benchmarks" / "canned_server.py"), "--port", "0", "--tokens", "16"]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+    )
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        if not line.startswith("canned server on "):
+            raise RuntimeError(f"canned server did not start: {line!r}")
+        yield line.split()[-1], proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def _fmt(values: list[float]) -> str:
@@ -290,6 +329,13 @@ def main() -> int:
     ap.add_argument("--lag-rate", type=float, default=2500.0, help="req/s of the send-lag run (0: skip it)")
     ap.add_argument("--lag-seconds", type=float, default=4.0)
     ap.add_argument("--lag-repeats", type=int, default=3, help="send-lag runs (each its own process)")
+    ap.add_argument(
+        "--lag-server",
+        choices=["canned", "instant"],
+        default="canned",
+        help="the send-lag runs' server: canned (benchmarks/canned_server.py, the least server CPU per token: at "
+        "2,500 req/s the simulated server needs most of a core here and falls behind first) or the instant sim",
+    )
     ap.add_argument("--loadgen-path", type=Path, default=REPO, help="checkout whose loadgen runs (before/after)")
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--path-only", action="store_true", help="only the in-process per-chunk path figure")
@@ -321,11 +367,15 @@ def main() -> int:
                 engine.write_text(PACED_TOML.format(step_ms=args.step_ms))
             with launch_sim_server(engine) as sim:
                 results.append(measure(server, sim.base_url, work, args))
-                if server == "instant" and args.lag_rate:
-                    lags = _lag_runs(sim, work, args)
+                if server == "instant" and args.lag_rate and args.lag_server == "instant":
+                    lags = _lag_runs(sim.base_url, sim.server.pid, work, args)
         if not lags and args.lag_rate:
-            with launch_sim_server("instant") as sim:
-                lags = _lag_runs(sim, work, args)
+            if args.lag_server == "canned":
+                with canned_server() as (url, pid):
+                    lags = _lag_runs(url, pid, work, args)
+            else:
+                with launch_sim_server("instant") as sim:
+                    lags = _lag_runs(sim.base_url, sim.server.pid, work, args)
     print(
         f"marginal client CPU per received chunk (µs; ΔCPU / Δchunks between {args.small} and {args.large} requests of "
         f"{OUTPUT_TOKENS} tokens, concurrency {args.concurrency}; each repeat, then the median)"
@@ -343,8 +393,8 @@ def main() -> int:
     print("(reads/chunk: loadgen's network reads per event in its large run; ratio: the medians, the goal <= 0.5)")
     if lags:
         print(
-            f"send lag at {args.lag_rate:g} req/s × 16 tokens, {args.lag_seconds:g} s, open loop (goal p99 < 1 ms); "
-            "server: the simulated server's CPU over the run, in cores"
+            f"send lag at {args.lag_rate:g} req/s × 16 tokens, {args.lag_seconds:g} s, open loop, {args.lag_server} "
+            "server (goal p99 < 1 ms); server: its CPU over the run, in cores"
         )
         for lag in lags:
             print(
@@ -353,6 +403,11 @@ def main() -> int:
                 f"server {lag['server_share']:.2f}{' (saturated)' if lag['server_share'] >= 0.9 else ''}"
             )
         print(f"  median p99 {statistics.median(lag['p99_ms'] for lag in lags):.2f} ms over {len(lags)} runs")
+        gaps = host_gaps(args.lag_seconds)
+        print(
+            f"  host: a process that only reads the clock on this core saw {gaps['over_1ms']} gaps over 1 ms in "
+            f"{gaps['seconds']:g} s (longest {gaps['longest_ms']:.1f} ms): requests due in one are late by it"
+        )
     return 0
 
 

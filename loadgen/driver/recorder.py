@@ -1,16 +1,17 @@
 """The recorder: one writer task owns the run directory; request tasks hand it their rows.
 
-Request tasks call ``submit`` (synchronous, O(1), never blocks, safe in cancelled code): the row joins
-a list and the chunks' machine-integer arrays are appended to one batch. Every ``flush_interval_s``
-(1 s by default) the writer task swaps that pending batch for an empty one, on the event loop, and a
-writer thread turns it into Arrow tables and writes them as closed part files. So a run killed at any
-instant keeps every row submitted before its last flush. The conversion holds the GIL for a few
-milliseconds a second (Parquet encoding releases it); the driver's switch interval (0.5 ms) bounds
-what that costs a send that falls due meanwhile, where converting on the loop itself, even in gaps of
-the schedule, measured ~1 ms stalls. The writer thread also runs at a lower priority (Linux), so the
-event loop preempts it on a saturated core. A write error (disk full, I/O error) ends ``run`` with
-``RecordWriteError``, which stops the run. ``finish`` writes whatever is left, synchronously, so a
-cancelled or crashed run still records every row it produced.
+Request tasks call ``submit`` (synchronous, O(1), never blocks, safe in cancelled code): the row and its
+chunks' machine-integer arrays join a pending list. Every ``poll_s`` the writer task turns what is
+pending into Arrow tables on the event loop, at most ``SLICE_ROWS`` rows at a time with the loop free in
+between (a fraction of a millisecond each, so a send that falls due waits little), and every
+``flush_interval_s`` (1 s by default) a writer thread writes them as closed part files (Parquet encoding
+releases the GIL). Converting in a thread instead was measured: a thread that holds the GIL makes the
+event loop wait for it at every I/O callback (uvloop takes the GIL per callback), and the schedule fell
+20-70 ms behind at each flush. The writer thread also runs at a lower priority (Linux), so the event
+loop preempts it on a saturated core. So a run killed at any instant keeps every row converted before
+its last flush. A write error (disk full, I/O error) ends ``run`` with ``RecordWriteError``, which
+stops the run. ``finish`` converts and writes whatever is left, synchronously, so a cancelled or
+crashed run still records every row it produced.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -35,6 +37,8 @@ __all__ = ["ArrowRunWriter", "Recorder", "StreamChunks"]
 
 #: The writer thread runs at this nice value (Linux): on a saturated core the event loop preempts it.
 WRITER_NICE = 10
+#: Rows converted to Arrow in one go on the event loop (~0.1 ms fixed plus ~1.5 µs per row with its chunks).
+SLICE_ROWS = 200
 _REQUEST_NAMES = REQUESTS_SCHEMA.names
 
 
@@ -89,20 +93,6 @@ class _ChunkBatch:
         return pa.Table.from_arrays(columns, schema=CHUNKS_SCHEMA)
 
 
-class _Pending:
-    """What was submitted since the last swap: request rows, their chunks, server-metric columns."""
-
-    __slots__ = ("chunks", "metrics", "rows")
-
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-        self.chunks = _ChunkBatch()
-        self.metrics: list[dict[str, list[Any]]] = []
-
-    def __bool__(self) -> bool:
-        return bool(self.rows or self.metrics)
-
-
 class Recorder:
     """Feeds one ArrowRunWriter from many tasks; see module docstring."""
 
@@ -121,46 +111,67 @@ class Recorder:
         self.recorded_ids: set[str] = set()
         self.rows = 0
         self.chunks = 0
-        self._pending = _Pending()
+        self._items: list[tuple[dict[str, Any], StreamChunks | None]] = []  # submitted, not converted
+        self._req_tables: list[pa.Table] = []
+        self._chunk_tables: list[pa.Table] = []
+        self._metrics: list[dict[str, list[Any]]] = []
         self._writer_pool: ThreadPoolExecutor | None = None
 
     def submit(self, row: dict[str, Any], chunks: StreamChunks | None) -> None:
-        """Record one request row and its chunks (O(1): appended to the pending batch)."""
-        pending = self._pending
-        pending.rows.append(row)
-        request_id = row["request_id"]
-        self.recorded_ids.add(request_id)
+        """Record one request row and its chunks (O(1): appended to the pending list)."""
+        self._items.append((row, chunks))
+        self.recorded_ids.add(row["request_id"])
         self.rows += 1
         if chunks is not None:
-            pending.chunks.add(request_id, chunks)
             self.chunks += len(chunks.arrival_ns)
 
     def submit_metrics(self, columns: dict[str, list[Any]]) -> None:
         """Record server-metric sample columns."""
-        self._pending.metrics.append(columns)
+        self._metrics.append(columns)
+
+    def convert(self, limit: int | None = None) -> int:
+        """Turn pending rows (the first ``limit``, else all) into Arrow tables; returns how many."""
+        items = self._items
+        if limit is None or limit >= len(items):
+            self._items = []
+        else:
+            items, self._items = items[:limit], items[limit:]
+        if not items:
+            return 0
+        batch = _ChunkBatch()
+        for row, chunks in items:
+            if chunks is not None:
+                batch.add(row["request_id"], chunks)
+        self._req_tables.append(_requests_table([row for row, _ in items]))
+        if batch.ids:
+            self._chunk_tables.append(batch.table())
+        return len(items)
 
     @property
     def pending(self) -> bool:
-        return bool(self._pending)
+        return bool(self._items or self._req_tables or self._chunk_tables or self._metrics)
 
-    def _take(self) -> _Pending:
-        """The pending batch, replaced by an empty one (on the loop: nothing submitted is in neither)."""
-        taken, self._pending = self._pending, _Pending()
+    def _take(self) -> tuple[list[pa.Table], list[pa.Table], list[dict[str, list[Any]]]]:
+        """The converted tables and metric columns, handed over (on the loop)."""
+        taken = (self._req_tables, self._chunk_tables, self._metrics)
+        self._req_tables, self._chunk_tables, self._metrics = [], [], []
         return taken
 
-    def _write(self, taken: _Pending, progress: dict[str, Any]) -> None:
-        """Convert a taken batch and write it as part files (chunks first: a request row never reaches
-        disk without its chunks; see RunWriter.flush)."""
-        if taken.chunks.ids:
-            self.writer.add_chunk_table(taken.chunks.table())
-        for columns in taken.metrics:
+    def _write(self, taken: tuple[list[pa.Table], list[pa.Table], list[dict[str, list[Any]]]], progress) -> None:
+        """Write taken tables as part files (chunks first: a request row never reaches disk without its
+        chunks; see RunWriter.flush)."""
+        req_tables, chunk_tables, metrics = taken
+        if chunk_tables:
+            self.writer.add_chunk_table(pa.concat_tables(chunk_tables))
+        for columns in metrics:
             self.writer.add_metrics(columns)
-        if taken.rows:
-            self.writer.add_request_table(_requests_table(taken.rows))
+        if req_tables:
+            self.writer.add_request_table(pa.concat_tables(req_tables))
         self.writer.flush(progress)
 
     async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
-        """The writer task: every ``flush_interval_s``, the pending batch to the writer thread.
+        """The writer task: every ``poll_s`` convert what is pending, ``SLICE_ROWS`` at a time with the
+        loop free in between; every ``flush_interval_s`` write it in the writer thread.
 
         A flush also happens when nothing new arrived since the last one: rows never wait in memory for
         the next request to finish.
@@ -169,13 +180,15 @@ class Recorder:
         last_flush = time.monotonic()
         while True:
             await anyio.sleep(self.poll_s)
+            while self.convert(SLICE_ROWS) == SLICE_ROWS:
+                await anyio.lowlevel.checkpoint()  # a send that fell due goes before the next slice
             now = time.monotonic()
             if now - last_flush >= self.flush_interval_s and self.pending:
                 last_flush = now
-                progress = self.progress()  # on the loop, with the swap: what was submitted is what is written
+                progress = self.progress()  # on the loop, with the hand-over: what was recorded is what is written
                 await self._flush(self._take(), progress)
 
-    async def _flush(self, taken: _Pending, progress: dict[str, Any]) -> None:
+    async def _flush(self, taken, progress: dict[str, Any]) -> None:
         """``_write`` in the writer thread; waits for it to finish, also when cancelled meanwhile
         (``finish`` then waits for it too: the thread writes what it took, whatever happens here)."""
         if self._writer_pool is None:
@@ -184,11 +197,12 @@ class Recorder:
         await anyio.to_thread.run_sync(job.result)
 
     def finish(self) -> None:
-        """Write everything still pending (synchronous; the end of the run), after a write still running
-        in the writer thread (its task cancelled while it ran) has finished."""
+        """Convert and write everything still pending (synchronous; the end of the run), after a write
+        still running in the writer thread (its task cancelled while it ran) has finished."""
         if self._writer_pool is not None:
             self._writer_pool.shutdown(wait=True)
             self._writer_pool = None
+        self.convert()
         self._write(self._take(), self.progress())
 
 

@@ -1,0 +1,146 @@
+"""A canned OpenAI-style streaming server for client benchmarks: the least server CPU per streamed token.
+
+Every POST gets the same 200 response: ``--tokens`` completion events in vLLM's shape (per-chunk usage),
+a usage-only event and ``[DONE]``, chunked. Each event is its own write, one per stream per turn of the
+event loop (as an engine step emits one token to every running stream), so the client reads them at the
+pace a fast engine writes them. No engine, no tokenizer, no metrics: a client-side benchmark whose
+simulated server needs a whole core (``loadgen sim serve`` at thousands of requests a second) measures
+the server instead. Not a simulator: use ``loadgen sim serve`` for anything the answers mean.
+
+    python benchmarks/canned_server.py --port 18600 --tokens 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+
+
+def _events(tokens: int) -> list[bytes]:
+    out = []
+    for i in range(tokens):
+        finish = '"length"' if i == tokens - 1 else "null"
+        body = (
+            f'{{"id":"cmpl-canned","object":"text_completion","created":1764576000,"model":"loadgen-sim",'
+            f'"choices":[{{"index":0,"text":" w{i}","logprobs":null,"finish_reason":{finish},"stop_reason":null}}],'
+            f'"usage":{{"prompt_tokens":32,"total_tokens":{33 + i},"completion_tokens":{i + 1}}}}}'
+        )
+        out.append(body.encode())
+    out.append(
+        f'{{"id":"cmpl-canned","object":"text_completion","created":1764576000,"model":"loadgen-sim","choices":[],'
+        f'"usage":{{"prompt_tokens":32,"total_tokens":{32 + tokens},"completion_tokens":{tokens}}}}}'.encode()
+    )
+    out.append(b"[DONE]")
+    framed = []
+    for payload in out:
+        event = b"data: " + payload + b"\n\n"
+        framed.append(b"%x\r\n%s\r\n" % (len(event), event))
+    framed[-1] += b"0\r\n\r\n"
+    return framed
+
+
+HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+    b"transfer-encoding: chunked\r\nconnection: keep-alive\r\n\r\n"
+)
+
+
+class _Conn(asyncio.Protocol):
+    def __init__(self, events: list[bytes]) -> None:
+        self.events = events
+        self.buf = b""
+        self.transport: asyncio.Transport | None = None
+        self.loop = asyncio.get_running_loop()
+        self.queue = 0  # requests received and not yet answered (pipelining is not used by clients here)
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buf[:end].lower()
+            length = 0
+            at = head.find(b"content-length:")
+            if at >= 0:
+                length = int(head[at + 15 : head.find(b"\r\n", at) if head.find(b"\r\n", at) >= 0 else None])
+            if len(self.buf) < end + 4 + length:
+                return
+            self.buf = self.buf[end + 4 + length :]
+            if not head.startswith(b"post"):  # probes (/version, /v1/models): a small JSON answer
+                self._answer(head)
+                continue
+            self.queue += 1
+            if self.queue == 1:
+                self._start()
+
+    def _answer(self, head: bytes) -> None:
+        path = head.split(b" ", 2)[1] if head.count(b" ") >= 2 else b"/"
+        if path.startswith(b"/v1/models"):
+            body = b'{"object":"list","data":[{"id":"loadgen-sim","object":"model"}]}'
+        elif path.startswith(b"/version"):
+            body = b'{"version":"canned"}'
+        else:
+            body = b""
+        status = b"200 OK" if body else b"404 Not Found"
+        if self.transport is not None:
+            self.transport.write(
+                b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                % (status, len(body), body)
+            )
+
+    def _start(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(HEAD)
+            self.loop.call_soon(self._next, 0)
+
+    def _next(self, k: int) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        transport.write(self.events[k])
+        if k + 1 < len(self.events):
+            self.loop.call_soon(self._next, k + 1)  # the next token one loop turn later
+            return
+        self.queue -= 1
+        if self.queue:
+            self._start()
+
+    def connection_lost(self, exc) -> None:
+        self.transport = None
+
+
+async def serve(host: str, port: int, tokens: int) -> None:
+    loop = asyncio.get_running_loop()
+    events = _events(tokens)
+    server = await loop.create_server(lambda: _Conn(events), host, port, backlog=4096)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"canned server on http://{host}:{server.sockets[0].getsockname()[1]}", flush=True)
+    async with server:
+        await stop.wait()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--tokens", type=int, default=16)
+    args = ap.parse_args()
+    try:
+        import uvloop  # optional: less server CPU per write
+
+        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    except ImportError:
+        runner = asyncio.Runner()
+    with runner:
+        runner.run(serve(args.host, args.port, args.tokens))
+
+
+if __name__ == "__main__":
+    main()
