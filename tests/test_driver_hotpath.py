@@ -95,6 +95,8 @@ def test_hostile_field_types_are_malformed_sse_not_a_crash():
         {"choices": [{"delta": {"tool_calls": ["x"]}}]},
         {"choices": [{"text": "a"}], "usage": {"completion_tokens": "5"}},
         {"choices": [], "usage": {"prompt_tokens": 1.5}},
+        {"choices": [{"text": "a"}], "usage": {"completion_tokens": 10**30}},
+        {"choices": [{"text": "a"}], "usage": {"completion_tokens": -1}},
     ):
         with pytest.raises(SSEProtocolError):
             parse_chunk(json.dumps(obj).encode())

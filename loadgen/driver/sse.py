@@ -218,8 +218,8 @@ _chunk = tuple.__new__  # Chunk(...) without the generated __new__ (the hot path
 
 
 def _count(value: object) -> bool:
-    """A usage count the stream may carry: absent (None) or a whole number (not a bool)."""
-    return value is None or type(value) is int
+    """A usage count the stream may carry: absent (None) or a whole number (not a bool) in 0 .. 2^31-1."""
+    return value is None or (type(value) is int and 0 <= value < 1 << 31)
 
 
 def _choice_text(choice: dict) -> str:
@@ -328,7 +328,7 @@ def _walk(obj: dict) -> Chunk:
         prompt_tokens = usage.get("prompt_tokens")
         completion_tokens = usage.get("completion_tokens")
         if not (_count(prompt_tokens) and _count(completion_tokens)):
-            raise SSEProtocolError("usage token counts are not whole numbers")
+            raise SSEProtocolError("usage token counts are not whole numbers in 0 .. 2^31-1")
     return _chunk(
         Chunk,
         (
