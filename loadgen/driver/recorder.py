@@ -7,17 +7,15 @@ between (a fraction of a millisecond each, so a send that falls due waits little
 ``flush_interval_s`` (1 s by default) a writer thread writes them as closed part files (Parquet encoding
 releases the GIL). Converting in a thread instead was measured: a thread that holds the GIL makes the
 event loop wait for it at every I/O callback (uvloop takes the GIL per callback), and the schedule fell
-20-70 ms behind at each flush. The writer thread also runs at a lower priority (Linux), so the event
-loop preempts it on a saturated core. So a run killed at any instant keeps every row converted before
-its last flush. A write error (disk full, I/O error) ends ``run`` with ``RecordWriteError``, which
+20-70 ms behind at each flush. Nor does the writer thread run at a lower priority: a thread that the OS
+holds back while it holds the GIL holds the loop back too. So a run killed at any instant keeps every
+row converted before its last flush. A write error (disk full, I/O error) ends ``run`` with ``RecordWriteError``, which
 stops the run. ``finish`` converts and writes whatever is left, synchronously, so a cancelled or
 crashed run still records every row it produced.
 """
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 import typing
 from array import array
@@ -35,8 +33,6 @@ from ..rundir import RunWriter
 
 __all__ = ["ArrowRunWriter", "Recorder", "StreamChunks"]
 
-#: The writer thread runs at this nice value (Linux): on a saturated core the event loop preempts it.
-WRITER_NICE = 10
 #: Rows converted to Arrow in one go on the event loop (measured ~0.16 ms plus ~2.3 µs per row with its chunks).
 SLICE_ROWS = 200
 _REQUEST_NAMES = REQUESTS_SCHEMA.names
@@ -192,7 +188,7 @@ class Recorder:
         """``_write`` in the writer thread; waits for it to finish, also when cancelled meanwhile
         (``finish`` then waits for it too: the thread writes what it took, whatever happens here)."""
         if self._writer_pool is None:
-            self._writer_pool = ThreadPoolExecutor(1, "loadgen-writer", initializer=_lower_priority)
+            self._writer_pool = ThreadPoolExecutor(1, "loadgen-writer")
         job = self._writer_pool.submit(self._write, taken, progress)
         await anyio.to_thread.run_sync(job.result)
 
@@ -204,14 +200,6 @@ class Recorder:
             self._writer_pool = None
         self.convert()
         self._write(self._take(), self.progress())
-
-
-def _lower_priority() -> None:
-    """Run this thread at WRITER_NICE (Linux threads have their own nice value; elsewhere: no change)."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
-    except (AttributeError, OSError):
-        pass
 
 
 def warm_up_arrow() -> None:
