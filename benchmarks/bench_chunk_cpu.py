@@ -44,6 +44,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bench_driver import PROMPT_TOKENS, make_tokenizer_dir, poisson_trace
+from canned_server import vllm_event
 
 from loadgen.records import TRACE_SCHEMA
 from loadgen.targets import launch_sim_server
@@ -147,17 +148,6 @@ def send_lag(url: str, work: Path, rate: float, seconds: float, loadgen_path: Pa
     }
 
 
-def _vllm_event(i: int, last: bool) -> bytes:
-    """One event as vLLM's OpenAI completions stream sends it (with continuous usage stats)."""
-    usage = f'{{"prompt_tokens":32,"total_tokens":{33 + i},"completion_tokens":{i + 1}}}'
-    finish = '"length"' if last else "null"
-    return (
-        f'data: {{"id":"cmpl-8d1f0c2b6a4e4f0b9d3c","object":"text_completion","created":1764576000,'
-        f'"model":"loadgen-sim","choices":[{{"index":0,"text":" w{i}","logprobs":null,"finish_reason":{finish},'
-        f'"stop_reason":null}}],"usage":{usage}}}\n\n'
-    ).encode()
-
-
 def per_chunk_path(streams: int) -> float:
     """CPU µs per chunk of the driver's per-read path alone (``StreamState.feed``: SSE split, JSON parse,
     token count, timestamps kept), one network read per chunk as at token pace; in this process."""
@@ -167,7 +157,7 @@ def per_chunk_path(streams: int) -> float:
     from loadgen.driver.client import StreamState
     from loadgen.driver.sse import DEFAULT_MAX_LINE_BYTES
 
-    reads = [_vllm_event(i, i == OUTPUT_TOKENS - 1) for i in range(OUTPUT_TOKENS)] + [b"data: [DONE]\n\n"]
+    reads = [vllm_event(i, i == OUTPUT_TOKENS - 1) for i in range(OUTPUT_TOKENS)] + [b"data: [DONE]\n\n"]
     ctx = SimpleNamespace(
         anchor_ns=0, max_sse_line_bytes=DEFAULT_MAX_LINE_BYTES, retain_completion_text=False, tokens_in=len
     )

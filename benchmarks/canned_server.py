@@ -17,25 +17,27 @@ import asyncio
 import signal
 
 
+def vllm_event(i: int, last: bool) -> bytes:
+    """Token ``i``'s SSE event as vLLM's completions stream sends it (continuous usage stats)."""
+    usage = f'{{"prompt_tokens":32,"total_tokens":{33 + i},"completion_tokens":{i + 1}}}'
+    finish = '"length"' if last else "null"
+    return (
+        f'data: {{"id":"cmpl-8d1f0c2b6a4e4f0b9d3c","object":"text_completion","created":1764576000,'
+        f'"model":"loadgen-sim","choices":[{{"index":0,"text":" w{i}","logprobs":null,"finish_reason":{finish},'
+        f'"stop_reason":null}}],"usage":{usage}}}\n\n'
+    ).encode()
+
+
 def _events(tokens: int) -> list[bytes]:
-    out = []
-    for i in range(tokens):
-        finish = '"length"' if i == tokens - 1 else "null"
-        body = (
-            f'{{"id":"cmpl-canned","object":"text_completion","created":1764576000,"model":"loadgen-sim",'
-            f'"choices":[{{"index":0,"text":" w{i}","logprobs":null,"finish_reason":{finish},"stop_reason":null}}],'
-            f'"usage":{{"prompt_tokens":32,"total_tokens":{33 + i},"completion_tokens":{i + 1}}}}}'
-        )
-        out.append(body.encode())
-    out.append(
-        f'{{"id":"cmpl-canned","object":"text_completion","created":1764576000,"model":"loadgen-sim","choices":[],'
-        f'"usage":{{"prompt_tokens":32,"total_tokens":{32 + tokens},"completion_tokens":{tokens}}}}}'.encode()
+    """The whole stream, one HTTP chunk per event: the tokens, a usage-only event, [DONE], the last chunk."""
+    usage = f'{{"prompt_tokens":32,"total_tokens":{32 + tokens},"completion_tokens":{tokens}}}'
+    events = [vllm_event(i, i == tokens - 1) for i in range(tokens)]
+    events.append(
+        f'data: {{"id":"cmpl-8d1f0c2b6a4e4f0b9d3c","object":"text_completion","created":1764576000,'
+        f'"model":"loadgen-sim","choices":[],"usage":{usage}}}\n\n'.encode()
     )
-    out.append(b"[DONE]")
-    framed = []
-    for payload in out:
-        event = b"data: " + payload + b"\n\n"
-        framed.append(b"%x\r\n%s\r\n" % (len(event), event))
+    events.append(b"data: [DONE]\n\n")
+    framed = [b"%x\r\n%s\r\n" % (len(event), event) for event in events]
     framed[-1] += b"0\r\n\r\n"
     return framed
 
