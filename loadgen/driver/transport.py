@@ -192,7 +192,9 @@ class _Dechunker:
 
     def feed(self, data: bytes) -> bytes:
         framing = self.framing
-        if framing == _CHUNKED and not (self._buf or self._chunk_left or self._need_crlf or self._trailer):
+        if framing == _CHUNKED and not (
+            self.complete or self._buf or self._chunk_left or self._need_crlf or self._trailer
+        ):
             # between chunks, a read that is exactly one whole chunk (a token's event at token pace):
             # its data at once; anything else (a size of 0, extensions, several or partial chunks, the
             # end) takes the general path
@@ -203,7 +205,7 @@ class _Dechunker:
                     size = int(data[:eol], 16)
                 except ValueError:
                     size = 0
-                if size > 0 and end - eol - 2 == size and data[end:] == b"\r\n" and not self.complete:
+                if size > 0 and end - eol - 2 == size and data[end:] == b"\r\n":
                     return data[eol + 2 : end]
         if self.complete:
             self.leftover += data
