@@ -164,7 +164,11 @@ class RunWriter:
         """Merge what was learnt during the run (the anchor ...); ``write``: on disk now, too."""
         self.manifest = merge_manifest(self.manifest, updates)
         if write:
-            self._io(self.write_manifest)
+            self.save_manifest()
+
+    def save_manifest(self) -> None:
+        """``write_manifest`` now; a failure marks the writer broken (no more record writes) and is raised."""
+        self._io(self.write_manifest)
 
     # ---- rows ---------------------------------------------------------------------------------------
     def _check_statuses(self, statuses: pa.ChunkedArray) -> None:

@@ -184,12 +184,21 @@ class Recorder:
                 progress = self.progress()  # on the loop, with the hand-over: what was recorded is what is written
                 await self._flush(self._take(), progress)
 
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._writer_pool is None:
+            self._writer_pool = ThreadPoolExecutor(1, "loadgen-writer")
+        return self._writer_pool
+
+    def write_manifest_soon(self) -> None:
+        """The manifest as it stands now, written in the writer thread ahead of any later flush; the loop does
+        not wait (a synced write can outlast the run's lead time on a busy disk). A failure marks the writer
+        broken, so the next flush or ``finish`` raises it."""
+        self._pool().submit(self.writer.save_manifest)
+
     async def _flush(self, taken, progress: dict[str, Any]) -> None:
         """``_write`` in the writer thread; waits for it to finish, also when cancelled meanwhile
         (``finish`` then waits for it too: the thread writes what it took, whatever happens here)."""
-        if self._writer_pool is None:
-            self._writer_pool = ThreadPoolExecutor(1, "loadgen-writer")
-        job = self._writer_pool.submit(self._write, taken, progress)
+        job = self._pool().submit(self._write, taken, progress)
         await anyio.to_thread.run_sync(job.result)
 
     def finish(self) -> None:

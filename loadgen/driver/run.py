@@ -537,9 +537,11 @@ async def _replay(
                 high = min(KEEP_IDLE_HIGH, int(concurrency or KEEP_IDLE_HIGH))
                 for origin in ctx.origins:
                     await outer.start(transport.keep_idle, origin, min(KEEP_IDLE_LOW, high), high)
-            # the anchor is taken only now: set-up (connections, files) is never inside a request's TTFT
-            _take_anchor(ctx, writer, await shard.start_gate() if shard is not None else None)
-            for index, scraper_client in scraper_clients:  # the first scrape (the baseline) falls in the lead time
+            # the anchor is taken only now: set-up (connections, files) is never inside a request's TTFT, and
+            # nothing after it waits for a disk or the target: the manifest is written in the writer thread, and
+            # the baseline scrape and GPU sample start in the lead time without holding the schedule back
+            _take_anchor(ctx, writer, recorder, await shard.start_gate() if shard is not None else None)
+            for index, scraper_client in scraper_clients:
                 scraper = MetricsScraper(
                     scraper_client,
                     "/metrics",
@@ -550,9 +552,9 @@ async def _replay(
                     labels={"target_index": str(index)} if ctx.router is not None else None,
                 )
                 scrapers.append(scraper)
-                await outer.start(scraper.run)
-            if gpu is not None:  # its first sample falls inside the lead time, too
-                await outer.start(gpu.run, ctx.anchor_ns, recorder.submit_metrics, options.scrape_interval_s)
+                outer.start_soon(scraper.run)
+            if gpu is not None:
+                outer.start_soon(gpu.run, ctx.anchor_ns, recorder.submit_metrics, options.scrape_interval_s)
             if progress is not None:
                 outer.start_soon(progress.run)
             with anyio.move_on_after(options.deadline_s if options.deadline_s else math.inf) as run_scope:
@@ -602,11 +604,12 @@ async def _replay(
         )
 
 
-def _take_anchor(ctx: RunContext, writer: RunWriter, anchor_ns: int | None = None) -> None:
+def _take_anchor(ctx: RunContext, writer: RunWriter, recorder: Recorder, anchor_ns: int | None = None) -> None:
     """The run's time origin: LEAD_NS from now, so starting the request tasks is not counted as lag
     (or ``anchor_ns``: a worker's shared start instant on this clock).
 
-    The manifest on disk gets it at once (a small write inside the lead time): a killed run keeps it.
+    The manifest on disk gets it at once, from the writer thread (a synced write that a busy disk can make
+    last longer than the lead time): a killed run keeps it.
     """
     now_ns = time.perf_counter_ns()
     ctx.anchor_ns = anchor_ns if anchor_ns is not None else now_ns + LEAD_NS
@@ -615,9 +618,9 @@ def _take_anchor(ctx: RunContext, writer: RunWriter, anchor_ns: int | None = Non
         {
             "started_utc": anchor_utc.isoformat(timespec="milliseconds"),
             "anchor": {"perf_counter_ns": ctx.anchor_ns, "utc": anchor_utc.isoformat(timespec="microseconds")},
-        },
-        write=True,
+        }
     )
+    recorder.write_manifest_soon()
 
 
 async def _warm_up(counter) -> None:
