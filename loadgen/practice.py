@@ -30,7 +30,8 @@ import httpx
 import pyarrow.compute as pc
 
 from . import presets
-from .calibration.calibrate import EngineLimits, engine_limits
+from .analysis.budgets import SEND_LAG_BOUND_MS, client_lag_line
+from .calibration.calibrate import EngineLimits, engine_limits, send_lag_p99_ms
 from .calibration.validate import QUANTITIES, FidelityRow, predict_beside, with_engine_limits
 from .engines.vllm import VllmConfig, make_model_dir, shipped_model_path
 from .errors import LoadgenError, PlanError
@@ -60,6 +61,9 @@ SIM_CANDIDATES = ("interactive-small-batch", "throughput-large-batch")
 DEFAULT_MODEL_CONFIG = "llama-3.1-8b"
 #: The engine TOML whose cost terms predict the real-vLLM candidates (each under its own scheduler limits).
 DEFAULT_PREDICTOR = "interactive-small-batch"
+#: How often a candidate is measured, each time launched fresh, while its client falls behind its schedule (a busy
+#: host); the last attempt stands, and the comparison shows it as unmeasured if it fell behind too.
+MEASURE_ATTEMPTS = 3
 
 #: Who owns what (the seed's division of authority), printed with every decision.
 OWNERSHIP = {
@@ -70,6 +74,10 @@ OWNERSHIP = {
     "kernel_specialists": "own low-level optimisation (attention/GEMM kernels, batching internals); when p99 TTFT or "
     "memory fails they get a reproducible handoff (loadgen handoff), not a prescribed kernel rewrite",
 }
+
+
+#: Measures one candidate into (run directory, warm-up directory): launch, warm-up, measured run, contract.
+MeasureOnce = Callable[[Path, Path], None]
 
 
 @dataclass
@@ -164,6 +172,29 @@ def _warm_and_run(
     )
 
 
+@dataclass
+class _Attempts:
+    """Each candidate measured until its client kept the schedule (``MEASURE_ATTEMPTS`` at most); every attempt's
+    directories stay on disk, and the discarded ones are listed with the reason."""
+
+    out_dir: Path
+    say: Callable[[str], None]
+    max_send_lag_ms: float = SEND_LAG_BOUND_MS
+    discarded: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def measure(self, label: str, once: MeasureOnce) -> Path:
+        for attempt in range(1, MEASURE_ATTEMPTS + 1):
+            name = label if attempt == 1 else f"{label}-attempt{attempt}"
+            run_dir = self.out_dir / name
+            once(run_dir, self.out_dir / f"{name}-warmup")
+            why = client_lag_line(send_lag_p99_ms(run_dir), self.max_send_lag_ms)
+            if why is None or attempt == MEASURE_ATTEMPTS:
+                return run_dir
+            self.discarded.setdefault(label, []).append({"run_dir": str(run_dir), "why": why})
+            self.say(f"practice: {label}: measuring again, launched fresh (attempt {attempt + 1}): {why}")
+        raise AssertionError("unreachable")
+
+
 def run_practice(
     out: str | Path | None = None,
     *,
@@ -182,10 +213,13 @@ def run_practice(
     workers: int = 1,
     predict_with: str | Path = DEFAULT_PREDICTOR,
     vllm_args: tuple[str, ...] = (),
+    max_send_lag_ms: float = SEND_LAG_BOUND_MS,
 ) -> PracticeResult:
     """Run the practice (see the module docstring); returns the decision and writes ``out``/decision.json.
 
     ``vllm_args``: extra flags for both launched vLLM configurations (``engine="vllm"``), e.g. ``--enforce-eager``.
+    ``max_send_lag_ms``: a measured run whose client send-lag p99 exceeds it is measured again, launched fresh
+    (``MEASURE_ATTEMPTS`` in all); the comparison shows a candidate whose last attempt exceeds it as unmeasured.
     """
     say = log or (lambda _m: None)
     predictor = load_engine_config(predict_with) if engine == "vllm" and not targets else None  # before any work
@@ -205,6 +239,7 @@ def run_practice(
     ledger_data: dict[str, Any] = {}
     contract_ref = None
     prediction: dict[str, Any] | None = None
+    attempts = _Attempts(out_dir, say, max_send_lag_ms)
     t0 = time.monotonic()
 
     def contract_for(label: str, url: str, served: str | None, run_dir: Path) -> None:
@@ -221,49 +256,55 @@ def run_practice(
             raise PlanError(f"practice --target: got {len(targets)} URL(s): expected two (one per candidate)")
         for i, url in enumerate(targets):
             label = f"candidate-{chr(ord('a') + i)}"
-            run_dir = out_dir / label
             say(f"practice: {label}: warm-up then the burst trace against {url}")
-            with UrlTarget(url, model, api_key_env) as target:
-                _warm_and_run(
-                    target,
-                    trace_path,
-                    scenario_path,
-                    run_dir,
-                    out_dir / f"{label}-warmup",
-                    label,
-                    "target not launched by loadgen: its load/compile state is whatever it was",
-                    workers,
-                )
-            contract_for(label, url, model, run_dir)
-            run_dirs[label] = run_dir
+
+            def on_url(run_dir: Path, warm_dir: Path, label: str = label, url: str = url) -> None:
+                with UrlTarget(url, model, api_key_env) as target:
+                    _warm_and_run(
+                        target,
+                        trace_path,
+                        scenario_path,
+                        run_dir,
+                        warm_dir,
+                        label,
+                        "target not launched by loadgen: its load/compile state is whatever it was",
+                        workers,
+                    )
+                contract_for(label, url, model, run_dir)
+
+            run_dirs[label] = attempts.measure(label, on_url)
     elif engine == "vllm" and predictor is not None:
         run_dirs, ledgers, ledger_data, limits = _run_vllm(
-            out_dir, trace_path, scenario_path, scen, say, contract_for, workers, vllm_args
+            out_dir, trace_path, scenario_path, scen, say, contract_for, attempts, workers, vllm_args
         )
         prediction = _predict(predictor, limits, run_dirs, trace_path, scen, out_dir, say)
     elif engine == "sim":
         configs.extend(load_engine_config(c) for c in candidates)
         ledgers, ledger_data = _ledgers(model_config, configs, scen)
         for cfg, name in zip(configs, candidates):
-            run_dir = out_dir / cfg.name
-            with SimServerTarget(name, out_dir) as sim:
-                pid, url = sim.server.pid, sim.url or ""
-                say(f"practice: {cfg.name}: sim server pid {pid} on {url}; warm-up, then {trace_path.name}")
-                _warm_and_run(
-                    sim,
-                    trace_path,
-                    scenario_path,
-                    run_dir,
-                    out_dir / f"{cfg.name}-warmup",
-                    cfg.name,
-                    f"sim server launched fresh by loadgen (pid {pid}): empty KV and prefix cache",
-                    workers,
-                )
-                contract_for(cfg.name, url, cfg.model, run_dir)
-            run_dirs[cfg.name] = run_dir
+
+            def on_sim(run_dir: Path, warm_dir: Path, cfg: EngineConfig = cfg, name: str = name) -> None:
+                with SimServerTarget(name, out_dir / f"{run_dir.name}-server") as sim:
+                    pid, url = sim.server.pid, sim.url or ""
+                    say(f"practice: {cfg.name}: sim server pid {pid} on {url}; warm-up, then {trace_path.name}")
+                    _warm_and_run(
+                        sim,
+                        trace_path,
+                        scenario_path,
+                        run_dir,
+                        warm_dir,
+                        cfg.name,
+                        f"sim server launched fresh by loadgen (pid {pid}): empty KV and prefix cache",
+                        workers,
+                    )
+                    contract_for(cfg.name, url, cfg.model, run_dir)
+
+            run_dirs[cfg.name] = attempts.measure(cfg.name, on_sim)
     else:
         raise PlanError(f"practice --engine {engine!r}: expected 'sim' or 'vllm'")
-    comparison = compare_candidates([run_dirs[k] for k in run_dirs], route=route, prices=prices)
+    comparison = compare_candidates(
+        [run_dirs[k] for k in run_dirs], route=route, prices=prices, max_send_lag_ms=max_send_lag_ms
+    )
     cdict = comparison.to_dict()
     decision = {
         "kind": "loadgen.practice",
@@ -276,6 +317,7 @@ def run_practice(
         "workload": _workload(scen, trace_path),
         "ledger": ledger_data or {"note": "not computed: real engines report their own KV cache (see engine_notes)"},
         "candidates": {k: str(v) for k, v in run_dirs.items()},
+        "discarded_runs": attempts.discarded,
         "comparison": cdict,
         "decision": cdict["decision"],
         "ownership": OWNERSHIP,
@@ -331,6 +373,7 @@ def _run_vllm(
     scen: Scenario,
     say: Callable[[str], None],
     contract_for: Callable[..., None],
+    attempts: _Attempts,
     workers: int = 1,
     vllm_args: tuple[str, ...] = (),
 ) -> tuple[dict[str, Path], dict[str, str], dict[str, Any], dict[str, EngineLimits | str]]:
@@ -366,22 +409,24 @@ def _run_vllm(
             extra_args=list(vllm_args),
             **knobs,
         )
-        run_dir = out_dir / label
-        with VllmTarget(cfg, out_dir / f"{label}-logs", model="loadgen-practice") as target:
-            say(f"practice: {label}: vLLM healthy after {target.ready_s or 0:.0f} s on {target.url}")
-            _warm_and_run(
-                target,
-                trace_path,
-                scenario_path,
-                run_dir,
-                out_dir / f"{label}-warmup",
-                label,
-                f"vLLM launched fresh by loadgen ({label}); ready in {target.ready_s or 0:.0f} s",
-                workers,
-            )
-            contract_for(label, target.url or "", "loadgen-practice", run_dir)
-            limits[label] = _live_limits(target)
-        run_dirs[label] = run_dir
+
+        def on_vllm(run_dir: Path, warm_dir: Path, cfg: VllmConfig = cfg, label: str = label) -> None:
+            with VllmTarget(cfg, out_dir / f"{run_dir.name}-logs", model="loadgen-practice") as target:
+                say(f"practice: {label}: vLLM healthy after {target.ready_s or 0:.0f} s on {target.url}")
+                _warm_and_run(
+                    target,
+                    trace_path,
+                    scenario_path,
+                    run_dir,
+                    warm_dir,
+                    label,
+                    f"vLLM launched fresh by loadgen ({label}); ready in {target.ready_s or 0:.0f} s",
+                    workers,
+                )
+                contract_for(label, target.url or "", "loadgen-practice", run_dir)
+                limits[label] = _live_limits(target)
+
+        run_dirs[label] = attempts.measure(label, on_vllm)
     return run_dirs, ledgers, ledger_data, limits
 
 
@@ -460,6 +505,11 @@ def format_practice(result: PracticeResult) -> str:
     for unsure in dec.get("inconclusive", []):
         for why in unsure["why"]:
             lines.append(f"  {unsure['label']}: {why}")
+    for unmeasured in dec.get("unmeasured", []):
+        lines.append(f"  unmeasured: {unmeasured['label']}: {unmeasured['why'][0]}")
+    for label, runs in d.get("discarded_runs", {}).items():
+        for run in runs:
+            lines.append(f"  measured again: {label}: {run['run_dir']} discarded: {run['why']}")
     lines.append("")
     lines.append("WORKLOAD (owned by LLM engineering)")
     lines.append(

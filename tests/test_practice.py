@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.cli import main
-from loadgen.practice import OWNERSHIP, format_practice, run_practice
+from loadgen.practice import MEASURE_ATTEMPTS, OWNERSHIP, format_practice, run_practice
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,19 +25,31 @@ def test_practice_rejects_the_large_batch_on_p99_ttft(tmp_path: Path) -> None:
     comp = decision["comparison"]
     by = {c["label"]: c for c in comp["candidates"]}
     large, small = by["throughput-large-batch"], by["interactive-small-batch"]
-    assert large["rejected_at"] == "hard budgets"
-    breaches = [b for b in large["breaches"] if b["metric"] == "ttft_ms" and b["percentile"] == "p99"]
-    assert breaches and all(b["observed"] > b["limit"] and b["n"] > 0 for b in breaches)
-    # the rejection is conclusive: the whole 95% interval of each p99 TTFT breach lies above its limit
-    assert all(b["outcome"] == "fail" and b["ci"][0] > b["limit"] for b in breaches)
-    # a short window cannot show the small batch's p99s pass (an upper bound needs 299 samples): it is not
-    # rejected, and says how many more requests would decide it
-    assert small["verdict"] == "eligible" and not small["breaches"]
-    assert small["steps"][0]["result"] in ("passed", "inconclusive"), small["steps"][0]
-    if small["steps"][0]["result"] == "inconclusive":
-        assert any("more requests of class" in w for w in small["steps"][0]["why"])
-    if small["contract"]["status"] in ("passed", "not_configured"):
-        assert decision["decision"]["chosen"] == "interactive-small-batch"
+    # a host that stalls the client (send-lag p99 over 50 ms: a CI neighbour running real vLLM did, for 0.4-0.9 s)
+    # makes a run no evidence: the candidate is measured again, launched fresh, and only when every attempt
+    # stalled is it shown unmeasured, its budgets not judged (tests/test_client_lag.py checks that path)
+    for cand in (small, large):
+        discarded = decision["discarded_runs"].get(cand["label"], [])
+        assert all("the client fell behind its schedule" in r["why"] for r in discarded)
+        if cand["verdict"] == "unmeasured":
+            assert len(discarded) == MEASURE_ATTEMPTS - 1 and cand["rejected_at"] is None
+        else:
+            assert Path(cand["path"]).name == cand["label"] + (f"-attempt{len(discarded) + 1}" if discarded else "")
+    if large["verdict"] != "unmeasured":
+        assert large["rejected_at"] == "hard budgets"
+        breaches = [b for b in large["breaches"] if b["metric"] == "ttft_ms" and b["percentile"] == "p99"]
+        assert breaches and all(b["observed"] > b["limit"] and b["n"] > 0 for b in breaches)
+        # the rejection is conclusive: the whole 95% interval of each p99 TTFT breach lies above its limit
+        assert all(b["outcome"] == "fail" and b["ci"][0] > b["limit"] for b in breaches)
+    if small["verdict"] != "unmeasured":
+        # a short window cannot show the small batch's p99s pass (an upper bound needs 299 samples): it is not
+        # rejected, and says how many more requests would decide it
+        assert small["verdict"] == "eligible" and not small["breaches"]
+        assert small["steps"][0]["result"] in ("passed", "inconclusive"), small["steps"][0]
+        if small["steps"][0]["result"] == "inconclusive":
+            assert any("more requests of class" in w for w in small["steps"][0]["why"])
+        if small["contract"]["status"] in ("passed", "not_configured"):
+            assert decision["decision"]["chosen"] == "interactive-small-batch"
     # the headline-throughput configuration (more tokens per engine-busy second) is the one rejected
     assert decision["decision"]["headline_throughput"]["label"] == "throughput-large-batch"
     assert large["throughput"]["output_tok_per_engine_busy_s"] > small["throughput"]["output_tok_per_engine_busy_s"]

@@ -38,6 +38,7 @@ from .budgets import (
     FAILURE_POLICY,
     Check,
     budget_checks,
+    client_lag_line,
     error_share_check,
     request_limit,
 )
@@ -739,6 +740,8 @@ def _stop_info(run: _Run) -> dict[str, Any]:
 def _run_info(run: _Run) -> dict[str, Any]:
     m = run.manifest
     target = m.target
+    lag_p99 = (m.send_lag_ns or {}).get("p99")
+    lag_p99_ms = lag_p99 / 1e6 if lag_p99 is not None else None
     return {
         "run_kind": m.run_kind,
         "state": m.state,
@@ -756,6 +759,9 @@ def _run_info(run: _Run) -> dict[str, Any]:
         "source": m.source,
         "requests": run.n + run.not_due,
         "chunk_rows": run.gaps.rows,
+        # the client's own schedule-keeping (None: a run with no send lag, such as an imported one)
+        "send_lag_p99_ms": lag_p99_ms,
+        "client_fell_behind": client_lag_line(lag_p99_ms),
     }
 
 

@@ -20,6 +20,11 @@ above, **inconclusive** when it straddles the limit; an inconclusive check says 
 requests of its class would make it conclusive (``more_requests``). ``passed`` is the point
 estimate alone (observed <= limit). The error share gets a Wilson interval the same way.
 
+A run whose client fell behind its own schedule (send-lag p99 above ``SEND_LAG_BOUND_MS``) did not apply
+the load it was meant to, and every latency counted from the scheduled instant carries the client's
+error: ``client_lag_line`` says so, the report shows it beside the verdict, and a comparison judges no
+budget of such a run.
+
 Goodput counts ``ok`` requests meeting every *hard* budget: TTFT and E2E at or below the limit of
 the highest percentile the budget sets (p99 if set, else p95, else p50); for ITL at most the
 budget's tail share (1 − q) of the request's own gaps above that limit. Soft budgets only warn.
@@ -46,8 +51,10 @@ __all__ = [
     "BUDGET_METRICS",
     "FAILURE_POLICY",
     "OUTCOMES",
+    "SEND_LAG_BOUND_MS",
     "Check",
     "budget_checks",
+    "client_lag_line",
     "error_share_check",
     "request_limit",
 ]
@@ -57,6 +64,21 @@ OUTCOMES = ("pass", "fail", "inconclusive")
 
 #: Budgeted metrics (scenario ``budgets`` fields) in report order.
 BUDGET_METRICS = ("ttft_ms", "itl_ms", "e2e_ms")
+
+#: Above this client send-lag p99 (ms) a run did not apply its schedule (the plan's default stop, too).
+SEND_LAG_BOUND_MS = 50.0
+
+
+def client_lag_line(lag_p99_ms: float | None, bound_ms: float = SEND_LAG_BOUND_MS) -> str | None:
+    """Why a run is no evidence about its target (the client fell behind its schedule), or None when it kept it."""
+    if lag_p99_ms is None or lag_p99_ms <= bound_ms:
+        return None
+    return (
+        f"the client fell behind its schedule (send-lag p99 {lag_p99_ms:.1f} ms > {bound_ms:g} ms): the "
+        "load was not applied as scheduled and every latency counted from the scheduled instant carries the "
+        "client's error; rerun on a quieter host"
+    )
+
 
 FAILURE_POLICY = (
     "failed, timed-out, not-sent and unplanned-cancelled requests enter the TTFT and E2E budget samples "

@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from . import flags
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -18,6 +20,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--variable", help="the one manifest key allowed to differ (default: target.engine)")
     p.add_argument("--prices", help="price table TOML (see scenarios/prices.toml, an example)")
     p.add_argument("--allow-differences", action="store_true", help="compare even when more than the variable differs")
+    p.add_argument(
+        "--max-send-lag-ms",
+        type=flags.send_lag_ms,
+        default=None,
+        help="a candidate whose client send-lag p99 exceeds this is unmeasured, its budgets not judged (default 50)",
+    )
     p.add_argument("--json", action="store_true", help="print the comparison JSON")
     p.add_argument("--out", help="also write the comparison JSON to this file")
     p.set_defaults(func=_compare)
@@ -33,6 +41,7 @@ def _compare(args: argparse.Namespace) -> int:
         variable=args.variable,
         prices=args.prices,
         allow_differences=args.allow_differences,
+        **({} if args.max_send_lag_ms is None else {"max_send_lag_ms": args.max_send_lag_ms}),
     )
     data = comp.to_dict()
     if args.out:

@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable
 
 from ..inputs import header_problem, target_url_problem, without_userinfo
-from ..limits import MAX_CONCURRENCY, MAX_OFFSET_NS, MAX_SEED, MAX_TIMEOUT_S
+from ..limits import MAX_CONCURRENCY, MAX_OFFSET_NS, MAX_PARAM, MAX_SEED, MAX_TIMEOUT_S
 
 __all__ = [
     "DURATION",
@@ -24,6 +24,7 @@ __all__ = [
     "port",
     "seconds",
     "seed",
+    "send_lag_ms",
     "target_url",
 ]
 
@@ -65,6 +66,8 @@ def number(lo: float, hi: float, *, low_open: bool = False) -> Callable[[str], f
 seed = integer(0, MAX_SEED)
 #: A TCP port (0 = any free port).
 port = integer(0, 65535)
+#: A bound on the client's send-lag p99, in milliseconds (positive).
+send_lag_ms = number(0.0, MAX_PARAM, low_open=True)
 
 
 def count(lo: int = 1, hi: int = MAX_CONCURRENCY) -> Callable[[str], int]:

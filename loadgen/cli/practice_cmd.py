@@ -66,6 +66,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=1,
         help="spread each measured run over N worker processes (default 1)",
     )
+    p.add_argument(
+        "--max-send-lag-ms",
+        type=flags.send_lag_ms,
+        default=None,
+        help="measure a candidate again, launched fresh (3 attempts in all), while its client send-lag p99 exceeds "
+        "this; a last attempt over it is shown unmeasured (default 50)",
+    )
     p.set_defaults(func=_practice)
 
 
@@ -102,6 +109,7 @@ def _practice(args: argparse.Namespace) -> int:
         workers=args.workers,
         predict_with=args.predict_with or DEFAULT_PREDICTOR,
         vllm_args=tuple(args.vllm_arg),
+        **({} if args.max_send_lag_ms is None else {"max_send_lag_ms": args.max_send_lag_ms}),
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
     print(json.dumps(result.decision, indent=2, default=str) if args.json else format_practice(result))

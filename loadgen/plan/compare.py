@@ -6,7 +6,10 @@ comparison refuses with one line naming each differing key, unless ``allow_diffe
 route (``interactive`` = the scenario's streaming classes, ``all``, or class names), each candidate is
 judged in order:
 
-1. hard budgets: a conclusive breach (the 95% interval of the percentile, or the Wilson interval of
+1. hard budgets: a run whose client fell behind its schedule (send-lag p99 above ``SEND_LAG_BOUND_MS``, the
+   plan's bound) did not apply the load it was meant to, and every latency counted from the scheduled instant
+   carries the client's error: its budgets are not judged, and the candidate is "unmeasured" (neither chosen
+   nor rejected on budgets: rerun it on a quieter host). Otherwise a conclusive breach (the 95% interval of the percentile, or the Wilson interval of
    the error share, lies above the limit) rejects the candidate for the route, with class,
    percentile, measured value, interval, limit and sample count; a check whose interval straddles
    its limit rejects nothing but leaves the step inconclusive, saying "about N more requests of
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis import Analysis, analyze_run
+from ..analysis.budgets import SEND_LAG_BOUND_MS, client_lag_line
 from ..analysis.model import stop_sentence
 from ..analysis.whole_run import engine_busy_output_rate, whole_run_rates
 from ..errors import PlanError, RunDirError
@@ -52,8 +56,6 @@ __all__ = [
 ]
 
 DEFAULT_VARIABLE = "target.engine"
-#: Above this client send-lag p99 (ms) the comparison says the measurement is suspect (the plan's default bound).
-SEND_LAG_NOTE_MS = 50.0
 
 #: Manifest subtrees that define what was run; everything else (paths, ports, pids, times) may differ.
 IDENTITY_ROOTS = (
@@ -565,9 +567,14 @@ def needed_lines(inconclusive: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def _budget_step(j: dict[str, Any]) -> dict[str, Any]:
-    """Judgement step 1: a conclusive hard-budget breach on the route rejects (95% interval above the limit);
-    a check whose interval straddles its limit leaves the step inconclusive, with the requests it needs."""
+def _budget_step(j: dict[str, Any], max_send_lag_ms: float) -> dict[str, Any]:
+    """Judgement step 1: a run whose client fell behind is unmeasured; otherwise a conclusive hard-budget breach
+    on the route rejects (95% interval above the limit), and a check whose interval straddles its limit leaves
+    the step inconclusive, with the requests it needs."""
+    lagged = client_lag_line(j["context"]["measurement"]["send_lag_p99_ms"], max_send_lag_ms)
+    if lagged:
+        shown = [f"not judged: {b['reason']}" for b in j["breaches"]]
+        return {"step": "hard budgets", "result": "unmeasured", "why": [lagged, *shown]}
     if j["breaches"]:
         return {"step": "hard budgets", "result": "rejected", "why": [b["reason"] for b in j["breaches"]]}
     if j.get("inconclusive"):
@@ -629,38 +636,29 @@ def _cost(c: Candidate, tp: dict[str, Any], table: PriceTable | None) -> dict[st
     }
 
 
-def _judge_candidate(index: int, c: Candidate, route: str, table: PriceTable | None) -> dict[str, Any]:
+def _judge_candidate(
+    index: int, c: Candidate, route: str, table: PriceTable | None, max_send_lag_ms: float
+) -> dict[str, Any]:
     """One candidate through the judgement order: its steps, verdict, contract, cost, figures and context."""
     j = _judge_run(c, route) if c.kind == "run" else _judge_plan(c, route)
+    j["context"] = _context(c)
     contract_step, contract = _contract_step(c)
-    steps = [_budget_step(j), contract_step]
+    steps = [_budget_step(j, max_send_lag_ms), contract_step]
     rejected = any(s["result"] == "rejected" for s in steps)
+    unmeasured = steps[0]["result"] == "unmeasured"
     return {
         "index": index,
         "label": c.label,
         "path": str(c.path),
         "kind": c.kind,
-        "verdict": "rejected" if rejected else "eligible",
+        "verdict": "rejected" if rejected else "unmeasured" if unmeasured else "eligible",
         "budgets": steps[0]["result"],
         "rejected_at": next((s["step"] for s in steps if s["result"] == "rejected"), None),
         "steps": steps,
         "contract": contract,
         "cost": _cost(c, j["throughput"], table),
         **j,
-        "context": _context(c),
     }
-
-
-def _send_lag_notes(judged: list[dict[str, Any]]) -> list[str]:
-    notes = []
-    for j in judged:
-        lag = j["context"]["measurement"]["send_lag_p99_ms"]
-        if lag is not None and lag > SEND_LAG_NOTE_MS:
-            notes.append(
-                f"measurement: {j['label']} send-lag p99 {lag:.1f} ms > {SEND_LAG_NOTE_MS:g} ms: the client fell "
-                "behind its schedule (a busy host); its client-side numbers carry that error, rerun on a quieter host"
-            )
-    return notes
 
 
 def _rank_key(j: dict[str, Any]) -> tuple[int, float, float]:
@@ -721,6 +719,8 @@ def _decide(judged: list[dict[str, Any]], route: str) -> dict[str, Any]:
         if j["verdict"] == "eligible" and j.get("budgets") == "inconclusive"
     ]
     why += [f"{u['label']}: {line}" for u in unsure for line in u["why"]]
+    unmeasured = [{"label": j["label"], "why": j["steps"][0]["why"]} for j in judged if j["verdict"] == "unmeasured"]
+    why += [f"{u['label']}: unmeasured: {u['why'][0]}" for u in unmeasured]
     return {
         "route": route,
         "chosen": chosen["label"] if chosen else None,
@@ -735,6 +735,7 @@ def _decide(judged: list[dict[str, Any]], route: str) -> dict[str, Any]:
             if j["verdict"] == "rejected"
         ],
         "inconclusive": unsure,
+        "unmeasured": unmeasured,
         "headline_throughput": {
             "label": headline["label"],
             "value": _headline_rate(headline["throughput"])[0],
@@ -765,8 +766,13 @@ def compare_candidates(
     variable: str | None = None,
     prices: str | Path | PriceTable | None = None,
     allow_differences: bool = False,
+    max_send_lag_ms: float = SEND_LAG_BOUND_MS,
 ) -> Comparison:
-    """Load, check identity, judge in order, decide. Raises PlanError (one line) on a refused comparison."""
+    """Load, check identity, judge in order, decide. Raises PlanError (one line) on a refused comparison.
+
+    ``max_send_lag_ms``: a candidate whose client send-lag p99 exceeds it is unmeasured (its budgets not judged)."""
+    if not (max_send_lag_ms > 0 and math.isfinite(max_send_lag_ms)):
+        raise PlanError(f"compare: max send lag {max_send_lag_ms!r} ms: expected a positive number of milliseconds")
     if len(paths) < 2:
         raise PlanError(f"compare: got {len(paths)} candidate(s): expected at least two run or plan directories")
     variable = variable or DEFAULT_VARIABLE
@@ -776,8 +782,7 @@ def compare_candidates(
         raise PlanError("compare: candidates mix run directories and plan directories: expected all runs or all plans")
     covered, other, notes = _identity_notes(candidates, variable, allow_differences)
     table = load_prices(prices) if isinstance(prices, (str, Path)) else prices
-    judged = [_judge_candidate(index, c, route, table) for index, c in enumerate(candidates)]
-    notes += _send_lag_notes(judged)
+    judged = [_judge_candidate(index, c, route, table, max_send_lag_ms) for index, c in enumerate(candidates)]
     decision = _decide(judged, route)
     for j in judged:
         j["status_line"] = f"{j['label']}: {j['verdict']}" + (f" at {j['rejected_at']}" if j["rejected_at"] else "")

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ..analysis.budgets import SEND_LAG_BOUND_MS
 from ..errors import ScenarioError
 from ..limits import (
     MAX_CONCURRENCY,
@@ -67,7 +68,7 @@ class StartSpec(_Model):
 class StopLimits(_Model):
     """Declared limits: crossing one ends a direction (never "until the server crashes")."""
 
-    send_lag_p99_ms: float = Field(default=50.0, gt=0, le=MAX_PARAM)  # measurement corruption: the client fell behind
+    send_lag_p99_ms: float = Field(default=SEND_LAG_BOUND_MS, gt=0, le=MAX_PARAM)  # measurement corruption
     error_rate_limit: float | None = Field(default=None, ge=0, le=1)  # default: the scenario's errors.error_rate_limit
     server_failure_rate: float = Field(default=0.05, ge=0, le=1)  # connect/5xx/reset share → OOM or server failure
     invalid_output_rate: float = Field(default=0.01, ge=0, le=1)  # malformed/empty/truncated share
