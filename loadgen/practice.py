@@ -17,6 +17,7 @@ class, the predicted and measured figures and the error between them (as ``loadg
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 from collections.abc import Callable
@@ -222,6 +223,8 @@ def run_practice(
     (``MEASURE_ATTEMPTS`` in all); the comparison shows a candidate whose last attempt exceeds it as unmeasured.
     """
     say = log or (lambda _m: None)
+    if not (max_send_lag_ms > 0 and math.isfinite(max_send_lag_ms)):  # before any work
+        raise PlanError(f"practice: max send lag {max_send_lag_ms!r} ms: expected a positive number of milliseconds")
     predictor = load_engine_config(predict_with) if engine == "vllm" and not targets else None  # before any work
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(out) if out else Path("runs") / f"practice-{stamp}"

@@ -732,8 +732,10 @@ def _finish(
     cpu_s = time.process_time() - ctx.cpu_start_s
     write_error: BaseException | None = None
     try:
-        _record_missing(recorder, ctx, jobs, state != "complete" or deadline_hit, stop_abs, open_loop)
-        recorder.finish()
+        try:
+            _record_missing(recorder, ctx, jobs, state != "complete" or deadline_hit, stop_abs, open_loop)
+        finally:  # whatever it recorded, written; the writer thread drained before the final manifest
+            recorder.finish()
     except BaseException as exc:
         write_error = exc
         state = "failed"

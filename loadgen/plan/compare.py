@@ -9,11 +9,11 @@ judged in order:
 1. hard budgets: a run whose client fell behind its schedule (send-lag p99 above ``SEND_LAG_BOUND_MS``, the
    plan's bound) did not apply the load it was meant to, and every latency counted from the scheduled instant
    carries the client's error: its budgets are not judged, and the candidate is "unmeasured" (neither chosen
-   nor rejected on budgets: rerun it on a quieter host). Otherwise a conclusive breach (the 95% interval of the percentile, or the Wilson interval of
-   the error share, lies above the limit) rejects the candidate for the route, with class,
-   percentile, measured value, interval, limit and sample count; a check whose interval straddles
-   its limit rejects nothing but leaves the step inconclusive, saying "about N more requests of
-   class C are needed"; among eligible candidates those shown to pass rank first;
+   nor rejected on budgets: rerun it on a quieter host). Otherwise a conclusive breach (the 95% interval of
+   the percentile, or the Wilson interval of the error share, lies above the limit) rejects the candidate
+   for the route, with class, percentile, measured value, interval, limit and sample count; a check whose
+   interval straddles its limit rejects nothing but leaves the step inconclusive, saying "about N more
+   requests of class C are needed"; among eligible candidates those shown to pass rank first;
 2. behaviour contract: a failed (or, against the reference candidate, regressed) contract rejects
    before any throughput or cost is looked at; "not configured" / "not evaluated" are said, not hidden;
 3. throughput and cost: output tokens/s (over the run and at its peak second), requests/s, goodput and
