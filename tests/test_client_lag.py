@@ -96,6 +96,7 @@ def test_client_lag_line_bounds() -> None:
     line = client_lag_line(50.5)
     assert line and "send-lag p99 50.5 ms > 50 ms" in line
     assert client_lag_line(2.0, bound_ms=1.0) and client_lag_line(2.0, bound_ms=2.0) is None
+    assert "send-lag p99 0.020 ms > 0.001 ms" in (client_lag_line(0.02, bound_ms=0.001) or "")  # not "0.0 ms"
 
 
 def test_analyze_says_when_the_client_fell_behind(lagged_practice: dict, tmp_path: Path) -> None:

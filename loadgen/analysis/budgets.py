@@ -74,9 +74,9 @@ def client_lag_line(lag_p99_ms: float | None, bound_ms: float = SEND_LAG_BOUND_M
     if lag_p99_ms is None or lag_p99_ms <= bound_ms:
         return None
     return (
-        f"the client fell behind its schedule (send-lag p99 {lag_p99_ms:.1f} ms > {bound_ms:g} ms): the "
-        "load was not applied as scheduled and every latency counted from the scheduled instant carries the "
-        "client's error; rerun on a quieter host"
+        f"the client fell behind its schedule (send-lag p99 {lag_p99_ms:.{1 if lag_p99_ms >= 1 else 3}f} ms > "
+        f"{bound_ms:g} ms): the load was not applied as scheduled and every latency counted from the scheduled "
+        "instant carries the client's error; rerun on a quieter host"
     )
 
 
