@@ -276,6 +276,12 @@ class Manifest(BaseModel):
         return json.dumps(self.to_dict(), indent=indent, sort_keys=True, default=str)
 
     @property
+    def send_lag_p99_ms(self) -> float | None:
+        """The client's send-lag p99 in milliseconds (None: not recorded, e.g. an imported or simulated run)."""
+        p99 = (self.send_lag_ns or {}).get("p99")
+        return None if p99 is None else float(p99) / 1e6
+
+    @property
     def recorded_total(self) -> int:
         """Requests with a row (every status), as counted when the files closed."""
         return sum(self.status_counts.values())

@@ -17,7 +17,6 @@ class, the predicted and measured figures and the error between them (as ``loadg
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import time
 from collections.abc import Callable
@@ -32,15 +31,16 @@ import pyarrow.compute as pc
 
 from . import presets
 from .analysis.budgets import SEND_LAG_BOUND_MS, client_lag_line
-from .calibration.calibrate import EngineLimits, engine_limits, send_lag_p99_ms
+from .calibration.calibrate import EngineLimits, engine_limits
 from .calibration.validate import QUANTITIES, FidelityRow, predict_beside, with_engine_limits
 from .engines.vllm import VllmConfig, make_model_dir, shipped_model_path
 from .errors import LoadgenError, PlanError
 from .identity import sha256_file
 from .ledger import GIB, EngineSettings, compute_ledger, format_ledger, read_model_config
+from .manifest import read_manifest
 from .pinning import engine_cpus, shared_cpus_warning
 from .plan.cells import build_warmup_trace
-from .plan.compare import Comparison, compare_candidates, format_comparison
+from .plan.compare import Comparison, check_send_lag_bound, compare_candidates, format_comparison
 from .plan.contract_hook import CONTRACT_FILE, replay_contract
 from .scenario import Scenario, load_scenario
 from .sim import EngineConfig, load_engine_config
@@ -192,7 +192,7 @@ class _Attempts:
             name = label if attempt == 1 else f"{label}-attempt{attempt}"
             run_dir = self.out_dir / name
             once(run_dir, self.out_dir / f"{name}-warmup")
-            why = client_lag_line(send_lag_p99_ms(run_dir), self.max_send_lag_ms)
+            why = client_lag_line(read_manifest(run_dir).send_lag_p99_ms, self.max_send_lag_ms)
             if why is None or attempt == most:
                 return run_dir
             self.discarded.setdefault(label, []).append({"run_dir": str(run_dir), "why": why})
@@ -227,8 +227,7 @@ def run_practice(
     (``MEASURE_ATTEMPTS`` in all); the comparison shows a candidate whose last attempt exceeds it as unmeasured.
     """
     say = log or (lambda _m: None)
-    if not (max_send_lag_ms > 0 and math.isfinite(max_send_lag_ms)):  # before any work
-        raise PlanError(f"practice: max send lag {max_send_lag_ms!r} ms: expected a positive number of milliseconds")
+    check_send_lag_bound(max_send_lag_ms, "practice")  # before any work
     predictor = load_engine_config(predict_with) if engine == "vllm" and not targets else None  # before any work
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(out) if out else Path("runs") / f"practice-{stamp}"
@@ -392,6 +391,9 @@ def _run_vllm(
         ledger_data[label] = {"model_config": str(model_dir / "config.json"), **ledger.to_dict()}
     run_dirs: dict[str, Path] = {}
     limits: dict[str, EngineLimits | str] = {}
+    # an engine on the client's own cores makes the client fall behind by construction (a CPU vLLM on 2 shared
+    # cores: 240-1,045 ms in CI), and another launch would not change that: measured once, shown unmeasured
+    most = 1 if shared_cpus_warning(engine_cpus()) is not None else MEASURE_ATTEMPTS
     for label, knobs in configs.items():
         cfg = VllmConfig(
             model_dir=model_dir,
@@ -410,10 +412,7 @@ def _run_vllm(
                 contract_for(label, target.url or "", "loadgen-practice", run_dir)
                 limits[label] = _live_limits(target)
 
-        # an engine on the client's own cores makes the client fall behind by construction (a CPU vLLM on 2 shared
-        # cores: 240-770 ms in CI), and another launch would not change that: measured once, shown unmeasured
-        shared = shared_cpus_warning(engine_cpus()) is not None
-        run_dirs[label] = attempts.measure(label, on_vllm, 1 if shared else MEASURE_ATTEMPTS)
+        run_dirs[label] = attempts.measure(label, on_vllm, most)
     return run_dirs, ledgers, ledger_data, limits
 
 

@@ -740,8 +740,6 @@ def _stop_info(run: _Run) -> dict[str, Any]:
 def _run_info(run: _Run) -> dict[str, Any]:
     m = run.manifest
     target = m.target
-    lag_p99 = (m.send_lag_ns or {}).get("p99")
-    lag_p99_ms = lag_p99 / 1e6 if lag_p99 is not None else None
     return {
         "run_kind": m.run_kind,
         "state": m.state,
@@ -760,8 +758,8 @@ def _run_info(run: _Run) -> dict[str, Any]:
         "requests": run.n + run.not_due,
         "chunk_rows": run.gaps.rows,
         # the client's own schedule-keeping (None: a run with no send lag, such as an imported one)
-        "send_lag_p99_ms": lag_p99_ms,
-        "client_fell_behind": client_lag_line(lag_p99_ms),
+        "send_lag_p99_ms": m.send_lag_p99_ms,
+        "client_fell_behind": client_lag_line(m.send_lag_p99_ms),
     }
 
 

@@ -80,9 +80,7 @@ MAX_SEND_LAG_MS = 10.0
 
 
 def send_lag_p99_ms(run_dir: Path) -> float | None:
-    lag = read_manifest(run_dir).send_lag_ns or {}
-    p99 = lag.get("p99")
-    return None if p99 is None else float(p99) / 1e6
+    return read_manifest(run_dir).send_lag_p99_ms
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from ..analysis.budgets import SEND_LAG_BOUND_MS, client_lag_line
 from ..analysis.model import stop_sentence
 from ..analysis.whole_run import engine_busy_output_rate, whole_run_rates
 from ..errors import PlanError, RunDirError
+from ..limits import MAX_PARAM, is_finite
 from ..manifest import Manifest, read_manifest
 from ..records import MANIFEST_FILE
 from ..rundir import read_run_manifest
@@ -520,9 +521,7 @@ def _context(c: Candidate) -> dict[str, Any]:
         },
         "warm_state": m.get("warm_state"),
         "measurement": {
-            "send_lag_p99_ms": ((m.get("send_lag_ns") or {}).get("p99") or 0) / 1e6
-            if (m.get("send_lag_ns") or {}).get("p99") is not None
-            else None,
+            "send_lag_p99_ms": c.manifest.send_lag_p99_ms,
             "warnings": list(m.get("warnings") or []),
             "state": m.get("state"),
         },
@@ -565,6 +564,12 @@ def needed_lines(inconclusive: list[dict[str, Any]]) -> list[str]:
     return [
         f"inconclusive: {item['needed']} ({item['reason'].split('; inconclusive:')[0]})" for item in by_class.values()
     ]
+
+
+def check_send_lag_bound(bound_ms: float, who: str) -> None:
+    """Refuse, in one line, a send-lag bound that is not a positive, finite number of milliseconds."""
+    if not (is_finite(bound_ms) and 0 < bound_ms <= MAX_PARAM):
+        raise PlanError(f"{who}: max send lag {bound_ms!r} ms: expected a number of milliseconds in (0, {MAX_PARAM:g}]")
 
 
 def _budget_step(j: dict[str, Any], max_send_lag_ms: float) -> dict[str, Any]:
@@ -771,8 +776,7 @@ def compare_candidates(
     """Load, check identity, judge in order, decide. Raises PlanError (one line) on a refused comparison.
 
     ``max_send_lag_ms``: a candidate whose client send-lag p99 exceeds it is unmeasured (its budgets not judged)."""
-    if not (max_send_lag_ms > 0 and math.isfinite(max_send_lag_ms)):
-        raise PlanError(f"compare: max send lag {max_send_lag_ms!r} ms: expected a positive number of milliseconds")
+    check_send_lag_bound(max_send_lag_ms, "compare")
     if len(paths) < 2:
         raise PlanError(f"compare: got {len(paths)} candidate(s): expected at least two run or plan directories")
     variable = variable or DEFAULT_VARIABLE
