@@ -22,7 +22,7 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -33,6 +33,7 @@ from .records import COLUMNS_SINCE, SCHEMA_VERSION
 __all__ = [
     "MANIFEST_METADATA_KEY",
     "PART_METADATA_KEY",
+    "PartSink",
     "PartTable",
     "iter_file_batches",
     "last_part_metadata",
@@ -40,6 +41,7 @@ __all__ = [
     "table_files",
     "table_rows",
     "write_error",
+    "write_part_file",
 ]
 
 MANIFEST_METADATA_KEY = "loadgen.manifest"
@@ -87,6 +89,28 @@ def _write_atomic(final: Path, write: Any, fsync: bool) -> None:
         if isinstance(exc, OSError):
             raise write_error(final, exc) from None
         raise
+
+
+def write_part_file(final: Path, table: pa.Table, meta: dict[str, str], fsync: bool) -> None:
+    """One part file, whole or not at all (``_write_atomic``), with ``meta`` as its schema metadata."""
+    # small parts: statistics and dictionaries cost more than they save (the merged file has both)
+    _write_atomic(
+        final,
+        lambda tmp: pq.write_table(
+            table.replace_schema_metadata(meta),
+            tmp,
+            compression="zstd",
+            write_statistics=False,
+            use_dictionary=False,
+        ),
+        fsync,
+    )
+
+
+class PartSink(Protocol):
+    """Writes a part file as ``write_part_file`` does (elsewhere: ``loadgen.partproc.PartProcess``)."""
+
+    def write(self, final: Path, table: pa.Table, meta: dict[str, str], fsync: bool) -> None: ...
 
 
 class PartTable:
@@ -151,9 +175,12 @@ class PartTable:
         self.rows_buffered = 0
         return table
 
-    def write_part(self, table: pa.Table, manifest_json: str | None, part: dict[str, Any]) -> Path:
+    def write_part(
+        self, table: pa.Table, manifest_json: str | None, part: dict[str, Any], sink: PartSink | None = None
+    ) -> Path:
         """Write ``table`` as the next part file (complete, synced, renamed into place); ``manifest_json``
-        goes into its metadata when given (the first part and merged files carry the manifest)."""
+        goes into its metadata when given (the first part and merged files carry the manifest). ``sink``:
+        who writes the file (``loadgen.partproc``: a child process); by default this thread."""
         final = self.dir / f"{self.name_prefix}{self.seq:06d}.parquet"
         meta = {PART_METADATA_KEY: json.dumps({"seq": self.seq, **part})}
         if manifest_json is not None:
@@ -161,32 +188,18 @@ class PartTable:
         if self.deferred is not None:
             self.deferred.append((table, meta))
         else:
-            self._write_part_file(final, table, meta)
+            (sink.write if sink is not None else write_part_file)(final, table, meta, self.fsync)
         self.parts.append((self.seq, final))
         self.seq += 1
         self.rows_written += table.num_rows
         return final
-
-    def _write_part_file(self, final: Path, table: pa.Table, meta: dict[str, str]) -> None:
-        # small parts: statistics and dictionaries cost more than they save (the merged file has both)
-        _write_atomic(
-            final,
-            lambda tmp: pq.write_table(
-                table.replace_schema_metadata(meta),
-                tmp,
-                compression="zstd",
-                write_statistics=False,
-                use_dictionary=False,
-            ),
-            self.fsync,
-        )
 
     def compact(self, manifest_json: str, part: dict[str, Any], row_group_rows: int) -> None:
         """Merge the parts into one range file, then delete them (a reader prefers the range file)."""
         if len(self.parts) < 2:
             if self.deferred:  # the one part, as it would have been written
                 ((table, meta),) = self.deferred
-                self._write_part_file(self.parts[0][1], table, meta)
+                write_part_file(self.parts[0][1], table, meta, self.fsync)
             self.deferred = None
             return
         first, last = self.parts[0][0], self.parts[-1][0]

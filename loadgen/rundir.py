@@ -29,6 +29,7 @@ from .identity import hostname_sha256, utc_now_iso
 from .manifest import Manifest, merge_manifest, read_manifest, write_manifest
 from .parts import (
     MANIFEST_METADATA_KEY,
+    PartSink,
     PartTable,
     last_part_metadata,
     read_table,
@@ -239,9 +240,9 @@ class RunWriter:
             self.broken = exc
             raise
 
-    def _write_parts(self, progress: Mapping[str, Any], *, empty: bool = False) -> None:
+    def _write_parts(self, progress: Mapping[str, Any], *, empty: bool = False, sink: PartSink | None = None) -> None:
         """One part per table with rows (chunks and metrics before requests: a request row never
-        reaches disk without its chunks)."""
+        reaches disk without its chunks), written by ``sink`` when given (see ``PartTable.write_part``)."""
         part = {"flushed_utc": utc_now_iso(), **progress}
         manifest_json = self.manifest.to_json() if empty else None  # the first part carries the manifest
         wrote = False
@@ -253,7 +254,7 @@ class RunWriter:
                 data = table.schema.empty_table()
             if data is None:
                 continue
-            table.write_part(data, manifest_json, part)
+            table.write_part(data, manifest_json, part, sink)
             if table is self.requests:
                 for entry in pc.value_counts(data.column("status")).to_pylist() if data.num_rows else []:
                     self.status_counts[entry["values"]] += entry["counts"]
@@ -262,10 +263,11 @@ class RunWriter:
             self.flushes += 1
             self.last_part = part
 
-    def flush(self, progress: Mapping[str, Any] | None = None) -> None:
+    def flush(self, progress: Mapping[str, Any] | None = None, sink: PartSink | None = None) -> None:
         """Write everything buffered as part files; ``progress`` goes into their metadata
-        (``flushed_ns``, ``covered_until_ns``, ``dispatched``: what a killed run's reader needs)."""
-        self._io(lambda: self._write_parts(progress or {}))
+        (``flushed_ns``, ``covered_until_ns``, ``dispatched``: what a killed run's reader needs);
+        ``sink``: who writes the files (``loadgen.partproc``), by default this thread."""
+        self._io(lambda: self._write_parts(progress or {}, sink=sink))
 
     def _compact(self) -> list[str]:
         """Merge each table's parts (a clean close), the tables side by side (Parquet writing releases the

@@ -3,14 +3,19 @@
 Request tasks call ``submit`` (synchronous, O(1), never blocks, safe in cancelled code): the row and its
 chunks' machine-integer arrays join a pending list. Every ``poll_s`` the writer task turns what is
 pending into Arrow tables on the event loop, at most ``SLICE_ROWS`` rows at a time with the loop free in
-between (a fraction of a millisecond each, so a send that falls due waits little), and every
-``flush_interval_s`` (1 s by default) a writer thread writes them as closed part files (Parquet encoding
-releases the GIL). Converting in a thread instead was measured: a thread that holds the GIL makes the
-event loop wait for it at every I/O callback (uvloop takes the GIL per callback), and the schedule fell
-20-70 ms behind at each flush. Nor does the writer thread run at a lower priority: a thread that the OS
-holds back while it holds the GIL holds the loop back too. So a run killed at any instant keeps every
-row converted before its last flush. A write error (disk full, I/O error) ends ``run`` with ``RecordWriteError``, which
-stops the run. ``finish`` converts and writes whatever is left, synchronously, so a cancelled or
+between (a fraction of a millisecond each, so a send that falls due waits little). Every
+``flush_interval_s`` (1 s by default) a writer thread hands them to the part writer process
+(``loadgen.partproc``: a child at idle CPU priority, so Parquet's encoding, compression and fsync never take
+the loop's core) and waits until it has written them as closed part files.
+
+Converting in a thread instead was measured: a thread that holds the GIL makes the event loop wait for it
+at every I/O callback (uvloop takes the GIL per callback), and the schedule fell 20-70 ms behind at each
+flush. Nor can the writer thread run at a lower priority: a thread that the OS holds back while it holds
+the GIL holds the loop back too. A child process holds no GIL of ours.
+
+So a run killed at any instant keeps every row converted before its last flush. A write error (disk
+full, I/O error) ends ``run`` with ``RecordWriteError``, which stops the run. ``finish`` converts and
+writes whatever is left, synchronously and in this process (the schedule is over), so a cancelled or
 crashed run still records every row it produced.
 """
 
@@ -28,13 +33,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..partproc import PartProcess
 from ..records import CHUNKS_SCHEMA, REQUESTS_SCHEMA, empty_request_row
 from ..rundir import RunWriter
 
 __all__ = ["ArrowRunWriter", "Recorder", "StreamChunks"]
 
-#: Rows converted to Arrow in one go on the event loop (measured ~0.16 ms plus ~2.3 µs per row with its chunks).
-SLICE_ROWS = 200
+#: Rows converted to Arrow in one go on the event loop: a send that falls due waits for at most one slice.
+#: Measured on the loop at 2,500 req/s: ~0.4-0.7 ms of CPU for 50 rows with their chunks, 1.3-2.2 ms for 200.
+SLICE_ROWS = 50
+#: Rows pending that are converted before the flush is due (a long flush interval must not hold raw rows).
+CONVERT_AT_ROWS = 8192
 _REQUEST_NAMES = REQUESTS_SCHEMA.names
 
 
@@ -98,8 +107,11 @@ class Recorder:
         flush_interval_s: float = 1.0,
         poll_s: float = 0.02,
         progress: typing.Callable[[], dict[str, Any]] | None = None,
+        part_process: PartProcess | None = None,
     ) -> None:
+        """``part_process``: writes the flushes' part files (owned: ``finish`` closes it); None: the writer thread."""
         self.writer = writer
+        self.part_process = part_process
         self.flush_interval_s = flush_interval_s
         self.poll_s = poll_s
         # what a killed run's reader needs to know about this flush (see RunWriter.flush)
@@ -153,9 +165,14 @@ class Recorder:
         self._req_tables, self._chunk_tables, self._metrics = [], [], []
         return taken
 
-    def _write(self, taken: tuple[list[pa.Table], list[pa.Table], list[dict[str, list[Any]]]], progress) -> None:
+    def _write(
+        self,
+        taken: tuple[list[pa.Table], list[pa.Table], list[dict[str, list[Any]]]],
+        progress,
+        sink: PartProcess | None = None,
+    ) -> None:
         """Write taken tables as part files (chunks first: a request row never reaches disk without its
-        chunks; see RunWriter.flush)."""
+        chunks; see RunWriter.flush), by ``sink`` when given."""
         req_tables, chunk_tables, metrics = taken
         if chunk_tables:
             self.writer.add_chunk_table(pa.concat_tables(chunk_tables))
@@ -163,11 +180,17 @@ class Recorder:
             self.writer.add_metrics(columns)
         if req_tables:
             self.writer.add_request_table(pa.concat_tables(req_tables))
-        self.writer.flush(progress)
+        self.writer.flush(progress, sink)
 
     async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
-        """The writer task: every ``poll_s`` convert what is pending, ``SLICE_ROWS`` at a time with the
-        loop free in between; every ``flush_interval_s`` write it in the writer thread.
+        """The writer task: every ``flush_interval_s`` (checked every ``poll_s``) convert what is pending,
+        ``SLICE_ROWS`` at a time with the loop free in between, and write it from the writer thread
+        (``_flush``); sooner when ``CONVERT_AT_ROWS`` rows are pending (memory).
+
+        Converting once per flush, not at every poll: a conversion's cost is mostly fixed (35 columns),
+        and several times higher when its code has left the CPU's caches, as it has 20 ms later. At 2,500
+        req/s on one core, converting at every poll made ~46 stalls of ~1 ms a second; once per flush, the
+        slices run back to back, warm (``benchmarks/bench_flush_cpu.py`` measures the deadlines missed).
 
         A flush also happens when nothing new arrived since the last one: rows never wait in memory for
         the next request to finish.
@@ -176,10 +199,13 @@ class Recorder:
         last_flush = time.monotonic()
         while True:
             await anyio.sleep(self.poll_s)
+            due = time.monotonic() - last_flush >= self.flush_interval_s
+            if not due and len(self._items) < CONVERT_AT_ROWS:
+                continue
             while self.convert(SLICE_ROWS) == SLICE_ROWS:
                 await anyio.lowlevel.checkpoint()  # a send that fell due goes before the next slice
             now = time.monotonic()
-            if now - last_flush >= self.flush_interval_s and self.pending:
+            if due and self.pending:
                 last_flush = now
                 progress = self.progress()  # on the loop, with the hand-over: what was recorded is what is written
                 await self._flush(self._take(), progress)
@@ -196,9 +222,10 @@ class Recorder:
         self._pool().submit(self.writer.save_manifest)
 
     async def _flush(self, taken, progress: dict[str, Any]) -> None:
-        """``_write`` in the writer thread; waits for it to finish, also when cancelled meanwhile
-        (``finish`` then waits for it too: the thread writes what it took, whatever happens here)."""
-        job = self._pool().submit(self._write, taken, progress)
+        """``_write`` in the writer thread (by the part writer process, when there is one); waits for it to
+        finish, also when cancelled meanwhile (``finish`` then waits for it too: the thread writes what it
+        took, whatever happens here)."""
+        job = self._pool().submit(self._write, taken, progress, self.part_process)
         await anyio.to_thread.run_sync(job.result)
 
     def finish(self) -> None:
@@ -207,6 +234,8 @@ class Recorder:
         if self._writer_pool is not None:
             self._writer_pool.shutdown(wait=True)
             self._writer_pool = None
+        if self.part_process is not None:
+            self.part_process.close()
         self.convert()
         self._write(self._take(), self.progress())
 

@@ -41,6 +41,7 @@ from ..errors import (
 )
 from ..identity import harness_identity, host_identity, sha256_file, utc_now_iso
 from ..manifest import DriverInfo, Manifest, TraceRef, WarmState, merge_manifest
+from ..partproc import PartProcess
 from ..pinning import affinity, format_cpus, parse_cpus, shared_cpus_warning
 from ..prompts import Tokenizer, get_tokenizer
 from ..records import REQUESTS_FILE, STATUS_NOT_SENT, STATUS_OK
@@ -364,13 +365,18 @@ async def run_trace(options: RunOptions, shard: Shard | None = None) -> Path:
             )
             for i in scraped
         ]
-        await anyio.to_thread.run_sync(warm_up_arrow)
-        await _warm_up(counter)
-        gpu, gpu_section = open_gpu_telemetry(options.gpu_telemetry, options.scrape_interval_s)
-        if gpu is None and options.gpu_telemetry == "on":
-            raise TargetError(f"--gpu-telemetry on: {gpu_section['reason']}: expected an NVIDIA GPU on this host")
-        manifest = merge_manifest(manifest, {"gpu_telemetry": gpu_section})
+        # the flushes' part files are written by a child at idle priority (the loop's core stays the loop's);
+        # it starts beside the warm-ups, at normal priority, and is ready (lowered) before the anchor
+        part_process = PartProcess()
+        gpu = None
         try:
+            await anyio.to_thread.run_sync(warm_up_arrow)
+            await _warm_up(counter)
+            await anyio.to_thread.run_sync(part_process.wait_ready)
+            gpu, gpu_section = open_gpu_telemetry(options.gpu_telemetry, options.scrape_interval_s)
+            if gpu is None and options.gpu_telemetry == "on":
+                raise TargetError(f"--gpu-telemetry on: {gpu_section['reason']}: expected an NVIDIA GPU on this host")
+            manifest = merge_manifest(manifest, {"gpu_telemetry": gpu_section})
             writer = ArrowRunWriter(
                 options.out_dir,
                 manifest,
@@ -379,10 +385,12 @@ async def run_trace(options: RunOptions, shard: Shard | None = None) -> Path:
                 shard=shard.name if shard else None,
             )
         except BaseException:
+            part_process.close()
             if gpu is not None:
                 gpu.close()
             raise
-        recorder = Recorder(writer, flush_interval_s=options.flush_interval_s)  # progress wired below
+        # progress wired below
+        recorder = Recorder(writer, flush_interval_s=options.flush_interval_s, part_process=part_process)
         retain_completion = bool(scenario and scenario.privacy.retain_completion_text)
         ctx = RunContext(  # the anchor is taken in _replay, once the run's services are up
             transport=transport,
@@ -740,6 +748,9 @@ def _finish(
         write_error = exc
         state = "failed"
         interrupted_by = interrupted_by or _describe(exc)
+    parts_by = recorder.part_process
+    if parts_by is not None and parts_by.warning:
+        warnings.append(parts_by.warning)
     lag = ctx.lag.summary()
     if lag["p99"] is not None and lag["p99"] > SEND_LAG_WARN_NS:
         message = f"send lag p99 {lag['p99'] / 1e6:.2f} ms exceeds 1 ms: the client could not keep the schedule"
@@ -764,6 +775,8 @@ def _finish(
             "sent_at_deadline": ctx.sent_at_deadline,
             "rate_limited": ctx.rate_gate.waited,
             "process_cpu_s": round(cpu_s, 4),
+            "part_writer": parts_by.kind if parts_by is not None else "thread",
+            "part_writer_cpu_s": parts_by.cpu_s if parts_by is not None else None,
             "rss_start_bytes": ctx.rss_start_bytes,
             "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "peak_in_flight": ctx.peak_in_flight,

@@ -591,6 +591,10 @@ def _merged_driver(shards: list[Manifest]) -> dict[str, Any]:
         driver[key] = sum(values) if values else None
     cpu = [m.driver.process_cpu_s for m in shards if m.driver is not None and m.driver.process_cpu_s is not None]
     driver["process_cpu_s"] = round(sum(cpu), 4) if cpu else None
+    parts = [
+        m.driver.part_writer_cpu_s for m in shards if m.driver is not None and m.driver.part_writer_cpu_s is not None
+    ]
+    driver["part_writer_cpu_s"] = round(sum(parts), 4) if parts else None
     for key in ("rss_start_bytes", "max_rss_bytes", "peak_in_flight"):
         driver[key] = None  # per process: see workers
     return driver

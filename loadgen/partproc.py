@@ -1,0 +1,243 @@
+"""Part files written by a child process at idle CPU priority, so a run's flush never takes its loop's core.
+
+Why: a flush's Parquet encoding, compression and ``fsync`` cost the writer thread 5-7 ms of CPU per 2,500
+requests (40,000 chunk rows); handing the tables to the child costs it ~1.5 ms
+(``benchmarks/bench_flush_cpu.py``). Done in the thread, that CPU comes from the event loop's core whenever
+the two share it (one core per worker), and the schedule fell 6-52 ms behind at each flush (send-lag p99 at
+2,500 req/s on one core). The thread cannot simply run at a lower priority: when the OS holds it back while it holds
+the GIL, the loop waits for it too (1 s stalls were measured at nice 19 beside a busy process). A child
+process holds no GIL of ours, so it runs at ``SCHED_IDLE`` (nice 19 where that policy is missing): the
+kernel gives it only CPU that nothing else wants, and a waking event loop preempts it at once.
+
+The parent's writer thread hands each part over and waits for the child's answer (so parts reach disk in
+order, and a write error stops the run as before): per part, a 4-byte header length, the JSON header
+``{"path", "meta", "fsync"}``, an 8-byte body length and the table as an Arrow IPC stream; the child
+answers one JSON line, ``{"ok": true}`` or ``{"path", "reason"}`` (a ``RecordWriteError``). The child
+writes with ``loadgen.parts.write_part_file``, the one definition of a part file.
+
+The child ignores SIGINT, SIGTERM and SIGHUP (a Ctrl-C reaches the whole process group, and the parent
+decides when the run ends) and exits at EOF: when the parent closes its end, or dies (SIGKILL), once the
+part it is writing is whole. When the child cannot be started or dies, the parts are written in the
+calling thread, as before, and ``warning`` says from which part on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO
+
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import RecordWriteError
+from .parts import write_part_file
+
+__all__ = ["PartProcess"]
+
+_READY = b'{"ready": true}'
+#: How long a starting child may take (imports, Parquet's set-up) before the parts are written here instead.
+READY_TIMEOUT_S = 120.0
+_PIPE_BYTES = 1 << 20  # a flush's IPC body in few pipe round trips (Linux's unprivileged maximum)
+
+
+def _lower_priority() -> None:
+    """This process at the lowest CPU priority it may take (a process may always lower its own)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        with contextlib.suppress(AttributeError, OSError):
+            os.nice(19)
+
+
+class PartProcess:
+    """The parent's end: ``write`` as ``loadgen.parts.write_part_file``, done by the child (see module)."""
+
+    def __init__(self) -> None:
+        self.warning: str | None = None
+        self.cpu_s: float | None = None  # the child's user + system CPU, once closed
+        self.parts = 0
+        self._ready = False
+        self._proc: subprocess.Popen[bytes] | None = None
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "loadgen.partproc"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                close_fds=True,
+                env=_same_loadgen_env(),
+            )
+        except OSError as exc:
+            self.warning = f"part writer process not started ({exc}): parts written in the writer thread"
+            return
+        for pipe in (self._proc.stdin, self._proc.stdout):
+            with contextlib.suppress(ImportError, AttributeError, OSError):
+                import fcntl  # POSIX only (F_SETPIPE_SZ: Linux)
+
+                fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)  # type: ignore[union-attr]
+
+    def wait_ready(self) -> None:
+        """Wait until the child has started (imports, Parquet's set-up: at normal priority, so call this
+        before the run's clock starts) and lowered its priority; a child that cannot start is not used."""
+        proc = self._proc
+        if proc is None or self._ready:
+            return
+        assert proc.stdout is not None
+        try:
+            started, _, _ = select.select([proc.stdout], [], [], READY_TIMEOUT_S)
+            line = proc.stdout.readline() if started else b""
+        except (OSError, ValueError):
+            line = b""
+        if line.strip() != _READY:
+            self._lost(proc)
+            return
+        self._ready = True
+
+    @property
+    def kind(self) -> str:
+        """What wrote the parts: ``process`` (all of them), ``thread`` (none) or ``process, then thread``."""
+        if self.warning is None:
+            return "process"
+        return "process, then thread" if self.parts else "thread"
+
+    def write(self, final: Path, table: pa.Table, meta: dict[str, str], fsync: bool) -> None:
+        """Write one part (``write_part_file``'s contract); the child's write error is raised here."""
+        self.wait_ready()
+        proc = self._proc
+        if proc is None:
+            write_part_file(final, table, meta, fsync)
+            return
+        reply = self._ask(proc, final, table, meta, fsync)
+        if reply is None:  # the child is gone: this part and the rest, here
+            self._lost(proc)
+            write_part_file(final, table, meta, fsync)
+            return
+        if not reply.get("ok"):  # named by the path as this process knows it
+            raise RecordWriteError(final, str(reply.get("reason", "part writer failed")))
+        self.parts += 1
+
+    def _ask(
+        self, proc: subprocess.Popen[bytes], final: Path, table: pa.Table, meta: dict[str, str], fsync: bool
+    ) -> dict | None:
+        data = _ipc_bytes(table)
+        header = json.dumps({"path": os.path.abspath(final), "meta": meta, "fsync": fsync}).encode()
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(len(header).to_bytes(4, "big") + header + data.size.to_bytes(8, "big"))
+            proc.stdin.write(data)  # a pa.Buffer has the buffer protocol
+            proc.stdin.flush()
+            line = proc.stdout.readline()
+        except OSError:  # BrokenPipeError: it died
+            return None
+        try:
+            return json.loads(line) if line else None
+        except ValueError:
+            return None
+
+    def _lost(self, proc: subprocess.Popen[bytes]) -> None:
+        self._proc = None
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait(timeout=10)
+        self.warning = (
+            f"the part writer process ended (exit status {proc.returncode}) after {self.parts} part(s): "
+            "the rest were written in the writer thread"
+            if self._ready
+            else f"the part writer process did not start (exit status {proc.returncode}): parts written in the "
+            "writer thread"
+        )
+
+    def close(self) -> None:
+        """End the child; its CPU time so far goes to ``cpu_s``. Idempotent.
+
+        Every part it wrote was answered, so it holds nothing: it is killed rather than left to exit, which
+        at idle priority on a saturated host could take seconds."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(psutil.Error):
+            times = psutil.Process(proc.pid).cpu_times()
+            self.cpu_s = round(times.user + times.system, 4)
+        with contextlib.suppress(OSError):
+            proc.kill()
+        proc.wait()
+        for pipe in (proc.stdin, proc.stdout):
+            with contextlib.suppress(OSError):
+                pipe.close()  # type: ignore[union-attr]
+
+
+def _ipc_stream(sink: pa.NativeFile, table: pa.Table) -> None:
+    with pa.ipc.new_stream(sink, table.schema) as stream:
+        stream.write_table(table)
+
+
+def _ipc_bytes(table: pa.Table) -> pa.Buffer:
+    """``table`` as an Arrow IPC stream, copied once (sized first: a growing buffer would copy it again
+    at every doubling)."""
+    size = pa.MockOutputStream()
+    _ipc_stream(size, table)
+    data = pa.allocate_buffer(size.size())
+    _ipc_stream(pa.FixedSizeBufferWriter(data), table)
+    return data
+
+
+def _same_loadgen_env() -> dict[str, str]:
+    """This environment, with this loadgen's package directory first on the child's path (it runs the same
+    code as its parent, also when the parent found loadgen through a path set at run time)."""
+    root = str(Path(__file__).resolve().parent.parent)
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+
+
+# ---- the child ---------------------------------------------------------------------------------------------
+
+
+def _exact(stream: IO[bytes], n: int) -> bytes:
+    data = stream.read(n)
+    if len(data) < n:
+        raise EOFError
+    return data
+
+
+def _serve(inp: IO[bytes], out: IO[bytes]) -> None:
+    """Write parts until EOF (see module docstring for the framing)."""
+    while True:
+        try:
+            header = json.loads(_exact(inp, int.from_bytes(_exact(inp, 4), "big")))
+            body = _exact(inp, int.from_bytes(_exact(inp, 8), "big"))
+        except EOFError:
+            return
+        try:
+            table = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
+            write_part_file(Path(header["path"]), table, header["meta"], bool(header["fsync"]))
+            reply: dict = {"ok": True}
+        except RecordWriteError as exc:
+            reply = {"path": exc.path, "reason": exc.reason}
+        except Exception as exc:  # anything else stops the run in one line, as a write error
+            reply = {"path": header["path"], "reason": f"part writer: {type(exc).__name__}: {exc}"}
+        out.write(json.dumps(reply).encode() + b"\n")
+        out.flush()
+
+
+def main() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    warm = pa.table({"x": pa.array([0], pa.int64())})  # Parquet's one-time set-up, before the first part
+    pq.write_table(warm, pa.BufferOutputStream(), compression="zstd")
+    _lower_priority()
+    sys.stdout.buffer.write(_READY + b"\n")
+    sys.stdout.buffer.flush()
+    _serve(sys.stdin.buffer, sys.stdout.buffer)
+    os._exit(0)  # nothing to tear down: every part was answered
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""The part writer process (``loadgen.partproc``): parts a run's flushes hand to a child at idle CPU priority.
+
+Real processes throughout: the child is the one ``PartProcess`` starts, runs go through the real CLI against a
+real simulated server, and the child is killed with a real signal. Waits are for conditions, never timings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from test_records_survive import ENV, REPO, gone, loadgen, make_trace, no_temp_files, rows_on_disk, wait_for
+
+from loadgen.errors import RecordWriteError
+from loadgen.manifest import read_manifest
+from loadgen.partproc import PartProcess
+from loadgen.parts import PART_METADATA_KEY
+from loadgen.rundir import load_run
+from loadgen.targets import launch_sim_server
+
+
+@pytest.fixture(scope="module")
+def instant():
+    with launch_sim_server("instant") as sim:
+        yield sim
+
+
+_SCHEMA = pa.schema([("request_id", pa.string()), ("arrival_ns", pa.int64())])
+
+
+def _table(n: int) -> pa.Table:
+    return pa.table({"request_id": [f"r{i}" for i in range(n)], "arrival_ns": list(range(n))}, schema=_SCHEMA)
+
+
+def _part_writers(pid: int) -> list[psutil.Process]:
+    found = []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            if "loadgen.partproc" in child.cmdline():
+                found.append(child)
+        except psutil.Error:
+            pass
+    return found
+
+
+def test_the_child_writes_whole_parts_with_their_metadata_at_idle_priority(tmp_path: Path) -> None:
+    writer = PartProcess()
+    try:
+        pid = writer._proc.pid  # type: ignore[union-attr]
+        writer.wait_ready()  # started at normal priority; lowered once ready
+        if hasattr(os, "sched_getscheduler"):
+            assert os.sched_getscheduler(pid) == os.SCHED_IDLE
+        for i, n in enumerate((0, 1, 5000)):
+            meta = {PART_METADATA_KEY: json.dumps({"seq": i})}
+            writer.write(tmp_path / f"part-{i:06d}.parquet", _table(n), meta, fsync=True)
+        assert writer.kind == "process" and writer.parts == 3 and writer.warning is None
+    finally:
+        writer.close()
+    assert gone(pid) and writer.cpu_s is not None and writer.cpu_s > 0
+    for i, n in enumerate((0, 1, 5000)):
+        back = pq.read_table(tmp_path / f"part-{i:06d}.parquet")
+        assert back.replace_schema_metadata(None).equals(_table(n))
+        assert json.loads(back.schema.metadata[PART_METADATA_KEY.encode()]) == {"seq": i}
+    no_temp_files(tmp_path)
+    writer.close()  # idempotent
+
+
+def test_a_write_error_in_the_child_is_the_parents_record_write_error(tmp_path: Path) -> None:
+    writer = PartProcess()
+    try:
+        missing = tmp_path / "no-such-dir" / "part-000000.parquet"
+        with pytest.raises(RecordWriteError) as caught:
+            writer.write(missing, _table(10), {}, fsync=True)
+        assert caught.value.path == str(missing) and "No such file or directory" in caught.value.reason
+        writer.write(tmp_path / "part-000001.parquet", _table(3), {}, fsync=False)  # the child lives on
+        assert writer.parts == 1 and writer.kind == "process"
+    finally:
+        writer.close()
+    assert pq.read_table(tmp_path / "part-000001.parquet").num_rows == 3
+
+
+def test_a_dead_child_hands_the_rest_to_this_thread_and_says_so(tmp_path: Path) -> None:
+    writer = PartProcess()
+    try:
+        writer.write(tmp_path / "part-000000.parquet", _table(2), {}, fsync=False)
+        child = psutil.Process(writer._proc.pid)  # type: ignore[union-attr]
+        child.kill()
+        child.wait(timeout=30)
+        writer.write(tmp_path / "part-000001.parquet", _table(3), {}, fsync=False)
+        writer.write(tmp_path / "part-000002.parquet", _table(4), {}, fsync=False)
+    finally:
+        writer.close()
+    assert [pq.read_table(tmp_path / f"part-{i:06d}.parquet").num_rows for i in range(3)] == [2, 3, 4]
+    assert writer.kind == "process, then thread"
+    assert writer.warning is not None and "after 1 part(s)" in writer.warning
+
+
+def test_the_child_ignores_ctrl_c_and_ends_with_its_parent(tmp_path: Path) -> None:
+    """A Ctrl-C reaches the whole process group: the child must outlive it (the parent decides); a parent
+    killed with SIGKILL must not leave it behind."""
+    parent_code = textwrap.dedent(
+        """
+        import sys, time
+        from pathlib import Path
+        import pyarrow as pa
+        from loadgen.partproc import PartProcess
+        w = PartProcess()
+        w.write(Path(sys.argv[1]), pa.table({"x": [1]}), {}, fsync=False)  # it serves: its handlers are set
+        print(w._proc.pid, flush=True)
+        time.sleep(600)
+        """
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_code, str(tmp_path / "part-000000.parquet")],
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        child_pid = int(parent.stdout.readline())  # type: ignore[union-attr]
+        os.kill(child_pid, signal.SIGINT)
+        os.kill(child_pid, signal.SIGTERM)
+        os.kill(child_pid, signal.SIGHUP)
+        ignored = int(
+            next(
+                ln for ln in Path(f"/proc/{child_pid}/status").read_text().splitlines() if ln.startswith("SigIgn:")
+            ).split()[1],
+            16,
+        )
+        assert all(ignored >> (sig - 1) & 1 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)), hex(ignored)
+        assert pq.read_table(tmp_path / "part-000000.parquet").num_rows == 1
+        parent.kill()
+        parent.wait(timeout=30)
+        wait_for(lambda: gone(child_pid), "the child of a killed parent to end", timeout_s=60)
+    finally:
+        parent.kill()
+        parent.wait(timeout=30)
+
+
+def test_a_run_records_through_the_child_and_names_it_in_the_manifest(instant, tmp_path: Path) -> None:
+    trace = make_trace(tmp_path / "t.parquet", [i * 5.0 for i in range(200)])
+    out = tmp_path / "run"
+    proc = loadgen("run", str(trace), "--target", instant.base_url, "--out", str(out), "--flush-interval-s", "0.2")
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    m = read_manifest(out)
+    assert m.state == "complete" and m.driver is not None
+    assert m.driver.part_writer == "process" and m.driver.part_writer_cpu_s and m.driver.part_writer_cpu_s > 0
+    run = load_run(out)
+    assert run.requests.num_rows == 200 and set(run.requests.column("status").to_pylist()) == {"ok"}
+    assert run.chunks is not None and run.chunks.num_rows == m.chunks_recorded > 0
+    no_temp_files(out)
+
+
+def test_a_run_whose_part_writer_dies_loses_nothing(instant, tmp_path: Path) -> None:
+    # 100 req/s for 6 s; the child is killed once the first rows are on disk
+    trace = make_trace(tmp_path / "t.parquet", [i * 10.0 for i in range(600)])
+    out = tmp_path / "run"
+    proc = loadgen("run", str(trace), "--target", instant.base_url, "--out", str(out), "--flush-interval-s", "0.2")
+    try:
+        wait_for(lambda: rows_on_disk(out) > 0, "the first flushed rows")
+        (child,) = wait_for(lambda: _part_writers(proc.pid), "the part writer process")
+        child.kill()
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    m = read_manifest(out)
+    assert m.state == "complete" and m.driver is not None and m.driver.part_writer == "process, then thread"
+    assert any("the part writer process ended" in w for w in m.warnings), m.warnings
+    run = load_run(out)
+    assert run.requests.num_rows == 600 and set(run.requests.column("status").to_pylist()) == {"ok"}
+    assert sorted(run.requests.column("request_id").to_pylist()) == [f"r{i:05d}" for i in range(600)]
+    no_temp_files(out)
+
+
+def test_a_child_that_cannot_start_leaves_the_parts_to_this_thread(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # a real process that exits at once
+    writer = PartProcess()
+    try:
+        writer.wait_ready()
+        writer.write(tmp_path / "part-000000.parquet", _table(7), {}, fsync=True)
+    finally:
+        writer.close()
+    assert pq.read_table(tmp_path / "part-000000.parquet").num_rows == 7
+    assert writer.kind == "thread" and writer.warning is not None and "did not start" in writer.warning
