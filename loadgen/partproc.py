@@ -65,6 +65,7 @@ class PartProcess:
         self.cpu_s: float | None = None  # the child's user + system CPU, once closed
         self.parts = 0
         self._ready = False
+        self._abandoned: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         try:
             self._proc = subprocess.Popen(
@@ -142,18 +143,36 @@ class PartProcess:
         except ValueError:
             return None
 
+    def abandon(self, why: str) -> None:
+        """Stop the child from another thread; a ``write`` waiting for it writes its part in its own thread,
+        and so does every later one. ``why`` goes into ``warning``."""
+        proc = self._proc
+        if proc is None:
+            return
+        self._abandoned = why
+        with contextlib.suppress(OSError):
+            proc.kill()
+
     def _lost(self, proc: subprocess.Popen[bytes]) -> None:
         self._proc = None
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             proc.kill()
             proc.wait(timeout=10)
-        self.warning = (
-            f"the part writer process ended (exit status {proc.returncode}) after {self.parts} part(s): "
-            "the rest were written in the writer thread"
-            if self._ready
-            else f"the part writer process did not start (exit status {proc.returncode}): parts written in the "
-            "writer thread"
-        )
+        if self._abandoned:
+            self.warning = (
+                f"the part writer process was stopped after {self.parts} part(s) ({self._abandoned}): the rest "
+                "were written in the writer thread"
+            )
+        elif self._ready:
+            self.warning = (
+                f"the part writer process ended (exit status {proc.returncode}) after {self.parts} part(s): "
+                "the rest were written in the writer thread"
+            )
+        else:
+            self.warning = (
+                f"the part writer process did not start (exit status {proc.returncode}): parts written in the "
+                "writer thread"
+            )
 
     def close(self) -> None:
         """End the child; its CPU time so far goes to ``cpu_s``. Idempotent.

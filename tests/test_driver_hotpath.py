@@ -9,6 +9,7 @@ real event loop.
 from __future__ import annotations
 
 import json
+import random
 import sys
 import time
 from array import array
@@ -21,11 +22,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loadgen.driver import schedule
-from loadgen.driver.recorder import StreamChunks, _ChunkBatch
+from loadgen.driver.recorder import StreamChunks, _ChunkBatch, _requests_table
 from loadgen.driver.sse import SSEDecoder, SSEProtocolError, chunk_from_object, parse_chunk
 from loadgen.driver.tasks import RequestTasks
 from loadgen.driver.transport import _CHUNKED, _Dechunker
-from loadgen.records import CHUNKS_SCHEMA
+from loadgen.records import CHUNKS_SCHEMA, REQUESTS_SCHEMA, empty_request_row
 
 # ---------------------------------------------------------------- one plain choice: parse_chunk
 
@@ -166,6 +167,34 @@ def test_chunk_batch_table_is_the_row_by_row_layout():
         for k, t in enumerate(arrivals)
     ]
     assert batch.table().equals(pa.Table.from_pylist(rows, schema=CHUNKS_SCHEMA))
+
+
+def _random_value(rng: random.Random, kind: pa.DataType) -> object:
+    if rng.random() < 0.3:
+        return None
+    if pa.types.is_string(kind):
+        return rng.choice(["", "x", "é✓\n", "a" * 300])
+    if pa.types.is_boolean(kind):
+        return rng.random() < 0.5
+    if pa.types.is_int32(kind):
+        return rng.randint(-(2**31), 2**31 - 1)
+    if pa.types.is_int64(kind):
+        return rng.randint(-(2**63), 2**63 - 1)
+    if pa.types.is_floating(kind):
+        return rng.uniform(-1e9, 1e9)
+    raise TypeError(kind)
+
+
+def test_the_requests_table_is_the_column_by_column_conversion():
+    """One struct conversion (the hot path) against one ``pa.array`` per column, on rows of every value kind."""
+    rng = random.Random(14)
+    rows = [{f.name: _random_value(rng, f.type) for f in REQUESTS_SCHEMA} for _ in range(400)]
+    rows.append(empty_request_row())
+    for batch in (rows, rows[:1], rows[-1:]):
+        columns = {name: [r[name] for r in batch] for name in REQUESTS_SCHEMA.names}
+        assert _requests_table(batch).equals(pa.Table.from_pydict(columns, schema=REQUESTS_SCHEMA))
+    with pytest.raises(pa.ArrowInvalid):  # a value out of its column's range is refused, not wrapped
+        _requests_table([{**rows[0], "turn_index": 2**40}])
 
 
 # ---------------------------------------------------------------- precise waits: the timerfd

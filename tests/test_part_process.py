@@ -6,6 +6,7 @@ real simulated server, and the child is killed with a real signal. Waits are for
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -194,3 +195,26 @@ def test_a_child_that_cannot_start_leaves_the_parts_to_this_thread(tmp_path: Pat
         writer.close()
     assert pq.read_table(tmp_path / "part-000000.parquet").num_rows == 7
     assert writer.kind == "thread" and writer.warning is not None and "did not start" in writer.warning
+
+
+def test_a_child_that_does_not_answer_is_abandoned_and_the_thread_writes_its_part(tmp_path: Path) -> None:
+    """What ``Recorder.finish`` does when the child, at idle priority on a busy host, has not run for a while:
+    here it is stopped (SIGSTOP), so it cannot answer at all."""
+    writer = PartProcess()
+    try:
+        writer.write(tmp_path / "part-000000.parquet", _table(2), {}, fsync=False)
+        child = psutil.Process(writer._proc.pid)  # type: ignore[union-attr]
+        child.suspend()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            job = pool.submit(writer.write, tmp_path / "part-000001.parquet", _table(5), {}, False)
+            done, _ = concurrent.futures.wait([job], timeout=0.5)
+            assert not done  # it waits for the stopped child ...
+            writer.abandon("a test stopped it")
+            job.result(timeout=60)  # ... and, once it is abandoned, writes the part itself
+        writer.write(tmp_path / "part-000002.parquet", _table(1), {}, fsync=False)
+    finally:
+        writer.close()
+    assert [pq.read_table(tmp_path / f"part-{i:06d}.parquet").num_rows for i in range(3)] == [2, 5, 1]
+    assert writer.kind == "process, then thread"
+    assert writer.warning is not None and "stopped after 1 part(s) (a test stopped it)" in writer.warning
+    no_temp_files(tmp_path)
