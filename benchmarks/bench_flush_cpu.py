@@ -2,15 +2,17 @@
 
 A flush happens every ``--flush-interval-s`` (1 s) during a run, and its CPU competes with the event loop for
 the client's core. This builds the recorder's tables for ``--requests`` requests of ``--chunks`` chunks each
-(one second at that rate), then hands them to ``Recorder._write`` ``--repeats`` times each way, alternating:
+(one second at that rate), then flushes them as the recorder does, ``--repeats`` times each way, alternating:
 
-- ``thread``: the writer thread encodes, compresses and syncs the Parquet parts itself (before);
-- ``process``: it hands them to ``loadgen.partproc`` (a child at SCHED_IDLE) and waits for its answer.
+- ``thread`` (before): the loop converts the rows to Arrow in slices, and the writer thread encodes,
+  compresses and syncs the Parquet parts itself;
+- ``process``: the loop only packs the rows (``rowtables.pack_slice``), and the writer thread hands them to
+  ``loadgen.partproc`` (a child at SCHED_IDLE) to convert, then the tables to write, waiting for its answers.
 
-For each it prints the median and range of the writer thread's own CPU per flush (``time.thread_time``: what
-the loop's core loses to it, whoever else runs) and the wall time; for the process, the child's CPU per flush
-(its total, start-up included, from ``psutil``, over the flushes). The first flush of each kind is a warm-up
-and is not counted. Pin it (``taskset -c 0``) to see the one-core case the driver is tuned for.
+For each it prints the median and range of the CPU per flush on the loop and in the writer thread
+(``time.thread_time``: what the loop's core loses, whoever else runs), the writer thread's wall time, and
+the child's CPU per flush (its total, start-up included, from ``psutil``, over the flushes). The first flush
+of each kind is a warm-up and is not counted. Pin it (``taskset -c 0``) to see the one-core case the driver is tuned for.
 
 Then, with ``--lag-s`` > 0, what the flushes do to an event loop's schedule, without a network or a server in
 the way: on uvloop, a task waits for deadlines ``1/--requests`` s apart with the driver's own ``sleep_until``
@@ -35,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loadgen.driver.recorder import Recorder, StreamChunks, warm_up_arrow
+from loadgen.driver.recorder import SLICE_ROWS, Recorder, StreamChunks, warm_up_arrow
 from loadgen.manifest import Manifest
 from loadgen.partproc import PartProcess
 from loadgen.records import empty_request_row
@@ -58,11 +60,19 @@ def _fill(recorder: Recorder, requests: int, chunks: int, tag: str, convert: boo
         recorder.convert()
 
 
-def _flush(recorder: Recorder, sink: PartProcess | None) -> tuple[float, float]:
+def _convert(recorder: Recorder) -> float:
+    """The loop's part of a flush, as the writer task does it (``SLICE_ROWS`` at a time); its CPU ms."""
+    cpu0 = time.thread_time()
+    while recorder.convert(SLICE_ROWS) == SLICE_ROWS:
+        pass
+    return 1e3 * (time.thread_time() - cpu0)
+
+
+def _flush(recorder: Recorder) -> tuple[float, float]:
     """One flush as the writer thread does it; (this thread's CPU ms, wall ms)."""
     taken = recorder._take()
     cpu0, wall0 = time.thread_time(), time.perf_counter()
-    recorder._write(taken, {}, sink)
+    recorder._write(taken, {}, recorder.part_process)
     return 1e3 * (time.thread_time() - cpu0), 1e3 * (time.perf_counter() - wall0)
 
 
@@ -136,23 +146,29 @@ def main() -> None:
     warm_up_arrow()
     sink = PartProcess()
     sink.wait_ready()
-    figures: dict[str, dict[str, list[float]]] = {k: {"cpu": [], "wall": []} for k in ("thread", "process")}
+    figures: dict[str, dict[str, list[float]]] = {k: {"loop": [], "cpu": [], "wall": []} for k in ("thread", "process")}
     with tempfile.TemporaryDirectory() as tmp:
-        writer = RunWriter(Path(tmp) / "run", Manifest(), flush_rows=1 << 60)
-        recorder = Recorder(writer)
+        writers = {kind: RunWriter(Path(tmp) / kind, Manifest(), flush_rows=1 << 60) for kind in figures}
+        recorders = {
+            "thread": Recorder(writers["thread"]),
+            "process": Recorder(writers["process"], part_process=sink),
+        }
         for rep in range(args.repeats + 1):
-            for kind in ("thread", "process"):
-                _fill(recorder, args.requests, args.chunks, f"{kind}{rep}")
-                cpu_ms, wall_ms = _flush(recorder, sink if kind == "process" else None)
+            for kind, recorder in recorders.items():
+                _fill(recorder, args.requests, args.chunks, f"{kind}{rep}", convert=False)
+                loop_ms = _convert(recorder)
+                cpu_ms, wall_ms = _flush(recorder)
                 if rep:
-                    figures[kind]["cpu"].append(cpu_ms)
-                    figures[kind]["wall"].append(wall_ms)
+                    for key, value in (("loop", loop_ms), ("cpu", cpu_ms), ("wall", wall_ms)):
+                        figures[kind][key].append(value)
         sink.close()
-        writer.close()
+        for writer in writers.values():
+            writer.close()
     rows = args.requests * args.chunks
-    print(f"one flush of {args.requests} requests and {rows} chunk rows, {args.repeats} flushes per kind")
+    print(f"one flush of {args.requests} requests and {rows} chunk rows, {args.repeats} flushes per kind (CPU ms)")
     for kind, fig in figures.items():
-        print(f"  {kind:8s} writer thread CPU ms: {_line('', fig['cpu'])}   wall ms: {_line('', fig['wall'])}")
+        print(f"  {kind:8s} on the loop (converting or packing, {SLICE_ROWS}-row slices): {_line('', fig['loop'])}")
+        print(f"  {kind:8s} in the writer thread: {_line('', fig['cpu'])}   its wall ms: {_line('', fig['wall'])}")
     if sink.cpu_s is not None:
         per = 1e3 * sink.cpu_s / (args.repeats + 1)
         print(f"  process  the child's CPU: {sink.cpu_s:.3f} s in all, {per:.2f} ms per flush (start-up included)")

@@ -26,12 +26,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import select
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import psutil
 import pyarrow as pa
@@ -39,6 +40,7 @@ import pyarrow.parquet as pq
 
 from .errors import RecordWriteError
 from .parts import write_part_file
+from .rowtables import unpack_slices
 
 __all__ = ["PartProcess"]
 
@@ -103,6 +105,11 @@ class PartProcess:
         self._ready = True
 
     @property
+    def running(self) -> bool:
+        """Started, ready, and not lost: parts and conversions go to it."""
+        return self._proc is not None and self._ready
+
+    @property
     def kind(self) -> str:
         """What wrote the parts: ``process`` (all of them), ``thread`` (none) or ``process, then thread``."""
         if self.warning is None:
@@ -116,7 +123,8 @@ class PartProcess:
         if proc is None:
             write_part_file(final, table, meta, fsync)
             return
-        reply = self._ask(proc, final, table, meta, fsync)
+        header = {"op": "write", "path": os.path.abspath(final), "meta": meta, "fsync": fsync}
+        reply = self._ask(proc, header, _ipc_bytes(table))
         if reply is None:  # the child is gone: this part and the rest, here
             self._lost(proc)
             write_part_file(final, table, meta, fsync)
@@ -125,15 +133,35 @@ class PartProcess:
             raise RecordWriteError(final, str(reply.get("reason", "part writer failed")))
         self.parts += 1
 
-    def _ask(
-        self, proc: subprocess.Popen[bytes], final: Path, table: pa.Table, meta: dict[str, str], fsync: bool
-    ) -> dict | None:
-        data = _ipc_bytes(table)
-        header = json.dumps({"path": os.path.abspath(final), "meta": meta, "fsync": fsync}).encode()
-        assert proc.stdin is not None and proc.stdout is not None
+    def convert(self, packed: list[bytes]) -> tuple[pa.Table | None, pa.Table | None]:
+        """``rowtables.unpack_slices(packed)``, done by the child (it holds no GIL of ours); here when it is
+        gone, or when it could not (the same error is then raised here, as without a child)."""
+        self.wait_ready()
+        proc = self._proc
+        if proc is None:
+            return unpack_slices(packed)
+        reply = self._ask(proc, {"op": "convert"}, pickle.dumps(packed, 5))
+        if reply is None:
+            self._lost(proc)
+            return unpack_slices(packed)
+        if not reply.get("ok"):
+            return unpack_slices(packed)
+        assert proc.stdout is not None
         try:
-            proc.stdin.write(len(header).to_bytes(4, "big") + header + data.size.to_bytes(8, "big"))
-            proc.stdin.write(data)  # a pa.Buffer has the buffer protocol
+            tables = [_from_ipc(proc.stdout.read(size)) if size else None for size in reply["sizes"]]
+        except (OSError, ValueError, pa.ArrowInvalid):
+            self._lost(proc)
+            return unpack_slices(packed)
+        return tables[0], tables[1]
+
+    def _ask(self, proc: subprocess.Popen[bytes], header: dict, body: Any) -> dict | None:
+        """Send one request (``header``, ``body``: bytes or a ``pa.Buffer``); its answer, None if the child died."""
+        head = json.dumps(header).encode()
+        assert proc.stdin is not None and proc.stdout is not None
+        size = body.size if isinstance(body, pa.Buffer) else len(body)
+        try:
+            proc.stdin.write(len(head).to_bytes(4, "big") + head + size.to_bytes(8, "big"))
+            proc.stdin.write(body)  # a pa.Buffer has the buffer protocol
             proc.stdin.flush()
             line = proc.stdout.readline()
         except OSError:  # BrokenPipeError: it died
@@ -208,6 +236,12 @@ def _ipc_bytes(table: pa.Table) -> pa.Buffer:
     return data
 
 
+def _from_ipc(data: bytes) -> pa.Table:
+    if len(data) < 8:
+        raise ValueError("short read")
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+
+
 def _same_loadgen_env() -> dict[str, str]:
     """This environment, with this loadgen's package directory first on the child's path (it runs the same
     code as its parent, also when the parent found loadgen through a path set at run time)."""
@@ -227,22 +261,29 @@ def _exact(stream: IO[bytes], n: int) -> bytes:
 
 
 def _serve(inp: IO[bytes], out: IO[bytes]) -> None:
-    """Write parts until EOF (see module docstring for the framing)."""
+    """Answer requests until EOF (see module docstring for the framing)."""
     while True:
         try:
             header = json.loads(_exact(inp, int.from_bytes(_exact(inp, 4), "big")))
             body = _exact(inp, int.from_bytes(_exact(inp, 8), "big"))
         except EOFError:
             return
+        payload = b""
         try:
-            table = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
-            write_part_file(Path(header["path"]), table, header["meta"], bool(header["fsync"]))
-            reply: dict = {"ok": True}
+            if header["op"] == "convert":
+                tables = unpack_slices(pickle.loads(body))  # our parent's bytes
+                blobs = [_ipc_bytes(t).to_pybytes() if t is not None else b"" for t in tables]
+                reply: dict = {"ok": True, "sizes": [len(b) for b in blobs]}
+                payload = b"".join(blobs)
+            else:
+                table = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
+                write_part_file(Path(header["path"]), table, header["meta"], bool(header["fsync"]))
+                reply = {"ok": True}
         except RecordWriteError as exc:
             reply = {"path": exc.path, "reason": exc.reason}
-        except Exception as exc:  # anything else stops the run in one line, as a write error
-            reply = {"path": header["path"], "reason": f"part writer: {type(exc).__name__}: {exc}"}
-        out.write(json.dumps(reply).encode() + b"\n")
+        except Exception as exc:  # a write: stops the run in one line; a conversion: the parent converts
+            reply = {"reason": f"part writer: {type(exc).__name__}: {exc}"}
+        out.write(json.dumps(reply).encode() + b"\n" + payload)
         out.flush()
 
 

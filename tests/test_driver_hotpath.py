@@ -22,11 +22,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loadgen.driver import schedule
-from loadgen.driver.recorder import StreamChunks, _ChunkBatch, _requests_table
 from loadgen.driver.sse import SSEDecoder, SSEProtocolError, chunk_from_object, parse_chunk
 from loadgen.driver.tasks import RequestTasks
 from loadgen.driver.transport import _CHUNKED, _Dechunker
 from loadgen.records import CHUNKS_SCHEMA, REQUESTS_SCHEMA, empty_request_row
+from loadgen.rowtables import ChunkBatch, StreamChunks, pack_slice, requests_table, unpack_slices
 
 # ---------------------------------------------------------------- one plain choice: parse_chunk
 
@@ -156,7 +156,7 @@ def test_a_bad_chunk_size_is_a_protocol_error(line):
 
 
 def test_chunk_batch_table_is_the_row_by_row_layout():
-    batch = _ChunkBatch()
+    batch = ChunkBatch()
     streams = {"a": [5, 7, 9], "b": [11], "c": [13, 17]}
     for rid, arrivals in streams.items():
         n = len(arrivals)
@@ -192,9 +192,42 @@ def test_the_requests_table_is_the_column_by_column_conversion():
     rows.append(empty_request_row())
     for batch in (rows, rows[:1], rows[-1:]):
         columns = {name: [r[name] for r in batch] for name in REQUESTS_SCHEMA.names}
-        assert _requests_table(batch).equals(pa.Table.from_pydict(columns, schema=REQUESTS_SCHEMA))
+        assert requests_table(batch).equals(pa.Table.from_pydict(columns, schema=REQUESTS_SCHEMA))
     with pytest.raises(pa.ArrowInvalid):  # a value out of its column's range is refused, not wrapped
-        _requests_table([{**rows[0], "turn_index": 2**40}])
+        requests_table([{**rows[0], "turn_index": 2**40}])
+
+
+def _items(rng: random.Random, n: int) -> list[tuple[dict, StreamChunks | None]]:
+    items = []
+    for i in range(n):
+        row = {f.name: _random_value(rng, f.type) for f in REQUESTS_SCHEMA}
+        row["request_id"] = f"r{i}"
+        if i % 3 == 0:  # any key order: the values are taken by name
+            row = dict(reversed(list(row.items())))
+        k = rng.randint(0, 5)
+        chunks = (
+            None
+            if k == 0
+            else StreamChunks(*(array("q", [rng.randint(0, 2**31 - 1) for _ in range(k)]) for _ in "abc"))
+        )
+        items.append((row, chunks))
+    return items
+
+
+def test_packed_slices_unpack_to_the_tables_converted_on_the_loop():
+    """The part writer process's conversion (``unpack_slices`` of ``pack_slice``s) against the loop's."""
+    rng = random.Random(7)
+    items = _items(rng, 250)
+    slices = [items[i : i + 50] for i in range(0, len(items), 50)]
+    requests, chunks = unpack_slices([pack_slice(s) for s in slices])
+    batch = ChunkBatch()
+    for row, c in items:
+        if c is not None:
+            batch.add(row["request_id"], c)
+    assert requests is not None and requests.equals(requests_table([row for row, _ in items]))
+    assert chunks is not None and chunks.equals(batch.table())
+    assert unpack_slices([pack_slice([(items[0][0], None)])])[1] is None  # no chunks, no table
+    assert unpack_slices([]) == (None, None)
 
 
 # ---------------------------------------------------------------- precise waits: the timerfd

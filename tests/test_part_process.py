@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from array import array
 from pathlib import Path
 
 import psutil
@@ -25,6 +26,8 @@ from loadgen.errors import RecordWriteError
 from loadgen.manifest import read_manifest
 from loadgen.partproc import PartProcess
 from loadgen.parts import PART_METADATA_KEY
+from loadgen.records import empty_request_row
+from loadgen.rowtables import StreamChunks, pack_slice, unpack_slices
 from loadgen.rundir import load_run
 from loadgen.targets import launch_sim_server
 
@@ -218,3 +221,27 @@ def test_a_child_that_does_not_answer_is_abandoned_and_the_thread_writes_its_par
     assert writer.kind == "process, then thread"
     assert writer.warning is not None and "stopped after 1 part(s) (a test stopped it)" in writer.warning
     no_temp_files(tmp_path)
+
+
+def test_the_child_converts_packed_slices_as_this_process_would() -> None:
+    rows = [
+        empty_request_row(request_id=f"r{i}", request_class="c", scheduled_ns=i, status="ok", chunk_count=i % 4)
+        for i in range(120)
+    ]
+    items = [
+        (row, StreamChunks(*(array("q", range(i % 4)) for _ in "abc")) if i % 4 else None) for i, row in enumerate(rows)
+    ]
+    packed = [pack_slice(items[i : i + 50]) for i in range(0, 120, 50)]
+    writer = PartProcess()
+    try:
+        requests, chunks = writer.convert(packed)
+        assert writer.running and writer.warning is None  # the child did it
+        expected = unpack_slices(packed)
+        assert requests is not None and requests.equals(expected[0])
+        assert chunks is not None and chunks.equals(expected[1])
+        bad = pack_slice([({**rows[0], "turn_index": 2**40}, None)])
+        with pytest.raises(pa.ArrowInvalid):  # the child could not; here, the same error as without a child
+            writer.convert([bad])
+        assert writer.running and writer.convert(packed)[0].equals(expected[0])  # it lives on
+    finally:
+        writer.close()

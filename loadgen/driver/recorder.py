@@ -30,12 +30,12 @@ from typing import Any, NamedTuple
 
 import anyio
 import anyio.lowlevel
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..partproc import PartProcess
-from ..records import CHUNKS_SCHEMA, REQUESTS_SCHEMA, empty_request_row
+from ..records import empty_request_row
+from ..rowtables import ChunkBatch, StreamChunks, pack_slice, requests_table, unpack_slices
 from ..rundir import RunWriter
 
 __all__ = ["ArrowRunWriter", "Recorder", "StreamChunks"]
@@ -47,61 +47,19 @@ SLICE_ROWS = 50
 CONVERT_AT_ROWS = 8192
 #: How long ``finish`` waits for the part writer process's answer before the writer thread takes over.
 FINISH_WAIT_S = 2.0
-_REQUEST_STRUCT = pa.struct(list(REQUESTS_SCHEMA))
 
 
 #: RunWriter accepts ready Arrow tables itself; the old name stays for callers.
 ArrowRunWriter = RunWriter
 
 
-class StreamChunks(NamedTuple):
-    """One request's chunks in arrival order, as equal-length machine-integer arrays (``array("q")``);
-    the recorder adds the request id and ``seq`` (CHUNKS_SCHEMA)."""
+class _Taken(NamedTuple):
+    """One flush's worth, handed from the loop to the writer thread."""
 
-    arrival_ns: array
-    tokens: array
-    bytes: array
-
-
-def _requests_table(rows: list[dict[str, Any]]) -> pa.Table:
-    """REQUESTS_SCHEMA rows from row dicts, in one conversion (a struct array; not one per column: 35 columns'
-    fixed costs made 50 rows take twice as long)."""
-    rows_array = pa.array(rows, type=_REQUEST_STRUCT)
-    return pa.Table.from_batches([pa.RecordBatch.from_struct_array(rows_array)], schema=REQUESTS_SCHEMA)
-
-
-class _ChunkBatch:
-    """Chunks of many requests gathered for one table: arrays appended whole, ids once per request."""
-
-    __slots__ = ("arrival_ns", "bytes", "ids", "lengths", "tokens")
-
-    def __init__(self) -> None:
-        self.ids: list[str] = []
-        self.lengths: list[int] = []
-        self.arrival_ns = array("q")
-        self.tokens = array("q")
-        self.bytes = array("q")
-
-    def add(self, request_id: str, chunks: StreamChunks) -> None:
-        self.ids.append(request_id)
-        self.lengths.append(len(chunks.arrival_ns))
-        self.arrival_ns.extend(chunks.arrival_ns)
-        self.tokens.extend(chunks.tokens)
-        self.bytes.extend(chunks.bytes)
-
-    def table(self) -> pa.Table:
-        """CHUNKS_SCHEMA rows: each request's id repeated and ``seq`` counted in C, not per row in Python."""
-        counts = np.asarray(self.lengths, dtype=np.int64)
-        owner = np.repeat(np.arange(len(counts)), counts)
-        seq = np.arange(len(owner), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-        columns = [
-            pa.array(self.ids, pa.string()).take(owner),
-            pa.array(seq.astype(np.int32)),
-            pa.array(np.frombuffer(self.arrival_ns, dtype=np.int64)),
-            pa.array(np.frombuffer(self.tokens, dtype=np.int64).astype(np.int32)),
-            pa.array(np.frombuffer(self.bytes, dtype=np.int64).astype(np.int32)),
-        ]
-        return pa.Table.from_arrays(columns, schema=CHUNKS_SCHEMA)
+    req_tables: list[pa.Table]
+    chunk_tables: list[pa.Table]
+    metrics: list[dict[str, list[Any]]]
+    packed: list[bytes]
 
 
 class Recorder:
@@ -129,6 +87,7 @@ class Recorder:
         self._req_tables: list[pa.Table] = []
         self._chunk_tables: list[pa.Table] = []
         self._metrics: list[dict[str, list[Any]]] = []
+        self._packed: list[bytes] = []  # slices packed for the part writer process to convert
         self._writer_pool: ThreadPoolExecutor | None = None
         self._jobs: list[concurrent.futures.Future] = []  # the flush handed to the writer thread last
 
@@ -144,8 +103,10 @@ class Recorder:
         """Record server-metric sample columns."""
         self._metrics.append(columns)
 
-    def convert(self, limit: int | None = None) -> int:
-        """Turn pending rows (the first ``limit``, else all) into Arrow tables; returns how many."""
+    def convert(self, limit: int | None = None, *, here: bool = False) -> int:
+        """Turn pending rows (the first ``limit``, else all) into Arrow tables, or, while the part writer
+        process runs (and not ``here``), pack them for it to convert (``rowtables.pack_slice``); returns how
+        many."""
         items = self._items
         if limit is None or limit >= len(items):
             self._items = []
@@ -153,34 +114,37 @@ class Recorder:
             items, self._items = items[:limit], items[limit:]
         if not items:
             return 0
-        batch = _ChunkBatch()
+        if not here and self.part_process is not None and self.part_process.running:
+            self._packed.append(pack_slice(items))
+            return len(items)
+        batch = ChunkBatch()
         for row, chunks in items:
             if chunks is not None:
                 batch.add(row["request_id"], chunks)
-        self._req_tables.append(_requests_table([row for row, _ in items]))
+        self._req_tables.append(requests_table([row for row, _ in items]))
         if batch.ids:
             self._chunk_tables.append(batch.table())
         return len(items)
 
     @property
     def pending(self) -> bool:
-        return bool(self._items or self._req_tables or self._chunk_tables or self._metrics)
+        return bool(self._items or self._req_tables or self._chunk_tables or self._metrics or self._packed)
 
-    def _take(self) -> tuple[list[pa.Table], list[pa.Table], list[dict[str, list[Any]]]]:
-        """The converted tables and metric columns, handed over (on the loop)."""
-        taken = (self._req_tables, self._chunk_tables, self._metrics)
-        self._req_tables, self._chunk_tables, self._metrics = [], [], []
+    def _take(self) -> _Taken:
+        """The converted tables, packed slices and metric columns, handed over (on the loop)."""
+        taken = _Taken(self._req_tables, self._chunk_tables, self._metrics, self._packed)
+        self._req_tables, self._chunk_tables, self._metrics, self._packed = [], [], [], []
         return taken
 
-    def _write(
-        self,
-        taken: tuple[list[pa.Table], list[pa.Table], list[dict[str, list[Any]]]],
-        progress,
-        sink: PartProcess | None = None,
-    ) -> None:
+    def _write(self, taken: _Taken, progress, sink: PartProcess | None = None) -> None:
         """Write taken tables as part files (chunks first: a request row never reaches disk without its
-        chunks; see RunWriter.flush), by ``sink`` when given."""
-        req_tables, chunk_tables, metrics = taken
+        chunks; see RunWriter.flush), by ``sink`` when given; packed slices are converted by ``sink``, or
+        here when there is none."""
+        req_tables, chunk_tables, metrics, packed = taken
+        if packed:
+            requests, chunks = sink.convert(packed) if sink is not None else unpack_slices(packed)
+            req_tables = [*req_tables, requests] if requests is not None else req_tables
+            chunk_tables = [*chunk_tables, chunks] if chunks is not None else chunk_tables
         if chunk_tables:
             self.writer.add_chunk_table(pa.concat_tables(chunk_tables))
         for columns in metrics:
@@ -253,7 +217,7 @@ class Recorder:
             self._writer_pool = None
         if self.part_process is not None:
             self.part_process.close()
-        self.convert()
+        self.convert(here=True)
         self._write(self._take(), self.progress())
 
 
@@ -264,7 +228,7 @@ def warm_up_arrow() -> None:
         request_id="w", request_class="w", scheduled_ns=0, target_prompt_tokens=0, target_output_tokens=0, status="ok"
     )
     for table in (
-        _requests_table([row]),
+        requests_table([row]),
         _one_chunk_table(),
     ):
         with pq.ParquetWriter(pa.BufferOutputStream(), table.schema, compression="zstd") as w:
@@ -272,6 +236,6 @@ def warm_up_arrow() -> None:
 
 
 def _one_chunk_table() -> pa.Table:
-    batch = _ChunkBatch()
+    batch = ChunkBatch()
     batch.add("w", StreamChunks(array("q", [0]), array("q", [0]), array("q", [0])))
     return batch.table()
