@@ -1,24 +1,30 @@
-"""Part files written by a child process at idle CPU priority, so a run's flush never takes its loop's core.
+"""The part writer process: a child at idle CPU priority that converts a run's rows and writes its part files.
 
-Why: a flush's Parquet encoding, compression and ``fsync`` cost the writer thread 5-7 ms of CPU per 2,500
-requests (40,000 chunk rows); handing the tables to the child costs it ~1.5 ms
-(``benchmarks/bench_flush_cpu.py``). Done in the thread, that CPU comes from the event loop's core whenever
-the two share it (one core per worker), and the schedule fell 6-52 ms behind at each flush (send-lag p99 at
-2,500 req/s on one core). The thread cannot simply run at a lower priority: when the OS holds it back while it holds
-the GIL, the loop waits for it too (1 s stalls were measured at nice 19 beside a busy process). A child
-process holds no GIL of ours, so it runs at ``SCHED_IDLE`` (nice 19 where that policy is missing): the
-kernel gives it only CPU that nothing else wants, and a waking event loop preempts it at once.
+Why: a flush's Parquet encoding, compression and ``fsync`` cost a writer thread 5-11 ms of CPU per 2,500
+requests (40,000 chunk rows), and converting the rows to Arrow cost the event loop 20-35 ms more
+(``benchmarks/bench_flush_cpu.py``). That CPU comes from the loop's core whenever they share it (one core per
+worker): the schedule fell 6-52 ms behind at each flush (send-lag p99 at 2,500 req/s on one core). A thread
+cannot simply run at a lower priority: when the OS holds it back while it holds the GIL, the loop waits for
+it too (1 s stalls were measured at nice 19 beside a busy process). A child process holds no GIL of ours,
+so it runs at ``SCHED_IDLE`` (nice 19 where that policy is missing): the kernel gives it only CPU that
+nothing else wants, and a waking event loop preempts it at once. It starts at normal priority (imports,
+Parquet's set-up), and says it is ready once it has lowered itself: the driver waits for that before its
+clock starts.
 
-The parent's writer thread hands each part over and waits for the child's answer (so parts reach disk in
-order, and a write error stops the run as before): per part, a 4-byte header length, the JSON header
-``{"path", "meta", "fsync"}``, an 8-byte body length and the table as an Arrow IPC stream; the child
-answers one JSON line, ``{"ok": true}`` or ``{"path", "reason"}`` (a ``RecordWriteError``). The child
-writes with ``loadgen.parts.write_part_file``, the one definition of a part file.
+The parent's writer thread sends each request and waits for the child's answer (so parts reach disk in
+order, and a write error stops the run as before): a 4-byte header length, the JSON header, an 8-byte body
+length and the body. ``{"op": "convert"}``: the body is the pickled list of ``rowtables.pack_slice``
+slices; the answer is ``{"ok": true, "sizes": [R, C]}`` and, after its newline, the requests and chunks
+tables as Arrow IPC streams of R and C bytes (0: no table). ``{"op": "write", "path", "meta", "fsync"}``:
+the body is the table as an Arrow IPC stream; the answer ``{"ok": true}`` or ``{"path", "reason"}`` (a
+``RecordWriteError``). The child writes with ``loadgen.parts.write_part_file`` and converts with
+``loadgen.rowtables``, the one definitions of a part file and of the row tables; a conversion it cannot
+do is done again in the parent, which then raises what it would have without a child.
 
 The child ignores SIGINT, SIGTERM and SIGHUP (a Ctrl-C reaches the whole process group, and the parent
 decides when the run ends) and exits at EOF: when the parent closes its end, or dies (SIGKILL), once the
-part it is writing is whole. When the child cannot be started or dies, the parts are written in the
-calling thread, as before, and ``warning`` says from which part on.
+part it is writing is whole. When the child cannot be started, dies, or is abandoned (``abandon``), the
+writer thread converts and writes itself, as before, and ``warning`` says from which part on.
 """
 
 from __future__ import annotations

@@ -1,19 +1,20 @@
 """The recorder: one writer task owns the run directory; request tasks hand it their rows.
 
 Request tasks call ``submit`` (synchronous, O(1), never blocks, safe in cancelled code): the row and its
-chunks' machine-integer arrays join a pending list. Every ``poll_s`` the writer task turns what is
-pending into Arrow tables on the event loop, at most ``SLICE_ROWS`` rows at a time with the loop free in
-between (a fraction of a millisecond each, so a send that falls due waits little). Every
-``flush_interval_s`` (1 s by default) a writer thread hands them to the part writer process
-(``loadgen.partproc``: a child at idle CPU priority, so Parquet's encoding, compression and fsync never take
-the loop's core) and waits until it has written them as closed part files.
+chunks' machine-integer arrays join a pending list. Every ``flush_interval_s`` (1 s by default) the writer
+task packs what is pending on the event loop, at most ``SLICE_ROWS`` rows at a time with the loop free in
+between (``rowtables.pack_slice``: a fraction of a millisecond each, so a send that falls due waits
+little), and a writer thread hands the slices to the part writer process (``loadgen.partproc``: a child at
+idle CPU priority, so converting them to Arrow and Parquet's encoding, compression and fsync never take
+the loop's core), which converts them and writes them as closed part files. Without that process (it could
+not start, or died), the loop converts to Arrow in the same slices and the writer thread writes.
 
 Converting in a thread instead was measured: a thread that holds the GIL makes the event loop wait for it
 at every I/O callback (uvloop takes the GIL per callback), and the schedule fell 20-70 ms behind at each
 flush. Nor can the writer thread run at a lower priority: a thread that the OS holds back while it holds
 the GIL holds the loop back too. A child process holds no GIL of ours.
 
-So a run killed at any instant keeps every row converted before its last flush. A write error (disk
+So a run killed at any instant keeps every row packed before its last flush. A write error (disk
 full, I/O error) ends ``run`` with ``RecordWriteError``, which stops the run. ``finish`` converts and
 writes whatever is left, synchronously and in this process (the schedule is over), so a cancelled or
 crashed run still records every row it produced.
@@ -40,8 +41,9 @@ from ..rundir import RunWriter
 
 __all__ = ["ArrowRunWriter", "Recorder", "StreamChunks"]
 
-#: Rows converted to Arrow in one go on the event loop: a send that falls due waits for at most one slice.
-#: Measured on the loop at 2,500 req/s: ~0.4-0.7 ms of CPU for 50 rows with their chunks, 1.3-2.2 ms for 200.
+#: Rows packed (or converted to Arrow) in one go on the event loop: a send that falls due waits for at most one
+#: slice. Converting, measured on the loop at 2,500 req/s: ~0.4-0.7 ms of CPU for 50 rows with their chunks,
+#: 1.3-2.2 ms for 200; packing costs about half.
 SLICE_ROWS = 50
 #: Rows pending that are converted before the flush is due (a long flush interval must not hold raw rows).
 CONVERT_AT_ROWS = 8192
