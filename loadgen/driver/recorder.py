@@ -75,7 +75,8 @@ class Recorder:
         progress: typing.Callable[[], dict[str, Any]] | None = None,
         part_process: PartProcess | None = None,
     ) -> None:
-        """``part_process``: writes the flushes' part files (owned: ``finish`` closes it); None: the writer thread."""
+        """``part_process``: converts and writes the flushes' rows (owned: ``finish`` closes it); None: the loop
+        converts and the writer thread writes."""
         self.writer = writer
         self.part_process = part_process
         self.flush_interval_s = flush_interval_s
