@@ -56,6 +56,14 @@ def _part_writers(pid: int) -> list[psutil.Process]:
     return found
 
 
+def _assert_taken_over(writer: PartProcess, where: Path, rows: list[int], says: str) -> None:
+    """Every part whole, with its rows, after the writer thread took over from the child (and says so)."""
+    assert [pq.read_table(where / f"part-{i:06d}.parquet").num_rows for i in range(len(rows))] == rows
+    assert writer.kind == "process, then thread"
+    assert writer.warning is not None and says in writer.warning, writer.warning
+    no_temp_files(where)
+
+
 def test_the_child_writes_whole_parts_with_their_metadata_at_idle_priority(tmp_path: Path) -> None:
     writer = PartProcess()
     try:
@@ -103,9 +111,7 @@ def test_a_dead_child_hands_the_rest_to_this_thread_and_says_so(tmp_path: Path) 
         writer.write(tmp_path / "part-000002.parquet", _table(4), {}, fsync=False)
     finally:
         writer.close()
-    assert [pq.read_table(tmp_path / f"part-{i:06d}.parquet").num_rows for i in range(3)] == [2, 3, 4]
-    assert writer.kind == "process, then thread"
-    assert writer.warning is not None and "after 1 part(s)" in writer.warning
+    _assert_taken_over(writer, tmp_path, [2, 3, 4], "ended (exit status -9) after 1 part(s)")
 
 
 def test_the_child_ignores_ctrl_c_and_ends_with_its_parent(tmp_path: Path) -> None:
@@ -217,10 +223,7 @@ def test_a_child_that_does_not_answer_is_abandoned_and_the_thread_writes_its_par
         writer.write(tmp_path / "part-000002.parquet", _table(1), {}, fsync=False)
     finally:
         writer.close()
-    assert [pq.read_table(tmp_path / f"part-{i:06d}.parquet").num_rows for i in range(3)] == [2, 5, 1]
-    assert writer.kind == "process, then thread"
-    assert writer.warning is not None and "stopped after 1 part(s) (a test stopped it)" in writer.warning
-    no_temp_files(tmp_path)
+    _assert_taken_over(writer, tmp_path, [2, 5, 1], "stopped after 1 part(s) (a test stopped it)")
 
 
 def test_the_child_converts_packed_slices_as_this_process_would() -> None:
