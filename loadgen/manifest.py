@@ -161,7 +161,7 @@ class DriverInfo(Section):
     sent_at_deadline: int | None = None
     rate_limited: int | None = None
     process_cpu_s: float | None = None  # this process only; the part writer's is part_writer_cpu_s
-    part_writer: str | None = None  # what wrote the flushes' part files: process | thread | process, then thread
+    part_writer: str | None = None  # what wrote the flushes' part files: process | thread | both
     part_writer_cpu_s: float | None = None  # the part writer process's user + system CPU
     rss_start_bytes: int | None = None
     max_rss_bytes: int | None = None

@@ -37,6 +37,8 @@ import select
 import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -53,6 +55,9 @@ __all__ = ["PartProcess"]
 _READY = b'{"ready": true}'
 #: How long a starting child may take (imports, Parquet's set-up) before the parts are written here instead.
 READY_TIMEOUT_S = 120.0
+#: How long a request may wait for the child's answer before the writer thread takes over (``_watch``). A
+#: flush of 2,500 requests took the child 0.13-1.3 s at 2,500 req/s on the loop's own core.
+ANSWER_TIMEOUT_S = 2.0
 _PIPE_BYTES = 1 << 20  # a flush's IPC body in few pipe round trips (Linux's unprivileged maximum)
 
 
@@ -68,16 +73,20 @@ def _lower_priority() -> None:
 class PartProcess:
     """The parent's end: ``write`` as ``loadgen.parts.write_part_file``, done by the child (see module)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, idle: bool = True) -> None:
+        """``idle``: the child lowers its priority once started (always, in a run; tests of the protocol turn it
+        off, so a host with no idle CPU cannot starve them)."""
         self.warning: str | None = None
         self.cpu_s: float | None = None  # the child's user + system CPU, once closed
-        self.parts = 0
+        self.parts = 0  # written by the child
+        self.thread_parts = 0  # written by the calling thread (the child not ready yet, or lost)
         self._ready = False
+        self._reading = threading.Lock()
         self._abandoned: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "loadgen.partproc"],
+                [sys.executable, "-m", "loadgen.partproc", *([] if idle else ["--normal-priority"])],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
@@ -93,47 +102,68 @@ class PartProcess:
 
                 fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)  # type: ignore[union-attr]
 
-    def wait_ready(self) -> None:
-        """Wait until the child has started (imports, Parquet's set-up: at normal priority, so call this
-        before the run's clock starts) and lowered its priority; a child that cannot start is not used."""
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> bool:
+        """Wait up to ``timeout_s`` until the child has started (imports, Parquet's set-up, at normal
+        priority: the driver waits a little before its clock starts) and lowered its priority; True once it
+        has. Until then parts are written in the calling thread; a child that has not started within
+        ``READY_TIMEOUT_S`` (or cannot) is not used."""
+        with self._reading:
+            return self._poll_ready(timeout_s)
+
+    def _poll_ready(self, timeout_s: float) -> bool:
         proc = self._proc
         if proc is None or self._ready:
-            return
+            return self._ready and proc is not None
         assert proc.stdout is not None
         try:
-            started, _, _ = select.select([proc.stdout], [], [], READY_TIMEOUT_S)
+            started, _, _ = select.select([proc.stdout], [], [], timeout_s)
+            if not started and timeout_s < READY_TIMEOUT_S:
+                return False
             line = proc.stdout.readline() if started else b""
         except (OSError, ValueError):
             line = b""
         if line.strip() != _READY:
             self._lost(proc)
-            return
+            return False
         self._ready = True
+        return True
 
     @property
     def running(self) -> bool:
-        """Started, ready, and not lost: parts and conversions go to it."""
-        return self._proc is not None and self._ready
+        """Started, ready, and not lost: conversions and parts go to it (checked without waiting)."""
+        if self._proc is None:
+            return False
+        if self._ready:
+            return True
+        if not self._reading.acquire(blocking=False):  # the writer thread is asking it
+            return False
+        try:
+            return self._poll_ready(0.0)
+        finally:
+            self._reading.release()
 
     @property
     def kind(self) -> str:
-        """What wrote the parts: ``process`` (all of them), ``thread`` (none) or ``process, then thread``."""
-        if self.warning is None:
+        """What wrote the parts: ``process``, ``thread`` (the child never did), or ``both`` (it was not ready
+        yet, or was lost: ``warning`` says why)."""
+        if self.thread_parts == 0:
             return "process"
-        return "process, then thread" if self.parts else "thread"
+        return "both" if self.parts else "thread"
 
     def write(self, final: Path, table: pa.Table, meta: dict[str, str], fsync: bool) -> None:
         """Write one part (``write_part_file``'s contract); the child's write error is raised here."""
-        self.wait_ready()
         proc = self._proc
-        if proc is None:
+        if proc is None or not self.running:
             write_part_file(final, table, meta, fsync)
+            self.thread_parts += 1
             return
         header = {"op": "write", "path": os.path.abspath(final), "meta": meta, "fsync": fsync}
-        reply = self._ask(proc, header, _ipc_bytes(table))
+        with self._watch():
+            reply = self._ask(proc, header, _ipc_bytes(table))
         if reply is None:  # the child is gone: this part and the rest, here
             self._lost(proc)
             write_part_file(final, table, meta, fsync)
+            self.thread_parts += 1
             return
         if not reply.get("ok"):  # named by the path as this process knows it
             raise RecordWriteError(final, str(reply.get("reason", "part writer failed")))
@@ -142,26 +172,27 @@ class PartProcess:
     def convert(self, packed: list[bytes]) -> tuple[pa.Table | None, pa.Table | None]:
         """``rowtables.unpack_slices(packed)``, done by the child (it holds no GIL of ours); here when it is
         gone, or when it could not (the same error is then raised here, as without a child)."""
-        self.wait_ready()
         proc = self._proc
-        if proc is None:
+        if proc is None or not self.running:
             return unpack_slices(packed)
-        reply = self._ask(proc, {"op": "convert"}, pickle.dumps(packed, 5))
+        assert proc.stdout is not None
+        with self._watch():
+            reply = self._ask(proc, {"op": "convert"}, pickle.dumps(packed, 5))
+            try:
+                sizes = reply["sizes"] if reply is not None and reply.get("ok") else []
+                tables = [_from_ipc(proc.stdout.read(size)) if size else None for size in sizes]
+            except (OSError, ValueError, pa.ArrowInvalid):
+                reply = None
         if reply is None:
             self._lost(proc)
             return unpack_slices(packed)
         if not reply.get("ok"):
             return unpack_slices(packed)
-        assert proc.stdout is not None
-        try:
-            tables = [_from_ipc(proc.stdout.read(size)) if size else None for size in reply["sizes"]]
-        except (OSError, ValueError, pa.ArrowInvalid):
-            self._lost(proc)
-            return unpack_slices(packed)
         return tables[0], tables[1]
 
     def _ask(self, proc: subprocess.Popen[bytes], header: dict, body: Any) -> dict | None:
-        """Send one request (``header``, ``body``: bytes or a ``pa.Buffer``); its answer, None if the child died."""
+        """Send one request (``header``, ``body``: bytes or a ``pa.Buffer``); its answer, None if the child died
+        or was abandoned meanwhile (see ``_watch``)."""
         head = json.dumps(header).encode()
         assert proc.stdin is not None and proc.stdout is not None
         size = body.size if isinstance(body, pa.Buffer) else len(body)
@@ -176,6 +207,23 @@ class PartProcess:
             return json.loads(line) if line else None
         except ValueError:
             return None
+
+    @contextlib.contextmanager
+    def _watch(self) -> Iterator[None]:
+        """A request that the child has not answered within ``ANSWER_TIMEOUT_S`` abandons it: at idle priority on
+        a host with no idle CPU (every core busy) it may not run for a long time, and the rows would wait in
+        memory meanwhile. Its request then fails, and the writer thread does the work, from then on."""
+        timer = threading.Timer(
+            ANSWER_TIMEOUT_S,
+            self.abandon,
+            (f"it had not answered within {ANSWER_TIMEOUT_S:g} s: idle priority on a host with no idle CPU",),
+        )
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
 
     def abandon(self, why: str) -> None:
         """Stop the child from another thread; a ``write`` waiting for it writes its part in its own thread,
@@ -298,7 +346,8 @@ def main() -> None:
         signal.signal(sig, signal.SIG_IGN)
     warm = pa.table({"x": pa.array([0], pa.int64())})  # Parquet's one-time set-up, before the first part
     pq.write_table(warm, pa.BufferOutputStream(), compression="zstd")
-    _lower_priority()
+    if "--normal-priority" not in sys.argv[1:]:
+        _lower_priority()
     sys.stdout.buffer.write(_READY + b"\n")
     sys.stdout.buffer.flush()
     _serve(sys.stdin.buffer, sys.stdout.buffer)

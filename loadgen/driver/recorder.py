@@ -47,8 +47,9 @@ __all__ = ["ArrowRunWriter", "Recorder", "StreamChunks"]
 SLICE_ROWS = 50
 #: Rows pending that are converted before the flush is due (a long flush interval must not hold raw rows).
 CONVERT_AT_ROWS = 8192
-#: How long ``finish`` waits for the part writer process's answer before the writer thread takes over.
-FINISH_WAIT_S = 2.0
+#: How long ``finish`` waits for the part writer process's answer before the writer thread takes over (once
+#: the schedule is over the loop is idle, and a child that has not answered by then is not being run).
+FINISH_WAIT_S = 0.5
 
 
 #: RunWriter accepts ready Arrow tables itself; the old name stays for callers.
@@ -197,11 +198,11 @@ class Recorder:
 
     async def _flush(self, taken, progress: dict[str, Any]) -> None:
         """``_write`` in the writer thread (by the part writer process, when there is one); waits for it to
-        finish, also when cancelled meanwhile (``finish`` then waits for it too: the thread writes what it
-        took, whatever happens here)."""
+        finish. A cancelled wait (Ctrl-C, the run's end) returns at once, so the run stops when it is told to;
+        the thread still writes what it took, and ``finish`` waits for it."""
         job = self._pool().submit(self._write, taken, progress, self.part_process)
         self._jobs = [job]
-        await anyio.to_thread.run_sync(job.result)
+        await anyio.to_thread.run_sync(job.result, abandon_on_cancel=True)
 
     def finish(self) -> None:
         """Convert and write everything still pending (synchronous; the end of the run), after a write

@@ -65,6 +65,11 @@ from .transport import RawHTTP11Transport
 
 __all__ = ["SEND_LAG_WARN_NS", "run_trace"]
 
+#: How long the run waits, after its warm-ups, for the part writer process to be ready before its clock starts
+#: (it is ready in well under a second on an idle host; on a busy one the run starts without it, and the writer
+#: thread writes until it is).
+PART_PROCESS_WAIT_S = 1.0
+
 #: Warn when the send-lag p99 exceeds this (ns).
 SEND_LAG_WARN_NS = 1_000_000
 #: Start instant is this far after setup ends, so task-group start-up is not counted as lag.
@@ -365,14 +370,15 @@ async def run_trace(options: RunOptions, shard: Shard | None = None) -> Path:
             )
             for i in scraped
         ]
-        # the flushes' part files are written by a child at idle priority (the loop's core stays the loop's);
-        # it starts beside the warm-ups, at normal priority, and is ready (lowered) before the anchor
-        part_process = PartProcess()
+        # --part-writer process: the flushes are converted and written by a child at idle priority (the loop's
+        # core stays the loop's); it starts beside the warm-ups, at normal priority, and lowers itself once ready
+        part_process = PartProcess() if options.part_writer == "process" else None
         gpu = None
         try:
             await anyio.to_thread.run_sync(warm_up_arrow)
             await _warm_up(counter)
-            await anyio.to_thread.run_sync(part_process.wait_ready)
+            if part_process is not None:
+                await anyio.to_thread.run_sync(part_process.wait_ready, PART_PROCESS_WAIT_S)
             gpu, gpu_section = open_gpu_telemetry(options.gpu_telemetry, options.scrape_interval_s)
             if gpu is None and options.gpu_telemetry == "on":
                 raise TargetError(f"--gpu-telemetry on: {gpu_section['reason']}: expected an NVIDIA GPU on this host")
@@ -385,7 +391,8 @@ async def run_trace(options: RunOptions, shard: Shard | None = None) -> Path:
                 shard=shard.name if shard else None,
             )
         except BaseException:
-            part_process.close()
+            if part_process is not None:
+                part_process.close()
             if gpu is not None:
                 gpu.close()
             raise
