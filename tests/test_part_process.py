@@ -116,12 +116,17 @@ def test_a_write_error_in_the_child_is_the_parents_record_write_error(tmp_path: 
     assert pq.read_table(tmp_path / "part-000001.parquet").num_rows == 3
 
 
-def test_a_dead_child_hands_the_rest_to_this_thread_and_says_so(tmp_path: Path) -> None:
+def _one_part_written(where: Path) -> tuple[PartProcess, psutil.Process]:
+    """A ready writer (normal priority) that has written ``part-000000`` (2 rows) through its child."""
     writer = PartProcess(idle=False)
     writer.wait_ready()
+    writer.write(where / "part-000000.parquet", _table(2), {}, fsync=False)
+    return writer, psutil.Process(writer._proc.pid)  # type: ignore[union-attr]
+
+
+def test_a_dead_child_hands_the_rest_to_this_thread_and_says_so(tmp_path: Path) -> None:
+    writer, child = _one_part_written(tmp_path)
     try:
-        writer.write(tmp_path / "part-000000.parquet", _table(2), {}, fsync=False)
-        child = psutil.Process(writer._proc.pid)  # type: ignore[union-attr]
         child.kill()
         child.wait(timeout=30)
         writer.write(tmp_path / "part-000001.parquet", _table(3), {}, fsync=False)
@@ -176,21 +181,16 @@ def test_the_child_ignores_ctrl_c_and_ends_with_its_parent(tmp_path: Path) -> No
         parent.wait(timeout=30)
 
 
+def _run_with_the_child(trace: Path, url: str, out: Path) -> subprocess.Popen:
+    """``loadgen run`` through the real CLI with the part writer process, flushing every 0.2 s."""
+    args = ["run", str(trace), "--target", url, "--out", str(out), "--flush-interval-s", "0.2"]
+    return loadgen(*args, "--part-writer", "process")
+
+
 def test_a_run_records_through_the_child_and_names_it_in_the_manifest(instant, tmp_path: Path) -> None:
     trace = make_trace(tmp_path / "t.parquet", [i * 5.0 for i in range(200)])
     out = tmp_path / "run"
-    proc = loadgen(
-        "run",
-        str(trace),
-        "--target",
-        instant.base_url,
-        "--out",
-        str(out),
-        "--flush-interval-s",
-        "0.2",
-        "--part-writer",
-        "process",
-    )
+    proc = _run_with_the_child(trace, instant.base_url, out)
     _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr
     m = read_manifest(out)
@@ -210,18 +210,7 @@ def test_a_run_whose_part_writer_dies_loses_nothing(instant, tmp_path: Path) -> 
     # 100 req/s for 6 s; the child is killed once the first rows are on disk
     trace = make_trace(tmp_path / "t.parquet", [i * 10.0 for i in range(600)])
     out = tmp_path / "run"
-    proc = loadgen(
-        "run",
-        str(trace),
-        "--target",
-        instant.base_url,
-        "--out",
-        str(out),
-        "--flush-interval-s",
-        "0.2",
-        "--part-writer",
-        "process",
-    )
+    proc = _run_with_the_child(trace, instant.base_url, out)
     try:
         wait_for(lambda: rows_on_disk(out) > 0, "the first flushed rows")
         (child,) = wait_for(lambda: _part_writers(proc.pid), "the part writer process")
@@ -256,11 +245,8 @@ def test_a_child_that_cannot_start_leaves_the_parts_to_this_thread(tmp_path: Pat
 def test_a_child_that_does_not_answer_is_abandoned_and_the_thread_writes_its_part(tmp_path: Path) -> None:
     """What ``Recorder.finish`` does when the child, at idle priority on a busy host, has not run for a while:
     here it is stopped (SIGSTOP), so it cannot answer at all."""
-    writer = PartProcess(idle=False)
-    writer.wait_ready()
+    writer, child = _one_part_written(tmp_path)
     try:
-        writer.write(tmp_path / "part-000000.parquet", _table(2), {}, fsync=False)
-        child = psutil.Process(writer._proc.pid)  # type: ignore[union-attr]
         child.suspend()
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             job = pool.submit(writer.write, tmp_path / "part-000001.parquet", _table(5), {}, False)
