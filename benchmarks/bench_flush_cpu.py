@@ -27,7 +27,6 @@ deadlines (p50, p99, max, how many were over 1 ms), each kind run ``--lag-repeat
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import sys
 import tempfile
@@ -80,23 +79,21 @@ async def _paced(recorder: Recorder, rate: float, chunks: int, seconds: float) -
     """Deadlines ``1/rate`` apart for ``seconds``, one submitted request each; returns each one's lateness (ns)."""
     import anyio
 
+    from loadgen.driver.run import replay_settings
     from loadgen.driver.schedule import sleep_until
 
     late: list[int] = []
     step = int(1e9 / rate)
-    gc.collect()  # the driver's settings for its run (loadgen.driver.run._replay)
-    gc.freeze()
-    gc.set_threshold(20_000, 20, 50)
-    sys.setswitchinterval(0.0005)
-    async with anyio.create_task_group() as tg:
-        await tg.start(recorder.run)
-        start = time.perf_counter_ns() + 50_000_000
-        for i in range(int(seconds * rate)):
-            deadline = start + i * step
-            await sleep_until(deadline)
-            late.append(time.perf_counter_ns() - deadline)
-            _fill(recorder, 1, chunks, f"lag{i}", convert=False)
-        tg.cancel_scope.cancel()
+    with replay_settings():  # the driver's, for its replay
+        async with anyio.create_task_group() as tg:
+            await tg.start(recorder.run)
+            start = time.perf_counter_ns() + 50_000_000
+            for i in range(int(seconds * rate)):
+                deadline = start + i * step
+                await sleep_until(deadline)
+                late.append(time.perf_counter_ns() - deadline)
+                _fill(recorder, 1, chunks, f"lag{i}", convert=False)
+            tg.cancel_scope.cancel()
     return late
 
 

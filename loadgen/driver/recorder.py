@@ -93,7 +93,7 @@ class Recorder:
         self._metrics: list[dict[str, list[Any]]] = []
         self._packed: list[bytes] = []  # slices packed for the part writer process to convert
         self._writer_pool: ThreadPoolExecutor | None = None
-        self._jobs: list[concurrent.futures.Future] = []  # the flush handed to the writer thread last
+        self._job: concurrent.futures.Future | None = None  # the flush handed to the writer thread last
 
     def submit(self, row: dict[str, Any], chunks: StreamChunks | None) -> None:
         """Record one request row and its chunks (O(1): appended to the pending list)."""
@@ -201,7 +201,7 @@ class Recorder:
         finish. A cancelled wait (Ctrl-C, the run's end) returns at once, so the run stops when it is told to;
         the thread still writes what it took, and ``finish`` waits for it."""
         job = self._pool().submit(self._write, taken, progress, self.part_process)
-        self._jobs = [job]
+        self._job = job
         await anyio.to_thread.run_sync(job.result, abandon_on_cancel=True)
 
     def finish(self) -> None:
@@ -212,9 +212,9 @@ class Recorder:
         whose every core is busy, it may not run for seconds) is stopped, and the writer thread writes
         that flush itself (``PartProcess.abandon``)."""
         if self._writer_pool is not None:
-            in_flight = [job for job in self._jobs if not job.done()]
-            if in_flight and self.part_process is not None:
-                _, late = concurrent.futures.wait(in_flight, timeout=FINISH_WAIT_S)
+            job = self._job
+            if job is not None and not job.done() and self.part_process is not None:
+                _, late = concurrent.futures.wait([job], timeout=FINISH_WAIT_S)
                 if late:
                     self.part_process.abandon(f"it had not written a flush {FINISH_WAIT_S:g} s after the run ended")
             self._writer_pool.shutdown(wait=True)

@@ -13,12 +13,14 @@ before the last flush; each flush records until which scheduled instant every re
 from __future__ import annotations
 
 import base64
+import contextlib
 import gc
 import math
 import os
 import resource
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -515,6 +517,25 @@ class _Coverage:
         return {"flushed_ns": now, "covered_until_ns": covered, "dispatched": dispatched}
 
 
+@contextlib.contextmanager
+def replay_settings() -> Iterator[None]:
+    """The interpreter as a run's replay needs it, restored after: a short GIL switch interval (a thread
+    must not hold the GIL for 5 ms), and the prepared requests, which live for the whole run, kept out of
+    every garbage collection, with the young generation collected less often (a full pass over 10^5 objects
+    is a 10+ ms pause)."""
+    old_switch, old_gc = sys.getswitchinterval(), gc.get_threshold()
+    sys.setswitchinterval(min(old_switch, 0.0005))
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(max(old_gc[0], 20_000), max(old_gc[1], 20), max(old_gc[2], 50))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(old_switch)
+        gc.set_threshold(*old_gc)
+        gc.unfreeze()
+
+
 async def _replay(
     options: RunOptions,
     inputs: _Inputs,
@@ -534,14 +555,8 @@ async def _replay(
     if shard is not None:  # the worker reports these live counters to the coordinator
         shard.live = ctx
     scrapers: list[MetricsScraper] = []
-    old_switch = sys.getswitchinterval()
-    sys.setswitchinterval(min(old_switch, 0.0005))  # a flushing thread must not hold the GIL for 5 ms
-    # the prepared requests live for the whole run: keep them out of every garbage collection,
-    # and collect the young generation less often (a full pass over 10^5 objects is a 10+ ms pause)
-    old_gc = gc.get_threshold()
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(max(old_gc[0], 20_000), max(old_gc[1], 20), max(old_gc[2], 50))
+    settings = contextlib.ExitStack()
+    settings.enter_context(replay_settings())
     state, interrupted_by, deadline_hit, stop_abs = "complete", None, False, None
     ctx.cpu_start_s = time.process_time()
     ctx.rss_start_bytes = psutil.Process().memory_info().rss
@@ -594,11 +609,9 @@ async def _replay(
         state, interrupted_by, stop_abs = "failed", _describe(exc), time.perf_counter_ns()
         raise
     finally:
-        sys.setswitchinterval(old_switch)
+        settings.close()
         if shard is not None:  # the raw lags: the coordinator's percentiles are over every worker's
             shard.lag_ns, shard.dispatched = list(ctx.lag.values), ctx.dispatched
-        gc.set_threshold(*old_gc)
-        gc.unfreeze()
         if progress is not None:
             progress.close()
         for _, scraper_client in scraper_clients:
