@@ -163,6 +163,7 @@ class DriverInfo(Section):
     process_cpu_s: float | None = None  # this process only; the part writer's is part_writer_cpu_s
     part_writer: str | None = None  # what wrote the flushes' part files: process | thread | both
     part_writer_cpu_s: float | None = None  # the part writer process's user + system CPU
+    part_writer_priority: str | None = None  # the part writer process's: idle (SCHED_IDLE) | low (nice 10) | normal
     rss_start_bytes: int | None = None
     max_rss_bytes: int | None = None
     peak_in_flight: int | None = None

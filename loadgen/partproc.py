@@ -1,4 +1,4 @@
-"""The part writer process: a child at idle CPU priority that converts a run's rows and writes its part files.
+"""The part writer process: a child at low CPU priority that converts a run's rows and writes its part files.
 
 Why: a flush's Parquet encoding, compression and ``fsync`` cost a writer thread 5-11 ms of CPU per 2,500
 requests (40,000 chunk rows), and converting the rows to Arrow cost the event loop 20-35 ms more
@@ -6,10 +6,17 @@ requests (40,000 chunk rows), and converting the rows to Arrow cost the event lo
 worker): the schedule fell 6-52 ms behind at each flush (send-lag p99 at 2,500 req/s on one core). A thread
 cannot simply run at a lower priority: when the OS holds it back while it holds the GIL, the loop waits for
 it too (1 s stalls were measured at nice 19 beside a busy process). A child process holds no GIL of ours,
-so it runs at ``SCHED_IDLE`` (nice 19 where that policy is missing): the kernel gives it only CPU that
-nothing else wants, and a waking event loop preempts it at once. It starts at normal priority (imports,
-Parquet's set-up), and says it is ready once it has lowered itself: the driver waits for that before its
-clock starts.
+so it can run at a low priority (``priority_for``):
+
+- ``idle``, where this process may run on one CPU only (pinned: one core per worker): ``SCHED_IDLE`` (nice 19
+  where that policy is missing). The kernel gives it only CPU that nothing else wants, and a waking event loop
+  preempts it at once.
+- ``low``, where it may run on several: nice 10. At idle priority it would starve on a host whose every core
+  is busy (measured: the suite beside two busy loops, flushes late by seconds), while here the kernel places
+  it on another core whenever one has time.
+
+It starts at normal priority (imports, Parquet's set-up), and says it is ready once it has lowered itself:
+the driver waits for that (a little) before its clock starts.
 
 The parent's writer thread sends each request and waits for the child's answer (so parts reach disk in
 order, and a write error stops the run as before): a 4-byte header length, the JSON header, an 8-byte body
@@ -40,7 +47,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import psutil
 import pyarrow as pa
@@ -48,9 +55,10 @@ import pyarrow.parquet as pq
 
 from .errors import RecordWriteError
 from .parts import write_part_file
+from .pinning import affinity
 from .rowtables import unpack_slices
 
-__all__ = ["PartProcess"]
+__all__ = ["LOW_NICE", "PartProcess", "Priority", "priority_for"]
 
 _READY = b'{"ready": true}'
 #: How long a starting child may take (imports, Parquet's set-up) before the parts are written here instead.
@@ -59,23 +67,43 @@ READY_TIMEOUT_S = 120.0
 #: flush of 2,500 requests took the child 0.13-1.3 s at 2,500 req/s on the loop's own core.
 ANSWER_TIMEOUT_S = 2.0
 _PIPE_BYTES = 1 << 20  # a flush's IPC body in few pipe round trips (Linux's unprivileged maximum)
+#: How long ``close`` waits for the killed child to be gone before a daemon thread reaps it (at idle priority
+#: on a busy host, even dying waits for CPU).
+_REAP_WAIT_S = 0.5
+
+Priority = Literal["idle", "low", "normal"]
+#: The child's nice value at ``low`` priority.
+LOW_NICE = 10
 
 
-def _lower_priority() -> None:
-    """This process at the lowest CPU priority it may take (a process may always lower its own)."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        with contextlib.suppress(AttributeError, OSError):
-            os.nice(19)
+def priority_for(cpus: frozenset[int] | None) -> Priority:
+    """The child's priority for a process that may run on ``cpus`` (None: not known): ``idle`` on one CPU,
+    where the only CPU it may take is what the loop leaves; ``low`` on several, where idle priority could starve
+    it behind other busy processes (see module)."""
+    return "idle" if cpus is not None and len(cpus) == 1 else "low"
+
+
+def _lower_priority(priority: Priority) -> None:
+    """This process at ``priority`` (a process may always lower its own)."""
+    if priority == "normal":
+        return
+    if priority == "idle":
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            return
+        except (AttributeError, OSError):
+            pass
+    with contextlib.suppress(AttributeError, OSError):
+        os.nice((19 if priority == "idle" else LOW_NICE) - os.nice(0))
 
 
 class PartProcess:
     """The parent's end: ``write`` as ``loadgen.parts.write_part_file``, done by the child (see module)."""
 
-    def __init__(self, *, idle: bool = True) -> None:
-        """``idle``: the child lowers its priority once started (always, in a run; tests of the protocol turn it
-        off, so a host with no idle CPU cannot starve them)."""
+    def __init__(self, priority: Priority | None = None) -> None:
+        """``priority``: what the child lowers itself to once started; None: ``priority_for`` this process's
+        CPUs (a run's choice)."""
+        self.priority: Priority = priority or priority_for(affinity())
         self.warning: str | None = None
         self.cpu_s: float | None = None  # the child's user + system CPU, once closed
         self.parts = 0  # written by the child
@@ -86,7 +114,7 @@ class PartProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "loadgen.partproc", *([] if idle else ["--normal-priority"])],
+                [sys.executable, "-m", "loadgen.partproc", self.priority],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
@@ -237,9 +265,7 @@ class PartProcess:
 
     def _lost(self, proc: subprocess.Popen[bytes]) -> None:
         self._proc = None
-        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            proc.kill()
-            proc.wait(timeout=10)
+        _end(proc)
         if self._abandoned:
             self.warning = (
                 f"the part writer process was stopped after {self.parts} part(s) ({self._abandoned}): the rest "
@@ -267,12 +293,21 @@ class PartProcess:
         with contextlib.suppress(psutil.Error):
             times = psutil.Process(proc.pid).cpu_times()
             self.cpu_s = round(times.user + times.system, 4)
+        _end(proc)
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the child and close our ends; reaped here within ``_REAP_WAIT_S``, else by a daemon thread (a killed
+    process at idle priority dies only once it gets CPU, which a saturated host may not give it for seconds)."""
+    with contextlib.suppress(OSError):
+        proc.kill()
+    for pipe in (proc.stdin, proc.stdout):
         with contextlib.suppress(OSError):
-            proc.kill()
-        proc.wait()
-        for pipe in (proc.stdin, proc.stdout):
-            with contextlib.suppress(OSError):
-                pipe.close()  # type: ignore[union-attr]
+            pipe.close()  # type: ignore[union-attr]
+    try:
+        proc.wait(timeout=_REAP_WAIT_S)
+    except subprocess.TimeoutExpired:
+        threading.Thread(target=proc.wait, name="loadgen-part-writer-reaper", daemon=True).start()
 
 
 def _ipc_stream(sink: pa.NativeFile, table: pa.Table) -> None:
@@ -341,13 +376,16 @@ def _serve(inp: IO[bytes], out: IO[bytes]) -> None:
         out.flush()
 
 
+def _priority_arg(argv: list[str]) -> Priority:
+    return "normal" if argv[:1] == ["normal"] else "low" if argv[:1] == ["low"] else "idle"
+
+
 def main() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     warm = pa.table({"x": pa.array([0], pa.int64())})  # Parquet's one-time set-up, before the first part
     pq.write_table(warm, pa.BufferOutputStream(), compression="zstd")
-    if "--normal-priority" not in sys.argv[1:]:
-        _lower_priority()
+    _lower_priority(_priority_arg(sys.argv[1:]))
     sys.stdout.buffer.write(_READY + b"\n")
     sys.stdout.buffer.flush()
     _serve(sys.stdin.buffer, sys.stdout.buffer)

@@ -259,6 +259,9 @@ def test_workers_run_is_one_run_equal_to_the_single_process_run(tmp_path: Path, 
         assert (w.cpu_user_s or 0) > 0 and w.send_lag_ns["n"] == w.requests_assigned
         assert w.exit == "exit code 0" and w.state == "complete"
     assert manifest.send_lag_ns is not None and manifest.send_lag_ns["n"] == len(convs)
+    driver = manifest.driver
+    assert driver is not None and driver.part_writer in ("process", "both", "thread")  # what every worker used
+    assert driver.part_writer_priority in ("idle", "low")  # both workers chose by the same CPUs
     assert_same_analysis(single, merged, tmp_path)
 
 

@@ -109,10 +109,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--part-writer",
         choices=("thread", "process"),
-        default="thread",
-        help="who converts and writes the records during the run: the writer thread (default), or a child "
-        "process at idle CPU priority, which keeps the client's core for the schedule (send-lag p99 at "
-        "2,500 req/s on one core: 0.4-0.9 ms against 1-40 ms) but waits while no core has idle time",
+        default="process",
+        help="who converts and writes the records during the run: a child process at low CPU priority "
+        "(default; idle priority when the client may use one CPU only), which keeps the client's core for "
+        "the schedule (send-lag p99 at 2,500 req/s on one core: 0.4-0.9 ms against 1-40 ms), or the "
+        "writer thread",
     )
     p.add_argument(
         "--no-model-check",

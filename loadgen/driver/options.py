@@ -62,9 +62,9 @@ class RunOptions(BaseModel):
     request_headers: dict[str, dict[str, str]] = {}  # per request_id headers (e.g. X-Loadgen-Fault in tests)
     run_kind: Literal["measured", "simulated"] = "measured"
     flush_interval_s: float = Field(default=1.0, gt=0, le=60)  # records reach disk at least this often
-    # who converts and writes the flushes: the writer thread, or a child at idle priority (loadgen.partproc;
-    # keeps the loop's core for the schedule, but starves when no core has idle time)
-    part_writer: Literal["thread", "process"] = "thread"
+    # who converts and writes the flushes: a child at low priority (loadgen.partproc; keeps the loop's core
+    # for the schedule), or the writer thread
+    part_writer: Literal["thread", "process"] = "process"
     max_sse_line_bytes: int = Field(default=DEFAULT_MAX_LINE_BYTES, ge=1024, le=1 << 30)  # longer: malformed_sse
     check_model: bool = True  # fail fast when /v1/models lists models and not this one
     workers: int = Field(default=1, ge=1, le=1024)  # >1: spread over worker processes (loadgen.driver.workers)

@@ -5,7 +5,7 @@ chunks' machine-integer arrays join a pending list. Every ``flush_interval_s`` (
 task packs what is pending on the event loop, at most ``SLICE_ROWS`` rows at a time with the loop free in
 between (``rowtables.pack_slice``: a fraction of a millisecond each, so a send that falls due waits
 little), and a writer thread hands the slices to the part writer process (``loadgen.partproc``: a child at
-idle CPU priority, so converting them to Arrow and Parquet's encoding, compression and fsync never take
+low CPU priority, so converting them to Arrow and Parquet's encoding, compression and fsync never take
 the loop's core), which converts them and writes them as closed part files. Without that process (it could
 not start, or died), the loop converts to Arrow in the same slices and the writer thread writes.
 
@@ -208,8 +208,8 @@ class Recorder:
         """Convert and write everything still pending (synchronous; the end of the run), after a write
         still running in the writer thread (its task cancelled while it ran) has finished.
 
-        A part writer process that has not answered within ``FINISH_WAIT_S`` (at idle priority on a host
-        whose every core is busy, it may not run for seconds) is stopped, and the writer thread writes
+        A part writer process that has not answered within ``FINISH_WAIT_S`` (at idle priority, where the run
+        has one CPU and something else keeps it busy, it may not run for seconds) is stopped, and the writer thread writes
         that flush itself (``PartProcess.abandon``)."""
         if self._writer_pool is not None:
             job = self._job

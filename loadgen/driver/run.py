@@ -372,8 +372,9 @@ async def run_trace(options: RunOptions, shard: Shard | None = None) -> Path:
             )
             for i in scraped
         ]
-        # --part-writer process: the flushes are converted and written by a child at idle priority (the loop's
-        # core stays the loop's); it starts beside the warm-ups, at normal priority, and lowers itself once ready
+        # --part-writer process (the default): the flushes are converted and written by a child at low priority
+        # (the loop's core stays the loop's); it starts beside the warm-ups, at normal priority, and lowers
+        # itself once ready
         part_process = PartProcess() if options.part_writer == "process" else None
         gpu = None
         try:
@@ -797,6 +798,7 @@ def _finish(
             "process_cpu_s": round(cpu_s, 4),
             "part_writer": parts_by.kind if parts_by is not None else "thread",
             "part_writer_cpu_s": parts_by.cpu_s if parts_by is not None else None,
+            "part_writer_priority": parts_by.priority if parts_by is not None else None,
             "rss_start_bytes": ctx.rss_start_bytes,
             "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "peak_in_flight": ctx.peak_in_flight,
