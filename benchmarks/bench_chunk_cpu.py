@@ -10,6 +10,10 @@ the table gives each repeat and the medians. A comparator that cannot run is rep
 Two servers (``--servers``):
 - ``paced``: a step every ``--step-ms`` gives each stream one token, one event per token (no coalescing), so
   every chunk is its own network read for both tools: the per-chunk cost as a real engine's pace makes it.
+  The step is 4 ms: at 1 ms, 32 streams send an event every ~31 µs, about what either client spends on one,
+  so the client's core saturates, events pile up between its reads, and its per-chunk figure falls with its
+  reads per chunk (``vllm bench serve`` moved between 28 and 78 µs across invocations there). Each tool's
+  CPU share in its large runs is printed, so a saturated client shows.
 - ``instant``: the ``instant`` preset writes as fast as it can and merges tokens that piled up, so a client
   that reads more slowly gets several events per read and pays fewer system calls per chunk (its figure
   drops); loadgen's reads per chunk are printed.
@@ -54,17 +58,20 @@ VLLM_PY = Path(os.environ.get("LOADGEN_VLLM_PYTHON", "/root/.cache/loadgen/vllm-
 OUTPUT_TOKENS = 64
 
 
-def _child(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[float, str]:
-    """Run ``cmd``; (CPU s user+sys of the child alone, its output). Raises on failure."""
+def _child(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[float, str, float]:
+    """Run ``cmd``; (CPU s user+sys of the child and the children it reaped, its output, wall s). Raises on
+    failure."""
     with tempfile.TemporaryFile(mode="w+") as out:
+        start = time.perf_counter()
         child = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
         _, status, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - start
         out.seek(0)
         text = out.read()
     rc = os.waitstatus_to_exitcode(status)
     if rc != 0:
         raise RuntimeError(f"{' '.join(cmd[:4])} ... exited {rc}: {text[-600:]}")
-    return usage.ru_utime + usage.ru_stime, text
+    return usage.ru_utime + usage.ru_stime, text, wall
 
 
 def _closed_trace(path: Path, n: int, concurrency: int) -> Path:
@@ -85,21 +92,25 @@ def _loadgen_env(loadgen_path: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(loadgen_path)}
 
 
-def loadgen_run(url: str, work: Path, n: int, concurrency: int, loadgen_path: Path) -> tuple[float, int]:
-    """(CPU s, chunks received) of one ``loadgen run`` of ``n`` requests."""
+def loadgen_run(url: str, work: Path, n: int, concurrency: int, loadgen_path: Path) -> tuple[float, int, float]:
+    """(CPU s, chunks received, wall s) of one ``loadgen run`` of ``n`` requests (its CPU includes the part
+    writer process's, which it reaps)."""
     out = work / f"run-{n}"
     shutil.rmtree(out, ignore_errors=True)
     trace = _closed_trace(work / f"closed-{n}.parquet", n, concurrency)
     cmd = [sys.executable, "-m", "loadgen", "run", str(trace), "--target", url, "--out", str(out)]
-    cpu, _ = _child([*cmd, "--scrape-metrics", "off", "--progress", "off"], _loadgen_env(loadgen_path), loadgen_path)
+    cpu, _, wall = _child(
+        [*cmd, "--scrape-metrics", "off", "--progress", "off"], _loadgen_env(loadgen_path), loadgen_path
+    )
     m = json.loads((out / "manifest.json").read_text())
     if m["status_counts"].get("ok") != n:
         raise RuntimeError(f"loadgen run: {m['status_counts']}: expected {n} ok")
-    return cpu, int(m["chunks_recorded"])
+    return cpu, int(m["chunks_recorded"]), wall
 
 
-def vllm_run(url: str, work: Path, n: int, concurrency: int) -> tuple[float, int]:
-    """(CPU s, requests completed) of one ``vllm bench serve`` of ``n`` requests (chunks: n × per-request)."""
+def vllm_run(url: str, work: Path, n: int, concurrency: int) -> tuple[float, int, float]:
+    """(CPU s, requests completed, wall s) of one ``vllm bench serve`` of ``n`` requests (chunks: n ×
+    per-request)."""
     wrapper = work / "vllm_bench.py"
     wrapper.write_text(
         "import sys\nfrom vllm.benchmarks.serve import add_cli_args, main\n"
@@ -112,12 +123,12 @@ def vllm_run(url: str, work: Path, n: int, concurrency: int) -> tuple[float, int
     cmd += ["--random-output-len", str(OUTPUT_TOKENS), "--num-prompts", str(n), "--request-rate", "inf"]
     cmd += ["--max-concurrency", str(concurrency), "--ignore-eos", "--tokenizer", str(tok), "--seed", "7"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    cpu, text = _child(cmd, env, work)
+    cpu, text, wall = _child(cmd, env, work)
     ok = [line for line in text.splitlines() if line.startswith("Successful requests:")]
     done = int(ok[-1].split()[-1]) if ok else 0
     if done != n:
         raise RuntimeError(f"vllm bench serve: {done} of {n} successful: {text[-600:]}")
-    return cpu, done
+    return cpu, done, wall
 
 
 def send_lag(url: str, work: Path, rate: float, seconds: float, loadgen_path: Path, server_pid: int | None) -> dict:
@@ -132,7 +143,7 @@ def send_lag(url: str, work: Path, rate: float, seconds: float, loadgen_path: Pa
     server = psutil.Process(server_pid) if server_pid else None
     before = sum(server.cpu_times()[:2]) if server else 0.0
     cmd = [sys.executable, "-m", "loadgen", "run", str(trace), "--target", url, "--out", str(out)]
-    cpu, _ = _child([*cmd, "--scrape-metrics", "off", "--progress", "off"], _loadgen_env(loadgen_path), loadgen_path)
+    cpu, _, _ = _child([*cmd, "--scrape-metrics", "off", "--progress", "off"], _loadgen_env(loadgen_path), loadgen_path)
     m = json.loads((out / "manifest.json").read_text())
     lag = m.get("send_lag_ns") or {}
     duration = m.get("duration_s") or seconds
@@ -223,9 +234,11 @@ def measure(server: str, url: str, work: Path, args) -> dict:
     vllm_marginal: list[float] = []
     note = ""
     per_request = reads = float("nan")
+    load: dict[str, list[float]] = {"loadgen": [], "vllm": []}  # CPU / wall of each large run, in cores
     for _ in range(args.repeats):
-        a_cpu, a_chunks = loadgen_run(url, work, args.small, args.concurrency, args.loadgen_path)
-        b_cpu, b_chunks = loadgen_run(url, work, args.large, args.concurrency, args.loadgen_path)
+        a_cpu, a_chunks, _ = loadgen_run(url, work, args.small, args.concurrency, args.loadgen_path)
+        b_cpu, b_chunks, b_wall = loadgen_run(url, work, args.large, args.concurrency, args.loadgen_path)
+        load["loadgen"].append(b_cpu / b_wall)
         per_request = b_chunks / args.large
         reads = reads_per_chunk(work / f"run-{args.large}")
         loadgen_marginal.append((b_cpu - a_cpu) / (b_chunks - a_chunks) * 1e6)
@@ -236,8 +249,9 @@ def measure(server: str, url: str, work: Path, args) -> dict:
             note = f"vllm bench serve: skipped ({VLLM_PY} not found)"
             continue
         try:
-            va_cpu, va_n = vllm_run(url, work, args.small, args.concurrency)
-            vb_cpu, vb_n = vllm_run(url, work, args.large, args.concurrency)
+            va_cpu, va_n, _ = vllm_run(url, work, args.small, args.concurrency)
+            vb_cpu, vb_n, vb_wall = vllm_run(url, work, args.large, args.concurrency)
+            load["vllm"].append(vb_cpu / vb_wall)
         except (OSError, RuntimeError) as exc:
             note = f"vllm bench serve: could not run: {str(exc).splitlines()[0][:300]}"
             continue
@@ -250,6 +264,7 @@ def measure(server: str, url: str, work: Path, args) -> dict:
         "vllm": vllm_marginal,
         "per_request": per_request,
         "reads_per_chunk": reads,
+        "load": load,
         "note": note,
     }
 
@@ -315,7 +330,13 @@ def main() -> int:
         "instant: tokens as fast as the server writes them (reads then carry several events, fewer for a "
         "slower client)",
     )
-    ap.add_argument("--step-ms", type=float, default=1.0, help="the paced server's step (every stream gets a token)")
+    ap.add_argument(
+        "--step-ms",
+        type=float,
+        default=4.0,
+        help="the paced server's step (every stream gets a token); at 1 ms, 32 streams send an event every ~31 µs, "
+        "as much as a client spends on one, so its core saturates and its reads start to carry several events",
+    )
     ap.add_argument("--lag-rate", type=float, default=2500.0, help="req/s of the send-lag run (0: skip it)")
     ap.add_argument("--lag-seconds", type=float, default=4.0)
     ap.add_argument("--lag-repeats", type=int, default=3, help="send-lag runs (each its own process)")
@@ -377,6 +398,12 @@ def main() -> int:
         print(
             f"{r['server']:<9} {r['reads_per_chunk']:>11.2f} {_fmt(r['loadgen']) + f' ({lg:.1f})':>24} "
             f"{_fmt(r['vllm']) + f' ({vl:.1f})':>24} {lg / vl:>6.2f}"
+        )
+        shares = {tool: max(values) for tool, values in r["load"].items() if values}
+        print(
+            "  "
+            + ", ".join(f"{tool}: up to {share:.2f} of a core" for tool, share in shares.items())
+            + " in the large runs"
         )
         if r["note"]:
             print(f"  {r['note']}")
