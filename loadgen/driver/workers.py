@@ -596,8 +596,8 @@ def _merged_driver(shards: list[Manifest]) -> dict[str, Any]:
     ]
     driver["part_writer_cpu_s"] = round(sum(parts), 4) if parts else None
     for key, differ in (("part_writer", "both"), ("part_writer_priority", "mixed")):  # each worker's own
-        values = {getattr(m.driver, key) for m in shards if m.driver is not None}
-        driver[key] = values.pop() if len(values) == 1 else differ
+        seen = {getattr(m.driver, key) for m in shards if m.driver is not None}
+        driver[key] = seen.pop() if len(seen) == 1 else differ
     for key in ("rss_start_bytes", "max_rss_bytes", "peak_in_flight"):
         driver[key] = None  # per process: see workers
     return driver
