@@ -22,6 +22,7 @@ from loadgen.records import (
 )
 from loadgen.rundir import load_run
 from loadgen.sim import load_engine_config, parse_engine_config, run_worksheet
+from loadgen.sim.config import PRESETS_DIR
 from loadgen.trace.io import write_trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -237,6 +238,44 @@ def test_cli_sim_run(tmp_path):
         check=False,
     )
     assert bad.returncode == 2 and "no such preset" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("true", "scheduler.max_num_batched_tokens = True: expected a number, got the boolean true"),
+        (
+            "1",
+            "the simulated engine made no progress with requests queued (max_num_seqs = 1024, max_num_batched_tokens = 1",
+        ),
+    ],
+)
+def test_an_engine_config_that_cannot_serve_is_one_line(tmp_path, value: str, says: str) -> None:
+    """Found by tests/test_fuzz_cli.py: a boolean taken as the number 1, and a token budget of 1, ended in a
+    traceback (RuntimeError) instead of one line and exit 2."""
+    preset = (PRESETS_DIR / "instant.toml").read_text()
+    lines = [
+        f"max_num_batched_tokens = {value}" if ln.startswith("max_num_batched_tokens") else ln
+        for ln in preset.splitlines()
+    ]
+    engine = tmp_path / "m.toml"
+    engine.write_text("\n".join(lines) + "\n")
+    trace = make_trace(tmp_path / "t.parquet", n=5)
+    args = [
+        sys.executable,
+        "-m",
+        "loadgen",
+        "sim",
+        "run",
+        str(trace),
+        "--engine",
+        str(engine),
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and says in done.stderr, done.stderr
 
 
 @pytest.mark.slow

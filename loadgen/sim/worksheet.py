@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import __version__
-from ..errors import TraceError
+from ..errors import EngineError, TraceError
 from ..identity import harness_identity, host_identity, sha256_file, utc_now_iso
 from ..manifest import Anchor, EngineIdentity, Manifest, TargetRef, TraceRef, WarmState, merge_manifest
 from ..records import (
@@ -383,13 +383,24 @@ def _run_fleet_virtual_time(engines: list[Engine], client: _Client) -> tuple[_St
         times = [p[0] for p in pending if p is not None] + wake + ([nxt] if nxt is not None else [])
         if not times:
             if any(e.has_work for e in engines):
-                raise RuntimeError("simulated engine made no progress (config cannot serve its queue)")
+                raise _no_progress(next(e for e in engines if e.has_work))
             break
         t_next = min(times)
         if t_next <= t and not any(p is not None and p[0] <= t for p in pending):
-            raise RuntimeError("simulated engine made no progress (config cannot serve its queue)")
+            raise _no_progress(engines[0])
         t = max(t, t_next)
     return steps, states
+
+
+def _no_progress(engine: Engine) -> EngineError:
+    """A config whose engine cannot serve its queue (a step that admits nothing, and nothing else to wait for):
+    one line, naming it and the limits that decide admission."""
+    c = engine.config
+    return EngineError(
+        f"engine config {c.name!r}: the simulated engine made no progress with requests queued (max_num_seqs = "
+        f"{c.scheduler.max_num_seqs}, max_num_batched_tokens = {c.scheduler.max_num_batched_tokens}, "
+        f"num_kv_blocks = {engine.total_blocks}): expected limits under which a step can admit a request"
+    )
 
 
 def _run_virtual_time(engine: Engine, client: _Client, fast: bool = True) -> _Steps:
@@ -419,7 +430,7 @@ def _run_virtual_time(engine: Engine, client: _Client, fast: bool = True) -> _St
         res = engine.step(t)
         if res.duration_ns == 0 and not res.emitted and not res.finished:
             if nxt == NEVER_NS or nxt <= t:
-                raise RuntimeError("simulated engine made no progress (config cannot serve its queue)")
+                raise _no_progress(engine)
             t = nxt
             continue
         t += res.duration_ns
