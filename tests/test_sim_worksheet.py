@@ -205,38 +205,19 @@ def test_ledger_sized_engine(tmp_path):
     assert config.num_kv_blocks == 10 * 1024 // 2
 
 
+def _sim_run(trace: Path, engine: str | Path, out: Path) -> subprocess.CompletedProcess:
+    """``loadgen sim run TRACE --engine ENGINE --out OUT`` through the real CLI."""
+    args = [sys.executable, "-m", "loadgen", "sim", "run", str(trace), "--engine", str(engine), "--out", str(out)]
+    return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+
+
 def test_cli_sim_run(tmp_path):
     trace = make_trace(tmp_path / "t.parquet", n=20)
     out = tmp_path / "run"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "loadgen",
-            "sim",
-            "run",
-            str(trace),
-            "--engine",
-            "throughput-large-batch",
-            "--out",
-            str(out),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = _sim_run(trace, "throughput-large-batch", out)
     assert proc.returncode == 0, proc.stderr
     assert "simulated" in proc.stdout and (out / REQUESTS_FILE).exists()
-    bad = subprocess.run(
-        [sys.executable, "-m", "loadgen", "sim", "run", str(trace), "--engine", "nope", "--out", str(tmp_path / "x")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    bad = _sim_run(trace, "nope", tmp_path / "x")
     assert bad.returncode == 2 and "no such preset" in bad.stderr
 
 
@@ -260,20 +241,7 @@ def test_an_engine_config_that_cannot_serve_is_one_line(tmp_path, value: str, sa
     ]
     engine = tmp_path / "m.toml"
     engine.write_text("\n".join(lines) + "\n")
-    trace = make_trace(tmp_path / "t.parquet", n=5)
-    args = [
-        sys.executable,
-        "-m",
-        "loadgen",
-        "sim",
-        "run",
-        str(trace),
-        "--engine",
-        str(engine),
-        "--out",
-        str(tmp_path / "o"),
-    ]
-    done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    done = _sim_run(make_trace(tmp_path / "t.parquet", n=5), engine, tmp_path / "o")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and says in done.stderr, done.stderr
 
