@@ -8,8 +8,12 @@ a bound are rejected with one line naming the file, field, value and the bound; 
 from __future__ import annotations
 
 import math
+from typing import Any, get_args
+
+from pydantic import BaseModel, model_validator
 
 __all__ = [
+    "InputModel",
     "MAX_CONCURRENCY",
     "MAX_DURATION_S",
     "MAX_HTTP_STATUS",
@@ -57,6 +61,23 @@ def is_finite(value: object) -> bool:
     if isinstance(value, int):
         return True
     return isinstance(value, float) and math.isfinite(value)
+
+
+class InputModel(BaseModel):
+    """The base of every model read from a user's file (scenario, plan, prices, engine config, contract cases):
+    a boolean where a number is expected is refused (pydantic would take ``true`` as 1). A model validator, not
+    a field one: pydantic allows no "before" validator on a discriminator field."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, value in data.items():
+                field = cls.model_fields.get(name) if isinstance(value, bool) else None
+                kinds = (get_args(field.annotation) or (field.annotation,)) if field is not None else ()
+                if field is not None and bool not in kinds and (int in kinds or float in kinds):
+                    raise ValueError(f"{name} = {value}: expected a number, got the boolean {str(value).lower()}")
+        return data
 
 
 def check_number(value: object, lo: float, hi: float) -> str | None:

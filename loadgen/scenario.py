@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from .errors import ScenarioError
 from .inputs import without_userinfo
@@ -25,6 +25,7 @@ from .limits import (
     MAX_TOKENS,
     MAX_TRACE_REQUESTS,
     MAX_TURNS,
+    InputModel,
 )
 from .manifest import Manifest, ScenarioRef
 from .tomlfile import read_toml
@@ -49,7 +50,7 @@ __all__ = [
 CLASS_NAMES = ("short-message", "long-thread", "burst")
 
 
-class _Model(BaseModel):
+class _Model(InputModel):
     # allow_inf_nan=False: inf and nan are never a valid rate, length, share or budget
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 

@@ -14,6 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from loadgen.cli import main
+from loadgen.errors import ScenarioError
+from loadgen.plan.prices import load_prices
 from loadgen.records import CHUNKS_FILE, REQUESTS_FILE
 from loadgen.rundir import run_table_files
 from loadgen.trace.io import TRACE_METADATA_KEY, read_trace
@@ -232,6 +234,56 @@ def test_engine_configs_refuse_infinite_costs_and_empty_error_statuses(tmp_path,
         )
     )
     fails(capsys, ["sim", "serve", "--engine", statuses, "--port", "0"], "faults.error_statuses = []")
+
+
+@pytest.mark.parametrize(
+    ("source", "old", "new", "command", "expected"),
+    [
+        (
+            "canonical.toml",
+            "p50 = 300, p99 = 1500",
+            "p50 = 300, p99 = true",
+            ["scenario", "check"],
+            "ttft_ms.p99 = True",
+        ),
+        (
+            "engines/instant.toml",
+            "max_num_seqs = 1024",
+            "max_num_seqs = true",
+            ["sim", "serve", "--port", "0", "--engine"],
+            "scheduler.max_num_seqs = True",
+        ),
+        (
+            "contract/canonical.toml",
+            "max_words = 20 }",
+            "max_words = true }",
+            ["contract", "check"],
+            "max_words = True",
+        ),
+        (
+            "prices.toml",
+            "usd_per_hour = 2.50",
+            "usd_per_hour = true",
+            None,  # read by compare and managed after their run directories: here through its loader
+            "usd_per_hour = True",
+        ),
+    ],
+)
+def test_a_boolean_is_not_taken_as_a_number(tmp_path, capsys, source, old, new, command, expected):
+    """``p99 = true`` is a mistake, not a 1 ms budget (pydantic alone takes a boolean as 0 or 1): every file
+    loadgen reads through a model refuses it (``loadgen.limits.InputModel``)."""
+    text = (REPO / "scenarios" / source).read_text()
+    assert old in text
+    path = tmp_path / Path(source).name
+    path.write_text(text.replace(old, new, 1))
+    if command is None:
+        with pytest.raises(ScenarioError) as caught:
+            load_prices(path)
+        assert str(path) in str(caught.value) and f"{expected}: expected a number, got the boolean true" in str(
+            caught.value
+        )
+        return
+    fails(capsys, [*command, path], str(path), expected, "expected a number, got the boolean true")
 
 
 def test_ledger_refuses_bad_configs(tmp_path, capsys):

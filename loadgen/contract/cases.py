@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import jsonschema
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ScenarioError
+from ..limits import InputModel
 from ..scenario import format_validation_error
 from ..tomlfile import read_toml
 from .language import SUPPORTED_LANGUAGES
@@ -64,7 +65,7 @@ def case_marker(case_id: str) -> str:
     return f"[loadgen-case:{case_id}]"
 
 
-class _Model(BaseModel):
+class _Model(InputModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

@@ -13,15 +13,16 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from ..errors import ScenarioError
+from ..limits import InputModel
 from ..scenario import format_validation_error
 
 __all__ = ["Price", "PriceTable", "load_prices", "cost_per_million"]
 
 
-class Price(BaseModel):
+class Price(InputModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     usd_per_hour: float | None = Field(default=None, ge=0)
@@ -38,7 +39,7 @@ class Price(BaseModel):
         return self
 
 
-class PriceTable(BaseModel):
+class PriceTable(InputModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     currency: str = "USD"

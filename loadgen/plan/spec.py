@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..analysis.budgets import SEND_LAG_BOUND_MS
 from ..errors import ScenarioError
@@ -24,6 +24,7 @@ from ..limits import (
     MAX_RATE_RPS,
     MAX_SEED,
     MAX_TIMEOUT_S,
+    InputModel,
 )
 from ..routing import RoutePolicy
 from ..scenario import CLASS_NAMES, format_validation_error
@@ -48,7 +49,7 @@ __all__ = [
 MIXED = "mixed"
 
 
-class _Model(BaseModel):
+class _Model(InputModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 

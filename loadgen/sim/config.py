@@ -8,14 +8,14 @@ turns any problem into one ``ScenarioError`` line naming file, field, value and 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from .. import presets
 from ..errors import LedgerError, ScenarioError
 from ..ledger import EngineSettings, kv_blocks_for_budget
-from ..limits import MAX_CONCURRENCY, MAX_SEED, MAX_TIMEOUT_S, MAX_TOKENS
+from ..limits import MAX_CONCURRENCY, MAX_SEED, MAX_TIMEOUT_S, MAX_TOKENS, InputModel
 from ..scenario import format_validation_error
 from ..tomlfile import read_toml
 
@@ -38,20 +38,9 @@ __all__ = [
 PRESETS_DIR = presets.preset_dir("engines")
 
 
-class _Model(BaseModel):
+class _Model(InputModel):
     # allow_inf_nan=False: an infinite step time or rate is never a valid engine parameter
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        """``max_num_batched_tokens = true`` is a mistake, not 1 (pydantic would take a boolean as a number)."""
-        if isinstance(value, bool) and info.field_name is not None:
-            annotation = cls.model_fields[info.field_name].annotation
-            kinds = get_args(annotation) or (annotation,)
-            if bool not in kinds and (int in kinds or float in kinds):
-                raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
-        return value
 
 
 class SchedulerConfig(_Model):
