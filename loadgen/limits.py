@@ -71,13 +71,17 @@ class InputModel(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _no_boolean_numbers(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for name, value in data.items():
-                field = cls.model_fields.get(name) if isinstance(value, bool) else None
-                kinds = (get_args(field.annotation) or (field.annotation,)) if field is not None else ()
-                if field is not None and bool not in kinds and (int in kinds or float in kinds):
-                    raise ValueError(f"{name} = {value}: expected a number, got the boolean {str(value).lower()}")
+        for name, value in data.items() if isinstance(data, dict) else ():
+            field = cls.model_fields.get(name)
+            if isinstance(value, bool) and field is not None and _numbers_only(field.annotation):
+                raise ValueError(f"{name} = {value}: expected a number, got the boolean {str(value).lower()}")
         return data
+
+
+def _numbers_only(annotation: Any) -> bool:
+    """A field of type int or float (or either or None), which a boolean does not belong in."""
+    kinds = get_args(annotation) or (annotation,)
+    return bool not in kinds and (int in kinds or float in kinds)
 
 
 def check_number(value: object, lo: float, hi: float) -> str | None:

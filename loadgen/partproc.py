@@ -47,7 +47,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, cast, get_args
 
 import psutil
 import pyarrow as pa
@@ -377,7 +377,7 @@ def _serve(inp: IO[bytes], out: IO[bytes]) -> None:
 
 
 def _priority_arg(argv: list[str]) -> Priority:
-    return "normal" if argv[:1] == ["normal"] else "low" if argv[:1] == ["low"] else "idle"
+    return cast(Priority, argv[0]) if argv and argv[0] in get_args(Priority) else "idle"
 
 
 def main() -> None:

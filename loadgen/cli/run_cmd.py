@@ -112,7 +112,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="process",
         help="who converts and writes the records during the run: a child process at low CPU priority "
         "(default; idle priority when the client may use one CPU only), which keeps the client's core for "
-        "the schedule (send-lag p99 at 2,500 req/s on one core: 0.4-0.9 ms against 1-40 ms), or the "
+        "the schedule (send-lag p99 at 2,500 req/s on one core: 0.4-2.0 ms against 0.8-50 ms), or the "
         "writer thread",
     )
     p.add_argument(

@@ -209,8 +209,8 @@ class Recorder:
         still running in the writer thread (its task cancelled while it ran) has finished.
 
         A part writer process that has not answered within ``FINISH_WAIT_S`` (at idle priority, where the run
-        has one CPU and something else keeps it busy, it may not run for seconds) is stopped, and the writer thread writes
-        that flush itself (``PartProcess.abandon``)."""
+        has one CPU and something else keeps it busy, it may not run for seconds) is stopped, and the writer
+        thread writes that flush itself (``PartProcess.abandon``)."""
         if self._writer_pool is not None:
             job = self._job
             if job is not None and not job.done() and self.part_process is not None:
