@@ -47,6 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import canned_server as canned
 from bench_driver import PROMPT_TOKENS, make_tokenizer_dir, poisson_trace
 from canned_server import vllm_event
 
@@ -295,22 +296,8 @@ def canned_server():
     """``benchmarks/canned_server.py`` (16-token streams) on the server CPUs of ``--pin``: (url, pid)."""
     from loadgen import pinning
 
-    cpus = pinning.engine_cpus()
-    cmd = [sys.executable, str(REPO / "benchmarks" / "canned_server.py"), "--port", "0", "--tokens", "16"]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        text=True,
-        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
-    )
-    try:
-        line = proc.stdout.readline() if proc.stdout else ""
-        if not line.startswith("canned server on "):
-            raise RuntimeError(f"canned server did not start: {line!r}")
-        yield line.split()[-1], proc.pid
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with canned.launch(16, [pinning.engine_cpus()]) as (url, pids):
+        yield url, pids[0]
 
 
 def _fmt(values: list[float]) -> str:

@@ -55,7 +55,7 @@ def cores() -> tuple[set[int] | None, set[int] | None]:
 
 
 def run_config(trace: Path, url: str, out: Path, extra: list[str], client_cores: set[int] | None) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     argv = [sys.executable, "-m", "loadgen", "run", str(trace), "--target", url, "--out", str(out)]
     argv += ["--scrape-metrics", "off", "--progress", "off", *extra]
     proc = subprocess.run(

@@ -8,13 +8,21 @@ simulated server needs a whole core (``loadgen sim serve`` at thousands of reque
 the server instead. Not a simulator: use ``loadgen sim serve`` for anything the answers mean.
 
     python benchmarks/canned_server.py --port 18600 --tokens 16
+    python benchmarks/canned_server.py --port 18600 --reuse-port &   # more processes on one port (SO_REUSEPORT)
+
+``launch()`` starts one or several (one port, the kernel spreading connections between them), each pinned.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
 
 
 def vllm_event(i: int, last: bool) -> bytes:
@@ -116,10 +124,10 @@ class _Conn(asyncio.Protocol):
         self.transport = None
 
 
-async def serve(host: str, port: int, tokens: int) -> None:
+async def serve(host: str, port: int, tokens: int, reuse_port: bool = False) -> None:
     loop = asyncio.get_running_loop()
     events = _events(tokens)
-    server = await loop.create_server(lambda: _Conn(events), host, port, backlog=4096)
+    server = await loop.create_server(lambda: _Conn(events), host, port, backlog=4096, reuse_port=reuse_port or None)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -133,6 +141,7 @@ def main() -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--reuse-port", action="store_true", help="bind with SO_REUSEPORT (several processes, one port)")
     args = ap.parse_args()
     try:
         import uvloop  # optional: less server CPU per write
@@ -141,7 +150,43 @@ def main() -> None:
     except ImportError:
         runner = asyncio.Runner()
     with runner:
-        runner.run(serve(args.host, args.port, args.tokens))
+        runner.run(serve(args.host, args.port, args.tokens, args.reuse_port))
+
+
+def _start(
+    port: int, tokens: int, cpus: set[int] | frozenset[int] | None, reuse_port: bool
+) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, __file__, "--port", str(port), "--tokens", str(tokens)] + (
+        ["--reuse-port"] if reuse_port else []
+    )
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, text=True, preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    )
+    line = proc.stdout.readline() if proc.stdout else ""
+    if not line.startswith("canned server on "):
+        proc.kill()
+        raise RuntimeError(f"canned server did not start: {line!r}")
+    return proc, line.split()[-1]
+
+
+@contextlib.contextmanager
+def launch(
+    tokens: int = 16, cpus: Sequence[set[int] | frozenset[int] | None] = (None,)
+) -> Iterator[tuple[str, list[int]]]:
+    """One canned server process per entry of ``cpus`` (each pinned to that set; None: unpinned), all on one
+    port (SO_REUSEPORT when more than one): yields (url, pids)."""
+    procs: list[subprocess.Popen] = []
+    try:
+        first, url = _start(0, tokens, cpus[0], len(cpus) > 1)
+        procs.append(first)
+        port = int(url.rsplit(":", 1)[1])
+        procs += [_start(port, tokens, c, True)[0] for c in cpus[1:]]
+        yield url, [p.pid for p in procs]
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(10)
 
 
 if __name__ == "__main__":
