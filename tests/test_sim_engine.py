@@ -365,6 +365,7 @@ def test_decode_runs_take_the_same_steps(
             "max_num_batched_tokens": budget if chunked else 512,
             "policy": policy,
             "chunked_prefill": chunked,
+            "max_model_len": 8192 if chunked else 512,  # vLLM starts without chunking only when a prompt fits
         },
         cost={
             "per_decode_seq_ms": 0.1,
@@ -400,7 +401,7 @@ def test_decode_run_leaves_an_admission_that_would_preempt_to_step():
     e = Engine(
         cfg(
             kv={"block_size": 4, "num_kv_blocks": 7, "enable_prefix_caching": False},
-            scheduler={"max_num_batched_tokens": 6},
+            scheduler={"max_num_batched_tokens": 6, "max_num_seqs": 6},
         )
     )
     decoding = []

@@ -222,22 +222,29 @@ def test_cli_sim_run(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("value", "says"),
+    ("changes", "says"),
     [
-        ("true", "scheduler.max_num_batched_tokens = True: expected a number, got the boolean true"),
         (
-            "1",
-            "the simulated engine made no progress with requests queued (max_num_seqs = 1024, max_num_batched_tokens = 1",
+            {"max_num_batched_tokens": "true"},
+            "scheduler.max_num_batched_tokens = True: expected a number, got the boolean true",
+        ),
+        (
+            {"max_num_batched_tokens": "1"},
+            "scheduler.max_num_batched_tokens = 1: expected at least max_num_seqs (1024), as vLLM requires",
+        ),
+        (
+            {"max_num_batched_tokens": "2048", "chunked_prefill": "false"},
+            "scheduler.max_num_batched_tokens = 2048: expected at least max_model_len (131072) without chunked_prefill",
         ),
     ],
 )
-def test_an_engine_config_that_cannot_serve_is_one_line(tmp_path, value: str, says: str) -> None:
+def test_an_engine_config_that_cannot_serve_is_one_line(tmp_path, changes: dict[str, str], says: str) -> None:
     """Found by tests/test_fuzz_cli.py: a boolean taken as the number 1, and a token budget of 1, ended in a
-    traceback (RuntimeError) instead of one line and exit 2."""
+    traceback (RuntimeError) instead of one line and exit 2. A budget vLLM would not start with (under
+    max_num_seqs; under max_model_len without chunked prefill) is refused as vLLM refuses it."""
     preset = (PRESETS_DIR / "instant.toml").read_text()
     lines = [
-        f"max_num_batched_tokens = {value}" if ln.startswith("max_num_batched_tokens") else ln
-        for ln in preset.splitlines()
+        next((f"{k} = {v}" for k, v in changes.items() if ln.startswith(k + " ")), ln) for ln in preset.splitlines()
     ]
     engine = tmp_path / "m.toml"
     engine.write_text("\n".join(lines) + "\n")
@@ -407,7 +414,12 @@ FAST_PATH_CASES = {
     "whole-prompts-window": (  # the queue head waits for budget (no chunking) while runs go on
         {
             "name": "whole",
-            "scheduler": {"chunked_prefill": False, "max_num_batched_tokens": 620, "long_prefill_token_threshold": 600},
+            "scheduler": {
+                "chunked_prefill": False,
+                "max_num_batched_tokens": 620,
+                "long_prefill_token_threshold": 600,
+                "max_model_len": 620,
+            },
             "batching": {"window_ms": 300, "min_waiting": 3},
             "kv": {"block_size": 32},
         },

@@ -59,6 +59,27 @@ class SchedulerConfig(_Model):
     # max_tokens is cut to what is left), or "reject" as older vLLM did (prompt + max_tokens must fit)
     over_length: Literal["clamp", "reject"] = "clamp"
 
+    @model_validator(mode="after")
+    def _as_vllm_starts(self) -> SchedulerConfig:
+        """Limits vLLM 0.32 refuses to start with (``SchedulerConfig.verify_max_model_len``): a simulated engine
+        that no vLLM could be is not simulated (a budget under the sequence cap admitted nothing)."""
+        budget, seqs, length = self.max_num_batched_tokens, self.max_num_seqs, self.max_model_len
+        if budget < seqs:
+            raise ValueError(
+                f"max_num_batched_tokens = {budget}: expected at least max_num_seqs ({seqs}), as vLLM requires"
+            )
+        if budget < length and not self.chunked_prefill:
+            raise ValueError(
+                f"max_num_batched_tokens = {budget}: expected at least max_model_len ({length}) without "
+                "chunked_prefill, as vLLM requires (a longer prompt could never be scheduled)"
+            )
+        if self.long_prefill_token_threshold > length:
+            raise ValueError(
+                f"long_prefill_token_threshold = {self.long_prefill_token_threshold}: expected at most "
+                f"max_model_len ({length}), as vLLM requires"
+            )
+        return self
+
     def output_tokens(self, prompt_tokens: int, max_tokens: int) -> int | None:
         """The tokens a request of ``prompt_tokens`` asking for ``max_tokens`` is given, or None: refused (HTTP 400).
 
