@@ -115,6 +115,36 @@ def test_sleep_until_never_returns_before_its_deadline():
     assert min(anyio.run(main)) >= 0
 
 
+def test_the_early_wake_follows_how_late_the_loop_wakes():
+    """On the timerfd path the wake comes as early as the loop's recent wake-ups were late: at the cap while
+    nothing is known, down to the floor after quiet wake-ups, back at the cap at once after a late one; and
+    real waits report their lateness (a wait never reported would leave it at the cap)."""
+    from loadgen.driver import schedule  # the module's constants and its per-loop timer
+
+    async def main():
+        timer = schedule._timerfd()
+        if timer is None:
+            pytest.skip("no timerfd on this platform: the thread path keeps its fixed early wake")
+        cap = schedule.WAKE_EARLY_NS
+        seen = []
+        assert timer.early_ns(cap) == cap
+        for _ in range(400):
+            timer.woke(5_000)
+        seen.append(timer.early_ns(cap))
+        timer.woke(1_000_000)
+        seen.append(timer.early_ns(cap))
+        seen.append(timer.early_ns(schedule.WAKE_EARLY_IDLE_NS))
+        reported = []
+        timer.woke = reported.append  # the real waits below report here
+        for _ in range(5):
+            await sleep_until(time.perf_counter_ns() + 2_000_000)
+        return seen, reported
+
+    seen, reported = anyio.run(main)
+    assert seen == [schedule.WAKE_EARLY_MIN_NS, schedule.WAKE_EARLY_NS, schedule.WAKE_EARLY_IDLE_NS]
+    assert len(reported) == 5 and all(late >= 0 for late in reported)
+
+
 def test_late_deadline_returns_immediately():
     async def main():
         t0 = time.perf_counter_ns()

@@ -4,8 +4,8 @@ Every request's deadline is ``anchor + offset`` (never "sleep since the previous
 send does not push later ones back. The event loop's timers wake up to 1 ms late (epoll counts in
 whole milliseconds, rounding up). On Linux ``sleep_until`` arms a timerfd (the kernel's
 high-resolution timer, on the monotonic clock ``perf_counter_ns`` reads) that the event loop itself
-watches: the loop wakes ``WAKE_EARLY_NS`` before the deadline with no thread and no hand-off, and a
-yielding spin covers the rest (a busy loop runs a whole iteration of I/O callbacks before a woken
+watches: the loop wakes before the deadline (at most ``WAKE_EARLY_NS``, as early as its recent wake-ups
+were late) with no thread and no hand-off, and a yielding spin covers the rest (a busy loop runs a whole iteration of I/O callbacks before a woken
 task runs: waking only at the instant measured a send-lag p50 of ~0.25 ms at 2,500 req/s).
 Elsewhere it sleeps on the loop to a few ms before the deadline, lets one timer thread
 (``Condition.wait`` with a timeout: microsecond resolution) wake the loop ``WAKE_EARLY_NS`` before
@@ -51,6 +51,17 @@ SPIN_NS = 350_000
 #: target on the same host, so it starts only WAKE_EARLY_NS ahead.
 WAKE_EARLY_NS = 300_000
 WAKE_EARLY_IDLE_NS = 700_000
+#: On the timerfd path those two are caps: the wake comes only as early as the loop's recent wake-ups were
+#: late (the largest recent lateness, decaying by LATE_DECAY per wait, times two plus WAKE_MARGIN_NS), and
+#: never less than WAKE_EARLY_MIN_NS ahead. A quiet loop wakes within tens of µs, so the fixed spin was
+#: mostly waste, taken from the target, the part writer or other workers on the core: on an idle loop it
+#: cost 692 µs of CPU per deadline 2 ms apart against 165 µs now (benchmarks/bench_sleep_until.py, the same
+#: p50 1 µs and p99 3 µs), and a run at 500 req/s took 2.49 s of driver CPU against 1.60-1.65 s (send-lag
+#: p99 0.08 and 0.07 ms). A busy loop's wake-ups are late by more (p99 ~370 µs at 2,500 req/s on one core),
+#: which keeps the wake at the cap there.
+WAKE_EARLY_MIN_NS = 50_000
+WAKE_MARGIN_NS = 20_000
+LATE_DECAY = 0.98
 #: A wait longer than this counts as "long" for the choice above.
 IDLE_WAIT_NS = 1_500_000
 #: Below this much remaining time the wait moves to a worker thread's precise sleep.
@@ -122,7 +133,16 @@ class _TimerFd:
         self._heap: list[tuple[int, int, asyncio.Future]] = []
         self._seq = 0
         self._armed: int | None = None
+        self._late_ns = WAKE_EARLY_NS // 2  # starts at the cap: nothing is known of this loop yet
         loop.add_reader(fd, self._fire)
+
+    def early_ns(self, cap_ns: int) -> int:
+        """How long before a deadline to wake: enough for the loop's recent lateness, at most ``cap_ns``."""
+        return min(cap_ns, max(WAKE_EARLY_MIN_NS, 2 * self._late_ns + WAKE_MARGIN_NS))
+
+    def woke(self, late_ns: int) -> None:
+        """A wait's wake-up came ``late_ns`` after the instant it asked for (the loop's turn, the kernel's)."""
+        self._late_ns = max(late_ns, int(self._late_ns * LATE_DECAY))
 
     async def wait(self, deadline_ns: int) -> None:
         future = asyncio.get_running_loop().create_future()
@@ -264,8 +284,11 @@ async def sleep_until(deadline_ns: int) -> None:
     early = WAKE_EARLY_IDLE_NS if remaining > IDLE_WAIT_NS else WAKE_EARLY_NS
     timerfd = _timerfd()
     if timerfd is not None:
+        early = timerfd.early_ns(early)
         if remaining > early:
-            await timerfd.wait(deadline_ns - early)
+            wake_ns = deadline_ns - early
+            await timerfd.wait(wake_ns)
+            timerfd.woke(_now() - wake_ns)
         while _now() < deadline_ns:
             await anyio.lowlevel.checkpoint()
         return
