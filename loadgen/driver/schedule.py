@@ -5,8 +5,9 @@ send does not push later ones back. The event loop's timers wake up to 1 ms late
 whole milliseconds, rounding up). On Linux ``sleep_until`` arms a timerfd (the kernel's
 high-resolution timer, on the monotonic clock ``perf_counter_ns`` reads) that the event loop itself
 watches: the loop wakes before the deadline (at most ``WAKE_EARLY_NS``, as early as its recent wake-ups
-were late) with no thread and no hand-off, and a yielding spin covers the rest (a busy loop runs a whole iteration of I/O callbacks before a woken
-task runs: waking only at the instant measured a send-lag p50 of ~0.25 ms at 2,500 req/s).
+were late) with no thread and no hand-off, and a yielding spin covers the rest (a busy loop runs a whole
+iteration of I/O callbacks before a woken task runs: waking only at the instant measured a send-lag p50
+of ~0.25 ms at 2,500 req/s).
 Elsewhere it sleeps on the loop to a few ms before the deadline, lets one timer thread
 (``Condition.wait`` with a timeout: microsecond resolution) wake the loop ``WAKE_EARLY_NS`` before
 it, and spins for the rest.
