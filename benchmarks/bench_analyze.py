@@ -32,10 +32,9 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loadgen.manifest import Manifest
-from loadgen.records import CHUNKS_FILE, CHUNKS_SCHEMA, REQUESTS_FILE, REQUESTS_SCHEMA
-from loadgen.rundir import write_manifest
-from loadgen.scenario import load_scenario, scenario_manifest
+from loadgen.rundir.manifest import Manifest, write_manifest
+from loadgen.rundir.schema import CHUNKS_FILE, CHUNKS_SCHEMA, REQUESTS_FILE, REQUESTS_SCHEMA
+from loadgen.workload.scenario import load_scenario, scenario_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 

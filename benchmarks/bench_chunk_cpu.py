@@ -51,7 +51,7 @@ import canned_server as canned
 from bench_driver import PROMPT_TOKENS, make_tokenizer_dir, poisson_trace
 from canned_server import vllm_event
 
-from loadgen.records import TRACE_SCHEMA
+from loadgen.rundir.schema import TRACE_SCHEMA
 from loadgen.targets import launch_sim_server
 from loadgen.trace.io import write_trace
 
@@ -184,8 +184,8 @@ def per_chunk_path(streams: int) -> float:
 
 def _pin(spec: str) -> str:
     """``CLIENT:SERVER`` CPU lists, as ``loadgen --client-cpus CLIENT --engine-cpus SERVER`` sets them: the simulated
-    server is launched onto SERVER (``loadgen.pinning``), and this process, so every tool it runs, onto CLIENT."""
-    from loadgen import pinning
+    server is launched onto SERVER (``loadgen.util.pinning``), and this process, so every tool it runs, onto CLIENT."""
+    from loadgen.util import pinning
 
     client_text, _, server_text = spec.partition(":")
     server = pinning.parse_cpus(server_text, what="--pin")
@@ -222,7 +222,7 @@ def reads_per_chunk(run_dir: Path) -> float:
     """Network reads per chunk in a loadgen run: chunks that arrived in one read share their arrival instant."""
     import pyarrow.compute as pc
 
-    from loadgen.rundir import load_run
+    from loadgen.rundir.io import load_run
 
     chunks = load_run(run_dir).chunks
     keys = pc.binary_join_element_wise(chunks["request_id"], pc.cast(chunks["arrival_ns"], pa.string()), pa.scalar(":"))
@@ -294,7 +294,7 @@ def _lag_runs(url: str, server_pid: int | None, work: Path, args) -> list[dict]:
 @contextlib.contextmanager
 def canned_server():
     """``benchmarks/canned_server.py`` (16-token streams) on the server CPUs of ``--pin``: (url, pid)."""
-    from loadgen import pinning
+    from loadgen.util import pinning
 
     with canned.launch(16, [pinning.engine_cpus()]) as (url, pids):
         yield url, pids[0]

@@ -34,7 +34,7 @@ import pyarrow as pa
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from loadgen.records import TRACE_SCHEMA
+from loadgen.rundir.schema import TRACE_SCHEMA
 from loadgen.targets import launch_sim_server as start_sim_server
 from loadgen.trace.io import write_trace
 

@@ -29,9 +29,9 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loadgen.engines import make_model_dir
-from loadgen.records import TRACE_SCHEMA
+from loadgen.rundir.schema import TRACE_SCHEMA
 from loadgen.trace.io import write_trace
+from loadgen.vllm import make_model_dir
 
 GIB = 1 << 30
 FIGURES = {

@@ -7,7 +7,7 @@ the client's core. This builds the recorder's tables for ``--requests`` requests
 - ``thread`` (before): the loop converts the rows to Arrow in slices, and the writer thread encodes,
   compresses and syncs the Parquet parts itself;
 - ``process``: the loop only packs the rows (``rowtables.pack_slice``), and the writer thread hands them to
-  ``loadgen.partproc`` (a child at SCHED_IDLE) to convert, then the tables to write, waiting for its answers.
+  ``loadgen.rundir.part_process`` (a child at SCHED_IDLE) to convert, then the tables to write, waiting for its answers.
 
 For each it prints the median and range of the CPU per flush on the loop and in the writer thread
 (``time.thread_time``: what the loop's core loses, whoever else runs), the writer thread's wall time, and
@@ -37,10 +37,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loadgen.driver.recorder import SLICE_ROWS, Recorder, StreamChunks, warm_up_arrow
-from loadgen.manifest import Manifest
-from loadgen.partproc import PartProcess
-from loadgen.records import empty_request_row
-from loadgen.rundir import RunWriter
+from loadgen.rundir.io import RunWriter
+from loadgen.rundir.manifest import Manifest
+from loadgen.rundir.part_process import PartProcess
+from loadgen.rundir.schema import empty_request_row
 
 
 def _fill(recorder: Recorder, requests: int, chunks: int, tag: str, convert: bool = True) -> None:

@@ -31,8 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from loadgen.driver import parse_prometheus_text
-from loadgen.records import TRACE_SCHEMA
-from loadgen.rundir import load_run
+from loadgen.rundir.io import load_run
+from loadgen.rundir.schema import TRACE_SCHEMA
 from loadgen.targets import launch_sim_server
 from loadgen.trace.io import write_trace
 

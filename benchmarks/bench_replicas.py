@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loadgen.analysis import analyze_run
 from loadgen.driver import RunOptions, run_trace_sync
-from loadgen.records import TRACE_SCHEMA
-from loadgen.rundir import load_run
+from loadgen.rundir.io import load_run
+from loadgen.rundir.schema import TRACE_SCHEMA
 from loadgen.targets import launch_sim_server
 from loadgen.trace.io import write_trace
 

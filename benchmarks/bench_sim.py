@@ -38,11 +38,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from loadgen.rundir import read_manifest
-from loadgen.scenario import parse_scenario
+from loadgen.rundir.manifest import read_manifest
 from loadgen.sim import run_worksheet
 from loadgen.trace.generate import generate_trace
 from loadgen.trace.io import write_trace
+from loadgen.workload.scenario import parse_scenario
 
 
 def make_trace(path: Path, requests: int, duration_s: float, seed: int) -> int:

@@ -34,8 +34,8 @@ sys.path.insert(0, str(REPO))
 
 import loadgen.driver.client as client_module
 from loadgen.driver import RunOptions, run_trace_sync
-from loadgen.records import TRACE_SCHEMA
-from loadgen.rundir import load_run
+from loadgen.rundir.io import load_run
+from loadgen.rundir.schema import TRACE_SCHEMA
 from loadgen.trace.io import write_trace
 
 LINE_BYTES = 10 * 1024 * 1024

@@ -6,7 +6,7 @@ output token, one at a time, so each step's row count is N:
 
 1. **cold**: each of N = 17, 129, 511, 991 sent three times in a row on the fresh engine: the first pays the
    one-time cost of that step size, the next two are repeats (figures: first − mean of the repeats, ms);
-2. the sweep (``loadgen.engines.vllm.warm_step_shapes``: lengths 1..64, then every ``--stride`` up to the budget),
+2. the sweep (``loadgen.vllm.warm_step_shapes``: lengths 1..64, then every ``--stride`` up to the budget),
    timed, with the worker's anonymous resident memory before and after;
 3. **after**: N + 2 for the same N (lengths the sweep did not send), three times each, the same figures;
 4. **speed**: the median gap between streamed tokens of 10 requests of 100 prompt tokens and 64 output tokens
@@ -32,10 +32,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loadgen.engines import make_model_dir
-from loadgen.engines.vllm import VllmConfig, VllmServer, warm_step_shapes
-from loadgen.engines.vllm.warmup import STRIDE
-from loadgen.pinning import parse_cpus, pin
+from loadgen.util.pinning import parse_cpus, pin
+from loadgen.vllm import VllmConfig, VllmServer, make_model_dir, warm_step_shapes
+from loadgen.vllm.warmup import STRIDE
 
 LENGTHS = (17, 129, 511, 991)
 MAX_MODEL_LEN = 1000

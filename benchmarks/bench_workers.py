@@ -39,8 +39,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bench_driver import poisson_trace
 
-from loadgen.records import REQUESTS_FILE
-from loadgen.rundir import read_run_table
+from loadgen.rundir.io import read_run_table
+from loadgen.rundir.schema import REQUESTS_FILE
 from loadgen.targets import launch_sim_server
 
 CONFIGS = {"1 process": [], "2 processes": ["--workers", "2"], "2 Ray actors": ["--ray", "--workers", "2"]}

@@ -19,11 +19,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from loadgen.rundir.io import load_run
+from loadgen.rundir.manifest import Manifest, read_manifest
+
 from .analysis import analyze_run
 from .analysis.model import json_ready
-from .manifest import Manifest, read_manifest
 from .plan.prices import PriceTable, load_prices
-from .rundir import load_run
 
 __all__ = [
     "UNKNOWN_INTERNALS",

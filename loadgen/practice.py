@@ -8,7 +8,7 @@ candidate's settings, and compares the two for interactive routing: hard budgets
 then throughput and cost. It shows workload, package, hardware, runtime, warm state, tails with counts,
 errors, behaviour constraints and who owns which part of the decision, and writes every run directory
 plus ``decision.json`` under ``out``. ``targets=[URL, URL]`` does the same against two running
-endpoints; ``engine="vllm"`` launches two real vLLM configurations (``loadgen.engines.vllm``), reads each
+endpoints; ``engine="vllm"`` launches two real vLLM configurations (``loadgen.vllm``), reads each
 one's scheduler limits while it is up and, once both have stopped, runs the worksheet on the same trace
 with ``predict_with``'s cost terms under those limits: ``decision["prediction"]`` holds, per candidate and
 class, the predicted and measured figures and the error between them (as ``loadgen sim validate``).
@@ -29,20 +29,21 @@ from typing import Any
 import httpx
 import pyarrow.compute as pc
 
-from . import presets
+from loadgen.rundir.identity import sha256_file
+from loadgen.rundir.manifest import read_manifest
+from loadgen.util.errors import LoadgenError, PlanError
+from loadgen.util.pinning import engine_cpus, shared_cpus_warning
+from loadgen.vllm import VllmConfig, make_model_dir, shipped_model_path
+from loadgen.workload import presets
+from loadgen.workload.scenario import Scenario, load_scenario
+
 from .analysis.budgets import SEND_LAG_BOUND_MS, client_lag_line
 from .calibration.calibrate import EngineLimits, engine_limits
 from .calibration.validate import QUANTITIES, FidelityRow, predict_beside, with_engine_limits
-from .engines.vllm import VllmConfig, make_model_dir, shipped_model_path
-from .errors import LoadgenError, PlanError
-from .identity import sha256_file
 from .ledger import GIB, EngineSettings, compute_ledger, format_ledger, read_model_config
-from .manifest import read_manifest
-from .pinning import engine_cpus, shared_cpus_warning
 from .plan.cells import build_warmup_trace
 from .plan.compare import Comparison, check_send_lag_bound, compare_candidates, format_comparison
 from .plan.contract_hook import CONTRACT_FILE, replay_contract
-from .scenario import Scenario, load_scenario
 from .sim import EngineConfig, load_engine_config
 from .targets import RunRequest, SimServerTarget, Target, UrlTarget, VllmTarget
 from .trace.generate import generate_trace_file

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loadgen.analysis import metrics as M
-from loadgen.analysis.percentiles import PERCENTILE_RULE, SortedParts, percentile, summarize, summarize_parts
+from loadgen.stats.percentiles import PERCENTILE_RULE, SortedParts, percentile, summarize, summarize_parts
 
 MS = 1_000_000
 

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from loadgen.analysis import analyze_run
-from loadgen.manifest import Manifest
-from loadgen.records import empty_request_row
-from loadgen.rundir import RunWriter
-from loadgen.scenario import parse_scenario, scenario_manifest
+from loadgen.rundir.io import RunWriter
+from loadgen.rundir.manifest import Manifest
+from loadgen.rundir.schema import empty_request_row
+from loadgen.workload.scenario import parse_scenario, scenario_manifest
 
 MS = 1_000_000
 
@@ -497,7 +497,7 @@ def test_server_metrics_joined(tmp_path, suffix):
 
 
 def test_bad_input_is_one_line_error(tmp_path):
-    from loadgen.errors import RunDirError
+    from loadgen.util.errors import RunDirError
 
     with pytest.raises(RunDirError, match="manifest"):
         analyze_run(tmp_path)
@@ -580,7 +580,7 @@ def test_empty_run_is_no_data_not_pass(tmp_path):
 
 
 def test_duplicate_request_ids_are_bad_input(tmp_path):
-    from loadgen.errors import RunDirError
+    from loadgen.util.errors import RunDirError
 
     reqs = known_requests()
     reqs[1] = dict(reqs[1], request_id="r1")
@@ -600,8 +600,8 @@ def test_budgeted_class_without_requests_is_present_and_empty(tmp_path):
 def test_server_counters_reset_histograms_and_old_gauge_names():
     import pyarrow as pa
 
-    from loadgen.analysis.server import summarize_server_metrics
-    from loadgen.records import SERVER_METRICS_SCHEMA
+    from loadgen.analysis.server_metrics import summarize_server_metrics
+    from loadgen.rundir.schema import SERVER_METRICS_SCHEMA
 
     s = 1_000_000_000
     rows = []

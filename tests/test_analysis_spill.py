@@ -23,8 +23,8 @@ from loadgen.analysis import analyze_run
 from loadgen.analysis import chunks as chunks_mod
 from loadgen.analysis import spill as spill_mod
 from loadgen.analysis.spill import SpillConfig
-from loadgen.records import CHUNKS_FILE
-from loadgen.rundir import run_table_files
+from loadgen.rundir.io import run_table_files
+from loadgen.rundir.schema import CHUNKS_FILE
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))

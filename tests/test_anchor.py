@@ -11,8 +11,8 @@ import pytest
 
 from loadgen.calibration.anchor import PREFILL_TERMS, STEP_TERMS, Anchor, anchored, fit_anchor, measure_anchor
 from loadgen.calibration.calibrate import TERMS, engine_limits
-from loadgen.errors import LoadgenError
 from loadgen.sim import load_engine_config
+from loadgen.util.errors import LoadgenError
 
 TERMS_MS = {"fixed_ms": 20.0, "per_prefill_token_ms": 0.08, "per_decode_seq_ms": 1.5, "per_kv_token_ms": 0.004}
 

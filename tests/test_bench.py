@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from loadgen.rundir import load_run
+from loadgen.rundir.io import load_run
 
 REPO = Path(__file__).resolve().parents[1]
 

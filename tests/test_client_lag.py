@@ -17,9 +17,9 @@ import pytest
 
 from loadgen.analysis import analyze_run
 from loadgen.analysis.budgets import client_lag_line
-from loadgen.manifest import read_manifest
 from loadgen.plan import compare_candidates
 from loadgen.practice import MEASURE_ATTEMPTS, format_practice, run_practice
+from loadgen.rundir.manifest import read_manifest
 
 TINY_MS = 1e-6
 

@@ -14,13 +14,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from loadgen.analysis.server import counter_increase
-from loadgen.errors import PlanError, ScenarioError
-from loadgen.manifest import read_manifest
+from loadgen.analysis.server_metrics import counter_increase
 from loadgen.plan import compare_candidates, format_comparison, load_prices
 from loadgen.plan.compare import identity_differences, identity_of
 from loadgen.plan.prices import Price, cost_per_million
-from loadgen.records import MANIFEST_FILE, SERVER_METRICS_FILE, SERVER_METRICS_SCHEMA
+from loadgen.rundir.manifest import read_manifest
+from loadgen.rundir.schema import MANIFEST_FILE, SERVER_METRICS_FILE, SERVER_METRICS_SCHEMA
+from loadgen.util.errors import PlanError, ScenarioError
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO = REPO / "scenarios" / "canonical.toml"
@@ -31,8 +31,8 @@ def burst_trace(tmp: Path) -> Path:
     shipped = REPO / "traces" / "canonical-burst.parquet"
     if shipped.is_file():
         return shipped
-    from loadgen.scenario import load_scenario
     from loadgen.trace.generate import generate_trace_file
+    from loadgen.workload.scenario import load_scenario
 
     return generate_trace_file(load_scenario(SCENARIO), "burst", tmp / "canonical-burst.parquet")
 
@@ -103,9 +103,9 @@ def test_only_the_declared_variable_may_differ(worksheet_runs: dict[str, Path]) 
 
 
 def test_different_workloads_are_refused_unless_allowed(worksheet_runs: dict[str, Path], tmp_path: Path) -> None:
-    from loadgen.scenario import load_scenario
     from loadgen.sim import run_worksheet
     from loadgen.trace.generate import generate_trace_file
+    from loadgen.workload.scenario import load_scenario
 
     other_trace = generate_trace_file(load_scenario(SCENARIO), "burst", tmp_path / "seed2.parquet", seed=2)
     other = run_worksheet(other_trace, "throughput-large-batch", tmp_path / "other", scenario=SCENARIO)

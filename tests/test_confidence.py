@@ -19,15 +19,15 @@ from test_analysis_run import MS, build_run
 
 from loadgen.analysis import analyze_run
 from loadgen.analysis.budgets import budget_checks, error_share_check
-from loadgen.analysis.confidence import (
+from loadgen.stats.confidence import (
     quantile_ci_ranks,
     quantile_ci_sorted,
     samples_needed_quantile,
     samples_needed_share,
     wilson_interval,
 )
-from loadgen.analysis.percentiles import SortedParts, summarize
-from loadgen.scenario import parse_scenario
+from loadgen.stats.percentiles import SortedParts, summarize
+from loadgen.workload.scenario import parse_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 Z95 = 1.959963984540054

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.driver import RunOptions
-from loadgen.driver.target import VERSION_MAX_BYTES, safe_version
+from loadgen.driver.probe import VERSION_MAX_BYTES, safe_version
 from loadgen.targets import launch_sim_server as start_sim_server
 
 REPO = Path(__file__).resolve().parents[1]

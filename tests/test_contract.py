@@ -24,9 +24,9 @@ from loadgen.contract import (
     run_checks,
     write_contract,
 )
-from loadgen.errors import ScenarioError
-from loadgen.prompts import get_tokenizer
-from loadgen.scenario import load_scenario
+from loadgen.util.errors import ScenarioError
+from loadgen.workload.prompts import get_tokenizer
+from loadgen.workload.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 CANONICAL = ROOT / "scenarios" / "contract" / "canonical.toml"

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from loadgen.contract import diff, load_cases, read_contract, replay_cases_sync, respond_full
-from loadgen.errors import TargetError
-from loadgen.prompts import get_tokenizer
+from loadgen.util.errors import TargetError
+from loadgen.workload.prompts import get_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 CANONICAL = ROOT / "scenarios" / "contract" / "canonical.toml"

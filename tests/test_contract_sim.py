@@ -83,8 +83,8 @@ def test_drifted_engine_is_caught_and_rejected(reference_and_drifted) -> None:
 
 def test_under_load_replay_writes_contract_json_into_the_run(tmp_path: Path) -> None:
     from loadgen.driver import RunOptions
-    from loadgen.scenario import load_scenario
     from loadgen.trace.generate import generate_trace_file
+    from loadgen.workload.scenario import load_scenario
 
     scenario_src = ROOT / "scenarios" / "canonical.toml"
     scen_dir = tmp_path / "scen"

@@ -9,11 +9,11 @@ import numpy as np
 
 from loadgen.analysis import analyze_run
 from loadgen.driver import RunOptions, run_trace_sync
-from loadgen.rundir import load_run
-from loadgen.scenario import parse_scenario
+from loadgen.rundir.io import load_run
 from loadgen.targets import launch_sim_server
 from loadgen.trace.generate import generate_trace_file
 from loadgen.trace.io import read_trace
+from loadgen.workload.scenario import parse_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 THINK_S = 0.3

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 
 from loadgen.driver import RunOptions, run_trace_sync
-from loadgen.records import TRACE_SCHEMA
-from loadgen.rundir import load_run
+from loadgen.rundir.io import load_run
+from loadgen.rundir.schema import TRACE_SCHEMA
 from loadgen.trace.io import write_trace
 
 SERVER = r"""

@@ -25,8 +25,8 @@ from loadgen.driver import schedule
 from loadgen.driver.sse import SSEDecoder, SSEProtocolError, chunk_from_object, parse_chunk
 from loadgen.driver.tasks import RequestTasks
 from loadgen.driver.transport import _CHUNKED, _Dechunker
-from loadgen.records import CHUNKS_SCHEMA, REQUESTS_SCHEMA, empty_request_row
-from loadgen.rowtables import ChunkBatch, StreamChunks, pack_slice, requests_table, unpack_slices
+from loadgen.rundir.rowtables import ChunkBatch, StreamChunks, pack_slice, requests_table, unpack_slices
+from loadgen.rundir.schema import CHUNKS_SCHEMA, REQUESTS_SCHEMA, empty_request_row
 
 # ---------------------------------------------------------------- one plain choice: parse_chunk
 

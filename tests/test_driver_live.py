@@ -16,8 +16,8 @@ import pytest
 from sim_kill import kill_after_successes as _kill_after_successes
 
 from loadgen.driver import RunOptions, run_trace_sync
-from loadgen.records import STATUSES, TRACE_SCHEMA
-from loadgen.rundir import load_run
+from loadgen.rundir.io import load_run
+from loadgen.rundir.schema import STATUSES, TRACE_SCHEMA
 from loadgen.targets import launch_sim_server as start_sim_server
 from loadgen.trace.io import write_trace
 

@@ -20,15 +20,14 @@ from loadgen.driver.error_kinds import (
     classify_exception,
     classify_http_status,
     parse_retry_after,
-    redact,
-    redact_url,
 )
 from loadgen.driver.jobs import build_jobs
 from loadgen.driver.metrics_scrape import parse_prometheus_text, samples_to_columns
 from loadgen.driver.schedule import LagStats, RateGate, sleep_until
 from loadgen.driver.sse import SSEProtocolError
-from loadgen.prompts import get_tokenizer
-from loadgen.records import ERROR_KINDS, STATUSES, TRACE_SCHEMA
+from loadgen.rundir.schema import ERROR_KINDS, STATUSES, TRACE_SCHEMA
+from loadgen.util.redact import redact, redact_url
+from loadgen.workload.prompts import get_tokenizer
 
 # ---------------------------------------------------------------- error mapping
 
@@ -320,8 +319,8 @@ def test_recorder_never_loses_rows_when_cancelled_mid_flush(tmp_path):
     from loadgen.driver.client import request_row
     from loadgen.driver.jobs import Job
     from loadgen.driver.recorder import ArrowRunWriter, Recorder, StreamChunks
-    from loadgen.manifest import Manifest
-    from loadgen.rundir import load_run
+    from loadgen.rundir.io import load_run
+    from loadgen.rundir.manifest import Manifest
 
     def job(i: int) -> Job:
         return Job(

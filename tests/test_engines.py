@@ -18,9 +18,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from loadgen.engines import MemorySampler, VllmConfig, VllmServer, make_model_dir, parse_vllm_log, shipped_models
-from loadgen.engines.vllm.server import VLLM_SITE_DIR
-from loadgen.errors import EngineError
+from loadgen.util.errors import EngineError
+from loadgen.vllm import MemorySampler, VllmConfig, VllmServer, make_model_dir, parse_vllm_log, shipped_models
+from loadgen.vllm.launch import VLLM_SITE_DIR, amx_host
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,7 +64,7 @@ def test_parse_cpu_log():
     assert notes["non_default_args"]["load_format"] == "dummy"
     assert notes["warmup_s"] == 31.0 and notes["startup_s_from_log"] == 61.0
     assert notes["engine_config"]["max_seq_len"] == 2000 and notes["engine_config"]["dtype"] == "bfloat16"
-    from loadgen.engines.vllm.log import behavior_relevant
+    from loadgen.vllm.log import behavior_relevant
 
     behavior = behavior_relevant(notes)
     assert (
@@ -90,7 +90,7 @@ def test_make_model_dir_tokenizer_round_trip(tmp_path):
     from tokenizers import Tokenizer
 
     from loadgen.ledger import read_model_config
-    from loadgen.prompts import get_tokenizer
+    from loadgen.workload.prompts import get_tokenizer
 
     out = make_model_dir("tiny-qwen2", tmp_path / "m")
     cfg = json.loads((out / "config.json").read_text())
@@ -254,6 +254,9 @@ def test_every_vllm_process_asks_for_the_amx_tile_state(tmp_path):
     theirs.mkdir()
     (theirs / "sitecustomize.py").write_text("import sys\nsys.modules['their_site_ran'] = sys\n")
     env = _server(tmp_path, {"PYTHONPATH": str(theirs)}).environment()
+    if not amx_host():  # no AMX tiles (or a CUDA device): the server's PYTHONPATH is left as configured
+        assert env["PYTHONPATH"].split(os.pathsep) == [str(theirs)]
+        env["PYTHONPATH"] = os.pathsep.join([str(VLLM_SITE_DIR), str(theirs)])  # the module itself still works
     assert env["PYTHONPATH"].split(os.pathsep) == [str(VLLM_SITE_DIR), str(theirs)]
     probe = subprocess.run(
         [sys.executable, "-c", XCOMP_PERM_PROBE], env=env, capture_output=True, text=True, check=True
@@ -263,6 +266,18 @@ def test_every_vllm_process_asks_for_the_amx_tile_state(tmp_path):
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists() and " amx_tile" in cpuinfo.read_text() and os.uname().machine == "x86_64":
         assert seen["tiles"], "the AMX tile permission was not granted"
+
+
+def test_the_amx_site_goes_only_to_a_cpu_vllm_on_an_amx_host(tmp_path):
+    """The ``sitecustomize`` is for vLLM-CPU's AMX kernel: a host with an NVIDIA device (a CUDA vLLM) or without
+    AMX tiles does not get it."""
+    amx, plain, nvidia = tmp_path / "amx", tmp_path / "plain", tmp_path / "nvidia0"
+    amx.write_text("flags\t\t: fpu sse2 avx512f amx_bf16 amx_tile amx_int8\n")
+    plain.write_text("flags\t\t: fpu sse2 avx2\n")
+    assert amx_host(amx, tmp_path / "absent") and not amx_host(plain, tmp_path / "absent")
+    nvidia.write_text("")
+    assert not amx_host(amx, nvidia)
+    assert not amx_host(tmp_path / "no-cpuinfo", tmp_path / "absent")
 
 
 def test_missing_python_is_engine_error(tmp_path, monkeypatch):
@@ -341,8 +356,8 @@ def test_engine_report_merges_manifest_log_and_metrics(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from loadgen.engines.vllm import engine_report
-    from loadgen.records import MANIFEST_FILE, SERVER_METRICS_FILE
+    from loadgen.rundir.schema import MANIFEST_FILE, SERVER_METRICS_FILE
+    from loadgen.vllm import engine_report
 
     (tmp_path / MANIFEST_FILE).write_text(json.dumps({"engine_notes": {"log": {"max_model_len": 1234}}}))
     (tmp_path / "vllm.log").write_text(CPU_LOG)

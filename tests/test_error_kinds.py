@@ -9,8 +9,8 @@ import pytest
 
 from loadgen.driver.client import _outcome
 from loadgen.driver.error_kinds import classify_http_status
-from loadgen.records import ERROR_KINDS, TRACE_SCHEMA, http_error_kind
-from loadgen.results_import import _vllm_error_columns, llmperf_error_kind
+from loadgen.rundir.foreign import _vllm_error_columns, llmperf_error_kind
+from loadgen.rundir.schema import ERROR_KINDS, TRACE_SCHEMA, http_error_kind
 from loadgen.sim import parse_engine_config, simulate_trace
 
 TABLE = [

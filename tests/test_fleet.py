@@ -14,12 +14,12 @@ import pyarrow as pa
 import pytest
 
 from loadgen.analysis import analyze_run
-from loadgen.errors import ScenarioError
 from loadgen.plan.spec import parse_plan
-from loadgen.records import TRACE_SCHEMA
-from loadgen.rundir import load_run
+from loadgen.rundir.io import load_run
+from loadgen.rundir.schema import TRACE_SCHEMA
 from loadgen.sim import run_worksheet
 from loadgen.trace.io import write_trace
+from loadgen.util.errors import ScenarioError
 
 REPO = Path(__file__).resolve().parents[1]
 

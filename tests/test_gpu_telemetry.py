@@ -14,7 +14,7 @@ from test_driver_live import make_trace
 
 from loadgen.driver import RunOptions, gpu_telemetry, run_trace_sync
 from loadgen.driver.gpu_telemetry import GPU_METRICS, open_gpu_telemetry
-from loadgen.rundir import load_run
+from loadgen.rundir.io import load_run
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -16,11 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from loadgen.analysis import analyze_run
-from loadgen.errors import RunDirError
 from loadgen.handoff import build_bundle, rerun_bundle, toml_dumps, verify_bundle
-from loadgen.scenario import load_scenario
 from loadgen.sim.worksheet import run_worksheet
 from loadgen.trace.generate import generate_trace_file
+from loadgen.util.errors import RunDirError
+from loadgen.workload.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "scenarios" / "canonical.toml"

@@ -14,11 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from loadgen.cli import main
-from loadgen.errors import ScenarioError
 from loadgen.plan.prices import load_prices
-from loadgen.records import CHUNKS_FILE, REQUESTS_FILE
-from loadgen.rundir import run_table_files
+from loadgen.rundir.io import run_table_files
+from loadgen.rundir.schema import CHUNKS_FILE, REQUESTS_FILE
 from loadgen.trace.io import TRACE_METADATA_KEY, read_trace
+from loadgen.util.errors import ScenarioError
 
 REPO = Path(__file__).resolve().parents[1]
 CANONICAL = (REPO / "scenarios" / "canonical.toml").read_text()
@@ -271,7 +271,7 @@ def test_engine_configs_refuse_infinite_costs_and_empty_error_statuses(tmp_path,
 )
 def test_a_boolean_is_not_taken_as_a_number(tmp_path, capsys, source, old, new, command, expected):
     """``p99 = true`` is a mistake, not a 1 ms budget (pydantic alone takes a boolean as 0 or 1): every file
-    loadgen reads through a model refuses it (``loadgen.limits.InputModel``)."""
+    loadgen reads through a model refuses it (``loadgen.util.limits.InputModel``)."""
     text = (REPO / "scenarios" / source).read_text()
     assert old in text
     path = tmp_path / Path(source).name

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loadgen.analysis.idlookup import IdLookup
-from loadgen.errors import RunDirError
+from loadgen.util.errors import RunDirError
 
 # short alphabets make prefixes, equal lengths and near-misses common; "\x00" and non-ASCII included
 _ID = st.text(alphabet=st.sampled_from(["a", "b", "-", "0", "é", "\x00", " "]), max_size=6)

@@ -11,10 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 from shared_paths import TRACES
 
-from loadgen.analysis import analyze_run, percentile
+from loadgen.analysis import analyze_run
 from loadgen.cli import main
-from loadgen.results_import import import_llmperf, llmperf_error_kind
-from loadgen.rundir import read_run_table
+from loadgen.rundir.foreign import import_llmperf, llmperf_error_kind
+from loadgen.rundir.io import read_run_table
+from loadgen.stats.percentiles import percentile
 
 RAW = TRACES / "benchmark_results" / "llmperf-leaderboard" / "raw_data"
 FILES = sorted((RAW / "individual").glob("*.json")) if (RAW / "individual").is_dir() else []
@@ -92,7 +93,7 @@ def test_error_code_mapping():
 
 
 def test_bad_file_is_one_line_error(tmp_path):
-    from loadgen.errors import RunDirError
+    from loadgen.util.errors import RunDirError
 
     bad = tmp_path / "bad.json"
     bad.write_text('{"not": "a list"}')

@@ -10,8 +10,8 @@ import pytest
 
 from loadgen.analysis import analyze_run
 from loadgen.cli import main
-from loadgen.errors import RunDirError
-from loadgen.results_import import import_vllm_bench
+from loadgen.rundir.foreign import import_vllm_bench
+from loadgen.util.errors import RunDirError
 
 
 def _result(**over):
@@ -106,7 +106,7 @@ def test_real_vllm_bench_serve_result_reproduced(tmp_path):
     vpy = os.environ.get("LOADGEN_VLLM_PYTHON")
     if not vpy or not Path(vpy).exists():
         pytest.skip("env LOADGEN_VLLM_PYTHON is unset or missing: no vLLM to produce a result file")
-    from loadgen.engines import make_model_dir
+    from loadgen.vllm import make_model_dir
 
     model = make_model_dir(None, tmp_path / "model")
     sim = subprocess.Popen(

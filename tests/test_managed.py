@@ -14,9 +14,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from loadgen.errors import ScenarioError
 from loadgen.managed import UNKNOWN_INTERNALS, compare_managed, load_price_table
 from loadgen.targets import launch_sim_server as start_sim_server
+from loadgen.util.errors import ScenarioError
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY_ENV = "LOADGEN_TEST_MANAGED_KEY"
@@ -45,8 +45,8 @@ usd_per_hour = 3.60
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory):
     from loadgen.driver import RunOptions, run_trace_sync
-    from loadgen.scenario import load_scenario
     from loadgen.trace.generate import generate_trace_file
+    from loadgen.workload.scenario import load_scenario
 
     tmp = tmp_path_factory.mktemp("managed")
     text = (ROOT / "scenarios" / "canonical.toml").read_text().replace("duration_s = 60", "duration_s = 5")
@@ -185,9 +185,9 @@ def test_price_table_errors_are_one_line(tmp_path: Path) -> None:
 
 
 def _write_run(run_dir: Path, rows: list[dict], model: str, engine_config: str | None = None) -> Path:
-    from loadgen.manifest import Manifest
-    from loadgen.records import empty_request_row
-    from loadgen.rundir import RunWriter
+    from loadgen.rundir.io import RunWriter
+    from loadgen.rundir.manifest import Manifest
+    from loadgen.rundir.schema import empty_request_row
 
     manifest = {
         "run_kind": "measured",

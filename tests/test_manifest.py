@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.errors import RunDirError
-from loadgen.manifest import (
+from loadgen.rundir.manifest import (
     MANIFEST_VERSION,
     Manifest,
     amend_manifest,
@@ -17,7 +16,8 @@ from loadgen.manifest import (
     read_manifest,
     write_manifest,
 )
-from loadgen.records import MANIFEST_FILE
+from loadgen.rundir.schema import MANIFEST_FILE
+from loadgen.util.errors import RunDirError
 
 DATA = Path(__file__).resolve().parent / "data"
 

@@ -1,4 +1,4 @@
-"""The part writer process (``loadgen.partproc``): parts a run's flushes hand to a child at low CPU priority.
+"""The part writer process (``loadgen.rundir.part_process``): parts a run's flushes hand to a child at low CPU priority.
 
 Real processes throughout: the child is the one ``PartProcess`` starts, runs go through the real CLI against a
 real simulated server, and the child is killed with a real signal. Waits are for conditions, never timings.
@@ -22,15 +22,15 @@ import pyarrow.parquet as pq
 import pytest
 from test_records_survive import ENV, REPO, gone, loadgen, make_trace, no_temp_files, rows_on_disk, wait_for
 
-from loadgen import partproc
-from loadgen.errors import RecordWriteError
-from loadgen.manifest import read_manifest
-from loadgen.partproc import PartProcess
-from loadgen.parts import PART_METADATA_KEY
-from loadgen.records import empty_request_row
-from loadgen.rowtables import StreamChunks, pack_slice, unpack_slices
-from loadgen.rundir import load_run
+from loadgen.rundir import part_process as partproc
+from loadgen.rundir.io import load_run
+from loadgen.rundir.manifest import read_manifest
+from loadgen.rundir.part_process import PartProcess
+from loadgen.rundir.parts import PART_METADATA_KEY
+from loadgen.rundir.rowtables import StreamChunks, pack_slice, unpack_slices
+from loadgen.rundir.schema import empty_request_row
 from loadgen.targets import launch_sim_server
+from loadgen.util.errors import RecordWriteError
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def _part_writers(pid: int) -> list[psutil.Process]:
     found = []
     for child in psutil.Process(pid).children(recursive=True):
         try:
-            if "loadgen.partproc" in child.cmdline():
+            if "loadgen.rundir.part_process" in child.cmdline():
                 found.append(child)
         except psutil.Error:
             pass
@@ -156,7 +156,7 @@ def test_the_child_ignores_ctrl_c_and_ends_with_its_parent(tmp_path: Path) -> No
         import sys, time
         from pathlib import Path
         import pyarrow as pa
-        from loadgen.partproc import PartProcess
+        from loadgen.rundir.part_process import PartProcess
         w = PartProcess("normal")
         w.wait_ready()
         w.write(Path(sys.argv[1]), pa.table({"x": [1]}), {}, fsync=False)  # it serves: its handlers are set

@@ -7,13 +7,13 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadgen.analysis.percentiles import (
+from loadgen.driver.schedule import LagStats
+from loadgen.stats.percentiles import (
     NEAREST_RANK_RULE,
     PERCENTILE_RULE,
     percentile,
     percentile_nearest_rank,
 )
-from loadgen.driver.schedule import LagStats
 from loadgen.trace.stats import trace_stats
 
 ONE_TO_100 = np.arange(1, 101)

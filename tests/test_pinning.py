@@ -17,9 +17,9 @@ import pytest
 from test_plan_vllm import standin_vllm  # noqa: F401  (fixture)
 from test_records_survive import make_trace
 
-from loadgen.childproc import ChildProcess
-from loadgen.errors import LoadgenError
-from loadgen.pinning import ENGINE_CPUS_ENV, affinity, format_cpus, parse_cpus, pin, shared_cpus_warning
+from loadgen.util.childproc import ChildProcess
+from loadgen.util.errors import LoadgenError
+from loadgen.util.pinning import ENGINE_CPUS_ENV, affinity, format_cpus, parse_cpus, pin, shared_cpus_warning
 
 REPO = Path(__file__).resolve().parents[1]
 USABLE = sorted(affinity() or {0})
@@ -77,9 +77,9 @@ def test_a_launched_child_runs_on_its_cpus_from_the_start(tmp_path: Path) -> Non
 
 
 def _measure(tmp: Path, name: str) -> tuple[dict, str]:
-    from loadgen.engines.vllm import VllmConfig
     from loadgen.targets import VllmTarget
     from loadgen.targets.base import RunRequest, StateResult
+    from loadgen.vllm import VllmConfig
 
     config = VllmConfig(model_dir=tmp, served_model_name="loadgen-sim", max_num_seqs=8)
     with VllmTarget(config, tmp / name / "logs", model="loadgen-sim", tokenizer="cl100k_base") as target:

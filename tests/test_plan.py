@@ -15,7 +15,6 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from loadgen.errors import PlanError, ScenarioError
 from loadgen.plan import (
     PLAN_FILE,
     RESULT_FILE,
@@ -27,6 +26,7 @@ from loadgen.plan import (
 )
 from loadgen.plan.spec import StopLimits
 from loadgen.targets import WorksheetTarget
+from loadgen.util.errors import PlanError, ScenarioError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -291,12 +291,12 @@ def test_unstable_tail_rule() -> None:
 
 def test_missing_records_are_measurement_corruption(tmp_path: Path) -> None:
     from loadgen.analysis import analyze_run
-    from loadgen.rundir import load_run
+    from loadgen.rundir.io import load_run
     from loadgen.sim import run_worksheet
 
     plan, engine = write_setup(tmp_path, rates=[10], concurrency=[64], duration_s=5, repeats=1)
     from loadgen.plan.cells import CellCoord, build_cell_trace
-    from loadgen.scenario import load_scenario
+    from loadgen.workload.scenario import load_scenario
 
     spec = load_plan(plan)
     scenario = load_scenario(spec.scenario_path())

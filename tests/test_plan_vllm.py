@@ -78,7 +78,7 @@ extend = false  # this test is about cold restarts: one run per repeat
 
 @pytest.mark.slow
 def test_plan_restarts_a_launched_vllm_for_cold_cells(standin_vllm: Path) -> None:
-    from loadgen.engines.vllm import VllmConfig
+    from loadgen.vllm import VllmConfig
 
     tmp = standin_vllm
     plan = tmp / "plan.toml"

@@ -6,9 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from loadgen import presets
 from loadgen.contract.responder import SHIPPED_CASES_DIR
 from loadgen.sim.config import PRESETS_DIR, list_presets, load_engine_config
+from loadgen.workload import presets
 
 REPO = Path(__file__).resolve().parents[1]
 

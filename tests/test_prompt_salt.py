@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loadgen.prompts import PromptSynth
 from loadgen.targets.base import RunRequest, StateResult, Target, run_salt
+from loadgen.workload.prompts import PromptSynth
 
 
 def test_a_salt_gives_other_texts_of_the_same_token_counts_and_keeps_sharing():

@@ -28,23 +28,23 @@ from hypothesis import strategies as st
 from test_analysis_run import MS, build_run, scenario_two_classes
 
 from loadgen.analysis import analyze_run
-from loadgen.errors import RecordWriteError
-from loadgen.manifest import Manifest, read_manifest
-from loadgen.records import (
-    REQUESTS_FILE,
-    REQUESTS_SCHEMA,
-    STATUSES,
-    TRACE_SCHEMA,
-)
-from loadgen.rundir import (
+from loadgen.rundir.io import (
     RunWriter,
     load_run,
     read_run_manifest,
     read_run_table,
     run_table_files,
 )
+from loadgen.rundir.manifest import Manifest, read_manifest
+from loadgen.rundir.schema import (
+    REQUESTS_FILE,
+    REQUESTS_SCHEMA,
+    STATUSES,
+    TRACE_SCHEMA,
+)
 from loadgen.targets import launch_sim_server
 from loadgen.trace.io import write_trace
+from loadgen.util.errors import RecordWriteError
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -330,7 +330,7 @@ def test_injected_enospc_leaves_flushed_parts_and_no_temp_file(tmp_path: Path, m
     }
     writer.add_request(row)
     writer.flush({"flushed_ns": 1, "covered_until_ns": 1, "dispatched": 1})
-    from loadgen import parts
+    from loadgen.rundir import parts
 
     real = parts.pq.write_table
 
@@ -388,7 +388,7 @@ def test_deferred_parts_write_the_run_parts_would(tmp_path: Path) -> None:
 
 
 def test_deferred_parts_that_cannot_be_written_fail_the_run(tmp_path: Path, monkeypatch) -> None:
-    from loadgen import parts
+    from loadgen.rundir import parts
 
     def full(*args, **kw):
         raise OSError(errno.ENOSPC, "No space left on device")

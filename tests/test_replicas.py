@@ -14,7 +14,7 @@ import pytest
 from test_driver_live import _kill_after_successes, assert_exact_accounting, counts, engine_file, make_trace
 
 from loadgen.driver import RunOptions, run_trace_sync
-from loadgen.rundir import load_run
+from loadgen.rundir.io import load_run
 from loadgen.targets import launch_sim_server
 
 REPO = Path(__file__).resolve().parents[1]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.errors import ScenarioError
-from loadgen.manifest import Manifest
-from loadgen.scenario import load_scenario, scenario_from_manifest, scenario_manifest
+from loadgen.rundir.manifest import Manifest
+from loadgen.util.errors import ScenarioError
+from loadgen.workload.scenario import load_scenario, scenario_from_manifest, scenario_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 CANONICAL = REPO / "scenarios" / "canonical.toml"

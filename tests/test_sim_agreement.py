@@ -12,11 +12,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from loadgen.prompts import PromptSynth, get_tokenizer
-from loadgen.records import TRACE_SCHEMA
-from loadgen.rundir import load_run
+from loadgen.rundir.io import load_run
+from loadgen.rundir.schema import TRACE_SCHEMA
 from loadgen.sim import run_worksheet
 from loadgen.trace.io import read_trace, write_trace
+from loadgen.workload.prompts import PromptSynth, get_tokenizer
 
 
 def build_trace(path, n=14, gap_s=0.06, seed=3):

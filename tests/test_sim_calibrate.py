@@ -21,9 +21,9 @@ from loadgen.calibration.calibrate import (
     with_step_jitter,
 )
 from loadgen.calibration.validate import FidelityRow
-from loadgen.pinning import affinity, format_cpus
 from loadgen.sim import load_engine_config
 from loadgen.sim.config import JITTER_PROBABILITIES
+from loadgen.util.pinning import affinity, format_cpus
 
 REPO = Path(__file__).resolve().parents[1]
 

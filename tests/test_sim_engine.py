@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadgen.errors import ScenarioError
 from loadgen.sim import Engine, Seq, list_presets, load_engine_config, parse_engine_config, parse_fault_header
 from loadgen.sim.config import JITTER_PROBABILITIES, FaultConfig
 from loadgen.sim.engine import NEVER_NS, DecodeRun, StepResult
 from loadgen.sim.faults import FaultDecider
 from loadgen.sim.protocol import FILLER_WORDS, filler_bytes, filler_text, token_bytes
+from loadgen.util.errors import ScenarioError
 
 
 def cfg(**sections):
@@ -451,7 +451,7 @@ def test_fault_decider_is_seeded_and_rates_hold():
 def test_filler_is_one_token_per_word_and_bytes_match():
     import numpy as np
 
-    from loadgen.prompts import get_tokenizer
+    from loadgen.workload.prompts import get_tokenizer
 
     tok = get_tokenizer("cl100k_base")
     text = filler_text(3, 200)

@@ -13,7 +13,7 @@ from pathlib import Path
 import anyio
 import httpx
 
-from loadgen.prompts import get_tokenizer
+from loadgen.workload.prompts import get_tokenizer
 
 SHARED_SSE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "sse" / "openai-python"
 

@@ -13,14 +13,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from loadgen.records import (
+from loadgen.rundir.io import load_run
+from loadgen.rundir.schema import (
     CHUNKS_FILE,
     REQUESTS_FILE,
     SERVER_METRICS_FILE,
     TRACE_FULL_SCHEMA,
     TRACE_SCHEMA,
 )
-from loadgen.rundir import load_run
 from loadgen.sim import load_engine_config, parse_engine_config, run_worksheet
 from loadgen.sim.config import PRESETS_DIR
 from loadgen.trace.io import write_trace
@@ -257,8 +257,8 @@ def test_an_engine_config_that_cannot_serve_is_one_line(tmp_path, changes: dict[
 def test_presets_trade_throughput_for_burst_ttft(tmp_path):
     """On the canonical burst trace: large batches give more output tokens per busy second but
     breach the p99 TTFT budgets during bursts; the interactive preset meets them."""
-    from loadgen.scenario import load_scenario
     from loadgen.trace.generate import generate_trace_file
+    from loadgen.workload.scenario import load_scenario
 
     scenario = load_scenario(REPO / "scenarios" / "canonical.toml")
     trace = generate_trace_file(scenario, "burst", tmp_path / "burst.parquet", 20261129)

@@ -8,8 +8,8 @@ from datetime import date
 
 import pytest
 
-from loadgen.errors import LoadgenError
-from loadgen.tomlfile import dumps_toml
+from loadgen.util.errors import LoadgenError
+from loadgen.util.tomlfile import dumps_toml
 
 
 def test_round_trips_tables_lists_and_odd_keys_in_order() -> None:

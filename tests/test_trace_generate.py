@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loadgen.errors import TraceError
-from loadgen.scenario import load_scenario, parse_scenario
 from loadgen.trace import generate_trace, read_trace, trace_stats
 from loadgen.trace.generate import generate_trace_file
+from loadgen.util.errors import TraceError
+from loadgen.workload.scenario import load_scenario, parse_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 CANONICAL = REPO / "scenarios" / "canonical.toml"
@@ -204,8 +204,8 @@ def test_closed_loop_trace_has_the_requested_count_and_no_offsets():
 
 def test_class_order_in_the_file_does_not_change_the_trace(tmp_path):
     # a scenario rebuilt from a manifest (keys sorted) must regenerate the same trace
-    from loadgen.manifest import Manifest
-    from loadgen.scenario import scenario_from_manifest, scenario_manifest
+    from loadgen.rundir.manifest import Manifest
+    from loadgen.workload.scenario import scenario_from_manifest, scenario_manifest
 
     s = load_scenario(CANONICAL)
     rebuilt = scenario_from_manifest(Manifest(scenario=scenario_manifest(s)))

@@ -8,9 +8,9 @@ import sys
 import pytest
 from shared_paths import shared_trace
 
-from loadgen.errors import TraceError
 from loadgen.trace import read_trace, trace_stats
 from loadgen.trace.importers import import_trace
+from loadgen.util.errors import TraceError
 
 
 @pytest.mark.parametrize(

@@ -88,8 +88,8 @@ def workdir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def ci_trace(workdir) -> tuple[Path, Path]:
-    from loadgen.scenario import load_scenario
     from loadgen.trace import generate_trace, write_trace
+    from loadgen.workload.scenario import load_scenario
 
     scenario_path = workdir / "vllm-ci.toml"
     scenario_path.write_text(SCENARIO)
@@ -99,7 +99,7 @@ def ci_trace(workdir) -> tuple[Path, Path]:
 
 
 def _model_dir(workdir: Path, name: str) -> Path:
-    from loadgen.engines import make_model_dir
+    from loadgen.vllm import make_model_dir
 
     out = workdir / name
     if not (out / "config.json").exists():
@@ -116,7 +116,7 @@ EAGER = ["--enforce-eager"]
 
 
 def _server(vllm_python: Path, model_dir: Path, log: Path, **kw):
-    from loadgen.engines import VllmConfig, VllmServer
+    from loadgen.vllm import VllmConfig, VllmServer
 
     cfg = VllmConfig(
         model_dir=model_dir,
@@ -191,7 +191,7 @@ def llama_runs(vllm_python, workdir, ci_trace) -> dict[str, Path]:
 
 
 def test_every_request_accounted_for(llama_runs, ci_trace):
-    from loadgen.records import STATUSES
+    from loadgen.rundir.schema import STATUSES
     from loadgen.trace import read_trace
 
     trace, _ = read_trace(ci_trace[1])
@@ -285,8 +285,8 @@ def test_manifest_identifies_vllm(llama_runs):
 
 
 def test_ledger_reconciles_llama_run_dir(llama_runs):
-    from loadgen.engines.vllm import reconcile
     from loadgen.ledger import read_model_config
+    from loadgen.vllm import reconcile
 
     for label, run_dir in llama_runs.items():
         model = read_model_config(ROOT / "loadgen" / "data" / "models" / "tiny-llama-gqa.json")
@@ -318,9 +318,9 @@ def test_ledger_reconciles_other_architectures(vllm_python, workdir, name, bytes
     import httpx
 
     from loadgen.driver import parse_prometheus_text
-    from loadgen.engines.vllm.log import parse_vllm_log
     from loadgen.ledger import read_model_config
     from loadgen.ledger.kv import cdiv, vllm_cpu_block_size
+    from loadgen.vllm.log import parse_vllm_log
 
     model_dir = _model_dir(workdir, name)
     t0 = time.monotonic()
@@ -367,7 +367,7 @@ def test_ledger_reconciles_other_architectures(vllm_python, workdir, name, bytes
 
 def test_setup_reuses_working_venv(vllm_python):
     """`loadgen vllm setup` on an existing working venv returns its python without reinstalling."""
-    from loadgen.engines import setup_venv
+    from loadgen.vllm import setup_venv
 
     messages: list[str] = []
     t0 = time.monotonic()
@@ -412,8 +412,8 @@ def test_calibrate_then_validate_a_held_out_config(vllm_python, workdir):
     import subprocess
     import sys
 
-    from loadgen.pinning import affinity
     from loadgen.sim import load_engine_config
+    from loadgen.util.pinning import affinity
 
     model = _model_dir(workdir, "tiny-llama-gqa")
     out = ARTIFACTS / "calibration"

@@ -11,8 +11,8 @@ import pytest
 
 from loadgen.calibration.calibrate import engine_limits, warm_engine
 from loadgen.driver import parse_prometheus_text
-from loadgen.engines.vllm.warmup import DENSE_UP_TO, STRIDE, warm_step_shapes, warmup_lengths
-from loadgen.errors import LoadgenError
+from loadgen.util.errors import LoadgenError
+from loadgen.vllm.warmup import DENSE_UP_TO, STRIDE, warm_step_shapes, warmup_lengths
 
 
 def test_lengths_dense_then_strided_up_to_what_one_step_holds():

@@ -25,10 +25,10 @@ import pytest
 from test_analysis_run import MS
 
 from loadgen.driver.partition import shard_index, shard_sizes, split_bound
-from loadgen.manifest import read_manifest
-from loadgen.parts import PartTable, table_files
-from loadgen.records import REQUESTS_FILE, REQUESTS_SCHEMA, TRACE_SCHEMA
-from loadgen.rundir import read_run_table
+from loadgen.rundir.io import read_run_table
+from loadgen.rundir.manifest import read_manifest
+from loadgen.rundir.parts import PartTable, table_files
+from loadgen.rundir.schema import REQUESTS_FILE, REQUESTS_SCHEMA, TRACE_SCHEMA
 from loadgen.trace.io import write_trace
 
 REPO = Path(__file__).resolve().parents[1]

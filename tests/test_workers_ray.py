@@ -27,7 +27,7 @@ from test_workers import (
     worker_rows,
 )
 
-from loadgen.manifest import read_manifest
+from loadgen.rundir.manifest import read_manifest
 
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'loadgen[ray]')")
 

@@ -1,10 +1,9 @@
 """Analysis: run directory → per-class tails, rates, budget verdicts, stability, reports.
 
-This package owns every metric formula (``metrics``), the percentile rule (``percentiles``), the
-budget and failure policy (``budgets``), the steady-interval test and Little's Law (``stability``),
-the server-metrics join (``server``), and the console/HTML/JSON reports. It reads run directories
-only (``loadgen.records`` / ``loadgen.rundir``) and never imports the driver or the simulator, so a
-measured, simulated or imported run is analysed by the same code.
+This package owns every metric formula (``metrics``), the budget and failure policy (``budgets``), the
+steady-interval test and Little's Law (``stability``), the server-metrics join (``server_metrics``), and the console/HTML/JSON reports. It reads run directories
+only (``loadgen.rundir``) and never imports the driver or the simulator, so a measured,
+simulated or imported run is analysed by the same code.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from __future__ import annotations
 from .analyze import DEFINITIONS, analyze_run, parse_window
 from .budgets import FAILURE_POLICY, Check
 from .model import ANALYSIS_SCHEMA_VERSION, METRICS, Analysis, GroupSummary
-from .percentiles import PERCENTILE_RULE, percentile, summarize
 from .report_console import render_console
 from .report_html import write_html
 
@@ -26,9 +24,6 @@ __all__ = [
     "ANALYSIS_SCHEMA_VERSION",
     "DEFINITIONS",
     "FAILURE_POLICY",
-    "PERCENTILE_RULE",
-    "percentile",
-    "summarize",
     "render_console",
     "write_html",
 ]

@@ -20,9 +20,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ..errors import RunDirError
-from ..manifest import Manifest
-from ..records import (
+from loadgen.analysis.server_metrics import summarize_server_metrics
+from loadgen.rundir.io import read_run_manifest, read_run_table, run_table_files
+from loadgen.rundir.manifest import Manifest
+from loadgen.rundir.schema import (
     CHUNKS_FILE,
     CUT_ERROR_KINDS,
     REQUESTS_FILE,
@@ -30,8 +31,11 @@ from ..records import (
     SERVER_METRICS_FILE,
     STATUSES,
 )
-from ..rundir import read_run_manifest, read_run_table, run_table_files
-from ..scenario import Scenario, scenario_from_manifest
+from loadgen.stats.confidence import ESTIMATOR_RULE, INTERVAL_RULE, SHARE_RULE, wilson_interval
+from loadgen.stats.percentiles import PERCENTILE_RULE, SortedParts, summarize_parts, summarize_sorted
+from loadgen.util.errors import RunDirError
+from loadgen.workload.scenario import Scenario, scenario_from_manifest
+
 from . import metrics as M
 from .budgets import (
     BUDGET_METRICS,
@@ -43,11 +47,8 @@ from .budgets import (
     request_limit,
 )
 from .chunks import ChunkGaps, read_chunk_gaps
-from .confidence import ESTIMATOR_RULE, INTERVAL_RULE, SHARE_RULE, wilson_interval
 from .model import METRICS, Analysis, GroupSummary
-from .percentiles import PERCENTILE_RULE, SortedParts, summarize_parts, summarize_sorted
 from .replicas import replica_breakdown, replica_codes
-from .server import summarize_server_metrics
 from .spill import SortedRuns, SpillConfig
 from .stability import assess_stability, in_system_at
 
@@ -817,7 +818,7 @@ def analyze_run(
     include_cold: bool = False,
     spill: SpillConfig | None = None,
 ) -> Analysis:
-    """Analyse a run directory. ``scenario`` (a ``loadgen.scenario.Scenario``) supplies budgets; by
+    """Analyse a run directory. ``scenario`` (a ``loadgen.workload.scenario.Scenario``) supplies budgets; by
     default it is rebuilt from the manifest; with none, every number but no verdicts. ``window`` is
     ``(start_s, end_s)`` or ``"start:end"`` on the run clock. Cold-start requests are reported apart
     and left out of the tables and budgets unless ``include_cold``. ``spill``: the memory budget for

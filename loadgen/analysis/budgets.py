@@ -15,7 +15,7 @@ How requests count against a class's budgets (also printed in every report):
   A planned abandonment that never got its first token is a failure.
 
 Every verdict is three-way (``Check.outcome``): **pass** when the 95% interval of the percentile
-(order statistics, ``loadgen.analysis.confidence``) lies at or below the limit, **fail** when it lies
+(order statistics, ``loadgen.stats.confidence``) lies at or below the limit, **fail** when it lies
 above, **inconclusive** when it straddles the limit; an inconclusive check says about how many more
 requests of its class would make it conclusive (``more_requests``). ``passed`` is the point
 estimate alone (observed <= limit). The error share gets a Wilson interval the same way.
@@ -38,14 +38,14 @@ from typing import Any
 
 import numpy as np
 
-from .confidence import (
+from loadgen.stats.confidence import (
     CONFIDENCE_LEVEL,
     outcome,
     samples_needed_quantile,
     samples_needed_share,
     wilson_interval,
 )
-from .percentiles import LOW_SAMPLE_P99, QUANTILES, SortedParts
+from loadgen.stats.percentiles import LOW_SAMPLE_P99, QUANTILES, SortedParts
 
 __all__ = [
     "BUDGET_METRICS",

@@ -24,8 +24,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..parts import iter_file_batches
-from ..records import CHUNKS_SCHEMA
+from loadgen.rundir.parts import iter_file_batches
+from loadgen.rundir.schema import CHUNKS_SCHEMA
+
 from .idlookup import IdLookup
 
 __all__ = ["ChunkGaps", "ChunkSink", "read_chunk_gaps"]

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import RunDirError
+from loadgen.util.errors import RunDirError
 
 __all__ = ["IdLookup"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .percentiles import SortedParts, summarize_parts, summarize_sorted
+from loadgen.stats.percentiles import SortedParts, summarize_parts, summarize_sorted
 
 __all__ = ["replica_codes", "replica_breakdown"]
 

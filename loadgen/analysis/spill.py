@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import RunDirError
+from loadgen.util.errors import RunDirError
 
 __all__ = ["DEFAULT_MEMORY_MIB", "MEMORY_ENV", "SPILL_DIR_ENV", "RunFile", "SortedRuns", "SpillConfig"]
 

@@ -13,11 +13,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..records import REQUESTS_FILE, SERVER_METRICS_FILE, STATUS_OK
-from ..rundir import read_run_table
+from loadgen.analysis.server_metrics import GENERATION_TOKENS, SIM_BUSY_SECONDS, counter_increase
+from loadgen.rundir.io import read_run_table
+from loadgen.rundir.schema import REQUESTS_FILE, SERVER_METRICS_FILE, STATUS_OK
+
 from . import metrics as M
 from .metrics import NS_PER_S
-from .server import GENERATION_TOKENS, SIM_BUSY_SECONDS, counter_increase
 
 __all__ = ["engine_busy_output_rate", "whole_run_rates"]
 

@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import LoadgenError
+from loadgen.util.errors import LoadgenError
+
 from ..sim.config import EngineConfig
 from .calibrate import TERMS, EngineLimits, calibration_phases, irls_huber, measure_phases, observations
 

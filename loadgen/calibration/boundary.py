@@ -14,8 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from loadgen.workload.presets import resolve
+
 from ..plan import load_plan, run_plan
-from ..presets import resolve
 from ..sim.config import EngineConfig
 from ..targets import Target
 from ..targets.sim import WorksheetTarget

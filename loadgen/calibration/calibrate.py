@@ -33,23 +33,24 @@ import httpx
 import numpy as np
 import pyarrow as pa
 
+from loadgen.calibration.measured import MemoryReport
+from loadgen.rundir.identity import host_identity, package_versions, utc_now_iso
+from loadgen.rundir.io import load_run
+from loadgen.rundir.manifest import read_manifest
+from loadgen.rundir.schema import CHUNKS_FILE, REQUESTS_FILE, TRACE_SCHEMA
+from loadgen.util.errors import LoadgenError
+from loadgen.util.pinning import SHARED_CPUS, parse_cpus
+from loadgen.util.tomlfile import dumps_toml
+from loadgen.vllm.report import batch_limits
+from loadgen.vllm.warmup import ShapeWarmup, warm_step_shapes
+
 from ..driver import parse_prometheus_text
-from ..driver.error_kinds import redact_url
-from ..engines.vllm.report import batch_limits
-from ..engines.vllm.warmup import ShapeWarmup, warm_step_shapes
-from ..errors import LoadgenError
-from ..identity import host_identity, package_versions, utc_now_iso
 from ..ledger.settings import GIB
-from ..manifest import read_manifest
-from ..pinning import SHARED_CPUS, parse_cpus
-from ..records import CHUNKS_FILE, REQUESTS_FILE, TRACE_SCHEMA
-from ..rundir import load_run
 from ..sim.config import JITTER_PROBABILITIES
 from ..targets.base import run_salt
 from ..targets.replay import run_driver
-from ..tomlfile import dumps_toml
 from ..trace.io import write_trace
-from .engine import MemoryReport
+from ..util.redact import redact_url
 
 __all__ = [
     "TERMS",
@@ -104,7 +105,7 @@ def engine_limits(base_url: str, log_notes: dict[str, Any] | None = None) -> Eng
 
     ``loadgen sim serve`` reports its whole config at ``/version``; vLLM reports block size and blocks in
     ``/metrics`` ``vllm:cache_config_info``, max_model_len in ``/v1/models`` and the scheduler limits in
-    its startup log (``log_notes``: ``loadgen.engines.vllm.parse_vllm_log``), else vLLM's own defaults.
+    its startup log (``log_notes``: ``loadgen.vllm.parse_vllm_log``), else vLLM's own defaults.
     """
     with httpx.Client(timeout=30) as client:
         version = client.get(base_url + "/version").json()

@@ -22,23 +22,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import presets
+from loadgen.calibration.measured import MemoryReport
+from loadgen.util.errors import LoadgenError
+from loadgen.util.tomlfile import dumps_toml, read_toml
+from loadgen.vllm.warmup import warmup_line
+from loadgen.workload import presets
+from loadgen.workload.scenario import Scenario, load_scenario
+
 from ..analysis.analyze import analyze_run
-from ..engines.vllm.warmup import warmup_line
-from ..errors import LoadgenError
-from ..scenario import Scenario, load_scenario
 from ..sim.config import EngineConfig, load_engine_config
 from ..sim.worksheet import run_worksheet
 from ..targets import Target, TargetSpec, open_target
 from ..targets.base import run_salt
 from ..targets.replay import run_driver
-from ..tomlfile import dumps_toml, read_toml
 from ..trace.importers import import_trace
 from ..trace.io import read_trace, write_trace
 from .anchor import anchor_line, anchored, measure_anchor
 from .boundary import boundary_line, plan_boundary_check
 from .calibrate import MAX_SEND_LAG_MS, EngineLimits, engine_limits, send_lag_p99_ms, warm_engine
-from .engine import MemoryReport
 
 __all__ = [
     "MAX_SEND_LAG_MS",

@@ -4,7 +4,7 @@ Each area registers its subcommands from its own module (``loadgen/cli/<area>_cm
 ``register(subparsers)`` function), so the CLI stays thin and areas do not collide.
 This is the one place where errors become exit codes: a bad flag (argparse), a LoadgenError or an
 OSError on a file the user named → one line ``loadgen: error: ...`` on stderr and exit 2; Ctrl-C → exit
-130, SIGTERM → 143, SIGHUP → 129 (both stop the way Ctrl-C does: ``loadgen.interrupts``); anything else
+130, SIGTERM → 143, SIGHUP → 129 (both stop the way Ctrl-C does: ``loadgen.util.interrupts``); anything else
 is a bug and keeps its traceback.
 """
 
@@ -16,8 +16,10 @@ import os
 import sys
 from typing import NoReturn
 
-from .. import __version__, interrupts, pinning
-from ..errors import LoadgenError
+from loadgen.util import interrupts, pinning
+from loadgen.util.errors import LoadgenError
+
+from .. import __version__
 
 __all__ = ["LoadgenParser", "build_parser", "entry", "main"]
 

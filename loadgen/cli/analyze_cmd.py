@@ -44,6 +44,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _analyze(args: argparse.Namespace) -> int:
 
+    from loadgen.rundir.io import persist_recovery  # deferred: loaded when it runs
+    from loadgen.util.errors import RunDirError  # deferred: loaded when it runs
+    from loadgen.workload.scenario import load_scenario  # deferred: `loadgen --help` loads no library code
+
     from ..analysis import (  # deferred: `loadgen --help` loads no library code
         analyze_run,
         parse_window,
@@ -51,9 +55,6 @@ def _analyze(args: argparse.Namespace) -> int:
         write_html,
     )
     from ..analysis.spill import SpillConfig  # deferred: loaded when it runs
-    from ..errors import RunDirError  # deferred: loaded when it runs
-    from ..rundir import persist_recovery  # deferred: loaded when it runs
-    from ..scenario import load_scenario  # deferred: `loadgen --help` loads no library code
 
     try:  # a killed run (manifest still "running", writer gone) gets its recovered manifest on disk
         if persist_recovery(Path(args.run_dir)) is not None:

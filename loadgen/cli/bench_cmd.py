@@ -9,7 +9,7 @@ from . import flags
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..presets import canonical_scenario  # a path only: the library loads when the command runs
+    from loadgen.workload.presets import canonical_scenario  # a path only: the library loads when the command runs
 
     p = sub.add_parser("bench", help="replay the canonical trace and print where the run stands against the budgets")
     p.add_argument("--scenario", type=Path, default=canonical_scenario())
@@ -31,8 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from loadgen.canonical_run import run_bench  # deferred: `loadgen --help` loads no library code
+
     from ..analysis import render_console, write_html  # deferred: `loadgen --help` loads no library code
-    from ..bench import run_bench  # deferred: `loadgen --help` loads no library code
 
     result = run_bench(
         scenario_path=args.scenario,

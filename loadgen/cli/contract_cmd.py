@@ -89,13 +89,14 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _cases(args: argparse.Namespace):
+    from loadgen.util.errors import ScenarioError  # deferred: `loadgen --help` loads no library code
+
     from ..contract import load_case_refs, load_cases  # deferred: `loadgen --help` loads no library code
-    from ..errors import ScenarioError  # deferred: `loadgen --help` loads no library code
 
     if args.cases:
         return load_cases(*args.cases)
     if getattr(args, "scenario", None):
-        from ..scenario import load_scenario  # deferred: `loadgen --help` loads no library code
+        from loadgen.workload.scenario import load_scenario  # deferred: `loadgen --help` loads no library code
 
         scenario = load_scenario(args.scenario)
         if not scenario.behavior.cases:

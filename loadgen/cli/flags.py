@@ -10,8 +10,8 @@ import argparse
 import math
 from collections.abc import Callable
 
-from ..inputs import header_problem, target_url_problem, without_userinfo
-from ..limits import MAX_CONCURRENCY, MAX_OFFSET_NS, MAX_PARAM, MAX_SEED, MAX_TIMEOUT_S
+from loadgen.util.inputs import header_problem, target_url_problem, without_userinfo
+from loadgen.util.limits import MAX_CONCURRENCY, MAX_OFFSET_NS, MAX_PARAM, MAX_SEED, MAX_TIMEOUT_S
 
 __all__ = [
     "DURATION",

@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from ..errors import LoadgenError  # deferred: `loadgen --help` loads no library code
+    from loadgen.util.errors import LoadgenError  # deferred: `loadgen --help` loads no library code
 
     first, rest = args.args[0], args.args[1:]
     if first in ("verify", "rerun"):
@@ -100,7 +100,8 @@ def _verify(bundle: str, args: argparse.Namespace) -> int:
 
 
 def _rerun(bundle: str, args: argparse.Namespace) -> int:
-    from ..errors import LoadgenError  # deferred: `loadgen --help` loads no library code
+    from loadgen.util.errors import LoadgenError  # deferred: `loadgen --help` loads no library code
+
     from ..handoff import rerun_bundle  # deferred: `loadgen --help` loads no library code
 
     if not args.out:

@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _llmperf(args: argparse.Namespace) -> int:
-    from ..results_import import import_llmperf  # deferred: `loadgen --help` loads no library code
+    from loadgen.rundir.foreign import import_llmperf  # deferred: `loadgen --help` loads no library code
 
     out = import_llmperf(
         args.file, args.out, concurrency=args.concurrency, request_class=args.request_class, summary=args.summary
@@ -41,7 +41,7 @@ def _llmperf(args: argparse.Namespace) -> int:
 
 
 def _vllm(args: argparse.Namespace) -> int:
-    from ..results_import import import_vllm_bench  # deferred: `loadgen --help` loads no library code
+    from loadgen.rundir.foreign import import_vllm_bench  # deferred: `loadgen --help` loads no library code
 
     out = import_vllm_bench(args.file, args.out, request_class=args.request_class, concurrency=args.concurrency)
     print(f"imported {args.file} → {out}")

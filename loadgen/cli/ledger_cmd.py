@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..limits import MAX_TOKENS
+from loadgen.util.limits import MAX_TOKENS
+
 from . import flags
 
 
@@ -78,7 +79,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..engines.vllm.report import reconcile  # deferred: `loadgen --help` loads no library code
+    from loadgen.vllm.report import reconcile  # deferred: `loadgen --help` loads no library code
+
     from ..ledger import (  # deferred: `loadgen --help` loads no library code
         EngineSettings,
         LoraSettings,
@@ -127,7 +129,7 @@ def _run(args: argparse.Namespace) -> int:
         return 0 if result.ok else 1
     scenario = None
     if args.scenario:
-        from ..scenario import load_scenario  # deferred: `loadgen --help` loads no library code
+        from loadgen.workload.scenario import load_scenario  # deferred: `loadgen --help` loads no library code
 
         scenario = load_scenario(args.scenario)
     ledger = compute_ledger(model, engine, scenario)
@@ -137,7 +139,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def _calibrated_runtime(path: str) -> float:
     """The runtime a calibrated engine TOML measured; one line when it has none."""
-    from ..errors import LoadgenError  # deferred: `loadgen --help` loads no library code
+    from loadgen.util.errors import LoadgenError  # deferred: `loadgen --help` loads no library code
+
     from ..sim.config import load_engine_config  # deferred: `loadgen --help` loads no library code
 
     value = load_engine_config(path).measured_runtime_gib()

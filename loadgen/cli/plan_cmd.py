@@ -8,7 +8,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from ..errors import LoadgenError
+from loadgen.util.errors import LoadgenError
+
 from . import flags
 
 
@@ -65,9 +66,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _plan(args: argparse.Namespace) -> int:
 
+    from loadgen.workload.presets import resolve  # deferred: `loadgen --help` loads no library code
+
     from ..plan import RESULT_FILE, format_region, run_plan_file  # deferred: `loadgen --help` loads no library code
     from ..plan.fleet import format_fleet  # deferred: `loadgen --help` loads no library code
-    from ..presets import resolve  # deferred: `loadgen --help` loads no library code
 
     out = Path(args.out)
     fresh = not out.exists()

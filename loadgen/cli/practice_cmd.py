@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from ..errors import LoadgenError
+from loadgen.util.errors import LoadgenError
+
 from . import flags
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..limits import MAX_RATE_RPS
+from loadgen.util.limits import MAX_RATE_RPS
+
 from . import flags
 
 
@@ -140,10 +141,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError  # deferred: `loadgen --help` loads no library code
 
+    from loadgen.rundir.manifest import read_manifest  # deferred: `loadgen --help` loads no library code
+    from loadgen.util.errors import LoadgenError  # deferred: `loadgen --help` loads no library code
+    from loadgen.workload.scenario import format_validation_error  # deferred: `loadgen --help` loads no library code
+
     from ..driver import RunOptions, run_trace_sync  # deferred: `loadgen --help` loads no library code
-    from ..errors import LoadgenError  # deferred: `loadgen --help` loads no library code
-    from ..manifest import read_manifest  # deferred: `loadgen --help` loads no library code
-    from ..scenario import format_validation_error  # deferred: `loadgen --help` loads no library code
 
     if args.api_key_env is not None and not args.api_key_env.replace("_", "a").isalnum():
         # never echo it: a key pasted here by mistake must not reach the terminal or logs

@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _init(args: argparse.Namespace) -> int:
-    from ..presets import copy_presets  # deferred: `loadgen --help` loads no library code
+    from loadgen.workload.presets import copy_presets  # deferred: `loadgen --help` loads no library code
 
     written = copy_presets(args.dir, force=args.force)
     print(f"{args.dir}: {len(written)} preset files copied:")
@@ -31,7 +31,7 @@ def _init(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ..scenario import load_scenario  # deferred: `loadgen --help` loads no library code
+    from loadgen.workload.scenario import load_scenario  # deferred: `loadgen --help` loads no library code
 
     scenario = load_scenario(args.file)
     sha256 = cast(str, scenario.sha256)  # load_scenario always records the file's sha256

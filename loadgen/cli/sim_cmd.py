@@ -6,7 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from ..errors import LoadgenError
+from loadgen.util.errors import LoadgenError
+
 from . import flags
 
 
@@ -151,7 +152,7 @@ def _vllm_flags(parser: argparse.ArgumentParser, group: argparse._MutuallyExclus
 
 def _engine(args: argparse.Namespace, work_dir: Path):
     """The engine the command measures (``--target`` URL or a launched ``--vllm``), as a context manager."""
-    from ..calibration.engine import measured_engine  # deferred: `loadgen --help` loads no library code
+    from loadgen.calibration.measured import measured_engine  # deferred: `loadgen --help` loads no library code
 
     if args.vllm_arg and not args.vllm:
         raise LoadgenError(f"--vllm-arg {args.vllm_arg[0]!r}: expected with --vllm MODEL (loadgen launches that vLLM)")
@@ -161,7 +162,8 @@ def _engine(args: argparse.Namespace, work_dir: Path):
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..manifest import read_manifest  # deferred: `loadgen --help` loads no library code
+    from loadgen.rundir.manifest import read_manifest  # deferred: `loadgen --help` loads no library code
+
     from ..sim.worksheet import run_worksheet  # deferred: `loadgen --help` loads no library code
 
     out = run_worksheet(args.trace, args.engine, args.out, seed=args.seed, scenario=args.scenario)
@@ -200,8 +202,9 @@ def _presets(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
+    from loadgen.vllm.warmup import warmup_line  # deferred: `loadgen --help` loads no library code
+
     from ..calibration.calibrate import calibrate  # deferred: `loadgen --help` loads no library code
-    from ..engines.vllm.warmup import warmup_line  # deferred: `loadgen --help` loads no library code
     from ..sim.config import load_engine_config  # deferred: `loadgen --help` loads no library code
 
     out = Path(args.out)
@@ -287,6 +290,6 @@ def _log_notes(path: str | None) -> dict | None:
     """The facts a vLLM startup log reports (scheduler limits among them), or None without one."""
     if not path:
         return None
-    from ..engines.vllm.log import parse_vllm_log_file  # deferred: `loadgen --help` loads no library code
+    from loadgen.vllm.log import parse_vllm_log_file  # deferred: `loadgen --help` loads no library code
 
     return parse_vllm_log_file(path)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..limits import MAX_TRACE_REQUESTS
+from loadgen.util.limits import MAX_TRACE_REQUESTS
+
 from . import flags
 
 
@@ -50,7 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from ..scenario import load_scenario  # deferred: `loadgen --help` loads no library code
+    from loadgen.workload.scenario import load_scenario  # deferred: `loadgen --help` loads no library code
+
     from ..trace.generate import generate_trace_file  # deferred: `loadgen --help` loads no library code
     from ..trace.io import read_trace  # deferred: `loadgen --help` loads no library code
 

@@ -8,7 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..limits import MAX_TOKENS
+from loadgen.util.limits import MAX_TOKENS
+
 from . import flags
 
 
@@ -61,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _make_model(args: argparse.Namespace) -> int:
-    from ..engines.vllm.model_dir import make_model_dir  # deferred: `loadgen --help` loads no library code
+    from loadgen.vllm.model_dir import make_model_dir  # deferred: `loadgen --help` loads no library code
 
     out = make_model_dir(args.config, args.out, tokenizer_vocab=args.tokenizer_vocab)
     print(out)
@@ -69,7 +70,7 @@ def _make_model(args: argparse.Namespace) -> int:
 
 
 def _models(args: argparse.Namespace) -> int:
-    from ..engines.vllm.model_dir import (  # deferred: `loadgen --help` loads no library code
+    from loadgen.vllm.model_dir import (  # deferred: `loadgen --help` loads no library code
         shipped_model_path,
         shipped_models,
     )
@@ -81,7 +82,7 @@ def _models(args: argparse.Namespace) -> int:
 
 def _setup(args: argparse.Namespace) -> int:
 
-    from ..engines.vllm.venv import setup_venv  # deferred: `loadgen --help` loads no library code
+    from loadgen.vllm.venv import setup_venv  # deferred: `loadgen --help` loads no library code
 
     py = setup_venv(args.venv, cuda=args.cuda, version=args.version, log=lambda m: print(m, file=sys.stderr))
     print(py)
@@ -90,7 +91,7 @@ def _setup(args: argparse.Namespace) -> int:
 
 def _config(args: argparse.Namespace):
 
-    from ..engines.vllm.server import VllmConfig  # deferred: `loadgen --help` loads no library code
+    from loadgen.vllm.launch import VllmConfig  # deferred: `loadgen --help` loads no library code
 
     extra = list(args.extra or [])
     if extra and extra[0] == "--":
@@ -112,7 +113,7 @@ def _config(args: argparse.Namespace):
 
 def _serve(args: argparse.Namespace) -> int:
 
-    from ..engines.vllm.server import VllmServer  # deferred: `loadgen --help` loads no library code
+    from loadgen.vllm.launch import VllmServer  # deferred: `loadgen --help` loads no library code
 
     server = VllmServer(_config(args)).start()
     try:
@@ -143,8 +144,9 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
 
+    from loadgen.vllm.launch import VllmServer  # deferred: `loadgen --help` loads no library code
+
     from ..driver import RunOptions  # deferred: `loadgen --help` loads no library code
-    from ..engines.vllm.server import VllmServer  # deferred: `loadgen --help` loads no library code
     from ..targets.vllm import measure_with_server  # deferred: `loadgen --help` loads no library code
 
     cfg = _config(args)
@@ -164,7 +166,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _parse_log(args: argparse.Namespace) -> int:
-    from ..engines.vllm.log import parse_vllm_log_file  # deferred: `loadgen --help` loads no library code
+    from loadgen.vllm.log import parse_vllm_log_file  # deferred: `loadgen --help` loads no library code
 
     print(json.dumps(parse_vllm_log_file(args.log), indent=2))
     return 0

@@ -19,10 +19,11 @@ from typing import Annotated, Any, Literal
 import jsonschema
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..errors import ScenarioError
-from ..limits import InputModel
-from ..scenario import format_validation_error
-from ..tomlfile import read_toml
+from loadgen.util.errors import ScenarioError
+from loadgen.util.limits import InputModel
+from loadgen.util.tomlfile import read_toml
+from loadgen.workload.scenario import format_validation_error
+
 from .language import SUPPORTED_LANGUAGES
 
 __all__ = [

@@ -22,14 +22,16 @@ from typing import Any, Literal
 import anyio
 import httpx
 
+from loadgen.rundir.identity import utc_now_iso
+from loadgen.rundir.schema import CONTRACT_FILE
+from loadgen.util.errors import RunDirError, TargetError
+from loadgen.util.jsonfile import read_json_object
+from loadgen.workload.scenario import load_scenario
+
 from ..driver import run_trace
-from ..driver.error_kinds import parse_retry_after, redact, redact_url
-from ..errors import RunDirError, TargetError
-from ..identity import utc_now_iso
-from ..jsonfile import read_json_object
-from ..records import CONTRACT_FILE
-from ..scenario import load_scenario
+from ..driver.error_kinds import parse_retry_after
 from ..trace.io import read_trace
+from ..util.redact import redact, redact_url
 from .cases import Case, CaseSet
 from .checks import CheckOutcome, Observed, run_checks
 from .responder import CASE_HEADER

@@ -26,8 +26,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from .. import presets
-from ..prompts import get_tokenizer
+from loadgen.workload import presets
+from loadgen.workload.prompts import get_tokenizer
+
 from .cases import CHECK_KINDS, Case, load_cases
 
 __all__ = [

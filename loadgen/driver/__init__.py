@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import anyio
 
-from .error_kinds import classify_exception, classify_http_status, redact, redact_url
+from .error_kinds import classify_exception, classify_http_status
 from .metrics_scrape import MetricsScraper, parse_prometheus_text, samples_to_columns
 from .options import RunOptions
 from .run import run_trace
@@ -26,8 +26,6 @@ __all__ = [
     "parse_chunk",
     "classify_exception",
     "classify_http_status",
-    "redact",
-    "redact_url",
     "parse_prometheus_text",
     "samples_to_columns",
     "MetricsScraper",

@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 import httpx
 
-from ..records import (
+from loadgen.rundir.schema import (
     STATUS_CANCELLED,
     STATUS_ERROR,
     STATUS_NOT_SENT,
@@ -32,7 +32,8 @@ from ..records import (
     STATUS_TIMEOUT,
     http_error_kind,
 )
-from ..routing import Router
+from loadgen.workload.routing import Router
+
 from .error_kinds import (
     Phase,
     StreamTruncated,

@@ -10,14 +10,13 @@ so no secret is stored.
 from __future__ import annotations
 
 import email.utils
-import re
 import time
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from ..inputs import without_userinfo
-from ..records import STATUS_CANCELLED, STATUS_ERROR, STATUS_TIMEOUT, http_error_kind
+from loadgen.rundir.schema import STATUS_CANCELLED, STATUS_ERROR, STATUS_TIMEOUT, http_error_kind
+from loadgen.util.redact import redact
+
 from .sse import SSEProtocolError
 
 __all__ = [
@@ -28,8 +27,6 @@ __all__ = [
     "classify_exception",
     "classify_http_status",
     "parse_retry_after",
-    "redact",
-    "redact_url",
 ]
 
 
@@ -50,37 +47,6 @@ class TotalTimeout(Exception):
 
 class StreamTruncated(Exception):
     """The body ended without ``[DONE]`` or a finish_reason."""
-
-
-_SECRET_QUERY = re.compile(r"(?i)([?&](?:api[-_]?key|key|token|access_token|sig|signature|secret)=)[^&\s]+")
-_BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+")
-
-
-def redact_url(url: str) -> str:
-    """A URL without userinfo and without query secrets (safe to record)."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:  # not a URL (bad IPv6 literal or port): still never show a password
-        return _SECRET_QUERY.sub(r"\1REDACTED", without_userinfo(url))
-    netloc = parts.hostname or ""
-    if ":" in netloc:
-        netloc = f"[{netloc}]"  # an IPv6 literal keeps its brackets
-    if port:
-        netloc = f"{netloc}:{port}"
-    query = _SECRET_QUERY.sub(r"\1REDACTED", "?" + parts.query)[1:] if parts.query else ""
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
-
-
-def redact(message: str, secrets: tuple[str, ...] = ()) -> str:
-    """One line, with known secrets, bearer tokens, URL userinfo and query secrets replaced."""
-    for secret in secrets:
-        if secret:
-            message = message.replace(secret, "REDACTED")
-    message = _BEARER.sub(r"\1REDACTED", message)
-    message = without_userinfo(message)
-    message = _SECRET_QUERY.sub(r"\1REDACTED", message)
-    return " ".join(message.split())[:500]
 
 
 def parse_retry_after(value: str | None, now_s: float | None = None) -> float | None:

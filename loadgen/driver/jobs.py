@@ -1,6 +1,6 @@
 """Turn trace rows into ready-to-send requests (prompt text, body bytes, hashes) before the clock starts.
 
-Prompts are synthesized with ``loadgen.prompts.PromptSynth`` to the trace's exact token counts.
+Prompts are synthesized with ``loadgen.workload.prompts.PromptSynth`` to the trace's exact token counts.
 A shared-prefix group's members start with the same prefix text. Turn k of a conversation starts
 with turn k−1's whole prompt, followed by a synthetic assistant reply of turn k−1's output length and
 the new user text (for chat: the same, as alternating user/assistant messages). Everything is built
@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pyarrow as pa
 
-from ..errors import TargetError
-from ..prompts import PromptSynth, get_tokenizer, prompt_sha256
+from loadgen.util.errors import TargetError
+from loadgen.workload.prompts import PromptSynth, get_tokenizer, prompt_sha256
 
 _dumps: Callable[[Any], bytes]
 try:

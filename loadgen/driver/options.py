@@ -7,9 +7,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..inputs import header_problem, target_url_problem
-from ..routing import RoutePolicy
-from .error_kinds import redact_url
+from loadgen.util.inputs import header_problem, target_url_problem
+from loadgen.util.redact import redact_url
+from loadgen.workload.routing import RoutePolicy
+
 from .sse import DEFAULT_MAX_LINE_BYTES
 
 __all__ = ["DEFAULT_TOTAL_TIMEOUT_S", "DEFAULT_TTFT_TIMEOUT_S", "RunOptions"]
@@ -27,7 +28,7 @@ class RunOptions(BaseModel):
     trace_path: Path
     target_url: str = Field(min_length=1)
     replica_urls: list[str] = []  # more target URLs serving the same model (replicas), after target_url
-    route_policy: RoutePolicy = "round-robin"  # with replicas (loadgen.routing)
+    route_policy: RoutePolicy = "round-robin"  # with replicas (loadgen.workload.routing)
     replica_down_after: int = Field(default=3, ge=0)  # consecutive connect errors that mark a replica down (0: never)
     out_dir: Path
     model: str | None = None  # default: scenario.model, else the first of GET /v1/models
@@ -62,7 +63,7 @@ class RunOptions(BaseModel):
     request_headers: dict[str, dict[str, str]] = {}  # per request_id headers (e.g. X-Loadgen-Fault in tests)
     run_kind: Literal["measured", "simulated"] = "measured"
     flush_interval_s: float = Field(default=1.0, gt=0, le=60)  # records reach disk at least this often
-    # who converts and writes the flushes: a child at low priority (loadgen.partproc; keeps the loop's core
+    # who converts and writes the flushes: a child at low priority (loadgen.rundir.part_process; keeps the loop's core
     # for the schedule), or the writer thread
     part_writer: Literal["thread", "process"] = "process"
     max_sse_line_bytes: int = Field(default=DEFAULT_MAX_LINE_BYTES, ge=1024, le=1 << 30)  # longer: malformed_sse

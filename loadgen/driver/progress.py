@@ -17,7 +17,7 @@ from typing import Any, TextIO
 import anyio
 import numpy as np
 
-from ..analysis.percentiles import percentile_nearest_rank
+from loadgen.stats.percentiles import percentile_nearest_rank
 
 __all__ = ["Counts", "Progress", "context_counts", "merged_counts", "shows_progress"]
 

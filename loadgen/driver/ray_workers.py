@@ -22,8 +22,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ..errors import LoadgenError
-from ..inputs import without_userinfo
+from loadgen.util.errors import LoadgenError
+from loadgen.util.inputs import without_userinfo
+
 from .options import RunOptions
 from .worker_main import serve_worker_sync
 

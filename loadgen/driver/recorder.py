@@ -4,7 +4,7 @@ Request tasks call ``submit`` (synchronous, O(1), never blocks, safe in cancelle
 chunks' machine-integer arrays join a pending list. Every ``flush_interval_s`` (1 s by default) the writer
 task packs what is pending on the event loop, at most ``SLICE_ROWS`` rows at a time with the loop free in
 between (``rowtables.pack_slice``: a fraction of a millisecond each, so a send that falls due waits
-little), and a writer thread hands the slices to the part writer process (``loadgen.partproc``: a child at
+little), and a writer thread hands the slices to the part writer process (``loadgen.rundir.part_process``: a child at
 low CPU priority, so converting them to Arrow and Parquet's encoding, compression and fsync never take
 the loop's core), which converts them and writes them as closed part files. Without that process (it could
 not start, or died), the loop converts to Arrow in the same slices and the writer thread writes.
@@ -34,10 +34,10 @@ import anyio.lowlevel
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..partproc import PartProcess
-from ..records import empty_request_row
-from ..rowtables import ChunkBatch, StreamChunks, pack_slice, requests_table, unpack_slices
-from ..rundir import RunWriter
+from loadgen.rundir.io import RunWriter
+from loadgen.rundir.part_process import PartProcess
+from loadgen.rundir.rowtables import ChunkBatch, StreamChunks, pack_slice, requests_table, unpack_slices
+from loadgen.rundir.schema import empty_request_row
 
 __all__ = ["ArrowRunWriter", "Recorder", "StreamChunks"]
 

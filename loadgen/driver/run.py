@@ -33,23 +33,25 @@ import psutil
 import pyarrow as pa
 import pyarrow.compute
 
-from .. import interrupts
-from ..errors import (
+from loadgen.driver.probe import TargetInfo, probe_target
+from loadgen.rundir.identity import harness_identity, host_identity, sha256_file, utc_now_iso
+from loadgen.rundir.io import RunWriter
+from loadgen.rundir.manifest import DriverInfo, Manifest, TraceRef, WarmState, merge_manifest
+from loadgen.rundir.part_process import PartProcess
+from loadgen.rundir.schema import REQUESTS_FILE, STATUS_NOT_SENT, STATUS_OK
+from loadgen.util import interrupts
+from loadgen.util.errors import (
     LoadgenError,
     RecordWriteError,
     RunDirError,
     TargetError,
     TraceError,
 )
-from ..identity import harness_identity, host_identity, sha256_file, utc_now_iso
-from ..manifest import DriverInfo, Manifest, TraceRef, WarmState, merge_manifest
-from ..partproc import PartProcess
-from ..pinning import affinity, format_cpus, parse_cpus, shared_cpus_warning
-from ..prompts import Tokenizer, get_tokenizer
-from ..records import REQUESTS_FILE, STATUS_NOT_SENT, STATUS_OK
-from ..routing import Router
-from ..rundir import RunWriter
-from ..scenario import Scenario, load_scenario, scenario_manifest
+from loadgen.util.pinning import affinity, format_cpus, parse_cpus, shared_cpus_warning
+from loadgen.workload.prompts import Tokenizer, get_tokenizer
+from loadgen.workload.routing import Router
+from loadgen.workload.scenario import Scenario, load_scenario, scenario_manifest
+
 from ..trace.io import read_trace
 from .client import RunContext, execute, request_row, send_at_deadline
 from .gpu_telemetry import GpuSampler, open_gpu_telemetry
@@ -61,7 +63,6 @@ from .progress import Progress, context_counts, shows_progress
 from .recorder import ArrowRunWriter, Recorder, warm_up_arrow
 from .schedule import RateGate, sleep_until
 from .sse import parse_chunk
-from .target import TargetInfo, probe_target
 from .tasks import RequestTasks
 from .transport import RawHTTP11Transport
 
@@ -600,7 +601,7 @@ async def _replay(
             for scraper in scrapers:
                 await scraper.scrape_once()
             outer.cancel_scope.cancel()
-    except anyio.get_cancelled_exc_class():  # Ctrl-C, SIGTERM, SIGHUP (loadgen.interrupts) or a caller
+    except anyio.get_cancelled_exc_class():  # Ctrl-C, SIGTERM, SIGHUP (loadgen.util.interrupts) or a caller
         state, interrupted_by, stop_abs = "interrupted", interrupts.cancel_cause(), time.perf_counter_ns()
         raise
     except KeyboardInterrupt:

@@ -30,7 +30,7 @@ import anyio
 import anyio.lowlevel
 import numpy as np
 
-from ..analysis.percentiles import percentile_nearest_rank
+from loadgen.stats.percentiles import percentile_nearest_rank
 
 __all__ = [
     "SPIN_NS",

@@ -25,10 +25,11 @@ from typing import Any
 import anyio
 import numpy as np
 
-from .. import interrupts
-from ..errors import LoadgenError
-from ..identity import hostname_sha256
-from ..rundir import WORKERS_DIR
+from loadgen.rundir.identity import hostname_sha256
+from loadgen.rundir.io import WORKERS_DIR
+from loadgen.util import interrupts
+from loadgen.util.errors import LoadgenError
+
 from .control import TOKEN_ENV, Channel, measure_offset
 from .options import RunOptions
 from .partition import Shard, worker_name

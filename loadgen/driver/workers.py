@@ -4,7 +4,7 @@ The coordinator (this module) partitions the trace (``loadgen.driver.partition``
 one worker, each worker replays a thinned copy of the same arrival process), opens the run directory
 (its manifest and its own, usually empty, part series), listens on a TCP control channel
 (``loadgen.driver.control``) and launches the workers through a launcher: processes on this host
-(``loadgen.childproc``: own process group, parent-death signal) or Ray actors (``ray_workers``). Each worker
+(``loadgen.util.childproc``: own process group, parent-death signal) or Ray actors (``ray_workers``). Each worker
 measures its clock offset to the coordinator, says ready; when every worker is ready the coordinator
 sends one shared start instant, a little in the future on its clock, and each worker anchors its run
 there, corrected by its offset. Each worker writes its shard with ``run_trace`` as part files with its
@@ -41,14 +41,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import interrupts
-from ..childproc import ChildProcess
-from ..errors import LoadgenError, RunDirError
-from ..identity import harness_identity, host_identity, utc_now_iso
-from ..jsonfile import read_json_object
-from ..manifest import Manifest, WarmState, WorkerInfo, WorkersInfo, merge_manifest, read_manifest, write_manifest
-from ..parts import table_files, table_rows
-from ..records import (
+from loadgen.rundir.identity import harness_identity, host_identity, utc_now_iso
+from loadgen.rundir.io import WORKERS_DIR, RunWriter, read_run_table
+from loadgen.rundir.manifest import (
+    Manifest,
+    WarmState,
+    WorkerInfo,
+    WorkersInfo,
+    merge_manifest,
+    read_manifest,
+    write_manifest,
+)
+from loadgen.rundir.parts import table_files, table_rows
+from loadgen.rundir.schema import (
     CHUNKS_FILE,
     REQUESTS_FILE,
     STATUS_CANCELLED,
@@ -56,7 +61,11 @@ from ..records import (
     STATUSES,
     empty_request_row,
 )
-from ..rundir import WORKERS_DIR, RunWriter, read_run_table
+from loadgen.util import interrupts
+from loadgen.util.childproc import ChildProcess
+from loadgen.util.errors import LoadgenError, RunDirError
+from loadgen.util.jsonfile import read_json_object
+
 from .control import TOKEN_ENV, Channel
 from .options import RunOptions
 from .partition import shard_index, split_bound, worker_name

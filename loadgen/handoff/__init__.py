@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..tomlfile import dumps_toml
+from loadgen.util.tomlfile import dumps_toml
+
 from .bundle import BundleInfo, build_bundle, find_run_dirs
 from .experiment import propose_experiment
 from .layout import SUMS_FILE
@@ -41,5 +42,5 @@ __all__ = [
 
 
 def toml_dumps(data: dict[str, Any]) -> str:
-    """Kept for existing callers: ``loadgen.tomlfile.dumps_toml`` under its old name."""
+    """Kept for existing callers: ``loadgen.util.tomlfile.dumps_toml`` under its old name."""
     return dumps_toml(data, what="TOML data")

@@ -18,17 +18,18 @@ from typing import Any
 
 import pyarrow.compute as pc
 
+from loadgen.rundir.identity import sha256_file, utc_now_iso
+from loadgen.rundir.io import has_run, read_run_manifest, read_run_table
+from loadgen.rundir.manifest import Manifest, ScenarioRef
+from loadgen.rundir.schema import MANIFEST_FILE, REQUESTS_FILE, SERVER_METRICS_FILE
+from loadgen.util.errors import RunDirError
+from loadgen.util.tomlfile import dumps_toml
+from loadgen.workload.scenario import CLASS_NAMES, load_scenario, scenario_from_manifest
+
 from .. import __version__
 from ..analysis import Analysis, Check, analyze_run
 from ..contract import CONTRACT_FILE
-from ..errors import RunDirError
-from ..identity import sha256_file, utc_now_iso
-from ..manifest import Manifest, ScenarioRef
-from ..records import MANIFEST_FILE, REQUESTS_FILE, SERVER_METRICS_FILE
-from ..rundir import has_run, read_run_manifest, read_run_table
-from ..scenario import CLASS_NAMES, load_scenario, scenario_from_manifest
 from ..sim.config import PRESETS_DIR
-from ..tomlfile import dumps_toml
 from ..trace.generate import generate_trace_file
 from ..trace.io import read_trace
 from . import layout

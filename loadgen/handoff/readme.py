@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..manifest import Manifest
+from loadgen.rundir.manifest import Manifest
 
 __all__ = ["ReadmeFacts", "readme_text", "rerun_instructions"]
 

@@ -11,12 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadgen.util.errors import RunDirError
+from loadgen.util.tomlfile import dumps_toml
+from loadgen.workload.scenario import load_scenario
+
 from ..analysis import Analysis, Check, analyze_run
-from ..errors import RunDirError
-from ..scenario import load_scenario
 from ..sim.worksheet import run_worksheet
 from ..targets import RunRequest, SimServerTarget, StateResult, Target, UrlTarget
-from ..tomlfile import dumps_toml
 from . import layout
 from .experiment import find_key, set_dotted
 from .verify import verify_bundle

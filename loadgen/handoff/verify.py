@@ -18,8 +18,9 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from ..errors import RunDirError
-from ..identity import sha256_file
+from loadgen.rundir.identity import sha256_file
+from loadgen.util.errors import RunDirError
+
 from .layout import SUMS_FILE
 
 __all__ = ["VerifyResult", "verify_bundle", "write_sums", "write_tar"]

@@ -4,8 +4,8 @@ Owns reading Hugging Face configs (``read_model_config``), engine settings (``En
 KV-cache formula (``kv.kv_spec``; vLLM's block arithmetic for pool size and reported capacity), the
 ledger lines (``compute_ledger``), per-class concurrency from a scenario's length distributions,
 text/JSON rendering, and the comparison with what a running vLLM reported (``reconcile_report``; reading
-that report from a log or run dir, and ``reconcile`` on it, live in ``loadgen.engines.vllm.report``).
-It never imports ``loadgen.engines``: the engines, plan and CLI depend on the ledger, not the reverse.
+that report from a log or run dir, and ``reconcile`` on it, live in ``loadgen.vllm.report``).
+It never imports ``loadgen.vllm``: the engines, plan and CLI depend on the ledger, not the reverse.
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import LedgerError
-from ..scenario import Scenario
+from loadgen.util.errors import LedgerError
+from loadgen.workload.scenario import Scenario
+
 from .config import ModelConfig, dtype_bytes
 from .kv import KVSpec, blocks_for_sequence, kv_spec, max_len_request_blocks, vllm_kv_capacity
 from .settings import GIB, QUANT_WEIGHT_BITS, EngineSettings

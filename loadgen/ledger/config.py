@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import LedgerError
+from loadgen.util.errors import LedgerError
 
 __all__ = ["ModelConfig", "read_model_config", "parse_model_config", "DTYPE_BYTES", "dtype_bytes"]
 

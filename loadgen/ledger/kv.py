@@ -26,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import LedgerError
+from loadgen.util.errors import LedgerError
+
 from .config import ModelConfig, dtype_bytes, read_model_config
 from .settings import GIB, EngineSettings
 

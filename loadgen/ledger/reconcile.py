@@ -3,7 +3,7 @@
 The engine's report is a dict of the facts vLLM printed or exported (its startup log's "KV cache size:
 N tokens, Maximum concurrency ...", the manifest's ``engine_notes``, ``vllm:cache_config_info`` labels
 under ``cache_config_info``). Gathering it from a log file or run dir is the engine's side
-(``loadgen.engines.vllm.report``), so this package never imports ``loadgen.engines``. Settings the
+(``loadgen.vllm.report``), so this package never imports ``loadgen.vllm``. Settings the
 engine reports (block size, max_model_len, KV budget) are adopted unless the caller fixed them, so the
 comparison is for the same configuration.
 """
@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import LedgerError
+from loadgen.util.errors import LedgerError
+
 from .compute import Ledger, compute_ledger
 from .config import ModelConfig
 from .kv import vllm_cpu_block_size

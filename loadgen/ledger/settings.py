@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ..errors import LedgerError
-from ..limits import is_finite
+from loadgen.util.errors import LedgerError
+from loadgen.util.limits import is_finite
+
 from .config import dtype_bytes
 
 __all__ = [

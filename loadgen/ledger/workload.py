@@ -11,9 +11,9 @@ from typing import cast
 
 import numpy as np
 
-from ..analysis.percentiles import percentile_sorted
-from ..distributions import sample_tokens
-from ..scenario import Scenario
+from loadgen.stats.percentiles import percentile_sorted
+from loadgen.workload.distributions import sample_tokens
+from loadgen.workload.scenario import Scenario
 
 __all__ = ["ClassLengths", "class_lengths"]
 

@@ -16,8 +16,9 @@ from typing import Any
 import pyarrow as pa
 from pydantic import ValidationError
 
-from ..errors import PlanError
-from ..scenario import Scenario, TraceSettings, format_validation_error
+from loadgen.util.errors import PlanError
+from loadgen.workload.scenario import Scenario, TraceSettings, format_validation_error
+
 from ..trace.generate import generate_trace
 from ..trace.io import read_trace, write_trace
 from .spec import MIXED, PlanSpec

@@ -22,10 +22,11 @@ from typing import Any, cast
 
 import numpy as np
 
+from loadgen.rundir.io import RunData
+from loadgen.rundir.manifest import Manifest
+
 from ..analysis import Analysis
 from ..analysis.budgets import error_share_check
-from ..manifest import Manifest
-from ..rundir import RunData
 from .spec import StopLimits
 
 __all__ = [
@@ -224,7 +225,7 @@ def judge_run(
     alive_problem: str | None = None,
     contract: dict[str, Any] | None = None,
 ) -> RunJudgement:
-    """Judge one analysed run (``loadgen.analysis.Analysis`` + ``loadgen.rundir.RunData``)."""
+    """Judge one analysed run (``loadgen.analysis.Analysis`` + ``loadgen.rundir.io.RunData``)."""
     manifest = run.manifest
     out = RunJudgement()
     for check in analysis.hard_failures:

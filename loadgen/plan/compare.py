@@ -28,16 +28,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loadgen.rundir.io import read_run_manifest
+from loadgen.rundir.manifest import Manifest, read_manifest
+from loadgen.rundir.schema import MANIFEST_FILE
+from loadgen.util.errors import PlanError, RunDirError
+from loadgen.util.limits import MAX_PARAM, is_finite
+from loadgen.workload.scenario import Scenario, scenario_from_manifest
+
 from ..analysis import Analysis, analyze_run
 from ..analysis.budgets import SEND_LAG_BOUND_MS, client_lag_line
 from ..analysis.model import stop_sentence
 from ..analysis.whole_run import engine_busy_output_rate, whole_run_rates
-from ..errors import PlanError, RunDirError
-from ..limits import MAX_PARAM, is_finite
-from ..manifest import Manifest, read_manifest
-from ..records import MANIFEST_FILE
-from ..rundir import read_run_manifest
-from ..scenario import Scenario, scenario_from_manifest
 from .contract_hook import CONTRACT_FILE, contract_status_from_file
 from .files import PLAN_FILE, REGION_FILE, read_plan_state
 from .prices import PriceTable, cost_per_million, load_prices

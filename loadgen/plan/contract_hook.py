@@ -12,10 +12,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from loadgen.rundir.schema import CONTRACT_FILE
+from loadgen.util.errors import LoadgenError
+
 from ..contract.cases import load_case_refs
 from ..contract.replay import replay_cases_sync, write_contract
-from ..errors import LoadgenError
-from ..records import CONTRACT_FILE
 
 __all__ = ["CONTRACT_FILE", "contract_status_from_file", "replay_contract"]
 

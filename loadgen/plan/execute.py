@@ -22,11 +22,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from loadgen.rundir.io import load_run
+from loadgen.rundir.manifest import read_manifest
+from loadgen.util.errors import RunDirError
+from loadgen.workload.scenario import Scenario
+
 from ..analysis import analyze_run
-from ..errors import RunDirError
-from ..manifest import read_manifest
-from ..rundir import load_run
-from ..scenario import Scenario
 from ..targets import RunRequest, StateResult, Target
 from .cells import CellCoord, build_cell_trace, build_warmup_trace
 from .checks import judge_run

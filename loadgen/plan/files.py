@@ -1,4 +1,4 @@
-"""File names of a plan directory (a run directory's own files are named in ``loadgen.records``).
+"""File names of a plan directory (a run directory's own files are named in ``loadgen.rundir.schema``).
 
 A plan directory holds ``plan.json`` (the plan state), ``region.json`` / ``region.md`` /
 ``region-<class>.png`` (the capacity region), and one run directory per cell repeat under
@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import PlanError
-from ..jsonfile import read_json_object
+from loadgen.util.errors import PlanError
+from loadgen.util.jsonfile import read_json_object
 
 __all__ = [
     "ANALYSIS_FILE",

@@ -15,9 +15,9 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
-from ..errors import ScenarioError
-from ..limits import InputModel
-from ..scenario import format_validation_error
+from loadgen.util.errors import ScenarioError
+from loadgen.util.limits import InputModel
+from loadgen.workload.scenario import format_validation_error
 
 __all__ = ["Price", "PriceTable", "load_prices", "cost_per_million"]
 

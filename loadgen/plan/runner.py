@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadgen.rundir.identity import harness_identity, utc_now_iso
+from loadgen.rundir.io import load_run
+from loadgen.util.errors import PlanError
+from loadgen.workload.scenario import Scenario, load_scenario
+
 from ..analysis import analyze_run
-from ..errors import PlanError
-from ..identity import harness_identity, utc_now_iso
 from ..ledger import EngineSettings, compute_ledger, read_model_config
-from ..rundir import load_run
-from ..scenario import Scenario, load_scenario
 from ..sim import EngineConfig, load_engine_config, run_worksheet
 from ..targets import Target, TargetSpec, WorksheetTarget, open_target
 from .cells import CellCoord, build_cell_trace

@@ -15,9 +15,8 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..analysis.budgets import SEND_LAG_BOUND_MS
-from ..errors import ScenarioError
-from ..limits import (
+from loadgen.util.errors import ScenarioError
+from loadgen.util.limits import (
     MAX_CONCURRENCY,
     MAX_DURATION_S,
     MAX_PARAM,
@@ -26,9 +25,11 @@ from ..limits import (
     MAX_TIMEOUT_S,
     InputModel,
 )
-from ..routing import RoutePolicy
-from ..scenario import CLASS_NAMES, format_validation_error
-from ..tomlfile import read_toml
+from loadgen.util.tomlfile import read_toml
+from loadgen.workload.routing import RoutePolicy
+from loadgen.workload.scenario import CLASS_NAMES, format_validation_error
+
+from ..analysis.budgets import SEND_LAG_BOUND_MS
 
 __all__ = [
     "PlanSpec",

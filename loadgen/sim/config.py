@@ -12,12 +12,13 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
-from .. import presets
-from ..errors import LedgerError, ScenarioError
+from loadgen.util.errors import LedgerError, ScenarioError
+from loadgen.util.limits import MAX_CONCURRENCY, MAX_SEED, MAX_TIMEOUT_S, MAX_TOKENS, InputModel
+from loadgen.util.tomlfile import read_toml
+from loadgen.workload import presets
+from loadgen.workload.scenario import format_validation_error
+
 from ..ledger import EngineSettings, kv_blocks_for_budget
-from ..limits import MAX_CONCURRENCY, MAX_SEED, MAX_TIMEOUT_S, MAX_TOKENS, InputModel
-from ..scenario import format_validation_error
-from ..tomlfile import read_toml
 
 __all__ = [
     "EngineConfig",

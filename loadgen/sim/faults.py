@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import TargetError
+from loadgen.util.errors import TargetError
+
 from .config import FaultConfig
 
 __all__ = ["FAULT_HEADER", "FAULT_KINDS", "FaultPlan", "parse_fault_header", "FaultDecider", "FaultLog"]

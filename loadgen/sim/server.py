@@ -23,10 +23,11 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from loadgen.util.errors import TargetError
+from loadgen.workload.prompts import get_tokenizer
+
 from .. import __version__
 from ..contract.responder import CASE_HEADER, respond_full, token_pieces
-from ..errors import TargetError
-from ..prompts import get_tokenizer
 from .config import EngineConfig, load_engine_config
 from .engine import Engine, Seq
 from .faults import FAULT_HEADER, FaultDecider, FaultLog, FaultPlan, parse_fault_header

@@ -7,7 +7,7 @@ limit (``max_in_flight``, or ``concurrency`` for closed traces) as the driver do
 engine config + seed = identical tables.
 
 A fleet (``replicas`` > 1) is N independent engines of the same config behind the driver's routing
-policy (``loadgen.routing``: round-robin or least in flight, conversations sticky), one client and one
+policy (``loadgen.workload.routing``: round-robin or least in flight, conversations sticky), one client and one
 virtual clock: each request row names its engine (``target_index``) and each engine's server metrics
 carry a ``target_index`` label, as a measured run against N replicas does.
 """
@@ -23,11 +23,10 @@ from typing import Any, cast
 import numpy as np
 import pyarrow as pa
 
-from .. import __version__
-from ..errors import EngineError, TraceError
-from ..identity import harness_identity, host_identity, sha256_file, utc_now_iso
-from ..manifest import Anchor, EngineIdentity, Manifest, TargetRef, TraceRef, WarmState, merge_manifest
-from ..records import (
+from loadgen.rundir.identity import harness_identity, host_identity, sha256_file, utc_now_iso
+from loadgen.rundir.io import RunWriter
+from loadgen.rundir.manifest import Anchor, EngineIdentity, Manifest, TargetRef, TraceRef, WarmState, merge_manifest
+from loadgen.rundir.schema import (
     CHUNKS_SCHEMA,
     REQUESTS_SCHEMA,
     SERVER_METRICS_SCHEMA,
@@ -37,9 +36,11 @@ from ..records import (
     TRACE_SCHEMA,
     http_error_kind,
 )
-from ..routing import RoutePolicy, Router
-from ..rundir import RunWriter
-from ..scenario import Scenario, load_scenario, scenario_manifest
+from loadgen.util.errors import EngineError, TraceError
+from loadgen.workload.routing import RoutePolicy, Router
+from loadgen.workload.scenario import Scenario, load_scenario, scenario_manifest
+
+from .. import __version__
 from ..trace.io import read_trace
 from .config import EngineConfig, load_engine_config
 from .engine import NEVER_NS, DecodeRun, Engine, Seq, StepResult

@@ -9,7 +9,7 @@ Every command that measures something goes through this package: ``loadgen plan`
 - ``SimServerProcess`` / ``launch_sim_server``: the simulated engine's live server as a child process;
 - ``run_driver`` / ``warm_up``: one replay through the driver, and the fixed warm-up set.
 
-Launching a process is defined once, in ``loadgen.childproc``; the sim's ready line once, in
+Launching a process is defined once, in ``loadgen.util.childproc``; the sim's ready line once, in
 ``loadgen.sim.ready``.
 """
 

@@ -6,8 +6,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from loadgen.rundir.manifest import read_manifest
+
 from ..driver import RunOptions, run_trace_sync
-from ..manifest import read_manifest
 from .base import StateResult
 
 __all__ = ["run_driver", "warm_up"]

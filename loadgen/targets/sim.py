@@ -3,7 +3,7 @@
 - ``WorksheetTarget``: ``loadgen.sim.run_worksheet`` in virtual time (fast, deterministic). Every
   run starts from the same empty engine, so "warm" holds by construction and "cold" is not a
   different state.
-- ``SimServerProcess``: ``loadgen sim serve --port 0`` as a child process (``loadgen.childproc``),
+- ``SimServerProcess``: ``loadgen sim serve --port 0`` as a child process (``loadgen.util.childproc``),
   ready when it prints its ready line (``loadgen.sim.ready``); restartable.
 - ``SimServerTarget``: that process as a plan/practice/bench target; cold = restart it, warm = the
   fixed warm-up set through the real driver.
@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import loadgen
+from loadgen.util.childproc import ChildProcess
+from loadgen.util.pinning import engine_cpus
+from loadgen.workload.routing import RoutePolicy
 
-from ..childproc import ChildProcess
-from ..pinning import engine_cpus
-from ..routing import RoutePolicy
 from ..sim import EngineConfig, load_engine_config, run_worksheet
 from ..sim.ready import find_ready_url
 from ..sim.worksheet import WORKSHEET_WARM_ACTION

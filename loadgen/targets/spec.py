@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..engines.vllm import VllmConfig, make_model_dir
-from ..errors import TargetError
+from loadgen.util.errors import TargetError
+from loadgen.vllm import VllmConfig, make_model_dir
+
 from .base import Target
 from .sim import SimServerTarget, WorksheetTarget
 from .url import UrlTarget

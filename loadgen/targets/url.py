@@ -15,8 +15,9 @@ from typing import Any
 
 import httpx
 
-from ..driver import redact_url
-from ..errors import TargetError
+from loadgen.util.errors import TargetError
+
+from ..util.redact import redact_url
 from .base import RunRequest, StateResult, Target
 from .replay import run_driver, warm_up
 

@@ -1,4 +1,4 @@
-"""A real vLLM server loadgen launched (``loadgen.engines.vllm``): restartable, so cold is reachable.
+"""A real vLLM server loadgen launched (``loadgen.vllm``): restartable, so cold is reachable.
 
 cold = restart it (weights reloaded, graphs recompiled, KV and prefix cache empty); warm = every step
 size met once per server process (``engines.vllm.warmup``), then the fixed warm-up set. A measured run
@@ -15,8 +15,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..driver import RunOptions, run_trace_sync
-from ..engines.vllm import (
+from loadgen.rundir.manifest import amend_manifest, merge_sections
+from loadgen.util.errors import EngineError
+from loadgen.vllm import (
     VLLM_LOG_FILE,
     MemorySampler,
     VllmConfig,
@@ -25,8 +26,8 @@ from ..engines.vllm import (
     reconcile_server_run,
     warm_step_shapes,
 )
-from ..errors import EngineError
-from ..manifest import amend_manifest, merge_sections
+
+from ..driver import RunOptions, run_trace_sync
 from .base import RunRequest, StateResult, Target
 from .replay import warm_up
 

@@ -1,6 +1,6 @@
 """Traces: deterministic synthetic generation from a scenario, importers for public traces, statistics.
 
-A trace is a Parquet file with TRACE_SCHEMA (loadgen.records) and its provenance in the key-value
+A trace is a Parquet file with TRACE_SCHEMA (loadgen.rundir.schema) and its provenance in the key-value
 metadata under ``loadgen.trace``. Generation is a pure function of (scenario, trace name, seed).
 """
 

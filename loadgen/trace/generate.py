@@ -24,12 +24,13 @@ from typing import Any, cast
 import numpy as np
 import pyarrow as pa
 
+from loadgen.rundir.schema import TRACE_FULL_SCHEMA
+from loadgen.util.errors import TraceError
+from loadgen.util.limits import MAX_TOKENS, MAX_TRACE_REQUESTS, MAX_TURNS
+from loadgen.workload.distributions import mean, sample, sample_tokens
+from loadgen.workload.scenario import CLASS_NAMES, Scenario, TraceSettings
+
 from .. import __version__
-from ..distributions import mean, sample, sample_tokens
-from ..errors import TraceError
-from ..limits import MAX_TOKENS, MAX_TRACE_REQUESTS, MAX_TURNS
-from ..records import TRACE_FULL_SCHEMA
-from ..scenario import CLASS_NAMES, Scenario, TraceSettings
 from .io import write_trace
 
 __all__ = ["GENERATOR_VERSION", "arrival_times", "generate_trace", "generate_trace_file", "ramp_inverse"]

@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from loadgen.rundir.identity import sha256_file
+from loadgen.rundir.schema import TRACE_SCHEMA
+from loadgen.util.errors import TraceError
+from loadgen.util.limits import MAX_OFFSET_NS, MAX_TOKENS, MAX_TRACE_REQUESTS, is_finite
+
 from .. import __version__
-from ..errors import TraceError
-from ..identity import sha256_file
-from ..limits import MAX_OFFSET_NS, MAX_TOKENS, MAX_TRACE_REQUESTS, is_finite
-from ..records import TRACE_SCHEMA
 from .io import write_trace
 
 __all__ = ["MOONCAKE_BLOCK_TOKENS", "import_azure", "import_mooncake", "import_trace"]

@@ -1,7 +1,7 @@
 """Reading and writing trace Parquet files with their provenance metadata.
 
 Both directions validate: column types (no silent float->int truncation), no nulls where the schema has
-none, every number within ``loadgen.limits`` (offsets, token counts), unique request ids, and metadata that
+none, every number within ``loadgen.util.limits`` (offsets, token counts), unique request ids, and metadata that
 is a JSON object whose known keys have the expected types. A bad trace is one ``TraceError`` line naming
 the file, the column (or key), the value and what was expected.
 """
@@ -16,8 +16,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..errors import TraceError
-from ..limits import (
+from loadgen.rundir.schema import TRACE_FULL_SCHEMA, TRACE_OPTIONAL_FIELDS, TRACE_SCHEMA
+from loadgen.util.errors import TraceError
+from loadgen.util.limits import (
     MAX_CONCURRENCY,
     MAX_DURATION_S,
     MAX_OFFSET_NS,
@@ -26,7 +27,6 @@ from ..limits import (
     MAX_TRACE_REQUESTS,
     MAX_TURNS,
 )
-from ..records import TRACE_FULL_SCHEMA, TRACE_OPTIONAL_FIELDS, TRACE_SCHEMA
 
 __all__ = ["TRACE_METADATA_KEY", "read_trace", "validate_trace", "validate_trace_metadata", "write_trace"]
 

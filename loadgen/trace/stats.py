@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..analysis.percentiles import percentile_sorted
+from loadgen.stats.percentiles import percentile_sorted
 
 __all__ = ["TraceStats", "format_stats", "index_of_dispersion", "trace_stats"]
 

@@ -1,0 +1,205 @@
+"""What the target is: /version, served model, /metrics, and its kind (sim, vLLM, managed, other).
+
+Probed once before the run, over the same base URL. The simulated engine announces itself in its
+``/version`` body (``"engine": "loadgen-sim"``) or an ``x-loadgen-sim`` / ``server`` header; vLLM
+answers ``/version`` with ``{"version": ...}`` and its ``/v1/models`` entries are ``owned_by: vllm``.
+
+What the target says is recorded (manifest, analysis, handoff bundle) only after ``safe_version``: values
+under credential-like keys and credential-like strings (the configured key, bearer/basic tokens, API-key
+and JWT shapes) become ``REDACTED``, and the body is capped at ``VERSION_MAX_BYTES``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from loadgen.driver.metrics_scrape import parse_prometheus_text
+from loadgen.util.errors import TargetError
+from loadgen.util.redact import redact, redact_url
+
+__all__ = ["MANAGED_HOSTS", "VERSION_MAX_BYTES", "TargetInfo", "is_simulated", "probe_target", "safe_version"]
+
+#: Most bytes of a target's /version body kept in the record (JSON-encoded, after redaction).
+VERSION_MAX_BYTES = 16 * 1024
+_VERSION_MAX_DEPTH = 8
+#: Keys whose values are never recorded (whole key names: "max_num_batched_tokens" or "tokenizer" stay).
+_SECRET_KEY = re.compile(
+    r"(?i)^(?:x[-_])?(?:authorization|proxy[-_]authorization|auth|api[-_]?key|(?:access|refresh|id|auth|api|bearer)?"
+    r"[-_]?token|secret|client[-_]?secret|password|passwd|cookie|set[-_]cookie|credentials?|session(?:[-_]?id)?"
+    r"|private[-_]?key|key)$"
+)
+#: String shapes of credentials: API keys (sk-..., key-... with digits), JWTs, Basic tokens.
+_SECRET_TEXT = re.compile(
+    r"(?i)\b(?:sk|pk|rk|key|api|token)[-_](?=[A-Za-z0-9_-]*\d)[A-Za-z0-9_-]{12,}"
+    r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}(?:\.[A-Za-z0-9_-]+)?"
+    r"|(?<=basic )[A-Za-z0-9+/=]{8,}"
+)
+
+#: Hosts of managed APIs (no /metrics, quotas, Retry-After).
+MANAGED_HOSTS = (
+    "api.openai.com",
+    "openai.azure.com",
+    "api.together.xyz",
+    "api.fireworks.ai",
+    "api.groq.com",
+    "api.mistral.ai",
+    "api.deepseek.com",
+    "openrouter.ai",
+    "generativelanguage.googleapis.com",
+)
+
+
+@dataclass
+class TargetInfo:
+    kind: str  # sim | vllm | managed | openai-compatible | unknown
+    base_url: str  # redacted, safe to record
+    model: str | None
+    version: Any  # GET /version body (JSON or text), or None
+    models: list[str] = field(default_factory=list)
+    has_metrics: bool = False
+    has_tokenize: bool | None = None
+    engine: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "base_url": self.base_url,
+            "model": self.model,
+            "version": self.version,
+            "engine": self.engine,
+            "served_models": self.models,
+        }
+
+
+def _scrub(value: Any, secrets: tuple[str, ...], depth: int) -> Any:
+    if isinstance(value, str):
+        text = redact(value, secrets) if len(value) <= 500 else redact(value[:500], secrets) + " [truncated]"
+        return _SECRET_TEXT.sub("REDACTED", text)
+    if depth >= _VERSION_MAX_DEPTH:
+        return "[nested too deeply]" if isinstance(value, (dict, list)) else value
+    if isinstance(value, dict):
+        return {
+            _scrub(str(k), secrets, depth): "REDACTED" if _SECRET_KEY.search(str(k)) else _scrub(v, secrets, depth + 1)
+            for k, v in list(value.items())[:256]
+        }
+    if isinstance(value, list):
+        return [_scrub(v, secrets, depth + 1) for v in value[:256]]
+    return value
+
+
+def safe_version(body: Any, secrets: tuple[str, ...] = ()) -> Any:
+    """A target's /version body fit to record: credentials redacted, at most VERSION_MAX_BYTES."""
+    clean = _scrub(body, secrets, 0)
+    encoded = json.dumps(clean, default=str)
+    if len(encoded) <= VERSION_MAX_BYTES:
+        return clean
+    return {"truncated": True, "bytes": len(encoded), "head": encoded[: VERSION_MAX_BYTES // 4]}
+
+
+async def _get(client: httpx.AsyncClient, path: str) -> httpx.Response | None:
+    try:
+        return await client.get(path)
+    except httpx.HTTPError:
+        return None
+
+
+def is_simulated(response: httpx.Response | None, body: Any) -> bool:
+    """Whether a ``/version`` answer (response, parsed body) comes from loadgen's simulated engine."""
+    if response is None:
+        return False
+    if "x-loadgen-sim" in response.headers or "loadgen-sim" in response.headers.get("server", ""):
+        return True
+    return isinstance(body, dict) and (
+        "loadgen-sim" in str(body.get("engine", "")) or "loadgen-sim" in str(body.get("name", ""))
+    )
+
+
+async def probe_target(
+    client: httpx.AsyncClient,
+    base_url: str,
+    model: str | None,
+    *,
+    secrets: tuple[str, ...] = (),
+    check_metrics: bool = True,
+    check_model: bool = True,
+) -> TargetInfo:
+    """Probe ``base_url`` (the client's base); raise TargetError when it cannot serve a run at all.
+
+    ``check_model``: when ``/v1/models`` lists models and ``model`` is not among them, fail before the
+    run with one line naming the models it does serve (a gateway that lists other names than it
+    accepts needs ``check_model=False``; one that lists none is not checked).
+    """
+    safe_url = redact_url(base_url)
+    version_resp = await _get(client, "/version")
+    version: Any = None
+    if version_resp is not None and version_resp.status_code == 200:
+        try:
+            version = version_resp.json()
+        except (ValueError, RecursionError):
+            version = version_resp.text.strip()[:500] or None
+    models_resp = await _get(client, "/v1/models")
+    if version_resp is None and models_resp is None:
+        raise TargetError(
+            f"target {safe_url}: not reachable (GET /version and /v1/models failed): expected an OpenAI-compatible server"
+        )
+    models: list[str] = []
+    owners: set[str] = set()
+    if models_resp is not None and models_resp.status_code == 200:
+        try:
+            for entry in models_resp.json().get("data", []):
+                if isinstance(entry, dict) and entry.get("id"):
+                    models.append(str(entry["id"]))
+                    owners.add(str(entry.get("owned_by", "")))
+        except (ValueError, AttributeError):
+            pass
+    elif models_resp is not None and models_resp.status_code in (401, 403):
+        raise TargetError(
+            f"target {safe_url}: GET /v1/models answered HTTP {models_resp.status_code}: expected a valid API key (--api-key-env)"
+        )
+    if model is None:
+        if not models:
+            raise TargetError(f"target {safe_url}: no model given and /v1/models lists none: expected --model NAME")
+        model = models[0]
+    elif check_model and models and model not in models:
+        shown = ", ".join(repr(m) for m in models[:10]) + (f" and {len(models) - 10} more" if len(models) > 10 else "")
+        raise TargetError(
+            redact(
+                f"model {model!r} (--model, else the scenario's): not served by {safe_url}: expected one of {shown} "
+                "(--no-model-check for a gateway whose /v1/models does not list what it accepts)",
+                secrets,
+            )
+        )
+    host = (urlsplit(base_url).hostname or "").lower()
+    recorded_models = [safe_version(m, secrets) for m in models[:64]]
+    info = TargetInfo(
+        kind="unknown", base_url=safe_url, model=model, version=safe_version(version, secrets), models=recorded_models
+    )
+    clean = info.version if isinstance(info.version, dict) else {}
+    if is_simulated(version_resp, version):
+        info.kind = "sim"
+        info.engine = {
+            "name": "loadgen-sim",
+            "version": clean.get("version"),
+            "config": {"name": clean.get("engine_config")} if clean.get("engine_config") else None,
+        }
+    elif any(host == h or host.endswith("." + h) for h in MANAGED_HOSTS):
+        info.kind = "managed"
+    elif "vllm" in owners or (isinstance(version, dict) and set(version) == {"version"}):
+        info.kind = "vllm"
+        info.engine = {"name": "vllm", "version": clean.get("version"), "config": None}
+    elif models:
+        info.kind = "openai-compatible"
+    if check_metrics and info.kind != "managed":
+        metrics = await _get(client, "/metrics")
+        if metrics is not None and metrics.status_code == 200:
+            info.has_metrics = next(iter(parse_prometheus_text(metrics.text[:65536])), None) is not None
+    if info.kind == "unknown":
+        info.notes.append(redact(f"target kind unknown (version={info.version!r}, models={recorded_models})", secrets))
+    return info

@@ -1,0 +1,203 @@
+"""The record schema: the one definition of every Parquet table loadgen writes or reads.
+
+Driver, simulator, importers and analyzer all import these schemas; nothing else spells a column
+name. Times are int64 nanoseconds from the run's monotonic anchor (``*_ns``); token counts are
+int32; a value that was never observed is null, never 0.
+
+Each table of a run directory (``REQUESTS_FILE`` ...) is a directory of closed Parquet part files
+(``loadgen.rundir.io`` writes and reads them); runs written before schema version 2 hold one file per
+table and still load, their columns added since (``COLUMNS_SINCE``) read as null.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+__all__ = [
+    "CHUNKS_FILE",
+    "CHUNKS_SCHEMA",
+    "COLUMNS_SINCE",
+    "CONTRACT_FILE",
+    "ERROR_KINDS",
+    "MANIFEST_FILE",
+    "REQUESTS_FILE",
+    "REQUESTS_SCHEMA",
+    "SCHEMA_VERSION",
+    "SERVER_METRICS_FILE",
+    "SERVER_METRICS_SCHEMA",
+    "STATUSES",
+    "STATUS_CANCELLED",
+    "STATUS_ERROR",
+    "STATUS_NOT_SENT",
+    "STATUS_OK",
+    "STATUS_TIMEOUT",
+    "TRACE_FULL_SCHEMA",
+    "TRACE_OPTIONAL_FIELDS",
+    "TRACE_SCHEMA",
+    "empty_request_row",
+    "http_error_kind",
+]
+
+#: 2: tables are directories of part files; requests gained connect_start_ns / connect_end_ns.
+SCHEMA_VERSION = "2"
+
+STATUS_OK = "ok"
+STATUS_ERROR = "error"
+STATUS_TIMEOUT = "timeout"
+STATUS_CANCELLED = "cancelled"
+STATUS_NOT_SENT = "not_sent"
+#: Every scheduled request ends with exactly one of these.
+STATUSES = (STATUS_OK, STATUS_ERROR, STATUS_TIMEOUT, STATUS_CANCELLED, STATUS_NOT_SENT)
+
+#: error_kind values (status error/timeout/not_sent); http_<code> is used for other HTTP statuses.
+ERROR_KINDS = (
+    "connect",  # could not connect / connection refused (not_sent when no byte was written, else error)
+    "client_queue_timeout",  # TTFT timeout reached while waiting in the client queue (status not_sent)
+    "not_due",  # the run stopped before this request was due (status not_sent; neither offered nor failed)
+    "http_429",  # rate limited (Retry-After recorded in retry_after_s)
+    "http_4xx",  # other client error (exact code in http_status)
+    "http_5xx",  # server error (exact code in http_status)
+    "reset_mid_stream",  # connection dropped after the response started
+    "malformed_sse",  # a data line that is not valid JSON / not an OpenAI chunk
+    "empty_output",  # stream ended normally with no content tokens
+    "truncated",  # stream ended without [DONE] / finish_reason
+    "ttft_timeout",  # sent, but no first token within the scenario's TTFT timeout (status timeout)
+    "total_timeout",  # not done within the total timeout (status timeout)
+    "content_filter",  # finish_reason content_filter (managed APIs)
+    "run_interrupted",  # due, but the run stopped (signal, deadline, write error) before/while it ran
+    "worker_lost",  # its worker died (killed) before recording it: cancelled when due by then, else not_sent
+    "client",  # unexpected client-side exception (message kept)
+)
+
+# Error kinds that mean the run, not the server, cut the request short: the analysis ends the run's
+# covered window at the first of them (its outcome, and the offered load after it, are unknown) and
+# never counts them as failures.
+CUT_ERROR_KINDS = ("run_interrupted", "worker_lost")
+
+
+def http_error_kind(code: int | None, *, otherwise: str = "client") -> str:
+    """The error_kind of an HTTP status: the one mapping driver, simulator and importers share.
+
+    429 → ``http_429``; other 4xx → ``http_4xx``; 5xx and above → ``http_5xx`` (the exact code goes in
+    ``http_status``). No code, or one that is not an error (1xx-3xx), gives ``otherwise``.
+    """
+    if code is None or code < 400:
+        return otherwise
+    if code == 429:
+        return "http_429"
+    if code < 500:
+        return "http_4xx"
+    return "http_5xx"
+
+
+REQUESTS_FILE = "requests.parquet"
+CHUNKS_FILE = "chunks.parquet"
+SERVER_METRICS_FILE = "server_metrics.parquet"
+MANIFEST_FILE = "manifest.json"
+#: Behaviour-contract result beside the records (``loadgen contract``, plans, practice).
+CONTRACT_FILE = "contract.json"
+
+#: One row per request of a trace (input to a run). Offsets are ns from trace start.
+TRACE_SCHEMA = pa.schema(
+    [
+        pa.field("request_id", pa.string(), nullable=False),
+        pa.field("request_class", pa.string(), nullable=False),
+        pa.field("scheduled_offset_ns", pa.int64(), nullable=False),
+        pa.field("prompt_tokens", pa.int32(), nullable=False),  # whole prompt incl. thread context
+        pa.field("output_tokens", pa.int32(), nullable=False),
+        pa.field("prefix_group", pa.string()),  # shared-prefix group id, null if none
+        pa.field("prefix_tokens", pa.int32()),  # tokens of the shared prefix, null if none
+        pa.field("conversation_id", pa.string()),  # long-thread conversations
+        pa.field("turn_index", pa.int32()),  # 0-based turn within the conversation
+        pa.field("cancel_after_tokens", pa.int32()),  # client abandons after N tokens; null = never
+    ]
+)
+#: Optional trace columns (an older trace, or a table built with TRACE_SCHEMA alone, lacks them: read as nulls).
+TRACE_OPTIONAL_FIELDS = (
+    # null: sent at its offset; set: sent this long after the previous turn of its conversation ended
+    # (thread.wait_for_reply; its offset is then the open-loop estimate, for ordering and the worksheet)
+    pa.field("think_after_reply_ns", pa.int64()),
+)
+#: Every column a trace file holds: the required TRACE_SCHEMA, then the optional fields.
+TRACE_FULL_SCHEMA = pa.schema([*TRACE_SCHEMA, *TRACE_OPTIONAL_FIELDS])
+
+#: One row per *scheduled* request of a run, including those never sent.
+REQUESTS_SCHEMA = pa.schema(
+    [
+        pa.field("request_id", pa.string(), nullable=False),
+        pa.field("request_class", pa.string(), nullable=False),
+        pa.field("conversation_id", pa.string()),
+        pa.field("turn_index", pa.int32()),
+        pa.field("prefix_group", pa.string()),
+        # index of the target URL (replica) it was routed to, in the manifest's ``targets`` order; null: never
+        # routed (not dispatched), or a run written before replicas (one target)
+        pa.field("target_index", pa.int32()),
+        pa.field("warm", pa.bool_()),  # false for the cold-start requests when the run began cold
+        # instants, ns from the run's monotonic anchor
+        pa.field("scheduled_ns", pa.int64(), nullable=False),
+        pa.field("slot_acquired_ns", pa.int64()),  # concurrency slot granted
+        pa.field("connect_start_ns", pa.int64()),  # a new connection was opened for it: connect began...
+        pa.field("connect_end_ns", pa.int64()),  # ...and ended (null when a kept-alive connection was reused)
+        pa.field("sent_ns", pa.int64()),  # request bytes handed to the socket (null: never sent)
+        pa.field("first_byte_ns", pa.int64()),  # response headers received
+        pa.field("first_token_ns", pa.int64()),  # first chunk carrying content tokens
+        pa.field("last_token_ns", pa.int64()),  # last chunk carrying content tokens
+        pa.field("done_ns", pa.int64()),  # request finished, or was given up unsent (null: cut by a stop, or never due)
+        # token counts
+        pa.field("target_prompt_tokens", pa.int32(), nullable=False),
+        pa.field("target_output_tokens", pa.int32(), nullable=False),
+        pa.field("client_prompt_tokens", pa.int32()),  # tokenizer count of the prompt sent
+        pa.field("server_prompt_tokens", pa.int32()),  # usage.prompt_tokens
+        pa.field("server_output_tokens", pa.int32()),  # usage.completion_tokens
+        pa.field("client_output_tokens", pa.int32()),  # tokens counted from received chunks
+        pa.field("chunk_count", pa.int32()),
+        pa.field("cancel_after_tokens", pa.int32()),
+        # outcome
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("error_kind", pa.string()),
+        pa.field("error_message", pa.string()),  # one line, secrets redacted
+        pa.field("http_status", pa.int32()),
+        pa.field("retry_after_s", pa.float64()),
+        pa.field("finish_reason", pa.string()),
+        pa.field("response_model", pa.string()),  # model id the server answered with
+        pa.field("system_fingerprint", pa.string()),
+        # content (hash always, text only when the scenario allows retention)
+        pa.field("prompt_sha256", pa.string()),
+        pa.field("prompt_text", pa.string()),
+        pa.field("completion_text", pa.string()),
+    ]
+)
+
+#: Request columns added after schema version 1 (absent from older runs; read back as null).
+COLUMNS_SINCE = {"connect_start_ns": "2", "connect_end_ns": "2", "target_index": "2"}
+
+#: One row per received chunk that carried content (or a usage-only/empty chunk with tokens=0).
+CHUNKS_SCHEMA = pa.schema(
+    [
+        pa.field("request_id", pa.string(), nullable=False),
+        pa.field("seq", pa.int32(), nullable=False),  # 0-based within the request
+        pa.field("arrival_ns", pa.int64(), nullable=False),
+        pa.field("tokens", pa.int32(), nullable=False),  # content tokens carried by this chunk
+        pa.field("bytes", pa.int32(), nullable=False),  # bytes of the SSE event
+    ]
+)
+
+#: Scraped (or simulated) Prometheus samples on the run clock.
+SERVER_METRICS_SCHEMA = pa.schema(
+    [
+        pa.field("time_ns", pa.int64(), nullable=False),
+        pa.field("name", pa.string(), nullable=False),
+        pa.field("labels", pa.string(), nullable=False),  # JSON object, keys sorted; "{}" if none
+        pa.field("value", pa.float64(), nullable=False),
+    ]
+)
+
+
+def empty_request_row(**values: object) -> dict[str, object]:
+    """A requests row with every column present (null), updated with ``values``."""
+    row: dict[str, object] = {name: None for name in REQUESTS_SCHEMA.names}
+    unknown = set(values) - set(row)
+    if unknown:
+        raise KeyError(f"unknown request column(s): {sorted(unknown)}")
+    row.update(values)
+    return row

