@@ -272,7 +272,15 @@ def test_validate_against_live_sim_serve(sim_server, tmp_path):
 
 
 def _row(trace: str, cls: str, lagged: bool = False, attain: float | None = None, **errors: float) -> FidelityRow:
-    return FidelityRow(trace, cls, 50, 50, errors_pct=errors, attainment_diff_points=attain, client_lagged=lagged)
+    return FidelityRow(
+        trace=trace,
+        request_class=cls,
+        n_measured=50,
+        n_simulated=50,
+        errors_pct=errors,
+        attainment_diff_points=attain,
+        client_lagged=lagged,
+    )
 
 
 def test_goal_check_sorts_each_figure_against_the_goal_and_the_engines_own_spread():

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import html
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ from ..trace.io import read_trace, write_trace
 from .anchor import anchor_line, anchored, measure_anchor
 from .boundary import boundary_line, plan_boundary_check
 from .calibrate import MAX_SEND_LAG_MS, EngineLimits, engine_limits, send_lag_p99_ms, warm_engine
+from .fidelity import FidelityRow, FidelityTable
 
 __all__ = [
     "MAX_SEND_LAG_MS",
@@ -68,25 +68,6 @@ GOAL_PCT = 10.0
 GOAL_POINTS = 2.0
 _REPO_TRACES = Path(__file__).resolve().parents[1] / "traces"
 CANONICAL_BURST = _REPO_TRACES / "canonical-burst.parquet"
-
-
-@dataclass
-class FidelityRow:
-    """One class of one trace: the measured and simulated figures and the errors between them."""
-
-    trace: str
-    request_class: str
-    n_measured: int
-    n_simulated: int
-    errors_pct: dict[str, float | None] = field(default_factory=dict)
-    measured: dict[str, float | None] = field(default_factory=dict)
-    simulated: dict[str, float | None] = field(default_factory=dict)
-    attainment_diff_points: float | None = None
-    send_lag_p99_ms: float | None = None
-    client_lagged: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 def _cut(table: pa.Table, duration_s: float | None) -> pa.Table:
@@ -143,7 +124,13 @@ def _compare(trace: str, real: dict[str, Any], sim: dict[str, Any], lag_ms: floa
         sg = sim["classes"].get(cls)
         if sg is None or not rg.get("n_scheduled"):
             continue
-        row = FidelityRow(trace, cls, int(rg["n_scheduled"]), int(sg["n_scheduled"]), send_lag_p99_ms=lag_ms)
+        row = FidelityRow(
+            trace=trace,
+            request_class=cls,
+            n_measured=int(rg["n_scheduled"]),
+            n_simulated=int(sg["n_scheduled"]),
+            send_lag_p99_ms=lag_ms,
+        )
         for metric in _METRICS:
             for q in ("p50", "p99"):
                 key = f"{metric[:-3]}_{q}"
@@ -318,7 +305,8 @@ def validate(
         "memory": memory_check(cfg, engine_memory) if engine_memory is not None else None,
         "plan_boundary": _plan_check(plan, plan_target, target_url, cfg, out_dir) if plan is not None else None,
     }
-    (out_dir / "fidelity.json").write_text(json.dumps(result, indent=2, default=str))
+    document = FidelityTable.from_document(result).document()  # every key named by the published schema
+    (out_dir / "fidelity.json").write_text(json.dumps(document, indent=2, default=str))
     write_html(result, out_dir / "fidelity.html")
     if cfg.calibration:
         _record_validation(engine_toml, result, out_dir)

@@ -43,6 +43,7 @@ from .contract_hook import CONTRACT_FILE, contract_status_from_file
 from .files import PLAN_FILE, REGION_FILE, read_plan_state
 from .prices import PriceTable, cost_per_million, load_prices
 from .region import load_region
+from .results import COMPARISON_SCHEMA_VERSION, ComparisonResult
 
 __all__ = [
     "DEFAULT_VARIABLE",
@@ -249,6 +250,8 @@ def route_classes(route: str, scenario: Scenario | None, present: list[str]) -> 
 
 @dataclass
 class Comparison:
+    """The candidates as judged and the decision; ``result()`` is the typed document."""
+
     route: str
     variable: str
     candidates: list[dict[str, Any]]
@@ -258,18 +261,25 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": "loadgen.comparison",
-            "version": 1,
-            "route": self.route,
-            "variable": self.variable,
-            "judgement_order": ["hard budgets", "behaviour contract", "throughput and cost"],
-            "identity": self.identity,
-            "candidates": self.candidates,
-            "decision": self.decision,
-            "prices": self.prices,
-            "notes": self.notes,
-        }
+        """The comparison document (``loadgen compare --json``)."""
+        return self.result().document()
+
+    def result(self) -> ComparisonResult:
+        """The typed comparison document (``loadgen schema decision``)."""
+        return ComparisonResult.from_document(
+            {
+                "kind": "loadgen.comparison",
+                "version": COMPARISON_SCHEMA_VERSION,
+                "route": self.route,
+                "variable": self.variable,
+                "judgement_order": ["hard budgets", "behaviour contract", "throughput and cost"],
+                "identity": self.identity,
+                "candidates": self.candidates,
+                "decision": self.decision,
+                "prices": self.prices,
+                "notes": self.notes,
+            }
+        )
 
 
 def _num(value: Any) -> float | None:
