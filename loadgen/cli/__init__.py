@@ -48,6 +48,7 @@ COMMAND_MODULES = (
     "contract",
     "handoff",
     "managed",
+    "schema",
 )
 
 
