@@ -29,6 +29,7 @@ from loadgen.workload import presets
 from loadgen.workload.scenario import Scenario, load_scenario
 
 from ..analysis.analyze import analyze_run
+from ..driver.options import RunSettings
 from ..sim.config import EngineConfig, load_engine_config
 from ..sim.worksheet import run_worksheet
 from ..targets import Target, TargetSpec, open_target
@@ -197,7 +198,7 @@ def validate(
     repeats: int = 1,
     warmup: bool = True,
     anchor: bool = False,
-    **run_options: Any,
+    settings: RunSettings | None = None,
 ) -> dict[str, Any]:
     """Run the target and the worksheet on the same traces; the fidelity table as a dict (also fidelity.json).
 
@@ -226,7 +227,7 @@ def validate(
     out_dir.mkdir(parents=True, exist_ok=True)
     warmed = warm_engine(target_url, limits, warmup)
     speed = (
-        measure_anchor(target_url, limits, cfg, out_dir / "anchor", engine_manifest or {}, run_options)
+        measure_anchor(target_url, limits, cfg, out_dir / "anchor", engine_manifest or {}, settings)
         if anchor and cfg.calibrated
         else None
     )
@@ -255,9 +256,9 @@ def validate(
     def measure(trace: Path, run_dir: Path) -> Path:
         # every measurement has prompts of its own: a repeat, or the same requests at another load, would
         # otherwise find the earlier ones in the engine's prefix cache, which the worksheet (a fresh engine) has not
-        options = {"prompt_salt": run_salt(run_dir), **run_options}
+        salted = RunSettings(prompt_salt=run_salt(run_dir)).over(settings)
         return run_driver(
-            trace, target_url, run_dir, model=None, scenario_path=None, extra_manifest=engine_manifest, **options
+            trace, target_url, run_dir, model=None, scenario_path=None, extra_manifest=engine_manifest, settings=salted
         )
 
     warmup_dir = None

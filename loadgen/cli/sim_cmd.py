@@ -205,12 +205,16 @@ def _calibrate(args: argparse.Namespace) -> int:
     from loadgen.vllm.warmup import warmup_line  # deferred: `loadgen --help` loads no library code
 
     from ..calibration.calibrate import calibrate  # deferred: `loadgen --help` loads no library code
+    from ..driver.options import RunSettings  # deferred: as above
     from ..sim.config import load_engine_config  # deferred: `loadgen --help` loads no library code
 
     out = Path(args.out)
     if args.from_runs:
         path, fit, limits = calibrate(
-            out, run_dirs=[Path(d) for d in args.from_runs], name=args.name, tokenizer=args.tokenizer or "cl100k_base"
+            out,
+            run_dirs=[Path(d) for d in args.from_runs],
+            name=args.name,
+            settings=RunSettings(tokenizer=args.tokenizer or "cl100k_base"),
         )
     else:
         work = Path(args.work_dir) if args.work_dir else out.with_suffix(".calibration-runs")
@@ -224,7 +228,7 @@ def _calibrate(args: argparse.Namespace) -> int:
                 engine_manifest=engine.manifest,
                 engine_memory=engine.memory,
                 warmup=args.warmup,
-                tokenizer=args.tokenizer or engine.tokenizer or "cl100k_base",
+                settings=RunSettings(tokenizer=args.tokenizer or engine.tokenizer or "cl100k_base"),
             )
     runtime_gib = load_engine_config(path).measured_runtime_gib()
     if args.json:
@@ -255,6 +259,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 def _validate(args: argparse.Namespace) -> int:
     from ..calibration.validate import format_table, validate  # deferred: `loadgen --help` loads no library code
+    from ..driver.options import RunSettings  # deferred: as above
 
     public = None
     if args.public:
@@ -280,7 +285,7 @@ def _validate(args: argparse.Namespace) -> int:
             repeats=args.repeats,
             warmup=args.warmup,
             anchor=args.anchor,
-            tokenizer=args.tokenizer or engine.tokenizer or "cl100k_base",
+            settings=RunSettings(tokenizer=args.tokenizer or engine.tokenizer or "cl100k_base"),
         )
     print(json.dumps(result, default=str) if args.json else format_table(result))
     return 0
