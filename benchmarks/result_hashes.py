@@ -71,7 +71,8 @@ def _fidelity_rows(real_dir: Path, sim_dir: Path) -> bytes:
 
     V = importlib.import_module("loadgen.calibration.validate")
 
-    real, sim = (analyze_run(d).to_dict() for d in (real_dir, sim_dir))
+    analyses = [analyze_run(d) for d in (real_dir, sim_dir)]
+    real, sim = (a.result() if hasattr(a, "result") else a.to_dict() for a in analyses)  # typed since the results
     rows = V._compare("canonical-burst", real, sim, None)
     dump = [r.model_dump() if hasattr(r, "model_dump") else r.to_dict() for r in rows]
     doc = {"rows": dump, "summary": V._summary(rows), "goal": V.goal_check(rows, rows)}

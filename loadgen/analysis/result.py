@@ -22,7 +22,11 @@ __all__ = [
     "MetricSummary",
     "RunInfo",
     "RunState",
+    "Stability",
+    "Timeseries",
+    "Tokens",
     "Verdict",
+    "Window",
 ]
 
 
@@ -70,6 +74,73 @@ class RunInfo(ResultModel):
     chunk_rows: int
     send_lag_p99_ms: Number | None
     client_fell_behind: str | None
+
+
+class Window(ResultModel):
+    """The measurement window on the run clock (s)."""
+
+    start_s: Number
+    end_s: Number
+    duration_s: Number
+    default: bool = Field(description="the default window (first scheduled to one mean gap after the last)")
+
+
+class TokenTotals(ResultModel):
+    """Token totals of one kind (prompt or output) by who counted them, and where the counts disagree."""
+
+    target: Number | None
+    client: Number | None
+    server: Number | None
+    server_minus_client: Number | None
+    server_minus_target: Number | None
+    client_minus_target: Number | None
+    n_server_missing: int
+    n_client_missing: int
+    n_server_client_mismatch: int
+    n_server_target_mismatch: int
+
+
+class Tokens(ResultModel):
+    """Token counts of a group's ok requests in the window."""
+
+    n_requests: int
+    prompt: TokenTotals
+    output: TokenTotals
+
+
+class Stability(ResultModel):
+    """The steady-interval test, and Little's Law (L = λW) only where it was applied."""
+
+    applied: bool
+    reason: str | None = Field(description="why Little's Law was not applied")
+    interval_s: list[Number] | None
+    warmup_s: Number | None = None
+    arrivals: int | None = None
+    completions: int | None = None
+    arrival_rps: Number | None = None
+    completion_rps: Number | None = None
+    in_flight_mean: Number | None = None
+    in_flight_start: Number | None = None
+    in_flight_end: Number | None = None
+    in_flight_slope_per_s: Number | None = None
+    little_l: Number | None = Field(None, alias="L", description="time-average requests in the system")
+    lambda_rps: Number | None = None
+    little_w_s: Number | None = Field(None, alias="W_s", description="mean time in the system (s)")
+    lambda_w: Number | None = Field(None, alias="lambda_W")
+    relative_difference: Number | None = None
+
+
+class Timeseries(ResultModel):
+    """Rates per time bin over the whole run (empty for a run with no request)."""
+
+    bin_s: Number | None = None
+    t_s: list[Number] = Field(default_factory=list, description="each bin's start on the run clock")
+    offered_rps: list[Number] = Field(default_factory=list)
+    send_rps: list[Number] = Field(default_factory=list)
+    completed_rps: list[Number] = Field(default_factory=list)
+    failed_rps: list[Number] = Field(default_factory=list)
+    output_tok_s: list[Number] = Field(default_factory=list)
+    in_flight: list[Number] = Field(default_factory=list)
 
 
 class InconclusiveCheck(ResultModel):
@@ -151,7 +222,7 @@ class GroupResult(ResultModel):
     n_good: int | None = None
     n_eligible: int | None = None
     n_good_completed: int | None = None
-    tokens: dict[str, Any] = Field(default_factory=dict)
+    tokens: Tokens | None = None
     ttft_by_turn: dict[str, MetricSummary] = Field(default_factory=dict)
 
 
@@ -162,16 +233,16 @@ class AnalysisResult(ResultModel):
     state: RunState
     run_dir: str
     run: RunInfo
-    window: dict[str, Any]
+    window: Window
     verdict: Verdict
     checks: list[CheckResult]
     overall: GroupResult
     classes: dict[str, GroupResult]
     rates_meaningful: bool
-    stability: dict[str, Any]
+    stability: Stability
     warm_cold: dict[str, Any]
     server: dict[str, Any] | None
     replicas: dict[str, Any] | None
-    timeseries: dict[str, Any]
+    timeseries: Timeseries
     definitions: dict[str, str]
     notes: list[str]

@@ -29,6 +29,7 @@ from loadgen.workload import presets
 from loadgen.workload.scenario import Scenario, load_scenario
 
 from ..analysis.analyze import analyze_run
+from ..analysis.result import AnalysisResult, GroupResult
 from ..driver.options import RunSettings
 from ..sim.config import EngineConfig, load_engine_config
 from ..sim.worksheet import run_worksheet
@@ -119,31 +120,35 @@ def _err(sim: float | None, real: float | None) -> float | None:
     return round((sim - real) / real * 100.0, 2)
 
 
-def _compare(trace: str, real: dict[str, Any], sim: dict[str, Any], lag_ms: float | None) -> list[FidelityRow]:
+def _quantile(group: GroupResult, metric: str, q: str) -> float | None:
+    summary = group.metrics.get(metric)
+    return None if summary is None else getattr(summary, q)
+
+
+def _compare(trace: str, real: AnalysisResult, sim: AnalysisResult, lag_ms: float | None) -> list[FidelityRow]:
     rows = []
-    for cls, rg in real["classes"].items():
-        sg = sim["classes"].get(cls)
-        if sg is None or not rg.get("n_scheduled"):
+    for cls, rg in real.classes.items():
+        sg = sim.classes.get(cls)
+        if sg is None or not rg.n_scheduled:
             continue
         row = FidelityRow(
             trace=trace,
             request_class=cls,
-            n_measured=int(rg["n_scheduled"]),
-            n_simulated=int(sg["n_scheduled"]),
+            n_measured=rg.n_scheduled,
+            n_simulated=sg.n_scheduled,
             send_lag_p99_ms=lag_ms,
         )
         for metric in _METRICS:
             for q in ("p50", "p99"):
                 key = f"{metric[:-3]}_{q}"
-                m = (rg["metrics"].get(metric) or {}).get(q)
-                v = (sg["metrics"].get(metric) or {}).get(q)
+                m, v = _quantile(rg, metric, q), _quantile(sg, metric, q)
                 row.measured[key], row.simulated[key] = m, v
                 row.errors_pct[key] = _err(v, m)
-        row.measured["completed_rps"], row.simulated["completed_rps"] = rg.get("completed_rps"), sg.get("completed_rps")
-        row.errors_pct["completed_rps"] = _err(sg.get("completed_rps"), rg.get("completed_rps"))
-        row.measured["attainment"], row.simulated["attainment"] = rg.get("attainment"), sg.get("attainment")
-        if rg.get("attainment") is not None and sg.get("attainment") is not None:
-            row.attainment_diff_points = round((sg["attainment"] - rg["attainment"]) * 100.0, 2)
+        row.measured["completed_rps"], row.simulated["completed_rps"] = rg.completed_rps, sg.completed_rps
+        row.errors_pct["completed_rps"] = _err(sg.completed_rps, rg.completed_rps)
+        row.measured["attainment"], row.simulated["attainment"] = rg.attainment, sg.attainment
+        if rg.attainment is not None and sg.attainment is not None:
+            row.attainment_diff_points = round((sg.attainment - rg.attainment) * 100.0, 2)
         row.client_lagged = lag_ms is not None and lag_ms > MAX_SEND_LAG_MS
         rows.append(row)
     return rows
@@ -169,14 +174,14 @@ def predict_beside(
     cfg: EngineConfig,
     sim_dir: Path,
     scenario: Scenario,
-    real: dict[str, Any] | None = None,
+    real: AnalysisResult | None = None,
 ) -> list[FidelityRow]:
     """The worksheet on ``trace`` with ``cfg`` (into ``sim_dir``), compared per class with the measured ``real_dir``
     (``real``: its analysis, when the caller already has it)."""
     sim_dir = run_worksheet(trace, cfg, sim_dir)
     if real is None:
-        real = analyze_run(real_dir, scenario=scenario).to_dict()
-    sim = analyze_run(sim_dir, scenario=scenario).to_dict()
+        real = analyze_run(real_dir, scenario=scenario).result()
+    sim = analyze_run(sim_dir, scenario=scenario).result()
     return _compare(name, real, sim, send_lag_p99_ms(real_dir))
 
 
@@ -271,7 +276,7 @@ def validate(
             warmup_dir = measure(trace, out_dir / "warmup")
         real_dir = measure(trace, out_dir / f"{name}-measured")
         sim_dir = out_dir / f"{name}-worksheet"
-        real = analyze_run(real_dir, scenario=scenario).to_dict()  # once, for each worksheet beside it
+        real = analyze_run(real_dir, scenario=scenario).result()  # once, for each worksheet beside it
         rows.extend(predict_beside(name, real_dir, trace, cfg, sim_dir, scenario, real))
         runs[name] = {"measured": str(real_dir), "worksheet": str(sim_dir)}
         if launch_cfg is not None:
@@ -317,11 +322,11 @@ def validate(
 def _repeat_rows(name: str, first: Path, again: list[Path], scenario: Scenario) -> list[FidelityRow]:
     """Each repeat measurement against the first (analysed once), per class, by the fidelity table's rule
     ((repeat − first) / first); the rows are named ``<trace> repeat <k>``."""
-    base = analyze_run(first, scenario=scenario).to_dict()
+    base = analyze_run(first, scenario=scenario).result()
     rows = []
     for k, run_dir in enumerate(again, start=2):
         lags = [x for x in (send_lag_p99_ms(first), send_lag_p99_ms(run_dir)) if x is not None]
-        repeat = analyze_run(run_dir, scenario=scenario).to_dict()
+        repeat = analyze_run(run_dir, scenario=scenario).result()
         rows.extend(_compare(f"{name} repeat {k}", base, repeat, max(lags) if lags else None))
     return rows
 

@@ -89,6 +89,58 @@ class Throughput(ResultModel):
     basis: str | None = None
 
 
+class ContextWorkload(ResultModel):
+    scenario: str | None
+    scenario_sha256: str | None
+    trace: str | None
+    trace_sha256: str | None
+    seed: int | None
+    requests: Number | None
+
+
+class ContextPackage(ResultModel):
+    harness_version: str | None
+    git_sha: str | None
+    python: str | None
+
+
+class ContextHardware(ResultModel):
+    cpu_model: str | None
+    cpu_count: int | None
+    gpus: list[dict[str, Any]] | None
+    os: str | None
+
+
+class ContextRuntime(ResultModel):
+    target_kind: str | None
+    model: str | None
+    engine: str | None
+    engine_version: str | None
+    engine_config: str = Field(description="the candidate's label")
+    run_kind: str | None
+    model_executed: bool | None = Field(alias="modelExecuted")
+    benchmark_executed: bool | None = Field(alias="benchmarkExecuted")
+
+
+class ContextMeasurement(ResultModel):
+    send_lag_p99_ms: Number | None
+    warnings: list[str]
+    state: str | None
+
+
+class CandidateContext(ResultModel):
+    """What the candidate ran: workload, package, hardware, runtime, warm state and measurement, from its manifest."""
+
+    workload: ContextWorkload
+    package: ContextPackage
+    hardware: ContextHardware
+    runtime: ContextRuntime
+    warm_state: dict[str, Any] | None
+    measurement: ContextMeasurement
+    order_index: int | None
+    started_utc: str | None
+
+
 class CandidateJudgement(ResultModel):
     """One candidate through the judgement order: steps, verdict, contract, cost, figures and context."""
 
@@ -112,7 +164,7 @@ class CandidateJudgement(ResultModel):
     error_kinds: dict[str, int]
     error_share: Number | None
     throughput: Throughput
-    context: dict[str, Any] = Field(description="workload, package, hardware, runtime and measurement identity")
+    context: CandidateContext
     status_line: str
 
 
@@ -156,7 +208,7 @@ class Identity(ResultModel):
 
 
 class PriceInfo(ResultModel):
-    path: str
+    path: str | None
     example: bool
     currency: str
     description: str | None
