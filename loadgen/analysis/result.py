@@ -53,6 +53,15 @@ class RunState(ResultModel):
     summary: str | None = Field(None, description="one line on how a run that did not complete normally ended")
 
 
+class RunTarget(ResultModel):
+    """What was measured: kind, where (no credentials), which model, and the target's GET /version body."""
+
+    kind: str
+    base_url: str | None
+    model: str | None
+    version: Any
+
+
 class RunInfo(ResultModel):
     """What ran: from the manifest, and the row counts the analysis read."""
 
@@ -61,7 +70,7 @@ class RunInfo(ResultModel):
     stop: RunState
     scenario: str | None
     trace: str | None
-    target: dict[str, Any]
+    target: RunTarget
     engine: str | None
     started_utc: str | None
     duration_s: Number | None
