@@ -44,6 +44,8 @@ COMMAND_MODULES = (
     "vllm",
     "plan",
     "compare",
+    "diff",
+    "runs",
     "practice",
     "contract",
     "handoff",
