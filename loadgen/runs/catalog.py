@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 
 from loadgen.plan.compare import identity_of
 from loadgen.plan.files import PLAN_FILE, REGION_FILE
@@ -75,6 +76,11 @@ _CLASS_TYPES = {name: "VARCHAR" if name == "request_class" else "BIGINT" for nam
 _CLASS_COLUMNS: dict[str, str] = {"path": "VARCHAR"} | {
     name: _CLASS_TYPES.get(name, "DOUBLE") for name in HEADLINE_COLUMNS
 }
+
+
+_ARROW = {"VARCHAR": pa.string(), "BIGINT": pa.int64(), "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_()}
+_RUNS_ARROW = pa.schema([(k, _ARROW[v.split()[0]]) for k, v in RUN_COLUMNS.items()])
+_CLASSES_ARROW = pa.schema([(k, _ARROW[v]) for k, v in _CLASS_COLUMNS.items()])
 
 
 def default_catalog_path() -> Path:
@@ -278,20 +284,24 @@ class Catalog:
             return {"problem": str(exc)}, []
 
     def _store(self, rows: list[dict[str, Any]], class_rows: list[tuple[Any, ...]]) -> None:
+        """Replace the rows of these paths, in one transaction (Arrow tables: DuckDB's fast path)."""
         if not rows:
             return
         now = datetime.now(UTC).isoformat(timespec="seconds")
-        cols = list(RUN_COLUMNS)
-        values = [tuple((r | {"indexed_utc": now}).get(c) for c in cols) for r in rows]
-        paths = [(r["path"],) for r in rows]
-        self.db.execute("BEGIN")
-        self.db.executemany("DELETE FROM classes WHERE path = ?", paths)
-        self.db.executemany("DELETE FROM runs WHERE path = ?", paths)
-        self.db.executemany(f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", values)
-        if class_rows:
-            n = len(_CLASS_COLUMNS)
-            self.db.executemany(f"INSERT INTO classes VALUES ({', '.join('?' * n)})", class_rows)
-        self.db.execute("COMMIT")
+        runs = pa.Table.from_pylist([r | {"indexed_utc": now} for r in rows], schema=_RUNS_ARROW)
+        classes = pa.Table.from_pylist([dict(zip(_CLASS_COLUMNS, row)) for row in class_rows], schema=_CLASSES_ARROW)
+        self.db.register("new_runs", runs)
+        self.db.register("new_classes", classes)
+        try:
+            self.db.execute("BEGIN")
+            self.db.execute("DELETE FROM classes WHERE path IN (SELECT path FROM new_runs)")
+            self.db.execute("DELETE FROM runs WHERE path IN (SELECT path FROM new_runs)")
+            self.db.execute(f"INSERT INTO runs SELECT {', '.join(RUN_COLUMNS)} FROM new_runs")
+            self.db.execute(f"INSERT INTO classes SELECT {', '.join(_CLASS_COLUMNS)} FROM new_classes")
+            self.db.execute("COMMIT")
+        finally:
+            self.db.unregister("new_runs")
+            self.db.unregister("new_classes")
 
     def _mark_missing(self, roots: list[Path], seen: set[str], report: IndexReport) -> None:
         """Rows under the indexed roots whose directory is gone: present = false (kept, reported)."""
