@@ -192,3 +192,24 @@ def test_catalog_headline_figures_match_a_recompute_from_the_parquet(runs, tmp_p
     path = con.execute("SELECT path FROM runs").fetchone()[0]
     n = con.execute(f"SELECT count(*) FROM read_parquet('{path}/requests.parquet/*.parquet')").fetchone()[0]
     assert n == len(req)
+
+
+def test_export_mlflow_reads_back_through_mlflows_own_client(runs, tmp_path):
+    mlflow = pytest.importorskip("mlflow", reason="MLflow not installed (pip install 'loadgen[mlflow]')")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    res = _cli("export", "mlflow", str(runs["base"]), "--tracking-uri", uri, "--experiment", "t")
+    assert "1 exported, 0 unchanged" in res.stdout
+    again = _cli("export", "mlflow", str(runs["base"]), "--tracking-uri", uri, "--experiment", "t")
+    assert "0 exported, 1 unchanged" in again.stdout  # exported before, unchanged: no duplicate
+    client = mlflow.tracking.MlflowClient(uri)
+    [run] = client.search_runs([client.get_experiment_by_name("t").experiment_id])
+    manifest = json.loads((runs["base"] / "manifest.json").read_text())
+    assert run.data.params["trace.seed"] == "1" and run.data.params["target.kind"] == "sim"
+    assert run.data.params["harness.packages.pyarrow"] == manifest["harness"]["packages"]["pyarrow"]
+    req = ds.dataset(runs["base"] / "requests.parquet").to_table().to_pandas()
+    ok = req[(req["status"] == "ok") & (req["request_class"] == "burst")]
+    ttft = ((ok["first_token_ns"] - ok["scheduled_ns"]) / 1e6).to_numpy(dtype=float)
+    assert run.data.metrics["burst.ttft_p99_ms"] == pytest.approx(np.percentile(ttft, 99), rel=1e-12)
+    assert run.data.metrics["overall.ok"] == float((req["status"] == "ok").sum())
+    names = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"manifest.json", "report.html"} <= names and not any(n.endswith(".parquet") for n in names)

@@ -46,6 +46,7 @@ COMMAND_MODULES = (
     "compare",
     "diff",
     "runs",
+    "export",
     "practice",
     "contract",
     "handoff",
