@@ -46,7 +46,7 @@ def _list(args: argparse.Namespace) -> int:
     from loadgen.runs.report import format_runs  # deferred: as above
 
     with Catalog(args.catalog, read_only=True) as cat:
-        rows = cat.list(args.where, limit=args.limit)
+        rows = cat.rows(args.where, limit=args.limit)
     print(json.dumps(rows, indent=2, default=str) if args.json else format_runs(rows))
     return 0
 

@@ -190,9 +190,9 @@ def _run_row(path: Path, manifest: Manifest) -> dict[str, Any]:
 def _plan_row(path: Path) -> dict[str, Any]:
     state = read_json_object(path / PLAN_FILE, "plan state")
     region = read_json_object(path / REGION_FILE, "plan region") if (path / REGION_FILE).exists() else None
-    plan = state.get("plan") if isinstance(state.get("plan"), dict) else {}
-    scenario = state.get("scenario") if isinstance(state.get("scenario"), dict) else {}
-    harness = state.get("harness") if isinstance(state.get("harness"), dict) else {}
+    plan: dict[str, Any] = state["plan"] if isinstance(state.get("plan"), dict) else {}
+    scenario: dict[str, Any] = state["scenario"] if isinstance(state.get("scenario"), dict) else {}
+    harness: dict[str, Any] = state["harness"] if isinstance(state.get("harness"), dict) else {}
     cells = state.get("cells")
     return {
         "state": str(state.get("status") or "running"),
@@ -246,12 +246,12 @@ class Catalog:
     # ---- indexing ----------------------------------------------------------------------------------
     def index(self, roots: Iterable[Path | str]) -> IndexReport:
         """Index every run and plan directory under ``roots``; unchanged ones are not read again."""
-        roots = [Path(r) for r in roots]
+        paths = [Path(r) for r in roots]
         known = dict(self.db.execute("SELECT path, signature FROM runs").fetchall())
         report, seen = IndexReport(), set()
         rows: list[dict[str, Any]] = []
         class_rows: list[tuple[Any, ...]] = []
-        for directory, kind in _walk(roots):
+        for directory, kind in _walk(paths):
             key = str(directory)
             seen.add(key)
             try:
@@ -270,7 +270,7 @@ class Catalog:
             else:
                 report.added += 1
         self._store(rows, class_rows)
-        self._mark_missing(roots, seen, report)
+        self._mark_missing(paths, seen, report)
         return report
 
     def _read(self, directory: Path, kind: str, report: IndexReport) -> tuple[dict[str, Any], list[Any]]:
@@ -314,7 +314,7 @@ class Catalog:
             self.db.executemany("UPDATE runs SET present = false WHERE path = ?", [(p,) for p in report.missing])
 
     # ---- queries -----------------------------------------------------------------------------------
-    def list(self, where: str | None = None, *, limit: int | None = None) -> list[dict[str, Any]]:
+    def rows(self, where: str | None = None, *, limit: int | None = None) -> list[dict[str, Any]]:
         """Rows of ``runs`` (newest first) matching the SQL condition ``where`` over its columns."""
         sql = (
             "SELECT * FROM runs" + (f" WHERE {where}" if where else "") + " ORDER BY started_utc DESC NULLS LAST, path"

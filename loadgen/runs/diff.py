@@ -10,8 +10,13 @@ other interval loadgen reports (``loadgen.stats.confidence``): each side's quant
 ``1 − α/(2K)``, and the difference ``candidate − base`` lies in ``[low_C − high_B, high_C − low_B]`` with
 probability at least ``1 − α/K`` (union bound), K the number of compared rows with a verdict. So the chance that
 ANY row of a diff is falsely flagged is at most α (Bonferroni), whatever the latency distribution, as long as
-requests are independent draws. No resampling: the result is deterministic. Quantile intervals need enough
-samples (a p99 needs hundreds); where a side is unbounded the row is inconclusive, never a false alarm.
+requests are independent draws. They are not quite: requests that queue or decode together share their fate.
+Each side's interval is therefore widened by its *design effect*, the variance inflation of the share of values
+at or below the quantile measured by batch means over consecutive requests in scheduled order (at least 1): the
+ranks are those of an ``n / deff`` sample, scaled back to ``n``. Without it, two seeds of one engine were
+flagged in 3 of 50 pairs (6%, above α); with it, 0 of 50 (``benchmarks/bench_runs.py false-alarms``). No
+resampling: the result is deterministic. Quantile intervals need enough samples (a p99 needs hundreds); where a
+side is unbounded the row is inconclusive, never a false alarm.
 
 **Verdicts**, against a threshold ``t`` per metric (percent of the base value, default 5%): *regressed* when the
 whole interval lies above ``+t``; *improved* when wholly below ``−t``; *no change* when wholly inside
@@ -47,6 +52,7 @@ __all__ = [
     "DiffRow",
     "Verdict",
     "diff_runs",
+    "design_effect",
     "difference_interval",
     "row_verdict",
 ]
@@ -61,7 +67,8 @@ DEFAULT_THRESHOLD_PCT = 5.0
 DIFF_RULE = (
     "difference candidate - base of each quantile; interval [low_C - high_B, high_C - low_B] from "
     "order-statistic intervals at level 1 - alpha/(2K) on each side (Bonferroni over the K rows with a verdict: "
-    "at most alpha chance that any row is falsely flagged); regressed/improved when the whole interval is "
+    "at most alpha chance that any row is falsely flagged), each widened by its design effect (batch means over "
+    "consecutive requests); regressed/improved when the whole interval is "
     "beyond +/- threshold% of the base, no change when wholly within it"
 )
 
@@ -82,6 +89,7 @@ class DiffRow:
     verdict: Verdict | None  # None: point change only (itl_ms)
     n_base: int
     n_candidate: int
+    design_effect: list[float] | None = None  # (base, candidate): variance inflation from dependent neighbours
 
 
 @dataclass
@@ -116,18 +124,44 @@ class DiffResult:
         return [r for r in self.rows if r.verdict == "regressed"]
 
 
-def difference_interval(base: SortedParts, cand: SortedParts, q: float, side_level: float) -> tuple[float, float]:
-    """``[low_C − high_B, high_C − low_B]`` from each side's order-statistic interval at ``side_level``."""
-    b_lo, b_hi = _bounds(base, q, side_level)
-    c_lo, c_hi = _bounds(cand, q, side_level)
+def difference_interval(
+    base: SortedParts, cand: SortedParts, q: float, side_level: float, deff: tuple[float, float] = (1.0, 1.0)
+) -> tuple[float, float]:
+    """``[low_C − high_B, high_C − low_B]`` from each side's order-statistic interval at ``side_level``
+    (each widened by its design effect, ``deff`` = (base, candidate))."""
+    b_lo, b_hi = _bounds(base, q, side_level, deff[0])
+    c_lo, c_hi = _bounds(cand, q, side_level, deff[1])
     return c_lo - b_hi, c_hi - b_lo
 
 
-def _bounds(sample: SortedParts, q: float, level: float) -> tuple[float, float]:
-    lo, hi = quantile_ci_ranks(sample.n, q, level)
+def _bounds(sample: SortedParts, q: float, level: float, deff: float = 1.0) -> tuple[float, float]:
+    """The order-statistic interval of quantile ``q``; with a design effect above 1, the ranks of an
+    ``n / deff`` sample scaled back to ``n`` (outward), so dependent samples get a wider interval."""
+    n = sample.n
+    n_eff = max(1, int(n / max(deff, 1.0)))
+    lo, hi = quantile_ci_ranks(n_eff, q, level)
+    if n_eff < n:
+        lo = None if lo is None else max(0, math.floor((lo + 1) * n / n_eff) - 1)
+        hi = None if hi is None else min(n - 1, math.ceil((hi + 1) * n / n_eff) - 1)
     low = -math.inf if lo is None else float(sample.kth(lo)) * sample.scale
     high = math.inf if hi is None else float(sample.kth(hi)) * sample.scale
     return low, high
+
+
+def design_effect(ordered: list[np.ndarray], value: float | None) -> float:
+    """How much dependence between neighbouring requests inflates the variance of the share at or below
+    ``value`` (a quantile estimate): batch means over each run's scheduled order (about √n batches of
+    consecutive requests) against the independent p(1 − p); at least 1."""
+    runs = [x for x in ordered if len(x)]
+    n = sum(len(x) for x in runs)
+    if value is None or n < 30:
+        return 1.0
+    size = max(2, int(math.sqrt(n)))
+    means = [(x[i : i + size] <= value).mean() for x in runs for i in range(0, len(x) - size + 1, size)]
+    p = sum(float((x <= value).sum()) for x in runs) / n
+    if len(means) < 5 or p <= 0.0 or p >= 1.0:
+        return 1.0
+    return max(1.0, float(np.var(means, ddof=1)) * size / (p * (1.0 - p)))
 
 
 def row_verdict(interval: tuple[float, float], base: float, threshold_pct: float) -> Verdict:
@@ -147,7 +181,7 @@ def _overall(rows: list[DiffRow]) -> Verdict:
     verdicts = [r.verdict for r in rows if r.verdict is not None]
     for v in ("regressed", "improved"):
         if v in verdicts:
-            return v  # type: ignore[return-value]
+            return v
     return "no change" if verdicts and all(v == "no change" for v in verdicts) else "inconclusive"
 
 
@@ -189,19 +223,32 @@ def diff_runs(
     with ExitStack() as stack:
         b_runs = [stack.enter_context(class_samples(p, window=window)) for p in bases]
         c_runs = [stack.enter_context(class_samples(p, window=window)) for p in cands]
-        classes = sorted(set().union(*b_runs) & set().union(*c_runs))
-        only = sorted(set().union(*b_runs, *c_runs) - set(classes))
+        b_names = [set(r.sorted) for r in b_runs]
+        c_names = [set(r.sorted) for r in c_runs]
+        classes = sorted(set().union(*b_names) & set().union(*c_names))
+        only = sorted(set().union(*b_names, *c_names) - set(classes))
         if only:
             notes.append(f"class(es) on one side only, not compared: {', '.join(only)}")
         pooled = {
-            (c, m): (union([r[c][m] for r in b_runs if c in r]), union([r[c][m] for r in c_runs if c in r]))
+            (c, m): (
+                union([r.sorted[c][m] for r in b_runs if c in r.sorted]),
+                union([r.sorted[c][m] for r in c_runs if c in r.sorted]),
+            )
             for c in classes
             for m in (*DIFF_METRICS, *POINT_ONLY_METRICS)
+        }
+        ordered = {
+            (c, m): (
+                [r.ordered[c][m] for r in b_runs if c in r.ordered],
+                [r.ordered[c][m] for r in c_runs if c in r.ordered],
+            )
+            for c in classes
+            for m in DIFF_METRICS
         }
         k = max(1, sum(1 for (c, m), (b, x) in pooled.items() if m in DIFF_METRICS and b.n and x.n) * len(QUANTILES))
         side_level = 1.0 - (1.0 - level) / (2 * k)
         rows = [
-            _row(c, m, qn, q, b, x, thresholds.get(m), side_level)
+            _row(c, m, qn, q, b, x, thresholds.get(m), side_level, ordered.get((c, m)))
             for (c, m), (b, x) in pooled.items()
             for qn, q in QUANTILES.items()
         ]
@@ -236,13 +283,23 @@ def _cdf(sample: SortedParts) -> dict[str, list[float]] | None:
 
 
 def _row(
-    cls: str, metric: str, qname: str, q: float, b: SortedParts, x: SortedParts, threshold: float | None, side: float
+    cls: str,
+    metric: str,
+    qname: str,
+    q: float,
+    b: SortedParts,
+    x: SortedParts,
+    threshold: float | None,
+    side: float,
+    ordered: tuple[list[np.ndarray], list[np.ndarray]] | None,
 ) -> DiffRow:
     bv, xv = b.percentile(q), x.percentile(q)
     change = None if bv is None or xv is None else xv - bv
     pct = None if change is None or not bv else change / bv * 100.0
-    interval, verdict = None, None
-    if metric in DIFF_METRICS and b.n and x.n and bv is not None and threshold is not None:
-        lo, hi = difference_interval(b, x, q, side)
+    interval, verdict, deff = None, None, None
+    if ordered is not None and b.n and x.n and bv is not None and threshold is not None:
+        deff = (design_effect(ordered[0], bv), design_effect(ordered[1], xv))
+        lo, hi = difference_interval(b, x, q, side, deff)
         interval, verdict = [lo, hi], row_verdict((lo, hi), bv, threshold)
-    return DiffRow(cls, metric, qname, bv, xv, change, pct, interval, threshold, verdict, b.n, x.n)
+    effect = None if deff is None else [round(d, 3) for d in deff]
+    return DiffRow(cls, metric, qname, bv, xv, change, pct, interval, threshold, verdict, b.n, x.n, effect)
