@@ -116,18 +116,13 @@ def _stat_sig(path: Path) -> str:
 
 
 def _signature(directory: Path, kind: str) -> str:
-    """Sizes and mtimes of what the catalog reads of a directory: changes when any of it does."""
+    """Sizes and mtimes of what the catalog reads of a directory: changes when any of it does. A table's part
+    files are never rewritten in place (each is written whole, then renamed in), so the table directory's mtime
+    changes whenever a part is added or removed."""
     if kind == "plan":
         names = [directory / PLAN_FILE, directory / REGION_FILE]
         return "|".join(_stat_sig(p) for p in names if p.exists())
-    parts = [_stat_sig(directory / MANIFEST_FILE)]
-    table = directory / REQUESTS_FILE
-    if table.is_dir():
-        with os.scandir(table) as it:
-            parts += sorted(f"{e.name}:{e.stat().st_size}:{e.stat().st_mtime_ns}" for e in it if e.is_file())
-    elif table.exists():
-        parts.append(_stat_sig(table))
-    return "|".join(parts)
+    return f"{_stat_sig(directory / MANIFEST_FILE)}|{_stat_sig(directory / REQUESTS_FILE)}"
 
 
 def _walk(roots: Iterable[Path]) -> Iterator[tuple[Path, str]]:
@@ -304,11 +299,13 @@ class Catalog:
             self.db.unregister("new_classes")
 
     def _mark_missing(self, roots: list[Path], seen: set[str], report: IndexReport) -> None:
-        """Rows under the indexed roots whose directory is gone: present = false (kept, reported)."""
-        prefixes = [str(r.resolve()) for r in roots]
+        """Rows whose directory is gone (under the indexed roots and not found, or anywhere and not on disk):
+        present = false (kept, reported)."""
+        prefixes = tuple(str(r.resolve()).rstrip("/") + "/" for r in roots)
         for (path,) in self.db.execute("SELECT path FROM runs WHERE present").fetchall():
-            under = any(path == p or path.startswith(p.rstrip("/") + "/") for p in prefixes)
-            if (under and path not in seen) or not Path(path).exists():
+            if path in seen:
+                continue
+            if path.startswith(prefixes) or str(path) + "/" in prefixes or not Path(path).exists():
                 report.missing.append(path)
         if report.missing:
             self.db.executemany("UPDATE runs SET present = false WHERE path = ?", [(p,) for p in report.missing])
