@@ -1,9 +1,11 @@
-"""``loadgen runs index DIR... | list [--where SQL] | show RUN``: the catalog of every run and plan directory."""
+"""``loadgen runs index DIR... | list [--where SQL] | show RUN | pareto RUN...``: the catalog of every run and
+plan directory, and the Pareto front of runs."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from . import flags
 
@@ -26,6 +28,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     show.add_argument("run", help="its path, or a unique end of it")
     show.add_argument("--json", action="store_true", help="print JSON")
     show.set_defaults(func=_show)
+    par = s.add_parser("pareto", help="Pareto front of runs: completed throughput against a latency p99")
+    par.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    par.add_argument("--metric", default="ttft_ms", choices=("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"))
+    par.add_argument("--class", dest="request_class", default="overall", help="a class, or overall (default)")
+    par.add_argument("--html", help="write the interactive plot to this HTML file")
+    par.set_defaults(func=_pareto)
 
 
 def _index(args: argparse.Namespace) -> int:
@@ -61,4 +69,14 @@ def _show(args: argparse.Namespace) -> int:
     print(
         json.dumps({"run": row, "classes": classes}, indent=2, default=str) if args.json else format_run(row, classes)
     )
+    return 0
+
+
+def _pareto(args: argparse.Namespace) -> int:
+    from loadgen.runs.pareto import format_pareto, pareto_points, write_pareto_html  # deferred: library code
+
+    points = pareto_points(args.run_dirs, metric=args.metric, request_class=args.request_class)
+    if args.html:
+        write_pareto_html(points, args.metric, args.request_class, Path(args.html))
+    print(format_pareto(points, args.metric, args.request_class))
     return 0

@@ -1,7 +1,4 @@
-"""How the catalog and a diff are shown: console tables, and the diff's interactive HTML report (Plotly).
-
-The HTML is one self-contained file (Plotly's script inlined): it opens without a network.
-"""
+"""How the catalog and a diff are shown: console tables, and the diff's interactive HTML report (Plotly)."""
 
 from __future__ import annotations
 
@@ -10,9 +7,11 @@ import math
 from pathlib import Path
 from typing import Any
 
+from loadgen.analysis.interactive import plotly_html
+
 from .diff import DiffResult, DiffRow
 
-__all__ = ["format_diff", "format_run", "format_runs", "plotly_html", "write_diff_html"]
+__all__ = ["format_diff", "format_run", "format_runs", "write_diff_html"]
 
 _VERDICT_MARK = {"regressed": "REGRESSED", "improved": "improved", "no change": "no change", "inconclusive": "inconcl."}
 
@@ -84,23 +83,6 @@ def format_run(row: dict[str, Any], classes: list[dict[str, Any]]) -> str:
                 f"completed {_ms(c['completed_rps'])}/s"
             )
     return "\n".join(out)
-
-
-def plotly_html(title: str, figures: list[tuple[str, Any]], table_html: str = "") -> str:
-    """One self-contained page: Plotly's script once, then each (heading, figure)."""
-    import plotly.io as pio  # deferred: only the HTML reports need Plotly
-
-    body = []
-    for i, (heading, fig) in enumerate(figures):
-        fig_html = pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0), config={"displaylogo": False})
-        body.append(f"<h2>{html.escape(heading)}</h2>\n{fig_html}")
-    return (
-        f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:13px}"
-        "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}.regressed{background:#fdd}"
-        ".improved{background:#dfd}</style></head><body>"
-        f"<h1>{html.escape(title)}</h1>{table_html}{''.join(body)}</body></html>\n"
-    )
 
 
 def _diff_table(result: DiffResult) -> str:
