@@ -219,3 +219,56 @@ def test_export_mlflow_reads_back_through_mlflows_own_client(runs, tmp_path):
     assert run.data.metrics["overall.ok"] == float((req["status"] == "ok").sum())
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"manifest.json", "report.html"} <= names and not any(n.endswith(".parquet") for n in names)
+
+
+def test_pareto_front_marks_the_slower_engine_dominated(runs):
+    res = _cli("runs", "pareto", str(runs["base"]), str(runs["slower"]), "--class", "short-message")
+    lines = {ln.split("(")[-1].rstrip(")"): ln for ln in res.stdout.splitlines()[1:]}
+    base, slower = lines[str(runs["base"])], lines[str(runs["slower"])]
+    assert base.lstrip().startswith("*") and not slower.lstrip().startswith("*")  # same work, longer TTFT p99
+    assert "config.name=interactive-small-batch-slower" in slower  # labelled by what differs
+
+
+def test_plan_writes_interactive_latency_throughput_curves(tmp_path):
+    plan = REPO / "scenarios" / "plans" / "quick.toml"
+    _cli("plan", str(plan), "--sim-worksheet", "interactive-small-batch", "--out", str(tmp_path / "plan"))
+    page = (tmp_path / "plan" / "region.html").read_text()
+    region = json.loads((tmp_path / "plan" / "region.json").read_text())
+    assert "hard TTFT p99 budget 1500 ms" in page  # the canonical short-message budget
+    for b in region["classes"]["short-message"]["warm"]["boundary"]:
+        if b["max_inside_completed_rps"] is not None:
+            assert f"warm c{b['concurrency']} boundary" in page
+    ran = [c for c in region["classes"]["short-message"]["warm"]["cells"] if c["completed_rps"] is not None]
+    assert ran and all(c["cell_id"] in page for c in ran)
+
+
+@pytest.mark.browser
+def test_the_diff_report_opens_offline_in_headless_chromium(runs, tmp_path):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if browser is None:
+        pytest.skip("headless Chromium not installed (apt-get install -y chromium)")
+    page = tmp_path / "diff.html"
+    _cli("diff", str(runs["base"]), str(runs["slower"]), "--html", str(page))
+    common = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--enable-logging=stderr",
+        "--v=0",
+    ]
+    dom = subprocess.run(
+        [*common, "--dump-dom", page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    errors = [ln for ln in dom.stderr.splitlines() if "CONSOLE" in ln and ("Uncaught" in ln or "Error" in ln)]
+    assert not errors, errors
+    assert 'class="plotly-graph-div' in dom.stdout and "main-svg" in dom.stdout  # Plotly drew its figures
+    assert "regressed" in dom.stdout
