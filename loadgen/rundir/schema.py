@@ -117,6 +117,10 @@ TRACE_OPTIONAL_FIELDS = (
     # null: sent at its offset; set: sent this long after the previous turn of its conversation ended
     # (thread.wait_for_reply; its offset is then the open-loop estimate, for ordering and the worksheet)
     pa.field("think_after_reply_ns", pa.int64()),
+    # the prompt's prefix structure (null: unknown): hash i stands for the first (i + 1) x B prompt tokens, B the
+    # trace metadata's ``block_hash_tokens``; two requests share a prefix cache block exactly where their hashes
+    # agree (token-id imports: ``loadgen.trace.block_hashes``, B = 16; Mooncake's hash_ids as given, B = 512)
+    pa.field("prompt_block_hashes", pa.list_(pa.int64())),
 )
 #: Every column a trace file holds: the required TRACE_SCHEMA, then the optional fields.
 TRACE_FULL_SCHEMA = pa.schema([*TRACE_SCHEMA, *TRACE_OPTIONAL_FIELDS])
