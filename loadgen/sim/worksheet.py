@@ -52,6 +52,7 @@ from .metrics import (
     histogram_samples,
     metric_labels_json,
 )
+from .prefix_chain import engine_block_chain
 from .protocol import StreamFormat, filler_bytes, request_id_for, token_bytes
 
 __all__ = ["WorksheetResult", "run_worksheet", "simulate_trace"]
@@ -124,6 +125,7 @@ class _Client:
         self.ready: list[tuple[int, int]] = []  # (due ns, index) of reply-waiting turns whose reply ended
         self.followers = _followers(cols)  # index of a turn -> index of the turn that waits for its reply
         self.waiting = set(self.followers.values())  # not due at their offset (a turn without one is)
+        self.block_hash_tokens = 0  # tokens per prompt_block_hashes entry (the trace metadata's; 0: none)
 
     def release_due(self, t: int) -> None:
         """Every request due at or before t arrives: trace offsets in order, then reply-waiting turns."""
@@ -172,6 +174,14 @@ class _Client:
         while self.queue and self.in_flight < self.limit:
             self.send(self.queue.popleft(), t)
 
+    def _chain(self, i: int, prompt: int, block_size: int) -> list[int] | None:
+        """Request i's prefix-cache chain from the trace's ``prompt_block_hashes`` (None: the trace has none)."""
+        hashes = self.cols.get("prompt_block_hashes")
+        row = hashes[i] if hashes is not None else None
+        if row is None or not self.block_hash_tokens:
+            return None
+        return engine_block_chain(row, self.block_hash_tokens, block_size, prompt)
+
     def _answer_now(self, i: int, t: int, code: int, retry_after_s: float | None = None) -> None:
         """Request i is answered at t with HTTP ``code`` and never reaches the engine."""
         self.status[i], self.error_kind[i], self.http_status[i] = STATUS_ERROR, http_error_kind(code), code
@@ -204,8 +214,11 @@ class _Client:
         self.in_flight += 1
         key = conv if conv is not None else cols["prefix_group"][i]
         cache_limit = None if conv is not None else cols["prefix_tokens"][i]
+        chain = self._chain(i, prompt, engine.block_size)
+        if chain is not None:  # the trace's block hashes: a hit wherever the prompts' blocks agree
+            key, cache_limit = (chain[0] if chain else None), None
         arrive = t + self.overhead_ns + (int(plan.slow_start_s * _NS) if plan is not None else 0)
-        seq = Seq(i, prompt, out, arrive, cache_key=key, cache_limit_tokens=cache_limit)
+        seq = Seq(i, prompt, out, arrive, cache_key=key, cache_limit_tokens=cache_limit, chain=chain)
         seq.stop_after = self.stop_after[i]
         self.seqs[i] = seq
         if arrive > t:
@@ -729,7 +742,7 @@ def simulate_trace(
     virtual time (ns from trace start). ``fast`` = False: one engine step at a time, never a decode run
     at once (the same result, slower; the reference the fast path is tested against)."""
     # a reply-waiting turn (think_after_reply_ns) is due one think time after its previous turn ended
-    names = [*TRACE_SCHEMA.names, "think_after_reply_ns"]
+    names = [*TRACE_SCHEMA.names, "think_after_reply_ns", "prompt_block_hashes"]
     cols = {name: table.column(name).to_pylist() for name in names if name in table.column_names}
     n = table.num_rows
     engines = [Engine(config, seed=seed + k) for k in range(replicas)]  # engine 0 is the single engine's
@@ -738,6 +751,7 @@ def simulate_trace(
     limit = metadata.get("concurrency") if mode == "closed" else metadata.get("max_in_flight")
     router = Router(replicas, route_policy) if replicas > 1 else None
     client = _Client(cols, engines, config, plans, stop_after, int(limit) if limit else n + 1, router)
+    client.block_hash_tokens = int(metadata.get("block_hash_tokens") or 0)
     fleet: list[_Steps] | None = None
     if router is None:
         steps = _run_virtual_time(engines[0], client, fast)
