@@ -156,10 +156,11 @@ class ProfileCost(_Model):
     ep: int = Field(default=1, ge=1, le=1024)  # expert-parallel GPUs an MoE layer's experts are spread over
     gpu: str = Field(min_length=1)
     vllm_version: str = Field(min_length=1)
-    # TP > 1: two all-reduces per layer of tokens x hidden x 2 bytes, each latency + bytes / bandwidth. The
-    # profile times one GPU's kernels, not the link: these are assumptions (the shipped engines say which).
-    allreduce_latency_us: float = Field(default=10.0, ge=0, le=1e6)
-    allreduce_gb_per_s: float = Field(default=20.0, gt=0, le=1e6)
+    # The link between the GPUs (TP > 1: two all-reduces a layer; EP > 1: two collectives an MoE layer), each
+    # latency + bytes / bandwidth. The profile times one GPU's kernels, not the link: these are assumptions
+    # (defaults: LLMServingSim's cluster config for its PCIe machines, link_latency 20,000 ns, link_bw 16 GB/s).
+    link_latency_us: float = Field(default=20.0, ge=0, le=1e6)
+    link_gb_per_s: float = Field(default=16.0, gt=0, le=1e6)
 
     def resolve(self, base: str | None) -> ProfileCost:
         """This reference with its paths made absolute against ``base`` (the engine TOML's folder)."""

@@ -17,6 +17,7 @@ A step of the engine is priced as (all times per GPU, µs):
          + attention(Σ prefill chunks, Σ their cached prefix, decodes, mean decode KV) × layers
          + lm_head(S) + sampler(S)                                                    S = sequences in the step
          + 2 all-reduces × layers, each latency + T × hidden × 2 B / bandwidth        (TP > 1, assumed link)
+         + 2 collectives × MoE layers over the other ranks' (ep − 1) × T tokens       (EP > 1, the same link)
 
 Every table is read linearly on each axis between profiled points (a kernel's time is close to linear in each
 axis: decode attention is a KV read, ``a + b × n × kv``), held at the first non-zero point below it (a 5-token
@@ -25,9 +26,10 @@ Several prefill chunks in one step are priced as one chunk of their summed token
 decodes at their mean KV length (the uniform batch that reads the same KV); the profile's mixed-length
 (``skew``) tables are not applied. Layer norms count twice per layer (before attention and before the MLP).
 An MoE layer's activated experts are the expected distinct experts of uniform top-k routing over its tokens;
-with expert parallelism (``ep`` GPUs, data-parallel ranks equally loaded) a GPU holds E/ep experts and sees
-ep × T tokens routed to them. Not modelled: CPU time between steps (vLLM 0.19 schedules asynchronously),
-CUDA-graph padding, the MoE router's own GEMM, communication of expert parallelism.
+with expert parallelism (``ep`` GPUs, data-parallel ranks equally loaded, vLLM's all-gather / reduce-scatter
+exchange) a GPU holds E/ep experts and runs them over the whole group's ep × T tokens. Not modelled: CPU time
+between steps (vLLM 0.19 schedules asynchronously), CUDA-graph padding, the MoE router's own GEMM, the lockstep
+of data-parallel ranks (each step waits for the slowest).
 """
 
 from __future__ import annotations
@@ -182,8 +184,8 @@ class OperatorProfile:
     decode_attention: _Attention  # steps without a prefill chunk
     mixed_attention: _Attention  # steps with one
     skew: _Skew | None  # the mixed-length correction, where the profile fitted one
-    allreduce_latency_us: float
-    allreduce_gb_per_s: float
+    link_latency_us: float
+    link_gb_per_s: float
 
     def tokens_us(self, tokens: int) -> float:
         """Everything in a step that depends on its token count (µs): dense ops, MoE, all-reduces."""
@@ -195,17 +197,24 @@ class OperatorProfile:
             total += count * interp_axis(keys, values, tokens)
         if self.moe_layers:
             total += self.moe_layers * self.moe_at(tokens)
+            if self.ep > 1:  # all-gather the group's tokens, reduce-scatter the outputs: the other ranks' share
+                total += 2 * self.moe_layers * self._link_us(tokens * (self.ep - 1))
         if self.tp > 1:
-            per_call = self.allreduce_latency_us + tokens * self.hidden_size * 2 / (self.allreduce_gb_per_s * 1e3)
-            total += 2 * self.layers * per_call
+            total += 2 * self.layers * self._link_us(tokens)
         return total
 
+    def _link_us(self, tokens: float) -> float:
+        """One collective moving ``tokens`` hidden states (bf16) over the assumed link (µs)."""
+        return self.link_latency_us + tokens * self.hidden_size * 2 / (self.link_gb_per_s * 1e3)
+
     def moe_at(self, tokens: float) -> float:
-        """One MoE layer (µs): the expert kernel at ``tokens`` and its expected activated experts, linear between
-        the profiled expert counts."""
+        """One MoE layer (µs) on one GPU: the expert kernel over the tokens it sees (with expert parallelism, the
+        whole group's: ep x ``tokens``) and its expected activated experts, linear between the profiled expert
+        counts."""
         active = expected_experts(self.experts, self.top_k, tokens, self.ep)
+        seen = tokens * self.ep
         counts = sorted(self.moe_us)
-        by_count = [interp_axis(*self.moe_us[c], tokens) for c in counts]
+        by_count = [interp_axis(*self.moe_us[c], seen) for c in counts]
         return interp_axis(counts, by_count, active)
 
     def sequences_us(self, sequences: int) -> float:
@@ -405,8 +414,8 @@ def load_profile(
     tp: int,
     model_config: str,
     ep: int = 1,
-    allreduce_latency_us: float = 0.0,
-    allreduce_gb_per_s: float = 1.0,
+    link_latency_us: float = 0.0,
+    link_gb_per_s: float = 1.0,
 ) -> OperatorProfile:
     """Read the profile under ``root`` (the ``<dtype>/`` folder holding meta.yaml and ``tp<N>/``) for TP degree
     ``tp``, composed for the model whose Hugging Face config.json is ``model_config`` (its layer count and MoE
@@ -442,6 +451,6 @@ def load_profile(
         decode_attention=decode,
         skew=_skew(base, tp),
         mixed_attention=mixed,
-        allreduce_latency_us=allreduce_latency_us,
-        allreduce_gb_per_s=allreduce_gb_per_s,
+        link_latency_us=link_latency_us,
+        link_gb_per_s=link_gb_per_s,
     )
