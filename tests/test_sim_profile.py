@@ -234,3 +234,17 @@ def test_shared_runs_are_predicted_within_ten_percent(tmp_path: Path, run: str) 
             m = np.mean(values) if stat == "mean" else np.percentile(values, stat)
             p = np.mean(predicted[metric]) if stat == "mean" else np.percentile(predicted[metric], stat)
             assert abs(p - m) / m < 0.10, f"{run}: {metric} {stat}: measured {m:.4f} s, predicted {p:.4f} s"
+
+
+def test_an_expert_parallel_group_steps_in_lockstep_over_its_tokens() -> None:
+    p = load_profile(PRO_MOE, 1, QWEN_MOE, ep=2)
+    assert p.group_delta_us(300, 600) == pytest.approx(0.0)  # ranks equally loaded: as tokens_us priced it
+    assert p.group_delta_us(100, 2100) > 0 > p.group_delta_us(2000, 2100)  # the experts run the group's tokens
+    cfg = load_engine_config("rtxpro6000-qwen3-30b-a3b-tp1-ep2")
+    table, meta = _trace([(100, 3, None), (2000, 3, None)], 16)
+    table = table.set_column(2, "scheduled_offset_ns", pa.array([0, 0], pa.int64()))  # both at once
+    result = simulate_trace(table, meta, cfg, replicas=2, route_policy="round-robin")
+    first = result.requests_table.column("first_token_ns").to_pylist()
+    assert first[0] == first[1]  # the short prompt's rank waits for the long prefill on the other
+    alone = simulate_trace(table.slice(0, 1), meta, cfg, replicas=2, route_policy="round-robin")
+    assert alone.requests_table.column("first_token_ns")[0].as_py() < first[0]

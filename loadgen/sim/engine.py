@@ -242,6 +242,7 @@ class Engine:
         if c.profile is not None:
             p = c.profile
             self._profile = load_profile(p.path, p.tp, p.model_config_path, p.ep, p.link_latency_us, p.link_gb_per_s)
+        self.profile = self._profile  # read by the worksheet (an expert-parallel group's lockstep)
         self._tokens_ns: dict[int, float] = {}  # the profile's token- and sequence-count terms, memoised
         self._seqs_ns: dict[int, float] = {}
         # the overhead of requests that reached the engine while it ran, owed by its next step (see add)

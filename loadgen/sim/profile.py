@@ -203,6 +203,23 @@ class OperatorProfile:
             total += 2 * self.layers * self._link_us(tokens)
         return total
 
+    def group_delta_us(self, tokens: int, group_tokens: int) -> float:
+        """How much longer (µs; negative: shorter) a step of ``tokens`` takes on a rank of an expert-parallel group
+        whose ranks together run ``group_tokens`` than ``tokens_us`` priced it (every rank as loaded as this one):
+        the experts run over the group's actual tokens and the exchange carries the others' actual share."""
+        if not self.moe_layers or self.ep <= 1:
+            return 0.0
+        assumed = self._moe_over(tokens * self.ep, tokens * self.ep) + 2 * self._link_us(tokens * (self.ep - 1))
+        actual = self._moe_over(group_tokens, group_tokens) + 2 * self._link_us(group_tokens - tokens)
+        return self.moe_layers * (actual - assumed)
+
+    def _moe_over(self, routed_tokens: float, seen_tokens: float) -> float:
+        """The expert kernel of one GPU (µs) over ``seen_tokens`` with the experts ``routed_tokens`` activate."""
+        active = expected_experts(self.experts, self.top_k, routed_tokens / self.ep, self.ep)
+        counts = sorted(self.moe_us)
+        by_count = [interp_axis(*self.moe_us[c], seen_tokens) for c in counts]
+        return interp_axis(counts, by_count, active)
+
     def _link_us(self, tokens: float) -> float:
         """One collective moving ``tokens`` hidden states (bf16) over the assumed link (µs)."""
         return self.link_latency_us + tokens * self.hidden_size * 2 / (self.link_gb_per_s * 1e3)
@@ -211,11 +228,7 @@ class OperatorProfile:
         """One MoE layer (µs) on one GPU: the expert kernel over the tokens it sees (with expert parallelism, the
         whole group's: ep x ``tokens``) and its expected activated experts, linear between the profiled expert
         counts."""
-        active = expected_experts(self.experts, self.top_k, tokens, self.ep)
-        seen = tokens * self.ep
-        counts = sorted(self.moe_us)
-        by_count = [interp_axis(*self.moe_us[c], seen) for c in counts]
-        return interp_axis(counts, by_count, active)
+        return self._moe_over(tokens * self.ep, tokens * self.ep)
 
     def sequences_us(self, sequences: int) -> float:
         """The once-per-step ops that depend on the sequence count (µs): lm_head, sampler."""

@@ -53,6 +53,7 @@ from .metrics import (
     metric_labels_json,
 )
 from .prefix_chain import engine_block_chain
+from .profile import OperatorProfile
 from .protocol import StreamFormat, filler_bytes, request_id_for, token_bytes
 
 __all__ = ["WorksheetResult", "run_worksheet", "simulate_trace"]
@@ -363,11 +364,18 @@ def _next_event(client: _Client, delayed: list[tuple[int, int]]) -> int | None:
 def _run_fleet_virtual_time(engines: list[Engine], client: _Client) -> tuple[_Steps, list[_Steps]]:
     """The event loop of a fleet, in time order: step ends (their chunks, finished requests), sends and
     arrivals, then a new step on every idle engine with work. Returns the chunks of every engine
-    (``_Steps`` in step-end order) and each engine's own state rows."""
+    (``_Steps`` in step-end order) and each engine's own state rows.
+
+    Engines whose profile spreads an MoE model's experts over ``ep`` GPUs are data-parallel ranks of one
+    expert-parallel group (engines 0..ep-1, ep..2ep-1, ...): as vLLM runs them, in lockstep, each step of the
+    group starting together and ending with its slowest rank's."""
     steps = _Steps(engines[0].spec, engines[0].total_blocks)
     states = [_Steps(e.spec, e.total_blocks) for e in engines]
     delayed = client.delayed
     pending: list[tuple[int, StepResult] | None] = [None] * len(engines)  # (end, result) of a step under way
+    profile = engines[0].profile
+    ep = profile.ep if profile is not None else 1
+    groups = [list(range(k, min(k + ep, len(engines)))) for k in range(0, len(engines), ep)]
     t = 0
     while True:
         for t_end, i in sorted((p[0], i) for i, p in enumerate(pending) if p is not None and p[0] <= t):
@@ -382,17 +390,25 @@ def _run_fleet_virtual_time(engines: list[Engine], client: _Client) -> tuple[_St
             idx = heapq.heappop(delayed)[1]
             engines[cast(int, client.target[idx])].add(cast(Seq, client.seqs[idx]))
         wake: list[int] = []
-        for i, engine in enumerate(engines):
-            if pending[i] is not None or not engine.has_work:
-                continue
-            hold = engine.hold_until_ns(t)
-            if hold is not None:
-                wake.append(hold)
-                continue
-            res = engine.step(t)
-            if res.duration_ns == 0 and not res.emitted and not res.finished:
-                continue  # no progress until something else happens
-            pending[i] = (t + res.duration_ns, res)
+        for group in groups:
+            if any(pending[i] is not None for i in group):
+                continue  # a lockstep group starts its steps together
+            started: list[int] = []
+            for i in group:
+                engine = engines[i]
+                if pending[i] is not None or not engine.has_work:
+                    continue
+                hold = engine.hold_until_ns(t)
+                if hold is not None:
+                    wake.append(hold)
+                    continue
+                res = engine.step(t)
+                if res.duration_ns == 0 and not res.emitted and not res.finished:
+                    continue  # no progress until something else happens
+                pending[i] = (t + res.duration_ns, res)
+                started.append(i)
+            if len(group) > 1 and started:
+                _lockstep(t, started, pending, profile)
         nxt = _next_event(client, delayed)
         times = [p[0] for p in pending if p is not None] + wake + ([nxt] if nxt is not None else [])
         if not times:
@@ -404,6 +420,22 @@ def _run_fleet_virtual_time(engines: list[Engine], client: _Client) -> tuple[_St
             raise _no_progress(engines[0])
         t = max(t, t_next)
     return steps, states
+
+
+def _lockstep(
+    t: int, started: list[int], pending: list[tuple[int, StepResult] | None], profile: OperatorProfile | None
+) -> None:
+    """The steps a lockstep group started at ``t``: each rank's experts run over the whole group's tokens, and
+    every rank's step lasts as long as the slowest one's."""
+    results = [cast(tuple[int, StepResult], pending[i])[1] for i in started]
+    tokens = [r.prefill_tokens + r.decode_seqs for r in results]
+    durations = [r.duration_ns for r in results]
+    if profile is not None:
+        total = sum(tokens)
+        durations = [d + int(profile.group_delta_us(n, total) * 1e3) for d, n in zip(durations, tokens, strict=True)]
+    end = t + max(durations)
+    for i, res in zip(started, results, strict=True):
+        pending[i] = (end, res)
 
 
 def _no_progress(engine: Engine) -> EngineError:
