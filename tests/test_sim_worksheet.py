@@ -434,6 +434,25 @@ FAST_PATH_CASES = {
     "threads": ({"name": "threads", "kv": {"num_kv_blocks": 600}, "cost": {"noise_sigma": 0.05}}, None),
     # the queue head waits for blocks while runs evict cached conversations ahead of its own
     "threads-tight-kv": ({"name": "tight", "kv": {"num_kv_blocks": 150}}, None),
+    # step times from an operator profile (mixed KV lengths: the skew correction), under KV pressure and noise
+    "profiled": ("rtxpro6000-llama-3.1-8b-tp1", dict(n=200, rate_rps=20.0)),
+    "profiled-kv-pressure": (
+        {
+            "name": "profiled-small-kv",
+            "kv": {"num_kv_blocks": 300},
+            "cost": {
+                "fixed_ms": 0.0,
+                "noise_sigma": 0.05,
+                "profile": {
+                    "path": str(PRESETS_DIR / "profiles/RTXPRO6000/meta-llama/Llama-3.1-8B/bf16"),
+                    "model_config": str(PRESETS_DIR / "profiles/models/Llama-3.1-8B.json"),
+                    "gpu": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+                    "vllm_version": "0.19.0",
+                },
+            },
+        },
+        dict(n=200, rate_rps=40.0),
+    ),
 }
 
 

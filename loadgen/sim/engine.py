@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .config import JITTER_PROBABILITIES, EngineConfig
+from .profile import OperatorProfile, load_profile
 
 __all__ = ["DecodeRun", "Engine", "RunRecorder", "Seq", "StepResult"]
 
@@ -157,7 +158,7 @@ class _DecodeSet:
     absent: from the start), as if it had been at ``computed`` - (that step) when the run began.
     """
 
-    __slots__ = ("block_size", "cycle", "ends", "idx", "joined", "kv_read", "last")
+    __slots__ = ("block_size", "bases", "cycle", "ends", "idx", "joined", "kv_read", "last")
 
     def __init__(self, seqs: list[Seq], block_size: int) -> None:
         self.block_size = block_size
@@ -167,12 +168,14 @@ class _DecodeSet:
         self.joined: dict[int, int] = {}  # id(seq) -> the steps of the run taken before it joined
         self.idx = array("i", [seq.idx for seq in seqs])
         self.last = NEVER_NS  # the steps of the run up to the first that finishes some
+        self.bases: dict[int, int] = {}  # how many count from each ``computed`` at the run's start
         for seq in seqs:
             self._count(seq, 0)
 
     def _count(self, seq: Seq, done: int) -> None:
         c = seq.computed - done
         self.kv_read += c
+        self.bases[c] = self.bases.get(c, 0) + 1
         # at ``computed`` = c it holds ceil(c / block_size) blocks: a new one in steps p, p + block_size, ...
         # (0-based) of the run, p = -c mod block_size
         self.cycle[-c % self.block_size] += 1
@@ -189,6 +192,12 @@ class _DecodeSet:
         self.idx.append(seq.idx)
         self._count(seq, done)
 
+    def kv_range(self, done: int) -> tuple[int, int]:
+        """The longest and shortest KV (tokens) among the run's decodes in its step ``done`` (0-based)."""
+        if not self.bases:
+            return 0, 0
+        return max(self.bases) + done + 1, min(self.bases) + done + 1
+
     def leave_out(self, seq: Seq) -> None:
         """A sequence admitted in the run that is still prefilling: the run ends, and never advances it."""
         self.joined[id(seq)] = NEVER_NS
@@ -200,6 +209,11 @@ class _DecodeSet:
         for seq in finished:
             c = seq.computed - self.joined.get(id(seq), 0)
             self.kv_read -= c
+            left = self.bases[c] - 1
+            if left:
+                self.bases[c] = left
+            else:
+                del self.bases[c]
             self.cycle[-c % self.block_size] -= 1
             self.idx.remove(seq.idx)  # request indexes are unique
         self.last = min(self.ends) if self.ends else NEVER_NS
@@ -226,6 +240,13 @@ class Engine:
         self._prefill_ns = c.per_prefill_token_ms * 1e6
         self._decode_ns = c.per_decode_seq_ms * 1e6
         self._kv_ns = c.per_kv_token_ms * 1e6
+        self._profile: OperatorProfile | None = None  # [cost.profile]: step times from an operator profile
+        if c.profile is not None:
+            p = c.profile
+            self._profile = load_profile(p.path, p.tp, p.model_config_path, p.ep, p.link_latency_us, p.link_gb_per_s)
+        self.profile = self._profile  # read by the worksheet (an expert-parallel group's lockstep)
+        self._tokens_ns: dict[int, float] = {}  # the profile's token- and sequence-count terms, memoised
+        self._seqs_ns: dict[int, float] = {}
         # the overhead of requests that reached the engine while it ran, owed by its next step (see add)
         self._stolen_ns = c.request_overhead_ms * 1e6 if c.request_overhead_on_engine_cpu else 0.0
         self._owed_ns = 0.0
@@ -451,7 +472,10 @@ class Engine:
             prefill_tokens, decode_seqs, kv_read = self._schedule_waiting(
                 now_ns, scheduled, budget, prefill_tokens, decode_seqs, kv_read
             )
-        duration_ns = self._duration_ns(bool(scheduled), prefill_tokens, decode_seqs, kv_read)
+        if self._profile is not None:
+            duration_ns = self._profiled_duration_ns(scheduled, 0, 0)
+        else:
+            duration_ns = self._duration_ns(bool(scheduled), prefill_tokens, decode_seqs, kv_read)
         emitted, finished = self._apply(scheduled, prefill_tokens)
         if scheduled:
             self.steps += 1
@@ -589,6 +613,8 @@ class Engine:
         room = self._decode_room(head, b * -(-(dset.last - done) // bs)) if head is not None else self._free_room()
         base = self._fixed_ns + self._prefill_ns * 0 + self._decode_ns * b
         kv_ns = self._kv_ns
+        profiled = self._profile is not None
+        top_base, bottom_base = (max(dset.bases), min(dset.bases)) if profiled and dset.bases else (0, 0)
         noisy = bool(self._sigma)
         jittered = self._jitter_q is not None
         held = self.used_private + self.cached_pinned
@@ -607,7 +633,11 @@ class Engine:
                     break
                 taken += new
             kv_read += b
-            duration = base + kv_ns * kv_read + owed
+            if profiled:
+                top, bottom = (top_base + j + 1, bottom_base + j + 1) if b else (0, 0)
+                duration = self._profile_ns(0, 0, b, kv_read, b, top, bottom) + owed
+            else:
+                duration = base + kv_ns * kv_read + owed
             owed = 0.0
             if noisy:
                 if noise:
@@ -657,7 +687,10 @@ class Engine:
         prefill, decode_seqs, kv_read = self._schedule_waiting(
             now_ns, scheduled, self.max_batched - b, 0, b, dset.kv_read + (done + 1) * b
         )
-        duration = self._duration_ns(True, prefill, decode_seqs, kv_read)
+        if self._profile is not None:
+            duration = self._profiled_duration_ns(scheduled, b, dset.kv_read + (done + 1) * b, *dset.kv_range(done))
+        else:
+            duration = self._duration_ns(True, prefill, decode_seqs, kv_read)
         emitted, finished, gen = self._advance_scheduled(scheduled)
         emitted = self.running[:b] + emitted  # decodes first, as scheduled
         if done + 1 == dset.last:
@@ -871,6 +904,64 @@ class Engine:
         if self._jitter_q is not None and busy:
             duration = self._jittered(duration)
         return int(duration) if busy else 0
+
+    def _profile_ns(
+        self,
+        prefill_tokens: int,
+        prefill_cached: int,
+        decodes: int,
+        decode_kv: int,
+        seqs: int,
+        kv_max: int = 0,
+        kv_min: int = 0,
+    ) -> float:
+        """The operator profile's step time (ns) for a step's composition, plus ``fixed_ms``; the token- and
+        sequence-count terms are memoised (a decode run asks for the same ones step after step)."""
+        profile = self._profile
+        assert profile is not None
+        tokens = prefill_tokens + decodes
+        t = self._tokens_ns.get(tokens)
+        if t is None:
+            t = self._tokens_ns[tokens] = profile.tokens_us(tokens) * 1e3
+        s = self._seqs_ns.get(seqs)
+        if s is None:
+            s = self._seqs_ns[seqs] = profile.sequences_us(seqs) * 1e3
+        attention = profile.attention_us(prefill_tokens, prefill_cached, decodes, decode_kv, kv_max, kv_min) * 1e3
+        return self._fixed_ns + t + s + attention
+
+    def _profiled_duration_ns(
+        self, scheduled: list[tuple[Seq, int]], decodes: int, decode_kv: int, kv_max: int = 0, kv_min: int = 0
+    ) -> int:
+        """Step part 3 with an operator profile: the composition of ``scheduled`` (prefill chunks over their
+        cached prefix, decodes and their KV) plus ``decodes`` more decodes reading ``decode_kv`` KV tokens (a
+        decode run's, not in ``scheduled``), then what ``_duration_ns`` adds (owed overhead, noise, jitter)."""
+        if not scheduled and not decodes:
+            return 0
+        prefill = cached = 0
+        seqs = decodes + len(scheduled)
+        if not decodes:
+            kv_min = 1 << 62
+        for seq, n in scheduled:
+            c = seq.computed
+            if seq.prompt + seq.output - c <= 1:
+                decodes += 1
+                decode_kv += c + n
+                if c + n > kv_max:
+                    kv_max = c + n
+                if c + n < kv_min:
+                    kv_min = c + n
+            else:
+                prefill += n
+                cached += c
+        duration = self._profile_ns(prefill, cached, decodes, decode_kv, seqs, kv_max, kv_min if decodes else 0)
+        if self._owed_ns:
+            duration += self._owed_ns
+            self._owed_ns = 0.0
+        if self._sigma:
+            duration *= self._noise_factor()
+        if self._jitter_q is not None:
+            duration = self._jittered(duration)
+        return int(duration)
 
     def _apply(self, scheduled: list[tuple[Seq, int]], prefill_tokens: int) -> tuple[list[Seq], list[Seq]]:
         """Step part 4: advance computed tokens, emit, promote prompts to the prefix cache, finish.
