@@ -193,7 +193,7 @@ def _replay_table(run_dir: Path, manifest: Manifest, cols: dict[str, list[Any]])
     if manifest.trace is not None and manifest.trace.path:
         workload, wmeta = read_trace(run_dir / manifest.trace.path)
         by_index = workload.column("prompt_block_hashes").to_pylist()
-        hashes = [by_index[int(str(rid).rpartition("-")[2])] for rid in cols["request_id"]]
+        hashes = [by_index[_workload_index(rid, len(by_index), run_dir)] for rid in cols["request_id"]]
         meta["block_hash_tokens"] = wmeta.get("block_hash_tokens")
     offsets = [max(0, int(v)) for v in cols["server_queued_ns"]]
     order = sorted(range(n), key=lambda i: (offsets[i], i))
@@ -213,6 +213,14 @@ def _replay_table(run_dir: Path, manifest: Manifest, cols: dict[str, list[Any]])
     )
     meta["requests"] = n
     return table, meta
+
+
+def _workload_index(request_id: Any, n: int, run_dir: Path) -> int:
+    """The workload line of a request (``bench-<i>``), else one RunDirError line."""
+    tail = str(request_id).rpartition("-")[2]
+    if not tail.isdigit() or int(tail) >= n:
+        raise RunDirError(f"{run_dir}: request_id {request_id!r}: expected bench-<i> with i < {n} (a workload line)")
+    return int(tail)
 
 
 def _series_at(metrics: pa.Table | None, ticks_s: np.ndarray, name: str, how: str) -> list[float] | None:
