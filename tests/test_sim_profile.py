@@ -248,3 +248,35 @@ def test_an_expert_parallel_group_steps_in_lockstep_over_its_tokens() -> None:
     assert first[0] == first[1]  # the short prompt's rank waits for the long prefill on the other
     alone = simulate_trace(table.slice(0, 1), meta, cfg, replicas=2, route_policy="round-robin")
     assert alone.requests_table.column("first_token_ns")[0].as_py() < first[0]
+
+
+def _first_token_steps(async_scheduling: bool, short_output: int | None) -> int:
+    """The step in which a request ``b``, arriving during step 1, emits its first token, beside a long-running
+    sequence and (``short_output``) one that finishes early, with two seats."""
+    data = {
+        "name": "async",
+        "scheduler": {"max_num_seqs": 2, "max_num_batched_tokens": 2048, "async_scheduling": async_scheduling},
+        "kv": {"num_kv_blocks": 1000},
+    }
+    engine = Engine(parse_engine_config(data))
+    engine.add(Seq(0, 32, 50, 0))
+    if short_output is not None:
+        engine.add(Seq(1, 32, short_output, 0))
+    t = engine.step(0).duration_ns
+    b = Seq(2, 32, 3, t // 2)
+    engine.add(b)  # during step 1
+    for k in range(2, 20):
+        t += engine.step(t).duration_ns
+        if b.output:
+            return k
+    raise AssertionError("b never ran")
+
+
+def test_async_scheduling_admits_an_arrival_two_steps_late_and_frees_seats_a_step_late() -> None:
+    """vLLM 0.19 schedules step N+1 as step N begins: a request arriving during step N runs in step N+2, and a
+    sequence finished by step N (others running on) still holds its seat when step N+1 is scheduled."""
+    assert _first_token_steps(False, None) == 2
+    assert _first_token_steps(True, None) == 3  # arrived during step 1: step 2 was already scheduled
+    # the short sequence finishes in step 3: synchronously b takes its seat in step 4, asynchronously in step 5
+    assert _first_token_steps(False, 3) == 4
+    assert _first_token_steps(True, 3) == 5
