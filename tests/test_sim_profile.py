@@ -202,6 +202,12 @@ def test_data_parallel_replicas_share_the_load_behind_the_router() -> None:
 SHARED_RUNS = {
     "rtx4090-llama": ("RTX4090/Llama-3.1-8B", "llama-3.1-8b", "rtx4090-llama-3.1-8b-tp1", 1),
     "rtxpro6000-llama": ("RTXPRO6000/Llama-3.1-8B", "llama-3.1-8b", "rtxpro6000-llama-3.1-8b-tp1", 1),
+    "rtxpro6000-moe": (
+        "RTXPRO6000/Qwen3-30B-A3B-Instruct-2507",
+        "qwen3-30b-a3b",
+        "rtxpro6000-qwen3-30b-a3b-tp1-ep2",
+        2,
+    ),
 }
 
 
@@ -216,7 +222,7 @@ def test_shared_runs_are_predicted_within_ten_percent(tmp_path: Path, run: str) 
     ]
     jsonl = shared_trace(f"llmservingsim/workloads/sharegpt-{workload}-300-sps10.jsonl")
     table, meta = read_trace(import_trace("llmservingsim", jsonl, tmp_path / "t.parquet"))
-    result = simulate_trace(table, meta, load_engine_config(engine), replicas=replicas)
+    result = simulate_trace(table, meta, load_engine_config(engine), replicas=replicas, route_policy="least-in-flight")
     offset = min(r["queued_ts"] - r["arrival_time"] for r in rows)
     measured = {
         "ttft": [r["first_token_ts"] - r["arrival_time"] - offset for r in rows],
@@ -280,3 +286,13 @@ def test_async_scheduling_admits_an_arrival_two_steps_late_and_frees_seats_a_ste
     # the short sequence finishes in step 3: synchronously b takes its seat in step 4, asynchronously in step 5
     assert _first_token_steps(False, 3) == 4
     assert _first_token_steps(True, 3) == 5
+
+
+def test_practice_takes_two_simulated_candidates_or_says_why(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "loadgen", "practice", "--candidate", "rtx4090-llama-3.1-8b-tp1"]
+    done = subprocess.run([*cmd, "--out", str(tmp_path / "p")], capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "given 1 time(s): expected two simulated candidates" in done.stderr
