@@ -88,6 +88,7 @@ def _practice(args: argparse.Namespace) -> int:
 
     from ..practice import (  # deferred: `loadgen --help` loads no library code
         DEFAULT_PREDICTOR,
+        SIM_CANDIDATES,
         format_practice,
         run_practice,
     )
@@ -109,11 +110,11 @@ def _practice(args: argparse.Namespace) -> int:
         )
     result = run_practice(
         args.out,
+        candidates=tuple(args.candidate) if args.candidate else SIM_CANDIDATES,
         scenario=args.scenario,
         trace=args.trace,
         window_s=None if args.full_trace else args.window_s,
         targets=args.target,
-        **({} if args.candidate is None else {"candidates": tuple(args.candidate)}),
         model=args.model,
         engine=args.engine,
         model_config=args.model_config,
