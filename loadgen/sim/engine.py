@@ -533,10 +533,10 @@ class Engine:
         exactly as ``step`` by ``step`` leaves them. Returns the end of the last step taken; None when
         none was (call ``step``).
         """
-        if self.spec != 1 or not self.running or len(self.running) > self.max_batched or not self._decodes_only():
-            return None
         if self.async_scheduling:
             return None  # arrivals join two steps late: step by step
+        if self.spec != 1 or not self.running or len(self.running) > self.max_batched or not self._decodes_only():
+            return None
         t, done = now_ns, 0  # steps taken; the sequences catch up on them at the end (_advance)
         dset = _DecodeSet(self.running, self.block_size)
         while self.running:
