@@ -296,3 +296,23 @@ def test_practice_takes_two_simulated_candidates_or_says_why(tmp_path: Path) -> 
     done = subprocess.run([*cmd, "--out", str(tmp_path / "p")], capture_output=True, text=True, check=False)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "given 1 time(s): expected two simulated candidates" in done.stderr
+
+
+def test_linear_terms_fitted_to_a_profile_reproduce_its_steps() -> None:
+    from loadgen.sim.profile import fit_linear_cost
+
+    p = load_profile(PRO_LLAMA, 1, LLAMA)
+    terms = fit_linear_cost(p, 128, 2048)
+    assert all(v >= 0 for v in terms.values()) and terms["per_prefill_token_ms"] > 0
+
+    def linear_us(prefill: int, decodes: int, kv_read: int) -> float:
+        return 1e3 * (
+            terms["fixed_ms"]
+            + terms["per_prefill_token_ms"] * prefill
+            + terms["per_decode_seq_ms"] * decodes
+            + terms["per_kv_token_ms"] * kv_read
+        )
+
+    for prefill, decodes, kv in ((0, 64, 1024), (0, 128, 2048), (2048, 0, 0)):
+        want = p.step_us(prefill, 0, decodes, decodes * kv, max(decodes, 1))
+        assert linear_us(prefill, decodes, decodes * kv + prefill) == pytest.approx(want, rel=0.2)
