@@ -54,6 +54,7 @@ class Seq:
         "private",
         "prompt",
         "prompt_done",
+        "scheduled_ns",
         "shared",
         "state",
         "stop_after",
@@ -89,6 +90,7 @@ class Seq:
         self.state = "new"  # new | waiting | running | finished | aborted
         self.emitted = 0  # tokens emitted by the last step
         self.first_token_ns: int | None = None
+        self.scheduled_ns: int | None = None  # start of the step that first scheduled it (vLLM's scheduled_ts)
         self.cached_tokens = 0  # prefix-cache hit tokens at (last) admission
         self.ctx = ctx  # the face's per-request object
         self.chain = chain  # block hashes of the prompt's full blocks (live server); None = trust the key
@@ -882,6 +884,8 @@ class Engine:
                     self._unpin(entry)
                 break
             self._admit(seq, entry, hit, need)
+            if seq.scheduled_ns is None:
+                seq.scheduled_ns = now_ns
             scheduled.append((seq, n))
             budget -= n
             kv_read += hit * bs + n

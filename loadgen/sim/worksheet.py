@@ -658,6 +658,8 @@ def _request_table(
         "first_token_ns": first,
         "last_token_ns": last,
         "done_ns": client.done,
+        "server_queued_ns": [None if seq is None else seq.arrival_ns for seq in client.seqs],
+        "server_scheduled_ns": [None if seq is None else seq.scheduled_ns for seq in client.seqs],
         "target_prompt_tokens": cols["prompt_tokens"],
         "target_output_tokens": cols["output_tokens"],
         "server_prompt_tokens": [p if f else None for p, f in zip(cols["prompt_tokens"], ok)],
