@@ -10,7 +10,9 @@ the least-in-flight router). Printed per run:
   error; the worst absolute error; and LLMServingSim's own worst error on that run (its
   ``validation/summary.txt``, their figures, for comparison only);
 - the wall time of the 300-request replay (``simulate_trace``, the profile already loaded; best of
-  ``--repeat``) and the profile's load time.
+  ``--repeat``) and the profile's load time;
+- side by side, the same replay with the engine's linear cost terms (fixed + per prefill token + per decode
+  sequence + per KV token) fitted by least squares to the same profile (``fit_linear_cost``) instead of it.
 
 Measured instants are on two clocks (SOURCES.md §6): arrivals (the frontend's epoch) are mapped onto the engine
 clock by the smallest queued - arrival offset, so TTFT and E2E keep the frontend's delay beyond that smallest one.
@@ -34,8 +36,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from loadgen.sim import load_engine_config
-from loadgen.sim.profile import load_profile
+from loadgen.sim import EngineConfig, load_engine_config
+from loadgen.sim.profile import fit_linear_cost, load_profile
 from loadgen.sim.worksheet import simulate_trace
 from loadgen.trace.importers import import_trace
 from loadgen.trace.io import read_trace
@@ -126,6 +128,33 @@ def bench(run: str, repeat: int, tmp: Path) -> None:
         f"   worst |error| {worst:.1f}%; LLMServingSim's worst on this run {_their_worst(folder)}; "
         f"preemptions {notes['preemptions']}, prefix-cache hit tokens {notes['prefix_cache_hits']}"
     )
+    linear = _linear_twin(cfg)
+    t0 = time.perf_counter()
+    fitted = simulate_trace(table, meta, linear, replicas=replicas, route_policy="least-in-flight")
+    wall = time.perf_counter() - t0
+    terms = ", ".join(f"{k} {v:.4g}" for k, v in linear.cost.model_dump().items() if k in LINEAR_TERMS)
+    print(f"   the linear terms fitted to the same profile ({terms}; replay {wall:.2f} s): signed error")
+    lin = _predicted(fitted.requests_table.to_pydict())
+    worst_lin = 0.0
+    for metric in ("TTFT", "TPOT", "E2E"):
+        m, q = _stats(measured[metric]), _stats(lin[metric])
+        errs = [(q[s] - m[s]) / m[s] * 100 for s in STATS]
+        worst_lin = max(worst_lin, *(abs(e) for e in errs))
+        print(f"   {metric:6} " + " ".join(f"{s} {e:+6.1f}%" for s, e in zip(STATS, errs, strict=True)))
+    print(f"   worst |error| of the linear fit {worst_lin:.1f}% (profiled: {worst:.1f}%)")
+
+
+LINEAR_TERMS = ("fixed_ms", "per_prefill_token_ms", "per_decode_seq_ms", "per_kv_token_ms")
+
+
+def _linear_twin(cfg: EngineConfig) -> EngineConfig:
+    """The engine with the linear cost terms fitted to its profile instead of the profile itself (an
+    expert-parallel group's lockstep goes with the profile)."""
+    p = cfg.cost.profile
+    assert p is not None
+    profile = load_profile(p.path, p.tp, p.model_config_path, p.ep, p.link_latency_us, p.link_gb_per_s)
+    terms = fit_linear_cost(profile, cfg.scheduler.max_num_seqs, cfg.scheduler.max_num_batched_tokens)
+    return cfg.model_copy(update={"cost": cfg.cost.model_copy(update={**terms, "profile": None})})
 
 
 def main() -> None:

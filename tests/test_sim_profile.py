@@ -202,6 +202,12 @@ def test_data_parallel_replicas_share_the_load_behind_the_router() -> None:
 SHARED_RUNS = {
     "rtx4090-llama": ("RTX4090/Llama-3.1-8B", "llama-3.1-8b", "rtx4090-llama-3.1-8b-tp1", 1),
     "rtxpro6000-llama": ("RTXPRO6000/Llama-3.1-8B", "llama-3.1-8b", "rtxpro6000-llama-3.1-8b-tp1", 1),
+    "rtxpro6000-moe": (
+        "RTXPRO6000/Qwen3-30B-A3B-Instruct-2507",
+        "qwen3-30b-a3b",
+        "rtxpro6000-qwen3-30b-a3b-tp1-ep2",
+        2,
+    ),
 }
 
 
@@ -216,7 +222,7 @@ def test_shared_runs_are_predicted_within_ten_percent(tmp_path: Path, run: str) 
     ]
     jsonl = shared_trace(f"llmservingsim/workloads/sharegpt-{workload}-300-sps10.jsonl")
     table, meta = read_trace(import_trace("llmservingsim", jsonl, tmp_path / "t.parquet"))
-    result = simulate_trace(table, meta, load_engine_config(engine), replicas=replicas)
+    result = simulate_trace(table, meta, load_engine_config(engine), replicas=replicas, route_policy="least-in-flight")
     offset = min(r["queued_ts"] - r["arrival_time"] for r in rows)
     measured = {
         "ttft": [r["first_token_ts"] - r["arrival_time"] - offset for r in rows],
@@ -248,3 +254,65 @@ def test_an_expert_parallel_group_steps_in_lockstep_over_its_tokens() -> None:
     assert first[0] == first[1]  # the short prompt's rank waits for the long prefill on the other
     alone = simulate_trace(table.slice(0, 1), meta, cfg, replicas=2, route_policy="round-robin")
     assert alone.requests_table.column("first_token_ns")[0].as_py() < first[0]
+
+
+def _first_token_steps(async_scheduling: bool, short_output: int | None) -> int:
+    """The step in which a request ``b``, arriving during step 1, emits its first token, beside a long-running
+    sequence and (``short_output``) one that finishes early, with two seats."""
+    data = {
+        "name": "async",
+        "scheduler": {"max_num_seqs": 2, "max_num_batched_tokens": 2048, "async_scheduling": async_scheduling},
+        "kv": {"num_kv_blocks": 1000},
+    }
+    engine = Engine(parse_engine_config(data))
+    engine.add(Seq(0, 32, 50, 0))
+    if short_output is not None:
+        engine.add(Seq(1, 32, short_output, 0))
+    t = engine.step(0).duration_ns
+    b = Seq(2, 32, 3, t // 2)
+    engine.add(b)  # during step 1
+    for k in range(2, 20):
+        t += engine.step(t).duration_ns
+        if b.output:
+            return k
+    raise AssertionError("b never ran")
+
+
+def test_async_scheduling_admits_an_arrival_two_steps_late_and_frees_seats_a_step_late() -> None:
+    """vLLM 0.19 schedules step N+1 as step N begins: a request arriving during step N runs in step N+2, and a
+    sequence finished by step N (others running on) still holds its seat when step N+1 is scheduled."""
+    assert _first_token_steps(False, None) == 2
+    assert _first_token_steps(True, None) == 3  # arrived during step 1: step 2 was already scheduled
+    # the short sequence finishes in step 3: synchronously b takes its seat in step 4, asynchronously in step 5
+    assert _first_token_steps(False, 3) == 4
+    assert _first_token_steps(True, 3) == 5
+
+
+def test_practice_takes_two_simulated_candidates_or_says_why(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "loadgen", "practice", "--candidate", "rtx4090-llama-3.1-8b-tp1"]
+    done = subprocess.run([*cmd, "--out", str(tmp_path / "p")], capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "given 1 time(s): expected two simulated candidates" in done.stderr
+
+
+def test_linear_terms_fitted_to_a_profile_reproduce_its_steps() -> None:
+    from loadgen.sim.profile import fit_linear_cost
+
+    p = load_profile(PRO_LLAMA, 1, LLAMA)
+    terms = fit_linear_cost(p, 128, 2048)
+    assert all(v >= 0 for v in terms.values()) and terms["per_prefill_token_ms"] > 0
+
+    def linear_us(prefill: int, decodes: int, kv_read: int) -> float:
+        return 1e3 * (
+            terms["fixed_ms"]
+            + terms["per_prefill_token_ms"] * prefill
+            + terms["per_decode_seq_ms"] * decodes
+            + terms["per_kv_token_ms"] * kv_read
+        )
+
+    for prefill, decodes, kv in ((0, 64, 1024), (0, 128, 2048), (2048, 0, 0)):
+        want = p.step_us(prefill, 0, decodes, decodes * kv, max(decodes, 1))
+        assert linear_us(prefill, decodes, decodes * kv + prefill) == pytest.approx(want, rel=0.2)

@@ -261,6 +261,13 @@ class Engine:
         self.min_waiting = config.batching.min_waiting
 
         self.waiting: deque[Seq] = deque()
+        self.async_scheduling = s.async_scheduling
+        self._arrived: list[Seq] = []  # asynchronous scheduling: arrived during the step under way
+        self._visible: list[Seq] = []  # ... during the one before: they join the queue at the next step's start
+        # asynchronous scheduling: finished in the last step, they keep their seats and blocks through the next
+        # step's scheduling (it was scheduled before their last token was known)
+        self._finished_late: list[Seq] = []
+        self._held_seats = 0
         self._waiting_keys: list[tuple[int, int, int]] = []  # priority policy: sorted (prio, arrival, idx)
         self.running: list[Seq] = []
         self.cache: dict[str | int, _Entry] = {}
@@ -283,11 +290,32 @@ class Engine:
     # -- queue -----------------------------------------------------------------------------------
     def add(self, seq: Seq) -> None:
         """Put a new request in the waiting queue (its arrival_ns is the caller's clock). With the request
-        overhead on the engine's CPU, a request that arrives while sequences run makes the next step owe it."""
+        overhead on the engine's CPU, a request that arrives while sequences run makes the next step owe it.
+        With asynchronous scheduling, a request that arrives while sequences run waits for the step after the
+        next: that one was scheduled when the step under way began."""
         seq.state = "waiting"
-        self._enqueue(seq, front=False)
+        if self.async_scheduling and self.running:
+            self._arrived.append(seq)
+        else:
+            self._enqueue(seq, front=False)
         if self.running:
             self._owed_ns += self._stolen_ns
+
+    def _release_finished(self, seqs: list[Seq]) -> None:
+        """Asynchronous scheduling: free the seats and blocks of sequences that finished a step ago."""
+        for seq in seqs:
+            self._release(seq)
+        self._held_seats = 0
+
+    def _reveal(self) -> None:
+        """Asynchronous scheduling, at a step's start: the requests that arrived before the previous step began
+        join the queue (all of them when nothing runs: the scheduler was idle)."""
+        if not self.running:
+            self._visible.extend(self._arrived)
+            self._arrived = []
+        for seq in self._visible:
+            self._enqueue(seq, front=False)
+        self._visible, self._arrived = self._arrived, []
 
     def _enqueue(self, seq: Seq, front: bool) -> None:
         if self.priority_policy:
@@ -310,6 +338,8 @@ class Engine:
         if seq.state == "running":
             self.running.remove(seq)
             self._release(seq)
+        elif seq.state == "waiting" and (seq in self._arrived or seq in self._visible):
+            (self._arrived if seq in self._arrived else self._visible).remove(seq)
         elif seq.state == "waiting":
             i = self.waiting.index(seq)
             del self.waiting[i]
@@ -323,7 +353,7 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.waiting or self._visible or self._arrived)
 
     def hold_until_ns(self, now_ns: int) -> int | None:
         """When the batching window holds every runnable request: the time it opens; else None."""
@@ -466,12 +496,23 @@ class Engine:
         Running sequences first (preempting for blocks), then waiting ones when nothing was
         preempted, then the cost model, then the tokens: vLLM v1's scheduler order.
         """
+        finished_before: list[Seq] = []
+        if self.async_scheduling:
+            self._reveal()
+            finished_before, self._finished_late = self._finished_late, []
+            if self.running:
+                self._held_seats = len(finished_before)
+            else:  # nothing ran on: their outputs were processed before this step was scheduled
+                self._release_finished(finished_before)
+                finished_before = []
         scheduled: list[tuple[Seq, int]] = []
         budget, prefill_tokens, decode_seqs, kv_read, preempted = self._schedule_running(scheduled)
-        if not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        if not preempted and self.waiting and budget > 0 and len(self.running) + self._held_seats < self.max_num_seqs:
             prefill_tokens, decode_seqs, kv_read = self._schedule_waiting(
                 now_ns, scheduled, budget, prefill_tokens, decode_seqs, kv_read
             )
+        if finished_before:
+            self._release_finished(finished_before)
         if self._profile is not None:
             duration_ns = self._profiled_duration_ns(scheduled, 0, 0)
         else:
@@ -494,6 +535,8 @@ class Engine:
         exactly as ``step`` by ``step`` leaves them. Returns the end of the last step taken; None when
         none was (call ``step``).
         """
+        if self.async_scheduling:
+            return None  # arrivals join two steps late: step by step
         if self.spec != 1 or not self.running or len(self.running) > self.max_batched or not self._decodes_only():
             return None
         t, done = now_ns, 0  # steps taken; the sequences catch up on them at the end (_advance)
@@ -820,7 +863,7 @@ class Engine:
         long_prefill = self.long_prefill
         window_open = self._window_open(now_ns)
         waiting = self.waiting
-        while waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while waiting and budget > 0 and len(self.running) + self._held_seats < self.max_num_seqs:
             seq = waiting[0]
             if not window_open and not seq.preemptions:
                 break
@@ -1007,7 +1050,10 @@ class Engine:
         for seq in finished:
             if seq.entry is not None and seq.cache_limit is None:
                 self._promote(seq, seq.computed // bs)
-            self._release(seq)
+            if self.async_scheduling:
+                self._finished_late.append(seq)
+            else:
+                self._release(seq)
             seq.state = "finished"
         self.running = [s for s in self.running if s.state == "running"]
         self.finished_total += len(finished)

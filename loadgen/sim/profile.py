@@ -49,7 +49,7 @@ from loadgen.util.errors import ScenarioError
 
 from ..ledger.config import ModelConfig, read_model_config
 
-__all__ = ["OperatorProfile", "expected_experts", "interp_axis", "load_profile"]
+__all__ = ["OperatorProfile", "expected_experts", "fit_linear_cost", "interp_axis", "load_profile"]
 
 #: Dense operators that run twice per decoder layer (input and post-attention RMSNorm).
 TWICE_PER_LAYER = frozenset({"layernorm"})
@@ -467,3 +467,37 @@ def load_profile(
         link_latency_us=link_latency_us,
         link_gb_per_s=link_gb_per_s,
     )
+
+
+def fit_linear_cost(profile: OperatorProfile, max_num_seqs: int, max_num_batched_tokens: int) -> dict[str, float]:
+    """The linear cost terms (``CostModel``: fixed + per prefill token + per decode sequence + per KV token read,
+    ms) fitted by least squares to the profile's step times over the steps an engine of these limits takes:
+    decode-only steps (1 to ``max_num_seqs`` decodes, mean KV 128-8,192), prefill chunks (64 tokens to the budget,
+    0-8,192 cached) and mixed steps. A term that fits negative is dropped and the rest refitted."""
+    rows: list[tuple[int, int, int, float]] = []  # (prefill tokens, decodes, KV tokens read, µs)
+    seqs = sorted({min(max_num_seqs, 2**k) for k in range(12)} | {max_num_seqs})
+    kvs = (128, 512, 1024, 2048, 4096, 8192)
+    for b in seqs:
+        for kv in kvs:
+            rows.append((0, b, b * kv, profile.step_us(0, 0, b, b * kv, b)))
+    chunks = sorted({min(max_num_batched_tokens, 64 * 2**k) for k in range(12)})
+    for chunk in chunks:
+        for cached in (0, 1024, 4096, 8192):
+            rows.append((chunk, 0, cached + chunk, profile.step_us(chunk, cached, 0, 0, 1)))
+            for b in seqs:
+                if chunk + b <= max_num_batched_tokens and b < max_num_seqs:
+                    rows.append(
+                        (chunk, b, cached + chunk + b * 1024, profile.step_us(chunk, cached, b, b * 1024, b + 1))
+                    )
+    x = np.array([(1.0, p, d, k) for p, d, k, _ in rows])
+    y = np.array([us for *_, us in rows])
+    keep = [0, 1, 2, 3]
+    while True:
+        coef, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
+        negative = [k for k, c in zip(keep, coef, strict=True) if c < 0]
+        if not negative:
+            break
+        keep.remove(negative[0])
+    terms = dict.fromkeys(range(4), 0.0) | {k: float(c) for k, c in zip(keep, coef, strict=True)}
+    names = ("fixed_ms", "per_prefill_token_ms", "per_decode_seq_ms", "per_kv_token_ms")
+    return {name: terms[i] / 1e3 for i, name in enumerate(names)}
