@@ -39,7 +39,7 @@ import csv
 import functools
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +186,7 @@ class OperatorProfile:
     skew: _Skew | None  # the mixed-length correction, where the profile fitted one
     link_latency_us: float
     link_gb_per_s: float
+    _group_delta: dict[tuple[int, int], float] = field(default_factory=dict, compare=False, repr=False)
 
     def tokens_us(self, tokens: int) -> float:
         """Everything in a step that depends on its token count (µs): dense ops, MoE, all-reduces."""
@@ -209,9 +210,13 @@ class OperatorProfile:
         the experts run over the group's actual tokens and the exchange carries the others' actual share."""
         if not self.moe_layers or self.ep <= 1:
             return 0.0
+        known = self._group_delta.get((tokens, group_tokens))
+        if known is not None:
+            return known
         assumed = self._moe_over(tokens * self.ep, tokens * self.ep) + 2 * self._link_us(tokens * (self.ep - 1))
         actual = self._moe_over(group_tokens, group_tokens) + 2 * self._link_us(group_tokens - tokens)
-        return self.moe_layers * (actual - assumed)
+        delta = self._group_delta[tokens, group_tokens] = self.moe_layers * (actual - assumed)
+        return delta
 
     def _moe_over(self, routed_tokens: float, seen_tokens: float) -> float:
         """The expert kernel of one GPU (µs) over ``seen_tokens`` with the experts ``routed_tokens`` activate."""
