@@ -81,6 +81,7 @@ def _practice(args: argparse.Namespace) -> int:
 
     from ..practice import (  # deferred: `loadgen --help` loads no library code
         DEFAULT_PREDICTOR,
+        PracticeOptions,
         format_practice,
         run_practice,
     )
@@ -95,12 +96,11 @@ def _practice(args: argparse.Namespace) -> int:
             f"--vllm-arg {args.vllm_arg[0]!r}: applies to the launched vLLM candidates: expected --engine vllm "
             "without --target"
         )
-    result = run_practice(
-        args.out,
+    options = PracticeOptions(
         scenario=args.scenario,
         trace=args.trace,
         window_s=None if args.full_trace else args.window_s,
-        targets=args.target,
+        targets=tuple(args.target or ()),
         model=args.model,
         engine=args.engine,
         model_config=args.model_config,
@@ -110,8 +110,8 @@ def _practice(args: argparse.Namespace) -> int:
         workers=args.workers,
         predict_with=args.predict_with or DEFAULT_PREDICTOR,
         vllm_args=tuple(args.vllm_arg),
-        **({} if args.max_send_lag_ms is None else {"max_send_lag_ms": args.max_send_lag_ms}),
-        log=lambda m: print(m, file=sys.stderr, flush=True),
+        max_send_lag_ms=PracticeOptions.max_send_lag_ms if args.max_send_lag_ms is None else args.max_send_lag_ms,
     )
+    result = run_practice(args.out, options, log=lambda m: print(m, file=sys.stderr, flush=True))
     print(json.dumps(result.decision, indent=2, default=str) if args.json else format_practice(result))
     return 0
