@@ -550,44 +550,10 @@ def format_practice(result: PracticeResult) -> str:
     """The console report: ledger, workload, each candidate's identity, the comparison, the owners."""
 
     d = result.decision
-    w = d["workload"]
     lines = ["=" * 100, "Practice: reject the headline-throughput configuration that violates p99 TTFT", "=" * 100]
-    dec = d["decision"]
-    head = dec.get("headline_throughput") or {}
-    lines.append(
-        f"VERDICT ({dec['route']} routing): "
-        + (f"{dec['chosen']} takes it" if dec["chosen"] else "no candidate eligible")
-    )
-    for rej in dec["rejected"]:
-        tag = " (the headline-throughput configuration)" if rej["label"] == head.get("label") else ""
-        lines.append(f"  rejected: {rej['label']}{tag} at {rej['step']}: {rej['why'][0]}")
-    for unsure in dec.get("inconclusive", []):
-        for why in unsure["why"]:
-            lines.append(f"  {unsure['label']}: {why}")
-    for unmeasured in dec.get("unmeasured", []):
-        lines.append(f"  unmeasured: {unmeasured['label']}: {unmeasured['why'][0]}")
-    for label, runs in d.get("discarded_runs", {}).items():
-        for run in runs:
-            lines.append(f"  measured again: {label}: {run['run_dir']} discarded: {run['why']}")
+    lines += _verdict_lines(d)
     lines.append("")
-    lines.append("WORKLOAD (owned by LLM engineering)")
-    lines.append(
-        f"  scenario {w['scenario']} (sha256 {str(w['scenario_sha256'])[:12]}), trace {w['trace_name']} seed {w['seed']} "
-        f"(sha256 {w['trace_sha256'][:12]}): {w['requests']} requests over {w['duration_s']} s "
-        f"{w['requests_per_class']}"
-    )
-    if w.get("derived_from"):
-        src = w["derived_from"]
-        lines.append(f"  window {src['window_s']} s of {src['path']} (sha256 {src['sha256'][:12]}): {src['how']}")
-    for name, budgets in w["budgets"].items():
-        shown = ", ".join(
-            f"{m} "
-            + "/".join(f"{q} {v:g}" for q, v in b.items() if q != "hard")
-            + (" hard" if b.get("hard", True) else " soft")
-            for m, b in budgets.items()
-        )
-        lines.append(f"  {name}: {shown}")
-    lines.append(f"  behaviour constraints: {', '.join(w['behavior_cases']) or 'not configured'}")
+    lines += _workload_lines(d["workload"])
     lines.append("")
     if result.ledgers:
         for name, text in result.ledgers.items():
@@ -596,25 +562,7 @@ def format_practice(result: PracticeResult) -> str:
             lines.append("")
     lines.append("CANDIDATES (package, hardware, runtime, warm state)")
     for c in d["comparison"]["candidates"]:
-        ctx = c["context"]
-        pkg, hw, rt, ws = ctx["package"], ctx["hardware"], ctx["runtime"], ctx["warm_state"] or {}
-        gpus = ", ".join(g.get("name", "?") for g in hw.get("gpus") or []) or "no GPU"
-        lines.append(f"  {c['label']}  ({c['path']})")
-        lines.append(f"    package: loadgen {pkg['harness_version']} git {pkg['git_sha']}, python {pkg['python']}")
-        lines.append(f"    hardware: {hw['cpu_model']} × {hw['cpu_count']} cores, {gpus}")
-        lines.append(
-            f"    runtime: target {rt['target_kind']} engine {rt['engine']} {rt['engine_version']} config "
-            f"{rt['engine_config']}, run_kind {rt['run_kind']}, modelExecuted {rt['modelExecuted']}, "
-            f"benchmarkExecuted {rt['benchmarkExecuted']}"
-        )
-        lines.append(f"    warm state: {ws.get('state')}: " + " / ".join(ws.get("actions") or []))
-        counts = c["status_counts"]
-        lines.append(
-            f"    errors: {counts.get('error', 0)} error, {counts.get('timeout', 0)} timeout, "
-            f"{counts.get('not_sent', 0)} not sent, {counts.get('cancelled', 0)} cancelled by the client "
-            f"(of {sum(counts.values())}); kinds {c['error_kinds'] or 'none'}"
-        )
-        lines.append(f"    behaviour: {c['contract']['summary']}")
+        lines += _candidate_lines(c)
     lines.append("")
     lines.append(format_comparison(result.comparison))
     lines.append("")
@@ -634,6 +582,72 @@ def format_practice(result: PracticeResult) -> str:
         lines.append(label)
     lines.append(f"written: {result.out_dir}/decision.json and one run directory per candidate ({d['wall_s']} s)")
     return "\n".join(lines)
+
+
+def _verdict_lines(d: dict[str, Any]) -> list[str]:
+    """The verdict: who takes the route, who was rejected at which step and why, what was measured again."""
+    dec = d["decision"]
+    head = dec.get("headline_throughput") or {}
+    lines = [
+        f"VERDICT ({dec['route']} routing): "
+        + (f"{dec['chosen']} takes it" if dec["chosen"] else "no candidate eligible")
+    ]
+    for rej in dec["rejected"]:
+        tag = " (the headline-throughput configuration)" if rej["label"] == head.get("label") else ""
+        lines.append(f"  rejected: {rej['label']}{tag} at {rej['step']}: {rej['why'][0]}")
+    for unsure in dec.get("inconclusive", []):
+        for why in unsure["why"]:
+            lines.append(f"  {unsure['label']}: {why}")
+    for unmeasured in dec.get("unmeasured", []):
+        lines.append(f"  unmeasured: {unmeasured['label']}: {unmeasured['why'][0]}")
+    for label, runs in d.get("discarded_runs", {}).items():
+        for run in runs:
+            lines.append(f"  measured again: {label}: {run['run_dir']} discarded: {run['why']}")
+    return lines
+
+
+def _workload_lines(w: dict[str, Any]) -> list[str]:
+    """The workload: scenario, trace and window with their hashes, each class's budgets, the behaviour cases."""
+    lines = [
+        "WORKLOAD (owned by LLM engineering)",
+        f"  scenario {w['scenario']} (sha256 {str(w['scenario_sha256'])[:12]}), trace {w['trace_name']} seed {w['seed']} "
+        f"(sha256 {w['trace_sha256'][:12]}): {w['requests']} requests over {w['duration_s']} s "
+        f"{w['requests_per_class']}",
+    ]
+    if w.get("derived_from"):
+        src = w["derived_from"]
+        lines.append(f"  window {src['window_s']} s of {src['path']} (sha256 {src['sha256'][:12]}): {src['how']}")
+    for name, budgets in w["budgets"].items():
+        shown = ", ".join(
+            f"{m} "
+            + "/".join(f"{q} {v:g}" for q, v in b.items() if q != "hard")
+            + (" hard" if b.get("hard", True) else " soft")
+            for m, b in budgets.items()
+        )
+        lines.append(f"  {name}: {shown}")
+    lines.append(f"  behaviour constraints: {', '.join(w['behavior_cases']) or 'not configured'}")
+    return lines
+
+
+def _candidate_lines(c: dict[str, Any]) -> list[str]:
+    """One candidate's identity: package, hardware, runtime, warm state, errors and behaviour."""
+    ctx = c["context"]
+    pkg, hw, rt, ws = ctx["package"], ctx["hardware"], ctx["runtime"], ctx["warm_state"] or {}
+    gpus = ", ".join(g.get("name", "?") for g in hw.get("gpus") or []) or "no GPU"
+    counts = c["status_counts"]
+    return [
+        f"  {c['label']}  ({c['path']})",
+        f"    package: loadgen {pkg['harness_version']} git {pkg['git_sha']}, python {pkg['python']}",
+        f"    hardware: {hw['cpu_model']} × {hw['cpu_count']} cores, {gpus}",
+        f"    runtime: target {rt['target_kind']} engine {rt['engine']} {rt['engine_version']} config "
+        f"{rt['engine_config']}, run_kind {rt['run_kind']}, modelExecuted {rt['modelExecuted']}, "
+        f"benchmarkExecuted {rt['benchmarkExecuted']}",
+        f"    warm state: {ws.get('state')}: " + " / ".join(ws.get("actions") or []),
+        f"    errors: {counts.get('error', 0)} error, {counts.get('timeout', 0)} timeout, "
+        f"{counts.get('not_sent', 0)} not sent, {counts.get('cancelled', 0)} cancelled by the client "
+        f"(of {sum(counts.values())}); kinds {c['error_kinds'] or 'none'}",
+        f"    behaviour: {c['contract']['summary']}",
+    ]
 
 
 _SHOWN = (*QUANTITIES, "attainment")
