@@ -272,3 +272,36 @@ def test_the_diff_report_opens_offline_in_headless_chromium(runs, tmp_path):
     assert not errors, errors
     assert 'class="plotly-graph-div' in dom.stdout and "main-svg" in dom.stdout  # Plotly drew its figures
     assert "regressed" in dom.stdout
+
+
+def test_the_scenario_sets_the_diff_thresholds_and_the_flag_overrides(runs, tmp_path):
+    scenario = tmp_path / "lenient.toml"
+    scenario.write_text(SCENARIO.read_text() + "\n[regression]\nthresholds_pct = { tpot_ms = 200.0 }\n")
+    trace = tmp_path / "t.parquet"
+    _cli("trace", "generate", str(scenario), "--trace", "steady", "--seed", "1", "--out", str(trace))
+    pair = []
+    for name, engine in (("b", ENGINE), ("c", _slower_engine(tmp_path, 1.5))):
+        _cli(
+            "sim",
+            "run",
+            str(trace),
+            "--engine",
+            str(engine),
+            "--scenario",
+            str(scenario),
+            "--out",
+            str(tmp_path / name),
+        )
+        pair.append(str(tmp_path / name))
+    data = json.loads(
+        _cli("diff", *pair, "--json", str(tmp_path / "d.json")).stdout and (tmp_path / "d.json").read_text()
+    )
+    tpot = [r for r in data["rows"] if r["metric"] == "tpot_ms" and r["verdict"] is not None]
+    assert tpot and all(r["threshold_pct"] == 200.0 and r["verdict"] != "regressed" for r in tpot)
+    _cli("diff", *pair, "--threshold", "tpot_ms=5", "--json", str(tmp_path / "d2.json"))
+    flagged = json.loads((tmp_path / "d2.json").read_text())["rows"]
+    assert any(r["metric"] == "tpot_ms" and r["verdict"] == "regressed" for r in flagged)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(SCENARIO.read_text() + "\n[regression]\nthresholds_pct = { ttft_ms = -1.0 }\n")
+    res = _cli("scenario", "check", str(bad), check=False)
+    assert res.returncode == 2 and "regression.thresholds_pct" in res.stderr and "Traceback" not in res.stderr

@@ -18,7 +18,8 @@ flagged in 3 of 50 pairs (6%, above α); with it, 0 of 50 (``benchmarks/bench_ru
 resampling: the result is deterministic. Quantile intervals need enough samples (a p99 needs hundreds); where a
 side is unbounded the row is inconclusive, never a false alarm.
 
-**Verdicts**, against a threshold ``t`` per metric (percent of the base value, default 5%): *regressed* when the
+**Verdicts**, against a threshold ``t`` per metric (percent of the base value: ``--threshold``, else the base run's
+scenario ``[regression] thresholds_pct``, else 5%): *regressed* when the
 whole interval lies above ``+t``; *improved* when wholly below ``−t``; *no change* when wholly inside
 ``[−t, +t]``; else *inconclusive*. The diff's verdict is *regressed* if any row regressed, else *improved* if
 any improved, else *no change* if every row is no change, else *inconclusive*.
@@ -43,6 +44,7 @@ from loadgen.rundir.io import read_run_manifest
 from loadgen.stats.confidence import CONFIDENCE_LEVEL, quantile_ci_ranks
 from loadgen.stats.percentiles import SortedParts
 from loadgen.util.errors import RunDirError
+from loadgen.workload.scenario import scenario_from_manifest
 
 __all__ = [
     "DEFAULT_THRESHOLD_PCT",
@@ -219,7 +221,9 @@ def diff_runs(
         raise RunDirError("diff: expected at least one base and one candidate run directory")
     variable = variable or DEFAULT_VARIABLE
     covered, notes = _identity_check(bases, cands, variable, allow_differences)
-    thresholds = {m: DEFAULT_THRESHOLD_PCT for m in DIFF_METRICS} | (thresholds_pct or {})
+    scenario = scenario_from_manifest(read_run_manifest(bases[0]))
+    from_scenario = dict(scenario.regression.thresholds_pct) if scenario is not None else {}
+    thresholds = {m: DEFAULT_THRESHOLD_PCT for m in DIFF_METRICS} | from_scenario | (thresholds_pct or {})
     with ExitStack() as stack:
         b_runs = [stack.enter_context(class_samples(p, window=window)) for p in bases]
         c_runs = [stack.enter_context(class_samples(p, window=window)) for p in cands]
