@@ -153,3 +153,23 @@ def test_shipped_profiled_engines_meet_the_10_percent_goal(runs, run_name):
         if r["figure"].startswith(held) and r["signed_pct"] is not None and abs(r["signed_pct"]) > 10
     ]
     assert misses == []
+
+
+def test_recording_the_error_keeps_the_engine_files_comments(tmp_path, runs):
+    """A shipped profiled engine says where each setting came from in its comments: recording the validated
+    error edits the file, never rewrites it (twice: the second run replaces the first run's block)."""
+    shipped = ENGINES / "rtx4090-llama-3.1-8b-tp1.toml"
+    engine = tmp_path / shipped.name
+    engine.write_text(shipped.read_text())
+    (tmp_path / "profiles").symlink_to(ENGINES / "profiles")  # the profile path is relative to the engine file
+    cmd = [sys.executable, "-m", "loadgen", "sim", "validate", str(engine), "--measured", str(runs[0])]
+    for _ in range(2):
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-2000:]
+    text = engine.read_text()
+    comments = [ln for ln in shipped.read_text().splitlines() if "#" in ln]
+    assert all(ln in text.splitlines() for ln in comments if "validated_error" not in ln)
+    assert text.count("[calibration.measured_validations.") == 1 and text.count("validated_error =") == 1
+    cal = load_engine_config(engine).calibration or {}
+    assert cal["validated_error"].endswith("(sim validate --measured)")
+    assert "RTX4090" in next(iter(cal["measured_validations"]))

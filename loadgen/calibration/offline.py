@@ -323,27 +323,50 @@ def validate_measured(run_dirs: list[Path], engine: Path | str) -> dict[str, Any
     }
 
 
+#: The block ``record_validated_error`` appends to an engine TOML (and replaces on the next run).
+_RECORD_MARK = "# --- loadgen sim validate --measured: the runs validated against (replaced on each run) ---"
+
+
 def record_validated_error(engine_toml: Path, result: dict[str, Any]) -> str | None:
     """Write the worst error over the runs into the engine TOML (``[calibration] validated_error``, with the
-    runs it was validated against under ``[calibration.measured_validations]``); returns the line written."""
+    runs it was validated against under ``[calibration.measured_validations]``); returns the line written.
+
+    The file is edited, not rewritten: its comments (each setting's provenance) and layout stay. The
+    ``validated_error`` line is replaced in place (or added under ``[calibration]``), and the runs go in one
+    marked block at the end, replaced on the next run."""
     worst = result.get("worst")
     if worst is None:
         return None
-    doc, _ = read_toml(engine_toml, "engine TOML")
-    cal = dict(doc.get("calibration") or {})
+    read_toml(engine_toml, "engine TOML")  # a damaged file is refused in one line before it is touched
     line = f"worst {worst['figure']} {worst['signed_pct']:+.1f}% against {worst['run']} (sim validate --measured)"
-    entries = dict(cal.get("measured_validations") or {})
-    for run in result["runs"]:
-        entries[run["name"]] = {
+    entries = {
+        run["name"]: {
             "run_dir": run["run_dir"],
             "mpe_pct": run["mpe_pct"],
             "mape_pct": run["mape_pct"],
             "worst_figure": (run["worst"] or {}).get("figure"),
             "worst_signed_pct": (run["worst"] or {}).get("signed_pct"),
         }
-    cal["measured_validations"] = entries
-    cal["validated_error"] = line
-    doc["calibration"] = cal
-    head = "".join(text + "\n" for text in engine_toml.read_text().splitlines() if text.startswith("#"))
-    engine_toml.write_text(head + dumps_toml(doc, what=str(engine_toml)))
+        for run in result["runs"]
+    }
+    lines = engine_toml.read_text().splitlines()
+    if _RECORD_MARK in lines:
+        lines = lines[: lines.index(_RECORD_MARK)]
+    lines = _set_validated_error(lines, dumps_toml({"validated_error": line}, what=str(engine_toml)).strip())
+    block = dumps_toml({"calibration": {"measured_validations": entries}}, what=str(engine_toml))
+    text = "\n".join(lines).rstrip() + f"\n\n{_RECORD_MARK}\n{block}"
+    engine_toml.write_text(text if text.endswith("\n") else text + "\n")
+    read_toml(engine_toml, "engine TOML")  # what was written reads back
     return line
+
+
+def _set_validated_error(lines: list[str], assignment: str) -> list[str]:
+    """``lines`` with ``validated_error`` set in the ``[calibration]`` table (added, with the table, if absent)."""
+    header = next((i for i, text in enumerate(lines) if text.strip() == "[calibration]"), None)
+    if header is None:
+        return [*lines, "", "[calibration]", assignment]
+    end = next((i for i in range(header + 1, len(lines)) if lines[i].lstrip().startswith("[")), len(lines))
+    for i in range(header + 1, end):
+        if re.match(r"\s*validated_error\s*=", lines[i]):
+            return [*lines[:i], assignment, *lines[i + 1 :]]
+    return [*lines[: header + 1], assignment, *lines[header + 1 :]]

@@ -14,7 +14,15 @@ from . import flags
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sim", help="simulated engine: virtual-time worksheet or live OpenAI-compatible server")
     s = p.add_subparsers(dest="sim_command", required=True)
+    _register_run(s)
+    _register_serve(s)
+    pre = s.add_parser("presets", help="list the shipped engine presets")
+    pre.set_defaults(func=_presets)
+    _register_calibrate(s)
+    _register_validate(s)
 
+
+def _register_run(s: argparse._SubParsersAction) -> None:
     run = s.add_parser("run", help="replay a trace in virtual time and write a run directory")
     run.add_argument("trace", help="trace .parquet file")
     run.add_argument("--engine", required=True, help="engine TOML file or preset name (loadgen sim presets)")
@@ -23,6 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--scenario", default=None, help="scenario TOML the trace came from (recorded in the manifest)")
     run.set_defaults(func=_run)
 
+
+def _register_serve(s: argparse._SubParsersAction) -> None:
     srv = s.add_parser("serve", help="live OpenAI-compatible server on loopback, engine in real time")
     srv.add_argument("--engine", required=True, help="engine TOML file or preset name")
     srv.add_argument("--host", default="127.0.0.1")
@@ -44,9 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     srv.set_defaults(func=_serve)
 
-    pre = s.add_parser("presets", help="list the shipped engine presets")
-    pre.set_defaults(func=_presets)
 
+def _register_calibrate(s: argparse._SubParsersAction) -> None:
     cal = s.add_parser("calibrate", help="fit the cost model to a live engine and write a calibrated engine TOML")
     src = cal.add_mutually_exclusive_group(required=True)
     src.add_argument("--target", help="base URL of the engine (vLLM or loadgen sim serve) with /metrics or /version")
@@ -73,6 +82,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     cal.add_argument("--json", action="store_true", help="print the fit as JSON")
     cal.set_defaults(func=_calibrate)
 
+
+def _register_validate(s: argparse._SubParsersAction) -> None:
     val = s.add_parser(
         "validate",
         help="held-out check: the target and the worksheet on the same traces, or (--measured) the worksheet beside "
@@ -278,7 +289,11 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from ..calibration.validate import format_table, validate  # deferred: `loadgen --help` loads no library code
+    from ..calibration.validate import (  # deferred: `loadgen --help` loads no library code
+        ValidateOptions,
+        format_table,
+        validate,
+    )
     from ..driver.options import RunSettings  # deferred: as above
 
     if args.engine and args.engine_flag and args.engine != args.engine_flag:
@@ -298,13 +313,10 @@ def _validate(args: argparse.Namespace) -> int:
         public = (kind, Path(path))
     out = Path(args.out)
     with _engine(args, out) as engine:
-        result = validate(
-            Path(args.engine),
-            engine.url,
-            out,
-            traces=[(Path(t).stem, Path(t)) for t in args.trace] if args.trace else None,
+        options = ValidateOptions(
+            traces=tuple((Path(t).stem, Path(t)) for t in args.trace) if args.trace else None,
             public_trace=public,
-            loads=tuple(args.load) if args.load else (0.5, 0.9, 1.3),
+            loads=tuple(args.load) if args.load else ValidateOptions.loads,
             duration_s=args.duration_s,
             log_notes=engine.log_notes,
             engine_manifest=engine.manifest,
@@ -314,8 +326,9 @@ def _validate(args: argparse.Namespace) -> int:
             repeats=args.repeats,
             warmup=args.warmup,
             anchor=args.anchor,
-            settings=RunSettings(tokenizer=args.tokenizer or engine.tokenizer or "cl100k_base"),
         )
+        tokenizer = args.tokenizer or engine.tokenizer or "cl100k_base"
+        result = validate(Path(args.engine), engine.url, out, options, settings=RunSettings(tokenizer=tokenizer))
     print(json.dumps(result, default=str) if args.json else format_table(result))
     return 0
 

@@ -373,11 +373,6 @@ class Engine:
 
     # -- KV blocks ---------------------------------------------------------------------------------
     @property
-    def free_blocks(self) -> int:
-        """Blocks not held by a running sequence (truly free + evictable cached), as vLLM counts."""
-        return self.total_blocks - self.used_private - self.cached_pinned
-
-    @property
     def kv_usage(self) -> float:
         """vllm:kv_cache_usage_perc: share of blocks held by running sequences (0..1)."""
         return (self.used_private + self.cached_pinned) / self.total_blocks

@@ -889,15 +889,34 @@ def run_worksheet(
     table, metadata = _read_trace(trace_path)
     if table.num_rows == 0:  # the same rule as a measured run
         raise TraceError(f"{trace_path}: trace has no requests: expected at least one row")
-    scen_manifest = None
-    endpoint = "completions"
-    if scenario is not None:
-        scen = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
-        scen_manifest = scenario_manifest(scen)
-        endpoint = "chat" if scen.endpoint == "chat" else "completions"
+    scen = scenario if scenario is None or isinstance(scenario, Scenario) else load_scenario(scenario)
+    endpoint = "chat" if scen is not None and scen.endpoint == "chat" else "completions"
+    options = {
+        "engine": str(engine if not isinstance(engine, EngineConfig) else config.name),
+        "seed": seed,
+        "endpoint": endpoint,
+        "face": "worksheet",
+        "scenario": None if scenario is None else str(getattr(scenario, "source_path", None) or scenario),
+    }
+    manifest = _worksheet_manifest(trace_path, metadata, config, options, scen)
+    if replicas > 1:
+        manifest = merge_manifest(manifest, _fleet_sections(manifest, replicas, route_policy))
+    if extra_manifest:
+        manifest = merge_manifest(manifest, extra_manifest)
+    result = simulate_trace(
+        table, metadata, config, seed=seed, endpoint=endpoint, replicas=replicas, route_policy=route_policy, fast=fast
+    )
+    _write_worksheet(Path(out_dir), manifest, result, replicas)
+    return Path(out_dir)
+
+
+def _worksheet_manifest(
+    trace_path: Path, metadata: dict[str, Any], config: EngineConfig, options: dict[str, Any], scen: Scenario | None
+) -> Manifest:
+    """A worksheet's manifest as its files open: the simulated engine as the target, virtual time as the clock."""
     started = utc_now_iso()
     engine_manifest = config.manifest()
-    manifest = Manifest(
+    return Manifest(
         run_kind="simulated",
         harness=harness_identity(),
         host=host_identity(),
@@ -909,7 +928,7 @@ def run_worksheet(
             engine=EngineIdentity(name="loadgen-sim", version=__version__, config=engine_manifest),
         ),
         engine_config=engine_manifest,
-        scenario=scen_manifest,
+        scenario=scenario_manifest(scen) if scen is not None else None,
         trace=TraceRef(
             path=str(trace_path),
             sha256=sha256_file(trace_path),
@@ -917,13 +936,7 @@ def run_worksheet(
             seed=metadata.get("seed"),
             metadata=metadata,
         ),
-        options={
-            "engine": str(engine if not isinstance(engine, EngineConfig) else config.name),
-            "seed": seed,
-            "endpoint": endpoint,
-            "face": "worksheet",
-            "scenario": None if scenario is None else str(getattr(scenario, "source_path", None) or scenario),
-        },
+        options=options,
         warm_state=WarmState(state="warm", actions=[WORKSHEET_WARM_ACTION]),
         started_utc=started,
         anchor=Anchor(perf_counter_ns=0, utc=started, clock="virtual: ns from trace start"),
@@ -935,24 +948,23 @@ def run_worksheet(
             "kv_cache_dtype": config.kv.kv_cache_dtype,
         },
     )
-    if replicas > 1:
-        target = manifest.target.model_dump(mode="json")
-        manifest = merge_manifest(
-            manifest,
-            {
-                "targets": [{**target, "base_url": f"worksheet engine {k}"} for k in range(replicas)],
-                "routing": {"policy": route_policy, "sticky": "conversation", "down_after_connect_errors": 0},
-                "options": {"replicas": replicas, "route_policy": route_policy},
-            },
-        )
-    if extra_manifest:
-        manifest = merge_manifest(manifest, extra_manifest)
-    result = simulate_trace(
-        table, metadata, config, seed=seed, endpoint=endpoint, replicas=replicas, route_policy=route_policy, fast=fast
-    )
-    with RunWriter(Path(out_dir), manifest, defer_parts=True) as writer:  # its tables are in memory anyway
+
+
+def _fleet_sections(manifest: Manifest, replicas: int, route_policy: RoutePolicy) -> dict[str, Any]:
+    """A fleet's manifest sections: one target per engine, the routing, and the fleet options."""
+    target = manifest.target.model_dump(mode="json")
+    return {
+        "targets": [{**target, "base_url": f"worksheet engine {k}"} for k in range(replicas)],
+        "routing": {"policy": route_policy, "sticky": "conversation", "down_after_connect_errors": 0},
+        "options": {"replicas": replicas, "route_policy": route_policy},
+    }
+
+
+def _write_worksheet(out_dir: Path, manifest: Manifest, result: WorksheetResult, replicas: int) -> None:
+    """The simulated tables as a run directory, a chunk part per 200,000 rows as a measured run flushes."""
+    with RunWriter(out_dir, manifest, defer_parts=True) as writer:  # its tables are in memory anyway
         writer.add_request_table(result.requests_table)
-        for start in range(0, result.chunks.num_rows, 200_000):  # a part per batch, as a measured run flushes
+        for start in range(0, result.chunks.num_rows, 200_000):
             writer.add_chunk_table(result.chunks.slice(start, 200_000))
             writer.flush_if_full()
         writer.add_metric_table(result.metrics)
@@ -964,4 +976,3 @@ def run_worksheet(
                 **({"routing": {"routed": result.notes["routed"]}} if replicas > 1 else {}),
             }
         )
-    return Path(out_dir)
