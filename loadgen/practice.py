@@ -40,6 +40,7 @@ from loadgen.workload.scenario import Scenario, load_scenario
 from .analysis.budgets import SEND_LAG_BOUND_MS, client_lag_line
 from .calibration.calibrate import EngineLimits, engine_limits
 from .calibration.validate import QUANTITIES, FidelityRow, predict_beside, with_engine_limits
+from .driver.options import RunSettings
 from .ledger import GIB, EngineSettings, compute_ledger, format_ledger, read_model_config
 from .plan.cells import build_warmup_trace
 from .plan.compare import Comparison, check_send_lag_bound, compare_candidates, format_comparison
@@ -167,7 +168,7 @@ def _warm_and_run(
     """Fixed warm-up set (first 8 requests of the trace at 8 rps), then the measured run (over ``workers``
     worker processes when more than one)."""
     if workers > 1:
-        target.run_defaults = {"workers": workers}
+        target.run_defaults = RunSettings(workers=workers)
     warm_trace = build_warmup_trace(trace, 8, 8.0, warm_dir.parent / f"{warm_dir.name}.parquet")
     state = target.prepare("warm", warm_trace, warm_dir, scenario_path)
     state.actions.insert(0, launch_note)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from result_schemas import assert_valid
 
 from loadgen.cli import main
 from loadgen.practice import MEASURE_ATTEMPTS, OWNERSHIP, PracticeOptions, format_practice, run_practice
@@ -23,6 +24,7 @@ def test_practice_rejects_the_large_batch_on_p99_ttft(tmp_path: Path) -> None:
     result = run_practice(tmp_path / "practice", PracticeOptions(window_s=20.0))
     decision = json.loads((tmp_path / "practice" / "decision.json").read_text())
     comp = decision["comparison"]
+    assert_valid("decision", comp)
     by = {c["label"]: c for c in comp["candidates"]}
     large, small = by["throughput-large-batch"], by["interactive-small-batch"]
     # a host that stalls the client (send-lag p99 over 50 ms: a CI neighbour running real vLLM did, for 0.4-0.9 s)

@@ -30,6 +30,8 @@ from loadgen.workload import presets
 from loadgen.workload.scenario import Scenario, load_scenario
 
 from ..analysis.analyze import analyze_run
+from ..analysis.result import AnalysisResult, GroupResult
+from ..driver.options import RunSettings
 from ..sim.config import EngineConfig, load_engine_config
 from ..sim.worksheet import run_worksheet
 from ..targets import Target, TargetSpec, open_target
@@ -40,6 +42,7 @@ from ..trace.io import read_trace, write_trace
 from .anchor import anchor_line, anchored, measure_anchor
 from .boundary import boundary_line, plan_boundary_check
 from .calibrate import MAX_SEND_LAG_MS, EngineLimits, engine_limits, send_lag_p99_ms, warm_engine
+from .fidelity import FidelityRow, FidelityTable
 
 __all__ = [
     "MAX_SEND_LAG_MS",
@@ -69,25 +72,6 @@ GOAL_PCT = 10.0
 GOAL_POINTS = 2.0
 _REPO_TRACES = Path(__file__).resolve().parents[1] / "traces"
 CANONICAL_BURST = _REPO_TRACES / "canonical-burst.parquet"
-
-
-@dataclass
-class FidelityRow:
-    """One class of one trace: the measured and simulated figures and the errors between them."""
-
-    trace: str
-    request_class: str
-    n_measured: int
-    n_simulated: int
-    errors_pct: dict[str, float | None] = field(default_factory=dict)
-    measured: dict[str, float | None] = field(default_factory=dict)
-    simulated: dict[str, float | None] = field(default_factory=dict)
-    attainment_diff_points: float | None = None
-    send_lag_p99_ms: float | None = None
-    client_lagged: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 def _cut(table: pa.Table, duration_s: float | None) -> pa.Table:
@@ -138,25 +122,35 @@ def _err(sim: float | None, real: float | None) -> float | None:
     return round((sim - real) / real * 100.0, 2)
 
 
-def _compare(trace: str, real: dict[str, Any], sim: dict[str, Any], lag_ms: float | None) -> list[FidelityRow]:
+def _quantile(group: GroupResult, metric: str, q: str) -> float | None:
+    summary = group.metrics.get(metric)
+    return None if summary is None else getattr(summary, q)
+
+
+def _compare(trace: str, real: AnalysisResult, sim: AnalysisResult, lag_ms: float | None) -> list[FidelityRow]:
     rows = []
-    for cls, rg in real["classes"].items():
-        sg = sim["classes"].get(cls)
-        if sg is None or not rg.get("n_scheduled"):
+    for cls, rg in real.classes.items():
+        sg = sim.classes.get(cls)
+        if sg is None or not rg.n_scheduled:
             continue
-        row = FidelityRow(trace, cls, int(rg["n_scheduled"]), int(sg["n_scheduled"]), send_lag_p99_ms=lag_ms)
+        row = FidelityRow(
+            trace=trace,
+            request_class=cls,
+            n_measured=rg.n_scheduled,
+            n_simulated=sg.n_scheduled,
+            send_lag_p99_ms=lag_ms,
+        )
         for metric in _METRICS:
             for q in ("p50", "p99"):
                 key = f"{metric[:-3]}_{q}"
-                m = (rg["metrics"].get(metric) or {}).get(q)
-                v = (sg["metrics"].get(metric) or {}).get(q)
+                m, v = _quantile(rg, metric, q), _quantile(sg, metric, q)
                 row.measured[key], row.simulated[key] = m, v
                 row.errors_pct[key] = _err(v, m)
-        row.measured["completed_rps"], row.simulated["completed_rps"] = rg.get("completed_rps"), sg.get("completed_rps")
-        row.errors_pct["completed_rps"] = _err(sg.get("completed_rps"), rg.get("completed_rps"))
-        row.measured["attainment"], row.simulated["attainment"] = rg.get("attainment"), sg.get("attainment")
-        if rg.get("attainment") is not None and sg.get("attainment") is not None:
-            row.attainment_diff_points = round((sg["attainment"] - rg["attainment"]) * 100.0, 2)
+        row.measured["completed_rps"], row.simulated["completed_rps"] = rg.completed_rps, sg.completed_rps
+        row.errors_pct["completed_rps"] = _err(sg.completed_rps, rg.completed_rps)
+        row.measured["attainment"], row.simulated["attainment"] = rg.attainment, sg.attainment
+        if rg.attainment is not None and sg.attainment is not None:
+            row.attainment_diff_points = round((sg.attainment - rg.attainment) * 100.0, 2)
         row.client_lagged = lag_ms is not None and lag_ms > MAX_SEND_LAG_MS
         rows.append(row)
     return rows
@@ -182,14 +176,14 @@ def predict_beside(
     cfg: EngineConfig,
     sim_dir: Path,
     scenario: Scenario,
-    real: dict[str, Any] | None = None,
+    real: AnalysisResult | None = None,
 ) -> list[FidelityRow]:
     """The worksheet on ``trace`` with ``cfg`` (into ``sim_dir``), compared per class with the measured ``real_dir``
     (``real``: its analysis, when the caller already has it)."""
     sim_dir = run_worksheet(trace, cfg, sim_dir)
     if real is None:
-        real = analyze_run(real_dir, scenario=scenario).to_dict()
-    sim = analyze_run(sim_dir, scenario=scenario).to_dict()
+        real = analyze_run(real_dir, scenario=scenario).result()
+    sim = analyze_run(sim_dir, scenario=scenario).result()
     return _compare(name, real, sim, send_lag_p99_ms(real_dir))
 
 
@@ -248,14 +242,14 @@ def validate(
     target_url: str,
     out_dir: Path,
     options: ValidateOptions | None = None,
-    **run_options: Any,
+    settings: RunSettings | None = None,
 ) -> dict[str, Any]:
     """Run the target and the worksheet on the same traces; the fidelity table as a dict (also fidelity.json).
 
     Every measurement has prompts of its own (``run_salt``), so none finds an earlier one's in the prefix
     cache, which the worksheet, a fresh engine per run, would not. The worksheet takes the TOML's cost terms
     and the target's own scheduler limits (read from the engine, as calibration does), so a held-out engine
-    configuration is predicted, not assumed equal. ``run_options``: the driver's, for every measured run.
+    configuration is predicted, not assumed equal. ``settings``: the driver's, for every measured run.
     """
     opts = options or ValidateOptions()
     limits = engine_limits(target_url, opts.log_notes)
@@ -263,7 +257,7 @@ def validate(
     out_dir.mkdir(parents=True, exist_ok=True)
     warmed = warm_engine(target_url, limits, opts.warmup)
     speed = (
-        measure_anchor(target_url, limits, cfg, out_dir / "anchor", opts.engine_manifest or {}, run_options)
+        measure_anchor(target_url, limits, cfg, out_dir / "anchor", opts.engine_manifest or {}, settings)
         if opts.anchor and cfg.calibrated
         else None
     )
@@ -273,7 +267,7 @@ def validate(
         scenario_path = presets.presets_root() / "canonical.toml"  # the canonical classes and budgets
     scenario = load_scenario(scenario_path)
     cases = _validation_cases(opts, out_dir, launch_cfg or cfg)
-    done = _compare_cases(cases, target_url, out_dir, cfg, launch_cfg, scenario, opts, run_options)
+    done = _compare_cases(cases, target_url, out_dir, cfg, launch_cfg, scenario, opts, settings)
     rows, anchored_rows, floor = done.rows, done.anchored_rows, done.floor
     result = {
         "engine_toml": str(engine_toml),
@@ -301,7 +295,8 @@ def validate(
             _plan_check(opts.plan, opts.plan_target, target_url, cfg, out_dir) if opts.plan is not None else None
         ),
     }
-    (out_dir / "fidelity.json").write_text(json.dumps(result, indent=2, default=str))
+    document = FidelityTable.from_document(result).document()  # every key named by the published schema
+    (out_dir / "fidelity.json").write_text(json.dumps(document, indent=2, default=str))
     write_html(result, out_dir / "fidelity.html")
     if cfg.calibration:
         _record_validation(engine_toml, result, out_dir)
@@ -337,7 +332,7 @@ def _compare_cases(
     launch_cfg: EngineConfig | None,
     scenario: Scenario,
     opts: ValidateOptions,
-    run_options: dict[str, Any],
+    settings: RunSettings | None,
 ) -> _Compared:
     """Each case measured on the target (after one warm-up replay, when asked) and simulated beside it, as
     calibrated and, with ``launch_cfg``, anchored to this launch; repeats measured against the first."""
@@ -346,9 +341,15 @@ def _compare_cases(
     def measure(trace: Path, run_dir: Path) -> Path:
         # every measurement has prompts of its own: a repeat, or the same requests at another load, would
         # otherwise find the earlier ones in the engine's prefix cache, which the worksheet (a fresh engine) has not
-        options = {"prompt_salt": run_salt(run_dir), **run_options}
+        salted = RunSettings(prompt_salt=run_salt(run_dir)).over(settings)
         return run_driver(
-            trace, target_url, run_dir, model=None, scenario_path=None, extra_manifest=opts.engine_manifest, **options
+            trace,
+            target_url,
+            run_dir,
+            model=None,
+            scenario_path=None,
+            extra_manifest=opts.engine_manifest,
+            settings=salted,
         )
 
     for name, table, meta in cases:
@@ -360,7 +361,7 @@ def _compare_cases(
             done.warmup_dir = measure(trace, out_dir / "warmup")
         real_dir = measure(trace, out_dir / f"{name}-measured")
         sim_dir = out_dir / f"{name}-worksheet"
-        real = analyze_run(real_dir, scenario=scenario).to_dict()  # once, for each worksheet beside it
+        real = analyze_run(real_dir, scenario=scenario).result()  # once, for each worksheet beside it
         done.rows.extend(predict_beside(name, real_dir, trace, cfg, sim_dir, scenario, real))
         done.runs[name] = {"measured": str(real_dir), "worksheet": str(sim_dir)}
         if launch_cfg is not None:
@@ -377,11 +378,11 @@ def _compare_cases(
 def _repeat_rows(name: str, first: Path, again: list[Path], scenario: Scenario) -> list[FidelityRow]:
     """Each repeat measurement against the first (analysed once), per class, by the fidelity table's rule
     ((repeat − first) / first); the rows are named ``<trace> repeat <k>``."""
-    base = analyze_run(first, scenario=scenario).to_dict()
+    base = analyze_run(first, scenario=scenario).result()
     rows = []
     for k, run_dir in enumerate(again, start=2):
         lags = [x for x in (send_lag_p99_ms(first), send_lag_p99_ms(run_dir)) if x is not None]
-        repeat = analyze_run(run_dir, scenario=scenario).to_dict()
+        repeat = analyze_run(run_dir, scenario=scenario).result()
         rows.extend(_compare(f"{name} repeat {k}", base, repeat, max(lags) if lags else None))
     return rows
 

@@ -51,6 +51,7 @@ COMMAND_MODULES = (
     "contract",
     "handoff",
     "managed",
+    "schema",
 )
 
 

@@ -236,12 +236,16 @@ def _calibrate(args: argparse.Namespace) -> int:
     from loadgen.vllm.warmup import warmup_line  # deferred: `loadgen --help` loads no library code
 
     from ..calibration.calibrate import calibrate  # deferred: `loadgen --help` loads no library code
+    from ..driver.options import RunSettings  # deferred: as above
     from ..sim.config import load_engine_config  # deferred: `loadgen --help` loads no library code
 
     out = Path(args.out)
     if args.from_runs:
         path, fit, limits = calibrate(
-            out, run_dirs=[Path(d) for d in args.from_runs], name=args.name, tokenizer=args.tokenizer or "cl100k_base"
+            out,
+            run_dirs=[Path(d) for d in args.from_runs],
+            name=args.name,
+            settings=RunSettings(tokenizer=args.tokenizer or "cl100k_base"),
         )
     else:
         work = Path(args.work_dir) if args.work_dir else out.with_suffix(".calibration-runs")
@@ -255,7 +259,7 @@ def _calibrate(args: argparse.Namespace) -> int:
                 engine_manifest=engine.manifest,
                 engine_memory=engine.memory,
                 warmup=args.warmup,
-                tokenizer=args.tokenizer or engine.tokenizer or "cl100k_base",
+                settings=RunSettings(tokenizer=args.tokenizer or engine.tokenizer or "cl100k_base"),
             )
     runtime_gib = load_engine_config(path).measured_runtime_gib()
     if args.json:
@@ -290,6 +294,7 @@ def _validate(args: argparse.Namespace) -> int:
         format_table,
         validate,
     )
+    from ..driver.options import RunSettings  # deferred: as above
 
     if args.engine and args.engine_flag and args.engine != args.engine_flag:
         raise LoadgenError(f"engine {args.engine!r} and --engine {args.engine_flag!r}: expected one engine")
@@ -323,7 +328,7 @@ def _validate(args: argparse.Namespace) -> int:
             anchor=args.anchor,
         )
         tokenizer = args.tokenizer or engine.tokenizer or "cl100k_base"
-        result = validate(Path(args.engine), engine.url, out, options, tokenizer=tokenizer)
+        result = validate(Path(args.engine), engine.url, out, options, settings=RunSettings(tokenizer=tokenizer))
     print(json.dumps(result, default=str) if args.json else format_table(result))
     return 0
 

@@ -27,7 +27,7 @@ from loadgen.vllm import (
     warm_step_shapes,
 )
 
-from ..driver import RunOptions, run_trace_sync
+from ..driver import RunOptions, RunSettings, run_trace_sync
 from .base import RunRequest, StateResult, Target
 from .replay import warm_up
 
@@ -190,7 +190,8 @@ class VllmTarget(Target):
 
     def run(self, request: RunRequest) -> Path:
         assert self.server is not None
-        options = RunOptions(
+        settings = RunSettings(progress="off", tokenizer=self.tokenizer).over(self.driver_options(request))
+        options = settings.options(
             trace_path=request.trace_path,
             target_url=self.server.base_url,
             out_dir=request.out_dir,
@@ -198,7 +199,6 @@ class VllmTarget(Target):
             scenario_path=request.scenario_path,
             warm_state=request.state.label,
             warm_actions=request.state.actions,
-            **{"progress": "off", "tokenizer": self.tokenizer, **self.driver_options(request)},
             extra_manifest={
                 "plan_target": {**self.describe(), "server_pid": self.pid, "server_starts": self.starts},
                 **request.state.manifest_extra(),
