@@ -297,6 +297,7 @@ def small_disk(tmp_path: Path):
         subprocess.run(["umount", "-l", str(where)], capture_output=True, check=False)
 
 
+@pytest.mark.slow
 def test_full_disk_stops_the_run_in_one_line_and_keeps_what_was_flushed(
     instant, tmp_path: Path, small_disk: Path
 ) -> None:
@@ -455,6 +456,7 @@ def test_client_queue_timeout_is_not_sent_and_sent_ns_is_bytes_on_the_socket(ins
     assert a.overall.status_counts["not_sent"] == 4
 
 
+@pytest.mark.slow
 def test_refused_connections_are_not_sent_and_not_in_the_sent_rate(tmp_path: Path) -> None:
     trace = make_trace(tmp_path / "t.parquet", [i * 25.0 for i in range(400)])  # 40 req/s for 10 s
     out = tmp_path / "run"
