@@ -120,7 +120,6 @@ def test_safe_version_redacts_credentials_and_caps_the_size() -> None:
     assert big["truncated"] is True and len(json.dumps(big)) <= VERSION_MAX_BYTES
 
 
-@pytest.mark.slow
 def test_a_target_echoing_the_api_key_never_gets_it_stored(tmp_path: Path) -> None:
     trace = tmp_path / "t.parquet"
     scenario = tmp_path / "s.toml"
