@@ -30,6 +30,8 @@ from loadgen.trace.io import TRACE_METADATA_KEY
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = int(os.environ.get("LOADGEN_FUZZ_EXAMPLES", "8"))
+pytestmark = pytest.mark.slow  # long fuzzing: every CLI on many mutated inputs (the slow tier, run by .ci/run)
+
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -259,7 +261,6 @@ def test_mutated_scenarios(base: Path, work: Path, data: st.DataObject) -> None:
     run_cli(args, work, outputs, ok_codes=(0, 3))
 
 
-@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_mutated_engine_configs(base: Path, work: Path, data: st.DataObject) -> None:
@@ -268,7 +269,6 @@ def test_mutated_engine_configs(base: Path, work: Path, data: st.DataObject) -> 
     run_cli(["sim", "run", "t.parquet", "--engine", "m.toml", "--out", "o"], work, [work / "o"])
 
 
-@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_mutated_plans(base: Path, work: Path, data: st.DataObject) -> None:
@@ -325,7 +325,6 @@ def _mutate_table(table: pa.Table, data: st.DataObject) -> pa.Table:
     return table.set_column(table.column_names.index(name), name, new)
 
 
-@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_mutated_traces(base: Path, work: Path, data: st.DataObject) -> None:
@@ -362,7 +361,6 @@ def test_mutated_model_configs(base: Path, work: Path, data: st.DataObject) -> N
     run_cli(["ledger", "--model", "m.json", "--kv-cache-gib", "1"], work, [])
 
 
-@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_mutated_manifests(base: Path, work: Path, data: st.DataObject) -> None:

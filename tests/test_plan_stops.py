@@ -129,6 +129,7 @@ def test_server_death_stops_and_the_server_is_restarted(tmp_path: Path) -> None:
     assert any("restarted after a failure" in a for a in record["recovery"])
 
 
+@pytest.mark.slow
 def test_malformed_chunks_stop_as_invalid_output(tmp_path: Path) -> None:
     result, _ = run(tmp_path, faults="malformed_rate = 0.5\nmalformed_after_tokens = 2")
     kinds = stop_kinds(result)
@@ -148,6 +149,7 @@ def test_slow_start_beyond_ttft_timeout_stops_as_timeout_budget(tmp_path: Path) 
     assert "timeout_budget" in kinds and "timed out" in kinds["timeout_budget"]
 
 
+@pytest.mark.slow
 def test_send_lag_over_its_bound_stops_as_measurement_corruption(tmp_path: Path) -> None:
     # a bound no real client meets (1 ns): the measured send lag always exceeds it
     result, _ = run(tmp_path, stops="send_lag_p99_ms = 0.000001", rates="[5]", concurrency="[64]")
@@ -155,6 +157,7 @@ def test_send_lag_over_its_bound_stops_as_measurement_corruption(tmp_path: Path)
     assert "measurement_corruption" in kinds and "send-lag p99" in kinds["measurement_corruption"]
 
 
+@pytest.mark.slow
 def test_behaviour_drift_stops_when_contract_cases_are_configured(tmp_path: Path) -> None:
     from loadgen.sim.config import EngineConfig
 

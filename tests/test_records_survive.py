@@ -156,6 +156,7 @@ def test_a_background_job_with_sigint_ignored_still_stops_cleanly(instant, tmp_p
     assert len(rows) == 800 == len({r["request_id"] for r in rows}) == sum(run.manifest.status_counts.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_and_sighup_stop_like_ctrl_c(instant, tmp_path: Path, sig: signal.Signals) -> None:
     trace = make_trace(tmp_path / "t.parquet", [i * 10.0 for i in range(800)])  # 100 req/s for 8 s
@@ -419,6 +420,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_client_queue_timeout_is_not_sent_and_sent_ns_is_bytes_on_the_socket(instant, tmp_path: Path) -> None:
     # one slot; the first request gets its first token at once, then stalls 3 s holding the slot, so the
     # others reach their 1 s TTFT timeout while still waiting for it (every request carries the fault)

@@ -33,6 +33,7 @@ def _served(sim) -> float:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["round-robin", "least-in-flight"])
 def test_replicas_split_the_load_with_exact_accounting(tmp_path, policy):
     engine = engine_file(tmp_path, "fast", fixed_ms=1.0)

@@ -315,6 +315,7 @@ def test_a_killed_worker_leaves_its_rows_and_the_rest_are_recorded_worker_lost(t
     assert "worker_lost" not in kinds
 
 
+@pytest.mark.slow
 def test_sigterm_stops_every_worker_and_closes_every_shard(tmp_path: Path, sim_server) -> None:
     trace = conversation_trace(tmp_path / "t.parquet", singles=400, conversations=0, gap_ms=20)
     sim = sim_server("instant")
