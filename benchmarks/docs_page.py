@@ -4,7 +4,8 @@
         status = main()
 
 Everything the script prints is echoed as usual and kept; when the script ends without an exception and with
-status 0, its section (between `<!-- begin NAME -->` and `<!-- end NAME -->`) is replaced by the date (UTC), the
+status 0, its section (between `<!-- begin NAME -->` and `<!-- end NAME -->`; NAME is the script's file name,
+and its subcommand when it has one) is replaced by the date (UTC), the
 host (CPU model, cores, memory, GPUs, load average), loadgen's version and git sha, the exact command and the
 printed figures. A script without a section gets one at the end of the page. `LOADGEN_BENCH_DOCS=0` leaves the
 page alone (a trial run, a script imported by a test).
@@ -53,14 +54,14 @@ def _host_line() -> str:
 def section(name: str, command: str, printed: str) -> str:
     """The Markdown section of one script's run."""
     harness = harness_identity()
-    sha = (harness.git_sha or "unknown")[:12]
+    sha = f"at {harness.git_sha[:12]}" if harness.git_sha else "(no git sha found)"
     return "\n".join(
         [
             f"<!-- begin {name} -->",
             f"## {name}",
             "",
             f"Written by the script on {utc_now_iso()[:16].replace('T', ' ')} UTC. Host: {_host_line()}. "
-            f"loadgen {harness.version} at {sha}, Python {harness.python}.",
+            f"loadgen {harness.version} {sha}, Python {harness.python}.",
             "",
             "```bash",
             command,
@@ -87,6 +88,8 @@ def replace_section(page: str, name: str, text: str) -> str:
 def recorded(script: str) -> Iterator[None]:
     """Tee stdout; on a clean end (no exception, exit status 0) write it as the script's section."""
     name = Path(script).name
+    if sys.argv[1:] and not sys.argv[1].startswith("-"):  # a script with subcommands: a section for each
+        name = f"{name} {sys.argv[1]}"
     tee = _Tee(sys.stdout)  # type: ignore[arg-type]
     real, sys.stdout = sys.stdout, tee  # type: ignore[assignment]
     try:
@@ -105,7 +108,7 @@ def recorded(script: str) -> Iterator[None]:
 def _write(name: str, printed: str) -> None:
     if os.environ.get("LOADGEN_BENCH_DOCS", "1") == "0" or not printed.strip():
         return
-    command = shlex.join(["python", f"benchmarks/{name}", *sys.argv[1:]])
+    command = shlex.join(["python", f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]])
     page = PAGE.read_text() if PAGE.exists() else "# Benchmarks\n"
     PAGE.write_text(replace_section(page, name, section(name, command, printed)))
     print(f"(figures written to {PAGE})", file=sys.stderr)
