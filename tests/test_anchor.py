@@ -75,6 +75,7 @@ def test_anchored_scales_each_group_and_keeps_the_jitter(tmp_path: Path):
     assert cfg.cost.fixed_ms == TERMS_MS["fixed_ms"]  # the calibrated config is left as it was
 
 
+@pytest.mark.slow
 def test_measured_factors_are_the_live_engines_multiples(sim_server, tmp_path: Path):
     """KEY: the launch runs 1.5× slower steps and 0.7× prefill tokens than the TOML says; the anchor finds it."""
     cal = load_engine_config(_toml(tmp_path / "cal.toml"))

@@ -231,6 +231,7 @@ def _analyze(run: Path, *extra: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_three_way_verdicts_through_the_cli(tmp_path: Path) -> None:
     passing = _uniform_run(tmp_path / "pass", 400, [40.0, 60.0])
     out = _analyze(passing, "--json", str(tmp_path / "pass.json"))

@@ -239,6 +239,7 @@ def test_a_run_told_to_write_in_its_thread_starts_no_child(instant, tmp_path: Pa
     assert m.driver.part_writer_cpu_s is None and load_run(out).requests.num_rows == 100
 
 
+@pytest.mark.slow
 def test_a_run_whose_part_writer_dies_loses_nothing(instant, tmp_path: Path) -> None:
     # 100 req/s for 6 s; the child is killed once the first rows are on disk
     trace = make_trace(tmp_path / "t.parquet", [i * 10.0 for i in range(600)])

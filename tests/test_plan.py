@@ -176,6 +176,7 @@ def _statuses(region: dict) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_resume_after_interruption_skips_finished_runs(tmp_path: Path) -> None:
     top = ceiling_rps(16, 10**6, 50, 10.0)
     plan, engine = write_setup(
@@ -363,6 +364,7 @@ def _search_plan(tmp: Path, mode: str) -> Path:
     return plan
 
 
+@pytest.mark.slow
 def test_bisection_finds_the_grid_boundary_with_at_least_half_fewer_cells(tmp_path: Path) -> None:
     (tmp_path / "grid").mkdir()
     (tmp_path / "bisect").mkdir()

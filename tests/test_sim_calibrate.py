@@ -105,6 +105,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "loadgen", *args], capture_output=True, text=True, cwd=REPO)
 
 
+@pytest.mark.slow
 def test_calibrate_recovers_known_sim_engine(sim_server, tmp_path):
     """KEY: real HTTP to a live sim serve with known terms; the fitted TOML recovers them within TOLERANCE."""
     sim = sim_server(str(_truth_toml(tmp_path)))
@@ -185,6 +186,7 @@ contract_every_cell = false
 """
 
 
+@pytest.mark.slow
 def test_validate_against_live_sim_serve(sim_server, tmp_path):
     """Held-out check on a live sim serve of the same TOML: the worksheet is near-exact where the engine sets
     the timing (ITL, E2E, throughput, attainment); fidelity table in console, JSON and HTML; the validated
