@@ -339,7 +339,9 @@ class _GapSink:
         # rows come grouped by request: one code per run of rows
         starts = np.flatnonzero(np.concatenate(([True], req_idx[1:] != req_idx[:-1])))
         if np.isfinite(self.lim).any():
-            w_desc = np.where((code & 3) == 3, weight, 0)
+            # goodput's per-request ITL check: every counted request, in the window or not (one scheduled
+            # before the window start can complete in it and count toward goodput)
+            w_desc = np.where((code & 1) == 1, weight, 0)
             over = np.where(value > np.take(self.lim_by_code, code), w_desc, 0)
             np.add.at(self.n_gaps, req_idx[starts], np.add.reduceat(w_desc, starts))
             np.add.at(self.n_over, req_idx[starts], np.add.reduceat(over, starts))
