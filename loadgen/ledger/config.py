@@ -191,8 +191,8 @@ def _quantization(cfg: dict[str, Any], src: str) -> tuple[str | None, str | None
         first = next(iter(groups.values()), None) if isinstance(groups, dict) and groups else None
         weights = first.get("weights") if isinstance(first, dict) else None
         if isinstance(weights, dict):
-            names: dict[tuple[Any, Any], str] = {("float", 8): "fp8", ("int", 8): "int8", ("int", 4): "int4"}
-            return names.get((weights.get("type"), weights.get("num_bits"))), method
+            by_weights: dict[tuple[Any, Any], str] = {("float", 8): "fp8", ("int", 8): "int8", ("int", 4): "int4"}
+            return by_weights.get((weights.get("type"), weights.get("num_bits"))), method
     return None, method
 
 
