@@ -4,8 +4,9 @@ How requests count against a class's budgets (also printed in every report):
 
 * ``ok`` requests count with their measured values.
 * **Failures** (status ``error``, ``timeout``, ``not_sent``, and ``cancelled`` that was not a
-  planned abandonment) enter the TTFT and E2E budget samples as **+inf**: a p99 budget over a run
-  with more than 1% failures fails, whatever the successful requests did. Their inter-token gaps
+  planned abandonment) enter the TTFT and E2E budget samples as **+inf**: they move the
+  interval's ranks, not the verdict directly (a p99 at n = 300 fails on failures alone from 11 of them,
+  passes only with none, is inconclusive between: docs/budgets.md). Their inter-token gaps
   that were observed before the failure stay in the ITL sample (those stalls were real). A failure
   is never good (goodput) and counts in the error share.
 * **Planned abandonments** (status ``cancelled`` with the trace's ``cancel_after_tokens`` set and a
