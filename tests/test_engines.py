@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import textwrap
 import time
@@ -18,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from loadgen.util.childproc import kernel_oom_kills, oom_kill_record
 from loadgen.util.errors import EngineError
 from loadgen.vllm import MemorySampler, VllmConfig, VllmServer, make_model_dir, parse_vllm_log, shipped_models
 from loadgen.vllm.launch import VLLM_SITE_DIR, amx_host
@@ -229,9 +231,42 @@ def test_server_crash_reports_log_tail(tmp_path, standin):
     env, _ = standin
     server = _server(tmp_path, {**env, "STANDIN_CRASH": "1"})
     server.start()
-    with pytest.raises(EngineError, match="exited with code 3.*standin crashed on purpose"):
+    with pytest.raises(
+        EngineError, match="exited with status 3; last log line: RuntimeError: standin crashed on purpose"
+    ):
         server.wait_healthy(30)
     server.stop()
+
+
+def test_a_launched_engine_that_dies_is_reported_in_one_line(tmp_path, standin):
+    """An engine killed mid-run (the kernel's OOM killer sends SIGKILL) is reported as what happened to it:
+    the signal, an OOM kill where the kernel log shows one, its last log line and the log's path."""
+    env, _ = standin
+    server = _server(tmp_path, env)
+    server.start()
+    server.wait_healthy(30)
+    assert server.exit_line() is None
+    assert server.proc is not None
+    os.kill(server.proc.pid, signal.SIGKILL)
+    server.proc.wait(10)
+    line = server.exit_line()
+    assert line is not None and "\n" not in line
+    assert f"(pid {server.proc.pid}) was killed by signal 9 (SIGKILL)" in line
+    assert "last log line: " in line and f"(log {server.log_path})" in line
+    server.stop()
+
+
+def test_kernel_oom_kill_lines_are_read_from_the_kernel_log():
+    kills = kernel_oom_kills(time.monotonic() + 3600)  # none logged in the future
+    assert kills is None or kills == []
+    # a record as the kernel writes it (6.x, the OOM killer of the issue's 24 GiB host)
+    record = (
+        "3,1234,987654321,-;Out of memory: Killed process 4242 (VLLM::Worker) total-vm:30123456kB, "
+        "anon-rss:22900000kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:45000kB oom_score_adj:0\n"
+    )
+    stamp_s, line = oom_kill_record(record)
+    assert stamp_s == 987.654321 and line is not None and line.startswith("Killed process 4242 (VLLM::Worker)")
+    assert oom_kill_record("6,1,5,-;eth0: link up\n") == (5e-6, None)
 
 
 XCOMP_PERM_PROBE = """

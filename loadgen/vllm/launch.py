@@ -178,6 +178,10 @@ class VllmServer:
             self.ready_s = self.child.wait_ready(healthy, timeout_s, poll_s=1.0)
         return self.ready_s
 
+    def exit_line(self) -> str | None:
+        """None while the server runs; else what ended it in one line (``ChildProcess.exit_line``)."""
+        return self.child.exit_line() if self.child is not None else None
+
     def stop(self, grace_s: float = 20.0) -> int | None:
         """SIGTERM the process group, wait ``grace_s``, then SIGKILL it. Returns the exit code."""
         return self.child.stop(grace_s) if self.child is not None else None
