@@ -44,6 +44,7 @@ from .budgets import (
     budget_checks,
     client_lag_line,
     error_share_check,
+    prompt_tokens_line,
     request_limit,
 )
 from .chunks import ChunkGaps, read_chunk_gaps
@@ -796,7 +797,17 @@ def _run_info(run: _Run) -> dict[str, Any]:
         # the client's own schedule-keeping (None: a run with no send lag, such as an imported one)
         "send_lag_p99_ms": m.send_lag_p99_ms,
         "client_fell_behind": client_lag_line(m.send_lag_p99_ms),
+        "prompt_tokens_differ": _prompt_tokens_differ(run),
     }
+
+
+def _prompt_tokens_differ(run: _Run) -> str | None:
+    """``prompt_tokens_line`` over the requests whose prompt the server counted."""
+    target, server = run.c["target_prompt_tokens"], run.c["server_prompt_tokens"]
+    both = ~np.isnan(target) & ~np.isnan(server)
+    driver = run.manifest.driver
+    tokenizer = driver.tokenizer if driver is not None else None
+    return prompt_tokens_line(float(target[both].sum()), float(server[both].sum()), int(both.sum()), tokenizer)
 
 
 def _warm_cold(run: _Run) -> dict[str, Any]:

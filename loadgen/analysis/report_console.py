@@ -185,6 +185,8 @@ def render_console(analysis: Analysis, console: Any = None) -> None:
     stop = stop_sentence(a.run.get("stop") or {})
     if stop:
         lines.insert(0, f"[bold yellow]{stop}[/bold yellow]")
+    if a.run.get("prompt_tokens_differ"):
+        lines.insert(0, f"[bold yellow]workload: {escape(a.run['prompt_tokens_differ'])}[/bold yellow]")
     if a.run.get("client_fell_behind"):
         lines.insert(0, f"[bold yellow]measurement: {escape(a.run['client_fell_behind'])}[/bold yellow]")
     console.print(Panel("\n".join(lines), title="verdict", expand=False))

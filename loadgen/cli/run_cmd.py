@@ -41,8 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--tokenizer",
-        default="cl100k_base",
-        help="cl100k_base | hf:PATH/tokenizer.json | chars:N | server (the target's /tokenize)",
+        default="auto",
+        help="auto (default: the target's /tokenize, else cl100k_base with a warning) | server | cl100k_base | "
+        "hf:PATH/tokenizer.json | chars:N",
     )
     p.add_argument(
         "--prompt-salt",
