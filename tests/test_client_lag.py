@@ -18,7 +18,7 @@ import pytest
 from loadgen.analysis import analyze_run
 from loadgen.analysis.budgets import client_lag_line
 from loadgen.plan import compare_candidates
-from loadgen.practice import MEASURE_ATTEMPTS, format_practice, run_practice
+from loadgen.practice import MEASURE_ATTEMPTS, PracticeOptions, format_practice, run_practice
 from loadgen.rundir.manifest import read_manifest
 
 TINY_MS = 1e-6
@@ -31,7 +31,9 @@ def lagged_practice(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
     out = tmp_path_factory.mktemp("lag") / "practice"
     with launch_sim_server("interactive-small-batch") as a, launch_sim_server("throughput-large-batch") as b:
-        result = run_practice(out, window_s=3.0, targets=[a.base_url, b.base_url], max_send_lag_ms=TINY_MS)
+        result = run_practice(
+            out, PracticeOptions(window_s=3.0, targets=(a.base_url, b.base_url), max_send_lag_ms=TINY_MS)
+        )
     return {"result": result, "decision": json.loads((out / "decision.json").read_text()), "out": out}
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.cli import main
-from loadgen.practice import MEASURE_ATTEMPTS, OWNERSHIP, format_practice, run_practice
+from loadgen.practice import MEASURE_ATTEMPTS, OWNERSHIP, PracticeOptions, format_practice, run_practice
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_practice_rejects_the_large_batch_on_p99_ttft(tmp_path: Path) -> None:
     # one burst (the first 20 s of the canonical burst trace) keeps the test near 1 minute
-    result = run_practice(tmp_path / "practice", window_s=20.0)
+    result = run_practice(tmp_path / "practice", PracticeOptions(window_s=20.0))
     decision = json.loads((tmp_path / "practice" / "decision.json").read_text())
     comp = decision["comparison"]
     by = {c["label"]: c for c in comp["candidates"]}

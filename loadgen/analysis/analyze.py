@@ -881,8 +881,7 @@ def analyze_run(
 
 
 def _analysis(run: _Run, scenario: Scenario | None, include_cold: bool) -> Analysis:
-    run_dir, manifest = run.run_dir, run.manifest
-    synth = manifest.synthesized or {}
+    synth = run.manifest.synthesized or {}
     rates_meaningful = not synth.get("timing", False)
     if not rates_meaningful:
         run.notes.append(
@@ -896,23 +895,10 @@ def _analysis(run: _Run, scenario: Scenario | None, include_cold: bool) -> Analy
     for name in scenario.classes if scenario is not None else {}:
         if name not in groups:  # a budgeted class with no requests: present, empty, never 0 ms
             groups[name] = run.group(name, [], plot)
-    failed_in = int((run.in_window & run.failed).sum())
-    share = M.error_share(failed_in, int(run.in_window.sum()))
+    failed_in, n_win = int((run.in_window & run.failed).sum()), int(run.in_window.sum())
+    share = M.error_share(failed_in, n_win)
     limit = float(scenario.errors.error_rate_limit) if scenario is not None else 0.01
-    errored = share is not None and share > limit
-    checks: list[Check] = []
-    if scenario is not None:
-        checks = _budgets_and_goodput(run, groups, overall)
-        n_win = int(run.in_window.sum())
-        checks.append(error_share_check(failed_in, n_win, limit))
-        if n_win == 0:
-            verdict = "no data"
-            run.notes.append("no requests scheduled in the window: nothing to judge")
-        else:
-            verdict = _verdict(checks)
-    else:
-        verdict = "no budgets"
-        run.notes.append("no scenario: numbers only, no budget verdicts")
+    checks, verdict = _judge(run, scenario, groups, overall, error_share_check(failed_in, n_win, limit))
     if run.cold.any() and not include_cold:
         run.notes.append(
             f"{int((run.cold & run.in_window).sum())} cold-start request(s) reported apart "
@@ -921,16 +907,70 @@ def _analysis(run: _Run, scenario: Scenario | None, include_cold: bool) -> Analy
     refuse = None if rates_meaningful else "instants synthesized by the importer: not a measured timeline"
     stability = assess_stability(run.c["scheduled_ns"], run.c["done_ns"], run.lo, run.hi, refuse=refuse)
     timeseries = _timeseries(run, plot)
-    server_table = read_run_table(run_dir, SERVER_METRICS_FILE)
+    server = _server_summary(run)
+    replicas = _replicas(run)
+    _plot_tokens_and_budgets(run, scenario, plot)
+    return Analysis(
+        run_dir=run.run_dir,
+        run=_run_info(run),
+        window={
+            "start_s": run.lo / M.NS_PER_S,
+            "end_s": run.hi / M.NS_PER_S,
+            "duration_s": run.window_s,
+            "default": run.window_default,
+        },
+        classes=groups,
+        overall=overall,
+        checks=checks,
+        verdict=verdict,
+        errored=share is not None and share > limit,
+        error_share=share,
+        error_rate_limit=limit,
+        error_share_ci=_share_ci(failed_in, n_win),
+        rates_meaningful=rates_meaningful,
+        stability=stability,
+        warm_cold=_warm_cold(run),
+        server=server,
+        timeseries=timeseries,
+        definitions=dict(DEFINITIONS),
+        notes=run.notes,
+        plot_data=plot,
+        replicas=replicas,
+    )
+
+
+def _judge(
+    run: _Run, scenario: Scenario | None, groups: dict[str, GroupSummary], overall: GroupSummary, error_check: Check
+) -> tuple[list[Check], str]:
+    """(every budget, goodput and error-share check; the verdict): ``no budgets`` without a scenario, ``no
+    data`` without a request scheduled in the window (each said in a note)."""
+    if scenario is None:
+        run.notes.append("no scenario: numbers only, no budget verdicts")
+        return [], "no budgets"
+    checks = _budgets_and_goodput(run, groups, overall)
+    checks.append(error_check)
+    if not run.in_window.sum():
+        run.notes.append("no requests scheduled in the window: nothing to judge")
+        return checks, "no data"
+    return checks, _verdict(checks)
+
+
+def _server_summary(run: _Run) -> dict[str, Any] | None:
+    """The server's /metrics over the window (to the last request's end when later), with the whole run's
+    time series."""
+    server_table = read_run_table(run.run_dir, SERVER_METRICS_FILE)
+    done = run.c["done_ns"]
     server = summarize_server_metrics(
-        server_table,
-        run.lo,
-        max(run.hi, float(np.nanmax(run.c["done_ns"])) if np.isfinite(run.c["done_ns"]).any() else run.hi),
+        server_table, run.lo, max(run.hi, float(np.nanmax(done)) if np.isfinite(done).any() else run.hi)
     )
     full = summarize_server_metrics(server_table, -np.inf, np.inf) if server_table is not None else None
-    replicas = _replicas(run)
     if server is not None and full is not None and "timeseries" in full:
         server["timeseries"] = full["timeseries"]
+    return server
+
+
+def _plot_tokens_and_budgets(run: _Run, scenario: Scenario | None, plot: dict[str, Any]) -> None:
+    """The plots' per-class token counts (ok requests in scope), and the budgets they are drawn against."""
     plot["tokens"] = {
         name: {
             "prompt": run.prompt_best[run.scope & run.ok & (run.cls == i)],
@@ -943,31 +983,3 @@ def _analysis(run: _Run, scenario: Scenario | None, include_cold: bool) -> Analy
             name: {m: getattr(cls.budgets, m).limits() if getattr(cls.budgets, m) else {} for m in BUDGET_METRICS}
             for name, cls in scenario.classes.items()
         }
-    window_info = {
-        "start_s": run.lo / M.NS_PER_S,
-        "end_s": run.hi / M.NS_PER_S,
-        "duration_s": run.window_s,
-        "default": run.window_default,
-    }
-    return Analysis(
-        run_dir=run_dir,
-        run=_run_info(run),
-        window=window_info,
-        classes=groups,
-        overall=overall,
-        checks=checks,
-        verdict=verdict,
-        errored=errored,
-        error_share=share,
-        error_rate_limit=limit,
-        error_share_ci=_share_ci(failed_in, int(run.in_window.sum())),
-        rates_meaningful=rates_meaningful,
-        stability=stability,
-        warm_cold=_warm_cold(run),
-        server=server,
-        timeseries=timeseries,
-        definitions=dict(DEFINITIONS),
-        notes=run.notes,
-        plot_data=plot,
-        replicas=replicas,
-    )

@@ -152,6 +152,10 @@ def _split_turn(delta: int, prev_output: int) -> tuple[int, int]:
     return max(assistant, 0), delta - max(assistant, 0)
 
 
+#: A conversation's last turn: its segments [(role, text, tokens)], prompt tokens and output tokens.
+_Thread = tuple[list[tuple[str, str, int]], int, int]
+
+
 def build_jobs(
     table: pa.Table,
     *,
@@ -168,56 +172,29 @@ def build_jobs(
     ``PromptSynth``."""
     synth = PromptSynth(tokenizer, salt=prompt_salt)
     cols = table.to_pydict()
-    n = table.num_rows
-    # conversation id -> (segments [(role, text, tokens)], prompt tokens, output tokens) of the last turn
-    threads: dict[str, tuple[list[tuple[str, str, int]], int, int]] = {}
-    jobs: list[Job] = []
+    threads: dict[str, _Thread] = {}  # conversation id -> its last turn
     stream_options: dict[str, Any] = {"include_usage": True}
     if vllm_extensions:
         stream_options["continuous_usage_stats"] = True
-    for i in range(n):
+    tail: dict[str, Any] = {"stream": True, "stream_options": stream_options}  # after max tokens, in this order
+    if vllm_extensions:
+        tail["ignore_eos"] = True
+    tail.update(extra_body or {})
+    jobs: list[Job] = []
+    for i in range(table.num_rows):
         rid = cols["request_id"][i]
         p_tokens = int(cols["prompt_tokens"][i])
         o_tokens = int(cols["output_tokens"][i])
         conv = cols["conversation_id"][i]
         turn = cols["turn_index"][i]
         group = cols["prefix_group"][i]
-        group_tokens = cols["prefix_tokens"][i] or 0
         prev = threads.get(conv) if conv is not None and turn else None
-        if prev is not None:
-            segments, prev_prompt, prev_output = prev
-            a_tok, u_tok = _split_turn(p_tokens - prev_prompt, prev_output)
-            segments = list(segments)
-            if a_tok:
-                segments.append(("assistant", synth.text(f"{rid}:assistant", a_tok), a_tok))
-            if u_tok:
-                segments.append(("user", synth.text(f"{rid}:user", u_tok), u_tok))
-        else:
-            text = synth.text(rid, p_tokens, group, int(group_tokens)) if group else synth.text(rid, p_tokens)
-            segments = [("user", text, p_tokens)]
+        segments = _segments(synth, prev, rid, p_tokens, group, int(cols["prefix_tokens"][i] or 0))
         if conv is not None:
             threads[conv] = (segments, p_tokens, o_tokens)
-        if endpoint == "chat":
-            messages: list[dict[str, str]] = []
-            for role, text, _ in segments:
-                if messages and messages[-1]["role"] == role:
-                    messages[-1]["content"] += " " + text
-                else:
-                    messages.append({"role": role, "content": text})
-            body: dict[str, Any] = {"model": model, "messages": messages}
-            prompt_text = json.dumps(messages, ensure_ascii=False)
-            client_tokens = sum(tok for _, _, tok in segments)
-        else:
-            prompt_text = " ".join(text for _, text, _ in segments)
-            body = {"model": model, "prompt": prompt_text}
-            client_tokens = tokenizer.count(prompt_text)
+        body, prompt_text, client_tokens = _prompt_body(model, endpoint, segments, tokenizer)
         body[max_tokens_field] = o_tokens
-        body["stream"] = True
-        body["stream_options"] = stream_options
-        if vllm_extensions:
-            body["ignore_eos"] = True
-        if extra_body:
-            body.update(extra_body)
+        body.update(tail)
         cancel = cols["cancel_after_tokens"][i]
         think = cols["think_after_reply_ns"][i] if "think_after_reply_ns" in cols else None
         jobs.append(
@@ -240,3 +217,39 @@ def build_jobs(
             )
         )
     return jobs
+
+
+def _segments(
+    synth: PromptSynth, prev: _Thread | None, rid: str, p_tokens: int, group: str | None, group_tokens: int
+) -> list[tuple[str, str, int]]:
+    """A request's prompt as (role, text, tokens) segments: a later turn is its conversation's previous turn
+    plus the reply (assistant) and the new user message that make up its growth; a first one is one user
+    message (opening with its prefix group's shared text)."""
+    if prev is None:
+        text = synth.text(rid, p_tokens, group, group_tokens) if group else synth.text(rid, p_tokens)
+        return [("user", text, p_tokens)]
+    segments, prev_prompt, prev_output = prev
+    a_tok, u_tok = _split_turn(p_tokens - prev_prompt, prev_output)
+    segments = list(segments)
+    if a_tok:
+        segments.append(("assistant", synth.text(f"{rid}:assistant", a_tok), a_tok))
+    if u_tok:
+        segments.append(("user", synth.text(f"{rid}:user", u_tok), u_tok))
+    return segments
+
+
+def _prompt_body(
+    model: str, endpoint: str, segments: list[tuple[str, str, int]], tokenizer
+) -> tuple[dict[str, Any], str, int]:
+    """(the body's model and prompt or messages, the prompt text as hashed, the client's prompt token count)."""
+    if endpoint != "chat":
+        prompt_text = " ".join(text for _, text, _ in segments)
+        return {"model": model, "prompt": prompt_text}, prompt_text, tokenizer.count(prompt_text)
+    messages: list[dict[str, str]] = []
+    for role, text, _ in segments:
+        if messages and messages[-1]["role"] == role:
+            messages[-1]["content"] += " " + text
+        else:
+            messages.append({"role": role, "content": text})
+    prompt_text = json.dumps(messages, ensure_ascii=False)
+    return {"model": model, "messages": messages}, prompt_text, sum(tok for _, _, tok in segments)

@@ -149,6 +149,24 @@ async def probe_target(
         raise TargetError(
             f"target {safe_url}: not reachable (GET /version and /v1/models failed): expected an OpenAI-compatible server"
         )
+    models, owners = _served_models(models_resp, safe_url)
+    model = _resolve_model(model, models, check_model, safe_url, secrets)
+    recorded_models = [safe_version(m, secrets) for m in models[:64]]
+    info = TargetInfo(
+        kind="unknown", base_url=safe_url, model=model, version=safe_version(version, secrets), models=recorded_models
+    )
+    _classify(info, version_resp, version, (urlsplit(base_url).hostname or "").lower(), owners, models)
+    if check_metrics and info.kind != "managed":
+        metrics = await _get(client, "/metrics")
+        if metrics is not None and metrics.status_code == 200:
+            info.has_metrics = next(iter(parse_prometheus_text(metrics.text[:65536])), None) is not None
+    if info.kind == "unknown":
+        info.notes.append(redact(f"target kind unknown (version={info.version!r}, models={recorded_models})", secrets))
+    return info
+
+
+def _served_models(models_resp: httpx.Response | None, safe_url: str) -> tuple[list[str], set[str]]:
+    """(the model ids ``/v1/models`` lists, their owners); a 401/403 there is a missing or wrong key."""
     models: list[str] = []
     owners: set[str] = set()
     if models_resp is not None and models_resp.status_code == 200:
@@ -163,11 +181,19 @@ async def probe_target(
         raise TargetError(
             f"target {safe_url}: GET /v1/models answered HTTP {models_resp.status_code}: expected a valid API key (--api-key-env)"
         )
+    return models, owners
+
+
+def _resolve_model(
+    model: str | None, models: list[str], check_model: bool, safe_url: str, secrets: tuple[str, ...]
+) -> str:
+    """The model to request: ``model``, checked against the served ones (when listed and asked to), else the
+    first one served."""
     if model is None:
         if not models:
             raise TargetError(f"target {safe_url}: no model given and /v1/models lists none: expected --model NAME")
-        model = models[0]
-    elif check_model and models and model not in models:
+        return models[0]
+    if check_model and models and model not in models:
         shown = ", ".join(repr(m) for m in models[:10]) + (f" and {len(models) - 10} more" if len(models) > 10 else "")
         raise TargetError(
             redact(
@@ -176,11 +202,13 @@ async def probe_target(
                 secrets,
             )
         )
-    host = (urlsplit(base_url).hostname or "").lower()
-    recorded_models = [safe_version(m, secrets) for m in models[:64]]
-    info = TargetInfo(
-        kind="unknown", base_url=safe_url, model=model, version=safe_version(version, secrets), models=recorded_models
-    )
+    return model
+
+
+def _classify(
+    info: TargetInfo, version_resp: httpx.Response | None, version: Any, host: str, owners: set[str], models: list[str]
+) -> None:
+    """``info.kind`` (and ``info.engine`` when known): sim, managed (by host), vllm, openai-compatible or unknown."""
     clean = info.version if isinstance(info.version, dict) else {}
     if is_simulated(version_resp, version):
         info.kind = "sim"
@@ -196,10 +224,3 @@ async def probe_target(
         info.engine = {"name": "vllm", "version": clean.get("version"), "config": None}
     elif models:
         info.kind = "openai-compatible"
-    if check_metrics and info.kind != "managed":
-        metrics = await _get(client, "/metrics")
-        if metrics is not None and metrics.status_code == 200:
-            info.has_metrics = next(iter(parse_prometheus_text(metrics.text[:65536])), None) is not None
-    if info.kind == "unknown":
-        info.notes.append(redact(f"target kind unknown (version={info.version!r}, models={recorded_models})", secrets))
-    return info

@@ -206,79 +206,14 @@ def parse_model_config(cfg: dict[str, Any], source: str = "<config>") -> ModelCo
     archs = cfg.get("architectures") or []
     architecture = archs[0] if isinstance(archs, list) and archs else str(cfg.get("model_type", "unknown"))
     model_type = str(cfg.get("model_type", "")).lower()
-    hidden = _get(cfg, src, "hidden_size")
-    layers = _get(cfg, src, "num_hidden_layers")
-    if layers > MAX_LAYERS:  # the ledger walks the layers one by one
-        raise LedgerError(f"{src}: num_hidden_layers = {layers}: expected at most {MAX_LAYERS}")
-    heads = _get(cfg, src, "num_attention_heads")
-    kv_heads = _get(cfg, src, "num_key_value_heads", required=False) or heads
-    if kv_heads > heads or heads % kv_heads:
-        raise LedgerError(
-            f"{src}: num_key_value_heads = {kv_heads}: expected a divisor of num_attention_heads ({heads})"
-        )
-    head_dim = _get(cfg, src, "head_dim", required=False)
-    if head_dim is None:
-        if hidden % heads:
-            raise LedgerError(
-                f"{src}: hidden_size = {hidden}: expected a multiple of num_attention_heads ({heads}) or an explicit head_dim"
-            )
-        head_dim = hidden // heads
+    hidden, layers, heads, kv_heads, head_dim = _attention_shape(cfg, src)
     vocab = _get(cfg, src, "vocab_size")
     inter = _get(cfg, src, "intermediate_size")
     torch_dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
     dtype_bytes(torch_dtype, f"{src}: torch_dtype")
-
-    sliding = cfg.get("sliding_window")
-    if sliding is not None and (isinstance(sliding, bool) or not isinstance(sliding, int) or sliding < 0):
-        raise LedgerError(f"{src}: sliding_window = {sliding!r}: expected a positive integer or null")
-    if sliding == 0:
-        sliding = None  # some checkpoints use 0 for "disabled" (vLLM does the same)
-    if model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and not cfg.get("use_sliding_window", False):
-        sliding = None  # Qwen configs carry sliding_window but only use it with use_sliding_window
-    kinds = _layer_kinds(cfg, src, model_type, layers, sliding)
-    if "sliding" not in kinds:
-        sliding = None
-
-    kv_lora = _get(cfg, src, "kv_lora_rank", required=False)
-    rope = _get(cfg, src, "qk_rope_head_dim", required=False) if kv_lora else None
-    if kv_lora and rope is None:
-        raise LedgerError(f"{src}: qk_rope_head_dim: missing; expected a positive integer with kv_lora_rank (MLA)")
-    nope = _get(cfg, src, "qk_nope_head_dim", required=False) if kv_lora else None
-    v_head = _get(cfg, src, "v_head_dim", required=False) if kv_lora else None
-    q_lora = _get(cfg, src, "q_lora_rank", required=False) if kv_lora else None
-
-    n_experts = None
-    for key in ("n_routed_experts", "num_local_experts", "num_experts"):
-        if cfg.get(key):
-            n_experts = _get(cfg, src, key)
-            break
-    moe_layers: tuple[int, ...] = ()
-    moe_inter = shared_inter = top_k = None
-    shared_gate = False
-    if n_experts:
-        top_k = _get(cfg, src, "num_experts_per_tok", required=False)
-        moe_inter = (
-            _get(cfg, src, "moe_intermediate_size", required=False) or inter
-        )  # Mixtral: experts use intermediate_size
-        first_dense = _get(cfg, src, "first_k_dense_replace", required=False, positive=False) or 0
-        freq = (
-            _get(cfg, src, "moe_layer_freq", required=False)
-            or _get(cfg, src, "decoder_sparse_step", required=False)
-            or 1
-        )
-        mlp_only = set(_int_list(cfg, src, "mlp_only_layers"))
-        moe_layers = tuple(
-            i
-            for i in range(layers)
-            if i >= first_dense
-            and (i % freq == 0 if "moe_layer_freq" in cfg else (i + 1) % freq == 0)
-            and i not in mlp_only
-        )
-        if cfg.get("n_shared_experts"):
-            shared_inter = _get(cfg, src, "n_shared_experts") * moe_inter
-        elif cfg.get("shared_expert_intermediate_size"):
-            shared_inter = _get(cfg, src, "shared_expert_intermediate_size")
-            shared_gate = True  # Qwen2-MoE gates its shared expert
+    sliding, kinds = _sliding_window(cfg, src, model_type, layers)
+    kv_lora, rope, nope, v_head, q_lora = _mla(cfg, src)
+    n_experts, top_k, moe_inter, shared_inter, moe_layers, shared_gate = _moe(cfg, src, layers, inter)
     bias = bool(cfg.get("attention_bias", model_type in ("qwen2", "qwen2_moe")))
     max_pos = cfg.get("max_position_embeddings")
     if max_pos is not None and (
@@ -320,6 +255,89 @@ def parse_model_config(cfg: dict[str, Any], source: str = "<config>") -> ModelCo
         quantization=quantization,
         quantization_method=quant_method,
     )
+
+
+def _attention_shape(cfg: dict[str, Any], src: str) -> tuple[int, int, int, int, int]:
+    """(hidden size, layers, attention heads, KV heads, head dim), each checked against the others."""
+    hidden = _get(cfg, src, "hidden_size")
+    layers = _get(cfg, src, "num_hidden_layers")
+    if layers > MAX_LAYERS:  # the ledger walks the layers one by one
+        raise LedgerError(f"{src}: num_hidden_layers = {layers}: expected at most {MAX_LAYERS}")
+    heads = _get(cfg, src, "num_attention_heads")
+    kv_heads = _get(cfg, src, "num_key_value_heads", required=False) or heads
+    if kv_heads > heads or heads % kv_heads:
+        raise LedgerError(
+            f"{src}: num_key_value_heads = {kv_heads}: expected a divisor of num_attention_heads ({heads})"
+        )
+    head_dim = _get(cfg, src, "head_dim", required=False)
+    if head_dim is None:
+        if hidden % heads:
+            raise LedgerError(
+                f"{src}: hidden_size = {hidden}: expected a multiple of num_attention_heads ({heads}) or an explicit head_dim"
+            )
+        head_dim = hidden // heads
+    return hidden, layers, heads, kv_heads, head_dim
+
+
+def _sliding_window(cfg: dict[str, Any], src: str, model_type: str, layers: int) -> tuple[int | None, tuple[str, ...]]:
+    """(the sliding window, or None when no layer slides; each layer's kind, full or sliding)."""
+    sliding = cfg.get("sliding_window")
+    if sliding is not None and (isinstance(sliding, bool) or not isinstance(sliding, int) or sliding < 0):
+        raise LedgerError(f"{src}: sliding_window = {sliding!r}: expected a positive integer or null")
+    if sliding == 0:
+        sliding = None  # some checkpoints use 0 for "disabled" (vLLM does the same)
+    if model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and not cfg.get("use_sliding_window", False):
+        sliding = None  # Qwen configs carry sliding_window but only use it with use_sliding_window
+    kinds = _layer_kinds(cfg, src, model_type, layers, sliding)
+    return (sliding if "sliding" in kinds else None), kinds
+
+
+def _mla(cfg: dict[str, Any], src: str) -> tuple[int | None, int | None, int | None, int | None, int | None]:
+    """Multi-head latent attention (DeepSeek): (kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim,
+    q_lora_rank), all None without ``kv_lora_rank``."""
+    kv_lora = _get(cfg, src, "kv_lora_rank", required=False)
+    rope = _get(cfg, src, "qk_rope_head_dim", required=False) if kv_lora else None
+    if kv_lora and rope is None:
+        raise LedgerError(f"{src}: qk_rope_head_dim: missing; expected a positive integer with kv_lora_rank (MLA)")
+    nope = _get(cfg, src, "qk_nope_head_dim", required=False) if kv_lora else None
+    v_head = _get(cfg, src, "v_head_dim", required=False) if kv_lora else None
+    q_lora = _get(cfg, src, "q_lora_rank", required=False) if kv_lora else None
+    return kv_lora, rope, nope, v_head, q_lora
+
+
+def _moe(
+    cfg: dict[str, Any], src: str, layers: int, inter: int
+) -> tuple[int | None, int | None, int | None, int | None, tuple[int, ...], bool]:
+    """Mixture of experts: (experts, experts per token, expert intermediate size, shared expert intermediate
+    size, the MoE layers, whether the shared expert is gated); no experts: (None, None, None, None, (), False)."""
+    n_experts = None
+    for key in ("n_routed_experts", "num_local_experts", "num_experts"):
+        if cfg.get(key):
+            n_experts = _get(cfg, src, key)
+            break
+    if not n_experts:
+        return n_experts, None, None, None, (), False
+    top_k = _get(cfg, src, "num_experts_per_tok", required=False)
+    moe_inter = _get(cfg, src, "moe_intermediate_size", required=False) or inter  # Mixtral: intermediate_size
+    first_dense = _get(cfg, src, "first_k_dense_replace", required=False, positive=False) or 0
+    freq = (
+        _get(cfg, src, "moe_layer_freq", required=False) or _get(cfg, src, "decoder_sparse_step", required=False) or 1
+    )
+    mlp_only = set(_int_list(cfg, src, "mlp_only_layers"))
+    moe_layers = tuple(
+        i
+        for i in range(layers)
+        if i >= first_dense
+        and (i % freq == 0 if "moe_layer_freq" in cfg else (i + 1) % freq == 0)
+        and i not in mlp_only
+    )
+    shared_inter, shared_gate = None, False
+    if cfg.get("n_shared_experts"):
+        shared_inter = _get(cfg, src, "n_shared_experts") * moe_inter
+    elif cfg.get("shared_expert_intermediate_size"):
+        shared_inter = _get(cfg, src, "shared_expert_intermediate_size")
+        shared_gate = True  # Qwen2-MoE gates its shared expert
+    return n_experts, top_k, moe_inter, shared_inter, moe_layers, shared_gate
 
 
 def read_model_config(path: str | Path) -> ModelConfig:

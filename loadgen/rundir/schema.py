@@ -117,6 +117,10 @@ TRACE_OPTIONAL_FIELDS = (
     # null: sent at its offset; set: sent this long after the previous turn of its conversation ended
     # (thread.wait_for_reply; its offset is then the open-loop estimate, for ordering and the worksheet)
     pa.field("think_after_reply_ns", pa.int64()),
+    # the prompt's prefix structure (null: unknown): hash i stands for the first (i + 1) x B prompt tokens, B the
+    # trace metadata's ``block_hash_tokens``; two requests share a prefix cache block exactly where their hashes
+    # agree (token-id imports: ``loadgen.trace.block_hashes``, B = 16; Mooncake's hash_ids as given, B = 512)
+    pa.field("prompt_block_hashes", pa.list_(pa.int64())),
 )
 #: Every column a trace file holds: the required TRACE_SCHEMA, then the optional fields.
 TRACE_FULL_SCHEMA = pa.schema([*TRACE_SCHEMA, *TRACE_OPTIONAL_FIELDS])
@@ -143,6 +147,10 @@ REQUESTS_SCHEMA = pa.schema(
         pa.field("first_token_ns", pa.int64()),  # first chunk carrying content tokens
         pa.field("last_token_ns", pa.int64()),  # last chunk carrying content tokens
         pa.field("done_ns", pa.int64()),  # request finished, or was given up unsent (null: cut by a stop, or never due)
+        # the engine's own instants, when it reports them (an imported vLLM run's RequestStateStats, the
+        # worksheet's engine): it queued the request, and first scheduled it (queue time = the difference)
+        pa.field("server_queued_ns", pa.int64()),
+        pa.field("server_scheduled_ns", pa.int64()),
         # token counts
         pa.field("target_prompt_tokens", pa.int32(), nullable=False),
         pa.field("target_output_tokens", pa.int32(), nullable=False),
@@ -169,7 +177,13 @@ REQUESTS_SCHEMA = pa.schema(
 )
 
 #: Request columns added after schema version 1 (absent from older runs; read back as null).
-COLUMNS_SINCE = {"connect_start_ns": "2", "connect_end_ns": "2", "target_index": "2"}
+COLUMNS_SINCE = {
+    "connect_start_ns": "2",
+    "connect_end_ns": "2",
+    "target_index": "2",
+    "server_queued_ns": "2",
+    "server_scheduled_ns": "2",
+}
 
 #: One row per received chunk that carried content (or a usage-only/empty chunk with tokens=0).
 CHUNKS_SCHEMA = pa.schema(

@@ -281,6 +281,7 @@ def _table(rows: list[tuple]) -> pa.Table:
         "turn_index": [r[9] for r in rows],
         "cancel_after_tokens": [r[10] for r in rows],
         "think_after_reply_ns": [r[11] for r in rows],
+        "prompt_block_hashes": [None] * len(rows),
     }
     return pa.Table.from_pydict(columns, schema=TRACE_FULL_SCHEMA)
 
