@@ -44,6 +44,7 @@ from .budgets import (
     budget_checks,
     client_lag_line,
     error_share_check,
+    prompt_tokens_line,
     request_limit,
 )
 from .chunks import ChunkGaps, read_chunk_gaps
@@ -175,6 +176,37 @@ def _load_requests(run_dir: Path) -> tuple[pa.Array, dict[str, np.ndarray]]:
             f"{run_dir / REQUESTS_FILE}: status value(s) {sorted(bad, key=str)}: expected one of {', '.join(STATUSES)}"
         )
     return ids, cols
+
+
+def _refuse_foreign_rows(run_dir: Path, n_rows: int, recorded: int | None) -> None:
+    """More rows than the run recorded: parts of another run were copied in (they would be counted)."""
+    if recorded is not None and n_rows > recorded:
+        raise RunDirError(
+            f"{run_dir / REQUESTS_FILE}: {n_rows} rows: expected at most {recorded} (manifest.json "
+            f"requests_recorded): rows from another run were added; remove the part files this run did not write"
+        )
+
+
+#: Instants that cannot come before another one of the same request: (earlier, later).
+_INSTANT_ORDER = (
+    ("scheduled_ns", "done_ns"),
+    ("sent_ns", "first_token_ns"),
+    ("first_token_ns", "last_token_ns"),
+    ("first_token_ns", "done_ns"),
+    ("sent_ns", "done_ns"),
+)
+
+
+def _refuse_impossible_instants(run_dir: Path, ids: pa.Array, c: dict[str, np.ndarray]) -> None:
+    """A request whose instants are out of order (a done before its schedule ...) is bad input, not a figure."""
+    for earlier, later in _INSTANT_ORDER:
+        bad = np.flatnonzero(c[later] < c[earlier])  # NaN (never happened) compares false
+        if len(bad):
+            i = int(bad[0])
+            raise RunDirError(
+                f"{run_dir / REQUESTS_FILE}: request_id {ids[i].as_py()!r}: {later} = {c[later][i]:.0f} is before "
+                f"{earlier} = {c[earlier][i]:.0f}: expected {later} >= {earlier} ({len(bad)} such rows)"
+            )
 
 
 def _drop_not_due(ids: pa.Array, cols: dict[str, np.ndarray]) -> tuple[pa.Array, dict[str, np.ndarray], int]:
@@ -339,7 +371,9 @@ class _GapSink:
         # rows come grouped by request: one code per run of rows
         starts = np.flatnonzero(np.concatenate(([True], req_idx[1:] != req_idx[:-1])))
         if np.isfinite(self.lim).any():
-            w_desc = np.where((code & 3) == 3, weight, 0)
+            # goodput's per-request ITL check: every counted request, in the window or not (one scheduled
+            # before the window start can complete in it and count toward goodput)
+            w_desc = np.where((code & 1) == 1, weight, 0)
             over = np.where(value > np.take(self.lim_by_code, code), w_desc, 0)
             np.add.at(self.n_gaps, req_idx[starts], np.add.reduceat(w_desc, starts))
             np.add.at(self.n_over, req_idx[starts], np.add.reduceat(over, starts))
@@ -413,6 +447,8 @@ class _Run:
         self.c = c
         self.n = len(c["status"])
         recorded = manifest.requests_recorded
+        _refuse_foreign_rows(run_dir, self.n + self.not_due, recorded)
+        _refuse_impossible_instants(run_dir, self.ids, c)
         if recorded is not None and self.n < recorded:
             if self.n == 0:  # nothing left to analyse: never report "0 scheduled" for a run that recorded some
                 raise RunDirError(
@@ -761,7 +797,17 @@ def _run_info(run: _Run) -> dict[str, Any]:
         # the client's own schedule-keeping (None: a run with no send lag, such as an imported one)
         "send_lag_p99_ms": m.send_lag_p99_ms,
         "client_fell_behind": client_lag_line(m.send_lag_p99_ms),
+        "prompt_tokens_differ": _prompt_tokens_differ(run),
     }
+
+
+def _prompt_tokens_differ(run: _Run) -> str | None:
+    """``prompt_tokens_line`` over the requests whose prompt the server counted."""
+    target, server = run.c["target_prompt_tokens"], run.c["server_prompt_tokens"]
+    both = ~np.isnan(target) & ~np.isnan(server)
+    driver = run.manifest.driver
+    tokenizer = driver.tokenizer if driver is not None else None
+    return prompt_tokens_line(float(target[both].sum()), float(server[both].sum()), int(both.sum()), tokenizer)
 
 
 def _warm_cold(run: _Run) -> dict[str, Any]:

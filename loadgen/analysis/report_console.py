@@ -200,6 +200,8 @@ def _verdict_lines(a: Analysis) -> list[str]:
     stop = stop_sentence(a.run.get("stop") or {})
     if stop:
         lines.insert(0, f"[bold yellow]{stop}[/bold yellow]")
+    if a.run.get("prompt_tokens_differ"):
+        lines.insert(0, f"[bold yellow]workload: {escape(a.run['prompt_tokens_differ'])}[/bold yellow]")
     if a.run.get("client_fell_behind"):
         lines.insert(0, f"[bold yellow]measurement: {escape(a.run['client_fell_behind'])}[/bold yellow]")
     return lines

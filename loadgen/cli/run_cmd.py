@@ -74,8 +74,9 @@ def _request_args(g: argparse._ArgumentGroup) -> None:
     )
     g.add_argument(
         "--tokenizer",
-        default="cl100k_base",
-        help="cl100k_base | hf:PATH/tokenizer.json | chars:N | server (the target's /tokenize)",
+        default="auto",
+        help="auto (default: the target's /tokenize, else cl100k_base with a warning) | server | cl100k_base | "
+        "hf:PATH/tokenizer.json | chars:N",
     )
     g.add_argument(
         "--prompt-salt",

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pyarrow as pa
 
-from loadgen.util.errors import TargetError
+from loadgen.util.errors import LoadgenError, TargetError
 from loadgen.workload.prompts import PromptSynth, get_tokenizer, prompt_sha256
 
 _dumps: Callable[[Any], bytes]
@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover
         return json.dumps(obj, separators=(",", ":")).encode()
 
 
-__all__ = ["Job", "ServerTokenizer", "build_jobs", "resolve_tokenizer"]
+__all__ = ["AUTO_FALLBACK_TOKENIZER", "Job", "ServerTokenizer", "build_jobs", "resolve_tokenizer"]
 
 
 class ServerTokenizer:
@@ -80,11 +80,44 @@ class ServerTokenizer:
         self._client.close()
 
 
-def resolve_tokenizer(spec: str, base_url: str, model: str, headers: dict[str, str] | None = None):
-    """A tokenizer for prompt synthesis: ``server`` uses the target's /tokenize, else prompts.get_tokenizer."""
+#: What ``auto`` (the default) falls back to when the target has no usable ``/tokenize``.
+AUTO_FALLBACK_TOKENIZER = "cl100k_base"
+
+
+def resolve_tokenizer(
+    spec: str, base_url: str, model: str, headers: dict[str, str] | None = None, target_spec: str | None = None
+) -> tuple[Any, str, str | None]:
+    """``(tokenizer, what it is, warning)`` for prompt synthesis.
+
+    ``server`` uses the target's /tokenize; ``auto`` (the default) uses the tokenizer the target says it
+    counts with (``target_spec``: loadgen's simulated engine reports it in ``/version``) locally, else
+    the target's /tokenize when it answers, else ``cl100k_base`` with a warning (prompts then hold
+    cl100k_base's counts, not the target's); any other spec is ``prompts.get_tokenizer``'s."""
     if spec == "server":
-        return ServerTokenizer(base_url, model, headers)
-    return get_tokenizer(spec)
+        return ServerTokenizer(base_url, model, headers), "server", None
+    if spec != "auto":
+        return get_tokenizer(spec), spec, None
+    if target_spec:
+        try:
+            return get_tokenizer(target_spec), f"{target_spec} (the target's)", None
+        except LoadgenError:
+            pass  # not available here (a tokenizer.json on the server's host): ask the server
+    server = ServerTokenizer(base_url, model, headers, timeout_s=10.0)
+    try:
+        ids = server.encode("Hello, world")
+        if ids and server.decode(ids[:1]):  # prompts are built from decoded token runs: /detokenize too
+            return server, "server", None
+        why = "it returned no tokens" if not ids else "/detokenize returned no text"
+    except (TargetError, ValueError, AttributeError) as exc:
+        why = str(exc) if isinstance(exc, TargetError) else f"it answered {type(exc).__name__}"
+    server.close()
+    return (
+        get_tokenizer(AUTO_FALLBACK_TOKENIZER),
+        AUTO_FALLBACK_TOKENIZER,
+        f"no --tokenizer given and the target's /tokenize is not usable ({why}): prompts are sized with "
+        f"{AUTO_FALLBACK_TOKENIZER}, so the server may count other prompt lengths than the trace asks for; pass "
+        "--tokenizer hf:PATH/tokenizer.json (the served model's) to size them as the target does",
+    )
 
 
 @dataclass(slots=True)

@@ -43,7 +43,7 @@ class RunSettings(BaseModel):
     scenario_path: Path | None = None  # budgets, timeouts, privacy, endpoint
     endpoint: Literal["completions", "chat"] | None = None  # default: scenario.endpoint, else completions
     max_concurrency: int | None = Field(default=None, ge=1)  # default: trace max_in_flight / closed concurrency
-    tokenizer: str = "cl100k_base"  # cl100k_base | hf:PATH/tokenizer.json | chars:N | server
+    tokenizer: str = "auto"  # auto (server, else cl100k_base with a warning) | cl100k_base | hf:PATH | chars:N | server
     # enters every prompt's seed: the same trace gets other texts, so no earlier run's prompt is in a prefix cache
     prompt_salt: str = Field(default="", max_length=200)
     api_key_env: str | None = None  # NAME of the env var holding the key; the key is never recorded

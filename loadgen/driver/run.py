@@ -160,6 +160,7 @@ class _Inputs:
     mode: str  # open | closed
     concurrency: int | None
     endpoint: str
+    tokenizer: str | None = None  # what sized the prompts (``resolve_tokenizer``), set when the jobs are built
 
 
 def _read_inputs(options: RunOptions, shard: Shard | None = None) -> _Inputs:
@@ -225,9 +226,18 @@ async def _prepare_jobs(
     retain_prompt = bool(scenario and scenario.privacy.retain_prompt_text)
     t_build = time.perf_counter()
     model = cast(str, info.model)  # probe_target resolves the model (given, or the first served) or raises
-    tokenizer = resolve_tokenizer(
-        options.tokenizer, root, model, {k: v for k, v in headers.items() if k == "authorization"}
+    reported = info.version.get("tokenizer") if info.kind == "sim" and isinstance(info.version, dict) else None
+    tokenizer, tokenizer_name, warning = resolve_tokenizer(
+        options.tokenizer,
+        root,
+        model,
+        {k: v for k, v in headers.items() if k == "authorization"},
+        reported if isinstance(reported, str) else None,
     )
+    if warning is not None:
+        inputs.warnings.append(warning)  # recorded in the manifest
+        print(f"loadgen: warning: {warning}", file=sys.stderr)
+    inputs.tokenizer = tokenizer_name
     try:
         jobs = await anyio.to_thread.run_sync(
             lambda: build_jobs(
@@ -403,7 +413,7 @@ def _driver_info(
         endpoint=inputs.endpoint,
         path=path,
         concurrency=inputs.concurrency,
-        tokenizer=options.tokenizer,
+        tokenizer=inputs.tokenizer if options.tokenizer != "auto" else f"auto: {inputs.tokenizer}",
         prompt_salt=options.prompt_salt or None,
         token_counter=getattr(prepared.counter, "name", str(prepared.counter)),
         vllm_extensions=prepared.extensions,

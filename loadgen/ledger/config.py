@@ -78,6 +78,10 @@ class ModelConfig:
     shared_expert_intermediate_size: int | None = None  # total width of shared experts
     moe_layers: tuple[int, ...] = field(default_factory=tuple)  # indices of MoE layers
     shared_expert_gate: bool = False
+    # quantization_config: the ledger's name for how the weights are stored (a QUANT_WEIGHT_BITS key), or
+    # None; ``quantization_method`` is the config's own quant_method (kept when the ledger cannot cost it)
+    quantization: str | None = None
+    quantization_method: str | None = None
 
     @property
     def is_mla(self) -> bool:
@@ -163,6 +167,35 @@ def _layer_kinds(
     return ("sliding",) * num_layers  # Mistral-style: one window for every layer
 
 
+def _quantization(cfg: dict[str, Any], src: str) -> tuple[str | None, str | None]:
+    """``(ledger name or None, quant_method)`` of a config's ``quantization_config`` (None, None without one).
+
+    AWQ and GPTQ store 4-bit weights with group scales (GPTQ 8-bit: int8); FP8 one byte per weight;
+    compressed-tensors says so in its first config group (``weights.num_bits`` and ``type``). Anything
+    else keeps its method name and no ledger name: ``compute_ledger`` refuses it unless told.
+    """
+    qc = cfg.get("quantization_config")
+    if qc is None:
+        return None, None
+    if not isinstance(qc, dict):
+        raise LedgerError(f"{src}: quantization_config = {qc!r}: expected a JSON object")
+    method = str(qc.get("quant_method", "")).lower() or "unknown"
+    bits: Any = qc.get("bits", qc.get("w_bit"))
+    if method in ("awq", "gptq"):
+        names = {4: method, 8: "int8"} if method == "gptq" else {4: "awq"}
+        return names.get(bits if bits is not None else 4), method
+    if method in ("fp8", "fbgemm_fp8"):
+        return "fp8", method
+    if method == "compressed-tensors":
+        groups = qc.get("config_groups")
+        first = next(iter(groups.values()), None) if isinstance(groups, dict) and groups else None
+        weights = first.get("weights") if isinstance(first, dict) else None
+        if isinstance(weights, dict):
+            by_weights: dict[tuple[Any, Any], str] = {("float", 8): "fp8", ("int", 8): "int8", ("int", 4): "int4"}
+            return by_weights.get((weights.get("type"), weights.get("num_bits"))), method
+    return None, method
+
+
 def parse_model_config(cfg: dict[str, Any], source: str = "<config>") -> ModelConfig:
     """Validate a config.json mapping (``text_config`` is used when present) into a ModelConfig."""
     if not isinstance(cfg, dict):
@@ -183,6 +216,14 @@ def parse_model_config(cfg: dict[str, Any], source: str = "<config>") -> ModelCo
     n_experts, top_k, moe_inter, shared_inter, moe_layers, shared_gate = _moe(cfg, src, layers, inter)
     bias = bool(cfg.get("attention_bias", model_type in ("qwen2", "qwen2_moe")))
     max_pos = cfg.get("max_position_embeddings")
+    if max_pos is not None and (
+        isinstance(max_pos, bool) or not isinstance(max_pos, int) or not 0 < max_pos <= MAX_CONFIG_INT
+    ):
+        raise LedgerError(
+            f"{src}: max_position_embeddings = {max_pos!r}: invalid; expected a positive integer (at most "
+            f"{MAX_CONFIG_INT}), or leave it out and pass max_model_len"
+        )
+    quantization, quant_method = _quantization(cfg, src)
     return ModelConfig(
         source=src,
         architecture=architecture,
@@ -196,7 +237,7 @@ def parse_model_config(cfg: dict[str, Any], source: str = "<config>") -> ModelCo
         intermediate_size=inter,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         torch_dtype=str(torch_dtype).replace("torch.", ""),
-        max_position_embeddings=max_pos if isinstance(max_pos, int) and 0 < max_pos <= MAX_CONFIG_INT else None,
+        max_position_embeddings=max_pos,
         attention_bias=bias,
         sliding_window=sliding,
         layer_kinds=kinds,
@@ -211,6 +252,8 @@ def parse_model_config(cfg: dict[str, Any], source: str = "<config>") -> ModelCo
         shared_expert_intermediate_size=shared_inter,
         moe_layers=moe_layers,
         shared_expert_gate=shared_gate,
+        quantization=quantization,
+        quantization_method=quant_method,
     )
 
 

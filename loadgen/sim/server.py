@@ -1,7 +1,7 @@
 """Face 2: the live OpenAI-compatible server, the same engine advancing in real time.
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (stream or not, usage chunk),
-``POST /tokenize``, ``POST /reset_prefix_cache``, ``GET /v1/models``, ``/version``, ``/health``, ``/metrics``
+``POST /tokenize``, ``POST /detokenize``, ``POST /reset_prefix_cache``, ``GET /v1/models``, ``/version``, ``/health``, ``/metrics``
 (vLLM names).
 One asyncio task runs the engine's step loop: it schedules a step, sleeps the step's modelled
 duration, then hands each request its new tokens. Faults come from ``[faults]`` (seeded) or the
@@ -217,6 +217,10 @@ class SimServer:
             if req.method != "POST":
                 return self._error(conn, 405, "method not allowed on /tokenize; use POST")
             return self.tokenize(req, conn)
+        if path == "/detokenize":
+            if req.method != "POST":
+                return self._error(conn, 405, "method not allowed on /detokenize; use POST")
+            return self.detokenize(req, conn)
         if path == "/reset_prefix_cache":  # vLLM's (dev-mode) endpoint: cold prefix cache without a restart
             if req.method != "POST":
                 return self._error(conn, 405, "method not allowed on /reset_prefix_cache; use POST")
@@ -255,6 +259,7 @@ class SimServer:
             "version": __version__,
             "engine": "loadgen-sim",
             "engine_config": self.config.name,
+            "tokenizer": self.tokenizer.name,  # the one it counts with (a client can size prompts with it locally)
             "config": self.config.manifest(),
         }
         conn.send(200, json.dumps(body).encode())
@@ -665,6 +670,25 @@ class SimServer:
             return self._error(conn, exc.status, str(exc), exc.param)
         out = {"count": len(ids), "max_model_len": self.config.scheduler.max_model_len, "tokens": ids}
         conn.send(200, json.dumps(out).encode())
+
+    def detokenize(self, req: Request, conn: Connection) -> None:
+        """vLLM's ``POST /detokenize``: ``{"tokens": [ids]}`` → ``{"prompt": text}`` (422 where the tokenizer
+        cannot decode: a ``chars:N`` one counts only)."""
+        try:
+            body = self._body(req)
+            self._check_model(body)
+            ids = body.get("tokens")
+            if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise _Invalid(422, "tokens: expected a list of token ids", "tokens")
+            try:
+                text = self.tokenizer.decode(ids)
+            except NotImplementedError:
+                raise _Invalid(422, f"tokenizer {self.tokenizer.name}: cannot decode", "tokens") from None
+            except (ValueError, KeyError, OverflowError, TypeError):
+                raise _Invalid(422, "tokens: not ids of this tokenizer", "tokens") from None
+        except _Invalid as exc:
+            return self._error(conn, exc.status, str(exc), exc.param)
+        conn.send(200, json.dumps({"prompt": text}).encode())
 
     # -- metrics -----------------------------------------------------------------------------------
     def render_metrics(self) -> str:
