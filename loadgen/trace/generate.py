@@ -28,7 +28,7 @@ from loadgen.rundir.schema import TRACE_FULL_SCHEMA
 from loadgen.util.errors import TraceError
 from loadgen.util.limits import MAX_TOKENS, MAX_TRACE_REQUESTS, MAX_TURNS
 from loadgen.workload.distributions import mean, sample, sample_tokens
-from loadgen.workload.scenario import CLASS_NAMES, Scenario, TraceSettings
+from loadgen.workload.scenario import Scenario, TraceSettings, class_order
 
 from .. import __version__
 from .io import write_trace
@@ -313,8 +313,8 @@ def generate_trace(scenario: Scenario, trace_name: str, seed: int | None = None)
     seed = scenario.seed if seed is None else seed
     settings = scenario.traces[trace_name]
     rng_arrival, rng_class, rng_group = _rng_streams(seed, trace_name, 3)
-    # Canonical class order (not file order), so a scenario rebuilt from a manifest gives the same trace.
-    names = [n for n in CLASS_NAMES if n in scenario.classes]
+    # The one class order (not file order), so a scenario rebuilt from a manifest gives the same trace.
+    names = class_order(scenario.classes)
     times_s, class_idx = _arrivals_and_classes(scenario, trace_name, names, rng_arrival, rng_class)
     group_u = rng_group.random(len(times_s))
     rows: list[tuple] = []

@@ -22,6 +22,7 @@ from loadgen.rundir.identity import sha256_file
 from loadgen.rundir.schema import TRACE_SCHEMA
 from loadgen.util.errors import TraceError
 from loadgen.util.limits import MAX_OFFSET_NS, MAX_TOKENS, MAX_TRACE_REQUESTS, is_finite
+from loadgen.workload.scenario import class_name_problem
 
 from .. import __version__
 from .io import write_trace
@@ -229,6 +230,9 @@ def import_trace(
     """
     path = Path(path)
     _check_import_options(time_scale, start_s, duration_s, max_requests)
+    problem = class_name_problem(request_class)
+    if problem is not None:
+        raise TraceError(f"--request-class = {request_class!r}: {problem}")
     times, prompts, outputs, hashes = _read_sorted(kind, path)
     rel = times - times[0]
     idx = _window(rel, path, start_s, duration_s, max_requests)
