@@ -305,13 +305,16 @@ PINNED_CASES = {
 #: sha256 prefixes of (requests, chunks, server metrics) table contents (Arrow IPC, see table_digest).
 #: Re-pinned once, for the requests table only, when the record schema gained `target_index` (replicas): with
 #: that column dropped, the new tables hash to the earlier pins (2f457c03…, 20574558…, 0204962e…, 03d1429b…,
-#: 9cb60212…); chunks and server metrics are unchanged.
+#: 9cb60212…); chunks and server metrics are unchanged. Re-pinned again for record schema 3 (reasoning): with
+#: the requests' first_answer_token_ns, client_reasoning_tokens, server_reasoning_tokens and the chunks' kind
+#: dropped, the new tables hash to the previous pins (877df444…/2d4c5d0d…, 8be8ca26…/ff8a4cfa…,
+#: b06268a9…/e6941bc0…, f89939ae…/233c7d69…, 54b6369c…/6c07b639…); server metrics are unchanged.
 PINNED_DIGESTS: dict[str, tuple[str, str, str]] = {
-    "interactive": ("877df44447f1be10", "2d4c5d0df485868a", "ae3b23b27d8461c9"),
-    "noisy-faults": ("8be8ca26bddca2f7", "ff8a4cfa60753f1e", "74dea83c160d61b2"),
-    "priority-few-seats": ("b06268a9a27f2b5d", "e6941bc011b391ff", "ee6d55e6e41fa3fa"),
-    "small-kv": ("f89939aeb045a227", "233c7d69a7846074", "46f9f463bce9f04b"),
-    "throughput": ("54b6369cf1399aec", "6c07b639abfc9709", "a0be3e0778fe5e68"),
+    "interactive": ("35a7771a508f6aec", "7d7d767755562b71", "ae3b23b27d8461c9"),
+    "noisy-faults": ("de829958835dad93", "020e11a2331ba406", "74dea83c160d61b2"),
+    "priority-few-seats": ("4b980026a9f44188", "62c9c1afe6d877cb", "ee6d55e6e41fa3fa"),
+    "small-kv": ("327004793440c9b7", "83addadb3f1f16eb", "46f9f463bce9f04b"),
+    "throughput": ("ad6c149715b275b5", "0fdf6d73470d9e06", "a0be3e0778fe5e68"),
 }
 
 

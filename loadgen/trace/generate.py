@@ -211,6 +211,15 @@ class _ClassRows:
             if cls.cancel
             else np.zeros(total_turns, np.int64)
         )
+        self.reasoning = (
+            sample_tokens(
+                cls.reasoning_tokens, _rng_streams(seed, f"{trace_name}/{cname}/reasoning", 1)[0], total_turns, base_dir
+            )
+            if cls.reasoning_tokens is not None
+            else None
+        )
+        if self.reasoning is not None:
+            _check_sampled(scenario, f"classes.{cname}.reasoning_tokens", self.reasoning, MAX_TOKENS)
         self.k = 0  # next per-turn draw
         self.rows: list[tuple] = []  # (offset_ns, arrival order, turn, fields...)
 
@@ -242,7 +251,13 @@ class _ClassRows:
                     f"{self.where}: a turn's prompt (thread context) reaches {prompt} tokens: expected at "
                     f"most {MAX_TOKENS} (lower max turns or token lengths)"
                 )
-            out = int(self.outs[k])
+            reasoning = int(self.reasoning[k]) if self.reasoning is not None else None
+            out = int(self.outs[k]) + (reasoning or 0)  # reasoning first, then the answer
+            if out > MAX_TOKENS:
+                raise TraceError(
+                    f"{self.where}: a request's reasoning and answer reach {out} output tokens: expected at most "
+                    f"{MAX_TOKENS} (lower reasoning_tokens or output_tokens)"
+                )
             cancel = None
             if cls.cancel and self.cancel_u[k] < cls.cancel.share and int(self.cancel_n[k]) < out:
                 cancel = int(self.cancel_n[k])
@@ -261,6 +276,7 @@ class _ClassRows:
                     turn if self.is_thread else None,
                     cancel,
                     think_ns,
+                    reasoning,
                 )
             )
             context = prompt + out
@@ -281,6 +297,7 @@ def _table(rows: list[tuple]) -> pa.Table:
         "turn_index": [r[9] for r in rows],
         "cancel_after_tokens": [r[10] for r in rows],
         "think_after_reply_ns": [r[11] for r in rows],
+        "reasoning_tokens": [r[12] for r in rows],
     }
     return pa.Table.from_pydict(columns, schema=TRACE_FULL_SCHEMA)
 

@@ -38,6 +38,7 @@ __all__ = [
     "class_name_problem",
     "class_order",
     "Distribution",
+    "Mixture",
     "Budget",
     "Budgets",
     "RequestClass",
@@ -139,17 +140,44 @@ class Empirical(_Model):
     max: float | None = Field(default=None, ge=0, le=_P)
 
 
-Distribution = Annotated[Fixed | Uniform | Normal | LogNormal | Empirical, Field(discriminator="dist")]
+#: One component of a mixture: any simple distribution (not another mixture).
+SimpleDistribution = Annotated[Fixed | Uniform | Normal | LogNormal | Empirical, Field(discriminator="dist")]
 
 
-def dist_upper(dist: Fixed | Uniform | Normal | LogNormal | Empirical) -> float | None:
+class Component(_Model):
+    """A mixture's component: its ``weight`` (relative; weights need not sum to 1) and distribution ``of``."""
+
+    weight: float = Field(gt=0, le=_P)
+    of: SimpleDistribution
+
+
+class Mixture(_Model):
+    """Each sample comes from one component, picked with probability weight / sum of weights: a bimodal
+    length (reasoning that stops early or runs long) is two components."""
+
+    dist: Literal["mixture"]
+    components: list[Component] = Field(min_length=1, max_length=16)
+    min: float | None = Field(default=None, ge=0, le=_P)
+    max: float | None = Field(default=None, ge=0, le=_P)
+
+
+Distribution = Annotated[Fixed | Uniform | Normal | LogNormal | Empirical | Mixture, Field(discriminator="dist")]
+
+
+def dist_upper(dist: Fixed | Uniform | Normal | LogNormal | Empirical | Mixture) -> float | None:
     """The largest value a distribution is meant to give (its nominal top, cut by ``max``, raised by ``min``).
 
-    The nominal top is the fixed value, the uniform ``high`` or the (log)normal mean; an empirical file has
-    none (its values are checked when sampled). Tails beyond the mean are checked on the sampled values.
+    The nominal top is the fixed value, the uniform ``high``, the (log)normal mean or a mixture's largest
+    component top; an empirical file has none (its values are checked when sampled). Tails beyond the mean
+    are checked on the sampled values.
     """
-    nominal = {Fixed: "value", Uniform: "high", Normal: "mean", LogNormal: "mean"}.get(type(dist))
-    top = getattr(dist, nominal) if nominal else None
+    top: float | None
+    if isinstance(dist, Mixture):
+        tops = [dist_upper(c.of) for c in dist.components]
+        top = None if any(t is None for t in tops) else max(t for t in tops if t is not None)
+    else:
+        nominal = {Fixed: "value", Uniform: "high", Normal: "mean", LogNormal: "mean"}.get(type(dist))
+        top = getattr(dist, nominal) if nominal else None
     if dist.max is not None:
         top = dist.max if top is None else min(top, dist.max)
     if dist.min is not None:
@@ -216,6 +244,10 @@ class RequestClass(_Model):
     budgets: Budgets = Budgets()
     cancel: Cancellation | None = None
     thread: Thread | None = None  # multi-turn conversations (any class)
+    # a reasoning model's thinking before its answer: tokens per request, on top of output_tokens (the answer);
+    # the trace's output_tokens is their sum and its reasoning_tokens this draw (the simulated engine emits them
+    # as reasoning deltas; a real model reasons as it does)
+    reasoning_tokens: Distribution | None = None
     ttft_timeout_s: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
     total_timeout_s: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
 
@@ -225,6 +257,8 @@ class RequestClass(_Model):
         _check_bound("output_tokens", self.output_tokens, MAX_TOKENS, "tokens")
         if self.cancel is not None:
             _check_bound("cancel.after_tokens", self.cancel.after_tokens, MAX_TOKENS, "tokens")
+        if self.reasoning_tokens is not None:
+            _check_bound("reasoning_tokens", self.reasoning_tokens, MAX_TOKENS, "tokens")
         return self
 
 
@@ -374,7 +408,7 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     for item in loc:
         if isinstance(item, int):
             parts.append(f"[{item}]")
-        elif item in ("fixed", "uniform", "normal", "lognormal", "empirical", "function-after"):
+        elif item in ("fixed", "uniform", "normal", "lognormal", "empirical", "mixture", "function-after"):
             continue  # discriminator tags and validator names are not fields
         elif isinstance(item, str) and item.startswith("function-"):
             continue
