@@ -383,7 +383,7 @@ def test_live_simulated_engine_streams_reasoning(tmp_path: Path, sim_server) -> 
 
     scenario_path = _write(tmp_path, "s.toml", SIM_SCENARIO)
     trace = generate_trace_file(load_scenario(scenario_path), "t", tmp_path / "t.parquet")
-    sim = sim_server("instant")
+    sim = sim_server("interactive-small-batch")  # a step per token (~6 ms): reasoning and answer arrive apart
     out = run_trace_sync(
         RunOptions(
             trace_path=trace,
@@ -404,11 +404,11 @@ def test_live_simulated_engine_streams_reasoning(tmp_path: Path, sim_server) -> 
         mine = chunks[(chunks.request_id == row["request_id"]) & (chunks.tokens > 0)].sort_values("seq")
         answer = mine[mine.kind == "answer"]
         assert row["first_answer_token_ns"] == answer.arrival_ns.iloc[0]
-        assert row["first_token_ns"] == mine.arrival_ns.iloc[0]
+        assert row["first_token_ns"] == mine.arrival_ns.iloc[0] <= row["first_answer_token_ns"]
         assert mine[mine.kind == "reasoning"].tokens.sum() == reasoning  # one token per event (coalesce off)
     analysis = analyze_run(out)
     think, plain = analysis.classes["think"].metrics, analysis.classes["plain"].metrics
-    assert think["ttfat_ms"]["p50"] > think["ttft_ms"]["p50"] and think["ttfat_ms"]["n"] == think["ttft_ms"]["n"]
+    assert think["ttfat_ms"]["n"] == think["ttft_ms"]["n"] and think["ttfat_ms"]["mean"] > think["ttft_ms"]["mean"]
     assert analysis.classes["think"].tokens["reasoning"]["client_reasoning"] == sum(
         v or 0 for k, v in asked.items() if k in set(run.requests.column("request_id").to_pylist())
     )

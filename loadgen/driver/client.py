@@ -185,7 +185,7 @@ class StreamState:
     trace's cancel-after-tokens reached. Malformed events raise SSEProtocolError.
 
     Reasoning deltas count as tokens (the first token of either kind is TTFT's end) and are counted
-    apart (``reasoning_tokens``); ``first_answer`` is the first chunk carrying answer tokens (TTFAT's end).
+    apart (``reasoning_tokens``); ``first_answer_token`` is the first chunk carrying answer tokens (TTFAT's end).
     A chunk carrying both kinds with per-chunk usage gives its reasoning text's tokenizer count (at most
     the usage delta) to reasoning, the rest to the answer.
     """
@@ -227,7 +227,7 @@ class StreamState:
         self.arrivals = array("q")
         self.tokens = array("q")
         self.sizes = array("q")
-        self.kinds = array("q")  # 0 answer, 1 reasoning (CHUNK_KINDS)
+        self.kinds: array | None = None  # 0 answer, 1 reasoning (CHUNK_KINDS); None until a chunk reasons
         self.texts: list[str] | None = [] if ctx.retain_completion_text else None
         self.cancel_after = cancel_after
         self.prev_usage = 0
@@ -286,10 +286,10 @@ class StreamState:
             elif pieces:
                 n, r = self._count(text, reasoning)
             self.prev_usage = self.server_output = usage
+            if thought is not None:
+                self.server_reasoning = thought
         elif pieces:
-            n, r = self._count(text, reasoning)
-        if thought is not None:
-            self.server_reasoning = thought
+            n, r = self._count(text, reasoning) if reasoning else (self.ctx.tokens_in(text), 0)
         if text and self.texts is not None:
             self.texts.append(text)
         if prompt is not None:
@@ -303,21 +303,36 @@ class StreamState:
         self.arrivals.append(t)
         self.tokens.append(n)
         self.sizes.append(size)
-        self.kinds.append(1 if r and r == n else 0)
+        if r or self.kinds is not None:  # a reasoning stream (an answer-only one never comes here)
+            self._reasoning_chunk(t, n, r)
         if n:
             if self.first_token is None:
                 self.first_token = t
                 if self.on_first_token is not None:
                     self.on_first_token()
-            if self.first_answer is None and n > r:
-                self.first_answer = t
             self.last_token = t
             self.client_tokens += n
-            self.reasoning_tokens += r
             if self.cancel_after is not None and self.client_tokens >= self.cancel_after:
                 self.cancelled = True
                 return True
         return False
+
+    def _reasoning_chunk(self, t: int, n: int, r: int) -> None:
+        """Kind and counts of a chunk once the stream has reasoned (kinds start then: every chunk before was
+        answer, so the first answer token, if any, was the first token)."""
+        kinds = self.kinds
+        if kinds is None:
+            kinds = self.kinds = array("q", bytes(8 * (len(self.arrivals) - 1)))
+            self.first_answer = self.first_token
+        kinds.append(1 if r == n and r else 0)
+        self.reasoning_tokens += r
+        if self.first_answer is None and n > r:
+            self.first_answer = t
+
+    @property
+    def first_answer_token(self) -> int | None:
+        """When the first answer token arrived (the first token, for a stream that never reasoned)."""
+        return self.first_answer if self.kinds is not None else self.first_token
 
     def _count(self, text: str, reasoning: str) -> tuple[int, int]:
         """(all tokens, reasoning tokens) of a chunk's texts by the run's tokenizer (no per-chunk usage)."""
@@ -559,7 +574,7 @@ def _record(
     row["error_kind"] = error_kind
     row["error_message"] = redact(error_message, ctx.secrets) if error_message else None
     row["first_token_ns"] = state.first_token
-    row["first_answer_token_ns"] = state.first_answer
+    row["first_answer_token_ns"] = state.first_answer_token
     row["last_token_ns"] = state.last_token
     row["server_prompt_tokens"] = state.server_prompt
     row["server_output_tokens"] = state.server_output
