@@ -73,12 +73,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     cal.add_argument("--json", action="store_true", help="print the fit as JSON")
     cal.set_defaults(func=_calibrate)
 
-    val = s.add_parser("validate", help="held-out check: the target and the worksheet on the same traces")
-    val.add_argument("engine", help="engine TOML (a calibrated one, or any preset)")
+    val = s.add_parser(
+        "validate",
+        help="held-out check: the target and the worksheet on the same traces, or (--measured) the worksheet beside "
+        "imported runs of a real engine, offline",
+    )
+    val.add_argument("engine", nargs="?", default=None, help="engine TOML (a calibrated one, or any preset)")
+    val.add_argument("--engine", dest="engine_flag", default=None, help="engine TOML (the same as the positional)")
     vsrc = val.add_mutually_exclusive_group(required=True)
     vsrc.add_argument("--target", help="base URL of the real engine")
+    vsrc.add_argument(
+        "--measured",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="offline: imported runs (loadgen import llmservingsim) replayed on the engine and compared",
+    )
     _vllm_flags(val, vsrc)
-    val.add_argument("--out", required=True, help="directory for the runs and fidelity.json / fidelity.html")
+    val.add_argument("--out", default=None, help="directory for the runs and fidelity.json / fidelity.html")
+    val.add_argument("--html", default=None, metavar="FILE", help="(--measured) write the HTML page here")
+    val.add_argument(
+        "--no-record",
+        dest="record",
+        action="store_false",
+        help="(--measured) leave the engine TOML as it is (by default its validated_error is written)",
+    )
     val.add_argument(
         "--trace", action="append", default=None, metavar="PATH", help="trace to replay (default: canonical burst)"
     )
@@ -130,7 +148,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="prompt tokenizer spec, as for loadgen run (default: cl100k_base; --vllm: its own)",
     )
-    val.add_argument("--json", action="store_true")
+    val.add_argument(
+        "--json", nargs="?", const="-", default=None, metavar="FILE", help="print JSON (or, with FILE, write it there)"
+    )
     val.set_defaults(func=_validate)
 
 
@@ -256,6 +276,15 @@ def _calibrate(args: argparse.Namespace) -> int:
 def _validate(args: argparse.Namespace) -> int:
     from ..calibration.validate import format_table, validate  # deferred: `loadgen --help` loads no library code
 
+    if args.engine and args.engine_flag and args.engine != args.engine_flag:
+        raise LoadgenError(f"engine {args.engine!r} and --engine {args.engine_flag!r}: expected one engine")
+    args.engine = args.engine or args.engine_flag
+    if not args.engine:
+        raise LoadgenError("sim validate: no engine: expected an engine TOML (ENGINE or --engine ENGINE)")
+    if args.measured:
+        return _validate_measured(args)
+    if not args.out:
+        raise LoadgenError("sim validate --target/--vllm: --out is required (the directory for the runs)")
     public = None
     if args.public:
         kind, _, path = args.public.partition(":")
@@ -283,6 +312,29 @@ def _validate(args: argparse.Namespace) -> int:
             tokenizer=args.tokenizer or engine.tokenizer or "cl100k_base",
         )
     print(json.dumps(result, default=str) if args.json else format_table(result))
+    return 0
+
+
+def _validate_measured(args: argparse.Namespace) -> int:
+    """``sim validate --measured RUN_DIR... --engine ENGINE.toml``: offline, against imported runs."""
+    from ..calibration.offline import record_validated_error, validate_measured  # deferred: light --help
+    from ..calibration.offline_report import format_offline, offline_html  # deferred: light --help
+
+    result = validate_measured([Path(p) for p in args.measured], args.engine)
+    engine_path = Path(args.engine)
+    if args.record and engine_path.is_file():
+        result["recorded"] = record_validated_error(engine_path, result)
+    text = json.dumps(result, default=str, indent=1)
+    if args.json == "-":
+        print(text)
+    else:
+        print(format_offline(result))
+        if args.json:
+            Path(args.json).write_text(text)
+    if args.html:
+        Path(args.html).write_text(offline_html(result))
+    if result.get("recorded"):
+        print(f"{engine_path}: validated_error = {result['recorded']}")
     return 0
 
 

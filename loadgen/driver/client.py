@@ -142,6 +142,8 @@ def request_row(
         "first_answer_token_ns": None,
         "last_token_ns": None,
         "done_ns": None,
+        "server_queued_ns": None,  # the engine's own instants: not seen over HTTP
+        "server_scheduled_ns": None,
         "target_prompt_tokens": job.target_prompt_tokens,
         "target_output_tokens": job.target_output_tokens,
         "client_prompt_tokens": job.client_prompt_tokens,

@@ -126,6 +126,10 @@ TRACE_OPTIONAL_FIELDS = (
     # null: no reasoning asked for; set: the first N of output_tokens are reasoning (the class's
     # reasoning_tokens draw; the simulated engine streams them as reasoning deltas)
     pa.field("reasoning_tokens", pa.int32()),
+    # the prompt's prefix structure (null: unknown): hash i stands for the first (i + 1) x B prompt tokens, B the
+    # trace metadata's ``block_hash_tokens``; two requests share a prefix cache block exactly where their hashes
+    # agree (token-id imports: ``loadgen.trace.block_hashes``, B = 16; Mooncake's hash_ids as given, B = 512)
+    pa.field("prompt_block_hashes", pa.list_(pa.int64())),
 )
 #: The chat request field that carries a trace row's ``reasoning_tokens`` to loadgen's simulated engine (the
 #: driver sends it to that target only): the engine streams that many of the output tokens as
@@ -161,6 +165,10 @@ REQUESTS_SCHEMA = pa.schema(
         pa.field("first_answer_token_ns", pa.int64()),
         pa.field("last_token_ns", pa.int64()),  # last chunk carrying tokens of either kind
         pa.field("done_ns", pa.int64()),  # request finished, or was given up unsent (null: cut by a stop, or never due)
+        # the engine's own instants, when it reports them (an imported vLLM run's RequestStateStats, the
+        # worksheet's engine): it queued the request, and first scheduled it (queue time = the difference)
+        pa.field("server_queued_ns", pa.int64()),
+        pa.field("server_scheduled_ns", pa.int64()),
         # token counts
         pa.field("target_prompt_tokens", pa.int32(), nullable=False),
         pa.field("target_output_tokens", pa.int32(), nullable=False),
@@ -195,6 +203,8 @@ COLUMNS_SINCE = {
     "connect_start_ns": "2",
     "connect_end_ns": "2",
     "target_index": "2",
+    "server_queued_ns": "2",
+    "server_scheduled_ns": "2",
     "first_answer_token_ns": "3",
     "client_reasoning_tokens": "3",
     "server_reasoning_tokens": "3",

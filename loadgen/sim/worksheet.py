@@ -53,6 +53,8 @@ from .metrics import (
     histogram_samples,
     metric_labels_json,
 )
+from .prefix_chain import engine_block_chain
+from .profile import OperatorProfile
 from .protocol import StreamFormat, filler_bytes, request_id_for, token_bytes
 
 __all__ = ["WorksheetResult", "run_worksheet", "simulate_trace"]
@@ -125,6 +127,7 @@ class _Client:
         self.ready: list[tuple[int, int]] = []  # (due ns, index) of reply-waiting turns whose reply ended
         self.followers = _followers(cols)  # index of a turn -> index of the turn that waits for its reply
         self.waiting = set(self.followers.values())  # not due at their offset (a turn without one is)
+        self.block_hash_tokens = 0  # tokens per prompt_block_hashes entry (the trace metadata's; 0: none)
 
     def release_due(self, t: int) -> None:
         """Every request due at or before t arrives: trace offsets in order, then reply-waiting turns."""
@@ -173,6 +176,14 @@ class _Client:
         while self.queue and self.in_flight < self.limit:
             self.send(self.queue.popleft(), t)
 
+    def _chain(self, i: int, prompt: int, block_size: int) -> list[int] | None:
+        """Request i's prefix-cache chain from the trace's ``prompt_block_hashes`` (None: the trace has none)."""
+        hashes = self.cols.get("prompt_block_hashes")
+        row = hashes[i] if hashes is not None else None
+        if row is None or not self.block_hash_tokens:
+            return None
+        return engine_block_chain(row, self.block_hash_tokens, block_size, prompt)
+
     def _answer_now(self, i: int, t: int, code: int, retry_after_s: float | None = None) -> None:
         """Request i is answered at t with HTTP ``code`` and never reaches the engine."""
         self.status[i], self.error_kind[i], self.http_status[i] = STATUS_ERROR, http_error_kind(code), code
@@ -205,8 +216,11 @@ class _Client:
         self.in_flight += 1
         key = conv if conv is not None else cols["prefix_group"][i]
         cache_limit = None if conv is not None else cols["prefix_tokens"][i]
+        chain = self._chain(i, prompt, engine.block_size)
+        if chain is not None:  # the trace's block hashes: a hit wherever the prompts' blocks agree
+            key, cache_limit = (chain[0] if chain else None), None
         arrive = t + self.overhead_ns + (int(plan.slow_start_s * _NS) if plan is not None else 0)
-        seq = Seq(i, prompt, out, arrive, cache_key=key, cache_limit_tokens=cache_limit)
+        seq = Seq(i, prompt, out, arrive, cache_key=key, cache_limit_tokens=cache_limit, chain=chain)
         seq.stop_after = self.stop_after[i]
         self.seqs[i] = seq
         if arrive > t:
@@ -351,11 +365,18 @@ def _next_event(client: _Client, delayed: list[tuple[int, int]]) -> int | None:
 def _run_fleet_virtual_time(engines: list[Engine], client: _Client) -> tuple[_Steps, list[_Steps]]:
     """The event loop of a fleet, in time order: step ends (their chunks, finished requests), sends and
     arrivals, then a new step on every idle engine with work. Returns the chunks of every engine
-    (``_Steps`` in step-end order) and each engine's own state rows."""
+    (``_Steps`` in step-end order) and each engine's own state rows.
+
+    Engines whose profile spreads an MoE model's experts over ``ep`` GPUs are data-parallel ranks of one
+    expert-parallel group (engines 0..ep-1, ep..2ep-1, ...): as vLLM runs them, in lockstep, each step of the
+    group starting together and ending with its slowest rank's."""
     steps = _Steps(engines[0].spec, engines[0].total_blocks)
     states = [_Steps(e.spec, e.total_blocks) for e in engines]
     delayed = client.delayed
     pending: list[tuple[int, StepResult] | None] = [None] * len(engines)  # (end, result) of a step under way
+    profile = engines[0].profile
+    ep = profile.ep if profile is not None else 1
+    groups = [list(range(k, min(k + ep, len(engines)))) for k in range(0, len(engines), ep)]
     t = 0
     while True:
         for t_end, i in sorted((p[0], i) for i, p in enumerate(pending) if p is not None and p[0] <= t):
@@ -370,17 +391,25 @@ def _run_fleet_virtual_time(engines: list[Engine], client: _Client) -> tuple[_St
             idx = heapq.heappop(delayed)[1]
             engines[cast(int, client.target[idx])].add(cast(Seq, client.seqs[idx]))
         wake: list[int] = []
-        for i, engine in enumerate(engines):
-            if pending[i] is not None or not engine.has_work:
-                continue
-            hold = engine.hold_until_ns(t)
-            if hold is not None:
-                wake.append(hold)
-                continue
-            res = engine.step(t)
-            if res.duration_ns == 0 and not res.emitted and not res.finished:
-                continue  # no progress until something else happens
-            pending[i] = (t + res.duration_ns, res)
+        for group in groups:
+            if any(pending[i] is not None for i in group):
+                continue  # a lockstep group starts its steps together
+            started: list[int] = []
+            for i in group:
+                engine = engines[i]
+                if pending[i] is not None or not engine.has_work:
+                    continue
+                hold = engine.hold_until_ns(t)
+                if hold is not None:
+                    wake.append(hold)
+                    continue
+                res = engine.step(t)
+                if res.duration_ns == 0 and not res.emitted and not res.finished:
+                    continue  # no progress until something else happens
+                pending[i] = (t + res.duration_ns, res)
+                started.append(i)
+            if len(group) > 1 and started:
+                _lockstep(t, started, pending, profile)
         nxt = _next_event(client, delayed)
         times = [p[0] for p in pending if p is not None] + wake + ([nxt] if nxt is not None else [])
         if not times:
@@ -392,6 +421,22 @@ def _run_fleet_virtual_time(engines: list[Engine], client: _Client) -> tuple[_St
             raise _no_progress(engines[0])
         t = max(t, t_next)
     return steps, states
+
+
+def _lockstep(
+    t: int, started: list[int], pending: list[tuple[int, StepResult] | None], profile: OperatorProfile | None
+) -> None:
+    """The steps a lockstep group started at ``t``: each rank's experts run over the whole group's tokens, and
+    every rank's step lasts as long as the slowest one's."""
+    results = [cast(tuple[int, StepResult], pending[i])[1] for i in started]
+    tokens = [r.prefill_tokens + r.decode_seqs for r in results]
+    durations = [r.duration_ns for r in results]
+    if profile is not None:
+        total = sum(tokens)
+        durations = [d + int(profile.group_delta_us(n, total) * 1e3) for d, n in zip(durations, tokens, strict=True)]
+    end = t + max(durations)
+    for i, res in zip(started, results, strict=True):
+        pending[i] = (end, res)
 
 
 def _no_progress(engine: Engine) -> EngineError:
@@ -652,6 +697,8 @@ def _request_table(
         "first_answer_token_ns": _answer_instants(chunks, first),
         "last_token_ns": last,
         "done_ns": client.done,
+        "server_queued_ns": [None if seq is None else seq.arrival_ns for seq in client.seqs],
+        "server_scheduled_ns": [None if seq is None else seq.scheduled_ns for seq in client.seqs],
         "target_prompt_tokens": cols["prompt_tokens"],
         "target_output_tokens": cols["output_tokens"],
         "server_prompt_tokens": [p if f else None for p, f in zip(cols["prompt_tokens"], ok)],
@@ -773,7 +820,7 @@ def simulate_trace(
     at once (the same result, slower; the reference the fast path is tested against)."""
     # a reply-waiting turn (think_after_reply_ns) is due one think time after its previous turn ended; the
     # first reasoning_tokens of a request's output stream as reasoning
-    names = [*TRACE_SCHEMA.names, "think_after_reply_ns", "reasoning_tokens"]
+    names = [*TRACE_SCHEMA.names, "think_after_reply_ns", "reasoning_tokens", "prompt_block_hashes"]
     cols = {name: table.column(name).to_pylist() for name in names if name in table.column_names}
     n = table.num_rows
     engines = [Engine(config, seed=seed + k) for k in range(replicas)]  # engine 0 is the single engine's
@@ -782,6 +829,7 @@ def simulate_trace(
     limit = metadata.get("concurrency") if mode == "closed" else metadata.get("max_in_flight")
     router = Router(replicas, route_policy) if replicas > 1 else None
     client = _Client(cols, engines, config, plans, stop_after, int(limit) if limit else n + 1, router)
+    client.block_hash_tokens = int(metadata.get("block_hash_tokens") or 0)
     fleet: list[_Steps] | None = None
     if router is None:
         steps = _run_virtual_time(engines[0], client, fast)

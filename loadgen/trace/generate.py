@@ -298,6 +298,7 @@ def _table(rows: list[tuple]) -> pa.Table:
         "cancel_after_tokens": [r[10] for r in rows],
         "think_after_reply_ns": [r[11] for r in rows],
         "reasoning_tokens": [r[12] for r in rows],
+        "prompt_block_hashes": [None] * len(rows),
     }
     return pa.Table.from_pydict(columns, schema=TRACE_FULL_SCHEMA)
 
