@@ -117,7 +117,7 @@ def test_shipped_plans_validate(path: Path) -> None:
         ({"rate_scales": [1, 2], "rates_rps": [1]}, "exactly one of rate_scales or rates_rps"),
         ({"rates_rps": [2, 1]}, "strictly ascending"),
         ({"rates_rps": [1], "concurrency": [64, 8]}, "concurrency"),
-        ({"rates_rps": [1], "classes": ["chat"]}, "classes"),
+        ({"rates_rps": [1], "classes": ["Chat/x"]}, "classes: 'Chat/x': expected a class name"),
         ({"rates_rps": [1], "repeats": 0}, "repeats"),
         ({"rates_rps": [1], "stops": {"send_lag_p99": 5}}, "stops.send_lag_p99"),
     ],

@@ -307,13 +307,16 @@ PINNED_CASES = {
 #: that column dropped, the new tables hash to the earlier pins (2f457c03…, 20574558…, 0204962e…, 03d1429b…,
 #: 9cb60212…); chunks and server metrics are unchanged. Re-pinned again, requests only, when it gained
 #: `server_queued_ns` / `server_scheduled_ns` (the engine's own instants): with those two dropped, the tables hash
-#: to the previous pins (877df444…, 8be8ca26…, b06268a9…, f89939ae…, 54b6369c…).
+#: to the previous pins (877df444…, 8be8ca26…, b06268a9…, f89939ae…, 54b6369c…). Re-pinned again for record
+#: schema 3 (reasoning): with the requests' first_answer_token_ns, client_reasoning_tokens and
+#: server_reasoning_tokens and the chunks' kind dropped, the tables hash to the previous pins (8e385cb1…/2d4c5d0d…,
+#: 81b6cd5e…/ff8a4cfa…, 1dac609c…/e6941bc0…, 84596b2c…/233c7d69…, 3fa674aa…/6c07b639…).
 PINNED_DIGESTS: dict[str, tuple[str, str, str]] = {
-    "interactive": ("8e385cb172cfd3c2", "2d4c5d0df485868a", "ae3b23b27d8461c9"),
-    "noisy-faults": ("81b6cd5e3e158dda", "ff8a4cfa60753f1e", "74dea83c160d61b2"),
-    "priority-few-seats": ("1dac609cb763cf5c", "e6941bc011b391ff", "ee6d55e6e41fa3fa"),
-    "small-kv": ("84596b2ce7149e11", "233c7d69a7846074", "46f9f463bce9f04b"),
-    "throughput": ("3fa674aa27ad528c", "6c07b639abfc9709", "a0be3e0778fe5e68"),
+    "interactive": ("0597b07c7e124f4d", "7d7d767755562b71", "ae3b23b27d8461c9"),
+    "noisy-faults": ("adbf254946b81a50", "020e11a2331ba406", "74dea83c160d61b2"),
+    "priority-few-seats": ("2c6d11f89d4eeca1", "62c9c1afe6d877cb", "ee6d55e6e41fa3fa"),
+    "small-kv": ("e16fc99e35f616a6", "83addadb3f1f16eb", "46f9f463bce9f04b"),
+    "throughput": ("dcbb1c50d2bd4b79", "0fdf6d73470d9e06", "a0be3e0778fe5e68"),
 }
 
 

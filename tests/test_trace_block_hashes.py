@@ -103,6 +103,7 @@ def _table(hashes: list[object]) -> pa.Table:
             "turn_index": [None] * n,
             "cancel_after_tokens": [None] * n,
             "think_after_reply_ns": [None] * n,
+            "reasoning_tokens": [None] * n,
             "prompt_block_hashes": hashes,
         },
         schema=TRACE_FULL_SCHEMA,

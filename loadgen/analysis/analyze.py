@@ -63,6 +63,7 @@ _REQ_COLUMNS = [
     "slot_acquired_ns",
     "sent_ns",
     "first_token_ns",
+    "first_answer_token_ns",
     "last_token_ns",
     "done_ns",
     "target_prompt_tokens",
@@ -71,6 +72,8 @@ _REQ_COLUMNS = [
     "server_prompt_tokens",
     "server_output_tokens",
     "client_output_tokens",
+    "client_reasoning_tokens",
+    "server_reasoning_tokens",
     "cancel_after_tokens",
     "status",
     "error_kind",
@@ -87,7 +90,14 @@ _MASKED_CODES = 16
 MAX_TURN_SHOWN = 9
 
 DEFINITIONS = {
-    "ttft_ms": "first_token - scheduled (client queue + network + server queue + prefill)",
+    "ttft_ms": (
+        "first_token - scheduled (client queue + network + server queue + prefill); the first token of either "
+        "kind, reasoning or answer"
+    ),
+    "ttfat_ms": (
+        "first_answer_token - scheduled: time to the first answer token (content, refusal or tool call) after "
+        "any reasoning; equals TTFT for a model that does not reason; none for a run recorded before schema 3"
+    ),
     "client_queue_ms": (
         "sent - scheduled: waiting for a slot, plus the connect when a new connection was opened "
         "(connect_start_ns..connect_end_ns); sent is when the request bytes reached the socket"
@@ -497,6 +507,7 @@ class _Run:
         self.prompt_best = np.where(np.isnan(pr), c["target_prompt_tokens"], pr)
         self.values = {
             "ttft_ms": M.ttft_ms(sched, c["first_token_ns"]),
+            "ttfat_ms": M.ttfat_ms(sched, c["first_answer_token_ns"]),
             "client_queue_ms": M.client_queue_ms(sched, c["sent_ns"]),
             "server_ttft_ms": M.server_ttft_ms(c["sent_ns"], c["first_token_ns"]),
             "tpot_ms": M.tpot_ms(c["first_token_ns"], c["last_token_ns"], self.out_tokens),
@@ -547,11 +558,11 @@ class _Run:
         desc = scope & (self.ok | self.abandoned)
         metrics: dict[str, dict[str, Any]] = {}
         cdfs: dict[str, Any] = {}
-        for metric in ("ttft_ms", "client_queue_ms", "server_ttft_ms", "tpot_ms", "e2e_ms"):
+        for metric in ("ttft_ms", "ttfat_ms", "client_queue_ms", "server_ttft_ms", "tpot_ms", "e2e_ms"):
             mask = scope & self.ok if metric == "e2e_ms" else desc
             s = _sorted(self.values[metric][mask])
             metrics[metric] = summarize_sorted(s)
-            if metric in ("ttft_ms", "e2e_ms"):
+            if metric in ("ttft_ms", "ttfat_ms", "e2e_ms"):
                 cdfs[metric] = _cdf(s)
         metrics["itl_ms"] = summarize_parts(_sorted_parts([self.itl_desc[k] for k in class_idx]))
         metrics["inter_chunk_ms"] = summarize_parts(
@@ -629,7 +640,21 @@ class _Run:
                 "n_server_client_mismatch": int((server[both] != client[both]).sum()),
                 "n_server_target_mismatch": int(((server != target) & ~np.isnan(server)).sum()),
             }
+        out["reasoning"] = self._reasoning_tokens(mask)
         return out
+
+    def _reasoning_tokens(self, mask: np.ndarray) -> dict[str, Any]:
+        """Output tokens split into reasoning and answer (client-counted), and the server's reasoning count."""
+        c = self.c
+        client, reasoning = c["client_output_tokens"][mask], c["client_reasoning_tokens"][mask]
+        server = c["server_reasoning_tokens"][mask]
+        known = ~np.isnan(client) & ~np.isnan(reasoning)
+        return {
+            "client_reasoning": float(reasoning[known].sum()) if known.any() else None,
+            "client_answer": float((client[known] - reasoning[known]).sum()) if known.any() else None,
+            "server_reasoning": float(np.nansum(server)) if (~np.isnan(server)).any() else None,
+            "n_requests_with_reasoning": int((reasoning[known] > 0).sum()),
+        }
 
 
 def pd_isnull(values: np.ndarray) -> np.ndarray:
@@ -645,23 +670,21 @@ def _budgets_and_goodput(run: _Run, groups: dict[str, GroupSummary], overall: Gr
     scenario = cast(Scenario, run.scenario)  # called only for a run with a scenario (see analyze)
     checks: list[Check] = []
     n = run.n
-    good_ttft = np.ones(n, dtype=bool)
-    good_e2e = np.ones(n, dtype=bool)
+    good_latency = np.ones(n, dtype=bool)  # every hard TTFT, TTFAT and E2E budget met by the request
     for ci, cname in enumerate(run.class_names):
         cls = scenario.classes.get(cname)
         if cls is None:
             continue
-        for metric in ("ttft_ms", "e2e_ms"):
+        for metric in ("ttft_ms", "ttfat_ms", "e2e_ms"):
             budget = getattr(cls.budgets, metric)
             rl = request_limit(budget) if budget is not None and budget.hard else None
             if rl is not None:
                 sel = run.cls == ci
                 ok_v = np.nan_to_num(run.values[metric], nan=np.inf)
-                bad = sel & ~(ok_v <= rl[1])
-                (good_ttft if metric == "ttft_ms" else good_e2e)[bad] = False
+                good_latency[sel & ~(ok_v <= rl[1])] = False
     allowed = np.floor((1.0 - np.nan_to_num(run.itl_q, nan=1.0)) * run.n_gaps + 1e-9)
     good_itl = run.n_over <= allowed
-    good = run.ok & good_ttft & good_e2e & good_itl
+    good = run.ok & good_latency & good_itl
     eligible = run.scope & ~run.abandoned
     budgeted = [i for i, c in enumerate(run.class_names) if c in scenario.classes]
     for name, classes in [(c, [i]) for i, c in enumerate(run.class_names) if c in scenario.classes] + [
@@ -692,7 +715,7 @@ def _budgets_and_goodput(run: _Run, groups: dict[str, GroupSummary], overall: Gr
                 sample = _sorted_parts([run.itl_desc[ci], run.itl_fail[ci]] if ci >= 0 else [])
                 n_inf = 0
             else:
-                keep = sel & (run.ok | run.abandoned) if metric == "ttft_ms" else sel & run.ok
+                keep = _budget_sample(run, sel, metric)
                 vals = run.values[metric][keep]
                 vals = np.nan_to_num(vals, nan=np.inf)  # an ok row missing an instant is not good either
                 sample = np.concatenate([vals, np.full(n_fail, np.inf)])
@@ -700,6 +723,16 @@ def _budgets_and_goodput(run: _Run, groups: dict[str, GroupSummary], overall: Gr
                 n_inf = n_fail
             checks.extend(budget_checks(cname, metric, budget, sample, n_inf, n_requests))
     return checks
+
+
+def _budget_sample(run: _Run, sel: np.ndarray, metric: str) -> np.ndarray:
+    """The requests a TTFT, TTFAT or E2E budget takes its sample from: ok ones, and for TTFT the planned
+    abandonments (they had a first token); for TTFAT those abandoned after their first answer token."""
+    if metric == "ttft_ms":
+        return sel & (run.ok | run.abandoned)
+    if metric == "ttfat_ms":
+        return sel & (run.ok | (run.abandoned & ~np.isnan(run.c["first_answer_token_ns"])))
+    return sel & run.ok
 
 
 def _share_ci(k: int, n: int) -> list[float] | None:

@@ -66,7 +66,7 @@ __all__ = [
 OUTCOMES = ("pass", "fail", "inconclusive")
 
 #: Budgeted metrics (scenario ``budgets`` fields) in report order.
-BUDGET_METRICS = ("ttft_ms", "itl_ms", "e2e_ms")
+BUDGET_METRICS = ("ttft_ms", "ttfat_ms", "itl_ms", "e2e_ms")
 
 #: Above this client send-lag p99 (ms) a run did not apply its schedule (the plan's default stop, too).
 SEND_LAG_BOUND_MS = 50.0

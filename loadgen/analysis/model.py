@@ -20,7 +20,7 @@ __all__ = ["ANALYSIS_SCHEMA_VERSION", "METRICS", "Analysis", "GroupSummary", "js
 ANALYSIS_SCHEMA_VERSION = "1"
 
 #: Latency metrics of every group, in report order (all in ms).
-METRICS = ("ttft_ms", "client_queue_ms", "server_ttft_ms", "itl_ms", "inter_chunk_ms", "tpot_ms", "e2e_ms")
+METRICS = ("ttft_ms", "ttfat_ms", "client_queue_ms", "server_ttft_ms", "itl_ms", "inter_chunk_ms", "tpot_ms", "e2e_ms")
 
 
 def json_ready(value: Any) -> Any:

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pyarrow as pa
 
+from loadgen.rundir.schema import SIM_REASONING_FIELD
 from loadgen.util.errors import LoadgenError, TargetError
 from loadgen.workload.prompts import PromptSynth, get_tokenizer, prompt_sha256
 
@@ -167,9 +168,12 @@ def build_jobs(
     max_tokens_field: str = "max_tokens",
     extra_body: dict[str, Any] | None = None,
     prompt_salt: str = "",
+    sim_reasoning: bool = False,
 ) -> list[Job]:
     """One Job per trace row, in trace order (bodies are exact JSON bytes for POST); ``prompt_salt``: see
-    ``PromptSynth``."""
+    ``PromptSynth``. ``sim_reasoning`` (the target is loadgen's simulated engine): a row's ``reasoning_tokens``
+    goes in the body as ``sim_reasoning_tokens``, the reasoning phase the engine streams before the answer (a
+    real model decides its own, and is not sent the field)."""
     synth = PromptSynth(tokenizer, salt=prompt_salt)
     cols = table.to_pydict()
     threads: dict[str, _Thread] = {}  # conversation id -> its last turn
@@ -179,7 +183,6 @@ def build_jobs(
     tail: dict[str, Any] = {"stream": True, "stream_options": stream_options}  # after max tokens, in this order
     if vllm_extensions:
         tail["ignore_eos"] = True
-    tail.update(extra_body or {})
     jobs: list[Job] = []
     for i in range(table.num_rows):
         rid = cols["request_id"][i]
@@ -195,6 +198,11 @@ def build_jobs(
         body, prompt_text, client_tokens = _prompt_body(model, endpoint, segments, tokenizer)
         body[max_tokens_field] = o_tokens
         body.update(tail)
+        reasoning = cols["reasoning_tokens"][i] if sim_reasoning and "reasoning_tokens" in cols else None
+        if reasoning is not None:
+            body[SIM_REASONING_FIELD] = int(reasoning)
+        if extra_body:
+            body.update(extra_body)
         cancel = cols["cancel_after_tokens"][i]
         think = cols["think_after_reply_ns"][i] if "think_after_reply_ns" in cols else None
         jobs.append(

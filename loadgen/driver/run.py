@@ -250,6 +250,7 @@ async def _prepare_jobs(
                 max_tokens_field=options.max_tokens_field,
                 extra_body=options.extra_body,
                 prompt_salt=options.prompt_salt,
+                sim_reasoning=info.kind == "sim",
             )
         )
     finally:

@@ -23,6 +23,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from loadgen.rundir.schema import SIM_REASONING_FIELD
 from loadgen.util.errors import TargetError
 from loadgen.workload.prompts import get_tokenizer
 
@@ -395,6 +396,13 @@ class SimServer:
         priority = self._int(body, "priority", 0, -(2**31)) or 0
         return ids, max_tokens, stream, include_usage, priority
 
+    def _reasoning(self, body: dict[str, Any], kind: str, max_tokens: int) -> int:
+        """How many of the output tokens stream as reasoning (``SIM_REASONING_FIELD``, chat only; at most all)."""
+        if kind != "chat" or SIM_REASONING_FIELD not in body:
+            return 0
+        asked = self._int(body, SIM_REASONING_FIELD, 0, 0)
+        return min(asked or 0, max_tokens)
+
     def _chain(self, ids: list[int]) -> list[int]:
         """Block hashes of the prompt's full blocks (chained, as vLLM's prefix cache keys them)."""
         bs = self.config.kv.block_size
@@ -494,6 +502,10 @@ class SimServer:
         pieces, finish = self._contract_answer(body, req)
         if pieces is not None:
             max_tokens = len(pieces)
+        try:
+            reasoning = self._reasoning(body, kind, max_tokens) if pieces is None else 0
+        except _Invalid as exc:
+            return self._error(conn, exc.status, str(exc), exc.param)
         model, fingerprint = self._identity()
         fmt = StreamFormat(kind, rid, int(time.time()), model, fingerprint)
         ctx = LiveRequest(0)
@@ -522,7 +534,7 @@ class SimServer:
             ctx.done = True
         try:
             if stream:
-                await self._stream(conn, ctx, fmt, headers, include_usage, plan, len(ids), pieces, finish)
+                await self._stream(conn, ctx, fmt, headers, include_usage, plan, len(ids), pieces, finish, reasoning)
             else:
                 await self._whole(conn, ctx, fmt, headers, plan, len(ids), pieces, finish)
         finally:
@@ -559,7 +571,10 @@ class SimServer:
         prompt_tokens: int,
         pieces: list[str] | None = None,
         finish: str = "length",
+        reasoning: int = 0,
     ) -> None:
+        """Stream the tokens as they become visible; the first ``reasoning`` of them as reasoning deltas (a
+        coalesced run that crosses into the answer goes out as a reasoning event and an answer event)."""
         conn.start_stream(200, _SSE_HEADERS + headers)
         if fmt.kind == "chat":
             conn.write_chunk(fmt.role())
@@ -589,6 +604,8 @@ class SimServer:
                         conn.write_chunk(fmt.content_any("".join(pieces[sent:target])))
                     else:
                         conn.write_chunk(b"".join(fmt.content_any(pieces[j]) for j in range(sent, target)))
+                elif sent < reasoning:
+                    conn.write_chunk(_filler_events(fmt, sent, target, reasoning, coalesce))
                 elif coalesce:
                     conn.write_chunk(fmt.content(filler_text(sent, target - sent)))
                 else:
@@ -603,7 +620,8 @@ class SimServer:
             await ctx.wait()
         conn.write_chunk(fmt.finish(finish))
         if include_usage:
-            conn.write_chunk(fmt.usage(prompt_tokens, sent, ctx.seq.cached_tokens if ctx.seq else None))
+            cached = ctx.seq.cached_tokens if ctx.seq else None
+            conn.write_chunk(fmt.usage(prompt_tokens, sent, cached, min(reasoning, sent)))
         conn.write_chunk(DONE)
         conn.end_stream()
 
@@ -773,6 +791,15 @@ class SimServer:
             [("loadgen_sim_busy_seconds_total", lab, e.busy_ns / 1e9)],
         )
         return "\n".join(lines) + "\n"
+
+
+def _filler_events(fmt: StreamFormat, start: int, end: int, reasoning: int, coalesce: bool) -> bytes:
+    """Events for output tokens ``start .. end-1`` when the first ``reasoning`` tokens are reasoning."""
+    cut = min(end, reasoning)
+    if coalesce:
+        out = fmt.reasoning(filler_text(start, cut - start))
+        return out + (fmt.content(filler_text(cut, end - cut)) if end > cut else b"")
+    return b"".join((fmt.reasoning if j < reasoning else fmt.content)(filler_text(j, 1)) for j in range(start, end))
 
 
 def _parse_error(conn: Connection, status: int, message: str) -> bytes:

@@ -26,6 +26,7 @@ import pyarrow as pa
 from loadgen.rundir.identity import harness_identity, host_identity, sha256_file, utc_now_iso
 from loadgen.rundir.io import RunWriter
 from loadgen.rundir.manifest import Anchor, EngineIdentity, Manifest, TargetRef, TraceRef, WarmState, merge_manifest
+from loadgen.rundir.rowtables import kind_column
 from loadgen.rundir.schema import (
     CHUNKS_SCHEMA,
     REQUESTS_SCHEMA,
@@ -553,6 +554,26 @@ class _Chunks:
         fmt = StreamFormat(endpoint, request_id_for(endpoint, 0), created, model)
         text = token_bytes(tok_before) if self.single else filler_bytes(tok_before, ck.astype(np.int64))
         self.nbytes = fmt.content_overhead() + text
+        self.tok_before = tok_before
+        self.reasoning_extra_bytes = len(fmt.reasoning_head) - len(fmt.head)
+        self.kind = np.zeros(len(idx), dtype=np.int64)  # CHUNK_KINDS codes: all answer until ``mark_reasoning``
+        self.first_answer_ns: np.ndarray | None = None  # per request; None: the first token is the first answer
+
+    def mark_reasoning(self, reasoning: np.ndarray) -> None:
+        """The first ``reasoning[i]`` output tokens of request ``i`` are reasoning (as the live server streams
+        them, ``SIM_REASONING_FIELD``): a chunk all of whose tokens are reasoning is a reasoning chunk; the first
+        chunk carrying an answer token gives ``first_answer_ns`` (-1: none). A chunk that crosses into the
+        answer counts as answer (the live server sends it as two events at the same instant)."""
+        if not len(self.idx) or not reasoning.any():
+            return
+        limit = reasoning[self.idx]
+        is_reasoning = self.tok_before + self.ck <= limit
+        self.kind = is_reasoning.astype(np.int64)
+        self.nbytes = self.nbytes + np.where(is_reasoning, self.reasoning_extra_bytes, 0)
+        answer = np.flatnonzero(~is_reasoning)
+        owners, first = np.unique(self.idx[answer], return_index=True)
+        self.first_answer_ns = np.full(len(self.counts), -1, dtype=np.int64)
+        self.first_answer_ns[owners] = self.ct[answer[first]]
 
     def apply_stalls(self, plans: list[FaultPlan | None], seqs: list[Seq | None], done: list[int | None]) -> None:
         """Chunks after a stall point arrive no earlier than the stall's end (and so does done)."""
@@ -591,6 +612,7 @@ class _Chunks:
                 pa.array(self.ct),
                 pa.array(self.ck),
                 pa.array(self.nbytes.astype(np.int32)),
+                kind_column(self.kind),
             ],
             schema=CHUNKS_SCHEMA,
         )
@@ -614,8 +636,24 @@ def _stream_outcome(
     return STATUS_OK, kind
 
 
+def _reasoning_tokens(cols: dict[str, list[Any]], endpoint: str, n: int) -> np.ndarray:
+    """Per request, the reasoning tokens the trace asks for (0 when none; chat only, as the live server)."""
+    asked = cols.get("reasoning_tokens")
+    if endpoint != "chat" or asked is None:
+        return np.zeros(n, dtype=np.int64)
+    return np.array([r or 0 for r in asked], dtype=np.int64)
+
+
+def _answer_instants(chunks: _Chunks, first: list[int | None]) -> list[int | None]:
+    """Per request, its first answer token's instant (the first token's, without reasoning)."""
+    if chunks.first_answer_ns is None:
+        return list(first)
+    answer = chunks.first_answer_ns.tolist()
+    return [None if f is None or a < 0 else a for f, a in zip(first, answer)]
+
+
 def _request_table(
-    cols: dict[str, list[Any]], client: _Client, chunks: _Chunks, model: str
+    cols: dict[str, list[Any]], client: _Client, chunks: _Chunks, model: str, reasoning: np.ndarray
 ) -> tuple[pa.Table, list[float]]:
     """One record row per trace request, and the TTFT (s, from engine arrival) of each that streamed."""
     n = len(client.scheduled)
@@ -656,6 +694,7 @@ def _request_table(
             for t, plan in zip(sent, client.plans)
         ],
         "first_token_ns": first,
+        "first_answer_token_ns": _answer_instants(chunks, first),
         "last_token_ns": last,
         "done_ns": client.done,
         "server_queued_ns": [None if seq is None else seq.arrival_ns for seq in client.seqs],
@@ -665,6 +704,10 @@ def _request_table(
         "server_prompt_tokens": [p if f else None for p, f in zip(cols["prompt_tokens"], ok)],
         "server_output_tokens": [o if f else None for o, f in zip(out_tokens, ok)],
         "client_output_tokens": out_tokens,
+        "client_reasoning_tokens": [None if o is None else min(o, r) for o, r in zip(out_tokens, reasoning.tolist())],
+        "server_reasoning_tokens": [
+            min(o, r) if f and o is not None and r else None for o, r, f in zip(out_tokens, reasoning.tolist(), ok)
+        ],
         "chunk_count": chunk_count,
         "cancel_after_tokens": cols["cancel_after_tokens"],
         "status": status,
@@ -775,8 +818,9 @@ def simulate_trace(
     """Run the engine (``replicas`` > 1: a fleet of them behind ``route_policy``) over a trace table in
     virtual time (ns from trace start). ``fast`` = False: one engine step at a time, never a decode run
     at once (the same result, slower; the reference the fast path is tested against)."""
-    # a reply-waiting turn (think_after_reply_ns) is due one think time after its previous turn ended
-    names = [*TRACE_SCHEMA.names, "think_after_reply_ns", "prompt_block_hashes"]
+    # a reply-waiting turn (think_after_reply_ns) is due one think time after its previous turn ended; the
+    # first reasoning_tokens of a request's output stream as reasoning
+    names = [*TRACE_SCHEMA.names, "think_after_reply_ns", "reasoning_tokens", "prompt_block_hashes"]
     cols = {name: table.column(name).to_pylist() for name in names if name in table.column_names}
     n = table.num_rows
     engines = [Engine(config, seed=seed + k) for k in range(replicas)]  # engine 0 is the single engine's
@@ -793,8 +837,10 @@ def simulate_trace(
         steps, fleet = _run_fleet_virtual_time(engines, client)
     chunks = _Chunks(steps, n, endpoint, config.model)
     chunks.apply_stalls(plans, client.seqs, client.done)
+    reasoning = _reasoning_tokens(cols, endpoint, n)
+    chunks.mark_reasoning(reasoning)
     result = WorksheetResult()
-    result.requests_table, ttft_s = _request_table(cols, client, chunks, config.model)
+    result.requests_table, ttft_s = _request_table(cols, client, chunks, config.model, reasoning)
     result.chunks = chunks.table(cols["request_id"])
     result.metrics = _server_metrics(steps, chunks, ttft_s, config.model, fleet)
     if fleet is None:

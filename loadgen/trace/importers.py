@@ -23,6 +23,7 @@ from loadgen.rundir.identity import sha256_file
 from loadgen.rundir.schema import TRACE_FULL_SCHEMA
 from loadgen.util.errors import TraceError
 from loadgen.util.limits import MAX_OFFSET_NS, MAX_TOKENS, MAX_TRACE_REQUESTS, is_finite
+from loadgen.workload.scenario import class_name_problem
 
 from .. import __version__
 from .block_hashes import BLOCK_HASH_RULE, TOKEN_BLOCK_TOKENS, chained_block_hashes
@@ -274,6 +275,7 @@ def _trace_table(
             "turn_index": [None] * n,
             "cancel_after_tokens": [None] * n,
             "think_after_reply_ns": [None] * n,
+            "reasoning_tokens": [None] * n,
             "prompt_block_hashes": block_hashes if block_hashes is not None else [None] * n,
         },
         schema=TRACE_FULL_SCHEMA,
@@ -298,6 +300,9 @@ def import_trace(
     """
     path = Path(path)
     _check_import_options(time_scale, start_s, duration_s, max_requests)
+    problem = class_name_problem(request_class)
+    if problem is not None:
+        raise TraceError(f"--request-class = {request_class!r}: {problem}")
     times, prompts, outputs, hashes = _read_sorted(kind, path)
     # a workload file's arrival instants are offsets already (kept exactly, its zero too); others start at 0
     keep_zero = kind == "llmservingsim" and start_s == 0
