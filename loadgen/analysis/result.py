@@ -20,6 +20,7 @@ __all__ = [
     "GroupResult",
     "InconclusiveCheck",
     "MetricSummary",
+    "ReasoningTokens",
     "RunInfo",
     "RunState",
     "Stability",
@@ -83,6 +84,9 @@ class RunInfo(ResultModel):
     chunk_rows: int
     send_lag_p99_ms: Number | None
     client_fell_behind: str | None
+    prompt_tokens_differ: str | None = Field(
+        None, description="the prompts sent differ from the trace's lengths by the server's count (one line)"
+    )
 
 
 class Window(ResultModel):
@@ -109,12 +113,22 @@ class TokenTotals(ResultModel):
     n_server_target_mismatch: int
 
 
+class ReasoningTokens(ResultModel):
+    """Output tokens split into reasoning and answer (client-counted), and the server's reasoning count."""
+
+    client_reasoning: Number | None
+    client_answer: Number | None
+    server_reasoning: Number | None
+    n_requests_with_reasoning: int
+
+
 class Tokens(ResultModel):
     """Token counts of a group's ok requests in the window."""
 
     n_requests: int
     prompt: TokenTotals
     output: TokenTotals
+    reasoning: ReasoningTokens | None = Field(None, description="absent for a run recorded before schema 3")
 
 
 class Stability(ResultModel):
