@@ -162,7 +162,7 @@ def _device_memory_gib(args: argparse.Namespace) -> float | None:
     """--device-memory-gib, or --device-memory-bytes in GiB (exact: bytes / 2^30 is a float without rounding)."""
     if args.device_memory_bytes is not None:
         return float(args.device_memory_bytes / (1 << 30))
-    return args.device_memory_gib  # type: ignore[no-any-return]
+    return args.device_memory_gib
 
 
 def _calibrated_runtime(path: str) -> float:

@@ -407,8 +407,11 @@ def _fragmentation_line(e: EngineSettings, act: LedgerLine, ws: LedgerLine) -> L
         "fragmentation",
         int((act.bytes + ws.bytes) * e.fragmentation),
         f"{e.fragmentation:g} × (activations + workspaces) {act.bytes + ws.bytes:,} B"
-        + (" (cuda: vLLM 0.19 counts allocated bytes after empty_cache, so allocator slack is outside its budget)"
-           if e.device == "cuda" and e.fragmentation_fraction is None else ""),
+        + (
+            " (cuda: vLLM 0.19 counts allocated bytes after empty_cache, so allocator slack is outside its budget)"
+            if e.device == "cuda" and e.fragmentation_fraction is None
+            else ""
+        ),
         {"fraction": e.fragmentation},
         "estimate",
     )
@@ -434,9 +437,15 @@ def _cuda_graph_line(e: EngineSettings) -> LedgerLine:
     """Non-torch increase (assumed constant) + the CUDA graph estimate vLLM applies (0 by default in 0.19)."""
     graph_gib = e.graph_buffer_gib if e.graph_buffer_gib is not None else 0.0
     non_torch = non_torch_bytes(e)
-    source = "given" if e.non_torch_gib is not None else f"assumed constant NON_TORCH_INCREASE_GIB {NON_TORCH_INCREASE_GIB:g}"
+    source = (
+        "given"
+        if e.non_torch_gib is not None
+        else f"assumed constant NON_TORCH_INCREASE_GIB {NON_TORCH_INCREASE_GIB:g}"
+    )
     graph_note = (
-        "given" if e.graph_buffer_gib is not None else "vLLM 0.19 does not apply its estimate by default (on from v0.21.0)"
+        "given"
+        if e.graph_buffer_gib is not None
+        else "vLLM 0.19 does not apply its estimate by default (on from v0.21.0)"
     )
     return LedgerLine(
         "graph_comm_buffers",

@@ -39,6 +39,7 @@ __all__ = [
     "sampler_peak_bytes",
     "sampler_rows",
     "non_torch_increase_gib",
+    "non_torch_bytes",
 ]
 
 #: Device memory outside torch's allocator that vLLM's profile sees appear (its ``non_torch_increase``), GiB

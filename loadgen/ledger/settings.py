@@ -168,7 +168,9 @@ class EngineSettings:
                 raise LedgerError(
                     f"{name} = {value}: expected a positive finite number of GiB (at most {MAX_MEMORY_GIB})"
                 )
-        if self.non_torch_gib is not None and (not is_finite(self.non_torch_gib) or not 0 <= self.non_torch_gib <= 1024):
+        if self.non_torch_gib is not None and (
+            not is_finite(self.non_torch_gib) or not 0 <= self.non_torch_gib <= 1024
+        ):
             raise LedgerError(f"non_torch_gib = {self.non_torch_gib}: expected a finite number of GiB in [0, 1024]")
         for name in ("fragmentation_fraction", "safety_margin_fraction"):
             if getattr(self, name) is None:
