@@ -38,6 +38,7 @@ import gzip
 import hashlib
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -328,6 +329,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--record", type=Path, default=None, help="append one JSON line per request here")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # stopped: no clean-up of hanging answers to report
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(args.behaviour, args.host, args.port, args.record))
 

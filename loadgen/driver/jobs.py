@@ -10,6 +10,7 @@ up front so the send path only writes bytes.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +30,10 @@ except ImportError:  # pragma: no cover
         return json.dumps(obj, separators=(",", ":")).encode()
 
 
-__all__ = ["Job", "ServerTokenizer", "build_jobs", "resolve_tokenizer"]
+__all__ = ["TOKENIZE_MAX_BYTES", "Job", "ServerTokenizer", "build_jobs", "resolve_tokenizer"]
+
+#: Most bytes of one /tokenize or /detokenize answer read (a 1M-token prompt's ids are ~8 MB of JSON).
+TOKENIZE_MAX_BYTES = 64 << 20
 
 
 class ServerTokenizer:
@@ -39,31 +43,58 @@ class ServerTokenizer:
     """
 
     def __init__(
-        self, base_url: str, model: str, headers: dict[str, str] | None = None, timeout_s: float = 30.0
+        self,
+        base_url: str,
+        model: str,
+        headers: dict[str, str] | None = None,
+        timeout_s: float = 30.0,
+        params: httpx.QueryParams | None = None,
     ) -> None:
         self.name = "server"
         self.model = model
-        self._client = httpx.Client(base_url=base_url.rstrip("/"), headers=headers or {}, timeout=timeout_s)
+        self._client = httpx.Client(
+            base_url=base_url.rstrip("/"), headers=headers or {}, params=params, timeout=timeout_s, trust_env=False
+        )
+        self._timeout_s = timeout_s
         self._cache: dict[str, list[int]] = {}
 
     def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """One call, within the timeout and TOKENIZE_MAX_BYTES read (a body that goes on is refused)."""
+        deadline = time.monotonic() + self._timeout_s
         try:
-            response = self._client.post(path, json=payload)
+            with self._client.stream("POST", path, json=payload) as response:
+                status = response.status_code
+                raw = bytearray()
+                for part in response.iter_raw():
+                    raw += part
+                    if len(raw) > TOKENIZE_MAX_BYTES or time.monotonic() > deadline:
+                        raise TargetError(
+                            f"tokenizer server: POST {path}: answer over {TOKENIZE_MAX_BYTES} bytes or "
+                            f"{self._timeout_s:g} s: expected a token list"
+                        )
         except httpx.HTTPError as exc:
             raise TargetError(
                 f"tokenizer server: POST {path} failed ({type(exc).__name__}): expected a reachable /tokenize"
             ) from None
-        if response.status_code != 200:
+        if status != 200:
             raise TargetError(
-                f"tokenizer server: POST {path} answered HTTP {response.status_code}: expected 200 (does the target have {path}?)"
+                f"tokenizer server: POST {path} answered HTTP {status}: expected 200 (does the target have {path}?)"
             )
-        return response.json()
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            body = None
+        if not isinstance(body, dict):
+            raise TargetError(f"tokenizer server: POST {path} answered no JSON object: expected vLLM's {path} answer")
+        return body
 
     def encode(self, text: str) -> list[int]:
         ids = self._cache.get(text)
         if ids is None:
             body = self._post("/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False})
-            ids = list(body.get("tokens") or [])
+            ids = body.get("tokens") or []
+            if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+                raise TargetError("tokenizer server: /tokenize tokens is not a list of token ids: expected integers")
             if not ids and body.get("count"):
                 raise TargetError("tokenizer server: /tokenize returned a count but no tokens: expected token ids")
             self._cache[text] = ids
@@ -80,10 +111,18 @@ class ServerTokenizer:
         self._client.close()
 
 
-def resolve_tokenizer(spec: str, base_url: str, model: str, headers: dict[str, str] | None = None):
-    """A tokenizer for prompt synthesis: ``server`` uses the target's /tokenize, else prompts.get_tokenizer."""
+def resolve_tokenizer(
+    spec: str,
+    base_url: str,
+    model: str,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 30.0,
+    params: httpx.QueryParams | None = None,
+):
+    """A tokenizer for prompt synthesis: ``server`` uses the target's /tokenize (each call within
+    ``timeout_s``, with the target's query ``params``), else prompts.get_tokenizer."""
     if spec == "server":
-        return ServerTokenizer(base_url, model, headers)
+        return ServerTokenizer(base_url, model, headers, timeout_s, params)
     return get_tokenizer(spec)
 
 

@@ -17,7 +17,12 @@ from typing import Any
 import anyio
 import httpx
 
-__all__ = ["parse_prometheus_text", "samples_to_columns", "MetricsScraper"]
+from loadgen.driver.bounded import bounded_get
+
+__all__ = ["METRICS_MAX_BYTES", "parse_prometheus_text", "samples_to_columns", "MetricsScraper"]
+
+#: Most bytes of one /metrics answer read; a longer one counts as a failed scrape.
+METRICS_MAX_BYTES = 16 << 20
 
 
 def _parse_labels(text: str, start: int) -> tuple[dict[str, str], int]:
@@ -133,14 +138,13 @@ class MetricsScraper:
         self.prefixes = prefixes
         self.scrapes = 0
         self.failures = 0
+        self.timeout_s = max(interval_s, 10.0)  # one scrape: connect to last byte
 
     async def scrape_once(self) -> None:
         t0 = time.perf_counter_ns()
-        try:
-            response = await self.client.get(self.url)
-            body = response.text if response.status_code == 200 else None
-        except httpx.HTTPError:
-            body = None
+        got = await bounded_get(self.client, self.url, timeout_s=self.timeout_s, max_bytes=METRICS_MAX_BYTES)
+        response = got.response
+        body = response.text if response is not None and response.status_code == 200 and not got.truncated else None
         t1 = time.perf_counter_ns()
         if body is None:
             self.failures += 1

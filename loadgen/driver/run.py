@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 import anyio
 import httpx
@@ -33,6 +33,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.compute
 
+from loadgen.driver.bounded import PROBE_TIMEOUT_S
 from loadgen.driver.probe import TargetInfo, probe_target
 from loadgen.rundir.identity import harness_identity, host_identity, sha256_file, utc_now_iso
 from loadgen.rundir.io import RunWriter
@@ -82,14 +83,32 @@ REAL_ENGINES = ("vllm", "managed", "openai-compatible")
 KEEP_IDLE_LOW, KEEP_IDLE_HIGH = 8, 32
 
 
-def _split_base(url: str) -> tuple[str, str]:
-    """(server root for /version and /metrics, API prefix) from a target URL with or without /v1."""
+def _split_base(url: str) -> tuple[str, str, str]:
+    """(server root for /version and /metrics, API prefix, query) from a target URL with or without /v1.
+
+    The root carries no userinfo (credentials travel only in the one Authorization header, ``_auth_headers``);
+    the query string is sent on every request the run makes (a gateway may take its key there).
+    """
     parts = urlsplit(url)
     path = parts.path.rstrip("/")
     prefix = "/v1"
     path = path.removesuffix("/v1")
-    root = urlunsplit((parts.scheme, parts.netloc, path, "", ""))
-    return root, prefix
+    host = parts.hostname or ""
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
+    root = urlunsplit((parts.scheme, netloc, path, "", ""))
+    return root, prefix, parts.query
+
+
+def _endpoint_url(url: str, path: str) -> httpx.URL:
+    """The URL a target's requests go to: its root joined with ``path``, with the target's query string."""
+    root, _, query = _split_base(url)
+    endpoint = httpx.URL(root).join(path)
+    return endpoint.copy_with(query=query.encode("ascii")) if query else endpoint
+
+
+def _client_params(url: str) -> httpx.QueryParams:
+    """The target's query parameters, sent with every probe, scrape and /tokenize call."""
+    return httpx.QueryParams(_split_base(url)[2])
 
 
 def _shared_cpus(options: RunOptions) -> str | None:
@@ -128,24 +147,42 @@ def _timeouts(options: RunOptions, scenario: Scenario | None, classes: set[str])
 
 
 def _auth_headers(options: RunOptions) -> tuple[dict[str, str], tuple[str, ...]]:
-    """Request headers (API key from the named env var, URL userinfo as Basic auth) and the secrets to redact."""
-    secrets: tuple[str, ...] = ()
-    headers = {"accept": "text/event-stream", "accept-encoding": "identity", **options.headers}
+    """Request headers (one value per name, names in lower case) and the secrets to redact.
+
+    The credential has one source: ``--header Authorization``, the key in ``--api-key-env`` (Bearer), or the
+    target URLs' ``user:password`` (Basic). Two sources that disagree are refused: merged, they reached the
+    server as ``Bearer X, Basic ...`` on some requests and as one of them on others. Every request of the
+    run (probes, /tokenize, scrapes, the replay) carries the same one.
+    """
+    extra = {name.lower(): value for name, value in options.headers.items()}
+    headers = {"accept": "text/event-stream", "accept-encoding": "identity", **extra}
+    sources: list[tuple[str, str]] = []
+    secrets: tuple[str, ...] = tuple(v for v in options.headers.values() if len(v) >= 8)
+    if "authorization" in extra:
+        sources.append(("--header Authorization", extra["authorization"]))
     if options.api_key_env:
         key = os.environ.get(options.api_key_env, "")
         if not key:
             raise TargetError(
                 f"--api-key-env {options.api_key_env}: variable unset or empty: expected the API key in it"
             )
-        secrets = (key,)
-        headers["authorization"] = f"Bearer {key}"
-    parts = urlsplit(options.target_url)
-    secrets += tuple(p for p in (urlsplit(url).password for url in options.target_urls) if p)
-    if parts.username and "authorization" not in headers:  # what httpx does with URL userinfo
-        token = base64.b64encode(f"{parts.username}:{parts.password or ''}".encode()).decode()
-        headers["authorization"] = f"Basic {token}"
-        secrets += (token,)
-    secrets += tuple(v for v in options.headers.values() if len(v) >= 8)
+        secrets += (key,)
+        sources.append((f"--api-key-env {options.api_key_env}", f"Bearer {key}"))
+    for url in options.target_urls:
+        parts = urlsplit(url)
+        secrets += tuple(v for _, v in parse_qsl(parts.query) if len(v) >= 8)
+        if parts.username:  # what httpx would do with URL userinfo, once, here
+            token = base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()).decode()
+            secrets += tuple(p for p in (parts.password, token) if p)
+            sources.append(("the target URL's user:password", f"Basic {token}"))
+    if len({value for _, value in sources}) > 1:
+        named = sorted({name for name, _ in sources})
+        raise TargetError(
+            f"credentials given twice ({' and '.join(named)}), with different values: expected one of "
+            "--header Authorization, --api-key-env or the target URL's user:password"
+        )
+    if sources:
+        headers["authorization"] = sources[0][1]
     return headers, secrets
 
 
@@ -215,7 +252,12 @@ async def _prepare_jobs(
     t_build = time.perf_counter()
     model = cast(str, info.model)  # probe_target resolves the model (given, or the first served) or raises
     tokenizer = resolve_tokenizer(
-        options.tokenizer, root, model, {k: v for k, v in headers.items() if k == "authorization"}
+        options.tokenizer,
+        root,
+        model,
+        {k: v for k, v in headers.items() if k == "authorization"},
+        timeout_s=_probe_timeout_s(_ttft_cap_s(options, scenario)),
+        params=_client_params(options.target_url),
     )
     try:
         jobs = await anyio.to_thread.run_sync(
@@ -243,7 +285,7 @@ def _encode_requests(
     options: RunOptions, jobs: list[Job], client: httpx.AsyncClient, transport: RawHTTP11Transport, path: str
 ) -> None:
     """The whole request, ready to write: the send path only copies bytes."""
-    endpoint_url = client.base_url.join(path)
+    endpoint_url = _endpoint_url(options.target_url, path)
     base_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in client.headers.items()]
     base_headers = [(k, v) for k, v in base_headers if k.lower() not in (b"content-length", b"host")]
     base_headers.insert(0, (b"host", endpoint_url.netloc))
@@ -302,10 +344,10 @@ async def run_trace(options: RunOptions, shard: Shard | None = None) -> Path:
     """
     inputs = _read_inputs(options, shard)
     headers, secrets = _auth_headers(options)
-    root, prefix = _split_base(options.target_url)
+    root, prefix, _ = _split_base(options.target_url)
     path = prefix + ("/chat/completions" if inputs.endpoint == "chat" else "/completions")
     scenario = inputs.scenario
-    ttft_cap = options.ttft_timeout_s or (scenario.errors.ttft_timeout_s if scenario else DEFAULT_TTFT_TIMEOUT_S)
+    ttft_cap = _ttft_cap_s(options, scenario)
     transport = RawHTTP11Transport(
         keepalive_expiry_s=30.0,
         max_idle=(inputs.concurrency or 4096) + KEEP_IDLE_HIGH,
@@ -314,6 +356,7 @@ async def run_trace(options: RunOptions, shard: Shard | None = None) -> Path:
     client = httpx.AsyncClient(
         base_url=root,
         headers=headers,
+        params=_client_params(options.target_url),
         timeout=httpx.Timeout(None, connect=min(30.0, ttft_cap)),
         transport=transport,
         trust_env=False,
@@ -325,8 +368,9 @@ async def run_trace(options: RunOptions, shard: Shard | None = None) -> Path:
             options.model or (scenario.model if scenario else None),
             secrets=secrets,
             check_model=options.check_model,
+            timeout_s=_probe_timeout_s(ttft_cap),
         )
-        infos = [info, *await _probe_replicas(options, headers, secrets, cast(str, info.model))]
+        infos = [info, *await _probe_replicas(options, headers, secrets, cast(str, info.model), ttft_cap)]
         jobs, counter, build_s, extensions = await _prepare_jobs(
             options, inputs, info, client, transport, root, path, headers
         )
@@ -366,6 +410,7 @@ async def run_trace(options: RunOptions, shard: Shard | None = None) -> Path:
                 i,
                 httpx.AsyncClient(
                     base_url=_split_base(options.target_urls[i])[0],
+                    params=_client_params(options.target_urls[i]),
                     headers={k: v for k, v in headers.items() if k == "authorization"},
                     timeout=10.0,
                     trust_env=False,
@@ -436,15 +481,37 @@ async def run_trace(options: RunOptions, shard: Shard | None = None) -> Path:
     return Path(options.out_dir)
 
 
+def _ttft_cap_s(options: RunOptions, scenario: Scenario | None) -> float:
+    """The run-wide TTFT timeout (the option, else the scenario's, else the default): bounds connects and probes."""
+    return options.ttft_timeout_s or (scenario.errors.ttft_timeout_s if scenario else DEFAULT_TTFT_TIMEOUT_S)
+
+
+def _probe_timeout_s(ttft_cap_s: float) -> float:
+    """How long one probe (/version, /v1/models, /metrics, /tokenize) may take: the run's TTFT cap, at most
+    PROBE_TIMEOUT_S (a target that cannot answer a probe that fast would fail every request anyway)."""
+    return min(PROBE_TIMEOUT_S, ttft_cap_s)
+
+
 async def _probe_replicas(
-    options: RunOptions, headers: dict[str, str], secrets: tuple[str, ...], model: str
+    options: RunOptions, headers: dict[str, str], secrets: tuple[str, ...], model: str, ttft_cap_s: float
 ) -> list[TargetInfo]:
     """Probe every replica after the first (model check, /version, /metrics): each must serve ``model``."""
     infos = []
     for url in options.replica_urls:
         root = _split_base(url)[0]
-        async with httpx.AsyncClient(base_url=root, headers=headers, timeout=30.0, trust_env=False) as client:
-            infos.append(await probe_target(client, root, model, secrets=secrets, check_model=options.check_model))
+        async with httpx.AsyncClient(
+            base_url=root, headers=headers, params=_client_params(url), timeout=30.0, trust_env=False
+        ) as client:
+            infos.append(
+                await probe_target(
+                    client,
+                    root,
+                    model,
+                    secrets=secrets,
+                    check_model=options.check_model,
+                    timeout_s=_probe_timeout_s(ttft_cap_s),
+                )
+            )
     return infos
 
 
@@ -465,7 +532,7 @@ def _replica_origins(
 ) -> tuple[list[tuple[bytes, str, int]], list[bytes]]:
     """Per replica: the connection key and the first bytes of its requests (every payload was encoded
     for the first replica; routing a request elsewhere swaps them)."""
-    urls = [httpx.URL(_split_base(url)[0]).join(path) for url in options.target_urls]
+    urls = [_endpoint_url(url, path) for url in options.target_urls]
     heads = [transport.request_head("POST", url) for url in urls]
     if any(not job.payload.startswith(heads[0]) for job in jobs):  # encode_request's layout changed
         raise LoadgenError("internal: a request payload does not start with its request line and Host header")

@@ -1,5 +1,9 @@
 """Redaction: what loadgen may record or print of a URL or a message (no passwords, keys or bearer tokens).
 
+Every query value of a URL is redacted and its name kept (``?code=REDACTED&subscription-key=REDACTED``): a
+gateway may take its credential under any name. ``redact`` replaces secrets before it cuts a message, so a
+secret across the cut is never kept in part.
+
 Used by the driver (error messages, the target's /version), the targets, the contract replay and calibration.
 """
 
@@ -12,7 +16,8 @@ from loadgen.util.inputs import without_userinfo
 
 __all__ = ["redact", "redact_url"]
 
-_SECRET_QUERY = re.compile(r"(?i)([?&](?:api[-_]?key|key|token|access_token|sig|signature|secret)=)[^&\s]+")
+#: A query parameter's value (in a URL or in a message that quotes one): every one is redacted, names kept.
+_SECRET_QUERY = re.compile(r"([?&][^?&=\s#\"'<>]{1,200}=)[^&\s#\"'<>]+")
 _BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+")
 
 
@@ -33,7 +38,8 @@ def redact_url(url: str) -> str:
 
 
 def redact(message: str, secrets: tuple[str, ...] = ()) -> str:
-    """One line, with known secrets, bearer tokens, URL userinfo and query secrets replaced."""
+    """One line of at most 500 characters, with known secrets, bearer tokens, URL userinfo and query values
+    replaced (before the cut: a secret across it is never kept in part)."""
     for secret in secrets:
         if secret:
             message = message.replace(secret, "REDACTED")
