@@ -92,7 +92,7 @@ def _stream_events(tokens: int, bad: dict[str, object] | None = None) -> list[by
             "object": "text_completion",
             "model": MODEL,
             "system_fingerprint": "fp-hostile",
-            "choices": [{"index": 0, "text": f" w{i}", "finish_reason": "length" if last else None}],
+            "choices": [{"index": 0, "text": " the", "finish_reason": "length" if last else None}],
         }
         if last and bad:
             if "finish_reason" in bad:

@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _analyze(args: argparse.Namespace) -> int:
 
-    from loadgen.rundir.io import persist_recovery  # deferred: loaded when it runs
+    from loadgen.rundir.io import persist_recovery, run_owns  # deferred: loaded when it runs
     from loadgen.util.errors import RunDirError  # deferred: loaded when it runs
     from loadgen.workload.scenario import load_scenario  # deferred: `loadgen --help` loads no library code
 
@@ -56,6 +56,10 @@ def _analyze(args: argparse.Namespace) -> int:
     )
     from ..analysis.spill import SpillConfig  # deferred: loaded when it runs
 
+    for flag, out in (("--json", args.json), ("--html", args.html)):
+        owned = run_owns(out) if out else None
+        if owned:  # before any work: a report never replaces the records it reports on
+            raise RunDirError(f"{flag} {out}: {owned}: expected a file a run directory or bundle does not own")
     try:  # a killed run (manifest still "running", writer gone) gets its recovered manifest on disk
         if persist_recovery(Path(args.run_dir)) is not None:
             print(

@@ -36,10 +36,10 @@ import pyarrow.compute
 from loadgen.driver.bounded import PROBE_TIMEOUT_S
 from loadgen.driver.probe import TargetInfo, probe_target
 from loadgen.rundir.identity import harness_identity, host_identity, sha256_file, utc_now_iso
-from loadgen.rundir.io import RunWriter
+from loadgen.rundir.io import RunWriter, held_run_names
 from loadgen.rundir.manifest import DriverInfo, Manifest, TraceRef, WarmState, merge_manifest
 from loadgen.rundir.part_process import PartProcess
-from loadgen.rundir.schema import REQUESTS_FILE, STATUS_NOT_SENT, STATUS_OK
+from loadgen.rundir.schema import STATUS_NOT_SENT, STATUS_OK
 from loadgen.util import interrupts
 from loadgen.util.errors import (
     LoadgenError,
@@ -220,9 +220,10 @@ def _read_inputs(options: RunOptions, shard: Shard | None = None) -> _Inputs:
             f"trace was generated from scenario sha256 {trace_meta['scenario_sha256'][:12]}, "
             f"not {options.scenario_path} ({scenario.sha256[:12]})"
         )
-    if shard is None and (Path(options.out_dir) / REQUESTS_FILE).exists():
+    held = held_run_names(options.out_dir) if shard is None else []
+    if held:  # before anything connects: a run or a handoff bundle is never written over
         raise RunDirError(
-            f"{options.out_dir}: already holds a run ({REQUESTS_FILE}): expected a new or empty directory"
+            f"{options.out_dir}: already holds a run or handoff bundle ({held[0]}): expected a new or empty directory"
         )
     endpoint = options.endpoint or (scenario.endpoint if scenario else "completions")
     mode = trace_meta.get("mode", "open")
