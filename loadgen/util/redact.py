@@ -14,7 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from loadgen.util.inputs import without_userinfo
 
-__all__ = ["redact", "redact_url"]
+__all__ = ["redact", "redact_query", "redact_url"]
 
 #: A query parameter's value (in a URL or in a message that quotes one): every one is redacted, names kept.
 _SECRET_QUERY = re.compile(r"([?&][^?&=\s#\"'<>]{1,200}=)[^&\s#\"'<>]+")
@@ -33,8 +33,15 @@ def redact_url(url: str) -> str:
         netloc = f"[{netloc}]"  # an IPv6 literal keeps its brackets
     if port:
         netloc = f"{netloc}:{port}"
-    query = _SECRET_QUERY.sub(r"\1REDACTED", "?" + parts.query)[1:] if parts.query else ""
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+    return urlunsplit((parts.scheme, netloc, parts.path, redact_query(parts.query), ""))
+
+
+def redact_query(query: str) -> str:
+    """A URL's query string with every value replaced (``a=1&b&c=`` -> ``a=REDACTED&b&c=REDACTED``), names kept."""
+    if not query:
+        return ""
+    fields = (name + "=REDACTED" if sep else name for name, sep, _ in (f.partition("=") for f in query.split("&")))
+    return "&".join(fields)
 
 
 def redact(message: str, secrets: tuple[str, ...] = ()) -> str:
