@@ -444,7 +444,8 @@ async def _replay_one(
             obs = Observed(
                 None,
                 http_status=response.status_code,
-                error=_redact(f"HTTP {response.status_code}: {response.text[:200]}", secrets),
+                # redacted whole, then cut (``redact``): a secret across a cut is never kept in part
+                error=_redact(f"HTTP {response.status_code}: {response.text}", secrets),
             )
             break
         if stream:

@@ -24,7 +24,15 @@ from loadgen.driver.metrics_scrape import parse_prometheus_text
 from loadgen.util.errors import TargetError
 from loadgen.util.redact import redact, redact_url
 
-__all__ = ["MANAGED_HOSTS", "VERSION_MAX_BYTES", "TargetInfo", "is_simulated", "probe_target", "safe_version"]
+__all__ = [
+    "MANAGED_HOSTS",
+    "VERSION_MAX_BYTES",
+    "TargetInfo",
+    "is_credential_name",
+    "is_simulated",
+    "probe_target",
+    "safe_version",
+]
 
 #: Most bytes of a target's /version body kept in the record (JSON-encoded, after redaction).
 VERSION_MAX_BYTES = 16 * 1024
@@ -98,6 +106,11 @@ def _scrub(value: Any, secrets: tuple[str, ...], depth: int) -> Any:
     if isinstance(value, list):
         return [_scrub(v, secrets, depth + 1) for v in value[:256]]
     return value
+
+
+def is_credential_name(name: str) -> bool:
+    """Whether a header or field named ``name`` carries a credential (``X-Api-Key``, ``Authorization``, ``token``)."""
+    return _SECRET_KEY.search(name) is not None
 
 
 def safe_version(body: Any, secrets: tuple[str, ...] = ()) -> Any:

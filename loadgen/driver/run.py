@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute
 
 from loadgen.driver.bounded import PROBE_TIMEOUT_S
-from loadgen.driver.probe import TargetInfo, probe_target
+from loadgen.driver.probe import TargetInfo, is_credential_name, probe_target
 from loadgen.rundir.identity import harness_identity, host_identity, sha256_file, utc_now_iso
 from loadgen.rundir.io import RunWriter, held_run_names
 from loadgen.rundir.manifest import DriverInfo, Manifest, TraceRef, WarmState, merge_manifest
@@ -157,7 +157,10 @@ def _auth_headers(options: RunOptions) -> tuple[dict[str, str], tuple[str, ...]]
     extra = {name.lower(): value for name, value in options.headers.items()}
     headers = {"accept": "text/event-stream", "accept-encoding": "identity", **extra}
     sources: list[tuple[str, str]] = []
-    secrets: tuple[str, ...] = tuple(v for v in options.headers.values() if len(v) >= 8)
+    # a header's value is redacted wherever the target echoes it: any long one, and a credential's at any length
+    secrets: tuple[str, ...] = tuple(
+        v for k, v in options.headers.items() if len(v) >= 8 or (len(v) >= 3 and is_credential_name(k))
+    )
     if "authorization" in extra:
         sources.append(("--header Authorization", extra["authorization"]))
     if options.api_key_env:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -61,11 +62,14 @@ class UrlTarget(Target):
 
     def reset_prefix_cache(self) -> StateResult:
         """Cold = ``POST /reset_prefix_cache`` answered 2xx; otherwise not achievable, with the answer."""
-        root = self._url.removesuffix("/v1")
+        parts = urlsplit(self._url)  # the target's query string goes with it (a gateway may take its key there)
+        root = urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/").removesuffix("/v1"), "", ""))
         key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         try:
-            resp = httpx.post(f"{root}/reset_prefix_cache", headers=headers, timeout=30)
+            resp = httpx.post(
+                f"{root}/reset_prefix_cache", params=httpx.QueryParams(parts.query), headers=headers, timeout=30
+            )
         except httpx.HTTPError as exc:
             answer = f"failed ({type(exc).__name__})"
         else:
