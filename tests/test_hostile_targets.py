@@ -233,6 +233,15 @@ def test_run_and_analyze_never_write_over_a_run_or_bundle(tmp_path: Path, trace:
         ("--html", tmp_path / "bundle" / "SHA256SUMS"),
     ):
         one_line_error(cli("analyze", tmp_path / "run", "--quiet", flag, target), flag, "belongs to the")
+    # the rest of the kind: every command's output file
+    manifest = tmp_path / "run" / "manifest.json"
+    scenario = trace.parent / "s.toml"
+    for args in (
+        ["trace", "generate", scenario, "--trace", "steady", "--out", manifest],
+        ["compare", tmp_path / "run", tmp_path / "run", "--out", manifest],
+        ["sim", "calibrate", tmp_path / "run", "--out", tmp_path / "bundle" / "engine.toml"],
+    ):
+        one_line_error(cli(*args), "--out", "belongs to the")
     assert {root: all_bytes(tmp_path / root) for root in ("run", "bundle")} == before
     ok = cli("analyze", tmp_path / "run", "--quiet", "--json", tmp_path / "run" / "analysis.json")
     assert ok.returncode == 0, ok.stderr  # a file of its own beside the records is fine

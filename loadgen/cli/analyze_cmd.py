@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from . import flags
+
 #: Exit code of ``--fail-on-budget`` when a hard budget (or the error-share limit) failed conclusively.
 EXIT_BUDGET_FAILED = 3
 #: Exit code of ``--fail-on-budget`` when no hard budget failed but one is inconclusive (its 95% interval
@@ -18,8 +20,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("analyze", help="analyse a run directory: per-class tails, budgets, stability, reports")
     p.add_argument("run_dir", help="run directory (measured, simulated or imported)")
     p.add_argument("--scenario", help="scenario TOML with the budgets (default: the one in the manifest)")
-    p.add_argument("--json", metavar="FILE", help="write every number as JSON (with schema_version)")
-    p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report with plots")
+    p.add_argument(
+        "--json", metavar="FILE", type=flags.output_file, help="write every number as JSON (with schema_version)"
+    )
+    p.add_argument(
+        "--html", metavar="FILE", type=flags.output_file, help="write a self-contained HTML report with plots"
+    )
     p.add_argument("--window", metavar="START:END", help="measurement window in seconds on the run clock")
     p.add_argument("--include-cold", action="store_true", help="keep cold-start requests in the tables and budgets")
     p.add_argument(
@@ -44,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _analyze(args: argparse.Namespace) -> int:
 
-    from loadgen.rundir.io import persist_recovery, run_owns  # deferred: loaded when it runs
+    from loadgen.rundir.io import persist_recovery  # deferred: loaded when it runs
     from loadgen.util.errors import RunDirError  # deferred: loaded when it runs
     from loadgen.workload.scenario import load_scenario  # deferred: `loadgen --help` loads no library code
 
@@ -56,10 +62,6 @@ def _analyze(args: argparse.Namespace) -> int:
     )
     from ..analysis.spill import SpillConfig  # deferred: loaded when it runs
 
-    for flag, out in (("--json", args.json), ("--html", args.html)):
-        owned = run_owns(out) if out else None
-        if owned:  # before any work: a report never replaces the records it reports on
-            raise RunDirError(f"{flag} {out}: {owned}: expected a file a run directory or bundle does not own")
     try:  # a killed run (manifest still "running", writer gone) gets its recovered manifest on disk
         if persist_recovery(Path(args.run_dir)) is not None:
             print(
