@@ -35,8 +35,12 @@ def test_html_is_self_contained_with_plots(tmp_path):
     path = write_html(a, tmp_path / "report.html")
     text = path.read_text()
     assert text.startswith("<!DOCTYPE html>")
-    assert len(re.findall(r'src="data:image/png;base64,', text)) == 3  # CDFs, timeline, token lengths
-    assert not re.search(r'(src|href)="(https?:)?//', text)  # nothing fetched from elsewhere
+    assert len(re.findall(r'<img alt="plot" src="data:image/png;base64,', text)) == 3  # CDFs, timeline, lengths
+    # the interactive timeline: Plotly's script inlined once, and the figure's three panels on one time axis
+    assert text.count("<h2>Timeline, interactive") == 1 and "rangeslider" in text and "TTFT short-message" in text
+    markup = re.sub(r"<script[^>]*>.*?</script>", "", text, flags=re.S)  # Plotly's bundle quotes links in its code
+    assert not re.search(r'(src|href)="(https?:)?//', markup)  # nothing fetched from elsewhere
+    assert not re.search(r"<script[^>]+src=", text)  # every script inline
     assert "FAIL" in text and "short-message ttft_ms p99 inf" in text  # verdict with its reasons
     assert "Little" in text and "KV" in text
 

@@ -1,4 +1,5 @@
-"""HTML report: one self-contained file, plots embedded as base64 PNG (matplotlib, Agg backend).
+"""HTML report: one self-contained file, plots embedded as base64 PNG (matplotlib, Agg backend), and an
+interactive copy of the timeline (Plotly, its script inlined: zoom and pan, offline).
 
 Plots: TTFT/ITL/E2E CDFs per class with budget lines; a timeline of offered vs completed rate with
 the TTFT scatter and server KV usage / queue (or in-flight) beneath; token-length histograms.
@@ -20,6 +21,7 @@ import numpy as np
 
 from .model import METRICS, Analysis, GroupSummary, stop_sentence
 from .report_console import fmt_ci, fmt_ms, fmt_share, stability_sentence
+from .timeline_interactive import timeline_figure
 
 __all__ = ["render_html", "write_html"]
 
@@ -46,6 +48,13 @@ def _pyplot() -> Any:
     import matplotlib.pyplot as plt  # deferred with matplotlib above
 
     return plt
+
+
+def _plotly(fig: Any) -> str:
+    """A Plotly figure inline, its script included (the report stays one file that opens offline)."""
+    import plotly.io as pio  # deferred: heavy, loaded only when a report is written
+
+    return str(pio.to_html(fig, full_html=False, include_plotlyjs=True, config={"displaylogo": False}))
 
 
 def _png(fig: Any) -> str:
@@ -473,6 +482,9 @@ def render_html(analysis: Analysis) -> str:
     fig = _timeline_figure(a)
     if fig:
         parts.append("<h2>Timeline</h2>" + fig)
+    interactive = timeline_figure(a)
+    if interactive is not None:
+        parts.append("<h2>Timeline, interactive (drag to zoom, double-click to reset)</h2>" + _plotly(interactive))
     css = "" if a.stability.get("applied") else ' class="warn"'
     parts += ["<h2>Stability and Little's Law</h2>", f"<p{css}>{_e(stability_sentence(a.stability))}</p>"]
     parts += _warm_cold_section(a)

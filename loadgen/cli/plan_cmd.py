@@ -108,5 +108,5 @@ def _plan(args: argparse.Namespace) -> int:
         print(format_region(result.region))
         if engine:
             print(f"\n{result.region['engine_calibration']}")
-        print(f"\nplan directory: {result.plan_dir} (region.json, region.md, region-*.png)")
+        print(f"\nplan directory: {result.plan_dir} (region.json, region.md, region-*.png, region.html)")
     return 0 if result.state.get("status") == "complete" else 3

@@ -101,6 +101,9 @@ IGNORED_KEYS = (
 )
 
 
+_IGNORED_PREFIXES = tuple(k + "." for k in IGNORED_KEYS)
+
+
 def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
     if isinstance(value, dict) and value:
         for key, sub in value.items():
@@ -130,7 +133,7 @@ def identity_of(manifest: Manifest) -> dict[str, Any]:
         if value is _MISSING:
             continue
         _flatten(value, root, out)
-    return {k: v for k, v in out.items() if not any(k == ig or k.startswith(ig + ".") for ig in IGNORED_KEYS)}
+    return {k: v for k, v in out.items() if k not in IGNORED_KEYS and not k.startswith(_IGNORED_PREFIXES)}
 
 
 def _covered(key: str, variable: str) -> bool:

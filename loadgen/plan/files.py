@@ -20,6 +20,7 @@ __all__ = [
     "ANALYSIS_FILE",
     "PLAN_FILE",
     "REGION_FILE",
+    "REGION_HTML_FILE",
     "REGION_MD_FILE",
     "RESULT_FILE",
     "read_cell_result",
@@ -38,6 +39,8 @@ ANALYSIS_FILE = "analysis.json"
 #: The capacity region, as JSON and as Markdown tables.
 REGION_FILE = "region.json"
 REGION_MD_FILE = "region.md"
+#: Interactive latency-throughput curves per class (Plotly, self-contained).
+REGION_HTML_FILE = "region.html"
 
 
 def region_plot_file(cls: str) -> str:

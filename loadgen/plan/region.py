@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..trace.io import read_trace
+from .curves import write_curves
 from .files import REGION_FILE, REGION_MD_FILE, RESULT_FILE, read_cell_result, read_region, region_plot_file
 
 __all__ = ["build_region", "format_region", "load_region", "plot_region", "write_region"]
@@ -447,13 +448,14 @@ def plot_region(region: dict[str, Any], cls: str, path: Path) -> Path:
 
 
 def write_region(plan_dir: Path, region: dict[str, Any]) -> dict[str, Path]:
-    """Write region.json, region.md and one PNG per class; returns their paths."""
+    """Write region.json, region.md, one PNG per class and region.html (interactive curves); returns their paths."""
     plan_dir = Path(plan_dir)
     paths = {"json": plan_dir / REGION_FILE, "markdown": plan_dir / REGION_MD_FILE}
     paths["json"].write_text(json.dumps(region, indent=2, sort_keys=True, default=str) + "\n")
     paths["markdown"].write_text(format_region(region) + "\n")
     for cls in region["classes"]:
         paths[f"plot:{cls}"] = plot_region(region, cls, plan_dir / region_plot_file(cls))
+    paths["html"] = write_curves(plan_dir, region)
     return paths
 
 

@@ -278,6 +278,19 @@ class Behavior(_Model):
     under_load_share: float = Field(default=0.0, ge=0, le=1)
 
 
+class Regression(_Model):
+    """What ``loadgen diff`` counts as a change (percent of the base value, per metric; default 5 each)."""
+
+    thresholds_pct: dict[Literal["ttft_ms", "tpot_ms", "e2e_ms"], float] = {}
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Regression:
+        for metric, value in self.thresholds_pct.items():
+            if not 0 <= value <= 1000:
+                raise ValueError(f"regression.thresholds_pct.{metric} = {value}: expected 0..1000 (percent)")
+        return self
+
+
 class Scenario(_Model):
     name: str = Field(min_length=1)
     description: str = ""
@@ -290,6 +303,7 @@ class Scenario(_Model):
     privacy: Privacy = Privacy()
     errors: Errors = Errors()
     behavior: Behavior = Behavior()
+    regression: Regression = Regression()
     # set by load_scenario, not by the file
     source_path: str | None = Field(default=None, exclude=True)
     sha256: str | None = Field(default=None, exclude=True)

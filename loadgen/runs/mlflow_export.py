@@ -1,0 +1,157 @@
+"""``loadgen export mlflow RUN_OR_PLAN...``: runs and plans as MLflow runs, read back by MLflow's own client.
+
+Each run directory becomes one MLflow run: its identity keys (``compare``'s ``identity_of``: package versions,
+engine and its settings, model, host, scenario and trace hashes) as params; its headline figures per class
+(``headline``) as metrics named ``<class>.<figure>``; its small files (manifest, JSON, Markdown, logs under
+``MAX_ARTIFACT_BYTES``) plus the HTML report as artifacts. A plan directory becomes a parent MLflow run (the plan's
+files as artifacts) with one child run per run directory inside it. Exporting the same directory again, unchanged,
+adds nothing (its catalog signature is a tag). Never Parquet: the run directory is the archive.
+
+The default store is local: ``sqlite:///mlflow.db`` with artifacts in ``./mlflow-artifacts`` (MLflow 3 put its
+plain-file store in maintenance mode). Needs ``pip install 'loadgen[mlflow]'``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loadgen.analysis import analyze_run, write_html
+from loadgen.plan.compare import identity_of
+from loadgen.plan.files import PLAN_FILE
+from loadgen.rundir.manifest import read_manifest
+from loadgen.rundir.schema import MANIFEST_FILE
+from loadgen.util.errors import LoadgenError, RunDirError
+
+from .catalog import _signature, _walk
+from .headline import HEADLINE_COLUMNS, headline_figures
+
+__all__ = ["DEFAULT_TRACKING_URI", "MAX_ARTIFACT_BYTES", "ExportReport", "export_mlflow"]
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+DEFAULT_EXPERIMENT = "loadgen"
+#: Files of a run directory larger than this are not copied (the Parquet never is).
+MAX_ARTIFACT_BYTES = 16 * 1024 * 1024
+_ARTIFACT_SUFFIXES = (".json", ".md", ".txt", ".log", ".toml", ".html")
+_PARAM_VALUE_MAX = 6000  # MLflow 3's limit on a param value
+
+
+@dataclass
+class ExportReport:
+    exported: list[str] = field(default_factory=list)  # "path -> mlflow run id"
+    unchanged: list[str] = field(default_factory=list)
+
+
+def _mlflow() -> Any:
+    try:
+        import mlflow  # deferred: an optional dependency (loadgen[mlflow])
+    except ImportError as exc:
+        raise LoadgenError("export mlflow: MLflow is not installed: expected `pip install 'loadgen[mlflow]'`") from exc
+    return mlflow
+
+
+def _client(tracking_uri: str, experiment: str) -> tuple[Any, str]:
+    mlflow = _mlflow()
+    client = mlflow.tracking.MlflowClient(tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is not None:
+        return client, found.experiment_id
+    location = None
+    if tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri[len("sqlite:///") :])
+        location = (db.parent.resolve() / "mlflow-artifacts").as_uri()
+    return client, client.create_experiment(experiment, artifact_location=location)
+
+
+def _params(run_dir: Path) -> dict[str, str]:
+    ident = identity_of(read_manifest(run_dir))
+    return {k[:250]: str(v)[:_PARAM_VALUE_MAX] for k, v in ident.items() if v is not None}
+
+
+def _metrics(run_dir: Path) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for h in headline_figures(run_dir):
+        for name in HEADLINE_COLUMNS[1:]:
+            value = getattr(h, name)
+            if value is not None:
+                out[f"{h.request_class}.{name}"] = float(value)
+    return out
+
+
+def _artifacts(directory: Path) -> list[Path]:
+    return sorted(
+        p
+        for p in directory.iterdir()
+        if p.is_file() and p.suffix in _ARTIFACT_SUFFIXES and p.stat().st_size <= MAX_ARTIFACT_BYTES
+    )
+
+
+def _existing(client: Any, experiment_id: str, path: Path, signature: str) -> bool:
+    runs = client.search_runs(
+        [experiment_id], filter_string=f"tags.`loadgen.path` = '{path}' and tags.`loadgen.signature` = '{signature}'"
+    )
+    return bool(runs)
+
+
+def _log_run(client: Any, experiment_id: str, run_dir: Path, parent: str | None) -> str:
+    tags = {"loadgen.path": str(run_dir), "loadgen.kind": "run", "loadgen.signature": _signature(run_dir, "run")}
+    if parent:
+        tags["mlflow.parentRunId"] = parent
+    run = client.create_run(experiment_id, run_name=run_dir.name, tags=tags)
+    rid = run.info.run_id
+    mlflow = _mlflow()
+    entities = mlflow.entities
+    params = [entities.Param(k, v) for k, v in _params(run_dir).items()]
+    for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+        client.log_batch(rid, params=params[i : i + 100])
+    metrics = [entities.Metric(k, v, 0, 0) for k, v in _metrics(run_dir).items()]
+    for i in range(0, len(metrics), 1000):
+        client.log_batch(rid, metrics=metrics[i : i + 1000])
+    for path in _artifacts(run_dir):
+        client.log_artifact(rid, str(path))
+    with tempfile.TemporaryDirectory() as tmp:
+        report = write_html(analyze_run(run_dir), Path(tmp) / "report.html")
+        client.log_artifact(rid, str(report))
+    client.set_terminated(rid)
+    return str(rid)
+
+
+def export_mlflow(
+    directories: list[Path | str], *, tracking_uri: str = DEFAULT_TRACKING_URI, experiment: str = DEFAULT_EXPERIMENT
+) -> ExportReport:
+    """Export run and plan directories (see the module docstring); returns what was exported or skipped."""
+    client, exp = _client(tracking_uri, experiment)
+    report = ExportReport()
+    for directory in (Path(d).resolve() for d in directories):
+        if (directory / PLAN_FILE).is_file():
+            _export_plan(client, exp, directory, report)
+        elif (directory / MANIFEST_FILE).is_file():
+            _export_one(client, exp, directory, None, report)
+        else:
+            raise RunDirError(f"{directory}: neither a run directory nor a plan directory: expected one of them")
+    return report
+
+
+def _export_one(client: Any, exp: str, run_dir: Path, parent: str | None, report: ExportReport) -> None:
+    if _existing(client, exp, run_dir, _signature(run_dir, "run")):
+        report.unchanged.append(str(run_dir))
+        return
+    report.exported.append(f"{run_dir} -> {_log_run(client, exp, run_dir, parent)}")
+
+
+def _export_plan(client: Any, exp: str, plan_dir: Path, report: ExportReport) -> None:
+    signature = _signature(plan_dir, "plan")
+    if _existing(client, exp, plan_dir, signature):
+        report.unchanged.append(str(plan_dir))
+        return
+    tags = {"loadgen.path": str(plan_dir), "loadgen.kind": "plan", "loadgen.signature": signature}
+    parent = client.create_run(exp, run_name=plan_dir.name, tags=tags).info.run_id
+    for path in _artifacts(plan_dir):
+        client.log_artifact(parent, str(path))
+    for run_dir, kind in _walk([plan_dir]):
+        if kind == "run":
+            _export_one(client, exp, run_dir, parent, report)
+    client.set_terminated(parent)
+    report.exported.append(f"{plan_dir} -> {parent}")

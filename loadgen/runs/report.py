@@ -1,0 +1,138 @@
+"""How the catalog and a diff are shown: console tables, and the diff's interactive HTML report (Plotly)."""
+
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+from typing import Any
+
+from loadgen.analysis.interactive import plotly_html
+
+from .diff import DiffResult, DiffRow
+
+__all__ = ["format_diff", "format_run", "format_runs", "write_diff_html"]
+
+_VERDICT_MARK = {"regressed": "REGRESSED", "improved": "improved", "no change": "no change", "inconclusive": "inconcl."}
+
+
+def _ms(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if not math.isfinite(v):
+        return "inf" if v > 0 else "-inf"
+    return f"{v:.1f}"
+
+
+def _row_line(r: DiffRow) -> str:
+    pct = "-" if r.change_pct is None else f"{r.change_pct:+.1f}%"
+    interval = "(point only)" if r.interval is None else f"[{_ms(r.interval[0])}, {_ms(r.interval[1])}]"
+    verdict = _VERDICT_MARK.get(r.verdict or "", "")
+    return (
+        f"  {r.request_class:<16} {r.metric:<8} {r.quantile:<4} {_ms(r.base):>9} {_ms(r.candidate):>9} "
+        f"{pct:>8}  {interval:<22} {verdict:<10} n={r.n_base}/{r.n_candidate}"
+    )
+
+
+def format_diff(result: DiffResult) -> str:
+    """The console report: every row, then the verdict and what was held fixed."""
+    lines = [
+        f"diff: base {', '.join(result.base)}",
+        f"      candidate {', '.join(result.candidate)}",
+        f"declared variable {result.variable}"
+        + (f" (differs in {len(result.differs_in)} key(s))" if result.differs_in else ""),
+        f"  {'class':<16} {'metric':<8} {'q':<4} {'base ms':>9} {'cand ms':>9} {'change':>8}  "
+        f"{'interval of change (ms)':<22} {'verdict':<10} samples",
+    ]
+    lines += [_row_line(r) for r in result.rows]
+    lines.append(
+        f"verdict: {result.verdict.upper()} ({len(result.regressions())} row(s) regressed); each interval at "
+        f"{result.row_level:.4f}, so at most {1 - result.level:.0%} chance that any row is falsely flagged"
+    )
+    lines += [f"note: {n}" for n in result.notes]
+    return "\n".join(lines)
+
+
+_RUN_FIELDS = ("state", "run_kind", "engine", "model", "gpu", "scenario_name", "trace_name", "started_utc")
+
+
+def format_runs(rows: list[dict[str, Any]]) -> str:
+    """One line per catalogued run or plan."""
+    if not rows:
+        return "no catalogued runs match"
+    out = [f"{len(rows)} run(s)/plan(s):"]
+    for r in rows:
+        gone = "" if r.get("present", True) else "  [MISSING: moved or deleted]"
+        what = " ".join(f"{k}={r[k]}" for k in _RUN_FIELDS if r.get(k) is not None)
+        out.append(f"  {r['kind']:<4} {r['path']}  {what}{gone}")
+    return "\n".join(out)
+
+
+def format_run(row: dict[str, Any], classes: list[dict[str, Any]]) -> str:
+    """One run: every identity field, then its headline figures per class."""
+    out = [f"{row['kind']} {row['path']}" + ("" if row.get("present", True) else "  [MISSING: moved or deleted]")]
+    out += [f"  {k}: {v}" for k, v in row.items() if k not in ("path", "kind") and v is not None]
+    if classes:
+        out.append("  headline per class (ok requests; ms; completed req/s over the scheduled span):")
+        for c in classes:
+            out.append(
+                f"    {c['request_class']:<16} scheduled {c['scheduled']} ok {c['ok']} failed {c['failed']}  "
+                f"TTFT p50/p99 {_ms(c['ttft_p50_ms'])}/{_ms(c['ttft_p99_ms'])}  "
+                f"TPOT p50/p99 {_ms(c['tpot_p50_ms'])}/{_ms(c['tpot_p99_ms'])}  "
+                f"E2E p50/p99 {_ms(c['e2e_p50_ms'])}/{_ms(c['e2e_p99_ms'])}  "
+                f"completed {_ms(c['completed_rps'])}/s"
+            )
+    return "\n".join(out)
+
+
+def _diff_table(result: DiffResult) -> str:
+    head = "<tr><th>class</th><th>metric</th><th>q</th><th>base ms</th><th>candidate ms</th><th>change</th><th>interval</th><th>verdict</th></tr>"
+    cells = []
+    for r in result.rows:
+        pct = "-" if r.change_pct is None else f"{r.change_pct:+.1f}%"
+        interval = "point only" if r.interval is None else f"[{_ms(r.interval[0])}, {_ms(r.interval[1])}]"
+        cls = html.escape(r.verdict or "")
+        cells.append(
+            f"<tr class='{cls.replace(' ', '-')}'><td>{html.escape(r.request_class)}</td><td>{r.metric}</td>"
+            f"<td>{r.quantile}</td><td>{_ms(r.base)}</td><td>{_ms(r.candidate)}</td><td>{pct}</td>"
+            f"<td>{interval}</td><td>{cls}</td></tr>"
+        )
+    notes = "".join(f"<p>note: {html.escape(n)}</p>" for n in result.notes)
+    return (
+        f"<p>verdict: <b>{html.escape(result.verdict)}</b>; base {html.escape(', '.join(result.base))}; candidate "
+        f"{html.escape(', '.join(result.candidate))}; {html.escape(result.rule)}</p>{notes}"
+        f"<table>{head}{''.join(cells)}</table>"
+    )
+
+
+def write_diff_html(result: DiffResult, path: Path) -> Path:
+    """The diff report: the table, then per class the CDFs of base and candidate overlaid."""
+    import plotly.graph_objects as go  # deferred: only the HTML reports need Plotly
+    from plotly.subplots import make_subplots  # deferred: as above
+
+    figures = []
+    for cls, metrics in result.cdfs.items():
+        names = list(metrics)
+        fig = make_subplots(rows=1, cols=len(names), subplot_titles=[f"{m} CDF" for m in names])
+        for col, m in enumerate(names, start=1):
+            for side, color in (("base", "#1f77b4"), ("candidate", "#d62728")):
+                cdf = metrics[m].get(side)
+                if cdf:
+                    fig.add_trace(
+                        go.Scatter(
+                            x=cdf["x"],
+                            y=cdf["y"],
+                            mode="lines",
+                            name=side,
+                            line={"color": color},
+                            legendgroup=side,
+                            showlegend=col == 1,
+                        ),
+                        row=1,
+                        col=col,
+                    )
+            fig.update_xaxes(title_text="ms", row=1, col=col)
+        fig.update_layout(height=360, margin={"t": 40})
+        figures.append((f"class {cls}: base against candidate", fig))
+    path.write_text(plotly_html("loadgen diff", figures, _diff_table(result)))
+    return path

@@ -1,0 +1,307 @@
+"""The run catalog and ``loadgen diff`` through the real CLI, on worksheet runs of the simulated engine."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow.dataset as ds
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ENGINE = REPO / "scenarios" / "engines" / "interactive-small-batch.toml"
+SCENARIO = REPO / "scenarios" / "canonical.toml"
+
+
+def _cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run([sys.executable, "-m", "loadgen", *args], capture_output=True, text=True, timeout=300)
+    if check:
+        assert res.returncode == 0, res.stderr[-2000:]
+    return res
+
+
+def _trace(tmp: Path, seed: int, name: str = "steady") -> Path:
+    out = tmp / f"trace-{name}-{seed}.parquet"
+    if not out.exists():
+        _cli("trace", "generate", str(SCENARIO), "--trace", name, "--seed", str(seed), "--out", str(out))
+    return out
+
+
+def _worksheet(tmp: Path, trace: Path, out: str, engine: Path = ENGINE, seed: int = 0) -> Path:
+    run = tmp / out
+    _cli(
+        "sim",
+        "run",
+        str(trace),
+        "--engine",
+        str(engine),
+        "--scenario",
+        str(SCENARIO),
+        "--out",
+        str(run),
+        "--seed",
+        str(seed),
+    )
+    return run
+
+
+def _slower_engine(tmp: Path, factor: float) -> Path:
+    """The same engine with every cost term × factor (a known slowdown)."""
+    text = ENGINE.read_text()
+    for key in ("fixed_ms", "per_prefill_token_ms", "per_decode_seq_ms", "per_kv_token_ms"):
+        line = next(ln for ln in text.splitlines() if ln.startswith(key))
+        value = float(line.split("=")[1].split("#")[0])
+        text = text.replace(line, f"{key} = {value * factor!r}")
+    text = text.replace('name = "interactive-small-batch"', 'name = "interactive-small-batch-slower"')
+    out = tmp / "slower.toml"
+    out.write_text(text)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("runs")
+    t1, t2 = _trace(tmp, 1), _trace(tmp, 2)
+    return {
+        "base": _worksheet(tmp, t1, "base"),
+        "slower": _worksheet(tmp, t1, "slower", _slower_engine(tmp, 1.5)),
+        "seed2": _worksheet(tmp, t2, "seed2"),
+        "tmp": tmp,
+    }
+
+
+def test_diff_finds_a_known_slowdown_and_fails_ci(runs, tmp_path):
+    res = _cli(
+        "diff",
+        str(runs["base"]),
+        str(runs["slower"]),
+        "--fail-on",
+        "regression",
+        "--json",
+        str(tmp_path / "d.json"),
+        check=False,
+    )
+    assert res.returncode == 3, res.stdout[-3000:] + res.stderr
+    data = json.loads((tmp_path / "d.json").read_text())
+    assert data["verdict"] == "regressed"
+    regressed = {(r["request_class"], r["metric"], r["quantile"]) for r in data["rows"] if r["verdict"] == "regressed"}
+    # a 1.5x slower engine: the median TPOT and TTFT of the two large classes regress beyond the 5% threshold;
+    # burst (15% of 240 requests) is slower too, by more than 30% at the median
+    for cls in ("short-message", "long-thread"):
+        assert {(cls, "tpot_ms", "p50"), (cls, "ttft_ms", "p50")} <= regressed
+    burst = next(
+        r for r in data["rows"] if (r["request_class"], r["metric"], r["quantile"]) == ("burst", "tpot_ms", "p50")
+    )
+    assert burst["change_pct"] > 30 and burst["verdict"] in ("regressed", "inconclusive")
+    assert all(d >= 1.0 for r in data["rows"] if r["design_effect"] for d in r["design_effect"])
+    for r in data["rows"]:
+        if r["verdict"] == "regressed":
+            lo, hi = r["interval"]
+            assert lo > r["base"] * 0.05 and r["candidate"] > r["base"]  # the whole interval beyond +5%
+    assert "REGRESSED" in res.stdout
+
+
+def test_diff_of_two_seeds_of_one_engine_flags_nothing(runs, tmp_path):
+    # independent traces of the same workload: the declared variable is the trace
+    res = _cli(
+        "diff",
+        str(runs["base"]),
+        str(runs["seed2"]),
+        "--variable",
+        "trace",
+        "--fail-on",
+        "regression",
+        "--json",
+        str(tmp_path / "d.json"),
+    )
+    data = json.loads((tmp_path / "d.json").read_text())
+    assert data["verdict"] != "regressed" and not [r for r in data["rows"] if r["verdict"] == "regressed"]
+    assert data["differs_in"] and all(k.startswith("trace.") for k in data["differs_in"])
+    assert "verdict:" in res.stdout
+
+
+def test_diff_refuses_more_than_the_declared_variable(runs):
+    res = _cli("diff", str(runs["base"]), str(runs["slower"]), "--variable", "trace", check=False)
+    assert res.returncode == 2
+    line = res.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert "more than the declared variable trace" in line and "target.engine" in line
+
+
+def test_the_difference_interval_covers_by_construction():
+    """The interval on a difference comes from each side's order-statistic interval: hand-checked ranks."""
+    from loadgen.runs.diff import difference_interval, row_verdict
+    from loadgen.stats.confidence import quantile_ci_ranks
+    from loadgen.stats.percentiles import SortedParts
+
+    base = np.arange(1000, dtype=np.float64)
+    cand = base + 200.0
+    lo_r, hi_r = quantile_ci_ranks(1000, 0.5, 0.99)
+    lo, hi = difference_interval(SortedParts([base]), SortedParts([cand]), 0.5, 0.99)
+    assert (lo, hi) == (cand[lo_r] - base[hi_r], cand[hi_r] - base[lo_r])
+    assert (lo, hi) == (118.0, 282.0)  # ranks 458 and 540 of 1000 at 99%
+    assert row_verdict((lo, hi), 500.0, 5.0) == "regressed"  # +200 of 500: its interval (118, 282) is wholly beyond +25
+    assert row_verdict((lo - 100.0, hi), 500.0, 5.0) == "inconclusive"  # (18, 282): not wholly beyond +25
+    assert row_verdict((-3.0, 4.0), 500.0, 5.0) == "no change"  # within ±25
+    assert row_verdict((-3.0, 40.0), 500.0, 5.0) == "inconclusive"
+    assert row_verdict((-60.0, -30.0), 500.0, 5.0) == "improved"
+
+
+def test_catalog_indexes_incrementally_and_reports_missing_runs(runs, tmp_path):
+    root = tmp_path / "archive"
+    root.mkdir()
+    for name in ("base", "slower", "seed2"):
+        shutil.copytree(runs[name], root / name)
+    cat = tmp_path / "cat.duckdb"
+    first = _cli("runs", "--catalog", str(cat), "index", str(root))
+    assert "3 added, 0 updated, 0 unchanged" in first.stdout
+    again = _cli("runs", "--catalog", str(cat), "index", str(root))
+    assert "0 added, 0 updated, 3 unchanged" in again.stdout
+    # a changed run is read again; a deleted one is reported, not an error
+    manifest = root / "seed2" / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"state": "complete"', '"state": "complete" '))
+    shutil.rmtree(root / "slower")
+    third = _cli("runs", "--catalog", str(cat), "index", str(root))
+    assert "0 added, 1 updated, 1 unchanged, 1 missing" in third.stdout and "slower" in third.stdout
+    listed = _cli("runs", "--catalog", str(cat), "list", "--json")
+    rows = {Path(r["path"]).name: r for r in json.loads(listed.stdout)}
+    assert rows["slower"]["present"] is False and rows["base"]["present"] is True
+    assert rows["base"]["engine"] == "loadgen-sim" and rows["base"]["trace_seed"] == 1
+    assert rows["seed2"]["trace_seed"] == 2 and rows["base"]["settings_sha256"] == rows["seed2"]["settings_sha256"]
+    where = _cli("runs", "--catalog", str(cat), "list", "--where", "trace_seed = 2 and present", "--json")
+    assert [Path(r["path"]).name for r in json.loads(where.stdout)] == ["seed2"]
+    bad = _cli("runs", "--catalog", str(cat), "list", "--where", "no_such_column = 1", check=False)
+    assert bad.returncode == 2 and "no_such_column" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_catalog_headline_figures_match_a_recompute_from_the_parquet(runs, tmp_path):
+    cat = tmp_path / "cat.duckdb"
+    _cli("runs", "--catalog", str(cat), "index", str(runs["base"]))
+    shown = json.loads(_cli("runs", "--catalog", str(cat), "show", "base", "--json").stdout)
+    req = ds.dataset(runs["base"] / "requests.parquet").to_table().to_pandas()
+    ok = req[req["status"] == "ok"]
+    for row in shown["classes"]:
+        sel = ok if row["request_class"] == "overall" else ok[ok["request_class"] == row["request_class"]]
+        ttft = ((sel["first_token_ns"] - sel["scheduled_ns"]) / 1e6).to_numpy(dtype=float)
+        e2e = ((sel["done_ns"] - sel["scheduled_ns"]) / 1e6).to_numpy(dtype=float)
+        assert row["ok"] == len(sel)
+        assert row["ttft_p50_ms"] == pytest.approx(np.percentile(ttft, 50), rel=1e-12)
+        assert row["ttft_p99_ms"] == pytest.approx(np.percentile(ttft, 99), rel=1e-12)
+        assert row["e2e_p99_ms"] == pytest.approx(np.percentile(e2e, 99), rel=1e-12)
+    # DuckDB reads the run's Parquet in place (the catalog keeps the path, never a copy)
+    con = duckdb.connect(str(cat), read_only=True)
+    path = con.execute("SELECT path FROM runs").fetchone()[0]
+    n = con.execute(f"SELECT count(*) FROM read_parquet('{path}/requests.parquet/*.parquet')").fetchone()[0]
+    assert n == len(req)
+
+
+def test_export_mlflow_reads_back_through_mlflows_own_client(runs, tmp_path):
+    mlflow = pytest.importorskip("mlflow", reason="MLflow not installed (pip install 'loadgen[mlflow]')")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    res = _cli("export", "mlflow", str(runs["base"]), "--tracking-uri", uri, "--experiment", "t")
+    assert "1 exported, 0 unchanged" in res.stdout
+    again = _cli("export", "mlflow", str(runs["base"]), "--tracking-uri", uri, "--experiment", "t")
+    assert "0 exported, 1 unchanged" in again.stdout  # exported before, unchanged: no duplicate
+    client = mlflow.tracking.MlflowClient(uri)
+    [run] = client.search_runs([client.get_experiment_by_name("t").experiment_id])
+    manifest = json.loads((runs["base"] / "manifest.json").read_text())
+    assert run.data.params["trace.seed"] == "1" and run.data.params["target.kind"] == "sim"
+    assert run.data.params["harness.packages.pyarrow"] == manifest["harness"]["packages"]["pyarrow"]
+    req = ds.dataset(runs["base"] / "requests.parquet").to_table().to_pandas()
+    ok = req[(req["status"] == "ok") & (req["request_class"] == "burst")]
+    ttft = ((ok["first_token_ns"] - ok["scheduled_ns"]) / 1e6).to_numpy(dtype=float)
+    assert run.data.metrics["burst.ttft_p99_ms"] == pytest.approx(np.percentile(ttft, 99), rel=1e-12)
+    assert run.data.metrics["overall.ok"] == float((req["status"] == "ok").sum())
+    names = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"manifest.json", "report.html"} <= names and not any(n.endswith(".parquet") for n in names)
+
+
+def test_pareto_front_marks_the_slower_engine_dominated(runs):
+    res = _cli("runs", "pareto", str(runs["base"]), str(runs["slower"]), "--class", "short-message")
+    lines = {ln.split("(")[-1].rstrip(")"): ln for ln in res.stdout.splitlines()[1:]}
+    base, slower = lines[str(runs["base"])], lines[str(runs["slower"])]
+    assert base.lstrip().startswith("*") and not slower.lstrip().startswith("*")  # same work, longer TTFT p99
+    assert "config.name=interactive-small-batch-slower" in slower  # labelled by what differs
+
+
+def test_plan_writes_interactive_latency_throughput_curves(tmp_path):
+    plan = REPO / "scenarios" / "plans" / "quick.toml"
+    _cli("plan", str(plan), "--sim-worksheet", "interactive-small-batch", "--out", str(tmp_path / "plan"))
+    page = (tmp_path / "plan" / "region.html").read_text()
+    region = json.loads((tmp_path / "plan" / "region.json").read_text())
+    assert "hard TTFT p99 budget 1500 ms" in page  # the canonical short-message budget
+    for b in region["classes"]["short-message"]["warm"]["boundary"]:
+        if b["max_inside_completed_rps"] is not None:
+            assert f"warm c{b['concurrency']} boundary" in page
+    ran = [c for c in region["classes"]["short-message"]["warm"]["cells"] if c["completed_rps"] is not None]
+    assert ran and all(c["cell_id"] in page for c in ran)
+
+
+@pytest.mark.browser
+def test_the_diff_report_opens_offline_in_headless_chromium(runs, tmp_path):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if browser is None:
+        pytest.skip("headless Chromium not installed (apt-get install -y chromium)")
+    page = tmp_path / "diff.html"
+    _cli("diff", str(runs["base"]), str(runs["slower"]), "--html", str(page))
+    common = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--enable-logging=stderr",
+        "--v=0",
+    ]
+    dom = subprocess.run(
+        [*common, "--dump-dom", page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    errors = [ln for ln in dom.stderr.splitlines() if "CONSOLE" in ln and ("Uncaught" in ln or "Error" in ln)]
+    assert not errors, errors
+    assert 'class="plotly-graph-div' in dom.stdout and "main-svg" in dom.stdout  # Plotly drew its figures
+    assert "regressed" in dom.stdout
+
+
+def test_the_scenario_sets_the_diff_thresholds_and_the_flag_overrides(runs, tmp_path):
+    scenario = tmp_path / "lenient.toml"
+    scenario.write_text(SCENARIO.read_text() + "\n[regression]\nthresholds_pct = { tpot_ms = 200.0 }\n")
+    trace = tmp_path / "t.parquet"
+    _cli("trace", "generate", str(scenario), "--trace", "steady", "--seed", "1", "--out", str(trace))
+    pair = []
+    for name, engine in (("b", ENGINE), ("c", _slower_engine(tmp_path, 1.5))):
+        _cli(
+            "sim",
+            "run",
+            str(trace),
+            "--engine",
+            str(engine),
+            "--scenario",
+            str(scenario),
+            "--out",
+            str(tmp_path / name),
+        )
+        pair.append(str(tmp_path / name))
+    data = json.loads(
+        _cli("diff", *pair, "--json", str(tmp_path / "d.json")).stdout and (tmp_path / "d.json").read_text()
+    )
+    tpot = [r for r in data["rows"] if r["metric"] == "tpot_ms" and r["verdict"] is not None]
+    assert tpot and all(r["threshold_pct"] == 200.0 and r["verdict"] != "regressed" for r in tpot)
+    _cli("diff", *pair, "--threshold", "tpot_ms=5", "--json", str(tmp_path / "d2.json"))
+    flagged = json.loads((tmp_path / "d2.json").read_text())["rows"]
+    assert any(r["metric"] == "tpot_ms" and r["verdict"] == "regressed" for r in flagged)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(SCENARIO.read_text() + "\n[regression]\nthresholds_pct = { ttft_ms = -1.0 }\n")
+    res = _cli("scenario", "check", str(bad), check=False)
+    assert res.returncode == 2 and "regression.thresholds_pct" in res.stderr and "Traceback" not in res.stderr
