@@ -74,6 +74,8 @@ BAD_FIELDS: tuple[dict[str, object], ...] = (
     {"finish_reason": ["stop"]},
     {"system_fingerprint": {}},
 )
+#: Behaviours whose every POST answer is that behaviour (the record's ``variant``).
+_POST_VARIANTS = ("echo", "retry-after-nan", "gzip", "done-fin", "done-rst")
 HUGE_VERSION_BYTES = 300 * 1024 * 1024
 MAX_TOKENS = 8
 
@@ -150,15 +152,18 @@ class _Server:
         path = request.target.split("?", 1)[0]
         prompt = _prompt(request.body)
         behaviour = self.behaviour
-        variant = "ok"
         if behaviour == "hang" or behaviour == "hang-" + path.rsplit("/", 1)[-1]:
             self.log({"method": request.method, "target": request.target, "variant": "hang"})
             await asyncio.Event().wait()  # never answers (the client's close ends the task)
+        bad = None
         if request.method == "GET" or path.endswith("/tokenize"):
-            variant = await self.get(path, request, writer)
+            variant = "version-huge" if behaviour == "version-huge" and path == "/version" else "ok"
         else:
             self.posts += 1
-            variant = await self.post(request, writer)
+            if behaviour == "bad-field-types" and self.posts % 3 == 0:
+                bad = BAD_FIELDS[(self.posts // 3 - 1) % len(BAD_FIELDS)]
+            variant = "bad:" + json.dumps(bad) if bad else behaviour if behaviour in _POST_VARIANTS else "ok"
+        # recorded before any byte of the answer: a client that has its answer finds its request recorded
         self.log(
             {
                 "method": request.method,
@@ -168,6 +173,10 @@ class _Server:
                 "variant": variant,
             }
         )
+        if request.method == "GET" or path.endswith("/tokenize"):
+            await self.get(path, request, writer)
+        else:
+            await self.post(request, writer, bad)
         await writer.drain()
         return variant not in ("done-fin", "done-rst", "version-huge")
 
@@ -211,7 +220,7 @@ class _Server:
             pass
         self.log({"method": "GET", "target": "/version", "variant": "version-huge", "sent_bytes": sent})
 
-    async def post(self, request: _Request, writer: asyncio.StreamWriter) -> str:
+    async def post(self, request: _Request, writer: asyncio.StreamWriter, bad: dict[str, object] | None) -> str:
         behaviour = self.behaviour
         if behaviour == "echo":
             # the credential (an X-Api-Key header's value, else Authorization's) begins 5 characters before
@@ -219,22 +228,19 @@ class _Server:
             secret = request.headers.get("x-api-key") or request.headers.get("authorization", "")
             prefix = '{"error": {"message": "'
             message = "x" * (395 - len(prefix)) + secret + " was refused"
-            body = {"error": {"message": message}, "headers": request.headers}
-            _respond(writer, 401, json.dumps(body).encode())
+            error = {"error": {"message": message}, "headers": request.headers}
+            _respond(writer, 401, json.dumps(error).encode())
             return "echo"
         if behaviour == "retry-after-nan":
             _respond(writer, 429, b'{"error": "slow down"}', extra=b"retry-after: nan\r\n")
             return "retry-after-nan"
         tokens = max(1, min(_max_tokens(request.body), MAX_TOKENS))
-        bad = None
-        if behaviour == "bad-field-types" and self.posts % 3 == 0:
-            bad = BAD_FIELDS[(self.posts // 3 - 1) % len(BAD_FIELDS)]
         events = _stream_events(tokens, bad)
         if behaviour == "gzip":
-            body = gzip.compress(b"".join(events))
+            packed = gzip.compress(b"".join(events))
             writer.write(
                 b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-encoding: gzip\r\n"
-                b"transfer-encoding: chunked\r\n\r\n" + _chunk(body) + b"0\r\n\r\n"
+                b"transfer-encoding: chunked\r\n\r\n" + _chunk(packed) + b"0\r\n\r\n"
             )
             return "gzip"
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
