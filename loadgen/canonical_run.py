@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from loadgen.analysis import Analysis, analyze_run
+from loadgen.driver.options import RunSettings
 from loadgen.targets import RunRequest, StateResult, TargetSpec, open_target
 from loadgen.trace.generate import generate_trace_file
 from loadgen.workload.presets import canonical_scenario
@@ -48,7 +48,7 @@ def run_bench(
         if target_url
         else TargetSpec(sim=engine)
     )
-    run_options: dict[str, Any] = {"endpoint": endpoint} if endpoint else {}
+    settings = RunSettings(endpoint=endpoint) if endpoint else None
     with open_target(spec, out_dir) as target:
         run_dir = target.run(
             RunRequest(
@@ -56,7 +56,7 @@ def run_bench(
                 out_dir / "run",
                 StateResult("unknown", False),
                 scenario_path=Path(scenario_path),
-                run_options=run_options,
+                settings=settings,
             )
         )
     return BenchResult(run_dir=run_dir, trace_path=trace_path, analysis=analyze_run(run_dir, scenario=scenario))

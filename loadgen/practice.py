@@ -7,8 +7,8 @@ cases when the scenario configures them, prints the memory ledger of a shipped m
 candidate's settings, and compares the two for interactive routing: hard budgets first, then behaviour,
 then throughput and cost. It shows workload, package, hardware, runtime, warm state, tails with counts,
 errors, behaviour constraints and who owns which part of the decision, and writes every run directory
-plus ``decision.json`` under ``out``. ``targets=[URL, URL]`` does the same against two running
-endpoints; ``engine="vllm"`` launches two real vLLM configurations (``loadgen.vllm``), reads each
+plus ``decision.json`` under ``out``. ``PracticeOptions(targets=(URL, URL))`` does the same against two
+running endpoints; ``engine="vllm"`` launches two real vLLM configurations (``loadgen.vllm``), reads each
 one's scheduler limits while it is up and, once both have stopped, runs the worksheet on the same trace
 with ``predict_with``'s cost terms under those limits: ``decision["prediction"]`` holds, per candidate and
 class, the predicted and measured figures and the error between them (as ``loadgen sim validate``).
@@ -40,6 +40,7 @@ from loadgen.workload.scenario import Scenario, load_scenario
 from .analysis.budgets import SEND_LAG_BOUND_MS, client_lag_line
 from .calibration.calibrate import EngineLimits, engine_limits
 from .calibration.validate import QUANTITIES, FidelityRow, predict_beside, with_engine_limits
+from .driver.options import RunSettings
 from .ledger import GIB, EngineSettings, compute_ledger, format_ledger, read_model_config
 from .plan.cells import build_warmup_trace
 from .plan.compare import Comparison, check_send_lag_bound, compare_candidates, format_comparison
@@ -53,6 +54,7 @@ __all__ = [
     "SIM_CANDIDATES",
     "DEFAULT_PREDICTOR",
     "OWNERSHIP",
+    "PracticeOptions",
     "PracticeResult",
     "run_practice",
     "practice_trace",
@@ -166,7 +168,7 @@ def _warm_and_run(
     """Fixed warm-up set (first 8 requests of the trace at 8 rps), then the measured run (over ``workers``
     worker processes when more than one)."""
     if workers > 1:
-        target.run_defaults = {"workers": workers}
+        target.run_defaults = RunSettings(workers=workers)
     warm_trace = build_warmup_trace(trace, 8, 8.0, warm_dir.parent / f"{warm_dir.name}.parquet")
     state = target.prepare("warm", warm_trace, warm_dir, scenario_path)
     state.actions.insert(0, launch_note)
@@ -201,117 +203,192 @@ class _Attempts:
         raise AssertionError("unreachable")
 
 
-def run_practice(
-    out: str | Path | None = None,
-    *,
-    scenario: str | Path | None = None,
-    trace: str | Path | None = None,
-    window_s: float | None = 40.0,
-    candidates: tuple[str, ...] = SIM_CANDIDATES,
-    targets: list[str] | None = None,
-    model: str | None = None,
-    engine: str = "sim",
-    model_config: str = DEFAULT_MODEL_CONFIG,
-    prices: str | Path | None = None,
-    route: str = "interactive",
-    api_key_env: str | None = None,
-    log: Callable[[str], None] | None = None,
-    workers: int = 1,
-    predict_with: str | Path = DEFAULT_PREDICTOR,
-    vllm_args: tuple[str, ...] = (),
-    max_send_lag_ms: float = SEND_LAG_BOUND_MS,
-) -> PracticeResult:
-    """Run the practice (see the module docstring); returns the decision and writes ``out``/decision.json.
+@dataclass(frozen=True)
+class PracticeOptions:
+    """What the practice compares, and how (``run_practice``; every field has the CLI's default).
 
-    ``vllm_args``: extra flags for both launched vLLM configurations (``engine="vllm"``), e.g. ``--enforce-eager``.
-    ``max_send_lag_ms``: a measured run whose client send-lag p99 exceeds it is measured again, launched fresh
-    (``MEASURE_ATTEMPTS`` in all); the comparison shows a candidate whose last attempt exceeds it as unmeasured.
+    ``targets``: two running endpoints to compare instead of launched engines (``model`` and ``api_key_env``:
+    their served model, and the NAME of the env var holding their key, never recorded); ``engine``: ``sim``
+    (the two ``candidates`` presets) or ``vllm`` (two real vLLM configurations, predicted with
+    ``predict_with``'s cost terms; ``vllm_args``: extra flags for both, e.g. ``--enforce-eager``);
+    ``window_s``: replay the first N s of the trace (None: all of it); ``max_send_lag_ms``: a measured run
+    whose client send-lag p99 exceeds it is measured again, launched fresh (``MEASURE_ATTEMPTS`` in all), and
+    the comparison shows a candidate whose last attempt exceeds it as unmeasured.
     """
-    say = log or (lambda _m: None)
-    check_send_lag_bound(max_send_lag_ms, "practice")  # before any work
-    predictor = load_engine_config(predict_with) if engine == "vllm" and not targets else None  # before any work
+
+    scenario: str | Path | None = None
+    trace: str | Path | None = None
+    window_s: float | None = 40.0
+    candidates: tuple[str, ...] = SIM_CANDIDATES
+    targets: tuple[str, ...] = ()
+    model: str | None = None
+    engine: str = "sim"
+    model_config: str = DEFAULT_MODEL_CONFIG
+    prices: str | Path | None = None
+    route: str = "interactive"
+    api_key_env: str | None = None
+    workers: int = 1
+    predict_with: str | Path = DEFAULT_PREDICTOR
+    vllm_args: tuple[str, ...] = ()
+    max_send_lag_ms: float = SEND_LAG_BOUND_MS
+
+
+@dataclass
+class _Practice:
+    """One practice as it runs: its inputs on disk, and what the candidates share (attempts, contract reference)."""
+
+    options: PracticeOptions
+    out_dir: Path
+    scenario_path: Path
+    scen: Scenario
+    trace_path: Path
+    say: Callable[[str], None]
+    attempts: _Attempts
+    contract_ref: Any = None
+
+    def warm_and_run(self, target: Target, run_dir: Path, warm_dir: Path, label: str, note: str) -> Path:
+        return _warm_and_run(
+            target, self.trace_path, self.scenario_path, run_dir, warm_dir, label, note, self.options.workers
+        )
+
+    def contract_for(self, label: str, url: str, served: str | None, run_dir: Path) -> None:
+        """The behaviour cases against ``url``; the first candidate's answers are the reference."""
+        result = replay_contract(
+            self.scen,
+            url,
+            served,
+            out_path=run_dir / CONTRACT_FILE,
+            reference=self.contract_ref,
+            api_key_env=self.options.api_key_env,
+        )
+        if self.contract_ref is None and result.get("_result") is not None:
+            self.contract_ref = result["_result"]
+        self.say(f"practice: {label}: {result['summary']}")
+
+
+def run_practice(
+    out: str | Path | None = None, options: PracticeOptions | None = None, log: Callable[[str], None] | None = None
+) -> PracticeResult:
+    """Run the practice (see the module docstring); returns the decision and writes ``out``/decision.json
+    (default ``runs/practice-<utc>``). ``log``: where progress lines go (default: nowhere)."""
+    opts = options or PracticeOptions()
+    check_send_lag_bound(opts.max_send_lag_ms, "practice")  # before any work
+    vllm = opts.engine == "vllm" and not opts.targets
+    predictor = load_engine_config(opts.predict_with) if vllm else None  # before any work
+    practice = _start(out, opts, log or (lambda _m: None))
+    prices = opts.prices if opts.prices is not None else presets.prices_example()
+    t0 = time.monotonic()
+    configs: list[EngineConfig] = []  # the simulated candidates (their calibration labels go in the decision)
+    ledgers: dict[str, str] = {}
+    ledger_data: dict[str, Any] = {}
+    prediction: dict[str, Any] | None = None
+    if opts.targets:
+        run_dirs = _measure_targets(practice)
+    elif vllm and predictor is not None:
+        run_dirs, ledgers, ledger_data, limits = _run_vllm(
+            practice.out_dir,
+            practice.scen,
+            practice.say,
+            practice.warm_and_run,
+            practice.contract_for,
+            practice.attempts,
+            opts.vllm_args,
+        )
+        prediction = _predict(
+            predictor, limits, run_dirs, practice.trace_path, practice.scen, practice.out_dir, practice.say
+        )
+    elif opts.engine == "sim":
+        configs.extend(load_engine_config(c) for c in opts.candidates)
+        ledgers, ledger_data = _ledgers(opts.model_config, configs, practice.scen)
+        run_dirs = _measure_sims(practice, configs)
+    else:
+        raise PlanError(f"practice --engine {opts.engine!r}: expected 'sim' or 'vllm'")
+    comparison = compare_candidates(
+        [run_dirs[k] for k in run_dirs], route=opts.route, prices=prices, max_send_lag_ms=opts.max_send_lag_ms
+    )
+    decision = _decision(practice, comparison, run_dirs, ledger_data, configs, round(time.monotonic() - t0, 1))
+    if prediction is not None:
+        decision["prediction"] = prediction
+    (practice.out_dir / "decision.json").write_text(json.dumps(decision, indent=2, default=str) + "\n")
+    return PracticeResult(practice.out_dir, decision, comparison, ledgers, run_dirs)
+
+
+def _start(out: str | Path | None, opts: PracticeOptions, say: Callable[[str], None]) -> _Practice:
+    """The output directory (new or empty), the scenario, and the practice trace cut from the burst trace."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(out) if out else Path("runs") / f"practice-{stamp}"
     if out_dir.exists() and any(out_dir.iterdir()):
         raise PlanError(f"{out_dir}: not empty: expected a new output directory for the practice")
     out_dir.mkdir(parents=True, exist_ok=True)
-    scenario_path = Path(scenario) if scenario else presets.canonical_scenario()
+    scenario_path = Path(opts.scenario) if opts.scenario else presets.canonical_scenario()
     scen = load_scenario(scenario_path)
-    source = Path(trace) if trace else _canonical_trace(scenario_path, out_dir)
-    trace_path = practice_trace(source, out_dir / "trace.parquet", window_s)
-    prices = prices if prices is not None else presets.prices_example()
-    run_dirs: dict[str, Path] = {}
-    configs: list[EngineConfig] = []  # the simulated candidates (their calibration labels go in the decision)
-    ledgers: dict[str, str] = {}
-    ledger_data: dict[str, Any] = {}
-    contract_ref = None
-    prediction: dict[str, Any] | None = None
-    attempts = _Attempts(out_dir, say, max_send_lag_ms)
-    t0 = time.monotonic()
+    source = Path(opts.trace) if opts.trace else _canonical_trace(scenario_path, out_dir)
+    trace_path = practice_trace(source, out_dir / "trace.parquet", opts.window_s)
+    attempts = _Attempts(out_dir, say, opts.max_send_lag_ms)
+    return _Practice(opts, out_dir, scenario_path, scen, trace_path, say, attempts)
 
-    def warm_and_run(target: Target, run_dir: Path, warm_dir: Path, label: str, note: str) -> Path:
-        return _warm_and_run(target, trace_path, scenario_path, run_dir, warm_dir, label, note, workers)
 
-    def contract_for(label: str, url: str, served: str | None, run_dir: Path) -> None:
-        nonlocal contract_ref
-        result = replay_contract(
-            scen, url, served, out_path=run_dir / CONTRACT_FILE, reference=contract_ref, api_key_env=api_key_env
-        )
-        if contract_ref is None and result.get("_result") is not None:
-            contract_ref = result["_result"]
-        say(f"practice: {label}: {result['summary']}")
+def _measure_targets(practice: _Practice) -> dict[str, Path]:
+    """Two running endpoints, candidate-a and candidate-b, each warmed up and measured."""
+    opts, run_dirs = practice.options, {}
+    if len(opts.targets) < 2:
+        raise PlanError(f"practice --target: got {len(opts.targets)} URL(s): expected two (one per candidate)")
+    for i, url in enumerate(opts.targets):
+        label = f"candidate-{chr(ord('a') + i)}"
+        practice.say(f"practice: {label}: warm-up then the burst trace against {url}")
 
-    if targets:
-        if len(targets) < 2:
-            raise PlanError(f"practice --target: got {len(targets)} URL(s): expected two (one per candidate)")
-        for i, url in enumerate(targets):
-            label = f"candidate-{chr(ord('a') + i)}"
-            say(f"practice: {label}: warm-up then the burst trace against {url}")
+        def on_url(run_dir: Path, warm_dir: Path, label: str = label, url: str = url) -> None:
+            with UrlTarget(url, opts.model, opts.api_key_env) as target:
+                note = "target not launched by loadgen: its load/compile state is whatever it was"
+                practice.warm_and_run(target, run_dir, warm_dir, label, note)
+            practice.contract_for(label, url, opts.model, run_dir)
 
-            def on_url(run_dir: Path, warm_dir: Path, label: str = label, url: str = url) -> None:
-                with UrlTarget(url, model, api_key_env) as target:
-                    note = "target not launched by loadgen: its load/compile state is whatever it was"
-                    warm_and_run(target, run_dir, warm_dir, label, note)
-                contract_for(label, url, model, run_dir)
+        run_dirs[label] = practice.attempts.measure(label, on_url)
+    return run_dirs
 
-            run_dirs[label] = attempts.measure(label, on_url)
-    elif engine == "vllm" and predictor is not None:
-        run_dirs, ledgers, ledger_data, limits = _run_vllm(
-            out_dir, scen, say, warm_and_run, contract_for, attempts, vllm_args
-        )
-        prediction = _predict(predictor, limits, run_dirs, trace_path, scen, out_dir, say)
-    elif engine == "sim":
-        configs.extend(load_engine_config(c) for c in candidates)
-        ledgers, ledger_data = _ledgers(model_config, configs, scen)
-        for cfg, name in zip(configs, candidates):
 
-            def on_sim(run_dir: Path, warm_dir: Path, cfg: EngineConfig = cfg, name: str = name) -> None:
-                with SimServerTarget(name, out_dir / f"{run_dir.name}-server") as sim:
-                    pid, url = sim.server.pid, sim.url or ""
-                    say(f"practice: {cfg.name}: sim server pid {pid} on {url}; warm-up, then {trace_path.name}")
-                    note = f"sim server launched fresh by loadgen (pid {pid}): empty KV and prefix cache"
-                    warm_and_run(sim, run_dir, warm_dir, cfg.name, note)
-                    contract_for(cfg.name, url, cfg.model, run_dir)
+def _measure_sims(practice: _Practice, configs: list[EngineConfig]) -> dict[str, Path]:
+    """Each simulated candidate launched fresh on loopback, warmed up and measured."""
+    run_dirs = {}
+    for cfg, name in zip(configs, practice.options.candidates):
 
-            run_dirs[cfg.name] = attempts.measure(cfg.name, on_sim)
-    else:
-        raise PlanError(f"practice --engine {engine!r}: expected 'sim' or 'vllm'")
-    comparison = compare_candidates(
-        [run_dirs[k] for k in run_dirs], route=route, prices=prices, max_send_lag_ms=max_send_lag_ms
-    )
+        def on_sim(run_dir: Path, warm_dir: Path, cfg: EngineConfig = cfg, name: str = name) -> None:
+            with SimServerTarget(name, practice.out_dir / f"{run_dir.name}-server") as sim:
+                pid, url = sim.server.pid, sim.url or ""
+                practice.say(
+                    f"practice: {cfg.name}: sim server pid {pid} on {url}; warm-up, then {practice.trace_path.name}"
+                )
+                note = f"sim server launched fresh by loadgen (pid {pid}): empty KV and prefix cache"
+                practice.warm_and_run(sim, run_dir, warm_dir, cfg.name, note)
+                practice.contract_for(cfg.name, url, cfg.model, run_dir)
+
+        run_dirs[cfg.name] = practice.attempts.measure(cfg.name, on_sim)
+    return run_dirs
+
+
+def _decision(
+    practice: _Practice,
+    comparison: Comparison,
+    run_dirs: dict[str, Path],
+    ledger_data: dict[str, Any],
+    configs: list[EngineConfig],
+    wall_s: float,
+) -> dict[str, Any]:
+    """decision.json: the question, the workload, the ledger, the comparison and its decision, the owners."""
+    out_dir, engine = practice.out_dir, practice.options.engine
     cdict = comparison.to_dict()
-    decision = {
+    return {
         "kind": "loadgen.practice",
         "version": 1,
         "question": "which serving candidate takes interactive traffic? (reject the headline-throughput configuration "
         "that violates p99 TTFT)",
         "out_dir": str(out_dir),
-        "wall_s": round(time.monotonic() - t0, 1),
+        "wall_s": wall_s,
         "engine": engine,
-        "workload": _workload(scen, trace_path),
+        "workload": _workload(practice.scen, practice.trace_path),
         "ledger": ledger_data or {"note": "not computed: real engines report their own KV cache (see engine_notes)"},
         "candidates": {k: str(v) for k, v in run_dirs.items()},
-        "discarded_runs": attempts.discarded,
+        "discarded_runs": practice.attempts.discarded,
         "comparison": cdict,
         "decision": cdict["decision"],
         "ownership": OWNERSHIP,
@@ -332,10 +409,6 @@ def run_practice(
             else {"vllm": "real engine: measured, not predicted"}
         ),
     }
-    if prediction is not None:
-        decision["prediction"] = prediction
-    (out_dir / "decision.json").write_text(json.dumps(decision, indent=2, default=str) + "\n")
-    return PracticeResult(out_dir, decision, comparison, ledgers, run_dirs)
 
 
 def _workload(scen: Scenario, trace_path: Path) -> dict[str, Any]:
@@ -478,44 +551,10 @@ def format_practice(result: PracticeResult) -> str:
     """The console report: ledger, workload, each candidate's identity, the comparison, the owners."""
 
     d = result.decision
-    w = d["workload"]
     lines = ["=" * 100, "Practice: reject the headline-throughput configuration that violates p99 TTFT", "=" * 100]
-    dec = d["decision"]
-    head = dec.get("headline_throughput") or {}
-    lines.append(
-        f"VERDICT ({dec['route']} routing): "
-        + (f"{dec['chosen']} takes it" if dec["chosen"] else "no candidate eligible")
-    )
-    for rej in dec["rejected"]:
-        tag = " (the headline-throughput configuration)" if rej["label"] == head.get("label") else ""
-        lines.append(f"  rejected: {rej['label']}{tag} at {rej['step']}: {rej['why'][0]}")
-    for unsure in dec.get("inconclusive", []):
-        for why in unsure["why"]:
-            lines.append(f"  {unsure['label']}: {why}")
-    for unmeasured in dec.get("unmeasured", []):
-        lines.append(f"  unmeasured: {unmeasured['label']}: {unmeasured['why'][0]}")
-    for label, runs in d.get("discarded_runs", {}).items():
-        for run in runs:
-            lines.append(f"  measured again: {label}: {run['run_dir']} discarded: {run['why']}")
+    lines += _verdict_lines(d)
     lines.append("")
-    lines.append("WORKLOAD (owned by LLM engineering)")
-    lines.append(
-        f"  scenario {w['scenario']} (sha256 {str(w['scenario_sha256'])[:12]}), trace {w['trace_name']} seed {w['seed']} "
-        f"(sha256 {w['trace_sha256'][:12]}): {w['requests']} requests over {w['duration_s']} s "
-        f"{w['requests_per_class']}"
-    )
-    if w.get("derived_from"):
-        src = w["derived_from"]
-        lines.append(f"  window {src['window_s']} s of {src['path']} (sha256 {src['sha256'][:12]}): {src['how']}")
-    for name, budgets in w["budgets"].items():
-        shown = ", ".join(
-            f"{m} "
-            + "/".join(f"{q} {v:g}" for q, v in b.items() if q != "hard")
-            + (" hard" if b.get("hard", True) else " soft")
-            for m, b in budgets.items()
-        )
-        lines.append(f"  {name}: {shown}")
-    lines.append(f"  behaviour constraints: {', '.join(w['behavior_cases']) or 'not configured'}")
+    lines += _workload_lines(d["workload"])
     lines.append("")
     if result.ledgers:
         for name, text in result.ledgers.items():
@@ -524,25 +563,7 @@ def format_practice(result: PracticeResult) -> str:
             lines.append("")
     lines.append("CANDIDATES (package, hardware, runtime, warm state)")
     for c in d["comparison"]["candidates"]:
-        ctx = c["context"]
-        pkg, hw, rt, ws = ctx["package"], ctx["hardware"], ctx["runtime"], ctx["warm_state"] or {}
-        gpus = ", ".join(g.get("name", "?") for g in hw.get("gpus") or []) or "no GPU"
-        lines.append(f"  {c['label']}  ({c['path']})")
-        lines.append(f"    package: loadgen {pkg['harness_version']} git {pkg['git_sha']}, python {pkg['python']}")
-        lines.append(f"    hardware: {hw['cpu_model']} × {hw['cpu_count']} cores, {gpus}")
-        lines.append(
-            f"    runtime: target {rt['target_kind']} engine {rt['engine']} {rt['engine_version']} config "
-            f"{rt['engine_config']}, run_kind {rt['run_kind']}, modelExecuted {rt['modelExecuted']}, "
-            f"benchmarkExecuted {rt['benchmarkExecuted']}"
-        )
-        lines.append(f"    warm state: {ws.get('state')}: " + " / ".join(ws.get("actions") or []))
-        counts = c["status_counts"]
-        lines.append(
-            f"    errors: {counts.get('error', 0)} error, {counts.get('timeout', 0)} timeout, "
-            f"{counts.get('not_sent', 0)} not sent, {counts.get('cancelled', 0)} cancelled by the client "
-            f"(of {sum(counts.values())}); kinds {c['error_kinds'] or 'none'}"
-        )
-        lines.append(f"    behaviour: {c['contract']['summary']}")
+        lines += _candidate_lines(c)
     lines.append("")
     lines.append(format_comparison(result.comparison))
     lines.append("")
@@ -562,6 +583,72 @@ def format_practice(result: PracticeResult) -> str:
         lines.append(label)
     lines.append(f"written: {result.out_dir}/decision.json and one run directory per candidate ({d['wall_s']} s)")
     return "\n".join(lines)
+
+
+def _verdict_lines(d: dict[str, Any]) -> list[str]:
+    """The verdict: who takes the route, who was rejected at which step and why, what was measured again."""
+    dec = d["decision"]
+    head = dec.get("headline_throughput") or {}
+    lines = [
+        f"VERDICT ({dec['route']} routing): "
+        + (f"{dec['chosen']} takes it" if dec["chosen"] else "no candidate eligible")
+    ]
+    for rej in dec["rejected"]:
+        tag = " (the headline-throughput configuration)" if rej["label"] == head.get("label") else ""
+        lines.append(f"  rejected: {rej['label']}{tag} at {rej['step']}: {rej['why'][0]}")
+    for unsure in dec.get("inconclusive", []):
+        for why in unsure["why"]:
+            lines.append(f"  {unsure['label']}: {why}")
+    for unmeasured in dec.get("unmeasured", []):
+        lines.append(f"  unmeasured: {unmeasured['label']}: {unmeasured['why'][0]}")
+    for label, runs in d.get("discarded_runs", {}).items():
+        for run in runs:
+            lines.append(f"  measured again: {label}: {run['run_dir']} discarded: {run['why']}")
+    return lines
+
+
+def _workload_lines(w: dict[str, Any]) -> list[str]:
+    """The workload: scenario, trace and window with their hashes, each class's budgets, the behaviour cases."""
+    lines = [
+        "WORKLOAD (owned by LLM engineering)",
+        f"  scenario {w['scenario']} (sha256 {str(w['scenario_sha256'])[:12]}), trace {w['trace_name']} seed {w['seed']} "
+        f"(sha256 {w['trace_sha256'][:12]}): {w['requests']} requests over {w['duration_s']} s "
+        f"{w['requests_per_class']}",
+    ]
+    if w.get("derived_from"):
+        src = w["derived_from"]
+        lines.append(f"  window {src['window_s']} s of {src['path']} (sha256 {src['sha256'][:12]}): {src['how']}")
+    for name, budgets in w["budgets"].items():
+        shown = ", ".join(
+            f"{m} "
+            + "/".join(f"{q} {v:g}" for q, v in b.items() if q != "hard")
+            + (" hard" if b.get("hard", True) else " soft")
+            for m, b in budgets.items()
+        )
+        lines.append(f"  {name}: {shown}")
+    lines.append(f"  behaviour constraints: {', '.join(w['behavior_cases']) or 'not configured'}")
+    return lines
+
+
+def _candidate_lines(c: dict[str, Any]) -> list[str]:
+    """One candidate's identity: package, hardware, runtime, warm state, errors and behaviour."""
+    ctx = c["context"]
+    pkg, hw, rt, ws = ctx["package"], ctx["hardware"], ctx["runtime"], ctx["warm_state"] or {}
+    gpus = ", ".join(g.get("name", "?") for g in hw.get("gpus") or []) or "no GPU"
+    counts = c["status_counts"]
+    return [
+        f"  {c['label']}  ({c['path']})",
+        f"    package: loadgen {pkg['harness_version']} git {pkg['git_sha']}, python {pkg['python']}",
+        f"    hardware: {hw['cpu_model']} × {hw['cpu_count']} cores, {gpus}",
+        f"    runtime: target {rt['target_kind']} engine {rt['engine']} {rt['engine_version']} config "
+        f"{rt['engine_config']}, run_kind {rt['run_kind']}, modelExecuted {rt['modelExecuted']}, "
+        f"benchmarkExecuted {rt['benchmarkExecuted']}",
+        f"    warm state: {ws.get('state')}: " + " / ".join(ws.get("actions") or []),
+        f"    errors: {counts.get('error', 0)} error, {counts.get('timeout', 0)} timeout, "
+        f"{counts.get('not_sent', 0)} not sent, {counts.get('cancelled', 0)} cancelled by the client "
+        f"(of {sum(counts.values())}); kinds {c['error_kinds'] or 'none'}",
+        f"    behaviour: {c['contract']['summary']}",
+    ]
 
 
 _SHOWN = (*QUANTITIES, "attainment")

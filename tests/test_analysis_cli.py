@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +66,26 @@ def test_bad_input_exits_two_with_one_line(tmp_path):
     assert out.stderr.count("\n") == 1 and "manifest.json" in out.stderr
     out = _run("analyze", str(tmp_path), "--window", "abc")
     assert out.returncode == 2 and "start:end" in out.stderr
+
+
+def test_analyze_refuses_rows_copied_in_from_another_run(tmp_path):
+    run = build_run(tmp_path / "run", known_requests(), known_chunks(), scenario=scenario_two_classes())
+    other = [dict(r, request_id=f"other-{r['request_id']}") for r in known_requests()]
+    second = build_run(tmp_path / "second", other, scenario=scenario_two_classes())
+    assert _run("analyze", str(run), "--quiet").returncode == 0
+    for k, part in enumerate(sorted((second / "requests.parquet").iterdir())):
+        shutil.copy(part, run / "requests.parquet" / f"part-9{k:05d}.parquet")
+    out = _run("analyze", str(run), "--quiet")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert "rows from another run" in line and f"expected at most {len(known_requests())}" in line
+
+
+def test_analyze_refuses_impossible_instants(tmp_path):
+    rows = known_requests()
+    rows[0] = dict(rows[0], done_ns=rows[0]["scheduled_ns"] - 1)  # done before it was scheduled
+    run = build_run(tmp_path / "run", rows, known_chunks(), scenario=scenario_two_classes())
+    out = _run("analyze", str(run), "--quiet")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert "request_id 'r1': done_ns = -1 is before scheduled_ns = 0" in line

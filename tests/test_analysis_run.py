@@ -633,3 +633,40 @@ def test_server_counters_reset_histograms_and_old_gauge_names():
     assert sv["kv_cache_usage"]["metric"] == "vllm:gpu_cache_usage_perc" and sv["kv_cache_usage"]["peak"] == 0.9
     assert sv["kv_cache_usage"]["peak_blocks"] == 900
     assert summarize_server_metrics(None, 0, 1) is None
+
+
+def test_goodput_checks_itl_of_requests_scheduled_before_the_window(tmp_path):
+    # "early" is scheduled before the window, completes inside it and stalled 100 ms between tokens (ITL
+    # limit 20 ms); "clean" is scheduled and completed inside it. Only "clean" met every hard budget.
+    sm = "short-message"
+    base = dict(request_class=sm, status="ok", sent_ns=1 * MS, target_output_tokens=3)
+    requests = [
+        dict(
+            base, request_id="early", scheduled_ns=0, first_token_ns=50 * MS, last_token_ns=250 * MS, done_ns=251 * MS
+        ),
+        dict(
+            base,
+            request_id="clean",
+            scheduled_ns=150 * MS,
+            sent_ns=151 * MS,
+            first_token_ns=160 * MS,
+            last_token_ns=170 * MS,
+            done_ns=171 * MS,
+        ),
+    ]
+    chunks = [
+        ("early", 0, 50 * MS, 1),
+        ("early", 1, 150 * MS, 1),
+        ("early", 2, 250 * MS, 1),
+        ("clean", 0, 160 * MS, 1),
+        ("clean", 1, 165 * MS, 1),
+        ("clean", 2, 170 * MS, 1),
+    ]
+    run = build_run(tmp_path / "run", requests, chunks, scenario=scenario_two_classes())
+    a = analyze_run(run, window=(0.1, 0.3))
+    g = a.classes[sm]
+    assert g.n_good_completed == 1 and g.goodput_rps == approx(1 / 0.2)
+    # the window's own ITL sample still holds only the request scheduled in it
+    assert g.metrics["itl_ms"]["n"] == 2
+    # with the whole run in the window, "early" is judged the same way
+    assert analyze_run(run, window=(0.0, 0.3)).classes[sm].n_good_completed == 1

@@ -94,6 +94,7 @@ def _assert_spilled_equals_in_memory(run: Path, spills: _Spills, tmp_path: Path)
     assert overall["n"] > 1000 and overall["p99"] is not None
 
 
+@pytest.mark.slow
 def test_real_run_spilled_equals_in_memory(sim_server, tmp_path, monkeypatch):
     spills = _Spills(monkeypatch)
     sim = sim_server("interactive-small-batch", "--seed", "3")

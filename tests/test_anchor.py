@@ -11,6 +11,7 @@ import pytest
 
 from loadgen.calibration.anchor import PREFILL_TERMS, STEP_TERMS, Anchor, anchored, fit_anchor, measure_anchor
 from loadgen.calibration.calibrate import TERMS, engine_limits
+from loadgen.driver import RunSettings
 from loadgen.sim import load_engine_config
 from loadgen.util.errors import LoadgenError
 
@@ -74,12 +75,13 @@ def test_anchored_scales_each_group_and_keeps_the_jitter(tmp_path: Path):
     assert cfg.cost.fixed_ms == TERMS_MS["fixed_ms"]  # the calibrated config is left as it was
 
 
+@pytest.mark.slow
 def test_measured_factors_are_the_live_engines_multiples(sim_server, tmp_path: Path):
     """KEY: the launch runs 1.5× slower steps and 0.7× prefill tokens than the TOML says; the anchor finds it."""
     cal = load_engine_config(_toml(tmp_path / "cal.toml"))
     sim = sim_server(str(_toml(tmp_path / "launch.toml", scale_step=1.5, scale_prefill=0.7)))
     limits = engine_limits(sim.base_url)
-    anchor = measure_anchor(sim.base_url, limits, cal, tmp_path / "anchor", {}, {"tokenizer": "cl100k_base"})
+    anchor = measure_anchor(sim.base_url, limits, cal, tmp_path / "anchor", {}, RunSettings(tokenizer="cl100k_base"))
     # the prefill factor also carries the request overhead the live server really has (the TOML says 0 ms)
     assert anchor.step_factor == pytest.approx(1.5, rel=0.15), anchor
     assert anchor.prefill_factor == pytest.approx(0.7, rel=0.25), anchor

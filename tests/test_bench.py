@@ -14,6 +14,7 @@ from loadgen.rundir.io import load_run
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_bench_cli_on_the_embedded_simulator(tmp_path):
     text = (REPO / "scenarios" / "canonical.toml").read_text()
     short = text.replace("rate_rps = 4.0\nduration_s = 60", "rate_rps = 6.0\nduration_s = 4", 1)

@@ -18,7 +18,7 @@ import pytest
 from loadgen.analysis import analyze_run
 from loadgen.analysis.budgets import client_lag_line
 from loadgen.plan import compare_candidates
-from loadgen.practice import MEASURE_ATTEMPTS, format_practice, run_practice
+from loadgen.practice import MEASURE_ATTEMPTS, PracticeOptions, format_practice, run_practice
 from loadgen.rundir.manifest import read_manifest
 
 TINY_MS = 1e-6
@@ -31,10 +31,13 @@ def lagged_practice(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
     out = tmp_path_factory.mktemp("lag") / "practice"
     with launch_sim_server("interactive-small-batch") as a, launch_sim_server("throughput-large-batch") as b:
-        result = run_practice(out, window_s=3.0, targets=[a.base_url, b.base_url], max_send_lag_ms=TINY_MS)
+        result = run_practice(
+            out, PracticeOptions(window_s=3.0, targets=(a.base_url, b.base_url), max_send_lag_ms=TINY_MS)
+        )
     return {"result": result, "decision": json.loads((out / "decision.json").read_text()), "out": out}
 
 
+@pytest.mark.slow
 def test_a_lagged_candidate_is_measured_again_and_every_attempt_kept(lagged_practice: dict) -> None:
     decision, out = lagged_practice["decision"], lagged_practice["out"]
     discarded = decision["discarded_runs"]
@@ -52,6 +55,7 @@ def test_a_lagged_candidate_is_measured_again_and_every_attempt_kept(lagged_prac
         assert decision["candidates"][label] == str(out / f"{label}-attempt{MEASURE_ATTEMPTS}")
 
 
+@pytest.mark.slow
 def test_the_comparison_judges_no_budget_of_a_lagged_run(lagged_practice: dict) -> None:
     decision = lagged_practice["decision"]
     cands = decision["comparison"]["candidates"]
@@ -69,6 +73,7 @@ def test_the_comparison_judges_no_budget_of_a_lagged_run(lagged_practice: dict) 
     assert f"measured again: candidate-b: {decision['discarded_runs']['candidate-b'][0]['run_dir']} discarded" in text
 
 
+@pytest.mark.slow
 def test_the_same_runs_are_judged_under_the_default_bound(lagged_practice: dict) -> None:
     paths = list(lagged_practice["decision"]["candidates"].values())
     comp = compare_candidates(paths)
@@ -76,9 +81,10 @@ def test_the_same_runs_are_judged_under_the_default_bound(lagged_practice: dict)
     # a loopback run of a few requests keeps its schedule well inside 50 ms unless the host stalls
     if all(lag is not None and lag <= 50.0 for lag in lags):
         assert all(c["verdict"] != "unmeasured" for c in comp.candidates)
-        assert comp.decision["unmeasured"] == []
+        assert comp.decision.unmeasured == []
 
 
+@pytest.mark.slow
 def test_compare_cli_takes_the_bound(lagged_practice: dict) -> None:
     paths = list(lagged_practice["decision"]["candidates"].values())
     cmd = [sys.executable, "-m", "loadgen", "compare", *paths, "--json"]
@@ -99,6 +105,7 @@ def test_client_lag_line_bounds() -> None:
     assert "send-lag p99 0.020 ms > 0.001 ms" in (client_lag_line(0.02, bound_ms=0.001) or "")  # not "0.0 ms"
 
 
+@pytest.mark.slow
 def test_analyze_says_when_the_client_fell_behind(lagged_practice: dict, tmp_path: Path) -> None:
     run = Path(lagged_practice["decision"]["candidates"]["candidate-a"])
     kept = analyze_run(run).run

@@ -65,15 +65,15 @@ def test_canonical_comparison_rejects_the_large_batch_for_p99_ttft(worksheet_run
         assert breach["class"] in large["route_classes"]
         assert breach["observed"] > breach["limit"] and breach["n"] > 0
         assert breach["outcome"] == "fail" and breach["ci"][0] > breach["limit"]  # conclusive: the whole interval above
-    assert comp.decision["chosen"] == "interactive-small-batch"
-    assert comp.decision["inconclusive"][0]["label"] == "interactive-small-batch"
+    assert comp.decision.chosen == "interactive-small-batch"
+    assert comp.decision.inconclusive[0].label == "interactive-small-batch"
     # the large batch completes more tokens per unit of engine time (the headline) and is rejected anyway
     assert large["throughput"]["output_tok_per_engine_busy_s"] > small["throughput"]["output_tok_per_engine_busy_s"]
-    assert comp.decision["headline_throughput"]["label"] == "throughput-large-batch"
+    assert comp.decision.headline_throughput.label == "throughput-large-batch"
     assert large["cost"]["per_million_output_tokens"] < small["cost"]["per_million_output_tokens"]
     assert any(
         "throughput-large-batch rejected" in w and "headline throughput" in w and "ttft_ms p99" in w
-        for w in comp.decision["why"]
+        for w in comp.decision.why
     )
     # the numbers side by side: both candidates' throughput and tails are in the report
     for cand in comp.candidates:
@@ -133,7 +133,7 @@ def test_contract_failure_rejects_before_cost(worksheet_runs: dict[str, Path], t
     first = comp.candidates[0]
     assert first["steps"][0]["result"] == "inconclusive"  # no hard budget fails conclusively
     assert first["verdict"] == "rejected" and first["rejected_at"] == "behaviour contract"
-    assert comp.decision["chosen"] is None
+    assert comp.decision.chosen is None
 
 
 def test_compare_cli_json_and_refusal(worksheet_runs: dict[str, Path]) -> None:

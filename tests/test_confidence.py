@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_analysis_run import MS, build_run
 
 from loadgen.analysis import analyze_run
@@ -146,6 +148,53 @@ def test_samples_needed_is_the_first_conclusive_size() -> None:
     assert wilson_interval(0, 381)[1] <= 0.01 < wilson_interval(0, 380)[1]
 
 
+#: The brute-force scan below stops here; the search under test must be exact up to it.
+_SCAN_CAP = 2_000
+
+
+def _first_conclusive(n: int, n_within: int, q: float) -> int | None:
+    """Brute force: every size from n up to ``_SCAN_CAP``, the interval of each read off ``quantile_ci_ranks``
+    (itself checked against rational arithmetic above); the conclusive rule written out again here."""
+    share = n_within / n
+    for m in range(n, _SCAN_CAP + 1):
+        low, up = quantile_ci_ranks(m, q)
+        within = share * m
+        if share > q and up is not None and within >= up + 1:  # x(u) within the limit
+            return m
+        if share < q and low is not None and within <= low:  # x(l) above it
+            return m
+    return None
+
+
+def test_samples_needed_is_the_least_sufficient_size_not_a_bisection() -> None:
+    # conclusive at 1182 but not at every size above it: a bisection from 1000 reported 1751 (issue 34)
+    assert samples_needed_quantile(1000, 995, 0.99) == 1182
+    assert samples_needed_quantile(500, 497, 0.99) == 1970  # 2754 before
+    # 40 of 41 within: at 205 the lower rank is 199 and 200 of 205 are within, so x(199) is within: not yet
+    assert samples_needed_quantile(41, 40, 0.99) == 246 == _first_conclusive(41, 40, 0.99)
+    assert quantile_ci_ranks(205, 0.99)[0] == 199
+
+
+@settings(max_examples=50, deadline=None, derandomize=True)
+@given(
+    n=st.integers(min_value=1, max_value=1_500),
+    offset=st.one_of(st.integers(min_value=-12, max_value=12), st.integers(min_value=-1_500, max_value=1_500)),
+    q=st.sampled_from([0.5, 0.9, 0.95, 0.99]),
+)
+def test_samples_needed_matches_a_brute_force_scan(n: int, offset: int, q: float) -> None:
+    # mostly shares a hair from q: where the rank pair jumps around the limit and a bisection missed
+    n_within = min(n, max(0, math.floor(q * n) + offset))
+    got = samples_needed_quantile(n, n_within, q)
+    if n_within / n == q:
+        assert got is None
+        return
+    expected = _first_conclusive(n, n_within, q)
+    if expected is not None:
+        assert got == expected
+    else:  # none up to the cap: the search must not claim one below it
+        assert got is None or got > _SCAN_CAP
+
+
 class _Budget:
     def __init__(self, limits: dict[str, float], hard: bool = True) -> None:
         self._limits, self.hard = limits, hard
@@ -231,6 +280,7 @@ def _analyze(run: Path, *extra: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_three_way_verdicts_through_the_cli(tmp_path: Path) -> None:
     passing = _uniform_run(tmp_path / "pass", 400, [40.0, 60.0])
     out = _analyze(passing, "--json", str(tmp_path / "pass.json"))

@@ -81,6 +81,7 @@ def test_drifted_engine_is_caught_and_rejected(reference_and_drifted) -> None:
     assert diff(reference, reference).rejects is False
 
 
+@pytest.mark.slow
 def test_under_load_replay_writes_contract_json_into_the_run(tmp_path: Path) -> None:
     from loadgen.driver import RunOptions
     from loadgen.trace.generate import generate_trace_file

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from loadgen.analysis import analyze_run
 from loadgen.driver import RunOptions, run_trace_sync
@@ -58,6 +59,7 @@ def test_the_trace_carries_the_think_time_only_when_turns_wait(tmp_path: Path) -
     assert table.column("think_after_reply_ns").null_count == table.num_rows
 
 
+@pytest.mark.slow
 def test_turns_wait_for_the_reply_on_the_live_engine(tmp_path: Path) -> None:
     trace = generate_trace_file(_scenario(True), "t", tmp_path / "t.parquet")
     (tmp_path / "engine.toml").write_text(ENGINE)

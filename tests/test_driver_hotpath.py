@@ -158,11 +158,22 @@ def test_a_bad_chunk_size_is_a_protocol_error(line):
 def test_chunk_batch_table_is_the_row_by_row_layout():
     batch = ChunkBatch()
     streams = {"a": [5, 7, 9], "b": [11], "c": [13, 17]}
+    kinds = {"a": [1, 1, 0], "c": [1, 0]}  # "b" gives no kinds: every chunk is answer
     for rid, arrivals in streams.items():
         n = len(arrivals)
-        batch.add(rid, StreamChunks(array("q", arrivals), array("q", [1] * n), array("q", [100 + k for k in range(n)])))
+        kind = array("q", kinds[rid]) if rid in kinds else None
+        batch.add(
+            rid, StreamChunks(array("q", arrivals), array("q", [1] * n), array("q", [100 + k for k in range(n)]), kind)
+        )
     rows = [
-        {"request_id": rid, "seq": k, "arrival_ns": t, "tokens": 1, "bytes": 100 + k}
+        {
+            "request_id": rid,
+            "seq": k,
+            "arrival_ns": t,
+            "tokens": 1,
+            "bytes": 100 + k,
+            "kind": ("answer", "reasoning")[kinds.get(rid, [0] * 3)[k]],
+        }
         for rid, arrivals in streams.items()
         for k, t in enumerate(arrivals)
     ]
@@ -193,8 +204,10 @@ def test_the_requests_table_is_the_column_by_column_conversion():
     for batch in (rows, rows[:1], rows[-1:]):
         columns = {name: [r[name] for r in batch] for name in REQUESTS_SCHEMA.names}
         assert requests_table(batch).equals(pa.Table.from_pydict(columns, schema=REQUESTS_SCHEMA))
-    with pytest.raises(pa.ArrowInvalid):  # a value out of its column's range is refused, not wrapped
-        requests_table([{**rows[0], "turn_index": 2**40}])
+    # a value out of its column's range is refused, not wrapped: that column null, that row an error naming it
+    fitted = requests_table([{**rows[0], "turn_index": 2**40}]).to_pylist()[0]
+    assert fitted["turn_index"] is None and fitted["status"] == "error", fitted
+    assert fitted["error_kind"] == "malformed_sse" and "turn_index = 1099511627776" in fitted["error_message"]
 
 
 def _items(rng: random.Random, n: int) -> list[tuple[dict, StreamChunks | None]]:

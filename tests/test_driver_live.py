@@ -84,6 +84,7 @@ def instant():
         yield sim
 
 
+@pytest.mark.slow
 def test_every_status_path_with_injected_faults(instant, tmp_path):
     ms = 1_000_000
     faults = {

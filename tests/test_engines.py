@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import sys
 import textwrap
 import time
@@ -18,9 +20,19 @@ from pathlib import Path
 import psutil
 import pytest
 
+from loadgen.util.childproc import kernel_oom_kills, oom_kill_record
 from loadgen.util.errors import EngineError
-from loadgen.vllm import MemorySampler, VllmConfig, VllmServer, make_model_dir, parse_vllm_log, shipped_models
-from loadgen.vllm.launch import VLLM_SITE_DIR, amx_host
+from loadgen.vllm import (
+    MemorySampler,
+    VllmConfig,
+    VllmServer,
+    make_model_dir,
+    parse_vllm_log,
+    shipped_model_path,
+    shipped_models,
+)
+from loadgen.vllm.kv_default import host_kv_cache_gib
+from loadgen.vllm.launch import VLLM_SITE_DIR, amx_host, gpu_host
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -174,7 +186,7 @@ def _server(tmp_path, env, **kw) -> VllmServer:
     cfg = VllmConfig(
         model_dir=tmp_path,
         python=Path(sys.executable),
-        kv_cache_gib=1,
+        kv_cache_gib=kw.pop("kv_cache_gib", 1),
         max_model_len=1000,
         env=env,
         log_path=tmp_path / "server.log",
@@ -229,9 +241,75 @@ def test_server_crash_reports_log_tail(tmp_path, standin):
     env, _ = standin
     server = _server(tmp_path, {**env, "STANDIN_CRASH": "1"})
     server.start()
-    with pytest.raises(EngineError, match="exited with code 3.*standin crashed on purpose"):
+    with pytest.raises(
+        EngineError, match="exited with status 3; last log line: RuntimeError: standin crashed on purpose"
+    ):
         server.wait_healthy(30)
     server.stop()
+
+
+def test_a_launched_engine_that_dies_is_reported_in_one_line(tmp_path, standin):
+    """An engine killed mid-run (the kernel's OOM killer sends SIGKILL) is reported as what happened to it:
+    the signal, an OOM kill where the kernel log shows one, its last log line and the log's path."""
+    env, _ = standin
+    server = _server(tmp_path, env)
+    server.start()
+    server.wait_healthy(30)
+    assert server.exit_line() is None
+    assert server.proc is not None
+    os.kill(server.proc.pid, signal.SIGKILL)
+    server.proc.wait(10)
+    line = server.exit_line()
+    assert line is not None and "\n" not in line
+    assert f"(pid {server.proc.pid}) was killed by signal 9 (SIGKILL)" in line
+    assert "last log line: " in line and f"(log {server.log_path})" in line
+    server.stop()
+
+
+def test_kernel_oom_kill_lines_are_read_from_the_kernel_log():
+    kills = kernel_oom_kills(time.monotonic() + 3600)  # none logged in the future
+    assert kills is None or kills == []
+    # a record as the kernel writes it (6.x, the OOM killer of the issue's 24 GiB host)
+    record = (
+        "3,1234,987654321,-;Out of memory: Killed process 4242 (VLLM::Worker) total-vm:30123456kB, "
+        "anon-rss:22900000kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:45000kB oom_score_adj:0\n"
+    )
+    stamp_s, line = oom_kill_record(record)
+    assert stamp_s == 987.654321 and line is not None and line.startswith("Killed process 4242 (VLLM::Worker)")
+    assert oom_kill_record("6,1,5,-;eth0: link up\n") == (5e-6, None)
+
+
+@pytest.mark.skipif(gpu_host(), reason="a CUDA vLLM is sized by --gpu-memory-utilization, not by a host KV default")
+def test_a_launched_engine_gets_a_kv_size_that_fits_the_host(tmp_path, standin):
+    """With no KV size given, a CPU vLLM got none and grew until the OOM killer ended it (issue 34): now it gets
+    the host's room after the ledger's other lines and the client's reserve, capped at what its sequences use."""
+    env, _ = standin
+    shutil.copy(shipped_model_path("tiny-llama-gqa"), tmp_path / "config.json")
+    server = _server(tmp_path, env, kv_cache_gib=None, max_num_seqs=8)
+    with server:
+        assert server.environment()["VLLM_CPU_KVCACHE_SPACE"] == "1"  # 8 x 1000 tokens of the tiny Llama
+        assert server.kv_default is not None
+        extra = server.manifest_extra()
+        config = extra["target"]["engine"]["config"]
+        assert config["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
+        assert (
+            config["kv_cache_default"].startswith("1 GiB by default: ")
+            and "for the client" in config["kv_cache_default"]
+        )
+    assert _server(tmp_path, env, kv_cache_gib=3).environment()["VLLM_CPU_KVCACHE_SPACE"] == "3"  # given: kept
+    told = _server(tmp_path, {**env, "VLLM_CPU_KVCACHE_SPACE": "2"}, kv_cache_gib=None)
+    assert told.environment()["VLLM_CPU_KVCACHE_SPACE"] == "2" and told.kv_default is None
+    # the 8B Llama at 4,096 tokens x 8 sequences on a 24 GiB host: 4 GiB; on 16 GiB nothing fits: one line
+    big = shipped_model_path("llama-3.1-8b")
+    assert host_kv_cache_gib(big, 4096, 8, [], available=24 << 30).kv_cache_gib == 4
+    assert (
+        host_kv_cache_gib(
+            big, None, None, ["--max-model-len=4096", "--max-num-seqs", "2"], available=24 << 30
+        ).kv_cache_gib
+        == 1
+    )
+    with pytest.raises(EngineError, match=r"16.0 GiB available.*less than 1 GiB: expected --kv-cache-gib"):
+        host_kv_cache_gib(big, 4096, 8, [], available=16 << 30)
 
 
 XCOMP_PERM_PROBE = """

@@ -91,6 +91,7 @@ def test_fleet_errors_are_one_line(fleet, expected):
     assert "\n" not in str(err.value) and expected in str(err.value) and str(err.value).startswith("p.toml")
 
 
+@pytest.mark.slow
 def test_plan_sizes_the_fleet_on_the_worksheet(tmp_path):
     plan = REPO / "scenarios" / "plans" / "fleet.toml"  # the shipped fleet plan: 1, 2, 4 engines, 8-64 rps
     out = tmp_path / "plan"

@@ -30,6 +30,8 @@ from loadgen.trace.io import TRACE_METADATA_KEY
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = int(os.environ.get("LOADGEN_FUZZ_EXAMPLES", "8"))
+pytestmark = pytest.mark.slow  # long fuzzing: every CLI on many mutated inputs (the slow tier, run by .ci/run)
+
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,

@@ -107,7 +107,9 @@ def test_chunk_fields_of_unexpected_types_cost_only_their_request(tmp_path: Path
     with hostile_server("bad-field-types", record) as server:
         out = run(trace, server.base_url, tmp_path / "run")
     assert out.returncode == 0, out.stderr
-    variants = {e["prompt_sha256"]: e["variant"] for e in read_record(record) if e["method"] == "POST"}
+    variants = {
+        e["prompt_sha256"]: e["variant"] for e in read_record(record) if str(e["target"]).endswith("completions")
+    }
     data = load_run(tmp_path / "run")
     rows = data.requests.to_pylist()
     chunks = data.chunks.to_pandas().groupby("request_id").size().to_dict() if data.chunks is not None else {}
@@ -185,6 +187,20 @@ def test_a_probe_that_never_answers_is_a_note(tmp_path: Path, trace: Path, path:
     notes = data.manifest.to_dict()["driver"]["target_notes"]
     shown = "/v1/models" if path == "models" else f"/{path}"
     assert f"GET {shown}: no complete answer within 2 s" in notes, notes
+
+
+def test_the_default_tokenizer_trial_is_bounded(tmp_path: Path, trace: Path) -> None:
+    """``--tokenizer auto`` (the default) asks the target's /tokenize: one that never answers costs the run's
+    probe bound and a warning (prompts sized with cl100k_base), not a hang."""
+    with hostile_server("hang-tokenize") as server:
+        out = run(trace, server.base_url, tmp_path / "run")
+    assert out.returncode == 0, out.stderr
+    assert "/tokenize is not usable (tokenizer server: POST /tokenize fai" in out.stderr, out.stderr
+    data = load_run(tmp_path / "run")
+    assert data.requests.column("status").to_pylist() == ["ok"] * 12
+    manifest = data.manifest.to_dict()
+    assert manifest["driver"]["tokenizer"] == "auto: cl100k_base", manifest["driver"]
+    assert any("/tokenize is not usable" in w for w in manifest["warnings"]), manifest["warnings"]
 
 
 def test_framing_headers_are_refused(tmp_path: Path, trace: Path) -> None:

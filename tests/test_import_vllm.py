@@ -94,6 +94,7 @@ VLLM_BENCH = (
 )
 
 
+@pytest.mark.vllm
 @pytest.mark.slow
 def test_real_vllm_bench_serve_result_reproduced(tmp_path):
     """Golden data from vLLM itself: ``vllm bench serve --save-detailed`` against the simulated engine,

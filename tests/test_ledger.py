@@ -555,3 +555,68 @@ def test_reconcile_amx_mla_log(tmp_path):
     result = reconcile(model, None, log)
     assert result.ledger.kv.block_size == 128 and result.ledger.kv_cache_blocks == 17_476
     assert result.ledger.kv_cache_tokens == 2_236_928 and result.ok
+
+
+def _ledger_cli(path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "loadgen", "ledger", "--model", str(path), "--kv-cache-gib", "1", *args, "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+
+
+def _weights(out: subprocess.CompletedProcess) -> dict:
+    assert out.returncode == 0, out.stderr
+    (line,) = [x for x in json.loads(out.stdout)["lines"] if x["name"] == "weights"]
+    return line
+
+
+@pytest.mark.parametrize(
+    ("quantization_config", "expected"),
+    [
+        ({"quant_method": "awq", "bits": 4, "group_size": 128}, "awq"),
+        ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "gptq"),
+        ({"quant_method": "gptq", "bits": 8}, "int8"),
+        ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8"),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float"}, "targets": ["Linear"]}},
+            },
+            "fp8",
+        ),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "int"}, "targets": ["Linear"]}},
+            },
+            "int4",
+        ),
+    ],
+)
+def test_ledger_reads_quantization_config(tmp_path, quantization_config, expected):
+    plain = _weights(_ledger_cli(_write(tmp_path, "plain", LLAMA_31_8B)))
+    quant = _weights(
+        _ledger_cli(_write(tmp_path, "quant", {**LLAMA_31_8B, "quantization_config": quantization_config}))
+    )
+    told = _weights(_ledger_cli(_write(tmp_path, "plain2", LLAMA_31_8B), "--quantization", expected))
+    assert quant["factors"]["quantization"] == expected
+    assert "quantization_config" in quant["factors"]["quantization_source"]
+    assert quant["bytes"] == told["bytes"] < plain["bytes"]  # as if told, never costed as bf16
+
+
+def test_ledger_refuses_a_quantization_it_cannot_cost_and_names_the_flag(tmp_path):
+    path = _write(tmp_path, "bnb", {**LLAMA_31_8B, "quantization_config": {"quant_method": "bitsandbytes"}})
+    out = _ledger_cli(path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert "'bitsandbytes'" in line and "--quantization" in line and str(path) in line
+    assert _weights(_ledger_cli(path, "--quantization", "int4"))["factors"]["quantization"] == "int4"
+
+
+def test_ledger_reports_max_position_embeddings_zero_as_invalid(tmp_path):
+    out = _ledger_cli(_write(tmp_path, "zero", {**LLAMA_31_8B, "max_position_embeddings": 0}), "--max-model-len", "8")
+    assert out.returncode == 2
+    (line,) = out.stderr.strip().splitlines()
+    assert "max_position_embeddings = 0: invalid" in line and "missing" not in line

@@ -117,7 +117,7 @@ def test_shipped_plans_validate(path: Path) -> None:
         ({"rate_scales": [1, 2], "rates_rps": [1]}, "exactly one of rate_scales or rates_rps"),
         ({"rates_rps": [2, 1]}, "strictly ascending"),
         ({"rates_rps": [1], "concurrency": [64, 8]}, "concurrency"),
-        ({"rates_rps": [1], "classes": ["chat"]}, "classes"),
+        ({"rates_rps": [1], "classes": ["Chat/x"]}, "classes: 'Chat/x': expected a class name"),
         ({"rates_rps": [1], "repeats": 0}, "repeats"),
         ({"rates_rps": [1], "stops": {"send_lag_p99": 5}}, "stops.send_lag_p99"),
     ],
@@ -176,6 +176,7 @@ def _statuses(region: dict) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_resume_after_interruption_skips_finished_runs(tmp_path: Path) -> None:
     top = ceiling_rps(16, 10**6, 50, 10.0)
     plan, engine = write_setup(
@@ -363,6 +364,7 @@ def _search_plan(tmp: Path, mode: str) -> Path:
     return plan
 
 
+@pytest.mark.slow
 def test_bisection_finds_the_grid_boundary_with_at_least_half_fewer_cells(tmp_path: Path) -> None:
     (tmp_path / "grid").mkdir()
     (tmp_path / "bisect").mkdir()

@@ -95,6 +95,7 @@ def stop_kinds(result) -> dict[str, str]:
     return out
 
 
+@pytest.mark.slow
 def test_server_errors_stop_as_server_failure(tmp_path: Path) -> None:
     result, _ = run(tmp_path, faults="error_rate = 1.0\nerror_statuses = [503]")
     kinds = stop_kinds(result)
@@ -105,6 +106,7 @@ def test_server_errors_stop_as_server_failure(tmp_path: Path) -> None:
     assert lines[1]["status"] == "not_run" and "server_failure" in lines[1]["reason"]
 
 
+@pytest.mark.slow
 def test_server_death_stops_and_the_server_is_restarted(tmp_path: Path) -> None:
     plan, engine = setup(tmp_path, rates="[5]", concurrency="[16]")
     spec = load_plan(plan)
@@ -127,12 +129,14 @@ def test_server_death_stops_and_the_server_is_restarted(tmp_path: Path) -> None:
     assert any("restarted after a failure" in a for a in record["recovery"])
 
 
+@pytest.mark.slow
 def test_malformed_chunks_stop_as_invalid_output(tmp_path: Path) -> None:
     result, _ = run(tmp_path, faults="malformed_rate = 0.5\nmalformed_after_tokens = 2")
     kinds = stop_kinds(result)
     assert "invalid_output" in kinds and "malformed_sse" in kinds["invalid_output"]
 
 
+@pytest.mark.slow
 def test_slow_start_beyond_ttft_timeout_stops_as_timeout_budget(tmp_path: Path) -> None:
     result, _ = run(
         tmp_path,
@@ -145,6 +149,7 @@ def test_slow_start_beyond_ttft_timeout_stops_as_timeout_budget(tmp_path: Path) 
     assert "timeout_budget" in kinds and "timed out" in kinds["timeout_budget"]
 
 
+@pytest.mark.slow
 def test_send_lag_over_its_bound_stops_as_measurement_corruption(tmp_path: Path) -> None:
     # a bound no real client meets (1 ns): the measured send lag always exceeds it
     result, _ = run(tmp_path, stops="send_lag_p99_ms = 0.000001", rates="[5]", concurrency="[64]")
@@ -152,6 +157,7 @@ def test_send_lag_over_its_bound_stops_as_measurement_corruption(tmp_path: Path)
     assert "measurement_corruption" in kinds and "send-lag p99" in kinds["measurement_corruption"]
 
 
+@pytest.mark.slow
 def test_behaviour_drift_stops_when_contract_cases_are_configured(tmp_path: Path) -> None:
     from loadgen.sim.config import EngineConfig
 
@@ -188,6 +194,7 @@ def test_healthy_engine_passes_and_cold_cells_restart_it(tmp_path: Path) -> None
     assert target.server.starts >= 3  # launch + one restart per cold run
 
 
+@pytest.mark.slow
 def test_url_target_reaches_cold_by_resetting_the_prefix_cache(tmp_path: Path) -> None:
     from loadgen.targets import SimServerProcess
 

@@ -105,9 +105,9 @@ def test_plan_restarts_a_launched_vllm_for_cold_cells(standin_vllm: Path) -> Non
 
 @pytest.mark.slow
 def test_practice_vllm_path_with_the_standin(standin_vllm: Path) -> None:
-    from loadgen.practice import format_practice, run_practice
+    from loadgen.practice import PracticeOptions, format_practice, run_practice
 
-    result = run_practice(standin_vllm / "practice", engine="vllm", window_s=20.0)
+    result = run_practice(standin_vllm / "practice", PracticeOptions(engine="vllm", window_s=20.0))
     comp = result.decision["comparison"]
     by = {c["label"]: c for c in comp["candidates"]}
     assert set(by) == {"vllm-small-batch", "vllm-large-batch"}

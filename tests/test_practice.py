@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from result_schemas import assert_valid
 
 from loadgen.cli import main
-from loadgen.practice import MEASURE_ATTEMPTS, OWNERSHIP, format_practice, run_practice
+from loadgen.practice import MEASURE_ATTEMPTS, OWNERSHIP, PracticeOptions, format_practice, run_practice
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -20,9 +21,10 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_practice_rejects_the_large_batch_on_p99_ttft(tmp_path: Path) -> None:
     # one burst (the first 20 s of the canonical burst trace) keeps the test near 1 minute
-    result = run_practice(tmp_path / "practice", window_s=20.0)
+    result = run_practice(tmp_path / "practice", PracticeOptions(window_s=20.0))
     decision = json.loads((tmp_path / "practice" / "decision.json").read_text())
     comp = decision["comparison"]
+    assert_valid("decision", comp)
     by = {c["label"]: c for c in comp["candidates"]}
     large, small = by["throughput-large-batch"], by["interactive-small-batch"]
     # a host that stalls the client (send-lag p99 over 50 ms: a CI neighbour running real vLLM did, for 0.4-0.9 s)

@@ -20,7 +20,19 @@ def test_presets_are_the_top_level_scenarios_directory() -> None:
     assert presets.preset_dir("contract") == SHIPPED_CASES_DIR
     assert presets.canonical_scenario().is_file() and presets.prices_example().is_file()
     assert presets.canonical_trace("burst") is not None and presets.canonical_trace("nope") is None
-    assert list_presets() == ["instant", "interactive-small-batch", "throughput-large-batch"]
+    assert list_presets() == [
+        "instant",
+        "interactive-small-batch",
+        "rtx4090-llama-3.1-8b-tp1",
+        "rtxpro6000-llama-3.1-8b-tp1",
+        "rtxpro6000-llama-3.1-8b-tp2",
+        "rtxpro6000-qwen3-30b-a3b-tp1",
+        "rtxpro6000-qwen3-30b-a3b-tp1-ep2",
+        "rtxpro6000-qwen3-30b-a3b-tp2",
+        "rtxpro6000-qwen3-32b-tp1",
+        "rtxpro6000-qwen3-32b-tp2",
+        "throughput-large-batch",
+    ]
     assert presets.list_presets("plans") == ["canonical-region", "fleet", "quick"]
 
 

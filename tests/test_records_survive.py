@@ -156,6 +156,7 @@ def test_a_background_job_with_sigint_ignored_still_stops_cleanly(instant, tmp_p
     assert len(rows) == 800 == len({r["request_id"] for r in rows}) == sum(run.manifest.status_counts.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_and_sighup_stop_like_ctrl_c(instant, tmp_path: Path, sig: signal.Signals) -> None:
     trace = make_trace(tmp_path / "t.parquet", [i * 10.0 for i in range(800)])  # 100 req/s for 8 s
@@ -297,6 +298,7 @@ def small_disk(tmp_path: Path):
         subprocess.run(["umount", "-l", str(where)], capture_output=True, check=False)
 
 
+@pytest.mark.slow
 def test_full_disk_stops_the_run_in_one_line_and_keeps_what_was_flushed(
     instant, tmp_path: Path, small_disk: Path
 ) -> None:
@@ -418,6 +420,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_client_queue_timeout_is_not_sent_and_sent_ns_is_bytes_on_the_socket(instant, tmp_path: Path) -> None:
     # one slot; the first request gets its first token at once, then stalls 3 s holding the slot, so the
     # others reach their 1 s TTFT timeout while still waiting for it (every request carries the fault)
@@ -455,6 +458,7 @@ def test_client_queue_timeout_is_not_sent_and_sent_ns_is_bytes_on_the_socket(ins
     assert a.overall.status_counts["not_sent"] == 4
 
 
+@pytest.mark.slow
 def test_refused_connections_are_not_sent_and_not_in_the_sent_rate(tmp_path: Path) -> None:
     trace = make_trace(tmp_path / "t.parquet", [i * 25.0 for i in range(400)])  # 40 req/s for 10 s
     out = tmp_path / "run"

@@ -33,6 +33,7 @@ def _served(sim) -> float:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["round-robin", "least-in-flight"])
 def test_replicas_split_the_load_with_exact_accounting(tmp_path, policy):
     engine = engine_file(tmp_path, "fast", fixed_ms=1.0)
@@ -110,6 +111,7 @@ def _check_breakdown(out: Path, tmp_path: Path, routed: dict[int, int]) -> dict:
     return section
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["round-robin", "least-in-flight"])
 def test_killed_replica_is_marked_down_and_every_request_is_accounted(tmp_path, policy):
     engine = engine_file(tmp_path, "slowish", fixed_ms=5.0, coalesce=False)

@@ -152,6 +152,7 @@ def test_the_difference_interval_covers_by_construction():
     assert row_verdict((-60.0, -30.0), 500.0, 5.0) == "improved"
 
 
+@pytest.mark.slow
 def test_catalog_indexes_incrementally_and_reports_missing_runs(runs, tmp_path):
     root = tmp_path / "archive"
     root.mkdir()
@@ -200,6 +201,7 @@ def test_catalog_headline_figures_match_a_recompute_from_the_parquet(runs, tmp_p
     assert n == len(req)
 
 
+@pytest.mark.slow
 def test_export_mlflow_reads_back_through_mlflows_own_client(runs, tmp_path):
     mlflow = pytest.importorskip("mlflow", reason="MLflow not installed (pip install 'loadgen[mlflow]')")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -229,6 +231,7 @@ def test_pareto_front_marks_the_slower_engine_dominated(runs):
     assert "config.name=interactive-small-batch-slower" in slower  # labelled by what differs
 
 
+@pytest.mark.slow
 def test_plan_writes_interactive_latency_throughput_curves(tmp_path):
     plan = REPO / "scenarios" / "plans" / "quick.toml"
     _cli("plan", str(plan), "--sim-worksheet", "interactive-small-batch", "--out", str(tmp_path / "plan"))
@@ -274,6 +277,7 @@ def test_the_diff_report_opens_offline_in_headless_chromium(runs, tmp_path):
     assert "regressed" in dom.stdout
 
 
+@pytest.mark.slow
 def test_the_scenario_sets_the_diff_thresholds_and_the_flag_overrides(runs, tmp_path):
     scenario = tmp_path / "lenient.toml"
     scenario.write_text(SCENARIO.read_text() + "\n[regression]\nthresholds_pct = { tpot_ms = 200.0 }\n")

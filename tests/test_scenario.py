@@ -60,7 +60,10 @@ BASE = CANONICAL.read_text()
             'input_tokens = { dist = "uniform", low = 256, high = 10 }',
             "high (10.0) must be >= low (256.0)",
         ),
-        ("[classes.burst", "[classes.bursty", "classes.bursty: unknown class"),
+        ("[classes.burst", "[classes.Burst", "classes: name 'Burst': expected a class name of 1-64 lower-case"),
+        ("[classes.burst", '[classes."burst 2"', "classes: name 'burst 2': expected a class name"),
+        ("[classes.burst", "[classes.overall", "classes: name 'overall': expected a class name other than"),
+        ("[classes.burst", "[classes.bursty", "traces.burst.burst_shares.burst: not a class of this scenario"),
         ("seed = 20261129", "seed = 20261129\ncolour = 'red'", "colour = 'red': unknown field"),
     ],
 )

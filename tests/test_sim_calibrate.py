@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from result_schemas import assert_valid
 
 from loadgen.calibration.calibrate import (
     TERMS,
@@ -104,6 +105,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "loadgen", *args], capture_output=True, text=True, cwd=REPO)
 
 
+@pytest.mark.slow
 def test_calibrate_recovers_known_sim_engine(sim_server, tmp_path):
     """KEY: real HTTP to a live sim serve with known terms; the fitted TOML recovers them within TOLERANCE."""
     sim = sim_server(str(_truth_toml(tmp_path)))
@@ -184,6 +186,7 @@ contract_every_cell = false
 """
 
 
+@pytest.mark.slow
 def test_validate_against_live_sim_serve(sim_server, tmp_path):
     """Held-out check on a live sim serve of the same TOML: the worksheet is near-exact where the engine sets
     the timing (ITL, E2E, throughput, attainment); fidelity table in console, JSON and HTML; the validated
@@ -210,6 +213,7 @@ def test_validate_against_live_sim_serve(sim_server, tmp_path):
     assert res.returncode == 0, res.stderr
     assert "error % = (worksheet − measured) / measured" in res.stdout and "canonical-burst" in res.stdout
     data = json.loads((out / "fidelity.json").read_text())
+    assert_valid("fidelity", data)  # with repeats, an anchor and a plan boundary: every section typed
     anchored = data["anchored"]  # a calibrated TOML: the launch is anchored, and the worksheet compared both ways
     assert (out / "fidelity.html").read_text().count("<tr>") == len(data["rows"]) + 1 + len(anchored["rows"]) + 1
     # the same engine as the TOML: its speed factors are 1, within the calibration's own tolerance
@@ -272,7 +276,15 @@ def test_validate_against_live_sim_serve(sim_server, tmp_path):
 
 
 def _row(trace: str, cls: str, lagged: bool = False, attain: float | None = None, **errors: float) -> FidelityRow:
-    return FidelityRow(trace, cls, 50, 50, errors_pct=errors, attainment_diff_points=attain, client_lagged=lagged)
+    return FidelityRow(
+        trace=trace,
+        request_class=cls,
+        n_measured=50,
+        n_simulated=50,
+        errors_pct=errors,
+        attainment_diff_points=attain,
+        client_lagged=lagged,
+    )
 
 
 def test_goal_check_sorts_each_figure_against_the_goal_and_the_engines_own_spread():

@@ -305,13 +305,18 @@ PINNED_CASES = {
 #: sha256 prefixes of (requests, chunks, server metrics) table contents (Arrow IPC, see table_digest).
 #: Re-pinned once, for the requests table only, when the record schema gained `target_index` (replicas): with
 #: that column dropped, the new tables hash to the earlier pins (2f457c03…, 20574558…, 0204962e…, 03d1429b…,
-#: 9cb60212…); chunks and server metrics are unchanged.
+#: 9cb60212…); chunks and server metrics are unchanged. Re-pinned again, requests only, when it gained
+#: `server_queued_ns` / `server_scheduled_ns` (the engine's own instants): with those two dropped, the tables hash
+#: to the previous pins (877df444…, 8be8ca26…, b06268a9…, f89939ae…, 54b6369c…). Re-pinned again for record
+#: schema 3 (reasoning): with the requests' first_answer_token_ns, client_reasoning_tokens and
+#: server_reasoning_tokens and the chunks' kind dropped, the tables hash to the previous pins (8e385cb1…/2d4c5d0d…,
+#: 81b6cd5e…/ff8a4cfa…, 1dac609c…/e6941bc0…, 84596b2c…/233c7d69…, 3fa674aa…/6c07b639…).
 PINNED_DIGESTS: dict[str, tuple[str, str, str]] = {
-    "interactive": ("877df44447f1be10", "2d4c5d0df485868a", "ae3b23b27d8461c9"),
-    "noisy-faults": ("8be8ca26bddca2f7", "ff8a4cfa60753f1e", "74dea83c160d61b2"),
-    "priority-few-seats": ("b06268a9a27f2b5d", "e6941bc011b391ff", "ee6d55e6e41fa3fa"),
-    "small-kv": ("f89939aeb045a227", "233c7d69a7846074", "46f9f463bce9f04b"),
-    "throughput": ("54b6369cf1399aec", "6c07b639abfc9709", "a0be3e0778fe5e68"),
+    "interactive": ("0597b07c7e124f4d", "7d7d767755562b71", "ae3b23b27d8461c9"),
+    "noisy-faults": ("adbf254946b81a50", "020e11a2331ba406", "74dea83c160d61b2"),
+    "priority-few-seats": ("2c6d11f89d4eeca1", "62c9c1afe6d877cb", "ee6d55e6e41fa3fa"),
+    "small-kv": ("e16fc99e35f616a6", "83addadb3f1f16eb", "46f9f463bce9f04b"),
+    "throughput": ("dcbb1c50d2bd4b79", "0fdf6d73470d9e06", "a0be3e0778fe5e68"),
 }
 
 
@@ -434,6 +439,25 @@ FAST_PATH_CASES = {
     "threads": ({"name": "threads", "kv": {"num_kv_blocks": 600}, "cost": {"noise_sigma": 0.05}}, None),
     # the queue head waits for blocks while runs evict cached conversations ahead of its own
     "threads-tight-kv": ({"name": "tight", "kv": {"num_kv_blocks": 150}}, None),
+    # step times from an operator profile (mixed KV lengths: the skew correction), under KV pressure and noise
+    "profiled": ("rtxpro6000-llama-3.1-8b-tp1", dict(n=200, rate_rps=20.0)),
+    "profiled-kv-pressure": (
+        {
+            "name": "profiled-small-kv",
+            "kv": {"num_kv_blocks": 300},
+            "cost": {
+                "fixed_ms": 0.0,
+                "noise_sigma": 0.05,
+                "profile": {
+                    "path": str(PRESETS_DIR / "profiles/RTXPRO6000/meta-llama/Llama-3.1-8B/bf16"),
+                    "model_config": str(PRESETS_DIR / "profiles/models/Llama-3.1-8B.json"),
+                    "gpu": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+                    "vllm_version": "0.19.0",
+                },
+            },
+        },
+        dict(n=200, rate_rps=40.0),
+    ),
 }
 
 

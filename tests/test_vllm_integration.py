@@ -487,10 +487,12 @@ def test_calibrate_then_validate_a_held_out_config(vllm_python, workdir):
 
 
 def test_practice_against_two_real_vllm_configurations(vllm_python: Path, tmp_path: Path) -> None:
-    from loadgen.practice import run_practice
+    from loadgen.practice import PracticeOptions, run_practice
 
     # eager start-up: the default compiles each configuration for 1-2 minutes (see EAGER above)
-    result = run_practice(tmp_path / "practice", engine="vllm", window_s=20.0, vllm_args=("--enforce-eager",))
+    result = run_practice(
+        tmp_path / "practice", PracticeOptions(engine="vllm", window_s=20.0, vllm_args=("--enforce-eager",))
+    )
     comp = result.decision["comparison"]
     assert {c["label"] for c in comp["candidates"]} == {"vllm-small-batch", "vllm-large-batch"}
     for cand in comp["candidates"]:

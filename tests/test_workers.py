@@ -214,6 +214,7 @@ def test_table_files_reads_every_worker_series_once(tmp_path: Path) -> None:
 # ---- live: the real CLI, worker processes, a simulated server ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_workers_run_is_one_run_equal_to_the_single_process_run(tmp_path: Path, sim_server) -> None:
     trace = conversation_trace(tmp_path / "t.parquet", singles=60, conversations=10, gap_ms=15)
     sim = sim_server("instant")
@@ -265,6 +266,7 @@ def test_workers_run_is_one_run_equal_to_the_single_process_run(tmp_path: Path, 
     assert_same_analysis(single, merged, tmp_path)
 
 
+@pytest.mark.slow
 def test_a_killed_worker_leaves_its_rows_and_the_rest_are_recorded_worker_lost(tmp_path: Path, sim_server) -> None:
     trace = conversation_trace(tmp_path / "t.parquet", singles=400, conversations=0, gap_ms=20)
     sim = sim_server("instant")
@@ -313,6 +315,7 @@ def test_a_killed_worker_leaves_its_rows_and_the_rest_are_recorded_worker_lost(t
     assert "worker_lost" not in kinds
 
 
+@pytest.mark.slow
 def test_sigterm_stops_every_worker_and_closes_every_shard(tmp_path: Path, sim_server) -> None:
     trace = conversation_trace(tmp_path / "t.parquet", singles=400, conversations=0, gap_ms=20)
     sim = sim_server("instant")
@@ -391,6 +394,7 @@ def test_ray_without_the_extra_says_how_to_install_it(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_plan_runs_its_measured_runs_over_workers(tmp_path: Path) -> None:
     from test_plan_stops import setup
 

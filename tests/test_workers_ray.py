@@ -29,6 +29,8 @@ from test_workers import (
 
 from loadgen.rundir.manifest import read_manifest
 
+pytestmark = pytest.mark.ray
+
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'loadgen[ray]')")
 
 

@@ -44,6 +44,7 @@ from .budgets import (
     budget_checks,
     client_lag_line,
     error_share_check,
+    prompt_tokens_line,
     request_limit,
 )
 from .chunks import ChunkGaps, read_chunk_gaps
@@ -62,6 +63,7 @@ _REQ_COLUMNS = [
     "slot_acquired_ns",
     "sent_ns",
     "first_token_ns",
+    "first_answer_token_ns",
     "last_token_ns",
     "done_ns",
     "target_prompt_tokens",
@@ -70,6 +72,8 @@ _REQ_COLUMNS = [
     "server_prompt_tokens",
     "server_output_tokens",
     "client_output_tokens",
+    "client_reasoning_tokens",
+    "server_reasoning_tokens",
     "cancel_after_tokens",
     "status",
     "error_kind",
@@ -86,7 +90,14 @@ _MASKED_CODES = 16
 MAX_TURN_SHOWN = 9
 
 DEFINITIONS = {
-    "ttft_ms": "first_token - scheduled (client queue + network + server queue + prefill)",
+    "ttft_ms": (
+        "first_token - scheduled (client queue + network + server queue + prefill); the first token of either "
+        "kind, reasoning or answer"
+    ),
+    "ttfat_ms": (
+        "first_answer_token - scheduled: time to the first answer token (content, refusal or tool call) after "
+        "any reasoning; equals TTFT for a model that does not reason; none for a run recorded before schema 3"
+    ),
     "client_queue_ms": (
         "sent - scheduled: waiting for a slot, plus the connect when a new connection was opened "
         "(connect_start_ns..connect_end_ns); sent is when the request bytes reached the socket"
@@ -175,6 +186,37 @@ def _load_requests(run_dir: Path) -> tuple[pa.Array, dict[str, np.ndarray]]:
             f"{run_dir / REQUESTS_FILE}: status value(s) {sorted(bad, key=str)}: expected one of {', '.join(STATUSES)}"
         )
     return ids, cols
+
+
+def _refuse_foreign_rows(run_dir: Path, n_rows: int, recorded: int | None) -> None:
+    """More rows than the run recorded: parts of another run were copied in (they would be counted)."""
+    if recorded is not None and n_rows > recorded:
+        raise RunDirError(
+            f"{run_dir / REQUESTS_FILE}: {n_rows} rows: expected at most {recorded} (manifest.json "
+            f"requests_recorded): rows from another run were added; remove the part files this run did not write"
+        )
+
+
+#: Instants that cannot come before another one of the same request: (earlier, later).
+_INSTANT_ORDER = (
+    ("scheduled_ns", "done_ns"),
+    ("sent_ns", "first_token_ns"),
+    ("first_token_ns", "last_token_ns"),
+    ("first_token_ns", "done_ns"),
+    ("sent_ns", "done_ns"),
+)
+
+
+def _refuse_impossible_instants(run_dir: Path, ids: pa.Array, c: dict[str, np.ndarray]) -> None:
+    """A request whose instants are out of order (a done before its schedule ...) is bad input, not a figure."""
+    for earlier, later in _INSTANT_ORDER:
+        bad = np.flatnonzero(c[later] < c[earlier])  # NaN (never happened) compares false
+        if len(bad):
+            i = int(bad[0])
+            raise RunDirError(
+                f"{run_dir / REQUESTS_FILE}: request_id {ids[i].as_py()!r}: {later} = {c[later][i]:.0f} is before "
+                f"{earlier} = {c[earlier][i]:.0f}: expected {later} >= {earlier} ({len(bad)} such rows)"
+            )
 
 
 def _drop_not_due(ids: pa.Array, cols: dict[str, np.ndarray]) -> tuple[pa.Array, dict[str, np.ndarray], int]:
@@ -339,7 +381,9 @@ class _GapSink:
         # rows come grouped by request: one code per run of rows
         starts = np.flatnonzero(np.concatenate(([True], req_idx[1:] != req_idx[:-1])))
         if np.isfinite(self.lim).any():
-            w_desc = np.where((code & 3) == 3, weight, 0)
+            # goodput's per-request ITL check: every counted request, in the window or not (one scheduled
+            # before the window start can complete in it and count toward goodput)
+            w_desc = np.where((code & 1) == 1, weight, 0)
             over = np.where(value > np.take(self.lim_by_code, code), w_desc, 0)
             np.add.at(self.n_gaps, req_idx[starts], np.add.reduceat(w_desc, starts))
             np.add.at(self.n_over, req_idx[starts], np.add.reduceat(over, starts))
@@ -413,6 +457,8 @@ class _Run:
         self.c = c
         self.n = len(c["status"])
         recorded = manifest.requests_recorded
+        _refuse_foreign_rows(run_dir, self.n + self.not_due, recorded)
+        _refuse_impossible_instants(run_dir, self.ids, c)
         if recorded is not None and self.n < recorded:
             if self.n == 0:  # nothing left to analyse: never report "0 scheduled" for a run that recorded some
                 raise RunDirError(
@@ -461,6 +507,7 @@ class _Run:
         self.prompt_best = np.where(np.isnan(pr), c["target_prompt_tokens"], pr)
         self.values = {
             "ttft_ms": M.ttft_ms(sched, c["first_token_ns"]),
+            "ttfat_ms": M.ttfat_ms(sched, c["first_answer_token_ns"]),
             "client_queue_ms": M.client_queue_ms(sched, c["sent_ns"]),
             "server_ttft_ms": M.server_ttft_ms(c["sent_ns"], c["first_token_ns"]),
             "tpot_ms": M.tpot_ms(c["first_token_ns"], c["last_token_ns"], self.out_tokens),
@@ -511,11 +558,11 @@ class _Run:
         desc = scope & (self.ok | self.abandoned)
         metrics: dict[str, dict[str, Any]] = {}
         cdfs: dict[str, Any] = {}
-        for metric in ("ttft_ms", "client_queue_ms", "server_ttft_ms", "tpot_ms", "e2e_ms"):
+        for metric in ("ttft_ms", "ttfat_ms", "client_queue_ms", "server_ttft_ms", "tpot_ms", "e2e_ms"):
             mask = scope & self.ok if metric == "e2e_ms" else desc
             s = _sorted(self.values[metric][mask])
             metrics[metric] = summarize_sorted(s)
-            if metric in ("ttft_ms", "e2e_ms"):
+            if metric in ("ttft_ms", "ttfat_ms", "e2e_ms"):
                 cdfs[metric] = _cdf(s)
         metrics["itl_ms"] = summarize_parts(_sorted_parts([self.itl_desc[k] for k in class_idx]))
         metrics["inter_chunk_ms"] = summarize_parts(
@@ -593,7 +640,21 @@ class _Run:
                 "n_server_client_mismatch": int((server[both] != client[both]).sum()),
                 "n_server_target_mismatch": int(((server != target) & ~np.isnan(server)).sum()),
             }
+        out["reasoning"] = self._reasoning_tokens(mask)
         return out
+
+    def _reasoning_tokens(self, mask: np.ndarray) -> dict[str, Any]:
+        """Output tokens split into reasoning and answer (client-counted), and the server's reasoning count."""
+        c = self.c
+        client, reasoning = c["client_output_tokens"][mask], c["client_reasoning_tokens"][mask]
+        server = c["server_reasoning_tokens"][mask]
+        known = ~np.isnan(client) & ~np.isnan(reasoning)
+        return {
+            "client_reasoning": float(reasoning[known].sum()) if known.any() else None,
+            "client_answer": float((client[known] - reasoning[known]).sum()) if known.any() else None,
+            "server_reasoning": float(np.nansum(server)) if (~np.isnan(server)).any() else None,
+            "n_requests_with_reasoning": int((reasoning[known] > 0).sum()),
+        }
 
 
 def pd_isnull(values: np.ndarray) -> np.ndarray:
@@ -609,23 +670,21 @@ def _budgets_and_goodput(run: _Run, groups: dict[str, GroupSummary], overall: Gr
     scenario = cast(Scenario, run.scenario)  # called only for a run with a scenario (see analyze)
     checks: list[Check] = []
     n = run.n
-    good_ttft = np.ones(n, dtype=bool)
-    good_e2e = np.ones(n, dtype=bool)
+    good_latency = np.ones(n, dtype=bool)  # every hard TTFT, TTFAT and E2E budget met by the request
     for ci, cname in enumerate(run.class_names):
         cls = scenario.classes.get(cname)
         if cls is None:
             continue
-        for metric in ("ttft_ms", "e2e_ms"):
+        for metric in ("ttft_ms", "ttfat_ms", "e2e_ms"):
             budget = getattr(cls.budgets, metric)
             rl = request_limit(budget) if budget is not None and budget.hard else None
             if rl is not None:
                 sel = run.cls == ci
                 ok_v = np.nan_to_num(run.values[metric], nan=np.inf)
-                bad = sel & ~(ok_v <= rl[1])
-                (good_ttft if metric == "ttft_ms" else good_e2e)[bad] = False
+                good_latency[sel & ~(ok_v <= rl[1])] = False
     allowed = np.floor((1.0 - np.nan_to_num(run.itl_q, nan=1.0)) * run.n_gaps + 1e-9)
     good_itl = run.n_over <= allowed
-    good = run.ok & good_ttft & good_e2e & good_itl
+    good = run.ok & good_latency & good_itl
     eligible = run.scope & ~run.abandoned
     budgeted = [i for i, c in enumerate(run.class_names) if c in scenario.classes]
     for name, classes in [(c, [i]) for i, c in enumerate(run.class_names) if c in scenario.classes] + [
@@ -656,7 +715,7 @@ def _budgets_and_goodput(run: _Run, groups: dict[str, GroupSummary], overall: Gr
                 sample = _sorted_parts([run.itl_desc[ci], run.itl_fail[ci]] if ci >= 0 else [])
                 n_inf = 0
             else:
-                keep = sel & (run.ok | run.abandoned) if metric == "ttft_ms" else sel & run.ok
+                keep = _budget_sample(run, sel, metric)
                 vals = run.values[metric][keep]
                 vals = np.nan_to_num(vals, nan=np.inf)  # an ok row missing an instant is not good either
                 sample = np.concatenate([vals, np.full(n_fail, np.inf)])
@@ -664,6 +723,16 @@ def _budgets_and_goodput(run: _Run, groups: dict[str, GroupSummary], overall: Gr
                 n_inf = n_fail
             checks.extend(budget_checks(cname, metric, budget, sample, n_inf, n_requests))
     return checks
+
+
+def _budget_sample(run: _Run, sel: np.ndarray, metric: str) -> np.ndarray:
+    """The requests a TTFT, TTFAT or E2E budget takes its sample from: ok ones, and for TTFT the planned
+    abandonments (they had a first token); for TTFAT those abandoned after their first answer token."""
+    if metric == "ttft_ms":
+        return sel & (run.ok | run.abandoned)
+    if metric == "ttfat_ms":
+        return sel & (run.ok | (run.abandoned & ~np.isnan(run.c["first_answer_token_ns"])))
+    return sel & run.ok
 
 
 def _share_ci(k: int, n: int) -> list[float] | None:
@@ -761,7 +830,17 @@ def _run_info(run: _Run) -> dict[str, Any]:
         # the client's own schedule-keeping (None: a run with no send lag, such as an imported one)
         "send_lag_p99_ms": m.send_lag_p99_ms,
         "client_fell_behind": client_lag_line(m.send_lag_p99_ms),
+        "prompt_tokens_differ": _prompt_tokens_differ(run),
     }
+
+
+def _prompt_tokens_differ(run: _Run) -> str | None:
+    """``prompt_tokens_line`` over the requests whose prompt the server counted."""
+    target, server = run.c["target_prompt_tokens"], run.c["server_prompt_tokens"]
+    both = ~np.isnan(target) & ~np.isnan(server)
+    driver = run.manifest.driver
+    tokenizer = driver.tokenizer if driver is not None else None
+    return prompt_tokens_line(float(target[both].sum()), float(server[both].sum()), int(both.sum()), tokenizer)
 
 
 def _warm_cold(run: _Run) -> dict[str, Any]:
@@ -835,8 +914,7 @@ def analyze_run(
 
 
 def _analysis(run: _Run, scenario: Scenario | None, include_cold: bool) -> Analysis:
-    run_dir, manifest = run.run_dir, run.manifest
-    synth = manifest.synthesized or {}
+    synth = run.manifest.synthesized or {}
     rates_meaningful = not synth.get("timing", False)
     if not rates_meaningful:
         run.notes.append(
@@ -850,23 +928,10 @@ def _analysis(run: _Run, scenario: Scenario | None, include_cold: bool) -> Analy
     for name in scenario.classes if scenario is not None else {}:
         if name not in groups:  # a budgeted class with no requests: present, empty, never 0 ms
             groups[name] = run.group(name, [], plot)
-    failed_in = int((run.in_window & run.failed).sum())
-    share = M.error_share(failed_in, int(run.in_window.sum()))
+    failed_in, n_win = int((run.in_window & run.failed).sum()), int(run.in_window.sum())
+    share = M.error_share(failed_in, n_win)
     limit = float(scenario.errors.error_rate_limit) if scenario is not None else 0.01
-    errored = share is not None and share > limit
-    checks: list[Check] = []
-    if scenario is not None:
-        checks = _budgets_and_goodput(run, groups, overall)
-        n_win = int(run.in_window.sum())
-        checks.append(error_share_check(failed_in, n_win, limit))
-        if n_win == 0:
-            verdict = "no data"
-            run.notes.append("no requests scheduled in the window: nothing to judge")
-        else:
-            verdict = _verdict(checks)
-    else:
-        verdict = "no budgets"
-        run.notes.append("no scenario: numbers only, no budget verdicts")
+    checks, verdict = _judge(run, scenario, groups, overall, error_share_check(failed_in, n_win, limit))
     if run.cold.any() and not include_cold:
         run.notes.append(
             f"{int((run.cold & run.in_window).sum())} cold-start request(s) reported apart "
@@ -875,16 +940,70 @@ def _analysis(run: _Run, scenario: Scenario | None, include_cold: bool) -> Analy
     refuse = None if rates_meaningful else "instants synthesized by the importer: not a measured timeline"
     stability = assess_stability(run.c["scheduled_ns"], run.c["done_ns"], run.lo, run.hi, refuse=refuse)
     timeseries = _timeseries(run, plot)
-    server_table = read_run_table(run_dir, SERVER_METRICS_FILE)
+    server = _server_summary(run)
+    replicas = _replicas(run)
+    _plot_tokens_and_budgets(run, scenario, plot)
+    return Analysis(
+        run_dir=run.run_dir,
+        run=_run_info(run),
+        window={
+            "start_s": run.lo / M.NS_PER_S,
+            "end_s": run.hi / M.NS_PER_S,
+            "duration_s": run.window_s,
+            "default": run.window_default,
+        },
+        classes=groups,
+        overall=overall,
+        checks=checks,
+        verdict=verdict,
+        errored=share is not None and share > limit,
+        error_share=share,
+        error_rate_limit=limit,
+        error_share_ci=_share_ci(failed_in, n_win),
+        rates_meaningful=rates_meaningful,
+        stability=stability,
+        warm_cold=_warm_cold(run),
+        server=server,
+        timeseries=timeseries,
+        definitions=dict(DEFINITIONS),
+        notes=run.notes,
+        plot_data=plot,
+        replicas=replicas,
+    )
+
+
+def _judge(
+    run: _Run, scenario: Scenario | None, groups: dict[str, GroupSummary], overall: GroupSummary, error_check: Check
+) -> tuple[list[Check], str]:
+    """(every budget, goodput and error-share check; the verdict): ``no budgets`` without a scenario, ``no
+    data`` without a request scheduled in the window (each said in a note)."""
+    if scenario is None:
+        run.notes.append("no scenario: numbers only, no budget verdicts")
+        return [], "no budgets"
+    checks = _budgets_and_goodput(run, groups, overall)
+    checks.append(error_check)
+    if not run.in_window.sum():
+        run.notes.append("no requests scheduled in the window: nothing to judge")
+        return checks, "no data"
+    return checks, _verdict(checks)
+
+
+def _server_summary(run: _Run) -> dict[str, Any] | None:
+    """The server's /metrics over the window (to the last request's end when later), with the whole run's
+    time series."""
+    server_table = read_run_table(run.run_dir, SERVER_METRICS_FILE)
+    done = run.c["done_ns"]
     server = summarize_server_metrics(
-        server_table,
-        run.lo,
-        max(run.hi, float(np.nanmax(run.c["done_ns"])) if np.isfinite(run.c["done_ns"]).any() else run.hi),
+        server_table, run.lo, max(run.hi, float(np.nanmax(done)) if np.isfinite(done).any() else run.hi)
     )
     full = summarize_server_metrics(server_table, -np.inf, np.inf) if server_table is not None else None
-    replicas = _replicas(run)
     if server is not None and full is not None and "timeseries" in full:
         server["timeseries"] = full["timeseries"]
+    return server
+
+
+def _plot_tokens_and_budgets(run: _Run, scenario: Scenario | None, plot: dict[str, Any]) -> None:
+    """The plots' per-class token counts (ok requests in scope), and the budgets they are drawn against."""
     plot["tokens"] = {
         name: {
             "prompt": run.prompt_best[run.scope & run.ok & (run.cls == i)],
@@ -897,31 +1016,3 @@ def _analysis(run: _Run, scenario: Scenario | None, include_cold: bool) -> Analy
             name: {m: getattr(cls.budgets, m).limits() if getattr(cls.budgets, m) else {} for m in BUDGET_METRICS}
             for name, cls in scenario.classes.items()
         }
-    window_info = {
-        "start_s": run.lo / M.NS_PER_S,
-        "end_s": run.hi / M.NS_PER_S,
-        "duration_s": run.window_s,
-        "default": run.window_default,
-    }
-    return Analysis(
-        run_dir=run_dir,
-        run=_run_info(run),
-        window=window_info,
-        classes=groups,
-        overall=overall,
-        checks=checks,
-        verdict=verdict,
-        errored=errored,
-        error_share=share,
-        error_rate_limit=limit,
-        error_share_ci=_share_ci(failed_in, int(run.in_window.sum())),
-        rates_meaningful=rates_meaningful,
-        stability=stability,
-        warm_cold=_warm_cold(run),
-        server=server,
-        timeseries=timeseries,
-        definitions=dict(DEFINITIONS),
-        notes=run.notes,
-        plot_data=plot,
-        replicas=replicas,
-    )

@@ -4,8 +4,9 @@ How requests count against a class's budgets (also printed in every report):
 
 * ``ok`` requests count with their measured values.
 * **Failures** (status ``error``, ``timeout``, ``not_sent``, and ``cancelled`` that was not a
-  planned abandonment) enter the TTFT and E2E budget samples as **+inf**: a p99 budget over a run
-  with more than 1% failures fails, whatever the successful requests did. Their inter-token gaps
+  planned abandonment) enter the TTFT and E2E budget samples as **+inf**: they move the
+  interval's ranks, not the verdict directly (a p99 at n = 300 fails on failures alone from 11 of them,
+  passes only with none, is inconclusive between: docs/budgets.md). Their inter-token gaps
   that were observed before the failure stay in the ITL sample (those stalls were real). A failure
   is never good (goodput) and counts in the error share.
 * **Planned abandonments** (status ``cancelled`` with the trace's ``cancel_after_tokens`` set and a
@@ -51,10 +52,12 @@ __all__ = [
     "BUDGET_METRICS",
     "FAILURE_POLICY",
     "OUTCOMES",
+    "PROMPT_TOKEN_BOUND",
     "SEND_LAG_BOUND_MS",
     "Check",
     "budget_checks",
     "client_lag_line",
+    "prompt_tokens_line",
     "error_share_check",
     "request_limit",
 ]
@@ -63,7 +66,7 @@ __all__ = [
 OUTCOMES = ("pass", "fail", "inconclusive")
 
 #: Budgeted metrics (scenario ``budgets`` fields) in report order.
-BUDGET_METRICS = ("ttft_ms", "itl_ms", "e2e_ms")
+BUDGET_METRICS = ("ttft_ms", "ttfat_ms", "itl_ms", "e2e_ms")
 
 #: Above this client send-lag p99 (ms) a run did not apply its schedule (the plan's default stop, too).
 SEND_LAG_BOUND_MS = 50.0
@@ -77,6 +80,25 @@ def client_lag_line(lag_p99_ms: float | None, bound_ms: float = SEND_LAG_BOUND_M
         f"the client fell behind its schedule (send-lag p99 {lag_p99_ms:.{1 if lag_p99_ms >= 1 else 3}f} ms > "
         f"{bound_ms:g} ms): the load was not applied as scheduled and every latency counted from the scheduled "
         "instant carries the client's error; rerun on a quieter host"
+    )
+
+
+#: Above this relative difference between the server's and the trace's prompt tokens, a run measured another workload.
+PROMPT_TOKEN_BOUND = 0.05
+
+
+def prompt_tokens_line(target_tokens: float, server_tokens: float, n: int, tokenizer: str | None) -> str | None:
+    """Why a run is not evidence about its trace's workload (the server counted other prompt lengths than the
+    trace asked for: prompts sized with another tokenizer), or None within ``PROMPT_TOKEN_BOUND``.
+    ``target_tokens`` / ``server_tokens``: sums over the ``n`` requests where the server reported a count."""
+    if n == 0 or target_tokens <= 0 or abs(server_tokens / target_tokens - 1.0) <= PROMPT_TOKEN_BOUND:
+        return None
+    ratio = server_tokens / target_tokens
+    how = f"sized with {tokenizer}" if tokenizer else "sized with another tokenizer"
+    return (
+        f"the server counted {ratio:.2f}x the prompt tokens the trace asked for ({server_tokens / n:,.0f} vs "
+        f"{target_tokens / n:,.0f} per request over {n:,} requests; prompts {how}): the run measured another "
+        "workload than the trace describes; rerun with --tokenizer server or hf:PATH/tokenizer.json (the target's)"
     )
 
 

@@ -53,6 +53,12 @@ def ttft_ms(scheduled_ns: Any, first_token_ns: Any) -> Any:
     return _span_ms(scheduled_ns, first_token_ns)
 
 
+def ttfat_ms(scheduled_ns: Any, first_answer_token_ns: Any) -> Any:
+    """TTFAT = first_answer_token − scheduled, in ms: time to the first answer token (content, refusal or tool
+    call), after any reasoning. Equal to TTFT for a model that does not reason; None without the instant."""
+    return _span_ms(scheduled_ns, first_answer_token_ns)
+
+
 def client_queue_ms(scheduled_ns: Any, sent_ns: Any) -> Any:
     """Client queue = sent − scheduled, in ms (time waiting for a concurrency slot / the event loop)."""
     return _span_ms(scheduled_ns, sent_ns)

@@ -1,8 +1,8 @@
 """The result of analysing one run: plain dataclasses the plan/compare layer reads directly.
 
-``Analysis.to_dict()`` is the ``--json`` document (``schema_version`` ``ANALYSIS_SCHEMA_VERSION``);
-in it a non-finite number (a failure counted as +inf) is written as the string ``"inf"`` so the
-file is strict JSON. In the Python objects it stays ``math.inf``.
+``Analysis.result()`` is the ``--json`` document as a typed result (``result.AnalysisResult``, schema version
+``ANALYSIS_SCHEMA_VERSION``) and ``to_dict()`` its dict; in it a non-finite number (a failure counted as +inf)
+is written as the string ``"inf"`` so the file is strict JSON. In the Python objects it stays ``math.inf``.
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from .budgets import Check
+from .result import AnalysisResult
 
 __all__ = ["ANALYSIS_SCHEMA_VERSION", "METRICS", "Analysis", "GroupSummary", "json_ready", "stop_sentence"]
 
 ANALYSIS_SCHEMA_VERSION = "1"
 
 #: Latency metrics of every group, in report order (all in ms).
-METRICS = ("ttft_ms", "client_queue_ms", "server_ttft_ms", "itl_ms", "inter_chunk_ms", "tpot_ms", "e2e_ms")
+METRICS = ("ttft_ms", "ttfat_ms", "client_queue_ms", "server_ttft_ms", "itl_ms", "inter_chunk_ms", "tpot_ms", "e2e_ms")
 
 
 def json_ready(value: Any) -> Any:
@@ -163,9 +164,13 @@ class Analysis:
         return self.overall if name == "overall" else self.classes[name]
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document (strict JSON after ``json_ready``), with ``schema_version``."""
+        """The JSON document (strict JSON), with ``schema_version``."""
+        return self.result().document()
+
+    def result(self) -> AnalysisResult:
+        """The typed JSON document (``loadgen schema analysis``)."""
         stop = self.run.get("stop") or {}
-        return json_ready(
+        doc = json_ready(
             {
                 "schema_version": self.schema_version,
                 "state": {**stop, "summary": stop_sentence(stop)},
@@ -206,3 +211,4 @@ class Analysis:
                 "notes": self.notes,
             }
         )
+        return AnalysisResult.model_validate(doc)

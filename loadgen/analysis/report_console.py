@@ -174,6 +174,21 @@ def render_console(analysis: Analysis, console: Any = None) -> None:
 
     a = analysis
     console = console or Console()
+    console.print(Panel("\n".join(_verdict_lines(a)), title="verdict", expand=False))
+    _print_rates(console, a)
+    _print_classes(console, a)
+    if a.replicas:
+        console.print()
+        console.print(_replica_table(a.replicas))
+    console.print()
+    console.print(stability_sentence(a.stability))
+    _print_context(console, a)
+    for note in a.notes:
+        console.print(f"note: {note}", style="dim")
+
+
+def _verdict_lines(a: Analysis) -> list[str]:
+    """The verdict panel: how the run stopped, whether the client kept up, the verdict and each failed check."""
     head, style = _verdict_text(a)
     lines = [f"[{style}]{head}[/{style}]"]
     for c in a.hard_failures:
@@ -185,9 +200,15 @@ def render_console(analysis: Analysis, console: Any = None) -> None:
     stop = stop_sentence(a.run.get("stop") or {})
     if stop:
         lines.insert(0, f"[bold yellow]{stop}[/bold yellow]")
+    if a.run.get("prompt_tokens_differ"):
+        lines.insert(0, f"[bold yellow]workload: {escape(a.run['prompt_tokens_differ'])}[/bold yellow]")
     if a.run.get("client_fell_behind"):
         lines.insert(0, f"[bold yellow]measurement: {escape(a.run['client_fell_behind'])}[/bold yellow]")
-    console.print(Panel("\n".join(lines), title="verdict", expand=False))
+    return lines
+
+
+def _print_rates(console: Any, a: Analysis) -> None:
+    """The run, its window, the three rates (offered, sent, completed) and goodput."""
     run = a.run
     target = run.get("target") or {}
     console.print(
@@ -211,6 +232,11 @@ def render_console(analysis: Analysis, console: Any = None) -> None:
             f"hard budget) · attainment {fmt_share(o.attainment, o.attainment_ci)} ({o.n_good}/{o.n_eligible} "
             f"requests scheduled in the window) · error share {fmt_share(a.error_share, a.error_share_ci)}"
         )
+
+
+def _print_classes(console: Any, a: Analysis) -> None:
+    """One table per class (and the overall one when there are several), each with its failures, TTFT by
+    turn and goodput; then the tables' legend."""
     groups = list(a.classes.values())
     if len(groups) != 1:
         groups.append(a.overall)
@@ -238,11 +264,10 @@ def render_console(analysis: Analysis, console: Any = None) -> None:
         "* p99 from fewer than 100 samples · budget ? = inconclusive (+N more requests of the class)",
         style="dim",
     )
-    if a.replicas:
-        console.print()
-        console.print(_replica_table(a.replicas))
-    console.print()
-    console.print(stability_sentence(a.stability))
+
+
+def _print_context(console: Any, a: Analysis) -> None:
+    """What the run ran on: warm state, engine notes, behaviour-relevant settings, server metrics, token counts."""
     wc = a.warm_cold
     console.print(
         f"warm state: {wc['state']}"
@@ -267,5 +292,3 @@ def render_console(analysis: Analysis, console: Any = None) -> None:
             f"{tok['server']}; server−client {tok['server_minus_client']}, server−target "
             f"{tok['server_minus_target']}"
         )
-    for note in a.notes:
-        console.print(f"note: {note}", style="dim")

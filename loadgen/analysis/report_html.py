@@ -241,6 +241,8 @@ def _header(a: Analysis) -> list[str]:
     stop = stop_sentence(run.get("stop") or {})
     if stop:
         parts.append(f'<div class="verdict vnone" id="run-state">{_e(stop)}</div>')
+    if run.get("prompt_tokens_differ"):
+        parts.append(f'<div class="verdict vnone" id="prompt-tokens">workload: {_e(run["prompt_tokens_differ"])}</div>')
     if run.get("client_fell_behind"):
         parts.append(f'<div class="verdict vnone" id="client-lag">measurement: {_e(run["client_fell_behind"])}</div>')
     parts.append(f'<div class="verdict {cls}" id="verdict">{_e(head)}</div>')

@@ -241,11 +241,6 @@ class SortedRuns:
         s.sums.append(total)
         self.spilled_bytes += run.n * run.disk_dtype.itemsize
 
-    @property
-    def spilled(self) -> bool:
-        self._settle()
-        return self.spilled_bytes > 0
-
     def finish(self, key: Hashable) -> tuple[list[np.ndarray], list[float] | None]:
         """Sample ``key`` as ascending parts (arrays or ``RunFile``) and their sums (None when nothing of it was spilled: one
         in-memory array, summed by the caller as before)."""

@@ -36,6 +36,7 @@ import numpy as np
 
 from loadgen.util.errors import LoadgenError
 
+from ..driver.options import RunSettings
 from ..sim.config import EngineConfig
 from .calibrate import TERMS, EngineLimits, calibration_phases, irls_huber, measure_phases, observations
 
@@ -118,11 +119,11 @@ def measure_anchor(
     cfg: EngineConfig,
     work: Path,
     engine_manifest: dict[str, Any],
-    run_options: dict[str, Any],
+    settings: RunSettings | None,
 ) -> Anchor:
     """Run the calibration workload for ``limits`` on the launch at ``target_url`` (into ``work``) and fit the
     two factors against ``cfg``'s terms."""
-    run_dirs = measure_phases(target_url, limits, work, engine_manifest, run_options, calibration_phases(limits))
+    run_dirs = measure_phases(target_url, limits, work, engine_manifest, settings, calibration_phases(limits))
     obs = observations(run_dirs, limits.max_num_batched_tokens)
     step, prefill = fit_anchor(cfg, obs.x, obs.y)
     return Anchor(step, prefill, len(obs.y), [str(d) for d in run_dirs])

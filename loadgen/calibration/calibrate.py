@@ -45,6 +45,7 @@ from loadgen.vllm.report import batch_limits
 from loadgen.vllm.warmup import ShapeWarmup, warm_step_shapes
 
 from ..driver import parse_prometheus_text
+from ..driver.options import RunSettings
 from ..ledger.settings import GIB
 from ..sim.config import JITTER_PROBABILITIES
 from ..targets.base import run_salt
@@ -561,23 +562,22 @@ def calibrate(
     engine_manifest: dict[str, Any] | None = None,
     engine_memory: MemoryReport | None = None,
     warmup: bool = True,
-    **run_options: Any,
+    settings: RunSettings | None = None,
 ) -> tuple[Path, Fit, EngineLimits]:
     """Measure (or reuse ``run_dirs``), fit, and write ``out_toml``; returns (path, fit, limits).
 
     ``engine_manifest``: the sections that identify a launched engine (``measured_engine``), recorded
     in every calibration run's manifest. ``engine_memory``: a launched engine's memory, read after the
     runs; the runtime it measured goes into ``[calibration.memory]``. ``warmup``: sweep the engine's step
-    sizes before measuring (``warm_engine``), so the fit and the runtime describe a warmed engine.
+    sizes before measuring (``warm_engine``), so the fit and the runtime describe a warmed engine. ``settings``:
+    driver options of every calibration run (the tokenizer, ...).
     """
     warmed = None
     if target_url is not None:
         limits = engine_limits(target_url, log_notes)
         warmed = warm_engine(target_url, limits, warmup)
         work = work_dir or out_toml.with_suffix(".calibration-runs")
-        run_dirs = measure_phases(
-            target_url, limits, work, engine_manifest or {}, run_options, calibration_phases(limits)
-        )
+        run_dirs = measure_phases(target_url, limits, work, engine_manifest or {}, settings, calibration_phases(limits))
         target = redact_url(target_url)
     else:
         if not run_dirs:
@@ -623,7 +623,7 @@ def measure_phases(
     limits: EngineLimits,
     work: Path,
     engine: dict[str, Any],
-    run_options: dict[str, Any],
+    settings: RunSettings | None,
     phases: list[CalibrationPhase],
 ) -> list[Path]:
     """One run of each phase into ``work``, each manifest carrying the engine, the phase and the engine limits
@@ -648,7 +648,8 @@ def measure_phases(
                     **engine,
                     "calibration": {"phase": phase.name, "kind": phase.kind, "limits": limits.to_dict()},
                 },
-                **{"prompt_salt": run_salt(out), **run_options},  # no earlier run's prompt in the prefix cache
+                # no earlier run's prompt in the prefix cache
+                settings=RunSettings(prompt_salt=run_salt(out)).over(settings),
             )
         )
     return runs

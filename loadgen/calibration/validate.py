@@ -30,6 +30,8 @@ from loadgen.workload import presets
 from loadgen.workload.scenario import Scenario, load_scenario
 
 from ..analysis.analyze import analyze_run
+from ..analysis.result import AnalysisResult, GroupResult
+from ..driver.options import RunSettings
 from ..sim.config import EngineConfig, load_engine_config
 from ..sim.worksheet import run_worksheet
 from ..targets import Target, TargetSpec, open_target
@@ -40,6 +42,7 @@ from ..trace.io import read_trace, write_trace
 from .anchor import anchor_line, anchored, measure_anchor
 from .boundary import boundary_line, plan_boundary_check
 from .calibrate import MAX_SEND_LAG_MS, EngineLimits, engine_limits, send_lag_p99_ms, warm_engine
+from .fidelity import FidelityRow, FidelityTable
 
 __all__ = [
     "MAX_SEND_LAG_MS",
@@ -53,6 +56,7 @@ __all__ = [
     "with_engine_limits",
     "predict_beside",
     "validate",
+    "ValidateOptions",
     "validated_error",
     "configuration_key",
     "format_table",
@@ -68,25 +72,6 @@ GOAL_PCT = 10.0
 GOAL_POINTS = 2.0
 _REPO_TRACES = Path(__file__).resolve().parents[1] / "traces"
 CANONICAL_BURST = _REPO_TRACES / "canonical-burst.parquet"
-
-
-@dataclass
-class FidelityRow:
-    """One class of one trace: the measured and simulated figures and the errors between them."""
-
-    trace: str
-    request_class: str
-    n_measured: int
-    n_simulated: int
-    errors_pct: dict[str, float | None] = field(default_factory=dict)
-    measured: dict[str, float | None] = field(default_factory=dict)
-    simulated: dict[str, float | None] = field(default_factory=dict)
-    attainment_diff_points: float | None = None
-    send_lag_p99_ms: float | None = None
-    client_lagged: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 def _cut(table: pa.Table, duration_s: float | None) -> pa.Table:
@@ -137,25 +122,35 @@ def _err(sim: float | None, real: float | None) -> float | None:
     return round((sim - real) / real * 100.0, 2)
 
 
-def _compare(trace: str, real: dict[str, Any], sim: dict[str, Any], lag_ms: float | None) -> list[FidelityRow]:
+def _quantile(group: GroupResult, metric: str, q: str) -> float | None:
+    summary = group.metrics.get(metric)
+    return None if summary is None else getattr(summary, q)
+
+
+def _compare(trace: str, real: AnalysisResult, sim: AnalysisResult, lag_ms: float | None) -> list[FidelityRow]:
     rows = []
-    for cls, rg in real["classes"].items():
-        sg = sim["classes"].get(cls)
-        if sg is None or not rg.get("n_scheduled"):
+    for cls, rg in real.classes.items():
+        sg = sim.classes.get(cls)
+        if sg is None or not rg.n_scheduled:
             continue
-        row = FidelityRow(trace, cls, int(rg["n_scheduled"]), int(sg["n_scheduled"]), send_lag_p99_ms=lag_ms)
+        row = FidelityRow(
+            trace=trace,
+            request_class=cls,
+            n_measured=rg.n_scheduled,
+            n_simulated=sg.n_scheduled,
+            send_lag_p99_ms=lag_ms,
+        )
         for metric in _METRICS:
             for q in ("p50", "p99"):
                 key = f"{metric[:-3]}_{q}"
-                m = (rg["metrics"].get(metric) or {}).get(q)
-                v = (sg["metrics"].get(metric) or {}).get(q)
+                m, v = _quantile(rg, metric, q), _quantile(sg, metric, q)
                 row.measured[key], row.simulated[key] = m, v
                 row.errors_pct[key] = _err(v, m)
-        row.measured["completed_rps"], row.simulated["completed_rps"] = rg.get("completed_rps"), sg.get("completed_rps")
-        row.errors_pct["completed_rps"] = _err(sg.get("completed_rps"), rg.get("completed_rps"))
-        row.measured["attainment"], row.simulated["attainment"] = rg.get("attainment"), sg.get("attainment")
-        if rg.get("attainment") is not None and sg.get("attainment") is not None:
-            row.attainment_diff_points = round((sg["attainment"] - rg["attainment"]) * 100.0, 2)
+        row.measured["completed_rps"], row.simulated["completed_rps"] = rg.completed_rps, sg.completed_rps
+        row.errors_pct["completed_rps"] = _err(sg.completed_rps, rg.completed_rps)
+        row.measured["attainment"], row.simulated["attainment"] = rg.attainment, sg.attainment
+        if rg.attainment is not None and sg.attainment is not None:
+            row.attainment_diff_points = round((sg.attainment - rg.attainment) * 100.0, 2)
         row.client_lagged = lag_ms is not None and lag_ms > MAX_SEND_LAG_MS
         rows.append(row)
     return rows
@@ -181,126 +176,106 @@ def predict_beside(
     cfg: EngineConfig,
     sim_dir: Path,
     scenario: Scenario,
-    real: dict[str, Any] | None = None,
+    real: AnalysisResult | None = None,
 ) -> list[FidelityRow]:
     """The worksheet on ``trace`` with ``cfg`` (into ``sim_dir``), compared per class with the measured ``real_dir``
     (``real``: its analysis, when the caller already has it)."""
     sim_dir = run_worksheet(trace, cfg, sim_dir)
     if real is None:
-        real = analyze_run(real_dir, scenario=scenario).to_dict()
-    sim = analyze_run(sim_dir, scenario=scenario).to_dict()
+        real = analyze_run(real_dir, scenario=scenario).result()
+    sim = analyze_run(sim_dir, scenario=scenario).result()
     return _compare(name, real, sim, send_lag_p99_ms(real_dir))
+
+
+@dataclass(frozen=True)
+class ValidateOptions:
+    """What ``validate`` measures, and what is known of the engine under test (every field has the CLI's default).
+
+    ``traces``: (name, path) pairs (default: the canonical burst trace), each cut to ``duration_s``;
+    ``public_trace``: (azure | mooncake, path), imported and scaled to the engine at each of ``loads``;
+    ``scenario_path``: the classes and budgets (default: the canonical scenario). ``log_notes``: what the
+    engine's startup log reported (its scheduler limits among them). ``engine_manifest``: the sections that
+    identify a launched engine, recorded in every measured run. ``engine_memory``: a launched engine's
+    memory; its peak is held against the ledger's total with the runtime the TOML's calibration measured
+    (``memory`` in the result). ``plan``: a plan (file or shipped name) run against the target
+    (``plan_target``, else the URL) and on the worksheet; their capacity boundaries are compared line by line
+    (``plan_boundary`` in the result; ``boundary.plan_boundary_check``). ``repeats`` > 1: each trace is
+    measured again that many times in all, and every repeat is compared with the first by the same rule
+    (``repeatability``: the engine against itself, the floor under any fidelity claim). ``warmup``: before
+    any measurement the engine's step sizes are swept (``calibrate.warm_engine``, as calibration does:
+    ``shape_warmup`` in the result) and the first trace is replayed once, with prompts of its own, and not
+    compared (``warmup``), so no one-time cost of a fresh engine lands in a measurement (the worksheet models
+    none). ``anchor`` (opt-in; a calibrated TOML): the calibration workload is run on this launch first and
+    two speed factors refitted (``anchor.measure_anchor``); the traces' loads are then shares of this
+    launch's capacity, and the worksheet runs twice, as calibrated (``rows``) and anchored to this launch
+    (``anchored``), so the model's structural error is shown apart from the host's drift between launches.
+    """
+
+    traces: tuple[tuple[str, Path], ...] | None = None
+    public_trace: tuple[str, Path] | None = None
+    loads: tuple[float, ...] = (0.5, 0.9, 1.3)
+    duration_s: float | None = None
+    scenario_path: Path | None = None
+    log_notes: dict[str, Any] | None = None
+    engine_manifest: dict[str, Any] | None = None
+    engine_memory: MemoryReport | None = None
+    plan: str | Path | None = None
+    plan_target: Target | None = None
+    repeats: int = 1
+    warmup: bool = True
+    anchor: bool = False
+
+
+@dataclass
+class _Compared:
+    """Every trace measured and simulated: the fidelity rows, and where each run directory is."""
+
+    rows: list[FidelityRow] = field(default_factory=list)
+    anchored_rows: list[FidelityRow] = field(default_factory=list)  # the worksheet anchored to this launch
+    floor: list[FidelityRow] = field(default_factory=list)  # each repeat against the first measurement
+    runs: dict[str, dict[str, str]] = field(default_factory=dict)
+    warmup_dir: Path | None = None
 
 
 def validate(
     engine_toml: Path,
     target_url: str,
     out_dir: Path,
-    *,
-    traces: list[tuple[str, Path]] | None = None,
-    public_trace: tuple[str, Path] | None = None,
-    loads: tuple[float, ...] = (0.5, 0.9, 1.3),
-    duration_s: float | None = None,
-    scenario_path: Path | None = None,
-    log_notes: dict[str, Any] | None = None,
-    engine_manifest: dict[str, Any] | None = None,
-    engine_memory: MemoryReport | None = None,
-    plan: str | Path | None = None,
-    plan_target: Target | None = None,
-    repeats: int = 1,
-    warmup: bool = True,
-    anchor: bool = False,
-    **run_options: Any,
+    options: ValidateOptions | None = None,
+    settings: RunSettings | None = None,
 ) -> dict[str, Any]:
     """Run the target and the worksheet on the same traces; the fidelity table as a dict (also fidelity.json).
 
-    ``engine_manifest``: the sections that identify a launched engine, recorded in every measured run.
-    ``engine_memory``: a launched engine's memory; its peak is held against the ledger's total with the
-    runtime the TOML's calibration measured (``memory`` in the result). ``plan``: a plan (file or shipped
-    name) run against the target (``plan_target``, else the URL) and on the worksheet; their capacity
-    boundaries are compared line by line (``plan_boundary`` in the result; ``boundary.plan_boundary_check``).
-    ``repeats`` > 1: each trace is measured again that many times in all, and every repeat is compared with the
-    first by the same rule (``repeatability``: the engine against itself, the floor under any fidelity claim).
-    ``warmup``: before any measurement the engine's step sizes are swept (``calibrate.warm_engine``, as
-    calibration does: ``shape_warmup`` in the result) and the first trace is replayed once, with prompts of
-    its own, and not compared (``warmup``), so no one-time cost of a fresh engine lands in a measurement (the
-    worksheet models none). ``anchor`` (opt-in; a calibrated TOML): the calibration workload is run on this launch
-    first and two speed factors refitted (``anchor.measure_anchor``); the traces' loads are then shares of
-    this launch's capacity, and the worksheet runs twice, as calibrated (``rows``) and anchored to this
-    launch (``anchored``), so the model's structural error is shown apart from the host's drift between
-    launches. Every measurement has prompts of its own (``run_salt``), so none finds an earlier
-    one's in the prefix cache, which the worksheet, a fresh engine per run, would not.
-
-    The worksheet takes the TOML's cost terms and the target's own scheduler limits (read from the
-    engine, as calibration does), so a held-out engine configuration is predicted, not assumed equal.
+    Every measurement has prompts of its own (``run_salt``), so none finds an earlier one's in the prefix
+    cache, which the worksheet, a fresh engine per run, would not. The worksheet takes the TOML's cost terms
+    and the target's own scheduler limits (read from the engine, as calibration does), so a held-out engine
+    configuration is predicted, not assumed equal. ``settings``: the driver's, for every measured run.
     """
-    limits = engine_limits(target_url, log_notes)
+    opts = options or ValidateOptions()
+    limits = engine_limits(target_url, opts.log_notes)
     cfg = with_engine_limits(load_engine_config(engine_toml), limits)
     out_dir.mkdir(parents=True, exist_ok=True)
-    warmed = warm_engine(target_url, limits, warmup)
+    warmed = warm_engine(target_url, limits, opts.warmup)
     speed = (
-        measure_anchor(target_url, limits, cfg, out_dir / "anchor", engine_manifest or {}, run_options)
-        if anchor and cfg.calibrated
+        measure_anchor(target_url, limits, cfg, out_dir / "anchor", opts.engine_manifest or {}, settings)
+        if opts.anchor and cfg.calibrated
         else None
     )
     launch_cfg = anchored(cfg, speed) if speed is not None else None
+    scenario_path = opts.scenario_path
     if scenario_path is None:
         scenario_path = presets.presets_root() / "canonical.toml"  # the canonical classes and budgets
     scenario = load_scenario(scenario_path)
-    cases: list[tuple[str, pa.Table, dict[str, Any]]] = []
-    for name, path in traces if traces is not None else [("canonical-burst", CANONICAL_BURST)]:
-        table, meta = read_trace(path)
-        cases.append((name, _cut(table, duration_s), meta))
-    if public_trace is not None:
-        kind, path = public_trace
-        raw = out_dir / f"{kind}-imported.parquet"
-        import_trace(kind, path, raw, max_requests=2000)
-        table, meta = read_trace(raw)
-        for load in loads:
-            scaled, scale = scale_trace_to_engine(_cut(table, None), launch_cfg or cfg, load)
-            scaled = _cut(scaled, duration_s)
-            cases.append((f"{kind}-load{load:g}", scaled, {**meta, "time_scale": scale, "load": load}))
-    rows: list[FidelityRow] = []
-    anchored_rows: list[FidelityRow] = []  # the worksheet anchored to this launch (``launch_cfg``)
-    floor: list[FidelityRow] = []  # each repeat against the first measurement
-    runs: dict[str, dict[str, str]] = {}
-
-    def measure(trace: Path, run_dir: Path) -> Path:
-        # every measurement has prompts of its own: a repeat, or the same requests at another load, would
-        # otherwise find the earlier ones in the engine's prefix cache, which the worksheet (a fresh engine) has not
-        options = {"prompt_salt": run_salt(run_dir), **run_options}
-        return run_driver(
-            trace, target_url, run_dir, model=None, scenario_path=None, extra_manifest=engine_manifest, **options
-        )
-
-    warmup_dir = None
-    for name, table, meta in cases:
-        if table.num_rows == 0:
-            raise LoadgenError(f"{name}: no request in the window: expected a longer --duration-s")
-        trace = out_dir / f"{name}.trace.parquet"
-        write_trace(table, trace, {**meta, "trace_name": name})
-        if warmup and warmup_dir is None:
-            warmup_dir = measure(trace, out_dir / "warmup")
-        real_dir = measure(trace, out_dir / f"{name}-measured")
-        sim_dir = out_dir / f"{name}-worksheet"
-        real = analyze_run(real_dir, scenario=scenario).to_dict()  # once, for each worksheet beside it
-        rows.extend(predict_beside(name, real_dir, trace, cfg, sim_dir, scenario, real))
-        runs[name] = {"measured": str(real_dir), "worksheet": str(sim_dir)}
-        if launch_cfg is not None:
-            anchored_dir = out_dir / f"{name}-worksheet-anchored"
-            anchored_rows.extend(predict_beside(name, real_dir, trace, launch_cfg, anchored_dir, scenario, real))
-            runs[name]["worksheet_anchored"] = str(anchored_dir)
-        if repeats > 1:
-            again = [measure(trace, out_dir / f"{name}-measured-{k}") for k in range(2, repeats + 1)]
-            floor.extend(_repeat_rows(name, real_dir, again, scenario))
-            runs[name].update({f"measured_{k}": str(d) for k, d in enumerate(again, start=2)})
+    cases = _validation_cases(opts, out_dir, launch_cfg or cfg)
+    done = _compare_cases(cases, target_url, out_dir, cfg, launch_cfg, scenario, opts, settings)
+    rows, anchored_rows, floor = done.rows, done.anchored_rows, done.floor
     result = {
         "engine_toml": str(engine_toml),
         "engine_label": cfg.calibration_label(),
         "target": target_url,
-        "runs": runs,
+        "runs": done.runs,
         "target_limits": limits.to_dict(),
-        "warmup": str(warmup_dir) if warmup_dir is not None else None,
+        "warmup": str(done.warmup_dir) if done.warmup_dir is not None else None,
         "shape_warmup": warmed.to_dict(),
         "rows": [r.to_dict() for r in rows],
         "summary": _summary(rows),
@@ -315,24 +290,99 @@ def validate(
             else None
         ),
         "max_send_lag_ms": MAX_SEND_LAG_MS,
-        "memory": memory_check(cfg, engine_memory) if engine_memory is not None else None,
-        "plan_boundary": _plan_check(plan, plan_target, target_url, cfg, out_dir) if plan is not None else None,
+        "memory": memory_check(cfg, opts.engine_memory) if opts.engine_memory is not None else None,
+        "plan_boundary": (
+            _plan_check(opts.plan, opts.plan_target, target_url, cfg, out_dir) if opts.plan is not None else None
+        ),
     }
-    (out_dir / "fidelity.json").write_text(json.dumps(result, indent=2, default=str))
+    document = FidelityTable.from_document(result).document()  # every key named by the published schema
+    (out_dir / "fidelity.json").write_text(json.dumps(document, indent=2, default=str))
     write_html(result, out_dir / "fidelity.html")
     if cfg.calibration:
         _record_validation(engine_toml, result, out_dir)
     return result
 
 
+def _validation_cases(
+    opts: ValidateOptions, out_dir: Path, scale_cfg: EngineConfig
+) -> list[tuple[str, pa.Table, dict[str, Any]]]:
+    """(name, requests, trace metadata) of every trace to validate on: the given traces (or the canonical burst
+    trace), then the public trace imported and scaled to ``scale_cfg`` at each load, each cut to ``duration_s``."""
+    cases: list[tuple[str, pa.Table, dict[str, Any]]] = []
+    for name, path in opts.traces if opts.traces is not None else [("canonical-burst", CANONICAL_BURST)]:
+        table, meta = read_trace(path)
+        cases.append((name, _cut(table, opts.duration_s), meta))
+    if opts.public_trace is not None:
+        kind, path = opts.public_trace
+        raw = out_dir / f"{kind}-imported.parquet"
+        import_trace(kind, path, raw, max_requests=2000)
+        table, meta = read_trace(raw)
+        for load in opts.loads:
+            scaled, scale = scale_trace_to_engine(_cut(table, None), scale_cfg, load)
+            scaled = _cut(scaled, opts.duration_s)
+            cases.append((f"{kind}-load{load:g}", scaled, {**meta, "time_scale": scale, "load": load}))
+    return cases
+
+
+def _compare_cases(
+    cases: list[tuple[str, pa.Table, dict[str, Any]]],
+    target_url: str,
+    out_dir: Path,
+    cfg: EngineConfig,
+    launch_cfg: EngineConfig | None,
+    scenario: Scenario,
+    opts: ValidateOptions,
+    settings: RunSettings | None,
+) -> _Compared:
+    """Each case measured on the target (after one warm-up replay, when asked) and simulated beside it, as
+    calibrated and, with ``launch_cfg``, anchored to this launch; repeats measured against the first."""
+    done = _Compared()
+
+    def measure(trace: Path, run_dir: Path) -> Path:
+        # every measurement has prompts of its own: a repeat, or the same requests at another load, would
+        # otherwise find the earlier ones in the engine's prefix cache, which the worksheet (a fresh engine) has not
+        salted = RunSettings(prompt_salt=run_salt(run_dir)).over(settings)
+        return run_driver(
+            trace,
+            target_url,
+            run_dir,
+            model=None,
+            scenario_path=None,
+            extra_manifest=opts.engine_manifest,
+            settings=salted,
+        )
+
+    for name, table, meta in cases:
+        if table.num_rows == 0:
+            raise LoadgenError(f"{name}: no request in the window: expected a longer --duration-s")
+        trace = out_dir / f"{name}.trace.parquet"
+        write_trace(table, trace, {**meta, "trace_name": name})
+        if opts.warmup and done.warmup_dir is None:
+            done.warmup_dir = measure(trace, out_dir / "warmup")
+        real_dir = measure(trace, out_dir / f"{name}-measured")
+        sim_dir = out_dir / f"{name}-worksheet"
+        real = analyze_run(real_dir, scenario=scenario).result()  # once, for each worksheet beside it
+        done.rows.extend(predict_beside(name, real_dir, trace, cfg, sim_dir, scenario, real))
+        done.runs[name] = {"measured": str(real_dir), "worksheet": str(sim_dir)}
+        if launch_cfg is not None:
+            anchored_dir = out_dir / f"{name}-worksheet-anchored"
+            done.anchored_rows.extend(predict_beside(name, real_dir, trace, launch_cfg, anchored_dir, scenario, real))
+            done.runs[name]["worksheet_anchored"] = str(anchored_dir)
+        if opts.repeats > 1:
+            again = [measure(trace, out_dir / f"{name}-measured-{k}") for k in range(2, opts.repeats + 1)]
+            done.floor.extend(_repeat_rows(name, real_dir, again, scenario))
+            done.runs[name].update({f"measured_{k}": str(d) for k, d in enumerate(again, start=2)})
+    return done
+
+
 def _repeat_rows(name: str, first: Path, again: list[Path], scenario: Scenario) -> list[FidelityRow]:
     """Each repeat measurement against the first (analysed once), per class, by the fidelity table's rule
     ((repeat − first) / first); the rows are named ``<trace> repeat <k>``."""
-    base = analyze_run(first, scenario=scenario).to_dict()
+    base = analyze_run(first, scenario=scenario).result()
     rows = []
     for k, run_dir in enumerate(again, start=2):
         lags = [x for x in (send_lag_p99_ms(first), send_lag_p99_ms(run_dir)) if x is not None]
-        repeat = analyze_run(run_dir, scenario=scenario).to_dict()
+        repeat = analyze_run(run_dir, scenario=scenario).result()
         rows.extend(_compare(f"{name} repeat {k}", base, repeat, max(lags) if lags else None))
     return rows
 

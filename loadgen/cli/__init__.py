@@ -51,10 +51,13 @@ COMMAND_MODULES = (
     "contract",
     "handoff",
     "managed",
+    "schema",
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(modules: tuple[str, ...] = COMMAND_MODULES) -> argparse.ArgumentParser:
+    """The parser of every command in ``modules`` (``loadgen/cli/<name>_cmd.py``); a missing one is an error
+    that names it (ModuleNotFoundError), never a command silently absent."""
     parser = LoadgenParser(prog="loadgen", description="Workload-specific capacity evidence for LLM serving.")
     parser.add_argument("--version", action="version", version=f"loadgen {__version__}")
     parser.add_argument(
@@ -68,15 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="pin every engine loadgen launches (simulated engine, vLLM and its OpenMP threads) to these CPUs",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
-        module_name = f"loadgen.cli.{name}_cmd"
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name == module_name:
-                continue
-            raise
-        module.register(sub)
+    for name in modules:
+        importlib.import_module(f"loadgen.cli.{name}_cmd").register(sub)
     return parser
 
 

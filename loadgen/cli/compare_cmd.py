@@ -47,4 +47,4 @@ def _compare(args: argparse.Namespace) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(data, indent=2, default=str) + "\n")
     print(json.dumps(data, indent=2, default=str) if args.json else format_comparison(comp))
-    return 0 if comp.decision["chosen"] else 4
+    return 0 if comp.decision.chosen else 4

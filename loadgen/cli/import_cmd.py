@@ -1,4 +1,5 @@
-"""``loadgen import llmperf|vllm FILE --out RUN_DIR``: other tools' per-request results → a run directory."""
+"""``loadgen import llmperf|vllm|llmservingsim FILE --out RUN_DIR``: other tools' per-request results → a run
+directory."""
 
 from __future__ import annotations
 
@@ -28,6 +29,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     vl.add_argument("--concurrency", type=flags.count(), default=None, help="slots when the file has no start_times")
     vl.add_argument("--class", dest="request_class", default="imported", help="request class to record")
     vl.set_defaults(func=_vllm)
+    ls = s.add_parser("llmservingsim", help="LLMServingSim bench run of a real vLLM (meta.json, requests.jsonl, ...)")
+    ls.add_argument("run", help="the run folder (holding meta.json and requests.jsonl, or their vllm/)")
+    ls.add_argument("--out", required=True, help="new run directory")
+    ls.add_argument(
+        "--workload", default=None, help="the workload JSONL it replayed (default: found by dataset_path, hash-checked)"
+    )
+    ls.add_argument("--class", dest="request_class", default="imported", help="request class to record")
+    ls.set_defaults(func=_llmservingsim)
 
 
 def _llmperf(args: argparse.Namespace) -> int:
@@ -45,4 +54,12 @@ def _vllm(args: argparse.Namespace) -> int:
 
     out = import_vllm_bench(args.file, args.out, request_class=args.request_class, concurrency=args.concurrency)
     print(f"imported {args.file} → {out}")
+    return 0
+
+
+def _llmservingsim(args: argparse.Namespace) -> int:
+    from loadgen.calibration.llmservingsim import import_llmservingsim_run  # deferred: `loadgen --help` is light
+
+    out = import_llmservingsim_run(args.run, args.out, workload=args.workload, request_class=args.request_class)
+    print(f"imported {args.run} → {out} (clocks reconciled; see manifest 'synthesized')")
     return 0

@@ -30,6 +30,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="two running endpoints to compare instead (give it twice)",
     )
     p.add_argument(
+        "--candidate",
+        action="append",
+        metavar="ENGINE",
+        help="--engine sim: a simulated candidate (preset or TOML, e.g. a profiled GPU engine: give it twice; "
+        "default interactive-small-batch and throughput-large-batch)",
+    )
+    p.add_argument(
         "--predict-with",
         metavar="ENGINE",
         help="--engine vllm: the simulated engine (preset or TOML) whose cost terms predict each candidate, shown "
@@ -81,6 +88,8 @@ def _practice(args: argparse.Namespace) -> int:
 
     from ..practice import (  # deferred: `loadgen --help` loads no library code
         DEFAULT_PREDICTOR,
+        SIM_CANDIDATES,
+        PracticeOptions,
         format_practice,
         run_practice,
     )
@@ -90,17 +99,22 @@ def _practice(args: argparse.Namespace) -> int:
             f"--predict-with {args.predict_with!r}: applies to the launched vLLM candidates: expected --engine vllm "
             "without --target"
         )
+    if args.candidate is not None and (args.engine != "sim" or args.target or len(args.candidate) != 2):
+        raise LoadgenError(
+            f"--candidate {args.candidate[0]!r}: given {len(args.candidate)} time(s): expected two simulated "
+            "candidates, with --engine sim and without --target"
+        )
     if args.vllm_arg and (args.engine != "vllm" or args.target):
         raise LoadgenError(
             f"--vllm-arg {args.vllm_arg[0]!r}: applies to the launched vLLM candidates: expected --engine vllm "
             "without --target"
         )
-    result = run_practice(
-        args.out,
+    options = PracticeOptions(
+        candidates=tuple(args.candidate) if args.candidate else SIM_CANDIDATES,
         scenario=args.scenario,
         trace=args.trace,
         window_s=None if args.full_trace else args.window_s,
-        targets=args.target,
+        targets=tuple(args.target or ()),
         model=args.model,
         engine=args.engine,
         model_config=args.model_config,
@@ -110,8 +124,8 @@ def _practice(args: argparse.Namespace) -> int:
         workers=args.workers,
         predict_with=args.predict_with or DEFAULT_PREDICTOR,
         vllm_args=tuple(args.vllm_arg),
-        **({} if args.max_send_lag_ms is None else {"max_send_lag_ms": args.max_send_lag_ms}),
-        log=lambda m: print(m, file=sys.stderr, flush=True),
+        max_send_lag_ms=PracticeOptions.max_send_lag_ms if args.max_send_lag_ms is None else args.max_send_lag_ms,
     )
+    result = run_practice(args.out, options, log=lambda m: print(m, file=sys.stderr, flush=True))
     print(json.dumps(result.decision, indent=2, default=str) if args.json else format_practice(result))
     return 0

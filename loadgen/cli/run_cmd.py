@@ -12,88 +12,43 @@ from . import flags
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="replay a trace against an OpenAI-compatible endpoint and record a run directory")
     p.add_argument("trace", help="trace Parquet file (loadgen trace generate/import)")
-    p.add_argument(
+    p.add_argument("--out", required=True, help="new run directory")
+    _target_args(p.add_argument_group("target", "where the requests go, and as whom"))
+    _request_args(p.add_argument_group("requests", "what is sent, and when a request gives up"))
+    _record_args(p.add_argument_group("recording", "what the run directory records beside the requests"))
+    _scale_args(p.add_argument_group("scale-out", "one run spread over worker processes or Ray actors"))
+    p.set_defaults(func=_run)
+
+
+def _target_args(g: argparse._ArgumentGroup) -> None:
+    g.add_argument(
         "--target",
         type=flags.target_url,
         action="append",
         required=True,
         help="base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine); repeat for replicas of one model",
     )
-    p.add_argument(
+    g.add_argument(
         "--route-policy",
         choices=("round-robin", "least-in-flight"),
         default="round-robin",
         help="with several --target: which replica a new conversation or request goes to (turns stay on theirs)",
     )
-    p.add_argument(
+    g.add_argument(
         "--replica-down-after",
         type=flags.count(0),
         default=3,
         metavar="N",
         help="with several --target: a replica with N consecutive connect errors gets no more requests (0: never)",
     )
-    p.add_argument("--out", required=True, help="new run directory")
-    p.add_argument("--model", help="served model name (default: scenario model, else the first of /v1/models)")
-    p.add_argument("--scenario", help="scenario TOML: timeouts, privacy, endpoint, budgets")
-    p.add_argument("--endpoint", choices=("completions", "chat"), help="default: the scenario's, else completions")
-    p.add_argument(
-        "--max-concurrency", type=flags.count(), help="bound on requests in flight (default: the trace's max_in_flight)"
+    g.add_argument("--model", help="served model name (default: scenario model, else the first of /v1/models)")
+    g.add_argument(
+        "--no-model-check",
+        action="store_true",
+        help="do not fail when /v1/models lists models but not --model (gateways that list other names)",
     )
-    p.add_argument(
-        "--tokenizer",
-        default="cl100k_base",
-        help="cl100k_base | hf:PATH/tokenizer.json | chars:N | server (the target's /tokenize)",
-    )
-    p.add_argument(
-        "--prompt-salt",
-        default="",
-        metavar="TEXT",
-        help="enters every prompt's seed: the same trace gets other texts of the same token counts, so a server's "
-        "prefix cache holds none of an earlier run's prompts (recorded in the manifest; default: none)",
-    )
-    p.add_argument("--api-key-env", help="NAME of the environment variable holding the API key (never recorded)")
-    p.add_argument("--ttft-timeout-s", type=flags.seconds(), help="override the scenario's TTFT timeout")
-    p.add_argument("--total-timeout-s", type=flags.seconds(), help="override the scenario's total timeout")
-    p.add_argument("--scrape-metrics", choices=("auto", "on", "off"), default="auto")
-    p.add_argument(
-        "--scrape-interval-s", type=flags.seconds(3600), default=1.0, help="/metrics and GPU sampling interval"
-    )
-    p.add_argument(
-        "--gpu-telemetry",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="NVML samples of this host's GPUs into server_metrics (needs loadgen[gpu]; auto: skipped with a "
-        "manifest note when there is no GPU; on: fail instead)",
-    )
-    p.add_argument("--warm-state", choices=("warm", "cold", "unknown"), default="unknown")
-    p.add_argument(
-        "--warm-action", action="append", default=[], help="what was done to reach the warm state (repeatable)"
-    )
-    p.add_argument("--order-index", type=flags.count(0))
-    p.add_argument("--repeat", type=flags.count(0))
-    p.add_argument("--progress", choices=("auto", "on", "off"), default="auto")
-    p.add_argument(
-        "--deadline-s", type=flags.DURATION, help="stop after N seconds; requests not yet sent are recorded not_sent"
-    )
-    p.add_argument(
-        "--rate-limit-rps",
-        type=flags.number(0, MAX_RATE_RPS, low_open=True),
-        help="client-side requests/s cap (the wait counts as client queue)",
-    )
-    p.add_argument(
-        "--vllm-extensions",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="send ignore_eos and continuous_usage_stats (auto: not to managed APIs)",
-    )
-    p.add_argument("--max-tokens-field", choices=("max_tokens", "max_completion_tokens"), default="max_tokens")
-    p.add_argument(
-        "--max-sse-line-bytes",
-        type=flags.count(1024, 1 << 30),
-        default=1 << 20,
-        help="longest SSE line (and event) accepted; a longer one fails that request as malformed_sse (default 1 MiB)",
-    )
-    p.add_argument(
+    g.add_argument("--api-key-env", help="NAME of the environment variable holding the API key (never recorded)")
+    g.add_argument(
         "--header",
         type=flags.header,
         action="append",
@@ -101,13 +56,78 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="NAME:VALUE",
         help="extra request header (value not recorded)",
     )
-    p.add_argument(
+
+
+def _request_args(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--scenario", help="scenario TOML: timeouts, privacy, endpoint, budgets")
+    g.add_argument("--endpoint", choices=("completions", "chat"), help="default: the scenario's, else completions")
+    g.add_argument(
+        "--max-concurrency", type=flags.count(), help="bound on requests in flight (default: the trace's max_in_flight)"
+    )
+    g.add_argument(
+        "--rate-limit-rps",
+        type=flags.number(0, MAX_RATE_RPS, low_open=True),
+        help="client-side requests/s cap (the wait counts as client queue)",
+    )
+    g.add_argument(
+        "--deadline-s", type=flags.DURATION, help="stop after N seconds; requests not yet sent are recorded not_sent"
+    )
+    g.add_argument(
+        "--tokenizer",
+        default="auto",
+        help="auto (default: the target's /tokenize, else cl100k_base with a warning) | server | cl100k_base | "
+        "hf:PATH/tokenizer.json | chars:N",
+    )
+    g.add_argument(
+        "--prompt-salt",
+        default="",
+        metavar="TEXT",
+        help="enters every prompt's seed: the same trace gets other texts of the same token counts, so a server's "
+        "prefix cache holds none of an earlier run's prompts (recorded in the manifest; default: none)",
+    )
+    g.add_argument("--ttft-timeout-s", type=flags.seconds(), help="override the scenario's TTFT timeout")
+    g.add_argument("--total-timeout-s", type=flags.seconds(), help="override the scenario's total timeout")
+    g.add_argument(
+        "--vllm-extensions",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="send ignore_eos and continuous_usage_stats (auto: not to managed APIs)",
+    )
+    g.add_argument("--max-tokens-field", choices=("max_tokens", "max_completion_tokens"), default="max_tokens")
+    g.add_argument(
+        "--max-sse-line-bytes",
+        type=flags.count(1024, 1 << 30),
+        default=1 << 20,
+        help="longest SSE line (and event) accepted; a longer one fails that request as malformed_sse (default 1 MiB)",
+    )
+
+
+def _record_args(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--scrape-metrics", choices=("auto", "on", "off"), default="auto")
+    g.add_argument(
+        "--scrape-interval-s", type=flags.seconds(3600), default=1.0, help="/metrics and GPU sampling interval"
+    )
+    g.add_argument(
+        "--gpu-telemetry",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="NVML samples of this host's GPUs into server_metrics (needs loadgen[gpu]; auto: skipped with a "
+        "manifest note when there is no GPU; on: fail instead)",
+    )
+    g.add_argument("--warm-state", choices=("warm", "cold", "unknown"), default="unknown")
+    g.add_argument(
+        "--warm-action", action="append", default=[], help="what was done to reach the warm state (repeatable)"
+    )
+    g.add_argument("--order-index", type=flags.count(0))
+    g.add_argument("--repeat", type=flags.count(0))
+    g.add_argument("--progress", choices=("auto", "on", "off"), default="auto")
+    g.add_argument(
         "--flush-interval-s",
         type=flags.number(0.001, 60),
         default=1.0,
         help="records reach disk at least this often (default 1 s; a killed run keeps everything up to the last flush)",
     )
-    p.add_argument(
+    g.add_argument(
         "--part-writer",
         choices=("thread", "process"),
         default="process",
@@ -116,18 +136,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the schedule (send-lag p99 at 2,500 req/s on one core: 0.4-2.0 ms against 0.8-50 ms), or the "
         "writer thread",
     )
-    p.add_argument(
-        "--no-model-check",
-        action="store_true",
-        help="do not fail when /v1/models lists models but not --model (gateways that list other names)",
-    )
-    p.add_argument(
+
+
+def _scale_args(g: argparse._ArgumentGroup) -> None:
+    g.add_argument(
         "--workers",
         type=flags.count(1, 1024),
         default=1,
         help="spread the run over N worker processes on this host (one run directory; default 1)",
     )
-    p.add_argument(
+    g.add_argument(
         "--ray",
         nargs="?",
         const="local",
@@ -135,7 +153,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="spread the run over Ray actors (--workers of them, default 2): a local Ray, or the cluster at "
         "ADDRESS (needs pip install 'loadgen[ray]' and a run directory every node sees)",
     )
-    p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:

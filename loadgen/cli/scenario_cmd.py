@@ -38,12 +38,13 @@ def _check(args: argparse.Namespace) -> int:
     print(f"{args.file}: ok: scenario {scenario.name!r} sha256 {sha256[:12]}")
     for name, cls in scenario.classes.items():
         budgets = []
-        for metric in ("ttft_ms", "itl_ms", "e2e_ms"):
+        for metric in type(cls.budgets).model_fields:  # ttft_ms, ttfat_ms, itl_ms, e2e_ms
             budget = getattr(cls.budgets, metric)
             if budget:
                 limits = ", ".join(f"{q}≤{v:g}" for q, v in budget.limits().items())
                 budgets.append(f"{metric} {limits} ({'hard' if budget.hard else 'soft'})")
-        print(f"  class {name}: share {cls.share:g}, stream {cls.stream}; " + "; ".join(budgets))
+        reasoning = "; reasoning tokens drawn" if cls.reasoning_tokens is not None else ""
+        print(f"  class {name}: share {cls.share:g}, stream {cls.stream}{reasoning}; " + "; ".join(budgets))
     for name, trace in scenario.traces.items():
         print(f"  trace {name}: {trace.process}, {trace.duration_s:g} s")
     return 0

@@ -14,7 +14,15 @@ from . import flags
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sim", help="simulated engine: virtual-time worksheet or live OpenAI-compatible server")
     s = p.add_subparsers(dest="sim_command", required=True)
+    _register_run(s)
+    _register_serve(s)
+    pre = s.add_parser("presets", help="list the shipped engine presets")
+    pre.set_defaults(func=_presets)
+    _register_calibrate(s)
+    _register_validate(s)
 
+
+def _register_run(s: argparse._SubParsersAction) -> None:
     run = s.add_parser("run", help="replay a trace in virtual time and write a run directory")
     run.add_argument("trace", help="trace .parquet file")
     run.add_argument("--engine", required=True, help="engine TOML file or preset name (loadgen sim presets)")
@@ -23,6 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--scenario", default=None, help="scenario TOML the trace came from (recorded in the manifest)")
     run.set_defaults(func=_run)
 
+
+def _register_serve(s: argparse._SubParsersAction) -> None:
     srv = s.add_parser("serve", help="live OpenAI-compatible server on loopback, engine in real time")
     srv.add_argument("--engine", required=True, help="engine TOML file or preset name")
     srv.add_argument("--host", default="127.0.0.1")
@@ -44,9 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     srv.set_defaults(func=_serve)
 
-    pre = s.add_parser("presets", help="list the shipped engine presets")
-    pre.set_defaults(func=_presets)
 
+def _register_calibrate(s: argparse._SubParsersAction) -> None:
     cal = s.add_parser("calibrate", help="fit the cost model to a live engine and write a calibrated engine TOML")
     src = cal.add_mutually_exclusive_group(required=True)
     src.add_argument("--target", help="base URL of the engine (vLLM or loadgen sim serve) with /metrics or /version")
@@ -73,12 +82,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     cal.add_argument("--json", action="store_true", help="print the fit as JSON")
     cal.set_defaults(func=_calibrate)
 
-    val = s.add_parser("validate", help="held-out check: the target and the worksheet on the same traces")
-    val.add_argument("engine", help="engine TOML (a calibrated one, or any preset)")
+
+def _register_validate(s: argparse._SubParsersAction) -> None:
+    val = s.add_parser(
+        "validate",
+        help="held-out check: the target and the worksheet on the same traces, or (--measured) the worksheet beside "
+        "imported runs of a real engine, offline",
+    )
+    val.add_argument("engine", nargs="?", default=None, help="engine TOML (a calibrated one, or any preset)")
+    val.add_argument("--engine", dest="engine_flag", default=None, help="engine TOML (the same as the positional)")
     vsrc = val.add_mutually_exclusive_group(required=True)
     vsrc.add_argument("--target", help="base URL of the real engine")
+    vsrc.add_argument(
+        "--measured",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="offline: imported runs (loadgen import llmservingsim) replayed on the engine and compared",
+    )
     _vllm_flags(val, vsrc)
-    val.add_argument("--out", required=True, help="directory for the runs and fidelity.json / fidelity.html")
+    val.add_argument("--out", default=None, help="directory for the runs and fidelity.json / fidelity.html")
+    val.add_argument("--html", default=None, metavar="FILE", help="(--measured) write the HTML page here")
+    val.add_argument(
+        "--no-record",
+        dest="record",
+        action="store_false",
+        help="(--measured) leave the engine TOML as it is (by default its validated_error is written)",
+    )
     val.add_argument(
         "--trace", action="append", default=None, metavar="PATH", help="trace to replay (default: canonical burst)"
     )
@@ -130,7 +159,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="prompt tokenizer spec, as for loadgen run (default: cl100k_base; --vllm: its own)",
     )
-    val.add_argument("--json", action="store_true")
+    val.add_argument(
+        "--json", nargs="?", const="-", default=None, metavar="FILE", help="print JSON (or, with FILE, write it there)"
+    )
     val.set_defaults(func=_validate)
 
 
@@ -205,12 +236,16 @@ def _calibrate(args: argparse.Namespace) -> int:
     from loadgen.vllm.warmup import warmup_line  # deferred: `loadgen --help` loads no library code
 
     from ..calibration.calibrate import calibrate  # deferred: `loadgen --help` loads no library code
+    from ..driver.options import RunSettings  # deferred: as above
     from ..sim.config import load_engine_config  # deferred: `loadgen --help` loads no library code
 
     out = Path(args.out)
     if args.from_runs:
         path, fit, limits = calibrate(
-            out, run_dirs=[Path(d) for d in args.from_runs], name=args.name, tokenizer=args.tokenizer or "cl100k_base"
+            out,
+            run_dirs=[Path(d) for d in args.from_runs],
+            name=args.name,
+            settings=RunSettings(tokenizer=args.tokenizer or "cl100k_base"),
         )
     else:
         work = Path(args.work_dir) if args.work_dir else out.with_suffix(".calibration-runs")
@@ -224,7 +259,7 @@ def _calibrate(args: argparse.Namespace) -> int:
                 engine_manifest=engine.manifest,
                 engine_memory=engine.memory,
                 warmup=args.warmup,
-                tokenizer=args.tokenizer or engine.tokenizer or "cl100k_base",
+                settings=RunSettings(tokenizer=args.tokenizer or engine.tokenizer or "cl100k_base"),
             )
     runtime_gib = load_engine_config(path).measured_runtime_gib()
     if args.json:
@@ -254,8 +289,22 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from ..calibration.validate import format_table, validate  # deferred: `loadgen --help` loads no library code
+    from ..calibration.validate import (  # deferred: `loadgen --help` loads no library code
+        ValidateOptions,
+        format_table,
+        validate,
+    )
+    from ..driver.options import RunSettings  # deferred: as above
 
+    if args.engine and args.engine_flag and args.engine != args.engine_flag:
+        raise LoadgenError(f"engine {args.engine!r} and --engine {args.engine_flag!r}: expected one engine")
+    args.engine = args.engine or args.engine_flag
+    if not args.engine:
+        raise LoadgenError("sim validate: no engine: expected an engine TOML (ENGINE or --engine ENGINE)")
+    if args.measured:
+        return _validate_measured(args)
+    if not args.out:
+        raise LoadgenError("sim validate --target/--vllm: --out is required (the directory for the runs)")
     public = None
     if args.public:
         kind, _, path = args.public.partition(":")
@@ -264,13 +313,10 @@ def _validate(args: argparse.Namespace) -> int:
         public = (kind, Path(path))
     out = Path(args.out)
     with _engine(args, out) as engine:
-        result = validate(
-            Path(args.engine),
-            engine.url,
-            out,
-            traces=[(Path(t).stem, Path(t)) for t in args.trace] if args.trace else None,
+        options = ValidateOptions(
+            traces=tuple((Path(t).stem, Path(t)) for t in args.trace) if args.trace else None,
             public_trace=public,
-            loads=tuple(args.load) if args.load else (0.5, 0.9, 1.3),
+            loads=tuple(args.load) if args.load else ValidateOptions.loads,
             duration_s=args.duration_s,
             log_notes=engine.log_notes,
             engine_manifest=engine.manifest,
@@ -280,9 +326,33 @@ def _validate(args: argparse.Namespace) -> int:
             repeats=args.repeats,
             warmup=args.warmup,
             anchor=args.anchor,
-            tokenizer=args.tokenizer or engine.tokenizer or "cl100k_base",
         )
+        tokenizer = args.tokenizer or engine.tokenizer or "cl100k_base"
+        result = validate(Path(args.engine), engine.url, out, options, settings=RunSettings(tokenizer=tokenizer))
     print(json.dumps(result, default=str) if args.json else format_table(result))
+    return 0
+
+
+def _validate_measured(args: argparse.Namespace) -> int:
+    """``sim validate --measured RUN_DIR... --engine ENGINE.toml``: offline, against imported runs."""
+    from ..calibration.offline import record_validated_error, validate_measured  # deferred: light --help
+    from ..calibration.offline_report import format_offline, offline_html  # deferred: light --help
+
+    result = validate_measured([Path(p) for p in args.measured], args.engine)
+    engine_path = Path(args.engine)
+    if args.record and engine_path.is_file():
+        result["recorded"] = record_validated_error(engine_path, result)
+    text = json.dumps(result, default=str, indent=1)
+    if args.json == "-":
+        print(text)
+    else:
+        print(format_offline(result))
+        if args.json:
+            Path(args.json).write_text(text)
+    if args.html:
+        Path(args.html).write_text(offline_html(result))
+    if result.get("recorded"):
+        print(f"{engine_path}: validated_error = {result['recorded']}")
     return 0
 
 

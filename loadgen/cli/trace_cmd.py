@@ -21,8 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     gen.add_argument("--out", required=True, type=flags.output_file, help="output .parquet file")
     gen.set_defaults(func=_generate)
 
-    imp = s.add_parser("import", help="import a public trace (azure CSV, mooncake JSONL)")
-    imp.add_argument("kind", choices=["azure", "mooncake"])
+    imp = s.add_parser("import", help="import a public trace (azure CSV, mooncake JSONL, llmservingsim workload JSONL)")
+    imp.add_argument("kind", choices=["azure", "mooncake", "llmservingsim"])
     imp.add_argument("file")
     imp.add_argument("--out", required=True, type=flags.output_file)
     imp.add_argument(

@@ -40,7 +40,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         sp.add_argument("--model-dir", required=True)
         sp.add_argument("--python", help="vLLM interpreter (default: env LOADGEN_VLLM_PYTHON)")
         sp.add_argument("--port", type=flags.port)
-        sp.add_argument("--kv-cache-gib", type=flags.count(1, 1 << 20), help="CPU: VLLM_CPU_KVCACHE_SPACE")
+        sp.add_argument(
+            "--kv-cache-gib",
+            type=flags.count(1, 1 << 20),
+            help="CPU: VLLM_CPU_KVCACHE_SPACE (default: what fits the host after the ledger's other lines and 2 GiB for the client, recorded in the manifest)",
+        )
         sp.add_argument("--max-model-len", type=flags.count(1, MAX_TOKENS * 16))
         sp.add_argument("--max-num-seqs", type=flags.count())
         sp.add_argument("--max-num-batched-tokens", type=flags.count(1, MAX_TOKENS * 16))

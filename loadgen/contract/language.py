@@ -12,46 +12,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from loadgen.workload.words import ENGLISH_WORDS
+
 __all__ = ["SUPPORTED_LANGUAGES", "LanguageGuess", "detect_language"]
 
 _STOPWORDS: dict[str, frozenset[str]] = {
-    "en": frozenset(
-        [
-            "the",
-            "of",
-            "and",
-            "to",
-            "in",
-            "is",
-            "was",
-            "for",
-            "on",
-            "that",
-            "with",
-            "as",
-            "by",
-            "at",
-            "from",
-            "it",
-            "this",
-            "are",
-            "be",
-            "have",
-            "not",
-            "or",
-            "an",
-            "which",
-            "you",
-            "we",
-            "they",
-            "their",
-            "there",
-            "can",
-            "will",
-            "would",
-            "what",
-        ]
-    ),
+    # the common English words of the prompt vocabulary, and five function words it lacks
+    "en": frozenset(ENGLISH_WORDS) | {"an", "it", "or", "we", "you"},
     "fr": frozenset(
         [
             "le",

@@ -28,7 +28,7 @@ from loadgen.util.errors import RunDirError, TargetError
 from loadgen.util.jsonfile import read_json_object
 from loadgen.workload.scenario import load_scenario
 
-from ..driver import run_trace
+from ..driver import RunOptions, run_trace
 from ..driver.error_kinds import parse_retry_after
 from ..trace.io import read_trace
 from ..util.redact import redact, redact_url
@@ -572,7 +572,7 @@ async def _first_served_model(target_url: str, api_key_env: str | None) -> str:
 
 async def replay_under_load(
     cases: CaseSet | Iterable[Case],
-    run_options: Any,
+    run_options: RunOptions,
     *,
     delay_s: float = 1.0,
     rounds: int | None = None,
@@ -587,8 +587,7 @@ async def replay_under_load(
     ``behavior.under_load_share`` asks for (that share of the trace's requests, in whole rounds), at
     least 1. A case passes only if it passes in every round; answers that differ between rounds are
     counted (temperature 0 should not depend on the batch it landed in). The result is written into
-    the run directory as ``contract.json`` with ``mode: under_load``. Returns ``(run_dir, result)``;
-    ``run_options`` is a ``loadgen.driver.RunOptions``.
+    the run directory as ``contract.json`` with ``mode: under_load``. Returns ``(run_dir, result)``.
     """
 
     case_list = list(cases)

@@ -12,12 +12,13 @@ import anyio
 
 from .error_kinds import classify_exception, classify_http_status
 from .metrics_scrape import MetricsScraper, parse_prometheus_text, samples_to_columns
-from .options import RunOptions
+from .options import RunOptions, RunSettings
 from .run import run_trace
 from .sse import Chunk, SSEDecoder, SSEProtocolError, parse_chunk
 
 __all__ = [
     "RunOptions",
+    "RunSettings",
     "run_trace",
     "run_trace_sync",
     "SSEDecoder",

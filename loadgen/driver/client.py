@@ -139,14 +139,19 @@ def request_row(
         "sent_ns": None,
         "first_byte_ns": None,
         "first_token_ns": None,
+        "first_answer_token_ns": None,
         "last_token_ns": None,
         "done_ns": None,
+        "server_queued_ns": None,  # the engine's own instants: not seen over HTTP
+        "server_scheduled_ns": None,
         "target_prompt_tokens": job.target_prompt_tokens,
         "target_output_tokens": job.target_output_tokens,
         "client_prompt_tokens": job.client_prompt_tokens,
         "server_prompt_tokens": None,
         "server_output_tokens": None,
         "client_output_tokens": None,
+        "client_reasoning_tokens": None,
+        "server_reasoning_tokens": None,
         "chunk_count": None,
         "cancel_after_tokens": job.cancel_after_tokens,
         "status": status,
@@ -188,6 +193,11 @@ class StreamState:
     (server per-chunk usage when present, else the tokenizer on the delta text) and appends one
     chunk row. It returns True when reading should stop: ``[DONE]``, an in-stream error, or the
     trace's cancel-after-tokens reached. Malformed events raise SSEProtocolError.
+
+    Reasoning deltas count as tokens (the first token of either kind is TTFT's end) and are counted
+    apart (``reasoning_tokens``); ``first_answer_token`` is the first chunk carrying answer tokens (TTFAT's end).
+    A chunk carrying both kinds with per-chunk usage gives its reasoning text's tokenizer count (at most
+    the usage delta) to reasoning, the rest to the answer.
     """
 
     __slots__ = (
@@ -203,13 +213,17 @@ class StreamState:
         "error_code",
         "fingerprint",
         "finish_reason",
+        "first_answer",
         "first_token",
+        "kinds",
         "last_token",
         "on_first_token",
         "prev_usage",
+        "reasoning_tokens",
         "response_model",
         "server_output",
         "server_prompt",
+        "server_reasoning",
         "sizes",
         "texts",
         "tokens",
@@ -223,12 +237,16 @@ class StreamState:
         self.arrivals = array("q")
         self.tokens = array("q")
         self.sizes = array("q")
+        self.kinds: array | None = None  # 0 answer, 1 reasoning (CHUNK_KINDS); None until a chunk reasons
         self.texts: list[str] | None = [] if ctx.retain_completion_text else None
         self.cancel_after = cancel_after
         self.prev_usage = 0
         self.first_token: int | None = None
+        self.first_answer: int | None = None
         self.last_token: int | None = None
         self.client_tokens = 0
+        self.reasoning_tokens = 0
+        self.server_reasoning: int | None = None
         self.server_prompt: int | None = None
         self.server_output: int | None = None
         self.finish_reason: str | None = None
@@ -258,24 +276,31 @@ class StreamState:
             self.done_abs = arrival_abs_ns
             return True
         t = arrival_abs_ns - self.anchor
-        text, pieces, choices, finish, prompt, usage, model, fingerprint, error, code = parse_chunk(payload)
+        text, reasoning, pieces, choices, finish, prompt, usage, thought, model, fingerprint, error, code = parse_chunk(
+            payload
+        )
         if error is not None:
             self.error, self.error_code = error, code
             return True
-        n = 0
+        n = r = 0
         if usage is not None:
-            if choices:
+            if choices and (self.prev_usage or not self.client_tokens):
                 # per-chunk usage (vLLM continuous_usage_stats): exact, also for tokens whose text
-                # is empty (partial UTF-8, special tokens)
+                # is empty (partial UTF-8, special tokens). A first usage after tokens counted without it is
+                # the total on the last chunk (DeepSeek, Alibaba), not a per-chunk count
                 n = usage - self.prev_usage
                 if n < 0:
                     n = 0
+                if reasoning:
+                    r = min(n, self.ctx.tokens_in(reasoning)) if text else n
             elif pieces:
-                n = self.ctx.tokens_in(text)
+                n, r = self._count(text, reasoning)
             self.prev_usage = self.server_output = usage
+            if thought is not None:
+                self.server_reasoning = thought
         elif pieces:
-            n = self.ctx.tokens_in(text)
-        if pieces and self.texts is not None:
+            n, r = self._count(text, reasoning) if reasoning else (self.ctx.tokens_in(text), 0)
+        if text and self.texts is not None:
             self.texts.append(text)
         if prompt is not None:
             self.server_prompt = prompt
@@ -288,6 +313,8 @@ class StreamState:
         self.arrivals.append(t)
         self.tokens.append(n)
         self.sizes.append(size)
+        if r or self.kinds is not None:  # a reasoning stream (an answer-only one never comes here)
+            self._reasoning_chunk(t, n, r)
         if n:
             if self.first_token is None:
                 self.first_token = t
@@ -299,6 +326,30 @@ class StreamState:
                 self.cancelled = True
                 return True
         return False
+
+    def _reasoning_chunk(self, t: int, n: int, r: int) -> None:
+        """Kind and counts of a chunk once the stream has reasoned (kinds start then: every chunk before was
+        answer, so the first answer token, if any, was the first token)."""
+        kinds = self.kinds
+        if kinds is None:
+            kinds = self.kinds = array("q", bytes(8 * (len(self.arrivals) - 1)))
+            self.first_answer = self.first_token
+        kinds.append(1 if r == n and r else 0)
+        self.reasoning_tokens += r
+        if self.first_answer is None and n > r:
+            self.first_answer = t
+
+    @property
+    def first_answer_token(self) -> int | None:
+        """When the first answer token arrived (the first token, for a stream that never reasoned)."""
+        return self.first_answer if self.kinds is not None else self.first_token
+
+    def _count(self, text: str, reasoning: str) -> tuple[int, int]:
+        """(all tokens, reasoning tokens) of a chunk's texts by the run's tokenizer (no per-chunk usage)."""
+        if not reasoning:
+            return self.ctx.tokens_in(text), 0
+        r = self.ctx.tokens_in(reasoning)
+        return (self.ctx.tokens_in(text) if text else 0) + r, r
 
 
 class PreSent:
@@ -545,10 +596,13 @@ def _record(
     row["error_kind"] = error_kind
     row["error_message"] = redact(error_message, ctx.secrets) if error_message else None
     row["first_token_ns"] = state.first_token
+    row["first_answer_token_ns"] = state.first_answer_token
     row["last_token_ns"] = state.last_token
     row["server_prompt_tokens"] = state.server_prompt
     row["server_output_tokens"] = state.server_output
     row["client_output_tokens"] = state.client_tokens if sent else None
+    row["client_reasoning_tokens"] = state.reasoning_tokens if sent else None
+    row["server_reasoning_tokens"] = state.server_reasoning
     row["chunk_count"] = len(arrivals) if sent else None
     row["finish_reason"] = state.finish_reason
     row["response_model"] = state.response_model
@@ -567,5 +621,5 @@ def _record(
             recent.append(state.first_token - row["scheduled_ns"])
             if len(recent) > 4096:
                 del recent[:2048]
-    chunks = StreamChunks(arrivals, state.tokens, state.sizes) if arrivals else None
+    chunks = StreamChunks(arrivals, state.tokens, state.sizes, state.kinds) if arrivals else None
     ctx.sink(row, chunks)

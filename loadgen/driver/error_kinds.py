@@ -15,7 +15,7 @@ import time
 
 import httpx
 
-from loadgen.rundir.schema import STATUS_CANCELLED, STATUS_ERROR, STATUS_TIMEOUT, http_error_kind
+from loadgen.rundir.schema import STATUS_ERROR, STATUS_TIMEOUT, http_error_kind
 from loadgen.util.redact import redact
 
 from .sse import SSEProtocolError
@@ -111,7 +111,3 @@ def classify_exception(exc: BaseException, phase: int, secrets: tuple[str, ...] 
     if isinstance(exc, UnicodeDecodeError):
         return STATUS_ERROR, "malformed_sse", redact(f"{name}: {text}", secrets)
     return STATUS_ERROR, "client", redact(f"{name}: {text}", secrets)
-
-
-#: Status for a request a run-level stop (Ctrl-C, deadline, crash) cut short while it was in flight.
-INTERRUPTED_STATUS = STATUS_CANCELLED

@@ -85,7 +85,14 @@ class GpuSampler:
             sink(await anyio.to_thread.run_sync(self.sample, anchor_ns))
             k = max(k + 1, (time.perf_counter_ns() - start) // interval_ns + 1)
 
+    def __enter__(self) -> GpuSampler:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def close(self) -> None:
+        """Shut NVML down (``with`` does it on leaving)."""
         try:
             self.nvml.nvmlShutdown()
         except Exception:  # shutting down a lost GPU's library: nothing to keep

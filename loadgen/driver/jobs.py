@@ -18,7 +18,8 @@ from typing import Any
 import httpx
 import pyarrow as pa
 
-from loadgen.util.errors import TargetError
+from loadgen.rundir.schema import SIM_REASONING_FIELD
+from loadgen.util.errors import LoadgenError, TargetError
 from loadgen.workload.prompts import PromptSynth, get_tokenizer, prompt_sha256
 
 _dumps: Callable[[Any], bytes]
@@ -30,7 +31,7 @@ except ImportError:  # pragma: no cover
         return json.dumps(obj, separators=(",", ":")).encode()
 
 
-__all__ = ["TOKENIZE_MAX_BYTES", "Job", "ServerTokenizer", "build_jobs", "resolve_tokenizer"]
+__all__ = ["AUTO_FALLBACK_TOKENIZER", "TOKENIZE_MAX_BYTES", "Job", "ServerTokenizer", "build_jobs", "resolve_tokenizer"]
 
 #: Most bytes of one /tokenize or /detokenize answer read (a 1M-token prompt's ids are ~8 MB of JSON).
 TOKENIZE_MAX_BYTES = 64 << 20
@@ -111,19 +112,52 @@ class ServerTokenizer:
         self._client.close()
 
 
+#: What ``auto`` (the default) falls back to when the target has no usable ``/tokenize``.
+AUTO_FALLBACK_TOKENIZER = "cl100k_base"
+
+
 def resolve_tokenizer(
     spec: str,
     base_url: str,
     model: str,
     headers: dict[str, str] | None = None,
+    target_spec: str | None = None,
+    *,
     timeout_s: float = 30.0,
     params: httpx.QueryParams | None = None,
-):
-    """A tokenizer for prompt synthesis: ``server`` uses the target's /tokenize (each call within
-    ``timeout_s``, with the target's query ``params``), else prompts.get_tokenizer."""
+) -> tuple[Any, str, str | None]:
+    """``(tokenizer, what it is, warning)`` for prompt synthesis.
+
+    ``server`` uses the target's /tokenize; ``auto`` (the default) uses the tokenizer the target says it
+    counts with (``target_spec``: loadgen's simulated engine reports it in ``/version``) locally, else
+    the target's /tokenize when it answers, else ``cl100k_base`` with a warning (prompts then hold
+    cl100k_base's counts, not the target's); any other spec is ``prompts.get_tokenizer``'s. Each call to the
+    target ends within ``timeout_s`` (``auto``'s trial call within 10 s) and carries its query ``params``."""
     if spec == "server":
-        return ServerTokenizer(base_url, model, headers, timeout_s, params)
-    return get_tokenizer(spec)
+        return ServerTokenizer(base_url, model, headers, timeout_s, params), "server", None
+    if spec != "auto":
+        return get_tokenizer(spec), spec, None
+    if target_spec:
+        try:
+            return get_tokenizer(target_spec), f"{target_spec} (the target's)", None
+        except LoadgenError:
+            pass  # not available here (a tokenizer.json on the server's host): ask the server
+    server = ServerTokenizer(base_url, model, headers, min(timeout_s, 10.0), params)
+    try:
+        ids = server.encode("Hello, world")
+        if ids and server.decode(ids[:1]):  # prompts are built from decoded token runs: /detokenize too
+            return server, "server", None
+        why = "it returned no tokens" if not ids else "/detokenize returned no text"
+    except (TargetError, ValueError, AttributeError) as exc:
+        why = str(exc) if isinstance(exc, TargetError) else f"it answered {type(exc).__name__}"
+    server.close()
+    return (
+        get_tokenizer(AUTO_FALLBACK_TOKENIZER),
+        AUTO_FALLBACK_TOKENIZER,
+        f"no --tokenizer given and the target's /tokenize is not usable ({why}): prompts are sized with "
+        f"{AUTO_FALLBACK_TOKENIZER}, so the server may count other prompt lengths than the trace asks for; pass "
+        "--tokenizer hf:PATH/tokenizer.json (the served model's) to size them as the target does",
+    )
 
 
 @dataclass(slots=True)
@@ -158,6 +192,10 @@ def _split_turn(delta: int, prev_output: int) -> tuple[int, int]:
     return max(assistant, 0), delta - max(assistant, 0)
 
 
+#: A conversation's last turn: its segments [(role, text, tokens)], prompt tokens and output tokens.
+_Thread = tuple[list[tuple[str, str, int]], int, int]
+
+
 def build_jobs(
     table: pa.Table,
     *,
@@ -169,59 +207,39 @@ def build_jobs(
     max_tokens_field: str = "max_tokens",
     extra_body: dict[str, Any] | None = None,
     prompt_salt: str = "",
+    sim_reasoning: bool = False,
 ) -> list[Job]:
     """One Job per trace row, in trace order (bodies are exact JSON bytes for POST); ``prompt_salt``: see
-    ``PromptSynth``."""
+    ``PromptSynth``. ``sim_reasoning`` (the target is loadgen's simulated engine): a row's ``reasoning_tokens``
+    goes in the body as ``sim_reasoning_tokens``, the reasoning phase the engine streams before the answer (a
+    real model decides its own, and is not sent the field)."""
     synth = PromptSynth(tokenizer, salt=prompt_salt)
     cols = table.to_pydict()
-    n = table.num_rows
-    # conversation id -> (segments [(role, text, tokens)], prompt tokens, output tokens) of the last turn
-    threads: dict[str, tuple[list[tuple[str, str, int]], int, int]] = {}
-    jobs: list[Job] = []
+    threads: dict[str, _Thread] = {}  # conversation id -> its last turn
     stream_options: dict[str, Any] = {"include_usage": True}
     if vllm_extensions:
         stream_options["continuous_usage_stats"] = True
-    for i in range(n):
+    tail: dict[str, Any] = {"stream": True, "stream_options": stream_options}  # after max tokens, in this order
+    if vllm_extensions:
+        tail["ignore_eos"] = True
+    jobs: list[Job] = []
+    for i in range(table.num_rows):
         rid = cols["request_id"][i]
         p_tokens = int(cols["prompt_tokens"][i])
         o_tokens = int(cols["output_tokens"][i])
         conv = cols["conversation_id"][i]
         turn = cols["turn_index"][i]
         group = cols["prefix_group"][i]
-        group_tokens = cols["prefix_tokens"][i] or 0
         prev = threads.get(conv) if conv is not None and turn else None
-        if prev is not None:
-            segments, prev_prompt, prev_output = prev
-            a_tok, u_tok = _split_turn(p_tokens - prev_prompt, prev_output)
-            segments = list(segments)
-            if a_tok:
-                segments.append(("assistant", synth.text(f"{rid}:assistant", a_tok), a_tok))
-            if u_tok:
-                segments.append(("user", synth.text(f"{rid}:user", u_tok), u_tok))
-        else:
-            text = synth.text(rid, p_tokens, group, int(group_tokens)) if group else synth.text(rid, p_tokens)
-            segments = [("user", text, p_tokens)]
+        segments = _segments(synth, prev, rid, p_tokens, group, int(cols["prefix_tokens"][i] or 0))
         if conv is not None:
             threads[conv] = (segments, p_tokens, o_tokens)
-        if endpoint == "chat":
-            messages: list[dict[str, str]] = []
-            for role, text, _ in segments:
-                if messages and messages[-1]["role"] == role:
-                    messages[-1]["content"] += " " + text
-                else:
-                    messages.append({"role": role, "content": text})
-            body: dict[str, Any] = {"model": model, "messages": messages}
-            prompt_text = json.dumps(messages, ensure_ascii=False)
-            client_tokens = sum(tok for _, _, tok in segments)
-        else:
-            prompt_text = " ".join(text for _, text, _ in segments)
-            body = {"model": model, "prompt": prompt_text}
-            client_tokens = tokenizer.count(prompt_text)
+        body, prompt_text, client_tokens = _prompt_body(model, endpoint, segments, tokenizer)
         body[max_tokens_field] = o_tokens
-        body["stream"] = True
-        body["stream_options"] = stream_options
-        if vllm_extensions:
-            body["ignore_eos"] = True
+        body.update(tail)
+        reasoning = cols["reasoning_tokens"][i] if sim_reasoning and "reasoning_tokens" in cols else None
+        if reasoning is not None:
+            body[SIM_REASONING_FIELD] = int(reasoning)
         if extra_body:
             body.update(extra_body)
         cancel = cols["cancel_after_tokens"][i]
@@ -246,3 +264,39 @@ def build_jobs(
             )
         )
     return jobs
+
+
+def _segments(
+    synth: PromptSynth, prev: _Thread | None, rid: str, p_tokens: int, group: str | None, group_tokens: int
+) -> list[tuple[str, str, int]]:
+    """A request's prompt as (role, text, tokens) segments: a later turn is its conversation's previous turn
+    plus the reply (assistant) and the new user message that make up its growth; a first one is one user
+    message (opening with its prefix group's shared text)."""
+    if prev is None:
+        text = synth.text(rid, p_tokens, group, group_tokens) if group else synth.text(rid, p_tokens)
+        return [("user", text, p_tokens)]
+    segments, prev_prompt, prev_output = prev
+    a_tok, u_tok = _split_turn(p_tokens - prev_prompt, prev_output)
+    segments = list(segments)
+    if a_tok:
+        segments.append(("assistant", synth.text(f"{rid}:assistant", a_tok), a_tok))
+    if u_tok:
+        segments.append(("user", synth.text(f"{rid}:user", u_tok), u_tok))
+    return segments
+
+
+def _prompt_body(
+    model: str, endpoint: str, segments: list[tuple[str, str, int]], tokenizer
+) -> tuple[dict[str, Any], str, int]:
+    """(the body's model and prompt or messages, the prompt text as hashed, the client's prompt token count)."""
+    if endpoint != "chat":
+        prompt_text = " ".join(text for _, text, _ in segments)
+        return {"model": model, "prompt": prompt_text}, prompt_text, tokenizer.count(prompt_text)
+    messages: list[dict[str, str]] = []
+    for role, text, _ in segments:
+        if messages and messages[-1]["role"] == role:
+            messages[-1]["content"] += " " + text
+        else:
+            messages.append({"role": role, "content": text})
+    prompt_text = json.dumps(messages, ensure_ascii=False)
+    return {"model": model, "messages": messages}, prompt_text, sum(tok for _, _, tok in segments)

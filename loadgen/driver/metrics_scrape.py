@@ -116,7 +116,7 @@ class MetricsScraper:
     """Polls GET /metrics every ``interval_s`` and hands columns to ``sink`` (on the run clock).
 
     A sample's time is the midpoint between sending the scrape and receiving its body, relative to
-    ``anchor_ns``. Failed scrapes are counted, never raised.
+    ``anchor_ns``. A failed scrape is skipped, never raised.
     """
 
     def __init__(
@@ -136,8 +136,6 @@ class MetricsScraper:
         self.sink = sink
         self.interval_s = interval_s
         self.prefixes = prefixes
-        self.scrapes = 0
-        self.failures = 0
         self.timeout_s = max(interval_s, 10.0)  # one scrape: connect to last byte
 
     async def scrape_once(self) -> None:
@@ -147,9 +145,7 @@ class MetricsScraper:
         body = response.text if response is not None and response.status_code == 200 and not got.truncated else None
         t1 = time.perf_counter_ns()
         if body is None:
-            self.failures += 1
             return
-        self.scrapes += 1
         cols = samples_to_columns(
             parse_prometheus_text(body), (t0 + t1) // 2 - self.anchor_ns, self.prefixes, self.labels
         )

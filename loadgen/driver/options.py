@@ -1,4 +1,10 @@
-"""RunOptions: every knob of one replay, validated once (pydantic, extra fields forbidden)."""
+"""RunOptions: every knob of one replay, validated once (pydantic, extra fields forbidden); RunSettings: the same
+knobs as a typed template, before the replay's trace, target and output directory are known.
+
+Plans, targets, calibration and practice carry a ``RunSettings`` (a target's defaults, a plan cell's labels, a
+calibration's tokenizer), layer them with ``over`` (the fields one layer set win) and derive variants with
+``model_copy(update=...)``; ``RunSettings.options(...)`` makes the ``RunOptions`` of one replay.
+"""
 
 from __future__ import annotations
 
@@ -13,29 +19,31 @@ from loadgen.workload.routing import RoutePolicy
 
 from .sse import DEFAULT_MAX_LINE_BYTES
 
-__all__ = ["DEFAULT_TOTAL_TIMEOUT_S", "DEFAULT_TTFT_TIMEOUT_S", "RunOptions"]
+__all__ = ["DEFAULT_TOTAL_TIMEOUT_S", "DEFAULT_TTFT_TIMEOUT_S", "RunOptions", "RunSettings"]
 
 #: Timeouts when neither the options nor a scenario set them (the scenario's own defaults, too).
 DEFAULT_TTFT_TIMEOUT_S = 60.0
 DEFAULT_TOTAL_TIMEOUT_S = 600.0
 
 
-class RunOptions(BaseModel):
-    """Options of ``run_trace``. None means "take it from the scenario / trace / target"."""
+class RunSettings(BaseModel):
+    """Every knob of ``RunOptions``; where the replay reads and writes (trace, target, output) may be unknown yet.
+
+    None means "take it from the scenario / trace / target"."""
 
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)  # a URL may carry a password
 
-    trace_path: Path
-    target_url: str = Field(min_length=1)
+    trace_path: Path | None = None
+    target_url: str | None = Field(default=None, min_length=1)
     replica_urls: list[str] = []  # more target URLs serving the same model (replicas), after target_url
     route_policy: RoutePolicy = "round-robin"  # with replicas (loadgen.workload.routing)
     replica_down_after: int = Field(default=3, ge=0)  # consecutive connect errors that mark a replica down (0: never)
-    out_dir: Path
+    out_dir: Path | None = None
     model: str | None = None  # default: scenario.model, else the first of GET /v1/models
     scenario_path: Path | None = None  # budgets, timeouts, privacy, endpoint
     endpoint: Literal["completions", "chat"] | None = None  # default: scenario.endpoint, else completions
     max_concurrency: int | None = Field(default=None, ge=1)  # default: trace max_in_flight / closed concurrency
-    tokenizer: str = "cl100k_base"  # cl100k_base | hf:PATH/tokenizer.json | chars:N | server
+    tokenizer: str = "auto"  # auto (server, else cl100k_base with a warning) | cl100k_base | hf:PATH | chars:N | server
     # enters every prompt's seed: the same trace gets other texts, so no earlier run's prompt is in a prefix cache
     prompt_salt: str = Field(default="", max_length=200)
     api_key_env: str | None = None  # NAME of the env var holding the key; the key is never recorded
@@ -73,7 +81,9 @@ class RunOptions(BaseModel):
 
     @field_validator("target_url")
     @classmethod
-    def _url(cls, value: str) -> str:
+    def _url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         problem = target_url_problem(value)
         if problem:
             raise ValueError(problem)
@@ -89,19 +99,14 @@ class RunOptions(BaseModel):
         return [url.rstrip("/") for url in value]
 
     @model_validator(mode="after")
-    def _distinct(self) -> RunOptions:
+    def _distinct(self) -> RunSettings:
         seen: set[str] = set()
-        for url in self.target_urls:
+        for url in [u for u in (self.target_url, *self.replica_urls) if u is not None]:
             key = redact_url(url).lower()
             if key in seen:
                 raise ValueError(f"target URL {key} given twice: expected distinct replica URLs")
             seen.add(key)
         return self
-
-    @property
-    def target_urls(self) -> list[str]:
-        """Every target URL, the first (``target_url``) then the replicas: the order of ``target_index``."""
-        return [self.target_url, *self.replica_urls]
 
     @field_validator("headers")
     @classmethod
@@ -118,6 +123,30 @@ class RunOptions(BaseModel):
         if value is not None and (not value or not value.replace("_", "a").isalnum()):
             raise ValueError("expected the NAME of an environment variable (letters, digits, _), not a key")
         return value
+
+    def over(self, layer: RunSettings | None) -> RunSettings:
+        """These settings with every field ``layer`` set (explicitly, even to its default) taking its value."""
+        if layer is None:
+            return self
+        return self.model_copy(update={name: getattr(layer, name) for name in layer.model_fields_set})
+
+    def options(self, **where: Any) -> RunOptions:
+        """The ``RunOptions`` of one replay: these settings, with ``where`` (trace_path, target_url, out_dir and
+        any other field) set; validated once, here."""
+        return RunOptions.model_validate(self.model_copy(update=where), from_attributes=True)
+
+
+class RunOptions(RunSettings):
+    """Options of ``run_trace``: ``RunSettings`` with the trace, the target and the output directory known."""
+
+    trace_path: Path
+    target_url: str = Field(min_length=1)
+    out_dir: Path
+
+    @property
+    def target_urls(self) -> list[str]:
+        """Every target URL, the first (``target_url``) then the replicas: the order of ``target_index``."""
+        return [self.target_url, *self.replica_urls]
 
     def manifest(self) -> dict[str, Any]:
         """The options as recorded: URL without credentials, header values dropped."""

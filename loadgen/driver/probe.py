@@ -122,7 +122,7 @@ def safe_version(body: Any, secrets: tuple[str, ...] = ()) -> Any:
     return {"truncated": True, "bytes": len(encoded), "head": encoded[: VERSION_MAX_BYTES // 4]}
 
 
-def _served_models(body: Any, safe_url: str) -> tuple[list[str], set[str]]:
+def _model_entries(body: Any, safe_url: str) -> tuple[list[str], set[str]]:
     """(ids, owners) of a ``/v1/models`` body; a ``data`` that is not a list is one line, not a traceback."""
     data = body.get("data", []) if isinstance(body, dict) else None
     if data is None and isinstance(body, dict) and "data" not in body:
@@ -198,6 +198,25 @@ async def probe_target(
                 secrets,
             )
         )
+    models, owners = _served_models(models_resp, safe_url)
+    model = _resolve_model(model, models, check_model, safe_url, secrets)
+    recorded_models = [safe_version(m, secrets) for m in models[:64]]
+    info = TargetInfo(
+        kind="unknown", base_url=safe_url, model=model, version=safe_version(version, secrets), models=recorded_models
+    )
+    _classify(info, version_resp, version, (urlsplit(base_url).hostname or "").lower(), owners, models)
+    if check_metrics and info.kind != "managed":
+        metrics = await _probe(client, "/metrics", timeout_s, notes)
+        if metrics is not None and metrics.status_code == 200:
+            info.has_metrics = next(iter(parse_prometheus_text(metrics.text[:65536])), None) is not None
+    info.notes = [redact(note, secrets) for note in notes]
+    if info.kind == "unknown":
+        info.notes.append(redact(f"target kind unknown (version={info.version!r}, models={recorded_models})", secrets))
+    return info
+
+
+def _served_models(models_resp: httpx.Response | None, safe_url: str) -> tuple[list[str], set[str]]:
+    """(the model ids ``/v1/models`` lists, their owners); a 401/403 there is a missing or wrong key."""
     models: list[str] = []
     owners: set[str] = set()
     if models_resp is not None and models_resp.status_code == 200:
@@ -205,16 +224,24 @@ async def probe_target(
             body = models_resp.json()
         except (ValueError, RecursionError):
             body = {}
-        models, owners = _served_models(body, safe_url)
+        models, owners = _model_entries(body, safe_url)
     elif models_resp is not None and models_resp.status_code in (401, 403):
         raise TargetError(
             f"target {safe_url}: GET /v1/models answered HTTP {models_resp.status_code}: expected a valid API key (--api-key-env)"
         )
+    return models, owners
+
+
+def _resolve_model(
+    model: str | None, models: list[str], check_model: bool, safe_url: str, secrets: tuple[str, ...]
+) -> str:
+    """The model to request: ``model``, checked against the served ones (when listed and asked to), else the
+    first one served."""
     if model is None:
         if not models:
             raise TargetError(f"target {safe_url}: no model given and /v1/models lists none: expected --model NAME")
-        model = models[0]
-    elif check_model and models and model not in models:
+        return models[0]
+    if check_model and models and model not in models:
         shown = ", ".join(repr(m) for m in models[:10]) + (f" and {len(models) - 10} more" if len(models) > 10 else "")
         raise TargetError(
             redact(
@@ -223,16 +250,13 @@ async def probe_target(
                 secrets,
             )
         )
-    host = (urlsplit(base_url).hostname or "").lower()
-    recorded_models = [safe_version(m, secrets) for m in models[:64]]
-    info = TargetInfo(
-        kind="unknown",
-        base_url=safe_url,
-        model=model,
-        version=safe_version(version, secrets),
-        models=recorded_models,
-        notes=[redact(note, secrets) for note in notes],
-    )
+    return model
+
+
+def _classify(
+    info: TargetInfo, version_resp: httpx.Response | None, version: Any, host: str, owners: set[str], models: list[str]
+) -> None:
+    """``info.kind`` (and ``info.engine`` when known): sim, managed (by host), vllm, openai-compatible or unknown."""
     clean = info.version if isinstance(info.version, dict) else {}
     if is_simulated(version_resp, version):
         info.kind = "sim"
@@ -248,11 +272,3 @@ async def probe_target(
         info.engine = {"name": "vllm", "version": clean.get("version"), "config": None}
     elif models:
         info.kind = "openai-compatible"
-    if check_metrics and info.kind != "managed":
-        metrics = await _probe(client, "/metrics", timeout_s, info.notes)
-        if metrics is not None and metrics.status_code == 200:
-            info.has_metrics = next(iter(parse_prometheus_text(metrics.text[:65536])), None) is not None
-        info.notes = [redact(note, secrets) for note in info.notes]
-    if info.kind == "unknown":
-        info.notes.append(redact(f"target kind unknown (version={info.version!r}, models={recorded_models})", secrets))
-    return info

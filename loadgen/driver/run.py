@@ -20,7 +20,7 @@ import os
 import resource
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -200,6 +200,7 @@ class _Inputs:
     mode: str  # open | closed
     concurrency: int | None
     endpoint: str
+    tokenizer: str | None = None  # what sized the prompts (``resolve_tokenizer``), set when the jobs are built
 
 
 def _read_inputs(options: RunOptions, shard: Shard | None = None) -> _Inputs:
@@ -239,6 +240,17 @@ def _read_inputs(options: RunOptions, shard: Shard | None = None) -> _Inputs:
     return _Inputs(scenario, table, trace_meta, warnings, mode, int(concurrency) if concurrency else None, endpoint)
 
 
+@dataclass
+class _Prepared:
+    """Every request of the run, built and encoded before the anchor, and what built them."""
+
+    jobs: list[Job]
+    counter: Tokenizer  # counts the tokens of what the target sends back
+    build_s: float
+    extensions: bool  # vLLM's request extensions sent
+    timeouts: dict[str, tuple[int, int]]  # per class (ttft, total) ns
+
+
 async def _prepare_jobs(
     options: RunOptions,
     inputs: _Inputs,
@@ -248,21 +260,27 @@ async def _prepare_jobs(
     root: str,
     path: str,
     headers: dict[str, str],
-) -> tuple[list[Job], Tokenizer, float, bool]:
-    """Every request built and encoded to bytes before the anchor: (jobs, token counter, build s, extensions)."""
+) -> _Prepared:
+    """Every request built and encoded to bytes before the anchor, with its class's timeouts."""
     scenario = inputs.scenario
     extensions = options.vllm_extensions == "on" or (options.vllm_extensions == "auto" and info.kind != "managed")
     retain_prompt = bool(scenario and scenario.privacy.retain_prompt_text)
     t_build = time.perf_counter()
     model = cast(str, info.model)  # probe_target resolves the model (given, or the first served) or raises
-    tokenizer = resolve_tokenizer(
+    reported = info.version.get("tokenizer") if info.kind == "sim" and isinstance(info.version, dict) else None
+    tokenizer, tokenizer_name, warning = resolve_tokenizer(
         options.tokenizer,
         root,
         model,
         {k: v for k, v in headers.items() if k == "authorization"},
+        reported if isinstance(reported, str) else None,
         timeout_s=_probe_timeout_s(_ttft_cap_s(options, scenario)),
         params=_client_params(options.target_url),
     )
+    if warning is not None:
+        inputs.warnings.append(warning)  # recorded in the manifest
+        print(f"loadgen: warning: {warning}", file=sys.stderr)
+    inputs.tokenizer = tokenizer_name
     try:
         jobs = await anyio.to_thread.run_sync(
             lambda: build_jobs(
@@ -275,6 +293,7 @@ async def _prepare_jobs(
                 max_tokens_field=options.max_tokens_field,
                 extra_body=options.extra_body,
                 prompt_salt=options.prompt_salt,
+                sim_reasoning=info.kind == "sim",
             )
         )
     finally:
@@ -282,7 +301,9 @@ async def _prepare_jobs(
             tokenizer.close()
     _encode_requests(options, jobs, client, transport, path)
     counter = get_tokenizer("cl100k_base") if isinstance(tokenizer, ServerTokenizer) else tokenizer
-    return jobs, counter, time.perf_counter() - t_build, extensions
+    build_s = time.perf_counter() - t_build
+    timeouts = _timeouts(options, scenario, {job.request_class for job in jobs})
+    return _Prepared(jobs, counter, build_s, extensions, timeouts)
 
 
 def _encode_requests(
@@ -317,10 +338,14 @@ def trace_ref(options: RunOptions, meta: dict[str, Any]) -> TraceRef:
 
 
 def _start_manifest(
-    options: RunOptions, inputs: _Inputs, info: TargetInfo, driver: DriverInfo, scheduled: int
+    options: RunOptions, inputs: _Inputs, infos: list[TargetInfo], driver: DriverInfo, scheduled: int
 ) -> Manifest:
-    """The manifest as written when the files open (the layers' ``extra_manifest`` merged in)."""
-    meta = inputs.trace_meta
+    """The manifest as written when the files open (the replicas and the layers' ``extra_manifest`` merged in)."""
+    meta, info = inputs.trace_meta, infos[0]
+    shared = _shared_cpus(options)
+    if shared and shared not in inputs.warnings:
+        inputs.warnings.append(shared)
+        print(f"loadgen: warning: {shared}", file=sys.stderr)
     manifest = Manifest(
         run_kind=options.run_kind,
         harness=harness_identity(),
@@ -337,7 +362,9 @@ def _start_manifest(
         warnings=inputs.warnings,
         scheduled_requests=scheduled,
     )
-    return merge_manifest(manifest, options.extra_manifest) if options.extra_manifest else manifest
+    if options.extra_manifest:
+        manifest = merge_manifest(manifest, options.extra_manifest)
+    return merge_manifest(manifest, _replicas_manifest(options, infos)) if len(infos) > 1 else manifest
 
 
 async def run_trace(options: RunOptions, shard: Shard | None = None) -> Path:
@@ -350,6 +377,48 @@ async def run_trace(options: RunOptions, shard: Shard | None = None) -> Path:
     headers, secrets = _auth_headers(options)
     root, prefix, _ = _split_base(options.target_url)
     path = prefix + ("/chat/completions" if inputs.endpoint == "chat" else "/completions")
+    transport, client = _open_client(options, inputs, root, headers)
+    probe_timeout_s = _probe_timeout_s(_ttft_cap_s(options, inputs.scenario))
+    async with client:
+        info = await probe_target(
+            client,
+            root,
+            options.model or (inputs.scenario.model if inputs.scenario else None),
+            secrets=secrets,
+            check_model=options.check_model,
+            timeout_s=probe_timeout_s,
+        )
+        infos = [info, *await _probe_replicas(options, headers, secrets, cast(str, info.model), probe_timeout_s)]
+        prepared = await _prepare_jobs(options, inputs, info, client, transport, root, path, headers)
+        jobs = prepared.jobs
+        scraped = _scraped_targets(options, infos)
+        driver = _driver_info(options, inputs, info, path, prepared, bool(scraped))
+        manifest = _start_manifest(options, inputs, infos, driver, len(jobs))
+        # everything slow (SSL contexts, files, the part writer child) happens before the anchor is taken
+        async with (
+            _scrape_clients(options, headers, scraped) as scrape_clients,
+            _recording(options, manifest, prepared.counter, shard) as (writer, recorder, gpu),
+        ):
+            ctx = _run_context(options, inputs, transport, client.base_url.join(path), prepared, recorder, secrets)
+            if len(infos) > 1:
+                ctx.origins, ctx.heads = _replica_origins(options, jobs, path, transport)
+                ctx.router = Router(len(infos), options.route_policy, options.replica_down_after)
+            recorder.progress = _Coverage(jobs, ctx, recorder, inputs.mode)
+            run = _Run(options, inputs, ctx, jobs, writer, recorder, info, transport)
+            try:
+                await _replay(run, scrape_clients, gpu, shard)
+            except BaseExceptionGroup as group:  # a task of the run failed: say what, in one line
+                error = _loadgen_error(group)
+                if error is not None:
+                    raise error from None
+                raise
+    return Path(options.out_dir)
+
+
+def _open_client(
+    options: RunOptions, inputs: _Inputs, root: str, headers: dict[str, str]
+) -> tuple[RawHTTP11Transport, httpx.AsyncClient]:
+    """The run's transport (a keep-alive pool sized to its concurrency) and the client over it, not yet entered."""
     scenario = inputs.scenario
     ttft_cap = _ttft_cap_s(options, scenario)
     transport = RawHTTP11Transport(
@@ -365,124 +434,131 @@ async def run_trace(options: RunOptions, shard: Shard | None = None) -> Path:
         transport=transport,
         trust_env=False,
     )
-    async with client:
-        info = await probe_target(
-            client,
-            root,
-            options.model or (scenario.model if scenario else None),
-            secrets=secrets,
-            check_model=options.check_model,
-            timeout_s=_probe_timeout_s(ttft_cap),
+    return transport, client
+
+
+def _scraped_targets(options: RunOptions, infos: list[TargetInfo]) -> list[int]:
+    """Which targets' /metrics the run scrapes (``--scrape-metrics on``, or ``auto`` and the probe found it)."""
+    return [
+        i
+        for i, t in enumerate(infos)
+        if options.scrape_metrics == "on" or (options.scrape_metrics == "auto" and t.has_metrics)
+    ]
+
+
+def _driver_info(
+    options: RunOptions,
+    inputs: _Inputs,
+    info: TargetInfo,
+    path: str,
+    prepared: _Prepared,
+    scrape: bool,
+) -> DriverInfo:
+    """The manifest's ``driver`` section as the run starts (``_finish`` adds its counters)."""
+    return DriverInfo(
+        mode=inputs.mode,
+        endpoint=inputs.endpoint,
+        path=path,
+        concurrency=inputs.concurrency,
+        tokenizer=inputs.tokenizer if options.tokenizer != "auto" else f"auto: {inputs.tokenizer}",
+        prompt_salt=options.prompt_salt or None,
+        token_counter=getattr(prepared.counter, "name", str(prepared.counter)),
+        vllm_extensions=prepared.extensions,
+        timeouts_s={c: [t / 1e9 if t else None for t in v] for c, v in sorted(prepared.timeouts.items())},
+        prompt_build_s=round(prepared.build_s, 3),
+        scrape_metrics=scrape,
+        timeout_origin="scheduled",
+        target_notes=list(info.notes),
+        cpu_affinity=format_cpus(affinity() or ()) or None,
+    )
+
+
+@contextlib.asynccontextmanager
+async def _scrape_clients(
+    options: RunOptions, headers: dict[str, str], scraped: list[int]
+) -> AsyncIterator[list[tuple[int, httpx.AsyncClient]]]:
+    """One /metrics client per scraped target (by its index), each closed on leaving, whatever ended the run
+    (shielded, 2 s at most)."""
+    clients = [
+        (
+            i,
+            httpx.AsyncClient(
+                base_url=_split_base(options.target_urls[i])[0],
+                params=_client_params(options.target_urls[i]),
+                headers={k: v for k, v in headers.items() if k == "authorization"},
+                timeout=10.0,
+                trust_env=False,
+            ),
         )
-        infos = [info, *await _probe_replicas(options, headers, secrets, cast(str, info.model), ttft_cap)]
-        jobs, counter, build_s, extensions = await _prepare_jobs(
-            options, inputs, info, client, transport, root, path, headers
+        for i in scraped
+    ]
+    try:
+        yield clients
+    finally:
+        for _, scrape_client in clients:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                await scrape_client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _recording(
+    options: RunOptions, manifest: Manifest, counter: Tokenizer, shard: Shard | None
+) -> AsyncIterator[tuple[ArrowRunWriter, Recorder, GpuSampler | None]]:
+    """The run's recording side, set up before the anchor: (writer, recorder, GPU sampler or None).
+
+    With ``--part-writer process`` (the default) the flushes are converted and written by a child at low
+    priority (the loop's core stays the loop's): it starts beside the warm-ups, at normal priority, and
+    lowers itself once ready. The recorder's ``finish`` ends it; leaving here ends it too (a set-up that
+    failed), and shuts the GPU sampler's NVML down.
+    """
+    with contextlib.ExitStack() as owned:
+        part_process = owned.enter_context(PartProcess()) if options.part_writer == "process" else None
+        await anyio.to_thread.run_sync(warm_up_arrow)
+        await _warm_up(counter)
+        if part_process is not None:
+            await anyio.to_thread.run_sync(part_process.wait_ready, PART_PROCESS_WAIT_S)
+        gpu, gpu_section = open_gpu_telemetry(options.gpu_telemetry, options.scrape_interval_s)
+        if gpu is not None:
+            owned.enter_context(gpu)
+        elif options.gpu_telemetry == "on":
+            raise TargetError(f"--gpu-telemetry on: {gpu_section['reason']}: expected an NVIDIA GPU on this host")
+        writer = ArrowRunWriter(
+            options.out_dir,
+            merge_manifest(manifest, {"gpu_telemetry": gpu_section}),
+            flush_rows=1 << 60,
+            flush_interval_s=options.flush_interval_s,
+            shard=shard.name if shard else None,
         )
-        timeouts = _timeouts(options, scenario, {job.request_class for job in jobs})
-        scraped = [
-            i
-            for i, t in enumerate(infos)
-            if options.scrape_metrics == "on" or (options.scrape_metrics == "auto" and t.has_metrics)
-        ]
-        scrape = bool(scraped)
-        driver = DriverInfo(
-            mode=inputs.mode,
-            endpoint=inputs.endpoint,
-            path=path,
-            concurrency=inputs.concurrency,
-            tokenizer=options.tokenizer,
-            prompt_salt=options.prompt_salt or None,
-            token_counter=getattr(counter, "name", str(counter)),
-            vllm_extensions=extensions,
-            timeouts_s={c: [t / 1e9 if t else None for t in v] for c, v in sorted(timeouts.items())},
-            prompt_build_s=round(build_s, 3),
-            scrape_metrics=scrape,
-            timeout_origin="scheduled",
-            target_notes=list(info.notes),
-            cpu_affinity=format_cpus(affinity() or ()) or None,
-        )
-        shared = _shared_cpus(options)
-        if shared and shared not in inputs.warnings:
-            inputs.warnings.append(shared)
-            print(f"loadgen: warning: {shared}", file=sys.stderr)
-        manifest = _start_manifest(options, inputs, info, driver, len(jobs))
-        if len(infos) > 1:
-            manifest = merge_manifest(manifest, _replicas_manifest(options, infos))
-        # everything slow (SSL contexts, files) happens before the anchor is taken
-        scraper_clients = [
-            (
-                i,
-                httpx.AsyncClient(
-                    base_url=_split_base(options.target_urls[i])[0],
-                    params=_client_params(options.target_urls[i]),
-                    headers={k: v for k, v in headers.items() if k == "authorization"},
-                    timeout=10.0,
-                    trust_env=False,
-                ),
-            )
-            for i in scraped
-        ]
-        # --part-writer process (the default): the flushes are converted and written by a child at low priority
-        # (the loop's core stays the loop's); it starts beside the warm-ups, at normal priority, and lowers
-        # itself once ready
-        part_process = PartProcess() if options.part_writer == "process" else None
-        gpu = None
-        try:
-            await anyio.to_thread.run_sync(warm_up_arrow)
-            await _warm_up(counter)
-            if part_process is not None:
-                await anyio.to_thread.run_sync(part_process.wait_ready, PART_PROCESS_WAIT_S)
-            gpu, gpu_section = open_gpu_telemetry(options.gpu_telemetry, options.scrape_interval_s)
-            if gpu is None and options.gpu_telemetry == "on":
-                raise TargetError(f"--gpu-telemetry on: {gpu_section['reason']}: expected an NVIDIA GPU on this host")
-            manifest = merge_manifest(manifest, {"gpu_telemetry": gpu_section})
-            writer = ArrowRunWriter(
-                options.out_dir,
-                manifest,
-                flush_rows=1 << 60,
-                flush_interval_s=options.flush_interval_s,
-                shard=shard.name if shard else None,
-            )
-        except BaseException:
-            if part_process is not None:
-                part_process.close()
-            if gpu is not None:
-                gpu.close()
-            raise
-        # progress wired below
-        recorder = Recorder(writer, flush_interval_s=options.flush_interval_s, part_process=part_process)
-        retain_completion = bool(scenario and scenario.privacy.retain_completion_text)
-        ctx = RunContext(  # the anchor is taken in _replay, once the run's services are up
-            transport=transport,
-            origin=transport.origin(client.base_url.join(path)),
-            anchor_ns=0,
-            limiter=anyio.CapacityLimiter(inputs.concurrency if inputs.concurrency else math.inf),
-            rate_gate=RateGate(options.rate_limit_rps),
-            count_tokens=counter.count,
-            sink=recorder.submit,
-            ttft_timeout_ns=None,
-            total_timeout_ns=None,
-            secrets=secrets,
-            retain_completion_text=retain_completion,
-            warm_state=options.warm_state,
-            timeouts=timeouts,
-            max_sse_line_bytes=options.max_sse_line_bytes,
-        )
-        if len(infos) > 1:
-            ctx.origins, ctx.heads = _replica_origins(options, jobs, path, transport)
-            ctx.router = Router(len(infos), options.route_policy, options.replica_down_after)
-        recorder.progress = _Coverage(jobs, ctx, recorder, inputs.mode)
-        try:
-            await _replay(options, inputs, ctx, jobs, writer, recorder, info, transport, scraper_clients, gpu, shard)
-        except BaseExceptionGroup as group:  # a task of the run failed: say what, in one line
-            error = _loadgen_error(group)
-            if error is not None:
-                raise error from None
-            raise
-        finally:
-            if gpu is not None:
-                gpu.close()
-    return Path(options.out_dir)
+        yield writer, Recorder(writer, flush_interval_s=options.flush_interval_s, part_process=part_process), gpu
+
+
+def _run_context(
+    options: RunOptions,
+    inputs: _Inputs,
+    transport: RawHTTP11Transport,
+    url: httpx.URL,
+    prepared: _Prepared,
+    recorder: Recorder,
+    secrets: tuple[str, ...],
+) -> RunContext:
+    """What every request task shares; the anchor is taken in ``_replay``, once the run's services are up."""
+    scenario = inputs.scenario
+    return RunContext(
+        transport=transport,
+        origin=transport.origin(url),
+        anchor_ns=0,
+        limiter=anyio.CapacityLimiter(inputs.concurrency if inputs.concurrency else math.inf),
+        rate_gate=RateGate(options.rate_limit_rps),
+        count_tokens=prepared.counter.count,
+        sink=recorder.submit,
+        ttft_timeout_ns=None,
+        total_timeout_ns=None,
+        secrets=secrets,
+        retain_completion_text=bool(scenario and scenario.privacy.retain_completion_text),
+        warm_state=options.warm_state,
+        timeouts=prepared.timeouts,
+        max_sse_line_bytes=options.max_sse_line_bytes,
+    )
 
 
 def _ttft_cap_s(options: RunOptions, scenario: Scenario | None) -> float:
@@ -497,7 +573,7 @@ def _probe_timeout_s(ttft_cap_s: float) -> float:
 
 
 async def _probe_replicas(
-    options: RunOptions, headers: dict[str, str], secrets: tuple[str, ...], model: str, ttft_cap_s: float
+    options: RunOptions, headers: dict[str, str], secrets: tuple[str, ...], model: str, probe_timeout_s: float
 ) -> list[TargetInfo]:
     """Probe every replica after the first (model check, /version, /metrics): each must serve ``model``."""
     infos = []
@@ -513,7 +589,7 @@ async def _probe_replicas(
                     model,
                     secrets=secrets,
                     check_model=options.check_model,
-                    timeout_s=_probe_timeout_s(ttft_cap_s),
+                    timeout_s=probe_timeout_s,
                 )
             )
     return infos
@@ -609,69 +685,37 @@ def replay_settings() -> Iterator[None]:
         gc.unfreeze()
 
 
+@dataclass
+class _Run:
+    """One run's parts, as ``_replay`` and ``_finish`` share them."""
+
+    options: RunOptions
+    inputs: _Inputs
+    ctx: RunContext
+    jobs: list[Job]
+    writer: ArrowRunWriter
+    recorder: Recorder
+    info: TargetInfo
+    transport: RawHTTP11Transport
+
+
 async def _replay(
-    options: RunOptions,
-    inputs: _Inputs,
-    ctx: RunContext,
-    jobs: list[Job],
-    writer: RunWriter,
-    recorder: Recorder,
-    info: TargetInfo,
-    transport: RawHTTP11Transport,
-    scraper_clients: list[tuple[int, httpx.AsyncClient]],
+    run: _Run,
+    scrape_clients: list[tuple[int, httpx.AsyncClient]],
     gpu: GpuSampler | None = None,
     shard: Shard | None = None,
 ) -> None:
     """The measured part: one task group from the anchor to the last request; ``_finish`` always runs."""
-    mode, concurrency = inputs.mode, inputs.concurrency
-    progress = Progress(lambda: context_counts(ctx), len(jobs)) if shows_progress(options.progress) else None
+    ctx = run.ctx
+    progress = Progress(lambda: context_counts(ctx), len(run.jobs)) if shows_progress(run.options.progress) else None
     if shard is not None:  # the worker reports these live counters to the coordinator
         shard.live = ctx
-    scrapers: list[MetricsScraper] = []
-    settings = contextlib.ExitStack()
-    settings.enter_context(replay_settings())
-    state, interrupted_by, deadline_hit, stop_abs = "complete", None, False, None
+    state, interrupted_by, stop_abs = "complete", None, None
     ctx.cpu_start_s = time.process_time()
     ctx.rss_start_bytes = psutil.Process().memory_info().rss
     try:
-        async with anyio.create_task_group() as outer:
-            await outer.start(recorder.run)
-            if mode == "open":  # connections ready before the deadlines, refilled in the background
-                high = min(KEEP_IDLE_HIGH, int(concurrency or KEEP_IDLE_HIGH))
-                for origin in ctx.origins:
-                    await outer.start(transport.keep_idle, origin, min(KEEP_IDLE_LOW, high), high)
-            # the anchor is taken only now: set-up (connections, files) is never inside a request's TTFT, and
-            # nothing after it waits for a disk or the target: the manifest is written in the writer thread, and
-            # the baseline scrape and GPU sample start in the lead time without holding the schedule back
-            _take_anchor(ctx, writer, recorder, await shard.start_gate() if shard is not None else None)
-            for index, scraper_client in scraper_clients:
-                scraper = MetricsScraper(
-                    scraper_client,
-                    "/metrics",
-                    ctx.anchor_ns,
-                    recorder.submit_metrics,
-                    options.scrape_interval_s,
-                    tuple(options.metrics_prefixes) if options.metrics_prefixes else None,
-                    labels={"target_index": str(index)} if ctx.router is not None else None,
-                )
-                scrapers.append(scraper)
-                outer.start_soon(scraper.run)
-            if gpu is not None:
-                outer.start_soon(gpu.run, ctx.anchor_ns, recorder.submit_metrics, options.scrape_interval_s)
-            if progress is not None:
-                outer.start_soon(progress.run)
-            with anyio.move_on_after(options.deadline_s if options.deadline_s else math.inf) as run_scope:
-                async with anyio.create_task_group() as requests:
-                    if mode == "closed":
-                        await _schedule_closed(ctx, jobs, int(concurrency or 1), requests)
-                    else:
-                        await _schedule_open(ctx, jobs, requests)
-            deadline_hit = run_scope.cancelled_caught
-            if deadline_hit:
-                stop_abs = time.perf_counter_ns()
-            for scraper in scrapers:
-                await scraper.scrape_once()
-            outer.cancel_scope.cancel()
+        with replay_settings():
+            stop_abs = await _measure(run, scrape_clients, gpu, progress, shard)
     except anyio.get_cancelled_exc_class():  # Ctrl-C, SIGTERM, SIGHUP (loadgen.util.interrupts) or a caller
         state, interrupted_by, stop_abs = "interrupted", interrupts.cancel_cause(), time.perf_counter_ns()
         raise
@@ -682,27 +726,72 @@ async def _replay(
         state, interrupted_by, stop_abs = "failed", _describe(exc), time.perf_counter_ns()
         raise
     finally:
-        settings.close()
         if shard is not None:  # the raw lags: the coordinator's percentiles are over every worker's
             shard.lag_ns, shard.dispatched = list(ctx.lag.values), ctx.dispatched
         if progress is not None:
             progress.close()
-        for _, scraper_client in scraper_clients:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
-                await scraper_client.aclose()
         if gpu is not None:
-            writer.update_manifest({"gpu_telemetry": {"samples": gpu.samples, "failed_readings": gpu.failures}})
-        _finish(
-            writer,
-            recorder,
-            ctx,
-            jobs,
-            info,
-            (state, interrupted_by, deadline_hit, stop_abs),
-            inputs.warnings,
-            transport,
-            mode == "open",
-        )
+            run.writer.update_manifest({"gpu_telemetry": {"samples": gpu.samples, "failed_readings": gpu.failures}})
+        deadline_hit = state == "complete" and stop_abs is not None
+        _finish(run, (state, interrupted_by, deadline_hit, stop_abs))
+
+
+async def _measure(
+    run: _Run,
+    scrape_clients: list[tuple[int, httpx.AsyncClient]],
+    gpu: GpuSampler | None,
+    progress: Progress | None,
+    shard: Shard | None,
+) -> int | None:
+    """The run's services, then its requests until the last one ended or the deadline passed (the instant it
+    stopped the run, else None)."""
+    options, ctx, recorder = run.options, run.ctx, run.recorder
+    concurrency = run.inputs.concurrency
+    stop_abs = None
+    async with anyio.create_task_group() as outer:
+        await outer.start(recorder.run)
+        if run.inputs.mode == "open":  # connections ready before the deadlines, refilled in the background
+            high = min(KEEP_IDLE_HIGH, int(concurrency or KEEP_IDLE_HIGH))
+            for origin in ctx.origins:
+                await outer.start(run.transport.keep_idle, origin, min(KEEP_IDLE_LOW, high), high)
+        # the anchor is taken only now: set-up (connections, files) is never inside a request's TTFT, and
+        # nothing after it waits for a disk or the target: the manifest is written in the writer thread, and
+        # the baseline scrape and GPU sample start in the lead time without holding the schedule back
+        _take_anchor(ctx, run.writer, recorder, await shard.start_gate() if shard is not None else None)
+        scrapers = [_scraper(options, ctx, recorder, index, client) for index, client in scrape_clients]
+        for scraper in scrapers:
+            outer.start_soon(scraper.run)
+        if gpu is not None:
+            outer.start_soon(gpu.run, ctx.anchor_ns, recorder.submit_metrics, options.scrape_interval_s)
+        if progress is not None:
+            outer.start_soon(progress.run)
+        with anyio.move_on_after(options.deadline_s if options.deadline_s else math.inf) as run_scope:
+            async with anyio.create_task_group() as requests:
+                if run.inputs.mode == "closed":
+                    await _schedule_closed(ctx, run.jobs, int(concurrency or 1), requests)
+                else:
+                    await _schedule_open(ctx, run.jobs, requests)
+        if run_scope.cancelled_caught:
+            stop_abs = time.perf_counter_ns()
+        for scraper in scrapers:
+            await scraper.scrape_once()
+        outer.cancel_scope.cancel()
+    return stop_abs
+
+
+def _scraper(
+    options: RunOptions, ctx: RunContext, recorder: Recorder, index: int, client: httpx.AsyncClient
+) -> MetricsScraper:
+    """The /metrics scraper of target ``index`` on the run's clock (labelled with its index among replicas)."""
+    return MetricsScraper(
+        client,
+        "/metrics",
+        ctx.anchor_ns,
+        recorder.submit_metrics,
+        options.scrape_interval_s,
+        tuple(options.metrics_prefixes) if options.metrics_prefixes else None,
+        labels={"target_index": str(index)} if ctx.router is not None else None,
+    )
 
 
 def _take_anchor(ctx: RunContext, writer: RunWriter, recorder: Recorder, anchor_ns: int | None = None) -> None:
@@ -812,29 +901,22 @@ def _record_missing(
         recorder.submit(request_row(job, job.offset_ns, STATUS_NOT_SENT, kind), None)
 
 
-def _finish(
-    writer: ArrowRunWriter,
-    recorder: Recorder,
-    ctx: RunContext,
-    jobs: list[Job],
-    info: TargetInfo,
-    outcome: tuple[str, str | None, bool, int | None],
-    warnings: list[str],
-    transport: RawHTTP11Transport,
-    open_loop: bool,
-) -> None:
+def _finish(run: _Run, outcome: tuple[str, str | None, bool, int | None]) -> None:
     """Record unsent requests, close the run directory with the final manifest (synchronous).
 
     Runs in ``finally``: whatever ended the run, every scheduled request gets exactly one row and
     the files are closed; an error while writing is re-raised only after the close.
     """
     state, interrupted_by, deadline_hit, stop_abs = outcome
+    writer, recorder, ctx, jobs, warnings = run.writer, run.recorder, run.ctx, run.jobs, run.inputs.warnings
     end_ns = time.perf_counter_ns()
     cpu_s = time.process_time() - ctx.cpu_start_s
     write_error: BaseException | None = None
     try:
         try:
-            _record_missing(recorder, ctx, jobs, state != "complete" or deadline_hit, stop_abs, open_loop)
+            _record_missing(
+                recorder, ctx, jobs, state != "complete" or deadline_hit, stop_abs, run.inputs.mode == "open"
+            )
         finally:  # whatever it recorded, written; the writer thread drained before the final manifest
             recorder.finish()
     except BaseException as exc:
@@ -849,7 +931,7 @@ def _finish(
         message = f"send lag p99 {lag['p99'] / 1e6:.2f} ms exceeds 1 ms: the client could not keep the schedule"
         warnings.append(message)
         print(f"loadgen: warning: {message}", file=sys.stderr)
-    executed = info.kind in REAL_ENGINES and writer.status_counts.get(STATUS_OK, 0) > 0
+    executed = run.info.kind in REAL_ENGINES and writer.status_counts.get(STATUS_OK, 0) > 0
     updates: dict[str, Any] = {
         "state": state,
         "ended_utc": utc_now_iso(),
@@ -874,7 +956,7 @@ def _finish(
             "rss_start_bytes": ctx.rss_start_bytes,
             "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "peak_in_flight": ctx.peak_in_flight,
-            "connections_opened": getattr(transport, "opened", None),
+            "connections_opened": getattr(run.transport, "opened", None),
         },
     }
     if ctx.router is not None:

@@ -65,16 +65,10 @@ WAKE_MARGIN_NS = 20_000
 LATE_DECAY = 0.98
 #: A wait longer than this counts as "long" for the choice above.
 IDLE_WAIT_NS = 1_500_000
-#: Below this much remaining time the wait moves to a worker thread's precise sleep.
+#: Below this much remaining time the wait moves to the timer thread's precise sleep.
 THREAD_NS = 3_000_000
 
 _now = time.perf_counter_ns
-
-
-def _thread_sleep_until(deadline_ns: int) -> None:
-    remaining = deadline_ns - _now()
-    if remaining > 0:
-        time.sleep(remaining / 1e9)
 
 
 class _TimerThread:
@@ -267,11 +261,10 @@ def on_asyncio() -> bool:
     return True
 
 
-def _timer_thread() -> _TimerThread | None:
-    """The shared timer thread when running on asyncio (else None: use anyio's worker threads)."""
+def _timer_thread() -> _TimerThread:
+    """The shared timer thread (it wakes asyncio futures: the driver runs on anyio's asyncio backend only,
+    as every ``anyio.run`` of it says)."""
     global _timer
-    if not on_asyncio():
-        return None
     if _timer is None:
         _timer = _TimerThread()
     return _timer
@@ -297,11 +290,7 @@ async def sleep_until(deadline_ns: int) -> None:
         await anyio.sleep((remaining - THREAD_NS + 1_000_000) / 1e9)  # coarse: may wake up to 1 ms late
         remaining = deadline_ns - _now()
     if remaining > max(SPIN_NS, early + 50_000):
-        timer = _timer_thread()
-        if timer is not None:
-            await timer.wait(deadline_ns - early)
-        else:
-            await anyio.to_thread.run_sync(_thread_sleep_until, deadline_ns - early)
+        await _timer_thread().wait(deadline_ns - early)
     while _now() < deadline_ns:
         await anyio.lowlevel.checkpoint()
 

@@ -29,14 +29,20 @@ class SSEProtocolError(ValueError):
 
 
 class Chunk(NamedTuple):
-    """What one streamed completion chunk says; None where the chunk is silent."""
+    """What one streamed completion chunk says; None where the chunk is silent.
 
-    text: str  # content/text/refusal/reasoning/tool-call text of every choice, concatenated
-    pieces: int  # how many choices carried non-empty text
+    Reasoning (``reasoning_content`` or ``reasoning`` in a chat delta, as vLLM's reasoning parsers and hosted
+    reasoning models emit it) is kept apart from the answer (content, refusal, tool calls, completion text).
+    """
+
+    text: str  # the answer text (content/text/refusal/tool-call name and arguments) of every choice, concatenated
+    reasoning: str  # the reasoning text of every choice, concatenated
+    pieces: int  # how many choices carried non-empty text of either kind
     choices: int  # how many choices the chunk has (0 for a usage-only chunk)
     finish_reason: str | None  # last non-null finish_reason among the choices
     prompt_tokens: int | None  # usage.prompt_tokens
     completion_tokens: int | None  # usage.completion_tokens (cumulative with continuous usage stats)
+    reasoning_tokens: int | None  # usage.completion_tokens_details.reasoning_tokens
     model: str | None
     system_fingerprint: str | None
     error: str | None  # an in-stream {"error": ...} object, as one line
@@ -234,26 +240,36 @@ def _count(value: object) -> bool:
     return value is None or (type(value) is int and 0 <= value < 1 << 31)
 
 
-def _choice_text(choice: dict) -> str:
-    """The text one choice carries: a delta's content, refusal, reasoning and tool calls, or ``text``."""
+def _choice_text(choice: dict) -> tuple[str, str]:
+    """(answer, reasoning) text one choice carries: a delta's content, refusal and tool calls, or ``text``;
+    and a delta's ``reasoning_content`` or ``reasoning``."""
     delta = choice.get("delta")
     if delta is None:
-        return choice.get("text") or ""
+        return choice.get("text") or "", ""
     piece = delta.get("content") or ""
     if piece and len(delta) == 1:  # content alone: the usual delta
-        return piece
+        return piece, ""
     refusal = delta.get("refusal")
     if refusal:
         piece += refusal
-    reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-    if reasoning:
-        piece = reasoning + piece
+    reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
     calls = delta.get("tool_calls")
     if calls:
         for call in calls:
             fn = call.get("function") or {}
             piece += (fn.get("name") or "") + (fn.get("arguments") or "")
-    return piece
+    return piece, reasoning
+
+
+def _reasoning_count(usage: dict) -> int | None:
+    """usage.completion_tokens_details.reasoning_tokens, when the server reports it."""
+    details = usage.get("completion_tokens_details")
+    if type(details) is not dict:
+        return None
+    value = details.get("reasoning_tokens")
+    if not _count(value):
+        raise SSEProtocolError("usage reasoning token count is not a whole number in 0 .. 2^31-1")
+    return value
 
 
 def parse_chunk(payload: bytes) -> Chunk:
@@ -287,7 +303,7 @@ def parse_chunk(payload: bytes) -> Chunk:
                 usage = get("usage")
                 if usage is None or (type(usage) is dict and not usage):
                     prompt = completion = None
-                elif type(usage) is dict:
+                elif type(usage) is dict and usage.get("completion_tokens_details") is None:
                     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
                     if not (_count(prompt) and _count(completion)):
                         return chunk_from_object(obj)
@@ -300,7 +316,9 @@ def parse_chunk(payload: bytes) -> Chunk:
                     and (model is None or type(model) is str)
                     and (fingerprint is None or type(fingerprint) is str)
                 ):
-                    return _chunk(Chunk, (text, 1, 1, reason, prompt, completion, model, fingerprint, None, None))
+                    return _chunk(
+                        Chunk, (text, "", 1, 1, reason, prompt, completion, None, model, fingerprint, None, None)
+                    )
     return chunk_from_object(obj)
 
 
@@ -317,12 +335,14 @@ def _walk(obj: dict) -> Chunk:
     err = get("error")
     if err is not None:
         message, code = _error_line(err)
-        return _chunk(Chunk, ("", 0, 0, None, None, None, _text_field("model", get("model")), None, message, code))
+        return _chunk(
+            Chunk, ("", "", 0, 0, None, None, None, None, _text_field("model", get("model")), None, message, code)
+        )
     choices = get("choices")
     usage = get("usage")
     if choices is None and usage is None:
         raise SSEProtocolError("SSE data has neither choices nor usage: not an OpenAI completion chunk")
-    text = ""
+    text = reasoning = ""
     pieces = 0
     finish = None
     if choices:
@@ -331,30 +351,34 @@ def _walk(obj: dict) -> Chunk:
         for choice in choices:
             if type(choice) is not dict:
                 raise SSEProtocolError("a choice is not an object")
-            piece = _choice_text(choice)
-            if piece:
-                if type(piece) is not str:
-                    raise SSEProtocolError("a choice's text is not a string")
-                text = text + piece if text else piece
+            piece, thought = _choice_text(choice)
+            if type(piece) is not str or type(thought) is not str:
+                raise SSEProtocolError("a choice's text is not a string")
+            if piece or thought:
+                text += piece
+                reasoning += thought
                 pieces += 1
             reason = choice.get("finish_reason")
             if reason is not None:
                 finish = _text_field("finish_reason", reason)
-    prompt_tokens = completion_tokens = None
+    prompt_tokens = completion_tokens = reasoning_tokens = None
     if usage:
         prompt_tokens = usage.get("prompt_tokens")
         completion_tokens = usage.get("completion_tokens")
         if not (_count(prompt_tokens) and _count(completion_tokens)):
             raise SSEProtocolError("usage token counts are not whole numbers in 0 .. 2^31-1")
+        reasoning_tokens = _reasoning_count(usage)
     return _chunk(
         Chunk,
         (
             text,
+            reasoning,
             pieces,
             len(choices) if choices else 0,
             finish,
             prompt_tokens,
             completion_tokens,
+            reasoning_tokens,
             _text_field("model", get("model")),
             _text_field("system_fingerprint", get("system_fingerprint")),
             None,

@@ -292,7 +292,7 @@ class _Body(httpx.AsyncByteStream):
     task switch per read.
     """
 
-    __slots__ = ("_conn", "_dechunker", "_keep_alive", "_key", "_owner", "_started")
+    __slots__ = ("_conn", "_dechunker", "_keep_alive", "_key", "_owner")
 
     def __init__(
         self, conn: _Conn, framing: int, length: int, owner: RawHTTP11Transport, key: tuple, keep_alive: bool
@@ -302,7 +302,6 @@ class _Body(httpx.AsyncByteStream):
         self._owner = owner
         self._key = key
         self._keep_alive = keep_alive and framing != _UNTIL_CLOSE
-        self._started = False
 
     @property
     def _complete(self) -> bool:

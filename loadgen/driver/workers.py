@@ -221,7 +221,6 @@ class Coordinator:
         self.all_ready = anyio.Event()
         self.start_ns: int | None = None  # the shared start, coordinator time.time_ns
         self.start_perf_ns: int | None = None  # the same instant on the coordinator's perf_counter_ns
-        self.stop_perf_ns: int | None = None
         self.setup_s = 0.0
         self.cpu_start = os.times()
         self.show_progress = shows_progress(options.progress)
@@ -414,7 +413,6 @@ class Coordinator:
 
     async def shutdown(self, reason: str) -> None:
         """Stop every worker, give them ``STOP_GRACE_S`` to close their shards, then kill what is left."""
-        self.stop_perf_ns = time.perf_counter_ns()
         await self.stop_all(reason)
         with anyio.move_on_after(STOP_GRACE_S):
             await self._monitor()

@@ -25,7 +25,7 @@ from loadgen.rundir.schema import MANIFEST_FILE, REQUESTS_FILE, SERVER_METRICS_F
 from loadgen.util.errors import RunDirError
 from loadgen.util.redact import redact_url
 from loadgen.util.tomlfile import dumps_toml
-from loadgen.workload.scenario import CLASS_NAMES, load_scenario, scenario_from_manifest
+from loadgen.workload.scenario import class_order, load_scenario, scenario_from_manifest
 
 from .. import __version__
 from ..analysis import Analysis, Check, analyze_run
@@ -200,18 +200,18 @@ def _scenario_text(manifest: Manifest) -> tuple[str | None, str]:
     content = entry.content
     if not content:
         return None, "the run recorded no scenario"
-    # manifest JSON has sorted keys, which loses the order of [classes]; the trace generator draws
-    # classes in file order, so put them back in the canonical order scenarios are written in
+    # manifest JSON has sorted keys, which loses the order of [classes]; the trace generator draws them in
+    # class_order (not file order), and the rebuilt file lists them in that order too
     content = dict(content)
     classes = content.get("classes") or {}
-    content["classes"] = {n: classes[n] for n in sorted(classes, key=lambda n: (CLASS_NAMES + (n,)).index(n))}
+    content["classes"] = {n: classes[n] for n in class_order(classes)}
     return (
         "# Rebuilt by loadgen handoff from the run manifest's validated scenario content\n"
         + dumps_toml(content, what="scenario rebuilt from the run manifest")
     ), (
         "rebuilt from the manifest (original file missing or changed); classes are "
-        "written in canonical order because the manifest does not keep the file's order, "
-        "and the trace generator depends on it"
+        "written in the order the trace generator draws them (canonical names first, then by name), "
+        "because the manifest does not keep the file's order"
     )
 
 

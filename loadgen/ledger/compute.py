@@ -230,17 +230,36 @@ def count_parameters(m: ModelConfig) -> dict[str, int]:
     }
 
 
+def _weight_quantization(m: ModelConfig, e: EngineSettings) -> tuple[str, str]:
+    """``(quantization, where it came from)``: the engine's when set, else the config's quantization_config.
+
+    A quantization_config the ledger cannot cost is refused (costing it as the dtype would be wrong and
+    look exact)."""
+    if e.quantization != "none":
+        return e.quantization, "engine setting"
+    if m.quantization is not None:
+        return m.quantization, f"config.json quantization_config ({m.quantization_method})"
+    if m.quantization_method is not None:
+        raise LedgerError(
+            f"{m.source}: quantization_config.quant_method = {m.quantization_method!r}: the ledger cannot cost "
+            f"these weights; pass --quantization (one of {', '.join(k for k in QUANT_WEIGHT_BITS if k != 'none')}) "
+            "to say how they are stored"
+        )
+    return "none", "none"
+
+
 def _weights_line(m: ModelConfig, e: EngineSettings, params: dict[str, int]) -> LedgerLine:
     tp = e.tensor_parallel_size
     wdtype = m.torch_dtype if e.dtype == "auto" else e.dtype
     wb = dtype_bytes(wdtype, "dtype")
     linear = params["attention"] + params["mlp"]
     other = params["embed"] + params["lm_head"] + params["router"] + params["bias"]
-    bits, group = QUANT_WEIGHT_BITS[e.quantization]
+    quantization, quant_source = _weight_quantization(m, e)
+    bits, group = QUANT_WEIGHT_BITS[quantization]
     if bits:
         lin_bytes = linear * bits / 8
         scales = (linear / group) * 2.5 if group else 0.0  # fp16 scale + packed 4-bit zero per group
-        lin_formula = f"linear {linear:,} × {bits / 8:g} B ({e.quantization})" + (
+        lin_formula = f"linear {linear:,} × {bits / 8:g} B ({quantization}, from the {quant_source})" + (
             f" + linear/{group} × 2.5 B scales" if group else ""
         )
     else:
@@ -259,7 +278,8 @@ def _weights_line(m: ModelConfig, e: EngineSettings, params: dict[str, int]) -> 
         "norm_parameters": params["norms"],
         "weight_dtype": wdtype,
         "weight_bytes": wb,
-        "quantization": e.quantization,
+        "quantization": quantization,
+        "quantization_source": quant_source,
         "quant_bits": bits or None,
         "quant_group_size": group,
         "tensor_parallel_size": tp,
@@ -511,6 +531,7 @@ def compute_ledger(model: ModelConfig, engine: EngineSettings, workload: Scenari
     mml = e.max_model_len or m.max_position_embeddings
     if not mml:
         raise LedgerError(f"{m.source}: max_position_embeddings: missing; expected it, or pass max_model_len")
+    _weight_quantization(m, e)  # an uncostable quantization_config is refused before any line
     spec = kv_spec(m, e)
     params = count_parameters(m)
     weights, act, ws, frag, graph, adapters = _overhead_lines(m, e, params)

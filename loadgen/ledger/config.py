@@ -78,6 +78,10 @@ class ModelConfig:
     shared_expert_intermediate_size: int | None = None  # total width of shared experts
     moe_layers: tuple[int, ...] = field(default_factory=tuple)  # indices of MoE layers
     shared_expert_gate: bool = False
+    # quantization_config: the ledger's name for how the weights are stored (a QUANT_WEIGHT_BITS key), or
+    # None; ``quantization_method`` is the config's own quant_method (kept when the ledger cannot cost it)
+    quantization: str | None = None
+    quantization_method: str | None = None
 
     @property
     def is_mla(self) -> bool:
@@ -163,6 +167,35 @@ def _layer_kinds(
     return ("sliding",) * num_layers  # Mistral-style: one window for every layer
 
 
+def _quantization(cfg: dict[str, Any], src: str) -> tuple[str | None, str | None]:
+    """``(ledger name or None, quant_method)`` of a config's ``quantization_config`` (None, None without one).
+
+    AWQ and GPTQ store 4-bit weights with group scales (GPTQ 8-bit: int8); FP8 one byte per weight;
+    compressed-tensors says so in its first config group (``weights.num_bits`` and ``type``). Anything
+    else keeps its method name and no ledger name: ``compute_ledger`` refuses it unless told.
+    """
+    qc = cfg.get("quantization_config")
+    if qc is None:
+        return None, None
+    if not isinstance(qc, dict):
+        raise LedgerError(f"{src}: quantization_config = {qc!r}: expected a JSON object")
+    method = str(qc.get("quant_method", "")).lower() or "unknown"
+    bits: Any = qc.get("bits", qc.get("w_bit"))
+    if method in ("awq", "gptq"):
+        names = {4: method, 8: "int8"} if method == "gptq" else {4: "awq"}
+        return names.get(bits if bits is not None else 4), method
+    if method in ("fp8", "fbgemm_fp8"):
+        return "fp8", method
+    if method == "compressed-tensors":
+        groups = qc.get("config_groups")
+        first = next(iter(groups.values()), None) if isinstance(groups, dict) and groups else None
+        weights = first.get("weights") if isinstance(first, dict) else None
+        if isinstance(weights, dict):
+            by_weights: dict[tuple[Any, Any], str] = {("float", 8): "fp8", ("int", 8): "int8", ("int", 4): "int4"}
+            return by_weights.get((weights.get("type"), weights.get("num_bits"))), method
+    return None, method
+
+
 def parse_model_config(cfg: dict[str, Any], source: str = "<config>") -> ModelConfig:
     """Validate a config.json mapping (``text_config`` is used when present) into a ModelConfig."""
     if not isinstance(cfg, dict):
@@ -173,6 +206,59 @@ def parse_model_config(cfg: dict[str, Any], source: str = "<config>") -> ModelCo
     archs = cfg.get("architectures") or []
     architecture = archs[0] if isinstance(archs, list) and archs else str(cfg.get("model_type", "unknown"))
     model_type = str(cfg.get("model_type", "")).lower()
+    hidden, layers, heads, kv_heads, head_dim = _attention_shape(cfg, src)
+    vocab = _get(cfg, src, "vocab_size")
+    inter = _get(cfg, src, "intermediate_size")
+    torch_dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
+    dtype_bytes(torch_dtype, f"{src}: torch_dtype")
+    sliding, kinds = _sliding_window(cfg, src, model_type, layers)
+    kv_lora, rope, nope, v_head, q_lora = _mla(cfg, src)
+    n_experts, top_k, moe_inter, shared_inter, moe_layers, shared_gate = _moe(cfg, src, layers, inter)
+    bias = bool(cfg.get("attention_bias", model_type in ("qwen2", "qwen2_moe")))
+    max_pos = cfg.get("max_position_embeddings")
+    if max_pos is not None and (
+        isinstance(max_pos, bool) or not isinstance(max_pos, int) or not 0 < max_pos <= MAX_CONFIG_INT
+    ):
+        raise LedgerError(
+            f"{src}: max_position_embeddings = {max_pos!r}: invalid; expected a positive integer (at most "
+            f"{MAX_CONFIG_INT}), or leave it out and pass max_model_len"
+        )
+    quantization, quant_method = _quantization(cfg, src)
+    return ModelConfig(
+        source=src,
+        architecture=architecture,
+        model_type=model_type,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        intermediate_size=inter,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        torch_dtype=str(torch_dtype).replace("torch.", ""),
+        max_position_embeddings=max_pos,
+        attention_bias=bias,
+        sliding_window=sliding,
+        layer_kinds=kinds,
+        kv_lora_rank=kv_lora,
+        qk_rope_head_dim=rope,
+        qk_nope_head_dim=nope,
+        v_head_dim=v_head,
+        q_lora_rank=q_lora,
+        num_experts=n_experts,
+        num_experts_per_tok=top_k,
+        moe_intermediate_size=moe_inter,
+        shared_expert_intermediate_size=shared_inter,
+        moe_layers=moe_layers,
+        shared_expert_gate=shared_gate,
+        quantization=quantization,
+        quantization_method=quant_method,
+    )
+
+
+def _attention_shape(cfg: dict[str, Any], src: str) -> tuple[int, int, int, int, int]:
+    """(hidden size, layers, attention heads, KV heads, head dim), each checked against the others."""
     hidden = _get(cfg, src, "hidden_size")
     layers = _get(cfg, src, "num_hidden_layers")
     if layers > MAX_LAYERS:  # the ledger walks the layers one by one
@@ -190,11 +276,11 @@ def parse_model_config(cfg: dict[str, Any], source: str = "<config>") -> ModelCo
                 f"{src}: hidden_size = {hidden}: expected a multiple of num_attention_heads ({heads}) or an explicit head_dim"
             )
         head_dim = hidden // heads
-    vocab = _get(cfg, src, "vocab_size")
-    inter = _get(cfg, src, "intermediate_size")
-    torch_dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
-    dtype_bytes(torch_dtype, f"{src}: torch_dtype")
+    return hidden, layers, heads, kv_heads, head_dim
 
+
+def _sliding_window(cfg: dict[str, Any], src: str, model_type: str, layers: int) -> tuple[int | None, tuple[str, ...]]:
+    """(the sliding window, or None when no layer slides; each layer's kind, full or sliding)."""
     sliding = cfg.get("sliding_window")
     if sliding is not None and (isinstance(sliding, bool) or not isinstance(sliding, int) or sliding < 0):
         raise LedgerError(f"{src}: sliding_window = {sliding!r}: expected a positive integer or null")
@@ -203,9 +289,12 @@ def parse_model_config(cfg: dict[str, Any], source: str = "<config>") -> ModelCo
     if model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and not cfg.get("use_sliding_window", False):
         sliding = None  # Qwen configs carry sliding_window but only use it with use_sliding_window
     kinds = _layer_kinds(cfg, src, model_type, layers, sliding)
-    if "sliding" not in kinds:
-        sliding = None
+    return (sliding if "sliding" in kinds else None), kinds
 
+
+def _mla(cfg: dict[str, Any], src: str) -> tuple[int | None, int | None, int | None, int | None, int | None]:
+    """Multi-head latent attention (DeepSeek): (kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim,
+    q_lora_rank), all None without ``kv_lora_rank``."""
     kv_lora = _get(cfg, src, "kv_lora_rank", required=False)
     rope = _get(cfg, src, "qk_rope_head_dim", required=False) if kv_lora else None
     if kv_lora and rope is None:
@@ -213,70 +302,42 @@ def parse_model_config(cfg: dict[str, Any], source: str = "<config>") -> ModelCo
     nope = _get(cfg, src, "qk_nope_head_dim", required=False) if kv_lora else None
     v_head = _get(cfg, src, "v_head_dim", required=False) if kv_lora else None
     q_lora = _get(cfg, src, "q_lora_rank", required=False) if kv_lora else None
+    return kv_lora, rope, nope, v_head, q_lora
 
+
+def _moe(
+    cfg: dict[str, Any], src: str, layers: int, inter: int
+) -> tuple[int | None, int | None, int | None, int | None, tuple[int, ...], bool]:
+    """Mixture of experts: (experts, experts per token, expert intermediate size, shared expert intermediate
+    size, the MoE layers, whether the shared expert is gated); no experts: (None, None, None, None, (), False)."""
     n_experts = None
     for key in ("n_routed_experts", "num_local_experts", "num_experts"):
         if cfg.get(key):
             n_experts = _get(cfg, src, key)
             break
-    moe_layers: tuple[int, ...] = ()
-    moe_inter = shared_inter = top_k = None
-    shared_gate = False
-    if n_experts:
-        top_k = _get(cfg, src, "num_experts_per_tok", required=False)
-        moe_inter = (
-            _get(cfg, src, "moe_intermediate_size", required=False) or inter
-        )  # Mixtral: experts use intermediate_size
-        first_dense = _get(cfg, src, "first_k_dense_replace", required=False, positive=False) or 0
-        freq = (
-            _get(cfg, src, "moe_layer_freq", required=False)
-            or _get(cfg, src, "decoder_sparse_step", required=False)
-            or 1
-        )
-        mlp_only = set(_int_list(cfg, src, "mlp_only_layers"))
-        moe_layers = tuple(
-            i
-            for i in range(layers)
-            if i >= first_dense
-            and (i % freq == 0 if "moe_layer_freq" in cfg else (i + 1) % freq == 0)
-            and i not in mlp_only
-        )
-        if cfg.get("n_shared_experts"):
-            shared_inter = _get(cfg, src, "n_shared_experts") * moe_inter
-        elif cfg.get("shared_expert_intermediate_size"):
-            shared_inter = _get(cfg, src, "shared_expert_intermediate_size")
-            shared_gate = True  # Qwen2-MoE gates its shared expert
-    bias = bool(cfg.get("attention_bias", model_type in ("qwen2", "qwen2_moe")))
-    max_pos = cfg.get("max_position_embeddings")
-    return ModelConfig(
-        source=src,
-        architecture=architecture,
-        model_type=model_type,
-        hidden_size=hidden,
-        num_layers=layers,
-        num_attention_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        vocab_size=vocab,
-        intermediate_size=inter,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        torch_dtype=str(torch_dtype).replace("torch.", ""),
-        max_position_embeddings=max_pos if isinstance(max_pos, int) and 0 < max_pos <= MAX_CONFIG_INT else None,
-        attention_bias=bias,
-        sliding_window=sliding,
-        layer_kinds=kinds,
-        kv_lora_rank=kv_lora,
-        qk_rope_head_dim=rope,
-        qk_nope_head_dim=nope,
-        v_head_dim=v_head,
-        q_lora_rank=q_lora,
-        num_experts=n_experts,
-        num_experts_per_tok=top_k,
-        moe_intermediate_size=moe_inter,
-        shared_expert_intermediate_size=shared_inter,
-        moe_layers=moe_layers,
-        shared_expert_gate=shared_gate,
+    if not n_experts:
+        return n_experts, None, None, None, (), False
+    top_k = _get(cfg, src, "num_experts_per_tok", required=False)
+    moe_inter = _get(cfg, src, "moe_intermediate_size", required=False) or inter  # Mixtral: intermediate_size
+    first_dense = _get(cfg, src, "first_k_dense_replace", required=False, positive=False) or 0
+    freq = (
+        _get(cfg, src, "moe_layer_freq", required=False) or _get(cfg, src, "decoder_sparse_step", required=False) or 1
     )
+    mlp_only = set(_int_list(cfg, src, "mlp_only_layers"))
+    moe_layers = tuple(
+        i
+        for i in range(layers)
+        if i >= first_dense
+        and (i % freq == 0 if "moe_layer_freq" in cfg else (i + 1) % freq == 0)
+        and i not in mlp_only
+    )
+    shared_inter, shared_gate = None, False
+    if cfg.get("n_shared_experts"):
+        shared_inter = _get(cfg, src, "n_shared_experts") * moe_inter
+    elif cfg.get("shared_expert_intermediate_size"):
+        shared_inter = _get(cfg, src, "shared_expert_intermediate_size")
+        shared_gate = True  # Qwen2-MoE gates its shared expert
+    return n_experts, top_k, moe_inter, shared_inter, moe_layers, shared_gate
 
 
 def read_model_config(path: str | Path) -> ModelConfig:

@@ -36,13 +36,23 @@ from loadgen.util.limits import MAX_PARAM, is_finite
 from loadgen.workload.scenario import Scenario, scenario_from_manifest
 
 from ..analysis import Analysis, analyze_run
-from ..analysis.budgets import SEND_LAG_BOUND_MS, client_lag_line
+from ..analysis.budgets import SEND_LAG_BOUND_MS, Check, client_lag_line
 from ..analysis.model import stop_sentence
 from ..analysis.whole_run import engine_busy_output_rate, whole_run_rates
 from .contract_hook import CONTRACT_FILE, contract_status_from_file
 from .files import PLAN_FILE, REGION_FILE, read_plan_state
 from .prices import PriceTable, cost_per_million, load_prices
 from .region import load_region
+from .results import (
+    COMPARISON_SCHEMA_VERSION,
+    ComparisonResult,
+    Decision,
+    HeadlineThroughput,
+    Identity,
+    PriceInfo,
+    Rejection,
+    Unsure,
+)
 
 __all__ = [
     "DEFAULT_VARIABLE",
@@ -252,27 +262,36 @@ def route_classes(route: str, scenario: Scenario | None, present: list[str]) -> 
 
 @dataclass
 class Comparison:
+    """The candidates as judged and the decision; ``result()`` is the typed document."""
+
     route: str
     variable: str
     candidates: list[dict[str, Any]]
-    decision: dict[str, Any]
-    identity: dict[str, Any]
-    prices: dict[str, Any] | None
+    decision: Decision
+    identity: Identity
+    prices: PriceInfo | None
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": "loadgen.comparison",
-            "version": 1,
-            "route": self.route,
-            "variable": self.variable,
-            "judgement_order": ["hard budgets", "behaviour contract", "throughput and cost"],
-            "identity": self.identity,
-            "candidates": self.candidates,
-            "decision": self.decision,
-            "prices": self.prices,
-            "notes": self.notes,
-        }
+        """The comparison document (``loadgen compare --json``)."""
+        return self.result().document()
+
+    def result(self) -> ComparisonResult:
+        """The typed comparison document (``loadgen schema decision``)."""
+        return ComparisonResult.from_document(
+            {
+                "kind": "loadgen.comparison",
+                "version": COMPARISON_SCHEMA_VERSION,
+                "route": self.route,
+                "variable": self.variable,
+                "judgement_order": ["hard budgets", "behaviour contract", "throughput and cost"],
+                "identity": self.identity.document(),
+                "candidates": self.candidates,
+                "decision": self.decision.document(),
+                "prices": self.prices.document() if self.prices is not None else None,
+                "notes": self.notes,
+            }
+        )
 
 
 def _num(value: Any) -> float | None:
@@ -299,7 +318,7 @@ def _engine_rate(run_dir: Path, manifest: Manifest) -> float | None:
     return engine_busy_output_rate(run_dir)
 
 
-def _check_item(check: Any) -> dict[str, Any]:
+def _check_item(check: Check) -> dict[str, Any]:
     """A hard check as the comparison shows it: where, measured value and its 95% interval, limit, n, verdict."""
     return {
         "class": check.class_name,
@@ -694,7 +713,7 @@ def _rejection_line(j: dict[str, Any], route: str, headline: dict[str, Any], cho
     return lead + ": " + "; ".join(reasons)
 
 
-def _decide(judged: list[dict[str, Any]], route: str) -> dict[str, Any]:
+def _decide(judged: list[dict[str, Any]], route: str) -> Decision:
     """Choose among the eligible candidates and say why, rejections included."""
     eligible = [j for j in judged if j["verdict"] == "eligible"]
     headline = max(judged, key=lambda j: _headline_rate(j["throughput"])[0] or 0.0)
@@ -723,49 +742,43 @@ def _decide(judged: list[dict[str, Any]], route: str) -> dict[str, Any]:
         why = [f"no candidate is eligible for {route} routing"]
     why += [_rejection_line(j, route, headline, chosen) for j in judged if j["verdict"] == "rejected"]
     unsure = [
-        {"label": j["label"], "why": j["steps"][0]["why"]}
+        Unsure(label=j["label"], why=j["steps"][0]["why"])
         for j in judged
         if j["verdict"] == "eligible" and j.get("budgets") == "inconclusive"
     ]
-    why += [f"{u['label']}: {line}" for u in unsure for line in u["why"]]
-    unmeasured = [{"label": j["label"], "why": j["steps"][0]["why"]} for j in judged if j["verdict"] == "unmeasured"]
-    why += [f"{u['label']}: unmeasured: {u['why'][0]}" for u in unmeasured]
-    return {
-        "route": route,
-        "chosen": chosen["label"] if chosen else None,
-        "chosen_path": chosen["path"] if chosen else None,
-        "rejected": [
-            {
-                "label": j["label"],
-                "step": j["rejected_at"],
-                "why": next(s["why"] for s in j["steps"] if s["result"] == "rejected"),
-            }
+    why += [f"{u.label}: {line}" for u in unsure for line in u.why]
+    unmeasured = [Unsure(label=j["label"], why=j["steps"][0]["why"]) for j in judged if j["verdict"] == "unmeasured"]
+    why += [f"{u.label}: unmeasured: {u.why[0]}" for u in unmeasured]
+    rate, basis = _headline_rate(headline["throughput"])
+    return Decision(
+        route=route,
+        chosen=chosen["label"] if chosen else None,
+        chosen_path=chosen["path"] if chosen else None,
+        rejected=[
+            Rejection(
+                label=j["label"],
+                step=j["rejected_at"],
+                why=next(s["why"] for s in j["steps"] if s["result"] == "rejected"),
+            )
             for j in judged
             if j["verdict"] == "rejected"
         ],
-        "inconclusive": unsure,
-        "unmeasured": unmeasured,
-        "headline_throughput": {
-            "label": headline["label"],
-            "value": _headline_rate(headline["throughput"])[0],
-            "basis": _headline_rate(headline["throughput"])[1],
-        },
-        "why": why,
-    }
+        inconclusive=unsure,
+        unmeasured=unmeasured,
+        headline_throughput=HeadlineThroughput(label=headline["label"], value=rate, basis=basis),
+        why=why,
+    )
 
 
-def _price_info(table: PriceTable | None, notes: list[str]) -> dict[str, Any] | None:
+def _price_info(table: PriceTable | None, notes: list[str]) -> PriceInfo | None:
     """The price table's description for the comparison (an example table adds a note)."""
     if table is None:
         return None
     if table.example:
         notes.append(f"prices from {table.source_path} are an EXAMPLE (made-up numbers), not real prices")
-    return {
-        "path": table.source_path,
-        "example": table.example,
-        "currency": table.currency,
-        "description": table.description,
-    }
+    return PriceInfo(
+        path=table.source_path, example=table.example, currency=table.currency, description=table.description
+    )
 
 
 def compare_candidates(
@@ -794,12 +807,12 @@ def compare_candidates(
     decision = _decide(judged, route)
     for j in judged:
         j["status_line"] = f"{j['label']}: {j['verdict']}" + (f" at {j['rejected_at']}" if j["rejected_at"] else "")
-    identity = {
-        "variable": variable,
-        "varies": covered,
-        "also_differs": other,
-        "held_fixed": sorted(k for k in candidates[0].identity if k not in covered and k not in other)[:200],
-    }
+    identity = Identity(
+        variable=variable,
+        varies=covered,
+        also_differs=other,
+        held_fixed=sorted(k for k in candidates[0].identity if k not in covered and k not in other)[:200],
+    )
     price_info = _price_info(table, notes)
     return Comparison(route, variable, judged, decision, identity, price_info, notes)
 
@@ -912,9 +925,9 @@ def format_comparison(comp: Comparison) -> str:
         label = f"{cur} per M output tokens" + (" (EXAMPLE prices)" if example else "")
         lines.append(row(label, [_f((c.get("cost") or {}).get("per_million_output_tokens"), 3) for c in cands]))
     lines.append("")
-    chosen = comp.decision["chosen"]
+    chosen = comp.decision.chosen
     lines.append(f"Decision ({comp.route}): " + (f"{chosen}" if chosen else "no candidate eligible"))
-    for why in comp.decision["why"]:
+    for why in comp.decision.why:
         lines.append(f"  - {why}")
     for note in comp.notes:
         lines.append(f"  note: {note}")

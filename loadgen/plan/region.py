@@ -18,6 +18,7 @@ from typing import Any
 from ..trace.io import read_trace
 from .curves import write_curves
 from .files import REGION_FILE, REGION_MD_FILE, RESULT_FILE, read_cell_result, read_region, region_plot_file
+from .results import REGION_SCHEMA_VERSION, RegionResult
 
 __all__ = ["build_region", "format_region", "load_region", "plot_region", "write_region"]
 
@@ -220,7 +221,7 @@ def build_region(plan_dir: Path, state: dict[str, Any]) -> dict[str, Any]:
     }
     return {
         "kind": "loadgen.region",
-        "version": 1,
+        "version": REGION_SCHEMA_VERSION,
         "plan": plan["name"],
         "plan_sha256": state.get("plan_sha256"),
         "status": state.get("status"),
@@ -451,7 +452,8 @@ def write_region(plan_dir: Path, region: dict[str, Any]) -> dict[str, Path]:
     """Write region.json, region.md, one PNG per class and region.html (interactive curves); returns their paths."""
     plan_dir = Path(plan_dir)
     paths = {"json": plan_dir / REGION_FILE, "markdown": plan_dir / REGION_MD_FILE}
-    paths["json"].write_text(json.dumps(region, indent=2, sort_keys=True, default=str) + "\n")
+    document = RegionResult.from_document(region).document()  # every key named by the published schema
+    paths["json"].write_text(json.dumps(document, indent=2, sort_keys=True, default=str) + "\n")
     paths["markdown"].write_text(format_region(region) + "\n")
     for cls in region["classes"]:
         paths[f"plot:{cls}"] = plot_region(region, cls, plan_dir / region_plot_file(cls))

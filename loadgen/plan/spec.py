@@ -27,7 +27,7 @@ from loadgen.util.limits import (
 )
 from loadgen.util.tomlfile import read_toml
 from loadgen.workload.routing import RoutePolicy
-from loadgen.workload.scenario import CLASS_NAMES, format_validation_error
+from loadgen.workload.scenario import class_name_problem, format_validation_error
 
 from ..analysis.budgets import SEND_LAG_BOUND_MS
 
@@ -195,10 +195,9 @@ class PlanSpec(_Model):
         if not self.classes or len(set(self.classes)) != len(self.classes):
             raise ValueError("classes: expected a non-empty list without repeats")
         for name in self.classes:
-            if name != MIXED and name not in CLASS_NAMES:
-                raise ValueError(
-                    f"classes: {name!r} is not a class; expected {MIXED!r} or one of {', '.join(CLASS_NAMES)}"
-                )
+            problem = class_name_problem(name) if name != MIXED else None
+            if problem is not None:
+                raise ValueError(f"classes: {name!r}: {problem}, or {MIXED!r}")
         if not self.states or len(set(self.states)) != len(self.states):
             raise ValueError("states: expected a non-empty list of 'warm'/'cold' without repeats")
         return self

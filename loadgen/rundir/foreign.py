@@ -110,6 +110,22 @@ def _find_llmperf_summary(path: Path) -> Path | None:
     return cand if cand.is_file() else None
 
 
+#: What an LLMPerf import can and cannot say (the manifest's ``synthesized``, less its method).
+_LLMPERF_SYNTHESIZED: dict[str, Any] = {
+    "chunks": False,
+    "not_meaningful": [
+        "offered_rps",
+        "send_rps",
+        "completed_rps",
+        "token rates",
+        "client_queue_ms",
+        "timeseries",
+        "stability",
+    ],
+    "exact": ["ttft_ms", "e2e_ms", "server_ttft_ms", "status and error counts", "token counts"],
+}
+
+
 def import_llmperf(
     path: Path | str,
     out_dir: Path | str,
@@ -120,13 +136,7 @@ def import_llmperf(
 ) -> Path:
     """LLMPerf ``individual`` JSON → run directory at ``out_dir``; returns it. See module docstring."""
     path = Path(path)
-    rows = _load_json(path)
-    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        raise RunDirError(f"{path}: expected a JSON list of LLMPerf per-request records")
-    for i, r in enumerate(rows):
-        for key in ("ttft_s", "end_to_end_latency_s"):
-            if key not in r:
-                raise RunDirError(f"{path}: record [{i}] has no {key}: expected an LLMPerf individual record")
+    rows = _llmperf_records(path)
     summary_path = Path(summary) if summary else _find_llmperf_summary(path)
     summ = _load_json(summary_path) if summary_path else {}
     if concurrency is None:
@@ -138,21 +148,8 @@ def import_llmperf(
         "version": None,
         "engine": None,
     }
-    synthesized = {
-        "timing": True,
-        "method": f"file order on {concurrency} back-to-back concurrency slot(s); scheduled = sent",
-        "chunks": False,
-        "not_meaningful": [
-            "offered_rps",
-            "send_rps",
-            "completed_rps",
-            "token rates",
-            "client_queue_ms",
-            "timeseries",
-            "stability",
-        ],
-        "exact": ["ttft_ms", "e2e_ms", "server_ttft_ms", "status and error counts", "token counts"],
-    }
+    method = f"file order on {concurrency} back-to-back concurrency slot(s); scheduled = sent"
+    synthesized = {"timing": True, "method": method, **_LLMPERF_SYNTHESIZED}
     options = {"importer": "llmperf", "concurrency": concurrency, "request_class": request_class}
     extra = {
         "summary_path": str(summary_path) if summary_path else None,
@@ -164,40 +161,52 @@ def import_llmperf(
     target_out = summ.get("mean_output_tokens")
     with RunWriter(Path(out_dir), manifest) as writer:
         for i, r in enumerate(rows):
-            code = r.get("error_code")
-            ttft = r.get("ttft_s") or 0
-            e2e = r.get("end_to_end_latency_s") or 0
-            e2e_ns = _ns(e2e)
-            start = slots.place(e2e_ns)
-            got_token = float(ttft) > 0
-            out_tokens = r.get("number_output_tokens")
-            row = empty_request_row(
-                request_id=f"{path.stem}-{i:05d}",
-                request_class=request_class,
-                scheduled_ns=start,
-                slot_acquired_ns=start,
-                sent_ns=start,
-                first_token_ns=start + _ns(ttft) if got_token else None,
-                done_ns=start + e2e_ns,
-                target_prompt_tokens=int(r.get("number_input_tokens") or 0),
-                target_output_tokens=int(target_out if target_out is not None else (out_tokens or 0)),
-                client_prompt_tokens=r.get("number_input_tokens"),
-                client_output_tokens=int(out_tokens) if got_token and out_tokens is not None else None,
-            )
-            if code is None:
-                row["status"] = "ok"
-            else:
-                kind, http = llmperf_error_kind(code)
-                msg = str(r.get("error_msg") or "").splitlines()[0] if r.get("error_msg") else ""
-                row.update(
-                    status="error",
-                    error_kind=kind,
-                    http_status=http,
-                    error_message=f"llmperf error_code {code}: {msg}"[:300],
-                )
-            writer.add_request(row)
+            start = slots.place(_ns(r.get("end_to_end_latency_s") or 0))
+            writer.add_request(_llmperf_row(f"{path.stem}-{i:05d}", r, start, request_class, target_out))
         writer.close({"ended_utc": utc_now_iso(), "duration_s": None})
     return Path(out_dir)
+
+
+def _llmperf_records(path: Path) -> list[dict[str, Any]]:
+    """The per-request records of an LLMPerf ``individual`` file, each with its TTFT and end-to-end latency."""
+    rows = _load_json(path)
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise RunDirError(f"{path}: expected a JSON list of LLMPerf per-request records")
+    for i, r in enumerate(rows):
+        for key in ("ttft_s", "end_to_end_latency_s"):
+            if key not in r:
+                raise RunDirError(f"{path}: record [{i}] has no {key}: expected an LLMPerf individual record")
+    return rows
+
+
+def _llmperf_row(request_id: str, r: dict[str, Any], start: int, request_class: str, target_out: Any) -> dict[str, Any]:
+    """One LLMPerf record as a request row starting at ``start`` ns (its slot); an error code as its kind."""
+    ttft = r.get("ttft_s") or 0
+    got_token = float(ttft) > 0
+    out_tokens = r.get("number_output_tokens")
+    row = empty_request_row(
+        request_id=request_id,
+        request_class=request_class,
+        scheduled_ns=start,
+        slot_acquired_ns=start,
+        sent_ns=start,
+        first_token_ns=start + _ns(ttft) if got_token else None,
+        done_ns=start + _ns(r.get("end_to_end_latency_s") or 0),
+        target_prompt_tokens=int(r.get("number_input_tokens") or 0),
+        target_output_tokens=int(target_out if target_out is not None else (out_tokens or 0)),
+        client_prompt_tokens=r.get("number_input_tokens"),
+        client_output_tokens=int(out_tokens) if got_token and out_tokens is not None else None,
+    )
+    code = r.get("error_code")
+    if code is None:
+        row["status"] = "ok"
+        return row
+    kind, http = llmperf_error_kind(code)
+    msg = str(r.get("error_msg") or "").splitlines()[0] if r.get("error_msg") else ""
+    row.update(
+        status="error", error_kind=kind, http_status=http, error_message=f"llmperf error_code {code}: {msg}"[:300]
+    )
+    return row
 
 
 def _read_vllm_result(path: Path) -> dict[str, Any]:

@@ -284,11 +284,6 @@ class Manifest(BaseModel):
         p99 = (self.send_lag_ns or {}).get("p99")
         return None if p99 is None else float(p99) / 1e6
 
-    @property
-    def recorded_total(self) -> int:
-        """Requests with a row (every status), as counted when the files closed."""
-        return sum(self.status_counts.values())
-
 
 def merge_sections(base: Mapping[str, Any], updates: Mapping[str, Any]) -> dict[str, Any]:
     """The one merge rule, on plain sections: dicts merge key by key, one level deep; anything else is replaced."""

@@ -98,7 +98,9 @@ def _lower_priority(priority: Priority) -> None:
 
 
 class PartProcess:
-    """The parent's end: ``write`` as ``loadgen.rundir.parts.write_part_file``, done by the child (see module)."""
+    """The parent's end: ``write`` as ``loadgen.rundir.parts.write_part_file``, done by the child (see module).
+
+    ``with PartProcess() as child:`` ends the child on leaving (as ``close``)."""
 
     def __init__(self, priority: Priority | None = None) -> None:
         """``priority``: what the child lowers itself to once started; None: ``priority_for`` this process's
@@ -281,6 +283,12 @@ class PartProcess:
                 f"the part writer process did not start (exit status {proc.returncode}): parts written in the "
                 "writer thread"
             )
+
+    def __enter__(self) -> PartProcess:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def close(self) -> None:
         """End the child; its CPU time so far goes to ``cpu_s``. Idempotent.

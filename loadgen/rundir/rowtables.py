@@ -19,9 +19,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from loadgen.rundir.schema import CHUNKS_SCHEMA, REQUESTS_SCHEMA, STATUS_ERROR
+from loadgen.rundir.schema import CHUNK_KINDS, CHUNKS_SCHEMA, REQUESTS_SCHEMA, STATUS_ERROR
 
-__all__ = ["ChunkBatch", "StreamChunks", "fit_row", "pack_slice", "requests_table", "unpack_slices"]
+__all__ = ["ChunkBatch", "StreamChunks", "fit_row", "kind_column", "pack_slice", "requests_table", "unpack_slices"]
 
 _REQUEST_STRUCT = pa.struct(list(REQUESTS_SCHEMA))
 _REQUEST_NAMES = tuple(REQUESTS_SCHEMA.names)
@@ -31,11 +31,13 @@ _REQUEST_VALUES = operator.itemgetter(*_REQUEST_NAMES)
 
 class StreamChunks(NamedTuple):
     """One request's chunks in arrival order, as equal-length machine-integer arrays (``array("q")``);
-    the recorder adds the request id and ``seq`` (CHUNKS_SCHEMA)."""
+    the recorder adds the request id and ``seq`` (CHUNKS_SCHEMA). ``kind``: each chunk's code in
+    ``CHUNK_KINDS`` (0 answer, 1 reasoning); None: every chunk is answer."""
 
     arrival_ns: array
     tokens: array
     bytes: array
+    kind: array | None = None
 
 
 def requests_table(rows: list[dict[str, Any]]) -> pa.Table:
@@ -86,7 +88,7 @@ def _shown(value: object, limit: int = 60) -> str:
 class ChunkBatch:
     """Chunks of many requests gathered for one table: arrays appended whole, ids once per request."""
 
-    __slots__ = ("arrival_ns", "bytes", "ids", "lengths", "tokens")
+    __slots__ = ("arrival_ns", "bytes", "ids", "kind", "lengths", "tokens")
 
     def __init__(self) -> None:
         self.ids: list[str] = []
@@ -94,13 +96,19 @@ class ChunkBatch:
         self.arrival_ns = array("q")
         self.tokens = array("q")
         self.bytes = array("q")
+        self.kind = array("q")
 
     def add(self, request_id: str, chunks: StreamChunks) -> None:
+        n = len(chunks.arrival_ns)
         self.ids.append(request_id)
-        self.lengths.append(len(chunks.arrival_ns))
+        self.lengths.append(n)
         self.arrival_ns.extend(chunks.arrival_ns)
         self.tokens.extend(chunks.tokens)
         self.bytes.extend(chunks.bytes)
+        if chunks.kind is not None:
+            self.kind.extend(chunks.kind)
+        else:
+            self.kind.frombytes(bytes(8 * n))
 
     def table(self) -> pa.Table:
         """CHUNKS_SCHEMA rows: each request's id repeated and ``seq`` counted in C, not per row in Python."""
@@ -113,8 +121,17 @@ class ChunkBatch:
             pa.array(np.frombuffer(self.arrival_ns, dtype=np.int64)),
             pa.array(np.frombuffer(self.tokens, dtype=np.int64).astype(np.int32)),
             pa.array(np.frombuffer(self.bytes, dtype=np.int64).astype(np.int32)),
+            kind_column(np.frombuffer(self.kind, dtype=np.int64)),
         ]
         return pa.Table.from_arrays(columns, schema=CHUNKS_SCHEMA)
+
+
+_KIND_NAMES = pa.array(CHUNK_KINDS, pa.string())
+
+
+def kind_column(codes: np.ndarray) -> pa.Array:
+    """The chunks' ``kind`` column from codes into ``CHUNK_KINDS`` (0 answer, 1 reasoning), in one take."""
+    return _KIND_NAMES.take(pa.array(codes.astype(np.int8)))
 
 
 def pack_slice(items: list[tuple[dict[str, Any], StreamChunks | None]]) -> bytes:
@@ -124,7 +141,7 @@ def pack_slice(items: list[tuple[dict[str, Any], StreamChunks | None]]) -> bytes
         if chunks is not None:
             batch.add(row["request_id"], chunks)
     values = [_REQUEST_VALUES(row) for row, _ in items]
-    return pickle.dumps((values, batch.ids, batch.lengths, batch.arrival_ns, batch.tokens, batch.bytes), 5)
+    return pickle.dumps((values, batch.ids, batch.lengths, batch.arrival_ns, batch.tokens, batch.bytes, batch.kind), 5)
 
 
 def unpack_slices(packed: list[bytes]) -> tuple[pa.Table | None, pa.Table | None]:
@@ -132,11 +149,12 @@ def unpack_slices(packed: list[bytes]) -> tuple[pa.Table | None, pa.Table | None
     rows: list[dict[str, Any]] = []
     batch = ChunkBatch()
     for blob in packed:
-        values, ids, lengths, arrival_ns, tokens, sizes = pickle.loads(blob)  # our own bytes, from our parent
+        values, ids, lengths, arrival_ns, tokens, sizes, kind = pickle.loads(blob)  # our own bytes, from our parent
         rows.extend(dict(zip(_REQUEST_NAMES, v, strict=True)) for v in values)
         batch.ids.extend(ids)
         batch.lengths.extend(lengths)
         batch.arrival_ns.extend(arrival_ns)
         batch.tokens.extend(tokens)
         batch.bytes.extend(sizes)
+        batch.kind.extend(kind)
     return (requests_table(rows) if rows else None), (batch.table() if batch.ids else None)

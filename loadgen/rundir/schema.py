@@ -16,6 +16,9 @@ import pyarrow as pa
 __all__ = [
     "CHUNKS_FILE",
     "CHUNKS_SCHEMA",
+    "CHUNK_ANSWER",
+    "CHUNK_KINDS",
+    "CHUNK_REASONING",
     "COLUMNS_SINCE",
     "CONTRACT_FILE",
     "ERROR_KINDS",
@@ -25,6 +28,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "SERVER_METRICS_FILE",
     "SERVER_METRICS_SCHEMA",
+    "SIM_REASONING_FIELD",
     "STATUSES",
     "STATUS_CANCELLED",
     "STATUS_ERROR",
@@ -39,7 +43,9 @@ __all__ = [
 ]
 
 #: 2: tables are directories of part files; requests gained connect_start_ns / connect_end_ns.
-SCHEMA_VERSION = "2"
+#: 3: reasoning apart from the answer: requests gained first_answer_token_ns, client_reasoning_tokens and
+#: server_reasoning_tokens; chunks gained ``kind``.
+SCHEMA_VERSION = "3"
 
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
@@ -117,7 +123,20 @@ TRACE_OPTIONAL_FIELDS = (
     # null: sent at its offset; set: sent this long after the previous turn of its conversation ended
     # (thread.wait_for_reply; its offset is then the open-loop estimate, for ordering and the worksheet)
     pa.field("think_after_reply_ns", pa.int64()),
+    # null: no reasoning asked for; set: the first N of output_tokens are reasoning (the class's
+    # reasoning_tokens draw; the simulated engine streams them as reasoning deltas)
+    pa.field("reasoning_tokens", pa.int32()),
+    # the prompt's prefix structure (null: unknown): hash i stands for the first (i + 1) x B prompt tokens, B the
+    # trace metadata's ``block_hash_tokens``; two requests share a prefix cache block exactly where their hashes
+    # agree (token-id imports: ``loadgen.trace.block_hashes``, B = 16; Mooncake's hash_ids as given, B = 512)
+    pa.field("prompt_block_hashes", pa.list_(pa.int64())),
 )
+#: The chat request field that carries a trace row's ``reasoning_tokens`` to loadgen's simulated engine (the
+#: driver sends it to that target only): the engine streams that many of the output tokens as
+#: ``reasoning_content`` deltas before the answer, as vLLM's reasoning parsers emit them, and reports them in
+#: usage ``completion_tokens_details.reasoning_tokens``.
+SIM_REASONING_FIELD = "sim_reasoning_tokens"
+
 #: Every column a trace file holds: the required TRACE_SCHEMA, then the optional fields.
 TRACE_FULL_SCHEMA = pa.schema([*TRACE_SCHEMA, *TRACE_OPTIONAL_FIELDS])
 
@@ -140,16 +159,27 @@ REQUESTS_SCHEMA = pa.schema(
         pa.field("connect_end_ns", pa.int64()),  # ...and ended (null when a kept-alive connection was reused)
         pa.field("sent_ns", pa.int64()),  # request bytes handed to the socket (null: never sent)
         pa.field("first_byte_ns", pa.int64()),  # response headers received
-        pa.field("first_token_ns", pa.int64()),  # first chunk carrying content tokens
-        pa.field("last_token_ns", pa.int64()),  # last chunk carrying content tokens
+        pa.field("first_token_ns", pa.int64()),  # first chunk carrying tokens of either kind (reasoning or answer)
+        # first chunk carrying answer tokens (content, refusal or tool calls; not reasoning): TTFAT's end.
+        # Equal to first_token_ns for a model that does not reason; null before schema 3 or with no answer token
+        pa.field("first_answer_token_ns", pa.int64()),
+        pa.field("last_token_ns", pa.int64()),  # last chunk carrying tokens of either kind
         pa.field("done_ns", pa.int64()),  # request finished, or was given up unsent (null: cut by a stop, or never due)
+        # the engine's own instants, when it reports them (an imported vLLM run's RequestStateStats, the
+        # worksheet's engine): it queued the request, and first scheduled it (queue time = the difference)
+        pa.field("server_queued_ns", pa.int64()),
+        pa.field("server_scheduled_ns", pa.int64()),
         # token counts
         pa.field("target_prompt_tokens", pa.int32(), nullable=False),
         pa.field("target_output_tokens", pa.int32(), nullable=False),
         pa.field("client_prompt_tokens", pa.int32()),  # tokenizer count of the prompt sent
         pa.field("server_prompt_tokens", pa.int32()),  # usage.prompt_tokens
         pa.field("server_output_tokens", pa.int32()),  # usage.completion_tokens
-        pa.field("client_output_tokens", pa.int32()),  # tokens counted from received chunks
+        pa.field("client_output_tokens", pa.int32()),  # tokens counted from received chunks, both kinds
+        # of client_output_tokens, those that came as reasoning (``reasoning_content``/``reasoning`` deltas);
+        # answer tokens = client_output_tokens - client_reasoning_tokens. Null before schema 3
+        pa.field("client_reasoning_tokens", pa.int32()),
+        pa.field("server_reasoning_tokens", pa.int32()),  # usage.completion_tokens_details.reasoning_tokens
         pa.field("chunk_count", pa.int32()),
         pa.field("cancel_after_tokens", pa.int32()),
         # outcome
@@ -168,8 +198,24 @@ REQUESTS_SCHEMA = pa.schema(
     ]
 )
 
-#: Request columns added after schema version 1 (absent from older runs; read back as null).
-COLUMNS_SINCE = {"connect_start_ns": "2", "connect_end_ns": "2", "target_index": "2"}
+#: Columns added after schema version 1 (absent from older runs; read back as null), with the version.
+COLUMNS_SINCE = {
+    "connect_start_ns": "2",
+    "connect_end_ns": "2",
+    "target_index": "2",
+    "server_queued_ns": "2",
+    "server_scheduled_ns": "2",
+    "first_answer_token_ns": "3",
+    "client_reasoning_tokens": "3",
+    "server_reasoning_tokens": "3",
+    "kind": "3",  # chunks
+}
+
+#: A chunk's kind: its tokens are the answer (content, refusal, tool calls), or reasoning only.
+CHUNK_ANSWER = "answer"
+CHUNK_REASONING = "reasoning"
+#: Chunk kinds by code (the driver keeps a code per chunk: 0 answer, 1 reasoning).
+CHUNK_KINDS = (CHUNK_ANSWER, CHUNK_REASONING)
 
 #: One row per received chunk that carried content (or a usage-only/empty chunk with tokens=0).
 CHUNKS_SCHEMA = pa.schema(
@@ -177,8 +223,12 @@ CHUNKS_SCHEMA = pa.schema(
         pa.field("request_id", pa.string(), nullable=False),
         pa.field("seq", pa.int32(), nullable=False),  # 0-based within the request
         pa.field("arrival_ns", pa.int64(), nullable=False),
-        pa.field("tokens", pa.int32(), nullable=False),  # content tokens carried by this chunk
+        pa.field("tokens", pa.int32(), nullable=False),  # tokens carried by this chunk, both kinds
         pa.field("bytes", pa.int32(), nullable=False),  # bytes of the SSE event
+        # "reasoning": every token of the chunk is reasoning; "answer": it carries answer tokens (a chunk
+        # carrying both kinds, where reasoning ends, is "answer"; the request's counts split it exactly).
+        # Null before schema 3 (read as answer)
+        pa.field("kind", pa.string()),
     ]
 )
 

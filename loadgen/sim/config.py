@@ -25,6 +25,7 @@ __all__ = [
     "SchedulerConfig",
     "KVConfig",
     "CostModel",
+    "ProfileCost",
     "BatchingConfig",
     "StreamConfig",
     "FaultConfig",
@@ -54,6 +55,9 @@ class SchedulerConfig(_Model):
         default=0, ge=0, le=16 * MAX_TOKENS
     )  # per-request prefill cap per step; 0 = none
     policy: Literal["fcfs", "priority"] = "fcfs"
+    # vLLM's asynchronous scheduling: step N+1 is scheduled as step N begins, so a request that arrives during
+    # step N joins step N+2 (the worksheet then steps one at a time, without its decode fast path)
+    async_scheduling: bool = False
     decode_tokens_per_step: int = Field(default=1, ge=1, le=64)  # >1: speculative decoding, all accepted
     max_model_len: int = Field(default=8192, ge=2, le=16 * MAX_TOKENS)
     # a request past max_model_len: "clamp" as vLLM 0.32 does (the prompt must leave room for one token, and
@@ -140,8 +144,42 @@ class KVConfig(_Model):
 JITTER_PROBABILITIES = (0.01, 0.05, 0.10, 0.25, 0.50, 0.75, 0.90, 0.95, 0.99)
 
 
+class ProfileCost(_Model):
+    """A step's time from an operator profile of a GPU (``loadgen.sim.profile``), instead of the linear terms.
+
+    Paths are relative to the engine TOML. ``gpu`` and ``vllm_version`` are the profile's own (its meta.yaml),
+    repeated here so that the file says where its costs came from; loading checks them against the profile.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=(), allow_inf_nan=False)
+
+    path: str = Field(min_length=1)  # the profile's <dtype>/ folder (meta.yaml, tp<N>/)
+    model_config_path: str = Field(alias="model_config", min_length=1)  # the model's Hugging Face config.json
+    tp: int = Field(default=1, ge=1, le=1024)  # tensor-parallel degree: the profile's tp<N>/ tables
+    ep: int = Field(default=1, ge=1, le=1024)  # expert-parallel GPUs an MoE layer's experts are spread over
+    gpu: str = Field(min_length=1)
+    vllm_version: str = Field(min_length=1)
+    # The link between the GPUs (TP > 1: two all-reduces a layer; EP > 1: two collectives an MoE layer), each
+    # latency + bytes / bandwidth. The profile times one GPU's kernels, not the link: these are assumptions
+    # (defaults: LLMServingSim's cluster config for its PCIe machines, link_latency 20,000 ns, link_bw 16 GB/s).
+    link_latency_us: float = Field(default=20.0, ge=0, le=1e6)
+    link_gb_per_s: float = Field(default=16.0, gt=0, le=1e6)
+
+    def resolve(self, base: str | None) -> ProfileCost:
+        """This reference with its paths made absolute against ``base`` (the engine TOML's folder)."""
+        root = Path(base) if base else Path.cwd()
+        path, config = Path(self.path), Path(self.model_config_path)
+        return self.model_copy(
+            update={
+                "path": str(path if path.is_absolute() else root / path),
+                "model_config_path": str(config if config.is_absolute() else root / config),
+            }
+        )
+
+
 class CostModel(_Model):
-    """Step time = fixed + per prefill token + per decode sequence + per KV token read, in ms."""
+    """Step time = fixed + per prefill token + per decode sequence + per KV token read, in ms; or, with
+    ``[cost.profile]``, fixed + the operator profile's step time (the linear terms are then unused)."""
 
     fixed_ms: float = Field(default=5.0, ge=0, le=MAX_STEP_MS)
     per_prefill_token_ms: float = Field(default=0.05, ge=0, le=MAX_STEP_MS)
@@ -162,6 +200,7 @@ class CostModel(_Model):
     # calibrate` from the raw token gaps (measured − predicted) because a real engine's gaps have a heavy right
     # tail that no log-normal of the window-averaged residuals carries. Empty: no jitter.
     step_jitter_ms: list[float] = Field(default_factory=list)
+    profile: ProfileCost | None = None
 
     @model_validator(mode="after")
     def _jitter_quantiles(self) -> CostModel:
@@ -294,6 +333,8 @@ class EngineConfig(_Model):
     def calibration_label(self) -> str:
         """One line every output built on this engine states: calibrated (against what, validated error) or not."""
         c = self.calibration
+        if self.cost.profile is not None:
+            return self._profiled_label()
         if not c or not self.calibrated:
             return f"engine {self.name}: uncalibrated preset (hand-set cost terms; an illustration, not evidence)"
         validated = c.get("validated_error")
@@ -301,6 +342,18 @@ class EngineConfig(_Model):
             f"engine {self.name}: calibrated against {c.get('engine', '?')} on {c.get('hardware', '?')}"
             f" ({c.get('fitted_utc', '?')}); "
             + (f"validated error {validated}" if validated else "not yet validated (run loadgen sim validate)")
+        )
+
+    def _profiled_label(self) -> str:
+        """The label of an engine whose step times come from an operator profile: which, and how far off."""
+        p = self.cost.profile
+        assert p is not None
+        validated = (self.calibration or {}).get("validated_error")
+        parallel = f"TP {p.tp}" + (f", EP {p.ep}" if p.ep > 1 else "")
+        return (
+            f"engine {self.name}: profiled (operator profile of {p.gpu}, vLLM {p.vllm_version}, {parallel}: "
+            f"{'/'.join(Path(p.path).parts[-4:])}); "
+            + (f"validated error {validated}" if validated else "not validated against a measured run")
         )
 
     def manifest(self) -> dict[str, Any]:
@@ -357,7 +410,7 @@ def load_engine_config(path_or_preset: str | Path) -> EngineConfig:
         return path_or_preset
     text = str(path_or_preset)
     path = Path(text)
-    if not path.suffix and not path.exists():
+    if path.suffix != ".toml" and not path.exists():
         preset = presets.resolve("engines", text)
         if preset is None:
             raise ScenarioError(
@@ -368,6 +421,9 @@ def load_engine_config(path_or_preset: str | Path) -> EngineConfig:
     data, sha256 = read_toml(path, "an engine config TOML")
     cfg = parse_engine_config(data, str(path))
     cfg = cfg.model_copy(update={"source_path": str(path), "sha256": sha256})
+    if cfg.cost.profile is not None:
+        profile = cfg.cost.profile.resolve(str(path.parent))
+        cfg = cfg.model_copy(update={"cost": cfg.cost.model_copy(update={"profile": profile})})
     if cfg.kv.num_kv_blocks is None:
         cfg = cfg.model_copy(update={"resolved_kv_blocks": _kv_blocks_from_ledger(cfg, str(path))})
     return cfg

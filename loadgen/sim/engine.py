@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .config import JITTER_PROBABILITIES, EngineConfig
+from .profile import OperatorProfile, load_profile
 
 __all__ = ["DecodeRun", "Engine", "RunRecorder", "Seq", "StepResult"]
 
@@ -53,6 +54,7 @@ class Seq:
         "private",
         "prompt",
         "prompt_done",
+        "scheduled_ns",
         "shared",
         "state",
         "stop_after",
@@ -88,6 +90,7 @@ class Seq:
         self.state = "new"  # new | waiting | running | finished | aborted
         self.emitted = 0  # tokens emitted by the last step
         self.first_token_ns: int | None = None
+        self.scheduled_ns: int | None = None  # start of the step that first scheduled it (vLLM's scheduled_ts)
         self.cached_tokens = 0  # prefix-cache hit tokens at (last) admission
         self.ctx = ctx  # the face's per-request object
         self.chain = chain  # block hashes of the prompt's full blocks (live server); None = trust the key
@@ -155,7 +158,7 @@ class _DecodeSet:
     absent: from the start), as if it had been at ``computed`` - (that step) when the run began.
     """
 
-    __slots__ = ("block_size", "cycle", "ends", "idx", "joined", "kv_read", "last")
+    __slots__ = ("block_size", "bases", "cycle", "ends", "idx", "joined", "kv_read", "last")
 
     def __init__(self, seqs: list[Seq], block_size: int) -> None:
         self.block_size = block_size
@@ -165,12 +168,14 @@ class _DecodeSet:
         self.joined: dict[int, int] = {}  # id(seq) -> the steps of the run taken before it joined
         self.idx = array("i", [seq.idx for seq in seqs])
         self.last = NEVER_NS  # the steps of the run up to the first that finishes some
+        self.bases: dict[int, int] = {}  # how many count from each ``computed`` at the run's start
         for seq in seqs:
             self._count(seq, 0)
 
     def _count(self, seq: Seq, done: int) -> None:
         c = seq.computed - done
         self.kv_read += c
+        self.bases[c] = self.bases.get(c, 0) + 1
         # at ``computed`` = c it holds ceil(c / block_size) blocks: a new one in steps p, p + block_size, ...
         # (0-based) of the run, p = -c mod block_size
         self.cycle[-c % self.block_size] += 1
@@ -187,6 +192,12 @@ class _DecodeSet:
         self.idx.append(seq.idx)
         self._count(seq, done)
 
+    def kv_range(self, done: int) -> tuple[int, int]:
+        """The longest and shortest KV (tokens) among the run's decodes in its step ``done`` (0-based)."""
+        if not self.bases:
+            return 0, 0
+        return max(self.bases) + done + 1, min(self.bases) + done + 1
+
     def leave_out(self, seq: Seq) -> None:
         """A sequence admitted in the run that is still prefilling: the run ends, and never advances it."""
         self.joined[id(seq)] = NEVER_NS
@@ -198,6 +209,11 @@ class _DecodeSet:
         for seq in finished:
             c = seq.computed - self.joined.get(id(seq), 0)
             self.kv_read -= c
+            left = self.bases[c] - 1
+            if left:
+                self.bases[c] = left
+            else:
+                del self.bases[c]
             self.cycle[-c % self.block_size] -= 1
             self.idx.remove(seq.idx)  # request indexes are unique
         self.last = min(self.ends) if self.ends else NEVER_NS
@@ -224,6 +240,13 @@ class Engine:
         self._prefill_ns = c.per_prefill_token_ms * 1e6
         self._decode_ns = c.per_decode_seq_ms * 1e6
         self._kv_ns = c.per_kv_token_ms * 1e6
+        self._profile: OperatorProfile | None = None  # [cost.profile]: step times from an operator profile
+        if c.profile is not None:
+            p = c.profile
+            self._profile = load_profile(p.path, p.tp, p.model_config_path, p.ep, p.link_latency_us, p.link_gb_per_s)
+        self.profile = self._profile  # read by the worksheet (an expert-parallel group's lockstep)
+        self._tokens_ns: dict[int, float] = {}  # the profile's token- and sequence-count terms, memoised
+        self._seqs_ns: dict[int, float] = {}
         # the overhead of requests that reached the engine while it ran, owed by its next step (see add)
         self._stolen_ns = c.request_overhead_ms * 1e6 if c.request_overhead_on_engine_cpu else 0.0
         self._owed_ns = 0.0
@@ -238,6 +261,13 @@ class Engine:
         self.min_waiting = config.batching.min_waiting
 
         self.waiting: deque[Seq] = deque()
+        self.async_scheduling = s.async_scheduling
+        self._arrived: list[Seq] = []  # asynchronous scheduling: arrived during the step under way
+        self._visible: list[Seq] = []  # ... during the one before: they join the queue at the next step's start
+        # asynchronous scheduling: finished in the last step, they keep their seats and blocks through the next
+        # step's scheduling (it was scheduled before their last token was known)
+        self._finished_late: list[Seq] = []
+        self._held_seats = 0
         self._waiting_keys: list[tuple[int, int, int]] = []  # priority policy: sorted (prio, arrival, idx)
         self.running: list[Seq] = []
         self.cache: dict[str | int, _Entry] = {}
@@ -260,11 +290,32 @@ class Engine:
     # -- queue -----------------------------------------------------------------------------------
     def add(self, seq: Seq) -> None:
         """Put a new request in the waiting queue (its arrival_ns is the caller's clock). With the request
-        overhead on the engine's CPU, a request that arrives while sequences run makes the next step owe it."""
+        overhead on the engine's CPU, a request that arrives while sequences run makes the next step owe it.
+        With asynchronous scheduling, a request that arrives while sequences run waits for the step after the
+        next: that one was scheduled when the step under way began."""
         seq.state = "waiting"
-        self._enqueue(seq, front=False)
+        if self.async_scheduling and self.running:
+            self._arrived.append(seq)
+        else:
+            self._enqueue(seq, front=False)
         if self.running:
             self._owed_ns += self._stolen_ns
+
+    def _release_finished(self, seqs: list[Seq]) -> None:
+        """Asynchronous scheduling: free the seats and blocks of sequences that finished a step ago."""
+        for seq in seqs:
+            self._release(seq)
+        self._held_seats = 0
+
+    def _reveal(self) -> None:
+        """Asynchronous scheduling, at a step's start: the requests that arrived before the previous step began
+        join the queue (all of them when nothing runs: the scheduler was idle)."""
+        if not self.running:
+            self._visible.extend(self._arrived)
+            self._arrived = []
+        for seq in self._visible:
+            self._enqueue(seq, front=False)
+        self._visible, self._arrived = self._arrived, []
 
     def _enqueue(self, seq: Seq, front: bool) -> None:
         if self.priority_policy:
@@ -287,6 +338,8 @@ class Engine:
         if seq.state == "running":
             self.running.remove(seq)
             self._release(seq)
+        elif seq.state == "waiting" and (seq in self._arrived or seq in self._visible):
+            (self._arrived if seq in self._arrived else self._visible).remove(seq)
         elif seq.state == "waiting":
             i = self.waiting.index(seq)
             del self.waiting[i]
@@ -300,7 +353,7 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.waiting or self._visible or self._arrived)
 
     def hold_until_ns(self, now_ns: int) -> int | None:
         """When the batching window holds every runnable request: the time it opens; else None."""
@@ -319,11 +372,6 @@ class Engine:
         return now_ns - oldest >= self.window_ns
 
     # -- KV blocks ---------------------------------------------------------------------------------
-    @property
-    def free_blocks(self) -> int:
-        """Blocks not held by a running sequence (truly free + evictable cached), as vLLM counts."""
-        return self.total_blocks - self.used_private - self.cached_pinned
-
     @property
     def kv_usage(self) -> float:
         """vllm:kv_cache_usage_perc: share of blocks held by running sequences (0..1)."""
@@ -443,13 +491,27 @@ class Engine:
         Running sequences first (preempting for blocks), then waiting ones when nothing was
         preempted, then the cost model, then the tokens: vLLM v1's scheduler order.
         """
+        finished_before: list[Seq] = []
+        if self.async_scheduling:
+            self._reveal()
+            finished_before, self._finished_late = self._finished_late, []
+            if self.running:
+                self._held_seats = len(finished_before)
+            else:  # nothing ran on: their outputs were processed before this step was scheduled
+                self._release_finished(finished_before)
+                finished_before = []
         scheduled: list[tuple[Seq, int]] = []
         budget, prefill_tokens, decode_seqs, kv_read, preempted = self._schedule_running(scheduled)
-        if not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        if not preempted and self.waiting and budget > 0 and len(self.running) + self._held_seats < self.max_num_seqs:
             prefill_tokens, decode_seqs, kv_read = self._schedule_waiting(
                 now_ns, scheduled, budget, prefill_tokens, decode_seqs, kv_read
             )
-        duration_ns = self._duration_ns(bool(scheduled), prefill_tokens, decode_seqs, kv_read)
+        if finished_before:
+            self._release_finished(finished_before)
+        if self._profile is not None:
+            duration_ns = self._profiled_duration_ns(scheduled, 0, 0)
+        else:
+            duration_ns = self._duration_ns(bool(scheduled), prefill_tokens, decode_seqs, kv_read)
         emitted, finished = self._apply(scheduled, prefill_tokens)
         if scheduled:
             self.steps += 1
@@ -468,6 +530,8 @@ class Engine:
         exactly as ``step`` by ``step`` leaves them. Returns the end of the last step taken; None when
         none was (call ``step``).
         """
+        if self.async_scheduling:
+            return None  # arrivals join two steps late: step by step
         if self.spec != 1 or not self.running or len(self.running) > self.max_batched or not self._decodes_only():
             return None
         t, done = now_ns, 0  # steps taken; the sequences catch up on them at the end (_advance)
@@ -587,6 +651,8 @@ class Engine:
         room = self._decode_room(head, b * -(-(dset.last - done) // bs)) if head is not None else self._free_room()
         base = self._fixed_ns + self._prefill_ns * 0 + self._decode_ns * b
         kv_ns = self._kv_ns
+        profiled = self._profile is not None
+        top_base, bottom_base = (max(dset.bases), min(dset.bases)) if profiled and dset.bases else (0, 0)
         noisy = bool(self._sigma)
         jittered = self._jitter_q is not None
         held = self.used_private + self.cached_pinned
@@ -605,7 +671,11 @@ class Engine:
                     break
                 taken += new
             kv_read += b
-            duration = base + kv_ns * kv_read + owed
+            if profiled:
+                top, bottom = (top_base + j + 1, bottom_base + j + 1) if b else (0, 0)
+                duration = self._profile_ns(0, 0, b, kv_read, b, top, bottom) + owed
+            else:
+                duration = base + kv_ns * kv_read + owed
             owed = 0.0
             if noisy:
                 if noise:
@@ -655,7 +725,10 @@ class Engine:
         prefill, decode_seqs, kv_read = self._schedule_waiting(
             now_ns, scheduled, self.max_batched - b, 0, b, dset.kv_read + (done + 1) * b
         )
-        duration = self._duration_ns(True, prefill, decode_seqs, kv_read)
+        if self._profile is not None:
+            duration = self._profiled_duration_ns(scheduled, b, dset.kv_read + (done + 1) * b, *dset.kv_range(done))
+        else:
+            duration = self._duration_ns(True, prefill, decode_seqs, kv_read)
         emitted, finished, gen = self._advance_scheduled(scheduled)
         emitted = self.running[:b] + emitted  # decodes first, as scheduled
         if done + 1 == dset.last:
@@ -785,7 +858,7 @@ class Engine:
         long_prefill = self.long_prefill
         window_open = self._window_open(now_ns)
         waiting = self.waiting
-        while waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while waiting and budget > 0 and len(self.running) + self._held_seats < self.max_num_seqs:
             seq = waiting[0]
             if not window_open and not seq.preemptions:
                 break
@@ -806,6 +879,8 @@ class Engine:
                     self._unpin(entry)
                 break
             self._admit(seq, entry, hit, need)
+            if seq.scheduled_ns is None:
+                seq.scheduled_ns = now_ns
             scheduled.append((seq, n))
             budget -= n
             kv_read += hit * bs + n
@@ -868,6 +943,64 @@ class Engine:
             duration = self._jittered(duration)
         return int(duration) if busy else 0
 
+    def _profile_ns(
+        self,
+        prefill_tokens: int,
+        prefill_cached: int,
+        decodes: int,
+        decode_kv: int,
+        seqs: int,
+        kv_max: int = 0,
+        kv_min: int = 0,
+    ) -> float:
+        """The operator profile's step time (ns) for a step's composition, plus ``fixed_ms``; the token- and
+        sequence-count terms are memoised (a decode run asks for the same ones step after step)."""
+        profile = self._profile
+        assert profile is not None
+        tokens = prefill_tokens + decodes
+        t = self._tokens_ns.get(tokens)
+        if t is None:
+            t = self._tokens_ns[tokens] = profile.tokens_us(tokens) * 1e3
+        s = self._seqs_ns.get(seqs)
+        if s is None:
+            s = self._seqs_ns[seqs] = profile.sequences_us(seqs) * 1e3
+        attention = profile.attention_us(prefill_tokens, prefill_cached, decodes, decode_kv, kv_max, kv_min) * 1e3
+        return self._fixed_ns + t + s + attention
+
+    def _profiled_duration_ns(
+        self, scheduled: list[tuple[Seq, int]], decodes: int, decode_kv: int, kv_max: int = 0, kv_min: int = 0
+    ) -> int:
+        """Step part 3 with an operator profile: the composition of ``scheduled`` (prefill chunks over their
+        cached prefix, decodes and their KV) plus ``decodes`` more decodes reading ``decode_kv`` KV tokens (a
+        decode run's, not in ``scheduled``), then what ``_duration_ns`` adds (owed overhead, noise, jitter)."""
+        if not scheduled and not decodes:
+            return 0
+        prefill = cached = 0
+        seqs = decodes + len(scheduled)
+        if not decodes:
+            kv_min = 1 << 62
+        for seq, n in scheduled:
+            c = seq.computed
+            if seq.prompt + seq.output - c <= 1:
+                decodes += 1
+                decode_kv += c + n
+                if c + n > kv_max:
+                    kv_max = c + n
+                if c + n < kv_min:
+                    kv_min = c + n
+            else:
+                prefill += n
+                cached += c
+        duration = self._profile_ns(prefill, cached, decodes, decode_kv, seqs, kv_max, kv_min if decodes else 0)
+        if self._owed_ns:
+            duration += self._owed_ns
+            self._owed_ns = 0.0
+        if self._sigma:
+            duration *= self._noise_factor()
+        if self._jitter_q is not None:
+            duration = self._jittered(duration)
+        return int(duration)
+
     def _apply(self, scheduled: list[tuple[Seq, int]], prefill_tokens: int) -> tuple[list[Seq], list[Seq]]:
         """Step part 4: advance computed tokens, emit, promote prompts to the prefix cache, finish.
 
@@ -912,7 +1045,10 @@ class Engine:
         for seq in finished:
             if seq.entry is not None and seq.cache_limit is None:
                 self._promote(seq, seq.computed // bs)
-            self._release(seq)
+            if self.async_scheduling:
+                self._finished_late.append(seq)
+            else:
+                self._release(seq)
             seq.state = "finished"
         self.running = [s for s in self.running if s.state == "running"]
         self.finished_total += len(finished)

@@ -77,7 +77,18 @@ def request_id_for(kind: str, number: int) -> str:
 class StreamFormat:
     """Pre-rendered SSE event pieces for one response (completions or chat)."""
 
-    __slots__ = ("kind", "head", "content_tail", "obj", "rid", "created", "model", "fingerprint", "_base")
+    __slots__ = (
+        "kind",
+        "head",
+        "reasoning_head",
+        "content_tail",
+        "obj",
+        "rid",
+        "created",
+        "model",
+        "fingerprint",
+        "_base",
+    )
 
     def __init__(self, kind: str, rid: str, created: int, model: str, fingerprint: str | None = None) -> None:
         self.kind = kind
@@ -89,6 +100,7 @@ class StreamFormat:
         fp = f',"system_fingerprint":{json.dumps(fingerprint)}' if fingerprint else ""
         base = f'{{"id":"{rid}","object":"{self.obj}","created":{created},"model":{json.dumps(model)}{fp},'
         self._base = base
+        self.reasoning_head = ("data: " + base + '"choices":[{"index":0,"delta":{"reasoning_content":').encode()
         if kind == "chat":
             self.head = ("data: " + base + '"choices":[{"index":0,"delta":{"content":').encode()
         else:
@@ -103,6 +115,10 @@ class StreamFormat:
     def content(self, text: str) -> bytes:
         """A content event; ``text`` must be plain ASCII filler (no escaping needed)."""
         return self.head + b'"' + text.encode() + b'"' + self.content_tail
+
+    def reasoning(self, text: str) -> bytes:
+        """A chat reasoning event (``delta.reasoning_content``); ``text`` plain ASCII filler."""
+        return self.reasoning_head + b'"' + text.encode() + b'"' + self.content_tail
 
     def content_any(self, text: str) -> bytes:
         """A content event for arbitrary text (JSON-escaped; contract answers)."""
@@ -126,13 +142,18 @@ class StreamFormat:
             body = f'"choices":[{{"index":0,"text":"","logprobs":null,"finish_reason":"{reason}"}}]}}'
         return ("data: " + self._base + body + "\n\n").encode()
 
-    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> bytes:
+    def usage(
+        self,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int | None = None,
+        reasoning_tokens: int | None = None,
+    ) -> bytes:
+        usage = usage_dict(prompt_tokens, completion_tokens, cached_tokens)
+        if reasoning_tokens:
+            usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
         return (
-            "data: "
-            + self._base
-            + '"choices":[],"usage":'
-            + json.dumps(usage_dict(prompt_tokens, completion_tokens, cached_tokens), separators=(",", ":"))
-            + "}\n\n"
+            "data: " + self._base + '"choices":[],"usage":' + json.dumps(usage, separators=(",", ":")) + "}\n\n"
         ).encode()
 
     def malformed(self) -> bytes:

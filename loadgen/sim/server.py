@@ -1,7 +1,7 @@
 """Face 2: the live OpenAI-compatible server, the same engine advancing in real time.
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (stream or not, usage chunk),
-``POST /tokenize``, ``POST /reset_prefix_cache``, ``GET /v1/models``, ``/version``, ``/health``, ``/metrics``
+``POST /tokenize``, ``POST /detokenize``, ``POST /reset_prefix_cache``, ``GET /v1/models``, ``/version``, ``/health``, ``/metrics``
 (vLLM names).
 One asyncio task runs the engine's step loop: it schedules a step, sleeps the step's modelled
 duration, then hands each request its new tokens. Faults come from ``[faults]`` (seeded) or the
@@ -23,6 +23,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from loadgen.rundir.schema import SIM_REASONING_FIELD
 from loadgen.util.errors import TargetError
 from loadgen.workload.prompts import get_tokenizer
 
@@ -217,6 +218,10 @@ class SimServer:
             if req.method != "POST":
                 return self._error(conn, 405, "method not allowed on /tokenize; use POST")
             return self.tokenize(req, conn)
+        if path == "/detokenize":
+            if req.method != "POST":
+                return self._error(conn, 405, "method not allowed on /detokenize; use POST")
+            return self.detokenize(req, conn)
         if path == "/reset_prefix_cache":  # vLLM's (dev-mode) endpoint: cold prefix cache without a restart
             if req.method != "POST":
                 return self._error(conn, 405, "method not allowed on /reset_prefix_cache; use POST")
@@ -255,6 +260,7 @@ class SimServer:
             "version": __version__,
             "engine": "loadgen-sim",
             "engine_config": self.config.name,
+            "tokenizer": self.tokenizer.name,  # the one it counts with (a client can size prompts with it locally)
             "config": self.config.manifest(),
         }
         conn.send(200, json.dumps(body).encode())
@@ -390,6 +396,13 @@ class SimServer:
         priority = self._int(body, "priority", 0, -(2**31)) or 0
         return ids, max_tokens, stream, include_usage, priority
 
+    def _reasoning(self, body: dict[str, Any], kind: str, max_tokens: int) -> int:
+        """How many of the output tokens stream as reasoning (``SIM_REASONING_FIELD``, chat only; at most all)."""
+        if kind != "chat" or SIM_REASONING_FIELD not in body:
+            return 0
+        asked = self._int(body, SIM_REASONING_FIELD, 0, 0)
+        return min(asked or 0, max_tokens)
+
     def _chain(self, ids: list[int]) -> list[int]:
         """Block hashes of the prompt's full blocks (chained, as vLLM's prefix cache keys them)."""
         bs = self.config.kv.block_size
@@ -489,6 +502,10 @@ class SimServer:
         pieces, finish = self._contract_answer(body, req)
         if pieces is not None:
             max_tokens = len(pieces)
+        try:
+            reasoning = self._reasoning(body, kind, max_tokens) if pieces is None else 0
+        except _Invalid as exc:
+            return self._error(conn, exc.status, str(exc), exc.param)
         model, fingerprint = self._identity()
         fmt = StreamFormat(kind, rid, int(time.time()), model, fingerprint)
         ctx = LiveRequest(0)
@@ -517,7 +534,7 @@ class SimServer:
             ctx.done = True
         try:
             if stream:
-                await self._stream(conn, ctx, fmt, headers, include_usage, plan, len(ids), pieces, finish)
+                await self._stream(conn, ctx, fmt, headers, include_usage, plan, len(ids), pieces, finish, reasoning)
             else:
                 await self._whole(conn, ctx, fmt, headers, plan, len(ids), pieces, finish)
         finally:
@@ -554,7 +571,10 @@ class SimServer:
         prompt_tokens: int,
         pieces: list[str] | None = None,
         finish: str = "length",
+        reasoning: int = 0,
     ) -> None:
+        """Stream the tokens as they become visible; the first ``reasoning`` of them as reasoning deltas (a
+        coalesced run that crosses into the answer goes out as a reasoning event and an answer event)."""
         conn.start_stream(200, _SSE_HEADERS + headers)
         if fmt.kind == "chat":
             conn.write_chunk(fmt.role())
@@ -584,6 +604,8 @@ class SimServer:
                         conn.write_chunk(fmt.content_any("".join(pieces[sent:target])))
                     else:
                         conn.write_chunk(b"".join(fmt.content_any(pieces[j]) for j in range(sent, target)))
+                elif sent < reasoning:
+                    conn.write_chunk(_filler_events(fmt, sent, target, reasoning, coalesce))
                 elif coalesce:
                     conn.write_chunk(fmt.content(filler_text(sent, target - sent)))
                 else:
@@ -598,7 +620,8 @@ class SimServer:
             await ctx.wait()
         conn.write_chunk(fmt.finish(finish))
         if include_usage:
-            conn.write_chunk(fmt.usage(prompt_tokens, sent, ctx.seq.cached_tokens if ctx.seq else None))
+            cached = ctx.seq.cached_tokens if ctx.seq else None
+            conn.write_chunk(fmt.usage(prompt_tokens, sent, cached, min(reasoning, sent)))
         conn.write_chunk(DONE)
         conn.end_stream()
 
@@ -665,6 +688,25 @@ class SimServer:
             return self._error(conn, exc.status, str(exc), exc.param)
         out = {"count": len(ids), "max_model_len": self.config.scheduler.max_model_len, "tokens": ids}
         conn.send(200, json.dumps(out).encode())
+
+    def detokenize(self, req: Request, conn: Connection) -> None:
+        """vLLM's ``POST /detokenize``: ``{"tokens": [ids]}`` → ``{"prompt": text}`` (422 where the tokenizer
+        cannot decode: a ``chars:N`` one counts only)."""
+        try:
+            body = self._body(req)
+            self._check_model(body)
+            ids = body.get("tokens")
+            if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise _Invalid(422, "tokens: expected a list of token ids", "tokens")
+            try:
+                text = self.tokenizer.decode(ids)
+            except NotImplementedError:
+                raise _Invalid(422, f"tokenizer {self.tokenizer.name}: cannot decode", "tokens") from None
+            except (ValueError, KeyError, OverflowError, TypeError):
+                raise _Invalid(422, "tokens: not ids of this tokenizer", "tokens") from None
+        except _Invalid as exc:
+            return self._error(conn, exc.status, str(exc), exc.param)
+        conn.send(200, json.dumps({"prompt": text}).encode())
 
     # -- metrics -----------------------------------------------------------------------------------
     def render_metrics(self) -> str:
@@ -749,6 +791,15 @@ class SimServer:
             [("loadgen_sim_busy_seconds_total", lab, e.busy_ns / 1e9)],
         )
         return "\n".join(lines) + "\n"
+
+
+def _filler_events(fmt: StreamFormat, start: int, end: int, reasoning: int, coalesce: bool) -> bytes:
+    """Events for output tokens ``start .. end-1`` when the first ``reasoning`` tokens are reasoning."""
+    cut = min(end, reasoning)
+    if coalesce:
+        out = fmt.reasoning(filler_text(start, cut - start))
+        return out + (fmt.content(filler_text(cut, end - cut)) if end > cut else b"")
+    return b"".join((fmt.reasoning if j < reasoning else fmt.content)(filler_text(j, 1)) for j in range(start, end))
 
 
 def _parse_error(conn: Connection, status: int, message: str) -> bytes:

@@ -26,6 +26,7 @@ import pyarrow as pa
 from loadgen.rundir.identity import harness_identity, host_identity, sha256_file, utc_now_iso
 from loadgen.rundir.io import RunWriter
 from loadgen.rundir.manifest import Anchor, EngineIdentity, Manifest, TargetRef, TraceRef, WarmState, merge_manifest
+from loadgen.rundir.rowtables import kind_column
 from loadgen.rundir.schema import (
     CHUNKS_SCHEMA,
     REQUESTS_SCHEMA,
@@ -52,6 +53,8 @@ from .metrics import (
     histogram_samples,
     metric_labels_json,
 )
+from .prefix_chain import engine_block_chain
+from .profile import OperatorProfile
 from .protocol import StreamFormat, filler_bytes, request_id_for, token_bytes
 
 __all__ = ["WorksheetResult", "run_worksheet", "simulate_trace"]
@@ -124,6 +127,7 @@ class _Client:
         self.ready: list[tuple[int, int]] = []  # (due ns, index) of reply-waiting turns whose reply ended
         self.followers = _followers(cols)  # index of a turn -> index of the turn that waits for its reply
         self.waiting = set(self.followers.values())  # not due at their offset (a turn without one is)
+        self.block_hash_tokens = 0  # tokens per prompt_block_hashes entry (the trace metadata's; 0: none)
 
     def release_due(self, t: int) -> None:
         """Every request due at or before t arrives: trace offsets in order, then reply-waiting turns."""
@@ -172,6 +176,14 @@ class _Client:
         while self.queue and self.in_flight < self.limit:
             self.send(self.queue.popleft(), t)
 
+    def _chain(self, i: int, prompt: int, block_size: int) -> list[int] | None:
+        """Request i's prefix-cache chain from the trace's ``prompt_block_hashes`` (None: the trace has none)."""
+        hashes = self.cols.get("prompt_block_hashes")
+        row = hashes[i] if hashes is not None else None
+        if row is None or not self.block_hash_tokens:
+            return None
+        return engine_block_chain(row, self.block_hash_tokens, block_size, prompt)
+
     def _answer_now(self, i: int, t: int, code: int, retry_after_s: float | None = None) -> None:
         """Request i is answered at t with HTTP ``code`` and never reaches the engine."""
         self.status[i], self.error_kind[i], self.http_status[i] = STATUS_ERROR, http_error_kind(code), code
@@ -204,8 +216,11 @@ class _Client:
         self.in_flight += 1
         key = conv if conv is not None else cols["prefix_group"][i]
         cache_limit = None if conv is not None else cols["prefix_tokens"][i]
+        chain = self._chain(i, prompt, engine.block_size)
+        if chain is not None:  # the trace's block hashes: a hit wherever the prompts' blocks agree
+            key, cache_limit = (chain[0] if chain else None), None
         arrive = t + self.overhead_ns + (int(plan.slow_start_s * _NS) if plan is not None else 0)
-        seq = Seq(i, prompt, out, arrive, cache_key=key, cache_limit_tokens=cache_limit)
+        seq = Seq(i, prompt, out, arrive, cache_key=key, cache_limit_tokens=cache_limit, chain=chain)
         seq.stop_after = self.stop_after[i]
         self.seqs[i] = seq
         if arrive > t:
@@ -350,11 +365,18 @@ def _next_event(client: _Client, delayed: list[tuple[int, int]]) -> int | None:
 def _run_fleet_virtual_time(engines: list[Engine], client: _Client) -> tuple[_Steps, list[_Steps]]:
     """The event loop of a fleet, in time order: step ends (their chunks, finished requests), sends and
     arrivals, then a new step on every idle engine with work. Returns the chunks of every engine
-    (``_Steps`` in step-end order) and each engine's own state rows."""
+    (``_Steps`` in step-end order) and each engine's own state rows.
+
+    Engines whose profile spreads an MoE model's experts over ``ep`` GPUs are data-parallel ranks of one
+    expert-parallel group (engines 0..ep-1, ep..2ep-1, ...): as vLLM runs them, in lockstep, each step of the
+    group starting together and ending with its slowest rank's."""
     steps = _Steps(engines[0].spec, engines[0].total_blocks)
     states = [_Steps(e.spec, e.total_blocks) for e in engines]
     delayed = client.delayed
     pending: list[tuple[int, StepResult] | None] = [None] * len(engines)  # (end, result) of a step under way
+    profile = engines[0].profile
+    ep = profile.ep if profile is not None else 1
+    groups = [list(range(k, min(k + ep, len(engines)))) for k in range(0, len(engines), ep)]
     t = 0
     while True:
         for t_end, i in sorted((p[0], i) for i, p in enumerate(pending) if p is not None and p[0] <= t):
@@ -369,17 +391,25 @@ def _run_fleet_virtual_time(engines: list[Engine], client: _Client) -> tuple[_St
             idx = heapq.heappop(delayed)[1]
             engines[cast(int, client.target[idx])].add(cast(Seq, client.seqs[idx]))
         wake: list[int] = []
-        for i, engine in enumerate(engines):
-            if pending[i] is not None or not engine.has_work:
-                continue
-            hold = engine.hold_until_ns(t)
-            if hold is not None:
-                wake.append(hold)
-                continue
-            res = engine.step(t)
-            if res.duration_ns == 0 and not res.emitted and not res.finished:
-                continue  # no progress until something else happens
-            pending[i] = (t + res.duration_ns, res)
+        for group in groups:
+            if any(pending[i] is not None for i in group):
+                continue  # a lockstep group starts its steps together
+            started: list[int] = []
+            for i in group:
+                engine = engines[i]
+                if pending[i] is not None or not engine.has_work:
+                    continue
+                hold = engine.hold_until_ns(t)
+                if hold is not None:
+                    wake.append(hold)
+                    continue
+                res = engine.step(t)
+                if res.duration_ns == 0 and not res.emitted and not res.finished:
+                    continue  # no progress until something else happens
+                pending[i] = (t + res.duration_ns, res)
+                started.append(i)
+            if len(group) > 1 and started:
+                _lockstep(t, started, pending, profile)
         nxt = _next_event(client, delayed)
         times = [p[0] for p in pending if p is not None] + wake + ([nxt] if nxt is not None else [])
         if not times:
@@ -391,6 +421,22 @@ def _run_fleet_virtual_time(engines: list[Engine], client: _Client) -> tuple[_St
             raise _no_progress(engines[0])
         t = max(t, t_next)
     return steps, states
+
+
+def _lockstep(
+    t: int, started: list[int], pending: list[tuple[int, StepResult] | None], profile: OperatorProfile | None
+) -> None:
+    """The steps a lockstep group started at ``t``: each rank's experts run over the whole group's tokens, and
+    every rank's step lasts as long as the slowest one's."""
+    results = [cast(tuple[int, StepResult], pending[i])[1] for i in started]
+    tokens = [r.prefill_tokens + r.decode_seqs for r in results]
+    durations = [r.duration_ns for r in results]
+    if profile is not None:
+        total = sum(tokens)
+        durations = [d + int(profile.group_delta_us(n, total) * 1e3) for d, n in zip(durations, tokens, strict=True)]
+    end = t + max(durations)
+    for i, res in zip(started, results, strict=True):
+        pending[i] = (end, res)
 
 
 def _no_progress(engine: Engine) -> EngineError:
@@ -508,6 +554,26 @@ class _Chunks:
         fmt = StreamFormat(endpoint, request_id_for(endpoint, 0), created, model)
         text = token_bytes(tok_before) if self.single else filler_bytes(tok_before, ck.astype(np.int64))
         self.nbytes = fmt.content_overhead() + text
+        self.tok_before = tok_before
+        self.reasoning_extra_bytes = len(fmt.reasoning_head) - len(fmt.head)
+        self.kind = np.zeros(len(idx), dtype=np.int64)  # CHUNK_KINDS codes: all answer until ``mark_reasoning``
+        self.first_answer_ns: np.ndarray | None = None  # per request; None: the first token is the first answer
+
+    def mark_reasoning(self, reasoning: np.ndarray) -> None:
+        """The first ``reasoning[i]`` output tokens of request ``i`` are reasoning (as the live server streams
+        them, ``SIM_REASONING_FIELD``): a chunk all of whose tokens are reasoning is a reasoning chunk; the first
+        chunk carrying an answer token gives ``first_answer_ns`` (-1: none). A chunk that crosses into the
+        answer counts as answer (the live server sends it as two events at the same instant)."""
+        if not len(self.idx) or not reasoning.any():
+            return
+        limit = reasoning[self.idx]
+        is_reasoning = self.tok_before + self.ck <= limit
+        self.kind = is_reasoning.astype(np.int64)
+        self.nbytes = self.nbytes + np.where(is_reasoning, self.reasoning_extra_bytes, 0)
+        answer = np.flatnonzero(~is_reasoning)
+        owners, first = np.unique(self.idx[answer], return_index=True)
+        self.first_answer_ns = np.full(len(self.counts), -1, dtype=np.int64)
+        self.first_answer_ns[owners] = self.ct[answer[first]]
 
     def apply_stalls(self, plans: list[FaultPlan | None], seqs: list[Seq | None], done: list[int | None]) -> None:
         """Chunks after a stall point arrive no earlier than the stall's end (and so does done)."""
@@ -546,6 +612,7 @@ class _Chunks:
                 pa.array(self.ct),
                 pa.array(self.ck),
                 pa.array(self.nbytes.astype(np.int32)),
+                kind_column(self.kind),
             ],
             schema=CHUNKS_SCHEMA,
         )
@@ -569,8 +636,24 @@ def _stream_outcome(
     return STATUS_OK, kind
 
 
+def _reasoning_tokens(cols: dict[str, list[Any]], endpoint: str, n: int) -> np.ndarray:
+    """Per request, the reasoning tokens the trace asks for (0 when none; chat only, as the live server)."""
+    asked = cols.get("reasoning_tokens")
+    if endpoint != "chat" or asked is None:
+        return np.zeros(n, dtype=np.int64)
+    return np.array([r or 0 for r in asked], dtype=np.int64)
+
+
+def _answer_instants(chunks: _Chunks, first: list[int | None]) -> list[int | None]:
+    """Per request, its first answer token's instant (the first token's, without reasoning)."""
+    if chunks.first_answer_ns is None:
+        return list(first)
+    answer = chunks.first_answer_ns.tolist()
+    return [None if f is None or a < 0 else a for f, a in zip(first, answer)]
+
+
 def _request_table(
-    cols: dict[str, list[Any]], client: _Client, chunks: _Chunks, model: str
+    cols: dict[str, list[Any]], client: _Client, chunks: _Chunks, model: str, reasoning: np.ndarray
 ) -> tuple[pa.Table, list[float]]:
     """One record row per trace request, and the TTFT (s, from engine arrival) of each that streamed."""
     n = len(client.scheduled)
@@ -611,13 +694,20 @@ def _request_table(
             for t, plan in zip(sent, client.plans)
         ],
         "first_token_ns": first,
+        "first_answer_token_ns": _answer_instants(chunks, first),
         "last_token_ns": last,
         "done_ns": client.done,
+        "server_queued_ns": [None if seq is None else seq.arrival_ns for seq in client.seqs],
+        "server_scheduled_ns": [None if seq is None else seq.scheduled_ns for seq in client.seqs],
         "target_prompt_tokens": cols["prompt_tokens"],
         "target_output_tokens": cols["output_tokens"],
         "server_prompt_tokens": [p if f else None for p, f in zip(cols["prompt_tokens"], ok)],
         "server_output_tokens": [o if f else None for o, f in zip(out_tokens, ok)],
         "client_output_tokens": out_tokens,
+        "client_reasoning_tokens": [None if o is None else min(o, r) for o, r in zip(out_tokens, reasoning.tolist())],
+        "server_reasoning_tokens": [
+            min(o, r) if f and o is not None and r else None for o, r, f in zip(out_tokens, reasoning.tolist(), ok)
+        ],
         "chunk_count": chunk_count,
         "cancel_after_tokens": cols["cancel_after_tokens"],
         "status": status,
@@ -728,8 +818,9 @@ def simulate_trace(
     """Run the engine (``replicas`` > 1: a fleet of them behind ``route_policy``) over a trace table in
     virtual time (ns from trace start). ``fast`` = False: one engine step at a time, never a decode run
     at once (the same result, slower; the reference the fast path is tested against)."""
-    # a reply-waiting turn (think_after_reply_ns) is due one think time after its previous turn ended
-    names = [*TRACE_SCHEMA.names, "think_after_reply_ns"]
+    # a reply-waiting turn (think_after_reply_ns) is due one think time after its previous turn ended; the
+    # first reasoning_tokens of a request's output stream as reasoning
+    names = [*TRACE_SCHEMA.names, "think_after_reply_ns", "reasoning_tokens", "prompt_block_hashes"]
     cols = {name: table.column(name).to_pylist() for name in names if name in table.column_names}
     n = table.num_rows
     engines = [Engine(config, seed=seed + k) for k in range(replicas)]  # engine 0 is the single engine's
@@ -738,6 +829,7 @@ def simulate_trace(
     limit = metadata.get("concurrency") if mode == "closed" else metadata.get("max_in_flight")
     router = Router(replicas, route_policy) if replicas > 1 else None
     client = _Client(cols, engines, config, plans, stop_after, int(limit) if limit else n + 1, router)
+    client.block_hash_tokens = int(metadata.get("block_hash_tokens") or 0)
     fleet: list[_Steps] | None = None
     if router is None:
         steps = _run_virtual_time(engines[0], client, fast)
@@ -745,8 +837,10 @@ def simulate_trace(
         steps, fleet = _run_fleet_virtual_time(engines, client)
     chunks = _Chunks(steps, n, endpoint, config.model)
     chunks.apply_stalls(plans, client.seqs, client.done)
+    reasoning = _reasoning_tokens(cols, endpoint, n)
+    chunks.mark_reasoning(reasoning)
     result = WorksheetResult()
-    result.requests_table, ttft_s = _request_table(cols, client, chunks, config.model)
+    result.requests_table, ttft_s = _request_table(cols, client, chunks, config.model, reasoning)
     result.chunks = chunks.table(cols["request_id"])
     result.metrics = _server_metrics(steps, chunks, ttft_s, config.model, fleet)
     if fleet is None:
@@ -841,15 +935,34 @@ def run_worksheet(
     table, metadata = _read_trace(trace_path)
     if table.num_rows == 0:  # the same rule as a measured run
         raise TraceError(f"{trace_path}: trace has no requests: expected at least one row")
-    scen_manifest = None
-    endpoint = "completions"
-    if scenario is not None:
-        scen = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
-        scen_manifest = scenario_manifest(scen)
-        endpoint = "chat" if scen.endpoint == "chat" else "completions"
+    scen = scenario if scenario is None or isinstance(scenario, Scenario) else load_scenario(scenario)
+    endpoint = "chat" if scen is not None and scen.endpoint == "chat" else "completions"
+    options = {
+        "engine": str(engine if not isinstance(engine, EngineConfig) else config.name),
+        "seed": seed,
+        "endpoint": endpoint,
+        "face": "worksheet",
+        "scenario": None if scenario is None else str(getattr(scenario, "source_path", None) or scenario),
+    }
+    manifest = _worksheet_manifest(trace_path, metadata, config, options, scen)
+    if replicas > 1:
+        manifest = merge_manifest(manifest, _fleet_sections(manifest, replicas, route_policy))
+    if extra_manifest:
+        manifest = merge_manifest(manifest, extra_manifest)
+    result = simulate_trace(
+        table, metadata, config, seed=seed, endpoint=endpoint, replicas=replicas, route_policy=route_policy, fast=fast
+    )
+    _write_worksheet(Path(out_dir), manifest, result, replicas)
+    return Path(out_dir)
+
+
+def _worksheet_manifest(
+    trace_path: Path, metadata: dict[str, Any], config: EngineConfig, options: dict[str, Any], scen: Scenario | None
+) -> Manifest:
+    """A worksheet's manifest as its files open: the simulated engine as the target, virtual time as the clock."""
     started = utc_now_iso()
     engine_manifest = config.manifest()
-    manifest = Manifest(
+    return Manifest(
         run_kind="simulated",
         harness=harness_identity(),
         host=host_identity(),
@@ -861,7 +974,7 @@ def run_worksheet(
             engine=EngineIdentity(name="loadgen-sim", version=__version__, config=engine_manifest),
         ),
         engine_config=engine_manifest,
-        scenario=scen_manifest,
+        scenario=scenario_manifest(scen) if scen is not None else None,
         trace=TraceRef(
             path=str(trace_path),
             sha256=sha256_file(trace_path),
@@ -869,13 +982,7 @@ def run_worksheet(
             seed=metadata.get("seed"),
             metadata=metadata,
         ),
-        options={
-            "engine": str(engine if not isinstance(engine, EngineConfig) else config.name),
-            "seed": seed,
-            "endpoint": endpoint,
-            "face": "worksheet",
-            "scenario": None if scenario is None else str(getattr(scenario, "source_path", None) or scenario),
-        },
+        options=options,
         warm_state=WarmState(state="warm", actions=[WORKSHEET_WARM_ACTION]),
         started_utc=started,
         anchor=Anchor(perf_counter_ns=0, utc=started, clock="virtual: ns from trace start"),
@@ -887,24 +994,23 @@ def run_worksheet(
             "kv_cache_dtype": config.kv.kv_cache_dtype,
         },
     )
-    if replicas > 1:
-        target = manifest.target.model_dump(mode="json")
-        manifest = merge_manifest(
-            manifest,
-            {
-                "targets": [{**target, "base_url": f"worksheet engine {k}"} for k in range(replicas)],
-                "routing": {"policy": route_policy, "sticky": "conversation", "down_after_connect_errors": 0},
-                "options": {"replicas": replicas, "route_policy": route_policy},
-            },
-        )
-    if extra_manifest:
-        manifest = merge_manifest(manifest, extra_manifest)
-    result = simulate_trace(
-        table, metadata, config, seed=seed, endpoint=endpoint, replicas=replicas, route_policy=route_policy, fast=fast
-    )
-    with RunWriter(Path(out_dir), manifest, defer_parts=True) as writer:  # its tables are in memory anyway
+
+
+def _fleet_sections(manifest: Manifest, replicas: int, route_policy: RoutePolicy) -> dict[str, Any]:
+    """A fleet's manifest sections: one target per engine, the routing, and the fleet options."""
+    target = manifest.target.model_dump(mode="json")
+    return {
+        "targets": [{**target, "base_url": f"worksheet engine {k}"} for k in range(replicas)],
+        "routing": {"policy": route_policy, "sticky": "conversation", "down_after_connect_errors": 0},
+        "options": {"replicas": replicas, "route_policy": route_policy},
+    }
+
+
+def _write_worksheet(out_dir: Path, manifest: Manifest, result: WorksheetResult, replicas: int) -> None:
+    """The simulated tables as a run directory, a chunk part per 200,000 rows as a measured run flushes."""
+    with RunWriter(out_dir, manifest, defer_parts=True) as writer:  # its tables are in memory anyway
         writer.add_request_table(result.requests_table)
-        for start in range(0, result.chunks.num_rows, 200_000):  # a part per batch, as a measured run flushes
+        for start in range(0, result.chunks.num_rows, 200_000):
             writer.add_chunk_table(result.chunks.slice(start, 200_000))
             writer.flush_if_full()
         writer.add_metric_table(result.metrics)
@@ -916,4 +1022,3 @@ def run_worksheet(
                 **({"routing": {"routed": result.notes["routed"]}} if replicas > 1 else {}),
             }
         )
-    return Path(out_dir)

@@ -21,7 +21,16 @@ or below the limit, *fail* when it is wholly above, *inconclusive* when it strad
 estimate. Take the sample as the truth — the share ``p̂`` of values at or below the limit (for a
 share: the observed share) stays what it is — and find the smallest total sample size ``m ≥ n`` at
 which the interval computed from ``m`` such samples excludes the limit (pass side when the point
-estimate passes, fail side otherwise), by doubling then bisection. The extra requests are
+estimate passes, fail side otherwise). For a percentile that search is a scan, not a bisection:
+conclusiveness is not monotone in ``m`` (the rank pair jumps; at n = 299 a p99 interval becomes
+two-sided), so "conclusive at m" says nothing about m − 1. The scan skips a block ``[a, b]`` of sizes
+only where a proven bound rules every size in it out: a pass needs ``F_m(u) ≥ 95% + F_m(l)`` at the
+upper rank ``u ≤ p̂·m − 1``, and ``F_m(k)`` falls as ``m`` grows, so ``F_a(⌊p̂·b⌋ − 1) < 95% + t`` excludes
+the block, ``t`` a proven lower bound on the pair's lower tail ``F_m(l)`` (0, or about 2.25% once the
+binomial is fine-grained: ``_tail_bounds``); a fail needs ``F_m(l) ≤ t'`` at ``l ≥ ⌈p̂·m⌉``, ``t'`` the
+upper bound (5%, or about 2.5%), so ``F_b(⌈p̂·a⌉) > t'`` excludes it. Every other size is evaluated. Within ``SCAN_EVALUATIONS`` steps the result is the least sufficient size; past that
+(a share within a hair of the quantile, millions of samples) it is the first sufficient size found by
+doubling then bisection, which suffices but may not be the least. The extra requests are
 ``(m − n)`` samples converted to requests of the class at the run's samples-per-request ratio
 (1 for TTFT; tokens per request for ITL). When ``p̂`` sits exactly on the quantile no size suffices
 (None). It is an estimate: more data moves ``p̂``.
@@ -44,6 +53,7 @@ __all__ = [
     "ESTIMATOR_RULE",
     "INTERVAL_RULE",
     "MAX_SAMPLES",
+    "SCAN_EVALUATIONS",
     "SHARE_RULE",
     "binomial_cdf",
     "outcome",
@@ -58,6 +68,8 @@ __all__ = [
 CONFIDENCE_LEVEL = 0.95
 #: Beyond this total sample size the estimator gives up (None: "not reachable").
 MAX_SAMPLES = 10**9
+#: At most this many steps (a block bound or a size evaluated) in the exact scan of ``samples_needed_quantile``.
+SCAN_EVALUATIONS = 10_000
 INTERVAL_RULE = (
     "95% distribution-free interval from order statistics: [x(l), x(u)], the rank pair bounding both ends "
     "(when n allows) with the least exact binomial(n, q) coverage at or above 95% (balanced tails among "
@@ -66,7 +78,8 @@ INTERVAL_RULE = (
 SHARE_RULE = "95% Wilson score interval"
 ESTIMATOR_RULE = (
     "more requests needed: plug-in estimate; the observed share of samples within the limit is taken "
-    "as the truth and the smallest total n whose 95% interval excludes the limit is found"
+    "as the truth and the smallest total n whose 95% interval excludes the limit is found (for a "
+    "percentile by an exact scan: conclusiveness is not monotone in n)"
 )
 
 _WINDOW_SD = 12.0
@@ -206,10 +219,10 @@ def _smallest(conclusive: Callable[[int], bool], n: int) -> int | None:
 
 
 def samples_needed_quantile(n: int, n_within: int, q: float, level: float = CONFIDENCE_LEVEL) -> int | None:
-    """Total samples at which quantile ``q`` is conclusive, if the share within the limit stays ``n_within / n``.
+    """Least total samples at which quantile ``q`` is conclusive, if the share within the limit stays ``n_within / n``.
 
     The side follows that share: above ``q`` the quantile ends within the limit (a conclusive pass),
-    below ``q`` above it (a conclusive fail); exactly ``q``: None.
+    below ``q`` above it (a conclusive fail); exactly ``q``: None. An exact scan (module docstring).
     """
     if n <= 0:
         return None
@@ -224,7 +237,80 @@ def samples_needed_quantile(n: int, n_within: int, q: float, level: float = CONF
             return up is not None and share * m >= up + 1
         return low is not None and share * m <= low  # x[l] above the limit: at most l samples within it
 
-    return _smallest(conclusive, n)
+    if not 0.0 < q < 1.0:
+        return _smallest(conclusive, n)
+
+    def ruled_out(a: int, b: int) -> bool:
+        """True only if no size in [a, b] can be conclusive (the proven bounds of ``_tail_bounds``)."""
+        low_tail_min, low_tail_max = _tail_bounds(a, q, level)
+        if passes:
+            return _cdf_at(a, q, math.floor(share * b) - 1) < level + low_tail_min - _CDF_SLACK
+        return _cdf_at(b, q, math.ceil(share * a)) > low_tail_max + _CDF_SLACK
+
+    return _scan(conclusive, ruled_out, n)
+
+
+#: Float noise allowed in a bound before it rules a block out (the binomial sums are exact to ~1e-15).
+_CDF_SLACK = 1e-9
+
+
+def _tail_bounds(a: int, q: float, level: float) -> tuple[float, float]:
+    """Bounds on ``F(l)``, the lower tail of the pair ``quantile_ci_ranks(m, q)`` picks, for every m >= a.
+
+    Always ``0 <= F(l) <= 1 − level``. Tighter once the binomial is fine-grained: with ``P`` the largest
+    pmf of Binomial(a, q) (no larger for any m >= a: each pmf of m + 1 is a mix of two of m) at most the
+    balance slack, and ``q^a <= e/2`` (``e = 1 − level``), the pair with ``F(l)`` the last step at or below
+    ``e/2`` bounds both ends, covers less than ``level + P`` and has tails within ``2P`` of each other;
+    so the pick (coverage within the slack of the least, tails at least as balanced) has
+    ``(e − slack − 3P)/2 <= F(l) <= e/2 + P``.
+    """
+    excess = 1.0 - level
+    mode = min(a, math.floor((a + 1) * q))
+    log_pmax = (
+        math.lgamma(a + 1)
+        - math.lgamma(mode + 1)
+        - math.lgamma(a - mode + 1)
+        + mode * math.log(q)
+        + (a - mode) * math.log1p(-q)
+    )
+    p_max = math.exp(log_pmax)
+    if p_max > _BALANCE_SLACK or a * math.log(q) > math.log(excess / 2.0):
+        return 0.0, excess
+    return max(0.0, (excess - _BALANCE_SLACK - 3.0 * p_max) / 2.0), min(excess, excess / 2.0 + p_max)
+
+
+def _cdf_at(m: int, q: float, k: int) -> float:
+    """``P(B ≤ k)`` for ``B ~ Binomial(m, q)``, from ``binomial_cdf``'s window (0 below it, 1 above it)."""
+    if k < 0:
+        return 0.0
+    if k >= m:
+        return 1.0
+    lo, cdf = binomial_cdf(m, q)
+    if k < lo:
+        return 0.0
+    return float(cdf[k - lo]) if k - lo < len(cdf) else 1.0
+
+
+def _scan(conclusive: Callable[[int], bool], ruled_out: Callable[[int, int], bool], n: int) -> int | None:
+    """The least m >= n with ``conclusive(m)``: blocks ``ruled_out`` are skipped (growing while they are),
+    every other size is evaluated; past ``SCAN_EVALUATIONS`` calls of either, ``_smallest`` from there on."""
+    m, width, calls = n, 1, 0
+    while m <= MAX_SAMPLES:
+        calls += 1
+        if calls > SCAN_EVALUATIONS:
+            return _smallest(conclusive, m)
+        if width > 1 and ruled_out(m, m + width - 1):
+            m += width
+            width *= 2
+        elif width > 2:
+            width //= 2
+        elif ruled_out(m, m):
+            m, width = m + 1, 2
+        elif conclusive(m):
+            return m
+        else:
+            m, width = m + 1, 2
+    return None
 
 
 def samples_needed_share(n: int, k: int, limit: float, level: float = CONFIDENCE_LEVEL) -> int | None:

@@ -16,6 +16,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
 
+from ..driver.options import RunSettings
+
 __all__ = ["RunRequest", "StateResult", "Target", "run_salt"]
 
 
@@ -89,17 +91,14 @@ class RunRequest:
     deadline_s: float | None = None  # stop after this long; unsent requests become not_sent
     seed: int = 0  # the worksheet's noise seed
     extra_manifest: dict[str, Any] = field(default_factory=dict)  # sections the caller adds (practice, handoff)
-    run_options: dict[str, Any] = field(default_factory=dict)  # any other driver options (endpoint, ...)
+    settings: RunSettings | None = None  # any other driver options (endpoint, ...)
 
-    def driver_labels(self) -> dict[str, Any]:
-        """The driver options that label the run (order index, repeat, plan cell, deadline), plus ``run_options``."""
-        return {
-            "order_index": self.order_index,
-            "repeat": self.repeat,
-            "plan_cell": self.plan_cell,
-            "deadline_s": self.deadline_s,
-            **self.run_options,
-        }
+    def driver_labels(self) -> RunSettings:
+        """The driver options that label the run (order index, repeat, plan cell, deadline), then ``settings``."""
+        labels = RunSettings(
+            order_index=self.order_index, repeat=self.repeat, plan_cell=self.plan_cell, deadline_s=self.deadline_s
+        )
+        return labels.over(self.settings)
 
 
 class Target:
@@ -109,13 +108,13 @@ class Target:
     #: True when a run's wall time is the trace duration (live); False for virtual time.
     real_time = True
     #: Driver options every measured run of this target gets (``workers``); a request's own options win.
-    run_defaults: dict[str, Any] | None = None
+    run_defaults: RunSettings | None = None
 
-    def driver_options(self, request: RunRequest) -> dict[str, Any]:
+    def driver_options(self, request: RunRequest) -> RunSettings:
         """The driver options of one measured run: the target's defaults, then the request's labels. Unless
         given, each run's prompts are salted with its own ``prompt_salt``, so no earlier run on this target (a
         warm-up of the same requests, another cell, a repeat) left its prompts in the server's prefix cache."""
-        return {"prompt_salt": run_salt(request.out_dir), **(self.run_defaults or {}), **request.driver_labels()}
+        return RunSettings(prompt_salt=run_salt(request.out_dir)).over(self.run_defaults).over(request.driver_labels())
 
     def describe(self) -> dict[str, Any]:
         """Identity of the target for the manifest's ``plan_target`` section and plan files."""

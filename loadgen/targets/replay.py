@@ -8,7 +8,7 @@ from typing import Any
 
 from loadgen.rundir.manifest import read_manifest
 
-from ..driver import RunOptions, run_trace_sync
+from ..driver import RunSettings, run_trace_sync
 from .base import StateResult
 
 __all__ = ["run_driver", "warm_up"]
@@ -23,23 +23,26 @@ def run_driver(
     scenario_path: Path | None,
     state: StateResult | None = None,
     extra_manifest: dict[str, Any] | None = None,
-    **run_options: Any,
+    settings: RunSettings | None = None,
 ) -> Path:
     """Replay ``trace_path`` against ``target_url`` (``loadgen.driver``); returns the run directory.
 
-    ``state`` becomes the manifest's warm state; ``run_options`` are any other ``RunOptions`` fields
-    (order_index, repeat, plan_cell, deadline_s, api_key_env, tokenizer, endpoint, ...).
+    ``state`` becomes the manifest's warm state; ``settings`` the other driver options (order_index, repeat,
+    plan_cell, deadline_s, api_key_env, tokenizer, endpoint, ...; progress off unless they say).
     """
-    options = RunOptions(
-        trace_path=trace_path,
-        target_url=target_url,
-        out_dir=out_dir,
-        model=model,
-        scenario_path=scenario_path,
-        warm_state=state.label if state else "unknown",
-        warm_actions=(state.actions if state else []),
-        extra_manifest={**(state.manifest_extra() if state else {}), **(extra_manifest or {})},
-        **{"progress": "off", **run_options},
+    options = (
+        RunSettings(progress="off")
+        .over(settings)
+        .options(
+            trace_path=trace_path,
+            target_url=target_url,
+            out_dir=out_dir,
+            model=model,
+            scenario_path=scenario_path,
+            warm_state=state.label if state else "unknown",
+            warm_actions=(state.actions if state else []),
+            extra_manifest={**(state.manifest_extra() if state else {}), **(extra_manifest or {})},
+        )
     )
     return Path(run_trace_sync(options))
 
@@ -51,7 +54,6 @@ def warm_up(
     work_dir: Path,
     scenario_path: Path | None,
     api_key_env: str | None = None,
-    **run_options: Any,
 ) -> list[str]:
     """Send the fixed warm-up set through the driver; returns what was done, as one action line."""
     if warmup_trace is None:
@@ -65,8 +67,7 @@ def warm_up(
         model=model,
         scenario_path=scenario_path,
         state=StateResult("unknown", False, ["warm-up run"]),
-        api_key_env=api_key_env,
-        **run_options,
+        settings=RunSettings(api_key_env=api_key_env),
     )
     counts = read_manifest(run_dir).status_counts
     total = sum(counts.values())

@@ -28,6 +28,7 @@ from loadgen.util.childproc import ChildProcess
 from loadgen.util.pinning import engine_cpus
 from loadgen.workload.routing import RoutePolicy
 
+from ..driver.options import RunSettings
 from ..sim import EngineConfig, load_engine_config, run_worksheet
 from ..sim.ready import find_ready_url
 from ..sim.worksheet import WORKSHEET_WARM_ACTION
@@ -301,8 +302,7 @@ class SimServerTarget(Target):
             scenario_path=request.scenario_path,
             state=request.state,
             extra_manifest=sections,
-            api_key_env=self.api_key_env,
-            **self.driver_options(request),
+            settings=RunSettings(api_key_env=self.api_key_env).over(self.driver_options(request)),
         )
 
     def check_alive(self) -> str | None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from loadgen.util.errors import TargetError
 from loadgen.vllm import VllmConfig, make_model_dir
 
+from ..driver.options import RunSettings
 from .base import Target
 from .sim import SimServerTarget, WorksheetTarget
 from .url import UrlTarget
@@ -69,7 +70,7 @@ def open_target(spec: TargetSpec, work_dir: Path) -> Target:
         return WorksheetTarget(spec.worksheet)
     target = _open_live(spec, work_dir)
     if spec.workers > 1:
-        target.run_defaults = {"workers": spec.workers}
+        target.run_defaults = RunSettings(workers=spec.workers)
     return target
 
 

@@ -18,6 +18,7 @@ import httpx
 
 from loadgen.util.errors import TargetError
 
+from ..driver.options import RunSettings
 from ..util.redact import redact_url
 from .base import RunRequest, StateResult, Target
 from .replay import run_driver, warm_up
@@ -97,7 +98,6 @@ class UrlTarget(Target):
             model=self._model,
             scenario_path=request.scenario_path,
             state=request.state,
-            api_key_env=self.api_key_env,
             extra_manifest=request.extra_manifest,
-            **self.driver_options(request),
+            settings=RunSettings(api_key_env=self.api_key_env).over(self.driver_options(request)),
         )

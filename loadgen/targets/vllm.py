@@ -27,7 +27,7 @@ from loadgen.vllm import (
     warm_step_shapes,
 )
 
-from ..driver import RunOptions, run_trace_sync
+from ..driver import RunOptions, RunSettings, run_trace_sync
 from .base import RunRequest, StateResult, Target
 from .replay import warm_up
 
@@ -79,6 +79,11 @@ def measure_with_server(server: VllmServer, options: RunOptions, *, sample_inter
         run_dir = Path(run_trace_sync(options))
     finally:
         sampler.stop()
+    died = server.exit_line()
+    if died is not None:  # the run's records stay; what follows would only blame an unreachable target
+        shutil.copyfile(server.log_path, run_dir / VLLM_LOG_FILE)
+        amend_manifest(run_dir, {"engine_notes": {"died": died}})
+        raise EngineError(f"during the run into {run_dir}: {died}")
     shutil.copyfile(server.log_path, run_dir / VLLM_LOG_FILE)
     memory, reconciliation = engine_memory(server, sampler, run_dir)
     amend_manifest(
@@ -190,7 +195,8 @@ class VllmTarget(Target):
 
     def run(self, request: RunRequest) -> Path:
         assert self.server is not None
-        options = RunOptions(
+        settings = RunSettings(progress="off", tokenizer=self.tokenizer).over(self.driver_options(request))
+        options = settings.options(
             trace_path=request.trace_path,
             target_url=self.server.base_url,
             out_dir=request.out_dir,
@@ -198,7 +204,6 @@ class VllmTarget(Target):
             scenario_path=request.scenario_path,
             warm_state=request.state.label,
             warm_actions=request.state.actions,
-            **{"progress": "off", "tokenizer": self.tokenizer, **self.driver_options(request)},
             extra_manifest={
                 "plan_target": {**self.describe(), "server_pid": self.pid, "server_starts": self.starts},
                 **request.state.manifest_extra(),
@@ -209,11 +214,10 @@ class VllmTarget(Target):
 
     def check_alive(self) -> str | None:
         proc = self.server.proc if self.server else None
-        if proc is None or proc.poll() is not None:
-            code = proc.returncode if proc is not None else None
-            where = self.server.log_path if self.server else self.work_dir
-            return f"vLLM exited with code {code} during the cell (log {where})"
-        return None
+        if proc is None or self.server is None:
+            return f"vLLM was not started (work dir {self.work_dir})"
+        died = self.server.exit_line()
+        return f"during the cell: {died}" if died is not None else None
 
     def recover(self) -> list[str]:
         old, new, ready = self._restart()

@@ -28,7 +28,7 @@ from loadgen.rundir.schema import TRACE_FULL_SCHEMA
 from loadgen.util.errors import TraceError
 from loadgen.util.limits import MAX_TOKENS, MAX_TRACE_REQUESTS, MAX_TURNS
 from loadgen.workload.distributions import mean, sample, sample_tokens
-from loadgen.workload.scenario import CLASS_NAMES, Scenario, TraceSettings
+from loadgen.workload.scenario import Scenario, TraceSettings, class_order
 
 from .. import __version__
 from .io import write_trace
@@ -211,6 +211,15 @@ class _ClassRows:
             if cls.cancel
             else np.zeros(total_turns, np.int64)
         )
+        self.reasoning = (
+            sample_tokens(
+                cls.reasoning_tokens, _rng_streams(seed, f"{trace_name}/{cname}/reasoning", 1)[0], total_turns, base_dir
+            )
+            if cls.reasoning_tokens is not None
+            else None
+        )
+        if self.reasoning is not None:
+            _check_sampled(scenario, f"classes.{cname}.reasoning_tokens", self.reasoning, MAX_TOKENS)
         self.k = 0  # next per-turn draw
         self.rows: list[tuple] = []  # (offset_ns, arrival order, turn, fields...)
 
@@ -242,7 +251,13 @@ class _ClassRows:
                     f"{self.where}: a turn's prompt (thread context) reaches {prompt} tokens: expected at "
                     f"most {MAX_TOKENS} (lower max turns or token lengths)"
                 )
-            out = int(self.outs[k])
+            reasoning = int(self.reasoning[k]) if self.reasoning is not None else None
+            out = int(self.outs[k]) + (reasoning or 0)  # reasoning first, then the answer
+            if out > MAX_TOKENS:
+                raise TraceError(
+                    f"{self.where}: a request's reasoning and answer reach {out} output tokens: expected at most "
+                    f"{MAX_TOKENS} (lower reasoning_tokens or output_tokens)"
+                )
             cancel = None
             if cls.cancel and self.cancel_u[k] < cls.cancel.share and int(self.cancel_n[k]) < out:
                 cancel = int(self.cancel_n[k])
@@ -261,6 +276,7 @@ class _ClassRows:
                     turn if self.is_thread else None,
                     cancel,
                     think_ns,
+                    reasoning,
                 )
             )
             context = prompt + out
@@ -281,6 +297,8 @@ def _table(rows: list[tuple]) -> pa.Table:
         "turn_index": [r[9] for r in rows],
         "cancel_after_tokens": [r[10] for r in rows],
         "think_after_reply_ns": [r[11] for r in rows],
+        "reasoning_tokens": [r[12] for r in rows],
+        "prompt_block_hashes": [None] * len(rows),
     }
     return pa.Table.from_pydict(columns, schema=TRACE_FULL_SCHEMA)
 
@@ -313,8 +331,8 @@ def generate_trace(scenario: Scenario, trace_name: str, seed: int | None = None)
     seed = scenario.seed if seed is None else seed
     settings = scenario.traces[trace_name]
     rng_arrival, rng_class, rng_group = _rng_streams(seed, trace_name, 3)
-    # Canonical class order (not file order), so a scenario rebuilt from a manifest gives the same trace.
-    names = [n for n in CLASS_NAMES if n in scenario.classes]
+    # The one class order (not file order), so a scenario rebuilt from a manifest gives the same trace.
+    names = class_order(scenario.classes)
     times_s, class_idx = _arrivals_and_classes(scenario, trace_name, names, rng_arrival, rng_class)
     group_u = rng_group.random(len(times_s))
     rows: list[tuple] = []

@@ -1,6 +1,7 @@
-"""Importers for public traces: Azure LLM inference 2023 (CSV) and Mooncake FAST'25 (JSONL).
+"""Importers for public traces: Azure LLM inference 2023 (CSV), Mooncake FAST'25 (JSONL) and LLMServingSim
+workloads (JSONL of token ids).
 
-Both become ordinary loadgen traces (TRACE_SCHEMA), optionally cut to a window and time-scaled,
+All become ordinary loadgen traces (TRACE_SCHEMA), optionally cut to a window and time-scaled,
 so they replay exactly like generated ones. Imported requests get one class (``request_class``).
 Token counts must be integers in 0..``limits.MAX_TOKENS`` (a 0 is replayed as 1 token, as the source
 logged a request the engine still had to run); a negative or huge count is refused with its row.
@@ -19,18 +20,25 @@ import numpy as np
 import pyarrow as pa
 
 from loadgen.rundir.identity import sha256_file
-from loadgen.rundir.schema import TRACE_SCHEMA
+from loadgen.rundir.schema import TRACE_FULL_SCHEMA
 from loadgen.util.errors import TraceError
 from loadgen.util.limits import MAX_OFFSET_NS, MAX_TOKENS, MAX_TRACE_REQUESTS, is_finite
+from loadgen.workload.scenario import class_name_problem
 
 from .. import __version__
+from .block_hashes import BLOCK_HASH_RULE, TOKEN_BLOCK_TOKENS, chained_block_hashes
 from .io import write_trace
 
-__all__ = ["MOONCAKE_BLOCK_TOKENS", "import_azure", "import_mooncake", "import_trace"]
+__all__ = ["IMPORT_KINDS", "MOONCAKE_BLOCK_TOKENS", "import_azure", "import_mooncake", "import_trace"]
+
+#: The source formats ``import_trace`` reads.
+IMPORT_KINDS = ("azure", "mooncake", "llmservingsim")
 
 #: Mooncake hash_ids each stand for one 512-token block of the prompt.
 MOONCAKE_BLOCK_TOKENS = 512
 _NS = 1_000_000_000
+_BLOCK_TOKENS = {"mooncake": MOONCAKE_BLOCK_TOKENS, "llmservingsim": TOKEN_BLOCK_TOKENS}
+_BLOCK_RULES = {"mooncake": "Mooncake hash_ids as given", "llmservingsim": BLOCK_HASH_RULE}
 
 
 def _count(path: Path, where: str, column: str, value: Any) -> int:
@@ -113,7 +121,7 @@ def _read_mooncake(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, list
                 times.append(int(round(float(stamp) * 1_000_000)))  # ms → ns
                 prompts.append(_count(path, f"line {line_no}", "input_length", rec["input_length"]))
                 outputs.append(_count(path, f"line {line_no}", "output_length", rec["output_length"]))
-                hashes.append(tuple(int(h) for h in rec.get("hash_ids", [])))
+                hashes.append(tuple(_int64(path, line_no, "hash_ids", h) for h in rec.get("hash_ids", [])))
             except json.JSONDecodeError:
                 raise TraceError(f"{path}: line {line_no}: invalid JSON: expected a Mooncake record") from None
             except KeyError as exc:
@@ -123,6 +131,63 @@ def _read_mooncake(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, list
             except (TypeError, ValueError, OverflowError):
                 raise TraceError(f"{path}: line {line_no}: non-numeric field: expected numbers") from None
     return np.asarray(times, np.int64), np.asarray(prompts, np.int64), np.asarray(outputs, np.int64), hashes
+
+
+def _int64(path: Path, line_no: int, field: str, value: Any) -> int:
+    """An integer that fits Arrow's int64 (a hash or a token id), else one TraceError line."""
+    if isinstance(value, bool) or not isinstance(value, int) or not -(1 << 63) <= value < 1 << 63:
+        raise TraceError(f"{path}: line {line_no}: {field} holds {value!r}: expected int64 integers")
+    return value
+
+
+def _llmservingsim_record(path: Path, line_no: int, rec: Any) -> tuple[int, int, int, list[int]]:
+    """(arrival ns, prompt tokens, output tokens, prompt block hashes) of one flat LLMServingSim request."""
+    if not isinstance(rec, dict):
+        raise TraceError(f"{path}: line {line_no}: a JSON {type(rec).__name__}: expected an LLMServingSim request")
+    if "sub_requests" in rec:
+        raise TraceError(f"{path}: line {line_no}: an agentic session (sub_requests): expected flat requests only")
+    missing = [k for k in ("input_toks", "output_toks", "arrival_time_ns") if k not in rec]
+    if missing:
+        raise TraceError(
+            f"{path}: line {line_no}: missing field(s) {missing}: expected input_toks, output_toks, arrival_time_ns"
+        )
+    stamp = rec["arrival_time_ns"]
+    if isinstance(stamp, bool) or not isinstance(stamp, int) or not 0 <= stamp <= MAX_OFFSET_NS:
+        raise TraceError(
+            f"{path}: line {line_no}: arrival_time_ns = {stamp!r}: expected integer ns in 0..{MAX_OFFSET_NS}"
+        )
+    prompt = _count(path, f"line {line_no}", "input_toks", rec["input_toks"])
+    output = _count(path, f"line {line_no}", "output_toks", rec["output_toks"])
+    ids = rec.get("input_tok_ids")
+    if ids is None:
+        return stamp, prompt, output, []
+    if not isinstance(ids, list) or len(ids) != prompt:
+        got = f"{len(ids)} ids" if isinstance(ids, list) else repr(ids)[:40]
+        raise TraceError(f"{path}: line {line_no}: input_tok_ids = {got}: expected a list of input_toks = {prompt} ids")
+    return stamp, prompt, output, chained_block_hashes([_int64(path, line_no, "input_tok_ids", t) for t in ids])
+
+
+def _read_llmservingsim(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]]:
+    rows = []
+    for line_no, line in _json_lines(path):
+        try:
+            rec = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            raise TraceError(f"{path}: line {line_no}: invalid JSON: expected an LLMServingSim request") from None
+        rows.append(_llmservingsim_record(path, line_no, rec))
+    times, prompts, outputs, hashes = zip(*rows) if rows else ((), (), (), ())
+    return np.asarray(times, np.int64), np.asarray(prompts, np.int64), np.asarray(outputs, np.int64), list(hashes)
+
+
+def _json_lines(path: Path) -> list[tuple[int, str]]:
+    """(line number, text) of every non-blank line of a UTF-8 file; TraceError when unreadable."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(
+            f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc}): expected UTF-8 JSONL"
+        ) from None
+    return [(no, line) for no, line in enumerate(text.splitlines(), start=1) if line.strip()]
 
 
 def _mooncake_prefixes(hashes: list[tuple[int, ...]], prompts: np.ndarray) -> tuple[list[str | None], list[int | None]]:
@@ -161,8 +226,10 @@ def _read_sorted(kind: str, path: Path) -> tuple[np.ndarray, np.ndarray, np.ndar
         times, prompts, outputs, hashes = _read_azure(path)
     elif kind == "mooncake":
         times, prompts, outputs, hashes = _read_mooncake(path)
+    elif kind == "llmservingsim":
+        times, prompts, outputs, hashes = _read_llmservingsim(path)
     else:
-        raise TraceError(f"importer {kind!r}: unknown; expected azure or mooncake")
+        raise TraceError(f"importer {kind!r}: unknown; expected one of {', '.join(IMPORT_KINDS)}")
     if len(times) == 0:
         raise TraceError(f"{path}: no requests: expected at least one row")
     order = np.argsort(times, kind="stable")
@@ -191,6 +258,7 @@ def _trace_table(
     groups: list[str | None],
     lengths: list[int | None],
     request_class: str,
+    block_hashes: list[Any] | None = None,
 ) -> pa.Table:
     n = len(offsets)
     width = max(6, len(str(n)))
@@ -206,8 +274,11 @@ def _trace_table(
             "conversation_id": [None] * n,
             "turn_index": [None] * n,
             "cancel_after_tokens": [None] * n,
+            "think_after_reply_ns": [None] * n,
+            "reasoning_tokens": [None] * n,
+            "prompt_block_hashes": block_hashes if block_hashes is not None else [None] * n,
         },
-        schema=TRACE_SCHEMA,
+        schema=TRACE_FULL_SCHEMA,
     )
 
 
@@ -229,10 +300,15 @@ def import_trace(
     """
     path = Path(path)
     _check_import_options(time_scale, start_s, duration_s, max_requests)
+    problem = class_name_problem(request_class)
+    if problem is not None:
+        raise TraceError(f"--request-class = {request_class!r}: {problem}")
     times, prompts, outputs, hashes = _read_sorted(kind, path)
+    # a workload file's arrival instants are offsets already (kept exactly, its zero too); others start at 0
+    keep_zero = kind == "llmservingsim" and start_s == 0
     rel = times - times[0]
     idx = _window(rel, path, start_s, duration_s, max_requests)
-    rel = rel[idx] - rel[idx[0]]
+    rel = times[idx] if keep_zero else rel[idx] - rel[idx[0]]
     scaled = rel.astype(np.float64) * time_scale
     if scaled[-1] > MAX_OFFSET_NS:
         raise TraceError(
@@ -242,8 +318,13 @@ def import_trace(
     offsets = np.rint(scaled).astype(np.int64)
     prompts, outputs = np.maximum(prompts[idx], 1), np.maximum(outputs[idx], 1)
     n = len(idx)
+    blocks: list[Any] | None = None
     if kind == "mooncake":
         groups, lengths = _mooncake_prefixes([hashes[i] for i in idx], prompts)
+        blocks = [list(hashes[i]) for i in idx]  # hash_ids as given (each a 512-token block)
+    elif kind == "llmservingsim":
+        groups, lengths = [None] * n, [None] * n
+        blocks = [hashes[i] for i in idx] if any(len(hashes[i]) for i in idx) else None
     else:
         groups, lengths = [None] * n, [None] * n
     metadata = {
@@ -262,8 +343,11 @@ def import_trace(
         "request_class": request_class,
         "requests": n,
         "duration_s": float(offsets[-1]) / _NS,
+        "block_hash_tokens": _BLOCK_TOKENS[kind] if blocks is not None else None,
+        "block_hash_rule": _BLOCK_RULES[kind] if blocks is not None else None,
     }
-    return write_trace(_trace_table(offsets, prompts, outputs, groups, lengths, request_class), out, metadata)
+    table = _trace_table(offsets, prompts, outputs, groups, lengths, request_class, blocks)
+    return write_trace(table, out, metadata)
 
 
 def _check_import_options(

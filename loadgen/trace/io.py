@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -49,6 +50,7 @@ _META_NUMBERS = {
     "requests": (0, MAX_TRACE_REQUESTS),
     "seed": (0, MAX_SEED),
     "offered_rate_rps": (0.0, 1e9),
+    "block_hash_tokens": (1, MAX_TOKENS),  # tokens each prompt_block_hashes entry stands for
 }
 _META_STRINGS = ("trace_name", "scenario_name", "scenario_sha256", "source", "generator")
 
@@ -92,9 +94,25 @@ def validate_trace(table: pa.Table, source: object) -> None:
         counts = pc.value_counts(ids)
         dup = counts.filter(pc.greater(counts.field("counts"), 1))[0]["values"].as_py()
         raise TraceError(f"{source}: column request_id = {dup!r} appears more than once: expected unique request ids")
+    _validate_block_hashes(table, source)
     offsets = table.column("scheduled_offset_ns").to_numpy()
     if len(offsets) and (offsets[1:] < offsets[:-1]).any():
         raise TraceError(f"{source}: scheduled_offset_ns not sorted ascending from >= 0: expected a time-ordered trace")
+
+
+def _validate_block_hashes(table: pa.Table, source: object) -> None:
+    """prompt_block_hashes: no null entry inside a list (a null list = unknown prefix structure is fine)."""
+    column = table.column("prompt_block_hashes")
+    if column.null_count == table.num_rows:
+        return
+    flat = pc.list_flatten(column)
+    if flat.null_count:
+        lengths = pc.list_value_length(column).fill_null(0).to_numpy()
+        first = int(pc.index(pc.is_null(flat), True).as_py())
+        row = int(np.searchsorted(np.cumsum(lengths), first, side="right"))
+        raise TraceError(
+            f"{source}: column prompt_block_hashes holds a null hash (row {row}): expected an int64 per block"
+        )
 
 
 def validate_trace_metadata(metadata: object, source: object) -> dict[str, Any]:
@@ -134,6 +152,7 @@ def write_trace(table: pa.Table, path: str | Path, metadata: dict[str, Any]) -> 
     table = _cast_columns(table, path)
     validate_trace(table, path)
     validate_trace_metadata(metadata, path)
+    _check_block_hash_tokens(table, metadata, path)
     try:
         encoded = json.dumps(metadata, sort_keys=True, allow_nan=False).encode()
     except ValueError as exc:
@@ -173,7 +192,18 @@ def read_trace(path: str | Path) -> tuple[pa.Table, dict[str, Any]]:
     metadata = validate_trace_metadata(metadata, path)
     table = _cast_columns(table, path)
     validate_trace(table, path)
+    _check_block_hash_tokens(table, metadata, path)
     return table, metadata
+
+
+def _check_block_hash_tokens(table: pa.Table, metadata: dict[str, Any], source: object) -> None:
+    """A trace that carries prompt_block_hashes says how many tokens each stands for."""
+    column = table.column("prompt_block_hashes")
+    if column.null_count < table.num_rows and metadata.get("block_hash_tokens") is None:
+        raise TraceError(
+            f"{source}: column prompt_block_hashes is set but metadata {TRACE_METADATA_KEY.decode()}.block_hash_tokens "
+            "is missing: expected the tokens each block hash stands for"
+        )
 
 
 def _no_constant(name: str) -> Any:

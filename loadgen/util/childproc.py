@@ -18,6 +18,7 @@ launched from another thread gets no parent-death signal (it would die with that
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -31,7 +32,7 @@ from typing import TypeVar
 from loadgen.util.errors import LoadgenError, TargetError
 from loadgen.util.pinning import pin
 
-__all__ = ["ChildProcess", "with_parent_death_signal"]
+__all__ = ["ChildProcess", "kernel_oom_kills", "oom_kill_record", "with_parent_death_signal"]
 
 T = TypeVar("T")
 
@@ -138,6 +139,32 @@ class ChildProcess:
         lines = [ln.strip()[:200] for ln in self.log_text().splitlines() if ln.strip()]
         return " | ".join(lines[-n:])
 
+    def exit_line(self) -> str | None:
+        """None while it runs; else what ended it, in one line: its exit status or signal, an OOM kill the
+        kernel logged since it started (where the kernel log is readable), its last log line and the log's path."""
+        code = self.returncode
+        if self.proc is None or code is None:
+            return None
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = "unknown"
+            how = f"was killed by signal {-code} ({name})"
+        else:
+            how = f"exited with status {code}"
+        kills = kernel_oom_kills(self.started_monotonic)
+        if kills is None:
+            oom = "; the kernel log is not readable here, so an OOM kill cannot be confirmed" if code else ""
+        elif kills:
+            oom = f"; the kernel's OOM killer: {kills[-1]}" + (
+                f" (and {len(kills) - 1} more)" if len(kills) > 1 else ""
+            )
+        else:
+            oom = ""
+        last = self.log_tail(1) or "(empty)"
+        return f"{self.what} (pid {self.proc.pid}) {how}{oom}; last log line: {last} (log {self.log_path})"
+
     def wait_ready(self, probe: Callable[[], T | None], timeout_s: float, poll_s: float = 0.05) -> T:
         """Call ``probe`` until it returns a value; ``error`` (and stop) if the child dies or time runs out.
 
@@ -150,10 +177,7 @@ class ChildProcess:
                 if value is not None:
                     return value
                 if self.proc is None or self.proc.poll() is not None:
-                    code = self.proc.returncode if self.proc is not None else None
-                    raise self.error(
-                        f"{self.what} exited with code {code} at start (log {self.log_path}): {self.log_tail()}"
-                    )
+                    raise self.error(f"at start: {self.exit_line() or self.what + ': not started'}")
                 time.sleep(poll_s)
         except BaseException:
             self.stop()
@@ -178,6 +202,45 @@ class ChildProcess:
         except subprocess.TimeoutExpired:
             pass
         return proc.returncode
+
+
+#: A kernel log record of an OOM kill: "Out of memory: Killed process 123 (python3) total-vm:...".
+_OOM_KILL = re.compile(r"Killed process (\d+) \(([^)]*)\)[^\n]*")
+
+
+def oom_kill_record(record: str) -> tuple[float | None, str | None]:
+    """``(seconds since boot, "Killed process PID (NAME) ...")`` of one ``/dev/kmsg`` record
+    (``PRI,SEQ,USEC,FLAGS;MESSAGE``); the line is None when the record is not an OOM kill."""
+    head, _, message = record.partition(";")
+    fields = head.split(",")
+    stamp_s = int(fields[2]) / 1e6 if len(fields) > 2 and fields[2].isdigit() else None
+    found = _OOM_KILL.search(message)
+    return stamp_s, found.group(0).strip()[:200] if found else None
+
+
+def kernel_oom_kills(since_monotonic_s: float | None = None) -> list[str] | None:
+    """The kernel's OOM-kill lines (``Killed process PID (NAME) ...``) logged since ``since_monotonic_s``
+    (CLOCK_MONOTONIC seconds; the kernel stamps records with a clock close to it); None when ``/dev/kmsg``
+    cannot be read."""
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    kills: list[str] = []
+    try:
+        while True:
+            try:
+                record = os.read(fd, 8192).decode(errors="replace")
+            except BlockingIOError:
+                break
+            except OSError:  # EPIPE: records overwritten while reading; go on from the next
+                continue
+            stamp_s, kill = oom_kill_record(record)
+            if kill and (since_monotonic_s is None or stamp_s is None or stamp_s >= since_monotonic_s - 1.0):
+                kills.append(kill)
+    finally:
+        os.close(fd)
+    return kills
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -21,6 +21,7 @@ import httpx
 from loadgen.util.childproc import ChildProcess
 from loadgen.util.errors import EngineError
 from loadgen.util.pinning import VLLM_BIND_ENV, engine_cpus, format_cpus
+from loadgen.vllm.kv_default import KvDefault, host_kv_cache_gib
 from loadgen.vllm.log import behavior_relevant, parse_vllm_log
 from loadgen.vllm.venv import resolve_python
 
@@ -31,6 +32,11 @@ VLLM_SITE_DIR = Path(__file__).resolve().parent / "site"
 
 #: Environment variables of the server worth recording in the manifest.
 _MANIFEST_ENV_KEYS = ("VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE", "VLLM_CPU_OMP_THREADS_BIND")
+
+
+def gpu_host(nvidia_device: Path = Path("/dev/nvidia0")) -> bool:
+    """Whether a launched vLLM runs on an NVIDIA device (its KV size is then vLLM's --gpu-memory-utilization)."""
+    return nvidia_device.exists()
 
 
 def amx_host(cpuinfo: Path = Path("/proc/cpuinfo"), nvidia_device: Path = Path("/dev/nvidia0")) -> bool:
@@ -111,6 +117,7 @@ class VllmServer:
         self.child: ChildProcess | None = None
         self.ready_s: float | None = None
         self.cpus = config.cpus if config.cpus is not None else engine_cpus()
+        self.kv_default: KvDefault | None = None  # the KV size given by default (``kv_default``), if one was
 
     @property
     def proc(self) -> subprocess.Popen[bytes] | None:
@@ -137,6 +144,11 @@ class VllmServer:
         env.setdefault("DO_NOT_TRACK", "1")
         if self.config.kv_cache_gib is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(int(self.config.kv_cache_gib))
+        elif "VLLM_CPU_KVCACHE_SPACE" not in env and "VLLM_CPU_KVCACHE_SPACE" not in self.config.env and not gpu_host():
+            if self.kv_default is None:  # sized once per server, from the memory available when it first starts
+                c = self.config
+                self.kv_default = host_kv_cache_gib(c.model_dir, c.max_model_len, c.max_num_seqs, c.extra_args)
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_default.kv_cache_gib)
         if self.cpus:  # OpenMP threads bind inside the engine's set, not where vLLM's auto-binding puts them
             env[VLLM_BIND_ENV] = format_cpus(self.cpus)
         env.update(self.config.env)
@@ -177,6 +189,10 @@ class VllmServer:
 
             self.ready_s = self.child.wait_ready(healthy, timeout_s, poll_s=1.0)
         return self.ready_s
+
+    def exit_line(self) -> str | None:
+        """None while the server runs; else what ended it in one line (``ChildProcess.exit_line``)."""
+        return self.child.exit_line() if self.child is not None else None
 
     def stop(self, grace_s: float = 20.0) -> int | None:
         """SIGTERM the process group, wait ``grace_s``, then SIGKILL it. Returns the exit code."""
@@ -244,6 +260,7 @@ def vllm_manifest_extra(
                     "python": str(server.python),
                     "log_path": str(server.log_path),
                     "cpu_affinity": format_cpus(server.cpus) if server.cpus else None,
+                    "kv_cache_default": server.kv_default.rule if server.kv_default is not None else None,
                 },
             },
         },

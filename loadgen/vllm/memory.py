@@ -54,10 +54,6 @@ class MemorySampler:
                 pass
         return out
 
-    def tree_rss(self) -> int:
-        """RSS bytes of the whole tree."""
-        return sum(self.tree_rss_by_process().values())
-
     def gpu_used(self) -> int | None:
         """Bytes used on all GPUs (nvidia-smi), or None without nvidia-smi or when it fails."""
         if not self._nvsmi:

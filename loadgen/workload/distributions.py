@@ -12,11 +12,11 @@ import numpy as np
 from loadgen.stats.percentiles import percentile_sorted
 from loadgen.util.errors import ScenarioError
 from loadgen.util.limits import MAX_PARAM
-from loadgen.workload.scenario import Empirical, Fixed, LogNormal, Normal, Uniform
+from loadgen.workload.scenario import Empirical, Fixed, LogNormal, Mixture, Normal, Uniform
 
 __all__ = ["mean", "quantiles", "sample", "sample_tokens"]
 
-Dist = Fixed | Uniform | Normal | LogNormal | Empirical
+Dist = Fixed | Uniform | Normal | LogNormal | Empirical | Mixture
 
 
 @lru_cache(maxsize=32)
@@ -64,11 +64,26 @@ def sample(dist: Dist, rng: np.random.Generator, size: int, base_dir: Path | Non
         path = Path(dist.file) if base_dir is None else (base_dir / dist.file)
         values = _empirical_values(str(path), dist.column)
         out = rng.choice(values, size=size, replace=True)
+    elif isinstance(dist, Mixture):
+        out = _mixture(dist, rng, size, base_dir)
     else:  # pragma: no cover - the scenario schema admits no other kind
         raise TypeError(f"unknown distribution {dist!r}")
     lo = dist.min if dist.min is not None else -np.inf
     hi = dist.max if dist.max is not None else np.inf
     return np.clip(out, lo, hi)
+
+
+def _mixture(dist: Mixture, rng: np.random.Generator, size: int, base_dir: Path | None) -> np.ndarray:
+    """Pick each sample's component by weight (one uniform draw each), then draw every component's samples
+    in one go, components in file order: the same rng state gives the same values."""
+    weights = np.array([c.weight for c in dist.components], dtype=np.float64)
+    which = np.searchsorted(np.cumsum(weights / weights.sum()), rng.random(size), side="right")
+    which = which.clip(max=len(weights) - 1)
+    out = np.empty(size, dtype=np.float64)
+    for k, component in enumerate(dist.components):
+        picked = which == k
+        out[picked] = sample(component.of, rng, int(picked.sum()), base_dir)
+    return out
 
 
 def sample_tokens(dist: Dist, rng: np.random.Generator, size: int, base_dir: Path | None = None) -> np.ndarray:

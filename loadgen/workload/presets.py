@@ -66,8 +66,8 @@ def resolve(kind: str, name_or_path: str | Path) -> Path | None:
     if path.exists():
         return path
     text = str(name_or_path)
-    if path.suffix or "/" in text or "\\" in text or not text:
-        return None
+    if path.suffix == ".toml" or "/" in text or "\\" in text or not text:
+        return None  # a file name is a path (a preset name may hold dots: rtx4090-llama-3.1-8b-tp1)
     preset = preset_dir(kind) / f"{text}.toml"
     return preset if preset.is_file() else None
 
@@ -95,7 +95,8 @@ def copy_presets(dest: str | Path, *, force: bool = False) -> list[Path]:
     """
     root = presets_root()
     out = Path(dest)
-    sources = sorted(p for p in root.rglob("*.toml") if p.is_file())
+    profiles = root / "engines" / "profiles"  # the operator profiles the profiled engines read (relative paths)
+    sources = sorted({p for p in root.rglob("*.toml") if p.is_file()} | {p for p in profiles.rglob("*") if p.is_file()})
     targets = [out / p.relative_to(root) for p in sources]
     if out.exists() and not out.is_dir():
         raise ScenarioError(f"{out}: not a directory: expected a directory to copy the presets into")

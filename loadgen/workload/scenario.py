@@ -1,4 +1,4 @@
-"""Scenario schema and validation: three request classes, arrivals, budgets, cache/privacy, errors.
+"""Scenario schema and validation: the user's request classes, arrivals, budgets, cache/privacy, errors.
 
 A scenario is a TOML file (see ``scenarios/canonical.toml``). It names request classes with token
 distributions, shares, streaming and budgets, and named traces (arrival settings). Loading validates
@@ -8,6 +8,7 @@ everything and turns any problem into one ``ScenarioError`` line: ``file: field 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -32,7 +33,12 @@ from loadgen.util.tomlfile import read_toml
 
 __all__ = [
     "CLASS_NAMES",
+    "CLASS_NAME_RULE",
+    "RESERVED_CLASS_NAMES",
+    "class_name_problem",
+    "class_order",
     "Distribution",
+    "Mixture",
     "Budget",
     "Budgets",
     "RequestClass",
@@ -46,8 +52,34 @@ __all__ = [
     "scenario_from_manifest",
 ]
 
-#: The three canonical request classes (a scenario may define any subset, at least one).
+#: The canonical scenario's three request classes (the seed's). A scenario names its own classes, any number
+#: from one, each following ``CLASS_NAME_RULE``; these come first in ``class_order``.
 CLASS_NAMES = ("short-message", "long-thread", "burst")
+
+#: A class name is a file name and an HTML word as it stands: a lower-case letter or digit, then up to 63
+#: lower-case letters, digits, ``-`` or ``_`` (no dots, slashes, spaces or upper case, which a case-blind
+#: file system would merge).
+CLASS_NAME_RULE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+#: Words the reports and routes already use for something else (the all-classes group, plans' mixed cells,
+#: ``compare --route``).
+RESERVED_CLASS_NAMES = ("overall", "mixed", "all", "interactive")
+
+
+def class_name_problem(name: object) -> str | None:
+    """What is wrong with a class name (None when it is fine): the ``expected ...`` half of a one-line error."""
+    if not isinstance(name, str) or not CLASS_NAME_RULE.fullmatch(name):
+        return "expected a class name of 1-64 lower-case letters, digits, '-' or '_', starting with a letter or digit"
+    if name in RESERVED_CLASS_NAMES:
+        return f"expected a class name other than {', '.join(repr(n) for n in RESERVED_CLASS_NAMES)} (reserved)"
+    return None
+
+
+def class_order(names: Iterable[str]) -> list[str]:
+    """The one order classes are drawn and listed in: the canonical names first (in ``CLASS_NAMES`` order),
+    then the others by name. It does not depend on the file's order, which a manifest (sorted keys) loses."""
+    names = list(names)
+    canonical = [n for n in CLASS_NAMES if n in names]
+    return canonical + sorted(n for n in names if n not in CLASS_NAMES)
 
 
 class _Model(InputModel):
@@ -108,17 +140,44 @@ class Empirical(_Model):
     max: float | None = Field(default=None, ge=0, le=_P)
 
 
-Distribution = Annotated[Fixed | Uniform | Normal | LogNormal | Empirical, Field(discriminator="dist")]
+#: One component of a mixture: any simple distribution (not another mixture).
+SimpleDistribution = Annotated[Fixed | Uniform | Normal | LogNormal | Empirical, Field(discriminator="dist")]
 
 
-def dist_upper(dist: Fixed | Uniform | Normal | LogNormal | Empirical) -> float | None:
+class Component(_Model):
+    """A mixture's component: its ``weight`` (relative; weights need not sum to 1) and distribution ``of``."""
+
+    weight: float = Field(gt=0, le=_P)
+    of: SimpleDistribution
+
+
+class Mixture(_Model):
+    """Each sample comes from one component, picked with probability weight / sum of weights: a bimodal
+    length (reasoning that stops early or runs long) is two components."""
+
+    dist: Literal["mixture"]
+    components: list[Component] = Field(min_length=1, max_length=16)
+    min: float | None = Field(default=None, ge=0, le=_P)
+    max: float | None = Field(default=None, ge=0, le=_P)
+
+
+Distribution = Annotated[Fixed | Uniform | Normal | LogNormal | Empirical | Mixture, Field(discriminator="dist")]
+
+
+def dist_upper(dist: Fixed | Uniform | Normal | LogNormal | Empirical | Mixture) -> float | None:
     """The largest value a distribution is meant to give (its nominal top, cut by ``max``, raised by ``min``).
 
-    The nominal top is the fixed value, the uniform ``high`` or the (log)normal mean; an empirical file has
-    none (its values are checked when sampled). Tails beyond the mean are checked on the sampled values.
+    The nominal top is the fixed value, the uniform ``high``, the (log)normal mean or a mixture's largest
+    component top; an empirical file has none (its values are checked when sampled). Tails beyond the mean
+    are checked on the sampled values.
     """
-    nominal = {Fixed: "value", Uniform: "high", Normal: "mean", LogNormal: "mean"}.get(type(dist))
-    top = getattr(dist, nominal) if nominal else None
+    top: float | None
+    if isinstance(dist, Mixture):
+        tops = [dist_upper(c.of) for c in dist.components]
+        top = None if any(t is None for t in tops) else max(t for t in tops if t is not None)
+    else:
+        nominal = {Fixed: "value", Uniform: "high", Normal: "mean", LogNormal: "mean"}.get(type(dist))
+        top = getattr(dist, nominal) if nominal else None
     if dist.max is not None:
         top = dist.max if top is None else min(top, dist.max)
     if dist.min is not None:
@@ -145,7 +204,8 @@ class Budget(_Model):
 
 
 class Budgets(_Model):
-    ttft_ms: Budget | None = None
+    ttft_ms: Budget | None = None  # time to the first token of either kind (reasoning or answer)
+    ttfat_ms: Budget | None = None  # time to the first answer token (after any reasoning)
     itl_ms: Budget | None = None
     e2e_ms: Budget | None = None
 
@@ -158,7 +218,7 @@ class Cancellation(_Model):
 
 
 class Thread(_Model):
-    """long-thread conversations: number of turns and think time between a reply and the next turn.
+    """A class's multi-turn conversations: number of turns and think time between a reply and the next turn.
 
     ``wait_for_reply``: turn k+1 starts one think time after turn k's reply ended (the driver waits for
     it, so context and timing are the user's); otherwise one think time after turn k was scheduled
@@ -183,7 +243,11 @@ class RequestClass(_Model):
     output_tokens: Distribution
     budgets: Budgets = Budgets()
     cancel: Cancellation | None = None
-    thread: Thread | None = None  # required for long-thread
+    thread: Thread | None = None  # multi-turn conversations (any class)
+    # a reasoning model's thinking before its answer: tokens per request, on top of output_tokens (the answer);
+    # the trace's output_tokens is their sum and its reasoning_tokens this draw (the simulated engine emits them
+    # as reasoning deltas; a real model reasons as it does)
+    reasoning_tokens: Distribution | None = None
     ttft_timeout_s: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
     total_timeout_s: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
 
@@ -193,6 +257,8 @@ class RequestClass(_Model):
         _check_bound("output_tokens", self.output_tokens, MAX_TOKENS, "tokens")
         if self.cancel is not None:
             _check_bound("cancel.after_tokens", self.cancel.after_tokens, MAX_TOKENS, "tokens")
+        if self.reasoning_tokens is not None:
+            _check_bound("reasoning_tokens", self.reasoning_tokens, MAX_TOKENS, "tokens")
         return self
 
 
@@ -313,10 +379,9 @@ class Scenario(_Model):
         if not self.classes:
             raise ValueError("classes: at least one request class is required")
         for name in self.classes:
-            if name not in CLASS_NAMES:
-                raise ValueError(f"classes.{name}: unknown class; expected one of {', '.join(CLASS_NAMES)}")
-        if "long-thread" in self.classes and self.classes["long-thread"].thread is None:
-            raise ValueError("classes.long-thread.thread: missing; expected turns and think_time_s")
+            problem = class_name_problem(name)
+            if problem is not None:
+                raise ValueError(f"classes: name {name!r}: {problem}")
         total = sum(c.share for c in self.classes.values())
         if abs(total - 1.0) > 1e-6:
             raise ValueError(f"classes.*.share: shares sum to {total:g}; expected 1")
@@ -357,7 +422,7 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     for item in loc:
         if isinstance(item, int):
             parts.append(f"[{item}]")
-        elif item in ("fixed", "uniform", "normal", "lognormal", "empirical", "function-after"):
+        elif item in ("fixed", "uniform", "normal", "lognormal", "empirical", "mixture", "function-after"):
             continue  # discriminator tags and validator names are not fields
         elif isinstance(item, str) and item.startswith("function-"):
             continue

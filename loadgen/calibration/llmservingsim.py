@@ -1,0 +1,323 @@
+"""LLMServingSim bench runs (real vLLM, ``python -m bench run``) → run directories (``run_kind: imported``).
+
+A run folder holds ``meta.json`` (engine arguments; what vLLM resolved), ``requests.jsonl`` (per request:
+``arrival_time`` on the frontend's wall clock, ``queued_ts``, ``scheduled_ts``, ``first_token_ts``,
+``last_token_ts`` on the engine core's ``time.monotonic()``) and ``timeseries.csv`` (per tick: running, waiting,
+KV use, prompt and generation throughput). Beside it: ``validation/summary.txt`` (the published simulator's
+own errors) and the workload the run replayed (``dataset_path``, checked against ``dataset_hash``).
+
+**The two clocks.** The engine clock is the wall clock plus ``offset = min(queued_ts - arrival_time)``: the
+request the frontend passed on fastest defines it, so every other request's frontend delay (queued - mapped
+arrival) is >= 0. The run clock's zero is the workload's zero: ``W0 = median(arrival_time - the workload's
+arrival offset)`` on the wall clock (the first arrival when the workload is absent), i.e. ``E0 = W0 + offset`` on
+the engine clock. ``scheduled_ns`` = ``sent_ns`` is the frontend's arrival; ``server_queued_ns`` and
+``server_scheduled_ns`` are the engine's; first and last token and ``done_ns`` (= last token) are the engine's
+instants. The timeseries' ``t`` counts seconds from the bench start, taken as the workload's zero. Both
+mappings are named in the manifest's ``synthesized``. There are no per-token instants: no chunks.
+
+The per-second series become server metrics under vLLM's names (``vllm:num_requests_running``,
+``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` as a 0..1 share, and the two logged throughputs);
+an all-zero KV column (an upstream bug in some runs) is left out and said so. The workload, when found, is
+imported beside the records as ``workload.parquet`` (``loadgen.trace.importers``, prompt block hashes kept).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from loadgen.rundir.identity import harness_identity, sha256_file
+from loadgen.rundir.io import RunWriter
+from loadgen.rundir.manifest import Anchor, EngineIdentity, Host, Manifest, TargetRef, TraceRef
+from loadgen.rundir.schema import empty_request_row
+from loadgen.sim.metrics import metric_labels_json
+from loadgen.trace.importers import import_trace
+from loadgen.trace.io import read_trace
+from loadgen.util.errors import RunDirError, TraceError
+
+__all__ = ["TIMESERIES_METRICS", "WORKLOAD_FILE", "find_run_folder", "import_llmservingsim_run"]
+
+NS = 1_000_000_000
+#: The imported workload's file name inside the run directory.
+WORKLOAD_FILE = "workload.parquet"
+#: timeseries.csv column → (server metric name, scale to the metric's unit).
+TIMESERIES_METRICS = {
+    "running": ("vllm:num_requests_running", 1.0),
+    "waiting": ("vllm:num_requests_waiting", 1.0),
+    "kv_cache_pct": ("vllm:kv_cache_usage_perc", 0.01),
+    "prompt_throughput": ("vllm:avg_prompt_throughput_toks_per_s", 1.0),
+    "gen_throughput": ("vllm:avg_generation_throughput_toks_per_s", 1.0),
+}
+_REQUEST_FIELDS = ("request_id", "input_toks", "output_toks", "arrival_time", "queued_ts", "scheduled_ts")
+_ENGINE_INSTANTS = ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
+
+
+def find_run_folder(path: Path | str) -> Path:
+    """The folder holding meta.json and requests.jsonl: ``path`` itself or its ``vllm/``."""
+    path = Path(path)
+    for cand in (path, path / "vllm"):
+        if (cand / "meta.json").is_file() and (cand / "requests.jsonl").is_file():
+            return cand
+    raise RunDirError(f"{path}: no meta.json and requests.jsonl (nor in vllm/): expected an LLMServingSim bench run")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise RunDirError(f"{path}: cannot read ({exc.strerror})") from None
+    except (ValueError, RecursionError) as exc:
+        raise RunDirError(f"{path}: invalid JSON ({str(exc)[:80]}): expected an LLMServingSim meta.json") from None
+
+
+def _number(path: Path, line_no: int, rec: dict[str, Any], key: str) -> float:
+    value = rec.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value or abs(value) > 1e12:
+        raise RunDirError(f"{path}: line {line_no}: {key} = {value!r}: expected a finite number of seconds")
+    return float(value)
+
+
+def _read_requests(path: Path) -> list[dict[str, Any]]:
+    """The request records, each checked: the fields present, instants finite and in order, counts >= 1."""
+    rows = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RunDirError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+    for line_no, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            raise RunDirError(f"{path}: line {line_no}: invalid JSON: expected a bench request record") from None
+        missing = [
+            k
+            for k in (*_REQUEST_FIELDS, "first_token_ts", "last_token_ts")
+            if not isinstance(rec, dict) or k not in rec
+        ]
+        if missing:
+            raise RunDirError(f"{path}: line {line_no}: missing {missing}: expected a bench request record")
+        for key in ("input_toks", "output_toks"):
+            if isinstance(rec[key], bool) or not isinstance(rec[key], int) or not 1 <= rec[key] <= 10_000_000:
+                raise RunDirError(f"{path}: line {line_no}: {key} = {rec[key]!r}: expected a token count >= 1")
+        times = [_number(path, line_no, rec, key) for key in ("arrival_time", *_ENGINE_INSTANTS)]
+        if not times[1] <= times[2] <= times[3] <= times[4]:
+            raise RunDirError(
+                f"{path}: line {line_no}: engine instants {times[1:]}: expected queued <= scheduled <= first <= last token"
+            )
+        rows.append(rec)
+    if not rows:
+        raise RunDirError(f"{path}: no requests: expected at least one record")
+    return rows
+
+
+def _workload(folder: Path, meta: dict[str, Any], workload: Path | None) -> Path | None:
+    """The workload file the run replayed: ``workload`` (checked), or the one named by ``dataset_path``
+    under an ancestor's ``workloads/``; None when none is found."""
+    name = Path(str(meta.get("dataset_path") or "")).name
+    if workload is None and name:
+        for parent in folder.parents:
+            cand = parent / "workloads" / name
+            if cand.is_file():
+                workload = cand
+                break
+    if workload is None:
+        return None
+    expected = meta.get("dataset_hash")
+    if not workload.is_file():
+        raise RunDirError(f"{workload}: no such file: expected the workload the run replayed ({name})")
+    if expected and sha256_file(workload) != expected:
+        raise RunDirError(
+            f"{workload}: sha256 differs from meta.json dataset_hash {expected}: expected the same workload"
+        )
+    return workload
+
+
+class _Clock:
+    """The run clock from the frontend's wall clock and the engine's monotonic clock (module docstring)."""
+
+    def __init__(self, rows: list[dict[str, Any]], workload_offsets_s: list[float] | None) -> None:
+        self.offset_s = min(r["queued_ts"] - r["arrival_time"] for r in rows)
+        if workload_offsets_s is not None:
+            self.w0 = statistics.median(r["arrival_time"] - w for r, w in zip(rows, workload_offsets_s, strict=True))
+        else:
+            self.w0 = min(r["arrival_time"] for r in rows)
+        self.e0 = self.w0 + self.offset_s
+
+    def wall(self, t: float) -> int:
+        return round((t - self.w0) * NS)
+
+    def engine(self, t: float) -> int:
+        return round((t - self.e0) * NS)
+
+    def frontend_delays_ms(self, rows: list[dict[str, Any]]) -> list[float]:
+        return sorted((r["queued_ts"] - r["arrival_time"] - self.offset_s) * 1e3 for r in rows)
+
+
+def _request_row(rec: dict[str, Any], clock: _Clock, request_class: str) -> dict[str, Any]:
+    arrival = clock.wall(rec["arrival_time"])
+    last = clock.engine(rec["last_token_ts"])
+    return empty_request_row(
+        request_id=str(rec["request_id"]),
+        request_class=request_class,
+        warm=True,
+        scheduled_ns=arrival,
+        slot_acquired_ns=arrival,
+        sent_ns=arrival,
+        server_queued_ns=clock.engine(rec["queued_ts"]),
+        server_scheduled_ns=clock.engine(rec["scheduled_ts"]),
+        first_token_ns=clock.engine(rec["first_token_ts"]),
+        last_token_ns=last,
+        done_ns=last,
+        target_prompt_tokens=rec["input_toks"],
+        target_output_tokens=rec["output_toks"],
+        server_prompt_tokens=rec["input_toks"],
+        server_output_tokens=rec["output_toks"],
+        status="ok",
+        finish_reason="length",  # min_tokens = max_tokens = output_toks, ignore_eos
+    )
+
+
+def _timeseries(path: Path, model: str) -> tuple[dict[str, list[Any]], list[str]]:
+    """Server-metric columns from timeseries.csv (t seconds from the workload's zero), and notes."""
+    if not path.is_file():
+        return {}, [f"{path.name}: absent, no server metrics"]
+    try:
+        with open(path, encoding="utf-8", newline="") as handle:
+            records = list(csv.DictReader(handle))
+        ticks = [float(r["t"]) for r in records]
+        values = {col: [float(r[col]) for r in records] for col in TIMESERIES_METRICS}
+    except (KeyError, ValueError, OSError) as exc:
+        raise RunDirError(
+            f"{path}: unreadable ({exc!r:.80}): expected columns t, {', '.join(TIMESERIES_METRICS)}"
+        ) from None
+    notes = []
+    columns: dict[str, list[Any]] = {"time_ns": [], "name": [], "labels": [], "value": []}
+    labels = metric_labels_json(model)
+    for col, (name, scale) in TIMESERIES_METRICS.items():
+        if col == "kv_cache_pct" and not any(values[col]):
+            notes.append("kv_cache_pct is 0.0 in every tick (an upstream bug in this run): not imported")
+            continue
+        columns["time_ns"] += [round(t * NS) for t in ticks]
+        columns["name"] += [name] * len(ticks)
+        columns["labels"] += [labels] * len(ticks)
+        columns["value"] += [v * scale for v in values[col]]
+    return columns, notes
+
+
+def _engine_config(meta: dict[str, Any]) -> dict[str, Any]:
+    """The engine settings the run records: arguments, resolved KV cache and scheduler (when logged)."""
+    resolved = meta.get("resolved_config") or {}
+    scheduler = resolved.get("scheduler_config") if isinstance(resolved, dict) else None
+    cache = resolved.get("cache_config") if isinstance(resolved, dict) else None
+    return {
+        "engine_kwargs": meta.get("engine_kwargs"),
+        "kv_cache": meta.get("kv_cache"),
+        "scheduler_config": scheduler,
+        "cache_config": cache,
+    }
+
+
+def _manifest(folder: Path, meta: dict[str, Any], clock: _Clock, delays: list[float], notes: list[str]) -> Manifest:
+    version = meta.get("vllm_version")
+    hardware = meta.get("hardware")
+    summary = folder.parent / "validation" / "summary.txt"
+    p50 = delays[len(delays) // 2]
+    return Manifest(
+        run_kind="imported",
+        harness=harness_identity(),
+        host=Host(gpus=[hardware]) if isinstance(hardware, dict) else None,
+        target=TargetRef(
+            kind="vllm",
+            model=meta.get("model"),
+            version={"version": version},
+            engine=EngineIdentity(name="vllm", version=version, config=_engine_config(meta)),
+        ),
+        options={"importer": "llmservingsim-bench", "tick_seconds": meta.get("tick_seconds")},
+        started_utc=meta.get("started_at"),
+        ended_utc=meta.get("finished_at"),
+        anchor=Anchor(
+            perf_counter_ns=0, utc=meta.get("started_at"), clock="ns from the workload's zero (see synthesized)"
+        ),
+        model_executed=True,  # a real vLLM on a GPU (in-process AsyncLLM: no HTTP, so no benchmarkExecuted)
+        source={
+            "tool": "llmservingsim-bench",
+            "path": str(folder),
+            "requests_sha256": sha256_file(folder / "requests.jsonl"),
+            "meta_sha256": sha256_file(folder / "meta.json"),
+            "dataset_path": meta.get("dataset_path"),
+            "dataset_hash": meta.get("dataset_hash"),
+            "validation_summary": str(summary) if summary.is_file() else None,
+        },
+        synthesized={
+            "timing": False,
+            "clocks": (
+                f"engine = wall + {clock.offset_s:.6f} s (min(queued_ts - arrival_time)); run zero = the workload's zero, "
+                f"wall {clock.w0:.6f} (median(arrival_time - workload offset)); frontend delay after the mapping "
+                f"p50 {p50:.1f} ms, max {delays[-1]:.1f} ms"
+            ),
+            "derived": ["scheduled_ns = sent_ns = arrival_time mapped", "done_ns = last_token_ns"],
+            "timeseries": "t seconds from the bench start, taken as the workload's zero",
+            "chunks": False,
+            "notes": notes,
+        },
+    )
+
+
+def import_llmservingsim_run(
+    path: Path | str, out_dir: Path | str, *, workload: Path | str | None = None, request_class: str = "imported"
+) -> Path:
+    """An LLMServingSim bench run folder (or its parent) → a run directory at ``out_dir``; returns it."""
+    folder = find_run_folder(path)
+    meta = _read_json(folder / "meta.json")
+    if not isinstance(meta, dict):
+        raise RunDirError(f"{folder / 'meta.json'}: a JSON {type(meta).__name__}: expected an object")
+    rows = _read_requests(folder / "requests.jsonl")
+    rows.sort(key=lambda r: r["arrival_time"])
+    source = _workload(folder, meta, Path(workload) if workload else None)
+    notes: list[str] = []
+    offsets = None
+    trace_ref = None
+    if source is not None:
+        offsets, trace_ref = _import_workload(source, Path(out_dir), rows)
+    else:
+        notes.append("workload not found: run zero = the first arrival; no prompt block hashes")
+    clock = _Clock(rows, offsets)
+    model = str(meta.get("model") or "unknown")
+    metrics, series_notes = _timeseries(folder / "timeseries.csv", model)
+    manifest = _manifest(folder, meta, clock, clock.frontend_delays_ms(rows), notes + series_notes)
+    if trace_ref is not None:
+        manifest.trace = trace_ref
+    with RunWriter(Path(out_dir), manifest) as writer:
+        for rec in rows:
+            writer.add_request(_request_row(rec, clock, request_class))
+        writer.add_metrics(metrics)
+        end = max(r["last_token_ts"] for r in rows)
+        writer.close({"duration_s": clock.engine(end) / NS})
+    return Path(out_dir)
+
+
+def _import_workload(source: Path, out_dir: Path, rows: list[dict[str, Any]]) -> tuple[list[float], TraceRef]:
+    """Import the workload beside the records; its arrival offsets (s) in the order of ``rows`` (by request index)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        trace_path = import_trace("llmservingsim", source, out_dir / WORKLOAD_FILE, request_class="imported")
+        table, meta = read_trace(trace_path)
+    except TraceError as exc:
+        raise RunDirError(str(exc)) from None
+    offsets = table.column("scheduled_offset_ns").to_pylist()
+    indexes = [_request_index(r["request_id"], len(offsets)) for r in rows]
+    trace = TraceRef(path=WORKLOAD_FILE, sha256=sha256_file(trace_path), name=meta.get("trace_name"), metadata=meta)
+    return [offsets[i] / NS for i in indexes], trace
+
+
+def _request_index(request_id: Any, n: int) -> int:
+    """``bench-<i>``: line i of the workload (the bench numbers requests in workload order)."""
+    head, _, tail = str(request_id).rpartition("-")
+    if not tail.isdigit() or not 0 <= int(tail) < n:
+        raise RunDirError(f"request_id {request_id!r}: expected bench-<i> with i < {n} (the workload's line)")
+    return int(tail)

@@ -1,0 +1,55 @@
+"""``loadgen schema analysis|decision|region|fidelity [--out F]``: the published JSON Schema of a result.
+
+The checked-in copies are ``docs/schema/<name>.schema.json``; a test keeps them equal to this command's output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RESULT_NAMES", "register", "result_schema"]
+
+#: The published results, by the name the command takes.
+RESULT_NAMES = ("analysis", "decision", "region", "fidelity")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("schema", help="print the JSON Schema of a result (analysis, decision, region, fidelity)")
+    p.add_argument("name", choices=RESULT_NAMES, help="which result")
+    p.add_argument("--out", metavar="FILE", help="write the schema to this file instead of printing it")
+    p.set_defaults(func=_schema)
+
+
+def result_schema(name: str) -> dict[str, Any]:
+    """The JSON Schema of result ``name`` (one of ``RESULT_NAMES``), with its ``$id`` and schema version."""
+    from ..analysis.model import ANALYSIS_SCHEMA_VERSION  # deferred: `loadgen --help` loads no library code
+    from ..analysis.result import AnalysisResult  # deferred: as above
+    from ..calibration.fidelity import FIDELITY_SCHEMA_VERSION, FidelityTable  # deferred: as above
+    from ..plan import results  # deferred: as above
+    from ..util.resultmodel import ResultModel, json_schema  # deferred: as above
+
+    table: dict[str, tuple[type[ResultModel], str | int, str]] = {
+        "analysis": (AnalysisResult, ANALYSIS_SCHEMA_VERSION, "loadgen analyze --json: every number of one run"),
+        "decision": (
+            results.ComparisonResult,
+            results.COMPARISON_SCHEMA_VERSION,
+            "loadgen compare --json (and practice's decision.json comparison): the candidate decision",
+        ),
+        "region": (results.RegionResult, results.REGION_SCHEMA_VERSION, "a plan's region.json: its capacity region"),
+        "fidelity": (FidelityTable, FIDELITY_SCHEMA_VERSION, "loadgen sim validate: fidelity.json"),
+    }
+    model, version, description = table[name]
+    return json_schema(model, name, version, description)
+
+
+def _schema(args: argparse.Namespace) -> int:
+    text = json.dumps(result_schema(args.name), indent=2) + "\n"
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out}")
+    else:
+        print(text, end="")
+    return 0

@@ -1,0 +1,306 @@
+"""The comparison decision (``loadgen compare``, practice's ``comparison``) and the plan region (``region.json``)
+as typed results.
+
+``Comparison.result()`` gives ``ComparisonResult`` (schema version ``COMPARISON_SCHEMA_VERSION``, the
+document's ``version``); ``region.write_region`` writes a ``RegionResult`` (``REGION_SCHEMA_VERSION``; the
+file itself carries no version, so the schema's ``$id`` states it). A candidate judged from a run directory
+and one judged from a plan directory share one model: keys the other kind has not are absent, not null.
+Published JSON Schemas: ``loadgen schema decision`` and ``loadgen schema region``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from loadgen.util.resultmodel import Figure, Number, ResultModel
+
+__all__ = [
+    "COMPARISON_SCHEMA_VERSION",
+    "REGION_SCHEMA_VERSION",
+    "BudgetItem",
+    "CandidateJudgement",
+    "ComparisonResult",
+    "Decision",
+    "RegionResult",
+]
+
+#: The comparison document's ``version``.
+COMPARISON_SCHEMA_VERSION = 1
+#: The region document's schema version (the file states none: its schema's ``$id`` does).
+REGION_SCHEMA_VERSION = 1
+
+
+class BudgetItem(ResultModel):
+    """A hard check as the comparison shows it (a plan candidate's ``region`` items lack ``ci``)."""
+
+    class_name: str = Field(alias="class")
+    metric: str = Field(description="a budget metric (ttft_ms, itl_ms, e2e_ms) or 'region' for a plan")
+    percentile: str | None
+    observed: Figure
+    ci: list[Figure] | None = None
+    limit: Number | None
+    n: int
+    outcome: str | None = None
+    more_requests: int | None = None
+    needed: str | None = None
+    reason: str
+
+
+class JudgementStep(ResultModel):
+    """One step of the judgement order and its result (passed, rejected, inconclusive, unmeasured ...)."""
+
+    step: str
+    result: str
+    why: list[str]
+
+
+class Cost(ResultModel):
+    """Step 3's cost at the candidate's headline rate; ``matched`` None with a ``note`` when no price applies."""
+
+    matched: str | None
+    note: str | None = None
+    example_prices: bool | None = None
+    currency: str | None = None
+    throughput_basis: str | None = None
+    per_million_output_tokens: Number | None = None
+    per_million_tokens: Number | None = None
+    basis: str | None = None
+
+
+class Throughput(ResultModel):
+    """A candidate's rates (a run: over the analysis window and the whole run; a plan: its best inside cell)."""
+
+    output_tok_s: Number | None
+    prompt_tok_s: Number | None
+    completed_rps: Number | None
+    offered_rps: Number | None
+    send_rps: Number | None = None
+    goodput_rps: Number | None
+    attainment: Number | None = None
+    peak_output_tok_s: Number | None
+    peak_completed_rps: Number | None = None
+    window_s: Number | None = None
+    output_tok_s_whole_run: Number | None = None
+    completed_rps_whole_run: Number | None = None
+    whole_run_s: Number | None = None
+    output_tok_per_engine_busy_s: Number | None = None
+    basis: str | None = None
+
+
+class ContextWorkload(ResultModel):
+    scenario: str | None
+    scenario_sha256: str | None
+    trace: str | None
+    trace_sha256: str | None
+    seed: int | None
+    requests: Number | None
+
+
+class ContextPackage(ResultModel):
+    harness_version: str | None
+    git_sha: str | None
+    python: str | None
+
+
+class ContextHardware(ResultModel):
+    cpu_model: str | None
+    cpu_count: int | None
+    gpus: list[dict[str, Any]] | None
+    os: str | None
+
+
+class ContextRuntime(ResultModel):
+    target_kind: str | None
+    model: str | None
+    engine: str | None
+    engine_version: str | None
+    engine_config: str = Field(description="the candidate's label")
+    run_kind: str | None
+    model_executed: bool | None = Field(alias="modelExecuted")
+    benchmark_executed: bool | None = Field(alias="benchmarkExecuted")
+
+
+class ContextMeasurement(ResultModel):
+    send_lag_p99_ms: Number | None
+    warnings: list[str]
+    state: str | None
+
+
+class CandidateContext(ResultModel):
+    """What the candidate ran: workload, package, hardware, runtime, warm state and measurement, from its manifest."""
+
+    workload: ContextWorkload
+    package: ContextPackage
+    hardware: ContextHardware
+    runtime: ContextRuntime
+    warm_state: dict[str, Any] | None
+    measurement: ContextMeasurement
+    order_index: int | None
+    started_utc: str | None
+
+
+class CandidateJudgement(ResultModel):
+    """One candidate through the judgement order: steps, verdict, contract, cost, figures and context."""
+
+    index: int
+    label: str
+    path: str
+    kind: Literal["run", "plan"]
+    verdict: Literal["eligible", "rejected", "unmeasured"]
+    budgets: str = Field(description="the hard-budget step's result")
+    rejected_at: str | None
+    steps: list[JudgementStep]
+    contract: dict[str, Any] = Field(description="the behaviour contract's result (status, summary, ...)")
+    cost: Cost | None
+    stop: str | None = Field(None, description="a run: how it ended when not normally")
+    route_classes: list[str]
+    breaches: list[BudgetItem]
+    inconclusive: list[BudgetItem]
+    capacity: dict[str, dict[str, Any]] | None = Field(None, description="a plan: the top inside cell per class")
+    tails: dict[str, dict[str, Any]] = Field(description="a run: per class, p50/p95/p99/n, limits and checks")
+    status_counts: dict[str, int]
+    error_kinds: dict[str, int]
+    error_share: Number | None
+    throughput: Throughput
+    context: CandidateContext
+    status_line: str
+
+
+class Rejection(ResultModel):
+    label: str
+    step: str
+    why: list[str]
+
+
+class Unsure(ResultModel):
+    label: str
+    why: list[str]
+
+
+class HeadlineThroughput(ResultModel):
+    label: str
+    value: Number | None
+    basis: str
+
+
+class Decision(ResultModel):
+    """The choice among eligible candidates and why, rejections included."""
+
+    route: str
+    chosen: str | None
+    chosen_path: str | None
+    rejected: list[Rejection]
+    inconclusive: list[Unsure]
+    unmeasured: list[Unsure]
+    headline_throughput: HeadlineThroughput
+    why: list[str]
+
+
+class Identity(ResultModel):
+    """What differs between the candidates: the declared variable, and what else."""
+
+    variable: str
+    varies: list[str]
+    also_differs: list[str]
+    held_fixed: list[str]
+
+
+class PriceInfo(ResultModel):
+    path: str | None
+    example: bool
+    currency: str
+    description: str | None
+
+
+class ComparisonResult(ResultModel):
+    """The candidate decision (``loadgen compare --json``)."""
+
+    kind: Literal["loadgen.comparison"]
+    version: int = Field(description=f"the schema version ({COMPARISON_SCHEMA_VERSION})")
+    route: str
+    variable: str
+    judgement_order: list[str]
+    identity: Identity
+    candidates: list[CandidateJudgement]
+    decision: Decision
+    prices: PriceInfo | None
+    notes: list[str]
+
+
+class CellClass(ResultModel):
+    status: str
+    limiting: str | None
+
+
+class RegionCell(ResultModel):
+    """One cell (concurrency × rate step): its status, the constraint that limits it, mean figures of its runs."""
+
+    cell_id: str
+    concurrency: int
+    rate_index: int
+    rate_step: Number
+    status: str = Field(description="inside, outside, stopped, inconclusive, not_run or not_achievable")
+    limiting: str | None
+    repeats: int
+    passes: int
+    requests_sent: int
+    extensions: int
+    offered_rps: Number | None
+    send_rps: Number | None
+    completed_rps: Number | None
+    output_tok_s: Number | None
+    goodput_rps: Number | None
+    send_lag_p99_ms: Number | None
+    ttft_p99_ms: dict[str, list[Figure]] = Field(description="per class, one p99 TTFT (ms) per run")
+    warm_state: list[Any]
+    skip_reason: str | None
+    run_dirs: list[str]
+    per_class: dict[str, CellClass] = Field(description="a mixed-class cell: each class's own status")
+
+
+class BoundaryRow(ResultModel):
+    """One concurrency line: its highest inside rate step and the first outside step above it."""
+
+    concurrency: int
+    max_inside_rate_index: int | None
+    max_inside_rate_step: Number | None
+    max_inside_offered_rps: Number | None
+    max_inside_completed_rps: Number | None
+    max_inside_output_tok_s: Number | None
+    first_outside_rate_index: int | None
+    limiting: str | None
+    line_status: str | None
+
+
+class StateRegion(ResultModel):
+    cells: list[RegionCell]
+    boundary: list[BoundaryRow]
+
+
+class RegionResult(ResultModel):
+    """The capacity region of a plan (``region.json``; ``loadgen plan --json`` adds ``engine_calibration``)."""
+
+    kind: Literal["loadgen.region"]
+    version: int = Field(description=f"the schema version ({REGION_SCHEMA_VERSION})")
+    plan: str
+    plan_sha256: str | None
+    status: str | None
+    ended: str | None
+    target: Any
+    scenario: Any
+    rate_kind: Literal["scale", "rps"]
+    rate_steps: list[Number]
+    concurrency: list[int]
+    repeats: int
+    budget: dict[str, Any] | None
+    start: dict[str, Any] | None
+    ledger: dict[str, Any] | None
+    search: dict[str, Any]
+    cells_used: int
+    runs_used: int
+    probes: list[dict[str, Any]]
+    classes: dict[str, dict[str, StateRegion]] = Field(description="class -> state (warm/cold) -> cells and boundary")
+    rule: str
+    engine_calibration: str | None = None

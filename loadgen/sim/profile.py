@@ -1,0 +1,508 @@
+"""A step's time from an operator profile of a GPU: the profiled cost model of the simulated engine.
+
+An operator profile (LLMServingSim's profiler format, vLLM 0.19, ``<GPU>/<org>/<model>/<dtype>/``: ``meta.yaml``
+and per tensor-parallel degree ``tp<N>/``) times ONE transformer layer's operators on the GPU:
+
+- ``attention.csv``: one attention layer for a batch of one prefill chunk (``prefill_chunk`` new tokens over
+  ``kv_prefill`` cached ones) and ``n_decode`` decodes of ``kv_decode`` tokens each, on doubling grids;
+- ``dense.csv``: each dense operator of a layer by the step's token count (``qkv_proj``, ``o_proj``, ...), and
+  the once-per-step ``embedding`` and ``final_layernorm``;
+- ``per_sequence.csv``: ``lm_head`` and ``sampler`` by the step's sequence count;
+- ``moe.csv`` (MoE models): the expert layer by tokens and activated experts.
+
+A step of the engine is priced as (all times per GPU, µs):
+
+    step = Σ_dense-op count × op(T) × layers + embedding(T) + final_layernorm(T)      T = tokens in the step
+         + moe(T, experts activated by T) × MoE layers                                (MoE models)
+         + attention(Σ prefill chunks, Σ their cached prefix, decodes, mean decode KV) × layers
+         + lm_head(S) + sampler(S)                                                    S = sequences in the step
+         + 2 all-reduces × layers, each latency + T × hidden × 2 B / bandwidth        (TP > 1, assumed link)
+         + 2 collectives × MoE layers over the other ranks' (ep − 1) × T tokens       (EP > 1, the same link)
+
+Every table is read linearly on each axis between profiled points (a kernel's time is close to linear in each
+axis: decode attention is a KV read, ``a + b × n × kv``), held at the first non-zero point below it (a 5-token
+chunk costs what the 16-token one does), and extrapolated linearly from the last two points above the grid.
+Several prefill chunks in one step are priced as one chunk of their summed tokens over their summed prefix,
+decodes at their mean KV length (the uniform batch that reads the same KV); the profile's mixed-length
+(``skew``) tables are not applied. Layer norms count twice per layer (before attention and before the MLP).
+An MoE layer's activated experts are the expected distinct experts of uniform top-k routing over its tokens;
+with expert parallelism (``ep`` GPUs, data-parallel ranks equally loaded, vLLM's all-gather / reduce-scatter
+exchange) a GPU holds E/ep experts and runs them over the whole group's ep × T tokens. Not modelled: CPU time
+between steps (vLLM 0.19 schedules asynchronously), CUDA-graph padding, the MoE router's own GEMM, the lockstep
+of data-parallel ranks (each step waits for the slowest).
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import functools
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loadgen.util.errors import ScenarioError
+
+from ..ledger.config import ModelConfig, read_model_config
+
+__all__ = ["OperatorProfile", "expected_experts", "fit_linear_cost", "interp_axis", "load_profile"]
+
+#: Dense operators that run twice per decoder layer (input and post-attention RMSNorm).
+TWICE_PER_LAYER = frozenset({"layernorm"})
+#: Dense operators that run once per step, not per layer.
+ONCE_PER_STEP = frozenset({"embedding", "final_layernorm"})
+
+
+def interp_axis(keys: Sequence[int], values: Sequence[float], x: float) -> float:
+    """``values`` at ``x`` on sorted ``keys``: linear between points, the first value below the first key,
+    linear from the last two points above the last key."""
+    if x <= keys[0] or len(keys) == 1:
+        return float(values[0])
+    i = bisect.bisect_right(keys, x)
+    if i >= len(keys):
+        i = len(keys) - 1
+    x0, x1 = keys[i - 1], keys[i]
+    return values[i - 1] + (x - x0) / (x1 - x0) * (values[i] - values[i - 1])
+
+
+def _bracket(axis: Sequence[int], x: float, zero_alone: bool) -> tuple[int, int, float]:
+    """(lower index, upper index, weight of the upper) of ``x`` on a profile axis. ``zero_alone``: 0 is exact and
+    a positive ``x`` is held at the first positive point below it (the axis' 0 row has no neighbours)."""
+    if x <= 0:
+        return 0, 0, 0.0
+    first = 1 if zero_alone and axis[0] == 0 and len(axis) > 1 else 0
+    if x <= axis[first]:
+        return first, first, 0.0
+    i = bisect.bisect_right(axis, x)
+    if i >= len(axis):
+        i = len(axis) - 1
+    x0, x1 = axis[i - 1], axis[i]
+    return i - 1, i, (x - x0) / (x1 - x0)
+
+
+def expected_experts(experts: int, top_k: int, tokens: float, ep: int = 1) -> float:
+    """Distinct experts one GPU activates for ``tokens`` tokens of uniform top-k routing over ``experts``,
+    holding experts / ep of them while ep data-parallel ranks each send it as many tokens."""
+    local = experts / ep
+    return local * (1.0 - (1.0 - top_k / experts) ** (tokens * ep))
+
+
+@dataclass(frozen=True)
+class _Attention:
+    """The 4-axis attention grid: ``t[pc][kp][nd][kd]`` in µs (None where the profile has no row)."""
+
+    pc: list[int]
+    kp: list[int]
+    nd: list[int]
+    kd: list[int]
+    t: list[list[list[list[float | None]]]]
+
+    def at(self, pc: float, kp: float, nd: float, kd: float) -> float:
+        """One attention layer (µs) for prefill chunk ``pc`` over ``kp`` cached tokens and ``nd`` decodes of
+        ``kd`` KV tokens each: linear in each axis between the profiled points (16 corners at most)."""
+        a0, a1, wa = _bracket(self.pc, pc, True)
+        b0, b1, wb = _bracket(self.kp, kp if pc > 0 else 0, False)
+        c0, c1, wc = _bracket(self.nd, nd, True)
+        d0, d1, wd = _bracket(self.kd, kd if nd > 0 else 0, True)
+        total = 0.0
+        t = self.t
+        for i, wi in ((a0, 1.0 - wa), (a1, wa)):
+            if wi == 0.0:
+                continue
+            ti = t[i]
+            for j, wj in ((b0, 1.0 - wb), (b1, wb)):
+                if wj == 0.0:
+                    continue
+                tj = ti[j]
+                for k, wk in ((c0, 1.0 - wc), (c1, wc)):
+                    if wk == 0.0:
+                        continue
+                    tk = tj[k]
+                    for m, wm in ((d0, 1.0 - wd), (d1, wd)):
+                        if wm == 0.0:
+                            continue
+                        v = tk[m]
+                        if v is None:
+                            raise ScenarioError(
+                                f"attention profile: no row at prefill_chunk={self.pc[i]}, kv_prefill={self.kp[j]}, "
+                                f"n_decode={self.nd[k]}, kv_decode={self.kd[m]}: expected a full grid"
+                            )
+                        total += wi * wj * wk * wm * v
+        return total
+
+
+@dataclass(frozen=True)
+class _Skew:
+    """The profile's fitted mixed-length correction: a decode batch of mixed KV lengths takes
+    t_mean + alpha x (t_max - t_mean), t_mean at the mean KV length and t_max at the longest, alpha per bucket
+    of (prefill chunk, decodes, skew rate, longest KV, cached prefix) as the profiler fitted it (``skew_fit.csv``),
+    else its pooled ``alpha_default``. skew rate = (mean - min) / (max - min)."""
+
+    bins: dict[str, list[float]]  # n, skew_rate, kv_big, kp: bucket edges, right-inclusive
+    labels: dict[str, list[str]]
+    alpha: dict[tuple[str, ...], float]
+    alpha_default: float
+
+    def _label(self, axis: str, value: float) -> str:
+        edges, labels = self.bins[axis], self.labels[axis]
+        i = bisect.bisect_left(edges, value, 1, len(labels)) - 1
+        return labels[max(0, min(i, len(labels) - 1))]
+
+    def at(self, pc: int, decodes: int, skew_rate: float, kv_max: float, kp: int) -> float:
+        key = (
+            str(pc),
+            self._label("n", decodes),
+            self._label("skew_rate", skew_rate),
+            self._label("kv_big", kv_max),
+            self._label("kp", kp),
+        )
+        return self.alpha.get(key, self.alpha_default)
+
+
+@dataclass(frozen=True)
+class OperatorProfile:
+    """One GPU × model × TP degree's operator profile, composed into a step-time function (module docstring)."""
+
+    source: str
+    gpu: str
+    vllm_version: str
+    model: str
+    tp: int
+    layers: int
+    dense_us: dict[str, tuple[list[int], list[float]]]  # per operator: (tokens, µs)
+    per_sequence_us: dict[str, tuple[list[int], list[float]]]  # per operator: (sequences, µs)
+    moe_us: dict[int, tuple[list[int], list[float]]]  # per activated experts: (tokens, µs)
+    moe_layers: int
+    experts: int
+    top_k: int
+    ep: int
+    hidden_size: int
+    decode_attention: _Attention  # steps without a prefill chunk
+    mixed_attention: _Attention  # steps with one
+    skew: _Skew | None  # the mixed-length correction, where the profile fitted one
+    link_latency_us: float
+    link_gb_per_s: float
+    _group_delta: dict[tuple[int, int], float] = field(default_factory=dict, compare=False, repr=False)
+
+    def tokens_us(self, tokens: int) -> float:
+        """Everything in a step that depends on its token count (µs): dense ops, MoE, all-reduces."""
+        if tokens <= 0:
+            return 0.0
+        total = 0.0
+        for name, (keys, values) in self.dense_us.items():
+            count = 1 if name in ONCE_PER_STEP else self.layers * (2 if name in TWICE_PER_LAYER else 1)
+            total += count * interp_axis(keys, values, tokens)
+        if self.moe_layers:
+            total += self.moe_layers * self.moe_at(tokens)
+            if self.ep > 1:  # all-gather the group's tokens, reduce-scatter the outputs: the other ranks' share
+                total += 2 * self.moe_layers * self._link_us(tokens * (self.ep - 1))
+        if self.tp > 1:
+            total += 2 * self.layers * self._link_us(tokens)
+        return total
+
+    def group_delta_us(self, tokens: int, group_tokens: int) -> float:
+        """How much longer (µs; negative: shorter) a step of ``tokens`` takes on a rank of an expert-parallel group
+        whose ranks together run ``group_tokens`` than ``tokens_us`` priced it (every rank as loaded as this one):
+        the experts run over the group's actual tokens and the exchange carries the others' actual share."""
+        if not self.moe_layers or self.ep <= 1:
+            return 0.0
+        known = self._group_delta.get((tokens, group_tokens))
+        if known is not None:
+            return known
+        assumed = self._moe_over(tokens * self.ep, tokens * self.ep) + 2 * self._link_us(tokens * (self.ep - 1))
+        actual = self._moe_over(group_tokens, group_tokens) + 2 * self._link_us(group_tokens - tokens)
+        delta = self._group_delta[tokens, group_tokens] = self.moe_layers * (actual - assumed)
+        return delta
+
+    def _moe_over(self, routed_tokens: float, seen_tokens: float) -> float:
+        """The expert kernel of one GPU (µs) over ``seen_tokens`` with the experts ``routed_tokens`` activate."""
+        active = expected_experts(self.experts, self.top_k, routed_tokens / self.ep, self.ep)
+        counts = sorted(self.moe_us)
+        by_count = [interp_axis(*self.moe_us[c], seen_tokens) for c in counts]
+        return interp_axis(counts, by_count, active)
+
+    def _link_us(self, tokens: float) -> float:
+        """One collective moving ``tokens`` hidden states (bf16) over the assumed link (µs)."""
+        return self.link_latency_us + tokens * self.hidden_size * 2 / (self.link_gb_per_s * 1e3)
+
+    def moe_at(self, tokens: float) -> float:
+        """One MoE layer (µs) on one GPU: the expert kernel over the tokens it sees (with expert parallelism, the
+        whole group's: ep x ``tokens``) and its expected activated experts, linear between the profiled expert
+        counts."""
+        return self._moe_over(tokens * self.ep, tokens * self.ep)
+
+    def sequences_us(self, sequences: int) -> float:
+        """The once-per-step ops that depend on the sequence count (µs): lm_head, sampler."""
+        if sequences <= 0:
+            return 0.0
+        return sum(interp_axis(keys, values, sequences) for keys, values in self.per_sequence_us.values())
+
+    def attention_us(
+        self,
+        prefill_tokens: int,
+        prefill_cached: int,
+        decodes: int,
+        decode_kv_sum: int,
+        decode_kv_max: int = 0,
+        decode_kv_min: int = 0,
+    ) -> float:
+        """Attention of a whole step over all layers (µs); ``decode_kv_sum`` is the decodes' KV tokens summed,
+        ``decode_kv_max`` / ``_min`` the longest and shortest (0: as long as the mean; no skew correction)."""
+        if prefill_tokens <= 0 and decodes <= 0:
+            return 0.0
+        kd = decode_kv_sum / decodes if decodes else 0.0
+        grid = self.mixed_attention if prefill_tokens > 0 else self.decode_attention
+        t_mean = grid.at(prefill_tokens, prefill_cached, decodes, kd)
+        if self.skew is None or decodes < 2 or decode_kv_max <= kd or decode_kv_max <= decode_kv_min:
+            return self.layers * t_mean
+        rate = (kd - decode_kv_min) / (decode_kv_max - decode_kv_min)
+        alpha = self.skew.at(prefill_tokens, decodes, rate, decode_kv_max, prefill_cached)
+        t_max = grid.at(prefill_tokens, prefill_cached, decodes, decode_kv_max)
+        if alpha <= 0 or t_max <= t_mean:
+            return self.layers * t_mean
+        return self.layers * (t_mean + alpha * (t_max - t_mean))
+
+    def step_us(
+        self,
+        prefill_tokens: int,
+        prefill_cached: int,
+        decodes: int,
+        decode_kv_sum: int,
+        seqs: int,
+        decode_kv_max: int = 0,
+        decode_kv_min: int = 0,
+    ) -> float:
+        """One engine step (µs) from its composition (the module docstring's sum)."""
+        tokens = prefill_tokens + decodes
+        attention = self.attention_us(
+            prefill_tokens, prefill_cached, decodes, decode_kv_sum, decode_kv_max, decode_kv_min
+        )
+        return self.tokens_us(tokens) + self.sequences_us(seqs) + attention
+
+    def identity(self) -> dict[str, Any]:
+        """Where this cost model came from (recorded in manifests and labels)."""
+        return {
+            "profile": self.source,
+            "gpu": self.gpu,
+            "vllm_version": self.vllm_version,
+            "model": self.model,
+            "tp": self.tp,
+            "ep": self.ep,
+            "layers": self.layers,
+            "moe_layers": self.moe_layers,
+        }
+
+
+def _read_rows(path: Path) -> list[dict[str, str]]:
+    try:
+        with path.open(newline="") as f:
+            return list(csv.DictReader(f))
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read the operator profile: {exc.strerror or exc}") from None
+
+
+def _number(path: Path, row: dict[str, str], field: str, signed: bool = False) -> float:
+    try:
+        value = float(row[field])
+    except (KeyError, TypeError, ValueError):
+        raise ScenarioError(f"{path}: {field} = {row.get(field)!r}: expected a number") from None
+    if value != value or abs(value) == float("inf") or (value < 0 and not signed):
+        raise ScenarioError(f"{path}: {field} = {value!r}: expected a finite number{'' if signed else ' >= 0'}")
+    return value
+
+
+def _by_layer(path: Path, key: str) -> dict[str, tuple[list[int], list[float]]]:
+    """A dense / per-sequence table: per operator, its sorted (key, µs) points."""
+    points: dict[str, dict[int, float]] = {}
+    for row in _read_rows(path):
+        points.setdefault(row["layer"], {})[int(_number(path, row, key))] = _number(path, row, "time_us")
+    return {name: (sorted(p), [p[k] for k in sorted(p)]) for name, p in points.items()}
+
+
+def _attention(path: Path) -> tuple[_Attention, _Attention]:
+    """The attention rows as two full grids: decode-only steps (no prefill chunk: decodes x KV) and steps with a
+    prefill chunk (4 axes), each the largest grid its rows fill (``_full_grid``). The profilers sweep more
+    decodes without a chunk (to 256) than with one (to 128): a mixed step past them is extrapolated."""
+    rows = [
+        (int(_number(path, r, "prefill_chunk")), int(_number(path, r, "kv_prefill")))
+        + (int(_number(path, r, "n_decode")), int(_number(path, r, "kv_decode")), _number(path, r, "time_us"))
+        for r in _read_rows(path)
+    ]
+    grids: list[_Attention] = []
+    for part in ([r for r in rows if r[0] == 0 and r[2] > 0], [r for r in rows if r[0] > 0]):
+        cells = {(r[0], r[1], r[2], r[3]): r[4] for r in part}
+        keys = list(cells)
+        axes = _full_grid(cells, [sorted({k[i] for k in keys}) for i in range(4)]) if part else [[]] * 4
+        positive = [len([v for v in a if v > 0]) for a in axes]
+        need = (0, 0, 2, 2) if len(grids) == 0 else (2, 1, 2, 2)
+        if any(got < want for got, want in zip(positive, need, strict=True)):
+            kind = "decode-only" if len(grids) == 0 else "prefill-chunk"
+            raise ScenarioError(f"{path}: {kind} rows fill no grid of 2 points an axis: expected the attention grid")
+        t = [[[[cells.get((a, b, c, d)) for d in axes[3]] for c in axes[2]] for b in axes[1]] for a in axes[0]]
+        grids.append(_Attention(axes[0], axes[1], axes[2], axes[3], t))
+    return grids[0], grids[1]
+
+
+def _full_grid(cells: dict[tuple[int, int, int, int], float], axes: list[list[int]]) -> list[list[int]]:
+    """The axes cut to a grid every needed point of which has a row (decode KV exactly when decodes): while
+    one is missing, drop the positive axis value missing the largest share of its points. A profile may hold a
+    second, partial grid beside its doubling one: the RTX PRO 6000 profiles add chunks and KV lengths on a x1.5
+    grid for some combinations only."""
+    index = [{v: i for i, v in enumerate(a)} for a in axes]
+    present = np.zeros([len(a) for a in axes], dtype=bool)
+    for key in cells:
+        present[tuple(index[k][v] for k, v in enumerate(key))] = True
+    zero = [np.array([v == 0 for v in a]) for a in axes]
+    needed = np.broadcast_to(zero[2][:, None] == zero[3][None, :], present.shape)
+    keep = [np.ones(len(a), dtype=bool) for a in axes]
+    while True:
+        grid = np.ix_(*keep)
+        missing = needed[grid] & ~present[grid]
+        if not missing.any():
+            return [[v for v, kept in zip(a, k, strict=True) if kept] for a, k in zip(axes, keep, strict=True)]
+        best = (-1.0, 0, 0)
+        for k in range(4):
+            others = tuple(j for j in range(4) if j != k)
+            share = missing.sum(axis=others) / np.maximum(needed[grid].sum(axis=others), 1)
+            for i, value in zip(np.flatnonzero(keep[k]), share, strict=True):
+                if axes[k][i] > 0 and value > best[0]:
+                    best = (float(value), k, int(i))
+        if best[0] < 0:
+            return [[0]] * 4  # nothing left to drop: no grid
+        keep[best[1]][best[2]] = False
+
+
+def _moe(path: Path) -> dict[int, tuple[list[int], list[float]]]:
+    points: dict[int, dict[int, float]] = {}
+    for row in _read_rows(path):
+        experts = int(_number(path, row, "activated_experts"))
+        points.setdefault(experts, {})[int(_number(path, row, "tokens"))] = _number(path, row, "time_us")
+    return {e: (sorted(p), [p[k] for k in sorted(p)]) for e, p in points.items()}
+
+
+def _skew(root: Path, tp: int) -> _Skew | None:
+    """The profile's skew fit for TP ``tp`` (meta.yaml's ``skew_fit`` block and ``tp<N>/skew_fit.csv``), or None
+    where it fitted none (``enabled: false``, as in the RTX 4090 profile)."""
+    text = (root / "meta.yaml").read_text()
+    block = text[text.find("\nskew_fit:") + 1 :] if "\nskew_fit:" in text else ""
+    if not re.search(r"^  enabled: true", block, re.M):
+        return None
+    bins: dict[str, list[float]] = {}
+    labels: dict[str, list[str]] = {}
+    for axis in ("n", "skew_rate", "kv_big", "kp"):
+        edges = re.search(rf"^    {axis}_bins: \[(.*)\]", block, re.M)
+        names = re.search(rf"^    {axis}_labels: \[(.*)\]", block, re.M)
+        if edges is None or names is None:
+            raise ScenarioError(f"{root / 'meta.yaml'}: skew_fit.bucket_axes.{axis}_bins: expected bins and labels")
+        bins[axis] = [float(v) for v in edges.group(1).split(",")]
+        labels[axis] = [v.strip() for v in names.group(1).split(",")]
+    default = re.search(rf"^    {tp}:\n(?:      .*\n)*?      alpha_default: ([0-9.eE+-]+)", block, re.M)
+    alpha: dict[tuple[str, ...], float] = {}
+    path = root / f"tp{tp}" / "skew_fit.csv"
+    if path.exists():
+        for row in _read_rows(path):
+            key = (row["pc"], row["n_label"], row["skew_rate_label"], row["kv_big_label"], row["kp_label"])
+            alpha[key] = _number(path, row, "alpha", signed=True)
+    return _Skew(bins, labels, alpha, float(default.group(1)) if default else 0.0)
+
+
+def _meta(root: Path) -> dict[str, str]:
+    """The top-level ``key: value`` scalars of the profile's meta.yaml (gpu, vllm_version, model, tp_degrees):
+    all this module reads of it, without a YAML dependency."""
+    path = root / "meta.yaml"
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read the profile's meta.yaml: {exc.strerror or exc}") from None
+    meta: dict[str, str] = {}
+    for line in text.splitlines():
+        if line and not line[0].isspace() and ":" in line:
+            key, _, value = line.partition(":")
+            meta[key.strip()] = value.strip().strip("'\"")
+    return meta
+
+
+@functools.lru_cache(maxsize=16)
+def load_profile(
+    root: str,
+    tp: int,
+    model_config: str,
+    ep: int = 1,
+    link_latency_us: float = 0.0,
+    link_gb_per_s: float = 1.0,
+) -> OperatorProfile:
+    """Read the profile under ``root`` (the ``<dtype>/`` folder holding meta.yaml and ``tp<N>/``) for TP degree
+    ``tp``, composed for the model whose Hugging Face config.json is ``model_config`` (its layer count and MoE
+    layers). Cached: engines of one config share it."""
+    base = Path(root)
+    meta = _meta(base)
+    folder = base / f"tp{tp}"
+    if not folder.is_dir():
+        raise ScenarioError(f"{base}: tp = {tp}: no tp{tp}/ folder: expected one of {meta.get('tp_degrees')}")
+    model: ModelConfig = read_model_config(model_config)
+    moe_path = folder / "moe.csv"
+    if not moe_path.exists() and (base / "tp1" / "moe.csv").exists():
+        moe_path = base / "tp1" / "moe.csv"  # the expert kernel is profiled once, at tp1
+    moe = _moe(moe_path) if model.is_moe and moe_path.exists() else {}
+    if model.is_moe and not moe:
+        raise ScenarioError(f"{folder}: model {model.source} is MoE: expected moe.csv in the profile")
+    decode, mixed = _attention(folder / "attention.csv")
+    return OperatorProfile(
+        source=str(base),
+        gpu=str(meta.get("gpu", "?")),
+        vllm_version=str(meta.get("vllm_version", "?")),
+        model=str(meta.get("model", "?")),
+        tp=tp,
+        layers=model.num_layers,
+        dense_us=_by_layer(folder / "dense.csv", "tokens"),
+        per_sequence_us=_by_layer(folder / "per_sequence.csv", "sequences"),
+        moe_us=moe,
+        moe_layers=len(model.moe_layers) if moe else 0,
+        experts=int(model.num_experts or 0),
+        top_k=int(model.num_experts_per_tok or 0),
+        ep=ep,
+        hidden_size=model.hidden_size,
+        decode_attention=decode,
+        skew=_skew(base, tp),
+        mixed_attention=mixed,
+        link_latency_us=link_latency_us,
+        link_gb_per_s=link_gb_per_s,
+    )
+
+
+def fit_linear_cost(profile: OperatorProfile, max_num_seqs: int, max_num_batched_tokens: int) -> dict[str, float]:
+    """The linear cost terms (``CostModel``: fixed + per prefill token + per decode sequence + per KV token read,
+    ms) fitted by least squares to the profile's step times over the steps an engine of these limits takes:
+    decode-only steps (1 to ``max_num_seqs`` decodes, mean KV 128-8,192), prefill chunks (64 tokens to the budget,
+    0-8,192 cached) and mixed steps. A term that fits negative is dropped and the rest refitted."""
+    rows: list[tuple[int, int, int, float]] = []  # (prefill tokens, decodes, KV tokens read, µs)
+    seqs = sorted({min(max_num_seqs, 2**k) for k in range(12)} | {max_num_seqs})
+    kvs = (128, 512, 1024, 2048, 4096, 8192)
+    for b in seqs:
+        for kv in kvs:
+            rows.append((0, b, b * kv, profile.step_us(0, 0, b, b * kv, b)))
+    chunks = sorted({min(max_num_batched_tokens, 64 * 2**k) for k in range(12)})
+    for chunk in chunks:
+        for cached in (0, 1024, 4096, 8192):
+            rows.append((chunk, 0, cached + chunk, profile.step_us(chunk, cached, 0, 0, 1)))
+            for b in seqs:
+                if chunk + b <= max_num_batched_tokens and b < max_num_seqs:
+                    rows.append(
+                        (chunk, b, cached + chunk + b * 1024, profile.step_us(chunk, cached, b, b * 1024, b + 1))
+                    )
+    x = np.array([(1.0, p, d, k) for p, d, k, _ in rows])
+    y = np.array([us for *_, us in rows])
+    keep = [0, 1, 2, 3]
+    while True:
+        coef, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
+        negative = [k for k, c in zip(keep, coef, strict=True) if c < 0]
+        if not negative:
+            break
+        keep.remove(negative[0])
+    terms = dict.fromkeys(range(4), 0.0) | {k: float(c) for k, c in zip(keep, coef, strict=True)}
+    names = ("fixed_ms", "per_prefill_token_ms", "per_decode_seq_ms", "per_kv_token_ms")
+    return {name: terms[i] / 1e3 for i, name in enumerate(names)}

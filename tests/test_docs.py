@@ -1,0 +1,83 @@
+"""The docs cannot drift: the command reference and the run-directory schema are generated from the code, the
+README keeps its two commands and its links, and each benchmark script writes its own section of
+docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from docs_page import replace_section  # noqa: E402  (benchmarks/ is not a package)
+
+
+def test_the_reference_pages_are_what_the_code_says() -> None:
+    check = subprocess.run(
+        [sys.executable, str(REPO / ".ci" / "reference_pages.py"), "--check"], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stderr
+    page = (REPO / "docs" / "reference" / "cli.md").read_text()
+    schema = (REPO / "docs" / "reference" / "schema.md").read_text()
+    assert "| `first_token_ns` | int64 |" in schema and "| `worker_lost` |" in schema
+    for command in ("bench", "run", "analyze", "plan", "compare", "handoff", "sim calibrate", "vllm serve"):
+        assert f"`loadgen {command}`" in page
+
+
+def test_the_readme_starts_with_its_two_commands_and_every_link_resolves() -> None:
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    assert block[0].startswith("pip install -e . && loadgen practice ")
+    assert block[1].startswith("pip install -e '.[test]' && python -m pytest -q ")
+    assert len(readme.splitlines()) <= 80, "the README is two screens; the rest belongs in docs/"
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)
+    assert links
+    for link in links:
+        assert (REPO / link).exists(), link
+
+
+def test_a_section_is_replaced_in_place_and_the_rest_is_kept() -> None:
+    page = (
+        "# B\n\nintro\n\n<!-- begin a.py -->\nold a\n<!-- end a.py -->\n\n<!-- begin b.py -->\nb\n<!-- end b.py -->\n"
+    )
+    new = replace_section(page, "a.py", "<!-- begin a.py -->\nnew a\n<!-- end a.py -->")
+    assert new == page.replace("old a", "new a")
+    added = replace_section(new, "c.py", "<!-- begin c.py -->\nc\n<!-- end c.py -->")
+    assert added.startswith(new.rstrip()) and added.endswith("<!-- begin c.py -->\nc\n<!-- end c.py -->\n")
+
+
+def _bench(tmp_path: Path, body: str) -> tuple[subprocess.CompletedProcess, str]:
+    page = tmp_path / "benchmarks.md"
+    page.write_text("# Benchmarks\n\n<!-- begin bench_x.py -->\nold\n<!-- end bench_x.py -->\n\nkept\n")
+    script = tmp_path / "bench_x.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(REPO / "benchmarks")!r})
+        import docs_page
+        docs_page.PAGE = docs_page.Path({str(page)!r})
+        with docs_page.recorded(__file__):
+            {body}
+        """)
+    )
+    done = subprocess.run([sys.executable, str(script), "--rate", "5"], capture_output=True, text=True, cwd=tmp_path)
+    return done, page.read_text()
+
+
+def test_a_benchmark_script_writes_its_figures_date_host_and_command(tmp_path: Path) -> None:
+    done, page = _bench(tmp_path, 'print("rate 5 req/s: p99 1.25 ms"); sys.exit(0)')
+    assert done.returncode == 0, done.stderr
+    assert "rate 5 req/s: p99 1.25 ms" in done.stdout  # still printed
+    assert "old" not in page and page.endswith("kept\n")
+    assert "rate 5 req/s: p99 1.25 ms" in page and "python benchmarks/bench_x.py --rate 5" in page
+    assert re.search(r"Written by the script on \d{4}-\d\d-\d\d \d\d:\d\d UTC\. Host: .+ cores", page)
+
+
+def test_a_failed_benchmark_leaves_the_page_alone(tmp_path: Path) -> None:
+    done, page = _bench(tmp_path, 'print("half a figure"); sys.exit(1)')
+    assert done.returncode == 1
+    assert "old" in page and "half a figure" not in page

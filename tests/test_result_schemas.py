@@ -1,0 +1,122 @@
+"""The published result schemas: the checked-in files equal ``loadgen schema NAME``, their ids carry each
+result's schema version, and every JSON the real CLI writes (analyze --json, compare, plan, sim validate,
+practice) validates against them; a document with a key missing, a key added or a value of the wrong type
+does not."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from result_schemas import SCHEMA_DIR, assert_valid, schema_errors
+
+from loadgen.analysis import ANALYSIS_SCHEMA_VERSION
+from loadgen.calibration.fidelity import FIDELITY_SCHEMA_VERSION
+from loadgen.cli.schema_cmd import RESULT_NAMES
+from loadgen.plan.results import COMPARISON_SCHEMA_VERSION, REGION_SCHEMA_VERSION
+from loadgen.targets import launch_sim_server
+
+REPO = Path(__file__).resolve().parents[1]
+TRACE = REPO / "traces" / "canonical-burst.parquet"
+VERSIONS = {
+    "analysis": ANALYSIS_SCHEMA_VERSION,
+    "decision": COMPARISON_SCHEMA_VERSION,
+    "region": REGION_SCHEMA_VERSION,
+    "fidelity": FIDELITY_SCHEMA_VERSION,
+}
+
+
+def _cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    res = subprocess.run([sys.executable, "-m", "loadgen", *args], capture_output=True, text=True, env=env, cwd=cwd)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res
+
+
+def test_checked_in_schemas_equal_the_command_and_carry_the_version(tmp_path: Path) -> None:
+    """A model change without `loadgen schema NAME --out docs/schema/NAME.schema.json` fails here."""
+    assert sorted(p.name for p in SCHEMA_DIR.glob("*.schema.json")) == sorted(f"{n}.schema.json" for n in RESULT_NAMES)
+    for name in RESULT_NAMES:
+        printed = _cli("schema", name).stdout
+        assert printed == (SCHEMA_DIR / f"{name}.schema.json").read_text(), f"regenerate docs/schema/{name}.schema.json"
+        schema = json.loads(printed)
+        assert schema["$id"] == f"urn:loadgen:schema:{name}:v{VERSIONS[name]}"
+        assert schema["x-loadgen-schema-version"] == str(VERSIONS[name])
+        assert schema["additionalProperties"] is False and schema["required"]
+    _cli("schema", "region", "--out", str(tmp_path / "r.json"))
+    assert (tmp_path / "r.json").read_text() == (SCHEMA_DIR / "region.schema.json").read_text()
+
+
+def test_schema_refuses_an_unknown_result_in_one_line() -> None:
+    res = subprocess.run([sys.executable, "-m", "loadgen", "schema", "manifest"], capture_output=True, text=True)
+    assert res.returncode == 2 and "invalid choice: 'manifest'" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_worksheet_pipeline_outputs_validate(tmp_path: Path) -> None:
+    """sim run → analyze --json → compare --out / --json → plan (region.json, each cell's analysis, --json)."""
+    runs = []
+    for engine in ("interactive-small-batch", "throughput-large-batch"):
+        run = tmp_path / engine
+        _cli("sim", "run", str(TRACE), "--engine", engine, "--out", str(run))
+        _cli("analyze", str(run), "--json", str(tmp_path / f"{engine}.json"), "--quiet")
+        assert_valid("analysis", json.loads((tmp_path / f"{engine}.json").read_text()))
+        runs.append(str(run))
+    printed = _cli("compare", *runs, "--out", str(tmp_path / "decision.json"), "--json").stdout
+    decision = json.loads((tmp_path / "decision.json").read_text())
+    assert decision == json.loads(printed) and decision["candidates"][0]["tails"]
+    assert_valid("decision", decision)
+    plan = REPO / "scenarios" / "plans" / "quick.toml"
+    printed = _cli(
+        "plan", str(plan), "--sim-worksheet", "interactive-small-batch", "--out", str(tmp_path / "p"), "--json"
+    )
+    region = json.loads((tmp_path / "p" / "region.json").read_text())
+    assert_valid("region", region)
+    assert_valid("region", json.loads(printed.stdout))  # with engine_calibration
+    cells = sorted((tmp_path / "p" / "cells").glob("*/rep*/analysis.json"))
+    assert cells
+    for path in cells:
+        assert_valid("analysis", json.loads(path.read_text()))
+    # a plan candidate's judgement (capacity, no tails) is the same schema
+    _cli("plan", str(plan), "--sim-worksheet", "throughput-large-batch", "--out", str(tmp_path / "q"), "--quiet")
+    res = subprocess.run(
+        [sys.executable, "-m", "loadgen", "compare", str(tmp_path / "p"), str(tmp_path / "q"), "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert res.returncode in (0, 4), res.stderr[-2000:]
+    plans = json.loads(res.stdout)
+    assert plans["candidates"][0]["kind"] == "plan" and "capacity" in plans["candidates"][0]
+    assert_valid("decision", plans)
+    _refused_when_broken(json.loads((tmp_path / f"{engine}.json").read_text()), decision, region)
+
+
+def _refused_when_broken(analysis: dict, decision: dict, region: dict) -> None:
+    """The schemas are not vacuous: a key gone, a key added, a type changed, each is an error."""
+    del analysis["verdict"]
+    assert any("'verdict' is a required property" in e for e in schema_errors("analysis", analysis))
+    decision["candidates"][0]["surprise"] = 1
+    assert any("surprise" in e for e in schema_errors("decision", decision))
+    region["classes"]["short-message"]["warm"]["cells"][0]["concurrency"] = "eight"
+    assert any(e.startswith("classes/short-message/warm/cells/0/concurrency") for e in schema_errors("region", region))
+
+
+@pytest.mark.slow
+def test_practice_and_sim_validate_outputs_validate(tmp_path: Path) -> None:
+    """Both on live simulated engines on loopback: practice's decision.json (its comparison and decision) and
+    sim validate's fidelity.json."""
+    _cli("practice", "--out", str(tmp_path / "practice"), "--window-s", "10")
+    practice = json.loads((tmp_path / "practice" / "decision.json").read_text())
+    assert_valid("decision", practice["comparison"])
+    assert practice["decision"] == practice["comparison"]["decision"]
+    with launch_sim_server("instant") as sim:
+        _cli(
+            "sim", "validate", "instant", "--target", sim.base_url, "--out", str(tmp_path / "val"), "--duration-s", "5"
+        )
+    fidelity = json.loads((tmp_path / "val" / "fidelity.json").read_text())
+    assert fidelity["rows"] and fidelity["warmup"]
+    assert_valid("fidelity", fidelity)
