@@ -17,7 +17,11 @@ well-behaved baseline every other behaviour departs from in one respect:
 - ``echo``: ``/version`` and error bodies echo every request header back; a POST answers 401 with the
   credential (``x-api-key``, else ``authorization``) placed across the 400th character of the body;
 - ``retry-after-nan``: a POST answers 429 with ``Retry-After: nan``;
-- ``gzip``: the stream is sent ``content-encoding: gzip``.
+- ``gzip``: the stream is sent ``content-encoding: gzip``;
+- ``trickle-reset``: ``POST /reset_prefix_cache`` answers 200 and then a body of one byte every 0.2 s that
+  never ends (every other behaviour answers it 404);
+- ``sim-tokenizer``: ``/version`` claims to be loadgen's simulated engine counting with
+  ``hf:<this file>`` (a local path that is no tokenizer.json).
 
 ``--record FILE`` appends one JSON line per request (method, target with its query string, headers, the
 sha256 of the prompt, the variant answered) and, for ``version-huge``, the bytes written before the client
@@ -66,6 +70,8 @@ BEHAVIOURS = (
     "echo",
     "retry-after-nan",
     "gzip",
+    "sim-tokenizer",
+    "trickle-reset",
 )
 #: ``bad-field-types``: the fields put on the last chunk of every third POST, in turn.
 BAD_FIELDS: tuple[dict[str, object], ...] = (
@@ -155,6 +161,10 @@ class _Server:
         if behaviour == "hang" or behaviour == "hang-" + path.rsplit("/", 1)[-1]:
             self.log({"method": request.method, "target": request.target, "variant": "hang"})
             await asyncio.Event().wait()  # never answers (the client's close ends the task)
+        if path == "/reset_prefix_cache":
+            self.log({"method": request.method, "target": request.target, "variant": behaviour})
+            await self.reset(writer)
+            return False
         bad = None
         if request.method == "GET" or path.endswith("/tokenize"):
             variant = "version-huge" if behaviour == "version-huge" and path == "/version" else "ok"
@@ -189,6 +199,8 @@ class _Server:
             body: object = {"version": "hostile-1"}
             if behaviour == "echo":
                 body = {"version": "hostile-1", "headers": request.headers}
+            elif behaviour == "sim-tokenizer":
+                body = {"engine": "loadgen-sim", "version": "hostile-1", "tokenizer": f"hf:{Path(__file__).resolve()}"}
             _respond(writer, 200, json.dumps(body).encode())
         elif path == "/v1/models":
             data: object = [{"id": MODEL, "object": "model", "owned_by": "hostile"}]
@@ -202,6 +214,16 @@ class _Server:
         else:
             _respond(writer, 404, b'{"error": "not found"}')
         return "ok"
+
+    async def reset(self, writer: asyncio.StreamWriter) -> None:
+        if self.behaviour != "trickle-reset":
+            _respond(writer, 404, b'{"error": "not found"}')
+            return
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n")
+        while True:  # until the client leaves (the write then fails)
+            writer.write(_chunk(b" "))
+            await writer.drain()
+            await asyncio.sleep(0.2)
 
     async def huge(self, writer: asyncio.StreamWriter) -> None:
         piece = b" " * (1 << 20)

@@ -203,6 +203,79 @@ def test_the_default_tokenizer_trial_is_bounded(tmp_path: Path, trace: Path) -> 
     assert any("/tokenize is not usable" in w for w in manifest["warnings"]), manifest["warnings"]
 
 
+def test_a_tokenizer_the_target_names_is_not_trusted_to_load(tmp_path: Path, trace: Path) -> None:
+    """A server claiming to be the simulated engine names a local file as its tokenizer (``hf:PATH``) that
+    is no tokenizer.json: the run falls back (the target's /tokenize, else cl100k_base), no traceback."""
+    with hostile_server("sim-tokenizer") as server:
+        out = run(trace, server.base_url, tmp_path / "run")
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    data = load_run(tmp_path / "run")
+    assert data.manifest.to_dict()["target"]["kind"] == "sim"
+    assert data.manifest.to_dict()["driver"]["tokenizer"] == "auto: cl100k_base"
+    assert data.requests.column("status").to_pylist() == ["ok"] * 12
+
+
+PLAN = """name = "cold-url"
+scenario = "SCENARIO"
+trace = "steady"
+classes = ["short"]
+states = ["cold"]
+concurrency = [16]
+rates_rps = [5]
+repeats = 1
+[start]
+mode = "lowest"
+[warmup]
+requests = 0
+[confidence]
+extend = false
+"""
+PLAN_SCENARIO = """name = "cold-url"
+seed = 3
+[classes.short]
+share = 1.0
+input_tokens = { dist = "fixed", value = 32 }
+output_tokens = { dist = "fixed", value = 6 }
+[classes.short.budgets]
+ttft_ms = { p50 = 5000, hard = true }
+[errors]
+ttft_timeout_s = 5
+total_timeout_s = 10
+[traces.steady]
+process = "poisson"
+rate_rps = 10
+duration_s = 2
+"""
+
+
+def test_the_cold_reset_of_a_url_target_is_bounded(tmp_path: Path) -> None:
+    """``loadgen plan --target URL`` empties the prefix cache for a cold cell (``POST /reset_prefix_cache``);
+    a target that answers 200 and then trickles a body that never ends held the plan for good (the body was
+    read whole, each byte within the read timeout). The status decides; the body is not read."""
+    (tmp_path / "scenario.toml").write_text(PLAN_SCENARIO)
+    (tmp_path / "plan.toml").write_text(PLAN.replace("SCENARIO", str(tmp_path / "scenario.toml")))
+    record = tmp_path / "record.jsonl"
+    with hostile_server("trickle-reset", record) as server:
+        out = cli(
+            "plan",
+            tmp_path / "plan.toml",
+            "--target",
+            server.base_url + "/v1",
+            "--model",
+            MODEL,
+            "--out",
+            tmp_path / "plan",
+            "--json",
+            timeout=120,
+        )
+    assert out.returncode == 0, out.stderr
+    assert any(e["target"] == "/reset_prefix_cache" for e in read_record(record))
+    (manifest_path,) = (tmp_path / "plan" / "cells").rglob("manifest.json")
+    warm_state = json.loads(manifest_path.read_text())["warm_state"]
+    assert warm_state["state"] == "cold" and warm_state["achieved"] is True, warm_state
+    assert "POST /reset_prefix_cache answered HTTP 200" in warm_state["actions"][0], warm_state
+
+
 def test_framing_headers_are_refused(tmp_path: Path, trace: Path) -> None:
     """``--header 'Transfer-Encoding: chunked'`` made the server wait for a chunked body that never came."""
     for header in ("Transfer-Encoding: chunked", "content-length: 5", "Connection: close"):

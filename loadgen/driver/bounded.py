@@ -1,7 +1,7 @@
 """Reading a small answer from a target with a bound on both time and bytes (probes, scrapes).
 
 Every GET the driver makes besides the measured requests (``/version``, ``/v1/models``, ``/metrics``) goes
-through ``bounded_get``: the whole exchange (connect, head, body) ends within ``timeout_s``, and at most
+through ``bounded_get``, and a URL target's cold reset (``POST /reset_prefix_cache``) through ``bounded_request``: the whole exchange (connect, head, body) ends within ``timeout_s``, and at most
 ``max_bytes`` of the body are read off the socket, whatever the server announces or sends. A server that
 accepts the connection and never answers, or answers a 300 MB ``/version``, costs a bounded wait and a
 bounded buffer, never a hung run or a gigabyte of memory.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import anyio
 import httpx
 
-__all__ = ["PROBE_MAX_BYTES", "PROBE_TIMEOUT_S", "Bounded", "bounded_get"]
+__all__ = ["PROBE_MAX_BYTES", "PROBE_TIMEOUT_S", "Bounded", "bounded_get", "bounded_request"]
 
 #: Most bytes of one probe's body read (what is read, not only what is kept).
 PROBE_MAX_BYTES = 1 << 20
@@ -36,13 +36,21 @@ class Bounded:
 async def bounded_get(
     client: httpx.AsyncClient, path: str, *, timeout_s: float = PROBE_TIMEOUT_S, max_bytes: int = PROBE_MAX_BYTES
 ) -> Bounded:
-    """GET ``path``: the whole exchange within ``timeout_s``, at most ``max_bytes`` of the body read.
+    """GET ``path``: the whole exchange within ``timeout_s``, at most ``max_bytes`` of the body read."""
+    return await bounded_request(client, "GET", path, timeout_s=timeout_s, max_bytes=max_bytes)
+
+
+async def bounded_request(
+    client: httpx.AsyncClient, method: str, path: str, *, timeout_s: float, max_bytes: int
+) -> Bounded:
+    """``method path`` (no body): the whole exchange within ``timeout_s``, at most ``max_bytes`` of the body
+    read (0: only the status and headers are waited for; the first body byte, if any, ends the read).
 
     The response returned holds the bytes read (raw: no content decoding), without framing headers.
     """
     with anyio.move_on_after(timeout_s):
         try:
-            async with client.stream("GET", path, timeout=timeout_s) as response:
+            async with client.stream(method, path, timeout=timeout_s) as response:
                 body = bytearray()
                 truncated = False
                 async for part in response.aiter_raw():
