@@ -18,6 +18,7 @@ well-behaved baseline every other behaviour departs from in one respect:
   credential (``x-api-key``, else ``authorization``) placed across the 400th character of the body;
 - ``retry-after-nan``: a POST answers 429 with ``Retry-After: nan``;
 - ``gzip``: the stream is sent ``content-encoding: gzip``;
+- ``answer-huge``: every POST answers a 300 MB JSON body (as ``version-huge`` does for ``/version``);
 - ``trickle-reset``: ``POST /reset_prefix_cache`` answers 200 and then a body of one byte every 0.2 s that
   never ends (every other behaviour answers it 404);
 - ``sim-tokenizer``: ``/version`` claims to be loadgen's simulated engine counting with
@@ -72,6 +73,7 @@ BEHAVIOURS = (
     "gzip",
     "sim-tokenizer",
     "trickle-reset",
+    "answer-huge",
 )
 #: ``bad-field-types``: the fields put on the last chunk of every third POST, in turn.
 BAD_FIELDS: tuple[dict[str, object], ...] = (
@@ -81,7 +83,7 @@ BAD_FIELDS: tuple[dict[str, object], ...] = (
     {"system_fingerprint": {}},
 )
 #: Behaviours whose every POST answer is that behaviour (the record's ``variant``).
-_POST_VARIANTS = ("echo", "retry-after-nan", "gzip", "done-fin", "done-rst")
+_POST_VARIANTS = ("echo", "retry-after-nan", "gzip", "done-fin", "done-rst", "answer-huge")
 HUGE_VERSION_BYTES = 300 * 1024 * 1024
 MAX_TOKENS = 8
 
@@ -188,13 +190,13 @@ class _Server:
         else:
             await self.post(request, writer, bad)
         await writer.drain()
-        return variant not in ("done-fin", "done-rst", "version-huge")
+        return variant not in ("done-fin", "done-rst", "version-huge", "answer-huge")
 
     async def get(self, path: str, request: _Request, writer: asyncio.StreamWriter) -> str:
         behaviour = self.behaviour
         if path == "/version":
             if behaviour == "version-huge":
-                await self.huge(writer)
+                await self.huge(writer, "GET", "/version")
                 return "version-huge"
             body: object = {"version": "hostile-1"}
             if behaviour == "echo":
@@ -225,7 +227,7 @@ class _Server:
             await writer.drain()
             await asyncio.sleep(0.2)
 
-    async def huge(self, writer: asyncio.StreamWriter) -> None:
+    async def huge(self, writer: asyncio.StreamWriter, method: str, target: str) -> None:
         piece = b" " * (1 << 20)
         writer.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n{" % HUGE_VERSION_BYTES
@@ -240,10 +242,13 @@ class _Server:
             await writer.drain()
         except ConnectionError:
             pass
-        self.log({"method": "GET", "target": "/version", "variant": "version-huge", "sent_bytes": sent})
+        self.log({"method": method, "target": target, "variant": self.behaviour, "sent_bytes": sent})
 
     async def post(self, request: _Request, writer: asyncio.StreamWriter, bad: dict[str, object] | None) -> str:
         behaviour = self.behaviour
+        if behaviour == "answer-huge":
+            await self.huge(writer, request.method, request.target)
+            return "answer-huge"
         if behaviour == "echo":
             # the credential (an X-Api-Key header's value, else Authorization's) begins 5 characters before
             # the 400th character of the body: a client that cuts before redacting keeps a part of it

@@ -303,6 +303,33 @@ def test_version_is_read_with_a_size_bound(tmp_path: Path, trace: Path) -> None:
     assert any("GET /version: answer longer than" in n for n in manifest["driver"]["target_notes"])
 
 
+def test_a_contract_case_reads_its_answer_with_a_size_bound(tmp_path: Path) -> None:
+    """``loadgen contract replay`` read each case's whole answer: a 300 MB body was all read into memory."""
+    record = tmp_path / "record.jsonl"
+    cases = REPO / "scenarios" / "contract" / "canonical.toml"
+    with hostile_server("answer-huge", record) as server:
+        out = cli(
+            "contract",
+            "replay",
+            f"{cases}#target-capital",
+            "--target",
+            server.base_url,
+            "--model",
+            MODEL,
+            "--out",
+            tmp_path / "contract.json",
+        )
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr  # the case failed, in its result
+    (huge,) = [e for e in read_record(record) if e.get("sent_bytes") is not None]
+    # what the server could write before the client stopped reading: 16 MiB read plus socket buffers
+    assert huge["sent_bytes"] < 64 << 20, huge
+    (case,) = json.loads((tmp_path / "contract.json").read_text())["cases"]
+    assert (
+        case["passed"] is False
+        and case["observed"]["error"] == f"answer longer than {16 << 20} bytes: not read further"
+    )
+
+
 # ---- overwriting ---------------------------------------------------------------------------------------
 
 

@@ -1,7 +1,8 @@
-"""Reading a small answer from a target with a bound on both time and bytes (probes, scrapes).
+"""Reading an answer from a target with a bound on both time and bytes (probes, scrapes, resets, contract cases).
 
 Every GET the driver makes besides the measured requests (``/version``, ``/v1/models``, ``/metrics``) goes
-through ``bounded_get``, and a URL target's cold reset (``POST /reset_prefix_cache``) through ``bounded_request``: the whole exchange (connect, head, body) ends within ``timeout_s``, and at most
+through ``bounded_get``; a URL target's cold reset (``POST /reset_prefix_cache``) and each contract case go
+through ``bounded_request``. The whole exchange (connect, head, body) ends within ``timeout_s``, and at most
 ``max_bytes`` of the body are read off the socket, whatever the server announces or sends. A server that
 accepts the connection and never answers, or answers a 300 MB ``/version``, costs a bounded wait and a
 bounded buffer, never a hung run or a gigabyte of memory.
@@ -10,6 +11,7 @@ bounded buffer, never a hung run or a gigabyte of memory.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import httpx
@@ -41,16 +43,24 @@ async def bounded_get(
 
 
 async def bounded_request(
-    client: httpx.AsyncClient, method: str, path: str, *, timeout_s: float, max_bytes: int
+    client: httpx.AsyncClient,
+    method: str,
+    path: str,
+    *,
+    timeout_s: float,
+    max_bytes: int,
+    json: Any = None,
+    headers: dict[str, str] | None = None,
 ) -> Bounded:
-    """``method path`` (no body): the whole exchange within ``timeout_s``, at most ``max_bytes`` of the body
-    read (0: only the status and headers are waited for; the first body byte, if any, ends the read).
+    """``method path`` (with ``json`` as its body, if given): the whole exchange within ``timeout_s``, at most
+    ``max_bytes`` of the answer's body read (0: only the status and headers are waited for; the first body
+    byte, if any, ends the read).
 
     The response returned holds the bytes read (raw: no content decoding), without framing headers.
     """
     with anyio.move_on_after(timeout_s):
         try:
-            async with client.stream(method, path, timeout=timeout_s) as response:
+            async with client.stream(method, path, json=json, headers=headers, timeout=timeout_s) as response:
                 body = bytearray()
                 truncated = False
                 async for part in response.aiter_raw():
@@ -58,8 +68,8 @@ async def bounded_request(
                     if len(body) > max_bytes:
                         truncated = True
                         break
-                headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in _FRAMING]
-                copy = httpx.Response(response.status_code, headers=headers, content=bytes(body[:max_bytes]))
+                kept = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in _FRAMING]
+                copy = httpx.Response(response.status_code, headers=kept, content=bytes(body[:max_bytes]))
                 return Bounded(copy, truncated=truncated)
         except httpx.HTTPError as exc:
             return Bounded(None, f"{type(exc).__name__}: {str(exc)[:200]}")
