@@ -14,7 +14,8 @@ well-behaved baseline every other behaviour departs from in one respect:
   without the chunked terminator;
 - ``models-null`` / ``models-int``: ``/v1/models`` answers ``{"data": null}`` / ``{"data": 5}``;
 - ``version-huge``: ``/version`` is a 300 MB JSON body;
-- ``echo``: ``/version`` and error bodies echo every request header back; a POST answers 401 with the
+- ``echo``: ``/version``, ``/metrics`` (as the labels of one sample) and error bodies echo every request
+  header back; a POST answers 401 with the
   credential (``x-api-key``, else ``authorization``) placed across the 400th character of the body;
 - ``retry-after-nan``: a POST answers 429 with ``Retry-After: nan``;
 - ``gzip``: the stream is sent ``content-encoding: gzip``;
@@ -209,6 +210,9 @@ class _Server:
             if behaviour in ("models-null", "models-int"):
                 data = None if behaviour == "models-null" else 5
             _respond(writer, 200, json.dumps({"object": "list", "data": data}).encode())
+        elif path == "/metrics" and behaviour == "echo":
+            shown = ",".join(f"{k.replace('-', '_')}={json.dumps(v)}" for k, v in request.headers.items())
+            _respond(writer, 200, f"hostile_echo{{{shown}}} 1\n".encode(), "text/plain")
         elif path == "/metrics" and behaviour == "hang-metrics":
             _respond(writer, 200, b"vllm:num_requests_running 0\n", "text/plain")
         elif path.endswith("/tokenize") and behaviour == "hang-tokenize":

@@ -386,7 +386,8 @@ def test_the_query_string_is_sent_and_every_value_redacted(tmp_path: Path, trace
 
 def test_echoed_credentials_are_redacted_before_the_cut(tmp_path: Path, trace: Path) -> None:
     """The echo server puts the X-Api-Key value across the 400th character of its 401 body, and every
-    request header into /version: no 8 characters of it (nor of the Bearer key) are stored."""
+    request header into /version and into /metrics' labels: no 8 characters of it (nor of the Bearer key)
+    are stored."""
     bearer = "bk-Jw4RtY9uHs6GkP1eVb8MnZq"
     with hostile_server("echo") as server:
         out = run(
@@ -400,8 +401,12 @@ def test_echoed_credentials_are_redacted_before_the_cut(tmp_path: Path, trace: P
             env={"HOSTILE_KEY": bearer},
         )
     assert out.returncode == 0, out.stderr
-    rows = load_run(tmp_path / "run").requests.to_pylist()
+    data = load_run(tmp_path / "run")
+    rows = data.requests.to_pylist()
     assert {r["error_kind"] for r in rows} == {"http_4xx"} and all("REDACTED" in r["error_message"] for r in rows)
+    assert data.server_metrics is not None
+    labels = data.server_metrics.column("labels").to_pylist()  # /metrics echoed the scrape's headers in labels
+    assert labels and all('"authorization": "Bearer REDACTED"' in text for text in labels), labels[:1]
     stored = all_bytes(tmp_path / "run") + (out.stdout + out.stderr).encode()
     for secret in (KEY, bearer):
         for i in range(len(secret) - 7):

@@ -22,7 +22,7 @@ import httpx
 from loadgen.driver.bounded import PROBE_MAX_BYTES, PROBE_TIMEOUT_S, bounded_get
 from loadgen.driver.metrics_scrape import parse_prometheus_text
 from loadgen.util.errors import TargetError
-from loadgen.util.redact import redact, redact_url
+from loadgen.util.redact import redact, redact_url, without_secrets
 
 __all__ = [
     "MANAGED_HOSTS",
@@ -90,11 +90,7 @@ class TargetInfo:
 def _scrub(value: Any, secrets: tuple[str, ...], depth: int) -> Any:
     if isinstance(value, str):
         # redacted whole, then cut (redact cuts at 500 characters): a secret across the cut is never kept in part
-        text = value
-        for secret in secrets:
-            if secret:
-                text = text.replace(secret, "REDACTED")
-        text = redact(_SECRET_TEXT.sub("REDACTED", text))
+        text = redact(_SECRET_TEXT.sub("REDACTED", without_secrets(value, secrets)))
         return text if len(value) <= 500 else text + " [truncated]"
     if depth >= _VERSION_MAX_DEPTH:
         return "[nested too deeply]" if isinstance(value, (dict, list)) else value

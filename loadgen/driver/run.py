@@ -791,6 +791,7 @@ def _scraper(
         options.scrape_interval_s,
         tuple(options.metrics_prefixes) if options.metrics_prefixes else None,
         labels={"target_index": str(index)} if ctx.router is not None else None,
+        secrets=ctx.secrets,
     )
 
 
