@@ -204,8 +204,10 @@ def test_the_requests_table_is_the_column_by_column_conversion():
     for batch in (rows, rows[:1], rows[-1:]):
         columns = {name: [r[name] for r in batch] for name in REQUESTS_SCHEMA.names}
         assert requests_table(batch).equals(pa.Table.from_pydict(columns, schema=REQUESTS_SCHEMA))
-    with pytest.raises(pa.ArrowInvalid):  # a value out of its column's range is refused, not wrapped
-        requests_table([{**rows[0], "turn_index": 2**40}])
+    # a value out of its column's range is refused, not wrapped: that column null, that row an error naming it
+    fitted = requests_table([{**rows[0], "turn_index": 2**40}]).to_pylist()[0]
+    assert fitted["turn_index"] is None and fitted["status"] == "error", fitted
+    assert fitted["error_kind"] == "malformed_sse" and "turn_index = 1099511627776" in fitted["error_message"]
 
 
 def _items(rng: random.Random, n: int) -> list[tuple[dict, StreamChunks | None]]:

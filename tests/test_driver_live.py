@@ -20,6 +20,7 @@ from loadgen.rundir.io import load_run
 from loadgen.rundir.schema import STATUSES, TRACE_SCHEMA
 from loadgen.targets import launch_sim_server as start_sim_server
 from loadgen.trace.io import write_trace
+from loadgen.util.errors import TargetError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -336,12 +337,17 @@ def test_secrets_and_credentials_never_recorded(instant, tmp_path, monkeypatch):
     url = instant.base_url.replace("http://", "http://alice:hunter2pass@")
     rows = [{"request_id": "r0", "scheduled_offset_ns": 0}, {"request_id": "r1", "scheduled_offset_ns": 0}]
     trace = make_trace(tmp_path / "t.parquet", rows)
+    # two credentials (the URL's user:password and the key): refused in one line, never merged (issue 34)
+    with pytest.raises(TargetError, match="credentials given twice"):
+        run_trace_sync(
+            RunOptions(trace_path=trace, target_url=url, out_dir=tmp_path / "two", api_key_env="LOADGEN_TEST_KEY")
+        )
+    assert not (tmp_path / "two").exists()
     out = run_trace_sync(
         RunOptions(
             trace_path=trace,
             target_url=url + "/v1?api_key=" + key,
             out_dir=tmp_path / "run",
-            api_key_env="LOADGEN_TEST_KEY",
             progress="off",
             order_index=3,
             warm_state="warm",
@@ -357,7 +363,7 @@ def test_secrets_and_credentials_never_recorded(instant, tmp_path, monkeypatch):
         assert key.encode() not in data and b"hunter2pass" not in data, path.name
     m = load_run(out).manifest.to_dict()
     assert m["target"]["base_url"] == instant.base_url
-    assert m["options"]["api_key_env"] == "LOADGEN_TEST_KEY"
+    assert m["options"]["api_key_env"] is None and m["options"]["target_url"].endswith("/v1?api_key=REDACTED")
     for field in (
         "run_kind",
         "harness",

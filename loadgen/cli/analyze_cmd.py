@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from . import flags
+
 #: Exit code of ``--fail-on-budget`` when a hard budget (or the error-share limit) failed conclusively.
 EXIT_BUDGET_FAILED = 3
 #: Exit code of ``--fail-on-budget`` when no hard budget failed but one is inconclusive (its 95% interval
@@ -18,8 +20,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("analyze", help="analyse a run directory: per-class tails, budgets, stability, reports")
     p.add_argument("run_dir", help="run directory (measured, simulated or imported)")
     p.add_argument("--scenario", help="scenario TOML with the budgets (default: the one in the manifest)")
-    p.add_argument("--json", metavar="FILE", help="write every number as JSON (with schema_version)")
-    p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report with plots")
+    p.add_argument(
+        "--json", metavar="FILE", type=flags.output_file, help="write every number as JSON (with schema_version)"
+    )
+    p.add_argument(
+        "--html", metavar="FILE", type=flags.output_file, help="write a self-contained HTML report with plots"
+    )
     p.add_argument("--window", metavar="START:END", help="measurement window in seconds on the run clock")
     p.add_argument("--include-cold", action="store_true", help="keep cold-start requests in the tables and budgets")
     p.add_argument(

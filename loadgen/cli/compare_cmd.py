@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="a candidate whose client send-lag p99 exceeds this is unmeasured, its budgets not judged (default 50)",
     )
     p.add_argument("--json", action="store_true", help="print the comparison JSON")
-    p.add_argument("--out", help="also write the comparison JSON to this file")
+    p.add_argument("--out", type=flags.output_file, help="also write the comparison JSON to this file")
     p.set_defaults(func=_compare)
 
 

@@ -41,8 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=("regression", "inconclusive"),
         help=f"exit {FAIL_EXIT} when the verdict is regressed (or, with inconclusive, regressed or inconclusive)",
     )
-    p.add_argument("--json", help="write the diff JSON to this file")
-    p.add_argument("--html", help="write the diff report (overlaid CDFs, intervals) to this HTML file")
+    p.add_argument("--json", type=flags.output_file, help="write the diff JSON to this file")
+    p.add_argument(
+        "--html", type=flags.output_file, help="write the diff report (overlaid CDFs, intervals) to this HTML file"
+    )
     p.set_defaults(func=_diff)
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "header",
     "integer",
     "number",
+    "output_file",
     "port",
     "seconds",
     "seed",
@@ -96,6 +97,17 @@ def target_url(text: str) -> str:
     problem = target_url_problem(text)
     if problem:
         raise argparse.ArgumentTypeError(f"{without_userinfo(text)!r}: {problem}")
+    return text
+
+
+def output_file(text: str) -> str:
+    """A file a command writes (a report, a trace, an engine file): never one a run directory or handoff bundle
+    owns (its manifest, a table's part, a summed bundle file), so no output replaces the records it came from."""
+    from loadgen.rundir.io import run_owns  # why: only when the flag is given; `loadgen --help` loads no library
+
+    owned = run_owns(text)
+    if owned:
+        raise argparse.ArgumentTypeError(f"{text}: {owned}: expected a file a run directory or bundle does not own")
     return text
 
 

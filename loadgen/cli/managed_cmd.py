@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from . import flags
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("managed", help="compare a local engine run with a managed-API run of the same trace")
@@ -18,8 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="price table TOML (as for loadgen compare): [candidates.MODEL_ID] per-million input/output "
         "token prices for the managed side, [candidates.ENGINE_CONFIG] usd_per_hour for the local one",
     )
-    c.add_argument("--out", help="write the Markdown report here")
-    c.add_argument("--json", dest="json_out", help="write the JSON report here")
+    c.add_argument("--out", type=flags.output_file, help="write the Markdown report here")
+    c.add_argument("--json", dest="json_out", type=flags.output_file, help="write the JSON report here")
     c.set_defaults(func=_compare)
 
 

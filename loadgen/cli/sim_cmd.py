@@ -63,7 +63,7 @@ def _register_calibrate(s: argparse._SubParsersAction) -> None:
         "--from", dest="from_runs", nargs="+", metavar="RUN_DIR", help="refit from earlier calibration run dirs"
     )
     _vllm_flags(cal, src)
-    cal.add_argument("--out", required=True, help="engine TOML to write")
+    cal.add_argument("--out", required=True, type=flags.output_file, help="engine TOML to write")
     cal.add_argument("--name", default=None, help="engine name in the TOML (default: the file stem)")
     cal.add_argument("--work-dir", default=None, help="where the calibration runs go (default: OUT.calibration-runs)")
     cal.add_argument("--engine-log", default=None, help="vLLM startup log: its scheduler limits (else vLLM's defaults)")

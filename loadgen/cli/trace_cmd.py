@@ -18,13 +18,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     gen.add_argument("scenario", help="scenario TOML file")
     gen.add_argument("--trace", required=True, help="name of a [traces.NAME] section")
     gen.add_argument("--seed", type=flags.seed, default=None, help="seed (default: the scenario's)")
-    gen.add_argument("--out", required=True, help="output .parquet file")
+    gen.add_argument("--out", required=True, type=flags.output_file, help="output .parquet file")
     gen.set_defaults(func=_generate)
 
     imp = s.add_parser("import", help="import a public trace (azure CSV, mooncake JSONL, llmservingsim workload JSONL)")
     imp.add_argument("kind", choices=["azure", "mooncake", "llmservingsim"])
     imp.add_argument("file")
-    imp.add_argument("--out", required=True)
+    imp.add_argument("--out", required=True, type=flags.output_file)
     imp.add_argument(
         "--time-scale",
         type=flags.number(0, 1e6, low_open=True),

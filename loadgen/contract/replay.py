@@ -29,6 +29,7 @@ from loadgen.util.jsonfile import read_json_object
 from loadgen.workload.scenario import load_scenario
 
 from ..driver import RunOptions, run_trace
+from ..driver.bounded import bounded_get, bounded_request
 from ..driver.error_kinds import parse_retry_after
 from ..trace.io import read_trace
 from ..util.redact import redact, redact_url
@@ -37,6 +38,7 @@ from .checks import CheckOutcome, Observed, run_checks
 from .responder import CASE_HEADER
 
 __all__ = [
+    "ANSWER_MAX_BYTES",
     "CONTRACT_FILE",
     "CaseDiff",
     "CaseResult",
@@ -52,6 +54,8 @@ __all__ = [
 ]
 
 _MAX_TEXT = 4000
+#: Most bytes of one case's answer read (what is read, not only what is kept): more is a failed case.
+ANSWER_MAX_BYTES = 16 << 20
 
 
 def _redact(message: str, secrets: tuple[str, ...]) -> str:
@@ -419,6 +423,7 @@ async def _replay_one(
     max_retries: int,
     max_retry_wait_s: float,
     stream: bool = False,
+    timeout_s: float = 120.0,
 ) -> CaseResult:
     body = _body(case, model, endpoint, stream)
     settings = {**case.request.settings(), "endpoint": endpoint, "stream": stream}
@@ -430,10 +435,25 @@ async def _replay_one(
     obs: Observed
     while True:
         attempts += 1
-        try:
-            response = await client.post(path, json=body, headers={CASE_HEADER: case.id})
-        except httpx.HTTPError as exc:
-            obs = Observed(None, error=_redact(f"{exc.__class__.__name__}: {exc}", secrets))
+        got = await bounded_request(
+            client,
+            "POST",
+            path,
+            json=body,
+            headers={CASE_HEADER: case.id},
+            timeout_s=timeout_s,
+            max_bytes=ANSWER_MAX_BYTES,
+        )
+        response = got.response
+        if response is None:
+            obs = Observed(None, error=_redact(got.failure or "no answer", secrets))
+            break
+        if got.truncated:
+            obs = Observed(
+                None,
+                http_status=response.status_code,
+                error=f"answer longer than {ANSWER_MAX_BYTES} bytes: not read further",
+            )
             break
         if response.status_code == 429 and attempts <= max_retries:
             wait = _retry_after(response)
@@ -444,7 +464,8 @@ async def _replay_one(
             obs = Observed(
                 None,
                 http_status=response.status_code,
-                error=_redact(f"HTTP {response.status_code}: {response.text[:200]}", secrets),
+                # redacted whole, then cut (``redact``): a secret across a cut is never kept in part
+                error=_redact(f"HTTP {response.status_code}: {response.text}", secrets),
             )
             break
         if stream:
@@ -523,12 +544,16 @@ async def replay_cases(
     started = utc_now_iso()
     results: dict[str, CaseResult] = {}
     limiter = anyio.CapacityLimiter(max(1, concurrency))
-    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=httpx.Timeout(timeout_s)) as client:
+    # identity: the bytes read are the bytes bounded (bounded_request does not decode)
+    headers["accept-encoding"] = "identity"
+    async with httpx.AsyncClient(
+        base_url=base, headers=headers, timeout=httpx.Timeout(timeout_s), trust_env=False
+    ) as client:
 
         async def one(case: Case) -> None:
             async with limiter:
                 results[case.id] = await _replay_one(
-                    client, case, model, endpoint, path, secrets, max_retries, max_retry_wait_s, stream
+                    client, case, model, endpoint, path, secrets, max_retries, max_retry_wait_s, stream, timeout_s
                 )
 
         async with anyio.create_task_group() as tg:
@@ -560,10 +585,11 @@ async def _first_served_model(target_url: str, api_key_env: str | None) -> str:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     base = target_url.rstrip("/").removesuffix("/v1")
     try:
-        async with httpx.AsyncClient(base_url=base, headers=headers, timeout=30) as client:
-            data = (await client.get("/v1/models")).json()
-        return str(data["data"][0]["id"])
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        async with httpx.AsyncClient(base_url=base, headers=headers, trust_env=False) as client:
+            got = await bounded_get(client, "/v1/models")
+        data = got.response.json() if got.response is not None and not got.truncated else None
+        return str(data["data"][0]["id"])  # type: ignore[index]
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError):
         raise TargetError(
             f"target {_redact_url(base)}: no model given and GET /v1/models lists none: expected a model"
         ) from None

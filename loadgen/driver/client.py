@@ -168,11 +168,19 @@ def request_row(
     }
 
 
+#: Most bytes of an error answer's body read; ``redact`` cuts the message (after redacting it) to 500 characters.
+ERROR_BODY_MAX_BYTES = 4096
+
+
 async def _read_error_body(response: RawResponse) -> str:
+    """The error body's head, uncut: redaction comes first, then the cut (``redact``). When the body goes on
+    past what is read, its last 256 bytes are dropped too: a secret across the read limit is never kept in part."""
     try:
         with anyio.move_on_after(2):
-            body = await response.read(4096)
-            return body[:400].decode("utf-8", "replace")
+            body = await response.read(ERROR_BODY_MAX_BYTES)
+            if len(body) >= ERROR_BODY_MAX_BYTES:
+                body = body[:-256] + b" [cut]"
+            return body.decode("utf-8", "replace")
     except httpx.HTTPError:
         pass
     return ""
@@ -478,12 +486,24 @@ async def _read_response(
         status, error_kind = classify_http_status(response.status)
         body = await _read_error_body(response)
         return status, error_kind, redact(f"HTTP {response.status}: {body}", secrets)
+    encoding = response.header(b"content-encoding")
+    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+        # asked for identity (``accept-encoding``); the stream is not decoded: say so, not "0 tokens, truncated"
+        return (
+            STATUS_ERROR,
+            "malformed_sse",
+            f"stream sent with content-encoding {encoding.strip()[:40]!r} though identity was asked for: not decoded",
+        )
     await response.body.stream_to(state.feed)
     if state.done_abs is not None and not response.body.complete:
         # the chunked terminator may come in a later packet: wait briefly for it so the keep-alive
-        # connection can be reused
-        with anyio.move_on_after(0.5):
-            await response.body.stream_to(_ignore)
+        # connection can be reused. A server that closes (FIN or RST) instead has still delivered the whole
+        # answer: [DONE] ends the stream, the terminator only the HTTP message (the connection is not reused)
+        try:
+            with anyio.move_on_after(0.5):
+                await response.body.stream_to(_ignore)
+        except httpx.TransportError:
+            pass
     return _outcome(state)
 
 

@@ -10,6 +10,7 @@ so no secret is stored.
 from __future__ import annotations
 
 import email.utils
+import math
 import time
 
 import httpx
@@ -50,14 +51,16 @@ class StreamTruncated(Exception):
 
 
 def parse_retry_after(value: str | None, now_s: float | None = None) -> float | None:
-    """Retry-After in seconds: delta-seconds or an HTTP date; None when absent or unreadable."""
+    """Retry-After in seconds: delta-seconds or an HTTP date; None when absent, unreadable or not finite."""
     if not value:
         return None
     value = value.strip()
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         pass
+    else:  # "nan" and "inf" parse as floats: no delay the server stated (None), not 0.0
+        return max(0.0, seconds) if math.isfinite(seconds) else None
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):

@@ -10,6 +10,7 @@ up front so the send path only writes bytes.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,10 @@ except ImportError:  # pragma: no cover
         return json.dumps(obj, separators=(",", ":")).encode()
 
 
-__all__ = ["AUTO_FALLBACK_TOKENIZER", "Job", "ServerTokenizer", "build_jobs", "resolve_tokenizer"]
+__all__ = ["AUTO_FALLBACK_TOKENIZER", "TOKENIZE_MAX_BYTES", "Job", "ServerTokenizer", "build_jobs", "resolve_tokenizer"]
+
+#: Most bytes of one /tokenize or /detokenize answer read (a 1M-token prompt's ids are ~8 MB of JSON).
+TOKENIZE_MAX_BYTES = 64 << 20
 
 
 class ServerTokenizer:
@@ -40,31 +44,58 @@ class ServerTokenizer:
     """
 
     def __init__(
-        self, base_url: str, model: str, headers: dict[str, str] | None = None, timeout_s: float = 30.0
+        self,
+        base_url: str,
+        model: str,
+        headers: dict[str, str] | None = None,
+        timeout_s: float = 30.0,
+        params: httpx.QueryParams | None = None,
     ) -> None:
         self.name = "server"
         self.model = model
-        self._client = httpx.Client(base_url=base_url.rstrip("/"), headers=headers or {}, timeout=timeout_s)
+        self._client = httpx.Client(
+            base_url=base_url.rstrip("/"), headers=headers or {}, params=params, timeout=timeout_s, trust_env=False
+        )
+        self._timeout_s = timeout_s
         self._cache: dict[str, list[int]] = {}
 
     def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """One call, within the timeout and TOKENIZE_MAX_BYTES read (a body that goes on is refused)."""
+        deadline = time.monotonic() + self._timeout_s
         try:
-            response = self._client.post(path, json=payload)
+            with self._client.stream("POST", path, json=payload) as response:
+                status = response.status_code
+                raw = bytearray()
+                for part in response.iter_raw():
+                    raw += part
+                    if len(raw) > TOKENIZE_MAX_BYTES or time.monotonic() > deadline:
+                        raise TargetError(
+                            f"tokenizer server: POST {path}: answer over {TOKENIZE_MAX_BYTES} bytes or "
+                            f"{self._timeout_s:g} s: expected a token list"
+                        )
         except httpx.HTTPError as exc:
             raise TargetError(
                 f"tokenizer server: POST {path} failed ({type(exc).__name__}): expected a reachable /tokenize"
             ) from None
-        if response.status_code != 200:
+        if status != 200:
             raise TargetError(
-                f"tokenizer server: POST {path} answered HTTP {response.status_code}: expected 200 (does the target have {path}?)"
+                f"tokenizer server: POST {path} answered HTTP {status}: expected 200 (does the target have {path}?)"
             )
-        return response.json()
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            body = None
+        if not isinstance(body, dict):
+            raise TargetError(f"tokenizer server: POST {path} answered no JSON object: expected vLLM's {path} answer")
+        return body
 
     def encode(self, text: str) -> list[int]:
         ids = self._cache.get(text)
         if ids is None:
             body = self._post("/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False})
-            ids = list(body.get("tokens") or [])
+            ids = body.get("tokens") or []
+            if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+                raise TargetError("tokenizer server: /tokenize tokens is not a list of token ids: expected integers")
             if not ids and body.get("count"):
                 raise TargetError("tokenizer server: /tokenize returned a count but no tokens: expected token ids")
             self._cache[text] = ids
@@ -86,16 +117,24 @@ AUTO_FALLBACK_TOKENIZER = "cl100k_base"
 
 
 def resolve_tokenizer(
-    spec: str, base_url: str, model: str, headers: dict[str, str] | None = None, target_spec: str | None = None
+    spec: str,
+    base_url: str,
+    model: str,
+    headers: dict[str, str] | None = None,
+    target_spec: str | None = None,
+    *,
+    timeout_s: float = 30.0,
+    params: httpx.QueryParams | None = None,
 ) -> tuple[Any, str, str | None]:
     """``(tokenizer, what it is, warning)`` for prompt synthesis.
 
     ``server`` uses the target's /tokenize; ``auto`` (the default) uses the tokenizer the target says it
     counts with (``target_spec``: loadgen's simulated engine reports it in ``/version``) locally, else
     the target's /tokenize when it answers, else ``cl100k_base`` with a warning (prompts then hold
-    cl100k_base's counts, not the target's); any other spec is ``prompts.get_tokenizer``'s."""
+    cl100k_base's counts, not the target's); any other spec is ``prompts.get_tokenizer``'s. Each call to the
+    target ends within ``timeout_s`` (``auto``'s trial call within 10 s) and carries its query ``params``."""
     if spec == "server":
-        return ServerTokenizer(base_url, model, headers), "server", None
+        return ServerTokenizer(base_url, model, headers, timeout_s, params), "server", None
     if spec != "auto":
         return get_tokenizer(spec), spec, None
     if target_spec:
@@ -103,7 +142,7 @@ def resolve_tokenizer(
             return get_tokenizer(target_spec), f"{target_spec} (the target's)", None
         except LoadgenError:
             pass  # not available here (a tokenizer.json on the server's host): ask the server
-    server = ServerTokenizer(base_url, model, headers, timeout_s=10.0)
+    server = ServerTokenizer(base_url, model, headers, min(timeout_s, 10.0), params)
     try:
         ids = server.encode("Hello, world")
         if ids and server.decode(ids[:1]):  # prompts are built from decoded token runs: /detokenize too

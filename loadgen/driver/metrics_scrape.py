@@ -17,7 +17,13 @@ from typing import Any
 import anyio
 import httpx
 
-__all__ = ["parse_prometheus_text", "samples_to_columns", "MetricsScraper"]
+from loadgen.driver.bounded import bounded_get
+from loadgen.util.redact import without_secrets
+
+__all__ = ["METRICS_MAX_BYTES", "parse_prometheus_text", "samples_to_columns", "MetricsScraper"]
+
+#: Most bytes of one /metrics answer read; a longer one counts as a failed scrape.
+METRICS_MAX_BYTES = 16 << 20
 
 
 def _parse_labels(text: str, start: int) -> tuple[dict[str, str], int]:
@@ -111,7 +117,7 @@ class MetricsScraper:
     """Polls GET /metrics every ``interval_s`` and hands columns to ``sink`` (on the run clock).
 
     A sample's time is the midpoint between sending the scrape and receiving its body, relative to
-    ``anchor_ns``. A failed scrape is skipped, never raised.
+    ``anchor_ns``. A failed scrape is skipped, never raised. The run's ``secrets`` never reach a sample.
     """
 
     def __init__(
@@ -123,6 +129,7 @@ class MetricsScraper:
         interval_s: float = 1.0,
         prefixes: tuple[str, ...] | None = None,
         labels: dict[str, str] | None = None,
+        secrets: tuple[str, ...] = (),
     ) -> None:
         self.client = client
         self.labels = labels  # added to every sample (a replica's target_index)
@@ -131,19 +138,22 @@ class MetricsScraper:
         self.sink = sink
         self.interval_s = interval_s
         self.prefixes = prefixes
+        self.timeout_s = max(interval_s, 10.0)  # one scrape: connect to last byte
+        self.secrets = secrets  # replaced in what a scrape stores (a server may echo the key in a label)
 
     async def scrape_once(self) -> None:
         t0 = time.perf_counter_ns()
-        try:
-            response = await self.client.get(self.url)
-            body = response.text if response.status_code == 200 else None
-        except httpx.HTTPError:
-            body = None
+        got = await bounded_get(self.client, self.url, timeout_s=self.timeout_s, max_bytes=METRICS_MAX_BYTES)
+        response = got.response
+        body = response.text if response is not None and response.status_code == 200 and not got.truncated else None
         t1 = time.perf_counter_ns()
         if body is None:
             return
         cols = samples_to_columns(
-            parse_prometheus_text(body), (t0 + t1) // 2 - self.anchor_ns, self.prefixes, self.labels
+            parse_prometheus_text(without_secrets(body, self.secrets)),
+            (t0 + t1) // 2 - self.anchor_ns,
+            self.prefixes,
+            self.labels,
         )
         if cols["name"]:
             self.sink(cols)

@@ -19,11 +19,20 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from loadgen.driver.bounded import PROBE_MAX_BYTES, PROBE_TIMEOUT_S, bounded_get
 from loadgen.driver.metrics_scrape import parse_prometheus_text
 from loadgen.util.errors import TargetError
-from loadgen.util.redact import redact, redact_url
+from loadgen.util.redact import redact, redact_url, without_secrets
 
-__all__ = ["MANAGED_HOSTS", "VERSION_MAX_BYTES", "TargetInfo", "is_simulated", "probe_target", "safe_version"]
+__all__ = [
+    "MANAGED_HOSTS",
+    "VERSION_MAX_BYTES",
+    "TargetInfo",
+    "is_credential_name",
+    "is_simulated",
+    "probe_target",
+    "safe_version",
+]
 
 #: Most bytes of a target's /version body kept in the record (JSON-encoded, after redaction).
 VERSION_MAX_BYTES = 16 * 1024
@@ -80,8 +89,9 @@ class TargetInfo:
 
 def _scrub(value: Any, secrets: tuple[str, ...], depth: int) -> Any:
     if isinstance(value, str):
-        text = redact(value, secrets) if len(value) <= 500 else redact(value[:500], secrets) + " [truncated]"
-        return _SECRET_TEXT.sub("REDACTED", text)
+        # redacted whole, then cut (redact cuts at 500 characters): a secret across the cut is never kept in part
+        text = redact(_SECRET_TEXT.sub("REDACTED", without_secrets(value, secrets)))
+        return text if len(value) <= 500 else text + " [truncated]"
     if depth >= _VERSION_MAX_DEPTH:
         return "[nested too deeply]" if isinstance(value, (dict, list)) else value
     if isinstance(value, dict):
@@ -94,6 +104,11 @@ def _scrub(value: Any, secrets: tuple[str, ...], depth: int) -> Any:
     return value
 
 
+def is_credential_name(name: str) -> bool:
+    """Whether a header or field named ``name`` carries a credential (``X-Api-Key``, ``Authorization``, ``token``)."""
+    return _SECRET_KEY.search(name) is not None
+
+
 def safe_version(body: Any, secrets: tuple[str, ...] = ()) -> Any:
     """A target's /version body fit to record: credentials redacted, at most VERSION_MAX_BYTES."""
     clean = _scrub(body, secrets, 0)
@@ -103,11 +118,34 @@ def safe_version(body: Any, secrets: tuple[str, ...] = ()) -> Any:
     return {"truncated": True, "bytes": len(encoded), "head": encoded[: VERSION_MAX_BYTES // 4]}
 
 
-async def _get(client: httpx.AsyncClient, path: str) -> httpx.Response | None:
-    try:
-        return await client.get(path)
-    except httpx.HTTPError:
+def _model_entries(body: Any, safe_url: str) -> tuple[list[str], set[str]]:
+    """(ids, owners) of a ``/v1/models`` body; a ``data`` that is not a list is one line, not a traceback."""
+    data = body.get("data", []) if isinstance(body, dict) else None
+    if data is None and isinstance(body, dict) and "data" not in body:
+        data = []
+    if not isinstance(data, list):
+        shown = json.dumps(data)[:60] if isinstance(body, dict) else type(body).__name__
+        raise TargetError(
+            f"target {safe_url}: GET /v1/models: data = {shown}: expected a list of models (OpenAI's {{'data': [...]}})"
+        )
+    models: list[str] = []
+    owners: set[str] = set()
+    for entry in data:
+        if isinstance(entry, dict) and entry.get("id") and isinstance(entry["id"], (str, int)):
+            models.append(str(entry["id"]))
+            owners.add(str(entry.get("owned_by", "")))
+    return models, owners
+
+
+async def _probe(client: httpx.AsyncClient, path: str, timeout_s: float, notes: list[str]) -> httpx.Response | None:
+    """A bounded GET; a probe that failed, timed out or was cut is noted (``notes``)."""
+    got = await bounded_get(client, path, timeout_s=timeout_s)
+    if got.failure is not None:
+        notes.append(f"GET {path}: {got.failure}")
+    elif got.truncated:
+        notes.append(f"GET {path}: answer longer than {PROBE_MAX_BYTES} bytes: not read further, not used")
         return None
+    return got.response
 
 
 def is_simulated(response: httpx.Response | None, body: Any) -> bool:
@@ -129,25 +167,32 @@ async def probe_target(
     secrets: tuple[str, ...] = (),
     check_metrics: bool = True,
     check_model: bool = True,
+    timeout_s: float = PROBE_TIMEOUT_S,
 ) -> TargetInfo:
     """Probe ``base_url`` (the client's base); raise TargetError when it cannot serve a run at all.
 
     ``check_model``: when ``/v1/models`` lists models and ``model`` is not among them, fail before the
     run with one line naming the models it does serve (a gateway that lists other names than it
-    accepts needs ``check_model=False``; one that lists none is not checked).
+    accepts needs ``check_model=False``; one that lists none is not checked). Each probe ends within
+    ``timeout_s`` and reads at most ``PROBE_MAX_BYTES`` (``bounded_get``); one that did not is a note.
     """
     safe_url = redact_url(base_url)
-    version_resp = await _get(client, "/version")
+    notes: list[str] = []
+    version_resp = await _probe(client, "/version", timeout_s, notes)
     version: Any = None
     if version_resp is not None and version_resp.status_code == 200:
         try:
             version = version_resp.json()
         except (ValueError, RecursionError):
             version = version_resp.text.strip()[:500] or None
-    models_resp = await _get(client, "/v1/models")
+    models_resp = await _probe(client, "/v1/models", timeout_s, notes)
     if version_resp is None and models_resp is None:
         raise TargetError(
-            f"target {safe_url}: not reachable (GET /version and /v1/models failed): expected an OpenAI-compatible server"
+            redact(
+                f"target {safe_url}: not reachable (GET /version and /v1/models failed: {'; '.join(notes)}): "
+                "expected an OpenAI-compatible server",
+                secrets,
+            )
         )
     models, owners = _served_models(models_resp, safe_url)
     model = _resolve_model(model, models, check_model, safe_url, secrets)
@@ -157,9 +202,10 @@ async def probe_target(
     )
     _classify(info, version_resp, version, (urlsplit(base_url).hostname or "").lower(), owners, models)
     if check_metrics and info.kind != "managed":
-        metrics = await _get(client, "/metrics")
+        metrics = await _probe(client, "/metrics", timeout_s, notes)
         if metrics is not None and metrics.status_code == 200:
             info.has_metrics = next(iter(parse_prometheus_text(metrics.text[:65536])), None) is not None
+    info.notes = [redact(note, secrets) for note in notes]
     if info.kind == "unknown":
         info.notes.append(redact(f"target kind unknown (version={info.version!r}, models={recorded_models})", secrets))
     return info
@@ -171,12 +217,10 @@ def _served_models(models_resp: httpx.Response | None, safe_url: str) -> tuple[l
     owners: set[str] = set()
     if models_resp is not None and models_resp.status_code == 200:
         try:
-            for entry in models_resp.json().get("data", []):
-                if isinstance(entry, dict) and entry.get("id"):
-                    models.append(str(entry["id"]))
-                    owners.add(str(entry.get("owned_by", "")))
-        except (ValueError, AttributeError):
-            pass
+            body = models_resp.json()
+        except (ValueError, RecursionError):
+            body = {}
+        models, owners = _model_entries(body, safe_url)
     elif models_resp is not None and models_resp.status_code in (401, 403):
         raise TargetError(
             f"target {safe_url}: GET /v1/models answered HTTP {models_resp.status_code}: expected a valid API key (--api-key-env)"

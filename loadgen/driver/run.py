@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 import anyio
 import httpx
@@ -33,12 +33,13 @@ import psutil
 import pyarrow as pa
 import pyarrow.compute
 
-from loadgen.driver.probe import TargetInfo, probe_target
+from loadgen.driver.bounded import PROBE_TIMEOUT_S
+from loadgen.driver.probe import TargetInfo, is_credential_name, probe_target
 from loadgen.rundir.identity import harness_identity, host_identity, sha256_file, utc_now_iso
-from loadgen.rundir.io import RunWriter
+from loadgen.rundir.io import RunWriter, held_run_names
 from loadgen.rundir.manifest import DriverInfo, Manifest, TraceRef, WarmState, merge_manifest
 from loadgen.rundir.part_process import PartProcess
-from loadgen.rundir.schema import REQUESTS_FILE, STATUS_NOT_SENT, STATUS_OK
+from loadgen.rundir.schema import STATUS_NOT_SENT, STATUS_OK
 from loadgen.util import interrupts
 from loadgen.util.errors import (
     LoadgenError,
@@ -82,14 +83,32 @@ REAL_ENGINES = ("vllm", "managed", "openai-compatible")
 KEEP_IDLE_LOW, KEEP_IDLE_HIGH = 8, 32
 
 
-def _split_base(url: str) -> tuple[str, str]:
-    """(server root for /version and /metrics, API prefix) from a target URL with or without /v1."""
+def _split_base(url: str) -> tuple[str, str, str]:
+    """(server root for /version and /metrics, API prefix, query) from a target URL with or without /v1.
+
+    The root carries no userinfo (credentials travel only in the one Authorization header, ``_auth_headers``);
+    the query string is sent on every request the run makes (a gateway may take its key there).
+    """
     parts = urlsplit(url)
     path = parts.path.rstrip("/")
     prefix = "/v1"
     path = path.removesuffix("/v1")
-    root = urlunsplit((parts.scheme, parts.netloc, path, "", ""))
-    return root, prefix
+    host = parts.hostname or ""
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
+    root = urlunsplit((parts.scheme, netloc, path, "", ""))
+    return root, prefix, parts.query
+
+
+def _endpoint_url(url: str, path: str) -> httpx.URL:
+    """The URL a target's requests go to: its root joined with ``path``, with the target's query string."""
+    root, _, query = _split_base(url)
+    endpoint = httpx.URL(root).join(path)
+    return endpoint.copy_with(query=query.encode("ascii")) if query else endpoint
+
+
+def _client_params(url: str) -> httpx.QueryParams:
+    """The target's query parameters, sent with every probe, scrape and /tokenize call."""
+    return httpx.QueryParams(_split_base(url)[2])
 
 
 def _shared_cpus(options: RunOptions) -> str | None:
@@ -128,24 +147,45 @@ def _timeouts(options: RunOptions, scenario: Scenario | None, classes: set[str])
 
 
 def _auth_headers(options: RunOptions) -> tuple[dict[str, str], tuple[str, ...]]:
-    """Request headers (API key from the named env var, URL userinfo as Basic auth) and the secrets to redact."""
-    secrets: tuple[str, ...] = ()
-    headers = {"accept": "text/event-stream", "accept-encoding": "identity", **options.headers}
+    """Request headers (one value per name, names in lower case) and the secrets to redact.
+
+    The credential has one source: ``--header Authorization``, the key in ``--api-key-env`` (Bearer), or the
+    target URLs' ``user:password`` (Basic). Two sources that disagree are refused: merged, they reached the
+    server as ``Bearer X, Basic ...`` on some requests and as one of them on others. Every request of the
+    run (probes, /tokenize, scrapes, the replay) carries the same one.
+    """
+    extra = {name.lower(): value for name, value in options.headers.items()}
+    headers = {"accept": "text/event-stream", "accept-encoding": "identity", **extra}
+    sources: list[tuple[str, str]] = []
+    # a header's value is redacted wherever the target echoes it: any long one, and a credential's at any length
+    secrets: tuple[str, ...] = tuple(
+        v for k, v in options.headers.items() if len(v) >= 8 or (len(v) >= 3 and is_credential_name(k))
+    )
+    if "authorization" in extra:
+        sources.append(("--header Authorization", extra["authorization"]))
     if options.api_key_env:
         key = os.environ.get(options.api_key_env, "")
         if not key:
             raise TargetError(
                 f"--api-key-env {options.api_key_env}: variable unset or empty: expected the API key in it"
             )
-        secrets = (key,)
-        headers["authorization"] = f"Bearer {key}"
-    parts = urlsplit(options.target_url)
-    secrets += tuple(p for p in (urlsplit(url).password for url in options.target_urls) if p)
-    if parts.username and "authorization" not in headers:  # what httpx does with URL userinfo
-        token = base64.b64encode(f"{parts.username}:{parts.password or ''}".encode()).decode()
-        headers["authorization"] = f"Basic {token}"
-        secrets += (token,)
-    secrets += tuple(v for v in options.headers.values() if len(v) >= 8)
+        secrets += (key,)
+        sources.append((f"--api-key-env {options.api_key_env}", f"Bearer {key}"))
+    for url in options.target_urls:
+        parts = urlsplit(url)
+        secrets += tuple(v for _, v in parse_qsl(parts.query) if len(v) >= 8)
+        if parts.username:  # what httpx would do with URL userinfo, once, here
+            token = base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()).decode()
+            secrets += tuple(p for p in (parts.password, token) if p)
+            sources.append(("the target URL's user:password", f"Basic {token}"))
+    if len({value for _, value in sources}) > 1:
+        named = sorted({name for name, _ in sources})
+        raise TargetError(
+            f"credentials given twice ({' and '.join(named)}), with different values: expected one of "
+            "--header Authorization, --api-key-env or the target URL's user:password"
+        )
+    if sources:
+        headers["authorization"] = sources[0][1]
     return headers, secrets
 
 
@@ -184,9 +224,10 @@ def _read_inputs(options: RunOptions, shard: Shard | None = None) -> _Inputs:
             f"trace was generated from scenario sha256 {trace_meta['scenario_sha256'][:12]}, "
             f"not {options.scenario_path} ({scenario.sha256[:12]})"
         )
-    if shard is None and (Path(options.out_dir) / REQUESTS_FILE).exists():
+    held = held_run_names(options.out_dir) if shard is None else []
+    if held:  # before anything connects: a run or a handoff bundle is never written over
         raise RunDirError(
-            f"{options.out_dir}: already holds a run ({REQUESTS_FILE}): expected a new or empty directory"
+            f"{options.out_dir}: already holds a run or handoff bundle ({held[0]}): expected a new or empty directory"
         )
     endpoint = options.endpoint or (scenario.endpoint if scenario else "completions")
     mode = trace_meta.get("mode", "open")
@@ -233,6 +274,8 @@ async def _prepare_jobs(
         model,
         {k: v for k, v in headers.items() if k == "authorization"},
         reported if isinstance(reported, str) else None,
+        timeout_s=_probe_timeout_s(_ttft_cap_s(options, scenario)),
+        params=_client_params(options.target_url),
     )
     if warning is not None:
         inputs.warnings.append(warning)  # recorded in the manifest
@@ -267,7 +310,7 @@ def _encode_requests(
     options: RunOptions, jobs: list[Job], client: httpx.AsyncClient, transport: RawHTTP11Transport, path: str
 ) -> None:
     """The whole request, ready to write: the send path only copies bytes."""
-    endpoint_url = client.base_url.join(path)
+    endpoint_url = _endpoint_url(options.target_url, path)
     base_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in client.headers.items()]
     base_headers = [(k, v) for k, v in base_headers if k.lower() not in (b"content-length", b"host")]
     base_headers.insert(0, (b"host", endpoint_url.netloc))
@@ -332,9 +375,10 @@ async def run_trace(options: RunOptions, shard: Shard | None = None) -> Path:
     """
     inputs = _read_inputs(options, shard)
     headers, secrets = _auth_headers(options)
-    root, prefix = _split_base(options.target_url)
+    root, prefix, _ = _split_base(options.target_url)
     path = prefix + ("/chat/completions" if inputs.endpoint == "chat" else "/completions")
     transport, client = _open_client(options, inputs, root, headers)
+    probe_timeout_s = _probe_timeout_s(_ttft_cap_s(options, inputs.scenario))
     async with client:
         info = await probe_target(
             client,
@@ -342,8 +386,9 @@ async def run_trace(options: RunOptions, shard: Shard | None = None) -> Path:
             options.model or (inputs.scenario.model if inputs.scenario else None),
             secrets=secrets,
             check_model=options.check_model,
+            timeout_s=probe_timeout_s,
         )
-        infos = [info, *await _probe_replicas(options, headers, secrets, cast(str, info.model))]
+        infos = [info, *await _probe_replicas(options, headers, secrets, cast(str, info.model), probe_timeout_s)]
         prepared = await _prepare_jobs(options, inputs, info, client, transport, root, path, headers)
         jobs = prepared.jobs
         scraped = _scraped_targets(options, infos)
@@ -375,7 +420,7 @@ def _open_client(
 ) -> tuple[RawHTTP11Transport, httpx.AsyncClient]:
     """The run's transport (a keep-alive pool sized to its concurrency) and the client over it, not yet entered."""
     scenario = inputs.scenario
-    ttft_cap = options.ttft_timeout_s or (scenario.errors.ttft_timeout_s if scenario else DEFAULT_TTFT_TIMEOUT_S)
+    ttft_cap = _ttft_cap_s(options, scenario)
     transport = RawHTTP11Transport(
         keepalive_expiry_s=30.0,
         max_idle=(inputs.concurrency or 4096) + KEEP_IDLE_HIGH,
@@ -384,6 +429,7 @@ def _open_client(
     client = httpx.AsyncClient(
         base_url=root,
         headers=headers,
+        params=_client_params(options.target_url),
         timeout=httpx.Timeout(None, connect=min(30.0, ttft_cap)),
         transport=transport,
         trust_env=False,
@@ -438,6 +484,7 @@ async def _scrape_clients(
             i,
             httpx.AsyncClient(
                 base_url=_split_base(options.target_urls[i])[0],
+                params=_client_params(options.target_urls[i]),
                 headers={k: v for k, v in headers.items() if k == "authorization"},
                 timeout=10.0,
                 trust_env=False,
@@ -514,15 +561,37 @@ def _run_context(
     )
 
 
+def _ttft_cap_s(options: RunOptions, scenario: Scenario | None) -> float:
+    """The run-wide TTFT timeout (the option, else the scenario's, else the default): bounds connects and probes."""
+    return options.ttft_timeout_s or (scenario.errors.ttft_timeout_s if scenario else DEFAULT_TTFT_TIMEOUT_S)
+
+
+def _probe_timeout_s(ttft_cap_s: float) -> float:
+    """How long one probe (/version, /v1/models, /metrics, /tokenize) may take: the run's TTFT cap, at most
+    PROBE_TIMEOUT_S (a target that cannot answer a probe that fast would fail every request anyway)."""
+    return min(PROBE_TIMEOUT_S, ttft_cap_s)
+
+
 async def _probe_replicas(
-    options: RunOptions, headers: dict[str, str], secrets: tuple[str, ...], model: str
+    options: RunOptions, headers: dict[str, str], secrets: tuple[str, ...], model: str, probe_timeout_s: float
 ) -> list[TargetInfo]:
     """Probe every replica after the first (model check, /version, /metrics): each must serve ``model``."""
     infos = []
     for url in options.replica_urls:
         root = _split_base(url)[0]
-        async with httpx.AsyncClient(base_url=root, headers=headers, timeout=30.0, trust_env=False) as client:
-            infos.append(await probe_target(client, root, model, secrets=secrets, check_model=options.check_model))
+        async with httpx.AsyncClient(
+            base_url=root, headers=headers, params=_client_params(url), timeout=30.0, trust_env=False
+        ) as client:
+            infos.append(
+                await probe_target(
+                    client,
+                    root,
+                    model,
+                    secrets=secrets,
+                    check_model=options.check_model,
+                    timeout_s=probe_timeout_s,
+                )
+            )
     return infos
 
 
@@ -543,7 +612,7 @@ def _replica_origins(
 ) -> tuple[list[tuple[bytes, str, int]], list[bytes]]:
     """Per replica: the connection key and the first bytes of its requests (every payload was encoded
     for the first replica; routing a request elsewhere swaps them)."""
-    urls = [httpx.URL(_split_base(url)[0]).join(path) for url in options.target_urls]
+    urls = [_endpoint_url(url, path) for url in options.target_urls]
     heads = [transport.request_head("POST", url) for url in urls]
     if any(not job.payload.startswith(heads[0]) for job in jobs):  # encode_request's layout changed
         raise LoadgenError("internal: a request payload does not start with its request line and Host header")
@@ -722,6 +791,7 @@ def _scraper(
         options.scrape_interval_s,
         tuple(options.metrics_prefixes) if options.metrics_prefixes else None,
         labels={"target_index": str(index)} if ctx.router is not None else None,
+        secrets=ctx.secrets,
     )
 
 

@@ -223,6 +223,18 @@ def _error_line(err: object) -> tuple[str, int | None]:
 _chunk = tuple.__new__  # Chunk(...) without the generated __new__ (the hot path's one allocation)
 
 
+def _text_field(name: str, value: object) -> str | None:
+    """A chunk field recorded in a string column (finish_reason, model, system_fingerprint): a string or absent.
+
+    Anything else (``"model": 123``, ``"finish_reason": ["stop"]``) fails this request as malformed, naming the
+    field and value; it never reaches a typed column.
+    """
+    if value is None or type(value) is str:
+        return value
+    shown = json.dumps(value, default=str)[:60]
+    raise SSEProtocolError(f"{name} = {shown} ({type(value).__name__}): expected a string or null")
+
+
 def _count(value: object) -> bool:
     """A usage count the stream may carry: absent (None) or a whole number (not a bool) in 0 .. 2^31-1."""
     return value is None or (type(value) is int and 0 <= value < 1 << 31)
@@ -299,7 +311,14 @@ def parse_chunk(payload: bytes) -> Chunk:
                     return chunk_from_object(obj)
                 reason = choice.get("finish_reason")
                 model, fingerprint = get("model"), get("system_fingerprint")
-                return _chunk(Chunk, (text, "", 1, 1, reason, prompt, completion, None, model, fingerprint, None, None))
+                if (
+                    (reason is None or type(reason) is str)
+                    and (model is None or type(model) is str)
+                    and (fingerprint is None or type(fingerprint) is str)
+                ):
+                    return _chunk(
+                        Chunk, (text, "", 1, 1, reason, prompt, completion, None, model, fingerprint, None, None)
+                    )
     return chunk_from_object(obj)
 
 
@@ -316,7 +335,9 @@ def _walk(obj: dict) -> Chunk:
     err = get("error")
     if err is not None:
         message, code = _error_line(err)
-        return _chunk(Chunk, ("", "", 0, 0, None, None, None, None, get("model"), None, message, code))
+        return _chunk(
+            Chunk, ("", "", 0, 0, None, None, None, None, _text_field("model", get("model")), None, message, code)
+        )
     choices = get("choices")
     usage = get("usage")
     if choices is None and usage is None:
@@ -339,7 +360,7 @@ def _walk(obj: dict) -> Chunk:
                 pieces += 1
             reason = choice.get("finish_reason")
             if reason is not None:
-                finish = reason
+                finish = _text_field("finish_reason", reason)
     prompt_tokens = completion_tokens = reasoning_tokens = None
     if usage:
         prompt_tokens = usage.get("prompt_tokens")
@@ -358,8 +379,8 @@ def _walk(obj: dict) -> Chunk:
             prompt_tokens,
             completion_tokens,
             reasoning_tokens,
-            get("model"),
-            get("system_fingerprint"),
+            _text_field("model", get("model")),
+            _text_field("system_fingerprint", get("system_fingerprint")),
             None,
             None,
         ),

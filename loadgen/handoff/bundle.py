@@ -23,6 +23,7 @@ from loadgen.rundir.io import has_run, read_run_manifest, read_run_table
 from loadgen.rundir.manifest import Manifest, ScenarioRef
 from loadgen.rundir.schema import MANIFEST_FILE, REQUESTS_FILE, SERVER_METRICS_FILE
 from loadgen.util.errors import RunDirError
+from loadgen.util.redact import redact_url
 from loadgen.util.tomlfile import dumps_toml
 from loadgen.workload.scenario import class_order, load_scenario, scenario_from_manifest
 
@@ -281,7 +282,7 @@ def _identity(manifest: Manifest, run_dir: Path) -> dict[str, Any]:
         "package": {"model": target["model"], "served_models": target["served_models"]},
         "engine": target["engine"],
         "target_kind": target["kind"],
-        "target_base_url": target["base_url"],
+        "target_base_url": redact_url(target["base_url"]) if isinstance(target["base_url"], str) else None,
         "target_version": target["version"],
         "hardware": m["host"],
         "harness": m["harness"],
@@ -362,6 +363,17 @@ def _write_workload(out: Path, manifest: Manifest) -> str:
     return scenario_note
 
 
+def _redacted_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The run options with their URLs redacted again (a run recorded before every query value was redacted
+    keeps them in its manifest; the bundle does not pass them on)."""
+    out = dict(options)
+    if isinstance(out.get("target_url"), str):
+        out["target_url"] = redact_url(out["target_url"])
+    if isinstance(out.get("replica_urls"), list):
+        out["replica_urls"] = [redact_url(u) if isinstance(u, str) else None for u in out["replica_urls"]]
+    return out
+
+
 def _write_runtime(out: Path, manifest: Manifest) -> str | None:
     """engine.toml (when known) and runtime.json; returns how engine.toml was obtained, None without one."""
     engine = _engine(manifest)
@@ -372,7 +384,7 @@ def _write_runtime(out: Path, manifest: Manifest) -> str | None:
         out / layout.RUNTIME,
         {
             "engine": engine,
-            "options": manifest.options,
+            "options": _redacted_options(manifest.options),
             "warm_state": manifest.warm_state.model_dump(mode="json"),
             "engine_toml": layout.ENGINE if etoml else None,
         },

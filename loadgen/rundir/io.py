@@ -54,7 +54,9 @@ __all__ = [
     "RunData",
     "RunWriter",
     "WORKERS_DIR",
+    "RUN_DIR_NAMES",
     "has_run",
+    "held_run_names",
     "load_run",
     "persist_recovery",
     "read_manifest",
@@ -67,6 +69,11 @@ __all__ = [
 
 #: A run spread over workers keeps each worker's own manifest (and log) in WORKERS_DIR/w0/ ...
 WORKERS_DIR = "workers"
+#: What a run directory owns at its top level. A new run is never written into a directory that holds one of
+#: them, and no other output is written over one (a handoff bundle holds a manifest.json too).
+RUN_DIR_NAMES = (MANIFEST_FILE, REQUESTS_FILE, CHUNKS_FILE, SERVER_METRICS_FILE, WORKERS_DIR)
+#: A handoff bundle's checksum list (``loadgen.handoff.layout.SUMS_FILE``; the bundle layer sits above this one).
+_BUNDLE_SUMS = "SHA256SUMS"
 #: Rows per row group when a table's parts are merged at close.
 _COMPACT_ROWS = {REQUESTS_FILE: 100_000, CHUNKS_FILE: 1_000_000, SERVER_METRICS_FILE: 200_000}
 _SCHEMAS = {REQUESTS_FILE: REQUESTS_SCHEMA, CHUNKS_FILE: CHUNKS_SCHEMA, SERVER_METRICS_FILE: SERVER_METRICS_SCHEMA}
@@ -114,9 +121,11 @@ class RunWriter:
             self.manifest_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise RunDirError(f"{self.manifest_dir}: cannot create run directory: {exc.strerror}") from None
-        held = [name for name in (REQUESTS_FILE, CHUNKS_FILE, SERVER_METRICS_FILE) if (self.run_dir / name).exists()]
+        held = held_run_names(self.run_dir)
         if held and shard is None:
-            raise RunDirError(f"{run_dir}: already holds a run ({held[0]}): expected a new or empty directory")
+            raise RunDirError(
+                f"{run_dir}: already holds a run or handoff bundle ({held[0]}): expected a new or empty directory"
+            )
         writer = {
             "pid": psutil.Process().pid,
             "hostname_sha256": hostname_sha256(),
@@ -367,6 +376,34 @@ def run_table_files(run_dir: Path | str, name: str) -> list[Path]:
 def read_run_table(run_dir: Path | str, name: str, columns: list[str] | None = None) -> pa.Table | None:
     """One table of a run (``REQUESTS_FILE``, ``CHUNKS_FILE``, ``SERVER_METRICS_FILE``); None if absent."""
     return read_table(Path(run_dir) / name, _SCHEMAS[name], columns)
+
+
+def held_run_names(directory: Path | str) -> list[str]:
+    """The names of ``RUN_DIR_NAMES`` (and a bundle's checksum list) that ``directory`` already holds."""
+    directory = Path(directory)
+    return [name for name in (*RUN_DIR_NAMES, _BUNDLE_SUMS) if (directory / name).exists()]
+
+
+def run_owns(path: Path | str) -> str | None:
+    """Why writing ``path`` would overwrite what a run directory or handoff bundle owns, or None.
+
+    Owned: a top-level name of ``RUN_DIR_NAMES`` in a directory holding a manifest, anything under one
+    (table parts, worker shards), and every file of a handoff bundle (listed in its checksums, and the list).
+    """
+    target = Path(path).resolve()
+    for parent in target.parents:
+        if not (parent / MANIFEST_FILE).is_file():
+            continue
+        top = target.relative_to(parent).parts[0]
+        if top in RUN_DIR_NAMES:
+            return f"{top} belongs to the run directory {parent}"
+        sums = parent / _BUNDLE_SUMS
+        if sums.is_file():
+            rel = target.relative_to(parent).as_posix()
+            listed = {line.split(maxsplit=1)[-1].lstrip("*") for line in sums.read_text(errors="replace").splitlines()}
+            if rel == _BUNDLE_SUMS or rel in listed:
+                return f"{rel} belongs to the handoff bundle {parent}"
+    return None
 
 
 def has_run(path: Path | str) -> bool:

@@ -9,6 +9,8 @@ Containment, so one client cannot hold the server: a connection buffers at most
 ``MAX_HEADER_BYTES + MAX_BODY_BYTES`` (8 MiB + 64 KiB; more is 413/431 or a dropped connection), a
 request must arrive whole within ``header_timeout_s`` of its first byte (else 408), an idle keep-alive
 connection is closed after ``idle_timeout_s``, and a chunked body has at most ``MAX_BODY_CHUNKS`` chunks.
+A request framed two ways (Content-Length and Transfer-Encoding, or either twice with different values)
+is refused with 400 and its connection closed: which framing holds is what request smuggling plays on.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ MAX_BODY_BYTES = 8 * 1024 * 1024  # a 1M-token prompt is ~5 MB of JSON
 MAX_BODY_CHUNKS = 65536
 #: Seconds from a request's first byte until it must be complete (slow-loris defence).
 HEADER_TIMEOUT_S = 30.0
+#: The headers that frame a request body: each may appear once, and never both.
+_FRAMING = ("content-length", "transfer-encoding")
 #: Seconds a keep-alive connection may sit with no request before it is closed.
 IDLE_TIMEOUT_S = 120.0
 
@@ -210,7 +214,13 @@ class Connection(asyncio.Protocol):
             name, sep, value = line.partition(":")
             if not sep:
                 raise _BadRequest(400, f"malformed header line {line[:80]!r}")
-            headers[name.strip().lower()] = value.strip()
+            key, value = name.strip().lower(), value.strip()
+            if key in _FRAMING and headers.get(key, value) != value:
+                raise _BadRequest(400, f"{key} given twice with different values: expected one")
+            headers[key] = value
+        if "transfer-encoding" in headers and "content-length" in headers:
+            # which one frames the body is the question request smuggling exploits: refuse, and close
+            raise _BadRequest(400, "both content-length and transfer-encoding: expected one (RFC 9112 6.3)")
         pos = end + 4
         body = b""
         encoding = headers.get("transfer-encoding", "").lower()

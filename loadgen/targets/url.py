@@ -12,9 +12,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
+import anyio
 import httpx
 
+from loadgen.driver.bounded import Bounded, bounded_request
 from loadgen.util.errors import TargetError
 
 from ..driver.options import RunSettings
@@ -22,7 +25,19 @@ from ..util.redact import redact_url
 from .base import RunRequest, StateResult, Target
 from .replay import run_driver, warm_up
 
-__all__ = ["UrlTarget"]
+__all__ = ["RESET_TIMEOUT_S", "UrlTarget"]
+
+#: Longest the cold reset (``POST /reset_prefix_cache``) may take, connect to status line and headers.
+RESET_TIMEOUT_S = 30.0
+
+
+async def _post_reset(root: str, query: str, headers: dict[str, str]) -> Bounded:
+    """The reset, within RESET_TIMEOUT_S; its body is not read (the status says whether the cache was emptied:
+    a body that trickles on forever held the plan before)."""
+    async with httpx.AsyncClient(
+        base_url=root, params=httpx.QueryParams(query), headers=headers, trust_env=False
+    ) as client:
+        return await bounded_request(client, "POST", "/reset_prefix_cache", timeout_s=RESET_TIMEOUT_S, max_bytes=0)
 
 
 class UrlTarget(Target):
@@ -62,21 +77,21 @@ class UrlTarget(Target):
 
     def reset_prefix_cache(self) -> StateResult:
         """Cold = ``POST /reset_prefix_cache`` answered 2xx; otherwise not achievable, with the answer."""
-        root = self._url.removesuffix("/v1")
+        parts = urlsplit(self._url)  # the target's query string goes with it (a gateway may take its key there)
+        root = urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/").removesuffix("/v1"), "", ""))
         key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        try:
-            resp = httpx.post(f"{root}/reset_prefix_cache", headers=headers, timeout=30)
-        except httpx.HTTPError as exc:
-            answer = f"failed ({type(exc).__name__})"
+        got = anyio.run(_post_reset, root, parts.query, headers)
+        if got.response is None:
+            answer = f"failed ({(got.failure or '').split(':', 1)[0]})"
+        elif got.response.is_success:
+            action = (
+                f"POST /reset_prefix_cache answered HTTP {got.response.status_code}: prefix cache emptied; the "
+                "process stayed up (loadgen did not launch it: weights, compiled kernels and allocations are warm)"
+            )
+            return StateResult("cold", True, [action], method="prefix_cache_reset")
         else:
-            if resp.is_success:
-                action = (
-                    f"POST /reset_prefix_cache answered HTTP {resp.status_code}: prefix cache emptied; the process "
-                    "stayed up (loadgen did not launch it: weights, compiled kernels and allocations are warm)"
-                )
-                return StateResult("cold", True, [action], method="prefix_cache_reset")
-            answer = f"answered HTTP {resp.status_code}"
+            answer = f"answered HTTP {got.response.status_code}"
         return StateResult(
             "cold",
             False,

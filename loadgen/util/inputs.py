@@ -14,6 +14,8 @@ __all__ = ["header_problem", "target_url_problem", "without_userinfo"]
 _USERINFO = re.compile(r"(//)[^/@\s]*@")
 #: RFC 9110 token characters: a header name is one token.
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+#: Headers that frame the message or manage the connection: the transport writes them, never a user.
+_FRAMING = frozenset(("content-length", "transfer-encoding", "connection", "keep-alive", "te", "trailer", "upgrade"))
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # CR, LF, NUL and the rest; tab is allowed in values
 
 
@@ -41,9 +43,12 @@ def target_url_problem(url: str) -> str | None:
 
 
 def header_problem(name: str, value: str) -> str | None:
-    """Why ``name: value`` cannot be sent as one HTTP header (a CR/LF would inject more), or None."""
+    """Why ``name: value`` cannot be sent as one HTTP header (a CR/LF would inject more; framing headers
+    would make the server read another message than the one sent), or None."""
     if not _TOKEN.match(name):
         return "expected a header NAME of letters, digits and -_.!#$%&'*+^`|~"
+    if name.lower() in _FRAMING:
+        return "set by loadgen for each request (message framing and connection): expected another header"
     if _CONTROL.search(value):
         return "expected a header value without CR, LF or other control characters"
     return None

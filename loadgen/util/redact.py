@@ -1,5 +1,9 @@
 """Redaction: what loadgen may record or print of a URL or a message (no passwords, keys or bearer tokens).
 
+Every query value of a URL is redacted and its name kept (``?code=REDACTED&subscription-key=REDACTED``): a
+gateway may take its credential under any name. ``redact`` replaces secrets before it cuts a message, so a
+secret across the cut is never kept in part.
+
 Used by the driver (error messages, the target's /version), the targets, the contract replay and calibration.
 """
 
@@ -10,9 +14,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 from loadgen.util.inputs import without_userinfo
 
-__all__ = ["redact", "redact_url"]
+__all__ = ["redact", "redact_query", "redact_url", "without_secrets"]
 
-_SECRET_QUERY = re.compile(r"(?i)([?&](?:api[-_]?key|key|token|access_token|sig|signature|secret)=)[^&\s]+")
+#: A query parameter's value (in a URL or in a message that quotes one): every one is redacted, names kept.
+_SECRET_QUERY = re.compile(r"([?&][^?&=\s#\"'<>]{1,200}=)[^&\s#\"'<>]+")
 _BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+")
 
 
@@ -28,15 +33,29 @@ def redact_url(url: str) -> str:
         netloc = f"[{netloc}]"  # an IPv6 literal keeps its brackets
     if port:
         netloc = f"{netloc}:{port}"
-    query = _SECRET_QUERY.sub(r"\1REDACTED", "?" + parts.query)[1:] if parts.query else ""
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+    return urlunsplit((parts.scheme, netloc, parts.path, redact_query(parts.query), ""))
+
+
+def redact_query(query: str) -> str:
+    """A URL's query string with every value replaced (``a=1&b&c=`` -> ``a=REDACTED&b&c=REDACTED``), names kept."""
+    if not query:
+        return ""
+    fields = (name + "=REDACTED" if sep else name for name, sep, _ in (f.partition("=") for f in query.split("&")))
+    return "&".join(fields)
+
+
+def without_secrets(text: str, secrets: tuple[str, ...]) -> str:
+    """``text`` with every known secret replaced by ``REDACTED``, nothing else changed (no cut, same lines)."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "REDACTED")
+    return text
 
 
 def redact(message: str, secrets: tuple[str, ...] = ()) -> str:
-    """One line, with known secrets, bearer tokens, URL userinfo and query secrets replaced."""
-    for secret in secrets:
-        if secret:
-            message = message.replace(secret, "REDACTED")
+    """One line of at most 500 characters, with known secrets, bearer tokens, URL userinfo and query values
+    replaced (before the cut: a secret across it is never kept in part)."""
+    message = without_secrets(message, secrets)
     message = _BEARER.sub(r"\1REDACTED", message)
     message = without_userinfo(message)
     message = _SECRET_QUERY.sub(r"\1REDACTED", message)

@@ -74,7 +74,12 @@ class _HF:
 
         if not self.path.is_file():
             raise LoadgenError(f"tokenizer {self.name}: no such file {self.path}: expected a tokenizer.json")
-        self._tok = HFTokenizer.from_file(str(self.path))
+        try:
+            self._tok = HFTokenizer.from_file(str(self.path))
+        except Exception as exc:  # the tokenizers library raises a bare Exception for a file it cannot read
+            raise LoadgenError(
+                f"tokenizer {self.name}: not a tokenizer file ({str(exc)[:120]}): expected a Hugging Face tokenizer.json"
+            ) from None
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids

@@ -1,0 +1,412 @@
+"""A misbehaving OpenAI-compatible server, as a real process over loopback (issue 34): one behaviour per run.
+
+Each behaviour is one way a server (or something in front of it) has been seen to misbehave. ``ok`` is the
+well-behaved baseline every other behaviour departs from in one respect:
+
+- ``ok``: ``/version``, ``/v1/models`` (model ``hostile-model``), 404 on ``/metrics`` and ``/tokenize``; a POST
+  streams ``min(max_tokens, 8)`` one-token chunks (chunked, ``finish_reason`` "length" on the last, usage),
+  a usage-only event, ``[DONE]`` and the chunked terminator;
+- ``bad-field-types``: every third POST's last chunk carries a field of an unexpected type, in turn
+  ``"model": 123``, ``"finish_reason": 7``, ``"finish_reason": ["stop"]``, ``"system_fingerprint": {}``;
+- ``hang``: accepts every connection, reads, never answers; ``hang-version``, ``hang-models``,
+  ``hang-metrics``, ``hang-tokenize``: only that path never answers (``/metrics`` and ``/tokenize`` then exist);
+- ``done-fin`` / ``done-rst``: the stream delivers ``[DONE]``, then the connection is closed (FIN / RST)
+  without the chunked terminator;
+- ``models-null`` / ``models-int``: ``/v1/models`` answers ``{"data": null}`` / ``{"data": 5}``;
+- ``version-huge``: ``/version`` is a 300 MB JSON body;
+- ``echo``: ``/version``, ``/metrics`` (as the labels of one sample) and error bodies echo every request
+  header back; a POST answers 401 with the
+  credential (``x-api-key``, else ``authorization``) placed across the 400th character of the body;
+- ``retry-after-nan``: a POST answers 429 with ``Retry-After: nan``;
+- ``gzip``: the stream is sent ``content-encoding: gzip``;
+- ``answer-huge``: every POST answers a 300 MB JSON body (as ``version-huge`` does for ``/version``);
+- ``trickle-reset``: ``POST /reset_prefix_cache`` answers 200 and then a body of one byte every 0.2 s that
+  never ends (every other behaviour answers it 404);
+- ``sim-tokenizer``: ``/version`` claims to be loadgen's simulated engine counting with
+  ``hf:<this file>`` (a local path that is no tokenizer.json).
+
+``--record FILE`` appends one JSON line per request (method, target with its query string, headers, the
+sha256 of the prompt, the variant answered) and, for ``version-huge``, the bytes written before the client
+left. A behaviour that needs a request to be told apart uses the prompt's sha256 (the run's
+``prompt_sha256`` column).
+
+    python tests/hostile_server.py --behaviour done-fin --port 0      # prints "hostile listening on URL"
+
+Tests use ``hostile_server(behaviour)``: a context manager that starts the process and yields its URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gzip
+import hashlib
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["BEHAVIOURS", "BAD_FIELDS", "HostileServer", "MODEL", "hostile_server", "read_record"]
+
+MODEL = "hostile-model"
+BEHAVIOURS = (
+    "ok",
+    "bad-field-types",
+    "hang",
+    "hang-version",
+    "hang-models",
+    "hang-metrics",
+    "hang-tokenize",
+    "done-fin",
+    "done-rst",
+    "models-null",
+    "models-int",
+    "version-huge",
+    "echo",
+    "retry-after-nan",
+    "gzip",
+    "sim-tokenizer",
+    "trickle-reset",
+    "answer-huge",
+)
+#: ``bad-field-types``: the fields put on the last chunk of every third POST, in turn.
+BAD_FIELDS: tuple[dict[str, object], ...] = (
+    {"model": 123},
+    {"finish_reason": 7},
+    {"finish_reason": ["stop"]},
+    {"system_fingerprint": {}},
+)
+#: Behaviours whose every POST answer is that behaviour (the record's ``variant``).
+_POST_VARIANTS = ("echo", "retry-after-nan", "gzip", "done-fin", "done-rst", "answer-huge")
+HUGE_VERSION_BYTES = 300 * 1024 * 1024
+MAX_TOKENS = 8
+
+
+def _event(obj: object) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def _stream_events(tokens: int, bad: dict[str, object] | None = None) -> list[bytes]:
+    """One chunk per token (the last with finish_reason "length"), a usage-only event, [DONE]."""
+    events = []
+    for i in range(tokens):
+        last = i == tokens - 1
+        chunk: dict[str, object] = {
+            "id": "cmpl-hostile",
+            "object": "text_completion",
+            "model": MODEL,
+            "system_fingerprint": "fp-hostile",
+            "choices": [{"index": 0, "text": " the", "finish_reason": "length" if last else None}],
+        }
+        if last and bad:
+            if "finish_reason" in bad:
+                chunk["choices"][0]["finish_reason"] = bad["finish_reason"]  # type: ignore[index]
+            else:
+                chunk.update(bad)
+        events.append(_event(chunk))
+    usage = {"prompt_tokens": 5, "completion_tokens": tokens, "total_tokens": 5 + tokens}
+    events.append(
+        _event({"id": "cmpl-hostile", "object": "text_completion", "model": MODEL, "choices": [], "usage": usage})
+    )
+    events.append(b"data: [DONE]\n\n")
+    return events
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+@dataclass
+class _Request:
+    method: str
+    target: str
+    headers: dict[str, str]
+    body: bytes
+
+
+class _Server:
+    def __init__(self, behaviour: str, record: Path | None) -> None:
+        self.behaviour = behaviour
+        self.record = record
+        self.posts = 0
+
+    def log(self, entry: dict[str, object]) -> None:
+        if self.record is not None:
+            with self.record.open("a") as f:
+                f.write(json.dumps(entry) + "\n")
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                request = await _read_request(reader)
+                if request is None:
+                    return
+                if not await self.answer(request, writer):
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    async def answer(self, request: _Request, writer: asyncio.StreamWriter) -> bool:
+        """Answer one request; False when the connection is to be closed (or was)."""
+        path = request.target.split("?", 1)[0]
+        prompt = _prompt(request.body)
+        behaviour = self.behaviour
+        if behaviour == "hang" or behaviour == "hang-" + path.rsplit("/", 1)[-1]:
+            self.log({"method": request.method, "target": request.target, "variant": "hang"})
+            await asyncio.Event().wait()  # never answers (the client's close ends the task)
+        if path == "/reset_prefix_cache":
+            self.log({"method": request.method, "target": request.target, "variant": behaviour})
+            await self.reset(writer)
+            return False
+        bad = None
+        if request.method == "GET" or path.endswith("/tokenize"):
+            variant = "version-huge" if behaviour == "version-huge" and path == "/version" else "ok"
+        else:
+            self.posts += 1
+            if behaviour == "bad-field-types" and self.posts % 3 == 0:
+                bad = BAD_FIELDS[(self.posts // 3 - 1) % len(BAD_FIELDS)]
+            variant = "bad:" + json.dumps(bad) if bad else behaviour if behaviour in _POST_VARIANTS else "ok"
+        # recorded before any byte of the answer: a client that has its answer finds its request recorded
+        self.log(
+            {
+                "method": request.method,
+                "target": request.target,
+                "headers": request.headers,
+                "prompt_sha256": hashlib.sha256(prompt.encode()).hexdigest() if prompt is not None else None,
+                "variant": variant,
+            }
+        )
+        if request.method == "GET" or path.endswith("/tokenize"):
+            await self.get(path, request, writer)
+        else:
+            await self.post(request, writer, bad)
+        await writer.drain()
+        return variant not in ("done-fin", "done-rst", "version-huge", "answer-huge")
+
+    async def get(self, path: str, request: _Request, writer: asyncio.StreamWriter) -> str:
+        behaviour = self.behaviour
+        if path == "/version":
+            if behaviour == "version-huge":
+                await self.huge(writer, "GET", "/version")
+                return "version-huge"
+            body: object = {"version": "hostile-1"}
+            if behaviour == "echo":
+                body = {"version": "hostile-1", "headers": request.headers}
+            elif behaviour == "sim-tokenizer":
+                body = {"engine": "loadgen-sim", "version": "hostile-1", "tokenizer": f"hf:{Path(__file__).resolve()}"}
+            _respond(writer, 200, json.dumps(body).encode())
+        elif path == "/v1/models":
+            data: object = [{"id": MODEL, "object": "model", "owned_by": "hostile"}]
+            if behaviour in ("models-null", "models-int"):
+                data = None if behaviour == "models-null" else 5
+            _respond(writer, 200, json.dumps({"object": "list", "data": data}).encode())
+        elif path == "/metrics" and behaviour == "echo":
+            shown = ",".join(f"{k.replace('-', '_')}={json.dumps(v)}" for k, v in request.headers.items())
+            _respond(writer, 200, f"hostile_echo{{{shown}}} 1\n".encode(), "text/plain")
+        elif path == "/metrics" and behaviour == "hang-metrics":
+            _respond(writer, 200, b"vllm:num_requests_running 0\n", "text/plain")
+        elif path.endswith("/tokenize") and behaviour == "hang-tokenize":
+            _respond(writer, 200, json.dumps({"count": 1, "tokens": [1]}).encode())
+        else:
+            _respond(writer, 404, b'{"error": "not found"}')
+        return "ok"
+
+    async def reset(self, writer: asyncio.StreamWriter) -> None:
+        if self.behaviour != "trickle-reset":
+            _respond(writer, 404, b'{"error": "not found"}')
+            return
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n")
+        while True:  # until the client leaves (the write then fails)
+            writer.write(_chunk(b" "))
+            await writer.drain()
+            await asyncio.sleep(0.2)
+
+    async def huge(self, writer: asyncio.StreamWriter, method: str, target: str) -> None:
+        piece = b" " * (1 << 20)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n{" % HUGE_VERSION_BYTES
+        )
+        sent = 1
+        try:
+            while sent < HUGE_VERSION_BYTES - 1:
+                writer.write(piece[: HUGE_VERSION_BYTES - 1 - sent])
+                sent += min(len(piece), HUGE_VERSION_BYTES - 1 - sent)
+                await writer.drain()
+            writer.write(b"}")
+            await writer.drain()
+        except ConnectionError:
+            pass
+        self.log({"method": method, "target": target, "variant": self.behaviour, "sent_bytes": sent})
+
+    async def post(self, request: _Request, writer: asyncio.StreamWriter, bad: dict[str, object] | None) -> str:
+        behaviour = self.behaviour
+        if behaviour == "answer-huge":
+            await self.huge(writer, request.method, request.target)
+            return "answer-huge"
+        if behaviour == "echo":
+            # the credential (an X-Api-Key header's value, else Authorization's) begins 5 characters before
+            # the 400th character of the body: a client that cuts before redacting keeps a part of it
+            secret = request.headers.get("x-api-key") or request.headers.get("authorization", "")
+            prefix = '{"error": {"message": "'
+            message = "x" * (395 - len(prefix)) + secret + " was refused"
+            error = {"error": {"message": message}, "headers": request.headers}
+            _respond(writer, 401, json.dumps(error).encode())
+            return "echo"
+        if behaviour == "retry-after-nan":
+            _respond(writer, 429, b'{"error": "slow down"}', extra=b"retry-after: nan\r\n")
+            return "retry-after-nan"
+        tokens = max(1, min(_max_tokens(request.body), MAX_TOKENS))
+        events = _stream_events(tokens, bad)
+        if behaviour == "gzip":
+            packed = gzip.compress(b"".join(events))
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-encoding: gzip\r\n"
+                b"transfer-encoding: chunked\r\n\r\n" + _chunk(packed) + b"0\r\n\r\n"
+            )
+            return "gzip"
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        for event in events:
+            writer.write(_chunk(event))
+            await writer.drain()
+        if behaviour in ("done-fin", "done-rst"):
+            await writer.drain()
+            if behaviour == "done-rst":
+                sock = writer.get_extra_info("socket")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.close()
+            return behaviour
+        writer.write(b"0\r\n\r\n")
+        return "bad:" + json.dumps(bad) if bad else "ok"
+
+
+def _respond(
+    writer: asyncio.StreamWriter, status: int, body: bytes, ctype: str = "application/json", extra: bytes = b""
+) -> None:
+    reason = {200: b"OK", 401: b"Unauthorized", 404: b"Not Found", 429: b"Too Many Requests"}[status]
+    writer.write(
+        b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n%s\r\n"
+        % (status, reason, ctype.encode(), len(body), extra)
+        + body
+    )
+
+
+async def _read_request(reader: asyncio.StreamReader) -> _Request | None:
+    """One request off the connection (None at a clean close); a chunked body is read as chunked."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError:
+        return None
+    lines = head.decode("latin-1").split("\r\n")
+    method, target, _ = lines[0].split(" ", 2)
+    headers = {}
+    for line in lines[1:]:
+        if ":" in line:
+            name, value = line.split(":", 1)
+            headers[name.strip().lower()] = value.strip()
+    if "chunked" in headers.get("transfer-encoding", "").lower():  # as a real server would: the chunked body
+        parts = []
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            parts.append(await reader.readexactly(size + 2))
+            if size == 0:
+                break
+        body = b"".join(p[:-2] for p in parts)
+    else:
+        body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
+    return _Request(method, target, headers, body)
+
+
+def _body(raw: bytes) -> dict[str, object]:
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def _prompt(raw: bytes) -> str | None:
+    body = _body(raw)
+    if isinstance(body.get("prompt"), str):
+        return str(body["prompt"])
+    messages = body.get("messages")
+    if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
+        return str(messages[-1].get("content"))
+    return None
+
+
+def _max_tokens(raw: bytes) -> int:
+    body = _body(raw)
+    value = body.get("max_tokens", body.get("max_completion_tokens", MAX_TOKENS))
+    return value if isinstance(value, int) else MAX_TOKENS
+
+
+async def _serve(behaviour: str, host: str, port: int, record: Path | None) -> None:
+    server = _Server(behaviour, record)
+    listener = await asyncio.start_server(server.handle, host, port)
+    bound = listener.sockets[0].getsockname()[1]
+    print(f"hostile listening on http://{host}:{bound}", flush=True)
+    async with listener:
+        await listener.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--behaviour", choices=BEHAVIOURS, default="ok")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--record", type=Path, default=None, help="append one JSON line per request here")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # stopped: no clean-up of hanging answers to report
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve(args.behaviour, args.host, args.port, args.record))
+
+
+@dataclass
+class HostileServer:
+    base_url: str  # http://127.0.0.1:PORT
+    record: Path | None
+
+
+@contextlib.contextmanager
+def hostile_server(behaviour: str, record: Path | None = None) -> Iterator[HostileServer]:
+    """Start ``tests/hostile_server.py --behaviour behaviour`` on a free port; stop it on exit."""
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--behaviour", behaviour, "--port", "0"]
+        + (["--record", str(record)] if record is not None else []),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line.startswith("hostile listening on "):
+            raise RuntimeError(f"hostile server did not start: {line!r}")
+        yield HostileServer(line.split()[-1], record)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def read_record(path: Path) -> list[dict[str, object]]:
+    """The ``--record`` lines, parsed."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+if __name__ == "__main__":
+    main()

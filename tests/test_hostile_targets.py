@@ -1,0 +1,466 @@
+"""A hostile or odd server never costs a row, a secret or a hang (issue 34: data loss and hangs, secrets).
+
+Every case runs the real command (``python -m loadgen run ...``) against ``tests/hostile_server.py``, a real
+server process over loopback playing one misbehaviour. The subprocess timeouts only keep a regression from
+hanging the suite; no assertion is about time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from hostile_server import BAD_FIELDS, MAX_TOKENS, MODEL, hostile_server, read_record
+
+from loadgen.rundir.io import load_run, run_table_files
+from loadgen.rundir.rowtables import requests_table
+from loadgen.rundir.schema import CHUNKS_FILE, REQUESTS_FILE
+from loadgen.targets import launch_sim_server
+
+REPO = Path(__file__).resolve().parents[1]
+KEY = "hk-Qz8vTq3WmX7pLr2NcY5dKfh"  # no API-key shape (sk-...) the generic redaction would catch
+QUERY = "code=S1queryvalue1&subscription-key=S2queryvalue2"
+
+
+def cli(*args: object, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "loadgen", *map(str, args)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )
+
+
+def one_line_error(out: subprocess.CompletedProcess, *expected: str) -> str:
+    assert out.returncode == 2, out.stderr
+    lines = [line for line in out.stderr.splitlines() if not line.startswith("loadgen: warning:")]
+    assert len(lines) == 1 and lines[0].startswith("loadgen: error: ") and "Traceback" not in out.stderr, out.stderr
+    for text in expected:
+        assert text in lines[0], lines[0]
+    return lines[0]
+
+
+def all_bytes(root: Path) -> bytes:
+    return b"\n".join(p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file())
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 3 s steady trace of the canonical scenario (12 requests of three classes)."""
+    root = tmp_path_factory.mktemp("hostile")
+    scenario = root / "s.toml"
+    scenario.write_text(
+        (REPO / "scenarios" / "canonical.toml")
+        .read_text()
+        .replace('cases = ["contract/canonical.toml"]', "cases = []")
+        .replace("rate_rps = 4.0\nduration_s = 60", "rate_rps = 4.0\nduration_s = 3", 1)
+    )
+    out = cli("trace", "generate", scenario, "--trace", "steady", "--out", root / "t.parquet")
+    assert out.returncode == 0, out.stderr
+    return root / "t.parquet"
+
+
+def run(trace: Path, url: str, out: Path, *extra: object, env: dict[str, str] | None = None):
+    return cli(
+        "run",
+        trace,
+        "--target",
+        url,
+        "--out",
+        out,
+        "--ttft-timeout-s",
+        "2",
+        "--total-timeout-s",
+        "4",
+        "--deadline-s",
+        "10",
+        *extra,
+        timeout=90,
+        env=env,
+    )
+
+
+def good_row_is_exact(row: dict, chunks: int) -> None:
+    """A request the server answered well: recorded whole (tokens, finish, model, chunks)."""
+    tokens = max(1, min(row["target_output_tokens"], MAX_TOKENS))
+    assert row["status"] == "ok" and row["error_kind"] is None, row
+    assert row["finish_reason"] == "length" and row["response_model"] == MODEL, row
+    assert row["system_fingerprint"] == "fp-hostile", row
+    assert row["server_output_tokens"] == tokens and row["server_prompt_tokens"] == 5, row
+    assert row["client_output_tokens"] == tokens and row["chunk_count"] == tokens + 1 == chunks, row
+
+
+# ---- data loss ---------------------------------------------------------------------------------------------
+
+
+def test_chunk_fields_of_unexpected_types_cost_only_their_request(tmp_path: Path, trace: Path) -> None:
+    record = tmp_path / "record.jsonl"
+    with hostile_server("bad-field-types", record) as server:
+        out = run(trace, server.base_url, tmp_path / "run")
+    assert out.returncode == 0, out.stderr
+    variants = {
+        e["prompt_sha256"]: e["variant"] for e in read_record(record) if str(e["target"]).endswith("completions")
+    }
+    data = load_run(tmp_path / "run")
+    rows = data.requests.to_pylist()
+    chunks = data.chunks.to_pandas().groupby("request_id").size().to_dict() if data.chunks is not None else {}
+    assert len(rows) == 12 and len(variants) == 12
+    bad = [r for r in rows if variants[r["prompt_sha256"]] != "ok"]
+    assert len(bad) == 4  # every third of 12 POSTs
+    for row in rows:
+        variant = variants[row["prompt_sha256"]]
+        if variant == "ok":
+            good_row_is_exact(row, chunks[row["request_id"]])
+            continue
+        field = next(iter(json.loads(variant.removeprefix("bad:"))))
+        assert row["status"] == "error" and row["error_kind"] == "malformed_sse", row
+        assert row["error_message"].startswith(f"{field} = "), row
+        assert row["finish_reason"] in (None, "length") and row["response_model"] in (None, MODEL), row
+    assert {json.dumps(b) for b in BAD_FIELDS} == {variants[r["prompt_sha256"]].removeprefix("bad:") for r in bad}
+    analyzed = cli("analyze", tmp_path / "run", "--quiet")
+    assert analyzed.returncode == 0 and "truncated or replaced" not in analyzed.stderr, analyzed.stderr
+
+
+def test_a_value_no_check_caught_costs_its_row_not_the_flush(tmp_path: Path, trace: Path) -> None:
+    """The writer's own guarantee under the driver's checks: one row whose value does not fit its column
+    is fitted (text kept as text, the row marked malformed); the other rows of the flush are kept, exact."""
+    with hostile_server("ok") as server:
+        assert run(trace, server.base_url, tmp_path / "run").returncode == 0
+    (part,) = run_table_files(tmp_path / "run", REQUESTS_FILE)
+    rows = pq.read_table(part).to_pylist()
+    odd = dict(rows[3], finish_reason=["stop"], response_model=123, server_output_tokens="7")
+    table = requests_table([*rows[:3], odd, *rows[4:]])
+    pq.write_table(table, tmp_path / "fitted.parquet")
+    back = pq.read_table(tmp_path / "fitted.parquet").to_pylist()
+    assert back[:3] == rows[:3] and back[4:] == rows[4:]
+    assert back[3]["finish_reason"] == '["stop"]' and back[3]["response_model"] == "123"
+    assert back[3]["server_output_tokens"] is None and back[3]["status"] == "error"
+    assert back[3]["error_kind"] == "malformed_sse" and "finish_reason" in back[3]["error_message"]
+
+
+@pytest.mark.parametrize("behaviour", ["done-fin", "done-rst"])
+def test_done_then_close_without_the_terminator_is_complete(tmp_path: Path, trace: Path, behaviour: str) -> None:
+    with hostile_server(behaviour) as server:
+        out = run(trace, server.base_url, tmp_path / "run")
+    assert out.returncode == 0, out.stderr
+    data = load_run(tmp_path / "run")
+    chunks = data.chunks.to_pandas().groupby("request_id").size().to_dict()
+    rows = data.requests.to_pylist()
+    assert len(rows) == 12
+    for row in rows:
+        good_row_is_exact(row, chunks[row["request_id"]])
+
+
+# ---- hangs -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "extra", "expected"),
+    [
+        ("hang", [], "not reachable (GET /version and /v1/models failed: GET /version: no complete answer within 2 s"),
+        ("hang-tokenize", ["--tokenizer", "server"], "tokenizer server: POST /tokenize failed (ReadTimeout)"),
+    ],
+)
+def test_a_target_that_never_answers_is_one_line(tmp_path, trace, behaviour, extra, expected) -> None:
+    with hostile_server(behaviour) as server:
+        out = run(trace, server.base_url, tmp_path / "run", *extra)
+    one_line_error(out, expected)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("path", ["version", "models", "metrics"])
+def test_a_probe_that_never_answers_is_a_note(tmp_path: Path, trace: Path, path: str) -> None:
+    with hostile_server(f"hang-{path}") as server:
+        out = run(trace, server.base_url, tmp_path / "run", "--model", MODEL)
+    assert out.returncode == 0, out.stderr
+    data = load_run(tmp_path / "run")
+    assert data.requests.column("status").to_pylist() == ["ok"] * 12
+    notes = data.manifest.to_dict()["driver"]["target_notes"]
+    shown = "/v1/models" if path == "models" else f"/{path}"
+    assert f"GET {shown}: no complete answer within 2 s" in notes, notes
+
+
+def test_the_default_tokenizer_trial_is_bounded(tmp_path: Path, trace: Path) -> None:
+    """``--tokenizer auto`` (the default) asks the target's /tokenize: one that never answers costs the run's
+    probe bound and a warning (prompts sized with cl100k_base), not a hang."""
+    with hostile_server("hang-tokenize") as server:
+        out = run(trace, server.base_url, tmp_path / "run")
+    assert out.returncode == 0, out.stderr
+    assert "/tokenize is not usable (tokenizer server: POST /tokenize fai" in out.stderr, out.stderr
+    data = load_run(tmp_path / "run")
+    assert data.requests.column("status").to_pylist() == ["ok"] * 12
+    manifest = data.manifest.to_dict()
+    assert manifest["driver"]["tokenizer"] == "auto: cl100k_base", manifest["driver"]
+    assert any("/tokenize is not usable" in w for w in manifest["warnings"]), manifest["warnings"]
+
+
+def test_a_tokenizer_the_target_names_is_not_trusted_to_load(tmp_path: Path, trace: Path) -> None:
+    """A server claiming to be the simulated engine names a local file as its tokenizer (``hf:PATH``) that
+    is no tokenizer.json: the run falls back (the target's /tokenize, else cl100k_base), no traceback."""
+    with hostile_server("sim-tokenizer") as server:
+        out = run(trace, server.base_url, tmp_path / "run")
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    data = load_run(tmp_path / "run")
+    assert data.manifest.to_dict()["target"]["kind"] == "sim"
+    assert data.manifest.to_dict()["driver"]["tokenizer"] == "auto: cl100k_base"
+    assert data.requests.column("status").to_pylist() == ["ok"] * 12
+
+
+PLAN = """name = "cold-url"
+scenario = "SCENARIO"
+trace = "steady"
+classes = ["short"]
+states = ["cold"]
+concurrency = [16]
+rates_rps = [5]
+repeats = 1
+[start]
+mode = "lowest"
+[warmup]
+requests = 0
+[confidence]
+extend = false
+"""
+PLAN_SCENARIO = """name = "cold-url"
+seed = 3
+[classes.short]
+share = 1.0
+input_tokens = { dist = "fixed", value = 32 }
+output_tokens = { dist = "fixed", value = 6 }
+[classes.short.budgets]
+ttft_ms = { p50 = 5000, hard = true }
+[errors]
+ttft_timeout_s = 5
+total_timeout_s = 10
+[traces.steady]
+process = "poisson"
+rate_rps = 10
+duration_s = 2
+"""
+
+
+def test_the_cold_reset_of_a_url_target_is_bounded(tmp_path: Path) -> None:
+    """``loadgen plan --target URL`` empties the prefix cache for a cold cell (``POST /reset_prefix_cache``);
+    a target that answers 200 and then trickles a body that never ends held the plan for good (the body was
+    read whole, each byte within the read timeout). The status decides; the body is not read."""
+    (tmp_path / "scenario.toml").write_text(PLAN_SCENARIO)
+    (tmp_path / "plan.toml").write_text(PLAN.replace("SCENARIO", str(tmp_path / "scenario.toml")))
+    record = tmp_path / "record.jsonl"
+    with hostile_server("trickle-reset", record) as server:
+        out = cli(
+            "plan",
+            tmp_path / "plan.toml",
+            "--target",
+            server.base_url + "/v1",
+            "--model",
+            MODEL,
+            "--out",
+            tmp_path / "plan",
+            "--json",
+            timeout=120,
+        )
+    assert out.returncode == 0, out.stderr
+    assert any(e["target"] == "/reset_prefix_cache" for e in read_record(record))
+    (manifest_path,) = (tmp_path / "plan" / "cells").rglob("manifest.json")
+    warm_state = json.loads(manifest_path.read_text())["warm_state"]
+    assert warm_state["state"] == "cold" and warm_state["achieved"] is True, warm_state
+    assert "POST /reset_prefix_cache answered HTTP 200" in warm_state["actions"][0], warm_state
+
+
+def test_framing_headers_are_refused(tmp_path: Path, trace: Path) -> None:
+    """``--header 'Transfer-Encoding: chunked'`` made the server wait for a chunked body that never came."""
+    for header in ("Transfer-Encoding: chunked", "content-length: 5", "Connection: close"):
+        out = run(trace, "http://127.0.0.1:9", tmp_path / "run", "--header", header)
+        one_line_error(out, "--header", "set by loadgen for each request")
+
+
+@pytest.mark.parametrize(("behaviour", "shown"), [("models-null", "data = null"), ("models-int", "data = 5")])
+def test_models_data_that_is_not_a_list(tmp_path: Path, trace: Path, behaviour: str, shown: str) -> None:
+    with hostile_server(behaviour) as server:
+        out = run(trace, server.base_url, tmp_path / "run")
+    one_line_error(out, "GET /v1/models", shown, "expected a list of models")
+
+
+def test_version_is_read_with_a_size_bound(tmp_path: Path, trace: Path) -> None:
+    record = tmp_path / "record.jsonl"
+    with hostile_server("version-huge", record) as server:
+        out = run(trace, server.base_url, tmp_path / "run")
+    assert out.returncode == 0, out.stderr
+    (huge,) = [e for e in read_record(record) if e.get("sent_bytes") is not None]
+    # what the server could write before the client stopped reading: the 1 MiB read plus socket buffers
+    assert huge["sent_bytes"] < 64 << 20, huge
+    manifest = load_run(tmp_path / "run").manifest.to_dict()
+    assert manifest["target"]["version"] is None
+    assert any("GET /version: answer longer than" in n for n in manifest["driver"]["target_notes"])
+
+
+def test_a_contract_case_reads_its_answer_with_a_size_bound(tmp_path: Path) -> None:
+    """``loadgen contract replay`` read each case's whole answer: a 300 MB body was all read into memory."""
+    record = tmp_path / "record.jsonl"
+    cases = REPO / "scenarios" / "contract" / "canonical.toml"
+    with hostile_server("answer-huge", record) as server:
+        out = cli(
+            "contract",
+            "replay",
+            f"{cases}#target-capital",
+            "--target",
+            server.base_url,
+            "--model",
+            MODEL,
+            "--out",
+            tmp_path / "contract.json",
+        )
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr  # the case failed, in its result
+    (huge,) = [e for e in read_record(record) if e.get("sent_bytes") is not None]
+    # what the server could write before the client stopped reading: 16 MiB read plus socket buffers
+    assert huge["sent_bytes"] < 64 << 20, huge
+    (case,) = json.loads((tmp_path / "contract.json").read_text())["cases"]
+    assert (
+        case["passed"] is False
+        and case["observed"]["error"] == f"answer longer than {16 << 20} bytes: not read further"
+    )
+
+
+# ---- overwriting ---------------------------------------------------------------------------------------
+
+
+def test_run_and_analyze_never_write_over_a_run_or_bundle(tmp_path: Path, trace: Path) -> None:
+    sim = cli("sim", "run", trace, "--engine", "instant", "--out", tmp_path / "run")
+    assert sim.returncode == 0, sim.stderr
+    assert cli("handoff", tmp_path / "run", "--out", tmp_path / "bundle").returncode == 0
+    before = {root: all_bytes(tmp_path / root) for root in ("run", "bundle")}
+    for out_dir in ("bundle", "run"):
+        one_line_error(run(trace, "http://127.0.0.1:9", tmp_path / out_dir), "already holds a run or handoff bundle")
+        one_line_error(cli("sim", "run", trace, "--engine", "instant", "--out", tmp_path / out_dir), "already holds")
+    (part,) = run_table_files(tmp_path / "run", CHUNKS_FILE)
+    for flag, target in (
+        ("--json", tmp_path / "run" / "manifest.json"),
+        ("--html", part),
+        ("--json", tmp_path / "bundle" / "identity.json"),
+        ("--html", tmp_path / "bundle" / "SHA256SUMS"),
+    ):
+        one_line_error(cli("analyze", tmp_path / "run", "--quiet", flag, target), flag, "belongs to the")
+    # the rest of the kind: every command's output file
+    manifest = tmp_path / "run" / "manifest.json"
+    scenario = trace.parent / "s.toml"
+    for args in (
+        ["trace", "generate", scenario, "--trace", "steady", "--out", manifest],
+        ["compare", tmp_path / "run", tmp_path / "run", "--out", manifest],
+        ["sim", "calibrate", tmp_path / "run", "--out", tmp_path / "bundle" / "engine.toml"],
+    ):
+        one_line_error(cli(*args), "--out", "belongs to the")
+    assert {root: all_bytes(tmp_path / root) for root in ("run", "bundle")} == before
+    ok = cli("analyze", tmp_path / "run", "--quiet", "--json", tmp_path / "run" / "analysis.json")
+    assert ok.returncode == 0, ok.stderr  # a file of its own beside the records is fine
+
+
+# ---- secrets -----------------------------------------------------------------------------------------------
+
+
+def test_the_query_string_is_sent_and_every_value_redacted(tmp_path: Path, trace: Path) -> None:
+    record = tmp_path / "record.jsonl"
+    with hostile_server("ok", record) as server:
+        out = run(trace, f"{server.base_url}/v1?{QUERY}", tmp_path / "run", "--scrape-metrics", "on")
+    assert out.returncode == 0, out.stderr
+    entries = read_record(record)
+    assert {e["target"].split("?")[0] for e in entries} >= {"/version", "/v1/models", "/metrics", "/v1/completions"}
+    assert all(e["target"].endswith("?" + QUERY) for e in entries), entries
+    assert cli("handoff", tmp_path / "run", "--out", tmp_path / "bundle").returncode == 0
+    analyzed = cli("analyze", tmp_path / "run", "--quiet", "--json", tmp_path / "a.json")
+    assert analyzed.returncode == 0, analyzed.stderr
+    stored = all_bytes(tmp_path / "run") + all_bytes(tmp_path / "bundle") + (tmp_path / "a.json").read_bytes()
+    for value in (b"S1queryvalue1", b"S2queryvalue2"):
+        assert value not in stored and value not in (out.stdout + out.stderr).encode()
+    manifest = load_run(tmp_path / "run").manifest.to_dict()
+    assert manifest["options"]["target_url"].endswith("/v1?code=REDACTED&subscription-key=REDACTED")
+
+
+def test_echoed_credentials_are_redacted_before_the_cut(tmp_path: Path, trace: Path) -> None:
+    """The echo server puts the X-Api-Key value across the 400th character of its 401 body, and every
+    request header into /version and into /metrics' labels: no 8 characters of it (nor of the Bearer key)
+    are stored."""
+    bearer = "bk-Jw4RtY9uHs6GkP1eVb8MnZq"
+    with hostile_server("echo") as server:
+        out = run(
+            trace,
+            server.base_url,
+            tmp_path / "run",
+            "--header",
+            f"X-Api-Key: {KEY}",
+            "--api-key-env",
+            "HOSTILE_KEY",
+            env={"HOSTILE_KEY": bearer},
+        )
+    assert out.returncode == 0, out.stderr
+    data = load_run(tmp_path / "run")
+    rows = data.requests.to_pylist()
+    assert {r["error_kind"] for r in rows} == {"http_4xx"} and all("REDACTED" in r["error_message"] for r in rows)
+    assert data.server_metrics is not None
+    labels = data.server_metrics.column("labels").to_pylist()  # /metrics echoed the scrape's headers in labels
+    assert labels and all('"authorization": "Bearer REDACTED"' in text for text in labels), labels[:1]
+    stored = all_bytes(tmp_path / "run") + (out.stdout + out.stderr).encode()
+    for secret in (KEY, bearer):
+        for i in range(len(secret) - 7):
+            assert secret[i : i + 8].encode() not in stored, secret[i : i + 8]
+
+
+def test_one_credential_per_run_on_every_request(tmp_path: Path, trace: Path) -> None:
+    record = tmp_path / "record.jsonl"
+    with hostile_server("ok", record) as server:
+        userinfo = server.base_url.replace("http://", "http://user:pw-secret-1@")
+        refused = run(trace, userinfo, tmp_path / "two", "--header", "Authorization: Bearer X-token-1234")
+        one_line_error(refused, "credentials given twice", "--header Authorization", "user:password")
+        assert "pw-secret-1" not in refused.stderr and "X-token-1234" not in refused.stderr
+        assert not record.exists()  # refused before anything was sent
+        for url, header, expected in (
+            (userinfo, [], "Basic dXNlcjpwdy1zZWNyZXQtMQ=="),
+            (server.base_url, ["--header", "AUTHORIZATION: Bearer X-token-1234"], "Bearer X-token-1234"),
+        ):
+            record.unlink(missing_ok=True)
+            out = run(trace, url, tmp_path / expected[:5], "--scrape-metrics", "on", *header)
+            assert out.returncode == 0, out.stderr
+            entries = read_record(record)
+            assert {e["method"] for e in entries} == {"GET", "POST"} and len(entries) > 12
+            for entry in entries:  # one Authorization header, the same on probes, scrapes and requests
+                assert [v for k, v in entry["headers"].items() if k == "authorization"] == [expected], entry
+
+
+# ---- minor -------------------------------------------------------------------------------------------------
+
+
+def test_retry_after_nan_is_null_and_a_gzip_stream_is_named(tmp_path: Path, trace: Path) -> None:
+    with hostile_server("retry-after-nan") as server:
+        assert run(trace, server.base_url, tmp_path / "nan").returncode == 0
+    rows = load_run(tmp_path / "nan").requests.to_pylist()
+    assert {r["error_kind"] for r in rows} == {"http_429"} and {r["retry_after_s"] for r in rows} == {None}
+    with hostile_server("gzip") as server:
+        assert run(trace, server.base_url, tmp_path / "gzip").returncode == 0
+    rows = load_run(tmp_path / "gzip").requests.to_pylist()
+    assert {r["error_kind"] for r in rows} == {"malformed_sse"}
+    assert all("content-encoding 'gzip'" in r["error_message"] for r in rows)
+
+
+def test_sim_server_refuses_content_length_with_transfer_encoding_and_closes() -> None:
+    body = b'{"prompt": "hi", "max_tokens": 2, "stream": false}'
+    with launch_sim_server("instant") as sim:
+        host, port = sim.base_url.removeprefix("http://").rsplit(":", 1)
+        for framing in (
+            b"content-length: %d\r\ntransfer-encoding: chunked\r\n" % len(body),
+            b"content-length: %d\r\ncontent-length: 5\r\n" % len(body),
+        ):
+            with socket.create_connection((host, int(port)), timeout=10) as sock:
+                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n" + framing + b"\r\n" + body)
+                reply = b""
+                while data := sock.recv(65536):  # ends only when the server closes the connection
+                    reply += data
+            assert reply.startswith(b"HTTP/1.1 400"), reply[:200]
+            assert b"connection: close" in reply.lower()
