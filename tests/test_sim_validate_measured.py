@@ -182,7 +182,9 @@ SHIPPED = {
 @pytest.mark.parametrize("run_name", list(SHIPPED))
 def test_shipped_profiled_engines_meet_the_10_percent_goal(runs, run_name):
     """The worksheet is deterministic: each shared run's figures on its shipped engine (the default workload
-    anchoring), every one held to the issue's goal."""
+    anchoring), every one held to the issue's goal; on the two RTX PRO 6000 runs the worst of the figures the
+    published simulator reports (TTFT, TPOT, E2E) also beats its worst (the RTX 4090 run does not: see
+    docs/predict-a-gpu.md, "Where it still misses")."""
     engine = SHIPPED[run_name]
     run = next(p for p in runs if p.name == run_name)
     cmd = [sys.executable, "-m", "loadgen", "sim", "validate", "--measured", str(run), "--engine"]
@@ -190,13 +192,17 @@ def test_shipped_profiled_engines_meet_the_10_percent_goal(runs, run_name):
         [*cmd, str(ENGINES / f"{engine}.toml"), "--no-record", "--json"], capture_output=True, text=True
     )
     assert res.returncode == 0, res.stderr
-    rows = json.loads(res.stdout)["runs"][0]["rows"]
+    got = json.loads(res.stdout)["runs"][0]
+    rows = got["rows"]
     misses = [
         (r["figure"], round(r["signed_pct"], 1))
         for r in rows
         if r["signed_pct"] is not None and abs(r["signed_pct"]) > 10
     ]
     assert misses == []
+    if run_name.startswith("RTXPRO6000"):
+        ours = max(abs(r["signed_pct"]) for r in rows if r["figure"] in got["published"])
+        assert ours < max(abs(v) for v in got["published"].values())
 
 
 def test_recording_the_error_keeps_the_engine_files_comments(tmp_path, runs):

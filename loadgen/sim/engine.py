@@ -27,6 +27,9 @@ __all__ = ["DecodeRun", "Engine", "RunRecorder", "Seq", "StepResult"]
 
 #: Keeps a derived prefix-cache key a non-negative int64, as the trace's block hashes are.
 _MASK = (1 << 63) - 1
+#: Blocks of the pool no sequence holds: vLLM 0.19's BlockPool keeps block 0 back as its null block (a
+#: placeholder in block tables), counted in the num_gpu_blocks it logs; its KV usage is over the others.
+NULL_BLOCKS = 1
 #: A time no step reaches (ns): "no limit" for ``Engine.decode_run``.
 NEVER_NS = 1 << 62
 #: A negative jitter draw shortens a step to no less than this fraction of its modelled time.
@@ -229,7 +232,8 @@ class Engine:
         self.config = config
         s = config.scheduler
         self.block_size = config.kv.block_size
-        self.total_blocks = config.num_kv_blocks
+        self.num_kv_blocks = config.num_kv_blocks  # as vLLM logs it (num_gpu_blocks)
+        self.total_blocks = max(1, config.num_kv_blocks - NULL_BLOCKS)  # what sequences can hold
         self.max_num_seqs = s.max_num_seqs
         self.max_batched = s.max_num_batched_tokens
         self.chunked = s.chunked_prefill
