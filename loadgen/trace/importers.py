@@ -1,5 +1,5 @@
-"""Importers for public traces: Azure LLM inference 2023 (CSV), Mooncake FAST'25 (JSONL) and LLMServingSim
-workloads (JSONL of token ids).
+"""Importers for public traces: Azure LLM inference 2023 (CSV), Mooncake FAST'25 (JSONL), LLMServingSim
+workloads (JSONL of token ids), and (in their own modules) BurstGPT (CSV) and Alibaba Bailian (JSONL).
 
 All become ordinary loadgen traces (TRACE_SCHEMA), optionally cut to a window and time-scaled,
 so they replay exactly like generated ones. Imported requests get one class (``request_class``).
@@ -27,12 +27,17 @@ from loadgen.workload.scenario import class_name_problem
 
 from .. import __version__
 from .block_hashes import BLOCK_HASH_RULE, TOKEN_BLOCK_TOKENS, chained_block_hashes
+from .import_bailian import read_bailian
+from .import_burstgpt import read_burstgpt
+from .import_table import ImportOptions, Source, write_imported
 from .io import write_trace
 
 __all__ = ["IMPORT_KINDS", "MOONCAKE_BLOCK_TOKENS", "import_azure", "import_mooncake", "import_trace"]
 
 #: The source formats ``import_trace`` reads.
-IMPORT_KINDS = ("azure", "mooncake", "llmservingsim")
+IMPORT_KINDS = ("azure", "mooncake", "llmservingsim", "burstgpt", "bailian")
+#: Importers in their own modules (loadgen.trace.import_<kind>), written through ``import_table``.
+_TABLE_KINDS = ("burstgpt", "bailian")
 
 #: Mooncake hash_ids each stand for one 512-token block of the prompt.
 MOONCAKE_BLOCK_TOKENS = 512
@@ -292,13 +297,23 @@ def import_trace(
     duration_s: float | None = None,
     max_requests: int | None = None,
     request_class: str = "short-message",
+    class_by: str | None = None,
+    class_map: tuple[tuple[str, str], ...] = (),
 ) -> Path:
     """Import a public trace into a loadgen trace file.
 
     ``start_s``/``duration_s`` cut a window (seconds from the first request, before scaling);
-    ``time_scale`` multiplies the gaps (0.5 = twice the rate).
+    ``time_scale`` multiplies the gaps (0.5 = twice the rate). ``class_by`` (burstgpt: ``model`` or
+    ``log-type``; bailian: ``type``) names one class per value of that field, ``class_map`` renaming values.
     """
     path = Path(path)
+    if class_map and class_by is None:
+        raise TraceError("--class-map without --class-by: expected --class-by naming the field the values come from")
+    if kind in _TABLE_KINDS:
+        options = ImportOptions(time_scale, start_s, duration_s, max_requests, request_class, class_map)
+        return write_imported(_read_table_kind(kind, path, class_by), out, options)
+    if class_by is not None:
+        raise TraceError(f"--class-by = {class_by!r}: {kind} has no field to name classes by")
     _check_import_options(time_scale, start_s, duration_s, max_requests)
     problem = class_name_problem(request_class)
     if problem is not None:
@@ -348,6 +363,12 @@ def import_trace(
     }
     table = _trace_table(offsets, prompts, outputs, groups, lengths, request_class, blocks)
     return write_trace(table, out, metadata)
+
+
+def _read_table_kind(kind: str, path: Path, class_by: str | None) -> Source:
+    if kind == "burstgpt":
+        return read_burstgpt(path, class_by)
+    return read_bailian(path, class_by)
 
 
 def _check_import_options(
