@@ -24,9 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     imp = s.add_parser(
         "import",
         help="import a public trace (azure CSV, mooncake JSONL, llmservingsim workload JSONL, burstgpt CSV, "
-        "bailian JSONL)",
+        "bailian JSONL, sharegpt JSON)",
     )
-    imp.add_argument("kind", choices=["azure", "mooncake", "llmservingsim", "burstgpt", "bailian"])
+    imp.add_argument("kind", choices=["azure", "mooncake", "llmservingsim", "burstgpt", "bailian", "sharegpt"])
     imp.add_argument("file")
     imp.add_argument("--out", required=True)
     imp.add_argument(
@@ -59,6 +59,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="VALUE=CLASS",
         default=None,
         help="with --class-by: the class for one source value (repeat)",
+    )
+    imp.add_argument(
+        "--tokenizer",
+        default="cl100k_base",
+        help="sharegpt: counts the text's tokens (give the target's: hf:PATH/tokenizer.json)",
+    )
+    imp.add_argument(
+        "--rate-rps",
+        type=flags.number(0, 1e6, low_open=True),
+        default=1.0,
+        help="sharegpt (no timestamps): conversations started per second, evenly spaced",
     )
     imp.set_defaults(func=_import)
 
@@ -95,6 +106,8 @@ def _import(args: argparse.Namespace) -> int:
         request_class=args.request_class,
         class_by=args.class_by,
         class_map=parse_class_map(args.class_map),
+        tokenizer=args.tokenizer,
+        rate_rps=args.rate_rps,
     )
     print(f"{path}: imported from {args.file}")
     return 0

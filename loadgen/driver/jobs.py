@@ -6,7 +6,8 @@ with turn k−1's whole prompt, followed by a synthetic assistant reply of turn 
 the new user text (for chat: the same, as alternating user/assistant messages). A row with
 ``prompt_block_hashes`` (and the trace metadata's ``block_hash_tokens`` B) is built block by block: the text of
 hash i is a function of the hash alone, B tokens long, so requests that share a hash share those tokens exactly
-and an engine's prefix cache hits where the traced system's did. Everything is built
+and an engine's prefix cache hits where the traced system's did. A row with ``prompt_text`` (a ShareGPT import)
+sends that text, after its thread's earlier turns and their recorded replies (``reply_text``). Everything is built
 up front so the send path only writes bytes.
 """
 
@@ -182,6 +183,7 @@ def build_jobs(
     synth = PromptSynth(tokenizer, salt=prompt_salt)
     cols = table.to_pydict()
     threads: dict[str, _Thread] = {}  # conversation id -> its last turn
+    replies: dict[str, str | None] = {}  # conversation id -> its last turn's recorded reply (text rows)
     stream_options: dict[str, Any] = {"include_usage": True}
     if vllm_extensions:
         stream_options["continuous_usage_stats"] = True
@@ -198,7 +200,12 @@ def build_jobs(
         group = cols["prefix_group"][i]
         prev = threads.get(conv) if conv is not None and turn else None
         hashes = cols["prompt_block_hashes"][i] if block_hash_tokens and "prompt_block_hashes" in cols else None
-        if prev is None and hashes:
+        text = cols["prompt_text"][i] if "prompt_text" in cols else None
+        if text is not None:  # recorded text: after the thread's previous turns and their recorded replies
+            segments = _text_segments(tokenizer, prev, replies.get(conv) if prev else None, text)
+            if conv is not None:
+                replies[conv] = cols["reply_text"][i]
+        elif prev is None and hashes:
             segments = [("user", synth.hashed(rid, p_tokens, hashes, block_hash_tokens), p_tokens)]
         else:
             segments = _segments(synth, prev, rid, p_tokens, group, int(cols["prefix_tokens"][i] or 0))
@@ -252,6 +259,16 @@ def _segments(
         segments.append(("assistant", synth.text(f"{rid}:assistant", a_tok), a_tok))
     if u_tok:
         segments.append(("user", synth.text(f"{rid}:user", u_tok), u_tok))
+    return segments
+
+
+def _text_segments(tokenizer, prev: _Thread | None, reply: str | None, text: str) -> list[tuple[str, str, int]]:
+    """A recorded-text row's prompt: its thread's previous segments, the previous turn's recorded reply, then
+    this row's user text, each counted with the run's tokenizer."""
+    segments = list(prev[0]) if prev is not None else []
+    if reply:
+        segments.append(("assistant", reply, tokenizer.count(reply)))
+    segments.append(("user", text, tokenizer.count(text)))
     return segments
 
 

@@ -19,13 +19,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from loadgen.rundir.identity import sha256_file
-from loadgen.rundir.schema import TRACE_FULL_SCHEMA
 from loadgen.util.errors import TraceError
 from loadgen.util.limits import MAX_OFFSET_NS, MAX_TOKENS, MAX_TRACE_REQUESTS, is_finite
 from loadgen.workload.scenario import class_name_problem
 
 from .. import __version__
-from .io import write_trace
+from .io import trace_table, write_trace
 
 __all__ = ["ImportOptions", "Source", "class_slug", "parse_class_map", "write_imported"]
 
@@ -59,6 +58,10 @@ class Source:
     block_hashes: pa.Array | None = None  # list<int64> per request
     block_tokens: int | None = None
     block_rule: str | None = None
+    prompt_text: pa.Array | None = None  # recorded user text per request (string)
+    reply_text: pa.Array | None = None  # recorded reply per request (string)
+    source_turns: np.ndarray | None = None  # with text: 0-based turn; a window keeps only threads it opens
+    think_after_reply_ns: pa.Array | None = None  # int64: sent this long after the previous reply (null: at offset)
     extra_meta: dict[str, Any] | None = None
 
 
@@ -152,6 +155,22 @@ def _classes(source: Source, rows: pa.Array, options: ImportOptions) -> pa.Array
     return pc.take(pa.array([names[v] for v in distinct], pa.string()), codes)
 
 
+def _take(column: pa.Array | None, rows: pa.Array, kind: pa.DataType) -> pa.Array:
+    return pc.take(column, rows) if column is not None else pa.nulls(len(rows), kind)
+
+
+def _whole_threads(source: Source, rows: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The window's rows of the threads whose first turn it holds (a text turn needs its earlier turns)."""
+    assert source.source_turns is not None and source.conversations is not None
+    conv = pc.take(source.conversations, pa.array(rows))
+    opened = pc.filter(conv, pa.array(source.source_turns[rows] == 0))
+    keep = pc.is_in(conv, value_set=opened).to_numpy(zero_copy_only=False)
+    if not keep.any():
+        raise TraceError(f"{source.path}: the window opens no conversation: expected one starting inside it")
+    rows, offsets = rows[keep], offsets[keep]
+    return rows, offsets - offsets[0]
+
+
 def _request_ids(n: int, width: int) -> pa.Array:
     """``r000000``, ``r000001``, ...: 'r' and ``width`` digits (the other importers' ids), built as one buffer."""
     chars = np.empty((n, width + 1), np.uint8)
@@ -184,6 +203,8 @@ def write_imported(source: Source, out: str | Path, options: ImportOptions) -> P
         raise TraceError(f"{source.path}: no requests: expected at least one row")
     _check_counts(source)
     rows_np, offsets = _window(source, options)
+    if source.source_turns is not None and source.conversations is not None:
+        rows_np, offsets = _whole_threads(source, rows_np, offsets)
     rows = pa.array(rows_np)
     n = len(rows_np)
     width = max(6, len(str(n)))
@@ -201,11 +222,13 @@ def write_imported(source: Source, out: str | Path, options: ImportOptions) -> P
         "conversation_id": conv,
         "turn_index": _turns(conv) if source.conversations is not None else null_i32,
         "cancel_after_tokens": null_i32,
-        "think_after_reply_ns": pa.nulls(n, pa.int64()),
+        "think_after_reply_ns": _take(source.think_after_reply_ns, rows, pa.int64()),
         "reasoning_tokens": null_i32,
         "prompt_block_hashes": hashes if hashes is not None else pa.nulls(n, pa.list_(pa.int64())),
+        "prompt_text": _take(source.prompt_text, rows, pa.string()),
+        "reply_text": _take(source.reply_text, rows, pa.string()),
     }
-    table = pa.Table.from_pydict(columns, schema=TRACE_FULL_SCHEMA)
+    table = trace_table(columns)
     return write_trace(table, out, _metadata(source, options, n, offsets))
 
 

@@ -29,7 +29,14 @@ from loadgen.util.limits import (
     MAX_TURNS,
 )
 
-__all__ = ["TRACE_METADATA_KEY", "read_trace", "validate_trace", "validate_trace_metadata", "write_trace"]
+__all__ = [
+    "TRACE_METADATA_KEY",
+    "read_trace",
+    "trace_table",
+    "validate_trace",
+    "validate_trace_metadata",
+    "write_trace",
+]
 
 TRACE_METADATA_KEY = b"loadgen.trace"
 
@@ -136,6 +143,13 @@ def validate_trace_metadata(metadata: object, source: object) -> dict[str, Any]:
     if metadata.get("mode") not in (None, "open", "closed"):
         raise TraceError(f"{source}: metadata {key}.mode = {metadata['mode']!r}: expected 'open' or 'closed'")
     return metadata
+
+
+def trace_table(columns: dict[str, Any]) -> pa.Table:
+    """A TRACE_FULL_SCHEMA table from columns by name; optional columns left out are nulls."""
+    n = len(columns["request_id"])
+    full = {f.name: columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in TRACE_FULL_SCHEMA}
+    return pa.Table.from_pydict(full, schema=TRACE_FULL_SCHEMA)
 
 
 def _with_optional(table: pa.Table) -> pa.Table:
