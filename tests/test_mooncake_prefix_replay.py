@@ -50,31 +50,6 @@ def implied_hit_rate_radix(records: list[dict]) -> float:
     return hit / total
 
 
-def implied_hit_rate_one_chain(records: list[dict]) -> float:
-    """The same, for a cache that keeps one chain of full blocks per first block (the simulated engine's rule,
-    loadgen.sim.engine ``_promote``): a request reuses the leading blocks it shares with that chain, and
-    extends the chain only when it agrees with all of it."""
-    chains: dict[int, list[int]] = {}
-    hit = total = 0
-    for rec in records:
-        ids, length = rec["hash_ids"], rec["input_length"]
-        full = ids[: length // BLOCK]
-        total += length
-        if not full:
-            continue
-        chain = chains.get(full[0])
-        if chain is None:
-            chains[full[0]] = list(full)
-            continue
-        k = 0
-        while k < min(len(chain), len(full), (length - 1) // BLOCK) and chain[k] == full[k]:
-            k += 1
-        hit += k * BLOCK
-        if k == len(chain) and len(full) > len(chain):
-            chains[full[0]] = list(full)
-    return hit / total
-
-
 @pytest.fixture(scope="module")
 def replay(tmp_path_factory) -> tuple[list[dict], float, Path]:
     """(the window's records, the engine's hit rate in tokens, the one-output-token trace) of one live replay."""
@@ -127,21 +102,11 @@ def test_prompts_share_exactly_the_blocks_their_hashes_share(replay):
                 assert ids[a][lo:hi] != ids[b][lo:hi]
 
 
-def test_live_replay_hits_what_the_hash_ids_imply_for_the_engines_cache(replay):
-    """Within 2 points of the hit rate the hash_ids imply for the simulated engine's cache (one chain per first
-    block, unbounded: the preset holds 16 M tokens, requests run one at a time); measured 3.66 % here."""
+def test_live_replay_hits_what_the_hash_ids_imply(replay):
+    """Within 2 points of the hit rate the hash_ids imply for an unbounded radix cache, requests one at a time
+    (the engine preset holds 16 M tokens, so nothing is evicted). Measured: 5.93 % against 5.93 % implied on
+    these 200 requests; 21.57 % against 21.55 % on the first 1,000."""
     records, measured, _ = replay
-    implied = implied_hit_rate_one_chain(records)
-    assert implied > 0.02  # the window does share prefixes
+    implied = implied_hit_rate_radix(records)
+    assert implied > 0.05  # the window does share prefixes
     assert abs(measured - implied) <= 0.02, (measured, implied)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="the simulated engine keeps one cached chain per first block (sim/engine.py _promote), so prompts "
-    "that part after a shared system prompt do not cache their own tails; a radix cache as vLLM's would reach "
-    "the figure (5.9 % on this window, measured 3.66 %)",
-)
-def test_live_replay_hits_what_a_radix_cache_would(replay):
-    records, measured, _ = replay
-    assert abs(measured - implied_hit_rate_radix(records)) <= 0.02
