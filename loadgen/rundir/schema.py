@@ -132,7 +132,8 @@ TRACE_OPTIONAL_FIELDS = (
     pa.field("prompt_block_hashes", pa.list_(pa.int64())),
     # recorded text (null: synthesised to the token counts): the user message this row adds (a thread's later
     # turn: after its previous turns and their replies) and the recorded reply, sent as history by the next turn
-    # (ShareGPT imports). The run records keep only prompt hashes unless the scenario retains prompt text.
+    # (ShareGPT imports). Written only when some row holds text. The run records keep only prompt hashes unless
+    # the scenario retains prompt text.
     pa.field("prompt_text", pa.string()),
     pa.field("reply_text", pa.string()),
 )

@@ -40,6 +40,8 @@ __all__ = [
 
 TRACE_METADATA_KEY = b"loadgen.trace"
 
+#: Optional columns of recorded text: written only when some row holds text.
+_TEXT_COLUMNS = ("prompt_text", "reply_text")
 #: Inclusive bounds of every integer column (prompt_tokens counts the whole thread context).
 _COLUMN_RANGES = {
     "scheduled_offset_ns": (0, MAX_OFFSET_NS),
@@ -171,7 +173,12 @@ def write_trace(table: pa.Table, path: str | Path, metadata: dict[str, Any]) -> 
         encoded = json.dumps(metadata, sort_keys=True, allow_nan=False).encode()
     except ValueError as exc:
         raise TraceError(f"{path}: trace metadata ({exc}): expected finite numbers") from None
-    schema = TRACE_FULL_SCHEMA.with_metadata({TRACE_METADATA_KEY: encoded})
+    for name in _TEXT_COLUMNS:  # a trace without recorded text carries no text columns (read back as nulls)
+        if table.column(name).null_count == table.num_rows:
+            table = table.drop_columns([name])
+    schema = pa.schema([TRACE_FULL_SCHEMA.field(n) for n in table.column_names]).with_metadata(
+        {TRACE_METADATA_KEY: encoded}
+    )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(table.cast(schema), path, compression="zstd", row_group_size=1 << 20)
