@@ -527,3 +527,55 @@ def test_step_jitter_reproduces_its_quantiles():
 def test_step_jitter_must_be_quantiles(jitter, expected):
     with pytest.raises(ScenarioError, match=expected):
         cfg(cost={"step_jitter_ms": jitter})
+
+
+def test_prompts_that_part_inside_a_cached_chain_cache_their_own_blocks():
+    """The prefix cache is a tree: b parts from a after two blocks and caches its own in a branch, which c then
+    reuses (a one-chain-per-first-block cache would give c only a's two blocks)."""
+    e = Engine(cfg(kv={"block_size": 4}))
+    a = Seq(0, 20, 1, 0, cache_key=1, chain=[1, 2, 3, 4, 5])
+    run_to_end(e, [a])
+    b = Seq(1, 20, 1, 0, cache_key=1, chain=[1, 2, 9, 10, 11])
+    run_to_end(e, [b])
+    c = Seq(2, 20, 1, 0, cache_key=1, chain=[1, 2, 9, 10, 12])
+    run_to_end(e, [c])
+    d = Seq(3, 20, 1, 0, cache_key=1, chain=[1, 2, 3, 4, 6])
+    run_to_end(e, [d])
+    assert (b.cached_tokens, c.cached_tokens, d.cached_tokens) == (8, 16, 16)
+    cached = e.cached_total
+    assert e.reset_prefix_cache() == cached
+    assert e.cached_total == 0 and not e.cache and not e.evictable and e.evictable_total == 0
+
+
+def _chain(tokens: list[int]) -> list[int]:
+    """Chained block keys of one-token blocks: key i names tokens 0..i (as the engine's chains do)."""
+    out, prev = [], 0
+    for t in tokens:
+        prev = hash((prev, t)) & ((1 << 62) - 1)
+        out.append(prev)
+    return out
+
+
+@settings(max_examples=40)
+@given(
+    st.lists(st.tuples(st.lists(st.integers(0, 2), min_size=1, max_size=12), st.integers(1, 6)), max_size=20),
+    st.integers(84, 120),
+)
+def test_tree_cache_accounting_holds_under_eviction(prompts, blocks):
+    """Branching prompts, more cached blocks than the cache holds: the block counts stay exact at every step,
+    everything finishes, and a reset drops every entry (children first, then their parents). The cache holds
+    at least 4 seats x 18 blocks + a 12-block path, so a queue head never waits on blocks its own entry pins
+    (the engine evicts whole entries from the LRU end, not the unused tail of the head's own entry)."""
+    e = Engine(cfg(kv={"block_size": 1, "num_kv_blocks": blocks}, scheduler={"max_num_seqs": 4}))
+    seqs = [
+        Seq(i, len(tokens), out, i, cache_key=_chain(tokens)[0], chain=_chain(tokens))
+        for i, (tokens, out) in enumerate(prompts)
+    ]
+    run_to_end(e, seqs)
+    assert all(s.state == "finished" for s in seqs)
+    assert e.used_private == 0 and e.cached_pinned == 0 and e.kv_usage == 0
+    order = {id(entry): k for k, entry in enumerate(e.evictable.values())}
+    for entry in e.evictable.values():  # children are evicted before their parents
+        assert entry.parent is None or order[id(entry.parent)] > order[id(entry)]
+    e.reset_prefix_cache()
+    assert e.cached_total == 0 and not e.cache and e.evictable_total == 0

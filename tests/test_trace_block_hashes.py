@@ -13,10 +13,9 @@ import pyarrow as pa
 import pytest
 from shared_paths import shared_trace
 
-from loadgen.rundir.schema import TRACE_FULL_SCHEMA
 from loadgen.trace.block_hashes import chained_block_hashes
 from loadgen.trace.importers import import_trace
-from loadgen.trace.io import read_trace, write_trace
+from loadgen.trace.io import read_trace, trace_table, write_trace
 from loadgen.util.errors import TraceError
 
 WORKLOADS = ["sharegpt-llama-3.1-8b-300-sps10.jsonl", "sharegpt-qwen3-30b-a3b-300-sps10.jsonl"]
@@ -90,7 +89,7 @@ def test_mooncake_hash_ids_kept_as_given(tmp_path):
 
 def _table(hashes: list[object]) -> pa.Table:
     n = len(hashes)
-    return pa.Table.from_pydict(
+    return trace_table(
         {
             "request_id": [f"r{i}" for i in range(n)],
             "request_class": ["c"] * n,
@@ -105,8 +104,7 @@ def _table(hashes: list[object]) -> pa.Table:
             "think_after_reply_ns": [None] * n,
             "reasoning_tokens": [None] * n,
             "prompt_block_hashes": hashes,
-        },
-        schema=TRACE_FULL_SCHEMA,
+        }
     )
 
 

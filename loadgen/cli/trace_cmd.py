@@ -21,8 +21,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     gen.add_argument("--out", required=True, type=flags.output_file, help="output .parquet file")
     gen.set_defaults(func=_generate)
 
-    imp = s.add_parser("import", help="import a public trace (azure CSV, mooncake JSONL, llmservingsim workload JSONL)")
-    imp.add_argument("kind", choices=["azure", "mooncake", "llmservingsim"])
+    imp = s.add_parser(
+        "import",
+        help="import a public trace (azure CSV, mooncake JSONL, llmservingsim workload JSONL, burstgpt CSV, "
+        "bailian JSONL, sharegpt JSON)",
+    )
+    imp.add_argument("kind", choices=["azure", "mooncake", "llmservingsim", "burstgpt", "bailian", "sharegpt"])
     imp.add_argument("file")
     imp.add_argument("--out", required=True, type=flags.output_file)
     imp.add_argument(
@@ -42,6 +46,31 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     imp.add_argument("--max-requests", type=flags.count(1, MAX_TRACE_REQUESTS), default=None)
     imp.add_argument("--request-class", default="short-message", help="class given to every imported request")
+    imp.add_argument(
+        "--class-by",
+        choices=["model", "log-type", "type"],
+        default=None,
+        help="one class per value of a source field (burstgpt: model or log-type; bailian: type), named by the "
+        "value's slug ('GPT-4' -> gpt-4) unless --class-map names it",
+    )
+    imp.add_argument(
+        "--class-map",
+        action="append",
+        metavar="VALUE=CLASS",
+        default=None,
+        help="with --class-by: the class for one source value (repeat)",
+    )
+    imp.add_argument(
+        "--tokenizer",
+        default="cl100k_base",
+        help="sharegpt: counts the text's tokens (give the target's: hf:PATH/tokenizer.json)",
+    )
+    imp.add_argument(
+        "--rate-rps",
+        type=flags.number(0, 1e6, low_open=True),
+        default=1.0,
+        help="sharegpt (no timestamps): conversations started per second, evenly spaced",
+    )
     imp.set_defaults(func=_import)
 
     st = s.add_parser("stats", help="duration, rates, burstiness and token tails of a trace")
@@ -63,6 +92,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
+    from ..trace.import_table import parse_class_map  # deferred: `loadgen --help` loads no library code
     from ..trace.importers import import_trace  # deferred: `loadgen --help` loads no library code
 
     path = import_trace(
@@ -74,6 +104,10 @@ def _import(args: argparse.Namespace) -> int:
         duration_s=args.duration_s,
         max_requests=args.max_requests,
         request_class=args.request_class,
+        class_by=args.class_by,
+        class_map=parse_class_map(args.class_map),
+        tokenizer=args.tokenizer,
+        rate_rps=args.rate_rps,
     )
     print(f"{path}: imported from {args.file}")
     return 0

@@ -3,7 +3,11 @@
 Prompts are synthesized with ``loadgen.workload.prompts.PromptSynth`` to the trace's exact token counts.
 A shared-prefix group's members start with the same prefix text. Turn k of a conversation starts
 with turn k−1's whole prompt, followed by a synthetic assistant reply of turn k−1's output length and
-the new user text (for chat: the same, as alternating user/assistant messages). Everything is built
+the new user text (for chat: the same, as alternating user/assistant messages). A row with
+``prompt_block_hashes`` (and the trace metadata's ``block_hash_tokens`` B) is built block by block: the text of
+hash i is a function of the hash alone, B tokens long, so requests that share a hash share those tokens exactly
+and an engine's prefix cache hits where the traced system's did. A row with ``prompt_text`` (a ShareGPT import)
+sends that text, after its thread's earlier turns and their recorded replies (``reply_text``). Everything is built
 up front so the send path only writes bytes.
 """
 
@@ -208,14 +212,17 @@ def build_jobs(
     extra_body: dict[str, Any] | None = None,
     prompt_salt: str = "",
     sim_reasoning: bool = False,
+    block_hash_tokens: int = 0,
 ) -> list[Job]:
     """One Job per trace row, in trace order (bodies are exact JSON bytes for POST); ``prompt_salt``: see
     ``PromptSynth``. ``sim_reasoning`` (the target is loadgen's simulated engine): a row's ``reasoning_tokens``
     goes in the body as ``sim_reasoning_tokens``, the reasoning phase the engine streams before the answer (a
-    real model decides its own, and is not sent the field)."""
+    real model decides its own, and is not sent the field). ``block_hash_tokens``: tokens each
+    ``prompt_block_hashes`` entry stands for (the trace metadata's; 0: the hashes are not used)."""
     synth = PromptSynth(tokenizer, salt=prompt_salt)
     cols = table.to_pydict()
     threads: dict[str, _Thread] = {}  # conversation id -> its last turn
+    replies: dict[str, str | None] = {}  # conversation id -> its last turn's recorded reply (text rows)
     stream_options: dict[str, Any] = {"include_usage": True}
     if vllm_extensions:
         stream_options["continuous_usage_stats"] = True
@@ -231,7 +238,16 @@ def build_jobs(
         turn = cols["turn_index"][i]
         group = cols["prefix_group"][i]
         prev = threads.get(conv) if conv is not None and turn else None
-        segments = _segments(synth, prev, rid, p_tokens, group, int(cols["prefix_tokens"][i] or 0))
+        hashes = cols["prompt_block_hashes"][i] if block_hash_tokens and "prompt_block_hashes" in cols else None
+        text = cols["prompt_text"][i] if "prompt_text" in cols else None
+        if text is not None:  # recorded text: after the thread's previous turns and their recorded replies
+            segments = _text_segments(tokenizer, prev, replies.get(conv) if prev else None, text)
+            if conv is not None:
+                replies[conv] = cols["reply_text"][i]
+        elif prev is None and hashes:
+            segments = [("user", synth.hashed(rid, p_tokens, hashes, block_hash_tokens), p_tokens)]
+        else:
+            segments = _segments(synth, prev, rid, p_tokens, group, int(cols["prefix_tokens"][i] or 0))
         if conv is not None:
             threads[conv] = (segments, p_tokens, o_tokens)
         body, prompt_text, client_tokens = _prompt_body(model, endpoint, segments, tokenizer)
@@ -282,6 +298,16 @@ def _segments(
         segments.append(("assistant", synth.text(f"{rid}:assistant", a_tok), a_tok))
     if u_tok:
         segments.append(("user", synth.text(f"{rid}:user", u_tok), u_tok))
+    return segments
+
+
+def _text_segments(tokenizer, prev: _Thread | None, reply: str | None, text: str) -> list[tuple[str, str, int]]:
+    """A recorded-text row's prompt: its thread's previous segments, the previous turn's recorded reply, then
+    this row's user text, each counted with the run's tokenizer."""
+    segments = list(prev[0]) if prev is not None else []
+    if reply:
+        segments.append(("assistant", reply, tokenizer.count(reply)))
+    segments.append(("user", text, tokenizer.count(text)))
     return segments
 
 

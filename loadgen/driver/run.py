@@ -294,6 +294,7 @@ async def _prepare_jobs(
                 extra_body=options.extra_body,
                 prompt_salt=options.prompt_salt,
                 sim_reasoning=info.kind == "sim",
+                block_hash_tokens=int(inputs.trace_meta.get("block_hash_tokens") or 0),
             )
         )
     finally:

@@ -130,6 +130,12 @@ TRACE_OPTIONAL_FIELDS = (
     # trace metadata's ``block_hash_tokens``; two requests share a prefix cache block exactly where their hashes
     # agree (token-id imports: ``loadgen.trace.block_hashes``, B = 16; Mooncake's hash_ids as given, B = 512)
     pa.field("prompt_block_hashes", pa.list_(pa.int64())),
+    # recorded text (null: synthesised to the token counts): the user message this row adds (a thread's later
+    # turn: after its previous turns and their replies) and the recorded reply, sent as history by the next turn
+    # (ShareGPT imports). Written only when some row holds text. The run records keep only prompt hashes unless
+    # the scenario retains prompt text.
+    pa.field("prompt_text", pa.string()),
+    pa.field("reply_text", pa.string()),
 )
 #: The chat request field that carries a trace row's ``reasoning_tokens`` to loadgen's simulated engine (the
 #: driver sends it to that target only): the engine streams that many of the output tokens as

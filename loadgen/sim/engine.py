@@ -103,13 +103,21 @@ class Seq:
 
 
 class _Entry:
-    __slots__ = ("blocks", "chain", "key", "refs")
+    """Cached blocks of one prefix: a run of ``blocks`` blocks from block ``base`` on. With block hashes the
+    entries form a tree (vLLM's per-block cache, as runs): a prompt that parts from an entry inside it caches its
+    own blocks in a child entry (``parent``; ``base`` = where they part), keyed by the hash of its first own
+    block. A sequence references its entry and every ancestor (``refs``), releasing the child first, so a parent
+    always comes after its children in the eviction order and is evicted only after them."""
 
-    def __init__(self, key: Any) -> None:
+    __slots__ = ("base", "blocks", "chain", "key", "parent", "refs")
+
+    def __init__(self, key: Any, parent: _Entry | None = None, base: int = 0) -> None:
         self.key = key
         self.blocks = 0
         self.refs = 0
-        self.chain: list[int] = []  # block hashes of the cached blocks, when requests carry them
+        self.chain: list[int] = []  # block hashes from block 0 to this entry's end, when requests carry them
+        self.parent = parent
+        self.base = base
 
 
 def _common_blocks(a: list[int], b: list[int], limit: int) -> int:
@@ -434,20 +442,39 @@ class Engine:
             else:
                 self.cache.pop(entry.key, None)
 
+    def _pin_path(self, entry: _Entry) -> None:
+        """Reference an entry and its ancestors (the blocks a sequence's hit spans)."""
+        node: _Entry | None = entry
+        while node is not None:
+            self._pin(node)
+            node = node.parent
+
+    def _unpin_path(self, entry: _Entry) -> None:
+        """Release an entry, then its ancestors: children enter the eviction order before their parents."""
+        node: _Entry | None = entry
+        while node is not None:
+            self._unpin(node)
+            node = node.parent
+
     def _promote(self, seq: Seq, blocks: int) -> None:
         """Make the seq's first ``blocks`` full blocks shareable in its prefix-cache entry."""
         entry = seq.entry
-        if entry is None or blocks <= entry.blocks:
+        if entry is None:
             return
+        end = entry.base + entry.blocks
         if seq.chain is not None:
-            if blocks > len(seq.chain):
-                blocks = len(seq.chain)
-                if blocks <= entry.blocks:
-                    return
-            if _common_blocks(entry.chain, seq.chain, entry.blocks) < entry.blocks:
-                return  # this prompt diverges inside the cached chain: its blocks stay private
+            blocks = min(blocks, len(seq.chain))
+            common = _common_blocks(entry.chain, seq.chain, end)
+            if common < end:  # this prompt parts inside the entry: its own blocks become a child entry
+                if blocks > common:
+                    self._branch(seq, entry, common, blocks)
+                return
+            if blocks <= end:
+                return
             entry.chain = seq.chain[:blocks]
-        extra = blocks - entry.blocks
+        elif blocks <= end:
+            return
+        extra = blocks - end
         extra = min(extra, seq.private)  # never more than it holds (cannot happen when accounting is right)
         entry.blocks += extra
         seq.private -= extra
@@ -456,12 +483,31 @@ class Engine:
         self.cached_total += extra
         self.cached_pinned += extra  # entry.refs >= 1: this seq references it
 
+    def _branch(self, seq: Seq, parent: _Entry, base: int, blocks: int) -> None:
+        """Cache ``seq``'s blocks ``base`` .. ``blocks`` - 1 in a new child of ``parent`` (where it parts from
+        it); the seq references the child too (its path: the child, then the parent's)."""
+        assert seq.chain is not None
+        key = seq.chain[base]
+        if key in self.cache:
+            return  # another prompt branched here since this one was admitted: these blocks stay private
+        child = self.cache[key] = _Entry(key, parent, base)
+        child.chain = seq.chain[:blocks]
+        child.refs = 1  # the seq's; it references the parent's path already
+        seq.entry = child
+        extra = min(blocks - base, seq.private)
+        child.blocks = extra
+        seq.private -= extra
+        seq.shared += extra
+        self.used_private -= extra
+        self.cached_total += extra
+        self.cached_pinned += extra
+
     def _release(self, seq: Seq) -> None:
         self.used_private -= seq.private
         seq.private = 0
         seq.shared = 0
         if seq.entry is not None:
-            self._unpin(seq.entry)
+            self._unpin_path(seq.entry)
             seq.entry = None
 
     def _preempt(self, seq: Seq) -> None:
@@ -618,7 +664,18 @@ class Engine:
         return (NEVER_NS, head) if self._head_blocked(head, budget) else None
 
     def _head_entry(self, seq: Seq) -> _Entry | None:
-        return self.cache.get(seq.key) if seq.key is not None and self.prefix_caching else None
+        if seq.key is None or not self.prefix_caching:
+            return None
+        entry = self.cache.get(seq.key)
+        chain = seq.chain
+        if entry is None or chain is None:
+            return entry
+        while True:  # down the tree to the entry holding the seq's longest cached prefix
+            common = _common_blocks(entry.chain, chain, entry.base + entry.blocks)
+            child = self.cache.get(chain[common]) if common < len(chain) else None
+            if child is None or child.parent is not entry or child.base != common:
+                return entry
+            entry = child
 
     def _head_blocked(self, seq: Seq, budget: int) -> bool:
         """Whether ``_schedule_waiting`` would leave ``seq`` waiting now (the same tests, nothing pinned)."""
@@ -633,8 +690,11 @@ class Engine:
             return True
         need = -(-(hit * bs + min(n, budget)) // bs) - hit
         evictable = self.evictable_total
-        if entry is not None and entry.refs == 0:
-            evictable -= entry.blocks  # pinned while it is tried
+        node = entry
+        while node is not None:
+            if node.refs == 0:
+                evictable -= node.blocks  # pinned while it is tried
+            node = node.parent
         return need > self.total_blocks - self.used_private - self.cached_total + evictable
 
     def _free_room(self) -> int:
@@ -720,7 +780,7 @@ class Engine:
         if head is not None:
             entry, _hit = self._prefix_hit(head, head.prompt + head.output)  # its pin + unpin: last to evict
             if entry is not None:
-                self._unpin(entry)
+                self._unpin_path(entry)
         self.generation_tokens_total += len(run.seqs) * m
         self.steps += m
         self.busy_ns += run.ends_ns[-1] - start_ns  # the durations' sum
@@ -886,13 +946,13 @@ class Engine:
             if n > budget:
                 if not self.chunked:
                     if entry is not None:
-                        self._unpin(entry)
+                        self._unpin_path(entry)
                     break
                 n = budget
             need = -(-(hit * bs + n) // bs) - hit
             if not self._alloc(need):
                 if entry is not None:
-                    self._unpin(entry)
+                    self._unpin_path(entry)
                 break
             self._admit(seq, entry, hit, need)
             if seq.scheduled_ns is None:
@@ -914,16 +974,16 @@ class Engine:
         """
         if seq.key is None or not self.prefix_caching:
             return None, 0
-        entry = self.cache.get(seq.key)
+        entry = self._head_entry(seq)
         if entry is None:
             entry = self.cache[seq.key] = _Entry(seq.key)
-        self._pin(entry)
+        self._pin_path(entry)
         return entry, self._hit_blocks(seq, entry, num_tokens)
 
     def _hit_blocks(self, seq: Seq, entry: _Entry, num_tokens: int) -> int:
         """Whole blocks of ``entry`` that ``seq`` reuses (the rule of ``_prefix_hit``, nothing pinned)."""
         bs = self.block_size
-        hit = entry.blocks
+        hit = entry.base + entry.blocks
         if seq.chain is not None:
             hit = _common_blocks(entry.chain, seq.chain, hit)
         limit = (num_tokens - 1) // bs

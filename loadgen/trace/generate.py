@@ -24,14 +24,13 @@ from typing import Any, cast
 import numpy as np
 import pyarrow as pa
 
-from loadgen.rundir.schema import TRACE_FULL_SCHEMA
 from loadgen.util.errors import TraceError
 from loadgen.util.limits import MAX_TOKENS, MAX_TRACE_REQUESTS, MAX_TURNS
 from loadgen.workload.distributions import mean, sample, sample_tokens
 from loadgen.workload.scenario import Scenario, TraceSettings, class_order
 
 from .. import __version__
-from .io import write_trace
+from .io import trace_table, write_trace
 
 __all__ = ["GENERATOR_VERSION", "arrival_times", "generate_trace", "generate_trace_file", "ramp_inverse"]
 
@@ -300,7 +299,7 @@ def _table(rows: list[tuple]) -> pa.Table:
         "reasoning_tokens": [r[12] for r in rows],
         "prompt_block_hashes": [None] * len(rows),
     }
-    return pa.Table.from_pydict(columns, schema=TRACE_FULL_SCHEMA)
+    return trace_table(columns)
 
 
 def _metadata(scenario: Scenario, trace_name: str, seed: int, settings: TraceSettings, requests: int) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""Importers for public traces: Azure LLM inference 2023 (CSV), Mooncake FAST'25 (JSONL) and LLMServingSim
-workloads (JSONL of token ids).
+"""Importers for public traces: Azure LLM inference 2023 (CSV), Mooncake FAST'25 (JSONL), LLMServingSim
+workloads (JSONL of token ids), and (in their own modules) BurstGPT (CSV), Alibaba Bailian (JSONL) and ShareGPT
+(JSON, with its text).
 
 All become ordinary loadgen traces (TRACE_SCHEMA), optionally cut to a window and time-scaled,
 so they replay exactly like generated ones. Imported requests get one class (``request_class``).
@@ -20,19 +21,24 @@ import numpy as np
 import pyarrow as pa
 
 from loadgen.rundir.identity import sha256_file
-from loadgen.rundir.schema import TRACE_FULL_SCHEMA
 from loadgen.util.errors import TraceError
 from loadgen.util.limits import MAX_OFFSET_NS, MAX_TOKENS, MAX_TRACE_REQUESTS, is_finite
 from loadgen.workload.scenario import class_name_problem
 
 from .. import __version__
 from .block_hashes import BLOCK_HASH_RULE, TOKEN_BLOCK_TOKENS, chained_block_hashes
-from .io import write_trace
+from .import_bailian import read_bailian
+from .import_burstgpt import read_burstgpt
+from .import_sharegpt import read_sharegpt
+from .import_table import ImportOptions, Source, write_imported
+from .io import trace_table, write_trace
 
 __all__ = ["IMPORT_KINDS", "MOONCAKE_BLOCK_TOKENS", "import_azure", "import_mooncake", "import_trace"]
 
 #: The source formats ``import_trace`` reads.
-IMPORT_KINDS = ("azure", "mooncake", "llmservingsim")
+IMPORT_KINDS = ("azure", "mooncake", "llmservingsim", "burstgpt", "bailian", "sharegpt")
+#: Importers in their own modules (loadgen.trace.import_<kind>), written through ``import_table``.
+_TABLE_KINDS = ("burstgpt", "bailian", "sharegpt")
 
 #: Mooncake hash_ids each stand for one 512-token block of the prompt.
 MOONCAKE_BLOCK_TOKENS = 512
@@ -262,7 +268,7 @@ def _trace_table(
 ) -> pa.Table:
     n = len(offsets)
     width = max(6, len(str(n)))
-    return pa.Table.from_pydict(
+    return trace_table(
         {
             "request_id": [f"r{i:0{width}d}" for i in range(n)],
             "request_class": [request_class] * n,
@@ -277,8 +283,7 @@ def _trace_table(
             "think_after_reply_ns": [None] * n,
             "reasoning_tokens": [None] * n,
             "prompt_block_hashes": block_hashes if block_hashes is not None else [None] * n,
-        },
-        schema=TRACE_FULL_SCHEMA,
+        }
     )
 
 
@@ -292,13 +297,30 @@ def import_trace(
     duration_s: float | None = None,
     max_requests: int | None = None,
     request_class: str = "short-message",
+    class_by: str | None = None,
+    class_map: tuple[tuple[str, str], ...] = (),
+    tokenizer: str = "cl100k_base",
+    rate_rps: float = 1.0,
 ) -> Path:
     """Import a public trace into a loadgen trace file.
 
     ``start_s``/``duration_s`` cut a window (seconds from the first request, before scaling);
-    ``time_scale`` multiplies the gaps (0.5 = twice the rate).
+    ``time_scale`` multiplies the gaps (0.5 = twice the rate). ``class_by`` (burstgpt: ``model`` or
+    ``log-type``; bailian: ``type``) names one class per value of that field, ``class_map`` renaming values.
+    ``tokenizer`` and ``rate_rps`` (conversations started per second): sharegpt's token counts and arrivals.
     """
     path = Path(path)
+    if class_map and class_by is None:
+        raise TraceError("--class-map without --class-by: expected --class-by naming the field the values come from")
+    if kind in _TABLE_KINDS:
+        options = ImportOptions(time_scale, start_s, duration_s, max_requests, request_class, class_map)
+        if kind == "sharegpt":
+            if class_by is not None:
+                raise TraceError(f"--class-by = {class_by!r}: sharegpt has no field to name classes by")
+            return write_imported(read_sharegpt(path, tokenizer, rate_rps), out, options)
+        return write_imported(_read_table_kind(kind, path, class_by), out, options)
+    if class_by is not None:
+        raise TraceError(f"--class-by = {class_by!r}: {kind} has no field to name classes by")
     _check_import_options(time_scale, start_s, duration_s, max_requests)
     problem = class_name_problem(request_class)
     if problem is not None:
@@ -348,6 +370,12 @@ def import_trace(
     }
     table = _trace_table(offsets, prompts, outputs, groups, lengths, request_class, blocks)
     return write_trace(table, out, metadata)
+
+
+def _read_table_kind(kind: str, path: Path, class_by: str | None) -> Source:
+    if kind == "burstgpt":
+        return read_burstgpt(path, class_by)
+    return read_bailian(path, class_by)
 
 
 def _check_import_options(

@@ -29,10 +29,19 @@ from loadgen.util.limits import (
     MAX_TURNS,
 )
 
-__all__ = ["TRACE_METADATA_KEY", "read_trace", "validate_trace", "validate_trace_metadata", "write_trace"]
+__all__ = [
+    "TRACE_METADATA_KEY",
+    "read_trace",
+    "trace_table",
+    "validate_trace",
+    "validate_trace_metadata",
+    "write_trace",
+]
 
 TRACE_METADATA_KEY = b"loadgen.trace"
 
+#: Optional columns of recorded text: written only when some row holds text.
+_TEXT_COLUMNS = ("prompt_text", "reply_text")
 #: Inclusive bounds of every integer column (prompt_tokens counts the whole thread context).
 _COLUMN_RANGES = {
     "scheduled_offset_ns": (0, MAX_OFFSET_NS),
@@ -138,6 +147,13 @@ def validate_trace_metadata(metadata: object, source: object) -> dict[str, Any]:
     return metadata
 
 
+def trace_table(columns: dict[str, Any]) -> pa.Table:
+    """A TRACE_FULL_SCHEMA table from columns by name; optional columns left out are nulls."""
+    n = len(columns["request_id"])
+    full = {f.name: columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in TRACE_FULL_SCHEMA}
+    return pa.Table.from_pydict(full, schema=TRACE_FULL_SCHEMA)
+
+
 def _with_optional(table: pa.Table) -> pa.Table:
     """Add the optional columns an older trace lacks, as nulls."""
     for f in TRACE_OPTIONAL_FIELDS:
@@ -157,7 +173,12 @@ def write_trace(table: pa.Table, path: str | Path, metadata: dict[str, Any]) -> 
         encoded = json.dumps(metadata, sort_keys=True, allow_nan=False).encode()
     except ValueError as exc:
         raise TraceError(f"{path}: trace metadata ({exc}): expected finite numbers") from None
-    schema = TRACE_FULL_SCHEMA.with_metadata({TRACE_METADATA_KEY: encoded})
+    for name in _TEXT_COLUMNS:  # a trace without recorded text carries no text columns (read back as nulls)
+        if table.column(name).null_count == table.num_rows:
+            table = table.drop_columns([name])
+    schema = pa.schema([TRACE_FULL_SCHEMA.field(n) for n in table.column_names]).with_metadata(
+        {TRACE_METADATA_KEY: encoded}
+    )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(table.cast(schema), path, compression="zstd", row_group_size=1 << 20)

@@ -147,6 +147,7 @@ class PromptSynth:
         self.tokenizer = get_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
         self.salt = salt
         self._prefix_cache: dict[tuple[str, int], str] = {}
+        self._block_cache: dict[tuple[int, int], str] = {}
 
     def _words(self, key: str, n_words: int) -> str:
         rng = _rng_for(f"{self.salt}\x00{key}" if self.salt else key)
@@ -186,3 +187,28 @@ class PromptSynth:
             head = self.prefix(prefix_key, min(prefix_tokens, n_tokens))
             return head + self._fit("body:" + key, n_tokens - min(prefix_tokens, n_tokens), lead_space=bool(head))
         return self._fit("body:" + key, n_tokens, lead_space=False)
+
+    def block(self, block_hash: int, n_tokens: int) -> str:
+        """The text of one hashed prompt block: a function of (hash, token count) only, opening with a space so
+        block texts concatenate without merging tokens across the seam (exact for word-level tokenizers)."""
+        cache_key = (block_hash, n_tokens)
+        text = self._block_cache.get(cache_key)
+        if text is None:
+            text = self._block_cache[cache_key] = self._fit(f"block:{block_hash}", n_tokens, lead_space=True)
+        return text
+
+    def hashed(self, key: str, n_tokens: int, hashes: list[int], block_tokens: int) -> str:
+        """A prompt of ``n_tokens`` built block by block: hash i gives tokens [i x B, (i + 1) x B) (B =
+        ``block_tokens``; the last one may be cut short by the prompt's end), so prompts sharing a hash share
+        those tokens exactly; tokens past the hashes are a body of ``key``."""
+        parts: list[str] = []
+        left = n_tokens
+        for block_hash in hashes:
+            if left <= 0:
+                break
+            take = min(block_tokens, left)
+            parts.append(self.block(block_hash, take))
+            left -= take
+        if left > 0:
+            parts.append(self._fit("body:" + key, left, lead_space=True))
+        return "".join(parts)
