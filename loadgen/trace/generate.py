@@ -299,6 +299,8 @@ def _table(rows: list[tuple]) -> pa.Table:
         "think_after_reply_ns": [r[11] for r in rows],
         "reasoning_tokens": [r[12] for r in rows],
         "prompt_block_hashes": [None] * len(rows),
+        "wait_for_ids": [None] * len(rows),
+        "service_ns": [None] * len(rows),
     }
     return pa.Table.from_pydict(columns, schema=TRACE_FULL_SCHEMA)
 

@@ -277,6 +277,8 @@ def _trace_table(
             "think_after_reply_ns": [None] * n,
             "reasoning_tokens": [None] * n,
             "prompt_block_hashes": block_hashes if block_hashes is not None else [None] * n,
+            "wait_for_ids": [None] * n,
+            "service_ns": [None] * n,
         },
         schema=TRACE_FULL_SCHEMA,
     )
