@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from loadgen.util.errors import TraceError
 from loadgen.util.limits import MAX_TRACE_REQUESTS
 
 from . import flags
@@ -21,9 +22,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     gen.add_argument("--out", required=True, help="output .parquet file")
     gen.set_defaults(func=_generate)
 
-    imp = s.add_parser("import", help="import a public trace (azure CSV, mooncake JSONL, llmservingsim workload JSONL)")
-    imp.add_argument("kind", choices=["azure", "mooncake", "llmservingsim"])
-    imp.add_argument("file")
+    imp = s.add_parser(
+        "import",
+        help="import a public trace (azure CSV, mooncake JSONL, llmservingsim workload JSONL, agentic sessions JSON)",
+    )
+    imp.add_argument("kind", choices=["azure", "mooncake", "llmservingsim", "agentic"])
+    imp.add_argument("file", nargs="+", help="the trace file (agentic: one or more kv-cache-tester trace_*.json)")
     imp.add_argument("--out", required=True)
     imp.add_argument(
         "--time-scale",
@@ -41,7 +45,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--duration-s", type=flags.seconds(flags.MAX_OFFSET_S), default=None, help="window length in seconds"
     )
     imp.add_argument("--max-requests", type=flags.count(1, MAX_TRACE_REQUESTS), default=None)
-    imp.add_argument("--request-class", default="short-message", help="class given to every imported request")
+    imp.add_argument(
+        "--request-class",
+        default=None,
+        help="class given to every imported request (default: short-message; agentic: agent)",
+    )
     imp.set_defaults(func=_import)
 
     st = s.add_parser("stats", help="duration, rates, burstiness and token tails of a trace")
@@ -65,17 +73,40 @@ def _generate(args: argparse.Namespace) -> int:
 def _import(args: argparse.Namespace) -> int:
     from ..trace.importers import import_trace  # deferred: `loadgen --help` loads no library code
 
+    if args.kind == "agentic":
+        return _import_agentic(args)
+    if len(args.file) != 1:
+        raise TraceError(f"trace import {args.kind}: {len(args.file)} files given: expected one")
     path = import_trace(
         args.kind,
-        args.file,
+        args.file[0],
         args.out,
         time_scale=args.time_scale,
         start_s=args.start_s,
         duration_s=args.duration_s,
         max_requests=args.max_requests,
-        request_class=args.request_class,
+        request_class=args.request_class or "short-message",
     )
-    print(f"{path}: imported from {args.file}")
+    print(f"{path}: imported from {args.file[0]}")
+    return 0
+
+
+def _import_agentic(args: argparse.Namespace) -> int:
+    from ..trace.agentic import import_agentic  # deferred: `loadgen --help` loads no library code
+    from ..trace.io import read_trace  # deferred: `loadgen --help` loads no library code
+
+    for flag, value in (
+        ("--start-s", args.start_s or None),
+        ("--duration-s", args.duration_s),
+        ("--max-requests", args.max_requests),
+    ):
+        if value is not None:
+            raise TraceError(f"trace import agentic: {flag} = {value}: expected none (sessions are imported whole)")
+    path = import_agentic(args.file, args.out, time_scale=args.time_scale, request_class=args.request_class or "agent")
+    table, meta = read_trace(path)
+    print(
+        f"{path}: {meta['sessions']} sessions, {table.num_rows} requests over {meta['duration_s']:g} s, imported from {len(args.file)} files"
+    )
     return 0
 
 

@@ -208,6 +208,7 @@ class Budgets(_Model):
     ttfat_ms: Budget | None = None  # time to the first answer token (after any reasoning)
     itl_ms: Budget | None = None
     e2e_ms: Budget | None = None
+    makespan_ms: Budget | None = None  # per session: its last step done - its first step scheduled
 
 
 class Cancellation(_Model):
