@@ -13,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from shared_paths import REPO, shared_trace
 
 from loadgen.analysis import analyze_run
@@ -150,9 +149,8 @@ def test_the_worksheet_replays_the_recorded_instants_when_the_server_answers_in_
         assert r["done_ns"] - r["sent_ns"] >= trace_rows[rid]["service_ns"]
 
 
-@pytest.mark.slow
 def test_a_live_agent_session_with_fan_out_keeps_the_rule_and_its_makespan(tmp_path: Path) -> None:
-    trace = _import_scaled(tmp_path, 0.005)  # 1363 s recorded -> 6.8 s
+    trace = _import_scaled(tmp_path, 0.002)  # 1363 s recorded -> 2.7 s
     trace_rows = _rows(read_trace(trace)[0])
     (tmp_path / "engine.toml").write_text(ENGINE)
     with launch_sim_server(str(tmp_path / "engine.toml")) as sim:
@@ -164,7 +162,9 @@ def test_a_live_agent_session_with_fan_out_keeps_the_rule_and_its_makespan(tmp_p
     joins = 0
     for rid, r in rows.items():
         t = trace_rows[rid]
-        assert r["done_ns"] - r["sent_ns"] >= t["service_ns"]  # the engine answered in the recorded api_time
+        # the engine held each reply to its recorded api_time (counted from its arrival, after scheduled; the
+        # client's sent_ns is taken after its write returns, which a busy host can delay past that arrival)
+        assert r["done_ns"] - r["scheduled_ns"] >= t["service_ns"]
         assert r["scheduled_ns"] >= t["scheduled_offset_ns"]  # never ahead of the recording
         waits = t["wait_for_ids"] or []
         if waits:
@@ -206,7 +206,14 @@ def test_a_live_agent_session_with_fan_out_keeps_the_rule_and_its_makespan(tmp_p
         for rid, t in trace_rows.items():
             for w in t["wait_for_ids"] or []:
                 assert rows_of[rid]["scheduled_ns"] > rows_of[w]["done_ns"]
-    assert sorted(rows, key=lambda k: rows[k]["scheduled_ns"]) == sorted(ws, key=lambda k: ws[k]["scheduled_ns"])
+
+    def steps(run_rows: dict[str, dict]) -> dict[str, list[str]]:  # each (sub-)session's steps in time order
+        out: dict[str, list[str]] = {}
+        for rid in sorted(run_rows, key=lambda k: run_rows[k]["scheduled_ns"]):
+            out.setdefault(run_rows[rid]["conversation_id"], []).append(rid)
+        return out
+
+    assert steps(rows) == steps(ws) and len(steps(ws)) == 3
 
 
 def test_the_cli_imports_sessions_and_refuses_a_window(tmp_path: Path) -> None:
