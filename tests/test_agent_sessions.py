@@ -235,3 +235,106 @@ def test_the_cli_imports_sessions_and_refuses_a_window(tmp_path: Path) -> None:
     bad = subprocess.run([*cmd, "--max-requests", "3"], capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1 and "--max-requests" in bad.stderr
+
+
+TOOL_S = 0.2
+#: every engine step takes 4 ms whatever it holds: a 20-token reply takes about 80 ms
+PACED = ENGINE.replace("fixed_ms = 0.0", "fixed_ms = 4.0")
+
+
+def _fanout_scenario():
+    return parse_scenario(
+        {
+            "name": "agents",
+            "seed": 5,
+            "classes": {
+                "agent": {
+                    "share": 1.0,
+                    "input_tokens": {"dist": "fixed", "value": 40},
+                    "output_tokens": {"dist": "fixed", "value": 20},
+                    "thread": {
+                        "turns": {"dist": "fixed", "value": 4},
+                        "think_time_s": {"dist": "fixed", "value": TOOL_S},
+                        "wait_for_reply": True,
+                        "fanout": {
+                            "share": 1.0,
+                            "width": {"dist": "fixed", "value": 2},
+                            "turns": {"dist": "fixed", "value": 2},
+                        },
+                    },
+                    "budgets": {"makespan_ms": {"p95": 60_000}},
+                }
+            },
+            # 4 parent steps + 3 fan-outs x 2 sub-sessions x 2 steps = 16 requests a session: 2 sessions
+            "traces": {"t": {"process": "constant", "rate_rps": 8.0, "duration_s": 4.0}},
+        }
+    )
+
+
+def test_a_scenario_session_fans_out_and_joins(tmp_path: Path) -> None:
+    from loadgen.trace.generate import generate_trace_file
+
+    table, _ = read_trace(generate_trace_file(_fanout_scenario(), "t", tmp_path / "t.parquet"))
+    rows = _rows(table)
+    assert table.num_rows == 32
+    by_key = {(r["conversation_id"], r["turn_index"]): rid for rid, r in rows.items()}
+    sessions = sorted({c for c, _ in by_key if "/" not in c})
+    assert len(sessions) == 2
+    for s in sessions:
+        for k in range(1, 4):
+            subs = [f"{s}/f{k - 1}.{b}" for b in range(2)]
+            step = rows[by_key[(s, k)]]
+            assert step["wait_for_ids"] == [by_key[(s, k - 1)], *(by_key[(c, 1)] for c in subs)]
+            assert step["think_after_reply_ns"] == int(TOOL_S * NS)
+            for c in subs:
+                assert rows[by_key[(c, 0)]]["wait_for_ids"] == [by_key[(s, k - 1)]]
+                assert rows[by_key[(c, 1)]]["wait_for_ids"] == [by_key[(c, 0)]]
+                assert rows[by_key[(c, 1)]]["prompt_tokens"] == 40 + 20 + 40  # the context grows
+            # the parent's context grows by its reply and the new input (the tool result) step by step
+            assert step["prompt_tokens"] == rows[by_key[(s, k - 1)]]["prompt_tokens"] + 20 + 40
+
+
+def test_generated_fan_out_sessions_on_the_live_engine_and_the_worksheet(tmp_path: Path) -> None:
+    trace = generate_trace_file_for(tmp_path)
+    trace_rows = _rows(read_trace(trace)[0])
+    (tmp_path / "engine.toml").write_text(PACED)
+    with launch_sim_server(str(tmp_path / "engine.toml")) as sim:
+        out = run_trace_sync(
+            RunOptions(trace_path=trace, target_url=sim.base_url, out_dir=tmp_path / "run", progress="off")
+        )
+    live = {r["request_id"]: r for r in load_run(out).requests.to_pylist()}
+    ws = {
+        r["request_id"]: r
+        for r in load_run(run_worksheet(trace, tmp_path / "engine.toml", tmp_path / "ws")).requests.to_pylist()
+    }
+    assert set(live) == set(ws) == set(trace_rows)
+    for run_rows, exact in ((live, False), (ws, True)):
+        assert all(r["status"] == "ok" for r in run_rows.values())
+        for rid, t in trace_rows.items():
+            waits = t["wait_for_ids"] or []
+            if waits:
+                due = max(run_rows[w]["done_ns"] for w in waits) + t["think_after_reply_ns"]
+                assert run_rows[rid]["scheduled_ns"] == due if exact else run_rows[rid]["scheduled_ns"] >= due
+    a = analyze_run(out, scenario=_fanout_scenario())
+    spans = sorted(
+        (max(r["done_ns"] for r in g) - min(r["scheduled_ns"] for r in g)) / 1e6 for g in _by_session(live).values()
+    )
+    sessions = a.classes["agent"].sessions
+    assert sessions is not None and sessions["n_sessions"] == 2 and sessions["n_incomplete"] == 0
+    assert (sessions["makespan_ms"]["p50"], sessions["makespan_ms"]["max"]) == ((spans[0] + spans[1]) / 2, spans[1])
+    # a session's makespan holds at least its four parent steps' tool times
+    assert spans[0] > 3 * TOOL_S * 1e3
+    assert {c.metric for c in a.checks} >= {"makespan_ms"}
+
+
+def generate_trace_file_for(tmp_path: Path) -> Path:
+    from loadgen.trace.generate import generate_trace_file
+
+    return generate_trace_file(_fanout_scenario(), "t", tmp_path / "t.parquet")
+
+
+def _by_session(rows: dict[str, dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in rows.values():
+        out.setdefault(r["conversation_id"].split("/")[0], []).append(r)
+    return out
