@@ -144,7 +144,7 @@ TRACE_OPTIONAL_FIELDS = (
 #: usage ``completion_tokens_details.reasoning_tokens``.
 SIM_REASONING_FIELD = "sim_reasoning_tokens"
 #: The request field that carries a trace row's ``service_ns`` to loadgen's simulated engine (that target only),
-#: in ms: the engine ends the reply no earlier than this long after the request arrived.
+#: in ms: the engine ends the reply no earlier than this long after it received the request.
 SIM_SERVICE_FIELD = "sim_service_ms"
 
 #: Every column a trace file holds: the required TRACE_SCHEMA, then the optional fields.

@@ -483,6 +483,7 @@ class SimServer:
 
     # -- generation --------------------------------------------------------------------------------
     async def generate(self, req: Request, conn: Connection, kind: str) -> None:
+        received_ns = self.live.now_ns()  # a SIM_SERVICE_FIELD time counts from here (parsing included)
         self.counter += 1
         rid = request_id_for(kind, self.salt + self.counter)
         client_rid = req.headers.get("x-request-id")
@@ -543,7 +544,7 @@ class SimServer:
         )
         ctx.seq = seq
         ctx.arrival_ns = ctx.last_ns = seq.arrival_ns
-        ctx.hold_until_ns = seq.arrival_ns + service_ns
+        ctx.hold_until_ns = received_ns + service_ns
         if max_tokens > 0:
             self.live.submit(seq)
         else:  # an empty contract answer: nothing to generate
