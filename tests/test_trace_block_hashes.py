@@ -105,6 +105,8 @@ def _table(hashes: list[object]) -> pa.Table:
             "think_after_reply_ns": [None] * n,
             "reasoning_tokens": [None] * n,
             "prompt_block_hashes": hashes,
+            "wait_for_ids": [None] * n,
+            "service_ns": [None] * n,
         },
         schema=TRACE_FULL_SCHEMA,
     )
