@@ -338,3 +338,19 @@ def _by_session(rows: dict[str, dict]) -> dict[str, list[dict]]:
     for r in rows.values():
         out.setdefault(r["conversation_id"].split("/")[0], []).append(r)
     return out
+
+
+def test_the_reports_show_the_sessions(tmp_path: Path) -> None:
+    trace = generate_trace_file_for(tmp_path)
+    (tmp_path / "engine.toml").write_text(PACED)
+    out = run_worksheet(trace, tmp_path / "engine.toml", tmp_path / "ws", scenario=_fanout_scenario())
+    done = subprocess.run(
+        [sys.executable, "-m", "loadgen", "analyze", str(out), "--html", str(tmp_path / "r.html")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    text = " ".join(done.stdout.split())  # the console wraps lines at its width
+    assert "sessions 2 (0 incomplete): makespan p50/p99" in text, done.stdout + done.stderr
+    assert "more sessions of class agent are needed" in text  # a makespan check's sample is sessions
+    assert "session makespan" in (tmp_path / "r.html").read_text()
