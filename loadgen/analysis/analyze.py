@@ -50,6 +50,7 @@ from .budgets import (
 from .chunks import ChunkGaps, read_chunk_gaps
 from .model import METRICS, Analysis, GroupSummary
 from .replicas import replica_breakdown, replica_codes
+from .sessions import SessionMakespans, session_makespans
 from .spill import SortedRuns, SpillConfig
 from .stability import assess_stability, in_system_at
 
@@ -80,6 +81,7 @@ _REQ_COLUMNS = [
     "http_status",
     "chunk_count",
     "turn_index",
+    "conversation_id",
     "target_index",
 ]
 _INSTANTS = ("scheduled_ns", "slot_acquired_ns", "sent_ns", "first_token_ns", "last_token_ns", "done_ns")
@@ -138,6 +140,11 @@ DEFINITIONS = {
     "attainment": (
         "of the requests scheduled in the window that count (all but planned abandonments and cold "
         "starts), the share that finished ok and met every hard budget"
+    ),
+    "sessions": (
+        "agent sessions (every conversation with the same root before '/'): makespan = last step done - first "
+        "step scheduled, over sessions whose every request in the window finished ok (n_incomplete others; a "
+        "makespan budget counts them as +inf)"
     ),
     "ttft_by_turn": (
         "TTFT (first token - scheduled) of ok and abandoned requests per conversation turn index; a turn "
@@ -596,6 +603,18 @@ class _Run:
             output_tok_s=M.tokens_per_s(float(np.nansum(self.out_best[done_in])), w),
             tokens=self._tokens(scope & self.ok),
             ttft_by_turn=self._ttft_by_turn(desc),
+            sessions=self._sessions(scope),
+        )
+
+    def _sessions(self, scope: np.ndarray) -> dict[str, Any] | None:
+        """Session count and makespan summary of the group's requests in scope (None: no conversations)."""
+        spans = self.makespans(scope)
+        return spans.to_dict() if spans is not None else None
+
+    def makespans(self, scope: np.ndarray) -> SessionMakespans | None:
+        c = self.c
+        return session_makespans(
+            c["conversation_id"][scope], c["scheduled_ns"][scope], c["done_ns"][scope], self.ok[scope]
         )
 
     def _ttft_by_turn(self, desc: np.ndarray) -> dict[str, dict[str, Any]]:
@@ -722,7 +741,19 @@ def _budgets_and_goodput(run: _Run, groups: dict[str, GroupSummary], overall: Gr
                 sample.sort()
                 n_inf = n_fail
             checks.extend(budget_checks(cname, metric, budget, sample, n_inf, n_requests))
+        checks.extend(_makespan_checks(run, cname, cls, sel))
     return checks
+
+
+def _makespan_checks(run: _Run, cname: str, cls: Any, sel: np.ndarray) -> list[Check]:
+    """A class's session makespan budget over its sessions (incomplete ones as +inf)."""
+    budget = cls.budgets.makespan_ms
+    if budget is None or not budget.limits():
+        return []
+    spans = run.makespans(sel)
+    if spans is None:
+        return budget_checks(cname, "makespan_ms", budget, np.array([]), 0, 0)
+    return budget_checks(cname, "makespan_ms", budget, spans.budget_sample(), spans.n_incomplete, spans.n_sessions)
 
 
 def _budget_sample(run: _Run, sel: np.ndarray, metric: str) -> np.ndarray:

@@ -145,7 +145,8 @@ class Check:
 
     def needed_text(self) -> str:
         """ "about N more requests of class C are needed" (or why no number can be given)."""
-        who = "requests" if self.class_name == "overall" else f"requests of class {self.class_name}"
+        unit = "sessions" if self.metric == "makespan_ms" else "requests"  # a makespan's sample is sessions
+        who = unit if self.class_name == "overall" else f"{unit} of class {self.class_name}"
         if self.more_requests is None:
             return f"no number of more {who} is estimable (the sample sits on the limit)"
         return f"about {self.more_requests:,} more {who} are needed"

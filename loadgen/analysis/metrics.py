@@ -74,6 +74,12 @@ def e2e_ms(scheduled_ns: Any, done_ns: Any) -> Any:
     return _span_ms(scheduled_ns, done_ns)
 
 
+def makespan_ms(first_scheduled_ns: Any, last_done_ns: Any) -> Any:
+    """Session makespan = the last step's done − the first step's scheduled, in ms (an agent session with its
+    sub-sessions: ``loadgen.analysis.sessions``)."""
+    return _span_ms(first_scheduled_ns, last_done_ns)
+
+
 def tpot_ms(first_token_ns: Any, last_token_ns: Any, output_tokens: Any) -> Any:
     """TPOT = (last_token − first_token) / (output_tokens − 1), in ms; None/NaN for ≤ 1 token."""
     if isinstance(output_tokens, np.ndarray) or isinstance(first_token_ns, np.ndarray):

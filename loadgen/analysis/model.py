@@ -98,6 +98,7 @@ class GroupSummary:
     n_good_completed: int | None = None  # completed in the window and every hard budget met (goodput's count)
     tokens: dict[str, Any] = field(default_factory=dict)
     ttft_by_turn: dict[str, dict[str, Any]] = field(default_factory=dict)  # turn index -> TTFT summary (conversations)
+    sessions: dict[str, Any] | None = None  # sessions and their makespan summary (loadgen.analysis.sessions)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -253,6 +253,12 @@ def _print_classes(console: Any, a: Analysis) -> None:
                     f"{t}: {fmt_ms(s['p50'])}/{fmt_ms(s['p99'])} ms (n={s['n']})" for t, s in g.ttft_by_turn.items()
                 )
             )
+        if g.sessions and g is not a.overall:
+            span = g.sessions["makespan_ms"]
+            extra.append(
+                f"sessions {g.sessions['n_sessions']} ({g.sessions['n_incomplete']} incomplete): makespan p50/p99 "
+                f"{fmt_ms(span['p50'])}/{fmt_ms(span['p99'])} ms (n={span['n']}; first step scheduled -> last done)"
+            )
         if g.goodput_rps is not None and g is not a.overall:
             extra.append(
                 f"goodput {_rate(g.goodput_rps, 'req/s')}, attainment {fmt_share(g.attainment, g.attainment_ci)}"

@@ -369,6 +369,21 @@ def _class_sections(a: Analysis, groups: list[GroupSummary]) -> list[str]:
                     ],
                 )
             )
+        if g.sessions:
+            span = g.sessions["makespan_ms"]
+            parts.append(
+                _table(
+                    ["session makespan", "sessions", "incomplete", "p50", "p95", "p99", "max"],
+                    [
+                        [
+                            "last step done - first step scheduled",
+                            g.sessions["n_sessions"],
+                            g.sessions["n_incomplete"],
+                            *(fmt_ms(span[q]) for q in ("p50", "p95", "p99", "max")),
+                        ]
+                    ],
+                )
+            )
         if g.attainment is not None:
             parts.append(
                 f"<p>attainment {_e(fmt_share(g.attainment, g.attainment_ci))} ({g.n_good}/{g.n_eligible})</p>"

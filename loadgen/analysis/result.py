@@ -225,6 +225,14 @@ class MetricSummary(ResultModel):
     ci_level: Number
 
 
+class SessionsResult(ResultModel):
+    """A group's agent sessions (conversations sharing a root id): how many, and their makespans."""
+
+    n_sessions: int
+    n_incomplete: int = Field(description="sessions with a request that did not finish ok (no makespan)")
+    makespan_ms: MetricSummary = Field(description="last step done - first step scheduled, complete sessions")
+
+
 class GroupResult(ResultModel):
     """One workload class (or ``overall``) over the measurement window."""
 
@@ -247,6 +255,7 @@ class GroupResult(ResultModel):
     n_good_completed: int | None = None
     tokens: Tokens | None = None
     ttft_by_turn: dict[str, MetricSummary] = Field(default_factory=dict)
+    sessions: SessionsResult | None = None
 
 
 class AnalysisResult(ResultModel):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from loadgen.util.errors import TraceError
 from loadgen.util.limits import MAX_TRACE_REQUESTS
 
 from . import flags
@@ -24,10 +25,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     imp = s.add_parser(
         "import",
         help="import a public trace (azure CSV, mooncake JSONL, llmservingsim workload JSONL, burstgpt CSV, "
-        "bailian JSONL, sharegpt JSON)",
+        "bailian JSONL, sharegpt JSON, agentic sessions JSON)",
     )
-    imp.add_argument("kind", choices=["azure", "mooncake", "llmservingsim", "burstgpt", "bailian", "sharegpt"])
-    imp.add_argument("file")
+    imp.add_argument(
+        "kind", choices=["azure", "mooncake", "llmservingsim", "burstgpt", "bailian", "sharegpt", "agentic"]
+    )
+    imp.add_argument("file", nargs="+", help="the trace file (agentic: one or more kv-cache-tester trace_*.json)")
     imp.add_argument("--out", required=True, type=flags.output_file)
     imp.add_argument(
         "--time-scale",
@@ -45,7 +48,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--duration-s", type=flags.seconds(flags.MAX_OFFSET_S), default=None, help="window length in seconds"
     )
     imp.add_argument("--max-requests", type=flags.count(1, MAX_TRACE_REQUESTS), default=None)
-    imp.add_argument("--request-class", default="short-message", help="class given to every imported request")
+    imp.add_argument(
+        "--request-class",
+        default=None,
+        help="class given to every imported request (default: short-message; agentic: agent)",
+    )
     imp.add_argument(
         "--class-by",
         choices=["model", "log-type", "type"],
@@ -95,21 +102,44 @@ def _import(args: argparse.Namespace) -> int:
     from ..trace.import_table import parse_class_map  # deferred: `loadgen --help` loads no library code
     from ..trace.importers import import_trace  # deferred: `loadgen --help` loads no library code
 
+    if args.kind == "agentic":
+        return _import_agentic(args)
+    if len(args.file) != 1:
+        raise TraceError(f"trace import {args.kind}: {len(args.file)} files given: expected one")
     path = import_trace(
         args.kind,
-        args.file,
+        args.file[0],
         args.out,
         time_scale=args.time_scale,
         start_s=args.start_s,
         duration_s=args.duration_s,
         max_requests=args.max_requests,
-        request_class=args.request_class,
+        request_class=args.request_class or "short-message",
         class_by=args.class_by,
         class_map=parse_class_map(args.class_map),
         tokenizer=args.tokenizer,
         rate_rps=args.rate_rps,
     )
-    print(f"{path}: imported from {args.file}")
+    print(f"{path}: imported from {args.file[0]}")
+    return 0
+
+
+def _import_agentic(args: argparse.Namespace) -> int:
+    from ..trace.agentic import import_agentic  # deferred: `loadgen --help` loads no library code
+    from ..trace.io import read_trace  # deferred: `loadgen --help` loads no library code
+
+    for flag, value in (
+        ("--start-s", args.start_s or None),
+        ("--duration-s", args.duration_s),
+        ("--max-requests", args.max_requests),
+    ):
+        if value is not None:
+            raise TraceError(f"trace import agentic: {flag} = {value}: expected none (sessions are imported whole)")
+    path = import_agentic(args.file, args.out, time_scale=args.time_scale, request_class=args.request_class or "agent")
+    table, meta = read_trace(path)
+    print(
+        f"{path}: {meta['sessions']} sessions, {table.num_rows} requests over {meta['duration_s']:g} s, imported from {len(args.file)} files"
+    )
     return 0
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pyarrow as pa
 
-from loadgen.rundir.schema import SIM_REASONING_FIELD
+from loadgen.rundir.schema import SIM_REASONING_FIELD, SIM_SERVICE_FIELD
 from loadgen.util.errors import LoadgenError, TargetError
 from loadgen.workload.prompts import PromptSynth, get_tokenizer, prompt_sha256
 
@@ -183,6 +183,7 @@ class Job:
     client_prompt_tokens: int | None
     prompt_text: str | None
     think_after_reply_ns: int | None = None  # sent this long after the previous turn's reply ended (None: at offset)
+    wait_for_ids: list[str] | None = None  # the replies it waits for (None: its conversation's previous turn)
     payload: bytes = b""  # the whole HTTP request (head + body), set by the run just before it starts
     scheduled_ns: int | None = None  # run clock, set when the scheduler dispatches it (None: never dispatched)
     target_index: int | None = None  # replica it was routed to at dispatch (None: never dispatched)
@@ -217,8 +218,9 @@ def build_jobs(
     """One Job per trace row, in trace order (bodies are exact JSON bytes for POST); ``prompt_salt``: see
     ``PromptSynth``. ``sim_reasoning`` (the target is loadgen's simulated engine): a row's ``reasoning_tokens``
     goes in the body as ``sim_reasoning_tokens``, the reasoning phase the engine streams before the answer (a
-    real model decides its own, and is not sent the field). ``block_hash_tokens``: tokens each
-    ``prompt_block_hashes`` entry stands for (the trace metadata's; 0: the hashes are not used)."""
+    real model decides its own, and is not sent the field), and its ``service_ns`` as ``sim_service_ms``.
+    ``block_hash_tokens``: tokens each ``prompt_block_hashes`` entry stands for (the trace metadata's; 0: the
+    hashes are not used)."""
     synth = PromptSynth(tokenizer, salt=prompt_salt)
     cols = table.to_pydict()
     threads: dict[str, _Thread] = {}  # conversation id -> its last turn
@@ -256,10 +258,14 @@ def build_jobs(
         reasoning = cols["reasoning_tokens"][i] if sim_reasoning and "reasoning_tokens" in cols else None
         if reasoning is not None:
             body[SIM_REASONING_FIELD] = int(reasoning)
+        service = cols["service_ns"][i] if sim_reasoning and "service_ns" in cols else None
+        if service is not None:
+            body[SIM_SERVICE_FIELD] = service / 1e6
         if extra_body:
             body.update(extra_body)
         cancel = cols["cancel_after_tokens"][i]
         think = cols["think_after_reply_ns"][i] if "think_after_reply_ns" in cols else None
+        waits = cols["wait_for_ids"][i] if "wait_for_ids" in cols else None
         jobs.append(
             Job(
                 index=i,
@@ -276,7 +282,8 @@ def build_jobs(
                 prompt_sha256=prompt_sha256(prompt_text),
                 client_prompt_tokens=client_tokens,
                 prompt_text=prompt_text if retain_prompt_text else None,
-                think_after_reply_ns=int(think) if think is not None and turn else None,
+                think_after_reply_ns=int(think) if think is not None and (turn or waits) else None,
+                wait_for_ids=list(waits) if waits else None,
             )
         )
     return jobs
@@ -287,8 +294,9 @@ def _segments(
 ) -> list[tuple[str, str, int]]:
     """A request's prompt as (role, text, tokens) segments: a later turn is its conversation's previous turn
     plus the reply (assistant) and the new user message that make up its growth; a first one is one user
-    message (opening with its prefix group's shared text)."""
-    if prev is None:
+    message (opening with its prefix group's shared text), as is a turn whose prompt is no longer than the
+    previous one's (the context was compacted)."""
+    if prev is None or p_tokens <= prev[1]:
         text = synth.text(rid, p_tokens, group, group_tokens) if group else synth.text(rid, p_tokens)
         return [("user", text, p_tokens)]
     segments, prev_prompt, prev_output = prev

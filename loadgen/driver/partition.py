@@ -1,8 +1,9 @@
 """How a run is split over workers: which requests a worker replays, and what it is told about the start.
 
-A request goes to the worker ``hash(conversation_id or request_id) mod N`` (BLAKE2b, so the same trace
-gives the same split on every host and Python). A conversation therefore stays on one worker (its turns
-may wait for each other's replies), and every worker replays a thinned copy of the same arrival process:
+A request goes to the worker ``hash(session of conversation_id, or request_id) mod N`` (BLAKE2b, so the same
+trace gives the same split on every host and Python). A conversation, and an agent session with its
+sub-sessions (``loadgen.workload.sessions.session_of``), therefore stays on one worker (its steps may wait for
+each other's replies), and every worker replays a thinned copy of the same arrival process:
 its requests keep their scheduled offsets from the one shared start instant.
 
 A concurrency bound (closed loop, or the open loop's ``max_in_flight``) and a client-side rate cap are
@@ -18,6 +19,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+
+from loadgen.workload.sessions import session_of
 
 if TYPE_CHECKING:
     from .client import RunContext
@@ -37,14 +40,14 @@ def shard_of(key: str, workers: int) -> int:
 
 
 def shard_index(table: pa.Table, workers: int) -> np.ndarray:
-    """Per trace row, its worker: by conversation (when the row has one), else by request id."""
+    """Per trace row, its worker: by session (when the row has a conversation), else by request id."""
     ids = table.column("request_id").to_pylist()
     convs = (
         table.column("conversation_id").to_pylist() if "conversation_id" in table.column_names else [None] * len(ids)
     )
     # a conversation id and a request id that happen to be equal still key the same worker: harmless
     return np.fromiter(
-        (shard_of(c if c is not None else r, workers) for r, c in zip(ids, convs, strict=True)),
+        (shard_of(session_of(c) if c is not None else r, workers) for r, c in zip(ids, convs, strict=True)),
         dtype=np.int32,
         count=len(ids),
     )

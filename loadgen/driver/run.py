@@ -52,6 +52,7 @@ from loadgen.util.pinning import affinity, format_cpus, parse_cpus, shared_cpus_
 from loadgen.workload.prompts import Tokenizer, get_tokenizer
 from loadgen.workload.routing import Router
 from loadgen.workload.scenario import Scenario, load_scenario, scenario_manifest
+from loadgen.workload.sessions import ReplyWaits, reply_dependencies
 
 from ..trace.io import read_trace
 from .client import RunContext, execute, request_row, send_at_deadline
@@ -825,18 +826,20 @@ async def _warm_up(counter) -> None:
 async def _schedule_open(ctx: RunContext, jobs, requests) -> None:
     """Start each request at its fixed deadline (anchor + offset), whether or not earlier ones finished.
 
-    A turn that waits for the reply (``think_after_reply_ns``) is not started here: the previous turn of
-    its conversation starts it, one think time after its own reply ended (its ``scheduled_ns`` is then
-    that ready instant). Returns when every request task has ended.
+    A request that waits for replies (``think_after_reply_ns``: a reply-waiting turn, an agent session's step)
+    is not started here: the reply it waits for last starts it, one think time after that reply ended
+    (``loadgen.workload.sessions``; its ``scheduled_ns`` is then that ready instant). Returns when every
+    request task has ended.
     """
     anchor = ctx.anchor_ns
     now = time.perf_counter_ns
     tasks = RequestTasks(requests)
     start = tasks.start
-    followers = {(j.conversation_id, j.turn_index - 1): j for j in jobs if j.think_after_reply_ns is not None}
+    waits = _reply_waits(jobs)
+    waiting = waits.waiting()
     try:
-        for job in jobs:
-            if job.think_after_reply_ns is not None:
+        for k, job in enumerate(jobs):
+            if k in waiting:
                 continue
             deadline = anchor + job.offset_ns
             if deadline > now():
@@ -845,29 +848,42 @@ async def _schedule_open(ctx: RunContext, jobs, requests) -> None:
             ctx.dispatched += 1
             ctx.route(job)
             # on the wire now when a slot and an idle connection are free; the task reads the response
-            if followers and (job.conversation_id, job.turn_index) in followers:
-                start(_execute_then_follow, ctx, job, deadline, send_at_deadline(ctx, job), followers, tasks)
+            if waits.has_dependents(k):
+                start(_execute_then_follow, ctx, k, deadline, send_at_deadline(ctx, job), waits, jobs, tasks)
             else:
                 start(execute, ctx, job, deadline, send_at_deadline(ctx, job))
     finally:
         await tasks.join()
 
 
+def _reply_waits(jobs: list[Job]) -> ReplyWaits:
+    """Which jobs wait for which replies (by position in ``jobs``)."""
+    deps = reply_dependencies(
+        [j.request_id for j in jobs],
+        [j.conversation_id for j in jobs],
+        [j.turn_index for j in jobs],
+        [j.think_after_reply_ns for j in jobs],
+        [j.wait_for_ids for j in jobs],
+    )
+    return ReplyWaits(deps, [j.think_after_reply_ns for j in jobs])
+
+
 async def _execute_then_follow(
-    ctx: RunContext, job, scheduled_abs_ns: int, pre, followers, tasks: RequestTasks
+    ctx: RunContext, k: int, scheduled_abs_ns: int, pre, waits: ReplyWaits, jobs: list[Job], tasks: RequestTasks
 ) -> None:
-    """Run ``job``; when its reply has ended (whatever its status), its conversation's next turn becomes
-    ready one think time later and is started then."""
-    await execute(ctx, job, scheduled_abs_ns, pre)
-    nxt = followers.get((job.conversation_id, job.turn_index))
-    if nxt is not None:
-        tasks.start(_follow, ctx, nxt, time.perf_counter_ns() + nxt.think_after_reply_ns, followers, tasks)
+    """Run ``jobs[k]``; when its reply has ended (whatever its status), each request it was the last wait of
+    becomes ready one think time later and is started then."""
+    await execute(ctx, jobs[k], scheduled_abs_ns, pre)
+    for ready_abs_ns, nxt in waits.ended(k, time.perf_counter_ns()):
+        tasks.start(_follow, ctx, nxt, ready_abs_ns, waits, jobs, tasks)
 
 
-async def _follow(ctx: RunContext, job, ready_abs_ns: int, followers, tasks: RequestTasks) -> None:
+async def _follow(
+    ctx: RunContext, k: int, ready_abs_ns: int, waits: ReplyWaits, jobs: list[Job], tasks: RequestTasks
+) -> None:
     await sleep_until(ready_abs_ns)
-    ctx.route(job)
-    await _execute_then_follow(ctx, job, ready_abs_ns, None, followers, tasks)
+    ctx.route(jobs[k])
+    await _execute_then_follow(ctx, k, ready_abs_ns, None, waits, jobs, tasks)
 
 
 async def _schedule_closed(ctx: RunContext, jobs, concurrency: int, requests) -> None:

@@ -165,6 +165,7 @@ def build_warmup_trace(cell_trace: Path, requests: int, rate_rps: float, path: P
     columns["conversation_id"] = [None] * n  # each warm-up request stands alone
     columns["turn_index"] = [None] * n
     columns["think_after_reply_ns"] = [None] * n
+    columns["wait_for_ids"] = [None] * n
     out = pa.Table.from_pydict(columns, schema=head.schema)
     meta = {**meta, "warmup_of": str(cell_trace), "requests": n, "duration_s": n / rate_rps, "mode": "open"}
     return _write_atomic(out, Path(path), meta)

@@ -29,6 +29,7 @@ __all__ = [
     "SERVER_METRICS_FILE",
     "SERVER_METRICS_SCHEMA",
     "SIM_REASONING_FIELD",
+    "SIM_SERVICE_FIELD",
     "STATUSES",
     "STATUS_CANCELLED",
     "STATUS_ERROR",
@@ -136,12 +137,21 @@ TRACE_OPTIONAL_FIELDS = (
     # the scenario retains prompt text.
     pa.field("prompt_text", pa.string()),
     pa.field("reply_text", pa.string()),
+    # null: a reply-waiting row waits for its conversation's previous turn; set: the request ids whose replies
+    # it waits for, all of them (an agent step after a fan-out: its previous step and each sub-session's last)
+    pa.field("wait_for_ids", pa.list_(pa.string())),
+    # null: the server answers at its own pace; set: loadgen's simulated engine holds the reply's end until
+    # this long after the request arrived (an imported session's recorded server time; ``SIM_SERVICE_FIELD``)
+    pa.field("service_ns", pa.int64()),
 )
 #: The chat request field that carries a trace row's ``reasoning_tokens`` to loadgen's simulated engine (the
 #: driver sends it to that target only): the engine streams that many of the output tokens as
 #: ``reasoning_content`` deltas before the answer, as vLLM's reasoning parsers emit them, and reports them in
 #: usage ``completion_tokens_details.reasoning_tokens``.
 SIM_REASONING_FIELD = "sim_reasoning_tokens"
+#: The request field that carries a trace row's ``service_ns`` to loadgen's simulated engine (that target only),
+#: in ms: the engine ends the reply no earlier than this long after it received the request.
+SIM_SERVICE_FIELD = "sim_service_ms"
 
 #: Every column a trace file holds: the required TRACE_SCHEMA, then the optional fields.
 TRACE_FULL_SCHEMA = pa.schema([*TRACE_SCHEMA, *TRACE_OPTIONAL_FIELDS])

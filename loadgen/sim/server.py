@@ -23,7 +23,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from loadgen.rundir.schema import SIM_REASONING_FIELD
+from loadgen.rundir.schema import SIM_REASONING_FIELD, SIM_SERVICE_FIELD
 from loadgen.util.errors import TargetError
 from loadgen.workload.prompts import get_tokenizer
 
@@ -75,7 +75,7 @@ class _Invalid(Exception):
 class LiveRequest:
     """Server-side state of one request between the engine loop and its HTTP handler."""
 
-    __slots__ = ("seq", "visible", "done", "waiter", "arrival_ns", "last_ns", "gone")
+    __slots__ = ("seq", "visible", "done", "waiter", "arrival_ns", "last_ns", "gone", "hold_until_ns")
 
     def __init__(self, arrival_ns: int) -> None:
         self.seq: Seq | None = None
@@ -84,6 +84,7 @@ class LiveRequest:
         self.waiter: asyncio.Future[None] | None = None
         self.arrival_ns = arrival_ns
         self.last_ns = arrival_ns
+        self.hold_until_ns = arrival_ns  # the reply does not end before this (SIM_SERVICE_FIELD)
         self.gone = False
 
     def wake(self) -> None:
@@ -403,6 +404,19 @@ class SimServer:
         asked = self._int(body, SIM_REASONING_FIELD, 0, 0)
         return min(asked or 0, max_tokens)
 
+    def _service_ns(self, body: dict[str, Any]) -> int:
+        """The reply's least duration (``SIM_SERVICE_FIELD``, ms; 0: the engine's own pace)."""
+        value = body.get(SIM_SERVICE_FIELD, 0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1e7:
+            raise _Invalid(422, f"{SIM_SERVICE_FIELD}: {value!r}: expected milliseconds in 0..1e7", SIM_SERVICE_FIELD)
+        return round(value * 1e6)
+
+    async def _hold(self, ctx: LiveRequest) -> None:
+        """Wait until the reply may end (its ``SIM_SERVICE_FIELD`` time after arrival)."""
+        wait_ns = ctx.hold_until_ns - self.live.now_ns()
+        if wait_ns > 0:
+            await asyncio.sleep(wait_ns / 1e9)
+
     def _chain(self, ids: list[int]) -> list[int]:
         """Block hashes of the prompt's full blocks (chained, as vLLM's prefix cache keys them)."""
         bs = self.config.kv.block_size
@@ -469,6 +483,7 @@ class SimServer:
 
     # -- generation --------------------------------------------------------------------------------
     async def generate(self, req: Request, conn: Connection, kind: str) -> None:
+        received_ns = self.live.now_ns()  # a SIM_SERVICE_FIELD time counts from here (parsing included)
         self.counter += 1
         rid = request_id_for(kind, self.salt + self.counter)
         client_rid = req.headers.get("x-request-id")
@@ -504,6 +519,7 @@ class SimServer:
             max_tokens = len(pieces)
         try:
             reasoning = self._reasoning(body, kind, max_tokens) if pieces is None else 0
+            service_ns = self._service_ns(body)
         except _Invalid as exc:
             return self._error(conn, exc.status, str(exc), exc.param)
         model, fingerprint = self._identity()
@@ -528,6 +544,7 @@ class SimServer:
         )
         ctx.seq = seq
         ctx.arrival_ns = ctx.last_ns = seq.arrival_ns
+        ctx.hold_until_ns = received_ns + service_ns
         if max_tokens > 0:
             self.live.submit(seq)
         else:  # an empty contract answer: nothing to generate
@@ -618,6 +635,9 @@ class SimServer:
             if ctx.done:
                 break
             await ctx.wait()
+        await self._hold(ctx)
+        if ctx.gone:
+            return
         conn.write_chunk(fmt.finish(finish))
         if include_usage:
             cached = ctx.seq.cached_tokens if ctx.seq else None
@@ -658,6 +678,7 @@ class SimServer:
             if ctx.gone:
                 return
             await ctx.wait()
+        await self._hold(ctx)
         if plan and plan.stall_s > 0:
             await asyncio.sleep(plan.stall_s)
         if plan and plan.disconnect_after is not None:

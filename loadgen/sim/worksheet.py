@@ -40,6 +40,7 @@ from loadgen.rundir.schema import (
 from loadgen.util.errors import EngineError, TraceError
 from loadgen.workload.routing import RoutePolicy, Router
 from loadgen.workload.scenario import Scenario, load_scenario, scenario_manifest
+from loadgen.workload.sessions import ReplyWaits, reply_dependencies
 
 from .. import __version__
 from ..trace.io import read_trace
@@ -124,9 +125,11 @@ class _Client:
         # become due one think time after the previous turn of their conversation ended (``ready``)
         self.scheduled: list[int] = list(cols["scheduled_offset_ns"])
         self.ptr = 0
-        self.ready: list[tuple[int, int]] = []  # (due ns, index) of reply-waiting turns whose reply ended
-        self.followers = _followers(cols)  # index of a turn -> index of the turn that waits for its reply
-        self.waiting = set(self.followers.values())  # not due at their offset (a turn without one is)
+        self.ready: list[tuple[int, int]] = []  # (due ns, index) of reply-waiting rows whose replies ended
+        self.waits = _reply_waits(cols)  # which rows wait for which replies (loadgen.workload.sessions)
+        self.followers = bool(self.waits.deps)
+        self.waiting = self.waits.waiting()  # not due at their offset (a row without waits is)
+        self.service: list[int | None] = cols.get("service_ns") or [None] * n  # least reply time (ns)
         self.block_hash_tokens = 0  # tokens per prompt_block_hashes entry (the trace metadata's; 0: none)
 
     def release_due(self, t: int) -> None:
@@ -151,10 +154,8 @@ class _Client:
         return due
 
     def _ended(self, i: int, t: int) -> None:
-        """Request i's reply ended at t: the turn waiting for it becomes due one think time later."""
-        nxt = self.followers.get(i)
-        if nxt is not None:
-            due = t + int(self.cols["think_after_reply_ns"][nxt])
+        """Request i's reply ended at t: each row it was the last wait of becomes due one think time later."""
+        for due, nxt in self.waits.ended(i, t):
             self.scheduled[nxt] = due
             heapq.heappush(self.ready, (due, nxt))
 
@@ -166,7 +167,12 @@ class _Client:
             self.queue.append(i)
 
     def finish(self, i: int, t: int) -> None:
-        """Request i ended at t: free its client slot and send queued requests (no recursion)."""
+        """Request i ended at t: free its client slot and send queued requests (no recursion). A row with a
+        ``service_ns`` ends no earlier than that long after it was sent (the live engine's SIM_SERVICE_FIELD)."""
+        service = self.service[i]
+        sent = self.sent[i]
+        if service is not None and sent is not None:
+            t = max(t, sent + int(service))
         self.done[i] = t
         self.in_flight -= 1
         if self.router is not None:
@@ -340,18 +346,13 @@ def _decide_faults(
     return plans, stop_after
 
 
-def _followers(cols: dict[str, list[Any]]) -> dict[int, int]:
-    """Per request index: the index of its conversation's next turn when that turn waits for the reply."""
-    waits = cols.get("think_after_reply_ns")
-    if waits is None or all(w is None for w in waits):
-        return {}
-    turns = {(c, k): i for i, (c, k) in enumerate(zip(cols["conversation_id"], cols["turn_index"], strict=True))}
-    out = {}
-    for i, wait in enumerate(waits):
-        prev = turns.get((cols["conversation_id"][i], (cols["turn_index"][i] or 0) - 1))
-        if wait is not None and prev is not None:
-            out[prev] = i
-    return out
+def _reply_waits(cols: dict[str, list[Any]]) -> ReplyWaits:
+    """Which rows wait for which replies, by row index (none when the trace has no reply-waiting rows)."""
+    think = cols.get("think_after_reply_ns") or [None] * len(cols["request_id"])
+    deps = reply_dependencies(
+        cols["request_id"], cols["conversation_id"], cols["turn_index"], think, cols.get("wait_for_ids")
+    )
+    return ReplyWaits(deps, think)
 
 
 def _next_event(client: _Client, delayed: list[tuple[int, int]]) -> int | None:
@@ -820,7 +821,14 @@ def simulate_trace(
     at once (the same result, slower; the reference the fast path is tested against)."""
     # a reply-waiting turn (think_after_reply_ns) is due one think time after its previous turn ended; the
     # first reasoning_tokens of a request's output stream as reasoning
-    names = [*TRACE_SCHEMA.names, "think_after_reply_ns", "reasoning_tokens", "prompt_block_hashes"]
+    names = [
+        *TRACE_SCHEMA.names,
+        "think_after_reply_ns",
+        "reasoning_tokens",
+        "prompt_block_hashes",
+        "wait_for_ids",
+        "service_ns",
+    ]
     cols = {name: table.column(name).to_pylist() for name in names if name in table.column_names}
     n = table.num_rows
     engines = [Engine(config, seed=seed + k) for k in range(replicas)]  # engine 0 is the single engine's

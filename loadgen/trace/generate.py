@@ -26,10 +26,11 @@ import pyarrow as pa
 
 from loadgen.util.errors import TraceError
 from loadgen.util.limits import MAX_TOKENS, MAX_TRACE_REQUESTS, MAX_TURNS
-from loadgen.workload.distributions import mean, sample, sample_tokens
+from loadgen.workload.distributions import sample, sample_tokens
 from loadgen.workload.scenario import Scenario, TraceSettings, class_order
 
 from .. import __version__
+from .fanout import FanoutDraws, requests_per_session
 from .io import trace_table, write_trace
 
 __all__ = ["GENERATOR_VERSION", "arrival_times", "generate_trace", "generate_trace_file", "ramp_inverse"]
@@ -151,9 +152,7 @@ def _arrivals_and_classes(
     requests, so sessions are drawn with weights share/E[turns] at rate x Z, Z = sum(share/E[turns]).
     """
     base_dir = scenario.base_dir()
-    turns_mean = np.array(
-        [mean(thread.turns, base_dir) if (thread := scenario.classes[n].thread) else 1.0 for n in names]
-    )
+    turns_mean = np.array([requests_per_session(scenario.classes[n].thread, base_dir) for n in names])
     normal_p, z_normal = _session_weights(names, turns_mean, scenario.class_shares(trace_name))
     burst_p, z_burst = _session_weights(names, turns_mean, scenario.class_shares(trace_name, in_burst=True))
     times_s, in_burst = arrival_times(scenario.traces[trace_name], rng_arrival, z_normal, z_burst)
@@ -219,6 +218,10 @@ class _ClassRows:
         )
         if self.reasoning is not None:
             _check_sampled(scenario, f"classes.{cname}.reasoning_tokens", self.reasoning, MAX_TOKENS)
+        fan_rng = _rng_streams(seed, f"{trace_name}/{cname}/fanout", 1)[0]
+        self.fanout = (
+            FanoutDraws(cname, cls, fan_rng, base_dir, self.where) if thread is not None and thread.fanout else None
+        )
         self.k = 0  # next per-turn draw
         self.rows: list[tuple] = []  # (offset_ns, arrival order, turn, fields...)
 
@@ -237,10 +240,12 @@ class _ClassRows:
         group_name, group_tokens = self.prefix_group(group_u)
         context = group_tokens
         n_turns = int(self.turns[j])
+        waits: list[tuple[str, int]] | None = None  # keys of the replies the next turn waits for (fan-out)
+        subs_end = t
         for turn in range(n_turns):
             k = self.k
             if turn > 0:
-                t += float(self.think_s[k])
+                t = max(t, subs_end) + float(self.think_s[k])
                 if not self.closed and t >= self.duration_s:
                     self.k += n_turns - turn
                     break
@@ -276,16 +281,24 @@ class _ClassRows:
                     cancel,
                     think_ns,
                     reasoning,
+                    (conv_id, turn) if conv_id is not None else None,
+                    waits,
                 )
             )
             context = prompt + out
             self.k += 1
+            if self.fanout is not None and conv_id is not None and turn + 1 < n_turns:
+                sub_rows, lasts, subs_end = self.fanout.spawn((conv_id, turn), t, arrival)
+                self.rows.extend(sub_rows)
+                waits = [(conv_id, turn), *lasts] if lasts else None
 
 
 def _table(rows: list[tuple]) -> pa.Table:
     width = max(6, len(str(len(rows))))
+    ids = [f"r{i:0{width}d}" for i in range(len(rows))]
+    id_of = {r[13]: rid for r, rid in zip(rows, ids, strict=True) if r[13] is not None}
     columns = {
-        "request_id": [f"r{i:0{width}d}" for i in range(len(rows))],
+        "request_id": ids,
         "request_class": [r[3] for r in rows],
         "scheduled_offset_ns": [r[0] for r in rows],
         "prompt_tokens": [r[4] for r in rows],
@@ -298,6 +311,8 @@ def _table(rows: list[tuple]) -> pa.Table:
         "think_after_reply_ns": [r[11] for r in rows],
         "reasoning_tokens": [r[12] for r in rows],
         "prompt_block_hashes": [None] * len(rows),
+        "wait_for_ids": [[id_of[w] for w in r[14] if w in id_of] if r[14] else None for r in rows],
+        "service_ns": [None] * len(rows),
     }
     return trace_table(columns)
 

@@ -208,6 +208,7 @@ class Budgets(_Model):
     ttfat_ms: Budget | None = None  # time to the first answer token (after any reasoning)
     itl_ms: Budget | None = None
     e2e_ms: Budget | None = None
+    makespan_ms: Budget | None = None  # per session: its last step done - its first step scheduled
 
 
 class Cancellation(_Model):
@@ -217,22 +218,43 @@ class Cancellation(_Model):
     after_tokens: Distribution
 
 
+class Fanout(_Model):
+    """An agent session's sub-agents: after a step, with probability ``share``, ``width`` sub-sessions of
+    ``turns`` steps each start (each one tool time after that step's reply, its steps chained the same way),
+    and the session's next step waits for that step and the last step of every one of them."""
+
+    share: float = Field(ge=0, le=1)
+    width: Distribution
+    turns: Distribution
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Fanout:
+        _check_bound("width", self.width, 64, "sub-sessions")
+        _check_bound("turns", self.turns, MAX_TURNS, "turns")
+        return self
+
+
 class Thread(_Model):
     """A class's multi-turn conversations: number of turns and think time between a reply and the next turn.
 
     ``wait_for_reply``: turn k+1 starts one think time after turn k's reply ended (the driver waits for
     it, so context and timing are the user's); otherwise one think time after turn k was scheduled
-    (open loop: the trace alone fixes every instant).
+    (open loop: the trace alone fixes every instant). An agent session is such a thread: its think time is
+    the tool time, each step's prompt is the previous one's plus the reply plus the new input (the tool
+    result), and ``fanout`` adds sub-agents.
     """
 
     turns: Distribution
     think_time_s: Distribution
     wait_for_reply: bool = False
+    fanout: Fanout | None = None
 
     @model_validator(mode="after")
     def _bounds(self) -> Thread:
         _check_bound("turns", self.turns, MAX_TURNS, "turns")
         _check_bound("think_time_s", self.think_time_s, MAX_DURATION_S, "s")
+        if self.fanout is not None and not self.wait_for_reply:
+            raise ValueError("fanout = {...}: expected wait_for_reply = true (a step waits for its sub-sessions)")
         return self
 
 
