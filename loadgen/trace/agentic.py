@@ -29,13 +29,12 @@ import pyarrow as pa
 
 from loadgen import __version__
 from loadgen.rundir.identity import sha256_file
-from loadgen.rundir.schema import TRACE_FULL_SCHEMA
 from loadgen.util.errors import TraceError
 from loadgen.util.limits import MAX_OFFSET_NS, MAX_TOKENS
 from loadgen.workload.scenario import class_name_problem
 from loadgen.workload.sessions import sub_session_id
 
-from .io import write_trace
+from .io import trace_table, write_trace
 
 __all__ = ["AGENTIC_BLOCK_TOKENS", "Step", "import_agentic", "session_steps"]
 
@@ -220,7 +219,7 @@ def _table(rows: list[tuple[Step, int]], scale: float, request_class: str) -> pa
         return round(seconds * scale * _NS)
 
     n = len(rows)
-    return pa.Table.from_pydict(
+    return trace_table(
         {
             "request_id": [s.request_id for s, _ in rows],
             "request_class": [request_class] * n,
@@ -237,6 +236,5 @@ def _table(rows: list[tuple[Step, int]], scale: float, request_class: str) -> pa
             "prompt_block_hashes": [[h + k * _ID_RANGE for h in s.hashes] for s, k in rows],
             "wait_for_ids": [s.wait_for or None for s, _ in rows],
             "service_ns": [ns(s.end_s - s.start_s) for s, _ in rows],
-        },
-        schema=TRACE_FULL_SCHEMA,
+        }
     )
