@@ -118,7 +118,8 @@ def test_llama_31_8b(tmp_path):
     assert led.vllm_kv_cache_size_tokens == 81_920  # 5120 / (8192/16) × 8192
     assert led.max_concurrency_at_max_len == pytest.approx(10.0)
     assert led.parameters["total"] == 8_030_261_248
-    assert led.line("weights").bytes == 8_030_261_248 * 2
+    rotary = 131_072 * 128 * 2  # vLLM's cos/sin buffer: max_position_embeddings × head_dim × bf16
+    assert led.line("weights").bytes == 8_030_261_248 * 2 + rotary
     assert led.line("kv_cache").bytes == 10 * GIB
     fp8 = _ledger(tmp_path, LLAMA_31_8B, kv_cache_gib=10, max_model_len=8192, kv_cache_dtype="fp8")
     assert fp8.kv_bytes_per_token == 65_536 and fp8.kv_cache_blocks == 10_240
@@ -131,11 +132,12 @@ def test_llama_tensor_parallel_and_quantization(tmp_path):
     assert led.kv_bytes_per_token == 32 * 2 * 2 * 128 * 2  # 8 KV heads / tp 4 per device
     p = led.parameters
     linear = p["attention"] + p["mlp"]
-    expected = (linear * 1 + (p["embed"] + p["lm_head"]) * 2) / 4 + p["norms"] * 2
+    rotary = 131_072 * 128 * 2  # not split by tensor parallelism
+    expected = (linear * 1 + (p["embed"] + p["lm_head"]) * 2) / 4 + p["norms"] * 2 + rotary
     assert led.line("weights").bytes == pytest.approx(expected, abs=1)
     awq = _ledger(tmp_path, LLAMA_31_8B, kv_cache_gib=1, max_model_len=8192, quantization="awq")
     assert awq.line("weights").bytes == pytest.approx(
-        linear * 0.5 + linear / 128 * 2.5 + (p["embed"] + p["lm_head"]) * 2 + p["norms"] * 2, abs=1
+        linear * 0.5 + linear / 128 * 2.5 + (p["embed"] + p["lm_head"]) * 2 + p["norms"] * 2 + rotary, abs=1
     )
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from loadgen.rundir import identity
 from loadgen.rundir.manifest import (
     MANIFEST_VERSION,
     Manifest,
@@ -102,3 +104,14 @@ def test_bad_manifests_give_one_line_naming_the_file(tmp_path: Path, content: by
         read_manifest(tmp_path)
     message = str(info.value)
     assert "\n" not in message and str(tmp_path / MANIFEST_FILE) in message and expected in message
+
+
+def test_git_sha_names_the_checkout_loadgen_runs_from() -> None:
+    """From a git checkout the manifest's source commit is the checkout's HEAD (it was silently None when the
+    module moved one folder down and looked for .git in loadgen/)."""
+    repo = Path(identity.__file__).resolve().parents[2]
+    if not (repo / ".git").exists() or shutil.which("git") is None:
+        pytest.skip("loadgen is not running from a git checkout here (an installed wheel)")
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    sha = identity.git_sha()
+    assert sha is not None and sha.removesuffix("-dirty") == head

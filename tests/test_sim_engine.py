@@ -115,6 +115,29 @@ def test_kv_exhaustion_preempts_newest_first_and_everything_finishes():
     assert e.used_private == 0 and e.kv_usage == 0
 
 
+def _preempted_once(num_kv_blocks: int, prefix_caching: bool) -> tuple[Engine, Seq]:
+    """Two 8-token prompts (4-token blocks, block-hash chains) decoding 12 tokens each in a small pool: the
+    newer one is preempted once (with 16 tokens computed: 4 full blocks, 2 of them output); the engine and that
+    sequence when both have finished."""
+    e = Engine(cfg(kv={"num_kv_blocks": num_kv_blocks, "block_size": 4, "enable_prefix_caching": prefix_caching}))
+    seqs = [Seq(i, 8, 12, 0, cache_key=100 * i + 1, chain=[100 * i + 1, 100 * i + 2]) for i in range(2)]
+    run_to_end(e, seqs)
+    assert [s.preemptions for s in seqs] == [0, 1] and all(s.output == 12 for s in seqs)
+    return e, seqs[1]
+
+
+def test_a_preempted_sequence_recomputes_only_what_was_evicted():
+    """vLLM 0.19 caches every full block a request computed, its output's too, and freeing a preempted request
+    leaves them evictable, tail first: its recompute hits what survived."""
+    e, b = _preempted_once(10, prefix_caching=True)  # 9 blocks to hold (block 0 is vLLM's null block)
+    assert b.cached_tokens == 16  # prompt and output blocks all survived: 1 token left to compute
+    assert e.prompt_tokens_total == 16 and e.prefix_hits == 16
+    e, b = _preempted_once(9, prefix_caching=True)  # the other sequence took one block back: the tail one
+    assert b.cached_tokens == 12
+    e, b = _preempted_once(10, prefix_caching=False)
+    assert b.cached_tokens == 0 and e.prompt_tokens_total == 16 + 17  # everything recomputed
+
+
 def test_prefix_cache_reuses_whole_blocks_only():
     e = Engine(cfg(kv={"block_size": 16}))
     a = Seq(0, 300, 2, 0, cache_key="sys", cache_limit_tokens=100)  # 100-token prefix = 6 whole blocks
@@ -233,8 +256,8 @@ def test_accounting_holds_and_every_request_finishes(reqs, blocks, max_seqs, bud
     )
     seqs = []
     for i, (p, o, key) in enumerate(reqs):
-        if -(-(p + o) // 16) > blocks:
-            continue  # the servers reject requests larger than the whole cache
+        if -(-(p + o) // 16) > e.total_blocks:
+            continue  # the servers reject requests larger than the whole cache (less vLLM's null block)
         seqs.append(
             Seq(
                 i,

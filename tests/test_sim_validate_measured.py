@@ -14,8 +14,10 @@ import pytest
 from shared_paths import shared_trace
 
 from loadgen.calibration.llmservingsim import import_llmservingsim_run
-from loadgen.calibration.offline import FIGURES, compare_run, published_errors
+from loadgen.calibration.offline import FIGURES, compare_run, published_errors, replay_table
+from loadgen.rundir.io import load_run
 from loadgen.sim.config import load_engine_config
+from loadgen.trace.io import read_trace
 
 RUNS = ["RTX4090/Llama-3.1-8B", "RTXPRO6000/Llama-3.1-8B", "RTXPRO6000/Qwen3-30B-A3B-Instruct-2507"]
 ENGINE = """# a hand-set engine for the test (not evidence)
@@ -45,16 +47,23 @@ def runs(tmp_path_factory) -> list[Path]:
     ]
 
 
-def _raw_figures(run: str) -> dict[str, float]:
+def _raw_figures(run: str, anchor: str) -> dict[str, float]:
+    """The measured figures from requests.jsonl by hand: latencies from the engine's queued instant, or from the
+    frontend's arrival mapped onto the engine clock by the smallest queued - arrival offset."""
     folder = shared_trace(f"llmservingsim/bench/examples/{run}/vllm")
     rows = [json.loads(line) for line in (folder / "requests.jsonl").read_text().splitlines() if line.strip()]
-    ttft = np.array([r["first_token_ts"] - r["queued_ts"] for r in rows]) * 1e3
+    offset = min(r["queued_ts"] - r["arrival_time"] for r in rows)
+    start = [r["queued_ts"] if anchor == "queued" else r["arrival_time"] + offset for r in rows]
+    ttft = np.array([r["first_token_ts"] - a for r, a in zip(rows, start, strict=True)]) * 1e3
     tpot = np.array([(r["last_token_ts"] - r["first_token_ts"]) / (r["output_toks"] - 1) for r in rows]) * 1e3
     queue = np.array([r["scheduled_ts"] - r["queued_ts"] for r in rows]) * 1e3
-    span = max(r["last_token_ts"] for r in rows) - min(r["queued_ts"] for r in rows)
+    span = max(r["last_token_ts"] for r in rows) - min(start)
     return {
         "ttft_mean": ttft.mean(),
         "ttft_p90": np.percentile(ttft, 90),
+        "e2e_p50": np.percentile(
+            np.array([r["last_token_ts"] - a for r, a in zip(rows, start, strict=True)]) * 1e3, 50
+        ),
         "tpot_p50": np.percentile(tpot, 50),
         "queue_p99": np.percentile(queue, 99),
         "throughput_rps": len(rows) / span,
@@ -71,10 +80,11 @@ def test_cli_end_to_end_on_the_shared_runs(tmp_path, runs):
     assert res.returncode == 0, res.stderr
     result = json.loads((tmp_path / "v.json").read_text())
     assert [r["name"] for r in result["runs"]] == [p.name for p in runs]
+    assert result["anchor"]["name"] == "workload" and "arrivals: workload" in res.stdout
     for run, got in zip(RUNS, result["runs"], strict=True):
         rows = {r["figure"]: r for r in got["rows"]}
         assert list(rows) == list(FIGURES)
-        for figure, value in _raw_figures(run).items():
+        for figure, value in _raw_figures(run, "workload").items():
             assert rows[figure]["measured"] == pytest.approx(value, rel=1e-6), (run, figure)
         for row in rows.values():
             if row["signed_pct"] is not None:
@@ -91,11 +101,46 @@ def test_cli_end_to_end_on_the_shared_runs(tmp_path, runs):
     worst = result["worst"]
     recorded = load_engine_config(engine).calibration or {}
     assert recorded["validated_error"].startswith(f"worst {worst['figure']} {worst['signed_pct']:+.1f}% against")
+    assert recorded["validated_error"].endswith("(sim validate --measured, workload arrivals)")
     assert set(recorded["measured_validations"]) == {p.name for p in runs}
+    assert {v["anchor"] for v in recorded["measured_validations"].values()} == {"workload"}
     assert engine.read_text().startswith("# a hand-set engine")  # the comments kept
+    assert "arrivals: workload" in (tmp_path / "v.html").read_text()
 
 
-def test_replay_is_deterministic_and_arrives_at_the_queued_instants(runs):
+def test_the_queued_anchoring_is_an_explicit_option(tmp_path, runs):
+    """``--arrivals queued``: both sides from the engine's queued instant (the measured figures by hand), the
+    anchoring named in the output; its predictions differ from the workload anchoring's."""
+    engine = _engine_file(tmp_path)
+    cmd = [sys.executable, "-m", "loadgen", "sim", "validate", "--measured", str(runs[0]), "--engine", str(engine)]
+    res = subprocess.run([*cmd, "--arrivals", "queued", "--no-record", "--json"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    result = json.loads(res.stdout)
+    assert result["anchor"]["name"] == "queued"
+    rows = {r["figure"]: r for r in result["runs"][0]["rows"]}
+    for figure, value in _raw_figures(RUNS[0], "queued").items():
+        assert rows[figure]["measured"] == pytest.approx(value, rel=1e-6), figure
+    workload = {r["figure"]: r for r in compare_run(runs[0], load_engine_config(engine)).rows}
+    assert workload["ttft_mean"]["measured"] > rows["ttft_mean"]["measured"]  # the frontend's delay is kept
+    assert workload["ttft_mean"]["predicted"] != rows["ttft_mean"]["predicted"]
+    bad = subprocess.run([*cmd, "--arrivals", "sometime"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_the_workload_anchoring_replays_the_workloads_own_arrivals(runs):
+    """Under ``workload`` the worksheet replays the imported workload itself (arrival instants and block hashes
+    as the file has them); under ``queued`` the measured engine-queued instants."""
+    data = load_run(runs[2], chunks=False)
+    cols = data.requests.to_pydict()
+    table, meta, _ = replay_table(runs[2], data.manifest, cols, "workload")
+    workload, _ = read_trace(runs[2] / "workload.parquet")
+    assert table.column("scheduled_offset_ns").to_pylist() == workload.column("scheduled_offset_ns").to_pylist()
+    assert table.column("prompt_block_hashes").to_pylist() == workload.column("prompt_block_hashes").to_pylist()
+    queued, _, _ = replay_table(runs[2], data.manifest, cols, "queued")
+    assert queued.column("scheduled_offset_ns").to_pylist() == sorted(max(0, v) for v in cols["server_queued_ns"])
+
+
+def test_replay_is_deterministic(runs):
     config = load_engine_config(_engine_file(runs[1].parent))
     first, second = compare_run(runs[1], config), compare_run(runs[1], config)
     assert first.rows == second.rows
@@ -128,31 +173,36 @@ def test_a_folder_holding_no_run_is_refused_in_one_line(tmp_path):
 
 ENGINES = Path(__file__).resolve().parents[1] / "scenarios" / "engines"
 SHIPPED = {
-    "RTX4090_Llama-3.1-8B": ("rtx4090-llama-3.1-8b-tp1", ("ttft", "tpot", "e2e", "queue", "throughput")),
-    "RTXPRO6000_Llama-3.1-8B": ("rtxpro6000-llama-3.1-8b-tp1", ("ttft", "tpot", "e2e", "queue", "throughput")),
-    # the MoE run's TTFT and queue time are not yet within 10% (its median TTFT is 139 ms, mostly frontend-free
-    # engine time the profile under-predicts): its TPOT, E2E and throughput are
-    "RTXPRO6000_Qwen3-30B-A3B-Instruct-2507": ("rtxpro6000-qwen3-30b-a3b-tp1-ep2", ("tpot", "e2e", "throughput")),
+    "RTX4090_Llama-3.1-8B": "rtx4090-llama-3.1-8b-tp1",
+    "RTXPRO6000_Llama-3.1-8B": "rtxpro6000-llama-3.1-8b-tp1",
+    "RTXPRO6000_Qwen3-30B-A3B-Instruct-2507": "rtxpro6000-qwen3-30b-a3b-tp1-ep2",
 }
 
 
 @pytest.mark.parametrize("run_name", list(SHIPPED))
 def test_shipped_profiled_engines_meet_the_10_percent_goal(runs, run_name):
-    """The worksheet is deterministic: each shared run's figures on its shipped engine, held to the issue's goal."""
-    engine, held = SHIPPED[run_name]
+    """The worksheet is deterministic: each shared run's figures on its shipped engine (the default workload
+    anchoring), every one held to the issue's goal; on the two RTX PRO 6000 runs the worst of the figures the
+    published simulator reports (TTFT, TPOT, E2E) also beats its worst (the RTX 4090 run does not: see
+    docs/predict-a-gpu.md, "Where it still misses")."""
+    engine = SHIPPED[run_name]
     run = next(p for p in runs if p.name == run_name)
     cmd = [sys.executable, "-m", "loadgen", "sim", "validate", "--measured", str(run), "--engine"]
     res = subprocess.run(
         [*cmd, str(ENGINES / f"{engine}.toml"), "--no-record", "--json"], capture_output=True, text=True
     )
     assert res.returncode == 0, res.stderr
-    rows = json.loads(res.stdout)["runs"][0]["rows"]
+    got = json.loads(res.stdout)["runs"][0]
+    rows = got["rows"]
     misses = [
         (r["figure"], round(r["signed_pct"], 1))
         for r in rows
-        if r["figure"].startswith(held) and r["signed_pct"] is not None and abs(r["signed_pct"]) > 10
+        if r["signed_pct"] is not None and abs(r["signed_pct"]) > 10
     ]
     assert misses == []
+    if run_name.startswith("RTXPRO6000"):
+        ours = max(abs(r["signed_pct"]) for r in rows if r["figure"] in got["published"])
+        assert ours < max(abs(v) for v in got["published"].values())
 
 
 def test_recording_the_error_keeps_the_engine_files_comments(tmp_path, runs):
@@ -171,5 +221,5 @@ def test_recording_the_error_keeps_the_engine_files_comments(tmp_path, runs):
     assert all(ln in text.splitlines() for ln in comments if "validated_error" not in ln)
     assert text.count("[calibration.measured_validations.") == 1 and text.count("validated_error =") == 1
     cal = load_engine_config(engine).calibration or {}
-    assert cal["validated_error"].endswith("(sim validate --measured)")
+    assert cal["validated_error"].endswith("(sim validate --measured, workload arrivals)")
     assert "RTX4090" in next(iter(cal["measured_validations"]))

@@ -2,14 +2,25 @@
 
 ``sim validate --measured RUN_DIR... --engine ENGINE.toml``. Each run directory is a real engine's run that
 carries the engine's own instants (``server_queued_ns``, ``server_scheduled_ns``; ``loadgen import
-llmservingsim``). The worksheet replays the run's workload with each request arriving when the measured engine
-queued it (the frontend's delay is not the engine model's), with the run's scheduler settings (``max_num_seqs``,
+llmservingsim``). The worksheet replays the run's workload with the run's scheduler settings (``max_num_seqs``,
 ``max_num_batched_tokens``, data-parallel replicas, and the KV blocks when the run logged them) over the
-engine TOML's costs. Both sides are measured the same way, from the engine's queued instant:
+engine TOML's costs. Where each replayed request arrives, and where both sides' latencies start, is the
+anchoring (``ANCHORS``):
 
-* TTFT = first token - queued; TPOT = (last - first token) / (output tokens - 1) per request; E2E = last token
-  - queued; queue time = first scheduled - queued: mean, p50, p90, p99 (``loadgen.stats`` linear rule);
-* completed throughput = requests / (last token - first queued), requests per second.
+* ``workload`` (the default): the imported workload's own arrival instants, as users arrive. The measured side
+  starts at each request's frontend arrival on the run clock (``scheduled_ns``: the importer maps the
+  frontend's clock onto the engine's by the smallest queued - arrival offset, so the frontend's delay beyond
+  that smallest one stays in the measured latency);
+* ``queued``: each request arrives when the measured engine queued it, and both sides start there (no frontend
+  delay at all). vLLM queues a request between two steps, so a replayed arrival at that instant lands inside a
+  simulated step and waits out the rest of it: this anchoring adds part of a step to every predicted TTFT.
+
+Both sides are measured the same way, from the anchor instant (arrival, or queued):
+
+* TTFT = first token - anchor; TPOT = (last - first token) / (output tokens - 1) per request; E2E = last token
+  - anchor; queue time = first scheduled - queued (the engine's own, under either anchoring): mean, p50, p90,
+  p99 (``loadgen.stats`` linear rule);
+* completed throughput = requests / (last token - first anchor), requests per second.
 
 Error per figure: signed ``(predicted - measured) / measured x 100`` and absolute; MPE and MAPE over the figures
 (BLIS's layout). A figure measured under 1 ms has no percentage (its difference is shown in ms). The published
@@ -38,12 +49,14 @@ from loadgen.util.errors import RunDirError
 from loadgen.util.tomlfile import dumps_toml, read_toml
 
 __all__ = [
+    "ANCHORS",
     "FIGURES",
     "MIN_PCT_BASE_MS",
     "RunComparison",
     "compare_run",
     "published_errors",
     "record_validated_error",
+    "replay_table",
     "request_figures",
     "validate_measured",
 ]
@@ -61,13 +74,28 @@ _SERIES = (
     ("waiting", "vllm:num_requests_waiting", "sum"),
     ("kv_use", "vllm:kv_cache_usage_perc", "mean"),
 )
+#: Anchorings (module docstring) -> the request column each latency starts from, and what it means.
+ANCHORS = {
+    "workload": (
+        "scheduled_ns",
+        "the workload's own arrival instants (users arrive at random within a step); latencies from the "
+        "arrival, the frontend's clock mapped onto the engine's by the smallest queued - arrival offset",
+    ),
+    "queued": (
+        "server_queued_ns",
+        "each request arrives at the measured engine-queued instant; latencies from it (no frontend delay; a "
+        "replayed arrival lands inside a step, so part of a step is added to every predicted TTFT)",
+    ),
+}
 _PUBLISHED = re.compile(r"^(TTFT|TPOT|Latency) (Mean|Median|P90|P95|P99)\s+([-\d.]+)\s+([-\d.]+)\s+([-+\d.]+)%")
 _PUBLISHED_NAMES = {"TTFT": "ttft", "TPOT": "tpot", "Latency": "e2e"}
 _PUBLISHED_STATS = {"Mean": "mean", "Median": "p50", "P90": "p90", "P95": "p95", "P99": "p99"}
 
 
-def request_figures(cols: dict[str, list[Any]]) -> dict[str, float | None]:
-    """Every figure of ``FIGURES`` from request columns (completed requests: first and last token set)."""
+def request_figures(cols: dict[str, list[Any]], anchor: str = "workload") -> dict[str, float | None]:
+    """Every figure of ``FIGURES`` from request columns (completed requests: first and last token set), the
+    latencies from the ``anchor``'s instant (``ANCHORS``)."""
+    a = np.array(cols[ANCHORS[anchor][0]], dtype=float)
     q = np.array(cols["server_queued_ns"], dtype=float)
     s = np.array(cols["server_scheduled_ns"], dtype=float)
     f = np.array([np.nan if v is None else v for v in cols["first_token_ns"]], dtype=float)
@@ -75,9 +103,9 @@ def request_figures(cols: dict[str, list[Any]]) -> dict[str, float | None]:
     out_tokens = np.array(cols["target_output_tokens"], dtype=float)
     done = ~np.isnan(f) & ~np.isnan(last)
     per_request = {
-        "ttft": (f - q) / 1e6,
+        "ttft": (f - a) / 1e6,
         "tpot": (last - f) / np.maximum(1.0, out_tokens - 1) / 1e6,
-        "e2e": (last - q) / 1e6,
+        "e2e": (last - a) / 1e6,
         "queue": (s - q) / 1e6,
     }
     figures: dict[str, float | None] = {}
@@ -88,7 +116,7 @@ def request_figures(cols: dict[str, list[Any]]) -> dict[str, float | None]:
                 figures[f"{metric}_{stat}"] = None
             else:
                 figures[f"{metric}_{stat}"] = float(kept.mean()) if quantile is None else percentile(kept, quantile)
-    span_s = (np.nanmax(last[done]) - np.nanmin(q)) / NS if done.any() else 0.0
+    span_s = (np.nanmax(last[done]) - np.nanmin(a)) / NS if done.any() else 0.0
     figures["throughput_rps"] = float(done.sum() / span_s) if span_s > 0 else None
     return figures
 
@@ -185,17 +213,28 @@ def _engine_for(config: EngineConfig, settings: dict[str, Any]) -> EngineConfig:
     )
 
 
-def _replay_table(run_dir: Path, manifest: Manifest, cols: dict[str, list[Any]]) -> tuple[pa.Table, dict[str, Any]]:
-    """The workload with each request at its measured engine-queued instant (block hashes kept when known)."""
+def replay_table(
+    run_dir: Path, manifest: Manifest, cols: dict[str, list[Any]], anchor: str = "workload"
+) -> tuple[pa.Table, dict[str, Any], list[str]]:
+    """The trace the worksheet replays under ``anchor`` (``ANCHORS``), its metadata, and notes on it.
+
+    ``workload``: the imported workload itself (its arrival instants, lengths and block hashes), or, when the
+    run has none, the run's frontend arrivals. ``queued``: each request at its measured engine-queued instant."""
+    workload = manifest.trace.path if manifest.trace is not None else None
+    if anchor == "workload" and workload:
+        trace, trace_meta = read_trace(run_dir / workload)
+        return trace, trace_meta, []
+    column = "server_queued_ns" if anchor == "queued" else "scheduled_ns"
     n = len(cols["request_id"])
     hashes: list[Any] = [None] * n
     meta: dict[str, Any] = {"mode": "open"}
-    if manifest.trace is not None and manifest.trace.path:
-        workload, wmeta = read_trace(run_dir / manifest.trace.path)
-        by_index = workload.column("prompt_block_hashes").to_pylist()
+    notes = [] if workload or anchor == "queued" else ["no imported workload: replayed at the run's frontend arrivals"]
+    if workload:
+        trace, wmeta = read_trace(run_dir / workload)
+        by_index = trace.column("prompt_block_hashes").to_pylist()
         hashes = [by_index[_workload_index(rid, len(by_index), run_dir)] for rid in cols["request_id"]]
         meta["block_hash_tokens"] = wmeta.get("block_hash_tokens")
-    offsets = [max(0, int(v)) for v in cols["server_queued_ns"]]
+    offsets = [max(0, int(v)) for v in cols[column]]
     order = sorted(range(n), key=lambda i: (offsets[i], i))
     table = pa.Table.from_pylist(
         [
@@ -212,7 +251,7 @@ def _replay_table(run_dir: Path, manifest: Manifest, cols: dict[str, list[Any]])
         schema=TRACE_FULL_SCHEMA,
     )
     meta["requests"] = n
-    return table, meta
+    return table, meta, notes
 
 
 def _workload_index(request_id: Any, n: int, run_dir: Path) -> int:
@@ -264,8 +303,9 @@ def _series(measured: pa.Table | None, predicted: pa.Table | None) -> dict[str, 
     return out
 
 
-def compare_run(run_dir: Path | str, config: EngineConfig) -> RunComparison:
-    """One measured run beside the worksheet's replay of its workload on ``config`` (module docstring)."""
+def compare_run(run_dir: Path | str, config: EngineConfig, anchor: str = "workload") -> RunComparison:
+    """One measured run beside the worksheet's replay of its workload on ``config``, anchored by ``anchor``
+    (``ANCHORS``; module docstring)."""
     run_dir = Path(run_dir)
     data = load_run(run_dir, chunks=False)
     cols = data.requests.to_pydict()
@@ -276,18 +316,19 @@ def compare_run(run_dir: Path | str, config: EngineConfig) -> RunComparison:
         )
     settings = _run_settings(data.manifest)
     engine = _engine_for(config, settings)
-    table, meta = _replay_table(run_dir, data.manifest, cols)
+    table, meta, notes = replay_table(run_dir, data.manifest, cols, anchor)
     replicas = int(settings.get("data_parallel_size") or 1)
     result = simulate_trace(
         table, meta, engine, replicas=replicas, route_policy="least-in-flight" if replicas > 1 else "round-robin"
     )
-    predicted = request_figures(result.requests_table.to_pydict())
-    measured = request_figures(cols)
+    predicted = request_figures(result.requests_table.to_pydict(), anchor)
+    measured = request_figures(cols, anchor)
     rows = [_error(measured[name], predicted[name], name) for name in FIGURES]
     mpe, mape, worst = _summarize(rows)
     source = data.manifest.source or {}
     summary = source.get("validation_summary")
-    notes = [] if meta.get("block_hash_tokens") else ["no workload block hashes: prefix caching not replayed"]
+    if not meta.get("block_hash_tokens"):
+        notes.append("no workload block hashes: prefix caching not replayed")
     if replicas > 1:
         notes.append(f"{replicas} data-parallel engines behind least-in-flight routing; series summed (KV: mean)")
     return RunComparison(
@@ -305,17 +346,18 @@ def compare_run(run_dir: Path | str, config: EngineConfig) -> RunComparison:
     )
 
 
-def validate_measured(run_dirs: list[Path], engine: Path | str) -> dict[str, Any]:
-    """Every run beside the engine's replay; the result document (JSON-ready)."""
+def validate_measured(run_dirs: list[Path], engine: Path | str, anchor: str = "workload") -> dict[str, Any]:
+    """Every run beside the engine's replay under ``anchor`` (``ANCHORS``); the result document (JSON-ready)."""
     config = load_engine_config(engine)
-    runs = [compare_run(run_dir, config) for run_dir in run_dirs]
+    runs = [compare_run(run_dir, config, anchor) for run_dir in run_dirs]
     worst = max(
         ((abs(r.worst["signed_pct"]), r) for r in runs if r.worst is not None), key=lambda x: x[0], default=None
     )
     return {
         "engine": config.manifest() | {"config": None},
         "engine_label": config.calibration_label(),
-        "definitions": __doc__.split("\n\n")[2] if __doc__ else "",
+        "definitions": __doc__.split("\n\n")[4] if __doc__ else "",
+        "anchor": {"name": anchor, "means": ANCHORS[anchor][1]},
         "runs": [r.to_dict() for r in runs],
         "worst": None
         if worst is None
@@ -338,10 +380,15 @@ def record_validated_error(engine_toml: Path, result: dict[str, Any]) -> str | N
     if worst is None:
         return None
     read_toml(engine_toml, "engine TOML")  # a damaged file is refused in one line before it is touched
-    line = f"worst {worst['figure']} {worst['signed_pct']:+.1f}% against {worst['run']} (sim validate --measured)"
+    anchor = (result.get("anchor") or {}).get("name", "workload")
+    line = (
+        f"worst {worst['figure']} {worst['signed_pct']:+.1f}% against {worst['run']} "
+        f"(sim validate --measured, {anchor} arrivals)"
+    )
     entries = {
         run["name"]: {
             "run_dir": run["run_dir"],
+            "anchor": anchor,
             "mpe_pct": run["mpe_pct"],
             "mape_pct": run["mape_pct"],
             "worst_figure": (run["worst"] or {}).get("figure"),

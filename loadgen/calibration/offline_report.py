@@ -53,6 +53,8 @@ def _run_lines(run: dict[str, Any]) -> list[str]:
 def format_offline(result: dict[str, Any]) -> str:
     """The console table: per run, every figure measured, predicted, our signed error and theirs."""
     lines = [result["engine_label"], "ms unless stated; error = (predicted - measured) / measured"]
+    if anchor := result.get("anchor"):
+        lines.append(f"arrivals: {anchor['name']}: {anchor['means']}")
     for run in result["runs"]:
         lines += ["", *_run_lines(run)]
     if result["worst"]:
@@ -93,6 +95,8 @@ def offline_html(result: dict[str, Any]) -> str:
         "<!doctype html><meta charset='utf-8'><title>loadgen sim validate --measured</title>",
         f"<h1>{html.escape(result['engine_label'])}</h1><p>{html.escape(result['definitions'])}</p>",
     ]
+    if anchor := result.get("anchor"):
+        parts.append(f"<p><b>arrivals: {html.escape(anchor['name'])}</b>: {html.escape(anchor['means'])}</p>")
     for run in result["runs"]:
         parts.append(f"<h2>{html.escape(run['name'])}</h2>")
         parts.append(

@@ -20,12 +20,31 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=flags.number(0, 1 << 20, low_open=True),
         help="KV cache budget in GiB (vLLM --kv-cache-memory / VLLM_CPU_KVCACHE_SPACE)",
     )
-    p.add_argument(
+    device_memory = p.add_mutually_exclusive_group()
+    device_memory.add_argument(
         "--device-memory-gib",
         type=flags.number(0, 1 << 20, low_open=True),
         help="device memory in GiB; KV = device × utilization − other lines",
     )
+    device_memory.add_argument(
+        "--device-memory-bytes",
+        type=flags.integer(1, 1 << 50),
+        help="device memory in bytes, as cudaMemGetInfo reports it (a run's meta.json device_total_memory_bytes); "
+        "instead of --device-memory-gib",
+    )
     p.add_argument("--gpu-memory-utilization", type=flags.fraction(), default=0.9)
+    p.add_argument(
+        "--non-torch-gib",
+        type=flags.number(0, 1024),
+        help="cuda: device memory outside torch's allocator vLLM's profile sees appear (default: the ledger's "
+        "assumed 0.11 GiB)",
+    )
+    p.add_argument(
+        "--cuda-graph-gib",
+        type=flags.number(0, 1 << 20, low_open=True),
+        help="cuda: the CUDA graph estimate vLLM subtracts (default 0: vLLM 0.19 applies none unless "
+        "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1, the default from v0.21.0)",
+    )
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2"])
     p.add_argument(
         "--block-size",
@@ -106,8 +125,10 @@ def _run(args: argparse.Namespace) -> int:
             count=args.lora_count, rank=args.lora_rank, targets=tuple(t for t in args.lora_targets.split(",") if t)
         ),
         kv_cache_gib=args.kv_cache_gib,
-        device_memory_gib=args.device_memory_gib,
+        device_memory_gib=_device_memory_gib(args),
         gpu_memory_utilization=args.gpu_memory_utilization,
+        non_torch_gib=args.non_torch_gib,
+        graph_buffer_gib=args.cuda_graph_gib,
         device=args.device,
         usage_context=args.usage_context,
         runtime_gib=runtime_gib,
@@ -135,6 +156,13 @@ def _run(args: argparse.Namespace) -> int:
     ledger = compute_ledger(model, engine, scenario)
     print(json.dumps(ledger.to_dict(), indent=2) if args.json else format_ledger(ledger))
     return 0
+
+
+def _device_memory_gib(args: argparse.Namespace) -> float | None:
+    """--device-memory-gib, or --device-memory-bytes in GiB (exact: bytes / 2^30 is a float without rounding)."""
+    if args.device_memory_bytes is not None:
+        return float(args.device_memory_bytes / (1 << 30))
+    return args.device_memory_gib
 
 
 def _calibrated_runtime(path: str) -> float:

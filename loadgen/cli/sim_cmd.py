@@ -109,6 +109,14 @@ def _register_validate(s: argparse._SubParsersAction) -> None:
         help="(--measured) leave the engine TOML as it is (by default its validated_error is written)",
     )
     val.add_argument(
+        "--arrivals",
+        choices=("workload", "queued"),
+        default="workload",
+        help="(--measured) where each replayed request arrives and both sides' latencies start: workload = the "
+        "imported workload's own arrival instants, as users arrive (default); queued = the measured engine's "
+        "queued instant (no frontend delay; each prediction then waits out part of a step)",
+    )
+    val.add_argument(
         "--trace", action="append", default=None, metavar="PATH", help="trace to replay (default: canonical burst)"
     )
     val.add_argument(
@@ -338,7 +346,7 @@ def _validate_measured(args: argparse.Namespace) -> int:
     from ..calibration.offline import record_validated_error, validate_measured  # deferred: light --help
     from ..calibration.offline_report import format_offline, offline_html  # deferred: light --help
 
-    result = validate_measured([Path(p) for p in args.measured], args.engine)
+    result = validate_measured([Path(p) for p in args.measured], args.engine, anchor=args.arrivals)
     engine_path = Path(args.engine)
     if args.record and engine_path.is_file():
         result["recorded"] = record_validated_error(engine_path, result)

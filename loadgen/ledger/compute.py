@@ -16,6 +16,14 @@ from loadgen.util.errors import LedgerError
 from loadgen.workload.scenario import Scenario
 
 from .config import ModelConfig, dtype_bytes
+from .cuda import (
+    NON_TORCH_INCREASE_GIB,
+    forward_peak_bytes,
+    non_torch_bytes,
+    non_torch_increase_gib,
+    rotary_buffer_bytes,
+    sampler_peak_bytes,
+)
 from .kv import KVSpec, blocks_for_sequence, kv_spec, max_len_request_blocks, vllm_kv_capacity
 from .settings import GIB, QUANT_WEIGHT_BITS, EngineSettings
 from .workload import class_lengths
@@ -266,10 +274,13 @@ def _weights_line(m: ModelConfig, e: EngineSettings, params: dict[str, int]) -> 
         lin_bytes, scales = linear * wb, 0.0
         lin_formula = f"linear {linear:,} × {wb:g} B"
     sharded = lin_bytes + scales + other * wb
-    total = math.ceil(sharded / tp + params["norms"] * wb)
+    rotary = rotary_buffer_bytes(m, wb)
+    total = math.ceil(sharded / tp + params["norms"] * wb) + rotary
     formula = (
         f"({lin_formula} + embed/lm_head/router/bias {other:,} × {wb:g} B) / tp {tp}"
         f" + norms {params['norms']:,} × {wb:g} B"
+        f" + rotary cos/sin buffer max_position_embeddings {m.max_position_embeddings or 0:,} × rotary dim × {wb:g} B"
+        f" = {rotary:,} B (one table, shared by the layers)"
     )
     factors = {
         "parameters": params["total"],
@@ -283,11 +294,14 @@ def _weights_line(m: ModelConfig, e: EngineSettings, params: dict[str, int]) -> 
         "quant_bits": bits or None,
         "quant_group_size": group,
         "tensor_parallel_size": tp,
+        "rotary_buffer_bytes": rotary,
     }
     return LedgerLine("weights", total, formula, factors, "exact")
 
 
 def _activation_lines(m: ModelConfig, e: EngineSettings, act_b: float) -> tuple[LedgerLine, LedgerLine]:
+    if e.device == "cuda":
+        return _cuda_profile_lines(m, e, act_b)
     tp = e.tensor_parallel_size
     T = e.max_num_batched_tokens
     if m.is_moe:
@@ -327,6 +341,42 @@ def _activation_lines(m: ModelConfig, e: EngineSettings, act_b: float) -> tuple[
     return act_line, ws_line
 
 
+def _cuda_profile_lines(m: ModelConfig, e: EngineSettings, act_b: float) -> tuple[LedgerLine, LedgerLine]:
+    """vLLM 0.19's torch peak increase during profile_run, split so the two lines sum to it (ledger.cuda).
+
+    activations = the forward's peak; workspaces = what the sampler (with the hidden states it runs beside)
+    adds above that peak, 0 when the forward's peak is the larger.
+    """
+    forward, forward_formula = forward_peak_bytes(m, e, act_b)
+    sampler, sampler_formula = sampler_peak_bytes(m, e, act_b)
+    act_line = LedgerLine(
+        "activations",
+        forward,
+        forward_formula + " (vLLM 0.19 profile_run, torch peak: the forward)",
+        {
+            "max_num_batched_tokens": e.max_num_batched_tokens,
+            "hidden_size": m.hidden_size,
+            "bytes": act_b,
+            "tensor_parallel_size": e.tensor_parallel_size,
+            "assumption": "live at the peak: residual, normed input, gate/up and activation of one MLP",
+        },
+        "estimate",
+    )
+    ws_line = LedgerLine(
+        "workspaces",
+        max(0, sampler - forward),
+        f"torch peak beyond the forward: max(0, {sampler_formula} = {sampler:,} B − forward {forward:,} B)",
+        {
+            "sampler_peak_bytes": sampler,
+            "rows": min(e.max_num_seqs, e.max_num_batched_tokens),
+            "vocab_size": m.vocab_size,
+            "assumption": "vLLM V1 PyTorch top-k/top-p sampler path; sort scratch space freed before the scatter",
+        },
+        "estimate",
+    )
+    return act_line, ws_line
+
+
 def _adapter_line(m: ModelConfig, e: EngineSettings, wb: float) -> LedgerLine:
     lora = e.lora
     if lora.count <= 0:
@@ -355,15 +405,22 @@ def _adapter_line(m: ModelConfig, e: EngineSettings, wb: float) -> LedgerLine:
 def _fragmentation_line(e: EngineSettings, act: LedgerLine, ws: LedgerLine) -> LedgerLine:
     return LedgerLine(
         "fragmentation",
-        int((act.bytes + ws.bytes) * e.fragmentation_fraction),
-        f"{e.fragmentation_fraction:g} × (activations + workspaces) {act.bytes + ws.bytes:,} B",
-        {"fraction": e.fragmentation_fraction},
+        int((act.bytes + ws.bytes) * e.fragmentation),
+        f"{e.fragmentation:g} × (activations + workspaces) {act.bytes + ws.bytes:,} B"
+        + (
+            " (cuda: vLLM 0.19 counts allocated bytes after empty_cache, so allocator slack is outside its budget)"
+            if e.device == "cuda" and e.fragmentation_fraction is None
+            else ""
+        ),
+        {"fraction": e.fragmentation},
         "estimate",
     )
 
 
 def _graph_line(m: ModelConfig, e: EngineSettings, act_b: float) -> LedgerLine:
-    graph_gib = e.graph_buffer_gib if e.graph_buffer_gib is not None else (0.5 if e.device == "cuda" else 0.0)
+    if e.device == "cuda":
+        return _cuda_graph_line(e)
+    graph_gib = e.graph_buffer_gib if e.graph_buffer_gib is not None else 0.0
     comm = 0
     if e.tensor_parallel_size > 1:
         comm = int(2 * e.max_num_batched_tokens * m.hidden_size * act_b)
@@ -372,6 +429,35 @@ def _graph_line(m: ModelConfig, e: EngineSettings, act_b: float) -> LedgerLine:
         int(graph_gib * GIB) + comm,
         f"graph pool {graph_gib:g} GiB ({e.device}) + all-reduce staging 2 × {e.max_num_batched_tokens} × hidden {m.hidden_size} × {act_b:g} B × (tp>1: {int(e.tensor_parallel_size > 1)})",
         {"graph_pool_gib": graph_gib, "allreduce_bytes": comm, "device": e.device},
+        "estimate",
+    )
+
+
+def _cuda_graph_line(e: EngineSettings) -> LedgerLine:
+    """Non-torch increase (assumed constant) + the CUDA graph estimate vLLM applies (0 by default in 0.19)."""
+    graph_gib = e.graph_buffer_gib if e.graph_buffer_gib is not None else 0.0
+    non_torch = non_torch_bytes(e)
+    source = (
+        "given"
+        if e.non_torch_gib is not None
+        else f"assumed constant NON_TORCH_INCREASE_GIB {NON_TORCH_INCREASE_GIB:g}"
+    )
+    graph_note = (
+        "given"
+        if e.graph_buffer_gib is not None
+        else "vLLM 0.19 does not apply its estimate by default (on from v0.21.0)"
+    )
+    return LedgerLine(
+        "graph_comm_buffers",
+        non_torch + int(graph_gib * GIB),
+        f"non-torch increase {non_torch_increase_gib(e):g} GiB ({source}: kernel images, cuBLAS handles; the CUDA "
+        f"context and NCCL predate vLLM's snapshot) + CUDA graph estimate {graph_gib:g} GiB ({graph_note})",
+        {
+            "non_torch_gib": non_torch_increase_gib(e),
+            "non_torch_source": source,
+            "graph_pool_gib": graph_gib,
+            "device": e.device,
+        },
         "estimate",
     )
 
@@ -519,7 +605,8 @@ def _runtime_line(e: EngineSettings) -> LedgerLine:
     return LedgerLine(
         "runtime",
         0,
-        "not estimated on cuda (CUDA context, allocator reserve): give runtime_gib from a measured run",
+        "not estimated on cuda: the CUDA context and NCCL predate vLLM's memory snapshot, so they sit in the "
+        "(1 − utilization) share, outside the KV budget; give runtime_gib from a measured run",
         {"source": "none"},
         "estimate",
     )

@@ -132,8 +132,15 @@ class EngineSettings:
     usage_context: str = "api_server"
     device_name: str = ""  # the GPU's name (vLLM's defaults treat an A100 apart)
     # Estimates for the non-KV lines (every one is printed with its factor):
-    fragmentation_fraction: float = 0.05  # of activations + workspaces (caching allocator slack)
-    graph_buffer_gib: float | None = None  # None: 0.5 GiB on cuda with graphs, 0 on cpu
+    # of activations + workspaces (caching allocator slack). None: 0 on cuda (vLLM 0.19's budget counts
+    # allocated bytes after empty_cache, so slack is outside it), 0.05 on cpu
+    fragmentation_fraction: float | None = None
+    # the CUDA graph pool the KV budget subtracts. None: 0 (vLLM 0.19 does not apply its estimate unless
+    # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1; the default from v0.21.0): give it for those versions
+    graph_buffer_gib: float | None = None
+    # cuda: device memory outside torch's allocator that vLLM's profile sees appear, GiB per device.
+    # None: ledger.cuda.NON_TORCH_INCREASE_GIB (an assumed constant, with its source there)
+    non_torch_gib: float | None = None
     safety_margin_fraction: float = 0.05  # of the accounted total when the budget is kv_cache_gib
     # The runtime: interpreters, torch and the engine's processes (RSS on CPU). None: the measured default
     # for the CPU build (compute.CPU_RUNTIME_GIB), not estimated on cuda; `loadgen vllm run` measures it.
@@ -161,7 +168,13 @@ class EngineSettings:
                 raise LedgerError(
                     f"{name} = {value}: expected a positive finite number of GiB (at most {MAX_MEMORY_GIB})"
                 )
+        if self.non_torch_gib is not None and (
+            not is_finite(self.non_torch_gib) or not 0 <= self.non_torch_gib <= 1024
+        ):
+            raise LedgerError(f"non_torch_gib = {self.non_torch_gib}: expected a finite number of GiB in [0, 1024]")
         for name in ("fragmentation_fraction", "safety_margin_fraction"):
+            if getattr(self, name) is None:
+                continue
             if not is_finite(getattr(self, name)) or not 0 <= getattr(self, name) < 1:
                 raise LedgerError(f"{name} = {getattr(self, name)}: expected a number in [0, 1)")
         if not is_finite(self.gpu_memory_utilization) or not 0 < self.gpu_memory_utilization <= 1:
@@ -194,6 +207,13 @@ class EngineSettings:
             if name in missing:
                 object.__setattr__(self, name, value)
         object.__setattr__(self, "defaulted", missing)
+
+    @property
+    def fragmentation(self) -> float:
+        """The fragmentation fraction in use: the setting, else 0 on cuda (vLLM's accounting) and 0.05 on cpu."""
+        if self.fragmentation_fraction is not None:
+            return self.fragmentation_fraction
+        return 0.0 if self.device == "cuda" else 0.05
 
     def with_(self, **changes: Any) -> EngineSettings:
         """A copy with ``changes``; scheduler limits that were vLLM's defaults are re-derived for the new settings."""

@@ -56,7 +56,7 @@ def utc_now_iso() -> str:
 
 def git_sha() -> str | None:
     """The git commit of the loadgen source tree, when it runs from a checkout (``-dirty`` if modified)."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # loadgen/rundir/identity.py -> the checkout
     if not (root / ".git").exists() or shutil.which("git") is None:
         return None
     try:

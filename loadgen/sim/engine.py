@@ -25,6 +25,11 @@ from .profile import OperatorProfile, load_profile
 
 __all__ = ["DecodeRun", "Engine", "RunRecorder", "Seq", "StepResult"]
 
+#: Keeps a derived prefix-cache key a non-negative int64, as the trace's block hashes are.
+_MASK = (1 << 63) - 1
+#: Blocks of the pool no sequence holds: vLLM 0.19's BlockPool keeps block 0 back as its null block (a
+#: placeholder in block tables), counted in the num_gpu_blocks it logs; its KV usage is over the others.
+NULL_BLOCKS = 1
 #: A time no step reaches (ns): "no limit" for ``Engine.decode_run``.
 NEVER_NS = 1 << 62
 #: A negative jitter draw shortens a step to no less than this fraction of its modelled time.
@@ -227,7 +232,8 @@ class Engine:
         self.config = config
         s = config.scheduler
         self.block_size = config.kv.block_size
-        self.total_blocks = config.num_kv_blocks
+        self.num_kv_blocks = config.num_kv_blocks  # as vLLM logs it (num_gpu_blocks)
+        self.total_blocks = max(1, config.num_kv_blocks - NULL_BLOCKS)  # what sequences can hold
         self.max_num_seqs = s.max_num_seqs
         self.max_batched = s.max_num_batched_tokens
         self.chunked = s.chunked_prefill
@@ -459,7 +465,17 @@ class Engine:
             seq.entry = None
 
     def _preempt(self, seq: Seq) -> None:
-        """Preempt by recompute: free every block, computed = 0, back to the front of the queue."""
+        """Preempt by recompute: free every block, computed = 0, back to the front of the queue.
+
+        With prefix caching, vLLM 0.19 has cached every full block the sequence computed, prompt and output
+        alike (its block hashes grow with its tokens), and freeing puts them in the evictable pool, evicted
+        last: the recompute hits them where they survive. Here its full blocks join its prefix-cache entry
+        (a chain of per-sequence keys extends it past the prompt's hashes) before the release."""
+        if seq.entry is not None and seq.cache_limit is None:
+            full = seq.computed // self.block_size
+            if seq.chain is not None and full > len(seq.chain):
+                seq.chain.extend(hash((seq.idx, j)) & _MASK for j in range(len(seq.chain), full))
+            self._promote(seq, full)
         self._release(seq)
         seq.computed = 0
         seq.prompt_done = False

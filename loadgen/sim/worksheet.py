@@ -446,7 +446,7 @@ def _no_progress(engine: Engine) -> EngineError:
     return EngineError(
         f"engine config {c.name!r}: the simulated engine made no progress with requests queued (max_num_seqs = "
         f"{c.scheduler.max_num_seqs}, max_num_batched_tokens = {c.scheduler.max_num_batched_tokens}, "
-        f"num_kv_blocks = {engine.total_blocks}): expected limits under which a step can admit a request"
+        f"num_kv_blocks = {engine.num_kv_blocks}): expected limits under which a step can admit a request"
     )
 
 
@@ -798,9 +798,9 @@ def _engine_notes(engine: Engine, steps: _Steps, chunks: _Chunks, plans: list[Fa
         "preemptions": engine.num_preemptions,
         "prefix_cache_queries": engine.prefix_queries,
         "prefix_cache_hits": engine.prefix_hits,
-        "num_kv_blocks": engine.total_blocks,
+        "num_kv_blocks": engine.num_kv_blocks,
         "block_size": engine.block_size,
-        "kv_cache_tokens": engine.total_blocks * engine.block_size,
+        "kv_cache_tokens": engine.num_kv_blocks * engine.block_size,
         "faults_injected": _count_faults(plans),
     }
 

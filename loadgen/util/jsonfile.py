@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.util.errors import LoadgenError
+from loadgen.util.inputfile import read_input_bytes
 
 __all__ = ["read_json", "read_json_object"]
 
@@ -23,14 +24,7 @@ def _no_constant(name: str) -> Any:
 def read_json(path: str | Path, what: str, error: type[LoadgenError] = LoadgenError, *, allow_nan: bool = True) -> Any:
     """Parse ``path`` as JSON in UTF-8; ``what`` names the expected file kind."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise error(f"{path}: no such file: expected {what}") from None
-    except OSError as exc:
-        raise error(f"{path}: cannot read ({exc.strerror}): expected {what}") from None
-    except ValueError:  # a NUL byte: no file can have this name
-        raise error(f"{str(path)!r}: not a usable file name (NUL byte): expected {what}") from None
+    raw = read_input_bytes(path, what, error)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

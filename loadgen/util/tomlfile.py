@@ -14,6 +14,7 @@ from typing import Any
 import tomli_w
 
 from loadgen.util.errors import ScenarioError
+from loadgen.util.inputfile import read_input_bytes
 
 __all__ = ["dumps_toml", "read_toml"]
 
@@ -21,14 +22,7 @@ __all__ = ["dumps_toml", "read_toml"]
 def read_toml(path: str | Path, what: str) -> tuple[dict[str, Any], str]:
     """Parse ``path`` as TOML; returns (data, sha256 of the bytes). ``what`` names the expected file kind."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ScenarioError(f"{path}: no such file: expected {what}") from None
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read ({exc.strerror}): expected {what}") from None
-    except ValueError:  # a NUL byte: no file can have this name
-        raise ScenarioError(f"{str(path)!r}: not a usable file name (NUL byte): expected {what}") from None
+    raw = read_input_bytes(path, what, ScenarioError)
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

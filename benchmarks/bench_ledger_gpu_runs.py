@@ -1,0 +1,104 @@
+"""The ledger's CUDA path (vLLM 0.19 accounting) against the shared real GPU runs: predicted vs logged KV blocks.
+
+For each run under ``../shared/traces/llmservingsim/bench/examples`` it prints what the run logs (KV blocks,
+device memory) and what the ledger predicts from the model config and the run's engine settings, with every
+non-KV line. Only the RTX 4090 run records its KV blocks and device memory; the RTX PRO 6000 runs record
+neither, so their prediction is printed at an assumed device total (``--pro6000-total-bytes``, default the
+card's nominal 96 GB = 96e9 B), which the output says. Deterministic: no GPU, no timing.
+
+    python benchmarks/bench_ledger_gpu_runs.py
+    python benchmarks/bench_ledger_gpu_runs.py --pro6000-total-bytes 101971394560
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from loadgen.ledger import GIB, EngineSettings, compute_ledger, read_model_config
+
+REPO = Path(__file__).resolve().parents[1]
+SIM = REPO.parent / "shared" / "traces" / "llmservingsim"
+#: The runs: (example dir, model config under configs/model, why a run is not predicted or None).
+RUNS = (
+    ("RTX4090/Llama-3.1-8B", "meta-llama/Llama-3.1-8B.json", None),
+    ("RTXPRO6000/Llama-3.1-8B", "meta-llama/Llama-3.1-8B.json", None),
+    (
+        "RTXPRO6000/Qwen3-30B-A3B-Instruct-2507",
+        "Qwen/Qwen3-30B-A3B-Instruct-2507.json",
+        "DP 2 with expert parallelism: the ledger does not shard experts across data-parallel ranks",
+    ),
+)
+NOMINAL_PRO6000_BYTES = 96_000_000_000
+
+
+def _engine(meta: dict, total_bytes: int) -> EngineSettings:
+    kwargs = meta["engine_kwargs"]
+    kv = meta.get("kv_cache") or {}
+    return EngineSettings(
+        max_num_seqs=kwargs["max_num_seqs"],
+        max_num_batched_tokens=kwargs["max_num_batched_tokens"],
+        max_model_len=kwargs.get("max_model_len"),
+        tensor_parallel_size=kwargs["tensor_parallel_size"],
+        device_memory_gib=total_bytes / GIB,
+        gpu_memory_utilization=kv.get("gpu_memory_utilization", 0.9),
+        block_size=kv.get("block_size", 16),
+    )
+
+
+def _report(name: str, config: str, skip: str | None, pro6000_total: int) -> None:
+    meta = json.loads((SIM / "bench" / "examples" / name / "vllm" / "meta.json").read_text())
+    logged_total = (meta.get("hardware") or {}).get("device_total_memory_bytes")
+    logged_blocks = (meta.get("kv_cache") or {}).get("num_gpu_blocks")
+    print(f"== {name}: vLLM {meta['vllm_version']}, engine {meta['engine_kwargs']}")
+    print(
+        f"   logged: KV blocks {logged_blocks if logged_blocks is not None else 'not logged'}; device total bytes "
+        f"{logged_total if logged_total is not None else 'not logged'}"
+    )
+    if skip:
+        print(f"   not predicted: {skip}")
+        return
+    total = int(logged_total) if logged_total is not None else pro6000_total
+    source = "logged" if logged_total is not None else "ASSUMED (not logged)"
+    led = compute_ledger(read_model_config(SIM / "configs" / "model" / config), _engine(meta, total))
+    print(
+        f"   device total {total:,} B ({source}) × utilization {led.engine.gpu_memory_utilization:g} "
+        f"= {int(total * led.engine.gpu_memory_utilization):,} B"
+    )
+    for line in led.lines:
+        if line.name not in ("kv_cache", "safety_margin", "runtime", "adapters"):
+            print(f"   {line.name:<20} {line.bytes:>16,} B  {line.formula}")
+    blocks = led.kv_cache_blocks or 0
+    print(f"   KV budget {led.kv_budget_bytes:,} B → predicted blocks {blocks:,}")
+    if logged_blocks is not None:
+        error = (blocks - logged_blocks) / logged_blocks
+        per_block = led.kv.bytes_per_block
+        lo = int(total * led.engine.gpu_memory_utilization) - (logged_blocks + 1) * per_block
+        hi = int(total * led.engine.gpu_memory_utilization) - logged_blocks * per_block
+        predicted_non_kv = sum(
+            line.bytes for line in led.lines if line.name not in ("kv_cache", "safety_margin", "runtime")
+        )
+        print(
+            f"   vs logged {logged_blocks:,}: {error:+.2%}; vLLM's non-KV memory was {lo:,}-{hi:,} B, "
+            f"the ledger's {predicted_non_kv:,} B ({predicted_non_kv - hi:+,} to {predicted_non_kv - lo:+,} B)"
+        )
+    else:
+        print(
+            f"   nothing logged to compare; each GiB of device total moves the prediction by "
+            f"{0.9 * GIB / led.kv.bytes_per_block:.0f} blocks"
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pro6000-total-bytes", type=int, default=NOMINAL_PRO6000_BYTES)
+    args = ap.parse_args()
+    if not SIM.exists():
+        raise SystemExit(f"shared data not present: {SIM}")
+    for name, config, skip in RUNS:
+        _report(name, config, skip, args.pro6000_total_bytes)
+
+
+if __name__ == "__main__":
+    main()
