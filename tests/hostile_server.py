@@ -17,6 +17,8 @@ well-behaved baseline every other behaviour departs from in one respect:
 - ``echo``: ``/version``, ``/metrics`` (as the labels of one sample) and error bodies echo every request
   header back; a POST answers 401 with the
   credential (``x-api-key``, else ``authorization``) placed across the 400th character of the body;
+- ``echo-fields``: a POST streams as ``ok`` does, with the request's headers in every chunk: its
+  Authorization in ``model`` (the usage event's too), its X-Api-Key in ``system_fingerprint`` and in the text;
 - ``retry-after-nan``: a POST answers 429 with ``Retry-After: nan``;
 - ``gzip``: the stream is sent ``content-encoding: gzip``;
 - ``answer-huge``: every POST answers a 300 MB JSON body (as ``version-huge`` does for ``/version``);
@@ -75,6 +77,7 @@ BEHAVIOURS = (
     "sim-tokenizer",
     "trickle-reset",
     "answer-huge",
+    "echo-fields",
 )
 #: ``bad-field-types``: the fields put on the last chunk of every third POST, in turn.
 BAD_FIELDS: tuple[dict[str, object], ...] = (
@@ -93,18 +96,23 @@ def _event(obj: object) -> bytes:
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
-def _stream_events(tokens: int, bad: dict[str, object] | None = None) -> list[bytes]:
-    """One chunk per token (the last with finish_reason "length"), a usage-only event, [DONE]."""
+def _stream_events(
+    tokens: int, bad: dict[str, object] | None = None, echo: dict[str, str] | None = None
+) -> list[bytes]:
+    """One chunk per token (the last with finish_reason "length"), a usage-only event, [DONE]. ``echo``: the
+    request's headers, put in every chunk's model (Authorization), fingerprint and text (X-Api-Key)."""
     events = []
     for i in range(tokens):
         last = i == tokens - 1
         chunk: dict[str, object] = {
             "id": "cmpl-hostile",
             "object": "text_completion",
-            "model": MODEL,
-            "system_fingerprint": "fp-hostile",
+            "model": MODEL if echo is None else f"echo {echo.get('authorization', '')}",
+            "system_fingerprint": "fp-hostile" if echo is None else echo.get("x-api-key", ""),
             "choices": [{"index": 0, "text": " the", "finish_reason": "length" if last else None}],
         }
+        if echo is not None:
+            chunk["choices"][0]["text"] = f" said {echo.get('x-api-key', '')}"  # type: ignore[index]
         if last and bad:
             if "finish_reason" in bad:
                 chunk["choices"][0]["finish_reason"] = bad["finish_reason"]  # type: ignore[index]
@@ -112,8 +120,9 @@ def _stream_events(tokens: int, bad: dict[str, object] | None = None) -> list[by
                 chunk.update(bad)
         events.append(_event(chunk))
     usage = {"prompt_tokens": 5, "completion_tokens": tokens, "total_tokens": 5 + tokens}
+    model = MODEL if echo is None else f"echo {echo.get('authorization', '')}"
     events.append(
-        _event({"id": "cmpl-hostile", "object": "text_completion", "model": MODEL, "choices": [], "usage": usage})
+        _event({"id": "cmpl-hostile", "object": "text_completion", "model": model, "choices": [], "usage": usage})
     )
     events.append(b"data: [DONE]\n\n")
     return events
@@ -266,7 +275,7 @@ class _Server:
             _respond(writer, 429, b'{"error": "slow down"}', extra=b"retry-after: nan\r\n")
             return "retry-after-nan"
         tokens = max(1, min(_max_tokens(request.body), MAX_TOKENS))
-        events = _stream_events(tokens, bad)
+        events = _stream_events(tokens, bad, request.headers if behaviour == "echo-fields" else None)
         if behaviour == "gzip":
             packed = gzip.compress(b"".join(events))
             writer.write(

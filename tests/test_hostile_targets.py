@@ -413,6 +413,58 @@ def test_echoed_credentials_are_redacted_before_the_cut(tmp_path: Path, trace: P
             assert secret[i : i + 8].encode() not in stored, secret[i : i + 8]
 
 
+def test_credentials_echoed_in_stream_fields_are_redacted(tmp_path: Path, trace: Path) -> None:
+    """A stream whose model, system_fingerprint and text carry the request's credentials: none is stored."""
+    bearer = "bk-Jw4RtY9uHs6GkP1eVb8MnZq"
+    with hostile_server("echo-fields") as server:
+        out = run(
+            trace,
+            server.base_url,
+            tmp_path / "run",
+            "--header",
+            f"X-Api-Key: {KEY}",
+            "--api-key-env",
+            "HOSTILE_KEY",
+            env={"HOSTILE_KEY": bearer},
+        )
+    assert out.returncode == 0, out.stderr
+    rows = load_run(tmp_path / "run").requests.to_pylist()
+    assert {r["status"] for r in rows} == {"ok"}, rows[0]
+    assert {(r["response_model"], r["system_fingerprint"]) for r in rows} == {("echo Bearer REDACTED", "REDACTED")}
+    stored = all_bytes(tmp_path / "run") + (out.stdout + out.stderr).encode()
+    for secret in (KEY, bearer):
+        for i in range(len(secret) - 7):
+            assert secret[i : i + 8].encode() not in stored, secret[i : i + 8]
+
+
+def test_credentials_echoed_in_a_contract_answer_are_redacted(tmp_path: Path) -> None:
+    bearer = "bk-Jw4RtY9uHs6GkP1eVb8MnZq"
+    cases = REPO / "scenarios" / "contract" / "canonical.toml"
+    with hostile_server("echo-fields") as server:
+        out = cli(
+            "contract",
+            "replay",
+            f"{cases}#target-capital",
+            "--target",
+            server.base_url,
+            "--model",
+            MODEL,
+            "--endpoint",
+            "completions",
+            "--stream",
+            "--api-key-env",
+            "HOSTILE_KEY",
+            "--out",
+            tmp_path / "c.json",
+            env={"HOSTILE_KEY": bearer},
+        )
+    assert out.returncode in (0, 1) and "Traceback" not in out.stderr, out.stderr
+    stored = (tmp_path / "c.json").read_bytes() + (out.stdout + out.stderr).encode()
+    assert b"echo Bearer REDACTED" in stored
+    for i in range(len(bearer) - 7):
+        assert bearer[i : i + 8].encode() not in stored, bearer[i : i + 8]
+
+
 def test_one_credential_per_run_on_every_request(tmp_path: Path, trace: Path) -> None:
     record = tmp_path / "record.jsonl"
     with hostile_server("ok", record) as server:

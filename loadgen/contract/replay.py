@@ -32,7 +32,7 @@ from ..driver import RunOptions, run_trace
 from ..driver.bounded import bounded_get, bounded_request
 from ..driver.error_kinds import parse_retry_after
 from ..trace.io import read_trace
-from ..util.redact import redact, redact_url
+from ..util.redact import redact, redact_url, without_secrets
 from .cases import Case, CaseSet
 from .checks import CheckOutcome, Observed, run_checks
 from .responder import CASE_HEADER
@@ -413,6 +413,23 @@ def _retry_after(response: httpx.Response) -> float | None:
     return parse_retry_after(response.headers.get("retry-after"))
 
 
+def _without_secrets(obs: Observed, secrets: tuple[str, ...]) -> Observed:
+    """``obs`` with the key replaced in every text the server sent (a server may echo it in any of them)."""
+    if not secrets:
+        return obs
+
+    def clean(value: str | None) -> str | None:
+        return without_secrets(value, secrets) if value else value
+
+    return replace(
+        obs,
+        text=clean(obs.text),
+        finish_reason=clean(obs.finish_reason),
+        response_model=clean(obs.response_model),
+        system_fingerprint=clean(obs.system_fingerprint),
+    )
+
+
 async def _replay_one(
     client: httpx.AsyncClient,
     case: Case,
@@ -478,6 +495,7 @@ async def _replay_one(
             break
         obs = _parse_response(data, endpoint)
         break
+    obs = _without_secrets(obs, secrets)
     outcomes = run_checks(case, obs)
     return CaseResult(
         case_id=case.id,

@@ -32,6 +32,7 @@ from loadgen.rundir.schema import (
     STATUS_TIMEOUT,
     http_error_kind,
 )
+from loadgen.util.redact import without_secrets
 from loadgen.workload.routing import Router
 
 from .error_kinds import (
@@ -560,6 +561,12 @@ def _outcome(state: StreamState) -> tuple[str, str | None, str | None]:
     raise StreamTruncated(f"stream ended without [DONE] or finish_reason after {state.client_tokens} tokens")
 
 
+def _server_text(value: str | None, secrets: tuple[str, ...]) -> str | None:
+    """A text the server sent (model, fingerprint, finish reason, completion) with the run's secrets replaced:
+    a server that echoes the request's key in them does not get it stored."""
+    return without_secrets(value, secrets) if value and secrets else value
+
+
 def _record(
     ctx: RunContext,
     job: Job,
@@ -604,11 +611,11 @@ def _record(
     row["client_reasoning_tokens"] = state.reasoning_tokens if sent else None
     row["server_reasoning_tokens"] = state.server_reasoning
     row["chunk_count"] = len(arrivals) if sent else None
-    row["finish_reason"] = state.finish_reason
-    row["response_model"] = state.response_model
-    row["system_fingerprint"] = state.fingerprint
+    row["finish_reason"] = _server_text(state.finish_reason, ctx.secrets)
+    row["response_model"] = _server_text(state.response_model, ctx.secrets)
+    row["system_fingerprint"] = _server_text(state.fingerprint, ctx.secrets)
     if state.texts is not None and sent:
-        row["completion_text"] = "".join(state.texts)
+        row["completion_text"] = _server_text("".join(state.texts), ctx.secrets)
     if ctx.warm_state == "cold":
         row["warm"] = ctx.first_ok_done_ns is not None and sent and row["sent_ns"] > ctx.first_ok_done_ns
     elif ctx.warm_state == "warm":
