@@ -22,7 +22,7 @@ import pyarrow.json as pajson
 
 from loadgen.util.errors import TraceError
 
-from .import_table import Source
+from .import_table import Source, bad_seconds, first_missing
 
 __all__ = ["BAILIAN_BLOCK_TOKENS", "read_bailian"]
 
@@ -89,17 +89,13 @@ def read_bailian(path: str | Path, class_by: str | None = None) -> Source:
     table = _read_table(path)
     if table.num_rows == 0:
         raise TraceError(f"{path}: no requests: expected at least one line")
-    for name in _REQUIRED:
-        column = table.column(name)
-        if column.null_count:
-            line = int(pc.index(pc.is_null(column), True).as_py()) + 1
-            raise TraceError(f"{path}: request {line}: missing {name}: expected {', '.join(_REQUIRED)}")
+    missing = first_missing(table, _REQUIRED)
+    if missing is not None:
+        raise TraceError(f"{path}: request {missing[1] + 1}: missing {missing[0]}: expected {', '.join(_REQUIRED)}")
     seconds = table.column("timestamp").to_numpy()
-    bad = np.flatnonzero(~np.isfinite(seconds) | (seconds < 0) | (seconds > 1e10))
-    if len(bad):
-        raise TraceError(
-            f"{path}: request {int(bad[0]) + 1}: timestamp = {float(seconds[bad[0]])!r}: expected seconds >= 0"
-        )
+    bad = bad_seconds(seconds, 1e10)
+    if bad is not None:
+        raise TraceError(f"{path}: request {bad + 1}: timestamp = {float(seconds[bad])!r}: expected seconds >= 0")
     chat_ids = table.column("chat_id").to_numpy()
     first = _first_turns(path, chat_ids, table.column("parent_chat_id").to_numpy())
     conversations = pc.binary_join_element_wise("bl", pa.array(chat_ids[first]).cast(pa.string()), "")

@@ -14,12 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from loadgen.util.errors import TraceError
 
-from .import_table import Source
+from .import_table import Source, bad_seconds, first_missing
 
 __all__ = ["BURSTGPT_CLASS_FIELDS", "BURSTGPT_COLUMNS", "read_burstgpt"]
 
@@ -64,15 +63,12 @@ def read_burstgpt(path: str | Path, class_by: str | None = None) -> Source:
     if class_by is not None and class_by not in BURSTGPT_CLASS_FIELDS:
         raise TraceError(f"--class-by = {class_by!r}: expected one of {', '.join(BURSTGPT_CLASS_FIELDS)} for burstgpt")
     table = _read_table(path)
-    for name in BURSTGPT_COLUMNS:
-        column = table.column(name)
-        if column.null_count:
-            row = int(pc.index(pc.is_null(column), True).as_py()) + 2
-            raise TraceError(f"{path}: row {row}: {name} is empty: expected a value")
+    missing = first_missing(table, BURSTGPT_COLUMNS)
+    if missing is not None:
+        raise TraceError(f"{path}: row {missing[1] + 2}: {missing[0]} is empty: expected a value")
     seconds = table.column("Timestamp").to_numpy()
-    bad = np.flatnonzero(~np.isfinite(seconds) | (seconds < 0) | (seconds > 1e9))
-    if len(bad):
-        row = int(bad[0])
+    row = bad_seconds(seconds, 1e9)
+    if row is not None:
         raise TraceError(f"{path}: row {row + 2}: Timestamp = {float(seconds[row])!r}: expected seconds >= 0")
     field = BURSTGPT_CLASS_FIELDS.get(class_by) if class_by else None
     return Source(

@@ -26,7 +26,7 @@ from loadgen.workload.scenario import class_name_problem
 from .. import __version__
 from .io import trace_table, write_trace
 
-__all__ = ["ImportOptions", "Source", "class_slug", "parse_class_map", "write_imported"]
+__all__ = ["ImportOptions", "Source", "bad_seconds", "class_slug", "first_missing", "parse_class_map", "write_imported"]
 
 _NS = 1_000_000_000
 
@@ -63,6 +63,21 @@ class Source:
     source_turns: np.ndarray | None = None  # with text: 0-based turn; a window keeps only threads it opens
     think_after_reply_ns: pa.Array | None = None  # int64: sent this long after the previous reply (null: at offset)
     extra_meta: dict[str, Any] | None = None
+
+
+def first_missing(table: pa.Table, names: tuple[str, ...]) -> tuple[str, int] | None:
+    """The first of ``names`` with a null, and the 0-based row of its first null; None when none has one."""
+    for name in names:
+        column = table.column(name)
+        if column.null_count:
+            return name, int(pc.index(pc.is_null(column), True).as_py())
+    return None
+
+
+def bad_seconds(seconds: np.ndarray, most_s: float) -> int | None:
+    """The 0-based row of the first timestamp that is not finite, negative or over ``most_s``; None if all fit."""
+    bad = np.flatnonzero(~np.isfinite(seconds) | (seconds < 0) | (seconds > most_s))
+    return int(bad[0]) if len(bad) else None
 
 
 def class_slug(value: str) -> str:
