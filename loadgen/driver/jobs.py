@@ -225,12 +225,7 @@ def build_jobs(
     cols = table.to_pydict()
     threads: dict[str, _Thread] = {}  # conversation id -> its last turn
     replies: dict[str, str | None] = {}  # conversation id -> its last turn's recorded reply (text rows)
-    stream_options: dict[str, Any] = {"include_usage": True}
-    if vllm_extensions:
-        stream_options["continuous_usage_stats"] = True
-    tail: dict[str, Any] = {"stream": True, "stream_options": stream_options}  # after max tokens, in this order
-    if vllm_extensions:
-        tail["ignore_eos"] = True
+    tail = _body_tail(vllm_extensions)
     jobs: list[Job] = []
     for i in range(table.num_rows):
         rid = cols["request_id"][i]
@@ -239,28 +234,14 @@ def build_jobs(
         conv = cols["conversation_id"][i]
         turn = cols["turn_index"][i]
         group = cols["prefix_group"][i]
-        prev = threads.get(conv) if conv is not None and turn else None
-        hashes = cols["prompt_block_hashes"][i] if block_hash_tokens and "prompt_block_hashes" in cols else None
-        text = cols["prompt_text"][i] if "prompt_text" in cols else None
-        if text is not None:  # recorded text: after the thread's previous turns and their recorded replies
-            segments = _text_segments(tokenizer, prev, replies.get(conv) if prev else None, text)
-            if conv is not None:
-                replies[conv] = cols["reply_text"][i]
-        elif prev is None and hashes:
-            segments = [("user", synth.hashed(rid, p_tokens, hashes, block_hash_tokens), p_tokens)]
-        else:
-            segments = _segments(synth, prev, rid, p_tokens, group, int(cols["prefix_tokens"][i] or 0))
+        segments = _row_segments(cols, i, synth, threads, replies, block_hash_tokens)
         if conv is not None:
             threads[conv] = (segments, p_tokens, o_tokens)
         body, prompt_text, client_tokens = _prompt_body(model, endpoint, segments, tokenizer)
         body[max_tokens_field] = o_tokens
         body.update(tail)
-        reasoning = cols["reasoning_tokens"][i] if sim_reasoning and "reasoning_tokens" in cols else None
-        if reasoning is not None:
-            body[SIM_REASONING_FIELD] = int(reasoning)
-        service = cols["service_ns"][i] if sim_reasoning and "service_ns" in cols else None
-        if service is not None:
-            body[SIM_SERVICE_FIELD] = service / 1e6
+        if sim_reasoning:
+            body.update(_sim_fields(cols, i))
         if extra_body:
             body.update(extra_body)
         cancel = cols["cancel_after_tokens"][i]
@@ -287,6 +268,54 @@ def build_jobs(
             )
         )
     return jobs
+
+
+def _body_tail(vllm_extensions: bool) -> dict[str, Any]:
+    """The body fields after max tokens, in this order: streaming with usage (vLLM: per chunk, and no EOS)."""
+    stream_options: dict[str, Any] = {"include_usage": True}
+    if vllm_extensions:
+        stream_options["continuous_usage_stats"] = True
+    tail: dict[str, Any] = {"stream": True, "stream_options": stream_options}
+    if vllm_extensions:
+        tail["ignore_eos"] = True
+    return tail
+
+
+def _row_segments(
+    cols: dict[str, list[Any]],
+    i: int,
+    synth: PromptSynth,
+    threads: dict[str, _Thread],
+    replies: dict[str, str | None],
+    block_hash_tokens: int,
+) -> list[tuple[str, str, int]]:
+    """Row ``i``'s prompt segments: recorded text after its thread's previous turns and recorded replies; a
+    first turn with block hashes built block by block; else synthesised (``_segments``)."""
+    rid, p_tokens, conv = cols["request_id"][i], int(cols["prompt_tokens"][i]), cols["conversation_id"][i]
+    prev = threads.get(conv) if conv is not None and cols["turn_index"][i] else None
+    text = cols["prompt_text"][i] if "prompt_text" in cols else None
+    if text is not None:
+        segments = _text_segments(synth.tokenizer, prev, replies.get(conv) if prev else None, text)
+        if conv is not None:
+            replies[conv] = cols["reply_text"][i]
+        return segments
+    hashes = cols["prompt_block_hashes"][i] if block_hash_tokens and "prompt_block_hashes" in cols else None
+    if prev is None and hashes:
+        return [("user", synth.hashed(rid, p_tokens, hashes, block_hash_tokens), p_tokens)]
+    group = cols["prefix_group"][i]
+    return _segments(synth, prev, rid, p_tokens, group, int(cols["prefix_tokens"][i] or 0))
+
+
+def _sim_fields(cols: dict[str, list[Any]], i: int) -> dict[str, Any]:
+    """The fields only loadgen's simulated engine is sent: the row's reasoning phase and recorded service time."""
+    fields: dict[str, Any] = {}
+    reasoning = cols["reasoning_tokens"][i] if "reasoning_tokens" in cols else None
+    if reasoning is not None:
+        fields[SIM_REASONING_FIELD] = int(reasoning)
+    service = cols["service_ns"][i] if "service_ns" in cols else None
+    if service is not None:
+        fields[SIM_SERVICE_FIELD] = service / 1e6
+    return fields
 
 
 def _segments(
