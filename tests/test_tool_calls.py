@@ -8,6 +8,8 @@ worksheet over the same trace. Expectations come from the trace rows, never from
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -213,8 +215,17 @@ def test_the_worksheet_times_tool_call_tokens_as_any_output_token(tmp_path: Path
 
 def test_a_tool_call_longer_than_the_output_after_reasoning_is_refused(tmp_path: Path) -> None:
     rows = _trace_rows([None, 8])  # r1 reasons 2 of its 9 tokens: 7 are left
+    table = pa.Table.from_pylist(rows, schema=TRACE_FULL_SCHEMA)
     with pytest.raises(TraceError, match=r"tool_call_tokens = 8 \(row 1\): expected at most output_tokens"):
-        write_trace(pa.Table.from_pylist(rows, schema=TRACE_FULL_SCHEMA), tmp_path / "bad.parquet", {"mode": "open"})
+        write_trace(table, tmp_path / "bad.parquet", {"mode": "open"})
+    pq.write_table(table, tmp_path / "bad.parquet")  # as another tool might write it
+    cli = subprocess.run(
+        [sys.executable, "-m", "loadgen", "trace", "stats", str(tmp_path / "bad.parquet")],
+        capture_output=True,
+        text=True,
+    )
+    assert cli.returncode == 2 and "Traceback" not in cli.stderr
+    assert len(cli.stderr.strip().splitlines()) == 1 and "tool_call_tokens = 8 (row 1)" in cli.stderr
 
 
 def test_a_whole_reply_names_its_tool_call(tmp_path: Path) -> None:
