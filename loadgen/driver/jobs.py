@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pyarrow as pa
 
-from loadgen.rundir.schema import SIM_REASONING_FIELD, SIM_SERVICE_FIELD
+from loadgen.rundir.schema import SIM_REASONING_FIELD, SIM_SERVICE_FIELD, SIM_TOOL_CALL_FIELD
 from loadgen.util.errors import LoadgenError, TargetError
 from loadgen.workload.prompts import PromptSynth, get_tokenizer, prompt_sha256
 
@@ -218,7 +218,8 @@ def build_jobs(
     """One Job per trace row, in trace order (bodies are exact JSON bytes for POST); ``prompt_salt``: see
     ``PromptSynth``. ``sim_reasoning`` (the target is loadgen's simulated engine): a row's ``reasoning_tokens``
     goes in the body as ``sim_reasoning_tokens``, the reasoning phase the engine streams before the answer (a
-    real model decides its own, and is not sent the field), and its ``service_ns`` as ``sim_service_ms``.
+    real model decides its own, and is not sent the field), its ``tool_call_tokens`` as ``sim_tool_call_tokens``
+    (the reply's last tokens streamed as a tool call), and its ``service_ns`` as ``sim_service_ms``.
     ``block_hash_tokens``: tokens each ``prompt_block_hashes`` entry stands for (the trace metadata's; 0: the
     hashes are not used)."""
     synth = PromptSynth(tokenizer, salt=prompt_salt)
@@ -307,11 +308,15 @@ def _row_segments(
 
 
 def _sim_fields(cols: dict[str, list[Any]], i: int) -> dict[str, Any]:
-    """The fields only loadgen's simulated engine is sent: the row's reasoning phase and recorded service time."""
+    """The fields only loadgen's simulated engine is sent: the row's reasoning phase, tool call and recorded
+    service time."""
     fields: dict[str, Any] = {}
     reasoning = cols["reasoning_tokens"][i] if "reasoning_tokens" in cols else None
     if reasoning is not None:
         fields[SIM_REASONING_FIELD] = int(reasoning)
+    tool = cols["tool_call_tokens"][i] if "tool_call_tokens" in cols else None
+    if tool is not None:
+        fields[SIM_TOOL_CALL_FIELD] = int(tool)
     service = cols["service_ns"][i] if "service_ns" in cols else None
     if service is not None:
         fields[SIM_SERVICE_FIELD] = service / 1e6

@@ -30,6 +30,7 @@ __all__ = [
     "SERVER_METRICS_SCHEMA",
     "SIM_REASONING_FIELD",
     "SIM_SERVICE_FIELD",
+    "SIM_TOOL_CALL_FIELD",
     "STATUSES",
     "STATUS_CANCELLED",
     "STATUS_ERROR",
@@ -143,12 +144,20 @@ TRACE_OPTIONAL_FIELDS = (
     # null: the server answers at its own pace; set: loadgen's simulated engine holds the reply's end until
     # this long after the request arrived (an imported session's recorded server time; ``SIM_SERVICE_FIELD``)
     pa.field("service_ns", pa.int64()),
+    # null: the reply is text; set: its last N output tokens are one tool call (function name, then JSON
+    # arguments in pieces) that loadgen's simulated engine streams as ``tool_calls`` deltas, finishing with
+    # "tool_calls" (``SIM_TOOL_CALL_FIELD``). Written only when some row holds it
+    pa.field("tool_call_tokens", pa.int32()),
 )
 #: The chat request field that carries a trace row's ``reasoning_tokens`` to loadgen's simulated engine (the
 #: driver sends it to that target only): the engine streams that many of the output tokens as
 #: ``reasoning_content`` deltas before the answer, as vLLM's reasoning parsers emit them, and reports them in
 #: usage ``completion_tokens_details.reasoning_tokens``.
 SIM_REASONING_FIELD = "sim_reasoning_tokens"
+#: The chat request field that carries a trace row's ``tool_call_tokens`` to loadgen's simulated engine (that
+#: target only): the engine streams the last that many output tokens as one OpenAI ``tool_calls`` delta
+#: sequence (name, then the arguments piece by piece, a token per event) and finishes with "tool_calls".
+SIM_TOOL_CALL_FIELD = "sim_tool_call_tokens"
 #: The request field that carries a trace row's ``service_ns`` to loadgen's simulated engine (that target only),
 #: in ms: the engine ends the reply no earlier than this long after it received the request.
 SIM_SERVICE_FIELD = "sim_service_ms"

@@ -19,6 +19,8 @@ __all__ = [
     "StreamFormat",
     "request_id_for",
     "ID_HEX_CHARS",
+    "TOOL_NAME",
+    "tool_call_piece",
 ]
 
 #: One cl100k_base token each, also when concatenated (checked by tests).
@@ -68,6 +70,27 @@ def token_bytes(start: np.ndarray) -> np.ndarray:
     return _LENS[start % _L]
 
 
+#: The simulated engine's tool call: this function name (one token), then JSON arguments ``{"q":"..."}`` whose
+#: pieces are one cl100k_base token each (checked by tests), so a tool call of N tokens is N deltas.
+TOOL_NAME = "lookup"
+_TINY_ARGUMENTS = ((), ("{}",), ("{", "}"), ("{", " ", "}"))  # valid JSON in 0..3 tokens
+_ARGS_OPEN = ('{"', "q", '":"')
+_ARGS_CLOSE = '"}'
+
+
+def tool_call_piece(j: int, count: int) -> str:
+    """Token ``j`` (0-based) of a ``count``-token tool call: the name, then the arguments' pieces (joined, they
+    are a JSON object: ``{}`` up to ``{"q":"<filler>"}``)."""
+    if j == 0:
+        return TOOL_NAME
+    k, a = count - 1, j - 1  # argument tokens, and this one's place among them
+    if k < len(_TINY_ARGUMENTS):
+        return _TINY_ARGUMENTS[k][a]
+    if a < len(_ARGS_OPEN):
+        return _ARGS_OPEN[a]
+    return _ARGS_CLOSE if a == k - 1 else FILLER_WORDS[(a - len(_ARGS_OPEN)) % _L]
+
+
 def request_id_for(kind: str, number: int) -> str:
     """Deterministic response id (``cmpl-`` or ``chatcmpl-`` + 24 hex digits)."""
     prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
@@ -81,6 +104,7 @@ class StreamFormat:
         "kind",
         "head",
         "reasoning_head",
+        "tool_head",
         "content_tail",
         "obj",
         "rid",
@@ -101,6 +125,7 @@ class StreamFormat:
         base = f'{{"id":"{rid}","object":"{self.obj}","created":{created},"model":{json.dumps(model)}{fp},'
         self._base = base
         self.reasoning_head = ("data: " + base + '"choices":[{"index":0,"delta":{"reasoning_content":').encode()
+        self.tool_head = ("data: " + base + '"choices":[{"index":0,"delta":{"tool_calls":[').encode()
         if kind == "chat":
             self.head = ("data: " + base + '"choices":[{"index":0,"delta":{"content":').encode()
         else:
@@ -119,6 +144,20 @@ class StreamFormat:
     def reasoning(self, text: str) -> bytes:
         """A chat reasoning event (``delta.reasoning_content``); ``text`` plain ASCII filler."""
         return self.reasoning_head + b'"' + text.encode() + b'"' + self.content_tail
+
+    def tool_call(self, j: int, count: int) -> bytes:
+        """Chat event for token ``j`` of a ``count``-token tool call (``tool_call_piece``): the first names the
+        function (with the call's id and empty arguments, as OpenAI and vLLM stream it), the rest carry
+        arguments."""
+        piece = json.dumps(tool_call_piece(j, count))
+        if j == 0:
+            call = (
+                f'{{"index":0,"id":"call_{self.rid[-ID_HEX_CHARS:]}","type":"function",'
+                f'"function":{{"name":{piece},"arguments":""}}}}'
+            )
+        else:
+            call = f'{{"index":0,"function":{{"arguments":{piece}}}}}'
+        return self.tool_head + call.encode() + b"]" + self.content_tail
 
     def content_any(self, text: str) -> bytes:
         """A content event for arbitrary text (JSON-escaped; contract answers)."""
@@ -161,9 +200,16 @@ class StreamFormat:
         return ("data: " + self._base + '"choices":[{"index":0,').encode() + b"\n\n"
 
     def full_response(
-        self, text: str, reason: str, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+        self,
+        text: str,
+        reason: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int | None = None,
+        tool_arguments: str | None = None,
     ) -> dict[str, Any]:
-        """The non-streaming response body."""
+        """The non-streaming response body; ``tool_arguments`` (chat): the message ends in a ``TOOL_NAME`` call
+        with these arguments."""
         body: dict[str, Any] = {
             "id": self.rid,
             "object": "chat.completion" if self.kind == "chat" else "text_completion",
@@ -173,12 +219,13 @@ class StreamFormat:
         if self.fingerprint:
             body["system_fingerprint"] = self.fingerprint
         if self.kind == "chat":
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": reason,
-            }
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if tool_arguments is not None:
+                function = {"name": TOOL_NAME, "arguments": tool_arguments}
+                message["tool_calls"] = [
+                    {"id": f"call_{self.rid[-ID_HEX_CHARS:]}", "type": "function", "function": function}
+                ]
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
         body["choices"] = [choice]

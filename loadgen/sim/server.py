@@ -21,9 +21,9 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from loadgen.rundir.schema import SIM_REASONING_FIELD, SIM_SERVICE_FIELD
+from loadgen.rundir.schema import SIM_REASONING_FIELD, SIM_SERVICE_FIELD, SIM_TOOL_CALL_FIELD
 from loadgen.util.errors import TargetError
 from loadgen.workload.prompts import get_tokenizer
 
@@ -34,7 +34,7 @@ from .engine import Engine, Seq
 from .faults import FAULT_HEADER, FaultDecider, FaultLog, FaultPlan, parse_fault_header
 from .http import HEADER_TIMEOUT_S, IDLE_TIMEOUT_S, Connection, Request, start_http_server
 from .metrics import E2E_BUCKETS, ITERATION_TOKENS_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, Histogram, format_value
-from .protocol import DONE, StreamFormat, filler_text, request_id_for
+from .protocol import DONE, StreamFormat, filler_text, request_id_for, tool_call_piece
 from .ready import ready_line
 
 __all__ = ["SimServer", "serve"]
@@ -404,6 +404,14 @@ class SimServer:
         asked = self._int(body, SIM_REASONING_FIELD, 0, 0)
         return min(asked or 0, max_tokens)
 
+    def _tool_call(self, body: dict[str, Any], kind: str, max_tokens: int, reasoning: int) -> int:
+        """How many of the last output tokens stream as a tool call (``SIM_TOOL_CALL_FIELD``, chat only; at most
+        the tokens after the reasoning)."""
+        if kind != "chat" or SIM_TOOL_CALL_FIELD not in body:
+            return 0
+        asked = self._int(body, SIM_TOOL_CALL_FIELD, 0, 0)
+        return min(asked or 0, max_tokens - reasoning)
+
     def _service_ns(self, body: dict[str, Any]) -> int:
         """The reply's least duration (``SIM_SERVICE_FIELD``, ms; 0: the engine's own pace)."""
         value = body.get(SIM_SERVICE_FIELD, 0)
@@ -519,6 +527,7 @@ class SimServer:
             max_tokens = len(pieces)
         try:
             reasoning = self._reasoning(body, kind, max_tokens) if pieces is None else 0
+            tool = self._tool_call(body, kind, max_tokens, reasoning) if pieces is None else 0
             service_ns = self._service_ns(body)
         except _Invalid as exc:
             return self._error(conn, exc.status, str(exc), exc.param)
@@ -551,9 +560,10 @@ class SimServer:
             ctx.done = True
         try:
             if stream:
-                await self._stream(conn, ctx, fmt, headers, include_usage, plan, len(ids), pieces, finish, reasoning)
+                phases = _Phases(reasoning, max_tokens - tool, max_tokens)
+                await self._stream(conn, ctx, fmt, headers, include_usage, plan, len(ids), pieces, finish, phases)
             else:
-                await self._whole(conn, ctx, fmt, headers, plan, len(ids), pieces, finish)
+                await self._whole(conn, ctx, fmt, headers, plan, len(ids), pieces, finish, tool)
         finally:
             if not ctx.done and not ctx.gone:
                 ctx.gone = True
@@ -588,10 +598,12 @@ class SimServer:
         prompt_tokens: int,
         pieces: list[str] | None = None,
         finish: str = "length",
-        reasoning: int = 0,
+        phases: _Phases | None = None,
     ) -> None:
-        """Stream the tokens as they become visible; the first ``reasoning`` of them as reasoning deltas (a
-        coalesced run that crosses into the answer goes out as a reasoning event and an answer event)."""
+        """Stream the tokens as they become visible, in ``phases``: reasoning deltas, content, then a tool call
+        (a coalesced run that crosses phases goes out as an event per phase; a tool call's, one per token)."""
+        phases = phases or _Phases(0, 1 << 62, 1 << 62)
+        reasoning = phases.reasoning
         conn.start_stream(200, _SSE_HEADERS + headers)
         if fmt.kind == "chat":
             conn.write_chunk(fmt.role())
@@ -621,8 +633,8 @@ class SimServer:
                         conn.write_chunk(fmt.content_any("".join(pieces[sent:target])))
                     else:
                         conn.write_chunk(b"".join(fmt.content_any(pieces[j]) for j in range(sent, target)))
-                elif sent < reasoning:
-                    conn.write_chunk(_filler_events(fmt, sent, target, reasoning, coalesce))
+                elif sent < reasoning or target > phases.tool_from:
+                    conn.write_chunk(_phase_events(fmt, sent, target, phases, coalesce))
                 elif coalesce:
                     conn.write_chunk(fmt.content(filler_text(sent, target - sent)))
                 else:
@@ -638,7 +650,7 @@ class SimServer:
         await self._hold(ctx)
         if ctx.gone:
             return
-        conn.write_chunk(fmt.finish(finish))
+        conn.write_chunk(fmt.finish("tool_calls" if phases.tool_from < sent == phases.total else finish))
         if include_usage:
             cached = ctx.seq.cached_tokens if ctx.seq else None
             conn.write_chunk(fmt.usage(prompt_tokens, sent, cached, min(reasoning, sent)))
@@ -673,6 +685,7 @@ class SimServer:
         prompt_tokens: int,
         pieces: list[str] | None = None,
         finish: str = "length",
+        tool: int = 0,
     ) -> None:
         while not ctx.done:
             if ctx.gone:
@@ -690,8 +703,10 @@ class SimServer:
             return
         seq = ctx.seq
         assert seq is not None
-        text = "".join(pieces) if pieces is not None else filler_text(0, seq.output)
-        body = fmt.full_response(text, finish, prompt_tokens, seq.output, seq.cached_tokens)
+        text = "".join(pieces) if pieces is not None else filler_text(0, seq.output - tool)
+        arguments = "".join(tool_call_piece(j, tool) for j in range(1, tool)) if tool else None
+        finish = "tool_calls" if tool else finish
+        body = fmt.full_response(text, finish, prompt_tokens, seq.output, seq.cached_tokens, arguments)
         conn.send(200, json.dumps(body).encode(), headers=headers)
 
     # -- tokenize ----------------------------------------------------------------------------------
@@ -814,13 +829,28 @@ class SimServer:
         return "\n".join(lines) + "\n"
 
 
-def _filler_events(fmt: StreamFormat, start: int, end: int, reasoning: int, coalesce: bool) -> bytes:
-    """Events for output tokens ``start .. end-1`` when the first ``reasoning`` tokens are reasoning."""
-    cut = min(end, reasoning)
-    if coalesce:
-        out = fmt.reasoning(filler_text(start, cut - start))
-        return out + (fmt.content(filler_text(cut, end - cut)) if end > cut else b"")
-    return b"".join((fmt.reasoning if j < reasoning else fmt.content)(filler_text(j, 1)) for j in range(start, end))
+class _Phases(NamedTuple):
+    """A reply's output phases by token index: reasoning ``[0, reasoning)``, content up to ``tool_from``, then a
+    tool call up to ``total``."""
+
+    reasoning: int
+    tool_from: int
+    total: int
+
+
+def _phase_events(fmt: StreamFormat, start: int, end: int, phases: _Phases, coalesce: bool) -> bytes:
+    """Events for output tokens ``start .. end-1``: reasoning, content, tool call (an event per tool token)."""
+    out = []
+    reasoning, tool_from = phases.reasoning, phases.tool_from
+    for lo, hi, emit in (
+        (start, min(end, reasoning), fmt.reasoning),
+        (max(start, reasoning), min(end, tool_from), fmt.content),
+    ):
+        if hi > lo:
+            out += [emit(filler_text(lo, hi - lo))] if coalesce else [emit(filler_text(j, 1)) for j in range(lo, hi)]
+    count = phases.total - tool_from
+    out += [fmt.tool_call(j - tool_from, count) for j in range(max(start, tool_from), end)]
+    return b"".join(out)
 
 
 def _parse_error(conn: Connection, status: int, message: str) -> bytes:

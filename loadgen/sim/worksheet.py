@@ -653,8 +653,22 @@ def _answer_instants(chunks: _Chunks, first: list[int | None]) -> list[int | Non
     return [None if f is None or a < 0 else a for f, a in zip(first, answer)]
 
 
+def _finish_reasons(
+    cols: dict[str, list[Any]], ok: list[bool], out_tokens: list[int | None], chat: bool
+) -> list[str | None]:
+    """Per request, as the live server finishes it: "tool_calls" for a chat reply that ends in its whole tool
+    call (``tool_call_tokens``), else "length"; None for one that did not end well."""
+    tools = cols.get("tool_call_tokens") if chat else None
+    if tools is None:
+        return ["length" if f else None for f in ok]
+    return [
+        None if not f else "tool_calls" if tool and o == target else "length"
+        for f, tool, o, target in zip(ok, tools, out_tokens, cols["output_tokens"], strict=True)
+    ]
+
+
 def _request_table(
-    cols: dict[str, list[Any]], client: _Client, chunks: _Chunks, model: str, reasoning: np.ndarray
+    cols: dict[str, list[Any]], client: _Client, chunks: _Chunks, model: str, reasoning: np.ndarray, chat: bool
 ) -> tuple[pa.Table, list[float]]:
     """One record row per trace request, and the TTFT (s, from engine arrival) of each that streamed."""
     n = len(client.scheduled)
@@ -715,7 +729,7 @@ def _request_table(
         "error_kind": kind,
         "http_status": [h if h is not None else (200 if s else None) for h, s in zip(client.http_status, served)],
         "retry_after_s": client.retry_after,
-        "finish_reason": ["length" if f else None for f in ok],
+        "finish_reason": _finish_reasons(cols, ok, out_tokens, chat),
         "response_model": [model if s else None for s in served],
     }
     arrays = [pa.array(columns[f.name], f.type) if f.name in columns else pa.nulls(n, f.type) for f in REQUESTS_SCHEMA]
@@ -820,7 +834,8 @@ def simulate_trace(
     virtual time (ns from trace start). ``fast`` = False: one engine step at a time, never a decode run
     at once (the same result, slower; the reference the fast path is tested against)."""
     # a reply-waiting turn (think_after_reply_ns) is due one think time after its previous turn ended; the
-    # first reasoning_tokens of a request's output stream as reasoning
+    # first reasoning_tokens of a request's output stream as reasoning; the last tool_call_tokens are a tool
+    # call (answer tokens, timed as any other; the finish reason says "tool_calls")
     names = [
         *TRACE_SCHEMA.names,
         "think_after_reply_ns",
@@ -828,6 +843,7 @@ def simulate_trace(
         "prompt_block_hashes",
         "wait_for_ids",
         "service_ns",
+        "tool_call_tokens",
     ]
     cols = {name: table.column(name).to_pylist() for name in names if name in table.column_names}
     n = table.num_rows
@@ -848,7 +864,7 @@ def simulate_trace(
     reasoning = _reasoning_tokens(cols, endpoint, n)
     chunks.mark_reasoning(reasoning)
     result = WorksheetResult()
-    result.requests_table, ttft_s = _request_table(cols, client, chunks, config.model, reasoning)
+    result.requests_table, ttft_s = _request_table(cols, client, chunks, config.model, reasoning, endpoint == "chat")
     result.chunks = chunks.table(cols["request_id"])
     result.metrics = _server_metrics(steps, chunks, ttft_s, config.model, fleet)
     if fleet is None:

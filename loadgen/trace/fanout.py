@@ -23,6 +23,8 @@ from loadgen.workload.distributions import mean, sample, sample_tokens
 from loadgen.workload.scenario import RequestClass, Thread
 from loadgen.workload.sessions import sub_session_id
 
+from .toolcalls import ToolCallDraws
+
 __all__ = ["FanoutDraws", "requests_per_session"]
 
 _NS = 1_000_000_000
@@ -43,9 +45,18 @@ def requests_per_session(thread: Thread | None, base_dir: Path) -> float:
 class FanoutDraws:
     """A class's fan-out: whether a step fans out, and the sub-sessions' rows."""
 
-    def __init__(self, cname: str, cls: RequestClass, rng: np.random.Generator, base_dir: Path, where: str) -> None:
+    def __init__(
+        self,
+        cname: str,
+        cls: RequestClass,
+        rng: np.random.Generator,
+        base_dir: Path,
+        where: str,
+        tools: ToolCallDraws | None = None,
+    ) -> None:
         assert cls.thread is not None and cls.thread.fanout is not None
         self.cname, self.cls, self.rng, self.base_dir, self.where = cname, cls, rng, base_dir, where
+        self.tools = tools  # the class's tool calls (a sub-session's steps but its last may end in one)
         self.fan = cls.thread.fanout
         self.think = cls.thread.think_time_s
 
@@ -84,11 +95,17 @@ class FanoutDraws:
                     f"{self.where}: a sub-session's prompt reaches {prompt} tokens: expected at most {MAX_TOKENS} "
                     "(lower fanout.turns or token lengths)"
                 )
-            out = int(outs[k])
+            tool = self.tools.next(k + 1 == n) if self.tools is not None else None
+            out = int(outs[k]) + (tool or 0)
+            if out > MAX_TOKENS:
+                raise TraceError(
+                    f"{self.where}: a sub-session's answer and tool call reach {out} output tokens: expected at "
+                    f"most {MAX_TOKENS} (lower output_tokens or tool_calls.tokens)"
+                )
             think_ns = round(float(think[k]) * _NS)
             rows.append(
                 (round(t_s * _NS), arrival, k, self.cname, prompt, out, None, None, conv, k, None, think_ns, None)
-                + ((conv, k), [waits])
+                + ((conv, k), [waits], tool)
             )
             context, waits = prompt + out, (conv, k)
         return rows, t_s

@@ -32,6 +32,7 @@ from loadgen.workload.scenario import Scenario, TraceSettings, class_order
 from .. import __version__
 from .fanout import FanoutDraws, requests_per_session
 from .io import trace_table, write_trace
+from .toolcalls import ToolCallDraws
 
 __all__ = ["GENERATOR_VERSION", "arrival_times", "generate_trace", "generate_trace_file", "ramp_inverse"]
 
@@ -218,9 +219,15 @@ class _ClassRows:
         )
         if self.reasoning is not None:
             _check_sampled(scenario, f"classes.{cname}.reasoning_tokens", self.reasoning, MAX_TOKENS)
+        tool_rng = _rng_streams(seed, f"{trace_name}/{cname}/tool_calls", 1)[0]
+        self.tools = (
+            ToolCallDraws(thread.tool_calls, tool_rng, base_dir) if thread is not None and thread.tool_calls else None
+        )
         fan_rng = _rng_streams(seed, f"{trace_name}/{cname}/fanout", 1)[0]
         self.fanout = (
-            FanoutDraws(cname, cls, fan_rng, base_dir, self.where) if thread is not None and thread.fanout else None
+            FanoutDraws(cname, cls, fan_rng, base_dir, self.where, self.tools)
+            if thread is not None and thread.fanout
+            else None
         )
         self.k = 0  # next per-turn draw
         self.rows: list[tuple] = []  # (offset_ns, arrival order, turn, fields...)
@@ -256,11 +263,12 @@ class _ClassRows:
                     f"most {MAX_TOKENS} (lower max turns or token lengths)"
                 )
             reasoning = int(self.reasoning[k]) if self.reasoning is not None else None
-            out = int(self.outs[k]) + (reasoning or 0)  # reasoning first, then the answer
+            tool = self.tools.next(turn + 1 == n_turns) if self.tools is not None else None
+            out = int(self.outs[k]) + (reasoning or 0) + (tool or 0)  # reasoning, the answer, a tool call
             if out > MAX_TOKENS:
                 raise TraceError(
-                    f"{self.where}: a request's reasoning and answer reach {out} output tokens: expected at most "
-                    f"{MAX_TOKENS} (lower reasoning_tokens or output_tokens)"
+                    f"{self.where}: a request's reasoning, answer and tool call reach {out} output tokens: "
+                    f"expected at most {MAX_TOKENS} (lower reasoning_tokens, output_tokens or tool_calls.tokens)"
                 )
             cancel = None
             if cls.cancel and self.cancel_u[k] < cls.cancel.share and int(self.cancel_n[k]) < out:
@@ -283,6 +291,7 @@ class _ClassRows:
                     reasoning,
                     (conv_id, turn) if conv_id is not None else None,
                     waits,
+                    tool,
                 )
             )
             context = prompt + out
@@ -313,6 +322,7 @@ def _table(rows: list[tuple]) -> pa.Table:
         "prompt_block_hashes": [None] * len(rows),
         "wait_for_ids": [[id_of[w] for w in r[14] if w in id_of] if r[14] else None for r in rows],
         "service_ns": [None] * len(rows),
+        "tool_call_tokens": [r[15] for r in rows],
     }
     return trace_table(columns)
 

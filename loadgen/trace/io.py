@@ -40,8 +40,9 @@ __all__ = [
 
 TRACE_METADATA_KEY = b"loadgen.trace"
 
-#: Optional columns of recorded text: written only when some row holds text.
-_TEXT_COLUMNS = ("prompt_text", "reply_text")
+#: Optional columns written only when some row holds a value (recorded text, tool calls): a trace without them
+#: is byte-identical to one written before they existed.
+_SPARSE_COLUMNS = ("prompt_text", "reply_text", "tool_call_tokens")
 #: Inclusive bounds of every integer column (prompt_tokens counts the whole thread context).
 _COLUMN_RANGES = {
     "scheduled_offset_ns": (0, MAX_OFFSET_NS),
@@ -50,6 +51,7 @@ _COLUMN_RANGES = {
     "prefix_tokens": (0, MAX_TOKENS),
     "turn_index": (0, MAX_TURNS),
     "cancel_after_tokens": (0, MAX_TOKENS),
+    "tool_call_tokens": (1, MAX_TOKENS),
 }
 #: Metadata keys other code reads, with the accepted types and numeric bounds (None is always accepted).
 _META_NUMBERS = {
@@ -104,9 +106,26 @@ def validate_trace(table: pa.Table, source: object) -> None:
         dup = counts.filter(pc.greater(counts.field("counts"), 1))[0]["values"].as_py()
         raise TraceError(f"{source}: column request_id = {dup!r} appears more than once: expected unique request ids")
     _validate_block_hashes(table, source)
+    _validate_tool_calls(table, source)
     offsets = table.column("scheduled_offset_ns").to_numpy()
     if len(offsets) and (offsets[1:] < offsets[:-1]).any():
         raise TraceError(f"{source}: scheduled_offset_ns not sorted ascending from >= 0: expected a time-ordered trace")
+
+
+def _validate_tool_calls(table: pa.Table, source: object) -> None:
+    """tool_call_tokens: the tool call fits in the output after the reasoning (reasoning, answer, tool call)."""
+    tool = table.column("tool_call_tokens")
+    if tool.null_count == table.num_rows:
+        return
+    reasoning = pc.fill_null(table.column("reasoning_tokens"), 0)
+    over = pc.fill_null(pc.greater(pc.add(tool, reasoning), table.column("output_tokens")), False)
+    if pc.any(over).as_py():
+        row = int(pc.index(over, True).as_py())
+        value = tool[row].as_py()
+        raise TraceError(
+            f"{source}: column tool_call_tokens = {value} (row {row}): expected at most output_tokens - "
+            "reasoning_tokens"
+        )
 
 
 def _validate_block_hashes(table: pa.Table, source: object) -> None:
@@ -173,7 +192,7 @@ def write_trace(table: pa.Table, path: str | Path, metadata: dict[str, Any]) -> 
         encoded = json.dumps(metadata, sort_keys=True, allow_nan=False).encode()
     except ValueError as exc:
         raise TraceError(f"{path}: trace metadata ({exc}): expected finite numbers") from None
-    for name in _TEXT_COLUMNS:  # a trace without recorded text carries no text columns (read back as nulls)
+    for name in _SPARSE_COLUMNS:  # absent when every row is null (read back as nulls)
         if table.column(name).null_count == table.num_rows:
             table = table.drop_columns([name])
     schema = pa.schema([TRACE_FULL_SCHEMA.field(n) for n in table.column_names]).with_metadata(

@@ -234,6 +234,20 @@ class Fanout(_Model):
         return self
 
 
+class ToolCalls(_Model):
+    """An agent session's tool calls: a step that is not the session's last ends, with probability ``share``,
+    in one tool call of ``tokens`` output tokens, on top of its answer (the trace's ``tool_call_tokens``; the
+    simulated engine streams them as ``tool_calls`` deltas; a real model calls tools as it does)."""
+
+    share: float = Field(ge=0, le=1)
+    tokens: Distribution
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ToolCalls:
+        _check_bound("tokens", self.tokens, MAX_TOKENS, "tokens")
+        return self
+
+
 class Thread(_Model):
     """A class's multi-turn conversations: number of turns and think time between a reply and the next turn.
 
@@ -241,12 +255,13 @@ class Thread(_Model):
     it, so context and timing are the user's); otherwise one think time after turn k was scheduled
     (open loop: the trace alone fixes every instant). An agent session is such a thread: its think time is
     the tool time, each step's prompt is the previous one's plus the reply plus the new input (the tool
-    result), and ``fanout`` adds sub-agents.
+    result), ``tool_calls`` ends replies in tool calls, and ``fanout`` adds sub-agents.
     """
 
     turns: Distribution
     think_time_s: Distribution
     wait_for_reply: bool = False
+    tool_calls: ToolCalls | None = None
     fanout: Fanout | None = None
 
     @model_validator(mode="after")
