@@ -548,3 +548,41 @@ def test_requests_past_max_model_len_follow_the_engines_rule(tmp_path, policy, e
             assert (row["status"], row["http_status"]) == ("error", 400), row
         else:
             assert row["status"] == "ok" and row["server_output_tokens"] == tokens, row
+
+
+def test_tail_eviction_keeps_the_decode_fast_path_exact(tmp_path):
+    """A tiny pool under prefix groups whose shareable prefixes differ, so hits stop inside cached entries and
+    their unreferenced tails are evicted (on main a queue head waited on them: "made no progress"): every request
+    completes, and the fast path writes what step by step does."""
+    rng = np.random.default_rng(9)
+    rows = []
+    for i in range(40):
+        prompt = int(rng.integers(2, 30))
+        rows.append(
+            {
+                "request_id": f"r{i:02d}",
+                "request_class": "burst",
+                "scheduled_offset_ns": i * 5_000_000,
+                "prompt_tokens": prompt,
+                "output_tokens": int(rng.integers(1, 15)),
+                "prefix_group": f"g{i % 2}",
+                "prefix_tokens": int(rng.integers(0, prompt + 1)),
+            }
+        )
+    trace = tmp_path / "t.parquet"
+    meta = {"trace_name": "tails", "seed": 9, "mode": "open", "max_in_flight": 64, "duration_s": 0.2}
+    write_trace(pa.Table.from_pylist(rows, schema=TRACE_SCHEMA), trace, meta)
+    config = parse_engine_config(
+        {
+            "name": "tiny-pool",
+            "scheduler": {"max_num_seqs": 6, "max_num_batched_tokens": 64, "max_model_len": 64},
+            "kv": {"block_size": 2, "num_kv_blocks": 25},  # the largest request: 23 blocks
+            "cost": {"fixed_ms": 1.0, "per_decode_seq_ms": 0.1, "noise_sigma": 0.05},
+        }
+    )
+    fast = run_worksheet(trace, config, tmp_path / "fast", seed=1)
+    slow = run_worksheet(trace, config, tmp_path / "slow", seed=1, fast=False)
+    for name in (REQUESTS_FILE, CHUNKS_FILE, SERVER_METRICS_FILE):
+        assert pq.read_table(fast / name).equals(pq.read_table(slow / name)), name
+    req = load_run(fast).requests.to_pandas()
+    assert (req.status == "ok").all() and (req.client_output_tokens == req.target_output_tokens).all()
