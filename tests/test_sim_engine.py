@@ -167,7 +167,7 @@ def test_prefix_chains_stop_at_the_first_different_block():
 
 
 def test_evicted_prefix_blocks_make_room():
-    e = Engine(cfg(kv={"block_size": 4, "num_kv_blocks": 10}))
+    e = Engine(cfg(kv={"block_size": 4, "num_kv_blocks": 11}))  # 10 blocks + the null block
     a = Seq(0, 32, 1, 0, cache_key="k")
     run_to_end(e, [a])
     assert e.cached_total == 8 and e.kv_usage == 0  # cached but evictable: free as vLLM counts
@@ -579,3 +579,92 @@ def test_tree_cache_accounting_holds_under_eviction(prompts, blocks):
         assert entry.parent is None or order[id(entry.parent)] > order[id(entry)]
     e.reset_prefix_cache()
     assert e.cached_total == 0 and not e.cache and e.evictable_total == 0
+
+
+def _tiny_pool(num_kv_blocks: int, block_size: int, **scheduler) -> Engine:
+    return Engine(cfg(kv={"num_kv_blocks": num_kv_blocks, "block_size": block_size}, scheduler=scheduler))
+
+
+def test_a_queue_head_evicts_the_unreferenced_tail_of_its_own_entry():
+    """Found waiting forever on main: a 2-block pool (+ the null block), 2-token blocks. The first request caches
+    one block of its prefix group; the second shares 1 token of it, so it hits nothing, yet its trial pinned the
+    whole entry and the one free block was too few. vLLM evicts a cached block no request references."""
+    e = _tiny_pool(3, 2)
+    a = Seq(0, 2, 2, 0, cache_key="g", cache_limit_tokens=2)
+    b = Seq(1, 3, 1, 0, cache_key="g", cache_limit_tokens=1)
+    run_to_end(e, [a, b], max_steps=1000)
+    assert a.output == 2 and b.output == 1 and b.cached_tokens == 0
+    assert e.cached_total == 0, "the entry's block was evicted for the second request"
+
+
+def test_a_running_hit_inside_an_entry_leaves_its_tail_evictable():
+    """Block-hash chains that part inside an entry: the second prompt references its first block only, and the
+    blocks past it (the first prompt's own) are evicted before anyone waits or is preempted."""
+    e = _tiny_pool(6, 2, max_num_seqs=1)
+    a = Seq(0, 8, 1, 0, cache_key=1, chain=[1, 2, 3, 4])
+    b = Seq(1, 8, 2, 0, cache_key=1, chain=[1, 9, 8, 7])
+    run_to_end(e, [a, b], max_steps=1000)
+    assert b.cached_tokens == 2 and b.output == 2 and e.num_preemptions == 0
+
+
+def test_a_request_larger_than_the_pool_is_refused():
+    e = _tiny_pool(3, 2)
+    assert e.fits(3, 1) and not e.fits(4, 1)
+    with pytest.raises(ValueError, match="request 0: 4 prompt \\+ 1 output tokens need more than the 2 KV blocks"):
+        e.add(Seq(0, 4, 1, 0))
+
+
+def _traces(draw: st.DrawFn) -> tuple[Engine, list[Seq]]:
+    """A small engine and requests that fit its pool, sharing prefixes three ways (block-hash chains that part
+    anywhere, prefix groups with differing shareable prefixes, conversations), arriving together."""
+    bs = draw(st.sampled_from([1, 2, 4]))
+    lengths = draw(st.lists(st.tuples(st.integers(1, 12), st.integers(1, 8)), min_size=1, max_size=5))
+    largest = max(-(-(p + o) // bs) for p, o in lengths)
+    pool = largest + draw(st.integers(0, 3)) + 1  # + the null block
+    scheduler = {"max_num_seqs": draw(st.integers(1, 4)), "max_num_batched_tokens": draw(st.sampled_from([4, 8]))}
+    scheduler["async_scheduling"] = draw(st.booleans())
+    e = _tiny_pool(pool, bs, **scheduler)
+    mode = draw(st.sampled_from(["chain", "group", "conversation"]))
+    seqs = []
+    for i, (p, o) in enumerate(lengths):
+        group = draw(st.integers(0, 1))
+        if mode == "chain":
+            part = draw(st.integers(0, p // bs))
+            chain = [100 * group + j for j in range(part)] + [10_000 * (i + 1) + j for j in range(part, p // bs)]
+            seqs.append(Seq(i, p, o, 0, cache_key=chain[0] if chain else None, chain=chain))
+        elif mode == "group":
+            seqs.append(Seq(i, p, o, 0, cache_key=group, cache_limit_tokens=draw(st.integers(0, p))))
+        else:
+            seqs.append(Seq(i, p, o, 0, cache_key=f"c{group}"))
+    return e, seqs
+
+
+def _check_blocks(e: Engine) -> None:
+    """Free + held (running sequences' own blocks, cached blocks in use) + cached but unreferenced = the pool less
+    the null block; each counter is the sum it stands for (asynchronous scheduling: a sequence that finished a
+    step ago holds its blocks through the next step's scheduling)."""
+    holders = e.running + e._finished_late
+    assert e.used_private == sum(s.private for s in holders)
+    assert e.cached_pinned == sum(x.blocks for x in e.cache.values() if x.refs > 0)
+    assert e.evictable_total == sum(x.blocks for x in e.cache.values() if x.refs == 0)
+    free = e.total_blocks - e.used_private - e.cached_total
+    assert free >= 0 and free + e.used_private + e.cached_pinned + e.evictable_total == e.num_kv_blocks - 1
+    for s in holders:
+        assert (s.private + s.shared) * e.block_size >= s.computed
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_any_trace_on_a_pool_that_holds_its_largest_request_completes(data):
+    """Every request ends with all its tokens, within a bound on steps (no queue head waits forever), and the
+    block accounting holds after every step (``_check_blocks``)."""
+    e, seqs = _traces(data.draw)
+    for s in seqs:
+        e.add(s)
+    t = steps = 0
+    while e.has_work:
+        t += max(e.step(t).duration_ns, 1)
+        steps += 1
+        assert steps < 2000, "a queue head waits forever"
+        _check_blocks(e)
+    assert all(s.output == s.max_out and s.state == "finished" for s in seqs)

@@ -286,6 +286,7 @@ class Engine:
         self.running: list[Seq] = []
         self.cache: dict[str | int, _Entry] = {}
         self.evictable: OrderedDict[str | int, _Entry] = OrderedDict()
+        self._trying: tuple[_Entry, int] | None = None  # the queue head being admitted: its entry and hit (blocks)
         self.used_private = 0
         self.cached_total = 0
         self.cached_pinned = 0
@@ -302,11 +303,23 @@ class Engine:
         self.aborted_total = 0
 
     # -- queue -----------------------------------------------------------------------------------
+    def fits(self, prompt_tokens: int, max_tokens: int) -> bool:
+        """Whether a request's whole context (prompt + output) fits the pool's blocks: one that does not could
+        never run (vLLM refuses a prompt longer than its KV capacity), so the faces answer it 400 and ``add``
+        refuses it."""
+        return -(-(prompt_tokens + max_tokens) // self.block_size) <= self.total_blocks
+
     def add(self, seq: Seq) -> None:
-        """Put a new request in the waiting queue (its arrival_ns is the caller's clock). With the request
+        """Put a new request in the waiting queue (its arrival_ns is the caller's clock); one that does not
+        ``fits`` the pool is a ValueError (it would wait forever). With the request
         overhead on the engine's CPU, a request that arrives while sequences run makes the next step owe it.
         With asynchronous scheduling, a request that arrives while sequences run waits for the step after the
         next: that one was scheduled when the step under way began."""
+        if not self.fits(seq.prompt, seq.max_out):
+            raise ValueError(
+                f"request {seq.idx}: {seq.prompt} prompt + {seq.max_out} output tokens need more than the "
+                f"{self.total_blocks} KV blocks of {self.block_size} tokens the pool holds"
+            )
         seq.state = "waiting"
         if self.async_scheduling and self.running:
             self._arrived.append(seq)
@@ -392,15 +405,21 @@ class Engine:
         return (self.used_private + self.cached_pinned) / self.total_blocks
 
     def _alloc(self, n: int) -> bool:
+        """Take ``n`` free blocks; short of free ones, evict cached blocks no sequence references: whole evictable
+        entries first (least recently released first, each tail first), then the unreferenced tails of entries in
+        use (``_unreferenced_tails``). False, with nothing changed, when even that is too few."""
         free = self.total_blocks - self.used_private - self.cached_total
         if n <= free:
             self.used_private += n
             return True
         need = n - free
+        tails: list[tuple[_Entry, int]] = []
         if need > self.evictable_total:
-            return False
+            tails = self._unreferenced_tails(self._trying)
+            if need > self.evictable_total + sum(k for _entry, k in tails):
+                return False
         evictable = self.evictable
-        while need > 0:
+        while need > 0 and evictable:
             key, entry = next(iter(evictable.items()))
             take = min(entry.blocks, need)
             entry.blocks -= take
@@ -410,8 +429,36 @@ class Engine:
             if entry.blocks == 0:
                 del evictable[key]
                 del self.cache[key]
+        for entry, k in tails:
+            if need <= 0:
+                break
+            take = min(k, need)
+            entry.blocks -= take
+            self.cached_total -= take
+            self.cached_pinned -= take
+            need -= take
         self.used_private += n
         return True
+
+    def _unreferenced_tails(self, trying: tuple[_Entry, int] | None) -> list[tuple[_Entry, int]]:
+        """(entry, blocks) for each entry in use whose last blocks no sequence references: a hit that stops inside
+        an entry (prompts that part there, a shorter prompt, a smaller shareable prefix) references only its
+        first blocks, and vLLM evicts the rest like any free cached block. ``trying``: the queue head's (entry,
+        hit), counted as referencing too. In the running order; within an entry, tail first."""
+        reach: dict[int, tuple[_Entry, int]] = {}  # id(entry) -> (entry, its first blocks some sequence references)
+        paths = [(seq.entry, seq.shared) for seq in self.running + self._finished_late if seq.entry is not None]
+        if trying is not None:
+            paths.append(trying)
+        for entry, blocks in paths:
+            node: _Entry | None = entry
+            limit = blocks  # blocks from block 0 this path references below the node's end
+            while node is not None:
+                k = min(max(limit - node.base, 0), node.blocks)
+                if id(node) not in reach or k > reach[id(node)][1]:
+                    reach[id(node)] = (node, k)
+                limit = node.base  # the parent: up to where the child parts from it
+                node = node.parent
+        return [(node, node.blocks - k) for node, k in reach.values() if node.blocks > k]
 
     def reset_prefix_cache(self) -> int:
         """Drop every prefix-cache entry no running sequence references (vLLM's ``reset_prefix_cache``);
@@ -695,7 +742,11 @@ class Engine:
             if node.refs == 0:
                 evictable -= node.blocks  # pinned while it is tried
             node = node.parent
-        return need > self.total_blocks - self.used_private - self.cached_total + evictable
+        free = self.total_blocks - self.used_private - self.cached_total
+        if need <= free + evictable:
+            return False
+        tails = self._unreferenced_tails((entry, hit) if entry is not None else None)
+        return need > free + evictable + sum(k for _entry, k in tails)
 
     def _free_room(self) -> int:
         """Blocks an allocation can take: the free ones, then the evictable ones (``_alloc``)."""
@@ -950,7 +1001,10 @@ class Engine:
                     break
                 n = budget
             need = -(-(hit * bs + n) // bs) - hit
-            if not self._alloc(need):
+            self._trying = (entry, hit) if entry is not None else None
+            admitted = self._alloc(need)
+            self._trying = None
+            if not admitted:
                 if entry is not None:
                     self._unpin_path(entry)
                 break

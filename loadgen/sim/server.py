@@ -387,7 +387,7 @@ class SimServer:
                 "max_tokens" if kind == "completions" else "messages",
             )
         bs = self.config.kv.block_size
-        if -(-(len(ids) + max_tokens) // bs) > self.live.engine.total_blocks:
+        if not self.live.engine.fits(len(ids), max_tokens):
             raise _Invalid(
                 400,
                 f"request needs {len(ids) + max_tokens} tokens of KV cache; the engine has "

@@ -210,7 +210,7 @@ class _Client:
         engine = self.engines[index]
         prompt = cols["prompt_tokens"][i]
         out = self.scheduler.output_tokens(prompt, cols["output_tokens"][i])
-        if out is None or -(-(prompt + out) // engine.block_size) > engine.total_blocks:
+        if out is None or not engine.fits(prompt, out):
             self._answer_now(i, t, 400)
             return
         if plan is not None and plan.error_status is not None:
