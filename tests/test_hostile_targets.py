@@ -177,7 +177,9 @@ def test_a_target_that_never_answers_is_one_line(tmp_path, trace, behaviour, ext
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("path", ["version", "models", "metrics"])
+@pytest.mark.parametrize(
+    "path", ["version", pytest.param("models", marks=pytest.mark.slow), pytest.param("metrics", marks=pytest.mark.slow)]
+)  # each ~7 s: /version in the default tier, the other two probes in the slow one
 def test_a_probe_that_never_answers_is_a_note(tmp_path: Path, trace: Path, path: str) -> None:
     with hostile_server(f"hang-{path}") as server:
         out = run(trace, server.base_url, tmp_path / "run", "--model", MODEL)
@@ -489,6 +491,7 @@ def test_one_credential_per_run_on_every_request(tmp_path: Path, trace: Path) ->
 # ---- minor -------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # ~10 s: two hostile runs
 def test_retry_after_nan_is_null_and_a_gzip_stream_is_named(tmp_path: Path, trace: Path) -> None:
     with hostile_server("retry-after-nan") as server:
         assert run(trace, server.base_url, tmp_path / "nan").returncode == 0

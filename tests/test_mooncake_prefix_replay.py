@@ -24,6 +24,7 @@ WINDOW = 200  # the trace's first 200 requests (72 s of production traffic)
 BLOCK = 512  # tokens per Mooncake hash id
 SOURCE = "mooncake_fast25/conversation_trace.jsonl"
 _REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # public data and a live replay of 200 requests (~10 s)
 
 
 def _records(path: Path, n: int) -> list[dict]:

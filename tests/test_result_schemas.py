@@ -56,6 +56,7 @@ def test_schema_refuses_an_unknown_result_in_one_line() -> None:
     assert res.returncode == 2 and "invalid choice: 'manifest'" in res.stderr and "Traceback" not in res.stderr
 
 
+@pytest.mark.slow  # ~20 s: the whole worksheet pipeline, each output validated
 def test_worksheet_pipeline_outputs_validate(tmp_path: Path) -> None:
     """sim run → analyze --json → compare --out / --json → plan (region.json, each cell's analysis, --json)."""
     runs = []

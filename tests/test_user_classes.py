@@ -138,6 +138,7 @@ def _plan(tmp: Path, scenario: Path) -> Path:
     return plan
 
 
+@pytest.mark.slow  # ~45 s: trace, live run, analysis, plan, compare and handoff
 def test_five_user_named_classes_end_to_end(tmp_path: Path, sim_server) -> None:
     scenario = tmp_path / "five.toml"
     scenario.write_text(SCENARIO)
