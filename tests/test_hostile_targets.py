@@ -335,6 +335,7 @@ def test_a_contract_case_reads_its_answer_with_a_size_bound(tmp_path: Path) -> N
 # ---- overwriting ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # ~12 s: a run, a bundle and every output flag against them
 def test_run_and_analyze_never_write_over_a_run_or_bundle(tmp_path: Path, trace: Path) -> None:
     sim = cli("sim", "run", trace, "--engine", "instant", "--out", tmp_path / "run")
     assert sim.returncode == 0, sim.stderr

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from loadgen.driver.jobs import AUTO_FALLBACK_TOKENIZER, ServerTokenizer, resolve_tokenizer
 
@@ -52,6 +53,7 @@ def test_prompts_are_sized_with_the_targets_tokenizer_by_default(sim_server, tmp
     assert "workload:" not in analysis.stdout
 
 
+@pytest.mark.slow  # ~8 s: two runs and their reports
 def test_another_tokenizer_is_reported_beside_the_verdict(sim_server, tmp_path):
     sim = sim_server("instant", "--tokenizer", "chars:2")
     _run(sim.base_url, tmp_path / "cl100k", "--tokenizer", "cl100k_base")
