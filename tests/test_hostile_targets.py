@@ -23,6 +23,10 @@ from loadgen.rundir.rowtables import requests_table
 from loadgen.rundir.schema import CHUNKS_FILE, REQUESTS_FILE
 from loadgen.targets import launch_sim_server
 
+# The hostile-server tier: each test starts a misbehaving server process and runs the real CLI against it
+# (5-12 s each, about 150 s in all); .ci/run runs it after the README's command.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 KEY = "hk-Qz8vTq3WmX7pLr2NcY5dKfh"  # no API-key shape (sk-...) the generic redaction would catch
 QUERY = "code=S1queryvalue1&subscription-key=S2queryvalue2"
@@ -177,9 +181,7 @@ def test_a_target_that_never_answers_is_one_line(tmp_path, trace, behaviour, ext
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize(
-    "path", ["version", pytest.param("models", marks=pytest.mark.slow), pytest.param("metrics", marks=pytest.mark.slow)]
-)  # each ~7 s: /version in the default tier, the other two probes in the slow one
+@pytest.mark.parametrize("path", ["version", "models", "metrics"])
 def test_a_probe_that_never_answers_is_a_note(tmp_path: Path, trace: Path, path: str) -> None:
     with hostile_server(f"hang-{path}") as server:
         out = run(trace, server.base_url, tmp_path / "run", "--model", MODEL)
@@ -335,7 +337,6 @@ def test_a_contract_case_reads_its_answer_with_a_size_bound(tmp_path: Path) -> N
 # ---- overwriting ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow  # ~12 s: a run, a bundle and every output flag against them
 def test_run_and_analyze_never_write_over_a_run_or_bundle(tmp_path: Path, trace: Path) -> None:
     sim = cli("sim", "run", trace, "--engine", "instant", "--out", tmp_path / "run")
     assert sim.returncode == 0, sim.stderr
@@ -492,7 +493,6 @@ def test_one_credential_per_run_on_every_request(tmp_path: Path, trace: Path) ->
 # ---- minor -------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow  # ~10 s: two hostile runs
 def test_retry_after_nan_is_null_and_a_gzip_stream_is_named(tmp_path: Path, trace: Path) -> None:
     with hostile_server("retry-after-nan") as server:
         assert run(trace, server.base_url, tmp_path / "nan").returncode == 0
