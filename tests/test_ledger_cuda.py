@@ -21,19 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RUN_4090 = "llmservingsim/bench/examples/RTX4090/Llama-3.1-8B/vllm/meta.json"
 LLAMA_CONFIG = "llmservingsim/configs/model/meta-llama/Llama-3.1-8B.json"
 
-LLAMA_31_8B = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "torch_dtype": "bfloat16",
-    "tie_word_embeddings": False,
-}
+from test_ledger import LLAMA_31_8B  # noqa: E402  (the published config.json fields, one copy)
+
 TOTAL_4090 = 25_250_627_584  # meta.json hardware.device_total_memory_bytes
 
 
