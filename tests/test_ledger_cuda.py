@@ -16,12 +16,11 @@ import pytest
 from loadgen.ledger import GIB, EngineSettings, compute_ledger, parse_model_config, read_model_config
 from loadgen.ledger.cuda import NON_TORCH_INCREASE_GIB, SAMPLER_BYTES_PER_LOGIT
 from tests.shared_paths import shared_trace
+from tests.test_ledger import LLAMA_31_8B  # the published config.json fields, one copy
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_4090 = "llmservingsim/bench/examples/RTX4090/Llama-3.1-8B/vllm/meta.json"
 LLAMA_CONFIG = "llmservingsim/configs/model/meta-llama/Llama-3.1-8B.json"
-
-from test_ledger import LLAMA_31_8B  # noqa: E402  (the published config.json fields, one copy)
 
 TOTAL_4090 = 25_250_627_584  # meta.json hardware.device_total_memory_bytes
 
