@@ -31,9 +31,16 @@ RUNS = (
     ),
 )
 NOMINAL_PRO6000_BYTES = 96_000_000_000
+#: The GPU a run ran on when its meta.json does not name it: the name its operator profile's meta.yaml gives.
+PROFILE_GPU_NAMES = {"RTXPRO6000": "NVIDIA RTX PRO 6000 Blackwell Server Edition"}
 
 
-def _engine(meta: dict, total_bytes: int) -> EngineSettings:
+def _gpu_name(name: str, meta: dict) -> str:
+    """The GPU as the run's meta.json names it, else as the operator profile of that GPU does."""
+    return (meta.get("hardware") or {}).get("device_name") or PROFILE_GPU_NAMES.get(name.split("/")[0], "")
+
+
+def _engine(meta: dict, total_bytes: int, gpu_name: str) -> EngineSettings:
     kwargs = meta["engine_kwargs"]
     kv = meta.get("kv_cache") or {}
     return EngineSettings(
@@ -44,6 +51,7 @@ def _engine(meta: dict, total_bytes: int) -> EngineSettings:
         device_memory_gib=total_bytes / GIB,
         gpu_memory_utilization=kv.get("gpu_memory_utilization", 0.9),
         block_size=kv.get("block_size", 16),
+        device_name=gpu_name,
     )
 
 
@@ -61,7 +69,9 @@ def _report(name: str, config: str, skip: str | None, pro6000_total: int) -> Non
         return
     total = int(logged_total) if logged_total is not None else pro6000_total
     source = "logged" if logged_total is not None else "ASSUMED (not logged)"
-    led = compute_ledger(read_model_config(SIM / "configs" / "model" / config), _engine(meta, total))
+    led = compute_ledger(
+        read_model_config(SIM / "configs" / "model" / config), _engine(meta, total, _gpu_name(name, meta))
+    )
     print(
         f"   device total {total:,} B ({source}) × utilization {led.engine.gpu_memory_utilization:g} "
         f"= {int(total * led.engine.gpu_memory_utilization):,} B"
@@ -82,6 +92,11 @@ def _report(name: str, config: str, skip: str | None, pro6000_total: int) -> Non
         print(
             f"   vs logged {logged_blocks:,}: {error:+.2%}; vLLM's non-KV memory was {lo:,}-{hi:,} B, "
             f"the ledger's {predicted_non_kv:,} B ({predicted_non_kv - hi:+,} to {predicted_non_kv - lo:+,} B)"
+        )
+        others = predicted_non_kv - led.line("graph_comm_buffers").bytes
+        print(
+            f"   with every other line as derived, the non-torch increase vLLM saw was {(lo - others) / GIB:.3f}-"
+            f"{(hi - others) / GIB:.3f} GiB (assumed: {led.line('graph_comm_buffers').factors['non_torch_gib']:g} GiB)"
         )
     else:
         print(

@@ -34,6 +34,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--gpu-memory-utilization", type=flags.fraction(), default=0.9)
     p.add_argument(
+        "--gpu-name",
+        default="",
+        help="cuda: the GPU's name as CUDA reports it (a run's meta.json device_name), e.g. 'NVIDIA GeForce RTX "
+        "4090': sizes the Triton sampler's scratch by its SM count and picks vLLM's defaults (an A100 apart)",
+    )
+    p.add_argument(
         "--non-torch-gib",
         type=flags.number(0, 1024),
         help="cuda: device memory outside torch's allocator vLLM's profile sees appear (default: the ledger's "
@@ -127,6 +133,7 @@ def _run(args: argparse.Namespace) -> int:
         kv_cache_gib=args.kv_cache_gib,
         device_memory_gib=_device_memory_gib(args),
         gpu_memory_utilization=args.gpu_memory_utilization,
+        device_name=args.gpu_name,
         non_torch_gib=args.non_torch_gib,
         graph_buffer_gib=args.cuda_graph_gib,
         device=args.device,

@@ -370,7 +370,8 @@ def _cuda_profile_lines(m: ModelConfig, e: EngineSettings, act_b: float) -> tupl
             "sampler_peak_bytes": sampler,
             "rows": min(e.max_num_seqs, e.max_num_batched_tokens),
             "vocab_size": m.vocab_size,
-            "assumption": "vLLM V1 PyTorch top-k/top-p sampler path; sort scratch space freed before the scatter",
+            "assumption": "vLLM 0.19's sampler path as read from its code (Triton top-k/top-p from 8 rows, PyTorch "
+            "sort below, its cub scratch not counted); the forward's compile-time allocations not counted",
         },
         "estimate",
     )

@@ -17,9 +17,15 @@ vLLM 0.19 (V1 GPU worker; read, not copied: vllm/v1/worker/gpu_worker.py ``init_
   allocated before it: one forward of max_num_batched_tokens dummy tokens, then the sampler on the last
   token of min(max_num_seqs, max_num_batched_tokens) dummy requests. The ledger's ``activations`` line is
   the forward's peak; ``workspaces`` is what the sampler's peak adds above it, so the two sum to the peak.
+  The sampler's path is 0.19's (vllm/v1/sample/ops/topk_topp_sampler.py ``apply_top_k_top_p``): with
+  Triton (every CUDA build) and at least 8 rows, the fused Triton top-k/top-p kernel filters the float32
+  logits in place with one cached scratch row per program; below 8 rows, the PyTorch sort path.
 - ``non-torch increase`` (device memory outside torch's allocator that appears between the snapshot and
   the end of profiling: kernel images loaded lazily, cuBLAS/cuBLASLt handles) cannot be derived from the
-  config. It is an assumed per-device constant, NON_TORCH_INCREASE_GIB, with its source.
+  config. It is an assumed per-device constant, NON_TORCH_INCREASE_GIB, with its source. In 0.19, unless
+  the engine runs eager, ``profile_cudagraph_memory`` (warm-up and capture of two graphs per CUDA graph
+  mode) runs inside the measured window even though its estimate is not applied, so what that capture
+  leaves outside torch's allocator is in this line too; the assumed constant comes from eager profiles.
 - The CUDA graph estimate (``profile_cudagraph_memory``, vllm-project/vllm#30515) is off by default in
   0.19; it became the default in v0.21.0. Its line is 0 unless ``graph_buffer_gib`` is given.
 """
@@ -33,7 +39,13 @@ from .settings import GIB, EngineSettings
 
 __all__ = [
     "NON_TORCH_INCREASE_GIB",
-    "SAMPLER_BYTES_PER_LOGIT",
+    "SAMPLER_TRITON_BYTES_PER_LOGIT",
+    "SAMPLER_PYTORCH_BYTES_PER_LOGIT",
+    "TRITON_SAMPLER_MIN_ROWS",
+    "GPU_SM_COUNTS",
+    "ASSUMED_SM_COUNT",
+    "gpu_sm_count",
+    "triton_buffer_rows",
     "rotary_buffer_bytes",
     "forward_peak_bytes",
     "sampler_peak_bytes",
@@ -46,16 +58,65 @@ __all__ = [
 #: per device. ASSUMED, not derived: vLLM's own profile reported 0.11 GiB for two models of different size
 #: on one A100 at TP 1 (ovg-project/kvcached#448, recent vLLM, enforce_eager), and a public H100 profile
 #: of vLLM 0.11 (8 models) 0.13-0.14 GiB at TP 1. Taken as 0.11 for any model and TP degree (unmeasured at
-#: TP > 1 in 0.19, whose NCCL buffers predate the snapshot). Not fitted to any run of ours.
+#: TP > 1 in 0.19, whose NCCL buffers predate the snapshot). Both sources ran without 0.19's CUDA graph
+#: profiling inside the measured window (eager, or an older vLLM), so under CUDA graphs (0.19's default) this
+#: is a floor, not a measurement. Not fitted to any run of ours.
 NON_TORCH_INCREASE_GIB = 0.11
 
-#: Bytes live per logit (rows × vocab) at the peak of vLLM V1's sampler under ``_dummy_sampler_run``'s
-#: dummy parameters (temperature 0.5, top-k vocab − 1, top-p 0.9: the PyTorch top-k/top-p path), read from
-#: vllm/v1/sample/sampler.py and ops/topk_topp_sampler.py: the lm_head's logits in the model dtype (2) and
-#: their float32 copy (4), the ascending sort's values (4) and int64 indices (8), the top-p softmax (4, the
-#: cumsum writes into it) and its mask (1), and the scatter back to vocabulary order (4). Sort scratch
-#: space (cub) is not counted: an assumption, it is freed before the scatter.
-SAMPLER_BYTES_PER_LOGIT = 2 + 4 + 4 + 8 + 4 + 1 + 4
+#: vLLM 0.19 takes the fused Triton top-k/top-p kernel for a batch of at least this many rows
+#: (vllm/v1/sample/ops/topk_topp_sampler.py ``apply_top_k_top_p``), the PyTorch sort path below it.
+TRITON_SAMPLER_MIN_ROWS = 8
+
+#: Bytes live per logit (rows × vocab) at the peak of vLLM 0.19's sampler under ``_dummy_sampler_run``'s dummy
+#: parameters (temperature 0.5, top-k vocab − 1, top-p 0.9), Triton path, read from vllm/v1/sample/sampler.py
+#: and ops/topk_topp_sampler.py: the lm_head's logits in the model dtype, held by the caller (2), their float32
+#: copy, scaled and filtered in place (4), the softmax probabilities (4) and the exponential noise
+#: ``random_sample`` divides them by, in place (4). The kernel's scratch rows are counted apart
+#: (``triton_buffer_rows``).
+SAMPLER_TRITON_BYTES_PER_LOGIT = 2 + 4 + 4 + 4
+
+#: The same below TRITON_SAMPLER_MIN_ROWS rows (``apply_top_k_top_p_pytorch``), at its top-p step: logits (2),
+#: float32 copy (4), the ascending sort's values (4) and int64 indices (8), the top-k mask (1), the top-p
+#: softmax, which the cumsum overwrites (4), and the top-p mask (1). The scatter back is in place. Sort scratch
+#: space (cub) is not counted: an assumption.
+SAMPLER_PYTORCH_BYTES_PER_LOGIT = 2 + 4 + 4 + 8 + 1 + 4 + 1
+
+#: Streaming multiprocessors per GPU (vendor specifications), by a lower-case fragment of the name CUDA reports;
+#: the Triton sampler keeps one float32 vocabulary row of scratch per program, one program per SM at most.
+#: The first fragment found in the name wins, so longer names come first.
+GPU_SM_COUNTS: tuple[tuple[str, int], ...] = (
+    ("rtx pro 6000", 188),
+    ("rtx 4090", 128),
+    ("rtx 3090", 82),
+    ("rtx a6000", 84),
+    ("h100 pcie", 114),
+    ("h100", 132),
+    ("h200", 132),
+    ("b200", 148),
+    ("a100", 108),
+    ("l40s", 142),
+    ("l40", 142),
+    ("a10g", 80),
+    ("l4", 58),
+)
+#: SMs assumed when the GPU is not named or not in GPU_SM_COUNTS (an H100 SXM's): the scratch rows are then
+#: min(next power of two of the rows, 132).
+ASSUMED_SM_COUNT = 132
+
+
+def gpu_sm_count(device_name: str) -> tuple[int, str]:
+    """(SMs, where the figure came from) for the GPU CUDA names ``device_name``."""
+    lowered = device_name.lower()
+    for fragment, count in GPU_SM_COUNTS:
+        if fragment in lowered:
+            return count, f"{device_name}: {count} SMs (specification)"
+    return ASSUMED_SM_COUNT, f"{device_name or 'GPU not named'}: {ASSUMED_SM_COUNT} SMs ASSUMED (an H100 SXM's)"
+
+
+def triton_buffer_rows(rows: int, sm_count: int) -> int:
+    """Scratch rows the 0.19 Triton top-k/top-p kernel caches: min(next power of two of min(SMs, rows), SMs)."""
+    programs = min(sm_count, rows)
+    return min(1 << max(0, programs - 1).bit_length(), sm_count)
 
 
 def rotary_buffer_bytes(m: ModelConfig, weight_bytes: float) -> int:
@@ -98,19 +159,31 @@ def sampler_rows(e: EngineSettings) -> int:
 
 
 def sampler_peak_bytes(m: ModelConfig, e: EngineSettings, act_bytes: float) -> tuple[int, str]:
-    """(bytes, formula): the sampler's peak plus the forward's hidden states it runs beside.
+    """(bytes, formula): the sampler's peak plus the profile run's hidden states it runs beside.
 
-    The sampler sees the whole vocabulary on every rank (the logits are gathered), so no / tp.
+    The sampler sees the whole vocabulary on every rank (the logits are gathered), so no / tp. Held beside
+    it: the forward's hidden states (max_num_batched_tokens rows, kept by ``profile_run``), the last token's
+    rows gathered from them and ``_dummy_sampler_run``'s random replacement of those (rows each).
     """
     rows, V, T, h = sampler_rows(e), m.vocab_size, e.max_num_batched_tokens, m.hidden_size
-    sampler = rows * V * SAMPLER_BYTES_PER_LOGIT
-    held = int(T * h * act_bytes)
+    held = int((T + 2 * rows) * h * act_bytes)
+    hidden = f"+ hidden states held (max_num_batched_tokens {T} + 2 × rows {rows}) × {h} × {act_bytes:g} B"
+    if rows < TRITON_SAMPLER_MIN_ROWS:
+        per = SAMPLER_PYTORCH_BYTES_PER_LOGIT
+        formula = (
+            f"sampler, PyTorch sort path (rows {rows} < {TRITON_SAMPLER_MIN_ROWS}): rows × vocab {V} × {per} B (logits 2 + "
+            f"fp32 4 + sort values 4 + int64 indices 8 + top-k mask 1 + top-p probs 4 + top-p mask 1) {hidden}"
+        )
+        return rows * V * per + held, formula
+    per = SAMPLER_TRITON_BYTES_PER_LOGIT
+    sms, sm_source = gpu_sm_count(e.device_name)
+    scratch = triton_buffer_rows(rows, sms)
     formula = (
-        f"sampler: rows min(max_num_seqs, max_num_batched_tokens) {rows} × vocab {V} × {SAMPLER_BYTES_PER_LOGIT} B "
-        f"(logits 2 + fp32 4 + sort values 4 + int64 indices 8 + top-p probs 4 + mask 1 + scatter 4) "
-        f"+ hidden states held {T} × {h} × {act_bytes:g} B"
+        f"sampler, Triton top-k/top-p path: rows min(max_num_seqs, max_num_batched_tokens) {rows} × vocab {V} × "
+        f"{per} B (logits 2 + fp32 4 + probs 4 + exponential noise 4) + scratch {scratch} rows × {V} × 4 B "
+        f"({sm_source}) {hidden}"
     )
-    return sampler + held, formula
+    return rows * V * per + scratch * V * 4 + held, formula
 
 
 def non_torch_increase_gib(e: EngineSettings) -> float:
