@@ -223,3 +223,37 @@ def test_recording_the_error_keeps_the_engine_files_comments(tmp_path, runs):
     cal = load_engine_config(engine).calibration or {}
     assert cal["validated_error"].endswith("(sim validate --measured, workload arrivals)")
     assert "RTX4090" in next(iter(cal["measured_validations"]))
+
+
+def test_an_engine_that_does_not_model_the_run_is_flagged_and_not_recorded(tmp_path, runs):
+    """The RTX 4090 engine against the RTX PRO 6000 run (the GPU from the run's cluster config), and the TP 2
+    engine against a TP 1 run: each difference is printed and the engine TOML is left as it was."""
+    for shipped, run, expected in (
+        ("rtx4090-llama-3.1-8b-tp1.toml", runs[1], "GPU: engine profiled on RTX4090"),
+        ("rtxpro6000-llama-3.1-8b-tp2.toml", runs[1], "tensor parallel: engine tp 2, run tp 1"),
+        ("rtxpro6000-qwen3-30b-a3b-tp1.toml", runs[2], "expert parallel: engine ep 1, run ep 2"),
+    ):
+        engine = tmp_path / shipped
+        engine.write_text((ENGINES / shipped).read_text())
+        if not (tmp_path / "profiles").exists():
+            (tmp_path / "profiles").symlink_to(ENGINES / "profiles")
+        before = engine.read_text()
+        res = subprocess.run(
+            [sys.executable, "-m", "loadgen", "sim", "validate", str(engine), "--measured", str(run), "--json", "-"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert res.returncode == 0, res.stderr[-2000:]
+        result = json.loads(res.stdout)
+        assert any(expected in m for m in result["runs"][0]["mismatches"]), result["runs"][0]["mismatches"]
+        assert result.get("recorded") is None and engine.read_text() == before
+
+
+def test_the_matching_engines_claim_their_runs(runs):
+    for shipped, run in (
+        ("rtx4090-llama-3.1-8b-tp1.toml", runs[0]),
+        ("rtxpro6000-llama-3.1-8b-tp1.toml", runs[1]),
+        ("rtxpro6000-qwen3-30b-a3b-tp1-ep2.toml", runs[2]),
+    ):
+        assert compare_run(run, load_engine_config(ENGINES / shipped)).mismatches == []

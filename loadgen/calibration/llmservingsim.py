@@ -222,6 +222,22 @@ def _engine_config(meta: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _cluster_hardware(path: Path) -> list[str] | None:
+    """The hardware tags (``RTX4090``, ``RTXPRO6000``) of the LLMServingSim cluster config beside a run, if any."""
+    try:
+        cluster = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    tags = {
+        str(instance.get("hardware"))
+        for node in cluster.get("nodes") or []
+        if isinstance(node, dict)
+        for instance in node.get("instances") or []
+        if isinstance(instance, dict) and instance.get("hardware")
+    }
+    return sorted(tags) or None
+
+
 def _manifest(folder: Path, meta: dict[str, Any], clock: _Clock, delays: list[float], notes: list[str]) -> Manifest:
     version = meta.get("vllm_version")
     hardware = meta.get("hardware")
@@ -252,6 +268,7 @@ def _manifest(folder: Path, meta: dict[str, Any], clock: _Clock, delays: list[fl
             "dataset_path": meta.get("dataset_path"),
             "dataset_hash": meta.get("dataset_hash"),
             "validation_summary": str(summary) if summary.is_file() else None,
+            "cluster_hardware": _cluster_hardware(folder.parent / "config.json"),
         },
         synthesized={
             "timing": False,

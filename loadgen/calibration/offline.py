@@ -48,6 +48,8 @@ from loadgen.trace.io import read_trace
 from loadgen.util.errors import RunDirError
 from loadgen.util.tomlfile import dumps_toml, read_toml
 
+from .engine_match import engine_mismatches
+
 __all__ = [
     "ANCHORS",
     "FIGURES",
@@ -150,6 +152,8 @@ class RunComparison:
     published: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     engine_notes: dict[str, Any] = field(default_factory=dict)
+    #: How the engine differs from the deployment the run ran (``engine_match``); empty when it models it.
+    mismatches: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -343,6 +347,7 @@ def compare_run(run_dir: Path | str, config: EngineConfig, anchor: str = "worklo
         published=published_errors(Path(summary) if summary else None),
         notes=notes,
         engine_notes={k: v for k, v in result.notes.items() if not isinstance(v, dict | list)},
+        mismatches=engine_mismatches(config, data.manifest),
     )
 
 
@@ -371,13 +376,14 @@ _RECORD_MARK = "# --- loadgen sim validate --measured: the runs validated agains
 
 def record_validated_error(engine_toml: Path, result: dict[str, Any]) -> str | None:
     """Write the worst error over the runs into the engine TOML (``[calibration] validated_error``, with the
-    runs it was validated against under ``[calibration.measured_validations]``); returns the line written.
+    runs it was validated against under ``[calibration.measured_validations]``); returns the line written, or
+    None (nothing written) when there is no error or the engine does not model a run's deployment.
 
     The file is edited, not rewritten: its comments (each setting's provenance) and layout stay. The
     ``validated_error`` line is replaced in place (or added under ``[calibration]``), and the runs go in one
     marked block at the end, replaced on the next run."""
     worst = result.get("worst")
-    if worst is None:
+    if worst is None or any(run.get("mismatches") for run in result["runs"]):
         return None
     read_toml(engine_toml, "engine TOML")  # a damaged file is refused in one line before it is touched
     anchor = (result.get("anchor") or {}).get("name", "workload")

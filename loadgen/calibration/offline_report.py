@@ -22,6 +22,7 @@ def _pct(value: Any) -> str:
 
 def _run_lines(run: dict[str, Any]) -> list[str]:
     lines = [f"run {run['name']}  ({run['run_dir']})"]
+    lines += [f"  ENGINE DOES NOT MODEL THIS RUN: {m}" for m in run.get("mismatches") or []]
     settings = run["settings"]
     lines.append(
         "  settings: "
@@ -60,6 +61,8 @@ def format_offline(result: dict[str, Any]) -> str:
     if result["worst"]:
         w = result["worst"]
         lines += ["", f"worst over all runs: {w['figure']} {w['signed_pct']:+.1f}% ({w['run']})"]
+    if any(run.get("mismatches") for run in result["runs"]):
+        lines.append("not recorded in the engine TOML: the engine does not model every run's deployment (above)")
     return "\n".join(lines)
 
 
@@ -118,6 +121,8 @@ def offline_html(result: dict[str, Any]) -> str:
             + html.escape("; ".join(run["notes"]))
             + "</p>"
         )
+        for mismatch in run.get("mismatches") or []:
+            parts.append(f"<p><strong>The engine does not model this run:</strong> {html.escape(mismatch)}</p>")
         png = _plot_png(run)
         if png:
             parts.append(
