@@ -105,6 +105,52 @@ def _report(name: str, config: str, skip: str | None, pro6000_total: int) -> Non
         )
 
 
+#: A public vLLM 0.19.0 log on an H100 (llm-d-incubation/llm-d-planner, accuracy/results/v0.19.0/logs/
+#: meta-llama-llama-3-1-8b--h100-80gb--tp1pp1dp1--16384.log): what it logs, as it logs it (GiB to 2 decimals).
+H100_LOG = {
+    "total_gib": 79.19,
+    "utilization": 0.95,
+    "max_model_len": 16384,
+    "torch_peak_gib": 1.89,
+    "non_torch_gib": 0.25,
+    "weights_gib": 14.99,
+    "kv_gib": 58.11,
+    "blocks": 476_016 // 16,
+}
+
+
+def _report_h100_log() -> None:
+    """The ledger beside the public H100 log: the torch peak line is held out; the non-torch constant is this log's."""
+    log = H100_LOG
+    engine = EngineSettings(
+        max_model_len=int(log["max_model_len"]),
+        device_memory_gib=float(log["total_gib"]),
+        gpu_memory_utilization=float(log["utilization"]),
+        device_name="NVIDIA H100 80GB HBM3",
+    )
+    led = compute_ledger(read_model_config(SIM / "configs" / "model" / "meta-llama/Llama-3.1-8B.json"), engine)
+    peak = (led.line("activations").bytes + led.line("workspaces").bytes) / GIB
+    blocks = led.kv_cache_blocks or 0
+    print("== public vLLM 0.19.0 log, H100-80GB, Llama-3.1-8B-Instruct (llm-d-incubation/llm-d-planner)")
+    print(
+        f"   vLLM's defaults: max_num_batched_tokens {engine.max_num_batched_tokens}, max_num_seqs "
+        f"{engine.max_num_seqs}; total {log['total_gib']} GiB × {log['utilization']}"
+    )
+    print(f"   weights     ledger {led.line('weights').bytes / GIB:.3f} GiB, logged {log['weights_gib']} GiB")
+    print(
+        f"   torch peak  ledger {peak:.3f} GiB, logged {log['torch_peak_gib']} GiB "
+        f"({(peak - log['torch_peak_gib']) / log['torch_peak_gib']:+.1%}; derived from vLLM's code, held out)"
+    )
+    print(
+        f"   non-torch   ledger {led.line('graph_comm_buffers').factors['non_torch_gib']} GiB, logged "
+        f"{log['non_torch_gib']} GiB (the ledger's constant is this figure: not a check)"
+    )
+    print(
+        f"   KV          ledger {led.kv_budget_bytes / GIB:.2f} GiB = {blocks:,} blocks, logged {log['kv_gib']} GiB = "
+        f"{log['blocks']:,} blocks ({(blocks - log['blocks']) / log['blocks']:+.2%})"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pro6000-total-bytes", type=int, default=NOMINAL_PRO6000_BYTES)
@@ -113,6 +159,7 @@ def main() -> None:
         raise SystemExit(f"shared data not present: {SIM}")
     for name, config, skip in RUNS:
         _report(name, config, skip, args.pro6000_total_bytes)
+    _report_h100_log()
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ vLLM 0.19 (V1 GPU worker; read, not copied: vllm/v1/worker/gpu_worker.py ``init_
                 − CUDA graph estimate (applied only with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1)
 
 - ``total`` is ``cudaMemGetInfo``'s total (what a run's meta.json records as device_total_memory_bytes).
-- The baseline snapshot is taken after the CUDA context and NCCL exist, so neither is in any line:
-  they sit in the (1 − utilization) share (the ledger's ``runtime`` line says so).
+- The baseline snapshot is taken after the CUDA context and NCCL's communicators exist, so the context is in no
+  line: it sits in the (1 − utilization) share (the ledger's ``runtime`` line says so). What the communicators
+  allocate on first use (TP > 1) appears in the non-torch increase.
 - ``weights`` is what the model holds after loading: parameters plus buffers. The one buffer of a
   dense decoder is the rotary cos/sin table, max_position_embeddings × rotary dim in the model dtype,
   shared by every layer (vLLM's get_rope cache); it is why vLLM logs Llama-3.1-8B at 14.9889 GiB
@@ -22,10 +23,11 @@ vLLM 0.19 (V1 GPU worker; read, not copied: vllm/v1/worker/gpu_worker.py ``init_
   logits in place with one cached scratch row per program; below 8 rows, the PyTorch sort path.
 - ``non-torch increase`` (device memory outside torch's allocator that appears between the snapshot and
   the end of profiling: kernel images loaded lazily, cuBLAS/cuBLASLt handles) cannot be derived from the
-  config. It is an assumed per-device constant, NON_TORCH_INCREASE_GIB, with its source. In 0.19, unless
-  the engine runs eager, ``profile_cudagraph_memory`` (warm-up and capture of two graphs per CUDA graph
-  mode) runs inside the measured window even though its estimate is not applied, so what that capture
-  leaves outside torch's allocator is in this line too; the assumed constant comes from eager profiles.
+  config. It is a per-device constant measured by others on vLLM 0.19 (NON_TORCH_INCREASE_GIB at TP 1,
+  NON_TORCH_INCREASE_TP_GIB above), with its source. In 0.19, unless the engine runs eager,
+  ``profile_cudagraph_memory`` (warm-up and capture of two graphs per CUDA graph mode) runs inside the
+  measured window even though its estimate is not applied, so what that capture leaves outside torch's
+  allocator is in this line too.
 - The CUDA graph estimate (``profile_cudagraph_memory``, vllm-project/vllm#30515) is off by default in
   0.19; it became the default in v0.21.0. Its line is 0 unless ``graph_buffer_gib`` is given.
 """
@@ -39,6 +41,7 @@ from .settings import GIB, EngineSettings
 
 __all__ = [
     "NON_TORCH_INCREASE_GIB",
+    "NON_TORCH_INCREASE_TP_GIB",
     "SAMPLER_TRITON_BYTES_PER_LOGIT",
     "SAMPLER_PYTORCH_BYTES_PER_LOGIT",
     "TRITON_SAMPLER_MIN_ROWS",
@@ -55,13 +58,17 @@ __all__ = [
 ]
 
 #: Device memory outside torch's allocator that vLLM's profile sees appear (its ``non_torch_increase``), GiB
-#: per device. ASSUMED, not derived: vLLM's own profile reported 0.11 GiB for two models of different size
-#: on one A100 at TP 1 (ovg-project/kvcached#448, recent vLLM, enforce_eager), and a public H100 profile
-#: of vLLM 0.11 (8 models) 0.13-0.14 GiB at TP 1. Taken as 0.11 for any model and TP degree (unmeasured at
-#: TP > 1 in 0.19, whose NCCL buffers predate the snapshot). Both sources ran without 0.19's CUDA graph
-#: profiling inside the measured window (eager, or an older vLLM), so under CUDA graphs (0.19's default) this
-#: is a floor, not a measurement. Not fitted to any run of ours.
-NON_TORCH_INCREASE_GIB = 0.11
+#: per device, at TP 1. MEASURED by others, not derived, not fitted to any run of ours: vLLM 0.19.0's own debug
+#: line ("non-torch forward increase memory") on an H100-80GB with CUDA graphs on (0.19's default), published
+#: with the raw logs in llm-d-incubation/llm-d-planner (accuracy/results/v0.19.0): Llama-3.1-8B-Instruct 0.25 GiB,
+#: Qwen2.5-7B-Instruct 0.24; over that sweep's TP-1 runs 0.24-0.46 GiB (mean 0.27). Earlier vLLM, or eager
+#: profiles, reported less (0.11-0.14 GiB: ovg-project/kvcached#448, an H100 profile of vLLM 0.11).
+NON_TORCH_INCREASE_GIB = 0.25
+
+#: The same at TP > 1, where the communicators' buffers appear inside the window: the same vLLM 0.19.0 H100 logs,
+#: Llama-3.1-8B-Instruct 2.07 GiB at TP 2 and 2.13 at TP 4 (Qwen2.5-7B-Instruct 2.06 and 2.13). Measured on
+#: NVLink H100s; a PCIe machine's all-reduce may hold other buffers (unmeasured).
+NON_TORCH_INCREASE_TP_GIB = 2.07
 
 #: vLLM 0.19 takes the fused Triton top-k/top-p kernel for a batch of at least this many rows
 #: (vllm/v1/sample/ops/topk_topp_sampler.py ``apply_top_k_top_p``), the PyTorch sort path below it.
@@ -187,8 +194,12 @@ def sampler_peak_bytes(m: ModelConfig, e: EngineSettings, act_bytes: float) -> t
 
 
 def non_torch_increase_gib(e: EngineSettings) -> float:
-    """The non-torch increase used: the engine's ``non_torch_gib`` when given, else NON_TORCH_INCREASE_GIB."""
-    value = e.non_torch_gib if e.non_torch_gib is not None else NON_TORCH_INCREASE_GIB
+    """The non-torch increase used: the engine's ``non_torch_gib`` when given, else the measured default for its
+    TP degree (NON_TORCH_INCREASE_GIB at TP 1, NON_TORCH_INCREASE_TP_GIB above)."""
+    if e.non_torch_gib is not None:
+        value = e.non_torch_gib
+    else:
+        value = NON_TORCH_INCREASE_TP_GIB if e.tensor_parallel_size > 1 else NON_TORCH_INCREASE_GIB
     if value < 0:
         raise LedgerError(f"non_torch_gib = {value}: expected a non-negative number of GiB")
     return value

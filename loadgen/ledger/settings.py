@@ -139,7 +139,7 @@ class EngineSettings:
     # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1; the default from v0.21.0): give it for those versions
     graph_buffer_gib: float | None = None
     # cuda: device memory outside torch's allocator that vLLM's profile sees appear, GiB per device.
-    # None: ledger.cuda.NON_TORCH_INCREASE_GIB (an assumed constant, with its source there)
+    # None: ledger.cuda.NON_TORCH_INCREASE_GIB / _TP_GIB (measured by others on vLLM 0.19; sources there)
     non_torch_gib: float | None = None
     safety_margin_fraction: float = 0.05  # of the accounted total when the budget is kv_cache_gib
     # The runtime: interpreters, torch and the engine's processes (RSS on CPU). None: the measured default
