@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from loadgen.ledger import GIB, EngineSettings, compute_ledger, read_model_config
 
@@ -105,50 +106,84 @@ def _report(name: str, config: str, skip: str | None, pro6000_total: int) -> Non
         )
 
 
-#: A public vLLM 0.19.0 log on an H100 (llm-d-incubation/llm-d-planner, accuracy/results/v0.19.0/logs/
-#: meta-llama-llama-3-1-8b--h100-80gb--tp1pp1dp1--16384.log): what it logs, as it logs it (GiB to 2 decimals).
-H100_LOG = {
-    "total_gib": 79.19,
-    "utilization": 0.95,
-    "max_model_len": 16384,
-    "torch_peak_gib": 1.89,
-    "non_torch_gib": 0.25,
-    "weights_gib": 14.99,
-    "kv_gib": 58.11,
-    "blocks": 476_016 // 16,
-}
+#: Public vLLM 0.19.0 runs on an H100-80GB (79.19 GiB, utilization 0.95, vLLM's defaults: 8,192 tokens, 1,024
+#: sequences), published by llm-d-incubation/llm-d-planner: Llama-3.1-8B-Instruct from its raw log
+#: (accuracy/results/v0.19.0/logs/meta-llama-llama-3-1-8b--h100-80gb--tp1pp1dp1--16384.log), Qwen2.5-7B-Instruct
+#: from its report's table (accuracy/results/v0.19.0/accuracy_report.md), the two MoE models' torch peaks from that
+#: report's planner constants and errors (constant / (1 + error)). GiB as logged (2 decimals); None = not given.
+H100_RUNS: tuple[dict[str, Any], ...] = (
+    {
+        "name": "Llama-3.1-8B-Instruct",
+        "config": "loadgen/data/models/llama-3.1-8b.json",
+        "max_model_len": 16384,
+        "torch_peak_gib": 1.89,
+        "non_torch_gib": 0.25,
+        "weights_gib": 14.99,
+        "kv_gib": 58.11,
+        "tokens": 476_016,
+    },
+    {
+        "name": "Qwen2.5-7B-Instruct",
+        "config": "loadgen/data/models/qwen2.5-7b.json",
+        "max_model_len": 8192,
+        "torch_peak_gib": 2.21,
+        "non_torch_gib": 0.24,
+        "weights_gib": 14.25,
+        "kv_gib": 58.53,
+        "tokens": 1_096_000,
+    },
+    {
+        "name": "DeepSeek-V2-Lite-Chat (MoE)",
+        "config": "loadgen/data/models/deepseek-v2-lite.json",
+        "max_model_len": 8192,
+        "torch_peak_gib": round(8.0 / 4.1451, 2),
+        "non_torch_gib": None,
+        "weights_gib": None,
+        "kv_gib": None,
+        "tokens": None,
+    },
+    {
+        "name": "Qwen3-30B-A3B (MoE)",
+        "config": "scenarios/engines/profiles/models/Qwen3-30B-A3B-Instruct-2507.json",
+        "max_model_len": 8192,
+        "torch_peak_gib": round(8.0 / 2.9851, 2),
+        "non_torch_gib": None,
+        "weights_gib": None,
+        "kv_gib": None,
+        "tokens": None,
+    },
+)
 
 
-def _report_h100_log() -> None:
-    """The ledger beside the public H100 log: the torch peak line is held out; the non-torch constant is this log's."""
-    log = H100_LOG
+def _pct(ours: float, theirs: float | None) -> str:
+    return "" if theirs is None else f" ({(ours - theirs) / theirs:+.1%})"
+
+
+def _report_h100(run: dict[str, Any]) -> None:
+    """One public H100 run beside the ledger: the torch peak and weights lines are held out; the non-torch
+    constant is the Llama log's own figure (0.25 GiB), so the KV figures check the other lines."""
     engine = EngineSettings(
-        max_model_len=int(log["max_model_len"]),
-        device_memory_gib=float(log["total_gib"]),
-        gpu_memory_utilization=float(log["utilization"]),
+        max_model_len=run["max_model_len"],
+        device_memory_gib=79.19,
+        gpu_memory_utilization=0.95,
         device_name="NVIDIA H100 80GB HBM3",
     )
-    led = compute_ledger(read_model_config(SIM / "configs" / "model" / "meta-llama/Llama-3.1-8B.json"), engine)
+    led = compute_ledger(read_model_config(REPO / run["config"]), engine)
     peak = (led.line("activations").bytes + led.line("workspaces").bytes) / GIB
-    blocks = led.kv_cache_blocks or 0
-    print("== public vLLM 0.19.0 log, H100-80GB, Llama-3.1-8B-Instruct (llm-d-incubation/llm-d-planner)")
+    weights = led.line("weights").bytes / GIB
+    tokens = (led.kv_cache_blocks or 0) * engine.block_size
+    print(f"== public vLLM 0.19.0 run, H100-80GB × 0.95, {run['name']} (llm-d-planner)")
     print(
-        f"   vLLM's defaults: max_num_batched_tokens {engine.max_num_batched_tokens}, max_num_seqs "
-        f"{engine.max_num_seqs}; total {log['total_gib']} GiB × {log['utilization']}"
-    )
-    print(f"   weights     ledger {led.line('weights').bytes / GIB:.3f} GiB, logged {log['weights_gib']} GiB")
-    print(
-        f"   torch peak  ledger {peak:.3f} GiB, logged {log['torch_peak_gib']} GiB "
-        f"({(peak - log['torch_peak_gib']) / log['torch_peak_gib']:+.1%}; derived from vLLM's code, held out)"
+        f"   torch peak  ledger {peak:.3f} GiB, logged {run['torch_peak_gib']} GiB{_pct(peak, run['torch_peak_gib'])}"
     )
     print(
-        f"   non-torch   ledger {led.line('graph_comm_buffers').factors['non_torch_gib']} GiB, logged "
-        f"{log['non_torch_gib']} GiB (the ledger's constant is this figure: not a check)"
+        f"   weights     ledger {weights:.3f} GiB, logged {run['weights_gib']} GiB{_pct(weights, run['weights_gib'])}"
     )
-    print(
-        f"   KV          ledger {led.kv_budget_bytes / GIB:.2f} GiB = {blocks:,} blocks, logged {log['kv_gib']} GiB = "
-        f"{log['blocks']:,} blocks ({(blocks - log['blocks']) / log['blocks']:+.2%})"
-    )
+    if run["tokens"] is not None:
+        print(
+            f"   KV          ledger {led.kv_budget_bytes / GIB:.2f} GiB = {tokens:,} tokens, logged {run['kv_gib']} GiB = "
+            f"{run['tokens']:,} tokens{_pct(tokens, run['tokens'])} (non-torch: ledger 0.25, logged {run['non_torch_gib']})"
+        )
 
 
 def main() -> None:
@@ -159,7 +194,8 @@ def main() -> None:
         raise SystemExit(f"shared data not present: {SIM}")
     for name, config, skip in RUNS:
         _report(name, config, skip, args.pro6000_total_bytes)
-    _report_h100_log()
+    for run in H100_RUNS:
+        _report_h100(run)
 
 
 if __name__ == "__main__":

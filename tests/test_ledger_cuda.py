@@ -214,3 +214,15 @@ def test_h100_log_of_vllm_019_torch_peak_and_blocks():
     assert led.line("weights").bytes / GIB == pytest.approx(14.99, abs=0.005)
     assert abs(led.kv_cache_blocks - H100_LOGGED_BLOCKS) / H100_LOGGED_BLOCKS < 0.01
     assert led.kv_cache_blocks == 29_766  # +0.05%; the total's rounding to 0.01 GiB moves it by ±3 blocks
+
+
+def test_h100_report_of_vllm_019_qwen25_7b():
+    """Qwen2.5-7B-Instruct in the same sweep (its report's table, accuracy/results/v0.19.0/accuracy_report.md):
+    torch peak 2.21 GiB, KV 58.53 GiB = 1,096,000 tokens at max_model_len 8192."""
+    engine = EngineSettings(
+        max_model_len=8192, device_memory_gib=H100_TOTAL_GIB, gpu_memory_utilization=0.95, device_name="NVIDIA H100"
+    )
+    led = compute_ledger(read_model_config(ROOT / "loadgen" / "data" / "models" / "qwen2.5-7b.json"), engine)
+    torch_peak_gib = (led.line("activations").bytes + led.line("workspaces").bytes) / GIB
+    assert abs(torch_peak_gib - 2.21) / 2.21 < 0.025
+    assert abs(led.kv_cache_blocks * 16 - 1_096_000) / 1_096_000 < 0.01
