@@ -1,17 +1,20 @@
 """The practice, end to end: KV ledger, both candidates on the burst trace, the decision and its owners.
 
-``run_practice()`` with no arguments launches the simulated engine twice on loopback (the
-``interactive-small-batch`` and ``throughput-large-batch`` presets), warms each with a fixed warm-up
-set, replays a window of the canonical burst trace through the real driver, replays the behaviour
-cases when the scenario configures them, prints the memory ledger of a shipped model config under each
-candidate's settings, and compares the two for interactive routing: hard budgets first, then behaviour,
-then throughput and cost. It shows workload, package, hardware, runtime, warm state, tails with counts,
-errors, behaviour constraints and who owns which part of the decision, and writes every run directory
-plus ``decision.json`` under ``out``. ``PracticeOptions(targets=(URL, URL))`` does the same against two
-running endpoints; ``engine="vllm"`` launches two real vLLM configurations (``loadgen.vllm``), reads each
-one's scheduler limits while it is up and, once both have stopped, runs the worksheet on the same trace
-with ``predict_with``'s cost terms under those limits: ``decision["prediction"]`` holds, per candidate and
-class, the predicted and measured figures and the error between them (as ``loadgen sim validate``).
+``run_practice()`` with no arguments launches the simulated engine twice on loopback, once per profiled GPU
+engine of ``SIM_CANDIDATES`` (vLLM 0.19 serving Llama-3.1-8B on an RTX PRO 6000 and on an RTX 4090: step times
+from each GPU's operator profile, validated against a measured vLLM run of it), warms each with a fixed warm-up
+set, replays a window of the canonical burst trace through the real driver, replays the behaviour cases when the
+scenario configures them, prints the memory ledger of a shipped model config under each candidate's settings
+on its GPU (``loadgen.practice_ledger``), and compares the two for interactive routing: hard budgets first,
+then behaviour, then throughput and cost. It shows workload, package, hardware, runtime, warm state, tails with
+counts, errors, behaviour constraints, each engine's label (where its costs came from) and who owns which part
+of the decision, and writes every run directory plus ``decision.json`` under ``out``. ``PracticeOptions
+(candidates=PRESET_CANDIDATES)`` compares the two uncalibrated presets instead (an illustration, not evidence).
+``PracticeOptions(targets=(URL, URL))`` does the same against two running endpoints; ``engine="vllm"``
+launches two real vLLM configurations (``loadgen.vllm``), reads each one's scheduler limits while it is up and,
+once both have stopped, runs the worksheet on the same trace with ``predict_with``'s cost terms under those
+limits: ``decision["prediction"]`` holds, per candidate and class, the predicted and measured figures and the
+error between them (as ``loadgen sim validate``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +43,12 @@ from .analysis.budgets import SEND_LAG_BOUND_MS, client_lag_line
 from .calibration.calibrate import EngineLimits, engine_limits
 from .calibration.validate import QUANTITIES, FidelityRow, predict_beside, with_engine_limits
 from .driver.options import RunSettings
-from .ledger import GIB, EngineSettings, compute_ledger, format_ledger, read_model_config
+from .ledger import EngineSettings, compute_ledger, format_ledger, read_model_config
 from .plan.cells import build_warmup_trace
 from .plan.compare import Comparison, check_send_lag_bound, compare_candidates, format_comparison
 from .plan.contract_hook import CONTRACT_FILE, replay_contract
+from .plan.prices import load_prices
+from .practice_ledger import candidate_ledgers
 from .sim import EngineConfig, load_engine_config
 from .targets import RunRequest, SimServerTarget, Target, UrlTarget, VllmTarget
 from .trace.generate import generate_trace_file
@@ -52,6 +56,7 @@ from .trace.io import read_trace, write_trace
 
 __all__ = [
     "SIM_CANDIDATES",
+    "PRESET_CANDIDATES",
     "DEFAULT_PREDICTOR",
     "OWNERSHIP",
     "PracticeOptions",
@@ -61,23 +66,37 @@ __all__ = [
     "format_practice",
 ]
 
-#: The canonical comparison: the latency-tuned preset first (the reference for behaviour diffs).
-SIM_CANDIDATES = ("interactive-small-batch", "throughput-large-batch")
+#: The canonical comparison: two profiled engines validated against measured vLLM 0.19 runs, the same model
+#: (Llama-3.1-8B, as DEFAULT_MODEL_CONFIG) on two GPUs, each under the scheduler limits its measured run logged.
+#: Under the burst the RTX 4090's 2,048-token prefill steps (about 198 ms, its profile) breach the 150 ms p99 ITL
+#: budgets; the RTX PRO 6000's (about 85 ms) do not. The first is the reference for behaviour diffs.
+SIM_CANDIDATES = ("rtxpro6000-llama-3.1-8b-tp1", "rtx4090-llama-3.1-8b-tp1")
+#: The uncalibrated presets (hand-set cost terms; an illustration, not evidence): ``--candidate`` each of them.
+PRESET_CANDIDATES = ("interactive-small-batch", "throughput-large-batch")
 DEFAULT_MODEL_CONFIG = "llama-3.1-8b"
 #: The engine TOML whose cost terms predict the real-vLLM candidates (each under its own scheduler limits).
+#: An uncalibrated preset on purpose: ``--engine vllm`` launches the shipped tiny model (on a CPU build in CI),
+#: and no profiled engine measured that model on that device; a profiled engine's GPU step times would
+#: predict it no better. Give ``--predict-with`` a profiled engine when the vLLM candidates run its GPU and model.
 DEFAULT_PREDICTOR = "interactive-small-batch"
 #: How often a candidate is measured, each time launched fresh, while its client falls behind its schedule (a busy
 #: host); the last attempt stands, and the comparison shows it as unmeasured if it fell behind too.
 MEASURE_ATTEMPTS = 3
 
+#: What the practice decides (decision.json "question", the report's title).
+QUESTION = (
+    "which serving candidate takes interactive traffic? (reject any candidate that violates a hard p99 budget, "
+    "TTFT or ITL, whatever its throughput or cost)"
+)
 #: Who owns what (the seed's division of authority), printed with every decision.
 OWNERSHIP = {
     "llm_engineering": "owns the workload definitions, behaviour constraints, package identity and the user-visible "
     "interpretation: this routing decision",
     "platform_sre": "owns fleet capacity and reliability: how many replicas of the chosen candidate, headroom, "
     "failover; the capacity region (loadgen plan) is their input",
-    "kernel_specialists": "own low-level optimisation (attention/GEMM kernels, batching internals); when p99 TTFT or "
-    "memory fails they get a reproducible handoff (loadgen handoff), not a prescribed kernel rewrite",
+    "kernel_specialists": "own low-level optimisation (attention/GEMM kernels, batching internals); when a p99 "
+    "latency budget (TTFT, ITL) or memory fails they get a reproducible handoff (loadgen handoff), not a prescribed "
+    "kernel rewrite",
 }
 
 
@@ -127,32 +146,6 @@ def _canonical_trace(scenario_path: Path, out_dir: Path) -> Path:
         return shipped
 
     return generate_trace_file(load_scenario(scenario_path), "burst", out_dir / "canonical-burst.parquet")
-
-
-def _ledgers(
-    model_config: str, engines: list[EngineConfig], scenario: Scenario
-) -> tuple[dict[str, str], dict[str, Any]]:
-    """The ledger of ``model_config`` under each simulated candidate's settings (KV pool = the engine's blocks)."""
-
-    path = Path(model_config)
-    if not path.exists():
-        path = Path(str(resources.files("loadgen") / "data" / "models" / f"{model_config}.json"))
-    model = read_model_config(path)
-    texts, data = {}, {}
-    for cfg in engines:
-        probe = compute_ledger(model, EngineSettings(kv_cache_gib=1.0))
-        kv_gib = cfg.num_kv_blocks * cfg.kv.block_size * probe.kv_bytes_per_token / GIB
-        settings = EngineSettings(
-            block_size=cfg.kv.block_size,
-            max_num_seqs=cfg.scheduler.max_num_seqs,
-            max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
-            max_model_len=cfg.scheduler.max_model_len,
-            kv_cache_gib=kv_gib,
-        )
-        ledger = compute_ledger(model, settings, scenario)
-        texts[cfg.name] = format_ledger(ledger)
-        data[cfg.name] = {"model_config": str(path), "kv_cache_gib": kv_gib, **ledger.to_dict()}
-    return texts, data
 
 
 def _warm_and_run(
@@ -209,7 +202,7 @@ class PracticeOptions:
 
     ``targets``: two running endpoints to compare instead of launched engines (``model`` and ``api_key_env``:
     their served model, and the NAME of the env var holding their key, never recorded); ``engine``: ``sim``
-    (the two ``candidates`` presets) or ``vllm`` (two real vLLM configurations, predicted with
+    (the two ``candidates`` engines, presets or TOMLs) or ``vllm`` (two real vLLM configurations, predicted with
     ``predict_with``'s cost terms; ``vllm_args``: extra flags for both, e.g. ``--enforce-eager``);
     ``window_s``: replay the first N s of the trace (None: all of it); ``max_send_lag_ms``: a measured run
     whose client send-lag p99 exceeds it is measured again, launched fresh (``MEASURE_ATTEMPTS`` in all), and
@@ -275,8 +268,8 @@ def run_practice(
     check_send_lag_bound(opts.max_send_lag_ms, "practice")  # before any work
     vllm = opts.engine == "vllm" and not opts.targets
     predictor = load_engine_config(opts.predict_with) if vllm else None  # before any work
+    prices = load_prices(opts.prices if opts.prices is not None else presets.prices_example())  # before any work
     practice = _start(out, opts, log or (lambda _m: None))
-    prices = opts.prices if opts.prices is not None else presets.prices_example()
     t0 = time.monotonic()
     configs: list[EngineConfig] = []  # the simulated candidates (their calibration labels go in the decision)
     ledgers: dict[str, str] = {}
@@ -299,7 +292,7 @@ def run_practice(
         )
     elif opts.engine == "sim":
         configs.extend(load_engine_config(c) for c in opts.candidates)
-        ledgers, ledger_data = _ledgers(opts.model_config, configs, practice.scen)
+        ledgers, ledger_data = candidate_ledgers(opts.model_config, configs, practice.scen)
         run_dirs = _measure_sims(practice, configs)
     else:
         raise PlanError(f"practice --engine {opts.engine!r}: expected 'sim' or 'vllm'")
@@ -357,6 +350,7 @@ def _measure_sims(practice: _Practice, configs: list[EngineConfig]) -> dict[str,
                 pid, url = sim.server.pid, sim.url or ""
                 practice.say(
                     f"practice: {cfg.name}: sim server pid {pid} on {url}; warm-up, then {practice.trace_path.name}"
+                    f" ({cfg.calibration_label()})"
                 )
                 note = f"sim server launched fresh by loadgen (pid {pid}): empty KV and prefix cache"
                 practice.warm_and_run(sim, run_dir, warm_dir, cfg.name, note)
@@ -380,8 +374,7 @@ def _decision(
     return {
         "kind": "loadgen.practice",
         "version": 1,
-        "question": "which serving candidate takes interactive traffic? (reject the headline-throughput configuration "
-        "that violates p99 TTFT)",
+        "question": QUESTION,
         "out_dir": str(out_dir),
         "wall_s": wall_s,
         "engine": engine,
@@ -392,16 +385,7 @@ def _decision(
         "comparison": cdict,
         "decision": cdict["decision"],
         "ownership": OWNERSHIP,
-        "next_steps": [
-            f"specialist handoff for {r['label']} (the failing p99 TTFT, reproducible): loadgen handoff "
-            f"{run_dirs[r['label']]} --out {out_dir / (r['label'] + '-handoff')}"
-            for r in cdict["decision"]["rejected"]
-            if r["step"] == "hard budgets" and r["label"] in run_dirs
-        ]
-        + [
-            "fleet sizing for the chosen candidate (platform/SRE): loadgen plan canonical-region "
-            "--sim <chosen engine> --out runs/region"
-        ],
+        "next_steps": _next_steps(cdict, run_dirs, out_dir),
         "modelExecuted": any(c["context"]["runtime"].get("modelExecuted") for c in cdict["candidates"]),
         "engine_calibration": (
             {cfg.name: cfg.calibration_label() for cfg in configs}
@@ -409,6 +393,28 @@ def _decision(
             else {"vllm": "real engine: measured, not predicted"}
         ),
     }
+
+
+def _next_steps(cdict: dict[str, Any], run_dirs: dict[str, Path], out_dir: Path) -> list[str]:
+    """A reproducible handoff per candidate rejected at hard budgets (naming what failed), then fleet sizing."""
+    failed = {c["label"]: c.get("breaches") or [] for c in cdict["candidates"]}
+    steps = [
+        f"specialist handoff for {r['label']} (the failing {_breached(failed.get(r['label'], []))}, reproducible): "
+        f"loadgen handoff {run_dirs[r['label']]} --out {out_dir / (r['label'] + '-handoff')}"
+        for r in cdict["decision"]["rejected"]
+        if r["step"] == "hard budgets" and r["label"] in run_dirs
+    ]
+    chosen = cdict["decision"]["chosen"] or "<chosen engine>"
+    return steps + [
+        f"fleet sizing for the chosen candidate (platform/SRE): loadgen plan canonical-region --sim-worksheet "
+        f"{chosen} --out runs/region"
+    ]
+
+
+def _breached(breaches: list[dict[str, Any]]) -> str:
+    """The hard budgets a candidate failed, named once each: ``itl_ms p99, ttft_ms p99``."""
+    names = list(dict.fromkeys(f"{b['metric']} {b['percentile']}" for b in breaches))
+    return ", ".join(names) or "hard budgets"
 
 
 def _workload(scen: Scenario, trace_path: Path) -> dict[str, Any]:
@@ -551,19 +557,21 @@ def format_practice(result: PracticeResult) -> str:
     """The console report: ledger, workload, each candidate's identity, the comparison, the owners."""
 
     d = result.decision
-    lines = ["=" * 100, "Practice: reject the headline-throughput configuration that violates p99 TTFT", "=" * 100]
+    lines = ["=" * 100, f"Practice: {QUESTION}", "=" * 100]
     lines += _verdict_lines(d)
     lines.append("")
     lines += _workload_lines(d["workload"])
     lines.append("")
+    labels = d.get("engine_calibration") or {}
     if result.ledgers:
         for name, text in result.ledgers.items():
-            lines.append(f"KV LEDGER — {name} settings")
+            lines.append(f"KV LEDGER — {name} settings" + (f" on {_gpu(d, name)}" if _gpu(d, name) else ""))
+            lines += [f"  {labels[name]}"] if name in labels else []
             lines += ["  " + ln for ln in text.splitlines()]
             lines.append("")
     lines.append("CANDIDATES (package, hardware, runtime, warm state)")
     for c in d["comparison"]["candidates"]:
-        lines += _candidate_lines(c)
+        lines += _candidate_lines(c, labels.get(c["label"]))
     lines.append("")
     lines.append(format_comparison(result.comparison))
     lines.append("")
@@ -630,14 +638,21 @@ def _workload_lines(w: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _candidate_lines(c: dict[str, Any]) -> list[str]:
-    """One candidate's identity: package, hardware, runtime, warm state, errors and behaviour."""
+def _gpu(d: dict[str, Any], name: str) -> str | None:
+    """The GPU a candidate's ledger was computed on (its decision.json ledger entry), if any."""
+    entry = (d.get("ledger") or {}).get(name) or {}
+    return entry.get("gpu")
+
+
+def _candidate_lines(c: dict[str, Any], engine_label: str | None = None) -> list[str]:
+    """One candidate's identity: engine label, package, hardware, runtime, warm state, errors and behaviour."""
     ctx = c["context"]
     pkg, hw, rt, ws = ctx["package"], ctx["hardware"], ctx["runtime"], ctx["warm_state"] or {}
     gpus = ", ".join(g.get("name", "?") for g in hw.get("gpus") or []) or "no GPU"
     counts = c["status_counts"]
     return [
         f"  {c['label']}  ({c['path']})",
+        *([f"    {engine_label}"] if engine_label else []),
         f"    package: loadgen {pkg['harness_version']} git {pkg['git_sha']}, python {pkg['python']}",
         f"    hardware: {hw['cpu_model']} × {hw['cpu_count']} cores, {gpus}",
         f"    runtime: target {rt['target_kind']} engine {rt['engine']} {rt['engine_version']} config "

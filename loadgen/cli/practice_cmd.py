@@ -13,14 +13,17 @@ from . import flags
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "practice", help="the main job: reject the headline-throughput configuration that violates p99 TTFT"
+        "practice",
+        help="the main job: which of two profiled GPU engines takes interactive traffic (reject any that violates a "
+        "hard p99 budget)",
     )
     p.add_argument("--out", help="output directory (default runs/practice-<utc>)")
     p.add_argument(
         "--engine",
         choices=("sim", "vllm"),
         default="sim",
-        help="sim: two simulated engines on loopback (default); vllm: two real vLLM configurations (LOADGEN_VLLM_PYTHON)",
+        help="sim: two simulated engines on loopback (default); vllm: two real vLLM configurations "
+        "(LOADGEN_VLLM_PYTHON)",
     )
     p.add_argument(
         "--target",
@@ -33,14 +36,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--candidate",
         action="append",
         metavar="ENGINE",
-        help="--engine sim: a simulated candidate (preset or TOML, e.g. a profiled GPU engine: give it twice; "
-        "default interactive-small-batch and throughput-large-batch)",
+        help="--engine sim: a simulated candidate (preset or TOML: give it twice; default the profiled, validated "
+        "rtxpro6000-llama-3.1-8b-tp1 and rtx4090-llama-3.1-8b-tp1; the uncalibrated presets: interactive-small-batch "
+        "and throughput-large-batch)",
     )
     p.add_argument(
         "--predict-with",
         metavar="ENGINE",
         help="--engine vllm: the simulated engine (preset or TOML) whose cost terms predict each candidate, shown "
-        "beside the measured figures (default interactive-small-batch, an uncalibrated preset)",
+        "beside the measured figures (default interactive-small-batch, an uncalibrated preset: the launched vLLM runs "
+        "the shipped tiny model, which no profiled engine measured)",
     )
     p.add_argument("--model", help="served model name for --target")
     p.add_argument("--api-key-env", help="NAME of the env var holding the API key for --target (never recorded)")
