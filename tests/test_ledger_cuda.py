@@ -19,9 +19,9 @@ from loadgen.ledger.cuda import (
     NON_TORCH_INCREASE_TP_GIB,
     SAMPLER_PYTORCH_BYTES_PER_LOGIT,
     SAMPLER_TRITON_BYTES_PER_LOGIT,
-    gpu_sm_count,
     triton_buffer_rows,
 )
+from loadgen.ledger.gpus import gpu_sm_count
 from tests.shared_paths import shared_trace
 from tests.test_ledger import LLAMA_31_8B  # the published config.json fields, one copy
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 from loadgen.util.errors import LedgerError
 
 from .config import ModelConfig
+from .gpus import gpu_sm_count
 from .settings import GIB, EngineSettings
 
 __all__ = [
@@ -45,9 +46,6 @@ __all__ = [
     "SAMPLER_TRITON_BYTES_PER_LOGIT",
     "SAMPLER_PYTORCH_BYTES_PER_LOGIT",
     "TRITON_SAMPLER_MIN_ROWS",
-    "GPU_SM_COUNTS",
-    "ASSUMED_SM_COUNT",
-    "gpu_sm_count",
     "triton_buffer_rows",
     "rotary_buffer_bytes",
     "forward_peak_bytes",
@@ -87,37 +85,6 @@ SAMPLER_TRITON_BYTES_PER_LOGIT = 2 + 4 + 4 + 4
 #: softmax, which the cumsum overwrites (4), and the top-p mask (1). The scatter back is in place. Sort scratch
 #: space (cub) is not counted: an assumption.
 SAMPLER_PYTORCH_BYTES_PER_LOGIT = 2 + 4 + 4 + 8 + 1 + 4 + 1
-
-#: Streaming multiprocessors per GPU (vendor specifications), by a lower-case fragment of the name CUDA reports;
-#: the Triton sampler keeps one float32 vocabulary row of scratch per program, one program per SM at most.
-#: The first fragment found in the name wins, so longer names come first.
-GPU_SM_COUNTS: tuple[tuple[str, int], ...] = (
-    ("rtx pro 6000", 188),
-    ("rtx 4090", 128),
-    ("rtx 3090", 82),
-    ("rtx a6000", 84),
-    ("h100 pcie", 114),
-    ("h100", 132),
-    ("h200", 132),
-    ("b200", 148),
-    ("a100", 108),
-    ("l40s", 142),
-    ("l40", 142),
-    ("a10g", 80),
-    ("l4", 58),
-)
-#: SMs assumed when the GPU is not named or not in GPU_SM_COUNTS (an H100 SXM's): the scratch rows are then
-#: min(next power of two of the rows, 132).
-ASSUMED_SM_COUNT = 132
-
-
-def gpu_sm_count(device_name: str) -> tuple[int, str]:
-    """(SMs, where the figure came from) for the GPU CUDA names ``device_name``."""
-    lowered = device_name.lower()
-    for fragment, count in GPU_SM_COUNTS:
-        if fragment in lowered:
-            return count, f"{device_name}: {count} SMs (specification)"
-    return ASSUMED_SM_COUNT, f"{device_name or 'GPU not named'}: {ASSUMED_SM_COUNT} SMs ASSUMED (an H100 SXM's)"
 
 
 def triton_buffer_rows(rows: int, sm_count: int) -> int:

@@ -1,4 +1,5 @@
-"""Device memory of the GPUs the shipped profiled engines name, each with where the figure came from.
+"""What the ledger knows of GPUs: the device memory of those the shipped profiled engines name (each with where
+the figure came from), and the streaming-multiprocessor count of common ones (vendor specifications).
 
 The memory ledger sizes a KV pool from ``device_memory_gib`` × ``gpu_memory_utilization`` (``EngineSettings``);
 an engine TOML names its GPU (``[cost.profile] gpu``, the profile's own name) but not its memory. This table
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 from .settings import GIB
 
-__all__ = ["GpuMemory", "GPU_MEMORY", "gpu_memory"]
+__all__ = ["GpuMemory", "GPU_MEMORY", "gpu_memory", "GPU_SM_COUNTS", "ASSUMED_SM_COUNT", "gpu_sm_count"]
 
 
 @dataclass(frozen=True)
@@ -42,3 +43,35 @@ GPU_MEMORY: dict[str, GpuMemory] = {
 def gpu_memory(name: str) -> GpuMemory | None:
     """The device memory of the GPU named ``name`` (exactly as its profile names it), or None if unknown."""
     return GPU_MEMORY.get(name)
+
+
+#: Streaming multiprocessors per GPU (vendor specifications), by a lower-case fragment of the name CUDA reports;
+#: the Triton sampler keeps one float32 vocabulary row of scratch per program, one program per SM at most.
+#: The first fragment found in the name wins, so longer names come first.
+GPU_SM_COUNTS: tuple[tuple[str, int], ...] = (
+    ("rtx pro 6000", 188),
+    ("rtx 4090", 128),
+    ("rtx 3090", 82),
+    ("rtx a6000", 84),
+    ("h100 pcie", 114),
+    ("h100", 132),
+    ("h200", 132),
+    ("b200", 148),
+    ("a100", 108),
+    ("l40s", 142),
+    ("l40", 142),
+    ("a10g", 80),
+    ("l4", 58),
+)
+#: SMs assumed when the GPU is not named or not in GPU_SM_COUNTS (an H100 SXM's): the scratch rows are then
+#: min(next power of two of the rows, 132).
+ASSUMED_SM_COUNT = 132
+
+
+def gpu_sm_count(device_name: str) -> tuple[int, str]:
+    """(SMs, where the figure came from) for the GPU CUDA names ``device_name``."""
+    lowered = device_name.lower()
+    for fragment, count in GPU_SM_COUNTS:
+        if fragment in lowered:
+            return count, f"{device_name}: {count} SMs (specification)"
+    return ASSUMED_SM_COUNT, f"{device_name or 'GPU not named'}: {ASSUMED_SM_COUNT} SMs ASSUMED (an H100 SXM's)"
