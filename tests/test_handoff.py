@@ -259,7 +259,14 @@ def test_live_sim_run_bundle_reruns_against_a_fresh_live_server(tmp_path: Path) 
     info = build_bundle(run, tmp_path / "live")
     assert (tmp_path / "live" / "engine.toml").read_text() == (ENGINES / "throughput-large-batch.toml").read_text()
     assert any(f["metric"] == "ttft_ms" for f in info.failures)
-    assert "the shipped preset of that name" in (tmp_path / "live" / "README.md").read_text()
+    # the live server's own settings are on record (its /version), so the proposal names a concrete value
+    engine = json.loads((run / "manifest.json").read_text())["target"]["engine"]
+    assert engine["config"]["name"] == "throughput-large-batch" and engine["config"]["sha256"]
+    assert engine["config"]["config"]["scheduler"]["max_num_seqs"] == 256
+    experiment = json.loads((tmp_path / "live" / "experiment.json").read_text())
+    assert experiment["from"] is not None and not isinstance(experiment["to"], str), experiment
+    # the engine file is the one the server ran (its path and sha256 are on record), not a preset found by name
+    assert "| engine.toml | simulated engine config (original file) |" in (tmp_path / "live" / "README.md").read_text()
     result = rerun_bundle(tmp_path / "live", tmp_path / "rerun")
     assert result.reproduced is True
     assert json.loads((result.run_dir / "manifest.json").read_text())["handoff"]["bundle"] == str(tmp_path / "live")

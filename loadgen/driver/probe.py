@@ -249,6 +249,15 @@ def _resolve_model(
     return model
 
 
+def _sim_engine_config(version: dict[str, Any]) -> dict[str, Any] | None:
+    """The simulated engine's own manifest (its name, sha256 and settings) from its /version, already redacted and
+    capped by ``safe_version``; just its name when that is all the body carries."""
+    config = version.get("config")
+    if isinstance(config, dict) and config.get("name"):
+        return config
+    return {"name": version.get("engine_config")} if version.get("engine_config") else None
+
+
 def _classify(
     info: TargetInfo, version_resp: httpx.Response | None, version: Any, host: str, owners: set[str], models: list[str]
 ) -> None:
@@ -259,7 +268,7 @@ def _classify(
         info.engine = {
             "name": "loadgen-sim",
             "version": clean.get("version"),
-            "config": {"name": clean.get("engine_config")} if clean.get("engine_config") else None,
+            "config": _sim_engine_config(clean),
         }
     elif any(host == h or host.endswith("." + h) for h in MANAGED_HOSTS):
         info.kind = "managed"
