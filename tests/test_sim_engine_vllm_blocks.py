@@ -51,10 +51,11 @@ def test_a_refused_waiting_request_touches_nothing():
     """A waiting request that cannot get its blocks leaves the free queue as it was (vLLM checks before it
     touches its hits): while nothing frees, the queue only loses blocks from its head, the waiting request's
     cached prefix among them."""
-    e = _engine(7)  # 6 blocks
-    run_to_end(e, [Seq(0, 8, 1, 0, cache_key=1, chain=[1, 2])])  # its 2 blocks cached, at the queue's tail
-    running = Seq(1, 12, 12, 0)  # 3 blocks, then one more every 4 tokens: all 6 at its end
-    head = Seq(2, 16, 1, 0, cache_key=1, chain=[1, 2, 3, 4])  # hits 2 blocks; needs 2 more + those 2 in the queue
+    e = _engine(9)  # 8 blocks
+    run_to_end(e, [Seq(0, 8, 1, 0, cache_key=1, chain=[1, 2])])  # its 2 blocks cached
+    run_to_end(e, [Seq(1, 8, 1, 0, cache_key=5, chain=[5, 6])])  # 2 more, behind them in the queue
+    running = Seq(2, 12, 12, 0)  # 3 blocks, then one more every 4 tokens: 6 at its end
+    head = Seq(3, 28, 1, 0, cache_key=1, chain=[1, 2, 3, 4, 5, 6, 7])  # hits 2 blocks, needs 5 more + those 2
     e.add(running)
     t = e.step(0).duration_ns
     e.add(head)
