@@ -386,9 +386,10 @@ JITTER_MS = [-9.0, -3.0, -1.0, -0.3, 0.0, 0.4, 1.5, 4.0, 30.0]
     st.sampled_from([(0.0, []), (0.3, []), (0.3, JITTER_MS), (0.0, JITTER_MS)]),
     st.booleans(),
     st.booleans(),
+    st.booleans(),
 )
 def test_decode_runs_take_the_same_steps(
-    reqs, blocks, max_seqs, budget, policy, block_size, window, noise, chunked, overhead_on_cpu
+    reqs, blocks, max_seqs, budget, policy, block_size, window, noise, chunked, overhead_on_cpu, reserve
 ):
     """``decode_run`` leaves the engine, step for step, as ``step`` alone does (issue 13), also when arrivals
     owe the next step their request overhead."""
@@ -401,6 +402,7 @@ def test_decode_runs_take_the_same_steps(
             "max_num_batched_tokens": budget if chunked else 512,
             "policy": policy,
             "chunked_prefill": chunked,
+            "reserve_full_isl": reserve,
             "max_model_len": 8192 if chunked else 512,  # vLLM starts without chunking only when a prompt fits
         },
         cost={
@@ -630,6 +632,7 @@ def _traces(draw: st.DrawFn) -> tuple[Engine, list[Seq]]:
     pool = largest + draw(st.integers(0, 3)) + 1  # + the null block
     scheduler = {"max_num_seqs": draw(st.integers(1, 4)), "max_num_batched_tokens": draw(st.sampled_from([4, 8]))}
     scheduler["async_scheduling"] = draw(st.booleans())
+    scheduler["reserve_full_isl"] = draw(st.booleans())
     e = _tiny_pool(pool, bs, **scheduler)
     mode = draw(st.sampled_from(["chain", "group", "conversation"]))
     seqs = []

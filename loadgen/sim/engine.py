@@ -534,8 +534,8 @@ class Engine:
         t, done = now_ns, 0  # steps taken; the sequences catch up on them at the end (_advance)
         dset = _DecodeSet(self.running, self.block_size)
         while self.running:
-            if self.waiting and self._hits_running(self.waiting[0]):
-                break  # the head hits blocks the run's decodes fill (it hashes them only at its end): step by step
+            if self.waiting and self._may_hit_decodes():
+                break  # a waiting turn may hit blocks the run's decodes fill (hashed only at its end): step by step
             admission = self._admission_closed_until(t, self.max_batched - len(self.running))
             if admission is None:
                 admitted = self._admit_step(t, done, dset)
@@ -606,9 +606,11 @@ class Engine:
             return oldest + self.window_ns
         return NEVER_NS if self._head_blocked(head, budget) else None
 
-    def _hits_running(self, seq: Seq) -> bool:
-        """Whether ``seq`` is a turn of a conversation that also runs (it may hit that one's output blocks)."""
-        return seq.key is not None and seq.cache_limit is None and any(s.key == seq.key for s in self.running)
+    def _may_hit_decodes(self) -> bool:
+        """Whether a waiting request is a turn of a conversation that also runs: it may hit that one's output
+        blocks (only a conversation's output blocks are hashed with its key, see ``_block_hash``)."""
+        talks = {s.key for s in self.running if s.key is not None and s.cache_limit is None and s.chain is None}
+        return bool(talks) and any(w.key in talks and w.cache_limit is None and w.chain is None for w in self.waiting)
 
     def _head_blocked(self, seq: Seq, budget: int) -> bool:
         """Whether ``_schedule_waiting`` would leave ``seq`` waiting now (the same tests)."""
