@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from loadgen.sim import Engine, Seq, list_presets, load_engine_config, parse_engine_config, parse_fault_header
@@ -387,6 +387,19 @@ JITTER_MS = [-9.0, -3.0, -1.0, -0.3, 0.0, 0.4, 1.5, 4.0, 30.0]
     st.booleans(),
     st.booleans(),
     st.booleans(),
+)
+@example(  # a conversation and a prefix group: their keys' hash numbers must not depend on which is met first
+    reqs=[(1, 1, 0, None, None), (1, 4, 3, "c1", None), (4, 1, 0, "g1", None)],
+    blocks=12,
+    max_seqs=2,
+    budget=16,
+    policy="fcfs",
+    block_size=4,
+    window=(0.0, 1),
+    noise=(0.0, []),
+    chunked=False,
+    overhead_on_cpu=False,
+    reserve=False,
 )
 def test_decode_runs_take_the_same_steps(
     reqs, blocks, max_seqs, budget, policy, block_size, window, noise, chunked, overhead_on_cpu, reserve

@@ -14,6 +14,7 @@ decodes, counting their decodes at once: the same steps, to the bit, as ``step``
 from __future__ import annotations
 
 import bisect
+import hashlib
 from array import array
 from collections import deque
 from dataclasses import dataclass
@@ -260,7 +261,7 @@ class Engine:
         self._waiting_keys: list[tuple[int, int, int]] = []  # priority policy: sorted (prio, arrival, idx)
         self.running: list[Seq] = []
         self.pool = BlockPool(self.total_blocks)
-        self._key_ids: dict[str | int, int] = {}  # prefix-cache key -> a number (hashing it is deterministic)
+        self._key_ids: dict[str | int, int] = {}  # prefix-cache key -> its number (_key_id), memoised
         self._reserved: list[int] = []  # a decode run's blocks, taken in its steps' order, not yet handed out
         # cumulative counters (vLLM metric names in metrics.py)
         self.prefix_queries = 0
@@ -404,9 +405,17 @@ class Engine:
         elif seq.key is not None and (
             seq.cache_limit is None or j < min(seq.cache_limit, seq.prompt) // self.block_size
         ):
-            key_id = self._key_ids.setdefault(seq.key, len(self._key_ids))  # str keys: hash() is salted
-            return hash((1, key_id, j)) & _MASK
+            return hash((1, self._key_id(seq.key), j)) & _MASK
         return hash((2, seq.idx, j)) & _MASK
+
+    def _key_id(self, key: str | int) -> int:
+        """A prefix-cache key as a number, the same in every process and whatever the order keys are met in
+        (``hash`` of a str is salted per process)."""
+        got = self._key_ids.get(key)
+        if got is None:
+            raw = key.encode() if isinstance(key, str) else key.to_bytes(16, "little", signed=True)
+            got = self._key_ids[key] = int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
+        return got
 
     def _cache_blocks(self, seq: Seq, tokens: int) -> None:
         """Hash ``seq``'s full blocks within its first ``tokens`` tokens (``KVCacheManager.cache_blocks``)."""
