@@ -57,7 +57,8 @@ def check_accounting(e: Engine) -> None:
     assert pool.ref == refs
     assert set(pool.free) == {b for b, r in enumerate(refs) if r == 0}
     assert e.kv_blocks_used == sum(1 for r in refs if r)
-    named = {b: h for h, blocks in pool.by_hash.items() for b in blocks}
+    named = {b: h for h, b in pool.by_hash.items()} | {b: h for h, later in pool.more.items() for b in later}
+    assert all(later for later in pool.more.values()) and set(pool.more) <= set(pool.by_hash)
     assert named == {b: h for b, h in enumerate(pool.hash_of) if h is not None}
 
 

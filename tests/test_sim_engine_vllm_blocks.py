@@ -19,14 +19,19 @@ def test_the_free_queue_takes_from_its_head_and_frees_to_its_tail():
     pool = BlockPool(5)
     a = pool.take(2)
     assert a == [0, 1] and list(pool.free) == [2, 3, 4]  # never-used blocks first
-    pool.cache(a[0], 11)
-    pool.cache(a[1], 12)
+    pool.cache(a, [11, 12])
     pool.release(reversed(a))  # a request frees its tail first
     assert list(pool.free) == [2, 3, 4, 1, 0] and pool.lookup(12) == 1
     pool.touch([pool.lookup(11)])  # a hit leaves the queue
     assert list(pool.free) == [2, 3, 4, 1] and pool.ref[0] == 1
     assert pool.take(4) == [2, 3, 4, 1] and pool.lookup(12) is None  # taking a cached block evicts its hash
     assert pool.lookup(11) == 0 and pool.num_free == 0
+    pool.release([2, 3])
+    pool.cache([2, 3], [11, 11])  # the same hash again: vLLM keeps every block, a look-up gets the first left
+    assert pool.take(1) == [2] and pool.lookup(11) == 0 and pool.more == {11: [3]}
+    pool.touch([3])  # a hit on it: out of the queue
+    pool.release([0])
+    assert pool.take(1) == [0] and pool.lookup(11) == 3 and not pool.more
 
 
 def test_cached_blocks_freed_earlier_are_evicted_before_free_blocks_freed_later():

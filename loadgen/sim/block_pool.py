@@ -11,22 +11,26 @@ first, so its tail is evicted first).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable
 
 __all__ = ["BlockPool"]
 
 
 class BlockPool:
-    """Reference counts, the free queue (LRU: insertion-ordered dict, head = next to take) and the hash map."""
+    """Reference counts, the free queue (LRU, head = next to take) and the hash map."""
 
-    __slots__ = ("by_hash", "free", "hash_of", "ref")
+    __slots__ = ("by_hash", "free", "hash_of", "more", "ref")
 
     def __init__(self, num_blocks: int) -> None:
         self.ref = [0] * num_blocks
         self.hash_of: list[int | None] = [None] * num_blocks
-        self.free: dict[int, None] = dict.fromkeys(range(num_blocks))
-        # hash -> the blocks cached under it, first cached first (vLLM does not de-duplicate: BlockHashToBlockMap)
-        self.by_hash: dict[int, dict[int, None]] = {}
+        # OrderedDict, not dict: taking from a dict's front leaves holes that make the next look-up slower
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # hash -> the first block cached under it; later ones with the same hash, in order, in ``more`` (vLLM does
+        # not de-duplicate: BlockHashToBlockMap; a look-up gets the first of those left)
+        self.by_hash: dict[int, int] = {}
+        self.more: dict[int, list[int]] = {}
 
     @property
     def num_free(self) -> int:
@@ -35,13 +39,17 @@ class BlockPool:
 
     def take(self, n: int) -> list[int]:
         """Pop ``n`` blocks from the free queue's head (``get_new_blocks``), evicting their hashes; ref 1 each."""
-        free, ref, hash_of = self.free, self.ref, self.hash_of
+        popitem, ref, hash_of, by_hash, more = self.free.popitem, self.ref, self.hash_of, self.by_hash, self.more
         taken = []
         for _ in range(n):
-            b = next(iter(free))
-            del free[b]
-            if hash_of[b] is not None:
-                self._evict(b)
+            b = popitem(last=False)[0]
+            h = hash_of[b]
+            if h is not None:
+                if more or by_hash[h] != b:
+                    self._evict(b)
+                else:  # the one block cached under h (inlined: most taken blocks carry a hash)
+                    hash_of[b] = None
+                    del by_hash[h]
             ref[b] = 1
             taken.append(b)
         return taken
@@ -50,15 +58,22 @@ class BlockPool:
         h = self.hash_of[block]
         assert h is not None
         self.hash_of[block] = None
-        blocks = self.by_hash[h]
-        del blocks[block]
-        if not blocks:
-            del self.by_hash[h]
+        if self.by_hash[h] == block:
+            later = self.more.get(h)
+            if later:
+                self.by_hash[h] = later.pop(0)
+                if not later:
+                    del self.more[h]
+            else:
+                del self.by_hash[h]
+        else:
+            self.more[h].remove(block)
+            if not self.more[h]:
+                del self.more[h]
 
     def lookup(self, h: int) -> int | None:
         """A block cached under hash ``h`` (the first cached of those left, ``get_one_block``), or None."""
-        blocks = self.by_hash.get(h)
-        return next(iter(blocks)) if blocks else None
+        return self.by_hash.get(h)
 
     def touch(self, blocks: Iterable[int]) -> None:
         """Reference prefix-cache hits: a hit waiting in the free queue leaves it (``touch``)."""
@@ -76,10 +91,15 @@ class BlockPool:
             if ref[b] == 0:
                 free[b] = None
 
-    def cache(self, block: int, h: int) -> None:
-        """Give a full block its hash (``cache_full_blocks``)."""
-        self.hash_of[block] = h
-        self.by_hash.setdefault(h, {})[block] = None
+    def cache(self, blocks: list[int], hashes: list[int]) -> None:
+        """Give full blocks their hashes, ``blocks[i]`` ``hashes[i]`` (``cache_full_blocks``)."""
+        hash_of, by_hash = self.hash_of, self.by_hash
+        for b, h in zip(blocks, hashes, strict=True):
+            hash_of[b] = h
+            if h in by_hash:
+                self.more.setdefault(h, []).append(b)
+            else:
+                by_hash[h] = b
 
     def drop_unreferenced_hashes(self) -> int:
         """Forget the hashes of the blocks in the free queue (nothing hits them any more); returns how many."""

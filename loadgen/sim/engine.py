@@ -28,8 +28,6 @@ from .profile import OperatorProfile, load_profile
 
 __all__ = ["DecodeRun", "Engine", "RunRecorder", "Seq", "StepResult"]
 
-#: Keeps a derived prefix-cache key a non-negative int64, as the trace's block hashes are.
-_MASK = (1 << 63) - 1
 #: Blocks of the pool no sequence holds: vLLM 0.19's BlockPool keeps block 0 back as its null block (a
 #: placeholder in block tables), counted in the num_gpu_blocks it logs; its KV usage is over the others.
 NULL_BLOCKS = 1
@@ -53,6 +51,7 @@ class Seq:
         "ctx",
         "emitted",
         "first_token_ns",
+        "hashes",
         "idx",
         "key",
         "max_out",
@@ -91,6 +90,7 @@ class Seq:
         self.computed = 0  # tokens whose KV is computed (vLLM num_computed_tokens)
         self.blocks: list[int] = []  # KV block ids held, in token order (vLLM's req_to_blocks)
         self.num_cached = 0  # of them, the first ones with a prefix-cache hash (vLLM's num_cached_block)
+        self.hashes: list[int] | None = None  # its blocks' prefix-cache hashes, as far as needed (Engine._hashes)
         self.prompt_done = False
         self.preemptions = 0
         self.state = "new"  # new | waiting | running | finished | aborted
@@ -389,24 +389,28 @@ class Engine:
         seq.blocks += self.pool.take(n)
         return True
 
-    def _block_hash(self, seq: Seq, j: int) -> int | None:
-        """The prefix-cache hash of ``seq``'s block ``j`` (tokens j*bs .. (j+1)*bs - 1); None: never cached.
+    def _hashes(self, seq: Seq, n: int) -> list[int]:
+        """The prefix-cache hashes of ``seq``'s first ``n`` blocks (at least; memoised in ``seq.hashes``).
 
         With block hashes (``chain``) the prompt's; a conversation (``cache_limit`` None) shares every block of its
         key, output too (the next turn's prompt holds it); a prefix group the blocks of its prompt's shareable
-        prefix. Past those (and for a request without a key), the
-        sequence's own blocks: vLLM caches every full block (a preempted request's recompute hits them)."""
-        if not self.prefix_caching:
-            return None
-        chain = seq.chain
-        if chain is not None:
-            if j < len(chain):
-                return chain[j]
-        elif seq.key is not None and (
-            seq.cache_limit is None or j < min(seq.cache_limit, seq.prompt) // self.block_size
-        ):
-            return hash((1, self._key_id(seq.key), j)) & _MASK
-        return hash((2, seq.idx, j)) & _MASK
+        prefix. Past those (and for a request without a key), the sequence's own blocks: vLLM caches every full
+        block (a preempted request's recompute hits them)."""
+        hashes = seq.hashes
+        if hashes is None:
+            hashes = seq.hashes = list(seq.chain) if seq.chain is not None else []
+        j = len(hashes)
+        if j < n:
+            if seq.chain is None and seq.key is not None:
+                shared = n if seq.cache_limit is None else min(n, min(seq.cache_limit, seq.prompt) // self.block_size)
+                if j < shared:
+                    base = self._key_id(seq.key)  # a random 62-bit start: its blocks count up from it
+                    hashes.extend(range(base + j, base + shared))
+                    j = shared
+            # its own blocks: negative (the trace's and the keys' hashes are not), unique to (request, block)
+            own = -(seq.idx << 32) - 1
+            hashes.extend(range(own - j, own - n, -1))
+        return hashes
 
     def _key_id(self, key: str | int) -> int:
         """A prefix-cache key as a number, the same in every process and whatever the order keys are met in
@@ -414,28 +418,47 @@ class Engine:
         got = self._key_ids.get(key)
         if got is None:
             raw = key.encode() if isinstance(key, str) else key.to_bytes(16, "little", signed=True)
-            got = self._key_ids[key] = int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
+            got = self._key_ids[key] = int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little") >> 2
         return got
 
-    def _cache_blocks(self, seq: Seq, tokens: int) -> None:
-        """Hash ``seq``'s full blocks within its first ``tokens`` tokens (``KVCacheManager.cache_blocks``)."""
+    def _cache_blocks(self, seq: Seq, tokens: int, final: bool = False) -> None:
+        """Hash ``seq``'s full blocks within its first ``tokens`` tokens (``KVCacheManager.cache_blocks``).
+
+        Blocks other requests may hit (its prompt's shared prefix) are hashed as vLLM hashes them, when the step
+        that fills them is scheduled. The others wait until it is preempted or finishes (``final``), which changes
+        no hit and no eviction: its own blocks only its recompute hits (hashed when it is preempted); a
+        conversation turn's blocks past its prompt only a later turn hits, which comes after this one ends (a
+        trace may queue it sooner; then it hits them later than vLLM would). So the decode fast path, which hashes
+        a run's blocks at its end, and the per-block cost of the hash map stay out of every other step."""
+        if not final:
+            tokens = min(tokens, self._shared_tokens(seq))
         full = min(tokens // self.block_size, len(seq.blocks))
-        pool = self.pool
-        for j in range(seq.num_cached, full):
-            h = self._block_hash(seq, j)
-            if h is None:
-                return
-            pool.cache(seq.blocks[j], h)
-            seq.num_cached = j + 1
+        if full <= seq.num_cached or not self.prefix_caching:
+            return
+        done = seq.num_cached
+        self.pool.cache(seq.blocks[done:full], self._hashes(seq, full)[done:full])
+        seq.num_cached = full
+
+    def _shared_tokens(self, seq: Seq) -> int:
+        """Tokens of ``seq``'s prompt other requests may hit: the trace's block hashes, a prefix group's shareable
+        prefix, a conversation turn's prompt (see ``_hashes``)."""
+        if seq.chain is not None:
+            return len(seq.chain) * self.block_size
+        if seq.key is None:
+            return 0
+        return seq.prompt if seq.cache_limit is None else min(seq.cache_limit, seq.prompt)
 
     def _hit(self, seq: Seq, num_tokens: int) -> list[int]:
         """The cached blocks ``seq`` reuses (``get_computed_blocks``): its blocks' hashes while cached, at most
         (num_tokens - 1) // block_size of them (the last token is always computed). Nothing is referenced."""
-        pool = self.pool
         hit: list[int] = []
-        for j in range((num_tokens - 1) // self.block_size):
-            h = self._block_hash(seq, j)
-            b = pool.lookup(h) if h is not None else None
+        if not self.prefix_caching:
+            return hit
+        limit = (num_tokens - 1) // self.block_size
+        hashes = self._hashes(seq, limit)
+        lookup = self.pool.by_hash.get  # BlockPool.lookup
+        for j in range(limit):
+            b = lookup(hashes[j])
             if b is None:
                 break
             hit.append(b)
@@ -466,6 +489,7 @@ class Engine:
         """Preempt by recompute (``Scheduler._preempt_request``): free every block, computed = 0, to the front of
         the queue. Its full blocks keep their hashes in the free queue (prompt and output alike): the recompute
         hits those that survive."""
+        self._cache_blocks(seq, seq.computed, final=True)
         self._release(seq)
         seq.computed = 0
         seq.prompt_done = False
@@ -543,8 +567,6 @@ class Engine:
         t, done = now_ns, 0  # steps taken; the sequences catch up on them at the end (_advance)
         dset = _DecodeSet(self.running, self.block_size)
         while self.running:
-            if self.waiting and self._may_hit_decodes():
-                break  # a waiting turn may hit blocks the run's decodes fill (hashed only at its end): step by step
             admission = self._admission_closed_until(t, self.max_batched - len(self.running))
             if admission is None:
                 admitted = self._admit_step(t, done, dset)
@@ -614,12 +636,6 @@ class Engine:
             oldest = min(s.arrival_ns for s in self.waiting) if self.priority_policy else head.arrival_ns
             return oldest + self.window_ns
         return NEVER_NS if self._head_blocked(head, budget) else None
-
-    def _may_hit_decodes(self) -> bool:
-        """Whether a waiting request is a turn of a conversation that also runs: it may hit that one's output
-        blocks (only a conversation's output blocks are hashed with its key, see ``_block_hash``)."""
-        talks = {s.key for s in self.running if s.key is not None and s.cache_limit is None and s.chain is None}
-        return bool(talks) and any(w.key in talks and w.cache_limit is None and w.chain is None for w in self.waiting)
 
     def _head_blocked(self, seq: Seq, budget: int) -> bool:
         """Whether ``_schedule_waiting`` would leave ``seq`` waiting now (the same tests)."""
@@ -1005,6 +1021,8 @@ class Engine:
     def _retire(self, finished: list[Seq]) -> None:
         """Free finished sequences' blocks (their hashed blocks stay cached in the free queue)."""
         for seq in finished:
+            if seq.key is not None and seq.chain is None and seq.cache_limit is None:
+                self._cache_blocks(seq, seq.computed, final=True)  # a conversation: its next turn hits it all
             if self.async_scheduling:
                 self._finished_late.append(seq)
             else:
