@@ -1,9 +1,9 @@
 """The engine model: one step loop of a continuous-batching server (vLLM v1 scheduler semantics).
 
 State: a waiting queue (FCFS or priority), running sequences under a cap, a token budget per step,
-chunked prefill mixed with decodes, paged KV blocks counted per sequence, a prefix cache of whole
-blocks keyed by shared-prefix group or conversation, preemption by recompute (newest first) when a
-running sequence cannot get a block, and an optional batching window. ``Engine.step(now_ns)``
+chunked prefill mixed with decodes, paged KV blocks held per sequence, a prefix cache of whole
+blocks (by the trace's block hashes, shared-prefix group or conversation), preemption by recompute
+(newest first) when a running sequence cannot get a block, and an optional batching window. ``Engine.step(now_ns)``
 schedules one step, applies it and returns its duration from the cost model; the caller (worksheet
 or live server) owns the clock. KV blocks are ids in a ``BlockPool`` (vLLM's: one LRU free queue, hashes
 of full blocks), so eviction takes exactly the blocks vLLM's would.
