@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from loadgen.sim import Engine, Seq, list_presets, load_engine_config, parse_engine_config, parse_fault_header
@@ -42,14 +42,24 @@ def run_to_end(engine: Engine, seqs: list[Seq], max_steps: int = 100_000) -> int
 
 
 def check_accounting(e: Engine) -> None:
-    assert e.used_private == sum(s.private for s in e.running)
-    assert e.cached_pinned == sum(x.blocks for x in e.cache.values() if x.refs > 0)
-    assert e.cached_total == sum(x.blocks for x in e.cache.values())
-    assert e.evictable_total == sum(x.blocks for x in e.cache.values() if x.refs == 0)
-    assert 0 <= e.used_private + e.cached_total <= e.total_blocks
-    for s in e.running:
-        held = s.private + s.shared
-        assert held * e.block_size >= s.computed, "a running sequence holds fewer blocks than its computed tokens"
+    """Each block's reference count is the number of sequences holding it (running ones, and with asynchronous
+    scheduling those that finished a step ago); the free queue holds exactly the others; the hash map names each
+    hashed block; a running sequence holds a block for each of its computed tokens' blocks."""
+    holders = e.running + e._finished_late
+    pool = e.pool
+    refs = [0] * e.total_blocks
+    for s in holders:
+        assert len(set(s.blocks)) == len(s.blocks)
+        for b in s.blocks:
+            refs[b] += 1
+        assert len(s.blocks) * e.block_size >= s.computed, "a running sequence holds fewer blocks than it computed"
+        assert all(pool.hash_of[b] is not None for b in s.blocks[: s.num_cached])
+    assert pool.ref == refs
+    assert set(pool.free) == {b for b, r in enumerate(refs) if r == 0}
+    assert e.kv_blocks_used == sum(1 for r in refs if r)
+    named = {b: h for h, b in pool.by_hash.items()} | {b: h for h, later in pool.more.items() for b in later}
+    assert all(later for later in pool.more.values()) and set(pool.more) <= set(pool.by_hash)
+    assert named == {b: h for b, h in enumerate(pool.hash_of) if h is not None}
 
 
 def test_presets_load_and_are_documented():
@@ -112,7 +122,7 @@ def test_kv_exhaustion_preempts_newest_first_and_everything_finishes():
     assert preempted_first == [2], "vLLM preempts the newest running request first"
     assert e.num_preemptions >= 1
     assert all(s.output == 12 for s in seqs)
-    assert e.used_private == 0 and e.kv_usage == 0
+    assert e.kv_blocks_used == 0 and e.kv_usage == 0
 
 
 def _preempted_once(num_kv_blocks: int, prefix_caching: bool) -> tuple[Engine, Seq]:
@@ -166,14 +176,19 @@ def test_prefix_chains_stop_at_the_first_different_block():
     assert b.cached_tokens == 8
 
 
+def _hashed(e: Engine) -> int:
+    """Blocks of the pool with a prefix-cache hash."""
+    return sum(h is not None for h in e.pool.hash_of)
+
+
 def test_evicted_prefix_blocks_make_room():
     e = Engine(cfg(kv={"block_size": 4, "num_kv_blocks": 11}))  # 10 blocks + the null block
     a = Seq(0, 32, 1, 0, cache_key="k")
     run_to_end(e, [a])
-    assert e.cached_total == 8 and e.kv_usage == 0  # cached but evictable: free as vLLM counts
+    assert _hashed(e) == 8 and e.kv_usage == 0  # cached but evictable: free as vLLM counts
     b = Seq(1, 36, 1, 0, cache_key="other")
     run_to_end(e, [b])  # needs 10 blocks: the cached ones are evicted
-    assert b.output == 1 and e.cached_total <= 10
+    assert b.output == 1 and _hashed(e) <= 10
 
 
 def test_batching_window_holds_new_work():
@@ -271,7 +286,7 @@ def test_accounting_holds_and_every_request_finishes(reqs, blocks, max_seqs, bud
         )
     run_to_end(e, seqs)
     assert all(s.output == s.max_out and s.state == "finished" for s in seqs)
-    assert e.used_private == 0 and e.cached_pinned == 0
+    assert e.kv_blocks_used == 0
 
 
 class _StepLog:
@@ -338,12 +353,11 @@ def engine_state(engine: Engine, seqs: list[Seq]) -> tuple:
         engine.prefix_hits,
         engine.num_preemptions,
         engine.finished_total,
-        engine.used_private,
-        engine.cached_total,
-        list(engine.evictable),
+        engine.kv_blocks_used,
+        [engine.pool.hash_of[b] for b in engine.pool.free],  # the free queue, as what its blocks cache
     )
     return counters, [
-        (s.state, s.output, s.computed, s.private, s.shared, s.preemptions, s.cached_tokens) for s in seqs
+        (s.state, s.output, s.computed, len(s.blocks), s.num_cached, s.preemptions, s.cached_tokens) for s in seqs
     ]
 
 
@@ -373,9 +387,23 @@ JITTER_MS = [-9.0, -3.0, -1.0, -0.3, 0.0, 0.4, 1.5, 4.0, 30.0]
     st.sampled_from([(0.0, []), (0.3, []), (0.3, JITTER_MS), (0.0, JITTER_MS)]),
     st.booleans(),
     st.booleans(),
+    st.booleans(),
+)
+@example(  # a conversation and a prefix group: their keys' hash numbers must not depend on which is met first
+    reqs=[(1, 1, 0, None, None), (1, 4, 3, "c1", None), (4, 1, 0, "g1", None)],
+    blocks=12,
+    max_seqs=2,
+    budget=16,
+    policy="fcfs",
+    block_size=4,
+    window=(0.0, 1),
+    noise=(0.0, []),
+    chunked=False,
+    overhead_on_cpu=False,
+    reserve=False,
 )
 def test_decode_runs_take_the_same_steps(
-    reqs, blocks, max_seqs, budget, policy, block_size, window, noise, chunked, overhead_on_cpu
+    reqs, blocks, max_seqs, budget, policy, block_size, window, noise, chunked, overhead_on_cpu, reserve
 ):
     """``decode_run`` leaves the engine, step for step, as ``step`` alone does (issue 13), also when arrivals
     owe the next step their request overhead."""
@@ -388,6 +416,7 @@ def test_decode_runs_take_the_same_steps(
             "max_num_batched_tokens": budget if chunked else 512,
             "policy": policy,
             "chunked_prefill": chunked,
+            "reserve_full_isl": reserve,
             "max_model_len": 8192 if chunked else 512,  # vLLM starts without chunking only when a prompt fits
         },
         cost={
@@ -430,13 +459,13 @@ def test_decode_run_leaves_an_admission_that_would_preempt_to_step():
     decoding = []
     for i in range(3):  # 8 tokens computed in 2 blocks each: each needs a third for its next token
         s = Seq(i, 8, 50, 0)
-        s.state, s.computed, s.output, s.private, s.prompt_done, s.emitted = "running", 8, 1, 2, True, 1
+        s.state, s.computed, s.output, s.prompt_done, s.emitted = "running", 8, 1, True, 1
+        s.blocks = e.pool.take(2)
         decoding.append(s)
     e.running = list(decoding)
-    e.used_private = 6
     e.add(Seq(3, 2, 5, 0))  # needs one block, the one free: admissible, but not after the decodes' three
     assert e.decode_run(0, NEVER_NS, _StepLog(e, [])) is None
-    assert [s.computed for s in decoding] == [8, 8, 8] and e.used_private == 6 and e.steps == 0
+    assert [s.computed for s in decoding] == [8, 8, 8] and e.kv_blocks_used == 6 and e.steps == 0
     res = e.step(0)
     assert res.preempted > 0
     check_accounting(e)
@@ -542,9 +571,9 @@ def test_prompts_that_part_inside_a_cached_chain_cache_their_own_blocks():
     d = Seq(3, 20, 1, 0, cache_key=1, chain=[1, 2, 3, 4, 6])
     run_to_end(e, [d])
     assert (b.cached_tokens, c.cached_tokens, d.cached_tokens) == (8, 16, 16)
-    cached = e.cached_total
+    cached = sum(h is not None for h in e.pool.hash_of)
     assert e.reset_prefix_cache() == cached
-    assert e.cached_total == 0 and not e.cache and not e.evictable and e.evictable_total == 0
+    assert not e.pool.by_hash and e.kv_usage == 0
 
 
 def _chain(tokens: list[int]) -> list[int]:
@@ -562,10 +591,8 @@ def _chain(tokens: list[int]) -> list[int]:
     st.integers(84, 120),
 )
 def test_tree_cache_accounting_holds_under_eviction(prompts, blocks):
-    """Branching prompts, more cached blocks than the cache holds: the block counts stay exact at every step,
-    everything finishes, and a reset drops every entry (children first, then their parents). The cache holds
-    at least 4 seats x 18 blocks + a 12-block path, so a queue head never waits on blocks its own entry pins
-    (the engine evicts whole entries from the LRU end, not the unused tail of the head's own entry)."""
+    """Branching prompts, more cached blocks than the cache holds: the block accounting holds at every step,
+    everything finishes, and a reset drops every cached block."""
     e = Engine(cfg(kv={"block_size": 1, "num_kv_blocks": blocks}, scheduler={"max_num_seqs": 4}))
     seqs = [
         Seq(i, len(tokens), out, i, cache_key=_chain(tokens)[0], chain=_chain(tokens))
@@ -573,12 +600,9 @@ def test_tree_cache_accounting_holds_under_eviction(prompts, blocks):
     ]
     run_to_end(e, seqs)
     assert all(s.state == "finished" for s in seqs)
-    assert e.used_private == 0 and e.cached_pinned == 0 and e.kv_usage == 0
-    order = {id(entry): k for k, entry in enumerate(e.evictable.values())}
-    for entry in e.evictable.values():  # children are evicted before their parents
-        assert entry.parent is None or order[id(entry.parent)] > order[id(entry)]
+    assert e.kv_blocks_used == 0 and e.kv_usage == 0
     e.reset_prefix_cache()
-    assert e.cached_total == 0 and not e.cache and e.evictable_total == 0
+    assert not e.pool.by_hash and all(h is None for h in e.pool.hash_of)
 
 
 def _tiny_pool(num_kv_blocks: int, block_size: int, **scheduler) -> Engine:
@@ -594,7 +618,6 @@ def test_a_queue_head_evicts_the_unreferenced_tail_of_its_own_entry():
     b = Seq(1, 3, 1, 0, cache_key="g", cache_limit_tokens=1)
     run_to_end(e, [a, b], max_steps=1000)
     assert a.output == 2 and b.output == 1 and b.cached_tokens == 0
-    assert e.cached_total == 0, "the entry's block was evicted for the second request"
 
 
 def test_a_running_hit_inside_an_entry_leaves_its_tail_evictable():
@@ -623,6 +646,7 @@ def _traces(draw: st.DrawFn) -> tuple[Engine, list[Seq]]:
     pool = largest + draw(st.integers(0, 3)) + 1  # + the null block
     scheduler = {"max_num_seqs": draw(st.integers(1, 4)), "max_num_batched_tokens": draw(st.sampled_from([4, 8]))}
     scheduler["async_scheduling"] = draw(st.booleans())
+    scheduler["reserve_full_isl"] = draw(st.booleans())
     e = _tiny_pool(pool, bs, **scheduler)
     mode = draw(st.sampled_from(["chain", "group", "conversation"]))
     seqs = []
@@ -640,17 +664,9 @@ def _traces(draw: st.DrawFn) -> tuple[Engine, list[Seq]]:
 
 
 def _check_blocks(e: Engine) -> None:
-    """Free + held (running sequences' own blocks, cached blocks in use) + cached but unreferenced = the pool less
-    the null block; each counter is the sum it stands for (asynchronous scheduling: a sequence that finished a
-    step ago holds its blocks through the next step's scheduling)."""
-    holders = e.running + e._finished_late
-    assert e.used_private == sum(s.private for s in holders)
-    assert e.cached_pinned == sum(x.blocks for x in e.cache.values() if x.refs > 0)
-    assert e.evictable_total == sum(x.blocks for x in e.cache.values() if x.refs == 0)
-    free = e.total_blocks - e.used_private - e.cached_total
-    assert free >= 0 and free + e.used_private + e.cached_pinned + e.evictable_total == e.num_kv_blocks - 1
-    for s in holders:
-        assert (s.private + s.shared) * e.block_size >= s.computed
+    """The block accounting (``check_accounting``), and the pool is all of num_kv_blocks but the null block."""
+    check_accounting(e)
+    assert len(e.pool.ref) == e.num_kv_blocks - 1
 
 
 @settings(max_examples=300, deadline=None)

@@ -96,6 +96,7 @@ def test_cli_end_to_end_on_the_shared_runs(tmp_path, runs):
         # the run's own scheduler settings replace the engine TOML's
         assert got["settings"]["max_num_seqs"] in (128, 256) and got["settings"]["max_num_batched_tokens"] == 2048
     assert result["runs"][0]["settings"]["num_kv_blocks_used"] == 2588  # logged by vLLM (RTX 4090)
+    assert result["runs"][0]["settings"]["reserve_full_isl"] is True  # scheduler_reserve_full_isl, logged too
     assert result["runs"][0]["published"]["ttft_mean"] == 0.6  # theirs, from validation/summary.txt
     assert "theirs" in res.stdout and "<img" in (tmp_path / "v.html").read_text()
     worst = result["worst"]

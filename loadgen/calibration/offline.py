@@ -3,9 +3,9 @@
 ``sim validate --measured RUN_DIR... --engine ENGINE.toml``. Each run directory is a real engine's run that
 carries the engine's own instants (``server_queued_ns``, ``server_scheduled_ns``; ``loadgen import
 llmservingsim``). The worksheet replays the run's workload with the run's scheduler settings (``max_num_seqs``,
-``max_num_batched_tokens``, data-parallel replicas, and the KV blocks when the run logged them) over the
-engine TOML's costs. Where each replayed request arrives, and where both sides' latencies start, is the
-anchoring (``ANCHORS``):
+``max_num_batched_tokens``, data-parallel replicas, and the KV blocks and ``scheduler_reserve_full_isl`` when
+the run logged them) over the engine TOML's costs. Where each replayed request arrives, and where both sides'
+latencies start, is the anchoring (``ANCHORS``):
 
 * ``workload`` (the default): the imported workload's own arrival instants, as users arrive. The measured side
   starts at each request's frontend arrival on the run clock (``scheduled_ns``: the importer maps the
@@ -196,6 +196,7 @@ def _run_settings(manifest: Manifest) -> dict[str, Any]:
         ("enable_prefix_caching", kv.get("enable_prefix_caching"), "logged by vLLM"),
         ("max_model_len", (config.get("cache_config") or {}).get("max_model_len") or None, "logged by vLLM"),
         ("chunked_prefill", scheduler.get("enable_chunked_prefill"), "logged by vLLM"),
+        ("reserve_full_isl", scheduler.get("scheduler_reserve_full_isl"), "logged by vLLM"),
     ):
         if value is not None:
             settings[key] = value
@@ -205,7 +206,7 @@ def _run_settings(manifest: Manifest) -> dict[str, Any]:
 
 def _engine_for(config: EngineConfig, settings: dict[str, Any]) -> EngineConfig:
     """The engine TOML's costs under the measured run's scheduler settings (those it recorded)."""
-    keys = ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill")
+    keys = ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "reserve_full_isl")
     sched: dict[str, Any] = {k: settings[k] for k in keys if k in settings}
     kv: dict[str, Any] = {}
     if "num_kv_blocks" in settings:

@@ -58,6 +58,9 @@ class SchedulerConfig(_Model):
     # vLLM's asynchronous scheduling: step N+1 is scheduled as step N begins, so a request that arrives during
     # step N joins step N+2 (the worksheet then steps one at a time, without its decode fast path)
     async_scheduling: bool = False
+    # vLLM 0.19's scheduler_reserve_full_isl (its default): a waiting request is admitted only when blocks for its
+    # whole prompt (and output so far) are free, not only for its first chunk (Scheduler.schedule, can_fit_full_sequence)
+    reserve_full_isl: bool = False
     decode_tokens_per_step: int = Field(default=1, ge=1, le=64)  # >1: speculative decoding, all accepted
     max_model_len: int = Field(default=8192, ge=2, le=16 * MAX_TOKENS)
     # a request past max_model_len: "clamp" as vLLM 0.32 does (the prompt must leave room for one token, and

@@ -1,11 +1,12 @@
 """The engine model: one step loop of a continuous-batching server (vLLM v1 scheduler semantics).
 
 State: a waiting queue (FCFS or priority), running sequences under a cap, a token budget per step,
-chunked prefill mixed with decodes, paged KV blocks counted per sequence, a prefix cache of whole
-blocks keyed by shared-prefix group or conversation, preemption by recompute (newest first) when a
-running sequence cannot get a block, and an optional batching window. ``Engine.step(now_ns)``
+chunked prefill mixed with decodes, paged KV blocks held per sequence, a prefix cache of whole
+blocks (by the trace's block hashes, shared-prefix group or conversation), preemption by recompute
+(newest first) when a running sequence cannot get a block, and an optional batching window. ``Engine.step(now_ns)``
 schedules one step, applies it and returns its duration from the cost model; the caller (worksheet
-or live server) owns the clock. Blocks are counts, not ids: only how many are held matters here.
+or live server) owns the clock. KV blocks are ids in a ``BlockPool`` (vLLM's: one LRU free queue, hashes
+of full blocks), so eviction takes exactly the blocks vLLM's would.
 ``Engine.decode_run`` (the worksheet's fast path) takes the steps in which every running sequence
 decodes, counting their decodes at once: the same steps, to the bit, as ``step`` one by one.
 """
@@ -13,20 +14,20 @@ decodes, counting their decodes at once: the same steps, to the bit, as ``step``
 from __future__ import annotations
 
 import bisect
+import hashlib
 from array import array
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
+from .block_pool import BlockPool
 from .config import JITTER_PROBABILITIES, EngineConfig
 from .profile import OperatorProfile, load_profile
 
 __all__ = ["DecodeRun", "Engine", "RunRecorder", "Seq", "StepResult"]
 
-#: Keeps a derived prefix-cache key a non-negative int64, as the trace's block hashes are.
-_MASK = (1 << 63) - 1
 #: Blocks of the pool no sequence holds: vLLM 0.19's BlockPool keeps block 0 back as its null block (a
 #: placeholder in block tables), counted in the num_gpu_blocks it logs; its KV usage is over the others.
 NULL_BLOCKS = 1
@@ -42,25 +43,25 @@ class Seq:
 
     __slots__ = (
         "arrival_ns",
+        "blocks",
         "cache_limit",
         "cached_tokens",
         "chain",
         "computed",
         "ctx",
         "emitted",
-        "entry",
         "first_token_ns",
+        "hashes",
         "idx",
         "key",
         "max_out",
+        "num_cached",
         "output",
         "preemptions",
         "priority",
-        "private",
         "prompt",
         "prompt_done",
         "scheduled_ns",
-        "shared",
         "state",
         "stop_after",
     )
@@ -87,9 +88,9 @@ class Seq:
         self.cache_limit = cache_limit_tokens  # tokens of the shareable prefix; None = whole context
         self.output = 0  # tokens generated
         self.computed = 0  # tokens whose KV is computed (vLLM num_computed_tokens)
-        self.private = 0  # KV blocks held privately
-        self.shared = 0  # KV blocks referenced in the prefix-cache entry
-        self.entry: _Entry | None = None
+        self.blocks: list[int] = []  # KV block ids held, in token order (vLLM's req_to_blocks)
+        self.num_cached = 0  # of them, the first ones with a prefix-cache hash (vLLM's num_cached_block)
+        self.hashes: list[int] | None = None  # its blocks' prefix-cache hashes, as far as needed (Engine._hashes)
         self.prompt_done = False
         self.preemptions = 0
         self.state = "new"  # new | waiting | running | finished | aborted
@@ -100,32 +101,6 @@ class Seq:
         self.ctx = ctx  # the face's per-request object
         self.chain = chain  # block hashes of the prompt's full blocks (live server); None = trust the key
         self.stop_after: int | None = None  # the client stops reading after this many tokens (worksheet)
-
-
-class _Entry:
-    """Cached blocks of one prefix: a run of ``blocks`` blocks from block ``base`` on. With block hashes the
-    entries form a tree (vLLM's per-block cache, as runs): a prompt that parts from an entry inside it caches its
-    own blocks in a child entry (``parent``; ``base`` = where they part), keyed by the hash of its first own
-    block. A sequence references its entry and every ancestor (``refs``), releasing the child first, so a parent
-    always comes after its children in the eviction order and is evicted only after them."""
-
-    __slots__ = ("base", "blocks", "chain", "key", "parent", "refs")
-
-    def __init__(self, key: Any, parent: _Entry | None = None, base: int = 0) -> None:
-        self.key = key
-        self.blocks = 0
-        self.refs = 0
-        self.chain: list[int] = []  # block hashes from block 0 to this entry's end, when requests carry them
-        self.parent = parent
-        self.base = base
-
-
-def _common_blocks(a: list[int], b: list[int], limit: int) -> int:
-    n = min(len(a), len(b), limit)
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 @dataclass(slots=True)
@@ -276,6 +251,7 @@ class Engine:
 
         self.waiting: deque[Seq] = deque()
         self.async_scheduling = s.async_scheduling
+        self.reserve_full_isl = s.reserve_full_isl
         self._arrived: list[Seq] = []  # asynchronous scheduling: arrived during the step under way
         self._visible: list[Seq] = []  # ... during the one before: they join the queue at the next step's start
         # asynchronous scheduling: finished in the last step, they keep their seats and blocks through the next
@@ -284,13 +260,9 @@ class Engine:
         self._held_seats = 0
         self._waiting_keys: list[tuple[int, int, int]] = []  # priority policy: sorted (prio, arrival, idx)
         self.running: list[Seq] = []
-        self.cache: dict[str | int, _Entry] = {}
-        self.evictable: OrderedDict[str | int, _Entry] = OrderedDict()
-        self._trying: tuple[_Entry, int] | None = None  # the queue head being admitted: its entry and hit (blocks)
-        self.used_private = 0
-        self.cached_total = 0
-        self.cached_pinned = 0
-        self.evictable_total = 0
+        self.pool = BlockPool(self.total_blocks)
+        self._key_ids: dict[str | int, int] = {}  # prefix-cache key -> its number (_key_id), memoised
+        self._reserved: list[int] = []  # a decode run's blocks, taken in its steps' order, not yet handed out
         # cumulative counters (vLLM metric names in metrics.py)
         self.prefix_queries = 0
         self.prefix_hits = 0
@@ -400,175 +372,124 @@ class Engine:
 
     # -- KV blocks ---------------------------------------------------------------------------------
     @property
-    def kv_usage(self) -> float:
-        """vllm:kv_cache_usage_perc: share of blocks held by running sequences (0..1)."""
-        return (self.used_private + self.cached_pinned) / self.total_blocks
+    def kv_blocks_used(self) -> int:
+        """Blocks some sequence references: all but the free queue (vLLM's ``BlockPool.get_usage`` numerator)."""
+        return self.total_blocks - self.pool.num_free
 
-    def _alloc(self, n: int) -> bool:
-        """Take ``n`` free blocks; short of free ones, evict cached blocks no sequence references: whole evictable
-        entries first (least recently released first, each tail first), then the unreferenced tails of entries in
-        use (``_unreferenced_tails``). False, with nothing changed, when even that is too few."""
-        free = self.total_blocks - self.used_private - self.cached_total
-        if n <= free:
-            self.used_private += n
-            return True
-        need = n - free
-        tails: list[tuple[_Entry, int]] = []
-        if need > self.evictable_total:
-            tails = self._unreferenced_tails(self._trying)
-            if need > self.evictable_total + sum(k for _entry, k in tails):
-                return False
-        evictable = self.evictable
-        while need > 0 and evictable:
-            key, entry = next(iter(evictable.items()))
-            take = min(entry.blocks, need)
-            entry.blocks -= take
-            self.cached_total -= take
-            self.evictable_total -= take
-            need -= take
-            if entry.blocks == 0:
-                del evictable[key]
-                del self.cache[key]
-        for entry, k in tails:
-            if need <= 0:
-                break
-            take = min(k, need)
-            entry.blocks -= take
-            self.cached_total -= take
-            self.cached_pinned -= take
-            need -= take
-        self.used_private += n
+    @property
+    def kv_usage(self) -> float:
+        """vllm:kv_cache_usage_perc: 1 - free queue / (num_gpu_blocks - 1) (``BlockPool.get_usage``), 0..1."""
+        return self.kv_blocks_used / self.total_blocks
+
+    def _alloc(self, seq: Seq, n: int) -> bool:
+        """Give ``seq`` ``n`` new blocks from the free queue's head (evicting what they cached); False, with nothing
+        changed, when the queue holds fewer (``KVCacheManager.allocate_slots`` returns None)."""
+        if n > self.pool.num_free:
+            return False
+        seq.blocks += self.pool.take(n)
         return True
 
-    def _unreferenced_tails(self, trying: tuple[_Entry, int] | None) -> list[tuple[_Entry, int]]:
-        """(entry, blocks) for each entry in use whose last blocks no sequence references: a hit that stops inside
-        an entry (prompts that part there, a shorter prompt, a smaller shareable prefix) references only its
-        first blocks, and vLLM evicts the rest like any free cached block. ``trying``: the queue head's (entry,
-        hit), counted as referencing too. In the running order; within an entry, tail first."""
-        reach: dict[int, tuple[_Entry, int]] = {}  # id(entry) -> (entry, its first blocks some sequence references)
-        paths = [(seq.entry, seq.shared) for seq in self.running + self._finished_late if seq.entry is not None]
-        if trying is not None:
-            paths.append(trying)
-        for entry, blocks in paths:
-            node: _Entry | None = entry
-            limit = blocks  # blocks from block 0 this path references below the node's end
-            while node is not None:
-                k = min(max(limit - node.base, 0), node.blocks)
-                if id(node) not in reach or k > reach[id(node)][1]:
-                    reach[id(node)] = (node, k)
-                limit = node.base  # the parent: up to where the child parts from it
-                node = node.parent
-        return [(node, node.blocks - k) for node, k in reach.values() if node.blocks > k]
+    def _hashes(self, seq: Seq, n: int) -> list[int]:
+        """The prefix-cache hashes of ``seq``'s first ``n`` blocks (at least; memoised in ``seq.hashes``).
+
+        With block hashes (``chain``) the prompt's; a conversation (``cache_limit`` None) shares every block of its
+        key, output too (the next turn's prompt holds it); a prefix group the blocks of its prompt's shareable
+        prefix. Past those (and for a request without a key), the sequence's own blocks: vLLM caches every full
+        block (a preempted request's recompute hits them)."""
+        hashes = seq.hashes
+        if hashes is None:
+            hashes = seq.hashes = list(seq.chain) if seq.chain is not None else []
+        j = len(hashes)
+        if j < n:
+            if seq.chain is None and seq.key is not None:
+                shared = n if seq.cache_limit is None else min(n, min(seq.cache_limit, seq.prompt) // self.block_size)
+                if j < shared:
+                    base = self._key_id(seq.key)  # a random 62-bit start: its blocks count up from it
+                    hashes.extend(range(base + j, base + shared))
+                    j = shared
+            # its own blocks: negative (the trace's and the keys' hashes are not), unique to (request, block)
+            own = -(seq.idx << 32) - 1
+            hashes.extend(range(own - j, own - n, -1))
+        return hashes
+
+    def _key_id(self, key: str | int) -> int:
+        """A prefix-cache key as a number, the same in every process and whatever the order keys are met in
+        (``hash`` of a str is salted per process)."""
+        got = self._key_ids.get(key)
+        if got is None:
+            raw = key.encode() if isinstance(key, str) else key.to_bytes(16, "little", signed=True)
+            got = self._key_ids[key] = int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little") >> 2
+        return got
+
+    def _cache_blocks(self, seq: Seq, tokens: int, final: bool = False) -> None:
+        """Hash ``seq``'s full blocks within its first ``tokens`` tokens (``KVCacheManager.cache_blocks``).
+
+        Blocks other requests may hit (its prompt's shared prefix) are hashed as vLLM hashes them, when the step
+        that fills them is scheduled. The others wait until it is preempted or finishes (``final``), which changes
+        no hit and no eviction: its own blocks only its recompute hits (hashed when it is preempted); a
+        conversation turn's blocks past its prompt only a later turn hits, which comes after this one ends (a
+        trace may queue it sooner; then it hits them later than vLLM would). So the decode fast path, which hashes
+        a run's blocks at its end, and the per-block cost of the hash map stay out of every other step."""
+        if not final:
+            tokens = min(tokens, self._shared_tokens(seq))
+        full = min(tokens // self.block_size, len(seq.blocks))
+        if full <= seq.num_cached or not self.prefix_caching:
+            return
+        done = seq.num_cached
+        self.pool.cache(seq.blocks[done:full], self._hashes(seq, full)[done:full])
+        seq.num_cached = full
+
+    def _shared_tokens(self, seq: Seq) -> int:
+        """Tokens of ``seq``'s prompt other requests may hit: the trace's block hashes, a prefix group's shareable
+        prefix, a conversation turn's prompt (see ``_hashes``)."""
+        if seq.chain is not None:
+            return len(seq.chain) * self.block_size
+        if seq.key is None:
+            return 0
+        return seq.prompt if seq.cache_limit is None else min(seq.cache_limit, seq.prompt)
+
+    def _hit(self, seq: Seq, num_tokens: int) -> list[int]:
+        """The cached blocks ``seq`` reuses (``get_computed_blocks``): its blocks' hashes while cached, at most
+        (num_tokens - 1) // block_size of them (the last token is always computed). Nothing is referenced."""
+        hit: list[int] = []
+        if not self.prefix_caching:
+            return hit
+        limit = (num_tokens - 1) // self.block_size
+        hashes = self._hashes(seq, limit)
+        lookup = self.pool.by_hash.get  # BlockPool.lookup
+        for j in range(limit):
+            b = lookup(hashes[j])
+            if b is None:
+                break
+            hit.append(b)
+        return hit
+
+    def _admission_refused(self, hit: list[int], new: int, num_tokens: int) -> bool:
+        """Whether a waiting request with ``hit`` cached blocks, ``new`` blocks to take now and ``num_tokens`` in
+        all waits: the free queue holds fewer than its new blocks plus its hits waiting there (touching takes
+        them out: ``get_num_blocks_to_allocate``); with ``reserve_full_isl``, than the blocks of all its tokens
+        (``can_fit_full_sequence``)."""
+        if self.reserve_full_isl:
+            new = max(new, -(-num_tokens // self.block_size) - len(hit))
+        ref = self.pool.ref
+        return new + sum(1 for b in hit if ref[b] == 0) > self.pool.num_free
 
     def reset_prefix_cache(self) -> int:
-        """Drop every prefix-cache entry no running sequence references (vLLM's ``reset_prefix_cache``);
-        returns the KV blocks freed. Entries in use stay until their sequences finish."""
-        freed = 0
-        for key, entry in list(self.evictable.items()):
-            freed += entry.blocks
-            self.cached_total -= entry.blocks
-            del self.cache[key]
-        self.evictable.clear()
-        self.evictable_total = 0
-        return freed
-
-    def _pin(self, entry: _Entry) -> None:
-        if entry.refs == 0 and entry.blocks:
-            del self.evictable[entry.key]
-            self.evictable_total -= entry.blocks
-            self.cached_pinned += entry.blocks
-        entry.refs += 1
-
-    def _unpin(self, entry: _Entry) -> None:
-        entry.refs -= 1
-        if entry.refs == 0:
-            if entry.blocks:
-                self.cached_pinned -= entry.blocks
-                self.evictable[entry.key] = entry
-                self.evictable_total += entry.blocks
-            else:
-                self.cache.pop(entry.key, None)
-
-    def _pin_path(self, entry: _Entry) -> None:
-        """Reference an entry and its ancestors (the blocks a sequence's hit spans)."""
-        node: _Entry | None = entry
-        while node is not None:
-            self._pin(node)
-            node = node.parent
-
-    def _unpin_path(self, entry: _Entry) -> None:
-        """Release an entry, then its ancestors: children enter the eviction order before their parents."""
-        node: _Entry | None = entry
-        while node is not None:
-            self._unpin(node)
-            node = node.parent
-
-    def _promote(self, seq: Seq, blocks: int) -> None:
-        """Make the seq's first ``blocks`` full blocks shareable in its prefix-cache entry."""
-        entry = seq.entry
-        if entry is None:
-            return
-        end = entry.base + entry.blocks
-        if seq.chain is not None:
-            blocks = min(blocks, len(seq.chain))
-            common = _common_blocks(entry.chain, seq.chain, end)
-            if common < end:  # this prompt parts inside the entry: its own blocks become a child entry
-                if blocks > common:
-                    self._branch(seq, entry, common, blocks)
-                return
-            if blocks <= end:
-                return
-            entry.chain = seq.chain[:blocks]
-        elif blocks <= end:
-            return
-        extra = blocks - end
-        extra = min(extra, seq.private)  # never more than it holds (cannot happen when accounting is right)
-        entry.blocks += extra
-        seq.private -= extra
-        seq.shared += extra
-        self.used_private -= extra
-        self.cached_total += extra
-        self.cached_pinned += extra  # entry.refs >= 1: this seq references it
-
-    def _branch(self, seq: Seq, parent: _Entry, base: int, blocks: int) -> None:
-        """Cache ``seq``'s blocks ``base`` .. ``blocks`` - 1 in a new child of ``parent`` (where it parts from
-        it); the seq references the child too (its path: the child, then the parent's)."""
-        assert seq.chain is not None
-        key = seq.chain[base]
-        if key in self.cache:
-            return  # another prompt branched here since this one was admitted: these blocks stay private
-        child = self.cache[key] = _Entry(key, parent, base)
-        child.chain = seq.chain[:blocks]
-        child.refs = 1  # the seq's; it references the parent's path already
-        seq.entry = child
-        extra = min(blocks - base, seq.private)
-        child.blocks = extra
-        seq.private -= extra
-        seq.shared += extra
-        self.used_private -= extra
-        self.cached_total += extra
-        self.cached_pinned += extra
+        """Forget the cached blocks no sequence references (vLLM's ``reset_prefix_cache``, which waits until none
+        is referenced); returns how many. Blocks in use keep their hashes."""
+        return self.pool.drop_unreferenced_hashes()
 
     def _release(self, seq: Seq) -> None:
-        self.used_private -= seq.private
-        seq.private = 0
-        seq.shared = 0
-        if seq.entry is not None:
-            self._unpin_path(seq.entry)
-            seq.entry = None
+        """Free ``seq``'s blocks, its tail first (``SingleTypeKVCacheManager.free``): the tail is evicted first."""
+        self.pool.release(reversed(seq.blocks))
+        seq.blocks = []
+        seq.num_cached = 0
 
     def _preempt(self, seq: Seq) -> None:
-        """Preempt by recompute: free every block, computed = 0, back to the front of the queue.
-
-        With prefix caching, vLLM 0.19 has cached every full block the sequence computed, prompt and output
-        alike (its block hashes grow with its tokens), and freeing puts them in the evictable pool, evicted
-        last: the recompute hits them where they survive. Here its full blocks join its prefix-cache entry
-        (a chain of per-sequence keys extends it past the prompt's hashes) before the release."""
-        if seq.entry is not None and seq.cache_limit is None:
-            full = seq.computed // self.block_size
-            if seq.chain is not None and full > len(seq.chain):
-                seq.chain.extend(hash((seq.idx, j)) & _MASK for j in range(len(seq.chain), full))
-            self._promote(seq, full)
+        """Preempt by recompute (``Scheduler._preempt_request``): free every block, computed = 0, to the front of
+        the queue. Its full blocks keep their hashes in the free queue (prompt and output alike): the recompute
+        hits those that survive."""
+        self._cache_blocks(seq, seq.computed, final=True)
         self._release(seq)
         seq.computed = 0
         seq.prompt_done = False
@@ -658,15 +579,15 @@ class Engine:
                 if not decoding:
                     break  # it admitted a prompt still being prefilled: step by step
                 continue
-            limit, head = admission
-            run = self._decode_steps(t, min(limit, until_ns), done, head, dset)
+            run = self._decode_steps(t, min(admission, until_ns), done, dset)
             if not run.ends_ns:
                 break  # the next step cannot take its blocks without preempting: step by step
             done += len(run.ends_ns)
-            self._take_decodes(run, t, done, head, dset)
+            self._take_decodes(run, t, done, dset)
             t = run.ends_ns[-1]
             until_ns = record.decodes(run)
         self._advance(self.running, done, dset)
+        assert not self._reserved, "decode run: blocks taken were not handed out"
         return t if done else None
 
     def _decodes_only(self) -> bool:
@@ -676,113 +597,77 @@ class Engine:
         for seq in self.running:
             c = seq.computed
             out = seq.output
-            if not seq.prompt_done or c != seq.prompt + out - 1 or seq.private + seq.shared != -(-c // bs):
+            if not seq.prompt_done or c != seq.prompt + out - 1 or len(seq.blocks) != -(-c // bs):
                 return False
             if out >= seq.max_out or (seq.stop_after is not None and out >= seq.stop_after):
                 return False
         return bs <= 4096  # huge blocks: not worth a table per step phase
 
     def _advance(self, seqs: list[Seq], done: int, dset: _DecodeSet) -> None:
-        """Decoding sequences after their steps of the ``done`` of a run (one token and its blocks each)."""
+        """Decoding sequences after their steps of the ``done`` of a run (one token and its blocks each: the run's
+        blocks, taken from the free queue in its steps' order, and hashed when full)."""
         bs = self.block_size
         joined = dset.joined
+        reserved = self._reserved
         for seq in seqs:
             steps = done - joined[id(seq)] if joined and id(seq) in joined else done
             if steps < 0:
                 continue  # left out of the run
             c = seq.computed
-            seq.private += -(-(c + steps) // bs) - -(-c // bs)
+            new = -(-(c + steps) // bs) - -(-c // bs)
+            if new:
+                seq.blocks += reserved[-new:]
+                del reserved[-new:]
             seq.computed = c + steps
+            self._cache_blocks(seq, c + steps)
             seq.output += steps
             seq.emitted = 1
 
-    def _admission_closed_until(self, now_ns: int, budget: int) -> tuple[int, Seq | None] | None:
-        """(until when, queue head tried) when decode-only steps from ``now_ns`` on admit nothing; None
-        when the next step might admit the queue head. ``until`` is ``NEVER_NS`` when the head waits
-        on seats, budget or blocks: decodes only take blocks, so it keeps waiting. The head is tried
-        (and fails) in every step unless a closed batching window holds it back.
+    def _admission_closed_until(self, now_ns: int, budget: int) -> int | None:
+        """Until when decode-only steps from ``now_ns`` on admit nothing; None when the next step might admit
+        the queue head. ``NEVER_NS`` when the head waits on seats, budget or blocks: decodes only take blocks,
+        so it keeps waiting (a head tried and refused touches nothing). A closed batching window holds it back
+        until it opens.
         """
         if not self.waiting or budget <= 0 or len(self.running) >= self.max_num_seqs:
-            return NEVER_NS, None
+            return NEVER_NS
         head = self.waiting[0]
         if not head.preemptions and not self._window_open(now_ns):
             oldest = min(s.arrival_ns for s in self.waiting) if self.priority_policy else head.arrival_ns
-            return oldest + self.window_ns, None
-        return (NEVER_NS, head) if self._head_blocked(head, budget) else None
-
-    def _head_entry(self, seq: Seq) -> _Entry | None:
-        if seq.key is None or not self.prefix_caching:
-            return None
-        entry = self.cache.get(seq.key)
-        chain = seq.chain
-        if entry is None or chain is None:
-            return entry
-        while True:  # down the tree to the entry holding the seq's longest cached prefix
-            common = _common_blocks(entry.chain, chain, entry.base + entry.blocks)
-            child = self.cache.get(chain[common]) if common < len(chain) else None
-            if child is None or child.parent is not entry or child.base != common:
-                return entry
-            entry = child
+            return oldest + self.window_ns
+        return NEVER_NS if self._head_blocked(head, budget) else None
 
     def _head_blocked(self, seq: Seq, budget: int) -> bool:
-        """Whether ``_schedule_waiting`` would leave ``seq`` waiting now (the same tests, nothing pinned)."""
+        """Whether ``_schedule_waiting`` would leave ``seq`` waiting now (the same tests)."""
         bs = self.block_size
         num_tokens = seq.prompt + seq.output
-        entry = self._head_entry(seq)
-        hit = self._hit_blocks(seq, entry, num_tokens) if entry is not None else 0
-        n = num_tokens - hit * bs
+        hit = self._hit(seq, num_tokens)
+        cached = len(hit) * bs
+        n = num_tokens - cached
         if self.long_prefill and n > self.long_prefill:
             n = self.long_prefill
         if n > budget and not self.chunked:
             return True
-        need = -(-(hit * bs + min(n, budget)) // bs) - hit
-        evictable = self.evictable_total
-        node = entry
-        while node is not None:
-            if node.refs == 0:
-                evictable -= node.blocks  # pinned while it is tried
-            node = node.parent
-        free = self.total_blocks - self.used_private - self.cached_total
-        if need <= free + evictable:
-            return False
-        tails = self._unreferenced_tails((entry, hit) if entry is not None else None)
-        return need > free + evictable + sum(k for _entry, k in tails)
+        new = -(-(cached + min(n, budget)) // bs) - len(hit)
+        return self._admission_refused(hit, new, num_tokens)
 
-    def _free_room(self) -> int:
-        """Blocks an allocation can take: the free ones, then the evictable ones (``_alloc``)."""
-        return self.total_blocks - self.used_private - self.cached_total + self.evictable_total
-
-    def _decode_room(self, head: Seq, want: int) -> int:
-        """Blocks decode steps may take while ``head`` is tried (``want`` at most needed): the free ones,
-        then the evictable ones, but not the head's (``_head_blocked`` counted on them) or any after it."""
-        free = self.total_blocks - self.used_private - self.cached_total
-        entry = self._head_entry(head)
-        if want <= free or entry is None or entry.refs or not entry.blocks:
-            return free + self.evictable_total
-        total = 0
-        for key, other in self.evictable.items():
-            if key == entry.key or total >= want - free:
-                break
-            total += other.blocks
-        return free + total
-
-    def _decode_steps(self, now_ns: int, limit: int, done: int, head: Seq | None, dset: _DecodeSet) -> DecodeRun:
+    def _decode_steps(self, now_ns: int, limit: int, done: int, dset: _DecodeSet) -> DecodeRun:
         """Decode steps from ``now_ns`` (``done`` taken before, whose sequences are not advanced yet) up
         to the first that finishes a sequence, each starting before ``limit`` and taking its new blocks
-        within ``_decode_room``: their ends, durations (``_duration_ns``'s float operations in the same
+        within the free queue: their ends, durations (``_duration_ns``'s float operations in the same
         order, its noise factors) and blocks held after each."""
         b = len(self.running)
         bs = self.block_size
         cycle = dset.cycle
         kv_read = dset.kv_read + done * b
-        room = self._decode_room(head, b * -(-(dset.last - done) // bs)) if head is not None else self._free_room()
+        room = self.pool.num_free  # a waiting head tried and refused touches nothing (vLLM's schedule())
         base = self._fixed_ns + self._prefill_ns * 0 + self._decode_ns * b
         kv_ns = self._kv_ns
         profiled = self._profile is not None
         top_base, bottom_base = (max(dset.bases), min(dset.bases)) if profiled and dset.bases else (0, 0)
         noisy = bool(self._sigma)
         jittered = self._jitter_q is not None
-        held = self.used_private + self.cached_pinned
+        held = self.kv_blocks_used
         run = DecodeRun(self.running, dset.idx, _NO_NS[:], _NO_NS[:], _NO_NS[:], len(self.waiting), [])
         add_end, add_duration, add_blocks = run.ends_ns.append, run.durations_ns.append, run.kv_blocks.append
         noise = self._noise
@@ -819,19 +704,15 @@ class Engine:
             add_blocks(held + taken)
         return run
 
-    def _take_decodes(self, run: DecodeRun, start_ns: int, done: int, head: Seq | None, dset: _DecodeSet) -> None:
-        """Apply a decode run's steps from ``start_ns`` (``done`` taken in all): blocks (evicting as
-        ``_alloc`` does), the queue head's tries, the counters; when the last step finishes sequences,
+    def _take_decodes(self, run: DecodeRun, start_ns: int, done: int, dset: _DecodeSet) -> None:
+        """Apply a decode run's steps from ``start_ns`` (``done`` taken in all): blocks (taken from the free
+        queue, handed out by ``_advance``), the counters; when the last step finishes sequences,
         they catch up and retire."""
         m = len(run.ends_ns)
         self._owed_ns = 0.0  # the run's first step paid it
-        taken = run.kv_blocks[-1] - (self.used_private + self.cached_pinned)
-        if taken and not self._alloc(taken):  # evicts the blocks step by step would, in the same order
-            raise AssertionError("decode run: blocks counted free were not")
-        if head is not None:
-            entry, _hit = self._prefix_hit(head, head.prompt + head.output)  # its pin + unpin: last to evict
-            if entry is not None:
-                self._unpin_path(entry)
+        taken = run.kv_blocks[-1] - self.kv_blocks_used
+        if taken:  # the blocks step by step would take (and evict), in the same order
+            self._reserved += self.pool.take(taken)
         self.generation_tokens_total += len(run.seqs) * m
         self.steps += m
         self.busy_ns += run.ends_ns[-1] - start_ns  # the durations' sum
@@ -846,8 +727,10 @@ class Engine:
         blocks would preempt. Also: whether everything admitted decodes from now on (joins the run)."""
         b = len(self.running)
         new = dset.cycle[done % self.block_size]
-        if new and not self._alloc(new):  # _alloc fails without side effects; step would preempt
+        if new > self.pool.num_free:  # step would preempt
             return None
+        if new:
+            self._reserved += self.pool.take(new)
         scheduled: list[tuple[Seq, int]] = []
         prefill, decode_seqs, kv_read = self._schedule_waiting(
             now_ns, scheduled, self.max_batched - b, 0, b, dset.kv_read + (done + 1) * b
@@ -908,21 +791,20 @@ class Engine:
                 n = long_prefill
             if n > budget:
                 n = budget
-            need = -(-(computed + n) // bs) - seq.private - seq.shared
-            if need > 0:
-                if not self._alloc(need):
-                    i, gone, count, taken_back = self._make_room(seq, need, i, scheduled)
-                    preempted += count
-                    for nj, kv_j, was_decode in taken_back:
-                        budget += nj
-                        kv_read -= kv_j
-                        if was_decode:
-                            decode_seqs -= 1
-                        else:
-                            prefill_tokens -= nj
-                    if gone:
-                        continue  # seq left the running list; running[i] is the next one
-                seq.private += need
+            need = -(-(computed + n) // bs) - len(seq.blocks)
+            if need > 0 and not self._alloc(seq, need):
+                i, gone, count, taken_back = self._make_room(seq, need, i, scheduled)
+                preempted += count
+                for nj, kv_j, was_decode in taken_back:
+                    budget += nj
+                    kv_read -= kv_j
+                    if was_decode:
+                        decode_seqs -= 1
+                    else:
+                        prefill_tokens -= nj
+                if gone:
+                    break  # vLLM's schedule(): a running request that cannot be scheduled ends the running pass
+            self._cache_blocks(seq, min(computed + n, seq.prompt + seq.output))
             scheduled.append((seq, n))
             budget -= n
             kv_read += computed + n
@@ -964,7 +846,7 @@ class Engine:
             count += 1
             if victim is seq:
                 return i, True, count, taken_back
-            if self._alloc(need):
+            if self._alloc(seq, need):
                 return i, False, count, taken_back
 
     def _schedule_waiting(
@@ -990,73 +872,45 @@ class Engine:
             if not window_open and not seq.preemptions:
                 break
             num_tokens = seq.prompt + seq.output
-            entry, hit = self._prefix_hit(seq, num_tokens)
-            n = num_tokens - hit * bs
+            hit = self._hit(seq, num_tokens)
+            cached = len(hit) * bs
+            n = num_tokens - cached
             if long_prefill and n > long_prefill:
                 n = long_prefill
             if n > budget:
                 if not self.chunked:
-                    if entry is not None:
-                        self._unpin_path(entry)
                     break
                 n = budget
-            need = -(-(hit * bs + n) // bs) - hit
-            self._trying = (entry, hit) if entry is not None else None
-            admitted = self._alloc(need)
-            self._trying = None
-            if not admitted:
-                if entry is not None:
-                    self._unpin_path(entry)
-                break
-            self._admit(seq, entry, hit, need)
+            new = -(-(cached + n) // bs) - len(hit)
+            if self._admission_refused(hit, new, num_tokens):
+                break  # vLLM's schedule(): a waiting request without blocks ends the waiting pass (nothing touched)
+            self._admit(seq, hit, new, min(cached + n, num_tokens))
             if seq.scheduled_ns is None:
                 seq.scheduled_ns = now_ns
             scheduled.append((seq, n))
             budget -= n
-            kv_read += hit * bs + n
-            if hit * bs + 1 >= num_tokens:
+            kv_read += cached + n
+            if cached + 1 >= num_tokens:
                 decode_seqs += 1
             else:
                 prefill_tokens += n
         return prefill_tokens, decode_seqs, kv_read
 
-    def _prefix_hit(self, seq: Seq, num_tokens: int) -> tuple[_Entry | None, int]:
-        """The seq's prefix-cache entry (created when new, pinned) and its hit in whole blocks.
-
-        The hit stops before the last token (something must be computed) and at the shareable
-        prefix (``cache_limit``); with block hashes, at the first block that differs.
-        """
-        if seq.key is None or not self.prefix_caching:
-            return None, 0
-        entry = self._head_entry(seq)
-        if entry is None:
-            entry = self.cache[seq.key] = _Entry(seq.key)
-        self._pin_path(entry)
-        return entry, self._hit_blocks(seq, entry, num_tokens)
-
-    def _hit_blocks(self, seq: Seq, entry: _Entry, num_tokens: int) -> int:
-        """Whole blocks of ``entry`` that ``seq`` reuses (the rule of ``_prefix_hit``, nothing pinned)."""
-        bs = self.block_size
-        hit = entry.base + entry.blocks
-        if seq.chain is not None:
-            hit = _common_blocks(entry.chain, seq.chain, hit)
-        limit = (num_tokens - 1) // bs
-        if seq.cache_limit is not None and seq.cache_limit // bs < limit:
-            limit = seq.cache_limit // bs
-        return min(hit, limit)
-
-    def _admit(self, seq: Seq, entry: _Entry | None, hit: int, need: int) -> None:
-        """Move the queue head to running with ``hit`` shared blocks and ``need`` new private ones."""
-        bs = self.block_size
+    def _admit(self, seq: Seq, hit: list[int], new: int, cache_tokens: int) -> None:
+        """Move the queue head to running: reference its ``hit`` blocks, give it ``new`` blocks from the free
+        queue, hash the full blocks of its first ``cache_tokens`` (``allocate_slots``)."""
+        cached = len(hit) * self.block_size
         self._pop_waiting()
-        seq.entry = entry
-        seq.shared = hit
-        seq.private = need
-        seq.computed = hit * bs
-        seq.cached_tokens = hit * bs
+        self.pool.touch(hit)
+        seq.blocks = hit
+        seq.num_cached = len(hit)
+        seq.blocks += self.pool.take(new)
+        self._cache_blocks(seq, cache_tokens)
+        seq.computed = cached
+        seq.cached_tokens = cached
         seq.state = "running"
         self.prefix_queries += seq.prompt + seq.output
-        self.prefix_hits += hit * bs
+        self.prefix_hits += cached
         self.running.append(seq)
 
     def _duration_ns(self, busy: bool, prefill_tokens: int, decode_seqs: int, kv_read: int) -> int:
@@ -1145,7 +999,6 @@ class Engine:
 
     def _advance_scheduled(self, scheduled: list[tuple[Seq, int]]) -> tuple[list[Seq], list[Seq], int]:
         """The scheduled sequences after their tokens: (those that emitted, those that finished, tokens emitted)."""
-        bs = self.block_size
         emitted: list[Seq] = []
         finished: list[Seq] = []
         gen = 0
@@ -1158,11 +1011,7 @@ class Engine:
                 seq.emitted = k
                 gen += k
                 emitted.append(seq)
-                if not seq.prompt_done:
-                    seq.prompt_done = True
-                    if seq.entry is not None:
-                        limit = seq.prompt if seq.cache_limit is None else min(seq.cache_limit, seq.prompt)
-                        self._promote(seq, limit // bs)
+                seq.prompt_done = True
                 if out >= seq.max_out or (seq.stop_after is not None and out >= seq.stop_after):
                     finished.append(seq)
             else:
@@ -1170,11 +1019,10 @@ class Engine:
         return emitted, finished, gen
 
     def _retire(self, finished: list[Seq]) -> None:
-        """Free finished sequences' blocks (a conversation keeps its whole context cached)."""
-        bs = self.block_size
+        """Free finished sequences' blocks (their hashed blocks stay cached in the free queue)."""
         for seq in finished:
-            if seq.entry is not None and seq.cache_limit is None:
-                self._promote(seq, seq.computed // bs)
+            if seq.key is not None and seq.chain is None and seq.cache_limit is None:
+                self._cache_blocks(seq, seq.computed, final=True)  # a conversation: its next turn hits it all
             if self.async_scheduling:
                 self._finished_late.append(seq)
             else:
@@ -1188,7 +1036,7 @@ class Engine:
         return {
             "running": len(self.running),
             "waiting": len(self.waiting),
-            "kv_blocks_used": self.used_private + self.cached_pinned,
+            "kv_blocks_used": self.kv_blocks_used,
             "kv_cache_usage": self.kv_usage,
             "prefix_cache_queries": self.prefix_queries,
             "prefix_cache_hits": self.prefix_hits,

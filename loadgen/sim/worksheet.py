@@ -269,7 +269,7 @@ class _Steps:
     def record_state(self, engine: Engine, res: StepResult, t_end: int) -> None:
         self.t.append(t_end)
         self.duration.append(res.duration_ns)
-        self.kv_blocks.append(engine.used_private + engine.cached_pinned)
+        self.kv_blocks.append(engine.kv_blocks_used)
         self.segment(engine, 1, len(engine.running), len(engine.waiting), res.prefill_tokens, res.decode_seqs)
 
     def segment(self, engine: Engine, steps: int, running: int, waiting: int, prefill: int, decode: int) -> None:
@@ -301,7 +301,7 @@ class _Steps:
         self.t.extend(run.ends_ns)
         self.duration.extend(run.durations_ns)
         self.kv_blocks.extend(run.kv_blocks)
-        self.kv_blocks[-1] = engine.used_private + engine.cached_pinned
+        self.kv_blocks[-1] = engine.kv_blocks_used
         if m > 1:  # generation tokens: b a step, up to the engine's count now after the last step
             self.segments.extend(
                 (
