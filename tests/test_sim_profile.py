@@ -316,3 +316,17 @@ def test_linear_terms_fitted_to_a_profile_reproduce_its_steps() -> None:
     for prefill, decodes, kv in ((0, 64, 1024), (0, 128, 2048), (2048, 0, 0)):
         want = p.step_us(prefill, 0, decodes, decodes * kv, max(decodes, 1))
         assert linear_us(prefill, decodes, decodes * kv + prefill) == pytest.approx(want, rel=0.2)
+
+
+def test_a_mixed_step_past_the_profiled_decodes_adds_the_decode_only_increment() -> None:
+    p = load_profile(RTX4090, 1, LLAMA)
+    assert p.mixed_attention.nd[-1] == 128 and p.decode_attention.nd[-1] == 256
+    # 512,0,128,2048,4578.6 (mixed); 0,0,128,2048,1180.0 and 0,0,256,2048,2312.6 (decode-only): 192 decodes
+    # with a 512-token chunk add what 64 more decodes add without one: half of 2312.6 - 1180.0
+    beyond = 0.5 * (p.decode_attention.at(0, 0, 256, 2048) - p.decode_attention.at(0, 0, 128, 2048))
+    expected = p.mixed_attention.at(512, 0, 128, 2048) + beyond
+    assert p.attention_us(512, 0, 192, 192 * 2048) == pytest.approx(32 * expected)
+    assert p.mixed_attention.at(512, 0, 128, 2048) == pytest.approx(4578.6, rel=1e-4)
+    assert beyond == pytest.approx(0.5 * (2312.6 - 1180.0), rel=1e-3)
+    # within the mixed grid nothing changes: 96 decodes read between 64 and 128 as before
+    assert p.attention_us(512, 0, 96, 96 * 2048) == pytest.approx(32 * p.mixed_attention.at(512, 0, 96, 2048))

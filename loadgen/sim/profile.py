@@ -21,10 +21,12 @@ A step of the engine is priced as (all times per GPU, µs):
 
 Every table is read linearly on each axis between profiled points (a kernel's time is close to linear in each
 axis: decode attention is a KV read, ``a + b × n × kv``), held at the first non-zero point below it (a 5-token
-chunk costs what the 16-token one does), and extrapolated linearly from the last two points above the grid.
+chunk costs what the 16-token one does), and extrapolated linearly from the last two points above the grid,
+except a mixed step's decodes past the mixed grid's last decode count: those add what they add in the decode-only
+grid (``OperatorProfile._layer_attention_us``).
 Several prefill chunks in one step are priced as one chunk of their summed tokens over their summed prefix,
-decodes at their mean KV length (the uniform batch that reads the same KV); the profile's mixed-length
-(``skew``) tables are not applied. Layer norms count twice per layer (before attention and before the MLP).
+decodes at their mean KV length (the uniform batch that reads the same KV), corrected for mixed lengths by the
+profile's fitted ``skew`` table where it has one. Layer norms count twice per layer (before attention and before the MLP).
 An MoE layer's activated experts are the expected distinct experts of uniform top-k routing over its tokens;
 with expert parallelism (``ep`` GPUs, data-parallel ranks equally loaded, vLLM's all-gather / reduce-scatter
 exchange) a GPU holds E/ep experts and runs them over the whole group's ep × T tokens. Not modelled: CPU time
@@ -255,16 +257,28 @@ class OperatorProfile:
         if prefill_tokens <= 0 and decodes <= 0:
             return 0.0
         kd = decode_kv_sum / decodes if decodes else 0.0
-        grid = self.mixed_attention if prefill_tokens > 0 else self.decode_attention
-        t_mean = grid.at(prefill_tokens, prefill_cached, decodes, kd)
+        t_mean = self._layer_attention_us(prefill_tokens, prefill_cached, decodes, kd)
         if self.skew is None or decodes < 2 or decode_kv_max <= kd or decode_kv_max <= decode_kv_min:
             return self.layers * t_mean
         rate = (kd - decode_kv_min) / (decode_kv_max - decode_kv_min)
         alpha = self.skew.at(prefill_tokens, decodes, rate, decode_kv_max, prefill_cached)
-        t_max = grid.at(prefill_tokens, prefill_cached, decodes, decode_kv_max)
+        t_max = self._layer_attention_us(prefill_tokens, prefill_cached, decodes, decode_kv_max)
         if alpha <= 0 or t_max <= t_mean:
             return self.layers * t_mean
         return self.layers * (t_mean + alpha * (t_max - t_mean))
+
+    def _layer_attention_us(self, prefill_tokens: int, prefill_cached: int, decodes: int, kd: float) -> float:
+        """One layer's attention (µs). A step with a prefill chunk reads the mixed grid; past its last decode count
+        (the profilers sweep decodes to 128 with a chunk, to 256 without), the decodes beyond it add what they add
+        in the decode-only grid at the same KV length, rather than the mixed grid's last slope continued: that
+        slope, 64 to 128 decodes, holds a jump (up to 3.7x on the RTX 4090) no profiled point says goes on."""
+        if prefill_tokens <= 0:
+            return self.decode_attention.at(0, 0, decodes, kd)
+        last = self.mixed_attention.nd[-1]
+        if decodes <= last or self.decode_attention.nd[-1] <= last:
+            return self.mixed_attention.at(prefill_tokens, prefill_cached, decodes, kd)
+        beyond = self.decode_attention.at(0, 0, decodes, kd) - self.decode_attention.at(0, 0, last, kd)
+        return self.mixed_attention.at(prefill_tokens, prefill_cached, last, kd) + beyond
 
     def step_us(
         self,
@@ -326,7 +340,8 @@ def _by_layer(path: Path, key: str) -> dict[str, tuple[list[int], list[float]]]:
 def _attention(path: Path) -> tuple[_Attention, _Attention]:
     """The attention rows as two full grids: decode-only steps (no prefill chunk: decodes x KV) and steps with a
     prefill chunk (4 axes), each the largest grid its rows fill (``_full_grid``). The profilers sweep more
-    decodes without a chunk (to 256) than with one (to 128): a mixed step past them is extrapolated."""
+    decodes without a chunk (to 256) than with one (to 128): past 128, a mixed step's further decodes are priced
+    from the decode-only grid (``OperatorProfile._layer_attention_us``)."""
     rows = [
         (int(_number(path, r, "prefill_chunk")), int(_number(path, r, "kv_prefill")))
         + (int(_number(path, r, "n_decode")), int(_number(path, r, "kv_decode")), _number(path, r, "time_us"))
