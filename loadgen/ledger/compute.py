@@ -442,7 +442,7 @@ def _cuda_graph_line(e: EngineSettings) -> LedgerLine:
         if e.non_torch_gib is not None
         else (
             f"vLLM 0.19.0's own figure on an H100 at TP {'> 1' if e.tensor_parallel_size > 1 else '1'}, "
-            "llm-d-planner's published logs; not measured on this GPU"
+            "llm-d-planner's published logs"
         )
     )
     graph_note = (
