@@ -31,13 +31,7 @@ from loadgen.trace.io import read_trace
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO.parent / "shared" / "traces" / "agentic" / "kv-cache-tester" / "traces"
-ENGINE = (
-    (REPO / "scenarios" / "engines" / "instant.toml")
-    .read_text()
-    .replace('name = "instant"', 'name = "agentic"')
-    .replace('tokenizer = "cl100k_base"', 'tokenizer = "chars:4"')
-    .replace("max_model_len = 131072", "max_model_len = 262144")
-)
+ENGINE = (REPO / "scenarios" / "engines" / "instant-long-context.toml").read_text()
 
 
 def _report(label: str, rows: dict[str, dict], trace: dict[str, dict]) -> None:

@@ -28,13 +28,7 @@ from loadgen.workload.sessions import ReplyWaits, reply_dependencies
 AGENTIC = "agentic/kv-cache-tester/traces"
 NS = 1_000_000_000
 #: instant engine, long context, a tokenizer that counts characters (prompts of ~100k tokens stay cheap)
-ENGINE = (
-    (REPO / "scenarios" / "engines" / "instant.toml")
-    .read_text()
-    .replace('name = "instant"', 'name = "agentic"')
-    .replace('tokenizer = "cl100k_base"', 'tokenizer = "chars:4"')
-    .replace("max_model_len = 131072", "max_model_len = 262144")
-)
+ENGINE = (REPO / "scenarios" / "engines" / "instant-long-context.toml").read_text()
 
 
 def _plain(requests: list[dict]) -> list[dict]:

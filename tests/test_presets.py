@@ -22,6 +22,7 @@ def test_presets_are_the_top_level_scenarios_directory() -> None:
     assert presets.canonical_trace("burst") is not None and presets.canonical_trace("nope") is None
     assert list_presets() == [
         "instant",
+        "instant-long-context",
         "interactive-small-batch",
         "rtx4090-llama-3.1-8b-tp1",
         "rtxpro6000-llama-3.1-8b-tp1",
