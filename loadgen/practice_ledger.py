@@ -9,13 +9,13 @@ no GPU (a preset) or an unknown one gets its own pool as the KV budget, and the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from .ledger import GIB, EngineSettings, Ledger, ModelConfig, compute_ledger, format_ledger, read_model_config
 from .ledger.gpus import gpu_memory
 from .sim import EngineConfig
+from .vllm.model_dir import shipped_model_path
 from .workload.scenario import Scenario
 
 __all__ = ["LedgerBudget", "candidate_ledgers", "ledger_budget", "model_config_path"]
@@ -33,9 +33,7 @@ class LedgerBudget:
 def model_config_path(model_config: str) -> Path:
     """A config.json path, or the name of a shipped model config (``loadgen/data/models/<name>.json``)."""
     path = Path(model_config)
-    if path.exists():
-        return path
-    return Path(str(resources.files("loadgen") / "data" / "models" / f"{model_config}.json"))
+    return path if path.exists() else shipped_model_path(model_config)
 
 
 def ledger_budget(cfg: EngineConfig, model: ModelConfig) -> LedgerBudget:
