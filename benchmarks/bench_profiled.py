@@ -32,6 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from loadgen.calibration.engine_match import measured_engine_config
 from loadgen.calibration.llmservingsim import import_llmservingsim_run
 from loadgen.calibration.offline import ANCHORS, RunComparison, compare_run, replay_table
 from loadgen.rundir.io import load_run
@@ -54,7 +55,7 @@ def _replay_wall_s(run_dir: Path, cfg: EngineConfig, anchor: str, repeat: int) -
     """Best wall time of the anchored replay (``simulate_trace`` only), its request count and replicas."""
     data = load_run(run_dir, chunks=False)
     table, meta, _ = replay_table(run_dir, data.manifest, data.requests.to_pydict(), anchor)
-    kwargs = (data.manifest.target.engine.config or {}).get("engine_kwargs") or {}  # type: ignore[union-attr]
+    kwargs = measured_engine_config(data.manifest).get("engine_kwargs") or {}
     replicas = int(kwargs.get("data_parallel_size") or 1)
     walls = []
     for _ in range(repeat):

@@ -13,15 +13,20 @@ from typing import Any
 from loadgen.rundir.manifest import Manifest
 from loadgen.sim.config import EngineConfig
 
-__all__ = ["engine_mismatches", "run_deployment"]
+__all__ = ["engine_mismatches", "measured_engine_config", "run_deployment"]
+
+
+def measured_engine_config(manifest: Manifest) -> dict[str, Any]:
+    """What an imported run's manifest records of the engine that ran (``target.engine.config``: engine_kwargs,
+    kv_cache, scheduler_config, cache_config as the importer wrote them); {} when nothing."""
+    return (manifest.target.engine.config if manifest.target.engine else None) or {}
 
 
 def run_deployment(manifest: Manifest) -> dict[str, Any]:
     """What the measured run ran: model, tp, ep (the expert-parallel group: dp × tp with expert parallelism, else
     1) and the GPU's name; None where the run did not log it."""
     target = manifest.target
-    config = (target.engine.config if target.engine else None) or {}
-    kwargs = config.get("engine_kwargs") or {}
+    kwargs = measured_engine_config(manifest).get("engine_kwargs") or {}
     tp = kwargs.get("tensor_parallel_size")
     dp = kwargs.get("data_parallel_size") or 1
     ep = None if tp is None else (int(dp) * int(tp) if kwargs.get("enable_expert_parallel") else 1)

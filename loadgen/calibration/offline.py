@@ -48,7 +48,7 @@ from loadgen.trace.io import read_trace
 from loadgen.util.errors import RunDirError
 from loadgen.util.tomlfile import dumps_toml, read_toml
 
-from .engine_match import engine_mismatches
+from .engine_match import engine_mismatches, measured_engine_config
 
 __all__ = [
     "ANCHORS",
@@ -183,7 +183,7 @@ def published_errors(summary: Path | None) -> dict[str, float]:
 
 def _run_settings(manifest: Manifest) -> dict[str, Any]:
     """The scheduler settings the measured engine ran with, and where each came from."""
-    config = (manifest.target.engine.config if manifest.target.engine else None) or {}
+    config = measured_engine_config(manifest)
     kwargs = config.get("engine_kwargs") or {}
     kv = config.get("kv_cache") or {}
     scheduler = config.get("scheduler_config") or {}
