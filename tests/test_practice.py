@@ -101,12 +101,18 @@ REPORT_NEEDLES = (
 )
 
 
+def _practice(tmp_path: Path, options: PracticeOptions) -> tuple[Any, dict, dict]:
+    """Run the practice into tmp_path/practice: (result, decision.json, each candidate's measured section)."""
+    result = run_practice(tmp_path / "practice", options)
+    decision = json.loads((tmp_path / "practice" / "decision.json").read_text())
+    assert options.window_s is not None  # the tests cut the burst trace to a window
+    return result, decision, _check_measured(decision, options.window_s)
+
+
 @pytest.mark.slow
 def test_practice_rejects_the_rtx4090_on_p99_itl(tmp_path: Path) -> None:
     # the default: two profiled engines, one burst (the first 20 s of the canonical burst trace, ~1 minute)
-    result = run_practice(tmp_path / "practice", PracticeOptions(window_s=20.0))
-    decision = json.loads((tmp_path / "practice" / "decision.json").read_text())
-    by = _check_measured(decision, 20.0)
+    result, decision, by = _practice(tmp_path, PracticeOptions(window_s=20.0))
     pro, rtx = (by[name] for name in SIM_CANDIDATES)
     # the RTX 4090's 2,048-token prefill steps (~198 ms in its profile) hold every decode past the 150 ms budget
     if rtx["verdict"] != "unmeasured":
@@ -134,10 +140,7 @@ def test_practice_rejects_the_rtx4090_on_p99_itl(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_practice_presets_reject_the_large_batch_on_p99_ttft(tmp_path: Path) -> None:
     # the uncalibrated presets stay available (--candidate each): the headline-throughput one fails p99 TTFT
-    options = PracticeOptions(window_s=20.0, candidates=PRESET_CANDIDATES)
-    result = run_practice(tmp_path / "practice", options)
-    decision = json.loads((tmp_path / "practice" / "decision.json").read_text())
-    by = _check_measured(decision, 20.0)
+    result, decision, by = _practice(tmp_path, PracticeOptions(window_s=20.0, candidates=PRESET_CANDIDATES))
     small, large = (by[name] for name in PRESET_CANDIDATES)
     if large["verdict"] != "unmeasured":
         _check_rejected(large, "ttft_ms")
