@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from loadgen.ledger import GIB, EngineSettings, compute_ledger, read_model_config
+from loadgen.ledger import GIB, EngineSettings, compute_ledger, parse_model_config, read_model_config
 
 REPO = Path(__file__).resolve().parents[1]
 SIM = REPO.parent / "shared" / "traces" / "llmservingsim"
@@ -106,11 +106,40 @@ def _report(name: str, config: str, skip: str | None, pro6000_total: int) -> Non
         )
 
 
+#: Qwen/Qwen1.5-MoE-A2.7B's config.json, the fields the ledger reads (as published on the Hub; no copy ships with
+#: loadgen, and the run below is its only use).
+QWEN15_MOE_A27B: dict[str, Any] = {
+    "architectures": ["Qwen2MoeForCausalLM"],
+    "model_type": "qwen2_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "vocab_size": 151936,
+    "max_position_embeddings": 8192,
+    "num_experts": 60,
+    "num_experts_per_tok": 4,
+    "moe_intermediate_size": 1408,
+    "shared_expert_intermediate_size": 5632,
+    "decoder_sparse_step": 1,
+    "norm_topk_prob": False,
+    "sliding_window": 32768,
+    "use_sliding_window": False,
+    "max_window_layers": 21,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
 #: Public vLLM 0.19.0 runs on an H100-80GB (79.19 GiB, utilization 0.95, vLLM's defaults: 8,192 tokens, 1,024
 #: sequences), published by llm-d-incubation/llm-d-planner: Llama-3.1-8B-Instruct from its raw log
 #: (accuracy/results/v0.19.0/logs/meta-llama-llama-3-1-8b--h100-80gb--tp1pp1dp1--16384.log), Qwen2.5-7B-Instruct
-#: from its report's table (accuracy/results/v0.19.0/accuracy_report.md), the two MoE models' torch peaks from that
-#: report's planner constants and errors (constant / (1 + error)). GiB as logged (2 decimals); None = not given.
+#: from its report's table (accuracy/results/v0.19.0/accuracy_report.md), Qwen1.5-MoE-A2.7B from its raw log
+#: (accuracy/results/v0.19.0/logs/qwen-qwen1-5-moe-a2-7b--h100-80gb--tp1pp1dp1--8192.log: "torch peak memory
+#: increase: 2.47GiB; non-torch forward increase memory: 0.25GiB; weights memory: 26.67GiB", "Available KV cache
+#: memory: 45.83 GiB", "GPU KV cache size: 250,304 tokens", "Using TRITON backend for Unquantized MoE"), DeepSeek-
+#: V2-Lite-Chat's and Qwen3-30B-A3B's torch peaks from that report's planner constants and errors (constant /
+#: (1 + error); the repository holds no raw log of those two runs). GiB as logged (2 decimals); None = not given.
 H100_RUNS: tuple[dict[str, Any], ...] = (
     {
         "name": "Llama-3.1-8B-Instruct",
@@ -143,6 +172,16 @@ H100_RUNS: tuple[dict[str, Any], ...] = (
         "tokens": None,
     },
     {
+        "name": "Qwen1.5-MoE-A2.7B (MoE)",
+        "config": QWEN15_MOE_A27B,
+        "max_model_len": 8192,
+        "torch_peak_gib": 2.47,
+        "non_torch_gib": 0.25,
+        "weights_gib": 26.67,
+        "kv_gib": 45.83,
+        "tokens": 250_304,
+    },
+    {
         "name": "Qwen3-30B-A3B (MoE)",
         "config": "scenarios/engines/profiles/models/Qwen3-30B-A3B-Instruct-2507.json",
         "max_model_len": 8192,
@@ -168,7 +207,9 @@ def _report_h100(run: dict[str, Any]) -> None:
         gpu_memory_utilization=0.95,
         device_name="NVIDIA H100 80GB HBM3",
     )
-    led = compute_ledger(read_model_config(REPO / run["config"]), engine)
+    config = run["config"]
+    model = parse_model_config(config, run["name"]) if isinstance(config, dict) else read_model_config(REPO / config)
+    led = compute_ledger(model, engine)
     peak = (led.line("activations").bytes + led.line("workspaces").bytes) / GIB
     weights = led.line("weights").bytes / GIB
     tokens = (led.kv_cache_blocks or 0) * engine.block_size
@@ -176,12 +217,17 @@ def _report_h100(run: dict[str, Any]) -> None:
     print(
         f"   torch peak  ledger {peak:.3f} GiB, logged {run['torch_peak_gib']} GiB{_pct(peak, run['torch_peak_gib'])}"
     )
+    if model.is_moe or model.is_mla:
+        print(f"   forward     {led.line('activations').bytes / GIB:.3f} GiB: {led.line('activations').formula}")
+        print(
+            f"   sampler     {led.line('workspaces').factors['sampler_peak_bytes'] / GIB:.3f} GiB with what it runs beside"
+        )
     print(
         f"   weights     ledger {weights:.3f} GiB, logged {run['weights_gib']} GiB{_pct(weights, run['weights_gib'])}"
     )
     if run["tokens"] is not None:
         print(
-            f"   KV          ledger {led.kv_budget_bytes / GIB:.2f} GiB = {tokens:,} tokens, logged {run['kv_gib']} GiB = "
+            f"   KV          ledger {(led.kv_budget_bytes or 0) / GIB:.2f} GiB = {tokens:,} tokens, logged {run['kv_gib']} GiB = "
             f"{run['tokens']:,} tokens{_pct(tokens, run['tokens'])} (non-torch: ledger 0.25, logged {run['non_torch_gib']})"
         )
 

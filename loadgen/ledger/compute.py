@@ -23,6 +23,7 @@ from .cuda import (
     rotary_buffer_bytes,
     sampler_peak_bytes,
 )
+from .cuda_moe import max_model_len_of
 from .kv import KVSpec, blocks_for_sequence, kv_spec, max_len_request_blocks, vllm_kv_capacity
 from .settings import GIB, QUANT_WEIGHT_BITS, EngineSettings
 from .workload import class_lengths
@@ -357,7 +358,13 @@ def _cuda_profile_lines(m: ModelConfig, e: EngineSettings, act_b: float) -> tupl
             "hidden_size": m.hidden_size,
             "bytes": act_b,
             "tensor_parallel_size": e.tensor_parallel_size,
-            "assumption": "live at the peak: residual, normed input, gate/up and activation of one MLP",
+            "assumption": "live at the peak: residual, normed input, gate/up and activation of one MLP"
+            + (
+                "; for MoE/MLA the largest phase of ledger.cuda_moe (dense MLP, MoE shared or routed experts with "
+                "the fused-MoE workspace, MLA's profile-run up-projection)"
+                if m.is_moe or m.is_mla
+                else ""
+            ),
         },
         "estimate",
     )
@@ -618,7 +625,7 @@ def _runtime_line(e: EngineSettings) -> LedgerLine:
 def compute_ledger(model: ModelConfig, engine: EngineSettings, workload: Scenario | None = None) -> Ledger:
     """Every ledger line for ``model`` under ``engine``; per-class concurrency when ``workload`` (a Scenario) is given."""
     m, e = model, engine
-    mml = e.max_model_len or m.max_position_embeddings
+    mml = max_model_len_of(m, e)
     if not mml:
         raise LedgerError(f"{m.source}: max_position_embeddings: missing; expected it, or pass max_model_len")
     _weight_quantization(m, e)  # an uncostable quantization_config is refused before any line

@@ -18,6 +18,9 @@ vLLM 0.19 (V1 GPU worker; read, not copied: vllm/v1/worker/gpu_worker.py ``init_
   allocated before it: one forward of max_num_batched_tokens dummy tokens, then the sampler on the last
   token of min(max_num_seqs, max_num_batched_tokens) dummy requests. The ledger's ``activations`` line is
   the forward's peak; ``workspaces`` is what the sampler's peak adds above it, so the two sum to the peak.
+  For MoE models the fused-MoE workspace (Triton experts on CUDA, unquantized) is part of the forward's peak
+  and, held by vLLM's WorkspaceManager, of the sampler's too; MLA models allocate a stand-in for the
+  chunked-prefill up-projection in the profile run (ledger/cuda_moe.py says what was read).
   The sampler's path is 0.19's (vllm/v1/sample/ops/topk_topp_sampler.py ``apply_top_k_top_p``): with
   Triton (every CUDA build) and at least 8 rows, the fused Triton top-k/top-p kernel filters the float32
   logits in place with one cached scratch row per program; below 8 rows, the PyTorch sort path.
@@ -37,6 +40,7 @@ from __future__ import annotations
 from loadgen.util.errors import LedgerError
 
 from .config import ModelConfig
+from .cuda_moe import dense_mlp_bytes, forward_phases, moe_workspace_bytes
 from .gpus import gpu_sm_count
 from .settings import GIB, EngineSettings
 
@@ -103,28 +107,29 @@ def rotary_buffer_bytes(m: ModelConfig, weight_bytes: float) -> int:
     return int((m.max_position_embeddings or 0) * rotary_dim * weight_bytes)
 
 
-def _mlp_width(m: ModelConfig) -> int:
-    if not m.is_moe:
-        return m.intermediate_size
-    routed = int(m.num_experts_per_tok or 1) * int(m.moe_intermediate_size or 0)
-    return max(m.intermediate_size, routed + int(m.shared_expert_intermediate_size or 0))
-
-
 def forward_peak_bytes(m: ModelConfig, e: EngineSettings, act_bytes: float) -> tuple[int, str]:
-    """(bytes, formula): the forward's live tensors at its largest point, the MLP of one layer.
+    """(bytes, formula): the forward's live tensors at its largest point.
 
-    Live at once: the residual and the normed input (hidden each), the fused gate/up projection (2 × mlp /
-    tp) and its activation (mlp / tp), for max_num_batched_tokens tokens. Attention's q/k/v and output are
-    narrower for every supported model; an assumption that the compiled graph frees each layer's tensors.
+    A dense model without MLA: one MLP layer (``cuda_moe.dense_mlp_bytes``): the residual and the normed input
+    (hidden each), the fused gate/up projection (2 × mlp / tp) and its activation (mlp / tp), for
+    max_num_batched_tokens tokens; attention's q/k/v and output are narrower for every supported model. An MoE
+    or MLA model: the largest of ``cuda_moe.forward_phases`` (the dense MLP layers, the MoE layer's shared and
+    routed experts with the fused-MoE workspace, the MLA layer's profile-run up-projection). An assumption
+    that the compiled graph frees each layer's tensors.
     """
     T, h, tp = e.max_num_batched_tokens, m.hidden_size, e.tensor_parallel_size
-    mlp = _mlp_width(m)
-    width = 2 * h + (3 * mlp) // tp
-    formula = (
-        f"forward at max_num_batched_tokens {T}: (residual + normed input 2 × hidden {h} + gate/up and activation "
-        f"3 × mlp {mlp} / tp {tp}) × {act_bytes:g} B"
-    )
-    return int(T * width * act_bytes), formula
+    if not m.is_moe and not m.is_mla:
+        mlp = m.intermediate_size
+        formula = (
+            f"forward at max_num_batched_tokens {T}: (residual + normed input 2 × hidden {h} + gate/up and "
+            f"activation 3 × mlp {mlp} / tp {tp}) × {act_bytes:g} B"
+        )
+        return dense_mlp_bytes(m, e, act_bytes), formula
+    phases = forward_phases(m, e, act_bytes)
+    peak = max(phases, key=lambda phase: phase.bytes)
+    listed = "; ".join(f"{phase.formula} = {phase.bytes:,} B" for phase in phases)
+    formula = f"forward at max_num_batched_tokens {T}, the largest of: {listed} → {peak.name}"
+    return peak.bytes, formula
 
 
 def sampler_rows(e: EngineSettings) -> int:
@@ -137,11 +142,16 @@ def sampler_peak_bytes(m: ModelConfig, e: EngineSettings, act_bytes: float) -> t
 
     The sampler sees the whole vocabulary on every rank (the logits are gathered), so no / tp. Held beside
     it: the forward's hidden states (max_num_batched_tokens rows, kept by ``profile_run``), the last token's
-    rows gathered from them and ``_dummy_sampler_run``'s random replacement of those (rows each).
+    rows gathered from them and ``_dummy_sampler_run``'s random replacement of those (rows each), and for an
+    MoE model the fused-MoE workspace, which vLLM's WorkspaceManager keeps after the forward
+    (``cuda_moe.moe_workspace_bytes``).
     """
     rows, V, T, h = sampler_rows(e), m.vocab_size, e.max_num_batched_tokens, m.hidden_size
-    held = int((T + 2 * rows) * h * act_bytes)
+    workspace, workspace_formula = moe_workspace_bytes(m, e, act_bytes)
+    held = int((T + 2 * rows) * h * act_bytes) + workspace
     hidden = f"+ hidden states held (max_num_batched_tokens {T} + 2 × rows {rows}) × {h} × {act_bytes:g} B"
+    if workspace:
+        hidden += f" + {workspace_formula}"
     if rows < TRITON_SAMPLER_MIN_ROWS:
         per = SAMPLER_PYTORCH_BYTES_PER_LOGIT
         formula = (
