@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from loadgen.ledger import GIB, EngineSettings, compute_ledger, parse_model_config, read_model_config
+from loadgen.ledger import GIB, EngineSettings, compute_ledger, read_model_config
 
 REPO = Path(__file__).resolve().parents[1]
 SIM = REPO.parent / "shared" / "traces" / "llmservingsim"
@@ -106,31 +106,6 @@ def _report(name: str, config: str, skip: str | None, pro6000_total: int) -> Non
         )
 
 
-#: Qwen/Qwen1.5-MoE-A2.7B's config.json, the fields the ledger reads (as published on the Hub; no copy ships with
-#: loadgen, and the run below is its only use).
-QWEN15_MOE_A27B: dict[str, Any] = {
-    "architectures": ["Qwen2MoeForCausalLM"],
-    "model_type": "qwen2_moe",
-    "hidden_size": 2048,
-    "intermediate_size": 5632,
-    "num_hidden_layers": 24,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 16,
-    "vocab_size": 151936,
-    "max_position_embeddings": 8192,
-    "num_experts": 60,
-    "num_experts_per_tok": 4,
-    "moe_intermediate_size": 1408,
-    "shared_expert_intermediate_size": 5632,
-    "decoder_sparse_step": 1,
-    "norm_topk_prob": False,
-    "sliding_window": 32768,
-    "use_sliding_window": False,
-    "max_window_layers": 21,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-}
-
 #: Public vLLM 0.19.0 runs on an H100-80GB (79.19 GiB, utilization 0.95, vLLM's defaults: 8,192 tokens, 1,024
 #: sequences), published by llm-d-incubation/llm-d-planner: Llama-3.1-8B-Instruct from its raw log
 #: (accuracy/results/v0.19.0/logs/meta-llama-llama-3-1-8b--h100-80gb--tp1pp1dp1--16384.log), Qwen2.5-7B-Instruct
@@ -173,7 +148,7 @@ H100_RUNS: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "Qwen1.5-MoE-A2.7B (MoE)",
-        "config": QWEN15_MOE_A27B,
+        "config": "loadgen/data/models/qwen1.5-moe-a2.7b.json",
         "max_model_len": 8192,
         "torch_peak_gib": 2.47,
         "non_torch_gib": 0.25,
@@ -207,8 +182,7 @@ def _report_h100(run: dict[str, Any]) -> None:
         gpu_memory_utilization=0.95,
         device_name="NVIDIA H100 80GB HBM3",
     )
-    config = run["config"]
-    model = parse_model_config(config, run["name"]) if isinstance(config, dict) else read_model_config(REPO / config)
+    model = read_model_config(REPO / run["config"])
     led = compute_ledger(model, engine)
     peak = (led.line("activations").bytes + led.line("workspaces").bytes) / GIB
     weights = led.line("weights").bytes / GIB
