@@ -34,7 +34,9 @@ Read, not copied, from the vLLM 0.19.0 wheel (paths under vllm/):
   4 × max_num_seqs × block_size), 65,536), max_num_seqs × block_size).
 
 Each phase's live set is an assumption in the same spirit as the dense MLP's: the compiled graph frees a layer's
-tensors once used; the residual stream and the layer's normed input are held through its MLP.
+tensors once used; the residual stream and the layer's normed input are held through its MLP. Not modelled:
+expert parallelism (experts sharded across ranks: the ledger has no such setting), DP chunking, and the kernels of
+quantized or FlashInfer experts (Marlin, CUTLASS, TRT-LLM), whose workspaces are taken to be Triton's.
 """
 
 from __future__ import annotations
