@@ -729,7 +729,7 @@ def _request_table(
         "first_answer_token_ns": _answer_instants(chunks, first),
         "last_token_ns": last,
         "done_ns": client.done,
-        "server_queued_ns": [None if seq is None else seq.arrival_ns for seq in client.seqs],
+        "server_queued_ns": [None if seq is None else seq.queued_ns for seq in client.seqs],
         "server_scheduled_ns": [None if seq is None else seq.scheduled_ns for seq in client.seqs],
         "target_prompt_tokens": cols["prompt_tokens"],
         "target_output_tokens": cols["output_tokens"],
