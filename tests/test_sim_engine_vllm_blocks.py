@@ -127,3 +127,25 @@ def test_a_running_request_that_preempts_itself_ends_the_running_pass():
             break
     assert low.state == "waiting" and low.preemptions == 1
     assert res.emitted == [] and high.output == high_out, "high is not scheduled in the step low preempted itself in"
+
+
+def test_async_scheduling_stamps_vllms_queued_and_scheduled_instants():
+    """vLLM's engine core (EngineCore.step_with_batch_queue) adds a request once the step under way has ended
+    (queued_ts) and schedules a step while the one before runs (Scheduler.schedule's scheduled_timestamp); an
+    idle engine takes a request and schedules it at once."""
+    e = Engine(cfg(scheduler={"async_scheduling": True}))  # 1 ms steps
+    a, b = Seq(0, 8, 4, 0), Seq(1, 8, 2, 1_500_000)
+    e.add(a)
+    t = 0
+    while a.state != "finished" or b.state != "finished":
+        res = e.step(t)
+        if t == 1_000_000:
+            e.add(b)  # arrives at 1.5 ms, inside the step [1, 2) ms just taken
+        t += res.duration_ns
+    assert (a.queued_ns, a.scheduled_ns) == (0, 0)
+    assert b.queued_ns == 2_000_000, "queued when the step under way at its arrival ended"
+    assert b.scheduled_ns == 2_000_000, "its first step [3, 4) ms was scheduled as [2, 3) began"
+    idle = Seq(2, 8, 1, 50_000_000)
+    e.add(idle)
+    e.step(50_000_000)
+    assert (idle.queued_ns, idle.scheduled_ns) == (50_000_000, 50_000_000)

@@ -591,3 +591,65 @@ def test_tail_eviction_keeps_the_decode_fast_path_exact(tmp_path):
         assert pq.read_table(fast / name).equals(pq.read_table(slow / name)), name
     req = load_run(fast).requests.to_pandas()
     assert (req.status == "ok").all() and (req.client_output_tokens == req.target_output_tokens).all()
+
+
+def _state_rows(async_scheduling: bool) -> tuple[dict[str, list[tuple[float, float]]], dict[str, tuple[float, float]]]:
+    """Three requests on 1 ms steps: r0 (8 + 6 tokens) at 0, r1 (8 + 3) at 1.5 ms, inside r0's second step, r2
+    (8 + 1) at 20 ms, on an idle engine. The running and KV-block rows (ms, value) and each request's queued and
+    first scheduled instants (ms)."""
+    from loadgen.sim.worksheet import simulate_trace
+
+    ms = 1_000_000
+    rows = [(0, 8, 6), (3 * ms // 2, 8, 3), (20 * ms, 8, 1)]
+    trace = pa.Table.from_pylist(
+        [
+            {
+                "request_id": f"r{i}",
+                "request_class": "c",
+                "scheduled_offset_ns": t,
+                "prompt_tokens": p,
+                "output_tokens": o,
+            }
+            for i, (t, p, o) in enumerate(rows)
+        ],
+        schema=TRACE_FULL_SCHEMA,
+    )
+    config = parse_engine_config(
+        {
+            "name": "ahead",
+            "scheduler": {"async_scheduling": async_scheduling},
+            "kv": {"block_size": 4, "num_kv_blocks": 64},
+            "cost": {"fixed_ms": 1.0, "per_prefill_token_ms": 0.0, "per_decode_seq_ms": 0.0},
+        }
+    )
+    res = simulate_trace(trace, {"mode": "open"}, config)
+    m = res.metrics.to_pydict()
+    series: dict[str, list[tuple[float, float]]] = {}
+    for t, name, value in zip(m["time_ns"], m["name"], m["value"], strict=True):
+        if name in ("vllm:num_requests_running", "loadgen_sim_kv_blocks_used") and t < 10 * ms:
+            series.setdefault(name, []).append((t / ms, value))
+    instants = {r["request_id"]: (r["server_queued_ns"] / ms, r["server_scheduled_ns"] / ms) for r in res.requests}
+    return series, instants
+
+
+def test_async_scheduling_stats_count_the_step_scheduled_ahead():
+    """vLLM makes its scheduler stats in update_from_output, after it has scheduled the next step
+    (EngineCore.step_with_batch_queue): the stat at a step's end already counts the requests the next step admits,
+    with their blocks. Synchronous scheduling counts the step just done."""
+    series, _ = _state_rows(async_scheduling=True)
+    assert series["vllm:num_requests_running"] == [(1.0, 1), (2.0, 1), (3.0, 2), (4.0, 2), (5.0, 2), (6.0, 0)]
+    blocks = dict(series["loadgen_sim_kv_blocks_used"])
+    assert blocks[3.0] == blocks[2.0] + 2  # r1's 8-token prompt: 2 blocks of 4, taken by the step from 3 ms
+    series, _ = _state_rows(async_scheduling=False)
+    assert series["vllm:num_requests_running"] == [(1.0, 1), (2.0, 1), (3.0, 2), (4.0, 2), (5.0, 1), (6.0, 0)]
+
+
+def test_async_scheduling_queued_and_scheduled_instants_are_vllms():
+    """vLLM's engine core adds a request between two steps (queued_ts: once the step under way at its arrival has
+    ended) and stamps it with the instant schedule() ran (scheduled_ts), which with asynchronous scheduling is
+    as the step before the one it runs in begins. An idle engine queues and schedules a request as it arrives."""
+    _, instants = _state_rows(async_scheduling=True)
+    # r1 arrived at 1.5 ms, inside the step [1, 2); its first step [3, 4) was scheduled as [2, 3) began
+    assert instants == {"r0": (0.0, 0.0), "r1": (2.0, 2.0), "r2": (20.0, 20.0)}
+    _, instants = _state_rows(async_scheduling=False)
+    assert instants == {"r0": (0.0, 0.0), "r1": (1.5, 2.0), "r2": (20.0, 20.0)}

@@ -11,9 +11,10 @@ latencies start, is the anchoring (``ANCHORS``):
   starts at each request's frontend arrival on the run clock (``scheduled_ns``: the importer maps the
   frontend's clock onto the engine's by the smallest queued - arrival offset, so the frontend's delay beyond
   that smallest one stays in the measured latency);
-* ``queued``: each request arrives when the measured engine queued it, and both sides start there (no frontend
-  delay at all). vLLM queues a request between two steps, so a replayed arrival at that instant lands inside a
-  simulated step and waits out the rest of it: this anchoring adds part of a step to every predicted TTFT.
+* ``queued``: each request arrives when the measured engine queued it, and each side starts at its own engine's
+  queued instant (no frontend delay at all). vLLM queues a request between two steps, so a replayed arrival at
+  that instant lands inside a simulated step; the replay queues it when that step ends, as vLLM would have
+  (``Engine._reveal``), so the request joins the queue later than it did in vLLM by the rest of that step.
 
 Both sides are measured the same way, from the anchor instant (arrival, or queued):
 
@@ -85,8 +86,8 @@ ANCHORS = {
     ),
     "queued": (
         "server_queued_ns",
-        "each request arrives at the measured engine-queued instant; latencies from it (no frontend delay; a "
-        "replayed arrival lands inside a step, so part of a step is added to every predicted TTFT)",
+        "each request arrives at the measured engine-queued instant; latencies from each engine's own queued "
+        "instant (no frontend delay; a replayed arrival lands inside a step and is queued when that step ends)",
     ),
 }
 _PUBLISHED = re.compile(r"^(TTFT|TPOT|Latency) (Mean|Median|P90|P95|P99)\s+([-\d.]+)\s+([-\d.]+)\s+([-+\d.]+)%")

@@ -61,6 +61,7 @@ class Seq:
         "priority",
         "prompt",
         "prompt_done",
+        "queued_ns",
         "scheduled_ns",
         "state",
         "stop_after",
@@ -96,7 +97,8 @@ class Seq:
         self.state = "new"  # new | waiting | running | finished | aborted
         self.emitted = 0  # tokens emitted by the last step
         self.first_token_ns: int | None = None
-        self.scheduled_ns: int | None = None  # start of the step that first scheduled it (vLLM's scheduled_ts)
+        self.queued_ns: int | None = None  # when it joined the scheduler (vLLM's queued_ts; see Engine.add)
+        self.scheduled_ns: int | None = None  # when a step was first scheduled with it (vLLM's scheduled_ts)
         self.cached_tokens = 0  # prefix-cache hit tokens at (last) admission
         self.ctx = ctx  # the face's per-request object
         self.chain = chain  # block hashes of the prompt's full blocks (live server); None = trust the key
@@ -258,6 +260,9 @@ class Engine:
         # step's scheduling (it was scheduled before their last token was known)
         self._finished_late: list[Seq] = []
         self._held_seats = 0
+        # asynchronous scheduling: when the next step is scheduled (vLLM's scheduled_ts), the last step's start
+        # while work goes on; None: when it starts (_scheduling_ns)
+        self._next_scheduled_ns: int | None = None
         self._waiting_keys: list[tuple[int, int, int]] = []  # priority policy: sorted (prio, arrival, idx)
         self.running: list[Seq] = []
         self.pool = BlockPool(self.total_blocks)
@@ -286,7 +291,9 @@ class Engine:
         ``fits`` the pool is a ValueError (it would wait forever). With the request
         overhead on the engine's CPU, a request that arrives while sequences run makes the next step owe it.
         With asynchronous scheduling, a request that arrives while sequences run waits for the step after the
-        next: that one was scheduled when the step under way began."""
+        next: that one was scheduled when the step under way began. Its ``queued_ns`` (vLLM's ``queued_ts``) is
+        then the end of the step under way, when vLLM's engine core takes new requests (``_reveal``); otherwise
+        its arrival."""
         if not self.fits(seq.prompt, seq.max_out):
             raise ValueError(
                 f"request {seq.idx}: {seq.prompt} prompt + {seq.max_out} output tokens need more than the "
@@ -296,6 +303,7 @@ class Engine:
         if self.async_scheduling and self.running:
             self._arrived.append(seq)
         else:
+            seq.queued_ns = seq.arrival_ns
             self._enqueue(seq, front=False)
         if self.running:
             self._owed_ns += self._stolen_ns
@@ -306,9 +314,13 @@ class Engine:
             self._release(seq)
         self._held_seats = 0
 
-    def _reveal(self) -> None:
-        """Asynchronous scheduling, at a step's start: the requests that arrived before the previous step began
-        join the queue (all of them when nothing runs: the scheduler was idle)."""
+    def _reveal(self, now_ns: int) -> None:
+        """Asynchronous scheduling, at a step's start (``now_ns``): the requests that arrived before the previous
+        step began join the queue (all of them when nothing runs: the scheduler was idle). Those that arrived
+        during the step that just ended were queued now: vLLM's engine core adds requests between two calls of
+        ``step_with_batch_queue``, after the step under way has ended (``queued_ts``)."""
+        for seq in self._arrived:
+            seq.queued_ns = now_ns
         if not self.running:
             self._visible.extend(self._arrived)
             self._arrived = []
@@ -523,7 +535,7 @@ class Engine:
         """
         finished_before: list[Seq] = []
         if self.async_scheduling:
-            self._reveal()
+            self._reveal(now_ns)
             finished_before, self._finished_late = self._finished_late, []
             if self.running:
                 self._held_seats = len(finished_before)
@@ -546,6 +558,7 @@ class Engine:
         if scheduled:
             self.steps += 1
             self.busy_ns += duration_ns
+        self._next_scheduled_ns = now_ns if self.async_scheduling and scheduled and self.has_work else None
         return StepResult(duration_ns, emitted, finished, prefill_tokens, decode_seqs, kv_read, preempted)
 
     def decode_run(self, now_ns: int, until_ns: int, record: RunRecorder) -> int | None:
@@ -886,7 +899,7 @@ class Engine:
                 break  # vLLM's schedule(): a waiting request without blocks ends the waiting pass (nothing touched)
             self._admit(seq, hit, new, min(cached + n, num_tokens))
             if seq.scheduled_ns is None:
-                seq.scheduled_ns = now_ns
+                seq.scheduled_ns = self._scheduling_ns(now_ns)
             scheduled.append((seq, n))
             budget -= n
             kv_read += cached + n
@@ -895,6 +908,13 @@ class Engine:
             else:
                 prefill_tokens += n
         return prefill_tokens, decode_seqs, kv_read
+
+    def _scheduling_ns(self, now_ns: int) -> int:
+        """When vLLM's scheduler ran for the step that starts at ``now_ns`` (the instant it stamps on the requests
+        it schedules, ``Scheduler.schedule``'s ``scheduled_timestamp``): with asynchronous scheduling, as the step
+        before began, when work went on after it (``EngineCore.step_with_batch_queue`` schedules a step while the
+        one before runs); else now (an idle engine schedules a request as it arrives)."""
+        return now_ns if self._next_scheduled_ns is None else self._next_scheduled_ns
 
     def _admit(self, seq: Seq, hit: list[int], new: int, cache_tokens: int) -> None:
         """Move the queue head to running: reference its ``hit`` blocks, give it ``new`` blocks from the free

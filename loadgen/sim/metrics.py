@@ -99,9 +99,12 @@ ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8
 
 #: Per-step samples the worksheet writes, as (exposition name, meaning).
 STEP_METRICS = (
-    ("vllm:num_requests_running", "requests in the step's batch after the step"),
-    ("vllm:num_requests_waiting", "requests waiting to be scheduled"),
-    ("vllm:kv_cache_usage_perc", "share of KV blocks held by running requests (1 = 100%)"),
+    ("vllm:num_requests_running", "requests running after the step (async scheduling: once the next is scheduled)"),
+    ("vllm:num_requests_waiting", "requests waiting to be scheduled (async scheduling: once the next step is)"),
+    (
+        "vllm:kv_cache_usage_perc",
+        "share of KV blocks held by requests (1 = 100%; async: once the next step is scheduled)",
+    ),
     ("vllm:prefix_cache_queries_total", "prompt tokens looked up in the prefix cache (cumulative)"),
     ("vllm:prefix_cache_hits_total", "prompt tokens found in the prefix cache (cumulative)"),
     ("vllm:num_preemptions_total", "preemptions by recompute (cumulative)"),

@@ -272,6 +272,21 @@ class _Steps:
         self.kv_blocks.append(engine.kv_blocks_used)
         self.segment(engine, 1, len(engine.running), len(engine.waiting), res.prefill_tokens, res.decode_seqs)
 
+    def next_scheduled(self, engine: Engine, res: StepResult, t_start: int) -> None:
+        """The engine has just scheduled a step at ``t_start`` (``res``). With asynchronous scheduling, vLLM makes
+        the scheduler stats of the step that ended then (``Scheduler.make_stats``, in ``update_from_output``) only
+        after it has scheduled this one (``EngineCore.step_with_batch_queue``). So that step's running, waiting
+        and KV figures become the engine's now: this step's admissions and preemptions counted, the requests it
+        will finish still running, those the last one finished released. An idle gap before it leaves them as
+        they were."""
+        if not engine.async_scheduling or not self.t or self.t[-1] != t_start:
+            return
+        at = len(self.segments) - _SEGMENT
+        assert self.segments[at] == 1, "asynchronous scheduling takes its steps one by one"
+        self.segments[at + 1] = len(engine.running) + len(res.finished)
+        self.segments[at + 2] = len(engine.waiting)
+        self.kv_blocks[-1] = engine.kv_blocks_used
+
     def segment(self, engine: Engine, steps: int, running: int, waiting: int, prefill: int, decode: int) -> None:
         self.segments.extend(
             (
@@ -407,6 +422,7 @@ def _run_fleet_virtual_time(engines: list[Engine], client: _Client) -> tuple[_St
                 res = engine.step(t)
                 if res.duration_ns == 0 and not res.emitted and not res.finished:
                     continue  # no progress until something else happens
+                states[i].next_scheduled(engine, res, t)
                 pending[i] = (t + res.duration_ns, res)
                 started.append(i)
             if len(group) > 1 and started:
@@ -481,6 +497,7 @@ def _run_virtual_time(engine: Engine, client: _Client, fast: bool = True) -> _St
                 raise _no_progress(engine)
             t = nxt
             continue
+        steps.next_scheduled(engine, res, t)
         t += res.duration_ns
         record.step(res, t)
     return steps
@@ -712,7 +729,7 @@ def _request_table(
         "first_answer_token_ns": _answer_instants(chunks, first),
         "last_token_ns": last,
         "done_ns": client.done,
-        "server_queued_ns": [None if seq is None else seq.arrival_ns for seq in client.seqs],
+        "server_queued_ns": [None if seq is None else seq.queued_ns for seq in client.seqs],
         "server_scheduled_ns": [None if seq is None else seq.scheduled_ns for seq in client.seqs],
         "target_prompt_tokens": cols["prompt_tokens"],
         "target_output_tokens": cols["output_tokens"],
