@@ -343,7 +343,11 @@ def compare_run(run_dir: Path | str, config: EngineConfig, anchor: str = "worklo
         mpe_pct=mpe,
         mape_pct=mape,
         worst=worst,
-        settings=settings | {"num_kv_blocks_used": engine.num_kv_blocks},
+        settings=settings
+        | {
+            "num_kv_blocks_used": engine.num_kv_blocks,
+            "source": settings["source"] | {"num_kv_blocks_used": settings["source"].get("num_kv_blocks", "engine TOML")},
+        },
         series=_series(data.server_metrics, result.metrics),
         published=published_errors(Path(summary) if summary else None),
         notes=notes,
