@@ -145,7 +145,9 @@ def test_a_run_without_its_workload_replays_its_own_lengths_and_arrivals_without
     assert "run zero = the first arrival" in synthesized["clocks"] and "median" not in synthesized["clocks"]
     assert data.manifest.trace is None
     # the published summary inside the run folder (bench/results layout) is found and read as theirs
-    assert (data.manifest.source or {})["validation_summary"] == str(tmp_path / "run" / "validation" / "gpu_summary.txt")
+    assert (data.manifest.source or {})["validation_summary"] == str(
+        tmp_path / "run" / "validation" / "gpu_summary.txt"
+    )
     cols = data.requests.to_pydict()
     table, _, notes = replay_table(out, data.manifest, cols)
     assert notes == ["no imported workload: replayed at the run's frontend arrivals"]

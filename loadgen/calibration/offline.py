@@ -336,6 +336,8 @@ def compare_run(run_dir: Path | str, config: EngineConfig, anchor: str = "worklo
         notes.append("no workload block hashes: prefix caching not replayed")
     if replicas > 1:
         notes.append(f"{replicas} data-parallel engines behind least-in-flight routing; series summed (KV: mean)")
+    # the pool replayed: the run's logged one where it logged one, else the engine TOML's
+    sources = settings["source"] | {"num_kv_blocks_used": settings["source"].get("num_kv_blocks", "engine TOML")}
     return RunComparison(
         name=run_dir.name,
         run_dir=str(run_dir),
@@ -343,11 +345,7 @@ def compare_run(run_dir: Path | str, config: EngineConfig, anchor: str = "worklo
         mpe_pct=mpe,
         mape_pct=mape,
         worst=worst,
-        settings=settings
-        | {
-            "num_kv_blocks_used": engine.num_kv_blocks,
-            "source": settings["source"] | {"num_kv_blocks_used": settings["source"].get("num_kv_blocks", "engine TOML")},
-        },
+        settings=settings | {"num_kv_blocks_used": engine.num_kv_blocks, "source": sources},
         series=_series(data.server_metrics, result.metrics),
         published=published_errors(Path(summary) if summary else None),
         notes=notes,
