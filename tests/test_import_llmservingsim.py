@@ -8,6 +8,7 @@ import json
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from loadgen.calibration.llmservingsim import import_llmservingsim_run
 from loadgen.rundir.io import load_run, read_run_manifest
 from loadgen.util.errors import RunDirError
 
+REPO = Path(__file__).resolve().parents[1]
 RUNS = ["RTX4090/Llama-3.1-8B", "RTXPRO6000/Llama-3.1-8B", "RTXPRO6000/Qwen3-30B-A3B-Instruct-2507"]
 
 
@@ -166,3 +168,20 @@ def test_a_run_without_its_workload_replays_its_own_lengths_and_arrivals_without
     assert got.settings["source"]["num_kv_blocks_used"] == "logged by vLLM"
     assert "no workload block hashes: prefix caching not replayed" in got.notes
     assert got.engine_notes.get("prefix_cache_hits") in (0, None)
+
+
+def test_the_ledger_reconciles_against_an_imported_runs_logged_pool(tmp_path):
+    from loadgen.ledger import EngineSettings, compute_ledger, read_model_config
+    from loadgen.vllm.report import reconcile
+
+    _results_run(tmp_path / "run")
+    out = import_llmservingsim_run(tmp_path / "run", tmp_path / "r")
+    model = read_model_config(REPO / "scenarios" / "engines" / "profiles" / "models" / "Llama-3.1-8B.json")
+    engine = EngineSettings(device_memory_gib=24.0, gpu_memory_utilization=0.9, max_num_seqs=4, block_size=32)
+    got = reconcile(model, engine, out)
+    rows = [r for r in got.rows if r.source.startswith("run: meta.json kv_cache.num_gpu_blocks")]
+    assert len(rows) == 1 and rows[0].quantity == "kv_cache_blocks" and rows[0].engine == 321
+    # the logged block size (16) is the run's, taken over the 32 given
+    assert got.ledger.engine.block_size == 16
+    assert rows[0].ledger == compute_ledger(model, engine.with_(block_size=16)).kv_cache_blocks
+    assert rows[0].match is False and not got.ok
