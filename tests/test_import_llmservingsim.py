@@ -136,7 +136,7 @@ def _results_run(folder, n: int = 6) -> list[dict]:
 
 def test_a_run_without_its_workload_replays_its_own_lengths_and_arrivals_without_prefix_sharing(tmp_path):
     from loadgen.calibration.offline import compare_run, replay_table
-    from loadgen.sim.config import EngineConfig
+    from loadgen.sim.config import EngineConfig, load_engine_config
 
     rows = _results_run(tmp_path / "run")
     out = import_llmservingsim_run(tmp_path / "run", tmp_path / "r")
@@ -168,6 +168,9 @@ def test_a_run_without_its_workload_replays_its_own_lengths_and_arrivals_without
     assert got.settings["source"]["num_kv_blocks_used"] == "logged by vLLM"
     assert "no workload block hashes: prefix caching not replayed" in got.notes
     assert got.engine_notes.get("prefix_cache_hits") in (0, None)
+    assert not any(n.startswith("vLLM 0.28.0 ran") for n in got.notes)  # a hand-set engine claims no version
+    profiled = compare_run(out, load_engine_config("rtxpro6000-qwen3-32b-tp2"))
+    assert "vLLM 0.28.0 ran; the engine's profile is vLLM 0.19.0's (a version it did not measure)" in profiled.notes
 
 
 def test_the_ledger_reconciles_against_an_imported_runs_logged_pool(tmp_path):
