@@ -66,6 +66,7 @@ from loadgen.calibration.offline import ANCHORS, compare_run
 from loadgen.calibration.offline_report import format_offline
 from loadgen.ledger import GIB, EngineSettings, compute_ledger, read_model_config
 from loadgen.sim import EngineConfig, load_engine_config
+from loadgen.util.errors import LoadgenError
 
 SHARED = REPO.parent / "shared" / "traces" / "llmservingsim"
 MODELS = REPO / "scenarios" / "engines" / "profiles" / "models"
@@ -274,7 +275,11 @@ def main() -> None:
             engine, _, files = RUNS[name]
             print(f"== {name} ({runs / name}) on the shipped engine {engine}")
             _check_files(runs / name, files)
-            (rtx4090 if name.startswith("rtx4090") else qwen)(runs / name, Path(tmp), args.arrivals)
+            try:
+                (rtx4090 if name.startswith("rtx4090") else qwen)(runs / name, Path(tmp), args.arrivals)
+            except (LoadgenError, KeyError, ValueError) as exc:
+                print(f"{runs / name}: {exc!s:.300}", file=sys.stderr)
+                sys.exit(2)
 
 
 if __name__ == "__main__":
