@@ -8,6 +8,7 @@ import json
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from loadgen.calibration.llmservingsim import import_llmservingsim_run
 from loadgen.rundir.io import load_run, read_run_manifest
 from loadgen.util.errors import RunDirError
 
+REPO = Path(__file__).resolve().parents[1]
 RUNS = ["RTX4090/Llama-3.1-8B", "RTXPRO6000/Llama-3.1-8B", "RTXPRO6000/Qwen3-30B-A3B-Instruct-2507"]
 
 
@@ -100,3 +102,89 @@ def test_bad_run_folders_are_refused_in_one_line(tmp_path):
     (folder / "requests.jsonl").write_text(json.dumps({**rec, "first_token_ts": 6.5}) + "\n")
     manifest = read_run_manifest(import_llmservingsim_run(folder, tmp_path / "ok"))
     assert "workload not found" in " ".join(manifest.synthesized["notes"])
+
+
+def _results_run(folder, n: int = 6) -> list[dict]:
+    """A hand-made run laid out as LLMServingSim's ``bench/results/<run>/`` writes it (meta.json, requests.jsonl
+    and validation/<gpu>_summary.txt in one folder), whose workload file was not published."""
+    (folder / "validation").mkdir(parents=True)
+    meta = {
+        "model": "m",
+        "vllm_version": "0.28.0",
+        "engine_kwargs": {"tensor_parallel_size": 1, "data_parallel_size": 1, "max_num_seqs": 4},
+        "dataset_path": "workloads/not-published.jsonl",
+        "dataset_hash": "0" * 64,
+        "kv_cache": {"num_gpu_blocks": 321, "block_size": 16, "enable_prefix_caching": True},
+    }
+    (folder / "meta.json").write_text(json.dumps(meta))
+    rows = []
+    for i in range(n):
+        arrival = 1000.0 + 0.25 * i
+        queued = 50.0 + 0.25 * i + 0.002
+        rows.append(
+            {"request_id": f"bench-{i}", "input_toks": 40 + 16 * i, "output_toks": 3 + i, "arrival_time": arrival}
+            | {"queued_ts": queued, "scheduled_ts": queued + 0.01, "first_token_ts": queued + 0.05}
+            | {"last_token_ts": queued + 0.05 + 0.02 * (2 + i)}
+        )
+    (folder / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "validation" / "gpu_summary.txt").write_text(
+        "Metric                           vLLM         Sim     Diff%\n"
+        "TTFT Mean                        50.0        45.0    -10.0%\n"
+    )
+    return rows
+
+
+def test_a_run_without_its_workload_replays_its_own_lengths_and_arrivals_without_prefix_sharing(tmp_path):
+    from loadgen.calibration.offline import compare_run, replay_table
+    from loadgen.sim.config import EngineConfig, load_engine_config
+
+    rows = _results_run(tmp_path / "run")
+    out = import_llmservingsim_run(tmp_path / "run", tmp_path / "r")
+    data = load_run(out)
+    synthesized = data.manifest.synthesized or {}
+    assert synthesized["workload"].startswith("absent (workloads/not-published.jsonl not found)")
+    assert "no prompt block hashes" in synthesized["workload"] and "shares no prefixes" in synthesized["workload"]
+    assert "run zero = the first arrival" in synthesized["clocks"] and "median" not in synthesized["clocks"]
+    assert data.manifest.trace is None
+    # the published summary inside the run folder (bench/results layout) is found and read as theirs
+    assert (data.manifest.source or {})["validation_summary"] == str(
+        tmp_path / "run" / "validation" / "gpu_summary.txt"
+    )
+    cols = data.requests.to_pydict()
+    table, _, notes = replay_table(out, data.manifest, cols)
+    assert notes == ["no imported workload: replayed at the run's frontend arrivals"]
+    replayed = table.to_pydict()
+    assert replayed["prompt_tokens"] == [r["input_toks"] for r in rows]
+    assert replayed["output_tokens"] == [r["output_toks"] for r in rows]
+    assert replayed["scheduled_offset_ns"] == [round(0.25 * i * 1e9) for i in range(len(rows))]
+    assert all(h is None for h in replayed["prompt_block_hashes"])
+    engine = EngineConfig.model_validate(
+        {"name": "t", "kv": {"num_kv_blocks": 9999}, "cost": {"fixed_ms": 5.0, "per_decode_seq_ms": 0.1}}
+    )
+    got = compare_run(out, engine)
+    assert got.published == {"ttft_mean": -10.0}
+    # the pool the replay used is the run's logged one, and says so
+    assert got.settings["num_kv_blocks_used"] == 321
+    assert got.settings["source"]["num_kv_blocks_used"] == "logged by vLLM"
+    assert "no workload block hashes: prefix caching not replayed" in got.notes
+    assert got.engine_notes.get("prefix_cache_hits") in (0, None)
+    assert not any(n.startswith("vLLM 0.28.0 ran") for n in got.notes)  # a hand-set engine claims no version
+    profiled = compare_run(out, load_engine_config("rtxpro6000-qwen3-32b-tp2"))
+    assert "vLLM 0.28.0 ran; the engine's profile is vLLM 0.19.0's (a version it did not measure)" in profiled.notes
+
+
+def test_the_ledger_reconciles_against_an_imported_runs_logged_pool(tmp_path):
+    from loadgen.ledger import EngineSettings, compute_ledger, read_model_config
+    from loadgen.vllm.report import reconcile
+
+    _results_run(tmp_path / "run")
+    out = import_llmservingsim_run(tmp_path / "run", tmp_path / "r")
+    model = read_model_config(REPO / "scenarios" / "engines" / "profiles" / "models" / "Llama-3.1-8B.json")
+    engine = EngineSettings(device_memory_gib=24.0, gpu_memory_utilization=0.9, max_num_seqs=4, block_size=32)
+    got = reconcile(model, engine, out)
+    rows = [r for r in got.rows if r.source.startswith("run: meta.json kv_cache.num_gpu_blocks")]
+    assert len(rows) == 1 and rows[0].quantity == "kv_cache_blocks" and rows[0].engine == 321
+    # the logged block size (16) is the run's, taken over the 32 given
+    assert got.ledger.engine.block_size == 16
+    assert rows[0].ledger == compute_ledger(model, engine.with_(block_size=16)).kv_cache_blocks
+    assert rows[0].match is False and not got.ok

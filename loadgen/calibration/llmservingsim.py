@@ -4,7 +4,8 @@ A run folder holds ``meta.json`` (engine arguments; what vLLM resolved), ``reque
 ``arrival_time`` on the frontend's wall clock, ``queued_ts``, ``scheduled_ts``, ``first_token_ts``,
 ``last_token_ts`` on the engine core's ``time.monotonic()``) and ``timeseries.csv`` (per tick: running, waiting,
 KV use, prompt and generation throughput). Beside it: ``validation/summary.txt`` (the published simulator's
-own errors) and the workload the run replayed (``dataset_path``, checked against ``dataset_hash``).
+own errors; ``bench/results/<run>/`` keeps it inside the run folder, as ``validation/<gpu>_summary.txt``)
+and the workload the run replayed (``dataset_path``, checked against ``dataset_hash``).
 
 **The two clocks.** The engine clock is the wall clock plus ``offset = min(queued_ts - arrival_time)``: the
 request the frontend passed on fastest defines it, so every other request's frontend delay (queued - mapped
@@ -14,6 +15,11 @@ the engine clock. ``scheduled_ns`` = ``sent_ns`` is the frontend's arrival; ``se
 ``server_scheduled_ns`` are the engine's; first and last token and ``done_ns`` (= last token) are the engine's
 instants. The timeseries' ``t`` counts seconds from the bench start, taken as the workload's zero. Both
 mappings are named in the manifest's ``synthesized``. There are no per-token instants: no chunks.
+
+**A run without its workload** (a published run whose workload file was not published): the lengths and arrival
+instants are requests.jsonl's own (``input_toks``, ``output_toks``, ``arrival_time``), so a replay still offers the
+same load; the prompt token ids are unknown, so no prompt block hashes are kept and no prefix sharing can be
+replayed. The manifest's ``synthesized["workload"]`` says so.
 
 The per-second series become server metrics under vLLM's names (``vllm:num_requests_running``,
 ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` as a 0..1 share, and the two logged throughputs);
@@ -142,6 +148,7 @@ class _Clock:
 
     def __init__(self, rows: list[dict[str, Any]], workload_offsets_s: list[float] | None) -> None:
         self.offset_s = min(r["queued_ts"] - r["arrival_time"] for r in rows)
+        self.from_workload = workload_offsets_s is not None
         if workload_offsets_s is not None:
             self.w0 = statistics.median(r["arrival_time"] - w for r, w in zip(rows, workload_offsets_s, strict=True))
         else:
@@ -238,11 +245,41 @@ def _cluster_hardware(path: Path) -> list[str] | None:
     return sorted(tags) or None
 
 
-def _manifest(folder: Path, meta: dict[str, Any], clock: _Clock, delays: list[float], notes: list[str]) -> Manifest:
+def _published_summary(folder: Path) -> Path | None:
+    """The published simulator's summary of the run: ``validation/summary.txt`` beside the run's ``vllm/``
+    (``bench/examples``), or ``validation/*summary.txt`` inside the run folder (``bench/results``); None if none."""
+    for validation in (folder.parent / "validation", folder / "validation"):
+        if (validation / "summary.txt").is_file():
+            return validation / "summary.txt"
+        found = sorted(validation.glob("*summary.txt")) if validation.is_dir() else []
+        if found:
+            return found[0]
+    return None
+
+
+def _workload_statement(meta: dict[str, Any], source: Path | None) -> str:
+    """What the manifest says of the workload the run replayed."""
+    if source is not None:
+        return f"imported from {source} ({WORKLOAD_FILE}; sha256 checked against meta.json dataset_hash)"
+    return (
+        f"absent ({meta.get('dataset_path') or 'no dataset_path'} not found): prompt and output lengths and arrival "
+        "instants are requests.jsonl's own (input_toks, output_toks, arrival_time); the prompt token ids are "
+        "unknown, so no prompt block hashes are kept and a replay shares no prefixes"
+    )
+
+
+def _manifest(
+    folder: Path, meta: dict[str, Any], clock: _Clock, delays: list[float], notes: list[str], workload: str
+) -> Manifest:
     version = meta.get("vllm_version")
     hardware = meta.get("hardware")
-    summary = folder.parent / "validation" / "summary.txt"
+    summary = _published_summary(folder)
     p50 = delays[len(delays) // 2]
+    zero = (
+        f"run zero = the workload's zero, wall {clock.w0:.6f} (median(arrival_time - workload offset))"
+        if clock.from_workload
+        else f"run zero = the first arrival, wall {clock.w0:.6f} (no workload)"
+    )
     return Manifest(
         run_kind="imported",
         harness=harness_identity(),
@@ -267,16 +304,16 @@ def _manifest(folder: Path, meta: dict[str, Any], clock: _Clock, delays: list[fl
             "meta_sha256": sha256_file(folder / "meta.json"),
             "dataset_path": meta.get("dataset_path"),
             "dataset_hash": meta.get("dataset_hash"),
-            "validation_summary": str(summary) if summary.is_file() else None,
+            "validation_summary": str(summary) if summary is not None else None,
             "cluster_hardware": _cluster_hardware(folder.parent / "config.json"),
         },
         synthesized={
             "timing": False,
             "clocks": (
-                f"engine = wall + {clock.offset_s:.6f} s (min(queued_ts - arrival_time)); run zero = the workload's zero, "
-                f"wall {clock.w0:.6f} (median(arrival_time - workload offset)); frontend delay after the mapping "
-                f"p50 {p50:.1f} ms, max {delays[-1]:.1f} ms"
+                f"engine = wall + {clock.offset_s:.6f} s (min(queued_ts - arrival_time)); {zero}; frontend delay "
+                f"after the mapping p50 {p50:.1f} ms, max {delays[-1]:.1f} ms"
             ),
+            "workload": workload,
             "derived": ["scheduled_ns = sent_ns = arrival_time mapped", "done_ns = last_token_ns"],
             "timeseries": "t seconds from the bench start, taken as the workload's zero",
             "chunks": False,
@@ -306,7 +343,9 @@ def import_llmservingsim_run(
     clock = _Clock(rows, offsets)
     model = str(meta.get("model") or "unknown")
     metrics, series_notes = _timeseries(folder / "timeseries.csv", model)
-    manifest = _manifest(folder, meta, clock, clock.frontend_delays_ms(rows), notes + series_notes)
+    manifest = _manifest(
+        folder, meta, clock, clock.frontend_delays_ms(rows), notes + series_notes, _workload_statement(meta, source)
+    )
     if trace_ref is not None:
         manifest.trace = trace_ref
     with RunWriter(Path(out_dir), manifest) as writer:

@@ -335,8 +335,16 @@ def compare_run(run_dir: Path | str, config: EngineConfig, anchor: str = "worklo
     summary = source.get("validation_summary")
     if not meta.get("block_hash_tokens"):
         notes.append("no workload block hashes: prefix caching not replayed")
+    profile = config.cost.profile
+    ran = data.manifest.target.engine.version if data.manifest.target.engine else None
+    if profile is not None and ran and str(ran) != profile.vllm_version:
+        notes.append(
+            f"vLLM {ran} ran; the engine's profile is vLLM {profile.vllm_version}'s (a version it did not measure)"
+        )
     if replicas > 1:
         notes.append(f"{replicas} data-parallel engines behind least-in-flight routing; series summed (KV: mean)")
+    # the pool replayed: the run's logged one where it logged one, else the engine TOML's
+    sources = settings["source"] | {"num_kv_blocks_used": settings["source"].get("num_kv_blocks", "engine TOML")}
     return RunComparison(
         name=run_dir.name,
         run_dir=str(run_dir),
@@ -344,7 +352,7 @@ def compare_run(run_dir: Path | str, config: EngineConfig, anchor: str = "worklo
         mpe_pct=mpe,
         mape_pct=mape,
         worst=worst,
-        settings=settings | {"num_kv_blocks_used": engine.num_kv_blocks},
+        settings=settings | {"num_kv_blocks_used": engine.num_kv_blocks, "source": sources},
         series=_series(data.server_metrics, result.metrics),
         published=published_errors(Path(summary) if summary else None),
         notes=notes,

@@ -137,6 +137,8 @@ def _engine_args(report: dict[str, Any]) -> dict[str, Any]:
 def _reported_block_size(model: ModelConfig, report: dict[str, Any]) -> int | None:
     """The block size the engine ran with: /metrics, else the CPU backend's rule on the logged facts."""
     block = _int(report.get("cache_config_info", {}).get("block_size"))
+    if block is None:  # an imported run's meta.json
+        block = _int((report.get("logged_kv_cache") or {}).get("block_size"))
     if block is not None:
         return block
     if report.get("block_size_override"):  # vLLM's warning names the size it forced
@@ -211,6 +213,17 @@ def _rows(ledger: Ledger, report: dict[str, Any], fixed: set[str]) -> list[Recon
                 ledger.kv_cache_blocks,
                 _int(info["num_gpu_blocks"]),
                 "metrics: cache_config_info.num_gpu_blocks",
+                budget_exact,
+            )
+        )
+    logged = report.get("logged_kv_cache") or {}
+    if _int(logged.get("num_gpu_blocks")) is not None:
+        rows.append(
+            ReconcileRow(
+                "kv_cache_blocks",
+                ledger.kv_cache_blocks,
+                _int(logged["num_gpu_blocks"]),
+                "run: meta.json kv_cache.num_gpu_blocks (imported)",
                 budget_exact,
             )
         )

@@ -1,9 +1,10 @@
 """What a vLLM reported about its KV cache, read from a log file or a run dir, and the ledger held against it.
 
 Sources, in a run dir or as a bare log file: the vLLM startup log ("KV cache size: N tokens, Maximum
-concurrency ..."), the manifest's ``engine_notes``, and ``server_metrics.parquet``'s
+concurrency ..."), the manifest's ``engine_notes``, ``server_metrics.parquet``'s
 ``vllm:cache_config_info`` labels (num_gpu_blocks, block_size, kv_cache_size_tokens,
-kv_cache_memory_bytes). The comparison itself is the ledger's (``ledger.reconcile_report``); this module
+kv_cache_memory_bytes), and an imported run's logged pool (``loadgen import llmservingsim``: the manifest's
+``target.engine.config.kv_cache``, as the run's meta.json logged it). The comparison itself is the ledger's (``ledger.reconcile_report``); this module
 only gathers the engine's side, so the dependency runs engines → ledger.
 """
 
@@ -80,10 +81,15 @@ def engine_report(source: str | Path) -> dict[str, Any]:
         raise LedgerError(f"{p}: no such file or directory: expected a vLLM log or a run dir")
     manifest = p / MANIFEST_FILE
     if manifest.is_file():
-        notes = read_manifest(p).engine_notes
+        read = read_manifest(p)
+        notes = read.engine_notes
         notes = notes.get("log", notes)
         for k, v in notes.items():
             report.setdefault(k, v)
+        config = (read.target.engine.config if read.target.engine else None) or {}
+        logged = config.get("kv_cache")
+        if isinstance(logged, dict) and logged.get("num_gpu_blocks") is not None:
+            report.setdefault("logged_kv_cache", logged)
         report["sources"].append(str(manifest))
     for name in VLLM_LOG_NAMES:
         if (p / name).is_file():
