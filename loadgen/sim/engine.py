@@ -18,6 +18,7 @@ import hashlib
 from array import array
 from collections import deque
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, Protocol
 
 import numpy as np
@@ -62,6 +63,7 @@ class Seq:
         "prompt",
         "prompt_done",
         "scheduled_ns",
+        "shared_blocks",
         "state",
         "stop_after",
     )
@@ -101,6 +103,7 @@ class Seq:
         self.ctx = ctx  # the face's per-request object
         self.chain = chain  # block hashes of the prompt's full blocks (live server); None = trust the key
         self.stop_after: int | None = None  # the client stops reading after this many tokens (worksheet)
+        self.shared_blocks = 0  # full blocks of the prompt other requests may hit (Engine.add: Engine._shared_tokens)
 
 
 @dataclass(slots=True)
@@ -293,6 +296,7 @@ class Engine:
                 f"{self.total_blocks} KV blocks of {self.block_size} tokens the pool holds"
             )
         seq.state = "waiting"
+        seq.shared_blocks = self._shared_tokens(seq) // self.block_size
         if self.async_scheduling and self.running:
             self._arrived.append(seq)
         else:
@@ -430,9 +434,11 @@ class Engine:
         conversation turn's blocks past its prompt only a later turn hits, which comes after this one ends (a
         trace may queue it sooner; then it hits them later than vLLM would). So the decode fast path, which hashes
         a run's blocks at its end, and the per-block cost of the hash map stay out of every other step."""
-        if not final:
-            tokens = min(tokens, self._shared_tokens(seq))
-        full = min(tokens // self.block_size, len(seq.blocks))
+        full = tokens // self.block_size
+        if not final and full > seq.shared_blocks:
+            full = seq.shared_blocks
+        if full > len(seq.blocks):
+            full = len(seq.blocks)
         if full <= seq.num_cached or not self.prefix_caching:
             return
         done = seq.num_cached
@@ -451,17 +457,16 @@ class Engine:
     def _hit(self, seq: Seq, num_tokens: int) -> list[int]:
         """The cached blocks ``seq`` reuses (``get_computed_blocks``): its blocks' hashes while cached, at most
         (num_tokens - 1) // block_size of them (the last token is always computed). Nothing is referenced."""
-        hit: list[int] = []
         if not self.prefix_caching:
-            return hit
+            return []
         limit = (num_tokens - 1) // self.block_size
-        hashes = self._hashes(seq, limit)
-        lookup = self.pool.by_hash.get  # BlockPool.lookup
-        for j in range(limit):
-            b = lookup(hashes[j])
-            if b is None:
-                break
-            hit.append(b)
+        if not seq.preemptions and limit > seq.shared_blocks:
+            limit = seq.shared_blocks  # past them its own blocks, which only its recompute hits (_cache_blocks)
+        if limit <= 0:
+            return []
+        hit = list(map(self.pool.by_hash.get, islice(self._hashes(seq, limit), limit)))  # BlockPool.lookup each
+        if None in hit:  # up to the first miss
+            del hit[hit.index(None) :]
         return hit
 
     def _admission_refused(self, hit: list[int], new: int, num_tokens: int) -> bool:
@@ -471,8 +476,7 @@ class Engine:
         (``can_fit_full_sequence``)."""
         if self.reserve_full_isl:
             new = max(new, -(-num_tokens // self.block_size) - len(hit))
-        ref = self.pool.ref
-        return new + sum(1 for b in hit if ref[b] == 0) > self.pool.num_free
+        return new + list(map(self.pool.ref.__getitem__, hit)).count(0) > self.pool.num_free
 
     def reset_prefix_cache(self) -> int:
         """Forget the cached blocks no sequence references (vLLM's ``reset_prefix_cache``, which waits until none
@@ -619,7 +623,8 @@ class Engine:
                 seq.blocks += reserved[-new:]
                 del reserved[-new:]
             seq.computed = c + steps
-            self._cache_blocks(seq, c + steps)
+            if seq.num_cached < seq.shared_blocks:
+                self._cache_blocks(seq, c + steps)
             seq.output += steps
             seq.emitted = 1
 
