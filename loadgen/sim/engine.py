@@ -18,7 +18,6 @@ import hashlib
 from array import array
 from collections import deque
 from dataclasses import dataclass
-from itertools import islice
 from typing import Any, Protocol
 
 import numpy as np
@@ -266,6 +265,7 @@ class Engine:
         self.pool = BlockPool(self.total_blocks)
         self._key_ids: dict[str | int, int] = {}  # prefix-cache key -> its number (_key_id), memoised
         self._reserved: list[int] = []  # a decode run's blocks, taken in its steps' order, not yet handed out
+        self._head_hit: tuple[Seq, list[int]] | None = None  # the queue head's hit as _head_blocked last found it
         # cumulative counters (vLLM metric names in metrics.py)
         self.prefix_queries = 0
         self.prefix_hits = 0
@@ -464,9 +464,13 @@ class Engine:
             limit = seq.shared_blocks  # past them its own blocks, which only its recompute hits (_cache_blocks)
         if limit <= 0:
             return []
-        hit = list(map(self.pool.by_hash.get, islice(self._hashes(seq, limit), limit)))  # BlockPool.lookup each
-        if None in hit:  # up to the first miss
-            del hit[hit.index(None) :]
+        hit: list[int] = []
+        lookup, add = self.pool.by_hash.get, hit.append  # BlockPool.lookup
+        for h in self._hashes(seq, limit)[:limit]:
+            b = lookup(h)
+            if b is None:
+                break
+            add(b)
         return hit
 
     def _admission_refused(self, hit: list[int], new: int, num_tokens: int) -> bool:
@@ -476,7 +480,11 @@ class Engine:
         (``can_fit_full_sequence``)."""
         if self.reserve_full_isl:
             new = max(new, -(-num_tokens // self.block_size) - len(hit))
-        return new + list(map(self.pool.ref.__getitem__, hit)).count(0) > self.pool.num_free
+        ref = self.pool.ref
+        for b in hit:  # its hits in the free queue
+            if not ref[b]:
+                new += 1
+        return new > self.pool.num_free
 
     def reset_prefix_cache(self) -> int:
         """Forget the cached blocks no sequence references (vLLM's ``reset_prefix_cache``, which waits until none
@@ -647,6 +655,7 @@ class Engine:
         bs = self.block_size
         num_tokens = seq.prompt + seq.output
         hit = self._hit(seq, num_tokens)
+        self._head_hit = (seq, hit)  # for the step that admits it, unless the pool changes first (_admit_step)
         cached = len(hit) * bs
         n = num_tokens - cached
         if self.long_prefill and n > self.long_prefill:
@@ -734,11 +743,15 @@ class Engine:
         new = dset.cycle[done % self.block_size]
         if new > self.pool.num_free:  # step would preempt
             return None
+        head_hit, self._head_hit = self._head_hit, None
         if new:
-            self._reserved += self.pool.take(new)
+            taken = self.pool.take(new)
+            self._reserved += taken
+            if head_hit is not None and not set(head_hit[1]).isdisjoint(taken):
+                head_hit = None  # a hit block left the free queue (no other hit changes: BlockPool.take)
         scheduled: list[tuple[Seq, int]] = []
         prefill, decode_seqs, kv_read = self._schedule_waiting(
-            now_ns, scheduled, self.max_batched - b, 0, b, dset.kv_read + (done + 1) * b
+            now_ns, scheduled, self.max_batched - b, 0, b, dset.kv_read + (done + 1) * b, head_hit
         )
         if self._profile is not None:
             duration = self._profiled_duration_ns(scheduled, b, dset.kv_read + (done + 1) * b, *dset.kv_range(done))
@@ -862,11 +875,12 @@ class Engine:
         prefill_tokens: int,
         decode_seqs: int,
         kv_read: int,
+        head_hit: tuple[Seq, list[int]] | None = None,
     ) -> tuple[int, int, int]:
         """Step part 2: admit waiting requests in queue order while budget, blocks and seats last.
 
-        A closed batching window admits only preempted requests. Returns the updated (prefill
-        tokens, decode sequences, KV tokens read).
+        A closed batching window admits only preempted requests. ``head_hit``: a sequence's ``_hit`` found since
+        the pool last changed. Returns the updated (prefill tokens, decode sequences, KV tokens read).
         """
         bs = self.block_size
         long_prefill = self.long_prefill
@@ -877,7 +891,10 @@ class Engine:
             if not window_open and not seq.preemptions:
                 break
             num_tokens = seq.prompt + seq.output
-            hit = self._hit(seq, num_tokens)
+            if head_hit is not None and head_hit[0] is seq:
+                hit, head_hit = head_hit[1], None
+            else:
+                hit = self._hit(seq, num_tokens)
             cached = len(hit) * bs
             n = num_tokens - cached
             if long_prefill and n > long_prefill:
