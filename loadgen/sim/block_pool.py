@@ -98,14 +98,12 @@ class BlockPool:
                 free[b] = None
 
     def cache(self, blocks: list[int], hashes: list[int]) -> None:
-        """Give full blocks their hashes, ``blocks[i]`` ``hashes[i]`` (``cache_full_blocks``)."""
-        hash_of, by_hash = self.hash_of, self.by_hash
+        """Give full blocks that carry no hash their hashes, ``blocks[i]`` ``hashes[i]`` (``cache_full_blocks``)."""
+        hash_of, first = self.hash_of, self.by_hash.setdefault
         for b, h in zip(blocks, hashes, strict=True):
             hash_of[b] = h
-            if h in by_hash:
+            if first(h, b) != b:  # h was cached before: b waits behind the blocks cached under it
                 self.more.setdefault(h, []).append(b)
-            else:
-                by_hash[h] = b
 
     def drop_unreferenced_hashes(self) -> int:
         """Forget the hashes of the blocks in the free queue (nothing hits them any more); returns how many."""

@@ -378,7 +378,7 @@ class Engine:
     @property
     def kv_blocks_used(self) -> int:
         """Blocks some sequence references: all but the free queue (vLLM's ``BlockPool.get_usage`` numerator)."""
-        return self.total_blocks - self.pool.num_free
+        return self.total_blocks - len(self.pool.free)  # BlockPool.num_free, without a second property call
 
     @property
     def kv_usage(self) -> float:
@@ -822,7 +822,8 @@ class Engine:
                         prefill_tokens -= nj
                 if gone:
                     break  # vLLM's schedule(): a running request that cannot be scheduled ends the running pass
-            self._cache_blocks(seq, min(computed + n, seq.prompt + seq.output))
+            if seq.num_cached < seq.shared_blocks:  # else nothing to hash before it ends (_cache_blocks)
+                self._cache_blocks(seq, min(computed + n, seq.prompt + seq.output))
             scheduled.append((seq, n))
             budget -= n
             kv_read += computed + n
@@ -1050,7 +1051,11 @@ class Engine:
             else:
                 self._release(seq)
             seq.state = "finished"
-        self.running = [s for s in self.running if s.state == "running"]
+        if len(finished) == 1:  # a new list either way: a reported decode run keeps the one it had (DecodeRun.seqs)
+            self.running = self.running[:]
+            self.running.remove(finished[0])
+        else:
+            self.running = [s for s in self.running if s.state == "running"]
         self.finished_total += len(finished)
 
     def state(self) -> dict[str, float]:
