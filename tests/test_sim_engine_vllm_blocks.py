@@ -4,7 +4,8 @@ cap (kv_cache_manager.py), ``scheduler_reserve_full_isl`` and the running pass's
 
 from __future__ import annotations
 
-from test_sim_engine import cfg, check_accounting, run_to_end
+import pytest
+from test_sim_engine import _StepLog, cfg, check_accounting, run_to_end
 
 from loadgen.sim import Engine, Seq
 from loadgen.sim.block_pool import BlockPool
@@ -149,3 +150,50 @@ def test_async_scheduling_stamps_vllms_queued_and_scheduled_instants():
     e.add(idle)
     e.step(50_000_000)
     assert (idle.queued_ns, idle.scheduled_ns) == (50_000_000, 50_000_000)
+
+
+def test_taking_more_blocks_than_are_free_is_refused():
+    pool = BlockPool(3)
+    assert pool.take(2) == [0, 1]
+    with pytest.raises(ValueError, match="2 blocks asked of a free queue of 1"):
+        pool.take(2)
+
+
+def _decoding(engine: Engine, idx: int, prompt: int) -> Seq:
+    """A running sequence that has emitted its first token and holds the blocks of its computed tokens."""
+    s = Seq(idx, prompt, 50, 0)
+    s.state, s.computed, s.output, s.prompt_done, s.emitted = "running", prompt, 1, True, 1
+    s.blocks = engine.pool.take(-(-prompt // 4))
+    engine.running.append(s)
+    return s
+
+
+def _head_hit_taken_by_a_decode() -> tuple[Engine, Seq, Seq, Seq]:
+    """A queue head whose one prefix hit waits at the free queue's head, and a decode that needs a new block
+    this step: the decode's block is that hit."""
+    e = _engine(9)  # blocks 0..7
+    cached = e.pool.take(1)  # block 0, cached under the key's first block, then freed: queue 1..7, 0
+    e.pool.cache(cached, [e._key_id("g1")])
+    e.pool.release(cached)
+    b = _decoding(e, 1, 8)  # blocks 1, 2; its next token needs a third
+    d = _decoding(e, 2, 15)  # blocks 3..6; its next token fits its fourth
+    e.pool.release(e.pool.take(1))  # block 7 to the tail: queue 0, 7
+    head = Seq(3, 8, 5, 0, cache_key="g1", cache_limit_tokens=4)
+    e.add(head)
+    return e, b, d, head
+
+
+def test_a_queue_head_does_not_admit_on_a_hit_the_decodes_took_this_step():
+    """Before the step the head fits (one hit in the free queue + one new block = the two free); the decodes take
+    the hit block first (evicting its hash), so the head misses and waits: with the decode fast path as step by
+    step (the hit the fast path found before the step is not reused)."""
+    for fast in (True, False):
+        e, b, d, head = _head_hit_taken_by_a_decode()
+        if fast:
+            assert e.decode_run(0, 1, _StepLog(e, [])) is not None  # it admits nothing, then decodes on
+        else:
+            e.step(0)
+        # block 0 went to a decode (the fast path hands a run's new blocks out in another order than step by step)
+        assert 0 in {b.blocks[2], d.blocks[-1]} and e.pool.lookup(e._key_id("g1")) is None
+        assert head.state == "waiting" and head.cached_tokens == 0 and not head.blocks
+        check_accounting(e)

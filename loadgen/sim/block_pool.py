@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
+from itertools import islice
 
 __all__ = ["BlockPool"]
 
@@ -39,37 +40,41 @@ class BlockPool:
 
     def take(self, n: int) -> list[int]:
         """Pop ``n`` blocks from the free queue's head (``get_new_blocks``), evicting their hashes; ref 1 each."""
-        popitem, ref, hash_of, by_hash, more = self.free.popitem, self.ref, self.hash_of, self.by_hash, self.more
-        taken = []
-        for _ in range(n):
-            b = popitem(last=False)[0]
-            h = hash_of[b]
-            if h is not None:
-                if more or by_hash[h] != b:
-                    self._evict(b)
-                else:  # the one block cached under h (inlined: most taken blocks carry a hash)
-                    hash_of[b] = None
-                    del by_hash[h]
+        free, ref, hash_of, by_hash, more = self.free, self.ref, self.hash_of, self.by_hash, self.more
+        taken = list(islice(free, n))  # the head's n, at C speed; then out of the queue one by one
+        if len(taken) < n:
+            raise ValueError(f"{n} blocks asked of a free queue of {len(taken)}")
+        for b in taken:
+            del free[b]
             ref[b] = 1
-            taken.append(b)
+            h = hash_of[b]
+            if h is not None:  # _evict, inlined: most taken blocks carry a hash
+                hash_of[b] = None
+                if h not in more:  # the one block cached under h
+                    del by_hash[h]
+                else:
+                    self._evict_duplicate(b, h)
         return taken
 
     def _evict(self, block: int) -> None:
         h = self.hash_of[block]
         assert h is not None
         self.hash_of[block] = None
-        if self.by_hash[h] == block:
-            later = self.more.get(h)
-            if later:
-                self.by_hash[h] = later.pop(0)
-                if not later:
-                    del self.more[h]
-            else:
-                del self.by_hash[h]
+        if h not in self.more:
+            del self.by_hash[h]
         else:
-            self.more[h].remove(block)
-            if not self.more[h]:
-                del self.more[h]
+            self._evict_duplicate(block, h)
+
+    def _evict_duplicate(self, block: int, h: int) -> None:
+        """Take ``block`` out of the blocks cached under ``h``, which are several: the next in line takes its
+        place in the map when it led them."""
+        later = self.more[h]
+        if self.by_hash[h] == block:
+            self.by_hash[h] = later.pop(0)
+        else:
+            later.remove(block)
+        if not later:
+            del self.more[h]
 
     def lookup(self, h: int) -> int | None:
         """A block cached under hash ``h`` (the first cached of those left, ``get_one_block``), or None."""
@@ -87,19 +92,18 @@ class BlockPool:
         """Drop one reference of each block; those no longer referenced join the queue's tail in this order."""
         free, ref = self.free, self.ref
         for b in blocks:
-            ref[b] -= 1
-            if ref[b] == 0:
+            r = ref[b] - 1
+            ref[b] = r
+            if not r:
                 free[b] = None
 
     def cache(self, blocks: list[int], hashes: list[int]) -> None:
-        """Give full blocks their hashes, ``blocks[i]`` ``hashes[i]`` (``cache_full_blocks``)."""
-        hash_of, by_hash = self.hash_of, self.by_hash
+        """Give full blocks that carry no hash their hashes, ``blocks[i]`` ``hashes[i]`` (``cache_full_blocks``)."""
+        hash_of, first = self.hash_of, self.by_hash.setdefault
         for b, h in zip(blocks, hashes, strict=True):
             hash_of[b] = h
-            if h in by_hash:
+            if first(h, b) != b:  # h was cached before: b waits behind the blocks cached under it
                 self.more.setdefault(h, []).append(b)
-            else:
-                by_hash[h] = b
 
     def drop_unreferenced_hashes(self) -> int:
         """Forget the hashes of the blocks in the free queue (nothing hits them any more); returns how many."""

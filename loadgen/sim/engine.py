@@ -63,6 +63,7 @@ class Seq:
         "prompt_done",
         "queued_ns",
         "scheduled_ns",
+        "shared_blocks",
         "state",
         "stop_after",
     )
@@ -103,6 +104,7 @@ class Seq:
         self.ctx = ctx  # the face's per-request object
         self.chain = chain  # block hashes of the prompt's full blocks (live server); None = trust the key
         self.stop_after: int | None = None  # the client stops reading after this many tokens (worksheet)
+        self.shared_blocks = 0  # full blocks of the prompt other requests may hit (Engine.add: Engine._shared_tokens)
 
 
 @dataclass(slots=True)
@@ -268,6 +270,7 @@ class Engine:
         self.pool = BlockPool(self.total_blocks)
         self._key_ids: dict[str | int, int] = {}  # prefix-cache key -> its number (_key_id), memoised
         self._reserved: list[int] = []  # a decode run's blocks, taken in its steps' order, not yet handed out
+        self._head_hit: tuple[Seq, list[int]] | None = None  # the queue head's hit as _head_blocked last found it
         # cumulative counters (vLLM metric names in metrics.py)
         self.prefix_queries = 0
         self.prefix_hits = 0
@@ -300,6 +303,7 @@ class Engine:
                 f"{self.total_blocks} KV blocks of {self.block_size} tokens the pool holds"
             )
         seq.state = "waiting"
+        seq.shared_blocks = self._shared_tokens(seq) // self.block_size
         if self.async_scheduling and self.running:
             self._arrived.append(seq)
         else:
@@ -386,7 +390,7 @@ class Engine:
     @property
     def kv_blocks_used(self) -> int:
         """Blocks some sequence references: all but the free queue (vLLM's ``BlockPool.get_usage`` numerator)."""
-        return self.total_blocks - self.pool.num_free
+        return self.total_blocks - len(self.pool.free)  # BlockPool.num_free, without a second property call
 
     @property
     def kv_usage(self) -> float:
@@ -442,9 +446,11 @@ class Engine:
         conversation turn's blocks past its prompt only a later turn hits, which comes after this one ends (a
         trace may queue it sooner; then it hits them later than vLLM would). So the decode fast path, which hashes
         a run's blocks at its end, and the per-block cost of the hash map stay out of every other step."""
-        if not final:
-            tokens = min(tokens, self._shared_tokens(seq))
-        full = min(tokens // self.block_size, len(seq.blocks))
+        full = tokens // self.block_size
+        if not final and full > seq.shared_blocks:
+            full = seq.shared_blocks
+        if full > len(seq.blocks):
+            full = len(seq.blocks)
         if full <= seq.num_cached or not self.prefix_caching:
             return
         done = seq.num_cached
@@ -463,17 +469,20 @@ class Engine:
     def _hit(self, seq: Seq, num_tokens: int) -> list[int]:
         """The cached blocks ``seq`` reuses (``get_computed_blocks``): its blocks' hashes while cached, at most
         (num_tokens - 1) // block_size of them (the last token is always computed). Nothing is referenced."""
-        hit: list[int] = []
         if not self.prefix_caching:
-            return hit
+            return []
         limit = (num_tokens - 1) // self.block_size
-        hashes = self._hashes(seq, limit)
-        lookup = self.pool.by_hash.get  # BlockPool.lookup
-        for j in range(limit):
-            b = lookup(hashes[j])
+        if not seq.preemptions and limit > seq.shared_blocks:
+            limit = seq.shared_blocks  # past them its own blocks, which only its recompute hits (_cache_blocks)
+        if limit <= 0:
+            return []
+        hit: list[int] = []
+        lookup, add = self.pool.by_hash.get, hit.append  # BlockPool.lookup
+        for h in self._hashes(seq, limit)[:limit]:
+            b = lookup(h)
             if b is None:
                 break
-            hit.append(b)
+            add(b)
         return hit
 
     def _admission_refused(self, hit: list[int], new: int, num_tokens: int) -> bool:
@@ -484,7 +493,10 @@ class Engine:
         if self.reserve_full_isl:
             new = max(new, -(-num_tokens // self.block_size) - len(hit))
         ref = self.pool.ref
-        return new + sum(1 for b in hit if ref[b] == 0) > self.pool.num_free
+        for b in hit:  # its hits in the free queue
+            if not ref[b]:
+                new += 1
+        return new > self.pool.num_free
 
     def reset_prefix_cache(self) -> int:
         """Forget the cached blocks no sequence references (vLLM's ``reset_prefix_cache``, which waits until none
@@ -632,7 +644,8 @@ class Engine:
                 seq.blocks += reserved[-new:]
                 del reserved[-new:]
             seq.computed = c + steps
-            self._cache_blocks(seq, c + steps)
+            if seq.num_cached < seq.shared_blocks:
+                self._cache_blocks(seq, c + steps)
             seq.output += steps
             seq.emitted = 1
 
@@ -655,6 +668,7 @@ class Engine:
         bs = self.block_size
         num_tokens = seq.prompt + seq.output
         hit = self._hit(seq, num_tokens)
+        self._head_hit = (seq, hit)  # for the step that admits it, unless the pool changes first (_admit_step)
         cached = len(hit) * bs
         n = num_tokens - cached
         if self.long_prefill and n > self.long_prefill:
@@ -742,11 +756,15 @@ class Engine:
         new = dset.cycle[done % self.block_size]
         if new > self.pool.num_free:  # step would preempt
             return None
+        head_hit, self._head_hit = self._head_hit, None
         if new:
-            self._reserved += self.pool.take(new)
+            taken = self.pool.take(new)
+            self._reserved += taken
+            if head_hit is not None and not set(head_hit[1]).isdisjoint(taken):
+                head_hit = None  # a hit block left the free queue (no other hit changes: BlockPool.take)
         scheduled: list[tuple[Seq, int]] = []
         prefill, decode_seqs, kv_read = self._schedule_waiting(
-            now_ns, scheduled, self.max_batched - b, 0, b, dset.kv_read + (done + 1) * b
+            now_ns, scheduled, self.max_batched - b, 0, b, dset.kv_read + (done + 1) * b, head_hit
         )
         if self._profile is not None:
             duration = self._profiled_duration_ns(scheduled, b, dset.kv_read + (done + 1) * b, *dset.kv_range(done))
@@ -817,7 +835,8 @@ class Engine:
                         prefill_tokens -= nj
                 if gone:
                     break  # vLLM's schedule(): a running request that cannot be scheduled ends the running pass
-            self._cache_blocks(seq, min(computed + n, seq.prompt + seq.output))
+            if seq.num_cached < seq.shared_blocks:  # else nothing to hash before it ends (_cache_blocks)
+                self._cache_blocks(seq, min(computed + n, seq.prompt + seq.output))
             scheduled.append((seq, n))
             budget -= n
             kv_read += computed + n
@@ -870,11 +889,12 @@ class Engine:
         prefill_tokens: int,
         decode_seqs: int,
         kv_read: int,
+        head_hit: tuple[Seq, list[int]] | None = None,
     ) -> tuple[int, int, int]:
         """Step part 2: admit waiting requests in queue order while budget, blocks and seats last.
 
-        A closed batching window admits only preempted requests. Returns the updated (prefill
-        tokens, decode sequences, KV tokens read).
+        A closed batching window admits only preempted requests. ``head_hit``: a sequence's ``_hit`` found since
+        the pool last changed. Returns the updated (prefill tokens, decode sequences, KV tokens read).
         """
         bs = self.block_size
         long_prefill = self.long_prefill
@@ -885,7 +905,10 @@ class Engine:
             if not window_open and not seq.preemptions:
                 break
             num_tokens = seq.prompt + seq.output
-            hit = self._hit(seq, num_tokens)
+            if head_hit is not None and head_hit[0] is seq:
+                hit, head_hit = head_hit[1], None
+            else:
+                hit = self._hit(seq, num_tokens)
             cached = len(hit) * bs
             n = num_tokens - cached
             if long_prefill and n > long_prefill:
@@ -1048,7 +1071,11 @@ class Engine:
             else:
                 self._release(seq)
             seq.state = "finished"
-        self.running = [s for s in self.running if s.state == "running"]
+        if len(finished) == 1:  # a new list either way: a reported decode run keeps the one it had (DecodeRun.seqs)
+            self.running = self.running[:]
+            self.running.remove(finished[0])
+        else:
+            self.running = [s for s in self.running if s.state == "running"]
         self.finished_total += len(finished)
 
     def state(self) -> dict[str, float]:
