@@ -449,8 +449,10 @@ def _lockstep(
     tokens = [r.prefill_tokens + r.decode_seqs for r in results]
     durations = [r.duration_ns for r in results]
     if profile is not None:
-        total = sum(tokens)
-        durations = [d + int(profile.group_delta_us(n, total) * 1e3) for d, n in zip(durations, tokens, strict=True)]
+        total, busiest = sum(tokens), max(tokens)
+        durations = [
+            d + int(profile.group_delta_us(n, total, busiest) * 1e3) for d, n in zip(durations, tokens, strict=True)
+        ]
     end = t + max(durations)
     for i, res in zip(started, results, strict=True):
         pending[i] = (end, res)
