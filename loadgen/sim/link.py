@@ -33,7 +33,9 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
 
 class Link(Protocol):
-    """What one collective over ``ranks`` GPUs costs (µs)."""
+    """What one collective over ``ranks`` GPUs costs (µs). Hashable: a profile composed with it is cached."""
+
+    def __hash__(self) -> int: ...
 
     def all_reduce_us(self, nbytes: float, ranks: int) -> float: ...
 
