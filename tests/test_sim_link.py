@@ -125,3 +125,16 @@ def test_an_engine_toml_giving_both_links_is_refused_in_one_line(tmp_path: Path)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
     assert "collectives = " in res.stderr and "link_latency_us both given" in res.stderr
+
+
+def test_a_cuda_graph_dp_step_pads_every_rank_to_the_busiest(tmp_path: Path) -> None:
+    from loadgen.sim.profile import dp_padded
+
+    # vLLM 0.19's default largest CUDA graph: min(2 x max_num_seqs, 512) tokens; past it, eager and unpadded
+    assert dp_padded(256, 128) and not dp_padded(257, 128)
+    assert dp_padded(512, 512) and not dp_padded(513, 1024)
+    p = load_profile(PRO_MOE, 1, QWEN_MOE, ep=2, link=_table(tmp_path))
+    padded, unpadded = p.group_delta_us(100, 300, 200, True), p.group_delta_us(100, 300, 200, False)
+    # padded: the expert kernel runs 2 x 200 rows, not the group's 300 (the same experts activated)
+    assert padded - unpadded == pytest.approx(p.moe_layers * (p._moe_over(300, 400) - p._moe_over(300, 300)))
+    assert padded > unpadded

@@ -34,7 +34,8 @@ profile's fitted ``skew`` table where it has one. Layer norms count twice per la
 An MoE layer's activated experts are the expected distinct experts of uniform top-k routing over its tokens;
 with expert parallelism (``ep`` GPUs, data-parallel ranks equally loaded, vLLM's all-gather / reduce-scatter
 exchange, vLLM 0.19's default ``all2all_backend``) a GPU holds E/ep experts and runs them over the whole
-group's ep × T tokens; ranks of unequal token counts exchange at the largest rank's (``group_delta_us``). Each
+group's ep × T tokens; ranks of unequal token counts exchange at the largest rank's, and in a CUDA-graph step
+(``dp_padded``) every rank is padded to it (``group_delta_us``). Each
 step the data-parallel ranks first all-reduce a 4 × dp int32 tensor over NCCL (vLLM 0.19
 ``coordinate_batch_across_dp``: token counts, micro-batching, CUDA-graph mode). Not modelled: CPU time
 between steps (vLLM 0.19 schedules asynchronously), CUDA-graph padding, the MoE router's own GEMM, the lockstep
@@ -60,7 +61,7 @@ from ..ledger.config import ModelConfig, read_model_config
 from .interp import interp_axis
 from .link import AssumedLink, Link
 
-__all__ = ["OperatorProfile", "expected_experts", "fit_linear_cost", "interp_axis", "load_profile"]
+__all__ = ["OperatorProfile", "dp_padded", "expected_experts", "fit_linear_cost", "interp_axis", "load_profile"]
 
 #: The link of a ``[cost.profile]`` that states none: LLMServingSim's cluster config for its PCIe machines.
 ASSUMED_LINK = AssumedLink(20.0, 16.0)
@@ -83,6 +84,14 @@ def _bracket(axis: Sequence[int], x: float, zero_alone: bool) -> tuple[int, int,
         i = len(axis) - 1
     x0, x1 = axis[i - 1], axis[i]
     return i - 1, i, (x - x0) / (x1 - x0)
+
+
+def dp_padded(max_rank_tokens: int, max_num_seqs: int) -> bool:
+    """Whether vLLM 0.19 pads a data-parallel step's ranks to the busiest one's token count: when the step runs
+    CUDA graphs on every rank (``coordinate_batch_across_dp`` syncs the graph mode as the minimum over the ranks
+    and pads when it is not NONE), i.e. the busiest rank's tokens are within the default largest graph,
+    ``max_cudagraph_capture_size`` = min(2 x max_num_seqs, 512). Larger steps run eager and unpadded."""
+    return max_rank_tokens <= min(2 * max_num_seqs, 512)
 
 
 def expected_experts(experts: int, top_k: int, tokens: float, ep: int = 1) -> float:
@@ -186,7 +195,7 @@ class OperatorProfile:
     mixed_attention: _Attention  # steps with one
     skew: _Skew | None  # the mixed-length correction, where the profile fitted one
     link: Link  # prices the collectives (loadgen.sim.link)
-    _group_delta: dict[tuple[int, int, int], float] = field(default_factory=dict, compare=False, repr=False)
+    _group_delta: dict[tuple[int, int, int, bool], float] = field(default_factory=dict, compare=False, repr=False)
 
     def tokens_us(self, tokens: int) -> float:
         """Everything in a step that depends on its token count (µs): dense ops, MoE, all-reduces."""
@@ -224,21 +233,26 @@ class OperatorProfile:
         the DP group's NCCL communicator (dp = ep here: the group's engines are its data-parallel ranks)."""
         return self.link.all_reduce_us(4 * self.ep * 4, self.ep)
 
-    def group_delta_us(self, tokens: int, group_tokens: int, max_rank_tokens: int | None = None) -> float:
+    def group_delta_us(
+        self, tokens: int, group_tokens: int, max_rank_tokens: int | None = None, padded: bool = False
+    ) -> float:
         """How much longer (µs; negative: shorter) a step of ``tokens`` takes on a rank of an expert-parallel group
         whose ranks together run ``group_tokens``, the busiest ``max_rank_tokens`` (default: the larger of this
         rank's and the rest's, exact for 2 ranks), than ``tokens_us`` priced it (every rank as loaded as this
         one): the experts run over the group's actual tokens, the exchange at the busiest rank's
-        (``exchange_us``)."""
+        (``exchange_us``). ``padded``: vLLM padded every rank to the busiest's count (a CUDA-graph step,
+        ``dp_padded``), so the expert kernel runs over ep x that many rows (the experts activated still by the
+        group's actual tokens)."""
         if not self.moe_layers or self.ep <= 1:
             return 0.0
         busiest = max(tokens, group_tokens - tokens) if max_rank_tokens is None else max_rank_tokens
-        key = (tokens, group_tokens, busiest)
+        key = (tokens, group_tokens, busiest, padded)
         known = self._group_delta.get(key)
         if known is not None:
             return known
         assumed = self._moe_over(tokens * self.ep, tokens * self.ep) + self.exchange_us(tokens)
-        actual = self._moe_over(group_tokens, group_tokens) + self.exchange_us(busiest)
+        seen = self.ep * busiest if padded else group_tokens
+        actual = self._moe_over(group_tokens, seen) + self.exchange_us(busiest)
         delta = self._group_delta[key] = self.moe_layers * (actual - assumed)
         return delta
 
