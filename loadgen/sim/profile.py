@@ -37,9 +37,10 @@ exchange, vLLM 0.19's default ``all2all_backend``) a GPU holds E/ep experts and 
 group's ep × T tokens; ranks of unequal token counts exchange at the largest rank's, and in a CUDA-graph step
 (``dp_padded``) every rank is padded to it (``group_delta_us``). Each
 step the data-parallel ranks first all-reduce a 4 × dp int32 tensor over NCCL (vLLM 0.19
-``coordinate_batch_across_dp``: token counts, micro-batching, CUDA-graph mode). Not modelled: CPU time
-between steps (vLLM 0.19 schedules asynchronously), CUDA-graph padding, the MoE router's own GEMM, the lockstep
-of data-parallel ranks (each step waits for the slowest).
+``coordinate_batch_across_dp``: token counts, micro-batching, CUDA-graph mode). The lockstep of the
+data-parallel ranks (each step waits for the slowest) is the worksheet's (``_lockstep``). Not modelled: CPU time
+between steps (vLLM 0.19 schedules asynchronously), a rank's padding to its CUDA-graph size, the MoE router's own
+GEMM, the GPU-to-CPU sync the DP all-reduce forces.
 """
 
 from __future__ import annotations
