@@ -242,18 +242,17 @@ def qwen(folder: Path, tmp: Path, anchor: str) -> None:
     _table(cfg, run_dir, anchor, f"{logged:,} blocks: logged by this run", "logged by vLLM")
     profile = cfg.cost.profile
     assert profile is not None
-    free = cfg.model_copy(
-        update={
-            "cost": cfg.cost.model_copy(
-                update={"profile": profile.model_copy(update={"link_latency_us": 0.0, "link_gb_per_s": 1e6})}
-            )
-        }
-    )
-    print(
-        f"   sensitivity (not a fit; the shipped TOML is unchanged): the TP collectives the profile does not time are "
-        f"costed on an assumed link ({profile.link_latency_us:g} us + hidden states at {profile.link_gb_per_s:g} GB/s, "
-        f"2 per layer). With them free: {_summary_line(compare_run(run_dir, free, anchor).to_dict())}"
-    )
+    links = {"free": (0.0, 1e6), "assumed (20 us + 16 GB/s)": (20.0, 16.0)}
+    for name, (latency_us, gb_per_s) in links.items():
+        update = {"collectives": None, "link_latency_us": latency_us, "link_gb_per_s": gb_per_s}
+        other = cfg.model_copy(
+            update={"cost": cfg.cost.model_copy(update={"profile": profile.model_copy(update=update)})}
+        )
+        print(
+            f"   sensitivity (not a fit; the shipped TOML is unchanged): the TP collectives (2 all-reduces a layer) "
+            f"costed on the shipped {profile.link().describe()}; on a link {name}: "
+            f"{_summary_line(compare_run(run_dir, other, anchor).to_dict())}"
+        )
 
 
 def main() -> None:

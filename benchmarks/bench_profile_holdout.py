@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loadgen.sim import list_presets, load_engine_config
-from loadgen.sim.profile import OperatorProfile, load_profile
+from loadgen.sim.profile import OperatorProfile
 from loadgen.sim.profile_holdout import HeldOut, profile_leave_one_out, summarize_errors, thin_profile
 
 #: A step: (prefill tokens, cached prefix tokens, decodes, mean decode KV tokens).
@@ -51,7 +51,7 @@ def shipped_profiles() -> dict[str, OperatorProfile]:
         if p is None or p.ep != 1 or (p.path, p.tp) in seen:
             continue
         seen.add((p.path, p.tp))
-        out[name] = load_profile(p.path, p.tp, p.model_config_path, p.ep, p.link_latency_us, p.link_gb_per_s)
+        out[name] = p.load()
     return out
 
 

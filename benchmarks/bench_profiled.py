@@ -94,7 +94,7 @@ def bench(run: str, repeat: int, anchor: str, tmp: Path) -> None:
     assert p is not None
     load_profile.cache_clear()
     t0 = time.perf_counter()
-    load_profile(p.path, p.tp, p.model_config_path, p.ep, p.link_latency_us, p.link_gb_per_s)
+    p.load()
     load_s = time.perf_counter() - t0
     wall_s, n, replicas = _replay_wall_s(run_dir, cfg, anchor, repeat)
     got = compare_run(run_dir, cfg, anchor)
@@ -137,7 +137,7 @@ def _linear_twin(cfg: EngineConfig) -> EngineConfig:
     expert-parallel group's lockstep goes with the profile)."""
     p = cfg.cost.profile
     assert p is not None
-    profile = load_profile(p.path, p.tp, p.model_config_path, p.ep, p.link_latency_us, p.link_gb_per_s)
+    profile = p.load()
     terms = fit_linear_cost(profile, cfg.scheduler.max_num_seqs, cfg.scheduler.max_num_batched_tokens)
     return cfg.model_copy(update={"cost": cfg.cost.model_copy(update={**terms, "profile": None})})
 

@@ -8,7 +8,7 @@ turns any problem into one ``ScenarioError`` line naming file, field, value and 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
@@ -19,6 +19,10 @@ from loadgen.workload import presets
 from loadgen.workload.scenario import format_validation_error
 
 from ..ledger import EngineSettings, kv_blocks_for_budget
+from .link import AssumedLink, Link, read_collectives
+
+if TYPE_CHECKING:
+    from .profile import OperatorProfile
 
 __all__ = [
     "EngineConfig",
@@ -162,20 +166,48 @@ class ProfileCost(_Model):
     ep: int = Field(default=1, ge=1, le=1024)  # expert-parallel GPUs an MoE layer's experts are spread over
     gpu: str = Field(min_length=1)
     vllm_version: str = Field(min_length=1)
-    # The link between the GPUs (TP > 1: two all-reduces a layer; EP > 1: two collectives an MoE layer), each
-    # latency + bytes / bandwidth. The profile times one GPU's kernels, not the link: these are assumptions
-    # (defaults: LLMServingSim's cluster config for its PCIe machines, link_latency 20,000 ns, link_bw 16 GB/s).
-    link_latency_us: float = Field(default=20.0, ge=0, le=1e6)
-    link_gb_per_s: float = Field(default=16.0, gt=0, le=1e6)
+    # The link between the GPUs (TP > 1: two all-reduces a layer; EP > 1: an all-gather and a reduce-scatter an
+    # MoE layer; loadgen.sim.link). The profile times one GPU's kernels, not the link: either a table of measured
+    # collectives (``collectives``, a CSV relative to the TOML) or an assumed latency + bandwidth (defaults:
+    # LLMServingSim's cluster config for its PCIe machines, link_latency 20,000 ns, link_bw 16 GB/s); not both.
+    collectives: str | None = Field(default=None, min_length=1)
+    link_latency_us: float | None = Field(default=None, ge=0, le=1e6)
+    link_gb_per_s: float | None = Field(default=None, gt=0, le=1e6)
+
+    @model_validator(mode="after")
+    def _one_link(self) -> ProfileCost:
+        if self.collectives is not None and (self.link_latency_us is not None or self.link_gb_per_s is not None):
+            given = "link_latency_us" if self.link_latency_us is not None else "link_gb_per_s"
+            raise ValueError(
+                f"collectives = {self.collectives!r} and {given} both given: expected a measured collectives table "
+                "or an assumed link (link_latency_us, link_gb_per_s), not both"
+            )
+        return self
+
+    def link(self) -> Link:
+        """The link this engine prices its collectives on: the measured table, else the assumed one."""
+        if self.collectives is not None:
+            return read_collectives(self.collectives)
+        return AssumedLink(
+            20.0 if self.link_latency_us is None else self.link_latency_us,
+            16.0 if self.link_gb_per_s is None else self.link_gb_per_s,
+        )
+
+    def load(self) -> OperatorProfile:
+        """The operator profile this reference names, composed with its link (cached)."""
+        from .profile import load_profile  # deferred: numpy, read only by engines that price steps
+
+        return load_profile(self.path, self.tp, self.model_config_path, self.ep, self.link())
 
     def resolve(self, base: str | None) -> ProfileCost:
         """This reference with its paths made absolute against ``base`` (the engine TOML's folder)."""
         root = Path(base) if base else Path.cwd()
-        path, config = Path(self.path), Path(self.model_config_path)
+        paths = {"path": self.path, "model_config_path": self.model_config_path, "collectives": self.collectives}
         return self.model_copy(
             update={
-                "path": str(path if path.is_absolute() else root / path),
-                "model_config_path": str(config if config.is_absolute() else root / config),
+                key: str(Path(value) if Path(value).is_absolute() else root / value)
+                for key, value in paths.items()
+                if value is not None
             }
         )
 
@@ -353,6 +385,8 @@ class EngineConfig(_Model):
         assert p is not None
         validated = (self.calibration or {}).get("validated_error")
         parallel = f"TP {p.tp}" + (f", EP {p.ep}" if p.ep > 1 else "")
+        if p.tp > 1 or p.ep > 1:
+            parallel += f", {p.link().describe()}"
         return (
             f"engine {self.name}: profiled (operator profile of {p.gpu}, vLLM {p.vllm_version}, {parallel}: "
             f"{'/'.join(Path(p.path).parts[-4:])}); "

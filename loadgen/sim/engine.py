@@ -24,7 +24,7 @@ import numpy as np
 
 from .block_pool import BlockPool
 from .config import JITTER_PROBABILITIES, EngineConfig
-from .profile import OperatorProfile, load_profile
+from .profile import OperatorProfile
 
 __all__ = ["DecodeRun", "Engine", "RunRecorder", "Seq", "StepResult"]
 
@@ -236,7 +236,7 @@ class Engine:
         self._profile: OperatorProfile | None = None  # [cost.profile]: step times from an operator profile
         if c.profile is not None:
             p = c.profile
-            self._profile = load_profile(p.path, p.tp, p.model_config_path, p.ep, p.link_latency_us, p.link_gb_per_s)
+            self._profile = p.load()
         self.profile = self._profile  # read by the worksheet (an expert-parallel group's lockstep)
         self._tokens_ns: dict[int, float] = {}  # the profile's token- and sequence-count terms, memoised
         self._seqs_ns: dict[int, float] = {}

@@ -16,8 +16,12 @@ A step of the engine is priced as (all times per GPU, µs):
          + moe(T, experts activated by T) × MoE layers                                (MoE models)
          + attention(Σ prefill chunks, Σ their cached prefix, decodes, mean decode KV) × layers
          + lm_head(S) + sampler(S)                                                    S = sequences in the step
-         + 2 all-reduces × layers, each latency + T × hidden × 2 B / bandwidth        (TP > 1, assumed link)
-         + 2 collectives × MoE layers over the other ranks' (ep − 1) × T tokens       (EP > 1, the same link)
+         + 2 all-reduces × layers of T × hidden × 2 B                                 (TP > 1)
+         + (all-gather + reduce-scatter of T × hidden × 2 B local) × MoE layers       (EP > 1: dispatch, combine)
+         + 1 all-reduce of the data-parallel ranks' 4 × ep int32 batch description    (EP > 1: the DP sync)
+
+each collective priced by the engine's link (``loadgen.sim.link``: a measured NCCL table, or an assumed
+latency + bandwidth).
 
 Every table is read linearly on each axis between profiled points (a kernel's time is close to linear in each
 axis: decode attention is a KV read, ``a + b × n × kv``), held at the first non-zero point below it (a 5-token
@@ -29,9 +33,14 @@ decodes at their mean KV length (the uniform batch that reads the same KV), corr
 profile's fitted ``skew`` table where it has one. Layer norms count twice per layer (before attention and before the MLP).
 An MoE layer's activated experts are the expected distinct experts of uniform top-k routing over its tokens;
 with expert parallelism (``ep`` GPUs, data-parallel ranks equally loaded, vLLM's all-gather / reduce-scatter
-exchange) a GPU holds E/ep experts and runs them over the whole group's ep × T tokens. Not modelled: CPU time
-between steps (vLLM 0.19 schedules asynchronously), CUDA-graph padding, the MoE router's own GEMM, the lockstep
-of data-parallel ranks (each step waits for the slowest).
+exchange, vLLM 0.19's default ``all2all_backend``) a GPU holds E/ep experts and runs them over the whole
+group's ep × T tokens; ranks of unequal token counts exchange at the largest rank's, and in a CUDA-graph step
+(``dp_padded``) every rank is padded to it (``group_delta_us``). Each
+step the data-parallel ranks first all-reduce a 4 × dp int32 tensor over NCCL (vLLM 0.19
+``coordinate_batch_across_dp``: token counts, micro-batching, CUDA-graph mode). The lockstep of the
+data-parallel ranks (each step waits for the slowest) is the worksheet's (``_lockstep``). Not modelled: CPU time
+between steps (vLLM 0.19 schedules asynchronously), a rank's padding to its CUDA-graph size, the MoE router's own
+GEMM, the GPU-to-CPU sync the DP all-reduce forces.
 """
 
 from __future__ import annotations
@@ -50,25 +59,17 @@ import numpy as np
 from loadgen.util.errors import ScenarioError
 
 from ..ledger.config import ModelConfig, read_model_config
+from .interp import interp_axis
+from .link import AssumedLink, Link
 
-__all__ = ["OperatorProfile", "expected_experts", "fit_linear_cost", "interp_axis", "load_profile"]
+__all__ = ["OperatorProfile", "dp_padded", "expected_experts", "fit_linear_cost", "interp_axis", "load_profile"]
 
+#: The link of a ``[cost.profile]`` that states none: LLMServingSim's cluster config for its PCIe machines.
+ASSUMED_LINK = AssumedLink(20.0, 16.0)
 #: Dense operators that run twice per decoder layer (input and post-attention RMSNorm).
 TWICE_PER_LAYER = frozenset({"layernorm"})
 #: Dense operators that run once per step, not per layer.
 ONCE_PER_STEP = frozenset({"embedding", "final_layernorm"})
-
-
-def interp_axis(keys: Sequence[int], values: Sequence[float], x: float) -> float:
-    """``values`` at ``x`` on sorted ``keys``: linear between points, the first value below the first key,
-    linear from the last two points above the last key."""
-    if x <= keys[0] or len(keys) == 1:
-        return float(values[0])
-    i = bisect.bisect_right(keys, x)
-    if i >= len(keys):
-        i = len(keys) - 1
-    x0, x1 = keys[i - 1], keys[i]
-    return values[i - 1] + (x - x0) / (x1 - x0) * (values[i] - values[i - 1])
 
 
 def _bracket(axis: Sequence[int], x: float, zero_alone: bool) -> tuple[int, int, float]:
@@ -84,6 +85,14 @@ def _bracket(axis: Sequence[int], x: float, zero_alone: bool) -> tuple[int, int,
         i = len(axis) - 1
     x0, x1 = axis[i - 1], axis[i]
     return i - 1, i, (x - x0) / (x1 - x0)
+
+
+def dp_padded(max_rank_tokens: int, max_num_seqs: int) -> bool:
+    """Whether vLLM 0.19 pads a data-parallel step's ranks to the busiest one's token count: when the step runs
+    CUDA graphs on every rank (``coordinate_batch_across_dp`` syncs the graph mode as the minimum over the ranks
+    and pads when it is not NONE), i.e. the busiest rank's tokens are within the default largest graph,
+    ``max_cudagraph_capture_size`` = min(2 x max_num_seqs, 512). Larger steps run eager and unpadded."""
+    return max_rank_tokens <= min(2 * max_num_seqs, 512)
 
 
 def expected_experts(experts: int, top_k: int, tokens: float, ep: int = 1) -> float:
@@ -186,9 +195,8 @@ class OperatorProfile:
     decode_attention: _Attention  # steps without a prefill chunk
     mixed_attention: _Attention  # steps with one
     skew: _Skew | None  # the mixed-length correction, where the profile fitted one
-    link_latency_us: float
-    link_gb_per_s: float
-    _group_delta: dict[tuple[int, int], float] = field(default_factory=dict, compare=False, repr=False)
+    link: Link  # prices the collectives (loadgen.sim.link)
+    _group_delta: dict[tuple[int, int, int, bool], float] = field(default_factory=dict, compare=False, repr=False)
 
     def tokens_us(self, tokens: int) -> float:
         """Everything in a step that depends on its token count (µs): dense ops, MoE, all-reduces."""
@@ -200,24 +208,53 @@ class OperatorProfile:
             total += count * interp_axis(keys, values, tokens)
         if self.moe_layers:
             total += self.moe_layers * self.moe_at(tokens)
-            if self.ep > 1:  # all-gather the group's tokens, reduce-scatter the outputs: the other ranks' share
-                total += 2 * self.moe_layers * self._link_us(tokens * (self.ep - 1))
+            if self.ep > 1:  # every rank as loaded as this one; unequal ranks: group_delta_us
+                total += self.moe_layers * self.exchange_us(tokens) + self.dp_sync_us()
         if self.tp > 1:
-            total += 2 * self.layers * self._link_us(tokens)
+            total += 2 * self.layers * self.all_reduce_us(tokens)
         return total
 
-    def group_delta_us(self, tokens: int, group_tokens: int) -> float:
+    def all_reduce_us(self, tokens: float) -> float:
+        """One tensor-parallel all-reduce of ``tokens`` hidden states (bf16) over the TP group (µs)."""
+        return self.link.all_reduce_us(tokens * self.hidden_size * 2, self.tp)
+
+    def exchange_us(self, max_rank_tokens: float) -> float:
+        """One MoE layer's dispatch and combine over the expert-parallel group (µs): vLLM 0.19's default
+        ``allgather_reducescatter`` all2all all-gathers every rank's hidden states (bf16) and reduce-scatters the
+        expert outputs back. Ranks of unequal token counts: with CUDA graphs vLLM pads every rank to the largest
+        count (``coordinate_batch_across_dp``); without, ``all_gatherv`` / ``reduce_scatterv`` are grouped NCCL
+        broadcasts / reduces, one per rank, whose largest sets the time: both priced as the equal-rank collective
+        at the largest rank's ``max_rank_tokens``. The router's top-k weights and ids gathered with the hidden
+        states (8 B a token per expert) are not counted."""
+        local = max_rank_tokens * self.hidden_size * 2
+        return self.link.all_gather_us(local, self.ep) + self.link.reduce_scatter_us(local, self.ep)
+
+    def dp_sync_us(self) -> float:
+        """The data-parallel ranks' per-step all-reduce (µs): vLLM 0.19 ``_run_ar``, a 4 × dp int32 tensor over
+        the DP group's NCCL communicator (dp = ep here: the group's engines are its data-parallel ranks)."""
+        return self.link.all_reduce_us(4 * self.ep * 4, self.ep)
+
+    def group_delta_us(
+        self, tokens: int, group_tokens: int, max_rank_tokens: int | None = None, padded: bool = False
+    ) -> float:
         """How much longer (µs; negative: shorter) a step of ``tokens`` takes on a rank of an expert-parallel group
-        whose ranks together run ``group_tokens`` than ``tokens_us`` priced it (every rank as loaded as this one):
-        the experts run over the group's actual tokens and the exchange carries the others' actual share."""
+        whose ranks together run ``group_tokens``, the busiest ``max_rank_tokens`` (default: the larger of this
+        rank's and the rest's, exact for 2 ranks), than ``tokens_us`` priced it (every rank as loaded as this
+        one): the experts run over the group's actual tokens, the exchange at the busiest rank's
+        (``exchange_us``). ``padded``: vLLM padded every rank to the busiest's count (a CUDA-graph step,
+        ``dp_padded``), so the expert kernel runs over ep x that many rows (the experts activated still by the
+        group's actual tokens)."""
         if not self.moe_layers or self.ep <= 1:
             return 0.0
-        known = self._group_delta.get((tokens, group_tokens))
+        busiest = max(tokens, group_tokens - tokens) if max_rank_tokens is None else max_rank_tokens
+        key = (tokens, group_tokens, busiest, padded)
+        known = self._group_delta.get(key)
         if known is not None:
             return known
-        assumed = self._moe_over(tokens * self.ep, tokens * self.ep) + 2 * self._link_us(tokens * (self.ep - 1))
-        actual = self._moe_over(group_tokens, group_tokens) + 2 * self._link_us(group_tokens - tokens)
-        delta = self._group_delta[tokens, group_tokens] = self.moe_layers * (actual - assumed)
+        assumed = self._moe_over(tokens * self.ep, tokens * self.ep) + self.exchange_us(tokens)
+        seen = self.ep * busiest if padded else group_tokens
+        actual = self._moe_over(group_tokens, seen) + self.exchange_us(busiest)
+        delta = self._group_delta[key] = self.moe_layers * (actual - assumed)
         return delta
 
     def _moe_over(self, routed_tokens: float, seen_tokens: float) -> float:
@@ -226,10 +263,6 @@ class OperatorProfile:
         counts = sorted(self.moe_us)
         by_count = [interp_axis(*self.moe_us[c], seen_tokens) for c in counts]
         return interp_axis(counts, by_count, active)
-
-    def _link_us(self, tokens: float) -> float:
-        """One collective moving ``tokens`` hidden states (bf16) over the assumed link (µs)."""
-        return self.link_latency_us + tokens * self.hidden_size * 2 / (self.link_gb_per_s * 1e3)
 
     def moe_at(self, tokens: float) -> float:
         """One MoE layer (µs) on one GPU: the expert kernel over the tokens it sees (with expert parallelism, the
@@ -308,6 +341,7 @@ class OperatorProfile:
             "ep": self.ep,
             "layers": self.layers,
             "moe_layers": self.moe_layers,
+            "link": self.link.describe(),
         }
 
 
@@ -447,12 +481,11 @@ def load_profile(
     tp: int,
     model_config: str,
     ep: int = 1,
-    link_latency_us: float = 0.0,
-    link_gb_per_s: float = 1.0,
+    link: Link = ASSUMED_LINK,
 ) -> OperatorProfile:
     """Read the profile under ``root`` (the ``<dtype>/`` folder holding meta.yaml and ``tp<N>/``) for TP degree
     ``tp``, composed for the model whose Hugging Face config.json is ``model_config`` (its layer count and MoE
-    layers). Cached: engines of one config share it."""
+    layers), its collectives priced by ``link``. Cached: engines of one config share it."""
     base = Path(root)
     meta = _meta(base)
     folder = base / f"tp{tp}"
@@ -465,6 +498,11 @@ def load_profile(
     moe = _moe(moe_path) if model.is_moe and moe_path.exists() else {}
     if model.is_moe and not moe:
         raise ScenarioError(f"{folder}: model {model.source} is MoE: expected moe.csv in the profile")
+    if tp > 1:
+        link.check("all_reduce", tp)
+    if moe and ep > 1:
+        for collective in ("all_gather", "reduce_scatter", "all_reduce"):
+            link.check(collective, ep)
     decode, mixed = _attention(folder / "attention.csv")
     return OperatorProfile(
         source=str(base),
@@ -484,8 +522,7 @@ def load_profile(
         decode_attention=decode,
         skew=_skew(base, tp),
         mixed_attention=mixed,
-        link_latency_us=link_latency_us,
-        link_gb_per_s=link_gb_per_s,
+        link=link,
     )
 
 
