@@ -93,9 +93,17 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except OSError as exc:  # a file or port the user named: unreadable, unwritable, full disk
-        where = f"{exc.filename}: " if exc.filename else ""
-        print(f"loadgen: error: {_one_line(where + (exc.strerror or str(exc)))}", file=sys.stderr)
-        return 2
+        if not interrupts.caused_by_interrupt(exc):
+            where = f"{exc.filename}: " if exc.filename else ""
+            print(f"loadgen: error: {_one_line(where + (exc.strerror or str(exc)))}", file=sys.stderr)
+            return 2
+        print(f"loadgen: interrupted ({interrupts.signal_name()})", file=sys.stderr)
+        return interrupts.exit_code()
+    except Exception as exc:
+        if not interrupts.caused_by_interrupt(exc):
+            raise
+        print(f"loadgen: interrupted ({interrupts.signal_name()})", file=sys.stderr)
+        return interrupts.exit_code()
     return int(rc or 0)
 
 

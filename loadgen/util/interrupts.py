@@ -14,7 +14,7 @@ import signal
 import threading
 from types import FrameType
 
-__all__ = ["STOP_SIGNALS", "cancel_cause", "exit_code", "install", "received", "signal_name"]
+__all__ = ["STOP_SIGNALS", "cancel_cause", "caused_by_interrupt", "exit_code", "install", "received", "signal_name"]
 
 #: Signals that stop a run the way Ctrl-C does.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -48,6 +48,29 @@ def install() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in STOP_SIGNALS:
         signal.signal(sig, _forward)
+
+
+def caused_by_interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` is a stop (``KeyboardInterrupt``) wrapped by the code it interrupted.
+
+    A stop signal raises ``KeyboardInterrupt`` wherever the main thread is; when that is inside machinery that
+    re-raises what it catches as another exception, the stop arrives disguised. Seen: SIGTERM while a module was
+    being imported, inside class creation, which CPython 3.11 reports as ``RuntimeError: Error calling
+    __set_name__`` with the ``KeyboardInterrupt`` as its cause. Follows causes, contexts and exception groups.
+    """
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        if isinstance(e, BaseExceptionGroup):
+            todo.extend(e.exceptions)
+        todo.extend(x for x in (e.__cause__, e.__context__) if x is not None)
+    return False
 
 
 def received() -> int | None:
