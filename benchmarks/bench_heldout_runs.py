@@ -66,6 +66,7 @@ from loadgen.calibration.offline import ANCHORS, compare_run
 from loadgen.calibration.offline_report import format_offline
 from loadgen.ledger import GIB, EngineSettings, compute_ledger, read_model_config
 from loadgen.sim import EngineConfig, load_engine_config
+from loadgen.sim.link import AssumedLink
 from loadgen.util.errors import LoadgenError
 
 SHARED = REPO.parent / "shared" / "traces" / "llmservingsim"
@@ -242,7 +243,11 @@ def qwen(folder: Path, tmp: Path, anchor: str) -> None:
     _table(cfg, run_dir, anchor, f"{logged:,} blocks: logged by this run", "logged by vLLM")
     profile = cfg.cost.profile
     assert profile is not None
-    links = {"free": (0.0, 1e6), "assumed (20 us + 16 GB/s)": (20.0, 16.0)}
+    assumed = AssumedLink()  # what an engine that states no link is priced on
+    links = {
+        "free": (0.0, 1e6),
+        f"assumed ({assumed.latency_us:g} us + {assumed.gb_per_s:g} GB/s)": (assumed.latency_us, assumed.gb_per_s),
+    }
     for name, (latency_us, gb_per_s) in links.items():
         update = {"collectives": None, "link_latency_us": latency_us, "link_gb_per_s": gb_per_s}
         other = cfg.model_copy(

@@ -30,11 +30,23 @@ from loadgen.calibration.offline import _engine_for, _run_settings, compare_run,
 from loadgen.rundir.io import load_run
 from loadgen.sim import engine as engine_module
 from loadgen.sim import load_engine_config
-from loadgen.sim.worksheet import simulate_trace
+from loadgen.sim.worksheet import WorksheetResult, simulate_trace
 
 RUN = REPO.parent / "shared" / "traces" / "llmservingsim" / "bench" / "examples" / "RTX4090" / "Llama-3.1-8B"
 ENGINE = "rtx4090-llama-3.1-8b-tp1"
 POOL_SIZES = range(2584, 2593)
+
+
+def replay(run_dir: Path, blocks: int | None = None) -> tuple[dict[str, list[Any]], WorksheetResult]:
+    """The imported run replayed on ENGINE under its logged scheduler settings, as ``sim validate --measured``
+    replays it (``blocks``: a pool size in place of the logged one): the measured request columns and the
+    worksheet's result. bench_kv_drift.py replays the same way."""
+    data = load_run(run_dir, chunks=False)
+    measured = data.requests.to_pydict()
+    settings = _run_settings(data.manifest) | ({} if blocks is None else {"num_kv_blocks": blocks})
+    cfg = _engine_for(load_engine_config(ENGINE), settings)
+    table, meta, _ = replay_table(run_dir, data.manifest, measured, "workload")
+    return measured, simulate_trace(table, meta, cfg, replicas=1, route_policy="least-in-flight")
 
 
 def _tpot_ms(rows: dict[str, list[Any]], i: int) -> float | None:
@@ -74,13 +86,9 @@ def main() -> None:
     engine_module.Engine._preempt = recording  # type: ignore[method-assign]
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = import_llmservingsim_run(RUN, Path(tmp) / "run")
-        data = load_run(run_dir, chunks=False)
-        measured = data.requests.to_pydict()
-        cfg = _engine_for(load_engine_config(ENGINE), _run_settings(data.manifest))
-        table, meta, _ = replay_table(run_dir, data.manifest, measured, "workload")
-        predicted = simulate_trace(table, meta, cfg, replicas=1, route_policy="least-in-flight").requests_table
+        measured, result = replay(run_dir)
         engine_module.Engine._preempt = preempt  # type: ignore[method-assign]
-        _report(predicted.to_pydict(), measured, preempted)
+        _report(result.requests_table.to_pydict(), measured, preempted)
         print(f"{ENGINE}: the pool-size sweep")
         _sweep(run_dir)
 

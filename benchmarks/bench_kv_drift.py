@@ -31,16 +31,14 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench_kv_bound import ENGINE, POOL_SIZES, RUN, replay
+
 from loadgen.calibration.llmservingsim import import_llmservingsim_run
-from loadgen.calibration.offline import _engine_for, _run_settings, compare_run, replay_table
+from loadgen.calibration.offline import _run_settings, compare_run
 from loadgen.rundir.io import load_run
 from loadgen.sim import engine as engine_module
 from loadgen.sim import load_engine_config
-from loadgen.sim.worksheet import simulate_trace
 
-RUN = REPO.parent / "shared" / "traces" / "llmservingsim" / "bench" / "examples" / "RTX4090" / "Llama-3.1-8B"
-ENGINE = "rtx4090-llama-3.1-8b-tp1"
-POOL_SIZES = range(2584, 2593)
 WINDOW_S = 20
 NS = 1_000_000_000
 _INSTANTS = ("server_scheduled_ns", "first_token_ns", "last_token_ns")
@@ -95,12 +93,8 @@ _Columns = dict[str, list[Any]]
 def _replay(run_dir: Path, blocks: int) -> tuple[_Columns, _Columns, _Columns, _Trace]:
     """At ``blocks``: the measured request columns, the replay's (in the measured rows' order), its server metrics
     and its engine trace."""
-    data = load_run(run_dir, chunks=False)
-    measured = data.requests.to_pydict()
-    cfg = _engine_for(load_engine_config(ENGINE), _run_settings(data.manifest) | {"num_kv_blocks": blocks})
-    table, meta, _ = replay_table(run_dir, data.manifest, measured, "workload")
     with _Trace() as trace:
-        result = simulate_trace(table, meta, cfg, replicas=1, route_policy="least-in-flight")
+        measured, result = replay(run_dir, blocks)
     predicted = result.requests_table.to_pydict()
     order = {int(rid[1:]): i for i, rid in enumerate(predicted["request_id"])}  # r000042 -> workload line 42
     rows = [order[int(str(rid).rpartition("-")[2])] for rid in measured["request_id"]]

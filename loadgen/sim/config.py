@@ -188,10 +188,8 @@ class ProfileCost(_Model):
         """The link this engine prices its collectives on: the measured table, else the assumed one."""
         if self.collectives is not None:
             return read_collectives(self.collectives)
-        return AssumedLink(
-            20.0 if self.link_latency_us is None else self.link_latency_us,
-            16.0 if self.link_gb_per_s is None else self.link_gb_per_s,
-        )
+        stated = {"latency_us": self.link_latency_us, "gb_per_s": self.link_gb_per_s}
+        return AssumedLink(**{key: value for key, value in stated.items() if value is not None})  # else its defaults
 
     def load(self) -> OperatorProfile:
         """The operator profile this reference names, composed with its link (cached)."""

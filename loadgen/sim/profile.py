@@ -64,8 +64,9 @@ from .link import AssumedLink, Link
 
 __all__ = ["OperatorProfile", "dp_padded", "expected_experts", "fit_linear_cost", "interp_axis", "load_profile"]
 
-#: The link of a ``[cost.profile]`` that states none: LLMServingSim's cluster config for its PCIe machines.
-ASSUMED_LINK = AssumedLink(20.0, 16.0)
+#: The link of a ``[cost.profile]`` that states none: AssumedLink's defaults (LLMServingSim's cluster config for
+#: its PCIe machines).
+ASSUMED_LINK = AssumedLink()
 #: Dense operators that run twice per decoder layer (input and post-attention RMSNorm).
 TWICE_PER_LAYER = frozenset({"layernorm"})
 #: Dense operators that run once per step, not per layer.
