@@ -137,8 +137,6 @@ def _engine_args(report: dict[str, Any]) -> dict[str, Any]:
 def _reported_block_size(model: ModelConfig, report: dict[str, Any]) -> int | None:
     """The block size the engine ran with: /metrics, else the CPU backend's rule on the logged facts."""
     block = _int(report.get("cache_config_info", {}).get("block_size"))
-    if block is None:  # an imported run's meta.json
-        block = _int((report.get("logged_kv_cache") or {}).get("block_size"))
     if block is not None:
         return block
     if report.get("block_size_override"):  # vLLM's warning names the size it forced
@@ -183,6 +181,7 @@ def _adopted_settings(model: ModelConfig, report: dict[str, Any], fixed: set[str
 def _rows(ledger: Ledger, report: dict[str, Any], fixed: set[str]) -> list[ReconcileRow]:
     """One row per quantity both the ledger and the report give."""
     info = report.get("cache_config_info", {})
+    info_source = report.get("cache_config_source", "metrics: cache_config_info")
     kv_bytes = _int(info.get("kv_cache_memory_bytes"))
     rows: list[ReconcileRow] = []
     budget_exact = kv_bytes is not None or report.get("kv_cache_device") == "CPU" or "kv_cache_gib" in fixed
@@ -202,7 +201,7 @@ def _rows(ledger: Ledger, report: dict[str, Any], fixed: set[str]) -> list[Recon
                 "kv_cache_size_tokens",
                 ledger.vllm_kv_cache_size_tokens,
                 _int(info["kv_cache_size_tokens"]),
-                "metrics: cache_config_info",
+                info_source,
                 budget_exact,
             )
         )
@@ -212,18 +211,7 @@ def _rows(ledger: Ledger, report: dict[str, Any], fixed: set[str]) -> list[Recon
                 "kv_cache_blocks",
                 ledger.kv_cache_blocks,
                 _int(info["num_gpu_blocks"]),
-                "metrics: cache_config_info.num_gpu_blocks",
-                budget_exact,
-            )
-        )
-    logged = report.get("logged_kv_cache") or {}
-    if _int(logged.get("num_gpu_blocks")) is not None:
-        rows.append(
-            ReconcileRow(
-                "kv_cache_blocks",
-                ledger.kv_cache_blocks,
-                _int(logged["num_gpu_blocks"]),
-                "run: meta.json kv_cache.num_gpu_blocks (imported)",
+                f"{info_source}.num_gpu_blocks",
                 budget_exact,
             )
         )
@@ -239,11 +227,7 @@ def _rows(ledger: Ledger, report: dict[str, Any], fixed: set[str]) -> list[Recon
             )
         )
     if info.get("block_size"):
-        rows.append(
-            ReconcileRow(
-                "block_size", ledger.kv.block_size, _int(info["block_size"]), "metrics: cache_config_info", True
-            )
-        )
+        rows.append(ReconcileRow("block_size", ledger.kv.block_size, _int(info["block_size"]), info_source, True))
     if kv_bytes:
         rows.append(
             ReconcileRow("kv_budget_bytes", ledger.kv_budget_bytes, kv_bytes, "metrics: kv_cache_memory_bytes", True)

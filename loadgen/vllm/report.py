@@ -3,9 +3,10 @@
 Sources, in a run dir or as a bare log file: the vLLM startup log ("KV cache size: N tokens, Maximum
 concurrency ..."), the manifest's ``engine_notes``, ``server_metrics.parquet``'s
 ``vllm:cache_config_info`` labels (num_gpu_blocks, block_size, kv_cache_size_tokens,
-kv_cache_memory_bytes), and an imported run's logged pool (``loadgen import llmservingsim``: the manifest's
-``target.engine.config.kv_cache``, as the run's meta.json logged it). The comparison itself is the ledger's (``ledger.reconcile_report``); this module
-only gathers the engine's side, so the dependency runs engines → ledger.
+kv_cache_memory_bytes), or, for an imported run (``loadgen import llmservingsim``), the same facts as its
+meta.json logged them (the manifest's ``target.engine.config.kv_cache``); ``cache_config_source`` says which.
+The comparison itself is the ledger's (``ledger.reconcile_report``); this module only gathers the engine's
+side, so the dependency runs engines → ledger.
 """
 
 from __future__ import annotations
@@ -88,8 +89,9 @@ def engine_report(source: str | Path) -> dict[str, Any]:
             report.setdefault(k, v)
         config = (read.target.engine.config if read.target.engine else None) or {}
         logged = config.get("kv_cache")
-        if isinstance(logged, dict) and logged.get("num_gpu_blocks") is not None:
-            report.setdefault("logged_kv_cache", logged)
+        if isinstance(logged, dict) and logged.get("num_gpu_blocks") is not None:  # an imported run's meta.json
+            report["cache_config_info"] = logged
+            report["cache_config_source"] = "run: meta.json kv_cache"
         report["sources"].append(str(manifest))
     for name in VLLM_LOG_NAMES:
         if (p / name).is_file():
@@ -100,6 +102,7 @@ def engine_report(source: str | Path) -> dict[str, Any]:
     info = _metrics_cache_info(p)
     if info:
         report["cache_config_info"] = info
+        report["cache_config_source"] = "metrics: cache_config_info"
         report["sources"].append(str(p / SERVER_METRICS_FILE))
     if len(report["sources"]) == 0:
         raise LedgerError(f"{p}: no vLLM log, engine_notes or server metrics: expected a vLLM run dir")
