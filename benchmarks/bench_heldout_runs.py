@@ -219,6 +219,9 @@ def qwen(folder: Path, tmp: Path, anchor: str) -> None:
         "block_size": kv["block_size"],
         "device_name": hw["device_name"],
     }
+    fusion = kwargs.get("compilation_config", {}).get("pass_config", {}).get("fuse_allreduce_rms")
+    if fusion is not None:  # logged: the run set it (off); capability 12.0 would have it off anyway
+        settings["allreduce_rms_fusion"] = bool(fusion)
     blocks, led = _ledger_blocks(config, settings)
     logged = int(kv["num_gpu_blocks"])
     per_block = led.kv.bytes_per_block
@@ -235,7 +238,8 @@ def qwen(folder: Path, tmp: Path, anchor: str) -> None:
     print(
         f"   with weights, forward and sampler as derived, vLLM 0.28's non-torch increase + CUDA graph estimate was "
         f"{(lo - others) / GIB:.3f}-{(hi - others) / GIB:.3f} GiB per GPU (the ledger assumes "
-        f"{graph.factors['non_torch_gib']:g} GiB non-torch, vLLM 0.19 at TP > 1, and 0 GiB graph estimate); "
+        f"{graph.factors['non_torch_gib']:g} GiB non-torch, {graph.factors['non_torch_source']}, and 0 GiB graph "
+        "estimate); "
         f"every GiB of graph estimate is {GIB // per_block} blocks fewer"
     )
     print()

@@ -120,10 +120,47 @@ def test_given_non_torch_and_graph_estimate_replace_the_defaults():
     )
 
 
-def test_tensor_parallel_takes_the_communicators_non_torch_memory():
-    led = compute_ledger(parse_model_config(LLAMA_31_8B), _engine(tensor_parallel_size=2))
-    assert led.line("graph_comm_buffers").factors["non_torch_gib"] == NON_TORCH_INCREASE_TP_GIB == 2.07
-    assert "TP > 1" in led.line("graph_comm_buffers").factors["non_torch_source"]
+def _non_torch(**changes: object) -> tuple[float, str]:
+    factors = compute_ledger(parse_model_config(LLAMA_31_8B), _engine(**changes)).line("graph_comm_buffers").factors
+    return factors["non_torch_gib"], factors["non_torch_source"]
+
+
+def test_tensor_parallel_takes_the_fusions_non_torch_memory_where_vllm_runs_the_fusion():
+    """At TP > 1 the H100 figure (2.07 GiB) holds where vLLM 0.19 runs its all-reduce + RMSNorm fusion: compute
+    capability 9.0 or 10.x; elsewhere the communicators sit outside the window and the TP-1 figure holds."""
+    for gpu in ("NVIDIA H100 80GB HBM3", "NVIDIA B200"):
+        gib, source = _non_torch(tensor_parallel_size=2, device_name=gpu)
+        assert gib == NON_TORCH_INCREASE_TP_GIB == 2.07 and "fusion on" in source, gpu
+    for gpu, capability in (
+        ("NVIDIA GeForce RTX 4090", "8.9"),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "12.0"),
+    ):
+        gib, source = _non_torch(tensor_parallel_size=2, device_name=gpu)
+        assert gib == NON_TORCH_INCREASE_GIB == 0.25 and f"capability {capability}" in source, gpu
+    # an unnamed GPU is taken for an H100, and says so; the fusion given either way wins over the GPU
+    gib, source = _non_torch(tensor_parallel_size=2, device_name="")
+    assert gib == 2.07 and "ASSUMED" in source
+    assert (
+        _non_torch(tensor_parallel_size=2, device_name="NVIDIA H100 80GB HBM3", allreduce_rms_fusion=False)[0] == 0.25
+    )
+    assert _non_torch(tensor_parallel_size=2, allreduce_rms_fusion=True)[0] == 2.07
+    assert _non_torch(tensor_parallel_size=1, device_name="NVIDIA H100 80GB HBM3")[0] == 0.25  # no fusion at TP 1
+
+
+def test_ledger_cli_takes_the_fusion_setting(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA_31_8B))
+    base = [sys.executable, "-m", "loadgen", "ledger", "--model", str(config), "--tp", "2", "--json"]
+    base += ["--gpu-name", "NVIDIA H100 80GB HBM3", "--device-memory-gib", "79.19"]
+    got = {}
+    for flag in ((), ("--allreduce-rms-fusion", "off")):
+        res = subprocess.run([*base, *flag], capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        lines = {line["name"]: line for line in json.loads(res.stdout)["lines"]}
+        got[flag] = lines["graph_comm_buffers"]["factors"]["non_torch_gib"]
+    assert got == {(): 2.07, ("--allreduce-rms-fusion", "off"): 0.25}
+    res = subprocess.run([*base, "--allreduce-rms-fusion", "maybe"], capture_output=True, text=True)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
 
 
 def test_cpu_path_keeps_its_estimates():
@@ -327,3 +364,21 @@ def test_h100_log_of_qwen15_moe_weights_and_kv():
     led = compute_ledger(read_model_config(ROOT / "loadgen" / "data" / "models" / "qwen1.5-moe-a2.7b.json"), engine)
     assert led.line("weights").bytes / GIB == pytest.approx(26.67, abs=0.005)
     assert abs(led.kv_cache_blocks * 16 - 250_304) / 250_304 < 0.005
+
+
+def test_shipped_engines_kv_pools_are_the_ledgers():
+    """Every shipped profiled engine that sizes its pool by kv_cache_gib states the ledger's figure for its GPU and
+    settings (to the 0.1 GiB its TOML gives), so a change to the ledger shows up here, not silently in a plan."""
+    from loadgen.practice_ledger import ledger_budget
+    from loadgen.sim.config import PRESETS_DIR, list_presets, load_engine_config
+
+    checked = []
+    for name in list_presets():
+        cfg = load_engine_config(name)
+        if cfg.cost.profile is None or cfg.kv.kv_cache_gib is None or cfg.kv.model_config_path is None:
+            continue
+        model = read_model_config(PRESETS_DIR / cfg.kv.model_config_path)
+        ledger = compute_ledger(model, ledger_budget(cfg, model).settings)
+        assert abs(ledger.line("kv_cache").bytes / GIB - cfg.kv.kv_cache_gib) < 0.1, name
+        checked.append(name)
+    assert len(checked) >= 6 and "rtxpro6000-qwen3-32b-tp2" in checked

@@ -42,8 +42,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--non-torch-gib",
         type=flags.number(0, 1024),
-        help="cuda: device memory outside torch's allocator vLLM's profile sees appear (default: the ledger's "
-        "assumed 0.11 GiB)",
+        help="cuda: device memory outside torch's allocator vLLM's profile sees appear, GiB per GPU (default: "
+        "vLLM 0.19's own figures on H100s: 0.25 GiB, or 2.07 GiB at TP > 1 with the all-reduce fusion on)",
+    )
+    p.add_argument(
+        "--allreduce-rms-fusion",
+        choices=["on", "off"],
+        help="cuda, TP > 1: whether vLLM runs its FlashInfer all-reduce + RMSNorm fusion (default: vLLM 0.19's, "
+        "on for compute capability 9.0 and 10.x by --gpu-name, e.g. off with "
+        "-O.pass_config.fuse_allreduce_rms=false)",
     )
     p.add_argument(
         "--cuda-graph-gib",
@@ -135,6 +142,7 @@ def _run(args: argparse.Namespace) -> int:
         gpu_memory_utilization=args.gpu_memory_utilization,
         device_name=args.gpu_name,
         non_torch_gib=args.non_torch_gib,
+        allreduce_rms_fusion=None if args.allreduce_rms_fusion is None else args.allreduce_rms_fusion == "on",
         graph_buffer_gib=args.cuda_graph_gib,
         device=args.device,
         usage_context=args.usage_context,

@@ -17,9 +17,11 @@ from loadgen.workload.scenario import Scenario
 
 from .config import ModelConfig, dtype_bytes
 from .cuda import (
+    allreduce_rms_fusion,
     forward_peak_bytes,
     non_torch_bytes,
     non_torch_increase_gib,
+    non_torch_source,
     rotary_buffer_bytes,
     sampler_peak_bytes,
 )
@@ -444,14 +446,7 @@ def _cuda_graph_line(e: EngineSettings) -> LedgerLine:
     """Non-torch increase (a measured constant) + the CUDA graph estimate vLLM applies (0 by default in 0.19)."""
     graph_gib = e.graph_buffer_gib if e.graph_buffer_gib is not None else 0.0
     non_torch = non_torch_bytes(e)
-    source = (
-        "given"
-        if e.non_torch_gib is not None
-        else (
-            f"vLLM 0.19.0's own figure on an H100 at TP {'> 1' if e.tensor_parallel_size > 1 else '1'}, "
-            "llm-d-planner's published logs"
-        )
-    )
+    source = non_torch_source(e)
     graph_note = (
         "given"
         if e.graph_buffer_gib is not None
@@ -460,8 +455,9 @@ def _cuda_graph_line(e: EngineSettings) -> LedgerLine:
     return LedgerLine(
         "graph_comm_buffers",
         non_torch + int(graph_gib * GIB),
-        f"non-torch increase {non_torch_increase_gib(e):g} GiB ({source}: kernel images, cuBLAS handles, what "
-        f"the CUDA graph profiling leaves, communication buffers at TP > 1; the CUDA context predates vLLM's snapshot) + CUDA graph estimate {graph_gib:g} GiB ({graph_note})",
+        f"non-torch increase {non_torch_increase_gib(e):g} GiB ({source}. It holds kernel images, cuBLAS handles, "
+        f"what the CUDA graph profiling leaves{', the all-reduce fusion buffers' if allreduce_rms_fusion(e)[0] else ''}; "
+        f"the CUDA context predates vLLM's snapshot) + CUDA graph estimate {graph_gib:g} GiB ({graph_note})",
         {
             "non_torch_gib": non_torch_increase_gib(e),
             "non_torch_source": source,

@@ -27,7 +27,14 @@ vLLM 0.19 (V1 GPU worker; read, not copied: vllm/v1/worker/gpu_worker.py ``init_
 - ``non-torch increase`` (device memory outside torch's allocator that appears between the snapshot and
   the end of profiling: kernel images loaded lazily, cuBLAS/cuBLASLt handles) cannot be derived from the
   config. It is a per-device constant measured by others on vLLM 0.19 (NON_TORCH_INCREASE_GIB at TP 1,
-  NON_TORCH_INCREASE_TP_GIB above), with its source. In 0.19, unless the engine runs eager,
+  NON_TORCH_INCREASE_TP_GIB at TP > 1 with the all-reduce fusion), with its source. At TP > 1, 0.19 builds its
+  communicators (pynccl, symmetric memory, custom all-reduce) in ``init_worker_distributed_environment``, before
+  ``init_device`` takes the snapshot, so they are outside the window. What appears inside it at TP > 1 comes
+  with the FlashInfer all-reduce + RMSNorm fusion, built on the profile run's first compile: its workspace (three
+  buffers, each rounded up to the multicast granularity) and the torch NCCL communicator its barrier brings up.
+  0.19 enables that fusion only at TP > 1 on compute capability 9.0 or 10.x with flashinfer installed, DP 1,
+  PP 1 (``config/vllm.py`` ``enable_allreduce_rms_fusion``). Without it the TP-1 figure is used; public H100
+  logs at PP 2 and 4 (no fusion, communicators built) show 0.07 GiB. In 0.19, unless the engine runs eager,
   ``profile_cudagraph_memory`` (warm-up and capture of two graphs per CUDA graph mode) runs inside the
   measured window even though its estimate is not applied, so what that capture leaves outside torch's
   allocator is in this line too.
@@ -41,7 +48,7 @@ from loadgen.util.errors import LedgerError
 
 from .config import ModelConfig
 from .cuda_moe import dense_mlp_bytes, forward_phases, moe_workspace_bytes
-from .gpus import gpu_sm_count
+from .gpus import gpu_capability, gpu_sm_count
 from .settings import GIB, EngineSettings
 
 __all__ = [
@@ -57,6 +64,8 @@ __all__ = [
     "sampler_rows",
     "non_torch_increase_gib",
     "non_torch_bytes",
+    "non_torch_source",
+    "allreduce_rms_fusion",
 ]
 
 #: Device memory outside torch's allocator that vLLM's profile sees appear (its ``non_torch_increase``), GiB
@@ -67,9 +76,11 @@ __all__ = [
 #: profiles, reported less (0.11-0.14 GiB: ovg-project/kvcached#448, an H100 profile of vLLM 0.11).
 NON_TORCH_INCREASE_GIB = 0.25
 
-#: The same at TP > 1, where the communicators' buffers appear inside the window: the same vLLM 0.19.0 H100 logs,
-#: Llama-3.1-8B-Instruct 2.07 GiB at TP 2 and 2.13 at TP 4 (Qwen2.5-7B-Instruct 2.06 and 2.13). Measured on
-#: NVLink H100s; a PCIe machine's all-reduce may hold other buffers (unmeasured).
+#: The same at TP > 1 with vLLM 0.19's FlashInfer all-reduce + RMSNorm fusion on (``allreduce_rms_fusion``): the
+#: same vLLM 0.19.0 H100 logs ("Enabled custom fusions: allreduce_rms"), Llama-3.1-8B-Instruct 2.07 GiB at TP 2
+#: and 2.13 at TP 4 (Qwen2.5-7B-Instruct 2.06 and 2.13; Mistral-Small-24B w8a8 and gpt-oss-20b 2.07 at TP 2).
+#: Measured on NVLink H100s. Its parts are not all derived: the fusion's workspace is 1.5 GiB there (3 buffers
+#: rounded to a 512 MiB multicast granularity) and the rest, 0.3-0.4 GiB, is NCCL's.
 NON_TORCH_INCREASE_TP_GIB = 2.07
 
 #: vLLM 0.19 takes the fused Triton top-k/top-p kernel for a batch of at least this many rows
@@ -170,13 +181,30 @@ def sampler_peak_bytes(m: ModelConfig, e: EngineSettings, act_bytes: float) -> t
     return rows * V * per + scratch * V * 4 + held, formula
 
 
+def allreduce_rms_fusion(e: EngineSettings) -> tuple[bool, str]:
+    """Whether vLLM 0.19 runs its FlashInfer all-reduce + RMSNorm fusion for ``e``, and why: given, else 0.19's
+    default (``enable_allreduce_rms_fusion``: TP > 1 on compute capability 9.0 or 10.x; flashinfer installed,
+    as in vLLM's release images, and DP 1, PP 1 assumed)."""
+    if e.tensor_parallel_size <= 1:
+        return False, "TP 1"
+    if e.allreduce_rms_fusion is not None:
+        return e.allreduce_rms_fusion, f"{'on' if e.allreduce_rms_fusion else 'off'} (given)"
+    capability = gpu_capability(e.device_name)
+    if capability is None:
+        return True, f"on: {e.device_name or 'GPU not named'}, capability unknown, ASSUMED an H100's (9.0)"
+    major, minor = capability
+    if (major, minor) == (9, 0) or major == 10:
+        return True, f"on: {e.device_name}, capability {major}.{minor} (vLLM 0.19 enables it on 9.0 and 10.x)"
+    return False, f"off: {e.device_name}, capability {major}.{minor} (vLLM 0.19 enables it on 9.0 and 10.x only)"
+
+
 def non_torch_increase_gib(e: EngineSettings) -> float:
-    """The non-torch increase used: the engine's ``non_torch_gib`` when given, else the measured default for its
-    TP degree (NON_TORCH_INCREASE_GIB at TP 1, NON_TORCH_INCREASE_TP_GIB above)."""
+    """The non-torch increase used: the engine's ``non_torch_gib`` when given, else the measured default:
+    NON_TORCH_INCREASE_TP_GIB at TP > 1 with the all-reduce fusion on, NON_TORCH_INCREASE_GIB otherwise."""
     if e.non_torch_gib is not None:
         value = e.non_torch_gib
     else:
-        value = NON_TORCH_INCREASE_TP_GIB if e.tensor_parallel_size > 1 else NON_TORCH_INCREASE_GIB
+        value = NON_TORCH_INCREASE_TP_GIB if allreduce_rms_fusion(e)[0] else NON_TORCH_INCREASE_GIB
     if value < 0:
         raise LedgerError(f"non_torch_gib = {value}: expected a non-negative number of GiB")
     return value
@@ -184,3 +212,18 @@ def non_torch_increase_gib(e: EngineSettings) -> float:
 
 def non_torch_bytes(e: EngineSettings) -> int:
     return int(non_torch_increase_gib(e) * GIB)
+
+
+def non_torch_source(e: EngineSettings) -> str:
+    """Where the non-torch increase comes from, as the ledger line states it."""
+    if e.non_torch_gib is not None:
+        return "given"
+    fusion, why = allreduce_rms_fusion(e)
+    if e.tensor_parallel_size <= 1:
+        return "vLLM 0.19.0's own figure on an H100 at TP 1, llm-d-planner's published logs"
+    if fusion:
+        return f"vLLM 0.19.0's own figure on H100s at TP > 1 with the all-reduce fusion, llm-d-planner's logs; fusion {why}"
+    return (
+        f"the TP-1 figure (vLLM 0.19.0 on an H100, llm-d-planner's logs): all-reduce fusion {why}, and the "
+        "communicators are built before vLLM's snapshot"
+    )

@@ -12,7 +12,16 @@ from dataclasses import dataclass
 
 from .settings import GIB
 
-__all__ = ["GpuMemory", "GPU_MEMORY", "gpu_memory", "GPU_SM_COUNTS", "ASSUMED_SM_COUNT", "gpu_sm_count"]
+__all__ = [
+    "GpuMemory",
+    "GPU_MEMORY",
+    "gpu_memory",
+    "GPU_SM_COUNTS",
+    "ASSUMED_SM_COUNT",
+    "gpu_sm_count",
+    "GPU_CAPABILITIES",
+    "gpu_capability",
+]
 
 
 @dataclass(frozen=True)
@@ -75,3 +84,34 @@ def gpu_sm_count(device_name: str) -> tuple[int, str]:
         if fragment in lowered:
             return count, f"{device_name}: {count} SMs (specification)"
     return ASSUMED_SM_COUNT, f"{device_name or 'GPU not named'}: {ASSUMED_SM_COUNT} SMs ASSUMED (an H100 SXM's)"
+
+
+#: CUDA compute capability per GPU (vendor specifications), by a lower-case fragment of the name CUDA reports;
+#: the first fragment found wins, so longer names come first. vLLM 0.19 enables some kernels and fusions by it.
+GPU_CAPABILITIES: tuple[tuple[str, tuple[int, int]], ...] = (
+    ("rtx pro 6000 blackwell", (12, 0)),
+    ("rtx 5090", (12, 0)),
+    ("rtx 4090", (8, 9)),
+    ("rtx 3090", (8, 6)),
+    ("rtx a6000", (8, 6)),
+    ("h100", (9, 0)),
+    ("h200", (9, 0)),
+    ("gh200", (9, 0)),
+    ("b200", (10, 0)),
+    ("gb200", (10, 0)),
+    ("b300", (10, 3)),
+    ("a100", (8, 0)),
+    ("l40s", (8, 9)),
+    ("l40", (8, 9)),
+    ("a10g", (8, 6)),
+    ("l4", (8, 9)),
+)
+
+
+def gpu_capability(device_name: str) -> tuple[int, int] | None:
+    """The compute capability of the GPU CUDA names ``device_name`` (GPU_CAPABILITIES), or None if unknown."""
+    lowered = device_name.lower()
+    for fragment, capability in GPU_CAPABILITIES:
+        if fragment in lowered:
+            return capability
+    return None

@@ -141,6 +141,9 @@ class EngineSettings:
     # cuda: device memory outside torch's allocator that vLLM's profile sees appear, GiB per device.
     # None: ledger.cuda.NON_TORCH_INCREASE_GIB / _TP_GIB (measured by others on vLLM 0.19; sources there)
     non_torch_gib: float | None = None
+    # cuda, TP > 1: whether vLLM 0.19 runs its FlashInfer all-reduce + RMSNorm fusion, which is what brings the
+    # communication buffers into the measured window. None: vLLM 0.19's default for the GPU (ledger.cuda)
+    allreduce_rms_fusion: bool | None = None
     safety_margin_fraction: float = 0.05  # of the accounted total when the budget is kv_cache_gib
     # The runtime: interpreters, torch and the engine's processes (RSS on CPU). None: the measured default
     # for the CPU build (compute.CPU_RUNTIME_GIB), not estimated on cuda; `loadgen vllm run` measures it.
