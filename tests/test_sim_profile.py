@@ -330,3 +330,50 @@ def test_a_mixed_step_past_the_profiled_decodes_adds_the_decode_only_increment()
     assert beyond == pytest.approx(0.5 * (2312.6 - 1180.0), rel=1e-3)
     # within the mixed grid nothing changes: 96 decodes read between 64 and 128 as before
     assert p.attention_us(512, 0, 96, 96 * 2048) == pytest.approx(32 * p.mixed_attention.at(512, 0, 96, 2048))
+
+
+def test_cuda_graph_capture_sizes_are_vllms_defaults() -> None:
+    """The sizes vLLM 0.19 captured on the shared RTX 4090 run (max_num_seqs 256), as its meta.json logs them,
+    and by hand for smaller limits: 1, 2, 4, steps of 8 below 256, steps of 16, up to min(2 x seqs, 512, budget)."""
+    from loadgen.sim.profile import cudagraph_capture_sizes
+
+    meta = json.loads(shared_trace("llmservingsim/bench/examples/RTX4090/Llama-3.1-8B/vllm/meta.json").read_text())
+    logged = meta["resolved_config"]["compilation_config"]["cudagraph_capture_sizes"]
+    assert cudagraph_capture_sizes(256, 2048) == logged and logged[-1] == 512
+    assert cudagraph_capture_sizes(128, 2048) == [1, 2, 4, *range(8, 256, 8), 256]
+    assert cudagraph_capture_sizes(2, 2048) == [1, 2, 4]
+    assert cudagraph_capture_sizes(128, 100)[-1] == 96  # the largest size within the token budget
+
+
+def test_a_step_within_the_largest_graph_runs_its_token_terms_at_the_capture_size() -> None:
+    """A decode-only step of 35 sequences replays the 40-token graph: its dense ops at 40 tokens, its attention
+    and logits at 35 sequences. Past the largest graph (512 here) a step runs unpadded; so does every step of an
+    engine without CUDA graphs (--enforce-eager)."""
+    from loadgen.sim.profile import cudagraph_capture_sizes, cudagraph_tokens
+
+    sizes = cudagraph_capture_sizes(256, 2048)
+    assert [cudagraph_tokens(n, sizes) for n in (1, 3, 35, 40, 250, 257, 512, 513, 2048)] == [
+        1, 4, 40, 40, 256, 272, 512, 513, 2048,
+    ]  # fmt: skip
+    assert cudagraph_tokens(35, []) == 35
+    p = load_profile(RTX4090, 1, LLAMA)
+    for graphs, tokens in ((True, 40), (False, 35)):
+        cfg = parse_engine_config(
+            {
+                "name": "graphs",
+                "scheduler": {"max_num_seqs": 256, "max_num_batched_tokens": 2048, "cuda_graphs": graphs},
+                "kv": {"block_size": 16, "num_kv_blocks": 4096},
+                "cost": {
+                    "fixed_ms": 0.0,
+                    "profile": {"path": RTX4090, "model_config": LLAMA, "gpu": "RTX 4090", "vllm_version": "0.19.0"},
+                },
+            }
+        )
+        engine = Engine(cfg)
+        for i in range(35):
+            engine.add(Seq(i, 16, 8, 0))
+        engine.step(0)  # every prompt in one step (560 tokens: past the largest graph, unpadded)
+        step = engine.step(1)  # 35 decodes of 17 KV tokens each
+        assert step.decode_seqs == 35 and step.prefill_tokens == 0
+        want = p.tokens_us(tokens) + p.sequences_us(35) + p.attention_us(0, 0, 35, 35 * 17, 17, 17)
+        assert step.duration_ns == int(want * 1e3), graphs

@@ -271,3 +271,23 @@ def test_the_matching_engines_claim_their_runs(runs):
         ("rtxpro6000-qwen3-30b-a3b-tp1-ep2.toml", runs[2]),
     ):
         assert compare_run(run, load_engine_config(ENGINES / shipped)).mismatches == []
+
+
+def test_an_eager_run_is_replayed_without_cuda_graphs(tmp_path, runs):
+    """A run whose engine arguments say enforce_eager is replayed on the engine with cuda_graphs off (its steps
+    unpadded), and says so; a run that does not say keeps the engine TOML's setting."""
+    import shutil
+
+    from loadgen.calibration.offline import _engine_for, _run_settings
+
+    folder = tmp_path / "eager"
+    shutil.copytree(shared_trace("llmservingsim/bench/examples/RTXPRO6000/Llama-3.1-8B/vllm"), folder)
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["engine_kwargs"]["enforce_eager"] = True
+    (folder / "meta.json").write_text(json.dumps(meta))
+    eager = _run_settings(load_run(import_llmservingsim_run(folder, tmp_path / "run"), chunks=False).manifest)
+    assert eager["cuda_graphs"] is False and eager["source"]["cuda_graphs"] == "engine argument"
+    engine = load_engine_config("rtxpro6000-llama-3.1-8b-tp1")
+    assert engine.scheduler.cuda_graphs and not _engine_for(engine, eager).scheduler.cuda_graphs
+    logged = _run_settings(load_run(runs[1], chunks=False).manifest)
+    assert "cuda_graphs" not in logged and _engine_for(engine, logged).scheduler.cuda_graphs

@@ -204,6 +204,11 @@ def _run_settings(manifest: Manifest) -> dict[str, Any]:
         ("max_model_len", (config.get("cache_config") or {}).get("max_model_len") or None, "logged by vLLM"),
         ("chunked_prefill", scheduler.get("enable_chunked_prefill"), "logged by vLLM"),
         ("reserve_full_isl", scheduler.get("scheduler_reserve_full_isl"), "logged by vLLM"),
+        (
+            "cuda_graphs",
+            None if kwargs.get("enforce_eager") is None else not kwargs["enforce_eager"],
+            "engine argument",
+        ),
     ):
         if value is not None:
             settings[key] = value
@@ -213,7 +218,7 @@ def _run_settings(manifest: Manifest) -> dict[str, Any]:
 
 def _engine_for(config: EngineConfig, settings: dict[str, Any]) -> EngineConfig:
     """The engine TOML's costs under the measured run's scheduler settings (those it recorded)."""
-    keys = ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "reserve_full_isl")
+    keys = ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "reserve_full_isl", "cuda_graphs")
     sched: dict[str, Any] = {k: settings[k] for k in keys if k in settings}
     kv: dict[str, Any] = {}
     if "num_kv_blocks" in settings:

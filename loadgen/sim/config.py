@@ -62,6 +62,9 @@ class SchedulerConfig(_Model):
     # vLLM's asynchronous scheduling: step N+1 is scheduled as step N begins, so a request that arrives during
     # step N joins step N+2 (the worksheet then steps one at a time, without its decode fast path)
     async_scheduling: bool = False
+    # vLLM's CUDA graphs (its default; false as with --enforce-eager). With an operator profile, a step within the
+    # largest graph runs its token-count terms padded up to a capture size (profile.cudagraph_tokens)
+    cuda_graphs: bool = True
     # vLLM 0.19's scheduler_reserve_full_isl (its default): a waiting request is admitted only when blocks for its
     # whole prompt (and output so far) are free, not only for its first chunk (Scheduler.schedule, can_fit_full_sequence)
     reserve_full_isl: bool = False

@@ -24,7 +24,7 @@ import numpy as np
 
 from .block_pool import BlockPool
 from .config import JITTER_PROBABILITIES, EngineConfig
-from .profile import OperatorProfile
+from .profile import OperatorProfile, cudagraph_capture_sizes, cudagraph_tokens
 
 __all__ = ["DecodeRun", "Engine", "RunRecorder", "Seq", "StepResult"]
 
@@ -239,6 +239,11 @@ class Engine:
             self._profile = p.load()
         self.profile = self._profile  # read by the worksheet (an expert-parallel group's lockstep)
         self._tokens_ns: dict[int, float] = {}  # the profile's token- and sequence-count terms, memoised
+        sched = config.scheduler
+        # the CUDA graphs a profiled step may replay, padded up to one (none: every step runs unpadded)
+        self._graph_sizes = (
+            cudagraph_capture_sizes(sched.max_num_seqs, sched.max_num_batched_tokens) if sched.cuda_graphs else []
+        )
         self._seqs_ns: dict[int, float] = {}
         # the overhead of requests that reached the engine while it ran, owed by its next step (see add)
         self._stolen_ns = c.request_overhead_ms * 1e6 if c.request_overhead_on_engine_cpu else 0.0
@@ -987,7 +992,7 @@ class Engine:
         tokens = prefill_tokens + decodes
         t = self._tokens_ns.get(tokens)
         if t is None:
-            t = self._tokens_ns[tokens] = profile.tokens_us(tokens) * 1e3
+            t = self._tokens_ns[tokens] = profile.tokens_us(cudagraph_tokens(tokens, self._graph_sizes)) * 1e3
         s = self._seqs_ns.get(seqs)
         if s is None:
             s = self._seqs_ns[seqs] = profile.sequences_us(seqs) * 1e3

@@ -38,9 +38,12 @@ group's ep × T tokens; ranks of unequal token counts exchange at the largest ra
 (``dp_padded``) every rank is padded to it (``group_delta_us``). Each
 step the data-parallel ranks first all-reduce a 4 × dp int32 tensor over NCCL (vLLM 0.19
 ``coordinate_batch_across_dp``: token counts, micro-batching, CUDA-graph mode). The lockstep of the
-data-parallel ranks (each step waits for the slowest) is the worksheet's (``_lockstep``). Not modelled: CPU time
-between steps (vLLM 0.19 schedules asynchronously), a rank's padding to its CUDA-graph size, the MoE router's own
-GEMM, the GPU-to-CPU sync the DP all-reduce forces.
+data-parallel ranks (each step waits for the slowest) is the worksheet's (``_lockstep``). A step within the largest
+CUDA graph replays one captured at the next capture size, so its token-count terms (dense ops, MoE, all-reduces)
+are priced at that padded count (``cudagraph_tokens``; the engine's ``cuda_graphs``); its attention and
+per-sequence terms at the real counts (vLLM's attention metadata and its logits rows leave the padding out). Not
+modelled: CPU time between steps (vLLM 0.19 schedules asynchronously), the MoE router's own GEMM, the GPU-to-CPU
+sync the DP all-reduce forces.
 """
 
 from __future__ import annotations
@@ -62,7 +65,16 @@ from ..ledger.config import ModelConfig, read_model_config
 from .interp import interp_axis
 from .link import AssumedLink, Link
 
-__all__ = ["OperatorProfile", "dp_padded", "expected_experts", "fit_linear_cost", "interp_axis", "load_profile"]
+__all__ = [
+    "OperatorProfile",
+    "cudagraph_capture_sizes",
+    "cudagraph_tokens",
+    "dp_padded",
+    "expected_experts",
+    "fit_linear_cost",
+    "interp_axis",
+    "load_profile",
+]
 
 #: The link of a ``[cost.profile]`` that states none: AssumedLink's defaults (LLMServingSim's cluster config for
 #: its PCIe machines).
@@ -88,12 +100,34 @@ def _bracket(axis: Sequence[int], x: float, zero_alone: bool) -> tuple[int, int,
     return i - 1, i, (x - x0) / (x1 - x0)
 
 
+def cudagraph_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int | None = None) -> list[int]:
+    """vLLM 0.19's default CUDA graph capture sizes (config/vllm.py ``_set_cudagraph_sizes``): 1, 2, 4, then steps
+    of 8 below 256, then of 16, up to min(2 x max_num_seqs, 512, max_num_batched_tokens); the largest of them is
+    ``max_cudagraph_capture_size``."""
+    bound = min(2 * max_num_seqs, 512)
+    if max_num_batched_tokens is not None:
+        bound = min(bound, max_num_batched_tokens)
+    sizes = [size for size in (1, 2, 4) if size <= bound]
+    sizes += list(range(8, min(bound + 1, 256), 8)) + list(range(256, bound + 1, 16))
+    return sorted(set(sizes))
+
+
+def cudagraph_tokens(tokens: int, sizes: Sequence[int]) -> int:
+    """The tokens vLLM 0.19's model forward runs for a step of ``tokens``: the smallest capture size (``sizes``,
+    ascending) at least ``tokens``, where one is, as the step then replays that CUDA graph (FULL for a decode-only
+    batch, PIECEWISE otherwise: ``CudagraphDispatcher.dispatch``); past the largest, the step runs without a
+    graph, unpadded."""
+    if tokens <= 0 or not sizes or tokens > sizes[-1]:
+        return tokens
+    return sizes[bisect.bisect_left(sizes, tokens)]
+
+
 def dp_padded(max_rank_tokens: int, max_num_seqs: int) -> bool:
     """Whether vLLM 0.19 pads a data-parallel step's ranks to the busiest one's token count: when the step runs
     CUDA graphs on every rank (``coordinate_batch_across_dp`` syncs the graph mode as the minimum over the ranks
-    and pads when it is not NONE), i.e. the busiest rank's tokens are within the default largest graph,
-    ``max_cudagraph_capture_size`` = min(2 x max_num_seqs, 512). Larger steps run eager and unpadded."""
-    return max_rank_tokens <= min(2 * max_num_seqs, 512)
+    and pads when it is not NONE), i.e. the busiest rank's tokens are within the default largest graph
+    (``cudagraph_capture_sizes``). Larger steps run eager and unpadded."""
+    return max_rank_tokens <= cudagraph_capture_sizes(max_num_seqs)[-1]
 
 
 def expected_experts(experts: int, top_k: int, tokens: float, ep: int = 1) -> float:
