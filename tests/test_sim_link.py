@@ -128,13 +128,22 @@ def test_an_engine_toml_giving_both_links_is_refused_in_one_line(tmp_path: Path)
 
 
 def test_a_cuda_graph_dp_step_pads_every_rank_to_the_busiest(tmp_path: Path) -> None:
-    from loadgen.sim.profile import dp_padded
+    from loadgen.sim.profile import cudagraph_capture_sizes, dp_padded
 
     # vLLM 0.19's default largest CUDA graph: min(2 x max_num_seqs, 512) tokens; past it, eager and unpadded
-    assert dp_padded(256, 128) and not dp_padded(257, 128)
-    assert dp_padded(512, 512) and not dp_padded(513, 1024)
+    assert dp_padded(256, cudagraph_capture_sizes(128)) and not dp_padded(257, cudagraph_capture_sizes(128))
+    assert dp_padded(512, cudagraph_capture_sizes(512)) and not dp_padded(513, cudagraph_capture_sizes(1024))
+    assert not dp_padded(1, [])  # an engine without CUDA graphs never pads
     p = load_profile(PRO_MOE, 1, QWEN_MOE, ep=2, link=_table(tmp_path))
-    padded, unpadded = p.group_delta_us(100, 300, 200, True), p.group_delta_us(100, 300, 200, False)
-    # padded: the expert kernel runs 2 x 200 rows, not the group's 300 (the same experts activated)
-    assert padded - unpadded == pytest.approx(p.moe_layers * (p._moe_over(300, 400) - p._moe_over(300, 300)))
-    assert padded > unpadded
+    sizes = cudagraph_capture_sizes(128)
+    padded, unpadded = p.group_delta_us(100, 300, 200, sizes), p.group_delta_us(100, 300, 200)
+    # padded: the expert kernel runs 2 x 200 rows, not the group's 300 (the same experts activated), and the
+    # exchange moves 200 rows a rank, as unpadded (200 is a capture size); the rank itself was priced at 104
+    charged = p._moe_over(2 * 104, 2 * 104) + p.exchange_us(104)
+    assert padded == pytest.approx(p.moe_layers * (p._moe_over(300, 400) + p.exchange_us(200) - charged))
+    assert unpadded == pytest.approx(
+        p.moe_layers * (p._moe_over(300, 300) + p.exchange_us(200) - p._moe_over(200, 200) - p.exchange_us(100))
+    )
+    # a busiest rank between capture sizes: every rank runs the next size up
+    odd = p.group_delta_us(100, 301, 201, sizes)
+    assert odd == pytest.approx(p.moe_layers * (p._moe_over(301, 416) + p.exchange_us(208) - charged))

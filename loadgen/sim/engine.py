@@ -240,8 +240,9 @@ class Engine:
         self.profile = self._profile  # read by the worksheet (an expert-parallel group's lockstep)
         self._tokens_ns: dict[int, float] = {}  # the profile's token- and sequence-count terms, memoised
         sched = config.scheduler
-        # the CUDA graphs a profiled step may replay, padded up to one (none: every step runs unpadded)
-        self._graph_sizes = (
+        # the CUDA graphs a profiled step may replay, padded up to one (none: every step runs unpadded); read by
+        # the worksheet too (an expert-parallel group's padding)
+        self.graph_sizes: list[int] = (
             cudagraph_capture_sizes(sched.max_num_seqs, sched.max_num_batched_tokens) if sched.cuda_graphs else []
         )
         self._seqs_ns: dict[int, float] = {}
@@ -992,7 +993,7 @@ class Engine:
         tokens = prefill_tokens + decodes
         t = self._tokens_ns.get(tokens)
         if t is None:
-            t = self._tokens_ns[tokens] = profile.tokens_us(cudagraph_tokens(tokens, self._graph_sizes)) * 1e3
+            t = self._tokens_ns[tokens] = profile.tokens_us(cudagraph_tokens(tokens, self.graph_sizes)) * 1e3
         s = self._seqs_ns.get(seqs)
         if s is None:
             s = self._seqs_ns[seqs] = profile.sequences_us(seqs) * 1e3

@@ -122,12 +122,12 @@ def cudagraph_tokens(tokens: int, sizes: Sequence[int]) -> int:
     return sizes[bisect.bisect_left(sizes, tokens)]
 
 
-def dp_padded(max_rank_tokens: int, max_num_seqs: int) -> bool:
+def dp_padded(max_rank_tokens: int, sizes: Sequence[int]) -> bool:
     """Whether vLLM 0.19 pads a data-parallel step's ranks to the busiest one's token count: when the step runs
     CUDA graphs on every rank (``coordinate_batch_across_dp`` syncs the graph mode as the minimum over the ranks
-    and pads when it is not NONE), i.e. the busiest rank's tokens are within the default largest graph
-    (``cudagraph_capture_sizes``). Larger steps run eager and unpadded."""
-    return max_rank_tokens <= cudagraph_capture_sizes(max_num_seqs)[-1]
+    and pads when it is not NONE), i.e. the busiest rank's tokens are within the largest of the capture
+    ``sizes`` (none: the engine runs no graphs). Larger steps run eager and unpadded."""
+    return bool(sizes) and max_rank_tokens <= sizes[-1]
 
 
 def expected_experts(experts: int, top_k: int, tokens: float, ep: int = 1) -> float:
@@ -231,7 +231,9 @@ class OperatorProfile:
     mixed_attention: _Attention  # steps with one
     skew: _Skew | None  # the mixed-length correction, where the profile fitted one
     link: Link  # prices the collectives (loadgen.sim.link)
-    _group_delta: dict[tuple[int, int, int, bool], float] = field(default_factory=dict, compare=False, repr=False)
+    _group_delta: dict[tuple[int, int, int, tuple[int, ...]], float] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def tokens_us(self, tokens: int) -> float:
         """Everything in a step that depends on its token count (µs): dense ops, MoE, all-reduces."""
@@ -270,25 +272,29 @@ class OperatorProfile:
         return self.link.all_reduce_us(4 * self.ep * 4, self.ep)
 
     def group_delta_us(
-        self, tokens: int, group_tokens: int, max_rank_tokens: int | None = None, padded: bool = False
+        self, tokens: int, group_tokens: int, max_rank_tokens: int | None = None, graph_sizes: Sequence[int] = ()
     ) -> float:
         """How much longer (µs; negative: shorter) a step of ``tokens`` takes on a rank of an expert-parallel group
         whose ranks together run ``group_tokens``, the busiest ``max_rank_tokens`` (default: the larger of this
         rank's and the rest's, exact for 2 ranks), than ``tokens_us`` priced it (every rank as loaded as this
-        one): the experts run over the group's actual tokens, the exchange at the busiest rank's
-        (``exchange_us``). ``padded``: vLLM padded every rank to the busiest's count (a CUDA-graph step,
-        ``dp_padded``), so the expert kernel runs over ep x that many rows (the experts activated still by the
-        group's actual tokens)."""
+        one, at its CUDA-graph size among ``graph_sizes``): the experts run over the group's actual tokens, the
+        exchange at the busiest rank's (``exchange_us``). In a CUDA-graph step (``dp_padded``) vLLM pads every
+        rank to the busiest's count and that to its capture size, so the expert kernel runs over ep x that many
+        rows (the experts activated still by the group's actual tokens) and the exchange moves that many."""
         if not self.moe_layers or self.ep <= 1:
             return 0.0
         busiest = max(tokens, group_tokens - tokens) if max_rank_tokens is None else max_rank_tokens
-        key = (tokens, group_tokens, busiest, padded)
+        key = (tokens, group_tokens, busiest, tuple(graph_sizes))
         known = self._group_delta.get(key)
         if known is not None:
             return known
-        assumed = self._moe_over(tokens * self.ep, tokens * self.ep) + self.exchange_us(tokens)
-        seen = self.ep * busiest if padded else group_tokens
-        actual = self._moe_over(group_tokens, seen) + self.exchange_us(busiest)
+        charged = cudagraph_tokens(tokens, graph_sizes)
+        assumed = self._moe_over(charged * self.ep, charged * self.ep) + self.exchange_us(charged)
+        if dp_padded(busiest, graph_sizes):
+            rows = cudagraph_tokens(busiest, graph_sizes)
+            actual = self._moe_over(group_tokens, self.ep * rows) + self.exchange_us(rows)
+        else:
+            actual = self._moe_over(group_tokens, group_tokens) + self.exchange_us(busiest)
         delta = self._group_delta[key] = self.moe_layers * (actual - assumed)
         return delta
 

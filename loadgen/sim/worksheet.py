@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -55,7 +56,7 @@ from .metrics import (
     metric_labels_json,
 )
 from .prefix_chain import engine_block_chain
-from .profile import OperatorProfile, dp_padded
+from .profile import OperatorProfile
 from .protocol import StreamFormat, filler_bytes, request_id_for, token_bytes
 
 __all__ = ["WorksheetResult", "run_worksheet", "simulate_trace"]
@@ -426,7 +427,7 @@ def _run_fleet_virtual_time(engines: list[Engine], client: _Client) -> tuple[_St
                 pending[i] = (t + res.duration_ns, res)
                 started.append(i)
             if len(group) > 1 and started:
-                _lockstep(t, started, pending, profile, engines[0].config.scheduler.max_num_seqs)
+                _lockstep(t, started, pending, profile, engines[0].graph_sizes)
         nxt = _next_event(client, delayed)
         times = [p[0] for p in pending if p is not None] + wake + ([nxt] if nxt is not None else [])
         if not times:
@@ -445,19 +446,18 @@ def _lockstep(
     started: list[int],
     pending: list[tuple[int, StepResult] | None],
     profile: OperatorProfile | None,
-    max_num_seqs: int,
+    graph_sizes: Sequence[int],
 ) -> None:
     """The steps a lockstep group started at ``t``: each rank's experts run over the whole group's tokens (padded
-    to the busiest rank's in a CUDA-graph step: ``dp_padded``), and every rank's step lasts as long as the
-    slowest one's."""
+    to the busiest rank's, at its CUDA-graph size, in a CUDA-graph step: ``dp_padded``), and every rank's step
+    lasts as long as the slowest one's."""
     results = [cast(tuple[int, StepResult], pending[i])[1] for i in started]
     tokens = [r.prefill_tokens + r.decode_seqs for r in results]
     durations = [r.duration_ns for r in results]
     if profile is not None:
         total, busiest = sum(tokens), max(tokens)
-        padded = dp_padded(busiest, max_num_seqs)
         durations = [
-            d + int(profile.group_delta_us(n, total, busiest, padded) * 1e3)
+            d + int(profile.group_delta_us(n, total, busiest, graph_sizes) * 1e3)
             for d, n in zip(durations, tokens, strict=True)
         ]
     end = t + max(durations)
