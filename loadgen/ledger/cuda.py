@@ -79,8 +79,9 @@ NON_TORCH_INCREASE_GIB = 0.25
 #: The same at TP > 1 with vLLM 0.19's FlashInfer all-reduce + RMSNorm fusion on (``allreduce_rms_fusion``): the
 #: same vLLM 0.19.0 H100 logs ("Enabled custom fusions: allreduce_rms"), Llama-3.1-8B-Instruct 2.07 GiB at TP 2
 #: and 2.13 at TP 4 (Qwen2.5-7B-Instruct 2.06 and 2.13; Mistral-Small-24B w8a8 and gpt-oss-20b 2.07 at TP 2).
-#: Measured on NVLink H100s. Its parts are not all derived: the fusion's workspace is 1.5 GiB there (3 buffers
-#: rounded to a 512 MiB multicast granularity) and the rest, 0.3-0.4 GiB, is NCCL's.
+#: Measured on NVLink H100s. Its parts are not all derived: by our reading of flashinfer's source (not measured)
+#: the fusion's workspace is 1.5 GiB there (3 buffers rounded up to a 512 MiB multicast granularity), leaving
+#: 0.3-0.4 GiB for the NCCL communicator the fusion's barrier brings up.
 NON_TORCH_INCREASE_TP_GIB = 2.07
 
 #: vLLM 0.19 takes the fused Triton top-k/top-p kernel for a batch of at least this many rows
