@@ -377,3 +377,21 @@ def test_a_step_within_the_largest_graph_runs_its_token_terms_at_the_capture_siz
         assert step.decode_seqs == 35 and step.prefill_tokens == 0
         want = p.tokens_us(tokens) + p.sequences_us(35) + p.attention_us(0, 0, 35, 35 * 17, 17, 17)
         assert step.duration_ns == int(want * 1e3), graphs
+
+
+def test_each_prefill_chunk_of_a_step_attends_to_its_own_keys() -> None:
+    """vLLM runs a step's attention as one varlen call in which each sequence attends to its own keys: two prompts
+    prefilled in one step cost the attention of each, not of one sequence as long as both (which would count
+    the cross terms of a causal 500-token sequence that no request has)."""
+    from loadgen.sim.profile import cudagraph_capture_sizes, cudagraph_tokens
+
+    p = load_profile(RTX4090, 1, LLAMA)
+    engine = Engine(load_engine_config("rtx4090-llama-3.1-8b-tp1"))
+    engine.add(Seq(0, 300, 2, 0))
+    engine.add(Seq(1, 200, 2, 0))
+    step = engine.step(0)
+    assert step.prefill_tokens == 500 and step.decode_seqs == 0
+    tokens = cudagraph_tokens(500, cudagraph_capture_sizes(256, 2048))  # 512: within the largest graph
+    per_chunk = p.attention_us(300, 0, 0, 0) + p.attention_us(200, 0, 0, 0)
+    assert step.duration_ns == int((p.tokens_us(tokens) + p.sequences_us(2) + per_chunk) * 1e3)
+    assert p.attention_us(500, 0, 0, 0) > per_chunk

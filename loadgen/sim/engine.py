@@ -17,6 +17,7 @@ import bisect
 import hashlib
 from array import array
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -985,20 +986,28 @@ class Engine:
         seqs: int,
         kv_max: int = 0,
         kv_min: int = 0,
+        more_chunks: Sequence[tuple[int, int]] = (),
     ) -> float:
         """The operator profile's step time (ns) for a step's composition, plus ``fixed_ms``; the token- and
-        sequence-count terms are memoised (a decode run asks for the same ones step after step)."""
+        sequence-count terms are memoised (a decode run asks for the same ones step after step).
+
+        ``prefill_tokens`` over ``prefill_cached`` is the step's largest prefill chunk, which the decodes share its
+        attention row with; ``more_chunks`` are its other chunks (tokens, cached prefix). vLLM runs a step's
+        attention as one varlen call in which each sequence attends to its own keys only, so each further chunk
+        adds its own attention (``attention_us`` with no decodes) rather than lengthening one long sequence."""
         profile = self._profile
         assert profile is not None
-        tokens = prefill_tokens + decodes
+        tokens = prefill_tokens + decodes + sum(n for n, _ in more_chunks)
         t = self._tokens_ns.get(tokens)
         if t is None:
             t = self._tokens_ns[tokens] = profile.tokens_us(cudagraph_tokens(tokens, self.graph_sizes)) * 1e3
         s = self._seqs_ns.get(seqs)
         if s is None:
             s = self._seqs_ns[seqs] = profile.sequences_us(seqs) * 1e3
-        attention = profile.attention_us(prefill_tokens, prefill_cached, decodes, decode_kv, kv_max, kv_min) * 1e3
-        return self._fixed_ns + t + s + attention
+        attention = profile.attention_us(prefill_tokens, prefill_cached, decodes, decode_kv, kv_max, kv_min)
+        for n, cached in more_chunks:
+            attention += profile.attention_us(n, cached, 0, 0)
+        return self._fixed_ns + t + s + attention * 1e3
 
     def _profiled_duration_ns(
         self, scheduled: list[tuple[Seq, int]], decodes: int, decode_kv: int, kv_max: int = 0, kv_min: int = 0
@@ -1008,7 +1017,7 @@ class Engine:
         decode run's, not in ``scheduled``), then what ``_duration_ns`` adds (owed overhead, noise, jitter)."""
         if not scheduled and not decodes:
             return 0
-        prefill = cached = 0
+        chunks: list[tuple[int, int]] = []
         seqs = decodes + len(scheduled)
         if not decodes:
             kv_min = 1 << 62
@@ -1022,9 +1031,15 @@ class Engine:
                 if c + n < kv_min:
                     kv_min = c + n
             else:
-                prefill += n
-                cached += c
-        duration = self._profile_ns(prefill, cached, decodes, decode_kv, seqs, kv_max, kv_min if decodes else 0)
+                chunks.append((n, c))
+        prefill, cached = max(chunks) if chunks else (0, 0)
+        if len(chunks) > 1:
+            chunks.remove((prefill, cached))
+        else:
+            chunks = []
+        duration = self._profile_ns(
+            prefill, cached, decodes, decode_kv, seqs, kv_max, kv_min if decodes else 0, more_chunks=chunks
+        )
         if self._owed_ns:
             duration += self._owed_ns
             self._owed_ns = 0.0
