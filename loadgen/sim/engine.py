@@ -243,8 +243,10 @@ class Engine:
         sched = config.scheduler
         # the CUDA graphs a profiled step may replay, padded up to one (none: every step runs unpadded); read by
         # the worksheet too (an expert-parallel group's padding)
-        self.graph_sizes: list[int] = (
-            cudagraph_capture_sizes(sched.max_num_seqs, sched.max_num_batched_tokens) if sched.cuda_graphs else []
+        self.graph_sizes: tuple[int, ...] = (
+            tuple(cudagraph_capture_sizes(sched.max_num_seqs, sched.max_num_batched_tokens))
+            if sched.cuda_graphs
+            else ()
         )
         self._seqs_ns: dict[int, float] = {}
         # the overhead of requests that reached the engine while it ran, owed by its next step (see add)
@@ -1032,13 +1034,10 @@ class Engine:
                     kv_min = c + n
             else:
                 chunks.append((n, c))
-        prefill, cached = max(chunks) if chunks else (0, 0)
-        if len(chunks) > 1:
-            chunks.remove((prefill, cached))
-        else:
-            chunks = []
+        chunks.sort(reverse=True)  # the largest first: it shares the decodes' attention row
+        prefill, cached = chunks[0] if chunks else (0, 0)
         duration = self._profile_ns(
-            prefill, cached, decodes, decode_kv, seqs, kv_max, kv_min if decodes else 0, more_chunks=chunks
+            prefill, cached, decodes, decode_kv, seqs, kv_max, kv_min if decodes else 0, more_chunks=chunks[1:]
         )
         if self._owed_ns:
             duration += self._owed_ns

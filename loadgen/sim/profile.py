@@ -107,9 +107,10 @@ def cudagraph_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int | Non
     bound = min(2 * max_num_seqs, 512)
     if max_num_batched_tokens is not None:
         bound = min(bound, max_num_batched_tokens)
-    sizes = [size for size in (1, 2, 4) if size <= bound]
-    sizes += list(range(8, min(bound + 1, 256), 8)) + list(range(256, bound + 1, 16))
-    return sorted(set(sizes))
+    return [size for size in (1, 2, 4) if size <= bound] + [
+        *range(8, min(bound + 1, 256), 8),
+        *range(256, bound + 1, 16),
+    ]
 
 
 def cudagraph_tokens(tokens: int, sizes: Sequence[int]) -> int:
@@ -231,9 +232,7 @@ class OperatorProfile:
     mixed_attention: _Attention  # steps with one
     skew: _Skew | None  # the mixed-length correction, where the profile fitted one
     link: Link  # prices the collectives (loadgen.sim.link)
-    _group_delta: dict[tuple[int, int, int, tuple[int, ...]], float] = field(
-        default_factory=dict, compare=False, repr=False
-    )
+    _group_delta: dict[tuple[int, int, int, int], float] = field(default_factory=dict, compare=False, repr=False)
 
     def tokens_us(self, tokens: int) -> float:
         """Everything in a step that depends on its token count (µs): dense ops, MoE, all-reduces."""
@@ -284,7 +283,7 @@ class OperatorProfile:
         if not self.moe_layers or self.ep <= 1:
             return 0.0
         busiest = max(tokens, group_tokens - tokens) if max_rank_tokens is None else max_rank_tokens
-        key = (tokens, group_tokens, busiest, tuple(graph_sizes))
+        key = (tokens, group_tokens, busiest, graph_sizes[-1] if graph_sizes else 0)  # the sizes follow their largest
         known = self._group_delta.get(key)
         if known is not None:
             return known
