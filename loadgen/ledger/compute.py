@@ -18,6 +18,7 @@ from loadgen.workload.scenario import Scenario
 from .config import ModelConfig, dtype_bytes
 from .cuda import (
     allreduce_rms_fusion,
+    blas_workspace_bytes,
     forward_peak_bytes,
     non_torch_bytes,
     non_torch_increase_gib,
@@ -370,12 +371,15 @@ def _cuda_profile_lines(m: ModelConfig, e: EngineSettings, act_b: float) -> tupl
         },
         "estimate",
     )
+    blas, blas_formula = blas_workspace_bytes(m, e)
     ws_line = LedgerLine(
         "workspaces",
-        max(0, sampler - forward),
-        f"torch peak beyond the forward: max(0, {sampler_formula} = {sampler:,} B − forward {forward:,} B)",
+        max(0, sampler - forward) + blas,
+        f"torch peak beyond the forward: max(0, {sampler_formula} = {sampler:,} B − forward {forward:,} B) + "
+        f"{blas_formula}",
         {
             "sampler_peak_bytes": sampler,
+            "blas_workspace_bytes": blas,
             "rows": min(e.max_num_seqs, e.max_num_batched_tokens),
             "vocab_size": m.vocab_size,
             "assumption": "vLLM 0.19's sampler path as read from its code (Triton top-k/top-p from 8 rows, PyTorch "

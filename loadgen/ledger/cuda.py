@@ -24,6 +24,9 @@ vLLM 0.19 (V1 GPU worker; read, not copied: vllm/v1/worker/gpu_worker.py ``init_
   The sampler's path is 0.19's (vllm/v1/sample/ops/topk_topp_sampler.py ``apply_top_k_top_p``): with
   Triton (every CUDA build) and at least 8 rows, the fused Triton top-k/top-p kernel filters the float32
   logits in place with one cached scratch row per program; below 8 rows, the PyTorch sort path.
+  The profile run's forward is also the process's first GEMM, so the workspace PyTorch gives cuBLAS (and
+  cuBLASLt, for a biased linear layer) is allocated inside the window and stays for the sampler
+  (``blas_workspace_bytes``).
 - ``non-torch increase`` (device memory outside torch's allocator that appears between the snapshot and
   the end of profiling: kernel images loaded lazily, cuBLAS/cuBLASLt handles) cannot be derived from the
   config. It is a per-device constant measured by others on vLLM 0.19 (NON_TORCH_INCREASE_GIB at TP 1,
@@ -66,6 +69,10 @@ __all__ = [
     "non_torch_bytes",
     "non_torch_source",
     "allreduce_rms_fusion",
+    "CUBLAS_WORKSPACE_BYTES_SM90",
+    "CUBLAS_WORKSPACE_BYTES_DEFAULT",
+    "CUBLASLT_WORKSPACE_BYTES",
+    "blas_workspace_bytes",
 ]
 
 #: Device memory outside torch's allocator that vLLM's profile sees appear (its ``non_torch_increase``), GiB
@@ -83,6 +90,19 @@ NON_TORCH_INCREASE_GIB = 0.25
 #: the fusion's workspace is 1.5 GiB there (3 buffers rounded up to a 512 MiB multicast granularity), leaving
 #: 0.3-0.4 GiB for the NCCL communicator the fusion's barrier brings up.
 NON_TORCH_INCREASE_TP_GIB = 2.07
+
+#: PyTorch 2.10 (vLLM 0.19's; the RTX 4090 run's meta.json logs 2.10.0+cu128) gives each cuBLAS handle and
+#: stream a workspace from its caching allocator on the handle's first GEMM, so it counts in allocated bytes
+#: (aten/src/ATen/cuda/CublasHandlePool.cpp ``parseChosenWorkspaceSize``, ``setWorkspaceForHandle``; read, not
+#: copied): 32 MiB on compute capability 9.0 (cuBLAS's recommendation for Hopper) and CUBLAS_WORKSPACE_CONFIG's
+#: default ":4096:2:16:8" elsewhere, Blackwell included until PyTorch 2.11 (pytorch/pytorch#175344, 2026-02).
+CUBLAS_WORKSPACE_BYTES_SM90 = 4096 * 1024 * 8
+CUBLAS_WORKSPACE_BYTES_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8
+
+#: cuBLASLt's own workspace in PyTorch 2.10 (CUBLASLT_WORKSPACE_SIZE's default, 1,024 KiB), allocated beside
+#: cuBLAS's the first time a GEMM takes cuBLASLt: ``addmm`` with a bias vector (its epilogue), which a linear
+#: layer with a bias (Qwen2's q/k/v) runs. The unified workspace that would share cuBLAS's is opt-in in 2.10.
+CUBLASLT_WORKSPACE_BYTES = 1024 * 1024
 
 #: vLLM 0.19 takes the fused Triton top-k/top-p kernel for a batch of at least this many rows
 #: (vllm/v1/sample/ops/topk_topp_sampler.py ``apply_top_k_top_p``), the PyTorch sort path below it.
@@ -180,6 +200,31 @@ def sampler_peak_bytes(m: ModelConfig, e: EngineSettings, act_bytes: float) -> t
         f"({sm_source}) {hidden}"
     )
     return rows * V * per + scratch * V * 4 + held, formula
+
+
+def blas_workspace_bytes(m: ModelConfig, e: EngineSettings) -> tuple[int, str]:
+    """(bytes, formula): the GEMM libraries' workspaces the profile run's forward allocates and keeps.
+
+    One cuBLAS handle on one stream runs the profile run's GEMMs (vLLM's MoE shared-experts stream is used
+    only at 256 tokens or fewer, and the profile runs max_num_batched_tokens), so one workspace, sized by the
+    GPU's compute capability; an unknown GPU is taken for an H100 (9.0), and the formula says so.
+    """
+    capability = gpu_capability(e.device_name)
+    if capability is None:
+        capability, named = (9, 0), f"{e.device_name or 'GPU not named'}: capability unknown, ASSUMED 9.0 (an H100's)"
+    else:
+        named = f"{e.device_name}: capability {capability[0]}.{capability[1]}"
+    if capability == (9, 0):
+        cublas, size = CUBLAS_WORKSPACE_BYTES_SM90, "32 MiB on 9.0"
+    else:
+        cublas, size = CUBLAS_WORKSPACE_BYTES_DEFAULT, "4096 KiB × 2 + 16 KiB × 8 off 9.0"
+    formula = f"cuBLAS workspace {cublas:,} B (PyTorch 2.10: {size}; {named})"
+    if not m.attention_bias:
+        return cublas, formula
+    return (
+        cublas + CUBLASLT_WORKSPACE_BYTES,
+        formula + f" + cuBLASLt workspace {CUBLASLT_WORKSPACE_BYTES:,} B (biased linear)",
+    )
 
 
 def allreduce_rms_fusion(e: EngineSettings) -> tuple[bool, str]:
