@@ -6,14 +6,16 @@ For each shared run (``../shared/traces/llmservingsim/bench/examples/<GPU>/<mode
 compared by the library's ``compare_run`` -- the very comparison ``loadgen sim validate --measured`` prints, with
 the same anchoring (``--arrivals``, default ``workload``: the workload's own arrival instants; measured latencies
 from the frontend's arrival, mapped onto the engine clock by the smallest queued - arrival offset) -- on the
-shipped engine of that GPU, model and TP degree (DP 2: two engines behind the least-in-flight router). Printed
-per run:
+shipped engine of that GPU, model and TP degree (DP 2: two engines behind vLLM's own balancer, as
+``loadgen.sim.dp_balance`` emulates it). Printed per run:
 
 - every figure (TTFT, TPOT = per-request mean ITL, E2E, queue time: mean / p50 / p90 / p99; completed
   throughput), measured beside predicted, signed error; the worst absolute error; and LLMServingSim's own worst
   error on that run (its ``validation/summary.txt``, their figures, for comparison only);
 - the wall time of the 300-request replay (``simulate_trace`` on the anchored trace, the profile already loaded;
   best of ``--repeat``) and the profile's load time;
+- for a DP run, the spread of the figures as the balancer's timing moves (the DP coordinator's first publication
+  after a quiet spell delayed by 0-90 ms), and the same comparison behind least-in-flight routing;
 - side by side, the same comparison with the engine's linear cost terms (fixed + per prefill token + per decode
   sequence + per KV token) fitted by least squares to the same profile (``fit_linear_cost``) instead of it.
 
@@ -37,6 +39,7 @@ from loadgen.calibration.llmservingsim import import_llmservingsim_run
 from loadgen.calibration.offline import ANCHORS, RunComparison, compare_run, replay_table
 from loadgen.rundir.io import load_run
 from loadgen.sim import EngineConfig, load_engine_config
+from loadgen.sim.dp_balance import VLLM_DP, VllmDpBalancer
 from loadgen.sim.profile import fit_linear_cost, load_profile
 from loadgen.sim.worksheet import simulate_trace
 
@@ -60,7 +63,7 @@ def _replay_wall_s(run_dir: Path, cfg: EngineConfig, anchor: str, repeat: int) -
     walls = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        simulate_trace(table, meta, cfg, replicas=replicas, route_policy="least-in-flight")
+        simulate_trace(table, meta, cfg, replicas=replicas, route_policy=VLLM_DP if replicas > 1 else "round-robin")
         walls.append(time.perf_counter() - t0)
     return min(walls), table.num_rows, replicas
 
@@ -109,6 +112,8 @@ def bench(run: str, repeat: int, anchor: str, tmp: Path) -> None:
         f"LLMServingSim's worst on this run {_their_worst(got)}; preemptions {notes.get('preemptions')}, "
         f"prefix-cache hit tokens {notes.get('prefix_cache_hits')}"
     )
+    if replicas > 1:
+        _balancer_sweep(run_dir, cfg, anchor)
     linear = _linear_twin(cfg)
     t0 = time.perf_counter()
     fitted = compare_run(run_dir, linear, anchor)
@@ -126,6 +131,40 @@ def bench(run: str, repeat: int, anchor: str, tmp: Path) -> None:
     print(
         f"   worst |error| of the linear fit {abs(lin_worst.get('signed_pct', 0.0)):.1f}% ({lin_worst.get('figure')}) "
         f"(profiled: {abs(worst.get('signed_pct', 0.0)):.1f}%)"
+    )
+
+
+#: Delays (ms) added to the DP coordinator's first wait after a quiet spell in the balancer sweep.
+BALANCER_DELAYS_MS = tuple(range(0, 100, 10))
+
+
+def _balancer_sweep(run_dir: Path, cfg: EngineConfig, anchor: str) -> None:
+    """How much of a DP run's figures is the timing of vLLM's balancer: the same comparison with the coordinator's
+    first publication after a quiet spell delayed by each of BALANCER_DELAYS_MS (a request routed in a burst then
+    sees other counts, and may go to the other rank)."""
+    worsts, mapes = [], []
+    cells = []
+    try:
+        for delay in BALANCER_DELAYS_MS:
+            VllmDpBalancer.sensitivity_delay_ns = delay * 1_000_000
+            got = compare_run(run_dir, cfg, anchor)
+            worst = got.worst or {}
+            worsts.append(abs(worst.get("signed_pct", 0.0)))
+            mapes.append(got.mape_pct)
+            cells.append(f"{delay}: {worst.get('figure')} {worst.get('signed_pct', 0.0):+.1f}%")
+    finally:
+        VllmDpBalancer.sensitivity_delay_ns = 0
+    print(f"   vLLM's DP balancer, its first publication after a quiet spell delayed (ms): {'; '.join(cells)}")
+    print(
+        f"   over those {len(worsts)}: worst |error| {min(worsts):.1f}-{max(worsts):.1f}% (median "
+        f"{sorted(worsts)[len(worsts) // 2]:.1f}%), MAPE {min(mapes):.1f}-{max(mapes):.1f}% (mean "
+        f"{sum(mapes) / len(mapes):.2f}%)"
+    )
+    lif = compare_run(run_dir, cfg, anchor, route_policy="least-in-flight")
+    lif_worst = lif.worst or {}
+    print(
+        f"   least-in-flight routing instead: worst |error| {abs(lif_worst.get('signed_pct', 0.0)):.1f}% "
+        f"({lif_worst.get('figure')}), MAPE {lif.mape_pct:.1f}%"
     )
 
 

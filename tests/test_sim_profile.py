@@ -15,6 +15,7 @@ import pytest
 from loadgen.rundir.schema import TRACE_FULL_SCHEMA
 from loadgen.sim import load_engine_config, parse_engine_config
 from loadgen.sim.config import PRESETS_DIR
+from loadgen.sim.dp_balance import VLLM_DP
 from loadgen.sim.engine import Engine, Seq
 from loadgen.sim.prefix_chain import engine_block_chain
 from loadgen.sim.profile import expected_experts, load_profile
@@ -222,7 +223,8 @@ def test_shared_runs_are_predicted_within_ten_percent(tmp_path: Path, run: str) 
     ]
     jsonl = shared_trace(f"llmservingsim/workloads/sharegpt-{workload}-300-sps10.jsonl")
     table, meta = read_trace(import_trace("llmservingsim", jsonl, tmp_path / "t.parquet"))
-    result = simulate_trace(table, meta, load_engine_config(engine), replicas=replicas, route_policy="least-in-flight")
+    policy = VLLM_DP if replicas > 1 else "round-robin"  # DP ranks behind vLLM's own balancer, as the run had
+    result = simulate_trace(table, meta, load_engine_config(engine), replicas=replicas, route_policy=policy)
     offset = min(r["queued_ts"] - r["arrival_time"] for r in rows)
     measured = {
         "ttft": [r["first_token_ts"] - r["arrival_time"] - offset for r in rows],

@@ -45,6 +45,7 @@ from loadgen.rundir.io import load_run
 from loadgen.rundir.manifest import Manifest
 from loadgen.rundir.schema import TRACE_FULL_SCHEMA
 from loadgen.sim.config import EngineConfig, load_engine_config
+from loadgen.sim.dp_balance import VLLM_DP, SimRoutePolicy
 from loadgen.sim.worksheet import simulate_trace
 from loadgen.stats.percentiles import percentile
 from loadgen.trace.io import read_trace
@@ -341,9 +342,12 @@ def _generated_at(measured: pa.Table, ticks_s: np.ndarray) -> list[float] | None
     return [float(v) for v in np.cumsum(np.asarray(rate) * spans_s)]
 
 
-def compare_run(run_dir: Path | str, config: EngineConfig, anchor: str = "workload") -> RunComparison:
+def compare_run(
+    run_dir: Path | str, config: EngineConfig, anchor: str = "workload", route_policy: SimRoutePolicy = VLLM_DP
+) -> RunComparison:
     """One measured run beside the worksheet's replay of its workload on ``config``, anchored by ``anchor``
-    (``ANCHORS``; module docstring)."""
+    (``ANCHORS``; module docstring). A run with ``data_parallel_size`` > 1 is replayed on that many engines
+    behind ``route_policy``: vLLM's own balancer (``loadgen.sim.dp_balance``) unless told otherwise."""
     run_dir = Path(run_dir)
     data = load_run(run_dir, chunks=False)
     cols = data.requests.to_pydict()
@@ -357,7 +361,7 @@ def compare_run(run_dir: Path | str, config: EngineConfig, anchor: str = "worklo
     table, meta, notes = replay_table(run_dir, data.manifest, cols, anchor)
     replicas = int(settings.get("data_parallel_size") or 1)
     result = simulate_trace(
-        table, meta, engine, replicas=replicas, route_policy="least-in-flight" if replicas > 1 else "round-robin"
+        table, meta, engine, replicas=replicas, route_policy=route_policy if replicas > 1 else "round-robin"
     )
     predicted = request_figures(result.requests_table.to_pydict(), anchor)
     measured = request_figures(cols, anchor)
@@ -374,7 +378,12 @@ def compare_run(run_dir: Path | str, config: EngineConfig, anchor: str = "worklo
             f"vLLM {ran} ran; the engine's profile is vLLM {profile.vllm_version}'s (a version it did not measure)"
         )
     if replicas > 1:
-        notes.append(f"{replicas} data-parallel engines behind least-in-flight routing; series summed (KV: mean)")
+        routed = (
+            "vLLM's own balancer (4 x waiting + running, counts published every 100 ms)"
+            if route_policy == VLLM_DP
+            else f"{route_policy} routing"
+        )
+        notes.append(f"{replicas} data-parallel engines behind {routed}; series summed (KV: mean)")
     # the pool replayed: the run's logged one where it logged one, else the engine TOML's
     sources = settings["source"] | {"num_kv_blocks_used": settings["source"].get("num_kv_blocks", "engine TOML")}
     return RunComparison(

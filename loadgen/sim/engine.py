@@ -321,6 +321,12 @@ class Engine:
         if self.running:
             self._owed_ns += self._stolen_ns
 
+    def load_counts(self) -> tuple[int, int]:
+        """(waiting, running) as vLLM's scheduler counts them for its stats: the requests in its waiting queue
+        (not those that arrived during the step under way, still in the engine core's input queue) and those
+        running."""
+        return len(self.waiting) + len(self._visible), len(self.running)
+
     def _release_finished(self, seqs: list[Seq]) -> None:
         """Asynchronous scheduling: free the seats and blocks of sequences that finished a step ago."""
         for seq in seqs:

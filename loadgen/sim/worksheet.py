@@ -46,6 +46,7 @@ from loadgen.workload.sessions import ReplyWaits, reply_dependencies
 from .. import __version__
 from ..trace.io import read_trace
 from .config import EngineConfig, load_engine_config
+from .dp_balance import VLLM_DP, SimRoutePolicy, VllmDpBalancer
 from .engine import NEVER_NS, DecodeRun, Engine, Seq, StepResult
 from .faults import FaultDecider, FaultPlan
 from .metrics import (
@@ -207,7 +208,7 @@ class _Client:
         plan = self.plans[i]
         cols = self.cols
         conv = cols["conversation_id"][i]
-        index = self.target[i] = self.router.assign(conv) if self.router is not None else 0
+        index = self.target[i] = self.router.assign(conv, now_ns=t) if self.router is not None else 0
         engine = self.engines[index]
         prompt = cols["prompt_tokens"][i]
         out = self.scheduler.output_tokens(prompt, cols["output_tokens"][i])
@@ -394,6 +395,7 @@ def _run_fleet_virtual_time(engines: list[Engine], client: _Client) -> tuple[_St
     profile = engines[0].profile
     ep = profile.ep if profile is not None else 1
     groups = [list(range(k, min(k + ep, len(engines)))) for k in range(0, len(engines), ep)]
+    observe = client.router.observe if isinstance(client.router, VllmDpBalancer) else None
     t = 0
     while True:
         for t_end, i in sorted((p[0], i) for i, p in enumerate(pending) if p is not None and p[0] <= t):
@@ -424,6 +426,8 @@ def _run_fleet_virtual_time(engines: list[Engine], client: _Client) -> tuple[_St
                 if res.duration_ns == 0 and not res.emitted and not res.finished:
                     continue  # no progress until something else happens
                 states[i].next_scheduled(engine, res, t)
+                if observe is not None:
+                    observe(i, t, engine.load_counts())
                 pending[i] = (t + res.duration_ns, res)
                 started.append(i)
             if len(group) > 1 and started:
@@ -853,7 +857,7 @@ def simulate_trace(
     seed: int = 0,
     endpoint: str = "completions",
     replicas: int = 1,
-    route_policy: RoutePolicy = "round-robin",
+    route_policy: SimRoutePolicy = "round-robin",
     fast: bool = True,
 ) -> WorksheetResult:
     """Run the engine (``replicas`` > 1: a fleet of them behind ``route_policy``) over a trace table in
@@ -877,7 +881,7 @@ def simulate_trace(
     plans, stop_after = _decide_faults(FaultDecider(config.faults, seed=seed), cols["cancel_after_tokens"])
     mode = metadata.get("mode", "open")
     limit = metadata.get("concurrency") if mode == "closed" else metadata.get("max_in_flight")
-    router = Router(replicas, route_policy) if replicas > 1 else None
+    router = _router(engines, route_policy) if replicas > 1 else None
     client = _Client(cols, engines, config, plans, stop_after, int(limit) if limit else n + 1, router)
     client.block_hash_tokens = int(metadata.get("block_hash_tokens") or 0)
     fleet: list[_Steps] | None = None
@@ -898,6 +902,13 @@ def simulate_trace(
     else:
         result.notes = _fleet_notes(engines, fleet, chunks, plans, route_policy, cast(Router, router))
     return result
+
+
+def _router(engines: list[Engine], route_policy: SimRoutePolicy) -> Router:
+    """The fleet's routing: a client-side policy over N servers, or vLLM's own over one server's DP ranks."""
+    if route_policy == VLLM_DP:
+        return VllmDpBalancer([engine.load_counts for engine in engines])
+    return Router(len(engines), route_policy)
 
 
 def _fleet_notes(

@@ -59,8 +59,9 @@ class Router:
         self._next = (choice + 1) % n
         return choice
 
-    def assign(self, conversation_id: str | None) -> int:
-        """The replica of a request being dispatched (of conversation ``conversation_id``, if any)."""
+    def assign(self, conversation_id: str | None, now_ns: int | None = None) -> int:
+        """The replica of a request being dispatched (of conversation ``conversation_id``, if any). ``now_ns``,
+        the dispatch instant, is for policies that read the replicas' state over time; these two do not."""
         conv = conversation_id
         index = self._sticky.get(conv) if conv is not None else None
         if index is not None and self.down_ns[index] is not None and len(self._live()) < self.n:
