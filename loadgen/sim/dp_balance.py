@@ -5,7 +5,7 @@ itself. vLLM 0.19 (read, not copied: ``vllm/v1/engine/core_client.py`` ``DPLBAsy
 .get_core_engine_for_request``, ``vllm/v1/engine/coordinator.py``):
 
 - each engine core reports its scheduler's waiting and running counts when they change, as it schedules a
-  step; the DP coordinator publishes the ranks' counts to the API server 100 ms after its last publication
+  step, numbered by the ranks' common step count (DP ranks step together, an idle one on dummy batches); the DP coordinator publishes the ranks' counts to the API server 100 ms after its last publication
   while they keep changing, and, after a quiet spell, no sooner than 50 ms after the last report until it
   holds a complete step (its poll's least wait);
 - a request goes to the rank with the lowest ``4 × waiting + running`` over the last published counts, the
@@ -64,9 +64,10 @@ class VllmDpBalancer(Router):
         self.delay_ns = self.sensitivity_delay_ns
         self.published: list[list[int]] = [[0, 0] for _ in counts]  # the API server's [waiting, running] + local
         self.publications = 0
-        # the reports, in time order: (ns, rank, the rank's step number, (waiting, running))
+        # the reports, in time order: (ns, rank, the step number, (waiting, running))
         self._reports: list[tuple[int, int, int, tuple[int, int]]] = []
-        self._steps = [0] * len(counts)
+        self._step = 0  # the group's step number: vLLM's DP ranks count steps together (dummy batches when idle)
+        self._step_ns: int | None = None
         self._said: list[tuple[int, int] | None] = [None] * len(counts)
         # the coordinator: its counts, the newest step reported, whether they changed since it published, the
         # counts of the last complete step (taken when a newer step's first report comes), when it published
@@ -81,10 +82,11 @@ class VllmDpBalancer(Router):
     def observe(self, rank: int, now_ns: int, counts: tuple[int, int]) -> None:
         """Rank ``rank`` scheduled a step at ``now_ns`` with ``counts``; its engine core reports them to the
         coordinator if they changed (``_maybe_publish_request_counts``)."""
-        self._steps[rank] += 1
+        if now_ns != self._step_ns:
+            self._step, self._step_ns = self._step + 1, now_ns
         if counts != self._said[rank]:
             self._said[rank] = counts
-            self._reports.append((now_ns, rank, self._steps[rank], counts))
+            self._reports.append((now_ns, rank, self._step, counts))
 
     def _due_ns(self) -> int | None:
         """When the coordinator publishes next, if no report comes first: 100 ms after its last publication,
