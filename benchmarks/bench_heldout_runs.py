@@ -41,7 +41,7 @@ and these settings (device memory as the shared RTX 4090 run logged it, the same
 the bench's default, logged on the shared run), the shared run's logged 2,588 blocks adjusted by the ledger's
 difference between ``max_num_seqs`` 128 and 256 (vLLM 0.19's profile samples ``min(max_num_seqs,
 max_num_batched_tokens)`` dummy rows: fewer rows, a smaller torch peak, more KV), and the 2,588 as logged (the
-engine TOML's, what ``sim validate`` uses when a run logs none), then every pool within 8 blocks of the ledger's
+engine TOML's, what ``sim validate`` uses when a run logs none), then every pool within 4 blocks of the ledger's
 (the run is chaotic in its pool: a preemption more or less moves its tail). The Qwen3-32B run's own 28,884 blocks are replayed,
 and the ledger is set beside them for its logged settings. Deterministic: no GPU, no timing.
 
@@ -65,6 +65,7 @@ sys.path.insert(0, str(REPO))
 from loadgen.calibration.llmservingsim import find_run_folder, import_llmservingsim_run
 from loadgen.calibration.offline import ANCHORS, compare_run
 from loadgen.calibration.offline_report import format_offline
+from loadgen.calibration.sensitivity import run_sensitivity
 from loadgen.ledger import GIB, EngineSettings, compute_ledger, read_model_config
 from loadgen.sim import EngineConfig, load_engine_config
 from loadgen.sim.link import AssumedLink
@@ -204,29 +205,17 @@ def rtx4090(folder: Path, tmp: Path, anchor: str) -> None:
     _pool_sweep(cfg, run_dir, anchor, held)
 
 
-#: Blocks either side of the ledger's pool in the held-out RTX 4090 run's sweep.
-SWEEP_BLOCKS = 8
-
-
 def _pool_sweep(cfg: EngineConfig, run_dir: Path, anchor: str, centre: int) -> None:
-    """The same comparison at each pool within SWEEP_BLOCKS of ``centre``: how much of one pool's figure is the
-    run's sensitivity to its pool (a preemption more or less moves the tail) rather than the engine's costs."""
-    print(f"   pool sweep around the ledger's {centre:,} blocks (worst |error|, MAPE, preemptions):")
-    worsts, mapes = [], []
-    for blocks in range(centre - SWEEP_BLOCKS, centre + SWEEP_BLOCKS + 1):
-        got = compare_run(run_dir, _with_blocks(cfg, blocks), anchor).to_dict()
-        worst = got["worst"] or {}
-        worsts.append(abs(worst.get("signed_pct", 0.0)))
-        mapes.append(got["mape_pct"])
-        print(
-            f"     {blocks:,}: worst {worst.get('figure')} {worst.get('signed_pct', 0.0):+.1f}%, MAPE "
-            f"{got['mape_pct']:.1f}%, preemptions {got['engine_notes'].get('preemptions')}"
-        )
-    print(
-        f"   over those {len(worsts)} pools: worst |error| {min(worsts):.1f}-{max(worsts):.1f}% (median "
-        f"{sorted(worsts)[len(worsts) // 2]:.1f}%), MAPE {min(mapes):.1f}-{max(mapes):.1f}% (mean "
-        f"{sum(mapes) / len(mapes):.2f}%)"
-    )
+    """The same comparison on every pool within ``sensitivity.POOL_BLOCKS`` of ``centre`` (as ``sim validate
+    --measured --sensitivity`` runs it): how much of one pool's figure is the run's sensitivity to its pool (a
+    preemption more or less moves the tail) rather than the engine's costs."""
+    cfg = _with_blocks(cfg, centre)
+    for spread in run_sensitivity(run_dir, cfg, anchor, compare_run(run_dir, cfg, anchor).settings):
+        print(f"   sensitivity, {spread.summary()}")
+        for blocks, figure, worst, mape in zip(
+            spread.settings, spread.worst_figures, spread.worst_abs_pct, spread.mape_pct, strict=True
+        ):
+            print(f"     {blocks:,}: worst {figure} {worst:.1f}%, MAPE {mape:.1f}%")
     print()
 
 

@@ -14,8 +14,9 @@ shipped engine of that GPU, model and TP degree (DP 2: two engines behind vLLM's
   error on that run (its ``validation/summary.txt``, their figures, for comparison only);
 - the wall time of the 300-request replay (``simulate_trace`` on the anchored trace, the profile already loaded;
   best of ``--repeat``) and the profile's load time;
-- for a DP run, the spread of the figures as the balancer's timing moves (the DP coordinator's first publication
-  after a quiet spell delayed by 0-90 ms), and the same comparison behind least-in-flight routing;
+- for a DP run, the spread of the figures as the KV pool and the balancer's timing move (the DP coordinator's
+  first publication after a quiet spell delayed by 0-90 ms; ``loadgen.calibration.sensitivity``), and the same
+  comparison behind least-in-flight routing;
 - side by side, the same comparison with the engine's linear cost terms (fixed + per prefill token + per decode
   sequence + per KV token) fitted by least squares to the same profile (``fit_linear_cost``) instead of it.
 
@@ -37,9 +38,10 @@ sys.path.insert(0, str(REPO))
 from loadgen.calibration.engine_match import measured_engine_config
 from loadgen.calibration.llmservingsim import import_llmservingsim_run
 from loadgen.calibration.offline import ANCHORS, RunComparison, compare_run, replay_table
+from loadgen.calibration.sensitivity import run_sensitivity
 from loadgen.rundir.io import load_run
 from loadgen.sim import EngineConfig, load_engine_config
-from loadgen.sim.dp_balance import VLLM_DP, VllmDpBalancer
+from loadgen.sim.dp_balance import VLLM_DP
 from loadgen.sim.profile import fit_linear_cost, load_profile
 from loadgen.sim.worksheet import simulate_trace
 
@@ -113,7 +115,7 @@ def bench(run: str, repeat: int, anchor: str, tmp: Path) -> None:
         f"prefix-cache hit tokens {notes.get('prefix_cache_hits')}"
     )
     if replicas > 1:
-        _balancer_sweep(run_dir, cfg, anchor)
+        _balancer_sweep(run_dir, cfg, anchor, got)
     linear = _linear_twin(cfg)
     t0 = time.perf_counter()
     fitted = compare_run(run_dir, linear, anchor)
@@ -134,32 +136,16 @@ def bench(run: str, repeat: int, anchor: str, tmp: Path) -> None:
     )
 
 
-#: Delays (ms) added to the DP coordinator's first wait after a quiet spell in the balancer sweep.
-BALANCER_DELAYS_MS = tuple(range(0, 100, 10))
-
-
-def _balancer_sweep(run_dir: Path, cfg: EngineConfig, anchor: str) -> None:
-    """How much of a DP run's figures is the timing of vLLM's balancer: the same comparison with the coordinator's
-    first publication after a quiet spell delayed by each of BALANCER_DELAYS_MS (a request routed in a burst then
-    sees other counts, and may go to the other rank)."""
-    worsts, mapes = [], []
-    cells = []
-    try:
-        for delay in BALANCER_DELAYS_MS:
-            VllmDpBalancer.sensitivity_delay_ns = delay * 1_000_000
-            got = compare_run(run_dir, cfg, anchor)
-            worst = got.worst or {}
-            worsts.append(abs(worst.get("signed_pct", 0.0)))
-            mapes.append(got.mape_pct)
-            cells.append(f"{delay}: {worst.get('figure')} {worst.get('signed_pct', 0.0):+.1f}%")
-    finally:
-        VllmDpBalancer.sensitivity_delay_ns = 0
-    print(f"   vLLM's DP balancer, its first publication after a quiet spell delayed (ms): {'; '.join(cells)}")
-    print(
-        f"   over those {len(worsts)}: worst |error| {min(worsts):.1f}-{max(worsts):.1f}% (median "
-        f"{sorted(worsts)[len(worsts) // 2]:.1f}%), MAPE {min(mapes):.1f}-{max(mapes):.1f}% (mean "
-        f"{sum(mapes) / len(mapes):.2f}%)"
-    )
+def _balancer_sweep(run_dir: Path, cfg: EngineConfig, anchor: str, got: RunComparison) -> None:
+    """How much of a DP run's figures is the timing of vLLM's balancer (``loadgen.calibration.sensitivity``, as
+    ``sim validate --measured --sensitivity`` prints it), and the same comparison behind least-in-flight."""
+    for spread in run_sensitivity(run_dir, cfg, anchor, got.settings):
+        cells = "; ".join(
+            f"{v}: {f} {w:.1f}%"
+            for v, f, w in zip(spread.settings, spread.worst_figures, spread.worst_abs_pct, strict=True)
+        )
+        print(f"   sensitivity, {spread.summary()}")
+        print(f"      worst |error| at each: {cells}")
     lif = compare_run(run_dir, cfg, anchor, route_policy="least-in-flight")
     lif_worst = lif.worst or {}
     print(

@@ -15,6 +15,7 @@ from shared_paths import shared_trace
 
 from loadgen.calibration.llmservingsim import import_llmservingsim_run
 from loadgen.calibration.offline import FIGURES, compare_run, published_errors, replay_table
+from loadgen.calibration.sensitivity import run_sensitivity
 from loadgen.rundir.io import load_run
 from loadgen.sim.config import load_engine_config
 from loadgen.trace.io import read_trace
@@ -296,3 +297,34 @@ def test_an_eager_run_is_replayed_without_cuda_graphs(tmp_path, runs):
     assert engine.scheduler.cuda_graphs and not _engine_for(engine, eager).scheduler.cuda_graphs
     logged = _run_settings(load_run(runs[1], chunks=False).manifest)
     assert "cuda_graphs" not in logged and _engine_for(engine, logged).scheduler.cuda_graphs
+
+
+def test_sensitivity_replays_the_pool_and_the_balancer_timing(runs):
+    """--sensitivity: the KV pool within 4 blocks of the one replayed (2,588 logged on the RTX 4090 run, which
+    preempts, so its tail moves with the pool) and, on the DP run, vLLM's balancer timing; the unperturbed
+    setting of each gives the table's own figure."""
+    by_name = {p.name: p for p in runs}
+    cmd = [sys.executable, "-m", "loadgen", "sim", "validate", "--measured", str(by_name["RTX4090_Llama-3.1-8B"])]
+    cmd += ["--engine", str(ENGINES / "rtx4090-llama-3.1-8b-tp1.toml"), "--no-record", "--json", "-"]
+    res = subprocess.run([*cmd, "--sensitivity"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    (rtx,) = json.loads(res.stdout)["runs"]
+    (pool,) = rtx["sensitivity"]
+    assert pool["settings"] == list(range(2584, 2593))
+    assert pool["worst_abs_pct"][4] == pytest.approx(abs(rtx["worst"]["signed_pct"]))
+    assert len(set(pool["worst_abs_pct"])) > 1  # chaotic in its pool: a preemption more or less moves the tail
+    moe_run = by_name["RTXPRO6000_Qwen3-30B-A3B-Instruct-2507"]
+    moe_engine = load_engine_config(ENGINES / "rtxpro6000-qwen3-30b-a3b-tp1-ep2.toml")
+    base = compare_run(moe_run, moe_engine)
+    spreads = run_sensitivity(moe_run, moe_engine, "workload", base.settings)
+    assert [s.perturbation for s in spreads] == ["KV pool (blocks)", "DP balancer's first publication delayed (ms)"]
+    assert spreads[1].settings == list(range(0, 100, 10))
+    assert spreads[1].mape_pct[0] == pytest.approx(base.mape_pct)  # no delay: the replay itself
+    assert "over 10 replays" in spreads[1].summary()
+
+
+def test_sensitivity_needs_measured_runs():
+    cmd = [sys.executable, "-m", "loadgen", "sim", "validate", "x.toml", "--target", "http://127.0.0.1:9", "--out"]
+    res = subprocess.run([*cmd, "o", "--sensitivity"], capture_output=True, text=True)
+    assert res.returncode == 2 and "--sensitivity: expected --measured" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1

@@ -343,11 +343,18 @@ def _generated_at(measured: pa.Table, ticks_s: np.ndarray) -> list[float] | None
 
 
 def compare_run(
-    run_dir: Path | str, config: EngineConfig, anchor: str = "workload", route_policy: SimRoutePolicy = VLLM_DP
+    run_dir: Path | str,
+    config: EngineConfig,
+    anchor: str = "workload",
+    route_policy: SimRoutePolicy = VLLM_DP,
+    pool_blocks: int | None = None,
+    dp_delay_ns: int = 0,
 ) -> RunComparison:
     """One measured run beside the worksheet's replay of its workload on ``config``, anchored by ``anchor``
     (``ANCHORS``; module docstring). A run with ``data_parallel_size`` > 1 is replayed on that many engines
-    behind ``route_policy``: vLLM's own balancer (``loadgen.sim.dp_balance``) unless told otherwise."""
+    behind ``route_policy``: vLLM's own balancer (``loadgen.sim.dp_balance``) unless told otherwise.
+    ``pool_blocks`` replays on that many KV blocks instead of the run's (or the engine's), and ``dp_delay_ns``
+    delays the DP balancer's publications: the perturbations of ``loadgen.calibration.sensitivity``."""
     run_dir = Path(run_dir)
     data = load_run(run_dir, chunks=False)
     cols = data.requests.to_pydict()
@@ -358,11 +365,14 @@ def compare_run(
         )
     settings = _run_settings(data.manifest)
     engine = _engine_for(config, settings)
+    if pool_blocks is not None:
+        engine = engine.model_copy(
+            update={"kv": engine.kv.model_copy(update={"num_kv_blocks": pool_blocks, "kv_cache_gib": None})}
+        )
     table, meta, notes = replay_table(run_dir, data.manifest, cols, anchor)
     replicas = int(settings.get("data_parallel_size") or 1)
-    result = simulate_trace(
-        table, meta, engine, replicas=replicas, route_policy=route_policy if replicas > 1 else "round-robin"
-    )
+    policy = route_policy if replicas > 1 else "round-robin"
+    result = simulate_trace(table, meta, engine, replicas=replicas, route_policy=policy, dp_delay_ns=dp_delay_ns)
     predicted = request_figures(result.requests_table.to_pydict(), anchor)
     measured = request_figures(cols, anchor)
     rows = [_error(measured[name], predicted[name], name) for name in FIGURES]
@@ -385,7 +395,8 @@ def compare_run(
         )
         notes.append(f"{replicas} data-parallel engines behind {routed}; series summed (KV: mean)")
     # the pool replayed: the run's logged one where it logged one, else the engine TOML's
-    sources = settings["source"] | {"num_kv_blocks_used": settings["source"].get("num_kv_blocks", "engine TOML")}
+    pool_source = "given" if pool_blocks is not None else settings["source"].get("num_kv_blocks", "engine TOML")
+    sources = settings["source"] | {"num_kv_blocks_used": pool_source}
     return RunComparison(
         name=run_dir.name,
         run_dir=str(run_dir),

@@ -50,6 +50,7 @@ def _run_lines(run: dict[str, Any]) -> list[str]:
     lines += [f"  note: {note}" for note in run["notes"]]
     if generated := _generated_line(run["series"].get("generated")):
         lines.append(generated)
+    lines += [f"  sensitivity, {spread['summary']}" for spread in run.get("sensitivity") or []]
     return lines
 
 

@@ -103,6 +103,13 @@ def _register_validate(s: argparse._SubParsersAction) -> None:
     val.add_argument("--out", default=None, help="directory for the runs and fidelity.json / fidelity.html")
     val.add_argument("--html", default=None, metavar="FILE", help="(--measured) write the HTML page here")
     val.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="(--measured) also replay each run on every KV pool within 4 blocks of its own and, for a DP run, with "
+        "vLLM's DP balancer's timing moved by 0-90 ms, and print the spread of the worst error and the MAPE: how "
+        "much of the figures is chance (the recorded error stays the unperturbed replay's)",
+    )
+    val.add_argument(
         "--no-record",
         dest="record",
         action="store_false",
@@ -311,6 +318,8 @@ def _validate(args: argparse.Namespace) -> int:
         raise LoadgenError("sim validate: no engine: expected an engine TOML (ENGINE or --engine ENGINE)")
     if args.measured:
         return _validate_measured(args)
+    if args.sensitivity:
+        raise LoadgenError("sim validate --sensitivity: expected --measured RUN_DIR (it replays imported runs)")
     if not args.out:
         raise LoadgenError("sim validate --target/--vllm: --out is required (the directory for the runs)")
     public = None
@@ -347,6 +356,10 @@ def _validate_measured(args: argparse.Namespace) -> int:
     from ..calibration.offline_report import format_offline, offline_html  # deferred: light --help
 
     result = validate_measured([Path(p) for p in args.measured], args.engine, anchor=args.arrivals)
+    if args.sensitivity:
+        from ..calibration.sensitivity import add_sensitivity  # deferred: light --help
+
+        add_sensitivity(result, args.engine, args.arrivals)
     engine_path = Path(args.engine)
     if args.record and engine_path.is_file():
         result["recorded"] = record_validated_error(engine_path, result)

@@ -17,8 +17,8 @@ Not conversation-sticky: vLLM 0.19's balancer knows nothing of prefixes. The coo
 ranks' reports: a rank reports as it schedules a step (vLLM's, a little later, after its engine core's loop
 turn), with no messaging delay. A publication carries the counts of the last step every rank had reported when a
 newer one's first report came, as vLLM's does, else the latest. The figures
-depend on the clock's timing: ``benchmarks/bench_profiled.py`` prints their spread as the coordinator's first wait
-after a quiet spell grows by 0-90 ms.
+depend on the clock's timing: ``loadgen sim validate --measured --sensitivity`` prints their spread as the
+coordinator's first wait after a quiet spell grows by 0-90 ms.
 
 The client's replica routing (``loadgen.workload.routing``) is a different thing: N servers behind a client-side
 policy. This is one server's internal routing; ``sim validate --measured`` uses it for a run with
@@ -54,14 +54,12 @@ class VllmDpBalancer(Router):
     """Routes as vLLM 0.19's API server routes over its data-parallel ranks (module docstring), with its DP
     coordinator emulated from the ranks' reports (``observe``)."""
 
-    #: Added to the coordinator's least wait after a quiet spell: a knob for measuring how much of a replay's
-    #: figures is the publication clock's timing (``benchmarks/bench_profiled.py``), 0 in every replay.
-    sensitivity_delay_ns = 0
-
-    def __init__(self, counts: list[Counts]) -> None:
+    def __init__(self, counts: list[Counts], delay_ns: int = 0) -> None:
         super().__init__(len(counts), "least-in-flight")
         self.counts = counts  # each rank's (waiting, running) now
-        self.delay_ns = self.sensitivity_delay_ns
+        # added to the coordinator's least wait after a quiet spell: how much of a replay's figures is the
+        # publication clock's timing (``loadgen.calibration.sensitivity``); 0 in a replay
+        self.delay_ns = delay_ns
         self.published: list[list[int]] = [[0, 0] for _ in counts]  # the API server's [waiting, running] + local
         self.publications = 0
         # the reports, in time order: (ns, rank, the step number, (waiting, running))

@@ -859,10 +859,12 @@ def simulate_trace(
     replicas: int = 1,
     route_policy: SimRoutePolicy = "round-robin",
     fast: bool = True,
+    dp_delay_ns: int = 0,
 ) -> WorksheetResult:
     """Run the engine (``replicas`` > 1: a fleet of them behind ``route_policy``) over a trace table in
     virtual time (ns from trace start). ``fast`` = False: one engine step at a time, never a decode run
-    at once (the same result, slower; the reference the fast path is tested against)."""
+    at once (the same result, slower; the reference the fast path is tested against). ``dp_delay_ns``: behind
+    vLLM's DP balancer, added to its coordinator's first wait after a quiet spell (a sensitivity; 0 as vLLM)."""
     # a reply-waiting turn (think_after_reply_ns) is due one think time after its previous turn ended; the
     # first reasoning_tokens of a request's output stream as reasoning; the last tool_call_tokens are a tool
     # call (answer tokens, timed as any other; the finish reason says "tool_calls")
@@ -881,7 +883,7 @@ def simulate_trace(
     plans, stop_after = _decide_faults(FaultDecider(config.faults, seed=seed), cols["cancel_after_tokens"])
     mode = metadata.get("mode", "open")
     limit = metadata.get("concurrency") if mode == "closed" else metadata.get("max_in_flight")
-    router = _router(engines, route_policy) if replicas > 1 else None
+    router = _router(engines, route_policy, dp_delay_ns) if replicas > 1 else None
     client = _Client(cols, engines, config, plans, stop_after, int(limit) if limit else n + 1, router)
     client.block_hash_tokens = int(metadata.get("block_hash_tokens") or 0)
     fleet: list[_Steps] | None = None
@@ -904,10 +906,10 @@ def simulate_trace(
     return result
 
 
-def _router(engines: list[Engine], route_policy: SimRoutePolicy) -> Router:
+def _router(engines: list[Engine], route_policy: SimRoutePolicy, dp_delay_ns: int = 0) -> Router:
     """The fleet's routing: a client-side policy over N servers, or vLLM's own over one server's DP ranks."""
     if route_policy == VLLM_DP:
-        return VllmDpBalancer([engine.load_counts for engine in engines])
+        return VllmDpBalancer([engine.load_counts for engine in engines], dp_delay_ns)
     return Router(len(engines), route_policy)
 
 
