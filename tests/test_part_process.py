@@ -48,7 +48,11 @@ def _table(n: int) -> pa.Table:
 
 def _part_writers(pid: int) -> list[psutil.Process]:
     found = []
-    for child in psutil.Process(pid).children(recursive=True):
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []  # the run already ended (and was reaped): it has no child left
+    for child in children:
         try:
             if "loadgen.rundir.part_process" in child.cmdline():
                 found.append(child)

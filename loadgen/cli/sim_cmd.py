@@ -20,6 +20,43 @@ def register(sub: argparse._SubParsersAction) -> None:
     pre.set_defaults(func=_presets)
     _register_calibrate(s)
     _register_validate(s)
+    _register_engine(s)
+
+
+def _register_engine(s: argparse._SubParsersAction) -> None:
+    eng = s.add_parser(
+        "engine",
+        help="write a profiled engine TOML from a GPU's operator profile (LLMServingSim's format), for a GPU you "
+        "profiled yourself or a published profile",
+    )
+    eng.add_argument("--profile", required=True, help="the profile's <dtype>/ folder (meta.yaml, tp<N>/)")
+    eng.add_argument("--model-config", required=True, help="the model's Hugging Face config.json")
+    eng.add_argument("--out", required=True, type=flags.output_file, help="the engine TOML to write")
+    eng.add_argument("--name", default=None, help="the engine's name (default: the file's stem)")
+    eng.add_argument("--tp", type=flags.count(1, 1024), default=1, help="tensor-parallel degree (default 1)")
+    eng.add_argument(
+        "--ep", type=flags.count(1, 1024), default=1, help="GPUs an MoE layer's experts are spread over (default 1)"
+    )
+    eng.add_argument("--collectives", default=None, help="measured collectives CSV for TP/EP > 1 (loadgen.sim.link)")
+    eng.add_argument("--max-num-seqs", type=flags.count(1, 1 << 20), default=None, help="as vLLM is launched")
+    eng.add_argument("--max-num-batched-tokens", type=flags.count(1, 1 << 24), default=None, help="as vLLM is launched")
+    eng.add_argument("--max-model-len", type=flags.count(1, 1 << 24), default=None, help="as vLLM is launched")
+    eng.add_argument(
+        "--num-kv-blocks",
+        type=flags.count(1, 1 << 32),
+        default=None,
+        help="the KV pool vLLM logged (default: the memory ledger's for the GPU's memory)",
+    )
+    eng.add_argument(
+        "--device-memory-bytes",
+        type=flags.count(1, 1 << 50),
+        default=None,
+        help="the GPU's total memory (cudaMemGetInfo's); default: the ledger's table for the profile's GPU",
+    )
+    eng.add_argument(
+        "--gpu-memory-utilization", type=flags.fraction(), default=0.9, help="as vLLM is launched (default 0.9)"
+    )
+    eng.set_defaults(func=_write_engine)
 
 
 def _register_run(s: argparse._SubParsersAction) -> None:
@@ -237,6 +274,33 @@ def _serve(args: argparse.Namespace) -> int:
         header_timeout_s=args.header_timeout_s,
         idle_timeout_s=args.idle_timeout_s,
     )
+
+
+def _write_engine(args: argparse.Namespace) -> int:
+    from ..sim.engine_writer import ProfiledEngineSpec, write_profiled_engine  # deferred: light --help
+
+    spec = ProfiledEngineSpec(
+        profile_dir=Path(args.profile),
+        model_config=Path(args.model_config),
+        tp=args.tp,
+        ep=args.ep,
+        collectives=Path(args.collectives) if args.collectives else None,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        num_kv_blocks=args.num_kv_blocks,
+        device_memory_bytes=args.device_memory_bytes,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        name=args.name,
+    )
+    config = write_profiled_engine(spec, Path(args.out))
+    print(f"{args.out}: {config.calibration_label()}")
+    sched = config.scheduler
+    print(
+        f"  KV pool {config.num_kv_blocks:,} blocks; max_num_seqs {sched.max_num_seqs}, max_num_batched_tokens "
+        f"{sched.max_num_batched_tokens}, max_model_len {sched.max_model_len} (the file says where each came from)"
+    )
+    return 0
 
 
 def _presets(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ turns any problem into one ``ScenarioError`` line naming file, field, value and 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -206,7 +207,7 @@ class ProfileCost(_Model):
         paths = {"path": self.path, "model_config_path": self.model_config_path, "collectives": self.collectives}
         return self.model_copy(
             update={
-                key: str(Path(value) if Path(value).is_absolute() else root / value)
+                key: str(Path(value) if Path(value).is_absolute() else Path(os.path.normpath(root / value)))
                 for key, value in paths.items()
                 if value is not None
             }

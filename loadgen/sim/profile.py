@@ -74,6 +74,7 @@ __all__ = [
     "fit_linear_cost",
     "interp_axis",
     "load_profile",
+    "profile_meta",
 ]
 
 #: The link of a ``[cost.profile]`` that states none: AssumedLink's defaults (LLMServingSim's cluster config for
@@ -499,7 +500,7 @@ def _skew(root: Path, tp: int) -> _Skew | None:
     return _Skew(bins, labels, alpha, float(default.group(1)) if default else 0.0)
 
 
-def _meta(root: Path) -> dict[str, str]:
+def profile_meta(root: Path) -> dict[str, str]:
     """The top-level ``key: value`` scalars of the profile's meta.yaml (gpu, vllm_version, model, tp_degrees):
     all this module reads of it, without a YAML dependency."""
     path = root / "meta.yaml"
@@ -527,7 +528,7 @@ def load_profile(
     ``tp``, composed for the model whose Hugging Face config.json is ``model_config`` (its layer count and MoE
     layers), its collectives priced by ``link``. Cached: engines of one config share it."""
     base = Path(root)
-    meta = _meta(base)
+    meta = profile_meta(base)
     folder = base / f"tp{tp}"
     if not folder.is_dir():
         raise ScenarioError(f"{base}: tp = {tp}: no tp{tp}/ folder: expected one of {meta.get('tp_degrees')}")

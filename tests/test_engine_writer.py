@@ -1,0 +1,94 @@
+"""``loadgen sim engine``: a profiled engine TOML written from an operator profile, read back before it is kept."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+
+from loadgen.ledger import GIB, EngineSettings, compute_ledger, read_model_config
+from loadgen.rundir.schema import TRACE_FULL_SCHEMA
+from loadgen.sim import load_engine_config
+from loadgen.sim.worksheet import simulate_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILES = ROOT / "scenarios" / "engines" / "profiles"
+PRO6000_LLAMA = PROFILES / "RTXPRO6000" / "meta-llama" / "Llama-3.1-8B" / "bf16"
+LLAMA = PROFILES / "models" / "Llama-3.1-8B.json"
+
+
+def _engine(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "loadgen", "sim", "engine", "--profile", str(PRO6000_LLAMA), "--model-config"]
+    return subprocess.run([*cmd, str(LLAMA), "--out", str(out), *args], capture_output=True, text=True)
+
+
+def _trace(n: int) -> pa.Table:
+    cols = {
+        "request_id": [f"r{i}" for i in range(n)],
+        "request_class": ["c"] * n,
+        "scheduled_offset_ns": [i * 50_000_000 for i in range(n)],
+        "prompt_tokens": [300 + 40 * i for i in range(n)],
+        "output_tokens": [60] * n,
+    }
+    return pa.Table.from_pydict(
+        {f.name: cols.get(f.name, [None] * n) for f in TRACE_FULL_SCHEMA}, schema=TRACE_FULL_SCHEMA
+    )
+
+
+def test_an_engine_written_from_the_shipped_profile_replays_as_the_shipped_engine(tmp_path):
+    shipped = load_engine_config(ROOT / "scenarios" / "engines" / "rtxpro6000-llama-3.1-8b-tp1.toml")
+    out = tmp_path / "mine.toml"
+    sched = shipped.scheduler
+    res = _engine(
+        out,
+        *("--max-num-seqs", str(sched.max_num_seqs), "--max-num-batched-tokens", str(sched.max_num_batched_tokens)),
+        *("--max-model-len", str(sched.max_model_len), "--num-kv-blocks", str(shipped.num_kv_blocks)),
+    )
+    assert res.returncode == 0, res.stderr
+    assert "profiled (operator profile of NVIDIA RTX PRO 6000 Blackwell Server Edition, vLLM 0.19.0, TP 1" in res.stdout
+    mine = load_engine_config(out)
+    trace = _trace(12)
+    ours = simulate_trace(trace, {"mode": "open"}, mine).requests_table
+    theirs = simulate_trace(trace, {"mode": "open"}, shipped).requests_table
+    for column in ("first_token_ns", "last_token_ns", "server_scheduled_ns"):
+        assert ours.column(column).to_pylist() == theirs.column(column).to_pylist(), column
+
+
+def test_the_pool_and_the_batch_limits_default_as_the_file_says(tmp_path):
+    out = tmp_path / "defaults.toml"
+    res = _engine(out, "--max-model-len", "32768")
+    assert res.returncode == 0, res.stderr
+    text = out.read_text()
+    # vLLM's defaults for a GPU of >= 70 GiB (the table's 95 GiB RTX PRO 6000), the ledger's pool for them
+    assert "max_num_seqs = 1024  # default" in text and "max_num_batched_tokens = 8192  # default" in text
+    assert (
+        "max_model_len = 32768  # given" in text
+        and 'gpu = "NVIDIA RTX PRO 6000 Blackwell Server Edition"  # profile' in text
+    )
+    settings = EngineSettings(
+        device_memory_gib=95.0,
+        gpu_memory_utilization=0.9,
+        max_num_seqs=1024,
+        max_num_batched_tokens=8192,
+        max_model_len=32768,
+        device_name="NVIDIA RTX PRO 6000 Blackwell Server Edition",
+    )
+    blocks = compute_ledger(read_model_config(LLAMA), settings).kv_cache_blocks
+    assert f"num_kv_blocks = {blocks}  # ledger: {int(95 * GIB):,} B device" in text
+    assert load_engine_config(out).num_kv_blocks == blocks
+
+
+def test_refusals_are_one_line_and_leave_no_file(tmp_path):
+    cases = (
+        (["--tp", "4"], "no tp4/ folder"),
+        (["--ep", "2"], "--ep 2: no --num-kv-blocks"),
+        (["--max-model-len", "10000000"], "vLLM refuses to start otherwise"),
+    )
+    for args, said in cases:
+        out = tmp_path / "refused.toml"
+        res = _engine(out, *args)
+        assert res.returncode == 2 and said in res.stderr, (args, res.stderr)
+        assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+        assert not list(tmp_path.iterdir()), args
