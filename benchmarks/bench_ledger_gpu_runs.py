@@ -3,11 +3,12 @@
 For each run under ``../shared/traces/llmservingsim/bench/examples`` it prints what the run logs (KV blocks,
 device memory) and what the ledger predicts from the model config and the run's engine settings, with every
 non-KV line. Only the RTX 4090 run records its KV blocks and device memory; the RTX PRO 6000 runs record
-neither, so their prediction is printed at an assumed device total (``--pro6000-total-bytes``, default the
-card's nominal 96 GB = 96e9 B), which the output says. Deterministic: no GPU, no timing.
+neither, so their prediction is printed at the device total another public run of that GPU model logged
+(``loadgen.ledger.gpus``; ``--pro6000-total-bytes`` gives another), which the output says. Deterministic: no
+GPU, no timing.
 
     python benchmarks/bench_ledger_gpu_runs.py
-    python benchmarks/bench_ledger_gpu_runs.py --pro6000-total-bytes 101971394560
+    python benchmarks/bench_ledger_gpu_runs.py --pro6000-total-bytes 96000000000
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.ledger import GIB, EngineSettings, compute_ledger, read_model_config
+from loadgen.ledger.gpus import gpu_memory
 
 REPO = Path(__file__).resolve().parents[1]
 SIM = REPO.parent / "shared" / "traces" / "llmservingsim"
@@ -31,9 +33,10 @@ RUNS = (
         "DP 2 with expert parallelism: the ledger does not shard experts across data-parallel ranks",
     ),
 )
-NOMINAL_PRO6000_BYTES = 96_000_000_000
 #: The GPU a run ran on when its meta.json does not name it: the name its operator profile's meta.yaml gives.
 PROFILE_GPU_NAMES = {"RTXPRO6000": "NVIDIA RTX PRO 6000 Blackwell Server Edition"}
+#: The RTX PRO 6000's device total: the ledger's table (logged on a public run of the same GPU model).
+PRO6000_MEMORY = gpu_memory(PROFILE_GPU_NAMES["RTXPRO6000"])
 
 
 def _gpu_name(name: str, meta: dict) -> str:
@@ -69,7 +72,12 @@ def _report(name: str, config: str, skip: str | None, pro6000_total: int) -> Non
         print(f"   not predicted: {skip}")
         return
     total = int(logged_total) if logged_total is not None else pro6000_total
-    source = "logged" if logged_total is not None else "ASSUMED (not logged)"
+    if logged_total is not None:
+        source = "logged"
+    elif PRO6000_MEMORY is not None and pro6000_total == PRO6000_MEMORY.total_bytes:
+        source = f"not logged by this run; {PRO6000_MEMORY.source}"
+    else:
+        source = "given (not logged)"
     led = compute_ledger(
         read_model_config(SIM / "configs" / "model" / config), _engine(meta, total, _gpu_name(name, meta))
     )
@@ -208,7 +216,8 @@ def _report_h100(run: dict[str, Any]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pro6000-total-bytes", type=int, default=NOMINAL_PRO6000_BYTES)
+    default = PRO6000_MEMORY.total_bytes if PRO6000_MEMORY is not None else None
+    ap.add_argument("--pro6000-total-bytes", type=int, default=default)
     args = ap.parse_args()
     if not SIM.exists():
         raise SystemExit(f"shared data not present: {SIM}")

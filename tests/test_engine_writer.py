@@ -61,14 +61,14 @@ def test_the_pool_and_the_batch_limits_default_as_the_file_says(tmp_path):
     res = _engine(out, "--max-model-len", "32768")
     assert res.returncode == 0, res.stderr
     text = out.read_text()
-    # vLLM's defaults for a GPU of >= 70 GiB (the table's 95 GiB RTX PRO 6000), the ledger's pool for them
+    # vLLM's defaults for a GPU of >= 70 GiB (the table's RTX PRO 6000), the ledger's pool for them
     assert "max_num_seqs = 1024  # default" in text and "max_num_batched_tokens = 8192  # default" in text
     assert (
         "max_model_len = 32768  # given" in text
         and 'gpu = "NVIDIA RTX PRO 6000 Blackwell Server Edition"  # profile' in text
     )
     settings = EngineSettings(
-        device_memory_gib=95.0,
+        device_memory_gib=101_976_440_832 / GIB,
         gpu_memory_utilization=0.9,
         max_num_seqs=1024,
         max_num_batched_tokens=8192,
@@ -76,7 +76,7 @@ def test_the_pool_and_the_batch_limits_default_as_the_file_says(tmp_path):
         device_name="NVIDIA RTX PRO 6000 Blackwell Server Edition",
     )
     blocks = compute_ledger(read_model_config(LLAMA), settings).kv_cache_blocks
-    assert f"num_kv_blocks = {blocks}  # ledger: {int(95 * GIB):,} B device" in text
+    assert f"num_kv_blocks = {blocks}  # ledger: 101,976,440,832 B device (logged: " in text
     assert load_engine_config(out).num_kv_blocks == blocks
 
 

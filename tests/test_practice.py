@@ -167,8 +167,8 @@ def test_practice_ledger_is_each_candidates_gpu() -> None:
     assert (
         "simulates 2,588 KV blocks (its TOML's num_kv_blocks); this ledger gives" in texts["rtx4090-llama-3.1-8b-tp1"]
     )
-    # RTX PRO 6000: the 95 GiB its TOML assumes gives the pool the engine runs, within 1%
-    assert pro["device_memory_bytes"] == 95 * 2**30
+    # RTX PRO 6000: the device total another public run of this GPU model logged gives the pool the engine runs
+    assert pro["device_memory_bytes"] == 101_976_440_832
     assert abs(pro["kv_cache_blocks"] - pro["engine_kv_blocks"]) <= 0.01 * pro["engine_kv_blocks"]
     # a preset names no GPU: its own pool is the budget, and the text says so
     assert preset["gpu"] is None and preset["kv_cache_blocks"] == 8192

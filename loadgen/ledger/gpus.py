@@ -43,8 +43,10 @@ GPU_MEMORY: dict[str, GpuMemory] = {
         "(bench/examples/RTX4090/Llama-3.1-8B)",
     ),
     "NVIDIA RTX PRO 6000 Blackwell Server Edition": GpuMemory(
-        95 * GIB,
-        "assumed: 95 GiB, as the engine TOML's kv_cache_gib assumes (the shared RTX PRO 6000 runs do not log it)",
+        101_976_440_832,
+        "logged: device_total_memory_bytes in the meta.json of LLMServingSim's Qwen3-32B TP 2 run on two of these "
+        "GPUs (bench/examples/RTXPRO6000/Qwen3-32B/vllm/meta.json at commit 0d3de68; the shared RTX PRO 6000 runs "
+        "do not log it)",
     ),
 }
 
