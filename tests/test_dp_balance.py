@@ -14,35 +14,32 @@ from loadgen.sim.worksheet import simulate_trace
 MS = 1_000_000
 
 
-def _balancer(now: list[tuple[int, int]]) -> VllmDpBalancer:
-    """A balancer over len(now) ranks whose current (waiting, running) are the entries of ``now``."""
-    return VllmDpBalancer([lambda k=k: now[k] for k in range(len(now))])
+def _balancer(ranks: int = 2) -> VllmDpBalancer:
+    return VllmDpBalancer(ranks)
 
 
 def test_a_burst_spreads_over_the_ranks_by_local_increments():
     # idle ranks, nothing published yet: rank 0 wins the tie, and each request routed adds 4 to its rank's score
-    b = _balancer([(0, 0), (0, 0)])
+    b = _balancer()
     assert [b.assign(None, now_ns=t * MS) for t in (0, 1, 2, 3)] == [0, 1, 0, 1]
     assert b.published == [[2, 0], [2, 0]] and b.routed == [2, 2]
 
 
 def test_the_score_weighs_a_waiting_request_as_four_running():
-    b = _balancer([(0, 0), (0, 0)])
+    b = _balancer()
     b.published = [[1, 0], [0, 3]]  # score 4 against 3: rank 1
-    b.next_publish_ns = None
     assert b.assign(None, now_ns=0) == 1
     b.published = [[1, 0], [0, 5]]  # 4 against 8: rank 0
     assert b.assign(None, now_ns=0) == 0
 
 
 def test_conversations_are_not_sticky():
-    b = _balancer([(0, 0), (0, 0)])
+    b = _balancer()
     assert [b.assign("same", now_ns=0), b.assign("same", now_ns=0)] == [0, 1]
 
 
 def test_the_coordinator_publishes_the_last_complete_step_every_100_ms():
-    now = [(0, 0), (0, 0)]
-    b = _balancer(now)
+    b = _balancer()
     # both ranks report as they schedule step 1 at 10 ms, then step 2 at 40 ms, step 3 at 70 ms, ...
     for step, t in enumerate(range(10, 400, 30), start=1):
         b.observe(0, t * MS, (0, step))
@@ -60,7 +57,7 @@ def test_the_coordinator_publishes_the_last_complete_step_every_100_ms():
 
 
 def test_a_quiet_coordinator_waits_50_ms_after_a_report():
-    b = _balancer([(0, 0), (0, 0)])
+    b = _balancer()
     b.observe(0, 1_000 * MS, (0, 1))  # one report after a long quiet spell, no newer step
     b.assign(None, now_ns=1_049 * MS)
     assert b.publications == 0

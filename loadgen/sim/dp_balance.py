@@ -5,20 +5,20 @@ itself. vLLM 0.19 (read, not copied: ``vllm/v1/engine/core_client.py`` ``DPLBAsy
 .get_core_engine_for_request``, ``vllm/v1/engine/coordinator.py``):
 
 - each engine core reports its scheduler's waiting and running counts when they change, as it schedules a
-  step, numbered by the ranks' common step count (DP ranks step together, an idle one on dummy batches); the DP coordinator publishes the ranks' counts to the API server 100 ms after its last publication
-  while they keep changing, and, after a quiet spell, no sooner than 50 ms after the last report until it
-  holds a complete step (its poll's least wait);
+  step, numbered by the ranks' common step count (DP ranks step together, an idle one on dummy batches);
+- the DP coordinator publishes the counts of the last step every rank completed to the API server, 100 ms after
+  its last publication while they keep changing and, after a quiet spell, no sooner than 50 ms after the last
+  report until it holds a complete step (its poll's least wait);
 - a request goes to the rank with the lowest ``4 × waiting + running`` over the last published counts, the
   lowest rank winning a tie (one API server starts its scan at rank 0);
 - between two publications the API server adds each request it routes to its rank's waiting count, so a burst
   spreads over the ranks instead of piling onto the one that looked least loaded.
 
 Not conversation-sticky: vLLM 0.19's balancer knows nothing of prefixes. The coordinator is emulated from the
-ranks' reports: a rank reports as it schedules a step (vLLM's, a little later, after its engine core's loop
-turn), with no messaging delay. A publication carries the counts of the last step every rank had reported when a
-newer one's first report came, as vLLM's does, else the latest. The figures
-depend on the clock's timing: ``loadgen sim validate --measured --sensitivity`` prints their spread as the
-coordinator's first wait after a quiet spell grows by 0-90 ms.
+ranks' reports (``observe``): a rank reports as it schedules a step (vLLM's, a little later, after its engine
+core's loop turn), with no messaging delay. The figures depend on the clock's timing: ``loadgen sim validate
+--measured --sensitivity`` prints their spread as the coordinator's first wait after a quiet spell grows by
+0-90 ms.
 
 The client's replica routing (``loadgen.workload.routing``) is a different thing: N servers behind a client-side
 policy. This is one server's internal routing; ``sim validate --measured`` uses it for a run with
@@ -27,7 +27,7 @@ policy. This is one server's internal routing; ``sim validate --measured`` uses 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import deque
 from typing import Final, Literal
 
 from loadgen.workload.routing import Router
@@ -46,31 +46,26 @@ FIRST_PUBLISH_NS = 50_000_000
 #: A waiting request weighs this many running ones in the balancer's score (``waiting * 4 + running``).
 WAITING_WEIGHT = 4
 
-#: (waiting, running) of one rank, as its scheduler counts them.
-Counts = Callable[[], tuple[int, int]]
-
 
 class VllmDpBalancer(Router):
     """Routes as vLLM 0.19's API server routes over its data-parallel ranks (module docstring), with its DP
     coordinator emulated from the ranks' reports (``observe``)."""
 
-    def __init__(self, counts: list[Counts], delay_ns: int = 0) -> None:
-        super().__init__(len(counts), "least-in-flight")
-        self.counts = counts  # each rank's (waiting, running) now
+    def __init__(self, ranks: int, delay_ns: int = 0) -> None:
+        super().__init__(ranks, "least-in-flight")
         # added to the coordinator's least wait after a quiet spell: how much of a replay's figures is the
         # publication clock's timing (``loadgen.calibration.sensitivity``); 0 in a replay
         self.delay_ns = delay_ns
-        self.published: list[list[int]] = [[0, 0] for _ in counts]  # the API server's [waiting, running] + local
+        self.published: list[list[int]] = [[0, 0] for _ in range(ranks)]  # the API server's [waiting, running]
         self.publications = 0
-        # the reports, in time order: (ns, rank, the step number, (waiting, running))
-        self._reports: list[tuple[int, int, int, tuple[int, int]]] = []
+        # the reports not yet taken by the coordinator, in time order: (ns, rank, step number, (waiting, running))
+        self._reports: deque[tuple[int, int, int, tuple[int, int]]] = deque()
         self._step = 0  # the group's step number: vLLM's DP ranks count steps together (dummy batches when idle)
         self._step_ns: int | None = None
-        self._said: list[tuple[int, int] | None] = [None] * len(counts)
+        self._said: list[tuple[int, int] | None] = [None] * ranks
         # the coordinator: its counts, the newest step reported, whether they changed since it published, the
         # counts of the last complete step (taken when a newer step's first report comes), when it published
-        self._next = 0
-        self._stats = [[0, 0] for _ in counts]
+        self._stats = [[0, 0] for _ in range(ranks)]
         self._last_step = 0
         self._changed = False
         self._step_counts: list[list[int]] | None = None
@@ -102,17 +97,16 @@ class VllmDpBalancer(Router):
         reports = self._reports
         while True:
             due = self._due_ns()
-            report = reports[self._next] if self._next < len(reports) else None
+            report = reports[0] if reports else None
             if due is not None and due <= until_ns and (report is None or due < report[0]):
                 self._publish(due)
             elif report is not None and report[0] <= until_ns:
-                self._take(report)
+                self._take(reports.popleft())
             else:
                 return
 
     def _take(self, report: tuple[int, int, int, tuple[int, int]]) -> None:
         at_ns, rank, step, (waiting, running) = report
-        self._next += 1
         if step > self._last_step:
             if self._changed:
                 self._step_counts = [list(c) for c in self._stats]

@@ -20,6 +20,7 @@ so a profile without the TP degree asked for is refused in one line and no file 
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,11 @@ class ProfiledEngineSpec:
     device_memory_bytes: int | None = None  # None: the ledger's table for the profile's GPU
     gpu_memory_utilization: float = DEFAULT_UTILIZATION
     name: str | None = None
+
+
+def _q(text: str) -> str:
+    """``text`` as a TOML basic string (JSON's escapes are TOML's)."""
+    return json.dumps(text, ensure_ascii=False)
 
 
 def _rel(path: Path, out_dir: Path) -> str:
@@ -161,9 +167,9 @@ def profiled_engine_toml(spec: ProfiledEngineSpec, out: Path) -> str:
         "# Step times come from the GPU's operator profile, composed per step by loadgen.sim.profile. Where each",
         "# setting came from: profile = the profile's meta.yaml; given = loadgen sim engine's arguments; default =",
         "# vLLM's default; ledger = loadgen's memory ledger; assumed = stated here, not measured.",
-        f'name = "{name}"',
-        f'description = "vLLM {version}, {short}, {gpu}, {parallel}: step times from the GPU\'s operator profile."',
-        f'model = "{model}"',
+        f"name = {_q(name)}",
+        f"description = {_q(f'vLLM {version}, {short}, {gpu}, {parallel}: step times from the GPU operator profile.')}",
+        f"model = {_q(model)}",
         'tokenizer = "cl100k_base"  # live server only: counts prompt tokens (the worksheet uses the trace\'s counts)',
         "",
         *_scheduler(spec, tokens, seqs, model_len),
@@ -178,15 +184,15 @@ def profiled_engine_toml(spec: ProfiledEngineSpec, out: Path) -> str:
         "request_overhead_ms = 0.0  # assumed: arrivals are the engine's own (queued) instants",
         "",
         "[cost.profile]",
-        f'path = "{_rel(spec.profile_dir, out_dir)}"  # profile',
-        f'model_config = "{_rel(spec.model_config, out_dir)}"  # given',
+        f"path = {_q(_rel(spec.profile_dir, out_dir))}  # profile",
+        f"model_config = {_q(_rel(spec.model_config, out_dir))}  # given",
         f"tp = {spec.tp}  # given",
         f"ep = {spec.ep}  # given",
-        f'gpu = "{gpu}"  # profile',
-        f'vllm_version = "{version}"  # profile',
+        f"gpu = {_q(gpu)}  # profile",
+        f"vllm_version = {_q(version)}  # profile",
     ]
     if spec.collectives is not None:
-        lines.append(f'collectives = "{_rel(spec.collectives, out_dir)}"  # given: measured')
+        lines.append(f"collectives = {_q(_rel(spec.collectives, out_dir))}  # given: measured")
     return "\n".join(lines) + "\n"
 
 

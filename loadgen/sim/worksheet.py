@@ -909,7 +909,7 @@ def simulate_trace(
 def _router(engines: list[Engine], route_policy: SimRoutePolicy, dp_delay_ns: int = 0) -> Router:
     """The fleet's routing: a client-side policy over N servers, or vLLM's own over one server's DP ranks."""
     if route_policy == VLLM_DP:
-        return VllmDpBalancer([engine.load_counts for engine in engines], dp_delay_ns)
+        return VllmDpBalancer(len(engines), dp_delay_ns)
     return Router(len(engines), route_policy)
 
 
