@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from loadgen.rundir.manifest import read_manifest
 from loadgen.rundir.schema import TRACE_FULL_SCHEMA
 from loadgen.sim import load_engine_config
-from loadgen.sim.dp_balance import VLLM_DP, VllmDpBalancer
-from loadgen.sim.worksheet import simulate_trace
+from loadgen.sim.dp_balance import VLLM_DP, ServerRouter, VllmDpBalancer
+from loadgen.sim.worksheet import run_worksheet, simulate_trace
+from loadgen.trace.io import write_trace
 
 MS = 1_000_000
 
@@ -87,3 +89,20 @@ def test_the_worksheet_routes_dp_ranks_by_the_balancer_deterministically():
     routed = one.notes["routed"]
     assert sum(routed) == 40 and min(routed) >= 15  # spread over both ranks
     assert one.notes["route_policy"] == VLLM_DP
+
+
+def test_a_fleet_of_expert_parallel_servers_routes_in_two_levels(tmp_path):
+    """Four engines of an EP-2 profile are two servers of two DP ranks: round-robin picks the server (as a client
+    routes over --target URLs), each server's vLLM balancer picks the rank; the run directory says so."""
+    b = ServerRouter(2, 2, "round-robin")
+    # the client alternates servers; each server's balancer spreads its own burst over its two ranks
+    assert [b.assign(None, now_ns=t * MS) for t in range(8)] == [0, 2, 1, 3, 0, 2, 1, 3]
+    b.finished(3)
+    assert b.in_flight == [2, 2, 2, 1] and b.client.in_flight == [4, 3] and b.balancers[1].in_flight == [2, 1]
+    cfg = load_engine_config("rtxpro6000-qwen3-30b-a3b-tp1-ep2")
+    trace = tmp_path / "t.parquet"
+    write_trace(_table(24, 30), trace, {"mode": "open"})
+    out = run_worksheet(trace, cfg, tmp_path / "run", replicas=4, route_policy="round-robin")
+    routing = read_manifest(out).model_dump(mode="json")["routing"]
+    assert (routing["servers"], routing["ranks_per_server"], routing["within_server"]) == (2, 2, VLLM_DP)
+    assert sum(routing["routed"]) == 24 and min(routing["routed"]) >= 4

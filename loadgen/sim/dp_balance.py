@@ -22,7 +22,8 @@ core's loop turn), with no messaging delay. The figures depend on the clock's ti
 
 The client's replica routing (``loadgen.workload.routing``) is a different thing: N servers behind a client-side
 policy. This is one server's internal routing; ``sim validate --measured`` uses it for a run with
-``data_parallel_size`` > 1.
+``data_parallel_size`` > 1. A fleet of expert-parallel engines is both (``ServerRouter``): the client's policy
+picks a server (one expert-parallel group of DP ranks), and that server's balancer picks the rank.
 """
 
 from __future__ import annotations
@@ -30,9 +31,17 @@ from __future__ import annotations
 from collections import deque
 from typing import Final, Literal
 
-from loadgen.workload.routing import Router
+from loadgen.workload.routing import RoutePolicy, Router
 
-__all__ = ["FIRST_PUBLISH_NS", "PUBLISH_INTERVAL_NS", "WAITING_WEIGHT", "VLLM_DP", "SimRoutePolicy", "VllmDpBalancer"]
+__all__ = [
+    "FIRST_PUBLISH_NS",
+    "PUBLISH_INTERVAL_NS",
+    "WAITING_WEIGHT",
+    "VLLM_DP",
+    "SimRoutePolicy",
+    "VllmDpBalancer",
+    "ServerRouter",
+]
 
 #: The worksheet's name for this routing, beside the client policies ``loadgen.workload.routing`` has.
 VLLM_DP: Final = "vllm-dp"
@@ -133,3 +142,31 @@ class VllmDpBalancer(Router):
         self.in_flight[index] += 1
         self.routed[index] += 1
         return index
+
+
+class ServerRouter(Router):
+    """Servers of ``ranks_per_server`` DP ranks each (engines ``k × ranks .. k × ranks + ranks − 1`` are server
+    k): the client's ``policy`` picks the server, as ``loadgen run --target A --target B`` does, and the server's
+    own vLLM balancer picks the rank. Engine indices are global; ``routed`` counts per engine."""
+
+    def __init__(self, servers: int, ranks_per_server: int, policy: RoutePolicy, delay_ns: int = 0) -> None:
+        super().__init__(servers * ranks_per_server, policy)
+        self.ranks = ranks_per_server
+        self.client = Router(servers, policy)
+        self.balancers = [VllmDpBalancer(ranks_per_server, delay_ns) for _ in range(servers)]
+
+    def observe(self, engine: int, now_ns: int, counts: tuple[int, int]) -> None:
+        """Engine ``engine`` scheduled a step: its server's balancer hears of it."""
+        self.balancers[engine // self.ranks].observe(engine % self.ranks, now_ns, counts)
+
+    def assign(self, conversation_id: str | None, now_ns: int | None = None) -> int:
+        server = self.client.assign(conversation_id, now_ns)
+        index = server * self.ranks + self.balancers[server].assign(None, now_ns)
+        self.in_flight[index] += 1
+        self.routed[index] += 1
+        return index
+
+    def finished(self, index: int, error_kind: str | None = None) -> None:
+        self.in_flight[index] -= 1
+        self.client.finished(index // self.ranks, error_kind)
+        self.balancers[index // self.ranks].finished(index % self.ranks, error_kind)

@@ -46,7 +46,7 @@ from loadgen.workload.sessions import ReplyWaits, reply_dependencies
 from .. import __version__
 from ..trace.io import read_trace
 from .config import EngineConfig, load_engine_config
-from .dp_balance import VLLM_DP, SimRoutePolicy, VllmDpBalancer
+from .dp_balance import VLLM_DP, ServerRouter, SimRoutePolicy, VllmDpBalancer
 from .engine import NEVER_NS, DecodeRun, Engine, Seq, StepResult
 from .faults import FaultDecider, FaultPlan
 from .metrics import (
@@ -395,7 +395,7 @@ def _run_fleet_virtual_time(engines: list[Engine], client: _Client) -> tuple[_St
     profile = engines[0].profile
     ep = profile.ep if profile is not None else 1
     groups = [list(range(k, min(k + ep, len(engines)))) for k in range(0, len(engines), ep)]
-    observe = client.router.observe if isinstance(client.router, VllmDpBalancer) else None
+    observe = client.router.observe if isinstance(client.router, VllmDpBalancer | ServerRouter) else None
     t = 0
     while True:
         for t_end, i in sorted((p[0], i) for i, p in enumerate(pending) if p is not None and p[0] <= t):
@@ -907,9 +907,15 @@ def simulate_trace(
 
 
 def _router(engines: list[Engine], route_policy: SimRoutePolicy, dp_delay_ns: int = 0) -> Router:
-    """The fleet's routing: a client-side policy over N servers, or vLLM's own over one server's DP ranks."""
+    """The fleet's routing: vLLM's own balancer over one server's DP ranks (``vllm-dp``); for engines whose
+    profile spreads experts over ``ep`` GPUs, each ``ep`` of them one server (its DP ranks, its balancer) behind
+    the client's policy; else the client's policy over N servers."""
     if route_policy == VLLM_DP:
         return VllmDpBalancer(len(engines), dp_delay_ns)
+    profile = engines[0].profile
+    ep = profile.ep if profile is not None else 1
+    if ep > 1 and len(engines) % ep == 0:
+        return ServerRouter(len(engines) // ep, ep, route_policy, dp_delay_ns)
     return Router(len(engines), route_policy)
 
 
@@ -940,6 +946,8 @@ def _fleet_notes(
     notes["output_tokens_per_busy_s"] = notes["output_tokens"] / busy if busy else None
     notes["replicas"] = len(engines)
     notes["route_policy"] = route_policy
+    if isinstance(router, ServerRouter):
+        notes["route_policy"] = f"{route_policy} over {len(router.balancers)} servers, {VLLM_DP} within each"
     notes["routed"] = list(router.routed)
     notes["per_replica"] = [
         {k: p[k] for k in ("steps", "busy_s", "virtual_duration_s", "preemptions", "prefix_cache_hits")} for p in per
@@ -1009,7 +1017,8 @@ def run_worksheet(
     }
     manifest = _worksheet_manifest(trace_path, metadata, config, options, scen)
     if replicas > 1:
-        manifest = merge_manifest(manifest, _fleet_sections(manifest, replicas, route_policy))
+        ep = config.cost.profile.ep if config.cost.profile is not None else 1
+        manifest = merge_manifest(manifest, _fleet_sections(manifest, replicas, route_policy, ep))
     if extra_manifest:
         manifest = merge_manifest(manifest, extra_manifest)
     result = simulate_trace(
@@ -1059,12 +1068,17 @@ def _worksheet_manifest(
     )
 
 
-def _fleet_sections(manifest: Manifest, replicas: int, route_policy: RoutePolicy) -> dict[str, Any]:
-    """A fleet's manifest sections: one target per engine, the routing, and the fleet options."""
+def _fleet_sections(manifest: Manifest, replicas: int, route_policy: RoutePolicy, ep: int = 1) -> dict[str, Any]:
+    """A fleet's manifest sections: one target per engine, the routing, and the fleet options. Engines of an
+    expert-parallel profile are DP ranks, ``ep`` to a server: the policy picks the server, vLLM's balancer the
+    rank (``_router``)."""
     target = manifest.target.model_dump(mode="json")
+    routing: dict[str, Any] = {"policy": route_policy, "sticky": "conversation", "down_after_connect_errors": 0}
+    if ep > 1 and replicas % ep == 0:
+        routing |= {"servers": replicas // ep, "ranks_per_server": ep, "within_server": VLLM_DP}
     return {
         "targets": [{**target, "base_url": f"worksheet engine {k}"} for k in range(replicas)],
-        "routing": {"policy": route_policy, "sticky": "conversation", "down_after_connect_errors": 0},
+        "routing": routing,
         "options": {"replicas": replicas, "route_policy": route_policy},
     }
 
