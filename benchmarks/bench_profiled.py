@@ -15,8 +15,7 @@ shipped engine of that GPU, model and TP degree (DP 2: two engines behind vLLM's
 - the wall time of the 300-request replay (``simulate_trace`` on the anchored trace, the profile already loaded;
   best of ``--repeat``) and the profile's load time;
 - for a DP run, the spread of the figures as the KV pool and the balancer's timing move (the DP coordinator's
-  first publication after a quiet spell delayed by 0-90 ms; ``loadgen.calibration.sensitivity``), and the same
-  comparison behind least-in-flight routing;
+  first publication after a quiet spell delayed by 0-90 ms; ``loadgen.calibration.sensitivity``);
 - side by side, the same comparison with the engine's linear cost terms (fixed + per prefill token + per decode
   sequence + per KV token) fitted by least squares to the same profile (``fit_linear_cost``) instead of it.
 
@@ -138,7 +137,7 @@ def bench(run: str, repeat: int, anchor: str, tmp: Path) -> None:
 
 def _balancer_sweep(run_dir: Path, cfg: EngineConfig, anchor: str, got: RunComparison) -> None:
     """How much of a DP run's figures is the timing of vLLM's balancer (``loadgen.calibration.sensitivity``, as
-    ``sim validate --measured --sensitivity`` prints it), and the same comparison behind least-in-flight."""
+    ``sim validate --measured --sensitivity`` prints it)."""
     for spread in run_sensitivity(run_dir, cfg, anchor, got.settings):
         cells = "; ".join(
             f"{v}: {f} {w:.1f}%"
@@ -146,12 +145,6 @@ def _balancer_sweep(run_dir: Path, cfg: EngineConfig, anchor: str, got: RunCompa
         )
         print(f"   sensitivity, {spread.summary()}")
         print(f"      worst |error| at each: {cells}")
-    lif = compare_run(run_dir, cfg, anchor, route_policy="least-in-flight")
-    lif_worst = lif.worst or {}
-    print(
-        f"   least-in-flight routing instead: worst |error| {abs(lif_worst.get('signed_pct', 0.0)):.1f}% "
-        f"({lif_worst.get('figure')}), MAPE {lif.mape_pct:.1f}%"
-    )
 
 
 LINEAR_TERMS = ("fixed_ms", "per_prefill_token_ms", "per_decode_seq_ms", "per_kv_token_ms")
