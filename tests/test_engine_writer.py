@@ -93,3 +93,14 @@ def test_refusals_are_one_line_and_leave_no_file(tmp_path):
         assert res.returncode == 2 and said in res.stderr, (args, res.stderr)
         assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
         assert not list(tmp_path.iterdir()), args
+
+
+def test_a_vllm_019_profile_takes_019s_defaults_on_a_large_gpu(tmp_path):
+    """vLLM 0.19 has no 160 GiB tier (it came later, vllm-project/vllm#51726): on a 180 GiB device a 0.19
+    profile's engine defaults to 8,192 tokens and 1,024 sequences, as 0.19 would; the ledger's 0.32 rule gives
+    16,384."""
+    out = tmp_path / "big.toml"
+    res = _engine(out, "--max-model-len", "32768", "--device-memory-bytes", str(180 * 2**30))
+    assert res.returncode == 0, res.stderr
+    text = out.read_text()
+    assert "max_num_batched_tokens = 8192  # default" in text and "max_num_seqs = 1024  # default" in text

@@ -63,13 +63,15 @@ def vllm_batch_defaults(
     *,
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
+    tier_160_gib: bool = True,
 ) -> tuple[int, int]:
     """(max_num_batched_tokens, max_num_seqs) vLLM ends up with; None for either = vLLM's default.
 
     vLLM 0.32's rule (read, not copied: vllm/engine/arg_utils.py ``EngineArgs.get_batch_defaults`` and
     ``_set_default_max_num_seqs_and_batched_tokens_args``), defaults for the API server / the LLM class:
     - CPU: 2048 × world / 4096 × world tokens, 128 × world / 256 × world sequences;
-    - GPU with ≥ 160 GiB: 16384 / 16384 tokens, 1024 sequences;
+    - GPU with ≥ 160 GiB: 16384 / 16384 tokens, 1024 sequences (``tier_160_gib``; vLLM 0.19 has no such tier,
+      it came with vllm-project/vllm#51726, so a 0.19 engine passes False and such a GPU takes the next);
     - GPU with ≥ 70 GiB, not an A100: 8192 / 16384 tokens, 1024 sequences;
     - other GPUs (and an unknown device memory): 2048 / 8192 tokens, 256 sequences.
     Then, with chunked prefill on (vLLM v1's default): a defaulted token budget becomes
@@ -78,7 +80,7 @@ def vllm_batch_defaults(
     api = usage_context == "api_server"
     if device == "cpu":
         tokens, seqs = (2048 if api else 4096) * world_size, (128 if api else 256) * world_size
-    elif device_memory_gib is not None and device_memory_gib >= 160:
+    elif tier_160_gib and device_memory_gib is not None and device_memory_gib >= 160:
         tokens, seqs = 16384, 1024
     elif device_memory_gib is not None and device_memory_gib >= 70 and "a100" not in device_name.lower():
         tokens, seqs = (8192 if api else 16384), 1024

@@ -69,8 +69,12 @@ def _rel(path: Path, out_dir: Path) -> str:
     return os.path.relpath(path.resolve(), out_dir.resolve())
 
 
-def _batch(spec: ProfiledEngineSpec, device_gib: float | None, gpu: str, model_len: int) -> tuple[int, int]:
-    """(max_num_batched_tokens, max_num_seqs): given, else vLLM's defaults for a GPU of this memory."""
+def _batch(
+    spec: ProfiledEngineSpec, device_gib: float | None, gpu: str, model_len: int, version: str
+) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs): given, else the profiled vLLM's defaults for a GPU of this memory
+    (before 0.20 without the 160 GiB tier: ``vllm_batch_defaults``)."""
+    major_minor = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
     return vllm_batch_defaults(
         "cuda",
         world_size=spec.tp,
@@ -79,6 +83,7 @@ def _batch(spec: ProfiledEngineSpec, device_gib: float | None, gpu: str, model_l
         max_model_len=model_len,
         max_num_seqs=spec.max_num_seqs,
         max_num_batched_tokens=spec.max_num_batched_tokens,
+        tier_160_gib=major_minor > (0, 19),
     )
 
 
@@ -151,7 +156,7 @@ def profiled_engine_toml(spec: ProfiledEngineSpec, out: Path) -> str:
         raise LoadgenError(f"{spec.model_config}: no max_position_embeddings: expected --max-model-len")
     known = gpu_memory(gpu)
     device_bytes = spec.device_memory_bytes or (known.total_bytes if known else None)
-    tokens, seqs = _batch(spec, device_bytes / GIB if device_bytes else None, gpu, model_len)
+    tokens, seqs = _batch(spec, device_bytes / GIB if device_bytes else None, gpu, model_len, version)
     blocks, pool_source = _pool(spec, gpu, model_len, seqs, tokens)
     if blocks * BLOCK_SIZE < model_len:
         raise LoadgenError(
