@@ -420,9 +420,9 @@ class SimServer:
         return round(value * 1e6)
 
     async def _hold(self, ctx: LiveRequest) -> None:
-        """Wait until the reply may end (its ``SIM_SERVICE_FIELD`` time after arrival)."""
-        wait_ns = ctx.hold_until_ns - self.live.now_ns()
-        if wait_ns > 0:
+        """Wait until the reply may end (its ``SIM_SERVICE_FIELD`` time after arrival): never sooner, so the sleep
+        is repeated for what is left, since uvloop's millisecond timers (``_loop_factory``) can wake it early."""
+        while (wait_ns := ctx.hold_until_ns - self.live.now_ns()) > 0:
             await asyncio.sleep(wait_ns / 1e9)
 
     def _chain(self, ids: list[int]) -> list[int]:
