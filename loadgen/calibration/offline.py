@@ -45,7 +45,7 @@ from loadgen.rundir.io import load_run
 from loadgen.rundir.manifest import Manifest
 from loadgen.rundir.schema import TRACE_FULL_SCHEMA
 from loadgen.sim.config import EngineConfig, load_engine_config
-from loadgen.sim.dp_balance import VLLM_DP, SimRoutePolicy
+from loadgen.sim.dp_balance import VLLM_DP
 from loadgen.sim.worksheet import simulate_trace
 from loadgen.stats.percentiles import percentile
 from loadgen.trace.io import read_trace
@@ -346,13 +346,12 @@ def compare_run(
     run_dir: Path | str,
     config: EngineConfig,
     anchor: str = "workload",
-    route_policy: SimRoutePolicy = VLLM_DP,
     pool_blocks: int | None = None,
     dp_delay_ns: int = 0,
 ) -> RunComparison:
     """One measured run beside the worksheet's replay of its workload on ``config``, anchored by ``anchor``
     (``ANCHORS``; module docstring). A run with ``data_parallel_size`` > 1 is replayed on that many engines
-    behind ``route_policy``: vLLM's own balancer (``loadgen.sim.dp_balance``) unless told otherwise.
+    behind vLLM's own balancer (``loadgen.sim.dp_balance``), as one server with that many DP ranks.
     ``pool_blocks`` replays on that many KV blocks instead of the run's (or the engine's), and ``dp_delay_ns``
     delays the DP balancer's publications: the perturbations of ``loadgen.calibration.sensitivity``."""
     run_dir = Path(run_dir)
@@ -371,8 +370,7 @@ def compare_run(
         )
     table, meta, notes = replay_table(run_dir, data.manifest, cols, anchor)
     replicas = int(settings.get("data_parallel_size") or 1)
-    policy = route_policy if replicas > 1 else "round-robin"
-    result = simulate_trace(table, meta, engine, replicas=replicas, route_policy=policy, dp_delay_ns=dp_delay_ns)
+    result = simulate_trace(table, meta, engine, replicas=replicas, route_policy=VLLM_DP, dp_delay_ns=dp_delay_ns)
     predicted = request_figures(result.requests_table.to_pydict(), anchor)
     measured = request_figures(cols, anchor)
     rows = [_error(measured[name], predicted[name], name) for name in FIGURES]
@@ -388,12 +386,10 @@ def compare_run(
             f"vLLM {ran} ran; the engine's profile is vLLM {profile.vllm_version}'s (a version it did not measure)"
         )
     if replicas > 1:
-        routed = (
-            "vLLM's own balancer (4 x waiting + running, counts published every 100 ms)"
-            if route_policy == VLLM_DP
-            else f"{route_policy} routing"
+        notes.append(
+            f"{replicas} data-parallel engines behind vLLM's own balancer (4 x waiting + running, counts published "
+            "every 100 ms); series summed (KV: mean)"
         )
-        notes.append(f"{replicas} data-parallel engines behind {routed}; series summed (KV: mean)")
     # the pool replayed: the run's logged one where it logged one, else the engine TOML's
     pool_source = "given" if pool_blocks is not None else settings["source"].get("num_kv_blocks", "engine TOML")
     sources = settings["source"] | {"num_kv_blocks_used": pool_source}

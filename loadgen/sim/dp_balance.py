@@ -41,6 +41,7 @@ __all__ = [
     "SimRoutePolicy",
     "VllmDpBalancer",
     "ServerRouter",
+    "dp_servers",
 ]
 
 #: The worksheet's name for this routing, beside the client policies ``loadgen.workload.routing`` has.
@@ -142,6 +143,12 @@ class VllmDpBalancer(Router):
         self.in_flight[index] += 1
         self.routed[index] += 1
         return index
+
+
+def dp_servers(engines: int, ep: int) -> int | None:
+    """How many vLLM servers ``engines`` engines of an expert-parallel profile (``ep`` GPUs an MoE layer spreads
+    its experts over) are, each ``ep`` DP ranks; None when they are not whole servers of DP ranks."""
+    return engines // ep if ep > 1 and engines % ep == 0 else None
 
 
 class ServerRouter(Router):

@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadgen.ledger import GIB, EngineSettings, compute_ledger, read_model_config
+from loadgen.ledger import GIB, EngineSettings, ModelConfig, compute_ledger, read_model_config
 from loadgen.ledger.gpus import gpu_memory
 from loadgen.ledger.settings import vllm_batch_defaults
 from loadgen.util.errors import LoadgenError, ScenarioError
@@ -105,8 +105,24 @@ def _scheduler(spec: ProfiledEngineSpec, tokens: int, seqs: int, model_len: int)
     ]
 
 
-def _pool(spec: ProfiledEngineSpec, gpu: str, model_len: int, seqs: int, tokens: int) -> tuple[int, str]:
-    """(KV blocks, where they came from): given, else the ledger's for the GPU's memory."""
+def _device_memory(spec: ProfiledEngineSpec, gpu: str) -> tuple[int, str] | None:
+    """(the GPU's total bytes, where the figure came from): given, else the ledger's table; None if neither."""
+    if spec.device_memory_bytes is not None:
+        return spec.device_memory_bytes, "given"
+    known = gpu_memory(gpu)
+    return (known.total_bytes, known.source) if known is not None else None
+
+
+def _pool(
+    spec: ProfiledEngineSpec,
+    model: ModelConfig,
+    gpu: str,
+    device: tuple[int, str] | None,
+    model_len: int,
+    seqs: int,
+    tokens: int,
+) -> tuple[int, str]:
+    """(KV blocks, where they came from): given, else the ledger's for the GPU's memory (``device``)."""
     if spec.num_kv_blocks is not None:
         return spec.num_kv_blocks, "given (as vLLM logged it)"
     if spec.ep > 1:
@@ -114,15 +130,12 @@ def _pool(spec: ProfiledEngineSpec, gpu: str, model_len: int, seqs: int, tokens:
             f"--ep {spec.ep}: no --num-kv-blocks: expected the pool vLLM logs (the ledger does not shard experts "
             "across data-parallel ranks)"
         )
-    if spec.device_memory_bytes is not None:
-        total, source = spec.device_memory_bytes, "given"
-    elif (known := gpu_memory(gpu)) is not None:
-        total, source = known.total_bytes, known.source
-    else:
+    if device is None:
         raise LoadgenError(
             f"{spec.profile_dir}: GPU {gpu!r}: its memory is not in the ledger's table: expected "
             "--device-memory-bytes (cudaMemGetInfo's total) or --num-kv-blocks"
         )
+    total, source = device
     settings = EngineSettings(
         device_memory_gib=total / GIB,
         gpu_memory_utilization=spec.gpu_memory_utilization,
@@ -132,7 +145,7 @@ def _pool(spec: ProfiledEngineSpec, gpu: str, model_len: int, seqs: int, tokens:
         max_model_len=model_len,
         device_name=gpu,
     )
-    ledger = compute_ledger(read_model_config(spec.model_config), settings)
+    ledger = compute_ledger(model, settings)
     blocks = int(ledger.kv_cache_blocks or 0)
     if blocks < 1:
         raise LoadgenError(
@@ -154,10 +167,9 @@ def profiled_engine_toml(spec: ProfiledEngineSpec, out: Path) -> str:
     model_len = int(spec.max_model_len or config.max_position_embeddings or 0)
     if model_len < 1:
         raise LoadgenError(f"{spec.model_config}: no max_position_embeddings: expected --max-model-len")
-    known = gpu_memory(gpu)
-    device_bytes = spec.device_memory_bytes or (known.total_bytes if known else None)
-    tokens, seqs = _batch(spec, device_bytes / GIB if device_bytes else None, gpu, model_len, version)
-    blocks, pool_source = _pool(spec, gpu, model_len, seqs, tokens)
+    device = _device_memory(spec, gpu)
+    tokens, seqs = _batch(spec, device[0] / GIB if device else None, gpu, model_len, version)
+    blocks, pool_source = _pool(spec, config, gpu, device, model_len, seqs, tokens)
     if blocks * BLOCK_SIZE < model_len:
         raise LoadgenError(
             f"max_model_len {model_len:,}: more than the {blocks:,} KV blocks hold ({blocks * BLOCK_SIZE:,} tokens): "

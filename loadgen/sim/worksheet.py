@@ -46,7 +46,7 @@ from loadgen.workload.sessions import ReplyWaits, reply_dependencies
 from .. import __version__
 from ..trace.io import read_trace
 from .config import EngineConfig, load_engine_config
-from .dp_balance import VLLM_DP, ServerRouter, SimRoutePolicy, VllmDpBalancer
+from .dp_balance import VLLM_DP, ServerRouter, SimRoutePolicy, VllmDpBalancer, dp_servers
 from .engine import NEVER_NS, DecodeRun, Engine, Seq, StepResult
 from .faults import FaultDecider, FaultPlan
 from .metrics import (
@@ -914,8 +914,9 @@ def _router(engines: list[Engine], route_policy: SimRoutePolicy, dp_delay_ns: in
         return VllmDpBalancer(len(engines), dp_delay_ns)
     profile = engines[0].profile
     ep = profile.ep if profile is not None else 1
-    if ep > 1 and len(engines) % ep == 0:
-        return ServerRouter(len(engines) // ep, ep, route_policy, dp_delay_ns)
+    servers = dp_servers(len(engines), ep)
+    if servers is not None:
+        return ServerRouter(servers, ep, route_policy, dp_delay_ns)
     return Router(len(engines), route_policy)
 
 
@@ -1074,8 +1075,8 @@ def _fleet_sections(manifest: Manifest, replicas: int, route_policy: RoutePolicy
     rank (``_router``)."""
     target = manifest.target.model_dump(mode="json")
     routing: dict[str, Any] = {"policy": route_policy, "sticky": "conversation", "down_after_connect_errors": 0}
-    if ep > 1 and replicas % ep == 0:
-        routing |= {"servers": replicas // ep, "ranks_per_server": ep, "within_server": VLLM_DP}
+    if (servers := dp_servers(replicas, ep)) is not None:
+        routing |= {"servers": servers, "ranks_per_server": ep, "within_server": VLLM_DP}
     return {
         "targets": [{**target, "base_url": f"worksheet engine {k}"} for k in range(replicas)],
         "routing": routing,
