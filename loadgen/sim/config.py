@@ -120,11 +120,17 @@ MAX_STEP_MS = 3_600_000.0
 DEFAULT_KV_BLOCKS = 4096
 
 
+#: The most KV blocks a simulated pool holds (``KVConfig.num_kv_blocks``).
+MAX_KV_BLOCKS = 1 << 24
+
+
 class KVConfig(_Model):
     """Paged KV cache: give ``num_kv_blocks`` directly, or a model config.json + KV budget (ledger)."""
 
     block_size: int = Field(default=16, ge=1, le=1 << 16)
-    num_kv_blocks: int | None = Field(default=None, ge=1, le=1 << 32)
+    # at most 2^24: the simulated pool keeps every block in memory (about 100 B each), and no GPU's pool is
+    # larger (an H200's for an 8B model is about 70,000 blocks); 1e9 blocks took 22 GB and the OOM killer
+    num_kv_blocks: int | None = Field(default=None, ge=1, le=MAX_KV_BLOCKS)
     model_config_path: str | None = Field(default=None, alias="model_config")
     kv_cache_gib: float | None = Field(default=None, gt=0, le=1 << 20)
     kv_cache_dtype: str | None = None
@@ -431,6 +437,11 @@ def _kv_blocks_from_ledger(cfg: EngineConfig, source: str) -> int:
         raise ScenarioError(f"{source}: kv.model_config = {str(path)!r}: {exc}") from None
     if blocks < 1:
         raise ScenarioError(f"{source}: kv.kv_cache_gib = {cfg.kv.kv_cache_gib}: holds no KV block of this model")
+    if blocks > MAX_KV_BLOCKS:
+        raise ScenarioError(
+            f"{source}: kv.kv_cache_gib = {cfg.kv.kv_cache_gib}: {blocks:,} KV blocks of this model: expected at most "
+            f"{MAX_KV_BLOCKS:,}"
+        )
     return int(blocks)
 
 
