@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 from loadgen.rundir.identity import sha256_file
 from loadgen.rundir.manifest import read_manifest
 from loadgen.util.errors import LoadgenError, PlanError
+from loadgen.util.outputfile import write_output_text
 from loadgen.util.pinning import engine_cpus, shared_cpus_warning
 from loadgen.vllm import VllmConfig, make_model_dir, shipped_model_path
 from loadgen.workload import presets
@@ -302,7 +303,7 @@ def run_practice(
     decision = _decision(practice, comparison, run_dirs, ledger_data, configs, round(time.monotonic() - t0, 1))
     if prediction is not None:
         decision["prediction"] = prediction
-    (practice.out_dir / "decision.json").write_text(json.dumps(decision, indent=2, default=str) + "\n")
+    write_output_text(practice.out_dir / "decision.json", json.dumps(decision, indent=2, default=str) + "\n")
     return PracticeResult(practice.out_dir, decision, comparison, ledgers, run_dirs)
 
 

@@ -104,3 +104,12 @@ def test_a_vllm_019_profile_takes_019s_defaults_on_a_large_gpu(tmp_path):
     assert res.returncode == 0, res.stderr
     text = out.read_text()
     assert "max_num_batched_tokens = 8192  # default" in text and "max_num_seqs = 1024  # default" in text
+
+
+def test_an_out_that_is_a_folder_is_refused_by_its_own_name(tmp_path):
+    folder = tmp_path / "engines"
+    folder.mkdir()
+    res = _engine(folder)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip() == f"loadgen: error: {folder}: is a directory, expected a file to write"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["engines"] and not list(folder.iterdir())

@@ -360,8 +360,16 @@ def test_run_and_analyze_never_write_over_a_run_or_bundle(tmp_path: Path, trace:
         ["trace", "generate", scenario, "--trace", "steady", "--out", manifest],
         ["compare", tmp_path / "run", tmp_path / "run", "--out", manifest],
         ["sim", "calibrate", tmp_path / "run", "--out", tmp_path / "bundle" / "engine.toml"],
+        ["sim", "engine", "--profile", "p", "--model-config", "c.json", "--out", manifest],
+        ["schema", "analysis", "--out", manifest],
     ):
         one_line_error(cli(*args), "--out", "belongs to the")
+    for args in (
+        ["runs", "pareto", tmp_path / "run", "--html", manifest],
+        ["sim", "validate", "instant", "--measured", tmp_path / "run", "--html", manifest],
+        ["sim", "validate", "instant", "--measured", tmp_path / "run", "--json", manifest],
+    ):
+        one_line_error(cli(*args), "belongs to the")
     assert {root: all_bytes(tmp_path / root) for root in ("run", "bundle")} == before
     ok = cli("analyze", tmp_path / "run", "--quiet", "--json", tmp_path / "run" / "analysis.json")
     assert ok.returncode == 0, ok.stderr  # a file of its own beside the records is fine

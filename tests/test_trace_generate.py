@@ -55,6 +55,39 @@ def test_same_scenario_and_seed_give_byte_identical_files_via_cli(tmp_path):
     assert _sha(other) != _sha(outs[0])
 
 
+def test_a_trace_is_written_whole_or_not_at_all(tmp_path):
+    out = tmp_path / "t.parquet"
+    generate_trace_file(load_scenario(CANONICAL), "burst", out, seed=7)
+    before = _sha(out)
+    (tmp_path / "t.parquet.partial").mkdir()  # the write's temporary file cannot be made
+    with pytest.raises(TraceError, match=r"t\.parquet: cannot write trace") as caught:
+        generate_trace_file(load_scenario(CANONICAL), "burst", out, seed=8)
+    assert ".partial" not in str(caught.value)
+    assert _sha(out) == before  # the old trace is intact, not half overwritten
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "trace",
+            "generate",
+            str(CANONICAL),
+            "--trace",
+            "burst",
+            "--out",
+            str(folder),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 2 and res.stderr.strip() == (
+        f"loadgen: error: {folder}: cannot write trace (is a directory, expected a file to write)"
+    )
+    assert not list(folder.iterdir())
+
+
 def test_trace_metadata_names_generator_scenario_and_seed(tmp_path):
     s = load_scenario(CANONICAL)
     table, meta = read_trace(generate_trace_file(s, "steady", tmp_path / "t.parquet", seed=3))

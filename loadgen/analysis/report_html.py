@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from loadgen.util.outputfile import write_output_text
+
 from .model import METRICS, Analysis, GroupSummary, stop_sentence
 from .report_console import fmt_ci, fmt_ms, fmt_share, stability_sentence
 from .timeline_interactive import timeline_figure
@@ -536,5 +538,5 @@ def render_html(analysis: Analysis) -> str:
 def write_html(analysis: Analysis, path: Path | str) -> Path:
     """Write the self-contained HTML report to ``path``; returns the path."""
     path = Path(path)
-    path.write_text(render_html(analysis), encoding="utf-8")
+    write_output_text(path, render_html(analysis))
     return path

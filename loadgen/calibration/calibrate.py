@@ -39,6 +39,7 @@ from loadgen.rundir.io import load_run
 from loadgen.rundir.manifest import read_manifest
 from loadgen.rundir.schema import CHUNKS_FILE, REQUESTS_FILE, TRACE_SCHEMA
 from loadgen.util.errors import LoadgenError
+from loadgen.util.outputfile import write_output_text
 from loadgen.util.pinning import SHARED_CPUS, parse_cpus
 from loadgen.util.tomlfile import dumps_toml
 from loadgen.vllm.report import batch_limits
@@ -492,8 +493,7 @@ def write_engine_toml(
         "# next step by it (the engine ran on one CPU, shared with its API server). [calibration] records the fit,\n"
         "# its residuals and provenance.\n"
     )
-    path.write_text(header + dumps_toml(doc, what=str(path)))
-    return path
+    return write_output_text(path, header + dumps_toml(doc, what=str(path)))
 
 
 def one_engine_cpu(provenance: dict[str, Any]) -> bool:

@@ -50,6 +50,7 @@ from loadgen.sim.worksheet import simulate_trace
 from loadgen.stats.percentiles import percentile
 from loadgen.trace.io import read_trace
 from loadgen.util.errors import RunDirError
+from loadgen.util.outputfile import write_output_text
 from loadgen.util.tomlfile import dumps_toml, read_toml
 
 from .engine_match import engine_mismatches, measured_engine_config
@@ -466,8 +467,8 @@ def record_validated_error(engine_toml: Path, result: dict[str, Any]) -> str | N
     lines = _set_validated_error(lines, dumps_toml({"validated_error": line}, what=str(engine_toml)).strip())
     block = dumps_toml({"calibration": {"measured_validations": entries}}, what=str(engine_toml))
     text = "\n".join(lines).rstrip() + f"\n\n{_RECORD_MARK}\n{block}"
-    engine_toml.write_text(text if text.endswith("\n") else text + "\n")
-    read_toml(engine_toml, "engine TOML")  # what was written reads back
+    text = text if text.endswith("\n") else text + "\n"
+    write_output_text(engine_toml, text, check=lambda p: read_toml(p, "engine TOML"))  # kept only if it reads back
     return line
 
 

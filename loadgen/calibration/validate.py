@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from loadgen.calibration.measured import MemoryReport
 from loadgen.util.errors import LoadgenError
+from loadgen.util.outputfile import write_output_text
 from loadgen.util.tomlfile import dumps_toml, read_toml
 from loadgen.vllm.warmup import warmup_line
 from loadgen.workload import presets
@@ -296,7 +297,7 @@ def validate(
         ),
     }
     document = FidelityTable.from_document(result).document()  # every key named by the published schema
-    (out_dir / "fidelity.json").write_text(json.dumps(document, indent=2, default=str))
+    write_output_text(out_dir / "fidelity.json", json.dumps(document, indent=2, default=str))
     write_html(result, out_dir / "fidelity.html")
     if cfg.calibration:
         _record_validation(engine_toml, result, out_dir)
@@ -444,7 +445,7 @@ def _record_validation(engine_toml: Path, result: dict[str, Any], out_dir: Path)
     cal.pop("validation", None)  # one table for the latest validation only, before configurations were kept apart
     cal["validated_error"] = validated_error(validations)
     head = "".join(line + "\n" for line in engine_toml.read_text().splitlines() if line.startswith("#"))
-    engine_toml.write_text(head + dumps_toml(doc, what=str(engine_toml)))
+    write_output_text(engine_toml, head + dumps_toml(doc, what=str(engine_toml)))
 
 
 def _goal_counts(g: dict[str, Any]) -> dict[str, int]:
@@ -668,8 +669,7 @@ def write_html(result: dict[str, Any], path: Path) -> Path:
             else ""
         )
     )
-    path.write_text(page)
-    return path
+    return write_output_text(path, page)
 
 
 def _html_table(rows: list[dict[str, Any]]) -> str:

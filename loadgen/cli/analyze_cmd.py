@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from loadgen.util.outputfile import write_output_text
+
 from . import flags
 
 #: Exit code of ``--fail-on-budget`` when a hard budget (or the error-share limit) failed conclusively.
@@ -82,7 +84,7 @@ def _analyze(args: argparse.Namespace) -> int:
     if not args.quiet:
         render_console(analysis)
     if args.json:
-        Path(args.json).write_text(json.dumps(analysis.to_dict(), indent=1) + "\n")
+        write_output_text(args.json, json.dumps(analysis.to_dict(), indent=1) + "\n")
         print(f"wrote {args.json}")
     if args.html:
         write_html(analysis, args.html)

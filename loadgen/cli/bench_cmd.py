@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key-env", default=None, help="name of the environment variable holding the API key")
     p.add_argument("--endpoint", choices=["completions", "chat"], default=None)
     p.add_argument("--out", type=Path, default=None, help="output directory (default runs/bench-<utc>)")
-    p.add_argument("--html", type=Path, default=None, help="also write the HTML report here")
+    p.add_argument("--html", type=flags.output_file, default=None, help="also write the HTML report here")
     p.set_defaults(func=_bench)
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
+
+from loadgen.util.outputfile import write_output_text
 
 from . import flags
 
@@ -14,9 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "compare", help="judge serving candidates: hard budgets, then behaviour, then throughput and cost"
     )
     p.add_argument("candidates", nargs="+", help="run directories or plan directories (two or more)")
-    p.add_argument(
-        "--route", default="interactive", help="interactive (streaming classes), all, or class names (comma list)"
-    )
+    p.add_argument("--route", default="interactive", help=flags.ROUTE_HELP)
     p.add_argument("--variable", help="the one manifest key allowed to differ (default: target.engine)")
     p.add_argument("--prices", help="price table TOML (see scenarios/prices.toml, an example)")
     p.add_argument("--allow-differences", action="store_true", help="compare even when more than the variable differs")
@@ -45,6 +44,6 @@ def _compare(args: argparse.Namespace) -> int:
     )
     data = comp.to_dict()
     if args.out:
-        Path(args.out).write_text(json.dumps(data, indent=2, default=str) + "\n")
+        write_output_text(args.out, json.dumps(data, indent=2, default=str) + "\n")
     print(json.dumps(data, indent=2, default=str) if args.json else format_comparison(comp))
     return 0 if comp.decision.chosen else 4

@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from loadgen.util.outputfile import write_output_text
+
 from . import flags
 
 #: Exit status of ``--fail-on`` when the diff's verdict is one it names (2 stays "bad input").
@@ -61,7 +63,7 @@ def _diff(args: argparse.Namespace) -> int:
         allow_differences=args.allow_differences,
     )
     if args.json:
-        Path(args.json).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        write_output_text(args.json, json.dumps(result.to_dict(), indent=2) + "\n")
     if args.html:
         write_diff_html(result, Path(args.html))
     print(format_diff(result))

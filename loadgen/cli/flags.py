@@ -15,6 +15,7 @@ from loadgen.util.limits import MAX_CONCURRENCY, MAX_OFFSET_NS, MAX_PARAM, MAX_S
 
 __all__ = [
     "DURATION",
+    "ROUTE_HELP",
     "MAX_OFFSET_S",
     "count",
     "fraction",
@@ -28,6 +29,10 @@ __all__ = [
     "send_lag_ms",
     "target_url",
 ]
+
+
+#: ``--route`` of compare and practice: which classes decide where interactive traffic goes.
+ROUTE_HELP = "interactive (streaming classes), all, or class names (comma list)"
 
 
 def integer(lo: int, hi: int) -> Callable[[str], int]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
+
+from loadgen.util.outputfile import write_output_text
 
 from . import flags
 
@@ -32,8 +33,8 @@ def _compare(args: argparse.Namespace) -> int:
     comparison = compare_managed(args.local_run, args.managed_run, prices=args.prices)
     text = comparison.render_markdown()
     if args.out:
-        Path(args.out).write_text(text)
+        write_output_text(args.out, text)
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(comparison.to_dict(), indent=2, sort_keys=True) + "\n")
+        write_output_text(args.json_out, json.dumps(comparison.to_dict(), indent=2, sort_keys=True) + "\n")
     print(text, end="")
     return 0

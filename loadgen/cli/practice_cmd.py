@@ -64,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--model-config", default="llama-3.1-8b", help="model config for the KV ledger (shipped name or config.json)"
     )
     p.add_argument("--prices", help="price table TOML (default scenarios/prices.toml, an EXAMPLE)")
-    p.add_argument("--route", default="interactive")
+    p.add_argument("--route", default="interactive", help=flags.ROUTE_HELP)
     p.add_argument("--json", action="store_true", help="print decision.json instead of the report")
     p.add_argument(
         "--vllm-arg",

@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     par.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     par.add_argument("--metric", default="ttft_ms", choices=("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"))
     par.add_argument("--class", dest="request_class", default="overall", help="a class, or overall (default)")
-    par.add_argument("--html", help="write the interactive plot to this HTML file")
+    par.add_argument("--html", type=flags.output_file, help="write the interactive plot to this HTML file")
     par.set_defaults(func=_pareto)
 
 

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
+
+from loadgen.util.outputfile import write_output_text
+
+from . import flags
 
 __all__ = ["RESULT_NAMES", "register", "result_schema"]
 
@@ -19,7 +22,9 @@ RESULT_NAMES = ("analysis", "decision", "region", "fidelity")
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("schema", help="print the JSON Schema of a result (analysis, decision, region, fidelity)")
     p.add_argument("name", choices=RESULT_NAMES, help="which result")
-    p.add_argument("--out", metavar="FILE", help="write the schema to this file instead of printing it")
+    p.add_argument(
+        "--out", metavar="FILE", type=flags.output_file, help="write the schema to this file instead of printing it"
+    )
     p.set_defaults(func=_schema)
 
 
@@ -48,7 +53,7 @@ def result_schema(name: str) -> dict[str, Any]:
 def _schema(args: argparse.Namespace) -> int:
     text = json.dumps(result_schema(args.name), indent=2) + "\n"
     if args.out:
-        Path(args.out).write_text(text)
+        write_output_text(args.out, text)
         print(f"wrote {args.out}")
     else:
         print(text, end="")

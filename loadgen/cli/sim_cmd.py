@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from loadgen.util.errors import LoadgenError
+from loadgen.util.outputfile import write_output_text
 
 from . import flags
 
@@ -138,7 +139,9 @@ def _register_validate(s: argparse._SubParsersAction) -> None:
     )
     _vllm_flags(val, vsrc)
     val.add_argument("--out", default=None, help="directory for the runs and fidelity.json / fidelity.html")
-    val.add_argument("--html", default=None, metavar="FILE", help="(--measured) write the HTML page here")
+    val.add_argument(
+        "--html", default=None, metavar="FILE", type=flags.output_file, help="(--measured) write the HTML page here"
+    )
     val.add_argument(
         "--sensitivity",
         action="store_true",
@@ -212,7 +215,13 @@ def _register_validate(s: argparse._SubParsersAction) -> None:
         help="prompt tokenizer spec, as for loadgen run (default: cl100k_base; --vllm: its own)",
     )
     val.add_argument(
-        "--json", nargs="?", const="-", default=None, metavar="FILE", help="print JSON (or, with FILE, write it there)"
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="FILE",
+        type=flags.output_file,
+        help="print JSON (or, with FILE, write it there)",
     )
     val.set_defaults(func=_validate)
 
@@ -433,9 +442,9 @@ def _validate_measured(args: argparse.Namespace) -> int:
     else:
         print(format_offline(result))
         if args.json:
-            Path(args.json).write_text(text)
+            write_output_text(args.json, text)
     if args.html:
-        Path(args.html).write_text(offline_html(result))
+        write_output_text(args.html, offline_html(result))
     if result.get("recorded"):
         print(f"{engine_path}: validated_error = {result['recorded']}")
     return 0

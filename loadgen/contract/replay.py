@@ -26,6 +26,7 @@ from loadgen.rundir.identity import utc_now_iso
 from loadgen.rundir.schema import CONTRACT_FILE
 from loadgen.util.errors import RunDirError, TargetError
 from loadgen.util.jsonfile import read_json_object
+from loadgen.util.outputfile import write_output_text
 from loadgen.workload.scenario import load_scenario
 
 from ..driver import RunOptions, run_trace
@@ -246,12 +247,7 @@ class ContractResult:
 
 def write_contract(result: ContractResult, path: str | Path) -> Path:
     """Write a result as JSON (``contract.json`` inside a run directory)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_output_text(path, json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str) + "\n")
 
 
 def read_contract(path: str | Path) -> ContractResult:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.util.errors import RunDirError
+from loadgen.util.outputfile import write_output_text
 from loadgen.util.tomlfile import dumps_toml
 from loadgen.workload.scenario import load_scenario
 
@@ -79,7 +80,7 @@ def _apply_experiment(engine_path: Path, proposal: dict[str, Any], out: Path) ->
     exp_dir = out.parent / (out.name + ".engine")
     exp_dir.mkdir(parents=True, exist_ok=True)
     path = exp_dir / "engine-experiment.toml"
-    path.write_text(dumps_toml(config, what=f"{path.name} (the proposed experiment applied)"))
+    write_output_text(path, dumps_toml(config, what=f"{path.name} (the proposed experiment applied)"))
     return path, {"variable": found[0], "from": found[1], "to": proposal["to"]}
 
 

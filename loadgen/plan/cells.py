@@ -8,7 +8,6 @@ its ``max_in_flight`` set to the cell's concurrency; generation stays a pure fun
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -135,17 +134,8 @@ def build_cell_trace(
         "offered_rate_rps": mean_rate_rps(settings),
         "duration_scale": duration_scale,
     }
-    _write_atomic(table, path, meta)
+    write_trace(table, path, meta)  # whole or not at all
     return path, meta
-
-
-def _write_atomic(table: pa.Table, path: Path, meta: dict[str, Any]) -> Path:
-    """Write a trace under a temporary name, then rename: an interrupted write never leaves a half file."""
-
-    tmp = path.with_name(path.name + ".partial")
-    write_trace(table, tmp, meta)
-    os.replace(tmp, path)
-    return path
 
 
 def build_warmup_trace(cell_trace: Path, requests: int, rate_rps: float, path: Path) -> Path | None:
@@ -168,4 +158,4 @@ def build_warmup_trace(cell_trace: Path, requests: int, rate_rps: float, path: P
     columns["wait_for_ids"] = [None] * n
     out = pa.Table.from_pydict(columns, schema=head.schema)
     meta = {**meta, "warmup_of": str(cell_trace), "requests": n, "duration_s": n / rate_rps, "mode": "open"}
-    return _write_atomic(out, Path(path), meta)
+    return write_trace(out, Path(path), meta)

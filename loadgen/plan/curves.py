@@ -14,6 +14,7 @@ from typing import Any
 from loadgen.analysis.interactive import plotly_html
 from loadgen.rundir.manifest import read_manifest
 from loadgen.util.errors import LoadgenError
+from loadgen.util.outputfile import write_output_text
 from loadgen.workload.scenario import scenario_from_manifest
 
 from .files import REGION_HTML_FILE
@@ -92,5 +93,5 @@ def write_curves(plan_dir: Path, region: dict[str, Any]) -> Path:
         (f"class {cls}: latency against throughput", _figure(plan_dir, region, cls)) for cls in region["classes"]
     ]
     path = Path(plan_dir) / REGION_HTML_FILE
-    path.write_text(plotly_html(f"loadgen plan {region['plan']}: latency-throughput", figures))
+    write_output_text(path, plotly_html(f"loadgen plan {region['plan']}: latency-throughput", figures))
     return path

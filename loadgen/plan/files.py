@@ -9,12 +9,12 @@ last, ``cell_result.json``. Its JSON state files are written atomically (``write
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from loadgen.util.errors import PlanError
 from loadgen.util.jsonfile import read_json_object
+from loadgen.util.outputfile import write_output_text
 
 __all__ = [
     "ANALYSIS_FILE",
@@ -50,9 +50,7 @@ def region_plot_file(cls: str) -> str:
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write ``data`` as indented, key-sorted JSON through a temporary file, so a reader never sees half of it."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
+    write_output_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def read_plan_state(path: Path) -> dict[str, Any]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from loadgen.util.outputfile import write_output_text
+
 from .files import write_json_atomic
 
 __all__ = ["FLEET_FILE", "FLEET_MD", "build_fleet", "format_fleet", "write_fleet"]
@@ -93,5 +95,5 @@ def write_fleet(plan_dir: Path, fleet: dict[str, Any]) -> dict[str, Path]:
     """``fleet.json`` and ``fleet.md`` in the plan directory."""
     plan_dir = Path(plan_dir)
     write_json_atomic(plan_dir / FLEET_FILE, fleet)
-    (plan_dir / FLEET_MD).write_text(format_fleet(fleet) + "\n")
+    write_output_text(plan_dir / FLEET_MD, format_fleet(fleet) + "\n")
     return {"json": plan_dir / FLEET_FILE, "md": plan_dir / FLEET_MD}

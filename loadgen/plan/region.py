@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadgen.util.outputfile import write_output_text
+
 from ..trace.io import read_trace
 from .curves import write_curves
 from .files import REGION_FILE, REGION_MD_FILE, RESULT_FILE, read_cell_result, read_region, region_plot_file
@@ -453,8 +455,8 @@ def write_region(plan_dir: Path, region: dict[str, Any]) -> dict[str, Path]:
     plan_dir = Path(plan_dir)
     paths = {"json": plan_dir / REGION_FILE, "markdown": plan_dir / REGION_MD_FILE}
     document = RegionResult.from_document(region).document()  # every key named by the published schema
-    paths["json"].write_text(json.dumps(document, indent=2, sort_keys=True, default=str) + "\n")
-    paths["markdown"].write_text(format_region(region) + "\n")
+    write_output_text(paths["json"], json.dumps(document, indent=2, sort_keys=True, default=str) + "\n")
+    write_output_text(paths["markdown"], format_region(region) + "\n")
     for cls in region["classes"]:
         paths[f"plot:{cls}"] = plot_region(region, cls, plan_dir / region_plot_file(cls))
     paths["html"] = write_curves(plan_dir, region)

@@ -18,6 +18,7 @@ from loadgen.analysis.interactive import plotly_html
 from loadgen.plan.compare import identity_differences, identity_of
 from loadgen.rundir.io import read_run_manifest
 from loadgen.util.errors import RunDirError
+from loadgen.util.outputfile import write_output_text
 
 __all__ = ["ParetoPoint", "format_pareto", "pareto_points", "write_pareto_html"]
 
@@ -119,5 +120,5 @@ def write_pareto_html(points: list[ParetoPoint], metric: str, request_class: str
     fig.update_layout(
         xaxis_title="completed throughput (req/s)", yaxis_title=f"{request_class} {metric} p99 (ms)", height=520
     )
-    path.write_text(plotly_html(f"loadgen runs pareto: {request_class} {metric}", [("Pareto front", fig)]))
+    write_output_text(path, plotly_html(f"loadgen runs pareto: {request_class} {metric}", [("Pareto front", fig)]))
     return path

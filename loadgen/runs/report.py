@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.analysis.interactive import plotly_html
+from loadgen.util.outputfile import write_output_text
 
 from .diff import DiffResult, DiffRow
 
@@ -134,5 +135,5 @@ def write_diff_html(result: DiffResult, path: Path) -> Path:
             fig.update_xaxes(title_text="ms", row=1, col=col)
         fig.update_layout(height=360, margin={"t": 40})
         figures.append((f"class {cls}: base against candidate", fig))
-    path.write_text(plotly_html("loadgen diff", figures, _diff_table(result)))
+    write_output_text(path, plotly_html("loadgen diff", figures, _diff_table(result)))
     return path

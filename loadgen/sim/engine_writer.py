@@ -28,7 +28,8 @@ from pathlib import Path
 from loadgen.ledger import GIB, EngineSettings, ModelConfig, compute_ledger, read_model_config
 from loadgen.ledger.gpus import gpu_memory
 from loadgen.ledger.settings import vllm_batch_defaults
-from loadgen.util.errors import LoadgenError, ScenarioError
+from loadgen.util.errors import LoadgenError
+from loadgen.util.outputfile import write_output_text
 
 from .config import EngineConfig, load_engine_config
 from .profile import profile_meta
@@ -215,16 +216,12 @@ def profiled_engine_toml(spec: ProfiledEngineSpec, out: Path) -> str:
 
 def write_profiled_engine(spec: ProfiledEngineSpec, out: Path) -> EngineConfig:
     """Write ``out`` and return it as loaded, its profile composed; nothing is left on a refusal."""
-    text = profiled_engine_toml(spec, out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial")
-    partial.write_text(text)
-    try:
-        config = load_engine_config(partial)
-        assert config.cost.profile is not None
-        config.cost.profile.load()
-    except (ScenarioError, LoadgenError):
-        partial.unlink(missing_ok=True)
-        raise
-    partial.replace(out)
+    write_output_text(out, profiled_engine_toml(spec, out), check=_composes)
     return load_engine_config(out)
+
+
+def _composes(path: Path) -> None:
+    """Refuse (one line) an engine file that does not load with its profile composed at its TP and EP."""
+    config = load_engine_config(path)
+    assert config.cost.profile is not None
+    config.cost.profile.load()

@@ -28,6 +28,7 @@ from loadgen.util.limits import (
     MAX_TRACE_REQUESTS,
     MAX_TURNS,
 )
+from loadgen.util.outputfile import PARTIAL_SUFFIX, output_partial
 
 __all__ = [
     "TRACE_METADATA_KEY",
@@ -182,7 +183,8 @@ def _with_optional(table: pa.Table) -> pa.Table:
 
 
 def write_trace(table: pa.Table, path: str | Path, metadata: dict[str, Any]) -> Path:
-    """Write a trace table (TRACE_SCHEMA) with ``metadata``; byte-identical for identical inputs."""
+    """Write a trace table (TRACE_SCHEMA) with ``metadata``, whole or not at all; byte-identical for identical
+    inputs."""
     path = Path(path)
     table = _cast_columns(table, path)
     validate_trace(table, path)
@@ -199,10 +201,11 @@ def write_trace(table: pa.Table, path: str | Path, metadata: dict[str, Any]) -> 
         {TRACE_METADATA_KEY: encoded}
     )
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table.cast(schema), path, compression="zstd", row_group_size=1 << 20)
+        with output_partial(path) as partial:  # whole or not at all
+            pq.write_table(table.cast(schema), partial, compression="zstd", row_group_size=1 << 20)
     except OSError as exc:
-        raise TraceError(f"{path}: cannot write trace ({exc.strerror or exc})") from None
+        detail = str(exc.strerror or exc).replace(f"{path}{PARTIAL_SUFFIX}", str(path))
+        raise TraceError(f"{path}: cannot write trace ({detail})") from None
     return path
 
 

@@ -1,0 +1,57 @@
+"""Writing a file the user named, whole or not at all; the twin of ``inputfile``.
+
+The text goes to ``<name>.partial`` beside the target, is optionally checked there, and is renamed over the
+target: a reader never finds half a file, a refused or interrupted write leaves neither the partial nor a changed
+target, and an error names the file the user gave, not the partial. A target that is a directory is refused
+before anything is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+__all__ = ["PARTIAL_SUFFIX", "output_partial", "write_output_text"]
+
+#: The suffix of the temporary file a write goes through.
+PARTIAL_SUFFIX = ".partial"
+
+
+@contextlib.contextmanager
+def output_partial(path: str | Path) -> Iterator[Path]:
+    """The temporary file to write ``path`` through: renamed over ``path`` when the block ends cleanly, removed
+    when anything escapes it (``path`` untouched). ``path``'s folder is made if missing; a folder at ``path`` is
+    refused before the block runs; an OSError of the block that names the temporary file names ``path``."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory, expected a file to write", str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + PARTIAL_SUFFIX)
+    try:
+        try:
+            yield partial
+        except OSError as exc:  # name the user's file: the partial is ours
+            if exc.filename != str(partial):
+                raise
+            raise type(exc)(exc.errno, exc.strerror, str(path)) from None
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):  # a folder of that name is not ours to remove
+            partial.unlink(missing_ok=True)
+        raise
+
+
+def write_output_text(path: str | Path, text: str, check: Callable[[Path], object] | None = None) -> Path:
+    """Write ``text`` to ``path`` through ``output_partial``.
+
+    ``check``, if given, is called with the temporary file before it replaces ``path``; whatever it raises
+    propagates, with the temporary file removed and ``path`` untouched.
+    """
+    with output_partial(path) as partial:
+        partial.write_text(text, encoding="utf-8")
+        if check is not None:
+            check(partial)
+    return Path(path)
