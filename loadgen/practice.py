@@ -20,6 +20,7 @@ error between them (as ``loadgen sim validate``).
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import time
 from collections.abc import Callable
@@ -54,6 +55,7 @@ from .sim import EngineConfig, load_engine_config
 from .targets import RunRequest, SimServerTarget, Target, UrlTarget, VllmTarget
 from .trace.generate import generate_trace_file
 from .trace.io import read_trace, write_trace
+from .util.redact import redact_url
 
 __all__ = [
     "SIM_CANDIDATES",
@@ -80,6 +82,11 @@ DEFAULT_MODEL_CONFIG = "llama-3.1-8b"
 #: and no profiled engine measured that model on that device; a profiled engine's GPU step times would
 #: predict it no better. Give ``--predict-with`` a profiled engine when the vLLM candidates run its GPU and model.
 DEFAULT_PREDICTOR = "interactive-small-batch"
+#: The two real vLLM configurations of ``--engine vllm`` (small vs large batch), by label.
+VLLM_CONFIGS: dict[str, dict[str, int]] = {
+    "vllm-small-batch": {"max_num_seqs": 8, "max_num_batched_tokens": 1024},
+    "vllm-large-batch": {"max_num_seqs": 128, "max_num_batched_tokens": 16384},
+}
 #: How often a candidate is measured, each time launched fresh, while its client falls behind its schedule (a busy
 #: host); the last attempt stands, and the comparison shows it as unmeasured if it fell behind too.
 MEASURE_ATTEMPTS = 3
@@ -322,13 +329,18 @@ def _start(out: str | Path | None, opts: PracticeOptions, say: Callable[[str], N
     return _Practice(opts, out_dir, scenario_path, scen, trace_path, say, attempts)
 
 
+def _target_label(i: int) -> str:
+    """The label of the ``i``-th ``--target``: candidate-a, candidate-b."""
+    return f"candidate-{chr(ord('a') + i)}"
+
+
 def _measure_targets(practice: _Practice) -> dict[str, Path]:
     """Two running endpoints, candidate-a and candidate-b, each warmed up and measured."""
     opts, run_dirs = practice.options, {}
     if len(opts.targets) < 2:
         raise PlanError(f"practice --target: got {len(opts.targets)} URL(s): expected two (one per candidate)")
     for i, url in enumerate(opts.targets):
-        label = f"candidate-{chr(ord('a') + i)}"
+        label = _target_label(i)
         practice.say(f"practice: {label}: warm-up then the burst trace against {url}")
 
         def on_url(run_dir: Path, warm_dir: Path, label: str = label, url: str = url) -> None:
@@ -386,7 +398,7 @@ def _decision(
         "comparison": cdict,
         "decision": cdict["decision"],
         "ownership": OWNERSHIP,
-        "next_steps": _next_steps(cdict, run_dirs, out_dir),
+        "next_steps": _next_steps(cdict, run_dirs, out_dir, _plan_flags(practice, configs)),
         "modelExecuted": any(c["context"]["runtime"].get("modelExecuted") for c in cdict["candidates"]),
         "engine_calibration": (
             {cfg.name: cfg.calibration_label() for cfg in configs}
@@ -396,8 +408,33 @@ def _decision(
     }
 
 
-def _next_steps(cdict: dict[str, Any], run_dirs: dict[str, Path], out_dir: Path) -> list[str]:
-    """A reproducible handoff per candidate rejected at hard budgets (naming what failed), then fleet sizing."""
+def _plan_flags(practice: _Practice, configs: list[EngineConfig]) -> dict[str, str]:
+    """Per candidate label, the ``loadgen plan`` flags that reach the same engine: the simulated engine as it was
+    named (preset or TOML path), the endpoint, or the vLLM configuration on the practice's model."""
+    opts = practice.options
+    if opts.targets:
+        extra = (f" --model {shlex.quote(opts.model)}" if opts.model else "") + (
+            f" --api-key-env {shlex.quote(opts.api_key_env)}" if opts.api_key_env else ""
+        )
+        return {
+            _target_label(i): f"--target {shlex.quote(redact_url(url))}{extra}" for i, url in enumerate(opts.targets)
+        }
+    if opts.engine == "vllm":
+        model_dir = shlex.quote(str(practice.out_dir / "model"))
+        return {
+            label: f"--vllm {model_dir} "
+            + " ".join(f"--vllm-arg=--{k.replace('_', '-')}={v}" for k, v in knobs.items())
+            + "".join(f" --vllm-arg={shlex.quote(a)}" for a in opts.vllm_args)
+            for label, knobs in VLLM_CONFIGS.items()
+        }
+    return {cfg.name: f"--sim-worksheet {shlex.quote(str(name))}" for cfg, name in zip(configs, opts.candidates)}
+
+
+def _next_steps(
+    cdict: dict[str, Any], run_dirs: dict[str, Path], out_dir: Path, plan_flags: dict[str, str]
+) -> list[str]:
+    """A reproducible handoff per candidate rejected at hard budgets (naming what failed), then fleet sizing on
+    the chosen one (``plan_flags``: how ``loadgen plan`` reaches each candidate)."""
     failed = {c["label"]: c.get("breaches") or [] for c in cdict["candidates"]}
     steps = [
         f"specialist handoff for {r['label']} (the failing {_breached(failed.get(r['label'], []))}, reproducible): "
@@ -405,10 +442,10 @@ def _next_steps(cdict: dict[str, Any], run_dirs: dict[str, Path], out_dir: Path)
         for r in cdict["decision"]["rejected"]
         if r["step"] == "hard budgets" and r["label"] in run_dirs
     ]
-    chosen = cdict["decision"]["chosen"] or "<chosen engine>"
+    chosen = cdict["decision"]["chosen"]
+    flags = plan_flags.get(chosen or "", "<the chosen engine's flags>")
     return steps + [
-        f"fleet sizing for the chosen candidate (platform/SRE): loadgen plan canonical-region --sim-worksheet "
-        f"{chosen} --out runs/region"
+        f"fleet sizing for the chosen candidate (platform/SRE): loadgen plan canonical-region {flags} --out runs/region"
     ]
 
 
@@ -458,15 +495,20 @@ def _run_vllm(
     (out_dir / "model-config.json").write_text(json.dumps(base, indent=2))
     model_dir = make_model_dir(out_dir / "model-config.json", out_dir / "model")
     kv_gib = 2
-    configs: dict[str, dict[str, Any]] = {
-        "vllm-small-batch": dict(max_num_seqs=8, max_num_batched_tokens=1024),
-        "vllm-large-batch": dict(max_num_seqs=128, max_num_batched_tokens=16384),
-    }
+    configs = VLLM_CONFIGS
     model = read_model_config(model_dir / "config.json")
     ledgers, ledger_data = {}, {}
     for label, knobs in configs.items():
         ledger = compute_ledger(
-            model, EngineSettings(device="cpu", kv_cache_gib=kv_gib, max_model_len=4096, **knobs), scen
+            model,
+            EngineSettings(
+                device="cpu",
+                kv_cache_gib=kv_gib,
+                max_model_len=4096,
+                max_num_seqs=knobs["max_num_seqs"],
+                max_num_batched_tokens=knobs["max_num_batched_tokens"],
+            ),
+            scen,
         )
         ledgers[label] = format_ledger(ledger)
         ledger_data[label] = {"model_config": str(model_dir / "config.json"), **ledger.to_dict()}
@@ -482,7 +524,8 @@ def _run_vllm(
             max_model_len=4096,
             kv_cache_gib=kv_gib,
             extra_args=list(vllm_args),
-            **knobs,
+            max_num_seqs=knobs["max_num_seqs"],
+            max_num_batched_tokens=knobs["max_num_batched_tokens"],
         )
 
         def on_vllm(run_dir: Path, warm_dir: Path, cfg: VllmConfig = cfg, label: str = label) -> None:

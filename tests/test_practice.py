@@ -140,8 +140,14 @@ def test_practice_rejects_the_rtx4090_on_p99_itl(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_practice_presets_reject_the_large_batch_on_p99_ttft(tmp_path: Path) -> None:
     # the uncalibrated presets stay available (--candidate each): the headline-throughput one fails p99 TTFT
-    result, decision, by = _practice(tmp_path, PracticeOptions(window_s=20.0, candidates=PRESET_CANDIDATES))
+    # one named by its TOML path: the next step reaches it the way it was given, not by a name plan cannot find
+    small_toml = REPO / "scenarios" / "engines" / f"{PRESET_CANDIDATES[0]}.toml"
+    candidates = (str(small_toml), PRESET_CANDIDATES[1])
+    result, decision, by = _practice(tmp_path, PracticeOptions(window_s=20.0, candidates=candidates))
     small, large = (by[name] for name in PRESET_CANDIDATES)
+    fleet_step = decision["next_steps"][-1]
+    if decision["decision"]["chosen"] == PRESET_CANDIDATES[0]:
+        assert f"loadgen plan canonical-region --sim-worksheet {small_toml} --out" in fleet_step, fleet_step
     if large["verdict"] != "unmeasured":
         _check_rejected(large, "ttft_ms")
     if small["verdict"] != "unmeasured":
