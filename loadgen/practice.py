@@ -436,12 +436,16 @@ def _next_steps(
     """A reproducible handoff per candidate rejected at hard budgets (naming what failed), then fleet sizing on
     the chosen one (``plan_flags``: how ``loadgen plan`` reaches each candidate)."""
     failed = {c["label"]: c.get("breaches") or [] for c in cdict["candidates"]}
-    steps = [
-        f"specialist handoff for {r['label']} (the failing {_breached(failed.get(r['label'], []))}, reproducible): "
-        f"loadgen handoff {run_dirs[r['label']]} --out {out_dir / (r['label'] + '-handoff')}"
-        for r in cdict["decision"]["rejected"]
-        if r["step"] == "hard budgets" and r["label"] in run_dirs
-    ]
+    steps = []
+    for r in cdict["decision"]["rejected"]:
+        label = r["label"]
+        if r["step"] != "hard budgets" or label not in run_dirs:
+            continue
+        run_dir, bundle = shlex.quote(str(run_dirs[label])), shlex.quote(str(out_dir / f"{label}-handoff"))
+        steps.append(
+            f"specialist handoff for {label} (the failing {_breached(failed.get(label, []))}, reproducible): "
+            f"loadgen handoff {run_dir} --out {bundle}"
+        )
     chosen = cdict["decision"]["chosen"]
     flags = plan_flags.get(chosen or "", "<the chosen engine's flags>")
     return steps + [
