@@ -42,6 +42,7 @@ from loadgen.rundir.io import load_run
 from loadgen.sim import EngineConfig, load_engine_config
 from loadgen.sim.dp_balance import VLLM_DP
 from loadgen.sim.profile import fit_linear_cost, load_profile
+from loadgen.sim.profile_grid import coverage_line
 from loadgen.sim.worksheet import simulate_trace
 
 SHARED = REPO.parent / "shared" / "traces" / "llmservingsim"
@@ -113,6 +114,8 @@ def bench(run: str, repeat: int, anchor: str, tmp: Path) -> None:
         f"LLMServingSim's worst on this run {_their_worst(got)}; preemptions {notes.get('preemptions')}, "
         f"prefix-cache hit tokens {notes.get('prefix_cache_hits')}"
     )
+    if grid := coverage_line(notes.get("profile_grid")):
+        print(f"   {grid}")
     if replicas > 1:
         _balancer_sweep(run_dir, cfg, anchor, got)
     linear = _linear_twin(cfg)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import subprocess
 import sys
 from pathlib import Path
@@ -113,3 +114,24 @@ def test_an_out_that_is_a_folder_is_refused_by_its_own_name(tmp_path):
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.strip() == f"loadgen: error: {folder}: is a directory, expected a file to write"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["engines"] and not list(folder.iterdir())
+
+
+def test_settings_past_the_profiles_grid_are_said_where_the_engine_is_written(tmp_path):
+    # vLLM's defaults on a 96 GB GPU (8,192 tokens, 1,024 sequences, the model's 131,072) run past the profile's
+    # measured grid (2,048 tokens, 256 sequences and decodes, KV 16,384: read from its CSVs below)
+    res = _engine(tmp_path / "defaults.toml")
+    assert res.returncode == 0, res.stderr
+    tp1 = PRO6000_LLAMA / "tp1"
+    tokens = max(int(r["tokens"]) for r in csv.DictReader((tp1 / "dense.csv").open()))
+    kv = max(int(r["kv_decode"]) for r in csv.DictReader((tp1 / "attention.csv").open()))
+    assert (tokens, kv) == (2048, 16384)
+    for phrase in (
+        f"max_num_batched_tokens 8,192 > the profiled {tokens:,} tokens",
+        "max_num_seqs 1,024 > the profiled 256 sequences",
+        f"max_model_len 131,072 > the profiled KV length {kv:,}",
+    ):
+        assert phrase in res.stdout and phrase in (tmp_path / "defaults.toml").read_text(), phrase
+    flags = ("--max-num-seqs", "128", "--max-num-batched-tokens", "2048", "--max-model-len", "16384")
+    within = _engine(tmp_path / "within.toml", *flags)
+    assert within.returncode == 0 and "past the profile" not in within.stdout
+    assert "Past the profile" not in (tmp_path / "within.toml").read_text()

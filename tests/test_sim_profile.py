@@ -397,3 +397,40 @@ def test_each_prefill_chunk_of_a_step_attends_to_its_own_keys() -> None:
     per_chunk = p.attention_us(300, 0, 0, 0) + p.attention_us(200, 0, 0, 0)
     assert step.duration_ns == int((p.tokens_us(tokens) + p.sequences_us(2) + per_chunk) * 1e3)
     assert p.attention_us(500, 0, 0, 0) > per_chunk
+
+
+def test_a_chunk_past_the_fine_chunk_grid_is_priced_from_the_measured_doubling_grid() -> None:
+    # The RTX PRO 6000 profile holds a full x1.5 chunk grid (to 1,384 tokens) beside its doubling one (to 2,048).
+    # A chunk past 1,384 is read from the doubling grid's measured points, not continued past 1,384:
+    # 1024,0,0,0,61.0667 / 2048,0,0,0,172.609; 32 layers
+    p = load_profile(PRO_LLAMA, 1, LLAMA)
+    assert p.mixed_attention.pc[-1] == 1384 and p.mixed_wide is not None and p.mixed_wide.pc[-1] == 2048
+    assert p.attention_us(2048, 0, 0, 0) == pytest.approx(32 * 172.609)
+    assert p.attention_us(1700, 0, 0, 0) == pytest.approx(32 * (61.0667 + (1700 - 1024) / 1024 * (172.609 - 61.0667)))
+    # within the fine grid it still reads the fine grid; a decode KV below its first KV point reads the doubling one
+    assert p.attention_us(1000, 600, 8, 8 * 1024) == pytest.approx(32 * p.mixed_attention.at(1000, 600, 8, 1024))
+    assert p.attention_us(1024, 0, 8, 8 * 100) == pytest.approx(32 * p.mixed_wide.at(1024, 0, 8, 100))
+    # the RTX 4090 profile's chunk grid is its doubling grid: nothing beside it
+    assert load_profile(RTX4090, 1, LLAMA).mixed_wide is None
+
+
+def test_steps_past_the_profiles_grid_are_counted_by_axis() -> None:
+    data = {
+        "name": "wide-budget",
+        "scheduler": {"max_num_seqs": 8, "max_num_batched_tokens": 8192, "max_model_len": 20000},
+        "kv": {"block_size": 16, "num_kv_blocks": 4096},
+        "cost": {
+            "fixed_ms": 0.0,
+            "profile": {"path": RTX4090, "model_config": LLAMA, "gpu": "RTX 4090", "vllm_version": "0.19.0"},
+        },
+    }
+    engine = Engine(parse_engine_config(data))
+    grid = engine.grid
+    assert grid is not None and (grid.tokens, grid.prefill_chunk, grid.sequences, grid.kv) == (2048, 2048, 256, 16384)
+    engine.add(Seq(0, 6000, 3, 0))  # one 6,000-token prefill step (past 2,048 tokens and chunk), then decodes
+    steps = [engine.step(0) for _ in range(3)]
+    assert [s.prefill_tokens for s in steps] == [6000, 0, 0]
+    cov = engine.grid_coverage
+    assert (cov.steps, cov.steps_beyond, cov.by_axis) == (3, 1, {"tokens": 1, "prefill_chunk": 1})
+    assert cov.profiled_ns_beyond == pytest.approx(steps[0].duration_ns, abs=1)
+    assert cov.profiled_ns == pytest.approx(sum(s.duration_ns for s in steps), abs=3)

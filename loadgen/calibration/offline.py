@@ -179,14 +179,18 @@ def _summarize(rows: list[dict[str, Any]]) -> tuple[float | None, float | None, 
 
 
 def published_errors(summary: Path | None) -> dict[str, float]:
-    """The published simulator's own signed errors (%) from a ``validation/summary.txt``, by our figure names."""
+    """The published simulator's own signed errors (%) from a ``validation/summary.txt``, by our figure names:
+    computed from its vLLM and Sim columns, the precision they are printed with, rather than read from its Diff%
+    column, which rounds to a tenth of a point (a comparison of worst errors is not decided by that rounding)."""
     if summary is None or not summary.is_file():
         return {}
     out = {}
     for line in summary.read_text(encoding="utf-8", errors="replace").splitlines():
         m = _PUBLISHED.match(line.strip())
         if m:
-            out[f"{_PUBLISHED_NAMES[m.group(1)]}_{_PUBLISHED_STATS[m.group(2)]}"] = float(m.group(5))
+            measured, simulated = float(m.group(3)), float(m.group(4))
+            signed = (simulated - measured) / measured * 100.0 if measured else float(m.group(5))
+            out[f"{_PUBLISHED_NAMES[m.group(1)]}_{_PUBLISHED_STATS[m.group(2)]}"] = signed
     return out
 
 
@@ -405,7 +409,8 @@ def compare_run(
         series=_series(data.server_metrics, result.metrics),
         published=published_errors(Path(summary) if summary else None),
         notes=notes,
-        engine_notes={k: v for k, v in result.notes.items() if not isinstance(v, dict | list)},
+        engine_notes={k: v for k, v in result.notes.items() if not isinstance(v, dict | list)}
+        | ({"profile_grid": result.notes["profile_grid"]} if "profile_grid" in result.notes else {}),
         mismatches=engine_mismatches(config, data.manifest),
     )
 

@@ -7,6 +7,8 @@ import html
 import io
 from typing import Any
 
+from loadgen.sim.profile_grid import coverage_line
+
 __all__ = ["format_offline", "offline_html"]
 
 _UNITS = {"throughput_rps": "req/s"}
@@ -47,9 +49,18 @@ def _run_lines(run: dict[str, Any]) -> list[str]:
     if run["published"]:
         worst = max(run["published"].items(), key=lambda kv: abs(kv[1]))
         lines.append(f"  theirs (LLMServingSim, validation/summary.txt): worst {worst[0]} {worst[1]:+.1f}%")
+        ours = [r for r in run["rows"] if r["figure"] in run["published"] and r["signed_pct"] is not None]
+        if ours:
+            mine = max(ours, key=lambda r: abs(r["signed_pct"]))
+            lines.append(
+                f"  on the figures theirs reports: ours worst {mine['figure']} {mine['signed_pct']:+.3f}%, theirs "
+                f"{worst[0]} {worst[1]:+.3f}% (from its vLLM and Sim columns)"
+            )
     lines += [f"  note: {note}" for note in run["notes"]]
     if generated := _generated_line(run["series"].get("generated")):
         lines.append(generated)
+    if grid := coverage_line((run.get("engine_notes") or {}).get("profile_grid")):
+        lines.append(f"  {grid}")
     lines += [f"  sensitivity, {spread['summary']}" for spread in run.get("sensitivity") or []]
     return lines
 
@@ -137,6 +148,8 @@ def offline_html(result: dict[str, Any]) -> str:
             + html.escape("; ".join(run["notes"]))
             + "</p>"
         )
+        if grid := coverage_line((run.get("engine_notes") or {}).get("profile_grid")):
+            parts.append(f"<p>{html.escape(grid)}</p>")
         for mismatch in run.get("mismatches") or []:
             parts.append(f"<p><strong>The engine does not model this run:</strong> {html.escape(mismatch)}</p>")
         png = _plot_png(run)

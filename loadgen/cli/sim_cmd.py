@@ -286,7 +286,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _write_engine(args: argparse.Namespace) -> int:
-    from ..sim.engine_writer import ProfiledEngineSpec, write_profiled_engine  # deferred: light --help
+    from ..sim.engine_writer import (  # deferred: light --help
+        ProfiledEngineSpec,
+        profile_settings_beyond,
+        write_profiled_engine,
+    )
 
     spec = ProfiledEngineSpec(
         profile_dir=Path(args.profile),
@@ -309,6 +313,11 @@ def _write_engine(args: argparse.Namespace) -> int:
         f"  KV pool {config.num_kv_blocks:,} blocks; max_num_seqs {sched.max_num_seqs}, max_num_batched_tokens "
         f"{sched.max_num_batched_tokens}, max_model_len {sched.max_model_len} (the file says where each came from)"
     )
+    beyond = profile_settings_beyond(spec, sched.max_num_batched_tokens, sched.max_num_seqs, sched.max_model_len or 0)
+    if beyond:
+        print("  past the profile's measured points (steps there are priced by continuing its tables linearly):")
+        for phrase in beyond:
+            print(f"    {phrase}")
     return 0
 
 

@@ -26,6 +26,7 @@ import numpy as np
 from .block_pool import BlockPool
 from .config import JITTER_PROBABILITIES, EngineConfig
 from .profile import OperatorProfile, cudagraph_capture_sizes, cudagraph_tokens
+from .profile_grid import GridCoverage, ProfileGrid
 
 __all__ = ["DecodeRun", "Engine", "RunRecorder", "Seq", "StepResult"]
 
@@ -239,6 +240,9 @@ class Engine:
             p = c.profile
             self._profile = p.load()
         self.profile = self._profile  # read by the worksheet (an expert-parallel group's lockstep)
+        # the profile's measured grid, and the steps priced past it (the worksheet's engine notes: profile_grid)
+        self.grid = ProfileGrid.of(self._profile) if self._profile is not None else None
+        self.grid_coverage = GridCoverage()
         self._tokens_ns: dict[int, float] = {}  # the profile's token- and sequence-count terms, memoised
         sched = config.scheduler
         # the CUDA graphs a profiled step may replay, padded up to one (none: every step runs unpadded); read by
@@ -1003,19 +1007,26 @@ class Engine:
         attention row with; ``more_chunks`` are its other chunks (tokens, cached prefix). vLLM runs a step's
         attention as one varlen call in which each sequence attends to its own keys only, so each further chunk
         adds its own attention (``attention_us`` with no decodes) rather than lengthening one long sequence."""
-        profile = self._profile
-        assert profile is not None
+        profile, grid = self._profile, self.grid
+        assert profile is not None and grid is not None
         tokens = prefill_tokens + decodes + sum(n for n, _ in more_chunks)
+        charged = cudagraph_tokens(tokens, self.graph_sizes)
         t = self._tokens_ns.get(tokens)
         if t is None:
-            t = self._tokens_ns[tokens] = profile.tokens_us(cudagraph_tokens(tokens, self.graph_sizes)) * 1e3
+            t = self._tokens_ns[tokens] = profile.tokens_us(charged) * 1e3
         s = self._seqs_ns.get(seqs)
         if s is None:
             s = self._seqs_ns[seqs] = profile.sequences_us(seqs) * 1e3
         attention = profile.attention_us(prefill_tokens, prefill_cached, decodes, decode_kv, kv_max, kv_min)
+        prefix = prefill_cached
         for n, cached in more_chunks:
             attention += profile.attention_us(n, cached, 0, 0)
-        return self._fixed_ns + t + s + attention * 1e3
+            prefix = max(prefix, cached)
+        kv = max(kv_max, decode_kv / decodes) if decodes else 0
+        axes = grid.beyond(charged, seqs, prefill_tokens, prefix, decodes, kv, charged * profile.ep)
+        total = t + s + attention * 1e3
+        self.grid_coverage.add(axes, total)
+        return self._fixed_ns + total
 
     def _profiled_duration_ns(
         self, scheduled: list[tuple[Seq, int]], decodes: int, decode_kv: int, kv_max: int = 0, kv_min: int = 0

@@ -32,9 +32,10 @@ from loadgen.util.errors import LoadgenError
 from loadgen.util.outputfile import write_output_text
 
 from .config import EngineConfig, load_engine_config
-from .profile import profile_meta
+from .profile import load_profile, profile_meta
+from .profile_grid import ProfileGrid
 
-__all__ = ["ProfiledEngineSpec", "write_profiled_engine"]
+__all__ = ["ProfiledEngineSpec", "profile_settings_beyond", "write_profiled_engine"]
 
 #: vLLM's default gpu_memory_utilization.
 DEFAULT_UTILIZATION = 0.9
@@ -158,6 +159,12 @@ def _pool(
     )
 
 
+def profile_settings_beyond(spec: ProfiledEngineSpec, tokens: int, seqs: int, model_len: int) -> list[str]:
+    """What an engine of these settings can run past its profile's measured grid (``ProfileGrid``)."""
+    profile = load_profile(str(spec.profile_dir), spec.tp, str(spec.model_config), spec.ep)
+    return ProfileGrid.of(profile).settings_beyond(tokens, seqs, model_len, spec.ep)
+
+
 def profiled_engine_toml(spec: ProfiledEngineSpec, out: Path) -> str:
     """The engine TOML's text for ``spec``, its paths relative to ``out``'s folder."""
     meta = profile_meta(spec.profile_dir)
@@ -176,6 +183,7 @@ def profiled_engine_toml(spec: ProfiledEngineSpec, out: Path) -> str:
             f"max_model_len {model_len:,}: more than the {blocks:,} KV blocks hold ({blocks * BLOCK_SIZE:,} tokens): "
             "expected --max-model-len at most that (vLLM refuses to start otherwise)"
         )
+    beyond = profile_settings_beyond(spec, tokens, seqs, model_len)
     out_dir = out.parent
     short = model.rsplit("/", 1)[-1]
     name = spec.name or out.stem
@@ -185,6 +193,12 @@ def profiled_engine_toml(spec: ProfiledEngineSpec, out: Path) -> str:
         "# Step times come from the GPU's operator profile, composed per step by loadgen.sim.profile. Where each",
         "# setting came from: profile = the profile's meta.yaml; given = loadgen sim engine's arguments; default =",
         "# vLLM's default; ledger = loadgen's memory ledger; assumed = stated here, not measured.",
+        *(
+            ["# Past the profile's measured points (steps there continue its tables linearly; a replay counts them"]
+            + ["# in its engine notes, profile_grid): " + "; ".join(beyond) + "."]
+            if beyond
+            else []
+        ),
         f"name = {_q(name)}",
         f"description = {_q(f'vLLM {version}, {short}, {gpu}, {parallel}: step times from the GPU operator profile.')}",
         f"model = {_q(model)}",

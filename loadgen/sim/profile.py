@@ -233,6 +233,9 @@ class OperatorProfile:
     mixed_attention: _Attention  # steps with one
     skew: _Skew | None  # the mixed-length correction, where the profile fitted one
     link: Link  # prices the collectives (loadgen.sim.link)
+    # steps with a prefill chunk past the mixed grid's range: the profile's widest full grid (None: the mixed grid
+    # is already the widest). A profile may hold a fine partial grid beside its doubling one (``_full_grid``).
+    mixed_wide: _Attention | None = None
     _group_delta: dict[tuple[int, int, int, int], float] = field(default_factory=dict, compare=False, repr=False)
 
     def tokens_us(self, tokens: int) -> float:
@@ -348,11 +351,21 @@ class OperatorProfile:
         slope, 64 to 128 decodes, holds a jump (up to 3.7x on the RTX 4090) no profiled point says goes on."""
         if prefill_tokens <= 0:
             return self.decode_attention.at(0, 0, decodes, kd)
-        last = self.mixed_attention.nd[-1]
+        grid = self.mixed_attention
+        wide = self.mixed_wide
+        if wide is not None and (
+            prefill_tokens > grid.pc[-1]
+            or prefill_cached > grid.kp[-1]
+            or kd > grid.kd[-1]
+            or 0 < prefill_cached < grid.kp[1]
+            or 0 < kd < grid.kd[1]
+        ):
+            grid = wide  # measured where the finer grid would extrapolate, or hold its first point
+        last = grid.nd[-1]
         if decodes <= last or self.decode_attention.nd[-1] <= last:
-            return self.mixed_attention.at(prefill_tokens, prefill_cached, decodes, kd)
+            return grid.at(prefill_tokens, prefill_cached, decodes, kd)
         beyond = self.decode_attention.at(0, 0, decodes, kd) - self.decode_attention.at(0, 0, last, kd)
-        return self.mixed_attention.at(prefill_tokens, prefill_cached, last, kd) + beyond
+        return grid.at(prefill_tokens, prefill_cached, last, kd) + beyond
 
     def step_us(
         self,
@@ -412,36 +425,62 @@ def _by_layer(path: Path, key: str) -> dict[str, tuple[list[int], list[float]]]:
     return {name: (sorted(p), [p[k] for k in sorted(p)]) for name, p in points.items()}
 
 
-def _attention(path: Path) -> tuple[_Attention, _Attention]:
-    """The attention rows as two full grids: decode-only steps (no prefill chunk: decodes x KV) and steps with a
-    prefill chunk (4 axes), each the largest grid its rows fill (``_full_grid``). The profilers sweep more
-    decodes without a chunk (to 256) than with one (to 128): past 128, a mixed step's further decodes are priced
-    from the decode-only grid (``OperatorProfile._layer_attention_us``)."""
+def _attention(path: Path) -> tuple[_Attention, _Attention, _Attention | None]:
+    """The attention rows as full grids: decode-only steps (no prefill chunk: decodes x KV), steps with a prefill
+    chunk (4 axes), each the largest grid its rows fill (``_full_grid``), and, where that chunk grid stops short
+    of the largest chunk, prefix or KV the rows hold, the largest full grid that keeps those (None otherwise).
+    The profilers sweep more decodes without a chunk (to 256) than with one (to 128): past 128, a mixed step's
+    further decodes are priced from the decode-only grid (``OperatorProfile._layer_attention_us``)."""
     rows = [
         (int(_number(path, r, "prefill_chunk")), int(_number(path, r, "kv_prefill")))
         + (int(_number(path, r, "n_decode")), int(_number(path, r, "kv_decode")), _number(path, r, "time_us"))
         for r in _read_rows(path)
     ]
-    grids: list[_Attention] = []
-    for part in ([r for r in rows if r[0] == 0 and r[2] > 0], [r for r in rows if r[0] > 0]):
-        cells = {(r[0], r[1], r[2], r[3]): r[4] for r in part}
-        keys = list(cells)
-        axes = _full_grid(cells, [sorted({k[i] for k in keys}) for i in range(4)]) if part else [[]] * 4
-        positive = [len([v for v in a if v > 0]) for a in axes]
-        need = (0, 0, 2, 2) if len(grids) == 0 else (2, 1, 2, 2)
-        if any(got < want for got, want in zip(positive, need, strict=True)):
-            kind = "decode-only" if len(grids) == 0 else "prefill-chunk"
-            raise ScenarioError(f"{path}: {kind} rows fill no grid of 2 points an axis: expected the attention grid")
-        t = [[[[cells.get((a, b, c, d)) for d in axes[3]] for c in axes[2]] for b in axes[1]] for a in axes[0]]
-        grids.append(_Attention(axes[0], axes[1], axes[2], axes[3], t))
-    return grids[0], grids[1]
+    decode = _grid(path, [r for r in rows if r[0] == 0 and r[2] > 0], "decode-only", (0, 0, 2, 2))
+    mixed_rows = [r for r in rows if r[0] > 0]
+    mixed = _grid(path, mixed_rows, "prefill-chunk", (2, 1, 2, 2))
+    largest = [max(r[i] for r in mixed_rows) for i in range(4)]
+    if [mixed.pc[-1], mixed.kp[-1], mixed.nd[-1], mixed.kd[-1]] == largest:
+        return decode, mixed, None
+    # the profiler's doubling grid through each axis's largest value (and 0)
+    chain = [r for r in mixed_rows if all(_doubles_to(int(r[i]), int(largest[i])) for i in range(4))]
+    try:
+        wide = _grid(path, chain, "prefill-chunk", (2, 1, 2, 2))
+    except ScenarioError:
+        return decode, mixed, None  # the rows past the chunk grid fill no doubling grid
+    if [wide.pc[-1], wide.kp[-1], wide.nd[-1], wide.kd[-1]] != largest:
+        return decode, mixed, None  # no full grid reaches further
+    return decode, mixed, wide
+
+
+def _doubles_to(value: int, largest: int) -> bool:
+    """``value`` is 0 or ``largest`` halved a whole number of times."""
+    if value <= 0:
+        return value == 0
+    ratio, rest = divmod(largest, value)
+    return rest == 0 and ratio & (ratio - 1) == 0
+
+
+def _grid(
+    path: Path, part: list[tuple[int, int, int, int, float]], kind: str, need: tuple[int, int, int, int]
+) -> _Attention:
+    """One full grid of ``part`` (``_full_grid``), with at least ``need`` positive points an axis."""
+    cells = {(r[0], r[1], r[2], r[3]): r[4] for r in part}
+    keys = list(cells)
+    axes = _full_grid(cells, [sorted({k[i] for k in keys}) for i in range(4)]) if part else [[]] * 4
+    positive = [len([v for v in a if v > 0]) for a in axes]
+    if any(got < want for got, want in zip(positive, need, strict=True)):
+        raise ScenarioError(f"{path}: {kind} rows fill no grid of 2 points an axis: expected the attention grid")
+    t = [[[[cells.get((a, b, c, d)) for d in axes[3]] for c in axes[2]] for b in axes[1]] for a in axes[0]]
+    return _Attention(axes[0], axes[1], axes[2], axes[3], t)
 
 
 def _full_grid(cells: dict[tuple[int, int, int, int], float], axes: list[list[int]]) -> list[list[int]]:
     """The axes cut to a grid every needed point of which has a row (decode KV exactly when decodes): while
     one is missing, drop the positive axis value missing the largest share of its points. A profile may hold a
-    second, partial grid beside its doubling one: the RTX PRO 6000 profiles add chunks and KV lengths on a x1.5
-    grid for some combinations only."""
+    second grid beside its doubling one: the RTX PRO 6000 profiles add chunks and KV lengths on a x1.5 grid,
+    which this keeps (it is finer) but which stops at a 1,384-token chunk where the doubling grid reaches 2,048
+    (``_attention`` keeps that one too, for the chunks past it)."""
     index = [{v: i for i, v in enumerate(a)} for a in axes]
     present = np.zeros([len(a) for a in axes], dtype=bool)
     for key in cells:
@@ -544,7 +583,7 @@ def load_profile(
     if moe and ep > 1:
         for collective in ("all_gather", "reduce_scatter", "all_reduce"):
             link.check(collective, ep)
-    decode, mixed = _attention(folder / "attention.csv")
+    decode, mixed, wide = _attention(folder / "attention.csv")
     return OperatorProfile(
         source=str(base),
         gpu=str(meta.get("gpu", "?")),
@@ -563,6 +602,7 @@ def load_profile(
         decode_attention=decode,
         skew=_skew(base, tp),
         mixed_attention=mixed,
+        mixed_wide=wide,
         link=link,
     )
 

@@ -185,5 +185,6 @@ def thin_profile(profile: OperatorProfile) -> OperatorProfile:
         moe_us={experts: _thin_table(t) for experts, t in profile.moe_us.items()},
         decode_attention=_thin_grid(profile.decode_attention),
         mixed_attention=_thin_grid(profile.mixed_attention),
+        mixed_wide=_thin_grid(profile.mixed_wide) if profile.mixed_wide is not None else None,
         _group_delta={},
     )

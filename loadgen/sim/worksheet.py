@@ -58,6 +58,7 @@ from .metrics import (
 )
 from .prefix_chain import engine_block_chain
 from .profile import OperatorProfile
+from .profile_grid import GridCoverage
 from .protocol import StreamFormat, filler_bytes, request_id_for, token_bytes
 
 __all__ = ["WorksheetResult", "run_worksheet", "simulate_trace"]
@@ -832,7 +833,7 @@ def _engine_notes(engine: Engine, steps: _Steps, chunks: _Chunks, plans: list[Fa
     busy_s = engine.busy_ns / _NS
     out_total = int(chunks.tokens_per_req.sum())
     t_final = steps.t[-1] if steps.t else 0
-    return {
+    notes = {
         "simulated": True,
         "steps": engine.steps,
         "busy_s": busy_s,
@@ -848,6 +849,9 @@ def _engine_notes(engine: Engine, steps: _Steps, chunks: _Chunks, plans: list[Fa
         "kv_cache_tokens": engine.num_kv_blocks * engine.block_size,
         "faults_injected": _count_faults(plans),
     }
+    if engine.grid is not None:  # how much of it the profile's measured points priced (loadgen.sim.profile_grid)
+        notes["profile_grid"] = engine.grid_coverage.to_dict(engine.grid)
+    return notes
 
 
 def simulate_trace(
@@ -943,6 +947,8 @@ def _fleet_notes(
     for key in ("num_kv_blocks", "kv_cache_tokens"):
         notes[key] = sum(p[key] for p in per)
     notes["virtual_duration_s"] = max(p["virtual_duration_s"] for p in per)
+    if "profile_grid" in notes:
+        notes["profile_grid"] = GridCoverage.merge([p["profile_grid"] for p in per])
     busy = notes["busy_s"]
     notes["output_tokens_per_busy_s"] = notes["output_tokens"] / busy if busy else None
     notes["replicas"] = len(engines)
