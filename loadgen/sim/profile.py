@@ -14,7 +14,8 @@ A step of the engine is priced as (all times per GPU, µs):
 
     step = Σ_dense-op count × op(T) × layers + embedding(T) + final_layernorm(T)      T = tokens in the step
          + moe(T, experts activated by T) × MoE layers                                (MoE models)
-         + attention(Σ prefill chunks, Σ their cached prefix, decodes, mean decode KV) × layers
+         + (attention(largest chunk, its cached prefix, decodes, mean decode KV)
+            + Σ other chunks: attention(chunk, its cached prefix, 0, 0)) × layers
          + lm_head(S) + sampler(S)                                                    S = sequences in the step
          + 2 all-reduces × layers of T × hidden × 2 B                                 (TP > 1)
          + (all-gather + reduce-scatter of T × hidden × 2 B local) × MoE layers       (EP > 1: dispatch, combine)
@@ -28,9 +29,14 @@ axis: decode attention is a KV read, ``a + b × n × kv``), held at the first no
 chunk costs what the 16-token one does), and extrapolated linearly from the last two points above the grid,
 except a mixed step's decodes past the mixed grid's last decode count: those add what they add in the decode-only
 grid (``OperatorProfile._layer_attention_us``).
-Several prefill chunks in one step are priced as one chunk of their summed tokens over their summed prefix,
-decodes at their mean KV length (the uniform batch that reads the same KV), corrected for mixed lengths by the
-profile's fitted ``skew`` table where it has one. Layer norms count twice per layer (before attention and before the MLP).
+A profile may hold two full grids of steps with a chunk (the RTX PRO 6000 profiles: a fine x1.5 one to a
+1,384-token chunk beside the doubling one to 2,048): the fine one is read where it brackets the step, the
+doubling one where the fine one would continue past its last point or hold its first (``_attention``).
+How much of a replay was priced past every grid is counted by ``loadgen.sim.profile_grid``.
+A step's largest prefill chunk shares the decodes' row of the table and every other chunk adds its own attention
+(vLLM's varlen kernel attends each sequence to its own keys; ``Engine._profile_ns``); decodes are read at their
+mean KV length (the uniform batch that reads the same KV), corrected for mixed lengths by the profile's fitted
+``skew`` table where it has one. Layer norms count twice per layer (before attention and before the MLP).
 An MoE layer's activated experts are the expected distinct experts of uniform top-k routing over its tokens;
 with expert parallelism (``ep`` GPUs, data-parallel ranks equally loaded, vLLM's all-gather / reduce-scatter
 exchange, vLLM 0.19's default ``all2all_backend``) a GPU holds E/ep experts and runs them over the whole
@@ -233,8 +239,8 @@ class OperatorProfile:
     mixed_attention: _Attention  # steps with one
     skew: _Skew | None  # the mixed-length correction, where the profile fitted one
     link: Link  # prices the collectives (loadgen.sim.link)
-    # steps with a prefill chunk past the mixed grid's range: the profile's widest full grid (None: the mixed grid
-    # is already the widest). A profile may hold a fine partial grid beside its doubling one (``_full_grid``).
+    # steps with a prefill chunk the mixed grid does not bracket (past its last point, under its first positive
+    # one): the profile's doubling grid, where it reaches further (None: the mixed grid is already the widest).
     mixed_wide: _Attention | None = None
     _group_delta: dict[tuple[int, int, int, int], float] = field(default_factory=dict, compare=False, repr=False)
 
@@ -357,8 +363,8 @@ class OperatorProfile:
             prefill_tokens > grid.pc[-1]
             or prefill_cached > grid.kp[-1]
             or kd > grid.kd[-1]
-            or 0 < prefill_cached < grid.kp[1]
-            or 0 < kd < grid.kd[1]
+            or 0 < prefill_cached < _first_positive(grid.kp)
+            or 0 < kd < _first_positive(grid.kd)
         ):
             grid = wide  # measured where the finer grid would extrapolate, or hold its first point
         last = grid.nd[-1]
@@ -451,6 +457,11 @@ def _attention(path: Path) -> tuple[_Attention, _Attention, _Attention | None]:
     if [wide.pc[-1], wide.kp[-1], wide.nd[-1], wide.kd[-1]] != largest:
         return decode, mixed, None  # no full grid reaches further
     return decode, mixed, wide
+
+
+def _first_positive(axis: Sequence[int]) -> int:
+    """An axis's first positive point (a grid axis holds at most one 0, first)."""
+    return axis[1] if axis[0] <= 0 else axis[0]
 
 
 def _doubles_to(value: int, largest: int) -> bool:
