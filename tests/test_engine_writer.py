@@ -135,3 +135,23 @@ def test_settings_past_the_profiles_grid_are_said_where_the_engine_is_written(tm
     within = _engine(tmp_path / "within.toml", *flags)
     assert within.returncode == 0 and "past the profile" not in within.stdout
     assert "Past the profile" not in (tmp_path / "within.toml").read_text()
+
+
+def test_sim_run_says_how_much_of_the_replay_the_profile_measured(tmp_path):
+    from loadgen.trace.io import write_trace
+
+    trace = write_trace(_trace(6), tmp_path / "t.parquet", {"generator": "test", "seed": 0})
+    engine = tmp_path / "wide.toml"  # 8,192 tokens a step: a 4,000-token prompt prefills past the profiled 2,048
+    assert _engine(engine, "--max-num-batched-tokens", "8192", "--max-model-len", "16384").returncode == 0
+    table = _trace(1).to_pydict()
+    table["prompt_tokens"] = [4000]
+    long = write_trace(pa.Table.from_pydict(table, schema=TRACE_FULL_SCHEMA), tmp_path / "l.parquet", {"seed": 0})
+    cmd = [sys.executable, "-m", "loadgen", "sim", "run"]
+    within = subprocess.run([*cmd, str(trace), "--engine", str(engine), "--out", str(tmp_path / "a")], **_TEXT)
+    assert within.returncode == 0 and "profile grid: all " in within.stdout, within.stdout + within.stderr
+    past = subprocess.run([*cmd, str(long), "--engine", str(engine), "--out", str(tmp_path / "b")], **_TEXT)
+    assert past.returncode == 0, past.stderr
+    assert "profile grid: 1 of " in past.stdout and "tokens in a step > 2,048 (1)" in past.stdout, past.stdout
+
+
+_TEXT = {"capture_output": True, "text": True}

@@ -256,6 +256,7 @@ def _engine(args: argparse.Namespace, work_dir: Path):
 def _run(args: argparse.Namespace) -> int:
     from loadgen.rundir.manifest import read_manifest  # deferred: `loadgen --help` loads no library code
 
+    from ..sim.profile_grid import coverage_line  # deferred: `loadgen --help` loads no library code
     from ..sim.worksheet import run_worksheet  # deferred: `loadgen --help` loads no library code
 
     out = run_worksheet(args.trace, args.engine, args.out, seed=args.seed, scenario=args.scenario)
@@ -267,6 +268,8 @@ def _run(args: argparse.Namespace) -> int:
         + (f" ({rate:.0f} tok/s busy)" if rate else "")
     )
     print((read_manifest(out).engine_config or {}).get("calibration_label", ""))
+    if grid := coverage_line(notes.get("profile_grid")):
+        print(grid)
     return 0
 
 
