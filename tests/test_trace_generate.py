@@ -25,28 +25,17 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _generate_cli(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``loadgen trace generate`` of the canonical scenario's burst trace into ``out``."""
+    cmd = [sys.executable, "-m", "loadgen", "trace", "generate", str(CANONICAL), "--trace", "burst"]
+    return subprocess.run([*cmd, *args, "--out", str(out)], capture_output=True, text=True)
+
+
 def test_same_scenario_and_seed_give_byte_identical_files_via_cli(tmp_path):
     outs = []
     for i in range(2):
         out = tmp_path / f"t{i}.parquet"
-        res = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "loadgen",
-                "trace",
-                "generate",
-                str(CANONICAL),
-                "--trace",
-                "burst",
-                "--seed",
-                "7",
-                "--out",
-                str(out),
-            ],
-            capture_output=True,
-            text=True,
-        )
+        res = _generate_cli(out, "--seed", "7")
         assert res.returncode == 0, res.stderr
         outs.append(out)
     assert _sha(outs[0]) == _sha(outs[1])
@@ -66,22 +55,7 @@ def test_a_trace_is_written_whole_or_not_at_all(tmp_path):
     assert _sha(out) == before  # the old trace is intact, not half overwritten
     folder = tmp_path / "folder"
     folder.mkdir()
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "loadgen",
-            "trace",
-            "generate",
-            str(CANONICAL),
-            "--trace",
-            "burst",
-            "--out",
-            str(folder),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    res = _generate_cli(folder)
     assert res.returncode == 2 and res.stderr.strip() == (
         f"loadgen: error: {folder}: cannot write trace (is a directory, expected a file to write)"
     )
