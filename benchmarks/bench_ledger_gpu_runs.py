@@ -7,6 +7,9 @@ neither, so their prediction is printed at the device total another public run o
 (``loadgen.ledger.gpus``; ``--pro6000-total-bytes`` gives another), which the output says. Deterministic: no
 GPU, no timing.
 
+It then sets the ledger beside public vLLM 0.19 runs on an H100 (llm-d-planner's logs) and vLLM 0.28 runs on the
+RTX PRO 6000 that log their KV pool (LLMServingSim), each source named where it is listed.
+
     python benchmarks/bench_ledger_gpu_runs.py
     python benchmarks/bench_ledger_gpu_runs.py --pro6000-total-bytes 96000000000
 """
@@ -177,6 +180,60 @@ H100_RUNS: tuple[dict[str, Any], ...] = (
 )
 
 
+#: Public vLLM 0.28.0 runs on the RTX PRO 6000 (LLMServingSim, casys-kaist/LLMServingSim), their logged KV pools:
+#: the Llama-3.1-8B TP 1 rerun of the shared run's workload (bench/examples/RTXPRO6000/Llama-3.1-8B/vllm/meta.json
+#: at commit 0acc21b27fb2950bdfac90162e7bd3de43fe3dff, 2026-09-07) and the held-out Qwen3-32B TP 2 run
+#: (bench/examples/RTXPRO6000/Qwen3-32B/vllm/meta.json at 0d3de681adbd9c515fc378e94e3e625b6e250dad; its files
+#: are fetched by bench_heldout_runs.py). Both: device 101,976,440,832 B, gpu_memory_utilization 0.92, 128
+#: sequences, 2,048 tokens, torch 2.13.0+cu130; max_model_len as vLLM resolved it.
+VLLM_028_RUNS: tuple[dict[str, Any], ...] = (
+    {
+        "name": "Llama-3.1-8B, TP 1",
+        "config": "loadgen/data/models/llama-3.1-8b.json",
+        "tp": 1,
+        "max_model_len": 131072,
+        "blocks": 35_913,
+        "settings": {},
+    },
+    {
+        "name": "Qwen3-32B, TP 2",
+        "config": "scenarios/engines/profiles/models/Qwen3-32B.json",
+        "tp": 2,
+        "max_model_len": 40960,
+        "blocks": 28_884,
+        "settings": {"allreduce_rms_fusion": False},  # logged: fuse_allreduce_rms off
+    },
+)
+
+
+def _report_028(run: dict[str, Any]) -> None:
+    """A vLLM 0.28 run beside the ledger (vLLM 0.19 accounting): the blocks, and what vLLM subtracted beyond the
+    weights, forward and sampler the ledger derives (its non-torch increase and, from v0.21.0, its CUDA graph
+    estimate, which the ledger does not model)."""
+    engine = EngineSettings(
+        max_num_seqs=128,
+        max_num_batched_tokens=2048,
+        max_model_len=run["max_model_len"],
+        tensor_parallel_size=run["tp"],
+        device_memory_gib=101_976_440_832 / GIB,
+        gpu_memory_utilization=0.92,
+        device_name="NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        **run["settings"],
+    )
+    led = compute_ledger(read_model_config(REPO / run["config"]), engine)
+    blocks, logged, per_block = int(led.kv_cache_blocks or 0), run["blocks"], led.kv.bytes_per_block
+    usable = int(101_976_440_832 * 0.92)
+    graph = led.line("graph_comm_buffers").bytes
+    others = sum(line.bytes for line in led.lines if line.name not in ("kv_cache", "safety_margin", "runtime")) - graph
+    lo, hi = usable - (logged + 1) * per_block - others, usable - logged * per_block - others
+    print(f"== public vLLM 0.28.0 run, RTX PRO 6000 × 0.92, {run['name']} (LLMServingSim)")
+    print(f"   KV blocks   ledger {blocks:,}, logged {logged:,} ({(blocks - logged) / logged:+.2%})")
+    print(
+        f"   non-torch increase + CUDA graph estimate vLLM subtracted, with the other lines as derived: "
+        f"{lo / GIB:.3f}-{hi / GIB:.3f} GiB per GPU (the ledger: {graph / GIB:.3f} GiB, vLLM 0.19's, no estimate)"
+    )
+
+
 def _pct(ours: float, theirs: float | None) -> str:
     return "" if theirs is None else f" ({(ours - theirs) / theirs:+.1%})"
 
@@ -225,6 +282,8 @@ def main() -> None:
         _report(name, config, skip, args.pro6000_total_bytes)
     for run in H100_RUNS:
         _report_h100(run)
+    for run in VLLM_028_RUNS:
+        _report_028(run)
 
 
 if __name__ == "__main__":
