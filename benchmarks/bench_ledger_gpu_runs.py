@@ -182,7 +182,8 @@ H100_RUNS: tuple[dict[str, Any], ...] = (
 
 #: Public vLLM 0.28.0 runs on the RTX PRO 6000 (LLMServingSim, casys-kaist/LLMServingSim), their logged KV pools:
 #: the Llama-3.1-8B TP 1 rerun of the shared run's workload (bench/examples/RTXPRO6000/Llama-3.1-8B/vllm/meta.json
-#: at commit 0acc21b27fb2950bdfac90162e7bd3de43fe3dff, 2026-09-07) and the held-out Qwen3-32B TP 2 run
+#: at commit 0acc21b27fb2950bdfac90162e7bd3de43fe3dff, 2026-09-07; 13,753 B, sha256 d840175d79eb...; the repository
+#: stores no requests.jsonl of that rerun, so only its pool is used) and the held-out Qwen3-32B TP 2 run
 #: (bench/examples/RTXPRO6000/Qwen3-32B/vllm/meta.json at 0d3de681adbd9c515fc378e94e3e625b6e250dad; its files
 #: are fetched by bench_heldout_runs.py). Both: device 101,976,440,832 B, gpu_memory_utilization 0.92, 128
 #: sequences, 2,048 tokens, torch 2.13.0+cu130; max_model_len as vLLM resolved it.
