@@ -434,3 +434,25 @@ def test_steps_past_the_profiles_grid_are_counted_by_axis() -> None:
     assert (cov.steps, cov.steps_beyond, cov.by_axis) == (3, 1, {"tokens": 1, "prefill_chunk": 1})
     assert cov.profiled_ns_beyond == pytest.approx(steps[0].duration_ns, abs=1)
     assert cov.profiled_ns == pytest.approx(sum(s.duration_ns for s in steps), abs=3)
+
+
+def test_a_plan_on_a_profiled_engine_says_how_much_the_profile_measured(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    def plan(engine: str, out: str) -> str:
+        cmd = [sys.executable, "-m", "loadgen", "plan", "quick", "--sim-worksheet", engine, "--quiet"]
+        res = subprocess.run([*cmd, "--out", str(tmp_path / out)], capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    from loadgen.plan.coverage import plan_profile_grid
+
+    profiled = plan("rtxpro6000-llama-3.1-8b-tp1", "pro")
+    runs, note = plan_profile_grid(tmp_path / "pro")
+    assert runs > 0 and note is not None and note["steps_beyond"] == 0
+    assert (
+        f"profile grid: all {note['steps']:,} steps priced between measured points (over the plan's {runs} runs)"
+        in profiled
+    )
+    assert "profile grid" not in plan("interactive-small-batch", "preset")  # hand-set costs: no profile, no line

@@ -103,10 +103,22 @@ def _plan(args: argparse.Namespace) -> int:
         print(json.dumps(result.fleet or result.region, indent=2, default=str))
     elif result.fleet is not None:
         print(format_fleet(result.fleet))
+        _print_profile_grid(result.plan_dir)
         print(f"\nplan directory: {result.plan_dir} (fleet.json, fleet.md; one plan per replica count in replicas-N/)")
     else:
         print(format_region(result.region))
         if engine:
             print(f"\n{result.region['engine_calibration']}")
+        _print_profile_grid(result.plan_dir)
         print(f"\nplan directory: {result.plan_dir} (region.json, region.md, region-*.png, region.html)")
     return 0 if result.state.get("status") == "complete" else 3
+
+
+def _print_profile_grid(plan_dir: Path) -> None:
+    """One line: how much of the plan's runs a profiled engine priced past its profile's measured points."""
+    from ..plan.coverage import plan_profile_grid  # deferred: `loadgen --help` loads no library code
+    from ..sim.profile_grid import coverage_line  # deferred: as above
+
+    runs, note = plan_profile_grid(plan_dir)
+    if line := coverage_line(note):
+        print(f"{line} (over the plan's {runs} runs)")
