@@ -5,6 +5,7 @@ Expected values are computed by hand from the shipped profile CSVs (the rows are
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from loadgen.sim.dp_balance import VLLM_DP
 from loadgen.sim.engine import Engine, Seq
 from loadgen.sim.prefix_chain import engine_block_chain
 from loadgen.sim.profile import expected_experts, load_profile
+from loadgen.sim.profile_grid import AXES
 from loadgen.sim.worksheet import simulate_trace
 from loadgen.trace.importers import import_trace
 from loadgen.trace.io import read_trace
@@ -427,6 +429,7 @@ def test_steps_past_the_profiles_grid_are_counted_by_axis() -> None:
     engine = Engine(parse_engine_config(data))
     grid = engine.grid
     assert grid is not None and (grid.tokens, grid.prefill_chunk, grid.sequences, grid.kv) == (2048, 2048, 256, 16384)
+    assert [f.name for f in dataclasses.fields(grid)] == list(AXES)  # beyond() reads the fields as the axes
     engine.add(Seq(0, 6000, 3, 0))  # one 6,000-token prefill step (past 2,048 tokens and chunk), then decodes
     steps = [engine.step(0) for _ in range(3)]
     assert [s.prefill_tokens for s in steps] == [6000, 0, 0]

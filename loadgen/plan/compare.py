@@ -40,7 +40,7 @@ from ..analysis.budgets import SEND_LAG_BOUND_MS, Check, client_lag_line
 from ..analysis.model import stop_sentence
 from ..analysis.whole_run import engine_busy_output_rate, whole_run_rates
 from .contract_hook import CONTRACT_FILE, contract_status_from_file
-from .files import PLAN_FILE, REGION_FILE, read_plan_state
+from .files import PLAN_FILE, REGION_FILE, cell_run_manifests, read_plan_state
 from .prices import PriceTable, cost_per_million, load_prices
 from .region import load_region
 from .results import (
@@ -209,7 +209,7 @@ def load_candidate(path: str | Path) -> Candidate:
         if not (path / REGION_FILE).is_file():
             raise PlanError(f"{path}: plan has no {REGION_FILE} yet: expected a finished (or paused) plan directory")
         region = load_region(path)
-        run_dirs = sorted(path.glob(f"cells/*/rep*/{MANIFEST_FILE}"))
+        run_dirs = cell_run_manifests(path)
         if not run_dirs:
             raise PlanError(f"{path}: plan directory holds no runs: expected at least one finished cell")
         manifest = read_manifest(run_dirs[0].parent)

@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.rundir.manifest import read_manifest
-from loadgen.rundir.schema import MANIFEST_FILE
 from loadgen.sim.profile_grid import GridCoverage
 from loadgen.util.errors import RunDirError
+
+from .files import cell_run_manifests
 
 __all__ = ["plan_profile_grid"]
 
@@ -17,9 +18,8 @@ __all__ = ["plan_profile_grid"]
 def plan_profile_grid(plan_dir: Path | str) -> tuple[int, dict[str, Any] | None]:
     """(runs read, their merged ``profile_grid`` note); None when no run priced a step from a profile."""
     notes = []
-    paths = sorted(Path(plan_dir).glob(f"cells/*/rep*/{MANIFEST_FILE}"))
-    paths += sorted(Path(plan_dir).glob(f"replicas-*/cells/*/rep*/{MANIFEST_FILE}"))
-    for path in paths:
+    plans = [Path(plan_dir), *sorted(Path(plan_dir).glob("replicas-*"))]  # a fleet plan: one per replica count
+    for path in (manifest for plan in plans for manifest in cell_run_manifests(plan)):
         try:
             note = read_manifest(path.parent).engine_notes.get("profile_grid")
         except RunDirError:

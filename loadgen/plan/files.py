@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from loadgen.rundir.schema import MANIFEST_FILE
 from loadgen.util.errors import PlanError
 from loadgen.util.jsonfile import read_json_object
 from loadgen.util.outputfile import write_output_text
@@ -23,6 +24,7 @@ __all__ = [
     "REGION_HTML_FILE",
     "REGION_MD_FILE",
     "RESULT_FILE",
+    "cell_run_manifests",
     "read_cell_result",
     "read_plan_state",
     "read_region",
@@ -46,6 +48,11 @@ REGION_HTML_FILE = "region.html"
 def region_plot_file(cls: str) -> str:
     """The region plot of one class."""
     return f"region-{cls}.png"
+
+
+def cell_run_manifests(plan_dir: Path) -> list[Path]:
+    """The manifest.json of every run of a plan directory's cells (``cells/<cell>/rep<k>[-ext<n>]/``), sorted."""
+    return sorted(Path(plan_dir).glob(f"cells/*/rep*/{MANIFEST_FILE}"))
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:

@@ -243,7 +243,8 @@ class Engine:
         # the profile's measured grid, and the steps priced past it (the worksheet's engine notes: profile_grid)
         self.grid = ProfileGrid.of(self._profile) if self._profile is not None else None
         self.grid_coverage = GridCoverage()
-        self._tokens_ns: dict[int, float] = {}  # the profile's token- and sequence-count terms, memoised
+        # the profile's token-count terms (ns) and the count they are charged at (CUDA-graph padded), memoised
+        self._tokens_ns: dict[int, tuple[float, int]] = {}
         sched = config.scheduler
         # the CUDA graphs a profiled step may replay, padded up to one (none: every step runs unpadded); read by
         # the worksheet too (an expert-parallel group's padding)
@@ -1010,10 +1011,11 @@ class Engine:
         profile, grid = self._profile, self.grid
         assert profile is not None and grid is not None
         tokens = prefill_tokens + decodes + sum(n for n, _ in more_chunks)
-        charged = cudagraph_tokens(tokens, self.graph_sizes)
-        t = self._tokens_ns.get(tokens)
-        if t is None:
-            t = self._tokens_ns[tokens] = profile.tokens_us(charged) * 1e3
+        known = self._tokens_ns.get(tokens)
+        if known is None:
+            charged = cudagraph_tokens(tokens, self.graph_sizes)
+            known = self._tokens_ns[tokens] = (profile.tokens_us(charged) * 1e3, charged)
+        t, charged = known
         s = self._seqs_ns.get(seqs)
         if s is None:
             s = self._seqs_ns[seqs] = profile.sequences_us(seqs) * 1e3

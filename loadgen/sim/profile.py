@@ -154,6 +154,12 @@ class _Attention:
     nd: list[int]
     kd: list[int]
     t: list[list[list[list[float | None]]]]
+    kp_first: int = field(init=False)  # the first positive cached prefix and decode KV: below them the grid holds
+    kd_first: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kp_first", _first_positive(self.kp))
+        object.__setattr__(self, "kd_first", _first_positive(self.kd))
 
     def at(self, pc: float, kp: float, nd: float, kd: float) -> float:
         """One attention layer (µs) for prefill chunk ``pc`` over ``kp`` cached tokens and ``nd`` decodes of
@@ -363,8 +369,8 @@ class OperatorProfile:
             prefill_tokens > grid.pc[-1]
             or prefill_cached > grid.kp[-1]
             or kd > grid.kd[-1]
-            or 0 < prefill_cached < _first_positive(grid.kp)
-            or 0 < kd < _first_positive(grid.kd)
+            or 0 < prefill_cached < grid.kp_first
+            or 0 < kd < grid.kd_first
         ):
             grid = wide  # measured where the finer grid would extrapolate, or hold its first point
         last = grid.nd[-1]
@@ -460,8 +466,8 @@ def _attention(path: Path) -> tuple[_Attention, _Attention, _Attention | None]:
 
 
 def _first_positive(axis: Sequence[int]) -> int:
-    """An axis's first positive point (a grid axis holds at most one 0, first)."""
-    return axis[1] if axis[0] <= 0 else axis[0]
+    """An axis's first positive point (a grid axis holds at most one 0, first; 0 for an axis of 0 alone)."""
+    return next((v for v in axis if v > 0), 0)
 
 
 def _doubles_to(value: int, largest: int) -> bool:

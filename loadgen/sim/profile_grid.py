@@ -21,7 +21,7 @@ degree).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, astuple, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -84,15 +84,7 @@ class ProfileGrid:
         ):
             return _NONE
         values = (tokens, sequences, chunk, prefix, decodes, kv, expert_tokens)
-        limits = (
-            self.tokens,
-            self.sequences,
-            self.prefill_chunk,
-            self.cached_prefix,
-            self.decodes,
-            self.kv,
-            self.expert_tokens,
-        )
+        limits = astuple(self)  # the fields are the axes, in AXES order
         return tuple(a for a, v, lim in zip(AXES, values, limits, strict=True) if lim is not None and v > lim)
 
     def settings_beyond(self, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, ep: int) -> list[str]:
