@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
 from loadgen.ledger import GIB, EngineSettings, compute_ledger, read_model_config
 from loadgen.rundir.schema import TRACE_FULL_SCHEMA
@@ -155,3 +156,57 @@ def test_sim_run_says_how_much_of_the_replay_the_profile_measured(tmp_path):
 
 
 _TEXT = {"capture_output": True, "text": True}
+
+
+def _damaged_profile(tmp_path: Path, table: str, damage) -> Path:
+    """A copy of the shipped RTX PRO 6000 Llama profile with one table rewritten by ``damage`` (its text in, out)."""
+    import shutil
+
+    copy = tmp_path / "profile"
+    shutil.copytree(PRO6000_LLAMA, copy)
+    path = copy / table
+    path.write_text(damage(path.read_text()))
+    return copy
+
+
+@pytest.mark.parametrize(
+    ("table", "damage", "said"),
+    [
+        ("tp1/dense.csv", lambda text: "", "tp1/dense.csv: empty: expected columns layer, tokens, time_us"),
+        ("tp1/dense.csv", lambda text: text.splitlines()[0] + "\n", "tp1/dense.csv: no rows under the header"),
+        ("tp1/dense.csv", lambda text: text.replace("layer,", "op,", 1), "tp1/dense.csv: column 'layer': missing"),
+        (
+            "tp1/dense.csv",
+            lambda text: "\n".join(ln for ln in text.splitlines() if not ln.startswith("qkv_proj,")),
+            "tp1/dense.csv: layer 'qkv_proj': no rows",
+        ),
+        ("tp1/per_sequence.csv", lambda text: "", "tp1/per_sequence.csv: empty"),
+        (
+            "tp1/per_sequence.csv",
+            lambda text: "\n".join(ln for ln in text.splitlines() if not ln.startswith("lm_head,")),
+            "tp1/per_sequence.csv: layer 'lm_head': no rows",
+        ),
+        ("tp1/skew_fit.csv", lambda text: text.replace("n_label", "nl", 1), "tp1/skew_fit.csv: column 'n_label'"),
+        ("tp1/attention.csv", lambda text: text.replace("kv_decode", "kvd", 1), "column 'kv_decode': missing"),
+    ],
+)
+def test_a_damaged_profile_table_is_refused_by_file_and_field(tmp_path, table, damage, said):
+    """An empty table, a header without rows, a missing column or a missing operator is one line naming the
+    file and the field (exit 2, no file written), not a traceback or an operator priced at nothing."""
+    profile = _damaged_profile(tmp_path, table, damage)
+    out = tmp_path / "e.toml"
+    cmd = [sys.executable, "-m", "loadgen", "sim", "engine", "--profile", str(profile), "--model-config", str(LLAMA)]
+    res = subprocess.run([*cmd, "--max-model-len", "32768", "--out", str(out)], capture_output=True, text=True)
+    assert res.returncode == 2 and said in res.stderr, res.stderr[-2000:]
+    assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+    assert not out.exists()
+
+
+def test_a_profile_whose_meta_says_it_fitted_skew_needs_the_fit(tmp_path):
+    profile = _damaged_profile(tmp_path, "meta.yaml", lambda text: text)
+    (profile / "tp1" / "skew_fit.csv").unlink()
+    out = tmp_path / "e.toml"
+    cmd = [sys.executable, "-m", "loadgen", "sim", "engine", "--profile", str(profile), "--model-config", str(LLAMA)]
+    res = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True)
+    assert res.returncode == 2 and "tp1/skew_fit.csv: cannot read the operator profile" in res.stderr, res.stderr
+    assert not out.exists()
