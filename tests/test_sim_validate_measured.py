@@ -339,3 +339,22 @@ def test_sensitivity_needs_measured_runs():
     res = subprocess.run([*cmd, "o", "--sensitivity"], capture_output=True, text=True)
     assert res.returncode == 2 and "--sensitivity: expected --measured" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_a_folder_that_is_not_a_measured_run_says_what_it_is(tmp_path, runs):
+    """The LLMServingSim bench folder itself (not imported), a folder that is not there, and a simulated run (a
+    prediction: its workload path is the one it was given, so the replay looked for it under the run and said
+    'no such file'): each is one line saying what to give instead, exit 2."""
+    engine = _engine_file(tmp_path)
+    simulated = tmp_path / "simulated"
+    sim = [sys.executable, "-m", "loadgen", "sim", "run", str(runs[0] / "workload.parquet"), "--engine", str(engine)]
+    assert subprocess.run([*sim, "--out", str(simulated)], capture_output=True, text=True).returncode == 0
+    for folder, said in (
+        (shared_trace(f"llmservingsim/bench/examples/{RUNS[0]}"), "an LLMServingSim bench folder, not a run directory"),
+        (tmp_path / "nowhere", "no such directory"),
+        (simulated, "run_kind 'simulated': a prediction, not a measured run"),
+    ):
+        cmd = [sys.executable, "-m", "loadgen", "sim", "validate", str(engine), "--measured", str(folder)]
+        res = subprocess.run([*cmd, "--no-record"], capture_output=True, text=True)
+        assert res.returncode == 2 and said in res.stderr, res.stderr[-2000:]
+        assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr

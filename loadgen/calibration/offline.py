@@ -41,9 +41,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from loadgen.rundir.io import load_run
+from loadgen.rundir.io import RunData, load_run
 from loadgen.rundir.manifest import Manifest
-from loadgen.rundir.schema import TRACE_FULL_SCHEMA
+from loadgen.rundir.schema import MANIFEST_FILE, TRACE_FULL_SCHEMA
 from loadgen.sim.config import EngineConfig, load_engine_config
 from loadgen.sim.dp_balance import VLLM_DP
 from loadgen.sim.worksheet import simulate_trace
@@ -360,7 +360,7 @@ def compare_run(
     ``pool_blocks`` replays on that many KV blocks instead of the run's (or the engine's), and ``dp_delay_ns``
     delays the DP balancer's publications: the perturbations of ``loadgen.calibration.sensitivity``."""
     run_dir = Path(run_dir)
-    data = load_run(run_dir, chunks=False)
+    data = _measured_run(run_dir)
     cols = data.requests.to_pydict()
     if not cols["request_id"] or any(v is None for v in cols["server_queued_ns"] + cols["server_scheduled_ns"]):
         raise RunDirError(
@@ -413,6 +413,25 @@ def compare_run(
         | ({"profile_grid": result.notes["profile_grid"]} if "profile_grid" in result.notes else {}),
         mismatches=engine_mismatches(config, data.manifest),
     )
+
+
+def _measured_run(run_dir: Path) -> RunData:
+    """The run directory of a measured run, else one RunDirError line saying what the folder is instead: missing,
+    an LLMServingSim bench folder not yet imported, or a prediction (a simulated run)."""
+    if not run_dir.is_dir():
+        raise RunDirError(f"{run_dir}: no such directory: expected a run directory (loadgen import llmservingsim)")
+    if not (run_dir / MANIFEST_FILE).exists() and (run_dir / "vllm" / "requests.jsonl").exists():
+        raise RunDirError(
+            f"{run_dir}: an LLMServingSim bench folder, not a run directory: expected "
+            f"loadgen import llmservingsim {run_dir} --out RUN_DIR first, then --measured RUN_DIR"
+        )
+    data = load_run(run_dir, chunks=False)
+    if data.manifest.run_kind == "simulated":
+        raise RunDirError(
+            f"{run_dir}: run_kind 'simulated': a prediction, not a measured run: expected a real engine's run "
+            "(loadgen import llmservingsim)"
+        )
+    return data
 
 
 def validate_measured(run_dirs: list[Path], engine: Path | str, anchor: str = "workload") -> dict[str, Any]:
