@@ -53,7 +53,7 @@ from loadgen.util.errors import RunDirError
 from loadgen.util.outputfile import write_output_text
 from loadgen.util.tomlfile import dumps_toml, read_toml
 
-from .engine_match import engine_mismatches, measured_engine_config
+from .engine_match import deployment_unchecked, engine_mismatches, measured_engine_config, not_recorded
 
 __all__ = [
     "ANCHORS",
@@ -163,6 +163,8 @@ class RunComparison:
     engine_notes: dict[str, Any] = field(default_factory=dict)
     #: How the engine differs from the deployment the run ran (``engine_match``); empty when it models it.
     mismatches: list[str] = field(default_factory=list)
+    #: Why nothing checks the engine against the run's deployment (``engine_match.deployment_unchecked``), or None.
+    unchecked: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -412,6 +414,7 @@ def compare_run(
         engine_notes={k: v for k, v in result.notes.items() if not isinstance(v, dict | list)}
         | ({"profile_grid": result.notes["profile_grid"]} if "profile_grid" in result.notes else {}),
         mismatches=engine_mismatches(config, data.manifest),
+        unchecked=deployment_unchecked(config),
     )
 
 
@@ -450,6 +453,7 @@ def validate_measured(run_dirs: list[Path], engine: Path | str, anchor: str = "w
         "worst": None
         if worst is None
         else {"run": worst[1].name, "run_dir": worst[1].run_dir, **(worst[1].worst or {})},
+        "not_recorded": not_recorded(config, [r.mismatches for r in runs]),
     }
 
 
@@ -466,7 +470,7 @@ def record_validated_error(engine_toml: Path, result: dict[str, Any]) -> str | N
     ``validated_error`` line is replaced in place (or added under ``[calibration]``), and the runs go in one
     marked block at the end, replaced on the next run."""
     worst = result.get("worst")
-    if worst is None or any(run.get("mismatches") for run in result["runs"]):
+    if worst is None or result.get("not_recorded") or any(run.get("mismatches") for run in result["runs"]):
         return None
     read_toml(engine_toml, "engine TOML")  # a damaged file is refused in one line before it is touched
     anchor = (result.get("anchor") or {}).get("name", "workload")
