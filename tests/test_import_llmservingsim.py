@@ -188,3 +188,17 @@ def test_the_ledger_reconciles_against_an_imported_runs_logged_pool(tmp_path):
     assert got.ledger.engine.block_size == 16
     assert rows[0].ledger == compute_ledger(model, engine.with_(block_size=16)).kv_cache_blocks
     assert rows[0].match is False and not got.ok
+
+
+def test_reconciling_a_run_that_logged_no_pool_says_nothing_was_compared(tmp_path):
+    """The shared MoE run's meta.json logs no KV pool: `ledger --reconcile` has no row to compare, and says so
+    instead of 'reconciled: NO' (which reads as a ledger that missed)."""
+    run = import_llmservingsim_run(
+        shared_trace("llmservingsim/bench/examples/RTXPRO6000/Qwen3-30B-A3B-Instruct-2507"), tmp_path / "moe"
+    )
+    model = REPO / "scenarios" / "engines" / "profiles" / "models" / "Qwen3-30B-A3B-Instruct-2507.json"
+    cmd = [sys.executable, "-m", "loadgen", "ledger", "--model", str(model), "--device-memory-bytes", "101976440832"]
+    res = subprocess.run([*cmd, "--reconcile", str(run)], capture_output=True, text=True)
+    assert res.returncode == 1, res.stderr  # not reconciled (as before), but not a miss either
+    assert "reconciled: nothing to compare: the engine reported none of the KV quantities" in res.stdout
+    assert "reconciled: NO" not in res.stdout
