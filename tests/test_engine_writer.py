@@ -210,3 +210,19 @@ def test_a_profile_whose_meta_says_it_fitted_skew_needs_the_fit(tmp_path):
     res = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True)
     assert res.returncode == 2 and "tp1/skew_fit.csv: cannot read the operator profile" in res.stderr, res.stderr
     assert not out.exists()
+
+
+def test_settings_left_out_say_default_and_settings_given_say_given(tmp_path):
+    """tp, ep and gpu_memory_utilization said 'given' (the pool's utilization said nothing) when they were vLLM's
+    defaults, not arguments; given, even at the default value, they say so."""
+    out = tmp_path / "defaults.toml"
+    assert _engine(out, "--max-model-len", "32768").returncode == 0
+    text = out.read_text()
+    assert "tp = 1  # default" in text and "ep = 1  # default" in text
+    assert "x gpu_memory_utilization 0.9 (default), TP 1:" in text
+    given = tmp_path / "given.toml"
+    res = _engine(given, "--max-model-len", "32768", "--tp", "1", "--ep", "1", "--gpu-memory-utilization", "0.92")
+    assert res.returncode == 0, res.stderr
+    text = given.read_text()
+    assert "tp = 1  # given" in text and "ep = 1  # given" in text
+    assert "x gpu_memory_utilization 0.92 (given), TP 1:" in text
