@@ -254,6 +254,10 @@ def test_recording_the_error_keeps_the_engine_files_comments(tmp_path, runs):
     cal = load_engine_config(engine).calibration or {}
     assert cal["validated_error"].endswith("(sim validate --measured, workload arrivals)")
     assert "RTX4090" in next(iter(cal["measured_validations"]))
+    # what the run is, beyond the folder name it was given under: the imported files and their sha256
+    (entry,) = cal["measured_validations"].values()
+    assert entry["source_path"] == str(shared_trace(f"llmservingsim/bench/examples/{RUNS[0]}/vllm"))
+    assert entry["source_requests_sha256"] == (load_run(runs[0], chunks=False).manifest.source or {})["requests_sha256"]
 
 
 def test_an_engine_that_does_not_model_the_run_is_flagged_and_not_recorded(tmp_path, runs):

@@ -165,6 +165,8 @@ class RunComparison:
     mismatches: list[str] = field(default_factory=list)
     #: Why nothing checks the engine against the run's deployment (``engine_match.deployment_unchecked``), or None.
     unchecked: str | None = None
+    #: What the run is, beyond the folder it was given as: the imported files' path and requests.jsonl's sha256.
+    source: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -415,6 +417,7 @@ def compare_run(
         | ({"profile_grid": result.notes["profile_grid"]} if "profile_grid" in result.notes else {}),
         mismatches=engine_mismatches(config, data.manifest),
         unchecked=deployment_unchecked(config),
+        source={k: str(source[k]) for k in ("path", "requests_sha256") if source.get(k)},
     )
 
 
@@ -481,6 +484,7 @@ def record_validated_error(engine_toml: Path, result: dict[str, Any]) -> str | N
     entries = {
         run["name"]: {
             "run_dir": run["run_dir"],
+            **{f"source_{k}": v for k, v in (run.get("source") or {}).items()},
             "anchor": anchor,
             "mpe_pct": run["mpe_pct"],
             "mape_pct": run["mape_pct"],
