@@ -226,3 +226,20 @@ def test_settings_left_out_say_default_and_settings_given_say_given(tmp_path):
     text = given.read_text()
     assert "tp = 1  # given" in text and "ep = 1  # given" in text
     assert "x gpu_memory_utilization 0.92 (given), TP 1:" in text
+
+
+def test_an_engine_copied_away_from_its_profile_names_the_toml_and_the_field(tmp_path):
+    """The shipped engine TOML copied elsewhere (to edit a setting): its profile path is relative to its folder,
+    so the refusal names the TOML and `[cost.profile] path` (it named only a meta.yaml path nobody wrote)."""
+    copy = tmp_path / "mine.toml"
+    copy.write_text((ROOT / "scenarios" / "engines" / "rtx4090-llama-3.1-8b-tp1.toml").read_text())
+    trace = tmp_path / "t.parquet"
+    from loadgen.trace.io import write_trace
+
+    write_trace(_trace(3), trace, {"mode": "open"})
+    cmd = [sys.executable, "-m", "loadgen", "sim", "run", str(trace), "--engine", str(copy)]
+    res = subprocess.run([*cmd, "--out", str(tmp_path / "run")], capture_output=True, text=True)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+    assert f"{copy}: [cost.profile] path = 'profiles/RTX4090/meta-llama/Llama-3.1-8B/bf16': no such path" in res.stderr
+    (tmp_path / "profiles").symlink_to(PROFILES)  # beside its profiles again, it runs
+    assert subprocess.run([*cmd, "--out", str(tmp_path / "run2")], capture_output=True, text=True).returncode == 0
