@@ -88,6 +88,11 @@ def test_refusals_are_one_line_and_leave_no_file(tmp_path):
         (["--ep", "2"], "--ep 2: no --num-kv-blocks"),
         (["--max-model-len", "10000000"], "vLLM refuses to start otherwise"),
         (["--profile", str(tmp_path / "nowhere")], "cannot read the profile's meta.yaml"),
+        # refused as the file is read back: named as the file the user gave, not the partial one beside it
+        (
+            ["--max-num-seqs", "512", "--max-num-batched-tokens", "256"],
+            f"{tmp_path / 'refused.toml'} (not written): scheduler.max_num_batched_tokens = 256: expected at least",
+        ),
     )
     for args, said in cases:
         out = tmp_path / "refused.toml"
