@@ -102,6 +102,14 @@ def test_bad_run_folders_are_refused_in_one_line(tmp_path):
     (folder / "requests.jsonl").write_text(json.dumps({**rec, "first_token_ts": 6.5}) + "\n")
     manifest = read_run_manifest(import_llmservingsim_run(folder, tmp_path / "ok"))
     assert "workload not found" in " ".join(manifest.synthesized["notes"])
+    # an empty timeseries.csv is refused by the CLI in one line (it was imported with no series, noted as an
+    # upstream all-zero KV bug); no file at all is imported without server metrics, and says so
+    for text in ("", "t,running,waiting,kv_cache_pct,prompt_throughput,gen_throughput\n"):
+        (folder / "timeseries.csv").write_text(text)
+        cmd = [sys.executable, "-m", "loadgen", "import", "llmservingsim", str(folder), "--out"]
+        res = subprocess.run([*cmd, str(tmp_path / f"empty{len(text)}")], capture_output=True, text=True)
+        assert res.returncode == 2 and "timeseries.csv: no ticks: expected columns t, " in res.stderr, res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / f"empty{len(text)}").exists()
 
 
 def _results_run(folder, n: int = 6) -> list[dict]:
