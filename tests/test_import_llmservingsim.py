@@ -40,6 +40,9 @@ def test_run_imports_with_the_files_figures(tmp_path, run):
         text=True,
     )
     assert res.returncode == 0, res.stderr
+    # one line says what came in: the count by outcome, the model, the engine and the GPU the run logged
+    said = res.stdout.strip()
+    assert len(said.splitlines()) == 1 and f"300 requests (300 ok); model {meta['model']}; vllm 0.19.0" in said
     data = load_run(tmp_path / "r")
     got = {r["request_id"]: r for r in data.requests.to_pylist()}
     assert len(got) == len(raw) == 300
