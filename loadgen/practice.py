@@ -224,7 +224,7 @@ class PracticeOptions:
     targets: tuple[str, ...] = ()
     model: str | None = None
     engine: str = "sim"
-    model_config: str = DEFAULT_MODEL_CONFIG
+    model_config: str | None = None  # None: the profiled candidates' own model, else DEFAULT_MODEL_CONFIG
     prices: str | Path | None = None
     route: str = "interactive"
     api_key_env: str | None = None
@@ -277,9 +277,11 @@ def run_practice(
     vllm = opts.engine == "vllm" and not opts.targets
     predictor = load_engine_config(opts.predict_with) if vllm else None  # before any work
     prices = load_prices(opts.prices if opts.prices is not None else presets.prices_example())  # before any work
+    sims = opts.engine == "sim" and not opts.targets
+    # the simulated candidates (their calibration labels go in the decision), checked before any work
+    configs: list[EngineConfig] = sim_candidates(opts.candidates) if sims else []
     practice = _start(out, opts, log or (lambda _m: None))
     t0 = time.monotonic()
-    configs: list[EngineConfig] = []  # the simulated candidates (their calibration labels go in the decision)
     ledgers: dict[str, str] = {}
     ledger_data: dict[str, Any] = {}
     prediction: dict[str, Any] | None = None
@@ -299,8 +301,9 @@ def run_practice(
             predictor, limits, run_dirs, practice.trace_path, practice.scen, practice.out_dir, practice.say
         )
     elif opts.engine == "sim":
-        configs.extend(load_engine_config(c) for c in opts.candidates)
-        ledgers, ledger_data = candidate_ledgers(opts.model_config, configs, practice.scen)
+        ledgers, ledger_data = candidate_ledgers(
+            ledger_model_config(opts.model_config, configs), configs, practice.scen
+        )
         run_dirs = _measure_sims(practice, configs)
     else:
         raise PlanError(f"practice --engine {opts.engine!r}: expected 'sim' or 'vllm'")
@@ -312,6 +315,28 @@ def run_practice(
         decision["prediction"] = prediction
     write_output_text(practice.out_dir / "decision.json", json.dumps(decision, indent=2, default=str) + "\n")
     return PracticeResult(practice.out_dir, decision, comparison, ledgers, run_dirs)
+
+
+def sim_candidates(names: tuple[str, ...]) -> list[EngineConfig]:
+    """The simulated candidates, loaded; refused in one line (before anything runs) when they serve different
+    models: the practice compares two ways of serving one model, and its comparison refuses any other pair."""
+    configs = [load_engine_config(name) for name in names]
+    models = {cfg.model for cfg in configs}
+    if len(models) > 1:
+        served = ", ".join(f"{name} serves {cfg.model!r}" for name, cfg in zip(names, configs, strict=True))
+        raise PlanError(f"practice --candidate: {served}: expected two candidates serving the same model")
+    return configs
+
+
+def ledger_model_config(given: str | None, configs: list[EngineConfig]) -> str:
+    """The model config the candidates' ledgers are computed for: ``given``; else the model every profiled
+    candidate's profile composes (its config.json); else ``DEFAULT_MODEL_CONFIG`` (the shipped Llama-3.1-8B)."""
+    if given is not None:
+        return given
+    paths = {cfg.cost.profile.model_config_path for cfg in configs if cfg.cost.profile is not None}
+    if len(paths) == 1 and all(cfg.cost.profile is not None for cfg in configs):
+        return paths.pop()
+    return DEFAULT_MODEL_CONFIG
 
 
 def _start(out: str | Path | None, opts: PracticeOptions, say: Callable[[str], None]) -> _Practice:

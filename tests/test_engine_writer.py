@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
 from loadgen.ledger import GIB, EngineSettings, compute_ledger, read_model_config
 from loadgen.rundir.schema import TRACE_FULL_SCHEMA
@@ -87,6 +88,11 @@ def test_refusals_are_one_line_and_leave_no_file(tmp_path):
         (["--ep", "2"], "--ep 2: no --num-kv-blocks"),
         (["--max-model-len", "10000000"], "vLLM refuses to start otherwise"),
         (["--profile", str(tmp_path / "nowhere")], "cannot read the profile's meta.yaml"),
+        # refused as the file is read back: named as the file the user gave, not the partial one beside it
+        (
+            ["--max-num-seqs", "512", "--max-num-batched-tokens", "256"],
+            f"{tmp_path / 'refused.toml'} (not written): scheduler.max_num_batched_tokens = 256: expected at least",
+        ),
     )
     for args, said in cases:
         out = tmp_path / "refused.toml"
@@ -155,3 +161,90 @@ def test_sim_run_says_how_much_of_the_replay_the_profile_measured(tmp_path):
 
 
 _TEXT = {"capture_output": True, "text": True}
+
+
+def _damaged_profile(tmp_path: Path, table: str, damage) -> Path:
+    """A copy of the shipped RTX PRO 6000 Llama profile with one table rewritten by ``damage`` (its text in, out)."""
+    import shutil
+
+    copy = tmp_path / "profile"
+    shutil.copytree(PRO6000_LLAMA, copy)
+    path = copy / table
+    path.write_text(damage(path.read_text()))
+    return copy
+
+
+@pytest.mark.parametrize(
+    ("table", "damage", "said"),
+    [
+        ("tp1/dense.csv", lambda text: "", "tp1/dense.csv: empty: expected columns layer, tokens, time_us"),
+        ("tp1/dense.csv", lambda text: text.splitlines()[0] + "\n", "tp1/dense.csv: no rows under the header"),
+        ("tp1/dense.csv", lambda text: text.replace("layer,", "op,", 1), "tp1/dense.csv: column 'layer': missing"),
+        (
+            "tp1/dense.csv",
+            lambda text: "\n".join(ln for ln in text.splitlines() if not ln.startswith("qkv_proj,")),
+            "tp1/dense.csv: layer 'qkv_proj': no rows",
+        ),
+        ("tp1/per_sequence.csv", lambda text: "", "tp1/per_sequence.csv: empty"),
+        (
+            "tp1/per_sequence.csv",
+            lambda text: "\n".join(ln for ln in text.splitlines() if not ln.startswith("lm_head,")),
+            "tp1/per_sequence.csv: layer 'lm_head': no rows",
+        ),
+        ("tp1/skew_fit.csv", lambda text: text.replace("n_label", "nl", 1), "tp1/skew_fit.csv: column 'n_label'"),
+        ("tp1/attention.csv", lambda text: text.replace("kv_decode", "kvd", 1), "column 'kv_decode': missing"),
+    ],
+)
+def test_a_damaged_profile_table_is_refused_by_file_and_field(tmp_path, table, damage, said):
+    """An empty table, a header without rows, a missing column or a missing operator is one line naming the
+    file and the field (exit 2, no file written), not a traceback or an operator priced at nothing."""
+    profile = _damaged_profile(tmp_path, table, damage)
+    out = tmp_path / "e.toml"
+    cmd = [sys.executable, "-m", "loadgen", "sim", "engine", "--profile", str(profile), "--model-config", str(LLAMA)]
+    res = subprocess.run([*cmd, "--max-model-len", "32768", "--out", str(out)], capture_output=True, text=True)
+    assert res.returncode == 2 and said in res.stderr, res.stderr[-2000:]
+    assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+    assert not out.exists()
+
+
+def test_a_profile_whose_meta_says_it_fitted_skew_needs_the_fit(tmp_path):
+    profile = _damaged_profile(tmp_path, "meta.yaml", lambda text: text)
+    (profile / "tp1" / "skew_fit.csv").unlink()
+    out = tmp_path / "e.toml"
+    cmd = [sys.executable, "-m", "loadgen", "sim", "engine", "--profile", str(profile), "--model-config", str(LLAMA)]
+    res = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True)
+    assert res.returncode == 2 and "tp1/skew_fit.csv: cannot read the operator profile" in res.stderr, res.stderr
+    assert not out.exists()
+
+
+def test_settings_left_out_say_default_and_settings_given_say_given(tmp_path):
+    """tp, ep and gpu_memory_utilization said 'given' (the pool's utilization said nothing) when they were vLLM's
+    defaults, not arguments; given, even at the default value, they say so."""
+    out = tmp_path / "defaults.toml"
+    assert _engine(out, "--max-model-len", "32768").returncode == 0
+    text = out.read_text()
+    assert "tp = 1  # default" in text and "ep = 1  # default" in text
+    assert "x gpu_memory_utilization 0.9 (default), TP 1:" in text
+    given = tmp_path / "given.toml"
+    res = _engine(given, "--max-model-len", "32768", "--tp", "1", "--ep", "1", "--gpu-memory-utilization", "0.92")
+    assert res.returncode == 0, res.stderr
+    text = given.read_text()
+    assert "tp = 1  # given" in text and "ep = 1  # given" in text
+    assert "x gpu_memory_utilization 0.92 (given), TP 1:" in text
+
+
+def test_an_engine_copied_away_from_its_profile_names_the_toml_and_the_field(tmp_path):
+    """The shipped engine TOML copied elsewhere (to edit a setting): its profile path is relative to its folder,
+    so the refusal names the TOML and `[cost.profile] path` (it named only a meta.yaml path nobody wrote)."""
+    copy = tmp_path / "mine.toml"
+    copy.write_text((ROOT / "scenarios" / "engines" / "rtx4090-llama-3.1-8b-tp1.toml").read_text())
+    trace = tmp_path / "t.parquet"
+    from loadgen.trace.io import write_trace
+
+    write_trace(_trace(3), trace, {"mode": "open"})
+    cmd = [sys.executable, "-m", "loadgen", "sim", "run", str(trace), "--engine", str(copy)]
+    res = subprocess.run([*cmd, "--out", str(tmp_path / "run")], capture_output=True, text=True)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+    assert f"{copy}: [cost.profile] path = 'profiles/RTX4090/meta-llama/Llama-3.1-8B/bf16': no such path" in res.stderr
+    (tmp_path / "profiles").symlink_to(PROFILES)  # beside its profiles again, it runs
+    assert subprocess.run([*cmd, "--out", str(tmp_path / "run2")], capture_output=True, text=True).returncode == 0

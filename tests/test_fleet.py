@@ -139,3 +139,30 @@ def test_plan_sizes_the_fleet_on_the_worksheet(tmp_path):
         timeout=300,
     )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "fleet" in bad.stderr, bad.stderr
+
+
+def test_a_fleet_of_an_expert_parallel_engine_counts_whole_servers(tmp_path):
+    """The -ep2 engine is one DP rank of a 2-GPU expert-parallel server: one replica of it alone is half a server
+    (its partner priced as equally loaded, never simulated), so the shipped fleet plan's replicas 1 is refused in
+    one line before anything runs; whole servers (2, 4) are walked."""
+    plan = REPO / "scenarios" / "plans" / "fleet.toml"  # replicas 1, 2, 4
+    cmd = [sys.executable, "-m", "loadgen", "plan", str(plan), "--sim-worksheet", "rtxpro6000-qwen3-30b-a3b-tp1-ep2"]
+    res = subprocess.run([*cmd, "--out", str(tmp_path / "fleet"), "--quiet"], capture_output=True, text=True)
+    assert res.returncode == 2 and "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert "fleet.replicas = [1, 2, 4]: 1: engine rtxpro6000-qwen3-30b-a3b-tp1-ep2 is one data-parallel rank" in (
+        res.stderr
+    )
+    assert "expected multiples of 2 (whole vLLM servers)" in res.stderr
+    assert not list((tmp_path / "fleet").glob("replicas-*/cells/*"))
+    whole = tmp_path / "whole.toml"
+    whole.write_text(
+        plan.read_text().replace("replicas = [1, 2, 4]", "replicas = [2]").replace("../", f"{REPO}/scenarios/")
+    )
+    res = subprocess.run(
+        [*cmd[:4], str(whole), *cmd[5:], "--out", str(tmp_path / "whole"), "--quiet", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads(res.stdout)["replicas"] == [2]

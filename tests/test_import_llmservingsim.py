@@ -40,6 +40,9 @@ def test_run_imports_with_the_files_figures(tmp_path, run):
         text=True,
     )
     assert res.returncode == 0, res.stderr
+    # one line says what came in: the count by outcome, the model, the engine and the GPU the run logged
+    said = res.stdout.strip()
+    assert len(said.splitlines()) == 1 and f"300 requests (300 ok); model {meta['model']}; vllm 0.19.0" in said
     data = load_run(tmp_path / "r")
     got = {r["request_id"]: r for r in data.requests.to_pylist()}
     assert len(got) == len(raw) == 300
@@ -102,6 +105,14 @@ def test_bad_run_folders_are_refused_in_one_line(tmp_path):
     (folder / "requests.jsonl").write_text(json.dumps({**rec, "first_token_ts": 6.5}) + "\n")
     manifest = read_run_manifest(import_llmservingsim_run(folder, tmp_path / "ok"))
     assert "workload not found" in " ".join(manifest.synthesized["notes"])
+    # an empty timeseries.csv is refused by the CLI in one line (it was imported with no series, noted as an
+    # upstream all-zero KV bug); no file at all is imported without server metrics, and says so
+    for text in ("", "t,running,waiting,kv_cache_pct,prompt_throughput,gen_throughput\n"):
+        (folder / "timeseries.csv").write_text(text)
+        cmd = [sys.executable, "-m", "loadgen", "import", "llmservingsim", str(folder), "--out"]
+        res = subprocess.run([*cmd, str(tmp_path / f"empty{len(text)}")], capture_output=True, text=True)
+        assert res.returncode == 2 and "timeseries.csv: no ticks: expected columns t, " in res.stderr, res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / f"empty{len(text)}").exists()
 
 
 def _results_run(folder, n: int = 6) -> list[dict]:
@@ -188,3 +199,17 @@ def test_the_ledger_reconciles_against_an_imported_runs_logged_pool(tmp_path):
     assert got.ledger.engine.block_size == 16
     assert rows[0].ledger == compute_ledger(model, engine.with_(block_size=16)).kv_cache_blocks
     assert rows[0].match is False and not got.ok
+
+
+def test_reconciling_a_run_that_logged_no_pool_says_nothing_was_compared(tmp_path):
+    """The shared MoE run's meta.json logs no KV pool: `ledger --reconcile` has no row to compare, and says so
+    instead of 'reconciled: NO' (which reads as a ledger that missed)."""
+    run = import_llmservingsim_run(
+        shared_trace("llmservingsim/bench/examples/RTXPRO6000/Qwen3-30B-A3B-Instruct-2507"), tmp_path / "moe"
+    )
+    model = REPO / "scenarios" / "engines" / "profiles" / "models" / "Qwen3-30B-A3B-Instruct-2507.json"
+    cmd = [sys.executable, "-m", "loadgen", "ledger", "--model", str(model), "--device-memory-bytes", "101976440832"]
+    res = subprocess.run([*cmd, "--reconcile", str(run)], capture_output=True, text=True)
+    assert res.returncode == 1, res.stderr  # not reconciled (as before), but not a miss either
+    assert "reconciled: nothing to compare: the engine reported none of the KV quantities" in res.stdout
+    assert "reconciled: NO" not in res.stdout

@@ -242,6 +242,28 @@ def test_cli_takes_device_memory_in_bytes(tmp_path):
     assert both.returncode == 2 and "Traceback" not in both.stderr
 
 
+def test_cli_takes_a_named_gpus_known_memory(tmp_path):
+    """--gpu-name of a GPU the ledger knows sizes the pool on its logged memory when no budget is given, and says
+    so; a given budget still wins, and an unknown GPU leaves the demand-only ledger."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(LLAMA_31_8B))
+    base = [sys.executable, "-m", "loadgen", "ledger", "--model", str(cfg), "--json"]
+    base += ["--max-num-seqs", "256", "--max-num-batched-tokens", "2048", "--max-model-len", "32768"]
+
+    def ledger(*flags: str) -> tuple[dict, str]:
+        out = subprocess.run([*base, *flags], capture_output=True, text=True, cwd=ROOT)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout), out.stderr
+
+    named, said = ledger("--gpu-name", "NVIDIA GeForce RTX 4090")
+    assert named["kv_cache_blocks"] == 2769  # as with --device-memory-bytes TOTAL_4090
+    assert f"device memory {TOTAL_4090:,} B" in said and "logged" in said
+    given, said = ledger("--gpu-name", "NVIDIA GeForce RTX 4090", "--device-memory-gib", "20")
+    assert given["kv_cache_blocks"] < 2769 and "device memory" not in said
+    unknown, _ = ledger("--gpu-name", "NVIDIA H100 80GB HBM3")
+    assert "no memory budget given" in " ".join(unknown["notes"])
+
+
 # A held-out check against a public vLLM 0.19.0 log (llm-d-incubation/llm-d-planner,
 # accuracy/results/v0.19.0/logs/meta-llama-llama-3-1-8b--h100-80gb--tp1pp1dp1--16384.log): Llama-3.1-8B-Instruct
 # on an H100-80GB ("total_memory=79.19GiB"), gpu_memory_utilization 0.95, max_num_batched_tokens 8192 and

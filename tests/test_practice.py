@@ -223,3 +223,27 @@ def test_practice_cli_checks_predict_with_before_any_work(
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("loadgen: error: ") and err.count("\n") == 1 and expected in err, err
     assert not (tmp_path / "p").exists()
+
+
+def test_candidates_of_two_models_are_refused_before_anything_runs(tmp_path):
+    """A Llama engine against a Qwen one: the comparison would refuse the pair only after both had run (two
+    minutes, naming flags practice does not have); the practice refuses it first, in one line."""
+    engines = REPO / "scenarios" / "engines"
+    cmd = [sys.executable, "-m", "loadgen", "practice", "--out", str(tmp_path / "p")]
+    for name in ("rtxpro6000-llama-3.1-8b-tp2", "rtxpro6000-qwen3-30b-a3b-tp1-ep2"):
+        cmd += ["--candidate", str(engines / f"{name}.toml")]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert "serves 'Qwen/Qwen3-30B-A3B-Instruct-2507': expected two candidates serving the same model" in res.stderr
+    assert not list((tmp_path / "p").glob("*/manifest.json"))
+
+
+def test_profiled_candidates_ledgers_are_of_their_own_model():
+    """Two Qwen3-32B engines: their ledgers are Qwen3-32B's (the profiles' model), not the default Llama's."""
+    from loadgen.practice import ledger_model_config, sim_candidates
+
+    configs = sim_candidates(("rtxpro6000-qwen3-32b-tp1", "rtxpro6000-qwen3-32b-tp2"))
+    path = ledger_model_config(None, configs)
+    assert read_model_config(model_config_path(path)).num_layers == 64 and path.endswith("Qwen3-32B.json")
+    assert ledger_model_config("llama-3.1-8b", configs) == "llama-3.1-8b"  # given: as given
+    assert ledger_model_config(None, sim_candidates(PRESET_CANDIDATES)) == "llama-3.1-8b"  # presets: the default

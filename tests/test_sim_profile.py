@@ -454,8 +454,10 @@ def test_a_plan_on_a_profiled_engine_says_how_much_the_profile_measured(tmp_path
     profiled = plan("rtxpro6000-llama-3.1-8b-tp1", "pro")
     runs, note = plan_profile_grid(tmp_path / "pro")
     assert runs > 0 and note is not None and note["steps_beyond"] == 0
+    # every run directory, extensions included (the plan's "N runs" counts only the cells' repeats)
+    assert runs == len(list((tmp_path / "pro").glob("cells/*/rep*/manifest.json")))
     assert (
-        f"profile grid: all {note['steps']:,} steps priced between measured points (over the plan's {runs} runs)"
-        in profiled
+        f"profile grid: all {note['steps']:,} steps priced between measured points (over the plan's {runs} run "
+        "directories, extensions included)" in profiled
     )
     assert "profile grid" not in plan("interactive-small-batch", "preset")  # hand-set costs: no profile, no line

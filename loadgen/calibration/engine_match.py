@@ -13,7 +13,7 @@ from typing import Any
 from loadgen.rundir.manifest import Manifest
 from loadgen.sim.config import EngineConfig
 
-__all__ = ["engine_mismatches", "measured_engine_config", "run_deployment"]
+__all__ = ["deployment_unchecked", "engine_mismatches", "measured_engine_config", "not_recorded", "run_deployment"]
 
 
 def measured_engine_config(manifest: Manifest) -> dict[str, Any]:
@@ -70,3 +70,25 @@ def engine_mismatches(config: EngineConfig, manifest: Manifest) -> list[str]:
         if tag.lower() not in {str(t).lower() for t in run["hardware"]}:
             out.append(f"GPU: engine profiled on {tag} ({profile.gpu}), run on {', '.join(run['hardware'])}")
     return out
+
+
+def deployment_unchecked(config: EngineConfig) -> str | None:
+    """Why nothing checks that ``config`` models a run's deployment (None for a profiled engine, which is checked):
+    an engine without an operator profile names no GPU, TP or EP degree."""
+    if config.cost.profile is not None:
+        return None
+    kind = "calibrated by sim calibrate" if config.calibrated else "a hand-set preset"
+    return (
+        f"engine {config.name} has no operator profile ({kind}): it names no GPU, TP or EP degree, so nothing "
+        "checks that it models this run"
+    )
+
+
+def not_recorded(config: EngineConfig, mismatches: list[list[str]]) -> str | None:
+    """Why ``sim validate --measured`` must not write a validated error into ``config``'s TOML (None: it may):
+    an engine that does not model a run's deployment, or an uncalibrated preset, whose label never states one."""
+    if any(mismatches):
+        return "the engine does not model every run's deployment (above)"
+    if config.cost.profile is None and not config.calibrated:
+        return "an uncalibrated preset states no validated error (its label says so), so none is written into it"
+    return None

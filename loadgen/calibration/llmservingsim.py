@@ -202,6 +202,11 @@ def _timeseries(path: Path, model: str) -> tuple[dict[str, list[Any]], list[str]
         raise RunDirError(
             f"{path}: unreadable ({exc!r:.80}): expected columns t, {', '.join(TIMESERIES_METRICS)}"
         ) from None
+    if not records:  # every column would be empty, and the all-zero KV note would call it an upstream bug
+        raise RunDirError(
+            f"{path}: no ticks: expected columns t, {', '.join(TIMESERIES_METRICS)} and a row per tick "
+            "(or no file: the run is imported without server metrics)"
+        )
     notes = []
     columns: dict[str, list[Any]] = {"time_ns": [], "name": [], "labels": [], "value": []}
     labels = metric_labels_json(model)

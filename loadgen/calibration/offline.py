@@ -41,9 +41,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from loadgen.rundir.io import load_run
+from loadgen.rundir.io import RunData, load_run
 from loadgen.rundir.manifest import Manifest
-from loadgen.rundir.schema import TRACE_FULL_SCHEMA
+from loadgen.rundir.schema import MANIFEST_FILE, TRACE_FULL_SCHEMA
 from loadgen.sim.config import EngineConfig, load_engine_config
 from loadgen.sim.dp_balance import VLLM_DP
 from loadgen.sim.worksheet import simulate_trace
@@ -53,7 +53,7 @@ from loadgen.util.errors import RunDirError
 from loadgen.util.outputfile import write_output_text
 from loadgen.util.tomlfile import dumps_toml, read_toml
 
-from .engine_match import engine_mismatches, measured_engine_config
+from .engine_match import deployment_unchecked, engine_mismatches, measured_engine_config, not_recorded
 
 __all__ = [
     "ANCHORS",
@@ -163,6 +163,10 @@ class RunComparison:
     engine_notes: dict[str, Any] = field(default_factory=dict)
     #: How the engine differs from the deployment the run ran (``engine_match``); empty when it models it.
     mismatches: list[str] = field(default_factory=list)
+    #: Why nothing checks the engine against the run's deployment (``engine_match.deployment_unchecked``), or None.
+    unchecked: str | None = None
+    #: What the run is, beyond the folder it was given as: the imported files' path and requests.jsonl's sha256.
+    source: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -360,7 +364,7 @@ def compare_run(
     ``pool_blocks`` replays on that many KV blocks instead of the run's (or the engine's), and ``dp_delay_ns``
     delays the DP balancer's publications: the perturbations of ``loadgen.calibration.sensitivity``."""
     run_dir = Path(run_dir)
-    data = load_run(run_dir, chunks=False)
+    data = _measured_run(run_dir)
     cols = data.requests.to_pydict()
     if not cols["request_id"] or any(v is None for v in cols["server_queued_ns"] + cols["server_scheduled_ns"]):
         raise RunDirError(
@@ -412,7 +416,28 @@ def compare_run(
         engine_notes={k: v for k, v in result.notes.items() if not isinstance(v, dict | list)}
         | ({"profile_grid": result.notes["profile_grid"]} if "profile_grid" in result.notes else {}),
         mismatches=engine_mismatches(config, data.manifest),
+        unchecked=deployment_unchecked(config),
+        source={k: str(source[k]) for k in ("path", "requests_sha256") if source.get(k)},
     )
+
+
+def _measured_run(run_dir: Path) -> RunData:
+    """The run directory of a measured run, else one RunDirError line saying what the folder is instead: missing,
+    an LLMServingSim bench folder not yet imported, or a prediction (a simulated run)."""
+    if not run_dir.is_dir():
+        raise RunDirError(f"{run_dir}: no such directory: expected a run directory (loadgen import llmservingsim)")
+    if not (run_dir / MANIFEST_FILE).exists() and (run_dir / "vllm" / "requests.jsonl").exists():
+        raise RunDirError(
+            f"{run_dir}: an LLMServingSim bench folder, not a run directory: expected "
+            f"loadgen import llmservingsim {run_dir} --out RUN_DIR first, then --measured RUN_DIR"
+        )
+    data = load_run(run_dir, chunks=False)
+    if data.manifest.run_kind == "simulated":
+        raise RunDirError(
+            f"{run_dir}: run_kind 'simulated': a prediction, not a measured run: expected a real engine's run "
+            "(loadgen import llmservingsim)"
+        )
+    return data
 
 
 def validate_measured(run_dirs: list[Path], engine: Path | str, anchor: str = "workload") -> dict[str, Any]:
@@ -431,6 +456,7 @@ def validate_measured(run_dirs: list[Path], engine: Path | str, anchor: str = "w
         "worst": None
         if worst is None
         else {"run": worst[1].name, "run_dir": worst[1].run_dir, **(worst[1].worst or {})},
+        "not_recorded": not_recorded(config, [r.mismatches for r in runs]),
     }
 
 
@@ -447,7 +473,7 @@ def record_validated_error(engine_toml: Path, result: dict[str, Any]) -> str | N
     ``validated_error`` line is replaced in place (or added under ``[calibration]``), and the runs go in one
     marked block at the end, replaced on the next run."""
     worst = result.get("worst")
-    if worst is None or any(run.get("mismatches") for run in result["runs"]):
+    if worst is None or result.get("not_recorded") or any(run.get("mismatches") for run in result["runs"]):
         return None
     read_toml(engine_toml, "engine TOML")  # a damaged file is refused in one line before it is touched
     anchor = (result.get("anchor") or {}).get("name", "workload")
@@ -458,6 +484,7 @@ def record_validated_error(engine_toml: Path, result: dict[str, Any]) -> str | N
     entries = {
         run["name"]: {
             "run_dir": run["run_dir"],
+            **{f"source_{k}": v for k, v in (run.get("source") or {}).items()},
             "anchor": anchor,
             "mpe_pct": run["mpe_pct"],
             "mape_pct": run["mape_pct"],

@@ -25,6 +25,8 @@ def _pct(value: Any) -> str:
 def _run_lines(run: dict[str, Any]) -> list[str]:
     lines = [f"run {run['name']}  ({run['run_dir']})"]
     lines += [f"  ENGINE DOES NOT MODEL THIS RUN: {m}" for m in run.get("mismatches") or []]
+    if run.get("unchecked"):
+        lines.append(f"  ENGINE NOT CHECKED AGAINST THIS RUN: {run['unchecked']}")
     settings = run["settings"]
     lines.append(
         "  settings: "
@@ -85,11 +87,15 @@ def format_offline(result: dict[str, Any]) -> str:
         lines.append(f"arrivals: {anchor['name']}: {anchor['means']}")
     for run in result["runs"]:
         lines += ["", *_run_lines(run)]
+    mismatched = any(run.get("mismatches") for run in result["runs"])
     if result["worst"]:
         w = result["worst"]
-        lines += ["", f"worst over all runs: {w['figure']} {w['signed_pct']:+.1f}% ({w['run']})"]
-    if any(run.get("mismatches") for run in result["runs"]):
-        lines.append("not recorded in the engine TOML: the engine does not model every run's deployment (above)")
+        caveat = ": not a validation, the engine does not model every run (above)" if mismatched else ""
+        lines += ["", f"worst over all runs: {w['figure']} {w['signed_pct']:+.1f}% ({w['run']}){caveat}"]
+    if reason := result.get("not_recorded") or (
+        "the engine does not model every run's deployment (above)" if mismatched else None
+    ):
+        lines.append(f"not recorded in the engine TOML: {reason}")
     return "\n".join(lines)
 
 
@@ -129,6 +135,10 @@ def offline_html(result: dict[str, Any]) -> str:
         parts.append(f"<p><b>arrivals: {html.escape(anchor['name'])}</b>: {html.escape(anchor['means'])}</p>")
     for run in result["runs"]:
         parts.append(f"<h2>{html.escape(run['name'])}</h2>")
+        for mismatch in run.get("mismatches") or []:
+            parts.append(f"<p><strong>The engine does not model this run:</strong> {html.escape(mismatch)}</p>")
+        if run.get("unchecked"):
+            parts.append(f"<p><strong>Not checked against this run:</strong> {html.escape(run['unchecked'])}</p>")
         parts.append(
             "<table border='1' cellpadding='3'><tr><th>figure</th><th>measured</th><th>predicted</th>"
             "<th>signed error</th><th>|error|</th><th>theirs (LLMServingSim)</th></tr>"
@@ -150,8 +160,6 @@ def offline_html(result: dict[str, Any]) -> str:
         )
         if grid := coverage_line((run.get("engine_notes") or {}).get("profile_grid")):
             parts.append(f"<p>{html.escape(grid)}</p>")
-        for mismatch in run.get("mismatches") or []:
-            parts.append(f"<p><strong>The engine does not model this run:</strong> {html.escape(mismatch)}</p>")
         png = _plot_png(run)
         if png:
             parts.append(

@@ -45,7 +45,7 @@ def _llmperf(args: argparse.Namespace) -> int:
     out = import_llmperf(
         args.file, args.out, concurrency=args.concurrency, request_class=args.request_class, summary=args.summary
     )
-    print(f"imported {args.file} → {out} (instants synthesized; see manifest 'synthesized')")
+    print(_imported(args.file, out, "instants synthesized; see manifest 'synthesized'"))
     return 0
 
 
@@ -53,7 +53,7 @@ def _vllm(args: argparse.Namespace) -> int:
     from loadgen.rundir.foreign import import_vllm_bench  # deferred: `loadgen --help` loads no library code
 
     out = import_vllm_bench(args.file, args.out, request_class=args.request_class, concurrency=args.concurrency)
-    print(f"imported {args.file} → {out}")
+    print(_imported(args.file, out))
     return 0
 
 
@@ -61,5 +61,21 @@ def _llmservingsim(args: argparse.Namespace) -> int:
     from loadgen.calibration.llmservingsim import import_llmservingsim_run  # deferred: `loadgen --help` is light
 
     out = import_llmservingsim_run(args.run, args.out, workload=args.workload, request_class=args.request_class)
-    print(f"imported {args.run} → {out} (clocks reconciled; see manifest 'synthesized')")
+    print(_imported(args.run, out, "clocks reconciled; see manifest 'synthesized'"))
     return 0
+
+
+def _imported(source: str, out: object, note: str = "") -> str:
+    """One line: what was imported where, how many requests by outcome, and the model, engine and GPU it names."""
+    from loadgen.rundir.manifest import read_manifest  # deferred: `loadgen --help` loads no library code
+
+    m = read_manifest(str(out))
+    outcomes = ", ".join(f"{n} {status}" for status, n in sorted(m.status_counts.items()) if n)
+    engine = m.target.engine
+    what = [
+        f"{m.requests_recorded or 0:,} requests" + (f" ({outcomes})" if outcomes else ""),
+        *([f"model {m.target.model}"] if m.target.model else []),
+        *([f"{engine.name} {engine.version or ''}".rstrip()] if engine is not None and engine.name else []),
+        *sorted({str(g["device_name"]) for g in (m.host.gpus if m.host else []) if g.get("device_name")}),
+    ]
+    return f"imported {source} → {out}: " + "; ".join(what) + (f" ({note})" if note else "")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from loadgen.util.limits import MAX_TOKENS
 
@@ -37,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--gpu-name",
         default="",
         help="cuda: the GPU's name as CUDA reports it (a run's meta.json device_name), e.g. 'NVIDIA GeForce RTX "
-        "4090': sizes the Triton sampler's scratch by its SM count and picks vLLM's defaults (an A100 apart)",
+        "4090': sizes the Triton sampler's scratch by its SM count and picks vLLM's defaults (an A100 apart); with "
+        "no memory flag, the device memory of a GPU the shipped profiled engines name (as their runs logged it)",
     )
     p.add_argument(
         "--non-torch-gib",
@@ -138,7 +140,7 @@ def _run(args: argparse.Namespace) -> int:
             count=args.lora_count, rank=args.lora_rank, targets=tuple(t for t in args.lora_targets.split(",") if t)
         ),
         kv_cache_gib=args.kv_cache_gib,
-        device_memory_gib=_device_memory_gib(args),
+        device_memory_gib=_device_memory_gib(args, known=None if args.reconcile else _known_memory(args)),
         gpu_memory_utilization=args.gpu_memory_utilization,
         device_name=args.gpu_name,
         non_torch_gib=args.non_torch_gib,
@@ -173,11 +175,33 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _device_memory_gib(args: argparse.Namespace) -> float | None:
-    """--device-memory-gib, or --device-memory-bytes in GiB (exact: bytes / 2^30 is a float without rounding)."""
+def _device_memory_gib(args: argparse.Namespace, known: int | None = None) -> float | None:
+    """--device-memory-gib, or --device-memory-bytes in GiB (exact: bytes / 2^30 is a float without rounding), or
+    the ``known`` bytes of the GPU --gpu-name names when neither is given."""
     if args.device_memory_bytes is not None:
         return float(args.device_memory_bytes / (1 << 30))
+    if args.device_memory_gib is None and known is not None:
+        return float(known / (1 << 30))
     return args.device_memory_gib
+
+
+def _known_memory(args: argparse.Namespace) -> int | None:
+    """The device memory of the GPU --gpu-name names, from the ledger's table, when no budget is given; it says
+    which figure it took (stderr with --json, so the JSON stays one document)."""
+    from ..ledger.gpus import gpu_memory  # deferred: `loadgen --help` loads no library code
+
+    given = (args.device_memory_gib, args.device_memory_bytes, args.kv_cache_gib)
+    if args.device != "cuda" or not args.gpu_name or any(v is not None for v in given):
+        return None
+    known = gpu_memory(args.gpu_name)
+    if known is None:
+        return None
+    print(
+        f"device memory {known.total_bytes:,} B, {args.gpu_name}'s ({known.source}); "
+        "give --device-memory-bytes for another",
+        file=sys.stderr if args.json else sys.stdout,
+    )
+    return known.total_bytes
 
 
 def _calibrated_runtime(path: str) -> float:

@@ -121,4 +121,4 @@ def _print_profile_grid(plan_dir: Path) -> None:
 
     runs, note = plan_profile_grid(plan_dir)
     if line := coverage_line(note):
-        print(f"{line} (over the plan's {runs} runs)")
+        print(f"{line} (over the plan's {runs} run directories, extensions included)")

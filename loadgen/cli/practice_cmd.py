@@ -61,7 +61,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--full-trace", action="store_true", help="replay the whole trace (60 s for the canonical burst trace)"
     )
     p.add_argument(
-        "--model-config", default="llama-3.1-8b", help="model config for the KV ledger (shipped name or config.json)"
+        "--model-config",
+        default=None,
+        help="model config for the KV ledger (shipped name or config.json; default: the profiled candidates' own "
+        "model, else llama-3.1-8b)",
     )
     p.add_argument("--prices", help="price table TOML (default scenarios/prices.toml, an EXAMPLE)")
     p.add_argument("--route", default="interactive", help=flags.ROUTE_HELP)

@@ -34,9 +34,9 @@ def _register_engine(s: argparse._SubParsersAction) -> None:
     eng.add_argument("--model-config", required=True, help="the model's Hugging Face config.json")
     eng.add_argument("--out", required=True, type=flags.output_file, help="the engine TOML to write")
     eng.add_argument("--name", default=None, help="the engine's name (default: the file's stem)")
-    eng.add_argument("--tp", type=flags.count(1, 1024), default=1, help="tensor-parallel degree (default 1)")
+    eng.add_argument("--tp", type=flags.count(1, 1024), default=None, help="tensor-parallel degree (default 1)")
     eng.add_argument(
-        "--ep", type=flags.count(1, 1024), default=1, help="GPUs an MoE layer's experts are spread over (default 1)"
+        "--ep", type=flags.count(1, 1024), default=None, help="GPUs an MoE layer's experts are spread over (default 1)"
     )
     eng.add_argument("--collectives", default=None, help="measured collectives CSV for TP/EP > 1 (loadgen.sim.link)")
     eng.add_argument("--max-num-seqs", type=flags.count(1, 1 << 20), default=None, help="as vLLM is launched")
@@ -55,7 +55,7 @@ def _register_engine(s: argparse._SubParsersAction) -> None:
         help="the GPU's total memory (cudaMemGetInfo's); default: the ledger's table for the profile's GPU",
     )
     eng.add_argument(
-        "--gpu-memory-utilization", type=flags.fraction(), default=0.9, help="as vLLM is launched (default 0.9)"
+        "--gpu-memory-utilization", type=flags.fraction(), default=None, help="as vLLM is launched (default 0.9)"
     )
     eng.set_defaults(func=_write_engine)
 
@@ -290,6 +290,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _write_engine(args: argparse.Namespace) -> int:
     from ..sim.engine_writer import (  # deferred: light --help
+        DEFAULT_UTILIZATION,
         ProfiledEngineSpec,
         profile_settings_beyond,
         write_profiled_engine,
@@ -298,16 +299,19 @@ def _write_engine(args: argparse.Namespace) -> int:
     spec = ProfiledEngineSpec(
         profile_dir=Path(args.profile),
         model_config=Path(args.model_config),
-        tp=args.tp,
-        ep=args.ep,
+        tp=args.tp or 1,
+        ep=args.ep or 1,
         collectives=Path(args.collectives) if args.collectives else None,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         num_kv_blocks=args.num_kv_blocks,
         device_memory_bytes=args.device_memory_bytes,
-        gpu_memory_utilization=args.gpu_memory_utilization,
+        gpu_memory_utilization=(
+            DEFAULT_UTILIZATION if args.gpu_memory_utilization is None else args.gpu_memory_utilization
+        ),
         name=args.name,
+        given=frozenset(k for k in ("tp", "ep", "gpu_memory_utilization") if getattr(args, k) is not None),
     )
     config = write_profiled_engine(spec, Path(args.out))
     print(f"{args.out}: {config.calibration_label()}")

@@ -81,7 +81,13 @@ class Reconciliation:
         for r in self.rows:
             mark = {True: "yes", False: "NO", None: "-"}[r.match]
             out.append(f"{r.quantity:<28} {_fmt(r.ledger):>16} {_fmt(r.engine):>16}  {mark:<6} {r.source}")
-        out.append("reconciled: " + ("yes, every compared quantity matches" if self.ok else "NO"))
+        if not any(r.match is not None for r in self.rows):
+            out.append(
+                "reconciled: nothing to compare: the engine reported none of the KV quantities the ledger gives "
+                "(KV cache size, KV blocks, block size)"
+            )
+        else:
+            out.append("reconciled: " + ("yes, every compared quantity matches" if self.ok else "NO"))
         return "\n".join(out)
 
 

@@ -61,7 +61,9 @@ def build_fleet(regions: dict[int, dict[str, Any]], route_policy: str) -> dict[s
         "lines": lines,
         "rule": "the smallest replica count whose region's highest inside rate step (every hard budget met "
         "conclusively, no stop fired) is at or above the step; each count was walked as its own plan "
-        "(replicas-N/) on the worksheet: N independent simulated engines behind the routing policy, in virtual time",
+        "(replicas-N/) on the worksheet: N simulated engines behind the routing policy, in virtual time (an "
+        "expert-parallel engine's N are N / ep servers of ep data-parallel ranks stepping in lockstep, each server's "
+        "own balancer picking the rank)",
     }
 
 

@@ -357,6 +357,14 @@ def _run_fleet(
             f"{spec.source_path or spec.name}: fleet.replicas = {list(spec.fleet.replicas)}: fleet sizing runs on "
             "the simulated engine's worksheet only: expected --sim-worksheet ENGINE"
         )
+    profile = target.engine.cost.profile
+    ep = profile.ep if profile is not None else 1
+    if partial := [n for n in spec.fleet.replicas if n % ep]:
+        raise PlanError(
+            f"{spec.source_path or spec.name}: fleet.replicas = {list(spec.fleet.replicas)}: {partial[0]}: engine "
+            f"{target.engine.name} is one data-parallel rank of an expert-parallel group of {ep} GPUs: expected "
+            f"multiples of {ep} (whole vLLM servers)"
+        )
     regions: dict[int, dict[str, Any]] = {}
     states: dict[str, Any] = {}
     left = max_new_runs

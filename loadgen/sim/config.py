@@ -454,6 +454,22 @@ def parse_engine_config(data: dict[str, Any], source: str = "<engine>") -> Engin
     return cfg
 
 
+def _check_profile_paths(toml: Path, profile: ProfileCost) -> None:
+    """Refuse, naming the engine TOML and its field, a ``[cost.profile]`` path that is not there: they are relative
+    to the TOML's folder, so a TOML copied elsewhere without its profiles fails here, not deep in a replay."""
+    resolved = profile.resolve(str(toml.parent))
+    for field, raw, found, want in (
+        ("path", profile.path, resolved.path, "the profile's <dtype>/ folder (meta.yaml, tp<N>/)"),
+        ("model_config", profile.model_config_path, resolved.model_config_path, "the model's config.json"),
+        ("collectives", profile.collectives, resolved.collectives, "a collectives CSV"),
+    ):
+        if raw is not None and found is not None and not Path(found).exists():
+            raise ScenarioError(
+                f"{toml}: [cost.profile] {field} = {raw!r}: no such path ({found}): expected {want}, absolute or "
+                "relative to the engine TOML's folder"
+            )
+
+
 def load_engine_config(path_or_preset: str | Path) -> EngineConfig:
     """Read an engine TOML file, or a preset by name (``interactive-small-batch``, ...)."""
     if isinstance(path_or_preset, EngineConfig):
@@ -472,6 +488,7 @@ def load_engine_config(path_or_preset: str | Path) -> EngineConfig:
     cfg = parse_engine_config(data, str(path))
     cfg = cfg.model_copy(update={"source_path": str(path), "sha256": sha256})
     if cfg.cost.profile is not None:
+        _check_profile_paths(path, cfg.cost.profile)
         profile = cfg.cost.profile.resolve(str(path.parent))
         cfg = cfg.model_copy(update={"cost": cfg.cost.model_copy(update={"profile": profile})})
     if cfg.kv.num_kv_blocks is None:

@@ -59,6 +59,11 @@ class ProfiledEngineSpec:
     device_memory_bytes: int | None = None  # None: the ledger's table for the profile's GPU
     gpu_memory_utilization: float = DEFAULT_UTILIZATION
     name: str | None = None
+    given: frozenset[str] = frozenset()  # the fields above given on the command line (tp, ep, ...), even at a default
+
+    def source(self, field: str, default: object) -> str:
+        """``given`` or ``default``: where ``field``'s value came from (a value other than the default was given)."""
+        return "given" if field in self.given or getattr(self, field) != default else "default"
 
 
 def _q(text: str) -> str:
@@ -154,8 +159,9 @@ def _pool(
             f"{spec.model_config}: the ledger leaves no KV block on {total:,} B x {settings.gpu_memory_utilization}"
         )
     return blocks, (
-        f"ledger: {total:,} B device ({source}) x gpu_memory_utilization {spec.gpu_memory_utilization:g}, TP "
-        f"{spec.tp}: {ledger.kv_budget_bytes or 0:,} B of KV (loadgen ledger)"
+        f"ledger: {total:,} B device ({source}) x gpu_memory_utilization {spec.gpu_memory_utilization:g} "
+        f"({spec.source('gpu_memory_utilization', DEFAULT_UTILIZATION)}), TP {spec.tp}: "
+        f"{ledger.kv_budget_bytes or 0:,} B of KV (loadgen ledger)"
     )
 
 
@@ -218,8 +224,8 @@ def profiled_engine_toml(spec: ProfiledEngineSpec, out: Path) -> str:
         "[cost.profile]",
         f"path = {_q(_rel(spec.profile_dir, out_dir))}  # profile",
         f"model_config = {_q(_rel(spec.model_config, out_dir))}  # given",
-        f"tp = {spec.tp}  # given",
-        f"ep = {spec.ep}  # given",
+        f"tp = {spec.tp}  # {spec.source('tp', 1)}",
+        f"ep = {spec.ep}  # {spec.source('ep', 1)}",
         f"gpu = {_q(gpu)}  # profile",
         f"vllm_version = {_q(version)}  # profile",
     ]

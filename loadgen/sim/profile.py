@@ -90,6 +90,13 @@ ASSUMED_LINK = AssumedLink()
 TWICE_PER_LAYER = frozenset({"layernorm"})
 #: Dense operators that run once per step, not per layer.
 ONCE_PER_STEP = frozenset({"embedding", "final_layernorm"})
+#: The dense operators every profiled decoder step runs (``dense.csv``); a model with a dense MLP in some layer
+#: also runs ``DENSE_MLP``; ``per_sequence.csv`` holds ``PER_SEQUENCE``.
+STEP_OPERATORS = frozenset({"embedding", "final_layernorm", "layernorm", "qkv_proj", "rotary_emb", "o_proj"})
+DENSE_MLP = frozenset({"gate_up_proj", "act_fn", "down_proj"})
+PER_SEQUENCE = frozenset({"lm_head", "sampler"})
+#: The columns of ``skew_fit.csv`` that name a bucket of the fit.
+_SKEW_KEYS = ("pc", "n_label", "skew_rate_label", "kv_big_label", "kp_label")
 
 
 def _bracket(axis: Sequence[int], x: float, zero_alone: bool) -> tuple[int, int, float]:
@@ -411,12 +418,26 @@ class OperatorProfile:
         }
 
 
-def _read_rows(path: Path) -> list[dict[str, str]]:
+def _read_rows(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
+    """The rows of one profile table, refused in one line when it cannot be read, lacks one of ``columns`` or
+    holds no row (an empty table would price its operators at nothing)."""
     try:
         with path.open(newline="") as f:
-            return list(csv.DictReader(f))
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read the operator profile: {exc.strerror or exc}") from None
+            reader = csv.DictReader(f)
+            rows = list(reader)
+            header = list(reader.fieldnames or [])
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ScenarioError(f"{path}: cannot read the operator profile: {reason}") from None
+    expected = f"expected columns {', '.join(columns)}"
+    if not header:
+        raise ScenarioError(f"{path}: empty: {expected} and a row per measured point")
+    missing = [name for name in columns if name not in header]
+    if missing:
+        raise ScenarioError(f"{path}: column {missing[0]!r}: missing: {expected} (the header has {', '.join(header)})")
+    if not rows:
+        raise ScenarioError(f"{path}: no rows under the header: expected a row per measured point")
+    return rows
 
 
 def _number(path: Path, row: dict[str, str], field: str, signed: bool = False) -> float:
@@ -429,11 +450,18 @@ def _number(path: Path, row: dict[str, str], field: str, signed: bool = False) -
     return value
 
 
-def _by_layer(path: Path, key: str) -> dict[str, tuple[list[int], list[float]]]:
-    """A dense / per-sequence table: per operator, its sorted (key, µs) points."""
+def _by_layer(path: Path, key: str, required: frozenset[str]) -> dict[str, tuple[list[int], list[float]]]:
+    """A dense / per-sequence table: per operator, its sorted (key, µs) points; every ``required`` operator has
+    some (one the table lacks would be priced at nothing)."""
     points: dict[str, dict[int, float]] = {}
-    for row in _read_rows(path):
+    for row in _read_rows(path, ("layer", key, "time_us")):
         points.setdefault(row["layer"], {})[int(_number(path, row, key))] = _number(path, row, "time_us")
+    absent = sorted(required - set(points))
+    if absent:
+        raise ScenarioError(
+            f"{path}: layer {absent[0]!r}: no rows: expected every operator of the model's step "
+            f"({', '.join(sorted(required))})"
+        )
     return {name: (sorted(p), [p[k] for k in sorted(p)]) for name, p in points.items()}
 
 
@@ -446,7 +474,7 @@ def _attention(path: Path) -> tuple[_Attention, _Attention, _Attention | None]:
     rows = [
         (int(_number(path, r, "prefill_chunk")), int(_number(path, r, "kv_prefill")))
         + (int(_number(path, r, "n_decode")), int(_number(path, r, "kv_decode")), _number(path, r, "time_us"))
-        for r in _read_rows(path)
+        for r in _read_rows(path, ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us"))
     ]
     decode = _grid(path, [r for r in rows if r[0] == 0 and r[2] > 0], "decode-only", (0, 0, 2, 2))
     mixed_rows = [r for r in rows if r[0] > 0]
@@ -524,7 +552,7 @@ def _full_grid(cells: dict[tuple[int, int, int, int], float], axes: list[list[in
 
 def _moe(path: Path) -> dict[int, tuple[list[int], list[float]]]:
     points: dict[int, dict[int, float]] = {}
-    for row in _read_rows(path):
+    for row in _read_rows(path, ("tokens", "activated_experts", "time_us")):
         experts = int(_number(path, row, "activated_experts"))
         points.setdefault(experts, {})[int(_number(path, row, "tokens"))] = _number(path, row, "time_us")
     return {e: (sorted(p), [p[k] for k in sorted(p)]) for e, p in points.items()}
@@ -549,10 +577,8 @@ def _skew(root: Path, tp: int) -> _Skew | None:
     default = re.search(rf"^    {tp}:\n(?:      .*\n)*?      alpha_default: ([0-9.eE+-]+)", block, re.M)
     alpha: dict[tuple[str, ...], float] = {}
     path = root / f"tp{tp}" / "skew_fit.csv"
-    if path.exists():
-        for row in _read_rows(path):
-            key = (row["pc"], row["n_label"], row["skew_rate_label"], row["kv_big_label"], row["kp_label"])
-            alpha[key] = _number(path, row, "alpha", signed=True)
+    for row in _read_rows(path, _SKEW_KEYS + ("alpha",)):  # meta.yaml says the profile fitted it: it must be there
+        alpha[tuple(row[name] for name in _SKEW_KEYS)] = _number(path, row, "alpha", signed=True)
     return _Skew(bins, labels, alpha, float(default.group(1)) if default else 0.0)
 
 
@@ -608,8 +634,12 @@ def load_profile(
         model=str(meta.get("model", "?")),
         tp=tp,
         layers=model.num_layers,
-        dense_us=_by_layer(folder / "dense.csv", "tokens"),
-        per_sequence_us=_by_layer(folder / "per_sequence.csv", "sequences"),
+        dense_us=_by_layer(
+            folder / "dense.csv",
+            "tokens",
+            STEP_OPERATORS | (DENSE_MLP if len(model.moe_layers) < model.num_layers or not moe else frozenset()),
+        ),
+        per_sequence_us=_by_layer(folder / "per_sequence.csv", "sequences", PER_SEQUENCE),
         moe_us=moe,
         moe_layers=len(model.moe_layers) if moe else 0,
         experts=int(model.num_experts or 0),

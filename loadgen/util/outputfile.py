@@ -14,6 +14,8 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from loadgen.util.errors import LoadgenError
+
 __all__ = ["PARTIAL_SUFFIX", "output_partial", "write_output_text"]
 
 #: The suffix of the temporary file a write goes through.
@@ -53,5 +55,11 @@ def write_output_text(path: str | Path, text: str, check: Callable[[Path], objec
     with output_partial(path) as partial:
         partial.write_text(text, encoding="utf-8")
         if check is not None:
-            check(partial)
+            try:
+                check(partial)
+            except LoadgenError as exc:  # name the user's file, as an OSError does: the partial is ours
+                message = str(exc)
+                if str(partial) not in message or type(exc).__init__ is not LoadgenError.__init__:
+                    raise
+                raise type(exc)(message.replace(str(partial), f"{path} (not written)")) from None
     return Path(path)
