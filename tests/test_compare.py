@@ -181,6 +181,9 @@ def test_plan_directories_compare_by_region(tmp_path: Path) -> None:
     assert set(by) == set(CANDIDATES)
     small = by["interactive-small-batch"]
     assert small["capacity"]["short-message"]["max_inside_offered_rps"] > 0
+    # the decision names what it ranked by in a sentence that reads (it once said "the highest the inside cell")
+    assert comp.decision.chosen == "interactive-small-batch"
+    assert comp.decision.why[0].endswith("it has the highest output tokens/s of the best inside cell"), comp.decision
 
 
 def test_price_table_and_cost_formula(tmp_path: Path) -> None:

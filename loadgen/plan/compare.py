@@ -500,7 +500,7 @@ def _judge_plan(c: Candidate, route: str) -> dict[str, Any]:
             "offered_rps": (best_cell or {}).get("offered_rps"),
             "goodput_rps": (best_cell or {}).get("goodput_rps"),
             "peak_output_tok_s": None,
-            "basis": "the inside cell with the most output tokens/s",
+            "basis": "output tokens/s of the best inside cell",
         },
     }
 
