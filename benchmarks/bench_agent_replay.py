@@ -75,4 +75,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from docs_page import recorded  # why: run as a script, benchmarks/ is on sys.path
+
+    with recorded(__file__):  # its figures into docs/benchmarks.md
+        raise SystemExit(main())

@@ -111,4 +111,7 @@ def _report(rows: dict[str, list[Any]], measured: dict[str, list[Any]], preempte
 
 
 if __name__ == "__main__":
-    main()
+    from docs_page import recorded  # why: run as a script, benchmarks/ is on sys.path
+
+    with recorded(__file__):  # its figures into docs/benchmarks.md
+        main()

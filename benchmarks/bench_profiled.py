@@ -177,4 +177,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from docs_page import recorded  # why: run as a script, benchmarks/ is on sys.path
+
+    with recorded(__file__):  # its figures into docs/benchmarks.md
+        main()

@@ -102,6 +102,25 @@ def test_only_the_declared_variable_may_differ(worksheet_runs: dict[str, Path]) 
     assert "target.engine" in message
 
 
+def test_a_refusal_shows_how_the_values_differ(worksheet_runs: dict[str, Path], tmp_path: Path) -> None:
+    """A checkout modified between two candidates records ``<sha>-dirty`` on one: the refusal must show it (values
+    were cut at 40 characters, so both read as the same sha)."""
+    dirty = tmp_path / "dirty"
+    shutil.copytree(worksheet_runs["throughput-large-batch"], dirty)
+    manifest = json.loads((dirty / MANIFEST_FILE).read_text())
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    manifest["harness"]["git_sha"] = sha + "-dirty"
+    (dirty / MANIFEST_FILE).write_text(json.dumps(manifest))
+    clean = tmp_path / "clean"
+    shutil.copytree(worksheet_runs["interactive-small-batch"], clean)
+    manifest = json.loads((clean / MANIFEST_FILE).read_text())
+    manifest["harness"]["git_sha"] = sha
+    (clean / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(PlanError) as info:
+        compare_candidates([clean, dirty])
+    assert f"harness.git_sha ({sha} vs {sha}-dirty)" in str(info.value)
+
+
 def test_different_workloads_are_refused_unless_allowed(worksheet_runs: dict[str, Path], tmp_path: Path) -> None:
     from loadgen.sim import run_worksheet
     from loadgen.trace.generate import generate_trace_file
@@ -181,6 +200,9 @@ def test_plan_directories_compare_by_region(tmp_path: Path) -> None:
     assert set(by) == set(CANDIDATES)
     small = by["interactive-small-batch"]
     assert small["capacity"]["short-message"]["max_inside_offered_rps"] > 0
+    # the decision names what it ranked by in a sentence that reads (it once said "the highest the inside cell")
+    assert comp.decision.chosen == "interactive-small-batch"
+    assert comp.decision.why[0].endswith("it has the highest output tokens/s of the best inside cell"), comp.decision
 
 
 def test_price_table_and_cost_formula(tmp_path: Path) -> None:

@@ -177,6 +177,19 @@ def test_target_urls_and_headers_from_the_command_line() -> None:
     assert "SECRET" not in str(exc.value)
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["run", "t.parquet", "--target", "http://x", "--out", "o"], ["bench"], ["plan", "p.toml", "--out", "o"]]
+    + [["practice"], ["contract", "replay", "--target", "http://x", "--model", "m"], ["handoff", "rerun", "b"]],
+)
+def test_a_key_given_as_api_key_env_is_refused_and_never_echoed(command: list[str]) -> None:
+    """Every command with --api-key-env refuses a value that is not a variable name, in one line, exit 2, without
+    echoing it (bench ran the whole canonical trace with a key there: the value was checked by run alone)."""
+    out = _cli(*command, "--api-key-env", "sk-SECRET0123456789abcdef")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "not a key" in out.stderr and "SECRET" not in out.stderr + out.stdout
+
+
 # ---- the simulated server's containment -----------------------------------------------------------------
 
 

@@ -23,7 +23,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", default=None)
     p.add_argument("--engine", default="interactive-small-batch", help="simulated engine preset or TOML (no --target)")
-    p.add_argument("--api-key-env", default=None, help="name of the environment variable holding the API key")
+    p.add_argument(
+        "--api-key-env",
+        type=flags.api_key_env,
+        default=None,
+        help="name of the environment variable holding the API key",
+    )
     p.add_argument("--endpoint", choices=["completions", "chat"], default=None)
     p.add_argument("--out", type=Path, default=None, help="output directory (default runs/bench-<utc>)")
     p.add_argument("--html", type=flags.output_file, default=None, help="also write the HTML report here")

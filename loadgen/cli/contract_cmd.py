@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", type=flags.target_url, required=True, help="base URL of the OpenAI-compatible server")
     p.add_argument("--model", required=True, help="served model name")
-    p.add_argument("--api-key-env", help="NAME of the environment variable holding the API key")
+    p.add_argument("--api-key-env", type=flags.api_key_env, help="NAME of the environment variable holding the API key")
     p.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
     p.add_argument("--stream", action="store_true", help="request SSE streaming (with the usage chunk)")
 

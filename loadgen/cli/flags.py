@@ -10,13 +10,14 @@ import argparse
 import math
 from collections.abc import Callable
 
-from loadgen.util.inputs import header_problem, target_url_problem, without_userinfo
+from loadgen.util.inputs import api_key_env_problem, header_problem, target_url_problem, without_userinfo
 from loadgen.util.limits import MAX_CONCURRENCY, MAX_OFFSET_NS, MAX_PARAM, MAX_SEED, MAX_TIMEOUT_S
 
 __all__ = [
     "DURATION",
     "ROUTE_HELP",
     "MAX_OFFSET_S",
+    "api_key_env",
     "count",
     "fraction",
     "header",
@@ -102,6 +103,15 @@ def target_url(text: str) -> str:
     problem = target_url_problem(text)
     if problem:
         raise argparse.ArgumentTypeError(f"{without_userinfo(text)!r}: {problem}")
+    return text
+
+
+def api_key_env(text: str) -> str:
+    """``--api-key-env``: the NAME of the variable holding the key; the error never shows what was given (a key
+    pasted here by mistake must not reach the terminal or logs)."""
+    problem = api_key_env_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 

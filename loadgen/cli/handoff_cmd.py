@@ -32,7 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="rerun: base URL of a real engine (default: the bundled simulated engine)",
     )
     p.add_argument("--model", help="rerun: served model name")
-    p.add_argument("--api-key-env", help="rerun: NAME of the environment variable holding the API key")
+    p.add_argument(
+        "--api-key-env", type=flags.api_key_env, help="rerun: NAME of the environment variable holding the API key"
+    )
     p.add_argument("--experiment", action="store_true", help="rerun: apply the proposed one-variable change (sim only)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_dispatch)

@@ -25,7 +25,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="OpenAI-compatible base URL (cold cells are not achievable: loadgen did not launch it)",
     )
     p.add_argument("--model", help="served model name for --target")
-    p.add_argument("--api-key-env", help="NAME of the env var holding the API key for --target (never recorded)")
+    p.add_argument(
+        "--api-key-env",
+        type=flags.api_key_env,
+        help="NAME of the env var holding the API key for --target (never recorded)",
+    )
     p.add_argument(
         "--sim", metavar="ENGINE", help="launch the simulated engine (preset or TOML) on loopback; cold = restart it"
     )

@@ -48,7 +48,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the shipped tiny model, which no profiled engine measured)",
     )
     p.add_argument("--model", help="served model name for --target")
-    p.add_argument("--api-key-env", help="NAME of the env var holding the API key for --target (never recorded)")
+    p.add_argument(
+        "--api-key-env",
+        type=flags.api_key_env,
+        help="NAME of the env var holding the API key for --target (never recorded)",
+    )
     p.add_argument("--scenario", help="scenario TOML (default scenarios/canonical.toml)")
     p.add_argument("--trace", help="trace Parquet (default traces/canonical-burst.parquet)")
     p.add_argument(

@@ -11,7 +11,7 @@ from . import flags
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("runs", help="catalog of every run and plan directory (DuckDB): index, list, show")
+    p = sub.add_parser("runs", help="catalog of every run and plan directory (DuckDB): index, list, show, pareto")
     p.add_argument("--catalog", help="catalog file (default: $LOADGEN_CATALOG or ~/.cache/loadgen/catalog.duckdb)")
     s = p.add_subparsers(dest="runs_command", required=True)
     idx = s.add_parser("index", help="record every run and plan directory under DIRs (unchanged ones are skipped)")

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from loadgen.util.inputs import header_problem, target_url_problem
+from loadgen.util.inputs import api_key_env_problem, header_problem, target_url_problem
 from loadgen.util.redact import redact_url
 from loadgen.workload.routing import RoutePolicy
 
@@ -120,8 +120,9 @@ class RunSettings(BaseModel):
     @field_validator("api_key_env")
     @classmethod
     def _env_name(cls, value: str | None) -> str | None:
-        if value is not None and (not value or not value.replace("_", "a").isalnum()):
-            raise ValueError("expected the NAME of an environment variable (letters, digits, _), not a key")
+        problem = None if value is None else api_key_env_problem(value)
+        if problem:
+            raise ValueError(problem)
         return value
 
     def over(self, layer: RunSettings | None) -> RunSettings:

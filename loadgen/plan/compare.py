@@ -500,7 +500,7 @@ def _judge_plan(c: Candidate, route: str) -> dict[str, Any]:
             "offered_rps": (best_cell or {}).get("offered_rps"),
             "goodput_rps": (best_cell or {}).get("goodput_rps"),
             "peak_output_tok_s": None,
-            "basis": "the inside cell with the most output tokens/s",
+            "basis": "output tokens/s of the best inside cell",
         },
     }
 
@@ -553,6 +553,13 @@ def _context(c: Candidate) -> dict[str, Any]:
     }
 
 
+def _shown(value: Any, limit: int = 64) -> str:
+    """An identity value in a refusal, cut only past ``limit`` (a git sha's ``-dirty`` is 46 characters in all, and
+    cutting it at 40 showed two different values as the same)."""
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _identity_notes(
     candidates: list[Candidate], variable: str, allow_differences: bool
 ) -> tuple[list[str], list[str], list[str]]:
@@ -561,7 +568,7 @@ def _identity_notes(
     notes: list[str] = []
     if other:
         shown = "; ".join(
-            f"{k} ({' vs '.join(str(c.identity.get(k, '<absent>'))[:40] for c in candidates)})" for k in other[:4]
+            f"{k} ({' vs '.join(_shown(c.identity.get(k, '<absent>')) for c in candidates)})" for k in other[:4]
         )
         more = f" (+{len(other) - 4} more)" if len(other) > 4 else ""
         if not allow_differences:

@@ -1,4 +1,5 @@
-"""Checks of user-given network inputs (target URLs, extra headers), shared by the CLI and the driver.
+"""Checks of user-given network inputs (target URLs, extra headers, the API key's variable name), shared by the
+CLI and the driver.
 
 Each check returns None when the input is fine, else the "expected ..." text for a one-line error. No
 message ever carries the URL's password: ``without_userinfo`` is what an error may show.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
-__all__ = ["header_problem", "target_url_problem", "without_userinfo"]
+__all__ = ["api_key_env_problem", "header_problem", "target_url_problem", "without_userinfo"]
 
 _USERINFO = re.compile(r"(//)[^/@\s]*@")
 #: RFC 9110 token characters: a header name is one token.
@@ -51,4 +52,12 @@ def header_problem(name: str, value: str) -> str | None:
         return "set by loadgen for each request (message framing and connection): expected another header"
     if _CONTROL.search(value):
         return "expected a header value without CR, LF or other control characters"
+    return None
+
+
+def api_key_env_problem(name: str) -> str | None:
+    """Why ``name`` cannot be the NAME of the environment variable holding an API key (a key pasted in its place
+    is refused, and never echoed), or None."""
+    if not name or not name.replace("_", "a").isalnum():
+        return "expected the NAME of an environment variable (letters, digits, _), not a key"
     return None
