@@ -1,0 +1,69 @@
+"""Hostile inputs found by the s6b audit, through the real command (``python -m loadgen`` in a subprocess):
+each is exit 2, exactly one ``loadgen: error:`` line naming the file (and field, where there is one), no
+traceback, and nothing written. ``test_hostile_inputs.py`` holds the cases covered before the audit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = json.loads((REPO / "loadgen" / "data" / "models" / "tiny-llama-gqa.json").read_text())
+
+
+def cli_fails(tmp_path: Path, args: list[object], *expected: str) -> str:
+    """Run ``loadgen ARGS`` in ``tmp_path``; it must exit 2 with one stderr line holding every ``expected``."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadgen", *map(str, args)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=120,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO), "LOADGEN_CATALOG": str(tmp_path / "catalog.duckdb")},
+    )
+    err = proc.stderr
+    assert "Traceback" not in err, err
+    assert proc.returncode == 2, (proc.returncode, err)
+    assert err.startswith("loadgen: error: ") and err.count("\n") == 1, err
+    for text in expected:
+        assert text in err, err
+    return err
+
+
+# ---- vllm make-model: the ledger's one config.json reader ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b'{"vocab_size": "\xff"}', "not UTF-8"),
+        (b"[1, 2]", "top level is a JSON array"),
+        (b"null", "top level is a JSON null"),
+        (json.dumps({**TINY, "vocab_size": "abc"}).encode(), "vocab_size = 'abc': expected an integer"),
+        (json.dumps({**TINY, "vocab_size": 4096.5}).encode(), "vocab_size = 4096.5: expected an integer"),
+        (
+            json.dumps({**TINY, "max_position_embeddings": "x"}).encode(),
+            "max_position_embeddings = 'x': expected an integer",
+        ),
+    ],
+)
+def test_make_model_refuses_a_bad_config_before_writing(tmp_path, raw, expected):
+    """Before: a traceback (UnicodeDecodeError, AttributeError on a list, ValueError on a string), and a bad
+    max_position_embeddings left OUT/ half-written (tokenizer.json, no config.json)."""
+    (tmp_path / "config.json").write_bytes(raw)
+    cli_fails(tmp_path, ["vllm", "make-model", "config.json", "--out", "model"], "config.json", expected)
+    assert not (tmp_path / "model").exists()
+
+
+def test_make_model_reads_a_model_directory_as_the_ledger_does(tmp_path):
+    """A directory is the model directory holding config.json (as ``loadgen ledger --model``), not a shipped name."""
+    (tmp_path / "m").mkdir()
+    cli_fails(tmp_path, ["vllm", "make-model", "m", "--out", "model"], "m/config.json: no such file")
+    assert not (tmp_path / "model").exists()
