@@ -67,3 +67,41 @@ def test_make_model_reads_a_model_directory_as_the_ledger_does(tmp_path):
     (tmp_path / "m").mkdir()
     cli_fails(tmp_path, ["vllm", "make-model", "m", "--out", "model"], "m/config.json: no such file")
     assert not (tmp_path / "model").exists()
+
+
+# ---- run directories: the streaming chunk reader converts as the whole-table reader does -------------------
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("hostile-run")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    scenario = REPO / "scenarios" / "canonical.toml"
+    for args in (
+        ["trace", "generate", scenario, "--trace", "steady", "--out", "t.parquet"],
+        ["sim", "run", "t.parquet", "--engine", "instant", "--out", "run"],
+    ):
+        subprocess.run([sys.executable, "-m", "loadgen", *map(str, args)], cwd=root, env=env, check=True)
+    return root / "run"
+
+
+def _retype_chunks(run: Path, tmp_path: Path, column: str, values: list[object]) -> Path:
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    (part,) = sorted((copy / "chunks.parquet").glob("*.parquet"))
+    table = pq.read_table(part)
+    i = table.column_names.index(column)
+    pq.write_table(table.set_column(i, column, pa.array(values * table.num_rows)), part)
+    return part
+
+
+@pytest.mark.parametrize(("column", "value"), [("tokens", "zz"), ("arrival_ns", 1.5)])
+def test_a_chunk_column_of_the_wrong_type_names_its_file(run_dir, tmp_path, column, value):
+    """Before: ``analyze`` ended in a pyarrow ArrowInvalid traceback raised from the chunk reader thread."""
+    part = _retype_chunks(run_dir, tmp_path, column, [value])
+    cli_fails(tmp_path, ["analyze", "run"], str(part.relative_to(tmp_path)), "a column of the wrong type")

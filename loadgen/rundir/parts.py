@@ -22,7 +22,7 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -300,10 +300,7 @@ def _conform(table: pa.Table, schema: pa.Schema, wanted: list[str], path: Path) 
     try:
         return table.select(wanted).cast(target)
     except (pa.ArrowException, ValueError) as exc:
-        detail = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-        raise RunDirError(
-            f"{path}: a column of the wrong type ({detail}): expected the loadgen record schema v{SCHEMA_VERSION}"
-        ) from None
+        _raise_wrong_type(path, exc)
 
 
 def read_table(path: Path, schema: pa.Schema, columns: list[str] | None = None) -> pa.Table | None:
@@ -326,8 +323,11 @@ def read_table(path: Path, schema: pa.Schema, columns: list[str] | None = None) 
     return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
 
-def iter_file_batches(files: list[Path], columns: list[str], batch_size: int) -> Iterator[tuple[Path, pa.RecordBatch]]:
-    """Record batches of ``columns`` over a table's ``files`` (``table_files``), in order: (file, batch)."""
+def iter_file_batches(files: list[Path], schema: pa.Schema, batch_size: int) -> Iterator[tuple[Path, pa.RecordBatch]]:
+    """Record batches of ``schema``'s columns over a table's ``files`` (``table_files``), in order, each column in
+    ``schema``'s type (the rule of ``read_table``): (file, batch). A missing column, a column that will not
+    convert or a corrupt page is one RunDirError naming the file."""
+    columns = schema.names
     for file in files:
         pf = _open(file)
         missing = [c for c in columns if c not in pf.schema_arrow.names]
@@ -343,7 +343,23 @@ def iter_file_batches(files: list[Path], columns: list[str], batch_size: int) ->
                 raise _unreadable(file, exc) from None
             if batch is None:
                 break
-            yield file, batch
+            yield file, _conform_batch(batch, schema, file)
+
+
+def _conform_batch(batch: pa.RecordBatch, schema: pa.Schema, path: Path) -> pa.RecordBatch:
+    """``batch`` in ``schema``'s types (a column already of its type is kept as it is)."""
+    try:
+        cols = [col if col.type == field.type else col.cast(field.type) for col, field in zip(batch.columns, schema)]
+    except (pa.ArrowException, ValueError) as exc:
+        _raise_wrong_type(path, exc)
+    return pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+def _raise_wrong_type(path: Path, exc: BaseException) -> NoReturn:
+    detail = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+    raise RunDirError(
+        f"{path}: a column of the wrong type ({detail}): expected the loadgen record schema v{SCHEMA_VERSION}"
+    ) from None
 
 
 def table_rows(path: Path) -> int:
