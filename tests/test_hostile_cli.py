@@ -105,3 +105,44 @@ def test_a_chunk_column_of_the_wrong_type_names_its_file(run_dir, tmp_path, colu
     """Before: ``analyze`` ended in a pyarrow ArrowInvalid traceback raised from the chunk reader thread."""
     part = _retype_chunks(run_dir, tmp_path, column, [value])
     cli_fails(tmp_path, ["analyze", "run"], str(part.relative_to(tmp_path)), "a column of the wrong type")
+
+
+# ---- files read through ad-hoc readers before the audit, now through util/jsonfile or util/tomlfile ------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b"[1]", "top level is a JSON array"),
+        (b"null", "top level is a JSON null"),
+        (b"\xff", "not UTF-8"),
+        (b'{"reference_diff": [1]}', "kind = None: expected 'loadgen.contract_result'"),
+    ],
+)
+def test_compare_names_a_damaged_contract_json(run_dir, tmp_path, raw, expected):
+    """Before: compare read a candidate's contract.json with json.loads and .get: AttributeError, TypeError or
+    UnicodeDecodeError tracebacks. Now through the one contract reader (``read_contract``)."""
+    import shutil
+
+    shutil.copytree(run_dir, tmp_path / "run")
+    (tmp_path / "run" / "contract.json").write_bytes(raw)
+    cli_fails(tmp_path, ["compare", "run", run_dir, "--allow-differences"], "run/contract.json", expected)
+
+
+def test_a_directory_given_for_a_file_says_what_was_expected(run_dir, tmp_path):
+    """Before: the generic ``PATH: Is a directory`` line, without what the file should have been."""
+    (tmp_path / "d").mkdir()
+    cli_fails(tmp_path, ["compare", run_dir, run_dir, "--prices", "d"], "d: cannot read", "expected a price table")
+    cli_fails(tmp_path, ["import", "vllm", "d", "--out", "o"], "d: cannot read", "expected a results JSON file")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_contract_schema_file_that_is_not_utf8_is_one_line(tmp_path):
+    """Before: a UnicodeDecodeError traceback (only OSError and JSONDecodeError were caught)."""
+    (tmp_path / "s.json").write_bytes(b'{"type": "\xff"}')
+    (tmp_path / "cases.toml").write_text(
+        'version = 1\n[defaults]\nmax_tokens = 32\n[[cases]]\nid = "t1"\n'
+        'request.messages = [{ role = "user", content = "hi" }]\n'
+        'checks = [{ kind = "schema", schema_file = "s.json" }]\n'
+    )
+    cli_fails(tmp_path, ["contract", "check", "cases.toml"], "cases.toml", "schema_file = 's.json'", "not UTF-8")

@@ -333,7 +333,9 @@ def _moe(
     moe_inter = config_int(cfg, src, "moe_intermediate_size", required=False) or inter  # Mixtral: intermediate_size
     first_dense = config_int(cfg, src, "first_k_dense_replace", required=False, positive=False) or 0
     freq = (
-        config_int(cfg, src, "moe_layer_freq", required=False) or config_int(cfg, src, "decoder_sparse_step", required=False) or 1
+        config_int(cfg, src, "moe_layer_freq", required=False)
+        or config_int(cfg, src, "decoder_sparse_step", required=False)
+        or 1
     )
     mlp_only = set(_int_list(cfg, src, "mlp_only_layers"))
     moe_layers = tuple(
