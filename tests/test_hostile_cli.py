@@ -146,3 +146,11 @@ def test_a_contract_schema_file_that_is_not_utf8_is_one_line(tmp_path):
         'checks = [{ kind = "schema", schema_file = "s.json" }]\n'
     )
     cli_fails(tmp_path, ["contract", "check", "cases.toml"], "cases.toml", "schema_file = 's.json'", "not UTF-8")
+
+
+def test_export_refuses_a_non_run_directory_before_opening_the_store(tmp_path):
+    """Before: the MLflow store (./mlflow.db) was created and its log lines printed, then the refusal came."""
+    pytest.importorskip("mlflow")
+    (tmp_path / "d").mkdir()
+    cli_fails(tmp_path, ["export", "mlflow", "d"], "d: neither a run directory nor a plan directory")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
