@@ -154,3 +154,23 @@ def test_export_refuses_a_non_run_directory_before_opening_the_store(tmp_path):
     (tmp_path / "d").mkdir()
     cli_fails(tmp_path, ["export", "mlflow", "d"], "d: neither a run directory nor a plan directory")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+
+
+def test_an_instant_beyond_what_a_double_holds_is_one_line(run_dir, tmp_path):
+    """Before: ``analyze`` (and diff, compare, runs pareto, which analyze) ended in an ArrowInvalid traceback
+    casting a done_ns of 2**62 to float64."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shutil.copytree(run_dir, tmp_path / "run")
+    (part,) = sorted((tmp_path / "run" / "requests.parquet").glob("*.parquet"))
+    table = pq.read_table(part)
+    i = table.column_names.index("done_ns")
+    table = table.set_column(i, table.schema.field(i), pa.array([2**62] * table.num_rows, pa.int64()))
+    pq.write_table(table.replace_schema_metadata(table.schema.metadata), part)
+    for args in (["analyze", "run"], ["runs", "pareto", "run", run_dir]):
+        cli_fails(
+            tmp_path, args, "run/requests.parquet: done_ns", "4611686018427387904", "expected a value within 2**53"
+        )
