@@ -174,3 +174,9 @@ def test_an_instant_beyond_what_a_double_holds_is_one_line(run_dir, tmp_path):
         cli_fails(
             tmp_path, args, "run/requests.parquet: done_ns", "4611686018427387904", "expected a value within 2**53"
         )
+
+
+def test_a_directory_for_a_trace_says_so(tmp_path):
+    """Before: ``PATH: no such file`` for a path that exists (a directory)."""
+    (tmp_path / "t.parquet").mkdir()
+    cli_fails(tmp_path, ["trace", "stats", "t.parquet"], "t.parquet: is a directory", "expected a trace Parquet file")
