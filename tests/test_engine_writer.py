@@ -86,7 +86,7 @@ def test_refusals_are_one_line_and_leave_no_file(tmp_path):
         (["--tp", "4"], "no tp4/ folder"),
         (["--ep", "2"], "--ep 2: no --num-kv-blocks"),
         (["--max-model-len", "10000000"], "vLLM refuses to start otherwise"),
-        (["--profile", str(tmp_path / "nowhere")], "cannot read the profile's meta.yaml"),
+        (["--profile", str(tmp_path / "nowhere")], "no such file: expected the profile's meta.yaml"),
     )
     for args, said in cases:
         out = tmp_path / "refused.toml"

@@ -180,3 +180,45 @@ def test_a_directory_for_a_trace_says_so(tmp_path):
     """Before: ``PATH: no such file`` for a path that exists (a directory)."""
     (tmp_path / "t.parquet").mkdir()
     cli_fails(tmp_path, ["trace", "stats", "t.parquet"], "t.parquet: is a directory", "expected a trace Parquet file")
+
+
+# ---- operator profiles and collectives tables (sim engine): one CSV reader, util.inputfile.read_input_csv ----
+
+PROFILE = REPO / "scenarios" / "engines" / "profiles" / "RTX4090" / "meta-llama" / "Llama-3.1-8B" / "bf16"
+LLAMA_CONFIG = REPO / "loadgen" / "data" / "models" / "llama-3.1-8b.json"
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "expected"),
+    [
+        ("meta.yaml", b"\xff\xfe", "meta.yaml: not UTF-8 (byte 0)"),
+        ("tp1/dense.csv", b"\xff\xfe\x00", "dense.csv: not UTF-8 (byte 0)"),
+        ("tp1/dense.csv", b"x\n", "dense.csv: no column(s) ['layer', 'tokens', 'time_us']"),
+        ("tp1/per_sequence.csv", b"layer,sequences,time_us\n", "per_sequence.csv: no rows"),
+        pytest.param(
+            "tp1/attention.csv",
+            b'a\n"' + b"x" * 200_000 + b'"\n',
+            "attention.csv: not CSV (field larger",
+            id="huge-field",
+        ),
+    ],
+)
+def test_a_damaged_operator_profile_is_one_line(tmp_path, name, raw, expected):
+    """Before: UnicodeDecodeError (meta.yaml, any table), csv.Error (a field past the csv limit), ``min() arg is an empty
+    sequence`` (a table with no rows) or KeyError (no ``layer`` column) tracebacks."""
+    import shutil
+
+    shutil.copytree(PROFILE, tmp_path / "prof")
+    (tmp_path / "prof" / name).write_bytes(raw)
+    args = ["sim", "engine", "--profile", "prof", "--model-config", LLAMA_CONFIG, "--max-model-len", "4096"]
+    cli_fails(tmp_path, [*args, "--out", "o.toml"], expected)
+    assert not (tmp_path / "o.toml").exists()
+
+
+def test_a_collectives_table_that_is_not_utf8_is_one_line(tmp_path):
+    from loadgen.sim.link import read_collectives
+    from loadgen.util.errors import ScenarioError
+
+    (tmp_path / "c.csv").write_bytes(b"collective,ranks,bytes,us\n\xff")
+    with pytest.raises(ScenarioError, match="c.csv: not UTF-8 .byte 26.: expected a measured-collectives CSV"):
+        read_collectives(str(tmp_path / "c.csv"))

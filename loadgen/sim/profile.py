@@ -55,7 +55,6 @@ sync the DP all-reduce forces.
 from __future__ import annotations
 
 import bisect
-import csv
 import functools
 import re
 from collections.abc import Sequence
@@ -66,6 +65,7 @@ from typing import Any
 import numpy as np
 
 from loadgen.util.errors import ScenarioError
+from loadgen.util.inputfile import read_input_csv, read_input_text
 
 from ..ledger.config import ModelConfig, read_model_config
 from .interp import interp_axis
@@ -411,12 +411,16 @@ class OperatorProfile:
         }
 
 
-def _read_rows(path: Path) -> list[dict[str, str]]:
-    try:
-        with path.open(newline="") as f:
-            return list(csv.DictReader(f))
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read the operator profile: {exc.strerror or exc}") from None
+_CSV_WHAT = "an operator profile CSV (loadgen sim engine --profile)"
+
+
+def _read_rows(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
+    """The rows of one profile table: unreadable, not UTF-8, not CSV, without one of ``columns`` or with no rows
+    is one ScenarioError line naming the file."""
+    rows = read_input_csv(path, _CSV_WHAT, ScenarioError, columns)
+    if not rows:
+        raise ScenarioError(f"{path}: no rows: expected {_CSV_WHAT}")
+    return rows
 
 
 def _number(path: Path, row: dict[str, str], field: str, signed: bool = False) -> float:
@@ -432,7 +436,7 @@ def _number(path: Path, row: dict[str, str], field: str, signed: bool = False) -
 def _by_layer(path: Path, key: str) -> dict[str, tuple[list[int], list[float]]]:
     """A dense / per-sequence table: per operator, its sorted (key, µs) points."""
     points: dict[str, dict[int, float]] = {}
-    for row in _read_rows(path):
+    for row in _read_rows(path, ("layer", key, "time_us")):
         points.setdefault(row["layer"], {})[int(_number(path, row, key))] = _number(path, row, "time_us")
     return {name: (sorted(p), [p[k] for k in sorted(p)]) for name, p in points.items()}
 
@@ -446,7 +450,7 @@ def _attention(path: Path) -> tuple[_Attention, _Attention, _Attention | None]:
     rows = [
         (int(_number(path, r, "prefill_chunk")), int(_number(path, r, "kv_prefill")))
         + (int(_number(path, r, "n_decode")), int(_number(path, r, "kv_decode")), _number(path, r, "time_us"))
-        for r in _read_rows(path)
+        for r in _read_rows(path, ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us"))
     ]
     decode = _grid(path, [r for r in rows if r[0] == 0 and r[2] > 0], "decode-only", (0, 0, 2, 2))
     mixed_rows = [r for r in rows if r[0] > 0]
@@ -524,7 +528,7 @@ def _full_grid(cells: dict[tuple[int, int, int, int], float], axes: list[list[in
 
 def _moe(path: Path) -> dict[int, tuple[list[int], list[float]]]:
     points: dict[int, dict[int, float]] = {}
-    for row in _read_rows(path):
+    for row in _read_rows(path, ("activated_experts", "tokens", "time_us")):
         experts = int(_number(path, row, "activated_experts"))
         points.setdefault(experts, {})[int(_number(path, row, "tokens"))] = _number(path, row, "time_us")
     return {e: (sorted(p), [p[k] for k in sorted(p)]) for e, p in points.items()}
@@ -533,7 +537,7 @@ def _moe(path: Path) -> dict[int, tuple[list[int], list[float]]]:
 def _skew(root: Path, tp: int) -> _Skew | None:
     """The profile's skew fit for TP ``tp`` (meta.yaml's ``skew_fit`` block and ``tp<N>/skew_fit.csv``), or None
     where it fitted none (``enabled: false``, as in the RTX 4090 profile)."""
-    text = (root / "meta.yaml").read_text()
+    text = _meta_text(root)
     block = text[text.find("\nskew_fit:") + 1 :] if "\nskew_fit:" in text else ""
     if not re.search(r"^  enabled: true", block, re.M):
         return None
@@ -550,20 +554,21 @@ def _skew(root: Path, tp: int) -> _Skew | None:
     alpha: dict[tuple[str, ...], float] = {}
     path = root / f"tp{tp}" / "skew_fit.csv"
     if path.exists():
-        for row in _read_rows(path):
+        for row in _read_rows(path, ("pc", "n_label", "skew_rate_label", "kv_big_label", "kp_label", "alpha")):
             key = (row["pc"], row["n_label"], row["skew_rate_label"], row["kv_big_label"], row["kp_label"])
             alpha[key] = _number(path, row, "alpha", signed=True)
     return _Skew(bins, labels, alpha, float(default.group(1)) if default else 0.0)
 
 
+def _meta_text(root: Path) -> str:
+    """The text of the profile's meta.yaml (one ScenarioError line when missing, unreadable or not UTF-8)."""
+    return read_input_text(root / "meta.yaml", "the profile's meta.yaml (loadgen sim engine --profile)", ScenarioError)
+
+
 def profile_meta(root: Path) -> dict[str, str]:
     """The top-level ``key: value`` scalars of the profile's meta.yaml (gpu, vllm_version, model, tp_degrees):
     all this module reads of it, without a YAML dependency."""
-    path = root / "meta.yaml"
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read the profile's meta.yaml: {exc.strerror or exc}") from None
+    text = _meta_text(root)
     meta: dict[str, str] = {}
     for line in text.splitlines():
         if line and not line[0].isspace() and ":" in line:
