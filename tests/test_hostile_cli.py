@@ -222,3 +222,22 @@ def test_a_collectives_table_that_is_not_utf8_is_one_line(tmp_path):
     (tmp_path / "c.csv").write_bytes(b"collective,ranks,bytes,us\n\xff")
     with pytest.raises(ScenarioError, match="c.csv: not UTF-8 .byte 26.: expected a measured-collectives CSV"):
         read_collectives(str(tmp_path / "c.csv"))
+
+
+@pytest.mark.parametrize(
+    ("raw", "column", "expected"),
+    [
+        (b"\xff\xfe1\n2\n", None, "emp.txt: not UTF-8 (byte 0): expected an empirical distribution"),
+        (b"a,b\n1,2\n", "zz", "emp.txt: no column(s) ['zz']: expected an empirical distribution"),
+    ],
+)
+def test_an_empirical_distribution_file_that_is_not_text_is_one_line(tmp_path, raw, column, expected):
+    """Before: a UnicodeDecodeError traceback from trace generate (only OSError was caught)."""
+    (tmp_path / "emp.txt").write_bytes(raw)
+    dist = '{ dist = "empirical", file = "emp.txt"' + (f', column = "{column}"' if column else "") + " }"
+    old = 'output_tokens = { dist = "lognormal", mean = 200, sigma = 0.5, min = 16, max = 1024 }'
+    text = (REPO / "scenarios" / "canonical.toml").read_text()
+    assert old in text
+    (tmp_path / "s.toml").write_text(text.replace(old, f"output_tokens = {dist}", 1))
+    cli_fails(tmp_path, ["trace", "generate", "s.toml", "--trace", "steady", "--out", "t.parquet"], expected)
+    assert not (tmp_path / "t.parquet").exists()
