@@ -241,3 +241,26 @@ def test_an_empirical_distribution_file_that_is_not_text_is_one_line(tmp_path, r
     (tmp_path / "s.toml").write_text(text.replace(old, f"output_tokens = {dist}", 1))
     cli_fails(tmp_path, ["trace", "generate", "s.toml", "--trace", "steady", "--out", "t.parquet"], expected)
     assert not (tmp_path / "t.parquet").exists()
+
+
+@pytest.mark.parametrize("config", ["[1]", '{"nodes": 5}', '{"nodes": [{"instances": 5}]}', "[" * 100_000])
+def test_a_misshapen_cluster_config_beside_an_llmservingsim_run_is_no_hardware_tag(tmp_path, config):
+    """The cluster config is read for hardware tags only, if any (an unreadable one already gave none); before,
+    a well-formed JSON of another shape, or one nested too deeply, ended the import in a traceback."""
+    run = tmp_path / "cfg" / "run"
+    run.mkdir(parents=True)
+    rec = {"request_id": "bench-0", "input_toks": 3, "output_toks": 2, "arrival_time": 10.0, "queued_ts": 5.0}
+    rec |= {"scheduled_ts": 6.0, "first_token_ts": 6.5, "last_token_ts": 7.0}
+    (run / "meta.json").write_text("{}")
+    (run / "requests.jsonl").write_text(json.dumps(rec) + "\n")
+    (tmp_path / "cfg" / "config.json").write_text(config)
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadgen", "import", "llmservingsim", "cfg/run", "--out", "o"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert json.loads((tmp_path / "o" / "manifest.json").read_text())["source"]["cluster_hardware"] is None
