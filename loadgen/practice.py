@@ -277,9 +277,11 @@ def run_practice(
     vllm = opts.engine == "vllm" and not opts.targets
     predictor = load_engine_config(opts.predict_with) if vllm else None  # before any work
     prices = load_prices(opts.prices if opts.prices is not None else presets.prices_example())  # before any work
+    sims = opts.engine == "sim" and not opts.targets
+    # the simulated candidates (their calibration labels go in the decision), read before any work
+    configs: list[EngineConfig] = [load_engine_config(c) for c in opts.candidates] if sims else []
     practice = _start(out, opts, log or (lambda _m: None))
     t0 = time.monotonic()
-    configs: list[EngineConfig] = []  # the simulated candidates (their calibration labels go in the decision)
     ledgers: dict[str, str] = {}
     ledger_data: dict[str, Any] = {}
     prediction: dict[str, Any] | None = None
@@ -298,8 +300,7 @@ def run_practice(
         prediction = _predict(
             predictor, limits, run_dirs, practice.trace_path, practice.scen, practice.out_dir, practice.say
         )
-    elif opts.engine == "sim":
-        configs.extend(load_engine_config(c) for c in opts.candidates)
+    elif sims:
         ledgers, ledger_data = candidate_ledgers(opts.model_config, configs, practice.scen)
         run_dirs = _measure_sims(practice, configs)
     else:

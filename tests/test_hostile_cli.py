@@ -264,3 +264,11 @@ def test_a_misshapen_cluster_config_beside_an_llmservingsim_run_is_no_hardware_t
     )
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert json.loads((tmp_path / "o" / "manifest.json").read_text())["source"]["cluster_hardware"] is None
+
+
+def test_practice_reads_its_candidates_before_making_its_directory(tmp_path):
+    """Before: a candidate engine TOML that is not TOML was refused after ``--out`` was created (left empty)."""
+    (tmp_path / "bad.toml").write_bytes(b"\xff\x00")
+    args = ["practice", "--candidate", "bad.toml", "--candidate", "instant", "--out", "p"]
+    cli_fails(tmp_path, args, "bad.toml: invalid TOML", "expected an engine config TOML")
+    assert not (tmp_path / "p").exists()
