@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 from loadgen.rundir.identity import sha256_file
 from loadgen.rundir.manifest import read_manifest
 from loadgen.util.errors import LoadgenError, PlanError
-from loadgen.util.outputfile import write_output_text
+from loadgen.util.outputfile import make_output_dir, write_output_text
 from loadgen.util.pinning import engine_cpus, shared_cpus_warning
 from loadgen.vllm import VllmConfig, make_model_dir, shipped_model_path
 from loadgen.workload import presets
@@ -319,9 +319,9 @@ def _start(out: str | Path | None, opts: PracticeOptions, say: Callable[[str], N
     """The output directory (new or empty), the scenario, and the practice trace cut from the burst trace."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(out) if out else Path("runs") / f"practice-{stamp}"
-    if out_dir.exists() and any(out_dir.iterdir()):
+    if out_dir.is_dir() and any(out_dir.iterdir()):
         raise PlanError(f"{out_dir}: not empty: expected a new output directory for the practice")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_output_dir(out_dir, "a new output directory for the practice", PlanError)
     scenario_path = Path(opts.scenario) if opts.scenario else presets.canonical_scenario()
     scen = load_scenario(scenario_path)
     source = Path(opts.trace) if opts.trace else _canonical_trace(scenario_path, out_dir)

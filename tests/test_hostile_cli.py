@@ -272,3 +272,26 @@ def test_practice_reads_its_candidates_before_making_its_directory(tmp_path):
     args = ["practice", "--candidate", "bad.toml", "--candidate", "instant", "--out", "p"]
     cli_fails(tmp_path, args, "bad.toml: invalid TOML", "expected an engine config TOML")
     assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["plan", REPO / "scenarios" / "plans" / "quick.toml", "--sim-worksheet", "instant"], "a plan directory"),
+        (["vllm", "make-model", "tiny-llama-gqa"], "a model directory"),
+        (["practice"], "a new output directory for the practice"),
+        (["bench", "--scenario", REPO / "scenarios" / "canonical.toml"], "a directory for the bench run"),
+    ],
+)
+def test_an_output_directory_that_is_a_file_says_what_was_expected(tmp_path, args, expected):
+    """Before: ``f: File exists`` or ``f: Not a directory`` (the generic OSError line, no expectation), through
+    util.outputfile.make_output_dir now."""
+    (tmp_path / "f").write_text("mine")
+    cli_fails(tmp_path, [*args, "--out", "f"], "f: is a file: expected " + expected)
+    assert (tmp_path / "f").read_text() == "mine"
+
+
+def test_a_handoff_bundle_over_a_file_says_what_was_expected(run_dir, tmp_path):
+    (tmp_path / "f").write_text("mine")
+    cli_fails(tmp_path, ["handoff", run_dir, "--out", "f"], "f: is a file: expected a new bundle directory")
+    assert (tmp_path / "f").read_text() == "mine" and not (tmp_path / "f.tar.gz").exists()

@@ -16,6 +16,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from loadgen.ledger.config import config_int, read_model_config_json
 from loadgen.util.errors import EngineError
+from loadgen.util.outputfile import make_output_dir
 
 __all__ = ["make_model_dir", "shipped_model_path", "shipped_models"]
 
@@ -100,8 +101,7 @@ def make_model_dir(
     if vocab < 300:
         raise EngineError(f"{src}: vocab_size = {vocab!r}: expected >= 300 for a byte-level tokenizer")
     max_len = config_int(cfg, str(src), "max_position_embeddings", required=False) or 2048
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_output_dir(out, "a model directory (--out)", EngineError)
     tok = _train_tokenizer(min(vocab, tokenizer_vocab or 4096), seed)
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(
