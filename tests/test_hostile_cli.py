@@ -295,3 +295,25 @@ def test_a_handoff_bundle_over_a_file_says_what_was_expected(run_dir, tmp_path):
     (tmp_path / "f").write_text("mine")
     cli_fails(tmp_path, ["handoff", run_dir, "--out", "f"], "f: is a file: expected a new bundle directory")
     assert (tmp_path / "f").read_text() == "mine" and not (tmp_path / "f.tar.gz").exists()
+
+
+@pytest.mark.parametrize(
+    ("table", "column"), [("chunks", "seq"), ("chunks", "arrival_ns"), ("requests", "scheduled_ns")]
+)
+def test_a_null_in_a_column_loadgen_always_fills_names_the_file(run_dir, tmp_path, table, column):
+    """Before: a null seq or arrival_ns in chunks was a ValueError / numpy casting traceback in analyze and
+    compare; a null scheduled_ns was read as NaN and analysed. The schema says not null: one line now."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shutil.copytree(run_dir, tmp_path / "run")
+    (part,) = sorted((tmp_path / "run" / f"{table}.parquet").glob("*.parquet"))
+    data = pq.read_table(part)
+    i = data.column_names.index(column)
+    kind = data.schema.field(i).type
+    data = data.set_column(i, pa.field(column, kind, nullable=True), pa.nulls(data.num_rows, kind))
+    pq.write_table(data.replace_schema_metadata(data.schema.metadata), part)
+    expected = f"{column} = null ({data.num_rows} row(s)): expected a value in every row"
+    cli_fails(tmp_path, ["analyze", "run"], f"{table}.parquet", expected)
