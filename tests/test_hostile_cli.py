@@ -317,3 +317,27 @@ def test_a_null_in_a_column_loadgen_always_fills_names_the_file(run_dir, tmp_pat
     pq.write_table(data.replace_schema_metadata(data.schema.metadata), part)
     expected = f"{column} = null ({data.num_rows} row(s)): expected a value in every row"
     cli_fails(tmp_path, ["analyze", "run"], f"{table}.parquet", expected)
+
+
+@pytest.mark.parametrize(("kind", "expected"), [("azure", "an Azure LLM"), ("mooncake", "a Mooncake trace JSONL")])
+def test_an_import_source_that_is_not_utf8_is_one_line(tmp_path, kind, expected):
+    """Before: a UnicodeDecodeError traceback (the readers caught OSError only; mooncake decoded line by line)."""
+    (tmp_path / "src").write_bytes(b"\xff\xfe abc\n")
+    cli_fails(tmp_path, ["trace", "import", kind, "src", "--out", "t.parquet"], "src: not UTF-8 (byte 0)", expected)
+    assert not (tmp_path / "t.parquet").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--trace", "bad.parquet"], "bad.parquet: unreadable Parquet"),
+        (["--scenario", "bad.toml"], "bad.toml: invalid TOML"),
+        (["--window-s", "0.001"], "no request in the first 0.001 s"),
+    ],
+)
+def test_practice_reads_its_scenario_and_trace_before_making_its_directory(tmp_path, args, expected):
+    """Before: --out was made first, and left behind (empty) by a refused scenario or trace."""
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet")
+    (tmp_path / "bad.toml").write_bytes(b"\xff")
+    cli_fails(tmp_path, ["practice", *args, "--out", "p"], expected)
+    assert not (tmp_path / "p").exists()
