@@ -10,6 +10,8 @@ from loadgen.analysis import Analysis, analyze_run
 from loadgen.driver.options import RunSettings
 from loadgen.targets import RunRequest, StateResult, TargetSpec, open_target
 from loadgen.trace.generate import generate_trace_file
+from loadgen.util.errors import RunDirError
+from loadgen.util.outputfile import make_output_dir
 from loadgen.workload.presets import canonical_scenario
 from loadgen.workload.scenario import load_scenario
 
@@ -41,7 +43,7 @@ def run_bench(
     scenario = load_scenario(scenario_path)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(out_dir) if out_dir else Path("runs") / f"bench-{stamp}"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_output_dir(out_dir, "a directory for the bench run (--out)", RunDirError)
     trace_path = generate_trace_file(scenario, trace_name, out_dir / f"trace-{trace_name}.parquet", seed)
     spec = (
         TargetSpec(url=target_url, model=model or scenario.model, api_key_env=api_key_env)

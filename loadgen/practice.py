@@ -30,12 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from loadgen.rundir.identity import sha256_file
 from loadgen.rundir.manifest import read_manifest
 from loadgen.util.errors import LoadgenError, PlanError
-from loadgen.util.outputfile import write_output_text
+from loadgen.util.outputfile import make_output_dir, write_output_text
 from loadgen.util.pinning import engine_cpus, shared_cpus_warning
 from loadgen.vllm import VllmConfig, make_model_dir, shipped_model_path
 from loadgen.workload import presets
@@ -125,19 +126,31 @@ class PracticeResult:
 
 def practice_trace(source: Path, out: Path, window_s: float | None) -> Path:
     """The burst trace, cut to its first ``window_s`` seconds (None: whole) so the practice stays short."""
+    return _write_cut(source, out, window_s, _cut(source, window_s))
 
+
+def _cut(source: Path, window_s: float | None) -> tuple[pa.Table, dict[str, Any]] | None:
+    """``source`` read and checked, cut to its first ``window_s`` seconds (None: whole, nothing to cut)."""
     table, meta = read_trace(source)
     if window_s is None:
-        shutil.copyfile(source, out)
-        return out
+        return None
     keep = pc.less(table.column("scheduled_offset_ns"), int(window_s * 1e9))
     cut = table.filter(keep)
     if cut.num_rows == 0:
         raise PlanError(f"{source}: no request in the first {window_s:g} s: expected a longer window")
+    return cut, meta
+
+
+def _write_cut(source: Path, out: Path, window_s: float | None, cut: tuple[pa.Table, dict[str, Any]] | None) -> Path:
+    """Write ``_cut``'s result to ``out`` (the whole file copied when nothing was cut)."""
+    if window_s is None or cut is None:
+        shutil.copyfile(source, out)
+        return out
+    table, meta = cut
     meta = {
         **meta,
         "duration_s": min(float(meta.get("duration_s") or window_s), window_s),
-        "requests": cut.num_rows,
+        "requests": table.num_rows,
         "derived_from": {
             "path": str(source),
             "sha256": sha256_file(source),
@@ -145,7 +158,7 @@ def practice_trace(source: Path, out: Path, window_s: float | None) -> Path:
             "how": "kept requests scheduled in the window; nothing re-timed",
         },
     }
-    return write_trace(cut, out, meta)
+    return write_trace(table, out, meta)
 
 
 def _canonical_trace(scenario_path: Path, out_dir: Path) -> Path:
@@ -300,7 +313,7 @@ def run_practice(
         prediction = _predict(
             predictor, limits, run_dirs, practice.trace_path, practice.scen, practice.out_dir, practice.say
         )
-    elif opts.engine == "sim":
+    elif sims:
         ledgers, ledger_data = candidate_ledgers(
             ledger_model_config(opts.model_config, configs), configs, practice.scen
         )
@@ -343,13 +356,17 @@ def _start(out: str | Path | None, opts: PracticeOptions, say: Callable[[str], N
     """The output directory (new or empty), the scenario, and the practice trace cut from the burst trace."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(out) if out else Path("runs") / f"practice-{stamp}"
-    if out_dir.exists() and any(out_dir.iterdir()):
+    if out_dir.is_dir() and any(out_dir.iterdir()):
         raise PlanError(f"{out_dir}: not empty: expected a new output directory for the practice")
-    out_dir.mkdir(parents=True, exist_ok=True)
     scenario_path = Path(opts.scenario) if opts.scenario else presets.canonical_scenario()
-    scen = load_scenario(scenario_path)
-    source = Path(opts.trace) if opts.trace else _canonical_trace(scenario_path, out_dir)
-    trace_path = practice_trace(source, out_dir / "trace.parquet", opts.window_s)
+    scen = load_scenario(scenario_path)  # the inputs before the directory: a refusal leaves nothing behind
+    given = Path(opts.trace) if opts.trace else presets.canonical_trace("burst")
+    cut = _cut(given, opts.window_s) if given is not None else None
+    make_output_dir(out_dir, "a new output directory for the practice", PlanError)
+    source = given if given is not None else _canonical_trace(scenario_path, out_dir)
+    if given is None:
+        cut = _cut(source, opts.window_s)
+    trace_path = _write_cut(source, out_dir / "trace.parquet", opts.window_s, cut)
     attempts = _Attempts(out_dir, say, opts.max_send_lag_ms)
     return _Practice(opts, out_dir, scenario_path, scen, trace_path, say, attempts)
 

@@ -15,6 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from loadgen.analysis.server_metrics import counter_increase
+from loadgen.contract.checks import CheckOutcome, Observed
+from loadgen.contract.replay import CaseResult, ContractResult, write_contract
 from loadgen.plan import compare_candidates, format_comparison, load_prices
 from loadgen.plan.compare import identity_differences, identity_of
 from loadgen.plan.prices import Price, cost_per_million
@@ -137,17 +139,14 @@ def test_different_workloads_are_refused_unless_allowed(worksheet_runs: dict[str
 def test_contract_failure_rejects_before_cost(worksheet_runs: dict[str, Path], tmp_path: Path) -> None:
     small = tmp_path / "small"
     shutil.copytree(worksheet_runs["interactive-small-batch"], small)
-    (small / "contract.json").write_text(
-        json.dumps(
-            {
-                "passed": False,
-                "n_cases": 2,
-                "n_passed": 1,
-                "failures": [{"case_id": "lang-fr", "kind": "language", "expected": "fr", "got": "en"}],
-                "reference_diff": None,
-            }
-        )
-    )
+
+    def case(case_id: str, passed: bool, got: str) -> CaseResult:
+        check = CheckOutcome(kind="language", passed=passed, expected="fr", got=got)
+        return CaseResult(case_id=case_id, passed=passed, checks=[check], settings={}, observed=Observed(text=got))
+
+    # as `loadgen contract` writes it: two cases, lang-fr failed
+    result = ContractResult(cases=[case("lang-fr", False, "en"), case("lang-fr-2", True, "fr")], target={})
+    write_contract(result, small / "contract.json")
     comp = compare_candidates([small, worksheet_runs["throughput-large-batch"]])
     first = comp.candidates[0]
     assert first["steps"][0]["result"] == "inconclusive"  # no hard budget fails conclusively

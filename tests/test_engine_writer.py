@@ -87,7 +87,7 @@ def test_refusals_are_one_line_and_leave_no_file(tmp_path):
         (["--tp", "4"], "no tp4/ folder"),
         (["--ep", "2"], "--ep 2: no --num-kv-blocks"),
         (["--max-model-len", "10000000"], "vLLM refuses to start otherwise"),
-        (["--profile", str(tmp_path / "nowhere")], "cannot read the profile's meta.yaml"),
+        (["--profile", str(tmp_path / "nowhere")], "no such file: expected the profile's meta.yaml"),
         # refused as the file is read back: named as the file the user gave, not the partial one beside it
         (
             ["--max-num-seqs", "512", "--max-num-batched-tokens", "256"],
@@ -177,7 +177,11 @@ def _damaged_profile(tmp_path: Path, table: str, damage) -> Path:
 @pytest.mark.parametrize(
     ("table", "damage", "said"),
     [
-        ("tp1/dense.csv", lambda text: "", "tp1/dense.csv: empty: expected columns layer, tokens, time_us"),
+        (
+            "tp1/dense.csv",
+            lambda text: "",
+            "tp1/dense.csv: empty: expected an operator profile CSV (loadgen sim engine --profile) with columns layer, tokens, time_us",
+        ),
         ("tp1/dense.csv", lambda text: text.splitlines()[0] + "\n", "tp1/dense.csv: no rows under the header"),
         ("tp1/dense.csv", lambda text: text.replace("layer,", "op,", 1), "tp1/dense.csv: column 'layer': missing"),
         (
@@ -213,7 +217,9 @@ def test_a_profile_whose_meta_says_it_fitted_skew_needs_the_fit(tmp_path):
     out = tmp_path / "e.toml"
     cmd = [sys.executable, "-m", "loadgen", "sim", "engine", "--profile", str(profile), "--model-config", str(LLAMA)]
     res = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True)
-    assert res.returncode == 2 and "tp1/skew_fit.csv: cannot read the operator profile" in res.stderr, res.stderr
+    assert res.returncode == 2 and "tp1/skew_fit.csv: no such file: expected an operator profile CSV" in res.stderr, (
+        res.stderr
+    )
     assert not out.exists()
 
 

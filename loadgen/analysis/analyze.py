@@ -172,6 +172,19 @@ def parse_window(text: str | None) -> tuple[float | None, float | None] | None:
     return lo, hi
 
 
+def _as_float(col: pa.ChunkedArray, name: str, run_dir: Path) -> np.ndarray:
+    """``col`` as float64 with NaN for null; an integer a double cannot hold exactly (beyond 2**53, an instant
+    104 days past the run's anchor) is one RunDirError line naming the column and the value, not a guess."""
+    try:
+        return col.cast(pa.float64()).to_numpy(zero_copy_only=False)
+    except pa.ArrowInvalid as exc:
+        detail = str(exc).splitlines()[0][:160]
+        raise RunDirError(
+            f"{run_dir / REQUESTS_FILE}: {name}: {detail}: expected a value within 2**53 (for an instant: "
+            "104 days of the run's anchor)"
+        ) from None
+
+
 def _load_requests(run_dir: Path) -> tuple[pa.Array, dict[str, np.ndarray]]:
     table = read_run_table(run_dir, REQUESTS_FILE, _REQ_COLUMNS)
     if table is None:
@@ -185,7 +198,7 @@ def _load_requests(run_dir: Path) -> tuple[pa.Array, dict[str, np.ndarray]]:
         if pa.types.is_string(target):
             cols[name] = np.asarray(col.to_numpy(zero_copy_only=False), dtype=object)
         else:  # booleans as 1/0/NaN, everything else as float with NaN for null
-            cols[name] = col.cast(pa.float64()).to_numpy(zero_copy_only=False)
+            cols[name] = _as_float(col, name, run_dir)
     ids = table.column("request_id").combine_chunks()
     bad = set(pd.unique(cols["status"]).tolist()) - set(STATUSES)
     if bad:

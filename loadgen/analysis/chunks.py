@@ -187,13 +187,8 @@ _SCHEMA = pa.schema([CHUNKS_SCHEMA.field(c) for c in _COLUMNS])  # the columns t
 
 
 def _batches(files: list[Path]) -> Iterator[pa.RecordBatch]:
-    types = [CHUNKS_SCHEMA.field(c).type for c in _COLUMNS]
-    for _, batch in iter_file_batches(files, _COLUMNS, BATCH_ROWS):
-        cols = [
-            batch.column(i) if batch.column(i).type == t or i == 0 else batch.column(i).cast(t)
-            for i, t in enumerate(types)
-        ]
-        yield pa.RecordBatch.from_arrays(cols, schema=_SCHEMA)
+    for _, batch in iter_file_batches(files, _SCHEMA, BATCH_ROWS):
+        yield batch
 
 
 _DONE = object()

@@ -38,8 +38,8 @@ from loadgen.rundir.identity import host_identity, package_versions, utc_now_iso
 from loadgen.rundir.io import load_run
 from loadgen.rundir.manifest import read_manifest
 from loadgen.rundir.schema import CHUNKS_FILE, REQUESTS_FILE, TRACE_SCHEMA
-from loadgen.util.errors import LoadgenError
-from loadgen.util.outputfile import write_output_text
+from loadgen.util.errors import LoadgenError, RunDirError
+from loadgen.util.outputfile import make_output_dir, write_output_text
 from loadgen.util.pinning import SHARED_CPUS, parse_cpus
 from loadgen.util.tomlfile import dumps_toml
 from loadgen.vllm.report import batch_limits
@@ -628,7 +628,7 @@ def measure_phases(
 ) -> list[Path]:
     """One run of each phase into ``work``, each manifest carrying the engine, the phase and the engine limits
     (for --from)."""
-    work.mkdir(parents=True, exist_ok=True)
+    make_output_dir(work, "a directory for the calibration runs (--work-dir)", RunDirError)
     runs = []
     for phase in phases:
         table, meta = phase.trace_table()

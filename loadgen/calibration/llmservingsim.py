@@ -42,7 +42,8 @@ from loadgen.rundir.schema import empty_request_row
 from loadgen.sim.metrics import metric_labels_json
 from loadgen.trace.importers import import_trace
 from loadgen.trace.io import read_trace
-from loadgen.util.errors import RunDirError, TraceError
+from loadgen.util.errors import LoadgenError, RunDirError, TraceError
+from loadgen.util.jsonfile import read_json
 
 __all__ = ["TIMESERIES_METRICS", "WORKLOAD_FILE", "find_run_folder", "import_llmservingsim_run"]
 
@@ -235,16 +236,18 @@ def _engine_config(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cluster_hardware(path: Path) -> list[str] | None:
-    """The hardware tags (``RTX4090``, ``RTXPRO6000``) of the LLMServingSim cluster config beside a run, if any."""
+    """The hardware tags (``RTX4090``, ``RTXPRO6000``) of the LLMServingSim cluster config beside a run, if any
+    (None too for a config that is unreadable or not shaped as ``{"nodes": [{"instances": [{"hardware"}]}]}``)."""
     try:
-        cluster = json.loads(path.read_text())
-    except (OSError, ValueError):
+        cluster = read_json(path, "an LLMServingSim cluster config")
+    except LoadgenError:
         return None
+    nodes = cluster.get("nodes") if isinstance(cluster, dict) else None
     tags = {
         str(instance.get("hardware"))
-        for node in cluster.get("nodes") or []
-        if isinstance(node, dict)
-        for instance in node.get("instances") or []
+        for node in (nodes if isinstance(nodes, list) else [])
+        if isinstance(node, dict) and isinstance(node.get("instances"), list)
+        for instance in node["instances"]
         if isinstance(instance, dict) and instance.get("hardware")
     }
     return sorted(tags) or None

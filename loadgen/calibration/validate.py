@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from loadgen.calibration.measured import MemoryReport
-from loadgen.util.errors import LoadgenError
-from loadgen.util.outputfile import write_output_text
+from loadgen.util.errors import LoadgenError, RunDirError
+from loadgen.util.outputfile import make_output_dir, write_output_text
 from loadgen.util.tomlfile import dumps_toml, read_toml
 from loadgen.vllm.warmup import warmup_line
 from loadgen.workload import presets
@@ -255,7 +255,7 @@ def validate(
     opts = options or ValidateOptions()
     limits = engine_limits(target_url, opts.log_notes)
     cfg = with_engine_limits(load_engine_config(engine_toml), limits)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_output_dir(out_dir, "a directory for the validation runs (--out)", RunDirError)
     warmed = warm_engine(target_url, limits, opts.warmup)
     speed = (
         measure_anchor(target_url, limits, cfg, out_dir / "anchor", opts.engine_manifest or {}, settings)

@@ -10,7 +10,6 @@ and what was expected. See ``scenarios/contract/canonical.toml`` for a documente
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ import jsonschema
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from loadgen.util.errors import ScenarioError
+from loadgen.util.jsonfile import read_json
 from loadgen.util.limits import InputModel
 from loadgen.util.tomlfile import read_toml
 from loadgen.workload.scenario import format_validation_error
@@ -319,11 +319,9 @@ def _resolve_schema_file(check: SchemaCheck, source: str, label: str, index: int
         path = base_dir / path
     field = f"checks[{index}].schema_file = {check.schema_file!r}"
     try:
-        schema = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ScenarioError(f"{source}: {label}: {field}: no such file: expected a JSON Schema file") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ScenarioError(f"{source}: {label}: {field}: unreadable ({exc}): expected a JSON Schema file") from None
+        schema = read_json(path, "a JSON Schema file", ScenarioError)
+    except ScenarioError as exc:
+        raise ScenarioError(f"{source}: {label}: {field}: {exc}") from None
     try:
         _validate_schema(schema)
     except ValueError as exc:

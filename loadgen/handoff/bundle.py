@@ -23,6 +23,7 @@ from loadgen.rundir.io import has_run, read_run_manifest, read_run_table
 from loadgen.rundir.manifest import Manifest, ScenarioRef
 from loadgen.rundir.schema import MANIFEST_FILE, REQUESTS_FILE, SERVER_METRICS_FILE
 from loadgen.util.errors import RunDirError
+from loadgen.util.outputfile import make_output_dir
 from loadgen.util.redact import redact_url
 from loadgen.util.tomlfile import dumps_toml
 from loadgen.workload.scenario import class_order, load_scenario, scenario_from_manifest
@@ -463,7 +464,7 @@ def _bundle_dir(out: str | Path) -> Path:
     out = Path(out)
     if out.name.endswith(".tar.gz"):
         out = out.with_name(out.name[: -len(".tar.gz")])
-    if out.exists() and any(out.iterdir()):
+    if out.is_dir() and any(out.iterdir()):
         raise RunDirError(f"{out}: exists and is not empty: expected a new bundle directory")
     return out
 
@@ -511,7 +512,7 @@ def build_bundle(source: str | Path, out: str | Path) -> BundleInfo:
     experiment = propose_experiment(
         failures, inner_engine_config(_engine(src.manifest)), src.manifest.trace.name if src.manifest.trace else None
     )
-    out.mkdir(parents=True, exist_ok=True)
+    make_output_dir(out, "a new bundle directory", RunDirError)
     try:
         _write_files(out, src, failures, experiment)
         files = write_sums(out)

@@ -8,14 +8,24 @@ parameter counts. Anything missing or malformed is one LedgerError line: file, f
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadgen.util.errors import LedgerError
+from loadgen.util.errors import LedgerError, LoadgenError
+from loadgen.util.jsonfile import read_json_object
 
-__all__ = ["ModelConfig", "read_model_config", "parse_model_config", "DTYPE_BYTES", "dtype_bytes"]
+__all__ = [
+    "DTYPE_BYTES",
+    "MODEL_CONFIG_WHAT",
+    "ModelConfig",
+    "dtype_bytes",
+    "config_int",
+    "model_config_file",
+    "parse_model_config",
+    "read_model_config",
+    "read_model_config_json",
+]
 
 #: Bytes per element for the dtypes the ledger understands (names as HF/vLLM spell them).
 DTYPE_BYTES: dict[str, float] = {
@@ -111,9 +121,11 @@ MAX_CONFIG_INT = (1 << 31) - 1
 MAX_LAYERS = 65536
 
 
-def _get(
+def config_int(
     cfg: dict[str, Any], src: str, name: str, *, required: bool = True, default: Any = None, positive: bool = True
 ) -> Any:
+    """Field ``name`` of config ``cfg`` (from file ``src``) as an integer within the ledger's bound; missing,
+    a boolean, a float, a string or out of range is one LedgerError line naming file, field and value."""
     value = cfg.get(name, default)
     if value is None:
         if required:
@@ -159,10 +171,10 @@ def _layer_kinds(
     if model_type == "gemma2":  # alternating, even layers slide
         return tuple("sliding" if i % 2 == 0 else "full" for i in range(num_layers))
     if model_type in ("gemma3", "gemma3_text"):
-        pattern = _get(cfg, src, "sliding_window_pattern", default=6)
+        pattern = config_int(cfg, src, "sliding_window_pattern", default=6)
         return tuple("full" if (i + 1) % pattern == 0 else "sliding" for i in range(num_layers))
     if model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
-        first = _get(cfg, src, "max_window_layers", default=num_layers, positive=False)
+        first = config_int(cfg, src, "max_window_layers", default=num_layers, positive=False)
         return tuple("sliding" if i >= first else "full" for i in range(num_layers))
     return ("sliding",) * num_layers  # Mistral-style: one window for every layer
 
@@ -207,8 +219,8 @@ def parse_model_config(cfg: dict[str, Any], source: str = "<config>") -> ModelCo
     architecture = archs[0] if isinstance(archs, list) and archs else str(cfg.get("model_type", "unknown"))
     model_type = str(cfg.get("model_type", "")).lower()
     hidden, layers, heads, kv_heads, head_dim = _attention_shape(cfg, src)
-    vocab = _get(cfg, src, "vocab_size")
-    inter = _get(cfg, src, "intermediate_size")
+    vocab = config_int(cfg, src, "vocab_size")
+    inter = config_int(cfg, src, "intermediate_size")
     torch_dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
     dtype_bytes(torch_dtype, f"{src}: torch_dtype")
     sliding, kinds = _sliding_window(cfg, src, model_type, layers)
@@ -259,17 +271,17 @@ def parse_model_config(cfg: dict[str, Any], source: str = "<config>") -> ModelCo
 
 def _attention_shape(cfg: dict[str, Any], src: str) -> tuple[int, int, int, int, int]:
     """(hidden size, layers, attention heads, KV heads, head dim), each checked against the others."""
-    hidden = _get(cfg, src, "hidden_size")
-    layers = _get(cfg, src, "num_hidden_layers")
+    hidden = config_int(cfg, src, "hidden_size")
+    layers = config_int(cfg, src, "num_hidden_layers")
     if layers > MAX_LAYERS:  # the ledger walks the layers one by one
         raise LedgerError(f"{src}: num_hidden_layers = {layers}: expected at most {MAX_LAYERS}")
-    heads = _get(cfg, src, "num_attention_heads")
-    kv_heads = _get(cfg, src, "num_key_value_heads", required=False) or heads
+    heads = config_int(cfg, src, "num_attention_heads")
+    kv_heads = config_int(cfg, src, "num_key_value_heads", required=False) or heads
     if kv_heads > heads or heads % kv_heads:
         raise LedgerError(
             f"{src}: num_key_value_heads = {kv_heads}: expected a divisor of num_attention_heads ({heads})"
         )
-    head_dim = _get(cfg, src, "head_dim", required=False)
+    head_dim = config_int(cfg, src, "head_dim", required=False)
     if head_dim is None:
         if hidden % heads:
             raise LedgerError(
@@ -295,13 +307,13 @@ def _sliding_window(cfg: dict[str, Any], src: str, model_type: str, layers: int)
 def _mla(cfg: dict[str, Any], src: str) -> tuple[int | None, int | None, int | None, int | None, int | None]:
     """Multi-head latent attention (DeepSeek): (kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim,
     q_lora_rank), all None without ``kv_lora_rank``."""
-    kv_lora = _get(cfg, src, "kv_lora_rank", required=False)
-    rope = _get(cfg, src, "qk_rope_head_dim", required=False) if kv_lora else None
+    kv_lora = config_int(cfg, src, "kv_lora_rank", required=False)
+    rope = config_int(cfg, src, "qk_rope_head_dim", required=False) if kv_lora else None
     if kv_lora and rope is None:
         raise LedgerError(f"{src}: qk_rope_head_dim: missing; expected a positive integer with kv_lora_rank (MLA)")
-    nope = _get(cfg, src, "qk_nope_head_dim", required=False) if kv_lora else None
-    v_head = _get(cfg, src, "v_head_dim", required=False) if kv_lora else None
-    q_lora = _get(cfg, src, "q_lora_rank", required=False) if kv_lora else None
+    nope = config_int(cfg, src, "qk_nope_head_dim", required=False) if kv_lora else None
+    v_head = config_int(cfg, src, "v_head_dim", required=False) if kv_lora else None
+    q_lora = config_int(cfg, src, "q_lora_rank", required=False) if kv_lora else None
     return kv_lora, rope, nope, v_head, q_lora
 
 
@@ -313,15 +325,17 @@ def _moe(
     n_experts = None
     for key in ("n_routed_experts", "num_local_experts", "num_experts"):
         if cfg.get(key):
-            n_experts = _get(cfg, src, key)
+            n_experts = config_int(cfg, src, key)
             break
     if not n_experts:
         return n_experts, None, None, None, (), False
-    top_k = _get(cfg, src, "num_experts_per_tok", required=False)
-    moe_inter = _get(cfg, src, "moe_intermediate_size", required=False) or inter  # Mixtral: intermediate_size
-    first_dense = _get(cfg, src, "first_k_dense_replace", required=False, positive=False) or 0
+    top_k = config_int(cfg, src, "num_experts_per_tok", required=False)
+    moe_inter = config_int(cfg, src, "moe_intermediate_size", required=False) or inter  # Mixtral: intermediate_size
+    first_dense = config_int(cfg, src, "first_k_dense_replace", required=False, positive=False) or 0
     freq = (
-        _get(cfg, src, "moe_layer_freq", required=False) or _get(cfg, src, "decoder_sparse_step", required=False) or 1
+        config_int(cfg, src, "moe_layer_freq", required=False)
+        or config_int(cfg, src, "decoder_sparse_step", required=False)
+        or 1
     )
     mlp_only = set(_int_list(cfg, src, "mlp_only_layers"))
     moe_layers = tuple(
@@ -333,36 +347,31 @@ def _moe(
     )
     shared_inter, shared_gate = None, False
     if cfg.get("n_shared_experts"):
-        shared_inter = _get(cfg, src, "n_shared_experts") * moe_inter
+        shared_inter = config_int(cfg, src, "n_shared_experts") * moe_inter
     elif cfg.get("shared_expert_intermediate_size"):
-        shared_inter = _get(cfg, src, "shared_expert_intermediate_size")
+        shared_inter = config_int(cfg, src, "shared_expert_intermediate_size")
         shared_gate = True  # Qwen2-MoE gates its shared expert
     return n_experts, top_k, moe_inter, shared_inter, moe_layers, shared_gate
 
 
+#: What a model config file is, in every error about one.
+MODEL_CONFIG_WHAT = "a Hugging Face config.json"
+
+
+def model_config_file(path: str | Path) -> Path:
+    """The config.json a user named: ``path`` itself, or ``path/config.json`` for a model directory."""
+    p = Path(path)
+    return p / "config.json" if p.is_dir() else p
+
+
+def read_model_config_json(path: str | Path, error: type[LoadgenError] = LedgerError) -> tuple[Path, dict[str, Any]]:
+    """The one reader of a config.json (or a model directory holding one): its path and its top-level object;
+    missing, unreadable, not UTF-8, not JSON or not an object is one ``error`` line naming the file."""
+    p = model_config_file(path)
+    return p, read_json_object(p, MODEL_CONFIG_WHAT, error)
+
+
 def read_model_config(path: str | Path) -> ModelConfig:
     """Read a Hugging Face config.json (or a model directory containing one)."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "config.json"
-    try:
-        text = p.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise LedgerError(f"{p}: not UTF-8 (byte {exc.start}): expected a Hugging Face config.json") from None
-    except FileNotFoundError:
-        raise LedgerError(f"{p}: no such file: expected a Hugging Face config.json") from None
-    except OSError as exc:
-        raise LedgerError(f"{p}: cannot read ({exc.strerror}): expected a Hugging Face config.json") from None
-    except ValueError:  # a NUL byte: no file can have this name
-        raise LedgerError(
-            f"{str(p)!r}: not a usable file name (NUL byte): expected a Hugging Face config.json"
-        ) from None
-    try:
-        data = json.loads(text)
-    except RecursionError:
-        raise LedgerError(f"{p}: nested too deeply: expected a Hugging Face config.json") from None
-    except json.JSONDecodeError as exc:
-        raise LedgerError(
-            f"{p}: invalid JSON at line {exc.lineno} column {exc.colno}: expected a Hugging Face config.json"
-        ) from None
+    p, data = read_model_config_json(path)
     return parse_model_config(data, str(p))

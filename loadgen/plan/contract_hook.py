@@ -8,7 +8,6 @@ not_configured} and a one-line ``summary`` saying why, never a silent gap.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ from loadgen.rundir.schema import CONTRACT_FILE
 from loadgen.util.errors import LoadgenError
 
 from ..contract.cases import load_case_refs
-from ..contract.replay import replay_cases_sync, write_contract
+from ..contract.replay import read_contract, replay_cases_sync, write_contract
 
 __all__ = ["CONTRACT_FILE", "contract_status_from_file", "replay_contract"]
 
@@ -76,22 +75,22 @@ def replay_contract(
 
 
 def contract_status_from_file(path: Path) -> dict[str, Any] | None:
-    """Read a ``contract.json`` written by ``loadgen contract`` or a plan/practice (None when absent)."""
+    """Read a ``contract.json`` written by ``loadgen contract`` or a plan/practice (None when absent), through
+    the one reader of contract results (``read_contract``: a damaged file is one RunDirError line naming it)."""
     path = Path(path)
     if not path.is_file():
         return None
-    data = json.loads(path.read_text())
-    passed = bool(data.get("passed"))
-    diff = data.get("reference_diff") or {}
-    rejects = bool(diff.get("rejects"))
-    n_cases, n_passed = data.get("n_cases"), data.get("n_passed")
+    result = read_contract(path)
+    diff = result.reference_diff
+    passed, rejects = result.passed, bool(diff is not None and diff.rejects)
+    n_cases, n_passed = len(result.cases), sum(c.passed for c in result.cases)
     summary = f"contract {'PASSED' if passed and not rejects else 'FAILED'}: {n_passed}/{n_cases} cases passed ({path})"
-    if rejects:
-        summary += f"; behaviour changed vs reference: {', '.join(diff.get('regressions', []))}"
+    if diff is not None and rejects:
+        summary += f"; behaviour changed vs reference: {', '.join(diff.regressions)}"
     return {
         "status": "passed" if passed and not rejects else "failed",
         "summary": summary,
-        "failures": (data.get("failures") or [])[:20],
+        "failures": result.failures[:20],
         "n_cases": n_cases,
         "n_passed": n_passed,
         "path": str(path),

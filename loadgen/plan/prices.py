@@ -9,7 +9,6 @@ the candidate costs per hour) or ``usd_per_million_input_tokens`` / ``usd_per_mi
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from loadgen.util.errors import ScenarioError
 from loadgen.util.limits import InputModel
+from loadgen.util.tomlfile import read_toml
 from loadgen.workload.scenario import format_validation_error
 
 __all__ = ["Price", "PriceTable", "load_prices", "cost_per_million"]
@@ -60,12 +60,7 @@ class PriceTable(InputModel):
 def load_prices(path: str | Path) -> PriceTable:
     """Read and validate a price table (one ScenarioError line on any problem)."""
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ScenarioError(f"{path}: no such file: expected a price table TOML (see scenarios/prices.toml)") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"{path}: invalid TOML ({exc}): expected a price table") from None
+    data, _ = read_toml(path, "a price table TOML (see scenarios/prices.toml)")
     try:
         table = PriceTable.model_validate(data)
     except ValidationError as exc:

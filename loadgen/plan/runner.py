@@ -25,6 +25,7 @@ from typing import Any
 from loadgen.rundir.identity import harness_identity, utc_now_iso
 from loadgen.rundir.io import load_run
 from loadgen.util.errors import PlanError
+from loadgen.util.outputfile import make_output_dir
 from loadgen.workload.scenario import Scenario, load_scenario
 
 from ..analysis import analyze_run
@@ -101,7 +102,7 @@ class _Planner:
     # ---- state file -------------------------------------------------------------------------------
     def open_state(self) -> None:
         """Resume the plan directory's state (same plan, same target) or start a new one."""
-        self.plan_dir.mkdir(parents=True, exist_ok=True)
+        make_output_dir(self.plan_dir, "a plan directory (plan --out)", PlanError)
         path = self.plan_dir / PLAN_FILE
         if path.is_file():
             state = read_plan_state(path)

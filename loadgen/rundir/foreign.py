@@ -24,7 +24,6 @@ Both write through ``RunWriter`` with ``run_kind: "imported"``.
 from __future__ import annotations
 
 import heapq
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from loadgen.rundir.io import RunWriter
 from loadgen.rundir.manifest import Anchor, Manifest, TargetRef
 from loadgen.rundir.schema import empty_request_row, http_error_kind
 from loadgen.util.errors import RunDirError
+from loadgen.util.jsonfile import read_json
 
 __all__ = ["import_llmperf", "import_vllm_bench", "llmperf_error_kind"]
 
@@ -41,12 +41,7 @@ NS = 1_000_000_000
 
 
 def _load_json(path: Path) -> Any:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise RunDirError(f"{path}: no such file: expected a results JSON file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RunDirError(f"{path}: invalid JSON ({exc}): expected a results JSON file") from None
+    return read_json(path, "a results JSON file", RunDirError)
 
 
 def _ns(seconds: Any) -> int:

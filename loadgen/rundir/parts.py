@@ -20,9 +20,9 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -294,16 +294,16 @@ def _conform(table: pa.Table, schema: pa.Schema, wanted: list[str], path: Path) 
     bad = [c for c in missing if c not in COLUMNS_SINCE]
     if bad:
         raise RunDirError(f"{path}: missing column(s) {bad}: expected the loadgen record schema v{SCHEMA_VERSION}")
+    _refuse_nulls(
+        [table.column(c) for c in wanted if c not in missing], schema, [c for c in wanted if c not in missing], path
+    )
     for name in missing:
         table = table.append_column(name, pa.nulls(table.num_rows, schema.field(name).type))
     target = pa.schema([schema.field(c) for c in wanted])
     try:
         return table.select(wanted).cast(target)
     except (pa.ArrowException, ValueError) as exc:
-        detail = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-        raise RunDirError(
-            f"{path}: a column of the wrong type ({detail}): expected the loadgen record schema v{SCHEMA_VERSION}"
-        ) from None
+        _raise_wrong_type(path, exc)
 
 
 def read_table(path: Path, schema: pa.Schema, columns: list[str] | None = None) -> pa.Table | None:
@@ -326,8 +326,11 @@ def read_table(path: Path, schema: pa.Schema, columns: list[str] | None = None) 
     return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
 
-def iter_file_batches(files: list[Path], columns: list[str], batch_size: int) -> Iterator[tuple[Path, pa.RecordBatch]]:
-    """Record batches of ``columns`` over a table's ``files`` (``table_files``), in order: (file, batch)."""
+def iter_file_batches(files: list[Path], schema: pa.Schema, batch_size: int) -> Iterator[tuple[Path, pa.RecordBatch]]:
+    """Record batches of ``schema``'s columns over a table's ``files`` (``table_files``), in order, each column in
+    ``schema``'s type (the rule of ``read_table``): (file, batch). A missing column, a column that will not
+    convert or a corrupt page is one RunDirError naming the file."""
+    columns = schema.names
     for file in files:
         pf = _open(file)
         missing = [c for c in columns if c not in pf.schema_arrow.names]
@@ -343,7 +346,37 @@ def iter_file_batches(files: list[Path], columns: list[str], batch_size: int) ->
                 raise _unreadable(file, exc) from None
             if batch is None:
                 break
-            yield file, batch
+            yield file, _conform_batch(batch, schema, file)
+
+
+def _conform_batch(batch: pa.RecordBatch, schema: pa.Schema, path: Path) -> pa.RecordBatch:
+    """``batch`` in ``schema``'s types (a column already of its type is kept as it is)."""
+    _refuse_nulls(batch.columns, schema, schema.names, path)
+    try:
+        cols = [col if col.type == field.type else col.cast(field.type) for col, field in zip(batch.columns, schema)]
+    except (pa.ArrowException, ValueError) as exc:
+        _raise_wrong_type(path, exc)
+    return pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+def _refuse_nulls(
+    columns: Sequence[pa.Array | pa.ChunkedArray], schema: pa.Schema, names: list[str], path: Path
+) -> None:
+    """A null in a column the schema declares not null (``request_id``, ``seq``, ``arrival_ns`` ...) is one
+    RunDirError naming the file, the column and how many rows: loadgen never writes one."""
+    for name, col in zip(names, columns):
+        if col.null_count and not schema.field(name).nullable:
+            raise RunDirError(
+                f"{path}: {name} = null ({col.null_count} row(s)): expected a value in every row "
+                f"(loadgen record schema v{SCHEMA_VERSION})"
+            )
+
+
+def _raise_wrong_type(path: Path, exc: BaseException) -> NoReturn:
+    detail = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+    raise RunDirError(
+        f"{path}: a column of the wrong type ({detail}): expected the loadgen record schema v{SCHEMA_VERSION}"
+    ) from None
 
 
 def table_rows(path: Path) -> int:

@@ -122,16 +122,24 @@ def export_mlflow(
     directories: list[Path | str], *, tracking_uri: str = DEFAULT_TRACKING_URI, experiment: str = DEFAULT_EXPERIMENT
 ) -> ExportReport:
     """Export run and plan directories (see the module docstring); returns what was exported or skipped."""
-    client, exp = _client(tracking_uri, experiment)
+    kinds = [(directory, _kind(directory)) for directory in (Path(d).resolve() for d in directories)]
+    client, exp = _client(tracking_uri, experiment)  # only once every directory is one: a refusal writes nothing
     report = ExportReport()
-    for directory in (Path(d).resolve() for d in directories):
-        if (directory / PLAN_FILE).is_file():
+    for directory, kind in kinds:
+        if kind == "plan":
             _export_plan(client, exp, directory, report)
-        elif (directory / MANIFEST_FILE).is_file():
-            _export_one(client, exp, directory, None, report)
         else:
-            raise RunDirError(f"{directory}: neither a run directory nor a plan directory: expected one of them")
+            _export_one(client, exp, directory, None, report)
     return report
+
+
+def _kind(directory: Path) -> str:
+    """``plan`` or ``run``; anything else is one RunDirError line."""
+    if (directory / PLAN_FILE).is_file():
+        return "plan"
+    if (directory / MANIFEST_FILE).is_file():
+        return "run"
+    raise RunDirError(f"{directory}: neither a run directory nor a plan directory: expected one of them")
 
 
 def _export_one(client: Any, exp: str, run_dir: Path, parent: str | None, report: ExportReport) -> None:

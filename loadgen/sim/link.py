@@ -16,13 +16,13 @@ input, an all-gather's LOCAL input (one rank's share), a reduce-scatter's LOCAL 
 
 from __future__ import annotations
 
-import csv
 import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from loadgen.util.errors import ScenarioError
+from loadgen.util.inputfile import read_input_csv
 
 from .interp import interp_axis
 
@@ -114,11 +114,7 @@ class MeasuredLink:
 def read_collectives(path: str) -> MeasuredLink:
     """The measured-collectives CSV at ``path`` (``collective,ranks,bytes,us``; at least 2 sizes a collective
     and rank count, each size once)."""
-    try:
-        with Path(path).open(newline="") as f:
-            rows = list(csv.DictReader(f))
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read the collectives table: {exc.strerror or exc}") from None
+    rows = read_input_csv(Path(path), "a measured-collectives CSV (collective,ranks,bytes,us)", ScenarioError)
     points: dict[tuple[str, int], dict[float, float]] = {}
     for line, row in enumerate(rows, start=2):
         name = row.get("collective")

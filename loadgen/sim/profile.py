@@ -55,7 +55,6 @@ sync the DP all-reduce forces.
 from __future__ import annotations
 
 import bisect
-import csv
 import functools
 import re
 from collections.abc import Sequence
@@ -66,6 +65,7 @@ from typing import Any
 import numpy as np
 
 from loadgen.util.errors import ScenarioError
+from loadgen.util.inputfile import read_input_csv, read_input_text
 
 from ..ledger.config import ModelConfig, read_model_config
 from .interp import interp_axis
@@ -418,25 +418,15 @@ class OperatorProfile:
         }
 
 
+_CSV_WHAT = "an operator profile CSV (loadgen sim engine --profile)"
+
+
 def _read_rows(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
-    """The rows of one profile table, refused in one line when it cannot be read, lacks one of ``columns`` or
-    holds no row (an empty table would price its operators at nothing)."""
-    try:
-        with path.open(newline="") as f:
-            reader = csv.DictReader(f)
-            rows = list(reader)
-            header = list(reader.fieldnames or [])
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise ScenarioError(f"{path}: cannot read the operator profile: {reason}") from None
-    expected = f"expected columns {', '.join(columns)}"
-    if not header:
-        raise ScenarioError(f"{path}: empty: {expected} and a row per measured point")
-    missing = [name for name in columns if name not in header]
-    if missing:
-        raise ScenarioError(f"{path}: column {missing[0]!r}: missing: {expected} (the header has {', '.join(header)})")
+    """The rows of one profile table: unreadable, not UTF-8, not CSV, without one of ``columns`` or with no rows
+    is one ScenarioError line naming the file."""
+    rows = read_input_csv(path, _CSV_WHAT, ScenarioError, columns)
     if not rows:
-        raise ScenarioError(f"{path}: no rows under the header: expected a row per measured point")
+        raise ScenarioError(f"{path}: no rows under the header: expected {_CSV_WHAT}, a row per measured point")
     return rows
 
 
@@ -561,7 +551,7 @@ def _moe(path: Path) -> dict[int, tuple[list[int], list[float]]]:
 def _skew(root: Path, tp: int) -> _Skew | None:
     """The profile's skew fit for TP ``tp`` (meta.yaml's ``skew_fit`` block and ``tp<N>/skew_fit.csv``), or None
     where it fitted none (``enabled: false``, as in the RTX 4090 profile)."""
-    text = (root / "meta.yaml").read_text()
+    text = _meta_text(root)
     block = text[text.find("\nskew_fit:") + 1 :] if "\nskew_fit:" in text else ""
     if not re.search(r"^  enabled: true", block, re.M):
         return None
@@ -582,14 +572,15 @@ def _skew(root: Path, tp: int) -> _Skew | None:
     return _Skew(bins, labels, alpha, float(default.group(1)) if default else 0.0)
 
 
+def _meta_text(root: Path) -> str:
+    """The text of the profile's meta.yaml (one ScenarioError line when missing, unreadable or not UTF-8)."""
+    return read_input_text(root / "meta.yaml", "the profile's meta.yaml (loadgen sim engine --profile)", ScenarioError)
+
+
 def profile_meta(root: Path) -> dict[str, str]:
     """The top-level ``key: value`` scalars of the profile's meta.yaml (gpu, vllm_version, model, tp_degrees):
     all this module reads of it, without a YAML dependency."""
-    path = root / "meta.yaml"
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read the profile's meta.yaml: {exc.strerror or exc}") from None
+    text = _meta_text(root)
     meta: dict[str, str] = {}
     for line in text.splitlines():
         if line and not line[0].isspace() and ":" in line:

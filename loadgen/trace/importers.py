@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from loadgen.rundir.identity import sha256_file
 from loadgen.util.errors import TraceError
+from loadgen.util.inputfile import read_input_text
 from loadgen.util.limits import MAX_OFFSET_NS, MAX_TOKENS, MAX_TRACE_REQUESTS, is_finite
 from loadgen.workload.scenario import class_name_problem
 
@@ -78,11 +79,7 @@ def _parse_azure_time(value: str, path: Path, row: int) -> int:
 
 
 def _read_azure(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]]:
-    try:
-        with open(path, encoding="utf-8", newline="") as handle:
-            text = handle.read()
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read ({exc.strerror})") from None
+    text = read_input_text(path, "an Azure LLM inference trace 2023 CSV", TraceError)
     reader = csv.reader(io.StringIO(text))  # handles CRLF and a missing final newline
     header = next(reader, None)
     expected = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
@@ -109,33 +106,30 @@ def _read_azure(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[An
 
 def _read_mooncake(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]]:
     times, prompts, outputs, hashes = [], [], [], []
-    try:
-        handle = open(path, encoding="utf-8")  # noqa: SIM115 (closed by the with below; open errors reported apart)
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read ({exc.strerror})") from None
-    with handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                if not isinstance(rec, dict):
-                    raise TypeError
-                stamp = rec["timestamp"]
-                if not is_finite(stamp) or not 0 <= stamp <= MAX_OFFSET_NS / 1_000_000 * 100:
-                    raise TraceError(f"{path}: line {line_no}: timestamp = {stamp!r}: expected milliseconds >= 0")
-                times.append(int(round(float(stamp) * 1_000_000)))  # ms → ns
-                prompts.append(_count(path, f"line {line_no}", "input_length", rec["input_length"]))
-                outputs.append(_count(path, f"line {line_no}", "output_length", rec["output_length"]))
-                hashes.append(tuple(_int64(path, line_no, "hash_ids", h) for h in rec.get("hash_ids", [])))
-            except json.JSONDecodeError:
-                raise TraceError(f"{path}: line {line_no}: invalid JSON: expected a Mooncake record") from None
-            except KeyError as exc:
-                raise TraceError(
-                    f"{path}: line {line_no}: missing field {exc.args[0]!r}: expected timestamp, input_length, output_length"
-                ) from None
-            except (TypeError, ValueError, OverflowError):
-                raise TraceError(f"{path}: line {line_no}: non-numeric field: expected numbers") from None
+    text = read_input_text(path, "a Mooncake trace JSONL", TraceError)
+    # one record a line ("\n" only: a U+2028 inside a JSON string is not a line break)
+    for line_no, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict):
+                raise TypeError
+            stamp = rec["timestamp"]
+            if not is_finite(stamp) or not 0 <= stamp <= MAX_OFFSET_NS / 1_000_000 * 100:
+                raise TraceError(f"{path}: line {line_no}: timestamp = {stamp!r}: expected milliseconds >= 0")
+            times.append(int(round(float(stamp) * 1_000_000)))  # ms → ns
+            prompts.append(_count(path, f"line {line_no}", "input_length", rec["input_length"]))
+            outputs.append(_count(path, f"line {line_no}", "output_length", rec["output_length"]))
+            hashes.append(tuple(_int64(path, line_no, "hash_ids", h) for h in rec.get("hash_ids", [])))
+        except json.JSONDecodeError:
+            raise TraceError(f"{path}: line {line_no}: invalid JSON: expected a Mooncake record") from None
+        except KeyError as exc:
+            raise TraceError(
+                f"{path}: line {line_no}: missing field {exc.args[0]!r}: expected timestamp, input_length, output_length"
+            ) from None
+        except (TypeError, ValueError, OverflowError):
+            raise TraceError(f"{path}: line {line_no}: non-numeric field: expected numbers") from None
     return np.asarray(times, np.int64), np.asarray(prompts, np.int64), np.asarray(outputs, np.int64), hashes
 
 

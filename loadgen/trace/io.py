@@ -214,7 +214,8 @@ def read_trace(path: str | Path) -> tuple[pa.Table, dict[str, Any]]:
     and its metadata dict."""
     path = Path(path)
     if not path.is_file():
-        raise TraceError(f"{path}: no such file: expected a trace Parquet file (loadgen trace generate/import)")
+        problem = "is a directory" if path.is_dir() else "no such file"
+        raise TraceError(f"{path}: {problem}: expected a trace Parquet file (loadgen trace generate/import)")
     try:
         table = pq.read_table(path)
         table.validate(full=True)  # also every string is UTF-8 (a damaged file may decode to anything)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.util.errors import LoadgenError
-from loadgen.util.inputfile import read_input_bytes
+from loadgen.util.inputfile import read_input_text
 
 __all__ = ["read_json", "read_json_object"]
 
@@ -24,11 +24,7 @@ def _no_constant(name: str) -> Any:
 def read_json(path: str | Path, what: str, error: type[LoadgenError] = LoadgenError, *, allow_nan: bool = True) -> Any:
     """Parse ``path`` as JSON in UTF-8; ``what`` names the expected file kind."""
     path = Path(path)
-    raw = read_input_bytes(path, what, error)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise error(f"{path}: not UTF-8 (byte {exc.start}): expected {what}") from None
+    text = read_input_text(path, what, error)
     try:
         return json.loads(text) if allow_nan else json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:

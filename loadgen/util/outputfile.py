@@ -16,7 +16,7 @@ from pathlib import Path
 
 from loadgen.util.errors import LoadgenError
 
-__all__ = ["PARTIAL_SUFFIX", "output_partial", "write_output_text"]
+__all__ = ["PARTIAL_SUFFIX", "make_output_dir", "output_partial", "write_output_text"]
 
 #: The suffix of the temporary file a write goes through.
 PARTIAL_SUFFIX = ".partial"
@@ -63,3 +63,18 @@ def write_output_text(path: str | Path, text: str, check: Callable[[Path], objec
                     raise
                 raise type(exc)(message.replace(str(partial), f"{path} (not written)")) from None
     return Path(path)
+
+
+def make_output_dir(path: str | Path, what: str, error: type[LoadgenError] = LoadgenError) -> Path:
+    """Make the directory the user named for a command's output (its parents too; an existing one is kept); a
+    file at ``path`` or above it, or a directory that cannot be made, is ``error`` naming ``what`` was expected."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise error(f"{path}: is a file: expected {what}") from None
+    except NotADirectoryError:
+        raise error(f"{path}: a file stands in its path: expected {what}") from None
+    except OSError as exc:
+        raise error(f"{path}: cannot create ({exc.strerror}): expected {what}") from None
+    return path

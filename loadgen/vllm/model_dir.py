@@ -14,7 +14,9 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from loadgen.ledger.config import config_int, read_model_config_json
 from loadgen.util.errors import EngineError
+from loadgen.util.outputfile import make_output_dir
 
 __all__ = ["make_model_dir", "shipped_model_path", "shipped_models"]
 
@@ -59,15 +61,15 @@ def _corpus(seed: int, lines: int = 4000) -> list[str]:
 
 
 def _read_config(config: str | Path | None) -> tuple[Path, dict[str, Any]]:
-    """The source config path (a path or a shipped name; default tiny-llama-gqa) and its parsed JSON."""
-    src = shipped_model_path(DEFAULT_MODEL) if config is None else Path(config)
-    if not src.is_file():
+    """The source config path (a path, a model directory or a shipped name; default tiny-llama-gqa) and its
+    top-level JSON object, read by the ledger's one config reader (one-line EngineError when unusable)."""
+    if config is None:
+        src = shipped_model_path(DEFAULT_MODEL)
+    elif Path(config).exists():
+        src = Path(config)
+    else:
         src = shipped_model_path(str(config))
-    try:
-        cfg = json.loads(src.read_text())
-    except json.JSONDecodeError as exc:
-        raise EngineError(f"{src}: invalid JSON ({exc.msg}): expected a Hugging Face config.json") from None
-    return src, cfg
+    return read_model_config_json(src, EngineError)
 
 
 def _train_tokenizer(vocab_size: int, seed: int) -> Tokenizer:
@@ -95,14 +97,13 @@ def make_model_dir(
     ``--load-format dummy`` the directory needs no download and no weights.
     """
     src, cfg = _read_config(config)
-    vocab = int(cfg.get("vocab_size") or 0)
+    vocab = config_int(cfg, str(src), "vocab_size")
     if vocab < 300:
-        raise EngineError(f"{src}: vocab_size = {cfg.get('vocab_size')!r}: expected >= 300 for a byte-level tokenizer")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+        raise EngineError(f"{src}: vocab_size = {vocab!r}: expected >= 300 for a byte-level tokenizer")
+    max_len = config_int(cfg, str(src), "max_position_embeddings", required=False) or 2048
+    out = make_output_dir(out, "a model directory (--out)", EngineError)
     tok = _train_tokenizer(min(vocab, tokenizer_vocab or 4096), seed)
     tok.save(str(out / "tokenizer.json"))
-    max_len = int(cfg.get("max_position_embeddings") or 2048)
     (out / "tokenizer_config.json").write_text(
         json.dumps(
             {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import csv
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 from typing import cast
@@ -11,6 +11,7 @@ import numpy as np
 
 from loadgen.stats.percentiles import percentile_sorted
 from loadgen.util.errors import ScenarioError
+from loadgen.util.inputfile import read_input_csv, read_input_text
 from loadgen.util.limits import MAX_PARAM
 from loadgen.workload.scenario import Empirical, Fixed, LogNormal, Mixture, Normal, Uniform
 
@@ -22,19 +23,13 @@ Dist = Fixed | Uniform | Normal | LogNormal | Empirical | Mixture
 @lru_cache(maxsize=32)
 def _empirical_values(path: str, column: str | None) -> np.ndarray:
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ScenarioError(
-            f"{p}: cannot read empirical distribution ({exc.strerror}): expected a file of numbers"
-        ) from None
     values: list[float] = []
+    rows: Iterable[str]
     if column:
-        reader = csv.DictReader(text.splitlines())
-        if reader.fieldnames is None or column not in reader.fieldnames:
-            raise ScenarioError(f"{p}: column {column!r} not found: expected one of {reader.fieldnames}")
-        rows = (row[column] for row in reader)
+        what = f"an empirical distribution: a CSV file with a column {column!r} of numbers"
+        rows = (row[column] for row in read_input_csv(p, what, ScenarioError, (column,)))
     else:
+        text = read_input_text(p, "an empirical distribution: a file of numbers, one a line", ScenarioError)
         rows = (line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
     for lineno, raw in enumerate(rows, start=1):
         try:
