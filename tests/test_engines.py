@@ -382,6 +382,13 @@ def test_cli_make_model_and_parse_log(tmp_path):
     )
     assert json.loads(r.stdout)["kv_cache_size_tokens"] == 512_000
     assert os.path.exists(tmp_path / "m" / "tokenizer.json")
+    # a file with no line vLLM prints is refused, not answered with an empty {} that reads as a parsed log
+    log.write_text("garbage\nmore garbage\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "loadgen", "vllm", "parse-log", str(log)], capture_output=True, text=True, cwd=ROOT
+    )
+    assert r.returncode == 2 and r.stdout == "" and "expected a vLLM server log" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
 
 def test_cli_serve_until_interrupted(tmp_path, standin):

@@ -170,7 +170,14 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _parse_log(args: argparse.Namespace) -> int:
-    from loadgen.vllm.log import parse_vllm_log_file  # deferred: `loadgen --help` loads no library code
+    from loadgen.util.errors import EngineError  # deferred: `loadgen --help` loads no library code
+    from loadgen.vllm.log import find_vllm_log, parse_vllm_log_file  # deferred: `loadgen --help` is light
 
-    print(json.dumps(parse_vllm_log_file(args.log), indent=2))
+    parsed = parse_vllm_log_file(args.log)
+    if not parsed:  # a file with none of the lines vLLM prints is not its log: an empty {} would read as one
+        raise EngineError(
+            f"{find_vllm_log(args.log)}: no line vLLM prints (version, engine config, KV cache size, load or "
+            "compile times): expected a vLLM server log"
+        )
+    print(json.dumps(parsed, indent=2))
     return 0
