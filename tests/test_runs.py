@@ -180,6 +180,28 @@ def test_catalog_indexes_incrementally_and_reports_missing_runs(runs, tmp_path):
     assert bad.returncode == 2 and "no_such_column" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_show_takes_a_path_on_disk_as_that_path_and_says_when_a_run_is_gone(runs, tmp_path):
+    """`runs show NAME` where ./NAME is an uncatalogued run is refused (it matched another catalogued run whose
+    path ends in NAME), and a catalogued run moved away since indexing shows present: false."""
+    cat = tmp_path / "cat.duckdb"
+    indexed = tmp_path / "elsewhere" / "base"
+    shutil.copytree(runs["base"], indexed)
+    _cli("runs", "--catalog", str(cat), "index", str(indexed))
+    here = tmp_path / "here"
+    shutil.copytree(runs["base"], here / "base")
+
+    def show(key: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "loadgen", "runs", "--catalog", str(cat), "show", key, "--json"]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=cwd)
+
+    local = show("base", here)
+    assert local.returncode == 2 and f"{here / 'base'} is not in the catalog" in local.stderr, local.stderr
+    assert local.stdout == "" and len(local.stderr.strip().splitlines()) == 1
+    assert json.loads(show("base", tmp_path).stdout)["run"]["present"] is True  # a unique end: the catalogued run
+    shutil.move(indexed, tmp_path / "moved")
+    assert json.loads(show(str(indexed), tmp_path).stdout)["run"]["present"] is False
+
+
 def test_catalog_headline_figures_match_a_recompute_from_the_parquet(runs, tmp_path):
     cat = tmp_path / "cat.duckdb"
     _cli("runs", "--catalog", str(cat), "index", str(runs["base"]))

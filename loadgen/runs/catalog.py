@@ -327,13 +327,20 @@ class Catalog:
         )
 
     def find(self, key: str) -> dict[str, Any]:
-        """One row by path (absolute or relative to here) or by a unique suffix of its path."""
-        exact = self._dicts("SELECT * FROM runs WHERE path = ?", None, [str(Path(key).resolve())])
+        """One row by path (absolute or relative to here) or by a unique suffix of its path; ``present`` says
+        whether its directory is on disk now. A directory on disk that is not catalogued is refused, never
+        matched by suffix to another run of the same name."""
+        here = Path(key).resolve()
+        exact = self._dicts("SELECT * FROM runs WHERE path = ?", None, [str(here)])
         if exact:
-            return exact[0]
+            return exact[0] | {"present": bool(exact[0]["present"]) and here.is_dir()}
+        if here.exists():
+            raise RunDirError(
+                f"runs show {key}: {here} is not in the catalog: expected a catalogued run (loadgen runs index {key})"
+            )
         matches = self._dicts("SELECT * FROM runs WHERE path LIKE ?", None, ["%" + key.rstrip("/")])
         if len(matches) == 1:
-            return matches[0]
+            return matches[0] | {"present": bool(matches[0]["present"]) and Path(matches[0]["path"]).is_dir()}
         what = "no catalogued run" if not matches else f"{len(matches)} catalogued runs"
         raise RunDirError(f"runs show {key}: {what} match: expected a path or a unique end of one (loadgen runs list)")
 
