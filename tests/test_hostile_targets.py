@@ -632,7 +632,11 @@ def test_a_server_echoing_the_credential_everywhere_leaves_no_canary(tmp_path: P
             timeout=300,
         )
         assert "practice: candidate-a: warm-up then the burst trace against http://127.0.0.1" in done.stderr
-    said = {e["prompt_tail"] for e in read_record(record) if e.get("prompt_tail")}
+    entries = read_record(record)
+    said = {e["prompt_tail"] for e in entries if e.get("prompt_tail")}
+    paths = {e["target"] for e in entries if e["method"] == "POST"}  # the contract's cases too: on the API path
+    known = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
+    assert not [t for t in paths if t.split("?")[0] not in known], paths  # not /v1?api_key=.../v1/chat/...
     rows = load_run(out / "keyed").requests.to_pylist()
     assert {r["error_kind"] for r in rows} == {None, "http_5xx", "http_4xx", "client"}, rows  # every variant
     assert any("HTTP 307" in (r["error_message"] or "") for r in rows)
