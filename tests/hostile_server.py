@@ -262,7 +262,7 @@ class _Server:
             body: object = {"version": "hostile-1", "said": said, "headers": request.headers}
             _respond(writer, 200, json.dumps(body).encode(), extra=extra)
         elif path == "/v1/models":
-            data = [{"id": MODEL, "object": "model", "owned_by": said, "root": request.target}]
+            data = [{"id": MODEL, "object": "model", "owned_by": said, "root": request.target, "max_model_len": 4096}]
             _respond(writer, 200, json.dumps({"object": "list", "data": data}).encode(), extra=extra)
         elif path == "/metrics":
             text = f"# HELP hostile_echo {said}\n# TYPE hostile_echo gauge\nhostile_echo{{said={json.dumps(said)}}} 1\n"

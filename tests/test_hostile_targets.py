@@ -573,8 +573,8 @@ def test_a_server_echoing_the_credential_everywhere_leaves_no_canary(tmp_path: P
     """``echo-all`` says the request's Authorization (Basic decoded too) and its URL back in response headers,
     /version, /v1/models, /metrics (label and HELP), error bodies (500 JSON, 400 text, 404), a 307 Location
     and the stream's SSE comments and fields. Every command that talks to it or derives from what it said
-    (run with a key and a query, run with user:password, contract replay, practice, handoff, analyze, the
-    runs catalog) is run for real; no form of the secrets is in any byte written or printed."""
+    (run with a key and a query, run with user:password, contract replay, practice, sim calibrate and
+    validate, handoff, analyze, the runs catalog) is run for real; no form of the secrets is in any byte written or printed."""
     env = {"LEAK_KEY": CANARY_KEY, "LOADGEN_CATALOG": str(tmp_path / "out" / "catalog.duckdb")}
     out, printed = tmp_path / "out", []
     scenario = trace.parent / "s.toml"  # retain_prompt_text = false: prompts are stored as hashes
@@ -632,6 +632,11 @@ def test_a_server_echoing_the_credential_everywhere_leaves_no_canary(tmp_path: P
             timeout=300,
         )
         assert "practice: candidate-a: warm-up then the burst trace against http://127.0.0.1" in done.stderr
+        done = call("sim", "calibrate", "--target", userinfo, "--out", out / "cal" / "e.toml", "--no-warmup")
+        assert done.returncode == 0 and (out / "cal" / "e.toml").exists(), done.stderr  # limits' sources: URLs
+        validate = ("sim", "validate", "interactive-small-batch", "--target", userinfo, "--out", out / "val")
+        done = call(*validate, "--duration-s", "2", "--repeats", "1", "--no-warmup")
+        assert done.returncode == 0 and (out / "val" / "fidelity.json").exists(), done.stderr
     entries = read_record(record)
     said = {e["prompt_tail"] for e in entries if e.get("prompt_tail")}
     paths = {e["target"] for e in entries if e["method"] == "POST"}  # the contract's cases too: on the API path
