@@ -383,7 +383,7 @@ def _measure_targets(practice: _Practice) -> dict[str, Path]:
         raise PlanError(f"practice --target: got {len(opts.targets)} URL(s): expected two (one per candidate)")
     for i, url in enumerate(opts.targets):
         label = _target_label(i)
-        practice.say(f"practice: {label}: warm-up then the burst trace against {url}")
+        practice.say(f"practice: {label}: warm-up then the burst trace against {redact_url(url)}")
 
         def on_url(run_dir: Path, warm_dir: Path, label: str = label, url: str = url) -> None:
             with UrlTarget(url, opts.model, opts.api_key_env) as target:

@@ -24,11 +24,16 @@ well-behaved baseline every other behaviour departs from in one respect:
 - ``answer-huge``: every POST answers a 300 MB JSON body (as ``version-huge`` does for ``/version``);
 - ``trickle-reset``: ``POST /reset_prefix_cache`` answers 200 and then a body of one byte every 0.2 s that
   never ends (every other behaviour answers it 404);
+- ``echo-all``: every answer echoes the request's Authorization (and, for Basic, the decoded ``user:password``)
+  and its target (path and query) in every place a server can: response headers, ``/version``, ``/v1/models``
+  (``owned_by``, ``root``), ``/metrics`` (a label and a ``# HELP`` line), 404 bodies, and POSTs in turn: a
+  stream with the echo in SSE comments and in ``model``, ``system_fingerprint`` and the text; a 500 JSON error;
+  a 307 whose ``Location`` carries the key as ``?api_key=``; a 400 plain-text error;
 - ``sim-tokenizer``: ``/version`` claims to be loadgen's simulated engine counting with
   ``hf:<this file>`` (a local path that is no tokenizer.json).
 
 ``--record FILE`` appends one JSON line per request (method, target with its query string, headers, the
-sha256 of the prompt, the variant answered) and, for ``version-huge``, the bytes written before the client
+sha256 of the prompt and its last 60 characters, the variant answered) and, for ``version-huge``, the bytes written before the client
 left. A behaviour that needs a request to be told apart uses the prompt's sha256 (the run's
 ``prompt_sha256`` column).
 
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import gzip
 import hashlib
@@ -78,6 +84,7 @@ BEHAVIOURS = (
     "trickle-reset",
     "answer-huge",
     "echo-fields",
+    "echo-all",
 )
 #: ``bad-field-types``: the fields put on the last chunk of every third POST, in turn.
 BAD_FIELDS: tuple[dict[str, object], ...] = (
@@ -87,7 +94,7 @@ BAD_FIELDS: tuple[dict[str, object], ...] = (
     {"system_fingerprint": {}},
 )
 #: Behaviours whose every POST answer is that behaviour (the record's ``variant``).
-_POST_VARIANTS = ("echo", "retry-after-nan", "gzip", "done-fin", "done-rst", "answer-huge")
+_POST_VARIANTS = ("echo", "echo-all", "retry-after-nan", "gzip", "done-fin", "done-rst", "answer-huge")
 HUGE_VERSION_BYTES = 300 * 1024 * 1024
 MAX_TOKENS = 8
 
@@ -126,6 +133,21 @@ def _stream_events(
     )
     events.append(b"data: [DONE]\n\n")
     return events
+
+
+def _echo_text(request: _Request) -> str:
+    """What ``echo-all`` says back: the request's Authorization (Basic decoded too) and its target."""
+    auth = request.headers.get("authorization", "")
+    said = f"auth={auth} target={request.target}"
+    if auth.lower().startswith("basic "):
+        with contextlib.suppress(ValueError):
+            said += " basic=" + base64.b64decode(auth[6:]).decode("utf-8", "replace")
+    return said
+
+
+def _echo_headers(request: _Request) -> bytes:
+    auth = request.headers.get("authorization", "")
+    return f"x-echo-authorization: {auth}\r\nx-echo-target: {request.target}\r\n".encode("latin-1", "replace")
 
 
 def _chunk(data: bytes) -> bytes:
@@ -192,10 +214,13 @@ class _Server:
                 "target": request.target,
                 "headers": request.headers,
                 "prompt_sha256": hashlib.sha256(prompt.encode()).hexdigest() if prompt is not None else None,
+                "prompt_tail": prompt[-60:] if prompt is not None else None,
                 "variant": variant,
             }
         )
-        if request.method == "GET" or path.endswith("/tokenize"):
+        if behaviour == "echo-all":
+            await self.echo_all(path, request, writer)
+        elif request.method == "GET" or path.endswith("/tokenize"):
             await self.get(path, request, writer)
         else:
             await self.post(request, writer, bad)
@@ -229,6 +254,44 @@ class _Server:
         else:
             _respond(writer, 404, b'{"error": "not found"}')
         return "ok"
+
+    async def echo_all(self, path: str, request: _Request, writer: asyncio.StreamWriter) -> None:
+        """``echo-all``: the request's credential and target said back in every place an answer has."""
+        said, extra = _echo_text(request), _echo_headers(request)
+        if path == "/version":
+            body: object = {"version": "hostile-1", "said": said, "headers": request.headers}
+            _respond(writer, 200, json.dumps(body).encode(), extra=extra)
+        elif path == "/v1/models":
+            data = [{"id": MODEL, "object": "model", "owned_by": said, "root": request.target, "max_model_len": 4096}]
+            _respond(writer, 200, json.dumps({"object": "list", "data": data}).encode(), extra=extra)
+        elif path == "/metrics":
+            text = f"# HELP hostile_echo {said}\n# TYPE hostile_echo gauge\nhostile_echo{{said={json.dumps(said)}}} 1\n"
+            _respond(writer, 200, text.encode(), "text/plain", extra=extra)
+        elif request.method == "GET" or path != "/v1/completions" and path != "/v1/chat/completions":
+            _respond(writer, 404, json.dumps({"error": {"message": f"not found: {said}"}}).encode(), extra=extra)
+        elif self.posts % 4 == 1:
+            _respond(
+                writer, 500, json.dumps({"error": {"message": said}, "headers": request.headers}).encode(), extra=extra
+            )
+        elif self.posts % 4 == 2:
+            key = request.headers.get("authorization", "").split(" ", 1)[-1]
+            location = f"http://127.0.0.1:9/v1/completions?api_key={key}".encode()
+            _respond(writer, 307, said.encode(), "text/plain", extra=extra + b"location: " + location + b"\r\n")
+        elif self.posts % 4 == 3:
+            _respond(writer, 400, f"bad request: {said}".encode(), "text/plain", extra=extra)
+        else:
+            await self.echo_stream(request, said, extra, writer)
+
+    async def echo_stream(self, request: _Request, said: str, extra: bytes, writer: asyncio.StreamWriter) -> None:
+        tokens = max(1, min(_max_tokens(request.body), MAX_TOKENS))
+        fields = {"authorization": said, "x-api-key": said}
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n" + extra + b"\r\n"
+        )
+        writer.write(_chunk(f": {said}\n\n".encode()))
+        for event in _stream_events(tokens, None, fields):
+            writer.write(_chunk(f": {said}\n".encode() + event))
+        writer.write(b"0\r\n\r\n")
 
     async def reset(self, writer: asyncio.StreamWriter) -> None:
         if self.behaviour != "trickle-reset":
@@ -301,10 +364,12 @@ class _Server:
 def _respond(
     writer: asyncio.StreamWriter, status: int, body: bytes, ctype: str = "application/json", extra: bytes = b""
 ) -> None:
-    reason = {200: b"OK", 401: b"Unauthorized", 404: b"Not Found", 429: b"Too Many Requests"}[status]
+    reason = {200: b"OK", 307: b"Temporary Redirect", 400: b"Bad Request", 401: b"Unauthorized", 404: b"Not Found"}
+    reason |= {429: b"Too Many Requests", 500: b"Internal Server Error"}
+    phrase = reason[status]
     writer.write(
         b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n%s\r\n"
-        % (status, reason, ctype.encode(), len(body), extra)
+        % (status, phrase, ctype.encode(), len(body), extra)
         + body
     )
 

@@ -168,6 +168,9 @@ def test_target_urls_and_headers_from_the_command_line() -> None:
     assert out.returncode == 2 and "SECRET" not in out.stderr and out.stderr.startswith("loadgen: error: ")
     out = _cli("run", "t.parquet", "--target", "http://user:SECRET@[::1", "--out", "o")
     assert out.returncode == 2 and "SECRET" not in out.stderr and "Traceback" not in out.stderr
+    for url in ("ftp://host/v1?api_key=QSECRETvalue", "http://user:SECRET@host:99999/v1?api_key=QSECRETvalue"):
+        out = _cli("run", "t.parquet", "--target", url, "--out", "o")  # the refusal shows no query value either
+        assert out.returncode == 2 and "SECRET" not in out.stderr and "api_key=REDACTED" in out.stderr, out.stderr
     out = _cli("run", "t.parquet", "--target", "http://x", "--out", "o", "--header", "X-A: b\r\nX-Injected: 1")
     assert out.returncode == 2 and "CR, LF" in out.stderr and out.stderr.count("\n") == 1
     with pytest.raises(ValueError, match="control characters"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import inspect
 import json
 import time
@@ -26,7 +27,7 @@ from loadgen.driver.metrics_scrape import parse_prometheus_text, samples_to_colu
 from loadgen.driver.schedule import LagStats, RateGate, sleep_until
 from loadgen.driver.sse import SSEProtocolError
 from loadgen.rundir.schema import ERROR_KINDS, STATUSES, TRACE_SCHEMA
-from loadgen.util.redact import redact, redact_url
+from loadgen.util.redact import basic_token, redact, redact_url, url_secrets, without_secrets
 from loadgen.workload.prompts import get_tokenizer
 
 # ---------------------------------------------------------------- error mapping
@@ -89,6 +90,17 @@ def test_secrets_never_survive_in_messages_or_urls():
     url = redact_url(f"https://me:{key}@api.example.com:8443/v1?api-key={key}&x=1")
     # every query value is redacted, whatever its name (a gateway may take its key as ?code= or ?sig=): issue 34
     assert key not in url and "me" not in url and url == "https://api.example.com:8443/v1?api-key=REDACTED&x=REDACTED"
+
+
+def test_a_target_urls_secrets_are_its_password_basic_token_and_query_values():
+    """One definition for the run and the contract replay: what a server may echo of the URL's credentials."""
+    url = "http://alice:p%40ss-word@host:8000/v1?api_key=QUERYVALUE1&short=abc"
+    token = base64.b64encode(b"alice:p@ss-word").decode()
+    assert basic_token(url) == token and basic_token("http://host/v1") is None
+    assert url_secrets(url) == ("p%40ss-word", "p@ss-word", token, "QUERYVALUE1")  # short values hit plain text
+    echoed = f"Basic {token} for alice:p@ss-word at ?api_key=QUERYVALUE1"
+    assert without_secrets(echoed, url_secrets(url)) == "Basic REDACTED for alice:REDACTED at ?api_key=REDACTED"
+    assert url_secrets("http://host:8000/v1") == ()
 
 
 def test_retry_after_seconds_and_http_date():

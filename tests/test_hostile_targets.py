@@ -7,6 +7,7 @@ hanging the suite; no assertion is about time.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
@@ -14,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import duckdb
 import pyarrow.parquet as pq
 import pytest
 from hostile_server import BAD_FIELDS, MAX_TOKENS, MODEL, hostile_server, read_record
@@ -528,3 +530,127 @@ def test_sim_server_refuses_content_length_with_transfer_encoding_and_closes() -
                     reply += data
             assert reply.startswith(b"HTTP/1.1 400"), reply[:200]
             assert b"connection: close" in reply.lower()
+
+
+# ---- the canary sweep: a server that echoes the credential and the URL everywhere ----------------------------
+
+CANARY_KEY = "sk-LEAKCANARY-7f3e9d2a1b5c"
+CANARY_PASSWORD = "PWLEAKCANARYpw"
+CANARY_QUERY = "api_key=QLEAKCANARYq1&x=QLEAKCANARYq2"
+
+
+def canaries() -> dict[str, bytes]:
+    """Every form of the run's secrets a leak could take: the key (raw, base64, as its Bearer header in
+    base64), the URL password, the Basic token made of it, and the query values."""
+    b64 = base64.b64encode
+    return {
+        "key": CANARY_KEY.encode(),
+        "key-base64": b64(CANARY_KEY.encode()),
+        "bearer-base64": b64(f"Bearer {CANARY_KEY}".encode()),
+        "password": CANARY_PASSWORD.encode(),
+        "basic-token": b64(f"alice:{CANARY_PASSWORD}".encode()),
+        "query": b"QLEAKCANARYq",
+    }
+
+
+def decoded_bytes(root: Path) -> bytes:
+    """Every file under ``root`` as stored, plus each Parquet table's values and metadata decoded (its pages
+    are compressed: a raw search misses them) and each DuckDB table's rows."""
+    parts = [all_bytes(root)]
+    for path in sorted(p for p in root.rglob("*.parquet") if p.is_file()):  # a table may be a folder of parts
+        file = pq.ParquetFile(path)
+        parts.append(str(file.schema_arrow.metadata).encode())
+        parts.append(str(file.read().to_pylist()).encode())
+    for path in sorted(root.rglob("*.duckdb")):
+        con = duckdb.connect(str(path), read_only=True)
+        for (name,) in con.execute("select table_name from information_schema.tables").fetchall():
+            parts.append(str(con.execute(f'select * from "{name}"').fetchall()).encode())
+        con.close()
+    return b"\n".join(parts)
+
+
+def test_a_server_echoing_the_credential_everywhere_leaves_no_canary(tmp_path: Path, trace: Path) -> None:
+    """``echo-all`` says the request's Authorization (Basic decoded too) and its URL back in response headers,
+    /version, /v1/models, /metrics (label and HELP), error bodies (500 JSON, 400 text, 404), a 307 Location
+    and the stream's SSE comments and fields. Every command that talks to it or derives from what it said
+    (run with a key and a query, run with user:password, contract replay, practice, sim calibrate and
+    validate, handoff, analyze, the runs catalog) is run for real; no form of the secrets is in any byte written or printed."""
+    env = {"LEAK_KEY": CANARY_KEY, "LOADGEN_CATALOG": str(tmp_path / "out" / "catalog.duckdb")}
+    out, printed = tmp_path / "out", []
+    scenario = trace.parent / "s.toml"  # retain_prompt_text = false: prompts are stored as hashes
+
+    def call(*args: object, timeout: float = 120) -> subprocess.CompletedProcess:
+        done = cli(*args, timeout=timeout, env=env)
+        printed.append((done.stdout + done.stderr).encode())
+        assert "Traceback" not in done.stderr, done.stderr
+        return done
+
+    record = tmp_path / "record.jsonl"
+    with hostile_server("echo-all", record) as server:
+        keyed = f"{server.base_url}/v1?{CANARY_QUERY}"
+        userinfo = f"http://alice:{CANARY_PASSWORD}@{server.base_url.removeprefix('http://')}"
+        for url, name, extra in ((keyed, "keyed", ["--api-key-env", "LEAK_KEY"]), (userinfo, "basic", [])):
+            done = call(
+                "run",
+                trace,
+                "--target",
+                url,
+                "--out",
+                out / name,
+                "--scrape-metrics",
+                "on",
+                "--scenario",
+                scenario,
+                "--ttft-timeout-s",
+                "2",
+                "--total-timeout-s",
+                "4",
+                *extra,
+            )
+            assert done.returncode == 0, done.stderr
+            cases = REPO / "scenarios" / "contract" / "canonical.toml"
+            done = call(
+                "contract", "replay", cases, "--target", url, "--model", MODEL, "--out", out / f"{name}.json", *extra
+            )
+            assert done.returncode == 1 and (out / f"{name}.json").exists(), done.stderr  # every case refused
+        done = call(
+            "practice",
+            "--target",
+            userinfo,
+            "--target",
+            userinfo,
+            "--model",
+            MODEL,
+            "--scenario",
+            scenario,
+            "--trace",
+            trace,
+            "--window-s",
+            "2",
+            "--out",
+            out / "practice",
+            timeout=300,
+        )
+        assert "practice: candidate-a: warm-up then the burst trace against http://127.0.0.1" in done.stderr
+        done = call("sim", "calibrate", "--target", userinfo, "--out", out / "cal" / "e.toml", "--no-warmup")
+        assert done.returncode == 0 and (out / "cal" / "e.toml").exists(), done.stderr  # limits' sources: URLs
+        validate = ("sim", "validate", "interactive-small-batch", "--target", userinfo, "--out", out / "val")
+        done = call(*validate, "--duration-s", "2", "--repeats", "1", "--no-warmup")
+        assert done.returncode == 0 and (out / "val" / "fidelity.json").exists(), done.stderr
+    entries = read_record(record)
+    said = {e["prompt_tail"] for e in entries if e.get("prompt_tail")}
+    paths = {e["target"] for e in entries if e["method"] == "POST"}  # the contract's cases too: on the API path
+    known = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
+    assert not [t for t in paths if t.split("?")[0] not in known], paths  # not /v1?api_key=.../v1/chat/...
+    rows = load_run(out / "keyed").requests.to_pylist()
+    assert {r["error_kind"] for r in rows} == {None, "http_5xx", "http_4xx", "client"}, rows  # every variant
+    assert any("HTTP 307" in (r["error_message"] or "") for r in rows)
+    assert call("handoff", out / "basic", "--out", out / "bundle").returncode == 0
+    assert call("analyze", out / "keyed", "--quiet", "--json", out / "a.json", "--html", out / "a.html").returncode == 0
+    assert call("runs", "index", out / "keyed", out / "basic").returncode == 0
+    assert call("runs", "list").returncode == 0 and call("runs", "show", "keyed").returncode == 0
+    stored = decoded_bytes(out) + b"\n".join(printed)
+    for name, secret in canaries().items():
+        assert secret not in stored, f"{name} stored"
+    phrases = {" ".join(tail.split()[1:-1]) for tail in said}  # whole words of each prompt sent, in order
+    assert phrases and not [p for p in phrases if len(p) >= 20 and p.encode() in stored], "prompt text stored"

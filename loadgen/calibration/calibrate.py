@@ -107,14 +107,16 @@ def engine_limits(base_url: str, log_notes: dict[str, Any] | None = None) -> Eng
 
     ``loadgen sim serve`` reports its whole config at ``/version``; vLLM reports block size and blocks in
     ``/metrics`` ``vllm:cache_config_info``, max_model_len in ``/v1/models`` and the scheduler limits in
-    its startup log (``log_notes``: ``loadgen.vllm.parse_vllm_log``), else vLLM's own defaults.
+    its startup log (``log_notes``: ``loadgen.vllm.parse_vllm_log``), else vLLM's own defaults. What it records
+    or says of the URL (the limits' sources, errors) is the URL redacted: no password, no query values.
     """
+    shown = redact_url(base_url)
     with httpx.Client(timeout=30) as client:
         version = client.get(base_url + "/version").json()
         if isinstance(version.get("config"), dict) and version.get("engine") == "loadgen-sim":
             cfg = version["config"]["config"]
             s, kv = cfg["scheduler"], cfg["kv"]
-            src = f"{base_url}/version"
+            src = f"{shown}/version"
             return EngineLimits(
                 s["max_num_seqs"],
                 s["max_num_batched_tokens"],
@@ -130,14 +132,14 @@ def engine_limits(base_url: str, log_notes: dict[str, Any] | None = None) -> Eng
     notes = log_notes or {}
     mml = int(models[0].get("max_model_len") or notes.get("max_model_len") or 0)
     if not mml:
-        raise LoadgenError(f"{base_url}/v1/models: max_model_len: missing; expected the engine to report it")
+        raise LoadgenError(f"{shown}/v1/models: max_model_len: missing; expected the engine to report it")
     batch = batch_limits(notes, mml)
     default = f"vLLM default for {batch.device} API server"
     sources = {
-        "max_model_len": f"{base_url}/v1/models",
+        "max_model_len": f"{shown}/v1/models",
         "max_num_seqs": "startup log" if batch.seqs_from_log else default,
         "max_num_batched_tokens": "startup log" if batch.tokens_from_log else default,
-        "kv": f"{base_url}/metrics vllm:cache_config_info" if info else "not reported",
+        "kv": f"{shown}/metrics vllm:cache_config_info" if info else "not reported",
     }
     block = int(info["block_size"]) if info.get("block_size") not in (None, "None") else None
     blocks = int(info["num_gpu_blocks"]) if info.get("num_gpu_blocks") not in (None, "None") else None

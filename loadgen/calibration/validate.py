@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from loadgen.calibration.measured import MemoryReport
 from loadgen.util.errors import LoadgenError, RunDirError
 from loadgen.util.outputfile import make_output_dir, write_output_text
+from loadgen.util.redact import redact_url
 from loadgen.util.tomlfile import dumps_toml, read_toml
 from loadgen.vllm.warmup import warmup_line
 from loadgen.workload import presets
@@ -273,7 +274,7 @@ def validate(
     result = {
         "engine_toml": str(engine_toml),
         "engine_label": cfg.calibration_label(),
-        "target": target_url,
+        "target": redact_url(target_url),
         "runs": done.runs,
         "target_limits": limits.to_dict(),
         "warmup": str(done.warmup_dir) if done.warmup_dir is not None else None,

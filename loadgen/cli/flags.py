@@ -10,8 +10,9 @@ import argparse
 import math
 from collections.abc import Callable
 
-from loadgen.util.inputs import api_key_env_problem, header_problem, target_url_problem, without_userinfo
+from loadgen.util.inputs import api_key_env_problem, header_problem, target_url_problem
 from loadgen.util.limits import MAX_CONCURRENCY, MAX_OFFSET_NS, MAX_PARAM, MAX_SEED, MAX_TIMEOUT_S
+from loadgen.util.redact import redact_url
 
 __all__ = [
     "DURATION",
@@ -99,10 +100,10 @@ DURATION = seconds(MAX_OFFSET_S)
 
 
 def target_url(text: str) -> str:
-    """An http(s) base URL; the error never shows its password."""
+    """An http(s) base URL; the error never shows its password or query values."""
     problem = target_url_problem(text)
     if problem:
-        raise argparse.ArgumentTypeError(f"{without_userinfo(text)!r}: {problem}")
+        raise argparse.ArgumentTypeError(f"{redact_url(text)!r}: {problem}")
     return text
 
 

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import httpx
@@ -33,7 +34,7 @@ from ..driver import RunOptions, run_trace
 from ..driver.bounded import bounded_get, bounded_request
 from ..driver.error_kinds import parse_retry_after
 from ..trace.io import read_trace
-from ..util.redact import redact, redact_url, without_secrets
+from ..util.redact import redact, redact_url, url_secrets, without_secrets
 from .cases import Case, CaseSet
 from .checks import CheckOutcome, Observed, run_checks
 from .responder import CASE_HEADER
@@ -506,6 +507,15 @@ async def _replay_one(
     )
 
 
+def _base_and_query(target_url: str) -> tuple[str, httpx.QueryParams]:
+    """(the server root the case paths join, the target's query, sent with every case as the run sends it).
+    Joined to the base, the query put every case on ``/?query`` (404) instead of ``/v1/chat/completions?query``.
+    """
+    parts = urlsplit(target_url)
+    base = urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/").removesuffix("/v1"), "", ""))
+    return base, httpx.QueryParams(parts.query)
+
+
 def _api_key(api_key_env: str | None) -> str | None:
     if api_key_env is None:
         return None
@@ -548,12 +558,11 @@ async def replay_cases(
     if sources and isinstance(sources[0], str):
         sources = [{"path": s} for s in sources]
     key = _api_key(api_key_env)
-    secrets = (key,) if key else ()
+    secrets = ((key,) if key else ()) + url_secrets(target_url)  # httpx sends the URL's user:password as Basic
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     if not model:
         model = await _first_served_model(target_url, api_key_env)
-    base = target_url.rstrip("/")
-    base = base.removesuffix("/v1")
+    base, query = _base_and_query(target_url)
     path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
     started = utc_now_iso()
     results: dict[str, CaseResult] = {}
@@ -561,7 +570,7 @@ async def replay_cases(
     # identity: the bytes read are the bytes bounded (bounded_request does not decode)
     headers["accept-encoding"] = "identity"
     async with httpx.AsyncClient(
-        base_url=base, headers=headers, timeout=httpx.Timeout(timeout_s), trust_env=False
+        base_url=base, headers=headers, params=query, timeout=httpx.Timeout(timeout_s), trust_env=False
     ) as client:
 
         async def one(case: Case) -> None:
@@ -597,9 +606,9 @@ async def _first_served_model(target_url: str, api_key_env: str | None) -> str:
     """The first model ``GET /v1/models`` lists (what the driver also defaults to)."""
     key = _api_key(api_key_env)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    base = target_url.rstrip("/").removesuffix("/v1")
+    base, query = _base_and_query(target_url)
     try:
-        async with httpx.AsyncClient(base_url=base, headers=headers, trust_env=False) as client:
+        async with httpx.AsyncClient(base_url=base, headers=headers, params=query, trust_env=False) as client:
             got = await bounded_get(client, "/v1/models")
         data = got.response.json() if got.response is not None and not got.truncated else None
         return str(data["data"][0]["id"])  # type: ignore[index]

@@ -12,7 +12,6 @@ before the last flush; each flush records until which scheduled instant every re
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import gc
 import math
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
-from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import httpx
@@ -49,6 +48,7 @@ from loadgen.util.errors import (
     TraceError,
 )
 from loadgen.util.pinning import affinity, format_cpus, parse_cpus, shared_cpus_warning
+from loadgen.util.redact import basic_token, url_secrets
 from loadgen.workload.prompts import Tokenizer, get_tokenizer
 from loadgen.workload.routing import Router
 from loadgen.workload.scenario import Scenario, load_scenario, scenario_manifest
@@ -173,11 +173,9 @@ def _auth_headers(options: RunOptions) -> tuple[dict[str, str], tuple[str, ...]]
         secrets += (key,)
         sources.append((f"--api-key-env {options.api_key_env}", f"Bearer {key}"))
     for url in options.target_urls:
-        parts = urlsplit(url)
-        secrets += tuple(v for _, v in parse_qsl(parts.query) if len(v) >= 8)
-        if parts.username:  # what httpx would do with URL userinfo, once, here
-            token = base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()).decode()
-            secrets += tuple(p for p in (parts.password, token) if p)
+        secrets += url_secrets(url)
+        token = basic_token(url)  # what httpx would do with URL userinfo, once, here
+        if token:
             sources.append(("the target URL's user:password", f"Basic {token}"))
     if len({value for _, value in sources}) > 1:
         named = sorted({name for name, _ in sources})

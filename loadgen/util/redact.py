@@ -9,12 +9,16 @@ Used by the driver (error messages, the target's /version), the targets, the con
 
 from __future__ import annotations
 
+import base64
 import re
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 from loadgen.util.inputs import without_userinfo
 
-__all__ = ["redact", "redact_query", "redact_url", "without_secrets"]
+__all__ = ["basic_token", "redact", "redact_query", "redact_url", "url_secrets", "without_secrets"]
+
+#: A query value shorter than this is not replaced in what a server says back (it would hit ordinary text).
+MIN_QUERY_SECRET_CHARS = 8
 
 #: A query parameter's value (in a URL or in a message that quotes one): every one is redacted, names kept.
 _SECRET_QUERY = re.compile(r"([?&][^?&=\s#\"'<>]{1,200}=)[^&\s#\"'<>]+")
@@ -42,6 +46,24 @@ def redact_query(query: str) -> str:
         return ""
     fields = (name + "=REDACTED" if sep else name for name, sep, _ in (f.partition("=") for f in query.split("&")))
     return "&".join(fields)
+
+
+def basic_token(url: str) -> str | None:
+    """The Basic token a client makes of a URL's ``user:password`` (what httpx sends), or None without userinfo."""
+    parts = urlsplit(url)
+    if not parts.username:
+        return None
+    return base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()).decode()
+
+
+def url_secrets(url: str) -> tuple[str, ...]:
+    """The secrets a target URL carries, to replace wherever a server echoes them: its password (as given and
+    decoded), the Basic token made of its userinfo, and every query value of 8 characters or more."""
+    parts = urlsplit(url)
+    query = tuple(v for _, v in parse_qsl(parts.query) if len(v) >= MIN_QUERY_SECRET_CHARS)
+    password = (parts.password, unquote(parts.password)) if parts.password else ()
+    token = basic_token(url)
+    return tuple(dict.fromkeys((*password, *((token,) if token else ()), *query)))
 
 
 def without_secrets(text: str, secrets: tuple[str, ...]) -> str:
