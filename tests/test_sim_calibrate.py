@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from loadgen.calibration.calibrate import (
     EngineLimits,
     Observations,
     calibration_phases,
+    engine_limits,
     fit_cost_model,
     with_step_jitter,
 )
@@ -149,6 +151,35 @@ def test_calibrate_bad_input_is_one_line(tmp_path):
     res = _cli("sim", "calibrate", "--from", str(tmp_path), "--out", str(tmp_path / "x.toml"))
     assert res.returncode == 2 and res.stderr.startswith("loadgen: error:") and res.stderr.count("\n") == 1
     assert "uncalibrated preset" in load_engine_config("interactive-small-batch").calibration_label()
+
+
+def test_engine_limits_keep_the_targets_query_and_refuse_a_server_that_is_no_engine(sim_server, tmp_path):
+    """The limits are read through the target's root with its query string sent (base_url + "/version" put the
+    path after the query); a server that is no engine is one line naming the URL redacted, not a JSONDecodeError
+    traceback."""
+    sim = sim_server("interactive-small-batch")
+    limits = engine_limits(sim.base_url + "/v1?api_key=QUERYSECRET123")
+    preset = load_engine_config("interactive-small-batch")
+    assert (limits.max_num_seqs, limits.max_model_len) == (
+        preset.scheduler.max_num_seqs,
+        preset.scheduler.max_model_len,
+    )
+    assert "QUERYSECRET123" not in json.dumps(limits.to_dict())
+    web = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},  # the port line arrives before the server waits
+    )
+    try:
+        port = int(web.stdout.readline().split(" port ")[1].split()[0])
+        res = _cli("sim", "calibrate", "--target", f"http://u:PW123456@127.0.0.1:{port}", "--out", str(tmp_path / "x"))
+    finally:
+        web.terminate()
+        web.wait(timeout=30)
+    assert res.returncode == 2 and "/v1/models: HTTP 404, not a JSON object" in res.stderr, res.stderr
+    assert res.stderr.count("\n") == 1 and "PW123456" not in res.stderr and not (tmp_path / "x").exists()
 
 
 #: A plan around the known engine's capacity for 16-token requests (~20 req/s at 16 sequences): 2 and 8 req/s

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import numpy as np
 import pyarrow as pa
@@ -38,7 +39,7 @@ from loadgen.rundir.identity import host_identity, package_versions, utc_now_iso
 from loadgen.rundir.io import load_run
 from loadgen.rundir.manifest import read_manifest
 from loadgen.rundir.schema import CHUNKS_FILE, REQUESTS_FILE, TRACE_SCHEMA
-from loadgen.util.errors import LoadgenError, RunDirError
+from loadgen.util.errors import LoadgenError, RunDirError, TargetError
 from loadgen.util.outputfile import make_output_dir, write_output_text
 from loadgen.util.pinning import SHARED_CPUS, parse_cpus
 from loadgen.util.tomlfile import dumps_toml
@@ -46,6 +47,7 @@ from loadgen.vllm.report import batch_limits
 from loadgen.vllm.warmup import ShapeWarmup, warm_step_shapes
 
 from ..driver import parse_prometheus_text
+from ..driver.bounded import PROBE_MAX_BYTES, Bounded, bounded_get
 from ..driver.options import RunSettings
 from ..ledger.settings import GIB
 from ..sim.config import JITTER_PROBABILITIES
@@ -53,6 +55,7 @@ from ..targets.base import run_salt
 from ..targets.replay import run_driver
 from ..trace.io import write_trace
 from ..util.redact import redact_url
+from ..util.targeturl import split_target_url
 
 __all__ = [
     "TERMS",
@@ -111,23 +114,14 @@ def engine_limits(base_url: str, log_notes: dict[str, Any] | None = None) -> Eng
     or says of the URL (the limits' sources, errors) is the URL redacted: no password, no query values.
     """
     shown = redact_url(base_url)
-    with httpx.Client(timeout=30) as client:
-        version = client.get(base_url + "/version").json()
-        if isinstance(version.get("config"), dict) and version.get("engine") == "loadgen-sim":
-            cfg = version["config"]["config"]
-            s, kv = cfg["scheduler"], cfg["kv"]
-            src = f"{shown}/version"
-            return EngineLimits(
-                s["max_num_seqs"],
-                s["max_num_batched_tokens"],
-                s["max_model_len"],
-                kv["block_size"],
-                version["config"].get("num_kv_blocks"),
-                {k: src for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv")},
-                {"engine": "loadgen-sim", "version": version.get("version"), "config": cfg.get("name")},
-            )
-        models = client.get(base_url + "/v1/models").json().get("data") or [{}]
-        metrics = client.get(base_url + "/metrics").text
+    version = _json_object(_engine_get(base_url, "/version"), shown, "/version", required=False)
+    if isinstance(version.get("config"), dict) and version.get("engine") == "loadgen-sim":
+        return _sim_limits(version, f"{shown}/version")
+    listed = _json_object(_engine_get(base_url, "/v1/models"), shown, "/v1/models", required=True).get("data")
+    models = [m for m in listed if isinstance(m, dict)] if isinstance(listed, list) else []
+    models = models or [{}]
+    scraped = _engine_get(base_url, "/metrics")
+    metrics = scraped.response.text if scraped.response is not None and not scraped.truncated else ""
     info = next((labels for n, labels, _ in parse_prometheus_text(metrics) if n == "vllm:cache_config_info"), {})
     notes = log_notes or {}
     mml = int(models[0].get("max_model_len") or notes.get("max_model_len") or 0)
@@ -152,6 +146,57 @@ def engine_limits(base_url: str, log_notes: dict[str, Any] | None = None) -> Eng
         sources,
         {"engine": "vllm", "version": version.get("version")},
     )
+
+
+def _sim_limits(version: dict[str, Any], src: str) -> EngineLimits:
+    """The limits `loadgen sim serve` reports in its /version config; one line when the config lacks them."""
+    try:
+        cfg = version["config"]["config"]
+        s, kv = cfg["scheduler"], cfg["kv"]
+        return EngineLimits(
+            int(s["max_num_seqs"]),
+            int(s["max_num_batched_tokens"]),
+            int(s["max_model_len"]),
+            kv["block_size"],
+            version["config"].get("num_kv_blocks"),
+            {k: src for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv")},
+            {"engine": "loadgen-sim", "version": version.get("version"), "config": cfg.get("name")},
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TargetError(
+            f"{src}: config: {type(exc).__name__} {exc}: expected `loadgen sim serve`'s config (scheduler, kv)"
+        ) from None
+
+
+def _engine_get(base_url: str, path: str) -> Bounded:
+    """A bounded GET of ``path`` on the engine at ``base_url`` (its root, with its query string sent)."""
+    root, query = split_target_url(base_url)
+
+    async def get() -> Bounded:
+        async with httpx.AsyncClient(base_url=root, params=httpx.QueryParams(query), trust_env=False) as client:
+            return await bounded_get(client, path)
+
+    return anyio.run(get)
+
+
+def _json_object(got: Bounded, shown: str, path: str, *, required: bool) -> dict[str, Any]:
+    """The JSON object an engine answered at ``path``; {} for an optional answer that is absent or not one,
+    else one line saying what came instead."""
+    expected = "expected a vLLM or `loadgen sim serve` engine's JSON answer"
+    if got.response is None or got.truncated:
+        if not required:
+            return {}
+        why = got.failure or f"answer longer than {PROBE_MAX_BYTES:,} bytes"
+        raise TargetError(f"{shown}{path}: {why}: {expected}")
+    try:
+        body = got.response.json()
+    except (ValueError, RecursionError):
+        body = None
+    if isinstance(body, dict):
+        return body
+    if not required:
+        return {}
+    raise TargetError(f"{shown}{path}: HTTP {got.response.status_code}, not a JSON object: {expected}")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import httpx
@@ -35,6 +34,7 @@ from ..driver.bounded import bounded_get, bounded_request
 from ..driver.error_kinds import parse_retry_after
 from ..trace.io import read_trace
 from ..util.redact import redact, redact_url, url_secrets, without_secrets
+from ..util.targeturl import split_target_url
 from .cases import Case, CaseSet
 from .checks import CheckOutcome, Observed, run_checks
 from .responder import CASE_HEADER
@@ -511,9 +511,8 @@ def _base_and_query(target_url: str) -> tuple[str, httpx.QueryParams]:
     """(the server root the case paths join, the target's query, sent with every case as the run sends it).
     Joined to the base, the query put every case on ``/?query`` (404) instead of ``/v1/chat/completions?query``.
     """
-    parts = urlsplit(target_url)
-    base = urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/").removesuffix("/v1"), "", ""))
-    return base, httpx.QueryParams(parts.query)
+    base, query = split_target_url(target_url, userinfo=True)  # httpx sends the URL's user:password as Basic
+    return base, httpx.QueryParams(query)
 
 
 def _api_key(api_key_env: str | None) -> str | None:

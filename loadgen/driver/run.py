@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
-from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import httpx
@@ -49,6 +48,7 @@ from loadgen.util.errors import (
 )
 from loadgen.util.pinning import affinity, format_cpus, parse_cpus, shared_cpus_warning
 from loadgen.util.redact import basic_token, url_secrets
+from loadgen.util.targeturl import split_target_url
 from loadgen.workload.prompts import Tokenizer, get_tokenizer
 from loadgen.workload.routing import Router
 from loadgen.workload.scenario import Scenario, load_scenario, scenario_manifest
@@ -90,14 +90,8 @@ def _split_base(url: str) -> tuple[str, str, str]:
     The root carries no userinfo (credentials travel only in the one Authorization header, ``_auth_headers``);
     the query string is sent on every request the run makes (a gateway may take its key there).
     """
-    parts = urlsplit(url)
-    path = parts.path.rstrip("/")
-    prefix = "/v1"
-    path = path.removesuffix("/v1")
-    host = parts.hostname or ""
-    netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
-    root = urlunsplit((parts.scheme, netloc, path, "", ""))
-    return root, prefix, parts.query
+    root, query = split_target_url(url)
+    return root, "/v1", query
 
 
 def _endpoint_url(url: str, path: str) -> httpx.URL:
