@@ -169,6 +169,10 @@ def request_row(
     }
 
 
+#: finish_reason values that end a stream as failed, not done (vLLM's FinishReason ABORT and ERROR): the request
+#: is an error, never a latency sample.
+FAILED_FINISH_REASONS = ("abort", "error")
+
 #: Most bytes of an error answer's body read; ``redact`` cuts the message (after redacting it) to 500 characters.
 ERROR_BODY_MAX_BYTES = 4096
 
@@ -496,6 +500,11 @@ async def _read_response(
             f"stream sent with content-encoding {encoding.strip()[:40]!r} though identity was asked for: not decoded",
         )
     await response.body.stream_to(state.feed)
+    if not state.arrivals and state.done_abs is None and state.error is None:
+        kind = (response.header(b"content-type") or "").strip()
+        if "event-stream" not in kind.lower():  # a whole JSON answer (stream flag ignored), an HTML page
+            shown = repr(kind[:60]) if kind else "none"
+            return STATUS_ERROR, "malformed_sse", f"answer is not an event stream (content-type {shown}): no SSE event"
     if state.done_abs is not None and not response.body.complete:
         # the chunked terminator may come in a later packet: wait briefly for it so the keep-alive
         # connection can be reused. A server that closes (FIN or RST) instead has still delivered the whole
@@ -553,6 +562,12 @@ def _outcome(state: StreamState) -> tuple[str, str | None, str | None]:
     if state.cancelled:
         return STATUS_CANCELLED, None, None
     if state.done_abs is not None or state.finish_reason is not None:
+        if state.finish_reason in FAILED_FINISH_REASONS:  # as an in-stream error without a code
+            return (
+                STATUS_ERROR,
+                "http_5xx",
+                f"finish_reason {state.finish_reason!r}: the server ended the answer as failed",
+            )
         if state.client_tokens == 0 and not state.server_output:
             return STATUS_ERROR, "empty_output", "stream finished with no content tokens"
         if state.finish_reason == "content_filter":
