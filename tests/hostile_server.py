@@ -52,7 +52,7 @@ import struct
 import subprocess
 import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,7 +178,7 @@ class _Server:
         self.behaviour = behaviour
         self.record = record
         self.posts = 0
-        self.connections = 0
+        self.posts_read = 0
 
     def log(self, entry: dict[str, object]) -> None:
         if self.record is not None:
@@ -186,14 +186,15 @@ class _Server:
                 f.write(json.dumps(entry) + "\n")
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        reset = self.behaviour == "reset-every-3rd" and self.connections % 3 == 0
         try:
             while True:
                 request = await _read_request(reader)
                 if request is None:
                     return
-                if reset and request.method == "POST":  # the request read, then RST: no answer at all
+                if self.behaviour == "reset-every-3rd" and request.method == "POST":
+                    self.posts_read += 1  # (every POST read, the reset ones too)
+                if self.behaviour == "reset-every-3rd" and request.method == "POST" and self.posts_read % 3 == 0:
+                    # the request read, then RST: no answer at all
                     sock = writer.get_extra_info("socket")
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     return
@@ -240,7 +241,7 @@ class _Server:
         elif behaviour == "die-after-5" and self.posts > 5:
             os._exit(0)  # the server dies: every open connection goes with it
         elif behaviour in STREAM_BEHAVIOURS and behaviour not in _OK_POST:
-            keep = await _odd_post(behaviour, request, writer)
+            keep = await _odd_post(behaviour, request, writer, self.log)
             await writer.drain()
             return keep
         else:
@@ -380,7 +381,9 @@ async def _forever(writer: asyncio.StreamWriter, piece: bytes, every_s: float) -
         await asyncio.sleep(every_s)
 
 
-async def _odd_post(behaviour: str, request: _Request, writer: asyncio.StreamWriter) -> bool:
+async def _odd_post(
+    behaviour: str, request: _Request, writer: asyncio.StreamWriter, log: Callable[[dict[str, object]], None]
+) -> bool:
     """The POST answer of one of ``STREAM_BEHAVIOURS``; False when the connection is to be closed."""
     ok_events = _stream_events(max(1, min(_max_tokens(request.body), MAX_TOKENS)))
     if behaviour in _RETRY_AFTER:
@@ -411,11 +414,13 @@ async def _odd_post(behaviour: str, request: _Request, writer: asyncio.StreamWri
         )
     else:
         writer.write(_SSE_HEAD)
-        return await _odd_stream(behaviour, ok_events, writer)
+        return await _odd_stream(behaviour, ok_events, writer, log)
     return True
 
 
-async def _odd_stream(behaviour: str, ok_events: list[bytes], writer: asyncio.StreamWriter) -> bool:
+async def _odd_stream(
+    behaviour: str, ok_events: list[bytes], writer: asyncio.StreamWriter, log: Callable[[dict[str, object]], None]
+) -> bool:
     """The body of an SSE answer (the head is sent) for the stream behaviours."""
     if behaviour == "head-only":
         await asyncio.Event().wait()
@@ -439,11 +444,13 @@ async def _odd_stream(behaviour: str, ok_events: list[bytes], writer: asyncio.St
         await writer.drain()
         return False
     elif behaviour == "huge-line":  # 100 MiB of one line, no newline, as fast as the client reads
-        piece = b"data: " + b"x" * (1 << 20)
+        piece, sent = b"data: " + b"x" * (1 << 20), 0
         with contextlib.suppress(ConnectionError):
             for _ in range(100):
                 writer.write(_chunk(piece))
                 await writer.drain()
+                sent += len(piece)
+        log({"method": "POST", "variant": behaviour, "sent_bytes": sent})
         return False
     elif behaviour == "bad-utf8":
         bad = b'data: {"id": "c", "model": "hostile-model", "choices": [{"text": "\xff\xfe", "index": 0}]}\n\n'
