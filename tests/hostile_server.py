@@ -85,6 +85,7 @@ STREAM_BEHAVIOURS = (
     "die-after-5",
     "models-garbage",
     "version-garbage",
+    "flood",
 )
 #: Stream behaviours whose POST answers are ``ok`` ones (what they change is elsewhere).
 _OK_POST = ("reset-every-3rd", "die-after-5", "models-garbage", "version-garbage")
@@ -430,6 +431,9 @@ async def _odd_stream(
             await writer.drain()
             await asyncio.sleep(1)
         await asyncio.Event().wait()
+    elif behaviour == "flood":  # empty-choice events as fast as the client reads, never a token
+        event = _event({"id": "c", "choices": []})
+        await _forever(writer, event * 4096, 0)
     elif behaviour == "comments-forever":
         await _forever(writer, b": keep-alive\n\n", 0.1)
     elif behaviour == "no-done-open":  # every token and the finish, then silence on an open connection

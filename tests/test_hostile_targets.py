@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from hostile_server import BAD_FIELDS, MAX_TOKENS, MODEL, hostile_server, read_record
 
+from loadgen.driver.client import max_stream_events
 from loadgen.rundir.io import load_run, run_table_files
 from loadgen.rundir.rowtables import requests_table
 from loadgen.rundir.schema import CHUNKS_FILE, REQUESTS_FILE
@@ -548,6 +549,7 @@ ODD_STREAMS = {
     "huge-line": ("error", "malformed_sse"),  # 100 MiB of one line, no newline
     "bad-utf8": ("error", "malformed_sse"),
     "deflate": ("error", "malformed_sse"),
+    "flood": ("error", "malformed_sse"),  # events carrying nothing, at network speed, forever
     "finish-abort": ("error", "http_5xx"),  # two tokens, then finish_reason "abort"
     "redirect-loop": ("error", "client"),  # 307 to itself: not followed
     "retry-after-huge": ("error", "http_429"),
@@ -597,6 +599,9 @@ def test_an_odd_stream_costs_no_row_and_no_hang(tmp_path: Path, trace: Path, beh
         assert len(sent) == 12 and max(sent) < 64 << 20, sent
     if behaviour == "finish-abort":
         assert {r["client_output_tokens"] for r in rows} == {2} and {r["finish_reason"] for r in rows} == {"abort"}
+    if behaviour == "flood":  # the chunk columns stop at the cap, not at the timeout
+        assert all(r["chunk_count"] <= max_stream_events(r["target_output_tokens"]) for r in rows), rows[0]
+        assert all(" SSE events for 0 tokens" in r["error_message"] for r in rows), rows[0]
     if behaviour == "json-body":
         assert all("content-type 'application/json'" in r["error_message"] for r in rows), rows[0]
     if behaviour.startswith("retry-after"):
