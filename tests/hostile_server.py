@@ -86,6 +86,7 @@ STREAM_BEHAVIOURS = (
     "models-garbage",
     "version-garbage",
     "flood",
+    "unsolicited",
 )
 #: Stream behaviours whose POST answers are ``ok`` ones (what they change is elsewhere).
 _OK_POST = ("reset-every-3rd", "die-after-5", "models-garbage", "version-garbage")
@@ -440,6 +441,12 @@ async def _odd_stream(
         writer.write(b"".join(_chunk(e) for e in ok_events[:-1]))
         await writer.drain()
         await asyncio.Event().wait()
+    elif behaviour == "unsolicited":  # a whole answer, then (a moment later) a second one nobody asked for
+        writer.write(b"".join(_chunk(e) for e in ok_events) + b"0\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        stale = [_text_chunk(" stale", "stop", model="stale-answer"), b"data: [DONE]\n\n"]
+        writer.write(_SSE_HEAD + b"".join(_chunk(e) for e in stale) + b"0\r\n\r\n")
     elif behaviour == "done-then-more":
         more = [_text_chunk(" after"), b"data: [DONE]\n\n"]
         writer.write(b"".join(_chunk(e) for e in [*ok_events, *more]) + b"0\r\n\r\n")

@@ -676,3 +676,28 @@ def test_odd_heads_and_probes_are_one_line_or_one_row(tmp_path: Path, trace: Pat
         assert run(trace, server.base_url, tmp_path / "h").returncode == 0
     rows = load_run(tmp_path / "h").requests.to_pylist()
     assert len(rows) == 12 and all(r["status"] == "error" and "head too large" in r["error_message"] for r in rows)
+
+
+def test_an_answer_nobody_asked_for_is_never_the_next_requests(tmp_path: Path) -> None:
+    """After each whole answer the server sends, 50 ms later, a second one (model ``stale-answer``, one token) on
+    the kept-alive connection. It was read as the next request's answer: ok, one token, a TTFT of microseconds.
+    A connection that receives bytes while idle is closed, not reused. Requests come every 250 ms (constant), so
+    the stale answer always arrives while the connection is idle."""
+    scenario = tmp_path / "s.toml"
+    text = (
+        (REPO / "scenarios" / "canonical.toml").read_text().replace('cases = ["contract/canonical.toml"]', "cases = []")
+    )
+    scenario.write_text(
+        text.replace(
+            'process = "poisson"\nrate_rps = 4.0\nduration_s = 60',
+            'process = "constant"\nrate_rps = 4.0\nduration_s = 3',
+        )
+    )
+    assert cli("trace", "generate", scenario, "--trace", "steady", "--out", tmp_path / "t.parquet").returncode == 0
+    with hostile_server("unsolicited") as server:
+        out = run(tmp_path / "t.parquet", server.base_url, tmp_path / "run")
+    assert out.returncode == 0, out.stderr
+    rows = load_run(tmp_path / "run").requests.to_pylist()
+    assert len(rows) == pq.read_table(tmp_path / "t.parquet").num_rows
+    assert {(r["status"], r["response_model"]) for r in rows} == {("ok", MODEL)}, rows
+    assert {r["client_output_tokens"] for r in rows} == {MAX_TOKENS}
