@@ -24,6 +24,18 @@ well-behaved baseline every other behaviour departs from in one respect:
 - ``answer-huge``: every POST answers a 300 MB JSON body (as ``version-huge`` does for ``/version``);
 - ``trickle-reset``: ``POST /reset_prefix_cache`` answers 200 and then a body of one byte every 0.2 s that
   never ends (every other behaviour answers it 404);
+- the stream behaviours (``STREAM_BEHAVIOURS``; probes answer as ``ok``): ``hang-completions`` (a POST is read,
+  never answered), ``head-only`` (a 200 head, then nothing), ``slowloris`` (the first event one byte a second),
+  ``comments-forever`` (``: keep-alive`` every 0.1 s), ``flood`` (``{"choices": []}`` events as fast as read),
+  ``no-done-open`` (every token and the finish, then silence on an open connection), ``done-then-more`` (a
+  token and a second ``[DONE]`` after the first), ``close-mid-chunk``, ``json-body`` (a 200 JSON completion),
+  ``huge-line`` (100 MiB of one line; the bytes sent are recorded), ``huge-head`` (4 MiB of headers),
+  ``bad-utf8``, ``odd-chunks`` (``choices: []``, null texts, usage-only, before the tokens), ``finish-abort`` (two
+  tokens, then ``finish_reason: "abort"``), ``retry-after-huge``/``-negative``/``-garbage`` (429), ``redirect-loop``
+  (307 to itself), ``interim-1xx`` (100 and 103 before the answer), ``interim-forever``, ``deflate``,
+  ``unsolicited`` (50 ms after each answer, a second one nobody asked for), ``reset-every-3rd`` (every third POST
+  read, then RST), ``die-after-5`` (the process exits at the 6th POST), ``models-garbage``/``version-garbage``
+  (that probe answers HTML);
 - ``sim-tokenizer``: ``/version`` claims to be loadgen's simulated engine counting with
   ``hf:<this file>`` (a local path that is no tokenizer.json).
 
