@@ -49,7 +49,7 @@ from .schedule import LagStats, RateGate
 from .sse import DEFAULT_MAX_LINE_BYTES, DONE, SSEDecoder, SSEProtocolError, parse_chunk
 from .transport import RawHTTP11Transport, RawResponse, SendTiming
 
-__all__ = ["PreSent", "RunContext", "StreamState", "execute", "max_stream_events", "request_row", "send_at_deadline"]
+__all__ = ["PreSent", "RunContext", "StreamState", "execute", "max_empty_events", "request_row", "send_at_deadline"]
 
 _now = time.perf_counter_ns
 
@@ -174,15 +174,16 @@ def request_row(
 FAILED_FINISH_REASONS = ("abort", "error")
 
 
-def max_stream_events(max_tokens: int) -> int:
-    """Most SSE events one request's stream may carry before it fails as ``malformed_sse``.
+def max_empty_events(max_tokens: int) -> int:
+    """Most SSE events carrying no token one request's stream may have before it fails as ``malformed_sse``.
 
-    A server sends about one event per token, plus a few (role, finish, usage); this allows 8 per token asked
-    for, plus 1024. Without it a server that floods events carrying nothing (``{"choices": []}`` at network
-    speed) grew the request's chunk columns until its timeout: 8.5 million rows and 1.1 GB RSS for 12 requests
-    in 10 s.
+    A server sends a few (role, finish, usage; an empty text where a token ends inside a character); this
+    allows 8 per token asked for, plus 4096. Events with tokens are not capped: a server may stream more
+    tokens than asked for (a replayed recording, reasoning not counted in ``max_tokens``). Without the cap a
+    server that floods events carrying nothing (``{"choices": []}`` at network speed) grew the request's
+    chunk columns until its timeout: 8.5 million rows and 1.1 GB RSS for 12 requests in 10 s.
     """
-    return 8 * max(max_tokens, 0) + 1024
+    return 8 * max(max_tokens, 0) + 4096
 
 
 #: Most bytes of an error answer's body read; ``redact`` cuts the message (after redacting it) to 500 characters.
@@ -234,7 +235,8 @@ class StreamState:
         "first_token",
         "kinds",
         "last_token",
-        "max_events",
+        "empty_events",
+        "max_empty_events",
         "on_first_token",
         "prev_usage",
         "reasoning_tokens",
@@ -252,10 +254,11 @@ class StreamState:
         ctx: RunContext,
         cancel_after: int | None,
         on_first_token: Callable[[], None] | None,
-        max_events: int | None = None,
+        max_empty_events: int | None = None,
     ) -> None:
         self.ctx = ctx
-        self.max_events = max_events
+        self.max_empty_events = max_empty_events
+        self.empty_events = 0
         self.anchor = ctx.anchor_ns
         self.decoder = SSEDecoder(ctx.max_sse_line_bytes)
         # per chunk, as machine integers (no int object kept per chunk; the recorder takes the buffers)
@@ -335,10 +338,8 @@ class StreamState:
             self.response_model = model
         if fingerprint is not None and self.fingerprint is None:
             self.fingerprint = fingerprint
-        if self.max_events is not None and len(self.arrivals) >= self.max_events:
-            raise SSEProtocolError(
-                f"more than {self.max_events} SSE events for {self.client_tokens} tokens: the stream is not an answer"
-            )
+        if not n:
+            self._empty_event()
         self.arrivals.append(t)
         self.tokens.append(n)
         self.sizes.append(size)
@@ -355,6 +356,15 @@ class StreamState:
                 self.cancelled = True
                 return True
         return False
+
+    def _empty_event(self) -> None:
+        """Count an event that carried no token; past the cap the stream fails (not an answer, a flood)."""
+        self.empty_events += 1
+        if self.max_empty_events is not None and self.empty_events > self.max_empty_events:
+            raise SSEProtocolError(
+                f"more than {self.max_empty_events} SSE events carried no token "
+                f"({self.client_tokens} tokens in all): the stream is not an answer"
+            )
 
     def _reasoning_chunk(self, t: int, n: int, r: int) -> None:
         """Kind and counts of a chunk once the stream has reasoned (kinds start then: every chunk before was
@@ -442,7 +452,7 @@ async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int, pre: PreSent
         if ttft_deadline is not None:
             scope.deadline = ctx.anyio_deadline(total_deadline) if total_deadline is not None else float("inf")
 
-    state = StreamState(ctx, job.cancel_after_tokens, on_first_token, max_stream_events(job.target_output_tokens))
+    state = StreamState(ctx, job.cancel_after_tokens, on_first_token, max_empty_events(job.target_output_tokens))
     token = pre.token if pre is not None else object()
     holding_slot = pre is not None
     try:
