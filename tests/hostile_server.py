@@ -29,6 +29,18 @@ well-behaved baseline every other behaviour departs from in one respect:
   (``owned_by``, ``root``), ``/metrics`` (a label and a ``# HELP`` line), 404 bodies, and POSTs in turn: a
   stream with the echo in SSE comments and in ``model``, ``system_fingerprint`` and the text; a 500 JSON error;
   a 307 whose ``Location`` carries the key as ``?api_key=``; a 400 plain-text error;
+- the stream behaviours (``STREAM_BEHAVIOURS``; probes answer as ``ok``): ``hang-completions`` (a POST is read,
+  never answered), ``head-only`` (a 200 head, then nothing), ``slowloris`` (the first event one byte a second),
+  ``comments-forever`` (``: keep-alive`` every 0.1 s), ``flood`` (``{"choices": []}`` events as fast as read),
+  ``no-done-open`` (every token and the finish, then silence on an open connection), ``done-then-more`` (a
+  token and a second ``[DONE]`` after the first), ``close-mid-chunk``, ``json-body`` (a 200 JSON completion),
+  ``huge-line`` (100 MiB of one line; the bytes sent are recorded), ``huge-head`` (4 MiB of headers),
+  ``bad-utf8``, ``odd-chunks`` (``choices: []``, null texts, usage-only, before the tokens), ``finish-abort`` (two
+  tokens, then ``finish_reason: "abort"``), ``retry-after-huge``/``-negative``/``-garbage`` (429), ``redirect-loop``
+  (307 to itself), ``interim-1xx`` (100 and 103 before the answer), ``interim-forever``, ``deflate``,
+  ``unsolicited`` (50 ms after each answer, a second one nobody asked for), ``reset-every-3rd`` (every third POST
+  read, then RST), ``die-after-5`` (the process exits at the 6th POST), ``models-garbage``/``version-garbage``
+  (that probe answers HTML);
 - ``sim-tokenizer``: ``/version`` claims to be loadgen's simulated engine counting with
   ``hf:<this file>`` (a local path that is no tokenizer.json).
 
@@ -57,13 +69,47 @@ import socket
 import struct
 import subprocess
 import sys
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["BEHAVIOURS", "BAD_FIELDS", "HostileServer", "MODEL", "hostile_server", "read_record"]
 
 MODEL = "hostile-model"
+#: Behaviours of the POST answer alone (probes answer as ``ok``): ``_odd_post`` plays each.
+STREAM_BEHAVIOURS = (
+    "hang-completions",
+    "head-only",
+    "slowloris",
+    "comments-forever",
+    "no-done-open",
+    "done-then-more",
+    "close-mid-chunk",
+    "json-body",
+    "huge-line",
+    "huge-head",
+    "bad-utf8",
+    "odd-chunks",
+    "finish-abort",
+    "retry-after-huge",
+    "retry-after-negative",
+    "retry-after-garbage",
+    "redirect-loop",
+    "interim-1xx",
+    "interim-forever",
+    "deflate",
+    "reset-every-3rd",
+    "die-after-5",
+    "models-garbage",
+    "version-garbage",
+    "flood",
+    "unsolicited",
+)
+#: Stream behaviours whose POST answers are ``ok`` ones (what they change is elsewhere).
+_OK_POST = ("reset-every-3rd", "die-after-5", "models-garbage", "version-garbage")
+#: Stream behaviours whose POST answers are ``ok`` ones (what they change is elsewhere).
+_OK_POST = ("reset-every-3rd", "die-after-5", "models-garbage", "version-garbage")
 BEHAVIOURS = (
     "ok",
     "bad-field-types",
@@ -85,6 +131,7 @@ BEHAVIOURS = (
     "answer-huge",
     "echo-fields",
     "echo-all",
+    *STREAM_BEHAVIOURS,
 )
 #: ``bad-field-types``: the fields put on the last chunk of every third POST, in turn.
 BAD_FIELDS: tuple[dict[str, object], ...] = (
@@ -167,6 +214,7 @@ class _Server:
         self.behaviour = behaviour
         self.record = record
         self.posts = 0
+        self.posts_read = 0
 
     def log(self, entry: dict[str, object]) -> None:
         if self.record is not None:
@@ -178,6 +226,13 @@ class _Server:
             while True:
                 request = await _read_request(reader)
                 if request is None:
+                    return
+                if self.behaviour == "reset-every-3rd" and request.method == "POST":
+                    self.posts_read += 1  # (every POST read, the reset ones too)
+                if self.behaviour == "reset-every-3rd" and request.method == "POST" and self.posts_read % 3 == 0:
+                    # the request read, then RST: no answer at all
+                    sock = writer.get_extra_info("socket")
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     return
                 if not await self.answer(request, writer):
                     return
@@ -222,6 +277,12 @@ class _Server:
             await self.echo_all(path, request, writer)
         elif request.method == "GET" or path.endswith("/tokenize"):
             await self.get(path, request, writer)
+        elif behaviour == "die-after-5" and self.posts > 5:
+            os._exit(0)  # the server dies: every open connection goes with it
+        elif behaviour in STREAM_BEHAVIOURS and behaviour not in _OK_POST:
+            keep = await _odd_post(behaviour, request, writer, self.log)
+            await writer.drain()
+            return keep
         else:
             await self.post(request, writer, bad)
         await writer.drain()
@@ -229,7 +290,7 @@ class _Server:
 
     async def get(self, path: str, request: _Request, writer: asyncio.StreamWriter) -> str:
         behaviour = self.behaviour
-        if path == "/version":
+        if path == "/version" and behaviour != "version-garbage":
             if behaviour == "version-huge":
                 await self.huge(writer, "GET", "/version")
                 return "version-huge"
@@ -239,6 +300,8 @@ class _Server:
             elif behaviour == "sim-tokenizer":
                 body = {"engine": "loadgen-sim", "version": "hostile-1", "tokenizer": f"hf:{Path(__file__).resolve()}"}
             _respond(writer, 200, json.dumps(body).encode())
+        elif path in ("/version", "/v1/models") and behaviour == path.rsplit("/", 1)[-1] + "-garbage":
+            _respond(writer, 200, b"\xff\xfe<html>not json", "text/html")
         elif path == "/v1/models":
             data: object = [{"id": MODEL, "object": "model", "owned_by": "hostile"}]
             if behaviour in ("models-null", "models-int"):
@@ -372,6 +435,120 @@ def _respond(
         % (status, phrase, ctype.encode(), len(body), extra)
         + body
     )
+
+
+_SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+_RETRY_AFTER = {"retry-after-huge": b"1e300", "retry-after-negative": b"-5", "retry-after-garbage": b"soon\x01;x"}
+
+
+def _text_chunk(text: object, finish: object = None, **extra: object) -> bytes:
+    choice = {"index": 0, "text": text, "finish_reason": finish}
+    return _event({"id": "cmpl-hostile", "object": "text_completion", "model": MODEL, "choices": [choice], **extra})
+
+
+async def _forever(writer: asyncio.StreamWriter, piece: bytes, every_s: float) -> None:
+    """Send ``piece`` (as one chunk) every ``every_s`` until the client leaves (the write then fails)."""
+    while True:
+        writer.write(_chunk(piece))
+        await writer.drain()
+        await asyncio.sleep(every_s)
+
+
+async def _odd_post(
+    behaviour: str, request: _Request, writer: asyncio.StreamWriter, log: Callable[[dict[str, object]], None]
+) -> bool:
+    """The POST answer of one of ``STREAM_BEHAVIOURS``; False when the connection is to be closed."""
+    ok_events = _stream_events(max(1, min(_max_tokens(request.body), MAX_TOKENS)))
+    if behaviour in _RETRY_AFTER:
+        _respond(writer, 429, b'{"error": "slow down"}', extra=b"retry-after: " + _RETRY_AFTER[behaviour] + b"\r\n")
+    elif behaviour == "redirect-loop":
+        _respond(writer, 307, b"", extra=b"location: " + request.target.encode() + b"\r\n")
+    elif behaviour == "json-body":  # the stream flag ignored: one JSON completion
+        body = {"id": "c", "object": "text_completion", "model": MODEL, "choices": [{"text": " the the"}]}
+        _respond(writer, 200, json.dumps(body).encode())
+    elif behaviour == "huge-head":  # 4 MiB of headers, never a blank line
+        writer.write(b"HTTP/1.1 200 OK\r\n")
+        for i in range(4096):
+            writer.write(b"x-pad-%d: %s\r\n" % (i, b"p" * 1000))
+            await writer.drain()
+        return False
+    elif behaviour in ("interim-1xx", "interim-forever"):
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </x>\r\n\r\n")
+        while behaviour == "interim-forever":
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        writer.write(_SSE_HEAD + b"".join(_chunk(e) for e in ok_events) + b"0\r\n\r\n")
+    elif behaviour == "deflate":
+        packed = zlib.compress(b"".join(ok_events))
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-encoding: deflate\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(packed), packed)
+        )
+    else:
+        writer.write(_SSE_HEAD)
+        return await _odd_stream(behaviour, ok_events, writer, log)
+    return True
+
+
+async def _odd_stream(
+    behaviour: str, ok_events: list[bytes], writer: asyncio.StreamWriter, log: Callable[[dict[str, object]], None]
+) -> bool:
+    """The body of an SSE answer (the head is sent) for the stream behaviours."""
+    if behaviour == "head-only":
+        await asyncio.Event().wait()
+    elif behaviour == "slowloris":  # one byte of a first event a second
+        for byte in ok_events[0]:
+            writer.write(_chunk(bytes([byte])))
+            await writer.drain()
+            await asyncio.sleep(1)
+        await asyncio.Event().wait()
+    elif behaviour == "flood":  # empty-choice events as fast as the client reads, never a token
+        event = _event({"id": "c", "choices": []})
+        await _forever(writer, event * 4096, 0)
+    elif behaviour == "comments-forever":
+        await _forever(writer, b": keep-alive\n\n", 0.1)
+    elif behaviour == "no-done-open":  # every token and the finish, then silence on an open connection
+        writer.write(b"".join(_chunk(e) for e in ok_events[:-1]))
+        await writer.drain()
+        await asyncio.Event().wait()
+    elif behaviour == "unsolicited":  # a whole answer, then (a moment later) a second one nobody asked for
+        writer.write(b"".join(_chunk(e) for e in ok_events) + b"0\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        stale = [_text_chunk(" stale", "stop", model="stale-answer"), b"data: [DONE]\n\n"]
+        writer.write(_SSE_HEAD + b"".join(_chunk(e) for e in stale) + b"0\r\n\r\n")
+    elif behaviour == "done-then-more":
+        more = [_text_chunk(" after"), b"data: [DONE]\n\n"]
+        writer.write(b"".join(_chunk(e) for e in [*ok_events, *more]) + b"0\r\n\r\n")
+    elif behaviour == "close-mid-chunk":  # two tokens, then a chunk that announces more than it carries
+        writer.write(b"".join(_chunk(e) for e in ok_events[:2]) + b'400\r\ndata: {"choi')
+        await writer.drain()
+        return False
+    elif behaviour == "huge-line":  # 100 MiB of one line, no newline, as fast as the client reads
+        piece, sent = b"data: " + b"x" * (1 << 20), 0
+        with contextlib.suppress(ConnectionError):
+            for _ in range(100):
+                writer.write(_chunk(piece))
+                await writer.drain()
+                sent += len(piece)
+        log({"method": "POST", "variant": behaviour, "sent_bytes": sent})
+        return False
+    elif behaviour == "bad-utf8":
+        bad = b'data: {"id": "c", "model": "hostile-model", "choices": [{"text": "\xff\xfe", "index": 0}]}\n\n'
+        writer.write(b"".join(_chunk(e) for e in [bad, *ok_events]) + b"0\r\n\r\n")
+    elif behaviour == "odd-chunks":  # empty choices, null texts, a usage-only chunk, then the tokens
+        odd = [
+            _event({"id": "c", "object": "text_completion", "model": MODEL, "choices": []}),
+            _text_chunk(None),
+            _event({"id": "c", "choices": [{"index": 0, "delta": {"content": None, "role": "assistant"}}]}),
+            _event({"id": "c", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 0}}),
+        ]
+        writer.write(b"".join(_chunk(e) for e in [*odd, *ok_events]) + b"0\r\n\r\n")
+    elif behaviour == "finish-abort":  # two tokens, then the engine gives up on the request mid-answer
+        events = [*ok_events[:2], _text_chunk("", "abort"), b"data: [DONE]\n\n"]
+        writer.write(b"".join(_chunk(e) for e in events) + b"0\r\n\r\n")
+    return True
 
 
 async def _read_request(reader: asyncio.StreamReader) -> _Request | None:

@@ -10,9 +10,11 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import duckdb
@@ -20,6 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 from hostile_server import BAD_FIELDS, MAX_TOKENS, MODEL, hostile_server, read_record
 
+from loadgen.driver.client import max_empty_events
 from loadgen.rundir.io import load_run, run_table_files
 from loadgen.rundir.rowtables import requests_table
 from loadgen.rundir.schema import CHUNKS_FILE, REQUESTS_FILE
@@ -654,3 +657,173 @@ def test_a_server_echoing_the_credential_everywhere_leaves_no_canary(tmp_path: P
         assert secret not in stored, f"{name} stored"
     phrases = {" ".join(tail.split()[1:-1]) for tail in said}  # whole words of each prompt sent, in order
     assert phrases and not [p for p in phrases if len(p) >= 20 and p.encode() in stored], "prompt text stored"
+
+
+# ---- odd streams: every request accounted for, every wait bounded (issue: hostile-server audit) -------------
+
+TIMEOUT = ("timeout", "ttft_timeout")
+#: behaviour -> the (status, error_kind) every one of the 12 requests ends with
+ODD_STREAMS = {
+    "hang-completions": TIMEOUT,  # accepts, reads, never sends a head
+    "head-only": TIMEOUT,  # a 200 head, then nothing
+    "slowloris": TIMEOUT,  # one byte of the first event a second
+    "comments-forever": TIMEOUT,  # ": keep-alive" comments, never a token: no TTFT from them
+    "interim-forever": TIMEOUT,  # "100 Continue" forever
+    "no-done-open": ("timeout", "total_timeout"),  # every token and the finish, no [DONE], the connection open
+    "close-mid-chunk": ("error", "reset_mid_stream"),
+    "json-body": ("error", "malformed_sse"),  # a 200 JSON completion: the stream flag ignored
+    "huge-line": ("error", "malformed_sse"),  # 100 MiB of one line, no newline
+    "bad-utf8": ("error", "malformed_sse"),
+    "deflate": ("error", "malformed_sse"),
+    "flood": ("error", "malformed_sse"),  # events carrying nothing, at network speed, forever
+    "finish-abort": ("error", "http_5xx"),  # two tokens, then finish_reason "abort"
+    "redirect-loop": ("error", "client"),  # 307 to itself: not followed
+    "retry-after-huge": ("error", "http_429"),
+    "retry-after-negative": ("error", "http_429"),
+    "retry-after-garbage": ("error", "http_429"),
+    "interim-1xx": ("ok", None),  # 100 Continue and 103 Early Hints before the answer
+    "odd-chunks": ("ok", None),  # choices [], null texts, a usage-only chunk before the tokens
+    "done-then-more": ("ok", None),  # a token after [DONE] is not counted
+    "reset-every-3rd": ("ok", None),  # a reset kept-alive connection is retried once on a new one
+    "version-garbage": ("ok", None),  # /version answers HTML
+}
+
+
+def analyzed_overall(run_dir: Path, tmp_path: Path) -> dict:
+    out = cli("analyze", run_dir, "--quiet", "--json", tmp_path / "a.json")
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    return json.loads((tmp_path / "a.json").read_text())["overall"]
+
+
+def assert_accounted(run_dir: Path, tmp_path: Path, expected: tuple[str, str | None]) -> list[dict]:
+    """Every one of the 12 scheduled requests has one row with the expected outcome; the analysis counts the
+    failures as failures (no TTFT sample, no output tokens from them)."""
+    rows = load_run(run_dir).requests.to_pylist()
+    assert len(rows) == 12 and {(r["status"], r["error_kind"]) for r in rows} == {expected}, rows[0]
+    overall = analyzed_overall(run_dir, tmp_path)
+    assert overall["n_scheduled"] == 12 and overall["status_counts"][expected[0]] == 12, overall["status_counts"]
+    if expected[0] != "ok":
+        assert not overall["metrics"]["ttft_ms"] or overall["metrics"]["ttft_ms"]["n"] == 0, overall["metrics"]
+        assert overall["output_tok_s"] == 0, overall
+    return rows
+
+
+@pytest.mark.parametrize("behaviour", sorted(ODD_STREAMS))
+def test_an_odd_stream_costs_no_row_and_no_hang(tmp_path: Path, trace: Path, behaviour: str) -> None:
+    record = tmp_path / "record.jsonl"
+    with hostile_server(behaviour, record) as server:
+        out = run(trace, server.base_url, tmp_path / "run")
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    rows = assert_accounted(tmp_path / "run", tmp_path, ODD_STREAMS[behaviour])
+    if ODD_STREAMS[behaviour] == ("ok", None):
+        tokens = {max(1, min(r["target_output_tokens"], MAX_TOKENS)) for r in rows}
+        assert {r["client_output_tokens"] for r in rows} <= tokens and all(r["first_token_ns"] for r in rows)
+    elif ODD_STREAMS[behaviour] == TIMEOUT:  # no token came: no first token (a comment or a byte is none)
+        assert {(r["first_token_ns"], r["client_output_tokens"] or 0) for r in rows} == {(None, 0)}, rows[0]
+    if behaviour == "huge-line":  # read up to the line cap, then dropped: never the whole 100 MiB
+        sent = [e["sent_bytes"] for e in read_record(record) if "sent_bytes" in e]
+        assert len(sent) == 12 and max(sent) < 64 << 20, sent
+    if behaviour == "finish-abort":
+        assert {r["client_output_tokens"] for r in rows} == {2} and {r["finish_reason"] for r in rows} == {"abort"}
+    if behaviour == "flood":  # the chunk columns stop at the cap, not at the timeout
+        assert all(r["chunk_count"] <= max_empty_events(r["target_output_tokens"]) for r in rows), rows[0]
+        assert all("SSE events carried no token (0 tokens in all)" in r["error_message"] for r in rows), rows[0]
+    if behaviour == "json-body":
+        assert all("content-type 'application/json'" in r["error_message"] for r in rows), rows[0]
+    if behaviour.startswith("retry-after"):
+        shown = {"huge": 1e300, "negative": 0.0, "garbage": None}[behaviour.rsplit("-", 1)[-1]]
+        assert {r["retry_after_s"] for r in rows} == {shown}
+
+
+@pytest.mark.parametrize("behaviour", ["head-only", "huge-line"])
+def test_an_odd_stream_over_two_workers(tmp_path: Path, trace: Path, behaviour: str) -> None:
+    with hostile_server(behaviour) as server:
+        out = run(trace, server.base_url, tmp_path / "run", "--workers", "2")
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert_accounted(tmp_path / "run", tmp_path, ODD_STREAMS[behaviour])
+
+
+def test_the_run_deadline_ends_requests_that_would_wait_longer(tmp_path: Path, trace: Path) -> None:
+    """Per-request timeouts far past the run's deadline: the deadline ends every request (cut, not failed)."""
+    with hostile_server("head-only") as server:
+        out = cli(
+            "run", trace, "--target", server.base_url, "--out", tmp_path / "run",
+            "--ttft-timeout-s", "300", "--total-timeout-s", "600", "--deadline-s", "4", timeout=90,
+        )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = load_run(tmp_path / "run").requests.to_pylist()
+    assert len(rows) == 12 and {(r["status"], r["error_kind"]) for r in rows} == {("cancelled", "run_interrupted")}
+    assert analyzed_overall(tmp_path / "run", tmp_path)["status_counts"]["cancelled"] == 12
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_sigterm_against_a_slowloris_ends_with_records(tmp_path: Path, trace: Path, workers: str) -> None:
+    with hostile_server("slowloris") as server:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "loadgen", "run", trace, "--target", server.base_url, "--out", tmp_path / "run",
+             "--ttft-timeout-s", "300", "--total-timeout-s", "600", "--deadline-s", "300", "--workers", workers],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        try:
+            record = tmp_path / "run" / "manifest.json"
+            for _ in range(600):  # until the run has begun (its manifest is written at the start)
+                if record.exists() or proc.poll() is not None:
+                    break
+                time.sleep(0.1)
+            time.sleep(4)  # every request of the 3 s trace due
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+    assert proc.returncode == 143 and "Traceback" not in err, err
+    rows = load_run(tmp_path / "run").requests.to_pylist()
+    assert len(rows) == 12 and {r["error_kind"] for r in rows} <= {"run_interrupted", "not_due"}, rows[0]
+    overall = analyzed_overall(tmp_path / "run", tmp_path)  # cut requests: neither failures nor samples
+    assert overall["status_counts"]["ok"] == 0 and not overall["error_kinds"], overall
+
+
+def test_a_server_that_dies_mid_run(tmp_path: Path, trace: Path) -> None:
+    """The server exits after its 5th answer: those 5 are exact, the other 7 are connect failures."""
+    with hostile_server("die-after-5") as server:
+        out = run(trace, server.base_url, tmp_path / "run")
+    assert out.returncode == 0, out.stderr
+    rows = load_run(tmp_path / "run").requests.to_pylist()
+    assert len(rows) == 12 and sum(r["status"] == "ok" for r in rows) == 5
+    failed = [r for r in rows if r["status"] != "ok"]
+    assert {r["error_kind"] for r in failed} == {"connect"} and {r["status"] for r in failed} <= {"not_sent", "error"}
+    assert analyzed_overall(tmp_path / "run", tmp_path)["metrics"]["ttft_ms"]["n"] == 5
+
+
+def test_odd_heads_and_probes_are_one_line_or_one_row(tmp_path: Path, trace: Path) -> None:
+    with hostile_server("models-garbage") as server:
+        one_line_error(run(trace, server.base_url, tmp_path / "m"), "/v1/models")
+    with hostile_server("huge-head") as server:  # 4 MiB of headers: the head is read up to 1 MiB
+        assert run(trace, server.base_url, tmp_path / "h").returncode == 0
+    rows = load_run(tmp_path / "h").requests.to_pylist()
+    assert len(rows) == 12 and all(r["status"] == "error" and "head too large" in r["error_message"] for r in rows)
+
+
+def test_an_answer_nobody_asked_for_is_never_the_next_requests(tmp_path: Path) -> None:
+    """After each whole answer the server sends, 50 ms later, a second one (model ``stale-answer``, one token) on
+    the kept-alive connection. It was read as the next request's answer: ok, one token, a TTFT of microseconds.
+    A connection that receives bytes while idle is closed, not reused. Requests come every 250 ms (constant), so
+    the stale answer always arrives while the connection is idle."""
+    scenario = tmp_path / "s.toml"
+    text = (
+        (REPO / "scenarios" / "canonical.toml").read_text().replace('cases = ["contract/canonical.toml"]', "cases = []")
+    )
+    scenario.write_text(
+        text.replace(
+            'process = "poisson"\nrate_rps = 4.0\nduration_s = 60',
+            'process = "constant"\nrate_rps = 4.0\nduration_s = 3',
+        )
+    )
+    assert cli("trace", "generate", scenario, "--trace", "steady", "--out", tmp_path / "t.parquet").returncode == 0
+    with hostile_server("unsolicited") as server:
+        out = run(tmp_path / "t.parquet", server.base_url, tmp_path / "run")
+    assert out.returncode == 0, out.stderr
+    rows = load_run(tmp_path / "run").requests.to_pylist()
+    assert len(rows) == pq.read_table(tmp_path / "t.parquet").num_rows
+    assert {(r["status"], r["response_model"]) for r in rows} == {("ok", MODEL)}, rows
+    assert {r["client_output_tokens"] for r in rows} == {MAX_TOKENS}

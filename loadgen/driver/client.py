@@ -46,10 +46,10 @@ from .error_kinds import (
 from .jobs import Job
 from .recorder import StreamChunks
 from .schedule import LagStats, RateGate
-from .sse import DEFAULT_MAX_LINE_BYTES, DONE, SSEDecoder, parse_chunk
+from .sse import DEFAULT_MAX_LINE_BYTES, DONE, SSEDecoder, SSEProtocolError, parse_chunk
 from .transport import RawHTTP11Transport, RawResponse, SendTiming
 
-__all__ = ["PreSent", "RunContext", "StreamState", "execute", "request_row", "send_at_deadline"]
+__all__ = ["PreSent", "RunContext", "StreamState", "execute", "max_empty_events", "request_row", "send_at_deadline"]
 
 _now = time.perf_counter_ns
 
@@ -169,6 +169,23 @@ def request_row(
     }
 
 
+#: finish_reason values that end a stream as failed, not done (vLLM's FinishReason ABORT and ERROR): the request
+#: is an error, never a latency sample.
+FAILED_FINISH_REASONS = ("abort", "error")
+
+
+def max_empty_events(max_tokens: int) -> int:
+    """Most SSE events carrying no token one request's stream may have before it fails as ``malformed_sse``.
+
+    A server sends a few (role, finish, usage; an empty text where a token ends inside a character); this
+    allows 8 per token asked for, plus 4096. Events with tokens are not capped: a server may stream more
+    tokens than asked for (a replayed recording, reasoning not counted in ``max_tokens``). Without the cap a
+    server that floods events carrying nothing (``{"choices": []}`` at network speed) grew the request's
+    chunk columns until its timeout: 8.5 million rows and 1.1 GB RSS for 12 requests in 10 s.
+    """
+    return 8 * max(max_tokens, 0) + 4096
+
+
 #: Most bytes of an error answer's body read; ``redact`` cuts the message (after redacting it) to 500 characters.
 ERROR_BODY_MAX_BYTES = 4096
 
@@ -218,6 +235,8 @@ class StreamState:
         "first_token",
         "kinds",
         "last_token",
+        "empty_events",
+        "max_empty_events",
         "on_first_token",
         "prev_usage",
         "reasoning_tokens",
@@ -230,8 +249,16 @@ class StreamState:
         "tokens",
     )
 
-    def __init__(self, ctx: RunContext, cancel_after: int | None, on_first_token: Callable[[], None] | None) -> None:
+    def __init__(
+        self,
+        ctx: RunContext,
+        cancel_after: int | None,
+        on_first_token: Callable[[], None] | None,
+        max_empty_events: int | None = None,
+    ) -> None:
         self.ctx = ctx
+        self.max_empty_events = max_empty_events
+        self.empty_events = 0
         self.anchor = ctx.anchor_ns
         self.decoder = SSEDecoder(ctx.max_sse_line_bytes)
         # per chunk, as machine integers (no int object kept per chunk; the recorder takes the buffers)
@@ -311,6 +338,8 @@ class StreamState:
             self.response_model = model
         if fingerprint is not None and self.fingerprint is None:
             self.fingerprint = fingerprint
+        if not n:
+            self._empty_event()
         self.arrivals.append(t)
         self.tokens.append(n)
         self.sizes.append(size)
@@ -327,6 +356,15 @@ class StreamState:
                 self.cancelled = True
                 return True
         return False
+
+    def _empty_event(self) -> None:
+        """Count an event that carried no token; past the cap the stream fails (not an answer, a flood)."""
+        self.empty_events += 1
+        if self.max_empty_events is not None and self.empty_events > self.max_empty_events:
+            raise SSEProtocolError(
+                f"more than {self.max_empty_events} SSE events carried no token "
+                f"({self.client_tokens} tokens in all): the stream is not an answer"
+            )
 
     def _reasoning_chunk(self, t: int, n: int, r: int) -> None:
         """Kind and counts of a chunk once the stream has reasoned (kinds start then: every chunk before was
@@ -414,7 +452,7 @@ async def execute(ctx: RunContext, job: Job, scheduled_abs_ns: int, pre: PreSent
         if ttft_deadline is not None:
             scope.deadline = ctx.anyio_deadline(total_deadline) if total_deadline is not None else float("inf")
 
-    state = StreamState(ctx, job.cancel_after_tokens, on_first_token)
+    state = StreamState(ctx, job.cancel_after_tokens, on_first_token, max_empty_events(job.target_output_tokens))
     token = pre.token if pre is not None else object()
     holding_slot = pre is not None
     try:
@@ -496,6 +534,11 @@ async def _read_response(
             f"stream sent with content-encoding {encoding.strip()[:40]!r} though identity was asked for: not decoded",
         )
     await response.body.stream_to(state.feed)
+    if not state.arrivals and state.done_abs is None and state.error is None:
+        kind = (response.header(b"content-type") or "").strip()
+        if "event-stream" not in kind.lower():  # a whole JSON answer (stream flag ignored), an HTML page
+            shown = repr(kind[:60]) if kind else "none"
+            return STATUS_ERROR, "malformed_sse", f"answer is not an event stream (content-type {shown}): no SSE event"
     if state.done_abs is not None and not response.body.complete:
         # the chunked terminator may come in a later packet: wait briefly for it so the keep-alive
         # connection can be reused. A server that closes (FIN or RST) instead has still delivered the whole
@@ -553,6 +596,12 @@ def _outcome(state: StreamState) -> tuple[str, str | None, str | None]:
     if state.cancelled:
         return STATUS_CANCELLED, None, None
     if state.done_abs is not None or state.finish_reason is not None:
+        if state.finish_reason in FAILED_FINISH_REASONS:  # as an in-stream error without a code
+            return (
+                STATUS_ERROR,
+                "http_5xx",
+                f"finish_reason {state.finish_reason!r}: the server ended the answer as failed",
+            )
         if state.client_tokens == 0 and not state.server_output:
             return STATUS_ERROR, "empty_output", "stream finished with no content tokens"
         if state.finish_reason == "content_filter":

@@ -88,10 +88,11 @@ class _Conn:
 class _Protocol(asyncio.Protocol):
     """asyncio protocol feeding a _ProtoConn: data arrives by callback, no pause/resume per read."""
 
-    __slots__ = ("chunks", "eof", "exc", "sink", "sink_eof", "transport", "waiter")
+    __slots__ = ("chunks", "eof", "exc", "idle", "sink", "sink_eof", "transport", "waiter")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
+        self.idle = False  # kept for reuse, no request on it: any byte that arrives now was never asked for
         self.chunks: list[bytes] = []
         self.waiter: asyncio.Future | None = None
         self.eof = False
@@ -108,6 +109,11 @@ class _Protocol(asyncio.Protocol):
             waiter.set_result(None)
 
     def data_received(self, data: bytes) -> None:
+        if self.idle:  # an answer nobody asked for (or garbage): never read as the next request's answer
+            self.eof = True
+            if self.transport is not None:
+                self.transport.close()
+            return
         sink = self.sink
         if sink is not None:
             sink(data)
@@ -559,6 +565,11 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
         now = time.monotonic()
         while idle:
             conn = idle.pop()
+            if isinstance(conn, _ProtoConn):
+                conn.proto.idle = False
+                if conn.proto.eof:  # closed while idle (by the server, or for bytes it sent unasked)
+                    await conn.aclose()
+                    continue
             if now - conn.idle_since < self._expiry:
                 conn.reused = True
                 return conn
@@ -569,6 +580,8 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
         idle = self._idle.setdefault(key, [])
         if len(idle) < self._max_idle and not conn.buf:
             conn.idle_since = time.monotonic()
+            if isinstance(conn, _ProtoConn):
+                conn.proto.idle = True
             idle.append(conn)
         elif isinstance(conn, _ProtoConn) and conn.proto.transport is not None:
             conn.proto.transport.close()  # not kept: close now rather than when collected
@@ -644,6 +657,7 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
                 return None
             idle.pop()
             proto = conn.proto
+            proto.idle = False
             transport = proto.transport
             if now - conn.idle_since >= self._expiry or proto.eof or transport is None or transport.is_closing():
                 if transport is not None:
