@@ -797,7 +797,7 @@ def test_a_server_that_dies_mid_run(tmp_path: Path, trace: Path) -> None:
 
 def test_odd_heads_and_probes_are_one_line_or_one_row(tmp_path: Path, trace: Path) -> None:
     with hostile_server("models-garbage") as server:
-        one_line_error(run(trace, server.base_url, tmp_path / "m"), "/v1/models")
+        one_line_error(run(trace, server.base_url, tmp_path / "m"), "GET /v1/models answered HTTP 200 that is not JSON")
     with hostile_server("huge-head") as server:  # 4 MiB of headers: the head is read up to 1 MiB
         assert run(trace, server.base_url, tmp_path / "h").returncode == 0
     rows = load_run(tmp_path / "h").requests.to_pylist()

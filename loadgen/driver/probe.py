@@ -194,8 +194,8 @@ async def probe_target(
                 secrets,
             )
         )
-    models, owners = _served_models(models_resp, safe_url)
-    model = _resolve_model(model, models, check_model, safe_url, secrets)
+    models, owners, listing = _served_models(models_resp, safe_url)
+    model = _resolve_model(model, models, check_model, safe_url, secrets, listing)
     recorded_models = [safe_version(m, secrets) for m in models[:64]]
     info = TargetInfo(
         kind="unknown", base_url=safe_url, model=model, version=safe_version(version, secrets), models=recorded_models
@@ -211,31 +211,41 @@ async def probe_target(
     return info
 
 
-def _served_models(models_resp: httpx.Response | None, safe_url: str) -> tuple[list[str], set[str]]:
-    """(the model ids ``/v1/models`` lists, their owners); a 401/403 there is a missing or wrong key."""
+def _served_models(models_resp: httpx.Response | None, safe_url: str) -> tuple[list[str], set[str], str]:
+    """(the model ids ``/v1/models`` lists, their owners, what it answered when it lists none); a 401/403 there
+    is a missing or wrong key."""
     models: list[str] = []
     owners: set[str] = set()
+    listing = "gave no answer" if models_resp is None else f"answered HTTP {models_resp.status_code}"
     if models_resp is not None and models_resp.status_code == 200:
         try:
             body = models_resp.json()
+            listing = "lists none"
         except (ValueError, RecursionError):
             body = {}
+            kind = models_resp.headers.get("content-type", "no content type").split(";")[0][:60]
+            listing = f"answered HTTP 200 that is not JSON ({kind})"
         models, owners = _model_entries(body, safe_url)
     elif models_resp is not None and models_resp.status_code in (401, 403):
         raise TargetError(
             f"target {safe_url}: GET /v1/models answered HTTP {models_resp.status_code}: expected a valid API key (--api-key-env)"
         )
-    return models, owners
+    return models, owners, listing
 
 
 def _resolve_model(
-    model: str | None, models: list[str], check_model: bool, safe_url: str, secrets: tuple[str, ...]
+    model: str | None,
+    models: list[str],
+    check_model: bool,
+    safe_url: str,
+    secrets: tuple[str, ...],
+    listing: str = "lists none",
 ) -> str:
     """The model to request: ``model``, checked against the served ones (when listed and asked to), else the
-    first one served."""
+    first one served (``listing``: what ``/v1/models`` answered, said when it lists none)."""
     if model is None:
         if not models:
-            raise TargetError(f"target {safe_url}: no model given and /v1/models lists none: expected --model NAME")
+            raise TargetError(f"target {safe_url}: no model given and GET /v1/models {listing}: expected --model NAME")
         return models[0]
     if check_model and models and model not in models:
         shown = ", ".join(repr(m) for m in models[:10]) + (f" and {len(models) - 10} more" if len(models) > 10 else "")
