@@ -23,6 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from cli_process import run_loadgen
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -171,16 +172,7 @@ def _snapshot(root: Path) -> dict[str, bytes]:
 def run_cli(args: list[Any], work: Path, outputs: list[Path], ok_codes: tuple[int, ...] = (0,)) -> int:
     """Run ``loadgen ARGS``; assert a clean outcome; remove what a success wrote; return the exit code."""
     before = _snapshot(work)
-    proc = subprocess.run(
-        [sys.executable, "-m", "loadgen", *map(str, args)],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        errors="replace",
-        timeout=120,
-        check=False,
-        env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"},
-    )
+    proc = run_loadgen(args, work, COLUMNS="200")
     err = proc.stderr
     assert "Traceback" not in err, f"{args}: traceback:\n{err[-3000:]}"
     assert proc.returncode in (*ok_codes, 2), f"{args}: exit {proc.returncode}:\n{err[-3000:]}"

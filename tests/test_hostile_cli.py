@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_process import run_loadgen
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = json.loads((REPO / "loadgen" / "data" / "models" / "tiny-llama-gqa.json").read_text())
@@ -18,16 +19,7 @@ TINY = json.loads((REPO / "loadgen" / "data" / "models" / "tiny-llama-gqa.json")
 
 def cli_fails(tmp_path: Path, args: list[object], *expected: str) -> str:
     """Run ``loadgen ARGS`` in ``tmp_path``; it must exit 2 with one stderr line holding every ``expected``."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "loadgen", *map(str, args)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        errors="replace",
-        timeout=120,
-        check=False,
-        env={**os.environ, "PYTHONPATH": str(REPO), "LOADGEN_CATALOG": str(tmp_path / "catalog.duckdb")},
-    )
+    proc = run_loadgen(args, tmp_path, LOADGEN_CATALOG=str(tmp_path / "catalog.duckdb"))
     err = proc.stderr
     assert "Traceback" not in err, err
     assert proc.returncode == 2, (proc.returncode, err)

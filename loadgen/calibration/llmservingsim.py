@@ -43,7 +43,7 @@ from loadgen.sim.metrics import metric_labels_json
 from loadgen.trace.importers import import_trace
 from loadgen.trace.io import read_trace
 from loadgen.util.errors import LoadgenError, RunDirError, TraceError
-from loadgen.util.jsonfile import read_json
+from loadgen.util.jsonfile import read_json, read_json_object
 
 __all__ = ["TIMESERIES_METRICS", "WORKLOAD_FILE", "find_run_folder", "import_llmservingsim_run"]
 
@@ -69,15 +69,6 @@ def find_run_folder(path: Path | str) -> Path:
         if (cand / "meta.json").is_file() and (cand / "requests.jsonl").is_file():
             return cand
     raise RunDirError(f"{path}: no meta.json and requests.jsonl (nor in vllm/): expected an LLMServingSim bench run")
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise RunDirError(f"{path}: cannot read ({exc.strerror})") from None
-    except (ValueError, RecursionError) as exc:
-        raise RunDirError(f"{path}: invalid JSON ({str(exc)[:80]}): expected an LLMServingSim meta.json") from None
 
 
 def _number(path: Path, line_no: int, rec: dict[str, Any], key: str) -> float:
@@ -335,9 +326,7 @@ def import_llmservingsim_run(
 ) -> Path:
     """An LLMServingSim bench run folder (or its parent) → a run directory at ``out_dir``; returns it."""
     folder = find_run_folder(path)
-    meta = _read_json(folder / "meta.json")
-    if not isinstance(meta, dict):
-        raise RunDirError(f"{folder / 'meta.json'}: a JSON {type(meta).__name__}: expected an object")
+    meta = read_json_object(folder / "meta.json", "an LLMServingSim meta.json", RunDirError)
     rows = _read_requests(folder / "requests.jsonl")
     rows.sort(key=lambda r: r["arrival_time"])
     source = _workload(folder, meta, Path(workload) if workload else None)

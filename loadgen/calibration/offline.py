@@ -54,6 +54,7 @@ from loadgen.util.outputfile import write_output_text
 from loadgen.util.tomlfile import dumps_toml, read_toml
 
 from .engine_match import deployment_unchecked, engine_mismatches, measured_engine_config, not_recorded
+from .llmservingsim import find_run_folder
 
 __all__ = [
     "ANCHORS",
@@ -426,7 +427,7 @@ def _measured_run(run_dir: Path) -> RunData:
     an LLMServingSim bench folder not yet imported, or a prediction (a simulated run)."""
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: no such directory: expected a run directory (loadgen import llmservingsim)")
-    if not (run_dir / MANIFEST_FILE).exists() and (run_dir / "vllm" / "requests.jsonl").exists():
+    if not (run_dir / MANIFEST_FILE).exists() and _bench_folder(run_dir):
         raise RunDirError(
             f"{run_dir}: an LLMServingSim bench folder, not a run directory: expected "
             f"loadgen import llmservingsim {run_dir} --out RUN_DIR first, then --measured RUN_DIR"
@@ -438,6 +439,15 @@ def _measured_run(run_dir: Path) -> RunData:
             "(loadgen import llmservingsim)"
         )
     return data
+
+
+def _bench_folder(path: Path) -> bool:
+    """Whether ``path`` is an LLMServingSim bench run (either layout ``find_run_folder`` knows), not imported."""
+    try:
+        find_run_folder(path)
+    except RunDirError:
+        return False
+    return True
 
 
 def validate_measured(run_dirs: list[Path], engine: Path | str, anchor: str = "workload") -> dict[str, Any]:

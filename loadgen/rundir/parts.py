@@ -294,9 +294,8 @@ def _conform(table: pa.Table, schema: pa.Schema, wanted: list[str], path: Path) 
     bad = [c for c in missing if c not in COLUMNS_SINCE]
     if bad:
         raise RunDirError(f"{path}: missing column(s) {bad}: expected the loadgen record schema v{SCHEMA_VERSION}")
-    _refuse_nulls(
-        [table.column(c) for c in wanted if c not in missing], schema, [c for c in wanted if c not in missing], path
-    )
+    present = [c for c in wanted if c not in missing]
+    _refuse_nulls([table.column(c) for c in present], schema, present, path)
     for name in missing:
         table = table.append_column(name, pa.nulls(table.num_rows, schema.field(name).type))
     target = pa.schema([schema.field(c) for c in wanted])

@@ -454,10 +454,10 @@ def parse_engine_config(data: dict[str, Any], source: str = "<engine>") -> Engin
     return cfg
 
 
-def _check_profile_paths(toml: Path, profile: ProfileCost) -> None:
-    """Refuse, naming the engine TOML and its field, a ``[cost.profile]`` path that is not there: they are relative
-    to the TOML's folder, so a TOML copied elsewhere without its profiles fails here, not deep in a replay."""
-    resolved = profile.resolve(str(toml.parent))
+def _check_profile_paths(toml: Path, profile: ProfileCost, resolved: ProfileCost) -> None:
+    """Refuse, naming the engine TOML and its field, a ``[cost.profile]`` path (``profile`` as written,
+    ``resolved`` against the TOML's folder) that is not there: a TOML copied elsewhere without its profiles
+    fails here, not deep in a replay."""
     for field, raw, found, want in (
         ("path", profile.path, resolved.path, "the profile's <dtype>/ folder (meta.yaml, tp<N>/)"),
         ("model_config", profile.model_config_path, resolved.model_config_path, "the model's config.json"),
@@ -488,8 +488,8 @@ def load_engine_config(path_or_preset: str | Path) -> EngineConfig:
     cfg = parse_engine_config(data, str(path))
     cfg = cfg.model_copy(update={"source_path": str(path), "sha256": sha256})
     if cfg.cost.profile is not None:
-        _check_profile_paths(path, cfg.cost.profile)
         profile = cfg.cost.profile.resolve(str(path.parent))
+        _check_profile_paths(path, cfg.cost.profile, profile)
         cfg = cfg.model_copy(update={"cost": cfg.cost.model_copy(update={"profile": profile})})
     if cfg.kv.num_kv_blocks is None:
         cfg = cfg.model_copy(update={"resolved_kv_blocks": _kv_blocks_from_ledger(cfg, str(path))})

@@ -2,7 +2,8 @@
 CLI and the driver.
 
 Each check returns None when the input is fine, else the "expected ..." text for a one-line error. No
-message ever carries the URL's password: ``without_userinfo`` is what an error may show.
+message ever carries the URL's password: an error shows ``without_userinfo`` of it (``redact.redact_url`` also
+drops query values), and ``api_key_env_problem`` never shows the value at all.
 """
 
 from __future__ import annotations
