@@ -209,3 +209,13 @@ def test_function_local_imports_are_deferred_on_purpose():
                         f"{path.relative_to(PKG.parent)}:{node.lineno}: {lines[node.lineno - 1].strip()}"
                     )
     assert undocumented == [], "\n".join(undocumented)
+
+
+def test_the_package_is_marked_typed_and_the_wheel_carries_the_marker():
+    """PEP 561: without ``py.typed`` in the installed package, a user's ``mypy --strict`` script stops at every
+    ``from loadgen... import`` ("missing library stubs or py.typed marker") and the typed results are Any."""
+    import tomllib
+
+    assert (PKG / "py.typed").is_file()
+    pyproject = tomllib.loads((PKG.parent / "pyproject.toml").read_text())
+    assert "py.typed" in pyproject["tool"]["setuptools"]["package-data"]["loadgen"]

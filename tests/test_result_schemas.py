@@ -115,9 +115,13 @@ def test_practice_and_sim_validate_outputs_validate(tmp_path: Path) -> None:
     assert_valid("decision", practice["comparison"])
     assert practice["decision"] == practice["comparison"]["decision"]
     with launch_sim_server("instant") as sim:
-        _cli(
-            "sim", "validate", "instant", "--target", sim.base_url, "--out", str(tmp_path / "val"), "--duration-s", "5"
-        )
+        printed = _cli(
+            *("sim", "validate", "instant", "--target", sim.base_url, "--out", str(tmp_path / "val")),
+            *("--duration-s", "5", "--json", str(tmp_path / "val.json")),
+        ).stdout
     fidelity = json.loads((tmp_path / "val" / "fidelity.json").read_text())
     assert fidelity["rows"] and fidelity["warmup"]
     assert_valid("fidelity", fidelity)
+    # --json FILE writes the same document there, and the table (not JSON) goes to stdout
+    assert json.loads((tmp_path / "val.json").read_text()) == fidelity
+    assert not printed.lstrip().startswith("{") and "canonical-burst" in printed

@@ -435,8 +435,18 @@ def _validate(args: argparse.Namespace) -> int:
         )
         tokenizer = args.tokenizer or engine.tokenizer or "cl100k_base"
         result = validate(Path(args.engine), engine.url, out, options, settings=RunSettings(tokenizer=tokenizer))
-    print(json.dumps(result, default=str) if args.json else format_table(result))
+    _json_or_table(args.json, json.dumps(result, default=str, indent=1), format_table(result))
     return 0
+
+
+def _json_or_table(json_arg: str | None, text: str, table: str) -> None:
+    """``--json`` (``-``): print the JSON; ``--json FILE``: print the table and write the JSON to FILE."""
+    if json_arg == "-":
+        print(text)
+        return
+    print(table)
+    if json_arg:
+        write_output_text(json_arg, text + "\n")
 
 
 def _validate_measured(args: argparse.Namespace) -> int:
@@ -452,13 +462,7 @@ def _validate_measured(args: argparse.Namespace) -> int:
     engine_path = Path(args.engine)
     if args.record and engine_path.is_file():
         result["recorded"] = record_validated_error(engine_path, result)
-    text = json.dumps(result, default=str, indent=1)
-    if args.json == "-":
-        print(text)
-    else:
-        print(format_offline(result))
-        if args.json:
-            write_output_text(args.json, text)
+    _json_or_table(args.json, json.dumps(result, default=str, indent=1), format_offline(result))
     if args.html:
         write_output_text(args.html, offline_html(result))
     if result.get("recorded"):
