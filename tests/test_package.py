@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
 import pkgutil
 import subprocess
 import sys
+import types
+import typing
 from pathlib import Path
 
 import pytest
@@ -219,3 +222,27 @@ def test_the_package_is_marked_typed_and_the_wheel_carries_the_marker():
     assert (PKG / "py.typed").is_file()
     pyproject = tomllib.loads((PKG.parent / "pyproject.toml").read_text())
     assert "py.typed" in pyproject["tool"]["setuptools"]["package-data"]["loadgen"]
+
+
+def _invariant_union(hint: object) -> bool:
+    """``list[A | B]`` (or a dict/set of a union, or an optional one): mypy refuses a caller's ``list[A]`` for it."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_invariant_union(a) for a in args)
+    return origin in (list, dict, set) and bool(args) and typing.get_origin(args[-1]) in (typing.Union, types.UnionType)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_public_functions_take_what_a_typed_caller_holds(package):
+    """A public function that takes ``list[str | Path]`` refuses a strict-typed user's ``list[Path]`` (lists are
+    invariant: ``compare_candidates(runs)`` with ``runs = [run_worksheet(...), ...]`` failed ``mypy --strict``);
+    such a parameter is a ``Sequence``."""
+    module = importlib.import_module(package)
+    functions = [getattr(module, name) for name in module.__all__ if inspect.isfunction(getattr(module, name))]
+    bad = [
+        f"{package}.{f.__name__}({arg}: {hint})"
+        for f in functions
+        for arg, hint in typing.get_type_hints(f).items()
+        if arg != "return" and _invariant_union(hint)
+    ]
+    assert not bad, f"invariant container of a union (expected Sequence/Mapping): {bad}"

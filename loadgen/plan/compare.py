@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -789,7 +790,7 @@ def _price_info(table: PriceTable | None, notes: list[str]) -> PriceInfo | None:
 
 
 def compare_candidates(
-    paths: list[str | Path],
+    paths: Sequence[str | Path],
     *,
     route: str = "interactive",
     variable: str | None = None,

@@ -31,6 +31,7 @@ differs.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -206,8 +207,8 @@ def _identity_check(base: list[Path], cand: list[Path], variable: str, allow: bo
 
 
 def diff_runs(
-    base: list[Path | str],
-    candidate: list[Path | str],
+    base: Sequence[Path | str],
+    candidate: Sequence[Path | str],
     *,
     variable: str | None = None,
     thresholds_pct: dict[str, float] | None = None,

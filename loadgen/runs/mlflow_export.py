@@ -14,6 +14,7 @@ plain-file store in maintenance mode). Needs ``pip install 'loadgen[mlflow]'``.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,7 +120,7 @@ def _log_run(client: Any, experiment_id: str, run_dir: Path, parent: str | None)
 
 
 def export_mlflow(
-    directories: list[Path | str], *, tracking_uri: str = DEFAULT_TRACKING_URI, experiment: str = DEFAULT_EXPERIMENT
+    directories: Sequence[Path | str], *, tracking_uri: str = DEFAULT_TRACKING_URI, experiment: str = DEFAULT_EXPERIMENT
 ) -> ExportReport:
     """Export run and plan directories (see the module docstring); returns what was exported or skipped."""
     kinds = [(directory, _kind(directory)) for directory in (Path(d).resolve() for d in directories)]

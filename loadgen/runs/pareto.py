@@ -9,6 +9,7 @@ strictly. Each point is labelled by the identity keys whose values differ across
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,7 @@ def _label(identity: dict[str, Any], keys: list[str], run_dir: Path) -> str:
 
 
 def pareto_points(
-    runs: list[Path | str], *, metric: str = "ttft_ms", request_class: str = "overall"
+    runs: Sequence[Path | str], *, metric: str = "ttft_ms", request_class: str = "overall"
 ) -> list[ParetoPoint]:
     """One point per run, with ``on_front`` set (see the module docstring)."""
     if metric not in ("ttft_ms", "itl_ms", "e2e_ms", "tpot_ms"):

@@ -21,6 +21,7 @@ the file). Conversation ids are the file's ``id`` and, for a sub-session, ``id/a
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -174,7 +175,7 @@ def _session_name(data: dict[str, Any], path: Path, taken: set[str]) -> str:
 
 
 def import_agentic(
-    paths: list[str | Path], out: str | Path, *, time_scale: float = 1.0, request_class: str = "agent"
+    paths: Sequence[str | Path], out: str | Path, *, time_scale: float = 1.0, request_class: str = "agent"
 ) -> Path:
     """Import recorded agent sessions (each file one session, all starting at 0 s) into a trace file;
     ``time_scale`` multiplies every instant, think time and server time (0.01: a hundred times faster)."""
