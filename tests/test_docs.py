@@ -4,11 +4,14 @@ docs/benchmarks.md."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -81,3 +84,27 @@ def test_a_failed_benchmark_leaves_the_page_alone(tmp_path: Path) -> None:
     done, page = _bench(tmp_path, 'print("half a figure"); sys.exit(1)')
     assert done.returncode == 1
     assert "old" in page and "half a figure" not in page
+
+
+@pytest.mark.slow  # ~15 s: two worksheet runs, a plan, and mypy over the package
+def test_the_python_examples_of_results_md_run_as_written_and_pass_mypy_strict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each ```python block of docs/results.md runs as written, and type-checks as a user's strict script: the
+    package's own modules are followed silently, as an installed (py.typed) package's are."""
+    mypy = pytest.importorskip("mypy.api")
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "docs" / "results.md").read_text(), re.S)
+    assert len(blocks) >= 2
+    scripts = []
+    for i, code in enumerate(blocks):
+        script = tmp_path / f"example{i}.py"
+        script.write_text(code)
+        scripts.append(str(script))
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=tmp_path)
+        assert res.returncode == 0, f"block {i}: {res.stderr[-2000:]}"
+    monkeypatch.setenv("MYPYPATH", str(REPO))
+    out, err, status = mypy.run(
+        ["--strict", "--follow-imports=silent", "--cache-dir", str(tmp_path / ".mypy_cache"), *scripts]
+    )
+    assert status == 0, out + err

@@ -2,8 +2,8 @@
 as typed results.
 
 ``Comparison.result()`` gives ``ComparisonResult`` (schema version ``COMPARISON_SCHEMA_VERSION``, the
-document's ``version``); ``region.write_region`` writes a ``RegionResult`` (``REGION_SCHEMA_VERSION``; the
-file itself carries no version, so the schema's ``$id`` states it). A candidate judged from a run directory
+document's ``version``); ``region.write_region`` writes a ``RegionResult`` (``REGION_SCHEMA_VERSION``, the
+document's ``version``). A candidate judged from a run directory
 and one judged from a plan directory share one model: keys the other kind has not are absent, not null.
 Published JSON Schemas: ``loadgen schema decision`` and ``loadgen schema region``.
 """
@@ -28,7 +28,7 @@ __all__ = [
 
 #: The comparison document's ``version``.
 COMPARISON_SCHEMA_VERSION = 1
-#: The region document's schema version (the file states none: its schema's ``$id`` does).
+#: The region document's ``version``.
 REGION_SCHEMA_VERSION = 1
 
 
