@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -125,3 +126,37 @@ def test_practice_and_sim_validate_outputs_validate(tmp_path: Path) -> None:
     # --json FILE writes the same document there, and the table (not JSON) goes to stdout
     assert json.loads((tmp_path / "val.json").read_text()) == fidelity
     assert not printed.lstrip().startswith("{") and "canonical-burst" in printed
+
+
+#: A name that says what its number counts: a unit, a share, an index, a level, or a count (n, n_*, *_count).
+UNIT_NAME = re.compile(r"(_ms|_s|_ns|_rps|_tok_s|_pct|_points|_gib|_bytes|_share|_index|_level|_count)$|^n(_.*)?$")
+#: Figures whose unit is given by another key of their object: each says so itself.
+UNIT_ELSEWHERE = ("observed", "limit", "rate_step", "rate_steps", "max_inside_rate_step", "value")
+
+
+def _numeric_properties(schema: dict) -> list[tuple[str, dict, str, dict]]:
+    """(object name, object, property, property schema) for every numeric property of every object."""
+    objects = [("(root)", schema), *schema.get("$defs", {}).items()]
+    return [
+        (name, obj, key, prop)
+        for name, obj in objects
+        for key, prop in (obj.get("properties") or {}).items()
+        if re.search(r'"(number|integer)"', json.dumps(prop)) and '"$ref"' not in json.dumps(prop)
+    ]
+
+
+@pytest.mark.parametrize("name", RESULT_NAMES)
+def test_every_figure_says_what_it_counts(name: str) -> None:
+    """A number's unit is in its name, in its own description, or (a plain count such as `requests`) in its
+    object's description; one whose unit another key gives (rate_kind, metric, basis) says so itself."""
+    schema = json.loads((SCHEMA_DIR / f"{name}.schema.json").read_text())
+    silent = [
+        f"{obj_name}.{key}"
+        for obj_name, obj, key, prop in _numeric_properties(schema)
+        if "description" not in prop
+        and (
+            key in UNIT_ELSEWHERE
+            or not (UNIT_NAME.search(key) or "object" in json.dumps(prop) or obj.get("description"))
+        )
+    ]
+    assert silent == [], f"{name}: figures that do not say what they count: {silent}"

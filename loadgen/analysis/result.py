@@ -149,8 +149,8 @@ class Stability(ResultModel):
     little_l: Number | None = Field(None, alias="L", description="time-average requests in the system")
     lambda_rps: Number | None = None
     little_w_s: Number | None = Field(None, alias="W_s", description="mean time in the system (s)")
-    lambda_w: Number | None = Field(None, alias="lambda_W")
-    relative_difference: Number | None = None
+    lambda_w: Number | None = Field(None, alias="lambda_W", description="arrival rate × mean time in the system")
+    relative_difference: Number | None = Field(None, description="|L - lambda_W| / lambda_W (a fraction)")
 
 
 class Timeseries(ResultModel):
@@ -185,7 +185,7 @@ class Verdict(ResultModel):
     errored: bool
     error_share: Number | None
     error_share_ci: list[Number] | None
-    error_rate_limit: Number
+    error_rate_limit: Number = Field(description="the highest error share allowed (a share 0..1)")
     hard_failures: list[str]
     soft_failures: list[str]
     inconclusive: list[InconclusiveCheck]
@@ -197,18 +197,20 @@ class CheckResult(ResultModel):
     class_name: str = Field(alias="class")
     metric: str
     percentile: str | None
-    observed: Figure
-    limit: Number
+    observed: Figure = Field(
+        description='the observed figure, in the metric\'s unit (ms for a latency; a share 0..1 for error_share); "inf": failures reach the percentile'
+    )
+    limit: Number = Field(description="the budget, in the unit of observed")
     n: int
     hard: bool
     passed: bool
     reason: str
     evaluated: bool
-    failures_as_inf: int
+    failures_as_inf: int = Field(description="failed requests counted as +inf in the sample")
     outcome: str = Field(description="pass | fail | inconclusive")
     ci: list[Figure] | None
-    ci_level: Number
-    more_requests: int | None
+    ci_level: Number = Field(description="the interval's confidence level (0.95)")
+    more_requests: int | None = Field(description="an inconclusive check: about how many more requests would decide it")
 
 
 class MetricSummary(ResultModel):
@@ -240,7 +242,7 @@ class GroupResult(ResultModel):
     n_scheduled: int
     status_counts: dict[str, int]
     error_kinds: dict[str, int]
-    abandoned: int
+    abandoned: int = Field(description="requests the client abandoned as planned (cancel after N tokens)")
     metrics: dict[str, MetricSummary]
     offered_rps: Number | None
     send_rps: Number | None
@@ -248,7 +250,7 @@ class GroupResult(ResultModel):
     prompt_tok_s: Number | None
     output_tok_s: Number | None
     goodput_rps: Number | None = None
-    attainment: Number | None = None
+    attainment: Number | None = Field(None, description="share 0..1 of counted requests that met every hard budget")
     attainment_ci: list[Number] | None = None
     n_good: int | None = None
     n_eligible: int | None = None

@@ -38,9 +38,11 @@ class BudgetItem(ResultModel):
     class_name: str = Field(alias="class")
     metric: str = Field(description="a budget metric (ttft_ms, itl_ms, e2e_ms) or 'region' for a plan")
     percentile: str | None
-    observed: Figure
+    observed: Figure = Field(
+        description='the observed figure, in the metric\'s unit (ms for a latency; a share 0..1 for error_share); "inf": failures reach the percentile'
+    )
     ci: list[Figure] | None = None
-    limit: Number | None
+    limit: Number | None = Field(description="the budget, in the unit of observed")
     n: int
     outcome: str | None = None
     more_requests: int | None = None
@@ -78,7 +80,7 @@ class Throughput(ResultModel):
     offered_rps: Number | None
     send_rps: Number | None = None
     goodput_rps: Number | None
-    attainment: Number | None = None
+    attainment: Number | None = Field(None, description="share 0..1 of counted requests that met every hard budget")
     peak_output_tok_s: Number | None
     peak_completed_rps: Number | None = None
     window_s: Number | None = None
@@ -90,6 +92,8 @@ class Throughput(ResultModel):
 
 
 class ContextWorkload(ResultModel):
+    """The workload the candidate ran: scenario and trace (name, sha256), the trace's seed and its request count."""
+
     scenario: str | None
     scenario_sha256: str | None
     trace: str | None
@@ -180,9 +184,11 @@ class Unsure(ResultModel):
 
 
 class HeadlineThroughput(ResultModel):
+    """The candidate with the highest throughput, eligible or not."""
+
     label: str
-    value: Number | None
-    basis: str
+    value: Number | None = Field(description="the throughput, in the unit basis names")
+    basis: str = Field(description="what value counts, e.g. output tokens per second of engine busy time")
 
 
 class Decision(ResultModel):
@@ -240,7 +246,9 @@ class RegionCell(ResultModel):
     cell_id: str
     concurrency: int
     rate_index: int
-    rate_step: Number
+    rate_step: Number = Field(
+        description="requests per second (rate_kind rps) or a multiple of the trace's rate (scale)"
+    )
     status: str = Field(description="inside, outside, stopped, inconclusive, not_run or not_achievable")
     limiting: str | None
     repeats: int
@@ -265,7 +273,7 @@ class BoundaryRow(ResultModel):
 
     concurrency: int
     max_inside_rate_index: int | None
-    max_inside_rate_step: Number | None
+    max_inside_rate_step: Number | None = Field(description="in the unit of rate_steps")
     max_inside_offered_rps: Number | None
     max_inside_completed_rps: Number | None
     max_inside_output_tok_s: Number | None
@@ -291,7 +299,9 @@ class RegionResult(ResultModel):
     target: Any
     scenario: Any
     rate_kind: Literal["scale", "rps"]
-    rate_steps: list[Number]
+    rate_steps: list[Number] = Field(
+        description="requests per second (rate_kind rps) or multiples of the trace's rate (scale)"
+    )
     concurrency: list[int]
     repeats: int
     budget: dict[str, Any] | None
