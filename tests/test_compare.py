@@ -202,6 +202,20 @@ def test_plan_directories_compare_by_region(tmp_path: Path) -> None:
     # the decision names what it ranked by in a sentence that reads (it once said "the highest the inside cell")
     assert comp.decision.chosen == "interactive-small-batch"
     assert comp.decision.why[0].endswith("it has the highest output tokens/s of the best inside cell"), comp.decision
+    # a region.json that is not the published region is refused in one line, never judged: one without its
+    # classes was once "eligible" with no figure, and chosen
+    region_file = dirs[0] / "region.json"
+    region = json.loads(region_file.read_text())
+    for damage, expected in (
+        (lambda r: r.pop("classes"), "region.json: classes: missing; required"),
+        (lambda r: r.update(version=2), "region.json: version = 2: expected 1"),
+    ):
+        broken = json.loads(json.dumps(region))
+        damage(broken)
+        region_file.write_text(json.dumps(broken))
+        with pytest.raises(PlanError) as caught:
+            compare_candidates(dirs, route="short-message")
+        assert expected in str(caught.value) and "\n" not in str(caught.value)
 
 
 def test_price_table_and_cost_formula(tmp_path: Path) -> None:

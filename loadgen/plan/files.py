@@ -12,10 +12,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from loadgen.rundir.schema import MANIFEST_FILE
 from loadgen.util.errors import PlanError
 from loadgen.util.jsonfile import read_json_object
 from loadgen.util.outputfile import write_output_text
+from loadgen.workload.scenario import format_validation_error
+
+from .results import REGION_SCHEMA_VERSION, RegionResult
 
 __all__ = [
     "ANALYSIS_FILE",
@@ -99,5 +104,19 @@ def read_cell_result(path: Path) -> dict[str, Any]:
 
 
 def read_region(plan_dir: Path) -> dict[str, Any]:
-    """region.json of a plan directory; one PlanError line when it is damaged."""
-    return read_json_object(Path(plan_dir) / REGION_FILE, "the region loadgen plan wrote", PlanError)
+    """region.json of a plan directory, checked against its published model (``RegionResult``); one PlanError
+    line when it is damaged or of another region schema version (a region without its classes once judged the
+    plan eligible, with no figure)."""
+    path = Path(plan_dir) / REGION_FILE
+    data = read_json_object(path, "the region loadgen plan wrote", PlanError)
+    version = data.get("version")
+    if version != REGION_SCHEMA_VERSION:
+        raise PlanError(
+            f"{path}: version = {version!r}: expected {REGION_SCHEMA_VERSION}, the region schema this loadgen reads "
+            "(rerun the plan with it, or compare with the loadgen that wrote it)"
+        )
+    try:
+        RegionResult.model_validate(data)
+    except ValidationError as exc:
+        raise PlanError(format_validation_error(str(path), exc) + " (the region loadgen plan writes)") from None
+    return data
