@@ -18,7 +18,7 @@ from result_schemas import SCHEMA_DIR, assert_valid, schema_errors
 from loadgen.analysis import ANALYSIS_SCHEMA_VERSION
 from loadgen.calibration.fidelity import FIDELITY_SCHEMA_VERSION
 from loadgen.cli.schema_cmd import RESULT_NAMES
-from loadgen.plan.results import COMPARISON_SCHEMA_VERSION, REGION_SCHEMA_VERSION
+from loadgen.plan.results import COMPARISON_SCHEMA_VERSION, FLEET_SCHEMA_VERSION, REGION_SCHEMA_VERSION
 from loadgen.targets import launch_sim_server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,6 +27,7 @@ VERSIONS = {
     "analysis": ANALYSIS_SCHEMA_VERSION,
     "decision": COMPARISON_SCHEMA_VERSION,
     "region": REGION_SCHEMA_VERSION,
+    "fleet": FLEET_SCHEMA_VERSION,
     "fidelity": FIDELITY_SCHEMA_VERSION,
 }
 
@@ -57,7 +58,7 @@ def test_schema_refuses_an_unknown_result_in_one_line() -> None:
     assert res.returncode == 2 and "invalid choice: 'manifest'" in res.stderr and "Traceback" not in res.stderr
 
 
-@pytest.mark.slow  # ~20 s: the whole worksheet pipeline, each output validated
+@pytest.mark.slow  # ~30 s: the whole worksheet pipeline, each output validated
 def test_worksheet_pipeline_outputs_validate(tmp_path: Path) -> None:
     """sim run → analyze --json → compare --out / --json → plan (region.json, each cell's analysis, --json)."""
     runs = []
@@ -94,6 +95,13 @@ def test_worksheet_pipeline_outputs_validate(tmp_path: Path) -> None:
     plans = json.loads(res.stdout)
     assert plans["candidates"][0]["kind"] == "plan" and "capacity" in plans["candidates"][0]
     assert_valid("decision", plans)
+    # a [fleet] plan: its fleet.json, and its --json (the fleet, not a region), conform to the fleet schema
+    printed = _cli(
+        "plan", "fleet", "--sim-worksheet", "interactive-small-batch", "--out", str(tmp_path / "f"), "--json"
+    )
+    fleet = json.loads((tmp_path / "f" / "fleet.json").read_text())
+    assert fleet == json.loads(printed.stdout) and fleet["lines"]
+    assert_valid("fleet", fleet)
     _refused_when_broken(json.loads((tmp_path / f"{engine}.json").read_text()), decision, region)
 
 

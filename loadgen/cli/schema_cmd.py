@@ -1,4 +1,4 @@
-"""``loadgen schema analysis|decision|region|fidelity [--out F]``: the published JSON Schema of a result.
+"""``loadgen schema analysis|decision|region|fleet|fidelity [--out F]``: the published JSON Schema of a result.
 
 The checked-in copies are ``docs/schema/<name>.schema.json``; a test keeps them equal to this command's output.
 """
@@ -16,11 +16,11 @@ from . import flags
 __all__ = ["RESULT_NAMES", "register", "result_schema"]
 
 #: The published results, by the name the command takes.
-RESULT_NAMES = ("analysis", "decision", "region", "fidelity")
+RESULT_NAMES = ("analysis", "decision", "region", "fleet", "fidelity")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("schema", help="print the JSON Schema of a result (analysis, decision, region, fidelity)")
+    p = sub.add_parser("schema", help="print the JSON Schema of a result (analysis, decision, region, fleet, fidelity)")
     p.add_argument("name", choices=RESULT_NAMES, help="which result")
     p.add_argument(
         "--out", metavar="FILE", type=flags.output_file, help="write the schema to this file instead of printing it"
@@ -44,6 +44,11 @@ def result_schema(name: str) -> dict[str, Any]:
             "loadgen compare --json (and practice's decision.json comparison): the candidate decision",
         ),
         "region": (results.RegionResult, results.REGION_SCHEMA_VERSION, "a plan's region.json: its capacity region"),
+        "fleet": (
+            results.FleetResult,
+            results.FLEET_SCHEMA_VERSION,
+            "a [fleet] plan's fleet.json (and its loadgen plan --json): the fewest engines per rate step",
+        ),
         "fidelity": (FidelityTable, FIDELITY_SCHEMA_VERSION, "loadgen sim validate: fidelity.json"),
     }
     model, version, description = table[name]

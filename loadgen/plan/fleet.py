@@ -15,6 +15,7 @@ from typing import Any
 from loadgen.util.outputfile import write_output_text
 
 from .files import write_json_atomic
+from .results import FLEET_SCHEMA_VERSION, FleetResult
 
 __all__ = ["FLEET_FILE", "FLEET_MD", "build_fleet", "format_fleet", "write_fleet"]
 
@@ -49,7 +50,7 @@ def build_fleet(regions: dict[int, dict[str, Any]], route_policy: str) -> dict[s
                 )
     return {
         "kind": "loadgen.fleet",
-        "version": 1,
+        "version": FLEET_SCHEMA_VERSION,
         "plan": first["plan"],
         "route_policy": route_policy,
         "replicas": counts,
@@ -96,6 +97,6 @@ def format_fleet(fleet: dict[str, Any]) -> str:
 def write_fleet(plan_dir: Path, fleet: dict[str, Any]) -> dict[str, Path]:
     """``fleet.json`` and ``fleet.md`` in the plan directory."""
     plan_dir = Path(plan_dir)
-    write_json_atomic(plan_dir / FLEET_FILE, fleet)
+    write_json_atomic(plan_dir / FLEET_FILE, FleetResult.from_document(fleet).document())  # the published schema
     write_output_text(plan_dir / FLEET_MD, format_fleet(fleet) + "\n")
     return {"json": plan_dir / FLEET_FILE, "md": plan_dir / FLEET_MD}

@@ -18,11 +18,14 @@ from loadgen.util.resultmodel import Figure, Number, ResultModel
 
 __all__ = [
     "COMPARISON_SCHEMA_VERSION",
+    "FLEET_SCHEMA_VERSION",
     "REGION_SCHEMA_VERSION",
     "BudgetItem",
     "CandidateJudgement",
     "ComparisonResult",
     "Decision",
+    "FleetLine",
+    "FleetResult",
     "RegionResult",
 ]
 
@@ -30,6 +33,8 @@ __all__ = [
 COMPARISON_SCHEMA_VERSION = 1
 #: The region document's ``version``.
 REGION_SCHEMA_VERSION = 1
+#: The fleet document's ``version`` (``fleet.json``; ``loadgen plan --json`` of a plan with ``[fleet]``).
+FLEET_SCHEMA_VERSION = 1
 
 
 class BudgetItem(ResultModel):
@@ -314,3 +319,36 @@ class RegionResult(ResultModel):
     classes: dict[str, dict[str, StateRegion]] = Field(description="class -> state (warm/cold) -> cells and boundary")
     rule: str
     engine_calibration: str | None = None
+
+
+class FleetLine(ResultModel):
+    """One class × state × client concurrency: per rate step, the fewest engines meeting every hard budget."""
+
+    class_name: str = Field(alias="class")
+    state: str
+    concurrency: int
+    max_inside_rate_index: dict[str, int | None] = Field(
+        description="replica count -> index into rate_steps of its highest inside step (null: none inside)"
+    )
+    smallest_replicas: list[int | None] = Field(
+        description="per rate step, the smallest replica count whose region holds it (null: no count does)"
+    )
+
+
+class FleetResult(ResultModel):
+    """Fleet sizing of a plan with ``[fleet]`` (``fleet.json``; ``loadgen plan --json`` prints it)."""
+
+    kind: Literal["loadgen.fleet"]
+    version: int = Field(description=f"the schema version ({FLEET_SCHEMA_VERSION})")
+    plan: str
+    route_policy: str
+    replicas: list[int] = Field(description="the replica counts walked, one plan directory each (replicas-N/)")
+    rate_kind: Literal["scale", "rps"]
+    rate_steps: list[Number] = Field(
+        description="requests per second (rate_kind rps) or multiples of the trace's rate (scale)"
+    )
+    status: Literal["complete", "incomplete"]
+    cells_used: dict[str, int | None] = Field(description="replica count -> cells its plan ran")
+    runs_used: dict[str, int | None] = Field(description="replica count -> runs its plan ran")
+    lines: list[FleetLine]
+    rule: str
