@@ -19,6 +19,12 @@ __all__ = ["FIDELITY_SCHEMA_VERSION", "FidelityRow", "FidelitySummary", "Fidelit
 FIDELITY_SCHEMA_VERSION = 1
 
 
+#: What the figures of ``measured`` and ``simulated`` count (the quantities are ``validate.QUANTITIES`` and attainment).
+_QUANTITY_UNITS = (
+    "quantity -> figure: ttft/itl/e2e _p50/_p99 in ms, completed_rps in requests per second, attainment a share 0..1"
+)
+
+
 class FidelityRow(ResultModel):
     """One class of one trace: the measured and simulated figures and the errors between them."""
 
@@ -27,8 +33,8 @@ class FidelityRow(ResultModel):
     n_measured: int
     n_simulated: int
     errors_pct: dict[str, Number | None] = Field(default_factory=dict, description="quantity -> error %")
-    measured: dict[str, Number | None] = Field(default_factory=dict)
-    simulated: dict[str, Number | None] = Field(default_factory=dict)
+    measured: dict[str, Number | None] = Field(default_factory=dict, description=_QUANTITY_UNITS)
+    simulated: dict[str, Number | None] = Field(default_factory=dict, description=_QUANTITY_UNITS)
     attainment_diff_points: Number | None = None
     send_lag_p99_ms: Number | None = None
     client_lagged: bool = Field(False, description="the client fell behind: its timing, not the engine's")
