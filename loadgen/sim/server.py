@@ -211,6 +211,11 @@ class SimServer:
     # -- routing -----------------------------------------------------------------------------------
     async def handle(self, req: Request, conn: Connection) -> None:
         path = req.path.rstrip("/") or "/"
+        prefix = self.managed.path_prefix if self.managed is not None else ""
+        if prefix and path != "/health":  # /health stays at the root: the launcher's readiness probe
+            if path != prefix and not path.startswith(prefix + "/"):
+                return self._error(conn, 404, f"no route {req.method} {req.path} (this API is served under {prefix})")
+            path = path[len(prefix) :] or "/"
         if path in ("/v1/completions", "/v1/chat/completions"):
             if req.method != "POST":
                 return self._error(conn, 405, f"method {req.method} not allowed on {path}; use POST")

@@ -1,0 +1,81 @@
+"""The central user story end to end through the real CLI: one trace against a local engine and against a
+stand-in managed API (API key from the environment, another model name, a request quota answered with 429 +
+Retry-After, a base URL under a path prefix), then ``managed compare``, ``compare``, a handoff bundle rerun
+from another directory, and no trace of the key in any byte written or printed.
+
+The local side is the simulated engine scraped with ``--scrape-metrics off`` (like a vLLM, whose /metrics has
+no engine-busy time); the managed side is ``loadgen sim serve`` with a ``[managed]`` section.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from loadgen.targets import launch_sim_server
+from tests.cli_process import REPO, run_loadgen
+
+KEY_ENV = "LOADGEN_TEST_WALK_KEY"
+SECRET = "sk-WALKCANARY-5e1f0c9a8b7d"
+PREFIX = "/openai"
+
+MANAGED = f"""
+[managed]
+requests_per_minute = 6
+response_models = ["gpt-walk-2026-01-15"]
+system_fingerprints = ["fp_walk1"]
+api_key_env = "{KEY_ENV}"
+path_prefix = "{PREFIX}"
+"""
+
+pytestmark = pytest.mark.slow  # one ~20 s fixture: two 5 s runs against live simulated servers
+
+
+@pytest.fixture(scope="module")
+def walk(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    tmp = tmp_path_factory.mktemp("walk")
+    text = (REPO / "scenarios" / "canonical.toml").read_text().replace("duration_s = 60", "duration_s = 5")
+    (tmp / "scenario.toml").write_text(text.replace('cases = ["contract/canonical.toml"]', "cases = []"))
+    gen = run_loadgen(["trace", "generate", "scenario.toml", "--trace", "steady", "--out", "trace.parquet"], tmp)
+    assert gen.returncode == 0, gen.stderr
+    base = (REPO / "scenarios" / "engines" / "instant.toml").read_text()
+    engine = tmp / "managed-api.toml"
+    engine.write_text(
+        base.replace('name = "instant"', 'name = "managed-api"', 1).replace(
+            'model = "loadgen-sim"', 'model = "gpt-walk"', 1
+        )
+        + MANAGED
+    )
+    common = ["trace.parquet", "--scenario", "scenario.toml", "--progress", "off"]
+    printed: list[str] = []
+    with launch_sim_server("interactive-small-batch") as local:
+        out = run_loadgen(
+            ["run", *common, "--target", local.base_url, "--out", "local", "--scrape-metrics", "off"], tmp
+        )
+        assert out.returncode == 0, out.stderr
+        printed.append(out.stdout + out.stderr)
+    with launch_sim_server(str(engine), env={KEY_ENV: SECRET}) as managed:
+        target = managed.base_url + PREFIX + "/v1"
+        args = ["run", *common, "--target", target, "--model", "gpt-walk", "--api-key-env", KEY_ENV]
+        out = run_loadgen([*args, "--vllm-extensions", "off", "--out", "managed"], tmp, **{KEY_ENV: SECRET})
+        assert out.returncode == 0, out.stderr
+        printed.append(out.stdout + out.stderr)
+    return {"tmp": tmp, "printed": printed}
+
+
+def _requests(run_dir: Path) -> list[dict[str, object]]:
+    return pq.read_table(run_dir / "requests.parquet").to_pylist()
+
+
+def test_a_base_url_under_a_path_prefix_posts_under_it(walk: dict[str, object]) -> None:
+    """Before: the probes went to /openai/v1/models but every POST to /v1/completions (HTTP 404 for all)."""
+    rows = _requests(Path(str(walk["tmp"])) / "managed")
+    statuses = {(r["status"], r["http_status"]) for r in rows}
+    assert ("ok", 200) in statuses, statuses
+    assert not [r for r in rows if r["http_status"] == 404]
+    assert any(r["http_status"] == 429 and r["retry_after_s"] for r in rows)
+    manifest = json.loads((Path(str(walk["tmp"])) / "managed" / "manifest.json").read_text())
+    assert manifest["target"]["base_url"].endswith(PREFIX)
