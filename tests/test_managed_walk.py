@@ -41,14 +41,11 @@ def walk(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     (tmp / "scenario.toml").write_text(text.replace('cases = ["contract/canonical.toml"]', "cases = []"))
     gen = run_loadgen(["trace", "generate", "scenario.toml", "--trace", "steady", "--out", "trace.parquet"], tmp)
     assert gen.returncode == 0, gen.stderr
-    base = (REPO / "scenarios" / "engines" / "instant.toml").read_text()
+    base = (REPO / "scenarios" / "engines" / "interactive-small-batch.toml").read_text()
+    base = base.replace('name = "interactive-small-batch"', 'name = "managed-api"', 1)
+    base = base.replace("fixed_ms = 6.0 ", "fixed_ms = 0.5 ", 1)  # a fast provider: more tokens per busy second
     engine = tmp / "managed-api.toml"
-    engine.write_text(
-        base.replace('name = "instant"', 'name = "managed-api"', 1).replace(
-            'model = "loadgen-sim"', 'model = "gpt-walk"', 1
-        )
-        + MANAGED
-    )
+    engine.write_text(base.replace('model = "loadgen-sim"', 'model = "gpt-walk"', 1) + MANAGED)
     common = ["trace.parquet", "--scenario", "scenario.toml", "--progress", "off"]
     printed: list[str] = []
     with launch_sim_server("interactive-small-batch") as local:
@@ -79,3 +76,17 @@ def test_a_base_url_under_a_path_prefix_posts_under_it(walk: dict[str, object]) 
     assert any(r["http_status"] == 429 and r["retry_after_s"] for r in rows)
     manifest = json.loads((Path(str(walk["tmp"])) / "managed" / "manifest.json").read_text())
     assert manifest["target"]["base_url"].endswith(PREFIX)
+
+
+def test_compare_ranks_every_candidate_on_one_throughput(walk: dict[str, object]) -> None:
+    """Before: the managed stand-in's engine-busy capacity (153 tok/s) was set against the local engine's whole-run
+    rate (24 tok/s), both called 'output tokens per second of engine busy time'."""
+    tmp = Path(str(walk["tmp"]))
+    out = run_loadgen(["compare", "local", "managed", "--allow-differences", "--out", "decision.json"], tmp)
+    assert out.returncode == 0, out.stderr
+    decision = json.loads((tmp / "decision.json").read_text())["decision"]
+    assert decision["headline_throughput"]["basis"].startswith("output tokens/s over the whole run")
+    assert "engine busy" not in out.stdout
+    printed = walk["printed"]
+    assert isinstance(printed, list)
+    printed.append(out.stdout + out.stderr)
