@@ -10,6 +10,7 @@ no engine-busy time); the managed side is ``loadgen sim serve`` with a ``[manage
 from __future__ import annotations
 
 import json
+import tarfile
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -55,7 +56,8 @@ def walk(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         assert out.returncode == 0, out.stderr
         printed.append(out.stdout + out.stderr)
     with launch_sim_server(str(engine), env={KEY_ENV: SECRET}) as managed:
-        target = managed.base_url + PREFIX + "/v1"
+        assert managed.base_url.endswith(PREFIX)  # the ready line gives the URL clients use, prefix included
+        target = managed.base_url + "/v1"
         args = ["run", *common, "--target", target, "--model", "gpt-walk", "--api-key-env", KEY_ENV]
         out = run_loadgen([*args, "--vllm-extensions", "off", "--out", "managed"], tmp, **{KEY_ENV: SECRET})
         assert out.returncode == 0, out.stderr
@@ -90,3 +92,46 @@ def test_compare_ranks_every_candidate_on_one_throughput(walk: dict[str, object]
     printed = walk["printed"]
     assert isinstance(printed, list)
     printed.append(out.stdout + out.stderr)
+
+
+def _bundle_elsewhere(walk: dict[str, object], name: str) -> Path:
+    """The managed run's handoff bundle, built, then unpacked from its tar.gz in another directory."""
+    tmp = Path(str(walk["tmp"]))
+    if not (tmp / "bundle.tar.gz").exists():
+        out = run_loadgen(["handoff", "managed", "--out", "bundle"], tmp)
+        assert out.returncode == 0, out.stderr
+        printed = walk["printed"]
+        assert isinstance(printed, list)
+        printed.append(out.stdout + out.stderr)
+    elsewhere = tmp / name
+    elsewhere.mkdir()
+    with tarfile.open(tmp / "bundle.tar.gz") as tar:
+        tar.extractall(elsewhere, filter="data")
+    verify = run_loadgen(["handoff", "verify", str(tmp / "bundle.tar.gz")], elsewhere)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    return elsewhere
+
+
+def test_rerun_of_a_managed_bundle_sends_the_key_the_run_read(walk: dict[str, object]) -> None:
+    """Before: the rerun sent no key (every request HTTP 401, or 404 under the prefix) and said 'failure reproduced'."""
+    elsewhere = _bundle_elsewhere(walk, "elsewhere")
+    assert f"`{KEY_ENV}`" in (elsewhere / "bundle" / "README.md").read_text()
+    out = run_loadgen(["handoff", "rerun", "bundle", "--out", "rerun"], elsewhere, **{KEY_ENV: SECRET})
+    assert out.returncode == 0, out.stderr
+    statuses = {r["http_status"] for r in _requests(elsewhere / "rerun")}
+    assert 200 in statuses and not statuses & {401, 404}, statuses
+    assert "failed requests: was http_429" in out.stdout
+    assert "limit 0.01" in out.stdout  # the error-share limit, which printed as 0.0
+    printed = walk["printed"]
+    assert isinstance(printed, list)
+    printed.append(out.stdout + out.stderr)
+
+
+def test_a_rerun_failing_otherwise_is_not_the_failure_reproduced(walk: dict[str, object]) -> None:
+    """A rerun whose every request is refused (a wrong key: HTTP 401) fails the checks, but not as the original."""
+    elsewhere = _bundle_elsewhere(walk, "wrong-key")
+    args = ["handoff", "rerun", "bundle", "--out", "rerun", "--api-key-env", "WALK_WRONG_KEY"]
+    out = run_loadgen(args, elsewhere, **{KEY_ENV: SECRET, "WALK_WRONG_KEY": "sk-not-the-key"})
+    assert out.returncode == 0, out.stderr
+    assert "failure NOT reproduced (the rerun's requests failed otherwise: http_4xx" in out.stdout, out.stdout
+    assert "failure reproduced" not in out.stdout
