@@ -135,3 +135,14 @@ def test_a_rerun_failing_otherwise_is_not_the_failure_reproduced(walk: dict[str,
     assert out.returncode == 0, out.stderr
     assert "failure NOT reproduced (the rerun's requests failed otherwise: http_4xx" in out.stdout, out.stdout
     assert "failure reproduced" not in out.stdout
+
+
+def test_a_bundle_of_quota_failures_proposes_the_offered_rate(walk: dict[str, object]) -> None:
+    """Before: a run failing on 429s was handed off with 'scheduler.max_num_batched_tokens 512 → 1024'."""
+    elsewhere = _bundle_elsewhere(walk, "experiment")
+    experiment = json.loads((elsewhere / "bundle" / "experiment.json").read_text())
+    assert experiment["variable"] == "offered rate (loadgen run --rate-limit-rps)", experiment
+    assert "HTTP 429" in experiment["hypothesis"]
+    out = run_loadgen(["handoff", "rerun", "bundle", "--out", "rerun", "--experiment"], elsewhere)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "not an engine setting this command can apply" in out.stderr
