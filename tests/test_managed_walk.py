@@ -146,3 +146,45 @@ def test_a_bundle_of_quota_failures_proposes_the_offered_rate(walk: dict[str, ob
     out = run_loadgen(["handoff", "rerun", "bundle", "--out", "rerun", "--experiment"], elsewhere)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "not an engine setting this command can apply" in out.stderr
+
+
+def test_managed_compare_says_what_differs_besides_the_endpoint(walk: dict[str, object]) -> None:
+    """Before: nothing said the sides served different models or that only one was sent ignore_eos (the options
+    compared were the requested ones: auto vs off); the 429 warning said the tails included the rejections."""
+    tmp = Path(str(walk["tmp"]))
+    out = run_loadgen(["managed", "compare", "local", "managed", "--json", "managed.json", "--out", "managed.md"], tmp)
+    assert out.returncode == 0, out.stderr
+    data = json.loads((tmp / "managed.json").read_text())
+    warnings = "\n".join(data["warnings"])
+    assert "different models ('loadgen-sim' vs 'gpt-walk')" in warnings
+    assert "ignore_eos was sent to the local side only" in warnings
+    assert "latency percentiles are over the requests it served" in warnings
+    assert data["managed"]["output_tokens"]["source"] == "server usage"
+    assert data["local"]["trace"]["sha256"] == data["managed"]["trace"]["sha256"]
+    analysis = run_loadgen(["analyze", "local", "--json", "local-analysis.json"], tmp)
+    assert analysis.returncode == 0, analysis.stderr
+    ttft = json.loads((tmp / "local-analysis.json").read_text())["overall"]["metrics"]["ttft_ms"]
+    assert data["local"]["latency_ms"]["overall"]["ttft_ms"]["p99"] == ttft["p99"]
+    printed = walk["printed"]
+    assert isinstance(printed, list)
+    printed.append(out.stdout + out.stderr)
+
+
+def test_no_byte_written_or_printed_holds_the_key(walk: dict[str, object]) -> None:
+    """Every file the walk wrote (Parquet and the bundle's tar.gz decompressed included) and all it printed."""
+    tmp = Path(str(walk["tmp"]))
+    files = [p for p in tmp.rglob("*") if p.is_file()]
+    assert len(files) > 20
+    for path in files:
+        data = path.read_bytes()
+        assert SECRET.encode() not in data, path
+        if path.suffix == ".parquet":
+            assert SECRET not in str(pq.read_table(path).to_pylist()), path
+        if path.name.endswith(".tar.gz"):
+            with tarfile.open(path) as tar:
+                for member in tar.getmembers():
+                    extracted = tar.extractfile(member)
+                    assert extracted is None or SECRET.encode() not in extracted.read(), (path, member.name)
+    printed = walk["printed"]
+    assert isinstance(printed, list) and len(printed) >= 2
+    assert not [p for p in printed if SECRET in p]
