@@ -81,9 +81,17 @@ def _col(table: pa.Table, name: str) -> list[Any]:
 
 
 def run_cost(
-    requests: pa.Table, prices: PriceTable, labels: list[str | None], duration_s: float | None
+    requests: pa.Table,
+    prices: PriceTable,
+    labels: list[str | None],
+    duration_s: float | None,
+    *,
+    per_token_only: bool = False,
 ) -> dict[str, Any]:
     """Cost of one run from the price table.
+
+    ``per_token_only`` (the managed side): an hourly entry does not apply (a provider bills tokens, not the
+    client's wall time), so a request whose model only matches one is unpriced.
 
     Per-token prices: server-reported usage per request where present, else the client's own token
     count, priced by the model id each response carried (then ``labels``: requested model, engine
@@ -98,7 +106,7 @@ def run_cost(
     models = _col(requests, "response_model")
     first_model = next((m for m in models if m), None)
     matched, price = _match_price(prices, [first_model, *labels])
-    if price is not None and price.usd_per_hour is not None:
+    if price is not None and price.usd_per_hour is not None and not per_token_only:
         total = price.usd_per_hour * float(duration_s) / 3600.0 if duration_s else None
         out.update(
             {
@@ -300,7 +308,7 @@ def side_summary(run_dir: str | Path, prices: PriceTable | None, *, label: str) 
     engine_name = (engine_config or {}).get("name") or version.get("engine_config")
     # the managed side is priced by model id; a local engine by its config name first
     labels = ([target.model, engine_name] if is_managed else [engine_name, target.model]) + [Path(run_dir).name]
-    cost = run_cost(req, prices, labels, duration_s) if prices is not None else None
+    cost = run_cost(req, prices, labels, duration_s, per_token_only=is_managed) if prices is not None else None
     server = dict(analysis.server) if (analysis.server and not is_managed) else None
     if server:
         server.pop("timeseries", None)  # per-scrape series stay in the run dir; the report keeps summaries
@@ -549,8 +557,14 @@ def compare_managed(
             cost = side["cost"]
             if cost and not cost.get("complete", True):
                 missing = ", ".join(cost.get("unpriced_models") or []) or "this run"
+                per_token = (
+                    " (a managed API is priced per token: [candidates.MODEL_ID] usd_per_million_input_tokens and "
+                    "usd_per_million_output_tokens; an hourly price does not apply)"
+                    if side is managed
+                    else ""
+                )
                 warnings.append(
-                    f"{side['label']}: the price table has no applicable price for {missing}: cost incomplete"
+                    f"{side['label']}: the price table has no applicable price for {missing}: cost incomplete{per_token}"
                 )
         if getattr(prices, "example", False):
             warnings.append("the price table says example = true: its prices are made up, and so is every cost above")

@@ -188,3 +188,18 @@ def test_no_byte_written_or_printed_holds_the_key(walk: dict[str, object]) -> No
     printed = walk["printed"]
     assert isinstance(printed, list) and len(printed) >= 2
     assert not [p for p in printed if SECRET in p]
+
+
+def test_a_managed_api_is_not_priced_by_the_hour(walk: dict[str, object]) -> None:
+    """Before: with the example price table the managed side matched its [default] usd_per_hour and was billed
+    '2.5 USD/hour × run wall time', a price no provider charges."""
+    tmp = Path(str(walk["tmp"]))
+    prices = REPO / "scenarios" / "prices.toml"
+    out = run_loadgen(["managed", "compare", "local", "managed", "--prices", prices, "--json", "priced.json"], tmp)
+    assert out.returncode == 0, out.stderr
+    data = json.loads((tmp / "priced.json").read_text())
+    assert data["local"]["cost"]["total"] is not None  # the local engine: an hourly price applies
+    managed = data["managed"]["cost"]
+    assert managed["total"] is None and not managed["complete"], managed
+    assert "basis" not in managed
+    assert any("an hourly price does not apply" in w for w in data["warnings"])
