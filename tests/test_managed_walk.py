@@ -203,3 +203,24 @@ def test_a_managed_api_is_not_priced_by_the_hour(walk: dict[str, object]) -> Non
     assert managed["total"] is None and not managed["complete"], managed
     assert "basis" not in managed
     assert any("an hourly price does not apply" in w for w in data["warnings"])
+
+
+def test_a_base_url_missing_the_prefix_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Before: the run went ahead and recorded every request as HTTP 404, exit 0."""
+    engine = tmp_path / "prefixed.toml"
+    engine.write_text(
+        (REPO / "scenarios" / "engines" / "instant.toml").read_text() + '[managed]\npath_prefix = "/openai"\n'
+    )
+    gen = run_loadgen(
+        ["trace", "generate", REPO / "scenarios" / "canonical.toml", "--trace", "steady", "--out", "t.parquet"],
+        tmp_path,
+    )
+    assert gen.returncode == 0, gen.stderr
+    with launch_sim_server(str(engine)) as server:
+        root = server.base_url.removesuffix(PREFIX)
+        out = run_loadgen(
+            ["run", "t.parquet", "--target", root + "/v1", "--model", "loadgen-sim", "--out", "run"], tmp_path
+        )
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.count("\n") == 1 and "answered HTTP 404" in out.stderr and "/openai/v1" in out.stderr
+    assert not (tmp_path / "run").exists()
