@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from loadgen.rundir.io import load_run
-from loadgen.rundir.manifest import Manifest, read_manifest
+from loadgen.rundir.manifest import DriverInfo, Manifest, read_manifest
 
 from .analysis import analyze_run
 from .analysis.model import json_ready
@@ -32,6 +32,7 @@ __all__ = [
     "change_controls",
     "compare_managed",
     "load_price_table",
+    "output_token_source",
     "quota_summary",
     "run_cost",
     "side_summary",
@@ -80,9 +81,17 @@ def _col(table: pa.Table, name: str) -> list[Any]:
 
 
 def run_cost(
-    requests: pa.Table, prices: PriceTable, labels: list[str | None], duration_s: float | None
+    requests: pa.Table,
+    prices: PriceTable,
+    labels: list[str | None],
+    duration_s: float | None,
+    *,
+    per_token_only: bool = False,
 ) -> dict[str, Any]:
     """Cost of one run from the price table.
+
+    ``per_token_only`` (the managed side): an hourly entry does not apply (a provider bills tokens, not the
+    client's wall time), so a request whose model only matches one is unpriced.
 
     Per-token prices: server-reported usage per request where present, else the client's own token
     count, priced by the model id each response carried (then ``labels``: requested model, engine
@@ -97,7 +106,7 @@ def run_cost(
     models = _col(requests, "response_model")
     first_model = next((m for m in models if m), None)
     matched, price = _match_price(prices, [first_model, *labels])
-    if price is not None and price.usd_per_hour is not None:
+    if price is not None and price.usd_per_hour is not None and not per_token_only:
         total = price.usd_per_hour * float(duration_s) / 3600.0 if duration_s else None
         out.update(
             {
@@ -238,6 +247,22 @@ def quota_summary(requests: pa.Table, manifest: Manifest) -> dict[str, Any]:
     }
 
 
+def output_token_source(requests: pa.Table) -> dict[str, Any]:
+    """Where the completed requests' output token counts come from: the server's usage, else the client's count
+    (the analysis takes usage where a request has it)."""
+    ok = [i for i, s_ in enumerate(_col(requests, "status")) if s_ == "ok"]
+    usage = _col(requests, "server_output_tokens")
+    with_usage = sum(1 for i in ok if usage[i] is not None)
+    source = (
+        "server usage"
+        if ok and with_usage == len(ok)
+        else "the client's count"
+        if not with_usage
+        else "server usage and the client's count"
+    )
+    return {"source": source, "with_usage": with_usage, "completed": len(ok)}
+
+
 def _latency(analysis: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     groups = {"overall": analysis.overall, **analysis.classes}
@@ -283,7 +308,7 @@ def side_summary(run_dir: str | Path, prices: PriceTable | None, *, label: str) 
     engine_name = (engine_config or {}).get("name") or version.get("engine_config")
     # the managed side is priced by model id; a local engine by its config name first
     labels = ([target.model, engine_name] if is_managed else [engine_name, target.model]) + [Path(run_dir).name]
-    cost = run_cost(req, prices, labels, duration_s) if prices is not None else None
+    cost = run_cost(req, prices, labels, duration_s, per_token_only=is_managed) if prices is not None else None
     server = dict(analysis.server) if (analysis.server and not is_managed) else None
     if server:
         server.pop("timeseries", None)  # per-scrape series stay in the run dir; the report keeps summaries
@@ -312,6 +337,7 @@ def side_summary(run_dir: str | Path, prices: PriceTable | None, *, label: str) 
             "content_filtered": content_filtered,
             "error_share": analysis.error_share,
         },
+        "output_tokens": output_token_source(req),
         "quotas": quota_summary(req, m),
         "cost": cost,
         "change_controls": change_controls(req, target.model),
@@ -360,6 +386,13 @@ class ManagedComparison:
                     both(f"{cls} {metric} {q} (n)", lambda s, c=cls, m=metric, q=q: _lat(s["latency_ms"][c][m], q))
         for k in ("offered_rps", "send_rps", "completed_rps", "output_tok_s", "goodput_rps"):
             both(k, lambda s, k=k: _fmt(s["throughput"][k], 2))
+        both(
+            "output tokens counted by",
+            lambda s: (
+                f"{s['output_tokens']['source']} ({s['output_tokens']['with_usage']} of "
+                f"{s['output_tokens']['completed']} completed had usage)"
+            ),
+        )
         both(
             "status counts",
             lambda s: ", ".join(f"{k} {v}" for k, v in s["errors"]["status_counts"].items() if v) or "none",
@@ -441,7 +474,7 @@ def _change_cell(side: dict[str, Any]) -> str:
 
 
 def _boundary_warnings(local_run: str | Path, managed_run: str | Path) -> list[str]:
-    """Differences in how the two runs were measured (the client timing boundaries must be the same)."""
+    """What differs between the two runs besides the endpoint, and what each difference does to the figures."""
     a, b = read_manifest(Path(local_run)), read_manifest(Path(managed_run))
     out: list[str] = []
     for side, m in (("local", a), ("managed", b)):
@@ -453,13 +486,46 @@ def _boundary_warnings(local_run: str | Path, managed_run: str | Path) -> list[s
     ha, hb = (a.harness.version if a.harness else None), (b.harness.version if b.harness else None)
     if ha != hb:
         out.append(f"the runs were recorded by different loadgen versions ({ha} vs {hb})")
+    if a.target.model != b.target.model:
+        out.append(
+            f"the sides serve different models ({a.target.model!r} vs {b.target.model!r}): every figure compares "
+            "the two deployments, models included"
+        )
+    da, db = a.driver or DriverInfo(), b.driver or DriverInfo()
+    if da.tokenizer != db.tokenizer:
+        out.append(
+            f"the prompts were built and the tokens counted with different tokenizers ({da.tokenizer!r} vs "
+            f"{db.tokenizer!r}): each side got other texts of the trace's token counts, and each side's client token "
+            "counts are its own tokenizer's"
+        )
+    if da.vllm_extensions != db.vllm_extensions:
+        sent = "local" if da.vllm_extensions else "managed"
+        out.append(
+            f"ignore_eos was sent to the {sent} side only: its output lengths are the trace's, the other side's end "
+            "where its model stops (output tokens and E2E are not like for like)"
+        )
     oa, ob = a.options, b.options
-    for key in ("endpoint", "tokenizer", "ttft_timeout_s", "total_timeout_s", "max_concurrency", "max_tokens_field"):
+    for key in ("ttft_timeout_s", "total_timeout_s", "max_concurrency"):
         if oa.get(key) != ob.get(key):
             out.append(
                 f"client option {key} differs ({oa.get(key)!r} vs {ob.get(key)!r}): the timing boundaries may differ"
             )
+    for key in ("endpoint", "max_tokens_field"):
+        if oa.get(key) != ob.get(key):
+            out.append(f"client option {key} differs ({oa.get(key)!r} vs {ob.get(key)!r}): the requests differ")
     return out
+
+
+def _token_sources(local: dict[str, Any], managed: dict[str, Any]) -> list[str]:
+    """A warning when the two sides' output tokens are counted differently (server usage vs the client's count)."""
+    shown = {side["label"]: side["output_tokens"] for side in (local, managed)}
+    if len({s["source"] for s in shown.values()}) < 2:
+        return []
+    parts = [
+        f"{label}: {s['source']} ({s['with_usage']} of {s['completed']} completed had usage)"
+        for label, s in shown.items()
+    ]
+    return ["output tokens are counted differently, " + "; ".join(parts) + ": token throughputs are not like for like"]
 
 
 def compare_managed(
@@ -472,7 +538,7 @@ def compare_managed(
         prices = load_price_table(prices)
     local = side_summary(local_run, prices, label="local")
     managed = side_summary(managed_run, prices, label="managed")
-    warnings: list[str] = _boundary_warnings(local_run, managed_run)
+    warnings: list[str] = _boundary_warnings(local_run, managed_run) + _token_sources(local, managed)
     if local["trace"]["sha256"] != managed["trace"]["sha256"]:
         warnings.append(
             f"the runs replayed different traces (sha256 {str(local['trace']['sha256'])[:12]} vs "
@@ -480,8 +546,9 @@ def compare_managed(
         )
     if managed["quotas"]["http_429"]:
         warnings.append(
-            f"the managed side answered 429 to {managed['quotas']['http_429']} request(s): its tails and "
-            "throughput include quota rejections, which count as failures"
+            f"the managed side answered 429 to {managed['quotas']['http_429']} request(s): its latency percentiles "
+            "are over the requests it served, its throughput counts only those, and the budget verdict counts each "
+            "429 as a failure (+inf)"
         )
     if prices is None:
         warnings.append("no price table given: cost not computed")
@@ -490,8 +557,14 @@ def compare_managed(
             cost = side["cost"]
             if cost and not cost.get("complete", True):
                 missing = ", ".join(cost.get("unpriced_models") or []) or "this run"
+                per_token = (
+                    " (a managed API is priced per token: [candidates.MODEL_ID] usd_per_million_input_tokens and "
+                    "usd_per_million_output_tokens; an hourly price does not apply)"
+                    if side is managed
+                    else ""
+                )
                 warnings.append(
-                    f"{side['label']}: the price table has no applicable price for {missing}: cost incomplete"
+                    f"{side['label']}: the price table has no applicable price for {missing}: cost incomplete{per_token}"
                 )
         if getattr(prices, "example", False):
             warnings.append("the price table says example = true: its prices are made up, and so is every cost above")

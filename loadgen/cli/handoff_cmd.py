@@ -124,6 +124,7 @@ def _rerun(bundle: str, args: argparse.Namespace) -> int:
                     "reproduced": result.reproduced,
                     "checks": result.checks,
                     "experiment_applied": result.experiment_applied,
+                    "error_kinds": result.error_kinds,
                 },
                 indent=2,
                 default=str,
@@ -141,15 +142,33 @@ def _rerun(bundle: str, args: argparse.Namespace) -> int:
             f"limit {_num(c.get('limit'))}: "
             f"{'fails' if c.get('rerun_passed') is False else 'passes' if c.get('rerun_passed') else 'not evaluated'}"
         )
+    kinds = result.error_kinds
+    if kinds["original"] or kinds["rerun"]:
+        print(f"failed requests: was {_kinds(kinds['original'])}, now {_kinds(kinds['rerun'])}")
     if result.reproduced is None:
         print("nothing had failed in the original run; rerun done")
     elif result.experiment_applied:
         n_pass = sum(1 for c in result.checks if c.get("rerun_passed"))
         print(f"with the experiment: {n_pass} of {len(result.checks)} originally failing checks now pass")
     else:
-        print("failure reproduced" if result.reproduced else "failure NOT reproduced")
+        print("failure reproduced" if result.reproduced else "failure NOT reproduced" + _otherwise(kinds))
     return 0
 
 
+def _kinds(kinds: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in kinds.items()) or "none"
+
+
+def _otherwise(kinds: dict[str, dict[str, int]]) -> str:
+    from ..handoff.rerun import failed_otherwise  # deferred: `loadgen --help` loads no library code
+
+    if not failed_otherwise(kinds["original"], kinds["rerun"]):
+        return ""
+    return f" (the rerun's requests failed otherwise: {_kinds(kinds['rerun'])}; the original's: {_kinds(kinds['original'])})"
+
+
 def _num(value) -> str:
-    return f"{value:.1f}" if isinstance(value, float) else str(value)
+    """A float to one decimal, a share below 1 to three significant digits (a 1% limit is 0.01, not 0.0)."""
+    if not isinstance(value, float):
+        return str(value)
+    return f"{value:.1f}" if abs(value) >= 1 or value == 0 else f"{value:.3g}"

@@ -45,7 +45,8 @@ def _target_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--no-model-check",
         action="store_true",
-        help="do not fail when /v1/models lists models but not --model (gateways that list other names)",
+        help="do not fail when /v1/models lists models but not --model (gateways that list other names), nor when "
+        "/version and /v1/models both answer 404",
     )
     g.add_argument(
         "--api-key-env",

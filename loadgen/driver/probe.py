@@ -194,6 +194,12 @@ async def probe_target(
                 secrets,
             )
         )
+    if check_model and _not_found(version_resp) and _not_found(models_resp):
+        raise TargetError(
+            f"target {safe_url}: GET /version and /v1/models answered HTTP 404: expected an OpenAI-compatible API "
+            "under this URL (is its path right? a provider's base URL may carry a prefix, as https://HOST/openai/v1; "
+            "--no-model-check to send the requests anyway)"
+        )
     models, owners, listing = _served_models(models_resp, safe_url)
     model = _resolve_model(model, models, check_model, safe_url, secrets, listing)
     recorded_models = [safe_version(m, secrets) for m in models[:64]]
@@ -209,6 +215,10 @@ async def probe_target(
     if info.kind == "unknown":
         info.notes.append(redact(f"target kind unknown (version={info.version!r}, models={recorded_models})", secrets))
     return info
+
+
+def _not_found(resp: httpx.Response | None) -> bool:
+    return resp is not None and resp.status_code == 404
 
 
 def _served_models(models_resp: httpx.Response | None, safe_url: str) -> tuple[list[str], set[str], str]:

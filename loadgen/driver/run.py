@@ -95,9 +95,11 @@ def _split_base(url: str) -> tuple[str, str, str]:
 
 
 def _endpoint_url(url: str, path: str) -> httpx.URL:
-    """The URL a target's requests go to: its root joined with ``path``, with the target's query string."""
+    """The URL a target's requests go to: its root (a provider's path prefix kept: ``https://HOST/openai/v1``
+    posts to ``/openai/v1/completions``) followed by ``path``, with the target's query string."""
     root, _, query = _split_base(url)
-    endpoint = httpx.URL(root).join(path)
+    base = httpx.URL(root)
+    endpoint = base.copy_with(path=base.path.rstrip("/") + path)
     return endpoint.copy_with(query=query.encode("ascii")) if query else endpoint
 
 
@@ -393,7 +395,9 @@ async def run_trace(options: RunOptions, shard: Shard | None = None) -> Path:
             _scrape_clients(options, headers, scraped) as scrape_clients,
             _recording(options, manifest, prepared.counter, shard) as (writer, recorder, gpu),
         ):
-            ctx = _run_context(options, inputs, transport, client.base_url.join(path), prepared, recorder, secrets)
+            ctx = _run_context(
+                options, inputs, transport, _endpoint_url(options.target_url, path), prepared, recorder, secrets
+            )
             if len(infos) > 1:
                 ctx.origins, ctx.heads = _replica_origins(options, jobs, path, transport)
                 ctx.router = Router(len(infos), options.route_policy, options.replica_down_after)

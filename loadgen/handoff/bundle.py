@@ -510,7 +510,10 @@ def build_bundle(source: str | Path, out: str | Path) -> BundleInfo:
     src = _select(Path(source))
     failures = _failures(src.analysis, src.memory)
     experiment = propose_experiment(
-        failures, inner_engine_config(_engine(src.manifest)), src.manifest.trace.name if src.manifest.trace else None
+        failures,
+        inner_engine_config(_engine(src.manifest)),
+        src.manifest.trace.name if src.manifest.trace else None,
+        src.analysis.overall.error_kinds,
     )
     make_output_dir(out, "a new bundle directory", RunDirError)
     try:

@@ -113,10 +113,33 @@ def _latency_change(metric: str, cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _quota_change(refused: int, failed: int) -> dict[str, Any]:
+    """When quota rejections are what failed: the offered rate, since no engine setting moves a provider's quota."""
+    return {
+        "variable": "offered rate (loadgen run --rate-limit-rps)",
+        "from": "the run's",
+        "to": "under the endpoint's request quota",
+        "hypothesis": (
+            f"{refused} of the {failed} failed requests were refused by a quota (HTTP 429 with Retry-After) and count "
+            "as failures in every check; replayed under the quota (or with a higher one), the checks measure serving "
+            "latency instead of the quota"
+        ),
+    }
+
+
 def propose_experiment(
-    failures: list[dict[str, Any]], engine_config: dict[str, Any] | None, trace_name: str | None
+    failures: list[dict[str, Any]],
+    engine_config: dict[str, Any] | None,
+    trace_name: str | None,
+    error_kinds: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """One variable to change next, derived from the first failure and the engine config (a proposal)."""
+    """One variable to change next, derived from the first failure and the engine config (a proposal).
+
+    ``error_kinds``: the run's failed requests by kind; when at least half are quota rejections (``http_429``)
+    a latency or error failure is the quota's, and the proposal is the offered rate."""
+    kinds = error_kinds or {}
+    failed = sum(kinds.values())
+    refused = kinds.get("http_429", 0)
     cfg = engine_config or {}
     memory = [f for f in failures if f.get("metric") in MEMORY_SIGNALS]
     first = memory[0] if memory else (failures[0] if failures else None)  # memory pressure explains the rest
@@ -131,6 +154,8 @@ def propose_experiment(
         }
     elif metric in MEMORY_SIGNALS:
         proposal = _memory_change(cfg)
+    elif refused and 2 * refused >= failed:
+        proposal = _quota_change(refused, failed)
     else:
         proposal = _latency_change(metric, cfg)
     proposal.update(

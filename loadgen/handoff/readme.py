@@ -36,6 +36,18 @@ def rerun_instructions(
     bundle_name: str, manifest: Manifest, model: str | None, has_engine_toml: bool
 ) -> tuple[str, str]:
     """The one rerun command and the paragraph explaining it, by the kind of the source run."""
+    command, note = _rerun_command(bundle_name, manifest, model, has_engine_toml)
+    key_env = manifest.options.get("api_key_env")
+    if key_env:
+        note += (
+            f" The original run read its API key from the environment variable `{key_env}` (the key is in no file "
+            f"here): set it before the rerun, which sends it as that run did (`--api-key-env NAME` names another)."
+        )
+    return command, note
+
+
+def _rerun_command(bundle_name: str, manifest: Manifest, model: str | None, has_engine_toml: bool) -> tuple[str, str]:
+    """The rerun command and its paragraph, by the kind of the source run."""
     options = manifest.options
     seed = options.get("seed")
     if manifest.run_kind == "simulated" and options.get("face") == "worksheet":

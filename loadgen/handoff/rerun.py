@@ -32,6 +32,7 @@ class RerunResult:
     reproduced: bool | None  # None: nothing had failed originally
     checks: list[dict[str, Any]]  # the original failing checks re-measured
     experiment_applied: dict[str, Any] | None
+    error_kinds: dict[str, dict[str, int]]  # "original" and "rerun": failed requests by error kind
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class _Bundle:
     identity: dict[str, Any]
     options: dict[str, Any]  # the original run's options (runtime.json)
     scenario: Path | None
+    error_kinds: dict[str, int]  # the original run's failed requests by kind (observed.json)
 
     @classmethod
     def open(cls, bundle: Path) -> _Bundle:
@@ -64,7 +66,23 @@ class _Bundle:
             read(layout.IDENTITY),
             (read(layout.RUNTIME).get("options") or {}) if (bundle / layout.RUNTIME).is_file() else {},
             scenario if scenario.is_file() else None,
+            _failed_kinds(
+                (read(layout.OBSERVED).get("overall") or {}).get("error_kinds")
+                if (bundle / layout.OBSERVED).is_file()
+                else None
+            ),
         )
+
+
+def _failed_kinds(kinds: dict[str, int] | None) -> dict[str, int]:
+    """An analysis's failed requests by error kind, the kinds with none left out."""
+    return {str(k): int(v) for k, v in (kinds or {}).items() if v}
+
+
+def failed_otherwise(original: dict[str, int], rerun: dict[str, int]) -> bool:
+    """True when the rerun's requests failed, and of no kind the original's did (every request refused as
+    HTTP 401 where the original met 429s): a check failing again then is not the original failure."""
+    return bool(rerun) and not set(rerun) & set(original)
 
 
 def _apply_experiment(engine_path: Path, proposal: dict[str, Any], out: Path) -> tuple[Path, dict[str, Any]]:
@@ -157,6 +175,7 @@ def rerun_bundle(
     analyse the new run and re-measure the originally failing checks."""
     b = _Bundle.open(Path(bundle))
     out = Path(out)
+    api_key_env = api_key_env or b.options.get("api_key_env")  # the name the original run read its key from
     applied = None
     if target_url is not None:
         if experiment:
@@ -171,9 +190,14 @@ def rerun_bundle(
     analysis = analyze_run(run_dir, scenario=load_scenario(b.scenario) if b.scenario else None)
     checks = _remeasure(b.failure.get("failures", []), analysis)
     evaluated = [c for c in checks if c["rerun_passed"] is not None]
+    kinds = {"original": b.error_kinds, "rerun": _failed_kinds(analysis.overall.error_kinds)}
     reproduced = (
         None
         if not b.failure.get("failures")
-        else (any(not c["rerun_passed"] for c in evaluated) if evaluated else False)
+        else (
+            any(not c["rerun_passed"] for c in evaluated) and not failed_otherwise(kinds["original"], kinds["rerun"])
+            if evaluated
+            else False
+        )
     )
-    return RerunResult(Path(run_dir), reproduced, checks, applied)
+    return RerunResult(Path(run_dir), reproduced, checks, applied, kinds)

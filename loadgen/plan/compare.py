@@ -391,17 +391,29 @@ def _judge_run(c: Candidate, route: str) -> dict[str, Any]:
     }
 
 
-def _headline_rate(tp: dict[str, Any]) -> tuple[float | None, str]:
-    """The throughput a candidate is ranked and priced by, and what it is.
+#: The throughputs a candidate may be ranked and priced by, best first, and what each is.
+_HEADLINE_BASES = (
+    ("output_tok_per_engine_busy_s", "output tokens per second of engine busy time (capacity)"),
+    ("output_tok_s_whole_run", "output tokens/s over the whole run (first scheduled → last done)"),
+)
 
-    Engine capacity (output tokens per engine-busy second) when the engine reports busy time: an open-loop
-    run below capacity completes what was offered whatever the candidate, so only this separates them.
-    Else output tokens/s over the whole run, else over the analysis window (plans: the best inside cell).
-    """
-    if tp.get("output_tok_per_engine_busy_s"):
-        return tp["output_tok_per_engine_busy_s"], "output tokens per second of engine busy time (capacity)"
-    if tp.get("output_tok_s_whole_run"):
-        return tp["output_tok_s_whole_run"], "output tokens/s over the whole run (first scheduled → last done)"
+
+def _headline_basis(judged: list[dict[str, Any]]) -> str | None:
+    """The one throughput every candidate is ranked and priced by: the first of ``_HEADLINE_BASES`` that every
+    candidate has (None: each one's analysis window). Engine capacity (output tokens per engine-busy second) comes
+    first, since an open-loop run below capacity completes what was offered whatever the candidate; but an engine
+    that reports no busy time (a vLLM, a managed API) puts every candidate on the whole run, never one on each."""
+    for key, _ in _HEADLINE_BASES:
+        if all(j["throughput"].get(key) for j in judged):
+            return key
+    return None
+
+
+def _headline_rate(tp: dict[str, Any], basis: str | None) -> tuple[float | None, str]:
+    """A candidate's figure on the comparison's ``basis`` (``_headline_basis``), and what it is."""
+    for key, what in _HEADLINE_BASES:
+        if key == basis:
+            return tp.get(key), what
     return tp.get("output_tok_s"), tp.get("basis", "output tokens/s over the analysis window")
 
 
@@ -652,14 +664,14 @@ def _contract_step(c: Candidate) -> tuple[dict[str, Any], dict[str, Any]]:
     return step, contract
 
 
-def _cost(c: Candidate, tp: dict[str, Any], table: PriceTable | None) -> dict[str, Any] | None:
+def _cost(c: Candidate, tp: dict[str, Any], table: PriceTable | None, basis: str | None) -> dict[str, Any] | None:
     """Step 3's cost: per million tokens at the candidate's headline rate, from the matching price (None without a table)."""
     if table is None:
         return None
     matched, price = table.price_for(c.label, c.manifest.target.model, c.path.name)
     if price is None:
         return {"matched": None, "note": f"no price for {c.label!r} and no [default] in {table.source_path}"}
-    out_rate, basis = _headline_rate(tp)
+    out_rate, what = _headline_rate(tp, basis)
     scale = (out_rate / tp["output_tok_s"]) if tp.get("output_tok_s") and out_rate else 1.0
     prompt_tok_s = tp.get("prompt_tok_s")
     prompt_rate = prompt_tok_s * scale if prompt_tok_s is not None else None
@@ -667,7 +679,7 @@ def _cost(c: Candidate, tp: dict[str, Any], table: PriceTable | None) -> dict[st
         "matched": matched,
         "example_prices": table.example,
         "currency": table.currency,
-        "throughput_basis": basis,
+        "throughput_basis": what,
         **cost_per_million(price, prompt_tok_s=prompt_rate, output_tok_s=out_rate),
     }
 
@@ -692,46 +704,48 @@ def _judge_candidate(
         "rejected_at": next((s["step"] for s in steps if s["result"] == "rejected"), None),
         "steps": steps,
         "contract": contract,
-        "cost": _cost(c, j["throughput"], table),
+        "cost": None,  # set by compare_candidates once every candidate's basis is known
         **j,
     }
 
 
-def _rank_key(j: dict[str, Any]) -> tuple[int, float, float]:
+def _rank_key(j: dict[str, Any], basis: str | None) -> tuple[int, float, float]:
     """Among eligible candidates: budgets shown to pass before inconclusive ones, then the lowest cost per million
     output tokens, then the highest headline rate."""
     cost = (j.get("cost") or {}).get("per_million_output_tokens")
     return (
         0 if j.get("budgets") == "passed" else 1,
         cost if cost is not None else math.inf,
-        -(_headline_rate(j["throughput"])[0] or 0.0),
+        -(_headline_rate(j["throughput"], basis)[0] or 0.0),
     )
 
 
-def _rejection_line(j: dict[str, Any], route: str, headline: dict[str, Any], chosen: dict[str, Any] | None) -> str:
+def _rejection_line(
+    j: dict[str, Any], route: str, headline: dict[str, Any], chosen: dict[str, Any] | None, basis: str | None
+) -> str:
     """Why one candidate was rejected; the headline-throughput candidate says what it had and lost."""
     reasons = next(s["why"] for s in j["steps"] if s["result"] == "rejected")
     lead = f"{j['label']} rejected for {route} routing at '{j['rejected_at']}'"
     if j is headline and chosen is not None and j is not chosen:
-        rate, basis = _headline_rate(j["throughput"])
-        chosen_rate = _headline_rate(chosen["throughput"])[0]
+        rate, what = _headline_rate(j["throughput"], basis)
+        chosen_rate = _headline_rate(chosen["throughput"], basis)[0]
         lead += (
-            f" although it has the headline throughput ({_f(rate)} vs {_f(chosen_rate)} for {chosen['label']}: {basis})"
+            f" although it has the headline throughput ({_f(rate)} vs {_f(chosen_rate)} for {chosen['label']}: {what})"
         )
     return lead + ": " + "; ".join(reasons)
 
 
-def _decide(judged: list[dict[str, Any]], route: str) -> Decision:
+def _decide(judged: list[dict[str, Any]], route: str, basis: str | None) -> Decision:
     """Choose among the eligible candidates and say why, rejections included."""
     eligible = [j for j in judged if j["verdict"] == "eligible"]
-    headline = max(judged, key=lambda j: _headline_rate(j["throughput"])[0] or 0.0)
+    headline = max(judged, key=lambda j: _headline_rate(j["throughput"], basis)[0] or 0.0)
     chosen: dict[str, Any] | None
     if eligible:
-        chosen = min(eligible, key=_rank_key)
+        chosen = min(eligible, key=lambda j: _rank_key(j, basis))
         by = (
             "lowest cost per million output tokens"
             if (chosen.get("cost") or {}).get("per_million_output_tokens") is not None
-            else "highest " + _headline_rate(chosen["throughput"])[1]
+            else "highest " + _headline_rate(chosen["throughput"], basis)[1]
         )
         meets = (
             "meets every hard budget of "
@@ -748,7 +762,7 @@ def _decide(judged: list[dict[str, Any]], route: str) -> Decision:
     else:
         chosen = None
         why = [f"no candidate is eligible for {route} routing"]
-    why += [_rejection_line(j, route, headline, chosen) for j in judged if j["verdict"] == "rejected"]
+    why += [_rejection_line(j, route, headline, chosen, basis) for j in judged if j["verdict"] == "rejected"]
     unsure = [
         Unsure(label=j["label"], why=j["steps"][0]["why"])
         for j in judged
@@ -757,7 +771,7 @@ def _decide(judged: list[dict[str, Any]], route: str) -> Decision:
     why += [f"{u.label}: {line}" for u in unsure for line in u.why]
     unmeasured = [Unsure(label=j["label"], why=j["steps"][0]["why"]) for j in judged if j["verdict"] == "unmeasured"]
     why += [f"{u.label}: unmeasured: {u.why[0]}" for u in unmeasured]
-    rate, basis = _headline_rate(headline["throughput"])
+    rate, what = _headline_rate(headline["throughput"], basis)
     return Decision(
         route=route,
         chosen=chosen["label"] if chosen else None,
@@ -773,7 +787,7 @@ def _decide(judged: list[dict[str, Any]], route: str) -> Decision:
         ],
         inconclusive=unsure,
         unmeasured=unmeasured,
-        headline_throughput=HeadlineThroughput(label=headline["label"], value=rate, basis=basis),
+        headline_throughput=HeadlineThroughput(label=headline["label"], value=rate, basis=what),
         why=why,
     )
 
@@ -812,7 +826,10 @@ def compare_candidates(
     covered, other, notes = _identity_notes(candidates, variable, allow_differences)
     table = load_prices(prices) if isinstance(prices, (str, Path)) else prices
     judged = [_judge_candidate(index, c, route, table, max_send_lag_ms) for index, c in enumerate(candidates)]
-    decision = _decide(judged, route)
+    basis = _headline_basis(judged)
+    for j, c in zip(judged, candidates, strict=True):
+        j["cost"] = _cost(c, j["throughput"], table, basis)
+    decision = _decide(judged, route, basis)
     for j in judged:
         j["status_line"] = f"{j['label']}: {j['verdict']}" + (f" at {j['rejected_at']}" if j["rejected_at"] else "")
     identity = Identity(

@@ -312,6 +312,8 @@ class ManagedConfig(_Model):
         default=0, ge=0, le=1 << 62
     )  # move to the next id/fingerprint after N; 0 = never
     api_key_env: str | None = None  # env var holding the key expected as "Authorization: Bearer KEY"
+    # every route served under this path (a provider's base URL, e.g. "/openai" for http://HOST/openai/v1); others 404
+    path_prefix: str = Field(default="", pattern=r"^(/[A-Za-z0-9._~-]+)*$")
 
 
 class EngineConfig(_Model):

@@ -1,7 +1,8 @@
 """The live simulated server's ready line: printed by ``loadgen sim serve``, parsed by the target layer.
 
 ``loadgen sim serve --port 0`` binds a free port and then prints exactly one line
-``loadgen-sim listening on http://HOST:PORT`` (an IPv6 host in brackets) to stdout. This module is
+``loadgen-sim listening on http://HOST:PORT`` (an IPv6 host in brackets; followed by the engine's
+``[managed] path_prefix`` when it has one, the URL clients use) to stdout. This module is
 the one definition of that line, on both sides.
 """
 
@@ -18,8 +19,8 @@ def base_url(host: str, port: int) -> str:
     return f"http://{shown}:{port}"
 
 
-def ready_line(host: str, port: int) -> str:
-    return f"{READY_PREFIX}{base_url(host, port)}\n"
+def ready_line(host: str, port: int, path_prefix: str = "") -> str:
+    return f"{READY_PREFIX}{base_url(host, port)}{path_prefix}\n"
 
 
 def find_ready_url(text: str) -> str | None:

@@ -211,6 +211,11 @@ class SimServer:
     # -- routing -----------------------------------------------------------------------------------
     async def handle(self, req: Request, conn: Connection) -> None:
         path = req.path.rstrip("/") or "/"
+        prefix = self.managed.path_prefix if self.managed is not None else ""
+        if prefix and path != "/health":  # /health also at the root: a readiness probe needs no prefix
+            if path != prefix and not path.startswith(prefix + "/"):
+                return self._error(conn, 404, f"no route {req.method} {req.path} (this API is served under {prefix})")
+            path = path[len(prefix) :] or "/"
         if path in ("/v1/completions", "/v1/chat/completions"):
             if req.method != "POST":
                 return self._error(conn, 405, f"method {req.method} not allowed on {path}; use POST")
@@ -885,7 +890,7 @@ async def _main(
         raise
     engine_task = asyncio.create_task(server.live.run())
     actual_port = http.sockets[0].getsockname()[1]
-    sys.stdout.write(ready_line(host, actual_port))
+    sys.stdout.write(ready_line(host, actual_port, server.managed.path_prefix if server.managed else ""))
     sys.stdout.flush()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
