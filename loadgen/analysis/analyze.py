@@ -585,9 +585,7 @@ class _Run:
             if metric in ("ttft_ms", "ttfat_ms", "e2e_ms"):
                 cdfs[metric] = _cdf(s)
         metrics["itl_ms"] = summarize_parts(_sorted_parts([self.itl_desc[k] for k in class_idx]))
-        metrics["inter_chunk_ms"] = summarize_parts(
-            _sorted_parts([self.inter_ns[k] for k in class_idx], M.NS_PER_MS)
-        )
+        metrics["inter_chunk_ms"] = summarize_parts(_sorted_parts([self.inter_ns[k] for k in class_idx], M.NS_PER_MS))
         if len(class_idx) == 1:
             cdfs["itl_ms"] = _cdf_sample(self.itl_desc[class_idx[0]])
         metrics = {m: metrics[m] for m in METRICS}
