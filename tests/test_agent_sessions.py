@@ -162,8 +162,9 @@ def test_a_live_agent_session_with_fan_out_keeps_the_rule_and_its_makespan(tmp_p
         assert r["scheduled_ns"] >= t["scheduled_offset_ns"]  # never ahead of the recording
         waits = t["wait_for_ids"] or []
         if waits:
-            # due one tool time after the last reply it waits for ended (every one of them)
-            assert r["scheduled_ns"] >= max(rows[w]["done_ns"] for w in waits) + t["think_after_reply_ns"]
+            # due one tool time after the last reply it waits for ended (every one of them), to the nanosecond: the
+            # driver's own delay in starting it is client queue, not hidden (it was 50 us to 5 ms after the rule)
+            assert r["scheduled_ns"] == max(rows[w]["done_ns"] for w in waits) + t["think_after_reply_ns"]
             joins += len(waits) > 1
     assert joins == 2
     # the makespan from the recorded instants, recomputed from the Parquet rows
@@ -302,13 +303,13 @@ def test_generated_fan_out_sessions_on_the_live_engine_and_the_worksheet(tmp_pat
         for r in load_run(run_worksheet(trace, tmp_path / "engine.toml", tmp_path / "ws")).requests.to_pylist()
     }
     assert set(live) == set(ws) == set(trace_rows)
-    for run_rows, exact in ((live, False), (ws, True)):
+    for run_rows in (live, ws):  # both exactly: a step is scheduled at the rule's instant, not when noticed
         assert all(r["status"] == "ok" for r in run_rows.values())
         for rid, t in trace_rows.items():
             waits = t["wait_for_ids"] or []
             if waits:
                 due = max(run_rows[w]["done_ns"] for w in waits) + t["think_after_reply_ns"]
-                assert run_rows[rid]["scheduled_ns"] == due if exact else run_rows[rid]["scheduled_ns"] >= due
+                assert run_rows[rid]["scheduled_ns"] == due
     a = analyze_run(out, scenario=_fanout_scenario())
     spans = sorted(
         (max(r["done_ns"] for r in g) - min(r["scheduled_ns"] for r in g)) / 1e6 for g in _by_session(live).values()

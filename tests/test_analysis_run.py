@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from loadgen.analysis import analyze_run
+from loadgen.analysis import metrics as M
 from loadgen.rundir.io import RunWriter
 from loadgen.rundir.manifest import Manifest
 from loadgen.rundir.schema import empty_request_row
@@ -670,3 +671,17 @@ def test_goodput_checks_itl_of_requests_scheduled_before_the_window(tmp_path):
     assert g.metrics["itl_ms"]["n"] == 2
     # with the whole run in the window, "early" is judged the same way
     assert analyze_run(run, window=(0.0, 0.3)).classes[sm].n_good_completed == 1
+
+
+def test_inter_chunk_gaps_are_the_correctly_rounded_ms(tmp_path: Path) -> None:
+    """A raw gap of 101,257,423 ns is 101.257423 ms, the value ``ns / 1e6`` gives TTFT and the per-request
+    helper; the analysis took ``ns * 1e-6`` for this one metric and reported 101.25742299999999 (an outside
+    recompute from the Parquet found it)."""
+    gap_ns = 101_257_423
+    row = {"request_id": "r1", "request_class": "c", "status": "ok", "scheduled_ns": 0, "sent_ns": 0}
+    row |= {"first_token_ns": gap_ns, "last_token_ns": 2 * gap_ns, "done_ns": 2 * gap_ns, "client_output_tokens": 2}
+    run = build_run(tmp_path / "run", [row], [("r1", 0, gap_ns, 1), ("r1", 1, 2 * gap_ns, 1)])
+    metrics = analyze_run(run).classes["c"].metrics
+    assert gap_ns * 1e-6 != gap_ns / 1e6  # the two conversions differ for this value
+    assert metrics["inter_chunk_ms"]["max"] == gap_ns / 1e6 == metrics["ttft_ms"]["max"]
+    assert metrics["inter_chunk_ms"]["p50"] == M.inter_chunk_gaps_ms([gap_ns, 2 * gap_ns], [1, 1])[0]

@@ -22,6 +22,7 @@ from test_analysis_run import MS, build_run
 from loadgen.analysis import analyze_run
 from loadgen.analysis.budgets import budget_checks, error_share_check
 from loadgen.stats.confidence import (
+    outcome,
     quantile_ci_ranks,
     quantile_ci_sorted,
     samples_needed_quantile,
@@ -38,7 +39,8 @@ Z95 = 1.959963984540054
 def exact_ranks(n: int, q: Fraction) -> tuple[int | None, int | None]:
     """The documented rule, by brute force over every rank pair, in rational arithmetic: coverage >= 95%;
     the fewest unbounded ends; the least coverage; within half a point of it the most balanced tails,
-    then the least coverage, then the lower pair. Rank -1 / n stand for the unbounded ends (F = 0 / 1)."""
+    then the least coverage, then the lower pair (the balance only when both ends are bounded: with one
+    unbounded, the least coverage). Rank -1 / n stand for the unbounded ends (F = 0 / 1)."""
     cdf, acc = {-1: Fraction(0)}, Fraction(0)
     for k in range(n + 1):
         acc += math.comb(n, k) * q**k * (1 - q) ** (n - k)
@@ -52,12 +54,12 @@ def exact_ranks(n: int, q: Fraction) -> tuple[int | None, int | None]:
     fewest = min((p[1] < 0) + (p[2] > n - 1) for p in pairs)
     pairs = [p for p in pairs if (p[1] < 0) + (p[2] > n - 1) == fewest]
     least = min(p[0] for p in pairs)
-    near = [p for p in pairs if p[0] <= least + Fraction(5, 1000)]
+    near = [p for p in pairs if p[0] <= least + (Fraction(5, 1000) if fewest == 0 else 0)]
     _, low, up = min(near, key=lambda p: (abs(cdf[p[1]] - (1 - cdf[p[2]])), p[0], p[1]))
     return (low if low >= 0 else None), (up if up <= n - 1 else None)
 
 
-@pytest.mark.parametrize("n", [5, 20, 51, 100, 298, 299, 400, 463])
+@pytest.mark.parametrize("n", [5, 6, 10, 12, 15, 20, 51, 100, 298, 299, 400, 463])
 @pytest.mark.parametrize("q", ["1/2", "19/20", "99/100"])
 def test_ranks_are_the_exact_binomial_order_statistics(n: int, q: str) -> None:
     assert quantile_ci_ranks(n, float(Fraction(q))) == exact_ranks(n, Fraction(q))
@@ -68,6 +70,8 @@ def test_known_bounds() -> None:
     assert quantile_ci_ranks(51, 0.99) == (48, None)
     assert quantile_ci_ranks(298, 0.99)[1] is None and quantile_ci_ranks(299, 0.99) == (288, 298)
     assert quantile_ci_ranks(5, 0.5) == (None, 4)  # [-inf, max] covers 31/32; [min, inf] ties and is the higher pair
+    # one-sided: the least coverage, not the loosest bound within half a point of it (it was the minimum sample)
+    assert quantile_ci_ranks(10, 0.99) == (8, None) and quantile_ci_ranks(6, 0.99) == (4, None)
     values = np.arange(1.0, 101.0)  # 1..100: the median's interval is [x(40), x(60)] (1-based), coverage 95.4%
     assert quantile_ci_sorted(values, 0.5) == (40.0, 60.0)
     assert quantile_ci_sorted(values, 0.99) == (97.0, math.inf)  # F(96) = P(>= 4 of 100 above) = 1.8%
@@ -83,7 +87,7 @@ def test_summaries_carry_intervals_for_every_percentile() -> None:
     for q in ("p50", "p95", "p99"):
         assert s["ci"][q][0] <= s[q] <= s["ci"][q][1]
     parts = [np.arange(1, 101, 2, dtype=np.int64), np.arange(2, 101, 2, dtype=np.int64)]
-    assert SortedParts(parts, 0.5).interval(0.5) == (20.0, 30.0)  # same ranks over the union, scaled
+    assert SortedParts(parts, 2.0).interval(0.5) == (20.0, 30.0)  # same ranks over the union, divided by the unit
 
 
 @pytest.mark.parametrize(
@@ -308,3 +312,12 @@ def test_three_way_verdicts_through_the_cli(tmp_path: Path) -> None:
     assert out.returncode == 3
     assert json.loads((tmp_path / "slow.json").read_text())["verdict"]["status"] == "fail"
     assert analyze_run(slow).hard_failures[0].outcome == "fail"
+
+
+def test_a_small_p99_sample_fails_on_its_failures() -> None:
+    """10 sessions, 3 incomplete (+inf): x(9) (1-based) is +inf, so a p99 makespan budget fails conclusively
+    (docs/budgets.md: it fails from n − l failures); the interval was [min, inf] and the verdict inconclusive."""
+    sample = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, math.inf, math.inf, math.inf])
+    low, high = quantile_ci_sorted(sample, 0.99)
+    assert (low, high) == (math.inf, math.inf)
+    assert outcome(math.inf, (low, high), 20000.0) == "fail"

@@ -338,15 +338,15 @@ def _counts(values: np.ndarray, labels: tuple[str, ...] | None = None) -> dict[s
 Sample = tuple[list[np.ndarray], list[float] | None]
 
 
-def _sorted_parts(samples: list[Sample], scale: float = 1.0) -> SortedParts:
+def _sorted_parts(samples: list[Sample], unit: float = 1.0) -> SortedParts:
     """The union of samples; sums only when one of them was spilled (else summed as before)."""
     parts = [p for ps, _ in samples for p in ps]
     if all(sums is None for _, sums in samples):
-        return SortedParts(parts, scale)
+        return SortedParts(parts, unit)
     sums = [
         x for ps, ss in samples for x in (ss if ss is not None else [float(np.sum(p, dtype=np.float64)) for p in ps])
     ]
-    return SortedParts(parts, scale, sums)
+    return SortedParts(parts, unit, sums)
 
 
 def _cdf_sample(sample: Sample) -> dict[str, list[float]] | None:
@@ -585,9 +585,7 @@ class _Run:
             if metric in ("ttft_ms", "ttfat_ms", "e2e_ms"):
                 cdfs[metric] = _cdf(s)
         metrics["itl_ms"] = summarize_parts(_sorted_parts([self.itl_desc[k] for k in class_idx]))
-        metrics["inter_chunk_ms"] = summarize_parts(
-            _sorted_parts([self.inter_ns[k] for k in class_idx], 1.0 / M.NS_PER_MS)
-        )
+        metrics["inter_chunk_ms"] = summarize_parts(_sorted_parts([self.inter_ns[k] for k in class_idx], M.NS_PER_MS))
         if len(class_idx) == 1:
             cdfs["itl_ms"] = _cdf_sample(self.itl_desc[class_idx[0]])
         metrics = {m: metrics[m] for m in METRICS}

@@ -63,4 +63,4 @@ def class_samples(run_dir: Path | str, *, window: Any = None, include_cold: bool
 
 def union(parts: list[SortedParts]) -> SortedParts:
     """Several runs' samples of one metric as one sample (repeats pooled)."""
-    return SortedParts([p for sp in parts for p in sp.parts], parts[0].scale if parts else 1.0)
+    return SortedParts([p for sp in parts for p in sp.parts], parts[0].unit if parts else 1.0)

@@ -641,6 +641,7 @@ def _record(
         row["sent_ns"] = timing.sent - anchor
     if sent or error_kind != "run_interrupted":  # finished, or given up (queue timeout, refused): it left
         row["done_ns"] = done_abs - anchor
+        job.done_abs_ns = done_abs  # a request waiting for this reply is due from this instant
     if status is None:  # should not happen; keep the accounting exact anyway
         status, error_kind = STATUS_ERROR, "client"
     if status in (STATUS_ERROR, STATUS_TIMEOUT) or (status == STATUS_NOT_SENT and error_kind != "run_interrupted"):

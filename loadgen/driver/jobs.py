@@ -187,6 +187,7 @@ class Job:
     payload: bytes = b""  # the whole HTTP request (head + body), set by the run just before it starts
     scheduled_ns: int | None = None  # run clock, set when the scheduler dispatches it (None: never dispatched)
     target_index: int | None = None  # replica it was routed to at dispatch (None: never dispatched)
+    done_abs_ns: int | None = None  # perf_counter_ns when its reply ended (the row's done_ns), once recorded
 
 
 def _split_turn(delta: int, prev_output: int) -> tuple[int, int]:

@@ -870,7 +870,10 @@ async def _execute_then_follow(
     """Run ``jobs[k]``; when its reply has ended (whatever its status), each request it was the last wait of
     becomes ready one think time later and is started then."""
     await execute(ctx, jobs[k], scheduled_abs_ns, pre)
-    for ready_abs_ns, nxt in waits.ended(k, time.perf_counter_ns()):
+    # the reply ended at its recorded done instant: the next step is due a think time after that, so the loop's
+    # own delay in getting here shows in the step's client queue (sent - scheduled), as an open-loop send lag does
+    ended = jobs[k].done_abs_ns
+    for ready_abs_ns, nxt in waits.ended(k, ended if ended is not None else time.perf_counter_ns()):
         tasks.start(_follow, ctx, nxt, ready_abs_ns, waits, jobs, tasks)
 
 

@@ -146,8 +146,8 @@ def _bounds(sample: SortedParts, q: float, level: float, deff: float = 1.0) -> t
     if n_eff < n:
         lo = None if lo is None else max(0, math.floor((lo + 1) * n / n_eff) - 1)
         hi = None if hi is None else min(n - 1, math.ceil((hi + 1) * n / n_eff) - 1)
-    low = -math.inf if lo is None else float(sample.kth(lo)) * sample.scale
-    high = math.inf if hi is None else float(sample.kth(hi)) * sample.scale
+    low = -math.inf if lo is None else float(sample.kth(lo)) / sample.unit
+    high = math.inf if hi is None else float(sample.kth(hi)) / sample.unit
     return low, high
 
 
@@ -283,7 +283,7 @@ def _cdf(sample: SortedParts) -> dict[str, list[float]] | None:
     if sample.n == 0:
         return None
     ranks = np.unique(np.linspace(0, sample.n - 1, min(CDF_POINTS, sample.n)).astype(np.int64))
-    values = sample.kth_many(ranks).astype(np.float64) * sample.scale
+    values = sample.kth_many(ranks).astype(np.float64) / sample.unit
     return {"x": values.tolist(), "y": ((ranks + 1) / sample.n).tolist()}
 
 

@@ -50,10 +50,16 @@ _L = len(FILLER_WORDS)
 ID_HEX_CHARS = 24
 
 
-def filler_text(start: int, count: int) -> str:
-    """Text of output tokens ``start .. start+count-1``."""
-    words = FILLER_WORDS
+def filler_text(start: int, count: int, width: int = 0) -> str:
+    """Text of output tokens ``start .. start+count-1``: filler words (one cl100k_base token each), or with
+    ``width`` (an engine counting ``chars:N``) each word cut or padded to exactly ``width`` characters, so a
+    client counting the stream with the engine's tokenizer counts the tokens the engine reports."""
+    words = _widths(width) if width else FILLER_WORDS
     return "".join(words[(start + j) % _L] for j in range(count))
+
+
+def _widths(width: int) -> tuple[str, ...]:
+    return tuple((w + "_" * width)[:width] for w in FILLER_WORDS)
 
 
 def filler_bytes(start: np.ndarray, count: np.ndarray) -> np.ndarray:

@@ -190,6 +190,8 @@ class SimServer:
     ) -> None:
         self.config = config
         self.tokenizer = get_tokenizer(tokenizer or config.tokenizer)
+        # a chars:N engine streams N characters a token, so the client's count of the text is the engine's
+        self.filler_width = int(getattr(self.tokenizer, "chars_per_token", 0))
         self.live = LiveEngine(config, seed=seed)
         self.faults = FaultDecider(config.faults, seed=seed)
         self.fault_log = FaultLog(fault_log)
@@ -613,6 +615,7 @@ class SimServer:
         if fmt.kind == "chat":
             conn.write_chunk(fmt.role())
         coalesce = self.config.stream.coalesce
+        width = self.filler_width
         stops: dict[int, list[str]] = {}
         if plan:
             if plan.stall_s > 0:
@@ -639,11 +642,11 @@ class SimServer:
                     else:
                         conn.write_chunk(b"".join(fmt.content_any(pieces[j]) for j in range(sent, target)))
                 elif sent < reasoning or target > phases.tool_from:
-                    conn.write_chunk(_phase_events(fmt, sent, target, phases, coalesce))
+                    conn.write_chunk(_phase_events(fmt, sent, target, phases, coalesce, width))
                 elif coalesce:
-                    conn.write_chunk(fmt.content(filler_text(sent, target - sent)))
+                    conn.write_chunk(fmt.content(filler_text(sent, target - sent, width)))
                 else:
-                    conn.write_chunk(b"".join(fmt.content(filler_text(j, 1)) for j in range(sent, target)))
+                    conn.write_chunk(b"".join(fmt.content(filler_text(j, 1, width)) for j in range(sent, target)))
                 sent = target
                 if sent in stops and await self._fault_point(conn, ctx, fmt, plan, stops.pop(sent)):
                     return
@@ -708,7 +711,7 @@ class SimServer:
             return
         seq = ctx.seq
         assert seq is not None
-        text = "".join(pieces) if pieces is not None else filler_text(0, seq.output - tool)
+        text = "".join(pieces) if pieces is not None else filler_text(0, seq.output - tool, self.filler_width)
         arguments = "".join(tool_call_piece(j, tool) for j in range(1, tool)) if tool else None
         finish = "tool_calls" if tool else finish
         body = fmt.full_response(text, finish, prompt_tokens, seq.output, seq.cached_tokens, arguments)
@@ -843,7 +846,7 @@ class _Phases(NamedTuple):
     total: int
 
 
-def _phase_events(fmt: StreamFormat, start: int, end: int, phases: _Phases, coalesce: bool) -> bytes:
+def _phase_events(fmt: StreamFormat, start: int, end: int, phases: _Phases, coalesce: bool, width: int = 0) -> bytes:
     """Events for output tokens ``start .. end-1``: reasoning, content, tool call (an event per tool token)."""
     out = []
     reasoning, tool_from = phases.reasoning, phases.tool_from
@@ -852,7 +855,8 @@ def _phase_events(fmt: StreamFormat, start: int, end: int, phases: _Phases, coal
         (max(start, reasoning), min(end, tool_from), fmt.content),
     ):
         if hi > lo:
-            out += [emit(filler_text(lo, hi - lo))] if coalesce else [emit(filler_text(j, 1)) for j in range(lo, hi)]
+            text = filler_text
+            out += [emit(text(lo, hi - lo, width))] if coalesce else [emit(text(j, 1, width)) for j in range(lo, hi)]
     count = phases.total - tool_from
     out += [fmt.tool_call(j - tool_from, count) for j in range(max(start, tool_from), end)]
     return b"".join(out)

@@ -6,7 +6,8 @@ below the true quantile ``ξ_q``, then ``B ~ Binomial(n, q)``, and for 0-based r
 sorted sample ``P(x[l] ≤ ξ_q ≤ x[u]) ≥ F(u) − F(l)``, F the binomial CDF. Of the rank pairs whose
 exact coverage is at least 95% and that bound both ends when any can, loadgen takes the one with the
 least coverage (the binomial is discrete, so a pair rarely hits 95% exactly; equal tails would cover
-up to 98%), preferring balanced tails among near-ties: coverage stays between 95% and about 97%
+up to 98%), preferring balanced tails among near-ties (within half a point) when both ends are bounded; with
+one end unbounded, the least coverage alone (its other tail is 0, so balancing would only loosen it): coverage stays between 95% and about 97%
 whenever both ends are bounded, and each one-sided error is at most 5%. Where no sample can bound an end it is unbounded (−inf /
 +inf): a p99 needs at least 299 samples before its upper bound exists (0.99^n ≤ 5%), so a p99
 from fewer samples can fail conclusively but never pass. The binomial CDF is summed exactly (in
@@ -72,8 +73,8 @@ MAX_SAMPLES = 10**9
 SCAN_EVALUATIONS = 10_000
 INTERVAL_RULE = (
     "95% distribution-free interval from order statistics: [x(l), x(u)], the rank pair bounding both ends "
-    "(when n allows) with the least exact binomial(n, q) coverage at or above 95% (balanced tails among "
-    "near-ties); unbounded (-inf/inf) where n is too small (a p99 needs n >= 299 for an upper bound)"
+    "(when n allows) with the least exact binomial(n, q) coverage at or above 95% (when both ends are bounded, "
+    "the most balanced tails among pairs within half a point of it); unbounded (-inf/inf) where n is too small (a p99 needs n >= 299 for an upper bound)"
 )
 SHARE_RULE = "95% Wilson score interval"
 ESTIMATOR_RULE = (
@@ -126,8 +127,9 @@ def quantile_ci_ranks(n: int, q: float, level: float = CONFIDENCE_LEVEL) -> tupl
 
     Of every pair with exact coverage ``F(u) − F(l) ≥ level`` (``l = −1`` / ``u = n`` are the
     unbounded ends, ``F(−1) = 0``, ``F(n) = 1``), those with the fewest unbounded ends; of them the
-    one with the least coverage; among those within half a point of it, the one whose two tail
-    probabilities ``F(l)`` and ``1 − F(u)`` are closest (then the least coverage, then the lower pair).
+    one with the least coverage; when both ends are bounded, among those within half a point of it, the
+    one whose two tail probabilities ``F(l)`` and ``1 − F(u)`` are closest (then the least coverage, then
+    the lower pair). With an end unbounded, the least coverage alone (its tail is 0: nothing to balance).
     """
     if n <= 0:
         return None, None
@@ -148,7 +150,10 @@ def quantile_ci_ranks(n: int, q: float, level: float = CONFIDENCE_LEVEL) -> tupl
     up_rank = lo + up_idx
     unbounded = (low_rank < 0).astype(int) + (up_rank > n - 1).astype(int)
     coverage = np.where(unbounded == unbounded.min(), coverage, np.inf)  # bound both ends whenever some pair can
-    near = coverage <= coverage.min() + _BALANCE_SLACK
+    # balancing is for two bounded ends; with one end unbounded its tail is 0, and "balancing" would only
+    # take the loosest bound within the slack (a p99 of 10 samples bounded below by the smallest one)
+    slack = _BALANCE_SLACK if unbounded.min() == 0 else 0.0
+    near = coverage <= coverage.min() + slack
     balance = np.where(near, np.abs(f_low - (1.0 - cdf[up_idx])), np.inf)
     # exact ties (q = 0.5 is symmetric) go to the lower pair; rounding keeps float noise from deciding them
     best = int(np.lexsort((low_rank, np.round(coverage, 9), np.round(balance, 9)))[0])

@@ -206,18 +206,19 @@ class SortedParts:
 
     Order statistics of the union come from ``_select`` (a search over the parts' in-memory samples,
     then a few values read per part), so per-class arrays of 10^8 gaps give the overall quantiles
-    exactly, by the same linear rule, without a second sort. ``scale`` multiplies every value
-    read (e.g. 1e-6 for int64 ns parts reported in ms). A part is an ascending array or a run on disk
+    exactly, by the same linear rule, without a second sort. ``unit`` divides every value
+    read (e.g. 1e6 for int64 ns parts reported in ms: ``ns / 1e6``, the correctly rounded ms that
+    ``metrics.ms_between`` gives, where ``ns * 1e-6`` is off by an ulp for some values). A part is an ascending array or a run on disk
     (``spill.RunFile``: ``len``, ``dtype``, indexing, ``searchsorted``, ``sample``, ``stride``, ``read``).
     """
 
-    def __init__(self, parts: Sequence[np.ndarray], scale: float = 1.0, sums: Sequence[float] | None = None) -> None:
+    def __init__(self, parts: Sequence[np.ndarray], unit: float = 1.0, sums: Sequence[float] | None = None) -> None:
         # ``sums``: each part's sum when known (parts memory-mapped from disk are then never read whole)
         kept = [i for i, p in enumerate(parts) if len(p)]
         self.parts = [parts[i] for i in kept]
         self.sums = [sums[i] for i in kept] if sums is not None else None
         self.n = int(sum(len(p) for p in self.parts))
-        self.scale = scale
+        self.unit = unit
         self._known: dict[int, Any] = {}  # rank -> value, found ahead by ``prefetch``
 
     def prefetch(self, ranks: Sequence[int]) -> None:
@@ -234,7 +235,7 @@ class SortedParts:
 
     def count_at_most(self, x: float) -> int:
         """How many values (scaled) are at most ``x``."""
-        return self._count_le(x / self.scale)
+        return self._count_le(x * self.unit)
 
     def kth(self, r: int) -> float:
         """The value of 0-based rank ``r`` in the union (unscaled)."""
@@ -255,8 +256,8 @@ class SortedParts:
         h = q * (self.n - 1)
         lo = math.floor(h)
         hi = min(lo + 1, self.n - 1)
-        a = float(self.kth(lo)) * self.scale
-        b = a if hi == lo else float(self.kth(hi)) * self.scale
+        a = float(self.kth(lo)) / self.unit
+        b = a if hi == lo else float(self.kth(hi)) / self.unit
         return float(_lerp(a, b, h - lo))
 
     def interval(self, q: float) -> tuple[float, float] | None:
@@ -265,17 +266,17 @@ class SortedParts:
             return None
         low, up = quantile_ci_ranks(self.n, float(q), CONFIDENCE_LEVEL)
         return (
-            -math.inf if low is None else float(self.kth(low)) * self.scale,
-            math.inf if up is None else float(self.kth(up)) * self.scale,
+            -math.inf if low is None else float(self.kth(low)) / self.unit,
+            math.inf if up is None else float(self.kth(up)) / self.unit,
         )
 
     def total(self) -> float:
         if self.sums is not None:
-            return float(sum(self.sums)) * self.scale
-        return float(sum(float(np.sum(p, dtype=np.float64)) for p in self.parts)) * self.scale
+            return float(sum(self.sums)) / self.unit
+        return float(sum(float(np.sum(p, dtype=np.float64)) for p in self.parts)) / self.unit
 
     def max(self) -> float | None:
-        return max(float(p[-1]) for p in self.parts) * self.scale if self.parts else None
+        return max(float(p[-1]) for p in self.parts) / self.unit if self.parts else None
 
 
 def _summary_ranks(n: int) -> list[int]:
@@ -288,9 +289,9 @@ def _summary_ranks(n: int) -> list[int]:
     return ranks
 
 
-def summarize_parts(parts: SortedParts | Sequence[np.ndarray], scale: float = 1.0) -> dict[str, Any]:
+def summarize_parts(parts: SortedParts | Sequence[np.ndarray], unit: float = 1.0) -> dict[str, Any]:
     """``summarize_sorted`` of the union of ascending arrays (see ``SortedParts``)."""
-    sp = parts if isinstance(parts, SortedParts) else SortedParts(parts, scale)
+    sp = parts if isinstance(parts, SortedParts) else SortedParts(parts, unit)
     if sp.n == 0:
         return empty_summary()
     sp.prefetch(_summary_ranks(sp.n))
