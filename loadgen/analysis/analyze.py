@@ -30,6 +30,7 @@ from loadgen.rundir.schema import (
     REQUESTS_SCHEMA,
     SERVER_METRICS_FILE,
     STATUSES,
+    record_schema_note,
 )
 from loadgen.stats.confidence import ESTIMATOR_RULE, INTERVAL_RULE, SHARE_RULE, wilson_interval
 from loadgen.stats.percentiles import PERCENTILE_RULE, SortedParts, summarize_parts, summarize_sorted
@@ -471,7 +472,7 @@ class _Run:
         self.spill = spill if spill is not None else SpillConfig.resolve()
         self.manifest = manifest
         self.scenario = scenario
-        self.notes: list[str] = []
+        self.notes: list[str] = [note for note in (record_schema_note(manifest.schema_version),) if note]
         ids, c = _load_requests(run_dir)
         self.ids, c, self.not_due = _drop_not_due(ids, c)
         self.c = c

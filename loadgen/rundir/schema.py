@@ -42,12 +42,27 @@ __all__ = [
     "TRACE_SCHEMA",
     "empty_request_row",
     "http_error_kind",
+    "record_schema_note",
 ]
 
 #: 2: tables are directories of part files; requests gained connect_start_ns / connect_end_ns.
 #: 3: reasoning apart from the answer: requests gained first_answer_token_ns, client_reasoning_tokens and
 #: server_reasoning_tokens; chunks gained ``kind``.
 SCHEMA_VERSION = "3"
+
+
+def record_schema_note(version: str) -> str | None:
+    """What a reader of this loadgen should know of a run recorded under record schema ``version``: None for one
+    it reads (1 to ``SCHEMA_VERSION``), else a note that columns the writer added are not read."""
+    known = version.isdigit() and 1 <= int(version) <= int(SCHEMA_VERSION)
+    if known:
+        return None
+    kind = "a newer" if version.isdigit() and int(version) > int(SCHEMA_VERSION) else "an unknown"
+    return (
+        f"recorded under {kind} record schema ({version!r}; this loadgen reads 1 to {SCHEMA_VERSION}): "
+        "columns it does not know are not read, and figures they would change are as this version defines them"
+    )
+
 
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
