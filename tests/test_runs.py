@@ -447,3 +447,47 @@ def test_a_catalog_of_an_older_version_says_its_figures_are_stale_and_is_read_ag
     assert _listed(tmp_path)["base"]["current"] is False
     assert "0 added, 1 updated, 0 unchanged" in _catalog(tmp_path, "index", str(runs["base"])).stdout
     assert _listed(tmp_path)["base"]["current"] is True
+
+
+_SOLO = """name = "solo"
+seed = 7
+[classes.chat]
+share = 1.0
+stream = true
+input_tokens = { dist = "uniform", low = 50, high = 200 }
+output_tokens = { dist = "uniform", low = 20, high = 60 }
+[traces.steady]
+process = "poisson"
+rate_rps = 10.0
+duration_s = 4
+max_in_flight = 64
+"""
+
+
+def test_diff_refuses_runs_with_no_class_in_common(runs, tmp_path):
+    """Even with --allow-differences, runs of two workloads with no class in common compare nothing: one line,
+    exit 2. It printed an empty table with the verdict INCONCLUSIVE (exit 0)."""
+    scenario = tmp_path / "solo.toml"
+    scenario.write_text(_SOLO)
+    trace = tmp_path / "solo.parquet"
+    _cli("trace", "generate", str(scenario), "--trace", "steady", "--seed", "1", "--out", str(trace))
+    solo = tmp_path / "solo"
+    _cli("sim", "run", str(trace), "--engine", str(ENGINE), "--scenario", str(scenario), "--out", str(solo))
+    res = _cli("diff", str(runs["base"]), str(solo), "--allow-differences", check=False)
+    assert res.returncode == 2 and res.stdout == "" and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "no request class in common (base: burst, long-thread, short-message; candidate: chat)" in res.stderr
+
+
+def test_diff_says_when_a_side_did_not_complete(runs, tmp_path):
+    """A run that stopped early (interrupted, killed) is compared up to its stop: the diff says so, naming the
+    run and how much of its schedule it recorded. It said nothing."""
+    stopped = tmp_path / "stopped"
+    shutil.copytree(runs["slower"], stopped)
+    manifest = json.loads((stopped / "manifest.json").read_text())
+    manifest["state"] = "interrupted"
+    (stopped / "manifest.json").write_text(json.dumps(manifest))
+    res = _cli("diff", str(runs["base"]), str(stopped))
+    recorded, scheduled = manifest["requests_recorded"], manifest["scheduled_requests"]
+    note = f"note: {stopped}: interrupted run ({recorded} request(s) recorded of {scheduled} scheduled)"
+    assert note in res.stdout, res.stdout[-600:]
+    assert str(runs["base"]) + ": " not in res.stdout  # the complete side gets no such note
