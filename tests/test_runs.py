@@ -491,3 +491,21 @@ def test_diff_says_when_a_side_did_not_complete(runs, tmp_path):
     note = f"note: {stopped}: interrupted run ({recorded} request(s) recorded of {scheduled} scheduled)"
     assert note in res.stdout, res.stdout[-600:]
     assert str(runs["base"]) + ": " not in res.stdout  # the complete side gets no such note
+
+
+def test_pareto_over_a_plans_cells_labels_each_point_by_its_cell(tmp_path):
+    """The runs of a plan differ in their cell (concurrency, rate step), which the identity leaves out: every
+    point was labelled by its directory name ('rep1', five times over). Each now names its cell."""
+    plan = tmp_path / "quick"
+    _cli("plan", "quick", "--sim-worksheet", "interactive-small-batch", "--out", str(plan), "--quiet")
+    cells = sorted((plan / "cells").glob("*/rep1"))
+    assert len(cells) >= 3
+    res = _cli("runs", "pareto", *map(str, cells))
+    lines = [ln for ln in res.stdout.splitlines()[1:] if ln.strip()]
+    labels = [ln.split(" ms  ", 1)[1].rsplit("  (", 1)[0] for ln in lines]
+    assert len(set(labels)) == len(cells), labels
+    for label, line in zip(labels, lines):
+        cell = line.rsplit("(", 1)[1].rstrip(")")
+        cell_id = Path(cell).parent.name  # short-message.warm.c8.r2: concurrency 8
+        concurrency = cell_id.split(".")[2].removeprefix("c")
+        assert f"plan_cell.concurrency={concurrency}" in label and "plan_cell.rate_step=" in label, label
