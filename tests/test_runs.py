@@ -509,3 +509,28 @@ def test_pareto_over_a_plans_cells_labels_each_point_by_its_cell(tmp_path):
         cell_id = Path(cell).parent.name  # short-message.warm.c8.r2: concurrency 8
         concurrency = cell_id.split(".")[2].removeprefix("c")
         assert f"plan_cell.concurrency={concurrency}" in label and "plan_cell.rate_step=" in label, label
+
+
+def test_show_matches_whole_path_components_and_names_the_ambiguous_ones(runs, tmp_path):
+    """`runs show base` is .../base, not also .../rebase; `show slower` with two such runs names both. It matched
+    any string ending ('base' was ambiguous with 'rebase'; '_' was a LIKE wildcard) and named no match."""
+    root = tmp_path / "archive"
+    for name in ("base", "rebase"):
+        shutil.copytree(runs["base"], root / name)
+    for where in ("a", "b"):
+        shutil.copytree(runs["slower"], root / where / "slower")
+    _catalog(tmp_path, "index", str(root))
+    cwd = tmp_path / "elsewhere"  # no ./base here: the name is looked up in the catalog
+    cwd.mkdir()
+
+    def show(key: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "loadgen", "runs", "--catalog", str(tmp_path / "cat.duckdb"), "show", key]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=cwd)
+
+    assert show("base").stdout.splitlines()[0] == f"run {root / 'base'}"
+    assert show("rebase").stdout.splitlines()[0] == f"run {root / 'rebase'}"
+    ambiguous = show("slower")
+    assert ambiguous.returncode == 2 and len(ambiguous.stderr.strip().splitlines()) == 1
+    assert f"2 catalogued runs match ({root / 'a' / 'slower'}, {root / 'b' / 'slower'})" in ambiguous.stderr
+    assert show("b/slower").stdout.splitlines()[0] == f"run {root / 'b' / 'slower'}"
+    assert show("ase").returncode == 2 and show("b_slower").returncode == 2

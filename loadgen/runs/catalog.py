@@ -423,11 +423,19 @@ class Catalog:
             raise RunDirError(
                 f"runs show {key}: {here} is not in the catalog: expected a catalogued run (loadgen runs index {key})"
             )
-        matches = self._dicts(f"SELECT * FROM {runs} WHERE path LIKE ?", None, ["%" + key.rstrip("/")])
+        # an end of a path is whole components: "isb-s1" is .../isb-s1, never .../ws-isb-s1 (nor a LIKE pattern)
+        end = "/" + key.strip("/")
+        matches = self._dicts(f"SELECT * FROM {runs} WHERE ends_with(path, ?) ORDER BY path", None, [end])
         if len(matches) == 1:
             return matches[0]
-        what = "no catalogued run" if not matches else f"{len(matches)} catalogued runs"
-        raise RunDirError(f"runs show {key}: {what} match: expected a path or a unique end of one (loadgen runs list)")
+        if not matches:
+            raise RunDirError(
+                f"runs show {key}: no catalogued run matches: expected a path or a unique end of one (loadgen runs list)"
+            )
+        shown = ", ".join(m["path"] for m in matches[:5]) + (f" (+{len(matches) - 5} more)" if len(matches) > 5 else "")
+        raise RunDirError(
+            f"runs show {key}: {len(matches)} catalogued runs match ({shown}): expected a unique end of a path"
+        )
 
     def _dicts(self, sql: str, where: str | None, params: list[Any] | None = None) -> list[dict[str, Any]]:
         try:
