@@ -534,3 +534,18 @@ def test_show_matches_whole_path_components_and_names_the_ambiguous_ones(runs, t
     assert f"2 catalogued runs match ({root / 'a' / 'slower'}, {root / 'b' / 'slower'})" in ambiguous.stderr
     assert show("b/slower").stdout.splitlines()[0] == f"run {root / 'b' / 'slower'}"
     assert show("ase").returncode == 2 and show("b_slower").returncode == 2
+
+
+def test_index_tells_a_moved_run_from_a_deleted_one(runs, tmp_path):
+    """A run moved within the indexed roots is reported as moved, with where it is now; a deleted one is not.
+    Both were 'missing (moved or deleted)'."""
+    root = tmp_path / "archive"
+    for name in ("base", "slower"):
+        shutil.copytree(runs[name], root / name)
+    _catalog(tmp_path, "index", str(root))
+    shutil.move(root / "base", root / "2026-12" / "base-renamed")
+    shutil.rmtree(root / "slower")
+    out = _catalog(tmp_path, "index", str(root)).stdout
+    assert "1 added, 0 updated, 0 unchanged, 2 missing (1 moved, 1 deleted or out of reach" in out, out
+    moved = f"  missing: {root / 'base'} (moved: the same run is catalogued at {root / '2026-12' / 'base-renamed'})"
+    assert moved in out.splitlines() and f"  missing: {root / 'slower'}" in out.splitlines()

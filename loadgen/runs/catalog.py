@@ -109,11 +109,15 @@ class IndexReport:
     unchanged: int = 0
     missing: list[str] = field(default_factory=list)  # indexed before, gone now (moved or deleted)
     problems: list[str] = field(default_factory=list)  # found but unreadable: path: why
+    moved: dict[str, str] = field(default_factory=dict)  # missing path -> where the same run is catalogued now
 
     def summary(self) -> str:
         text = f"{self.added} added, {self.updated} updated, {self.unchanged} unchanged"
         if self.missing:
-            text += f", {len(self.missing)} missing (moved or deleted; kept with present = false)"
+            text += (
+                f", {len(self.missing)} missing ({len(self.moved)} moved, {len(self.missing) - len(self.moved)} "
+                "deleted or out of reach; kept with present = false)"
+            )
         if self.problems:
             text += f", {len(self.problems)} unreadable (listed with their problem)"
         return text
@@ -369,6 +373,23 @@ class Catalog:
                 report.missing.append(path)
         if report.missing:
             self.db.executemany("UPDATE runs SET present = false WHERE path = ?", [(p,) for p in report.missing])
+            report.moved = self._moved(report.missing)
+
+    def _moved(self, missing: list[str]) -> dict[str, str]:
+        """Missing path -> the present path of the same run (same kind, start instant, settings and trace hashes;
+        a copy elsewhere matches too, so: where it is catalogued now)."""
+        self.db.register("missing_paths", pa.table({"path": missing}))
+        try:
+            pairs = self.db.execute(
+                """SELECT m.path, min(p.path) FROM runs m JOIN missing_paths USING (path)
+                   JOIN runs p ON p.present AND p.kind = m.kind AND p.started_utc = m.started_utc
+                    AND p.settings_sha256 IS NOT DISTINCT FROM m.settings_sha256
+                    AND p.trace_sha256 IS NOT DISTINCT FROM m.trace_sha256
+                   WHERE m.started_utc IS NOT NULL GROUP BY m.path"""
+            ).fetchall()
+        finally:
+            self.db.unregister("missing_paths")
+        return dict(pairs)
 
     # ---- queries -----------------------------------------------------------------------------------
     def _live(self) -> None:
