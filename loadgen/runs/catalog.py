@@ -74,7 +74,7 @@ RUN_COLUMNS: dict[str, str] = {
     "requests_recorded": "BIGINT",
     "plan_cell": "VARCHAR",  # JSON, a run inside a plan
     "plan_name": "VARCHAR",  # plans
-    "cells": "BIGINT",  # plans: runs recorded in plan.json
+    "cells": "BIGINT",  # plans: cells recorded in plan.json (each holds its repeats and extensions)
     "region": "VARCHAR",  # plans: region.json's summary line, when written
     "problem": "VARCHAR",  # why a directory could not be read (it stays listed)
 }
