@@ -260,6 +260,12 @@ def test_export_mlflow_reads_back_through_mlflows_own_client(runs, tmp_path):
     assert run.data.metrics["overall.completed_rps"] == pytest.approx(analysis["overall"]["completed_rps"], rel=1e-12)
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"manifest.json", "report.html"} <= names and not any(n.endswith(".parquet") for n in names)
+    # exported by a loadgen whose headline figures were defined otherwise (its tag: the files' signature alone):
+    # exported again with today's figures, not left "unchanged" with the old ones
+    files_only = run.data.tags["loadgen.signature"].rsplit("|headline-v", 1)[0]
+    client.set_tag(run.info.run_id, "loadgen.signature", files_only)
+    older = _cli("export", "mlflow", str(runs["base"]), "--tracking-uri", uri, "--experiment", "t")
+    assert "1 exported, 0 unchanged" in older.stdout, older.stdout
 
 
 def test_pareto_front_marks_the_slower_engine_dominated(runs):

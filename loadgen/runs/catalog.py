@@ -34,15 +34,15 @@ from loadgen.rundir.schema import MANIFEST_FILE, REQUESTS_FILE
 from loadgen.util.errors import LoadgenError, RunDirError
 from loadgen.util.jsonfile import read_json_object
 
-from .headline import HEADLINE_COLUMNS, headline_figures
+from .headline import HEADLINE_COLUMNS, HEADLINE_VERSION, headline_figures
 
 __all__ = ["CATALOG_ENV", "RUN_COLUMNS", "Catalog", "IndexReport", "default_catalog_path"]
 
 #: Environment variable naming the catalog file (default: ``$XDG_CACHE_HOME/loadgen/catalog.duckdb``).
 CATALOG_ENV = "LOADGEN_CATALOG"
-#: 2: the headline figures are analyze's own (its window, cold-start rule and completed rate); a catalog of
-#: another version has every directory read again at its next index, and until then list and show say so.
-_SCHEMA_VERSION = 2
+#: The catalog's layout and figures (``headline.HEADLINE_VERSION``): a catalog of another version has every
+#: directory read again at its next index, and until then list and show say so.
+_SCHEMA_VERSION = HEADLINE_VERSION
 #: How long a command waits for a catalog another process holds (DuckDB lets one process open a file at a time).
 _LOCK_WAIT_S = 60.0
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from loadgen.analysis.analyze import request_summaries
 from loadgen.analysis.model import GroupSummary
 
-__all__ = ["HEADLINE_COLUMNS", "ClassHeadline", "headline_figures"]
+__all__ = ["HEADLINE_COLUMNS", "HEADLINE_VERSION", "ClassHeadline", "headline_figures"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,9 @@ class ClassHeadline:
 
 #: The catalog's ``classes`` columns, in order (the dataclass fields).
 HEADLINE_COLUMNS = tuple(ClassHeadline.__dataclass_fields__)
+#: Raised when a figure's definition changes, so that what holds figures of an earlier one (the catalog, an
+#: MLflow store) reads them again. 2: analyze's own figures (1: ok requests over the scheduled span).
+HEADLINE_VERSION = 2
 
 
 def _headline(g: GroupSummary) -> ClassHeadline:
