@@ -555,3 +555,25 @@ def test_index_tells_a_moved_run_from_a_deleted_one(runs, tmp_path):
     assert "1 added, 0 updated, 0 unchanged, 2 missing (1 moved, 1 deleted or out of reach" in out, out
     moved = f"  missing: {root / 'base'} (moved: the same run is catalogued at {root / '2026-12' / 'base-renamed'})"
     assert moved in out.splitlines() and f"  missing: {root / 'slower'}" in out.splitlines()
+
+
+def test_an_unreadable_run_is_listed_as_such_and_keeps_what_could_be_read(runs, tmp_path):
+    """A run whose manifest is cut short, or whose requests were removed, is listed with its problem; one whose
+    manifest reads keeps its identity (found by --where engine = ...). list printed a bare path for both, and
+    the second lost its identity."""
+    root = tmp_path / "archive"
+    for name in ("cut", "emptied"):
+        shutil.copytree(runs["base"], root / name)
+    manifest = root / "cut" / "manifest.json"
+    manifest.write_text(manifest.read_text()[:300])
+    for part in (root / "emptied" / "requests.parquet").iterdir():
+        part.unlink()
+    indexed = _catalog(tmp_path, "index", str(root))
+    assert "2 unreadable" in indexed.stdout and indexed.returncode == 0
+    lines = _catalog(tmp_path, "list").stdout.splitlines()
+    cut = next(ln for ln in lines if ln.split()[1:2] == [str(root / "cut")])
+    emptied = next(ln for ln in lines if ln.split()[1:2] == [str(root / "emptied")])
+    assert "[UNREADABLE: " in cut and "manifest.json: invalid JSON" in cut, cut
+    assert "[UNREADABLE: " in emptied and "0 rows: expected" in emptied, emptied
+    found = _listed(tmp_path, "--where", "engine = 'loadgen-sim'")
+    assert list(found) == ["emptied"] and found["emptied"]["trace_seed"] == 1

@@ -333,14 +333,17 @@ class Catalog:
         return report
 
     def _read(self, directory: Path, kind: str, report: IndexReport) -> tuple[dict[str, Any], list[Any]]:
+        """The row and headline figures of a directory; what cannot be read is its ``problem``, and a run whose
+        manifest reads but whose requests do not keeps its identity (it is still found by engine, model ...)."""
+        row: dict[str, Any] = {}
         try:
             if kind == "plan":
                 return _plan_row(directory), []
-            manifest = read_run_manifest(directory)  # a run whose writer died is killed, not running
-            return _run_row(directory, manifest), headline_figures(directory)
+            row = _run_row(directory, read_run_manifest(directory))  # a dead writer's run is killed, not running
+            return row, headline_figures(directory)
         except (LoadgenError, OSError, ValueError) as exc:
             report.problems.append(f"{directory}: {exc}")
-            return {"problem": str(exc)}, []
+            return row | {"problem": str(exc)}, []
 
     def _store(self, rows: list[dict[str, Any]], class_rows: list[tuple[Any, ...]]) -> None:
         """Replace the rows of these paths, in one transaction (Arrow tables: DuckDB's fast path)."""

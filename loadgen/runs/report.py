@@ -63,6 +63,8 @@ def _on_disk(row: dict[str, Any]) -> str:
         return "  [MISSING: moved or deleted since indexed]"
     if not row.get("current", True):
         return "  [CHANGED since indexed: figures stale until `loadgen runs index` again]"
+    if row.get("problem"):
+        return f"  [UNREADABLE: {row['problem']}]"
     return ""
 
 
