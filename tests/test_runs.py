@@ -202,25 +202,42 @@ def test_show_takes_a_path_on_disk_as_that_path_and_says_when_a_run_is_gone(runs
     assert json.loads(show(str(indexed), tmp_path).stdout)["run"]["present"] is False
 
 
-def test_catalog_headline_figures_match_a_recompute_from_the_parquet(runs, tmp_path):
+def _analysis(run: Path, tmp: Path) -> dict:
+    out = tmp / f"analysis-{run.name}.json"
+    _cli("analyze", str(run), "--json", str(out))
+    return json.loads(out.read_text())
+
+
+def test_catalog_headline_figures_are_analyzes_own(runs, tmp_path):
+    """Every figure `runs show` gives per class is the one `loadgen analyze` prints for that run (its window,
+    cold-start rule, samples with planned abandonments, completed = ok requests done in the window per second).
+    The catalog used to count ok requests over the scheduled span: one completed rate for every engine that
+    ran a trace (11.1/s for a fast and a slow engine alike, where analyze said 4.8 and 4.0)."""
     cat = tmp_path / "cat.duckdb"
-    _cli("runs", "--catalog", str(cat), "index", str(runs["base"]))
-    shown = json.loads(_cli("runs", "--catalog", str(cat), "show", "base", "--json").stdout)
-    req = ds.dataset(runs["base"] / "requests.parquet").to_table().to_pandas()
-    ok = req[req["status"] == "ok"]
-    for row in shown["classes"]:
-        sel = ok if row["request_class"] == "overall" else ok[ok["request_class"] == row["request_class"]]
-        ttft = ((sel["first_token_ns"] - sel["scheduled_ns"]) / 1e6).to_numpy(dtype=float)
-        e2e = ((sel["done_ns"] - sel["scheduled_ns"]) / 1e6).to_numpy(dtype=float)
-        assert row["ok"] == len(sel)
-        assert row["ttft_p50_ms"] == pytest.approx(np.percentile(ttft, 50), rel=1e-12)
-        assert row["ttft_p99_ms"] == pytest.approx(np.percentile(ttft, 99), rel=1e-12)
-        assert row["e2e_p99_ms"] == pytest.approx(np.percentile(e2e, 99), rel=1e-12)
+    _cli("runs", "--catalog", str(cat), "index", str(runs["base"]), str(runs["slower"]))
+    completed = {}
+    for name in ("base", "slower"):
+        shown = json.loads(_cli("runs", "--catalog", str(cat), "show", name, "--json").stdout)
+        analysis = _analysis(runs[name], tmp_path)
+        for row in shown["classes"]:
+            group = (
+                analysis["overall"] if row["request_class"] == "overall" else analysis["classes"][row["request_class"]]
+            )
+            m = group["metrics"]
+            assert row["scheduled"] == group["n_scheduled"] and row["ok"] == group["status_counts"]["ok"]
+            assert row["failed"] == group["n_scheduled"] - group["status_counts"]["ok"] - group["abandoned"]
+            for metric in ("ttft", "tpot", "e2e"):
+                for q in ("p50", "p99"):
+                    assert row[f"{metric}_{q}_ms"] == pytest.approx(m[f"{metric}_ms"][q], rel=1e-12), (metric, q)
+            assert row["completed_rps"] == pytest.approx(group["completed_rps"], rel=1e-12)
+        completed[name] = shown["classes"][-1]["completed_rps"]
+    assert completed["slower"] < completed["base"]  # the same trace: only the engine's speed sets it
     # DuckDB reads the run's Parquet in place (the catalog keeps the path, never a copy)
+    req = ds.dataset(runs["base"] / "requests.parquet").to_table()
     con = duckdb.connect(str(cat), read_only=True)
-    path = con.execute("SELECT path FROM runs").fetchone()[0]
+    path = con.execute("SELECT path FROM runs WHERE path LIKE '%base'").fetchone()[0]
     n = con.execute(f"SELECT count(*) FROM read_parquet('{path}/requests.parquet/*.parquet')").fetchone()[0]
-    assert n == len(req)
+    assert n == req.num_rows
 
 
 @pytest.mark.slow
@@ -236,13 +253,19 @@ def test_export_mlflow_reads_back_through_mlflows_own_client(runs, tmp_path):
     manifest = json.loads((runs["base"] / "manifest.json").read_text())
     assert run.data.params["trace.seed"] == "1" and run.data.params["target.kind"] == "sim"
     assert run.data.params["harness.packages.pyarrow"] == manifest["harness"]["packages"]["pyarrow"]
-    req = ds.dataset(runs["base"] / "requests.parquet").to_table().to_pandas()
-    ok = req[(req["status"] == "ok") & (req["request_class"] == "burst")]
-    ttft = ((ok["first_token_ns"] - ok["scheduled_ns"]) / 1e6).to_numpy(dtype=float)
-    assert run.data.metrics["burst.ttft_p99_ms"] == pytest.approx(np.percentile(ttft, 99), rel=1e-12)
-    assert run.data.metrics["overall.ok"] == float((req["status"] == "ok").sum())
+    analysis = _analysis(runs["base"], tmp_path)  # the metrics are analyze's own figures
+    burst = analysis["classes"]["burst"]["metrics"]["ttft_ms"]["p99"]
+    assert run.data.metrics["burst.ttft_p99_ms"] == pytest.approx(burst, rel=1e-12)
+    assert run.data.metrics["overall.ok"] == float(analysis["overall"]["status_counts"]["ok"])
+    assert run.data.metrics["overall.completed_rps"] == pytest.approx(analysis["overall"]["completed_rps"], rel=1e-12)
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"manifest.json", "report.html"} <= names and not any(n.endswith(".parquet") for n in names)
+    # exported by a loadgen whose headline figures were defined otherwise (its tag: the files' signature alone):
+    # exported again with today's figures, not left "unchanged" with the old ones
+    files_only = run.data.tags["loadgen.signature"].rsplit("|headline-v", 1)[0]
+    client.set_tag(run.info.run_id, "loadgen.signature", files_only)
+    older = _cli("export", "mlflow", str(runs["base"]), "--tracking-uri", uri, "--experiment", "t")
+    assert "1 exported, 0 unchanged" in older.stdout, older.stdout
 
 
 def test_pareto_front_marks_the_slower_engine_dominated(runs):
@@ -331,3 +354,226 @@ def test_the_scenario_sets_the_diff_thresholds_and_the_flag_overrides(runs, tmp_
     bad.write_text(SCENARIO.read_text() + "\n[regression]\nthresholds_pct = { ttft_ms = -1.0 }\n")
     res = _cli("scenario", "check", str(bad), check=False)
     assert res.returncode == 2 and "regression.thresholds_pct" in res.stderr and "Traceback" not in res.stderr
+
+
+def _catalog(tmp: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return _cli("runs", "--catalog", str(tmp / "cat.duckdb"), *args, check=check)
+
+
+def _listed(tmp: Path, *args: str) -> dict[str, dict]:
+    return {Path(r["path"]).name: r for r in json.loads(_catalog(tmp, "list", "--json", *args).stdout)}
+
+
+def test_list_and_show_say_what_changed_on_disk_since_the_last_index(runs, tmp_path):
+    """A run deleted, moved or rewritten since the last index is said to be so by list and show (and --where
+    sees it), never shown as present with its old figures; a run moved back is present again at the next index.
+    Before, list said present until the next index, show gave a rewritten run's old figures as current, and a
+    run that came back stayed present = false for good."""
+    root = tmp_path / "archive"
+    for name in ("base", "slower", "seed2"):
+        shutil.copytree(runs[name], root / name)
+    _catalog(tmp_path, "index", str(root))
+    shutil.move(root / "slower", tmp_path / "away")
+    shutil.rmtree(root / "seed2")
+    shutil.copytree(runs["base"], root / "seed2")  # the same name run again: other figures, same path
+    rows = _listed(tmp_path)
+    assert rows["slower"]["present"] is False and rows["seed2"]["current"] is False
+    assert rows["base"]["present"] is True and rows["base"]["current"] is True
+    text = _catalog(tmp_path, "list").stdout
+    assert "slower" in text.split("MISSING")[0].splitlines()[-1]
+    assert "seed2" in text.split("CHANGED since indexed")[0].splitlines()[-1]
+    assert list(_listed(tmp_path, "--where", "not present")) == ["slower"]
+    assert "CHANGED since indexed" in _catalog(tmp_path, "show", str(root / "seed2")).stdout
+    again = _catalog(tmp_path, "index", str(root)).stdout
+    assert "0 added, 1 updated, 1 unchanged, 1 missing" in again, again
+    assert _listed(tmp_path)["seed2"]["trace_seed"] == 1 and _listed(tmp_path)["seed2"]["current"] is True
+    shutil.move(tmp_path / "away", root / "slower")  # back where it was indexed
+    back = _catalog(tmp_path, "index", str(root)).stdout
+    assert "0 added, 1 updated, 2 unchanged" in back, back
+    assert json.loads(_catalog(tmp_path, "list", "--where", "not present", "--json").stdout) == []
+    stored = duckdb.connect(str(tmp_path / "cat.duckdb"), read_only=True)
+    assert stored.execute("SELECT count(*) FROM runs WHERE NOT present").fetchone()[0] == 0
+
+
+def test_a_run_whose_writer_died_is_catalogued_as_killed(runs, tmp_path):
+    """A manifest still saying running whose writer is gone is a killed run to the catalog, as to analyze; it
+    said running, forever (the files of a dead run never change, so it was never read again)."""
+    run = tmp_path / "archive" / "killed"
+    shutil.copytree(runs["base"], run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    manifest["state"] = "running"
+    manifest["writer"] = (manifest.get("writer") or {}) | {"pid": dead.pid, "process_start_s": 0.0}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    _catalog(tmp_path, "index", str(run.parent))
+    assert _listed(tmp_path)["killed"]["state"] == "killed"
+    assert "state: killed" in _catalog(tmp_path, "show", str(run)).stdout
+
+
+def test_a_second_catalog_user_waits_for_the_first(runs, tmp_path):
+    """`runs list` (or a second `runs index`) while another process holds the catalog waits for it; it failed
+    at once with DuckDB's 'Could not set lock on file' (exit 2)."""
+    _catalog(tmp_path, "index", str(runs["base"]))
+    holder = duckdb.connect(str(tmp_path / "cat.duckdb"))  # as a long `runs index` in another process would
+    cmd = [sys.executable, "-m", "loadgen", "runs", "--catalog", str(tmp_path / "cat.duckdb"), "list", "--json"]
+    waiting = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        waiting.wait(timeout=8)  # the lock is held: it waits (it used to give up at once, exit 2)
+    except subprocess.TimeoutExpired:
+        pass
+    holder.close()
+    out, err = waiting.communicate(timeout=120)
+    assert waiting.returncode == 0, err
+    assert [Path(r["path"]).name for r in json.loads(out)] == ["base"]
+
+
+def test_a_file_that_is_no_run_catalog_is_refused_and_left_alone(tmp_path, runs):
+    """--catalog naming another DuckDB database: one line, exit 2, and index writes nothing into it. It said
+    "--where None: Catalog Error: Table with name runs does not exist!", and index added its tables to it."""
+    other = tmp_path / "warehouse.duckdb"
+    con = duckdb.connect(str(other))
+    con.execute("CREATE TABLE sales (amount INTEGER)")
+    con.close()
+    for args in (["list"], ["show", "base"], ["index", str(runs["base"])]):
+        res = _cli("runs", "--catalog", str(other), *args, check=False)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1 and "not a run catalog (tables: sales)" in res.stderr
+    con = duckdb.connect(str(other), read_only=True)
+    assert con.execute("SELECT table_name FROM information_schema.tables").fetchall() == [("sales",)]
+
+
+def test_a_catalog_of_an_older_version_says_its_figures_are_stale_and_is_read_again(runs, tmp_path):
+    """A catalog indexed by a loadgen whose figures were defined otherwise: list says every row changed, and
+    the next index reads every directory again (it kept the old figures as unchanged)."""
+    _catalog(tmp_path, "index", str(runs["base"]))
+    con = duckdb.connect(str(tmp_path / "cat.duckdb"))
+    con.execute("UPDATE catalog_info SET value = '1' WHERE key = 'schema_version'")
+    con.close()
+    assert _listed(tmp_path)["base"]["current"] is False
+    assert "0 added, 1 updated, 0 unchanged" in _catalog(tmp_path, "index", str(runs["base"])).stdout
+    assert _listed(tmp_path)["base"]["current"] is True
+
+
+_SOLO = """name = "solo"
+seed = 7
+[classes.chat]
+share = 1.0
+stream = true
+input_tokens = { dist = "uniform", low = 50, high = 200 }
+output_tokens = { dist = "uniform", low = 20, high = 60 }
+[traces.steady]
+process = "poisson"
+rate_rps = 10.0
+duration_s = 4
+max_in_flight = 64
+"""
+
+
+def test_diff_refuses_runs_with_no_class_in_common(runs, tmp_path):
+    """Even with --allow-differences, runs of two workloads with no class in common compare nothing: one line,
+    exit 2. It printed an empty table with the verdict INCONCLUSIVE (exit 0)."""
+    scenario = tmp_path / "solo.toml"
+    scenario.write_text(_SOLO)
+    trace = tmp_path / "solo.parquet"
+    _cli("trace", "generate", str(scenario), "--trace", "steady", "--seed", "1", "--out", str(trace))
+    solo = tmp_path / "solo"
+    _cli("sim", "run", str(trace), "--engine", str(ENGINE), "--scenario", str(scenario), "--out", str(solo))
+    res = _cli("diff", str(runs["base"]), str(solo), "--allow-differences", check=False)
+    assert res.returncode == 2 and res.stdout == "" and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "no request class in common (base: burst, long-thread, short-message; candidate: chat)" in res.stderr
+
+
+def test_diff_says_when_a_side_did_not_complete(runs, tmp_path):
+    """A run that stopped early (interrupted, killed) is compared up to its stop: the diff says so, naming the
+    run and how much of its schedule it recorded. It said nothing."""
+    stopped = tmp_path / "stopped"
+    shutil.copytree(runs["slower"], stopped)
+    manifest = json.loads((stopped / "manifest.json").read_text())
+    manifest["state"] = "interrupted"
+    (stopped / "manifest.json").write_text(json.dumps(manifest))
+    res = _cli("diff", str(runs["base"]), str(stopped))
+    recorded, scheduled = manifest["requests_recorded"], manifest["scheduled_requests"]
+    note = f"note: {stopped}: interrupted run ({recorded} request(s) recorded of {scheduled} scheduled)"
+    assert note in res.stdout, res.stdout[-600:]
+    assert str(runs["base"]) + ": " not in res.stdout  # the complete side gets no such note
+
+
+def test_pareto_over_a_plans_cells_labels_each_point_by_its_cell(tmp_path):
+    """The runs of a plan differ in their cell (concurrency, rate step), which the identity leaves out: every
+    point was labelled by its directory name ('rep1', five times over). Each now names its cell."""
+    plan = tmp_path / "quick"
+    _cli("plan", "quick", "--sim-worksheet", "interactive-small-batch", "--out", str(plan), "--quiet")
+    cells = sorted((plan / "cells").glob("*/rep1"))
+    assert len(cells) >= 3
+    res = _cli("runs", "pareto", *map(str, cells))
+    lines = [ln for ln in res.stdout.splitlines()[1:] if ln.strip()]
+    labels = [ln.split(" ms  ", 1)[1].rsplit("  (", 1)[0] for ln in lines]
+    assert len(set(labels)) == len(cells), labels
+    for label, line in zip(labels, lines):
+        cell = line.rsplit("(", 1)[1].rstrip(")")
+        cell_id = Path(cell).parent.name  # short-message.warm.c8.r2: concurrency 8
+        concurrency = cell_id.split(".")[2].removeprefix("c")
+        assert f"plan_cell.concurrency={concurrency}" in label and "plan_cell.rate_step=" in label, label
+
+
+def test_show_matches_whole_path_components_and_names_the_ambiguous_ones(runs, tmp_path):
+    """`runs show base` is .../base, not also .../rebase; `show slower` with two such runs names both. It matched
+    any string ending ('base' was ambiguous with 'rebase'; '_' was a LIKE wildcard) and named no match."""
+    root = tmp_path / "archive"
+    for name in ("base", "rebase"):
+        shutil.copytree(runs["base"], root / name)
+    for where in ("a", "b"):
+        shutil.copytree(runs["slower"], root / where / "slower")
+    _catalog(tmp_path, "index", str(root))
+    cwd = tmp_path / "elsewhere"  # no ./base here: the name is looked up in the catalog
+    cwd.mkdir()
+
+    def show(key: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "loadgen", "runs", "--catalog", str(tmp_path / "cat.duckdb"), "show", key]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=cwd)
+
+    assert show("base").stdout.splitlines()[0] == f"run {root / 'base'}"
+    assert show("rebase").stdout.splitlines()[0] == f"run {root / 'rebase'}"
+    ambiguous = show("slower")
+    assert ambiguous.returncode == 2 and len(ambiguous.stderr.strip().splitlines()) == 1
+    assert f"2 catalogued runs match ({root / 'a' / 'slower'}, {root / 'b' / 'slower'})" in ambiguous.stderr
+    assert show("b/slower").stdout.splitlines()[0] == f"run {root / 'b' / 'slower'}"
+    assert show("ase").returncode == 2 and show("b_slower").returncode == 2
+
+
+def test_index_tells_a_moved_run_from_a_deleted_one(runs, tmp_path):
+    """A run moved within the indexed roots is reported as moved, with where it is now; a deleted one is not.
+    Both were 'missing (moved or deleted)'."""
+    root = tmp_path / "archive"
+    for name in ("base", "slower"):
+        shutil.copytree(runs[name], root / name)
+    _catalog(tmp_path, "index", str(root))
+    shutil.move(root / "base", root / "2026-12" / "base-renamed")
+    shutil.rmtree(root / "slower")
+    out = _catalog(tmp_path, "index", str(root)).stdout
+    assert "1 added, 0 updated, 0 unchanged, 2 missing (1 moved, 1 deleted or out of reach" in out, out
+    moved = f"  missing: {root / 'base'} (moved: the same run is catalogued at {root / '2026-12' / 'base-renamed'})"
+    assert moved in out.splitlines() and f"  missing: {root / 'slower'}" in out.splitlines()
+
+
+def test_an_unreadable_run_is_listed_as_such_and_keeps_what_could_be_read(runs, tmp_path):
+    """A run whose manifest is cut short, or whose requests were removed, is listed with its problem; one whose
+    manifest reads keeps its identity (found by --where engine = ...). list printed a bare path for both, and
+    the second lost its identity."""
+    root = tmp_path / "archive"
+    for name in ("cut", "emptied"):
+        shutil.copytree(runs["base"], root / name)
+    manifest = root / "cut" / "manifest.json"
+    manifest.write_text(manifest.read_text()[:300])
+    for part in (root / "emptied" / "requests.parquet").iterdir():
+        part.unlink()
+    indexed = _catalog(tmp_path, "index", str(root))
+    assert "2 unreadable" in indexed.stdout and indexed.returncode == 0
+    lines = _catalog(tmp_path, "list").stdout.splitlines()
+    cut = next(ln for ln in lines if ln.split()[1:2] == [str(root / "cut")])
+    emptied = next(ln for ln in lines if ln.split()[1:2] == [str(root / "emptied")])
+    assert "[UNREADABLE: " in cut and "manifest.json: invalid JSON" in cut, cut
+    assert "[UNREADABLE: " in emptied and "0 rows: expected" in emptied, emptied
+    found = _listed(tmp_path, "--where", "engine = 'loadgen-sim'")
+    assert list(found) == ["emptied"] and found["emptied"]["trace_seed"] == 1

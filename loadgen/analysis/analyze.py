@@ -55,7 +55,7 @@ from .sessions import SessionMakespans, session_makespans
 from .spill import SortedRuns, SpillConfig
 from .stability import assess_stability, in_system_at
 
-__all__ = ["DEFINITIONS", "analyze_run", "parse_window"]
+__all__ = ["DEFINITIONS", "analyze_run", "parse_window", "request_summaries"]
 
 _REQ_COLUMNS = [
     "request_id",
@@ -467,6 +467,8 @@ class _Run:
         window: Any,
         include_cold: bool,
         spill: SpillConfig | None = None,
+        *,
+        read_gaps: bool = True,
     ):
         self.run_dir = run_dir
         self.spill = spill if spill is not None else SpillConfig.resolve()
@@ -535,8 +537,17 @@ class _Run:
             "e2e_ms": M.e2e_ms(sched, done),
         }
         self.gap_sink = _GapSink(self)
+        self.gaps = ChunkGaps(notes=["chunks not read: per-token metrics unavailable"])
+        if read_gaps:
+            self._read_gaps()
+        self.itl_desc, self.itl_fail, self.inter_ns = self.gap_sink.finish()
+        self.itl_by_replica = self.gap_sink.finish_replicas()
+        self.n_gaps, self.n_over, self.itl_q = self.gap_sink.n_gaps, self.gap_sink.n_over, self.gap_sink.itl_q
+
+    def _read_gaps(self) -> None:
+        """One pass over the chunk table into the gap sink (per-token gaps, inter-chunk gaps, ITL checks)."""
         try:
-            self.gaps: ChunkGaps = read_chunk_gaps(run_table_files(run_dir, CHUNKS_FILE), self.ids, self.gap_sink)
+            self.gaps = read_chunk_gaps(run_table_files(self.run_dir, CHUNKS_FILE), self.ids, self.gap_sink)
         except BaseException:
             self.gap_sink.close()  # no spilled run outlives a failed read
             raise
@@ -544,13 +555,10 @@ class _Run:
         if self.gaps.orphan_rows:
             why = (
                 " (written at the last flush of a killed run, before their requests' rows)"
-                if manifest.state == "killed"
+                if self.manifest.state == "killed"
                 else ""
             )
             self.notes.append(f"{self.gaps.orphan_rows} chunk row(s) name no request of requests.parquet{why}; ignored")
-        self.itl_desc, self.itl_fail, self.inter_ns = self.gap_sink.finish()
-        self.itl_by_replica = self.gap_sink.finish_replicas()
-        self.n_gaps, self.n_over, self.itl_q = self.gap_sink.n_gaps, self.gap_sink.n_over, self.gap_sink.itl_q
 
     def itl_limit(self, cname: str) -> tuple[float, float] | None:
         cls = self.scenario.classes.get(cname) if self.scenario is not None else None
@@ -952,6 +960,24 @@ def analyze_run(
     run = _Run(run_dir, manifest, scenario, window, include_cold, spill)
     try:
         return _analysis(run, scenario, include_cold)
+    finally:
+        run.gap_sink.close()
+
+
+def request_summaries(run_dir: Path | str) -> list[GroupSummary]:
+    """``analyze_run``'s group summaries per class (sorted by name), then ``overall``, from the requests table
+    alone: the same default window, cold-start rule, samples and percentiles, so every count, TTFT, TPOT, E2E
+    and rate figure is the analysis' own; the chunk-derived ones (ITL, inter-chunk gaps) are empty. For
+    reading many runs cheaply (the run catalog's headline figures). Empty for a run without requests."""
+    run_dir = Path(run_dir)
+    run = _Run(run_dir, read_run_manifest(run_dir), None, None, False, read_gaps=False)
+    if run.n == 0:  # no requests: no classes, and no overall to speak of
+        run.gap_sink.close()
+        return []
+    try:
+        plot: dict[str, Any] = {}
+        groups = sorted((run.group(name, [i], plot) for i, name in enumerate(run.class_names)), key=lambda g: g.name)
+        return [*groups, run.group("overall", list(range(len(run.class_names))), plot)]
     finally:
         run.gap_sink.close()
 

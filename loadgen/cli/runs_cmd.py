@@ -43,7 +43,8 @@ def _index(args: argparse.Namespace) -> int:
         report = cat.index(args.dirs)
     print(f"{cat.path}: {report.summary()}")
     for path in report.missing:
-        print(f"  missing: {path}")
+        moved = report.moved.get(path)
+        print(f"  missing: {path}" + (f" (moved: the same run is catalogued at {moved})" if moved else ""))
     for problem in report.problems:
         print(f"  unreadable: {problem}")
     return 0

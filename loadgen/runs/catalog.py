@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -27,18 +28,23 @@ import pyarrow as pa
 
 from loadgen.plan.compare import identity_of
 from loadgen.plan.files import PLAN_FILE, REGION_FILE
-from loadgen.rundir.manifest import Manifest, read_manifest
+from loadgen.rundir.io import read_run_manifest
+from loadgen.rundir.manifest import Manifest
 from loadgen.rundir.schema import MANIFEST_FILE, REQUESTS_FILE
 from loadgen.util.errors import LoadgenError, RunDirError
 from loadgen.util.jsonfile import read_json_object
 
-from .headline import HEADLINE_COLUMNS, headline_figures
+from .headline import HEADLINE_COLUMNS, HEADLINE_VERSION, headline_figures
 
 __all__ = ["CATALOG_ENV", "RUN_COLUMNS", "Catalog", "IndexReport", "default_catalog_path"]
 
 #: Environment variable naming the catalog file (default: ``$XDG_CACHE_HOME/loadgen/catalog.duckdb``).
 CATALOG_ENV = "LOADGEN_CATALOG"
-_SCHEMA_VERSION = 1
+#: The catalog's layout and figures (``headline.HEADLINE_VERSION``): a catalog of another version has every
+#: directory read again at its next index, and until then list and show say so.
+_SCHEMA_VERSION = HEADLINE_VERSION
+#: How long a command waits for a catalog another process holds (DuckDB lets one process open a file at a time).
+_LOCK_WAIT_S = 60.0
 
 #: The ``runs`` table: one row per run or plan directory (``kind``), keyed by its absolute path.
 RUN_COLUMNS: dict[str, str] = {
@@ -68,10 +74,13 @@ RUN_COLUMNS: dict[str, str] = {
     "requests_recorded": "BIGINT",
     "plan_cell": "VARCHAR",  # JSON, a run inside a plan
     "plan_name": "VARCHAR",  # plans
-    "cells": "BIGINT",  # plans: runs recorded in plan.json
+    "cells": "BIGINT",  # plans: cells recorded in plan.json (each holds its repeats and extensions)
     "region": "VARCHAR",  # plans: region.json's summary line, when written
     "problem": "VARCHAR",  # why a directory could not be read (it stays listed)
 }
+#: Said of every row by ``list`` and ``show``, from the disk as it is now (not stored): ``present`` (replacing the
+#: stored value: the directory is there) and ``current`` (its files are as indexed, by the catalog's version).
+LIVE_COLUMNS = ("present", "current")
 _CLASS_TYPES = {name: "VARCHAR" if name == "request_class" else "BIGINT" for name in HEADLINE_COLUMNS[:4]}
 _CLASS_COLUMNS: dict[str, str] = {"path": "VARCHAR"} | {
     name: _CLASS_TYPES.get(name, "DOUBLE") for name in HEADLINE_COLUMNS
@@ -100,11 +109,15 @@ class IndexReport:
     unchanged: int = 0
     missing: list[str] = field(default_factory=list)  # indexed before, gone now (moved or deleted)
     problems: list[str] = field(default_factory=list)  # found but unreadable: path: why
+    moved: dict[str, str] = field(default_factory=dict)  # missing path -> where the same run is catalogued now
 
     def summary(self) -> str:
         text = f"{self.added} added, {self.updated} updated, {self.unchanged} unchanged"
         if self.missing:
-            text += f", {len(self.missing)} missing (moved or deleted; kept with present = false)"
+            text += (
+                f", {len(self.missing)} missing ({len(self.moved)} moved, {len(self.missing) - len(self.moved)} "
+                "deleted or out of reach; kept with present = false)"
+            )
         if self.problems:
             text += f", {len(self.problems)} unreadable (listed with their problem)"
         return text
@@ -206,6 +219,32 @@ def _plan_row(path: Path) -> dict[str, Any]:
     }
 
 
+def _on_disk_signature(directory: Path, kind: str) -> str | None:
+    try:
+        return _signature(directory, kind)
+    except OSError:
+        return None
+
+
+def _connect(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
+    """Open the catalog file, waiting up to ``_LOCK_WAIT_S`` while another process holds it (two `runs index`
+    at once, or `runs list` during one: DuckDB lets one process open a file at a time)."""
+    deadline = time.monotonic() + _LOCK_WAIT_S
+    while True:
+        try:
+            return duckdb.connect(str(path), read_only=read_only)
+        except duckdb.Error as exc:
+            text = str(exc).splitlines()[0]
+            if "lock" not in text.lower():
+                raise RunDirError(f"{path}: cannot open the run catalog: {text}") from exc
+            if time.monotonic() >= deadline:
+                raise RunDirError(
+                    f"{path}: the run catalog stayed in use by another process for {_LOCK_WAIT_S:.0f} s ({text}): "
+                    "expected it free (is another `loadgen runs index` still running?)"
+                ) from exc
+            time.sleep(0.1)
+
+
 class Catalog:
     """One DuckDB catalog file: ``with Catalog(path) as cat: cat.index([root]); cat.list("engine = 'x'")``."""
 
@@ -214,12 +253,14 @@ class Catalog:
         if read_only and not self.path.exists():
             raise RunDirError(f"{self.path}: no run catalog: expected one made by `loadgen runs index DIR`")
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = _connect(self.path, read_only)
         try:
-            self.db = duckdb.connect(str(self.path), read_only=read_only)
-        except duckdb.Error as exc:
-            raise RunDirError(f"{self.path}: cannot open the run catalog: {exc}") from exc
-        if not read_only:
-            self._create()
+            self.version = self._check(read_only)
+            if not read_only:
+                self._create()
+        except BaseException:
+            self.db.close()
+            raise
 
     def __enter__(self) -> Catalog:
         return self
@@ -230,7 +271,23 @@ class Catalog:
     def close(self) -> None:
         self.db.close()
 
+    def _check(self, read_only: bool) -> str | None:
+        """The catalog's schema version (None: a new file); a DuckDB file that is no run catalog is refused, never
+        written into."""
+        tables = {t for (t,) in self.db.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        if not tables and not read_only:
+            return None
+        if not {"runs", "classes", "catalog_info"} <= tables:
+            raise RunDirError(
+                f"{self.path}: not a run catalog (tables: {', '.join(sorted(tables)) or 'none'}): expected a file "
+                "made by `loadgen runs index DIR`, or a new path"
+            )
+        row = self.db.execute("SELECT value FROM catalog_info WHERE key = 'schema_version'").fetchone()
+        return str(row[0]) if row else None
+
     def _create(self) -> None:
+        if self.version is not None and self.version != str(_SCHEMA_VERSION):
+            self.db.execute("UPDATE runs SET signature = NULL")  # every directory is read again by this index
         runs = ", ".join(f"{k} {v}" for k, v in RUN_COLUMNS.items())
         classes = ", ".join(f"{k} {v}" for k, v in _CLASS_COLUMNS.items())
         self.db.execute(f"CREATE TABLE IF NOT EXISTS runs ({runs})")
@@ -242,7 +299,14 @@ class Catalog:
     def index(self, roots: Iterable[Path | str]) -> IndexReport:
         """Index every run and plan directory under ``roots``; unchanged ones are not read again."""
         paths = [Path(r) for r in roots]
-        known = dict(self.db.execute("SELECT path, signature FROM runs").fetchall())
+        # a row is read again when its files changed, when it was marked missing (it is back), and while its run
+        # was still running when read (its writer may have died since without touching the files)
+        known = {
+            path: (sig if present and state != "running" else None)
+            for path, sig, present, state in self.db.execute(
+                "SELECT path, signature, present, state FROM runs"
+            ).fetchall()
+        }
         report, seen = IndexReport(), set()
         rows: list[dict[str, Any]] = []
         class_rows: list[tuple[Any, ...]] = []
@@ -269,14 +333,17 @@ class Catalog:
         return report
 
     def _read(self, directory: Path, kind: str, report: IndexReport) -> tuple[dict[str, Any], list[Any]]:
+        """The row and headline figures of a directory; what cannot be read is its ``problem``, and a run whose
+        manifest reads but whose requests do not keeps its identity (it is still found by engine, model ...)."""
+        row: dict[str, Any] = {}
         try:
             if kind == "plan":
                 return _plan_row(directory), []
-            manifest = read_manifest(directory)
-            return _run_row(directory, manifest), headline_figures(directory)
+            row = _run_row(directory, read_run_manifest(directory))  # a dead writer's run is killed, not running
+            return row, headline_figures(directory)
         except (LoadgenError, OSError, ValueError) as exc:
             report.problems.append(f"{directory}: {exc}")
-            return {"problem": str(exc)}, []
+            return row | {"problem": str(exc)}, []
 
     def _store(self, rows: list[dict[str, Any]], class_rows: list[tuple[Any, ...]]) -> None:
         """Replace the rows of these paths, in one transaction (Arrow tables: DuckDB's fast path)."""
@@ -309,12 +376,53 @@ class Catalog:
                 report.missing.append(path)
         if report.missing:
             self.db.executemany("UPDATE runs SET present = false WHERE path = ?", [(p,) for p in report.missing])
+            report.moved = self._moved(report.missing)
+
+    def _moved(self, missing: list[str]) -> dict[str, str]:
+        """Missing path -> the present path of the same run (same kind, start instant, settings and trace hashes;
+        a copy elsewhere matches too, so: where it is catalogued now)."""
+        self.db.register("missing_paths", pa.table({"path": missing}))
+        try:
+            pairs = self.db.execute(
+                """SELECT m.path, min(p.path) FROM runs m JOIN missing_paths USING (path)
+                   JOIN runs p ON p.present AND p.kind = m.kind AND p.started_utc = m.started_utc
+                    AND p.settings_sha256 IS NOT DISTINCT FROM m.settings_sha256
+                    AND p.trace_sha256 IS NOT DISTINCT FROM m.trace_sha256
+                   WHERE m.started_utc IS NOT NULL GROUP BY m.path"""
+            ).fetchall()
+        finally:
+            self.db.unregister("missing_paths")
+        return dict(pairs)
 
     # ---- queries -----------------------------------------------------------------------------------
+    def _live(self) -> None:
+        """The temporary table ``live``: per row, ``present`` and ``current`` as the disk says now (LIVE_COLUMNS)."""
+        same_version = self.version == str(_SCHEMA_VERSION)
+        rows = self.db.execute("SELECT path, kind, signature FROM runs").fetchall()
+        table = pa.table(
+            {
+                "path": [path for path, _, _ in rows],
+                "present": [Path(path).is_dir() for path, _, _ in rows],
+                "current": [same_version and _on_disk_signature(Path(path), kind) == sig for path, kind, sig in rows],
+            },
+            schema=pa.schema([("path", pa.string()), ("present", pa.bool_()), ("current", pa.bool_())]),
+        )
+        self.db.register("live_rows", table)
+        self.db.execute("CREATE OR REPLACE TEMP TABLE live AS SELECT * FROM live_rows")
+        self.db.unregister("live_rows")
+
+    def _runs_now(self) -> str:
+        """``runs`` with its ``present`` and ``current`` from the disk as it is now (what --where sees)."""
+        self._live()
+        return "(SELECT r.* REPLACE (l.present AS present), l.current FROM runs r JOIN live l USING (path)) AS runs"
+
     def rows(self, where: str | None = None, *, limit: int | None = None) -> list[dict[str, Any]]:
-        """Rows of ``runs`` (newest first) matching the SQL condition ``where`` over its columns."""
+        """Rows of ``runs`` (newest first) matching the SQL condition ``where`` over its columns, with ``present``
+        and ``current`` as the disk says now."""
         sql = (
-            "SELECT * FROM runs" + (f" WHERE {where}" if where else "") + " ORDER BY started_utc DESC NULLS LAST, path"
+            f"SELECT * FROM {self._runs_now()}"
+            + (f" WHERE {where}" if where else "")
+            + " ORDER BY started_utc DESC NULLS LAST, path"
         )
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
@@ -331,18 +439,27 @@ class Catalog:
         whether its directory is on disk now. A directory on disk that is not catalogued is refused, never
         matched by suffix to another run of the same name."""
         here = Path(key).resolve()
-        exact = self._dicts("SELECT * FROM runs WHERE path = ?", None, [str(here)])
+        runs = self._runs_now()
+        exact = self._dicts(f"SELECT * FROM {runs} WHERE path = ?", None, [str(here)])
         if exact:
-            return exact[0] | {"present": bool(exact[0]["present"]) and here.is_dir()}
+            return exact[0]
         if here.exists():
             raise RunDirError(
                 f"runs show {key}: {here} is not in the catalog: expected a catalogued run (loadgen runs index {key})"
             )
-        matches = self._dicts("SELECT * FROM runs WHERE path LIKE ?", None, ["%" + key.rstrip("/")])
+        # an end of a path is whole components: "isb-s1" is .../isb-s1, never .../ws-isb-s1 (nor a LIKE pattern)
+        end = "/" + key.strip("/")
+        matches = self._dicts(f"SELECT * FROM {runs} WHERE ends_with(path, ?) ORDER BY path", None, [end])
         if len(matches) == 1:
-            return matches[0] | {"present": bool(matches[0]["present"]) and Path(matches[0]["path"]).is_dir()}
-        what = "no catalogued run" if not matches else f"{len(matches)} catalogued runs"
-        raise RunDirError(f"runs show {key}: {what} match: expected a path or a unique end of one (loadgen runs list)")
+            return matches[0]
+        if not matches:
+            raise RunDirError(
+                f"runs show {key}: no catalogued run matches: expected a path or a unique end of one (loadgen runs list)"
+            )
+        shown = ", ".join(m["path"] for m in matches[:5]) + (f" (+{len(matches) - 5} more)" if len(matches) > 5 else "")
+        raise RunDirError(
+            f"runs show {key}: {len(matches)} catalogued runs match ({shown}): expected a unique end of a path"
+        )
 
     def _dicts(self, sql: str, where: str | None, params: list[Any] | None = None) -> list[dict[str, Any]]:
         try:

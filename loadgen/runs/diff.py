@@ -206,6 +206,19 @@ def _identity_check(base: list[Path], cand: list[Path], variable: str, allow: bo
     return covered, notes
 
 
+def _stopped_notes(runs: list[Path]) -> list[str]:
+    """A run that did not complete is compared up to its stop, as analyze reads it: say which."""
+    notes = []
+    for run in runs:
+        manifest = read_run_manifest(run)  # a run whose writer died reads as killed
+        if manifest.state != "complete":
+            notes.append(
+                f"{run}: {manifest.state} run ({manifest.requests_recorded} request(s) recorded of "
+                f"{manifest.scheduled_requests} scheduled): compared up to where it stopped, as analyze reads it"
+            )
+    return notes
+
+
 def diff_runs(
     base: Sequence[Path | str],
     candidate: Sequence[Path | str],
@@ -222,6 +235,7 @@ def diff_runs(
         raise RunDirError("diff: expected at least one base and one candidate run directory")
     variable = variable or DEFAULT_VARIABLE
     covered, notes = _identity_check(bases, cands, variable, allow_differences)
+    notes += _stopped_notes([*bases, *cands])
     scenario = scenario_from_manifest(read_run_manifest(bases[0]))
     from_scenario = dict(scenario.regression.thresholds_pct) if scenario is not None else {}
     thresholds = {m: DEFAULT_THRESHOLD_PCT for m in DIFF_METRICS} | from_scenario | (thresholds_pct or {})
@@ -232,6 +246,11 @@ def diff_runs(
         c_names = [set(r.sorted) for r in c_runs]
         classes = sorted(set().union(*b_names) & set().union(*c_names))
         only = sorted(set().union(*b_names, *c_names) - set(classes))
+        if not classes:
+            raise RunDirError(
+                f"diff: no request class in common (base: {', '.join(sorted(set().union(*b_names))) or 'none'}; "
+                f"candidate: {', '.join(sorted(set().union(*c_names))) or 'none'}): expected runs of one workload"
+            )
         if only:
             notes.append(f"class(es) on one side only, not compared: {', '.join(only)}")
         pooled = {

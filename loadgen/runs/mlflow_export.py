@@ -27,7 +27,7 @@ from loadgen.rundir.schema import MANIFEST_FILE
 from loadgen.util.errors import LoadgenError, RunDirError
 
 from .catalog import _signature, _walk
-from .headline import HEADLINE_COLUMNS, headline_figures
+from .headline import HEADLINE_COLUMNS, HEADLINE_VERSION, headline_figures
 
 __all__ = ["DEFAULT_TRACKING_URI", "MAX_ARTIFACT_BYTES", "ExportReport", "export_mlflow"]
 
@@ -89,6 +89,12 @@ def _artifacts(directory: Path) -> list[Path]:
     )
 
 
+def _export_signature(directory: Path, kind: str) -> str:
+    """The directory's files as the catalog signs them, and the headline figures' version: a run exported with
+    figures of an earlier definition is exported again, not left with them as unchanged."""
+    return f"{_signature(directory, kind)}|headline-v{HEADLINE_VERSION}"
+
+
 def _existing(client: Any, experiment_id: str, path: Path, signature: str) -> bool:
     runs = client.search_runs(
         [experiment_id], filter_string=f"tags.`loadgen.path` = '{path}' and tags.`loadgen.signature` = '{signature}'"
@@ -97,7 +103,7 @@ def _existing(client: Any, experiment_id: str, path: Path, signature: str) -> bo
 
 
 def _log_run(client: Any, experiment_id: str, run_dir: Path, parent: str | None) -> str:
-    tags = {"loadgen.path": str(run_dir), "loadgen.kind": "run", "loadgen.signature": _signature(run_dir, "run")}
+    tags = {"loadgen.path": str(run_dir), "loadgen.kind": "run", "loadgen.signature": _export_signature(run_dir, "run")}
     if parent:
         tags["mlflow.parentRunId"] = parent
     run = client.create_run(experiment_id, run_name=run_dir.name, tags=tags)
@@ -144,14 +150,14 @@ def _kind(directory: Path) -> str:
 
 
 def _export_one(client: Any, exp: str, run_dir: Path, parent: str | None, report: ExportReport) -> None:
-    if _existing(client, exp, run_dir, _signature(run_dir, "run")):
+    if _existing(client, exp, run_dir, _export_signature(run_dir, "run")):
         report.unchanged.append(str(run_dir))
         return
     report.exported.append(f"{run_dir} -> {_log_run(client, exp, run_dir, parent)}")
 
 
 def _export_plan(client: Any, exp: str, plan_dir: Path, report: ExportReport) -> None:
-    signature = _signature(plan_dir, "plan")
+    signature = _export_signature(plan_dir, "plan")
     if _existing(client, exp, plan_dir, signature):
         report.unchanged.append(str(plan_dir))
         return

@@ -18,6 +18,7 @@ from loadgen.analysis import analyze_run
 from loadgen.analysis.interactive import plotly_html
 from loadgen.plan.compare import identity_differences, identity_of
 from loadgen.rundir.io import read_run_manifest
+from loadgen.rundir.manifest import Manifest
 from loadgen.util.errors import RunDirError
 from loadgen.util.outputfile import write_output_text
 
@@ -33,26 +34,47 @@ class ParetoPoint:
     on_front: bool = False
 
 
+def _short(key: str) -> str:
+    """A key as its label shows it: its last two parts."""
+    return ".".join(key.split(".")[-2:])
+
+
 def _label_keys(idents: list[dict[str, Any]], keys: list[str]) -> list[str]:
-    """The differing keys worth a label: short values only, names and plan cells first, at most three."""
+    """The differing keys worth a label: short values only; keys every run has before keys some lack (a run
+    of another kind, a worksheet beside a measured run, lacks whole sections: that is no setting that differs),
+    then names, plan cells and options first; one key per way the runs split and per shown name; at most three."""
     short = [k for k in keys if all(len(str(i.get(k, ""))) <= 32 for i in idents)]
 
-    def rank(key: str) -> tuple[int, str]:
+    def rank(key: str) -> tuple[int, int, str]:
         leaf = key.rsplit(".", 1)[-1]
-        return (0 if leaf == "name" else 1 if key.startswith(("plan_cell", "options")) else 2, key)
+        kind = 0 if leaf == "name" else 1 if key.startswith(("plan_cell", "options")) else 2
+        return (0 if all(key in i for i in idents) else 1, kind, key)
 
     chosen: list[str] = []
     for key in sorted(short, key=rank):
         values = [i.get(key) for i in idents]
+        if _short(key) in {_short(c) for c in chosen}:  # two labels reading "config.name=..." say nothing apart
+            continue
         if all(values != [i.get(c) for i in idents] for c in chosen):  # one key per way the runs split
             chosen.append(key)
     return chosen[:3]
 
 
+#: A plan cell's keys that name it for a label (its id and rate index repeat them; its plan's hash says nothing).
+_PLAN_CELL_LABEL_KEYS = ("request_class", "state", "concurrency", "rate_step", "plan")
+
+
+def _label_identity(manifest: Manifest) -> dict[str, Any]:
+    """The identity keys, and the plan cell a run belongs to: runs of one plan differ in their cell (rate step,
+    concurrency), which the identity leaves out (it holds a cell's runs to one configuration)."""
+    cell = manifest.plan_cell or {}
+    return identity_of(manifest) | {f"plan_cell.{k}": cell[k] for k in _PLAN_CELL_LABEL_KEYS if k in cell}
+
+
 def _label(identity: dict[str, Any], keys: list[str], run_dir: Path) -> str:
     if not keys:
         return run_dir.name
-    return ", ".join(f"{'.'.join(k.split('.')[-2:])}={identity.get(k, '-')}" for k in keys)
+    return ", ".join(f"{_short(k)}={identity.get(k, '-')}" for k in keys)
 
 
 def pareto_points(
@@ -62,7 +84,7 @@ def pareto_points(
     if metric not in ("ttft_ms", "itl_ms", "e2e_ms", "tpot_ms"):
         raise RunDirError(f"--metric {metric!r}: expected one of ttft_ms, itl_ms, e2e_ms, tpot_ms")
     dirs = [Path(r) for r in runs]
-    idents = [identity_of(read_run_manifest(d)) for d in dirs]
+    idents = [_label_identity(read_run_manifest(d)) for d in dirs]
     covered, other = identity_differences(idents, "")
     keys = _label_keys(idents, [k for k in covered + other if not k.startswith(("harness.", "host."))])
     points = []

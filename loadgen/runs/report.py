@@ -57,24 +57,37 @@ def format_diff(result: DiffResult) -> str:
 _RUN_FIELDS = ("state", "run_kind", "engine", "model", "gpu", "scenario_name", "trace_name", "started_utc")
 
 
+def _on_disk(row: dict[str, Any]) -> str:
+    """What the disk says of a row now, when it is not what was indexed."""
+    if not row.get("present", True):
+        return "  [MISSING: moved or deleted since indexed]"
+    if not row.get("current", True):
+        return "  [CHANGED since indexed: figures stale until `loadgen runs index` again]"
+    if row.get("problem"):
+        return f"  [UNREADABLE: {row['problem']}]"
+    return ""
+
+
 def format_runs(rows: list[dict[str, Any]]) -> str:
     """One line per catalogued run or plan."""
     if not rows:
         return "no catalogued runs match"
     out = [f"{len(rows)} run(s)/plan(s):"]
     for r in rows:
-        gone = "" if r.get("present", True) else "  [MISSING: moved or deleted]"
         what = " ".join(f"{k}={r[k]}" for k in _RUN_FIELDS if r.get(k) is not None)
-        out.append(f"  {r['kind']:<4} {r['path']}  {what}{gone}")
+        out.append(f"  {r['kind']:<4} {r['path']}  {what}{_on_disk(r)}")
     return "\n".join(out)
 
 
 def format_run(row: dict[str, Any], classes: list[dict[str, Any]]) -> str:
     """One run: every identity field, then its headline figures per class."""
-    out = [f"{row['kind']} {row['path']}" + ("" if row.get("present", True) else "  [MISSING: moved or deleted]")]
+    out = [f"{row['kind']} {row['path']}{_on_disk(row)}"]
     out += [f"  {k}: {v}" for k, v in row.items() if k not in ("path", "kind") and v is not None]
     if classes:
-        out.append("  headline per class (ok requests; ms; completed req/s over the scheduled span):")
+        out.append(
+            "  headline per class, as `loadgen analyze` (its default window, cold-start requests apart; "
+            "ms over ok requests; completed: ok requests done in the window per s):"
+        )
         for c in classes:
             out.append(
                 f"    {c['request_class']:<16} scheduled {c['scheduled']} ok {c['ok']} failed {c['failed']}  "
