@@ -268,3 +268,27 @@ def test_engine_rate_counts_across_a_counter_reset(worksheet_runs: dict[str, Pat
     comp = compare_candidates([run, worksheet_runs["throughput-large-batch"]], route="interactive")
     restarted = next(c for c in comp.candidates if c["path"] == str(run))
     assert restarted["throughput"]["output_tok_per_engine_busy_s"] == pytest.approx(350 / 4)  # last − first: 150 / 4
+
+
+def test_a_run_that_did_not_complete_is_unmeasured(worksheet_runs: dict[str, Path], tmp_path: Path) -> None:
+    """A candidate whose run stopped before completing (here as the driver records a SIGTERM) applied part of its
+    workload: it is neither chosen nor rejected on budgets, and the decision says why; it was judged and could be
+    chosen like a complete one."""
+    stopped = tmp_path / "stopped"
+    shutil.copytree(worksheet_runs["interactive-small-batch"], stopped)
+    manifest = json.loads((stopped / MANIFEST_FILE).read_text())
+    scheduled = pq.read_table(stopped / "requests.parquet").num_rows
+    manifest.update(
+        state="interrupted", interrupted_by="SIGTERM", scheduled_requests=scheduled, requests_recorded=scheduled
+    )
+    (stopped / MANIFEST_FILE).write_text(json.dumps(manifest))
+    comp = compare_candidates([stopped, worksheet_runs["throughput-large-batch"]], route="interactive")
+    small, large = comp.candidates
+    assert small["verdict"] == "unmeasured" and small["budgets"] == "unmeasured"
+    assert small["steps"][0]["why"][0] == (
+        f"the run did not complete (state interrupted by SIGTERM; {scheduled:,} of {scheduled:,} scheduled "
+        "requests recorded): it did not apply the whole workload, so it is not judged against candidates that did; "
+        "rerun it to completion"
+    )
+    assert large["verdict"] == "rejected" and comp.decision.chosen is None
+    assert any(w.startswith("interactive-small-batch: unmeasured: the run did not complete") for w in comp.decision.why)

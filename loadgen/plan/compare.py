@@ -9,7 +9,8 @@ judged in order:
 1. hard budgets: a run whose client fell behind its schedule (send-lag p99 above ``SEND_LAG_BOUND_MS``, the
    plan's bound) did not apply the load it was meant to, and every latency counted from the scheduled instant
    carries the client's error: its budgets are not judged, and the candidate is "unmeasured" (neither chosen
-   nor rejected on budgets: rerun it on a quieter host). Otherwise a conclusive breach (the 95% interval of
+   nor rejected on budgets: rerun it on a quieter host). So is a run that stopped before completing (a
+   signal, a kill, a write error: it applied part of its workload). Otherwise a conclusive breach (the 95% interval of
    the percentile, or the Wilson interval of the error share, lies above the limit) rejects the candidate
    for the route, with class, percentile, measured value, interval, limit and sample count; a check whose
    interval straddles its limit rejects nothing but leaves the step inconclusive, saying "about N more
@@ -615,14 +616,32 @@ def check_send_lag_bound(bound_ms: float, who: str) -> None:
         raise PlanError(f"{who}: max send lag {bound_ms!r} ms: expected a number of milliseconds in (0, {MAX_PARAM:g}]")
 
 
-def _budget_step(j: dict[str, Any], max_send_lag_ms: float) -> dict[str, Any]:
-    """Judgement step 1: a run whose client fell behind is unmeasured; otherwise a conclusive hard-budget breach
-    on the route rejects (95% interval above the limit), and a check whose interval straddles its limit leaves
-    the step inconclusive, with the requests it needs."""
+def _stopped_line(c: Candidate) -> str | None:
+    """Why a run candidate did not apply its whole workload (it stopped before completing: a signal, a kill, a
+    write error, or it is still running), or None. A plan candidate is judged by its region, cell by cell."""
+    m = c.manifest
+    if c.kind != "run" or m.state == "complete":
+        return None
+    by = f" by {m.interrupted_by}" if m.interrupted_by else ""
+    recorded = (
+        f"; {m.requests_recorded:,} of {m.scheduled_requests:,} scheduled requests recorded"
+        if m.requests_recorded is not None and m.scheduled_requests is not None
+        else ""
+    )
+    return (
+        f"the run did not complete (state {m.state}{by}{recorded}): it did not apply the whole workload, so it is "
+        "not judged against candidates that did; rerun it to completion"
+    )
+
+
+def _budget_step(j: dict[str, Any], max_send_lag_ms: float, stopped: str | None = None) -> dict[str, Any]:
+    """Judgement step 1: a run that stopped before completing, or whose client fell behind, is unmeasured;
+    otherwise a conclusive hard-budget breach on the route rejects (95% interval above the limit), and a check
+    whose interval straddles its limit leaves the step inconclusive, with the requests it needs."""
     lagged = client_lag_line(j["context"]["measurement"]["send_lag_p99_ms"], max_send_lag_ms)
-    if lagged:
+    if stopped or lagged:
         shown = [f"not judged: {b['reason']}" for b in j["breaches"]]
-        return {"step": "hard budgets", "result": "unmeasured", "why": [lagged, *shown]}
+        return {"step": "hard budgets", "result": "unmeasured", "why": [w for w in (stopped, lagged) if w] + shown}
     if j["breaches"]:
         return {"step": "hard budgets", "result": "rejected", "why": [b["reason"] for b in j["breaches"]]}
     if j.get("inconclusive"):
@@ -691,7 +710,7 @@ def _judge_candidate(
     j = _judge_run(c, route) if c.kind == "run" else _judge_plan(c, route)
     j["context"] = _context(c)
     contract_step, contract = _contract_step(c)
-    steps = [_budget_step(j, max_send_lag_ms), contract_step]
+    steps = [_budget_step(j, max_send_lag_ms, _stopped_line(c)), contract_step]
     rejected = any(s["result"] == "rejected" for s in steps)
     unmeasured = steps[0]["result"] == "unmeasured"
     return {
