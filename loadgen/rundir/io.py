@@ -14,7 +14,7 @@ was, and until which scheduled instant every request has its row (``stopped_ns``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -308,9 +308,15 @@ class RunWriter:
             warnings.append(f"{name}: parts not merged ({exc}); every part is kept and readable")
         return warnings
 
-    def close(self, updates: Mapping[str, Any] | None = None) -> Manifest:
+    def close(
+        self,
+        updates: Mapping[str, Any] | None = None,
+        totals: Callable[[Manifest], Mapping[str, Any]] | None = None,
+    ) -> Manifest:
         """Flush, merge the parts and write the final manifest (``updates`` merged in); idempotent.
 
+        ``totals``: called with the closing manifest once every part is on disk, its answer merged in
+        before the one final write (a coordinator's counts over its workers' parts too).
         After a write error nothing more is written but the manifest, which says ``failed`` and
         names the error; an error raised here (the final flush or manifest) is raised after that.
         """
@@ -346,6 +352,8 @@ class RunWriter:
                 self.manifest = merge_manifest(self.manifest, {"state": "failed", "interrupted_by": exc.short})
             if warnings:
                 self.manifest = merge_manifest(self.manifest, {"warnings": [*self.manifest.warnings, *warnings]})
+        if totals is not None:
+            self.manifest = merge_manifest(self.manifest, totals(self.manifest))
         try:
             write_manifest(self.manifest_dir, self.manifest)
         except OSError as exc:
