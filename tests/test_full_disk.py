@@ -9,10 +9,12 @@ how many have none and why); no half-written file a later command would take for
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
-from small_disk import leave_free
+from cli_process import REPO, run_loadgen
+from small_disk import BALLAST, free_space, leave_free
 from test_records_survive import loadgen, make_trace, one_error_line
 
 from loadgen.analysis import analyze_run
@@ -61,3 +63,70 @@ def test_a_run_over_workers_closes_every_manifest_and_counts_what_has_no_row(
     assert m.workers is not None and {w.state for w in m.workers.workers} == {"failed"}
     a = analyze_run(out)
     assert a.run["stop"]["state"] == "failed" and 0 < a.overall.n_scheduled <= rows
+
+
+# ---- commands that write beside a run: reports, the catalog, a bundle -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def good_run(instant, tmp_path_factory) -> Path:
+    """A whole run directory (300 requests) on an ordinary disk."""
+    where = tmp_path_factory.mktemp("good")
+    trace = make_trace(where / "t.parquet", [i * 5.0 for i in range(300)])
+    done = run_loadgen(["run", trace, "--target", instant.base_url, "--out", where / "run", "--progress", "off"], REPO)
+    assert done.returncode == 0, done.stderr
+    return where / "run"
+
+
+def test_analyze_names_the_report_it_could_not_write(good_run: Path, small_disk: Path) -> None:
+    leave_free(small_disk, 0)
+    report = small_disk / "out" / "a.json"
+    done = run_loadgen(["analyze", good_run, "--json", report, "--quiet"], REPO)
+    assert done.returncode == 2, done.stderr
+    line = one_error_line(done.stderr)  # was "loadgen: error: No space left on device": which file?
+    assert str(report) in line and "No space left on device" in line
+    assert not report.exists()
+    no_partial_files(small_disk)
+
+
+def test_runs_index_on_a_full_disk_leaves_no_empty_catalog_and_keeps_the_old_rows(
+    good_run: Path, tmp_path: Path, small_disk: Path
+) -> None:
+    catalog = small_disk / "catalog.duckdb"
+    leave_free(small_disk, 0)
+    done = run_loadgen(["runs", "--catalog", catalog, "index", good_run], REPO)
+    assert done.returncode == 2 and "No space left on device" in one_error_line(done.stderr)
+    assert not catalog.exists()  # was an empty file: every later `runs` command refused it as "not valid"
+    free_space(small_disk)
+    done = run_loadgen(["runs", "--catalog", catalog, "index", good_run], REPO)
+    assert done.returncode == 0 and "1 added" in done.stdout, done.stderr
+    many = tmp_path / "many"
+    for i in range(80):
+        shutil.copytree(good_run, many / f"r{i:02d}")
+    leave_free(small_disk, 10_000)
+    done = run_loadgen(["runs", "--catalog", catalog, "index", many], REPO)
+    assert done.returncode == 2, done.stderr  # was 1: a DuckDB TransactionException traceback
+    line = one_error_line(done.stderr)
+    assert str(catalog) in line and "No space left on device" in line and "nothing of this index" in line
+    listed = run_loadgen(["runs", "--catalog", catalog, "list"], REPO)
+    assert listed.returncode == 0 and "1 run(s)" in listed.stdout, listed.stderr
+    free_space(small_disk)
+    done = run_loadgen(["runs", "--catalog", catalog, "index", many], REPO)
+    assert done.returncode == 0 and "80 added" in done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("free", [0, 100_000])  # nothing fits; the folder fits, its tarball does not
+def test_handoff_build_on_a_full_disk_keeps_nothing_and_builds_once_there_is_room(
+    good_run: Path, small_disk: Path, free: int
+) -> None:
+    leave_free(small_disk, free)
+    bundle = small_disk / "bundle"
+    done = run_loadgen(["handoff", good_run, "--out", bundle], REPO)
+    assert done.returncode == 2, done.stderr
+    line = one_error_line(done.stderr)  # was "No space left on device" naming no file, or the run's own manifest
+    assert str(bundle) in line and "No space left on device" in line
+    assert sorted(p.name for p in small_disk.iterdir()) == [BALLAST]  # was: bundle/ and bundle.tar.gz.tmp
+    free_space(small_disk)
+    assert run_loadgen(["handoff", good_run, "--out", bundle], REPO).returncode == 0
+    verified = run_loadgen(["handoff", "verify", f"{bundle}.tar.gz"], REPO)
+    assert verified.returncode == 0 and "OK" in verified.stdout, verified.stderr

@@ -13,6 +13,7 @@ Deeper questions go to the Parquet itself, in place, with DuckDB (``docs/runs.md
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -214,12 +215,25 @@ class Catalog:
         if read_only and not self.path.exists():
             raise RunDirError(f"{self.path}: no run catalog: expected one made by `loadgen runs index DIR`")
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        new = not self.path.exists()
         try:
             self.db = duckdb.connect(str(self.path), read_only=read_only)
+            if not read_only:
+                self._create()
         except duckdb.Error as exc:
-            raise RunDirError(f"{self.path}: cannot open the run catalog: {exc}") from exc
-        if not read_only:
-            self._create()
+            if new:  # a catalog this call began (a full disk): no empty file to be refused later as "not valid"
+                self._remove_unfinished()
+            raise RunDirError(f"{self.path}: cannot open the run catalog: {_first_line(exc)}") from exc
+
+    def _remove_unfinished(self) -> None:
+        """Close and delete a catalog file (and its write-ahead log) this call created and could not finish."""
+        db = getattr(self, "db", None)
+        if db is not None:
+            with contextlib.suppress(duckdb.Error):
+                db.close()
+        for path in (self.path, self.path.with_name(self.path.name + ".wal")):
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
 
     def __enter__(self) -> Catalog:
         return self
@@ -264,8 +278,21 @@ class Catalog:
                 report.updated += 1
             else:
                 report.added += 1
-        self._store(rows, class_rows)
-        self._mark_missing(paths, seen, report)
+        try:
+            self._store(rows, class_rows)
+        except duckdb.Error as exc:  # a full disk at commit: the transaction is rolled back, the rows are as before
+            with contextlib.suppress(duckdb.Error):
+                self.db.execute("ROLLBACK")
+            raise RunDirError(
+                f"{self.path}: cannot write the run catalog ({_first_line(exc)}): nothing of this index was recorded"
+            ) from None
+        try:
+            self._mark_missing(paths, seen, report)
+        except duckdb.Error as exc:
+            raise RunDirError(
+                f"{self.path}: cannot write the run catalog ({_first_line(exc)}): {len(rows)} directories were "
+                "recorded, the ones gone were not marked missing"
+            ) from None
         return report
 
     def _read(self, directory: Path, kind: str, report: IndexReport) -> tuple[dict[str, Any], list[Any]]:
@@ -352,3 +379,7 @@ class Catalog:
             raise RunDirError(f"--where {where!r}: {text}: expected an SQL condition over the runs columns") from exc
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
