@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from cli_process import REPO, run_loadgen
-from small_disk import BALLAST, free_space, leave_free
+from small_disk import BALLAST, free_space, leave_free, mounted_small_disk
 from test_records_survive import loadgen, make_trace, one_error_line
 
 from loadgen.analysis import analyze_run
@@ -130,3 +130,31 @@ def test_handoff_build_on_a_full_disk_keeps_nothing_and_builds_once_there_is_roo
     assert run_loadgen(["handoff", good_run, "--out", bundle], REPO).returncode == 0
     verified = run_loadgen(["handoff", "verify", f"{bundle}.tar.gz"], REPO)
     assert verified.returncode == 0 and "OK" in verified.stdout, verified.stderr
+
+
+def test_export_mlflow_on_a_full_disk_is_one_line_and_exports_the_cut_short_run_again(
+    good_run: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("mlflow", reason="export mlflow needs loadgen[mlflow]")
+    runs = [good_run]
+    for i in range(2):
+        runs.append(tmp_path / f"copy{i}")
+        shutil.copytree(good_run, runs[-1])
+    with mounted_small_disk(tmp_path / "disk", size="24m") as disk:
+        uri = f"sqlite:///{disk / 'mlflow.db'}"
+        export = ["export", "mlflow", *runs, "--tracking-uri", uri]
+        leave_free(disk, 0)
+        done = run_loadgen(export, disk)
+        assert done.returncode == 2, done.stderr  # was 1: a sqlalchemy OperationalError traceback
+        assert "database or disk is full" in one_error_line(done.stderr) and "nothing exported" in done.stderr
+        assert not (disk / "mlflow.db").exists()  # was a half-made MLflow schema that MLflow never opens again
+        free_space(disk)
+        done = run_loadgen([*export[:2], runs[0], *export[-2:]], disk)  # the store, and the first run in it
+        assert done.returncode == 0 and "1 exported" in done.stdout, done.stderr
+        leave_free(disk, 2_000_000)  # room for a run's small files, not its HTML report
+        done = run_loadgen(export, disk)
+        assert done.returncode == 2, done.stderr
+        assert "No space left on device" in one_error_line(done.stderr)
+        free_space(disk)
+        done = run_loadgen(export, disk)  # the run cut short counts as not exported: it goes again
+        assert done.returncode == 0 and "2 exported, 1 unchanged" in done.stdout, done.stdout + done.stderr
