@@ -9,13 +9,19 @@ how many have none and why); no half-written file a later command would take for
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
+import psutil
+import pyarrow.parquet as pq
 import pytest
 from cli_process import REPO, run_loadgen
 from small_disk import BALLAST, free_space, leave_free, mounted_small_disk
-from test_records_survive import loadgen, make_trace, one_error_line
+from test_records_survive import loadgen, make_trace, one_error_line, wait_for
 
 from loadgen.analysis import analyze_run
 from loadgen.rundir.io import WORKERS_DIR, load_run
@@ -158,3 +164,56 @@ def test_export_mlflow_on_a_full_disk_is_one_line_and_exports_the_cut_short_run_
         free_space(disk)
         done = run_loadgen(export, disk)  # the run cut short counts as not exported: it goes again
         assert done.returncode == 0 and "2 exported, 1 unchanged" in done.stdout, done.stdout + done.stderr
+
+
+# ---- stops at other moments than mid-replay: before the first request was due, a killed coordinator -----------
+
+
+def test_a_run_stopped_before_any_request_was_due_analyses_as_such(instant, tmp_path: Path) -> None:
+    trace = make_trace(tmp_path / "t.parquet", [60_000.0 + i for i in range(50)])  # the first due after 60 s
+    out = tmp_path / "run"
+    proc = loadgen("run", str(trace), "--target", instant.base_url, "--out", str(out), "--progress", "off")
+    wait_for(lambda: (out / "manifest.json").is_file() and read_manifest(out).anchor is not None, "the run's start")
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    run = load_run(out)
+    assert run.requests.num_rows == 50 == run.manifest.status_counts["not_sent"]
+    done = run_loadgen(["analyze", out, "--quiet", "--json", tmp_path / "a.json"], REPO)
+    assert done.returncode == 0, done.stderr  # was 2: "0 rows: expected 50 ...: the file was truncated or replaced"
+    stop = json.loads((tmp_path / "a.json").read_text())["run"]["stop"]
+    assert stop["state"] == "interrupted" and stop["not_due"] == 50
+
+
+def test_a_killed_run_over_workers_accounts_for_every_request_and_stops_where_both_covered(
+    instant, tmp_path: Path
+) -> None:
+    trace = make_trace(tmp_path / "t.parquet", [i * 10.0 for i in range(3000)])  # 100 req/s for 30 s
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loadgen", "run", str(trace), "--target", instant.base_url, "--out", str(out)]
+        + ["--progress", "off", "--workers", "2", "--flush-interval-s", "0.2"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    parts = out / "requests.parquet"
+    wait_for(lambda: all((parts / f"part-w{i}-000002.parquet").exists() for i in (0, 1)), "two flushes per worker")
+    family = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
+    for pid in family:  # the coordinator and its workers (their own sessions), at once: nobody closes anything
+        os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    run = load_run(out)
+    m = run.manifest
+    assert m.state == "killed" and m.recovery is not None
+    # was: one worker's dispatch count against both workers' rows ("in flight" -2076 seen on a full disk)
+    assert m.recovery["in_flight_at_last_flush"] is None or m.recovery["in_flight_at_last_flush"] >= 0
+    assert run.requests.num_rows + m.recovery["without_row"] == 3000
+    covered = []
+    for i in (0, 1):
+        last = sorted(parts.glob(f"part-w{i}-*.parquet"))[-1]
+        covered.append(json.loads(pq.read_schema(last).metadata[b"loadgen.part"])["covered_until_ns"])
+    assert m.stopped_ns == min(covered)  # was the covered instant of whichever worker's part sorted last
+    a = analyze_run(out)
+    assert a.run["stop"]["state"] == "killed" and a.overall.n_scheduled <= run.requests.num_rows

@@ -32,6 +32,7 @@ from loadgen.rundir.parts import (
     PartTable,
     last_part_metadata,
     read_table,
+    shard_last_part_metadata,
     table_files,
     table_rows,
     write_error,
@@ -461,7 +462,11 @@ def recovered_manifest(run_dir: Path, manifest: Manifest) -> Manifest:
     """
     counts, recorded = _status_counts(run_dir)
     part = last_part_metadata(run_dir / REQUESTS_FILE) or {}
-    dispatched = part.get("dispatched")
+    # a run over workers: the last part is one worker's, its dispatch count not the run's (unknown, not wrong),
+    # and the run covers up to the instant every worker covered
+    spread = manifest.workers is not None and (manifest.workers.count or 0) > 1
+    dispatched = None if spread else part.get("dispatched")
+    covered = _covered_by_every_worker(run_dir, manifest) if spread else part.get("covered_until_ns")
     scheduled = manifest.scheduled_requests
     alive = writer_alive(manifest)
     why = (
@@ -478,6 +483,8 @@ def recovered_manifest(run_dir: Path, manifest: Manifest) -> Manifest:
         "dispatched_at_last_flush": dispatched,
         "in_flight_at_last_flush": dispatched - recorded if dispatched is not None else None,
         "not_due_at_last_flush": scheduled - dispatched if scheduled is not None and dispatched is not None else None,
+        # every scheduled request either has a row or is one of these (in flight, not yet due, or never recorded)
+        "without_row": scheduled - recorded if scheduled is not None else None,
     }
     return merge_manifest(
         manifest,
@@ -487,16 +494,33 @@ def recovered_manifest(run_dir: Path, manifest: Manifest) -> Manifest:
             "status_counts": counts,
             "requests_recorded": recorded,
             "chunks_recorded": table_rows(run_dir / CHUNKS_FILE),
-            "stopped_ns": part.get("covered_until_ns"),
+            "stopped_ns": covered,
             "last_flush": {
                 "utc": part.get("flushed_utc"),
                 "ns": part.get("flushed_ns"),
-                "covered_until_ns": part.get("covered_until_ns"),
+                "covered_until_ns": covered,
                 "parts": len(run_table_files(run_dir, REQUESTS_FILE)),
             },
             "recovery": recovery,
         },
     )
+
+
+def _covered_by_every_worker(run_dir: Path, manifest: Manifest) -> int | None:
+    """The earliest instant a worker still writing had covered at its last flush (0: it flushed no progress);
+    a worker that closed its shard has every row on disk and bounds nothing (None: none bounds it)."""
+    count = manifest.workers.count if manifest.workers is not None and manifest.workers.count else 0
+    instants = []
+    for worker_id in range(count):
+        shard = f"w{worker_id}"  # driver.partition.worker_name: its parts part-w0-*, its manifest workers/w0/
+        try:
+            if read_manifest(run_dir / WORKERS_DIR / shard).state != "running":
+                continue
+        except RunDirError:
+            pass  # never opened, or unreadable: what it covered is what its parts say
+        meta = shard_last_part_metadata(run_dir / REQUESTS_FILE, shard) or {}
+        instants.append(int(meta.get("covered_until_ns") or 0))
+    return min(instants, default=None)
 
 
 def persist_recovery(run_dir: Path | str) -> Manifest | None:
