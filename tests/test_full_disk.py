@@ -215,5 +215,7 @@ def test_a_killed_run_over_workers_accounts_for_every_request_and_stops_where_bo
         last = sorted(parts.glob(f"part-w{i}-*.parquet"))[-1]
         covered.append(json.loads(pq.read_schema(last).metadata[b"loadgen.part"])["covered_until_ns"])
     assert m.stopped_ns == min(covered)  # was the covered instant of whichever worker's part sorted last
-    a = analyze_run(out)
-    assert a.run["stop"]["state"] == "killed" and a.overall.n_scheduled <= run.requests.num_rows
+    done = run_loadgen(["analyze", out, "--quiet", "--json", tmp_path / "a.json"], REPO)
+    assert done.returncode == 0, done.stderr
+    stop = json.loads((tmp_path / "a.json").read_text())["run"]["stop"]
+    assert stop["state"] == "killed" and stop["no_row"]["without_row"] == m.recovery["without_row"]
