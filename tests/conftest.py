@@ -29,3 +29,12 @@ def sim_server():
             return stack.enter_context(launch_sim_server(engine, *extra_args, env=env))
 
         yield start
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 2 MB tmpfs (root only); the test is skipped with the reason when it cannot be mounted."""
+    from small_disk import mounted_small_disk
+
+    with mounted_small_disk(tmp_path / "small") as where:
+        yield where

@@ -280,24 +280,6 @@ def test_sigkill_under_load_keeps_what_was_on_disk(instant, tmp_path: Path) -> N
 # ---- write errors --------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path):
-    """A 2 MB tmpfs (root only); the test is skipped with the reason when it cannot be mounted."""
-    where = tmp_path / "small"
-    where.mkdir()
-    made = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)], capture_output=True, text=True, check=False
-    )
-    if made.returncode != 0:
-        pytest.skip(
-            f"cannot mount a tmpfs here ({made.stderr.strip() or 'not root'}): the injected-ENOSPC test covers it"
-        )
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True, check=False)
-
-
 @pytest.mark.slow
 def test_full_disk_stops_the_run_in_one_line_and_keeps_what_was_flushed(
     instant, tmp_path: Path, small_disk: Path

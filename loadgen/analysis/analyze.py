@@ -482,14 +482,14 @@ class _Run:
         recorded = manifest.requests_recorded
         _refuse_foreign_rows(run_dir, self.n + self.not_due, recorded)
         _refuse_impossible_instants(run_dir, self.ids, c)
-        if recorded is not None and self.n < recorded:
+        if recorded is not None and self.n + self.not_due < recorded:  # not-due rows are recorded rows, too
             if self.n == 0:  # nothing left to analyse: never report "0 scheduled" for a run that recorded some
                 raise RunDirError(
                     f"{run_dir / REQUESTS_FILE}: 0 rows: expected {recorded} (manifest.json "
                     f"requests_recorded): the file was truncated or replaced"
                 )
             self.notes.append(
-                f"records missing: {REQUESTS_FILE} holds {self.n} of the {recorded} requests the manifest "
+                f"records missing: {REQUESTS_FILE} holds {self.n + self.not_due} of the {recorded} requests the manifest "
                 f"says were recorded (truncated or replaced file): every count below undercounts"
             )
         sched, done = c["scheduled_ns"], c["done_ns"]
@@ -854,6 +854,7 @@ def _stop_info(run: _Run) -> dict[str, Any]:
         out["no_row"] = {
             "in_flight_at_last_flush": in_flight,
             "not_due_at_last_flush": m.recovery.get("not_due_at_last_flush"),
+            "without_row": m.recovery.get("without_row"),
         }
     return out
 

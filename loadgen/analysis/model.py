@@ -70,6 +70,8 @@ def stop_sentence(stop: dict[str, Any]) -> str | None:
                 f"; no row for {no_row['in_flight_at_last_flush']} request(s) in flight and "
                 f"{no_row['not_due_at_last_flush']} not yet due at that flush"
             )
+        elif no_row.get("without_row"):
+            text += f"; no row for {no_row['without_row']} scheduled request(s) (in flight, not yet due or unrecorded)"
     if state == "running":
         text += " (its writer is still running: figures up to the last flush)"
     return text

@@ -36,6 +36,9 @@ class NoRow(ResultModel):
 
     in_flight_at_last_flush: int | None = None
     not_due_at_last_flush: int | None = None
+    without_row: int | None = Field(
+        None, description="scheduled requests with no row: in flight, not yet due or never recorded (scheduled - rows)"
+    )
 
 
 class RunState(ResultModel):

@@ -15,12 +15,13 @@ send lags, for exact percentiles over every worker), whatever ended it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import anyio
 import numpy as np
@@ -29,6 +30,7 @@ from loadgen.rundir.identity import hostname_sha256
 from loadgen.rundir.io import WORKERS_DIR
 from loadgen.util import interrupts
 from loadgen.util.errors import LoadgenError
+from loadgen.util.outputfile import output_partial, write_output_text
 
 from .control import TOKEN_ENV, Channel, measure_offset
 from .options import RunOptions
@@ -130,8 +132,9 @@ def _write_stats(run_dir: Path, worker: _Worker, shard: Shard | None, outcome: s
     }
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        np.save(directory / LAG_FILE, lags)
-        (directory / WORKER_FILE).write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n")
+        with output_partial(directory / LAG_FILE) as partial, partial.open("wb") as f:
+            np.save(f, lags)  # whole or absent: a full disk leaves no truncated file to misread
+        write_output_text(directory / WORKER_FILE, json.dumps(stats, indent=2, sort_keys=True) + "\n")
     except OSError as exc:
         print(f"loadgen: warning: worker {worker.worker_id}: cannot write {directory}: {exc}", file=sys.stderr)
 
@@ -192,12 +195,34 @@ def serve_worker_sync(address: str, token: str, worker_id: int, node_ip: str | N
     )
 
 
+class _BestEffortLog:
+    """A worker's stdout/stderr (its log.txt, in the run directory): a write that fails (a full disk)
+    is dropped, never raised into the replay, whose records and manifest matter more than its log."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError:
+            return len(text)
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError):
+            self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="loadgen-worker", description="one worker of a loadgen run (internal)")
     parser.add_argument("--connect", required=True, help="the coordinator's HOST:PORT")
     parser.add_argument("--worker", type=int, required=True, help="this worker's id (0 ... N-1)")
     args = parser.parse_args(argv)
     token = os.environ.pop(TOKEN_ENV, "")
+    sys.stdout, sys.stderr = _BestEffortLog(sys.stdout), _BestEffortLog(sys.stderr)
     interrupts.install()
     try:
         return serve_worker_sync(args.connect, token, args.worker)

@@ -25,6 +25,7 @@ for the whole run: the sums, and the worst worker's p99 TTFT.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -50,7 +51,6 @@ from loadgen.rundir.manifest import (
     WorkersInfo,
     merge_manifest,
     read_manifest,
-    write_manifest,
 )
 from loadgen.rundir.parts import table_files, table_rows
 from loadgen.rundir.schema import (
@@ -63,7 +63,7 @@ from loadgen.rundir.schema import (
 )
 from loadgen.util import interrupts
 from loadgen.util.childproc import ChildProcess
-from loadgen.util.errors import LoadgenError, RunDirError
+from loadgen.util.errors import LoadgenError, RecordWriteError, RunDirError
 from loadgen.util.jsonfile import read_json_object
 
 from .control import TOKEN_ENV, Channel
@@ -425,7 +425,11 @@ class Coordinator:
 
     # ---- the end: accounting and the merged manifest ----------------------------------------------------------
     def finish(self, state: str, interrupted_by: str | None) -> Manifest:
-        """Record every request no worker recorded, then write the run's merged manifest (synchronous)."""
+        """Record every request no worker recorded, then write the run's merged manifest (synchronous).
+
+        A write error on the way (a full disk) stops the recording, not the manifest: it says ``failed``,
+        names the error and how many scheduled requests have no row; the error is raised after it.
+        """
         infos, shard_manifests, lags = [], [], []
         for w in self.workers:
             info, shard, lag = self._account(w)
@@ -446,23 +450,30 @@ class Coordinator:
         updates = self._merged(shard_manifests, np.concatenate(lags) if lags else np.empty(0, np.int64), infos, state)
         if interrupted_by:
             updates["interrupted_by"] = interrupted_by
-        self.writer.close(updates)
+        return self.writer.close(updates, totals=lambda closing: self._totals(closing, shard_manifests))
+
+    def _totals(self, closing: Manifest, shards: list[Manifest]) -> dict[str, Any]:
+        """The run's counts over every part on disk (the workers' and the coordinator's); after a write
+        error, how many scheduled requests have no row, and why."""
         counts = {s: 0 for s in STATUSES}
         statuses = read_run_table(self.run_dir, REQUESTS_FILE, ["status"])
         if statuses is not None:
             for entry in pa.compute.value_counts(statuses.column("status")).to_pylist():
                 counts[str(entry["values"])] = int(entry["counts"])
-        final = merge_manifest(
-            self.writer.manifest,
-            {
-                "status_counts": counts,
-                "requests_recorded": sum(counts.values()),
-                "chunks_recorded": table_rows(self.run_dir / CHUNKS_FILE),
-                "last_flush": _last_flush(shard_manifests),
-            },
-        )
-        write_manifest(self.run_dir, final)
-        return final
+        recorded = sum(counts.values())
+        totals: dict[str, Any] = {
+            "status_counts": counts,
+            "requests_recorded": recorded,
+            "chunks_recorded": table_rows(self.run_dir / CHUNKS_FILE),
+            "last_flush": _last_flush(shards),
+        }
+        scheduled = self.inputs.table.num_rows
+        if self.writer.broken is not None and recorded < scheduled:
+            totals["warnings"] = [
+                *closing.warnings,
+                f"{scheduled - recorded} of {scheduled} scheduled requests have no row: {self.writer.broken.short}",
+            ]
+        return totals
 
     def _worker_rows(self, w: _Worker) -> pa.Table:
         """The request rows worker ``w`` wrote (its part series), columns request_id, status, sent_ns."""
@@ -495,7 +506,7 @@ class Coordinator:
                 stats = {}
         try:
             lag = np.load(directory / LAG_FILE) if (directory / LAG_FILE).is_file() else np.empty(0, np.int64)
-        except (OSError, ValueError):
+        except (OSError, ValueError, EOFError):  # unreadable (an older loadgen's write cut short): no lags
             lag = np.empty(0, np.int64)
         rows = self._worker_rows(w)
         w.lost = self._record_lost(w, set(rows.column("request_id").to_pylist()))
@@ -515,7 +526,8 @@ class Coordinator:
                 requests_sent=int(rows.num_rows - rows.column("sent_ns").null_count),
                 requests_completed=int(pa.compute.sum(pa.compute.equal(status, "ok")).as_py() or 0),
                 requests_lost=w.lost,
-                state=("killed" if w.lost else shard.state) if shard is not None else None,
+                # its shard's own word; one left "running" is a worker that died without closing it
+                state=("killed" if shard.state == "running" else shard.state) if shard is not None else None,
                 exit=w.exit,
             ),
             shard,
@@ -532,8 +544,11 @@ class Coordinator:
         for row in table.to_pylist():
             if row["request_id"] in recorded:
                 continue
+            n += 1
+            if self.writer.broken is not None:  # a full disk: counted here; the manifest says how many lack a row
+                continue
             due = row["scheduled_offset_ns"] < due_before
-            self.writer.add_request(
+            self._add_lost_row(
                 empty_request_row(
                     request_id=row["request_id"],
                     request_class=row["request_class"],
@@ -551,8 +566,12 @@ class Coordinator:
                     + (f" (the worker's error: {w.error[:300]})" if w.error else ""),
                 )
             )
-            n += 1
         return n
+
+    def _add_lost_row(self, row: dict[str, Any]) -> None:
+        """One ``worker_lost`` row; a write error (kept by the writer, raised at its close) stops the recording."""
+        with contextlib.suppress(RecordWriteError):
+            self.writer.add_request(row)
 
     def _merged(self, shards: list[Manifest], lags: np.ndarray, infos: list[WorkerInfo], state: str) -> dict[str, Any]:
         """The run's manifest from its workers': sections of the first, sums of the additive figures."""

@@ -7,6 +7,7 @@ copied when they are still there unchanged, else rebuilt from the run's manifest
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -460,6 +461,10 @@ def _check_no_secret(bundle_dir: Path, manifest: Manifest) -> None:
 # ------------------------------------------------------------------------------------------- build
 
 
+#: The errors of a destination without room (full disk, quota, file size limit, read-only).
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+
+
 def _bundle_dir(out: str | Path) -> Path:
     out = Path(out)
     if out.name.endswith(".tar.gz"):
@@ -516,12 +521,14 @@ def build_bundle(source: str | Path, out: str | Path) -> BundleInfo:
         src.analysis.overall.error_kinds,
     )
     make_output_dir(out, "a new bundle directory", RunDirError)
-    try:
+    tarball = out.with_name(out.name + ".tar.gz")
+    try:  # whole or nothing: a bundle cut short (a full disk) leaves neither folder nor tarball
         _write_files(out, src, failures, experiment)
         files = write_sums(out)
-    except BaseException:
+        write_tar(out, tarball)
+    except BaseException as exc:
         shutil.rmtree(out, ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno in _NO_ROOM:  # shutil names the source file: the bundle it is
+            raise RunDirError(f"{out}: cannot write the handoff bundle: {exc.strerror}; nothing was kept") from None
         raise
-    tarball = out.with_name(out.name + ".tar.gz")
-    write_tar(out, tarball)
     return BundleInfo(out, tarball, src.run_dir, failures, experiment, files)

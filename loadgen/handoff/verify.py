@@ -20,6 +20,7 @@ from pathlib import Path, PurePosixPath
 
 from loadgen.rundir.identity import sha256_file
 from loadgen.util.errors import RunDirError
+from loadgen.util.outputfile import output_partial
 
 from .layout import SUMS_FILE
 
@@ -36,9 +37,9 @@ def write_sums(bundle_dir: Path) -> list[str]:
 
 def write_tar(bundle_dir: Path, tarball: Path) -> None:
     """A reproducible tar.gz (sorted names, fixed mtimes/owners) with the bundle dir as its top folder."""
-    tmp = tarball.with_name(tarball.name + ".tmp")
     with (
-        open(tmp, "wb") as raw,
+        output_partial(tarball) as partial,
+        open(partial, "wb") as raw,
         gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz,
         tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
     ):
@@ -51,7 +52,6 @@ def write_tar(bundle_dir: Path, tarball: Path) -> None:
             info.mtime = 0
             with open(path, "rb") as handle:
                 tar.addfile(info, handle)
-    os.replace(tmp, tarball)
 
 
 @dataclass

@@ -14,7 +14,7 @@ was, and until which scheduled instant every request has its row (``stopped_ns``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +32,7 @@ from loadgen.rundir.parts import (
     PartTable,
     last_part_metadata,
     read_table,
+    shard_last_part_metadata,
     table_files,
     table_rows,
     write_error,
@@ -308,9 +309,15 @@ class RunWriter:
             warnings.append(f"{name}: parts not merged ({exc}); every part is kept and readable")
         return warnings
 
-    def close(self, updates: Mapping[str, Any] | None = None) -> Manifest:
+    def close(
+        self,
+        updates: Mapping[str, Any] | None = None,
+        totals: Callable[[Manifest], Mapping[str, Any]] | None = None,
+    ) -> Manifest:
         """Flush, merge the parts and write the final manifest (``updates`` merged in); idempotent.
 
+        ``totals``: called with the closing manifest once every part is on disk, its answer merged in
+        before the one final write (a coordinator's counts over its workers' parts too).
         After a write error nothing more is written but the manifest, which says ``failed`` and
         names the error; an error raised here (the final flush or manifest) is raised after that.
         """
@@ -346,6 +353,8 @@ class RunWriter:
                 self.manifest = merge_manifest(self.manifest, {"state": "failed", "interrupted_by": exc.short})
             if warnings:
                 self.manifest = merge_manifest(self.manifest, {"warnings": [*self.manifest.warnings, *warnings]})
+        if totals is not None:
+            self.manifest = merge_manifest(self.manifest, totals(self.manifest))
         try:
             write_manifest(self.manifest_dir, self.manifest)
         except OSError as exc:
@@ -453,7 +462,11 @@ def recovered_manifest(run_dir: Path, manifest: Manifest) -> Manifest:
     """
     counts, recorded = _status_counts(run_dir)
     part = last_part_metadata(run_dir / REQUESTS_FILE) or {}
-    dispatched = part.get("dispatched")
+    # a run over workers: the last part is one worker's, its dispatch count not the run's (unknown, not wrong),
+    # and the run covers up to the instant every worker covered
+    spread = manifest.workers is not None and (manifest.workers.count or 0) > 1
+    dispatched = None if spread else part.get("dispatched")
+    covered = _covered_by_every_worker(run_dir, manifest) if spread else part.get("covered_until_ns")
     scheduled = manifest.scheduled_requests
     alive = writer_alive(manifest)
     why = (
@@ -470,6 +483,8 @@ def recovered_manifest(run_dir: Path, manifest: Manifest) -> Manifest:
         "dispatched_at_last_flush": dispatched,
         "in_flight_at_last_flush": dispatched - recorded if dispatched is not None else None,
         "not_due_at_last_flush": scheduled - dispatched if scheduled is not None and dispatched is not None else None,
+        # every scheduled request either has a row or is one of these (in flight, not yet due, or never recorded)
+        "without_row": scheduled - recorded if scheduled is not None else None,
     }
     return merge_manifest(
         manifest,
@@ -479,16 +494,33 @@ def recovered_manifest(run_dir: Path, manifest: Manifest) -> Manifest:
             "status_counts": counts,
             "requests_recorded": recorded,
             "chunks_recorded": table_rows(run_dir / CHUNKS_FILE),
-            "stopped_ns": part.get("covered_until_ns"),
+            "stopped_ns": covered,
             "last_flush": {
                 "utc": part.get("flushed_utc"),
                 "ns": part.get("flushed_ns"),
-                "covered_until_ns": part.get("covered_until_ns"),
+                "covered_until_ns": covered,
                 "parts": len(run_table_files(run_dir, REQUESTS_FILE)),
             },
             "recovery": recovery,
         },
     )
+
+
+def _covered_by_every_worker(run_dir: Path, manifest: Manifest) -> int | None:
+    """The earliest instant a worker still writing had covered at its last flush (0: it flushed no progress);
+    a worker that closed its shard has every row on disk and bounds nothing (None: none bounds it)."""
+    count = manifest.workers.count if manifest.workers is not None and manifest.workers.count else 0
+    instants = []
+    for worker_id in range(count):
+        shard = f"w{worker_id}"  # driver.partition.worker_name: its parts part-w0-*, its manifest workers/w0/
+        try:
+            if read_manifest(run_dir / WORKERS_DIR / shard).state != "running":
+                continue
+        except RunDirError:
+            pass  # never opened, or unreadable: what it covered is what its parts say
+        meta = shard_last_part_metadata(run_dir / REQUESTS_FILE, shard) or {}
+        instants.append(int(meta.get("covered_until_ns") or 0))
+    return min(instants, default=None)
 
 
 def persist_recovery(run_dir: Path | str) -> Manifest | None:

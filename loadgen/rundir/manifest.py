@@ -390,13 +390,16 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def _overwrite_in_place(path: Path, data: bytes) -> bool:
-    """The fallback when no new file fits (disk full): overwrite an existing, large enough manifest."""
+    """The fallback when no new file fits (disk full): overwrite an existing, large enough manifest,
+    padded to the size it had (trailing whitespace), so the room stays for the next write in place."""
     try:
-        if not path.is_file() or path.stat().st_size < len(data):
+        size = path.stat().st_size if path.is_file() else 0
+        if size < len(data):
             return False
+        if size > len(data):
+            data = data[:-1] + b" " * (size - len(data)) + b"\n"
         with open(path, "r+b") as f:
             f.write(data)
-            f.truncate()
             f.flush()
             os.fsync(f.fileno())
     except OSError:

@@ -383,12 +383,20 @@ def table_rows(path: Path) -> int:
     return sum(_open(file).metadata.num_rows for file in table_files(path))
 
 
+def shard_last_part_metadata(path: Path, shard: str) -> dict[str, Any] | None:
+    """``last_part_metadata`` of one shard's series (``w0`` ...) of a table spread over workers."""
+    files = [f for f in table_files(path) if (m := _PART.match(f.name)) is not None and m.group(1) == shard]
+    return _part_metadata(files[-1]) if files else None
+
+
 def last_part_metadata(path: Path) -> dict[str, Any] | None:
     """The ``loadgen.part`` metadata of a table's last file (None for schema v1 files, or none written)."""
     files = table_files(path)
-    if not files:
-        return None
-    meta = _open(files[-1]).schema_arrow.metadata or {}
+    return _part_metadata(files[-1]) if files else None
+
+
+def _part_metadata(file: Path) -> dict[str, Any] | None:
+    meta = _open(file).schema_arrow.metadata or {}
     raw = meta.get(PART_METADATA_KEY.encode())
     try:
         return json.loads(raw) if raw else None

@@ -13,6 +13,7 @@ Deeper questions go to the Parquet itself, in place, with DuckDB (``docs/runs.md
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -234,7 +235,7 @@ def _connect(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
         try:
             return duckdb.connect(str(path), read_only=read_only)
         except duckdb.Error as exc:
-            text = str(exc).splitlines()[0]
+            text = _first_line(exc)
             if "lock" not in text.lower():
                 raise RunDirError(f"{path}: cannot open the run catalog: {text}") from exc
             if time.monotonic() >= deadline:
@@ -253,14 +254,30 @@ class Catalog:
         if read_only and not self.path.exists():
             raise RunDirError(f"{self.path}: no run catalog: expected one made by `loadgen runs index DIR`")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = _connect(self.path, read_only)
+        new = not self.path.exists()
         try:
+            self.db = _connect(self.path, read_only)
             self.version = self._check(read_only)
             if not read_only:
                 self._create()
-        except BaseException:
-            self.db.close()
+        except BaseException as exc:
+            if new:  # a catalog this call began (a full disk): no empty file to be refused later as "not valid"
+                self._remove_unfinished()
+            elif getattr(self, "db", None) is not None:
+                self.db.close()
+            if isinstance(exc, duckdb.Error):
+                raise RunDirError(f"{self.path}: cannot open the run catalog: {_first_line(exc)}") from exc
             raise
+
+    def _remove_unfinished(self) -> None:
+        """Close and delete a catalog file (and its write-ahead log) this call created and could not finish."""
+        db = getattr(self, "db", None)
+        if db is not None:
+            with contextlib.suppress(duckdb.Error):
+                db.close()
+        for path in (self.path, self.path.with_name(self.path.name + ".wal")):
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
 
     def __enter__(self) -> Catalog:
         return self
@@ -328,8 +345,21 @@ class Catalog:
                 report.updated += 1
             else:
                 report.added += 1
-        self._store(rows, class_rows)
-        self._mark_missing(paths, seen, report)
+        try:
+            self._store(rows, class_rows)
+        except duckdb.Error as exc:  # a full disk at commit: the transaction is rolled back, the rows are as before
+            with contextlib.suppress(duckdb.Error):
+                self.db.execute("ROLLBACK")
+            raise RunDirError(
+                f"{self.path}: cannot write the run catalog ({_first_line(exc)}): nothing of this index was recorded"
+            ) from None
+        try:
+            self._mark_missing(paths, seen, report)
+        except duckdb.Error as exc:
+            raise RunDirError(
+                f"{self.path}: cannot write the run catalog ({_first_line(exc)}): {len(rows)} directories were "
+                "recorded, the ones gone were not marked missing"
+            ) from None
         return report
 
     def _read(self, directory: Path, kind: str, report: IndexReport) -> tuple[dict[str, Any], list[Any]]:
@@ -469,3 +499,7 @@ class Catalog:
             raise RunDirError(f"--where {where!r}: {text}: expected an SQL condition over the runs columns") from exc
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -13,8 +13,9 @@ plain-file store in maintenance mode). Needs ``pip install 'loadgen[mlflow]'``.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,17 +54,29 @@ def _mlflow() -> Any:
     return mlflow
 
 
+def _sqlite_file(tracking_uri: str) -> Path | None:
+    return Path(tracking_uri[len("sqlite:///") :]) if tracking_uri.startswith("sqlite:///") else None
+
+
 def _client(tracking_uri: str, experiment: str) -> tuple[Any, str]:
-    mlflow = _mlflow()
-    client = mlflow.tracking.MlflowClient(tracking_uri)
-    found = client.get_experiment_by_name(experiment)
-    if found is not None:
-        return client, found.experiment_id
-    location = None
-    if tracking_uri.startswith("sqlite:///"):
-        db = Path(tracking_uri[len("sqlite:///") :])
-        location = (db.parent.resolve() / "mlflow-artifacts").as_uri()
-    return client, client.create_experiment(experiment, artifact_location=location)
+    """The client and the experiment's id; a SQLite store this call began and could not finish (MLflow's
+    schema cut short by a full disk, which MLflow never opens again) is removed."""
+    db = _sqlite_file(tracking_uri)
+    new = db is not None and not db.exists()
+    try:
+        mlflow = _mlflow()
+        client = mlflow.tracking.MlflowClient(tracking_uri)
+        found = client.get_experiment_by_name(experiment)
+        if found is not None:
+            return client, found.experiment_id
+        location = (db.parent.resolve() / "mlflow-artifacts").as_uri() if db is not None else None
+        return client, client.create_experiment(experiment, artifact_location=location)
+    except BaseException:
+        if new and db is not None:
+            for path in (db, db.with_name(db.name + "-journal"), db.with_name(db.name + "-wal")):
+                with contextlib.suppress(OSError):
+                    path.unlink(missing_ok=True)
+        raise
 
 
 def _params(run_dir: Path) -> dict[str, str]:
@@ -103,11 +116,35 @@ def _existing(client: Any, experiment_id: str, path: Path, signature: str) -> bo
 
 
 def _log_run(client: Any, experiment_id: str, run_dir: Path, parent: str | None) -> str:
-    tags = {"loadgen.path": str(run_dir), "loadgen.kind": "run", "loadgen.signature": _export_signature(run_dir, "run")}
+    tags = {"loadgen.path": str(run_dir), "loadgen.kind": "run"}
     if parent:
         tags["mlflow.parentRunId"] = parent
     run = client.create_run(experiment_id, run_name=run_dir.name, tags=tags)
     rid = run.info.run_id
+    with _failed_unless_finished(client, rid):
+        _log_contents(client, rid, run_dir)
+        _finish(client, rid, _export_signature(run_dir, "run"))
+    return str(rid)
+
+
+@contextlib.contextmanager
+def _failed_unless_finished(client: Any, rid: str) -> Iterator[None]:
+    """An MLflow run cut short (a full disk, a lost server) is marked FAILED when the store still takes it."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            client.set_terminated(rid, status="FAILED")
+        raise
+
+
+def _finish(client: Any, rid: str, signature: str) -> None:
+    """The signature tag last: a run that has it is whole, and only a whole one counts as exported before."""
+    client.set_tag(rid, "loadgen.signature", signature)
+    client.set_terminated(rid)
+
+
+def _log_contents(client: Any, rid: str, run_dir: Path) -> None:
     mlflow = _mlflow()
     entities = mlflow.entities
     params = [entities.Param(k, v) for k, v in _params(run_dir).items()]
@@ -121,8 +158,6 @@ def _log_run(client: Any, experiment_id: str, run_dir: Path, parent: str | None)
     with tempfile.TemporaryDirectory() as tmp:
         report = write_html(analyze_run(run_dir), Path(tmp) / "report.html")
         client.log_artifact(rid, str(report))
-    client.set_terminated(rid)
-    return str(rid)
 
 
 def export_mlflow(
@@ -130,14 +165,36 @@ def export_mlflow(
 ) -> ExportReport:
     """Export run and plan directories (see the module docstring); returns what was exported or skipped."""
     kinds = [(directory, _kind(directory)) for directory in (Path(d).resolve() for d in directories)]
-    client, exp = _client(tracking_uri, experiment)  # only once every directory is one: a refusal writes nothing
     report = ExportReport()
-    for directory, kind in kinds:
-        if kind == "plan":
-            _export_plan(client, exp, directory, report)
-        else:
-            _export_one(client, exp, directory, None, report)
+    with _tracker_errors(tracking_uri, report):
+        client, exp = _client(tracking_uri, experiment)  # only once every directory is one: a refusal writes nothing
+        for directory, kind in kinds:
+            if kind == "plan":
+                _export_plan(client, exp, directory, report)
+            else:
+                _export_one(client, exp, directory, None, report)
     return report
+
+
+@contextlib.contextmanager
+def _tracker_errors(tracking_uri: str, report: ExportReport) -> Iterator[None]:
+    """A store that fails (a full disk under the SQLite file or artifacts, a lost server) is one line saying what
+    was exported before it; a run cut short is FAILED in MLflow and exported again next time."""
+    failures: tuple[type[BaseException], ...] = (OSError, _mlflow().exceptions.MlflowException)
+    try:
+        import sqlalchemy.exc  # MLflow's SQL stores raise its errors unwrapped (absent with mlflow-skinny)
+
+        failures += (sqlalchemy.exc.SQLAlchemyError,)
+    except ImportError:
+        pass
+    try:
+        yield
+    except failures as exc:
+        text = str(exc).strip().splitlines()
+        done = f"{len(report.exported)} exported before it" if report.exported else "nothing exported"
+        raise LoadgenError(
+            f"{tracking_uri}: MLflow could not record ({text[0] if text else type(exc).__name__}); {done}"
+        ) from None
 
 
 def _kind(directory: Path) -> str:
@@ -161,12 +218,13 @@ def _export_plan(client: Any, exp: str, plan_dir: Path, report: ExportReport) ->
     if _existing(client, exp, plan_dir, signature):
         report.unchanged.append(str(plan_dir))
         return
-    tags = {"loadgen.path": str(plan_dir), "loadgen.kind": "plan", "loadgen.signature": signature}
+    tags = {"loadgen.path": str(plan_dir), "loadgen.kind": "plan"}
     parent = client.create_run(exp, run_name=plan_dir.name, tags=tags).info.run_id
-    for path in _artifacts(plan_dir):
-        client.log_artifact(parent, str(path))
-    for run_dir, kind in _walk([plan_dir]):
-        if kind == "run":
-            _export_one(client, exp, run_dir, parent, report)
-    client.set_terminated(parent)
+    with _failed_unless_finished(client, parent):
+        for path in _artifacts(plan_dir):
+            client.log_artifact(parent, str(path))
+        for run_dir, kind in _walk([plan_dir]):
+            if kind == "run":
+                _export_one(client, exp, run_dir, parent, report)
+        _finish(client, parent, signature)
     report.exported.append(f"{plan_dir} -> {parent}")

@@ -2,8 +2,8 @@
 
 The text goes to ``<name>.partial`` beside the target, is optionally checked there, and is renamed over the
 target: a reader never finds half a file, a refused or interrupted write leaves neither the partial nor a changed
-target, and an error names the file the user gave, not the partial. A target that is a directory is refused
-before anything is written.
+target, and an error names the file the user gave, not the partial (nor nothing: a full disk's failed write() names
+no file). A target that is a directory is refused before anything is written.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def output_partial(path: str | Path) -> Iterator[Path]:
     try:
         try:
             yield partial
-        except OSError as exc:  # name the user's file: the partial is ours
-            if exc.filename != str(partial):
+        except OSError as exc:  # name the user's file: the partial is ours (a failed write() names no file)
+            if exc.filename not in (None, str(partial)):
                 raise
             raise type(exc)(exc.errno, exc.strerror, str(path)) from None
         os.replace(partial, path)
