@@ -219,3 +219,16 @@ def test_a_killed_run_over_workers_accounts_for_every_request_and_stops_where_bo
     assert done.returncode == 0, done.stderr
     stop = json.loads((tmp_path / "a.json").read_text())["run"]["stop"]
     assert stop["state"] == "killed" and stop["no_row"]["without_row"] == m.recovery["without_row"]
+
+
+def test_a_fresh_plan_stopped_by_a_full_disk_says_its_directory_was_removed(small_disk: Path) -> None:
+    """A plan that fails before any cell finishes removes its directory (nothing to resume); its error line said
+    the run's "records flushed before it are kept", pointing at files that were gone."""
+    leave_free(small_disk, 30_000)
+    out = small_disk / "plan"
+    done = run_loadgen(["plan", "quick", "--sim-worksheet", "interactive-small-batch", "--out", out, "--quiet"], REPO)
+    assert done.returncode == 2, done.stderr
+    line = one_error_line(done.stderr)
+    assert "No space left on device" in line and "are kept" not in line, line
+    assert line.endswith(f"the plan stopped before any cell finished, and {out} was removed (nothing to resume)")
+    assert not out.exists()

@@ -8,7 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from loadgen.util.errors import LoadgenError
+from loadgen.util.errors import LoadgenError, PlanError, RecordWriteError
 
 from . import flags
 
@@ -95,10 +95,16 @@ def _plan(args: argparse.Namespace) -> int:
             workers=args.workers,
             log=None if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True)),
         )
-    except LoadgenError:
+    except LoadgenError as exc:
         kept = any(out.glob(f"cells/*/rep*/{RESULT_FILE}")) or any(out.glob(f"replicas-*/cells/*/rep*/{RESULT_FILE}"))
-        if fresh and out.is_dir() and not kept:
-            shutil.rmtree(out, ignore_errors=True)  # nothing worth resuming: leave no partial plan directory
+        if not (fresh and out.is_dir() and not kept):
+            raise
+        shutil.rmtree(out, ignore_errors=True)  # nothing worth resuming: leave no partial plan directory
+        if isinstance(exc, RecordWriteError):  # its "records flushed before it are kept" no longer holds
+            raise PlanError(
+                f"{exc.path}: cannot write: {exc.reason}; the plan stopped before any cell finished, and {out} was "
+                "removed (nothing to resume)"
+            ) from None
         raise
     engine = args.sim or args.sim_worksheet
     if engine:  # every figure from the simulated engine says whether its cost terms were calibrated
