@@ -18,7 +18,9 @@ from result_schemas import SCHEMA_DIR, assert_valid, schema_errors
 from loadgen.analysis import ANALYSIS_SCHEMA_VERSION
 from loadgen.calibration.fidelity import FIDELITY_SCHEMA_VERSION
 from loadgen.cli.schema_cmd import RESULT_NAMES
+from loadgen.managed_result import MANAGED_COMPARISON_SCHEMA_VERSION
 from loadgen.plan.results import COMPARISON_SCHEMA_VERSION, FLEET_SCHEMA_VERSION, REGION_SCHEMA_VERSION
+from loadgen.runs.diff_result import DIFF_SCHEMA_VERSION
 from loadgen.targets import launch_sim_server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,6 +31,8 @@ VERSIONS = {
     "region": REGION_SCHEMA_VERSION,
     "fleet": FLEET_SCHEMA_VERSION,
     "fidelity": FIDELITY_SCHEMA_VERSION,
+    "diff": DIFF_SCHEMA_VERSION,
+    "managed": MANAGED_COMPARISON_SCHEMA_VERSION,
 }
 
 

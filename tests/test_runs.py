@@ -12,6 +12,7 @@ import duckdb
 import numpy as np
 import pyarrow.dataset as ds
 import pytest
+from result_schemas import assert_valid, schema_errors
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINE = REPO / "scenarios" / "engines" / "interactive-small-batch.toml"
@@ -89,6 +90,10 @@ def test_diff_finds_a_known_slowdown_and_fails_ci(runs, tmp_path):
     assert res.returncode == 3, res.stdout[-3000:] + res.stderr
     data = json.loads((tmp_path / "d.json").read_text())
     assert data["verdict"] == "regressed"
+    assert_valid("diff", data)  # the published schema (loadgen schema diff)
+    assert data["kind"] == "loadgen.diff" and data["version"] == 1
+    data["rows"][0]["interval"] = "wide"
+    assert any(e.startswith("rows/0/interval") for e in schema_errors("diff", data))
     regressed = {(r["request_class"], r["metric"], r["quantile"]) for r in data["rows"] if r["verdict"] == "regressed"}
     # a 1.5x slower engine: the median TPOT and TTFT of the two large classes regress beyond the 5% threshold;
     # burst (15% of 240 requests) is slower too, by more than 30% at the median
@@ -120,6 +125,7 @@ def test_diff_of_two_seeds_of_one_engine_flags_nothing(runs, tmp_path):
         str(tmp_path / "d.json"),
     )
     data = json.loads((tmp_path / "d.json").read_text())
+    assert_valid("diff", data)
     assert data["verdict"] != "regressed" and not [r for r in data["rows"] if r["verdict"] == "regressed"]
     assert data["differs_in"] and all(k.startswith("trace.") for k in data["differs_in"])
     assert "verdict:" in res.stdout
