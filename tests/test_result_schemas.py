@@ -18,6 +18,7 @@ from result_schemas import SCHEMA_DIR, assert_valid, schema_errors
 from loadgen.analysis import ANALYSIS_SCHEMA_VERSION
 from loadgen.calibration.fidelity import FIDELITY_SCHEMA_VERSION
 from loadgen.cli.schema_cmd import RESULT_NAMES
+from loadgen.ledger.result import LEDGER_SCHEMA_VERSION, RECONCILIATION_SCHEMA_VERSION
 from loadgen.managed_result import MANAGED_COMPARISON_SCHEMA_VERSION
 from loadgen.plan.results import COMPARISON_SCHEMA_VERSION, FLEET_SCHEMA_VERSION, REGION_SCHEMA_VERSION
 from loadgen.runs.diff_result import DIFF_SCHEMA_VERSION
@@ -33,6 +34,8 @@ VERSIONS = {
     "fidelity": FIDELITY_SCHEMA_VERSION,
     "diff": DIFF_SCHEMA_VERSION,
     "managed": MANAGED_COMPARISON_SCHEMA_VERSION,
+    "ledger": LEDGER_SCHEMA_VERSION,
+    "reconciliation": RECONCILIATION_SCHEMA_VERSION,
 }
 
 

@@ -1,4 +1,4 @@
-"""``loadgen schema analysis|decision|region|fleet|fidelity|diff|managed [--out F]``: the published JSON Schema of a result.
+"""``loadgen schema analysis|decision|region|fleet|fidelity|diff|managed|ledger|reconciliation [--out F]``: the published JSON Schema of a result.
 
 The checked-in copies are ``docs/schema/<name>.schema.json``; a test keeps them equal to this command's output.
 """
@@ -16,7 +16,7 @@ from . import flags
 __all__ = ["RESULT_NAMES", "register", "result_schema"]
 
 #: The published results, by the name the command takes.
-RESULT_NAMES = ("analysis", "decision", "region", "fleet", "fidelity", "diff", "managed")
+RESULT_NAMES = ("analysis", "decision", "region", "fleet", "fidelity", "diff", "managed", "ledger", "reconciliation")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,6 +33,7 @@ def result_schema(name: str) -> dict[str, Any]:
     from ..analysis.model import ANALYSIS_SCHEMA_VERSION  # deferred: `loadgen --help` loads no library code
     from ..analysis.result import AnalysisResult  # deferred: as above
     from ..calibration.fidelity import FIDELITY_SCHEMA_VERSION, FidelityTable  # deferred: as above
+    from ..ledger import result as ledger_result  # deferred: as above
     from ..managed_result import MANAGED_COMPARISON_SCHEMA_VERSION, ManagedComparisonResult  # deferred: as above
     from ..plan import results  # deferred: as above
     from ..runs.diff_result import DIFF_SCHEMA_VERSION, DiffDocument  # deferred: as above
@@ -57,6 +58,16 @@ def result_schema(name: str) -> dict[str, Any]:
             ManagedComparisonResult,
             MANAGED_COMPARISON_SCHEMA_VERSION,
             "loadgen managed compare --json: a local engine run and a managed API run side by side",
+        ),
+        "ledger": (
+            ledger_result.LedgerResult,
+            ledger_result.LEDGER_SCHEMA_VERSION,
+            "loadgen ledger --json: where a device's memory goes",
+        ),
+        "reconciliation": (
+            ledger_result.ReconciliationResult,
+            ledger_result.RECONCILIATION_SCHEMA_VERSION,
+            "loadgen ledger --reconcile SOURCE --json: the ledger's KV capacity against what vLLM reported",
         ),
     }
     model, version, description = table[name]
