@@ -1,4 +1,4 @@
-"""``loadgen schema analysis|decision|region|fleet|fidelity|diff|managed|ledger|reconciliation [--out F]``: the published JSON Schema of a result.
+"""``loadgen schema analysis|decision|region|fleet|fidelity|diff|managed|ledger|reconciliation|trace-stats [--out F]``: the published JSON Schema of a result.
 
 The checked-in copies are ``docs/schema/<name>.schema.json``; a test keeps them equal to this command's output.
 """
@@ -16,7 +16,18 @@ from . import flags
 __all__ = ["RESULT_NAMES", "register", "result_schema"]
 
 #: The published results, by the name the command takes.
-RESULT_NAMES = ("analysis", "decision", "region", "fleet", "fidelity", "diff", "managed", "ledger", "reconciliation")
+RESULT_NAMES = (
+    "analysis",
+    "decision",
+    "region",
+    "fleet",
+    "fidelity",
+    "diff",
+    "managed",
+    "ledger",
+    "reconciliation",
+    "trace-stats",
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,6 +48,7 @@ def result_schema(name: str) -> dict[str, Any]:
     from ..managed_result import MANAGED_COMPARISON_SCHEMA_VERSION, ManagedComparisonResult  # deferred: as above
     from ..plan import results  # deferred: as above
     from ..runs.diff_result import DIFF_SCHEMA_VERSION, DiffDocument  # deferred: as above
+    from ..trace import stats_result  # deferred: as above
     from ..util.resultmodel import ResultModel, json_schema  # deferred: as above
 
     table: dict[str, tuple[type[ResultModel], str | int, str]] = {
@@ -68,6 +80,11 @@ def result_schema(name: str) -> dict[str, Any]:
             ledger_result.ReconciliationResult,
             ledger_result.RECONCILIATION_SCHEMA_VERSION,
             "loadgen ledger --reconcile SOURCE --json: the ledger's KV capacity against what vLLM reported",
+        ),
+        "trace-stats": (
+            stats_result.TraceStatsResult,
+            stats_result.TRACE_STATS_SCHEMA_VERSION,
+            "loadgen trace stats FILE --json: a trace's metadata and statistics",
         ),
     }
     model, version, description = table[name]
