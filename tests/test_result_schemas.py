@@ -18,8 +18,13 @@ from result_schemas import SCHEMA_DIR, assert_valid, schema_errors
 from loadgen.analysis import ANALYSIS_SCHEMA_VERSION
 from loadgen.calibration.fidelity import FIDELITY_SCHEMA_VERSION
 from loadgen.cli.schema_cmd import RESULT_NAMES
+from loadgen.ledger.result import LEDGER_SCHEMA_VERSION, RECONCILIATION_SCHEMA_VERSION
+from loadgen.managed_result import MANAGED_COMPARISON_SCHEMA_VERSION
 from loadgen.plan.results import COMPARISON_SCHEMA_VERSION, FLEET_SCHEMA_VERSION, REGION_SCHEMA_VERSION
+from loadgen.runs.catalog_result import RUN_LIST_SCHEMA_VERSION, RUN_SHOW_SCHEMA_VERSION
+from loadgen.runs.diff_result import DIFF_SCHEMA_VERSION
 from loadgen.targets import launch_sim_server
+from loadgen.trace.stats_result import TRACE_STATS_SCHEMA_VERSION
 
 REPO = Path(__file__).resolve().parents[1]
 TRACE = REPO / "traces" / "canonical-burst.parquet"
@@ -29,6 +34,13 @@ VERSIONS = {
     "region": REGION_SCHEMA_VERSION,
     "fleet": FLEET_SCHEMA_VERSION,
     "fidelity": FIDELITY_SCHEMA_VERSION,
+    "diff": DIFF_SCHEMA_VERSION,
+    "managed": MANAGED_COMPARISON_SCHEMA_VERSION,
+    "ledger": LEDGER_SCHEMA_VERSION,
+    "reconciliation": RECONCILIATION_SCHEMA_VERSION,
+    "trace-stats": TRACE_STATS_SCHEMA_VERSION,
+    "runs-list": RUN_LIST_SCHEMA_VERSION,
+    "runs-show": RUN_SHOW_SCHEMA_VERSION,
 }
 
 
@@ -48,9 +60,29 @@ def test_checked_in_schemas_equal_the_command_and_carry_the_version(tmp_path: Pa
         schema = json.loads(printed)
         assert schema["$id"] == f"urn:loadgen:schema:{name}:v{VERSIONS[name]}"
         assert schema["x-loadgen-schema-version"] == str(VERSIONS[name])
+        if schema.get("type") == "array":  # runs list --json: an array of rows, each closed
+            row = schema["$defs"][schema["items"]["$ref"].rsplit("/", 1)[1]]
+            assert row["additionalProperties"] is False and row["required"]
+            continue
         assert schema["additionalProperties"] is False and schema["required"]
     _cli("schema", "region", "--out", str(tmp_path / "r.json"))
     assert (tmp_path / "r.json").read_text() == (SCHEMA_DIR / "region.schema.json").read_text()
+
+
+def test_trace_stats_json_validates(tmp_path: Path) -> None:
+    """`trace stats --json` through the real CLI, on the checked-in burst trace and on a trace too short for any
+    index of dispersion (its iod figures null), conforms to `loadgen schema trace-stats`."""
+    data = json.loads(_cli("trace", "stats", str(TRACE), "--json").stdout)
+    assert_valid("trace-stats", data)
+    assert data["kind"] == "loadgen.trace_stats" and data["stats"]["requests"] == data["metadata"]["requests"]
+    scenario = (REPO / "scenarios" / "canonical.toml").read_text().replace("duration_s = 60", "duration_s = 1")
+    (tmp_path / "s.toml").write_text(scenario.replace('cases = ["contract/canonical.toml"]', "cases = []"))
+    _cli("trace", "generate", "s.toml", "--trace", "steady", "--out", "t.parquet", cwd=tmp_path)
+    short = json.loads(_cli("trace", "stats", str(tmp_path / "t.parquet"), "--json").stdout)
+    assert_valid("trace-stats", short)
+    assert short["stats"]["iod"]["60s"] is None
+    short["stats"]["classes"] = []
+    assert any(e.startswith("stats/classes") for e in schema_errors("trace-stats", short))
 
 
 def test_schema_refuses_an_unknown_result_in_one_line() -> None:

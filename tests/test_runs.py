@@ -12,6 +12,7 @@ import duckdb
 import numpy as np
 import pyarrow.dataset as ds
 import pytest
+from result_schemas import assert_valid, schema_errors
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINE = REPO / "scenarios" / "engines" / "interactive-small-batch.toml"
@@ -89,6 +90,10 @@ def test_diff_finds_a_known_slowdown_and_fails_ci(runs, tmp_path):
     assert res.returncode == 3, res.stdout[-3000:] + res.stderr
     data = json.loads((tmp_path / "d.json").read_text())
     assert data["verdict"] == "regressed"
+    assert_valid("diff", data)  # the published schema (loadgen schema diff)
+    assert data["kind"] == "loadgen.diff" and data["version"] == 1
+    data["rows"][0]["interval"] = "wide"
+    assert any(e.startswith("rows/0/interval") for e in schema_errors("diff", data))
     regressed = {(r["request_class"], r["metric"], r["quantile"]) for r in data["rows"] if r["verdict"] == "regressed"}
     # a 1.5x slower engine: the median TPOT and TTFT of the two large classes regress beyond the 5% threshold;
     # burst (15% of 240 requests) is slower too, by more than 30% at the median
@@ -120,6 +125,7 @@ def test_diff_of_two_seeds_of_one_engine_flags_nothing(runs, tmp_path):
         str(tmp_path / "d.json"),
     )
     data = json.loads((tmp_path / "d.json").read_text())
+    assert_valid("diff", data)
     assert data["verdict"] != "regressed" and not [r for r in data["rows"] if r["verdict"] == "regressed"]
     assert data["differs_in"] and all(k.startswith("trace.") for k in data["differs_in"])
     assert "verdict:" in res.stdout
@@ -170,6 +176,7 @@ def test_catalog_indexes_incrementally_and_reports_missing_runs(runs, tmp_path):
     third = _cli("runs", "--catalog", str(cat), "index", str(root))
     assert "0 added, 1 updated, 1 unchanged, 1 missing" in third.stdout and "slower" in third.stdout
     listed = _cli("runs", "--catalog", str(cat), "list", "--json")
+    assert_valid("runs-list", json.loads(listed.stdout))  # a missing run's row too
     rows = {Path(r["path"]).name: r for r in json.loads(listed.stdout)}
     assert rows["slower"]["present"] is False and rows["base"]["present"] is True
     assert rows["base"]["engine"] == "loadgen-sim" and rows["base"]["trace_seed"] == 1
@@ -218,6 +225,8 @@ def test_catalog_headline_figures_are_analyzes_own(runs, tmp_path):
     completed = {}
     for name in ("base", "slower"):
         shown = json.loads(_cli("runs", "--catalog", str(cat), "show", name, "--json").stdout)
+        assert_valid("runs-show", shown)
+        assert shown["kind"] == "loadgen.catalog_run" and shown["version"] == 1
         analysis = _analysis(runs[name], tmp_path)
         for row in shown["classes"]:
             group = (
@@ -288,6 +297,41 @@ def test_plan_writes_interactive_latency_throughput_curves(tmp_path):
             assert f"warm c{b['concurrency']} boundary" in page
     ran = [c for c in region["classes"]["short-message"]["warm"]["cells"] if c["completed_rps"] is not None]
     assert ran and all(c["cell_id"] in page for c in ran)
+    # the catalog of a plan: its row (kind plan) and its cells' runs (plan_cell) conform to the published schemas
+    cat = tmp_path / "cat.duckdb"
+    _cli("runs", "--catalog", str(cat), "index", str(tmp_path / "plan"))
+    rows = json.loads(_cli("runs", "--catalog", str(cat), "list", "--json").stdout)
+    assert_valid("runs-list", rows)
+    assert {r["kind"] for r in rows} == {"run", "plan"} and any(r["plan_cell"] for r in rows)
+    shown = json.loads(_cli("runs", "--catalog", str(cat), "show", str(tmp_path / "plan"), "--json").stdout)
+    assert_valid("runs-show", shown)
+    rows[0]["surprise"] = 1
+    assert any("surprise" in e for e in schema_errors("runs-list", rows))
+
+
+def test_a_catalog_of_another_layout_is_one_line_under_json(runs, tmp_path):
+    """A catalog whose runs table lacks a published column (written by another loadgen) is refused in one line by
+    `runs list --json` and `runs show --json`, where the table view still lists it."""
+    cat = tmp_path / "cat.duckdb"
+    _cli("runs", "--catalog", str(cat), "index", str(runs["base"]))
+    with duckdb.connect(str(cat)) as db:
+        db.execute("ALTER TABLE runs DROP COLUMN cpu_model")
+    assert "base" in _cli("runs", "--catalog", str(cat), "list").stdout
+    for args in (["list", "--json"], ["show", "base", "--json"]):
+        res = _cli("runs", "--catalog", str(cat), *args, check=False)
+        assert res.returncode == 2 and res.stdout == "", res.stderr
+        assert f"{cat}: " in res.stderr and "cpu_model: Field required" in res.stderr, res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+
+
+def test_the_catalog_result_models_name_every_column():
+    """The published rows are the catalog's columns: a column added to the tables without its model fails here
+    (and the CLI refuses to print it)."""
+    from loadgen.runs.catalog import _CLASS_COLUMNS, LIVE_COLUMNS, RUN_COLUMNS
+    from loadgen.runs.catalog_result import CatalogClass, CatalogRun
+
+    assert list(CatalogRun.model_fields) == [*RUN_COLUMNS, *(c for c in LIVE_COLUMNS if c not in RUN_COLUMNS)]
+    assert list(CatalogClass.model_fields) == list(_CLASS_COLUMNS)
 
 
 @pytest.mark.browser

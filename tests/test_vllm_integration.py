@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from result_schemas import assert_valid
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -360,6 +361,7 @@ def test_ledger_reconciles_other_architectures(vllm_python, workdir, name, bytes
     )
     data = json.loads(cli.stdout)
     assert cli.returncode == 0 and data["ok"], cli.stdout + cli.stderr
+    assert_valid("reconciliation", data)  # the published schema, on a real vLLM's log
     row = next(r for r in data["rows"] if r["quantity"] == "kv_cache_size_tokens")
     per_request = cdiv(MAX_MODEL_LEN, block_size)
     assert row["engine"] == row["ledger"] == int(blocks / per_request * MAX_MODEL_LEN)

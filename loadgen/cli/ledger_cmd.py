@@ -163,7 +163,7 @@ def _run(args: argparse.Namespace) -> int:
             if given is not None
         }
         result = reconcile(model, engine, args.reconcile, fixed=fixed)
-        print(json.dumps(result.to_dict(), indent=2, default=str) if args.json else result.format())
+        print(json.dumps(result.result().document(), indent=2) if args.json else result.format())
         return 0 if result.ok else 1
     scenario = None
     if args.scenario:
@@ -171,7 +171,7 @@ def _run(args: argparse.Namespace) -> int:
 
         scenario = load_scenario(args.scenario)
     ledger = compute_ledger(model, engine, scenario)
-    print(json.dumps(ledger.to_dict(), indent=2) if args.json else format_ledger(ledger))
+    print(json.dumps(ledger.result().document(), indent=2) if args.json else format_ledger(ledger))
     return 0
 
 

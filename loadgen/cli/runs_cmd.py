@@ -52,24 +52,30 @@ def _index(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     from loadgen.runs.catalog import Catalog  # deferred: `loadgen --help` loads no library code
+    from loadgen.runs.catalog_result import run_list  # deferred: as above
     from loadgen.runs.report import format_runs  # deferred: as above
 
     with Catalog(args.catalog, read_only=True) as cat:
         rows = cat.rows(args.where, limit=args.limit)
-    print(json.dumps(rows, indent=2, default=str) if args.json else format_runs(rows))
+    if args.json:
+        print(json.dumps(run_list(rows, cat.path).document(), indent=2))  # the published schema
+    else:
+        print(format_runs(rows))
     return 0
 
 
 def _show(args: argparse.Namespace) -> int:
     from loadgen.runs.catalog import Catalog  # deferred: `loadgen --help` loads no library code
+    from loadgen.runs.catalog_result import run_show  # deferred: as above
     from loadgen.runs.report import format_run  # deferred: as above
 
     with Catalog(args.catalog, read_only=True) as cat:
         row = cat.find(args.run)
         classes = cat.classes(row["path"])
-    print(
-        json.dumps({"run": row, "classes": classes}, indent=2, default=str) if args.json else format_run(row, classes)
-    )
+    if args.json:
+        print(json.dumps(run_show(row, classes, cat.path).document(), indent=2))  # the published schema
+    else:
+        print(format_run(row, classes))
     return 0
 
 

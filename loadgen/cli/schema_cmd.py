@@ -1,4 +1,4 @@
-"""``loadgen schema analysis|decision|region|fleet|fidelity [--out F]``: the published JSON Schema of a result.
+"""``loadgen schema analysis|decision|region|fleet|fidelity|diff|managed|ledger|reconciliation|trace-stats|runs-list|runs-show [--out F]``: the published JSON Schema of a result.
 
 The checked-in copies are ``docs/schema/<name>.schema.json``; a test keeps them equal to this command's output.
 """
@@ -16,11 +16,24 @@ from . import flags
 __all__ = ["RESULT_NAMES", "register", "result_schema"]
 
 #: The published results, by the name the command takes.
-RESULT_NAMES = ("analysis", "decision", "region", "fleet", "fidelity")
+RESULT_NAMES = (
+    "analysis",
+    "decision",
+    "region",
+    "fleet",
+    "fidelity",
+    "diff",
+    "managed",
+    "ledger",
+    "reconciliation",
+    "trace-stats",
+    "runs-list",
+    "runs-show",
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("schema", help="print the JSON Schema of a result (analysis, decision, region, fleet, fidelity)")
+    p = sub.add_parser("schema", help="print the JSON Schema of a result (" + ", ".join(RESULT_NAMES) + ")")
     p.add_argument("name", choices=RESULT_NAMES, help="which result")
     p.add_argument(
         "--out", metavar="FILE", type=flags.output_file, help="write the schema to this file instead of printing it"
@@ -30,13 +43,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def result_schema(name: str) -> dict[str, Any]:
     """The JSON Schema of result ``name`` (one of ``RESULT_NAMES``), with its ``$id`` and schema version."""
+    from pydantic import BaseModel  # deferred: as above
+
     from ..analysis.model import ANALYSIS_SCHEMA_VERSION  # deferred: `loadgen --help` loads no library code
     from ..analysis.result import AnalysisResult  # deferred: as above
     from ..calibration.fidelity import FIDELITY_SCHEMA_VERSION, FidelityTable  # deferred: as above
+    from ..ledger import result as ledger_result  # deferred: as above
+    from ..managed_result import MANAGED_COMPARISON_SCHEMA_VERSION, ManagedComparisonResult  # deferred: as above
     from ..plan import results  # deferred: as above
-    from ..util.resultmodel import ResultModel, json_schema  # deferred: as above
+    from ..runs import catalog_result  # deferred: as above
+    from ..runs.diff_result import DIFF_SCHEMA_VERSION, DiffDocument  # deferred: as above
+    from ..trace import stats_result  # deferred: as above
+    from ..util.resultmodel import json_schema  # deferred: as above
 
-    table: dict[str, tuple[type[ResultModel], str | int, str]] = {
+    table: dict[str, tuple[type[BaseModel], str | int, str]] = {
         "analysis": (AnalysisResult, ANALYSIS_SCHEMA_VERSION, "loadgen analyze --json: every number of one run"),
         "decision": (
             results.ComparisonResult,
@@ -50,6 +70,37 @@ def result_schema(name: str) -> dict[str, Any]:
             "a [fleet] plan's fleet.json (and its loadgen plan --json): the fewest engines per rate step",
         ),
         "fidelity": (FidelityTable, FIDELITY_SCHEMA_VERSION, "loadgen sim validate: fidelity.json"),
+        "diff": (DiffDocument, DIFF_SCHEMA_VERSION, "loadgen diff --json: per class, metric and quantile, the change"),
+        "managed": (
+            ManagedComparisonResult,
+            MANAGED_COMPARISON_SCHEMA_VERSION,
+            "loadgen managed compare --json: a local engine run and a managed API run side by side",
+        ),
+        "ledger": (
+            ledger_result.LedgerResult,
+            ledger_result.LEDGER_SCHEMA_VERSION,
+            "loadgen ledger --json: where a device's memory goes",
+        ),
+        "reconciliation": (
+            ledger_result.ReconciliationResult,
+            ledger_result.RECONCILIATION_SCHEMA_VERSION,
+            "loadgen ledger --reconcile SOURCE --json: the ledger's KV capacity against what vLLM reported",
+        ),
+        "trace-stats": (
+            stats_result.TraceStatsResult,
+            stats_result.TRACE_STATS_SCHEMA_VERSION,
+            "loadgen trace stats FILE --json: a trace's metadata and statistics",
+        ),
+        "runs-list": (
+            catalog_result.RunList,
+            catalog_result.RUN_LIST_SCHEMA_VERSION,
+            "loadgen runs list --json: the catalogued runs, newest first (an array of rows)",
+        ),
+        "runs-show": (
+            catalog_result.RunShow,
+            catalog_result.RUN_SHOW_SCHEMA_VERSION,
+            "loadgen runs show RUN --json: one catalogued run and its headline figures per class",
+        ),
     }
     model, version, description = table[name]
     return json_schema(model, name, version, description)

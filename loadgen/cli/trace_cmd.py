@@ -146,11 +146,12 @@ def _import_agentic(args: argparse.Namespace) -> int:
 def _stats(args: argparse.Namespace) -> int:
     from ..trace.io import read_trace  # deferred: `loadgen --help` loads no library code
     from ..trace.stats import format_stats, trace_stats  # deferred: `loadgen --help` loads no library code
+    from ..trace.stats_result import trace_stats_result  # deferred: as above
 
     table, meta = read_trace(args.file)
     stats = trace_stats(table)
     if args.json:
-        print(json.dumps({"metadata": meta, "stats": stats.to_dict()}, indent=2, default=str))
+        print(json.dumps(trace_stats_result(stats, meta).document(), indent=2))
     else:
         print(format_stats(stats, meta))
     return 0

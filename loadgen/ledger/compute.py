@@ -28,6 +28,7 @@ from .cuda import (
 )
 from .cuda_moe import max_model_len_of
 from .kv import KVSpec, blocks_for_sequence, kv_spec, max_len_request_blocks, vllm_kv_capacity
+from .result import LEDGER_SCHEMA_VERSION, LedgerResult, LineKind
 from .settings import GIB, QUANT_WEIGHT_BITS, EngineSettings
 from .workload import class_lengths
 
@@ -62,7 +63,7 @@ class LedgerLine:
     bytes: int
     formula: str  # with the factors filled in
     factors: dict[str, Any]
-    kind: str = "exact"  # "exact" | "estimate" | "budget"
+    kind: LineKind = "exact"
 
     @property
     def gib(self) -> float:
@@ -166,6 +167,11 @@ class Ledger:
             "classes": [c.to_dict() for c in self.classes],
             "notes": list(self.notes),
         }
+
+    def result(self) -> LedgerResult:
+        """The typed ledger document (``loadgen ledger --json``; ``loadgen schema ledger``)."""
+        head = {"kind": "loadgen.ledger", "version": LEDGER_SCHEMA_VERSION}
+        return LedgerResult.from_document(head | self.to_dict())
 
 
 def _linear_dims(m: ModelConfig) -> dict[str, tuple[int, int]]:

@@ -19,6 +19,7 @@ from loadgen.util.errors import LedgerError
 from .compute import Ledger, compute_ledger
 from .config import ModelConfig
 from .kv import vllm_cpu_block_size
+from .result import RECONCILIATION_SCHEMA_VERSION, ReconciliationResult
 from .settings import GIB, EngineSettings
 
 __all__ = ["ReconcileRow", "Reconciliation", "reconcile_report"]
@@ -61,6 +62,11 @@ class Reconciliation:
     def ok(self) -> bool:
         compared = [r.match for r in self.rows if r.match is not None]
         return bool(compared) and all(compared)
+
+    def result(self) -> ReconciliationResult:
+        """The typed reconciliation document (``loadgen ledger --reconcile SOURCE --json``)."""
+        head = {"kind": "loadgen.ledger_reconciliation", "version": RECONCILIATION_SCHEMA_VERSION}
+        return ReconciliationResult.from_document(head | self.to_dict())
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -42,6 +42,7 @@ import numpy as np
 from loadgen.analysis.samples import class_samples, union
 from loadgen.plan.compare import DEFAULT_VARIABLE, identity_differences, identity_of
 from loadgen.rundir.io import read_run_manifest
+from loadgen.runs.diff_result import DIFF_SCHEMA_VERSION, DiffDocument
 from loadgen.stats.confidence import CONFIDENCE_LEVEL, quantile_ci_ranks
 from loadgen.stats.percentiles import SortedParts
 from loadgen.util.errors import RunDirError
@@ -112,6 +113,12 @@ class DiffResult:
     cdfs: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # class -> metric -> side -> {x, y}
 
     def to_dict(self) -> dict[str, Any]:
+        """The diff document (``loadgen diff --json``): every key named by the published schema."""
+        return self.result().document()
+
+    def result(self) -> DiffDocument:
+        """The typed diff document (``loadgen schema diff``)."""
+
         def clean(v: Any) -> Any:
             if isinstance(v, float) and not math.isfinite(v):
                 return "inf" if v > 0 else "-inf"
@@ -121,7 +128,9 @@ class DiffResult:
                 return {k: clean(x) for k, x in v.items()}
             return v
 
-        return clean({"kind": "loadgen.diff", "version": 1} | asdict(self))
+        return DiffDocument.from_document(
+            clean({"kind": "loadgen.diff", "version": DIFF_SCHEMA_VERSION} | asdict(self))
+        )
 
     def regressions(self) -> list[DiffRow]:
         return [r for r in self.rows if r.verdict == "regressed"]
