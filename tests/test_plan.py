@@ -204,6 +204,37 @@ def test_resume_refuses_a_different_plan(tmp_path: Path) -> None:
         run_plan(load_plan(plan), WorksheetTarget(engine), tmp_path / "out")
 
 
+def test_resume_refuses_a_changed_plan_or_scenario_naming_what_changed(tmp_path: Path) -> None:
+    """A plan directory resumes only with the plan and the scenario its cells were judged against; the refusal is
+    one line naming the changed settings (found by the capacity-region audit: a scenario whose p50 budget went from
+    300 to 30 ms between invocations was resumed silently, and the region mixed cells judged under both)."""
+    plan, engine = write_setup(tmp_path, rates=[5, 10, 20], concurrency=[8], duration_s=5, repeats=2)
+    cmd = [sys.executable, "-m", "loadgen", "plan", str(plan), "--sim-worksheet", str(engine), "--quiet"]
+    cmd += ["--out", str(tmp_path / "out")]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*cmd, *extra], env=env, capture_output=True, text=True, cwd=REPO, timeout=300)
+
+    assert run("--max-runs", "1").returncode == 3  # paused: incomplete
+    done = sorted((tmp_path / "out").glob(f"cells/*/rep*/{RESULT_FILE}"))
+    scenario = tmp_path / "scenario.toml"
+    original = scenario.read_text()
+    scenario.write_text(original.replace("ttft_ms = { p99 = 2000,", "ttft_ms = { p99 = 200,"))
+    refused = run()
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "classes.short-message.budgets.ttft_ms.p99 2000.0 → 200.0" in refused.stderr
+    assert "expected the same scenario to resume" in refused.stderr
+    scenario.write_text(original)
+    plan.write_text(plan.read_text().replace("repeats = 2", "repeats = 3"))
+    refused = run()
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "changed repeats 2 → 3" in refused.stderr and "expected the same plan file" in refused.stderr
+    assert sorted((tmp_path / "out").glob(f"cells/*/rep*/{RESULT_FILE}")) == done  # nothing ran meanwhile
+    plan.write_text(plan.read_text().replace("repeats = 3", "repeats = 2"))
+    assert run().returncode == 0
+
+
 @pytest.mark.slow
 def test_resume_after_sigint_of_the_real_command(tmp_path: Path) -> None:
     top = ceiling_rps(16, 10**6, 50, 10.0)
