@@ -269,6 +269,62 @@ def test_resume_after_sigint_of_the_real_command(tmp_path: Path) -> None:
     assert _statuses(load("part")) == _statuses(load("whole"))
 
 
+RARE_SCENARIO = """
+name = "rare"
+seed = 7
+[classes.common]
+share = 0.995
+input_tokens = { dist = "fixed", value = 64 }
+output_tokens = { dist = "fixed", value = 20 }
+[classes.common.budgets]
+ttft_ms = { p50 = 2000, hard = true }
+[classes.rare]
+share = 0.005
+input_tokens = { dist = "fixed", value = 64 }
+output_tokens = { dist = "fixed", value = 20 }
+[classes.rare.budgets]
+ttft_ms = { p50 = 0.001, hard = true }
+[errors]
+error_rate_limit = 0.5
+[traces.steady]
+process = "poisson"
+rate_rps = 2
+duration_s = 10
+"""
+
+
+def test_a_mixed_cell_without_a_request_of_a_class_does_not_meet_its_budget(tmp_path: Path) -> None:
+    """A mixed cell is inside only when every class's hard budgets were measured and met: a class with no request
+    in the run (share 0.5% of 12 requests) is inconclusive there, never inside (found by the capacity-region audit:
+    every cell was inside, the rare class's impossible budget included, from zero requests of it)."""
+    (tmp_path / "rare.toml").write_text(RARE_SCENARIO)
+    (tmp_path / "plan.toml").write_text(
+        'name = "rare-mixed"\nscenario = "rare.toml"\ntrace = "steady"\nduration_s = 10\nclasses = ["mixed"]\n'
+        "concurrency = [64]\nrates_rps = [1, 2, 4]\nrepeats = 2\n"
+        '[start]\nmode = "lowest"\n[stops]\ncontract_every_cell = false\n[confidence]\nextend = false\n'
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadgen", "plan", str(tmp_path / "plan.toml"), "--sim-worksheet"]
+        + ["interactive-small-batch", "--out", str(tmp_path / "out"), "--quiet", "--json"],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    region = json.loads(proc.stdout)
+    cells = [c for c in region["classes"]["mixed"]["warm"]["cells"] if c["repeats"]]
+    assert cells and all(c["status"] == "inconclusive" for c in cells), [c["status"] for c in cells]
+    for cell in cells:
+        analysis = json.loads((tmp_path / "out" / cell["run_dirs"][0] / "analysis.json").read_text())
+        assert analysis["classes"]["rare"]["n_scheduled"] == 0  # the budget was never measured ...
+        assert cell["per_class"]["rare"]["status"] == "inconclusive"  # ... so it is not met
+        assert "no request of the class" in cell["per_class"]["rare"]["limiting"]
+        assert cell["per_class"]["common"]["status"] == "inside"
+    assert region["classes"]["mixed"]["warm"]["boundary"][0]["max_inside_rate_index"] is None
+
+
 # ---- budgets ------------------------------------------------------------------------------------
 
 
