@@ -269,6 +269,42 @@ def test_resume_after_sigint_of_the_real_command(tmp_path: Path) -> None:
     assert _statuses(load("part")) == _statuses(load("whole"))
 
 
+def test_a_concurrency_search_writes_its_region_through_the_real_command(tmp_path: Path) -> None:
+    """``search.dimension = "concurrency"`` (documented in docs/plans.md) ends with a region whose cells agree with
+    each rate line's answer (found by the capacity-region audit: the command died with a KeyError traceback
+    building the region, since a concurrency line has no single concurrency)."""
+    top = ceiling_rps(16, 10**6, 50, 10.0)
+    plan, engine = write_setup(
+        tmp_path,
+        rates=[top * k for k in (0.3, 0.85, 1.7)],
+        concurrency=[2, 8, 64],
+        duration_s=10,
+        repeats=2,
+        extra='[search]\ndimension = "concurrency"\n',
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadgen", "plan", str(plan), "--sim-worksheet", str(engine)]
+        + ["--out", str(tmp_path / "out"), "--quiet", "--json"],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    region = json.loads(proc.stdout)
+    cells = {c["cell_id"]: c for c in region["classes"]["short-message"]["warm"]["cells"]}
+    lines = json.loads((tmp_path / "out" / PLAN_FILE).read_text())["lines"]
+    assert [ln["rate_index"] for ln in lines] == [0, 1, 2]
+    for ln in lines:  # the fewest slots that passed is inside, after every repeat; one fewer is not
+        if ln.get("last_pass_concurrency") is not None:
+            cell = cells[f"short-message.warm.c{ln['last_pass_concurrency']}.r{ln['rate_index']}"]
+            assert cell["status"] == "inside" and cell["passes"] == cell["repeats"] == 2
+        if ln.get("first_fail_concurrency") is not None:
+            cell = cells[f"short-message.warm.c{ln['first_fail_concurrency']}.r{ln['rate_index']}"]
+            assert cell["status"] != "inside"
+
+
 RARE_SCENARIO = """
 name = "rare"
 seed = 7

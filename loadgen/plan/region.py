@@ -205,6 +205,18 @@ def _state_region(cls: str, st: str, concurrency: list[int], steps: list[float],
     return {"cells": cells, "boundary": boundary}
 
 
+def _line_notes(lines: list[dict[str, Any]], concurrency: list[int]) -> dict[tuple[str, str, int], dict[str, Any]]:
+    """The walk's line entries per (class, state, concurrency) row. A rate line is one row; a concurrency line
+    (``search.dimension = "concurrency"``, one per rate step) that did not run or was not achievable speaks for
+    every row of its class and state that has no note of its own."""
+    notes = {(ln["class"], ln["state"], ln["concurrency"]): ln for ln in lines if "concurrency" in ln}
+    for ln in lines:
+        if "concurrency" not in ln and ln.get("status") in ("not_run", "not_achievable"):
+            for conc in concurrency:
+                notes.setdefault((ln["class"], ln["state"], conc), ln)
+    return notes
+
+
 def build_region(plan_dir: Path, state: dict[str, Any]) -> dict[str, Any]:
     """Assemble the region from ``plan.json`` state and every ``cell_result.json`` on disk."""
     plan_dir = Path(plan_dir)
@@ -215,7 +227,7 @@ def build_region(plan_dir: Path, state: dict[str, Any]) -> dict[str, Any]:
         results=_results_by_cell(plan_dir),
         extra_stops={cid: c.get("extra_stops", []) for cid, c in (state.get("cells") or {}).items()},
         offered=_offered_by_cell(plan_dir),
-        line_notes={(ln["class"], ln["state"], ln["concurrency"]): ln for ln in state.get("lines", [])},
+        line_notes=_line_notes(state.get("lines", []), plan["concurrency"]),
     )
     classes = {
         cls: {st: _state_region(cls, st, plan["concurrency"], steps, rec) for st in plan["states"]}
