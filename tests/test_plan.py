@@ -305,6 +305,25 @@ def test_a_concurrency_search_writes_its_region_through_the_real_command(tmp_pat
             assert cell["status"] != "inside"
 
 
+def test_a_line_the_plan_stopped_in_says_its_boundary_is_not_found(tmp_path: Path) -> None:
+    """Paused before a line's boundary was found and repeated, the region says the highest step passed so far is a
+    lower bound, not the boundary; resumed to the end, the line is done (found by the capacity-region audit: the
+    shipped quick plan paused after 2 runs gave c8 a 'max inside step' of 4 rps, passed once of its 2 repeats,
+    with no limiting constraint, as if it were the boundary)."""
+    cmd = [sys.executable, "-m", "loadgen", "plan", "quick", "--sim-worksheet", "interactive-small-batch"]
+    cmd += ["--out", str(tmp_path / "out"), "--quiet", "--json"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    paused = subprocess.run([*cmd, "--max-runs", "2"], env=env, capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert paused.returncode == 3, paused.stderr
+    (row, *_) = json.loads(paused.stdout)["classes"]["short-message"]["warm"]["boundary"]
+    assert row["concurrency"] == 8 and row["max_inside_rate_index"] is not None
+    assert row["line_status"] == "unfinished" and row["limiting"].startswith("search not finished"), row
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr
+    for row in json.loads(done.stdout)["classes"]["short-message"]["warm"]["boundary"]:
+        assert row["line_status"] == "done" and not row["limiting"].startswith("search not finished"), row
+
+
 RARE_SCENARIO = """
 name = "rare"
 seed = 7

@@ -162,6 +162,13 @@ def _cell_entry(cell_id: str, cls: str, conc: int, i: int, step: float, rec: _Re
     }
 
 
+#: The limiting text of a line whose search the plan stopped before finishing (paused, budget spent).
+_UNFINISHED = (
+    "search not finished (the plan stopped before this line's boundary was found and repeated; rerun to resume): "
+    "the highest step passed so far is a lower bound, not the boundary"
+)
+
+
 def _boundary_row(conc: int, row: list[dict[str, Any]], steps: list[float], note: dict[str, Any]) -> dict[str, Any]:
     """The boundary of one concurrency row: its highest inside step, and the first outside step above it
     with the constraint that limits it (or why the line did not run)."""
@@ -179,6 +186,7 @@ def _boundary_row(conc: int, row: list[dict[str, Any]], steps: list[float], note
         ):
             row_limit, row_limit_index = c["limiting"], i
     inside_cell = next((c for c in row if c["rate_index"] == row_inside), None)
+    unfinished = not note and any(c["repeats"] for c in row)  # cells ran, but the walk never finished the line
     return {
         "concurrency": conc,
         "max_inside_rate_index": row_inside,
@@ -189,8 +197,9 @@ def _boundary_row(conc: int, row: list[dict[str, Any]], steps: list[float], note
         "first_outside_rate_index": row_limit_index,
         "limiting": row_limit
         or (note.get("reason") if note.get("status") in ("not_run", "not_achievable") else None)
+        or (_UNFINISHED if unfinished else None)
         or ("every rate step inside (no limit reached within the plan)" if row_inside == len(steps) - 1 else None),
-        "line_status": note.get("status"),
+        "line_status": "unfinished" if unfinished else note.get("status"),
     }
 
 
@@ -207,13 +216,14 @@ def _state_region(cls: str, st: str, concurrency: list[int], steps: list[float],
 
 def _line_notes(lines: list[dict[str, Any]], concurrency: list[int]) -> dict[tuple[str, str, int], dict[str, Any]]:
     """The walk's line entries per (class, state, concurrency) row. A rate line is one row; a concurrency line
-    (``search.dimension = "concurrency"``, one per rate step) that did not run or was not achievable speaks for
-    every row of its class and state that has no note of its own."""
+    (``search.dimension = "concurrency"``, one per rate step) speaks for every row of its class and state, one
+    that did not run or was not achievable first (its reason is the row's)."""
     notes = {(ln["class"], ln["state"], ln["concurrency"]): ln for ln in lines if "concurrency" in ln}
-    for ln in lines:
-        if "concurrency" not in ln and ln.get("status") in ("not_run", "not_achievable"):
-            for conc in concurrency:
-                notes.setdefault((ln["class"], ln["state"], conc), ln)
+    across = [ln for ln in lines if "concurrency" not in ln]
+    across.sort(key=lambda ln: ln.get("status") not in ("not_run", "not_achievable"))
+    for ln in across:
+        for conc in concurrency:
+            notes.setdefault((ln["class"], ln["state"], conc), ln)
     return notes
 
 
