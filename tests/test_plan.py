@@ -269,19 +269,21 @@ def test_resume_after_sigint_of_the_real_command(tmp_path: Path) -> None:
     assert _statuses(load("part")) == _statuses(load("whole"))
 
 
-def test_a_concurrency_search_writes_its_region_through_the_real_command(tmp_path: Path) -> None:
-    """``search.dimension = "concurrency"`` (documented in docs/plans.md) ends with a region whose cells agree with
-    each rate line's answer (found by the capacity-region audit: the command died with a KeyError traceback
-    building the region, since a concurrency line has no single concurrency)."""
-    top = ceiling_rps(16, 10**6, 50, 10.0)
-    plan, engine = write_setup(
-        tmp_path,
-        rates=[top * k for k in (0.3, 0.85, 1.7)],
-        concurrency=[2, 8, 64],
-        duration_s=10,
-        repeats=2,
-        extra='[search]\ndimension = "concurrency"\n',
+@pytest.mark.parametrize("mode", ["grid", "bisect"])
+def test_a_concurrency_search_writes_its_region_through_the_real_command(tmp_path: Path, mode: str) -> None:
+    """``search.dimension = "concurrency"`` (documented in docs/plans.md) ends with a region whose cells and
+    boundary agree with each rate line's answer, the fewest client slots meeting every budget (found by the
+    capacity-region audit: the command died with a KeyError traceback building the region, since a concurrency line
+    has no single concurrency; and a bisect skipped a row's cells, so its boundary said no rate step was held)."""
+    quick = (REPO / "scenarios" / "plans" / "quick.toml").read_text()  # short-message, 1-16 rps
+    plan = tmp_path / "plan.toml"
+    plan.write_text(
+        quick.replace('"../canonical.toml"', json.dumps(str(REPO / "scenarios" / "canonical.toml"))).replace(
+            "concurrency = [8, 64]", "concurrency = [2, 4, 8, 16, 64]"
+        )
+        + f'[search]\ndimension = "concurrency"\nmode = "{mode}"\n'
     )
+    engine = "interactive-small-batch"
     proc = subprocess.run(
         [sys.executable, "-m", "loadgen", "plan", str(plan), "--sim-worksheet", str(engine)]
         + ["--out", str(tmp_path / "out"), "--quiet", "--json"],
@@ -295,7 +297,7 @@ def test_a_concurrency_search_writes_its_region_through_the_real_command(tmp_pat
     region = json.loads(proc.stdout)
     cells = {c["cell_id"]: c for c in region["classes"]["short-message"]["warm"]["cells"]}
     lines = json.loads((tmp_path / "out" / PLAN_FILE).read_text())["lines"]
-    assert [ln["rate_index"] for ln in lines] == [0, 1, 2]
+    assert [ln["rate_index"] for ln in lines] == [0, 1, 2, 3, 4]
     for ln in lines:  # the fewest slots that passed is inside, after every repeat; one fewer is not
         if ln.get("last_pass_concurrency") is not None:
             cell = cells[f"short-message.warm.c{ln['last_pass_concurrency']}.r{ln['rate_index']}"]
@@ -303,6 +305,11 @@ def test_a_concurrency_search_writes_its_region_through_the_real_command(tmp_pat
         if ln.get("first_fail_concurrency") is not None:
             cell = cells[f"short-message.warm.c{ln['first_fail_concurrency']}.r{ln['rate_index']}"]
             assert cell["status"] != "inside"
+    fewest = {ln["rate_index"]: ln.get("last_pass_concurrency") for ln in lines}
+    assert len(set(fewest.values())) >= 2, fewest  # the answer changes with the rate
+    for row in region["classes"]["short-message"]["warm"]["boundary"]:
+        held = [i for i, slots in fewest.items() if slots is not None and slots <= row["concurrency"]]
+        assert row["max_inside_rate_index"] == max(held, default=None), (row, fewest)
 
 
 def test_a_line_the_plan_stopped_in_says_its_boundary_is_not_found(tmp_path: Path) -> None:
