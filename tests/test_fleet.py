@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 
 from loadgen.analysis import analyze_run
+from loadgen.plan.fleet import build_fleet
 from loadgen.plan.spec import parse_plan
 from loadgen.rundir.io import load_run
 from loadgen.rundir.schema import TRACE_SCHEMA
@@ -166,3 +167,23 @@ def test_a_fleet_of_an_expert_parallel_engine_counts_whole_servers(tmp_path):
     )
     assert res.returncode == 0, res.stderr[-2000:]
     assert json.loads(res.stdout)["replicas"] == [2]
+
+
+def test_a_count_whose_boundary_is_the_first_rate_step_holds_that_step():
+    """A replica count whose highest inside step is step 0 holds step 0 (found by the capacity-region audit: one
+    engine inside at 16 rps only was passed over, and the fleet asked for 2 engines at 16 rps)."""
+
+    def region(max_inside: int | None) -> dict:
+        boundary = [{"concurrency": 256, "max_inside_rate_index": max_inside}]
+        return {
+            "plan": "p",
+            "rate_kind": "rps",
+            "rate_steps": [16.0, 32.0, 64.0],
+            "concurrency": [256],
+            "status": "complete",
+            "classes": {"short-message": {"warm": {"boundary": boundary}}},
+        }
+
+    fleet = build_fleet({1: region(0), 2: region(1), 4: region(None)}, "least-in-flight")
+    (line,) = fleet["lines"]
+    assert line["smallest_replicas"] == [1, 2, None]

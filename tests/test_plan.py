@@ -204,6 +204,37 @@ def test_resume_refuses_a_different_plan(tmp_path: Path) -> None:
         run_plan(load_plan(plan), WorksheetTarget(engine), tmp_path / "out")
 
 
+def test_resume_refuses_a_changed_plan_or_scenario_naming_what_changed(tmp_path: Path) -> None:
+    """A plan directory resumes only with the plan and the scenario its cells were judged against; the refusal is
+    one line naming the changed settings (found by the capacity-region audit: a scenario whose p50 budget went from
+    300 to 30 ms between invocations was resumed silently, and the region mixed cells judged under both)."""
+    plan, engine = write_setup(tmp_path, rates=[5, 10, 20], concurrency=[8], duration_s=5, repeats=2)
+    cmd = [sys.executable, "-m", "loadgen", "plan", str(plan), "--sim-worksheet", str(engine), "--quiet"]
+    cmd += ["--out", str(tmp_path / "out")]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*cmd, *extra], env=env, capture_output=True, text=True, cwd=REPO, timeout=300)
+
+    assert run("--max-runs", "1").returncode == 3  # paused: incomplete
+    done = sorted((tmp_path / "out").glob(f"cells/*/rep*/{RESULT_FILE}"))
+    scenario = tmp_path / "scenario.toml"
+    original = scenario.read_text()
+    scenario.write_text(original.replace("ttft_ms = { p99 = 2000,", "ttft_ms = { p99 = 200,"))
+    refused = run()
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "classes.short-message.budgets.ttft_ms.p99 2000.0 → 200.0" in refused.stderr
+    assert "expected the same scenario to resume" in refused.stderr
+    scenario.write_text(original)
+    plan.write_text(plan.read_text().replace("repeats = 2", "repeats = 3"))
+    refused = run()
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "changed repeats 2 → 3" in refused.stderr and "expected the same plan file" in refused.stderr
+    assert sorted((tmp_path / "out").glob(f"cells/*/rep*/{RESULT_FILE}")) == done  # nothing ran meanwhile
+    plan.write_text(plan.read_text().replace("repeats = 3", "repeats = 2"))
+    assert run().returncode == 0
+
+
 @pytest.mark.slow
 def test_resume_after_sigint_of_the_real_command(tmp_path: Path) -> None:
     top = ceiling_rps(16, 10**6, 50, 10.0)
@@ -236,6 +267,124 @@ def test_resume_after_sigint_of_the_real_command(tmp_path: Path) -> None:
     assert whole.returncode == 0
     load = lambda d: json.loads((tmp_path / d / "region.json").read_text())
     assert _statuses(load("part")) == _statuses(load("whole"))
+
+
+@pytest.mark.parametrize("mode", ["grid", "bisect"])
+def test_a_concurrency_search_writes_its_region_through_the_real_command(tmp_path: Path, mode: str) -> None:
+    """``search.dimension = "concurrency"`` (documented in docs/plans.md) ends with a region whose cells and
+    boundary agree with each rate line's answer, the fewest client slots meeting every budget (found by the
+    capacity-region audit: the command died with a KeyError traceback building the region, since a concurrency line
+    has no single concurrency; and a bisect skipped a row's cells, so its boundary said no rate step was held)."""
+    quick = (REPO / "scenarios" / "plans" / "quick.toml").read_text()  # short-message, 1-16 rps
+    plan = tmp_path / "plan.toml"
+    plan.write_text(
+        quick.replace('"../canonical.toml"', json.dumps(str(REPO / "scenarios" / "canonical.toml"))).replace(
+            "concurrency = [8, 64]", "concurrency = [2, 4, 8, 16, 64]"
+        )
+        + f'[search]\ndimension = "concurrency"\nmode = "{mode}"\n'
+    )
+    engine = "interactive-small-batch"
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadgen", "plan", str(plan), "--sim-worksheet", str(engine)]
+        + ["--out", str(tmp_path / "out"), "--quiet", "--json"],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    region = json.loads(proc.stdout)
+    cells = {c["cell_id"]: c for c in region["classes"]["short-message"]["warm"]["cells"]}
+    lines = json.loads((tmp_path / "out" / PLAN_FILE).read_text())["lines"]
+    assert [ln["rate_index"] for ln in lines] == [0, 1, 2, 3, 4]
+    for ln in lines:  # the fewest slots that passed is inside, after every repeat; one fewer is not
+        if ln.get("last_pass_concurrency") is not None:
+            cell = cells[f"short-message.warm.c{ln['last_pass_concurrency']}.r{ln['rate_index']}"]
+            assert cell["status"] == "inside" and cell["passes"] == cell["repeats"] == 2
+        if ln.get("first_fail_concurrency") is not None:
+            cell = cells[f"short-message.warm.c{ln['first_fail_concurrency']}.r{ln['rate_index']}"]
+            assert cell["status"] != "inside"
+    fewest = {ln["rate_index"]: ln.get("last_pass_concurrency") for ln in lines}
+    assert len(set(fewest.values())) >= 2, fewest  # the answer changes with the rate
+    for row in region["classes"]["short-message"]["warm"]["boundary"]:
+        held = [i for i, slots in fewest.items() if slots is not None and slots <= row["concurrency"]]
+        assert row["max_inside_rate_index"] == max(held, default=None), (row, fewest)
+
+
+def test_a_line_the_plan_stopped_in_says_its_boundary_is_not_found(tmp_path: Path) -> None:
+    """Paused before a line's boundary was found and repeated, the region says the highest step passed so far is a
+    lower bound, not the boundary; resumed to the end, the line is done (found by the capacity-region audit: the
+    shipped quick plan paused after 2 runs gave c8 a 'max inside step' of 4 rps, passed once of its 2 repeats,
+    with no limiting constraint, as if it were the boundary)."""
+    cmd = [sys.executable, "-m", "loadgen", "plan", "quick", "--sim-worksheet", "interactive-small-batch"]
+    cmd += ["--out", str(tmp_path / "out"), "--quiet", "--json"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    paused = subprocess.run([*cmd, "--max-runs", "2"], env=env, capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert paused.returncode == 3, paused.stderr
+    (row, *_) = json.loads(paused.stdout)["classes"]["short-message"]["warm"]["boundary"]
+    assert row["concurrency"] == 8 and row["max_inside_rate_index"] is not None
+    assert row["line_status"] == "unfinished" and row["limiting"].startswith("search not finished"), row
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr
+    for row in json.loads(done.stdout)["classes"]["short-message"]["warm"]["boundary"]:
+        assert row["line_status"] == "done" and not row["limiting"].startswith("search not finished"), row
+
+
+RARE_SCENARIO = """
+name = "rare"
+seed = 7
+[classes.common]
+share = 0.995
+input_tokens = { dist = "fixed", value = 64 }
+output_tokens = { dist = "fixed", value = 20 }
+[classes.common.budgets]
+ttft_ms = { p50 = 2000, hard = true }
+[classes.rare]
+share = 0.005
+input_tokens = { dist = "fixed", value = 64 }
+output_tokens = { dist = "fixed", value = 20 }
+[classes.rare.budgets]
+ttft_ms = { p50 = 0.001, hard = true }
+[errors]
+error_rate_limit = 0.5
+[traces.steady]
+process = "poisson"
+rate_rps = 2
+duration_s = 10
+"""
+
+
+def test_a_mixed_cell_without_a_request_of_a_class_does_not_meet_its_budget(tmp_path: Path) -> None:
+    """A mixed cell is inside only when every class's hard budgets were measured and met: a class with no request
+    in the run (share 0.5% of 12 requests) is inconclusive there, never inside (found by the capacity-region audit:
+    every cell was inside, the rare class's impossible budget included, from zero requests of it)."""
+    (tmp_path / "rare.toml").write_text(RARE_SCENARIO)
+    (tmp_path / "plan.toml").write_text(
+        'name = "rare-mixed"\nscenario = "rare.toml"\ntrace = "steady"\nduration_s = 10\nclasses = ["mixed"]\n'
+        "concurrency = [64]\nrates_rps = [1, 2, 4]\nrepeats = 2\n"
+        '[start]\nmode = "lowest"\n[stops]\ncontract_every_cell = false\n[confidence]\nextend = false\n'
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadgen", "plan", str(tmp_path / "plan.toml"), "--sim-worksheet"]
+        + ["interactive-small-batch", "--out", str(tmp_path / "out"), "--quiet", "--json"],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    region = json.loads(proc.stdout)
+    cells = [c for c in region["classes"]["mixed"]["warm"]["cells"] if c["repeats"]]
+    assert cells and all(c["status"] == "inconclusive" for c in cells), [c["status"] for c in cells]
+    for cell in cells:
+        analysis = json.loads((tmp_path / "out" / cell["run_dirs"][0] / "analysis.json").read_text())
+        assert analysis["classes"]["rare"]["n_scheduled"] == 0  # the budget was never measured ...
+        assert cell["per_class"]["rare"]["status"] == "inconclusive"  # ... so it is not met
+        assert "no request of the class" in cell["per_class"]["rare"]["limiting"]
+        assert cell["per_class"]["common"]["status"] == "inside"
+    assert region["classes"]["mixed"]["warm"]["boundary"][0]["max_inside_rate_index"] is None
 
 
 # ---- budgets ------------------------------------------------------------------------------------

@@ -22,7 +22,14 @@ from ..trace.generate import generate_trace
 from ..trace.io import read_trace, write_trace
 from .spec import MIXED, PlanSpec
 
-__all__ = ["CellCoord", "mean_rate_rps", "cell_trace_settings", "build_cell_trace", "build_warmup_trace"]
+__all__ = [
+    "CellCoord",
+    "mean_rate_rps",
+    "cell_classes",
+    "cell_trace_settings",
+    "build_cell_trace",
+    "build_warmup_trace",
+]
 
 _NS = 1_000_000_000
 
@@ -109,6 +116,14 @@ def cell_trace_settings(
         raise PlanError(
             format_validation_error(f"{spec.source_path or spec.name}: cell {coord.cell_id}", exc)
         ) from None
+
+
+def cell_classes(spec: PlanSpec, scenario: Scenario, coord: CellCoord) -> list[str]:
+    """The request classes a cell's trace schedules: share > 0 in its settings, in or out of bursts."""
+    settings = cell_trace_settings(spec, scenario, coord)
+    shares = settings.shares or {name: cls.share for name, cls in scenario.classes.items()}
+    burst = settings.burst_shares or {}
+    return sorted(name for name in scenario.classes if shares.get(name, 0) > 0 or burst.get(name, 0) > 0)
 
 
 def build_cell_trace(

@@ -17,6 +17,7 @@ they are looked for:
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -224,8 +225,13 @@ def judge_run(
     deadline_hit: bool = False,
     alive_problem: str | None = None,
     contract: dict[str, Any] | None = None,
+    expected_classes: Collection[str] = (),
 ) -> RunJudgement:
-    """Judge one analysed run (``loadgen.analysis.Analysis`` + ``loadgen.rundir.io.RunData``)."""
+    """Judge one analysed run (``loadgen.analysis.Analysis`` + ``loadgen.rundir.io.RunData``).
+
+    ``expected_classes``: the classes the run's trace schedules; a hard budget of one of them with no sample
+    (no request of the class in the window) is inconclusive, never met: a cell does not meet a budget it never
+    measured."""
     manifest = run.manifest
     out = RunJudgement()
     for check in analysis.hard_failures:
@@ -236,6 +242,9 @@ def judge_run(
         record = _check_record(check)
         out.inconclusive.append(record)
         out.per_class_inconclusive.setdefault(check.class_name, []).append(record)
+    for record in _unmeasured(analysis, expected_classes):
+        out.inconclusive.append(record)
+        out.per_class_inconclusive.setdefault(record.request_class, []).append(record)
     overall = analysis.overall
     n = int(overall.n_scheduled or 0)
     kinds: dict[str, int] = dict(overall.error_kinds or {})
@@ -272,6 +281,29 @@ def judge_run(
         out.stops.append(Stop("measurement_corruption", "; ".join(problems)))
     out.figures = run_figures(analysis, manifest)
     return out
+
+
+def _unmeasured(analysis: Any, expected_classes: Collection[str]) -> list[FailedCheck]:
+    """Hard budgets of the expected classes that had no request in the window (not evaluated), as inconclusive
+    checks (a budget not evaluated for another reason, e.g. ITL of a class that streams no tokens, is left as it is)."""
+    return [
+        FailedCheck(
+            check.class_name,
+            check.metric,
+            check.percentile,
+            None,
+            check.limit,
+            0,
+            f"{check.class_name} {check.metric} {check.percentile}: no request of the class in the analysis window "
+            "(hard; not evaluated, so not shown to be met)",
+            "inconclusive",
+        )
+        for check in analysis.checks
+        if check.hard
+        and not check.evaluated
+        and check.class_name in expected_classes
+        and not getattr(analysis.classes.get(check.class_name), "n_scheduled", 0)
+    ]
 
 
 def _error_rate(out: RunJudgement, analysis: Any, limits: StopLimits, statuses: dict[str, int], n: int) -> None:

@@ -29,7 +29,7 @@ from loadgen.workload.scenario import Scenario
 
 from ..analysis import analyze_run
 from ..targets import RunRequest, StateResult, Target
-from .cells import CellCoord, build_cell_trace, build_warmup_trace
+from .cells import CellCoord, build_cell_trace, build_warmup_trace, cell_classes
 from .checks import judge_run
 from .contract_hook import CONTRACT_FILE, replay_contract
 from .files import ANALYSIS_FILE, RESULT_FILE, read_cell_result, write_json_atomic
@@ -307,6 +307,7 @@ class CellExecutor:
             deadline_hit=run.manifest.stopped_by_deadline,
             alive_problem=alive,
             contract=contract,
+            expected_classes=cell_classes(self.spec, self.scenario, coord),
         )
         recovered: list[str] = []
         if any(s.kind == "server_failure" for s in judged.stops):

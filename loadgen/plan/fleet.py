@@ -28,6 +28,12 @@ def _max_inside(region: dict[str, Any], cls: str, state: str, concurrency: int) 
     return next((b["max_inside_rate_index"] for b in rows if b["concurrency"] == concurrency), None)
 
 
+def _reaches(max_inside: int | None, step_index: int) -> bool:
+    """Whether a region whose highest inside rate step is ``max_inside`` (None: none inside) holds ``step_index``
+    (step 0 inside counts: 0 is an index, not an absence)."""
+    return max_inside is not None and max_inside >= step_index
+
+
 def build_fleet(regions: dict[int, dict[str, Any]], route_policy: str) -> dict[str, Any]:
     """The fleet section from the region of each replica count (``regions``: count → region)."""
     counts = sorted(regions)
@@ -38,7 +44,7 @@ def build_fleet(regions: dict[int, dict[str, Any]], route_policy: str) -> dict[s
         for state in per_state:
             for conc in first["concurrency"]:
                 inside = {n: _max_inside(regions[n], cls, state, conc) for n in counts}
-                smallest = [next((n for n in counts if (inside[n] or -1) >= i), None) for i in range(len(steps))]
+                smallest = [next((n for n in counts if _reaches(inside[n], i)), None) for i in range(len(steps))]
                 lines.append(
                     {
                         "class": cls,

@@ -91,6 +91,7 @@ class _Recorded:
     extra_stops: dict[str, list[dict[str, Any]]]
     offered: dict[str, float | None]
     line_notes: dict[tuple[str, str, int], dict[str, Any]]
+    lines: list[dict[str, Any]]
 
 
 def _results_by_cell(plan_dir: Path) -> dict[str, list[dict[str, Any]]]:
@@ -162,23 +163,41 @@ def _cell_entry(cell_id: str, cls: str, conc: int, i: int, step: float, rec: _Re
     }
 
 
-def _boundary_row(conc: int, row: list[dict[str, Any]], steps: list[float], note: dict[str, Any]) -> dict[str, Any]:
+#: The limiting text of a line whose search the plan stopped before finishing (paused, budget spent).
+_UNFINISHED = (
+    "search not finished (the plan stopped before this line's boundary was found and repeated; rerun to resume): "
+    "the highest step passed so far is a lower bound, not the boundary"
+)
+
+
+def _boundary_row(
+    conc: int, row: list[dict[str, Any]], steps: list[float], note: dict[str, Any], fewest: dict[int, int | None]
+) -> dict[str, Any]:
     """The boundary of one concurrency row: its highest inside step, and the first outside step above it
-    with the constraint that limits it (or why the line did not run)."""
-    row_inside: int | None = None
-    row_limit: str | None = None
-    row_limit_index: int | None = None
-    for c in row:
-        i = c["rate_index"]
-        if c["status"] == INSIDE:
-            row_inside = i
-        elif (
-            c["status"] in (OUTSIDE, STOPPED, INCONCLUSIVE)
-            and row_limit is None
-            and (row_inside is None or i > row_inside)
-        ):
-            row_limit, row_limit_index = c["limiting"], i
+    with the constraint that limits it (or why the line did not run). ``fewest``: a concurrency search's answer per
+    rate step (the fewest client slots meeting every hard budget, None: no step did); the row holds every rate
+    step whose answer is at most its concurrency, as that search assumes more slots never hurt."""
+    measured = [c["rate_index"] for c in row if c["status"] == INSIDE]
+    implied = [i for i, slots in fewest.items() if slots is not None and slots <= conc]
+    row_inside = max(measured + implied, default=None)
+    above = (lambda i: True) if row_inside is None else (lambda i: i > row_inside)
+    limit_cell = next(
+        (c for c in row if c["status"] in (OUTSIDE, STOPPED, INCONCLUSIVE) and above(c["rate_index"])), None
+    )
+    row_limit = limit_cell["limiting"] if limit_cell else None
+    row_limit_index = limit_cell["rate_index"] if limit_cell else None
+    if limit_cell is None:
+        j = next((i for i in sorted(fewest) if above(i) and i not in implied), None)
+        if j is not None:
+            slots = fewest[j]
+            row_limit_index = j
+            row_limit = f"rate step {steps[j]:g}: " + (
+                f"the fewest client slots meeting every hard budget there is {slots}"
+                if slots is not None
+                else "no concurrency step met every hard budget there"
+            )
     inside_cell = next((c for c in row if c["rate_index"] == row_inside), None)
+    unfinished = not note and any(c["repeats"] for c in row)  # cells ran, but the walk never finished the line
     return {
         "concurrency": conc,
         "max_inside_rate_index": row_inside,
@@ -189,8 +208,9 @@ def _boundary_row(conc: int, row: list[dict[str, Any]], steps: list[float], note
         "first_outside_rate_index": row_limit_index,
         "limiting": row_limit
         or (note.get("reason") if note.get("status") in ("not_run", "not_achievable") else None)
+        or (_UNFINISHED if unfinished else None)
         or ("every rate step inside (no limit reached within the plan)" if row_inside == len(steps) - 1 else None),
-        "line_status": note.get("status"),
+        "line_status": "unfinished" if unfinished else note.get("status"),
     }
 
 
@@ -201,8 +221,29 @@ def _state_region(cls: str, st: str, concurrency: list[int], steps: list[float],
     for conc in concurrency:
         row = [_cell_entry(f"{cls}.{st}.c{conc}.r{i}", cls, conc, i, step, rec) for i, step in enumerate(steps)]
         cells.extend(row)
-        boundary.append(_boundary_row(conc, row, steps, rec.line_notes.get((cls, st, conc), {})))
+        fewest = {
+            int(ln["rate_index"]): ln.get("last_pass_concurrency")
+            for ln in rec.lines
+            if ln.get("dimension") == "concurrency"
+            and ln["class"] == cls
+            and ln["state"] == st
+            and ln.get("status") == "done"
+        }
+        boundary.append(_boundary_row(conc, row, steps, rec.line_notes.get((cls, st, conc), {}), fewest))
     return {"cells": cells, "boundary": boundary}
+
+
+def _line_notes(lines: list[dict[str, Any]], concurrency: list[int]) -> dict[tuple[str, str, int], dict[str, Any]]:
+    """The walk's line entries per (class, state, concurrency) row. A rate line is one row; a concurrency line
+    (``search.dimension = "concurrency"``, one per rate step) speaks for every row of its class and state, one
+    that did not run or was not achievable first (its reason is the row's)."""
+    notes = {(ln["class"], ln["state"], ln["concurrency"]): ln for ln in lines if "concurrency" in ln}
+    across = [ln for ln in lines if "concurrency" not in ln]
+    across.sort(key=lambda ln: ln.get("status") not in ("not_run", "not_achievable"))
+    for ln in across:
+        for conc in concurrency:
+            notes.setdefault((ln["class"], ln["state"], conc), ln)
+    return notes
 
 
 def build_region(plan_dir: Path, state: dict[str, Any]) -> dict[str, Any]:
@@ -215,7 +256,8 @@ def build_region(plan_dir: Path, state: dict[str, Any]) -> dict[str, Any]:
         results=_results_by_cell(plan_dir),
         extra_stops={cid: c.get("extra_stops", []) for cid, c in (state.get("cells") or {}).items()},
         offered=_offered_by_cell(plan_dir),
-        line_notes={(ln["class"], ln["state"], ln["concurrency"]): ln for ln in state.get("lines", [])},
+        line_notes=_line_notes(state.get("lines", []), plan["concurrency"]),
+        lines=state.get("lines", []),
     )
     classes = {
         cls: {st: _state_region(cls, st, plan["concurrency"], steps, rec) for st in plan["states"]}

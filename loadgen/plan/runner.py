@@ -14,6 +14,7 @@ Runs without the marker (interrupted mid-cell) are removed and redone.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -24,9 +25,10 @@ from typing import Any
 
 from loadgen.rundir.identity import harness_identity, utc_now_iso
 from loadgen.rundir.io import load_run
-from loadgen.util.errors import PlanError
+from loadgen.rundir.manifest import read_manifest
+from loadgen.util.errors import LoadgenError, PlanError
 from loadgen.util.outputfile import make_output_dir
-from loadgen.workload.scenario import Scenario, load_scenario
+from loadgen.workload.scenario import Scenario, load_scenario, scenario_from_manifest
 
 from ..analysis import analyze_run
 from ..ledger import EngineSettings, compute_ledger, read_model_config
@@ -35,7 +37,7 @@ from ..targets import Target, TargetSpec, WorksheetTarget, open_target
 from .cells import CellCoord, build_cell_trace
 from .checks import judge_run
 from .execute import CellExecutor
-from .files import ANALYSIS_FILE, PLAN_FILE, RESULT_FILE, read_plan_state, write_json_atomic
+from .files import ANALYSIS_FILE, PLAN_FILE, RESULT_FILE, read_cell_result, read_plan_state, write_json_atomic
 from .fleet import build_fleet, write_fleet
 from .region import build_region, write_region
 from .spec import PlanSpec, load_plan
@@ -131,11 +133,28 @@ class _Planner:
         self.save_state()
 
     def _check_resumable(self, state: dict[str, Any]) -> None:
+        """The same plan, scenario and target as the directory's first invocation, else one line naming what changed."""
         if state.get("plan_sha256") != self.spec.sha256:
+            changed = changed_settings(state.get("plan") or {}, self.spec.model_dump(mode="json", by_alias=True))
             raise PlanError(
                 f"{self.plan_dir}: holds plan {state.get('plan', {}).get('name')!r} (sha256 "
                 f"{str(state.get('plan_sha256'))[:12]}), not {self.spec.source_path} ({str(self.spec.sha256)[:12]}): "
-                "expected the same plan file to resume, or a new --out"
+                + (
+                    f"changed {'; '.join(changed)}"
+                    if changed
+                    else "its bytes changed but no setting did (comments or layout)"
+                )
+                + ": expected the same plan file to resume, or a new --out"
+            )
+        old_scenario = state.get("scenario") or {}
+        if old_scenario.get("sha256") and old_scenario["sha256"] != self.scenario.sha256:
+            recorded = self._recorded_scenario(old_scenario["sha256"])
+            changed = changed_settings(recorded, self.scenario.model_dump(mode="json")) if recorded else []
+            raise PlanError(
+                f"{self.plan_dir}: its cells were judged against scenario {old_scenario.get('path')} (sha256 "
+                f"{str(old_scenario['sha256'])[:12]}), which now differs ({str(self.scenario.sha256)[:12]}"
+                + (f": changed {'; '.join(changed)}" if changed else "")
+                + "): expected the same scenario to resume (its budgets judge every cell), or a new --out"
             )
         old_target = {k: v for k, v in state.get("target", {}).items() if k in _RESUME_TARGET_KEYS}
         new_target = {k: v for k, v in self.target.describe().items() if k in old_target}
@@ -143,6 +162,17 @@ class _Planner:
             raise PlanError(
                 f"{self.plan_dir}: was run against {old_target}, not {new_target}: expected the same target to resume"
             )
+
+    def _recorded_scenario(self, sha256: str) -> dict[str, Any]:
+        """The scenario of that sha256 as a recorded run's manifest holds it ({} when none is readable)."""
+        for marker in sorted((self.plan_dir / "cells").glob(f"*/rep*/{RESULT_FILE}")):
+            try:
+                scenario = scenario_from_manifest(read_manifest(self.plan_dir / read_cell_result(marker)["run_dir"]))
+            except (LoadgenError, KeyError):
+                continue
+            if scenario is not None and scenario.sha256 == sha256:
+                return scenario.model_dump(mode="json")
+        return {}
 
     def save_state(self) -> None:
         write_json_atomic(self.plan_dir / PLAN_FILE, self.state)
@@ -291,6 +321,24 @@ class _Planner:
             for cid, o in sorted(walk.cells.items())
         }
         self.save_state()
+
+
+def changed_settings(old: Any, new: Any, key: str = "", limit: int = 4) -> list[str]:
+    """The settings that differ between two JSON documents, as ``dotted.key old → new`` (at most ``limit``,
+    then a count of the rest); a key only one side has counts as changed."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for name in sorted(set(old) | set(new)):
+            out += changed_settings(old.get(name), new.get(name), f"{key}.{name}" if key else str(name), limit=0)
+        return out if not limit or len(out) <= limit else [*out[:limit], f"and {len(out) - limit} more"]
+    if old == new:
+        return []
+    return [f"{key} {_short(old)} → {_short(new)}"]
+
+
+def _short(value: Any, width: int = 40) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _default_prediction_engine(spec: PlanSpec, target: Target) -> EngineConfig | None:
