@@ -292,3 +292,29 @@ def test_a_run_that_did_not_complete_is_unmeasured(worksheet_runs: dict[str, Pat
     )
     assert large["verdict"] == "rejected" and comp.decision.chosen is None
     assert any(w.startswith("interactive-small-batch: unmeasured: the run did not complete") for w in comp.decision.why)
+
+
+def test_a_paused_plan_is_unmeasured_until_resumed(tmp_path: Path) -> None:
+    """A plan paused before a line's boundary was found (``--max-runs``) holds lower bounds, not a region: compare
+    judges it unmeasured, naming the unfinished line; resumed to the end, it is judged by its region."""
+    from loadgen.plan import load_plan, run_plan
+    from loadgen.targets import WorksheetTarget
+
+    plan = tmp_path / "plan.toml"
+    plan.write_text(
+        f'name = "cmp"\nscenario = "{SCENARIO}"\ntrace = "steady"\nduration_s = 10\nclasses = ["short-message"]\n'
+        "concurrency = [64]\nrates_rps = [2, 8, 32]\nrepeats = 2\n[stops]\ncontract_every_cell = false\n"
+    )
+    spec = load_plan(plan)
+    dirs = [tmp_path / name for name in CANDIDATES]
+    run_plan(spec, WorksheetTarget(CANDIDATES[0]), dirs[0], max_new_runs=1)
+    run_plan(spec, WorksheetTarget(CANDIDATES[1]), dirs[1])
+    paused = compare_candidates(dirs, route="short-message").candidates[0]
+    assert paused["verdict"] == "unmeasured", paused["steps"][0]
+    assert paused["steps"][0]["why"][0].startswith(
+        "the plan did not finish: 1 line(s) unfinished (short-message warm c64), whose highest passing steps are "
+        "lower bounds"
+    )
+    run_plan(spec, WorksheetTarget(CANDIDATES[0]), dirs[0])
+    resumed = compare_candidates(dirs, route="short-message").candidates[0]
+    assert resumed["verdict"] != "unmeasured" and resumed["capacity"]["short-message"]["max_inside_offered_rps"] > 0

@@ -10,7 +10,8 @@ judged in order:
    plan's bound) did not apply the load it was meant to, and every latency counted from the scheduled instant
    carries the client's error: its budgets are not judged, and the candidate is "unmeasured" (neither chosen
    nor rejected on budgets: rerun it on a quieter host). So is a run that stopped before completing (a
-   signal, a kill, a write error: it applied part of its workload). Otherwise a conclusive breach (the 95% interval of
+   signal, a kill, a write error: it applied part of its workload), and a plan paused before every line's
+   boundary was found (its highest passing steps are lower bounds). Otherwise a conclusive breach (the 95% interval of
    the percentile, or the Wilson interval of the error share, lies above the limit) rejects the candidate
    for the route, with class, percentile, measured value, interval, limit and sample count; a check whose
    interval straddles its limit rejects nothing but leaves the step inconclusive, saying "about N more
@@ -616,11 +617,32 @@ def check_send_lag_bound(bound_ms: float, who: str) -> None:
         raise PlanError(f"{who}: max send lag {bound_ms!r} ms: expected a number of milliseconds in (0, {MAX_PARAM:g}]")
 
 
+def _unfinished_lines(region: dict[str, Any]) -> list[str]:
+    """The region's lines (class, state, concurrency) whose search the plan stopped before finishing."""
+    return [
+        f"{name} {state} c{line.get('concurrency')}"
+        for name, states in (region.get("classes") or {}).items()
+        for state, data in states.items()
+        for line in data.get("boundary") or []
+        if line.get("line_status") == "unfinished"
+    ]
+
+
 def _stopped_line(c: Candidate) -> str | None:
-    """Why a run candidate did not apply its whole workload (it stopped before completing: a signal, a kill, a
-    write error, or it is still running), or None. A plan candidate is judged by its region, cell by cell."""
+    """Why a candidate did not measure its whole workload, or None: a run that stopped before completing (a
+    signal, a kill, a write error, or it is still running); a plan paused before every line's boundary was found
+    (``--max-runs``: its highest passing steps are lower bounds, not boundaries)."""
+    if c.kind == "plan":
+        lines = _unfinished_lines(c.region or {})
+        if not lines:
+            return None
+        shown = ", ".join(lines[:3]) + (f" and {len(lines) - 3} more" if len(lines) > 3 else "")
+        return (
+            f"the plan did not finish: {len(lines)} line(s) unfinished ({shown}), whose highest passing steps are "
+            "lower bounds, not boundaries; resume it (the same loadgen plan command and --out) before comparing"
+        )
     m = c.manifest
-    if c.kind != "run" or m.state == "complete":
+    if m.state == "complete":
         return None
     by = f" by {m.interrupted_by}" if m.interrupted_by else ""
     recorded = (
