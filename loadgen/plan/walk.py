@@ -352,7 +352,7 @@ class Walk:
                     coord(first_fail),
                     repeats,
                     early_exit=False,
-                    why=f"boundary: repeats of the first failing cell ({repeats} in all), to show it fails stably",
+                    why=f"boundary: repeats of the first cell that did not pass ({repeats} in all), to show it stays out",
                 )
         return last_pass, first_fail, fatal
 
