@@ -50,3 +50,27 @@ def test_sim_serve_refuses_an_unreachable_prefix_and_a_key_in_place_of_its_name(
     err = _refused(cli("sim", "serve", "--engine", str(engine), "--port", "0"))
     assert f"{engine}: " in err and expected in err
     assert KEY not in err
+
+
+@pytest.fixture(scope="module")
+def one_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from loadgen.sim.worksheet import run_worksheet
+    from loadgen.trace.generate import generate_trace_file
+    from loadgen.workload.scenario import load_scenario
+
+    tmp = tmp_path_factory.mktemp("one")
+    trace = generate_trace_file(load_scenario(ROOT / "scenarios" / "canonical.toml"), "burst", tmp / "t.parquet", 1)
+    return Path(run_worksheet(trace, "instant", tmp / "run", scenario=ROOT / "scenarios" / "canonical.toml"))
+
+
+def test_managed_compare_refuses_a_run_against_itself(one_run: Path, tmp_path: Path) -> None:
+    """The same directory (however spelled) or a copy of it on both sides: refused before anything is written
+    (before: exit 0 and a report of identical columns, 'differences' of nothing)."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(one_run, copy)
+    for other in (str(one_run), f"{one_run}/../{one_run.name}/", str(copy)):
+        err = _refused(cli("managed", "compare", str(one_run), other, "--out", str(tmp_path / "r.md")))
+        assert "are the same run: expected a local-engine run and a managed-endpoint run" in err
+    assert not (tmp_path / "r.md").exists()
