@@ -74,3 +74,16 @@ def test_managed_compare_refuses_a_run_against_itself(one_run: Path, tmp_path: P
         err = _refused(cli("managed", "compare", str(one_run), other, "--out", str(tmp_path / "r.md")))
         assert "are the same run: expected a local-engine run and a managed-endpoint run" in err
     assert not (tmp_path / "r.md").exists()
+
+
+def test_an_output_file_that_is_a_directory_is_refused_before_the_work(one_run: Path, tmp_path: Path) -> None:
+    """`sim validate --target URL --json DIR` ran the whole validation (its runs left under --out) and only then
+    said 'is a directory'; now the flag is refused first, like a file a run directory owns."""
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    target = ("--target", "http://127.0.0.1:9", "--out", str(tmp_path / "v"))
+    val = cli("sim", "validate", "instant", *target, "--json", str(taken))
+    assert f"argument --json: {taken}: a directory: expected a file to write" in _refused(val)
+    assert not (tmp_path / "v").exists()
+    cmp = cli("managed", "compare", str(one_run), str(one_run), "--out", str(taken))
+    assert f"argument --out: {taken}: a directory: expected a file to write" in _refused(cmp)
