@@ -19,6 +19,7 @@ from loadgen.util.inputs import api_key_env_problem
 from loadgen.util.limits import MAX_CONCURRENCY, MAX_SEED, MAX_TIMEOUT_S, MAX_TOKENS, InputModel
 from loadgen.util.tomlfile import read_toml
 from loadgen.workload import presets
+from loadgen.workload.prompts import chars_spec_problem
 from loadgen.workload.scenario import format_validation_error
 
 from ..ledger import EngineSettings, kv_blocks_for_budget
@@ -365,6 +366,15 @@ class EngineConfig(_Model):
     # [calibration]: written by `loadgen sim calibrate` (fitted against which engine/hardware, fit quality,
     # provenance) and `loadgen sim validate` (validated error); absent = an uncalibrated preset
     calibration: dict[str, Any] | None = None
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer(cls, value: str) -> str:
+        problem = chars_spec_problem(value) if value.startswith("chars:") else None
+        if problem:
+            raise ValueError(problem)
+        return value
+
     # set by load_engine_config, not by the file
     source_path: str | None = Field(default=None, exclude=True)
     sha256: str | None = Field(default=None, exclude=True)

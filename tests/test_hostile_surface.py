@@ -1,4 +1,4 @@
-"""Hostile input against the managed-API surface through the real CLI: one line naming file, field and what was
+"""Hostile input against the managed-API and sim surface through the real CLI: one line naming file, field and what was
 expected, exit 2, no traceback, and never a key value."""
 
 from __future__ import annotations
@@ -87,3 +87,13 @@ def test_an_output_file_that_is_a_directory_is_refused_before_the_work(one_run: 
     assert not (tmp_path / "v").exists()
     cmp = cli("managed", "compare", str(one_run), str(one_run), "--out", str(taken))
     assert f"argument --out: {taken}: a directory: expected a file to write" in _refused(cmp)
+
+
+@pytest.mark.parametrize("spec", ["chars:99999999999999999999", "chars:1025", "chars: 4", "chars:\u0663"])
+def test_a_chars_tokenizer_out_of_range_is_refused_in_the_engine_file(tmp_path: Path, spec: str) -> None:
+    """Before: chars:99999999999999999999 started a server that answered every request HTTP 500 (an OverflowError
+    building its text; a large-but-fitting N built gigabytes), and chars:\u0663 (an Arabic-Indic 3) passed as 3."""
+    engine = tmp_path / "chars.toml"
+    engine.write_text(INSTANT.replace('tokenizer = "cl100k_base"', f'tokenizer = "{spec}"'))
+    err = _refused(cli("sim", "serve", "--engine", str(engine), "--port", "0"))
+    assert f"{engine}: tokenizer = {spec!r}: expected chars:N with N an integer in 1..1024" in err
