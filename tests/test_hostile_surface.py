@@ -97,3 +97,29 @@ def test_a_chars_tokenizer_out_of_range_is_refused_in_the_engine_file(tmp_path: 
     engine.write_text(INSTANT.replace('tokenizer = "cl100k_base"', f'tokenizer = "{spec}"'))
     err = _refused(cli("sim", "serve", "--engine", str(engine), "--port", "0"))
     assert f"{engine}: tokenizer = {spec!r}: expected chars:N with N an integer in 1..1024" in err
+
+
+@pytest.mark.parametrize(
+    "version,expected",
+    [
+        ('"x"', "field manifest_version: input should be a valid integer"),
+        ("-1", "field manifest_version: input should be greater than or equal to 1 (got '-1')"),
+    ],
+)
+def test_a_damaged_manifest_version_is_named_by_every_reader(
+    one_run: Path, tmp_path: Path, version: str, expected: str
+) -> None:
+    """compare said a run with a damaged manifest was 'neither a run directory (manifest.json) nor a plan
+    directory' (it has one), and manifest_version -1 was read as a run by analyze, diff, compare and managed
+    compare alike."""
+    import json
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(one_run, bad)
+    text = json.dumps(json.loads((bad / "manifest.json").read_text()) | {"manifest_version": 0})
+    (bad / "manifest.json").write_text(text.replace('"manifest_version": 0', f'"manifest_version": {version}'))
+    for args in (("compare",), ("diff",), ("managed", "compare")):
+        err = _refused(cli(*args, str(one_run), str(bad)))
+        assert f"{bad / 'manifest.json'}: {expected}" in err and "neither a run directory" not in err
+    assert f"{bad / 'manifest.json'}: {expected}" in _refused(cli("analyze", str(bad)))
