@@ -123,3 +123,19 @@ def test_a_damaged_manifest_version_is_named_by_every_reader(
         err = _refused(cli(*args, str(one_run), str(bad)))
         assert f"{bad / 'manifest.json'}: {expected}" in err and "neither a run directory" not in err
     assert f"{bad / 'manifest.json'}: {expected}" in _refused(cli("analyze", str(bad)))
+
+
+def test_a_run_without_the_managed_stand_ins_key_is_refused_before_sending(one_run: Path, tmp_path: Path) -> None:
+    """The [managed] stand-in listed its models to anyone and refused only the requests: a run without
+    --api-key-env recorded every request as HTTP 401 and exited 0. A provider answers GET /v1/models 401 without
+    the key, and so does the stand-in now: the run is refused in one line, no run directory, the key never shown."""
+    from loadgen.targets import launch_sim_server
+
+    engine = tmp_path / "keyed.toml"
+    engine.write_text(f'{INSTANT}\n[managed]\napi_key_env = "LOADGEN_TEST_STANDIN_KEY"\npath_prefix = "/openai"\n')
+    trace = next(one_run.parent.glob("*.parquet"))
+    with launch_sim_server(str(engine), env={"LOADGEN_TEST_STANDIN_KEY": KEY}) as sim:
+        res = cli("run", str(trace), "--target", f"{sim.base_url}/v1", "--out", str(tmp_path / "run"))
+    err = _refused(res)
+    assert "GET /v1/models answered HTTP 401: expected a valid API key (--api-key-env)" in err, err
+    assert KEY not in err and not (tmp_path / "run").exists()
