@@ -398,12 +398,17 @@ def test_bundle_refuses_a_secret_the_server_echoed_into_the_manifest(
 
 def _with_runtime_key_env(bundle, dest: Path, value: object) -> Path:
     """A copy of the bundle whose runtime.json options.api_key_env is ``value``, SHA256SUMS summed again."""
+    runtime = json.loads((bundle.bundle_dir / "runtime.json").read_text())
+    runtime["options"]["api_key_env"] = value
+    return _with_runtime(bundle, dest, json.dumps(runtime).encode())
+
+
+def _with_runtime(bundle, dest: Path, content: bytes) -> Path:
+    """A copy of the bundle whose runtime.json holds ``content``, SHA256SUMS summed again (it verifies)."""
     import hashlib
 
     copy = _unpacked_copy(bundle, dest)
-    runtime = json.loads((copy / "runtime.json").read_text())
-    runtime["options"]["api_key_env"] = value
-    (copy / "runtime.json").write_text(json.dumps(runtime))
+    (copy / "runtime.json").write_bytes(content)
     sums = copy / "SHA256SUMS"
     lines = [line.split("  ", 1)[1] for line in sums.read_text().splitlines()]
     sums.write_text("".join(f"{hashlib.sha256((copy / n).read_bytes()).hexdigest()}  {n}\n" for n in lines))
@@ -441,3 +446,23 @@ def test_rerun_refuses_a_runtime_key_env_that_is_no_usable_name(
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "Traceback" not in out, out
     assert f"{copy / 'runtime.json'}: {expected}" in res.stderr
     assert "0123456789abcdef" not in out and not (tmp_path / "rerun").exists()
+
+
+@pytest.mark.parametrize(
+    "content,expected",
+    [
+        (b"{not json", "runtime.json: invalid JSON at line 1 column 2: expected the bundle's runtime.json"),
+        (b"\xff\xfe", "runtime.json: not UTF-8 (byte 0): expected the bundle's runtime.json"),
+        (b"[]", "runtime.json: top level is a JSON array: expected the bundle's runtime.json (a JSON object)"),
+        (b'{"options": "x"}', "runtime.json: options: not a JSON object: expected the run's options"),
+    ],
+)
+def test_rerun_of_a_summed_but_damaged_runtime_json_is_one_line(
+    bundle, tmp_path: Path, content: bytes, expected: str
+) -> None:
+    """A bundle whose runtime.json was replaced and summed again verifies; its rerun died with a JSONDecodeError,
+    UnicodeDecodeError or AttributeError traceback (exit 1). Now one line naming the file, exit 2, nothing made."""
+    copy = _with_runtime(bundle, tmp_path / "copy", content)
+    res = cli("handoff", "rerun", str(copy), "--out", str(tmp_path / "rerun"))
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
+    assert f"{copy / expected}" in res.stderr and not (tmp_path / "rerun").exists()

@@ -3,7 +3,6 @@ analyse the new run and re-measure the checks that failed originally."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import tempfile
@@ -14,6 +13,7 @@ from typing import Any
 
 from loadgen.util.errors import RunDirError
 from loadgen.util.inputs import api_key_env_problem
+from loadgen.util.jsonfile import read_json_object
 from loadgen.util.outputfile import write_output_text
 from loadgen.util.tomlfile import dumps_toml
 from loadgen.workload.scenario import load_scenario
@@ -58,10 +58,12 @@ class _Bundle:
             raise RunDirError(f"{bundle}: bundle does not verify: {result.first_problem}")
         scenario = bundle / layout.SCENARIO
 
-        def read(name: str) -> Any:
-            return json.loads((bundle / name).read_text())
+        def read(name: str) -> dict[str, Any]:  # summed and verified, yet any JSON: one line, never a traceback
+            return read_json_object(bundle / name, f"the bundle's {name}", RunDirError)
 
         options = (read(layout.RUNTIME).get("options") or {}) if (bundle / layout.RUNTIME).is_file() else {}
+        if not isinstance(options, dict):
+            raise RunDirError(f"{bundle / layout.RUNTIME}: options: not a JSON object: expected the run's options")
         _check_key_env(bundle, options.get("api_key_env"))
         return cls(
             bundle,
