@@ -83,10 +83,10 @@ def test_an_output_file_that_is_a_directory_is_refused_before_the_work(one_run: 
     taken.mkdir()
     target = ("--target", "http://127.0.0.1:9", "--out", str(tmp_path / "v"))
     val = cli("sim", "validate", "instant", *target, "--json", str(taken))
-    assert f"argument --json: {taken}: a directory: expected a file to write" in _refused(val)
+    assert f"argument --json: {taken}: is a directory, expected a file to write" in _refused(val)
     assert not (tmp_path / "v").exists()
     cmp = cli("managed", "compare", str(one_run), str(one_run), "--out", str(taken))
-    assert f"argument --out: {taken}: a directory: expected a file to write" in _refused(cmp)
+    assert f"argument --out: {taken}: is a directory, expected a file to write" in _refused(cmp)
 
 
 @pytest.mark.parametrize("spec", ["chars:99999999999999999999", "chars:1025", "chars: 4", "chars:\u0663"])

@@ -126,7 +126,7 @@ def output_file(text: str) -> str:
     if owned:
         raise argparse.ArgumentTypeError(f"{text}: {owned}: expected a file a run directory or bundle does not own")
     if text != "-" and Path(text).is_dir():  # refused now, not after the work whose result it was to hold
-        raise argparse.ArgumentTypeError(f"{text}: a directory: expected a file to write")
+        raise argparse.ArgumentTypeError(f"{text}: is a directory, expected a file to write")
     return text
 
 
