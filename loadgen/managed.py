@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from loadgen.rundir.io import load_run
 from loadgen.rundir.manifest import DriverInfo, Manifest, read_manifest
+from loadgen.util.errors import RunDirError
 
 from .analysis import analyze_run
 from .analysis.model import json_ready
@@ -535,12 +536,26 @@ def _token_sources(local: dict[str, Any], managed: dict[str, Any]) -> list[str]:
     return ["output tokens are counted differently, " + "; ".join(parts) + ": token throughputs are not like for like"]
 
 
+def _two_runs(local_run: Path, managed_run: Path) -> None:
+    """Refuse one run given as both sides (the same directory, or a copy: the same manifest), whose side-by-side
+    report would show identical figures and 'differences' of nothing."""
+    same = local_run.resolve() == managed_run.resolve()
+    if not same and (local_run / "manifest.json").is_file() and (managed_run / "manifest.json").is_file():
+        same = read_manifest(local_run).model_dump() == read_manifest(managed_run).model_dump()
+    if same:
+        raise RunDirError(
+            f"managed compare: {local_run} and {managed_run} are the same run: expected a local-engine run and a "
+            "managed-endpoint run of the same trace"
+        )
+
+
 def compare_managed(
     local_run: str | Path, managed_run: str | Path, *, prices: PriceTable | str | Path | None = None
 ) -> ManagedComparison:
     """Side-by-side comparison of a local engine run and a managed endpoint run of the same trace.
 
     ``prices``: a price table path or a loaded ``loadgen.plan.prices.PriceTable`` (None: no cost)."""
+    _two_runs(Path(local_run), Path(managed_run))
     if isinstance(prices, (str, Path)):
         prices = load_price_table(prices)
     local = side_summary(local_run, prices, label="local")

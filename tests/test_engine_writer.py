@@ -118,7 +118,10 @@ def test_an_out_that_is_a_folder_is_refused_by_its_own_name(tmp_path):
     folder.mkdir()
     res = _engine(folder)
     assert res.returncode == 2 and "Traceback" not in res.stderr
-    assert res.stderr.strip() == f"loadgen: error: {folder}: is a directory, expected a file to write"
+    assert res.stderr.strip() == (
+        f"loadgen: error: loadgen sim engine: argument --out: {folder}: is a directory, expected a file to write "
+        "(see loadgen sim engine --help)"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["engines"] and not list(folder.iterdir())
 
 

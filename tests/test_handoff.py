@@ -394,3 +394,75 @@ def test_bundle_refuses_a_secret_the_server_echoed_into_the_manifest(
     (run / "manifest.json").write_text(json.dumps(manifest))
     info = build_bundle(run, tmp_path / "clean")
     assert "LOADGEN_HANDOFF_TEST_KEY" in (info.bundle_dir / "runtime.json").read_text()
+
+
+def _with_runtime_key_env(bundle, dest: Path, value: object) -> Path:
+    """A copy of the bundle whose runtime.json options.api_key_env is ``value``, SHA256SUMS summed again."""
+    runtime = json.loads((bundle.bundle_dir / "runtime.json").read_text())
+    runtime["options"]["api_key_env"] = value
+    return _with_runtime(bundle, dest, json.dumps(runtime).encode())
+
+
+def _with_runtime(bundle, dest: Path, content: bytes) -> Path:
+    """A copy of the bundle whose runtime.json holds ``content``, SHA256SUMS summed again (it verifies)."""
+    import hashlib
+
+    copy = _unpacked_copy(bundle, dest)
+    (copy / "runtime.json").write_bytes(content)
+    sums = copy / "SHA256SUMS"
+    lines = [line.split("  ", 1)[1] for line in sums.read_text().splitlines()]
+    sums.write_text("".join(f"{hashlib.sha256((copy / n).read_bytes()).hexdigest()}  {n}\n" for n in lines))
+    assert verify_bundle(copy).ok
+    return copy
+
+
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        ("sk-live-0123456789abcdef", "options.api_key_env: expected the NAME of an environment variable"),
+        (42, "options.api_key_env: expected a string (value not shown)"),
+        ("", "options.api_key_env: expected the NAME of an environment variable"),
+        ("LOADGEN_RERUN_UNSET_KEY", "options.api_key_env = 'LOADGEN_RERUN_UNSET_KEY': variable unset or empty"),
+    ],
+)
+def test_rerun_refuses_a_runtime_key_env_that_is_no_usable_name(
+    bundle, sim_server, tmp_path: Path, value: object, expected: str
+) -> None:
+    """runtime.json's api_key_env holding a key, a number or nothing, or naming an unset variable: one line naming
+    runtime.json, exit 2, no run directory, never the key (before: a pydantic traceback for the first three, and
+    '--api-key-env NAME' for the last, a flag the user never passed)."""
+    copy = _with_runtime_key_env(bundle, tmp_path / "copy", value)
+    sim = sim_server("instant")
+    env = {k: v for k, v in os.environ.items() if k != "LOADGEN_RERUN_UNSET_KEY"}
+    res = subprocess.run(
+        [sys.executable, "-m", "loadgen", "handoff", "rerun", str(copy), "--out", str(tmp_path / "rerun")]
+        + ["--target", sim.base_url, "--model", "loadgen-sim"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=dict(env, PYTHONPATH=str(ROOT)),
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "Traceback" not in out, out
+    assert f"{copy / 'runtime.json'}: {expected}" in res.stderr
+    assert "0123456789abcdef" not in out and not (tmp_path / "rerun").exists()
+
+
+@pytest.mark.parametrize(
+    "content,expected",
+    [
+        (b"{not json", "runtime.json: invalid JSON at line 1 column 2: expected the bundle's runtime.json"),
+        (b"\xff\xfe", "runtime.json: not UTF-8 (byte 0): expected the bundle's runtime.json"),
+        (b"[]", "runtime.json: top level is a JSON array: expected the bundle's runtime.json (a JSON object)"),
+        (b'{"options": "x"}', "runtime.json: options: not a JSON object: expected the run's options"),
+    ],
+)
+def test_rerun_of_a_summed_but_damaged_runtime_json_is_one_line(
+    bundle, tmp_path: Path, content: bytes, expected: str
+) -> None:
+    """A bundle whose runtime.json was replaced and summed again verifies; its rerun died with a JSONDecodeError,
+    UnicodeDecodeError or AttributeError traceback (exit 1). Now one line naming the file, exit 2, nothing made."""
+    copy = _with_runtime(bundle, tmp_path / "copy", content)
+    res = cli("handoff", "rerun", str(copy), "--out", str(tmp_path / "rerun"))
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
+    assert f"{copy / expected}" in res.stderr and not (tmp_path / "rerun").exists()

@@ -129,13 +129,20 @@ def test_rerun_of_a_managed_bundle_sends_the_key_the_run_read(walk: dict[str, ob
 
 
 def test_a_rerun_failing_otherwise_is_not_the_failure_reproduced(walk: dict[str, object]) -> None:
-    """A rerun whose every request is refused (a wrong key: HTTP 401) fails the checks, but not as the original."""
+    """A rerun with a wrong key: the stand-in answers GET /v1/models 401 as a provider does, so it is refused before
+    a request is sent (it used to run, every request HTTP 401, 'failure NOT reproduced'); a rerun whose requests
+    fail of no kind the original's did is still not the failure reproduced."""
+    from loadgen.handoff.rerun import failed_otherwise
+
     elsewhere = _bundle_elsewhere(walk, "wrong-key")
     args = ["handoff", "rerun", "bundle", "--out", "rerun", "--api-key-env", "WALK_WRONG_KEY"]
     out = run_loadgen(args, elsewhere, **{KEY_ENV: SECRET, "WALK_WRONG_KEY": "sk-not-the-key"})
-    assert out.returncode == 0, out.stderr
-    assert "failure NOT reproduced (the rerun's requests failed otherwise: http_4xx" in out.stdout, out.stdout
-    assert "failure reproduced" not in out.stdout
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "GET /v1/models answered HTTP 401: expected a valid API key (--api-key-env)" in out.stderr
+    assert "sk-not-the-key" not in out.stderr + out.stdout and not (elsewhere / "rerun").exists()
+    assert failed_otherwise({"http_429": 9}, {"http_4xx": 21}) and not failed_otherwise(
+        {"http_429": 9}, {"http_429": 2}
+    )
 
 
 def test_a_bundle_of_quota_failures_proposes_the_offered_rate(walk: dict[str, object]) -> None:

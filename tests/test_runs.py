@@ -621,3 +621,26 @@ def test_an_unreadable_run_is_listed_as_such_and_keeps_what_could_be_read(runs, 
     assert "[UNREADABLE: " in emptied and "0 rows: expected" in emptied, emptied
     found = _listed(tmp_path, "--where", "engine = 'loadgen-sim'")
     assert list(found) == ["emptied"] and found["emptied"]["trace_seed"] == 1
+
+
+def test_a_run_path_that_is_not_utf8_is_reported_not_a_traceback(runs, tmp_path):
+    """A run directory named with undecodable bytes is listed as unreadable and the rest is indexed; `runs show`
+    of such a name, or of '' / '/', is refused in one line. Before: index died with a UnicodeEncodeError traceback
+    (nothing recorded) and show blamed a '--where None' nobody passed."""
+    import os
+
+    root = tmp_path / "archive"
+    shutil.copytree(runs["base"], root / "base")
+    odd = os.fsencode(root) + b"/bad\xffname"
+    shutil.copytree(runs["slower"], os.fsdecode(odd))
+    res = _catalog(tmp_path, "index", str(root))
+    assert "Traceback" not in res.stderr and "1 added, 0 updated, 0 unchanged, 1 unreadable" in res.stdout
+    assert f"  unreadable: {root}/bad\\xffname: its path is not UTF-8 text: expected one (rename it)" in res.stdout
+    assert set(_listed(tmp_path)) == {"base"}
+    for key in (os.fsdecode(odd), "", "/"):
+        cmd = [sys.executable, "-m", "loadgen", "runs", "--catalog", str(tmp_path / "cat.duckdb"), "show", key]
+        shown = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert shown.returncode == 2 and shown.stderr.count("\n") == 1 and "Traceback" not in shown.stderr
+        assert (
+            "expected a run's path or the end of one, as UTF-8 text" in shown.stderr and "--where" not in shown.stderr
+        )

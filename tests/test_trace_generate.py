@@ -57,7 +57,8 @@ def test_a_trace_is_written_whole_or_not_at_all(tmp_path):
     folder.mkdir()
     res = _generate_cli(folder)
     assert res.returncode == 2 and res.stderr.strip() == (
-        f"loadgen: error: {folder}: cannot write trace (is a directory, expected a file to write)"
+        f"loadgen: error: loadgen trace generate: argument --out: {folder}: is a directory, expected a file to write "
+        "(see loadgen trace generate --help)"
     )
     assert not list(folder.iterdir())
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 from loadgen.util.inputs import api_key_env_problem, header_problem, target_url_problem
 from loadgen.util.limits import MAX_CONCURRENCY, MAX_OFFSET_NS, MAX_PARAM, MAX_SEED, MAX_TIMEOUT_S
@@ -124,6 +125,8 @@ def output_file(text: str) -> str:
     owned = run_owns(text)
     if owned:
         raise argparse.ArgumentTypeError(f"{text}: {owned}: expected a file a run directory or bundle does not own")
+    if text != "-" and Path(text).is_dir():  # refused now, not after the work whose result it was to hold
+        raise argparse.ArgumentTypeError(f"{text}: is a directory, expected a file to write")
     return text
 
 

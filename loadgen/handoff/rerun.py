@@ -3,8 +3,8 @@ analyse the new run and re-measure the checks that failed originally."""
 
 from __future__ import annotations
 
-import json
 import math
+import os
 import tempfile
 import tomllib
 from dataclasses import dataclass
@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.util.errors import RunDirError
+from loadgen.util.inputs import api_key_env_problem
+from loadgen.util.jsonfile import read_json_object
 from loadgen.util.outputfile import write_output_text
 from loadgen.util.tomlfile import dumps_toml
 from loadgen.workload.scenario import load_scenario
@@ -56,21 +58,43 @@ class _Bundle:
             raise RunDirError(f"{bundle}: bundle does not verify: {result.first_problem}")
         scenario = bundle / layout.SCENARIO
 
-        def read(name: str) -> Any:
-            return json.loads((bundle / name).read_text())
+        def read(name: str) -> dict[str, Any]:  # summed and verified, yet any JSON: one line, never a traceback
+            return read_json_object(bundle / name, f"the bundle's {name}", RunDirError)
 
+        options = (read(layout.RUNTIME).get("options") or {}) if (bundle / layout.RUNTIME).is_file() else {}
+        if not isinstance(options, dict):
+            raise RunDirError(f"{bundle / layout.RUNTIME}: options: not a JSON object: expected the run's options")
+        _check_key_env(bundle, options.get("api_key_env"))
         return cls(
             bundle,
             read(layout.FAILURE),
             read(layout.EXPERIMENT),
             read(layout.IDENTITY),
-            (read(layout.RUNTIME).get("options") or {}) if (bundle / layout.RUNTIME).is_file() else {},
+            options,
             scenario if scenario.is_file() else None,
             _failed_kinds(
                 (read(layout.OBSERVED).get("overall") or {}).get("error_kinds")
                 if (bundle / layout.OBSERVED).is_file()
                 else None
             ),
+        )
+
+
+def _check_key_env(bundle: Path, name: object) -> None:
+    """Refuse a runtime.json ``options.api_key_env`` that is no variable NAME (a key pasted there, a number), in
+    one line that never shows it."""
+    problem = None if name is None else api_key_env_problem(name) if isinstance(name, str) else "expected a string"
+    if problem:
+        raise RunDirError(f"{bundle / layout.RUNTIME}: options.api_key_env: {problem} (value not shown)")
+
+
+def _key_env_set(bundle: Path, name: str) -> None:
+    """The original run's key variable (runtime.json) must hold a key here too: one line naming where the NAME
+    came from, not the ``--api-key-env`` the user did not pass."""
+    if not os.environ.get(name):
+        raise RunDirError(
+            f"{bundle / layout.RUNTIME}: options.api_key_env = {name!r}: variable unset or empty: expected the API "
+            "key the original run sent in it (or --api-key-env NAME for another)"
         )
 
 
@@ -136,6 +160,8 @@ def _rerun_simulated(
             b.path / layout.TRACE, engine_path, out, seed=int(b.options.get("seed") or 0), scenario=b.scenario
         )
         return Path(run_dir), applied
+    if api_key_env and api_key_env == b.options.get("api_key_env"):
+        _key_env_set(b.path, api_key_env)
     with SimServerTarget(engine_path, Path(tempfile.mkdtemp(prefix="loadgen-rerun-")), api_key_env=api_key_env) as sim:
         return _replay(b, sim, out, applied), applied
 
@@ -175,7 +201,9 @@ def rerun_bundle(
     analyse the new run and re-measure the originally failing checks."""
     b = _Bundle.open(Path(bundle))
     out = Path(out)
-    api_key_env = api_key_env or b.options.get("api_key_env")  # the name the original run read its key from
+    from_bundle = api_key_env is None and bool(b.options.get("api_key_env"))
+    if from_bundle:  # the name the original run read its key from
+        api_key_env = str(b.options["api_key_env"])
     applied = None
     if target_url is not None:
         if experiment:
@@ -183,6 +211,8 @@ def rerun_bundle(
                 "--experiment: applies only to the bundled simulated engine; "
                 "change the variable on the real engine and rerun with --target"
             )
+        if from_bundle and api_key_env:
+            _key_env_set(b.path, api_key_env)
         with UrlTarget(target_url, _model(b, model), api_key_env) as url:
             run_dir = _replay(b, url, out, None)
     else:

@@ -232,7 +232,9 @@ def load_candidate(path: str | Path) -> Candidate:
         return cand
     try:
         manifest = read_run_manifest(path)  # a killed run: its recovered view (state killed)
-    except RunDirError:
+    except RunDirError as exc:
+        if (path / MANIFEST_FILE).is_file():  # a run directory whose manifest is damaged: say what is wrong in it
+            raise PlanError(str(exc)) from None
         raise PlanError(
             f"{path}: neither a run directory ({MANIFEST_FILE}) nor a plan directory ({PLAN_FILE})"
         ) from None

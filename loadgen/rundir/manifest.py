@@ -227,7 +227,7 @@ class Manifest(BaseModel):
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
-    manifest_version: int = MANIFEST_VERSION
+    manifest_version: int = Field(default=MANIFEST_VERSION, ge=1)
     schema_version: str = SCHEMA_VERSION
     run_kind: str = "measured"
     state: str = "running"

@@ -329,6 +329,9 @@ class Catalog:
         class_rows: list[tuple[Any, ...]] = []
         for directory, kind in _walk(paths):
             key = str(directory)
+            if not _utf8(key):  # a catalog path is text: such a directory cannot be stored, nor named in --where
+                report.problems.append(f"{_shown(key)}: its path is not UTF-8 text: expected one (rename it)")
+                continue
             seen.add(key)
             try:
                 sig = _signature(directory, kind)
@@ -468,6 +471,10 @@ class Catalog:
         """One row by path (absolute or relative to here) or by a unique suffix of its path; ``present`` says
         whether its directory is on disk now. A directory on disk that is not catalogued is refused, never
         matched by suffix to another run of the same name."""
+        if not key.strip("/") or not _utf8(key):
+            raise RunDirError(
+                f"runs show '{_shown(key)}': expected a run's path or the end of one, as UTF-8 text (loadgen runs list)"
+            )
         here = Path(key).resolve()
         runs = self._runs_now()
         exact = self._dicts(f"SELECT * FROM {runs} WHERE path = ?", None, [str(here)])
@@ -499,6 +506,20 @@ class Catalog:
             raise RunDirError(f"--where {where!r}: {text}: expected an SQL condition over the runs columns") from exc
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def _utf8(text: str) -> bool:
+    """False for a name the file system gave as undecodable bytes (Python's surrogate escapes)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _shown(text: str) -> str:
+    """``text`` printable whatever bytes it holds (undecodable ones as \\xNN)."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _first_line(exc: BaseException) -> str:

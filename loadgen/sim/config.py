@@ -8,15 +8,18 @@ turns any problem into one ``ScenarioError`` line naming file, field, value and 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from loadgen.util.errors import LedgerError, ScenarioError
+from loadgen.util.inputs import api_key_env_problem
 from loadgen.util.limits import MAX_CONCURRENCY, MAX_SEED, MAX_TIMEOUT_S, MAX_TOKENS, InputModel
 from loadgen.util.tomlfile import read_toml
 from loadgen.workload import presets
+from loadgen.workload.prompts import chars_spec_problem
 from loadgen.workload.scenario import format_validation_error
 
 from ..ledger import EngineSettings, kv_blocks_for_budget
@@ -40,6 +43,9 @@ __all__ = [
     "load_engine_config",
     "parse_engine_config",
 ]
+
+#: One ``[managed] path_prefix`` segment: URL path characters that need no %-encoding.
+_SEGMENT = re.compile(r"^[A-Za-z0-9._~-]+$")
 
 #: Where preset engine configs live (``scenarios/engines/<name>.toml``, shipped with the package).
 PRESETS_DIR = presets.preset_dir("engines")
@@ -313,7 +319,30 @@ class ManagedConfig(_Model):
     )  # move to the next id/fingerprint after N; 0 = never
     api_key_env: str | None = None  # env var holding the key expected as "Authorization: Bearer KEY"
     # every route served under this path (a provider's base URL, e.g. "/openai" for http://HOST/openai/v1); others 404
-    path_prefix: str = Field(default="", pattern=r"^(/[A-Za-z0-9._~-]+)*$")
+    path_prefix: str = ""
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _key_env_name(cls, value: str | None) -> str | None:
+        problem = None if value is None else api_key_env_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("path_prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        """A URL path clients can reach as written: no '.'/'..' segment (a client resolves those away before
+        sending), no trailing slash, no character that needs %-encoding."""
+        segments = value.split("/")[1:]
+        if value and (
+            not value.startswith("/") or not all(_SEGMENT.match(seg) and seg not in (".", "..") for seg in segments)
+        ):
+            raise ValueError(
+                "expected '' or /SEGMENT[/SEGMENT...] of letters, digits and . _ ~ - (no '.' or '..' segment, "
+                "no trailing slash), e.g. /openai"
+            )
+        return value
 
 
 class EngineConfig(_Model):
@@ -337,6 +366,15 @@ class EngineConfig(_Model):
     # [calibration]: written by `loadgen sim calibrate` (fitted against which engine/hardware, fit quality,
     # provenance) and `loadgen sim validate` (validated error); absent = an uncalibrated preset
     calibration: dict[str, Any] | None = None
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer(cls, value: str) -> str:
+        problem = chars_spec_problem(value) if value.startswith("chars:") else None
+        if problem:
+            raise ValueError(problem)
+        return value
+
     # set by load_engine_config, not by the file
     source_path: str | None = Field(default=None, exclude=True)
     sha256: str | None = Field(default=None, exclude=True)

@@ -246,6 +246,8 @@ class SimServer:
             return self._error(conn, 404, f"no route {req.method} {req.path}")
         if req.method not in ("GET", "HEAD"):
             return self._error(conn, 405, f"method {req.method} not allowed on {path}; use GET")
+        if path == "/v1/models" and self._key_refused(req, conn):  # a provider lists its models to a key holder only
+            return None
         fn(conn)
 
     def _error(
@@ -443,18 +445,20 @@ class SimServer:
         return chain
 
     # -- managed API -------------------------------------------------------------------------------
+    def _key_refused(self, req: Request, conn: Connection) -> bool:
+        """A managed API's key check (HTTP 401 without the key, as a provider answers); True when refused."""
+        if self.api_key is None or req.headers.get("authorization", "") == f"Bearer {self.api_key}":
+            return False
+        self._error(conn, 401, "Incorrect API key provided.", err_type="invalid_request_error", code="invalid_api_key")
+        return True
+
     def _managed_gate(self, req: Request, conn: Connection, rid: str) -> bool:
         """API key and quota; True when the request was answered (rejected) here."""
         m = self.managed
         if m is None:
             return False
-        if self.api_key is not None:
-            auth = req.headers.get("authorization", "")
-            if auth != f"Bearer {self.api_key}":
-                self._error(
-                    conn, 401, "Incorrect API key provided.", err_type="invalid_request_error", code="invalid_api_key"
-                )
-                return True
+        if self._key_refused(req, conn):
+            return True
         if m.requests_per_minute:
             now = time.monotonic()
             q = self.quota_times

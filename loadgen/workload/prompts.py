@@ -21,9 +21,12 @@ import numpy as np
 from loadgen.util.errors import LoadgenError
 from loadgen.workload.words import ENGLISH_WORDS
 
-__all__ = ["Tokenizer", "get_tokenizer", "PromptSynth", "prompt_sha256", "DEFAULT_TOKENIZER"]
+__all__ = ["Tokenizer", "chars_spec_problem", "get_tokenizer", "PromptSynth", "prompt_sha256", "DEFAULT_TOKENIZER"]
 
 DEFAULT_TOKENIZER = "cl100k_base"
+#: The most characters a ``chars:N`` token may hold: a sim engine streams N characters a token, so an unbounded N
+#: made every answer a string too large to build (HTTP 500 for every request).
+MAX_CHARS_PER_TOKEN = 1024
 
 
 class Tokenizer(Protocol):
@@ -109,6 +112,13 @@ class _Chars:
         return -(-len(text) // self.chars_per_token)
 
 
+def chars_spec_problem(spec: str) -> str | None:
+    """Why ``spec`` (``chars:N``) is no usable characters-per-token tokenizer, or None."""
+    digits = spec.removeprefix("chars:")
+    n = int(digits) if digits.isascii() and digits.isdigit() else 0
+    return None if 1 <= n <= MAX_CHARS_PER_TOKEN else f"expected chars:N with N an integer in 1..{MAX_CHARS_PER_TOKEN}"
+
+
 @lru_cache(maxsize=16)
 def get_tokenizer(spec: str = DEFAULT_TOKENIZER) -> Tokenizer:
     """Resolve a tokenizer spec (see module docstring); cached per spec."""
@@ -117,13 +127,10 @@ def get_tokenizer(spec: str = DEFAULT_TOKENIZER) -> Tokenizer:
     if spec.startswith("hf:"):
         return _HF(spec, Path(spec[3:]))
     if spec.startswith("chars:"):
-        try:
-            n = int(spec[6:])
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise LoadgenError(f"tokenizer {spec}: expected chars:N with N >= 1")
-        return _Chars(spec, n)
+        problem = chars_spec_problem(spec)
+        if problem:
+            raise LoadgenError(f"tokenizer {spec}: {problem}")
+        return _Chars(spec, int(spec[6:]))
     raise LoadgenError(f"tokenizer {spec!r}: unknown; expected cl100k_base, hf:PATH/tokenizer.json or chars:N")
 
 

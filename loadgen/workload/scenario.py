@@ -481,6 +481,8 @@ def format_validation_error(source: str, exc: ValidationError) -> str:
         msg = msg[len("Value error, ") :]
     value = first.get("input")
     shown = "" if isinstance(value, dict) or first["type"] == "missing" else f" = {without_userinfo(repr(value))}"
+    if field.endswith("api_key_env") and shown:  # a key pasted in place of its variable's NAME is never echoed
+        shown = " (value not shown)"
     if first["type"] == "missing":
         msg = "missing; required"
     elif first["type"] == "extra_forbidden":
