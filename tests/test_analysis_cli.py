@@ -105,3 +105,9 @@ def test_a_run_of_a_newer_record_schema_says_so(tmp_path):
     assert newer.returncode == 0, newer.stderr
     notes = json.loads((tmp_path / "newer.json").read_text())["notes"]
     assert any("newer record schema ('9'; this loadgen reads 1 to 3)" in n for n in notes), notes
+    manifest["manifest_version"] = 99
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    newer = _run("analyze", str(run), "--json", str(tmp_path / "newer.json"), "--quiet")
+    assert newer.returncode == 0, newer.stderr
+    notes = json.loads((tmp_path / "newer.json").read_text())["notes"]
+    assert any(n.startswith("manifest version 99 is newer than this loadgen's (2)") for n in notes), notes

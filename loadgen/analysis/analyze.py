@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from loadgen.analysis.server_metrics import summarize_server_metrics
 from loadgen.rundir.io import read_run_manifest, read_run_table, run_table_files
-from loadgen.rundir.manifest import Manifest
+from loadgen.rundir.manifest import Manifest, version_notes
 from loadgen.rundir.schema import (
     CHUNKS_FILE,
     CUT_ERROR_KINDS,
@@ -30,7 +30,6 @@ from loadgen.rundir.schema import (
     REQUESTS_SCHEMA,
     SERVER_METRICS_FILE,
     STATUSES,
-    record_schema_note,
 )
 from loadgen.stats.confidence import ESTIMATOR_RULE, INTERVAL_RULE, SHARE_RULE, wilson_interval
 from loadgen.stats.percentiles import PERCENTILE_RULE, SortedParts, summarize_parts, summarize_sorted
@@ -474,7 +473,7 @@ class _Run:
         self.spill = spill if spill is not None else SpillConfig.resolve()
         self.manifest = manifest
         self.scenario = scenario
-        self.notes: list[str] = [note for note in (record_schema_note(manifest.schema_version),) if note]
+        self.notes: list[str] = version_notes(manifest)
         ids, c = _load_requests(run_dir)
         self.ids, c, self.not_due = _drop_not_due(ids, c)
         self.c = c

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from loadgen.rundir.schema import MANIFEST_FILE, SCHEMA_VERSION
+from loadgen.rundir.schema import MANIFEST_FILE, SCHEMA_VERSION, record_schema_note
 from loadgen.util.errors import RunDirError
 from loadgen.util.jsonfile import read_json_object
 
@@ -50,6 +50,7 @@ __all__ = [
     "merge_manifest",
     "merge_sections",
     "read_manifest",
+    "version_notes",
     "write_manifest",
 ]
 
@@ -325,6 +326,18 @@ def _upgrade(data: dict[str, Any]) -> dict[str, Any]:
     if version == 1:
         data = {**data, "manifest_version": MANIFEST_VERSION}
     return data
+
+
+def version_notes(manifest: Manifest) -> list[str]:
+    """What a reader should know of a run written by a newer (or unknown) loadgen: its record schema, its manifest
+    version. Empty for a run this version wrote or reads fully."""
+    notes = [note for note in (record_schema_note(manifest.schema_version),) if note]
+    if manifest.manifest_version > MANIFEST_VERSION:
+        notes.append(
+            f"manifest version {manifest.manifest_version} is newer than this loadgen's ({MANIFEST_VERSION}): "
+            "sections it added are kept but not read"
+        )
+    return notes
 
 
 def read_manifest(run_dir: str | Path) -> Manifest:
