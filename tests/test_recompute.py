@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from cli_process import REPO, run_loadgen
 
-pytest.importorskip("scipy")
+pytest.importorskip("scipy", reason="the outside recompute needs scipy (in the test extra: pip install -e '.[test]')")
 
 SCENARIO = """\
 name = "recompute"
