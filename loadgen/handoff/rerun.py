@@ -88,12 +88,15 @@ def _check_key_env(bundle: Path, name: object) -> None:
         raise RunDirError(f"{bundle / layout.RUNTIME}: options.api_key_env: {problem} (value not shown)")
 
 
-def _key_env_set(bundle: Path, name: str) -> None:
-    """The original run's key variable (runtime.json) must hold a key here too: one line naming where the NAME
-    came from, not the ``--api-key-env`` the user did not pass."""
+def _key_env_set(b: _Bundle, name: str | None) -> None:
+    """The original run's key variable (runtime.json), when the rerun sends a key from it, must hold one here too:
+    one line naming where the NAME came from, not an ``--api-key-env`` the user did not pass. Checked where the key
+    is sent (a worksheet rerun sends none)."""
+    if not name or name != b.options.get("api_key_env"):
+        return
     if not os.environ.get(name):
         raise RunDirError(
-            f"{bundle / layout.RUNTIME}: options.api_key_env = {name!r}: variable unset or empty: expected the API "
+            f"{b.path / layout.RUNTIME}: options.api_key_env = {name!r}: variable unset or empty: expected the API "
             "key the original run sent in it (or --api-key-env NAME for another)"
         )
 
@@ -160,8 +163,7 @@ def _rerun_simulated(
             b.path / layout.TRACE, engine_path, out, seed=int(b.options.get("seed") or 0), scenario=b.scenario
         )
         return Path(run_dir), applied
-    if api_key_env and api_key_env == b.options.get("api_key_env"):
-        _key_env_set(b.path, api_key_env)
+    _key_env_set(b, api_key_env)
     with SimServerTarget(engine_path, Path(tempfile.mkdtemp(prefix="loadgen-rerun-")), api_key_env=api_key_env) as sim:
         return _replay(b, sim, out, applied), applied
 
@@ -201,8 +203,7 @@ def rerun_bundle(
     analyse the new run and re-measure the originally failing checks."""
     b = _Bundle.open(Path(bundle))
     out = Path(out)
-    from_bundle = api_key_env is None and bool(b.options.get("api_key_env"))
-    if from_bundle:  # the name the original run read its key from
+    if api_key_env is None and b.options.get("api_key_env"):  # the name the original run read its key from
         api_key_env = str(b.options["api_key_env"])
     applied = None
     if target_url is not None:
@@ -211,8 +212,7 @@ def rerun_bundle(
                 "--experiment: applies only to the bundled simulated engine; "
                 "change the variable on the real engine and rerun with --target"
             )
-        if from_bundle and api_key_env:
-            _key_env_set(b.path, api_key_env)
+        _key_env_set(b, api_key_env)
         with UrlTarget(target_url, _model(b, model), api_key_env) as url:
             run_dir = _replay(b, url, out, None)
     else:
