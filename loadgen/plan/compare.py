@@ -35,6 +35,7 @@ from loadgen.rundir.io import read_run_manifest
 from loadgen.rundir.manifest import Manifest, read_manifest
 from loadgen.rundir.schema import MANIFEST_FILE
 from loadgen.util.errors import PlanError, RunDirError
+from loadgen.util.flat import flatten
 from loadgen.util.limits import MAX_PARAM, is_finite
 from loadgen.workload.scenario import Scenario, scenario_from_manifest
 
@@ -117,14 +118,6 @@ IGNORED_KEYS = (
 _IGNORED_PREFIXES = tuple(k + "." for k in IGNORED_KEYS)
 
 
-def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
-    if isinstance(value, dict) and value:
-        for key, sub in value.items():
-            _flatten(sub, f"{prefix}.{key}" if prefix else str(key), out)
-    else:
-        out[prefix] = json.dumps(value, sort_keys=True, default=str) if isinstance(value, (list, dict)) else value
-
-
 def _get(manifest: dict[str, Any], dotted: str) -> Any:
     cur: Any = manifest
     for part in dotted.split("."):
@@ -145,7 +138,8 @@ def identity_of(manifest: Manifest) -> dict[str, Any]:
         value = _get(recorded, root)
         if value is _MISSING:
             continue
-        _flatten(value, root, out)
+        for key, leaf in flatten(value, root).items():  # a list (or empty dict) compared as its JSON text
+            out[key] = json.dumps(leaf, sort_keys=True, default=str) if isinstance(leaf, (list, dict)) else leaf
     return {k: v for k, v in out.items() if k not in IGNORED_KEYS and not k.startswith(_IGNORED_PREFIXES)}
 
 

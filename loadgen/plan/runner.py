@@ -27,6 +27,7 @@ from loadgen.rundir.identity import harness_identity, utc_now_iso
 from loadgen.rundir.io import load_run
 from loadgen.rundir.manifest import read_manifest
 from loadgen.util.errors import LoadgenError, PlanError
+from loadgen.util.flat import flatten
 from loadgen.util.outputfile import make_output_dir
 from loadgen.workload.scenario import Scenario, load_scenario, scenario_from_manifest
 
@@ -323,17 +324,12 @@ class _Planner:
         self.save_state()
 
 
-def changed_settings(old: Any, new: Any, key: str = "", limit: int = 4) -> list[str]:
+def changed_settings(old: Any, new: Any, limit: int = 4) -> list[str]:
     """The settings that differ between two JSON documents, as ``dotted.key old → new`` (at most ``limit``,
     then a count of the rest); a key only one side has counts as changed."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        out: list[str] = []
-        for name in sorted(set(old) | set(new)):
-            out += changed_settings(old.get(name), new.get(name), f"{key}.{name}" if key else str(name), limit=0)
-        return out if not limit or len(out) <= limit else [*out[:limit], f"and {len(out) - limit} more"]
-    if old == new:
-        return []
-    return [f"{key} {_short(old)} → {_short(new)}"]
+    a, b = flatten(old), flatten(new)
+    out = [f"{k} {_short(a.get(k))} → {_short(b.get(k))}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    return out if len(out) <= limit else [*out[:limit], f"and {len(out) - limit} more"]
 
 
 def _short(value: Any, width: int = 40) -> str:
