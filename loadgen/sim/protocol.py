@@ -7,6 +7,7 @@ tokens is k words; the worksheet uses the same byte arithmetic as the live serve
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -58,6 +59,7 @@ def filler_text(start: int, count: int, width: int = 0) -> str:
     return "".join(words[(start + j) % _L] for j in range(count))
 
 
+@functools.cache  # per chunk on the server's hot path: built once per width
 def _widths(width: int) -> tuple[str, ...]:
     return tuple((w + "_" * width)[:width] for w in FILLER_WORDS)
 
