@@ -15,8 +15,9 @@ on the ledger's pool, as its first table there), printed:
 2. the step residual by batch size: for each request whose replayed span (first to last token) holds exactly its
    n - 1 steps, (measured span - replayed span) / (n - 1), the ms a step of vLLM's took more than the replay's
    over that request's life, grouped by the mean decode count of those steps (median per group; the steps' mean
-   replayed time beside it). A run of several DP ranks is left out of this part: its ranks step in lockstep,
-   and one rank's steps are not the group's;
+   replayed time beside it), then by when its first token came (10 s windows): the ramp-up against the rest. A
+   run of several DP ranks is left out of this part: its ranks step in lockstep, and one rank's steps are not
+   the group's;
 3. the comparison (worst |error| over all figures, over LLMServingSim's TTFT, TPOT and E2E, and MAPE) with a CPU
    term added as an experiment, nothing shipped: ``fixed_ms`` = 0.25, 0.5, 1 ms (the addition), and every step
    at least 5, 10, 15, 20 ms (the floor).
@@ -54,6 +55,7 @@ from loadgen.sim.worksheet import simulate_trace
 
 ADDED_MS = (0.25, 0.5, 1.0)
 FLOORS_MS = (5.0, 10.0, 15.0, 20.0)
+WINDOW_S = 10
 DECODE_GROUPS = ((1, 32), (32, 64), (64, 96), (96, 120), (120, 257))
 THEIRS = ("ttft", "tpot", "e2e")  # the figures LLMServingSim's validation/summary.txt reports
 
@@ -106,7 +108,7 @@ def _residual(run_dir: Path, cfg: EngineConfig) -> tuple[np.ndarray, list[str]]:
     predicted = result.requests_table.to_pydict()
     row = {_line(r): i for i, r in enumerate(predicted["request_id"])}
     ends = s[:, 1]
-    cells: list[tuple[float, float, float]] = []  # mean decodes, replayed step ms, residual ms a step
+    cells: list[tuple[float, float, float, int]] = []  # mean decodes, replayed step ms, residual ms, first token
     for i, rid in enumerate(measured["request_id"]):
         j = row[_line(rid)]
         n, first, last = (
@@ -120,7 +122,8 @@ def _residual(run_dir: Path, cfg: EngineConfig) -> tuple[np.ndarray, list[str]]:
         if b - a != n - 1:
             continue  # preempted after its first token: more steps than tokens
         span = (measured["last_token_ns"][i] - measured["first_token_ns"][i]) / 1e6
-        cells.append((float(s[a:b, 2].mean()), float(durations[a:b].mean()), (span - durations[a:b].sum()) / (n - 1)))
+        residual = (span - durations[a:b].sum()) / (n - 1)
+        cells.append((float(s[a:b, 2].mean()), float(durations[a:b].mean()), residual, measured["first_token_ns"][i]))
     c = np.array(cells)
     lines = [f"{len(c)} requests whose replayed span holds their n - 1 steps"]
     for lo, hi in DECODE_GROUPS:
@@ -130,6 +133,13 @@ def _residual(run_dir: Path, cfg: EngineConfig) -> tuple[np.ndarray, list[str]]:
                 f"decodes {lo}-{hi - 1}: {k.sum()} requests, replayed step {np.median(c[k, 1]):.2f} ms, "
                 f"vLLM's {np.median(c[k, 2]):+.2f} ms a step more (median)"
             )
+    t = (c[:, 3] - c[:, 3].min()) / 1e9
+    windows = []
+    for lo in range(0, int(t.max()) + 1, WINDOW_S):
+        k = (t >= lo) & (t < lo + WINDOW_S)
+        if k.sum() >= 3:
+            windows.append(f"{lo}-{lo + WINDOW_S}: {k.sum()}, {c[k, 0].mean():.0f}, {np.median(c[k, 2]):+.2f}")
+    lines.append("by first token (s from the first: requests, mean decodes, ms a step more): " + "; ".join(windows))
     return durations, lines
 
 
