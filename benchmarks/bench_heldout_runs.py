@@ -159,29 +159,56 @@ def _summary_line(got: dict[str, Any]) -> str:
     )
 
 
-def rtx4090(folder: Path, tmp: Path, anchor: str) -> None:
-    engine, config, _ = RUNS["rtx4090-llama8b-tp1"]
-    run = find_run_folder(folder)
-    meta = json.loads((run / "meta.json").read_text())
-    run_dir = import_llmservingsim_run(run, tmp / "rtx4090-llama8b-tp1", workload=LLAMA_WORKLOAD)
+def rtx4090_pools(folder: Path) -> tuple[int, int, dict[str, Any], dict[str, Any]]:
+    """The RTX 4090 run's KV pool as the ledger gives it for the run's own settings (``max_num_seqs`` 128), and
+    for the shared run's (256), on the device memory and utilization the shared run logged (the same card model);
+    with the run's meta.json and the shared run's."""
+    _, config, _ = RUNS["rtx4090-llama8b-tp1"]
+    meta = json.loads((find_run_folder(folder) / "meta.json").read_text())
     shared = json.loads(SHARED_4090_META.read_text())
     kwargs = meta["engine_kwargs"]
-    device = int(shared["hardware"]["device_total_memory_bytes"])
     common = {
         "max_num_batched_tokens": kwargs["max_num_batched_tokens"],
         "max_model_len": kwargs["max_model_len"],
         "tensor_parallel_size": kwargs["tensor_parallel_size"],
-        "device_memory_gib": device / GIB,
+        "device_memory_gib": int(shared["hardware"]["device_total_memory_bytes"]) / GIB,
         "gpu_memory_utilization": shared["kv_cache"]["gpu_memory_utilization"],
         "block_size": shared["kv_cache"]["block_size"],
         "device_name": shared["hardware"]["device_name"],
     }
     held, _ = _ledger_blocks(config, common | {"max_num_seqs": kwargs["max_num_seqs"]})
     at_shared, _ = _ledger_blocks(config, common | {"max_num_seqs": shared["engine_kwargs"]["max_num_seqs"]})
+    return held, at_shared, meta, shared
+
+
+def heldout_replays(runs: Path, tmp: Path) -> list[tuple[str, Path, EngineConfig]]:
+    """Each held-out run present under ``runs``, imported under ``tmp``, with its shipped engine on the pool its
+    first table replays: the ledger's for the RTX 4090 run (it logs none), the logged one for Qwen3-32B."""
+    out = []
+    for name, (engine, _, _) in RUNS.items():
+        if not (runs / name).is_dir():
+            continue
+        run = find_run_folder(runs / name)
+        cfg = load_engine_config(engine)
+        if name.startswith("rtx4090"):
+            run_dir = import_llmservingsim_run(run, tmp / name, workload=LLAMA_WORKLOAD)
+            cfg = _with_blocks(cfg, rtx4090_pools(runs / name)[0])
+        else:
+            run_dir = import_llmservingsim_run(run, tmp / name)
+        out.append((name, run_dir, cfg))
+    return out
+
+
+def rtx4090(folder: Path, tmp: Path, anchor: str) -> None:
+    engine, _, _ = RUNS["rtx4090-llama8b-tp1"]
+    run_dir = import_llmservingsim_run(find_run_folder(folder), tmp / "rtx4090-llama8b-tp1", workload=LLAMA_WORKLOAD)
+    held, at_shared, meta, shared = rtx4090_pools(folder)
+    kwargs = meta["engine_kwargs"]
+    device = int(shared["hardware"]["device_total_memory_bytes"])
     logged = int(shared["kv_cache"]["num_gpu_blocks"])
     print(
         f"   ledger (vLLM 0.19 accounting; device {device:,} B as the shared RTX 4090 run logged it, utilization "
-        f"{common['gpu_memory_utilization']}): max_num_seqs {kwargs['max_num_seqs']} -> {held:,} blocks, "
+        f"{shared['kv_cache']['gpu_memory_utilization']}): max_num_seqs {kwargs['max_num_seqs']} -> {held:,} blocks, "
         f"max_num_seqs {shared['engine_kwargs']['max_num_seqs']} -> {at_shared:,} (logged there: {logged:,}, "
         f"{(at_shared - logged) / logged:+.2%}); difference {held - at_shared:+,} blocks"
     )
