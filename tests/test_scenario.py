@@ -107,9 +107,10 @@ def test_cli_scenario_check_reports_ok_and_errors(tmp_path):
 
 
 def test_a_misspelt_plan_or_price_field_names_the_one_meant(tmp_path):
-    """Plans and price tables go through the same one-line error as scenarios, and name the field meant too."""
+    """Plans, price tables and engine TOMLs go through the same one-line error as scenarios, and name the field meant too."""
     from loadgen.plan import load_prices
     from loadgen.plan.spec import load_plan
+    from loadgen.sim.config import load_engine_config
 
     plan = tmp_path / "plan.toml"
     plan.write_text((REPO / "scenarios" / "plans" / "quick.toml").read_text().replace("\nrepeats =", "\nrepeat ="))
@@ -119,3 +120,10 @@ def test_a_misspelt_plan_or_price_field_names_the_one_meant(tmp_path):
     prices.write_text((REPO / "scenarios" / "prices.toml").read_text().replace("\nusd_per_hour", "\nusd_per_hr", 1))
     with pytest.raises(ScenarioError, match=r"unknown field \(did you mean 'usd_per_hour'\?\)"):
         load_prices(prices)
+    engine = tmp_path / "engine.toml"
+    shipped = (REPO / "scenarios" / "engines" / "interactive-small-batch.toml").read_text()
+    engine.write_text(shipped.replace("\nmax_num_seqs", "\nmax_num_seq", 1))
+    with pytest.raises(
+        ScenarioError, match=r"scheduler.max_num_seq = \d+: unknown field \(did you mean 'max_num_seqs'\?\)"
+    ):
+        load_engine_config(engine)
