@@ -9,13 +9,12 @@ no GPU (a preset) or an unknown one gets its own pool as the KV budget, and the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from .ledger import GIB, EngineSettings, Ledger, ModelConfig, compute_ledger, format_ledger, read_model_config
 from .ledger.gpus import gpu_memory
 from .sim import EngineConfig
-from .vllm.model_dir import shipped_model_path
+from .vllm.model_dir import model_config_path
 from .workload.scenario import Scenario
 
 __all__ = ["LedgerBudget", "candidate_ledgers", "ledger_budget", "model_config_path"]
@@ -28,12 +27,6 @@ class LedgerBudget:
     settings: EngineSettings
     source: str
     device_memory_bytes: int | None = None
-
-
-def model_config_path(model_config: str) -> Path:
-    """A config.json path, or the name of a shipped model config (``loadgen/data/models/<name>.json``)."""
-    path = Path(model_config)
-    return path if path.exists() else shipped_model_path(model_config)
 
 
 def ledger_budget(cfg: EngineConfig, model: ModelConfig) -> LedgerBudget:

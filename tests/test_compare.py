@@ -136,6 +136,25 @@ def test_different_workloads_are_refused_unless_allowed(worksheet_runs: dict[str
     assert any("not one-variable" in n for n in comp.notes)
 
 
+def test_candidates_of_one_engine_are_told_apart_by_their_directory(
+    worksheet_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Two runs of one engine (say, against a local server and a managed stand-in) shared its label: the
+    decision read "X is chosen ... X rejected", naming neither. Each now carries its directory."""
+    large = worksheet_runs["throughput-large-batch"]
+    small = tmp_path / "small"
+    shutil.copytree(worksheet_runs["interactive-small-batch"], small)
+    manifest = json.loads((small / MANIFEST_FILE).read_text())
+    manifest["target"]["engine"]["config"]["name"] = "throughput-large-batch"  # the same label as `large`
+    (small / MANIFEST_FILE).write_text(json.dumps(manifest))
+    comp = compare_candidates([small, large], allow_differences=True)
+    labels = [c["label"] for c in comp.candidates]
+    assert labels == [f"throughput-large-batch ({small})", f"throughput-large-batch ({large})"]
+    assert comp.decision.chosen == labels[0]
+    assert [r.label for r in comp.decision.rejected] == [labels[1]]
+    assert format_comparison(comp).count(f"{labels[1]} rejected") == 1
+
+
 def test_contract_failure_rejects_before_cost(worksheet_runs: dict[str, Path], tmp_path: Path) -> None:
     small = tmp_path / "small"
     shutil.copytree(worksheet_runs["interactive-small-batch"], small)

@@ -193,6 +193,23 @@ def test_a_key_given_as_api_key_env_is_refused_and_never_echoed(command: list[st
     assert "not a key" in out.stderr and "SECRET" not in out.stderr + out.stdout
 
 
+def test_an_unset_key_variable_reads_the_same_from_run_and_contract(monkeypatch: pytest.MonkeyPatch) -> None:
+    """contract replay said 'environment variable is unset or empty', run and bench 'variable unset or empty':
+    one message now, from one constant, before any request."""
+    from loadgen.contract.replay import _api_key
+    from loadgen.driver.run import _auth_headers
+    from loadgen.util.errors import TargetError
+
+    monkeypatch.setenv("LOADGEN_TEST_UNSET_KEY", "")
+    options = RunOptions(trace_path="t", target_url="http://x", out_dir="o", api_key_env="LOADGEN_TEST_UNSET_KEY")
+    with pytest.raises(TargetError) as run:
+        _auth_headers(options)
+    with pytest.raises(TargetError) as contract:
+        _api_key("LOADGEN_TEST_UNSET_KEY")
+    line = "--api-key-env LOADGEN_TEST_UNSET_KEY: variable unset or empty: expected the API key in it"
+    assert str(run.value) == str(contract.value) == line
+
+
 # ---- the simulated server's containment -----------------------------------------------------------------
 
 

@@ -301,6 +301,23 @@ def test_cli_table_json_and_errors(tmp_path):
     assert err.returncode == 2 and err.stderr.count("\n") == 1 and "invalid JSON" in err.stderr
 
 
+def test_cli_takes_a_shipped_model_name_as_practice_and_vllm_do(tmp_path):
+    """`--model llama-3.1-8b` (a name `loadgen vllm models` lists, which practice --model-config and --vllm take)
+    was refused as 'no such file'; a missing path still says so, and a name not shipped lists the shipped ones."""
+    run = lambda spec: subprocess.run(
+        [sys.executable, "-m", "loadgen", "ledger", "--model", spec, "--kv-cache-gib", "10", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    shipped = run("llama-3.1-8b")
+    assert shipped.returncode == 0, shipped.stderr
+    assert json.loads(shipped.stdout)["kv_bytes_per_token"] == 131_072
+    missing, unknown = run("nope.json"), run("llama-3.1-8c")
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "nope.json: no such file" in missing.stderr
+    assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1 and "llama-3.1-8b, " in unknown.stderr
+
+
 def test_cli_runtime_from_a_calibrated_engine(tmp_path):
     """--runtime-from takes the runtime a calibration measured into the ledger's total; a TOML without one, or a
     non-finite --runtime-gib, is one line and exit 2."""

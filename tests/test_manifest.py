@@ -115,3 +115,29 @@ def test_git_sha_names_the_checkout_loadgen_runs_from() -> None:
     head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     sha = identity.git_sha()
     assert sha is not None and sha.removesuffix("-dirty") == head
+
+
+def test_a_directory_without_a_manifest_says_where_its_runs_are(tmp_path: Path) -> None:
+    """`loadgen analyze runs/bench` (bench's --out, whose run is runs/bench/run) or a plan directory said only
+    'no manifest.json'; the one line now names the run inside, or the plan's cells, or that the path is a file."""
+    from cli_process import run_loadgen
+
+    bench = tmp_path / "bench"
+    (bench / "run").mkdir(parents=True)
+    shutil.copyfile(DATA / "manifest-v1-measured.json", bench / "run" / MANIFEST_FILE)
+    plan = tmp_path / "plan"
+    plan.mkdir()
+    (plan / "plan.json").write_text("{}")
+    (tmp_path / "t.parquet").write_bytes(b"")
+    expected = {
+        "plan": "plan: a plan directory (plan.json; its runs are under plan/cells, and loadgen compare takes it whole)",
+        "t.parquet": "t.parquet: a file, not a directory",
+        "nope": "nope: no such directory",
+    }
+    for name, line in expected.items():
+        with pytest.raises(RunDirError) as info:
+            read_manifest(tmp_path / name)
+        assert line in str(info.value).replace(f"{tmp_path}/", ""), info.value
+    out = run_loadgen(["analyze", "bench"], tmp_path)  # the command a newcomer types, as a user runs it
+    line = "bench: no manifest.json (the run directory bench/run is inside it): expected a loadgen run directory"
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and line in out.stderr, out.stderr

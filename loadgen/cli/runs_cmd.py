@@ -30,7 +30,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     show.set_defaults(func=_show)
     par = s.add_parser("pareto", help="Pareto front of runs: completed throughput against a latency p99")
     par.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    par.add_argument("--metric", default="ttft_ms", choices=("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"))
+    par.add_argument(
+        "--metric",
+        default="ttft_ms",
+        choices=("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"),
+        help="the latency whose p99 is plotted (default ttft_ms)",
+    )
     par.add_argument("--class", dest="request_class", default="overall", help="a class, or overall (default)")
     par.add_argument("--html", type=flags.output_file, help="write the interactive plot to this HTML file")
     par.set_defaults(func=_pareto)

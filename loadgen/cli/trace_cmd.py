@@ -28,10 +28,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "bailian JSONL, sharegpt JSON, agentic sessions JSON)",
     )
     imp.add_argument(
-        "kind", choices=["azure", "mooncake", "llmservingsim", "burstgpt", "bailian", "sharegpt", "agentic"]
+        "kind",
+        choices=["azure", "mooncake", "llmservingsim", "burstgpt", "bailian", "sharegpt", "agentic"],
+        help="the source format (docs/traces.md)",
     )
     imp.add_argument("file", nargs="+", help="the trace file (agentic: one or more kv-cache-tester trace_*.json)")
-    imp.add_argument("--out", required=True, type=flags.output_file)
+    imp.add_argument("--out", required=True, type=flags.output_file, help="output .parquet file")
     imp.add_argument(
         "--time-scale",
         type=flags.number(0, 1e6, low_open=True),
@@ -47,7 +49,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     imp.add_argument(
         "--duration-s", type=flags.seconds(flags.MAX_OFFSET_S), default=None, help="window length in seconds"
     )
-    imp.add_argument("--max-requests", type=flags.count(1, MAX_TRACE_REQUESTS), default=None)
+    imp.add_argument(
+        "--max-requests",
+        type=flags.count(1, MAX_TRACE_REQUESTS),
+        default=None,
+        help="keep at most N requests of the window",
+    )
     imp.add_argument(
         "--request-class",
         default=None,

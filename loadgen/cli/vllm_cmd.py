@@ -19,8 +19,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     mk = s.add_parser("make-model", help="config.json + locally trained tokenizer, for --load-format dummy")
     mk.add_argument("config", nargs="?", help="config.json path or a shipped name (default tiny-llama-gqa)")
-    mk.add_argument("--out", required=True)
-    mk.add_argument("--tokenizer-vocab", type=flags.count(2, 1 << 22), default=None)
+    mk.add_argument("--out", required=True, help="model directory to create")
+    mk.add_argument(
+        "--tokenizer-vocab",
+        type=flags.count(2, 1 << 22),
+        default=None,
+        help="vocabulary of the trained tokenizer, at most the config's vocab_size (default 4096)",
+    )
     mk.set_defaults(func=_make_model)
 
     ls = s.add_parser("models", help="list shipped model configs")
@@ -37,9 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         ("run", "launch vLLM, replay a trace against it, stop it; prints the run dir"),
     ):
         sp = s.add_parser(name, help=helptext)
-        sp.add_argument("--model-dir", required=True)
+        sp.add_argument("--model-dir", required=True, help="model directory (loadgen vllm make-model)")
         sp.add_argument("--python", help="vLLM interpreter (default: env LOADGEN_VLLM_PYTHON)")
-        sp.add_argument("--port", type=flags.port)
+        sp.add_argument("--port", type=flags.port, help="default: a free port")
         sp.add_argument(
             "--kv-cache-gib",
             type=flags.count(1, 1 << 20),
@@ -51,12 +56,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         sp.add_argument("--block-size", type=flags.count(1, 1 << 16))
         sp.add_argument("--gpu-memory-utilization", type=flags.fraction())
         sp.add_argument("--log", help="server log file (default /tmp/loadgen-vllm-PORT.log)")
-        sp.add_argument("--startup-timeout-s", type=flags.seconds(), default=900)
+        sp.add_argument(
+            "--startup-timeout-s", type=flags.seconds(), default=900, help="wait this long for /health (default 900)"
+        )
         if name == "run":
-            sp.add_argument("--trace", required=True)
+            sp.add_argument("--trace", required=True, help="trace Parquet file to replay")
             sp.add_argument("--out", required=True, help="run directory to create")
-            sp.add_argument("--scenario")
-            sp.add_argument("--deadline-s", type=flags.DURATION)
+            sp.add_argument("--scenario", help="scenario TOML: timeouts, privacy, endpoint, budgets")
+            sp.add_argument(
+                "--deadline-s",
+                type=flags.DURATION,
+                help="stop after N seconds; requests not yet sent are recorded not_sent",
+            )
         sp.add_argument("extra", nargs=argparse.REMAINDER, help="-- extra vLLM arguments")
         sp.set_defaults(func=_serve if name == "serve" else _run)
 

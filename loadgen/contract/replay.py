@@ -25,6 +25,7 @@ import httpx
 from loadgen.rundir.identity import utc_now_iso
 from loadgen.rundir.schema import CONTRACT_FILE
 from loadgen.util.errors import RunDirError, TargetError
+from loadgen.util.inputs import UNSET_API_KEY
 from loadgen.util.jsonfile import read_json_object
 from loadgen.util.outputfile import write_output_text
 from loadgen.workload.scenario import load_scenario
@@ -520,9 +521,7 @@ def _api_key(api_key_env: str | None) -> str | None:
         return None
     key = os.environ.get(api_key_env)
     if not key:
-        raise TargetError(
-            f"--api-key-env {api_key_env}: environment variable is unset or empty: expected the API key in it"
-        )
+        raise TargetError(f"--api-key-env {api_key_env}: {UNSET_API_KEY}")
     return key
 
 

@@ -46,6 +46,7 @@ from loadgen.util.errors import (
     TargetError,
     TraceError,
 )
+from loadgen.util.inputs import UNSET_API_KEY
 from loadgen.util.pinning import affinity, format_cpus, parse_cpus, shared_cpus_warning
 from loadgen.util.redact import basic_token, url_secrets
 from loadgen.util.targeturl import split_target_url
@@ -163,9 +164,7 @@ def _auth_headers(options: RunOptions) -> tuple[dict[str, str], tuple[str, ...]]
     if options.api_key_env:
         key = os.environ.get(options.api_key_env, "")
         if not key:
-            raise TargetError(
-                f"--api-key-env {options.api_key_env}: variable unset or empty: expected the API key in it"
-            )
+            raise TargetError(f"--api-key-env {options.api_key_env}: {UNSET_API_KEY}")
         secrets += (key,)
         sources.append((f"--api-key-env {options.api_key_env}", f"Bearer {key}"))
     for url in options.target_urls:

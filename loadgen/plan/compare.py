@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -196,6 +197,15 @@ def _label(manifest: Manifest, path: Path) -> str:
         if value and value not in ("loadgen-sim", "vllm"):  # generic engine names say nothing about the candidate
             return str(value)
     return path.name
+
+
+def _distinct_labels(candidates: Sequence[Candidate]) -> list[str]:
+    """Each candidate's label as the report shows it: two that share one (the same engine under other settings, or
+    against another endpoint) get their directory beside it, so "X is chosen" and "X rejected" name one each."""
+    counts = Counter(c.label for c in candidates)
+    shown = [c.label if counts[c.label] == 1 else f"{c.label} ({c.path})" for c in candidates]
+    seen = Counter(shown)
+    return [s if seen[s] == 1 else f"{s} #{i + 1}" for i, s in enumerate(shown)]
 
 
 def load_candidate(path: str | Path) -> Candidate:
@@ -863,6 +873,8 @@ def compare_candidates(
     covered, other, notes = _identity_notes(candidates, variable, allow_differences)
     table = load_prices(prices) if isinstance(prices, (str, Path)) else prices
     judged = [_judge_candidate(index, c, route, table, max_send_lag_ms) for index, c in enumerate(candidates)]
+    for j, shown in zip(judged, _distinct_labels(candidates), strict=True):
+        j["label"] = shown
     basis = _headline_basis(judged)
     for j, c in zip(judged, candidates, strict=True):
         j["cost"] = _cost(c, j["throughput"], table, basis)

@@ -64,7 +64,7 @@ def load_prices(path: str | Path) -> PriceTable:
     try:
         table = PriceTable.model_validate(data)
     except ValidationError as exc:
-        raise ScenarioError(format_validation_error(str(path), exc)) from None
+        raise ScenarioError(format_validation_error(str(path), exc, PriceTable)) from None
     return table.model_copy(update={"source_path": str(path)})
 
 

@@ -239,7 +239,7 @@ def parse_plan(data: dict[str, Any], source: str = "<plan>") -> PlanSpec:
     try:
         return PlanSpec.model_validate(data)
     except ValidationError as exc:
-        raise ScenarioError(format_validation_error(source, exc)) from None
+        raise ScenarioError(format_validation_error(source, exc, PlanSpec)) from None
 
 
 def load_plan(path: str | Path) -> PlanSpec:

@@ -340,11 +340,30 @@ def version_notes(manifest: Manifest) -> list[str]:
     return notes
 
 
+def _not_a_run(path: Path) -> str:
+    """What a directory without a manifest is, and where its runs are: `bench --out DIR` writes its run in DIR/run,
+    a plan its runs under DIR/cells/."""
+    from loadgen.plan.files import PLAN_FILE  # deferred: the plan package reads run directories
+
+    if not path.is_dir():
+        return "a file, not a directory" if path.exists() else "no such directory"
+    if (path / PLAN_FILE).is_file():
+        return (
+            f"a plan directory ({PLAN_FILE}; its runs are under {path / 'cells'}, and loadgen compare takes it whole)"
+        )
+    runs = sorted(child for child in path.iterdir() if (child / MANIFEST_FILE).is_file())
+    if len(runs) == 1:
+        return f"no {MANIFEST_FILE} (the run directory {runs[0]} is inside it)"
+    if runs:
+        return f"no {MANIFEST_FILE} ({len(runs)} run directories are inside it, {runs[0]} the first)"
+    return f"no {MANIFEST_FILE}"
+
+
 def read_manifest(run_dir: str | Path) -> Manifest:
     """Read and validate a run directory's manifest.json (any version)."""
     path = Path(run_dir) / MANIFEST_FILE
     if not path.is_file():
-        raise RunDirError(f"{run_dir}: no {MANIFEST_FILE}: expected a loadgen run directory")
+        raise RunDirError(f"{run_dir}: {_not_a_run(Path(run_dir))}: expected a loadgen run directory")
     return _validate(read_json_object(path, "a manifest object", RunDirError), str(path))
 
 

@@ -490,7 +490,7 @@ def parse_engine_config(data: dict[str, Any], source: str = "<engine>") -> Engin
     try:
         cfg = EngineConfig.model_validate(data)
     except ValidationError as exc:
-        raise ScenarioError(format_validation_error(source, exc)) from None
+        raise ScenarioError(format_validation_error(source, exc, EngineConfig)) from None
     return cfg
 
 

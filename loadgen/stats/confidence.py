@@ -117,6 +117,8 @@ def binomial_cdf(n: int, p: float) -> tuple[int, np.ndarray]:
     return lo, cdf
 
 
+#: Coverage this close to the level counts as reaching it: the summed CDF is exact only to its last bits.
+_TIE = 1e-12
 #: Among the rank pairs whose coverage is within this of the least, the most balanced is taken.
 _BALANCE_SLACK = 0.005
 
@@ -141,11 +143,13 @@ def quantile_ci_ranks(n: int, q: float, level: float = CONFIDENCE_LEVEL) -> tupl
     if lo + len(cdf) - 1 == n:
         cdf[-1] = 1.0
     excess = 1.0 - level
-    # candidate lower ranks: lo − 1 (F ≈ 0: the window starts 12 sd below the mean), then each F(l) ≤ 1 − level
-    n_low = int(np.searchsorted(cdf, excess, side="right"))
+    # candidate lower ranks: lo − 1 (F ≈ 0: the window starts 12 sd below the mean), then each F(l) ≤ 1 − level;
+    # both comparisons allow _TIE, so a pair covering exactly the level is not refused for the CDF's last bits
+    # (one sample's p95: F(0) = 0.05 exactly, summed as 0.05000000000000005, one ulp above 1 − 0.95)
+    n_low = int(np.searchsorted(cdf, excess + _TIE, side="right"))
     f_low = np.concatenate(([0.0], cdf[:n_low]))
     low_rank = np.arange(lo - 1, lo + n_low)
-    up_idx = np.searchsorted(cdf, f_low + level, side="left").clip(max=len(cdf) - 1)
+    up_idx = np.searchsorted(cdf, f_low + level - _TIE, side="left").clip(max=len(cdf) - 1)
     coverage = cdf[up_idx] - f_low
     up_rank = lo + up_idx
     unbounded = (low_rank < 0).astype(int) + (up_rank > n - 1).astype(int)

@@ -11,7 +11,13 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
-__all__ = ["api_key_env_problem", "header_problem", "target_url_problem", "without_userinfo"]
+__all__ = [
+    "UNSET_API_KEY",
+    "api_key_env_problem",
+    "header_problem",
+    "target_url_problem",
+    "without_userinfo",
+]
 
 _USERINFO = re.compile(r"(//)[^/@\s]*@")
 #: RFC 9110 token characters: a header name is one token.
@@ -54,6 +60,10 @@ def header_problem(name: str, value: str) -> str | None:
     if _CONTROL.search(value):
         return "expected a header value without CR, LF or other control characters"
     return None
+
+
+#: What every command says of an --api-key-env variable that holds no key (after ``--api-key-env NAME: ``).
+UNSET_API_KEY = "variable unset or empty: expected the API key in it"
 
 
 def api_key_env_problem(name: str) -> str | None:

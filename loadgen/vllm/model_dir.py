@@ -18,7 +18,7 @@ from loadgen.ledger.config import config_int, read_model_config_json
 from loadgen.util.errors import EngineError
 from loadgen.util.outputfile import make_output_dir
 
-__all__ = ["make_model_dir", "shipped_model_path", "shipped_models"]
+__all__ = ["make_model_dir", "model_config_path", "shipped_model_path", "shipped_models"]
 
 DEFAULT_MODEL = "tiny-llama-gqa"
 
@@ -46,6 +46,14 @@ def shipped_model_path(name: str) -> Path:
             f"model config {name!r}: not shipped: expected a config.json path or one of {', '.join(shipped_models())}"
         )
     return path
+
+
+def model_config_path(spec: str) -> Path:
+    """A config.json (or model directory) path, or the name of a shipped model config (``loadgen vllm models``)."""
+    path = Path(spec)
+    if path.exists() or path.suffix == ".json" or len(path.parts) > 1:
+        return path  # a path, found or not: a missing one is the reader's one line
+    return shipped_model_path(spec)
 
 
 def _corpus(seed: int, lines: int = 4000) -> list[str]:

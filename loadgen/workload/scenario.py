@@ -12,10 +12,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from loadgen.rundir.manifest import Manifest, ScenarioRef
 from loadgen.util.errors import ScenarioError
+from loadgen.util.fieldnames import closest_field
 from loadgen.util.inputs import without_userinfo
 from loadgen.util.limits import (
     MAX_CONCURRENCY,
@@ -471,10 +472,19 @@ def _field_path(loc: tuple[Any, ...]) -> str:
 _NAMED_MSG = re.compile(r"^[\w.\-\[\]*]+ = [^:]+: expected ")
 
 
-def format_validation_error(source: str, exc: ValidationError) -> str:
-    """One line: ``source: field = value: expected ...`` for the first problem (+N more)."""
+def _first_error(errors: list[Any]) -> Any:
+    """The problem to report: a misspelt field before the required one it was meant as (``shares`` for ``share``:
+    pydantic lists "share: missing" first), else pydantic's first."""
+    missing = {tuple(e["loc"][:-1]) for e in errors if e["type"] == "missing"}
+    misspelt = [e for e in errors if e["type"] == "extra_forbidden" and tuple(e["loc"][:-1]) in missing]
+    return misspelt[0] if misspelt else errors[0]
+
+
+def format_validation_error(source: str, exc: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """One line: ``source: field = value: expected ...`` for the first problem (+N more). With the ``model`` that
+    was validated, an unknown field names the accepted one nearest in spelling (``did you mean 'ttft_ms'?``)."""
     errors = exc.errors(include_url=False)
-    first = errors[0]
+    first = _first_error(errors)
     field = _field_path(tuple(first["loc"]))
     msg = first["msg"]
     if msg.startswith("Value error, "):
@@ -486,7 +496,8 @@ def format_validation_error(source: str, exc: ValidationError) -> str:
     if first["type"] == "missing":
         msg = "missing; required"
     elif first["type"] == "extra_forbidden":
-        msg = "unknown field"
+        meant = closest_field(model, tuple(first["loc"])) if model is not None else None
+        msg = f"unknown field (did you mean {meant!r}?)" if meant else "unknown field"
     more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
     if first["type"] == "value_error" and _NAMED_MSG.match(msg):  # "sub.field = value: expected ..." from a validator
         return f"{source}: {field + '.' if field else ''}{msg}{more}"
@@ -502,7 +513,7 @@ def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:
-        raise ScenarioError(format_validation_error(source, exc)) from None
+        raise ScenarioError(format_validation_error(source, exc, Scenario)) from None
 
 
 def load_scenario(path: str | Path) -> Scenario:
