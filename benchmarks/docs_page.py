@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shlex
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -105,10 +107,18 @@ def recorded(script: str) -> Iterator[None]:
         sys.stdout = real
 
 
+def portable(text: str) -> str:
+    """`text` with this machine's paths written as anyone's: the checkout as `.`, a temporary directory as
+    `$TMPDIR/tmp…` and the home directory as `~` (the page records what ran, not where)."""
+    text = text.replace(f"{REPO}/", "").replace(str(REPO), ".")
+    text = re.sub(re.escape(tempfile.gettempdir()) + r"/tmp[A-Za-z0-9_]+", "$TMPDIR/tmp…", text)
+    return text.replace(f"{Path.home()}/", "~/")
+
+
 def _write(name: str, printed: str) -> None:
     if os.environ.get("LOADGEN_BENCH_DOCS", "1") == "0" or not printed.strip():
         return
     command = shlex.join(["python", f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]])
     page = PAGE.read_text() if PAGE.exists() else "# Benchmarks\n"
-    PAGE.write_text(replace_section(page, name, section(name, command, printed)))
+    PAGE.write_text(replace_section(page, name, section(name, portable(command), portable(printed))))
     print(f"(figures written to {PAGE})", file=sys.stderr)

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from docs_page import replace_section  # noqa: E402  (benchmarks/ is not a package)
+from docs_page import portable, replace_section  # noqa: E402  (benchmarks/ is not a package)
 
 
 def test_the_reference_pages_are_what_the_code_says() -> None:
@@ -51,6 +52,14 @@ def test_a_section_is_replaced_in_place_and_the_rest_is_kept() -> None:
     assert new == page.replace("old a", "new a")
     added = replace_section(new, "c.py", "<!-- begin c.py -->\nc\n<!-- end c.py -->")
     assert added.startswith(new.rstrip()) and added.endswith("<!-- begin c.py -->\nc\n<!-- end c.py -->\n")
+
+
+def test_the_page_records_no_path_of_this_machine() -> None:
+    """A benchmark's command and figures name the checkout, a temporary directory and the home directory as
+    anyone's (`.`, `$TMPDIR/tmp…`, `~`): the page says what ran, not where."""
+    tmp = Path(tempfile.gettempdir()) / "tmpa3jkusab"
+    text = f"run x ({tmp}/rtx4090)  --runs {Path.home()}/.cache/loadgen/heldout  {REPO}/scenarios/engines {REPO}"
+    assert portable(text) == "run x ($TMPDIR/tmp…/rtx4090)  --runs ~/.cache/loadgen/heldout  scenarios/engines ."
 
 
 def _bench(tmp_path: Path, body: str) -> tuple[subprocess.CompletedProcess, str]:
