@@ -802,6 +802,8 @@ def test_odd_heads_and_probes_are_one_line_or_one_row(tmp_path: Path, trace: Pat
         assert run(trace, server.base_url, tmp_path / "h").returncode == 0
     rows = load_run(tmp_path / "h").requests.to_pylist()
     assert len(rows) == 12 and all(r["status"] == "error" and "head too large" in r["error_message"] for r in rows)
+    # the server answered, with no HTTP head: its own kind, not ``connect`` (it was labelled so)
+    assert {r["error_kind"] for r in rows} == {"malformed_head"}, rows[0]
 
 
 def test_an_answer_nobody_asked_for_is_never_the_next_requests(tmp_path: Path) -> None:
