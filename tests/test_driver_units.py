@@ -103,6 +103,21 @@ def test_a_target_urls_secrets_are_its_password_basic_token_and_query_values():
     assert url_secrets("http://host:8000/v1") == ()
 
 
+def test_a_short_query_value_of_a_credential_name_is_a_secret_whatever_its_length():
+    """``?key=abc`` was kept wherever a server echoed it (only values of 8+ characters were secrets); a short value
+    of a credential-named parameter is one now, replaced as a word, sent form and decoded form alike. A plain number
+    is not (it would hit the figures of a /metrics answer), nor is a short value of an ordinary name."""
+    url = "http://host/v1?key=abc&sig=x%2F1&api-version=2024&n=5&token=42"
+    assert url_secrets(url) == ("abc", "x%2F1", "x/1")
+    secrets = url_secrets(url)
+    assert without_secrets('model "abc" said key=abc, sig x/1 (x%2F1)', secrets) == (
+        'model "REDACTED" said key=REDACTED, sig REDACTED (REDACTED)'
+    )
+    assert without_secrets("abcdef 42 5 2024 vllm:num_requests_running 1", secrets) == (
+        "abcdef 42 5 2024 vllm:num_requests_running 1"
+    )
+
+
 def test_retry_after_seconds_and_http_date():
     assert parse_retry_after("2.5") == 2.5
     assert parse_retry_after(None) is None and parse_retry_after("soon") is None

@@ -659,6 +659,23 @@ def test_a_server_echoing_the_credential_everywhere_leaves_no_canary(tmp_path: P
     assert phrases and not [p for p in phrases if len(p) >= 20 and p.encode() in stored], "prompt text stored"
 
 
+def test_a_short_query_secret_echoed_everywhere_is_not_stored(tmp_path: Path, trace: Path) -> None:
+    """``?key=Zq7&sig=Wv9``: values under 8 characters were no secrets of the run, so ``echo-all``'s echo of the
+    target in the stream's ``model`` and fingerprint, in /metrics labels and in /v1/models was stored as said.
+    A credential-named parameter's value is a secret whatever its length; an ordinary one (``n=5``) is not."""
+    out = tmp_path / "run"
+    with hostile_server("echo-all") as server:
+        url = f"{server.base_url}/v1?key=Zq7&sig=Wv9&n=5"
+        done = run(trace, url, out, "--scrape-metrics", "on", "--api-key-env", "LEAK_KEY", env={"LEAK_KEY": KEY})
+    assert done.returncode == 0, done.stderr
+    rows = load_run(out).requests.to_pylist()
+    assert len(rows) == 12 and any(r["response_model"] for r in rows), rows  # the echoing stream was recorded
+    stored = decoded_bytes(out) + (done.stdout + done.stderr).encode()
+    for secret in (b"Zq7", b"Wv9", KEY.encode()):
+        assert secret not in stored, secret
+    assert b"n=5" in stored  # an ordinary parameter's value is kept where the server said it
+
+
 # ---- odd streams: every request accounted for, every wait bounded (issue: hostile-server audit) -------------
 
 TIMEOUT = ("timeout", "ttft_timeout")
