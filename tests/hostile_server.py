@@ -41,6 +41,10 @@ well-behaved baseline every other behaviour departs from in one respect:
   ``unsolicited`` (50 ms after each answer, a second one nobody asked for), ``reset-every-3rd`` (every third POST
   read, then RST), ``die-after-5`` (the process exits at the 6th POST), ``models-garbage``/``version-garbage``
   (that probe answers HTML);
+- the ``/metrics`` behaviours (``METRICS_BEHAVIOURS``; everything else as ``ok``): ``metrics-gzip`` (gzip
+  whenever the scrape accepts it, as prometheus_client does), ``metrics-huge`` (15 MiB: about a million
+  samples), ``metrics-endless`` (a sample a second, never the end), ``metrics-garbage`` (NULs, invalid UTF-8,
+  an 8 MiB line, then one good sample);
 - ``sim-tokenizer``: ``/version`` claims to be loadgen's simulated engine counting with
   ``hf:<this file>`` (a local path that is no tokenizer.json).
 
@@ -74,7 +78,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BEHAVIOURS", "BAD_FIELDS", "HostileServer", "MODEL", "hostile_server", "read_record"]
+__all__ = ["BEHAVIOURS", "BAD_FIELDS", "METRICS_BEHAVIOURS", "HostileServer", "MODEL", "hostile_server", "read_record"]
 
 MODEL = "hostile-model"
 #: Behaviours of the POST answer alone (probes answer as ``ok``): ``_odd_post`` plays each.
@@ -108,8 +112,10 @@ STREAM_BEHAVIOURS = (
 )
 #: Stream behaviours whose POST answers are ``ok`` ones (what they change is elsewhere).
 _OK_POST = ("reset-every-3rd", "die-after-5", "models-garbage", "version-garbage")
-#: Stream behaviours whose POST answers are ``ok`` ones (what they change is elsewhere).
-_OK_POST = ("reset-every-3rd", "die-after-5", "models-garbage", "version-garbage")
+#: Behaviours of ``GET /metrics`` alone (everything else answers as ``ok``): ``_metrics`` plays each.
+METRICS_BEHAVIOURS = ("metrics-gzip", "metrics-huge", "metrics-endless", "metrics-garbage")
+#: ``metrics-huge``: bytes of one /metrics answer (under the scrape's 16 MiB read cap), ~1 million samples.
+HUGE_METRICS_BYTES = 15 << 20
 BEHAVIOURS = (
     "ok",
     "bad-field-types",
@@ -131,6 +137,7 @@ BEHAVIOURS = (
     "answer-huge",
     "echo-fields",
     "echo-all",
+    *METRICS_BEHAVIOURS,
     *STREAM_BEHAVIOURS,
 )
 #: ``bad-field-types``: the fields put on the last chunk of every third POST, in turn.
@@ -310,6 +317,8 @@ class _Server:
         elif path == "/metrics" and behaviour == "echo":
             shown = ",".join(f"{k.replace('-', '_')}={json.dumps(v)}" for k, v in request.headers.items())
             _respond(writer, 200, f"hostile_echo{{{shown}}} 1\n".encode(), "text/plain")
+        elif path == "/metrics" and behaviour in METRICS_BEHAVIOURS:
+            await _metrics(behaviour, request, writer)
         elif path == "/metrics" and behaviour == "hang-metrics":
             _respond(writer, 200, b"vllm:num_requests_running 0\n", "text/plain")
         elif path.endswith("/tokenize") and behaviour == "hang-tokenize":
@@ -435,6 +444,25 @@ def _respond(
         % (status, phrase, ctype.encode(), len(body), extra)
         + body
     )
+
+
+async def _metrics(behaviour: str, request: _Request, writer: asyncio.StreamWriter) -> None:
+    """``GET /metrics`` of the ``METRICS_BEHAVIOURS``."""
+    text = b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 3\n"
+    if behaviour == "metrics-gzip":  # as prometheus_client's ASGI app does: gzip whenever the client accepts it
+        gz = "gzip" in request.headers.get("accept-encoding", "")
+        extra = b"content-encoding: gzip\r\n" if gz else b""
+        _respond(writer, 200, gzip.compress(text) if gz else text, "text/plain", extra=extra)
+    elif behaviour == "metrics-huge":  # about a million samples, each its own label value
+        line = b'vllm:hostile_bloat{i="%07d"} 1\n'
+        body = text + b"".join(line % i for i in range(HUGE_METRICS_BYTES // len(line % 0)))
+        _respond(writer, 200, body, "text/plain")
+    elif behaviour == "metrics-endless":  # a sample a second, never the end of the body
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n")
+        with contextlib.suppress(ConnectionError):
+            await _forever(writer, text, 1.0)
+    else:  # metrics-garbage: bytes that are no exposition format (NULs, invalid UTF-8, a line of 8 MiB)
+        _respond(writer, 200, b"\x00\xff\xfe{{{ 1\nvllm:x{a=\"\n" + b"z" * (8 << 20) + b" 1\n" + text, "text/plain")
 
 
 _SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"

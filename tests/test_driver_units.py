@@ -220,6 +220,13 @@ broken line here
 """
 
 
+def test_prometheus_text_that_is_no_exposition_format_gives_no_sample():
+    """A hostile /metrics line of 8 MiB was stored as one sample named 8 MiB of ``z``, and binary bytes as a name:
+    a sample's name must be a metric name, and a line over 16 KiB is skipped (its labels are parsed per character)."""
+    text = "\x00\ufffd{{{ 1\n" + "z" * (8 << 20) + " 1\n" + 'vllm:x{a="' + "b" * 20_000 + '"} 1\nvllm:ok{a="b"} 2\n'
+    assert list(parse_prometheus_text(text)) == [("vllm:ok", {"a": "b"}, 2.0)]
+
+
 def test_prometheus_text_parsing():
     samples = list(parse_prometheus_text(VLLM_SAMPLE))
     names = [s[0] for s in samples]
