@@ -27,7 +27,7 @@ from loadgen.driver.metrics_scrape import parse_prometheus_text, samples_to_colu
 from loadgen.driver.schedule import LagStats, RateGate, sleep_until
 from loadgen.driver.sse import SSEProtocolError
 from loadgen.rundir.schema import ERROR_KINDS, STATUSES, TRACE_SCHEMA
-from loadgen.util.redact import basic_token, redact, redact_url, url_secrets, without_secrets
+from loadgen.util.redact import basic_token, redact, redact_url, url_secrets, with_encodings, without_secrets
 from loadgen.workload.prompts import get_tokenizer
 
 # ---------------------------------------------------------------- error mapping
@@ -116,6 +116,20 @@ def test_a_short_query_value_of_a_credential_name_is_a_secret_whatever_its_lengt
     assert without_secrets("abcdef 42 5 2024 vllm:num_requests_running 1", secrets) == (
         "abcdef 42 5 2024 vllm:num_requests_running 1"
     )
+
+
+def test_a_long_secret_is_also_found_base64_and_percent_encoded_wherever_it_is_aligned():
+    """A server that says ``Authorization`` back base64-encoded stored the key: its encoded forms are secrets too
+    (the three alignments base64 can give it inside a longer text, standard and URL-safe, and percent-encoded)."""
+    key = "sk-LEAK/CANARY+7f3e9d2a?1b5c"
+    secrets = with_encodings((key, "short"))
+    assert secrets[:2] == (key, "short") and "sk-LEAK%2FCANARY%2B7f3e9d2a%3F1b5c" in secrets
+    for before in (b"", b"B", b"Be", b"Bearer ", b"user:"):
+        for after in (b"", b"z", b"zz"):
+            for encode in (base64.b64encode, base64.urlsafe_b64encode):
+                said = encode(before + key.encode() + after).decode()
+                assert "REDACTED" in without_secrets(said, secrets), (before, after, said)
+    assert without_secrets("a plain answer of 42 tokens", secrets) == "a plain answer of 42 tokens"
 
 
 def test_retry_after_seconds_and_http_date():

@@ -693,6 +693,28 @@ def test_a_hostile_metrics_endpoint_costs_no_row_and_stores_no_bloat(tmp_path: P
     assert stored["metrics-garbage"] and set(stored["metrics-garbage"]) == {"vllm:num_requests_running"}
 
 
+def test_the_key_said_back_encoded_or_as_the_served_model_is_not_stored(tmp_path: Path, trace: Path) -> None:
+    """``echo-encoded`` says the credential back base64-encoded (``Bearer KEY`` whole, KEY after one byte, URL-safe
+    after two) in 401 bodies, a stream's ``model`` and SSE error events: only the raw key was a secret, so every
+    form was stored in ``error_message`` and ``response_model``. ``models-echo`` lists one model, its id the
+    credential: without ``--model`` it became the run's model, sent with every request and in the manifest."""
+    env = {"LEAK_KEY": CANARY_KEY}
+    with hostile_server("echo-encoded") as server:
+        done = run(trace, server.base_url, tmp_path / "enc", "--api-key-env", "LEAK_KEY", env=env)
+    assert done.returncode == 0, done.stderr
+    rows = load_run(tmp_path / "enc").requests.to_pylist()
+    assert len(rows) == 12 and {r["error_kind"] for r in rows} >= {"http_4xx"}, rows
+    key = CANARY_KEY.encode()
+    forms = {**canaries(), **{f"base64+{n}": base64.b64encode(b"x" * n + key)[4:24] for n in (1, 2)}}
+    forms["base64url+2"] = base64.urlsafe_b64encode(b"k:" + key)[4:24]
+    stored = decoded_bytes(tmp_path / "enc") + (done.stdout + done.stderr).encode()
+    assert not [name for name, form in forms.items() if form in stored]
+    with hostile_server("models-echo") as server:  # no --model: the first model listed would be the run's
+        done = run(trace, server.base_url, tmp_path / "models", "--api-key-env", "LEAK_KEY", env=env)
+    one_line_error(done, "first model GET /v1/models lists", "holds a secret of the run", "--model NAME")
+    assert CANARY_KEY not in done.stderr and not (tmp_path / "models").exists()
+
+
 # ---- odd streams: every request accounted for, every wait bounded (issue: hostile-server audit) -------------
 
 TIMEOUT = ("timeout", "ttft_timeout")

@@ -245,6 +245,15 @@ def _resolve_model(
     if model is None:
         if not models:
             raise TargetError(f"target {safe_url}: no model given and GET /v1/models {listing}: expected --model NAME")
+        if without_secrets(models[0], secrets) != models[0]:  # it would be sent and recorded as the run's model
+            raise TargetError(
+                redact(
+                    f"target {safe_url}: no model given and the first model GET /v1/models lists "
+                    f"({models[0][:80]!r}) holds a secret of the run (its key, a header or URL value): "
+                    "expected --model NAME",
+                    secrets,
+                )
+            )
         return models[0]
     if check_model and models and model not in models:
         shown = ", ".join(repr(m) for m in models[:10]) + (f" and {len(models) - 10} more" if len(models) > 10 else "")

@@ -35,6 +35,7 @@ class MalformedHead(httpx.RemoteProtocolError):
     """The response head is not one: over ``_MAX_HEAD`` bytes without its blank line, or a status or header
     line that is not HTTP/1.1 (error kind ``malformed_head``; not ``connect``: the server did answer)."""
 
+
 _NONE = 0  # no body
 _LENGTH = 1
 _CHUNKED = 2

@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import functools
 import re
-from urllib.parse import unquote, unquote_plus, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, unquote_plus, urlsplit, urlunsplit
 
 from loadgen.util.inputs import without_userinfo
 
@@ -23,6 +23,7 @@ __all__ = [
     "redact_query",
     "redact_url",
     "url_secrets",
+    "with_encodings",
     "without_secrets",
 ]
 
@@ -108,6 +109,29 @@ def url_secrets(url: str) -> tuple[str, ...]:
     password = (parts.password, unquote(parts.password)) if parts.password else ()
     token = basic_token(url)
     return tuple(dict.fromkeys((*password, *((token,) if token else ()), *query)))
+
+
+#: A secret this long or longer is also searched for base64- and percent-encoded (``with_encodings``).
+MIN_ENCODED_SECRET_CHARS = 16
+
+
+def with_encodings(secrets: tuple[str, ...]) -> tuple[str, ...]:
+    """``secrets`` and, for each of 16 characters or more, the forms a server may echo it in: percent-encoded,
+    and base64 (standard and URL-safe) at each of the three alignments it can have inside a longer base64 text
+    (``Bearer KEY`` or ``user:KEY`` encoded whole), each cut to the characters that depend on the secret alone."""
+    out = list(secrets)
+    for secret in secrets:
+        if len(secret) < MIN_ENCODED_SECRET_CHARS:
+            continue
+        out.append(quote(secret, safe=""))
+        raw = secret.encode()
+        for pad in range(3):
+            encoded = base64.b64encode(b"\0" * pad + raw).decode()
+            head = (0, 2, 3)[pad]  # characters that also hold bits of what comes before
+            tail = 4 if (pad + len(raw)) % 3 else 0  # the last group, when it also holds bits of what comes after
+            core = encoded[head : len(encoded) - tail]
+            out += [core, core.replace("+", "-").replace("/", "_")]
+    return tuple(dict.fromkeys(s for s in out if s))
 
 
 def without_secrets(text: str, secrets: tuple[str, ...]) -> str:
