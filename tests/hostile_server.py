@@ -41,7 +41,9 @@ well-behaved baseline every other behaviour departs from in one respect:
   ``unsolicited`` (50 ms after each answer, a second one nobody asked for), ``reset-every-3rd`` (every third POST
   read, then RST), ``die-after-5`` (the process exits at the 6th POST), ``models-garbage``/``version-garbage``
   (that probe answers HTML), ``echo-encoded`` (the credential said back base64-, base64url- and
-  percent-encoded, in turn in a 401 body, a stream's ``model`` and an SSE error event);
+  percent-encoded, in turn in a 401 body, a stream's ``model`` and an SSE error event), ``continue-flood``
+  (``100 Continue`` heads as fast as read), ``close-after-head``, ``length-short`` (Content-Length half the
+  body, then close), ``length-long`` (Content-Length 1 MiB over the body, then close);
 - the ``/metrics`` behaviours (``METRICS_BEHAVIOURS``; everything else as ``ok``): ``metrics-gzip`` (gzip
   whenever the scrape accepts it, as prometheus_client does), ``metrics-huge`` (15 MiB: about a million
   samples), ``metrics-endless`` (a sample a second, never the end), ``metrics-garbage`` (NULs, invalid UTF-8,
@@ -114,6 +116,10 @@ STREAM_BEHAVIOURS = (
     "flood",
     "unsolicited",
     "echo-encoded",
+    "continue-flood",
+    "close-after-head",
+    "length-short",
+    "length-long",
 )
 #: Stream behaviours whose POST answers are ``ok`` ones (what they change is elsewhere).
 _OK_POST = ("reset-every-3rd", "die-after-5", "models-garbage", "version-garbage")
@@ -515,6 +521,22 @@ async def _odd_post(
             error = _event({"error": {"message": said, "code": 500}})
             events = [chunk, error] if turn == 1 else [chunk, *ok_events[1:]]
             writer.write(_SSE_HEAD + b"".join(_chunk(e) for e in events) + b"0\r\n\r\n")
+    elif behaviour == "continue-flood":  # 100 Continue heads as fast as the client reads, never the answer
+        with contextlib.suppress(ConnectionError):
+            while True:
+                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n" * 4096)
+                await writer.drain()
+    elif behaviour == "close-after-head":  # a 200 SSE head (chunked), then the connection closed
+        writer.write(_SSE_HEAD)
+        await writer.drain()
+        return False
+    elif behaviour in ("length-short", "length-long"):  # Content-Length cuts an event / promises 1 MiB more
+        body = b"".join(ok_events)
+        length = len(body) // 2 if behaviour == "length-short" else len(body) + (1 << 20)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n" % length)
+        writer.write(body)
+        await writer.drain()
+        return False
     elif behaviour == "redirect-loop":
         _respond(writer, 307, b"", extra=b"location: " + request.target.encode() + b"\r\n")
     elif behaviour == "json-body":  # the stream flag ignored: one JSON completion

@@ -725,6 +725,11 @@ ODD_STREAMS = {
     "slowloris": TIMEOUT,  # one byte of the first event a second
     "comments-forever": TIMEOUT,  # ": keep-alive" comments, never a token: no TTFT from them
     "interim-forever": TIMEOUT,  # "100 Continue" forever
+    # "100 Continue" as fast as read: the head loop never waited, no timeout nor SIGTERM ended the run for minutes
+    "continue-flood": ("error", "malformed_head"),
+    "close-after-head": ("error", "reset_mid_stream"),  # a 200 SSE head, then the connection closed
+    "length-short": ("error", "truncated"),  # Content-Length cuts the stream in half, then close
+    "length-long": ("ok", None),  # Content-Length 1 MiB over the body: [DONE] ends the answer, then close
     "no-done-open": ("timeout", "total_timeout"),  # every token and the finish, no [DONE], the connection open
     "close-mid-chunk": ("error", "reset_mid_stream"),
     "json-body": ("error", "malformed_sse"),  # a 200 JSON completion: the stream flag ignored

@@ -29,6 +29,9 @@ _READ = 65536
 
 #: Most bytes of a response head (status line and headers, each interim 1xx head apart) read before it fails.
 _MAX_HEAD = 1 << 20
+#: Most interim (1xx) responses before the answer. A server that sent ``100 Continue`` as fast as it could held
+#: the read in a loop that never waited (every head already buffered): no timeout fired, nor SIGTERM, for minutes.
+_MAX_INTERIM = 100
 
 
 class MalformedHead(httpx.RemoteProtocolError):
@@ -712,13 +715,17 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
                         timing.mark_sent(_now())
                 buf = conn.buf
                 searched = 0  # bytes of buf already searched for the head's end (a head read in small pieces)
+                interim = 0
                 while True:
                     end = buf.find(b"\r\n\r\n", searched)
                     if end >= 0:
                         status, reason, headers = _parse_head(buf[:end])
                         buf, searched = buf[end + 4 :], 0
                         if 100 <= status < 200 and status != 101:
-                            continue  # interim response (100 Continue): read the real one
+                            interim += 1  # interim response (100 Continue): read the real one
+                            if interim > _MAX_INTERIM:
+                                raise MalformedHead(f"more than {_MAX_INTERIM} interim (1xx) responses, no answer")
+                            continue
                         break
                     if len(buf) > _MAX_HEAD:
                         raise MalformedHead(f"response head too large: no end within {_MAX_HEAD} bytes")
