@@ -40,7 +40,16 @@ well-behaved baseline every other behaviour departs from in one respect:
   (307 to itself), ``interim-1xx`` (100 and 103 before the answer), ``interim-forever``, ``deflate``,
   ``unsolicited`` (50 ms after each answer, a second one nobody asked for), ``reset-every-3rd`` (every third POST
   read, then RST), ``die-after-5`` (the process exits at the 6th POST), ``models-garbage``/``version-garbage``
-  (that probe answers HTML);
+  (that probe answers HTML), ``echo-encoded`` (the credential said back base64-, base64url- and
+  percent-encoded, in turn in a 401 body, a stream's ``model`` and an SSE error event), ``continue-flood``
+  (``100 Continue`` heads as fast as read), ``close-after-head``, ``length-short`` (Content-Length half the
+  body, then close), ``length-long`` (Content-Length 1 MiB over the body, then close);
+- the ``/metrics`` behaviours (``METRICS_BEHAVIOURS``; everything else as ``ok``): ``metrics-gzip`` (gzip
+  whenever the scrape accepts it, as prometheus_client does), ``metrics-huge`` (15 MiB: about a million
+  samples), ``metrics-endless`` (a sample a second, never the end), ``metrics-garbage`` (NULs, invalid UTF-8,
+  an 8 MiB line, then one good sample);
+- ``models-echo``: ``/v1/models`` lists one model whose id and owner are the request's credential and target
+  (as ``echo-all`` says them); ``models-many``: it lists 5,000 models of 150-character ids;
 - ``sim-tokenizer``: ``/version`` claims to be loadgen's simulated engine counting with
   ``hf:<this file>`` (a local path that is no tokenizer.json).
 
@@ -69,12 +78,13 @@ import socket
 import struct
 import subprocess
 import sys
+import urllib.parse
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BEHAVIOURS", "BAD_FIELDS", "HostileServer", "MODEL", "hostile_server", "read_record"]
+__all__ = ["BEHAVIOURS", "BAD_FIELDS", "METRICS_BEHAVIOURS", "HostileServer", "MODEL", "hostile_server", "read_record"]
 
 MODEL = "hostile-model"
 #: Behaviours of the POST answer alone (probes answer as ``ok``): ``_odd_post`` plays each.
@@ -105,11 +115,18 @@ STREAM_BEHAVIOURS = (
     "version-garbage",
     "flood",
     "unsolicited",
+    "echo-encoded",
+    "continue-flood",
+    "close-after-head",
+    "length-short",
+    "length-long",
 )
 #: Stream behaviours whose POST answers are ``ok`` ones (what they change is elsewhere).
 _OK_POST = ("reset-every-3rd", "die-after-5", "models-garbage", "version-garbage")
-#: Stream behaviours whose POST answers are ``ok`` ones (what they change is elsewhere).
-_OK_POST = ("reset-every-3rd", "die-after-5", "models-garbage", "version-garbage")
+#: Behaviours of ``GET /metrics`` alone (everything else answers as ``ok``): ``_metrics`` plays each.
+METRICS_BEHAVIOURS = ("metrics-gzip", "metrics-huge", "metrics-endless", "metrics-garbage")
+#: ``metrics-huge``: bytes of one /metrics answer (under the scrape's 16 MiB read cap), ~1 million samples.
+HUGE_METRICS_BYTES = 15 << 20
 BEHAVIOURS = (
     "ok",
     "bad-field-types",
@@ -131,6 +148,9 @@ BEHAVIOURS = (
     "answer-huge",
     "echo-fields",
     "echo-all",
+    "models-echo",
+    "models-many",
+    *METRICS_BEHAVIOURS,
     *STREAM_BEHAVIOURS,
 )
 #: ``bad-field-types``: the fields put on the last chunk of every third POST, in turn.
@@ -306,10 +326,16 @@ class _Server:
             data: object = [{"id": MODEL, "object": "model", "owned_by": "hostile"}]
             if behaviour in ("models-null", "models-int"):
                 data = None if behaviour == "models-null" else 5
+            elif behaviour == "models-echo":  # the served model's id is the request's credential and target
+                data = [{"id": _echo_text(request), "object": "model", "owned_by": _echo_text(request)}]
+            elif behaviour == "models-many":  # 5,000 models, each id 150 characters, under the 1 MiB read cap
+                data = [{"id": f"m{i:05d}-" + "x" * 143, "object": "model"} for i in range(5000)]
             _respond(writer, 200, json.dumps({"object": "list", "data": data}).encode())
         elif path == "/metrics" and behaviour == "echo":
             shown = ",".join(f"{k.replace('-', '_')}={json.dumps(v)}" for k, v in request.headers.items())
             _respond(writer, 200, f"hostile_echo{{{shown}}} 1\n".encode(), "text/plain")
+        elif path == "/metrics" and behaviour in METRICS_BEHAVIOURS:
+            await _metrics(behaviour, request, writer)
         elif path == "/metrics" and behaviour == "hang-metrics":
             _respond(writer, 200, b"vllm:num_requests_running 0\n", "text/plain")
         elif path.endswith("/tokenize") and behaviour == "hang-tokenize":
@@ -437,6 +463,25 @@ def _respond(
     )
 
 
+async def _metrics(behaviour: str, request: _Request, writer: asyncio.StreamWriter) -> None:
+    """``GET /metrics`` of the ``METRICS_BEHAVIOURS``."""
+    text = b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 3\n"
+    if behaviour == "metrics-gzip":  # as prometheus_client's ASGI app does: gzip whenever the client accepts it
+        gz = "gzip" in request.headers.get("accept-encoding", "")
+        extra = b"content-encoding: gzip\r\n" if gz else b""
+        _respond(writer, 200, gzip.compress(text) if gz else text, "text/plain", extra=extra)
+    elif behaviour == "metrics-huge":  # about a million samples, each its own label value
+        line = b'vllm:hostile_bloat{i="%07d"} 1\n'
+        body = text + b"".join(line % i for i in range(HUGE_METRICS_BYTES // len(line % 0)))
+        _respond(writer, 200, body, "text/plain")
+    elif behaviour == "metrics-endless":  # a sample a second, never the end of the body
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n")
+        with contextlib.suppress(ConnectionError):
+            await _forever(writer, text, 1.0)
+    else:  # metrics-garbage: bytes that are no exposition format (NULs, invalid UTF-8, a line of 8 MiB)
+        _respond(writer, 200, b'\x00\xff\xfe{{{ 1\nvllm:x{a="\n' + b"z" * (8 << 20) + b" 1\n" + text, "text/plain")
+
+
 _SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 _RETRY_AFTER = {"retry-after-huge": b"1e300", "retry-after-negative": b"-5", "retry-after-garbage": b"soon\x01;x"}
 
@@ -461,6 +506,37 @@ async def _odd_post(
     ok_events = _stream_events(max(1, min(_max_tokens(request.body), MAX_TOKENS)))
     if behaviour in _RETRY_AFTER:
         _respond(writer, 429, b'{"error": "slow down"}', extra=b"retry-after: " + _RETRY_AFTER[behaviour] + b"\r\n")
+    elif behaviour == "echo-encoded":  # the credential said back base64- and percent-encoded, never as sent
+        auth = request.headers.get("authorization", "")
+        key = auth.split(" ", 1)[-1]
+        said = f"b64={base64.b64encode(auth.encode()).decode()} b64key=x{base64.b64encode(key.encode()).decode()}"
+        said += (
+            f" url={urllib.parse.quote(auth, safe='')} b64url={base64.urlsafe_b64encode(b'k:' + key.encode()).decode()}"
+        )
+        turn = int(hashlib.sha256(request.body).hexdigest(), 16) % 3
+        if turn == 0:
+            _respond(writer, 401, json.dumps({"error": {"message": said}}).encode())
+        else:
+            chunk = _event({"id": "c", "model": said, "choices": [{"index": 0, "text": " the"}]})
+            error = _event({"error": {"message": said, "code": 500}})
+            events = [chunk, error] if turn == 1 else [chunk, *ok_events[1:]]
+            writer.write(_SSE_HEAD + b"".join(_chunk(e) for e in events) + b"0\r\n\r\n")
+    elif behaviour == "continue-flood":  # 100 Continue heads as fast as the client reads, never the answer
+        with contextlib.suppress(ConnectionError):
+            while True:
+                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n" * 4096)
+                await writer.drain()
+    elif behaviour == "close-after-head":  # a 200 SSE head (chunked), then the connection closed
+        writer.write(_SSE_HEAD)
+        await writer.drain()
+        return False
+    elif behaviour in ("length-short", "length-long"):  # Content-Length cuts an event / promises 1 MiB more
+        body = b"".join(ok_events)
+        length = len(body) // 2 if behaviour == "length-short" else len(body) + (1 << 20)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n" % length)
+        writer.write(body)
+        await writer.drain()
+        return False
     elif behaviour == "redirect-loop":
         _respond(writer, 307, b"", extra=b"location: " + request.target.encode() + b"\r\n")
     elif behaviour == "json-body":  # the stream flag ignored: one JSON completion

@@ -27,7 +27,7 @@ from loadgen.driver.metrics_scrape import parse_prometheus_text, samples_to_colu
 from loadgen.driver.schedule import LagStats, RateGate, sleep_until
 from loadgen.driver.sse import SSEProtocolError
 from loadgen.rundir.schema import ERROR_KINDS, STATUSES, TRACE_SCHEMA
-from loadgen.util.redact import basic_token, redact, redact_url, url_secrets, without_secrets
+from loadgen.util.redact import basic_token, redact, redact_url, url_secrets, with_encodings, without_secrets
 from loadgen.workload.prompts import get_tokenizer
 
 # ---------------------------------------------------------------- error mapping
@@ -101,6 +101,35 @@ def test_a_target_urls_secrets_are_its_password_basic_token_and_query_values():
     echoed = f"Basic {token} for alice:p@ss-word at ?api_key=QUERYVALUE1"
     assert without_secrets(echoed, url_secrets(url)) == "Basic REDACTED for alice:REDACTED at ?api_key=REDACTED"
     assert url_secrets("http://host:8000/v1") == ()
+
+
+def test_a_short_query_value_of_a_credential_name_is_a_secret_whatever_its_length():
+    """``?key=abc`` was kept wherever a server echoed it (only values of 8+ characters were secrets); a short value
+    of a credential-named parameter is one now, replaced as a word, sent form and decoded form alike. A plain number
+    is not (it would hit the figures of a /metrics answer), nor is a short value of an ordinary name."""
+    url = "http://host/v1?key=abc&sig=x%2F1&api-version=2024&n=5&token=42"
+    assert url_secrets(url) == ("abc", "x%2F1", "x/1")
+    secrets = url_secrets(url)
+    assert without_secrets('model "abc" said key=abc, sig x/1 (x%2F1)', secrets) == (
+        'model "REDACTED" said key=REDACTED, sig REDACTED (REDACTED)'
+    )
+    assert without_secrets("abcdef 42 5 2024 vllm:num_requests_running 1", secrets) == (
+        "abcdef 42 5 2024 vllm:num_requests_running 1"
+    )
+
+
+def test_a_long_secret_is_also_found_base64_and_percent_encoded_wherever_it_is_aligned():
+    """A server that says ``Authorization`` back base64-encoded stored the key: its encoded forms are secrets too
+    (the three alignments base64 can give it inside a longer text, standard and URL-safe, and percent-encoded)."""
+    key = "sk-LEAK/CANARY+7f3e9d2a?1b5c"
+    secrets = with_encodings((key, "short"))
+    assert secrets[:2] == (key, "short") and "sk-LEAK%2FCANARY%2B7f3e9d2a%3F1b5c" in secrets
+    for before in (b"", b"B", b"Be", b"Bearer ", b"user:"):
+        for after in (b"", b"z", b"zz"):
+            for encode in (base64.b64encode, base64.urlsafe_b64encode):
+                said = encode(before + key.encode() + after).decode()
+                assert "REDACTED" in without_secrets(said, secrets), (before, after, said)
+    assert without_secrets("a plain answer of 42 tokens", secrets) == "a plain answer of 42 tokens"
 
 
 def test_retry_after_seconds_and_http_date():
@@ -203,6 +232,13 @@ weird_escape{path="a\\"b\\\\c",empty=""} NaN 1700000000000
 process_cpu_seconds_total 12.5
 broken line here
 """
+
+
+def test_prometheus_text_that_is_no_exposition_format_gives_no_sample():
+    """A hostile /metrics line of 8 MiB was stored as one sample named 8 MiB of ``z``, and binary bytes as a name:
+    a sample's name must be a metric name, and a line over 16 KiB is skipped (its labels are parsed per character)."""
+    text = "\x00\ufffd{{{ 1\n" + "z" * (8 << 20) + " 1\n" + 'vllm:x{a="' + "b" * 20_000 + '"} 1\nvllm:ok{a="b"} 2\n'
+    assert list(parse_prometheus_text(text)) == [("vllm:ok", {"a": "b"}, 2.0)]
 
 
 def test_prometheus_text_parsing():

@@ -659,6 +659,62 @@ def test_a_server_echoing_the_credential_everywhere_leaves_no_canary(tmp_path: P
     assert phrases and not [p for p in phrases if len(p) >= 20 and p.encode() in stored], "prompt text stored"
 
 
+def test_a_short_query_secret_echoed_everywhere_is_not_stored(tmp_path: Path, trace: Path) -> None:
+    """``?key=Zq7&sig=Wv9``: values under 8 characters were no secrets of the run, so ``echo-all``'s echo of the
+    target in the stream's ``model`` and fingerprint, in /metrics labels and in /v1/models was stored as said.
+    A credential-named parameter's value is a secret whatever its length; an ordinary one (``n=5``) is not."""
+    out = tmp_path / "run"
+    with hostile_server("echo-all") as server:
+        url = f"{server.base_url}/v1?key=Zq7&sig=Wv9&n=5"
+        done = run(trace, url, out, "--scrape-metrics", "on", "--api-key-env", "LEAK_KEY", env={"LEAK_KEY": KEY})
+    assert done.returncode == 0, done.stderr
+    rows = load_run(out).requests.to_pylist()
+    assert len(rows) == 12 and any(r["response_model"] for r in rows), rows  # the echoing stream was recorded
+    stored = decoded_bytes(out) + (done.stdout + done.stderr).encode()
+    for secret in (b"Zq7", b"Wv9", KEY.encode()):
+        assert secret not in stored, secret
+    assert b"n=5" in stored  # an ordinary parameter's value is kept where the server said it
+
+
+def test_a_hostile_metrics_endpoint_costs_no_row_and_stores_no_bloat(tmp_path: Path, trace: Path) -> None:
+    """``/metrics`` gzipped as prometheus_client does when asked (the scrape asked for gzip, read raw bytes and
+    stored no sample), about a million samples a scrape (parsed on the run's event loop: 3 of 22 requests timed
+    out, 568 MB RSS, 925,216 rows stored) and garbage with an 8 MiB line (stored as a sample name)."""
+    stored: dict[str, list[str]] = {}
+    for behaviour in ("metrics-gzip", "metrics-huge", "metrics-garbage"):
+        with hostile_server(behaviour) as server:
+            done = run(trace, server.base_url, tmp_path / behaviour, "--scrape-metrics", "on")
+        assert done.returncode == 0, done.stderr
+        data = load_run(tmp_path / behaviour)
+        assert data.requests.num_rows == 12, behaviour
+        stored[behaviour] = [] if data.server_metrics is None else data.server_metrics.column("name").to_pylist()
+    assert stored["metrics-gzip"] and set(stored["metrics-gzip"]) == {"vllm:num_requests_running"}
+    assert stored["metrics-huge"] == []  # over 50,000 lines: the scrape is skipped, as one over 16 MiB is
+    assert stored["metrics-garbage"] and set(stored["metrics-garbage"]) == {"vllm:num_requests_running"}
+
+
+def test_the_key_said_back_encoded_or_as_the_served_model_is_not_stored(tmp_path: Path, trace: Path) -> None:
+    """``echo-encoded`` says the credential back base64-encoded (``Bearer KEY`` whole, KEY after one byte, URL-safe
+    after two) in 401 bodies, a stream's ``model`` and SSE error events: only the raw key was a secret, so every
+    form was stored in ``error_message`` and ``response_model``. ``models-echo`` lists one model, its id the
+    credential: without ``--model`` it became the run's model, sent with every request and in the manifest."""
+    env = {"LEAK_KEY": CANARY_KEY}
+    with hostile_server("echo-encoded") as server:
+        done = run(trace, server.base_url, tmp_path / "enc", "--api-key-env", "LEAK_KEY", env=env)
+    assert done.returncode == 0, done.stderr
+    rows = load_run(tmp_path / "enc").requests.to_pylist()
+    assert len(rows) == 12 and {r["error_kind"] for r in rows} >= {"http_4xx"}, rows
+    key = CANARY_KEY.encode()
+    forms = {**canaries(), **{f"base64+{n}": base64.b64encode(b"x" * n + key)[4:24] for n in (1, 2)}}
+    forms["base64url+2"] = base64.urlsafe_b64encode(b"k:" + key)[4:24]
+    stored = decoded_bytes(tmp_path / "enc") + (done.stdout + done.stderr).encode()
+    assert not [name for name, form in forms.items() if form in stored]
+    with hostile_server("models-echo") as server:  # no --model: the first model listed would be the run's
+        done = run(trace, server.base_url, tmp_path / "models", "--api-key-env", "LEAK_KEY", env=env)
+    one_line_error(done, "first model GET /v1/models lists", "holds a secret of the run", "--model NAME")
+    assert CANARY_KEY not in done.stderr and not (tmp_path / "models").exists()
+
+
 # ---- odd streams: every request accounted for, every wait bounded (issue: hostile-server audit) -------------
 
 TIMEOUT = ("timeout", "ttft_timeout")
@@ -669,6 +725,11 @@ ODD_STREAMS = {
     "slowloris": TIMEOUT,  # one byte of the first event a second
     "comments-forever": TIMEOUT,  # ": keep-alive" comments, never a token: no TTFT from them
     "interim-forever": TIMEOUT,  # "100 Continue" forever
+    # "100 Continue" as fast as read: the head loop never waited, no timeout nor SIGTERM ended the run for minutes
+    "continue-flood": ("error", "malformed_head"),
+    "close-after-head": ("error", "reset_mid_stream"),  # a 200 SSE head, then the connection closed
+    "length-short": ("error", "truncated"),  # Content-Length cuts the stream in half, then close
+    "length-long": ("ok", None),  # Content-Length 1 MiB over the body: [DONE] ends the answer, then close
     "no-done-open": ("timeout", "total_timeout"),  # every token and the finish, no [DONE], the connection open
     "close-mid-chunk": ("error", "reset_mid_stream"),
     "json-body": ("error", "malformed_sse"),  # a 200 JSON completion: the stream flag ignored
@@ -802,6 +863,8 @@ def test_odd_heads_and_probes_are_one_line_or_one_row(tmp_path: Path, trace: Pat
         assert run(trace, server.base_url, tmp_path / "h").returncode == 0
     rows = load_run(tmp_path / "h").requests.to_pylist()
     assert len(rows) == 12 and all(r["status"] == "error" and "head too large" in r["error_message"] for r in rows)
+    # the server answered, with no HTTP head: its own kind, not ``connect`` (it was labelled so)
+    assert {r["error_kind"] for r in rows} == {"malformed_head"}, rows[0]
 
 
 def test_an_answer_nobody_asked_for_is_never_the_next_requests(tmp_path: Path) -> None:

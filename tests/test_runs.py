@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -185,6 +186,35 @@ def test_catalog_indexes_incrementally_and_reports_missing_runs(runs, tmp_path):
     assert [Path(r["path"]).name for r in json.loads(where.stdout)] == ["seed2"]
     bad = _cli("runs", "--catalog", str(cat), "list", "--where", "no_such_column = 1", check=False)
     assert bad.returncode == 2 and "no_such_column" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.slow
+def test_catalog_notices_a_requests_part_rewritten_in_place(runs, tmp_path):
+    """The signature held the requests table's directory stat: a part rewritten under its own name (its mtime set
+    back) left it as it was, and the catalog kept the old run's figures as current. Every part counts now, by
+    size, mtime and ctime (which ``os.utime`` cannot set back)."""
+    from loadgen.rundir.io import run_table_files
+    from loadgen.rundir.schema import REQUESTS_FILE
+
+    run = tmp_path / "base"
+    shutil.copytree(runs["base"], run)
+    cat = tmp_path / "cat.duckdb"
+    _cli("runs", "--catalog", str(cat), "index", str(run))
+    before = json.loads(_cli("runs", "--catalog", str(cat), "show", str(run), "--json").stdout)
+
+    def rewrite(part: Path, data: bytes) -> None:
+        st = part.stat()
+        part.write_bytes(data)  # in place: same name, the table directory untouched
+        os.utime(part, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    part = run_table_files(run, REQUESTS_FILE)[0]
+    rewrite(part, part.read_bytes())  # same bytes, same size and mtime: only the ctime moves
+    assert "0 added, 1 updated, 0 unchanged" in _cli("runs", "--catalog", str(cat), "index", str(run)).stdout
+    rewrite(part, run_table_files(runs["slower"], REQUESTS_FILE)[0].read_bytes())  # another run's rows
+    assert "0 added, 1 updated, 0 unchanged" in _cli("runs", "--catalog", str(cat), "index", str(run)).stdout
+    after = json.loads(_cli("runs", "--catalog", str(cat), "show", str(run), "--json").stdout)
+    assert after["run"]["current"] is True and after["classes"] != before["classes"]
+    assert "0 added, 0 updated, 1 unchanged" in _cli("runs", "--catalog", str(cat), "index", str(run)).stdout
 
 
 def test_show_takes_a_path_on_disk_as_that_path_and_says_when_a_run_is_gone(runs, tmp_path):

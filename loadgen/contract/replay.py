@@ -34,7 +34,7 @@ from ..driver import RunOptions, run_trace
 from ..driver.bounded import bounded_get, bounded_request
 from ..driver.error_kinds import parse_retry_after
 from ..trace.io import read_trace
-from ..util.redact import redact, redact_url, url_secrets, without_secrets
+from ..util.redact import redact, redact_url, url_secrets, with_encodings, without_secrets
 from ..util.targeturl import split_target_url
 from .cases import Case, CaseSet
 from .checks import CheckOutcome, Observed, run_checks
@@ -556,7 +556,9 @@ async def replay_cases(
     if sources and isinstance(sources[0], str):
         sources = [{"path": s} for s in sources]
     key = _api_key(api_key_env)
-    secrets = ((key,) if key else ()) + url_secrets(target_url)  # httpx sends the URL's user:password as Basic
+    secrets = with_encodings(
+        ((key,) if key else ()) + url_secrets(target_url)
+    )  # httpx sends the URL's user:password as Basic
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     if not model:
         model = await _first_served_model(target_url, api_key_env)

@@ -56,8 +56,11 @@ async def bounded_request(
     ``max_bytes`` of the answer's body read (0: only the status and headers are waited for; the first body
     byte, if any, ends the read).
 
-    The response returned holds the bytes read (raw: no content decoding), without framing headers.
+    The response returned holds the bytes read (raw: no content decoding), without framing headers. So it asks
+    for identity, whatever the client's own headers say: httpx asks for gzip by default, prometheus_client then
+    compresses /metrics, and the scrape stored no sample at all (nor did ``sim calibrate`` read vLLM's cache).
     """
+    headers = {**(headers or {}), "accept-encoding": "identity"}
     with anyio.move_on_after(timeout_s):
         try:
             async with client.stream(method, path, json=json, headers=headers, timeout=timeout_s) as response:

@@ -19,6 +19,7 @@ from loadgen.rundir.schema import STATUS_ERROR, STATUS_TIMEOUT, http_error_kind
 from loadgen.util.redact import redact
 
 from .sse import SSEProtocolError
+from .transport import MalformedHead
 
 __all__ = [
     "Phase",
@@ -96,6 +97,8 @@ def classify_exception(exc: BaseException, phase: int, secrets: tuple[str, ...] 
         return STATUS_ERROR, "connect", redact(f"{name}: {text}", secrets)
     if isinstance(exc, httpx.TimeoutException):  # read/write/pool timeouts (only when httpx timeouts are set)
         return STATUS_TIMEOUT, "total_timeout", redact(f"{name}: {text}", secrets)
+    if isinstance(exc, MalformedHead):  # the server answered, with no HTTP head: not a failure to connect
+        return STATUS_ERROR, "malformed_head", redact(text, secrets)
     if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.CloseError)):
         if phase == Phase.STREAMING:
             return STATUS_ERROR, "reset_mid_stream", redact(f"{name}: {text}", secrets)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,10 +21,17 @@ import httpx
 from loadgen.driver.bounded import bounded_get
 from loadgen.util.redact import without_secrets
 
-__all__ = ["METRICS_MAX_BYTES", "parse_prometheus_text", "samples_to_columns", "MetricsScraper"]
+__all__ = ["METRICS_MAX_BYTES", "METRICS_MAX_LINES", "parse_prometheus_text", "samples_to_columns", "MetricsScraper"]
 
 #: Most bytes of one /metrics answer read; a longer one counts as a failed scrape.
 METRICS_MAX_BYTES = 16 << 20
+#: Most lines of one /metrics answer parsed (vLLM's has a few thousand); a longer one counts as a failed scrape.
+#: It is parsed on the run's event loop: a million samples a second held the measured requests back.
+METRICS_MAX_LINES = 50_000
+#: Longest sample line kept (its labels are parsed a character at a time); a longer one is skipped.
+METRICS_MAX_LINE_CHARS = 16_384
+#: A metric name as the exposition format defines it (at most 256 characters): anything else is not a sample.
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]{0,255}")
 
 
 def _parse_labels(text: str, start: int) -> tuple[dict[str, str], int]:
@@ -76,7 +84,7 @@ def parse_prometheus_text(text: str) -> Iterator[tuple[str, dict[str, str], floa
     """Yield (name, labels, value) for every sample line; malformed lines are skipped."""
     for raw in text.splitlines():
         line = raw.strip()
-        if not line or line[0] == "#":
+        if not line or line[0] == "#" or len(line) > METRICS_MAX_LINE_CHARS:
             continue
         try:
             brace = line.find("{")
@@ -88,7 +96,7 @@ def parse_prometheus_text(text: str) -> Iterator[tuple[str, dict[str, str], floa
             else:
                 name, *rest = line.split()
                 labels = {}
-            if not rest:
+            if not rest or not _METRIC_NAME.fullmatch(name):
                 continue
             yield name, labels, _parse_value(rest[0])
         except (ValueError, IndexError):
@@ -147,7 +155,7 @@ class MetricsScraper:
         response = got.response
         body = response.text if response is not None and response.status_code == 200 and not got.truncated else None
         t1 = time.perf_counter_ns()
-        if body is None:
+        if body is None or body.count("\n") > METRICS_MAX_LINES:
             return
         cols = samples_to_columns(
             parse_prometheus_text(without_secrets(body, self.secrets)),

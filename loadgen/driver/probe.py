@@ -22,7 +22,7 @@ import httpx
 from loadgen.driver.bounded import PROBE_MAX_BYTES, PROBE_TIMEOUT_S, bounded_get
 from loadgen.driver.metrics_scrape import parse_prometheus_text
 from loadgen.util.errors import TargetError
-from loadgen.util.redact import redact, redact_url, without_secrets
+from loadgen.util.redact import is_credential_name, redact, redact_url, without_secrets
 
 __all__ = [
     "MANAGED_HOSTS",
@@ -37,12 +37,6 @@ __all__ = [
 #: Most bytes of a target's /version body kept in the record (JSON-encoded, after redaction).
 VERSION_MAX_BYTES = 16 * 1024
 _VERSION_MAX_DEPTH = 8
-#: Keys whose values are never recorded (whole key names: "max_num_batched_tokens" or "tokenizer" stay).
-_SECRET_KEY = re.compile(
-    r"(?i)^(?:x[-_])?(?:authorization|proxy[-_]authorization|auth|api[-_]?key|(?:access|refresh|id|auth|api|bearer)?"
-    r"[-_]?token|secret|client[-_]?secret|password|passwd|cookie|set[-_]cookie|credentials?|session(?:[-_]?id)?"
-    r"|private[-_]?key|key)$"
-)
 #: String shapes of credentials: API keys (sk-..., key-... with digits), JWTs, Basic tokens.
 _SECRET_TEXT = re.compile(
     r"(?i)\b(?:sk|pk|rk|key|api|token)[-_](?=[A-Za-z0-9_-]*\d)[A-Za-z0-9_-]{12,}"
@@ -96,17 +90,12 @@ def _scrub(value: Any, secrets: tuple[str, ...], depth: int) -> Any:
         return "[nested too deeply]" if isinstance(value, (dict, list)) else value
     if isinstance(value, dict):
         return {
-            _scrub(str(k), secrets, depth): "REDACTED" if _SECRET_KEY.search(str(k)) else _scrub(v, secrets, depth + 1)
+            _scrub(str(k), secrets, depth): "REDACTED" if is_credential_name(str(k)) else _scrub(v, secrets, depth + 1)
             for k, v in list(value.items())[:256]
         }
     if isinstance(value, list):
         return [_scrub(v, secrets, depth + 1) for v in value[:256]]
     return value
-
-
-def is_credential_name(name: str) -> bool:
-    """Whether a header or field named ``name`` carries a credential (``X-Api-Key``, ``Authorization``, ``token``)."""
-    return _SECRET_KEY.search(name) is not None
 
 
 def safe_version(body: Any, secrets: tuple[str, ...] = ()) -> Any:
@@ -256,6 +245,15 @@ def _resolve_model(
     if model is None:
         if not models:
             raise TargetError(f"target {safe_url}: no model given and GET /v1/models {listing}: expected --model NAME")
+        if without_secrets(models[0], secrets) != models[0]:  # it would be sent and recorded as the run's model
+            raise TargetError(
+                redact(
+                    f"target {safe_url}: no model given and the first model GET /v1/models lists "
+                    f"({models[0][:80]!r}) holds a secret of the run (its key, a header or URL value): "
+                    "expected --model NAME",
+                    secrets,
+                )
+            )
         return models[0]
     if check_model and models and model not in models:
         shown = ", ".join(repr(m) for m in models[:10]) + (f" and {len(models) - 10} more" if len(models) > 10 else "")

@@ -48,7 +48,7 @@ from loadgen.util.errors import (
 )
 from loadgen.util.inputs import UNSET_API_KEY
 from loadgen.util.pinning import affinity, format_cpus, parse_cpus, shared_cpus_warning
-from loadgen.util.redact import basic_token, url_secrets
+from loadgen.util.redact import basic_token, url_secrets, with_encodings
 from loadgen.util.targeturl import split_target_url
 from loadgen.workload.prompts import Tokenizer, get_tokenizer
 from loadgen.workload.routing import Router
@@ -180,7 +180,7 @@ def _auth_headers(options: RunOptions) -> tuple[dict[str, str], tuple[str, ...]]
         )
     if sources:
         headers["authorization"] = sources[0][1]
-    return headers, secrets
+    return headers, with_encodings(secrets)  # a server may echo the key base64-encoded (``Bearer KEY`` whole)
 
 
 @dataclass

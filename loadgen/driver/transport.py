@@ -22,12 +22,22 @@ import httpx
 
 from .schedule import on_asyncio
 
-__all__ = ["RawHTTP11Transport", "RawResponse", "SendTiming"]
+__all__ = ["MalformedHead", "RawHTTP11Transport", "RawResponse", "SendTiming"]
 
 _READ = 65536
 
 
+#: Most bytes of a response head (status line and headers, each interim 1xx head apart) read before it fails.
 _MAX_HEAD = 1 << 20
+#: Most interim (1xx) responses before the answer. A server that sent ``100 Continue`` as fast as it could held
+#: the read in a loop that never waited (every head already buffered): no timeout fired, nor SIGTERM, for minutes.
+_MAX_INTERIM = 100
+
+
+class MalformedHead(httpx.RemoteProtocolError):
+    """The response head is not one: over ``_MAX_HEAD`` bytes without its blank line, or a status or header
+    line that is not HTTP/1.1 (error kind ``malformed_head``; not ``connect``: the server did answer)."""
+
 
 _NONE = 0  # no body
 _LENGTH = 1
@@ -471,18 +481,18 @@ def _parse_head(head: bytes) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
     lines = head.split(b"\r\n")
     parts = lines[0].split(b" ", 2)
     if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
-        raise httpx.RemoteProtocolError(f"malformed status line {lines[0][:60]!r}")
+        raise MalformedHead(f"malformed status line {lines[0][:60]!r}")
     try:
         status = int(parts[1])
     except ValueError:
-        raise httpx.RemoteProtocolError(f"malformed status line {lines[0][:60]!r}") from None
+        raise MalformedHead(f"malformed status line {lines[0][:60]!r}") from None
     headers = []
     for line in lines[1:]:
         if not line:
             continue
         name, sep, value = line.partition(b":")
         if not sep:
-            raise httpx.RemoteProtocolError(f"malformed header line {line[:60]!r}")
+            raise MalformedHead(f"malformed header line {line[:60]!r}")
         headers.append((name.strip(), value.strip()))
     return status, parts[2] if len(parts) > 2 else b"", headers
 
@@ -704,16 +714,22 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
                     if timing is not None:
                         timing.mark_sent(_now())
                 buf = conn.buf
+                searched = 0  # bytes of buf already searched for the head's end (a head read in small pieces)
+                interim = 0
                 while True:
-                    end = buf.find(b"\r\n\r\n")
+                    end = buf.find(b"\r\n\r\n", searched)
                     if end >= 0:
                         status, reason, headers = _parse_head(buf[:end])
-                        buf = buf[end + 4 :]
+                        buf, searched = buf[end + 4 :], 0
                         if 100 <= status < 200 and status != 101:
-                            continue  # interim response (100 Continue): read the real one
+                            interim += 1  # interim response (100 Continue): read the real one
+                            if interim > _MAX_INTERIM:
+                                raise MalformedHead(f"more than {_MAX_INTERIM} interim (1xx) responses, no answer")
+                            continue
                         break
                     if len(buf) > _MAX_HEAD:
-                        raise httpx.RemoteProtocolError("response head too large")
+                        raise MalformedHead(f"response head too large: no end within {_MAX_HEAD} bytes")
+                    searched = max(0, len(buf) - 3)
                     data = await conn.receive()
                     got_bytes = True
                     buf += data

@@ -53,7 +53,7 @@ STOP_KINDS = (
 #: Stops that say the target itself is broken at this load: raising any dimension further is pointless.
 FATAL_STOPS = ("server_failure", "invalid_output", "behaviour_drift")
 SERVER_FAILURE_KINDS = ("connect", "http_5xx", "reset_mid_stream")
-INVALID_OUTPUT_KINDS = ("malformed_sse", "empty_output", "truncated")
+INVALID_OUTPUT_KINDS = ("malformed_head", "malformed_sse", "empty_output", "truncated")
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,7 @@ ERROR_KINDS = (
     "http_4xx",  # other client error (exact code in http_status)
     "http_5xx",  # server error (exact code in http_status)
     "reset_mid_stream",  # connection dropped after the response started
+    "malformed_head",  # the response head is not HTTP/1.1: over 1 MiB without its end, or a bad status/header line
     "malformed_sse",  # a data line that is not valid JSON / not an OpenAI chunk
     "empty_output",  # stream ended normally with no content tokens
     "truncated",  # stream ended without [DONE] / finish_reason

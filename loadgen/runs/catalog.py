@@ -3,8 +3,8 @@
 ``Catalog.index(roots)`` walks the roots for run directories (a ``manifest.json`` beside a requests table) and
 plan directories (a ``plan.json``), and records for each its identity (package versions, engine, model, GPU,
 scenario, trace and settings hashes), state and headline figures per class (``headline``). A directory is
-read again only when its signature changed: the sizes and modification times of its manifest and of every
-part file of its requests table. The catalog holds pointers and summaries, never copies of the Parquet, and can
+read again only when its signature changed: the size, modification and status-change times of its manifest and
+of every part file of its requests table. The catalog holds pointers and summaries, never copies of the Parquet, and can
 be rebuilt from the directories at any time (delete the file, index again). A directory indexed before and now
 missing (moved or deleted) is marked ``present = false`` and reported, not an error.
 
@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -124,19 +125,34 @@ class IndexReport:
         return text
 
 
+def _stat_text(name: str, st: os.stat_result) -> str:
+    return f"{name}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
 def _stat_sig(path: Path) -> str:
-    st = path.stat()
-    return f"{path.name}:{st.st_size}:{st.st_mtime_ns}"
+    return _stat_text(path.name, path.stat())
+
+
+def _table_sig(table: Path) -> str:
+    """A table's stat and, when it is a directory of parts, every entry's in name order."""
+    st = os.stat(table)
+    if not stat.S_ISDIR(st.st_mode):
+        return _stat_text(table.name, st)
+    with os.scandir(table) as entries:
+        parts = sorted((e.name, e.stat(follow_symlinks=True)) for e in entries)
+    return "|".join([_stat_text(table.name, st), *(_stat_text(name, part) for name, part in parts)])
 
 
 def _signature(directory: Path, kind: str) -> str:
-    """Sizes and mtimes of what the catalog reads of a directory: changes when any of it does. A table's part
-    files are never rewritten in place (each is written whole, then renamed in), so the table directory's mtime
-    changes whenever a part is added or removed."""
+    """What the catalog reads of a directory, each file by size, mtime and ctime: changes when any of it does.
+
+    Every part file of the requests table counts, not only the table's directory: a part rewritten in place (same
+    name) leaves the directory's mtime as it was, and one rewritten to the same size with its mtime set back
+    (``os.utime``) still moves its ctime, which no one can set. The manifest's own stat covers what it records."""
     if kind == "plan":
         names = [directory / PLAN_FILE, directory / REGION_FILE]
         return "|".join(_stat_sig(p) for p in names if p.exists())
-    return f"{_stat_sig(directory / MANIFEST_FILE)}|{_stat_sig(directory / REQUESTS_FILE)}"
+    return f"{_stat_sig(directory / MANIFEST_FILE)}|{_table_sig(directory / REQUESTS_FILE)}"
 
 
 def _walk(roots: Iterable[Path]) -> Iterator[tuple[Path, str]]:

@@ -10,15 +10,41 @@ Used by the driver (error messages, the target's /version), the targets, the con
 from __future__ import annotations
 
 import base64
+import functools
 import re
-from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, unquote_plus, urlsplit, urlunsplit
 
 from loadgen.util.inputs import without_userinfo
 
-__all__ = ["basic_token", "redact", "redact_query", "redact_url", "url_secrets", "without_secrets"]
+__all__ = [
+    "basic_token",
+    "is_credential_name",
+    "redact",
+    "redact_query",
+    "redact_url",
+    "url_secrets",
+    "with_encodings",
+    "without_secrets",
+]
 
-#: A query value shorter than this is not replaced in what a server says back (it would hit ordinary text).
+#: A query value shorter than this is replaced in what a server says back only when its name is a credential's
+#: (``?key=abc``, ``?sig=x1``), and then only as a whole word and never when it is a plain number (a figure).
 MIN_QUERY_SECRET_CHARS = 8
+
+#: Names whose values are credentials (whole names: "max_num_batched_tokens" or "tokenizer" are not).
+_CREDENTIAL_NAME = re.compile(
+    r"(?i)^(?:x[-_])?(?:authorization|proxy[-_]authorization|auth|api[-_]?key|(?:access|refresh|id|auth|api|bearer)?"
+    r"[-_]?token|secret|client[-_]?secret|password|passwd|cookie|set[-_]cookie|credentials?|session(?:[-_]?id)?"
+    r"|private[-_]?key|key)$"
+)
+#: Query parameters that carry a credential besides those (Azure SAS ``sig``, Functions ``code``, API Management
+#: ``subscription-key``, signed S3/GCS URLs).
+_QUERY_CREDENTIAL_NAME = re.compile(
+    r"(?i)^(?:sig|signature|code|subscription[-_]?key|sas[-_]?token|x[-_](?:amz|goog)[-_]"
+    r"(?:signature|credential|security[-_]token))$"
+)
+#: A plain number: a short one is not replaced in what a server says (it would hit the figures of a /metrics answer).
+_FIGURE = re.compile(r"[+-]?\d+(?:\.\d+)?")
 
 #: A query parameter's value (in a URL or in a message that quotes one): every one is redacted, names kept.
 _SECRET_QUERY = re.compile(r"([?&][^?&=\s#\"'<>]{1,200}=)[^&\s#\"'<>]+")
@@ -56,22 +82,75 @@ def basic_token(url: str) -> str | None:
     return base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()).decode()
 
 
+def is_credential_name(name: str) -> bool:
+    """Whether a header, field or query parameter named ``name`` carries a credential (``X-Api-Key``,
+    ``Authorization``, ``token``)."""
+    return _CREDENTIAL_NAME.search(name) is not None
+
+
+def _is_query_credential(name: str) -> bool:
+    return is_credential_name(name) or _QUERY_CREDENTIAL_NAME.search(name) is not None
+
+
 def url_secrets(url: str) -> tuple[str, ...]:
     """The secrets a target URL carries, to replace wherever a server echoes them: its password (as given and
-    decoded), the Basic token made of its userinfo, and every query value of 8 characters or more."""
+    decoded), the Basic token made of its userinfo, every query value of 8 characters or more, and the value of
+    a credential-named parameter (``key``, ``api_key``, ``token``, ``sig``, ``code`` ...) whatever its length
+    unless it is a plain number. A query value counts as sent (percent-encoded) and as decoded."""
     parts = urlsplit(url)
-    query = tuple(v for _, v in parse_qsl(parts.query) if len(v) >= MIN_QUERY_SECRET_CHARS)
+    query: list[str] = []
+    for field in parts.query.split("&") if parts.query else ():
+        raw_name, _, raw = field.partition("=")
+        value = unquote_plus(raw)
+        if len(value) >= MIN_QUERY_SECRET_CHARS or (
+            value and _is_query_credential(unquote_plus(raw_name)) and not _FIGURE.fullmatch(value)
+        ):
+            query += [raw, value]
     password = (parts.password, unquote(parts.password)) if parts.password else ()
     token = basic_token(url)
     return tuple(dict.fromkeys((*password, *((token,) if token else ()), *query)))
 
 
-def without_secrets(text: str, secrets: tuple[str, ...]) -> str:
-    """``text`` with every known secret replaced by ``REDACTED``, nothing else changed (no cut, same lines)."""
+#: A secret this long or longer is also searched for base64- and percent-encoded (``with_encodings``).
+MIN_ENCODED_SECRET_CHARS = 16
+
+
+def with_encodings(secrets: tuple[str, ...]) -> tuple[str, ...]:
+    """``secrets`` and, for each of 16 characters or more, the forms a server may echo it in: percent-encoded,
+    and base64 (standard and URL-safe) at each of the three alignments it can have inside a longer base64 text
+    (``Bearer KEY`` or ``user:KEY`` encoded whole), each cut to the characters that depend on the secret alone."""
+    out = list(secrets)
     for secret in secrets:
-        if secret:
+        if len(secret) < MIN_ENCODED_SECRET_CHARS:
+            continue
+        out.append(quote(secret, safe=""))
+        raw = secret.encode()
+        for pad in range(3):
+            encoded = base64.b64encode(b"\0" * pad + raw).decode()
+            head = (0, 2, 3)[pad]  # characters that also hold bits of what comes before
+            tail = 4 if (pad + len(raw)) % 3 else 0  # the last group, when it also holds bits of what comes after
+            core = encoded[head : len(encoded) - tail]
+            out += [core, core.replace("+", "-").replace("/", "_")]
+    return tuple(dict.fromkeys(s for s in out if s))
+
+
+def without_secrets(text: str, secrets: tuple[str, ...]) -> str:
+    """``text`` with every known secret replaced by ``REDACTED``, nothing else changed (no cut, same lines). A
+    secret shorter than 8 characters is replaced where it stands as a word (not inside ``abcdef`` for ``abc``)."""
+    for secret in secrets:
+        if len(secret) >= MIN_QUERY_SECRET_CHARS:
             text = text.replace(secret, "REDACTED")
-    return text
+    short = _short_secrets(secrets)
+    return short.sub("REDACTED", text) if short is not None else text
+
+
+@functools.lru_cache(maxsize=64)
+def _short_secrets(secrets: tuple[str, ...]) -> re.Pattern[str] | None:
+    """One pattern for a run's secrets under 8 characters, each as a whole word (None when there are none)."""
+    short = sorted({s for s in secrets if 0 < len(s) < MIN_QUERY_SECRET_CHARS}, key=len, reverse=True)
+    if not short:
+        return None
+    return re.compile(r"(?<![A-Za-z0-9])(?:" + "|".join(map(re.escape, short)) + r")(?![A-Za-z0-9])")
 
 
 def redact(message: str, secrets: tuple[str, ...] = ()) -> str:
