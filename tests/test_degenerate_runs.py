@@ -1,0 +1,121 @@
+"""Degenerate run directories (one request, one scheduled instant, an instant engine), as `loadgen sim run` writes them: no
+absurd figure, every rate that is not measured is null and says why, and compare does not rank on it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from cli_process import REPO, run_loadgen
+
+from loadgen.analysis import analyze_run
+from loadgen.analysis import metrics as M
+from loadgen.analysis.whole_run import whole_run_rates
+from loadgen.plan.compare import compare_candidates
+from loadgen.rundir.schema import TRACE_SCHEMA
+from loadgen.sim import run_worksheet
+from loadgen.trace.io import write_trace
+
+CANONICAL = REPO / "scenarios" / "canonical.toml"
+
+
+def _trace(path: Path, offsets_ns: list[int]) -> Path:
+    """A trace of short-message requests (canonical's class) scheduled at ``offsets_ns``."""
+    rows = [
+        {
+            "request_id": f"r{i}",
+            "request_class": "short-message",
+            "scheduled_offset_ns": t,
+            "prompt_tokens": 100,
+            "output_tokens": 20,
+            "prefix_group": None,
+            "prefix_tokens": None,
+            "conversation_id": None,
+            "turn_index": None,
+            "cancel_after_tokens": None,
+        }
+        for i, t in enumerate(offsets_ns)
+    ]
+    meta = {"trace_name": path.stem, "seed": 0, "mode": "open", "max_in_flight": 256, "duration_s": 0.0}
+    write_trace(pa.Table.from_pylist(rows, schema=TRACE_SCHEMA), path, meta)
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Worksheet runs (what `loadgen sim run` writes): one request, and two at one instant, on the instant
+    engine (zero costs) and on a preset with costs."""
+    tmp = tmp_path_factory.mktemp("degenerate")
+    one, same = _trace(tmp / "one.parquet", [0]), _trace(tmp / "same.parquet", [0, 0])
+    made = {}
+    for name, trace, engine in (
+        ("one", one, "instant"),
+        ("same-instant", same, "instant"),
+        ("same-batch", same, "interactive-small-batch"),
+    ):
+        made[name] = run_worksheet(trace, engine, tmp / name, scenario=CANONICAL)
+    return made
+
+
+def _analysis(run_dir: Path, window: str | None = None) -> dict:
+    return analyze_run(run_dir, window=window).to_dict()
+
+
+def test_the_rate_rule() -> None:
+    assert M.unmeasurable_rate(2.0, 1) is not None  # one request: 1/latency
+    assert M.unmeasurable_rate(1e-9, 5) is not None  # shorter than 1 ms
+    assert M.unmeasurable_rate(float("nan")) is not None
+    assert M.unmeasurable_rate(60.0) is None  # a user's window: one request in it is a rate
+    assert M.rate_window_s(0.0005, 2) is None and M.rate_window_s(0.5, 2) == 0.5
+
+
+def test_one_request_on_an_instant_engine_has_no_rate(runs: dict[str, Path]) -> None:
+    """Was: window 1 ns, offered/completed 1,000,000,000 req/s and output 2e10 tok/s in the console and JSON."""
+    doc = _analysis(runs["one"])
+    overall = doc["overall"]
+    for key in ("offered_rps", "send_rps", "completed_rps", "output_tok_s", "prompt_tok_s", "goodput_rps"):
+        assert overall[key] is None, key
+    assert "1 request(s)" in doc["window"]["rates_unmeasured"]
+    assert any("rates not measured" in n for n in doc["notes"])
+    assert overall["attainment"] == 1.0  # what is measured still is
+    assert not doc["timeseries"]  # per-bin rates would be as absurd
+    assert whole_run_rates(runs["one"])["completed_rps_whole_run"] is None
+
+
+def test_one_instant_for_every_request_counts_every_completion(runs: dict[str, Path]) -> None:
+    """Two requests at one instant: the window runs to the last done inclusive (was: the last completion fell on
+    the half-open window's end and completed throughput read 0.00 req/s); on an instant engine that window is
+    1 ns long, so no rate (was: 2,000,000,000 req/s)."""
+    overall = _analysis(runs["same-batch"])["overall"]
+    assert overall["offered_rps"] > 0 and overall["completed_rps"] == pytest.approx(overall["offered_rps"])
+    doc = _analysis(runs["same-instant"])
+    assert doc["overall"]["completed_rps"] is None and "shorter than 1 ms" in doc["window"]["rates_unmeasured"]
+
+
+def test_a_users_window_is_held_to_the_minimum_only(runs: dict[str, Path]) -> None:
+    doc = _analysis(runs["one"], "0:10")
+    assert doc["overall"]["offered_rps"] == pytest.approx(0.1) and doc["window"]["rates_unmeasured"] is None
+    assert _analysis(runs["one"], "0:0.0001")["overall"]["offered_rps"] is None
+
+
+def test_compare_does_not_rank_an_unmeasured_rate(runs: dict[str, Path]) -> None:
+    """Was: the instant engine's 4e10 tok/s over a 1 ns window made it the choice ('highest output tokens/s')."""
+    comp = compare_candidates([runs["same-instant"], runs["same-batch"]], allow_differences=True).to_dict()
+    decision = comp["decision"]
+    assert decision["chosen"] == "interactive-small-batch"
+    assert decision["headline_throughput"]["label"] == "interactive-small-batch"
+    assert any(w.startswith("instant: not ranked on throughput") and "shorter than 1 ms" in w for w in decision["why"])
+    instant = next(c for c in comp["candidates"] if c["label"] == "instant")
+    assert instant["throughput"]["output_tok_s"] is None and instant["throughput"]["output_tok_s_whole_run"] is None
+
+
+@pytest.mark.slow
+def test_the_cli_says_why_there_is_no_rate(runs: dict[str, Path]) -> None:
+    """`loadgen analyze` and `loadgen compare` as a user runs them: the reason in the console, no absurd figure."""
+    proc = run_loadgen(["analyze", runs["one"]], REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert "rates not measured" in proc.stdout and "1,000,000,000" not in proc.stdout
+    proc = run_loadgen(["compare", runs["same-instant"], runs["same-batch"], "--allow-differences"], REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert "instant: not ranked on throughput" in proc.stdout and "2,000,000,000" not in proc.stdout
