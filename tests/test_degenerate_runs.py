@@ -3,9 +3,11 @@ absurd figure, every rate that is not measured is null and says why, and compare
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from cli_process import REPO, run_loadgen
 
@@ -13,9 +15,10 @@ from loadgen.analysis import analyze_run
 from loadgen.analysis import metrics as M
 from loadgen.analysis.whole_run import whole_run_rates
 from loadgen.plan.compare import compare_candidates
-from loadgen.rundir.schema import TRACE_SCHEMA
+from loadgen.rundir.schema import REQUESTS_FILE, TRACE_SCHEMA
 from loadgen.sim import run_worksheet
 from loadgen.trace.io import write_trace
+from loadgen.util.errors import RunDirError
 
 CANONICAL = REPO / "scenarios" / "canonical.toml"
 
@@ -119,3 +122,34 @@ def test_the_cli_says_why_there_is_no_rate(runs: dict[str, Path]) -> None:
     proc = run_loadgen(["compare", runs["same-instant"], runs["same-batch"], "--allow-differences"], REPO)
     assert proc.returncode == 0, proc.stderr
     assert "instant: not ranked on throughput" in proc.stdout and "2,000,000,000" not in proc.stdout
+
+
+def _edited(run_dir: Path, dst: Path, column: str, value: int) -> Path:
+    """A copy of ``run_dir`` whose first request row has ``column`` = ``value`` (real Parquet, edited)."""
+    shutil.copytree(run_dir, dst)
+    part = sorted((dst / REQUESTS_FILE).glob("*.parquet"))[0]
+    table = pq.read_table(part)
+    values = table.column(column).to_pylist()
+    values[0] = value
+    i = table.schema.get_field_index(column)
+    pq.write_table(table.set_column(i, table.schema.field(i), pa.array(values, table.schema.field(i).type)), part)
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "says"),
+    [
+        ("sent_ns", -5_000_000_000, "sent_ns = -5000000000 is before scheduled_ns"),  # was: a negative client queue
+        ("client_output_tokens", -50, "client_output_tokens = -50: expected a count from 0"),  # was: silently summed
+        ("server_output_tokens", 2**31 - 1, "server_output_tokens = 2147483647"),  # was: output 618,771,536 tok/s
+        ("server_prompt_tokens", -10, "server_prompt_tokens = -10"),
+    ],
+)
+def test_an_implausible_recorded_value_is_one_line(
+    runs: dict[str, Path], tmp_path: Path, column: str, value: int, says: str
+) -> None:
+    run_dir = _edited(runs["same-batch"], tmp_path / "edited", column, value)
+    with pytest.raises(RunDirError) as err:
+        analyze_run(run_dir)
+    line = str(err.value)
+    assert "\n" not in line and str(run_dir / REQUESTS_FILE) in line and says in line and "request_id 'r0'" in line

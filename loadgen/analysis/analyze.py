@@ -23,6 +23,7 @@ import pyarrow as pa
 from loadgen.analysis.server_metrics import summarize_server_metrics
 from loadgen.rundir.io import read_run_manifest, read_run_table, run_table_files
 from loadgen.rundir.manifest import Manifest, version_notes
+from loadgen.rundir.plausible import refuse_implausible_requests
 from loadgen.rundir.schema import (
     CHUNKS_FILE,
     CUT_ERROR_KINDS,
@@ -221,28 +222,6 @@ def _refuse_foreign_rows(run_dir: Path, n_rows: int, recorded: int | None) -> No
             f"{run_dir / REQUESTS_FILE}: {n_rows} rows: expected at most {recorded} (manifest.json "
             f"requests_recorded): rows from another run were added; remove the part files this run did not write"
         )
-
-
-#: Instants that cannot come before another one of the same request: (earlier, later).
-_INSTANT_ORDER = (
-    ("scheduled_ns", "done_ns"),
-    ("sent_ns", "first_token_ns"),
-    ("first_token_ns", "last_token_ns"),
-    ("first_token_ns", "done_ns"),
-    ("sent_ns", "done_ns"),
-)
-
-
-def _refuse_impossible_instants(run_dir: Path, ids: pa.Array, c: dict[str, np.ndarray]) -> None:
-    """A request whose instants are out of order (a done before its schedule ...) is bad input, not a figure."""
-    for earlier, later in _INSTANT_ORDER:
-        bad = np.flatnonzero(c[later] < c[earlier])  # NaN (never happened) compares false
-        if len(bad):
-            i = int(bad[0])
-            raise RunDirError(
-                f"{run_dir / REQUESTS_FILE}: request_id {ids[i].as_py()!r}: {later} = {c[later][i]:.0f} is before "
-                f"{earlier} = {c[earlier][i]:.0f}: expected {later} >= {earlier} ({len(bad)} such rows)"
-            )
 
 
 def _drop_not_due(ids: pa.Array, cols: dict[str, np.ndarray]) -> tuple[pa.Array, dict[str, np.ndarray], int]:
@@ -488,7 +467,7 @@ class _Run:
         self.n = len(c["status"])
         recorded = manifest.requests_recorded
         _refuse_foreign_rows(run_dir, self.n + self.not_due, recorded)
-        _refuse_impossible_instants(run_dir, self.ids, c)
+        refuse_implausible_requests(run_dir / REQUESTS_FILE, self.ids, c)
         if recorded is not None and self.n + self.not_due < recorded:  # not-due rows are recorded rows, too
             if self.n == 0:  # nothing left to analyse: never report "0 scheduled" for a run that recorded some
                 raise RunDirError(
