@@ -9,7 +9,6 @@ token counts beyond any model's context.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -45,11 +44,10 @@ TOKEN_COLUMNS = (
 MAX_PLAUSIBLE_TOKENS = 100_000_000
 
 
-def _refuse(path: Path, ids: pa.Array, bad: np.ndarray, what: Callable[[int], str], expected: str) -> None:
-    i = int(bad[0])
+def _refuse(path: Path, ids: pa.Array, bad: np.ndarray, what: str, expected: str) -> None:
     raise RunDirError(
-        f"{path}: request_id {ids[i].as_py()!r}: {what(i)}: expected {expected} "
-        f"({len(bad)} such row(s)): a hand-edited or foreign file"
+        f"{path}: request_id {ids[int(bad[0])].as_py()!r}: {what}: expected {expected} ({len(bad)} such row(s)): "
+        "a hand-edited or foreign file"
     )
 
 
@@ -57,28 +55,18 @@ def refuse_implausible_requests(path: Path, ids: pa.Array, cols: dict[str, np.nd
     """Refuse (RunDirError) the first implausible value of ``cols`` (float arrays, NaN = null; the columns present
     are checked). NaN (never observed) passes every check."""
     for earlier, later in INSTANT_ORDER:
-        if earlier not in cols or later not in cols:
-            continue
-        a, b = cols[earlier], cols[later]
-        bad = np.flatnonzero(b < a)  # NaN compares false
-        if len(bad):
-            _refuse(
-                path,
-                ids,
-                bad,
-                lambda i, a=a, b=b, e=earlier, lt=later: f"{lt} = {b[i]:.0f} is before {e} = {a[i]:.0f}",
-                f"{later} >= {earlier}",
-            )
+        if earlier in cols and later in cols:
+            a, b = cols[earlier], cols[later]
+            bad = np.flatnonzero(b < a)  # NaN compares false
+            if len(bad):
+                i = int(bad[0])
+                _refuse(
+                    path, ids, bad, f"{later} = {b[i]:.0f} is before {earlier} = {a[i]:.0f}", f"{later} >= {earlier}"
+                )
     for name in TOKEN_COLUMNS:
-        if name not in cols:
-            continue
-        v = cols[name]
-        bad = np.flatnonzero((v < 0) | (v > MAX_PLAUSIBLE_TOKENS))
-        if len(bad):
-            _refuse(
-                path,
-                ids,
-                bad,
-                lambda i, v=v, n=name: f"{n} = {v[i]:.0f}",
-                f"a count from 0 to {MAX_PLAUSIBLE_TOKENS:,} (more is no model's context)",
-            )
+        if name in cols:
+            v = cols[name]
+            bad = np.flatnonzero((v < 0) | (v > MAX_PLAUSIBLE_TOKENS))
+            if len(bad):
+                expected = f"a count from 0 to {MAX_PLAUSIBLE_TOKENS:,} (more is no model's context)"
+                _refuse(path, ids, bad, f"{name} = {v[int(bad[0])]:.0f}", expected)
