@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -13,12 +14,14 @@ from cli_process import REPO, run_loadgen
 
 from loadgen.analysis import analyze_run
 from loadgen.analysis import metrics as M
+from loadgen.analysis.budgets import budget_checks
 from loadgen.analysis.whole_run import whole_run_rates
 from loadgen.plan.compare import compare_candidates
 from loadgen.rundir.schema import REQUESTS_FILE, TRACE_SCHEMA
 from loadgen.sim import run_worksheet
 from loadgen.trace.io import write_trace
 from loadgen.util.errors import RunDirError
+from loadgen.workload.scenario import Budget
 
 CANONICAL = REPO / "scenarios" / "canonical.toml"
 
@@ -153,3 +156,10 @@ def test_an_implausible_recorded_value_is_one_line(
         analyze_run(run_dir)
     line = str(err.value)
     assert "\n" not in line and str(run_dir / REQUESTS_FILE) in line and says in line and "request_id 'r0'" in line
+
+
+def test_one_sample_budget_interval_reads_unbounded_below() -> None:
+    """A p50 check over one sample: its interval is not bounded on either side. Was: '95% CI [inf, inf]' (an
+    interval above every value, which reads as a certain failure); now '[-inf, inf]', as the tables show it."""
+    (check,) = budget_checks("c", "ttft_ms", Budget(p50=300, hard=True), np.array([12.0]), 0, 1)
+    assert check.outcome == "inconclusive" and "95% CI [-inf, inf]" in check.reason
