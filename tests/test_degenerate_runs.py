@@ -18,6 +18,9 @@ from loadgen.analysis.budgets import budget_checks
 from loadgen.analysis.whole_run import whole_run_rates
 from loadgen.plan.compare import compare_candidates
 from loadgen.rundir.schema import REQUESTS_FILE, TRACE_SCHEMA
+from loadgen.runs.catalog import Catalog
+from loadgen.runs.pareto import format_pareto, pareto_points
+from loadgen.runs.report import format_run
 from loadgen.sim import run_worksheet
 from loadgen.trace.io import write_trace
 from loadgen.util.errors import RunDirError
@@ -163,3 +166,18 @@ def test_one_sample_budget_interval_reads_unbounded_below() -> None:
     interval above every value, which reads as a certain failure); now '[-inf, inf]', as the tables show it."""
     (check,) = budget_checks("c", "ttft_ms", Budget(p50=300, hard=True), np.array([12.0]), 0, 1)
     assert check.outcome == "inconclusive" and "95% CI [-inf, inf]" in check.reason
+
+
+def test_the_catalog_and_pareto_do_not_rank_an_unmeasured_rate(runs: dict[str, Path], tmp_path: Path) -> None:
+    """Was: `runs pareto` put the instant engine's 2,000,000,000 req/s on the front and `runs show` printed
+    1,000,000,000/s; now the rate is null ('-'), off the front, and both say what that means."""
+    points = pareto_points([runs["same-instant"], runs["same-batch"]])
+    by_dir = {Path(p.run_dir).name: p for p in points}
+    assert by_dir["same-instant"].completed_rps is None and not by_dir["same-instant"].on_front
+    assert by_dir["same-batch"].on_front
+    assert "not on the front, not ranked" in format_pareto(points, "ttft_ms", "overall")
+    with Catalog(tmp_path / "cat.duckdb") as cat:
+        cat.index([runs["one"]])
+        row = cat.find(str(runs["one"]))
+        shown = format_run(row, cat.classes(row["path"]))
+    assert "completed -/s" in shown and "1,000,000,000" not in shown and "not measured" in shown

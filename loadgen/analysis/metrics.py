@@ -24,6 +24,7 @@ __all__ = [
     "inter_chunk_gaps_ms",
     "itl_gaps_ms",
     "MIN_RATE_WINDOW_S",
+    "UNMEASURED_RATE_RULE",
     "littles_law_rhs",
     "offered_rps",
     "rate_per_s",
@@ -143,6 +144,13 @@ def inter_chunk_gaps_ms(arrival_ns: list[int], tokens: list[int]) -> list[float]
 #: The shortest window a rate is measured over (s): below the client's scheduling precision (its send lag is
 #: reported in ms), a count over it is clock resolution, not throughput (one request on an instant engine: 1e9/s).
 MIN_RATE_WINDOW_S = 0.001
+
+
+#: What a null rate means, for reports that show one without its run's reason.
+UNMEASURED_RATE_RULE = (
+    f"a rate is not measured (null, '-') over a window shorter than {MIN_RATE_WINDOW_S * 1e3:g} ms or a default "
+    "window set by one request (its rate would be 1/latency)"
+)
 
 
 def unmeasurable_rate(window_s: float | None, n_requests: int | None = None) -> str | None:
