@@ -19,9 +19,11 @@ from loadgen.analysis.whole_run import whole_run_rates
 from loadgen.plan.compare import compare_candidates
 from loadgen.rundir.schema import REQUESTS_FILE, TRACE_SCHEMA
 from loadgen.runs.catalog import Catalog
+from loadgen.runs.diff import diff_runs
 from loadgen.runs.pareto import format_pareto, pareto_points
 from loadgen.runs.report import format_run
 from loadgen.sim import run_worksheet
+from loadgen.sim.config import PRESETS_DIR
 from loadgen.trace.io import write_trace
 from loadgen.util.errors import RunDirError
 from loadgen.workload.scenario import Budget
@@ -57,11 +59,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     engine (zero costs) and on a preset with costs."""
     tmp = tmp_path_factory.mktemp("degenerate")
     one, same = _trace(tmp / "one.parquet", [0]), _trace(tmp / "same.parquet", [0, 0])
+    four = _trace(tmp / "four.parquet", [0, 100_000_000, 200_000_000, 300_000_000])
+    failing = tmp / "failing.toml"  # the instant preset, every request answered with an HTTP error
+    failing.write_text((PRESETS_DIR / "instant.toml").read_text().replace("error_rate = 0.0", "error_rate = 1.0"))
     made = {}
     for name, trace, engine in (
         ("one", one, "instant"),
         ("same-instant", same, "instant"),
         ("same-batch", same, "interactive-small-batch"),
+        ("four", four, "instant"),
+        ("four-failed", four, str(failing)),
     ):
         made[name] = run_worksheet(trace, engine, tmp / name, scenario=CANONICAL)
     return made
@@ -181,3 +188,11 @@ def test_the_catalog_and_pareto_do_not_rank_an_unmeasured_rate(runs: dict[str, P
         row = cat.find(str(runs["one"]))
         shown = format_run(row, cat.classes(row["path"]))
     assert "completed -/s" in shown and "1,000,000,000" not in shown and "not measured" in shown
+
+
+def test_diff_says_when_the_candidate_failed_more(runs: dict[str, Path]) -> None:
+    """Was: every candidate request failed and the diff read INCONCLUSIVE with no word of it (its rows compare
+    latencies of requests that produced tokens); now a note per class counts the failures on each side."""
+    result = diff_runs([runs["four"]], [runs["four-failed"]], allow_differences=True)
+    assert any(n.startswith("short-message: 4 of 4 candidate request(s) failed vs 0 of 4 base") for n in result.notes)
+    assert not any("candidate request(s) failed" in n for n in diff_runs([runs["four"]], [runs["four"]]).notes)
