@@ -17,7 +17,7 @@ from loadgen.analysis import metrics as M
 from loadgen.analysis.budgets import budget_checks
 from loadgen.analysis.whole_run import whole_run_rates
 from loadgen.plan.compare import compare_candidates
-from loadgen.rundir.schema import REQUESTS_FILE, TRACE_SCHEMA
+from loadgen.rundir.schema import CHUNKS_FILE, REQUESTS_FILE, TRACE_SCHEMA
 from loadgen.runs.catalog import Catalog
 from loadgen.runs.diff import diff_runs
 from loadgen.runs.pareto import format_pareto, pareto_points
@@ -137,13 +137,15 @@ def test_the_cli_says_why_there_is_no_rate(runs: dict[str, Path]) -> None:
     assert "instant: not ranked on throughput" in proc.stdout and "2,000,000,000" not in proc.stdout
 
 
-def _edited(run_dir: Path, dst: Path, column: str, value: int) -> Path:
-    """A copy of ``run_dir`` whose first request row has ``column`` = ``value`` (real Parquet, edited)."""
+def _edited(
+    run_dir: Path, dst: Path, column: str, value: int, *, table_name: str = REQUESTS_FILE, row: int = 0
+) -> Path:
+    """A copy of ``run_dir`` whose ``row`` of ``table_name`` has ``column`` = ``value`` (real Parquet, edited)."""
     shutil.copytree(run_dir, dst)
-    part = sorted((dst / REQUESTS_FILE).glob("*.parquet"))[0]
+    part = sorted((dst / table_name).glob("*.parquet"))[0]
     table = pq.read_table(part)
     values = table.column(column).to_pylist()
-    values[0] = value
+    values[row] = value
     i = table.schema.get_field_index(column)
     pq.write_table(table.set_column(i, table.schema.field(i), pa.array(values, table.schema.field(i).type)), part)
     return dst
@@ -196,3 +198,16 @@ def test_diff_says_when_the_candidate_failed_more(runs: dict[str, Path]) -> None
     result = diff_runs([runs["four"]], [runs["four-failed"]], allow_differences=True)
     assert any(n.startswith("short-message: 4 of 4 candidate request(s) failed vs 0 of 4 base") for n in result.notes)
     assert not any("candidate request(s) failed" in n for n in diff_runs([runs["four"]], [runs["four"]]).notes)
+
+
+def test_implausible_chunks_are_counted_in_a_note(runs: dict[str, Path], tmp_path: Path) -> None:
+    """Was: a chunk that arrived before its request's previous one had its gap silently clamped to 0, and a chunk
+    with a negative token count silently dropped; now each is analysed the same way and counted in a note."""
+    chunks = pq.read_table(sorted((runs["four"] / CHUNKS_FILE).glob("*.parquet"))[0])
+    early = chunks.column("arrival_ns")[1].as_py() - 1_000_000
+    run_dir = _edited(runs["four"], tmp_path / "back", "arrival_ns", early, table_name=CHUNKS_FILE, row=3)
+    notes = analyze_run(run_dir).notes
+    assert any(n.startswith("1 content chunk(s) arrived before the previous chunk of their request") for n in notes)
+    run_dir = _edited(runs["four"], tmp_path / "neg", "tokens", -7, table_name=CHUNKS_FILE, row=3)
+    assert any(n.startswith("1 chunk row(s) with a negative token count") for n in analyze_run(run_dir).notes)
+    assert not any("chunk" in n for n in analyze_run(runs["four"]).notes)
