@@ -3,6 +3,7 @@ absurd figure, every rate that is not measured is null and says why, and compare
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -211,3 +212,28 @@ def test_implausible_chunks_are_counted_in_a_note(runs: dict[str, Path], tmp_pat
     run_dir = _edited(runs["four"], tmp_path / "neg", "tokens", -7, table_name=CHUNKS_FILE, row=3)
     assert any(n.startswith("1 chunk row(s) with a negative token count") for n in analyze_run(run_dir).notes)
     assert not any("chunk" in n for n in analyze_run(runs["four"]).notes)
+
+
+def _emptied(run_dir: Path, dst: Path) -> Path:
+    """A copy of ``run_dir`` with no request and no chunk row (and a manifest that recorded none)."""
+    shutil.copytree(run_dir, dst)
+    for name in (REQUESTS_FILE, CHUNKS_FILE):
+        for part in (dst / name).glob("*.parquet"):
+            pq.write_table(pq.read_table(part).slice(0, 0), part)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    manifest["requests_recorded"] = 0
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+    return dst
+
+
+def test_a_run_without_requests_is_unmeasured_in_compare(runs: dict[str, Path], tmp_path: Path) -> None:
+    """Was: a run with no request was eligible, 'meets every hard budget of ,' (no class), and could be chosen;
+    now its budgets step is unmeasured: nothing to judge."""
+    empty = _emptied(runs["one"], tmp_path / "empty")
+    doc = analyze_run(empty).to_dict()
+    assert doc["overall"]["n_scheduled"] == 0 and doc["overall"]["offered_rps"] is None
+    comp = compare_candidates([empty, runs["one"]]).to_dict()
+    judged = {c["path"]: c for c in comp["candidates"]}
+    assert judged[str(empty)]["verdict"] == "unmeasured"
+    assert "nothing to judge" in judged[str(empty)]["steps"][0]["why"][0]
+    assert comp["decision"]["chosen_path"] == str(runs["one"])

@@ -666,13 +666,18 @@ def _budget_step(j: dict[str, Any], max_send_lag_ms: float, stopped: str | None 
         return {"step": "hard budgets", "result": "unmeasured", "why": [w for w in (stopped, lagged) if w] + shown}
     if j["breaches"]:
         return {"step": "hard budgets", "result": "rejected", "why": [b["reason"] for b in j["breaches"]]}
+    if "capacity" not in j and not (j["route_classes"] and sum(j["status_counts"].values())):  # a run, empty
+        why = "no request of the route's classes in the analysis window: nothing to judge"
+        return {"step": "hard budgets", "result": "unmeasured", "why": [why]}
     if j.get("inconclusive"):
         return {"step": "hard budgets", "result": "inconclusive", "why": needed_lines(j["inconclusive"])}
-    return {
-        "step": "hard budgets",
-        "result": "passed",
-        "why": [f"every hard budget of {', '.join(j['route_classes'])} met (95% intervals within the limits)"],
-    }
+    budgeted = any(lim for t in j["tails"].values() for lim in t["limits"].values()) or "capacity" in j
+    why = (
+        f"every hard budget of {', '.join(j['route_classes'])} met (95% intervals within the limits)"
+        if budgeted
+        else f"no budget on {', '.join(j['route_classes'])} (no scenario with budgets): nothing to fail"
+    )
+    return {"step": "hard budgets", "result": "passed", "why": [why]}
 
 
 def _contract_step(c: Candidate) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -805,9 +810,13 @@ def _decide(judged: list[dict[str, Any]], route: str, basis: str | None) -> Deci
             else "highest " + what
             if rate is not None
             else f"first place in the order given: none has a measured {what}"
+            if len(eligible) > 1
+            else f"only place: its {what} is not measured"
         )
         meets = (
             "meets every hard budget of "
+            if chosen.get("budgets") == "passed" and "nothing to fail" not in chosen["steps"][0]["why"][0]
+            else "has no budget to fail on "
             if chosen.get("budgets") == "passed"
             else "fails no hard budget conclusively (some are inconclusive, see below) of "
         )
