@@ -237,3 +237,10 @@ def test_a_run_without_requests_is_unmeasured_in_compare(runs: dict[str, Path], 
     assert judged[str(empty)]["verdict"] == "unmeasured"
     assert "nothing to judge" in judged[str(empty)]["steps"][0]["why"][0]
     assert comp["decision"]["chosen_path"] == str(runs["one"])
+
+
+def test_samples_at_one_instant_are_one_gauge_reading(runs: dict[str, Path]) -> None:
+    """The instant engine's zero-length steps write many samples of one label set at one instant. Was: they were
+    summed as if each were another label set, so one request showed 'running max 20'; now running max is 1."""
+    server = analyze_run(runs["one"]).server or {}
+    assert server["running"]["max"] == 1.0
