@@ -244,3 +244,20 @@ def test_samples_at_one_instant_are_one_gauge_reading(runs: dict[str, Path]) -> 
     summed as if each were another label set, so one request showed 'running max 20'; now running max is 1."""
     server = analyze_run(runs["one"]).server or {}
     assert server["running"]["max"] == 1.0
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_non_finite_instant_names_its_column(runs: dict[str, Path], tmp_path: Path, value: float) -> None:
+    """A foreign writer's float instants with NaN/inf: one line naming the file and now the column (was: only
+    'a column of the wrong type (Float value nan was truncated ...)', no column)."""
+    dst = tmp_path / "foreign"
+    shutil.copytree(runs["four"], dst)
+    part = sorted((dst / REQUESTS_FILE).glob("*.parquet"))[0]
+    table = pq.read_table(part)
+    done = [float(v) for v in table.column("done_ns").to_pylist()]
+    done[0] = value
+    i = table.schema.get_field_index("done_ns")
+    pq.write_table(table.set_column(i, pa.field("done_ns", pa.float64()), pa.array(done, pa.float64())), part)
+    with pytest.raises(RunDirError) as err:
+        analyze_run(dst)
+    assert f"{part}: done_ns: a column of the wrong type" in str(err.value)
