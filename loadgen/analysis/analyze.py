@@ -23,6 +23,7 @@ import pyarrow as pa
 from loadgen.analysis.server_metrics import summarize_server_metrics
 from loadgen.rundir.io import read_run_manifest, read_run_table, run_table_files
 from loadgen.rundir.manifest import Manifest, version_notes
+from loadgen.rundir.plausible import refuse_implausible_requests
 from loadgen.rundir.schema import (
     CHUNKS_FILE,
     CUT_ERROR_KINDS,
@@ -123,8 +124,14 @@ DEFINITIONS = {
     ),
     "window": (
         "default: first scheduled instant to one mean inter-arrival gap after the last, so N arrivals at a "
-        "constant gap g give offered load 1/g, ending at the stop for a stopped run; latency tables, "
-        "budgets, attainment and the error share take the requests scheduled in the window"
+        "constant gap g give offered load 1/g (all scheduled at one instant: to the last done, inclusive), "
+        "ending at the stop for a stopped run; latency tables, budgets, attainment and the error share take the "
+        "requests scheduled in the window"
+    ),
+    "rates_unmeasured": (
+        "every rate (offered, sent, completed, tokens, goodput, time series) is null, and window.rates_unmeasured "
+        "says why, when the window is shorter than 1 ms or the default window is set by one request (its rate "
+        "would be 1/latency)"
     ),
     "not_due": "requests the run stopped before they were due: neither offered nor failed, counted apart",
     "percentiles": PERCENTILE_RULE + "; p99 from fewer than 100 samples is flagged",
@@ -217,28 +224,6 @@ def _refuse_foreign_rows(run_dir: Path, n_rows: int, recorded: int | None) -> No
         )
 
 
-#: Instants that cannot come before another one of the same request: (earlier, later).
-_INSTANT_ORDER = (
-    ("scheduled_ns", "done_ns"),
-    ("sent_ns", "first_token_ns"),
-    ("first_token_ns", "last_token_ns"),
-    ("first_token_ns", "done_ns"),
-    ("sent_ns", "done_ns"),
-)
-
-
-def _refuse_impossible_instants(run_dir: Path, ids: pa.Array, c: dict[str, np.ndarray]) -> None:
-    """A request whose instants are out of order (a done before its schedule ...) is bad input, not a figure."""
-    for earlier, later in _INSTANT_ORDER:
-        bad = np.flatnonzero(c[later] < c[earlier])  # NaN (never happened) compares false
-        if len(bad):
-            i = int(bad[0])
-            raise RunDirError(
-                f"{run_dir / REQUESTS_FILE}: request_id {ids[i].as_py()!r}: {later} = {c[later][i]:.0f} is before "
-                f"{earlier} = {c[earlier][i]:.0f}: expected {later} >= {earlier} ({len(bad)} such rows)"
-            )
-
-
 def _drop_not_due(ids: pa.Array, cols: dict[str, np.ndarray]) -> tuple[pa.Array, dict[str, np.ndarray], int]:
     """Requests the run stopped before they were due leave the analysis (counted apart)."""
     not_due = (cols["status"] == "not_sent") & (cols["error_kind"] == "not_due")
@@ -281,8 +266,10 @@ def _default_window(sched: np.ndarray, done: np.ndarray) -> tuple[float, float]:
     n = len(sched)
     if n >= 2 and last > lo:
         return lo, last + (last - lo) / (n - 1)
+    # one scheduled instant: to the last done, inclusive (1 ns past it: the window is half-open), so every
+    # completion counts; a window this sets is held to ``metrics.unmeasurable_rate`` like any other
     end = np.nanmax(done) if np.isfinite(done).any() else last
-    return lo, max(float(end), lo + 1.0)
+    return lo, max(float(end), lo) + 1.0
 
 
 def _sorted(values: np.ndarray) -> np.ndarray:
@@ -480,7 +467,7 @@ class _Run:
         self.n = len(c["status"])
         recorded = manifest.requests_recorded
         _refuse_foreign_rows(run_dir, self.n + self.not_due, recorded)
-        _refuse_impossible_instants(run_dir, self.ids, c)
+        refuse_implausible_requests(run_dir / REQUESTS_FILE, self.ids, c)
         if recorded is not None and self.n + self.not_due < recorded:  # not-due rows are recorded rows, too
             if self.n == 0:  # nothing left to analyse: never report "0 scheduled" for a run that recorded some
                 raise RunDirError(
@@ -505,6 +492,11 @@ class _Run:
         self.hi = float(hi_s * M.NS_PER_S) if hi_s is not None else max(dhi, self.lo)
         self.window_s = (self.hi - self.lo) / M.NS_PER_S
         self.window_default = window is None or window == (None, None)
+        # every rate divides by rate_window_s: None (each rate None, said in a note) when not measurable
+        self.rate_unmeasured = M.unmeasurable_rate(self.window_s, self.n if self.window_default else None)
+        self.rate_window_s = M.rate_window_s(self.window_s, self.n if self.window_default else None)
+        if self.rate_unmeasured is not None and self.n:
+            self.notes.append(f"rates not measured: {self.rate_unmeasured}")
         st = c["status"]
         self.ok = st == "ok"
         self.abandoned = (
@@ -607,7 +599,7 @@ class _Run:
             c["status"][scope & self.failed],
             c["error_kind"][scope & self.failed],
         )
-        w = self.window_s
+        w = self.rate_window_s
         return GroupSummary(
             name=name,
             n_scheduled=int(scope.sum()),
@@ -737,7 +729,7 @@ def _budgets_and_goodput(run: _Run, groups: dict[str, GroupSummary], overall: Gr
         g.attainment = M.attainment(g.n_good, g.n_eligible)
         g.attainment_ci = _share_ci(g.n_good, g.n_eligible)
         g.n_good_completed = int((good & run.completed_in_window & in_class).sum())
-        g.goodput_rps = M.goodput_rps(g.n_good_completed, run.window_s)
+        g.goodput_rps = M.goodput_rps(g.n_good_completed, run.rate_window_s)
     # percentile checks
     for cname, cls in scenario.classes.items():
         ci = run.class_names.index(cname) if cname in run.class_names else -1
@@ -793,7 +785,7 @@ def _share_ci(k: int, n: int) -> list[float] | None:
 def _timeseries(run: _Run, plot: dict[str, Any]) -> dict[str, Any]:
     c = run.c
     sched, done, sent = c["scheduled_ns"], c["done_ns"], c["sent_ns"]
-    if run.n == 0:
+    if run.n == 0 or run.rate_unmeasured is not None:  # rates per bin would be as absurd as the window's
         return {}
     t0 = float(sched.min())
     t1 = float(np.nanmax(np.concatenate([sched, done[~np.isnan(done)]])))
@@ -1020,6 +1012,7 @@ def _analysis(run: _Run, scenario: Scenario | None, include_cold: bool) -> Analy
             "end_s": run.hi / M.NS_PER_S,
             "duration_s": run.window_s,
             "default": run.window_default,
+            "rates_unmeasured": run.rate_unmeasured,
         },
         classes=groups,
         overall=overall,

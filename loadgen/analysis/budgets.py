@@ -170,7 +170,7 @@ def _fmt(value: float | None) -> str:
     if value is None:
         return "n/a"
     if math.isinf(value):
-        return "inf"
+        return "inf" if value > 0 else "-inf"  # an interval not bounded below is [-inf, ...], never [inf, ...]
     return f"{value:.1f}"
 
 

@@ -53,6 +53,8 @@ class ChunkGaps:
     orphan_rows: int = 0
     content_rows: int = 0
     notes: list[str] = field(default_factory=list)
+    backwards_rows: int = 0  # content chunks that arrived before their request's previous one (gap taken as 0)
+    negative_token_rows: int = 0  # chunk rows with tokens < 0 (no loadgen writer records one): no content
 
 
 class _NeedsSort(Exception):
@@ -71,6 +73,8 @@ class _Content:
     tokens: np.ndarray
     first: np.ndarray
     delta: np.ndarray
+    backwards: int = 0
+    negative_tokens: int = 0
 
 
 def _content(row_req: np.ndarray, arrival: np.ndarray, tokens: np.ndarray) -> _Content:
@@ -86,10 +90,14 @@ def _content(row_req: np.ndarray, arrival: np.ndarray, tokens: np.ndarray) -> _C
     if len(creq):
         np.not_equal(creq[1:], creq[:-1], out=first[1:])
         np.subtract(carr[1:], carr[:-1], out=delta[1:])
+        # a negative gap inside a request (clock went backwards) is clamped to 0, not a "first"; counted
+        backwards = int(np.count_nonzero((delta[1:] < 0) & ~first[1:]))
         delta[1:][first[1:]] = -1
-        # a negative gap inside a request (clock went backwards) is clamped to 0, not a "first"
         np.maximum(delta[1:], 0, out=delta[1:], where=~first[1:])
-    return _Content(len(row_req), orphans, creq, carr, ctok, first, delta)
+    else:
+        backwards = 0
+    negative = 0 if keep.all() else int(np.count_nonzero(tokens < 0))
+    return _Content(len(row_req), orphans, creq, carr, ctok, first, delta, backwards, negative)
 
 
 @dataclass
@@ -152,6 +160,8 @@ class _Pass:
         self.last_content_arrival = 0
         self.rows = 0
         self.orphans = 0
+        self.backwards = 0
+        self.negative_tokens = 0
 
     def batch(self, p: _Prepared) -> None:
         continues = self.last_id is not None and p.first_id == self.last_id
@@ -170,17 +180,38 @@ class _Pass:
         """Link ``c``'s first content row to the content before it, and hand the rows to the sink."""
         self.rows += c.rows
         self.orphans += c.orphans
+        self.backwards += c.backwards
+        self.negative_tokens += c.negative_tokens
         if not len(c.req):
             return
         c.first[0] = c.req[0] != self.last_content_req
-        c.delta[0] = -1 if c.first[0] else max(int(c.arrival[0]) - self.last_content_arrival, 0)
+        gap = int(c.arrival[0]) - self.last_content_arrival
+        self.backwards += int(not c.first[0] and gap < 0)
+        c.delta[0] = -1 if c.first[0] else max(gap, 0)
         self.last_content_req = int(c.req[-1])
         self.last_content_arrival = int(c.arrival[-1])
         self.content += len(c.req)
         self.sink.add(c.req, c.delta, c.tokens)
 
     def result(self, notes: list[str]) -> ChunkGaps:
-        return ChunkGaps(rows=self.rows, orphan_rows=self.orphans, content_rows=self.content, notes=notes)
+        if self.backwards:
+            notes.append(
+                f"{self.backwards} content chunk(s) arrived before the previous chunk of their request (a clock step "
+                "or a foreign writer): each gap counted as 0 ms in ITL and inter-chunk gaps"
+            )
+        if self.negative_tokens:
+            notes.append(
+                f"{self.negative_tokens} chunk row(s) with a negative token count (no loadgen writer records one): "
+                "not counted as content"
+            )
+        return ChunkGaps(
+            rows=self.rows,
+            orphan_rows=self.orphans,
+            content_rows=self.content,
+            notes=notes,
+            backwards_rows=self.backwards,
+            negative_token_rows=self.negative_tokens,
+        )
 
 
 _SCHEMA = pa.schema([CHUNKS_SCHEMA.field(c) for c in _COLUMNS])  # the columns this pass reads, typed

@@ -23,9 +23,13 @@ __all__ = [
     "goodput_rps",
     "inter_chunk_gaps_ms",
     "itl_gaps_ms",
+    "MIN_RATE_WINDOW_S",
+    "UNMEASURED_RATE_RULE",
     "littles_law_rhs",
     "offered_rps",
     "rate_per_s",
+    "rate_window_s",
+    "unmeasurable_rate",
     "send_rps",
     "server_ttft_ms",
     "time_average_in_system",
@@ -135,6 +139,38 @@ def inter_chunk_gaps_ms(arrival_ns: list[int], tokens: list[int]) -> list[float]
     """Raw gaps (ms) between consecutive content chunks of one request: the stalls a user sees."""
     arr, _ = _content(arrival_ns, tokens)
     return [float(v) for v in np.diff(arr) / NS_PER_MS]
+
+
+#: The shortest window a rate is measured over (s): below the client's scheduling precision (its send lag is
+#: reported in ms), a count over it is clock resolution, not throughput (one request on an instant engine: 1e9/s).
+MIN_RATE_WINDOW_S = 0.001
+
+
+#: What a null rate means, for reports that show one without its run's reason.
+UNMEASURED_RATE_RULE = (
+    f"a rate is not measured (null, '-') over a window shorter than {MIN_RATE_WINDOW_S * 1e3:g} ms or a default "
+    "window set by one request (its rate would be 1/latency)"
+)
+
+
+def unmeasurable_rate(window_s: float | None, n_requests: int | None = None) -> str | None:
+    """Why no rate is measured over this window (None: rates are measured). The one rule for every rate.
+
+    ``n_requests``: how many requests' instants set the window (the analysis' default window, a whole run's
+    span); None for a window the user gave. A window set by one request is that request's own latency, and a
+    count over it is 1/latency, not a throughput; a window shorter than ``MIN_RATE_WINDOW_S`` is not a measurement.
+    """
+    if n_requests is not None and n_requests < 2:
+        return f"{n_requests} request(s) set the window: a rate needs at least 2 (one request's window is its latency)"
+    if window_s is None or not window_s >= MIN_RATE_WINDOW_S:  # NaN compares false
+        shown = "none" if window_s is None else f"{window_s * 1e3:.3g} ms"
+        return f"window {shown} is shorter than {MIN_RATE_WINDOW_S * 1e3:g} ms"
+    return None
+
+
+def rate_window_s(window_s: float | None, n_requests: int | None = None) -> float | None:
+    """``window_s`` where a rate is measured over it (``unmeasurable_rate``), else None: every rate over it None."""
+    return window_s if unmeasurable_rate(window_s, n_requests) is None else None
 
 
 def rate_per_s(count: float, window_s: float | None) -> float | None:

@@ -221,12 +221,14 @@ def _print_rates(console: Any, a: Analysis) -> None:
     )
     o = a.overall
     note = "" if a.rates_meaningful else "  [yellow](instants synthesized: rates not measured)[/yellow]"
+    if a.window.get("rates_unmeasured") and o.n_scheduled:
+        note += f"  [yellow](rates not measured: {escape(a.window['rates_unmeasured'])})[/yellow]"
     console.print(
         f"offered {_rate(o.offered_rps, 'req/s')} · sent {_rate(o.send_rps, 'req/s')} · completed "
         f"{_rate(o.completed_rps, 'req/s')} · prompt {_rate(o.prompt_tok_s, 'tok/s')} · output "
         f"{_rate(o.output_tok_s, 'tok/s')}{note}"
     )
-    if o.goodput_rps is not None:
+    if o.n_eligible is not None:  # a scenario judged the run (goodput is None where rates are not measured)
         console.print(
             f"goodput {_rate(o.goodput_rps, 'req/s')} ({o.n_good_completed} completions in the window met every "
             f"hard budget) · attainment {fmt_share(o.attainment, o.attainment_ci)} ({o.n_good}/{o.n_eligible} "

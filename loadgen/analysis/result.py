@@ -99,6 +99,9 @@ class Window(ResultModel):
     end_s: Number
     duration_s: Number
     default: bool = Field(description="the default window (first scheduled to one mean gap after the last)")
+    rates_unmeasured: str | None = Field(
+        None, description="why every rate is null: the window does not measure one (too short, or set by one request)"
+    )
 
 
 class TokenTotals(ResultModel):

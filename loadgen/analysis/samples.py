@@ -36,6 +36,8 @@ class RunSamples:
 
     sorted: dict[str, dict[str, SortedParts]] = field(default_factory=dict)
     ordered: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    #: per class: (requests in scope, of them failed) — the samples leave failures out (they are no latency)
+    failures: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 @contextmanager
@@ -56,6 +58,7 @@ def class_samples(run_dir: Path | str, *, window: Any = None, include_cold: bool
             out.ordered[name] = ordered
             out.sorted[name] = {m: SortedParts([_sorted(v)]) for m, v in ordered.items()}
             out.sorted[name]["itl_ms"] = _sorted_parts([run.itl_desc[i]])
+            out.failures[name] = (int(sel.sum()), int((sel & run.failed).sum()))
         yield out
     finally:
         run.gap_sink.close()

@@ -50,7 +50,10 @@ def _first_present(frames: dict[str, Any], names: tuple[str, ...]) -> tuple[str,
 
 def _gauge(df: Any, how: str) -> Any:
     """Per-scrape aggregate over label sets → Series indexed by time_ns."""
-    g = df.groupby("time_ns")["value"]
+    # one value per label set and instant (the highest sampled): several samples of one label set at one instant
+    # (zero-length engine steps) are readings of one gauge, not several label sets to add up
+    per_set = df.groupby(["time_ns", "labels"], sort=True)["value"].max()
+    g = per_set.groupby(level="time_ns")
     return g.sum() if how == "sum" else g.max()
 
 

@@ -29,18 +29,20 @@ def whole_run_rates(run_dir: Path | str) -> dict[str, float | None]:
     """Output tokens/s and ok requests/s from the first scheduled request to the last done, and that span (s).
 
     Output tokens are the server's count (usage) where present, else the client's. Every value is None
-    when no request finished; the rates are None for an empty span.
+    when no request finished; the rates are None where the span measures no rate (``metrics.unmeasurable_rate``:
+    one request, or a span shorter than its minimum).
     """
     table = read_run_table(run_dir, REQUESTS_FILE, _COLUMNS)  # five columns, reduced column-wise (no row objects)
     if table is None or table.num_rows == 0 or table.column("done_ns").null_count == table.num_rows:
         return {"output_tok_s_whole_run": None, "completed_rps_whole_run": None, "whole_run_s": None}
     span_s = (pc.max(table.column("done_ns")).as_py() - pc.min(table.column("scheduled_ns")).as_py()) / NS_PER_S
+    rate_s = M.rate_window_s(span_s, table.num_rows)
     ok = table.filter(pc.equal(table.column("status"), STATUS_OK))
     best = pc.coalesce(ok.column("server_output_tokens"), ok.column("client_output_tokens"))
     tokens = pc.sum(best.cast(pa.int64())).as_py() or 0
     return {
-        "output_tok_s_whole_run": M.tokens_per_s(tokens, span_s),
-        "completed_rps_whole_run": M.completed_rps(ok.num_rows, span_s),
+        "output_tok_s_whole_run": M.tokens_per_s(tokens, rate_s),
+        "completed_rps_whole_run": M.completed_rps(ok.num_rows, rate_s),
         "whole_run_s": span_s,
     }
 
@@ -50,10 +52,11 @@ def engine_busy_output_rate(run_dir: Path | str) -> float | None:
 
     Only loadgen's simulated engine exports busy time (``loadgen_sim_busy_seconds_total``); both it and
     ``vllm:generation_tokens_total`` are counters, so their increase (resets handled) over the run is
-    used. None without server metrics, without busy time, or with no busy time spent.
+    used. None without server metrics, without busy time, or with less busy time than a rate needs
+    (``metrics.unmeasurable_rate``).
     """
     table = read_run_table(run_dir, SERVER_METRICS_FILE)
     if table is None:
         return None
     busy, tokens = counter_increase(table, SIM_BUSY_SECONDS), counter_increase(table, GENERATION_TOKENS)
-    return tokens / busy if busy and tokens is not None and busy > 0 else None
+    return M.tokens_per_s(tokens, M.rate_window_s(busy)) if tokens is not None else None

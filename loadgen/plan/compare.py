@@ -42,6 +42,7 @@ from loadgen.workload.scenario import Scenario, scenario_from_manifest
 
 from ..analysis import Analysis, analyze_run
 from ..analysis.budgets import SEND_LAG_BOUND_MS, Check, client_lag_line
+from ..analysis.metrics import rate_window_s
 from ..analysis.model import stop_sentence
 from ..analysis.whole_run import engine_busy_output_rate, whole_run_rates
 from .contract_hook import CONTRACT_FILE, contract_status_from_file
@@ -322,8 +323,9 @@ def _engine_rate(run_dir: Path, manifest: Manifest) -> float | None:
     counters, read by the analysis (``engine_busy_output_rate``). Real engines do not expose busy time: None.
     """
     notes = manifest.engine_notes
-    if notes.get("output_tokens_per_busy_s"):
-        return float(notes["output_tokens_per_busy_s"])
+    if notes.get("output_tokens_per_busy_s"):  # a worksheet that recorded the busy time behind it is held to the rule
+        busy = notes.get("busy_s")
+        return float(notes["output_tokens_per_busy_s"]) if busy is None or rate_window_s(busy) else None
     return engine_busy_output_rate(run_dir)
 
 
@@ -392,7 +394,9 @@ def _judge_run(c: Candidate, route: str) -> dict[str, Any]:
             "attainment": o.attainment,
             "peak_output_tok_s": _peak(a, "output_tok_s"),
             "peak_completed_rps": _peak(a, "completed_rps"),
+            "peak_bin_s": (a.timeseries or {}).get("bin_s"),
             "window_s": (a.window or {}).get("duration_s"),
+            "rates_unmeasured": (a.window or {}).get("rates_unmeasured"),
             **whole_run_rates(c.path),
             "output_tok_per_engine_busy_s": _engine_rate(c.path, c.manifest),
         },
@@ -672,13 +676,18 @@ def _budget_step(j: dict[str, Any], max_send_lag_ms: float, stopped: str | None 
         return {"step": "hard budgets", "result": "unmeasured", "why": [w for w in (stopped, lagged) if w] + shown}
     if j["breaches"]:
         return {"step": "hard budgets", "result": "rejected", "why": [b["reason"] for b in j["breaches"]]}
+    if "capacity" not in j and not (j["route_classes"] and sum(j["status_counts"].values())):  # a run, empty
+        why = "no request of the route's classes in the analysis window: nothing to judge"
+        return {"step": "hard budgets", "result": "unmeasured", "why": [why]}
     if j.get("inconclusive"):
         return {"step": "hard budgets", "result": "inconclusive", "why": needed_lines(j["inconclusive"])}
-    return {
-        "step": "hard budgets",
-        "result": "passed",
-        "why": [f"every hard budget of {', '.join(j['route_classes'])} met (95% intervals within the limits)"],
-    }
+    budgeted = any(lim for t in j["tails"].values() for lim in t["limits"].values()) or "capacity" in j
+    why = (
+        f"every hard budget of {', '.join(j['route_classes'])} met (95% intervals within the limits)"
+        if budgeted
+        else f"no budget on {', '.join(j['route_classes'])} (no scenario with budgets): nothing to fail"
+    )
+    return {"step": "hard budgets", "result": "passed", "why": [why]}
 
 
 def _contract_step(c: Candidate) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -756,15 +765,29 @@ def _judge_candidate(
     }
 
 
-def _rank_key(j: dict[str, Any], basis: str | None) -> tuple[int, float, float]:
+def _rank_key(j: dict[str, Any], basis: str | None) -> tuple[int, float, int, float]:
     """Among eligible candidates: budgets shown to pass before inconclusive ones, then the lowest cost per million
-    output tokens, then the highest headline rate."""
+    output tokens, then the highest headline rate; one whose rate is not measured is not ranked on it (after
+    every one that has a rate)."""
     cost = (j.get("cost") or {}).get("per_million_output_tokens")
+    rate = _headline_rate(j["throughput"], basis)[0]
     return (
         0 if j.get("budgets") == "passed" else 1,
         cost if cost is not None else math.inf,
-        -(_headline_rate(j["throughput"], basis)[0] or 0.0),
+        0 if rate is not None else 1,
+        -(rate or 0.0),
     )
+
+
+def _unranked_lines(judged: list[dict[str, Any]], basis: str | None) -> list[str]:
+    """One line per candidate whose headline rate is not measured, saying why it is not ranked on it."""
+    lines = []
+    for j in judged:
+        rate, what = _headline_rate(j["throughput"], basis)
+        if rate is None:
+            why = j["throughput"].get("rates_unmeasured") or "no figure"
+            lines.append(f"{j['label']}: not ranked on throughput: {what} not measured ({why})")
+    return lines
 
 
 def _rejection_line(
@@ -785,17 +808,25 @@ def _rejection_line(
 def _decide(judged: list[dict[str, Any]], route: str, basis: str | None) -> Decision:
     """Choose among the eligible candidates and say why, rejections included."""
     eligible = [j for j in judged if j["verdict"] == "eligible"]
-    headline = max(judged, key=lambda j: _headline_rate(j["throughput"], basis)[0] or 0.0)
+    measured = [j for j in judged if _headline_rate(j["throughput"], basis)[0] is not None] or judged
+    headline = max(measured, key=lambda j: _headline_rate(j["throughput"], basis)[0] or 0.0)
     chosen: dict[str, Any] | None
     if eligible:
         chosen = min(eligible, key=lambda j: _rank_key(j, basis))
+        rate, what = _headline_rate(chosen["throughput"], basis)
         by = (
             "lowest cost per million output tokens"
             if (chosen.get("cost") or {}).get("per_million_output_tokens") is not None
-            else "highest " + _headline_rate(chosen["throughput"], basis)[1]
+            else "highest " + what
+            if rate is not None
+            else f"first place in the order given: none has a measured {what}"
+            if len(eligible) > 1
+            else f"only place: its {what} is not measured"
         )
         meets = (
             "meets every hard budget of "
+            if chosen.get("budgets") == "passed" and "nothing to fail" not in chosen["steps"][0]["why"][0]
+            else "has no budget to fail on "
             if chosen.get("budgets") == "passed"
             else "fails no hard budget conclusively (some are inconclusive, see below) of "
         )
@@ -810,6 +841,7 @@ def _decide(judged: list[dict[str, Any]], route: str, basis: str | None) -> Deci
         chosen = None
         why = [f"no candidate is eligible for {route} routing"]
     why += [_rejection_line(j, route, headline, chosen, basis) for j in judged if j["verdict"] == "rejected"]
+    why += _unranked_lines(judged, basis)
     unsure = [
         Unsure(label=j["label"], why=j["steps"][0]["why"])
         for j in judged
@@ -978,7 +1010,9 @@ def format_comparison(comp: Comparison) -> str:
     tp = [c["throughput"] for c in cands]
     lines.append(row("output tok/s (analysis window)", [_f(t.get("output_tok_s")) for t in tp]))
     lines.append(row("output tok/s (whole run, incl. drain)", [_f(t.get("output_tok_s_whole_run")) for t in tp]))
-    lines.append(row("output tok/s (peak 1 s)", [_f(t.get("peak_output_tok_s")) for t in tp]))
+    bins = {t.get("peak_bin_s") for t in tp if t.get("peak_bin_s") is not None}
+    peak = f"peak {_f(bins.pop(), 3)} s bin" if len(bins) == 1 else "peak time-series bin"
+    lines.append(row(f"output tok/s ({peak})", [_f(t.get("peak_output_tok_s")) for t in tp]))
     lines.append(
         row("output tok per engine-busy s (capacity)", [_f(t.get("output_tok_per_engine_busy_s")) for t in tp])
     )

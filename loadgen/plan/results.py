@@ -86,9 +86,11 @@ class Throughput(ResultModel):
     send_rps: Number | None = None
     goodput_rps: Number | None
     attainment: Number | None = Field(None, description="share 0..1 of counted requests that met every hard budget")
-    peak_output_tok_s: Number | None
+    peak_output_tok_s: Number | None = Field(description="the highest of the analysis' time-series bins (peak_bin_s)")
     peak_completed_rps: Number | None = None
+    peak_bin_s: Number | None = Field(None, description="the width of the time-series bin the peaks are over (s)")
     window_s: Number | None = None
+    rates_unmeasured: str | None = Field(None, description="why the analysis window measures no rate (rates null)")
     output_tok_s_whole_run: Number | None = None
     completed_rps_whole_run: Number | None = None
     whole_run_s: Number | None = None

@@ -302,7 +302,7 @@ def _conform(table: pa.Table, schema: pa.Schema, wanted: list[str], path: Path) 
     try:
         return table.select(wanted).cast(target)
     except (pa.ArrowException, ValueError) as exc:
-        _raise_wrong_type(path, exc)
+        _raise_wrong_type(path, exc, _failing_column(table, target))
 
 
 def read_table(path: Path, schema: pa.Schema, columns: list[str] | None = None) -> pa.Table | None:
@@ -351,10 +351,12 @@ def iter_file_batches(files: list[Path], schema: pa.Schema, batch_size: int) -> 
 def _conform_batch(batch: pa.RecordBatch, schema: pa.Schema, path: Path) -> pa.RecordBatch:
     """``batch`` in ``schema``'s types (a column already of its type is kept as it is)."""
     _refuse_nulls(batch.columns, schema, schema.names, path)
-    try:
-        cols = [col if col.type == field.type else col.cast(field.type) for col, field in zip(batch.columns, schema)]
-    except (pa.ArrowException, ValueError) as exc:
-        _raise_wrong_type(path, exc)
+    cols = []
+    for col, field in zip(batch.columns, schema):
+        try:
+            cols.append(col if col.type == field.type else col.cast(field.type))
+        except (pa.ArrowException, ValueError) as exc:
+            _raise_wrong_type(path, exc, field.name)
     return pa.RecordBatch.from_arrays(cols, schema=schema)
 
 
@@ -371,10 +373,21 @@ def _refuse_nulls(
             )
 
 
-def _raise_wrong_type(path: Path, exc: BaseException) -> NoReturn:
+def _failing_column(table: pa.Table, target: pa.Schema) -> str | None:
+    """The first column of ``table`` that will not cast to its ``target`` type (the error path only)."""
+    for f in target:
+        try:
+            table.column(f.name).cast(f.type)
+        except (pa.ArrowException, ValueError):
+            return f.name
+    return None
+
+
+def _raise_wrong_type(path: Path, exc: BaseException, column: str | None = None) -> NoReturn:
     detail = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+    where = f"{column}: " if column else ""
     raise RunDirError(
-        f"{path}: a column of the wrong type ({detail}): expected the loadgen record schema v{SCHEMA_VERSION}"
+        f"{path}: {where}a column of the wrong type ({detail}): expected the loadgen record schema v{SCHEMA_VERSION}"
     ) from None
 
 

@@ -4,6 +4,8 @@
 behind the analysis' tables, same window and cold-start rule). Repeated runs on either side are pooled. ITL
 (per-token gaps) is shown as a point change only: its gaps are correlated within a request, so an interval
 that treats them as independent would be too narrow and raise false alarms; TPOT carries the decode speed.
+Failed requests are no latency and are in no sample: where a class's share of them differs between the sides, a
+note counts them on each side (a candidate that fails more can read "improved" on the requests that succeeded).
 
 **The interval on a difference** is distribution-free, built from the same order-statistic intervals as every
 other interval loadgen reports (``loadgen.stats.confidence``): each side's quantile gets its interval at level
@@ -39,7 +41,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from loadgen.analysis.samples import class_samples, union
+from loadgen.analysis.samples import RunSamples, class_samples, union
 from loadgen.plan.compare import DEFAULT_VARIABLE, identity_differences, identity_of
 from loadgen.rundir.io import read_run_manifest
 from loadgen.runs.diff_result import DIFF_SCHEMA_VERSION, DiffDocument
@@ -228,6 +230,22 @@ def _stopped_notes(runs: list[Path]) -> list[str]:
     return notes
 
 
+def _failure_notes(classes: list[str], b_runs: list[RunSamples], c_runs: list[RunSamples]) -> list[str]:
+    """A class whose share of failed requests differs between the sides: its quantiles compare ok requests only,
+    so a candidate that fails more can still read 'improved' or 'no change' on latency: say so."""
+    notes = []
+    for c in classes:
+        nb, fb = (sum(r.failures[c][i] for r in b_runs if c in r.failures) for i in (0, 1))
+        nc, fc = (sum(r.failures[c][i] for r in c_runs if c in r.failures) for i in (0, 1))
+        if nb and nc and fb * nc != fc * nb:
+            notes.append(
+                f"{c}: {fc} of {nc} candidate request(s) failed vs {fb} of {nb} base: the rows compare the requests "
+                "that produced tokens (E2E: ok ones) only, failures are no latency; `loadgen analyze` judges the "
+                "error share"
+            )
+    return notes
+
+
 def diff_runs(
     base: Sequence[Path | str],
     candidate: Sequence[Path | str],
@@ -262,6 +280,7 @@ def diff_runs(
             )
         if only:
             notes.append(f"class(es) on one side only, not compared: {', '.join(only)}")
+        notes += _failure_notes(classes, b_runs, c_runs)
         pooled = {
             (c, m): (
                 union([r.sorted[c][m] for r in b_runs if c in r.sorted]),

@@ -16,6 +16,7 @@ from typing import Any
 
 from loadgen.analysis import analyze_run
 from loadgen.analysis.interactive import plotly_html
+from loadgen.analysis.metrics import UNMEASURED_RATE_RULE
 from loadgen.plan.compare import identity_differences, identity_of
 from loadgen.rundir.io import read_run_manifest
 from loadgen.rundir.manifest import Manifest
@@ -117,6 +118,8 @@ def format_pareto(points: list[ParetoPoint], metric: str, request_class: str) ->
         rps = "-" if p.completed_rps is None else f"{p.completed_rps:.2f}"
         lat = "-" if p.latency_p99_ms is None else f"{p.latency_p99_ms:.1f}"
         lines.append(f"  {'*' if p.on_front else ' '} {rps:>9} req/s  {lat:>9} ms  {p.label}  ({p.run_dir})")
+    if any(p.completed_rps is None for p in points):
+        lines.append(f"  - req/s: not on the front, not ranked: {UNMEASURED_RATE_RULE} (loadgen analyze says which)")
     return "\n".join(lines)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.analysis.interactive import plotly_html
+from loadgen.analysis.metrics import UNMEASURED_RATE_RULE
 from loadgen.util.outputfile import write_output_text
 
 from .diff import DiffResult, DiffRow
@@ -96,6 +97,8 @@ def format_run(row: dict[str, Any], classes: list[dict[str, Any]]) -> str:
                 f"E2E p50/p99 {_ms(c['e2e_p50_ms'])}/{_ms(c['e2e_p99_ms'])}  "
                 f"completed {_ms(c['completed_rps'])}/s"
             )
+        if any(c["completed_rps"] is None and c["scheduled"] for c in classes):
+            out.append(f"  completed -/s: {UNMEASURED_RATE_RULE} (loadgen analyze says which)")
     return "\n".join(out)
 
 

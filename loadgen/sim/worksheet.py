@@ -24,6 +24,7 @@ from typing import Any, cast
 import numpy as np
 import pyarrow as pa
 
+from loadgen.analysis.metrics import rate_window_s, tokens_per_s
 from loadgen.rundir.identity import harness_identity, host_identity, sha256_file, utc_now_iso
 from loadgen.rundir.io import RunWriter
 from loadgen.rundir.manifest import Anchor, EngineIdentity, Manifest, TargetRef, TraceRef, WarmState, merge_manifest
@@ -839,7 +840,7 @@ def _engine_notes(engine: Engine, steps: _Steps, chunks: _Chunks, plans: list[Fa
         "busy_s": busy_s,
         "virtual_duration_s": (t_final / _NS) if steps.t else 0.0,
         "output_tokens": out_total,
-        "output_tokens_per_busy_s": (out_total / busy_s) if busy_s else None,
+        "output_tokens_per_busy_s": tokens_per_s(out_total, rate_window_s(busy_s)),
         "prompt_tokens_computed": engine.prompt_tokens_total,
         "preemptions": engine.num_preemptions,
         "prefix_cache_queries": engine.prefix_queries,
@@ -950,7 +951,7 @@ def _fleet_notes(
     if "profile_grid" in notes:
         notes["profile_grid"] = GridCoverage.merge([p["profile_grid"] for p in per])
     busy = notes["busy_s"]
-    notes["output_tokens_per_busy_s"] = notes["output_tokens"] / busy if busy else None
+    notes["output_tokens_per_busy_s"] = tokens_per_s(notes["output_tokens"], rate_window_s(busy))
     notes["replicas"] = len(engines)
     notes["route_policy"] = route_policy
     if isinstance(router, ServerRouter):
