@@ -16,8 +16,14 @@ import pytest
 from result_schemas import SCHEMA_DIR, assert_valid, schema_errors
 
 from loadgen.analysis import ANALYSIS_SCHEMA_VERSION
+from loadgen.calibration.calibrate_result import CALIBRATION_SCHEMA_VERSION
 from loadgen.calibration.fidelity import FIDELITY_SCHEMA_VERSION
 from loadgen.cli.schema_cmd import RESULT_NAMES
+from loadgen.handoff.result import (
+    HANDOFF_BUNDLE_SCHEMA_VERSION,
+    HANDOFF_RERUN_SCHEMA_VERSION,
+    HANDOFF_VERIFY_SCHEMA_VERSION,
+)
 from loadgen.ledger.result import LEDGER_SCHEMA_VERSION, RECONCILIATION_SCHEMA_VERSION
 from loadgen.managed_result import MANAGED_COMPARISON_SCHEMA_VERSION
 from loadgen.plan.results import COMPARISON_SCHEMA_VERSION, FLEET_SCHEMA_VERSION, REGION_SCHEMA_VERSION
@@ -41,6 +47,10 @@ VERSIONS = {
     "trace-stats": TRACE_STATS_SCHEMA_VERSION,
     "runs-list": RUN_LIST_SCHEMA_VERSION,
     "runs-show": RUN_SHOW_SCHEMA_VERSION,
+    "calibration": CALIBRATION_SCHEMA_VERSION,
+    "handoff-build": HANDOFF_BUNDLE_SCHEMA_VERSION,
+    "handoff-rerun": HANDOFF_RERUN_SCHEMA_VERSION,
+    "handoff-verify": HANDOFF_VERIFY_SCHEMA_VERSION,
 }
 
 

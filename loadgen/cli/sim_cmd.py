@@ -117,7 +117,7 @@ def _register_calibrate(s: argparse._SubParsersAction) -> None:
         help="measure at once; by default the engine's step sizes are swept first (prompt lengths 1..64, then every "
         "8th up to its token budget), so a fresh engine's one-time per-shape costs land in no measurement",
     )
-    cal.add_argument("--json", action="store_true", help="print the fit as JSON")
+    flags.writes_json(cal.add_argument("--json", action="store_true", help="print the fit as JSON"), "calibration")
     cal.set_defaults(func=_calibrate)
 
 
@@ -214,14 +214,17 @@ def _register_validate(s: argparse._SubParsersAction) -> None:
         default=None,
         help="prompt tokenizer spec, as for loadgen run (default: cl100k_base; --vllm: its own)",
     )
-    val.add_argument(
-        "--json",
-        nargs="?",
-        const="-",
-        default=None,
-        metavar="FILE",
-        type=flags.output_file,
-        help="print JSON (or, with FILE, write it there)",
+    flags.writes_json(
+        val.add_argument(
+            "--json",
+            nargs="?",
+            const="-",
+            default=None,
+            metavar="FILE",
+            type=flags.output_file,
+            help="print JSON (or, with FILE, write it there)",
+        ),
+        "fidelity",
     )
     val.set_defaults(func=_validate)
 
@@ -367,13 +370,9 @@ def _calibrate(args: argparse.Namespace) -> int:
             )
     runtime_gib = load_engine_config(path).measured_runtime_gib()
     if args.json:
-        summary = {
-            "engine_toml": str(path),
-            "fit": fit.to_dict(),
-            "limits": limits.to_dict(),
-            "runtime_gib": runtime_gib,
-        }
-        print(json.dumps(summary, default=str))
+        from ..calibration.calibrate_result import calibration_result  # deferred: as above
+
+        print(json.dumps(calibration_result(path, fit, limits, runtime_gib).document()))  # schema: calibration
         return 0
     print(f"{path}: calibrated from {fit.observations} observations (limits: {limits.sources})")
     for term, value in fit.terms.items():
