@@ -33,6 +33,8 @@ RESULT_NAMES = (
     "handoff-build",
     "handoff-rerun",
     "handoff-verify",
+    "practice",
+    "contract",
 )
 
 
@@ -53,10 +55,12 @@ def result_schema(name: str) -> dict[str, Any]:
     from ..analysis.result import AnalysisResult  # deferred: as above
     from ..calibration import calibrate_result  # deferred: as above
     from ..calibration.fidelity import FIDELITY_SCHEMA_VERSION, FidelityTable  # deferred: as above
+    from ..contract.result import CONTRACT_SCHEMA_VERSION, ContractDocument  # deferred: as above
     from ..handoff import result as handoff_result  # deferred: as above
     from ..ledger import result as ledger_result  # deferred: as above
     from ..managed_result import MANAGED_COMPARISON_SCHEMA_VERSION, ManagedComparisonResult  # deferred: as above
     from ..plan import results  # deferred: as above
+    from ..practice_result import PRACTICE_SCHEMA_VERSION, PracticeDecision  # deferred: as above
     from ..runs import catalog_result  # deferred: as above
     from ..runs.diff_result import DIFF_SCHEMA_VERSION, DiffDocument  # deferred: as above
     from ..trace import stats_result  # deferred: as above
@@ -126,6 +130,16 @@ def result_schema(name: str) -> dict[str, Any]:
             handoff_result.VerifyDocument,
             handoff_result.HANDOFF_VERIFY_SCHEMA_VERSION,
             "loadgen handoff verify BUNDLE --json: the bundle against its SHA256SUMS",
+        ),
+        "practice": (
+            PracticeDecision,
+            PRACTICE_SCHEMA_VERSION,
+            "loadgen practice: decision.json (and practice --json): the workload, ledgers, comparison and decision",
+        ),
+        "contract": (
+            ContractDocument,
+            CONTRACT_SCHEMA_VERSION,
+            "a run's contract.json (and loadgen contract replay --out F): each behaviour case passed or not",
         ),
     }
     model, version, description = table[name]
