@@ -18,6 +18,7 @@ from result_schemas import SCHEMA_DIR, assert_valid, schema_errors
 from loadgen.analysis import ANALYSIS_SCHEMA_VERSION
 from loadgen.calibration.calibrate_result import CALIBRATION_SCHEMA_VERSION
 from loadgen.calibration.fidelity import FIDELITY_SCHEMA_VERSION
+from loadgen.calibration.offline_result import MEASURED_VALIDATION_SCHEMA_VERSION
 from loadgen.cli.schema_cmd import RESULT_NAMES
 from loadgen.contract.result import CONTRACT_SCHEMA_VERSION
 from loadgen.handoff.result import (
@@ -55,6 +56,7 @@ VERSIONS = {
     "handoff-verify": HANDOFF_VERIFY_SCHEMA_VERSION,
     "practice": PRACTICE_SCHEMA_VERSION,
     "contract": CONTRACT_SCHEMA_VERSION,
+    "validation-measured": MEASURED_VALIDATION_SCHEMA_VERSION,
 }
 
 

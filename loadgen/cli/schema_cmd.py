@@ -35,6 +35,7 @@ RESULT_NAMES = (
     "handoff-verify",
     "practice",
     "contract",
+    "validation-measured",
 )
 
 
@@ -53,7 +54,7 @@ def result_schema(name: str) -> dict[str, Any]:
 
     from ..analysis.model import ANALYSIS_SCHEMA_VERSION  # deferred: `loadgen --help` loads no library code
     from ..analysis.result import AnalysisResult  # deferred: as above
-    from ..calibration import calibrate_result  # deferred: as above
+    from ..calibration import calibrate_result, offline_result  # deferred: as above
     from ..calibration.fidelity import FIDELITY_SCHEMA_VERSION, FidelityTable  # deferred: as above
     from ..contract.result import CONTRACT_SCHEMA_VERSION, ContractDocument  # deferred: as above
     from ..handoff import result as handoff_result  # deferred: as above
@@ -140,6 +141,11 @@ def result_schema(name: str) -> dict[str, Any]:
             ContractDocument,
             CONTRACT_SCHEMA_VERSION,
             "a run's contract.json (and loadgen contract replay --out F): each behaviour case passed or not",
+        ),
+        "validation-measured": (
+            offline_result.MeasuredValidation,
+            offline_result.MEASURED_VALIDATION_SCHEMA_VERSION,
+            "loadgen sim validate --measured RUN... --json: an engine's replay beside imported real-vLLM runs",
         ),
     }
     model, version, description = table[name]

@@ -225,6 +225,7 @@ def _register_validate(s: argparse._SubParsersAction) -> None:
             help="print JSON (or, with FILE, write it there)",
         ),
         "fidelity",
+        "validation-measured",
     )
     val.set_defaults(func=_validate)
 
@@ -452,6 +453,7 @@ def _validate_measured(args: argparse.Namespace) -> int:
     """``sim validate --measured RUN_DIR... --engine ENGINE.toml``: offline, against imported runs."""
     from ..calibration.offline import record_validated_error, validate_measured  # deferred: light --help
     from ..calibration.offline_report import format_offline, offline_html  # deferred: light --help
+    from ..calibration.offline_result import MeasuredValidation  # deferred: light --help
 
     result = validate_measured([Path(p) for p in args.measured], args.engine, anchor=args.arrivals)
     if args.sensitivity:
@@ -461,7 +463,8 @@ def _validate_measured(args: argparse.Namespace) -> int:
     engine_path = Path(args.engine)
     if args.record and engine_path.is_file():
         result["recorded"] = record_validated_error(engine_path, result)
-    _json_or_table(args.json, json.dumps(result, default=str, indent=1), format_offline(result))
+    document = MeasuredValidation.from_document(result).document()  # the published schema: validation-measured
+    _json_or_table(args.json, json.dumps(document, indent=1), format_offline(result))
     if args.html:
         write_output_text(args.html, offline_html(result))
     if result.get("recorded"):
