@@ -52,7 +52,7 @@ from .plan.compare import Comparison, check_send_lag_bound, compare_candidates, 
 from .plan.contract_hook import CONTRACT_FILE, replay_contract
 from .plan.prices import load_prices
 from .practice_ledger import candidate_ledgers
-from .practice_result import PracticeDecision
+from .practice_result import PRACTICE_SCHEMA_VERSION, PracticeDecision
 from .sim import EngineConfig, load_engine_config
 from .targets import RunRequest, SimServerTarget, Target, UrlTarget, VllmTarget
 from .trace.generate import generate_trace_file
@@ -430,7 +430,7 @@ def _decision(
     cdict = comparison.to_dict()
     return {
         "kind": "loadgen.practice",
-        "version": 1,
+        "version": PRACTICE_SCHEMA_VERSION,
         "question": QUESTION,
         "out_dir": str(out_dir),
         "wall_s": wall_s,

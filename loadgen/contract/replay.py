@@ -38,7 +38,7 @@ from ..util.targeturl import split_target_url
 from .cases import Case, CaseSet
 from .checks import CheckOutcome, Observed, run_checks
 from .responder import CASE_HEADER
-from .result import ContractDocument
+from .result import CONTRACT_SCHEMA_VERSION, ContractDocument
 
 __all__ = [
     "ANSWER_MAX_BYTES",
@@ -211,7 +211,7 @@ class ContractResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": "loadgen.contract_result",
-            "version": 1,
+            "version": CONTRACT_SCHEMA_VERSION,
             "passed": self.passed,
             "mode": self.mode,
             "n_cases": len(self.cases),
