@@ -159,6 +159,12 @@ def _refused_when_broken(analysis: dict, decision: dict, region: dict) -> None:
     assert any("'verdict' is a required property" in e for e in schema_errors("analysis", analysis))
     decision["candidates"][0]["surprise"] = 1
     assert any("surprise" in e for e in schema_errors("decision", decision))
+    tails = decision["candidates"][0]["tails"]  # typed: a class's tails, its contract status
+    next(iter(tails.values()))["ttft_ms"]["p99"] = "slow"
+    decision["candidates"][0]["contract"]["status"] = "fine"
+    errors = schema_errors("decision", decision)
+    assert any(e.startswith("candidates/0/tails/") and "/ttft_ms/p99" in e for e in errors), errors
+    assert any(e.startswith("candidates/0/contract/status") for e in errors), errors
     region["classes"]["short-message"]["warm"]["cells"][0]["concurrency"] = "eight"
     assert any(e.startswith("classes/short-message/warm/cells/0/concurrency") for e in schema_errors("region", region))
 
