@@ -165,7 +165,7 @@ class ChangeControls(ResultModel):
 class ServerMetrics(ResultModel):
     """The local engine's /metrics summaries (per-scrape series stay in the run directory)."""
 
-    server_metrics: dict[str, Any]
+    server_metrics: dict[str, Any]  # open: one summary per metric family the engine exported, engine-defined
 
 
 class ManagedSide(ResultModel):

@@ -52,6 +52,7 @@ from .plan.compare import Comparison, check_send_lag_bound, compare_candidates, 
 from .plan.contract_hook import CONTRACT_FILE, replay_contract
 from .plan.prices import load_prices
 from .practice_ledger import candidate_ledgers
+from .practice_result import PRACTICE_SCHEMA_VERSION, PracticeDecision
 from .sim import EngineConfig, load_engine_config
 from .targets import RunRequest, SimServerTarget, Target, UrlTarget, VllmTarget
 from .trace.generate import generate_trace_file
@@ -326,7 +327,8 @@ def run_practice(
     decision = _decision(practice, comparison, run_dirs, ledger_data, configs, round(time.monotonic() - t0, 1))
     if prediction is not None:
         decision["prediction"] = prediction
-    write_output_text(practice.out_dir / "decision.json", json.dumps(decision, indent=2, default=str) + "\n")
+    decision = PracticeDecision.from_document(decision).document()  # every key named by the published schema
+    write_output_text(practice.out_dir / "decision.json", json.dumps(decision, indent=2) + "\n")
     return PracticeResult(practice.out_dir, decision, comparison, ledgers, run_dirs)
 
 
@@ -428,7 +430,7 @@ def _decision(
     cdict = comparison.to_dict()
     return {
         "kind": "loadgen.practice",
-        "version": 1,
+        "version": PRACTICE_SCHEMA_VERSION,
         "question": QUESTION,
         "out_dir": str(out_dir),
         "wall_s": wall_s,
@@ -557,7 +559,7 @@ def _run_vllm(
             scen,
         )
         ledgers[label] = format_ledger(ledger)
-        ledger_data[label] = {"model_config": str(model_dir / "config.json"), **ledger.to_dict()}
+        ledger_data[label] = ledger.result().document() | {"model_config": str(model_dir / "config.json")}
     run_dirs: dict[str, Path] = {}
     limits: dict[str, EngineLimits | str] = {}
     # an engine on the client's own cores makes the client fall behind by construction (a CPU vLLM on 2 shared

@@ -85,7 +85,7 @@ def candidate_ledgers(
         ledger = compute_ledger(model, budget.settings, scenario)
         pool = _pool_line(cfg, ledger, budget)
         texts[cfg.name] = "\n".join([f"KV budget: {budget.source}", format_ledger(ledger), pool])
-        data[cfg.name] = {
+        data[cfg.name] = ledger.result().document() | {  # the published ledger, then what the practice adds
             "model_config": str(path),
             "engine_label": cfg.calibration_label(),
             "kv_budget_source": budget.source,
@@ -94,6 +94,5 @@ def candidate_ledgers(
             "engine_kv_blocks": cfg.num_kv_blocks,
             "engine_pool": pool,
             "kv_cache_gib": (ledger.kv_cache_blocks or 0) * ledger.kv.bytes_per_block / GIB,
-            **ledger.to_dict(),
         }
     return texts, data

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from result_schemas import assert_valid
 
 from loadgen.contract import diff, load_cases, read_contract, replay_cases_sync, respond_full
 from loadgen.util.errors import TargetError
@@ -191,6 +192,7 @@ def test_cli_replay_writes_result_and_exit_codes(tmp_path: Path) -> None:
         )
     assert ok.returncode == 0, ok.stderr
     assert "contract PASSED: 8/8" in ok.stdout and read_contract(ref).passed
+    assert_valid("contract", json.loads(ref.read_text()))  # `loadgen schema contract`
     with responder_server({"drift": {"target-capital": "Lyon is the capital."}}) as (url, _):
         out = tmp_path / "cand.json"
         bad = subprocess.run(
@@ -216,6 +218,9 @@ def test_cli_replay_writes_result_and_exit_codes(tmp_path: Path) -> None:
         )
     assert bad.returncode == 1
     assert "FAIL  target-capital" in bad.stdout and "DIFF  target-capital: regressed" in bad.stdout
+    candidate = json.loads(out.read_text())
+    assert_valid("contract", candidate)  # with its failures and the reference diff
+    assert candidate["failures"] and candidate["reference_diff"]["rejects"] is True
     res = subprocess.run(
         [sys.executable, "-m", "loadgen", "contract", "diff", str(out), str(ref)],
         capture_output=True,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from result_schemas import assert_valid, schema_errors
 
 from loadgen.analysis import analyze_run
 from loadgen.handoff import build_bundle, rerun_bundle, toml_dumps, verify_bundle
@@ -466,3 +467,35 @@ def test_rerun_of_a_summed_but_damaged_runtime_json_is_one_line(
     res = cli("handoff", "rerun", str(copy), "--out", str(tmp_path / "rerun"))
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
     assert f"{copy / expected}" in res.stderr and not (tmp_path / "rerun").exists()
+
+
+def _cli_ok(*args: str, cwd: Path, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess[str]:
+    res = cli(*args, cwd=cwd)
+    assert res.returncode in ok, res.stderr[-2000:]
+    return res
+
+
+@pytest.mark.slow  # ~15 s: a bundle and two worksheet reruns, each through the CLI
+def test_handoff_json_outputs_validate(tmp_path: Path, failing_run: Path) -> None:
+    """`handoff RUN --json`, `handoff verify --json` (a good bundle and a damaged one) and `handoff rerun --json`
+    (plain and with the experiment applied) conform to handoff-build, handoff-verify and handoff-rerun."""
+    build = json.loads(_cli_ok("handoff", str(failing_run), "--out", "b", "--json", cwd=tmp_path).stdout)
+    assert_valid("handoff-build", build)
+    assert build["failures"] and build["experiment"]["variable"] and build["run_dir"] == str(failing_run)
+    verify = json.loads(_cli_ok("handoff", "verify", "b", "--json", cwd=tmp_path).stdout)
+    assert_valid("handoff-verify", verify)
+    assert verify["ok"] and verify["files_checked"] > 0 and verify["problems"] == []
+    shutil.copytree(tmp_path / "b", tmp_path / "bad")
+    (tmp_path / "bad" / "README.md").write_text("changed\n")
+    bad = _cli_ok("handoff", "verify", "bad", "--json", cwd=tmp_path, ok=(1,))
+    damaged = json.loads(bad.stdout)  # exit 1, and the JSON still says why
+    assert_valid("handoff-verify", damaged)
+    assert not damaged["ok"] and damaged["problems"][0].startswith("README.md")
+    for extra in ((), ("--experiment",)):
+        out = f"rerun{len(extra)}"
+        rerun = json.loads(_cli_ok("handoff", "rerun", "b", "--out", out, *extra, "--json", cwd=tmp_path).stdout)
+        assert_valid("handoff-rerun", rerun)
+        assert rerun["checks"] and rerun["run_dir"] == out
+        assert (rerun["experiment_applied"] is not None) == bool(extra)
+    rerun["checks"][0]["rerun_observed"] = "fast"
+    assert any(e.startswith("checks/0/rerun_observed") for e in schema_errors("handoff-rerun", rerun))

@@ -16,11 +16,20 @@ import pytest
 from result_schemas import SCHEMA_DIR, assert_valid, schema_errors
 
 from loadgen.analysis import ANALYSIS_SCHEMA_VERSION
+from loadgen.calibration.calibrate_result import CALIBRATION_SCHEMA_VERSION
 from loadgen.calibration.fidelity import FIDELITY_SCHEMA_VERSION
+from loadgen.calibration.offline_result import MEASURED_VALIDATION_SCHEMA_VERSION
 from loadgen.cli.schema_cmd import RESULT_NAMES
+from loadgen.contract.result import CONTRACT_SCHEMA_VERSION
+from loadgen.handoff.result import (
+    HANDOFF_BUNDLE_SCHEMA_VERSION,
+    HANDOFF_RERUN_SCHEMA_VERSION,
+    HANDOFF_VERIFY_SCHEMA_VERSION,
+)
 from loadgen.ledger.result import LEDGER_SCHEMA_VERSION, RECONCILIATION_SCHEMA_VERSION
 from loadgen.managed_result import MANAGED_COMPARISON_SCHEMA_VERSION
 from loadgen.plan.results import COMPARISON_SCHEMA_VERSION, FLEET_SCHEMA_VERSION, REGION_SCHEMA_VERSION
+from loadgen.practice_result import PRACTICE_SCHEMA_VERSION
 from loadgen.runs.catalog_result import RUN_LIST_SCHEMA_VERSION, RUN_SHOW_SCHEMA_VERSION
 from loadgen.runs.diff_result import DIFF_SCHEMA_VERSION
 from loadgen.targets import launch_sim_server
@@ -41,6 +50,13 @@ VERSIONS = {
     "trace-stats": TRACE_STATS_SCHEMA_VERSION,
     "runs-list": RUN_LIST_SCHEMA_VERSION,
     "runs-show": RUN_SHOW_SCHEMA_VERSION,
+    "calibration": CALIBRATION_SCHEMA_VERSION,
+    "handoff-build": HANDOFF_BUNDLE_SCHEMA_VERSION,
+    "handoff-rerun": HANDOFF_RERUN_SCHEMA_VERSION,
+    "handoff-verify": HANDOFF_VERIFY_SCHEMA_VERSION,
+    "practice": PRACTICE_SCHEMA_VERSION,
+    "contract": CONTRACT_SCHEMA_VERSION,
+    "validation-measured": MEASURED_VALIDATION_SCHEMA_VERSION,
 }
 
 
@@ -143,6 +159,12 @@ def _refused_when_broken(analysis: dict, decision: dict, region: dict) -> None:
     assert any("'verdict' is a required property" in e for e in schema_errors("analysis", analysis))
     decision["candidates"][0]["surprise"] = 1
     assert any("surprise" in e for e in schema_errors("decision", decision))
+    tails = decision["candidates"][0]["tails"]  # typed: a class's tails, its contract status
+    next(iter(tails.values()))["ttft_ms"]["p99"] = "slow"
+    decision["candidates"][0]["contract"]["status"] = "fine"
+    errors = schema_errors("decision", decision)
+    assert any(e.startswith("candidates/0/tails/") and "/ttft_ms/p99" in e for e in errors), errors
+    assert any(e.startswith("candidates/0/contract/status") for e in errors), errors
     region["classes"]["short-message"]["warm"]["cells"][0]["concurrency"] = "eight"
     assert any(e.startswith("classes/short-message/warm/cells/0/concurrency") for e in schema_errors("region", region))
 
@@ -151,8 +173,10 @@ def _refused_when_broken(analysis: dict, decision: dict, region: dict) -> None:
 def test_practice_and_sim_validate_outputs_validate(tmp_path: Path) -> None:
     """Both on live simulated engines on loopback: practice's decision.json (its comparison and decision) and
     sim validate's fidelity.json."""
-    _cli("practice", "--out", str(tmp_path / "practice"), "--window-s", "10")
+    printed = _cli("practice", "--out", str(tmp_path / "practice"), "--window-s", "10", "--json").stdout
     practice = json.loads((tmp_path / "practice" / "decision.json").read_text())
+    assert json.loads(printed) == practice
+    assert_valid("practice", practice)  # the whole file: workload, ledgers, comparison, decision, owners
     assert_valid("decision", practice["comparison"])
     assert practice["decision"] == practice["comparison"]["decision"]
     with launch_sim_server("instant") as sim:

@@ -115,6 +115,8 @@ def test_calibrate_recovers_known_sim_engine(sim_server, tmp_path):
     res = _cli("sim", "calibrate", "--target", sim.base_url, "--out", str(out), "--json")
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)
+    assert_valid("calibration", report)  # `loadgen schema calibration`
+    assert report["limits"]["identity"]["engine"] == "loadgen-sim" and report["engine_toml"] == str(out)
     terms = report["fit"]["terms"]
     for name, want in TRUTH.items():
         assert terms[name] == pytest.approx(want, rel=TOLERANCE), (name, terms)
@@ -135,7 +137,9 @@ def test_calibrate_recovers_known_sim_engine(sim_server, tmp_path):
     runs = sorted(str(p) for p in (tmp_path / "fitted.calibration-runs").iterdir() if p.is_dir())
     again = _cli("sim", "calibrate", "--from", *runs, "--out", str(tmp_path / "refit.toml"), "--json")
     assert again.returncode == 0, again.stderr
-    assert json.loads(again.stdout)["fit"]["terms"] == pytest.approx(terms)
+    refit = json.loads(again.stdout)
+    assert_valid("calibration", refit)  # the limits as the runs recorded them
+    assert refit["fit"]["terms"] == pytest.approx(terms)
 
 
 def test_request_overhead_is_on_the_engine_cpu_only_for_an_engine_on_one_cpu():

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from result_schemas import assert_valid
 from shared_paths import shared_trace
 
 from loadgen.calibration.llmservingsim import import_llmservingsim_run
@@ -86,6 +87,7 @@ def test_cli_end_to_end_on_the_shared_runs(tmp_path, runs):
     )
     assert res.returncode == 0, res.stderr
     result = json.loads((tmp_path / "v.json").read_text())
+    assert_valid("validation-measured", result)  # `loadgen schema validation-measured`
     assert [r["name"] for r in result["runs"]] == [p.name for p in runs]
     assert result["anchor"]["name"] == "workload" and "arrivals: workload" in res.stdout
     for run, got in zip(RUNS, result["runs"], strict=True):
@@ -330,7 +332,9 @@ def test_sensitivity_replays_the_pool_and_the_balancer_timing(runs):
     cmd += ["--engine", str(ENGINES / "rtx4090-llama-3.1-8b-tp1.toml"), "--no-record", "--json", "-"]
     res = subprocess.run([*cmd, "--sensitivity"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    (rtx,) = json.loads(res.stdout)["runs"]
+    printed = json.loads(res.stdout)
+    assert_valid("validation-measured", printed)  # with each run's sensitivity
+    (rtx,) = printed["runs"]
     (pool,) = rtx["sensitivity"]
     assert pool["settings"] == list(range(2584, 2593))
     assert pool["worst_abs_pct"][4] == pytest.approx(abs(rtx["worst"]["signed_pct"]))

@@ -52,7 +52,7 @@ class RunState(ResultModel):
     not_due: int = 0
     last_flush_utc: str | None = None
     last_flush_s: Number | None = None
-    recovery: dict[str, Any] | None = None
+    recovery: dict[str, Any] | None = None  # open: the run reader's recovered view (rundir.io), as the manifest's
     no_row: NoRow | None = None
     summary: str | None = Field(None, description="one line on how a run that did not complete normally ended")
 
@@ -63,7 +63,7 @@ class RunTarget(ResultModel):
     kind: str
     base_url: str | None
     model: str | None
-    version: Any
+    version: Any  # open: the target's own GET /version body, whatever the server answered
 
 
 class RunInfo(ResultModel):
@@ -81,6 +81,7 @@ class RunInfo(ResultModel):
     harness_version: str | None
     model_executed: bool | None = Field(alias="modelExecuted")
     benchmark_executed: bool | None = Field(alias="benchmarkExecuted")
+    # open: an imported run's manifest sections, each importer's own (which instants it synthesized; its files)
     synthesized: dict[str, Any] | None
     source: dict[str, Any] | None
     requests: int
@@ -280,6 +281,7 @@ class AnalysisResult(ResultModel):
     classes: dict[str, GroupResult]
     rates_meaningful: bool
     stability: Stability
+    # open (docs/results.md): their layout depends on the run: the engine's /metrics families, its replicas
     warm_cold: dict[str, Any]
     server: dict[str, Any] | None
     replicas: dict[str, Any] | None

@@ -13,6 +13,8 @@ from pydantic import Field
 
 from loadgen.util.resultmodel import Number, ResultModel
 
+from .calibrate_result import EngineLimitsResult
+
 __all__ = ["FIDELITY_SCHEMA_VERSION", "FidelityRow", "FidelitySummary", "FidelityTable", "GoalCheck"]
 
 #: The fidelity table's schema version.
@@ -80,6 +82,71 @@ class AnchoredFit(ResultModel):
     goal: GoalCheck
 
 
+class ShapeWarmup(ResultModel):
+    """The engine's step sizes swept before anything was measured (``vllm.warmup.ShapeWarmup``)."""
+
+    skipped: str | None = Field(None, description="why nothing was swept (present only then)")
+    lengths: int = Field(description="prompt lengths sent (a count)")
+    largest_tokens: int
+    seconds: Number = Field(description="the sweep's wall time, s")
+    dense_up_to: int = Field(description="every prompt length up to this many tokens was sent")
+    stride_tokens: int = Field(description="above dense_up_to, every this many tokens")
+
+
+class Anchor(ResultModel):
+    """This launch's measured speed against the calibration's (``anchor.Anchor``): factors are ratios."""
+
+    step_factor: Number = Field(description="measured / calibrated decode step time (a ratio)")
+    prefill_factor: Number = Field(description="measured / calibrated prefill time (a ratio)")
+    step_terms: list[str]
+    prefill_terms: list[str]
+    observations: int = Field(description="observations the factors were fitted to (a count)")
+    run_dirs: list[str]
+
+
+class MemoryCheck(ResultModel):
+    """The engine's measured peak memory against the ledger's total."""
+
+    ledger_total_bytes: int
+    measured_peak_bytes: int
+    peak_basis: str | None = Field(description="what the peak was read from")
+    runtime_gib: Number | None = Field(description="the ledger's runtime line, GiB, as the calibration measured it")
+    runtime_source: str = Field(description="calibration or ledger default")
+    error_pct: Number | None = Field(description="(ledger - measured) / measured, %")
+    samples: int | None = Field(description="memory samples the peak is of (a count)")
+
+
+class BoundaryLine(ResultModel):
+    """One class x state x concurrency line of the plan: the boundary measured and predicted, steps apart."""
+
+    request_class: str
+    state: str
+    concurrency: int
+    measured_index: int = Field(description="index into rate_steps of the highest inside step (-1: none)")
+    measured_rate_step: Number | None = Field(description="in the unit of the plan's rate_steps")
+    measured_limiting: str | None
+    measured_line_status: str | None
+    predicted_index: int = Field(description="index into rate_steps of the highest inside step (-1: none)")
+    predicted_rate_step: Number | None = Field(description="in the unit of the plan's rate_steps")
+    predicted_limiting: str | None
+    steps_apart: int = Field(description="rate steps between the two boundaries (a count)")
+    within: bool
+
+
+class PlanBoundary(ResultModel):
+    """``--plan``: the same plan on the live engine and on the worksheet, boundary against boundary."""
+
+    plan: str
+    rate_steps: list[Number] | None = Field(description="the plan's rate steps (requests/s or trace-rate multiples)")
+    measured_dir: str
+    worksheet_dir: str
+    measured_status: str | None
+    lines: list[BoundaryLine]
+    max_steps_apart: int | None = Field(description="the widest gap over the lines, rate steps (null: no line)")
+    criterion_steps: int = Field(description="the most rate steps apart a line may be")
+    all_within: bool
+
+
 class FidelityTable(ResultModel):
     """The held-out check of an engine TOML against a target (``fidelity.json``)."""
 
@@ -87,16 +154,16 @@ class FidelityTable(ResultModel):
     engine_label: str
     target: str
     runs: dict[str, dict[str, str]] = Field(description="trace -> measured / worksheet run directories")
-    target_limits: dict[str, Any] = Field(description="the target's scheduler limits, read from the engine")
+    target_limits: EngineLimitsResult = Field(description="the target's scheduler limits, read from the engine")
     warmup: str | None
-    shape_warmup: dict[str, Any]
+    shape_warmup: ShapeWarmup
     rows: list[FidelityRow]
     summary: FidelitySummary
     repeatability: list[FidelityRow] | None
     repeatability_summary: FidelitySummary | None
     goal: GoalCheck
-    anchor: dict[str, Any] | None
+    anchor: Anchor | None
     anchored: AnchoredFit | None
     max_send_lag_ms: Number
-    memory: dict[str, Any] | None
-    plan_boundary: dict[str, Any] | None
+    memory: MemoryCheck | None
+    plan_boundary: PlanBoundary | None

@@ -22,8 +22,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("analyze", help="analyse a run directory: per-class tails, budgets, stability, reports")
     p.add_argument("run_dir", help="run directory (measured, simulated or imported)")
     p.add_argument("--scenario", help="scenario TOML with the budgets (default: the one in the manifest)")
-    p.add_argument(
-        "--json", metavar="FILE", type=flags.output_file, help="write every number as JSON (with schema_version)"
+    flags.writes_json(
+        p.add_argument(
+            "--json", metavar="FILE", type=flags.output_file, help="write every number as JSON (with schema_version)"
+        ),
+        "analysis",
     )
     p.add_argument(
         "--html", metavar="FILE", type=flags.output_file, help="write a self-contained HTML report with plots"

@@ -25,8 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="a candidate whose client send-lag p99 exceeds this is unmeasured, its budgets not judged (default 50)",
     )
-    p.add_argument("--json", action="store_true", help="print the comparison JSON")
-    p.add_argument("--out", type=flags.output_file, help="also write the comparison JSON to this file")
+    flags.writes_json(p.add_argument("--json", action="store_true", help="print the comparison JSON"), "decision")
+    flags.writes_json(
+        p.add_argument("--out", type=flags.output_file, help="also write the comparison JSON to this file"), "decision"
+    )
     p.set_defaults(func=_compare)
 
 

@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _target_args(rep)
     rep.add_argument("--reference", help="the reference candidate's result (contract.json) to diff against")
     rep.add_argument("--concurrency", type=flags.count(), default=1, help="cases in flight at once (default 1)")
-    rep.add_argument("--out", type=flags.output_file, help="write the result JSON here")
+    flags.writes_json(rep.add_argument("--out", type=flags.output_file, help="write the result JSON here"), "contract")
     rep.set_defaults(func=_replay)
 
     load = s.add_parser("under-load", help="run a trace with the driver and replay the cases during it")

@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=("regression", "inconclusive"),
         help=f"exit {FAIL_EXIT} when the verdict is regressed (or, with inconclusive, regressed or inconclusive)",
     )
-    p.add_argument("--json", type=flags.output_file, help="write the diff JSON to this file")
+    flags.writes_json(p.add_argument("--json", type=flags.output_file, help="write the diff JSON to this file"), "diff")
     p.add_argument(
         "--html", type=flags.output_file, help="write the diff report (overlaid CDFs, intervals) to this HTML file"
     )

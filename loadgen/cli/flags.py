@@ -17,6 +17,7 @@ from loadgen.util.redact import redact_url
 
 __all__ = [
     "DURATION",
+    "JSON_SCHEMAS",
     "ROUTE_HELP",
     "MAX_OFFSET_S",
     "api_key_env",
@@ -31,6 +32,7 @@ __all__ = [
     "seed",
     "send_lag_ms",
     "target_url",
+    "writes_json",
 ]
 
 
@@ -128,6 +130,18 @@ def output_file(text: str) -> str:
     if text != "-" and Path(text).is_dir():  # refused now, not after the work whose result it was to hold
         raise argparse.ArgumentTypeError(f"{text}: is a directory, expected a file to write")
     return text
+
+
+#: The attribute of an option that writes JSON: the published results (``loadgen schema NAME``) it writes.
+JSON_SCHEMAS = "result_schemas"
+
+
+def writes_json(action: argparse.Action, *schemas: str) -> argparse.Action:
+    """Mark ``action`` (an option that prints or writes JSON) with the published results it writes, and name
+    them in its help; a test walks the parser and refuses a JSON option without one."""
+    setattr(action, JSON_SCHEMAS, schemas)
+    action.help = f"{action.help or 'JSON'} (schema: loadgen schema {'|'.join(schemas)})"
+    return action
 
 
 def header(text: str) -> tuple[str, str]:

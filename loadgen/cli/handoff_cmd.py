@@ -36,7 +36,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--api-key-env", type=flags.api_key_env, help="rerun: NAME of the environment variable holding the API key"
     )
     p.add_argument("--experiment", action="store_true", help="rerun: apply the proposed one-variable change (sim only)")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    flags.writes_json(
+        p.add_argument("--json", action="store_true", help="print JSON"),
+        "handoff-build",
+        "handoff-rerun",
+        "handoff-verify",
+    )
     p.set_defaults(func=_dispatch)
 
 
@@ -57,22 +62,11 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def _build(source: str, args: argparse.Namespace) -> int:
     from ..handoff import build_bundle  # deferred: `loadgen --help` loads no library code
+    from ..handoff.result import bundle_result  # deferred: as above
 
     info = build_bundle(source, args.out)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "bundle": str(info.bundle_dir),
-                    "tarball": str(info.tarball),
-                    "run_dir": str(info.run_dir),
-                    "failures": info.failures,
-                    "experiment": info.experiment,
-                },
-                indent=2,
-                default=str,
-            )
-        )
+        print(json.dumps(bundle_result(info).document(), indent=2))  # the published schema: handoff-build
         return 0
     print(f"bundle: {info.bundle_dir} ({len(info.files)} files) and {info.tarball}")
     print(f"from run: {info.run_dir}")
@@ -90,8 +84,12 @@ def _build(source: str, args: argparse.Namespace) -> int:
 def _verify(bundle: str, args: argparse.Namespace) -> int:
 
     from ..handoff import verify_bundle  # deferred: `loadgen --help` loads no library code
+    from ..handoff.result import verify_result  # deferred: as above
 
     result = verify_bundle(bundle)
+    if args.json:  # the published schema: handoff-verify; the exit status says the same as `ok`
+        print(json.dumps(verify_result(bundle, result).document(), indent=2))
+        return 0 if result.ok else 1
     if result.ok:
         print(f"{bundle}: OK ({result.files_checked} files match SHA256SUMS)")
         return 0
@@ -105,6 +103,7 @@ def _rerun(bundle: str, args: argparse.Namespace) -> int:
     from loadgen.util.errors import LoadgenError  # deferred: `loadgen --help` loads no library code
 
     from ..handoff import rerun_bundle  # deferred: `loadgen --help` loads no library code
+    from ..handoff.result import rerun_result  # deferred: as above
 
     if not args.out:
         raise LoadgenError(f"handoff rerun {bundle}: --out RUN_DIR is required")
@@ -117,19 +116,7 @@ def _rerun(bundle: str, args: argparse.Namespace) -> int:
         experiment=args.experiment,
     )
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "run_dir": str(result.run_dir),
-                    "reproduced": result.reproduced,
-                    "checks": result.checks,
-                    "experiment_applied": result.experiment_applied,
-                    "error_kinds": result.error_kinds,
-                },
-                indent=2,
-                default=str,
-            )
-        )
+        print(json.dumps(rerun_result(result).document(), indent=2))  # the published schema: handoff-rerun
         return 0
     print(f"run: {result.run_dir}")
     if result.experiment_applied:

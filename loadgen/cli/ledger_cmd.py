@@ -135,7 +135,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--reconcile", metavar="VLLM_LOG_OR_RUN_DIR", help="compare KV tokens/blocks with what vLLM reported"
     )
-    p.add_argument("--json", action="store_true", help="print the ledger as JSON (loadgen schema ledger)")
+    flags.writes_json(
+        p.add_argument("--json", action="store_true", help="print the ledger (or the reconciliation) as JSON"),
+        "ledger",
+        "reconciliation",
+    )
     p.set_defaults(func=_run)
 
 

@@ -22,7 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "token prices for the managed side, [candidates.ENGINE_CONFIG] usd_per_hour for the local one",
     )
     c.add_argument("--out", type=flags.output_file, help="write the Markdown report here")
-    c.add_argument("--json", dest="json_out", type=flags.output_file, help="write the JSON report here")
+    flags.writes_json(
+        c.add_argument("--json", dest="json_out", type=flags.output_file, help="write the JSON report here"), "managed"
+    )
     c.set_defaults(func=_compare)
 
 

@@ -64,8 +64,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="spread each measured run over N worker processes (live targets; default 1)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.add_argument(
-        "--json", action="store_true", help="print region.json (a [fleet] plan: fleet.json) instead of the tables"
+    flags.writes_json(
+        p.add_argument(
+            "--json", action="store_true", help="print region.json (a [fleet] plan: fleet.json) instead of the tables"
+        ),
+        "region",
+        "fleet",
     )
     p.set_defaults(func=_plan)
 

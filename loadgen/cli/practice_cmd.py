@@ -72,7 +72,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--prices", help="price table TOML (default scenarios/prices.toml, an EXAMPLE)")
     p.add_argument("--route", default="interactive", help=flags.ROUTE_HELP)
-    p.add_argument("--json", action="store_true", help="print decision.json instead of the report")
+    flags.writes_json(
+        p.add_argument("--json", action="store_true", help="print decision.json instead of the report"), "practice"
+    )
     p.add_argument(
         "--vllm-arg",
         action="append",

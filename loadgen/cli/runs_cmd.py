@@ -22,11 +22,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--where", help="SQL condition over the runs columns, e.g. \"engine = 'vllm' and state = 'complete'\""
     )
     ls.add_argument("--limit", type=flags.count(1, 10**9), default=None, help="at most this many rows")
-    ls.add_argument("--json", action="store_true", help="print JSON rows")
+    flags.writes_json(ls.add_argument("--json", action="store_true", help="print JSON rows"), "runs-list")
     ls.set_defaults(func=_list)
     show = s.add_parser("show", help="one catalogued run: identity and headline figures per class")
     show.add_argument("run", help="its path, or a unique end of it")
-    show.add_argument("--json", action="store_true", help="print JSON")
+    flags.writes_json(show.add_argument("--json", action="store_true", help="print JSON"), "runs-show")
     show.set_defaults(func=_show)
     par = s.add_parser("pareto", help="Pareto front of runs: completed throughput against a latency p99")
     par.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")

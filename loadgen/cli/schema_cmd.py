@@ -1,4 +1,4 @@
-"""``loadgen schema analysis|decision|region|fleet|fidelity|diff|managed|ledger|reconciliation|trace-stats|runs-list|runs-show [--out F]``: the published JSON Schema of a result.
+"""``loadgen schema NAME [--out F]``: the published JSON Schema of a result (NAME: one of ``RESULT_NAMES``).
 
 The checked-in copies are ``docs/schema/<name>.schema.json``; a test keeps them equal to this command's output.
 """
@@ -29,6 +29,13 @@ RESULT_NAMES = (
     "trace-stats",
     "runs-list",
     "runs-show",
+    "calibration",
+    "handoff-build",
+    "handoff-rerun",
+    "handoff-verify",
+    "practice",
+    "contract",
+    "validation-measured",
 )
 
 
@@ -47,10 +54,14 @@ def result_schema(name: str) -> dict[str, Any]:
 
     from ..analysis.model import ANALYSIS_SCHEMA_VERSION  # deferred: `loadgen --help` loads no library code
     from ..analysis.result import AnalysisResult  # deferred: as above
+    from ..calibration import calibrate_result, offline_result  # deferred: as above
     from ..calibration.fidelity import FIDELITY_SCHEMA_VERSION, FidelityTable  # deferred: as above
+    from ..contract.result import CONTRACT_SCHEMA_VERSION, ContractDocument  # deferred: as above
+    from ..handoff import result as handoff_result  # deferred: as above
     from ..ledger import result as ledger_result  # deferred: as above
     from ..managed_result import MANAGED_COMPARISON_SCHEMA_VERSION, ManagedComparisonResult  # deferred: as above
     from ..plan import results  # deferred: as above
+    from ..practice_result import PRACTICE_SCHEMA_VERSION, PracticeDecision  # deferred: as above
     from ..runs import catalog_result  # deferred: as above
     from ..runs.diff_result import DIFF_SCHEMA_VERSION, DiffDocument  # deferred: as above
     from ..trace import stats_result  # deferred: as above
@@ -100,6 +111,41 @@ def result_schema(name: str) -> dict[str, Any]:
             catalog_result.RunShow,
             catalog_result.RUN_SHOW_SCHEMA_VERSION,
             "loadgen runs show RUN --json: one catalogued run and its headline figures per class",
+        ),
+        "calibration": (
+            calibrate_result.CalibrationResult,
+            calibrate_result.CALIBRATION_SCHEMA_VERSION,
+            "loadgen sim calibrate --json: the engine TOML written, the fitted cost terms and the engine's limits",
+        ),
+        "handoff-build": (
+            handoff_result.BundleDocument,
+            handoff_result.HANDOFF_BUNDLE_SCHEMA_VERSION,
+            "loadgen handoff RUN --out BUNDLE --json: the bundle built, what failed and the proposed experiment",
+        ),
+        "handoff-rerun": (
+            handoff_result.RerunDocument,
+            handoff_result.HANDOFF_RERUN_SCHEMA_VERSION,
+            "loadgen handoff rerun BUNDLE --out RUN --json: the failing checks re-measured",
+        ),
+        "handoff-verify": (
+            handoff_result.VerifyDocument,
+            handoff_result.HANDOFF_VERIFY_SCHEMA_VERSION,
+            "loadgen handoff verify BUNDLE --json: the bundle against its SHA256SUMS",
+        ),
+        "practice": (
+            PracticeDecision,
+            PRACTICE_SCHEMA_VERSION,
+            "loadgen practice: decision.json (and practice --json): the workload, ledgers, comparison and decision",
+        ),
+        "contract": (
+            ContractDocument,
+            CONTRACT_SCHEMA_VERSION,
+            "a run's contract.json (and loadgen contract replay --out F): each behaviour case passed or not",
+        ),
+        "validation-measured": (
+            offline_result.MeasuredValidation,
+            offline_result.MEASURED_VALIDATION_SCHEMA_VERSION,
+            "loadgen sim validate --measured RUN... --json: an engine's replay beside imported real-vLLM runs",
         ),
     }
     model, version, description = table[name]

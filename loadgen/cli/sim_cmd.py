@@ -117,7 +117,7 @@ def _register_calibrate(s: argparse._SubParsersAction) -> None:
         help="measure at once; by default the engine's step sizes are swept first (prompt lengths 1..64, then every "
         "8th up to its token budget), so a fresh engine's one-time per-shape costs land in no measurement",
     )
-    cal.add_argument("--json", action="store_true", help="print the fit as JSON")
+    flags.writes_json(cal.add_argument("--json", action="store_true", help="print the fit as JSON"), "calibration")
     cal.set_defaults(func=_calibrate)
 
 
@@ -214,14 +214,18 @@ def _register_validate(s: argparse._SubParsersAction) -> None:
         default=None,
         help="prompt tokenizer spec, as for loadgen run (default: cl100k_base; --vllm: its own)",
     )
-    val.add_argument(
-        "--json",
-        nargs="?",
-        const="-",
-        default=None,
-        metavar="FILE",
-        type=flags.output_file,
-        help="print JSON (or, with FILE, write it there)",
+    flags.writes_json(
+        val.add_argument(
+            "--json",
+            nargs="?",
+            const="-",
+            default=None,
+            metavar="FILE",
+            type=flags.output_file,
+            help="print JSON (or, with FILE, write it there)",
+        ),
+        "fidelity",
+        "validation-measured",
     )
     val.set_defaults(func=_validate)
 
@@ -367,13 +371,9 @@ def _calibrate(args: argparse.Namespace) -> int:
             )
     runtime_gib = load_engine_config(path).measured_runtime_gib()
     if args.json:
-        summary = {
-            "engine_toml": str(path),
-            "fit": fit.to_dict(),
-            "limits": limits.to_dict(),
-            "runtime_gib": runtime_gib,
-        }
-        print(json.dumps(summary, default=str))
+        from ..calibration.calibrate_result import calibration_result  # deferred: as above
+
+        print(json.dumps(calibration_result(path, fit, limits, runtime_gib).document()))  # schema: calibration
         return 0
     print(f"{path}: calibrated from {fit.observations} observations (limits: {limits.sources})")
     for term, value in fit.terms.items():
@@ -453,6 +453,7 @@ def _validate_measured(args: argparse.Namespace) -> int:
     """``sim validate --measured RUN_DIR... --engine ENGINE.toml``: offline, against imported runs."""
     from ..calibration.offline import record_validated_error, validate_measured  # deferred: light --help
     from ..calibration.offline_report import format_offline, offline_html  # deferred: light --help
+    from ..calibration.offline_result import MeasuredValidation  # deferred: light --help
 
     result = validate_measured([Path(p) for p in args.measured], args.engine, anchor=args.arrivals)
     if args.sensitivity:
@@ -462,7 +463,8 @@ def _validate_measured(args: argparse.Namespace) -> int:
     engine_path = Path(args.engine)
     if args.record and engine_path.is_file():
         result["recorded"] = record_validated_error(engine_path, result)
-    _json_or_table(args.json, json.dumps(result, default=str, indent=1), format_offline(result))
+    document = MeasuredValidation.from_document(result).document()  # the published schema: validation-measured
+    _json_or_table(args.json, json.dumps(document, indent=1), format_offline(result))
     if args.html:
         write_output_text(args.html, offline_html(result))
     if result.get("recorded"):

@@ -89,7 +89,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     st = s.add_parser("stats", help="duration, rates, burstiness and token tails of a trace")
     st.add_argument("file")
-    st.add_argument("--json", action="store_true", help="print JSON")
+    flags.writes_json(st.add_argument("--json", action="store_true", help="print JSON"), "trace-stats")
     st.set_defaults(func=_stats)
 
 

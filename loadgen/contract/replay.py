@@ -39,6 +39,7 @@ from ..util.targeturl import split_target_url
 from .cases import Case, CaseSet
 from .checks import CheckOutcome, Observed, run_checks
 from .responder import CASE_HEADER
+from .result import CONTRACT_SCHEMA_VERSION, ContractDocument
 
 __all__ = [
     "ANSWER_MAX_BYTES",
@@ -211,7 +212,7 @@ class ContractResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": "loadgen.contract_result",
-            "version": 1,
+            "version": CONTRACT_SCHEMA_VERSION,
             "passed": self.passed,
             "mode": self.mode,
             "n_cases": len(self.cases),
@@ -248,8 +249,10 @@ class ContractResult:
 
 
 def write_contract(result: ContractResult, path: str | Path) -> Path:
-    """Write a result as JSON (``contract.json`` inside a run directory)."""
-    return write_output_text(path, json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str) + "\n")
+    """Write a result as JSON (``contract.json`` inside a run directory), every key named by the published schema
+    (``loadgen schema contract``)."""
+    document = ContractDocument.from_document(result.to_dict()).document()
+    return write_output_text(path, json.dumps(document, indent=2, sort_keys=True) + "\n")
 
 
 def read_contract(path: str | Path) -> ContractResult:

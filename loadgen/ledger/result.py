@@ -88,7 +88,9 @@ class LedgerLineResult(ResultModel):
     bytes: int = Field(description="bytes per device")
     gib: Number = Field(description="the same, GiB (2^30 bytes), rounded to 6 decimals")
     formula: str
-    factors: dict[str, Any] = Field(description="the formula's factors by name (bytes, counts, shares as named)")
+    factors: dict[str, Any] = Field(  # open: each formula has factors of its own names and kinds
+        description="the formula's factors by name (bytes, counts, shares as named)"
+    )
     kind: LineKind
 
 
@@ -176,5 +178,7 @@ class ReconciliationResult(ResultModel):
     version: int = Field(description=f"the schema version ({RECONCILIATION_SCHEMA_VERSION})")
     ok: bool = Field(description="every compared quantity matches (false when nothing was compared)")
     rows: list[ReconcileRowResult]
-    engine_report: dict[str, Any] = Field(description="the facts the engine reported (its log, metrics, manifest)")
+    engine_report: dict[str, Any] = Field(  # open: what this log, /metrics or manifest happened to report
+        description="the facts the engine reported (its log, metrics, manifest)"
+    )
     ledger: ReconciledLedger

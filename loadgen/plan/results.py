@@ -152,6 +152,55 @@ class CandidateContext(ResultModel):
     started_utc: str | None
 
 
+class TailQuantiles(ResultModel):
+    """One latency metric of one class (ms): its percentiles and sample count (null: the class has none)."""
+
+    p50: Number | None
+    p95: Number | None
+    p99: Number | None
+    n: int | None
+
+
+class ClassTails(ResultModel):
+    """A run candidate's class: its latency tails (ms), the budget limits (ms) and each evaluated check."""
+
+    ttft_ms: TailQuantiles
+    itl_ms: TailQuantiles
+    e2e_ms: TailQuantiles
+    p99_low_sample: bool = Field(description="fewer than 100 TTFT samples")
+    limits: dict[str, dict[str, Number]] = Field(description="metric -> percentile -> the budget's limit, ms")
+    checks: dict[str, BudgetItem] = Field(description="metric.percentile -> the check")
+
+
+class CapacityCell(ResultModel):
+    """A plan candidate's class: its top inside cell (highest offered rate)."""
+
+    max_inside_offered_rps: Number | None
+    cell: str = Field(description="the cell's id")
+    completed_rps: Number | None
+    output_tok_s: Number | None
+
+
+class ContractFailure(ResultModel):
+    """One failed check of a behaviour case."""
+
+    case_id: str
+    kind: str
+    expected: str
+    got: str
+
+
+class ContractStatus(ResultModel):
+    """The candidate's behaviour contract (its contract.json, read by ``contract_hook.contract_status_from_file``)."""
+
+    status: Literal["passed", "failed", "not_evaluated", "not_configured"]
+    summary: str
+    failures: list[ContractFailure] | None = Field(None, description="the first 20 failed checks")
+    n_cases: int | None = Field(None, description="cases replayed (a count)")
+    n_passed: int | None = Field(None, description="cases passed (a count)")
+    path: str | None = Field(None, description="the contract.json read")
+
+
 class CandidateJudgement(ResultModel):
     """One candidate through the judgement order: steps, verdict, contract, cost, figures and context."""
 
@@ -163,14 +212,14 @@ class CandidateJudgement(ResultModel):
     budgets: str = Field(description="the hard-budget step's result")
     rejected_at: str | None
     steps: list[JudgementStep]
-    contract: dict[str, Any] = Field(description="the behaviour contract's result (status, summary, ...)")
+    contract: ContractStatus = Field(description="the behaviour contract's result")
     cost: Cost | None
     stop: str | None = Field(None, description="a run: how it ended when not normally")
     route_classes: list[str]
     breaches: list[BudgetItem]
     inconclusive: list[BudgetItem]
-    capacity: dict[str, dict[str, Any]] | None = Field(None, description="a plan: the top inside cell per class")
-    tails: dict[str, dict[str, Any]] = Field(description="a run: per class, p50/p95/p99/n, limits and checks")
+    capacity: dict[str, CapacityCell] | None = Field(None, description="a plan: the top inside cell per class")
+    tails: dict[str, ClassTails] = Field(description="a run: per class, p50/p95/p99/n, limits and checks")
     status_counts: dict[str, int]
     error_kinds: dict[str, int]
     error_share: Number | None

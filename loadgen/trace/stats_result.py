@@ -64,7 +64,9 @@ class TraceStatsResult(ResultModel):
 
     kind: Literal["loadgen.trace_stats"]
     version: int = Field(description=f"the schema version ({TRACE_STATS_SCHEMA_VERSION})")
-    metadata: dict[str, Any] = Field(description="the trace file's own metadata (its generator, seed, source ...)")
+    metadata: dict[str, Any] = Field(  # open: the trace's own metadata, as its generator or importer wrote it
+        description="the trace file's own metadata (its generator, seed, source ...)"
+    )
     stats: Stats
 
 
