@@ -63,7 +63,7 @@ def test_window_and_scenario_options(tmp_path):
 def test_bad_input_exits_two_with_one_line(tmp_path):
     out = _run("analyze", str(tmp_path / "missing"))
     assert out.returncode == 2
-    assert out.stderr.count("\n") == 1 and "manifest.json" in out.stderr
+    assert out.stderr.count("\n") == 1 and "no such directory: expected a loadgen run directory" in out.stderr
     out = _run("analyze", str(tmp_path), "--window", "abc")
     assert out.returncode == 2 and "start:end" in out.stderr
 

@@ -209,6 +209,7 @@ def _write_run(run_dir: Path, rows: list[dict], model: str, engine_config: str |
                 request_id=f"r{i}",
                 request_class="short-message",
                 scheduled_ns=i * 100_000_000,
+                sent_ns=i * 100_000_000,  # sent when due (a row sent before it is due is refused as implausible)
                 target_prompt_tokens=100,
                 target_output_tokens=10,
             )
@@ -222,7 +223,6 @@ def test_content_filter_and_changes_ordered_by_time_from_recorded_rows(tmp_path:
     """Rows as the driver records them (real Parquet): content filters, 429s, out-of-order completion."""
     ok = dict(
         status="ok",
-        sent_ns=1,
         first_byte_ns=None,
         first_token_ns=None,
         done_ns=None,

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from loadgen.rundir.schema import MANIFEST_FILE
+from loadgen.rundir.schema import MANIFEST_FILE, PLAN_FILE
 from loadgen.util.errors import PlanError
 from loadgen.util.jsonfile import read_json_object
 from loadgen.util.outputfile import write_output_text
@@ -37,8 +37,6 @@ __all__ = [
     "write_json_atomic",
 ]
 
-#: The plan state: the plan, its target, invocations, walk lines and cells.
-PLAN_FILE = "plan.json"
 #: One run of a cell, judged; its presence marks the run finished (a resume skips it).
 RESULT_FILE = "cell_result.json"
 #: The analysis of one run of a cell, beside its records.

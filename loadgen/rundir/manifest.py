@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from loadgen.rundir.schema import MANIFEST_FILE, SCHEMA_VERSION, record_schema_note
+from loadgen.rundir.schema import MANIFEST_FILE, PLAN_FILE, SCHEMA_VERSION, record_schema_note
 from loadgen.util.errors import RunDirError
 from loadgen.util.jsonfile import read_json_object
 
@@ -343,8 +343,6 @@ def version_notes(manifest: Manifest) -> list[str]:
 def _not_a_run(path: Path) -> str:
     """What a directory without a manifest is, and where its runs are: `bench --out DIR` writes its run in DIR/run,
     a plan its runs under DIR/cells/."""
-    from loadgen.plan.files import PLAN_FILE  # deferred: the plan package reads run directories
-
     if not path.is_dir():
         return "a file, not a directory" if path.exists() else "no such directory"
     if (path / PLAN_FILE).is_file():

@@ -23,6 +23,7 @@ __all__ = [
     "CONTRACT_FILE",
     "ERROR_KINDS",
     "MANIFEST_FILE",
+    "PLAN_FILE",
     "REQUESTS_FILE",
     "REQUESTS_SCHEMA",
     "SCHEMA_VERSION",
@@ -118,6 +119,9 @@ REQUESTS_FILE = "requests.parquet"
 CHUNKS_FILE = "chunks.parquet"
 SERVER_METRICS_FILE = "server_metrics.parquet"
 MANIFEST_FILE = "manifest.json"
+#: A plan directory's state file (``loadgen plan``; owned by ``loadgen.plan.files``): named here so that a reader
+#: of run directories can tell a plan directory from a run directory.
+PLAN_FILE = "plan.json"
 #: Behaviour-contract result beside the records (``loadgen contract``, plans, practice).
 CONTRACT_FILE = "contract.json"
 
