@@ -318,6 +318,33 @@ def test_export_mlflow_reads_back_through_mlflows_own_client(runs, tmp_path):
     assert "1 exported, 0 unchanged" in older.stdout, older.stdout
 
 
+@pytest.mark.slow
+def test_export_mlflow_skips_an_unreadable_run_and_exports_the_others(runs, tmp_path):
+    """Was: the first unreadable run directory (a cut manifest, its request rows removed) stopped the export with
+    one line, the runs after it not exported; now each such run is skipped with one line naming it and why, the
+    readable ones are exported, and the export exits 2."""
+    mlflow = pytest.importorskip("mlflow", reason="MLflow not installed (pip install 'loadgen[mlflow]')")
+    root = tmp_path / "archive"
+    for name in ("cut", "emptied"):
+        shutil.copytree(runs["base"], root / name)
+    manifest = root / "cut" / "manifest.json"
+    manifest.write_text(manifest.read_text()[:300])
+    for part in (root / "emptied" / "requests.parquet").iterdir():
+        part.unlink()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    dirs = [str(root / "cut"), str(root / "emptied"), str(runs["base"])]
+    res = _cli("export", "mlflow", *dirs, "--tracking-uri", uri, "--experiment", "t", check=False)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    skipped = [ln for ln in res.stderr.splitlines() if ln.startswith("skipped ")]
+    assert len(skipped) == 2, res.stderr
+    assert skipped[0].startswith(f"skipped {root / 'cut'}: ") and "manifest.json: invalid JSON" in skipped[0]
+    assert skipped[1].startswith(f"skipped {root / 'emptied'}: ") and "0 rows: expected" in skipped[1]
+    assert "1 exported, 0 unchanged, 2 skipped (unreadable)" in res.stdout
+    client = mlflow.tracking.MlflowClient(uri)
+    exported = client.search_runs([client.get_experiment_by_name("t").experiment_id])
+    assert [r.data.tags["loadgen.path"] for r in exported] == [str(runs["base"].resolve())]
+
+
 def test_pareto_front_marks_the_slower_engine_dominated(runs):
     res = _cli("runs", "pareto", str(runs["base"]), str(runs["slower"]), "--class", "short-message")
     lines = {ln.split("(")[-1].rstrip(")"): ln for ln in res.stdout.splitlines()[1:]}
