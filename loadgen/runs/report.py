@@ -50,7 +50,7 @@ def _row_line(r: DiffRow) -> str:
     verdict = _VERDICT_MARK.get(r.verdict or "", "")
     failed = f" failed {r.failed[0]}/{r.failed[1]}" if r.failed is not None else ""
     return (
-        f"  {r.request_class:<16} {r.metric:<8} {r.quantile:<4} {base:>9} {cand:>9} "
+        f"  {r.request_class:<16} {r.metric:<11} {r.quantile:<5} {base:>9} {cand:>9} "
         f"{change:>8}  {interval:<22} {verdict:<10} n={r.n_base}/{r.n_candidate}{failed}"
     )
 
@@ -62,7 +62,7 @@ def format_diff(result: DiffResult) -> str:
         f"      candidate {', '.join(result.candidate)}",
         f"declared variable {result.variable}"
         + (f" (differs in {len(result.differs_in)} key(s))" if result.differs_in else ""),
-        f"  {'class':<16} {'metric':<8} {'q':<4} {'base ms':>9} {'cand ms':>9} {'change':>8}  "
+        f"  {'class':<16} {'metric':<11} {'q':<5} {'base ms':>9} {'cand ms':>9} {'change':>8}  "
         f"{'interval of change (ms)':<22} {'verdict':<10} samples",
     ]
     lines += [_row_line(r) for r in result.rows]
