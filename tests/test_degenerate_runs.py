@@ -32,8 +32,9 @@ from loadgen.workload.scenario import Budget
 CANONICAL = REPO / "scenarios" / "canonical.toml"
 
 
-def _trace(path: Path, offsets_ns: list[int]) -> Path:
-    """A trace of short-message requests (canonical's class) scheduled at ``offsets_ns``."""
+def _trace(path: Path, offsets_ns: list[int], cancel_after_tokens: int | None = None) -> Path:
+    """A trace of short-message requests (canonical's class) scheduled at ``offsets_ns`` (each cancelled as
+    planned after ``cancel_after_tokens`` tokens, when given)."""
     rows = [
         {
             "request_id": f"r{i}",
@@ -45,7 +46,7 @@ def _trace(path: Path, offsets_ns: list[int]) -> Path:
             "prefix_tokens": None,
             "conversation_id": None,
             "turn_index": None,
-            "cancel_after_tokens": None,
+            "cancel_after_tokens": cancel_after_tokens,
         }
         for i, t in enumerate(offsets_ns)
     ]
@@ -70,6 +71,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ("same-batch", same, "interactive-small-batch"),
         ("four", four, "instant"),
         ("four-failed", four, str(failing)),
+        ("four-abandoned", _trace(tmp / "four-abandoned.parquet", [0, 10**8, 2 * 10**8, 3 * 10**8], 5), "instant"),
     ):
         made[name] = run_worksheet(trace, engine, tmp / name, scenario=CANONICAL)
     return made
@@ -199,6 +201,21 @@ def test_diff_says_when_the_candidate_failed_more(runs: dict[str, Path]) -> None
     result = diff_runs([runs["four"]], [runs["four-failed"]], allow_differences=True)
     assert any(n.startswith("short-message: 4 of 4 candidate request(s) failed vs 0 of 4 base") for n in result.notes)
     assert not any("candidate request(s) failed" in n for n in diff_runs([runs["four"]], [runs["four"]]).notes)
+
+
+def test_the_diff_judges_the_error_share_and_planned_abandonments_are_no_failures(runs: dict[str, Path]) -> None:
+    """Was: a candidate failing every request read INCONCLUSIVE (no latency sample on its side, only a note);
+    now its error_share row regresses. Requests the scenario cancels after their first token (planned
+    abandonments) are not failures, as in the analysis' error share: that row does not regress."""
+    failed = diff_runs([runs["four"]], [runs["four-failed"]], allow_differences=True)
+    [row] = [r for r in failed.rows if r.metric == "error_share"]
+    assert (row.base, row.candidate, row.failed, row.n_base, row.n_candidate) == (0.0, 1.0, [0, 4], 4, 4)
+    assert row.verdict == "regressed" and failed.verdict == "regressed"
+    assert row.interval is not None and row.interval[0] > 0.01  # Newcombe from Wilson(0/4) and Wilson(4/4)
+    abandoned = diff_runs([runs["four"]], [runs["four-abandoned"]], allow_differences=True)
+    assert analyze_run(runs["four-abandoned"]).error_share == 0.0
+    [row] = [r for r in abandoned.rows if r.metric == "error_share"]
+    assert (row.candidate, row.failed) == (0.0, [0, 0]) and row.verdict != "regressed"
 
 
 def test_implausible_chunks_are_counted_in_a_note(runs: dict[str, Path], tmp_path: Path) -> None:

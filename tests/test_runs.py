@@ -52,6 +52,17 @@ def _worksheet(tmp: Path, trace: Path, out: str, engine: Path = ENGINE, seed: in
     return run
 
 
+def _failing_engine(tmp: Path, error_rate: float, seed: int = 0) -> Path:
+    """The same engine answering a seeded share of requests with an HTTP error at once."""
+    text = ENGINE.read_text().replace("error_rate = 0.0", f"error_rate = {error_rate!r}\nerror_statuses = [500]")
+    text = text.replace("\nseed = 0\n", f"\nseed = {seed}\n", 1)
+    name = f"interactive-small-batch-failing-{error_rate:g}-{seed}"
+    text = text.replace('name = "interactive-small-batch"', f'name = "{name}"')
+    out = tmp / f"{name}.toml"
+    out.write_text(text)
+    return out
+
+
 def _slower_engine(tmp: Path, factor: float) -> Path:
     """The same engine with every cost term × factor (a known slowdown)."""
     text = ENGINE.read_text()
@@ -92,7 +103,7 @@ def test_diff_finds_a_known_slowdown_and_fails_ci(runs, tmp_path):
     data = json.loads((tmp_path / "d.json").read_text())
     assert data["verdict"] == "regressed"
     assert_valid("diff", data)  # the published schema (loadgen schema diff)
-    assert data["kind"] == "loadgen.diff" and data["version"] == 1
+    assert data["kind"] == "loadgen.diff" and data["version"] == 2
     data["rows"][0]["interval"] = "wide"
     assert any(e.startswith("rows/0/interval") for e in schema_errors("diff", data))
     regressed = {(r["request_class"], r["metric"], r["quantile"]) for r in data["rows"] if r["verdict"] == "regressed"}
@@ -307,6 +318,33 @@ def test_export_mlflow_reads_back_through_mlflows_own_client(runs, tmp_path):
     assert "1 exported, 0 unchanged" in older.stdout, older.stdout
 
 
+@pytest.mark.slow
+def test_export_mlflow_skips_an_unreadable_run_and_exports_the_others(runs, tmp_path):
+    """Was: the first unreadable run directory (a cut manifest, its request rows removed) stopped the export with
+    one line, the runs after it not exported; now each such run is skipped with one line naming it and why, the
+    readable ones are exported, and the export exits 2."""
+    mlflow = pytest.importorskip("mlflow", reason="MLflow not installed (pip install 'loadgen[mlflow]')")
+    root = tmp_path / "archive"
+    for name in ("cut", "emptied"):
+        shutil.copytree(runs["base"], root / name)
+    manifest = root / "cut" / "manifest.json"
+    manifest.write_text(manifest.read_text()[:300])
+    for part in (root / "emptied" / "requests.parquet").iterdir():
+        part.unlink()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    dirs = [str(root / "cut"), str(root / "emptied"), str(runs["base"])]
+    res = _cli("export", "mlflow", *dirs, "--tracking-uri", uri, "--experiment", "t", check=False)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    skipped = [ln for ln in res.stderr.splitlines() if ln.startswith("skipped ")]
+    assert len(skipped) == 2, res.stderr
+    assert skipped[0].startswith(f"skipped {root / 'cut'}: ") and "manifest.json: invalid JSON" in skipped[0]
+    assert skipped[1].startswith(f"skipped {root / 'emptied'}: ") and "0 rows: expected" in skipped[1]
+    assert "1 exported, 0 unchanged, 2 skipped (unreadable)" in res.stdout
+    client = mlflow.tracking.MlflowClient(uri)
+    exported = client.search_runs([client.get_experiment_by_name("t").experiment_id])
+    assert [r.data.tags["loadgen.path"] for r in exported] == [str(runs["base"].resolve())]
+
+
 def test_pareto_front_marks_the_slower_engine_dominated(runs):
     res = _cli("runs", "pareto", str(runs["base"]), str(runs["slower"]), "--class", "short-message")
     lines = {ln.split("(")[-1].rstrip(")"): ln for ln in res.stdout.splitlines()[1:]}
@@ -394,6 +432,69 @@ def test_the_diff_report_opens_offline_in_headless_chromium(runs, tmp_path):
     assert not errors, errors
     assert 'class="plotly-graph-div' in dom.stdout and "main-svg" in dom.stdout  # Plotly drew its figures
     assert "regressed" in dom.stdout
+
+
+def test_the_error_share_interval_is_newcombes_hybrid_score():
+    """Newcombe (1998, Stat. Med. 17:873, table II, method 10) by hand: 56/70 - 48/80 = 0.175, [0.0524, 0.3339];
+    9/10 - 3/10 = 0.6, [0.1705, 0.8090]; 5/56 - 0/29 = 0.0893, [-0.0381, 0.1926]."""
+    from loadgen.stats.confidence import newcombe_interval, wilson_interval
+
+    for (k1, n1, k2, n2), (lo, hi) in (
+        ((48, 80, 56, 70), (0.0524, 0.3339)),
+        ((3, 10, 9, 10), (0.1705, 0.8090)),
+        ((0, 29, 5, 56), (-0.0381, 0.1926)),
+    ):
+        got = newcombe_interval(k1, n1, k2, n2)
+        assert got is not None and abs(got[0] - lo) < 5e-5 and abs(got[1] - hi) < 5e-5
+    # the construction itself, from the two Wilson intervals: d - sqrt((p2-l2)^2+(u1-p1)^2), d + sqrt(...)
+    (l1, u1), (l2, u2) = wilson_interval(48, 80), wilson_interval(56, 70)
+    d = 0.8 - 0.6
+    expected = (d - ((0.8 - l2) ** 2 + (u1 - 0.6) ** 2) ** 0.5, d + ((u2 - 0.8) ** 2 + (0.6 - l1) ** 2) ** 0.5)
+    assert newcombe_interval(48, 80, 56, 70) == pytest.approx(expected, abs=1e-12)
+    assert newcombe_interval(0, 0, 1, 2) is None
+
+
+@pytest.mark.slow
+def test_a_candidate_that_fails_a_third_of_its_requests_reads_regressed(runs, tmp_path):
+    """Was: failed requests are in no latency sample, so a candidate failing a third of its requests read
+    INCONCLUSIVE or "improved" with only a note; now each class has an error_share row, and it regresses."""
+    failing = _worksheet(tmp_path, _trace(runs["tmp"], 1), "failing", _failing_engine(tmp_path, 0.33))
+    res = _cli(
+        "diff", str(runs["base"]), str(failing), "--fail-on", "regression", "--json", str(tmp_path / "d.json"),
+        check=False,
+    )  # fmt: skip
+    assert res.returncode == 3, res.stdout[-3000:] + res.stderr
+    data = json.loads((tmp_path / "d.json").read_text())
+    assert_valid("diff", data)
+    share = {r["request_class"]: r for r in data["rows"] if r["metric"] == "error_share"}
+    assert set(share) == {"short-message", "long-thread", "burst"}
+    big = share["short-message"]
+    assert big["quantile"] == "share" and big["base"] == 0.0 and big["failed"][0] == 0
+    assert big["candidate"] == big["failed"][1] / big["n_candidate"] > 0.2
+    assert big["verdict"] == "regressed" and big["interval"][0] > 0.01 and big["threshold_pp"] == 1.0
+    # its level is the rows' Bonferroni level: K counts the 3 error-share rows with the 27 quantile rows
+    assert data["row_level"] == pytest.approx(1 - 0.05 / 30)
+    assert "error_share" in res.stdout and "REGRESSED" in res.stdout
+    # an absolute threshold beyond what is possible: no row can regress on the share any more
+    _cli("diff", str(runs["base"]), str(failing), "--threshold", "error_share=100", "--json", str(tmp_path / "e.json"))
+    lenient = json.loads((tmp_path / "e.json").read_text())["rows"]
+    assert all(r["verdict"] != "regressed" for r in lenient if r["metric"] == "error_share")
+
+
+@pytest.mark.slow
+def test_equal_failure_shares_do_not_regress(runs, tmp_path):
+    """Two seeds of one engine that fails 10% of its requests: the error_share rows must not flag it."""
+    pair = [
+        _worksheet(tmp_path, _trace(runs["tmp"], 1), f"fail10-{seed}", _failing_engine(tmp_path, 0.1, seed))
+        for seed in (1, 2)
+    ]
+    _cli(
+        "diff", *map(str, pair), "--fail-on", "regression", "--json", str(tmp_path / "d.json"),
+        "--variable", "target.engine",
+    )  # fmt: skip
+    rows = [r for r in json.loads((tmp_path / "d.json").read_text())["rows"] if r["metric"] == "error_share"]
+    assert rows and all(r["verdict"] != "regressed" for r in rows)
+    assert sum(r["failed"][0] for r in rows) > 0 and sum(r["failed"][1] for r in rows) > 0
 
 
 @pytest.mark.slow

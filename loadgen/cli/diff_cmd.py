@@ -16,10 +16,13 @@ FAIL_EXIT = 3
 
 def _threshold(text: str) -> tuple[str, float]:
     metric, sep, value = text.partition("=")
-    if not sep or metric not in ("ttft_ms", "tpot_ms", "e2e_ms"):
+    if not sep or metric not in ("ttft_ms", "tpot_ms", "e2e_ms", "error_share"):
         raise argparse.ArgumentTypeError(
-            f"{text!r}: expected METRIC=PERCENT with METRIC one of ttft_ms, tpot_ms, e2e_ms"
+            f"{text!r}: expected METRIC=PERCENT with METRIC one of ttft_ms, tpot_ms, e2e_ms, "
+            "or error_share=POINTS (percentage points)"
         )
+    if metric == "error_share":
+        return metric, flags.number(0.0, 100.0)(value)
     return metric, flags.number(0.0, 1000.0)(value)
 
 
@@ -35,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="METRIC=PCT",
-        help="practical threshold in percent of the base value, per metric (default 5 for each)",
+        help="practical threshold in percent of the base value, per metric (default 5 for each); "
+        "error_share=PP: the failed-share row's threshold in percentage points (absolute, default 1)",
     )
     p.add_argument("--window", help="START:END seconds on each run's clock (default: as analyze)")
     p.add_argument(

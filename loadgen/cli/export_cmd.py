@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,5 +25,8 @@ def _mlflow(args: argparse.Namespace) -> int:
         print(f"exported {line}")
     for path in report.unchanged:
         print(f"unchanged {path} (exported before; nothing new)")
-    print(f"{uri}: {len(report.exported)} exported, {len(report.unchanged)} unchanged")
-    return 0
+    for line in report.skipped:
+        print(f"skipped {line}", file=sys.stderr)
+    skipped = f", {len(report.skipped)} skipped (unreadable)" if report.skipped else ""
+    print(f"{uri}: {len(report.exported)} exported, {len(report.unchanged)} unchanged{skipped}")
+    return 2 if report.skipped else 0  # 2: bad input, as a refused directory; the readable ones are exported

@@ -4,8 +4,13 @@
 behind the analysis' tables, same window and cold-start rule). Repeated runs on either side are pooled. ITL
 (per-token gaps) is shown as a point change only: its gaps are correlated within a request, so an interval
 that treats them as independent would be too narrow and raise false alarms; TPOT carries the decode speed.
-Failed requests are no latency and are in no sample: where a class's share of them differs between the sides, a
-note counts them on each side (a candidate that fails more can read "improved" on the requests that succeeded).
+Failed requests are no latency and are in no latency sample, so a candidate that fails more could read "improved"
+on the requests that succeeded: each class therefore gets an **error-share row** (metric ``error_share``,
+quantile ``share``), the share of its requests that failed on each side. "Failed" is the analysis' error share
+(``loadgen analyze``): not ok and not a planned abandonment, i.e. error, timeout, not sent, an unplanned cancel,
+and a planned cancel (``cancel_after_tokens``) that never got its first token; cancellations the scenario plans
+after the first token count as requests that did not fail. The requests counted are those of the latency rows
+(same window, cold starts apart). Where the shares differ a note also counts the failures on each side.
 
 **The interval on a difference** is distribution-free, built from the same order-statistic intervals as every
 other interval loadgen reports (``loadgen.stats.confidence``): each side's quantile gets its interval at level
@@ -20,8 +25,16 @@ flagged in 3 of 50 pairs (6%, above α); with it, 0 of 50 (``benchmarks/bench_ru
 resampling: the result is deterministic. Quantile intervals need enough samples (a p99 needs hundreds); where a
 side is unbounded the row is inconclusive, never a false alarm.
 
+**The interval on an error-share difference** ``candidate − base`` is Newcombe's hybrid score interval
+(``loadgen.stats.confidence.newcombe_interval``) from the two sides' Wilson intervals at the row level
+``1 − α/K`` (each error-share row counts in K). Failures come in bursts, so each side's Wilson interval is
+taken on ``k / deff`` failures of ``n / deff`` requests, ``deff`` the design effect of the failure indicator by
+the same batch means (at least 1). Deterministic; its coverage is approximate (close to nominal), not a bound.
+
 **Verdicts**, against a threshold ``t`` per metric (percent of the base value: ``--threshold``, else the base run's
-scenario ``[regression] thresholds_pct``, else 5%): *regressed* when the
+scenario ``[regression] thresholds_pct``, else 5%; for ``error_share`` an absolute threshold in percentage points,
+``--threshold error_share=PP``, default 1 point: a share going from 0.2% to 1.5% is a regression, although the
+scenario's relative thresholds would call any change from 0 infinite): *regressed* when the
 whole interval lies above ``+t``; *improved* when wholly below ``−t``; *no change* when wholly inside
 ``[−t, +t]``; else *inconclusive*. The diff's verdict is *regressed* if any row regressed, else *improved* if
 any improved, else *no change* if every row is no change, else *inconclusive*.
@@ -45,13 +58,15 @@ from loadgen.analysis.samples import RunSamples, class_samples, union
 from loadgen.plan.compare import DEFAULT_VARIABLE, identity_differences, identity_of
 from loadgen.rundir.io import read_run_manifest
 from loadgen.runs.diff_result import DIFF_SCHEMA_VERSION, DiffDocument
-from loadgen.stats.confidence import CONFIDENCE_LEVEL, quantile_ci_ranks
+from loadgen.stats.confidence import CONFIDENCE_LEVEL, newcombe_interval, quantile_ci_ranks
 from loadgen.stats.percentiles import SortedParts
 from loadgen.util.errors import RunDirError
 from loadgen.workload.scenario import scenario_from_manifest
 
 __all__ = [
+    "DEFAULT_ERROR_SHARE_THRESHOLD_PP",
     "DEFAULT_THRESHOLD_PCT",
+    "ERROR_SHARE",
     "DIFF_METRICS",
     "DIFF_RULE",
     "DiffResult",
@@ -70,12 +85,18 @@ POINT_ONLY_METRICS = ("itl_ms",)
 QUANTILES = {"p50": 0.50, "p95": 0.95, "p99": 0.99}
 #: The default practical threshold of every metric (percent of the base value).
 DEFAULT_THRESHOLD_PCT = 5.0
+#: The error-share row's metric name (as the analysis names the share of failed requests).
+ERROR_SHARE = "error_share"
+#: The default practical threshold of the error-share row, in percentage points (absolute).
+DEFAULT_ERROR_SHARE_THRESHOLD_PP = 1.0
 DIFF_RULE = (
     "difference candidate - base of each quantile; interval [low_C - high_B, high_C - low_B] from "
     "order-statistic intervals at level 1 - alpha/(2K) on each side (Bonferroni over the K rows with a verdict: "
     "at most alpha chance that any row is falsely flagged), each widened by its design effect (batch means over "
     "consecutive requests); regressed/improved when the whole interval is "
-    "beyond +/- threshold% of the base, no change when wholly within it"
+    "beyond +/- threshold% of the base, no change when wholly within it; error_share: Newcombe hybrid score "
+    "interval of candidate - base failed share from the two Wilson intervals at level 1 - alpha/K (counts "
+    "divided by the design effect of the failure indicator), judged against +/- threshold percentage points"
 )
 
 
@@ -96,6 +117,8 @@ class DiffRow:
     n_base: int
     n_candidate: int
     design_effect: list[float] | None = None  # (base, candidate): variance inflation from dependent neighbours
+    threshold_pp: float | None = None  # error_share row: the threshold in percentage points (absolute)
+    failed: list[int] | None = None  # error_share row: failed requests (base, candidate)
 
 
 @dataclass
@@ -180,7 +203,11 @@ def design_effect(ordered: list[np.ndarray], value: float | None) -> float:
 
 def row_verdict(interval: tuple[float, float], base: float, threshold_pct: float) -> Verdict:
     """Regressed / improved / no change / inconclusive for a difference interval against ±threshold of base."""
-    t = abs(base) * threshold_pct / 100.0
+    return _judge(interval, abs(base) * threshold_pct / 100.0)
+
+
+def _judge(interval: tuple[float, float], t: float) -> Verdict:
+    """Regressed / improved / no change / inconclusive for a difference interval against ±t (its unit)."""
     lo, hi = interval
     if lo > t:
         return "regressed"
@@ -240,8 +267,8 @@ def _failure_notes(classes: list[str], b_runs: list[RunSamples], c_runs: list[Ru
         if nb and nc and fb * nc != fc * nb:
             notes.append(
                 f"{c}: {fc} of {nc} candidate request(s) failed vs {fb} of {nb} base: the rows compare the requests "
-                "that produced tokens (E2E: ok ones) only, failures are no latency; `loadgen analyze` judges the "
-                "error share"
+                "that produced tokens (E2E: ok ones) only, failures are no latency; the error_share row judges "
+                "the failures"
             )
     return notes
 
@@ -265,7 +292,12 @@ def diff_runs(
     notes += _stopped_notes([*bases, *cands])
     scenario = scenario_from_manifest(read_run_manifest(bases[0]))
     from_scenario = dict(scenario.regression.thresholds_pct) if scenario is not None else {}
-    thresholds = {m: DEFAULT_THRESHOLD_PCT for m in DIFF_METRICS} | from_scenario | (thresholds_pct or {})
+    thresholds = (
+        {m: DEFAULT_THRESHOLD_PCT for m in DIFF_METRICS}
+        | {ERROR_SHARE: DEFAULT_ERROR_SHARE_THRESHOLD_PP}
+        | from_scenario
+        | (thresholds_pct or {})
+    )
     with ExitStack() as stack:
         b_runs = [stack.enter_context(class_samples(p, window=window)) for p in bases]
         c_runs = [stack.enter_context(class_samples(p, window=window)) for p in cands]
@@ -297,13 +329,23 @@ def diff_runs(
             for c in classes
             for m in DIFF_METRICS
         }
-        k = max(1, sum(1 for (c, m), (b, x) in pooled.items() if m in DIFF_METRICS and b.n and x.n) * len(QUANTILES))
+        failed = {
+            c: (
+                [r.failed_ordered[c] for r in b_runs if c in r.failed_ordered],
+                [r.failed_ordered[c] for r in c_runs if c in r.failed_ordered],
+            )
+            for c in classes
+        }
+        n_quantile = sum(1 for (c, m), (b, x) in pooled.items() if m in DIFF_METRICS and b.n and x.n)
+        n_share = sum(1 for b, x in failed.values() if sum(map(len, b)) and sum(map(len, x)))
+        k = max(1, n_quantile * len(QUANTILES) + n_share)
         side_level = 1.0 - (1.0 - level) / (2 * k)
         rows = [
             _row(c, m, qn, q, b, x, thresholds.get(m), side_level, ordered.get((c, m)))
             for (c, m), (b, x) in pooled.items()
             for qn, q in QUANTILES.items()
         ]
+        rows += [_share_row(c, b, x, thresholds[ERROR_SHARE], 1.0 - (1.0 - level) / k) for c, (b, x) in failed.items()]
         cdfs: dict[str, dict[str, dict[str, Any]]] = {}
         for (c, m), (b, x) in pooled.items():
             cdfs.setdefault(c, {})[m] = {"base": _cdf(b), "candidate": _cdf(x)}
@@ -355,3 +397,38 @@ def _row(
         interval, verdict = [lo, hi], row_verdict((lo, hi), bv, threshold)
     effect = None if deff is None else [round(d, 3) for d in deff]
     return DiffRow(cls, metric, qname, bv, xv, change, pct, interval, threshold, verdict, b.n, x.n, effect)
+
+
+def _share_row(
+    cls: str, base: list[np.ndarray], cand: list[np.ndarray], threshold_pp: float, row_level: float
+) -> DiffRow:
+    """The error-share row of one class: each side's failed share, Newcombe's interval of the difference (counts
+    divided by each side's design effect of the failure indicator), judged against ±``threshold_pp`` points."""
+    (nb, kb), (nc, kc) = ((sum(map(len, s)), sum(float(x.sum()) for x in s)) for s in (base, cand))
+    pb = kb / nb if nb else None
+    pc = kc / nc if nc else None
+    change = None if pb is None or pc is None else pc - pb
+    interval, verdict, effect = None, None, None
+    if pb is not None and pc is not None:
+        deff = (design_effect(base, 0.5), design_effect(cand, 0.5))  # share <= 0.5: the requests that did not fail
+        found = newcombe_interval(kb / deff[0], nb / deff[0], kc / deff[1], nc / deff[1], row_level)
+        if found is not None:
+            interval, verdict = list(found), _judge(found, threshold_pp / 100.0)
+            effect = [round(d, 3) for d in deff]
+    return DiffRow(
+        cls,
+        ERROR_SHARE,
+        "share",
+        pb,
+        pc,
+        change,
+        None,
+        interval,
+        None,
+        verdict,
+        nb,
+        nc,
+        effect,
+        threshold_pp=threshold_pp,
+        failed=[int(kb), int(kc)],
+    )

@@ -2,7 +2,8 @@
 
 ``DiffResult.result()`` gives ``DiffDocument`` (schema version ``DIFF_SCHEMA_VERSION``, the document's
 ``version``); the CLI writes ``DiffDocument.document()``, so the file has exactly the keys the published
-schema names (``loadgen schema diff``). Latencies and their changes are in ms, ``±inf`` written ``"inf"``.
+schema names (``loadgen schema diff``). Latencies and their changes are in ms, ``±inf`` written ``"inf"``; the
+``error_share`` rows (one per class) hold shares 0..1 of the requests that failed and their change.
 """
 
 from __future__ import annotations
@@ -16,30 +17,48 @@ from loadgen.util.resultmodel import Inf, Number, ResultModel
 __all__ = ["DIFF_SCHEMA_VERSION", "DiffCdf", "DiffDocument", "DiffRowResult"]
 
 #: The diff document's ``version``.
-DIFF_SCHEMA_VERSION = 1
+DIFF_SCHEMA_VERSION = 2  # 2: error_share rows (quantile "share", threshold_pp, failed)
 
 DiffVerdict = Literal["regressed", "improved", "no change", "inconclusive"]
 
 
 class DiffRowResult(ResultModel):
-    """One class × metric × quantile; ``n_base`` / ``n_candidate`` count the requests (pooled over repeats)."""
+    """One class × metric × quantile, or one class's error share (metric ``error_share``, quantile ``share``);
+    ``n_base`` / ``n_candidate`` count the samples (requests; error_share: requests counted, failed or not),
+    pooled over repeats."""
 
     request_class: str
-    metric: str = Field(description="ttft_ms, tpot_ms, e2e_ms (with an interval and a verdict) or itl_ms (point only)")
-    quantile: Literal["p50", "p95", "p99"]
-    base: Number | None = Field(description="the base side's quantile, ms (null: no sample)")
-    candidate: Number | None = Field(description="the candidate side's quantile, ms (null: no sample)")
-    change: Number | None = Field(description="candidate - base, ms")
-    change_pct: Number | None = Field(description="change / base x 100, percent")
-    interval: list[Number | Inf] | None = Field(
-        description='the interval of the change, ms: [low, high]; "inf" / "-inf" where a side is unbounded'
+    metric: str = Field(
+        description="ttft_ms, tpot_ms, e2e_ms (with an interval and a verdict), itl_ms (point only) or error_share "
+        "(the share of the class's requests that failed, as the analysis' error share; with an interval and a verdict)"
     )
-    threshold_pct: Number | None = Field(description="the practical threshold, percent of the base value")
+    quantile: Literal["p50", "p95", "p99", "share"] = Field(description="share: the error_share row")
+    base: Number | None = Field(
+        description="the base side's quantile, ms; error_share: its failed share, 0..1 (null: no sample)"
+    )
+    candidate: Number | None = Field(
+        description="the candidate side's quantile, ms; error_share: its failed share, 0..1 (null: no sample)"
+    )
+    change: Number | None = Field(description="candidate - base, ms; error_share: a share difference, -1..1")
+    change_pct: Number | None = Field(description="change / base x 100, percent (null for error_share)")
+    interval: list[Number | Inf] | None = Field(
+        description='the interval of the change, ms: [low, high]; "inf" / "-inf" where a side is unbounded; '
+        "error_share: Newcombe's hybrid score interval of the share difference, -1..1"
+    )
+    threshold_pct: Number | None = Field(
+        description="the practical threshold, percent of the base value (null for error_share: see threshold_pp)"
+    )
     verdict: DiffVerdict | None = Field(description="null: a point change only (itl_ms)")
     n_base: int
     n_candidate: int
     design_effect: list[Number] | None = Field(
         description="[base, candidate]: variance inflation (>= 1, a ratio) from dependent neighbouring requests"
+    )
+    threshold_pp: Number | None = Field(
+        default=None, description="error_share only: the practical threshold, percentage points (absolute)"
+    )
+    failed: list[int] | None = Field(
+        default=None, description="error_share only: [base, candidate] counts of failed requests"
     )
 
 

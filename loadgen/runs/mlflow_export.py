@@ -7,6 +7,10 @@ engine and its settings, model, host, scenario and trace hashes) as params; its 
 files as artifacts) with one child run per run directory inside it. Exporting the same directory again, unchanged,
 adds nothing (its catalog signature is a tag). Never Parquet: the run directory is the archive.
 
+A run directory that cannot be read (a broken manifest, request rows refused as implausible: what
+``runs index`` lists as unreadable) is read before anything is written for it: it is skipped, named with the
+reason in ``ExportReport.skipped``, and the others are exported; the CLI then exits 2.
+
 The default store is local: ``sqlite:///mlflow.db`` with artifacts in ``./mlflow-artifacts`` (MLflow 3 put its
 plain-file store in maintenance mode). Needs ``pip install 'loadgen[mlflow]'``.
 """
@@ -44,6 +48,7 @@ _PARAM_VALUE_MAX = 6000  # MLflow 3's limit on a param value
 class ExportReport:
     exported: list[str] = field(default_factory=list)  # "path -> mlflow run id"
     unchanged: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # "path: why it could not be read"
 
 
 def _mlflow() -> Any:
@@ -115,14 +120,28 @@ def _existing(client: Any, experiment_id: str, path: Path, signature: str) -> bo
     return bool(runs)
 
 
-def _log_run(client: Any, experiment_id: str, run_dir: Path, parent: str | None) -> str:
+@dataclass
+class _RunContents:
+    """What a run directory exports, read in full before anything is written to the store."""
+
+    params: dict[str, str]
+    metrics: dict[str, float]
+    analysis: Any
+
+
+def _read_run(run_dir: Path) -> _RunContents:
+    """The run's params, metrics and analysis; a directory that cannot be read raises (as ``runs index`` finds)."""
+    return _RunContents(_params(run_dir), _metrics(run_dir), analyze_run(run_dir))
+
+
+def _log_run(client: Any, experiment_id: str, run_dir: Path, parent: str | None, contents: _RunContents) -> str:
     tags = {"loadgen.path": str(run_dir), "loadgen.kind": "run"}
     if parent:
         tags["mlflow.parentRunId"] = parent
     run = client.create_run(experiment_id, run_name=run_dir.name, tags=tags)
     rid = run.info.run_id
     with _failed_unless_finished(client, rid):
-        _log_contents(client, rid, run_dir)
+        _log_contents(client, rid, run_dir, contents)
         _finish(client, rid, _export_signature(run_dir, "run"))
     return str(rid)
 
@@ -144,19 +163,19 @@ def _finish(client: Any, rid: str, signature: str) -> None:
     client.set_terminated(rid)
 
 
-def _log_contents(client: Any, rid: str, run_dir: Path) -> None:
+def _log_contents(client: Any, rid: str, run_dir: Path, contents: _RunContents) -> None:
     mlflow = _mlflow()
     entities = mlflow.entities
-    params = [entities.Param(k, v) for k, v in _params(run_dir).items()]
+    params = [entities.Param(k, v) for k, v in contents.params.items()]
     for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
         client.log_batch(rid, params=params[i : i + 100])
-    metrics = [entities.Metric(k, v, 0, 0) for k, v in _metrics(run_dir).items()]
+    metrics = [entities.Metric(k, v, 0, 0) for k, v in contents.metrics.items()]
     for i in range(0, len(metrics), 1000):
         client.log_batch(rid, metrics=metrics[i : i + 1000])
     for path in _artifacts(run_dir):
         client.log_artifact(rid, str(path))
     with tempfile.TemporaryDirectory() as tmp:
-        report = write_html(analyze_run(run_dir), Path(tmp) / "report.html")
+        report = write_html(contents.analysis, Path(tmp) / "report.html")
         client.log_artifact(rid, str(report))
 
 
@@ -210,7 +229,12 @@ def _export_one(client: Any, exp: str, run_dir: Path, parent: str | None, report
     if _existing(client, exp, run_dir, _export_signature(run_dir, "run")):
         report.unchanged.append(str(run_dir))
         return
-    report.exported.append(f"{run_dir} -> {_log_run(client, exp, run_dir, parent)}")
+    try:
+        contents = _read_run(run_dir)
+    except (LoadgenError, ValueError) as exc:  # the catalog's unreadable run: skipped, the others exported
+        report.skipped.append(f"{run_dir}: {exc}")
+        return
+    report.exported.append(f"{run_dir} -> {_log_run(client, exp, run_dir, parent, contents)}")
 
 
 def _export_plan(client: Any, exp: str, plan_dir: Path, report: ExportReport) -> None:

@@ -11,7 +11,7 @@ from loadgen.analysis.interactive import plotly_html
 from loadgen.analysis.metrics import UNMEASURED_RATE_RULE
 from loadgen.util.outputfile import write_output_text
 
-from .diff import DiffResult, DiffRow
+from .diff import ERROR_SHARE, DiffResult, DiffRow
 
 __all__ = ["format_diff", "format_run", "format_runs", "write_diff_html"]
 
@@ -26,13 +26,32 @@ def _ms(v: float | None) -> str:
     return f"{v:.1f}"
 
 
-def _row_line(r: DiffRow) -> str:
+def _share(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:.1f}%"
+
+
+def _points(v: float) -> str:
+    return f"{v * 100:+.1f}pp"
+
+
+def _row_cells(r: DiffRow) -> tuple[str, str, str, str]:
+    """base, candidate, change and interval as shown: ms and percent, or for error_share percent and points."""
+    if r.metric == ERROR_SHARE:
+        change = "-" if r.change is None else _points(r.change)
+        interval = "-" if r.interval is None else f"[{_points(r.interval[0])}, {_points(r.interval[1])}]"
+        return _share(r.base), _share(r.candidate), change, interval
     pct = "-" if r.change_pct is None else f"{r.change_pct:+.1f}%"
     interval = "(point only)" if r.interval is None else f"[{_ms(r.interval[0])}, {_ms(r.interval[1])}]"
+    return _ms(r.base), _ms(r.candidate), pct, interval
+
+
+def _row_line(r: DiffRow) -> str:
+    base, cand, change, interval = _row_cells(r)
     verdict = _VERDICT_MARK.get(r.verdict or "", "")
+    failed = f" failed {r.failed[0]}/{r.failed[1]}" if r.failed is not None else ""
     return (
-        f"  {r.request_class:<16} {r.metric:<8} {r.quantile:<4} {_ms(r.base):>9} {_ms(r.candidate):>9} "
-        f"{pct:>8}  {interval:<22} {verdict:<10} n={r.n_base}/{r.n_candidate}"
+        f"  {r.request_class:<16} {r.metric:<11} {r.quantile:<5} {base:>9} {cand:>9} "
+        f"{change:>8}  {interval:<22} {verdict:<10} n={r.n_base}/{r.n_candidate}{failed}"
     )
 
 
@@ -43,10 +62,15 @@ def format_diff(result: DiffResult) -> str:
         f"      candidate {', '.join(result.candidate)}",
         f"declared variable {result.variable}"
         + (f" (differs in {len(result.differs_in)} key(s))" if result.differs_in else ""),
-        f"  {'class':<16} {'metric':<8} {'q':<4} {'base ms':>9} {'cand ms':>9} {'change':>8}  "
+        f"  {'class':<16} {'metric':<11} {'q':<5} {'base ms':>9} {'cand ms':>9} {'change':>8}  "
         f"{'interval of change (ms)':<22} {'verdict':<10} samples",
     ]
     lines += [_row_line(r) for r in result.rows]
+    if any(r.metric == ERROR_SHARE for r in result.rows):
+        lines.append(
+            "error_share rows: the share of the class's requests that failed (as analyze's error share; planned "
+            "abandonments are not failures), change and interval in percentage points"
+        )
     lines.append(
         f"verdict: {result.verdict.upper()} ({len(result.regressions())} row(s) regressed); each interval at "
         f"{result.row_level:.4f}, so at most {1 - result.level:.0%} chance that any row is falsely flagged"
@@ -106,12 +130,11 @@ def _diff_table(result: DiffResult) -> str:
     head = "<tr><th>class</th><th>metric</th><th>q</th><th>base ms</th><th>candidate ms</th><th>change</th><th>interval</th><th>verdict</th></tr>"
     cells = []
     for r in result.rows:
-        pct = "-" if r.change_pct is None else f"{r.change_pct:+.1f}%"
-        interval = "point only" if r.interval is None else f"[{_ms(r.interval[0])}, {_ms(r.interval[1])}]"
+        base, cand, pct, interval = _row_cells(r)
         cls = html.escape(r.verdict or "")
         cells.append(
             f"<tr class='{cls.replace(' ', '-')}'><td>{html.escape(r.request_class)}</td><td>{r.metric}</td>"
-            f"<td>{r.quantile}</td><td>{_ms(r.base)}</td><td>{_ms(r.candidate)}</td><td>{pct}</td>"
+            f"<td>{r.quantile}</td><td>{base}</td><td>{cand}</td><td>{pct}</td>"
             f"<td>{interval}</td><td>{cls}</td></tr>"
         )
     notes = "".join(f"<p>note: {html.escape(n)}</p>" for n in result.notes)

@@ -13,7 +13,11 @@ whenever both ends are bounded, and each one-sided error is at most 5%. Where no
 from fewer samples can fail conclusively but never pass. The binomial CDF is summed exactly (in
 log space) over the mean ± 12 standard deviations.
 
-**Shares** (attainment, error share) get the Wilson score interval.
+**Shares** (attainment, error share) get the Wilson score interval; the **difference of two shares**
+``p₂ − p₁`` gets Newcombe's hybrid score interval (Newcombe 1998, method 10) built from the two Wilson
+intervals ``[l₁, u₁]``, ``[l₂, u₂]`` at the same level: ``[d − √((p₂ − l₂)² + (u₁ − p₁)²),
+d + √((u₂ − p₂)² + (p₁ − l₁)²)]``, ``d = p₂ − p₁``. Deterministic, within [−1, 1], and close to its nominal
+coverage even for shares near 0 or 1 (where the Wald interval collapses).
 
 **Verdicts** are three-way for a limit a value must not exceed: *pass* when the whole interval is at
 or below the limit, *fail* when it is wholly above, *inconclusive* when it straddles the limit.
@@ -62,6 +66,7 @@ __all__ = [
     "quantile_ci_sorted",
     "samples_needed_quantile",
     "samples_needed_share",
+    "newcombe_interval",
     "wilson_interval",
 ]
 
@@ -191,6 +196,21 @@ def wilson_interval(k: float, n: float, level: float = CONFIDENCE_LEVEL) -> tupl
     low = 0.0 if k <= 0 else max(0.0, center - half)
     high = 1.0 if k >= n else min(1.0, center + half)
     return low, high
+
+
+def newcombe_interval(
+    k1: float, n1: float, k2: float, n2: float, level: float = CONFIDENCE_LEVEL
+) -> tuple[float, float] | None:
+    """Newcombe's hybrid score interval of ``k2/n2 − k1/n1`` from the two Wilson intervals at ``level``;
+    None when either ``n`` is 0."""
+    w1, w2 = wilson_interval(k1, n1, level), wilson_interval(k2, n2, level)
+    if w1 is None or w2 is None:
+        return None
+    p1, p2 = k1 / n1, k2 / n2
+    d = p2 - p1
+    low = d - math.sqrt((p2 - w2[0]) ** 2 + (w1[1] - p1) ** 2)
+    high = d + math.sqrt((w2[1] - p2) ** 2 + (p1 - w1[0]) ** 2)
+    return max(-1.0, low), min(1.0, high)
 
 
 def outcome(observed: float | None, interval: tuple[float, float] | None, limit: float) -> str:
