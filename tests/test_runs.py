@@ -324,13 +324,7 @@ def test_export_mlflow_skips_an_unreadable_run_and_exports_the_others(runs, tmp_
     one line, the runs after it not exported; now each such run is skipped with one line naming it and why, the
     readable ones are exported, and the export exits 2."""
     mlflow = pytest.importorskip("mlflow", reason="MLflow not installed (pip install 'loadgen[mlflow]')")
-    root = tmp_path / "archive"
-    for name in ("cut", "emptied"):
-        shutil.copytree(runs["base"], root / name)
-    manifest = root / "cut" / "manifest.json"
-    manifest.write_text(manifest.read_text()[:300])
-    for part in (root / "emptied" / "requests.parquet").iterdir():
-        part.unlink()
+    root = _unreadable_archive(runs["base"], tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     dirs = [str(root / "cut"), str(root / "emptied"), str(runs["base"])]
     res = _cli("export", "mlflow", *dirs, "--tracking-uri", uri, "--experiment", "t", check=False)
@@ -529,6 +523,19 @@ def test_the_scenario_sets_the_diff_thresholds_and_the_flag_overrides(runs, tmp_
     bad.write_text(SCENARIO.read_text() + "\n[regression]\nthresholds_pct = { ttft_ms = -1.0 }\n")
     res = _cli("scenario", "check", str(bad), check=False)
     assert res.returncode == 2 and "regression.thresholds_pct" in res.stderr and "Traceback" not in res.stderr
+
+
+def _unreadable_archive(base: Path, tmp_path: Path) -> Path:
+    """An archive of two unreadable copies of ``base``: ``cut`` (its manifest cut short) and ``emptied`` (its
+    request rows removed)."""
+    root = tmp_path / "archive"
+    for name in ("cut", "emptied"):
+        shutil.copytree(base, root / name)
+    manifest = root / "cut" / "manifest.json"
+    manifest.write_text(manifest.read_text()[:300])
+    for part in (root / "emptied" / "requests.parquet").iterdir():
+        part.unlink()
+    return root
 
 
 def _catalog(tmp: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -736,13 +743,7 @@ def test_an_unreadable_run_is_listed_as_such_and_keeps_what_could_be_read(runs, 
     """A run whose manifest is cut short, or whose requests were removed, is listed with its problem; one whose
     manifest reads keeps its identity (found by --where engine = ...). list printed a bare path for both, and
     the second lost its identity."""
-    root = tmp_path / "archive"
-    for name in ("cut", "emptied"):
-        shutil.copytree(runs["base"], root / name)
-    manifest = root / "cut" / "manifest.json"
-    manifest.write_text(manifest.read_text()[:300])
-    for part in (root / "emptied" / "requests.parquet").iterdir():
-        part.unlink()
+    root = _unreadable_archive(runs["base"], tmp_path)
     indexed = _catalog(tmp_path, "index", str(root))
     assert "2 unreadable" in indexed.stdout and indexed.returncode == 0
     lines = _catalog(tmp_path, "list").stdout.splitlines()
