@@ -36,8 +36,6 @@ class RunSamples:
 
     sorted: dict[str, dict[str, SortedParts]] = field(default_factory=dict)
     ordered: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
-    #: per class: (requests in scope, of them failed) — the samples leave failures out (they are no latency)
-    failures: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: per class: 1.0 for each failed request in scope, 0.0 for the others, in scheduled order ("failed" as the
     #: analysis' error share: not ok and not a planned abandonment; a planned abandonment counts, as not failed)
     failed_ordered: dict[str, np.ndarray] = field(default_factory=dict)
@@ -61,7 +59,6 @@ def class_samples(run_dir: Path | str, *, window: Any = None, include_cold: bool
             out.ordered[name] = ordered
             out.sorted[name] = {m: SortedParts([_sorted(v)]) for m, v in ordered.items()}
             out.sorted[name]["itl_ms"] = _sorted_parts([run.itl_desc[i]])
-            out.failures[name] = (int(sel.sum()), int((sel & run.failed).sum()))
             out.failed_ordered[name] = run.failed[order][sel[order]].astype(np.float64)
         yield out
     finally:

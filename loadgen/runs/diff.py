@@ -54,7 +54,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from loadgen.analysis.samples import RunSamples, class_samples, union
+from loadgen.analysis.samples import class_samples, union
 from loadgen.plan.compare import DEFAULT_VARIABLE, identity_differences, identity_of
 from loadgen.rundir.io import read_run_manifest
 from loadgen.runs.diff_result import DIFF_SCHEMA_VERSION, DiffDocument
@@ -257,13 +257,13 @@ def _stopped_notes(runs: list[Path]) -> list[str]:
     return notes
 
 
-def _failure_notes(classes: list[str], b_runs: list[RunSamples], c_runs: list[RunSamples]) -> list[str]:
-    """A class whose share of failed requests differs between the sides: its quantiles compare ok requests only,
-    so a candidate that fails more can still read 'improved' or 'no change' on latency: say so."""
+def _failure_notes(failed: dict[str, tuple[list[np.ndarray], list[np.ndarray]]]) -> list[str]:
+    """A class whose share of failed requests differs between the sides (``failed``: per class, each side's
+    failure indicators): its quantiles compare ok requests only, so a candidate that fails more can still read
+    'improved' or 'no change' on latency: say so."""
     notes = []
-    for c in classes:
-        nb, fb = (sum(r.failures[c][i] for r in b_runs if c in r.failures) for i in (0, 1))
-        nc, fc = (sum(r.failures[c][i] for r in c_runs if c in r.failures) for i in (0, 1))
+    for c, sides in failed.items():
+        (nb, fb), (nc, fc) = ((sum(map(len, s)), int(sum(x.sum() for x in s))) for s in sides)
         if nb and nc and fb * nc != fc * nb:
             notes.append(
                 f"{c}: {fc} of {nc} candidate request(s) failed vs {fb} of {nb} base: the rows compare the requests "
@@ -312,7 +312,6 @@ def diff_runs(
             )
         if only:
             notes.append(f"class(es) on one side only, not compared: {', '.join(only)}")
-        notes += _failure_notes(classes, b_runs, c_runs)
         pooled = {
             (c, m): (
                 union([r.sorted[c][m] for r in b_runs if c in r.sorted]),
@@ -336,6 +335,7 @@ def diff_runs(
             )
             for c in classes
         }
+        notes += _failure_notes(failed)
         n_quantile = sum(1 for (c, m), (b, x) in pooled.items() if m in DIFF_METRICS and b.n and x.n)
         n_share = sum(1 for b, x in failed.values() if sum(map(len, b)) and sum(map(len, x)))
         k = max(1, n_quantile * len(QUANTILES) + n_share)
