@@ -681,10 +681,9 @@ def _budget_step(j: dict[str, Any], max_send_lag_ms: float, stopped: str | None 
         return {"step": "hard budgets", "result": "unmeasured", "why": [why]}
     if j.get("inconclusive"):
         return {"step": "hard budgets", "result": "inconclusive", "why": needed_lines(j["inconclusive"])}
-    budgeted = any(lim for t in j["tails"].values() for lim in t["limits"].values()) or "capacity" in j
     why = (
         f"every hard budget of {', '.join(j['route_classes'])} met (95% intervals within the limits)"
-        if budgeted
+        if _has_budgets(j)
         else f"no budget on {', '.join(j['route_classes'])} (no scenario with budgets): nothing to fail"
     )
     return {"step": "hard budgets", "result": "passed", "why": [why]}
@@ -765,6 +764,11 @@ def _judge_candidate(
     }
 
 
+def _has_budgets(j: dict[str, Any]) -> bool:
+    """Whether a judged candidate had a hard budget to meet (a plan's region always has)."""
+    return "capacity" in j or any(lim for t in j["tails"].values() for lim in t["limits"].values())
+
+
 def _rank_key(j: dict[str, Any], basis: str | None) -> tuple[int, float, int, float]:
     """Among eligible candidates: budgets shown to pass before inconclusive ones, then the lowest cost per million
     output tokens, then the highest headline rate; one whose rate is not measured is not ranked on it (after
@@ -825,7 +829,7 @@ def _decide(judged: list[dict[str, Any]], route: str, basis: str | None) -> Deci
         )
         meets = (
             "meets every hard budget of "
-            if chosen.get("budgets") == "passed" and "nothing to fail" not in chosen["steps"][0]["why"][0]
+            if chosen.get("budgets") == "passed" and _has_budgets(chosen)
             else "has no budget to fail on "
             if chosen.get("budgets") == "passed"
             else "fails no hard budget conclusively (some are inconclusive, see below) of "
