@@ -416,6 +416,7 @@ def test_calibrate_then_validate_a_held_out_config(vllm_python, workdir):
 
     from loadgen.sim import load_engine_config
     from loadgen.util.pinning import affinity
+    from loadgen.vllm.warmup import warmup_line
 
     model = _model_dir(workdir, "tiny-llama-gqa")
     out = ARTIFACTS / "calibration"
@@ -458,9 +459,11 @@ def test_calibrate_then_validate_a_held_out_config(vllm_python, workdir):
     # the same peak by kind: what the tree holds (anonymous + shared) and its mapped files; the kernel's own peaks
     assert 0 < memory["held_high_water_bytes"] <= memory["peak_bytes"] <= memory["hwm_sum_bytes"]
     assert memory["held_high_water_bytes"] + memory["file_backed_high_water_bytes"] >= memory["peak_bytes"]
-    # every step size up to what one step holds was met once before anything was measured
+    # every step size up to what one step holds was met once before anything was measured (on a host loaded enough
+    # that two requests in a row take 2.4 s, the sweep stops there: where a first-time cost is under 1%)
     warmup = cfg.calibration["warmup"]
-    assert "skipped" not in warmup and warmup["largest_tokens"] == MAX_MODEL_LEN - 1 and warmup["lengths"] > 64
+    assert "skipped" not in warmup and warmup["budget_tokens"] == MAX_MODEL_LEN - 1 and warmup["lengths"] > 64
+    assert warmup["largest_tokens"] == MAX_MODEL_LEN - 1 or "stopped below" in warmup_line(warmup)
     result = loadgen(
         "validate",
         str(toml),
@@ -476,7 +479,7 @@ def test_calibrate_then_validate_a_held_out_config(vllm_python, workdir):
     assert result["rows"] and all(r["n_measured"] == r["n_simulated"] for r in result["rows"])
     assert (out / "validate" / "fidelity.html").is_file()
     assert "validated error" in load_engine_config(toml).calibration_label()
-    assert result["shape_warmup"]["largest_tokens"] == 512 and "skipped" not in result["shape_warmup"]
+    assert result["shape_warmup"]["budget_tokens"] == 512 and "skipped" not in result["shape_warmup"]
     # the launch under test is anchored: two speed factors refitted on the calibration workload, both tables kept
     anchor = result["anchor"]
     assert 0.2 <= anchor["step_factor"] <= 5 and 0.2 <= anchor["prefill_factor"] <= 5 and anchor["observations"] > 0

