@@ -24,6 +24,7 @@ from hostile_server import BAD_FIELDS, MAX_TOKENS, MODEL, hostile_server, read_r
 
 from loadgen.driver.client import max_empty_events
 from loadgen.rundir.io import load_run, run_table_files
+from loadgen.rundir.manifest import MetricsScrapes, read_manifest
 from loadgen.rundir.rowtables import requests_table
 from loadgen.rundir.schema import CHUNKS_FILE, REQUESTS_FILE
 from loadgen.targets import launch_sim_server
@@ -681,16 +682,27 @@ def test_a_hostile_metrics_endpoint_costs_no_row_and_stores_no_bloat(tmp_path: P
     stored no sample), about a million samples a scrape (parsed on the run's event loop: 3 of 22 requests timed
     out, 568 MB RSS, 925,216 rows stored) and garbage with an 8 MiB line (stored as a sample name)."""
     stored: dict[str, list[str]] = {}
+    scrapes: dict[str, MetricsScrapes | None] = {}
     for behaviour in ("metrics-gzip", "metrics-huge", "metrics-garbage"):
         with hostile_server(behaviour) as server:
             done = run(trace, server.base_url, tmp_path / behaviour, "--scrape-metrics", "on")
         assert done.returncode == 0, done.stderr
+        assert ("warning: server metrics:" in done.stderr) == (behaviour == "metrics-huge"), done.stderr
         data = load_run(tmp_path / behaviour)
         assert data.requests.num_rows == 12, behaviour
         stored[behaviour] = [] if data.server_metrics is None else data.server_metrics.column("name").to_pylist()
+        scrapes[behaviour] = read_manifest(tmp_path / behaviour).metrics_scrapes
     assert stored["metrics-gzip"] and set(stored["metrics-gzip"]) == {"vllm:num_requests_running"}
     assert stored["metrics-huge"] == []  # over 50,000 lines: the scrape is skipped, as one over 16 MiB is
     assert stored["metrics-garbage"] and set(stored["metrics-garbage"]) == {"vllm:num_requests_running"}
+    # the manifest counts what was stored and what was skipped, by why, and the skipped ones are a warning
+    huge, gzip = scrapes["metrics-huge"], scrapes["metrics-gzip"]
+    assert huge is not None and huge.stored == 0 and set(huge.skipped) == {"over 50,000 lines"}
+    assert huge.skipped["over 50,000 lines"] >= 2  # the baseline scrape and the last one, at least
+    warned = [w for w in read_manifest(tmp_path / "metrics-huge").warnings if w.startswith("server metrics:")]
+    assert warned and f"{huge.skipped['over 50,000 lines']} of {huge.skipped['over 50,000 lines']}" in warned[0]
+    assert gzip is not None and gzip.stored >= 2 and gzip.skipped == {}
+    assert not [w for w in read_manifest(tmp_path / "metrics-gzip").warnings if w.startswith("server metrics:")]
 
 
 def test_the_key_said_back_encoded_or_as_the_served_model_is_not_stored(tmp_path: Path, trace: Path) -> None:

@@ -263,6 +263,11 @@ def test_workers_run_is_one_run_equal_to_the_single_process_run(tmp_path: Path, 
     driver = manifest.driver
     assert driver is not None and driver.part_writer in ("process", "both", "thread")  # what every worker used
     assert driver.part_writer_priority in ("idle", "low")  # both workers chose by the same CPUs
+    # worker 0 scraped /metrics and sampled the GPUs: its counts and its telemetry section are the run's
+    shard0 = read_manifest(merged / "workers" / "w0")
+    assert shard0.metrics_scrapes is not None and shard0.metrics_scrapes.stored >= 2
+    assert manifest.metrics_scrapes == shard0.metrics_scrapes and manifest.to_dict()["gpu_telemetry"]
+    assert manifest.to_dict()["gpu_telemetry"] == shard0.to_dict()["gpu_telemetry"]
     assert_same_analysis(single, merged, tmp_path)
 
 

@@ -12,16 +12,25 @@ import json
 import math
 import re
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import anyio
 import httpx
 
-from loadgen.driver.bounded import bounded_get
+from loadgen.driver.bounded import Bounded, bounded_get
 from loadgen.util.redact import without_secrets
 
-__all__ = ["METRICS_MAX_BYTES", "METRICS_MAX_LINES", "parse_prometheus_text", "samples_to_columns", "MetricsScraper"]
+__all__ = [
+    "METRICS_MAX_BYTES",
+    "METRICS_MAX_LINES",
+    "MetricsScraper",
+    "parse_prometheus_text",
+    "samples_to_columns",
+    "scrape_counts",
+    "scrape_warning",
+]
 
 #: Most bytes of one /metrics answer read; a longer one counts as a failed scrape.
 METRICS_MAX_BYTES = 16 << 20
@@ -125,7 +134,9 @@ class MetricsScraper:
     """Polls GET /metrics every ``interval_s`` and hands columns to ``sink`` (on the run clock).
 
     A sample's time is the midpoint between sending the scrape and receiving its body, relative to
-    ``anchor_ns``. A failed scrape is skipped, never raised. The run's ``secrets`` never reach a sample.
+    ``anchor_ns``. A failed scrape is skipped, never raised, and counted by why (``skipped``: no answer, an HTTP
+    status, over ``METRICS_MAX_BYTES`` or ``METRICS_MAX_LINES``, no sample in it); ``stored`` counts the
+    scrapes whose samples were kept. The run's ``secrets`` never reach a sample.
     """
 
     def __init__(
@@ -148,14 +159,16 @@ class MetricsScraper:
         self.prefixes = prefixes
         self.timeout_s = max(interval_s, 10.0)  # one scrape: connect to last byte
         self.secrets = secrets  # replaced in what a scrape stores (a server may echo the key in a label)
+        self.stored = 0
+        self.skipped: Counter[str] = Counter()
 
     async def scrape_once(self) -> None:
         t0 = time.perf_counter_ns()
         got = await bounded_get(self.client, self.url, timeout_s=self.timeout_s, max_bytes=METRICS_MAX_BYTES)
-        response = got.response
-        body = response.text if response is not None and response.status_code == 200 and not got.truncated else None
         t1 = time.perf_counter_ns()
-        if body is None or body.count("\n") > METRICS_MAX_LINES:
+        body, why = _body(got)
+        if body is None:
+            self.skipped[why] += 1
             return
         cols = samples_to_columns(
             parse_prometheus_text(without_secrets(body, self.secrets)),
@@ -163,8 +176,11 @@ class MetricsScraper:
             self.prefixes,
             self.labels,
         )
-        if cols["name"]:
-            self.sink(cols)
+        if not cols["name"]:
+            self.skipped["no sample"] += 1
+            return
+        self.stored += 1
+        self.sink(cols)
 
     async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         """Scrape now, then on a fixed-interval grid until cancelled."""
@@ -180,3 +196,39 @@ class MetricsScraper:
                 await anyio.sleep(delay)
             await self.scrape_once()
             k = max(k + 1, (time.perf_counter_ns() - start) // interval_ns + 1)
+
+
+def _body(got: Bounded) -> tuple[str | None, str]:
+    """A scrape's text, or None and why it is not kept."""
+    response = got.response
+    if response is None:
+        return None, "no answer"
+    if response.status_code != 200:
+        return None, f"HTTP {response.status_code}"
+    if got.truncated:
+        return None, f"over {METRICS_MAX_BYTES >> 20} MiB"
+    body = response.text
+    if body.count("\n") > METRICS_MAX_LINES:
+        return None, f"over {METRICS_MAX_LINES:,} lines"
+    return body, ""
+
+
+def scrape_counts(scrapers: list[MetricsScraper]) -> dict[str, Any]:
+    """The manifest's ``metrics_scrapes`` section: scrapes stored and skipped (by why) over every target."""
+    skipped: Counter[str] = Counter()
+    for scraper in scrapers:
+        skipped.update(scraper.skipped)
+    return {"stored": sum(s.stored for s in scrapers), "skipped": dict(sorted(skipped.items()))}
+
+
+def scrape_warning(counts: dict[str, Any]) -> str | None:
+    """One line for the manifest's warnings when any scrape was skipped (None: none was)."""
+    skipped = counts.get("skipped") or {}
+    total = sum(skipped.values())
+    if not total:
+        return None
+    why = ", ".join(f"{n} {reason}" for reason, n in skipped.items())
+    return (
+        f"server metrics: {total} of {total + counts.get('stored', 0)} /metrics scrapes skipped ({why}); "
+        "the server_metrics series has gaps there"
+    )

@@ -20,7 +20,7 @@ import resource
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -59,7 +59,7 @@ from ..trace.io import read_trace
 from .client import RunContext, execute, request_row, send_at_deadline
 from .gpu_telemetry import GpuSampler, open_gpu_telemetry
 from .jobs import Job, ServerTokenizer, build_jobs, resolve_tokenizer
-from .metrics_scrape import MetricsScraper
+from .metrics_scrape import MetricsScraper, scrape_counts, scrape_warning
 from .options import DEFAULT_TOTAL_TIMEOUT_S, DEFAULT_TTFT_TIMEOUT_S, RunOptions
 from .partition import Shard
 from .progress import Progress, context_counts, shows_progress
@@ -694,6 +694,7 @@ class _Run:
     recorder: Recorder
     info: TargetInfo
     transport: RawHTTP11Transport
+    scrapers: list[MetricsScraper] = field(default_factory=list)  # one per scraped target, once the anchor is taken
 
 
 async def _replay(
@@ -755,7 +756,7 @@ async def _measure(
         # nothing after it waits for a disk or the target: the manifest is written in the writer thread, and
         # the baseline scrape and GPU sample start in the lead time without holding the schedule back
         _take_anchor(ctx, run.writer, recorder, await shard.start_gate() if shard is not None else None)
-        scrapers = [_scraper(options, ctx, recorder, index, client) for index, client in scrape_clients]
+        scrapers = run.scrapers = [_scraper(options, ctx, recorder, index, client) for index, client in scrape_clients]
         for scraper in scrapers:
             outer.start_soon(scraper.run)
         if gpu is not None:
@@ -942,6 +943,10 @@ def _finish(run: _Run, outcome: tuple[str, str | None, bool, int | None]) -> Non
     parts_by = recorder.part_process
     if parts_by is not None and parts_by.warning:
         warnings.append(parts_by.warning)
+    scrapes = scrape_counts(run.scrapers) if run.scrapers else None
+    if scrapes is not None and (gaps := scrape_warning(scrapes)) is not None:
+        warnings.append(gaps)
+        print(f"loadgen: warning: {gaps}", file=sys.stderr)
     lag = ctx.lag.summary()
     if lag["p99"] is not None and lag["p99"] > SEND_LAG_WARN_NS:
         message = f"send lag p99 {lag['p99'] / 1e6:.2f} ms exceeds 1 ms: the client could not keep the schedule"
@@ -977,6 +982,8 @@ def _finish(run: _Run, outcome: tuple[str, str | None, bool, int | None]) -> Non
     }
     if ctx.router is not None:
         updates["routing"] = ctx.router.manifest(ctx.anchor_ns)
+    if scrapes is not None:
+        updates["metrics_scrapes"] = scrapes
     if interrupted_by:
         updates["interrupted_by"] = interrupted_by
     try:

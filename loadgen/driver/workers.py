@@ -606,7 +606,14 @@ class Coordinator:
             "what": "coordinator process CPU from opening the run to the merged manifest; set-up: launch to all ready",
         }
         updates["workers"] = section.model_dump(mode="json")
-        return updates
+        return updates | _sampled_sections(shards)
+
+
+def _sampled_sections(shards: list[Manifest]) -> dict[str, Any]:
+    """The sections of the worker that scraped /metrics and sampled the GPUs (worker 0: ``_worker_options``)."""
+    written = [m.to_dict() for m in shards]
+    keys = ("metrics_scrapes", "gpu_telemetry")
+    return {key: found[0] for key in keys if (found := [d[key] for d in written if d.get(key) is not None])}
 
 
 def _merged_driver(shards: list[Manifest]) -> dict[str, Any]:

@@ -38,6 +38,7 @@ __all__ = [
     "Harness",
     "Host",
     "LastFlush",
+    "MetricsScrapes",
     "Manifest",
     "ScenarioRef",
     "TargetRef",
@@ -68,6 +69,14 @@ class Section(BaseModel):
     """A manifest section: typed where loadgen reads it, open to keys it only carries."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class MetricsScrapes(Section):
+    """The target's /metrics scrapes of a run: how many were stored, how many skipped and why
+    (``driver.metrics_scrape``); the server_metrics series has a gap at every skipped one."""
+
+    stored: int = 0
+    skipped: dict[str, int] = {}
 
 
 class Harness(Section):
@@ -271,6 +280,7 @@ class Manifest(BaseModel):
     practice: dict[str, Any] | None = None
     handoff: dict[str, Any] | None = None
     workers: WorkersInfo | None = None  # a run spread over workers (``--workers``/``--ray``)
+    metrics_scrapes: MetricsScrapes | None = None  # absent: no /metrics scraped
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with the on-disk key names (``modelExecuted``, ...)."""
