@@ -20,6 +20,7 @@ import anyio
 import httpx
 
 from loadgen.driver.bounded import Bounded, bounded_get
+from loadgen.rundir.manifest import MetricsScrapes
 from loadgen.util.redact import without_secrets
 
 __all__ = [
@@ -213,22 +214,21 @@ def _body(got: Bounded) -> tuple[str | None, str]:
     return body, ""
 
 
-def scrape_counts(scrapers: list[MetricsScraper]) -> dict[str, Any]:
+def scrape_counts(scrapers: list[MetricsScraper]) -> MetricsScrapes:
     """The manifest's ``metrics_scrapes`` section: scrapes stored and skipped (by why) over every target."""
     skipped: Counter[str] = Counter()
     for scraper in scrapers:
         skipped.update(scraper.skipped)
-    return {"stored": sum(s.stored for s in scrapers), "skipped": dict(sorted(skipped.items()))}
+    return MetricsScrapes(stored=sum(s.stored for s in scrapers), skipped=dict(sorted(skipped.items())))
 
 
-def scrape_warning(counts: dict[str, Any]) -> str | None:
+def scrape_warning(counts: MetricsScrapes) -> str | None:
     """One line for the manifest's warnings when any scrape was skipped (None: none was)."""
-    skipped = counts.get("skipped") or {}
-    total = sum(skipped.values())
+    total = sum(counts.skipped.values())
     if not total:
         return None
-    why = ", ".join(f"{n} {reason}" for reason, n in skipped.items())
+    why = ", ".join(f"{n} {reason}" for reason, n in counts.skipped.items())
     return (
-        f"server metrics: {total} of {total + counts.get('stored', 0)} /metrics scrapes skipped ({why}); "
+        f"server metrics: {total} of {total + counts.stored} /metrics scrapes skipped ({why}); "
         "the server_metrics series has gaps there"
     )

@@ -983,7 +983,7 @@ def _finish(run: _Run, outcome: tuple[str, str | None, bool, int | None]) -> Non
     if ctx.router is not None:
         updates["routing"] = ctx.router.manifest(ctx.anchor_ns)
     if scrapes is not None:
-        updates["metrics_scrapes"] = scrapes
+        updates["metrics_scrapes"] = scrapes.model_dump(mode="json")
     if interrupted_by:
         updates["interrupted_by"] = interrupted_by
     try:
