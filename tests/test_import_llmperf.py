@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import json
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -16,6 +18,7 @@ from loadgen.cli import main
 from loadgen.rundir.foreign import import_llmperf, llmperf_error_kind
 from loadgen.rundir.io import read_run_table
 from loadgen.stats.percentiles import percentile
+from loadgen.util.errors import RunDirError
 
 RAW = TRACES / "benchmark_results" / "llmperf-leaderboard" / "raw_data"
 FILES = sorted((RAW / "individual").glob("*.json")) if (RAW / "individual").is_dir() else []
@@ -102,3 +105,40 @@ def test_bad_file_is_one_line_error(tmp_path):
     bad.write_text('[{"ttft_s": 1}]')
     with pytest.raises(RunDirError, match="end_to_end_latency_s"):
         import_llmperf(bad, tmp_path / "run2")
+
+
+@pytest.mark.parametrize(
+    ("records", "said"),
+    [
+        ([{"ttft_s": "fast", "end_to_end_latency_s": 1}], "[0].ttft_s = 'fast': expected"),
+        (
+            [{"ttft_s": 0.1, "end_to_end_latency_s": 1}, {"ttft_s": True, "end_to_end_latency_s": 1}],
+            "[1].ttft_s = True: expected a number, got the boolean true",
+        ),
+        ([{"ttft_s": 0.1, "end_to_end_latency_s": -1}], "[0].end_to_end_latency_s = -1: expected"),
+        ([{"ttft_s": 0.1, "end_to_end_latency_s": 1, "number_input_tokens": "ten"}], "[0].number_input_tokens"),
+    ],
+)
+def test_a_broken_record_is_one_line_and_leaves_no_run(tmp_path, records, said):
+    """A record with a wrong type was a traceback (ValueError) or read as a number; now one line, exit 2, no run."""
+    src = tmp_path / "individual.json"
+    src.write_text(json.dumps(records))
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadgen", "import", "llmperf", str(src), "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{src}: {said}" in proc.stderr
+    assert not out.exists()
+
+
+def test_a_broken_summary_beside_the_records_is_one_line(tmp_path):
+    (tmp_path / "individual").mkdir()
+    (tmp_path / "summary").mkdir()
+    src = tmp_path / "individual" / "r.json"
+    src.write_text(json.dumps([{"ttft_s": 0.1, "end_to_end_latency_s": 1}]))
+    (tmp_path / "summary" / "r.json").write_text(json.dumps({"num_concurrent_requests": "many"}))
+    with pytest.raises(RunDirError, match=r"summary/r.json: num_concurrent_requests = 'many': expected"):
+        import_llmperf(src, tmp_path / "run")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -174,3 +176,46 @@ def test_real_vllm_bench_serve_result_reproduced(tmp_path):
     assert a.overall.status_counts["ok"] == published["completed"]
     assert a.overall.status_counts["error"] == published["failed"]
     assert a.rates_meaningful and m["client_queue_ms"]["n"] == published["completed"]
+
+
+def test_a_first_request_that_queued_is_scheduled_at_the_runs_zero_not_before_it(tmp_path):
+    """The run's zero is the earliest scheduled instant: a first request with a client queue time was written
+    at a negative scheduled_ns (before the anchor) when the zero was the first send."""
+    src = tmp_path / "queued.json"
+    src.write_text(json.dumps(_result(queue_times=[0.005, 0.0, 0.0])))
+    run = import_vllm_bench(src, tmp_path / "run")
+    rows = pq.read_table(run / "requests.parquet").to_pandas().sort_values("request_id")
+    assert list(rows.scheduled_ns) == [0, 15_000_000, 25_000_000]
+    assert list(rows.sent_ns - rows.scheduled_ns) == [5_000_000, 0, 0]  # each request's queue time, kept
+    assert analyze_run(run).overall.metrics["client_queue_ms"]["max"] == pytest.approx(5)
+
+
+@pytest.mark.parametrize(
+    ("over", "said"),
+    [
+        ({"itls": [[0.01], [0.01]]}, "itls has 2 entries: expected one per request (3, as ttfts)"),
+        ({"latencies": [0.08]}, "latencies has 1 entries: expected one per request (3"),
+        ({"start_times": ["soon", 100.01, 100.02]}, "start_times[0] = 'soon': expected"),
+        ({"queue_times": [0.0, "x", 0.0]}, "queue_times[1] = 'x': expected"),
+        ({"ttfts": [0.05, -0.08, 0.0]}, "ttfts[1] = -0.08: expected"),
+        ({"input_lens": [10, 12.5, 11]}, "input_lens[1] = 12.5: expected"),
+        ({"output_lens": [3, True, 0]}, "output_lens[1] = True: expected a number, got the boolean true"),
+        ({"itls": [[0.01, 0.02], 0.01, []]}, "itls[1] = 0.01: expected"),
+        ({"duration": "long"}, "duration = 'long': expected"),
+    ],
+)
+def test_a_broken_result_file_is_one_line_and_leaves_no_run(tmp_path, over, said):
+    """Each was a traceback (IndexError, ValueError, TypeError) or silently read; now one line naming the file,
+    the field and its value, exit 2, and no run directory begun."""
+    src = tmp_path / "broken.json"
+    src.write_text(json.dumps(_result(**over)))
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadgen", "import", "vllm", str(src), "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert f"{src}: {said}" in proc.stderr
+    assert not out.exists()

@@ -28,6 +28,13 @@ import re
 from pathlib import Path
 from typing import Any
 
+from loadgen.rundir.foreign_input import (
+    LlmperfRecord,
+    VllmBenchResult,
+    read_llmperf_records,
+    read_llmperf_summary,
+    read_vllm_bench_result,
+)
 from loadgen.rundir.identity import harness_identity, sha256_file, utc_now_iso
 from loadgen.rundir.io import RunWriter
 from loadgen.rundir.manifest import Anchor, Manifest, TargetRef
@@ -131,9 +138,9 @@ def import_llmperf(
 ) -> Path:
     """LLMPerf ``individual`` JSON → run directory at ``out_dir``; returns it. See module docstring."""
     path = Path(path)
-    rows = _llmperf_records(path)
+    rows = read_llmperf_records(path, _load_json(path))
     summary_path = Path(summary) if summary else _find_llmperf_summary(path)
-    summ = _load_json(summary_path) if summary_path else {}
+    summ = read_llmperf_summary(summary_path, _load_json(summary_path)).model_dump() if summary_path else {}
     if concurrency is None:
         concurrency = int(summ.get("num_concurrent_requests") or 1)
     target = {
@@ -156,29 +163,17 @@ def import_llmperf(
     target_out = summ.get("mean_output_tokens")
     with RunWriter(Path(out_dir), manifest) as writer:
         for i, r in enumerate(rows):
-            start = slots.place(_ns(r.get("end_to_end_latency_s") or 0))
+            start = slots.place(_ns(r.end_to_end_latency_s or 0))
             writer.add_request(_llmperf_row(f"{path.stem}-{i:05d}", r, start, request_class, target_out))
         writer.close({"ended_utc": utc_now_iso(), "duration_s": None})
     return Path(out_dir)
 
 
-def _llmperf_records(path: Path) -> list[dict[str, Any]]:
-    """The per-request records of an LLMPerf ``individual`` file, each with its TTFT and end-to-end latency."""
-    rows = _load_json(path)
-    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        raise RunDirError(f"{path}: expected a JSON list of LLMPerf per-request records")
-    for i, r in enumerate(rows):
-        for key in ("ttft_s", "end_to_end_latency_s"):
-            if key not in r:
-                raise RunDirError(f"{path}: record [{i}] has no {key}: expected an LLMPerf individual record")
-    return rows
-
-
-def _llmperf_row(request_id: str, r: dict[str, Any], start: int, request_class: str, target_out: Any) -> dict[str, Any]:
+def _llmperf_row(request_id: str, r: LlmperfRecord, start: int, request_class: str, target_out: Any) -> dict[str, Any]:
     """One LLMPerf record as a request row starting at ``start`` ns (its slot); an error code as its kind."""
-    ttft = r.get("ttft_s") or 0
-    got_token = float(ttft) > 0
-    out_tokens = r.get("number_output_tokens")
+    ttft = r.ttft_s or 0
+    got_token = ttft > 0
+    out_tokens = r.number_output_tokens
     row = empty_request_row(
         request_id=request_id,
         request_class=request_class,
@@ -186,33 +181,22 @@ def _llmperf_row(request_id: str, r: dict[str, Any], start: int, request_class: 
         slot_acquired_ns=start,
         sent_ns=start,
         first_token_ns=start + _ns(ttft) if got_token else None,
-        done_ns=start + _ns(r.get("end_to_end_latency_s") or 0),
-        target_prompt_tokens=int(r.get("number_input_tokens") or 0),
+        done_ns=start + _ns(r.end_to_end_latency_s or 0),
+        target_prompt_tokens=r.number_input_tokens or 0,
         target_output_tokens=int(target_out if target_out is not None else (out_tokens or 0)),
-        client_prompt_tokens=r.get("number_input_tokens"),
-        client_output_tokens=int(out_tokens) if got_token and out_tokens is not None else None,
+        client_prompt_tokens=r.number_input_tokens,
+        client_output_tokens=out_tokens if got_token else None,
     )
-    code = r.get("error_code")
+    code = r.error_code
     if code is None:
         row["status"] = "ok"
         return row
     kind, http = llmperf_error_kind(code)
-    msg = str(r.get("error_msg") or "").splitlines()[0] if r.get("error_msg") else ""
+    msg = r.error_msg.splitlines()[0] if r.error_msg else ""
     row.update(
         status="error", error_kind=kind, http_status=http, error_message=f"llmperf error_code {code}: {msg}"[:300]
     )
     return row
-
-
-def _read_vllm_result(path: Path) -> dict[str, Any]:
-    """The result object, checked for the per-request lists ``--save-detailed`` writes."""
-    data = _load_json(path)
-    if not isinstance(data, dict):
-        raise RunDirError(f"{path}: expected a vLLM bench serve result object")
-    for key in ("ttfts", "itls", "input_lens", "output_lens"):
-        if not isinstance(data.get(key), list):
-            raise RunDirError(f"{path}: no per-request {key!r} list: expected a result saved with --save-detailed")
-    return data
 
 
 def _vllm_timing_notes(data: dict[str, Any], measured: bool, conc: Any) -> list[str]:
@@ -255,39 +239,43 @@ def _vllm_manifest(path: Path, data: dict[str, Any], request_class: str, synthes
 class _VllmSample:
     """One request of a vLLM result: TTFT, inter-token gaps and E2E in seconds, output length, error text."""
 
-    def __init__(self, data: dict[str, Any], i: int, errors: list[Any]) -> None:
-        self.error = errors[i] if i < len(errors) else ""
+    def __init__(self, data: VllmBenchResult, i: int) -> None:
+        self.error = (data.errors[i] or "") if data.errors is not None else ""
         self.ok = not self.error
-        self.ttft_s = float(data["ttfts"][i] or 0)
-        self.itl_s = [float(x) for x in (data["itls"][i] or [])]
-        self.input_len = int(data["input_lens"][i] or 0)
-        self.output_len = int(data["output_lens"][i] or 0)
-        latencies = data.get("latencies")
-        self.e2e_s = (
-            float(latencies[i])
-            if isinstance(latencies, list) and latencies[i] is not None
-            else self.ttft_s + sum(self.itl_s)
-        )
+        self.ttft_s = data.ttfts[i] or 0.0
+        self.itl_s = data.itls[i] or []
+        self.input_len = data.input_lens[i] or 0
+        self.output_len = data.output_lens[i] or 0
+        latency = data.latencies[i] if data.latencies is not None else None
+        self.e2e_s = latency if latency is not None else self.ttft_s + sum(self.itl_s)
 
 
 class _VllmClock:
-    """Send instants: real (``start_times`` from the first start, minus ``queue_times`` for scheduled),
-    or synthesized on back-to-back concurrency slots."""
+    """Send instants: real (``start_times``, minus ``queue_times`` for scheduled), or synthesized on
+    back-to-back concurrency slots. The run's zero is the earliest scheduled instant (a start less its queue
+    time), so no request is scheduled before the run's anchor: anchoring at the first start put a first
+    request that had queued at a negative ``scheduled_ns``."""
 
-    def __init__(self, data: dict[str, Any], measured: bool, n: int, conc: int) -> None:
-        self.measured = measured
-        self.starts: list[Any] = data.get("start_times") or []
-        self.queues = data.get("queue_times")
-        self.t0 = min(float(s) for s in self.starts) if measured and n else 0.0
+    def __init__(self, data: VllmBenchResult, n: int, conc: int) -> None:
+        self.starts = data.start_times or []
+        self.measured = data.start_times is not None
+        self.queues = data.queue_times
+        self.t0 = min(self.starts[i] - self._queue_s(i) for i in range(n)) if self.measured and n else 0.0
         self.slots = _Slots(conc)
 
+    def _queue_s(self, i: int) -> float:
+        """Request ``i``'s client queue time, s (0 where the file has none)."""
+        q = self.queues[i] if self.queues is not None else None
+        return q or 0.0
+
     def place(self, i: int, e2e_s: float) -> tuple[int, int]:
-        """(sent_ns, queue_ns) of request ``i``."""
+        """(sent_ns, scheduled_ns) of request ``i``: scheduled is computed as the anchor was, so it is never
+        below 0."""
         if self.measured:
-            sent = _ns(float(self.starts[i]) - self.t0)
-            queue = _ns(self.queues[i]) if isinstance(self.queues, list) and self.queues[i] is not None else 0
-            return sent, queue
-        return self.slots.place(_ns(e2e_s)), 0
+            start = self.starts[i]
+            return _ns(start - self.t0), _ns(start - self._queue_s(i) - self.t0)
+        sent = self.slots.place(_ns(e2e_s))
+        return sent, sent
 
 
 def _vllm_chunks(request_id: str, sent: int, sample: _VllmSample) -> tuple[dict[str, list[Any]], bool]:
@@ -327,12 +315,11 @@ def import_vllm_bench(
 ) -> Path:
     """vLLM ``bench serve --save-detailed`` result JSON → run directory; returns it."""
     path = Path(path)
-    data = _read_vllm_result(path)
-    n = len(data["ttfts"])
-    errors = data.get("errors") or [""] * n
-    starts = data.get("start_times")
-    measured = isinstance(starts, list) and len(starts) == n
-    conc = concurrency or data.get("max_concurrency") or 1
+    data = _load_json(path)
+    result = read_vllm_bench_result(path, data)
+    n = len(result.ttfts)
+    measured = result.start_times is not None
+    conc = concurrency or result.max_concurrency or 1
     notes = _vllm_timing_notes(data, measured, conc)
     synthesized = {
         "timing": not measured,
@@ -341,16 +328,16 @@ def import_vllm_bench(
         "notes": notes,
     }
     manifest = _vllm_manifest(path, data, request_class, synthesized)
-    clock = _VllmClock(data, measured, n, int(conc))
+    clock = _VllmClock(result, n, conc)
     uneven = 0
     with RunWriter(Path(out_dir), manifest) as writer:
         for i in range(n):
-            sample = _VllmSample(data, i, errors)
-            sent, queue = clock.place(i, sample.e2e_s)
+            sample = _VllmSample(result, i)
+            sent, scheduled = clock.place(i, sample.e2e_s)
             row = empty_request_row(
                 request_id=f"{path.stem}-{i:05d}",
                 request_class=request_class,
-                scheduled_ns=sent - max(0, queue),
+                scheduled_ns=scheduled,
                 slot_acquired_ns=sent,
                 sent_ns=sent,
                 target_prompt_tokens=sample.input_len,
@@ -380,5 +367,5 @@ def import_vllm_bench(
                 f"{uneven} request(s): output tokens != chunks; one token per chunk, or tokens spread "
                 f"evenly when there are more tokens than chunks"
             )
-        writer.close({"ended_utc": utc_now_iso(), "duration_s": data.get("duration"), "synthesized": synthesized})
+        writer.close({"ended_utc": utc_now_iso(), "duration_s": result.duration, "synthesized": synthesized})
     return Path(out_dir)

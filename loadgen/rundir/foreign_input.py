@@ -1,0 +1,150 @@
+"""The other tools' result files that ``loadgen import`` reads, as typed input: each is checked whole before a
+run directory is started, so a broken file is one line (file, field, value, what was expected), exit 2, and
+leaves no half-written run.
+
+* ``VllmBenchResult``: vLLM ``bench serve --save-detailed`` (the per-request lists, one entry per request:
+  as many as ``ttfts``). Its other keys (vLLM's summary figures) are kept as written.
+* ``LlmperfRecord``: one record of an LLMPerf ``individual`` file, and ``LlmperfSummary`` the ``summary`` file
+  beside it. Their other keys are kept as written.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+from loadgen.util.errors import RunDirError
+from loadgen.util.limits import InputModel
+from loadgen.workload.scenario import format_validation_error
+
+__all__ = [
+    "LlmperfRecord",
+    "LlmperfSummary",
+    "VllmBenchResult",
+    "read_llmperf_records",
+    "read_llmperf_summary",
+    "read_vllm_bench_result",
+]
+
+
+def _not_boolean(value: Any) -> Any:
+    if isinstance(value, bool):  # pydantic would take true as 1
+        raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
+    return value
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise ValueError("expected a finite number")
+    return value
+
+
+#: A finite number (seconds, an instant on the bench's clock); NaN and infinities refused.
+Finite = Annotated[float, BeforeValidator(_not_boolean), AfterValidator(_finite)]
+#: A finite number, 0 or more.
+NonNegative = Annotated[float, Field(ge=0), BeforeValidator(_not_boolean), AfterValidator(_finite)]
+#: A duration, s.
+Seconds = NonNegative
+#: A token count, 0 or more.
+Tokens = Annotated[int, Field(ge=0), BeforeValidator(_not_boolean)]
+
+#: The per-request lists of a vLLM result besides ``ttfts``: each holds one entry per request.
+_VLLM_PER_REQUEST = ("itls", "input_lens", "output_lens", "errors", "latencies", "start_times", "queue_times")
+
+
+class VllmBenchResult(InputModel):
+    """A vLLM ``bench serve --save-detailed`` result: per request (index i of every list), its TTFT, inter-token
+    gaps, token counts, error text and, where the version writes them, E2E, send instant and client queue time.
+    A null count or time is a request that failed before it (read as 0), as vLLM writes them."""
+
+    model_config = ConfigDict(extra="allow")
+
+    ttfts: list[Seconds | None] = Field(description="time to first token per request, s")
+    itls: list[list[Seconds] | None] = Field(description="per request, the gaps between its chunks, s")
+    input_lens: list[Tokens | None] = Field(description="prompt tokens per request")
+    output_lens: list[Tokens | None] = Field(description="output tokens per request")
+    errors: list[str | None] | None = Field(None, description="per request, its error text ('' when it succeeded)")
+    latencies: list[Seconds | None] | None = Field(None, description="end-to-end latency per request, s")
+    start_times: list[Finite] | None = Field(None, description="per request, its send instant on the bench's clock, s")
+    queue_times: list[Seconds | None] | None = Field(None, description="per request, its client queue time, s")
+    max_concurrency: int | None = Field(None, ge=1, description="the bench's concurrency cap (requests)")
+    duration: Seconds | None = Field(None, description="the bench's duration, s")
+
+    @model_validator(mode="after")
+    def _one_entry_per_request(self) -> VllmBenchResult:
+        n = len(self.ttfts)
+        for key in _VLLM_PER_REQUEST:
+            values = getattr(self, key)
+            if values is not None and len(values) != n:
+                raise ValueError(f"{key} has {len(values)} entries: expected one per request ({n}, as ttfts)")
+        return self
+
+
+class LlmperfRecord(InputModel):
+    """One LLMPerf per-request record: TTFT and E2E in seconds, token counts, an error code and message."""
+
+    model_config = ConfigDict(extra="allow")
+
+    ttft_s: Seconds | None = Field(description="time to first token, s (0 or null: no token came)")
+    end_to_end_latency_s: Seconds | None = Field(description="end-to-end latency, s")
+    number_input_tokens: Tokens | None = Field(None, description="prompt tokens")
+    number_output_tokens: Tokens | None = Field(None, description="output tokens")
+    error_code: int | float | str | None = Field(None, description="LLMPerf's error code (HTTP status or its own)")
+    error_msg: str | None = Field(None, description="the error's text")
+
+
+class LlmperfSummary(InputModel):
+    """The LLMPerf ``summary`` file beside an ``individual`` one: what the import takes from it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    num_concurrent_requests: int | None = Field(None, ge=1, description="the run's concurrency (requests)")
+    mean_output_tokens: NonNegative | None = Field(None, description="the mean output tokens requested")
+    api: str | None = Field(None, description="the endpoint's URL")
+    model: str | None = None
+    name: str | None = None
+    framework: str | None = None
+
+
+_LLMPERF_FILE = TypeAdapter(list[LlmperfRecord])
+
+
+def read_vllm_bench_result(path: Path, data: Any) -> VllmBenchResult:
+    """``data`` (the file's JSON) as a vLLM result; RunDirError with one line on its first problem."""
+    if not isinstance(data, dict):
+        raise RunDirError(f"{path}: expected a vLLM bench serve result object")
+    for key in ("ttfts", "itls", "input_lens", "output_lens"):
+        if not isinstance(data.get(key), list):
+            raise RunDirError(f"{path}: no per-request {key!r} list: expected a result saved with --save-detailed")
+    try:
+        return VllmBenchResult.model_validate(data)
+    except ValidationError as exc:
+        raise RunDirError(format_validation_error(str(path), exc, VllmBenchResult)) from None
+
+
+def read_llmperf_summary(path: Path, data: Any) -> LlmperfSummary:
+    """``data`` (the summary file's JSON) as an LLMPerf summary; RunDirError with one line on its first problem."""
+    if not isinstance(data, dict):
+        raise RunDirError(f"{path}: expected an LLMPerf summary object")
+    try:
+        return LlmperfSummary.model_validate(data)
+    except ValidationError as exc:
+        raise RunDirError(format_validation_error(str(path), exc, LlmperfSummary)) from None
+
+
+def read_llmperf_records(path: Path, data: Any) -> list[LlmperfRecord]:
+    """``data`` (the file's JSON) as LLMPerf per-request records; RunDirError with one line on the first
+    problem (``[i].field``)."""
+    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+        raise RunDirError(f"{path}: expected a JSON list of LLMPerf per-request records")
+    for i, r in enumerate(data):
+        for key in ("ttft_s", "end_to_end_latency_s"):
+            if key not in r:
+                raise RunDirError(f"{path}: record [{i}] has no {key}: expected an LLMPerf individual record")
+    try:
+        return _LLMPERF_FILE.validate_python(data)
+    except ValidationError as exc:
+        raise RunDirError(format_validation_error(str(path), exc, LlmperfRecord)) from None
