@@ -286,6 +286,28 @@ def test_a_boolean_is_not_taken_as_a_number(tmp_path, capsys, source, old, new, 
     fails(capsys, [*command, path], str(path), expected, "expected a number, got the boolean true")
 
 
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ("concurrency = [8, 64]", "concurrency = [8, true]", "concurrency[1] = True"),
+        ("rates_rps = [1, 2, 4, 8, 16]", "rates_rps = [true, 2, 4, 8, 16]", "rates_rps[0] = True"),
+    ],
+)
+def test_a_boolean_in_a_list_of_numbers_is_not_taken_as_one(tmp_path, capsys, old, new, expected):
+    """``concurrency = [8, true]`` ran a cell at concurrency 1: the boolean guard looked at a field's own value,
+    never at a list's items."""
+    text = (REPO / "scenarios" / "plans" / "quick.toml").read_text()
+    assert old in text
+    text = text.replace(old, new, 1).replace('"../canonical.toml"', f'"{REPO / "scenarios" / "canonical.toml"}"')
+    path = tmp_path / "quick.toml"
+    path.write_text(text)
+    out = tmp_path / "plan"
+    fails(
+        capsys, ["plan", path, "--sim-worksheet", "instant", "--out", out], str(path), expected, "got the boolean true"
+    )
+    assert not out.exists()
+
+
 def test_ledger_refuses_bad_configs(tmp_path, capsys):
     (tmp_path / "bytes.json").write_bytes(b'{"hidden_size": "\xff"}')
     fails(capsys, ["ledger", "--model", tmp_path / "bytes.json"], "not UTF-8")

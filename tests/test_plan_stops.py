@@ -12,6 +12,7 @@ from sim_kill import kill_after_successes
 
 from loadgen.plan import load_plan, run_plan
 from loadgen.targets import SimServerTarget, UrlTarget
+from loadgen.trace import read_trace
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -253,5 +254,17 @@ def test_time_budget_is_respected_on_a_live_target(tmp_path: Path) -> None:
     assert result.state["status"] == "incomplete"
     assert result.state["ended"].startswith("budget exhausted: time budget")
     consumed = result.state["budget"]["consumed_time_s"]
-    assert 2.0 < consumed <= 6.0 + 0.5  # runs (warm-up, replay, analysis) never start past what is left
+    assert consumed > 2.0
+    # a run starts only while its trace time (and the largest overhead seen) is left: what was consumed before
+    # the last run began, plus its trace time, fits the budget. How long that run then takes is the host's:
+    # a wall-clock bound on the total (it was <= 6.5 s) failed on a loaded 2-core host (6.62 s)
+    cells = tmp_path / "out" / "cells"
+    runs = sorted(
+        (json.loads(p.read_text()) for p in cells.glob("*/rep*/cell_result.json")), key=lambda r: r["order_index"]
+    )
+    last = runs[-1]
+    _, last_trace = read_trace(tmp_path / "out" / last["trace"])
+    assert last_trace["duration_s"] > 0
+    assert sum(r["wall_s"] for r in runs[:-1]) + last_trace["duration_s"] <= 6.0
+    assert consumed == pytest.approx(sum(r["wall_s"] for r in runs), abs=0.01)
     assert "Budget consumed" in (tmp_path / "out" / "region.md").read_text()

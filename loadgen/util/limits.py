@@ -8,7 +8,8 @@ a bound are rejected with one line naming the file, field, value and the bound; 
 from __future__ import annotations
 
 import math
-from typing import Any, get_args
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, model_validator
 
@@ -73,15 +74,38 @@ class InputModel(BaseModel):
     def _no_boolean_numbers(cls, data: Any) -> Any:
         for name, value in data.items() if isinstance(data, dict) else ():
             field = cls.model_fields.get(name)
-            if isinstance(value, bool) and field is not None and _numbers_only(field.annotation):
+            if field is None:
+                continue
+            if isinstance(value, bool) and _numbers_only(field.annotation):
                 raise ValueError(f"{name} = {value}: expected a number, got the boolean {str(value).lower()}")
+            if isinstance(value, list | tuple) and _number_list(field.annotation):
+                for i, item in enumerate(value):
+                    if isinstance(item, bool):
+                        raise ValueError(
+                            f"{name}[{i}] = {item}: expected a number, got the boolean {str(item).lower()}"
+                        )
         return data
+
+
+def _kinds(annotation: Any) -> tuple[Any, ...]:
+    """The types a field may hold: a union's members (or the type itself), each without its ``Annotated``."""
+    kinds = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
+    return tuple(get_args(k)[0] if get_origin(k) is Annotated else k for k in kinds)
 
 
 def _numbers_only(annotation: Any) -> bool:
     """A field of type int or float (or either or None), which a boolean does not belong in."""
-    kinds = get_args(annotation) or (annotation,)
+    kinds = _kinds(annotation)
     return bool not in kinds and (int in kinds or float in kinds)
+
+
+def _number_list(annotation: Any) -> bool:
+    """A field that is a list or tuple of numbers (or None): a boolean item does not belong in it."""
+    for kind in _kinds(annotation):
+        if get_origin(kind) in (list, tuple):
+            items = [a for a in get_args(kind) if a is not Ellipsis]
+            return bool(items) and all(_numbers_only(a) for a in items)
+    return False
 
 
 def check_number(value: object, lo: float, hi: float) -> str | None:
