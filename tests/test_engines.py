@@ -84,6 +84,15 @@ def test_parse_cpu_log():
     )
 
 
+def test_non_default_args_that_are_no_dict_stay_text():
+    """vLLM's 'non-default args' line is a dict literal, kept as JSON holds it; one that spells anything else is
+    kept as its text (a set had stopped `parse-log` with a traceback: not JSON serializable)."""
+    line = "INFO 11-29 08:15:16 [api_utils.py:286] non-default args: {'port', 8123}\n"
+    assert parse_vllm_log(line) == {"non_default_args": "{'port', 8123}"}
+    nested = line.replace("{'port', 8123}", "{'port': 8123, 'sizes': (1, 2), 'skip': {'a'}}")
+    assert parse_vllm_log(nested) == {"non_default_args": {"port": 8123, "sizes": [1, 2], "skip": "{'a'}"}}
+
+
 def test_parse_gpu_log_other_formats():
     notes = parse_vllm_log(GPU_LOG)
     assert notes["version"] == "0.9.1"

@@ -9,6 +9,7 @@ runner messages); a line that is absent leaves its key out rather than guessing.
 from __future__ import annotations
 
 import ast
+import json
 import re
 from datetime import datetime
 from pathlib import Path
@@ -118,6 +119,18 @@ def _scalar(v: str) -> Any:
         return v.replace("torch.", "")
 
 
+def _literal_dict(text: str) -> dict[str, Any] | str:
+    """The dict a Python literal spells (keys text), as JSON holds it (a tuple a list, a set its text), or the
+    text itself when it spells something else."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return text
+    if not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):
+        return text
+    return dict(json.loads(json.dumps(value, default=str)))
+
+
 def _ts(line: str) -> datetime | None:
     m = _TS.search(line)
     if not m:
@@ -158,10 +171,7 @@ def _scan_line(notes: dict[str, Any], line: str) -> None:
     if "non_default_args" not in notes:
         m = _NON_DEFAULT.search(line)
         if m:
-            try:
-                notes["non_default_args"] = ast.literal_eval(m.group(1))
-            except (ValueError, SyntaxError):
-                notes["non_default_args"] = m.group(1)
+            notes["non_default_args"] = _literal_dict(m.group(1))
     for key, pattern in _PATTERNS:
         if (
             key in notes
