@@ -215,6 +215,8 @@ def test_server_lifecycle(tmp_path, standin):
         assert notes["kv_cache_size_tokens"] == 4096 and notes["max_model_len"] == 1000
         extra = server.manifest_extra()
         assert extra["target"]["kind"] == "vllm" and extra["target"]["engine"]["version"] == "0.0-standin"
+        memory = server.manifest_extra({"rss_high_water_bytes": 1})["engine_notes"]
+        assert memory["memory"] == {"rss_high_water_bytes": 1} and "memory" not in memory["log"]  # beside, as amended
         assert "--load-format" in extra["target"]["engine"]["config"]["args"]
         child = int(child_file.read_text())
         assert psutil.pid_exists(child)
@@ -453,7 +455,9 @@ def test_engine_report_merges_manifest_log_and_metrics(tmp_path):
     from loadgen.rundir.schema import MANIFEST_FILE, SERVER_METRICS_FILE
     from loadgen.vllm import engine_report
 
-    (tmp_path / MANIFEST_FILE).write_text(json.dumps({"engine_notes": {"log": {"max_model_len": 1234}}}))
+    # an older writer put memory inside the log notes: the manifest stays open, so that run dir still reads
+    old_log = {"max_model_len": 1234, "memory": {"rss_high_water_bytes": 5}}
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps({"engine_notes": {"log": old_log}}))
     (tmp_path / "vllm.log").write_text(CPU_LOG)
     labels = json.dumps({"block_size": "128", "num_gpu_blocks": "4096"})
     pq.write_table(
@@ -462,6 +466,7 @@ def test_engine_report_merges_manifest_log_and_metrics(tmp_path):
     )
     report = engine_report(tmp_path)
     assert report["max_model_len"] == 1234  # the manifest wins over the log's 2000
+    assert report["memory"] == {"rss_high_water_bytes": 5}
     assert report["kv_cache_size_tokens"] == 512_000 and report["cache_config_info"]["num_gpu_blocks"] == "4096"
     assert report["sources"] == [
         str(tmp_path / MANIFEST_FILE),

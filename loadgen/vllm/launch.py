@@ -243,8 +243,6 @@ def vllm_manifest_extra(
     """The manifest's ``target`` (kind, version, engine args/env), ``engine_notes`` and ``behavior_relevant``."""
     env = server.environment()
     notes = server.engine_notes()
-    if memory:
-        notes["memory"] = memory
     return {
         "target": {
             "kind": "vllm",
@@ -264,6 +262,7 @@ def vllm_manifest_extra(
                 },
             },
         },
-        "engine_notes": {"log": notes},
+        # the log's notes under "log"; memory beside them, where measure_with_server puts it
+        "engine_notes": {"log": notes, **({"memory": memory} if memory else {})},
         "behavior_relevant": behavior_relevant(notes),
     }
