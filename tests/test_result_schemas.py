@@ -20,7 +20,7 @@ from loadgen.calibration.calibrate_result import CALIBRATION_SCHEMA_VERSION
 from loadgen.calibration.fidelity import FIDELITY_SCHEMA_VERSION
 from loadgen.calibration.offline_result import MEASURED_VALIDATION_SCHEMA_VERSION
 from loadgen.cli.schema_cmd import RESULT_NAMES
-from loadgen.contract.result import CONTRACT_SCHEMA_VERSION
+from loadgen.contract.result import CONTRACT_DIFF_SCHEMA_VERSION, CONTRACT_SCHEMA_VERSION
 from loadgen.handoff.result import (
     HANDOFF_BUNDLE_SCHEMA_VERSION,
     HANDOFF_RERUN_SCHEMA_VERSION,
@@ -57,6 +57,7 @@ VERSIONS = {
     "practice": PRACTICE_SCHEMA_VERSION,
     "contract": CONTRACT_SCHEMA_VERSION,
     "validation-measured": MEASURED_VALIDATION_SCHEMA_VERSION,
+    "contract-diff": CONTRACT_DIFF_SCHEMA_VERSION,
 }
 
 

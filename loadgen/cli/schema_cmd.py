@@ -36,6 +36,7 @@ RESULT_NAMES = (
     "practice",
     "contract",
     "validation-measured",
+    "contract-diff",
 )
 
 
@@ -56,7 +57,12 @@ def result_schema(name: str) -> dict[str, Any]:
     from ..analysis.result import AnalysisResult  # deferred: as above
     from ..calibration import calibrate_result, offline_result  # deferred: as above
     from ..calibration.fidelity import FIDELITY_SCHEMA_VERSION, FidelityTable  # deferred: as above
-    from ..contract.result import CONTRACT_SCHEMA_VERSION, ContractDocument  # deferred: as above
+    from ..contract.result import (  # deferred: as above
+        CONTRACT_DIFF_SCHEMA_VERSION,
+        CONTRACT_SCHEMA_VERSION,
+        ContractDocument,
+        ReferenceDiff,
+    )
     from ..handoff import result as handoff_result  # deferred: as above
     from ..ledger import result as ledger_result  # deferred: as above
     from ..managed_result import MANAGED_COMPARISON_SCHEMA_VERSION, ManagedComparisonResult  # deferred: as above
@@ -146,6 +152,12 @@ def result_schema(name: str) -> dict[str, Any]:
             offline_result.MeasuredValidation,
             offline_result.MEASURED_VALIDATION_SCHEMA_VERSION,
             "loadgen sim validate --measured RUN... --json: an engine's replay beside imported real-vLLM runs",
+        ),
+        "contract-diff": (
+            ReferenceDiff,
+            CONTRACT_DIFF_SCHEMA_VERSION,
+            "loadgen contract diff RESULT REFERENCE (and contract.json's reference_diff): each case against the "
+            "reference",
         ),
     }
     model, version, description = table[name]
