@@ -37,6 +37,8 @@ RESULT_NAMES = (
     "contract",
     "validation-measured",
     "contract-diff",
+    "vllm-log",
+    "vllm-serve",
 )
 
 
@@ -72,6 +74,7 @@ def result_schema(name: str) -> dict[str, Any]:
     from ..runs.diff_result import DIFF_SCHEMA_VERSION, DiffDocument  # deferred: as above
     from ..trace import stats_result  # deferred: as above
     from ..util.resultmodel import json_schema  # deferred: as above
+    from ..vllm import result as vllm_result  # deferred: as above
 
     table: dict[str, tuple[type[BaseModel], str | int, str]] = {
         "analysis": (AnalysisResult, ANALYSIS_SCHEMA_VERSION, "loadgen analyze --json: every number of one run"),
@@ -158,6 +161,17 @@ def result_schema(name: str) -> dict[str, Any]:
             CONTRACT_DIFF_SCHEMA_VERSION,
             "loadgen contract diff RESULT REFERENCE (and contract.json's reference_diff): each case against the "
             "reference",
+        ),
+        "vllm-log": (
+            vllm_result.VllmLogNotes,
+            vllm_result.VLLM_LOG_SCHEMA_VERSION,
+            "loadgen vllm parse-log LOG: what a vLLM startup log reports (a launched server's notes add ready_s: "
+            "vllm serve's engine_notes, a vLLM run manifest's engine_notes.log)",
+        ),
+        "vllm-serve": (
+            vllm_result.VllmServeReady,
+            vllm_result.VLLM_SERVE_SCHEMA_VERSION,
+            "loadgen vllm serve: the line printed once the server answers /health",
         ),
     }
     model, version, description = table[name]

@@ -17,6 +17,8 @@ from typing import Any
 
 from loadgen.util.errors import EngineError
 
+from .result import VllmLogNotes
+
 __all__ = [
     "VLLM_LOG_FILE",
     "VLLM_LOG_NAMES",
@@ -142,7 +144,8 @@ def _ts(line: str) -> datetime | None:
 
 
 def parse_vllm_log(text: str) -> dict[str, Any]:
-    """Facts from a vLLM startup log (the first occurrence of each); keys absent when not printed."""
+    """Facts from a vLLM startup log (the first occurrence of each); keys absent when not printed. Built through
+    ``VllmLogNotes`` (``loadgen schema vllm-log``): a key it does not declare is refused here."""
     notes: dict[str, Any] = {}
     warm_start = warm_end = first_ts = ready_ts = None
     for line in text.splitlines():
@@ -161,7 +164,7 @@ def parse_vllm_log(text: str) -> dict[str, Any]:
         notes["warmup_s"] = (warm_end - warm_start).total_seconds()
     if first_ts and ready_ts:
         notes["startup_s_from_log"] = (ready_ts - first_ts).total_seconds()
-    return notes
+    return VllmLogNotes.model_validate(notes).document()
 
 
 def _scan_line(notes: dict[str, Any], line: str) -> None:
