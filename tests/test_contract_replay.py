@@ -227,7 +227,10 @@ def test_cli_replay_writes_result_and_exit_codes(tmp_path: Path) -> None:
         text=True,
         cwd=ROOT,
     )
-    assert res.returncode == 1 and json.loads(res.stdout)["regressions"] == ["target-capital"]
+    printed = json.loads(res.stdout)
+    assert res.returncode == 1 and printed["regressions"] == ["target-capital"]
+    assert_valid("contract-diff", printed)  # `loadgen schema contract-diff`
+    assert printed == candidate["reference_diff"]  # one shape: the contract's own reference_diff
 
 
 def test_cli_replay_takes_cases_from_the_scenario() -> None:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+from pydantic import ValidationError
+from result_schemas import assert_valid, schema_errors
 
 from loadgen.util.childproc import kernel_oom_kills, oom_kill_record
 from loadgen.util.errors import EngineError
@@ -33,6 +35,7 @@ from loadgen.vllm import (
 )
 from loadgen.vllm.kv_default import host_kv_cache_gib
 from loadgen.vllm.launch import VLLM_SITE_DIR, amx_host, gpu_host
+from loadgen.vllm.result import VllmLogNotes, ready_document
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,6 +85,42 @@ def test_parse_cpu_log():
     assert (
         behavior["prefix_caching"] is True and behavior["quantization"] is None and behavior["kv_cache_dtype"] == "auto"
     )
+
+
+def test_parsed_logs_conform_to_the_published_schema_and_refuse_unknown_keys():
+    """Every key parse_vllm_log writes is one `loadgen schema vllm-log` names; a key it does not name is refused
+    by the model (at parse time) and by the schema."""
+    for text in (CPU_LOG, GPU_LOG):
+        assert_valid("vllm-log", parse_vllm_log(text))
+    notes = parse_vllm_log(GPU_LOG) | {"kv_cache_blocks": 27893}
+    with pytest.raises(ValidationError, match="kv_cache_blocks"):
+        VllmLogNotes.model_validate(notes)
+    assert any("kv_cache_blocks" in e for e in schema_errors("vllm-log", notes))
+    assert any("ready_s" in e for e in schema_errors("vllm-log", {"ready_s": 1.0}))  # the launcher's, not the log's
+    assert schema_errors("vllm-log", {}) != []  # parse-log refuses a log that gives nothing
+
+
+def test_non_default_args_that_are_no_dict_stay_text():
+    """vLLM's 'non-default args' line is a dict literal, kept as JSON holds it; one that spells anything else is
+    kept as its text (a set had stopped `parse-log` with a traceback: not JSON serializable)."""
+    line = "INFO 11-29 08:15:16 [api_utils.py:286] non-default args: {'port', 8123}\n"
+    assert parse_vllm_log(line) == {"non_default_args": "{'port', 8123}"}
+    assert_valid("vllm-log", parse_vllm_log(line))
+    nested = line.replace("{'port', 8123}", "{'port': 8123, 'sizes': (1, 2), 'skip': {'a'}}")
+    assert parse_vllm_log(nested) == {"non_default_args": {"port": 8123, "sizes": [1, 2], "skip": "{'a'}"}}
+
+
+def test_the_ready_line_conforms_to_the_published_schema():
+    """`loadgen vllm serve`'s ready line, built by ready_document from a server's identity and notes."""
+    notes = parse_vllm_log(CPU_LOG) | {"ready_s": 61.234}
+    line = ready_document("http://127.0.0.1:8123", 61.234, "/tmp/v.log", {"version": "0.32.0", "models": ["m"]}, notes)
+    assert_valid("vllm-serve", line)
+    assert list(line) == ["base_url", "ready_s", "log", "version", "models", "engine_notes"]
+    assert line["ready_s"] == 61.2 and line["engine_notes"] == notes
+    silent = ready_document("http://h:1", 2.0, "/tmp/v.log", {"version": None, "models": []}, {})
+    assert_valid("vllm-serve", silent)  # /version unanswered and a log that gives nothing yet
+    with pytest.raises(ValidationError, match="oom"):
+        ready_document("http://h:1", 2.0, "/tmp/v.log", {}, {"oom": True})
 
 
 def test_parse_gpu_log_other_formats():
@@ -206,6 +245,11 @@ def test_server_lifecycle(tmp_path, standin):
         assert notes["kv_cache_size_tokens"] == 4096 and notes["max_model_len"] == 1000
         extra = server.manifest_extra()
         assert extra["target"]["kind"] == "vllm" and extra["target"]["engine"]["version"] == "0.0-standin"
+        log_notes = dict(extra["engine_notes"]["log"])  # the manifest's vLLM notes: parse-log's, and ready_s
+        assert log_notes.pop("ready_s") > 0 and log_notes == parse_vllm_log(server.log_text())
+        assert_valid("vllm-log", log_notes)
+        memory = server.manifest_extra({"rss_high_water_bytes": 1})["engine_notes"]
+        assert memory["memory"] == {"rss_high_water_bytes": 1} and "memory" not in memory["log"]  # beside, as amended
         assert "--load-format" in extra["target"]["engine"]["config"]["args"]
         child = int(child_file.read_text())
         assert psutil.pid_exists(child)
@@ -380,7 +424,9 @@ def test_cli_make_model_and_parse_log(tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "loadgen", "vllm", "parse-log", str(log)], capture_output=True, text=True, cwd=ROOT
     )
-    assert json.loads(r.stdout)["kv_cache_size_tokens"] == 512_000
+    parsed = json.loads(r.stdout)
+    assert parsed["kv_cache_size_tokens"] == 512_000
+    assert_valid("vllm-log", parsed)  # `loadgen schema vllm-log`
     assert os.path.exists(tmp_path / "m" / "tokenizer.json")
     # a file with no line vLLM prints is refused, not answered with an empty {} that reads as a parsed log
     log.write_text("garbage\nmore garbage\n")
@@ -429,6 +475,8 @@ def test_cli_serve_until_interrupted(tmp_path, standin):
             break
     info = json.loads("".join(lines))
     assert info["version"] == "0.0-standin" and info["engine_notes"]["kv_cache_size_tokens"] == 4096
+    assert_valid("vllm-serve", info)  # `loadgen schema vllm-serve`
+    assert info["models"] == ["standin"] and info["engine_notes"]["ready_s"] >= info["ready_s"] - 0.05
     child = int(child_file.read_text())
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 0
@@ -444,7 +492,9 @@ def test_engine_report_merges_manifest_log_and_metrics(tmp_path):
     from loadgen.rundir.schema import MANIFEST_FILE, SERVER_METRICS_FILE
     from loadgen.vllm import engine_report
 
-    (tmp_path / MANIFEST_FILE).write_text(json.dumps({"engine_notes": {"log": {"max_model_len": 1234}}}))
+    # an older writer put memory inside the log notes: the manifest stays open, so that run dir still reads
+    old_log = {"max_model_len": 1234, "memory": {"rss_high_water_bytes": 5}}
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps({"engine_notes": {"log": old_log}}))
     (tmp_path / "vllm.log").write_text(CPU_LOG)
     labels = json.dumps({"block_size": "128", "num_gpu_blocks": "4096"})
     pq.write_table(
@@ -453,6 +503,7 @@ def test_engine_report_merges_manifest_log_and_metrics(tmp_path):
     )
     report = engine_report(tmp_path)
     assert report["max_model_len"] == 1234  # the manifest wins over the log's 2000
+    assert report["memory"] == {"rss_high_water_bytes": 5}
     assert report["kv_cache_size_tokens"] == 512_000 and report["cache_config_info"]["num_gpu_blocks"] == "4096"
     assert report["sources"] == [
         str(tmp_path / MANIFEST_FILE),

@@ -338,7 +338,9 @@ def test_ledger_reconciles_other_architectures(vllm_python, workdir, name, bytes
     shutil.copyfile(log, kept)
     block_size = int(info["block_size"])  # what the engine chose on this host
     model = read_model_config(model_dir / "config.json")
-    backend = parse_vllm_log(kept.read_text(errors="replace")).get("attention_backend")
+    notes = parse_vllm_log(kept.read_text(errors="replace"))
+    assert_valid("vllm-log", notes)  # a real vLLM's startup log: keys and types as `loadgen schema vllm-log` says
+    backend = notes.get("attention_backend")
     assert vllm_cpu_block_size(model.is_mla, backend=backend) == block_size  # the ledger's rule agrees
     blocks = (1 << 30) // (block_size * bytes_per_token)
     led = _ledger(model_dir, block_size=block_size)

@@ -44,7 +44,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     load.add_argument("--reference", help="the reference candidate's result (contract.json) to diff against")
     load.set_defaults(func=_under_load)
 
-    d = s.add_parser("diff", help="compare a candidate's contract result with the reference's")
+    d = s.add_parser(
+        "diff",
+        help="compare a candidate's contract result with the reference's; prints JSON "
+        "(schema: loadgen schema contract-diff)",
+    )
     d.add_argument("result", help="candidate contract.json (or run dir)")
     d.add_argument("reference", help="reference contract.json (or run dir)")
     d.set_defaults(func=_diff)
@@ -170,5 +174,5 @@ def _diff(args: argparse.Namespace) -> int:
     from ..contract import diff, read_contract  # deferred: `loadgen --help` loads no library code
 
     d = diff(read_contract(args.result), read_contract(args.reference))
-    print(json.dumps(d.to_dict(), indent=2))
+    print(json.dumps(d.result().document(), indent=2))
     return 1 if d.rejects else 0

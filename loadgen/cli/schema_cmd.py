@@ -36,6 +36,9 @@ RESULT_NAMES = (
     "practice",
     "contract",
     "validation-measured",
+    "contract-diff",
+    "vllm-log",
+    "vllm-serve",
 )
 
 
@@ -56,7 +59,12 @@ def result_schema(name: str) -> dict[str, Any]:
     from ..analysis.result import AnalysisResult  # deferred: as above
     from ..calibration import calibrate_result, offline_result  # deferred: as above
     from ..calibration.fidelity import FIDELITY_SCHEMA_VERSION, FidelityTable  # deferred: as above
-    from ..contract.result import CONTRACT_SCHEMA_VERSION, ContractDocument  # deferred: as above
+    from ..contract.result import (  # deferred: as above
+        CONTRACT_DIFF_SCHEMA_VERSION,
+        CONTRACT_SCHEMA_VERSION,
+        ContractDocument,
+        ReferenceDiff,
+    )
     from ..handoff import result as handoff_result  # deferred: as above
     from ..ledger import result as ledger_result  # deferred: as above
     from ..managed_result import MANAGED_COMPARISON_SCHEMA_VERSION, ManagedComparisonResult  # deferred: as above
@@ -66,6 +74,7 @@ def result_schema(name: str) -> dict[str, Any]:
     from ..runs.diff_result import DIFF_SCHEMA_VERSION, DiffDocument  # deferred: as above
     from ..trace import stats_result  # deferred: as above
     from ..util.resultmodel import json_schema  # deferred: as above
+    from ..vllm import result as vllm_result  # deferred: as above
 
     table: dict[str, tuple[type[BaseModel], str | int, str]] = {
         "analysis": (AnalysisResult, ANALYSIS_SCHEMA_VERSION, "loadgen analyze --json: every number of one run"),
@@ -146,6 +155,23 @@ def result_schema(name: str) -> dict[str, Any]:
             offline_result.MeasuredValidation,
             offline_result.MEASURED_VALIDATION_SCHEMA_VERSION,
             "loadgen sim validate --measured RUN... --json: an engine's replay beside imported real-vLLM runs",
+        ),
+        "contract-diff": (
+            ReferenceDiff,
+            CONTRACT_DIFF_SCHEMA_VERSION,
+            "loadgen contract diff RESULT REFERENCE (and contract.json's reference_diff): each case against the "
+            "reference",
+        ),
+        "vllm-log": (
+            vllm_result.VllmLogNotes,
+            vllm_result.VLLM_LOG_SCHEMA_VERSION,
+            "loadgen vllm parse-log LOG: what a vLLM startup log reports (a launched server's notes add ready_s: "
+            "vllm serve's engine_notes, a vLLM run manifest's engine_notes.log)",
+        ),
+        "vllm-serve": (
+            vllm_result.VllmServeReady,
+            vllm_result.VLLM_SERVE_SCHEMA_VERSION,
+            "loadgen vllm serve: the line printed once the server answers /health",
         ),
     }
     model, version, description = table[name]

@@ -38,7 +38,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     st.set_defaults(func=_setup)
 
     for name, helptext in (
-        ("serve", "launch vLLM, wait for /health, print identity; stop on Ctrl-C"),
+        (
+            "serve",
+            "launch vLLM, wait for /health, print identity as JSON (schema: loadgen schema vllm-serve); stop on Ctrl-C",
+        ),
         ("run", "launch vLLM, replay a trace against it, stop it; prints the run dir"),
     ):
         sp = s.add_parser(name, help=helptext)
@@ -71,7 +74,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         sp.add_argument("extra", nargs=argparse.REMAINDER, help="-- extra vLLM arguments")
         sp.set_defaults(func=_serve if name == "serve" else _run)
 
-    pl = s.add_parser("parse-log", help="what a vLLM startup log reports (KV cache tokens, load/compile times) as JSON")
+    pl = s.add_parser(
+        "parse-log",
+        help="what a vLLM startup log reports (KV cache tokens, load/compile times) as JSON "
+        "(schema: loadgen schema vllm-log)",
+    )
     pl.add_argument("log")
     pl.set_defaults(func=_parse_log)
 
@@ -129,23 +136,13 @@ def _config(args: argparse.Namespace):
 def _serve(args: argparse.Namespace) -> int:
 
     from loadgen.vllm.launch import VllmServer  # deferred: `loadgen --help` loads no library code
+    from loadgen.vllm.result import ready_document  # deferred: as above
 
     server = VllmServer(_config(args)).start()
     try:
         ready = server.wait_healthy(args.startup_timeout_s)
-        print(
-            json.dumps(
-                {
-                    "base_url": server.base_url,
-                    "ready_s": round(ready, 1),
-                    "log": str(server.log_path),
-                    **server.identity(),
-                    "engine_notes": server.engine_notes(),
-                },
-                indent=2,
-            ),
-            flush=True,
-        )
+        line = ready_document(server.base_url, ready, str(server.log_path), server.identity(), server.engine_notes())
+        print(json.dumps(line, indent=2), flush=True)
         proc = server.proc
         assert proc is not None  # start() launched it
         while proc.poll() is None:

@@ -39,7 +39,8 @@ from ..util.targeturl import split_target_url
 from .cases import Case, CaseSet
 from .checks import CheckOutcome, Observed, run_checks
 from .responder import CASE_HEADER
-from .result import CONTRACT_SCHEMA_VERSION, ContractDocument
+from .result import CONTRACT_SCHEMA_VERSION, ContractDocument, ReferenceDiff
+from .result import CaseDiff as CaseDiffResult
 
 __all__ = [
     "ANSWER_MAX_BYTES",
@@ -139,9 +140,6 @@ class CaseDiff:
     candidate_failed: list[str]
     output_changed: bool
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass
 class ContractDiff:
@@ -161,14 +159,18 @@ class ContractDiff:
         """The candidate changes contract behaviour for the worse: reject before any cost comparison."""
         return bool(self.regressions)
 
+    def result(self) -> ReferenceDiff:
+        """The typed result (``loadgen schema contract-diff``; contract.json's ``reference_diff``)."""
+        return ReferenceDiff(
+            rejects=self.rejects,
+            changed=self.changed,
+            regressions=self.regressions,
+            outputs_changed=[c.case_id for c in self.cases if c.output_changed],
+            cases=[CaseDiffResult(**asdict(c)) for c in self.cases],
+        )
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "rejects": self.rejects,
-            "changed": self.changed,
-            "regressions": self.regressions,
-            "outputs_changed": [c.case_id for c in self.cases if c.output_changed],
-            "cases": [c.to_dict() for c in self.cases],
-        }
+        return self.result().document()
 
 
 @dataclass

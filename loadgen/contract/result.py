@@ -2,7 +2,10 @@
 typed result.
 
 ``ContractDocument`` (schema version ``CONTRACT_SCHEMA_VERSION``, the document's ``version``; ``loadgen schema
-contract``); ``replay.write_contract`` checks each document against it before writing it.
+contract``); ``replay.write_contract`` checks each document against it before writing it. ``ReferenceDiff`` is
+both its ``reference_diff`` and what ``loadgen contract diff`` prints (``loadgen schema contract-diff``, schema
+version ``CONTRACT_DIFF_SCHEMA_VERSION``: the document has no version field, as it is the same object as the
+contract's ``reference_diff``; the schema's ``$id`` gives it).
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ from pydantic import Field
 
 from loadgen.util.resultmodel import Number, ResultModel
 
-__all__ = ["CONTRACT_SCHEMA_VERSION", "ContractDocument"]
+__all__ = ["CONTRACT_DIFF_SCHEMA_VERSION", "CONTRACT_SCHEMA_VERSION", "ContractDocument", "ReferenceDiff"]
 
 #: ``contract.json``'s ``version``.
 CONTRACT_SCHEMA_VERSION = 1
+#: The ``contract-diff`` schema's version (``loadgen contract diff``'s document has no version field).
+CONTRACT_DIFF_SCHEMA_VERSION = 1
 
 
 class ContractTarget(ResultModel):
@@ -91,18 +96,19 @@ class CaseDiff(ResultModel):
 
     case_id: str
     status: str
-    reference_failed: list[str]
-    candidate_failed: list[str]
-    output_changed: bool
+    reference_failed: list[str] = Field(description="the check kinds the reference failed on this case")
+    candidate_failed: list[str] = Field(description="the check kinds the candidate failed on this case")
+    output_changed: bool = Field(description="both answered and the answer texts differ (outer spaces ignored)")
 
 
 class ReferenceDiff(ResultModel):
-    """The candidate's contract against a reference candidate's."""
+    """The candidate's contract against a reference candidate's (``loadgen contract diff``; exit 1 when it
+    ``rejects``)."""
 
-    rejects: bool
-    changed: bool
-    regressions: list[str]
-    outputs_changed: list[str]
+    rejects: bool = Field(description="a case regressed, changed its failed checks or is missing: reject")
+    changed: bool = Field(description="a case's pass/fail differs from the reference's (improvements too)")
+    regressions: list[str] = Field(description="ids of the cases regressed, changed_checks or missing")
+    outputs_changed: list[str] = Field(description="ids of the cases whose answer text differs from the reference's")
     cases: list[CaseDiff]
 
 

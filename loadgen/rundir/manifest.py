@@ -257,6 +257,8 @@ class Manifest(BaseModel):
     duration_s: float | None = None
     model_executed: bool = Field(False, alias="modelExecuted")
     benchmark_executed: bool = Field(False, alias="benchmarkExecuted")
+    # open: each engine writes its own keys (the simulated engine, imported runs, vLLM), and older run dirs must
+    # still read; a vLLM run's "log" section is built through loadgen.vllm.result.VllmEngineNotes
     engine_notes: dict[str, Any] = {}
     engine_config: dict[str, Any] | None = None  # the simulated engine's config (worksheet)
     behavior_relevant: dict[str, Any] = {}

@@ -2,9 +2,9 @@
 
 One module per job: ``model_dir`` (config.json + a locally trained tokenizer), ``venv`` (vLLM's own
 interpreter), ``launch`` (config, launch, health, stop, identity, manifest additions; ``site/`` holds the ``sitecustomize`` put on its ``PYTHONPATH``), ``kv_default`` (the KV size a CPU engine gets when none is given: what fits the host), ``memory``
-(process-tree RSS and GPU memory sampling), ``log`` (startup-log facts), ``report`` (what vLLM reported,
+(process-tree RSS and GPU memory sampling), ``log`` (startup-log facts), ``result`` (those facts and ``vllm serve``'s ready line as published results), ``report`` (what vLLM reported,
 held against the ledger), ``warmup`` (every step size met once before anything is measured). A measured
-run against a launched server is ``loadgen.targets.vllm``. Dependencies run one way: ``log`` ← ``launch``,
+run against a launched server is ``loadgen.targets.vllm``. Dependencies run one way: ``result`` ← ``log`` ← ``launch``,
 ``report`` and ``kv_default`` → ``loadgen.ledger`` and ``warmup`` → ``loadgen.driver``, never the reverse.
 """
 

@@ -23,6 +23,7 @@ from loadgen.util.errors import EngineError
 from loadgen.util.pinning import VLLM_BIND_ENV, engine_cpus, format_cpus
 from loadgen.vllm.kv_default import KvDefault, host_kv_cache_gib
 from loadgen.vllm.log import behavior_relevant, parse_vllm_log
+from loadgen.vllm.result import VllmEngineNotes
 from loadgen.vllm.venv import resolve_python
 
 __all__ = ["VllmConfig", "VllmServer", "amx_host", "free_port", "vllm_manifest_extra"]
@@ -225,11 +226,11 @@ class VllmServer:
         return out
 
     def engine_notes(self) -> dict[str, Any]:
-        """Facts from the startup log, plus launcher timings."""
+        """Facts from the startup log, plus launcher timings (``VllmEngineNotes``)."""
         notes = parse_vllm_log(self.log_text())
         if self.ready_s is not None:
             notes["ready_s"] = round(self.ready_s, 3)
-        return notes
+        return VllmEngineNotes.model_validate(notes).document()
 
     def manifest_extra(self, memory: dict[str, Any] | None = None) -> dict[str, Any]:
         """What a run's manifest should add for this server (``RunOptions.extra_manifest``)."""
@@ -243,8 +244,6 @@ def vllm_manifest_extra(
     """The manifest's ``target`` (kind, version, engine args/env), ``engine_notes`` and ``behavior_relevant``."""
     env = server.environment()
     notes = server.engine_notes()
-    if memory:
-        notes["memory"] = memory
     return {
         "target": {
             "kind": "vllm",
@@ -264,6 +263,7 @@ def vllm_manifest_extra(
                 },
             },
         },
-        "engine_notes": {"log": notes},
+        # the log's notes under "log" (VllmEngineNotes); memory beside them, where measure_with_server puts it
+        "engine_notes": {"log": notes, **({"memory": memory} if memory else {})},
         "behavior_relevant": behavior_relevant(notes),
     }

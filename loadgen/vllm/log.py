@@ -9,12 +9,15 @@ runner messages); a line that is absent leaves its key out rather than guessing.
 from __future__ import annotations
 
 import ast
+import json
 import re
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from loadgen.util.errors import EngineError
+
+from .result import VllmLogNotes
 
 __all__ = [
     "VLLM_LOG_FILE",
@@ -118,6 +121,18 @@ def _scalar(v: str) -> Any:
         return v.replace("torch.", "")
 
 
+def _literal_dict(text: str) -> dict[str, Any] | str:
+    """The dict a Python literal spells (keys text), as JSON holds it (a tuple a list, a set its text), or the
+    text itself when it spells something else."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return text
+    if not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):
+        return text
+    return dict(json.loads(json.dumps(value, default=str)))
+
+
 def _ts(line: str) -> datetime | None:
     m = _TS.search(line)
     if not m:
@@ -129,7 +144,8 @@ def _ts(line: str) -> datetime | None:
 
 
 def parse_vllm_log(text: str) -> dict[str, Any]:
-    """Facts from a vLLM startup log (the first occurrence of each); keys absent when not printed."""
+    """Facts from a vLLM startup log (the first occurrence of each); keys absent when not printed. Built through
+    ``VllmLogNotes`` (``loadgen schema vllm-log``): a key it does not declare is refused here."""
     notes: dict[str, Any] = {}
     warm_start = warm_end = first_ts = ready_ts = None
     for line in text.splitlines():
@@ -148,7 +164,7 @@ def parse_vllm_log(text: str) -> dict[str, Any]:
         notes["warmup_s"] = (warm_end - warm_start).total_seconds()
     if first_ts and ready_ts:
         notes["startup_s_from_log"] = (ready_ts - first_ts).total_seconds()
-    return notes
+    return VllmLogNotes.model_validate(notes).document()
 
 
 def _scan_line(notes: dict[str, Any], line: str) -> None:
@@ -158,10 +174,7 @@ def _scan_line(notes: dict[str, Any], line: str) -> None:
     if "non_default_args" not in notes:
         m = _NON_DEFAULT.search(line)
         if m:
-            try:
-                notes["non_default_args"] = ast.literal_eval(m.group(1))
-            except (ValueError, SyntaxError):
-                notes["non_default_args"] = m.group(1)
+            notes["non_default_args"] = _literal_dict(m.group(1))
     for key, pattern in _PATTERNS:
         if (
             key in notes
