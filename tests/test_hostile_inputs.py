@@ -396,3 +396,40 @@ def test_a_file_name_with_a_nul_byte_is_one_line(tmp_path, capsys):
     plan = tmp_path / "p.toml"
     plan.write_text(quick.replace('"../canonical.toml"', '"canon\\u0000ical.toml"'))
     fails(capsys, ["plan", plan, "--sim-worksheet", "instant", "--out", tmp_path / "out"], "NUL byte")
+
+
+@pytest.mark.parametrize(
+    ("table", "expected"),
+    [
+        ("[calibration]\ncalibrated = true\nvalidated_error = 5\n", "calibration.validated_error = 5: expected"),
+        (
+            "[calibration]\ncalibrated = true\n[calibration.memory]\nruntime_gib = 'x'\n",
+            "calibration.memory.runtime_gib",
+        ),
+        (
+            "[calibration]\ncalibrated = true\n[calibration.memory]\nruntime_gib = 2000\n",
+            "runtime_gib = 2000: expected",
+        ),
+        (
+            "[calibration.measured_validations.r]\nrun_dir = 'r'\nanchor = 'workload'\nmpe_pct = nan\nmape_pct = 1.0\n",
+            "calibration.measured_validations.r.mpe_pct = nan: expected",
+        ),
+        ("[behavior]\nbogus = 1\n", "behavior.bogus = 1: unknown field"),
+    ],
+)
+def test_an_engine_toml_with_a_broken_table_is_refused_when_it_loads(tmp_path, capsys, table, expected):
+    """``[calibration]`` was an unchecked mapping: ``validated_error = 5`` printed "calibrated against ? on ?
+    ... validated error 5" and a bad ``runtime_gib`` met only the ledger; ``[behavior]``'s error named no table."""
+    engine = tmp_path / "engine.toml"
+    engine.write_text((REPO / "scenarios" / "engines" / "instant.toml").read_text() + "\n" + table)
+    trace = tmp_path / "steady.parquet"
+    assert (
+        main(
+            ["trace", "generate", str(REPO / "scenarios" / "canonical.toml"), "--trace", "steady", "--out", str(trace)]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    out = tmp_path / "run"
+    fails(capsys, ["sim", "run", "--engine", engine, "--out", out, trace], str(engine), expected)
+    assert not out.exists()

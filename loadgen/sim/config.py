@@ -23,6 +23,7 @@ from loadgen.workload.prompts import chars_spec_problem
 from loadgen.workload.scenario import format_validation_error
 
 from ..ledger import EngineSettings, kv_blocks_for_budget
+from .calibration_section import CalibrationSection, check_section
 from .link import AssumedLink, Link, read_collectives
 
 if TYPE_CHECKING:
@@ -381,11 +382,14 @@ class EngineConfig(_Model):
     resolved_kv_blocks: int | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")
-    def _behavior(self) -> EngineConfig:
+    def _tables(self) -> EngineConfig:
+        """``[behavior]`` and ``[calibration]``, kept as the mappings read, checked against their models."""
         if self.behavior is not None:
             from ..contract.responder import BehaviorConfig  # imported only when a config has [behavior]
 
-            BehaviorConfig.model_validate(self.behavior)
+            check_section("behavior", BehaviorConfig, self.behavior)
+        if self.calibration is not None:
+            check_section("calibration", CalibrationSection, self.calibration)
         return self
 
     @property
@@ -403,15 +407,9 @@ class EngineConfig(_Model):
 
     def measured_runtime_gib(self) -> float | None:
         """The runtime (GiB beyond the ledger's model memory) ``sim calibrate --vllm`` measured, or None."""
-        memory = (self.calibration or {}).get("memory")
-        value = memory.get("runtime_gib") if isinstance(memory, dict) else None
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1024:
-            raise ScenarioError(
-                f"{self.source_path}: calibration.memory.runtime_gib = {value!r}: expected GiB in [0, 1024]"
-            )
-        return float(value)
+        memory = (self.calibration or {}).get("memory") or {}
+        value = memory.get("runtime_gib")  # a number in [0, 1024] (CalibrationSection, checked at load)
+        return None if value is None else float(value)
 
     def calibration_label(self) -> str:
         """One line every output built on this engine states: calibrated (against what, validated error) or not."""
