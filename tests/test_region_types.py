@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 from result_schemas import SCHEMA_DIR, assert_valid
+from shared_paths import shared_trace
 
 from loadgen.plan.results import RegionResult
 from loadgen.targets import UrlTarget, WorksheetTarget
@@ -84,11 +85,29 @@ def _untyped(schema: Any, where: str = "") -> list[str]:
     return found
 
 
-def test_the_region_schema_types_every_field() -> None:
+@pytest.mark.parametrize("name", ["region", "decision", "fleet"])
+def test_the_schema_types_every_field(name: str) -> None:
     """No field of the published region accepts any value (target, scenario, budget, start, ledger, search and
-    probes once did; a cell's warm_state was a list of anything)."""
-    schema = json.loads((SCHEMA_DIR / "region.schema.json").read_text())
+    probes once did; a cell's warm_state was a list of anything), nor of the decision (a candidate's GPUs and
+    warm state)."""
+    schema = json.loads((SCHEMA_DIR / f"{name}.schema.json").read_text())
     assert _untyped(schema) == []
+
+
+def test_a_decision_types_the_gpus_of_an_imported_run(tmp_path: Path) -> None:
+    """An imported run's hardware record (another tool's keys) is a candidate's GPU entry as it is, typed."""
+    runs = []
+    for name in ("RTX4090/Llama-3.1-8B", "RTXPRO6000/Llama-3.1-8B"):
+        src = shared_trace(f"llmservingsim/bench/examples/{name}")
+        runs.append(str(tmp_path / name.replace("/", "-")))
+        assert _loadgen("import", "llmservingsim", str(src), "--out", runs[-1]).returncode == 0
+    decided = _loadgen("compare", *runs, "--allow-differences", "--json")
+    assert decided.returncode in (0, 4), decided.stderr[-2000:]
+    decision = json.loads(decided.stdout)
+    assert_valid("decision", decision)
+    meta = json.loads((shared_trace("llmservingsim/bench/examples/RTX4090/Llama-3.1-8B/vllm/meta.json")).read_text())
+    assert decision["candidates"][0]["context"]["hardware"]["gpus"] == [meta["hardware"]]
+    assert decision["candidates"][0]["context"]["warm_state"]["state"] == "unknown"
 
 
 def test_every_target_describes_itself_as_its_typed_identity(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ Published JSON Schemas: ``loadgen schema decision`` and ``loadgen schema region`
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import ConfigDict, Field
 
@@ -119,10 +119,28 @@ class ContextPackage(ResultModel):
     python: str | None
 
 
+class GpuInfo(ResultModel):
+    """One GPU of the host, as ``nvidia-smi --query-gpu=name,memory.total,driver_version`` printed it."""
+
+    name: str
+    memory_total: str = Field(description="as nvidia-smi prints it, with its unit (e.g. '81559 MiB')")
+    driver: str = Field(description="the driver version")
+
+
+#: An imported run's own hardware record (another tool's keys, e.g. device_name, device_total_memory_bytes);
+#: a nested value is kept as its JSON text.
+ImportedGpu = dict[str, str | int | float | bool | None]
+
+
 class ContextHardware(ResultModel):
+    """The host of the candidate's first run (null figures: its manifest does not say)."""
+
     cpu_model: str | None
-    cpu_count: int | None
-    gpus: list[dict[str, Any]] | None
+    cpu_count: int | None = Field(description="logical CPUs (a count)")
+    gpus: list[GpuInfo | ImportedGpu] | None = Field(
+        description="per GPU: nvidia-smi's name, memory and driver, or an imported run's own hardware record "
+        "(an open mapping of that tool's keys to scalar values); null: the manifest has no host"
+    )
     os: str | None
 
 
@@ -150,7 +168,7 @@ class CandidateContext(ResultModel):
     package: ContextPackage
     hardware: ContextHardware
     runtime: ContextRuntime
-    warm_state: dict[str, Any] | None
+    warm_state: WarmStateResult | None = Field(description="the manifest's warm state (null: none recorded)")
     measurement: ContextMeasurement
     order_index: int | None
     started_utc: str | None
