@@ -191,3 +191,15 @@ def test_a_wrongly_typed_region_is_refused_in_one_line(tmp_path: Path) -> None:
         assert refused.returncode == 2 and refused.stdout == "", line
         assert "\n" not in line and "Traceback" not in line
         assert f"{path}: " in line and expected in line, line
+
+
+def test_a_nested_value_of_an_imported_hardware_record_is_kept_as_its_json_text() -> None:
+    """A GPU entry's values are scalars in the decision: a nested one (another tool's record may hold one) is
+    its JSON text, so the decision is written, typed, instead of refused."""
+    from loadgen.plan.compare import _gpus
+    from loadgen.plan.results import ContextHardware
+
+    gpus = _gpus([{"device_name": "X", "caps": {"sm": 89}, "count": 1}])
+    assert gpus == [{"device_name": "X", "caps": '{"sm": 89}', "count": 1}]
+    ContextHardware.model_validate({"cpu_model": None, "cpu_count": None, "gpus": gpus, "os": None})
+    assert _gpus(None) is None
