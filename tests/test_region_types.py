@@ -18,8 +18,9 @@ from result_schemas import SCHEMA_DIR, assert_valid
 from shared_paths import shared_trace
 
 from loadgen.plan.results import RegionResult
-from loadgen.targets import UrlTarget, WorksheetTarget
+from loadgen.targets import UrlTarget, VllmTarget, WorksheetTarget
 from loadgen.targets.identity import TargetIdentity
+from loadgen.vllm import VllmConfig
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO = REPO / "scenarios" / "canonical.toml"
@@ -119,6 +120,10 @@ def test_every_target_describes_itself_as_its_typed_identity(tmp_path: Path) -> 
     assert identity.validate_python(one).kind == "worksheet" and "replicas" not in one  # absent, not null
     two = WorksheetTarget("interactive-small-batch", 2, "least-in-flight").describe()
     assert identity.validate_python(two).model_dump(exclude_unset=True) == two and two["replicas"] == 2
+    vllm = VllmTarget.__new__(VllmTarget)  # describe() alone: no server launched (it needs only the config)
+    vllm.config = VllmConfig(tmp_path / "tiny-model", max_num_seqs=8, extra_args=["--enforce-eager"])
+    described = identity.validate_python(vllm.describe())
+    assert described.kind == "vllm" and "--port" not in described.args and described.engine == "vllm:tiny-model"
 
 
 @pytest.mark.slow  # ~60 s: four plans through the real CLI
