@@ -161,6 +161,26 @@ def test_every_way_a_plan_is_built_writes_a_region_the_schema_holds(tmp_path: Pa
         assert typed.start is not None and typed.start.lines == {} and "concurrency" in typed.start.note
 
 
+@pytest.mark.slow  # ~15 s: a plan, then its resume
+def test_a_plan_resumed_from_runs_recorded_before_the_cold_method_still_writes_its_region(tmp_path: Path) -> None:
+    """A cell result written before 2026-12-01 has a warm_state without ``method``; a resume rebuilds the region
+    from it, and the writer's model (which validates every region it writes) takes it."""
+    (tmp_path / "plan.toml").write_text(PLAN)
+    out = tmp_path / "p"
+    args = ("plan", str(tmp_path / "plan.toml"), "--out", str(out), "--sim-worksheet", "interactive-small-batch")
+    assert _loadgen(*args, "--max-runs", "1").returncode == 3
+    (marker,) = out.glob("cells/*/rep*/cell_result.json")
+    old = json.loads(marker.read_text())
+    del old["warm_state"]["method"]
+    marker.write_text(json.dumps(old))
+    resumed = _loadgen(*args, "--quiet")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    region = json.loads((out / "region.json").read_text())
+    assert_valid("region", region)
+    cells = [c for s in region["classes"]["short-message"].values() for c in s["cells"]]
+    assert any(c["warm_state"] and "method" not in c["warm_state"][0] for c in cells)
+
+
 #: A wrong type in each typed field, and what the reader's one line says about it.
 DAMAGES = [
     (lambda r: r["search"].pop("dimension"), "search.dimension: missing; required"),

@@ -35,7 +35,11 @@ class WarmStateResult(ResultModel):
     achieved: bool | None
     actions: list[str] = Field(description="what was done to reach it (warm-up sent, server restarted ...)")
     reason: str | None = Field(description="why the requested state was not achievable")
-    method: str | None = Field(description="how a cold state was reached: restart or prefix_cache_reset")
+    method: str | None = Field(
+        None,
+        description="how a cold state was reached: restart or prefix_cache_reset (absent: recorded before "
+        "loadgen named it, 2026-12-01)",
+    )
 
 
 @dataclass
