@@ -435,7 +435,8 @@ class PlanSearch(ResultModel):
 
 
 class Probe(ResultModel):
-    """One run the walk asked for, in order, with why it was chosen (this invocation's runs)."""
+    """One run the walk of the last invocation asked for, in order, with why it was chosen (a resumed plan's
+    walk asks for its earlier runs again, and loads them)."""
 
     cell_id: str
     repeat: int = Field(description="the cell's repeat number, from 1")

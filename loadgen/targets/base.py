@@ -30,7 +30,9 @@ class WarmStateResult(ResultModel):
     manifest ``warm_state``; a plan cell's first run). A run started outside a plan or practice
     (``loadgen run``, ``sim run``) has ``requested``, ``achieved``, ``reason`` and ``method`` null."""
 
-    state: Literal["warm", "cold", "unknown"] = Field(description="unknown: the requested state was not reached")
+    state: Literal["warm", "cold", "unknown"] = Field(
+        description="unknown: no state requested, or the requested one not reached"
+    )
     requested: str | None = Field(description="warm or cold")
     achieved: bool | None
     actions: list[str] = Field(description="what was done to reach it (warm-up sent, server restarted ...)")
