@@ -35,6 +35,7 @@ from typing import Any
 from loadgen.rundir.io import read_run_manifest
 from loadgen.rundir.manifest import Manifest, read_manifest
 from loadgen.rundir.schema import MANIFEST_FILE
+from loadgen.targets.base import WarmStateResult
 from loadgen.util.errors import PlanError, RunDirError
 from loadgen.util.flat import flatten
 from loadgen.util.limits import MAX_PARAM, is_finite
@@ -530,6 +531,24 @@ def _judge_plan(c: Candidate, route: str) -> dict[str, Any]:
     }
 
 
+def _gpus(gpus: list[Any] | None) -> list[dict[str, Any]] | None:
+    """The host's GPUs as the decision types them: each record's scalar values as they are, a nested value
+    (an imported tool's record may hold one) as its JSON text."""
+    if gpus is None:
+        return None
+    scalar = (str, int, float, bool, type(None))
+    return [
+        {k: v if isinstance(v, scalar) else json.dumps(v, default=str) for k, v in g.items()}
+        for g in gpus
+        if isinstance(g, dict)
+    ]
+
+
+def _warm_state(section: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The manifest's warm state, the keys the decision names (a section keeps keys a newer loadgen wrote)."""
+    return None if section is None else {k: section.get(k) for k in WarmStateResult.model_fields if k in section}
+
+
 def _context(c: Candidate) -> dict[str, Any]:
     m = c.manifest.to_dict()  # the sections as recorded
     harness = m.get("harness") or {}
@@ -554,7 +573,7 @@ def _context(c: Candidate) -> dict[str, Any]:
         "hardware": {
             "cpu_model": host.get("cpu_model"),
             "cpu_count": host.get("cpu_count"),
-            "gpus": host.get("gpus"),
+            "gpus": _gpus(host.get("gpus")),
             "os": host.get("os"),
         },
         "runtime": {
@@ -567,7 +586,7 @@ def _context(c: Candidate) -> dict[str, Any]:
             "modelExecuted": m.get("modelExecuted"),
             "benchmarkExecuted": m.get("benchmarkExecuted"),
         },
-        "warm_state": m.get("warm_state"),
+        "warm_state": _warm_state(m.get("warm_state")),
         "measurement": {
             "send_lag_p99_ms": c.manifest.send_lag_p99_ms,
             "warnings": list(m.get("warnings") or []),

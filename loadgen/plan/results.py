@@ -10,11 +10,15 @@ Published JSON Schemas: ``loadgen schema decision`` and ``loadgen schema region`
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
+from loadgen.targets.base import WarmStateResult
+from loadgen.targets.identity import TargetIdentity
 from loadgen.util.resultmodel import Figure, Number, ResultModel
+
+from .spec import SearchDimension, SearchMode, StartMode
 
 __all__ = [
     "COMPARISON_SCHEMA_VERSION",
@@ -115,10 +119,28 @@ class ContextPackage(ResultModel):
     python: str | None
 
 
+class GpuInfo(ResultModel):
+    """One GPU of the host, as ``nvidia-smi --query-gpu=name,memory.total,driver_version`` printed it."""
+
+    name: str
+    memory_total: str = Field(description="as nvidia-smi prints it, with its unit (e.g. '81559 MiB')")
+    driver: str = Field(description="the driver version")
+
+
+#: An imported run's own hardware record (another tool's keys, e.g. device_name, device_total_memory_bytes);
+#: a nested value is kept as its JSON text.
+ImportedGpu = dict[str, str | int | float | bool | None]
+
+
 class ContextHardware(ResultModel):
+    """The host of the candidate's first run (null figures: its manifest does not say)."""
+
     cpu_model: str | None
-    cpu_count: int | None
-    gpus: list[dict[str, Any]] | None
+    cpu_count: int | None = Field(description="logical CPUs (a count)")
+    gpus: list[GpuInfo | ImportedGpu] | None = Field(
+        description="per GPU: nvidia-smi's name, memory and driver, or an imported run's own hardware record "
+        "(an open mapping of that tool's keys to scalar values); null: the manifest has no host"
+    )
     os: str | None
 
 
@@ -146,7 +168,7 @@ class CandidateContext(ResultModel):
     package: ContextPackage
     hardware: ContextHardware
     runtime: ContextRuntime
-    warm_state: dict[str, Any] | None
+    warm_state: WarmStateResult | None = Field(description="the manifest's warm state (null: none recorded)")
     measurement: ContextMeasurement
     order_index: int | None
     started_utc: str | None
@@ -318,7 +340,7 @@ class RegionCell(ResultModel):
     goodput_rps: Number | None
     send_lag_p99_ms: Number | None
     ttft_p99_ms: dict[str, list[Figure]] = Field(description="per class, one p99 TTFT (ms) per run")
-    warm_state: list[Any]
+    warm_state: list[WarmStateResult] = Field(description="the first run's warm state (empty: none ran)")
     skip_reason: str | None
     run_dirs: list[str]
     per_class: dict[str, CellClass] = Field(description="a mixed-class cell: each class's own status")
@@ -343,6 +365,89 @@ class StateRegion(ResultModel):
     boundary: list[BoundaryRow]
 
 
+class PlanScenario(ResultModel):
+    """The scenario whose budgets judge every cell (a resume refuses a scenario whose sha256 changed)."""
+
+    name: str
+    path: str = Field(description="the scenario TOML read")
+    sha256: str = Field(description="sha256 of the scenario TOML's bytes")
+
+
+class PlanBudgetUse(ResultModel):
+    """What the whole plan may spend (``[budget]``, ``--time-budget-s``) and has spent, across resumes."""
+
+    time_s: Number = Field(description="the time budget, s")
+    requests: int = Field(description="the request budget, requests")
+    consumed_time_s: Number = Field(description="wall time of every recorded run and of discarded ones, s")
+    consumed_requests: int = Field(description="requests sent by every recorded run")
+
+
+class StartLine(ResultModel):
+    """One rate line's predicted start: the highest rate step a worksheet passed and the step it starts at."""
+
+    predicted_last_pass: int = Field(description="index into rate_steps (-1: the worksheet passed none)")
+    start_index: int = Field(description="index into rate_steps the walk starts at")
+
+
+class PlanStart(ResultModel):
+    """Where each line's walk starts (``[start]``) and why; ``engine`` and ``lines`` filled only when a
+    worksheet predicted the capacity."""
+
+    mode: StartMode
+    steps_below: int = Field(description="rate steps below the predicted boundary to start at (a count)")
+    lines: dict[str, StartLine] = Field(
+        description="open mapping: '<class>.c<concurrency>' of each rate line (one per plan class and "
+        "concurrency) -> its prediction; empty when nothing was predicted"
+    )
+    engine: str | None = Field(None, description="the simulated engine the prediction ran on (absent: none)")
+    note: str
+
+
+class PlanLedgerClass(ResultModel):
+    """One class's KV-limited concurrency (the memory ledger's ``LedgerClass``, these two figures)."""
+
+    max_seqs_p99: int = Field(description="sequences that fit in the KV pool at p99 lengths")
+    limit_p99: int = Field(description="sequences: min(KV-limited at p99, the engine limit)")
+
+
+class PlanLedger(ResultModel):
+    """The memory ledger of the plan's ``start.model_config`` at default engine settings, to read the
+    concurrency steps against (absent from a plan without a model config: null)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, protected_namespaces=())
+
+    model_config_path: str = Field(alias="model_config", description="the HF config.json read")
+    kv_cache_tokens: int | None = Field(
+        description="token slots in the KV pool (null: the engine settings give no KV budget)"
+    )
+    classes: dict[str, PlanLedgerClass] = Field(description="open mapping: scenario class name -> its figures")
+    note: str
+
+
+class PlanSearch(ResultModel):
+    """How each line was searched for its boundary (the plan's ``[search]``)."""
+
+    mode: SearchMode
+    dimension: SearchDimension
+    precision: Number | None = Field(
+        description="relative spacing of the geometric rate ladder, e.g. 0.05 (null: the declared rate steps)"
+    )
+
+
+class Probe(ResultModel):
+    """One run the walk of the last invocation asked for, in order, with why it was chosen (a resumed plan's
+    walk asks for its earlier runs again, and loads them)."""
+
+    cell_id: str
+    repeat: int = Field(description="the cell's repeat number, from 1")
+    why: str
+    result: str | None = Field(
+        None,
+        description="pass, fail, inconclusive, not achievable or 'stop <kinds>' (absent: the plan stopped "
+        "before the run, budget spent or run limit reached)",
+    )
+
+
 class RegionResult(ResultModel):
     """The capacity region of a plan (``region.json``; ``loadgen plan --json`` adds ``engine_calibration``)."""
 
@@ -352,21 +457,21 @@ class RegionResult(ResultModel):
     plan_sha256: str | None
     status: str | None
     ended: str | None
-    target: Any
-    scenario: Any
+    target: TargetIdentity = Field(description="the target the plan ran against, told apart by kind")
+    scenario: PlanScenario
     rate_kind: Literal["scale", "rps"]
     rate_steps: list[Number] = Field(
         description="requests per second (rate_kind rps) or multiples of the trace's rate (scale)"
     )
     concurrency: list[int]
     repeats: int
-    budget: dict[str, Any] | None
-    start: dict[str, Any] | None
-    ledger: dict[str, Any] | None
-    search: dict[str, Any]
+    budget: PlanBudgetUse | None
+    start: PlanStart | None
+    ledger: PlanLedger | None
+    search: PlanSearch
     cells_used: int
     runs_used: int
-    probes: list[dict[str, Any]]
+    probes: list[Probe]
     classes: dict[str, dict[str, StateRegion]] = Field(description="class -> state (warm/cold) -> cells and boundary")
     rule: str
     engine_calibration: str | None = None

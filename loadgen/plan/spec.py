@@ -39,6 +39,9 @@ __all__ = [
     "WarmupSpec",
     "ConfidenceSpec",
     "SearchSpec",
+    "SearchMode",
+    "SearchDimension",
+    "StartMode",
     "FleetSpec",
     "load_plan",
     "parse_plan",
@@ -54,10 +57,14 @@ class _Model(InputModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+#: Where a rate line starts: below a worksheet's predicted boundary, or at the lowest rate step.
+StartMode = Literal["auto", "lowest"]
+
+
 class StartSpec(_Model):
     """Where the rate walk begins: below the capacity a worksheet predicts (``auto``) or at the lowest rate."""
 
-    mode: Literal["auto", "lowest"] = "auto"
+    mode: StartMode = "auto"
     steps_below: int = Field(default=1, ge=0, le=1000)  # start this many rate steps below the predicted boundary
     worksheet_engine: str | None = None  # engine preset/TOML for the prediction when the target is not simulated
     model_config_path: str | None = Field(default=None, alias="model_config")  # HF config.json for the ledger
@@ -110,6 +117,12 @@ class ConfidenceSpec(_Model):
     max_extensions: int = Field(default=3, ge=0)  # extension runs per cell repeat
 
 
+#: How a line is searched: one step at a time from the start, or bracket and bisect.
+SearchMode = Literal["grid", "bisect"]
+#: The ladder a line searches: the rate steps of one concurrency, or the concurrency steps of one rate step.
+SearchDimension = Literal["rate", "concurrency"]
+
+
 class SearchSpec(_Model):
     """How each line of cells is searched for its capacity boundary.
 
@@ -122,8 +135,8 @@ class SearchSpec(_Model):
     first to the last with that spacing: the boundary is then known to within one such step.
     """
 
-    mode: Literal["grid", "bisect"] = "grid"
-    dimension: Literal["rate", "concurrency"] = "rate"
+    mode: SearchMode = "grid"
+    dimension: SearchDimension = "rate"
     precision: float | None = Field(default=None, gt=0, lt=1)
 
 

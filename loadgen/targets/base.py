@@ -16,9 +16,32 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
 
+from pydantic import Field
+
+from loadgen.util.resultmodel import ResultModel
+
 from ..driver.options import RunSettings
 
-__all__ = ["RunRequest", "StateResult", "Target", "run_salt"]
+__all__ = ["RunRequest", "StateResult", "Target", "WarmStateResult", "run_salt"]
+
+
+class WarmStateResult(ResultModel):
+    """The state a target was in when a measured run started, and what was done to reach it (a run's
+    manifest ``warm_state``; a plan cell's first run). A run started outside a plan or practice
+    (``loadgen run``, ``sim run``) has ``requested``, ``achieved``, ``reason`` and ``method`` null."""
+
+    state: Literal["warm", "cold", "unknown"] = Field(
+        description="unknown: no state requested, or the requested one not reached"
+    )
+    requested: str | None = Field(description="warm or cold")
+    achieved: bool | None
+    actions: list[str] = Field(description="what was done to reach it (warm-up sent, server restarted ...)")
+    reason: str | None = Field(description="why the requested state was not achievable")
+    method: str | None = Field(
+        None,
+        description="how a cold state was reached: restart or prefix_cache_reset (absent: recorded before "
+        "loadgen named it, 2026-12-01)",
+    )
 
 
 @dataclass
@@ -53,14 +76,14 @@ class StateResult:
 
     def to_dict(self) -> dict[str, Any]:
         """The manifest's ``warm_state`` section."""
-        return {
-            "state": self.label,
-            "requested": self.requested,
-            "achieved": self.achieved,
-            "actions": list(self.actions),
-            "reason": self.reason,
-            "method": self.method,
-        }
+        return WarmStateResult(
+            state=self.label,
+            requested=self.requested,
+            achieved=self.achieved,
+            actions=list(self.actions),
+            reason=self.reason,
+            method=self.method,
+        ).document()
 
 
 #: Differs from process to process, so a target measured again (a resumed plan, another validation) gets

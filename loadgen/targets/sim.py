@@ -33,6 +33,7 @@ from ..sim import EngineConfig, load_engine_config, run_worksheet
 from ..sim.ready import find_ready_url
 from ..sim.worksheet import WORKSHEET_WARM_ACTION
 from .base import RunRequest, StateResult, Target
+from .identity import SimServerIdentity, WorksheetIdentity
 from .replay import run_driver, warm_up
 
 __all__ = ["SimServerHandle", "SimServerProcess", "SimServerTarget", "WorksheetTarget", "launch_sim_server"]
@@ -186,15 +187,16 @@ class WorksheetTarget(Target):
         self.route_policy: RoutePolicy = route_policy
 
     def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "kind": self.kind,
-            "engine": self.engine.name,
-            "engine_sha256": self.engine.sha256,
-            "engine_path": self.engine.source_path,
-        }
-        if self.replicas > 1:
-            out.update(replicas=self.replicas, route_policy=self.route_policy)
-        return out
+        fleet: dict[str, Any] = (
+            {"replicas": self.replicas, "route_policy": self.route_policy} if self.replicas > 1 else {}
+        )
+        return WorksheetIdentity(
+            kind="worksheet",
+            engine=self.engine.name,
+            engine_sha256=self.engine.sha256,
+            engine_path=self.engine.source_path,
+            **fleet,
+        ).document()
 
     @property
     def model(self) -> str | None:
@@ -263,13 +265,13 @@ class SimServerTarget(Target):
         return self.engine_config.model
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "engine": self.engine_config.name,
-            "engine_sha256": self.engine_config.sha256,
-            "engine_path": self.engine_config.source_path,
-            "launched_by_loadgen": True,
-        }
+        return SimServerIdentity(
+            kind="sim",
+            engine=self.engine_config.name,
+            engine_sha256=self.engine_config.sha256,
+            engine_path=self.engine_config.source_path,
+            launched_by_loadgen=True,
+        ).document()
 
     def prepare(self, state: str, warmup_trace: Path | None, work_dir: Path, scenario_path: Path | None) -> StateResult:
         if state == "cold":

@@ -23,6 +23,7 @@ from loadgen.util.errors import TargetError
 from ..driver.options import RunSettings
 from ..util.redact import redact_url
 from .base import RunRequest, StateResult, Target
+from .identity import UrlIdentity
 from .replay import run_driver, warm_up
 
 __all__ = ["RESET_TIMEOUT_S", "UrlTarget"]
@@ -61,12 +62,9 @@ class UrlTarget(Target):
         return self._model
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "base_url": redact_url(self._url),
-            "model": self._model,
-            "launched_by_loadgen": False,
-        }
+        return UrlIdentity(
+            kind="url", base_url=redact_url(self._url), model=self._model, launched_by_loadgen=False
+        ).document()
 
     def prepare(self, state: str, warmup_trace: Path | None, work_dir: Path, scenario_path: Path | None) -> StateResult:
         if state == "cold":

@@ -29,6 +29,7 @@ from loadgen.vllm import (
 
 from ..driver import RunOptions, RunSettings, run_trace_sync
 from .base import RunRequest, StateResult, Target
+from .identity import VllmIdentity
 from .replay import warm_up
 
 __all__ = ["VllmTarget", "engine_memory", "measure_with_server"]
@@ -154,13 +155,13 @@ class VllmTarget(Target):
         raw = self.config.args(0)
         at = raw.index("--port")
         args = raw[:at] + raw[at + 2 :]  # the port changes with every (re)start
-        return {
-            "kind": self.kind,
-            "engine": f"vllm:{Path(self.config.model_dir).name}",
-            "engine_sha256": hashlib.sha256(json.dumps(args).encode()).hexdigest(),
-            "args": args,
-            "launched_by_loadgen": True,
-        }
+        return VllmIdentity(
+            kind="vllm",
+            engine=f"vllm:{Path(self.config.model_dir).name}",
+            engine_sha256=hashlib.sha256(json.dumps(args).encode()).hexdigest(),
+            args=args,
+            launched_by_loadgen=True,
+        ).document()
 
     def prepare(self, state: str, warmup_trace: Path | None, work_dir: Path, scenario_path: Path | None) -> StateResult:
         if state == "cold":
