@@ -213,3 +213,84 @@ def test_reconciling_a_run_that_logged_no_pool_says_nothing_was_compared(tmp_pat
     assert res.returncode == 1, res.stderr  # not reconciled (as before), but not a miss either
     assert "reconciled: nothing to compare: the engine reported none of the KV quantities" in res.stdout
     assert "reconciled: NO" not in res.stdout
+
+
+_TICKS_HEADER = "t,prompt_throughput,gen_throughput,running,waiting,kv_cache_pct\n"
+
+
+def _import_cli(folder: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "loadgen", "import", "llmservingsim", str(folder), "--out", str(out), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def _workload_file(path: Path, rows: list[dict]) -> Path:
+    """A workload for ``_results_run``'s rows (line i: bench-i), lengths as the run's, arrivals 0.25 s apart; the
+    run's meta.json names no dataset_hash, so the file may be changed after."""
+    meta_path = path.parent / "run" / "meta.json"
+    meta_path.write_text(
+        json.dumps({k: v for k, v in json.loads(meta_path.read_text()).items() if k != "dataset_hash"})
+    )
+    recs = [{"input_toks": r["input_toks"], "output_toks": r["output_toks"]} for r in rows]
+    path.write_text("".join(json.dumps(r | {"arrival_time_ns": 250_000_000 * i}) + "\n" for i, r in enumerate(recs)))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("series", "needle"),
+    [
+        (_TICKS_HEADER + "1.0,90.0,16.0,3,0\n", "timeseries.csv: row 2: 5 fields: expected 6, as the header"),
+        (_TICKS_HEADER + "1.0,90.0,16.0,3,0,1.5,9\n", "timeseries.csv: row 2: 7 fields: expected 6, as the header"),
+        (_TICKS_HEADER + "1.0,90.0,16.0,nan,0,1.5\n", "timeseries.csv: row 2: running = 'nan': expected"),
+        (_TICKS_HEADER + "-1.0,90.0,16.0,3,0,1.5\n", "timeseries.csv: row 2: t = '-1.0': expected"),
+        (_TICKS_HEADER + "1.0,inf,16.0,3,0,1.5\n", "timeseries.csv: row 2: prompt_throughput = 'inf': expected"),
+        (_TICKS_HEADER + "1.0,90.0,16.0,3,0,150\n", "timeseries.csv: row 2: kv_cache_pct = '150': expected"),
+        (_TICKS_HEADER + "1.0,90.0,16.0,3,0,1.5\n2.0,90.0,16.0,3,x,1.5\n", "timeseries.csv: row 3: waiting = 'x'"),
+    ],
+)
+def test_a_broken_series_row_is_refused_in_one_line(tmp_path, series, needle):
+    """A short or long row was a TypeError traceback (exit 1); a NaN, infinite, negative or over-100 % value was
+    imported as a server metric. Now: one line naming the file, row and column, exit 2, no run directory."""
+    _results_run(tmp_path / "run")
+    (tmp_path / "run" / "timeseries.csv").write_text(series)
+    res = _import_cli(tmp_path / "run", tmp_path / "out")
+    assert res.returncode == 2, res.stderr
+    assert needle in res.stderr and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("problem", "needle"),
+    [
+        ("negative arrival", "w.jsonl: line 1: arrival_time_ns = -1: expected integer ns"),
+        ("request beyond the workload", "request_id 'bench-5': expected bench-<i> with i < 5"),
+        ("broken series", "timeseries.csv: row 2: 4 fields: expected 6, as the header"),
+    ],
+)
+def test_a_refused_run_with_its_workload_leaves_no_run_directory(tmp_path, problem, needle):
+    """The workload was imported into --out before the rest was checked: a refusal left a directory holding
+    workload.parquet. Now it is imported aside and moved in once the run directory is begun."""
+    rows = _results_run(tmp_path / "run")
+    workload = _workload_file(tmp_path / "w.jsonl", rows)
+    if problem == "negative arrival":
+        lines = workload.read_text().splitlines()
+        workload.write_text("\n".join([lines[0].replace('"arrival_time_ns": 0', '"arrival_time_ns": -1'), *lines[1:]]))
+    elif problem == "request beyond the workload":
+        workload.write_text("".join(workload.read_text().splitlines(keepends=True)[:-1]))
+    else:
+        (tmp_path / "run" / "timeseries.csv").write_text(_TICKS_HEADER + "1.0,90.0,16.0,3\n")
+    res = _import_cli(tmp_path / "run", tmp_path / "out", "--workload", str(workload))
+    assert res.returncode == 2 and needle in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_importing_into_a_run_directory_leaves_its_workload_as_it_was(tmp_path):
+    """A second import into a directory already holding a run wrote its workload.parquet over the first's
+    before the run writer refused the directory; now the first run is left whole."""
+    rows = _results_run(tmp_path / "run")
+    workload = _workload_file(tmp_path / "w.jsonl", rows)
+    assert _import_cli(tmp_path / "run", tmp_path / "out", "--workload", str(workload)).returncode == 0
+    before = (tmp_path / "out" / "workload.parquet").read_bytes()
+    workload.write_text(workload.read_text().replace('"arrival_time_ns": 250000000', '"arrival_time_ns": 260000000'))
+    res = _import_cli(tmp_path / "run", tmp_path / "out", "--workload", str(workload))
+    assert res.returncode == 2 and "already holds a run" in res.stderr, res.stderr
+    assert (tmp_path / "out" / "workload.parquet").read_bytes() == before

@@ -31,10 +31,13 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import statistics
+import tempfile
 from pathlib import Path
 from typing import Any
 
+from loadgen.rundir.foreign_input import read_llmservingsim_ticks
 from loadgen.rundir.identity import harness_identity, sha256_file
 from loadgen.rundir.io import RunWriter
 from loadgen.rundir.manifest import Anchor, EngineIdentity, Host, Manifest, TargetRef, TraceRef
@@ -188,9 +191,7 @@ def _timeseries(path: Path, model: str) -> tuple[dict[str, list[Any]], list[str]
     try:
         with open(path, encoding="utf-8", newline="") as handle:
             records = list(csv.DictReader(handle))
-        ticks = [float(r["t"]) for r in records]
-        values = {col: [float(r[col]) for r in records] for col in TIMESERIES_METRICS}
-    except (KeyError, ValueError, OSError) as exc:
+    except (ValueError, OSError) as exc:  # not UTF-8, a NUL byte, unreadable
         raise RunDirError(
             f"{path}: unreadable ({exc!r:.80}): expected columns t, {', '.join(TIMESERIES_METRICS)}"
         ) from None
@@ -199,6 +200,9 @@ def _timeseries(path: Path, model: str) -> tuple[dict[str, list[Any]], list[str]
             f"{path}: no ticks: expected columns t, {', '.join(TIMESERIES_METRICS)} and a row per tick "
             "(or no file: the run is imported without server metrics)"
         )
+    rows = read_llmservingsim_ticks(path, records)
+    ticks = [r.t for r in rows]
+    values = {col: [float(getattr(r, col)) for r in rows] for col in TIMESERIES_METRICS}
     notes = []
     columns: dict[str, list[Any]] = {"time_ns": [], "name": [], "labels": [], "value": []}
     labels = metric_labels_json(model)
@@ -330,42 +334,45 @@ def import_llmservingsim_run(
     rows = _read_requests(folder / "requests.jsonl")
     rows.sort(key=lambda r: r["arrival_time"])
     source = _workload(folder, meta, Path(workload) if workload else None)
-    notes: list[str] = []
-    offsets = None
-    trace_ref = None
-    if source is not None:
-        offsets, trace_ref = _import_workload(source, Path(out_dir), rows)
-    else:
-        notes.append("workload not found: run zero = the first arrival; no prompt block hashes")
-    clock = _Clock(rows, offsets)
     model = str(meta.get("model") or "unknown")
     metrics, series_notes = _timeseries(folder / "timeseries.csv", model)
-    manifest = _manifest(
-        folder, meta, clock, clock.frontend_delays_ms(rows), notes + series_notes, _workload_statement(meta, source)
-    )
-    if trace_ref is not None:
-        manifest.trace = trace_ref
-    with RunWriter(Path(out_dir), manifest) as writer:
-        for rec in rows:
-            writer.add_request(_request_row(rec, clock, request_class))
-        writer.add_metrics(metrics)
-        end = max(r["last_token_ts"] for r in rows)
-        writer.close({"duration_s": clock.engine(end) / NS})
+    notes: list[str] = []
+    # the workload is imported aside and moved in once the run directory is begun: a refused file writes nothing
+    with tempfile.TemporaryDirectory(prefix="loadgen-workload-") as staging:
+        offsets = trace_ref = staged = None
+        if source is not None:
+            offsets, trace_ref, staged = _import_workload(source, Path(staging), rows)
+        else:
+            notes.append("workload not found: run zero = the first arrival; no prompt block hashes")
+        clock = _Clock(rows, offsets)
+        manifest = _manifest(
+            folder, meta, clock, clock.frontend_delays_ms(rows), notes + series_notes, _workload_statement(meta, source)
+        )
+        if trace_ref is not None:
+            manifest.trace = trace_ref
+        with RunWriter(Path(out_dir), manifest) as writer:
+            if staged is not None:
+                shutil.move(staged, Path(out_dir) / WORKLOAD_FILE)
+            for rec in rows:
+                writer.add_request(_request_row(rec, clock, request_class))
+            writer.add_metrics(metrics)
+            end = max(r["last_token_ts"] for r in rows)
+            writer.close({"duration_s": clock.engine(end) / NS})
     return Path(out_dir)
 
 
-def _import_workload(source: Path, out_dir: Path, rows: list[dict[str, Any]]) -> tuple[list[float], TraceRef]:
-    """Import the workload beside the records; its arrival offsets (s) in the order of ``rows`` (by request index)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+def _import_workload(source: Path, staging: Path, rows: list[dict[str, Any]]) -> tuple[list[float], TraceRef, Path]:
+    """Import the workload into ``staging``; its arrival offsets (s) in the order of ``rows`` (by request index),
+    its trace reference and the staged file."""
     try:
-        trace_path = import_trace("llmservingsim", source, out_dir / WORKLOAD_FILE, request_class="imported")
+        trace_path = import_trace("llmservingsim", source, staging / WORKLOAD_FILE, request_class="imported")
         table, meta = read_trace(trace_path)
     except TraceError as exc:
         raise RunDirError(str(exc)) from None
     offsets = table.column("scheduled_offset_ns").to_pylist()
     indexes = [_request_index(r["request_id"], len(offsets)) for r in rows]
     trace = TraceRef(path=WORKLOAD_FILE, sha256=sha256_file(trace_path), name=meta.get("trace_name"), metadata=meta)
-    return [offsets[i] / NS for i in indexes], trace
+    return [offsets[i] / NS for i in indexes], trace, trace_path
 
 
 def _request_index(request_id: Any, n: int) -> int:

@@ -6,6 +6,7 @@ leaves no half-written run.
   as many as ``ttfts``). Its other keys (vLLM's summary figures) are kept as written.
 * ``LlmperfRecord``: one record of an LLMPerf ``individual`` file, and ``LlmperfSummary`` the ``summary`` file
   beside it. Their other keys are kept as written.
+* ``LlmservingsimTick``: one row of an LLMServingSim bench run's ``timeseries.csv`` (per-second engine figures).
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from loadgen.workload.scenario import format_validation_error
 __all__ = [
     "LlmperfRecord",
     "LlmperfSummary",
+    "LlmservingsimTick",
     "VllmBenchResult",
     "read_llmperf_records",
     "read_llmperf_summary",
+    "read_llmservingsim_ticks",
     "read_vllm_bench_result",
 ]
 
@@ -109,6 +112,20 @@ class LlmperfSummary(InputModel):
     framework: str | None = None
 
 
+class LlmservingsimTick(InputModel):
+    """One row of an LLMServingSim ``timeseries.csv``: the engine's logged figures at one tick. Its other
+    columns are kept as written."""
+
+    model_config = ConfigDict(extra="allow")
+
+    t: Seconds = Field(description="seconds from the bench start")
+    prompt_throughput: NonNegative = Field(description="logged prompt throughput, tokens/s")
+    gen_throughput: NonNegative = Field(description="logged generation throughput, tokens/s")
+    running: NonNegative = Field(description="requests running")
+    waiting: NonNegative = Field(description="requests waiting")
+    kv_cache_pct: Annotated[NonNegative, Field(le=100)] = Field(description="KV cache in use, % (0..100)")
+
+
 _LLMPERF_FILE = TypeAdapter(list[LlmperfRecord])
 
 
@@ -148,3 +165,22 @@ def read_llmperf_records(path: Path, data: Any) -> list[LlmperfRecord]:
         return _LLMPERF_FILE.validate_python(data)
     except ValidationError as exc:
         raise RunDirError(format_validation_error(str(path), exc, LlmperfRecord)) from None
+
+
+def read_llmservingsim_ticks(path: Path, rows: list[dict[str | None, Any]]) -> list[LlmservingsimTick]:
+    """``rows`` (``csv.DictReader`` of the file) as ticks; RunDirError with one line on the first problem
+    (``row N``, counting the header as row 1)."""
+    ticks = []
+    for row_no, row in enumerate(rows, start=2):
+        header = sum(k is not None for k in row)
+        short = sum(v is None for k, v in row.items() if k is not None)  # DictReader: a short row's missing cells
+        extra = len(row.get(None) or [])  # and a long row's rest
+        if short or extra:
+            raise RunDirError(
+                f"{path}: row {row_no}: {header - short + extra} fields: expected {header}, as the header"
+            )
+        try:
+            ticks.append(LlmservingsimTick.model_validate(row))
+        except ValidationError as exc:
+            raise RunDirError(format_validation_error(f"{path}: row {row_no}", exc, LlmservingsimTick)) from None
+    return ticks
