@@ -262,7 +262,7 @@ def test_a_broken_series_row_is_refused_in_one_line(tmp_path, series, needle):
     ("problem", "needle"),
     [
         ("negative arrival", "w.jsonl: line 1: arrival_time_ns = -1: expected integer ns"),
-        ("request beyond the workload", "request_id 'bench-5': expected bench-<i> with i < 5"),
+        ("request beyond the workload", "requests.jsonl: request_id 'bench-5': expected bench-<i> with i < 5"),
         ("broken series", "timeseries.csv: row 2: 4 fields: expected 6, as the header"),
     ],
 )
@@ -294,3 +294,29 @@ def test_importing_into_a_run_directory_leaves_its_workload_as_it_was(tmp_path):
     res = _import_cli(tmp_path / "run", tmp_path / "out", "--workload", str(workload))
     assert res.returncode == 2 and "already holds a run" in res.stderr, res.stderr
     assert (tmp_path / "out" / "workload.parquet").read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"request_id": None}, "line 2: request_id = None: expected the bench's id (bench-<i>)"),
+        ({"request_id": 7}, "line 2: request_id = 7: expected the bench's id"),
+        ({"request_id": ["bench-1"]}, "line 2: request_id = ['bench-1']: expected the bench's id"),
+        ({"request_id": "bench-0"}, "line 2: request_id = 'bench-0': also on line 1: expected each request once"),
+        ({"arrival_time": -5.0}, "line 2: arrival_time = -5.0: expected a finite number of seconds >= 0"),
+        (
+            {"queued_ts": -1.0, "arrival_time": 1.0},
+            "line 2: queued_ts = -1.0: expected a finite number of seconds >= 0",
+        ),
+    ],
+)
+def test_a_wrong_request_record_is_refused_in_one_line(tmp_path, change, needle):
+    """A request_id that was no string was kept as its text ('None'), a repeated one counted twice, a negative
+    instant was imported; now each is one line naming requests.jsonl, the line and the field, exit 2, no run."""
+    rows = _results_run(tmp_path / "run")
+    rows[1] |= change
+    (tmp_path / "run" / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = _import_cli(tmp_path / "run", tmp_path / "out")
+    assert res.returncode == 2, res.stderr
+    assert f"requests.jsonl: {needle}" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()

@@ -76,14 +76,28 @@ def find_run_folder(path: Path | str) -> Path:
 
 def _number(path: Path, line_no: int, rec: dict[str, Any], key: str) -> float:
     value = rec.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value or abs(value) > 1e12:
-        raise RunDirError(f"{path}: line {line_no}: {key} = {value!r}: expected a finite number of seconds")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1e12:  # NaN fails too
+        raise RunDirError(f"{path}: line {line_no}: {key} = {value!r}: expected a finite number of seconds >= 0")
     return float(value)
+
+
+def _request_id(path: Path, line_no: int, value: Any, seen: dict[str, int]) -> None:
+    """The bench's request id: a string (``bench-<i>``), each once; else one RunDirError line."""
+    if not isinstance(value, str) or not value:
+        raise RunDirError(
+            f"{path}: line {line_no}: request_id = {repr(value)[:40]}: expected the bench's id (bench-<i>)"
+        )
+    if value in seen:
+        raise RunDirError(
+            f"{path}: line {line_no}: request_id = {value!r}: also on line {seen[value]}: expected each request once"
+        )
+    seen[value] = line_no
 
 
 def _read_requests(path: Path) -> list[dict[str, Any]]:
     """The request records, each checked: the fields present, instants finite and in order, counts >= 1."""
     rows = []
+    seen: dict[str, int] = {}
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
@@ -102,6 +116,7 @@ def _read_requests(path: Path) -> list[dict[str, Any]]:
         ]
         if missing:
             raise RunDirError(f"{path}: line {line_no}: missing {missing}: expected a bench request record")
+        _request_id(path, line_no, rec["request_id"], seen)
         for key in ("input_toks", "output_toks"):
             if isinstance(rec[key], bool) or not isinstance(rec[key], int) or not 1 <= rec[key] <= 10_000_000:
                 raise RunDirError(f"{path}: line {line_no}: {key} = {rec[key]!r}: expected a token count >= 1")
@@ -341,7 +356,7 @@ def import_llmservingsim_run(
     with tempfile.TemporaryDirectory(prefix="loadgen-workload-") as staging:
         offsets = trace_ref = staged = None
         if source is not None:
-            offsets, trace_ref, staged = _import_workload(source, Path(staging), rows)
+            offsets, trace_ref, staged = _import_workload(source, Path(staging), rows, folder / "requests.jsonl")
         else:
             notes.append("workload not found: run zero = the first arrival; no prompt block hashes")
         clock = _Clock(rows, offsets)
@@ -361,7 +376,9 @@ def import_llmservingsim_run(
     return Path(out_dir)
 
 
-def _import_workload(source: Path, staging: Path, rows: list[dict[str, Any]]) -> tuple[list[float], TraceRef, Path]:
+def _import_workload(
+    source: Path, staging: Path, rows: list[dict[str, Any]], requests_path: Path
+) -> tuple[list[float], TraceRef, Path]:
     """Import the workload into ``staging``; its arrival offsets (s) in the order of ``rows`` (by request index),
     its trace reference and the staged file."""
     try:
@@ -370,14 +387,14 @@ def _import_workload(source: Path, staging: Path, rows: list[dict[str, Any]]) ->
     except TraceError as exc:
         raise RunDirError(str(exc)) from None
     offsets = table.column("scheduled_offset_ns").to_pylist()
-    indexes = [_request_index(r["request_id"], len(offsets)) for r in rows]
+    indexes = [_request_index(requests_path, r["request_id"], len(offsets)) for r in rows]
     trace = TraceRef(path=WORKLOAD_FILE, sha256=sha256_file(trace_path), name=meta.get("trace_name"), metadata=meta)
     return [offsets[i] / NS for i in indexes], trace, trace_path
 
 
-def _request_index(request_id: Any, n: int) -> int:
+def _request_index(path: Path, request_id: str, n: int) -> int:
     """``bench-<i>``: line i of the workload (the bench numbers requests in workload order)."""
-    head, _, tail = str(request_id).rpartition("-")
+    head, _, tail = request_id.rpartition("-")
     if not tail.isdigit() or not 0 <= int(tail) < n:
-        raise RunDirError(f"request_id {request_id!r}: expected bench-<i> with i < {n} (the workload's line)")
+        raise RunDirError(f"{path}: request_id {request_id!r}: expected bench-<i> with i < {n} (the workload's line)")
     return int(tail)
