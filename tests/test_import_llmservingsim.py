@@ -320,3 +320,27 @@ def test_a_wrong_request_record_is_refused_in_one_line(tmp_path, change, needle)
     assert res.returncode == 2, res.stderr
     assert f"requests.jsonl: {needle}" in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"model": 5}, "meta.json: model = 5: expected"),
+        ({"vllm_version": 0.19}, "meta.json: vllm_version = 0.19: expected"),
+        ({"started_at": True}, "meta.json: started_at = True: expected"),
+        ({"tick_seconds": -1.0}, "meta.json: tick_seconds = -1.0: expected"),
+        ({"tick_seconds": "1s"}, "meta.json: tick_seconds = '1s': expected"),
+        ({"engine_kwargs": [1]}, "meta.json: engine_kwargs = [1]: expected"),
+        ({"hardware": "RTX4090"}, "meta.json: hardware = 'RTX4090': expected"),
+    ],
+)
+def test_a_wrong_meta_field_is_refused_in_one_line(tmp_path, change, needle):
+    """A meta.json field of the wrong type was a pydantic ValidationError traceback (exit 1) when the manifest
+    was built; now meta.json is read through a typed input model first: one line, exit 2, no run directory."""
+    _results_run(tmp_path / "run")
+    meta_path = tmp_path / "run" / "meta.json"
+    meta_path.write_text(json.dumps(json.loads(meta_path.read_text()) | change))
+    res = _import_cli(tmp_path / "run", tmp_path / "out")
+    assert res.returncode == 2, res.stderr
+    assert needle in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()

@@ -37,7 +37,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from loadgen.rundir.foreign_input import read_llmservingsim_ticks
+from loadgen.rundir.foreign_input import read_llmservingsim_meta, read_llmservingsim_ticks
 from loadgen.rundir.identity import harness_identity, sha256_file
 from loadgen.rundir.io import RunWriter
 from loadgen.rundir.manifest import Anchor, EngineIdentity, Host, Manifest, TargetRef, TraceRef
@@ -345,7 +345,8 @@ def import_llmservingsim_run(
 ) -> Path:
     """An LLMServingSim bench run folder (or its parent) → a run directory at ``out_dir``; returns it."""
     folder = find_run_folder(path)
-    meta = read_json_object(folder / "meta.json", "an LLMServingSim meta.json", RunDirError)
+    meta_path = folder / "meta.json"
+    meta = read_llmservingsim_meta(meta_path, read_json_object(meta_path, "an LLMServingSim meta.json", RunDirError))
     rows = _read_requests(folder / "requests.jsonl")
     rows.sort(key=lambda r: r["arrival_time"])
     source = _workload(folder, meta, Path(workload) if workload else None)

@@ -6,7 +6,8 @@ leaves no half-written run.
   as many as ``ttfts``). Its other keys (vLLM's summary figures) are kept as written.
 * ``LlmperfRecord``: one record of an LLMPerf ``individual`` file, and ``LlmperfSummary`` the ``summary`` file
   beside it. Their other keys are kept as written.
-* ``LlmservingsimTick``: one row of an LLMServingSim bench run's ``timeseries.csv`` (per-second engine figures).
+* ``LlmservingsimTick``: one row of an LLMServingSim bench run's ``timeseries.csv`` (per-second engine figures),
+  and ``LlmservingsimMeta`` its ``meta.json`` (what the import takes from it; other keys kept as written).
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ from loadgen.workload.scenario import format_validation_error
 __all__ = [
     "LlmperfRecord",
     "LlmperfSummary",
+    "LlmservingsimMeta",
     "LlmservingsimTick",
     "VllmBenchResult",
     "read_llmperf_records",
     "read_llmperf_summary",
+    "read_llmservingsim_meta",
     "read_llmservingsim_ticks",
     "read_vllm_bench_result",
 ]
@@ -126,6 +129,24 @@ class LlmservingsimTick(InputModel):
     kv_cache_pct: Annotated[NonNegative, Field(le=100)] = Field(description="KV cache in use, % (0..100)")
 
 
+class LlmservingsimMeta(InputModel):
+    """An LLMServingSim bench run's ``meta.json``: what the import records in the manifest."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = Field(None, description="the model served")
+    vllm_version: str | None = None
+    started_at: str | None = Field(None, description="UTC start, ISO 8601")
+    finished_at: str | None = Field(None, description="UTC end, ISO 8601")
+    tick_seconds: Seconds | None = Field(None, description="timeseries.csv's tick, s")
+    dataset_path: str | None = Field(None, description="the workload file the run replayed")
+    dataset_hash: str | None = Field(None, description="its sha256")
+    engine_kwargs: dict[str, Any] | None = Field(None, description="the engine arguments")
+    kv_cache: dict[str, Any] | None = Field(None, description="the KV cache vLLM resolved")
+    resolved_config: dict[str, Any] | None = Field(None, description="vLLM's resolved configuration")
+    hardware: dict[str, Any] | None = Field(None, description="the GPU it ran on")
+
+
 _LLMPERF_FILE = TypeAdapter(list[LlmperfRecord])
 
 
@@ -184,3 +205,13 @@ def read_llmservingsim_ticks(path: Path, rows: list[dict[str | None, Any]]) -> l
         except ValidationError as exc:
             raise RunDirError(format_validation_error(f"{path}: row {row_no}", exc, LlmservingsimTick)) from None
     return ticks
+
+
+def read_llmservingsim_meta(path: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (the meta.json object) checked as ``LlmservingsimMeta``, returned as it was written; RunDirError
+    with one line on its first problem."""
+    try:
+        LlmservingsimMeta.model_validate(data)
+    except ValidationError as exc:
+        raise RunDirError(format_validation_error(str(path), exc, LlmservingsimMeta)) from None
+    return data
