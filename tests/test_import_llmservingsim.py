@@ -332,11 +332,16 @@ def test_a_wrong_request_record_is_refused_in_one_line(tmp_path, change, needle)
         ({"tick_seconds": "1s"}, "meta.json: tick_seconds = '1s': expected"),
         ({"engine_kwargs": [1]}, "meta.json: engine_kwargs = [1]: expected"),
         ({"hardware": "RTX4090"}, "meta.json: hardware = 'RTX4090': expected"),
+        ({"engine_kwargs": {"max_num_seqs": "4"}}, "meta.json: engine_kwargs.max_num_seqs = '4': expected"),
+        ({"engine_kwargs": {"tensor_parallel_size": 0}}, "meta.json: engine_kwargs.tensor_parallel_size = 0: expected"),
+        ({"kv_cache": {"num_gpu_blocks": -3}}, "meta.json: kv_cache.num_gpu_blocks = -3: expected"),
+        ({"kv_cache": {"enable_prefix_caching": "yes"}}, "meta.json: kv_cache.enable_prefix_caching = 'yes': expected"),
     ],
 )
 def test_a_wrong_meta_field_is_refused_in_one_line(tmp_path, change, needle):
     """A meta.json field of the wrong type was a pydantic ValidationError traceback (exit 1) when the manifest
-    was built; now meta.json is read through a typed input model first: one line, exit 2, no run directory."""
+    was built, and an engine argument or KV figure of the wrong type or range was kept for the replay (sim validate
+    --measured); now meta.json is read through a typed input model first: one line, exit 2, no run directory."""
     _results_run(tmp_path / "run")
     meta_path = tmp_path / "run" / "meta.json"
     meta_path.write_text(json.dumps(json.loads(meta_path.read_text()) | change))

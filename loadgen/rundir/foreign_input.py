@@ -129,6 +129,37 @@ class LlmservingsimTick(InputModel):
     kv_cache_pct: Annotated[NonNegative, Field(le=100)] = Field(description="KV cache in use, % (0..100)")
 
 
+#: A count as JSON writes it: an integer, never a string or a boolean (the raw value is kept in the manifest).
+_Count = Annotated[int, Field(strict=True, ge=0)]
+_Flag = Annotated[bool, Field(strict=True)]
+
+
+class LlmservingsimEngineArgs(InputModel):
+    """The engine arguments of a bench run (``engine_kwargs``) a replay takes: types checked, other keys kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    tensor_parallel_size: Annotated[_Count, Field(ge=1)] | None = Field(None, description="GPUs per replica")
+    data_parallel_size: Annotated[_Count, Field(ge=1)] | None = Field(None, description="engine replicas")
+    enable_expert_parallel: _Flag | None = None
+    max_num_seqs: Annotated[_Count, Field(ge=1)] | None = Field(None, description="sequences per step")
+    max_num_batched_tokens: Annotated[_Count, Field(ge=1)] | None = Field(None, description="tokens per step")
+    max_model_len: Annotated[_Count, Field(ge=1)] | None = Field(None, description="tokens")
+    enforce_eager: _Flag | None = None
+
+
+class LlmservingsimKvCache(InputModel):
+    """The KV cache vLLM resolved (``kv_cache``) as a replay takes it: types checked, other keys kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    num_gpu_blocks: _Count | None = Field(None, description="KV blocks on the GPU")
+    block_size: Annotated[_Count, Field(ge=1)] | None = Field(None, description="tokens per block")
+    enable_prefix_caching: _Flag | None = None
+    num_kv_tokens: _Count | None = Field(None, description="tokens")
+
+
 class LlmservingsimMeta(InputModel):
     """An LLMServingSim bench run's ``meta.json``: what the import records in the manifest."""
 
@@ -141,8 +172,8 @@ class LlmservingsimMeta(InputModel):
     tick_seconds: Seconds | None = Field(None, description="timeseries.csv's tick, s")
     dataset_path: str | None = Field(None, description="the workload file the run replayed")
     dataset_hash: str | None = Field(None, description="its sha256")
-    engine_kwargs: dict[str, Any] | None = Field(None, description="the engine arguments")
-    kv_cache: dict[str, Any] | None = Field(None, description="the KV cache vLLM resolved")
+    engine_kwargs: LlmservingsimEngineArgs | None = Field(None, description="the engine arguments")
+    kv_cache: LlmservingsimKvCache | None = Field(None, description="the KV cache vLLM resolved")
     resolved_config: dict[str, Any] | None = Field(None, description="vLLM's resolved configuration")
     hardware: dict[str, Any] | None = Field(None, description="the GPU it ran on")
 
