@@ -242,6 +242,7 @@ def _workload_file(path: Path, rows: list[dict]) -> Path:
         (_TICKS_HEADER + "1.0,90.0,16.0,3,0,1.5,9\n", "timeseries.csv: row 2: 7 fields: expected 6, as the header"),
         (_TICKS_HEADER + "1.0,90.0,16.0,nan,0,1.5\n", "timeseries.csv: row 2: running = 'nan': expected"),
         (_TICKS_HEADER + "-1.0,90.0,16.0,3,0,1.5\n", "timeseries.csv: row 2: t = '-1.0': expected"),
+        (_TICKS_HEADER + "1e300,90.0,16.0,3,0,1.5\n", "timeseries.csv: row 2: t = '1e300': expected"),
         (_TICKS_HEADER + "1.0,inf,16.0,3,0,1.5\n", "timeseries.csv: row 2: prompt_throughput = 'inf': expected"),
         (_TICKS_HEADER + "1.0,90.0,16.0,3,0,150\n", "timeseries.csv: row 2: kv_cache_pct = '150': expected"),
         (_TICKS_HEADER + "1.0,90.0,16.0,3,0,1.5\n2.0,90.0,16.0,3,x,1.5\n", "timeseries.csv: row 3: waiting = 'x'"),

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from loadgen.util.errors import RunDirError
-from loadgen.util.limits import InputModel
+from loadgen.util.limits import MAX_OFFSET_NS, InputModel
 from loadgen.workload.scenario import format_validation_error
 
 __all__ = [
@@ -121,7 +121,7 @@ class LlmservingsimTick(InputModel):
 
     model_config = ConfigDict(extra="allow")
 
-    t: Seconds = Field(description="seconds from the bench start")
+    t: Annotated[Seconds, Field(le=MAX_OFFSET_NS / 1e9)] = Field(description="seconds from the bench start")
     prompt_throughput: NonNegative = Field(description="logged prompt throughput, tokens/s")
     gen_throughput: NonNegative = Field(description="logged generation throughput, tokens/s")
     running: NonNegative = Field(description="requests running")
