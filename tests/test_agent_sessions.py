@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from shared_paths import REPO, shared_trace
 
 from loadgen.analysis import analyze_run
@@ -349,3 +350,46 @@ def test_the_reports_show_the_sessions(tmp_path: Path) -> None:
     assert "sessions 2 (0 incomplete): makespan p50/p99" in text, done.stdout + done.stderr
     assert "more sessions of class agent are needed" in text  # a makespan check's sample is sessions
     assert "session makespan" in (tmp_path / "r.html").read_text()
+
+
+def _session(**changes: object) -> dict:
+    """A hand-made two-request session (64-token blocks), the second request changed by ``changes``."""
+    first = {"t": 0.0, "type": "n", "in": 130, "out": 5, "hash_ids": [1, 2], "api_time": 2.0, "think_time": 0.0}
+    second = {"t": 5.0, "type": "s", "in": 200, "out": 7, "hash_ids": [1, 2, 3], "api_time": 1.0, "think_time": 3.0}
+    return {"id": "s1", "block_size": 64, "requests": [first, second | changes]}
+
+
+_SUB = {"t": 1.0, "type": "subagent", "agent_id": "a1"}
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        (_session(think_time="x"), ".requests[1].think_time = 'x': expected seconds"),
+        (_session(think_time=-1.0), ".requests[1].think_time = -1.0: expected seconds"),
+        (_session(think_time=float("nan")), ".requests[1].think_time = nan: expected seconds"),
+        (_session(think_time=True), ".requests[1].think_time = True: expected seconds"),
+        (_session(hash_ids=[1, 2]), ".requests[1].hash_ids holds 2 ids: expected one per whole 64-token block"),
+        (_session(hash_ids=[1, 2, 3, 4]), ".requests[1].hash_ids holds 4 ids: expected one per whole"),
+        (_session(hash_ids=[1, True, 3]), ".requests[1].hash_ids: expected a list of block ids"),
+        (_session(type="x"), ".requests[1].type = 'x': expected one of n, s, subagent"),
+        (_session() | {"requests": [_session()["requests"][0], 5]}, ".requests[1] = 5: expected a request object"),
+        (
+            _session() | {"requests": [*_session()["requests"], _SUB | {"requests": 5}]},
+            ".requests = 5: expected a list",
+        ),
+        (_session() | {"requests": [*_session()["requests"], _SUB | {"requests": "ab"}]}, ".requests = 'ab'"),
+        (_session() | {"id": 7}, "id = 7: expected the session's name"),
+    ],
+)
+def test_a_wrong_field_in_a_session_is_refused_in_one_line(tmp_path: Path, data: dict, needle: str) -> None:
+    """A think time, server time or type that was not used, a request that was no object or a sub-agent's
+    requests that were no list were silently skipped (a number there was a TypeError traceback); a hash_ids
+    list of another length than the prompt's whole blocks was kept. Now one line naming file and field, exit 2."""
+    src, out = tmp_path / "trace_x.json", tmp_path / "a.parquet"
+    src.write_text(json.dumps(data))
+    cmd = [sys.executable, "-m", "loadgen", "trace", "import", "agentic", str(src), "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert res.returncode == 2, res.stderr
+    assert str(src) in res.stderr and needle in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not out.exists()

@@ -213,3 +213,140 @@ def test_reconciling_a_run_that_logged_no_pool_says_nothing_was_compared(tmp_pat
     assert res.returncode == 1, res.stderr  # not reconciled (as before), but not a miss either
     assert "reconciled: nothing to compare: the engine reported none of the KV quantities" in res.stdout
     assert "reconciled: NO" not in res.stdout
+
+
+_TICKS_HEADER = "t,prompt_throughput,gen_throughput,running,waiting,kv_cache_pct\n"
+
+
+def _import_cli(folder: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "loadgen", "import", "llmservingsim", str(folder), "--out", str(out), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def _workload_file(path: Path, rows: list[dict]) -> Path:
+    """A workload for ``_results_run``'s rows (line i: bench-i), lengths as the run's, arrivals 0.25 s apart; the
+    run's meta.json names no dataset_hash, so the file may be changed after."""
+    meta_path = path.parent / "run" / "meta.json"
+    meta_path.write_text(
+        json.dumps({k: v for k, v in json.loads(meta_path.read_text()).items() if k != "dataset_hash"})
+    )
+    recs = [{"input_toks": r["input_toks"], "output_toks": r["output_toks"]} for r in rows]
+    path.write_text("".join(json.dumps(r | {"arrival_time_ns": 250_000_000 * i}) + "\n" for i, r in enumerate(recs)))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("series", "needle"),
+    [
+        (_TICKS_HEADER + "1.0,90.0,16.0,3,0\n", "timeseries.csv: row 2: 5 fields: expected 6, as the header"),
+        (_TICKS_HEADER + "1.0,90.0,16.0,3,0,1.5,9\n", "timeseries.csv: row 2: 7 fields: expected 6, as the header"),
+        (_TICKS_HEADER + "1.0,90.0,16.0,nan,0,1.5\n", "timeseries.csv: row 2: running = 'nan': expected"),
+        (_TICKS_HEADER + "-1.0,90.0,16.0,3,0,1.5\n", "timeseries.csv: row 2: t = '-1.0': expected"),
+        (_TICKS_HEADER + "1e300,90.0,16.0,3,0,1.5\n", "timeseries.csv: row 2: t = '1e300': expected"),
+        (_TICKS_HEADER + "1.0,inf,16.0,3,0,1.5\n", "timeseries.csv: row 2: prompt_throughput = 'inf': expected"),
+        (_TICKS_HEADER + "1.0,90.0,16.0,3,0,150\n", "timeseries.csv: row 2: kv_cache_pct = '150': expected"),
+        (_TICKS_HEADER + "1.0,90.0,16.0,3,0,1.5\n2.0,90.0,16.0,3,x,1.5\n", "timeseries.csv: row 3: waiting = 'x'"),
+    ],
+)
+def test_a_broken_series_row_is_refused_in_one_line(tmp_path, series, needle):
+    """A short or long row was a TypeError traceback (exit 1); a NaN, infinite, negative or over-100 % value was
+    imported as a server metric. Now: one line naming the file, row and column, exit 2, no run directory."""
+    _results_run(tmp_path / "run")
+    (tmp_path / "run" / "timeseries.csv").write_text(series)
+    res = _import_cli(tmp_path / "run", tmp_path / "out")
+    assert res.returncode == 2, res.stderr
+    assert needle in res.stderr and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("problem", "needle"),
+    [
+        ("negative arrival", "w.jsonl: line 1: arrival_time_ns = -1: expected integer ns"),
+        ("request beyond the workload", "requests.jsonl: request_id 'bench-5': expected bench-<i> with i < 5"),
+        ("broken series", "timeseries.csv: row 2: 4 fields: expected 6, as the header"),
+    ],
+)
+def test_a_refused_run_with_its_workload_leaves_no_run_directory(tmp_path, problem, needle):
+    """The workload was imported into --out before the rest was checked: a refusal left a directory holding
+    workload.parquet. Now it is imported aside and moved in once the run directory is begun."""
+    rows = _results_run(tmp_path / "run")
+    workload = _workload_file(tmp_path / "w.jsonl", rows)
+    if problem == "negative arrival":
+        lines = workload.read_text().splitlines()
+        workload.write_text("\n".join([lines[0].replace('"arrival_time_ns": 0', '"arrival_time_ns": -1'), *lines[1:]]))
+    elif problem == "request beyond the workload":
+        workload.write_text("".join(workload.read_text().splitlines(keepends=True)[:-1]))
+    else:
+        (tmp_path / "run" / "timeseries.csv").write_text(_TICKS_HEADER + "1.0,90.0,16.0,3\n")
+    res = _import_cli(tmp_path / "run", tmp_path / "out", "--workload", str(workload))
+    assert res.returncode == 2 and needle in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_importing_into_a_run_directory_leaves_its_workload_as_it_was(tmp_path):
+    """A second import into a directory already holding a run wrote its workload.parquet over the first's
+    before the run writer refused the directory; now the first run is left whole."""
+    rows = _results_run(tmp_path / "run")
+    workload = _workload_file(tmp_path / "w.jsonl", rows)
+    assert _import_cli(tmp_path / "run", tmp_path / "out", "--workload", str(workload)).returncode == 0
+    before = (tmp_path / "out" / "workload.parquet").read_bytes()
+    workload.write_text(workload.read_text().replace('"arrival_time_ns": 250000000', '"arrival_time_ns": 260000000'))
+    res = _import_cli(tmp_path / "run", tmp_path / "out", "--workload", str(workload))
+    assert res.returncode == 2 and "already holds a run" in res.stderr, res.stderr
+    assert (tmp_path / "out" / "workload.parquet").read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"request_id": None}, "line 2: request_id = None: expected the bench's id (bench-<i>)"),
+        ({"request_id": 7}, "line 2: request_id = 7: expected the bench's id"),
+        ({"request_id": ["bench-1"]}, "line 2: request_id = ['bench-1']: expected the bench's id"),
+        ({"request_id": "bench-0"}, "line 2: request_id = 'bench-0': also on line 1: expected each request once"),
+        ({"arrival_time": -5.0}, "line 2: arrival_time = -5.0: expected a finite number of seconds >= 0"),
+        (
+            {"queued_ts": -1.0, "arrival_time": 1.0},
+            "line 2: queued_ts = -1.0: expected a finite number of seconds >= 0",
+        ),
+    ],
+)
+def test_a_wrong_request_record_is_refused_in_one_line(tmp_path, change, needle):
+    """A request_id that was no string was kept as its text ('None'), a repeated one counted twice, a negative
+    instant was imported; now each is one line naming requests.jsonl, the line and the field, exit 2, no run."""
+    rows = _results_run(tmp_path / "run")
+    rows[1] |= change
+    (tmp_path / "run" / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = _import_cli(tmp_path / "run", tmp_path / "out")
+    assert res.returncode == 2, res.stderr
+    assert f"requests.jsonl: {needle}" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"model": 5}, "meta.json: model = 5: expected"),
+        ({"vllm_version": 0.19}, "meta.json: vllm_version = 0.19: expected"),
+        ({"started_at": True}, "meta.json: started_at = True: expected"),
+        ({"tick_seconds": -1.0}, "meta.json: tick_seconds = -1.0: expected"),
+        ({"tick_seconds": "1s"}, "meta.json: tick_seconds = '1s': expected"),
+        ({"engine_kwargs": [1]}, "meta.json: engine_kwargs = [1]: expected"),
+        ({"hardware": "RTX4090"}, "meta.json: hardware = 'RTX4090': expected"),
+        ({"engine_kwargs": {"max_num_seqs": "4"}}, "meta.json: engine_kwargs.max_num_seqs = '4': expected"),
+        ({"engine_kwargs": {"tensor_parallel_size": 0}}, "meta.json: engine_kwargs.tensor_parallel_size = 0: expected"),
+        ({"kv_cache": {"num_gpu_blocks": -3}}, "meta.json: kv_cache.num_gpu_blocks = -3: expected"),
+        ({"kv_cache": {"enable_prefix_caching": "yes"}}, "meta.json: kv_cache.enable_prefix_caching = 'yes': expected"),
+    ],
+)
+def test_a_wrong_meta_field_is_refused_in_one_line(tmp_path, change, needle):
+    """A meta.json field of the wrong type was a pydantic ValidationError traceback (exit 1) when the manifest
+    was built, and an engine argument or KV figure of the wrong type or range was kept for the replay (sim validate
+    --measured); now meta.json is read through a typed input model first: one line, exit 2, no run directory."""
+    _results_run(tmp_path / "run")
+    meta_path = tmp_path / "run" / "meta.json"
+    meta_path.write_text(json.dumps(json.loads(meta_path.read_text()) | change))
+    res = _import_cli(tmp_path / "run", tmp_path / "out")
+    assert res.returncode == 2, res.stderr
+    assert needle in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -128,3 +129,32 @@ def test_cli_import_and_stats(tmp_path):
     res = subprocess.run([sys.executable, "-m", "loadgen", "trace", "stats", str(out)], capture_output=True, text=True)
     assert res.returncode == 0
     assert "requests 8,819" in res.stdout and "IAT CV 13.15" in res.stdout
+
+
+_MOONCAKE = {"timestamp": 0, "input_length": 1030, "output_length": 5, "hash_ids": [0, 1, 2]}
+_WORKLOAD = {"input_toks": 3, "output_toks": 5, "arrival_time_ns": 0, "input_tok_ids": [7, 8, 9]}
+
+
+@pytest.mark.parametrize(
+    ("kind", "record", "needle"),
+    [
+        ("mooncake", _MOONCAKE | {"input_length": True}, "line 1: input_length = True: expected an integer"),
+        ("mooncake", _MOONCAKE | {"output_length": False}, "line 1: output_length = False: expected an integer"),
+        ("mooncake", _MOONCAKE | {"hash_ids": None}, "line 1: hash_ids = None: expected a list of one id per"),
+        ("mooncake", _MOONCAKE | {"hash_ids": 5}, "line 1: hash_ids = 5: expected a list"),
+        ("mooncake", _MOONCAKE | {"hash_ids": [0]}, "line 1: hash_ids = 1 ids: expected a list of one id per"),
+        ("mooncake", [_MOONCAKE], "line 1: a JSON list: expected a Mooncake record"),
+        ("llmservingsim", _WORKLOAD | {"output_toks": True}, "line 1: output_toks = True: expected an integer"),
+        ("llmservingsim", _WORKLOAD | {"input_toks": True}, "line 1: input_toks = True: expected an integer"),
+    ],
+)
+def test_a_wrong_field_is_refused_in_one_line_naming_it(tmp_path, kind, record, needle):
+    """A boolean count (int(True) is 1), a hash_ids that is no list or holds another number of blocks than
+    input_length needs: one line naming the file and field, exit 2, no trace written."""
+    src, out = tmp_path / "in.jsonl", tmp_path / "t.parquet"
+    src.write_text(json.dumps(record) + "\n" + json.dumps(_MOONCAKE if kind == "mooncake" else _WORKLOAD) + "\n")
+    cmd = [sys.executable, "-m", "loadgen", "trace", "import", kind, str(src), "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 2, res.stderr
+    assert f"{src}: {needle}" in res.stderr and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not out.exists()

@@ -31,10 +31,13 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import statistics
+import tempfile
 from pathlib import Path
 from typing import Any
 
+from loadgen.rundir.foreign_input import read_llmservingsim_meta, read_llmservingsim_ticks
 from loadgen.rundir.identity import harness_identity, sha256_file
 from loadgen.rundir.io import RunWriter
 from loadgen.rundir.manifest import Anchor, EngineIdentity, Host, Manifest, TargetRef, TraceRef
@@ -73,14 +76,28 @@ def find_run_folder(path: Path | str) -> Path:
 
 def _number(path: Path, line_no: int, rec: dict[str, Any], key: str) -> float:
     value = rec.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value or abs(value) > 1e12:
-        raise RunDirError(f"{path}: line {line_no}: {key} = {value!r}: expected a finite number of seconds")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1e12:  # NaN fails too
+        raise RunDirError(f"{path}: line {line_no}: {key} = {value!r}: expected a finite number of seconds >= 0")
     return float(value)
+
+
+def _request_id(path: Path, line_no: int, value: Any, seen: dict[str, int]) -> None:
+    """The bench's request id: a string (``bench-<i>``), each once; else one RunDirError line."""
+    if not isinstance(value, str) or not value:
+        raise RunDirError(
+            f"{path}: line {line_no}: request_id = {repr(value)[:40]}: expected the bench's id (bench-<i>)"
+        )
+    if value in seen:
+        raise RunDirError(
+            f"{path}: line {line_no}: request_id = {value!r}: also on line {seen[value]}: expected each request once"
+        )
+    seen[value] = line_no
 
 
 def _read_requests(path: Path) -> list[dict[str, Any]]:
     """The request records, each checked: the fields present, instants finite and in order, counts >= 1."""
     rows = []
+    seen: dict[str, int] = {}
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
@@ -99,6 +116,7 @@ def _read_requests(path: Path) -> list[dict[str, Any]]:
         ]
         if missing:
             raise RunDirError(f"{path}: line {line_no}: missing {missing}: expected a bench request record")
+        _request_id(path, line_no, rec["request_id"], seen)
         for key in ("input_toks", "output_toks"):
             if isinstance(rec[key], bool) or not isinstance(rec[key], int) or not 1 <= rec[key] <= 10_000_000:
                 raise RunDirError(f"{path}: line {line_no}: {key} = {rec[key]!r}: expected a token count >= 1")
@@ -188,9 +206,7 @@ def _timeseries(path: Path, model: str) -> tuple[dict[str, list[Any]], list[str]
     try:
         with open(path, encoding="utf-8", newline="") as handle:
             records = list(csv.DictReader(handle))
-        ticks = [float(r["t"]) for r in records]
-        values = {col: [float(r[col]) for r in records] for col in TIMESERIES_METRICS}
-    except (KeyError, ValueError, OSError) as exc:
+    except (ValueError, OSError) as exc:  # not UTF-8, a NUL byte, unreadable
         raise RunDirError(
             f"{path}: unreadable ({exc!r:.80}): expected columns t, {', '.join(TIMESERIES_METRICS)}"
         ) from None
@@ -199,6 +215,9 @@ def _timeseries(path: Path, model: str) -> tuple[dict[str, list[Any]], list[str]
             f"{path}: no ticks: expected columns t, {', '.join(TIMESERIES_METRICS)} and a row per tick "
             "(or no file: the run is imported without server metrics)"
         )
+    rows = read_llmservingsim_ticks(path, records)
+    ticks = [r.t for r in rows]
+    values = {col: [float(getattr(r, col)) for r in rows] for col in TIMESERIES_METRICS}
     notes = []
     columns: dict[str, list[Any]] = {"time_ns": [], "name": [], "labels": [], "value": []}
     labels = metric_labels_json(model)
@@ -326,51 +345,57 @@ def import_llmservingsim_run(
 ) -> Path:
     """An LLMServingSim bench run folder (or its parent) → a run directory at ``out_dir``; returns it."""
     folder = find_run_folder(path)
-    meta = read_json_object(folder / "meta.json", "an LLMServingSim meta.json", RunDirError)
+    meta_path = folder / "meta.json"
+    meta = read_llmservingsim_meta(meta_path, read_json_object(meta_path, "an LLMServingSim meta.json", RunDirError))
     rows = _read_requests(folder / "requests.jsonl")
     rows.sort(key=lambda r: r["arrival_time"])
     source = _workload(folder, meta, Path(workload) if workload else None)
-    notes: list[str] = []
-    offsets = None
-    trace_ref = None
-    if source is not None:
-        offsets, trace_ref = _import_workload(source, Path(out_dir), rows)
-    else:
-        notes.append("workload not found: run zero = the first arrival; no prompt block hashes")
-    clock = _Clock(rows, offsets)
     model = str(meta.get("model") or "unknown")
     metrics, series_notes = _timeseries(folder / "timeseries.csv", model)
-    manifest = _manifest(
-        folder, meta, clock, clock.frontend_delays_ms(rows), notes + series_notes, _workload_statement(meta, source)
-    )
-    if trace_ref is not None:
-        manifest.trace = trace_ref
-    with RunWriter(Path(out_dir), manifest) as writer:
-        for rec in rows:
-            writer.add_request(_request_row(rec, clock, request_class))
-        writer.add_metrics(metrics)
-        end = max(r["last_token_ts"] for r in rows)
-        writer.close({"duration_s": clock.engine(end) / NS})
+    notes: list[str] = []
+    # the workload is imported aside and moved in once the run directory is begun: a refused file writes nothing
+    with tempfile.TemporaryDirectory(prefix="loadgen-workload-") as staging:
+        offsets = trace_ref = staged = None
+        if source is not None:
+            offsets, trace_ref, staged = _import_workload(source, Path(staging), rows, folder / "requests.jsonl")
+        else:
+            notes.append("workload not found: run zero = the first arrival; no prompt block hashes")
+        clock = _Clock(rows, offsets)
+        manifest = _manifest(
+            folder, meta, clock, clock.frontend_delays_ms(rows), notes + series_notes, _workload_statement(meta, source)
+        )
+        if trace_ref is not None:
+            manifest.trace = trace_ref
+        with RunWriter(Path(out_dir), manifest) as writer:
+            if staged is not None:
+                shutil.move(staged, Path(out_dir) / WORKLOAD_FILE)
+            for rec in rows:
+                writer.add_request(_request_row(rec, clock, request_class))
+            writer.add_metrics(metrics)
+            end = max(r["last_token_ts"] for r in rows)
+            writer.close({"duration_s": clock.engine(end) / NS})
     return Path(out_dir)
 
 
-def _import_workload(source: Path, out_dir: Path, rows: list[dict[str, Any]]) -> tuple[list[float], TraceRef]:
-    """Import the workload beside the records; its arrival offsets (s) in the order of ``rows`` (by request index)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+def _import_workload(
+    source: Path, staging: Path, rows: list[dict[str, Any]], requests_path: Path
+) -> tuple[list[float], TraceRef, Path]:
+    """Import the workload into ``staging``; its arrival offsets (s) in the order of ``rows`` (by request index),
+    its trace reference and the staged file."""
     try:
-        trace_path = import_trace("llmservingsim", source, out_dir / WORKLOAD_FILE, request_class="imported")
+        trace_path = import_trace("llmservingsim", source, staging / WORKLOAD_FILE, request_class="imported")
         table, meta = read_trace(trace_path)
     except TraceError as exc:
         raise RunDirError(str(exc)) from None
     offsets = table.column("scheduled_offset_ns").to_pylist()
-    indexes = [_request_index(r["request_id"], len(offsets)) for r in rows]
+    indexes = [_request_index(requests_path, r["request_id"], len(offsets)) for r in rows]
     trace = TraceRef(path=WORKLOAD_FILE, sha256=sha256_file(trace_path), name=meta.get("trace_name"), metadata=meta)
-    return [offsets[i] / NS for i in indexes], trace
+    return [offsets[i] / NS for i in indexes], trace, trace_path
 
 
-def _request_index(request_id: Any, n: int) -> int:
+def _request_index(path: Path, request_id: str, n: int) -> int:
     """``bench-<i>``: line i of the workload (the bench numbers requests in workload order)."""
-    head, _, tail = str(request_id).rpartition("-")
+    head, _, tail = request_id.rpartition("-")
     if not tail.isdigit() or not 0 <= int(tail) < n:
-        raise RunDirError(f"request_id {request_id!r}: expected bench-<i> with i < {n} (the workload's line)")
+        raise RunDirError(f"{path}: request_id {request_id!r}: expected bench-<i> with i < {n} (the workload's line)")
     return int(tail)

@@ -6,6 +6,8 @@ leaves no half-written run.
   as many as ``ttfts``). Its other keys (vLLM's summary figures) are kept as written.
 * ``LlmperfRecord``: one record of an LLMPerf ``individual`` file, and ``LlmperfSummary`` the ``summary`` file
   beside it. Their other keys are kept as written.
+* ``LlmservingsimTick``: one row of an LLMServingSim bench run's ``timeseries.csv`` (per-second engine figures),
+  and ``LlmservingsimMeta`` its ``meta.json`` (what the import takes from it; other keys kept as written).
 """
 
 from __future__ import annotations
@@ -17,15 +19,19 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from loadgen.util.errors import RunDirError
-from loadgen.util.limits import InputModel
+from loadgen.util.limits import MAX_OFFSET_NS, InputModel
 from loadgen.workload.scenario import format_validation_error
 
 __all__ = [
     "LlmperfRecord",
     "LlmperfSummary",
+    "LlmservingsimMeta",
+    "LlmservingsimTick",
     "VllmBenchResult",
     "read_llmperf_records",
     "read_llmperf_summary",
+    "read_llmservingsim_meta",
+    "read_llmservingsim_ticks",
     "read_vllm_bench_result",
 ]
 
@@ -109,6 +115,69 @@ class LlmperfSummary(InputModel):
     framework: str | None = None
 
 
+class LlmservingsimTick(InputModel):
+    """One row of an LLMServingSim ``timeseries.csv``: the engine's logged figures at one tick. Its other
+    columns are kept as written."""
+
+    model_config = ConfigDict(extra="allow")
+
+    t: Annotated[Seconds, Field(le=MAX_OFFSET_NS / 1e9)] = Field(description="seconds from the bench start")
+    prompt_throughput: NonNegative = Field(description="logged prompt throughput, tokens/s")
+    gen_throughput: NonNegative = Field(description="logged generation throughput, tokens/s")
+    running: NonNegative = Field(description="requests running")
+    waiting: NonNegative = Field(description="requests waiting")
+    kv_cache_pct: Annotated[NonNegative, Field(le=100)] = Field(description="KV cache in use, % (0..100)")
+
+
+#: A count as JSON writes it: an integer, never a string or a boolean (the raw value is kept in the manifest).
+_Count = Annotated[int, Field(strict=True, ge=0)]
+_Flag = Annotated[bool, Field(strict=True)]
+
+
+class LlmservingsimEngineArgs(InputModel):
+    """The engine arguments of a bench run (``engine_kwargs``) a replay takes: types checked, other keys kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    tensor_parallel_size: Annotated[_Count, Field(ge=1)] | None = Field(None, description="GPUs per replica")
+    data_parallel_size: Annotated[_Count, Field(ge=1)] | None = Field(None, description="engine replicas")
+    enable_expert_parallel: _Flag | None = None
+    max_num_seqs: Annotated[_Count, Field(ge=1)] | None = Field(None, description="sequences per step")
+    max_num_batched_tokens: Annotated[_Count, Field(ge=1)] | None = Field(None, description="tokens per step")
+    max_model_len: Annotated[_Count, Field(ge=1)] | None = Field(None, description="tokens")
+    enforce_eager: _Flag | None = None
+
+
+class LlmservingsimKvCache(InputModel):
+    """The KV cache vLLM resolved (``kv_cache``) as a replay takes it: types checked, other keys kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    num_gpu_blocks: _Count | None = Field(None, description="KV blocks on the GPU")
+    block_size: Annotated[_Count, Field(ge=1)] | None = Field(None, description="tokens per block")
+    enable_prefix_caching: _Flag | None = None
+    num_kv_tokens: _Count | None = Field(None, description="tokens")
+
+
+class LlmservingsimMeta(InputModel):
+    """An LLMServingSim bench run's ``meta.json``: what the import records in the manifest."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = Field(None, description="the model served")
+    vllm_version: str | None = None
+    started_at: str | None = Field(None, description="UTC start, ISO 8601")
+    finished_at: str | None = Field(None, description="UTC end, ISO 8601")
+    tick_seconds: Seconds | None = Field(None, description="timeseries.csv's tick, s")
+    dataset_path: str | None = Field(None, description="the workload file the run replayed")
+    dataset_hash: str | None = Field(None, description="its sha256")
+    engine_kwargs: LlmservingsimEngineArgs | None = Field(None, description="the engine arguments")
+    kv_cache: LlmservingsimKvCache | None = Field(None, description="the KV cache vLLM resolved")
+    resolved_config: dict[str, Any] | None = Field(None, description="vLLM's resolved configuration")
+    hardware: dict[str, Any] | None = Field(None, description="the GPU it ran on")
+
+
 _LLMPERF_FILE = TypeAdapter(list[LlmperfRecord])
 
 
@@ -148,3 +217,32 @@ def read_llmperf_records(path: Path, data: Any) -> list[LlmperfRecord]:
         return _LLMPERF_FILE.validate_python(data)
     except ValidationError as exc:
         raise RunDirError(format_validation_error(str(path), exc, LlmperfRecord)) from None
+
+
+def read_llmservingsim_ticks(path: Path, rows: list[dict[str | None, Any]]) -> list[LlmservingsimTick]:
+    """``rows`` (``csv.DictReader`` of the file) as ticks; RunDirError with one line on the first problem
+    (``row N``, counting the header as row 1)."""
+    ticks = []
+    for row_no, row in enumerate(rows, start=2):
+        header = sum(k is not None for k in row)
+        short = sum(v is None for k, v in row.items() if k is not None)  # DictReader: a short row's missing cells
+        extra = len(row.get(None) or [])  # and a long row's rest
+        if short or extra:
+            raise RunDirError(
+                f"{path}: row {row_no}: {header - short + extra} fields: expected {header}, as the header"
+            )
+        try:
+            ticks.append(LlmservingsimTick.model_validate(row))
+        except ValidationError as exc:
+            raise RunDirError(format_validation_error(f"{path}: row {row_no}", exc, LlmservingsimTick)) from None
+    return ticks
+
+
+def read_llmservingsim_meta(path: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (the meta.json object) checked as ``LlmservingsimMeta``, returned as it was written; RunDirError
+    with one line on its first problem."""
+    try:
+        LlmservingsimMeta.model_validate(data)
+    except ValidationError as exc:
+        raise RunDirError(format_validation_error(str(path), exc, LlmservingsimMeta)) from None
+    return data

@@ -44,6 +44,8 @@ AGENTIC_BLOCK_TOKENS = 64
 _NS = 1_000_000_000
 #: Each file's block ids are shifted into their own range of this width (ids are local to a file).
 _ID_RANGE = 1 << 32
+#: A request's ``type``: non-streaming, streaming, or a sub-agent holding its own requests.
+_TYPES = ("n", "s", "subagent")
 
 
 @dataclass
@@ -74,16 +76,52 @@ def _tokens(value: object, where: str) -> int:
     return value
 
 
-def _steps_of(requests: list[Any], where: str, conv: str, base_s: float) -> list[Step]:
+def _entries(requests: object, where: str) -> list[dict[str, Any]]:
+    """A ``requests`` list whose every entry is an object with a known ``type``, else one TraceError line."""
+    if not isinstance(requests, list):
+        raise TraceError(f"{where}.requests = {repr(requests)[:40]}: expected a list of requests")
+    for k, r in enumerate(requests):
+        if not isinstance(r, dict):
+            raise TraceError(f"{where}.requests[{k}] = {repr(r)[:40]}: expected a request object")
+        if r.get("type") not in _TYPES:
+            raise TraceError(f"{where}.requests[{k}].type = {r.get('type')!r}: expected one of {', '.join(_TYPES)}")
+    return requests
+
+
+def _hashes(r: dict[str, Any], at: str, prompt_tokens: int) -> list[int]:
+    """A request's ``hash_ids``: one block id in 0..2^32 per whole block of its prompt."""
+    hashes = r.get("hash_ids")
+    ids_ok = isinstance(hashes, list) and all(
+        isinstance(h, int) and not isinstance(h, bool) and 0 <= h < _ID_RANGE for h in hashes
+    )
+    if not isinstance(hashes, list) or not ids_ok:
+        raise TraceError(f"{at}.hash_ids: expected a list of block ids in 0..2^32")
+    blocks = prompt_tokens // AGENTIC_BLOCK_TOKENS
+    if len(hashes) != blocks:
+        raise TraceError(
+            f"{at}.hash_ids holds {len(hashes)} ids: expected one per whole {AGENTIC_BLOCK_TOKENS}-token block "
+            f"of in = {prompt_tokens} ({blocks})"
+        )
+    return list(hashes)
+
+
+def _seconds_or_none(r: dict[str, Any], key: str, at: str) -> float | None:
+    value = r.get(key)
+    return None if value is None else _number(value, f"{at}.{key}", "seconds")
+
+
+def _steps_of(requests: list[dict[str, Any]], where: str, conv: str, base_s: float) -> list[Step]:
     """The plain requests of one (sub-)session as steps chained one after another (no fan-out yet)."""
     steps: list[Step] = []
-    plain = [(k, r) for k, r in enumerate(requests) if isinstance(r, dict) and r.get("type") != "subagent"]
+    plain = [(k, r) for k, r in enumerate(requests) if r["type"] != "subagent"]
+    api_s: list[float | None] = []
+    think_s: list[float | None] = []
     for j, (k, r) in enumerate(plain):
         at = f"{where}.requests[{k}]"
         start = base_s + _number(r.get("t"), f"{at}.t", "seconds since the session start")
-        hashes = r.get("hash_ids")
-        if not isinstance(hashes, list) or not all(isinstance(h, int) and 0 <= h < _ID_RANGE for h in hashes):
-            raise TraceError(f"{at}.hash_ids: expected a list of block ids in 0..2^32")
+        prompt = _tokens(r.get("in"), f"{at}.in")
+        api_s.append(_seconds_or_none(r, "api_time", at))
+        think_s.append(_seconds_or_none(r, "think_time", at))
         steps.append(
             Step(
                 request_id=f"{conv}#{j}",
@@ -91,20 +129,19 @@ def _steps_of(requests: list[Any], where: str, conv: str, base_s: float) -> list
                 turn=j,
                 start_s=start,
                 end_s=start,
-                prompt_tokens=_tokens(r.get("in"), f"{at}.in"),
+                prompt_tokens=prompt,
                 output_tokens=max(1, _tokens(r.get("out"), f"{at}.out")),
-                hashes=list(hashes),
+                hashes=_hashes(r, at, prompt),
                 wait_for=[steps[-1].request_id] if steps else [],
                 think_s=None,
             )
         )
-    for j, (k, r) in enumerate(plain):
-        api = r.get("api_time")
+    for j in range(len(plain)):
+        api = api_s[j]
         if api is not None:
-            end = steps[j].start_s + _number(api, f"{where}.requests[{k}].api_time", "seconds")
+            end = steps[j].start_s + api
         elif j + 1 < len(plain):
-            think = _number(plain[j + 1][1].get("think_time", 0), f"{where}.requests[{k + 1}].think_time", "seconds")
-            end = steps[j + 1].start_s - think
+            end = steps[j + 1].start_s - (think_s[j + 1] or 0.0)
         else:
             end = steps[j].start_s
         steps[j].end_s = max(end, steps[j].start_s)
@@ -116,18 +153,22 @@ def session_steps(data: dict[str, Any], where: str, name: str) -> list[Step]:
     requests = data.get("requests")
     if not isinstance(requests, list) or not requests:
         raise TraceError(f"{where}: requests: expected a non-empty list")
+    requests = _entries(requests, where)
     main = _steps_of(requests, where, name, 0.0)
     if not main:
         raise TraceError(f"{where}: requests: expected at least one request outside sub-agents")
     subs: list[list[Step]] = []
     for k, r in enumerate(requests):
-        if isinstance(r, dict) and r.get("type") == "subagent":
+        if r["type"] == "subagent":
             at = f"{where}.requests[{k}]"
             start = _number(r.get("t"), f"{at}.t", "seconds since the session start")
             agent = r.get("agent_id")
             if not isinstance(agent, str) or not agent or "/" in agent or "#" in agent:
                 raise TraceError(f"{at}.agent_id = {agent!r}: expected a name without '/' or '#'")
-            sub = _steps_of(r.get("requests") or [], at, sub_session_id(name, agent), start)
+            inner = _entries(r.get("requests", []), at)
+            if any(e["type"] == "subagent" for e in inner):
+                raise TraceError(f"{at}.requests: a sub-agent inside a sub-agent: expected its own requests only")
+            sub = _steps_of(inner, at, sub_session_id(name, agent), start)
             if sub:
                 launcher = [s for s in main if s.start_s <= start] or main[:1]
                 sub[0].wait_for = [launcher[-1].request_id]
@@ -167,6 +208,8 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def _session_name(data: dict[str, Any], path: Path, taken: set[str]) -> str:
+    if data.get("id") is not None and not isinstance(data.get("id"), str):
+        raise TraceError(f"{path}: id = {repr(data['id'])[:40]}: expected the session's name (a string)")
     name = data.get("id") if isinstance(data.get("id"), str) else path.stem
     if not name or "/" in name or "#" in name or name in taken:
         raise TraceError(f"{path}: id = {name!r}: expected a session name without '/' or '#', unique among the files")

@@ -50,6 +50,8 @@ _BLOCK_RULES = {"mooncake": "Mooncake hash_ids as given", "llmservingsim": BLOCK
 
 def _count(path: Path, where: str, column: str, value: Any) -> int:
     """A token count from a source row: an integer in 0..MAX_TOKENS, else one TraceError line."""
+    if isinstance(value, bool):  # int(True) is 1: a boolean is no count
+        raise TraceError(f"{path}: {where}: {column} = {value!r}: expected an integer")
     try:
         count = int(value)
     except (TypeError, ValueError, OverflowError):
@@ -104,8 +106,33 @@ def _read_azure(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[An
     )
 
 
+def _mooncake_record(path: Path, line_no: int, rec: Any) -> tuple[int, int, int, tuple[int, ...]]:
+    """(arrival ns, prompt tokens, output tokens, hash_ids) of one Mooncake record, each field checked by name."""
+    if not isinstance(rec, dict):
+        raise TraceError(f"{path}: line {line_no}: a JSON {type(rec).__name__}: expected a Mooncake record")
+    missing = [k for k in ("timestamp", "input_length", "output_length") if k not in rec]
+    if missing:
+        raise TraceError(
+            f"{path}: line {line_no}: missing field {missing[0]!r}: expected timestamp, input_length, output_length"
+        )
+    stamp = rec["timestamp"]
+    if not is_finite(stamp) or not 0 <= stamp <= MAX_OFFSET_NS / 1_000_000 * 100:
+        raise TraceError(f"{path}: line {line_no}: timestamp = {stamp!r}: expected milliseconds >= 0")
+    prompt = _count(path, f"line {line_no}", "input_length", rec["input_length"])
+    output = _count(path, f"line {line_no}", "output_length", rec["output_length"])
+    ids = rec.get("hash_ids", [])
+    blocks = -(-prompt // MOONCAKE_BLOCK_TOKENS)
+    if not isinstance(ids, list) or (ids and len(ids) != blocks):
+        got = f"{len(ids)} ids" if isinstance(ids, list) else repr(ids)[:40]
+        raise TraceError(
+            f"{path}: line {line_no}: hash_ids = {got}: expected a list of one id per "
+            f"{MOONCAKE_BLOCK_TOKENS}-token block of input_length = {prompt} ({blocks} ids)"
+        )
+    return round(float(stamp) * 1_000_000), prompt, output, tuple(_int64(path, line_no, "hash_ids", h) for h in ids)
+
+
 def _read_mooncake(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]]:
-    times, prompts, outputs, hashes = [], [], [], []
+    rows = []
     text = read_input_text(path, "a Mooncake trace JSONL", TraceError)
     # one record a line ("\n" only: a U+2028 inside a JSON string is not a line break)
     for line_no, line in enumerate(text.split("\n"), start=1):
@@ -113,24 +140,11 @@ def _read_mooncake(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, list
             continue
         try:
             rec = json.loads(line)
-            if not isinstance(rec, dict):
-                raise TypeError
-            stamp = rec["timestamp"]
-            if not is_finite(stamp) or not 0 <= stamp <= MAX_OFFSET_NS / 1_000_000 * 100:
-                raise TraceError(f"{path}: line {line_no}: timestamp = {stamp!r}: expected milliseconds >= 0")
-            times.append(int(round(float(stamp) * 1_000_000)))  # ms → ns
-            prompts.append(_count(path, f"line {line_no}", "input_length", rec["input_length"]))
-            outputs.append(_count(path, f"line {line_no}", "output_length", rec["output_length"]))
-            hashes.append(tuple(_int64(path, line_no, "hash_ids", h) for h in rec.get("hash_ids", [])))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             raise TraceError(f"{path}: line {line_no}: invalid JSON: expected a Mooncake record") from None
-        except KeyError as exc:
-            raise TraceError(
-                f"{path}: line {line_no}: missing field {exc.args[0]!r}: expected timestamp, input_length, output_length"
-            ) from None
-        except (TypeError, ValueError, OverflowError):
-            raise TraceError(f"{path}: line {line_no}: non-numeric field: expected numbers") from None
-    return np.asarray(times, np.int64), np.asarray(prompts, np.int64), np.asarray(outputs, np.int64), hashes
+        rows.append(_mooncake_record(path, line_no, rec))
+    times, prompts, outputs, hashes = zip(*rows) if rows else ((), (), (), ())
+    return np.asarray(times, np.int64), np.asarray(prompts, np.int64), np.asarray(outputs, np.int64), list(hashes)
 
 
 def _int64(path: Path, line_no: int, field: str, value: Any) -> int:
