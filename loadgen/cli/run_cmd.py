@@ -191,7 +191,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from loadgen.rundir.manifest import read_manifest  # deferred: `loadgen --help` loads no library code
     from loadgen.util.errors import LoadgenError  # deferred: `loadgen --help` loads no library code
-    from loadgen.workload.scenario import format_validation_error  # deferred: `loadgen --help` loads no library code
+    from loadgen.util.validation import format_validation_error  # deferred: `loadgen --help` loads no library code
 
     from ..driver import RunOptions, run_trace_sync  # deferred: `loadgen --help` loads no library code
 

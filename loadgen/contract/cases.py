@@ -22,7 +22,7 @@ from loadgen.util.errors import ScenarioError
 from loadgen.util.jsonfile import read_json
 from loadgen.util.limits import InputModel
 from loadgen.util.tomlfile import read_toml
-from loadgen.workload.scenario import format_validation_error
+from loadgen.util.validation import format_validation_error
 
 from .language import SUPPORTED_LANGUAGES
 

@@ -16,7 +16,8 @@ import pyarrow as pa
 from pydantic import ValidationError
 
 from loadgen.util.errors import PlanError
-from loadgen.workload.scenario import Scenario, TraceSettings, format_validation_error
+from loadgen.util.validation import format_validation_error
+from loadgen.workload.scenario import Scenario, TraceSettings
 
 from ..trace.generate import generate_trace
 from ..trace.io import read_trace, write_trace

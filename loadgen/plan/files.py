@@ -18,7 +18,7 @@ from loadgen.rundir.schema import MANIFEST_FILE, PLAN_FILE
 from loadgen.util.errors import PlanError
 from loadgen.util.jsonfile import read_json_object
 from loadgen.util.outputfile import write_output_text
-from loadgen.workload.scenario import format_validation_error
+from loadgen.util.validation import format_validation_error
 
 from .results import REGION_SCHEMA_VERSION, RegionResult
 

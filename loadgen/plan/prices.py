@@ -17,7 +17,7 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 from loadgen.util.errors import ScenarioError
 from loadgen.util.limits import InputModel
 from loadgen.util.tomlfile import read_toml
-from loadgen.workload.scenario import format_validation_error
+from loadgen.util.validation import format_validation_error
 
 __all__ = ["Price", "PriceTable", "load_prices", "cost_per_million"]
 

@@ -26,8 +26,9 @@ from loadgen.util.limits import (
     InputModel,
 )
 from loadgen.util.tomlfile import read_toml
+from loadgen.util.validation import format_validation_error
 from loadgen.workload.routing import RoutePolicy
-from loadgen.workload.scenario import class_name_problem, format_validation_error
+from loadgen.workload.scenario import class_name_problem
 
 from ..analysis.budgets import SEND_LAG_BOUND_MS
 

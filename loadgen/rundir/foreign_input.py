@@ -20,7 +20,7 @@ from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, TypeAda
 
 from loadgen.util.errors import RunDirError
 from loadgen.util.limits import MAX_OFFSET_NS, InputModel
-from loadgen.workload.scenario import format_validation_error
+from loadgen.util.validation import format_validation_error
 
 __all__ = [
     "LlmperfRecord",

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from loadgen.util.limits import InputModel
-from loadgen.workload.scenario import format_validation_error
+from loadgen.util.validation import format_validation_error
 
 __all__ = ["CalibrationSection", "check_section"]
 
