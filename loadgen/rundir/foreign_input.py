@@ -12,11 +12,10 @@ leaves no half-written run.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from loadgen.util.errors import RunDirError
 from loadgen.util.limits import MAX_OFFSET_NS, InputModel
@@ -42,16 +41,10 @@ def _not_boolean(value: Any) -> Any:
     return value
 
 
-def _finite(value: float) -> float:
-    if not math.isfinite(value):
-        raise ValueError("expected a finite number")
-    return value
-
-
 #: A finite number (seconds, an instant on the bench's clock); NaN and infinities refused.
-Finite = Annotated[float, BeforeValidator(_not_boolean), AfterValidator(_finite)]
+Finite = Annotated[float, Field(allow_inf_nan=False), BeforeValidator(_not_boolean)]
 #: A finite number, 0 or more.
-NonNegative = Annotated[float, Field(ge=0), BeforeValidator(_not_boolean), AfterValidator(_finite)]
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False), BeforeValidator(_not_boolean)]
 #: A duration, s.
 Seconds = NonNegative
 #: A token count, 0 or more.
