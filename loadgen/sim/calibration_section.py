@@ -11,15 +11,13 @@ as written (``extra = "allow"``). ``EngineConfig`` keeps the table as the mappin
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field
 
 from loadgen.util.limits import InputModel
-from loadgen.util.validation import format_validation_error
 
-__all__ = ["CalibrationSection", "check_section"]
+__all__ = ["CalibrationSection"]
 
 
 class _Record(InputModel):
@@ -56,17 +54,3 @@ class CalibrationSection(_Record):
     memory: CalibrationMemory | None = None
     validations: dict[str, dict[str, Any]] | None = None
     measured_validations: dict[str, MeasuredValidationRecord] | None = None
-
-
-def check_section(name: str, model: type[BaseModel], data: Any) -> None:
-    """Validate table ``name`` of a file against ``model``; ValueError ``name.field = value: expected ...`` (the
-    line the file's loader prefixes with the file) on the first problem."""
-    try:
-        model.model_validate(data)
-    except ValidationError as exc:
-        rest = format_validation_error(name, exc, model)[len(name) + 2 :]
-        raise ValueError(f"{name}.{rest}" if _FIELD_FIRST.match(rest) else f"{name}: {rest}") from None
-
-
-#: A message that starts with the field it is about (``memory.runtime_gib = 'x': ...``, ``engine: unknown ...``).
-_FIELD_FIRST = re.compile(r"^[\w.\-\[\]*]+( = |: )")

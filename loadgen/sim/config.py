@@ -18,12 +18,12 @@ from loadgen.util.errors import LedgerError, ScenarioError
 from loadgen.util.inputs import api_key_env_problem
 from loadgen.util.limits import MAX_CONCURRENCY, MAX_SEED, MAX_TIMEOUT_S, MAX_TOKENS, InputModel
 from loadgen.util.tomlfile import read_toml
-from loadgen.util.validation import format_validation_error
+from loadgen.util.validation import check_section, format_validation_error
 from loadgen.workload import presets
 from loadgen.workload.prompts import chars_spec_problem
 
 from ..ledger import EngineSettings, kv_blocks_for_budget
-from .calibration_section import CalibrationSection, check_section
+from .calibration_section import CalibrationSection
 from .link import AssumedLink, Link, read_collectives
 
 if TYPE_CHECKING:

@@ -3,7 +3,8 @@
 Every loader of a user's or another tool's file (scenario, plan, prices, engine config, contract cases, the
 importers' input models) reports its first problem this way: the file, the field's path, the value given (a
 URL's user-info removed; an ``api_key_env`` value never shown) and what was expected; a misspelt field names
-the accepted one nearest in spelling.
+the accepted one nearest in spelling. ``check_section`` does the same for one table of a file that its model keeps
+as a mapping (an engine TOML's ``[behavior]`` and ``[calibration]``), naming the table.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from loadgen.util.fieldnames import closest_field
 from loadgen.util.inputs import without_userinfo
 
-__all__ = ["format_validation_error"]
+__all__ = ["check_section", "format_validation_error"]
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:
@@ -70,3 +71,17 @@ def format_validation_error(source: str, exc: ValidationError, model: type[BaseM
     if field == "" and ":" in msg:
         expected = msg
     return f"{source}: {where}{expected}{more}"
+
+
+def check_section(name: str, model: type[BaseModel], data: Any) -> None:
+    """Validate table ``name`` of a file against ``model``; ValueError ``name.field = value: expected ...`` (the
+    line the file's loader prefixes with the file) on the first problem."""
+    try:
+        model.model_validate(data)
+    except ValidationError as exc:
+        rest = format_validation_error(name, exc, model)[len(name) + 2 :]
+        raise ValueError(f"{name}.{rest}" if _FIELD_FIRST.match(rest) else f"{name}: {rest}") from None
+
+
+#: A message that starts with the field it is about (``memory.runtime_gib = 'x': ...``, ``engine: unknown ...``).
+_FIELD_FIRST = re.compile(r"^[\w.\-\[\]*]+( = |: )")
