@@ -86,11 +86,11 @@ def _untyped(schema: Any, where: str = "") -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("name", ["region", "decision", "fleet"])
+@pytest.mark.parametrize("name", ["region", "decision", "fleet", "plan-state", "cell-result"])
 def test_the_schema_types_every_field(name: str) -> None:
     """No field of the published region accepts any value (target, scenario, budget, start, ledger, search and
     probes once did; a cell's warm_state was a list of anything), nor of the decision (a candidate's GPUs and
-    warm state)."""
+    warm state), nor of a plan directory's state files (plan.json and cell_result.json were untyped dicts)."""
     schema = json.loads((SCHEMA_DIR / f"{name}.schema.json").read_text())
     assert _untyped(schema) == []
 

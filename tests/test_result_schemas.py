@@ -29,6 +29,7 @@ from loadgen.handoff.result import (
 from loadgen.ledger.result import LEDGER_SCHEMA_VERSION, RECONCILIATION_SCHEMA_VERSION
 from loadgen.managed_result import MANAGED_COMPARISON_SCHEMA_VERSION
 from loadgen.plan.results import COMPARISON_SCHEMA_VERSION, FLEET_SCHEMA_VERSION, REGION_SCHEMA_VERSION
+from loadgen.plan.state import CELL_RESULT_SCHEMA_VERSION, PLAN_STATE_SCHEMA_VERSION
 from loadgen.practice_result import PRACTICE_SCHEMA_VERSION
 from loadgen.runs.catalog_result import RUN_LIST_SCHEMA_VERSION, RUN_SHOW_SCHEMA_VERSION
 from loadgen.runs.diff_result import DIFF_SCHEMA_VERSION
@@ -43,6 +44,8 @@ VERSIONS = {
     "decision": COMPARISON_SCHEMA_VERSION,
     "region": REGION_SCHEMA_VERSION,
     "fleet": FLEET_SCHEMA_VERSION,
+    "plan-state": PLAN_STATE_SCHEMA_VERSION,
+    "cell-result": CELL_RESULT_SCHEMA_VERSION,
     "fidelity": FIDELITY_SCHEMA_VERSION,
     "diff": DIFF_SCHEMA_VERSION,
     "managed": MANAGED_COMPARISON_SCHEMA_VERSION,

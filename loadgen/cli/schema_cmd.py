@@ -21,6 +21,8 @@ RESULT_NAMES = (
     "decision",
     "region",
     "fleet",
+    "plan-state",
+    "cell-result",
     "fidelity",
     "diff",
     "managed",
@@ -68,7 +70,7 @@ def result_schema(name: str) -> dict[str, Any]:
     from ..handoff import result as handoff_result  # deferred: as above
     from ..ledger import result as ledger_result  # deferred: as above
     from ..managed_result import MANAGED_COMPARISON_SCHEMA_VERSION, ManagedComparisonResult  # deferred: as above
-    from ..plan import results  # deferred: as above
+    from ..plan import results, state  # deferred: as above
     from ..practice_result import PRACTICE_SCHEMA_VERSION, PracticeDecision  # deferred: as above
     from ..runs import catalog_result  # deferred: as above
     from ..runs.diff_result import DIFF_SCHEMA_VERSION, DiffDocument  # deferred: as above
@@ -88,6 +90,16 @@ def result_schema(name: str) -> dict[str, Any]:
             results.FleetResult,
             results.FLEET_SCHEMA_VERSION,
             "a [fleet] plan's fleet.json (and its loadgen plan --json): the fewest engines per rate step",
+        ),
+        "plan-state": (
+            state.PlanState,
+            state.PLAN_STATE_SCHEMA_VERSION,
+            "a plan directory's plan.json: the state loadgen plan resumes from (internal; read back only by loadgen)",
+        ),
+        "cell-result": (
+            state.CellResult,
+            state.CELL_RESULT_SCHEMA_VERSION,
+            "a plan cell run's cell_result.json: the run judged (internal; its presence marks the run finished)",
         ),
         "fidelity": (FidelityTable, FIDELITY_SCHEMA_VERSION, "loadgen sim validate: fidelity.json"),
         "diff": (DiffDocument, DIFF_SCHEMA_VERSION, "loadgen diff --json: per class, metric and quantile, the change"),
