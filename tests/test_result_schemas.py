@@ -21,6 +21,7 @@ from loadgen.calibration.fidelity import FIDELITY_SCHEMA_VERSION
 from loadgen.calibration.offline_result import MEASURED_VALIDATION_SCHEMA_VERSION
 from loadgen.cli.schema_cmd import RESULT_NAMES
 from loadgen.contract.result import CONTRACT_DIFF_SCHEMA_VERSION, CONTRACT_SCHEMA_VERSION
+from loadgen.handoff.findings import HANDOFF_EXPERIMENT_SCHEMA_VERSION, HANDOFF_FAILURE_SCHEMA_VERSION
 from loadgen.handoff.result import (
     HANDOFF_BUNDLE_SCHEMA_VERSION,
     HANDOFF_RERUN_SCHEMA_VERSION,
@@ -58,6 +59,8 @@ VERSIONS = {
     "handoff-build": HANDOFF_BUNDLE_SCHEMA_VERSION,
     "handoff-rerun": HANDOFF_RERUN_SCHEMA_VERSION,
     "handoff-verify": HANDOFF_VERIFY_SCHEMA_VERSION,
+    "handoff-failure": HANDOFF_FAILURE_SCHEMA_VERSION,
+    "handoff-experiment": HANDOFF_EXPERIMENT_SCHEMA_VERSION,
     "practice": PRACTICE_SCHEMA_VERSION,
     "contract": CONTRACT_SCHEMA_VERSION,
     "validation-measured": MEASURED_VALIDATION_SCHEMA_VERSION,

@@ -35,6 +35,8 @@ RESULT_NAMES = (
     "handoff-build",
     "handoff-rerun",
     "handoff-verify",
+    "handoff-failure",
+    "handoff-experiment",
     "practice",
     "contract",
     "validation-measured",
@@ -67,6 +69,7 @@ def result_schema(name: str) -> dict[str, Any]:
         ContractDocument,
         ReferenceDiff,
     )
+    from ..handoff import findings as handoff_findings  # deferred: as above
     from ..handoff import result as handoff_result  # deferred: as above
     from ..ledger import result as ledger_result  # deferred: as above
     from ..managed_result import MANAGED_COMPARISON_SCHEMA_VERSION, ManagedComparisonResult  # deferred: as above
@@ -152,6 +155,16 @@ def result_schema(name: str) -> dict[str, Any]:
             handoff_result.VerifyDocument,
             handoff_result.HANDOFF_VERIFY_SCHEMA_VERSION,
             "loadgen handoff verify BUNDLE --json: the bundle against its SHA256SUMS",
+        ),
+        "handoff-failure": (
+            handoff_findings.FailureFile,
+            handoff_findings.HANDOFF_FAILURE_SCHEMA_VERSION,
+            "a handoff bundle's failure.json: what failed in the source run (hard and soft budgets, memory signals)",
+        ),
+        "handoff-experiment": (
+            handoff_findings.Experiment,
+            handoff_findings.HANDOFF_EXPERIMENT_SCHEMA_VERSION,
+            "a handoff bundle's experiment.json: the one-variable experiment proposed from the first failure",
         ),
         "practice": (
             PracticeDecision,
