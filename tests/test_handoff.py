@@ -538,3 +538,4 @@ def test_rerun_of_a_summed_but_edited_failure_or_experiment_is_one_line(
 def test_the_bundle_findings_validate_against_their_schemas(bundle) -> None:
     assert_valid("handoff-failure", json.loads((bundle.bundle_dir / "failure.json").read_text()))
     assert_valid("handoff-experiment", json.loads((bundle.bundle_dir / "experiment.json").read_text()))
+    assert_valid("handoff-workload", json.loads((bundle.bundle_dir / "workload.json").read_text()))

@@ -27,6 +27,7 @@ from loadgen.handoff.result import (
     HANDOFF_RERUN_SCHEMA_VERSION,
     HANDOFF_VERIFY_SCHEMA_VERSION,
 )
+from loadgen.handoff.workload_file import HANDOFF_WORKLOAD_SCHEMA_VERSION
 from loadgen.ledger.result import LEDGER_SCHEMA_VERSION, RECONCILIATION_SCHEMA_VERSION
 from loadgen.managed_result import MANAGED_COMPARISON_SCHEMA_VERSION
 from loadgen.plan.results import COMPARISON_SCHEMA_VERSION, FLEET_SCHEMA_VERSION, REGION_SCHEMA_VERSION
@@ -61,6 +62,7 @@ VERSIONS = {
     "handoff-verify": HANDOFF_VERIFY_SCHEMA_VERSION,
     "handoff-failure": HANDOFF_FAILURE_SCHEMA_VERSION,
     "handoff-experiment": HANDOFF_EXPERIMENT_SCHEMA_VERSION,
+    "handoff-workload": HANDOFF_WORKLOAD_SCHEMA_VERSION,
     "practice": PRACTICE_SCHEMA_VERSION,
     "contract": CONTRACT_SCHEMA_VERSION,
     "validation-measured": MEASURED_VALIDATION_SCHEMA_VERSION,

@@ -37,6 +37,7 @@ RESULT_NAMES = (
     "handoff-verify",
     "handoff-failure",
     "handoff-experiment",
+    "handoff-workload",
     "practice",
     "contract",
     "validation-measured",
@@ -71,6 +72,7 @@ def result_schema(name: str) -> dict[str, Any]:
     )
     from ..handoff import findings as handoff_findings  # deferred: as above
     from ..handoff import result as handoff_result  # deferred: as above
+    from ..handoff import workload_file as handoff_workload  # deferred: as above
     from ..ledger import result as ledger_result  # deferred: as above
     from ..managed_result import MANAGED_COMPARISON_SCHEMA_VERSION, ManagedComparisonResult  # deferred: as above
     from ..plan import results, state  # deferred: as above
@@ -165,6 +167,11 @@ def result_schema(name: str) -> dict[str, Any]:
             handoff_findings.Experiment,
             handoff_findings.HANDOFF_EXPERIMENT_SCHEMA_VERSION,
             "a handoff bundle's experiment.json: the one-variable experiment proposed from the first failure",
+        ),
+        "handoff-workload": (
+            handoff_workload.WorkloadFile,
+            handoff_workload.HANDOFF_WORKLOAD_SCHEMA_VERSION,
+            "a handoff bundle's workload.json: the source run's scenario and trace, and how to regenerate the trace",
         ),
         "practice": (
             PracticeDecision,

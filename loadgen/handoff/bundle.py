@@ -41,6 +41,7 @@ from .experiment import inner_engine_config, propose_experiment
 from .findings import Experiment, FailureFile
 from .readme import ReadmeFacts, readme_text, rerun_instructions
 from .verify import write_sums, write_tar
+from .workload_file import WorkloadFile
 
 __all__ = ["BundleInfo", "build_bundle", "find_run_dirs"]
 
@@ -343,8 +344,9 @@ def _write_workload(out: Path, manifest: Manifest) -> str:
         (out / layout.SCENARIO).write_text(scenario_text)
     trace_note = _write_trace(out, trace, scenario_text is not None)
     scenario_entry = manifest.scenario or ScenarioRef()
-    _write_json(
+    _write_model(
         out / layout.WORKLOAD,
+        WorkloadFile,
         {
             "scenario": {
                 "name": scenario_entry.name,
