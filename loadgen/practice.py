@@ -32,15 +32,17 @@ from typing import Any
 import httpx
 import pyarrow as pa
 import pyarrow.compute as pc
+from pydantic import ValidationError
 
 from loadgen.rundir.identity import sha256_file
 from loadgen.rundir.manifest import read_manifest
 from loadgen.util.errors import LoadgenError, PlanError
 from loadgen.util.outputfile import make_output_dir, write_output_text
 from loadgen.util.pinning import engine_cpus, shared_cpus_warning
+from loadgen.util.validation import format_validation_error
 from loadgen.vllm import VllmConfig, make_model_dir, shipped_model_path
 from loadgen.workload import presets
-from loadgen.workload.scenario import Scenario, load_scenario
+from loadgen.workload.scenario import Scenario, TraceSettings, load_scenario
 
 from .analysis.budgets import SEND_LAG_BOUND_MS, client_lag_line
 from .calibration.calibrate import EngineLimits, engine_limits
@@ -133,6 +135,7 @@ def practice_trace(source: Path, out: Path, window_s: float | None) -> Path:
 def _cut(source: Path, window_s: float | None) -> tuple[pa.Table, dict[str, Any]] | None:
     """``source`` read and checked, cut to its first ``window_s`` seconds (None: whole, nothing to cut)."""
     table, meta = read_trace(source)
+    _check_settings(source, meta.get("settings"))
     if window_s is None:
         return None
     keep = pc.less(table.column("scheduled_offset_ns"), int(window_s * 1e9))
@@ -140,6 +143,20 @@ def _cut(source: Path, window_s: float | None) -> tuple[pa.Table, dict[str, Any]
     if cut.num_rows == 0:
         raise PlanError(f"{source}: no request in the first {window_s:g} s: expected a longer window")
     return cut, meta
+
+
+def _check_settings(source: Path, settings: Any) -> None:
+    """The trace's recorded arrival setting, which decision.json carries typed: one line when it is not one the
+    trace generator writes (another tool's metadata), before anything is measured."""
+    if settings is None:
+        return
+    try:
+        TraceSettings.model_validate(settings)
+    except ValidationError as exc:
+        raise PlanError(
+            format_validation_error(f"{source}: metadata settings", exc, TraceSettings)
+            + " (the arrival setting loadgen's trace generator records)"
+        ) from None
 
 
 def _write_cut(source: Path, out: Path, window_s: float | None, cut: tuple[pa.Table, dict[str, Any]] | None) -> Path:

@@ -8,7 +8,7 @@ the engine limits of ``loadgen schema calibration``. ``practice.run_practice`` w
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -16,6 +16,7 @@ from loadgen.calibration.calibrate_result import EngineLimitsResult
 from loadgen.ledger.result import LedgerResult
 from loadgen.plan.results import ComparisonResult, Decision
 from loadgen.util.resultmodel import Number, ResultModel
+from loadgen.workload.scenario import TraceSettings
 
 __all__ = ["PRACTICE_SCHEMA_VERSION", "PracticeDecision"]
 
@@ -56,8 +57,10 @@ class Workload(ResultModel):
     requests: int = Field(description="requests in the trace")
     duration_s: Number | None
     derived_from: DerivedFrom | None
-    # the trace generator's own settings (scenario-dependent, as its metadata recorded them): left open
-    settings: dict[str, Any] | None
+    settings: TraceSettings | None = Field(
+        description="the trace generator's arrival setting, as the trace's metadata recorded it (keys an older "
+        "generator did not write are absent; null: the trace records none, e.g. an imported one)"
+    )
     requests_per_class: dict[str, int] = Field(description="class -> requests in the trace")
     budgets: dict[str, dict[str, Budget]] = Field(description="class -> metric (ttft_ms, itl_ms, ...) -> budget")
     behavior_cases: list[str]

@@ -406,10 +406,15 @@ def _with_runtime_key_env(bundle, dest: Path, value: object) -> Path:
 
 def _with_runtime(bundle, dest: Path, content: bytes) -> Path:
     """A copy of the bundle whose runtime.json holds ``content``, SHA256SUMS summed again (it verifies)."""
+    return _with_file(bundle, dest, "runtime.json", content)
+
+
+def _with_file(bundle, dest: Path, name: str, content: bytes) -> Path:
+    """A copy of the bundle whose file ``name`` holds ``content``, SHA256SUMS summed again (it verifies)."""
     import hashlib
 
     copy = _unpacked_copy(bundle, dest)
-    (copy / "runtime.json").write_bytes(content)
+    (copy / name).write_bytes(content)
     sums = copy / "SHA256SUMS"
     lines = [line.split("  ", 1)[1] for line in sums.read_text().splitlines()]
     sums.write_text("".join(f"{hashlib.sha256((copy / n).read_bytes()).hexdigest()}  {n}\n" for n in lines))
@@ -499,3 +504,38 @@ def test_handoff_json_outputs_validate(tmp_path: Path, failing_run: Path) -> Non
         assert (rerun["experiment_applied"] is not None) == bool(extra)
     rerun["checks"][0]["rerun_observed"] = "fast"
     assert any(e.startswith("checks/0/rerun_observed") for e in schema_errors("handoff-rerun", rerun))
+
+
+def _edited(bundle, name: str, edit) -> bytes:
+    data = json.loads((bundle.bundle_dir / name).read_text())
+    edit(data)
+    return json.dumps(data).encode()
+
+
+@pytest.mark.parametrize(
+    ("name", "edit", "expected"),
+    [
+        ("failure.json", lambda d: d.update(failures="x"), "failure.json: failures = 'x': expected"),
+        ("failure.json", lambda d: d.update(failures=[7]), "failure.json: failures[0] = 7: expected"),
+        ("failure.json", lambda d: d["failures"][0].update(limit="fast"), "failure.json: failures[0].limit"),
+        ("experiment.json", lambda d: d.pop("to"), "experiment.json: to: missing; required"),
+        ("experiment.json", lambda d: d.update(variable=["a"]), "experiment.json: variable = ['a']: expected"),
+    ],
+)
+def test_rerun_of_a_summed_but_edited_failure_or_experiment_is_one_line(
+    bundle, tmp_path: Path, name: str, edit, expected: str
+) -> None:
+    """failure.json and experiment.json are typed (schemas handoff-failure, handoff-experiment): the builder writes
+    them through their models and the rerun reads them back through them. Edited and summed again, they verify;
+    their rerun ended in a traceback (an AttributeError, a KeyError, or the rerun result's own validation after
+    the whole replay). Now one line naming the file and the field, exit 2, nothing run."""
+    copy = _with_file(bundle, tmp_path / "copy", name, _edited(bundle, name, edit))
+    res = cli("handoff", "rerun", str(copy), "--out", str(tmp_path / "rerun"), "--experiment")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
+    assert f"{copy / expected}" in res.stderr and not (tmp_path / "rerun").exists()
+
+
+def test_the_bundle_findings_validate_against_their_schemas(bundle) -> None:
+    assert_valid("handoff-failure", json.loads((bundle.bundle_dir / "failure.json").read_text()))
+    assert_valid("handoff-experiment", json.loads((bundle.bundle_dir / "experiment.json").read_text()))
+    assert_valid("handoff-workload", json.loads((bundle.bundle_dir / "workload.json").read_text()))

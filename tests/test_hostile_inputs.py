@@ -384,7 +384,7 @@ def test_plans_refuse_absurd_durations_and_damaged_state(tmp_path, capsys):
     for text, expected in (
         (good[:100], "invalid JSON"),
         ("[]", "top level is a JSON array"),
-        (json.dumps({**json.loads(good), "target": [1]}), "target = '[1]'"),
+        (json.dumps({**json.loads(good), "target": [1]}), "target = [1]: expected"),
     ):
         state.write_text(text)
         fails(capsys, ["plan", plan, "--sim-worksheet", "instant", "--out", tmp_path / "out"], "plan.json", expected)

@@ -42,6 +42,42 @@ def test_schema_1_manifests_load_with_every_section_typed(tmp_path: Path, name: 
         assert _without_new_nulls(again[key], value) == value, key
 
 
+def test_a_manifest_written_at_9f05bca_reads_with_its_plan_target_typed(tmp_path: Path) -> None:
+    """A plan cell's run on a launched simulated engine, written by the code at commit 9f05bca (before
+    ``plan_target`` was typed): it reads, its ``plan_target`` is the sim server's typed identity, and a
+    read-write round trip keeps every key and value as written."""
+    shutil.copyfile(DATA / "manifest-9f05bca-sim-plan.json", tmp_path / MANIFEST_FILE)
+    old = json.loads((DATA / "manifest-9f05bca-sim-plan.json").read_text())
+    manifest = read_manifest(tmp_path)
+    target = manifest.plan_target
+    assert target is not None and target.kind == "sim" and target.engine == "instant"
+    assert target.server_pid == old["plan_target"]["server_pid"] and target.server_starts == 1
+    write_manifest(tmp_path, manifest)
+    again = json.loads((tmp_path / MANIFEST_FILE).read_text())
+    assert {k: again[k] for k in old} == old
+
+
+@pytest.mark.parametrize(
+    ("plan_target", "expected"),
+    [
+        ({"kind": "sim", "engine": "e", "engine_sha256": None, "engine_path": None}, "launched_by_loadgen"),
+        ({"kind": "url", "base_url": "http://h", "model": None, "launched_by_loadgen": False}, "plan_target"),
+        (
+            {"kind": "vllm", "engine": "vllm:m", "engine_sha256": "0", "args": "--x", "launched_by_loadgen": True},
+            "args",
+        ),
+    ],
+)
+def test_a_wrongly_typed_plan_target_is_one_line(tmp_path: Path, plan_target: dict, expected: str) -> None:
+    """``plan_target`` was an open dict: any value read, and a reader asking for its engine found whatever was
+    there. Now it is one of the launched targets' identities, told apart by kind; anything else is one line."""
+    data = {**json.loads((DATA / "manifest-9f05bca-sim-plan.json").read_text()), "plan_target": plan_target}
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps(data))
+    with pytest.raises(RunDirError, match=expected) as refused:
+        read_manifest(tmp_path)
+    assert "\n" not in str(refused.value) and "plan_target" in str(refused.value)
+
+
 def _without_new_nulls(new: object, old: object) -> object:
     """``new`` less the keys the model added as null/empty where ``old`` had none."""
     if isinstance(new, dict) and isinstance(old, dict):

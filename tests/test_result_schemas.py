@@ -21,14 +21,17 @@ from loadgen.calibration.fidelity import FIDELITY_SCHEMA_VERSION
 from loadgen.calibration.offline_result import MEASURED_VALIDATION_SCHEMA_VERSION
 from loadgen.cli.schema_cmd import RESULT_NAMES
 from loadgen.contract.result import CONTRACT_DIFF_SCHEMA_VERSION, CONTRACT_SCHEMA_VERSION
+from loadgen.handoff.findings import HANDOFF_EXPERIMENT_SCHEMA_VERSION, HANDOFF_FAILURE_SCHEMA_VERSION
 from loadgen.handoff.result import (
     HANDOFF_BUNDLE_SCHEMA_VERSION,
     HANDOFF_RERUN_SCHEMA_VERSION,
     HANDOFF_VERIFY_SCHEMA_VERSION,
 )
+from loadgen.handoff.workload_file import HANDOFF_WORKLOAD_SCHEMA_VERSION
 from loadgen.ledger.result import LEDGER_SCHEMA_VERSION, RECONCILIATION_SCHEMA_VERSION
 from loadgen.managed_result import MANAGED_COMPARISON_SCHEMA_VERSION
 from loadgen.plan.results import COMPARISON_SCHEMA_VERSION, FLEET_SCHEMA_VERSION, REGION_SCHEMA_VERSION
+from loadgen.plan.state import CELL_RESULT_SCHEMA_VERSION, PLAN_STATE_SCHEMA_VERSION
 from loadgen.practice_result import PRACTICE_SCHEMA_VERSION
 from loadgen.runs.catalog_result import RUN_LIST_SCHEMA_VERSION, RUN_SHOW_SCHEMA_VERSION
 from loadgen.runs.diff_result import DIFF_SCHEMA_VERSION
@@ -43,6 +46,8 @@ VERSIONS = {
     "decision": COMPARISON_SCHEMA_VERSION,
     "region": REGION_SCHEMA_VERSION,
     "fleet": FLEET_SCHEMA_VERSION,
+    "plan-state": PLAN_STATE_SCHEMA_VERSION,
+    "cell-result": CELL_RESULT_SCHEMA_VERSION,
     "fidelity": FIDELITY_SCHEMA_VERSION,
     "diff": DIFF_SCHEMA_VERSION,
     "managed": MANAGED_COMPARISON_SCHEMA_VERSION,
@@ -55,6 +60,9 @@ VERSIONS = {
     "handoff-build": HANDOFF_BUNDLE_SCHEMA_VERSION,
     "handoff-rerun": HANDOFF_RERUN_SCHEMA_VERSION,
     "handoff-verify": HANDOFF_VERIFY_SCHEMA_VERSION,
+    "handoff-failure": HANDOFF_FAILURE_SCHEMA_VERSION,
+    "handoff-experiment": HANDOFF_EXPERIMENT_SCHEMA_VERSION,
+    "handoff-workload": HANDOFF_WORKLOAD_SCHEMA_VERSION,
     "practice": PRACTICE_SCHEMA_VERSION,
     "contract": CONTRACT_SCHEMA_VERSION,
     "validation-measured": MEASURED_VALIDATION_SCHEMA_VERSION,

@@ -21,6 +21,8 @@ RESULT_NAMES = (
     "decision",
     "region",
     "fleet",
+    "plan-state",
+    "cell-result",
     "fidelity",
     "diff",
     "managed",
@@ -33,6 +35,9 @@ RESULT_NAMES = (
     "handoff-build",
     "handoff-rerun",
     "handoff-verify",
+    "handoff-failure",
+    "handoff-experiment",
+    "handoff-workload",
     "practice",
     "contract",
     "validation-measured",
@@ -65,10 +70,12 @@ def result_schema(name: str) -> dict[str, Any]:
         ContractDocument,
         ReferenceDiff,
     )
+    from ..handoff import findings as handoff_findings  # deferred: as above
     from ..handoff import result as handoff_result  # deferred: as above
+    from ..handoff import workload_file as handoff_workload  # deferred: as above
     from ..ledger import result as ledger_result  # deferred: as above
     from ..managed_result import MANAGED_COMPARISON_SCHEMA_VERSION, ManagedComparisonResult  # deferred: as above
-    from ..plan import results  # deferred: as above
+    from ..plan import results, state  # deferred: as above
     from ..practice_result import PRACTICE_SCHEMA_VERSION, PracticeDecision  # deferred: as above
     from ..runs import catalog_result  # deferred: as above
     from ..runs.diff_result import DIFF_SCHEMA_VERSION, DiffDocument  # deferred: as above
@@ -88,6 +95,16 @@ def result_schema(name: str) -> dict[str, Any]:
             results.FleetResult,
             results.FLEET_SCHEMA_VERSION,
             "a [fleet] plan's fleet.json (and its loadgen plan --json): the fewest engines per rate step",
+        ),
+        "plan-state": (
+            state.PlanState,
+            state.PLAN_STATE_SCHEMA_VERSION,
+            "a plan directory's plan.json: the state loadgen plan resumes from (internal; read back only by loadgen)",
+        ),
+        "cell-result": (
+            state.CellResult,
+            state.CELL_RESULT_SCHEMA_VERSION,
+            "a plan cell run's cell_result.json: the run judged (internal; its presence marks the run finished)",
         ),
         "fidelity": (FidelityTable, FIDELITY_SCHEMA_VERSION, "loadgen sim validate: fidelity.json"),
         "diff": (DiffDocument, DIFF_SCHEMA_VERSION, "loadgen diff --json: per class, metric and quantile, the change"),
@@ -140,6 +157,21 @@ def result_schema(name: str) -> dict[str, Any]:
             handoff_result.VerifyDocument,
             handoff_result.HANDOFF_VERIFY_SCHEMA_VERSION,
             "loadgen handoff verify BUNDLE --json: the bundle against its SHA256SUMS",
+        ),
+        "handoff-failure": (
+            handoff_findings.FailureFile,
+            handoff_findings.HANDOFF_FAILURE_SCHEMA_VERSION,
+            "a handoff bundle's failure.json: what failed in the source run (hard and soft budgets, memory signals)",
+        ),
+        "handoff-experiment": (
+            handoff_findings.Experiment,
+            handoff_findings.HANDOFF_EXPERIMENT_SCHEMA_VERSION,
+            "a handoff bundle's experiment.json: the one-variable experiment proposed from the first failure",
+        ),
+        "handoff-workload": (
+            handoff_workload.WorkloadFile,
+            handoff_workload.HANDOFF_WORKLOAD_SCHEMA_VERSION,
+            "a handoff bundle's workload.json: the source run's scenario and trace, and how to regenerate the trace",
         ),
         "practice": (
             PracticeDecision,

@@ -26,6 +26,7 @@ from loadgen.rundir.schema import MANIFEST_FILE, REQUESTS_FILE, SERVER_METRICS_F
 from loadgen.util.errors import RunDirError
 from loadgen.util.outputfile import make_output_dir
 from loadgen.util.redact import redact_url
+from loadgen.util.resultmodel import ResultModel
 from loadgen.util.tomlfile import dumps_toml
 from loadgen.workload.scenario import class_order, load_scenario, scenario_from_manifest
 
@@ -37,8 +38,10 @@ from ..trace.generate import generate_trace_file
 from ..trace.io import read_trace
 from . import layout
 from .experiment import inner_engine_config, propose_experiment
+from .findings import Experiment, FailureFile
 from .readme import ReadmeFacts, readme_text, rerun_instructions
 from .verify import write_sums, write_tar
+from .workload_file import WorkloadFile
 
 __all__ = ["BundleInfo", "build_bundle", "find_run_dirs"]
 
@@ -274,6 +277,11 @@ def _write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
+def _write_model(path: Path, model: type[ResultModel], data: dict[str, Any]) -> None:
+    """Write ``data`` through its model: a key the model does not declare, or a wrong type, is a bug."""
+    _write_json(path, model.from_document(data).document())
+
+
 def _identity(manifest: Manifest, run_dir: Path) -> dict[str, Any]:
     m = manifest.to_dict()  # the sections as recorded (on-disk key names)
     target = m["target"]
@@ -336,8 +344,9 @@ def _write_workload(out: Path, manifest: Manifest) -> str:
         (out / layout.SCENARIO).write_text(scenario_text)
     trace_note = _write_trace(out, trace, scenario_text is not None)
     scenario_entry = manifest.scenario or ScenarioRef()
-    _write_json(
+    _write_model(
         out / layout.WORKLOAD,
+        WorkloadFile,
         {
             "scenario": {
                 "name": scenario_entry.name,
@@ -417,8 +426,9 @@ def _write_findings(
     experiment: dict[str, Any],
 ) -> None:
     """failure.json, experiment.json and observed.json."""
-    _write_json(
+    _write_model(
         out / layout.FAILURE,
+        FailureFile,
         {
             "verdict": analysis.verdict,
             "passed": analysis.passed,
@@ -429,7 +439,7 @@ def _write_findings(
             "note": None if failures else "nothing failed in this run; bundled anyway so the result can be reproduced",
         },
     )
-    _write_json(out / layout.EXPERIMENT, experiment)
+    _write_model(out / layout.EXPERIMENT, Experiment, experiment)
     observed = analysis.to_dict()
     observed.pop("timeseries", None)  # per-second series are re-derivable from a rerun; keep the bundle small
     if isinstance(observed.get("server"), dict):

@@ -11,11 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from loadgen.util.errors import RunDirError
 from loadgen.util.inputs import api_key_env_problem
 from loadgen.util.jsonfile import read_json_object
 from loadgen.util.outputfile import write_output_text
+from loadgen.util.resultmodel import ResultModel
 from loadgen.util.tomlfile import dumps_toml
+from loadgen.util.validation import format_validation_error
 from loadgen.workload.scenario import load_scenario
 
 from ..analysis import Analysis, Check, analyze_run
@@ -23,6 +27,7 @@ from ..sim.worksheet import run_worksheet
 from ..targets import RunRequest, SimServerTarget, StateResult, Target, UrlTarget
 from . import layout
 from .experiment import find_key, set_dotted
+from .findings import Experiment, FailureFile
 from .verify import verify_bundle
 
 __all__ = ["RerunResult", "rerun_bundle"]
@@ -58,8 +63,16 @@ class _Bundle:
             raise RunDirError(f"{bundle}: bundle does not verify: {result.first_problem}")
         scenario = bundle / layout.SCENARIO
 
-        def read(name: str) -> dict[str, Any]:  # summed and verified, yet any JSON: one line, never a traceback
-            return read_json_object(bundle / name, f"the bundle's {name}", RunDirError)
+        def read(name: str, model: type[ResultModel] | None = None) -> dict[str, Any]:
+            """Summed and verified, yet any JSON: one line, never a traceback (checked against ``model``)."""
+            data = read_json_object(bundle / name, f"the bundle's {name}", RunDirError)
+            if model is not None:
+                try:
+                    model.model_validate(data)
+                except ValidationError as exc:
+                    where = format_validation_error(str(bundle / name), exc, model)
+                    raise RunDirError(f"{where} (the bundle's {name} as loadgen handoff writes it)") from None
+            return data
 
         options = (read(layout.RUNTIME).get("options") or {}) if (bundle / layout.RUNTIME).is_file() else {}
         if not isinstance(options, dict):
@@ -67,8 +80,8 @@ class _Bundle:
         _check_key_env(bundle, options.get("api_key_env"))
         return cls(
             bundle,
-            read(layout.FAILURE),
-            read(layout.EXPERIMENT),
+            read(layout.FAILURE, FailureFile),
+            read(layout.EXPERIMENT, Experiment),
             read(layout.IDENTITY),
             options,
             scenario if scenario.is_file() else None,

@@ -14,9 +14,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from loadgen.util.resultmodel import Figure, Number, ResultModel
+from loadgen.util.resultmodel import ResultModel
 
 from .bundle import BundleInfo
+from .findings import AppliedChange, Experiment, FailedCheck, RerunCheck
 from .rerun import RerunResult
 from .verify import VerifyResult
 
@@ -38,61 +39,6 @@ HANDOFF_BUNDLE_SCHEMA_VERSION = 1
 HANDOFF_RERUN_SCHEMA_VERSION = 1
 #: ``handoff verify ... --json``'s ``version``.
 HANDOFF_VERIFY_SCHEMA_VERSION = 1
-
-_IN_METRIC_UNIT = "in the metric's unit (ms for *_ms, a share 0..1 for error_share and kv_cache_saturated, a count "
-_IN_METRIC_UNIT += "for preemptions)"
-#: An engine setting's value (a number in the setting's own unit, or a phrase such as "the run's").
-SettingValue = Number | str | None
-
-
-class FailedCheck(ResultModel):
-    """A failed hard budget or memory signal of the source run (``failure.json``'s ``failures``)."""
-
-    class_name: str | None = Field(alias="class", description="the request class, or overall")
-    metric: str | None = Field(description="ttft_ms, itl_ms, e2e_ms, error_share, ... or a memory signal")
-    percentile: str | None = Field(description="p50 / p95 / p99; null: not a quantile")
-    limit: Figure = Field(description="the budget's limit, " + _IN_METRIC_UNIT)
-    observed: Figure = Field(description="the run's figure, " + _IN_METRIC_UNIT + '; "inf": failures counted as inf')
-    samples: int | None = Field(description="requests (or metric samples) the figure is over")
-    failures_as_inf: int | None = Field(None, description="failed requests counted as infinite latency (a count)")
-    hard: bool | None
-    reason: str | None
-
-
-class RerunCheck(FailedCheck):
-    """An originally failing check, re-measured on the rerun (null: the rerun had no such check)."""
-
-    rerun_observed: Figure = Field(description="the rerun's figure, " + _IN_METRIC_UNIT)
-    rerun_passed: bool | None
-    rerun_samples: int | None = Field(description="requests the rerun's figure is over")
-    rerun_reason: str | None = None
-
-
-class TargetCheck(ResultModel):
-    """The check the proposed experiment aims at."""
-
-    class_name: str | None = Field(alias="class")
-    metric: str | None
-    percentile: str | None
-    limit: Figure = Field(description="the budget's limit, " + _IN_METRIC_UNIT)
-
-
-class AppliedChange(ResultModel):
-    """One engine setting changed: its dotted name, its value before and after (in the setting's own unit)."""
-
-    variable: str | None
-    from_value: SettingValue = Field(alias="from", description="the value in the run, in the setting's own unit")
-    to: SettingValue = Field(description="the value to try, in the setting's own unit")
-
-
-class Experiment(AppliedChange):
-    """The one-variable experiment proposed from the first failure (``experiment.json``): not measured."""
-
-    hypothesis: str
-    status: str
-    target_check: TargetCheck | None
-    keep_fixed: list[str]
-    measure: str
 
 
 class BundleDocument(ResultModel):

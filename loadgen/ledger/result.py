@@ -81,6 +81,10 @@ class LedgerEngine(ResultModel):
     defaulted: list[str] = Field(description="the settings that took vLLM's default")
 
 
+#: One factor of a ledger line's formula (each formula has factors of its own names; their kinds are these).
+LedgerFactor = bool | Number | str | list[str] | None
+
+
 class LedgerLineResult(ResultModel):
     """One ledger line: its bytes per device and the formula, with its factors, that produced them."""
 
@@ -88,8 +92,9 @@ class LedgerLineResult(ResultModel):
     bytes: int = Field(description="bytes per device")
     gib: Number = Field(description="the same, GiB (2^30 bytes), rounded to 6 decimals")
     formula: str
-    factors: dict[str, Any] = Field(  # open: each formula has factors of its own names and kinds
-        description="the formula's factors by name (bytes, counts, shares as named)"
+    factors: dict[str, LedgerFactor] = Field(
+        description="the formula's factors by name: numbers (bytes, counts, shares or GiB, as each name says), "
+        "names (a dtype, a device, a source), flags, or a list of names (LoRA targets)"
     )
     kind: LineKind
 

@@ -193,7 +193,7 @@ def _label(manifest: Manifest, path: Path) -> str:
         (manifest.practice or {}).get("candidate"),
         config.get("name") if isinstance(config, dict) else None,
         engine.get("label"),
-        (manifest.plan_target or {}).get("engine"),
+        manifest.plan_target.engine if manifest.plan_target is not None else None,
         engine.get("name"),
     ):
         if value and value not in ("loadgen-sim", "vllm"):  # generic engine names say nothing about the candidate

@@ -32,7 +32,7 @@ from ..targets import RunRequest, StateResult, Target
 from .cells import CellCoord, build_cell_trace, build_warmup_trace, cell_classes
 from .checks import judge_run
 from .contract_hook import CONTRACT_FILE, replay_contract
-from .files import ANALYSIS_FILE, RESULT_FILE, read_cell_result, write_json_atomic
+from .files import ANALYSIS_FILE, RESULT_FILE, read_cell_result, write_cell_result, write_json_atomic
 from .spec import PlanSpec
 from .walk import (
     BudgetExhausted,
@@ -124,7 +124,7 @@ class CellExecutor:
         record = self._attempt(coord, repeat, trace, meta, rep_dir)
         if not record.get("skipped"):
             record = self._extend(coord, repeat, rep_dir, record, int(meta.get("requests") or 0))
-        write_json_atomic(marker, record)
+        write_cell_result(marker, record)
         return RunRecord(record)
 
     def _refusal(self, meta: dict[str, Any], pending_s: float, pending_requests: int) -> str | None:

@@ -18,9 +18,11 @@ from loadgen.rundir.schema import MANIFEST_FILE, PLAN_FILE
 from loadgen.util.errors import PlanError
 from loadgen.util.jsonfile import read_json_object
 from loadgen.util.outputfile import write_output_text
+from loadgen.util.resultmodel import ResultModel
 from loadgen.util.validation import format_validation_error
 
 from .results import REGION_SCHEMA_VERSION, RegionResult
+from .state import CellResult, PlanState
 
 __all__ = [
     "ANALYSIS_FILE",
@@ -34,7 +36,9 @@ __all__ = [
     "read_plan_state",
     "read_region",
     "region_plot_file",
+    "write_cell_result",
     "write_json_atomic",
+    "write_plan_state",
 ]
 
 #: One run of a cell, judged; its presence marks the run finished (a resume skips it).
@@ -64,41 +68,40 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 
 
 def read_plan_state(path: Path) -> dict[str, Any]:
-    """plan.json of an earlier invocation, checked before resuming from it (one PlanError line if damaged)."""
+    """plan.json of an earlier invocation, checked against its model (``PlanState``) before resuming from it: one
+    PlanError line (file, field, value, what was expected) if damaged, hand-edited or of another kind."""
     state = read_json_object(path, "the plan state loadgen wrote (or a new --out)", PlanError)
-    shapes: dict[str, type | tuple[type, ...]] = {
-        "kind": str,
-        "plan": dict,
-        "target": dict,
-        "invocations": list,
-        "start": dict,
-        "discarded_wall_s": (int, float),
-    }
-    for key, kind in shapes.items():
-        if key in state and not isinstance(state[key], kind):
-            raise PlanError(
-                f"{path}: {key} = {str(state[key])[:60]!r}: expected a plan state written by loadgen (or a new --out)"
-            )
-    if state.get("kind") != "loadgen.plan" or "invocations" not in state:
+    if state.get("kind") != "loadgen.plan":
         raise PlanError(
             f"{path}: kind = {state.get('kind')!r}: expected a plan state written by loadgen (or a new --out)"
         )
+    _check(path, PlanState, state, "a plan state loadgen wrote (or a new --out)")
     return state
 
 
 def read_cell_result(path: Path) -> dict[str, Any]:
-    """A stored cell result; one PlanError line when it is damaged (delete its rep directory to rerun it)."""
+    """A stored cell result, checked against its model (``CellResult``); one PlanError line when it is damaged
+    (delete its rep directory to rerun it)."""
     data = read_json_object(path, "a cell result loadgen wrote (delete its directory to rerun the cell)", PlanError)
-    ok = (
-        isinstance(data.get("failed", []), list)
-        and isinstance(data.get("stops", []), list)
-        and all(isinstance(data.get(k, 0) or 0, (int, float)) for k in ("wall_s", "requests_sent"))
-    )
-    if not ok or "failed" not in data or "stops" not in data:
-        raise PlanError(
-            f"{path}: not a cell result: expected one loadgen wrote (delete {path.parent} to rerun the cell)"
-        )
+    _check(path, CellResult, data, f"a cell result loadgen wrote (delete {path.parent} to rerun the cell)")
     return data
+
+
+def _check(path: Path, model: type[ResultModel], data: dict[str, Any], what: str) -> None:
+    try:
+        model.model_validate(data)
+    except ValidationError as exc:
+        raise PlanError(f"{format_validation_error(str(path), exc, model)} ({what})") from None
+
+
+def write_plan_state(path: Path, state: dict[str, Any]) -> None:
+    """Write plan.json through its model: a key ``PlanState`` does not declare, or a wrong type, is a bug."""
+    write_json_atomic(path, PlanState.from_document(state).document())
+
+
+def write_cell_result(path: Path, record: dict[str, Any]) -> None:
+    """Write cell_result.json through its model (``CellResult``), as ``write_plan_state``."""
+    write_json_atomic(path, CellResult.from_document(record).document())
 
 
 def read_region(plan_dir: Path) -> dict[str, Any]:

@@ -38,7 +38,14 @@ from ..targets import Target, TargetSpec, WorksheetTarget, open_target
 from .cells import CellCoord, build_cell_trace
 from .checks import judge_run
 from .execute import CellExecutor
-from .files import ANALYSIS_FILE, PLAN_FILE, RESULT_FILE, read_cell_result, read_plan_state, write_json_atomic
+from .files import (
+    ANALYSIS_FILE,
+    PLAN_FILE,
+    RESULT_FILE,
+    read_cell_result,
+    read_plan_state,
+    write_plan_state,
+)
 from .fleet import build_fleet, write_fleet
 from .region import build_region, write_region
 from .spec import PlanSpec, load_plan
@@ -176,7 +183,7 @@ class _Planner:
         return {}
 
     def save_state(self) -> None:
-        write_json_atomic(self.plan_dir / PLAN_FILE, self.state)
+        write_plan_state(self.plan_dir / PLAN_FILE, self.state)
 
     # ---- start point -------------------------------------------------------------------------------
     def predict_start(self) -> None:

@@ -170,13 +170,17 @@ class PlanSpec(_Model):
     duration_s: float | None = Field(
         default=None, gt=0, le=MAX_DURATION_S
     )  # override the trace's duration for every cell
-    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)  # trace seed (default: the scenario's)
+    seed: int | None = Field(
+        default=None, ge=0, le=MAX_SEED, description="the trace's random seed (null: the scenario's)"
+    )
     classes: list[str] = [MIXED]
     states: list[Literal["warm", "cold"]] = ["warm"]
-    concurrency: list[int] = Field(default=[64], min_length=1)  # client max in flight, ascending
-    rate_scales: list[float] | None = None  # multiply the trace's rate fields
+    concurrency: list[int] = Field(
+        default=[64], min_length=1, description="client slots: requests in flight at most (a count), ascending"
+    )
+    rate_scales: list[float] | None = Field(default=None, description="multiples of the trace's rate fields")
     rates_rps: list[float] | None = None  # or set the mean offered rate directly
-    repeats: int = Field(default=3, ge=1, le=1000)  # runs of each cell near the boundary
+    repeats: int = Field(default=3, ge=1, le=1000, description="runs of each cell near the boundary (a count)")
     start: StartSpec = StartSpec()
     stops: StopLimits = StopLimits()
     budget: PlanBudget = PlanBudget()

@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from loadgen.rundir.schema import MANIFEST_FILE, PLAN_FILE, SCHEMA_VERSION, record_schema_note
+from loadgen.rundir.target_identity import PlanTarget
 from loadgen.util.errors import RunDirError
 from loadgen.util.jsonfile import read_json_object
 
@@ -278,7 +279,7 @@ class Manifest(BaseModel):
     source: dict[str, Any] | None = None  # imported runs: the other tool's file
     synthesized: dict[str, Any] | None = None  # imported runs: which instants were synthesized, and how
     # sections added by the layer that ran this run
-    plan_target: dict[str, Any] | None = None
+    plan_target: PlanTarget | None = None  # a launched target's identity and server process (sim, vllm)
     practice: dict[str, Any] | None = None
     handoff: dict[str, Any] | None = None
     workers: WorkersInfo | None = None  # a run spread over workers (``--workers``/``--ray``)

@@ -2,7 +2,8 @@
 
 A plan's ``plan.json`` and ``region.json`` carry it as ``target`` (resuming a plan compares its keys), and a run's
 manifest as ``plan_target`` (with the server's pid and start count). ``TargetIdentity`` is the union, told apart
-by ``kind``; each ``describe()`` builds its model, so the shape is defined here only. Keys a target lacks are
+by ``kind``; each ``describe()`` builds its model, so the shape is defined here only (the two launched kinds in
+``loadgen.rundir.target_identity``, below the manifest that records them). Keys a target lacks are
 absent, not null (a worksheet of one engine has no ``replicas``).
 """
 
@@ -12,6 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from loadgen.rundir.target_identity import SimServerIdentity, VllmIdentity
 from loadgen.util.resultmodel import ResultModel
 from loadgen.workload.routing import RoutePolicy
 
@@ -28,26 +30,6 @@ class WorksheetIdentity(ResultModel):
     engine_path: str | None = Field(description="the engine config TOML read")
     replicas: int | None = Field(None, description="engines behind the router (a count; absent: one)")
     route_policy: RoutePolicy | None = Field(None, description="how requests are spread over the replicas")
-
-
-class SimServerIdentity(ResultModel):
-    """The simulated engine as a live server loadgen launched (``--sim``)."""
-
-    kind: Literal["sim"]
-    engine: str = Field(description="the engine config's name")
-    engine_sha256: str | None = Field(description="sha256 of the engine config TOML")
-    engine_path: str | None = Field(description="the engine config TOML read")
-    launched_by_loadgen: Literal[True]
-
-
-class VllmIdentity(ResultModel):
-    """A vLLM server loadgen launched (``--vllm``); ``engine_sha256`` hashes its arguments."""
-
-    kind: Literal["vllm"]
-    engine: str = Field(description="vllm:<model directory name>")
-    engine_sha256: str = Field(description="sha256 of the JSON of args")
-    args: list[str] = Field(description="the server's command line without --port (it changes at every start)")
-    launched_by_loadgen: Literal[True]
 
 
 class UrlIdentity(ResultModel):

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import loadgen
+from loadgen.rundir.target_identity import SimServerPlanTarget
 from loadgen.util.childproc import ChildProcess
 from loadgen.util.pinning import engine_cpus
 from loadgen.workload.routing import RoutePolicy
@@ -293,7 +294,9 @@ class SimServerTarget(Target):
 
     def run(self, request: RunRequest) -> Path:
         sections = {
-            "plan_target": {**self.describe(), "server_pid": self.server.pid, "server_starts": self.server.starts},
+            "plan_target": SimServerPlanTarget.model_validate(
+                {**self.describe(), "server_pid": self.server.pid, "server_starts": self.server.starts}
+            ).document(),
             **request.extra_manifest,
         }
         return run_driver(

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.rundir.manifest import amend_manifest, merge_sections
+from loadgen.rundir.target_identity import VllmPlanTarget
 from loadgen.util.errors import EngineError
 from loadgen.vllm import (
     VLLM_LOG_FILE,
@@ -206,7 +207,9 @@ class VllmTarget(Target):
             warm_state=request.state.label,
             warm_actions=request.state.actions,
             extra_manifest={
-                "plan_target": {**self.describe(), "server_pid": self.pid, "server_starts": self.starts},
+                "plan_target": VllmPlanTarget.model_validate(
+                    {**self.describe(), "server_pid": self.pid, "server_starts": self.starts}
+                ).document(),
                 **request.state.manifest_extra(),
                 **request.extra_manifest,
             },
