@@ -1,0 +1,81 @@
+"""A hostile or odd server never costs a row, a secret or a hang: the second pass (values inside well-formed
+answers, secrets said back escaped, commands besides ``loadgen run``).
+
+Every case runs the real command against ``tests/hostile_server.py`` over loopback. The subprocess timeouts
+only keep a regression from hanging the suite; no assertion is about time.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.parse
+from pathlib import Path
+
+import pytest
+from hostile_server import MODEL, ODD_VALUES, hostile_server, read_record
+from test_hostile_targets import all_bytes, cli, run, trace  # noqa: F401 (trace: the module's fixture)
+
+from loadgen.rundir.io import load_run
+
+# The hostile-server tier (each test starts a misbehaving server process and runs the real CLI against it).
+pytestmark = pytest.mark.slow
+
+#: A key with a ``/`` (as base64 keys have): PHP's json_encode writes it back as ``\/``.
+SLASH_KEY = "hk-Qz8vTq3W/mX7pLr2NcY5dKfh"
+#: What each odd value (``ODD_VALUES``) makes of its request: (status, error_kind, a piece of the message).
+EXPECTED = {
+    "created-string": ("ok", None, None),
+    "logprobs-monster": ("ok", None, None),
+    "id-2MiB": ("error", "malformed_sse", "exceeds the cap"),
+    "model-deep": ("error", "malformed_sse", "nested too deep"),
+    "finish-deep": ("error", "malformed_sse", "nested too deep"),
+    "error-deep": ("error", "malformed_sse", "nested too deep"),
+}
+
+
+def said_forms(secret: str) -> dict[str, str]:
+    """The forms a server may say ``secret`` back in, by name."""
+    return {
+        "as sent": secret,
+        "upper-cased": secret.upper(),
+        "lower-cased": secret.lower(),
+        "\\u-escaped": "".join(f"\\u{ord(c):04x}" for c in secret),
+        "\\/-escaped": secret.replace("/", "\\/"),
+        "percent-encoded": urllib.parse.quote(secret, safe=""),
+        "base64": base64.b64encode(secret.encode()).decode()[:-4],
+    }
+
+
+def assert_not_said(stored: str, secret: str) -> None:
+    for name, form in said_forms(secret).items():
+        assert form not in stored and json.dumps(form)[1:-1] not in stored, f"{name}: {form}"
+
+
+def odd_variants(record: Path) -> dict[str, str]:
+    """prompt sha256 -> the odd value its answer carried (``odd-values``' record)."""
+    return {
+        str(e["prompt_sha256"]): str(e["variant"]).removeprefix("odd:")
+        for e in read_record(record)
+        if str(e.get("variant", "")).startswith("odd:")
+    }
+
+
+def test_odd_values_in_a_stream_cost_only_their_request(tmp_path: Path, trace: Path) -> None:  # noqa: F811
+    """Usage counts negative, fractional, strings, booleans, 1e30 or 2^63, a ``created`` string, a 2 MiB
+    ``id``, a delta that is a list, tool calls that are a string, reasoning that is a number, a logprobs
+    monster, and values nested 1000 deep: each fails at most its own request, as ``malformed_sse``. Before, a
+    deep ``model``, ``finish_reason`` or error message raised RecursionError, recorded as kind ``client``
+    (loadgen's own fault)."""
+    record = tmp_path / "record.jsonl"
+    with hostile_server("odd-values", record) as server:
+        out = run(trace, server.base_url, tmp_path / "run", "--model", MODEL)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    variants = odd_variants(record)
+    rows = load_run(tmp_path / "run").requests.to_pylist()
+    assert len(rows) == 12 and {variants[r["prompt_sha256"]] for r in rows} == {n for n, _ in ODD_VALUES[:12]}
+    for row in rows:
+        variant = variants[row["prompt_sha256"]]
+        status, kind, message = EXPECTED.get(variant, ("error", "malformed_sse", ""))
+        assert (row["status"], row["error_kind"]) == (status, kind), (variant, row)
+        assert message is None or message in row["error_message"], (variant, row["error_message"])
