@@ -79,3 +79,45 @@ def test_odd_values_in_a_stream_cost_only_their_request(tmp_path: Path, trace: P
         status, kind, message = EXPECTED.get(variant, ("error", "malformed_sse", ""))
         assert (row["status"], row["error_kind"]) == (status, kind), (variant, row)
         assert message is None or message in row["error_message"], (variant, row["error_message"])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_odd_values_in_a_contract_answer_fail_only_their_case(tmp_path: Path, stream: bool) -> None:
+    """``loadgen contract replay`` read each answer with ``.get`` and ``json.loads``: a usage that is a list, a
+    choice that is a number or JSON nested 1000 deep ended the whole replay in a traceback (exit 1, no
+    contract.json). Now each answer is read as the run reads a chunk: that case fails, saying why."""
+    cases = tmp_path / "cases.toml"
+    lines = ['version = 1\nname = "odd"\ndescription = "one plain case per odd value"']
+    for i in range(len(ODD_VALUES)):
+        lines.append(
+            f'[[cases]]\nid = "c{i:02d}"\ndescription = "plain"\nrequest.prompt = "Say {i}."\nrequest.max_tokens = 8'
+        )
+        lines.append('[[cases.checks]]\nkind = "control"\nmax_tokens = true')
+    cases.write_text("\n".join(lines) + "\n")
+    record = tmp_path / "record.jsonl"
+    with hostile_server("odd-values", record) as server:
+        out = cli(
+            "contract",
+            "replay",
+            cases,
+            "--target",
+            server.base_url,
+            "--model",
+            MODEL,
+            "--endpoint",
+            "completions",
+            *(["--stream"] if stream else []),
+            "--out",
+            tmp_path / "c.json",
+        )
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr  # cases failed, in the result
+    variants = {e["variant"].removeprefix("odd:") for e in read_record(record) if e["variant"].startswith("odd:")}
+    assert variants == {name for name, _ in ODD_VALUES}
+    result = json.loads((tmp_path / "c.json").read_text())["cases"]
+    assert len(result) == len(ODD_VALUES)
+    passed = [c for c in result if c["passed"]]
+    failed = [c["observed"] for c in result if not c["passed"]]
+    # the ones whose odd value is not read (created, logprobs; usage replaced by the stream's usage event)
+    assert len(passed) == 3, [c["observed"] for c in result]
+    assert all(o["text"] is None and o["http_status"] == 200 and o["error"] for o in failed), failed
+    assert sum("nested too deep" in o["error"] for o in failed) == 3, failed
