@@ -121,3 +121,37 @@ def test_odd_values_in_a_contract_answer_fail_only_their_case(tmp_path: Path, st
     assert len(passed) == 3, [c["observed"] for c in result]
     assert all(o["text"] is None and o["http_status"] == 200 and o["error"] for o in failed), failed
     assert sum("nested too deep" in o["error"] for o in failed) == 3, failed
+
+
+def test_a_key_said_back_escaped_or_in_another_case_is_redacted(tmp_path: Path, trace: Path) -> None:  # noqa: F811
+    """A 401 body that writes the key ``\\u``-escaped, ``/`` as ``\\/`` (PHP) or upper-cased got it into
+    ``error_message`` (requests.parquet) and contract.json: only the form as sent was replaced. The
+    ``www-authenticate`` and ``set-cookie`` headers that carry it are not stored at all."""
+    env = {"HOSTILE_KEY": SLASH_KEY}
+    with hostile_server("echo-escaped") as server:
+        out = run(trace, server.base_url, tmp_path / "run", "--api-key-env", "HOSTILE_KEY", env=env)
+        replay = cli(
+            "contract",
+            "replay",
+            Path(__file__).resolve().parents[1] / "scenarios" / "contract" / "canonical.toml",
+            "--target",
+            server.base_url,
+            "--model",
+            MODEL,
+            "--api-key-env",
+            "HOSTILE_KEY",
+            "--out",
+            tmp_path / "c.json",
+            env=env,
+        )
+    assert out.returncode == 0, out.stderr
+    assert replay.returncode == 1 and "Traceback" not in replay.stderr, replay.stderr
+    rows = load_run(tmp_path / "run").requests.to_pylist()
+    assert len(rows) == 12 and {r["error_kind"] for r in rows} == {"http_4xx"}
+    assert all(r["error_message"].count("REDACTED") == 3 for r in rows), rows[0]["error_message"]
+    observed = [c["observed"]["error"] for c in json.loads((tmp_path / "c.json").read_text())["cases"]]
+    assert observed and all(o.count("REDACTED") == 3 for o in observed), observed[0]
+    stored = json.dumps(rows) + json.dumps(observed)
+    stored += (all_bytes(tmp_path / "run") + out.stdout.encode() + out.stderr.encode()).decode("latin-1")
+    stored += replay.stdout + replay.stderr
+    assert_not_said(stored, SLASH_KEY)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import json
 import re
 from urllib.parse import quote, unquote, unquote_plus, urlsplit, urlunsplit
 
@@ -140,8 +141,32 @@ def without_secrets(text: str, secrets: tuple[str, ...]) -> str:
     for secret in secrets:
         if len(secret) >= MIN_QUERY_SECRET_CHARS:
             text = text.replace(secret, "REDACTED")
+            if len(secret) >= MIN_ENCODED_SECRET_CHARS:  # said back upper- or lower-cased
+                text = text.replace(secret.upper(), "REDACTED").replace(secret.lower(), "REDACTED")
+    if "\\" in text:  # a JSON text may write any character of a secret escaped (\u0068, \/)
+        escaped = _escaped_secrets(secrets)
+        if escaped is not None:
+            text = escaped.sub("REDACTED", text)
     short = _short_secrets(secrets)
     return short.sub("REDACTED", text) if short is not None else text
+
+
+@functools.lru_cache(maxsize=64)
+def _escaped_secrets(secrets: tuple[str, ...]) -> re.Pattern[str] | None:
+    """One pattern for a run's secrets of 16 characters or more as a JSON text may write them: each character
+    as itself or ``\\uXXXX`` (either case of hex digits, and of the letters), ``/`` also as ``\\/``, ``"`` and
+    ``\\`` as their escapes (None when there are none)."""
+    long = sorted({s for s in secrets if len(s) >= MIN_ENCODED_SECRET_CHARS}, key=len, reverse=True)
+    if not long:
+        return None
+
+    def char(c: str) -> str:
+        forms = {re.escape(c), re.escape(f"\\u{ord(c):04x}"), re.escape(json.dumps(c)[1:-1])}
+        if c == "/":
+            forms.add(re.escape("\\/"))
+        return "(?:" + "|".join(sorted(forms)) + ")"
+
+    return re.compile("(?i)" + "|".join("".join(map(char, s)) for s in long))
 
 
 @functools.lru_cache(maxsize=64)
