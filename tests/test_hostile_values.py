@@ -155,3 +155,21 @@ def test_a_key_said_back_escaped_or_in_another_case_is_redacted(tmp_path: Path, 
     stored += (all_bytes(tmp_path / "run") + out.stdout.encode() + out.stderr.encode()).decode("latin-1")
     stored += replay.stdout + replay.stderr
     assert_not_said(stored, SLASH_KEY)
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "why"), [("tls-answer", "a TLS record"), ("h2-answer", "an HTTP/2 SETTINGS frame")]
+)
+def test_an_answer_that_is_not_http1_is_a_malformed_head(tmp_path: Path, trace: Path, behaviour: str, why: str) -> None:  # noqa: F811
+    """An answer whose first bytes are not ``HTTP/``: a TLS alert and the close (an https:// server asked over
+    http://) was recorded ``connect``, "Server disconnected without sending a response", as if nothing had
+    answered; an HTTP/2-only server's SETTINGS frame held each request to its TTFT timeout (``ttft_timeout``).
+    Both are ``malformed_head`` at once, saying which."""
+    with hostile_server(behaviour) as server:
+        out = run(trace, server.base_url, tmp_path / "run", "--model", MODEL)
+    assert out.returncode == 0, out.stderr
+    rows = load_run(tmp_path / "run").requests.to_pylist()
+    assert len(rows) == 12
+    for row in rows:
+        assert (row["status"], row["error_kind"]) == ("error", "malformed_head"), row
+        assert row["error_message"].startswith(f"answer is not HTTP/1.1 ({why}"), row["error_message"]
