@@ -173,3 +173,15 @@ def test_an_answer_that_is_not_http1_is_a_malformed_head(tmp_path: Path, trace: 
     for row in rows:
         assert (row["status"], row["error_kind"]) == ("error", "malformed_head"), row
         assert row["error_message"].startswith(f"answer is not HTTP/1.1 ({why}"), row["error_message"]
+
+
+def test_a_metrics_answer_trickled_is_a_skipped_scrape(tmp_path: Path, trace: Path) -> None:  # noqa: F811
+    """``/metrics`` announces its answer and sends it one byte a second: each scrape ends at its bound, is
+    counted skipped (no answer), and every request is recorded."""
+    with hostile_server("metrics-trickle") as server:
+        out = run(trace, server.base_url, tmp_path / "run", "--model", MODEL, "--scrape-metrics", "on")
+    assert out.returncode == 0, out.stderr
+    data = load_run(tmp_path / "run")
+    assert data.requests.column("status").to_pylist() == ["ok"] * 12
+    scrapes = data.manifest.to_dict()["metrics_scrapes"]
+    assert scrapes["stored"] == 0 and scrapes["skipped"]["no answer"] >= 1, scrapes
