@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from hostile_server import MODEL, ODD_VALUES, hostile_server, read_record
-from test_hostile_targets import all_bytes, cli, run, trace  # noqa: F401 (trace: the module's fixture)
+from test_hostile_targets import PLAN, PLAN_SCENARIO, all_bytes, cli, run, trace  # noqa: F401 (trace: a fixture)
 
 from loadgen.rundir.io import load_run
 
@@ -121,6 +121,23 @@ def test_odd_values_in_a_contract_answer_fail_only_their_case(tmp_path: Path, st
     assert len(passed) == 3, [c["observed"] for c in result]
     assert all(o["text"] is None and o["http_status"] == 200 and o["error"] for o in failed), failed
     assert sum("nested too deep" in o["error"] for o in failed) == 3, failed
+
+
+def test_a_plan_whose_contract_answers_are_odd_completes(tmp_path: Path) -> None:
+    """``loadgen plan --target URL`` replays the scenario's contract in its warm cells: an odd answer (a JSON
+    nested 1000 deep, a usage that is a list) ended the whole plan in a traceback (exit 1). Now those cases
+    fail in the cell's contract.json and the plan completes."""
+    cases = Path(__file__).resolve().parents[1] / "scenarios" / "contract" / "canonical.toml"
+    (tmp_path / "scenario.toml").write_text(PLAN_SCENARIO + f'\n[behavior]\ncases = ["{cases}"]\n')
+    plan = PLAN.replace("SCENARIO", str(tmp_path / "scenario.toml")).replace('states = ["cold"]', 'states = ["warm"]')
+    (tmp_path / "plan.toml").write_text(plan.replace("requests = 0", "requests = 3"))
+    with hostile_server("odd-values") as server:
+        args = ("--target", server.base_url + "/v1", "--model", MODEL, "--out", tmp_path / "plan")
+        out = cli("plan", tmp_path / "plan.toml", *args, timeout=180)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    (contract,) = (tmp_path / "plan" / "cells").rglob("contract.json")
+    observed = [c["observed"] for c in json.loads(contract.read_text())["cases"]]
+    assert len(observed) == 8 and any("nested too deep" in (o["error"] or "") for o in observed), observed
 
 
 def test_a_key_said_back_escaped_or_in_another_case_is_redacted(tmp_path: Path, trace: Path) -> None:  # noqa: F811
