@@ -54,7 +54,8 @@ well-behaved baseline every other behaviour departs from in one respect:
   samples), ``metrics-endless`` (a sample a second, never the end), ``metrics-garbage`` (NULs, invalid UTF-8,
   an 8 MiB line, then one good sample), ``metrics-trickle`` (a Content-Length answer sent one byte a second);
 - ``models-echo``: ``/v1/models`` lists one model whose id and owner are the request's credential and target
-  (as ``echo-all`` says them); ``models-many``: it lists 5,000 models of 150-character ids;
+  (as ``echo-all`` says them); ``models-many``: it lists 5,000 models of 150-character ids; ``models-odd-len``:
+  its ``max_model_len`` is, in turn, ``"4096 tokens"``, ``[4096]``, -4096, 1e30 and ``true``;
 - ``sim-tokenizer``: ``/version`` claims to be loadgen's simulated engine counting with
   ``hf:<this file>`` (a local path that is no tokenizer.json).
 
@@ -160,6 +161,7 @@ BEHAVIOURS = (
     "echo-all",
     "models-echo",
     "models-many",
+    "models-odd-len",
     *METRICS_BEHAVIOURS,
     *STREAM_BEHAVIOURS,
 )
@@ -362,6 +364,9 @@ class _Server:
                 data = None if behaviour == "models-null" else 5
             elif behaviour == "models-echo":  # the served model's id is the request's credential and target
                 data = [{"id": _echo_text(request), "object": "model", "owned_by": _echo_text(request)}]
+            elif behaviour == "models-odd-len":  # a max_model_len that is no count, in turn
+                odd: list[object] = ["4096 tokens", [4096], -4096, 1e30, True]
+                data = [{"id": MODEL, "object": "model", "max_model_len": odd[next(_ODD_TURN) % len(odd)]}]
             elif behaviour == "models-many":  # 5,000 models, each id 150 characters, under the 1 MiB read cap
                 data = [{"id": f"m{i:05d}-" + "x" * 143, "object": "model"} for i in range(5000)]
             _respond(writer, 200, json.dumps({"object": "list", "data": data}).encode())

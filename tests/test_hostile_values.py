@@ -202,3 +202,14 @@ def test_a_metrics_answer_trickled_is_a_skipped_scrape(tmp_path: Path, trace: Pa
     assert data.requests.column("status").to_pylist() == ["ok"] * 12
     scrapes = data.manifest.to_dict()["metrics_scrapes"]
     assert scrapes["stored"] == 0 and scrapes["skipped"]["no answer"] >= 1, scrapes
+
+
+def test_calibrate_refuses_an_engine_count_that_is_none(tmp_path: Path) -> None:
+    """``loadgen sim calibrate --target URL`` read ``/v1/models``' max_model_len with ``int()``: "4096 tokens"
+    and ``[4096]`` were a traceback, -4096 went on to calibrate a nonsense engine. Each is now one line."""
+    with hostile_server("models-odd-len") as server:
+        for said in ('"4096 tokens"', "[4096]", "-4096", "1e+30", "true"):
+            out = cli("sim", "calibrate", "--target", server.base_url, "--out", tmp_path / "e.toml", timeout=60)
+            assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+            assert f"/v1/models: max_model_len = {said}: expected a whole number" in out.stderr, out.stderr
+            assert not (tmp_path / "e.toml").exists()
