@@ -213,3 +213,20 @@ def test_calibrate_refuses_an_engine_count_that_is_none(tmp_path: Path) -> None:
             assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
             assert f"/v1/models: max_model_len = {said}: expected a whole number" in out.stderr, out.stderr
             assert not (tmp_path / "e.toml").exists()
+
+
+def test_the_calibration_warm_up_keeps_the_url_secrets(tmp_path: Path) -> None:
+    """The step-size sweep before a calibration joined its paths to the whole target URL and said the URL as
+    given when it failed: its password and query values went to the console, and the query string was not
+    sent (``/v1/models`` came back 404 from a gateway that needs it: KeyError 'data'). Now the query is sent
+    with every request, as by every other client, and what is said of the URL is redacted."""
+    password, code = "S3cretPassw0rdXYZ", "S1queryvalue1"
+    record = tmp_path / "record.jsonl"
+    with hostile_server("echo-all", record) as server:
+        url = server.base_url.replace("http://", f"http://user:{password}@") + f"/v1?code={code}"
+        out = cli("sim", "calibrate", "--target", url, "--out", tmp_path / "e.toml", timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "warm-up: HTTP 500 for a 1-token token-id prompt" in out.stderr, out.stderr  # echo-all's first POST
+    assert password not in out.stdout + out.stderr and code not in out.stdout + out.stderr, out.stderr
+    posts = [e for e in read_record(record) if e["method"] == "POST"]
+    assert posts and all(str(e["target"]).endswith(f"?code={code}") for e in posts), posts
