@@ -47,8 +47,9 @@ well-behaved baseline every other behaviour departs from in one respect:
   POST's last chunk, or its JSON answer when it asks for no stream, carries ``ODD_VALUES[n]``: values of the
   wrong type, out of range, huge or nested 1000 deep), ``echo-escaped`` (a 401 that says the key
   ``\\u``-escaped, ``/`` as ``\\/`` and upper-cased in its body, as sent in ``www-authenticate`` and
-  ``set-cookie``), ``tls-answer`` (a TLS alert, then the close), ``h2-answer`` (an HTTP/2 SETTINGS frame, then
-  silence);
+  ``set-cookie``), ``echo-cut`` (the key across the 500th character of an in-stream error and across the 60th
+  of an object ``model`` and a list ``system_fingerprint``), ``tls-answer`` (a TLS alert, then the close), ``h2-answer`` (an HTTP/2 SETTINGS frame, then
+  silence), ``never-read`` (a POST's head is read, its body never, nor is it answered);
 - the ``/metrics`` behaviours (``METRICS_BEHAVIOURS``; everything else as ``ok``): ``metrics-gzip`` (gzip
   whenever the scrape accepts it, as prometheus_client does), ``metrics-huge`` (15 MiB: about a million
   samples), ``metrics-endless`` (a sample a second, never the end), ``metrics-garbage`` (NULs, invalid UTF-8,
@@ -129,8 +130,10 @@ STREAM_BEHAVIOURS = (
     "length-long",
     "odd-values",
     "echo-escaped",
+    "echo-cut",
     "tls-answer",
     "h2-answer",
+    "never-read",
 )
 #: Stream behaviours whose POST answers are ``ok`` ones (what they change is elsewhere).
 _OK_POST = ("reset-every-3rd", "die-after-5", "models-garbage", "version-garbage")
@@ -280,7 +283,7 @@ class _Server:
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                request = await _read_request(reader)
+                request = await _read_request(reader, unread_posts=self.behaviour == "never-read")
                 if request is None:
                     return
                 if self.behaviour == "reset-every-3rd" and request.method == "POST":
@@ -605,6 +608,8 @@ async def _odd_post(
         _odd_values(request, writer, log)
     elif behaviour == "echo-escaped":
         _echo_escaped(request, writer)
+    elif behaviour == "echo-cut":
+        _echo_cut(request, writer)
     elif behaviour == "tls-answer":  # what a TLS server says to a plaintext request: an alert, then the close
         writer.write(b"\x15\x03\x01\x00\x02\x02\x46")
         return False
@@ -634,6 +639,21 @@ def _echo_escaped(request: _Request, writer: asyncio.StreamWriter) -> None:
     body = f'{{"error": {{"message": "bad key {escaped} / {slashed} / {key.upper()}", "code": 401}}}}'.encode()
     extra = f'www-authenticate: Bearer error="invalid_token", token="{key}"\r\nset-cookie: k={key}\r\n'
     _respond(writer, 401, body, extra=extra.encode())
+
+
+def _echo_cut(request: _Request, writer: asyncio.StreamWriter) -> None:
+    """``echo-cut``: the key (the bearer's) placed across where a client may cut what it shows of a value, in turn:
+    an in-stream error's message across its 500th character (its first 9 characters before it), an object
+    ``model`` and a list ``system_fingerprint`` across the 60th character of their JSON (12 before it)."""
+    key = request.headers.get("authorization", "").split(" ", 1)[-1]
+    turn = next(_ODD_TURN) % 3
+    if turn == 0:
+        event = {"error": {"message": "x" * 474 + key, "code": 500}}
+    elif turn == 1:
+        event = {"id": "c", "model": {"said": "x" * 38 + key}, "choices": [{"index": 0, "text": " the"}]}
+    else:
+        event = {"id": "c", "system_fingerprint": ["x" * 46 + key], "choices": [{"index": 0, "text": " a"}]}
+    writer.write(_SSE_HEAD + _chunk(_event(event)) + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
 
 
 def _odd_json(fields: dict[str, object]) -> bytes:
@@ -722,14 +742,18 @@ async def _odd_stream(
     return True
 
 
-async def _read_request(reader: asyncio.StreamReader) -> _Request | None:
-    """One request off the connection (None at a clean close); a chunked body is read as chunked."""
+async def _read_request(reader: asyncio.StreamReader, unread_posts: bool = False) -> _Request | None:
+    """One request off the connection (None at a clean close); a chunked body is read as chunked.
+    ``unread_posts``: a POST's body is never read, nor the request answered (``never-read``)."""
     try:
         head = await reader.readuntil(b"\r\n\r\n")
     except asyncio.IncompleteReadError:
         return None
     lines = head.decode("latin-1").split("\r\n")
     method, target, _ = lines[0].split(" ", 2)
+    if unread_posts and method == "POST" and not target.split("?")[0].endswith("/tokenize"):
+        reader._transport.pause_reading()  # type: ignore[attr-defined]  # the socket's buffers fill up
+        await asyncio.Event().wait()
     headers = {}
     for line in lines[1:]:
         if ":" in line:

@@ -230,3 +230,37 @@ def test_the_calibration_warm_up_keeps_the_url_secrets(tmp_path: Path) -> None:
     assert password not in out.stdout + out.stderr and code not in out.stdout + out.stderr, out.stderr
     posts = [e for e in read_record(record) if e["method"] == "POST"]
     assert posts and all(str(e["target"]).endswith(f"?code={code}") for e in posts), posts
+
+
+def test_a_key_across_a_cut_of_what_a_message_shows_is_not_kept_in_part(tmp_path: Path, trace: Path) -> None:  # noqa: F811
+    """What a message shows of a server's value is cut before loadgen knows it holds a secret: a field of the
+    wrong type at its first 60 characters of JSON, an in-stream error at 500. A key across that cut was kept in
+    part (9 to 12 of its characters in ``error_message``, then in contract.json). Now no 8 characters of it."""
+    env = {"HOSTILE_KEY": SLASH_KEY}
+    with hostile_server("echo-cut") as server:
+        out = run(trace, server.base_url, tmp_path / "run", "--model", MODEL, "--api-key-env", "HOSTILE_KEY", env=env)
+        replay = cli(
+            "contract",
+            "replay",
+            Path(__file__).resolve().parents[1] / "scenarios" / "contract" / "canonical.toml",
+            "--target",
+            server.base_url,
+            "--model",
+            MODEL,
+            "--endpoint",
+            "completions",
+            "--stream",
+            "--api-key-env",
+            "HOSTILE_KEY",
+            "--out",
+            tmp_path / "c.json",
+            env=env,
+        )
+    assert out.returncode == 0 and replay.returncode == 1 and "Traceback" not in replay.stderr, replay.stderr
+    rows = load_run(tmp_path / "run").requests.to_pylist()
+    assert len(rows) == 12 and {r["error_kind"] for r in rows} == {"http_5xx", "malformed_sse"}, rows[0]
+    observed = [c["observed"]["error"] for c in json.loads((tmp_path / "c.json").read_text())["cases"]]
+    stored = json.dumps([r["error_message"] for r in rows]) + json.dumps(observed) + out.stdout + out.stderr
+    stored += (all_bytes(tmp_path / "run") + (tmp_path / "c.json").read_bytes()).decode("latin-1")
+    for i in range(len(SLASH_KEY) - 7):
+        assert SLASH_KEY[i : i + 8] not in stored, SLASH_KEY[i : i + 8]

@@ -180,9 +180,49 @@ def _short_secrets(secrets: tuple[str, ...]) -> re.Pattern[str] | None:
 
 def redact(message: str, secrets: tuple[str, ...] = ()) -> str:
     """One line of at most 500 characters, with known secrets, bearer tokens, URL userinfo and query values
-    replaced (before the cut: a secret across it is never kept in part)."""
+    replaced (before the cut: a secret across it is never kept in part), and then any 8 characters or more of a
+    secret of 16 or more: what a message shows of a server's value may have been cut before (a field's first
+    60 characters, an error's first 500), the secret with it."""
     message = without_secrets(message, secrets)
     message = _BEARER.sub(r"\1REDACTED", message)
     message = without_userinfo(message)
     message = _SECRET_QUERY.sub(r"\1REDACTED", message)
-    return " ".join(message.split())[:500]
+    return _without_pieces(" ".join(message.split())[:500], secrets)
+
+
+#: The fewest characters of a secret that count as a piece of it (``_without_pieces``).
+MIN_PIECE_CHARS = 8
+
+
+@functools.lru_cache(maxsize=64)
+def _secret_pieces(secrets: tuple[str, ...]) -> dict[str, tuple[str, int]]:
+    """Every run of ``MIN_PIECE_CHARS`` characters in a secret of 16 or more -> (the secret, where it starts)."""
+    pieces: dict[str, tuple[str, int]] = {}
+    for secret in secrets:
+        if len(secret) >= MIN_ENCODED_SECRET_CHARS:
+            for i in range(len(secret) - MIN_PIECE_CHARS + 1):
+                pieces.setdefault(secret[i : i + MIN_PIECE_CHARS], (secret, i))
+    return pieces
+
+
+def _without_pieces(message: str, secrets: tuple[str, ...]) -> str:
+    """``message`` (a short one) with each run of 8 characters or more of a secret of 16 or more replaced."""
+    pieces = _secret_pieces(secrets)
+    found = [at for at in (message.find(piece) for piece in pieces) if at >= 0]  # searched at C speed
+    if not found:  # the usual case
+        return message
+    out: list[str] = []
+    start, j = 0, min(found)
+    n = len(message)
+    while j <= n - MIN_PIECE_CHARS:
+        hit = pieces.get(message[j : j + MIN_PIECE_CHARS])
+        if hit is None:
+            j += 1
+            continue
+        secret, i = hit
+        k = MIN_PIECE_CHARS
+        while j + k < n and i + k < len(secret) and message[j + k] == secret[i + k]:
+            k += 1
+        out += (message[start:j], "REDACTED")
+        j = start = j + k
+    return "".join(out) + message[start:] if out else message
