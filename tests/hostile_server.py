@@ -49,7 +49,8 @@ well-behaved baseline every other behaviour departs from in one respect:
   ``\\u``-escaped, ``/`` as ``\\/`` and upper-cased in its body, as sent in ``www-authenticate`` and
   ``set-cookie``), ``echo-cut`` (the key across the 500th character of an in-stream error and across the 60th
   of an object ``model`` and a list ``system_fingerprint``), ``tls-answer`` (a TLS alert, then the close), ``h2-answer`` (an HTTP/2 SETTINGS frame, then
-  silence), ``never-read`` (a POST's head is read, its body never, nor is it answered);
+  silence), ``never-read`` (a POST's head is read, its body never, nor is it answered),
+  ``huge-text`` (events of 256 KiB of text, no two alike, as fast as read);
 - the ``/metrics`` behaviours (``METRICS_BEHAVIOURS``; everything else as ``ok``): ``metrics-gzip`` (gzip
   whenever the scrape accepts it, as prometheus_client does), ``metrics-huge`` (15 MiB: about a million
   samples), ``metrics-endless`` (a sample a second, never the end), ``metrics-garbage`` (NULs, invalid UTF-8,
@@ -134,6 +135,7 @@ STREAM_BEHAVIOURS = (
     "tls-answer",
     "h2-answer",
     "never-read",
+    "huge-text",
 )
 #: Stream behaviours whose POST answers are ``ok`` ones (what they change is elsewhere).
 _OK_POST = ("reset-every-3rd", "die-after-5", "models-garbage", "version-garbage")
@@ -697,6 +699,11 @@ async def _odd_stream(
     elif behaviour == "flood":  # empty-choice events as fast as the client reads, never a token
         event = _event({"id": "c", "choices": []})
         await _forever(writer, event * 4096, 0)
+    elif behaviour == "huge-text":  # events of 256 KiB of text, each its own, as fast as the client reads
+        with contextlib.suppress(ConnectionError):
+            for n in _ODD_TURN:  # (one count for the whole server: no two texts alike)
+                writer.write(_chunk(_text_chunk(f" n{n}" + " the" * 65535)))
+                await writer.drain()
     elif behaviour == "comments-forever":
         await _forever(writer, b": keep-alive\n\n", 0.1)
     elif behaviour == "no-done-open":  # every token and the finish, then silence on an open connection
