@@ -264,3 +264,31 @@ def test_a_key_across_a_cut_of_what_a_message_shows_is_not_kept_in_part(tmp_path
     stored += (all_bytes(tmp_path / "run") + (tmp_path / "c.json").read_bytes()).decode("latin-1")
     for i in range(len(SLASH_KEY) - 7):
         assert SLASH_KEY[i : i + 8] not in stored, SLASH_KEY[i : i + 8]
+
+
+BIG_PROMPTS = """name = "big"
+seed = 3
+[classes.big]
+share = 1.0
+input_tokens = { dist = "fixed", value = 1000000 }
+output_tokens = { dist = "fixed", value = 6 }
+[traces.steady]
+process = "poisson"
+rate_rps = 3
+duration_s = 2
+"""
+
+
+def test_a_server_that_never_reads_the_body_costs_the_ttft_timeout(tmp_path: Path) -> None:
+    """4 MB prompts to a server that reads each POST's head and never its body: the socket's buffers fill, and
+    the request is still written without waiting; each ends at its TTFT timeout (``ttft_timeout``), every row
+    is written."""
+    (tmp_path / "big.toml").write_text(BIG_PROMPTS)
+    made = cli("trace", "generate", tmp_path / "big.toml", "--trace", "steady", "--out", tmp_path / "t.parquet")
+    assert made.returncode == 0, made.stderr
+    with hostile_server("never-read") as server:
+        out = run(tmp_path / "t.parquet", server.base_url, tmp_path / "run", "--model", MODEL, "--tokenizer", "chars:4")
+    assert out.returncode == 0, out.stderr
+    rows = load_run(tmp_path / "run").requests.to_pylist()
+    assert rows and {(r["status"], r["error_kind"]) for r in rows} == {("timeout", "ttft_timeout")}, rows[0]
+    assert all(r["sent_ns"] is not None for r in rows)

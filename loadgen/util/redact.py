@@ -118,13 +118,18 @@ MIN_ENCODED_SECRET_CHARS = 16
 
 def with_encodings(secrets: tuple[str, ...]) -> tuple[str, ...]:
     """``secrets`` and, for each of 16 characters or more, the forms a server may echo it in: percent-encoded,
-    and base64 (standard and URL-safe) at each of the three alignments it can have inside a longer base64 text
-    (``Bearer KEY`` or ``user:KEY`` encoded whole), each cut to the characters that depend on the secret alone."""
+    JSON-escaped, and base64 (standard and URL-safe) at each of the three alignments it can have inside a longer
+    base64 text (``Bearer KEY`` or ``user:KEY`` encoded whole), each cut to the characters that depend on the
+    secret alone."""
     out = list(secrets)
     for secret in secrets:
         if len(secret) < MIN_ENCODED_SECRET_CHARS:
             continue
         out.append(quote(secret, safe=""))
+        # as a JSON text may write it: escaped as JSON must (quotes, backslashes), ``/`` as ``\/`` (PHP), or every
+        # character as ``\uXXXX``
+        out += [json.dumps(secret)[1:-1], secret.replace("/", "\\/")]
+        out += ["".join(f"\\u{ord(c):04{x}}" for c in secret) for x in "xX"]
         raw = secret.encode()
         for pad in range(3):
             encoded = base64.b64encode(b"\0" * pad + raw).decode()
@@ -143,30 +148,8 @@ def without_secrets(text: str, secrets: tuple[str, ...]) -> str:
             text = text.replace(secret, "REDACTED")
             if len(secret) >= MIN_ENCODED_SECRET_CHARS:  # said back upper- or lower-cased
                 text = text.replace(secret.upper(), "REDACTED").replace(secret.lower(), "REDACTED")
-    if "\\" in text:  # a JSON text may write any character of a secret escaped (\u0068, \/)
-        escaped = _escaped_secrets(secrets)
-        if escaped is not None:
-            text = escaped.sub("REDACTED", text)
     short = _short_secrets(secrets)
     return short.sub("REDACTED", text) if short is not None else text
-
-
-@functools.lru_cache(maxsize=64)
-def _escaped_secrets(secrets: tuple[str, ...]) -> re.Pattern[str] | None:
-    """One pattern for a run's secrets of 16 characters or more as a JSON text may write them: each character
-    as itself or ``\\uXXXX`` (either case of hex digits, and of the letters), ``/`` also as ``\\/``, ``"`` and
-    ``\\`` as their escapes (None when there are none)."""
-    long = sorted({s for s in secrets if len(s) >= MIN_ENCODED_SECRET_CHARS}, key=len, reverse=True)
-    if not long:
-        return None
-
-    def char(c: str) -> str:
-        forms = {re.escape(c), re.escape(f"\\u{ord(c):04x}"), re.escape(json.dumps(c)[1:-1])}
-        if c == "/":
-            forms.add(re.escape("\\/"))
-        return "(?:" + "|".join(sorted(forms)) + ")"
-
-    return re.compile("(?i)" + "|".join("".join(map(char, s)) for s in long))
 
 
 @functools.lru_cache(maxsize=64)
