@@ -139,8 +139,8 @@ def engine_limits(base_url: str, log_notes: dict[str, Any] | None = None) -> Eng
     }
     kv_src = f"{shown}/metrics vllm:cache_config_info"
     block = _engine_count(info["block_size"], kv_src, "block_size") if info.get("block_size") not in _NONE else None
-    blocks = info.get("num_gpu_blocks")
-    blocks = _engine_count(blocks, kv_src, "num_gpu_blocks", low=0) if blocks not in _NONE else None
+    said = info.get("num_gpu_blocks")
+    blocks = _engine_count(said, kv_src, "num_gpu_blocks", low=0) if said not in _NONE else None
     return EngineLimits(
         batch.max_num_seqs,
         batch.max_num_batched_tokens,
