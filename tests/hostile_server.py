@@ -58,6 +58,7 @@ well-behaved baseline every other behaviour departs from in one respect:
 - ``models-echo``: ``/v1/models`` lists one model whose id and owner are the request's credential and target
   (as ``echo-all`` says them); ``models-many``: it lists 5,000 models of 150-character ids; ``models-odd-len``:
   its ``max_model_len`` is, in turn, ``"4096 tokens"``, ``[4096]``, -4096, 1e30 and ``true``;
+- ``detokenize-odd``: ``/tokenize`` counts words, ``/detokenize`` answers a prompt that is a list;
 - ``sim-tokenizer``: ``/version`` claims to be loadgen's simulated engine counting with
   ``hf:<this file>`` (a local path that is no tokenizer.json).
 
@@ -167,6 +168,7 @@ BEHAVIOURS = (
     "models-echo",
     "models-many",
     "models-odd-len",
+    "detokenize-odd",
     *METRICS_BEHAVIOURS,
     *STREAM_BEHAVIOURS,
 )
@@ -316,7 +318,7 @@ class _Server:
             await self.reset(writer)
             return False
         bad = None
-        if request.method == "GET" or path.endswith("/tokenize"):
+        if request.method == "GET" or path.endswith("tokenize"):  # /tokenize and /detokenize: no POST counted
             variant = "version-huge" if behaviour == "version-huge" and path == "/version" else "ok"
         else:
             self.posts += 1
@@ -336,7 +338,7 @@ class _Server:
         )
         if behaviour == "echo-all":
             await self.echo_all(path, request, writer)
-        elif request.method == "GET" or path.endswith("/tokenize"):
+        elif request.method == "GET" or path.endswith("tokenize"):
             await self.get(path, request, writer)
         elif behaviour == "die-after-5" and self.posts > 5:
             os._exit(0)  # the server dies: every open connection goes with it
@@ -382,6 +384,12 @@ class _Server:
             await _metrics(behaviour, request, writer)
         elif path == "/metrics" and behaviour == "hang-metrics":
             _respond(writer, 200, b"vllm:num_requests_running 0\n", "text/plain")
+        elif path.endswith("tokenize") and behaviour == "detokenize-odd":  # /detokenize: a prompt that is a list
+            prompt = _body(request.body).get("prompt")
+            words = prompt.split() if isinstance(prompt, str) else []
+            said = {"count": len(words), "tokens": list(range(len(words)))}
+            answer = said if path.endswith("/tokenize") else {"prompt": ["odd", "text"]}
+            _respond(writer, 200, json.dumps(answer).encode())
         elif path.endswith("/tokenize") and behaviour == "hang-tokenize":
             _respond(writer, 200, json.dumps({"count": 1, "tokens": [1]}).encode())
         else:

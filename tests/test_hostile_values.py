@@ -292,3 +292,16 @@ def test_a_server_that_never_reads_the_body_costs_the_ttft_timeout(tmp_path: Pat
     rows = load_run(tmp_path / "run").requests.to_pylist()
     assert rows and {(r["status"], r["error_kind"]) for r in rows} == {("timeout", "ttft_timeout")}, rows[0]
     assert all(r["sent_ns"] is not None for r in rows)
+
+
+def test_a_detokenize_answer_that_is_no_text_is_not_used(tmp_path: Path, trace: Path) -> None:  # noqa: F811
+    """``/detokenize`` answered ``{"prompt": ["odd", "text"]}``: the default tokenizer trial took ``str()`` of it
+    as text, so the run used the target's tokenizer (``auto: server``) and would build prompts holding
+    "['odd', 'text']". Now it is no text: the run sizes prompts with cl100k_base and says why."""
+    with hostile_server("detokenize-odd") as server:
+        out = run(trace, server.base_url, tmp_path / "run", "--model", MODEL)
+    assert out.returncode == 0, out.stderr
+    assert "/detokenize prompt is a JSON list: expected text" in out.stderr, out.stderr
+    data = load_run(tmp_path / "run")
+    assert data.manifest.to_dict()["driver"]["tokenizer"] == "auto: cl100k_base"
+    assert data.requests.column("status").to_pylist() == ["ok"] * 12
