@@ -43,13 +43,22 @@ well-behaved baseline every other behaviour departs from in one respect:
   (that probe answers HTML), ``echo-encoded`` (the credential said back base64-, base64url- and
   percent-encoded, in turn in a 401 body, a stream's ``model`` and an SSE error event), ``continue-flood``
   (``100 Continue`` heads as fast as read), ``close-after-head``, ``length-short`` (Content-Length half the
-  body, then close), ``length-long`` (Content-Length 1 MiB over the body, then close);
+  body, then close), ``length-long`` (Content-Length 1 MiB over the body, then close), ``odd-values`` (the n-th
+  POST's last chunk, or its JSON answer when it asks for no stream, carries ``ODD_VALUES[n]``: values of the
+  wrong type, out of range, huge or nested 1000 deep), ``echo-escaped`` (a 401 that says the key
+  ``\\u``-escaped, ``/`` as ``\\/`` and upper-cased in its body, as sent in ``www-authenticate`` and
+  ``set-cookie``), ``echo-cut`` (the key across the 500th character of an in-stream error and across the 60th
+  of an object ``model`` and a list ``system_fingerprint``), ``tls-answer`` (a TLS alert, then the close), ``h2-answer`` (an HTTP/2 SETTINGS frame, then
+  silence), ``never-read`` (a POST's head is read, its body never, nor is it answered),
+  ``huge-text`` (events of 256 KiB of text, no two alike, as fast as read);
 - the ``/metrics`` behaviours (``METRICS_BEHAVIOURS``; everything else as ``ok``): ``metrics-gzip`` (gzip
   whenever the scrape accepts it, as prometheus_client does), ``metrics-huge`` (15 MiB: about a million
   samples), ``metrics-endless`` (a sample a second, never the end), ``metrics-garbage`` (NULs, invalid UTF-8,
-  an 8 MiB line, then one good sample);
+  an 8 MiB line, then one good sample), ``metrics-trickle`` (a Content-Length answer sent one byte a second);
 - ``models-echo``: ``/v1/models`` lists one model whose id and owner are the request's credential and target
-  (as ``echo-all`` says them); ``models-many``: it lists 5,000 models of 150-character ids;
+  (as ``echo-all`` says them); ``models-many``: it lists 5,000 models of 150-character ids; ``models-odd-len``:
+  its ``max_model_len`` is, in turn, ``"4096 tokens"``, ``[4096]``, -4096, 1e30 and ``true``;
+- ``detokenize-odd``: ``/tokenize`` counts words, ``/detokenize`` answers a prompt that is a list;
 - ``sim-tokenizer``: ``/version`` claims to be loadgen's simulated engine counting with
   ``hf:<this file>`` (a local path that is no tokenizer.json).
 
@@ -71,6 +80,7 @@ import base64
 import contextlib
 import gzip
 import hashlib
+import itertools
 import json
 import os
 import signal
@@ -120,11 +130,18 @@ STREAM_BEHAVIOURS = (
     "close-after-head",
     "length-short",
     "length-long",
+    "odd-values",
+    "echo-escaped",
+    "echo-cut",
+    "tls-answer",
+    "h2-answer",
+    "never-read",
+    "huge-text",
 )
 #: Stream behaviours whose POST answers are ``ok`` ones (what they change is elsewhere).
 _OK_POST = ("reset-every-3rd", "die-after-5", "models-garbage", "version-garbage")
 #: Behaviours of ``GET /metrics`` alone (everything else answers as ``ok``): ``_metrics`` plays each.
-METRICS_BEHAVIOURS = ("metrics-gzip", "metrics-huge", "metrics-endless", "metrics-garbage")
+METRICS_BEHAVIOURS = ("metrics-gzip", "metrics-huge", "metrics-endless", "metrics-garbage", "metrics-trickle")
 #: ``metrics-huge``: bytes of one /metrics answer (under the scrape's 16 MiB read cap), ~1 million samples.
 HUGE_METRICS_BYTES = 15 << 20
 BEHAVIOURS = (
@@ -150,6 +167,8 @@ BEHAVIOURS = (
     "echo-all",
     "models-echo",
     "models-many",
+    "models-odd-len",
+    "detokenize-odd",
     *METRICS_BEHAVIOURS,
     *STREAM_BEHAVIOURS,
 )
@@ -159,6 +178,30 @@ BAD_FIELDS: tuple[dict[str, object], ...] = (
     {"finish_reason": 7},
     {"finish_reason": ["stop"]},
     {"system_fingerprint": {}},
+)
+#: ``odd-values``: what the last chunk (or the whole JSON answer, when the request asks for no stream) of the
+#: n-th POST carries, in turn: well-formed JSON whose values are of the wrong type, out of range, huge or deep.
+_ODD_TURN = itertools.count()
+DEEP = 1000  # nesting levels of a deep value (orjson parses up to 1024; Python's recursion limit is 1000)
+ODD_VALUES: tuple[tuple[str, dict[str, object]], ...] = (
+    ("model-deep", {"model": {"DEEP": None}}),
+    ("finish-deep", {"choices": [{"index": 0, "text": " the", "finish_reason": {"DEEP": None}}]}),
+    ("error-deep", {"error": {"message": {"DEEP": None}, "code": 500}}),
+    ("delta-list", {"choices": [{"index": 0, "delta": ["the"], "finish_reason": "length"}]}),
+    ("tool-calls-string", {"choices": [{"index": 0, "delta": {"tool_calls": "x"}, "finish_reason": "length"}]}),
+    ("reasoning-int", {"choices": [{"index": 0, "delta": {"reasoning_content": 5}, "finish_reason": "length"}]}),
+    ("choice-int", {"choices": [5]}),
+    ("text-int", {"choices": [{"index": 0, "text": 7, "finish_reason": "length"}]}),
+    ("usage-list", {"usage": [5, 8]}),
+    ("usage-negative", {"usage": {"prompt_tokens": -1, "completion_tokens": 8}}),
+    ("usage-2^63", {"usage": {"prompt_tokens": 2**63, "completion_tokens": 8}}),
+    ("created-string", {"created": "yesterday"}),
+    ("usage-float", {"usage": {"prompt_tokens": 5, "completion_tokens": 1.5}}),
+    ("usage-string", {"usage": {"prompt_tokens": "5", "completion_tokens": 8}}),
+    ("usage-bool", {"usage": {"prompt_tokens": 5, "completion_tokens": True}}),
+    ("usage-1e30", {"usage": {"prompt_tokens": 5, "completion_tokens": 1e30}}),
+    ("id-2MiB", {"id": "i" * (2 << 20)}),
+    ("logprobs-monster", {"logprobs": {"content": [{"token": "t", "logprob": -1.0, "top_logprobs": [{}] * 99}] * 900}}),
 )
 #: Behaviours whose every POST answer is that behaviour (the record's ``variant``).
 _POST_VARIANTS = ("echo", "echo-all", "retry-after-nan", "gzip", "done-fin", "done-rst", "answer-huge")
@@ -244,7 +287,7 @@ class _Server:
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                request = await _read_request(reader)
+                request = await _read_request(reader, unread_posts=self.behaviour == "never-read")
                 if request is None:
                     return
                 if self.behaviour == "reset-every-3rd" and request.method == "POST":
@@ -275,7 +318,7 @@ class _Server:
             await self.reset(writer)
             return False
         bad = None
-        if request.method == "GET" or path.endswith("/tokenize"):
+        if request.method == "GET" or path.endswith("tokenize"):  # /tokenize and /detokenize: no POST counted
             variant = "version-huge" if behaviour == "version-huge" and path == "/version" else "ok"
         else:
             self.posts += 1
@@ -295,7 +338,7 @@ class _Server:
         )
         if behaviour == "echo-all":
             await self.echo_all(path, request, writer)
-        elif request.method == "GET" or path.endswith("/tokenize"):
+        elif request.method == "GET" or path.endswith("tokenize"):
             await self.get(path, request, writer)
         elif behaviour == "die-after-5" and self.posts > 5:
             os._exit(0)  # the server dies: every open connection goes with it
@@ -328,6 +371,9 @@ class _Server:
                 data = None if behaviour == "models-null" else 5
             elif behaviour == "models-echo":  # the served model's id is the request's credential and target
                 data = [{"id": _echo_text(request), "object": "model", "owned_by": _echo_text(request)}]
+            elif behaviour == "models-odd-len":  # a max_model_len that is no count, in turn
+                odd: list[object] = ["4096 tokens", [4096], -4096, 1e30, True]
+                data = [{"id": MODEL, "object": "model", "max_model_len": odd[next(_ODD_TURN) % len(odd)]}]
             elif behaviour == "models-many":  # 5,000 models, each id 150 characters, under the 1 MiB read cap
                 data = [{"id": f"m{i:05d}-" + "x" * 143, "object": "model"} for i in range(5000)]
             _respond(writer, 200, json.dumps({"object": "list", "data": data}).encode())
@@ -338,6 +384,12 @@ class _Server:
             await _metrics(behaviour, request, writer)
         elif path == "/metrics" and behaviour == "hang-metrics":
             _respond(writer, 200, b"vllm:num_requests_running 0\n", "text/plain")
+        elif path.endswith("tokenize") and behaviour == "detokenize-odd":  # /detokenize: a prompt that is a list
+            prompt = _body(request.body).get("prompt")
+            words = prompt.split() if isinstance(prompt, str) else []
+            said = {"count": len(words), "tokens": list(range(len(words)))}
+            answer = said if path.endswith("/tokenize") else {"prompt": ["odd", "text"]}
+            _respond(writer, 200, json.dumps(answer).encode())
         elif path.endswith("/tokenize") and behaviour == "hang-tokenize":
             _respond(writer, 200, json.dumps({"count": 1, "tokens": [1]}).encode())
         else:
@@ -478,6 +530,13 @@ async def _metrics(behaviour: str, request: _Request, writer: asyncio.StreamWrit
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n")
         with contextlib.suppress(ConnectionError):
             await _forever(writer, text, 1.0)
+    elif behaviour == "metrics-trickle":  # a whole answer announced, its bytes sent one a second
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: %d\r\n\r\n" % len(text))
+        with contextlib.suppress(ConnectionError):
+            for byte in text:
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await asyncio.sleep(1.0)
     else:  # metrics-garbage: bytes that are no exposition format (NULs, invalid UTF-8, a line of 8 MiB)
         _respond(writer, 200, b'\x00\xff\xfe{{{ 1\nvllm:x{a="\n' + b"z" * (8 << 20) + b" 1\n" + text, "text/plain")
 
@@ -555,6 +614,19 @@ async def _odd_post(
             await writer.drain()
             await asyncio.sleep(0.05)
         writer.write(_SSE_HEAD + b"".join(_chunk(e) for e in ok_events) + b"0\r\n\r\n")
+    elif behaviour == "odd-values":
+        _odd_values(request, writer, log)
+    elif behaviour == "echo-escaped":
+        _echo_escaped(request, writer)
+    elif behaviour == "echo-cut":
+        _echo_cut(request, writer)
+    elif behaviour == "tls-answer":  # what a TLS server says to a plaintext request: an alert, then the close
+        writer.write(b"\x15\x03\x01\x00\x02\x02\x46")
+        return False
+    elif behaviour == "h2-answer":  # an HTTP/2-only server: its SETTINGS frame, then it waits for a preface
+        writer.write(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        await writer.drain()
+        await asyncio.Event().wait()
     elif behaviour == "deflate":
         packed = zlib.compress(b"".join(ok_events))
         writer.write(
@@ -565,6 +637,59 @@ async def _odd_post(
         writer.write(_SSE_HEAD)
         return await _odd_stream(behaviour, ok_events, writer, log)
     return True
+
+
+def _echo_escaped(request: _Request, writer: asyncio.StreamWriter) -> None:
+    """``echo-escaped``: a 401 whose JSON body says the bearer key back as JSON may write it and no byte as sent:
+    every character ``\\u``-escaped, ``/`` as ``\\/`` (PHP's json_encode), and upper-cased; a
+    ``www-authenticate`` and a ``set-cookie`` header carry it as sent."""
+    key = request.headers.get("authorization", "").split(" ", 1)[-1]
+    escaped = "".join(f"\\u{ord(c):04x}" for c in key)
+    slashed = key.replace("/", "\\/")
+    body = f'{{"error": {{"message": "bad key {escaped} / {slashed} / {key.upper()}", "code": 401}}}}'.encode()
+    extra = f'www-authenticate: Bearer error="invalid_token", token="{key}"\r\nset-cookie: k={key}\r\n'
+    _respond(writer, 401, body, extra=extra.encode())
+
+
+def _echo_cut(request: _Request, writer: asyncio.StreamWriter) -> None:
+    """``echo-cut``: the key (the bearer's) placed across where a client may cut what it shows of a value, in turn:
+    an in-stream error's message across its 500th character (its first 9 characters before it), an object
+    ``model`` and a list ``system_fingerprint`` across the 60th character of their JSON (12 before it)."""
+    key = request.headers.get("authorization", "").split(" ", 1)[-1]
+    turn = next(_ODD_TURN) % 3
+    if turn == 0:
+        event = {"error": {"message": "x" * 474 + key, "code": 500}}
+    elif turn == 1:
+        event = {"id": "c", "model": {"said": "x" * 38 + key}, "choices": [{"index": 0, "text": " the"}]}
+    else:
+        event = {"id": "c", "system_fingerprint": ["x" * 46 + key], "choices": [{"index": 0, "text": " a"}]}
+    writer.write(_SSE_HEAD + _chunk(_event(event)) + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+
+
+def _odd_json(fields: dict[str, object]) -> bytes:
+    """``fields`` as JSON, each ``{"DEEP": null}`` in it replaced by ``DEEP`` nested empty lists."""
+    return json.dumps(fields).replace('{"DEEP": null}', "[" * DEEP + "]" * DEEP).encode()
+
+
+def _odd_values(request: _Request, writer: asyncio.StreamWriter, log: Callable[[dict[str, object]], None]) -> None:
+    """``odd-values``: the n-th POST's answer with ``ODD_VALUES[n % len]`` in its last chunk (or in its JSON
+    answer when the request asks for no stream); the record says which (``odd:NAME``)."""
+    body = _body(request.body)
+    name, fields = ODD_VALUES[next(_ODD_TURN) % len(ODD_VALUES)]
+    prompt = _prompt(request.body)
+    sha = hashlib.sha256(prompt.encode()).hexdigest() if prompt is not None else None
+    log({"method": "POST", "variant": "odd:" + name, "prompt_sha256": sha})
+    tokens = max(1, min(_max_tokens(request.body), MAX_TOKENS))
+    base: dict[str, object] = {"id": "cmpl-hostile", "object": "text_completion", "model": MODEL}
+    if body.get("stream") is False:
+        choice = {"index": 0, "text": " the" * tokens, "finish_reason": "length"}
+        usage = {"prompt_tokens": 5, "completion_tokens": tokens}
+        _respond(writer, 200, _odd_json({**base, "choices": [choice], "usage": usage, **fields}))
+        return
+    events = _stream_events(tokens)
+    choice = {"index": 0, "text": " the", "finish_reason": "length"}
+    events[tokens - 1] = b"data: " + _odd_json({**base, "choices": [choice], **fields}) + b"\n\n"
+    writer.write(_SSE_HEAD + b"".join(_chunk(e) for e in events) + b"0\r\n\r\n")
 
 
 async def _odd_stream(
@@ -582,6 +707,11 @@ async def _odd_stream(
     elif behaviour == "flood":  # empty-choice events as fast as the client reads, never a token
         event = _event({"id": "c", "choices": []})
         await _forever(writer, event * 4096, 0)
+    elif behaviour == "huge-text":  # events of 256 KiB of text, each its own, as fast as the client reads
+        with contextlib.suppress(ConnectionError):
+            for n in _ODD_TURN:  # (one count for the whole server: no two texts alike)
+                writer.write(_chunk(_text_chunk(f" n{n}" + " the" * 65535)))
+                await writer.drain()
     elif behaviour == "comments-forever":
         await _forever(writer, b": keep-alive\n\n", 0.1)
     elif behaviour == "no-done-open":  # every token and the finish, then silence on an open connection
@@ -627,14 +757,18 @@ async def _odd_stream(
     return True
 
 
-async def _read_request(reader: asyncio.StreamReader) -> _Request | None:
-    """One request off the connection (None at a clean close); a chunked body is read as chunked."""
+async def _read_request(reader: asyncio.StreamReader, unread_posts: bool = False) -> _Request | None:
+    """One request off the connection (None at a clean close); a chunked body is read as chunked.
+    ``unread_posts``: a POST's body is never read, nor the request answered (``never-read``)."""
     try:
         head = await reader.readuntil(b"\r\n\r\n")
     except asyncio.IncompleteReadError:
         return None
     lines = head.decode("latin-1").split("\r\n")
     method, target, _ = lines[0].split(" ", 2)
+    if unread_posts and method == "POST" and not target.split("?")[0].endswith("/tokenize"):
+        reader._transport.pause_reading()  # type: ignore[attr-defined]  # the socket's buffers fill up
+        await asyncio.Event().wait()
     headers = {}
     for line in lines[1:]:
         if ":" in line:

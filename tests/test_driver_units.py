@@ -477,3 +477,31 @@ def test_progress_merges_worker_counts_with_the_worst_p99():
     line.draw()
     assert "loadgen run (2 processes)" in line.line() and "sent 10/12" in line.line()
     assert "p99 TTFT (worst worker) 90 ms" in stream.getvalue()
+
+
+def test_the_token_cache_is_bounded_in_characters() -> None:
+    """A server that streamed 256 KiB chunk texts, each its own (``tests/hostile_server.py --behaviour
+    huge-text``), grew the run's token cache by every one: only its number of texts (200,000) was bounded. The
+    cache now holds at most ``TOKEN_CACHE_MAX_CHARS`` (32 Mi) characters (measured against huge-text, 30 s: 390 MB RSS
+    before, 259 MB now, 209 MB against ``ok``). Counted here by characters, so the test takes no tokenizer time."""
+    from loadgen.driver.client import RunContext
+    from loadgen.driver.transport import RawHTTP11Transport
+
+    transport = RawHTTP11Transport()
+    ctx = RunContext(
+        transport=transport,
+        origin=transport.origin(httpx.URL("http://127.0.0.1:9")),
+        anchor_ns=0,
+        limiter=anyio.CapacityLimiter(1),
+        rate_gate=RateGate(None),
+        count_tokens=len,
+        sink=lambda row, chunks: None,
+        ttft_timeout_ns=None,
+        total_timeout_ns=None,
+    )
+    piece = " the" * (64 << 10)  # 256 KiB
+    for i in range(512):  # 128 MiB of texts, each its own
+        text = f" n{i}{piece}"
+        assert ctx.tokens_in(text) == len(text)
+        assert sum(map(len, ctx._token_cache)) <= 64 << 20, i
+    assert ctx.tokens_in(" the") == 4 and " the" in ctx._token_cache  # a delta: counted, then kept

@@ -25,6 +25,7 @@ scheduler limits are read from the engine itself (``engine_limits``), never assu
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -124,9 +125,10 @@ def engine_limits(base_url: str, log_notes: dict[str, Any] | None = None) -> Eng
     metrics = scraped.response.text if scraped.response is not None and not scraped.truncated else ""
     info = next((labels for n, labels, _ in parse_prometheus_text(metrics) if n == "vllm:cache_config_info"), {})
     notes = log_notes or {}
-    mml = int(models[0].get("max_model_len") or notes.get("max_model_len") or 0)
-    if not mml:
+    reported = models[0].get("max_model_len") or notes.get("max_model_len")
+    if not reported:
         raise LoadgenError(f"{shown}/v1/models: max_model_len: missing; expected the engine to report it")
+    mml = _engine_count(reported, f"{shown}/v1/models", "max_model_len")
     batch = batch_limits(notes, mml)
     default = f"vLLM default for {batch.device} API server"
     sources = {
@@ -135,8 +137,10 @@ def engine_limits(base_url: str, log_notes: dict[str, Any] | None = None) -> Eng
         "max_num_batched_tokens": "startup log" if batch.tokens_from_log else default,
         "kv": f"{shown}/metrics vllm:cache_config_info" if info else "not reported",
     }
-    block = int(info["block_size"]) if info.get("block_size") not in (None, "None") else None
-    blocks = int(info["num_gpu_blocks"]) if info.get("num_gpu_blocks") not in (None, "None") else None
+    kv_src = f"{shown}/metrics vllm:cache_config_info"
+    block = _engine_count(info["block_size"], kv_src, "block_size") if info.get("block_size") not in _NONE else None
+    said = info.get("num_gpu_blocks")
+    blocks = _engine_count(said, kv_src, "num_gpu_blocks", low=0) if said not in _NONE else None
     return EngineLimits(
         batch.max_num_seqs,
         batch.max_num_batched_tokens,
@@ -146,6 +150,24 @@ def engine_limits(base_url: str, log_notes: dict[str, Any] | None = None) -> Eng
         sources,
         {"engine": "vllm", "version": version.get("version")},
     )
+
+
+#: How an engine says a count is not set (a label's text, or JSON null).
+_NONE = (None, "None")
+
+
+def _engine_count(value: object, src: str, name: str, low: int = 1) -> int:
+    """A count an engine reports (max_model_len, block size, KV blocks): a whole number in ``low`` .. 2^31-1, as
+    JSON or as a label's digits; else one line naming where, the field and the value."""
+    if type(value) is str and value.isascii() and value.isdigit():
+        value = int(value)
+    if type(value) is int and low <= value < 1 << 31:
+        return value
+    try:
+        said = json.dumps(value)[:60]
+    except (TypeError, ValueError, RecursionError):
+        said = type(value).__name__
+    raise TargetError(f"{src}: {name} = {said}: expected a whole number in {low} .. 2^31-1")
 
 
 def _sim_limits(version: dict[str, Any], src: str) -> EngineLimits:

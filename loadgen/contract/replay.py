@@ -33,6 +33,7 @@ from loadgen.workload.scenario import load_scenario
 from ..driver import RunOptions, run_trace
 from ..driver.bounded import bounded_get, bounded_request
 from ..driver.error_kinds import parse_retry_after
+from ..driver.sse import Chunk, SSEProtocolError, chunk_from_object, parse_chunk
 from ..trace.io import read_trace
 from ..util.redact import redact, redact_url, url_secrets, with_encodings, without_secrets
 from ..util.targeturl import split_target_url
@@ -364,30 +365,43 @@ def _body(case: Case, model: str, endpoint: str, stream: bool = False) -> dict[s
 
 
 def _parse_response(data: Any, endpoint: str) -> Observed:
+    """A whole (not streamed) answer, read by the driver's chunk walk: a field of the wrong type, a count out of
+    range or a value nested too deep fails this case, saying so (the message or the text is the answer)."""
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
-        return Observed(None, error=f"unexpected response body: {str(data)[:200]}")
-    choice = data["choices"][0] or {}
-    if endpoint == "chat":
-        text = (choice.get("message") or {}).get("content")
-    else:
-        text = choice.get("text")
-    usage = data.get("usage") or {}
-    return Observed(
-        text=text if isinstance(text, str) else ("" if text is None else str(text)),
-        finish_reason=choice.get("finish_reason"),
-        completion_tokens=usage.get("completion_tokens"),
-        prompt_tokens=usage.get("prompt_tokens"),
-        response_model=data.get("model"),
-        system_fingerprint=data.get("system_fingerprint"),
-        http_status=200,
-    )
+        return Observed(None, http_status=200, error=f"unexpected response body: {_shown(data)}")
+    choice = data["choices"][0]
+    if endpoint == "chat" and isinstance(choice, dict) and "message" in choice:
+        choice = {**choice, "delta": choice["message"] or {}}  # the walk reads a chat answer as one delta
+    try:
+        chunk = chunk_from_object({**data, "choices": [choice]})
+    except SSEProtocolError as exc:
+        return Observed(None, http_status=200, error=f"unexpected response body: {exc}")
+    return _observed(chunk.text, chunk.finish_reason, chunk, chunk.model, chunk.system_fingerprint, chunk.error)
+
+
+def _shown(data: Any) -> str:
+    """The head of an answer that is not one, for the case's error (redacted, then cut, by ``_without_secrets``)."""
+    try:
+        return str(data)[:4096]
+    except RecursionError:
+        return f"a JSON {type(data).__name__} nested too deep"
+
+
+def _observed(
+    text: str, finish: str | None, usage: Chunk | None, model: str | None, fingerprint: str | None, error: str | None
+) -> Observed:
+    if error is not None:
+        return Observed(None, http_status=200, error=f"in-answer error: {error}")
+    completion, prompt = (usage.completion_tokens, usage.prompt_tokens) if usage is not None else (None, None)
+    return Observed(text, finish, completion, prompt, model, fingerprint, 200)
 
 
 def _parse_stream(raw: str, endpoint: str) -> Observed:
-    """An SSE body read whole: content deltas joined, the last finish_reason, usage from the usage chunk."""
+    """An SSE body read whole, each event read as the driver reads it (``parse_chunk``): the texts joined, the
+    last finish_reason, usage from the last chunk that has it; a malformed event fails the case."""
     parts: list[str] = []
     finish = model = fingerprint = None
-    usage: dict[str, Any] = {}
+    usage: Chunk | None = None
     for line in raw.splitlines():
         if not line.startswith("data:"):
             continue
@@ -395,20 +409,18 @@ def _parse_stream(raw: str, endpoint: str) -> Observed:
         if payload == "[DONE]":
             break
         try:
-            chunk = json.loads(payload)
-        except ValueError:
-            return Observed(None, http_status=200, error=f"malformed SSE event: {payload[:120]}")
-        model = chunk.get("model") or model
-        fingerprint = chunk.get("system_fingerprint") or fingerprint
-        usage = chunk.get("usage") or usage
-        for choice in chunk.get("choices") or []:
-            piece = (choice.get("delta") or {}).get("content") if endpoint == "chat" else choice.get("text")
-            if piece:
-                parts.append(piece)
-            finish = choice.get("finish_reason") or finish
-    return Observed(
-        "".join(parts), finish, usage.get("completion_tokens"), usage.get("prompt_tokens"), model, fingerprint, 200
-    )
+            chunk = parse_chunk(payload.encode())
+        except SSEProtocolError as exc:
+            return Observed(None, http_status=200, error=f"malformed SSE event: {exc}")
+        if chunk.error is not None:
+            return _observed("", None, None, None, None, chunk.error)
+        parts.append(chunk.text)
+        model = model or chunk.model
+        fingerprint = fingerprint or chunk.system_fingerprint
+        finish = chunk.finish_reason or finish
+        if chunk.completion_tokens is not None or chunk.prompt_tokens is not None:
+            usage = chunk
+    return _observed("".join(parts), finish, usage, model, fingerprint, None)
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -419,7 +431,7 @@ def _retry_after(response: httpx.Response) -> float | None:
 def _without_secrets(obs: Observed, secrets: tuple[str, ...]) -> Observed:
     """``obs`` with the key replaced in every text the server sent (a server may echo it in any of them)."""
     if not secrets:
-        return obs
+        return replace(obs, error=redact(obs.error) if obs.error else obs.error)  # one line, cut
 
     def clean(value: str | None) -> str | None:
         return without_secrets(value, secrets) if value else value
@@ -430,6 +442,7 @@ def _without_secrets(obs: Observed, secrets: tuple[str, ...]) -> Observed:
         finish_reason=clean(obs.finish_reason),
         response_model=clean(obs.response_model),
         system_fingerprint=clean(obs.system_fingerprint),
+        error=redact(obs.error, secrets) if obs.error else obs.error,
     )
 
 
@@ -495,6 +508,9 @@ async def _replay_one(
             data = response.json()
         except ValueError:
             obs = Observed(None, http_status=200, error="response is not JSON")
+            break
+        except RecursionError:
+            obs = Observed(None, http_status=200, error="response is JSON nested too deep")
             break
         obs = _parse_response(data, endpoint)
         break

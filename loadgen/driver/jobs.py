@@ -107,7 +107,10 @@ class ServerTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         body = self._post("/detokenize", {"model": self.model, "tokens": list(ids)})
-        return str(body.get("prompt", ""))
+        prompt = body.get("prompt", "")
+        if type(prompt) is not str:  # before, str() of it: ["odd", "text"] became the prompt text "['odd', 'text']"
+            raise TargetError(f"tokenizer server: /detokenize prompt is a JSON {type(prompt).__name__}: expected text")
+        return prompt
 
     def count(self, text: str) -> int:
         return len(self.encode(text))

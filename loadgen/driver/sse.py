@@ -280,7 +280,7 @@ def parse_chunk(payload: bytes) -> Chunk:
     """
     try:
         obj = _loads(payload)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RecursionError) as exc:
         raise SSEProtocolError(f"invalid JSON in SSE data: {str(exc)[:120]}") from None
     if type(obj) is not dict:
         raise SSEProtocolError(f"SSE data is a JSON {type(obj).__name__}, expected an object")
@@ -328,6 +328,8 @@ def chunk_from_object(obj: dict) -> Chunk:
         return _walk(obj)
     except (AttributeError, TypeError):  # a field of the wrong type (a delta that is a list, ...)
         raise SSEProtocolError("SSE data has a field of an unexpected type: not an OpenAI completion chunk") from None
+    except RecursionError:  # a value nested ~1000 deep (orjson parses to 1024) shown or joined by the walk
+        raise SSEProtocolError("SSE data has a value nested too deep: not an OpenAI completion chunk") from None
 
 
 def _walk(obj: dict) -> Chunk:

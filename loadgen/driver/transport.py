@@ -477,6 +477,18 @@ class RawResponse:
         return b"".join(parts)[:limit]
 
 
+def _not_http(answer: bytes) -> str:
+    """Why an answer whose first bytes are not ``HTTP/`` is no HTTP/1.1 response: a TLS server (the target's
+    scheme is http://) sends an alert record and closes; an HTTP/2-only one sends its SETTINGS frame and waits."""
+    if answer[0] in (0x15, 0x16) and answer[1:2] == b"\x03":
+        why = "a TLS record: the target answers TLS, is its URL https://?"
+    elif len(answer) >= 9 and answer[3] == 0x04 and answer[5:9] == b"\0\0\0\0":
+        why = "an HTTP/2 SETTINGS frame: the target speaks HTTP/2 only"
+    else:
+        why = "no status line"
+    return f"answer is not HTTP/1.1 ({why}): it begins {answer[:16]!r}"
+
+
 def _parse_head(head: bytes) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
     lines = head.split(b"\r\n")
     parts = lines[0].split(b" ", 2)
@@ -729,6 +741,8 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
                         break
                     if len(buf) > _MAX_HEAD:
                         raise MalformedHead(f"response head too large: no end within {_MAX_HEAD} bytes")
+                    if buf[:5] != b"HTTP/"[: len(buf)]:  # no status line can come: say what did, at once
+                        raise MalformedHead(_not_http(buf))
                     searched = max(0, len(buf) - 3)
                     data = await conn.receive()
                     got_bytes = True

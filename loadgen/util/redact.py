@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import json
 import re
 from urllib.parse import quote, unquote, unquote_plus, urlsplit, urlunsplit
 
@@ -117,13 +118,18 @@ MIN_ENCODED_SECRET_CHARS = 16
 
 def with_encodings(secrets: tuple[str, ...]) -> tuple[str, ...]:
     """``secrets`` and, for each of 16 characters or more, the forms a server may echo it in: percent-encoded,
-    and base64 (standard and URL-safe) at each of the three alignments it can have inside a longer base64 text
-    (``Bearer KEY`` or ``user:KEY`` encoded whole), each cut to the characters that depend on the secret alone."""
+    JSON-escaped, and base64 (standard and URL-safe) at each of the three alignments it can have inside a longer
+    base64 text (``Bearer KEY`` or ``user:KEY`` encoded whole), each cut to the characters that depend on the
+    secret alone."""
     out = list(secrets)
     for secret in secrets:
         if len(secret) < MIN_ENCODED_SECRET_CHARS:
             continue
         out.append(quote(secret, safe=""))
+        # as a JSON text may write it: escaped as JSON must (quotes, backslashes), ``/`` as ``\/`` (PHP), or every
+        # character as ``\uXXXX``
+        out += [json.dumps(secret)[1:-1], secret.replace("/", "\\/")]
+        out += ["".join(f"\\u{ord(c):04{x}}" for c in secret) for x in "xX"]
         raw = secret.encode()
         for pad in range(3):
             encoded = base64.b64encode(b"\0" * pad + raw).decode()
@@ -140,6 +146,8 @@ def without_secrets(text: str, secrets: tuple[str, ...]) -> str:
     for secret in secrets:
         if len(secret) >= MIN_QUERY_SECRET_CHARS:
             text = text.replace(secret, "REDACTED")
+            if len(secret) >= MIN_ENCODED_SECRET_CHARS:  # said back upper- or lower-cased
+                text = text.replace(secret.upper(), "REDACTED").replace(secret.lower(), "REDACTED")
     short = _short_secrets(secrets)
     return short.sub("REDACTED", text) if short is not None else text
 
@@ -155,9 +163,49 @@ def _short_secrets(secrets: tuple[str, ...]) -> re.Pattern[str] | None:
 
 def redact(message: str, secrets: tuple[str, ...] = ()) -> str:
     """One line of at most 500 characters, with known secrets, bearer tokens, URL userinfo and query values
-    replaced (before the cut: a secret across it is never kept in part)."""
+    replaced (before the cut: a secret across it is never kept in part), and then any 8 characters or more of a
+    secret of 16 or more: what a message shows of a server's value may have been cut before (a field's first
+    60 characters, an error's first 500), the secret with it."""
     message = without_secrets(message, secrets)
     message = _BEARER.sub(r"\1REDACTED", message)
     message = without_userinfo(message)
     message = _SECRET_QUERY.sub(r"\1REDACTED", message)
-    return " ".join(message.split())[:500]
+    return _without_pieces(" ".join(message.split())[:500], secrets)
+
+
+#: The fewest characters of a secret that count as a piece of it (``_without_pieces``).
+MIN_PIECE_CHARS = 8
+
+
+@functools.lru_cache(maxsize=64)
+def _secret_pieces(secrets: tuple[str, ...]) -> dict[str, tuple[str, int]]:
+    """Every run of ``MIN_PIECE_CHARS`` characters in a secret of 16 or more -> (the secret, where it starts)."""
+    pieces: dict[str, tuple[str, int]] = {}
+    for secret in secrets:
+        if len(secret) >= MIN_ENCODED_SECRET_CHARS:
+            for i in range(len(secret) - MIN_PIECE_CHARS + 1):
+                pieces.setdefault(secret[i : i + MIN_PIECE_CHARS], (secret, i))
+    return pieces
+
+
+def _without_pieces(message: str, secrets: tuple[str, ...]) -> str:
+    """``message`` (a short one) with each run of 8 characters or more of a secret of 16 or more replaced."""
+    pieces = _secret_pieces(secrets)
+    found = [at for at in (message.find(piece) for piece in pieces) if at >= 0]  # searched at C speed
+    if not found:  # the usual case
+        return message
+    out: list[str] = []
+    start, j = 0, min(found)
+    n = len(message)
+    while j <= n - MIN_PIECE_CHARS:
+        hit = pieces.get(message[j : j + MIN_PIECE_CHARS])
+        if hit is None:
+            j += 1
+            continue
+        secret, i = hit
+        k = MIN_PIECE_CHARS
+        while j + k < n and i + k < len(secret) and message[j + k] == secret[i + k]:
+            k += 1
+        out += (message[start:j], "REDACTED")
+        j = start = j + k
+    return "".join(out) + message[start:] if out else message

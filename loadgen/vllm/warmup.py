@@ -37,6 +37,8 @@ import httpx
 
 from loadgen.driver.probe import is_simulated
 from loadgen.util.errors import LoadgenError
+from loadgen.util.redact import redact, redact_url, url_secrets
+from loadgen.util.targeturl import split_target_url
 
 __all__ = ["ShapeWarmup", "warm_step_shapes", "warmup_line", "warmup_lengths"]
 
@@ -124,7 +126,10 @@ def warm_step_shapes(
     """
     rng = random.Random(seed)
     start = time.perf_counter()
-    with httpx.Client(base_url=base_url, timeout=httpx.Timeout(300, connect=30)) as client:
+    root, query = split_target_url(base_url, userinfo=True)  # its query string sent, as every client does
+    shown = redact_url(root)  # what is said of the URL: no password
+    timeout = httpx.Timeout(300, connect=30)
+    with httpx.Client(base_url=root, params=httpx.QueryParams(query), timeout=timeout, trust_env=False) as client:
         try:
             if skip_simulated and _simulated(client):
                 return ShapeWarmup(0, 0, 0.0, "the simulated engine has no per-shape cost")
@@ -147,9 +152,10 @@ def warm_step_shapes(
                         return ShapeWarmup(
                             0, 0, time.perf_counter() - start, f"{reason}: the engine takes no token ids"
                         )
-                    raise LoadgenError(f"{base_url}/v1/completions: warm-up: {reason}: expected 200")
-        except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
-            raise LoadgenError(f"{base_url}: warm-up: {type(exc).__name__}: {str(exc)[:200]}") from None
+                    raise LoadgenError(f"{shown}/v1/completions: warm-up: {reason}: expected 200")
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, RecursionError) as exc:
+            said = redact(f"{type(exc).__name__}: {exc}", url_secrets(base_url))
+            raise LoadgenError(f"{shown}: warm-up: {said[:200]} (expected a vLLM engine's answers)") from None
     return ShapeWarmup(
         sent,
         lengths[sent - 1],
