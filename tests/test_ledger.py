@@ -377,6 +377,27 @@ def test_reconcile_from_log_text(tmp_path):
     assert not wrong.ok
 
 
+def test_reconcile_refuses_a_damaged_log(tmp_path):
+    """`ledger --reconcile` on a log whose KV cache line is out of range (10^400 tokens had been an OverflowError
+    traceback; 0 tokens had been reported as vLLM's figure): one line naming the log, the key and the value."""
+    log = tmp_path / "vllm.log"
+    model = ROOT / "loadgen" / "data" / "models" / "tiny-llama-gqa.json"
+    for tokens in ("9" * 400, "0"):
+        log.write_text(
+            "INFO 11-29 08:15:26 [model.py:2152] Using max model len 2000\n"
+            "INFO 11-29 08:16:14 [cpu_worker.py:260] Explicitly set (1.0/8.71) GiB for KV cache on node 0.\n"
+            f"INFO 11-29 08:16:14 [kv_cache_utils.py:2327] CPU KV cache size: {tokens} tokens\n"
+        )
+        r = subprocess.run(
+            [sys.executable, "-m", "loadgen", "ledger", "--model", model, "--reconcile", log],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
+        assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr[-300:]
+        assert r.stderr.count("\n") == 1 and f"{log}: kv_cache_size_tokens = " in r.stderr
+
+
 # ---- laws -------------------------------------------------------------------------------------------
 
 dims = st.fixed_dictionaries(

@@ -75,7 +75,7 @@ def engine_report(source: str | Path) -> dict[str, Any]:
     p = Path(source)
     report: dict[str, Any] = {"sources": []}
     if p.is_file():
-        report.update(parse_vllm_log(p.read_text(errors="replace")))
+        report.update(parse_vllm_log(p.read_text(errors="replace"), p))
         report["sources"].append(str(p))
         return report
     if not p.is_dir():
@@ -95,7 +95,7 @@ def engine_report(source: str | Path) -> dict[str, Any]:
         report["sources"].append(str(manifest))
     for name in VLLM_LOG_NAMES:
         if (p / name).is_file():
-            for k, v in parse_vllm_log((p / name).read_text(errors="replace")).items():
+            for k, v in parse_vllm_log((p / name).read_text(errors="replace"), p / name).items():
                 report.setdefault(k, v)
             report["sources"].append(str(p / name))
             break
