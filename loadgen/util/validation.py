@@ -27,7 +27,7 @@ def _field_path(loc: tuple[Any, ...]) -> str:
             parts.append(f"[{item}]")
         elif item in ("fixed", "uniform", "normal", "lognormal", "empirical", "mixture", "function-after"):
             continue  # discriminator tags and validator names are not fields
-        elif isinstance(item, str) and item.startswith("function-"):
+        elif isinstance(item, str) and item.startswith("function-") or item in ("int", "float"):
             continue
         else:
             parts.append(("." if parts else "") + str(item))
