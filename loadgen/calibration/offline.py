@@ -230,7 +230,7 @@ def _run_settings(manifest: Manifest) -> dict[str, Any]:
     return settings
 
 
-def _engine_for(config: EngineConfig, settings: dict[str, Any], source: str) -> EngineConfig:
+def _engine_for(config: EngineConfig, settings: dict[str, Any], source: str = "the run's manifest") -> EngineConfig:
     """The engine TOML's costs under the measured run's scheduler settings (those it recorded), checked as the
     engine's own (``SchedulerConfig``, ``KVConfig``): a setting no engine runs with (0 KV blocks, 2^40 tokens per
     step) is one RunDirError line naming ``source``, not a replay that cannot progress or allocate."""
