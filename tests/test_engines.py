@@ -110,6 +110,67 @@ def test_non_default_args_that_are_no_dict_stay_text():
     assert parse_vllm_log(nested) == {"non_default_args": {"port": 8123, "sizes": [1, 2], "skip": "{'a'}"}}
 
 
+# a damaged or forged vLLM log: one line naming the file, the key and the value, exit 2, nothing printed
+DAMAGED_LOG_NUMBERS = [
+    ("512,000 tokens", "9" * 400 + " tokens", "kv_cache_size_tokens = '99"),  # had been an OverflowError traceback
+    ("512,000 tokens", "1" + "0" * 300 + " tokens", "kv_cache_size_tokens = '10"),  # had been printed as tokens
+    ("512,000 tokens", "0 tokens", "kv_cache_size_tokens = 0: expected a number in [1, 1e+12]"),
+    ("max model len 2000", "max model len " + "9" * 30, "max_model_len = 99"),
+    ("256.00x", "9" * 400 + "x", "max_concurrency = inf: expected a finite number"),
+    ("(1.0/8.71) GiB", "(1" + "0" * 300 + "/8.71) GiB", "kv_cache_memory_gib = 1e+300: expected a number in [0, "),
+    ("took 34.06 s", "took 1" + "0" * 20 + " s", "init_engine_s = 1e+20: expected a number in [0, "),
+]
+
+
+@pytest.mark.parametrize(("line", "damaged", "expected"), DAMAGED_LOG_NUMBERS, ids=lambda v: str(v)[:12])
+def test_parse_log_refuses_a_number_out_of_range(tmp_path, line, damaged, expected):
+    from cli_process import run_loadgen
+
+    log = tmp_path / "vllm.log"
+    log.write_text(CPU_LOG.replace(line, damaged, 1))
+    r = run_loadgen(["vllm", "parse-log", log], ROOT)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr[-500:]
+    assert len(r.stderr.strip().splitlines()) == 1 and f"{log}: {expected}" in r.stderr
+    assert len(r.stderr) < 300  # a 400-digit value is cut, not echoed
+
+
+def test_parse_log_numbers_as_vllm_prints_them(tmp_path):
+    """Thousands grouped by commas are read; a malformed grouping ("5,,,") is no number, so its line gives nothing
+    (it had been read as 5 tokens); a span that runs backwards by the year-less timestamps (a log over New Year)
+    is left out (it had been a negative warmup_s)."""
+    from cli_process import run_loadgen
+
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        CPU_LOG.replace("512,000 tokens", "5,,, tokens")
+        .replace("11-29 08:15:43 [cpu_model_runner.py:87]", "12-31 23:59:59 [cpu_model_runner.py:87]")
+        .replace("11-29 08:16:14 [cpu_model_runner.py:91]", "01-01 00:00:05 [cpu_model_runner.py:91]")
+    )
+    r = run_loadgen(["vllm", "parse-log", log], ROOT)
+    notes = json.loads(r.stdout)
+    assert r.returncode == 0 and "kv_cache_size_tokens" not in notes and "warmup_s" not in notes
+    assert notes["max_concurrency"] == 256.0 and notes["startup_s_from_log"] == 61.0
+
+
+@pytest.mark.slow
+def test_parse_log_skips_a_line_too_long_to_be_vllms(tmp_path):
+    """A line over MAX_LOG_LINE_CHARS is no startup line of vLLM's: skipped, not parsed. A 160 MB 'non-default
+    args' dict had taken 24 GB in ast.literal_eval until the kernel killed parse-log; here 2 MiB stands for it."""
+    from cli_process import run_loadgen
+
+    from loadgen.vllm.log import MAX_LOG_LINE_CHARS
+
+    huge = "INFO 11-29 08:15:16 [api_utils.py:286] non-default args: {" + "'a': 1, " * (MAX_LOG_LINE_CHARS // 8) + "}"
+    override = "WARNING 11-29 08:15:30 [cuda.py:1] block_size=64 overridden: the backend requires it"
+    log = tmp_path / "vllm.log"
+    log.write_text(huge + "\n" + CPU_LOG.replace("non-default args", "non default args") + override + "\n")
+    r = run_loadgen(["vllm", "parse-log", log], ROOT)
+    notes = json.loads(r.stdout)
+    assert r.returncode == 0 and "non_default_args" not in notes and notes["kv_cache_size_tokens"] == 512_000
+    assert notes["block_size_override"] == 64 and notes["startup_s_from_log"] == 61.0
+    assert "block_size_override" not in parse_vllm_log("INFO x block_size=64 is what was asked for\n")
+
+
 def test_the_ready_line_conforms_to_the_published_schema():
     """`loadgen vllm serve`'s ready line, built by ready_document from a server's identity and notes."""
     notes = parse_vllm_log(CPU_LOG) | {"ready_s": 61.234}

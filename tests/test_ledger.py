@@ -377,6 +377,78 @@ def test_reconcile_from_log_text(tmp_path):
     assert not wrong.ok
 
 
+def test_reconcile_refuses_a_damaged_log(tmp_path):
+    """`ledger --reconcile` on a log whose KV cache line is out of range (10^400 tokens had been an OverflowError
+    traceback; 0 tokens had been reported as vLLM's figure): one line naming the log, the key and the value."""
+    log = tmp_path / "vllm.log"
+    model = ROOT / "loadgen" / "data" / "models" / "tiny-llama-gqa.json"
+    for tokens in ("9" * 400, "0"):
+        log.write_text(
+            "INFO 11-29 08:15:26 [model.py:2152] Using max model len 2000\n"
+            "INFO 11-29 08:16:14 [cpu_worker.py:260] Explicitly set (1.0/8.71) GiB for KV cache on node 0.\n"
+            f"INFO 11-29 08:16:14 [kv_cache_utils.py:2327] CPU KV cache size: {tokens} tokens\n"
+        )
+        r = subprocess.run(
+            [sys.executable, "-m", "loadgen", "ledger", "--model", model, "--reconcile", log],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
+        assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr[-300:]
+        assert r.stderr.count("\n") == 1 and f"{log}: kv_cache_size_tokens = " in r.stderr
+
+
+def _labels_row(run: Path, labels: str) -> None:
+    """Append one vllm:cache_config_info sample with ``labels`` to the run's server metrics."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    part = sorted((run / "server_metrics.parquet").glob("*.parquet"))[0]
+    table = pq.read_table(part)
+    row = pa.table({"time_ns": [1], "name": ["vllm:cache_config_info"], "labels": [labels], "value": [1.0]})
+    pq.write_table(pa.concat_tables([table, row.cast(table.schema)]), part)
+
+
+# A run directory damaged after it was written, read by `ledger --reconcile RUN`: each had been a traceback
+# (AttributeError, JSONDecodeError) or the damaged value shown as vLLM's figure (-3 KV blocks); now one line.
+DAMAGED_RECONCILE_RUNS = [
+    ("engine_notes", {"log": "x"}, "manifest.json: engine_notes.log = 'x': expected an object"),
+    (
+        "engine_notes",
+        {"log": {"kv_cache_memory_gib": "x"}},
+        "manifest.json: engine_notes.log: kv_cache_memory_gib = 'x'",
+    ),
+    ("kv_cache", {"num_gpu_blocks": -3}, "manifest.json: target.engine.config: kv_cache.num_gpu_blocks = -3"),
+    ("labels", "garbage", "server_metrics.parquet: vllm:cache_config_info labels: not JSON"),
+    ("labels", "[1]", "server_metrics.parquet: vllm:cache_config_info labels = [1]: expected an object"),
+    ("labels", '{"num_gpu_blocks": "-5"}', "labels: num_gpu_blocks = '-5': expected input should be greater"),
+]
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "said"), DAMAGED_RECONCILE_RUNS, ids=[c[2][:32] for c in DAMAGED_RECONCILE_RUNS]
+)
+def test_reconcile_refuses_a_damaged_run_dir(tmp_path, where, value, said):
+    from shared_paths import shared_trace
+
+    from loadgen.calibration.llmservingsim import import_llmservingsim_run
+
+    run = import_llmservingsim_run(shared_trace("llmservingsim/bench/examples/RTX4090/Llama-3.1-8B"), tmp_path / "run")
+    manifest = json.loads((run / "manifest.json").read_text())
+    if where == "engine_notes":
+        manifest["engine_notes"] = value
+    elif where == "kv_cache":
+        manifest["target"]["engine"]["config"]["kv_cache"].update(value)
+    else:
+        _labels_row(run, value)
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    model = ROOT / "loadgen" / "data" / "models" / "tiny-llama-gqa.json"
+    cmd = ["ledger", "--model", model, "--device-memory-gib", "24", "--reconcile", run]
+    r = subprocess.run([sys.executable, "-m", "loadgen", *map(str, cmd)], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr[-500:]
+    assert r.stderr.count("\n") == 1 and said in r.stderr
+
+
 # ---- laws -------------------------------------------------------------------------------------------
 
 dims = st.fixed_dictionaries(

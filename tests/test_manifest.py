@@ -177,3 +177,48 @@ def test_a_directory_without_a_manifest_says_where_its_runs_are(tmp_path: Path) 
     out = run_loadgen(["analyze", "bench"], tmp_path)  # the command a newcomer types, as a user runs it
     line = "bench: no manifest.json (the run directory bench/run is inside it): expected a loadgen run directory"
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and line in out.stderr, out.stderr
+
+
+# A run's manifest edited after it was written: analyze had echoed duration_s -5 (or 1e300) as the run's length
+# and taken a negative status count; now the manifest's own model refuses it in one line, exit 2.
+DAMAGED_FIGURES = [
+    ("duration_s", -5.0, "field duration_s: input should be greater than or equal to 0"),
+    ("duration_s", 1e300, "field duration_s: input should be less than or equal to 31622400"),
+    ("requests_recorded", -1, "field requests_recorded: input should be greater than or equal to 0"),
+    ("status_counts", {"ok": -3}, "field status_counts.ok: input should be greater than or equal to 0"),
+]
+
+
+@pytest.fixture(scope="module")
+def sim_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small simulated run (the canonical scenario for 2 s on the instant engine), built once."""
+    from cli_process import run_loadgen
+
+    where = tmp_path_factory.mktemp("sim-run")
+    root = Path(__file__).resolve().parents[1]
+    scenario = (root / "scenarios" / "canonical.toml").read_text()
+    scenario = scenario.replace('cases = ["contract/canonical.toml"]', "cases = []")
+    (where / "s.toml").write_text(
+        scenario.replace("rate_rps = 4.0\nduration_s = 60", "rate_rps = 4.0\nduration_s = 2", 1)
+    )
+    engine = root / "scenarios" / "engines" / "instant.toml"
+    for args in (
+        ["trace", "generate", "s.toml", "--trace", "steady", "--out", "t.parquet"],
+        ["sim", "run", "t.parquet", "--engine", engine, "--out", "run", "--scenario", "s.toml"],
+    ):
+        assert run_loadgen(args, where).returncode == 0
+    return where / "run"
+
+
+@pytest.mark.parametrize(("field", "value", "said"), DAMAGED_FIGURES, ids=[f"{c[0]}={c[1]}" for c in DAMAGED_FIGURES])
+def test_analyze_refuses_a_manifest_figure_out_of_range(tmp_path, sim_run, field, value, said):
+    from cli_process import run_loadgen
+
+    shutil.copytree(sim_run, tmp_path / "run")
+    path = tmp_path / "run" / MANIFEST_FILE
+    manifest = json.loads(path.read_text())
+    manifest[field] = value
+    path.write_text(json.dumps(manifest))
+    r = run_loadgen(["analyze", tmp_path / "run", "--quiet", "--json", tmp_path / "a.json"], tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert said in r.stderr and not (tmp_path / "a.json").exists()

@@ -373,3 +373,40 @@ def test_a_folder_that_is_not_a_measured_run_says_what_it_is(tmp_path, runs):
         res = subprocess.run([*cmd, "--no-record"], capture_output=True, text=True)
         assert res.returncode == 2 and said in res.stderr, res.stderr[-2000:]
         assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+
+
+# An imported run's manifest edited after the import, one field at a time: each had been a traceback (TypeError,
+# IndexError, AttributeError, OverflowError), a replay on a setting no engine runs with, or a string read as a
+# flag ("no" as true); now one line naming the manifest, the field and the value, exit 2.
+_CONFIG = ("target", "engine", "config")
+DAMAGED_MANIFESTS = [
+    ((*_CONFIG, "engine_kwargs", "max_num_seqs"), "abc", "engine_kwargs.max_num_seqs = 'abc'"),
+    ((*_CONFIG, "engine_kwargs", "data_parallel_size"), -1, "engine_kwargs.data_parallel_size = -1"),
+    ((*_CONFIG, "engine_kwargs", "enforce_eager"), "false", "engine_kwargs.enforce_eager = 'false'"),
+    ((*_CONFIG, "engine_kwargs"), [1, 2], "engine_kwargs = [1, 2]"),
+    ((*_CONFIG, "kv_cache", "num_gpu_blocks"), 1e300, "kv_cache.num_gpu_blocks = 1e+300"),
+    ((*_CONFIG, "kv_cache", "num_gpu_blocks"), 0, "num_kv_blocks = 0"),
+    ((*_CONFIG, "kv_cache", "enable_prefix_caching"), "no", "kv_cache.enable_prefix_caching = 'no'"),
+    ((*_CONFIG, "engine_kwargs", "max_num_batched_tokens"), 10**12, "max_num_batched_tokens = 1000000000000"),
+    (("source", "validation_summary"), 5, "source.validation_summary = 5"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "said"), DAMAGED_MANIFESTS, ids=[c[2][:40] for c in DAMAGED_MANIFESTS])
+def test_a_manifest_edited_after_the_import_is_refused_in_one_line(tmp_path, runs, path, value, said):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(runs[0], run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    parent = manifest
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = value
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    engine = _engine_file(tmp_path)
+    cmd = [sys.executable, "-m", "loadgen", "sim", "validate", "--measured", str(run), "--engine", str(engine)]
+    res = subprocess.run([*cmd, "--no-record", "--json", str(tmp_path / "v.json")], capture_output=True, text=True)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert len(res.stderr.strip().splitlines()) == 1 and f"{run / 'manifest.json'}: " in res.stderr
+    assert said in res.stderr and not (tmp_path / "v.json").exists()

@@ -40,11 +40,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from pydantic import ValidationError
 
+from loadgen.rundir.foreign_input import read_measured_engine_config
 from loadgen.rundir.io import RunData, load_run
 from loadgen.rundir.manifest import Manifest
 from loadgen.rundir.schema import MANIFEST_FILE, TRACE_FULL_SCHEMA
-from loadgen.sim.config import EngineConfig, load_engine_config
+from loadgen.sim.config import EngineConfig, KVConfig, SchedulerConfig, load_engine_config
 from loadgen.sim.dp_balance import VLLM_DP
 from loadgen.sim.worksheet import simulate_trace
 from loadgen.stats.percentiles import percentile
@@ -52,6 +54,7 @@ from loadgen.trace.io import read_trace
 from loadgen.util.errors import RunDirError
 from loadgen.util.outputfile import write_output_text
 from loadgen.util.tomlfile import dumps_toml, read_toml
+from loadgen.util.validation import format_validation_error
 
 from .engine_match import deployment_unchecked, engine_mismatches, measured_engine_config, not_recorded
 from .llmservingsim import find_run_folder
@@ -227,18 +230,23 @@ def _run_settings(manifest: Manifest) -> dict[str, Any]:
     return settings
 
 
-def _engine_for(config: EngineConfig, settings: dict[str, Any]) -> EngineConfig:
-    """The engine TOML's costs under the measured run's scheduler settings (those it recorded)."""
+def _engine_for(config: EngineConfig, settings: dict[str, Any], source: str = "the run's manifest") -> EngineConfig:
+    """The engine TOML's costs under the measured run's scheduler settings (those it recorded), checked as the
+    engine's own (``SchedulerConfig``, ``KVConfig``): a setting no engine runs with (0 KV blocks, 2^40 tokens per
+    step) is one RunDirError line naming ``source``, not a replay that cannot progress or allocate."""
     keys = ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "reserve_full_isl", "cuda_graphs")
     sched: dict[str, Any] = {k: settings[k] for k in keys if k in settings}
     kv: dict[str, Any] = {}
     if "num_kv_blocks" in settings:
-        kv["num_kv_blocks"] = int(settings["num_kv_blocks"])
+        kv["num_kv_blocks"] = settings["num_kv_blocks"]
     if "enable_prefix_caching" in settings:
-        kv["enable_prefix_caching"] = bool(settings["enable_prefix_caching"])
-    return config.model_copy(
-        update={"scheduler": config.scheduler.model_copy(update=sched), "kv": config.kv.model_copy(update=kv)}
-    )
+        kv["enable_prefix_caching"] = settings["enable_prefix_caching"]
+    try:
+        scheduler = SchedulerConfig.model_validate(config.scheduler.model_dump() | sched)
+        pool = KVConfig.model_validate(config.kv.model_dump() | kv)
+    except ValidationError as exc:
+        raise RunDirError(format_validation_error(f"{source} (the replay's scheduler and KV cache)", exc)) from None
+    return config.model_copy(update={"scheduler": scheduler, "kv": pool})
 
 
 def replay_table(
@@ -373,7 +381,7 @@ def compare_run(
             "engine's own instants (loadgen import llmservingsim)"
         )
     settings = _run_settings(data.manifest)
-    engine = _engine_for(config, settings)
+    engine = _engine_for(config, settings, f"{run_dir / MANIFEST_FILE}: target.engine.config")
     if pool_blocks is not None:
         engine = engine.model_copy(
             update={"kv": engine.kv.model_copy(update={"num_kv_blocks": pool_blocks, "kv_cache_gib": None})}
@@ -438,6 +446,16 @@ def _measured_run(run_dir: Path) -> RunData:
             f"{run_dir}: run_kind 'simulated': a prediction, not a measured run: expected a real engine's run "
             "(loadgen import llmservingsim)"
         )
+    # the engine facts the replay takes, checked again: the manifest may have been edited since the import
+    summary = (data.manifest.source or {}).get("validation_summary")
+    if summary is not None and not isinstance(summary, str):
+        raise RunDirError(
+            f"{run_dir / MANIFEST_FILE}: source.validation_summary = {summary!r}: expected the path of the "
+            "published simulator's summary.txt (text) or null"
+        )
+    read_measured_engine_config(
+        f"{run_dir / MANIFEST_FILE}: target.engine.config", measured_engine_config(data.manifest)
+    )
     return data
 
 

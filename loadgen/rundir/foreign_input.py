@@ -8,6 +8,9 @@ leaves no half-written run.
   beside it. Their other keys are kept as written.
 * ``LlmservingsimTick``: one row of an LLMServingSim bench run's ``timeseries.csv`` (per-second engine figures),
   and ``LlmservingsimMeta`` its ``meta.json`` (what the import takes from it; other keys kept as written).
+* ``MeasuredEngineConfig``: the same engine facts as an imported run's manifest keeps them
+  (``target.engine.config``), checked again when ``sim validate --measured`` replays the run: the manifest may
+  have been edited since the import.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from loadgen.util.errors import RunDirError
-from loadgen.util.limits import MAX_OFFSET_NS, InputModel
+from loadgen.util.limits import MAX_OFFSET_NS, MAX_PARALLEL, InputModel
 from loadgen.util.validation import format_validation_error
 
 __all__ = [
@@ -26,11 +29,13 @@ __all__ = [
     "LlmperfSummary",
     "LlmservingsimMeta",
     "LlmservingsimTick",
+    "MeasuredEngineConfig",
     "VllmBenchResult",
     "read_llmperf_records",
     "read_llmperf_summary",
     "read_llmservingsim_meta",
     "read_llmservingsim_ticks",
+    "read_measured_engine_config",
     "read_vllm_bench_result",
 ]
 
@@ -133,8 +138,12 @@ class LlmservingsimEngineArgs(InputModel):
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    tensor_parallel_size: Annotated[_Count, Field(ge=1)] | None = Field(None, description="GPUs per replica")
-    data_parallel_size: Annotated[_Count, Field(ge=1)] | None = Field(None, description="engine replicas")
+    tensor_parallel_size: Annotated[_Count, Field(ge=1, le=MAX_PARALLEL)] | None = Field(
+        None, description="GPUs per replica"
+    )
+    data_parallel_size: Annotated[_Count, Field(ge=1, le=MAX_PARALLEL)] | None = Field(
+        None, description="engine replicas"
+    )
     enable_expert_parallel: _Flag | None = None
     max_num_seqs: Annotated[_Count, Field(ge=1)] | None = Field(None, description="sequences per step")
     max_num_batched_tokens: Annotated[_Count, Field(ge=1)] | None = Field(None, description="tokens per step")
@@ -151,6 +160,35 @@ class LlmservingsimKvCache(InputModel):
     block_size: Annotated[_Count, Field(ge=1)] | None = Field(None, description="tokens per block")
     enable_prefix_caching: _Flag | None = None
     num_kv_tokens: _Count | None = Field(None, description="tokens")
+
+
+class LlmservingsimSchedulerConfig(InputModel):
+    """vLLM's resolved ``scheduler_config`` as a replay takes it: types checked, other keys kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    enable_chunked_prefill: _Flag | None = None
+    scheduler_reserve_full_isl: _Flag | None = None
+
+
+class LlmservingsimCacheConfig(InputModel):
+    """vLLM's resolved ``cache_config`` as a replay takes it: types checked, other keys kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    max_model_len: Annotated[_Count, Field(ge=1)] | None = Field(None, description="tokens")
+
+
+class MeasuredEngineConfig(InputModel):
+    """An imported run's ``target.engine.config`` (``llmservingsim._engine_config`` writes it): the engine
+    arguments, the KV cache vLLM resolved and its resolved scheduler and cache configs. Other keys kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    engine_kwargs: LlmservingsimEngineArgs | None = None
+    kv_cache: LlmservingsimKvCache | None = None
+    scheduler_config: LlmservingsimSchedulerConfig | None = None
+    cache_config: LlmservingsimCacheConfig | None = None
 
 
 class LlmservingsimMeta(InputModel):
@@ -239,3 +277,13 @@ def read_llmservingsim_meta(path: Path, data: dict[str, Any]) -> dict[str, Any]:
     except ValidationError as exc:
         raise RunDirError(format_validation_error(str(path), exc, LlmservingsimMeta)) from None
     return data
+
+
+def read_measured_engine_config(source: str, config: Any) -> dict[str, Any]:
+    """``config`` (a manifest's ``target.engine.config``) checked as ``MeasuredEngineConfig``, returned as it was
+    written; RunDirError with one line (``source: field = value: expected ...``) on its first problem."""
+    try:
+        MeasuredEngineConfig.model_validate(config or {})
+    except ValidationError as exc:
+        raise RunDirError(format_validation_error(source, exc, MeasuredEngineConfig)) from None
+    return dict(config or {})

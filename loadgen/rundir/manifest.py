@@ -20,14 +20,15 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from loadgen.rundir.schema import MANIFEST_FILE, PLAN_FILE, SCHEMA_VERSION, record_schema_note
 from loadgen.rundir.target_identity import PlanTarget
 from loadgen.util.errors import RunDirError
 from loadgen.util.jsonfile import read_json_object
+from loadgen.util.limits import MAX_OFFSET_NS
 
 __all__ = [
     "MANIFEST_VERSION",
@@ -233,6 +234,11 @@ class WorkersInfo(Section):
     workers: list[WorkerInfo] = []
 
 
+def _finite_or_none(value: Any) -> Any:
+    """A NaN or infinity is unknown, as the writer writes it (null); other values go on to their bounds."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
 class Manifest(BaseModel):
     """The identity of one run directory (see the module docstring and README "Run directories")."""
 
@@ -255,7 +261,10 @@ class Manifest(BaseModel):
     started_utc: str | None = None
     ended_utc: str | None = None
     anchor: Anchor | None = None
-    duration_s: float | None = None
+    # a run's length and counts as figures show them: a negative or absurd one is a damaged manifest, refused
+    duration_s: Annotated[
+        Annotated[float, Field(ge=0, le=MAX_OFFSET_NS / 1e9)] | None, BeforeValidator(_finite_or_none)
+    ] = None
     model_executed: bool = Field(False, alias="modelExecuted")
     benchmark_executed: bool = Field(False, alias="benchmarkExecuted")
     # open: each engine writes its own keys (the simulated engine, imported runs, vLLM), and older run dirs must
@@ -272,10 +281,10 @@ class Manifest(BaseModel):
     writer: WriterInfo | None = None
     last_flush: LastFlush | None = None
     recovery: dict[str, Any] | None = None  # set by the reader's recovered view of a killed run
-    scheduled_requests: int | None = None
-    status_counts: dict[str, int] = {}
-    requests_recorded: int | None = None
-    chunks_recorded: int | None = None
+    scheduled_requests: int | None = Field(None, ge=0)
+    status_counts: dict[str, Annotated[int, Field(ge=0)]] = {}
+    requests_recorded: int | None = Field(None, ge=0)
+    chunks_recorded: int | None = Field(None, ge=0)
     source: dict[str, Any] | None = None  # imported runs: the other tool's file
     synthesized: dict[str, Any] | None = None  # imported runs: which instants were synthesized, and how
     # sections added by the layer that ran this run

@@ -19,6 +19,7 @@ __all__ = [
     "MAX_DURATION_S",
     "MAX_HTTP_STATUS",
     "MAX_OFFSET_NS",
+    "MAX_PARALLEL",
     "MAX_PARAM",
     "MAX_RATE_RPS",
     "MAX_SEED",
@@ -43,6 +44,8 @@ MAX_DURATION_S = 7 * 86400.0
 MAX_OFFSET_NS = 366 * 86400 * 1_000_000_000
 #: Concurrency / in-flight caps.
 MAX_CONCURRENCY = 1_000_000
+#: Tensor- or data-parallel degree of one deployment (GPUs per replica, engine replicas).
+MAX_PARALLEL = 4096
 #: Turns in one conversation.
 MAX_TURNS = 10_000
 #: Largest seed (numpy seeds are non-negative integers; 2^63 - 1 keeps them int64 everywhere).

@@ -27,7 +27,7 @@ def _field_path(loc: tuple[Any, ...]) -> str:
             parts.append(f"[{item}]")
         elif item in ("fixed", "uniform", "normal", "lognormal", "empirical", "mixture", "function-after"):
             continue  # discriminator tags and validator names are not fields
-        elif isinstance(item, str) and item.startswith("function-"):
+        elif isinstance(item, str) and item.startswith("function-") or item in ("int", "float"):
             continue
         else:
             parts.append(("." if parts else "") + str(item))
@@ -45,6 +45,16 @@ def _first_error(errors: list[Any]) -> Any:
     return misspelt[0] if misspelt else errors[0]
 
 
+#: The longest value an error line repeats: a 200 MB field is named and cut, not echoed.
+MAX_SHOWN_CHARS = 80
+
+
+def _shown(value: Any) -> str:
+    """The value as the error line shows it: its repr without a URL's user-info, cut to MAX_SHOWN_CHARS."""
+    text = without_userinfo(repr(value))
+    return text if len(text) <= MAX_SHOWN_CHARS else f"{text[:MAX_SHOWN_CHARS]}... ({len(text)} chars)"
+
+
 def format_validation_error(source: str, exc: ValidationError, model: type[BaseModel] | None = None) -> str:
     """One line: ``source: field = value: expected ...`` for the first problem (+N more). With the ``model`` that
     was validated, an unknown field names the accepted one nearest in spelling (``did you mean 'ttft_ms'?``)."""
@@ -55,7 +65,7 @@ def format_validation_error(source: str, exc: ValidationError, model: type[BaseM
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
     value = first.get("input")
-    shown = "" if isinstance(value, dict) or first["type"] == "missing" else f" = {without_userinfo(repr(value))}"
+    shown = "" if isinstance(value, dict) or first["type"] == "missing" else f" = {_shown(value)}"
     if field.endswith("api_key_env") and shown:  # a key pasted in place of its variable's NAME is never echoed
         shown = " (value not shown)"
     if first["type"] == "missing":

@@ -15,7 +15,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from loadgen.util.errors import EngineError
+from loadgen.util.validation import format_validation_error
 
 from .result import VllmLogNotes
 
@@ -33,7 +36,8 @@ VLLM_LOG_FILE = "vllm.log"
 #: Names a run dir may hold a server log under, in the order they are looked for.
 VLLM_LOG_NAMES = (VLLM_LOG_FILE, "engine.log", "server.log")
 
-_NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
+#: A number as vLLM prints it: digits, thousands grouped by commas or not ("512,000", "54.48"); "5,,," is no number.
+_NUM = r"((?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?)"
 
 # (key, regex): ``_record`` turns a match's groups into notes
 _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
@@ -83,7 +87,7 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
         re.compile(r"(?:Initializing a V1 LLM engine \(v|vLLM API server version |\bversion )(\d+\.\d+\.\d+[\w.+-]*)"),
     ),
     ("kv_cache_layout", re.compile(r"Using (\w+) KV cache layout")),
-    ("block_size_override", re.compile(r"block_size=(\d+)\b.*(?:overrid|requires)")),
+    ("block_size_override", re.compile(r"block_size=(\d+)\b")),  # only with _OVERRIDE after it (_scan_line)
     ("attention_backend", re.compile(r"\bUsing ([A-Z][A-Z0-9_]+) backend\.")),
 ]
 #: Simple key=value fields of the "Initializing a V1 LLM engine ... with config:" line that change behaviour.
@@ -103,12 +107,25 @@ _ENGINE_KEYS = (
     "enable_chunked_prefill",
 )
 _ENGINE_KV = re.compile(r"\b(" + "|".join(_ENGINE_KEYS) + r")=([^,\s]+)")
-_NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")
+#: What makes a ``block_size=N`` an override, later on its line (a search from the number: one pass, where
+#: ``block_size=(\d+)\b.*(?:overrid|requires)`` had backtracked over the line from every ``block_size=``).
+_OVERRIDE = re.compile(r"overrid|requires")
+#: Begins the dict literal of vLLM's "non-default args" line, which runs to the line's end.
+_NON_DEFAULT = "non-default args: {"
+#: The longest line read: vLLM's startup lines are a few KiB; a longer one (a logged request's prompt, a damaged
+#: file) is skipped, so neither the literal parse nor the patterns spend memory or time on it.
+MAX_LOG_LINE_CHARS = 1 << 20
 _TS = re.compile(r"(?:INFO|WARNING|DEBUG|ERROR) (\d\d-\d\d \d\d:\d\d:\d\d)")
 
 
 def _f(s: str) -> float:
     return float(s.replace(",", ""))
+
+
+def _i(s: str) -> int | str:
+    """A whole number as printed; its digits as text when too long for an int (VllmLogNotes then refuses them)."""
+    digits = s.replace(",", "").split(".")[0]
+    return int(digits) if len(digits) <= 30 else digits
 
 
 def _scalar(v: str) -> Any:
@@ -143,12 +160,16 @@ def _ts(line: str) -> datetime | None:
         return None
 
 
-def parse_vllm_log(text: str) -> dict[str, Any]:
+def parse_vllm_log(text: str, source: str | Path = "vLLM log") -> dict[str, Any]:
     """Facts from a vLLM startup log (the first occurrence of each); keys absent when not printed. Built through
-    ``VllmLogNotes`` (``loadgen schema vllm-log``): a key it does not declare is refused here."""
+    ``VllmLogNotes`` (``loadgen schema vllm-log``): a key it does not declare is a bug, and a number outside its
+    range (a damaged or forged line: 10^300 tokens, 0 tokens) an EngineError naming ``source``, the key and the
+    value."""
     notes: dict[str, Any] = {}
     warm_start = warm_end = first_ts = ready_ts = None
     for line in text.splitlines():
+        if len(line) > MAX_LOG_LINE_CHARS:
+            continue
         ts = _ts(line)
         if ts is not None and first_ts is None:
             first_ts = ts
@@ -160,11 +181,15 @@ def parse_vllm_log(text: str) -> dict[str, Any]:
             ready_ts = ready_ts or ts
         _scan_line(notes, line)
     _drop_markers(notes)
-    if warm_start and warm_end:
+    # the timestamps have no year: a span that runs backwards (over New Year, or lines out of order) is not known
+    if warm_start and warm_end and warm_end >= warm_start:
         notes["warmup_s"] = (warm_end - warm_start).total_seconds()
-    if first_ts and ready_ts:
+    if first_ts and ready_ts and ready_ts >= first_ts:
         notes["startup_s_from_log"] = (ready_ts - first_ts).total_seconds()
-    return VllmLogNotes.model_validate(notes).document()
+    try:
+        return VllmLogNotes.model_validate(notes).document()
+    except ValidationError as exc:
+        raise EngineError(format_validation_error(str(source), exc, VllmLogNotes)) from None
 
 
 def _scan_line(notes: dict[str, Any], line: str) -> None:
@@ -172,9 +197,9 @@ def _scan_line(notes: dict[str, Any], line: str) -> None:
     if "engine_config" not in notes and "with config:" in line:
         notes["engine_config"] = {k: _scalar(v) for k, v in _ENGINE_KV.findall(line.split("with config:", 1)[1])}
     if "non_default_args" not in notes:
-        m = _NON_DEFAULT.search(line)
-        if m:
-            notes["non_default_args"] = _literal_dict(m.group(1))
+        at, text = line.find(_NON_DEFAULT), line.rstrip()
+        if at >= 0 and text.endswith("}"):
+            notes["non_default_args"] = _literal_dict(text[at + len(_NON_DEFAULT) - 1 :])
     for key, pattern in _PATTERNS:
         if (
             key in notes
@@ -183,7 +208,7 @@ def _scan_line(notes: dict[str, Any], line: str) -> None:
         ):
             continue
         m = pattern.search(line)
-        if m:
+        if m and (key != "block_size_override" or _OVERRIDE.search(line, m.end())):
             _record(notes, key, m.groups())
 
 
@@ -191,9 +216,9 @@ def _record(notes: dict[str, Any], key: str, g: tuple[Any, ...]) -> None:
     """Store one pattern's groups under their note names (``key`` itself marks a multi-value pattern as seen)."""
     if key == "kv_cache":
         notes["kv_cache_device"] = g[0]
-        notes["kv_cache_size_tokens"] = int(_f(g[1]))
+        notes["kv_cache_size_tokens"] = _i(g[1])
     elif key == "max_concurrency":
-        notes["kv_cache_max_model_len"] = int(_f(g[0]))
+        notes["kv_cache_max_model_len"] = _i(g[0])
         notes["max_concurrency"] = _f(g[1])
     elif key == "kv_cache_explicit_gib":
         notes["kv_cache_memory_gib"] = _f(g[0])
@@ -221,7 +246,7 @@ def _record(notes: dict[str, Any], key: str, g: tuple[Any, ...]) -> None:
         notes["torch_peak_increase_gib"] = _f(g[2])
         notes[key] = True
     elif key in ("max_num_batched_tokens", "max_model_len", "block_size_override"):
-        notes[key] = int(_f(g[0]))
+        notes[key] = _i(g[0])
     elif key in ("architecture", "version", "kv_cache_layout", "attention_backend"):
         notes[key] = g[0]
     else:
@@ -254,7 +279,7 @@ def find_vllm_log(path: str | Path) -> Path:
 def parse_vllm_log_file(path: str | Path) -> dict[str, Any]:
     """``parse_vllm_log`` on the file ``find_vllm_log`` picks."""
     p = find_vllm_log(path)
-    return parse_vllm_log(p.read_text(errors="replace"))
+    return parse_vllm_log(p.read_text(errors="replace"), p)
 
 
 def behavior_relevant(notes: dict[str, Any]) -> dict[str, Any]:

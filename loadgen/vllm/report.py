@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pyarrow.compute as pc
+from pydantic import BeforeValidator, ConfigDict, Field, ValidationError
 
 from loadgen.ledger import (
     EngineSettings,
@@ -25,12 +26,16 @@ from loadgen.ledger import (
     read_model_config,
     reconcile_report,
 )
-from loadgen.ledger.settings import vllm_batch_defaults
+from loadgen.ledger.settings import MAX_MEMORY_GIB, vllm_batch_defaults
+from loadgen.rundir.foreign_input import read_measured_engine_config
 from loadgen.rundir.io import read_run_table
 from loadgen.rundir.manifest import read_manifest
 from loadgen.rundir.schema import MANIFEST_FILE, SERVER_METRICS_FILE
 from loadgen.util.errors import LedgerError, LoadgenError
+from loadgen.util.limits import MAX_PARAM, InputModel
+from loadgen.util.validation import format_validation_error
 from loadgen.vllm.log import VLLM_LOG_NAMES, parse_vllm_log
+from loadgen.vllm.result import VllmEngineNotes
 
 __all__ = ["BatchLimits", "batch_limits", "engine_report", "reconcile", "reconcile_server_run"]
 
@@ -59,6 +64,40 @@ def batch_limits(notes: dict[str, Any], max_model_len: int | None) -> BatchLimit
     return BatchLimits(int(tokens or d_tokens), int(seqs or d_seqs), device, bool(tokens), bool(seqs))
 
 
+def _label_value(value: Any) -> Any:
+    """A Prometheus label is text: vLLM writes an unset setting as "None"."""
+    return None if value in ("None", "") else value
+
+
+#: A count or size the engine reported (a label's text or a JSON integer): a whole number from 1.
+_Reported = Annotated[Annotated[int, Field(ge=1, le=int(MAX_PARAM))] | None, BeforeValidator(_label_value)]
+
+
+class CacheConfigInfo(InputModel):
+    """The KV cache facts reconcile compares (``vllm:cache_config_info``'s labels, or an imported run's logged
+    ``kv_cache``): checked before they become the engine's side of a row. Other keys kept as written."""
+
+    model_config = ConfigDict(extra="allow")
+
+    num_gpu_blocks: _Reported = None
+    block_size: _Reported = None
+    kv_cache_size_tokens: _Reported = None
+    kv_cache_memory_bytes: Annotated[
+        Annotated[int, Field(ge=1, le=int(MAX_MEMORY_GIB) << 30)] | None, BeforeValidator(_label_value)
+    ] = None
+
+
+def _cache_info(source: str, info: Any) -> dict[str, Any]:
+    """``info`` checked as ``CacheConfigInfo``, returned as written; LedgerError with one line on a problem."""
+    if not isinstance(info, dict):
+        raise LedgerError(f"{source} = {info!r:.80}: expected an object of the KV cache's settings")
+    try:
+        CacheConfigInfo.model_validate(info)
+    except ValidationError as exc:
+        raise LedgerError(format_validation_error(source, exc, CacheConfigInfo)) from None
+    return info
+
+
 def _metrics_cache_info(run_dir: Path) -> dict[str, Any]:
     """The labels of the last ``vllm:cache_config_info`` sample scraped into the run dir, or {}."""
     table = read_run_table(run_dir, SERVER_METRICS_FILE, ["name", "labels"]) if run_dir.is_dir() else None
@@ -67,7 +106,27 @@ def _metrics_cache_info(run_dir: Path) -> dict[str, Any]:
     rows = table.filter(pc.equal(table["name"], "vllm:cache_config_info"))
     if rows.num_rows == 0:
         return {}
-    return json.loads(rows["labels"][rows.num_rows - 1].as_py())
+    source = f"{run_dir / SERVER_METRICS_FILE}: vllm:cache_config_info labels"
+    try:
+        labels = json.loads(rows["labels"][rows.num_rows - 1].as_py() or "")
+    except (ValueError, RecursionError):
+        raise LedgerError(f"{source}: not JSON: expected the labels as a JSON object") from None
+    return _cache_info(source, labels)
+
+
+def _manifest_log_notes(path: Path, engine_notes: dict[str, Any]) -> dict[str, Any]:
+    """The vLLM log's facts a run's manifest keeps (``engine_notes.log``, or ``engine_notes`` itself), the keys
+    ``VllmEngineNotes`` declares checked as it checks them (the manifest may have been edited since the run; the
+    simulated engine's and importers' own keys are left as they are); LedgerError with one line on a problem."""
+    where = "engine_notes.log" if "log" in engine_notes else "engine_notes"
+    notes = engine_notes.get("log", engine_notes)
+    if not isinstance(notes, dict):
+        raise LedgerError(f"{path}: {where} = {notes!r:.80}: expected an object (a vLLM log's notes)")
+    try:
+        VllmEngineNotes.model_validate({k: v for k, v in notes.items() if k in VllmEngineNotes.model_fields})
+    except ValidationError as exc:
+        raise LedgerError(format_validation_error(f"{path}: {where}", exc, VllmEngineNotes)) from None
+    return notes
 
 
 def engine_report(source: str | Path) -> dict[str, Any]:
@@ -75,7 +134,7 @@ def engine_report(source: str | Path) -> dict[str, Any]:
     p = Path(source)
     report: dict[str, Any] = {"sources": []}
     if p.is_file():
-        report.update(parse_vllm_log(p.read_text(errors="replace")))
+        report.update(parse_vllm_log(p.read_text(errors="replace"), p))
         report["sources"].append(str(p))
         return report
     if not p.is_dir():
@@ -83,19 +142,18 @@ def engine_report(source: str | Path) -> dict[str, Any]:
     manifest = p / MANIFEST_FILE
     if manifest.is_file():
         read = read_manifest(p)
-        notes = read.engine_notes
-        notes = notes.get("log", notes)
-        for k, v in notes.items():
+        for k, v in _manifest_log_notes(manifest, read.engine_notes).items():
             report.setdefault(k, v)
-        config = (read.target.engine.config if read.target.engine else None) or {}
+        where = f"{manifest}: target.engine.config"
+        config = read_measured_engine_config(where, read.target.engine.config if read.target.engine else None)
         logged = config.get("kv_cache")
         if isinstance(logged, dict) and logged.get("num_gpu_blocks") is not None:  # an imported run's meta.json
-            report["cache_config_info"] = logged
+            report["cache_config_info"] = _cache_info(f"{where}.kv_cache", logged)
             report["cache_config_source"] = "run: meta.json kv_cache"
         report["sources"].append(str(manifest))
     for name in VLLM_LOG_NAMES:
         if (p / name).is_file():
-            for k, v in parse_vllm_log((p / name).read_text(errors="replace")).items():
+            for k, v in parse_vllm_log((p / name).read_text(errors="replace"), p / name).items():
                 report.setdefault(k, v)
             report["sources"].append(str(p / name))
             break
