@@ -57,12 +57,13 @@ def test_the_workload_keeps_a_setting_an_older_generator_recorded_as_it_was() ->
 
 def test_every_ledger_factor_is_typed(tmp_path: Path) -> None:
     """A ledger with LoRA adapters has a list factor (their targets); every factor validates against the
-    published ledger schema, and a factor of another kind (an object) does not."""
+    published ledger schema (the CPU runtime line's GiB per process is an object of numbers: test_ledger), and a
+    factor of another kind (an object of names) does not."""
     printed = _loadgen("ledger", "--model", str(MODEL), "--lora-count", "2", "--lora-rank", "16", "--json")
     assert printed.returncode == 0, printed.stderr[-2000:]
     ledger = json.loads(printed.stdout)
     adapters = next(line for line in ledger["lines"] if line["name"] == "adapters")
     assert isinstance(adapters["factors"]["targets"], list)
     assert_valid("ledger", ledger)
-    adapters["factors"]["targets"] = {"q_proj": 1}
+    adapters["factors"]["targets"] = {"q_proj": "all"}
     assert any(e.startswith("lines/") and "/factors/targets" in e for e in schema_errors("ledger", ledger))

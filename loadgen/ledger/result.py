@@ -82,7 +82,7 @@ class LedgerEngine(ResultModel):
 
 
 #: One factor of a ledger line's formula (each formula has factors of its own names; their kinds are these).
-LedgerFactor = bool | Number | str | list[str] | None
+LedgerFactor = bool | Number | str | list[str] | dict[str, Number] | None
 
 
 class LedgerLineResult(ResultModel):
@@ -94,7 +94,8 @@ class LedgerLineResult(ResultModel):
     formula: str
     factors: dict[str, LedgerFactor] = Field(
         description="the formula's factors by name: numbers (bytes, counts, shares or GiB, as each name says), "
-        "names (a dtype, a device, a source), flags, or a list of names (LoRA targets)"
+        "names (a dtype, a device, a source), flags, a list of names (LoRA targets), or numbers by name (GiB per "
+        "process)"
     )
     kind: LineKind
 
