@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
 import urllib.parse
 from pathlib import Path
 
@@ -32,6 +33,17 @@ EXPECTED = {
     "finish-deep": ("error", "malformed_sse", "nested too deep"),
     "error-deep": ("error", "malformed_sse", "nested too deep"),
 }
+
+
+#: The shipped contract cases, replayed against a hostile server.
+CASES = Path(__file__).resolve().parents[1] / "scenarios" / "contract" / "canonical.toml"
+
+
+def replay(
+    cases: Path, base_url: str, out: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``loadgen contract replay`` of ``cases`` against ``base_url`` into ``out``, with ``args`` after the target."""
+    return cli("contract", "replay", cases, "--target", base_url, "--model", MODEL, *args, "--out", out, env=env)
 
 
 def said_forms(secret: str) -> dict[str, str]:
@@ -96,19 +108,8 @@ def test_odd_values_in_a_contract_answer_fail_only_their_case(tmp_path: Path, st
     cases.write_text("\n".join(lines) + "\n")
     record = tmp_path / "record.jsonl"
     with hostile_server("odd-values", record) as server:
-        out = cli(
-            "contract",
-            "replay",
-            cases,
-            "--target",
-            server.base_url,
-            "--model",
-            MODEL,
-            "--endpoint",
-            "completions",
-            *(["--stream"] if stream else []),
-            "--out",
-            tmp_path / "c.json",
+        out = replay(
+            cases, server.base_url, tmp_path / "c.json", "--endpoint", "completions", *(["--stream"] if stream else [])
         )
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr  # cases failed, in the result
     variants = {e["variant"].removeprefix("odd:") for e in read_record(record) if e["variant"].startswith("odd:")}
@@ -127,7 +128,7 @@ def test_a_plan_whose_contract_answers_are_odd_completes(tmp_path: Path) -> None
     """``loadgen plan --target URL`` replays the scenario's contract in its warm cells: an odd answer (a JSON
     nested 1000 deep, a usage that is a list) ended the whole plan in a traceback (exit 1). Now those cases
     fail in the cell's contract.json and the plan completes."""
-    cases = Path(__file__).resolve().parents[1] / "scenarios" / "contract" / "canonical.toml"
+    cases = CASES
     (tmp_path / "scenario.toml").write_text(PLAN_SCENARIO + f'\n[behavior]\ncases = ["{cases}"]\n')
     plan = PLAN.replace("SCENARIO", str(tmp_path / "scenario.toml")).replace('states = ["cold"]', 'states = ["warm"]')
     (tmp_path / "plan.toml").write_text(plan.replace("requests = 0", "requests = 3"))
@@ -147,22 +148,9 @@ def test_a_key_said_back_escaped_or_in_another_case_is_redacted(tmp_path: Path, 
     env = {"HOSTILE_KEY": SLASH_KEY}
     with hostile_server("echo-escaped") as server:
         out = run(trace, server.base_url, tmp_path / "run", "--api-key-env", "HOSTILE_KEY", env=env)
-        replay = cli(
-            "contract",
-            "replay",
-            Path(__file__).resolve().parents[1] / "scenarios" / "contract" / "canonical.toml",
-            "--target",
-            server.base_url,
-            "--model",
-            MODEL,
-            "--api-key-env",
-            "HOSTILE_KEY",
-            "--out",
-            tmp_path / "c.json",
-            env=env,
-        )
+        replayed = replay(CASES, server.base_url, tmp_path / "c.json", "--api-key-env", "HOSTILE_KEY", env=env)
     assert out.returncode == 0, out.stderr
-    assert replay.returncode == 1 and "Traceback" not in replay.stderr, replay.stderr
+    assert replayed.returncode == 1 and "Traceback" not in replayed.stderr, replayed.stderr
     rows = load_run(tmp_path / "run").requests.to_pylist()
     assert len(rows) == 12 and {r["error_kind"] for r in rows} == {"http_4xx"}
     assert all(r["error_message"].count("REDACTED") == 3 for r in rows), rows[0]["error_message"]
@@ -170,7 +158,7 @@ def test_a_key_said_back_escaped_or_in_another_case_is_redacted(tmp_path: Path, 
     assert observed and all(o.count("REDACTED") == 3 for o in observed), observed[0]
     stored = json.dumps(rows) + json.dumps(observed)
     stored += (all_bytes(tmp_path / "run") + out.stdout.encode() + out.stderr.encode()).decode("latin-1")
-    stored += replay.stdout + replay.stderr
+    stored += replayed.stdout + replayed.stderr
     assert_not_said(stored, SLASH_KEY)
 
 
@@ -239,24 +227,18 @@ def test_a_key_across_a_cut_of_what_a_message_shows_is_not_kept_in_part(tmp_path
     env = {"HOSTILE_KEY": SLASH_KEY}
     with hostile_server("echo-cut") as server:
         out = run(trace, server.base_url, tmp_path / "run", "--model", MODEL, "--api-key-env", "HOSTILE_KEY", env=env)
-        replay = cli(
-            "contract",
-            "replay",
-            Path(__file__).resolve().parents[1] / "scenarios" / "contract" / "canonical.toml",
-            "--target",
+        replayed = replay(
+            CASES,
             server.base_url,
-            "--model",
-            MODEL,
+            tmp_path / "c.json",
             "--endpoint",
             "completions",
             "--stream",
             "--api-key-env",
             "HOSTILE_KEY",
-            "--out",
-            tmp_path / "c.json",
             env=env,
         )
-    assert out.returncode == 0 and replay.returncode == 1 and "Traceback" not in replay.stderr, replay.stderr
+    assert out.returncode == 0 and replayed.returncode == 1 and "Traceback" not in replayed.stderr, replayed.stderr
     rows = load_run(tmp_path / "run").requests.to_pylist()
     assert len(rows) == 12 and {r["error_kind"] for r in rows} == {"http_5xx", "malformed_sse"}, rows[0]
     observed = [c["observed"]["error"] for c in json.loads((tmp_path / "c.json").read_text())["cases"]]
