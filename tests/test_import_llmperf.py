@@ -116,6 +116,18 @@ def test_bad_file_is_one_line_error(tmp_path):
             "[1].ttft_s = True: expected a number, got the boolean true",
         ),
         ([{"ttft_s": 0.1, "end_to_end_latency_s": -1}], "[0].end_to_end_latency_s = -1: expected"),
+        # the next two were imported, and analyze then refused the run (an instant beyond 2**53 ns, a first
+        # token after the end): each is now refused at import, naming the record
+        (
+            [{"ttft_s": 0.1, "end_to_end_latency_s": 2e7}] * 2,
+            "record 0 (individual-00000): done_ns = 20000000000000000: expected an instant within 2**53 ns",
+        ),
+        (
+            [{"ttft_s": 5, "end_to_end_latency_s": 1}],
+            "record 0 (individual-00000): done_ns = 1000000000 is before first_token_ns = 5000000000",
+        ),
+        ([{"ttft_s": 0.1, "end_to_end_latency_s": 1e300}], "[0].end_to_end_latency_s = 1e+300: expected"),
+        ([{"ttft_s": 0.1, "end_to_end_latency_s": 1, "number_output_tokens": 10**30}], "[0].number_output_tokens"),
         ([{"ttft_s": 0.1, "end_to_end_latency_s": 1, "number_input_tokens": "ten"}], "[0].number_input_tokens"),
     ],
 )
@@ -142,3 +154,13 @@ def test_a_broken_summary_beside_the_records_is_one_line(tmp_path):
     (tmp_path / "summary" / "r.json").write_text(json.dumps({"num_concurrent_requests": "many"}))
     with pytest.raises(RunDirError, match=r"summary/r.json: num_concurrent_requests = 'many': expected"):
         import_llmperf(src, tmp_path / "run")
+
+
+@pytest.mark.parametrize("code", [1e300, "inf", -1e300, 10**30])
+def test_an_error_code_beyond_any_http_status_is_a_client_error(tmp_path, code):
+    """An error_code of 1e300 was an OverflowError traceback (kept as the HTTP status), "inf" another one."""
+    assert llmperf_error_kind(code) == ("client", None)
+    src = tmp_path / "individual.json"
+    src.write_text(json.dumps([{"ttft_s": 0.1, "end_to_end_latency_s": 1, "error_code": code}]))
+    a = analyze_run(import_llmperf(src, tmp_path / "run"))
+    assert a.overall.error_kinds == {"client": 1}

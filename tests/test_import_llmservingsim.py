@@ -309,6 +309,13 @@ def test_importing_into_a_run_directory_leaves_its_workload_as_it_was(tmp_path):
             {"queued_ts": -1.0, "arrival_time": 1.0},
             "line 2: queued_ts = -1.0: expected a finite number of seconds >= 0",
         ),
+        # an OverflowError traceback, and a half-made run ("manifest update: field duration_s"): each instant
+        # must fall within 2**53 ns of the run's zero, as the reader holds them
+        ({"arrival_time": 1e12}, "request_id 'bench-0': first_token_ns = 999999998999800053760: expected an instant"),
+        (
+            {"queued_ts": 1e9, "scheduled_ts": 1e9, "first_token_ts": 1e9, "last_token_ts": 1e9},
+            "request_id 'bench-1': first_token_ns = 999999949998000000: expected an instant within 2**53 ns",
+        ),
     ],
 )
 def test_a_wrong_request_record_is_refused_in_one_line(tmp_path, change, needle):

@@ -89,6 +89,42 @@ def test_vllm_bad_file(tmp_path):
         import_vllm_bench(src, tmp_path / "run")
 
 
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [  # each was a traceback (OverflowError), a run that analyze then refused, or a process killed for memory
+        ({"latencies": [1e300, 0.14, 0.0]}, "latencies[0] = 1e+300: expected input should be less than or equal to"),
+        ({"duration": 1e300}, "duration = 1e+300: expected"),  # was "manifest update: ..." and a half-made run
+        ({"start_times": [-1e300, 100.01, 100.02]}, "start_times span 1e+300 s: expected at most a year"),
+        ({"start_times": [1e9, 1e9 + 1e7, 1e9]}, "record 1 (r-00001): scheduled_ns = 9999999995000004: expected an"),
+        ({"ttfts": [5.0, 0.08, 0.0]}, "record 0 (r-00000): done_ns = 80000000 is before first_token_ns = 5000000000"),
+        ({"input_lens": [10**30, 12, 11]}, "input_lens[0] = 1000000000000000000000000000000: expected"),
+        ({"max_concurrency": 10**30}, "max_concurrency = 1000000000000000000000000000000: expected"),
+    ],
+)
+def test_a_result_no_run_can_hold_is_one_line_and_writes_nothing(tmp_path, change, said):
+    src = tmp_path / "r.json"
+    src.write_text(json.dumps(_result(**change)))
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadgen", "import", "vllm", str(src), "--out", str(out)], capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{src}: {said}" in proc.stderr
+    assert not out.exists()
+
+
+def test_a_concurrency_far_above_the_requests_places_them_without_a_slot_each(tmp_path):
+    """No start_times and max_concurrency 10^6: the slots were made first, one per concurrency (a million);
+    now at most one per request, the same placement."""
+    data = _result(max_concurrency=1_000_000)
+    for key in ("start_times", "queue_times"):
+        data.pop(key)
+    src = tmp_path / "r.json"
+    src.write_text(json.dumps(data))
+    a = analyze_run(import_vllm_bench(src, tmp_path / "run"))
+    assert a.overall.status_counts["ok"] == 2
+
+
 VLLM_BENCH = (
     "import sys\nfrom vllm.benchmarks.serve import add_cli_args, main\n"
     "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"

@@ -41,6 +41,7 @@ from loadgen.rundir.foreign_input import read_llmservingsim_meta, read_llmservin
 from loadgen.rundir.identity import harness_identity, sha256_file
 from loadgen.rundir.io import RunWriter
 from loadgen.rundir.manifest import Anchor, EngineIdentity, Host, Manifest, TargetRef, TraceRef
+from loadgen.rundir.plausible import checked_row
 from loadgen.rundir.schema import empty_request_row
 from loadgen.sim.metrics import metric_labels_json
 from loadgen.trace.importers import import_trace
@@ -366,11 +367,13 @@ def import_llmservingsim_run(
         )
         if trace_ref is not None:
             manifest.trace = trace_ref
+        requests_path = folder / "requests.jsonl"
+        requests = [checked_row(requests_path, _request_row(rec, clock, request_class)) for rec in rows]
         with RunWriter(Path(out_dir), manifest) as writer:
             if staged is not None:
                 shutil.move(staged, Path(out_dir) / WORKLOAD_FILE)
-            for rec in rows:
-                writer.add_request(_request_row(rec, clock, request_class))
+            for row in requests:
+                writer.add_request(row)
             writer.add_metrics(metrics)
             end = max(r["last_token_ts"] for r in rows)
             writer.close({"duration_s": clock.engine(end) / NS})

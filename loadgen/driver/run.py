@@ -956,9 +956,8 @@ def _finish(run: _Run, outcome: tuple[str, str | None, bool, int | None]) -> Non
     updates: dict[str, Any] = {
         "state": state,
         "ended_utc": utc_now_iso(),
-        "duration_s": round((end_ns - ctx.anchor_ns) / 1e9, 6)
-        if ctx.anchor_ns
-        else 0.0,  # 0: stopped before the anchor
+        # 0: stopped before the anchor was taken, or before its instant came (it lies LEAD_NS ahead)
+        "duration_s": round(max(0, end_ns - ctx.anchor_ns) / 1e9, 6) if ctx.anchor_ns else 0.0,
         "modelExecuted": executed,
         "benchmarkExecuted": executed,
         "send_lag_ns": lag,

@@ -38,9 +38,11 @@ from loadgen.rundir.foreign_input import (
 from loadgen.rundir.identity import harness_identity, sha256_file, utc_now_iso
 from loadgen.rundir.io import RunWriter
 from loadgen.rundir.manifest import Anchor, Manifest, TargetRef
+from loadgen.rundir.plausible import checked_row
 from loadgen.rundir.schema import empty_request_row, http_error_kind
 from loadgen.util.errors import RunDirError
 from loadgen.util.jsonfile import read_json
+from loadgen.util.limits import MAX_HTTP_STATUS
 
 __all__ = ["import_llmperf", "import_vllm_bench", "llmperf_error_kind"]
 
@@ -66,7 +68,9 @@ def llmperf_error_kind(code: Any) -> tuple[str, int | None]:
     """(error_kind, http_status) for an LLMPerf ``error_code`` (HTTP codes map to http_*)."""
     try:
         code_i = int(float(code))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # not a number, or an infinite one
+        return "client", None
+    if not -MAX_HTTP_STATUS <= code_i <= MAX_HTTP_STATUS:  # no HTTP status, nor one of LLMPerf's own codes
         return "client", None
     kind = http_error_kind(code_i)
     return kind, (
@@ -75,10 +79,11 @@ def llmperf_error_kind(code: Any) -> tuple[str, int | None]:
 
 
 class _Slots:
-    """Back-to-back placement of requests on ``k`` concurrency slots (earliest-free slot first)."""
+    """Back-to-back placement of ``n`` requests on ``k`` concurrency slots (earliest-free slot first; slots
+    beyond ``n`` would never be used, so at most ``n`` are made)."""
 
-    def __init__(self, k: int) -> None:
-        self.heap = [(0, i) for i in range(max(1, k))]
+    def __init__(self, k: int, n: int) -> None:
+        self.heap = [(0, i) for i in range(max(1, min(k, n)))]
 
     def place(self, duration_ns: int) -> int:
         start, slot = heapq.heappop(self.heap)
@@ -159,12 +164,16 @@ def import_llmperf(
         "framework": summ.get("framework"),
     }
     manifest = _manifest("llmperf", path, extra, target, synthesized, options)
-    slots = _Slots(concurrency)
+    slots = _Slots(concurrency, len(rows))
     target_out = summ.get("mean_output_tokens")
+    requests = []
+    for i, r in enumerate(rows):
+        start = slots.place(_ns(r.end_to_end_latency_s or 0))
+        row = _llmperf_row(f"{path.stem}-{i:05d}", r, start, request_class, target_out)
+        requests.append(checked_row(path, row, i))
     with RunWriter(Path(out_dir), manifest) as writer:
-        for i, r in enumerate(rows):
-            start = slots.place(_ns(r.end_to_end_latency_s or 0))
-            writer.add_request(_llmperf_row(f"{path.stem}-{i:05d}", r, start, request_class, target_out))
+        for row in requests:
+            writer.add_request(row)
         writer.close({"ended_utc": utc_now_iso(), "duration_s": None})
     return Path(out_dir)
 
@@ -261,7 +270,7 @@ class _VllmClock:
         self.measured = data.start_times is not None
         self.queues = data.queue_times
         self.t0 = min(self.starts[i] - self._queue_s(i) for i in range(n)) if self.measured and n else 0.0
-        self.slots = _Slots(conc)
+        self.slots = _Slots(conc, n)
 
     def _queue_s(self, i: int) -> float:
         """Request ``i``'s client queue time, s (0 where the file has none)."""
@@ -310,6 +319,42 @@ def _vllm_error_columns(err: Any) -> dict[str, Any]:
     return {"status": "error", "error_kind": http_error_kind(code), "http_status": code, "error_message": text[:300]}
 
 
+def _vllm_request(
+    path: Path, i: int, result: VllmBenchResult, clock: _VllmClock, request_class: str
+) -> tuple[dict[str, Any], dict[str, list[Any]] | None, int]:
+    """Request ``i`` of a vLLM result: its row (checked as a reader would), its chunks rebuilt from its gaps
+    (None when no token came), and 1 when its tokens were spread over fewer chunks."""
+    sample = _VllmSample(result, i)
+    sent, scheduled = clock.place(i, sample.e2e_s)
+    row = empty_request_row(
+        request_id=f"{path.stem}-{i:05d}",
+        request_class=request_class,
+        scheduled_ns=scheduled,
+        slot_acquired_ns=sent,
+        sent_ns=sent,
+        target_prompt_tokens=sample.input_len,
+        target_output_tokens=sample.output_len,
+        client_prompt_tokens=sample.input_len,
+        done_ns=sent + _ns(sample.e2e_s) if (sample.ok or sample.e2e_s > 0) else sent,
+    )
+    chunks, spread = None, 0
+    if sample.ok and sample.ttft_s > 0:
+        chunks, spread = _vllm_chunks(str(row["request_id"]), sent, sample)
+        arrivals = chunks["arrival_ns"]
+        row.update(
+            first_token_ns=arrivals[0],
+            last_token_ns=arrivals[-1],
+            client_output_tokens=sample.output_len,
+            chunk_count=len(arrivals),
+            status="ok",
+        )
+    elif sample.ok:
+        row.update(status="error", error_kind="empty_output", error_message="no first token recorded")
+    else:
+        row.update(_vllm_error_columns(sample.error))
+    return checked_row(path, row, i), chunks, spread
+
+
 def import_vllm_bench(
     path: Path | str, out_dir: Path | str, *, request_class: str = "imported", concurrency: int | None = None
 ) -> Path:
@@ -329,43 +374,17 @@ def import_vllm_bench(
     }
     manifest = _vllm_manifest(path, data, request_class, synthesized)
     clock = _VllmClock(result, n, conc)
-    uneven = 0
+    requests = [_vllm_request(path, i, result, clock, request_class) for i in range(n)]
+    uneven = sum(spread for _, _, spread in requests)
+    if uneven:
+        notes.append(
+            f"{uneven} request(s): output tokens != chunks; one token per chunk, or tokens spread "
+            f"evenly when there are more tokens than chunks"
+        )
     with RunWriter(Path(out_dir), manifest) as writer:
-        for i in range(n):
-            sample = _VllmSample(result, i)
-            sent, scheduled = clock.place(i, sample.e2e_s)
-            row = empty_request_row(
-                request_id=f"{path.stem}-{i:05d}",
-                request_class=request_class,
-                scheduled_ns=scheduled,
-                slot_acquired_ns=sent,
-                sent_ns=sent,
-                target_prompt_tokens=sample.input_len,
-                target_output_tokens=sample.output_len,
-                client_prompt_tokens=sample.input_len,
-                done_ns=sent + _ns(sample.e2e_s) if (sample.ok or sample.e2e_s > 0) else sent,
-            )
-            if sample.ok and sample.ttft_s > 0:
-                chunks, spread = _vllm_chunks(str(row["request_id"]), sent, sample)
-                uneven += spread
+        for row, chunks, _ in requests:
+            if chunks is not None:
                 writer.add_chunks(chunks)
-                arrivals = chunks["arrival_ns"]
-                row.update(
-                    first_token_ns=arrivals[0],
-                    last_token_ns=arrivals[-1],
-                    client_output_tokens=sample.output_len,
-                    chunk_count=len(arrivals),
-                    status="ok",
-                )
-            elif sample.ok:
-                row.update(status="error", error_kind="empty_output", error_message="no first token recorded")
-            else:
-                row.update(_vllm_error_columns(sample.error))
             writer.add_request(row)
-        if uneven:
-            notes.append(
-                f"{uneven} request(s): output tokens != chunks; one token per chunk, or tokens spread "
-                f"evenly when there are more tokens than chunks"
-            )
         writer.close({"ended_utc": utc_now_iso(), "duration_s": result.duration, "synthesized": synthesized})
     return Path(out_dir)

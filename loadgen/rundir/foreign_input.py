@@ -20,8 +20,9 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from loadgen.rundir.plausible import MAX_PLAUSIBLE_TOKENS
 from loadgen.util.errors import RunDirError
-from loadgen.util.limits import MAX_OFFSET_NS, MAX_PARALLEL, InputModel
+from loadgen.util.limits import MAX_CONCURRENCY, MAX_OFFSET_NS, MAX_PARALLEL, InputModel
 from loadgen.util.validation import format_validation_error
 
 __all__ = [
@@ -50,10 +51,10 @@ def _not_boolean(value: Any) -> Any:
 Finite = Annotated[float, Field(allow_inf_nan=False), BeforeValidator(_not_boolean)]
 #: A finite number, 0 or more.
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False), BeforeValidator(_not_boolean)]
-#: A duration, s.
-Seconds = NonNegative
-#: A token count, 0 or more.
-Tokens = Annotated[int, Field(ge=0), BeforeValidator(_not_boolean)]
+#: A duration, s: 0 to a year (the longest span a run's clock holds; 1e300 is a damaged file, not a latency).
+Seconds = Annotated[float, Field(ge=0, le=MAX_OFFSET_NS / 1e9, allow_inf_nan=False), BeforeValidator(_not_boolean)]
+#: A token count, 0 to the most a run's reader takes (a recorded request may exceed a trace's MAX_TOKENS).
+Tokens = Annotated[int, Field(ge=0, le=MAX_PLAUSIBLE_TOKENS), BeforeValidator(_not_boolean)]
 
 #: The per-request lists of a vLLM result besides ``ttfts``: each holds one entry per request.
 _VLLM_PER_REQUEST = ("itls", "input_lens", "output_lens", "errors", "latencies", "start_times", "queue_times")
@@ -74,7 +75,9 @@ class VllmBenchResult(InputModel):
     latencies: list[Seconds | None] | None = Field(None, description="end-to-end latency per request, s")
     start_times: list[Finite] | None = Field(None, description="per request, its send instant on the bench's clock, s")
     queue_times: list[Seconds | None] | None = Field(None, description="per request, its client queue time, s")
-    max_concurrency: int | None = Field(None, ge=1, description="the bench's concurrency cap (requests)")
+    max_concurrency: int | None = Field(
+        None, ge=1, le=MAX_CONCURRENCY, description="the bench's concurrency cap (requests)"
+    )
     duration: Seconds | None = Field(None, description="the bench's duration, s")
 
     @model_validator(mode="after")
@@ -84,6 +87,9 @@ class VllmBenchResult(InputModel):
             values = getattr(self, key)
             if values is not None and len(values) != n:
                 raise ValueError(f"{key} has {len(values)} entries: expected one per request ({n}, as ttfts)")
+        if self.start_times and max(self.start_times) - min(self.start_times) > MAX_OFFSET_NS / 1e9:
+            span = max(self.start_times) - min(self.start_times)
+            raise ValueError(f"start_times span {span:.6g} s: expected at most a year ({MAX_OFFSET_NS / 1e9:.0f} s)")
         return self
 
 
@@ -105,7 +111,9 @@ class LlmperfSummary(InputModel):
 
     model_config = ConfigDict(extra="allow")
 
-    num_concurrent_requests: int | None = Field(None, ge=1, description="the run's concurrency (requests)")
+    num_concurrent_requests: int | None = Field(
+        None, ge=1, le=MAX_CONCURRENCY, description="the run's concurrency (requests)"
+    )
     mean_output_tokens: NonNegative | None = Field(None, description="the mean output tokens requested")
     api: str | None = Field(None, description="the endpoint's URL")
     model: str | None = None

@@ -9,14 +9,24 @@ token counts beyond any model's context.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from loadgen.util.errors import RunDirError
 
-__all__ = ["INSTANT_ORDER", "MAX_PLAUSIBLE_TOKENS", "TOKEN_COLUMNS", "refuse_implausible_requests"]
+__all__ = [
+    "INSTANT_ORDER",
+    "MAX_EXACT_NS",
+    "MAX_PLAUSIBLE_TOKENS",
+    "TOKEN_COLUMNS",
+    "checked_row",
+    "implausible_row",
+    "refuse_implausible_requests",
+]
 
 #: Instants that cannot come before another one of the same request: (earlier, later). The driver sends no
 #: earlier than the scheduled instant (``driver.schedule.sleep_until``).
@@ -28,6 +38,8 @@ INSTANT_ORDER = (
     ("first_token_ns", "done_ns"),
     ("sent_ns", "done_ns"),
 )
+#: The largest instant a reader holds exactly (as a float64): 2**53 ns, 104 days from the run's anchor.
+MAX_EXACT_NS = 1 << 53
 #: Token counts of one request row (null: not observed).
 TOKEN_COLUMNS = (
     "target_prompt_tokens",
@@ -70,3 +82,33 @@ def refuse_implausible_requests(path: Path, ids: pa.Array, cols: dict[str, np.nd
             if len(bad):
                 expected = f"a count from 0 to {MAX_PLAUSIBLE_TOKENS:,} (more is no model's context)"
                 _refuse(path, ids, bad, f"{name} = {v[int(bad[0])]:.0f}", expected)
+
+
+def implausible_row(row: Mapping[str, Any]) -> str | None:
+    """What a reader would refuse in one request row about to be written (an importer's, built from another
+    tool's file), as "field = value: expected ..."; None when it would read. The same checks as
+    ``refuse_implausible_requests``, plus the exact range of an instant, so an import never writes a run that
+    ``analyze`` then refuses."""
+    for name, value in row.items():
+        if name.endswith("_ns") and value is not None and abs(value) > MAX_EXACT_NS:
+            return f"{name} = {value}: expected an instant within 2**53 ns (104 days) of the run's zero"
+    for earlier, later in INSTANT_ORDER:
+        a, b = row.get(earlier), row.get(later)
+        if a is not None and b is not None and b < a:
+            return f"{later} = {b} is before {earlier} = {a}: expected {later} >= {earlier}"
+    for name in TOKEN_COLUMNS:
+        v = row.get(name)
+        if v is not None and not 0 <= v <= MAX_PLAUSIBLE_TOKENS:
+            return f"{name} = {v}: expected a count from 0 to {MAX_PLAUSIBLE_TOKENS:,} (more is no model's context)"
+    return None
+
+
+def checked_row(source: Path, row: dict[str, Any], record: int | None = None) -> dict[str, Any]:
+    """``row``, built by an importer from a record of ``source`` (``record``: its index there), if a run's reader
+    would take it; else one RunDirError line naming the record. Importers check every row before the run
+    directory is begun, so a refused file writes nothing."""
+    problem = implausible_row(row)
+    if problem is not None:
+        where = f"record {record} ({row['request_id']})" if record is not None else f"request_id {row['request_id']!r}"
+        raise RunDirError(f"{source}: {where}: {problem}: a record no run can hold")
+    return row
