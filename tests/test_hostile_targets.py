@@ -808,6 +808,24 @@ def test_an_odd_stream_costs_no_row_and_no_hang(tmp_path: Path, trace: Path, beh
         assert {r["retry_after_s"] for r in rows} == {shown}
 
 
+def test_huge_chunk_texts_are_counted_off_the_event_loop(tmp_path: Path, trace: Path) -> None:
+    """``huge-text``: 256 KiB chunk texts, no two alike, as fast as read, never a [DONE]. Each was counted by the
+    tokenizer on the event loop (45 ms of cl100k_base): the loop was held for seconds, so requests whose first
+    chunk had come waited past their TTFT timeout, and the timeouts fired late or not at all (30 requests with a
+    2 s TTFT and a 4 s total timeout: send lag p99 2.7 s, 28 ended by the run's 20 s deadline, 2 total_timeout).
+    Long texts are now counted in a worker thread, the stream's reading paused meanwhile: every request meets its
+    TTFT and ends at its total timeout, with its tokens counted."""
+    with hostile_server("huge-text") as server:
+        out = run(trace, server.base_url, tmp_path / "run")
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    rows = assert_accounted(tmp_path / "run", tmp_path, ("timeout", "total_timeout"))
+    assert all(r["first_token_ns"] is not None and r["chunk_count"] >= 1 for r in rows), rows[0]
+    chunks = load_run(tmp_path / "run").chunks.to_pandas()
+    assert chunks["tokens"].min() >= 65535  # " the" * 65535 and a tag: counted whole, never cut
+    per_request = chunks.groupby("request_id")["tokens"].sum().to_dict()
+    assert {r["request_id"]: r["client_output_tokens"] for r in rows} == per_request
+
+
 @pytest.mark.parametrize("behaviour", ["head-only", "huge-line"])
 def test_an_odd_stream_over_two_workers(tmp_path: Path, trace: Path, behaviour: str) -> None:
     with hostile_server(behaviour) as server:
