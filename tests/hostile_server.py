@@ -50,7 +50,8 @@ well-behaved baseline every other behaviour departs from in one respect:
   ``set-cookie``), ``echo-cut`` (the key across the 500th character of an in-stream error and across the 60th
   of an object ``model`` and a list ``system_fingerprint``), ``tls-answer`` (a TLS alert, then the close), ``h2-answer`` (an HTTP/2 SETTINGS frame, then
   silence), ``never-read`` (a POST's head is read, its body never, nor is it answered),
-  ``huge-text`` (events of 256 KiB of text, no two alike, as fast as read);
+  ``huge-text`` (events of 256 KiB of text, no two alike, as fast as read), ``trickle`` (a 200 whose
+  Content-Length body, a JSON completion, is sent one byte every 0.5 s);
 - the ``/metrics`` behaviours (``METRICS_BEHAVIOURS``; everything else as ``ok``): ``metrics-gzip`` (gzip
   whenever the scrape accepts it, as prometheus_client does), ``metrics-huge`` (15 MiB: about a million
   samples), ``metrics-endless`` (a sample a second, never the end), ``metrics-garbage`` (NULs, invalid UTF-8,
@@ -137,6 +138,7 @@ STREAM_BEHAVIOURS = (
     "h2-answer",
     "never-read",
     "huge-text",
+    "trickle",
 )
 #: Stream behaviours whose POST answers are ``ok`` ones (what they change is elsewhere).
 _OK_POST = ("reset-every-3rd", "die-after-5", "models-garbage", "version-garbage")
@@ -585,6 +587,14 @@ async def _odd_post(
             while True:
                 writer.write(b"HTTP/1.1 100 Continue\r\n\r\n" * 4096)
                 await writer.drain()
+    elif behaviour == "trickle":  # a whole JSON completion announced, its bytes sent one every 0.5 s
+        body = json.dumps({"id": "c", "object": "text_completion", "model": MODEL, "choices": [{"text": " the"}]})
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body))
+        with contextlib.suppress(ConnectionError):
+            for byte in body.encode():
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await asyncio.sleep(0.5)
     elif behaviour == "close-after-head":  # a 200 SSE head (chunked), then the connection closed
         writer.write(_SSE_HEAD)
         await writer.drain()
