@@ -60,6 +60,7 @@ well-behaved baseline every other behaviour departs from in one respect:
   (as ``echo-all`` says them); ``models-many``: it lists 5,000 models of 150-character ids; ``models-odd-len``:
   its ``max_model_len`` is, in turn, ``"4096 tokens"``, ``[4096]``, -4096, 1e30 and ``true``;
 - ``detokenize-odd``: ``/tokenize`` counts words, ``/detokenize`` answers a prompt that is a list;
+  ``tokenize-trickle``: ``/tokenize`` answers a head that never ends, one byte every 0.5 s;
 - ``sim-tokenizer``: ``/version`` claims to be loadgen's simulated engine counting with
   ``hf:<this file>`` (a local path that is no tokenizer.json).
 
@@ -171,6 +172,7 @@ BEHAVIOURS = (
     "models-many",
     "models-odd-len",
     "detokenize-odd",
+    "tokenize-trickle",
     *METRICS_BEHAVIOURS,
     *STREAM_BEHAVIOURS,
 )
@@ -392,6 +394,12 @@ class _Server:
             said = {"count": len(words), "tokens": list(range(len(words)))}
             answer = said if path.endswith("/tokenize") else {"prompt": ["odd", "text"]}
             _respond(writer, 200, json.dumps(answer).encode())
+        elif path.endswith("/tokenize") and behaviour == "tokenize-trickle":  # a head that never ends, a byte at a time
+            with contextlib.suppress(ConnectionError):
+                for byte in itertools.chain(b"HTTP/1.1 200 OK\r\n", itertools.cycle(b"x-pad: trickle\r\n")):
+                    writer.write(bytes([byte]))
+                    await writer.drain()
+                    await asyncio.sleep(0.5)
         elif path.endswith("/tokenize") and behaviour == "hang-tokenize":
             _respond(writer, 200, json.dumps({"count": 1, "tokens": [1]}).encode())
         else:
