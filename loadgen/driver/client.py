@@ -91,7 +91,6 @@ class RunContext:
     recent_ttft_ns: list[int] = field(default_factory=list)
     _token_cache: dict[str, int] = field(default_factory=dict)
     _token_cache_chars: int = 0  # characters of the texts in _token_cache
-    inline_chars: int = 0  # characters counted on the event loop since the current network read began
     # texts counted off the loop, one at a time: the run's other work (and a target on the same host) keeps a core
     off_loop_counts: anyio.CapacityLimiter = field(default_factory=lambda: anyio.CapacityLimiter(1))
 
@@ -107,18 +106,6 @@ class RunContext:
         index = job.target_index = self.router.assign(job.conversation_id)
         if index:  # every payload was encoded for the first replica: swap its request line and Host
             job.payload = self.heads[index] + job.payload[len(self.heads[0]) :]
-
-    def tokens_in(self, text: str) -> int:
-        """The tokens of a chunk text: the cache's count, else the tokenizer's on the event loop. Raises
-        ``CountOffLoop`` when that would take the read past ``INLINE_COUNT_MAX_CHARS`` characters counted."""
-        n = self._token_cache.get(text)
-        if n is None:
-            inline = self.inline_chars + len(text)
-            if inline > INLINE_COUNT_MAX_CHARS:
-                raise CountOffLoop(text)
-            self.inline_chars = inline
-            n = self.remember(text, self.count_tokens(text))
-        return n
 
     def remember(self, text: str, n: int) -> int:
         """Keep a text's token count for the next alike: at most ``TOKEN_CACHE_MAX_CHARS`` characters of texts are
@@ -207,7 +194,7 @@ INLINE_COUNT_MAX_CHARS = 8192
 
 
 class CountOffLoop(Exception):
-    """``text`` is not counted yet and too long to count on the event loop (``RunContext.tokens_in``)."""
+    """``text`` is not counted yet and too long to count on the event loop (``StreamState.tokens_of``)."""
 
     def __init__(self, text: str) -> None:
         super().__init__(len(text))
@@ -267,6 +254,7 @@ class StreamState:
     __slots__ = (
         "anchor",
         "arrivals",
+        "cache",
         "cancel_after",
         "cancelled",
         "client_tokens",
@@ -280,6 +268,7 @@ class StreamState:
         "first_answer",
         "first_token",
         "kinds",
+        "inline",
         "known",
         "last_token",
         "later",
@@ -336,9 +325,11 @@ class StreamState:
         # a text too long to count on the event loop: (text, arrival, the events from its own on, their sizes)
         self.later: tuple[str, int, list[bytes], list[int]] | None = None
         self.known: dict[str, int] | None = None  # counts made off the loop for the event held in ``later``
+        self.cache = ctx._token_cache  # the run's counts of texts seen (one dict for the run's life: cleared, kept)
+        self.inline = 0  # characters counted on the event loop since the current read began
 
     def feed(self, arrival_abs_ns: int, data: bytes) -> bool:
-        self.ctx.inline_chars = 0
+        self.inline = 0
         decoder = self.decoder
         payload = decoder.single(data)
         if payload is not None:
@@ -382,7 +373,7 @@ class StreamState:
         known = self.known = self.known or {}
         known[text] = n
         ctx.remember_all(known)
-        ctx.inline_chars = 0
+        self.inline = 0
         try:
             stop = self._event(arrival_abs_ns, events[0], sizes[0])
         except CountOffLoop as exc:  # the event's other text (reasoning beside the answer): counted next
@@ -412,14 +403,14 @@ class StreamState:
                 if n < 0:
                     n = 0
                 if reasoning:
-                    r = min(n, self.ctx.tokens_in(reasoning)) if text else n
+                    r = min(n, self.tokens_of(reasoning)) if text else n
             elif pieces:
                 n, r = self._count(text, reasoning)
             self.prev_usage = self.server_output = usage
             if thought is not None:
                 self.server_reasoning = thought
         elif pieces:
-            n, r = self._count(text, reasoning) if reasoning else (self.ctx.tokens_in(text), 0)
+            n, r = self._count(text, reasoning) if reasoning else (self.tokens_of(text), 0)
         if text and self.texts is not None:
             self.texts.append(text)
         if prompt is not None:
@@ -475,12 +466,25 @@ class StreamState:
         """When the first answer token arrived (the first token, for a stream that never reasoned)."""
         return self.first_answer if self.kinds is not None else self.first_token
 
+    def tokens_of(self, text: str) -> int:
+        """The tokens of a chunk text: the run's count of it, else the tokenizer's on the event loop. Raises
+        ``CountOffLoop`` when that would take the read past ``INLINE_COUNT_MAX_CHARS`` characters counted."""
+        n = self.cache.get(text)
+        return self._count_new(text) if n is None else n
+
+    def _count_new(self, text: str) -> int:
+        inline = self.inline + len(text)
+        if inline > INLINE_COUNT_MAX_CHARS:
+            raise CountOffLoop(text)
+        self.inline = inline
+        return self.ctx.remember(text, self.ctx.count_tokens(text))
+
     def _count(self, text: str, reasoning: str) -> tuple[int, int]:
         """(all tokens, reasoning tokens) of a chunk's texts by the run's tokenizer (no per-chunk usage)."""
         if not reasoning:
-            return self.ctx.tokens_in(text), 0
-        r = self.ctx.tokens_in(reasoning)
-        return (self.ctx.tokens_in(text) if text else 0) + r, r
+            return self.tokens_of(text), 0
+        r = self.tokens_of(reasoning)
+        return (self.tokens_of(text) if text else 0) + r, r
 
 
 class PreSent:

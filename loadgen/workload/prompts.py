@@ -96,7 +96,9 @@ class _HF:
         return self._tok.decode(ids)
 
     def count(self, text: str) -> int:
-        if len(text) > _HF_BATCH_CHARS:  # encode_batch lets go of the GIL (encode does not): see RunContext.tokens_in
+        if (
+            len(text) > _HF_BATCH_CHARS
+        ):  # encode_batch lets go of the GIL (encode does not): see StreamState.count_later
             return len(self._tok.encode_batch([text], add_special_tokens=False)[0].ids)
         return len(self.encode(text))
 
