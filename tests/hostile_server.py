@@ -50,7 +50,9 @@ well-behaved baseline every other behaviour departs from in one respect:
   ``set-cookie``), ``echo-cut`` (the key across the 500th character of an in-stream error and across the 60th
   of an object ``model`` and a list ``system_fingerprint``), ``tls-answer`` (a TLS alert, then the close), ``h2-answer`` (an HTTP/2 SETTINGS frame, then
   silence), ``never-read`` (a POST's head is read, its body never, nor is it answered),
-  ``huge-text`` (events of 256 KiB of text, no two alike, as fast as read);
+  ``huge-text`` (events of 256 KiB of text, no two alike, as fast as read), ``trickle`` (a 200 whose
+  Content-Length body, a JSON completion, is sent one byte every 0.5 s), ``long-stream`` (``LONG_STREAM_EVENTS``
+  one-token events, about 14 MiB, then ``[DONE]``: under the contract replay's 16 MiB read cap);
 - the ``/metrics`` behaviours (``METRICS_BEHAVIOURS``; everything else as ``ok``): ``metrics-gzip`` (gzip
   whenever the scrape accepts it, as prometheus_client does), ``metrics-huge`` (15 MiB: about a million
   samples), ``metrics-endless`` (a sample a second, never the end), ``metrics-garbage`` (NULs, invalid UTF-8,
@@ -59,6 +61,7 @@ well-behaved baseline every other behaviour departs from in one respect:
   (as ``echo-all`` says them); ``models-many``: it lists 5,000 models of 150-character ids; ``models-odd-len``:
   its ``max_model_len`` is, in turn, ``"4096 tokens"``, ``[4096]``, -4096, 1e30 and ``true``;
 - ``detokenize-odd``: ``/tokenize`` counts words, ``/detokenize`` answers a prompt that is a list;
+  ``tokenize-trickle``: ``/tokenize`` answers a head that never ends, one byte every 0.5 s;
 - ``sim-tokenizer``: ``/version`` claims to be loadgen's simulated engine counting with
   ``hf:<this file>`` (a local path that is no tokenizer.json).
 
@@ -137,6 +140,8 @@ STREAM_BEHAVIOURS = (
     "h2-answer",
     "never-read",
     "huge-text",
+    "trickle",
+    "long-stream",
 )
 #: Stream behaviours whose POST answers are ``ok`` ones (what they change is elsewhere).
 _OK_POST = ("reset-every-3rd", "die-after-5", "models-garbage", "version-garbage")
@@ -169,6 +174,7 @@ BEHAVIOURS = (
     "models-many",
     "models-odd-len",
     "detokenize-odd",
+    "tokenize-trickle",
     *METRICS_BEHAVIOURS,
     *STREAM_BEHAVIOURS,
 )
@@ -206,6 +212,8 @@ ODD_VALUES: tuple[tuple[str, dict[str, object]], ...] = (
 #: Behaviours whose every POST answer is that behaviour (the record's ``variant``).
 _POST_VARIANTS = ("echo", "echo-all", "retry-after-nan", "gzip", "done-fin", "done-rst", "answer-huge")
 HUGE_VERSION_BYTES = 300 * 1024 * 1024
+#: ``long-stream``: one-token events in one answer (~165 bytes each: about 14 MiB).
+LONG_STREAM_EVENTS = 90_000
 MAX_TOKENS = 8
 
 
@@ -390,6 +398,12 @@ class _Server:
             said = {"count": len(words), "tokens": list(range(len(words)))}
             answer = said if path.endswith("/tokenize") else {"prompt": ["odd", "text"]}
             _respond(writer, 200, json.dumps(answer).encode())
+        elif path.endswith("/tokenize") and behaviour == "tokenize-trickle":  # a head that never ends, a byte at a time
+            with contextlib.suppress(ConnectionError):
+                for byte in itertools.chain(b"HTTP/1.1 200 OK\r\n", itertools.cycle(b"x-pad: trickle\r\n")):
+                    writer.write(bytes([byte]))
+                    await writer.drain()
+                    await asyncio.sleep(0.5)
         elif path.endswith("/tokenize") and behaviour == "hang-tokenize":
             _respond(writer, 200, json.dumps({"count": 1, "tokens": [1]}).encode())
         else:
@@ -585,6 +599,17 @@ async def _odd_post(
             while True:
                 writer.write(b"HTTP/1.1 100 Continue\r\n\r\n" * 4096)
                 await writer.drain()
+    elif behaviour == "long-stream":  # a whole answer of ~14 MiB of one-token events
+        event = ok_events[0].replace(b', "finish_reason": null', b"")
+        writer.write(_SSE_HEAD + _chunk(event * LONG_STREAM_EVENTS) + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+    elif behaviour == "trickle":  # a whole JSON completion announced, its bytes sent one every 0.5 s
+        body = json.dumps({"id": "c", "object": "text_completion", "model": MODEL, "choices": [{"text": " the"}]})
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body))
+        with contextlib.suppress(ConnectionError):
+            for byte in body.encode():
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await asyncio.sleep(0.5)
     elif behaviour == "close-after-head":  # a 200 SSE head (chunked), then the connection closed
         writer.write(_SSE_HEAD)
         await writer.drain()

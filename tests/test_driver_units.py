@@ -484,7 +484,7 @@ def test_the_token_cache_is_bounded_in_characters() -> None:
     huge-text``), grew the run's token cache by every one: only its number of texts (200,000) was bounded. The
     cache now holds at most ``TOKEN_CACHE_MAX_CHARS`` (32 Mi) characters (measured against huge-text, 30 s: 390 MB RSS
     before, 259 MB now, 209 MB against ``ok``). Counted here by characters, so the test takes no tokenizer time."""
-    from loadgen.driver.client import RunContext
+    from loadgen.driver.client import RunContext, StreamState
     from loadgen.driver.transport import RawHTTP11Transport
 
     transport = RawHTTP11Transport()
@@ -500,8 +500,46 @@ def test_the_token_cache_is_bounded_in_characters() -> None:
         total_timeout_ns=None,
     )
     piece = " the" * (64 << 10)  # 256 KiB
-    for i in range(512):  # 128 MiB of texts, each its own
+    for i in range(512):  # 128 MiB of texts, each its own (counted off the loop, then kept: ``remember``)
         text = f" n{i}{piece}"
-        assert ctx.tokens_in(text) == len(text)
+        assert ctx.remember(text, len(text)) == len(text) and StreamState(ctx, None, None).tokens_of(text) == len(text)
         assert sum(map(len, ctx._token_cache)) <= 64 << 20, i
-    assert ctx.tokens_in(" the") == 4 and " the" in ctx._token_cache  # a delta: counted, then kept
+    assert StreamState(ctx, None, None).tokens_of(" the") == 4 and " the" in ctx._token_cache  # counted, then kept
+
+
+def test_a_long_chunk_text_is_counted_off_the_loop_in_order() -> None:
+    """A chunk text past ``INLINE_COUNT_MAX_CHARS`` (with those counted before it in the same read) stops the
+    read: ``feed`` holds it and the events after it; ``count_later`` counts it in a worker thread and takes them
+    in order. Every chunk's tokens are as if counted on the loop."""
+    from loadgen.driver.client import INLINE_COUNT_MAX_CHARS, CountOffLoop, RunContext, StreamState
+    from loadgen.driver.transport import RawHTTP11Transport
+
+    transport = RawHTTP11Transport()
+    ctx = RunContext(
+        transport=transport,
+        origin=transport.origin(httpx.URL("http://127.0.0.1:9")),
+        anchor_ns=0,
+        limiter=anyio.CapacityLimiter(1),
+        rate_gate=RateGate(None),
+        count_tokens=len,
+        sink=lambda row, chunks: None,
+        ttft_timeout_ns=None,
+        total_timeout_ns=None,
+    )
+    long = "x" * (INLINE_COUNT_MAX_CHARS + 1)
+    with pytest.raises(CountOffLoop):
+        StreamState(ctx, None, None).tokens_of(long)
+    texts = [" a", long, " b", long[:-1] + "y", " c"]
+    body = b"".join(b"data: " + json.dumps({"choices": [{"index": 0, "text": t}]}).encode() + b"\n\n" for t in texts)
+    lifted: list[int] = []
+    state = StreamState(ctx, None, lambda: lifted.append(1))
+    assert state.feed(7, body + b"data: [DONE]\n\n") is True and state.later is not None
+    assert list(state.tokens) == [2] and state.first_token == 7 and lifted
+
+    async def count() -> None:
+        while state.later is not None:
+            await state.count_later()
+
+    anyio.run(count)
+    assert list(state.tokens) == [len(t) for t in texts] and state.client_tokens == sum(map(len, texts))
+    assert state.done_abs == 7 and state.tokens_of(long) == len(long)  # [DONE] taken; the count kept

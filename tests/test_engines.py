@@ -216,6 +216,8 @@ def test_make_model_dir_tokenizer_round_trip(tmp_path):
     assert read_model_config(out).num_kv_heads == 2
     counter = get_tokenizer(f"hf:{out / 'tokenizer.json'}")
     assert counter is not None
+    long = text * 200  # counted by encode_batch (which lets go of the GIL in a worker thread): the same count
+    assert counter.count(long) == len(tok.encode(long, add_special_tokens=False).ids)
     again = make_model_dir("tiny-qwen2", tmp_path / "m2")
     assert (again / "tokenizer.json").read_bytes() == (out / "tokenizer.json").read_bytes()  # deterministic
 

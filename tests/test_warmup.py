@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hostile_server import hostile_server
 
 from loadgen.calibration.calibrate import engine_limits, warm_engine
 from loadgen.driver import parse_prometheus_text
@@ -91,3 +92,18 @@ def test_unreachable_engine_is_one_line():
         with pytest.raises(LoadgenError, match=r"^http://127\.0\.0\.1:\d+: warm-up: ConnectError") as err:
             warm_step_shapes(f"http://127.0.0.1:{port}", 64, 4096, skip_simulated=False)
     assert "\n" not in str(err.value)
+
+
+def test_an_answer_that_trickles_ends_at_the_request_deadline():
+    """Each sweep request read its answer with a 300 s timeout per read and none on the whole: a server that sent
+    one byte every few seconds (``trickle``: every 0.5 s) held the calibration for hours. Each request now ends
+    within its deadline (connect to last byte; set low here), in one line naming the URL without its secrets."""
+    with hostile_server("trickle") as server:
+        port = server.base_url.rsplit(":", 1)[1]
+        url = f"http://user:pw-Qz8vTq3W@127.0.0.1:{port}?code=S1queryvalue1"
+        with pytest.raises(LoadgenError) as err:
+            warm_step_shapes(url, 64, 4096, skip_simulated=False, request_timeout_s=1.5)
+    said = str(err.value)
+    assert said.startswith(f"http://127.0.0.1:{port}: warm-up: no complete answer within 1.5 s"), said
+    assert "POST /v1/completions" in said and "\n" not in said
+    assert "pw-Qz8vTq3W" not in said and "S1queryvalue1" not in said

@@ -423,6 +423,32 @@ def _parse_stream(raw: str, endpoint: str) -> Observed:
     return _observed("".join(parts), finish, usage, model, fingerprint, None)
 
 
+def _observe(response: httpx.Response, stream: bool, endpoint: str, secrets: tuple[str, ...]) -> Observed:
+    """What a case's answer (not a 429 to retry) says: its error, or its stream or JSON answer read."""
+    if response.status_code != 200:
+        return Observed(
+            None,
+            http_status=response.status_code,
+            # redacted whole, then cut (``redact``): a secret across a cut is never kept in part
+            error=_redact(f"HTTP {response.status_code}: {response.text}", secrets),
+        )
+    if stream:
+        return _parse_stream(response.text, endpoint)
+    try:
+        data = response.json()
+    except ValueError:
+        return Observed(None, http_status=200, error="response is not JSON")
+    except RecursionError:
+        return Observed(None, http_status=200, error="response is JSON nested too deep")
+    return _parse_response(data, endpoint)
+
+
+def _judge(case: Case, obs: Observed, secrets: tuple[str, ...]) -> tuple[Observed, list[CheckOutcome]]:
+    """The observed answer without the run's secrets, and the case's checks of it."""
+    obs = _without_secrets(obs, secrets)
+    return obs, run_checks(case, obs)
+
+
 def _retry_after(response: httpx.Response) -> float | None:
 
     return parse_retry_after(response.headers.get("retry-after"))
@@ -493,29 +519,11 @@ async def _replay_one(
             retry_waits.append(wait if wait is not None else -1.0)
             await anyio.sleep(min(max(wait or 1.0, 0.0), max_retry_wait_s))
             continue
-        if response.status_code != 200:
-            obs = Observed(
-                None,
-                http_status=response.status_code,
-                # redacted whole, then cut (``redact``): a secret across a cut is never kept in part
-                error=_redact(f"HTTP {response.status_code}: {response.text}", secrets),
-            )
-            break
-        if stream:
-            obs = _parse_stream(response.text, endpoint)
-            break
-        try:
-            data = response.json()
-        except ValueError:
-            obs = Observed(None, http_status=200, error="response is not JSON")
-            break
-        except RecursionError:
-            obs = Observed(None, http_status=200, error="response is JSON nested too deep")
-            break
-        obs = _parse_response(data, endpoint)
+        # read in a worker thread, as are the checks: an answer of up to 16 MiB took 2 s of Python (122,881 events),
+        # and under load (``replay_under_load``) this loop is the measured run's too
+        obs = await anyio.to_thread.run_sync(_observe, response, stream, endpoint, secrets)
         break
-    obs = _without_secrets(obs, secrets)
-    outcomes = run_checks(case, obs)
+    obs, outcomes = await anyio.to_thread.run_sync(_judge, case, obs, secrets)
     return CaseResult(
         case_id=case.id,
         passed=all(o.passed for o in outcomes),

@@ -91,6 +91,8 @@ class RunContext:
     recent_ttft_ns: list[int] = field(default_factory=list)
     _token_cache: dict[str, int] = field(default_factory=dict)
     _token_cache_chars: int = 0  # characters of the texts in _token_cache
+    # texts counted off the loop, one at a time: the run's other work (and a target on the same host) keeps a core
+    off_loop_counts: anyio.CapacityLimiter = field(default_factory=lambda: anyio.CapacityLimiter(1))
 
     def __post_init__(self) -> None:
         if not self.origins:
@@ -105,16 +107,22 @@ class RunContext:
         if index:  # every payload was encoded for the first replica: swap its request line and Host
             job.payload = self.heads[index] + job.payload[len(self.heads[0]) :]
 
-    def tokens_in(self, text: str) -> int:
+    def remember(self, text: str, n: int) -> int:
+        """Keep a text's token count for the next alike: at most ``TOKEN_CACHE_MAX_CHARS`` characters of texts are
+        kept, past which the cache starts again. Returns ``n``."""
         cache = self._token_cache
-        n = cache.get(text)
-        if n is None:
-            self._token_cache_chars += len(text)
-            if len(cache) > 200_000 or self._token_cache_chars > TOKEN_CACHE_MAX_CHARS:
-                cache.clear()
-                self._token_cache_chars = len(text)
-            n = cache[text] = self.count_tokens(text)
+        self._token_cache_chars += len(text)
+        if len(cache) > 200_000 or self._token_cache_chars > TOKEN_CACHE_MAX_CHARS:
+            cache.clear()
+            self._token_cache_chars = len(text)
+        cache[text] = n
         return n
+
+    def remember_all(self, counts: dict[str, int]) -> None:
+        """Keep several texts' counts, all of them (the bound reached by one does not drop another)."""
+        for text, n in counts.items():
+            self.remember(text, n)
+        self._token_cache.update(counts)
 
     def count_sent(self) -> None:
         self.sent += 1
@@ -177,6 +185,22 @@ def request_row(
 FAILED_FINISH_REASONS = ("abort", "error")
 
 
+#: Most characters of chunk texts one network read may have counted on the event loop; a text that would go past
+#: them is counted in a worker thread (``StreamState.count_later``), the stream's reading paused meanwhile. Before,
+#: every text was counted on the loop: a server that streamed 256 KiB texts, no two alike (``huge-text``, 45 ms of
+#: cl100k_base each), held the loop for seconds: send lag p99 2.7 s, requests never timed out nor sent in time.
+#: Ordinary chunks (a few characters) never come near it.
+INLINE_COUNT_MAX_CHARS = 8192
+
+
+class CountOffLoop(Exception):
+    """``text`` is not counted yet and too long to count on the event loop (``StreamState.tokens_of``)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(len(text))
+        self.text = text
+
+
 #: Most characters of chunk texts whose token counts are kept (for the next chunk that carries the same text).
 #: Before, only the number of texts was bounded (200,000): a server that streamed 256 KiB texts grew the run's
 #: memory by each new one (``tests/hostile_server.py --behaviour huge-text``: 422 MB RSS against 209 MB).
@@ -230,6 +254,7 @@ class StreamState:
     __slots__ = (
         "anchor",
         "arrivals",
+        "cache",
         "cancel_after",
         "cancelled",
         "client_tokens",
@@ -243,7 +268,10 @@ class StreamState:
         "first_answer",
         "first_token",
         "kinds",
+        "inline",
+        "known",
         "last_token",
+        "later",
         "empty_events",
         "max_empty_events",
         "on_first_token",
@@ -294,18 +322,64 @@ class StreamState:
         self.error: str | None = None
         self.error_code: int | None = None
         self.on_first_token = on_first_token
+        # a text too long to count on the event loop: (text, arrival, the events from its own on, their sizes)
+        self.later: tuple[str, int, list[bytes], list[int]] | None = None
+        self.known: dict[str, int] | None = None  # counts made off the loop for the event held in ``later``
+        self.cache = ctx._token_cache  # the run's counts of texts seen (one dict for the run's life: cleared, kept)
+        self.inline = 0  # characters counted on the event loop since the current read began
 
     def feed(self, arrival_abs_ns: int, data: bytes) -> bool:
+        self.inline = 0
         decoder = self.decoder
         payload = decoder.single(data)
         if payload is not None:
-            return self._event(arrival_abs_ns, payload, len(data))
+            try:
+                return self._event(arrival_abs_ns, payload, len(data))
+            except CountOffLoop as exc:
+                return self._hold(exc.text, arrival_abs_ns, [payload], [len(data)])
         events = decoder.feed(data)
-        sizes = decoder.sizes
-        for k, payload in enumerate(events):  # noqa: SIM110 (a loop: no generator on the per-read path)
-            if self._event(arrival_abs_ns, payload, sizes[k]):
-                return True
+        return self._events(arrival_abs_ns, events, decoder.sizes)
+
+    def _events(self, arrival_abs_ns: int, events: list[bytes], sizes: list[int]) -> bool:
+        k = 0
+        try:
+            for k, payload in enumerate(events):
+                if self._event(arrival_abs_ns, payload, sizes[k]):
+                    return True
+        except CountOffLoop as exc:
+            return self._hold(exc.text, arrival_abs_ns, events[k:], sizes[k:])
         return False
+
+    def _hold(self, text: str, arrival_abs_ns: int, events: list[bytes], sizes: list[int]) -> bool:
+        """Stop reading: ``events[0]`` needs ``text`` counted off the loop (``count_later``) before it is taken.
+
+        A text this long carries tokens (cl100k_base gives any text one at least): when it is the first, the TTFT
+        deadline is met at once, not when the count is done (its worker thread may wait for the CPU behind other
+        streams' counts); the first token's instant is still the chunk's arrival."""
+        self.later = (text, arrival_abs_ns, events, sizes)
+        if self.first_token is None and self.on_first_token is not None:
+            self.on_first_token()
+        return True
+
+    async def count_later(self) -> bool:
+        """Count the text held in ``later`` in a worker thread, then take the events held with it, in order. True
+        when reading should stop (as ``feed``), also when another text is held (``later`` says which)."""
+        assert self.later is not None
+        text, arrival_abs_ns, events, sizes = self.later
+        self.later = None
+        # the tokenizers release the GIL (cl100k_base; hf: counts long texts so): the loop goes on meanwhile
+        ctx = self.ctx
+        n = await anyio.to_thread.run_sync(ctx.count_tokens, text, abandon_on_cancel=True, limiter=ctx.off_loop_counts)
+        known = self.known = self.known or {}
+        known[text] = n
+        ctx.remember_all(known)
+        self.inline = 0
+        try:
+            stop = self._event(arrival_abs_ns, events[0], sizes[0])
+        except CountOffLoop as exc:  # the event's other text (reasoning beside the answer): counted next
+            return self._hold(exc.text, arrival_abs_ns, events, sizes)
+        self.known = None
+        return stop or self._events(arrival_abs_ns, events[1:], sizes[1:])
 
     def _event(self, arrival_abs_ns: int, payload: bytes, size: int) -> bool:
         """One event's payload (``size``: its raw bytes); True when reading should stop."""
@@ -329,14 +403,14 @@ class StreamState:
                 if n < 0:
                     n = 0
                 if reasoning:
-                    r = min(n, self.ctx.tokens_in(reasoning)) if text else n
+                    r = min(n, self.tokens_of(reasoning)) if text else n
             elif pieces:
                 n, r = self._count(text, reasoning)
             self.prev_usage = self.server_output = usage
             if thought is not None:
                 self.server_reasoning = thought
         elif pieces:
-            n, r = self._count(text, reasoning) if reasoning else (self.ctx.tokens_in(text), 0)
+            n, r = self._count(text, reasoning) if reasoning else (self.tokens_of(text), 0)
         if text and self.texts is not None:
             self.texts.append(text)
         if prompt is not None:
@@ -392,12 +466,25 @@ class StreamState:
         """When the first answer token arrived (the first token, for a stream that never reasoned)."""
         return self.first_answer if self.kinds is not None else self.first_token
 
+    def tokens_of(self, text: str) -> int:
+        """The tokens of a chunk text: the run's count of it, else the tokenizer's on the event loop. Raises
+        ``CountOffLoop`` when that would take the read past ``INLINE_COUNT_MAX_CHARS`` characters counted."""
+        n = self.cache.get(text)
+        return self._count_new(text) if n is None else n
+
+    def _count_new(self, text: str) -> int:
+        inline = self.inline + len(text)
+        if inline > INLINE_COUNT_MAX_CHARS:
+            raise CountOffLoop(text)
+        self.inline = inline
+        return self.ctx.remember(text, self.ctx.count_tokens(text))
+
     def _count(self, text: str, reasoning: str) -> tuple[int, int]:
         """(all tokens, reasoning tokens) of a chunk's texts by the run's tokenizer (no per-chunk usage)."""
         if not reasoning:
-            return self.ctx.tokens_in(text), 0
-        r = self.ctx.tokens_in(reasoning)
-        return (self.ctx.tokens_in(text) if text else 0) + r, r
+            return self.tokens_of(text), 0
+        r = self.tokens_of(reasoning)
+        return (self.tokens_of(text) if text else 0) + r, r
 
 
 class PreSent:
@@ -542,7 +629,7 @@ async def _read_response(
             "malformed_sse",
             f"stream sent with content-encoding {encoding.strip()[:40]!r} though identity was asked for: not decoded",
         )
-    await response.body.stream_to(state.feed)
+    await _stream(response, state)
     if not state.arrivals and state.done_abs is None and state.error is None:
         kind = (response.header(b"content-type") or "").strip()
         if "event-stream" not in kind.lower():  # a whole JSON answer (stream flag ignored), an HTML page
@@ -560,8 +647,19 @@ async def _read_response(
     return _outcome(state)
 
 
+async def _stream(response: RawResponse, state: StreamState) -> None:
+    """Hand the body to ``state.feed`` until it ends or says stop; a text held to be counted off the loop pauses
+    the reading (the server waits, nothing piles up) until it is counted."""
+    body = response.body
+    await body.stream_to(state.feed)
+    while state.later is not None:
+        body.pause_reading()
+        if not await state.count_later():
+            await body.stream_to(state.feed)
+
+
 def _timeout_outcome(state: StreamState, ttft_ns: int | None, total_ns: int | None) -> tuple[str, str, str]:
-    if state.first_token is None:
+    if state.first_token is None and state.later is None:  # (a text held for its count carries the first token)
         return (
             STATUS_TIMEOUT,
             "ttft_timeout",

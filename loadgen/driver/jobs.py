@@ -14,6 +14,7 @@ up front so the send path only writes bytes.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,30 +58,34 @@ class ServerTokenizer:
     ) -> None:
         self.name = "server"
         self.model = model
-        self._client = httpx.Client(
-            base_url=base_url.rstrip("/"), headers=headers or {}, params=params, timeout=timeout_s, trust_env=False
+        self._client = httpx.Client(  # each read's own timeout past the whole call's (``_post``): that one ends it
+            base_url=base_url.rstrip("/"), headers=headers or {}, params=params, timeout=timeout_s + 1, trust_env=False
         )
         self._timeout_s = timeout_s
         self._cache: dict[str, list[int]] = {}
 
     def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
-        """One call, within the timeout and TOKENIZE_MAX_BYTES read (a body that goes on is refused)."""
-        deadline = time.monotonic() + self._timeout_s
-        try:
-            with self._client.stream("POST", path, json=payload) as response:
-                status = response.status_code
-                raw = bytearray()
-                for part in response.iter_raw():
-                    raw += part
-                    if len(raw) > TOKENIZE_MAX_BYTES or time.monotonic() > deadline:
-                        raise TargetError(
-                            f"tokenizer server: POST {path}: answer over {TOKENIZE_MAX_BYTES} bytes or "
-                            f"{self._timeout_s:g} s: expected a token list"
-                        )
-        except httpx.HTTPError as exc:
+        """One call, within the timeout (connect to last byte) and TOKENIZE_MAX_BYTES read (a body that goes on is
+        refused). The call runs in a thread of its own that is waited for at most the timeout: httpx bounds each
+        read, not the whole, and a server that sent its head a byte at a time held the run's start for hours."""
+        answer: list[tuple[int, bytes] | BaseException] = []
+
+        def call() -> None:
+            try:
+                answer.append(self._call(path, payload))
+            except BaseException as exc:  # handed to the caller
+                answer.append(exc)
+
+        worker = threading.Thread(target=call, name="loadgen-tokenize", daemon=True)
+        worker.start()
+        worker.join(self._timeout_s)
+        if not answer:  # the thread is left to its read timeout (a daemon: it holds up no exit)
             raise TargetError(
-                f"tokenizer server: POST {path} failed ({type(exc).__name__}): expected a reachable /tokenize"
-            ) from None
+                f"tokenizer server: POST {path}: no complete answer within {self._timeout_s:g} s: expected a token list"
+            )
+        if isinstance(answer[0], BaseException):
+            raise answer[0]
+        status, raw = answer[0]
         if status != 200:
             raise TargetError(
                 f"tokenizer server: POST {path} answered HTTP {status}: expected 200 (does the target have {path}?)"
@@ -92,6 +97,25 @@ class ServerTokenizer:
         if not isinstance(body, dict):
             raise TargetError(f"tokenizer server: POST {path} answered no JSON object: expected vLLM's {path} answer")
         return body
+
+    def _call(self, path: str, payload: dict[str, Any]) -> tuple[int, bytes]:
+        """(status, body) of one call; a body over TOKENIZE_MAX_BYTES or past the deadline is refused."""
+        deadline = time.monotonic() + self._timeout_s
+        try:
+            with self._client.stream("POST", path, json=payload) as response:
+                raw = bytearray()
+                for part in response.iter_raw():
+                    raw += part
+                    if len(raw) > TOKENIZE_MAX_BYTES or time.monotonic() > deadline:
+                        raise TargetError(
+                            f"tokenizer server: POST {path}: answer over {TOKENIZE_MAX_BYTES} bytes or "
+                            f"{self._timeout_s:g} s: expected a token list"
+                        )
+                return response.status_code, bytes(raw)
+        except httpx.HTTPError as exc:
+            raise TargetError(
+                f"tokenizer server: POST {path} failed ({type(exc).__name__}): expected a reachable /tokenize"
+            ) from None
 
     def encode(self, text: str) -> list[int]:
         ids = self._cache.get(text)

@@ -98,7 +98,7 @@ class _Conn:
 class _Protocol(asyncio.Protocol):
     """asyncio protocol feeding a _ProtoConn: data arrives by callback, no pause/resume per read."""
 
-    __slots__ = ("chunks", "eof", "exc", "idle", "sink", "sink_eof", "transport", "waiter")
+    __slots__ = ("chunks", "eof", "exc", "idle", "paused", "sink", "sink_eof", "transport", "waiter")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -109,6 +109,18 @@ class _Protocol(asyncio.Protocol):
         self.exc: BaseException | None = None
         self.sink: typing.Callable[[bytes], None] | None = None  # set while a body streams by callback
         self.sink_eof: typing.Callable[[BaseException | None], None] | None = None
+        self.paused = False  # reading paused (``_Body.pause_reading``) until the body is read on
+
+    def pause(self) -> None:
+        if not self.paused and self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+            self.paused = True
+
+    def resume(self) -> None:
+        if self.paused:
+            self.paused = False
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -166,6 +178,8 @@ class _ProtoConn(_Conn):
 
     async def receive(self) -> bytes:
         proto = self.proto
+        if proto.paused:
+            proto.resume()
         while not proto.chunks:
             if proto.eof:
                 if proto.exc is not None:
@@ -375,6 +389,7 @@ class _Body(httpx.AsyncByteStream):
                     return
             return
         proto = conn.proto
+        proto.resume()
         loop = asyncio.get_running_loop()
         done = loop.create_future()
 
@@ -418,6 +433,14 @@ class _Body(httpx.AsyncByteStream):
             await done
         finally:
             proto.sink = proto.sink_eof = None
+
+    def pause_reading(self) -> None:
+        """Read no more of the socket until the body is read on (``stream_to``) or handed back: back-pressure
+        while the reader is busy elsewhere (the server's sends wait in the socket's buffers, not in memory here).
+        Only on asyncio's protocol connections; a stream connection is read only when asked anyway."""
+        conn = self._conn
+        if isinstance(conn, _ProtoConn) and not self._dechunker.complete:
+            conn.proto.pause()
 
     @property
     def complete(self) -> bool:
@@ -599,6 +622,8 @@ class RawHTTP11Transport(httpx.AsyncBaseTransport):
         return None
 
     def _release(self, conn: _Conn, key: tuple) -> None:
+        if isinstance(conn, _ProtoConn):
+            conn.proto.resume()  # an idle connection is read: bytes nobody asked for close it
         idle = self._idle.setdefault(key, [])
         if len(idle) < self._max_idle and not conn.buf:
             conn.idle_since = time.monotonic()

