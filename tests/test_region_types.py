@@ -103,7 +103,6 @@ STILL_OPEN = {
     "trace-stats": ["/metadata"],  # a trace file's metadata as written (another tool's keys for an import)
     "handoff-workload": ["/WorkloadTrace/metadata"],  # the same trace metadata, as the run's manifest recorded it
     "contract": ["/CaseResult/settings"],  # a behaviour case's request settings, passed to the target as given
-    "validation-measured": ["/RunComparison/engine_notes"],  # a run manifest's engine_notes (still open)
     "vllm-log": ["/non_default_args"],  # vLLM's own argument names and values
     "vllm-serve": ["/VllmEngineNotes/non_default_args"],
 }

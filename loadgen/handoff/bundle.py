@@ -113,7 +113,7 @@ def _memory_signals(manifest: Manifest, analysis: Analysis, run_dir: Path | None
                 "reason": f"{pre['increase']:g} preemptions during the run ({pre.get('metric')})",
             }
         )
-    notes = json.dumps(manifest.engine_notes).lower()
+    notes = json.dumps(manifest.engine_notes.model_dump(mode="json")).lower()
     if "out of memory" in notes or "oom" in re.findall(r"[a-z]+", notes):
         signals.append(
             {
