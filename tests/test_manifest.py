@@ -114,7 +114,7 @@ def test_amend_merges_on_disk_and_leaves_no_temp_file(tmp_path: Path) -> None:
     write_manifest(tmp_path, Manifest(engine_notes={"log": {"kv_tokens": 10}}))
     amend_manifest(tmp_path, {"engine_notes": {"memory": {"rss_max_bytes": 5}}})
     back = read_manifest(tmp_path)
-    assert back.engine_notes == {"log": {"kv_tokens": 10}, "memory": {"rss_max_bytes": 5}}
+    assert back.engine_notes.model_dump(mode="json") == {"log": {"kv_tokens": 10}, "memory": {"rss_max_bytes": 5}}
     assert sorted(p.name for p in tmp_path.iterdir()) == [MANIFEST_FILE]
 
 
