@@ -123,7 +123,7 @@ def bench_engine(trace: Path, engine: str, out: Path, seed: int, repeat: int, fa
         run_worksheet(trace, engine, out, seed=seed, fast=fast)
         walls.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)
-    notes = read_manifest(out).engine_notes
+    notes = read_manifest(out).engine_notes.model_dump(mode="json")  # every key a worksheet writes
     hours = notes["virtual_duration_s"] / 3600
     wall, cpu = min(walls), min(cpus)
     print(

@@ -539,3 +539,6 @@ def test_the_bundle_findings_validate_against_their_schemas(bundle) -> None:
     assert_valid("handoff-failure", json.loads((bundle.bundle_dir / "failure.json").read_text()))
     assert_valid("handoff-experiment", json.loads((bundle.bundle_dir / "experiment.json").read_text()))
     assert_valid("handoff-workload", json.loads((bundle.bundle_dir / "workload.json").read_text()))
+    observed = json.loads((bundle.bundle_dir / "observed.json").read_text())
+    assert_valid("handoff-observed", observed)
+    assert "timeseries" not in observed and "timeseries" not in (observed["server"] or {})

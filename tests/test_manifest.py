@@ -114,7 +114,7 @@ def test_amend_merges_on_disk_and_leaves_no_temp_file(tmp_path: Path) -> None:
     write_manifest(tmp_path, Manifest(engine_notes={"log": {"kv_tokens": 10}}))
     amend_manifest(tmp_path, {"engine_notes": {"memory": {"rss_max_bytes": 5}}})
     back = read_manifest(tmp_path)
-    assert back.engine_notes == {"log": {"kv_tokens": 10}, "memory": {"rss_max_bytes": 5}}
+    assert back.engine_notes.model_dump(mode="json") == {"log": {"kv_tokens": 10}, "memory": {"rss_max_bytes": 5}}
     assert sorted(p.name for p in tmp_path.iterdir()) == [MANIFEST_FILE]
 
 
@@ -222,3 +222,26 @@ def test_analyze_refuses_a_manifest_figure_out_of_range(tmp_path, sim_run, field
     r = run_loadgen(["analyze", tmp_path / "run", "--quiet", "--json", tmp_path / "a.json"], tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert said in r.stderr and not (tmp_path / "a.json").exists()
+
+
+# A worksheet run's engine notes edited after it was written, read by `compare` (the engine's busy-time rate):
+# "fast" had been a traceback (ValueError in float()), -5 shown as the engine's rate; now one line, exit 2.
+DAMAGED_ENGINE_RATES = [
+    ("fast", "field engine_notes.output_tokens_per_busy_s: input should be a valid number"),
+    (-5, "field engine_notes.output_tokens_per_busy_s: value error, expected a number in [0, 1e+12]"),
+]
+
+
+@pytest.mark.parametrize(("rate", "said"), DAMAGED_ENGINE_RATES, ids=[str(c[0]) for c in DAMAGED_ENGINE_RATES])
+def test_compare_refuses_a_damaged_engine_rate_in_one_line(tmp_path, sim_run, rate, said):
+    from cli_process import run_loadgen
+
+    for name in ("a", "b"):
+        shutil.copytree(sim_run, tmp_path / name)
+    path = tmp_path / "a" / MANIFEST_FILE
+    manifest = json.loads(path.read_text())
+    manifest["engine_notes"] |= {"busy_s": 2.0, "output_tokens_per_busy_s": rate}
+    path.write_text(json.dumps(manifest))
+    r = run_loadgen(["compare", tmp_path / "a", tmp_path / "b", "--allow-differences", "--json"], tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert said in r.stderr and r.stdout == ""

@@ -101,9 +101,17 @@ STILL_OPEN = {
     "managed": ["/ServerMetrics/server_metrics"],  # the engine's own /metrics names
     "reconciliation": ["/engine_report"],  # what this log, /metrics or manifest happened to report
     "trace-stats": ["/metadata"],  # a trace file's metadata as written (another tool's keys for an import)
-    "handoff-workload": ["/WorkloadTrace/metadata"],  # the same trace metadata, as the run's manifest recorded it
+    "handoff-workload": ["/WorkloadTrace/metadata"],
+    "handoff-observed": [  # observed.json is the analysis (without its series): the analysis's open places
+        "/RunInfo/synthesized",
+        "/RunInfo/source",
+        "/RunState/recovery",
+        "/RunTarget/version",
+        "/warm_cold",
+        "/server",
+        "/replicas",
+    ],  # the same trace metadata, as the run's manifest recorded it
     "contract": ["/CaseResult/settings"],  # a behaviour case's request settings, passed to the target as given
-    "validation-measured": ["/RunComparison/engine_notes"],  # a run manifest's engine_notes (still open)
     "vllm-log": ["/non_default_args"],  # vLLM's own argument names and values
     "vllm-serve": ["/VllmEngineNotes/non_default_args"],
 }

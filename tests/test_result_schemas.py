@@ -22,6 +22,7 @@ from loadgen.calibration.offline_result import MEASURED_VALIDATION_SCHEMA_VERSIO
 from loadgen.cli.schema_cmd import RESULT_NAMES
 from loadgen.contract.result import CONTRACT_DIFF_SCHEMA_VERSION, CONTRACT_SCHEMA_VERSION
 from loadgen.handoff.findings import HANDOFF_EXPERIMENT_SCHEMA_VERSION, HANDOFF_FAILURE_SCHEMA_VERSION
+from loadgen.handoff.observed_file import HANDOFF_OBSERVED_SCHEMA_VERSION
 from loadgen.handoff.result import (
     HANDOFF_BUNDLE_SCHEMA_VERSION,
     HANDOFF_RERUN_SCHEMA_VERSION,
@@ -63,6 +64,7 @@ VERSIONS = {
     "handoff-failure": HANDOFF_FAILURE_SCHEMA_VERSION,
     "handoff-experiment": HANDOFF_EXPERIMENT_SCHEMA_VERSION,
     "handoff-workload": HANDOFF_WORKLOAD_SCHEMA_VERSION,
+    "handoff-observed": HANDOFF_OBSERVED_SCHEMA_VERSION,
     "practice": PRACTICE_SCHEMA_VERSION,
     "contract": CONTRACT_SCHEMA_VERSION,
     "validation-measured": MEASURED_VALIDATION_SCHEMA_VERSION,

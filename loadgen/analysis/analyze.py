@@ -888,7 +888,7 @@ def _prompt_tokens_differ(run: _Run) -> str | None:
 
 def _warm_cold(run: _Run) -> dict[str, Any]:
     m = run.manifest
-    notes = m.engine_notes
+    notes = dict(sorted(m.engine_notes.model_dump(mode="json").items()))  # in the manifest file's order (sorted)
     out: dict[str, Any] = {
         "state": m.warm_state.state,
         "actions": m.warm_state.actions,

@@ -8,10 +8,9 @@ own unit: ms for the latency figures (``ttft_mean``, ``e2e_p99`` ...), requests/
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field
 
+from loadgen.rundir.engine_notes import WorksheetNotes
 from loadgen.util.resultmodel import Number, ResultModel
 
 __all__ = ["MEASURED_VALIDATION_SCHEMA_VERSION", "MeasuredValidation"]
@@ -115,8 +114,7 @@ class RunComparison(ResultModel):
     series: dict[str, Series] = Field(description="running, waiting, kv_use, generated")
     published: dict[str, Number] = Field(description="figure -> the published simulator's own signed error, %")
     notes: list[str]
-    # the replay's engine notes: scalar facts the simulated engine reports (and its profile grid), engine-defined
-    engine_notes: dict[str, Any]
+    engine_notes: WorksheetNotes = Field(description="the replay's engine notes: its scalars and its profile grid")
     mismatches: list[str] = Field(description="how the engine differs from the run's deployment")
     unchecked: str | None
     source: dict[str, str] = Field(description="the imported files' path and requests.jsonl's sha256")

@@ -38,6 +38,7 @@ RESULT_NAMES = (
     "handoff-failure",
     "handoff-experiment",
     "handoff-workload",
+    "handoff-observed",
     "practice",
     "contract",
     "validation-measured",
@@ -71,6 +72,7 @@ def result_schema(name: str) -> dict[str, Any]:
         ReferenceDiff,
     )
     from ..handoff import findings as handoff_findings  # deferred: as above
+    from ..handoff import observed_file as handoff_observed  # deferred: as above
     from ..handoff import result as handoff_result  # deferred: as above
     from ..handoff import workload_file as handoff_workload  # deferred: as above
     from ..ledger import result as ledger_result  # deferred: as above
@@ -172,6 +174,11 @@ def result_schema(name: str) -> dict[str, Any]:
             handoff_workload.WorkloadFile,
             handoff_workload.HANDOFF_WORKLOAD_SCHEMA_VERSION,
             "a handoff bundle's workload.json: the source run's scenario and trace, and how to regenerate the trace",
+        ),
+        "handoff-observed": (
+            handoff_observed.ObservedAnalysis,
+            handoff_observed.HANDOFF_OBSERVED_SCHEMA_VERSION,
+            "a handoff bundle's observed.json: the source run's analysis without its per-second series",
         ),
         "practice": (
             PracticeDecision,

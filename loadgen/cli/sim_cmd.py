@@ -264,15 +264,17 @@ def _run(args: argparse.Namespace) -> int:
     from ..sim.worksheet import run_worksheet  # deferred: `loadgen --help` loads no library code
 
     out = run_worksheet(args.trace, args.engine, args.out, seed=args.seed, scenario=args.scenario)
-    notes = read_manifest(out).engine_notes
-    rate = notes.get("output_tokens_per_busy_s")
+    manifest = read_manifest(out)
+    notes = manifest.engine_notes
+    rate = notes.output_tokens_per_busy_s
     print(
-        f"{out}: simulated {notes.get('virtual_duration_s', 0):.1f} s, {notes.get('steps', 0)} steps, "
-        f"busy {notes.get('busy_s', 0):.1f} s, output {notes.get('output_tokens', 0)} tokens"
+        f"{out}: simulated {notes.virtual_duration_s or 0:.1f} s, {notes.steps or 0} steps, "
+        f"busy {notes.busy_s or 0:.1f} s, output {notes.output_tokens or 0} tokens"
         + (f" ({rate:.0f} tok/s busy)" if rate else "")
     )
-    print((read_manifest(out).engine_config or {}).get("calibration_label", ""))
-    if grid := coverage_line(notes.get("profile_grid")):
+    print((manifest.engine_config or {}).get("calibration_label", ""))
+    grid_note = notes.profile_grid.model_dump(mode="json") if notes.profile_grid is not None else None
+    if grid := coverage_line(grid_note):
         print(grid)
     return 0
 

@@ -582,7 +582,7 @@ class Coordinator:
                 target=first.target.model_dump(mode="json"),
                 scenario=first.scenario.model_dump(mode="json") if first.scenario else None,
                 driver=_merged_driver(shards),
-                engine_notes=first.engine_notes,
+                engine_notes=first.engine_notes.model_dump(mode="json"),
                 behavior_relevant=first.behavior_relevant,
             )
         updates.update(

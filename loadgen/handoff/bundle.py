@@ -39,6 +39,7 @@ from ..trace.io import read_trace
 from . import layout
 from .experiment import inner_engine_config, propose_experiment
 from .findings import Experiment, FailureFile
+from .observed_file import ObservedAnalysis
 from .readme import ReadmeFacts, readme_text, rerun_instructions
 from .verify import write_sums, write_tar
 from .workload_file import WorkloadFile
@@ -113,7 +114,7 @@ def _memory_signals(manifest: Manifest, analysis: Analysis, run_dir: Path | None
                 "reason": f"{pre['increase']:g} preemptions during the run ({pre.get('metric')})",
             }
         )
-    notes = json.dumps(manifest.engine_notes).lower()
+    notes = json.dumps(manifest.engine_notes.model_dump(mode="json")).lower()
     if "out of memory" in notes or "oom" in re.findall(r"[a-z]+", notes):
         signals.append(
             {
@@ -444,7 +445,7 @@ def _write_findings(
     observed.pop("timeseries", None)  # per-second series are re-derivable from a rerun; keep the bundle small
     if isinstance(observed.get("server"), dict):
         observed["server"].pop("timeseries", None)
-    _write_json(out / layout.OBSERVED, observed)
+    _write_model(out / layout.OBSERVED, ObservedAnalysis, observed)
 
 
 def _check_no_secret(bundle_dir: Path, manifest: Manifest) -> None:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from loadgen.rundir.engine_notes import ReconcileRowResult
 from loadgen.util.resultmodel import Number, ResultModel
 
 __all__ = [
@@ -153,18 +154,6 @@ class LedgerResult(ResultModel):
 
 #: The reconciliation document's ``version`` (``loadgen ledger --reconcile SOURCE --json``).
 RECONCILIATION_SCHEMA_VERSION = 1
-
-
-class ReconcileRowResult(ResultModel):
-    """One quantity the ledger and the engine both give, in the unit its name says (tokens, blocks, bytes, GiB,
-    or requests for max_concurrency)."""
-
-    quantity: str
-    ledger: Number | None = Field(description="the ledger's figure, in the quantity's unit (null: none)")
-    engine: Number | None = Field(description="the engine's reported figure, in the quantity's unit (null: none)")
-    source: str = Field(description="where the engine's figure came from (log line, metrics, meta.json)")
-    exact: bool = Field(description="an exact match is required (else within 1%)")
-    match: bool | None = Field(description="null: one side has no figure")
 
 
 class ReconciledLedger(ResultModel):

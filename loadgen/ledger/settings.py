@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from loadgen.util.errors import LedgerError
-from loadgen.util.limits import is_finite
+from loadgen.util.limits import MAX_MEMORY_GIB, is_finite
 
 from .config import dtype_bytes
 
@@ -21,8 +21,6 @@ __all__ = [
 ]
 
 GIB = 1 << 30
-#: Largest memory budget the ledger accepts (1 PiB).
-MAX_MEMORY_GIB = float(1 << 20)
 
 #: Bits per weight element of linear layers for each quantization, and the group size of its scales.
 QUANT_WEIGHT_BITS: dict[str, tuple[float, int | None]] = {

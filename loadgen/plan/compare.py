@@ -324,9 +324,9 @@ def _engine_rate(run_dir: Path, manifest: Manifest) -> float | None:
     counters, read by the analysis (``engine_busy_output_rate``). Real engines do not expose busy time: None.
     """
     notes = manifest.engine_notes
-    if notes.get("output_tokens_per_busy_s"):  # a worksheet that recorded the busy time behind it is held to the rule
-        busy = notes.get("busy_s")
-        return float(notes["output_tokens_per_busy_s"]) if busy is None or rate_window_s(busy) else None
+    if notes.output_tokens_per_busy_s:  # a worksheet that recorded the busy time behind it is held to the rule
+        busy = notes.busy_s
+        return float(notes.output_tokens_per_busy_s) if busy is None or rate_window_s(busy) else None
     return engine_busy_output_rate(run_dir)
 
 

@@ -21,9 +21,9 @@ def plan_profile_grid(plan_dir: Path | str) -> tuple[int, dict[str, Any] | None]
     plans = [Path(plan_dir), *sorted(Path(plan_dir).glob("replicas-*"))]  # a fleet plan: one per replica count
     for path in (manifest for plan in plans for manifest in cell_run_manifests(plan)):
         try:
-            note = read_manifest(path.parent).engine_notes.get("profile_grid")
+            grid = read_manifest(path.parent).engine_notes.profile_grid
         except RunDirError:
             continue  # a damaged run is the region's to report, not this line's
-        if note:
-            notes.append(note)
+        if grid is not None:
+            notes.append(grid.model_dump(mode="json"))
     return len(notes), (GridCoverage.merge(notes) if notes else None)

@@ -24,6 +24,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from loadgen.rundir.engine_notes import EngineNotes
 from loadgen.rundir.schema import MANIFEST_FILE, PLAN_FILE, SCHEMA_VERSION, record_schema_note
 from loadgen.rundir.target_identity import PlanTarget
 from loadgen.util.errors import RunDirError
@@ -267,9 +268,8 @@ class Manifest(BaseModel):
     ] = None
     model_executed: bool = Field(False, alias="modelExecuted")
     benchmark_executed: bool = Field(False, alias="benchmarkExecuted")
-    # open: each engine writes its own keys (the simulated engine, imported runs, vLLM), and older run dirs must
-    # still read; a vLLM run's "log" section is built through loadgen.vllm.result.VllmEngineNotes
-    engine_notes: dict[str, Any] = {}
+    # each engine's own keys, typed where this repo writes them, open to others (loadgen.rundir.engine_notes)
+    engine_notes: EngineNotes = Field(default_factory=EngineNotes)
     engine_config: dict[str, Any] | None = None  # the simulated engine's config (worksheet)
     behavior_relevant: dict[str, Any] = {}
     driver: DriverInfo | None = None
@@ -326,9 +326,16 @@ def merge_manifest(manifest: Manifest, updates: Mapping[str, Any] | Manifest) ->
     return _validate(merge_sections(manifest.to_dict(), updates), "manifest update")
 
 
+#: The members of a ``Number`` (int | float) pydantic names in an error's place: not fields.
+_NUMBER_TAGS = ("int", "float")
+
+
 def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    errors = exc.errors()
+    err = errors[0]
+    if err["loc"][-1:] == ("int",):  # a Number: its float member's words ("a valid number") say what is expected
+        err = next((e for e in errors if e["loc"] == (*err["loc"][:-1], "float")), err)
+    where = ".".join(str(p) for p in err["loc"] if p not in _NUMBER_TAGS) or "(top level)"
     return f"field {where}: {err['msg'].lower()} (got {str(err.get('input'))[:80]!r})"
 
 

@@ -18,6 +18,7 @@ __all__ = [
     "MAX_CONCURRENCY",
     "MAX_DURATION_S",
     "MAX_HTTP_STATUS",
+    "MAX_MEMORY_GIB",
     "MAX_OFFSET_NS",
     "MAX_PARALLEL",
     "MAX_PARAM",
@@ -56,6 +57,8 @@ MAX_TIMEOUT_S = 7 * 86400.0
 MAX_PARAM = 1e12
 #: HTTP status codes.
 MAX_HTTP_STATUS = 599
+#: Largest memory budget or figure read, GiB (1 PiB).
+MAX_MEMORY_GIB = float(1 << 20)
 
 
 def is_finite(value: object) -> bool:

@@ -142,7 +142,7 @@ def engine_report(source: str | Path) -> dict[str, Any]:
     manifest = p / MANIFEST_FILE
     if manifest.is_file():
         read = read_manifest(p)
-        for k, v in _manifest_log_notes(manifest, read.engine_notes).items():
+        for k, v in _manifest_log_notes(manifest, read.engine_notes.model_dump(mode="json")).items():
             report.setdefault(k, v)
         where = f"{manifest}: target.engine.config"
         config = read_measured_engine_config(where, read.target.engine.config if read.target.engine else None)
