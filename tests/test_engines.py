@@ -38,6 +38,7 @@ from loadgen.vllm.launch import VLLM_SITE_DIR, amx_host, gpu_host
 from loadgen.vllm.result import VllmLogNotes, ready_document
 
 ROOT = Path(__file__).resolve().parents[1]
+LLAMA_JSON = str(ROOT / "loadgen" / "data" / "models" / "llama-3.1-8b.json")
 
 CPU_LOG = """\
 (APIServer pid=5948) INFO 11-29 08:15:16 [api_utils.py:347]  ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.32.0
@@ -589,3 +590,25 @@ def test_ledger_never_imports_engines():
             else:
                 continue
             assert not any("engines" in name for name in names), f"{path.name} imports {names}"
+
+
+@pytest.mark.parametrize(
+    ("arg", "said"),
+    [
+        ("'max_num_seqs': -4", "non_default_args.max_num_seqs = -4: expected a number in [1, "),
+        ("'max_num_batched_tokens': 0", "non_default_args.max_num_batched_tokens = 0: expected a number in [1, "),
+        ("'block_size': 'x'", "non_default_args.block_size = 'x': expected a whole number"),
+        ("'max_model_len': True", "non_default_args.max_model_len = True: expected a finite number"),
+    ],
+)
+@pytest.mark.parametrize("command", [["vllm", "parse-log"], ["ledger", "--model", LLAMA_JSON, "--reconcile"]])
+def test_a_damaged_non_default_arg_is_one_line_naming_the_log(tmp_path, arg, said, command):
+    """A count among the logged non-default args loadgen reads is checked where the log is read: the line names
+    the file (it once said only "max_num_seqs = -4" from the ledger, with no file)."""
+    from cli_process import run_loadgen
+
+    log = tmp_path / "vllm.log"
+    log.write_text(CPU_LOG.replace("'load_format': 'dummy'", f"'load_format': 'dummy', {arg}", 1))
+    r = run_loadgen([*command, log], ROOT)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr[-500:]
+    assert len(r.stderr.strip().splitlines()) == 1 and f"{log}: {said}" in r.stderr, r.stderr

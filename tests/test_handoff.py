@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -542,3 +543,49 @@ def test_the_bundle_findings_validate_against_their_schemas(bundle) -> None:
     observed = json.loads((bundle.bundle_dir / "observed.json").read_text())
     assert_valid("handoff-observed", observed)
     assert "timeseries" not in observed and "timeseries" not in (observed["server"] or {})
+
+
+@pytest.fixture(scope="module")
+def plan_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished plan (plan.json, region.json, one cell) on the simulated engine."""
+    from loadgen.plan import load_plan, run_plan
+    from loadgen.targets import WorksheetTarget
+
+    work = tmp_path_factory.mktemp("plan")
+    (work / "plan.toml").write_text(
+        f'name = "h"\nscenario = "{SCENARIO}"\ntrace = "steady"\nduration_s = 5\nclasses = ["short-message"]\n'
+        "concurrency = [8]\nrates_rps = [2]\nrepeats = 1\n[stops]\ncontract_every_cell = false\n"
+    )
+    run_plan(load_plan(work / "plan.toml"), WorksheetTarget("instant"), work / "plan")
+    return work / "plan"
+
+
+@pytest.mark.parametrize(
+    ("name", "damage", "said"),
+    [
+        ("plan.json", lambda _: "{not json", "plan.json: "),
+        ("plan.json", lambda _: '{"kind": "loadgen.plan", "version": "x"}', "plan.json: "),
+        ("plan.json", lambda _: "[]", "plan.json: "),
+        ("plan.json", lambda t: t.replace('"loadgen.plan"', '"loadgen.run"'), "plan.json: kind = 'loadgen.run'"),
+        ("region.json", lambda _: "\x00\xff garbage", "region.json: "),
+        ("region.json", lambda t: json.dumps({**json.loads(t), "classes": 5}), "region.json: classes = 5"),
+        ("region.json", lambda t: json.dumps({**json.loads(t), "version": 9}), "region.json: version = 9"),
+    ],
+)
+def test_a_plan_dir_with_a_damaged_plan_or_region_file_is_refused_before_bundling(
+    tmp_path: Path, plan_dir: Path, name: str, damage: Callable[[str], str], said: str
+) -> None:
+    plan = tmp_path / "plan"
+    shutil.copytree(plan_dir, plan)
+    (plan / name).write_text(damage((plan / name).read_text()))
+    res = cli("handoff", str(plan), "--out", str(tmp_path / "b"))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr and said in res.stderr, res.stderr
+    assert str(plan / name) in res.stderr, res.stderr
+    assert not (tmp_path / "b").exists() and not (tmp_path / "b.tar.gz").exists()
+
+
+def test_a_sound_plan_dir_is_bundled(tmp_path: Path, plan_dir: Path) -> None:
+    res = cli("handoff", str(plan_dir), "--out", str(tmp_path / "b"))
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "b.tar.gz").is_file()

@@ -167,7 +167,7 @@ def test_bailian_replays_threads_against_the_live_engine(tmp_path, sim_server):
         ("burstgpt", "Timestamp,Model\n1,x\n", "header"),
         ("burstgpt", ",".join(BURST_HEADER) + "\n1.0,ChatGPT,abc,3,3,API log\n", "Request tokens"),
         ("burstgpt", ",".join(BURST_HEADER) + "\n-1.0,ChatGPT,1,3,4,API log\n", "Timestamp = -1.0"),
-        ("burstgpt", ",".join(BURST_HEADER) + "\n1.0,ChatGPT,-5,3,4,API log\n", "prompt tokens = -5"),
+        ("burstgpt", ",".join(BURST_HEADER) + "\n1.0,ChatGPT,-5,3,-2,API log\n", "prompt tokens = -5"),
         ("bailian", '{"chat_id": 1, "parent_chat_id": -1}\n', "missing timestamp"),
         ("bailian", "not json\n", "expected Bailian JSONL"),
         (
@@ -199,3 +199,50 @@ def test_a_source_value_that_is_no_class_name_asks_for_a_mapping(tmp_path):
     assert res.returncode == 2 and "--class-map" in res.stderr
     ok = _cli("burstgpt", str(src), "--out", str(tmp_path / "t.pq"), "--class-by", "model", "--class-map", "???=odd")
     assert ok.returncode == 0, ok.stderr
+
+
+def _bailian_line(input_length: int, hash_ids: int) -> str:
+    return json.dumps(
+        {
+            "chat_id": 1,
+            "parent_chat_id": -1,
+            "timestamp": 0,
+            "input_length": input_length,
+            "output_length": 1,
+            "hash_ids": list(range(hash_ids)),
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "needle"),
+    [
+        (
+            "burstgpt",
+            ",".join(BURST_HEADER) + "\n1.0,ChatGPT,10,3,13,API log\n2.0,GPT-4,10,3,99,API log\n",
+            "row 3: Total tokens = 99: expected Request tokens + Response tokens = 10 + 3",
+        ),
+        ("burstgpt", ",".join(BURST_HEADER) + "\n1.0,ChatGPT,10,0,0,API log\n", "row 2: Total tokens = 0"),
+        ("bailian", _bailian_line(17, 3) + "\n", "request 1: hash_ids holds 3 ids: expected at most one per 16"),
+        ("bailian", _bailian_line(0, 1) + "\n", "hash_ids holds 1 ids: expected at most one per 16-token block"),
+        ("bailian", _bailian_line(16, 1 << 16) + "\n", "hash_ids holds 65536 ids"),
+    ],
+    ids=["burst-total", "burst-total-0", "bailian-3-ids", "bailian-empty-prompt", "bailian-65536-ids"],
+)
+def test_counts_that_disagree_with_the_requests_tokens_are_one_line(tmp_path, kind, text, needle):
+    """Was: BurstGPT's Total tokens was never read, and Bailian hash_ids longer than the prompt's blocks were
+    imported (65,536 ids for a 16-token prompt). Now each is one line naming the row, exit 2, no trace written."""
+    src = tmp_path / "src"
+    src.write_text(text)
+    res = _cli(kind, str(src), "--out", str(tmp_path / "t.pq"))
+    assert res.returncode == 2, res.stderr
+    assert needle in res.stderr and str(src) in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "t.pq").exists()
+
+
+@pytest.mark.parametrize(("input_length", "hash_ids"), [(17, 2), (17, 1), (16, 0), (0, 0)])
+def test_bailian_hash_ids_up_to_the_prompts_blocks_import(tmp_path, input_length, hash_ids):
+    src = tmp_path / "src"
+    src.write_text(_bailian_line(input_length, hash_ids) + "\n")
+    res = _cli("bailian", str(src), "--out", str(tmp_path / "t.pq"))
+    assert res.returncode == 0, res.stderr

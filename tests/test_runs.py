@@ -776,3 +776,63 @@ def test_a_run_path_that_is_not_utf8_is_reported_not_a_traceback(runs, tmp_path)
         assert (
             "expected a run's path or the end of one, as UTF-8 text" in shown.stderr and "--where" not in shown.stderr
         )
+
+
+def _bad_uris(tmp: Path) -> dict[str, tuple[str, str]]:
+    """Tracking URIs MLflow cannot record to, each with the words of its refusal."""
+    (tmp / "notes.txt").write_text("not a database")
+    return {
+        "garbage": ("garbage-uri", "expected sqlite:///PATH"),
+        "bare-file": (str(tmp / "notes.txt"), "expected sqlite:///PATH"),
+        "file-scheme": ((tmp / "store").as_uri(), "expected sqlite:///PATH"),
+        "sqlite-not-db": (f"sqlite:///{tmp / 'notes.txt'}", "is no SQLite database"),
+        "sqlite-dir": (f"sqlite:///{tmp}", "is a directory"),
+        "sqlite-no-dir": (f"sqlite:///{tmp / 'none' / 'm.db'}", "is in no existing directory"),
+        "http-refused": ("http://127.0.0.1:9", "MLflow could not record"),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "case", ["garbage", "bare-file", "file-scheme", "sqlite-not-db", "sqlite-dir", "sqlite-no-dir", "http-refused"]
+)
+def test_export_mlflow_refuses_a_tracking_uri_it_cannot_record_to_in_one_line(runs, tmp_path, case):
+    """Was: MLflow's own retries (37 lines of them for a directory, minutes for a refused port) or a file store it
+    will not update; a URI of one directory it could not write left nothing usable either. Now: one line, exit
+    2, the file it named untouched and no store created."""
+    pytest.importorskip("mlflow", reason="MLflow not installed (pip install 'loadgen[mlflow]')")
+    uri, said = _bad_uris(tmp_path)[case]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    res = _cli("export", "mlflow", str(runs["base"]), "--tracking-uri", uri, check=False)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert res.stderr.count("\n") == 1 and said in res.stderr, res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert (tmp_path / "notes.txt").read_text() == "not a database"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("field", "value"), [("duration_s", -1), ("trace", []), ("status_counts", {"ok": -3})])
+def test_export_mlflow_of_only_damaged_runs_leaves_no_store(runs, tmp_path, field, value):
+    """Was: every run skipped, yet an empty MLflow store (tables, an experiment) was created and MLflow's INFO lines
+    were on stderr; now the one skipped line, exit 2, and no store file."""
+    pytest.importorskip("mlflow", reason="MLflow not installed (pip install 'loadgen[mlflow]')")
+    run = tmp_path / "run"
+    shutil.copytree(runs["base"], run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps({**manifest, field: value}))
+    res = _cli("export", "mlflow", str(run), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}", check=False)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert res.stderr.startswith(f"skipped {run}: ") and res.stderr.count("\n") == 1 and field in res.stderr
+    assert not (tmp_path / "m.db").exists() and not (tmp_path / "mlflow-artifacts").exists()
+
+
+@pytest.mark.slow
+def test_export_mlflow_skips_a_plan_whose_plan_json_is_damaged(runs, tmp_path):
+    pytest.importorskip("mlflow", reason="MLflow not installed (pip install 'loadgen[mlflow]')")
+    plan = tmp_path / "plan"
+    shutil.copytree(runs["base"], plan / "cells" / "c0" / "rep0")
+    (plan / "plan.json").write_text('{"kind": "loadgen.plan", "version": "x"}')
+    res = _cli("export", "mlflow", str(plan), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}", check=False)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert res.stderr.startswith(f"skipped {plan}: {plan / 'plan.json'}: ") and res.stderr.count("\n") == 1
+    assert not (tmp_path / "m.db").exists()

@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from loadgen.util.limits import InputModel
 from loadgen.workload import presets
 from loadgen.workload.prompts import get_tokenizer
 
@@ -51,7 +52,7 @@ _MARKER = re.compile(r"\[loadgen-case:([A-Za-z0-9][A-Za-z0-9._-]{0,127})\]")
 _CITATION = re.compile(r"\s?\[[A-Za-z]+-[A-Za-z0-9._:-]+\]")
 
 
-class BehaviorConfig(BaseModel):
+class BehaviorConfig(InputModel):
     """An engine config's ``[behavior]`` table (validated; the simulated engine's config embeds it)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

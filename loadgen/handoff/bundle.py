@@ -33,6 +33,7 @@ from loadgen.workload.scenario import class_order, load_scenario, scenario_from_
 from .. import __version__
 from ..analysis import Analysis, Check, analyze_run
 from ..contract import CONTRACT_FILE
+from ..plan.files import PLAN_FILE, REGION_FILE, read_plan_state, read_region
 from ..sim.config import PRESETS_DIR
 from ..trace.generate import generate_trace_file
 from ..trace.io import read_trace
@@ -139,9 +140,20 @@ class _Source:
     runs: list[Path]
 
 
+def _check_plan_files(path: Path) -> None:
+    """A plan directory's plan.json and region.json (when there is one) read as ``loadgen compare`` reads them:
+    a damaged one is one PlanError line before anything is bundled."""
+    if (path / PLAN_FILE).exists():
+        read_plan_state(path / PLAN_FILE)
+    if (path / REGION_FILE).exists():
+        read_region(path)
+
+
 def _select(path: Path) -> _Source:
     """The run to hand off: the first with a failed hard budget (or memory signal), else the first."""
     runs = find_run_dirs(path)
+    if runs != [path]:
+        _check_plan_files(path)
     first: _Source | None = None
     for run_dir in runs:
         analysis = analyze_run(run_dir)

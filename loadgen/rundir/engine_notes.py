@@ -69,6 +69,20 @@ LogSeconds = Annotated[Number, *_within(0, MAX_DURATION_S)]
 LogRatio = Annotated[Number, *_within(0, MAX_PARAM)]
 
 
+#: The counts among vLLM's non-default args that loadgen reads (the ledger's reconcile, a run's batch limits).
+_ARG_COUNTS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size")
+
+
+def _check_arg_counts(args: Any) -> Any:
+    """vLLM's non-default args as logged, each count loadgen reads a whole number in [1, MAX_PARAM]."""
+    for name in _ARG_COUNTS if isinstance(args, dict) else ():
+        value = args.get(name)
+        why = check_number(value, 1, MAX_PARAM) if isinstance(value, int) else "expected a whole number"
+        if value is not None and why is not None:  # a boolean is no finite number to check_number
+            raise ValueError(f"{name} = {value!r:.80}: {why}")
+    return args
+
+
 class ModelLoading(ResultModel):
     """vLLM's "Model loading took X GiB and Y seconds" line."""
 
@@ -90,7 +104,7 @@ class VllmLogNotes(ResultModel):
         description="behaviour-relevant keys of the 'Initializing a V1 LLM engine ... with config:' line, as vLLM "
         "names them (dtype, max_seq_len, quantization, enable_prefix_caching, ...)",
     )
-    non_default_args: dict[str, Any] | str | None = Field(
+    non_default_args: Annotated[dict[str, Any] | str | None, AfterValidator(_check_arg_counts)] = Field(
         None,
         description="the 'non-default args' vLLM logs, as vLLM names them (the line's text when it is no dict)",
     )

@@ -18,6 +18,8 @@ plain-file store in maintenance mode). Needs ``pip install 'loadgen[mlflow]'``.
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +28,7 @@ from typing import Any
 
 from loadgen.analysis import analyze_run, write_html
 from loadgen.plan.compare import identity_of
-from loadgen.plan.files import PLAN_FILE
+from loadgen.plan.files import PLAN_FILE, read_plan_state
 from loadgen.rundir.manifest import read_manifest
 from loadgen.rundir.schema import MANIFEST_FILE
 from loadgen.util.errors import LoadgenError, RunDirError
@@ -34,7 +36,7 @@ from loadgen.util.errors import LoadgenError, RunDirError
 from .catalog import _signature, _walk
 from .headline import HEADLINE_COLUMNS, HEADLINE_VERSION, headline_figures
 
-__all__ = ["DEFAULT_TRACKING_URI", "MAX_ARTIFACT_BYTES", "ExportReport", "export_mlflow"]
+__all__ = ["DEFAULT_TRACKING_URI", "MAX_ARTIFACT_BYTES", "ExportReport", "check_tracking_uri", "export_mlflow"]
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 DEFAULT_EXPERIMENT = "loadgen"
@@ -51,12 +53,50 @@ class ExportReport:
     skipped: list[str] = field(default_factory=list)  # "path: why it could not be read"
 
 
+#: MLflow's HTTP client retries a refused connection for minutes by default; an unreachable server is one line
+#: within seconds (a user's own MLFLOW_HTTP_REQUEST_* settings win).
+_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+#: Tracking URI schemes MLflow records to; a bare path or file: is its file store, which MLflow 3 refuses to update.
+_URI_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks", "databricks-uc")
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
 def _mlflow() -> Any:
+    for name, value in _HTTP_DEFAULTS.items():
+        os.environ.setdefault(name, value)
     try:
         import mlflow  # deferred: an optional dependency (loadgen[mlflow])
     except ImportError as exc:
         raise LoadgenError("export mlflow: MLflow is not installed: expected `pip install 'loadgen[mlflow]'`") from exc
+    logging.getLogger("mlflow").setLevel(logging.WARNING)  # its INFO lines ("Creating initial ... tables") on stderr
     return mlflow
+
+
+def check_tracking_uri(tracking_uri: str) -> None:
+    """A URI MLflow can record to, checked before anything is opened: one LoadgenError line otherwise (a bare
+    path, file:, a SQLite path that is a directory, in no directory, or a file that is no SQLite database)."""
+    scheme = tracking_uri.split(":", 1)[0].split("+", 1)[0] if ":" in tracking_uri else ""  # postgresql+psycopg2
+    if scheme not in _URI_SCHEMES:
+        raise LoadgenError(
+            f"--tracking-uri = {tracking_uri!r:.120}: expected sqlite:///PATH, http(s)://HOST or a database URI "
+            "(MLflow 3's file store takes no new runs)"
+        )
+    db = _sqlite_file(tracking_uri)
+    if db is None:
+        return
+    if db.is_dir() or not db.parent.is_dir():
+        problem = "is a directory" if db.is_dir() else "is in no existing directory"
+        raise LoadgenError(f"--tracking-uri = {tracking_uri!r:.120}: {db} {problem}: expected an SQLite file")
+    if db.is_file() and db.stat().st_size and not _is_sqlite(db):
+        raise LoadgenError(f"--tracking-uri = {tracking_uri!r:.120}: {db} is no SQLite database: expected one")
+
+
+def _is_sqlite(path: Path) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC
+    except OSError:
+        return False
 
 
 def _sqlite_file(tracking_uri: str) -> Path | None:
@@ -78,10 +118,15 @@ def _client(tracking_uri: str, experiment: str) -> tuple[Any, str]:
         return client, client.create_experiment(experiment, artifact_location=location)
     except BaseException:
         if new and db is not None:
-            for path in (db, db.with_name(db.name + "-journal"), db.with_name(db.name + "-wal")):
-                with contextlib.suppress(OSError):
-                    path.unlink(missing_ok=True)
+            _remove_store(db)
         raise
+
+
+def _remove_store(db: Path) -> None:
+    """An SQLite store this call created, with its journal files."""
+    for path in (db, db.with_name(db.name + "-journal"), db.with_name(db.name + "-wal")):
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
 
 
 def _params(run_dir: Path) -> dict[str, str]:
@@ -183,8 +228,11 @@ def export_mlflow(
     directories: Sequence[Path | str], *, tracking_uri: str = DEFAULT_TRACKING_URI, experiment: str = DEFAULT_EXPERIMENT
 ) -> ExportReport:
     """Export run and plan directories (see the module docstring); returns what was exported or skipped."""
+    check_tracking_uri(tracking_uri)
     kinds = [(directory, _kind(directory)) for directory in (Path(d).resolve() for d in directories)]
     report = ExportReport()
+    db = _sqlite_file(tracking_uri)
+    new = db is not None and not db.exists()
     with _tracker_errors(tracking_uri, report):
         client, exp = _client(tracking_uri, experiment)  # only once every directory is one: a refusal writes nothing
         for directory, kind in kinds:
@@ -192,6 +240,8 @@ def export_mlflow(
                 _export_plan(client, exp, directory, report)
             else:
                 _export_one(client, exp, directory, None, report)
+    if new and db is not None and not report.exported:  # every directory skipped: no empty store is left behind
+        _remove_store(db)
     return report
 
 
@@ -241,6 +291,11 @@ def _export_plan(client: Any, exp: str, plan_dir: Path, report: ExportReport) ->
     signature = _export_signature(plan_dir, "plan")
     if _existing(client, exp, plan_dir, signature):
         report.unchanged.append(str(plan_dir))
+        return
+    try:  # its plan.json as a resume reads it: a damaged one is skipped before its MLflow run is begun
+        read_plan_state(plan_dir / PLAN_FILE)
+    except LoadgenError as exc:
+        report.skipped.append(f"{plan_dir}: {exc}")
         return
     tags = {"loadgen.path": str(plan_dir), "loadgen.kind": "plan"}
     parent = client.create_run(exp, run_name=plan_dir.name, tags=tags).info.run_id

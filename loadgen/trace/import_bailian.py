@@ -1,7 +1,7 @@
 """Alibaba Bailian usage traces (alibaba-edu/qwen-bailian-usagetraces-anon) JSONL, one request a line:
 ``chat_id``, ``parent_chat_id`` (-1 for a session's first turn), ``timestamp`` (s), ``input_length``,
 ``output_length``, ``type`` (``text``, ``search``, ``image``, ``file``), ``turn``, ``hash_ids`` (one id per
-16-token prompt block).
+16-token prompt block: more ids than input_length has blocks is refused with its request; fewer are kept).
 
 Sessions become threads: following ``parent_chat_id`` up to the first turn names the conversation
 (``bl<first chat_id>``); turns are numbered in arrival order within it (a parent outside the file, as in a cut
@@ -81,6 +81,20 @@ def _first_turns(path: Path, chat_ids: np.ndarray, parents: np.ndarray) -> np.nd
     raise TraceError(f"{path}: chat_id = {int(chat_ids[row])}: its parent_chat_id chain loops: expected a tree")
 
 
+def _check_hash_counts(path: Path, hashes: pa.Array, prompts: np.ndarray) -> None:
+    """At most one hash id per 16-token block of input_length: more would name blocks the prompt has not (fewer
+    are kept: the prompt's tokens past them are its own)."""
+    counts = pc.list_value_length(hashes).fill_null(0).to_numpy()
+    blocks = -(-np.maximum(prompts, 0) // BAILIAN_BLOCK_TOKENS)
+    over = np.flatnonzero(counts > blocks)
+    if len(over):
+        row = int(over[0])
+        raise TraceError(
+            f"{path}: request {row + 1}: hash_ids holds {int(counts[row])} ids: expected at most one per "
+            f"{BAILIAN_BLOCK_TOKENS}-token block of input_length = {int(prompts[row])} ({int(blocks[row])} ids)"
+        )
+
+
 def read_bailian(path: str | Path, class_by: str | None = None) -> Source:
     """The requests of a Bailian JSONL file; ``class_by``: None or ``type``."""
     path = Path(path)
@@ -100,6 +114,7 @@ def read_bailian(path: str | Path, class_by: str | None = None) -> Source:
     first = _first_turns(path, chat_ids, table.column("parent_chat_id").to_numpy())
     conversations = pc.binary_join_element_wise("bl", pa.array(chat_ids[first]).cast(pa.string()), "")
     hashes = table.column("hash_ids").combine_chunks()
+    _check_hash_counts(path, hashes, table.column("input_length").to_numpy())
     return Source(
         kind="bailian",
         path=path,

@@ -2,7 +2,8 @@
 
 ``Timestamp`` is seconds from the trace start; ``Model`` is e.g. ``ChatGPT`` or ``GPT-4``; ``Log Type`` is
 ``Conversation log`` or ``API log``. A failed request logs ``Response tokens`` 0 and is replayed with one output
-token (the engine still had to run its prompt). Classes: one for all (``--request-class``), or one per model or
+token (the engine still had to run its prompt). ``Total tokens`` must equal the other two's sum (a row where it
+does not is damaged, and which count is wrong cannot be told: refused with its row). Classes: one for all (``--request-class``), or one per model or
 log type (``class_by``), named by ``--class-map`` or the value's slug (``GPT-4`` -> ``gpt-4``). Parsed with
 ``pyarrow.csv`` (no per-row Python).
 """
@@ -57,6 +58,20 @@ def _read_table(path: Path) -> pa.Table:
         raise TraceError(f"{path}: {detail}: expected BurstGPT rows (seconds, model, token counts, log type)") from None
 
 
+def _check_totals(path: Path, table: pa.Table) -> None:
+    """``Total tokens`` is ``Request tokens + Response tokens`` in every published row (a failed request's 0
+    response included): a row where it is not is damaged, and which count is wrong cannot be told."""
+    request, response = table.column("Request tokens").to_numpy(), table.column("Response tokens").to_numpy()
+    total = table.column("Total tokens").to_numpy()
+    wrong = np.flatnonzero(total != request + response)
+    if len(wrong):
+        row = int(wrong[0])
+        raise TraceError(
+            f"{path}: row {row + 2}: Total tokens = {int(total[row])}: expected Request tokens + Response tokens "
+            f"= {int(request[row])} + {int(response[row])}"
+        )
+
+
 def read_burstgpt(path: str | Path, class_by: str | None = None) -> Source:
     """The requests of a BurstGPT CSV; ``class_by``: None, ``model`` or ``log-type``."""
     path = Path(path)
@@ -70,6 +85,7 @@ def read_burstgpt(path: str | Path, class_by: str | None = None) -> Source:
     row = bad_seconds(seconds, 1e9)
     if row is not None:
         raise TraceError(f"{path}: row {row + 2}: Timestamp = {float(seconds[row])!r}: expected seconds >= 0")
+    _check_totals(path, table)
     field = BURSTGPT_CLASS_FIELDS.get(class_by) if class_by else None
     return Source(
         kind="burstgpt",

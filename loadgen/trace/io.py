@@ -53,6 +53,9 @@ _COLUMN_RANGES = {
     "turn_index": (0, MAX_TURNS),
     "cancel_after_tokens": (0, MAX_TOKENS),
     "tool_call_tokens": (1, MAX_TOKENS),
+    "reasoning_tokens": (0, MAX_TOKENS),
+    "think_after_reply_ns": (0, MAX_OFFSET_NS),  # a pause within the span of a trace
+    "service_ns": (0, MAX_OFFSET_NS),
 }
 #: Metadata keys other code reads, with the accepted types and numeric bounds (None is always accepted).
 _META_NUMBERS = {
@@ -114,11 +117,16 @@ def validate_trace(table: pa.Table, source: object) -> None:
 
 
 def _validate_tool_calls(table: pa.Table, source: object) -> None:
-    """tool_call_tokens: the tool call fits in the output after the reasoning (reasoning, answer, tool call)."""
+    """reasoning_tokens and tool_call_tokens fit in the output (reasoning, answer, tool call)."""
+    reasoning = pc.fill_null(table.column("reasoning_tokens"), 0)
+    over = pc.greater(reasoning, table.column("output_tokens"))
+    if pc.any(over).as_py():
+        row = int(pc.index(over, True).as_py())
+        value = reasoning[row].as_py()
+        raise TraceError(f"{source}: column reasoning_tokens = {value} (row {row}): expected at most output_tokens")
     tool = table.column("tool_call_tokens")
     if tool.null_count == table.num_rows:
         return
-    reasoning = pc.fill_null(table.column("reasoning_tokens"), 0)
     over = pc.fill_null(pc.greater(pc.add(tool, reasoning), table.column("output_tokens")), False)
     if pc.any(over).as_py():
         row = int(pc.index(over, True).as_py())

@@ -72,8 +72,9 @@ def is_finite(value: object) -> bool:
 
 class InputModel(BaseModel):
     """The base of every model read from a user's file (scenario, plan, prices, engine config, contract cases):
-    a boolean where a number is expected is refused (pydantic would take ``true`` as 1). A model validator, not
-    a field one: pydantic allows no "before" validator on a discriminator field."""
+    a boolean where a number is expected is refused (pydantic would take ``true`` as 1), and so is anything but
+    a boolean where a boolean is (pydantic would take ``"yes"``, ``"off"`` or ``1``). A model validator, not a
+    field one: pydantic allows no "before" validator on a discriminator field."""
 
     @model_validator(mode="before")
     @classmethod
@@ -84,6 +85,8 @@ class InputModel(BaseModel):
                 continue
             if isinstance(value, bool) and _numbers_only(field.annotation):
                 raise ValueError(f"{name} = {value}: expected a number, got the boolean {str(value).lower()}")
+            if value is not None and not isinstance(value, bool) and _boolean_only(field.annotation):
+                raise ValueError(f"{name} = {value!r:.80}: expected true or false (a TOML boolean, unquoted)")
             if isinstance(value, list | tuple) and _number_list(field.annotation):
                 for i, item in enumerate(value):
                     if isinstance(item, bool):
@@ -103,6 +106,11 @@ def _numbers_only(annotation: Any) -> bool:
     """A field of type int or float (or either or None), which a boolean does not belong in."""
     kinds = _kinds(annotation)
     return bool not in kinds and (int in kinds or float in kinds)
+
+
+def _boolean_only(annotation: Any) -> bool:
+    """A field of type bool (or bool or None): pydantic's lax mode would read "yes", "off", 1 or 0.0 as one."""
+    return set(_kinds(annotation)) - {type(None)} == {bool}
 
 
 def _number_list(annotation: Any) -> bool:
