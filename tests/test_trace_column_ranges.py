@@ -52,3 +52,40 @@ def test_an_optional_column_out_of_range_is_one_line(tmp_path: Path, column: str
     assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
     assert str(path) in res.stderr and said in res.stderr, res.stderr
     assert not (tmp_path / "o").exists()
+
+
+def _late(path: Path, last_offset_ns: int) -> Path:
+    """The canonical steady trace's first two rows, the second scheduled at ``last_offset_ns``."""
+    table, meta = read_trace(STEADY)
+    table = table.slice(0, 2)
+    offsets = pa.array([0, last_offset_ns], table.schema.field("scheduled_offset_ns").type)
+    table = table.set_column(table.schema.get_field_index("scheduled_offset_ns"), "scheduled_offset_ns", offsets)
+    pq.write_table(table.replace_schema_metadata({TRACE_METADATA_KEY: json.dumps(meta).encode()}), path)
+    return path
+
+
+@pytest.mark.parametrize("command", ["sim", "run"])
+def test_a_trace_longer_than_a_run_can_hold_is_refused_before_it_replays(tmp_path: Path, command: str) -> None:
+    """A trace may span a year, a run's instants only 2**53 ns: `sim run` simulated such a trace to its end and
+    then failed at its close ("manifest update: field duration_s"), its manifest left running; with the instant
+    engine the run closed and `analyze` refused it. Now both replays refuse it first, naming the offset."""
+    path = _late(tmp_path / "late.parquet", 366 * 86400 * 10**9)
+    target = ("--engine", "interactive-small-batch") if command == "sim" else ("--target", "http://127.0.0.1:9")
+    args = ("sim", "run") if command == "sim" else ("run",)
+    res = _cli(*args, path, *target, "--out", tmp_path / "o")
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
+    assert f"{path}: scheduled_offset_ns = 31622400000000000 (366.0 days): expected at most" in res.stderr
+    assert not (tmp_path / "o").exists()
+    # a trace within the bound still replays (the instant engine: at once)
+    done = _cli(
+        "sim",
+        "run",
+        _late(tmp_path / "ok.parquet", 90 * 86400 * 10**9),
+        "--engine",
+        "instant",
+        "--out",
+        tmp_path / "ok",
+    )
+    assert done.returncode == 0, done.stderr
+    assert _cli("analyze", tmp_path / "ok", "--quiet").returncode == 0

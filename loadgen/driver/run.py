@@ -55,7 +55,7 @@ from loadgen.workload.routing import Router
 from loadgen.workload.scenario import Scenario, load_scenario, scenario_manifest
 from loadgen.workload.sessions import ReplyWaits, reply_dependencies
 
-from ..trace.io import read_trace
+from ..trace.io import read_trace, refuse_unreplayable
 from .client import RunContext, execute, request_row, send_at_deadline
 from .gpu_telemetry import GpuSampler, open_gpu_telemetry
 from .jobs import Job, ServerTokenizer, build_jobs, resolve_tokenizer
@@ -202,6 +202,7 @@ def _read_inputs(options: RunOptions, shard: Shard | None = None) -> _Inputs:
     table, trace_meta = read_trace(options.trace_path)
     if table.num_rows == 0:
         raise TraceError(f"{options.trace_path}: trace has no requests: expected at least one row")
+    refuse_unreplayable(table, options.trace_path)
     ids = table.column("request_id")
     if pa.compute.count_distinct(ids).as_py() != table.num_rows:
         raise TraceError(f"{options.trace_path}: request_id values repeat: expected one unique id per request")

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from loadgen.util.errors import RunDirError
+from loadgen.util.limits import MAX_EXACT_NS
 
 __all__ = [
     "INSTANT_ORDER",
@@ -38,8 +39,6 @@ INSTANT_ORDER = (
     ("first_token_ns", "done_ns"),
     ("sent_ns", "done_ns"),
 )
-#: The largest instant a reader holds exactly (as a float64): 2**53 ns, 104 days from the run's anchor.
-MAX_EXACT_NS = 1 << 53
 #: Token counts of one request row (null: not observed).
 TOKEN_COLUMNS = (
     "target_prompt_tokens",

@@ -45,7 +45,7 @@ from loadgen.workload.scenario import Scenario, load_scenario, scenario_manifest
 from loadgen.workload.sessions import ReplyWaits, reply_dependencies
 
 from .. import __version__
-from ..trace.io import read_trace
+from ..trace.io import read_trace, refuse_unreplayable
 from .config import EngineConfig, load_engine_config
 from .dp_balance import VLLM_DP, ServerRouter, SimRoutePolicy, VllmDpBalancer, dp_servers
 from .engine import NEVER_NS, DecodeRun, Engine, Seq, StepResult
@@ -1014,6 +1014,7 @@ def run_worksheet(
     table, metadata = _read_trace(trace_path)
     if table.num_rows == 0:  # the same rule as a measured run
         raise TraceError(f"{trace_path}: trace has no requests: expected at least one row")
+    refuse_unreplayable(table, trace_path)
     scen = scenario if scenario is None or isinstance(scenario, Scenario) else load_scenario(scenario)
     endpoint = "chat" if scen is not None and scen.endpoint == "chat" else "completions"
     options = {

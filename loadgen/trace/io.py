@@ -23,6 +23,7 @@ from loadgen.util.limits import (
     MAX_CONCURRENCY,
     MAX_DURATION_S,
     MAX_OFFSET_NS,
+    MAX_REPLAY_OFFSET_NS,
     MAX_SEED,
     MAX_TOKENS,
     MAX_TRACE_REQUESTS,
@@ -33,6 +34,7 @@ from loadgen.util.outputfile import PARTIAL_SUFFIX, output_partial
 __all__ = [
     "TRACE_METADATA_KEY",
     "read_trace",
+    "refuse_unreplayable",
     "trace_table",
     "validate_trace",
     "validate_trace_metadata",
@@ -215,6 +217,20 @@ def write_trace(table: pa.Table, path: str | Path, metadata: dict[str, Any]) -> 
         detail = str(exc.strerror or exc).replace(f"{path}{PARTIAL_SUFFIX}", str(path))
         raise TraceError(f"{path}: cannot write trace ({detail})") from None
     return path
+
+
+def refuse_unreplayable(table: pa.Table, source: object) -> None:
+    """Refuse (TraceError) a trace a run cannot replay whole: its last scheduled offset past MAX_REPLAY_OFFSET_NS
+    (97 days; a run's instants are read exactly up to 2**53 ns). Checked before anything is sent or simulated:
+    such a trace was replayed to its end, and its run then refused at its close or by analyze."""
+    offsets = table.column("scheduled_offset_ns")
+    last = pc.max(offsets).as_py() if table.num_rows else None
+    if last is not None and last > MAX_REPLAY_OFFSET_NS:
+        raise TraceError(
+            f"{source}: scheduled_offset_ns = {last} ({last / 86400e9:.1f} days): expected at most "
+            f"{MAX_REPLAY_OFFSET_NS} ({MAX_REPLAY_OFFSET_NS / 86400e9:.1f} days) to replay it: a run's instants are "
+            "held to 2**53 ns; import it in windows (trace import --start-s, --duration-s) or --time-scale it"
+        )
 
 
 def read_trace(path: str | Path) -> tuple[pa.Table, dict[str, Any]]:

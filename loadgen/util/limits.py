@@ -17,11 +17,13 @@ __all__ = [
     "InputModel",
     "MAX_CONCURRENCY",
     "MAX_DURATION_S",
+    "MAX_EXACT_NS",
     "MAX_HTTP_STATUS",
     "MAX_MEMORY_GIB",
     "MAX_OFFSET_NS",
     "MAX_PARALLEL",
     "MAX_PARAM",
+    "MAX_REPLAY_OFFSET_NS",
     "MAX_RATE_RPS",
     "MAX_SEED",
     "MAX_TIMEOUT_S",
@@ -43,6 +45,11 @@ MAX_RATE_RPS = 1_000_000.0
 MAX_DURATION_S = 7 * 86400.0
 #: Latest scheduled offset in any trace (one year in ns; 2^63 ns is 292 years).
 MAX_OFFSET_NS = 366 * 86400 * 1_000_000_000
+#: The largest instant a run's readers hold exactly (as a float64): 2**53 ns, 104 days from the run's anchor.
+MAX_EXACT_NS = 1 << 53
+#: The latest scheduled offset a replay (a measured or simulated run) takes: a week (the longest timeout) before
+#: MAX_EXACT_NS, so every instant of its last request still reads. A trace may span longer (MAX_OFFSET_NS): cut it.
+MAX_REPLAY_OFFSET_NS = MAX_EXACT_NS - 7 * 86400 * 1_000_000_000
 #: Concurrency / in-flight caps.
 MAX_CONCURRENCY = 1_000_000
 #: Tensor- or data-parallel degree of one deployment (GPUs per replica, engine replicas).
