@@ -263,6 +263,25 @@ def test_prometheus_text_parsing():
 # ---------------------------------------------------------------- prompt jobs
 
 
+def _counting_ctx():
+    """A run context that counts a text's tokens as its characters (no tokenizer time), toward no server."""
+    from loadgen.driver.client import RunContext
+    from loadgen.driver.transport import RawHTTP11Transport
+
+    transport = RawHTTP11Transport()
+    return RunContext(
+        transport=transport,
+        origin=transport.origin(httpx.URL("http://127.0.0.1:9")),
+        anchor_ns=0,
+        limiter=anyio.CapacityLimiter(1),
+        rate_gate=RateGate(None),
+        count_tokens=len,
+        sink=lambda row, chunks: None,
+        ttft_timeout_ns=None,
+        total_timeout_ns=None,
+    )
+
+
 def _trace(rows):
     full = []
     for r in rows:
@@ -484,21 +503,9 @@ def test_the_token_cache_is_bounded_in_characters() -> None:
     huge-text``), grew the run's token cache by every one: only its number of texts (200,000) was bounded. The
     cache now holds at most ``TOKEN_CACHE_MAX_CHARS`` (32 Mi) characters (measured against huge-text, 30 s: 390 MB RSS
     before, 259 MB now, 209 MB against ``ok``). Counted here by characters, so the test takes no tokenizer time."""
-    from loadgen.driver.client import RunContext, StreamState
-    from loadgen.driver.transport import RawHTTP11Transport
+    from loadgen.driver.client import StreamState
 
-    transport = RawHTTP11Transport()
-    ctx = RunContext(
-        transport=transport,
-        origin=transport.origin(httpx.URL("http://127.0.0.1:9")),
-        anchor_ns=0,
-        limiter=anyio.CapacityLimiter(1),
-        rate_gate=RateGate(None),
-        count_tokens=len,
-        sink=lambda row, chunks: None,
-        ttft_timeout_ns=None,
-        total_timeout_ns=None,
-    )
+    ctx = _counting_ctx()
     piece = " the" * (64 << 10)  # 256 KiB
     for i in range(512):  # 128 MiB of texts, each its own (counted off the loop, then kept: ``remember``)
         text = f" n{i}{piece}"
@@ -511,21 +518,9 @@ def test_a_long_chunk_text_is_counted_off_the_loop_in_order() -> None:
     """A chunk text past ``INLINE_COUNT_MAX_CHARS`` (with those counted before it in the same read) stops the
     read: ``feed`` holds it and the events after it; ``count_later`` counts it in a worker thread and takes them
     in order. Every chunk's tokens are as if counted on the loop."""
-    from loadgen.driver.client import INLINE_COUNT_MAX_CHARS, CountOffLoop, RunContext, StreamState
-    from loadgen.driver.transport import RawHTTP11Transport
+    from loadgen.driver.client import INLINE_COUNT_MAX_CHARS, CountOffLoop, StreamState
 
-    transport = RawHTTP11Transport()
-    ctx = RunContext(
-        transport=transport,
-        origin=transport.origin(httpx.URL("http://127.0.0.1:9")),
-        anchor_ns=0,
-        limiter=anyio.CapacityLimiter(1),
-        rate_gate=RateGate(None),
-        count_tokens=len,
-        sink=lambda row, chunks: None,
-        ttft_timeout_ns=None,
-        total_timeout_ns=None,
-    )
+    ctx = _counting_ctx()
     long = "x" * (INLINE_COUNT_MAX_CHARS + 1)
     with pytest.raises(CountOffLoop):
         StreamState(ctx, None, None).tokens_of(long)

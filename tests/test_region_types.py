@@ -87,30 +87,24 @@ def _untyped(schema: Any, where: str = "") -> list[str]:
     return found
 
 
+#: The analysis's open places: a run's own sections as its manifest holds them (another tool's, an engine's keys).
+ANALYSIS_OPEN = [
+    "/RunInfo/synthesized",
+    "/RunInfo/source",
+    "/RunState/recovery",
+    "/RunTarget/version",
+    "/warm_cold",
+    "/server",
+    "/replicas",
+]
 #: The places of a published schema still open to any value, and why; every other place of every schema is typed.
 STILL_OPEN = {
-    "analysis": [  # a run's own sections as its manifest holds them (another tool's, an engine's keys)
-        "/RunInfo/synthesized",
-        "/RunInfo/source",
-        "/RunState/recovery",
-        "/RunTarget/version",
-        "/warm_cold",
-        "/server",
-        "/replicas",
-    ],
+    "analysis": ANALYSIS_OPEN,
     "managed": ["/ServerMetrics/server_metrics"],  # the engine's own /metrics names
     "reconciliation": ["/engine_report"],  # what this log, /metrics or manifest happened to report
     "trace-stats": ["/metadata"],  # a trace file's metadata as written (another tool's keys for an import)
-    "handoff-workload": ["/WorkloadTrace/metadata"],
-    "handoff-observed": [  # observed.json is the analysis (without its series): the analysis's open places
-        "/RunInfo/synthesized",
-        "/RunInfo/source",
-        "/RunState/recovery",
-        "/RunTarget/version",
-        "/warm_cold",
-        "/server",
-        "/replicas",
-    ],  # the same trace metadata, as the run's manifest recorded it
+    "handoff-workload": ["/WorkloadTrace/metadata"],  # the same trace metadata, as the run's manifest recorded it
+    "handoff-observed": ANALYSIS_OPEN,  # observed.json is the analysis (without its series): its open places
     "contract": ["/CaseResult/settings"],  # a behaviour case's request settings, passed to the target as given
     "vllm-log": ["/non_default_args"],  # vLLM's own argument names and values
     "vllm-serve": ["/VllmEngineNotes/non_default_args"],
