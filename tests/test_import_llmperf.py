@@ -156,7 +156,7 @@ def test_a_broken_summary_beside_the_records_is_one_line(tmp_path):
         import_llmperf(src, tmp_path / "run")
 
 
-@pytest.mark.parametrize("code", [1e300, "inf", -1e300, 10**30])
+@pytest.mark.parametrize("code", [1e300, "inf", -1e300, 10**30, 1000])
 def test_an_error_code_beyond_any_http_status_is_a_client_error(tmp_path, code):
     """An error_code of 1e300 was an OverflowError traceback (kept as the HTTP status), "inf" another one."""
     assert llmperf_error_kind(code) == ("client", None)

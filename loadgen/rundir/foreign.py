@@ -42,7 +42,6 @@ from loadgen.rundir.plausible import checked_row
 from loadgen.rundir.schema import empty_request_row, http_error_kind
 from loadgen.util.errors import RunDirError
 from loadgen.util.jsonfile import read_json
-from loadgen.util.limits import MAX_HTTP_STATUS
 
 __all__ = ["import_llmperf", "import_vllm_bench", "llmperf_error_kind"]
 
@@ -70,7 +69,9 @@ def llmperf_error_kind(code: Any) -> tuple[str, int | None]:
         code_i = int(float(code))
     except (TypeError, ValueError, OverflowError):  # not a number, or an infinite one
         return "client", None
-    if not -MAX_HTTP_STATUS <= code_i <= MAX_HTTP_STATUS:  # no HTTP status, nor one of LLMPerf's own codes
+    # a status line's code has three digits (600-999 are a server's failure, as the driver maps them); LLMPerf's
+    # own codes are small negatives: anything past is neither
+    if not -999 <= code_i <= 999:
         return "client", None
     kind = http_error_kind(code_i)
     return kind, (
